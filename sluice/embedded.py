@@ -1,0 +1,177 @@
+"""The embedded ``pulsar-lite`` broker: one process on a loopback port.
+
+Used by ``sluice demo``, the test suite, the golden-vector capture script and
+the benchmarks. We run the broker binary that the ``pulsar-lite`` wheel ships
+directly (not its Python helper, which shares processes between callers), so
+each broker is ours to stop, by PID, when we are done.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be found or started."""
+
+
+def broker_binary() -> Path:
+    """Path of the ``pulsar-lite`` executable inside its wheel."""
+    try:
+        import pulsar_lite
+    except ImportError as exc:
+        raise BrokerError(
+            "the embedded broker needs the pulsar-lite package: pip install pulsar-lite"
+        ) from exc
+    path = Path(pulsar_lite.__file__).parent / "bin" / "pulsar-lite"
+    if not path.is_file():
+        raise BrokerError(f"pulsar-lite is installed but its broker binary is missing: {path}")
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise BrokerError(f"broker exited with status {process.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"broker did not listen on {host}:{port} within {timeout}s"
+                ) from None
+            time.sleep(0.05)
+
+
+class EmbeddedBroker:
+    """A ``pulsar-lite`` broker process.
+
+    ``with EmbeddedBroker() as broker: broker.url`` starts it on a free
+    loopback port with a scratch data directory, and stops it (SIGTERM, then
+    SIGKILL) and removes the directory on exit.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        data_dir: str | Path | None = None,
+        *,
+        default_partitions: int | None = None,
+        max_message_size: int | None = None,
+        log_path: str | Path | None = None,
+        start_timeout: float = 15.0,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._own_dir = data_dir is None
+        self.data_dir = (
+            Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sluice-broker-"))
+        )
+        self.default_partitions = default_partitions
+        self.max_message_size = max_message_size
+        self.log_path = Path(log_path) if log_path else self.data_dir / "broker.log"
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def _config(self) -> Path:
+        lines = ['log_level = "info"']
+        if self.default_partitions is not None:
+            lines.append(f"default_partitions = {int(self.default_partitions)}")
+        if self.max_message_size is not None:
+            lines.append(f"max_message_size_bytes = {int(self.max_message_size)}")
+        path = self.data_dir / "pulsar-lite.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start(self) -> EmbeddedBroker:
+        if self.process is not None:
+            raise BrokerError("broker already started")
+        binary = broker_binary()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self._config()
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        try:
+            self.process = subprocess.Popen(
+                [
+                    str(binary),
+                    "--config",
+                    str(config),
+                    "--addr",
+                    f"{self.host}:{self.port}",
+                    "--db-path",
+                    str(self.data_dir / "db"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.data_dir,
+                env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            )
+        finally:
+            log.close()
+        try:
+            wait_for_port(self.host, self.port, self.start_timeout, self.process)
+        except BrokerError as exc:
+            self.stop()
+            tail = self.log_tail()
+            raise BrokerError(f"{exc}\n{tail}" if tail else str(exc)) from None
+        return self
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 5.0) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

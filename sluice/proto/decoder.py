@@ -1,0 +1,427 @@
+"""Incremental, sans-I/O frame decoder.
+
+Feed it bytes as they arrive (any chunking), pull frames out::
+
+    decoder = FrameDecoder()
+    decoder.receive_data(chunk)          # b"" signals end of stream
+    while (event := decoder.next_event()) is not NEED_DATA and event is not CLOSED:
+        forward(event.raw)
+
+Frame first, decode second: a frame whose boundaries are known is always
+returned, with ``frame.error`` describing what is wrong inside it. Only a
+problem that loses the frame boundary itself (a frame over the size limit, a
+stream ending mid-frame) is raised, as a fatal ``RemoteProtocolError``; after
+that the decoder refuses further work. No other exception escapes, whatever
+the input bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Final
+
+import crc32c as _crc32c
+from google.protobuf.message import DecodeError, Message
+
+from sluice.proto import pulsar_api_pb2 as pb
+from sluice.proto.errors import Problem, RemoteProtocolError
+from sluice.proto.frame import (
+    BODY_FIELD,
+    BODY_WITHOUT_REQUIRED,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    FRAME_PADDING,
+    MAGIC_BROKER_ENTRY_METADATA,
+    MAGIC_CHECKSUM,
+    PAYLOAD_TYPES,
+    Frame,
+    command_name,
+    missing_fields,
+)
+
+_U32 = struct.Struct(">I")
+_U32_PAIR = struct.Struct(">II")
+_MAGIC_U32 = struct.Struct(">HI")
+_MAGIC_U32_U32 = struct.Struct(">HII")
+_CHECKSUM = int.from_bytes(MAGIC_CHECKSUM, "big")
+_BROKER_ENTRY_METADATA = int.from_bytes(MAGIC_BROKER_ENTRY_METADATA, "big")
+_crc = _crc32c.crc32c
+_parse_command = pb.BaseCommand.FromString
+_parse_metadata = pb.MessageMetadata.FromString
+_parse_bem = pb.BrokerEntryMetadata.FromString
+# Below this many bytes, slicing (a copy) is cheaper than a memoryview.
+_VIEW_FROM = 4096
+
+
+class _Sentinel:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+NEED_DATA: Final = _Sentinel("NEED_DATA")
+"""``next_event()`` needs more bytes before it can return a frame."""
+CLOSED: Final = _Sentinel("CLOSED")
+"""The peer ended the stream cleanly, on a frame boundary."""
+
+
+def max_frame_size(max_message_size: int) -> int:
+    """The largest whole frame (length prefix included) accepted for a message size limit."""
+    return max_message_size + FRAME_PADDING
+
+
+class FrameDecoder:
+    """Turns one direction of a Pulsar byte stream into ``Frame`` objects.
+
+    Received chunks are kept as they are and frames are sliced out of them,
+    so a chunk holding exactly one frame is not copied at all, and chunks are
+    joined only when a frame straddles them (each byte is copied at most
+    twice, however the stream is split).
+    """
+
+    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        self._head = b""  # contiguous unread bytes start at self._pos
+        self._pos = 0
+        self._tail: list[bytes] = []  # later chunks, not joined yet
+        self._tail_len = 0
+        self._eof = False
+        self._broken: RemoteProtocolError | None = None
+        self.max_message_size = max_message_size
+
+    @property
+    def max_message_size(self) -> int:
+        return self._max_message_size
+
+    @max_message_size.setter
+    def max_message_size(self, value: int) -> None:
+        if value <= 0:
+            raise ValueError(f"max_message_size must be positive, not {value}")
+        self._max_message_size = value
+        self._max_total = max_frame_size(value) - 4
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._head) - self._pos + self._tail_len
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add bytes from the peer. An empty ``data`` means the peer closed."""
+        if not data:
+            self._eof = True
+            return
+        if self._eof:
+            raise RuntimeError("receive_data() after end of stream")
+        chunk = data if type(data) is bytes else bytes(data)
+        if self._pos == len(self._head) and not self._tail:
+            self._head = chunk
+            self._pos = 0
+        else:
+            self._tail.append(chunk)
+            self._tail_len += len(chunk)
+
+    def next_event(self) -> Frame | _Sentinel:
+        """The next complete frame, ``NEED_DATA`` or ``CLOSED``.
+
+        Raises a fatal ``RemoteProtocolError`` when framing is lost.
+        """
+        if self._broken is not None:
+            raise self._broken
+        pos = self._pos
+        in_head = len(self._head) - pos
+        if in_head < 4:
+            if in_head + self._tail_len < 4:
+                return self._at_end(in_head + self._tail_len)
+            in_head = self._join()
+            pos = 0
+        (total,) = _U32.unpack_from(self._head, pos)
+        if total > self._max_total:
+            return self._break(
+                Problem.TOO_LARGE,
+                f"frame of {total + 4} bytes exceeds the limit of {self._max_total + 4} "
+                f"(max message size {self._max_message_size})",
+            )
+        size = total + 4
+        if in_head < size:
+            if in_head + self._tail_len < size:
+                return self._at_end(in_head + self._tail_len)
+            self._join()
+            pos = 0
+        head = self._head
+        self._pos = pos + size
+        # A full-length slice of bytes is the object itself: no copy.
+        return decode_frame(head[pos : pos + size])
+
+    def frames(self) -> Iterator[Frame]:
+        """Every frame that is complete now, one at a time.
+
+        The same as calling ``next_event()`` until it returns a sentinel, in
+        one tight loop: this is the proxy's hot path. Frames are yielded as
+        they are decoded, so memory is reused while it is still in cache.
+        """
+        head = self._head
+        pos = self._pos
+        end = len(head)
+        max_total = self._max_total
+        unpack = _U32.unpack_from
+        while True:
+            if end - pos >= 4:
+                (total,) = unpack(head, pos)
+                stop = pos + 4 + total
+                if total <= max_total and stop <= end:
+                    self._pos = stop
+                    yield decode_frame(head[pos:stop])
+                    pos = stop
+                    continue
+            # Slow path: frames straddling chunks, limits, end of stream.
+            event = self.next_event()
+            if not isinstance(event, Frame):
+                return
+            yield event
+            head = self._head
+            pos = self._pos
+            end = len(head)
+
+    def _join(self) -> int:
+        rest = memoryview(self._head)[self._pos :]
+        self._head = b"".join([rest, *self._tail])
+        rest.release()
+        self._pos = 0
+        self._tail.clear()
+        self._tail_len = 0
+        return len(self._head)
+
+    def _at_end(self, available: int) -> _Sentinel:
+        if not self._eof:
+            return NEED_DATA
+        if available == 0:
+            return CLOSED
+        return self._break(
+            Problem.TRUNCATED, f"stream ended {available} bytes into an incomplete frame"
+        )
+
+    def _break(self, problem: Problem, message: str) -> _Sentinel:
+        self._broken = RemoteProtocolError(problem, message, fatal=True)
+        raise self._broken
+
+
+def decode_frame(raw: bytes) -> Frame:
+    """Decode one complete frame (length prefix included). Never raises."""
+    size = len(raw)
+    if size < 8:
+        return Frame(raw, 0, None, _err(Problem.FRAMING, f"frame of {size} bytes has no command"))
+    total, cmd_size = _U32_PAIR.unpack_from(raw, 0)
+    if total != size - 4:
+        return Frame(raw, 0, None, _err(Problem.FRAMING, "length prefix does not match frame"))
+    cmd_end = 8 + cmd_size
+    if cmd_end > size:
+        return Frame(
+            raw,
+            0,
+            None,
+            _err(Problem.FRAMING, f"command size {cmd_size} exceeds frame size {total}"),
+        )
+    try:
+        command = _parse_command(raw[8:cmd_end])
+    except DecodeError as exc:
+        return Frame(raw, _peek_type(raw[8:cmd_end]), None, _err(Problem.PARSE, f"command: {exc}"))
+    type_ = command.type
+    field = BODY_FIELD.get(type_)
+    # A missing `type` reads as CONNECT (the enum's first value) and an empty
+    # CONNECT body is never initialized, so both land in the slow path below.
+    if (
+        field is None
+        or not getattr(command, field).IsInitialized()
+        or (type_ in BODY_WITHOUT_REQUIRED and not _has_field(command, field))
+    ):
+        return _bad_command(raw, command, cmd_end)
+    if cmd_end == size:
+        if type_ in PAYLOAD_TYPES:
+            return Frame(
+                raw,
+                type_,
+                command,
+                _err(Problem.MISSING_FIELD, f"{command_name(type_)} without metadata"),
+            )
+        return Frame(raw, type_, command)
+    if type_ not in PAYLOAD_TYPES:
+        return Frame(
+            raw,
+            type_,
+            command,
+            _err(Problem.TRAILING, f"{size - cmd_end} bytes after a {command_name(type_)} command"),
+        )
+    return _decode_payload_section(raw, type_, command, cmd_end)
+
+
+def _decode_payload_section(raw: bytes, type_: int, command: pb.BaseCommand, offset: int) -> Frame:
+    size = len(raw)
+    if offset + 6 > size:
+        return Frame(raw, type_, command, _err(Problem.FRAMING, "payload section too short"))
+    bem: pb.BrokerEntryMetadata | None = None
+    magic, value = _MAGIC_U32.unpack_from(raw, offset)
+    if magic == _BROKER_ENTRY_METADATA:
+        bem_end = offset + 6 + value
+        if bem_end + 6 > size:
+            return Frame(
+                raw, type_, command, _err(Problem.FRAMING, "broker entry metadata overruns frame")
+            )
+        try:
+            bem = _parse_bem(raw[offset + 6 : bem_end])
+        except DecodeError as exc:
+            return Frame(raw, type_, command, _err(Problem.PARSE, f"broker entry metadata: {exc}"))
+        offset = bem_end
+        magic, value = _MAGIC_U32.unpack_from(raw, offset)
+    checksum: int | None = None
+    error: RemoteProtocolError | None = None
+    if magic == _CHECKSUM:
+        checksum = value
+        offset += 6
+        actual = _crc(raw[offset:] if size - offset < _VIEW_FROM else memoryview(raw)[offset:])
+        if actual != checksum:
+            error = _err(
+                Problem.CHECKSUM,
+                f"checksum mismatch: frame says {checksum:#010x}, content is {actual:#010x}",
+            )
+    if offset + 4 > size:
+        return Frame(
+            raw,
+            type_,
+            command,
+            error or _err(Problem.FRAMING, "payload section without metadata size"),
+            None,
+            -1,
+            -1,
+            checksum,
+            bem,
+        )
+    (meta_size,) = _U32.unpack_from(raw, offset)
+    payload_offset = offset + 4 + meta_size
+    if payload_offset > size:
+        return Frame(
+            raw,
+            type_,
+            command,
+            error or _err(Problem.FRAMING, f"metadata size {meta_size} overruns frame"),
+            None,
+            -1,
+            -1,
+            checksum,
+            bem,
+        )
+    try:
+        metadata = _parse_metadata(raw[offset + 4 : payload_offset])
+    except DecodeError as exc:
+        return Frame(
+            raw,
+            type_,
+            command,
+            error or _err(Problem.PARSE, f"message metadata: {exc}"),
+            None,
+            offset,
+            payload_offset,
+            checksum,
+            bem,
+        )
+    if error is None and not metadata.IsInitialized():
+        missing = missing_fields(metadata)
+        error = _err(Problem.MISSING_FIELD, f"message metadata lacks {missing}")
+    return Frame(raw, type_, command, error, metadata, offset, payload_offset, checksum, bem)
+
+
+def _has_field(message: Message, name: str) -> bool:
+    return message.HasField(name)
+
+
+def _bad_command(raw: bytes, command: pb.BaseCommand, cmd_end: int) -> Frame:
+    """Explain why a parsed command failed the fast validity check."""
+    if not command.HasField("type"):
+        type_ = _peek_type(raw[8:cmd_end])
+        if type_ and type_ not in BODY_FIELD:
+            # Kept as-is and passed on; a newer peer may know what it means.
+            return Frame(
+                raw, type_, None, _err(Problem.UNKNOWN_TYPE, f"unknown command type {type_}")
+            )
+        return Frame(raw, 0, None, _err(Problem.MISSING_FIELD, "command has no type"))
+    type_ = command.type
+    field = BODY_FIELD[type_]
+    if not _has_field(command, field):
+        return Frame(
+            raw,
+            type_,
+            command,
+            _err(Problem.MISSING_FIELD, f"{command_name(type_)} without its {field} body"),
+        )
+    missing = missing_fields(getattr(command, field))
+    return Frame(
+        raw,
+        type_,
+        command,
+        _err(Problem.MISSING_FIELD, f"{command_name(type_)} lacks required {missing}"),
+    )
+
+
+def _peek_type(data: bytes) -> int:
+    """Best-effort read of BaseCommand field 1 (a varint) from raw bytes; 0 if absent."""
+    pos = 0
+    end = len(data)
+    while pos < end:
+        key, pos = _varint(data, pos)
+        if key < 0:
+            return 0
+        wire = key & 7
+        if key >> 3 == 1 and wire == 0:
+            value, _ = _varint(data, pos)
+            return value if 0 < value < 2**31 else 0
+        if wire == 0:
+            _, pos = _varint(data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            if length < 0:
+                return 0
+            pos += length
+        elif wire == 5:
+            pos += 4
+        else:
+            return 0
+        if pos < 0:
+            return 0
+    return 0
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """(value, next position), or (-1, -1) when the varint is cut short or too long."""
+    result = 0
+    shift = 0
+    end = len(data)
+    while pos < end and shift < 64:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+    return -1, -1
+
+
+def _err(problem: Problem, message: str) -> RemoteProtocolError:
+    return RemoteProtocolError(problem, message)
+
+
+def decode_stream(data: bytes, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> list[Frame]:
+    """Decode a complete byte stream (e.g. a capture file) into frames.
+
+    Raises a fatal ``RemoteProtocolError`` if the stream is cut mid-frame or
+    holds a frame over the size limit.
+    """
+    decoder = FrameDecoder(max_message_size)
+    decoder.receive_data(data)
+    decoder.receive_data(b"")
+    frames = list(decoder.frames())
+    decoder.next_event()  # raises on trailing partial frame
+    return frames

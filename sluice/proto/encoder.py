@@ -1,0 +1,171 @@
+"""Building frames: the inverse of the decoder.
+
+The proxy forwards unchanged frames as their original bytes; these functions
+are for frames Sluice writes itself (rewritten lookups, error replies, the
+replay and serve tools, tests).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import crc32c as _crc32c
+from google.protobuf.message import Message
+
+from sluice.proto import pulsar_api_pb2 as pb
+from sluice.proto.errors import LocalProtocolError, Problem
+from sluice.proto.frame import (
+    BODY_FIELD,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    FRAME_PADDING,
+    MAGIC_BROKER_ENTRY_METADATA,
+    MAGIC_CHECKSUM,
+    PAYLOAD_TYPES,
+    Frame,
+    command_name,
+    missing_fields,
+)
+
+_U32 = struct.Struct(">I")
+
+
+def command(type_: int, body: Message | None = None) -> pb.BaseCommand:
+    """A ``BaseCommand`` of ``type_`` with ``body`` in the matching field.
+
+    ``command(Type.PING)`` sets an empty ``ping`` body.
+    """
+    field = BODY_FIELD.get(type_)
+    if field is None:
+        raise LocalProtocolError(Problem.UNKNOWN_TYPE, f"unknown command type {type_}")
+    cmd = pb.BaseCommand(type=type_)  # type: ignore[arg-type]
+    target = getattr(cmd, field)
+    if body is None:
+        target.SetInParent()
+    else:
+        target.CopyFrom(body)
+    return cmd
+
+
+def _checked(cmd: pb.BaseCommand) -> bytes:
+    if not cmd.IsInitialized():
+        missing = missing_fields(cmd)
+        raise LocalProtocolError(
+            Problem.MISSING_FIELD, f"{command_name(cmd.type)} lacks required {missing}"
+        )
+    return cmd.SerializeToString()
+
+
+def encode(cmd: pb.BaseCommand, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
+    """A simple (payload-free) command frame."""
+    if cmd.type in PAYLOAD_TYPES:
+        raise LocalProtocolError(
+            Problem.MISSING_FIELD, f"{command_name(cmd.type)} needs metadata: use encode_payload()"
+        )
+    body = _checked(cmd)
+    return _framed(_U32.pack(len(body)) + body, max_message_size)
+
+
+def encode_payload(
+    cmd: pb.BaseCommand,
+    metadata: pb.MessageMetadata | bytes,
+    payload: bytes | memoryview,
+    *,
+    checksum: bool = True,
+    broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> bytes:
+    """A SEND or MESSAGE frame.
+
+    ``metadata`` may be a message or its already serialized bytes (replay
+    passes recorded bytes through untouched).
+    """
+    if cmd.type not in PAYLOAD_TYPES:
+        raise LocalProtocolError(
+            Problem.TRAILING, f"{command_name(cmd.type)} cannot carry a payload"
+        )
+    body = _checked(cmd)
+    if isinstance(metadata, pb.MessageMetadata):
+        if not metadata.IsInitialized():
+            missing = missing_fields(metadata)
+            raise LocalProtocolError(Problem.MISSING_FIELD, f"message metadata lacks {missing}")
+        meta = metadata.SerializeToString()
+    else:
+        meta = bytes(metadata)
+    section = b"".join((_U32.pack(len(meta)), meta, payload))
+    parts = [_U32.pack(len(body)), body]
+    if broker_entry_metadata is not None:
+        bem = broker_entry_metadata.SerializeToString()
+        parts += [MAGIC_BROKER_ENTRY_METADATA, _U32.pack(len(bem)), bem]
+    if checksum:
+        parts += [MAGIC_CHECKSUM, _U32.pack(_crc32c.crc32c(section))]
+    parts.append(section)
+    return _framed(b"".join(parts), max_message_size)
+
+
+def _framed(content: bytes, max_message_size: int) -> bytes:
+    limit = max_message_size + FRAME_PADDING - 4
+    if len(content) > limit:
+        raise LocalProtocolError(
+            Problem.TOO_LARGE, f"frame of {len(content) + 4} bytes exceeds the limit of {limit + 4}"
+        )
+    return _U32.pack(len(content)) + content
+
+
+def error_reply(frame: Frame, code: int, message: str) -> bytes | None:
+    """The frame a broker would answer ``frame`` with to report ``code``.
+
+    SEND gets SEND_ERROR for its sequence id; lookups and partition metadata
+    get their own failed responses; other requests get ERROR for their
+    request id. Frames that no answer can be addressed to give None (the
+    caller closes the connection instead).
+    """
+    body = frame.body
+    if body is None:
+        return None
+    t = frame.type
+    if t == pb.BaseCommand.SEND:
+        return encode(
+            command(
+                pb.BaseCommand.SEND_ERROR,
+                pb.CommandSendError(
+                    producer_id=body.producer_id,
+                    sequence_id=body.sequence_id,
+                    error=code,  # type: ignore[arg-type]
+                    message=message,
+                ),
+            )
+        )
+    if not _has(body, "request_id"):
+        return None
+    rid = body.request_id
+    failed = _FAILED_ANSWER.get(t)
+    if failed is not None:
+        answer_type, answer_class = failed
+        answer = answer_class(request_id=rid, error=code, message=message)
+        answer.response = answer_class.Failed
+        return encode(command(answer_type, answer))
+    return encode(
+        command(
+            pb.BaseCommand.ERROR,
+            pb.CommandError(request_id=rid, error=code, message=message),  # type: ignore[arg-type]
+        )
+    )
+
+
+# Requests whose answer type has its own "Failed" outcome, which clients
+# expect instead of a generic ERROR.
+_FAILED_ANSWER: dict[int, tuple[int, Any]] = {
+    pb.BaseCommand.LOOKUP: (pb.BaseCommand.LOOKUP_RESPONSE, pb.CommandLookupTopicResponse),
+    pb.BaseCommand.PARTITIONED_METADATA: (
+        pb.BaseCommand.PARTITIONED_METADATA_RESPONSE,
+        pb.CommandPartitionedTopicMetadataResponse,
+    ),
+}
+
+
+def _has(body: Message, field: str) -> bool:
+    try:
+        return body.HasField(field)
+    except ValueError:  # the message has no such field
+        return False

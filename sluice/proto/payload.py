@@ -1,0 +1,161 @@
+"""Looking inside a message payload, on request: decompression and batches.
+
+None of this runs on the proxy's hot path; frames are forwarded as bytes.
+Inspection, recording with payloads and replay call these when they need the
+application messages. Problems raise ``RemoteProtocolError`` (never fatal:
+the frame boundaries are fine, only its contents are not).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import cramjam
+from google.protobuf.message import DecodeError
+
+from sluice.proto import pulsar_api_pb2 as pb
+from sluice.proto.errors import Problem, RemoteProtocolError
+from sluice.proto.frame import Frame, missing_fields
+
+_U32 = struct.Struct(">I")
+
+# uncompressed_size comes from the peer and sizes an allocation; refuse absurd
+# values instead of trusting them.
+MAX_UNCOMPRESSED_SIZE = 256 * 1024 * 1024
+
+CODEC_NAMES: dict[int, str] = {
+    value: pb.CompressionType.Name(value) for value in pb.CompressionType.values()
+}
+
+
+def compress(codec: int, data: bytes) -> bytes:
+    """Compress ``data`` the way Pulsar producers do for ``codec``."""
+    if codec == pb.NONE:
+        return bytes(data)
+    if codec == pb.LZ4:
+        return bytes(cramjam.lz4.compress_block(data, store_size=False))
+    if codec == pb.ZLIB:
+        return bytes(cramjam.zlib.compress(data))
+    if codec == pb.ZSTD:
+        return bytes(cramjam.zstd.compress(data))
+    if codec == pb.SNAPPY:
+        return bytes(cramjam.snappy.compress_raw(data))
+    raise ValueError(f"unknown compression type {codec}")
+
+
+def decompress(codec: int, data: bytes | memoryview, uncompressed_size: int) -> bytes:
+    """Undo ``codec``; the result must be ``uncompressed_size`` bytes long."""
+    if codec == pb.NONE:
+        return bytes(data)
+    name = CODEC_NAMES.get(codec)
+    if name is None:
+        raise RemoteProtocolError(Problem.PARSE, f"unknown compression type {codec}")
+    if not 0 <= uncompressed_size <= MAX_UNCOMPRESSED_SIZE:
+        raise RemoteProtocolError(
+            Problem.TOO_LARGE, f"{name} payload claims {uncompressed_size} uncompressed bytes"
+        )
+    # cramjam pads its output to any size hint it is given, so sizes are
+    # never passed as hints: the real length is compared below instead.
+    try:
+        if codec == pb.LZ4:
+            # Raw LZ4 blocks store no length: decompress into a buffer one
+            # byte larger than promised, so that overlong content shows.
+            buffer = bytearray(uncompressed_size + 1)
+            written = cramjam.lz4.decompress_block_into(data, buffer)
+            out: object = memoryview(buffer)[:written]
+        elif codec == pb.ZLIB:
+            out = cramjam.zlib.decompress(data)
+        elif codec == pb.ZSTD:
+            out = cramjam.zstd.decompress(data)
+        else:
+            out = cramjam.snappy.decompress_raw(data)
+    except cramjam.DecompressionError as exc:
+        raise RemoteProtocolError(
+            Problem.PARSE, f"{name} payload does not decompress: {exc}"
+        ) from exc
+    result: bytes = bytes(out)  # type: ignore[call-overload]
+    if len(result) != uncompressed_size:
+        raise RemoteProtocolError(
+            Problem.FRAMING,
+            f"{name} payload has {len(result)} bytes, metadata says {uncompressed_size}",
+        )
+    return result
+
+
+def payload_bytes(frame: Frame) -> bytes:
+    """The frame's payload, decompressed."""
+    meta = frame.metadata
+    if meta is None:
+        raise RemoteProtocolError(
+            Problem.MISSING_FIELD, f"{frame.name} frame has no message metadata"
+        )
+    return decompress(meta.compression, frame.payload, meta.uncompressed_size)
+
+
+def is_batch(meta: pb.MessageMetadata) -> bool:
+    # Producers with batching on mark even one-message batches this way.
+    return meta.HasField("num_messages_in_batch")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One application message: a whole payload, or one entry of a batch."""
+
+    metadata: pb.SingleMessageMetadata | None  # None for a non-batched message
+    payload: bytes
+
+
+def split_batch(data: bytes, count: int) -> list[Message]:
+    """Parse ``count`` entries of ``[size][SingleMessageMetadata][payload]``."""
+    view = memoryview(data)
+    out: list[Message] = []
+    pos = 0
+    end = len(data)
+    for index in range(count):
+        if pos + 4 > end:
+            raise RemoteProtocolError(
+                Problem.FRAMING, f"batch ends after {index} of {count} entries"
+            )
+        (meta_size,) = _U32.unpack_from(data, pos)
+        meta_end = pos + 4 + meta_size
+        if meta_end > end:
+            raise RemoteProtocolError(
+                Problem.FRAMING, f"batch entry {index}: metadata overruns batch"
+            )
+        try:
+            single = pb.SingleMessageMetadata.FromString(data[pos + 4 : meta_end])
+        except DecodeError as exc:
+            raise RemoteProtocolError(Problem.PARSE, f"batch entry {index}: {exc}") from exc
+        if not single.IsInitialized():
+            raise RemoteProtocolError(
+                Problem.MISSING_FIELD, f"batch entry {index} lacks {missing_fields(single)}"
+            )
+        payload_end = meta_end + single.payload_size
+        if single.payload_size < 0 or payload_end > end:
+            raise RemoteProtocolError(
+                Problem.FRAMING, f"batch entry {index}: payload overruns batch"
+            )
+        out.append(Message(single, bytes(view[meta_end:payload_end])))
+        pos = payload_end
+    if pos != end:
+        raise RemoteProtocolError(Problem.TRAILING, f"{end - pos} bytes after the last batch entry")
+    return out
+
+
+def messages(frame: Frame) -> list[Message]:
+    """The application messages a SEND or MESSAGE frame carries."""
+    meta = frame.metadata
+    data = payload_bytes(frame)
+    if meta is None or not is_batch(meta):
+        return [Message(None, data)]
+    return split_batch(data, meta.num_messages_in_batch)
+
+
+def build_batch(entries: list[tuple[pb.SingleMessageMetadata, bytes]]) -> bytes:
+    """Serialize batch entries (the inverse of ``split_batch``)."""
+    parts: list[bytes] = []
+    for single, payload in entries:
+        meta = single.SerializeToString()
+        parts += [_U32.pack(len(meta)), meta, payload]
+    return b"".join(parts)
