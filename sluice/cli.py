@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
-
-def _version() -> str:
-    try:
-        return version("sluice")
-    except PackageNotFoundError:  # running from a source tree
-        return "0+unknown"
+from sluice import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sluice.proxy import cli as proxy_cli
+
     parser = argparse.ArgumentParser(
         prog="sluice",
         description="Protocol-aware TCP proxy and traffic recorder for Apache Pulsar.",
     )
-    parser.add_argument("--version", action="version", version=f"sluice {_version()}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"sluice {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    proxy = commands.add_parser(
+        "proxy",
+        help="run the proxy in front of a Pulsar broker",
+        description="Relay Pulsar clients to brokers, keeping them routed through Sluice.",
+    )
+    proxy_cli.add_arguments(proxy)
+    proxy.set_defaults(run=proxy_cli.run)
     return parser
 
 
@@ -30,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return 0
+    result: int = args.run(args)
+    return result
 
 
 if __name__ == "__main__":

@@ -1,0 +1,213 @@
+"""Who asked what on a connection, and what answered it.
+
+One ``Correlator`` per connection watches frames both ways and keeps:
+requests waiting for an answer (by request_id), SENDs waiting for a receipt
+(by producer_id + sequence_id), and the producers and consumers that exist,
+with their topics. Each answer it matches comes back as a ``Completion``.
+The proxy uses it to drain (which producers and consumers to close, which
+sends are in flight), metrics use completions for latency, recording and
+replay use it to name topics and to pair frames.
+
+Pure state: time is passed in, nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sluice.proto import pulsar_api_pb2 as pb
+from sluice.proto.frame import Frame
+
+T = pb.BaseCommand
+
+# Commands answered by a frame carrying the same request_id. The answer type
+# is not fixed (ERROR can answer any of them), so only the id is matched.
+_ANSWERS_WITH_REQUEST_ID = frozenset(
+    {
+        T.LOOKUP_RESPONSE,
+        T.PARTITIONED_METADATA_RESPONSE,
+        T.PRODUCER_SUCCESS,
+        T.SUCCESS,
+        T.ERROR,
+        T.GET_LAST_MESSAGE_ID_RESPONSE,
+        T.GET_TOPICS_OF_NAMESPACE_RESPONSE,
+        T.GET_SCHEMA_RESPONSE,
+        T.GET_OR_CREATE_SCHEMA_RESPONSE,
+        T.CONSUMER_STATS_RESPONSE,
+        T.ACK_RESPONSE,
+        T.WATCH_TOPIC_LIST_SUCCESS,
+        T.NEW_TXN_RESPONSE,
+        T.ADD_PARTITION_TO_TXN_RESPONSE,
+        T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE,
+        T.END_TXN_RESPONSE,
+        T.TC_CLIENT_CONNECT_RESPONSE,
+    }
+)
+# ACK asks for an answer only when it carries a request_id.
+_REQUESTS = frozenset(
+    {
+        T.LOOKUP,
+        T.PARTITIONED_METADATA,
+        T.PRODUCER,
+        T.SUBSCRIBE,
+        T.UNSUBSCRIBE,
+        T.CLOSE_PRODUCER,
+        T.CLOSE_CONSUMER,
+        T.SEEK,
+        T.GET_LAST_MESSAGE_ID,
+        T.GET_TOPICS_OF_NAMESPACE,
+        T.GET_SCHEMA,
+        T.GET_OR_CREATE_SCHEMA,
+        T.CONSUMER_STATS,
+        T.ACK,
+        T.WATCH_TOPIC_LIST,
+        T.WATCH_TOPIC_LIST_CLOSE,
+        T.NEW_TXN,
+        T.ADD_PARTITION_TO_TXN,
+        T.ADD_SUBSCRIPTION_TO_TXN,
+        T.END_TXN,
+        T.TC_CLIENT_CONNECT_REQUEST,
+    }
+)
+
+
+@dataclass(slots=True)
+class Pending:
+    type: int
+    started: float
+    topic: str | None = None
+    # For PRODUCER / SUBSCRIBE: the id the request creates.
+    resource_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A request (or SEND) and the frame that answered it."""
+
+    request_type: int  # T.SEND for a send receipt / send error
+    answer_type: int
+    started: float
+    finished: float
+    topic: str | None
+    error: int | None  # ServerError when the answer was a failure
+
+    @property
+    def seconds(self) -> float:
+        return self.finished - self.started
+
+
+@dataclass
+class Correlator:
+    """Per-connection request/response state. ``observe`` every frame in order."""
+
+    requests: dict[int, Pending] = field(default_factory=dict)
+    sends: dict[tuple[int, int], Pending] = field(default_factory=dict)
+    producers: dict[int, str] = field(default_factory=dict)  # producer_id -> topic
+    consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> topic
+
+    def observe(self, frame: Frame, from_client: bool, now: float) -> Completion | None:
+        body = frame.body
+        if body is None:
+            return None
+        t = frame.type
+        if from_client:
+            self._client_frame(t, body, now)
+            return None
+        return self._server_frame(t, body, now)
+
+    def topic_of_producer(self, producer_id: int) -> str | None:
+        return self.producers.get(producer_id)
+
+    def topic_of_consumer(self, consumer_id: int) -> str | None:
+        return self.consumers.get(consumer_id)
+
+    @property
+    def in_flight_sends(self) -> int:
+        return len(self.sends)
+
+    # --- client to broker ---------------------------------------------------
+
+    def _client_frame(self, t: int, body: object, now: float) -> None:
+        if t == T.SEND:
+            assert isinstance(body, pb.CommandSend)
+            key = (body.producer_id, body.sequence_id)
+            self.sends[key] = Pending(t, now, self.producers.get(body.producer_id))
+            return
+        if t not in _REQUESTS:
+            return
+        if t == T.ACK:
+            assert isinstance(body, pb.CommandAck)
+            if not body.HasField("request_id"):
+                return
+        rid: int = body.request_id  # type: ignore[attr-defined]
+        pending = Pending(t, now)
+        if t == T.PRODUCER:
+            assert isinstance(body, pb.CommandProducer)
+            pending.topic, pending.resource_id = body.topic, body.producer_id
+        elif t == T.SUBSCRIBE:
+            assert isinstance(body, pb.CommandSubscribe)
+            pending.topic, pending.resource_id = body.topic, body.consumer_id
+        elif t in (T.LOOKUP, T.PARTITIONED_METADATA, T.GET_SCHEMA):
+            pending.topic = body.topic  # type: ignore[attr-defined]
+        elif t == T.CLOSE_PRODUCER:
+            assert isinstance(body, pb.CommandCloseProducer)
+            pending.topic = self.producers.pop(body.producer_id, None)
+        elif t == T.CLOSE_CONSUMER:
+            assert isinstance(body, pb.CommandCloseConsumer)
+            pending.topic = self.consumers.pop(body.consumer_id, None)
+        elif t in (T.SEEK, T.UNSUBSCRIBE, T.GET_LAST_MESSAGE_ID, T.ACK, T.CONSUMER_STATS):
+            pending.topic = self.consumers.get(body.consumer_id)  # type: ignore[attr-defined]
+        self.requests[rid] = pending
+
+    # --- broker to client ---------------------------------------------------
+
+    def _server_frame(self, t: int, body: object, now: float) -> Completion | None:
+        if t in (T.SEND_RECEIPT, T.SEND_ERROR):
+            key = (body.producer_id, body.sequence_id)  # type: ignore[attr-defined]
+            sent = self.sends.pop(key, None)
+            if sent is None:
+                return None
+            error = body.error if t == T.SEND_ERROR else None  # type: ignore[attr-defined]
+            return Completion(T.SEND, t, sent.started, now, sent.topic, error)
+        if t == T.CLOSE_PRODUCER:  # the broker closed it: the client will re-create it
+            self.producers.pop(body.producer_id, None)  # type: ignore[attr-defined]
+            return None
+        if t == T.CLOSE_CONSUMER:
+            self.consumers.pop(body.consumer_id, None)  # type: ignore[attr-defined]
+            return None
+        if t not in _ANSWERS_WITH_REQUEST_ID or not _has_request_id(body):
+            return None
+        pending = self.requests.pop(body.request_id, None)  # type: ignore[attr-defined]
+        if pending is None:
+            return None
+        error = _error_of(t, body)
+        if error is None and pending.resource_id is not None and pending.topic is not None:
+            if pending.type == T.PRODUCER:
+                # producer_ready=false means "queued for exclusive access";
+                # the producer exists either way for closing purposes.
+                self.producers[pending.resource_id] = pending.topic
+            elif pending.type == T.SUBSCRIBE:
+                self.consumers[pending.resource_id] = pending.topic
+        return Completion(pending.type, t, pending.started, now, pending.topic, error)
+
+
+def _has_request_id(body: object) -> bool:
+    try:
+        return bool(body.HasField("request_id"))  # type: ignore[attr-defined]
+    except ValueError:
+        return False
+
+
+def _error_of(t: int, body: object) -> int | None:
+    """The ServerError an answer reports, or None for success."""
+    if t == T.ERROR:
+        return int(body.error)  # type: ignore[attr-defined]
+    for name in ("error", "error_code"):
+        try:
+            if body.HasField(name):  # type: ignore[attr-defined]
+                return int(getattr(body, name))
+        except ValueError:
+            continue
+    if t == T.LOOKUP_RESPONSE and body.response == pb.CommandLookupTopicResponse.Failed:  # type: ignore[attr-defined]
+        return pb.UnknownError
+    return None

@@ -1,0 +1,113 @@
+"""Which brokers a client may ask Sluice to relay to.
+
+``CONNECT.proxy_to_broker_url`` comes from the client, so without a check the
+proxy is an open relay into whatever network it sits in. A rule is
+
+    HOST_PATTERN[:PORTS]    glob over host names, e.g. ``broker-*.pulsar.svc:6650``
+    CIDR[:PORTS]            e.g. ``10.0.0.0/8`` or ``10.1.0.0/16:6650-6651``
+    [IPV6_CIDR]:PORTS       e.g. ``[fd00::/8]:6650``
+
+where PORTS is ``*`` (the default), a port, or a range ``LO-HI``. Besides the
+rules, brokers the upstream itself names (lookup answers, assigned broker
+URLs) are learned and allowed: that is the whole allow-list when no rule is
+given.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+from dataclasses import dataclass
+
+from sluice.proxy.config import Address, ConfigError
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Rule:
+    text: str
+    hosts: str | None  # glob, lower-case
+    network: Network | None
+    ports: tuple[int, int]
+
+    def matches(self, address: Address) -> bool:
+        if not self.ports[0] <= address.port <= self.ports[1]:
+            return False
+        if self.network is not None:
+            try:
+                ip = ipaddress.ip_address(address.host)
+            except ValueError:
+                return False  # a name never matches a CIDR: no resolution here
+            return ip in self.network
+        assert self.hosts is not None
+        return fnmatch.fnmatchcase(address.host.lower(), self.hosts)
+
+
+def parse_rule(text: str) -> Rule:
+    value = text.strip()
+    if not value:
+        raise ConfigError("--allow-broker: empty rule")
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        ports_text = rest[1:] if rest.startswith(":") else "*"
+        if rest and not rest.startswith(":"):
+            raise ConfigError(f"--allow-broker {text!r}: expected [IPV6_CIDR]:PORTS")
+    elif value.count(":") == 1:
+        host, _, ports_text = value.partition(":")
+    else:
+        host, ports_text = value, "*"
+    ports = _ports(ports_text, text)
+    network: Network | None = None
+    hosts: str | None = None
+    if "/" in host or _is_ip(host):
+        try:
+            network = ipaddress.ip_network(host, strict=False)
+        except ValueError as exc:
+            raise ConfigError(f"--allow-broker {text!r}: {exc}") from None
+    else:
+        if not host:
+            raise ConfigError(f"--allow-broker {text!r}: missing host pattern")
+        hosts = host.lower()
+    return Rule(text, hosts, network, ports)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _ports(text: str, rule: str) -> tuple[int, int]:
+    if text in ("", "*"):
+        return (0, 65535)
+    lo_text, _, hi_text = text.partition("-")
+    try:
+        lo = int(lo_text)
+        hi = int(hi_text) if hi_text else lo
+    except ValueError:
+        raise ConfigError(f"--allow-broker {rule!r}: bad port {text!r}") from None
+    if not 0 <= lo <= hi <= 65535:
+        raise ConfigError(f"--allow-broker {rule!r}: bad port range {text!r}")
+    return (lo, hi)
+
+
+class AllowList:
+    def __init__(self, rules: tuple[str, ...] | list[str] = ()) -> None:
+        self.rules = [parse_rule(r) for r in rules]
+        self._learned: set[Address] = set()
+
+    def learn(self, address: Address) -> None:
+        """Allow a broker the upstream itself named."""
+        self._learned.add(Address(address.host.lower(), address.port))
+
+    @property
+    def learned(self) -> frozenset[Address]:
+        return frozenset(self._learned)
+
+    def allows(self, address: Address) -> bool:
+        if Address(address.host.lower(), address.port) in self._learned:
+            return True
+        return any(rule.matches(address) for rule in self.rules)

@@ -1,0 +1,225 @@
+"""``sluice proxy``: options, startup checks, signals."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import signal
+from pathlib import Path
+
+import trio
+
+from sluice.proto import DEFAULT_MAX_MESSAGE_SIZE
+from sluice.proxy.config import (
+    ConfigError,
+    ProxyConfig,
+    TlsClientConfig,
+    TlsServerConfig,
+    parse_address,
+    parse_broker_url,
+)
+from sluice.proxy.framing import client_ssl_context
+from sluice.proxy.server import Proxy
+from sluice.proxy.upstream import BrokerConnection, UpstreamError
+
+log = logging.getLogger("sluice")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    net = parser.add_argument_group("listening")
+    net.add_argument(
+        "--listen",
+        default="127.0.0.1:6650",
+        metavar="HOST:PORT",
+        help="plain listener (default %(default)s; 'none' to disable)",
+    )
+    net.add_argument("--listen-tls", metavar="HOST:PORT", help="TLS listener")
+    net.add_argument("--tls-cert", type=Path, metavar="FILE", help="certificate chain (PEM)")
+    net.add_argument("--tls-key", type=Path, metavar="FILE", help="private key (PEM)")
+    net.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="FILE",
+        help="require client certificates signed by this CA",
+    )
+    up = parser.add_argument_group("upstream")
+    up.add_argument(
+        "--broker",
+        required=True,
+        metavar="URL",
+        help="pulsar://HOST:PORT or pulsar+ssl://HOST:PORT of the broker (or service)",
+    )
+    up.add_argument(
+        "--broker-tls-ca",
+        type=Path,
+        metavar="FILE",
+        help="CA for brokers' certificates (default: system trust store)",
+    )
+    up.add_argument(
+        "--broker-tls-no-verify-hostname",
+        action="store_true",
+        help="do not check broker certificates' host names",
+    )
+    up.add_argument("--broker-tls-cert", type=Path, metavar="FILE", help="client certificate")
+    up.add_argument("--broker-tls-key", type=Path, metavar="FILE", help="client key")
+    up.add_argument(
+        "--allow-broker",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="brokers clients may be relayed to: host glob, CIDR, with optional "
+        ":PORT or :LO-HI (repeatable; default: brokers the upstream names)",
+    )
+    up.add_argument("--max-redirects", type=int, default=5, help="lookup redirects to follow")
+    pol = parser.add_argument_group("policy and limits")
+    pol.add_argument(
+        "--on-invalid",
+        choices=("reject", "forward"),
+        default="reject",
+        help="what to do with invalid frames from clients (default %(default)s)",
+    )
+    pol.add_argument(
+        "--max-message-size",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE_SIZE,
+        metavar="BYTES",
+        help="until a broker's CONNECTED says otherwise",
+    )
+    pol.add_argument("--max-connections", type=int, default=10_000)
+    pol.add_argument("--max-connections-per-ip", type=int, default=1_000)
+    pol.add_argument("--max-concurrent-lookups", type=int, default=1_000)
+    pol.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS")
+    pol.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS")
+    pol.add_argument("--keepalive-interval", type=float, default=30.0, metavar="SECONDS")
+    pol.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="how long SIGTERM waits for connections to hand over",
+    )
+    pol.add_argument(
+        "--no-check-broker",
+        action="store_true",
+        help="start even if the broker cannot be reached yet",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+    )
+
+
+def config_from(args: argparse.Namespace) -> ProxyConfig:
+    listen = None if args.listen in ("", "none") else parse_address(args.listen, what="--listen")
+    listen_tls = parse_address(args.listen_tls, what="--listen-tls") if args.listen_tls else None
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        for path in (args.tls_cert, args.tls_key, args.tls_client_ca):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"no such file: {path}")
+        tls = TlsServerConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
+    if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
+        raise ConfigError(f"no such file: {args.broker_tls_ca}")
+    return ProxyConfig(
+        broker=parse_broker_url(args.broker, what="--broker"),
+        listen=listen,
+        listen_tls=listen_tls,
+        tls=tls,
+        broker_tls=TlsClientConfig(
+            ca=args.broker_tls_ca,
+            verify_hostname=not args.broker_tls_no_verify_hostname,
+            cert=args.broker_tls_cert,
+            key=args.broker_tls_key,
+        ),
+        allow_broker=tuple(args.allow_broker),
+        on_invalid=args.on_invalid,
+        max_message_size=args.max_message_size,
+        connect_timeout=args.connect_timeout,
+        handshake_timeout=args.handshake_timeout,
+        keepalive_interval=args.keepalive_interval,
+        drain_timeout=args.drain_timeout,
+        max_connections=args.max_connections,
+        max_connections_per_ip=args.max_connections_per_ip,
+        max_concurrent_lookups=args.max_concurrent_lookups,
+        max_redirects=args.max_redirects,
+    )
+
+
+class StartupError(Exception):
+    """A one-line reason the proxy cannot start."""
+
+
+async def check_broker(config: ProxyConfig) -> None:
+    tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
+    try:
+        async with trio.open_nursery() as nursery:
+            conn = await BrokerConnection.open(
+                nursery, config.broker.address, timeout=config.connect_timeout, tls=tls
+            )
+            await conn.aclose()
+            nursery.cancel_scope.cancel()
+    except UpstreamError as exc:
+        raise StartupError(f"{exc.message} (start anyway with --no-check-broker)") from None
+
+
+async def serve(config: ProxyConfig, check: bool = True) -> None:
+    if check:
+        await check_broker(config)
+    proxy = Proxy(config)
+    async with trio.open_nursery() as nursery:
+        try:
+            await nursery.start(proxy.run)
+        except OSError as exc:
+            raise StartupError(_listen_error(exc, config)) from None
+        for kind, address in proxy.addresses.items():
+            log.info("listening (%s) on %s, upstream %s", kind, address, config.broker)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("%s: draining", signal.Signals(signum).name)
+                nursery.start_soon(_second_signal_stops, signals, proxy)
+                await proxy.drain()
+                break
+        nursery.cancel_scope.cancel()
+    log.info("stopped")
+
+
+async def _second_signal_stops(signals: object, proxy: Proxy) -> None:
+    async for _ in signals:  # type: ignore[attr-defined]
+        log.warning("second signal: stopping now")
+        proxy.stop()
+        return
+
+
+def _listen_error(exc: OSError, config: ProxyConfig) -> str:
+    where = ", ".join(str(a) for a in (config.listen, config.listen_tls) if a is not None)
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {where}: address already in use"
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {where}: permission denied"
+    return f"cannot listen on {where}: {exc.strerror or exc}"
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    try:
+        config = config_from(args)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        trio.run(serve, config, not args.no_check_broker)
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,179 @@
+"""Lookup connections: CONNECT without ``proxy_to_broker_url``.
+
+Sluice answers the handshake itself and forwards discovery requests (LOOKUP,
+PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE, GET_SCHEMA) to the upstream
+broker with its own request ids. Redirect answers are followed here, so the
+client only ever sees one outcome. A Connect answer is rewritten so that
+the client comes back through Sluice: ``proxy_through_service_url=true``,
+both broker URLs set, ``authoritative=true``. The broker it names is learned
+into the allow-list, since the client will ask for it next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from sluice.proto import Frame, Type, command, encode, error_reply, pb
+from sluice.proxy.config import ConfigError, parse_broker_url
+from sluice.proxy.framing import FrameStream
+from sluice.proxy.upstream import PROTOCOL_VERSION, SLUICE_VERSION, UpstreamError
+
+if TYPE_CHECKING:
+    from sluice.proxy.server import Proxy
+
+log = logging.getLogger("sluice.lookup")
+
+LookupResponse = pb.CommandLookupTopicResponse
+_FORWARDED = {
+    Type.Value("LOOKUP"),
+    Type.Value("PARTITIONED_METADATA"),
+    Type.Value("GET_TOPICS_OF_NAMESPACE"),
+    Type.Value("GET_SCHEMA"),
+}
+# How long one upstream request may take before the client gets an error.
+REQUEST_TIMEOUT = 30.0
+
+
+class LookupSession:
+    def __init__(self, proxy: Proxy, client: FrameStream, connect: Frame, name: str) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.connect = connect
+        self.name = name
+        self._last_heard = trio.current_time()
+
+    async def run(self) -> None:
+        requested = self.connect.body.protocol_version
+        connected = pb.CommandConnected(
+            server_version=SLUICE_VERSION,
+            protocol_version=min(requested, PROTOCOL_VERSION),
+            max_message_size=self.proxy.config.max_message_size,
+        )
+        await self.client.send(encode(command(Type.Value("CONNECTED"), connected)))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keepalive, nursery.cancel_scope)
+            while (frame := await self.client.receive_frame()) is not None:
+                self._last_heard = trio.current_time()
+                await self._dispatch(frame, nursery)
+            nursery.cancel_scope.cancel()
+
+    async def _dispatch(self, frame: Frame, nursery: trio.Nursery) -> None:
+        t = frame.type
+        if t == Type.Value("PING"):
+            await self.client.send(encode(command(Type.Value("PONG"))))
+            return
+        if t == Type.Value("PONG"):
+            return
+        if frame.error is not None:
+            self.proxy.note_invalid(frame, "client", self.name)
+            reply = error_reply(frame, frame.error.server_error, frame.error.message)
+            if reply is None:
+                raise frame.error
+            await self.client.send(reply)
+            return
+        if t not in _FORWARDED:
+            message = f"{frame.name} is not served on a lookup connection"
+            reply = error_reply(frame, pb.NotAllowedError, message)
+            if reply is None:
+                log.info("%s: ignoring %s on a lookup connection", self.name, frame.name)
+                return
+            await self.client.send(reply)
+            return
+        if not self.proxy.lookup_slots.acquire_nowait_or_false():
+            self.proxy.count("lookups_rejected")
+            reply = error_reply(frame, pb.TooManyRequests, "too many concurrent lookups")
+            assert reply is not None
+            await self.client.send(reply)
+            return
+        nursery.start_soon(self._serve, frame)
+
+    async def _serve(self, frame: Frame) -> None:
+        answer: bytes | None
+        try:
+            answer = await self._answer(frame)
+        except UpstreamError as exc:
+            log.warning("%s: %s failed: %s", self.name, frame.name, exc.message)
+            answer = error_reply(frame, exc.error, exc.message)
+        finally:
+            self.proxy.lookup_slots.release()
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            if answer is not None:
+                await self.client.send(answer)
+
+    async def _answer(self, frame: Frame) -> bytes:
+        body: Any = type(frame.body)()
+        body.CopyFrom(frame.body)
+        client_rid = body.request_id
+        if frame.type == Type.Value("LOOKUP"):
+            return await self._lookup(body, client_rid)
+        upstream = await self.proxy.upstream.get(self.proxy.config.broker.address)
+        answer = await upstream.request(frame.type, body, REQUEST_TIMEOUT)
+        return _with_request_id(answer, client_rid)
+
+    async def _lookup(self, request: pb.CommandLookupTopic, client_rid: int) -> bytes:
+        target = self.proxy.config.broker.address
+        hops = 0
+        while True:
+            upstream = await self.proxy.upstream.get(target)
+            answer = await upstream.request(Type.Value("LOOKUP"), request, REQUEST_TIMEOUT)
+            if answer.type != Type.Value("LOOKUP_RESPONSE"):
+                self.proxy.count("lookups_failed")
+                return _with_request_id(answer, client_rid)  # ERROR from the broker
+            result: pb.CommandLookupTopicResponse = answer.body
+            if result.response == LookupResponse.Failed:
+                self.proxy.count("lookups_failed")
+                return _with_request_id(answer, client_rid)
+            url_text = result.brokerServiceUrl or result.brokerServiceUrlTls
+            try:
+                url = parse_broker_url(url_text, what="broker URL in lookup answer")
+            except ConfigError as exc:
+                raise UpstreamError(str(exc), pb.ServiceNotReady) from None
+            if result.response == LookupResponse.Redirect:
+                hops += 1
+                if hops > self.proxy.config.max_redirects:
+                    raise UpstreamError(
+                        f"lookup of {request.topic} redirected more than "
+                        f"{self.proxy.config.max_redirects} times",
+                        pb.ServiceNotReady,
+                    )
+                self.proxy.count("lookups_redirected")
+                self.proxy.allowlist.learn(url.address)
+                target = url.address
+                request.authoritative = result.authoritative
+                continue
+            self.proxy.allowlist.learn(url.address)
+            self.proxy.count("lookups_answered")
+            rewritten = LookupResponse(
+                request_id=client_rid,
+                response=LookupResponse.Connect,
+                brokerServiceUrl=result.brokerServiceUrl or url_text,
+                brokerServiceUrlTls=result.brokerServiceUrlTls or url_text,
+                authoritative=True,
+                proxy_through_service_url=True,
+            )
+            return encode(command(Type.Value("LOOKUP_RESPONSE"), rewritten))
+
+    async def _keepalive(self, scope: trio.CancelScope) -> None:
+        """Ping an idle client; hang up on one that stops answering."""
+        interval = self.proxy.config.keepalive_interval
+        ping = encode(command(Type.Value("PING")))
+        while True:
+            await trio.sleep(interval)
+            idle = trio.current_time() - self._last_heard
+            if idle >= 2 * interval:
+                log.info("%s: client silent for %.0fs, closing", self.name, idle)
+                scope.cancel()
+                return
+            if idle >= interval:
+                await self.client.send(ping)
+
+
+def _with_request_id(answer: Frame, request_id: int) -> bytes:
+    body: Any = type(answer.body)()
+    body.CopyFrom(answer.body)
+    body.request_id = request_id
+    return encode(command(answer.type, body))

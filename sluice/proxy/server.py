@@ -1,0 +1,246 @@
+"""The proxy: listeners, connection limits, dispatch, graceful drain."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import ssl
+from typing import Any
+
+import trio
+
+from sluice.proto import Frame, ProtocolError, Type, pb
+from sluice.proxy.allowlist import AllowList
+from sluice.proxy.config import Address, ProxyConfig
+from sluice.proxy.framing import FrameStream, client_ssl_context
+from sluice.proxy.lookup import LookupSession
+from sluice.proxy.relay import RelaySession, connect_error
+from sluice.proxy.upstream import UpstreamPool
+
+log = logging.getLogger("sluice.proxy")
+
+
+class Slots:
+    """A counting limit that refuses instead of waiting."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+
+    def acquire_nowait_or_false(self) -> bool:
+        if self.used >= self.total:
+            return False
+        self.used += 1
+        return True
+
+    def release(self) -> None:
+        self.used -= 1
+
+
+def server_ssl_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.allowlist = AllowList(config.allow_broker)
+        self.allowlist.learn(config.broker.address)
+        self.lookup_slots = Slots(config.max_concurrent_lookups)
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.frames: collections.Counter[str] = collections.Counter()
+        self.relays: set[RelaySession] = set()
+        self.active = 0
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._ids = itertools.count(1)
+        self._listeners: list[trio.abc.Listener[Any]] = []
+        self.addresses: dict[str, Address] = {}
+        self._handlers: trio.Nursery | None = None
+        self._stop = trio.Event()
+        self._upstream_tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
+        self.upstream: UpstreamPool
+
+    # --- accounting --------------------------------------------------------
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+    def note_invalid(self, frame: Frame, side: str, name: str) -> None:
+        assert frame.error is not None
+        self.count(f"invalid_{frame.error.problem.value}")
+        log.warning("%s: invalid %s from %s: %s", name, frame.name, side, frame.error.message)
+
+    # --- lifecycle ---------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until ``drain()``; ``task_status.started`` once listening."""
+        async with trio.open_nursery() as outer:
+            self.upstream = UpstreamPool(
+                outer,
+                timeout=self.config.connect_timeout,
+                tls_for=lambda address: self._upstream_tls,
+            )
+            await self._open_listeners()
+            async with trio.open_nursery() as handlers:
+                self._handlers = handlers
+                for kind, listener in self._listeners_by_kind():
+                    handlers.start_soon(self._accept_loop, listener, kind)
+                task_status.started(self)
+                await self._stop.wait()
+            await self.upstream.aclose()
+            outer.cancel_scope.cancel()
+
+    def _listeners_by_kind(self) -> list[tuple[str, trio.abc.Listener[Any]]]:
+        return list(zip(self._kinds, self._listeners, strict=True))
+
+    async def _open_listeners(self) -> None:
+        self._kinds: list[str] = []
+        config = self.config
+        if config.listen is not None:
+            for listener in await trio.open_tcp_listeners(
+                config.listen.port, host=config.listen.host
+            ):
+                self._add_listener("plain", listener, listener)
+        if config.listen_tls is not None:
+            assert config.tls is not None
+            context = server_ssl_context(
+                str(config.tls.cert),
+                str(config.tls.key),
+                str(config.tls.client_ca) if config.tls.client_ca else None,
+            )
+            for listener in await trio.open_tcp_listeners(
+                config.listen_tls.port, host=config.listen_tls.host
+            ):
+                wrapped = trio.SSLListener(listener, context, https_compatible=False)
+                self._add_listener("tls", wrapped, listener)
+
+    def _add_listener(
+        self, kind: str, listener: trio.abc.Listener[Any], tcp: trio.SocketListener
+    ) -> None:
+        host, port = tcp.socket.getsockname()[:2]
+        self.addresses.setdefault(kind, Address(host, port))
+        self._listeners.append(listener)
+        self._kinds.append(kind)
+
+    async def _accept_loop(self, listener: trio.abc.Listener[Any], kind: str) -> None:
+        assert self._handlers is not None
+        while True:
+            try:
+                stream = await listener.accept()
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                return
+            except OSError as exc:  # e.g. out of file descriptors: keep serving
+                log.error("accept failed on %s listener: %s", kind, exc)
+                await trio.sleep(0.1)
+                continue
+            self._handlers.start_soon(self._handle, stream, kind)
+
+    async def drain(self) -> None:
+        """Stop accepting, hand clients back gracefully, stop within the drain timeout."""
+        deadline = trio.current_time() + self.config.drain_timeout
+        log.info("draining %d connections (timeout %gs)", self.active, self.config.drain_timeout)
+        for listener in self._listeners:
+            await listener.aclose()
+        async with trio.open_nursery() as nursery:
+            for relay in list(self.relays):
+                nursery.start_soon(relay.drain, deadline)
+        with trio.move_on_at(deadline):
+            while self.active:
+                await trio.sleep(0.02)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop at once, closing every connection."""
+        if self._handlers is not None:
+            self._handlers.cancel_scope.cancel()
+        self._stop.set()
+
+    # --- one connection ----------------------------------------------------
+
+    async def _handle(self, stream: trio.abc.Stream, kind: str) -> None:
+        peer = _peer(stream)
+        ip = peer.host
+        name = f"conn-{next(self._ids)} {peer}"
+        if self.active >= self.config.max_connections:
+            await self._reject(stream, name, "limit", "too many connections")
+            return
+        if self._per_ip[ip] >= self.config.max_connections_per_ip:
+            await self._reject(stream, name, "limit", f"too many connections from {ip}")
+            return
+        self.active += 1
+        self._per_ip[ip] += 1
+        self.count("connections_opened")
+        client = FrameStream(stream, self.config.max_message_size)
+        try:
+            await self._serve(client, name, kind)
+        except ProtocolError as exc:
+            log.warning("%s: closing: %s", name, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            cause = exc.__cause__
+            if kind == "tls" and isinstance(cause, ssl.SSLError):
+                self.count("rejected_tls")
+                log.warning("%s: TLS handshake failed: %s", name, cause)
+            else:
+                log.info("%s: connection lost: %s", name, cause or exc)
+        finally:
+            self.active -= 1
+            self._per_ip[ip] -= 1
+            if not self._per_ip[ip]:
+                del self._per_ip[ip]
+            self.count("connections_closed")
+            with trio.CancelScope(shield=True):
+                await _close(stream)
+
+    async def _serve(self, client: FrameStream, name: str, kind: str) -> None:
+        first: Frame | None = None
+        with trio.move_on_after(self.config.handshake_timeout):
+            first = await client.receive_frame()
+            if first is None:
+                return
+        if first is None:
+            self.count("rejected_handshake_timeout")
+            log.info("%s: no CONNECT within %gs, closing", name, self.config.handshake_timeout)
+            return
+        if first.type != Type.Value("CONNECT") or first.error is not None:
+            why = first.error.message if first.error else f"expected CONNECT, got {first.name}"
+            log.warning("%s: bad handshake: %s", name, why)
+            self.count("rejected_handshake")
+            await client.send(connect_error(pb.NotAllowedError, why))
+            return
+        if first.body.HasField("proxy_to_broker_url"):
+            relay = RelaySession(self, client, first, name)
+            self.relays.add(relay)
+            try:
+                await relay.run()
+            finally:
+                self.relays.discard(relay)
+        else:
+            await LookupSession(self, client, first, name).run()
+
+    async def _reject(self, stream: trio.abc.Stream, name: str, reason: str, why: str) -> None:
+        self.count(f"rejected_{reason}")
+        log.warning("%s: rejected: %s", name, why)
+        await _close(stream)
+
+
+def _peer(stream: trio.abc.Stream) -> Address:
+    inner: Any = stream
+    while isinstance(inner, trio.SSLStream):
+        inner = inner.transport_stream
+    try:
+        host, port = inner.socket.getpeername()[:2]
+    except (AttributeError, OSError):
+        return Address("?", 0)
+    return Address(host, port)
+
+
+async def _close(stream: trio.abc.Stream) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await trio.aclose_forcefully(stream)
