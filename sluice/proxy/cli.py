@@ -153,36 +153,50 @@ class StartupError(Exception):
 
 async def check_broker(config: ProxyConfig) -> None:
     tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
-    try:
-        async with trio.open_nursery() as nursery:
+    failure: UpstreamError | None = None
+    async with trio.open_nursery() as nursery:
+        try:
             conn = await BrokerConnection.open(
                 nursery, config.broker.address, timeout=config.connect_timeout, tls=tls
             )
             await conn.aclose()
-            nursery.cancel_scope.cancel()
-    except UpstreamError as exc:
-        raise StartupError(f"{exc.message} (start anyway with --no-check-broker)") from None
+        except UpstreamError as exc:
+            failure = exc
+        nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise StartupError(f"{failure.message} (start anyway with --no-check-broker)")
 
 
 async def serve(config: ProxyConfig, check: bool = True) -> None:
     if check:
         await check_broker(config)
     proxy = Proxy(config)
+    failure: OSError | None = None
     async with trio.open_nursery() as nursery:
         try:
             await nursery.start(proxy.run)
-        except OSError as exc:
-            raise StartupError(_listen_error(exc, config)) from None
-        for kind, address in proxy.addresses.items():
-            log.info("listening (%s) on %s, upstream %s", kind, address, config.broker)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                log.info("%s: draining", signal.Signals(signum).name)
+        except OSError as exc:  # raised before the proxy's own nurseries open
+            failure = exc
+            nursery.cancel_scope.cancel()
+        else:
+            await _serve_until_signalled(proxy, config)
+            nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise StartupError(_listen_error(failure, config))
+    log.info("stopped")
+
+
+async def _serve_until_signalled(proxy: Proxy, config: ProxyConfig) -> None:
+    for kind, address in proxy.addresses.items():
+        log.info("listening (%s) on %s, upstream %s", kind, address, config.broker)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: draining", signal.Signals(signum).name)
+            async with trio.open_nursery() as nursery:
                 nursery.start_soon(_second_signal_stops, signals, proxy)
                 await proxy.drain()
-                break
-        nursery.cancel_scope.cancel()
-    log.info("stopped")
+                nursery.cancel_scope.cancel()
+            return
 
 
 async def _second_signal_stops(signals: object, proxy: Proxy) -> None:

@@ -28,6 +28,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
+from google.protobuf import text_format
 
 from sluice.proto import (
     Frame,
@@ -187,6 +188,7 @@ class RelaySession:
         observe = self.correlator.observe
         proxy = self.proxy
         reject = proxy.config.on_invalid == "reject"
+        trace = log.isEnabledFor(logging.DEBUG)
         try:
             while True:
                 data = await src.receive_chunk()
@@ -195,6 +197,8 @@ class RelaySession:
                 now = trio.current_time()
                 for frame in decoder.frames():
                     proxy.frames[side] += 1
+                    if trace:
+                        log.debug("%s: %s -> %s %s", self.name, side, frame.name, _brief(frame))
                     if frame.error is None:
                         out.append(frame.raw)
                         observe(frame, from_client, now)
@@ -282,6 +286,14 @@ class RelaySession:
                     await self.client.send(b"".join(closes))
         if self._session_scope is not None:
             self._session_scope.cancel()
+
+
+def _brief(frame: Frame) -> str:
+    body = frame.body
+    if body is None:
+        return ""
+    text: str = text_format.MessageToString(body, as_one_line=True)
+    return text
 
 
 _NAMES_BROKERS = frozenset({_CLOSE_PRODUCER, _CLOSE_CONSUMER, _TOPIC_MIGRATED})

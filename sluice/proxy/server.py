@@ -81,13 +81,15 @@ class Proxy:
 
     async def run(self, *, task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``drain()``; ``task_status.started`` once listening."""
+        # Listening errors (port in use) surface here, outside any nursery,
+        # as a plain OSError the CLI can report in one line.
+        await self._open_listeners()
         async with trio.open_nursery() as outer:
             self.upstream = UpstreamPool(
                 outer,
                 timeout=self.config.connect_timeout,
                 tls_for=lambda address: self._upstream_tls,
             )
-            await self._open_listeners()
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
                 for kind, listener in self._listeners_by_kind():

@@ -132,7 +132,8 @@ class BrokerConnection:
                     slot[1].append(frame)
                     slot[0].set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError) as exc:
-            log.info("upstream connection to %s ended: %s", self.address, exc)
+            if not self.closed:  # not our own aclose()
+                log.info("upstream connection to %s ended: %s", self.address, exc)
         finally:
             self.closed = True
             for event, _ in self._waiting.values():

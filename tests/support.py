@@ -1,0 +1,174 @@
+"""Helpers for tests that run the real proxy, client and broker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulsar
+
+from sluice.embedded import free_port, wait_for_port
+from sluice.proto import CLOSED, NEED_DATA, Frame, FrameDecoder, Type, command, encode, pb
+
+SLUICE = [sys.executable, "-m", "sluice.cli"]
+QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+
+
+@dataclass
+class ProxyProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    tls_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_proxy(
+    broker_url: str,
+    tmp_path: Path,
+    *extra: str,
+    port: int | None = None,
+    tls_port: int | None = None,
+    wait: bool = True,
+) -> ProxyProcess:
+    port = port or free_port()
+    log_path = tmp_path / f"proxy-{port}-{time.monotonic_ns()}.log"
+    args = [*SLUICE, "proxy", "--listen", f"127.0.0.1:{port}", "--broker", broker_url, *extra]
+    if tls_port is not None:
+        args += ["--listen-tls", f"127.0.0.1:{tls_port}"]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    proxy = ProxyProcess(process, port, log_path, tls_port)
+    if wait:
+        try:
+            wait_for_port("127.0.0.1", port, 20, process)
+        except Exception:
+            proxy.kill()
+            raise AssertionError(f"proxy did not start:\n{proxy.log()}") from None
+    return proxy
+
+
+@contextlib.contextmanager
+def client(url: str, **options: Any) -> Iterator[pulsar.Client]:
+    c = pulsar.Client(url, operation_timeout_seconds=15, logger=QUIET, **options)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def tcp_connections(pid: int) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """(local, remote) of every IPv4 TCP socket process ``pid`` has open."""
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = []
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[9] in inodes:
+            out.append((_addr(fields[1]), _addr(fields[2])))
+    return out
+
+
+def _addr(text: str) -> tuple[str, int]:
+    ip_hex, port_hex = text.split(":")
+    ip = socket.inet_ntoa(bytes.fromhex(ip_hex)[::-1])
+    return ip, int(port_hex, 16)
+
+
+class RawClient:
+    """A hand-driven Pulsar connection, for frames the real client never sends."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port), timeout=10)
+        self.decoder = FrameDecoder()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def receive(self, timeout: float = 10.0) -> Frame | None:
+        """The next frame, or None once the peer closed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.decoder.next_event()
+            if isinstance(event, Frame):
+                return event
+            if event is CLOSED:
+                return None
+            assert event is NEED_DATA
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no frame in time")
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            self.decoder.receive_data(data)
+
+    def receive_type(self, name: str, timeout: float = 10.0) -> Frame:
+        """Skip PINGs and the like until a frame of type ``name``."""
+        while True:
+            frame = self.receive(timeout)
+            assert frame is not None, f"connection closed while waiting for {name}"
+            if frame.name == name:
+                return frame
+            if frame.name == "PING":
+                self.send(encode(command(Type.Value("PONG"))))
+
+    def connect(self, proxy_to_broker_url: str | None = None) -> Frame:
+        body = pb.CommandConnect(client_version="sluice-tests", protocol_version=21)
+        if proxy_to_broker_url is not None:
+            body.proxy_to_broker_url = proxy_to_broker_url
+        self.send(encode(command(Type.Value("CONNECT"), body)))
+        frame = self.receive()
+        assert frame is not None, "connection closed during CONNECT"
+        return frame
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
