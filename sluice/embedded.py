@@ -78,6 +78,7 @@ class EmbeddedBroker:
         max_message_size: int | None = None,
         log_path: str | Path | None = None,
         start_timeout: float = 15.0,
+        settings: dict[str, int | str | bool] | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -89,6 +90,8 @@ class EmbeddedBroker:
         self.max_message_size = max_message_size
         self.log_path = Path(log_path) if log_path else self.data_dir / "broker.log"
         self.start_timeout = start_timeout
+        # Any other pulsar-lite setting, e.g. {"keep_alive_interval_secs": 300}.
+        self.settings = dict(settings or {})
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -109,6 +112,13 @@ class EmbeddedBroker:
             lines.append(f"default_partitions = {int(self.default_partitions)}")
         if self.max_message_size is not None:
             lines.append(f"max_message_size_bytes = {int(self.max_message_size)}")
+        for key, value in self.settings.items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, int):
+                lines.append(f"{key} = {value}")
+            else:
+                lines.append(f'{key} = "{value}"')
         path = self.data_dir / "pulsar-lite.toml"
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -419,3 +419,71 @@ def test_port_in_use_is_one_line_and_exit_1(proxy: ProxyProcess, broker: Embedde
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "address already in use" in lines[0]
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_stalled_consumer_does_not_grow_proxy_memory(tmp_path: Path, topic: str) -> None:
+    # A broker that tolerates a consumer not answering pings for a while.
+    patient = EmbeddedBroker(settings={"keep_alive_interval_secs": 600})
+    with patient as broker:
+        proxy = start_proxy(broker.url, tmp_path)
+        try:
+            stall_a_consumer(proxy, broker, topic)
+        finally:
+            proxy.kill()
+
+
+def stall_a_consumer(proxy: ProxyProcess, broker: EmbeddedBroker, topic: str) -> None:
+    size, count = 64 * 1024, 1000  # ~64 MiB through a consumer that does not read
+    with RawClient(proxy.port) as consumer:
+        assert consumer.connect(f"127.0.0.1:{broker.port}").name == "CONNECTED"
+        subscribe = pb.CommandSubscribe(
+            topic=topic,
+            subscription="stalled",
+            subType=pb.CommandSubscribe.Exclusive,
+            consumer_id=1,
+            request_id=1,
+        )
+        consumer.send(encode(command(T("SUBSCRIBE"), subscribe)))
+        assert consumer.receive_type("SUCCESS").body.request_id == 1
+        consumer.send(
+            encode(command(T("FLOW"), pb.CommandFlow(consumer_id=1, messagePermits=100_000)))
+        )
+        before = rss_bytes(proxy.pid)
+        body = os.urandom(size)
+        with client(broker.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+            done = threading.Semaphore(0)
+            for _ in range(count):
+                producer.send_async(body, lambda res, mid: done.release())
+            producer.flush()
+            for _ in range(count):
+                assert done.acquire(timeout=60)
+        time.sleep(1.0)  # let the broker push as far as the proxy lets it
+        grown = rss_bytes(proxy.pid) - before
+        held = size * count / 2**20
+        assert grown < 24 * 2**20, f"proxy grew {grown / 2**20:.1f} MiB with {held:.0f} MiB held"
+        # Nothing was dropped: the consumer gets every message once it reads,
+        # granting permits as it goes like a real client (pulsar-lite pauses
+        # dispatch when its write buffer fills and resumes on the next FLOW).
+        received = 0
+        flow = encode(command(T("FLOW"), pb.CommandFlow(consumer_id=1, messagePermits=50)))
+        while received < count:
+            if received % 50 == 0:
+                consumer.send(flow)
+            try:
+                frame = consumer.receive(timeout=30)
+            except TimeoutError:
+                raise AssertionError(f"stuck after {received}: {proxy.log()[-1500:]}") from None
+            assert frame is not None, f"closed after {received}: {proxy.log()[-1500:]}"
+            if frame.name == "MESSAGE":
+                received += 1
+            elif frame.name == "PING":
+                consumer.send(encode(command(T("PONG"))))
+        assert received == count

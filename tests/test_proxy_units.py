@@ -1,0 +1,156 @@
+"""Allow-list rules, address parsing, and the request/response correlator."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.message import Message
+
+from sluice.proto import Frame, Type, command, decode_frame, encode, encode_payload, pb
+from sluice.proto.correlation import Correlator
+from sluice.proxy.allowlist import AllowList, parse_rule
+from sluice.proxy.config import (
+    Address,
+    BrokerUrl,
+    ConfigError,
+    ProxyConfig,
+    parse_address,
+    parse_broker_url,
+)
+
+T = Type.Value
+
+
+@pytest.mark.parametrize(
+    ("rule", "address", "allowed"),
+    [
+        ("broker-*.pulsar.svc", Address("broker-1.pulsar.svc", 6650), True),
+        ("broker-*.pulsar.svc", Address("BROKER-2.PULSAR.SVC", 1), True),
+        ("broker-*.pulsar.svc", Address("evil.example.com", 6650), False),
+        ("broker-*.pulsar.svc:6650", Address("broker-1.pulsar.svc", 6651), False),
+        ("10.0.0.0/8", Address("10.1.2.3", 6650), True),
+        ("10.0.0.0/8", Address("11.1.2.3", 6650), False),
+        ("10.0.0.0/8:6650-6651", Address("10.0.0.1", 6651), True),
+        ("10.0.0.0/8:6650-6651", Address("10.0.0.1", 6652), False),
+        ("10.0.0.0/8", Address("ten.example", 6650), False),  # names never match CIDRs
+        ("127.0.0.1", Address("127.0.0.1", 1234), True),
+        ("[fd00::/8]:6650", Address("fd00::1", 6650), True),
+        ("[fd00::/8]:6650", Address("fe80::1", 6650), False),
+        ("*:6650", Address("anything", 6650), True),
+        ("*:6650", Address("anything", 6651), False),
+    ],
+)
+def test_allow_rules(rule: str, address: Address, allowed: bool) -> None:
+    assert AllowList([rule]).allows(address) is allowed
+
+
+@pytest.mark.parametrize("bad", ["", "10.0.0.0/33", "host:abc", "host:9-1", "[fd00::/8]x", ":6650"])
+def test_bad_allow_rules_are_config_errors(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_rule(bad)
+
+
+def test_learned_brokers_are_allowed_and_nothing_else_by_default() -> None:
+    allow = AllowList()
+    assert not allow.allows(Address("10.0.0.5", 6650))
+    allow.learn(Address("Broker-0.local", 6650))
+    assert allow.allows(Address("broker-0.local", 6650))
+    assert not allow.allows(Address("broker-0.local", 6651))
+
+
+@pytest.mark.parametrize(
+    ("text", "url"),
+    [
+        ("pulsar://broker:6650", BrokerUrl("broker", 6650, False)),
+        ("pulsar+ssl://broker:6651/", BrokerUrl("broker", 6651, True)),
+        ("pulsar://broker", BrokerUrl("broker", 6650, False)),
+        ("pulsar+ssl://broker", BrokerUrl("broker", 6651, True)),
+        ("broker-1:6650", BrokerUrl("broker-1", 6650, False)),  # proxy_to_broker_url form
+        ("pulsar://[::1]:6650", BrokerUrl("::1", 6650, False)),
+    ],
+)
+def test_broker_urls(text: str, url: BrokerUrl) -> None:
+    assert parse_broker_url(text) == url
+
+
+@pytest.mark.parametrize(
+    "bad", ["http://broker:80", "pulsar://a:1,b:2", "pulsar://:6650", "pulsar://b:70000"]
+)
+def test_bad_broker_urls(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_broker_url(bad)
+
+
+def test_addresses() -> None:
+    assert parse_address("0.0.0.0:6650") == Address("0.0.0.0", 6650)
+    assert str(parse_address("[::]:6650")) == "[::]:6650"
+    with pytest.raises(ConfigError, match="expected HOST:PORT"):
+        parse_address("localhost")
+
+
+def test_config_validation() -> None:
+    broker = parse_broker_url("pulsar://b:6650")
+    with pytest.raises(ConfigError, match="nothing to listen on"):
+        ProxyConfig(broker=broker, listen=None)
+    with pytest.raises(ConfigError, match="--listen-tls needs"):
+        ProxyConfig(broker=broker, listen_tls=Address("127.0.0.1", 6651))
+    with pytest.raises(ConfigError, match="--on-invalid"):
+        ProxyConfig(broker=broker, on_invalid="drop")
+    with pytest.raises(ConfigError, match="--drain-timeout must be positive"):
+        ProxyConfig(broker=broker, drain_timeout=0)
+
+
+# --- correlator ------------------------------------------------------------
+
+
+def frame(type_name: str, body: Message) -> Frame:
+    return decode_frame(encode(command(T(type_name), body)))
+
+
+def test_correlator_tracks_producers_consumers_and_sends() -> None:
+    c = Correlator()
+    producer = pb.CommandProducer(topic="t1", producer_id=3, request_id=10)
+    c.observe(frame("PRODUCER", producer), True, 1.0)
+    done = c.observe(
+        frame("PRODUCER_SUCCESS", pb.CommandProducerSuccess(request_id=10, producer_name="p")),
+        False,
+        1.5,
+    )
+    assert done is not None and done.request_type == T("PRODUCER") and done.topic == "t1"
+    assert done.seconds == 0.5 and done.error is None
+    assert c.producers == {3: "t1"}
+
+    send = encode_payload(
+        command(T("SEND"), pb.CommandSend(producer_id=3, sequence_id=0)),
+        pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1),
+        b"x",
+    )
+    c.observe(decode_frame(send), True, 2.0)
+    assert c.in_flight_sends == 1
+    receipt = pb.CommandSendReceipt(producer_id=3, sequence_id=0)
+    done = c.observe(frame("SEND_RECEIPT", receipt), False, 2.25)
+    assert done is not None and done.request_type == T("SEND") and done.topic == "t1"
+    assert c.in_flight_sends == 0
+
+    sub = pb.CommandSubscribe(
+        topic="t2",
+        subscription="s",
+        subType=pb.CommandSubscribe.Exclusive,
+        consumer_id=4,
+        request_id=11,
+    )
+    c.observe(frame("SUBSCRIBE", sub), True, 3.0)
+    error = pb.CommandError(request_id=11, error=pb.ConsumerBusy, message="busy")
+    done = c.observe(frame("ERROR", error), False, 3.1)
+    assert done is not None and done.error == pb.ConsumerBusy
+    assert c.consumers == {}  # failed subscribe creates nothing
+
+    close = pb.CommandCloseProducer(producer_id=3, request_id=12)
+    c.observe(frame("CLOSE_PRODUCER", close), False, 4.0)
+    assert c.producers == {}
+
+
+def test_correlator_ignores_answers_to_nothing() -> None:
+    c = Correlator()
+    assert c.observe(frame("SUCCESS", pb.CommandSuccess(request_id=99)), False, 1.0) is None
+    receipt = pb.CommandSendReceipt(producer_id=1, sequence_id=1)
+    assert c.observe(frame("SEND_RECEIPT", receipt), False, 1.0) is None
