@@ -71,6 +71,17 @@ _REQUESTS = frozenset(
 )
 
 
+# What observe() looks at, per direction: callers on a hot path can skip the
+# call for every other type (MESSAGE, FLOW, PING...).
+CLIENT_TYPES = _REQUESTS | {T.SEND}
+SERVER_TYPES = _ANSWERS_WITH_REQUEST_ID | {
+    T.SEND_RECEIPT,
+    T.SEND_ERROR,
+    T.CLOSE_PRODUCER,
+    T.CLOSE_CONSUMER,
+}
+
+
 @dataclass(slots=True)
 class Pending:
     type: int

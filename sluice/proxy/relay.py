@@ -41,7 +41,7 @@ from sluice.proto import (
     error_reply,
     pb,
 )
-from sluice.proto.correlation import Correlator
+from sluice.proto.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
 from sluice.proxy.config import BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream, client_ssl_context, dial
 from sluice.proxy.upstream import SLUICE_VERSION, UpstreamError
@@ -186,30 +186,37 @@ class RelaySession:
         side = "client" if from_client else "broker"
         decoder = src.decoder
         observe = self.correlator.observe
+        observed = CLIENT_TYPES if from_client else SERVER_TYPES
         proxy = self.proxy
         reject = proxy.config.on_invalid == "reject"
         trace = log.isEnabledFor(logging.DEBUG)
         try:
             while True:
                 data = await src.receive_chunk()
+                # A chunk that starts on a frame boundary, ends on one, and
+                # holds only frames forwarded unchanged is sent as it came.
+                whole = decoder.buffered == 0
                 decoder.receive_data(data)
                 out: list[bytes] = []
+                count = 0
                 now = trio.current_time()
                 for frame in decoder.frames():
-                    proxy.frames[side] += 1
+                    count += 1
                     if trace:
                         log.debug("%s: %s -> %s %s", self.name, side, frame.name, _brief(frame))
                     if frame.error is None:
                         out.append(frame.raw)
-                        observe(frame, from_client, now)
-                        if not from_client and frame.type in _NAMES_BROKERS:
-                            self._learn_brokers(frame)
+                        if frame.type in observed:
+                            observe(frame, from_client, now)
+                            if not from_client and frame.type in _NAMES_BROKERS:
+                                self._learn_brokers(frame)
                         continue
                     proxy.note_invalid(frame, side, self.name)
                     if not reject or not from_client or frame.error.problem is Problem.UNKNOWN_TYPE:
                         out.append(frame.raw)
                         observe(frame, from_client, now)
                         continue
+                    whole = False
                     reply = error_reply(frame, frame.error.server_error, frame.error.message)
                     if reply is None:
                         log.warning(
@@ -223,8 +230,12 @@ class RelaySession:
                         session.cancel()
                         return
                     await src.send(reply)
+                proxy.frames[side] += count
                 if out:
-                    await dst.send(out[0] if len(out) == 1 else b"".join(out))
+                    if whole and decoder.buffered == 0:
+                        await dst.send(data)
+                    else:
+                        await dst.send(out[0] if len(out) == 1 else b"".join(out))
                 if not data:
                     log.info("%s: %s closed the connection", self.name, side)
                     session.cancel()

@@ -1,0 +1,131 @@
+"""The real client through Sluice vs straight to the broker, in one run.
+
+    python bench/e2e.py [--rounds 3] [--scale 1.0]
+
+Four figures, each as messages per second, proxy / direct:
+  produce 1 KiB, batching off     consume 1 KiB (published unbatched)
+  produce 100 B, batching on      consume 100 B (published batched)
+
+One embedded pulsar-lite broker, one `sluice proxy` process in front of it,
+the official pulsar-client in this process. Producing uses send_async with a
+bounded queue and waits for every receipt; consuming subscribes from the
+earliest message of a topic filled beforehand and receives them all. Direct
+and proxied runs alternate, each on a fresh topic, and each figure is the
+median of the rounds. The broker, the proxy and the client share the
+machine's cores, as they would in a sidecar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pulsar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sluice.embedded import EmbeddedBroker
+from tests.support import client, start_proxy
+
+GOAL = 0.90
+
+
+def produce(url: str, topic: str, count: int, size: int, batching: bool) -> float:
+    body = b"x" * size
+    with client(url) as c:
+        producer = c.create_producer(
+            topic,
+            batching_enabled=batching,
+            batching_max_messages=1000,
+            batching_max_publish_delay_ms=5,
+            max_pending_messages=2000,
+            block_if_queue_full=True,
+        )
+        done = threading.Semaphore(0)
+        failed: list[Any] = []
+
+        def on_receipt(result: Any, _msg_id: Any) -> None:
+            if result != pulsar.Result.Ok:
+                failed.append(result)
+            done.release()
+
+        start = time.perf_counter()
+        for _ in range(count):
+            producer.send_async(body, on_receipt)
+        producer.flush()
+        for _ in range(count):
+            if not done.acquire(timeout=120):
+                raise SystemExit("timed out waiting for send receipts")
+        elapsed = time.perf_counter() - start
+        if failed:
+            raise SystemExit(f"{len(failed)} sends failed: {failed[0]}")
+    return count / elapsed
+
+
+def consume(url: str, topic: str, count: int) -> float:
+    with client(url) as c:
+        consumer = c.subscribe(
+            topic,
+            f"bench-{uuid.uuid4().hex[:6]}",
+            initial_position=pulsar.InitialPosition.Earliest,
+            receiver_queue_size=2000,
+        )
+        start = time.perf_counter()
+        for _ in range(count):
+            msg = consumer.receive(timeout_millis=60_000)
+            consumer.acknowledge(msg)
+        elapsed = time.perf_counter() - start
+    return count / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    args = parser.parse_args()
+    unbatched = int(5_000 * args.scale)
+    batched = int(50_000 * args.scale)
+
+    workloads: list[tuple[str, int, int, bool]] = [
+        ("1 KiB, batching off", unbatched, 1024, False),
+        ("100 B, batching on", batched, 100, True),
+    ]
+    results: dict[tuple[str, str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        proxy = start_proxy(broker.url, Path(tmp))
+        try:
+            urls = {"direct": broker.url, "proxy": proxy.url}
+            for round_ in range(args.rounds):
+                for name, count, size, batching in workloads:
+                    for mode in ("direct", "proxy") if round_ % 2 == 0 else ("proxy", "direct"):
+                        topic = f"persistent://public/default/bench-{uuid.uuid4().hex[:10]}"
+                        rate = produce(urls[mode], topic, count, size, batching)
+                        results.setdefault((name, "produce", mode), []).append(rate)
+                        rate = consume(urls[mode], topic, count)
+                        results.setdefault((name, "consume", mode), []).append(rate)
+                print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+        finally:
+            proxy.kill()
+
+    print(f"{'workload':<22} {'step':<8} {'direct msg/s':>13} {'proxy msg/s':>12} {'ratio':>6}")
+    worst = 1.0
+    for name, *_ in workloads:
+        for step in ("produce", "consume"):
+            direct = statistics.median(results[(name, step, "direct")])
+            proxied = statistics.median(results[(name, step, "proxy")])
+            ratio = proxied / direct
+            worst = min(worst, ratio)
+            print(f"{name:<22} {step:<8} {direct:>13,.0f} {proxied:>12,.0f} {ratio:>6.2f}")
+    print(f"lowest ratio {worst:.2f} (goal {GOAL:.2f}: {'met' if worst >= GOAL else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
