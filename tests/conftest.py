@@ -41,6 +41,7 @@ def proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[ProxyProcess]:
     p = start_proxy(broker.url, tmp_path)
     yield p
     p.kill()
+    assert "Traceback" not in p.log(), p.log()
 
 
 @pytest.fixture

@@ -202,6 +202,33 @@ def test_corrupt_send_gets_checksum_error_and_never_reaches_consumers(
     assert "checksum mismatch" in proxy.log()
 
 
+def test_forward_mode_lets_a_corrupt_send_through(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    p = start_proxy(broker.url, tmp_path, "--on-invalid", "forward")
+    try:
+        with RawClient(p.port) as raw:
+            assert raw.connect(f"127.0.0.1:{broker.port}").name == "CONNECTED"
+            producer = pb.CommandProducer(topic=topic, producer_id=1, request_id=1)
+            raw.send(encode(command(T("PRODUCER"), producer)))
+            name = raw.receive_type("PRODUCER_SUCCESS").body.producer_name
+            meta = pb.MessageMetadata(producer_name=name, sequence_id=0, publish_time=1)
+            send = command(T("SEND"), pb.CommandSend(producer_id=1, sequence_id=0))
+            corrupt = bytearray(encode_payload(send, meta, b"corrupt-me"))
+            corrupt[-1] ^= 0x01
+            raw.send(bytes(corrupt))
+            # pulsar-lite stores it without complaint: the receipt comes back.
+            assert raw.receive_type("SEND_RECEIPT").body.sequence_id == 0
+        with client(broker.url) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            assert (
+                consumer.receive(timeout_millis=10_000).data() == b"corrupt-md"
+            )  # the flipped byte arrives
+        assert "checksum mismatch" in p.log()  # counted and logged all the same
+    finally:
+        p.kill()
+
+
 def test_relay_outside_the_allow_list_is_refused(
     proxy: ProxyProcess, broker: EmbeddedBroker
 ) -> None:
@@ -308,8 +335,9 @@ def test_silent_client_is_dropped_after_the_handshake_timeout(
         p.kill()
 
 
-def test_per_ip_connection_limit(broker: EmbeddedBroker, tmp_path: Path) -> None:
-    p = start_proxy(broker.url, tmp_path, "--max-connections-per-ip", "1")
+@pytest.mark.parametrize("flag", ["--max-connections-per-ip", "--max-connections"])
+def test_connection_limits(broker: EmbeddedBroker, tmp_path: Path, flag: str) -> None:
+    p = start_proxy(broker.url, tmp_path, flag, "1")
     try:
         time.sleep(0.3)  # start_proxy's port probe holds the only slot briefly
         with RawClient(p.port) as first:
@@ -487,3 +515,106 @@ def stall_a_consumer(proxy: ProxyProcess, broker: EmbeddedBroker, topic: str) ->
             elif frame.name == "PING":
                 consumer.send(encode(command(T("PONG"))))
         assert received == count
+
+
+# --- TLS towards brokers, proxy chains, client certificates ----------------
+
+
+def tls_files(tmp_path: Path, *names: str) -> tuple[Path, Path, trustme.CA]:
+    """A CA file and a server cert+key file for ``names``."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    ca.issue_cert(*names).private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "srv.pem"))
+    return tmp_path / "ca.pem", tmp_path / "srv.pem", ca
+
+
+def test_tls_upstream_through_a_chain_of_proxies(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    # A terminates TLS in front of the broker; B talks to A over TLS, verifying
+    # A's certificate against the CA, and keeps itself in the path as A asks.
+    ca, pem, _ = tls_files(tmp_path, "localhost")
+    a_tls = free_port()
+    a = start_proxy(
+        broker.url, tmp_path, "--tls-cert", str(pem), "--tls-key", str(pem), tls_port=a_tls
+    )
+    b = start_proxy(f"pulsar+ssl://localhost:{a_tls}", tmp_path, "--broker-tls-ca", str(ca))
+    try:
+        produce_and_consume(b.url, topic, 30, batching_enabled=False)
+        b_remotes = {remote for _, remote in tcp_connections(b.pid)}
+        assert ("127.0.0.1", a_tls) in b_remotes  # B reaches the broker only through A
+        assert broker.address not in b_remotes
+        assert any(remote == broker.address for _, remote in tcp_connections(a.pid))
+    finally:
+        b.kill()
+        a.kill()
+
+
+def test_broker_certificate_hostname_is_verified(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    ca, pem, _ = tls_files(tmp_path, "localhost")  # not valid for 127.0.0.1
+    a_tls = free_port()
+    a = start_proxy(
+        broker.url, tmp_path, "--tls-cert", str(pem), "--tls-key", str(pem), tls_port=a_tls
+    )
+    try:
+        upstream = f"pulsar+ssl://127.0.0.1:{a_tls}"
+        result = run_cli(
+            "proxy",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--broker",
+            upstream,
+            "--broker-tls-ca",
+            str(ca),
+        )
+        assert result.returncode == 1
+        assert "TLS handshake" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        b = start_proxy(
+            upstream, tmp_path, "--broker-tls-ca", str(ca), "--broker-tls-no-verify-hostname"
+        )
+        try:
+            with RawClient(b.port) as raw:
+                assert raw.connect().name == "CONNECTED"
+        finally:
+            b.kill()
+    finally:
+        a.kill()
+
+
+def test_client_certificates_are_required_when_configured(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    ca_path, pem, ca = tls_files(tmp_path, "localhost")
+    client_cert = ca.issue_cert("client@example")
+    client_cert.cert_chain_pems[0].write_to_path(str(tmp_path / "client.crt"))
+    client_cert.private_key_pem.write_to_path(str(tmp_path / "client.key"))
+    tls_port = free_port()
+    p = start_proxy(
+        broker.url,
+        tmp_path,
+        "--tls-cert",
+        str(pem),
+        "--tls-key",
+        str(pem),
+        "--tls-client-ca",
+        str(ca_path),
+        tls_port=tls_port,
+    )
+    try:
+        url = f"pulsar+ssl://localhost:{tls_port}"
+        auth = pulsar.AuthenticationTLS(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
+        with client(url, tls_trust_certs_file_path=str(ca_path), authentication=auth) as c:
+            c.create_producer(topic).send(b"with a certificate")
+        with (
+            client(url, tls_trust_certs_file_path=str(ca_path)) as c,
+            pytest.raises(pulsar.PulsarException),
+        ):
+            c.create_producer(topic, send_timeout_millis=3000)
+        assert "TLS handshake failed" in p.log()
+        # A refused or vanished client never takes the proxy down.
+        assert p.process.poll() is None
+        with client(url, tls_trust_certs_file_path=str(ca_path), authentication=auth) as c:
+            c.create_producer(topic).send(b"still serving")
+        assert "Traceback" not in p.log()
+    finally:
+        p.kill()

@@ -236,4 +236,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        log.error("internal error: %r (run with --log-level debug for details)", exc)
+        log.debug("internal error", exc_info=exc)
+        return 70
     return 0

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from sluice.proto import Frame, Type, command, encode, error_reply, pb
-from sluice.proxy.config import ConfigError, parse_broker_url
+from sluice.proxy.config import BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream
 from sluice.proxy.upstream import PROTOCOL_VERSION, SLUICE_VERSION, UpstreamError
 
@@ -128,10 +128,7 @@ class LookupSession:
                 self.proxy.count("lookups_failed")
                 return _with_request_id(answer, client_rid)
             url_text = result.brokerServiceUrl or result.brokerServiceUrlTls
-            try:
-                url = parse_broker_url(url_text, what="broker URL in lookup answer")
-            except ConfigError as exc:
-                raise UpstreamError(str(exc), pb.ServiceNotReady) from None
+            url = _url(url_text)
             if result.response == LookupResponse.Redirect:
                 hops += 1
                 if hops > self.proxy.config.max_redirects:
@@ -141,11 +138,15 @@ class LookupSession:
                         pb.ServiceNotReady,
                     )
                 self.proxy.count("lookups_redirected")
-                self.proxy.allowlist.learn(url.address)
+                self.proxy.learn_broker(url)
                 target = url.address
                 request.authoritative = result.authoritative
                 continue
-            self.proxy.allowlist.learn(url.address)
+            # An upstream that is itself a proxy asks to be kept in the path.
+            via = result.proxy_through_service_url
+            for named in (result.brokerServiceUrl, result.brokerServiceUrlTls):
+                if named:
+                    self.proxy.learn_broker(_url(named), via_upstream=via)
             self.proxy.count("lookups_answered")
             rewritten = LookupResponse(
                 request_id=client_rid,
@@ -170,6 +171,13 @@ class LookupSession:
                 return
             if idle >= interval:
                 await self.client.send(ping)
+
+
+def _url(text: str) -> BrokerUrl:
+    try:
+        return parse_broker_url(text, what="broker URL in lookup answer")
+    except ConfigError as exc:
+        raise UpstreamError(str(exc), pb.ServiceNotReady) from None
 
 
 def _with_request_id(answer: Frame, request_id: int) -> bytes:

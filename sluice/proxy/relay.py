@@ -116,17 +116,26 @@ class RelaySession:
 
     async def _connect_broker(self, target: BrokerUrl) -> FrameStream:
         config = self.proxy.config
-        tls = target.tls or config.broker.tls
-        context = client_ssl_context(config.broker_tls) if tls else None
-        try:
-            raw = await dial(target.address, timeout=config.connect_timeout, tls=context)
-        except OSError as exc:
-            raise UpstreamError(f"cannot reach broker {target.address}: {exc}") from exc
-        broker = FrameStream(raw, config.max_message_size)
+        route = self.proxy.routes.get(target.address)
         ours: pb.CommandConnect = pb.CommandConnect()
         ours.CopyFrom(self.connect.body)
-        ours.ClearField("proxy_to_broker_url")
         ours.proxy_version = SLUICE_VERSION
+        if route is not None and route.via_upstream:
+            # Chained: the upstream is a proxy too; go through it, naming the
+            # broker the same way the client named it to us.
+            dial_to, tls = config.broker.address, config.broker.tls
+        else:
+            # proxy_to_broker_url has no scheme: the lookup answer that named
+            # the broker says whether it speaks TLS.
+            dial_to = target.address
+            tls = route.tls if route is not None else (target.tls or config.broker.tls)
+            ours.ClearField("proxy_to_broker_url")
+        context = client_ssl_context(config.broker_tls) if tls else None
+        try:
+            raw = await dial(dial_to, timeout=config.connect_timeout, tls=context)
+        except OSError as exc:
+            raise UpstreamError(f"cannot reach broker {dial_to}: {exc}") from exc
+        broker = FrameStream(raw, config.max_message_size)
         try:
             await self._handshake(broker, ours)
         except BaseException:
@@ -257,7 +266,7 @@ class RelaySession:
         for url in urls:
             if url:
                 try:
-                    self.proxy.allowlist.learn(parse_broker_url(url).address)
+                    self.proxy.learn_broker(parse_broker_url(url))
                 except ConfigError:
                     log.warning("%s: broker named an unusable URL %r", self.name, url)
 

@@ -7,19 +7,28 @@ import contextlib
 import itertools
 import logging
 import ssl
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from sluice.proto import Frame, ProtocolError, Type, pb
 from sluice.proxy.allowlist import AllowList
-from sluice.proxy.config import Address, ProxyConfig
+from sluice.proxy.config import Address, BrokerUrl, ProxyConfig
 from sluice.proxy.framing import FrameStream, client_ssl_context
 from sluice.proxy.lookup import LookupSession
 from sluice.proxy.relay import RelaySession, connect_error
 from sluice.proxy.upstream import UpstreamPool
 
 log = logging.getLogger("sluice.proxy")
+
+
+@dataclass(frozen=True)
+class Route:
+    """How to reach a broker a lookup answer named."""
+
+    tls: bool  # its URL was pulsar+ssl://
+    via_upstream: bool  # the upstream is itself a proxy and asked to be used
 
 
 class Slots:
@@ -53,6 +62,7 @@ class Proxy:
         self.config = config
         self.allowlist = AllowList(config.allow_broker)
         self.allowlist.learn(config.broker.address)
+        self.routes: dict[Address, Route] = {}
         self.lookup_slots = Slots(config.max_concurrent_lookups)
         self.counters: collections.Counter[str] = collections.Counter()
         self.frames: collections.Counter[str] = collections.Counter()
@@ -71,6 +81,11 @@ class Proxy:
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
+
+    def learn_broker(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
+        """A broker the upstream named: allow it, and remember how to reach it."""
+        self.allowlist.learn(url.address)
+        self.routes[url.address] = Route(url.tls, via_upstream)
 
     def note_invalid(self, frame: Frame, side: str, name: str) -> None:
         assert frame.error is not None
@@ -182,15 +197,8 @@ class Proxy:
         client = FrameStream(stream, self.config.max_message_size)
         try:
             await self._serve(client, name, kind)
-        except ProtocolError as exc:
-            log.warning("%s: closing: %s", name, exc)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            cause = exc.__cause__
-            if kind == "tls" and isinstance(cause, ssl.SSLError):
-                self.count("rejected_tls")
-                log.warning("%s: TLS handshake failed: %s", name, cause)
-            else:
-                log.info("%s: connection lost: %s", name, cause or exc)
+        except Exception as exc:
+            self._connection_failed(name, kind, client, exc)
         finally:
             self.active -= 1
             self._per_ip[ip] -= 1
@@ -226,10 +234,35 @@ class Proxy:
         else:
             await LookupSession(self, client, first, name).run()
 
+    def _connection_failed(
+        self, name: str, kind: str, client: FrameStream, exc: BaseException
+    ) -> None:
+        """Say, in one line, why a connection ended badly."""
+        for leaf in _leaves(exc):
+            cause = leaf.__cause__
+            if isinstance(leaf, (trio.BrokenResourceError, trio.ClosedResourceError)):
+                if kind == "tls" and isinstance(cause, ssl.SSLError) and not client.bytes_in:
+                    self.count("rejected_tls")
+                    log.warning("%s: TLS handshake failed: %s", name, cause)
+                else:
+                    log.info("%s: connection lost: %s", name, cause or leaf)
+            elif isinstance(leaf, ProtocolError):
+                log.warning("%s: closing: %s", name, leaf)
+            else:
+                self.count("internal_errors")
+                log.error("%s: internal error, connection closed: %r", name, leaf, exc_info=leaf)
+
     async def _reject(self, stream: trio.abc.Stream, name: str, reason: str, why: str) -> None:
         self.count(f"rejected_{reason}")
         log.warning("%s: rejected: %s", name, why)
         await _close(stream)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (possibly nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def _peer(stream: trio.abc.Stream) -> Address:
