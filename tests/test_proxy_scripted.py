@@ -53,6 +53,10 @@ async def answer(conn: FrameStream) -> LookupResponse:
     return result
 
 
+def lookups(proxy: Proxy, outcome: str) -> float | None:
+    return proxy.metrics.registry.get_sample_value("sluice_lookups_total", {"outcome": outcome})
+
+
 @pytest.fixture
 async def nursery() -> AsyncIterator[trio.Nursery]:
     async with trio.open_nursery() as n:
@@ -78,8 +82,8 @@ async def test_redirect_is_followed_and_the_client_stays_on_the_proxy(
     assert result.response == LookupResponse.Connect
     assert result.proxy_through_service_url and result.authoritative
     assert result.brokerServiceUrl == broker.url
-    assert proxy.counters["lookups_redirected"] == 1
-    assert proxy.counters["lookups_answered"] == 1
+    assert lookups(proxy, "redirected") == 1
+    assert lookups(proxy, "answered") == 1
 
     # And the real client produces through it: the redirect target was learned.
     def produce() -> bytes:
@@ -108,7 +112,13 @@ async def test_broker_lookup_failure_reaches_the_client_unchanged(nursery: trio.
     assert result.response == LookupResponse.Failed
     assert result.error == pb.TopicNotFound
     assert result.message == "no topic persistent://public/default/missing here"
-    assert proxy.counters["lookups_failed"] == 1
+    assert lookups(proxy, "failed") == 1
+    assert (
+        proxy.metrics.registry.get_sample_value(
+            "sluice_broker_errors_total", {"command": "LOOKUP", "error": "TopicNotFound"}
+        )
+        == 1
+    )
 
     def create() -> str:
         address = proxy.addresses["plain"]
@@ -159,7 +169,7 @@ async def test_lookups_over_the_limit_get_too_many_requests(
     release.set()
     served = await answer(conn)
     assert served.request_id == 1 and served.response == LookupResponse.Connect
-    assert proxy.counters["lookups_rejected"] == 2
+    assert lookups(proxy, "rejected") == 2
 
 
 async def test_unreachable_upstream_fails_the_lookup_not_the_proxy(nursery: trio.Nursery) -> None:

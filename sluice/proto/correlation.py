@@ -191,7 +191,7 @@ class Correlator:
         pending = self.requests.pop(body.request_id, None)  # type: ignore[attr-defined]
         if pending is None:
             return None
-        error = _error_of(t, body)
+        error = answer_error(t, body)
         if error is None and pending.resource_id is not None and pending.topic is not None:
             if pending.type == T.PRODUCER:
                 # producer_ready=false means "queued for exclusive access";
@@ -209,8 +209,8 @@ def _has_request_id(body: object) -> bool:
         return False
 
 
-def _error_of(t: int, body: object) -> int | None:
-    """The ServerError an answer reports, or None for success."""
+def answer_error(t: int, body: object) -> int | None:
+    """The ServerError an answer of type ``t`` reports, or None for success."""
     if t == T.ERROR:
         return int(body.error)  # type: ignore[attr-defined]
     for name in ("error", "error_code"):

@@ -104,6 +104,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start even if the broker cannot be reached yet",
     )
+    obs = parser.add_argument_group("observability")
+    obs.add_argument(
+        "--admin",
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz here (default: off)",
+    )
+    obs.add_argument(
+        "--topic-metrics-limit",
+        type=int,
+        default=100,
+        metavar="N",
+        help="topics with their own metric labels; the rest share 'other'",
+    )
     parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
@@ -144,6 +157,8 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         max_connections_per_ip=args.max_connections_per_ip,
         max_concurrent_lookups=args.max_concurrent_lookups,
         max_redirects=args.max_redirects,
+        admin=parse_address(args.admin, what="--admin") if args.admin else None,
+        topic_metrics_limit=args.topic_metrics_limit,
     )
 
 

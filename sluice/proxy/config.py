@@ -115,6 +115,10 @@ class ProxyConfig:
     max_connections_per_ip: int = 1_000
     max_concurrent_lookups: int = 1_000
     max_redirects: int = 5
+    # HTTP endpoint for /metrics, /healthz, /readyz (None: off).
+    admin: Address | None = None
+    # Topics beyond this many share the label "other" in per-topic metrics.
+    topic_metrics_limit: int = 100
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:
@@ -136,6 +140,7 @@ class ProxyConfig:
             "max_connections_per_ip",
             "max_concurrent_lookups",
             "max_message_size",
+            "topic_metrics_limit",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from sluice.proto import Frame, Type, command, encode, error_reply, pb
-from sluice.proxy.config import BrokerUrl, ConfigError, parse_broker_url
+from sluice.proto.correlation import answer_error
+from sluice.proxy.config import Address, BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream
 from sluice.proxy.upstream import PROTOCOL_VERSION, SLUICE_VERSION, UpstreamError
 
@@ -84,7 +85,7 @@ class LookupSession:
             await self.client.send(reply)
             return
         if not self.proxy.lookup_slots.acquire_nowait_or_false():
-            self.proxy.count("lookups_rejected")
+            self.proxy.metrics.lookups.labels("rejected").inc()
             reply = error_reply(frame, pb.TooManyRequests, "too many concurrent lookups")
             assert reply is not None
             await self.client.send(reply)
@@ -93,40 +94,60 @@ class LookupSession:
 
     async def _serve(self, frame: Frame) -> None:
         answer: bytes | None
+        started = trio.current_time()
+        self._upstream_time = 0.0
+        error: int | None = None
         try:
-            answer = await self._answer(frame)
+            answer, error = await self._answer(frame)
         except UpstreamError as exc:
             log.warning("%s: %s failed: %s", self.name, frame.name, exc.message)
-            answer = error_reply(frame, exc.error, exc.message)
+            answer, error = error_reply(frame, exc.error, exc.message), exc.error
+            if frame.type == Type.Value("LOOKUP"):
+                self.proxy.metrics.lookups.labels("failed").inc()
         finally:
             self.proxy.lookup_slots.release()
+        metrics = self.proxy.metrics
+        total = trio.current_time() - started
+        metrics.request_done(frame.type, total, error)
+        if frame.type == Type.Value("LOOKUP"):
+            metrics.lookup_duration.labels("total").observe(total)
+            metrics.lookup_duration.labels("upstream").observe(self._upstream_time)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             if answer is not None:
                 await self.client.send(answer)
 
-    async def _answer(self, frame: Frame) -> bytes:
+    async def _answer(self, frame: Frame) -> tuple[bytes, int | None]:
+        """The answer for the client, and the ServerError it reports (None: success)."""
         body: Any = type(frame.body)()
         body.CopyFrom(frame.body)
         client_rid = body.request_id
         if frame.type == Type.Value("LOOKUP"):
             return await self._lookup(body, client_rid)
-        upstream = await self.proxy.upstream.get(self.proxy.config.broker.address)
-        answer = await upstream.request(frame.type, body, REQUEST_TIMEOUT)
-        return _with_request_id(answer, client_rid)
+        answer = await self._ask(self.proxy.config.broker.address, frame.type, body)
+        return _with_request_id(answer, client_rid), _failure(answer)
 
-    async def _lookup(self, request: pb.CommandLookupTopic, client_rid: int) -> bytes:
+    async def _ask(self, target: Address, type_: int, body: Any) -> Frame:
+        started = trio.current_time()
+        try:
+            upstream = await self.proxy.upstream.get(target)
+            return await upstream.request(type_, body, REQUEST_TIMEOUT)
+        finally:
+            self._upstream_time += trio.current_time() - started
+
+    async def _lookup(
+        self, request: pb.CommandLookupTopic, client_rid: int
+    ) -> tuple[bytes, int | None]:
         target = self.proxy.config.broker.address
+        lookups = self.proxy.metrics.lookups
         hops = 0
         while True:
-            upstream = await self.proxy.upstream.get(target)
-            answer = await upstream.request(Type.Value("LOOKUP"), request, REQUEST_TIMEOUT)
-            if answer.type != Type.Value("LOOKUP_RESPONSE"):
-                self.proxy.count("lookups_failed")
-                return _with_request_id(answer, client_rid)  # ERROR from the broker
+            answer = await self._ask(target, Type.Value("LOOKUP"), request)
             result: pb.CommandLookupTopicResponse = answer.body
-            if result.response == LookupResponse.Failed:
-                self.proxy.count("lookups_failed")
-                return _with_request_id(answer, client_rid)
+            if answer.type != Type.Value("LOOKUP_RESPONSE") or (
+                result.response == LookupResponse.Failed
+            ):
+                lookups.labels("failed").inc()  # ERROR, or a failed lookup answer
+                return _with_request_id(answer, client_rid), _failure(answer)
             url_text = result.brokerServiceUrl or result.brokerServiceUrlTls
             url = _url(url_text)
             if result.response == LookupResponse.Redirect:
@@ -137,7 +158,7 @@ class LookupSession:
                         f"{self.proxy.config.max_redirects} times",
                         pb.ServiceNotReady,
                     )
-                self.proxy.count("lookups_redirected")
+                lookups.labels("redirected").inc()
                 self.proxy.learn_broker(url)
                 target = url.address
                 request.authoritative = result.authoritative
@@ -147,7 +168,7 @@ class LookupSession:
             for named in (result.brokerServiceUrl, result.brokerServiceUrlTls):
                 if named:
                     self.proxy.learn_broker(_url(named), via_upstream=via)
-            self.proxy.count("lookups_answered")
+            lookups.labels("answered").inc()
             rewritten = LookupResponse(
                 request_id=client_rid,
                 response=LookupResponse.Connect,
@@ -156,7 +177,7 @@ class LookupSession:
                 authoritative=True,
                 proxy_through_service_url=True,
             )
-            return encode(command(Type.Value("LOOKUP_RESPONSE"), rewritten))
+            return encode(command(Type.Value("LOOKUP_RESPONSE"), rewritten)), None
 
     async def _keepalive(self, scope: trio.CancelScope) -> None:
         """Ping an idle client; hang up on one that stops answering."""
@@ -171,6 +192,10 @@ class LookupSession:
                 return
             if idle >= interval:
                 await self.client.send(ping)
+
+
+def _failure(answer: Frame) -> int | None:
+    return answer_error(answer.type, answer.body)
 
 
 def _url(text: str) -> BrokerUrl:

@@ -44,6 +44,7 @@ from sluice.proto import (
 from sluice.proto.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
 from sluice.proxy.config import BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream, client_ssl_context, dial
+from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, TYPE_SLOTS
 from sluice.proxy.upstream import SLUICE_VERSION, UpstreamError
 
 if TYPE_CHECKING:
@@ -53,7 +54,10 @@ log = logging.getLogger("sluice.relay")
 
 # Brokers answer a failed CONNECT with request_id -1.
 NO_REQUEST = 2**64 - 1
+_CONNECT = Type.Value("CONNECT")
 _CONNECTED = Type.Value("CONNECTED")
+_SEND = Type.Value("SEND")
+_MESSAGE = Type.Value("MESSAGE")
 _CLOSE_PRODUCER = Type.Value("CLOSE_PRODUCER")
 _CLOSE_CONSUMER = Type.Value("CLOSE_CONSUMER")
 _TOPIC_MIGRATED = Type.Value("TOPIC_MIGRATED")
@@ -92,13 +96,18 @@ class RelaySession:
         if not self.proxy.allowlist.allows(target.address):
             await self._refuse(f"broker {target.address} is not in the allow-list")
             return
+        metrics = self.proxy.metrics
+        started = trio.current_time()
         try:
             broker = await self._connect_broker(target)
         except UpstreamError as exc:
             log.warning("%s: %s", self.name, exc.message)
-            self.proxy.count("upstream_failures")
+            metrics.upstream_dial_failures.inc()
             await self.client.send(connect_error(exc.error, exc.message))
             return
+        elapsed = trio.current_time() - started
+        metrics.upstream_dial.observe(elapsed)
+        metrics.request_done(_CONNECT, elapsed, None)
         self.broker = broker
         try:
             with trio.CancelScope() as self._session_scope:
@@ -111,7 +120,7 @@ class RelaySession:
 
     async def _refuse(self, reason: str) -> None:
         log.warning("%s: refusing relay: %s", self.name, reason)
-        self.proxy.count("relay_refused")
+        self.proxy.reject("relay_refused")
         await self.client.send(connect_error(pb.ServiceNotReady, reason))
 
     async def _connect_broker(self, target: BrokerUrl) -> FrameStream:
@@ -193,31 +202,45 @@ class RelaySession:
         self, src: FrameStream, dst: FrameStream, from_client: bool, session: trio.CancelScope
     ) -> None:
         side = "client" if from_client else "broker"
+        direction = CLIENT_TO_BROKER if from_client else BROKER_TO_CLIENT
         decoder = src.decoder
-        observe = self.correlator.observe
+        correlator = self.correlator
+        observe = correlator.observe
         observed = CLIENT_TYPES if from_client else SERVER_TYPES
         proxy = self.proxy
+        metrics = proxy.metrics
+        frame_counts = metrics.traffic.frames[direction]
+        byte_counts = metrics.traffic.bytes[direction]
+        relay_delay = metrics.relay_delay_by_direction[direction]
+        payload_type = _SEND if from_client else _MESSAGE
         reject = proxy.config.on_invalid == "reject"
         trace = log.isEnabledFor(logging.DEBUG)
         try:
             while True:
                 data = await src.receive_chunk()
+                now = trio.current_time()
                 # A chunk that starts on a frame boundary, ends on one, and
                 # holds only frames forwarded unchanged is sent as it came.
                 whole = decoder.buffered == 0
                 decoder.receive_data(data)
                 out: list[bytes] = []
-                count = 0
-                now = trio.current_time()
+                topics: dict[str, list[int]] = {}
                 for frame in decoder.frames():
-                    count += 1
+                    t = frame.type
+                    slot = t if t < TYPE_SLOTS else 0
+                    frame_counts[slot] += 1
+                    byte_counts[slot] += len(frame.raw)
                     if trace:
                         log.debug("%s: %s -> %s %s", self.name, side, frame.name, _brief(frame))
                     if frame.error is None:
                         out.append(frame.raw)
-                        if frame.type in observed:
-                            observe(frame, from_client, now)
-                            if not from_client and frame.type in _NAMES_BROKERS:
+                        if t == payload_type:
+                            self._count_topic(frame, from_client, topics)
+                        if t in observed:
+                            done = observe(frame, from_client, now)
+                            if done is not None:
+                                metrics.request_done(done.request_type, done.seconds, done.error)
+                            if not from_client and t in _NAMES_BROKERS:
                                 self._learn_brokers(frame)
                         continue
                     proxy.note_invalid(frame, side, self.name)
@@ -239,8 +262,10 @@ class RelaySession:
                         session.cancel()
                         return
                     await src.send(reply)
-                proxy.frames[side] += count
+                for topic, (messages, size) in topics.items():
+                    metrics.topic_traffic(topic, direction, messages, size)
                 if out:
+                    relay_delay.observe(trio.current_time() - now)
                     if whole and decoder.buffered == 0:
                         await dst.send(data)
                     else:
@@ -250,12 +275,31 @@ class RelaySession:
                     session.cancel()
                     return
         except RemoteProtocolError as exc:
-            proxy.count(f"invalid_{exc.problem.value}")
+            metrics.validation_failures.labels(exc.problem.value, direction).inc()
             log.warning("%s: closing: %s sent an unframeable stream: %s", self.name, side, exc)
             session.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.info("%s: connection to %s lost: %s", self.name, side, exc)
             session.cancel()
+
+    def _count_topic(self, frame: Frame, from_client: bool, topics: dict[str, list[int]]) -> None:
+        """Add a SEND's or MESSAGE's messages and bytes to its topic's tally."""
+        body: Any = frame.body
+        if from_client:
+            topic = self.correlator.producers.get(body.producer_id)
+            messages = body.num_messages
+        else:
+            topic = self.correlator.consumers.get(body.consumer_id)
+            meta = frame.metadata
+            messages = meta.num_messages_in_batch if meta is not None else 1
+        if topic is None:
+            return
+        tally = topics.get(topic)
+        if tally is None:
+            topics[topic] = [messages, len(frame.raw)]
+        else:
+            tally[0] += messages
+            tally[1] += len(frame.raw)
 
     def _learn_brokers(self, frame: Frame) -> None:
         body: Any = frame.body

@@ -17,8 +17,9 @@ from sluice.proxy.allowlist import AllowList
 from sluice.proxy.config import Address, BrokerUrl, ProxyConfig
 from sluice.proxy.framing import FrameStream, client_ssl_context
 from sluice.proxy.lookup import LookupSession
+from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, Metrics
 from sluice.proxy.relay import RelaySession, connect_error
-from sluice.proxy.upstream import UpstreamPool
+from sluice.proxy.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("sluice.proxy")
 
@@ -64,8 +65,9 @@ class Proxy:
         self.allowlist.learn(config.broker.address)
         self.routes: dict[Address, Route] = {}
         self.lookup_slots = Slots(config.max_concurrent_lookups)
-        self.counters: collections.Counter[str] = collections.Counter()
-        self.frames: collections.Counter[str] = collections.Counter()
+        self.metrics = Metrics(config.topic_metrics_limit)
+        self.upstream_ok = False
+        self.listening = False
         self.relays: set[RelaySession] = set()
         self.active = 0
         self._per_ip: collections.Counter[str] = collections.Counter()
@@ -79,8 +81,8 @@ class Proxy:
 
     # --- accounting --------------------------------------------------------
 
-    def count(self, name: str, n: int = 1) -> None:
-        self.counters[name] += n
+    def reject(self, reason: str) -> None:
+        self.metrics.connections_rejected.labels(reason).inc()
 
     def learn_broker(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
         """A broker the upstream named: allow it, and remember how to reach it."""
@@ -89,7 +91,8 @@ class Proxy:
 
     def note_invalid(self, frame: Frame, side: str, name: str) -> None:
         assert frame.error is not None
-        self.count(f"invalid_{frame.error.problem.value}")
+        direction = CLIENT_TO_BROKER if side == "client" else BROKER_TO_CLIENT
+        self.metrics.validation_failures.labels(frame.error.problem.value, direction).inc()
         log.warning("%s: invalid %s from %s: %s", name, frame.name, side, frame.error.message)
 
     # --- lifecycle ---------------------------------------------------------
@@ -104,11 +107,18 @@ class Proxy:
                 outer,
                 timeout=self.config.connect_timeout,
                 tls_for=lambda address: self._upstream_tls,
+                metrics=self.metrics,
             )
+            outer.start_soon(self._probe_upstream)
+            if self.config.admin is not None:
+                from sluice.proxy.admin import serve_admin
+
+                self.addresses["admin"] = await outer.start(serve_admin, self.config.admin, self)
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
                 for kind, listener in self._listeners_by_kind():
                     handlers.start_soon(self._accept_loop, listener, kind)
+                self.listening = True
                 task_status.started(self)
                 await self._stop.wait()
             await self.upstream.aclose()
@@ -159,10 +169,25 @@ class Proxy:
                 continue
             self._handlers.start_soon(self._handle, stream, kind)
 
+    async def _probe_upstream(self, interval: float = 5.0) -> None:
+        """Keep sluice_upstream_up and /readyz current."""
+        while True:
+            try:
+                await self.upstream.get(self.config.broker.address)
+                ok = True
+            except UpstreamError as exc:
+                if self.upstream_ok:
+                    log.warning("upstream broker unreachable: %s", exc.message)
+                ok = False
+            self.upstream_ok = ok
+            self.metrics.upstream_up.set(1 if ok else 0)
+            await trio.sleep(interval)
+
     async def drain(self) -> None:
         """Stop accepting, hand clients back gracefully, stop within the drain timeout."""
         deadline = trio.current_time() + self.config.drain_timeout
         log.info("draining %d connections (timeout %gs)", self.active, self.config.drain_timeout)
+        self.listening = False
         for listener in self._listeners:
             await listener.aclose()
         async with trio.open_nursery() as nursery:
@@ -193,7 +218,9 @@ class Proxy:
             return
         self.active += 1
         self._per_ip[ip] += 1
-        self.count("connections_opened")
+        metrics = self.metrics
+        metrics.connections_opened.labels(kind).inc()
+        metrics.connections_active.labels(kind).inc()
         client = FrameStream(stream, self.config.max_message_size)
         try:
             await self._serve(client, name, kind)
@@ -204,7 +231,8 @@ class Proxy:
             self._per_ip[ip] -= 1
             if not self._per_ip[ip]:
                 del self._per_ip[ip]
-            self.count("connections_closed")
+            metrics.connections_closed.labels(kind).inc()
+            metrics.connections_active.labels(kind).dec()
             with trio.CancelScope(shield=True):
                 await _close(stream)
 
@@ -215,16 +243,17 @@ class Proxy:
             if first is None:
                 return
         if first is None:
-            self.count("rejected_handshake_timeout")
+            self.reject("handshake_timeout")
             log.info("%s: no CONNECT within %gs, closing", name, self.config.handshake_timeout)
             return
         if first.type != Type.Value("CONNECT") or first.error is not None:
             why = first.error.message if first.error else f"expected CONNECT, got {first.name}"
             log.warning("%s: bad handshake: %s", name, why)
-            self.count("rejected_handshake")
+            self.reject("handshake")
             await client.send(connect_error(pb.NotAllowedError, why))
             return
         if first.body.HasField("proxy_to_broker_url"):
+            self.metrics.sessions.labels("proxied").inc()
             relay = RelaySession(self, client, first, name)
             self.relays.add(relay)
             try:
@@ -232,6 +261,7 @@ class Proxy:
             finally:
                 self.relays.discard(relay)
         else:
+            self.metrics.sessions.labels("lookup").inc()
             await LookupSession(self, client, first, name).run()
 
     def _connection_failed(
@@ -242,18 +272,17 @@ class Proxy:
             cause = leaf.__cause__
             if isinstance(leaf, (trio.BrokenResourceError, trio.ClosedResourceError)):
                 if kind == "tls" and isinstance(cause, ssl.SSLError) and not client.bytes_in:
-                    self.count("rejected_tls")
+                    self.reject("tls")
                     log.warning("%s: TLS handshake failed: %s", name, cause)
                 else:
                     log.info("%s: connection lost: %s", name, cause or leaf)
             elif isinstance(leaf, ProtocolError):
                 log.warning("%s: closing: %s", name, leaf)
             else:
-                self.count("internal_errors")
                 log.error("%s: internal error, connection closed: %r", name, leaf, exc_info=leaf)
 
     async def _reject(self, stream: trio.abc.Stream, name: str, reason: str, why: str) -> None:
-        self.count(f"rejected_{reason}")
+        self.reject(reason)
         log.warning("%s: rejected: %s", name, why)
         await _close(stream)
 

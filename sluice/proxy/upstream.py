@@ -11,7 +11,7 @@ import itertools
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,6 +19,9 @@ from sluice import __version__
 from sluice.proto import Frame, ProtocolError, Type, command, encode, pb
 from sluice.proxy.config import Address
 from sluice.proxy.framing import FrameStream, dial
+
+if TYPE_CHECKING:
+    from sluice.proxy.metrics import Metrics
 
 log = logging.getLogger("sluice.upstream")
 
@@ -154,7 +157,9 @@ class UpstreamPool:
         *,
         timeout: float,
         tls_for: Callable[[Address], ssl.SSLContext | None],
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self._nursery = nursery
         self._timeout = timeout
         self._tls_for = tls_for
@@ -166,9 +171,17 @@ class UpstreamPool:
         async with lock:
             conn = self._connections.get(address)
             if conn is None or conn.closed:
-                conn = await BrokerConnection.open(
-                    self._nursery, address, timeout=self._timeout, tls=self._tls_for(address)
-                )
+                started = trio.current_time()
+                try:
+                    conn = await BrokerConnection.open(
+                        self._nursery, address, timeout=self._timeout, tls=self._tls_for(address)
+                    )
+                except UpstreamError:
+                    if self._metrics is not None:
+                        self._metrics.upstream_dial_failures.inc()
+                    raise
+                if self._metrics is not None:
+                    self._metrics.upstream_dial.observe(trio.current_time() - started)
                 self._connections[address] = conn
             return conn
 

@@ -1,0 +1,237 @@
+"""The proxy's Prometheus metrics.
+
+Everything is prefixed ``sluice_`` and uses base units. Frame and byte counts
+are kept in plain integer lists indexed by command type and turned into
+counters only when Prometheus scrapes: the relay's per-frame cost is one list
+increment, not a locked ``Counter.inc()``. Everything else (connections,
+lookups, latencies) happens per request at most and uses prometheus-client
+directly, with label children bound once.
+
+Latency, honestly: ``sluice_request_duration_seconds{command}`` runs from the
+moment the proxy read a request to the moment it read the answer, so it is
+the broker's time plus the network between proxy and broker.
+``sluice_relay_delay_seconds{direction}`` is the proxy's own share: from
+reading a chunk to having written it on. For lookups, which the proxy answers
+itself, ``sluice_lookup_duration_seconds{part}`` splits the total from the
+time spent waiting on the upstream. FLOW to first MESSAGE is not a latency
+(messages wait for producers, not for the broker) and is not measured.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from sluice import __version__
+from sluice.proto import pb
+from sluice.proto.frame import command_name
+
+CLIENT_TO_BROKER = "client_to_broker"
+BROKER_TO_CLIENT = "broker_to_client"
+DIRECTIONS = (CLIENT_TO_BROKER, BROKER_TO_CLIENT)
+# Command types are small numbers; anything else counts as UNKNOWN (slot 0).
+TYPE_SLOTS = 256
+OTHER_TOPIC = "other"
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+_RELAY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+# Request types whose latency is tracked (the answer is matched by the Correlator).
+TIMED_COMMANDS = (
+    "CONNECT",
+    "LOOKUP",
+    "PARTITIONED_METADATA",
+    "PRODUCER",
+    "SUBSCRIBE",
+    "SEND",
+    "GET_SCHEMA",
+    "GET_TOPICS_OF_NAMESPACE",
+    "GET_LAST_MESSAGE_ID",
+    "SEEK",
+    "UNSUBSCRIBE",
+    "CLOSE_PRODUCER",
+    "CLOSE_CONSUMER",
+)
+
+
+class TrafficCounts(Collector):
+    """Frames and bytes per command type and direction, as plain integers."""
+
+    def __init__(self) -> None:
+        self.frames = {d: [0] * TYPE_SLOTS for d in DIRECTIONS}
+        self.bytes = {d: [0] * TYPE_SLOTS for d in DIRECTIONS}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        frames = CounterMetricFamily(
+            "sluice_frames",
+            "Frames relayed, by command and direction",
+            labels=["command", "direction"],
+        )
+        sizes = CounterMetricFamily(
+            "sluice_bytes", "Bytes relayed (whole frames), by command and direction",
+            labels=["command", "direction"],
+        )  # fmt: skip
+        for direction in DIRECTIONS:
+            counts, volume = self.frames[direction], self.bytes[direction]
+            for slot in range(TYPE_SLOTS):
+                if counts[slot]:
+                    name = command_name(slot) if slot else "UNKNOWN"
+                    frames.add_metric([name, direction], counts[slot])
+                    sizes.add_metric([name, direction], volume[slot])
+        yield frames
+        yield sizes
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        return []
+
+
+class TopicLabels:
+    """At most ``limit`` topics get their own label; the rest share ``other``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._known: dict[str, str] = {}
+
+    def __call__(self, topic: str) -> str:
+        label = self._known.get(topic)
+        if label is None:
+            label = topic if len(self._known) < self.limit else OTHER_TOPIC
+            self._known[topic] = label
+        return label
+
+
+class Metrics:
+    def __init__(self, topic_limit: int = 100) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.traffic = TrafficCounts()
+        registry.register(self.traffic)
+        self.topic_label = TopicLabels(topic_limit)
+
+        info = Gauge(
+            "sluice_build_info", "Always 1; labels say what is running",
+            ["version", "python"], registry=registry,
+        )  # fmt: skip
+        info.labels(__version__, platform.python_version()).set(1)
+        self.connections_active = Gauge(
+            "sluice_connections_active", "Client connections open now", ["listener"],
+            registry=registry,
+        )  # fmt: skip
+        self.connections_opened = Counter(
+            "sluice_connections_opened", "Client connections accepted", ["listener"],
+            registry=registry,
+        )  # fmt: skip
+        self.connections_closed = Counter(
+            "sluice_connections_closed", "Client connections closed", ["listener"],
+            registry=registry,
+        )  # fmt: skip
+        self.sessions = Counter(
+            "sluice_sessions", "Connections by what the client used them for",
+            ["kind"], registry=registry,
+        )  # fmt: skip
+        self.connections_rejected = Counter(
+            "sluice_connections_rejected",
+            "Connections refused or dropped before relaying, by reason",
+            ["reason"], registry=registry,
+        )  # fmt: skip
+        self.validation_failures = Counter(
+            "sluice_validation_failures", "Invalid frames, by problem and direction",
+            ["kind", "direction"], registry=registry,
+        )  # fmt: skip
+        self.lookups = Counter(
+            "sluice_lookups", "Topic lookups by outcome (answered, redirected, failed, rejected)",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
+        self.broker_errors = Counter(
+            "sluice_broker_errors", "Failures brokers answered with, by request and ServerError",
+            ["command", "error"], registry=registry,
+        )  # fmt: skip
+        self.request_duration = Histogram(
+            "sluice_request_duration_seconds",
+            "Request to answer, as seen at the proxy (broker plus network time)",
+            ["command"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.lookup_duration = Histogram(
+            "sluice_lookup_duration_seconds",
+            "Lookups the proxy answered: total, and the part spent waiting on the upstream",
+            ["part"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.relay_delay = Histogram(
+            "sluice_relay_delay_seconds", "Proxy's own time from reading a chunk to writing it on",
+            ["direction"], buckets=_RELAY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.topic_messages = Counter(
+            "sluice_topic_messages", "Messages per topic (batches counted by their messages)",
+            ["topic", "direction"], registry=registry,
+        )  # fmt: skip
+        self.topic_bytes = Counter(
+            "sluice_topic_bytes", "Bytes of SEND and MESSAGE frames per topic",
+            ["topic", "direction"], registry=registry,
+        )  # fmt: skip
+        self.upstream_dial = Histogram(
+            "sluice_upstream_dial_seconds", "Connecting to a broker, TLS and handshake included",
+            buckets=_LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.upstream_dial_failures = Counter(
+            "sluice_upstream_dial_failures", "Broker connections that could not be made",
+            registry=registry,
+        )  # fmt: skip
+        self.upstream_up = Gauge(
+            "sluice_upstream_up", "1 when the configured broker answered the last probe",
+            registry=registry,
+        )  # fmt: skip
+        # Recorder figures (all zero while recording is off).
+        self.recorder_frames = Counter(
+            "sluice_recorder_frames", "Frames written to recordings", registry=registry
+        )
+        self.recorder_bytes = Counter(
+            "sluice_recorder_bytes", "Bytes written to recording files", registry=registry
+        )
+        self.recorder_dropped = Counter(
+            "sluice_recorder_dropped_frames",
+            "Frames not recorded because the writer fell behind or failed",
+            registry=registry,
+        )
+        self.recorder_queue = Gauge(
+            "sluice_recorder_queue_frames", "Frames waiting for the recording writer",
+            registry=registry,
+        )  # fmt: skip
+
+        # Children bound once, for the per-request paths.
+        self._request_timers = {c: self.request_duration.labels(c) for c in TIMED_COMMANDS}
+        self.relay_delay_by_direction = {d: self.relay_delay.labels(d) for d in DIRECTIONS}
+        for reason in ("limit", "relay_refused", "handshake_timeout", "handshake", "tls"):
+            self.connections_rejected.labels(reason)
+        for outcome in ("answered", "redirected", "failed", "rejected"):
+            self.lookups.labels(outcome)
+        for part in ("total", "upstream"):
+            self.lookup_duration.labels(part)
+        self._topic_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
+
+    def request_done(self, type_: int, seconds: float, error: int | None) -> None:
+        name = command_name(type_)
+        timer = self._request_timers.get(name)
+        if timer is not None:
+            timer.observe(seconds)
+        if error is not None:
+            self.broker_error(name, error)
+
+    def broker_error(self, command: str, error: int) -> None:
+        try:
+            code = pb.ServerError.Name(error)  # type: ignore[arg-type]
+        except ValueError:
+            code = str(error)
+        self.broker_errors.labels(command, code).inc()
+
+    def topic_traffic(self, topic: str, direction: str, messages: int, size: int) -> None:
+        key = (self.topic_label(topic), direction)
+        children = self._topic_children.get(key)
+        if children is None:
+            children = (self.topic_messages.labels(*key), self.topic_bytes.labels(*key))
+            self._topic_children[key] = children
+        children[0].inc(messages)
+        children[1].inc(size)
