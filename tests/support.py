@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,3 +177,93 @@ class RawClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class PrometheusProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def api(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as answer:
+                body = json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            raise AssertionError(f"prometheus refused {params}: {error.read().decode()}") from None
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[Any]:
+        data = self.api("/api/v1/query", query=expr)
+        result: list[Any] = data["result"]
+        return result
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_prometheus(
+    tmp_path: Path, targets: list[str], rule_files: list[Path]
+) -> PrometheusProcess:
+    """Debian's prometheus scraping ``targets`` every second."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is not installed (./dev setup installs it)"
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        json.dumps(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(p) for p in rule_files],
+                "scrape_configs": [
+                    {"job_name": "sluice", "static_configs": [{"targets": targets}]}
+                ],
+            }
+        )
+    )
+    log_path = tmp_path / "prometheus.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    prom = PrometheusProcess(process, port, log_path)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as answer:
+                if answer.status == 200:
+                    return prom
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            prom.kill()
+            raise AssertionError(f"prometheus did not start:\n{log_path.read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+def http_get(url: str, method: str = "GET") -> tuple[int, str]:
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()

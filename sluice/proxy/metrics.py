@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from sluice import __version__
-from sluice.proto import pb
+from sluice.proto import Problem, pb
 from sluice.proto.frame import command_name
 
 CLIENT_TO_BROKER = "client_to_broker"
@@ -208,6 +208,11 @@ class Metrics:
             self.connections_rejected.labels(reason)
         for outcome in ("answered", "redirected", "failed", "rejected"):
             self.lookups.labels(outcome)
+        # Present from the start at zero: increase() and rate() need a sample
+        # before the first failure, or alerts miss it.
+        for problem in Problem:
+            for direction in DIRECTIONS:
+                self.validation_failures.labels(problem.value, direction)
         for part in ("total", "upstream"):
             self.lookup_duration.labels(part)
         self._topic_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}

@@ -1,0 +1,280 @@
+"""Dashboards and alert rules against a real Prometheus scraping a real proxy."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pulsar
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sluice.embedded import EmbeddedBroker, free_port
+from sluice.proto import Type, command, encode, encode_payload, pb
+from tests.support import (
+    ProxyProcess,
+    RawClient,
+    client,
+    http_get,
+    start_prometheus,
+    start_proxy,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARDS = ROOT / "dashboards"
+RULES = DASHBOARDS / "prometheus"
+T = Type.Value
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("generate", DASHBOARDS / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_dashboards_are_what_generate_py_writes() -> None:
+    for name, text in generator().render().items():
+        committed = DASHBOARDS / "grafana" / name
+        assert committed.read_text() == text, f"{name} is stale: run dashboards/generate.py"
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("promtool")
+    assert binary, "promtool is not installed (./dev setup installs prometheus)"
+    return subprocess.run(
+        [binary, *args], cwd=RULES, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_alert_rules_are_valid_and_each_alert_fires_in_its_unit_test() -> None:
+    checked = promtool("check", "rules", "alerts.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = promtool("test", "rules", "alerts_test.yml")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    rules = (RULES / "alerts.yml").read_text()
+    tests = (RULES / "alerts_test.yml").read_text()
+    for alert in re.findall(r"alert: (\w+)", rules):
+        assert f"alertname: {alert}" in tests, f"{alert} has no unit test"
+
+
+# --- a proxy carrying real traffic, scraped by a real Prometheus ------------
+
+
+def scrape(proxy: ProxyProcess, admin: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, text = http_get(f"http://127.0.0.1:{admin}/metrics")
+    assert status == 200
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+def admin_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyProcess, int]]:
+    admin = free_port()
+    p = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}")
+    yield p, admin
+    p.kill()
+    assert "Traceback" not in p.log()
+
+
+def varied_traffic(proxy: ProxyProcess, broker: EmbeddedBroker, topic: str) -> None:
+    """Produce, consume, a corrupt SEND and a broker error, all through the proxy."""
+    with client(proxy.url) as c:
+        producer = c.create_producer(topic, batching_enabled=False)
+        for i in range(20):
+            producer.send(f"m{i}".encode())
+        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        for _ in range(20):
+            consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+    with RawClient(proxy.port) as raw:
+        assert raw.connect(f"127.0.0.1:{broker.port}").name == "CONNECTED"
+        producer_cmd = pb.CommandProducer(topic=topic, producer_id=1, request_id=1)
+        raw.send(encode(command(T("PRODUCER"), producer_cmd)))
+        name = raw.receive_type("PRODUCER_SUCCESS").body.producer_name
+        meta = pb.MessageMetadata(producer_name=name, sequence_id=0, publish_time=1)
+        bad = bytearray(
+            encode_payload(
+                command(T("SEND"), pb.CommandSend(producer_id=1, sequence_id=0)), meta, b"x"
+            )
+        )
+        bad[-1] ^= 0xFF
+        raw.send(bytes(bad))
+        assert raw.receive_type("SEND_ERROR").body.error == pb.ChecksumError
+        # A real broker error: pulsar-lite answers SEEK for an unknown consumer
+        # with ERROR UnknownError.
+        seek = pb.CommandSeek(consumer_id=42, request_id=2, message_publish_time=1)
+        raw.send(encode(command(T("SEEK"), seek)))
+        assert raw.receive_type("ERROR").body.request_id == 2
+
+
+def fill(expr: str, topic: str) -> str:
+    return (
+        expr.replace("$__rate_interval", "20s")
+        .replace("$instance", ".*")
+        # As Grafana interpolates a regex value into a PromQL string literal.
+        .replace("$topic", re.escape(topic).replace("\\", "\\\\"))
+    )
+
+
+def test_every_dashboard_query_returns_data(
+    admin_proxy: tuple[ProxyProcess, int], broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    proxy, admin = admin_proxy
+    prom = start_prometheus(tmp_path, [f"127.0.0.1:{admin}"], [RULES / "alerts.yml"])
+    try:
+        varied_traffic(proxy, broker, topic)
+        # Series born during the traffic (broker errors) need samples on both
+        # sides of their first increment before rate() has anything to say.
+        deadline = time.monotonic() + 30
+        while not prom.query("count_over_time(sluice_broker_errors_total[20s]) >= 3"):
+            assert time.monotonic() < deadline, "prometheus never scraped the proxy three times"
+            time.sleep(0.5)
+        # The rules file loaded into the real Prometheus, too.
+        groups = prom.api("/api/v1/rules")["groups"]
+        assert sum(len(g["rules"]) for g in groups) == 5
+        empty = []
+        checked = 0
+        for path in sorted((DASHBOARDS / "grafana").glob("*.json")):
+            board = json.loads(path.read_text())
+            for variable in board["templating"]["list"]:
+                match = re.fullmatch(
+                    r"label_values\((\w+), (\w+)\)", variable.get("definition", "")
+                )
+                if match:
+                    values = prom.api(f"/api/v1/label/{match[2]}/values", **{"match[]": match[1]})
+                    assert values, f"{path.name}: variable {variable['name']} has no values"
+                    if variable["name"] == "topic":
+                        assert topic in values
+            for panel in board["panels"]:
+                for target in panel["targets"]:
+                    checked += 1
+                    if not prom.query(fill(target["expr"], topic)):
+                        empty.append(f"{path.name} / {panel['title']}: {target['expr']}")
+        assert checked >= 25
+        assert not empty, "queries without data:\n" + "\n".join(empty)
+    finally:
+        prom.kill()
+
+
+def test_metric_values_match_the_traffic(admin_proxy: tuple[ProxyProcess, int], topic: str) -> None:
+    proxy, admin = admin_proxy
+    sends, batched_messages = 25, 40
+    with client(proxy.url) as c:
+        producer = c.create_producer(topic, batching_enabled=False)
+        for i in range(sends):
+            producer.send(f"m{i}".encode())
+        batched = c.create_producer(
+            topic + "-batched",
+            batching_enabled=True,
+            batching_max_messages=10,
+            batching_max_publish_delay_ms=1000,
+        )
+        for i in range(batched_messages):
+            batched.send_async(f"b{i}".encode(), lambda res, mid: None)
+        batched.flush()
+        # Subscribing after publishing: pulsar-lite then delivers each entry once.
+        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        for _ in range(sends):
+            consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+        time.sleep(0.3)
+    samples = scrape(proxy, admin)
+    c2b, b2c = "client_to_broker", "broker_to_client"
+    send_frames = value(samples, "sluice_frames_total", command="SEND", direction=c2b)
+    batches = send_frames - sends
+    assert 4 <= batches < batched_messages  # batching really batched
+    assert (
+        value(samples, "sluice_frames_total", command="SEND_RECEIPT", direction=b2c) == send_frames
+    )
+    assert value(samples, "sluice_topic_messages_total", topic=topic, direction=c2b) == sends
+    assert (
+        value(samples, "sluice_topic_messages_total", topic=topic + "-batched", direction=c2b)
+        == batched_messages
+    )
+    assert value(samples, "sluice_topic_messages_total", topic=topic, direction=b2c) == sends
+    assert value(samples, "sluice_frames_total", command="MESSAGE", direction=b2c) == sends
+    # One latency observation per receipt.
+    assert value(samples, "sluice_request_duration_seconds_count", command="SEND") == send_frames
+    assert value(samples, "sluice_request_duration_seconds_count", command="PRODUCER") == 2
+    assert value(samples, "sluice_request_duration_seconds_count", command="SUBSCRIBE") == 1
+    assert value(samples, "sluice_lookups_total", outcome="answered") >= 2
+    assert value(samples, "sluice_upstream_up") == 1
+    sent_bytes = value(samples, "sluice_bytes_total", command="SEND", direction=c2b)
+    topic_bytes = value(samples, "sluice_topic_bytes_total", topic=topic, direction=c2b) + value(
+        samples, "sluice_topic_bytes_total", topic=topic + "-batched", direction=c2b
+    )
+    assert sent_bytes == topic_bytes > 0
+
+
+def test_topic_label_limit(broker: EmbeddedBroker, tmp_path: Path, topic: str) -> None:
+    admin = free_port()
+    p = start_proxy(
+        broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", "--topic-metrics-limit", "2"
+    )
+    try:
+        with client(p.url) as c:
+            for i in range(4):
+                c.create_producer(f"{topic}-{i}", batching_enabled=False).send(b"x")
+        samples = scrape(p, admin)
+        labelled = {
+            dict(labels)["topic"]
+            for (name, labels) in samples
+            if name == "sluice_topic_messages_total"
+        }
+        assert labelled == {f"{topic}-0", f"{topic}-1", "other"}
+        assert (
+            value(
+                samples, "sluice_topic_messages_total", topic="other", direction="client_to_broker"
+            )
+            == 2
+        )
+    finally:
+        p.kill()
+
+
+def test_health_and_readiness(admin_proxy: tuple[ProxyProcess, int], tmp_path: Path) -> None:
+    _proxy, admin = admin_proxy
+    base = f"http://127.0.0.1:{admin}"
+    assert http_get(f"{base}/healthz") == (200, "ok\n")
+    assert http_get(f"{base}/readyz") == (200, "ready\n")
+    assert http_get(f"{base}/nope")[0] == 404
+    assert http_get(f"{base}/metrics", method="POST")[0] == 405
+    assert http_get(f"{base}/metrics", method="HEAD") == (200, "")
+    # A proxy whose broker is down is alive but not ready.
+    dead_admin = free_port()
+    dead = start_proxy(
+        f"pulsar://127.0.0.1:{free_port()}",
+        tmp_path,
+        "--no-check-broker",
+        "--connect-timeout",
+        "1",
+        "--admin",
+        f"127.0.0.1:{dead_admin}",
+    )
+    try:
+        time.sleep(1.5)
+        assert http_get(f"http://127.0.0.1:{dead_admin}/healthz")[0] == 200
+        status, reason = http_get(f"http://127.0.0.1:{dead_admin}/readyz")
+        assert status == 503 and "unreachable" in reason
+        samples = scrape(dead, dead_admin)
+        assert value(samples, "sluice_upstream_up") == 0
+        assert value(samples, "sluice_upstream_dial_failures_total") >= 1
+    finally:
+        dead.kill()
