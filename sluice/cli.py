@@ -10,6 +10,7 @@ from sluice import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from sluice.proxy import cli as proxy_cli
+    from sluice.replay import inspect as inspect_cli
 
     parser = argparse.ArgumentParser(
         prog="sluice",
@@ -24,6 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     proxy_cli.add_arguments(proxy)
     proxy.set_defaults(run=proxy_cli.run)
+    inspect = commands.add_parser(
+        "inspect",
+        help="show a recording: timeline, JSON lines, summary, or pcapng for Wireshark",
+        description="Read Sluice recordings (a file or a directory of them).",
+    )
+    inspect_cli.add_arguments(inspect)
+    inspect.set_defaults(run=inspect_cli.run)
     return parser
 
 

@@ -22,6 +22,8 @@ from sluice.proxy.config import (
 from sluice.proxy.framing import client_ssl_context
 from sluice.proxy.server import Proxy
 from sluice.proxy.upstream import BrokerConnection, UpstreamError
+from sluice.replay.format import PAYLOAD_POLICIES
+from sluice.replay.recorder import RecorderConfig, ignore_file_size_signal
 
 log = logging.getLogger("sluice")
 
@@ -104,6 +106,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start even if the broker cannot be reached yet",
     )
+    rec = parser.add_argument_group("recording")
+    rec.add_argument("--record", type=Path, metavar="DIR", help="record every frame into DIR")
+    rec.add_argument(
+        "--record-payloads",
+        choices=PAYLOAD_POLICIES,
+        default="hash",
+        help="message payloads: full, hash (size and SHA-256, the default) or none; "
+        "credentials are never recorded",
+    )
+    rec.add_argument(
+        "--record-lossless",
+        action="store_true",
+        help="slow traffic down rather than drop frames when the disk falls behind",
+    )
+    rec.add_argument(
+        "--record-max-bytes",
+        type=int,
+        default=256 * 1024 * 1024,
+        metavar="BYTES",
+        help="start a new file after this many bytes",
+    )
+    rec.add_argument(
+        "--record-max-age",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="start a new file after this long",
+    )
+    rec.add_argument(
+        "--record-flush-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often written records are flushed (what a crash can lose)",
+    )
     obs = parser.add_argument_group("observability")
     obs.add_argument(
         "--admin",
@@ -159,6 +196,25 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         max_redirects=args.max_redirects,
         admin=parse_address(args.admin, what="--admin") if args.admin else None,
         topic_metrics_limit=args.topic_metrics_limit,
+        record=_recorder_config(args),
+    )
+
+
+def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
+    if args.record is None:
+        return None
+    if args.record.exists() and not args.record.is_dir():
+        raise ConfigError(f"--record {args.record}: exists and is not a directory")
+    for name in ("record_max_bytes", "record_max_age", "record_flush_interval"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    return RecorderConfig(
+        directory=args.record,
+        payloads=args.record_payloads,
+        lossless=args.record_lossless,
+        max_file_bytes=args.record_max_bytes,
+        max_file_age=args.record_max_age,
+        flush_interval=args.record_flush_interval,
     )
 
 
@@ -239,6 +295,7 @@ def setup_logging(level: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    ignore_file_size_signal()
     try:
         config = config_from(args)
     except ConfigError as exc:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sluice.proto import DEFAULT_MAX_MESSAGE_SIZE
+from sluice.replay.recorder import RecorderConfig
 
 
 class ConfigError(ValueError):
@@ -119,6 +120,8 @@ class ProxyConfig:
     admin: Address | None = None
     # Topics beyond this many share the label "other" in per-topic metrics.
     topic_metrics_limit: int = 100
+    # Where and how to record traffic (None: not recording).
+    record: RecorderConfig | None = None
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:

@@ -40,10 +40,13 @@ REQUEST_TIMEOUT = 30.0
 
 
 class LookupSession:
-    def __init__(self, proxy: Proxy, client: FrameStream, connect: Frame, name: str) -> None:
+    def __init__(
+        self, proxy: Proxy, client: FrameStream, connect: Frame, conn: int, name: str
+    ) -> None:
         self.proxy = proxy
         self.client = client
         self.connect = connect
+        self.conn = conn
         self.name = name
         self._last_heard = trio.current_time()
 
@@ -54,10 +57,13 @@ class LookupSession:
             protocol_version=min(requested, PROTOCOL_VERSION),
             max_message_size=self.proxy.config.max_message_size,
         )
-        await self.client.send(encode(command(Type.Value("CONNECTED"), connected)))
+        await self._send(encode(command(Type.Value("CONNECTED"), connected)))
+        recorder = self.proxy.recorder
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._keepalive, nursery.cancel_scope)
             while (frame := await self.client.receive_frame()) is not None:
+                if recorder is not None:
+                    recorder.frame(self.conn, 0, frame)
                 self._last_heard = trio.current_time()
                 await self._dispatch(frame, nursery)
             nursery.cancel_scope.cancel()
@@ -65,7 +71,7 @@ class LookupSession:
     async def _dispatch(self, frame: Frame, nursery: trio.Nursery) -> None:
         t = frame.type
         if t == Type.Value("PING"):
-            await self.client.send(encode(command(Type.Value("PONG"))))
+            await self._send(encode(command(Type.Value("PONG"))))
             return
         if t == Type.Value("PONG"):
             return
@@ -74,7 +80,7 @@ class LookupSession:
             reply = error_reply(frame, frame.error.server_error, frame.error.message)
             if reply is None:
                 raise frame.error
-            await self.client.send(reply)
+            await self._send(reply)
             return
         if t not in _FORWARDED:
             message = f"{frame.name} is not served on a lookup connection"
@@ -82,13 +88,13 @@ class LookupSession:
             if reply is None:
                 log.info("%s: ignoring %s on a lookup connection", self.name, frame.name)
                 return
-            await self.client.send(reply)
+            await self._send(reply)
             return
         if not self.proxy.lookup_slots.acquire_nowait_or_false():
             self.proxy.metrics.lookups.labels("rejected").inc()
             reply = error_reply(frame, pb.TooManyRequests, "too many concurrent lookups")
             assert reply is not None
-            await self.client.send(reply)
+            await self._send(reply)
             return
         nursery.start_soon(self._serve, frame)
 
@@ -114,7 +120,7 @@ class LookupSession:
             metrics.lookup_duration.labels("upstream").observe(self._upstream_time)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             if answer is not None:
-                await self.client.send(answer)
+                await self._send(answer)
 
     async def _answer(self, frame: Frame) -> tuple[bytes, int | None]:
         """The answer for the client, and the ServerError it reports (None: success)."""
@@ -179,6 +185,9 @@ class LookupSession:
             )
             return encode(command(Type.Value("LOOKUP_RESPONSE"), rewritten)), None
 
+    async def _send(self, data: bytes) -> None:
+        await self.proxy.send_own(self.client, self.conn, data)
+
     async def _keepalive(self, scope: trio.CancelScope) -> None:
         """Ping an idle client; hang up on one that stops answering."""
         interval = self.proxy.config.keepalive_interval
@@ -191,7 +200,7 @@ class LookupSession:
                 scope.cancel()
                 return
             if idle >= interval:
-                await self.client.send(ping)
+                await self._send(ping)
 
 
 def _failure(answer: Frame) -> int | None:

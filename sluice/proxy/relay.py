@@ -46,6 +46,7 @@ from sluice.proxy.config import BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream, client_ssl_context, dial
 from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, TYPE_SLOTS
 from sluice.proxy.upstream import SLUICE_VERSION, UpstreamError
+from sluice.replay.redact import loggable
 
 if TYPE_CHECKING:
     from sluice.proxy.server import Proxy
@@ -75,11 +76,15 @@ def connect_error(error: int, message: str) -> bytes:
 
 
 class RelaySession:
-    def __init__(self, proxy: Proxy, client: FrameStream, connect: Frame, name: str) -> None:
+    def __init__(
+        self, proxy: Proxy, client: FrameStream, connect: Frame, conn: int, name: str
+    ) -> None:
         self.proxy = proxy
         self.client = client
         self.connect = connect
+        self.conn = conn
         self.name = name
+        self.recorder = proxy.recorder
         self.broker: FrameStream | None = None
         self.correlator = Correlator()
         self._client_pump_scope: trio.CancelScope | None = None
@@ -103,7 +108,7 @@ class RelaySession:
         except UpstreamError as exc:
             log.warning("%s: %s", self.name, exc.message)
             metrics.upstream_dial_failures.inc()
-            await self.client.send(connect_error(exc.error, exc.message))
+            await self.proxy.send_own(self.client, self.conn, connect_error(exc.error, exc.message))
             return
         elapsed = trio.current_time() - started
         metrics.upstream_dial.observe(elapsed)
@@ -121,7 +126,7 @@ class RelaySession:
     async def _refuse(self, reason: str) -> None:
         log.warning("%s: refusing relay: %s", self.name, reason)
         self.proxy.reject("relay_refused")
-        await self.client.send(connect_error(pb.ServiceNotReady, reason))
+        await self.proxy.send_own(self.client, self.conn, connect_error(pb.ServiceNotReady, reason))
 
     async def _connect_broker(self, target: BrokerUrl) -> FrameStream:
         config = self.proxy.config
@@ -164,6 +169,7 @@ class RelaySession:
                     raise UpstreamError(f"broker broke off the handshake: {exc}") from exc
                 if frame is None:
                     raise UpstreamError("broker closed the connection during the handshake")
+                self._record(1, frame)
                 if frame.type == _CONNECTED:
                     if frame.body.HasField("max_message_size"):
                         size = frame.body.max_message_size
@@ -176,6 +182,7 @@ class RelaySession:
                     answer = await self.client.receive_frame()
                     if answer is None or answer.type != _AUTH_RESPONSE:
                         raise UpstreamError("client did not answer the broker's auth challenge")
+                    self._record(0, answer)
                     await broker.send(answer.raw)
                     continue
                 if frame.type == Type.Value("ERROR"):
@@ -213,10 +220,17 @@ class RelaySession:
         byte_counts = metrics.traffic.bytes[direction]
         relay_delay = metrics.relay_delay_by_direction[direction]
         payload_type = _SEND if from_client else _MESSAGE
+        recorder = self.recorder
+        lossless = recorder is not None and recorder.config.lossless
+        conn = self.conn
+        record_direction = 0 if from_client else 1
         reject = proxy.config.on_invalid == "reject"
         trace = log.isEnabledFor(logging.DEBUG)
         try:
             while True:
+                if lossless:
+                    assert recorder is not None
+                    await recorder.room()
                 data = await src.receive_chunk()
                 now = trio.current_time()
                 # A chunk that starts on a frame boundary, ends on one, and
@@ -230,6 +244,8 @@ class RelaySession:
                     slot = t if t < TYPE_SLOTS else 0
                     frame_counts[slot] += 1
                     byte_counts[slot] += len(frame.raw)
+                    if recorder is not None:
+                        recorder.frame(conn, record_direction, frame)
                     if trace:
                         log.debug("%s: %s -> %s %s", self.name, side, frame.name, _brief(frame))
                     if frame.error is None:
@@ -261,6 +277,8 @@ class RelaySession:
                             await dst.send(b"".join(out))
                         session.cancel()
                         return
+                    if recorder is not None:
+                        recorder.own_bytes(conn, reply)
                     await src.send(reply)
                 for topic, (messages, size) in topics.items():
                     metrics.topic_traffic(topic, direction, messages, size)
@@ -300,6 +318,10 @@ class RelaySession:
         else:
             tally[0] += messages
             tally[1] += len(frame.raw)
+
+    def _record(self, direction: int, frame: Frame) -> None:
+        if self.recorder is not None:
+            self.recorder.frame(self.conn, direction, frame)
 
     def _learn_brokers(self, frame: Frame) -> None:
         body: Any = frame.body
@@ -347,13 +369,13 @@ class RelaySession:
         if closes:
             with trio.move_on_at(deadline):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self.client.send(b"".join(closes))
+                    await self.proxy.send_own(self.client, self.conn, b"".join(closes))
         if self._session_scope is not None:
             self._session_scope.cancel()
 
 
 def _brief(frame: Frame) -> str:
-    body = frame.body
+    body = loggable(frame)  # credentials never reach the log
     if body is None:
         return ""
     text: str = text_format.MessageToString(body, as_one_line=True)

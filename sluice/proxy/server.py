@@ -20,6 +20,7 @@ from sluice.proxy.lookup import LookupSession
 from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, Metrics
 from sluice.proxy.relay import RelaySession, connect_error
 from sluice.proxy.upstream import UpstreamError, UpstreamPool
+from sluice.replay.recorder import Recorder
 
 log = logging.getLogger("sluice.proxy")
 
@@ -76,6 +77,12 @@ class Proxy:
         self.addresses: dict[str, Address] = {}
         self._handlers: trio.Nursery | None = None
         self._stop = trio.Event()
+        self.recorder: Recorder | None = None
+        if config.record is not None:
+            listen = [str(a) for a in (config.listen, config.listen_tls) if a is not None]
+            self.recorder = Recorder(
+                config.record, self.metrics, listen=listen, broker=str(config.broker)
+            )
         self._upstream_tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
         self.upstream: UpstreamPool
 
@@ -110,6 +117,8 @@ class Proxy:
                 metrics=self.metrics,
             )
             outer.start_soon(self._probe_upstream)
+            if self.recorder is not None:
+                await outer.start(self.recorder.run)
             if self.config.admin is not None:
                 from sluice.proxy.admin import serve_admin
 
@@ -209,7 +218,8 @@ class Proxy:
     async def _handle(self, stream: trio.abc.Stream, kind: str) -> None:
         peer = _peer(stream)
         ip = peer.host
-        name = f"conn-{next(self._ids)} {peer}"
+        conn = next(self._ids)
+        name = f"conn-{conn} {peer}"
         if self.active >= self.config.max_connections:
             await self._reject(stream, name, "limit", "too many connections")
             return
@@ -222,11 +232,14 @@ class Proxy:
         metrics.connections_opened.labels(kind).inc()
         metrics.connections_active.labels(kind).inc()
         client = FrameStream(stream, self.config.max_message_size)
+        reason = "closed"
         try:
-            await self._serve(client, name, kind)
-        except Exception as exc:
-            self._connection_failed(name, kind, client, exc)
+            await self._serve(client, conn, name, kind, peer)
+        except Exception as exc:  # one connection never takes the proxy down
+            reason = self._connection_failed(name, kind, client, exc)
         finally:
+            if self.recorder is not None:
+                self.recorder.close_connection(conn, reason)
             self.active -= 1
             self._per_ip[ip] -= 1
             if not self._per_ip[ip]:
@@ -236,7 +249,9 @@ class Proxy:
             with trio.CancelScope(shield=True):
                 await _close(stream)
 
-    async def _serve(self, client: FrameStream, name: str, kind: str) -> None:
+    async def _serve(
+        self, client: FrameStream, conn: int, name: str, kind: str, peer: Address
+    ) -> None:
         first: Frame | None = None
         with trio.move_on_after(self.config.handshake_timeout):
             first = await client.receive_frame()
@@ -246,15 +261,25 @@ class Proxy:
             self.reject("handshake_timeout")
             log.info("%s: no CONNECT within %gs, closing", name, self.config.handshake_timeout)
             return
+        relayed = first.type == Type.Value("CONNECT") and first.body.HasField("proxy_to_broker_url")
+        if self.recorder is not None:
+            self.recorder.open_connection(
+                conn,
+                client=str(peer),
+                kind="proxied" if relayed else "lookup",
+                listener=kind,
+                broker=first.body.proxy_to_broker_url if relayed else str(self.config.broker),
+            )
+            self.recorder.frame(conn, 0, first)
         if first.type != Type.Value("CONNECT") or first.error is not None:
             why = first.error.message if first.error else f"expected CONNECT, got {first.name}"
             log.warning("%s: bad handshake: %s", name, why)
             self.reject("handshake")
-            await client.send(connect_error(pb.NotAllowedError, why))
+            await self.send_own(client, conn, connect_error(pb.NotAllowedError, why))
             return
-        if first.body.HasField("proxy_to_broker_url"):
+        if relayed:
             self.metrics.sessions.labels("proxied").inc()
-            relay = RelaySession(self, client, first, name)
+            relay = RelaySession(self, client, first, conn, name)
             self.relays.add(relay)
             try:
                 await relay.run()
@@ -262,13 +287,21 @@ class Proxy:
                 self.relays.discard(relay)
         else:
             self.metrics.sessions.labels("lookup").inc()
-            await LookupSession(self, client, first, name).run()
+            await LookupSession(self, client, first, conn, name).run()
+
+    async def send_own(self, client: FrameStream, conn: int, data: bytes) -> None:
+        """Send frames the proxy itself wrote, recording them."""
+        if self.recorder is not None:
+            self.recorder.own_bytes(conn, data)
+        await client.send(data)
 
     def _connection_failed(
         self, name: str, kind: str, client: FrameStream, exc: BaseException
-    ) -> None:
-        """Say, in one line, why a connection ended badly."""
+    ) -> str:
+        """Say, in one line, why a connection ended badly; the reason, for the recording."""
+        reason = "error"
         for leaf in _leaves(exc):
+            reason = type(leaf).__name__
             cause = leaf.__cause__
             if isinstance(leaf, (trio.BrokenResourceError, trio.ClosedResourceError)):
                 if kind == "tls" and isinstance(cause, ssl.SSLError) and not client.bytes_in:
@@ -280,6 +313,7 @@ class Proxy:
                 log.warning("%s: closing: %s", name, leaf)
             else:
                 log.error("%s: internal error, connection closed: %r", name, leaf, exc_info=leaf)
+        return reason
 
     async def _reject(self, stream: trio.abc.Stream, name: str, reason: str, why: str) -> None:
         self.reject(reason)

@@ -1,0 +1,253 @@
+"""The recording format: a versioned stream of msgpack maps.
+
+See docs/recording-format.md for the full description. In short, a file is
+a ``header`` record followed by ``conn``, ``frame``, ``close`` and ``gap``
+records in the order they happened. Keys are short because there are many
+frames; values are plain msgpack types.
+
+``read_records`` yields records upgraded to the current version and stops
+cleanly at a truncated tail (what a killed writer leaves), reporting it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgpack
+
+from sluice.proto import PAYLOAD_TYPES, Frame, pb
+from sluice.proto.correlation import Correlator
+from sluice.replay.redact import redacted, sensitive
+
+MAGIC = "sluice-recording"
+VERSION = 1
+SUFFIX = ".sluice"
+PAYLOAD_POLICIES = ("full", "hash", "none")
+CLIENT_TO_BROKER, BROKER_TO_CLIENT = 0, 1
+
+Record = dict[str, Any]
+
+# version -> function turning a record of that version into the next one.
+UPGRADERS: dict[int, Callable[[Record], Record]] = {}
+
+
+class RecordingError(Exception):
+    """A file that is not a readable recording. The message is for users."""
+
+
+def header(
+    *,
+    capture: str,
+    segment: int,
+    started_ns: int,
+    payloads: str,
+    sluice_version: str,
+    protocol: str = "pulsar",
+    host: str = "",
+    listen: list[str] | None = None,
+    broker: str = "",
+) -> Record:
+    return {
+        "k": "header",
+        "format": MAGIC,
+        "version": VERSION,
+        "sluice": sluice_version,
+        "protocol": protocol,
+        "capture": capture,
+        "segment": segment,
+        "started": started_ns,
+        "host": host,
+        "listen": listen or [],
+        "broker": broker,
+        "payloads": payloads,
+        "redaction": {"credentials": "always", "marker": "<redacted>"},
+    }
+
+
+@dataclass
+class FrameSummarizer:
+    """Builds ``frame`` records: bytes per the payload policy, plus a summary.
+
+    One per recording writer; it keeps a Correlator per connection so the
+    summary can name the topic of frames that only carry producer or
+    consumer ids.
+    """
+
+    payloads: str = "hash"
+    _correlators: dict[int, Correlator] = field(default_factory=dict)
+
+    def forget(self, conn: int) -> None:
+        self._correlators.pop(conn, None)
+
+    def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:
+        correlator = self._correlators.setdefault(conn, Correlator())
+        # Summarize against the state before this frame (a CLOSE_PRODUCER
+        # still has its topic), then let answers borrow their request's topic.
+        summary = summarize(frame, correlator)
+        done = correlator.observe(frame, direction == CLIENT_TO_BROKER, mono_ns / 1e9)
+        if done is not None and done.topic and "topic" not in summary:
+            summary["topic"] = done.topic
+        raw = redacted(frame) if sensitive(frame) else frame.raw
+        if raw is not frame.raw:
+            summary["redacted"] = True
+        if frame.type in PAYLOAD_TYPES and frame.payload_offset >= 0 and self.payloads != "full":
+            payload = frame.payload
+            info: dict[str, Any] = {"size": len(payload)}
+            if self.payloads == "hash":
+                info["sha256"] = hashlib.sha256(payload).hexdigest()
+            summary["payload"] = info
+            raw = raw[: frame.payload_offset]
+        return {
+            "k": "frame",
+            "c": conn,
+            "d": direction,
+            "t": mono_ns,
+            "w": wall_ns,
+            "n": len(frame.raw),
+            "raw": raw,
+            "s": summary,
+        }
+
+
+_ID_FIELDS = (
+    ("request_id", "rid"),
+    ("producer_id", "pid"),
+    ("sequence_id", "seq"),
+    ("consumer_id", "cid"),
+)
+
+
+def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, Any]:
+    """Command, ids, topic and validation of a frame, as plain values."""
+    out: dict[str, Any] = {"cmd": frame.name}
+    body: Any = frame.body
+    if body is not None:
+        fields = body.DESCRIPTOR.fields_by_name
+        for name, short in _ID_FIELDS:
+            if name in fields and body.HasField(name):
+                out[short] = getattr(body, name)
+        topic = body.topic if "topic" in fields and body.HasField("topic") else None
+        if topic is None and correlator is not None:
+            if "pid" in out:
+                topic = correlator.topic_of_producer(out["pid"])
+            elif "cid" in out:
+                topic = correlator.topic_of_consumer(out["cid"])
+        if topic:
+            out["topic"] = topic
+        if (
+            "message_id" in fields
+            and frame.type != pb.BaseCommand.ACK
+            and body.HasField("message_id")
+        ):
+            mid = body.message_id
+            out["mid"] = [mid.ledgerId, mid.entryId, mid.partition, mid.batch_index]
+        if "error" in fields and body.HasField("error"):
+            out["error"] = pb.ServerError.Name(body.error)
+    if frame.metadata is not None:
+        out["msgs"] = frame.metadata.num_messages_in_batch
+    if frame.error is not None:
+        out["invalid"] = frame.error.problem.value
+        out["why"] = frame.error.message
+    return out
+
+
+def pack(record: Record) -> bytes:
+    data: bytes = msgpack.packb(record, use_bin_type=True)
+    return data
+
+
+@dataclass
+class ReadResult:
+    """What reading a file found besides its records."""
+
+    path: Path
+    version: int = 0
+    truncated_bytes: int = 0  # a partial record at the end (writer killed)
+    records: int = 0
+
+
+def read_records(path: Path, result: ReadResult | None = None) -> Iterator[Record]:
+    """Every record of a recording file, upgraded to the current version.
+
+    Raises RecordingError for a file that is not a recording; a truncated
+    tail is not an error (``result.truncated_bytes`` says how much).
+    """
+    result = result if result is not None else ReadResult(path)
+    try:
+        handle: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in finally
+    except OSError as exc:
+        raise RecordingError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        size = path.stat().st_size
+        unpacker = msgpack.Unpacker(
+            handle, raw=False, strict_map_key=False, max_buffer_size=256 * 1024 * 1024
+        )
+        first = True
+        upgrade: list[Callable[[Record], Record]] = []
+        while True:
+            try:
+                record = unpacker.unpack()
+            except msgpack.OutOfData:
+                break
+            except (msgpack.UnpackException, ValueError) as exc:
+                if first:
+                    raise RecordingError(f"{path}: not a Sluice recording") from None
+                raise RecordingError(
+                    f"{path}: damaged after {result.records} records ({exc})"
+                ) from None
+            if first:
+                upgrade = _check_header(path, record, result)
+                first = False
+            elif not isinstance(record, dict):
+                raise RecordingError(f"{path}: damaged after {result.records} records")
+            for step in upgrade:
+                record = step(record)
+            result.records += 1
+            yield record
+        if first:
+            raise RecordingError(f"{path}: empty file, not a Sluice recording")
+        result.truncated_bytes = size - unpacker.tell()
+    finally:
+        handle.close()
+
+
+def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[[Record], Record]]:
+    if not isinstance(record, dict) or record.get("format") != MAGIC:
+        raise RecordingError(f"{path}: not a Sluice recording")
+    version = record.get("version")
+    if not isinstance(version, int):
+        raise RecordingError(f"{path}: recording header has no version")
+    if version > VERSION:
+        raise RecordingError(
+            f"{path}: recording format {version} is newer than this Sluice reads "
+            f"({VERSION}); upgrade Sluice"
+        )
+    steps = []
+    for v in range(version, VERSION):
+        if v not in UPGRADERS:
+            raise RecordingError(f"{path}: no upgrade from recording format {v}")
+        steps.append(UPGRADERS[v])
+    result.version = version
+    return steps
+
+
+def recording_files(target: Path) -> list[Path]:
+    """A file, or every recording in a directory (recursively), in name order."""
+    if target.is_dir():
+        return sorted(p for p in target.rglob(f"*{SUFFIX}") if p.is_file())
+    if not target.exists():
+        raise RecordingError(f"{target}: no such file or directory")
+    return [target]
+
+
+def dumps(records: list[Record]) -> bytes:
+    """Serialize records (tests and tools that write recordings whole)."""
+    out = io.BytesIO()
+    for record in records:
+        out.write(pack(record))
+    return out.getvalue()

@@ -1,0 +1,289 @@
+"""``sluice inspect``: recordings as a readable timeline, JSON lines, a summary, or pcapng."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import datetime as dt
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from sluice.replay.format import ReadResult, Record, RecordingError, read_records, recording_files
+from sluice.replay.pcap import PcapngWriter
+
+log = logging.getLogger("sluice.inspect")
+ARROWS = {0: "C→B", 1: "B→C"}
+DIRECTIONS = {0: "client_to_broker", 1: "broker_to_client"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recording", type=Path, help="a recording file or a directory of them")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="one JSON object per record")
+    out.add_argument("--summary", action="store_true", help="only the summary")
+    out.add_argument(
+        "--pcap",
+        type=Path,
+        metavar="OUT.pcapng",
+        help="write the traffic as synthetic TCP/IPv4 packets for Wireshark",
+    )
+    parser.add_argument(
+        "--with-bytes",
+        action="store_true",
+        help="with --json: include each frame's recorded bytes (base64)",
+    )
+    sel = parser.add_argument_group("filters")
+    sel.add_argument(
+        "--connection",
+        type=int,
+        action="append",
+        metavar="N",
+        help="only connection N (repeatable)",
+    )
+    sel.add_argument(
+        "--command",
+        dest="commands",
+        action="append",
+        metavar="NAME",
+        help="only these commands, e.g. SEND (repeatable)",
+    )
+    sel.add_argument("--topic", help="only frames of this topic")
+    sel.add_argument(
+        "--since",
+        type=float,
+        metavar="SECONDS",
+        help="only from this many seconds after the capture started",
+    )
+    sel.add_argument("--until", type=float, metavar="SECONDS", help="only up to this offset")
+    parser.add_argument("--wall", action="store_true", help="show wall-clock times")
+
+
+@dataclass
+class Filters:
+    connections: set[int] | None = None
+    commands: set[str] | None = None
+    topic: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    def keep(self, record: Record, offset: float) -> bool:
+        if self.connections is not None and record.get("c") not in self.connections:
+            return False
+        if self.since is not None and offset < self.since:
+            return False
+        if self.until is not None and offset > self.until:
+            return False
+        if record["k"] != "frame":
+            return self.commands is None and self.topic is None
+        summary = record["s"]
+        if self.commands is not None and summary.get("cmd") not in self.commands:
+            return False
+        return self.topic is None or summary.get("topic") == self.topic
+
+
+@dataclass
+class Summary:
+    frames: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    bytes: collections.Counter[str] = field(default_factory=collections.Counter)
+    invalid: collections.Counter[str] = field(default_factory=collections.Counter)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    connections: set[tuple[str, int]] = field(default_factory=set)
+    dropped: int = 0
+    files: int = 0
+    truncated: list[tuple[Path, int]] = field(default_factory=list)
+
+    def add(self, capture: str, record: Record) -> None:
+        kind = record["k"]
+        if kind == "frame":
+            summary = record["s"]
+            direction = DIRECTIONS[record["d"]]
+            self.frames[(summary["cmd"], direction)] += 1
+            self.bytes[direction] += record["n"]
+            if "invalid" in summary:
+                self.invalid[summary["invalid"]] += 1
+            if "error" in summary:
+                self.errors[f"{summary['cmd']} {summary['error']}"] += 1
+            self.connections.add((capture, record["c"]))
+        elif kind == "conn":
+            self.connections.add((capture, record["c"]))
+        elif kind == "gap":
+            self.dropped += record["dropped"]
+
+    def write(self, out: TextIO) -> None:
+        total = sum(self.frames.values())
+        out.write(
+            f"\n{total} frames on {len(self.connections)} connections in {self.files} file(s)\n"
+        )
+        for direction in DIRECTIONS.values():
+            out.write(f"  {direction}: {self.bytes[direction]} bytes\n")
+        out.write("frames by command:\n")
+        for (cmd, direction), n in sorted(self.frames.items()):
+            out.write(f"  {cmd:<34} {direction:<17} {n}\n")
+        if self.invalid:
+            out.write(
+                "invalid frames: " + ", ".join(f"{k} {v}" for k, v in self.invalid.items()) + "\n"
+            )
+        if self.errors:
+            out.write(
+                "broker errors: " + ", ".join(f"{k} x{v}" for k, v in self.errors.items()) + "\n"
+            )
+        if self.dropped:
+            out.write(f"NOT RECORDED: {self.dropped} frames (the recorder fell behind)\n")
+        for path, n in self.truncated:
+            out.write(f"{path}: ends with {n} bytes of an incomplete record (writer stopped)\n")
+
+
+def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]:
+    """(capture id, record) for every record in the files, in file order."""
+    for path in paths:
+        result = ReadResult(path)
+        capture = ""
+        for record in read_records(path, result):
+            if record["k"] == "header":
+                capture = record["capture"]
+            yield capture, record
+        summary.files += 1
+        if result.truncated_bytes:
+            summary.truncated.append((path, result.truncated_bytes))
+
+
+def _ids(summary: dict[str, Any]) -> str:
+    parts = [f"{key}={summary[key]}" for key in ("rid", "pid", "seq", "cid") if key in summary]
+    if "mid" in summary:
+        parts.append("mid=" + ":".join(str(x) for x in summary["mid"][:2]))
+    if summary.get("msgs", 1) != 1:
+        parts.append(f"msgs={summary['msgs']}")
+    return " ".join(parts)
+
+
+def timeline_line(record: Record, when: str, conn: str) -> str:
+    kind = record["k"]
+    if kind == "conn":
+        return (
+            f"{when}  {conn:<6} open  {record['kind']} client={record['client']} "
+            f"broker={record['broker']} ({record['listener']})"
+        )
+    if kind == "close":
+        return f"{when}  {conn:<6} close {record.get('reason', '')}"
+    if kind == "gap":
+        return f"{when}  !! {record['dropped']} frames were not recorded here"
+    summary = record["s"]
+    status = f"INVALID {summary['invalid']}: {summary['why']}" if "invalid" in summary else "ok"
+    if "error" in summary:
+        status = f"error {summary['error']}"
+    extras = []
+    if "topic" in summary:
+        extras.append(summary["topic"])
+    if "payload" in summary:
+        extras.append(f"payload {summary['payload']['size']}B not recorded")
+    if summary.get("redacted"):
+        extras.append("credentials redacted")
+    return (
+        f"{when}  {conn:<6} {ARROWS[record['d']]} {summary['cmd']:<30} {_ids(summary):<28} "
+        f"{record['n']:>7}B  {status}  {'  '.join(extras)}"
+    ).rstrip()
+
+
+def json_line(capture: str, record: Record, with_bytes: bool) -> str:
+    out: dict[str, Any] = {"capture": capture}
+    for key, value in record.items():
+        if key == "raw":
+            if with_bytes:
+                out["raw"] = base64.b64encode(value).decode()
+            continue
+        if key == "s":
+            out.update(value)
+            continue
+        out[_LONG_KEYS.get(key, key)] = value
+    if record["k"] == "frame":
+        out["direction"] = DIRECTIONS[record["d"]]
+    return json.dumps(out, default=str)
+
+
+_LONG_KEYS = {"k": "kind", "c": "conn", "d": "dir", "t": "mono_ns", "w": "wall_ns", "n": "size"}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        paths = recording_files(args.recording)
+    except RecordingError as exc:
+        print(f"sluice inspect: {exc}", file=sys.stderr)
+        return 2
+    if not paths:
+        print(f"sluice inspect: no recordings (*.sluice) in {args.recording}", file=sys.stderr)
+        return 2
+    filters = Filters(
+        connections=set(args.connection) if args.connection else None,
+        commands={c.upper() for c in args.commands} if args.commands else None,
+        topic=args.topic,
+        since=args.since,
+        until=args.until,
+    )
+    summary = Summary()
+    out = sys.stdout
+    pcap_file = open(args.pcap, "wb") if args.pcap else None  # noqa: SIM115
+    pcap = PcapngWriter(pcap_file) if pcap_file else None
+    start_ns: int | None = None
+    captures: set[str] = set()
+    try:
+        for capture, record in records(paths, summary):
+            if record["k"] == "header":
+                captures.add(capture)
+                if start_ns is None:
+                    start_ns = record["started"]
+                continue
+            wall = record.get("w", start_ns or 0)
+            start = start_ns if start_ns is not None else wall
+            offset = (wall - start) / 1e9
+            if not filters.keep(record, offset):
+                continue
+            summary.add(capture, record)
+            conn = f"c{record['c']}" if "c" in record else ""
+            if len(captures) > 1 and conn:
+                conn = f"{capture[:4]}:{conn}"
+            if pcap is not None:
+                _to_pcap(pcap, (capture, record.get("c")), record)
+            elif args.json:
+                out.write(json_line(capture, record, args.with_bytes) + "\n")
+            elif not args.summary:
+                when = (
+                    dt.datetime.fromtimestamp(wall / 1e9, dt.UTC).isoformat()
+                    if args.wall
+                    else f"{offset:+12.6f}"
+                )
+                out.write(timeline_line(record, when, conn) + "\n")
+    except RecordingError as exc:
+        print(f"sluice inspect: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `| head`
+        return 0
+    finally:
+        if pcap_file is not None:
+            pcap_file.close()
+    if pcap is not None:
+        print(f"wrote {pcap.packets} packets to {args.pcap}", file=sys.stderr)
+    elif args.json:
+        for path, n in summary.truncated:
+            print(
+                f"sluice inspect: {path}: incomplete last record ({n} bytes) skipped",
+                file=sys.stderr,
+            )
+    else:
+        summary.write(out)
+    return 0
+
+
+def _to_pcap(pcap: PcapngWriter, key: object, record: Record) -> None:
+    kind = record["k"]
+    if kind == "conn":
+        pcap.open(key, record["client"], record["broker"] or "0.0.0.0:6650", record["w"])
+    elif kind == "frame":
+        pcap.data(key, record["d"] == 0, record["raw"], record["w"])
+    elif kind == "close":
+        pcap.close(key, record["w"])

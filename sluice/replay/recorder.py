@@ -1,0 +1,287 @@
+"""The recorder tap: frames in on the proxy's hot path, files out on a writer task.
+
+The hot path only appends to a queue bounded in frames and in bytes. The
+writer task turns queued frames into records (redaction, payload policy,
+summary), packs them and writes them from a worker thread, flushing every
+``flush_interval`` seconds, and rotates files by size and age.
+
+Recording never stalls traffic: when the queue is full (a slow disk) or the
+disk fails (full, unwritable, over a file-size limit), frames are dropped
+and counted, and the next file write starts with a ``gap`` record saying how
+many. ``lossless=True`` makes the proxy wait for queue space instead, for
+captures that must be complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import trio
+
+from sluice import __version__
+from sluice.proto import Frame, decode_stream
+from sluice.replay.format import SUFFIX, FrameSummarizer, Record, header, pack
+
+if TYPE_CHECKING:
+    from sluice.proxy.metrics import Metrics
+
+log = logging.getLogger("sluice.recorder")
+
+
+@dataclass(frozen=True)
+class RecorderConfig:
+    directory: Path
+    payloads: str = "hash"
+    lossless: bool = False
+    max_file_bytes: int = 256 * 1024 * 1024
+    max_file_age: float = 3600.0
+    flush_interval: float = 1.0
+    queue_frames: int = 50_000
+    queue_bytes: int = 64 * 1024 * 1024
+
+
+class Recorder:
+    def __init__(
+        self,
+        config: RecorderConfig,
+        metrics: Metrics | None = None,
+        *,
+        listen: list[str] | None = None,
+        broker: str = "",
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.capture = uuid.uuid4().hex[:12]
+        self._listen = listen or []
+        self._broker = broker
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._queued_bytes = 0
+        self._wakeup = trio.Event()
+        self._space = trio.Event()
+        self._dropped = 0  # since the last gap record
+        self._summarizer = FrameSummarizer(config.payloads)
+        self._open: dict[int, Record] = {}  # conn records, repeated in new segments
+        self._file: IO[bytes] | None = None
+        self._file_bytes = 0
+        self._file_started = 0.0
+        self._segment = 0
+        self._retry_at = 0.0
+        self.files: list[Path] = []
+        self._reported_bug = False
+        self.frames_written = 0
+
+    # --- hot path ----------------------------------------------------------
+
+    def frame(self, conn: int, direction: int, frame: Frame) -> None:
+        """Queue a frame, or drop it (counted) when the queue is full."""
+        size = len(frame.raw)
+        if (
+            len(self._queue) >= self.config.queue_frames
+            or self._queued_bytes + size > self.config.queue_bytes
+        ):
+            self._drop(1)
+            return
+        self._queue.append(("f", conn, direction, time.monotonic_ns(), time.time_ns(), frame))
+        self._queued_bytes += size
+        self._wakeup.set()
+
+    def own_bytes(self, conn: int, data: bytes) -> None:
+        """Record frames the proxy itself sent to a client (answers, errors)."""
+        try:
+            frames = decode_stream(data)
+        except Exception:
+            return
+        for frame in frames:
+            self.frame(conn, 1, frame)
+
+    async def room(self) -> None:
+        """In lossless mode, wait until the queue has space again."""
+        while (
+            len(self._queue) >= self.config.queue_frames
+            or self._queued_bytes >= self.config.queue_bytes
+        ):
+            self._space = trio.Event()
+            await self._space.wait()
+
+    def open_connection(self, conn: int, *, client: str, kind: str, listener: str,
+                        broker: str = "") -> None:  # fmt: skip
+        record = {
+            "k": "conn",
+            "c": conn,
+            "t": time.monotonic_ns(),
+            "w": time.time_ns(),
+            "client": client,
+            "broker": broker,
+            "kind": kind,
+            "listener": listener,
+        }
+        self._open[conn] = record
+        self._queue.append(("r", record))
+        self._wakeup.set()
+
+    def close_connection(self, conn: int, reason: str = "") -> None:
+        if self._open.pop(conn, None) is None:
+            return
+        record = {"k": "close", "c": conn, "t": time.monotonic_ns(), "w": time.time_ns(),
+                  "reason": reason}  # fmt: skip
+        self._queue.append(("r", record))
+        self._wakeup.set()
+
+    def _drop(self, n: int) -> None:
+        self._dropped += n
+        if self.metrics is not None:
+            self.metrics.recorder_dropped.inc(n)
+
+    # --- writer ------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.config.directory.mkdir(parents=True, exist_ok=True)
+        task_status.started()
+        last_flush = trio.current_time()
+        try:
+            while True:
+                with trio.move_on_after(self.config.flush_interval):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                await self._write_queued()
+                now = trio.current_time()
+                if self._file is not None and now - last_flush >= self.config.flush_interval:
+                    await self._io(self._file.flush)
+                    last_flush = now
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._write_queued()
+                await self._close_file()
+
+    async def _write_queued(self) -> None:
+        if not self._queue:
+            return
+        batch = list(self._queue)
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._space.set()
+        if self.metrics is not None:
+            self.metrics.recorder_queue.set(0)
+        packed: list[tuple[tuple[Any, ...], bytes]] = []
+        for item in batch:
+            if item[0] == "f":
+                _, conn, direction, mono, wall, frame = item
+                try:
+                    record = self._summarizer.record(conn, direction, mono, wall, frame)
+                except Exception as exc:  # a recorder bug must never break traffic
+                    self._bug(exc)
+                    self._drop(1)
+                    continue
+                packed.append((item, pack(record)))
+            else:
+                if item[1]["k"] == "close":
+                    self._summarizer.forget(item[1]["c"])
+                packed.append((item, pack(item[1])))
+        frames = sum(1 for item, _ in packed if item[0] == "f")
+        restated = await self._ensure_file()
+        if restated is None:
+            self._drop(frames)
+            return
+        # A new file starts by re-stating open connections: skip their
+        # records in this batch so nobody reads a connection opening twice.
+        data = b"".join(
+            part
+            for item, part in packed
+            if not (item[0] == "r" and item[1]["k"] == "conn" and item[1]["c"] in restated)
+        )
+        if self._dropped:
+            gap = {"k": "gap", "t": time.monotonic_ns(), "w": time.time_ns(),
+                   "dropped": self._dropped}  # fmt: skip
+            data = pack(gap) + data
+        assert self._file is not None
+        try:
+            await self._io(self._file.write, data)
+        except OSError as exc:
+            self._failed(exc)
+            self._drop(frames)
+            await self._close_file()
+            return
+        self._dropped = 0
+        self._file_bytes += len(data)
+        self.frames_written += frames
+        if self.metrics is not None:
+            self.metrics.recorder_frames.inc(frames)
+            self.metrics.recorder_bytes.inc(len(data))
+
+    async def _ensure_file(self) -> set[int] | None:
+        """An open file to write to: None if there is none (disk trouble);
+        otherwise the connections a freshly started file re-stated."""
+        now = trio.current_time()
+        if self._file is not None and (
+            self._file_bytes >= self.config.max_file_bytes
+            or now - self._file_started >= self.config.max_file_age
+        ):
+            await self._close_file()
+        if self._file is not None:
+            return set()
+        if now < self._retry_at:
+            return None
+        self._segment += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        path = self.config.directory / f"sluice-{stamp}-{self.capture}-{self._segment:04d}{SUFFIX}"
+        first = pack(
+            header(
+                capture=self.capture,
+                segment=self._segment,
+                started_ns=time.time_ns(),
+                payloads=self.config.payloads,
+                sluice_version=__version__,
+                host=socket.gethostname(),
+                listen=self._listen,
+                broker=self._broker,
+            )
+        ) + b"".join(pack(record) for record in self._open.values())
+        try:
+            handle = await self._io(open, path, "wb")
+            await self._io(handle.write, first)
+        except OSError as exc:
+            self._failed(exc)
+            return None
+        self._file = handle
+        self._file_bytes = len(first)
+        self._file_started = now
+        self.files.append(path)
+        log.info("recording to %s", path)
+        return set(self._open)
+
+    def _bug(self, exc: Exception) -> None:
+        if not self._reported_bug:
+            log.error("recorder could not record a frame (dropped): %r", exc, exc_info=exc)
+            self._reported_bug = True
+
+    def _failed(self, exc: OSError) -> None:
+        if self._retry_at <= trio.current_time():
+            log.error("recording failed, dropping frames until it works again: %s", exc)
+        self._retry_at = trio.current_time() + 2.0
+
+    async def _close_file(self) -> None:
+        handle, self._file = self._file, None
+        if handle is not None:
+            try:
+                await self._io(handle.close)
+            except OSError as exc:
+                log.error("closing recording file failed: %s", exc)
+
+    @staticmethod
+    async def _io(fn: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args)
+
+
+def ignore_file_size_signal() -> None:
+    """Get EFBIG instead of being killed when a file-size limit is hit."""
+    import signal
+
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -1,0 +1,117 @@
+"""Keeping credentials out of recordings and logs.
+
+Replaced wherever they occur, in every recording mode, by ``MARKER``:
+CONNECT ``auth_data`` and ``original_auth_data``; ``original_auth_data`` on
+lookups and partition-metadata requests; the data inside AUTH_CHALLENGE and
+AUTH_RESPONSE; and the value of any property (command metadata, message
+properties) whose key looks like a credential (token, password, secret,
+auth, key, credential). A frame that needed redacting is re-encoded, so its
+recorded bytes differ from the wire; the record says so.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from google.protobuf.message import Message
+
+from sluice.proto import Frame, Type, encode, encode_payload, pb
+from sluice.proto.frame import BODY_FIELD
+
+MARKER = "<redacted>"
+MARKER_BYTES = MARKER.encode()
+_SENSITIVE_KEY = re.compile(r"token|passw|secret|auth|credential|key|cookie|session", re.I)
+
+_CONNECT = Type.Value("CONNECT")
+_AUTH_TYPES = frozenset({Type.Value("AUTH_CHALLENGE"), Type.Value("AUTH_RESPONSE")})
+_ORIGINAL_AUTH = frozenset({Type.Value("LOOKUP"), Type.Value("PARTITIONED_METADATA"), _CONNECT})
+# Commands carrying KeyValue lists that clients fill with arbitrary properties.
+_PROPERTY_FIELDS: dict[int, str] = {
+    Type.Value("PRODUCER"): "metadata",
+    Type.Value("SUBSCRIBE"): "metadata",
+    Type.Value("LOOKUP"): "properties",
+    Type.Value("GET_TOPICS_OF_NAMESPACE"): "properties",
+}
+
+
+def sensitive(frame: Frame) -> bool:
+    """Whether ``frame`` holds anything ``redacted`` would replace."""
+    body: Any = frame.body
+    if body is None:
+        return False
+    t = frame.type
+    if t == _CONNECT and (body.HasField("auth_data") or body.HasField("original_auth_data")):
+        return True
+    if t in _ORIGINAL_AUTH and body.HasField("original_auth_data"):
+        return True
+    if t in _AUTH_TYPES:
+        data = body.response if t == Type.Value("AUTH_RESPONSE") else body.challenge
+        return bool(data.HasField("auth_data"))
+    field = _PROPERTY_FIELDS.get(t)
+    if field is not None and _has_sensitive(getattr(body, field)):
+        return True
+    meta = frame.metadata
+    return meta is not None and _has_sensitive(meta.properties)
+
+
+def _has_sensitive(properties: Any) -> bool:
+    return any(_SENSITIVE_KEY.search(kv.key) for kv in properties)
+
+
+def _scrub(properties: Any) -> None:
+    for kv in properties:
+        if _SENSITIVE_KEY.search(kv.key):
+            kv.value = MARKER
+
+
+def redacted_command(frame: Frame) -> pb.BaseCommand:
+    """A copy of the frame's command with credentials replaced."""
+    assert frame.command is not None
+    cmd = pb.BaseCommand()
+    cmd.CopyFrom(frame.command)
+    t = frame.type
+    body: Any = getattr(cmd, BODY_FIELD[t])
+    if t == _CONNECT and body.HasField("auth_data"):
+        body.auth_data = MARKER_BYTES
+    if t in _ORIGINAL_AUTH and body.HasField("original_auth_data"):
+        body.original_auth_data = MARKER
+    if t in _AUTH_TYPES:
+        data = body.response if t == Type.Value("AUTH_RESPONSE") else body.challenge
+        if data.HasField("auth_data"):
+            data.auth_data = MARKER_BYTES
+    field = _PROPERTY_FIELDS.get(t)
+    if field is not None:
+        _scrub(getattr(body, field))
+    return cmd
+
+
+def redacted(frame: Frame) -> bytes:
+    """The frame's bytes with credentials replaced (its own bytes if none)."""
+    if frame.command is None or not sensitive(frame):
+        return frame.raw
+    cmd = redacted_command(frame)
+    meta = frame.metadata
+    if meta is None:
+        return encode(cmd)
+    clean = pb.MessageMetadata()
+    clean.CopyFrom(meta)
+    _scrub(clean.properties)
+    return encode_payload(
+        cmd,
+        clean,
+        bytes(frame.payload),
+        checksum=frame.checksum is not None,
+        broker_entry_metadata=frame.broker_entry_metadata,
+    )
+
+
+def loggable(frame: Frame) -> Message | None:
+    """The frame's body, credentials replaced, for log lines."""
+    if frame.command is None:
+        return None
+    if not sensitive(frame):
+        body: Message | None = frame.body
+        return body
+    cmd = redacted_command(frame)
+    return getattr(cmd, BODY_FIELD[frame.type])  # type: ignore[no-any-return]
