@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ def start_proxy(
     port: int | None = None,
     tls_port: int | None = None,
     wait: bool = True,
+    preexec: Callable[[], None] | None = None,
 ) -> ProxyProcess:
     port = port or free_port()
     log_path = tmp_path / f"proxy-{port}-{time.monotonic_ns()}.log"
@@ -77,7 +78,7 @@ def start_proxy(
     if tls_port is not None:
         args += ["--listen-tls", f"127.0.0.1:{tls_port}"]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
     proxy = ProxyProcess(process, port, log_path, tls_port)
     if wait:
         try:

@@ -58,12 +58,10 @@ class LookupSession:
             max_message_size=self.proxy.config.max_message_size,
         )
         await self._send(encode(command(Type.Value("CONNECTED"), connected)))
-        recorder = self.proxy.recorder
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._keepalive, nursery.cancel_scope)
             while (frame := await self.client.receive_frame()) is not None:
-                if recorder is not None:
-                    recorder.frame(self.conn, 0, frame)
+                self.proxy.saw(self.conn, True, frame)
                 self._last_heard = trio.current_time()
                 await self._dispatch(frame, nursery)
             nursery.cancel_scope.cancel()

@@ -277,9 +277,7 @@ class RelaySession:
                             await dst.send(b"".join(out))
                         session.cancel()
                         return
-                    if recorder is not None:
-                        recorder.own_bytes(conn, reply)
-                    await src.send(reply)
+                    await proxy.send_own(src, conn, reply)
                 for topic, (messages, size) in topics.items():
                     metrics.topic_traffic(topic, direction, messages, size)
                 if out:
@@ -320,8 +318,7 @@ class RelaySession:
             tally[1] += len(frame.raw)
 
     def _record(self, direction: int, frame: Frame) -> None:
-        if self.recorder is not None:
-            self.recorder.frame(self.conn, direction, frame)
+        self.proxy.saw(self.conn, direction == 0, frame)
 
     def _learn_brokers(self, frame: Frame) -> None:
         body: Any = frame.body

@@ -12,12 +12,12 @@ from typing import Any
 
 import trio
 
-from sluice.proto import Frame, ProtocolError, Type, pb
+from sluice.proto import Frame, ProtocolError, Type, decode_stream, pb
 from sluice.proxy.allowlist import AllowList
 from sluice.proxy.config import Address, BrokerUrl, ProxyConfig
 from sluice.proxy.framing import FrameStream, client_ssl_context
 from sluice.proxy.lookup import LookupSession
-from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, Metrics
+from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, TYPE_SLOTS, Metrics
 from sluice.proxy.relay import RelaySession, connect_error
 from sluice.proxy.upstream import UpstreamError, UpstreamPool
 from sluice.replay.recorder import Recorder
@@ -270,7 +270,7 @@ class Proxy:
                 listener=kind,
                 broker=first.body.proxy_to_broker_url if relayed else str(self.config.broker),
             )
-            self.recorder.frame(conn, 0, first)
+        self.saw(conn, True, first)
         if first.type != Type.Value("CONNECT") or first.error is not None:
             why = first.error.message if first.error else f"expected CONNECT, got {first.name}"
             log.warning("%s: bad handshake: %s", name, why)
@@ -289,10 +289,23 @@ class Proxy:
             self.metrics.sessions.labels("lookup").inc()
             await LookupSession(self, client, first, conn, name).run()
 
-    async def send_own(self, client: FrameStream, conn: int, data: bytes) -> None:
-        """Send frames the proxy itself wrote, recording them."""
+    def saw(self, conn: int, from_client: bool, frame: Frame) -> None:
+        """Count and record one frame of a client connection.
+
+        The relay's pumps do the same inline, for speed; everything else (the
+        handshake, lookup connections, frames the proxy writes) comes here.
+        """
+        direction = CLIENT_TO_BROKER if from_client else BROKER_TO_CLIENT
+        slot = frame.type if frame.type < TYPE_SLOTS else 0
+        self.metrics.traffic.frames[direction][slot] += 1
+        self.metrics.traffic.bytes[direction][slot] += len(frame.raw)
         if self.recorder is not None:
-            self.recorder.own_bytes(conn, data)
+            self.recorder.frame(conn, 0 if from_client else 1, frame)
+
+    async def send_own(self, client: FrameStream, conn: int, data: bytes) -> None:
+        """Send frames the proxy itself wrote, counting and recording them."""
+        for frame in decode_stream(data):
+            self.saw(conn, False, frame)
         await client.send(data)
 
     def _connection_failed(

@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 import trio
 
 from sluice import __version__
-from sluice.proto import Frame, decode_stream
+from sluice.proto import Frame
 from sluice.replay.format import SUFFIX, FrameSummarizer, Record, header, pack
 
 if TYPE_CHECKING:
@@ -91,15 +91,6 @@ class Recorder:
         self._queue.append(("f", conn, direction, time.monotonic_ns(), time.time_ns(), frame))
         self._queued_bytes += size
         self._wakeup.set()
-
-    def own_bytes(self, conn: int, data: bytes) -> None:
-        """Record frames the proxy itself sent to a client (answers, errors)."""
-        try:
-            frames = decode_stream(data)
-        except Exception:
-            return
-        for frame in frames:
-            self.frame(conn, 1, frame)
 
     async def room(self) -> None:
         """In lossless mode, wait until the queue has space again."""

@@ -1,0 +1,291 @@
+"""Recording through the proxy, read back with `sluice inspect`."""
+
+from __future__ import annotations
+
+import collections
+import json
+import resource
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pulsar
+import pytest
+
+from sluice.embedded import EmbeddedBroker, free_port
+from sluice.replay import format as fmt
+from sluice.replay.format import RecordingError, read_records, recording_files
+from tests.support import SLUICE, client, start_proxy
+from tests.test_dashboards import scrape, value
+
+
+def inspect(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SLUICE, "inspect", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def json_records(directory: Path, *extra: str) -> list[dict[str, Any]]:
+    result = inspect(str(directory), "--json", *extra)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def recorded_bytes(directory: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in recording_files(directory))
+
+
+def test_inspect_shows_every_frame_and_counts_match_the_traffic(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    rec, admin = tmp_path / "rec", free_port()
+    p = start_proxy(broker.url, tmp_path, "--record", str(rec), "--admin", f"127.0.0.1:{admin}")
+    sends = 30
+    try:
+        with client(p.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            for i in range(sends):
+                producer.send(f"m{i}".encode())
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            for _ in range(sends):
+                consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+        time.sleep(0.5)
+        metrics = scrape(p, admin)
+        assert p.terminate() == 0  # graceful: the writer flushes everything
+    finally:
+        p.kill()
+    frames = [r for r in json_records(rec) if r["kind"] == "frame"]
+    counted = collections.Counter((r["cmd"], r["direction"]) for r in frames)
+    assert counted[("SEND", "client_to_broker")] == sends
+    assert counted[("SEND_RECEIPT", "broker_to_client")] == sends
+    assert counted[("MESSAGE", "broker_to_client")] == sends
+    # Every frame the proxy counted is in the recording, and nothing else.
+    from_metrics = {
+        (dict(labels)["command"], dict(labels)["direction"]): v
+        for (name, labels), v in metrics.items()
+        if name == "sluice_frames_total"
+    }
+    assert from_metrics == {k: float(v) for k, v in counted.items()}
+    # The summary names topics, ids and sizes; the timeline shows every frame.
+    sends_seen = [r for r in frames if r["cmd"] == "SEND"]
+    assert all(r["topic"] == topic and r["payload"]["size"] > 0 for r in sends_seen)
+    assert [r["seq"] for r in sends_seen] == list(range(sends))
+    timeline = inspect(str(rec))
+    assert timeline.returncode == 0
+    assert timeline.stdout.count(" C→B SEND ") == sends
+    assert f"{len(frames)} frames on" in timeline.stdout
+    # Filters.
+    only_sends = json_records(rec, "--command", "send", "--topic", topic)
+    assert [r["cmd"] for r in only_sends] == ["SEND"] * sends
+
+
+@pytest.mark.parametrize("payloads", ["full", "hash", "none"])
+def test_credentials_never_reach_files_or_logs(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str, payloads: str
+) -> None:
+    token = "eyJhbGciOiJIUzI1NiJ9.c2x1aWNlLXRlc3Q.secret-signature-4711"
+    property_secret = "property-secret-0815"
+    rec = tmp_path / "rec"
+    p = start_proxy(broker.url, tmp_path, "--record", str(rec), "--record-payloads", payloads,
+                    "--log-level", "debug")  # fmt: skip
+    try:
+        with client(p.url, authentication=pulsar.AuthenticationToken(token)) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            producer.send(b"payload", properties={"api-token": property_secret, "color": "blue"})
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            assert consumer.receive(timeout_millis=10_000).properties()["color"] == "blue"
+        assert p.terminate() == 0
+    finally:
+        p.kill()
+    data = recorded_bytes(rec)
+    assert data, "nothing was recorded"
+    for secret in (token, "secret-signature-4711", property_secret):
+        assert secret.encode() not in data
+        assert secret not in p.log()
+    connects = [r for r in json_records(rec) if r.get("cmd") == "CONNECT"]
+    assert connects and all(r.get("redacted") for r in connects)
+    if payloads == "full":  # the payload itself is kept, only the secret goes
+        assert b"payload" in data and b"blue" in data
+
+
+def test_kill_9_leaves_readable_files(broker: EmbeddedBroker, tmp_path: Path, topic: str) -> None:
+    rec = tmp_path / "rec"
+    p = start_proxy(broker.url, tmp_path, "--record", str(rec), "--record-flush-interval", "0.2")
+    sent = 0
+    stop = threading.Event()
+
+    def produce() -> None:
+        nonlocal sent
+        with client(p.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False, send_timeout_millis=3000)
+            while not stop.is_set():
+                try:
+                    producer.send(b"x" * 200)
+                    sent += 1
+                except pulsar.PulsarException:
+                    return
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sent < 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # more than two flush intervals
+        p.process.send_signal(signal.SIGKILL)
+        p.process.wait(10)
+    finally:
+        stop.set()
+        thread.join(30)
+        p.kill()
+    files = recording_files(rec)
+    assert files
+    total = 0
+    for path in files:
+        result = fmt.ReadResult(path)
+        total += sum(1 for r in read_records(path, result) if r["k"] == "frame")
+    assert total >= 200  # everything flushed before the kill reads back
+    summary = inspect(str(rec), "--summary")
+    assert summary.returncode == 0, summary.stderr
+    assert "Traceback" not in summary.stderr
+
+
+def test_disk_trouble_drops_frames_but_never_traffic(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    rec, admin = tmp_path / "rec", free_port()
+    limit = 48 * 1024
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    p = start_proxy(broker.url, tmp_path, "--record", str(rec), "--record-payloads", "full",
+                    "--admin", f"127.0.0.1:{admin}", "--record-flush-interval", "0.1",
+                    preexec=small_files)  # fmt: skip
+    count = 300
+    try:
+        with client(p.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            for i in range(count):
+                producer.send(f"{i:04d}".encode() * 500)  # 2 KB each, ~600 KB in all
+            time.sleep(2.5)  # the writer retries a failed disk after 2 s
+            producer.send(b"after the retry")
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            got = [consumer.receive(timeout_millis=10_000).data() for _ in range(count + 1)]
+        assert got[-1] == b"after the retry" and len(set(got)) == count + 1
+        dropped = value(scrape(p, admin), "sluice_recorder_dropped_frames_total")
+        assert dropped > 0
+        assert p.terminate() == 0
+    finally:
+        p.kill()
+    assert "recording failed" in p.log()
+    gaps = [r for r in json_records(rec) if r["kind"] == "gap"]
+    assert gaps and sum(g["dropped"] for g in gaps) <= dropped
+    assert all(path.stat().st_size <= limit for path in recording_files(rec))
+
+
+def test_pcap_export_reassembles_to_the_recorded_bytes(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    tshark = shutil.which("tshark")
+    assert tshark, "tshark is not installed (./dev setup installs it)"
+    rec = tmp_path / "rec"
+    p = start_proxy(broker.url, tmp_path, "--record", str(rec), "--record-payloads", "full")
+    try:
+        with client(p.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            producer.send(b"small")
+            producer.send(b"L" * 150_000)  # larger than one synthetic segment
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            for _ in range(2):
+                consumer.receive(timeout_millis=10_000)
+        assert p.terminate() == 0
+    finally:
+        p.kill()
+    out = tmp_path / "out.pcapng"
+    exported = inspect(str(rec), "--pcap", str(out))
+    assert exported.returncode == 0, exported.stderr
+    # What the recording says each side of each connection sent.
+    expected: dict[tuple[int, bool], bytes] = collections.defaultdict(bytes)
+    ports: dict[int, int] = {}
+    for record in (r for path in recording_files(rec) for r in read_records(path)):
+        if record["k"] == "conn":
+            ports[int(record["client"].rsplit(":", 1)[1])] = record["c"]
+        elif record["k"] == "frame":
+            expected[(record["c"], record["d"] == 0)] += record["raw"]
+    fields = subprocess.run(
+        [tshark, "-r", str(out), "-T", "fields", "-E", "separator=;", "-e", "tcp.srcport",
+         "-e", "tcp.dstport", "-e", "tcp.payload"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    seen: dict[tuple[int, bool], bytes] = collections.defaultdict(bytes)
+    for line in fields.splitlines():
+        src, dst, payload = line.split(";")
+        from_client = int(src) in ports
+        conn = ports[int(src) if from_client else int(dst)]
+        seen[(conn, from_client)] += bytes.fromhex(payload.replace(":", ""))
+    assert seen == expected
+    problems = subprocess.run(
+        [tshark, "-r", str(out), "-Y", "tcp.analysis.flags && !tcp.analysis.window_update"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert problems.strip() == "", problems
+
+
+# --- the format --------------------------------------------------------------
+
+
+def write(path: Path, records: list[dict[str, Any]], tail: bytes = b"") -> Path:
+    path.write_bytes(fmt.dumps(records) + tail)
+    return path
+
+
+def a_header(version: int = fmt.VERSION) -> dict[str, Any]:
+    h = fmt.header(capture="c", segment=1, started_ns=0, payloads="hash", sluice_version="t")
+    h["version"] = version
+    return h
+
+
+def test_truncated_tail_is_reported_not_raised(tmp_path: Path) -> None:
+    frame = {"k": "close", "c": 1, "t": 0, "w": 0, "reason": "x"}
+    path = write(tmp_path / "a.sluice", [a_header(), frame], msgpack.packb(frame)[:-3])
+    result = fmt.ReadResult(path)
+    assert [r["k"] for r in read_records(path, result)] == ["header", "close"]
+    assert result.truncated_bytes > 0
+
+
+def test_not_a_recording(tmp_path: Path) -> None:
+    path = tmp_path / "x.sluice"
+    path.write_bytes(b"\x00garbage that is not msgpack at all \xc1\xc1")
+    with pytest.raises(RecordingError, match="not a Sluice recording"):
+        list(read_records(path))
+    result = inspect(str(path))
+    assert result.returncode == 2 and "not a Sluice recording" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert inspect(str(tmp_path / "missing")).returncode == 2
+
+
+def test_newer_format_is_refused_with_advice(tmp_path: Path) -> None:
+    path = write(tmp_path / "n.sluice", [a_header(fmt.VERSION + 1)])
+    with pytest.raises(RecordingError, match="upgrade Sluice"):
+        list(read_records(path))
+
+
+def test_older_formats_are_upgraded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def from_v0(record: dict[str, Any]) -> dict[str, Any]:
+        if record.get("k") == "close" and "reason" not in record:
+            record = {**record, "reason": "unknown (format 0)"}
+        return record
+
+    monkeypatch.setitem(fmt.UPGRADERS, 0, from_v0)
+    path = write(tmp_path / "old.sluice", [a_header(0), {"k": "close", "c": 1, "t": 0, "w": 0}])
+    result = fmt.ReadResult(path)
+    records = list(read_records(path, result))
+    assert result.version == 0
+    assert records[1]["reason"] == "unknown (format 0)"
