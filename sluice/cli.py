@@ -4,26 +4,37 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import NoReturn
 
-from sluice import __version__
+from sluice import __version__, config
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line (and exit 2), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sluice import demo as demo_cli
     from sluice.proxy import cli as proxy_cli
     from sluice.replay import inspect as inspect_cli
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sluice",
         description="Protocol-aware TCP proxy and traffic recorder for Apache Pulsar.",
     )
     parser.add_argument("--version", action="version", version=f"sluice {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     proxy = commands.add_parser(
         "proxy",
         help="run the proxy in front of a Pulsar broker",
         description="Relay Pulsar clients to brokers, keeping them routed through Sluice.",
     )
     proxy_cli.add_arguments(proxy)
+    add_config_arguments(proxy)
     proxy.set_defaults(run=proxy_cli.run)
     inspect = commands.add_parser(
         "inspect",
@@ -32,17 +43,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect_cli.add_arguments(inspect)
     inspect.set_defaults(run=inspect_cli.run)
+    demo = commands.add_parser(
+        "demo",
+        help="see Sluice work: embedded broker, proxy, real client traffic, a report",
+        description="Start the embedded pulsar-lite broker and Sluice in front of it, "
+        "run a produce/consume workload with the official client through the proxy, "
+        "and report what happened.",
+    )
+    demo_cli.add_arguments(demo)
+    demo.set_defaults(run=demo_cli.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    subparser = _subparsers(parser).get(command or "")
+    settings = None
+    if subparser is not None and command is not None:
+        try:
+            settings = config.apply(subparser, command, argv[argv.index(command) + 1 :])
+        except config.SettingsError as exc:
+            print(f"sluice {command}: {exc}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    if getattr(args, "print_config", False):
+        assert subparser is not None and settings is not None
+        sys.stdout.write(config.render(subparser, args, settings))
+        return 0
     result: int = args.run(args)
     return result
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # argparse keeps no public list
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config and --print-config, for commands whose flags are settings."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="read settings from this TOML file (flags and SLUICE_* variables win)",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective settings and where each came from, then exit",
+    )
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ import argparse
 import errno
 import logging
 import signal
+import sys
 from pathlib import Path
 
 import trio
 
+from sluice.logs import add_logging_arguments, setup_logging
 from sluice.proto import DEFAULT_MAX_MESSAGE_SIZE
 from sluice.proxy.config import (
     ConfigError,
@@ -154,9 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="topics with their own metric labels; the rest share 'other'",
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning", "error")
-    )
+    add_logging_arguments(parser)
 
 
 def config_from(args: argparse.Namespace) -> ProxyConfig:
@@ -286,20 +286,13 @@ def _listen_error(exc: OSError, config: ProxyConfig) -> str:
     return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     ignore_file_size_signal()
     try:
         config = config_from(args)
     except ConfigError as exc:
-        log.error("%s", exc)
+        print(f"sluice proxy: {exc}", file=sys.stderr)
         return 2
     try:
         trio.run(serve, config, not args.no_check_broker)

@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1
+# Sluice as a container: `docker run IMAGE` runs `sluice proxy`; any other
+# sluice command works as arguments (`docker run IMAGE inspect /recordings`).
+# Configure with SLUICE_* variables (SLUICE_BROKER is required), flags, or a
+# TOML file passed with --config.
+
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY sluice ./sluice
+RUN pip install --no-cache-dir build==1.2.2 \
+ && python -m build --wheel --outdir /wheels
+
+FROM python:3.11-slim
+LABEL org.opencontainers.image.title="sluice" \
+      org.opencontainers.image.description="Protocol-aware proxy and traffic recorder for Apache Pulsar" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# Runtime dependencies only: no test tools, no broker, no client.
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl \
+ && rm -rf /wheels \
+ && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin sluice \
+ && mkdir -p /recordings \
+ && chown sluice /recordings
+USER 10001
+# In a container, listen on all interfaces; the admin endpoint serves the probes.
+ENV SLUICE_LISTEN=0.0.0.0:6650 \
+    SLUICE_ADMIN=0.0.0.0:9090 \
+    PYTHONUNBUFFERED=1
+EXPOSE 6650 6651 9090
+VOLUME ["/recordings"]
+HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
+  CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:9090/healthz', timeout=2).status != 200)"]
+ENTRYPOINT ["sluice"]
+CMD ["proxy"]

@@ -1,0 +1,198 @@
+"""Every command-line flag, also from the environment and a TOML file.
+
+Precedence: command-line flag > ``SLUICE_<FLAG>`` environment variable >
+``--config FILE`` (TOML) > built-in default. ``--max-connections`` is
+``SLUICE_MAX_CONNECTIONS`` in the environment and ``max-connections`` (or
+``max_connections``) in the file, at the top level or in a table named after
+the command (``[proxy]``). Repeatable flags take a TOML list, or a
+comma-separated environment value. Switches take true/false, yes/no, 1/0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "SLUICE_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_SECRET = re.compile(r"password|token|secret|credential", re.I)
+# Flags that are not settings.
+_NOT_SETTINGS = {"help", "version", "config", "print_config"}
+
+
+class SettingsError(ValueError):
+    """A bad setting; the message (one line) names where it came from."""
+
+
+@dataclass
+class Settings:
+    """Where each effective value came from, for --print-config."""
+
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [
+        a
+        for a in parser._actions  # argparse keeps no public list
+        if a.option_strings and a.dest not in _NOT_SETTINGS
+    ]
+
+
+def _flag(action: argparse.Action) -> str:
+    return max(action.option_strings, key=len)
+
+
+def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
+    """Turn an environment string or TOML value into what argparse would store."""
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if isinstance(raw, bool):
+            value = raw
+        elif str(raw).strip().lower() in _TRUE:
+            value = True
+        elif str(raw).strip().lower() in _FALSE:
+            value = False
+        else:
+            raise SettingsError(f"{source}: expected true or false, not {raw!r}")
+        return value if isinstance(action, argparse._StoreTrueAction) else not value
+    if isinstance(action, argparse._AppendAction):
+        items = raw if isinstance(raw, list) else [x for x in str(raw).split(",") if x.strip()]
+        return [_one(action, item, source) for item in items]
+    return _one(action, raw, source)
+
+
+def _one(action: argparse.Action, raw: Any, source: str) -> Any:
+    if isinstance(raw, list | dict):
+        raise SettingsError(f"{source}: expected one value, not {raw!r}")
+    text = raw if isinstance(raw, str) else str(raw)
+    try:
+        value = action.type(text) if callable(action.type) else text
+    except (TypeError, ValueError):
+        kind = getattr(action.type, "__name__", "value")
+        raise SettingsError(f"{source}: invalid {kind} value {raw!r}") from None
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise SettingsError(f"{source}: {raw!r} is not one of {choices}")
+    return value
+
+
+def load_file(path: Path, command: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise SettingsError(f"--config {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"--config {path}: not valid TOML: {exc}") from None
+    section = data.get(command, {})
+    if not isinstance(section, dict):
+        raise SettingsError(f"--config {path}: [{command}] must be a table")
+    flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    flat.update(section)
+    return {key.replace("-", "_"): value for key, value in flat.items()}
+
+
+def apply(
+    parser: argparse.ArgumentParser,
+    command: str,
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Set ``parser``'s defaults from the file and the environment.
+
+    Call before ``parser.parse_args(argv)``: flags given on the command line
+    still win. Required options supplied by the file or environment stop
+    being required on the command line.
+    """
+    environ = os.environ if environ is None else environ
+    settings = Settings()
+    actions = {a.dest: a for a in _options(parser)}
+    for dest in actions:
+        settings.sources[dest] = "default"
+    config_path = _config_path(argv) or environ.get(f"{ENV_PREFIX}CONFIG")
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if config_path:
+        file_values = load_file(Path(config_path), command)
+        unknown = sorted(set(file_values) - set(actions))
+        if unknown:
+            known = ", ".join(sorted(k.replace("_", "-") for k in actions))
+            raise SettingsError(
+                f"--config {config_path}: unknown setting {unknown[0].replace('_', '-')!r} "
+                f"(known: {known})"
+            )
+        layers.append((f"file {config_path}", file_values))
+    env_values = {
+        dest: environ[f"{ENV_PREFIX}{dest.upper()}"]
+        for dest in actions
+        if f"{ENV_PREFIX}{dest.upper()}" in environ
+    }
+    layers.append(("environment", env_values))
+    defaults: dict[str, Any] = {}
+    given = {action.dest for action in actions.values() if _given(action, argv)}
+    for origin, values in layers:
+        for dest, raw in values.items():
+            if dest in given:
+                # The flag wins, and must replace (not extend) a list setting.
+                actions[dest].required = False
+                continue
+            action = actions[dest]
+            where = (
+                f"{ENV_PREFIX}{dest.upper()}"
+                if origin == "environment"
+                else f"{origin}: {dest.replace('_', '-')}"
+            )
+            defaults[dest] = _convert(action, raw, where)
+            settings.sources[dest] = origin
+            action.required = False
+    parser.set_defaults(**defaults)
+    for dest in given:
+        settings.sources[dest] = "flag"
+    return settings
+
+
+def _config_path(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _given(action: argparse.Action, argv: Sequence[str]) -> bool:
+    return any(
+        arg == option or arg.startswith(option + "=")
+        for arg in argv
+        for option in action.option_strings
+    )
+
+
+def render(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings) -> str:
+    """The effective settings as TOML, with where each came from; secrets masked."""
+    lines = ["# effective configuration: value  # source"]
+    for action in _options(parser):
+        value = getattr(args, action.dest, None)
+        if value is None:
+            continue
+        if _SECRET.search(action.dest):
+            shown = '"***"'
+        elif isinstance(value, bool | int | float):
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+        elif isinstance(value, list):
+            shown = "[" + ", ".join(_quote(str(v)) for v in value) + "]"
+        else:
+            shown = _quote(str(value))
+        name = _flag(action).lstrip("-")
+        lines.append(f"{name} = {shown}  # {settings.sources.get(action.dest, 'default')}")
+    return "\n".join(lines) + "\n"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

