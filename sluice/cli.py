@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sluice import demo as demo_cli
     from sluice.proxy import cli as proxy_cli
     from sluice.replay import inspect as inspect_cli
+    from sluice.replay import replay as replay_cli
 
     parser = Parser(
         prog="sluice",
@@ -52,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo_cli.add_arguments(demo)
     demo.set_defaults(run=demo_cli.run)
+    replay = commands.add_parser(
+        "replay",
+        help="re-run a recording's clients against a broker and report what changed",
+        description="Replay a recording against a broker; exit 0 equivalent, 1 diverged, "
+        "2 usage or connection errors.",
+    )
+    replay_cli.add_arguments(replay)
+    replay.set_defaults(run=replay_cli.run)
     return parser
 
 

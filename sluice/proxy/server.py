@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from sluice.errors import leaves
 from sluice.proto import Frame, ProtocolError, Type, decode_stream, pb
 from sluice.proxy.allowlist import AllowList
 from sluice.proxy.config import Address, BrokerUrl, ProxyConfig
@@ -313,7 +314,7 @@ class Proxy:
     ) -> str:
         """Say, in one line, why a connection ended badly; the reason, for the recording."""
         reason = "error"
-        for leaf in _leaves(exc):
+        for leaf in leaves(exc):
             reason = type(leaf).__name__
             cause = leaf.__cause__
             if isinstance(leaf, (trio.BrokenResourceError, trio.ClosedResourceError)):
@@ -332,13 +333,6 @@ class Proxy:
         self.reject(reason)
         log.warning("%s: rejected: %s", name, why)
         await _close(stream)
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (possibly nested) exception groups."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
 
 
 def _peer(stream: trio.abc.Stream) -> Address:

@@ -1,0 +1,96 @@
+"""Recordings as connections of decoded frames, for replay and serve."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.proto import Frame, decode_frame
+from sluice.replay.format import ReadResult, RecordingError, read_records, recording_files
+
+
+@dataclass
+class RecordedFrame:
+    from_client: bool
+    mono_ns: int
+    wall_ns: int
+    frame: Frame
+    summary: dict[str, Any]
+    index: int  # position in the whole capture, for ordering across connections
+
+
+@dataclass
+class RecordedConnection:
+    key: tuple[str, int]  # (capture, connection id)
+    kind: str  # lookup | proxied
+    client: str
+    broker: str
+    frames: list[RecordedFrame] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"c{self.key[1]}"
+
+
+@dataclass
+class Recording:
+    connections: list[RecordedConnection]
+    payloads: str
+    frames: int
+    truncated: list[Path]
+
+
+def load(target: Path, *, need_payloads: bool = True) -> Recording:
+    """Every connection of the recording(s) at ``target``, in order of opening.
+
+    Raises RecordingError (with a message for users) when the files cannot be
+    used, e.g. recorded without payloads when ``need_payloads``.
+    """
+    paths = recording_files(target)
+    if not paths:
+        raise RecordingError(f"{target}: no recordings (*.sluice) here")
+    connections: dict[tuple[str, int], RecordedConnection] = {}
+    policies: set[str] = set()
+    truncated: list[Path] = []
+    index = 0
+    capture = ""
+    for path in paths:
+        result = ReadResult(path)
+        for record in read_records(path, result):
+            kind = record["k"]
+            if kind == "header":
+                capture = record["capture"]
+                policies.add(record["payloads"])
+            elif kind == "conn":
+                key = (capture, record["c"])
+                if key not in connections:
+                    connections[key] = RecordedConnection(
+                        key, record["kind"], record["client"], record["broker"]
+                    )
+            elif kind == "frame":
+                conn = connections.get((capture, record["c"]))
+                if conn is None:
+                    continue  # its conn record was lost with a dropped segment
+                conn.frames.append(
+                    RecordedFrame(
+                        record["d"] == 0,
+                        record["t"],
+                        record["w"],
+                        decode_frame(record["raw"]),
+                        record["s"],
+                        index,
+                    )
+                )
+                index += 1
+        if result.truncated_bytes:
+            truncated.append(path)
+    if need_payloads and policies - {"full"}:
+        raise RecordingError(
+            f"{target}: recorded without message payloads (--record-payloads "
+            f"{'/'.join(sorted(policies - {'full'}))}); replaying and serving need a recording "
+            "made with --record-payloads full"
+        )
+    ordered = sorted(connections.values(), key=lambda c: c.frames[0].index if c.frames else 0)
+    return Recording([c for c in ordered if c.frames], policies.pop() if policies else "", index,
+                     truncated)  # fmt: skip

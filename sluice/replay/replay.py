@@ -1,0 +1,457 @@
+"""``sluice replay``: re-drive a recording's clients against a broker and compare.
+
+Every recorded client connection becomes a direct connection to the target
+broker (lookup and proxied connections alike), and its client frames are
+sent in recorded order, deterministic by causality rather than the clock:
+before a client frame goes out, the answers it could have depended on have
+arrived live — every request answer recorded before it on any connection,
+and every broker frame recorded before it on its own connection. Waits are
+bounded (``--timeout``); what never comes is reported as missing.
+
+Values the broker chooses are remapped as they become known: message ids
+(receipts, deliveries), generated producer names and schema versions, so
+ACK, SEEK, REDELIVER, readers' start positions and SEND metadata carry the
+live values.
+
+Every broker frame is compared with its recorded counterpart after
+normalisation (message ids, producer names, server version, broker URLs,
+lookup flags a proxy sets, broker timestamps). Exit status: 0 equivalent,
+1 diverged, 2 usage or connection errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from google.protobuf import text_format
+
+from sluice.errors import leaves
+from sluice.proto import Frame, ProtocolError, Type, command, encode, encode_payload, pb
+from sluice.proxy.config import ConfigError, TlsClientConfig, parse_broker_url
+from sluice.proxy.framing import FrameStream, client_ssl_context, dial
+from sluice.replay.format import RecordingError
+from sluice.replay.load import RecordedConnection, RecordedFrame, load
+from sluice.replay.redact import loggable
+
+T = Type.Value
+Key = tuple[Any, ...]
+_PUSH_BY_ID: dict[int, str] = {
+    T("CLOSE_PRODUCER"): "producer_id",
+    T("CLOSE_CONSUMER"): "consumer_id",
+    T("ACTIVE_CONSUMER_CHANGE"): "consumer_id",
+    T("REACHED_END_OF_TOPIC"): "consumer_id",
+}
+_IGNORED = {T("PING"), T("PONG")}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recording", type=Path, help="a recording file or directory")
+    parser.add_argument(
+        "--broker", required=True, metavar="URL", help="the broker to replay against"
+    )
+    parser.add_argument(
+        "--speed", default="asap", help="asap (default), realtime, or a multiplier such as 2 or 0.5"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for an expected broker frame",
+    )
+    parser.add_argument(
+        "--transcript", type=Path, metavar="FILE", help="write the normalised exchange here"
+    )
+    parser.add_argument("--broker-tls-ca", type=Path, metavar="FILE")
+    parser.add_argument("--quiet", action="store_true", help="only the summary")
+
+
+class Keyer:
+    """Gives each broker frame of one connection its pairing key."""
+
+    def __init__(self) -> None:
+        self._counts: collections.Counter[Key] = collections.Counter()
+
+    def __call__(self, frame: Frame) -> Key | None:
+        t = frame.type
+        if t in _IGNORED:
+            return None
+        body: Any = frame.body
+        if body is None:
+            return self._nth(("raw", t))
+        if t == T("CONNECTED"):
+            return ("CONNECTED",)
+        if t in _PUSH_BY_ID:
+            return self._nth((t, getattr(body, _PUSH_BY_ID[t])))
+        if t in (T("SEND_RECEIPT"), T("SEND_ERROR")):
+            return ("send", body.producer_id, body.sequence_id)
+        if t == T("MESSAGE"):
+            return self._nth(("msg", body.consumer_id))
+        if "request_id" in body.DESCRIPTOR.fields_by_name and body.HasField("request_id"):
+            return ("rid", body.request_id)
+        return self._nth((t,))
+
+    def _nth(self, base: Key) -> Key:
+        self._counts[base] += 1
+        return (*base, self._counts[base])
+
+
+def is_answer(key: Key) -> bool:
+    return key[0] in ("rid", "send", "CONNECTED")
+
+
+# --- normalisation -------------------------------------------------------------
+
+
+def _clear_ids(message: Any) -> None:
+    """Blank every ledger/entry id inside ``message`` (they differ per broker)."""
+    for descriptor, value in message.ListFields():
+        if descriptor.message_type is None:
+            continue
+        items = value if descriptor.is_repeated else [value]
+        for item in items:
+            if descriptor.message_type.name == "MessageIdData":
+                item.ledgerId = 0
+                item.entryId = 0
+            _clear_ids(item)
+
+
+def normalise(frame: Frame) -> str:
+    """A frame as comparable text: broker-chosen values blanked."""
+    if frame.command is None:
+        return f"{frame.name} <{len(frame.raw)} bytes>"
+    cmd = pb.BaseCommand()
+    body_source = loggable(frame)  # never put credentials in a transcript
+    cmd.type = frame.command.type
+    from sluice.proto.frame import BODY_FIELD
+
+    field_name = BODY_FIELD[frame.type]
+    body: Any = getattr(cmd, field_name)
+    if body_source is not None:
+        body.CopyFrom(body_source)
+    t = frame.type
+    _clear_ids(cmd)
+    if t == T("CONNECTED"):
+        body.ClearField("server_version")
+        body.ClearField("protocol_version")
+        body.ClearField("max_message_size")
+        body.ClearField("feature_flags")
+    elif t == T("PRODUCER_SUCCESS"):
+        body.producer_name = "<producer>"
+        body.ClearField("schema_version")
+    elif t == T("LOOKUP_RESPONSE"):
+        # Which URL fields are set is a proxy's choice (Sluice sets both).
+        named = body.HasField("brokerServiceUrl") or body.HasField("brokerServiceUrlTls")
+        body.ClearField("brokerServiceUrlTls")
+        body.ClearField("brokerServiceUrl")
+        if named:
+            body.brokerServiceUrl = "<broker>"
+        body.ClearField("proxy_through_service_url")
+        body.ClearField("authoritative")
+    elif t == T("PRODUCER") and not body.user_provided_producer_name:
+        body.ClearField("producer_name")
+    text = text_format.MessageToString(cmd, as_one_line=True)
+    meta = frame.metadata
+    if meta is not None:
+        m = pb.MessageMetadata()
+        m.CopyFrom(meta)
+        m.producer_name = "<producer>"
+        m.ClearField("schema_version")
+        text += " | " + text_format.MessageToString(m, as_one_line=True)
+        text += f" | payload sha256:{hashlib.sha256(frame.payload).hexdigest()[:16]}"
+    return text
+
+
+# --- remapping -------------------------------------------------------------------
+
+
+@dataclass
+class Remap:
+    message_ids: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    producer_names: dict[str, str] = field(default_factory=dict)
+    schema_versions: dict[bytes, bytes] = field(default_factory=dict)
+
+    def learn(self, recorded: Frame, live: Frame) -> None:
+        r: Any = recorded.body
+        l_: Any = live.body
+        if r is None or l_ is None or recorded.type != live.type:
+            return
+        for name in ("message_id", "last_message_id"):
+            if name in r.DESCRIPTOR.fields_by_name and r.HasField(name) and l_.HasField(name):
+                a, b = getattr(r, name), getattr(l_, name)
+                self.message_ids[(a.ledgerId, a.entryId)] = (b.ledgerId, b.entryId)
+        if recorded.type == T("PRODUCER_SUCCESS"):
+            self.producer_names[r.producer_name] = l_.producer_name
+            if r.HasField("schema_version"):
+                self.schema_versions[r.schema_version] = l_.schema_version
+
+    def _ids(self, message: Any) -> bool:
+        changed = False
+        for descriptor, value in message.ListFields():
+            if descriptor.message_type is None:
+                continue
+            for item in value if descriptor.is_repeated else [value]:
+                if descriptor.message_type.name == "MessageIdData":
+                    live = self.message_ids.get((item.ledgerId, item.entryId))
+                    if live is not None and live != (item.ledgerId, item.entryId):
+                        item.ledgerId, item.entryId = live
+                        changed = True
+                changed |= self._ids(item)
+        return changed
+
+    def client_frame(self, frame: Frame) -> bytes:
+        """The bytes to send for a recorded client frame, with live values."""
+        if frame.command is None:
+            return frame.raw
+        cmd = pb.BaseCommand()
+        cmd.CopyFrom(frame.command)
+        changed = self._ids(cmd)
+        body: Any = frame.body and getattr(cmd, cmd.DESCRIPTOR.fields_by_number[frame.type].name)
+        if frame.type == T("CONNECT") and body.HasField("proxy_to_broker_url"):
+            body.ClearField("proxy_to_broker_url")
+            changed = True
+        if frame.type == T("PRODUCER") and body.producer_name in self.producer_names:
+            body.producer_name = self.producer_names[body.producer_name]
+            changed = True
+        meta = frame.metadata
+        if meta is not None:
+            new_meta = pb.MessageMetadata()
+            new_meta.CopyFrom(meta)
+            if meta.producer_name in self.producer_names:
+                new_meta.producer_name = self.producer_names[meta.producer_name]
+            if meta.HasField("schema_version") and meta.schema_version in self.schema_versions:
+                new_meta.schema_version = self.schema_versions[meta.schema_version]
+            if changed or new_meta != meta:
+                return encode_payload(
+                    cmd,
+                    new_meta,
+                    bytes(frame.payload),
+                    checksum=frame.checksum is not None,
+                    max_message_size=2**31 - 1,
+                )
+            return frame.raw
+        return encode(cmd, max_message_size=2**31 - 1) if changed else frame.raw
+
+
+# --- the run -----------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    matched: int = 0
+    diverged: list[tuple[str, str, str, str]] = field(default_factory=list)  # conn, what, rec, live
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    unexpected: list[tuple[str, str]] = field(default_factory=list)
+    waits_timed_out: int = 0
+    sent: int = 0
+
+    @property
+    def equivalent(self) -> bool:
+        return not (self.diverged or self.missing or self.unexpected)
+
+
+class Live:
+    """One live connection standing in for a recorded one."""
+
+    def __init__(self, recorded: RecordedConnection, stream: FrameStream) -> None:
+        self.recorded = recorded
+        self.stream = stream
+        self.keyer = Keyer()
+        self.arrived: dict[Key, Frame] = {}
+        self.events: dict[Key, trio.Event] = collections.defaultdict(trio.Event)
+        self.unexpected: list[Frame] = []
+        self.expected: dict[Key, RecordedFrame] = {}
+        keyer = Keyer()
+        self.keys: dict[int, Key] = {}  # recorded frame index -> key
+        for rf in recorded.frames:
+            if not rf.from_client:
+                key = keyer(rf.frame)
+                if key is not None:
+                    self.expected[key] = rf
+                    self.keys[rf.index] = key
+
+    async def read(self, remap: Remap) -> None:
+        try:
+            while (frame := await self.stream.receive_frame()) is not None:
+                if frame.type == T("PING"):
+                    await self.stream.send(encode(command(T("PONG"))))
+                    continue
+                key = self.keyer(frame)
+                if key is None:
+                    continue
+                if key in self.expected and key not in self.arrived:
+                    self.arrived[key] = frame
+                    remap.learn(self.expected[key].frame, frame)
+                    self.events[key].set()
+                else:
+                    self.unexpected.append(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
+            pass
+
+
+async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]]:
+    recording = load(args.recording)
+    broker = parse_broker_url(args.broker, what="--broker")
+    tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if broker.tls else None
+    speed = _speed(args.speed)
+    remap = Remap()
+    outcome = Outcome()
+    lives: dict[tuple[str, int], Live] = {}
+    client_frames = sorted(
+        ((conn, rf) for conn in recording.connections for rf in conn.frames if rf.from_client),
+        key=lambda item: item[1].index,
+    )
+    # Every broker frame, by capture position, to know what preceded a client frame.
+    broker_frames = sorted(
+        ((conn, rf) for conn in recording.connections for rf in conn.frames if not rf.from_client),
+        key=lambda item: item[1].index,
+    )
+    say(
+        f"replaying {len(recording.connections)} connections, {len(client_frames)} client frames "
+        f"against {broker}"
+    )
+    started = time.monotonic()
+    async with trio.open_nursery() as nursery:
+        waited = 0
+        previous_ns: int | None = None
+        for done, (conn, rf) in enumerate(client_frames, start=1):
+            live = lives.get(conn.key)
+            if live is None:
+                try:
+                    raw = await dial(broker.address, timeout=args.timeout, tls=tls)
+                except OSError as exc:
+                    raise ReplayError(f"cannot reach broker {broker.address}: {exc}") from None
+                live = Live(conn, FrameStream(raw, 2**31 - 1))
+                lives[conn.key] = live
+                nursery.start_soon(live.read, remap)
+            # Wait for what this frame could have depended on.
+            while waited < len(broker_frames) and broker_frames[waited][1].index < rf.index:
+                dep_conn, dep = broker_frames[waited]
+                waited += 1
+                dep_live = lives.get(dep_conn.key)
+                key = dep_live.keys.get(dep.index) if dep_live else None
+                if dep_live is None or key is None:
+                    continue
+                if dep_conn.key != conn.key and not is_answer(key):
+                    continue
+                with trio.move_on_after(args.timeout) as scope:
+                    await dep_live.events[key].wait()
+                if scope.cancelled_caught:
+                    outcome.waits_timed_out += 1
+            if speed and previous_ns is not None:
+                await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
+            previous_ns = rf.wall_ns
+            try:
+                await live.stream.send(remap.client_frame(rf.frame))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                say(f"{conn.name}: the broker closed the connection")
+            outcome.sent += 1
+            if done % 500 == 0:
+                say(
+                    f"{done}/{len(client_frames)} client frames sent "
+                    f"({time.monotonic() - started:.1f} s)"
+                )
+        # The rest of the expected answers.
+        for live in lives.values():
+            for key in live.expected:
+                with trio.move_on_after(args.timeout):
+                    await live.events[key].wait()
+        await trio.sleep(0.2)  # a moment for anything unexpected
+        for live in lives.values():
+            await live.stream.aclose()
+        nursery.cancel_scope.cancel()
+    return outcome, compare(recording.connections, lives, outcome)
+
+
+class ReplayError(Exception):
+    pass
+
+
+def compare(
+    connections: list[RecordedConnection], lives: dict[tuple[str, int], Live], outcome: Outcome
+) -> list[str]:
+    transcript: list[str] = []
+    for conn in connections:
+        live = lives.get(conn.key)
+        for rf in conn.frames:
+            arrow = "C→B" if rf.from_client else "B→C"
+            if rf.from_client:
+                transcript.append(f"{conn.name} {arrow} {normalise(rf.frame)}")
+                continue
+            key = live.keys.get(rf.index) if live else None
+            if key is None:
+                continue
+            got = live.arrived.get(key) if live else None
+            if got is None:
+                outcome.missing.append((conn.name, normalise(rf.frame)))
+                transcript.append(f"{conn.name} {arrow} MISSING {normalise(rf.frame)}")
+                continue
+            recorded_text, live_text = normalise(rf.frame), normalise(got)
+            transcript.append(f"{conn.name} {arrow} {live_text}")
+            if recorded_text == live_text:
+                outcome.matched += 1
+            else:
+                outcome.diverged.append((conn.name, rf.frame.name, recorded_text, live_text))
+        for frame in live.unexpected if live else []:
+            outcome.unexpected.append((conn.name, normalise(frame)))
+            transcript.append(f"{conn.name} B→C UNEXPECTED {normalise(frame)}")
+    return transcript
+
+
+def _speed(text: str) -> float:
+    if text == "asap":
+        return 0.0
+    if text == "realtime":
+        return 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--speed {text!r}: use asap, realtime or a number") from None
+    if value <= 0:
+        raise ConfigError("--speed must be positive")
+    return value
+
+
+def report(outcome: Outcome, out: Any) -> None:
+    for conn, name, recorded, live in outcome.diverged:
+        out.write(f"DIVERGED {conn} {name}\n  recorded: {recorded}\n  live:     {live}\n")
+    for conn, recorded in outcome.missing:
+        out.write(f"MISSING  {conn} {recorded}\n")
+    for conn, live in outcome.unexpected:
+        out.write(f"UNEXPECTED {conn} {live}\n")
+    verdict = "equivalent" if outcome.equivalent else "DIVERGED"
+    out.write(
+        f"\n{verdict}: {outcome.sent} client frames sent; broker frames: {outcome.matched} "
+        f"matched, {len(outcome.diverged)} diverged, {len(outcome.missing)} missing, "
+        f"{len(outcome.unexpected)} unexpected\n"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(f"[replay] {text}", file=sys.stderr, flush=True)
+
+    try:
+        _speed(args.speed)
+        outcome, transcript = trio.run(replay, args, say)
+    except Exception as exc:
+        known = [
+            e for e in leaves(exc) if isinstance(e, RecordingError | ConfigError | ReplayError)
+        ]
+        if not known:
+            raise
+        print(f"sluice replay: {known[0]}", file=sys.stderr)
+        return 2
+    if args.transcript is not None:
+        args.transcript.write_text("\n".join(transcript) + "\n")
+    report(outcome, sys.stdout)
+    return 0 if outcome.equivalent else 1

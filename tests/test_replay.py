@@ -1,0 +1,178 @@
+"""`sluice replay` with the real client's recording and fresh real brokers."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import pytest
+
+from sluice.embedded import EmbeddedBroker
+from sluice.proto import Type, command, decode_frame, encode, encode_payload, pb
+from sluice.replay import format as fmt
+from sluice.replay.format import read_records, recording_files
+from tests.support import SLUICE, client, start_proxy
+
+T = Type.Value
+TOPIC = "persistent://public/default/replayed"
+
+
+def session(url: str) -> None:
+    """Lookups, a producer unbatched and one batched, a consumer with acks, a reader."""
+    with client(url) as c:
+        plain = c.create_producer(TOPIC, batching_enabled=False)
+        for i in range(8):
+            plain.send(f"plain-{i}".encode())
+        batched = c.create_producer(TOPIC, batching_enabled=True, batching_max_messages=4,
+                                    batching_max_publish_delay_ms=1000)  # fmt: skip
+        done = threading.Semaphore(0)
+        for i in range(8):
+            batched.send_async(f"batched-{i}".encode(), lambda res, mid: done.release())
+        batched.flush()
+        for _ in range(8):
+            assert done.acquire(timeout=10)
+        # Subscribed after publishing (pulsar-lite then dispatches each entry once).
+        consumer = c.subscribe(TOPIC, "s", initial_position=pulsar.InitialPosition.Earliest)
+        ids = []
+        for _ in range(16):
+            msg = consumer.receive(timeout_millis=10_000)
+            ids.append(msg.message_id())
+            consumer.acknowledge(msg)
+        # A reader positioned at a message id (what seeking does for readers;
+        # pulsar-lite answers an explicit SEEK but does not reposition).
+        reader = c.create_reader(TOPIC, ids[3])
+        for _ in range(3):
+            reader.read_next(timeout_millis=10_000)
+        consumer.seek(ids[0])
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("replay")
+    with EmbeddedBroker() as broker:
+        p = start_proxy(broker.url, tmp, "--record", str(tmp / "rec"), "--record-payloads", "full")
+        try:
+            session(p.url)
+            assert p.terminate() == 0
+        finally:
+            p.kill()
+    return tmp / "rec"
+
+
+def replay(
+    recording: Path, broker: EmbeddedBroker, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SLUICE, "replay", str(recording), "--broker", broker.url, "--timeout", "3", *extra],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+
+def test_replay_against_fresh_brokers_is_equivalent_and_repeatable(
+    recording: Path, tmp_path: Path
+) -> None:
+    transcripts = []
+    for i in range(2):
+        with EmbeddedBroker() as fresh:
+            result = replay(recording, fresh, "--transcript", str(tmp_path / f"t{i}.txt"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert (
+            "equivalent:" in result.stdout
+            and " 0 diverged, 0 missing, 0 unexpected" in result.stdout
+        )
+        transcripts.append((tmp_path / f"t{i}.txt").read_bytes())
+    assert transcripts[0] == transcripts[1]
+    text = transcripts[0].decode()
+    # The transcript covers the whole session, credentials-free and normalised.
+    for needed in ("LOOKUP", "PRODUCER_SUCCESS", "SEND_RECEIPT", "MESSAGE", "ACK", "SEEK"):
+        assert needed in text
+
+
+def tamper(recording: Path, tmp_path: Path, change: Any) -> Path:
+    """A copy of the recording with ``change(record)`` applied to every frame record."""
+    out = tmp_path / "tampered"
+    out.mkdir()
+    for path in recording_files(recording):
+        records = [change(r) if r["k"] == "frame" else r for r in read_records(path)]
+        (out / path.name).write_bytes(fmt.dumps(records))
+    return out
+
+
+def test_a_receipt_turned_into_an_error_is_reported(recording: Path, tmp_path: Path) -> None:
+    state = {"done": False}
+
+    def change(record: dict[str, Any]) -> dict[str, Any]:
+        if state["done"] or record["s"]["cmd"] != "SEND_RECEIPT":
+            return record
+        state["done"] = True
+        body = decode_frame(record["raw"]).body
+        error = pb.CommandSendError(producer_id=body.producer_id, sequence_id=body.sequence_id,
+                                    error=pb.PersistenceError, message="disk on fire")  # fmt: skip
+        return {**record, "raw": encode(command(T("SEND_ERROR"), error))}
+
+    tampered = tamper(recording, tmp_path, change)
+    with EmbeddedBroker() as fresh:
+        result = replay(tampered, fresh)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "DIVERGED" in result.stdout and "SEND_ERROR" in result.stdout
+    assert "PersistenceError" in result.stdout  # both frames shown side by side
+
+
+def test_a_changed_payload_is_reported(recording: Path, tmp_path: Path) -> None:
+    state = {"done": False}
+
+    def change(record: dict[str, Any]) -> dict[str, Any]:
+        if state["done"] or record["s"]["cmd"] != "MESSAGE":
+            return record
+        state["done"] = True
+        frame = decode_frame(record["raw"])
+        assert frame.command is not None and frame.metadata is not None
+        raw = encode_payload(frame.command, frame.metadata, b"tampered payload",
+                             checksum=frame.checksum is not None)  # fmt: skip
+        return {**record, "raw": raw}
+
+    tampered = tamper(recording, tmp_path, change)
+    with EmbeddedBroker() as fresh:
+        result = replay(tampered, fresh)
+    assert result.returncode == 1
+    assert "DIVERGED c" in result.stdout and " MESSAGE\n" in result.stdout
+
+
+def test_a_broker_with_other_state_diverges(recording: Path) -> None:
+    with EmbeddedBroker() as busy:
+        with client(busy.url) as c:  # the topic already holds messages
+            producer = c.create_producer(TOPIC, batching_enabled=False)
+            for i in range(3):
+                producer.send(f"already-there-{i}".encode())
+        result = replay(recording, busy)
+    assert result.returncode == 1, result.stdout
+    assert "DIVERGED" in result.stdout
+
+
+def test_usage_errors_exit_2(tmp_path: Path, recording: Path) -> None:
+    hashed = tmp_path / "hashed"
+    with EmbeddedBroker() as broker:
+        p = start_proxy(broker.url, tmp_path, "--record", str(hashed))
+        try:
+            with client(p.url) as c:
+                c.create_producer("persistent://public/default/h").send(b"x")
+            p.terminate()
+        finally:
+            p.kill()
+        no_payloads = replay(hashed, broker)
+        missing = replay(tmp_path / "nothing-here", broker)
+    assert no_payloads.returncode == 2 and "--record-payloads full" in no_payloads.stderr
+    assert missing.returncode == 2
+    from sluice.embedded import free_port
+
+    dead = subprocess.run(
+        [*SLUICE, "replay", str(recording), "--broker", f"pulsar://127.0.0.1:{free_port()}",
+         "--timeout", "1"], capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert dead.returncode == 2 and "cannot reach broker" in dead.stderr
+    for result in (no_payloads, missing, dead):
+        errors = [ln for ln in result.stderr.splitlines() if not ln.startswith("[replay]")]
+        assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
