@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sluice.proxy import cli as proxy_cli
     from sluice.replay import inspect as inspect_cli
     from sluice.replay import replay as replay_cli
+    from sluice.replay import serve as serve_cli
 
     parser = Parser(
         prog="sluice",
@@ -61,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay_cli.add_arguments(replay)
     replay.set_defaults(run=replay_cli.run)
+    serve = commands.add_parser(
+        "serve",
+        help="act as the broker, answering clients from a recording (offline)",
+        description="Answer a live Pulsar client from a recording, as if it were the broker.",
+    )
+    serve_cli.add_arguments(serve)
+    serve.set_defaults(run=serve_cli.run)
     return parser
 
 

@@ -1,0 +1,301 @@
+"""``sluice serve``: act as the broker, answering from a recording.
+
+A live client connects to Sluice as if to a broker. Lookups point back at
+Sluice itself; every other request is answered with what the broker answered
+in the recording, matched by command type, topic and order, with the live
+client's request, producer, consumer and sequence ids put in. Recorded
+MESSAGE frames are pushed to consumers of the same topic and subscription
+as FLOW permits allow. A request the recording has no answer for gets an
+ERROR saying so and is listed in the report printed on exit.
+
+It only listens: no outbound connection is ever opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sluice.proto import (
+    Frame,
+    ProtocolError,
+    Type,
+    command,
+    encode,
+    encode_payload,
+    error_reply,
+    pb,
+)
+from sluice.proxy.config import Address, ConfigError, parse_address
+from sluice.proxy.framing import FrameStream
+from sluice.replay.format import RecordingError
+from sluice.replay.load import Recording, load
+
+T = Type.Value
+_ANSWERED_BY_SUCCESS = {T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("UNSUBSCRIBE"), T("SEEK")}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recording", type=Path, help="a recording file or directory")
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:6650",
+        metavar="HOST:PORT",
+        help="where clients connect (default %(default)s)",
+    )
+
+
+@dataclass
+class Answers:
+    """The recording, indexed by what a live client will ask."""
+
+    by_request: dict[tuple[int, str], collections.deque[Frame]] = field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    last: dict[tuple[int, str], Frame] = field(default_factory=dict)
+    receipts: dict[str, collections.deque[Frame]] = field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    messages: dict[tuple[str, str], list[Frame]] = field(
+        default_factory=lambda: collections.defaultdict(list)
+    )
+
+    @classmethod
+    def of(cls, recording: Recording) -> Answers:
+        index = cls()
+        for conn in recording.connections:
+            pending: dict[int, tuple[int, str]] = {}
+            producers: dict[int, str] = {}
+            consumers: dict[int, tuple[str, str]] = {}
+            for rf in conn.frames:
+                body: Any = rf.frame.body
+                if body is None:
+                    continue
+                t = rf.frame.type
+                if rf.from_client:
+                    fields = body.DESCRIPTOR.fields_by_name
+                    topic = _topic_of(t, body, producers, consumers)
+                    if t == T("PRODUCER"):
+                        producers[body.producer_id] = body.topic
+                    elif t == T("SUBSCRIBE"):
+                        consumers[body.consumer_id] = (body.topic, body.subscription)
+                    if "request_id" in fields and body.HasField("request_id"):
+                        pending[body.request_id] = (t, topic)
+                    continue
+                if t in (T("SEND_RECEIPT"), T("SEND_ERROR")):
+                    index.receipts[producers.get(body.producer_id, "")].append(rf.frame)
+                elif t == T("MESSAGE") and body.consumer_id in consumers:
+                    index.messages[consumers[body.consumer_id]].append(rf.frame)
+                elif "request_id" in body.DESCRIPTOR.fields_by_name and body.HasField("request_id"):
+                    asked = pending.pop(body.request_id, None)
+                    if asked is not None:
+                        index.by_request[asked].append(rf.frame)
+                        index.last[asked] = rf.frame
+        return index
+
+    def answer(self, asked: tuple[int, str]) -> Frame | None:
+        """The next recorded answer to this kind of request (the last one again when used up)."""
+        queue = self.by_request.get(asked)
+        if queue:
+            return queue.popleft()
+        return self.last.get(asked)
+
+
+def _topic_of(
+    t: int, body: Any, producers: dict[int, str], consumers: dict[int, tuple[str, str]]
+) -> str:
+    fields = body.DESCRIPTOR.fields_by_name
+    if "topic" in fields:
+        return str(body.topic)
+    if "namespace" in fields:
+        return str(body.namespace)
+    if "producer_id" in fields:
+        return producers.get(body.producer_id, "")
+    if "consumer_id" in fields:
+        return consumers.get(body.consumer_id, ("", ""))[0]
+    return ""
+
+
+def _with(frame: Frame, **changes: Any) -> bytes:
+    """A recorded frame re-encoded with some body fields replaced."""
+    assert frame.command is not None
+    cmd = pb.BaseCommand()
+    cmd.CopyFrom(frame.command)
+    body: Any = getattr(cmd, cmd.DESCRIPTOR.fields_by_number[frame.type].name)
+    for name, value in changes.items():
+        setattr(body, name, value)
+    if frame.metadata is None:
+        return encode(cmd, max_message_size=2**31 - 1)
+    meta = frame.raw[frame.metadata_offset + 4 : frame.payload_offset]
+    return encode_payload(
+        cmd,
+        meta,
+        bytes(frame.payload),
+        checksum=frame.checksum is not None,
+        max_message_size=2**31 - 1,
+    )
+
+
+@dataclass
+class Report:
+    requests: int = 0
+    unmatched: list[str] = field(default_factory=list)
+    pushed: int = 0
+
+
+class Consumer:
+    def __init__(self, topic: str, messages: list[Frame]) -> None:
+        self.topic = topic
+        self.queue = collections.deque(messages)
+        self.permits = 0
+
+
+class StubBroker:
+    def __init__(self, answers: Answers, url: str) -> None:
+        self.answers = answers
+        self.url = url
+        self.report = Report()
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        conn = FrameStream(stream, 2**31 - 1)
+        producers: dict[int, str] = {}
+        consumers: dict[int, Consumer] = {}
+        try:
+            while (frame := await conn.receive_frame()) is not None:
+                reply = self._answer(frame, producers, consumers)
+                if reply:
+                    await conn.send(reply)
+                if frame.type in (T("FLOW"), T("SUBSCRIBE")):
+                    await self._push(conn, consumers)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
+            pass
+
+    def _answer(
+        self, frame: Frame, producers: dict[int, str], consumers: dict[int, Consumer]
+    ) -> bytes:
+        body: Any = frame.body
+        t = frame.type
+        if body is None:
+            return b""
+        if t == T("CONNECT"):
+            connected = pb.CommandConnected(
+                server_version="sluice-serve", protocol_version=min(body.protocol_version, 21)
+            )
+            return encode(command(T("CONNECTED"), connected))
+        if t == T("PING"):
+            return encode(command(T("PONG")))
+        if t in (T("PONG"), T("ACK")) and not (t == T("ACK") and body.HasField("request_id")):
+            return b""
+        if t == T("FLOW"):
+            if body.consumer_id in consumers:
+                consumers[body.consumer_id].permits += body.messagePermits
+            return b""
+        if t == T("REDELIVER_UNACKNOWLEDGED_MESSAGES"):
+            return b""
+        self.report.requests += 1
+        if t == T("SEND"):
+            return self._send(frame, producers)
+        consumer_topics = {cid: (c.topic, "") for cid, c in consumers.items()}
+        topic = _topic_of(t, body, producers, consumer_topics)
+        if t == T("LOOKUP"):
+            recorded = self.answers.answer((t, body.topic))
+            if (
+                recorded is not None
+                and recorded.body.response == pb.CommandLookupTopicResponse.Failed
+            ):
+                return _with(recorded, request_id=body.request_id)
+            answer = pb.CommandLookupTopicResponse(
+                request_id=body.request_id, brokerServiceUrl=self.url, authoritative=True
+            )
+            answer.response = answer.Connect
+            return encode(command(T("LOOKUP_RESPONSE"), answer))
+        recorded = self.answers.answer((t, topic))
+        if recorded is None and t in _ANSWERED_BY_SUCCESS:
+            return encode(command(T("SUCCESS"), pb.CommandSuccess(request_id=body.request_id)))
+        if recorded is None:
+            return self._unmatched(frame, f"{frame.name} {topic}".strip())
+        if t == T("PRODUCER"):
+            producers[body.producer_id] = body.topic
+        elif t == T("SUBSCRIBE") and recorded.type == T("SUCCESS"):
+            recorded_messages = self.answers.messages.get((body.topic, body.subscription), [])
+            consumers[body.consumer_id] = Consumer(body.topic, recorded_messages)
+        changes: dict[str, Any] = {"request_id": body.request_id}
+        if t == T("ACK"):
+            changes["consumer_id"] = body.consumer_id
+        return _with(recorded, **changes)
+
+    def _send(self, frame: Frame, producers: dict[int, str]) -> bytes:
+        body: Any = frame.body
+        topic = producers.get(body.producer_id, "")
+        queue = self.answers.receipts.get(topic)
+        if not queue:
+            return self._unmatched(frame, f"SEND {topic} (no more recorded receipts)")
+        recorded = queue.popleft()
+        changes = {"producer_id": body.producer_id, "sequence_id": body.sequence_id}
+        if recorded.type == T("SEND_RECEIPT") and body.HasField("highest_sequence_id"):
+            changes["highest_sequence_id"] = body.highest_sequence_id
+        return _with(recorded, **changes)
+
+    def _unmatched(self, frame: Frame, what: str) -> bytes:
+        self.report.unmatched.append(what)
+        message = f"sluice serve: the recording has no answer for {what}"
+        return error_reply(frame, pb.UnknownError, message) or b""
+
+    async def _push(self, conn: FrameStream, consumers: dict[int, Consumer]) -> None:
+        for consumer_id, consumer in consumers.items():
+            out = []
+            while consumer.queue and consumer.permits > 0:
+                message = consumer.queue.popleft()
+                meta = message.metadata
+                consumer.permits -= meta.num_messages_in_batch if meta is not None else 1
+                out.append(_with(message, consumer_id=consumer_id))
+            if out:
+                self.report.pushed += len(out)
+                await conn.send(b"".join(out))
+
+
+async def serve(recording: Path, listen: Address) -> Report:
+    answers = Answers.of(load(recording))
+    listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+    host, port = listeners[0].socket.getsockname()[:2]
+    stub = StubBroker(answers, f"pulsar://{host}:{port}")
+    print(
+        f"[serve] answering as a broker on pulsar://{host}:{port} from {recording}; Ctrl-C to stop",
+        file=sys.stderr,
+        flush=True,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, stub.handle, listeners)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        nursery.cancel_scope.cancel()
+    return stub.report
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        listen = parse_address(args.listen, what="--listen")
+        report = trio.run(serve, args.recording, listen)
+    except (RecordingError, ConfigError) as exc:
+        print(f"sluice serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"sluice serve: cannot listen on {args.listen}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return 2
+    print(
+        f"served {report.requests} requests, pushed {report.pushed} messages, "
+        f"{len(report.unmatched)} without a recorded answer"
+    )
+    for what in report.unmatched:
+        print(f"  no recorded answer: {what}")
+    return 0 if not report.unmatched else 1

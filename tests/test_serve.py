@@ -1,0 +1,132 @@
+"""`sluice serve` answering the real client from a recording, with no broker."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from tests.support import SLUICE, client, start_proxy, tcp_connections
+
+TOPIC = "persistent://public/default/served"
+
+
+def script(url: str, during: list[object] | None = None) -> list[bytes]:
+    """The application: produce (unbatched and batched), then consume and ack."""
+    with client(url) as c:
+        producer = c.create_producer(TOPIC, batching_enabled=False)
+        for i in range(6):
+            producer.send(f"one-{i}".encode())
+        batched = c.create_producer(
+            TOPIC, batching_enabled=True, batching_max_messages=3, batching_max_publish_delay_ms=500
+        )
+        done = threading.Semaphore(0)
+        for i in range(6):
+            batched.send_async(f"batch-{i}".encode(), lambda res, mid: done.release())
+        batched.flush()
+        for _ in range(6):
+            assert done.acquire(timeout=10)
+        consumer = c.subscribe(TOPIC, "s", initial_position=pulsar.InitialPosition.Earliest)
+        got = []
+        for _ in range(12):
+            msg = consumer.receive(timeout_millis=10_000)
+            got.append(msg.data())
+            consumer.acknowledge(msg)
+        if during is not None:
+            during.append(None)  # a hook for checks while connected
+        return got
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]:
+    tmp = tmp_path_factory.mktemp("serve")
+    with EmbeddedBroker() as broker:
+        p = start_proxy(broker.url, tmp, "--record", str(tmp / "rec"), "--record-payloads", "full")
+        try:
+            messages = script(p.url)
+            assert p.terminate() == 0
+        finally:
+            p.kill()
+    return tmp / "rec", messages  # the broker is gone from here on
+
+
+@pytest.fixture
+def served(recorded: tuple[Path, list[bytes]]) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [*SLUICE, "serve", str(recorded[0]), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_port("127.0.0.1", port, 20, process)  # type: ignore[arg-type]
+    yield process, port
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def stop(process: subprocess.Popen[str]) -> tuple[int, str]:
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=20)
+    return process.returncode, out
+
+
+def test_the_real_client_runs_against_serve_with_no_broker(
+    recorded: tuple[Path, list[bytes]], served: tuple[subprocess.Popen[str], int]
+) -> None:
+    process, port = served
+    offline: list[bool] = []
+
+    class Check(list[object]):
+        def append(self, item: object) -> None:
+            # While the client is connected: serve holds only its listener
+            # and accepted connections, nothing it dialed out itself.
+            offline.append(all(local[1] == port for local, _ in tcp_connections(process.pid)))
+
+    assert script(f"pulsar://127.0.0.1:{port}", Check()) == recorded[1]
+    assert offline == [True]
+    code, report = stop(process)
+    assert code == 0, report
+    assert "0 without a recorded answer" in report
+
+
+def test_requests_the_recording_cannot_answer_get_an_error(
+    served: tuple[subprocess.Popen[str], int],
+) -> None:
+    process, port = served
+    with client(f"pulsar://127.0.0.1:{port}") as c, pytest.raises(pulsar.PulsarException):
+        c.subscribe("persistent://public/default/never-recorded", "s")
+    code, report = stop(process)
+    assert code == 1
+    # The first thing the client asks about the topic has no recorded answer.
+    assert (
+        "no recorded answer: PARTITIONED_METADATA persistent://public/default/never-recorded"
+        in report
+    )
+
+
+def test_serve_needs_payloads(tmp_path: Path) -> None:
+    with EmbeddedBroker() as broker:
+        p = start_proxy(broker.url, tmp_path, "--record", str(tmp_path / "hashed"))
+        try:
+            with client(p.url) as c:
+                c.create_producer(TOPIC).send(b"x")
+            p.terminate()
+        finally:
+            p.kill()
+    result = subprocess.run(
+        [*SLUICE, "serve", str(tmp_path / "hashed"), "--listen", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--record-payloads full" in result.stderr and "Traceback" not in result.stderr
