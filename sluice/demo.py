@@ -172,6 +172,8 @@ def report(work: Workload, proxy: Proxy, record: Path, url: str, admin: int, liv
     out.write(f"  sluice inspect {record}\n")
     out.write(f"  sluice inspect {record} --summary\n")
     out.write(f"  sluice inspect {record} --pcap demo.pcapng   # then open it in Wireshark\n")
+    out.write(f"  sluice replay {record} --broker pulsar://HOST:PORT   # against another broker\n")
+    out.write(f"  sluice serve {record}                           # a stand-in broker\n")
     out.write(f"  sluice demo --keep-running                     # and point a client at {url}\n")
     out.flush()
 
