@@ -19,6 +19,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from sluice import demo as demo_cli
+    from sluice.pipeline import job as analyze_cli
     from sluice.proxy import cli as proxy_cli
     from sluice.replay import inspect as inspect_cli
     from sluice.replay import replay as replay_cli
@@ -69,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_cli.add_arguments(serve)
     serve.set_defaults(run=serve_cli.run)
+    analyze = commands.add_parser(
+        "analyze",
+        help="turn many recordings into Parquet tables and a report (PySpark)",
+        description="Analyse recordings with Spark (local by default): tables frames, "
+        "connections, topic_minute, latency, errors, files; and report.html.",
+    )
+    analyze_cli.add_arguments(analyze)
+    analyze.set_defaults(run=analyze_cli.run)
     return parser
 
 

@@ -183,37 +183,47 @@ def read_records(path: Path, result: ReadResult | None = None) -> Iterator[Recor
     except OSError as exc:
         raise RecordingError(f"{path}: {exc.strerror or exc}") from None
     try:
-        size = path.stat().st_size
-        unpacker = msgpack.Unpacker(
-            handle, raw=False, strict_map_key=False, max_buffer_size=256 * 1024 * 1024
-        )
-        first = True
-        upgrade: list[Callable[[Record], Record]] = []
-        while True:
-            try:
-                record = unpacker.unpack()
-            except msgpack.OutOfData:
-                break
-            except (msgpack.UnpackException, ValueError) as exc:
-                if first:
-                    raise RecordingError(f"{path}: not a Sluice recording") from None
-                raise RecordingError(
-                    f"{path}: damaged after {result.records} records ({exc})"
-                ) from None
-            if first:
-                upgrade = _check_header(path, record, result)
-                first = False
-            elif not isinstance(record, dict):
-                raise RecordingError(f"{path}: damaged after {result.records} records")
-            for step in upgrade:
-                record = step(record)
-            result.records += 1
-            yield record
-        if first:
-            raise RecordingError(f"{path}: empty file, not a Sluice recording")
-        result.truncated_bytes = size - unpacker.tell()
+        yield from _records(handle, path.stat().st_size, path, result)
     finally:
         handle.close()
+
+
+def read_records_from(data: bytes, name: str, result: ReadResult | None = None) -> Iterator[Record]:
+    """Like ``read_records``, over a file's contents (e.g. from Spark)."""
+    path = Path(name)
+    result = result if result is not None else ReadResult(path)
+    yield from _records(io.BytesIO(data), len(data), path, result)
+
+
+def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Iterator[Record]:
+    unpacker = msgpack.Unpacker(
+        handle, raw=False, strict_map_key=False, max_buffer_size=256 * 1024 * 1024
+    )
+    first = True
+    upgrade: list[Callable[[Record], Record]] = []
+    while True:
+        try:
+            record = unpacker.unpack()
+        except msgpack.OutOfData:
+            break
+        except (msgpack.UnpackException, ValueError) as exc:
+            if first:
+                raise RecordingError(f"{path}: not a Sluice recording") from None
+            raise RecordingError(
+                f"{path}: damaged after {result.records} records ({exc})"
+            ) from None
+        if first:
+            upgrade = _check_header(path, record, result)
+            first = False
+        elif not isinstance(record, dict):
+            raise RecordingError(f"{path}: damaged after {result.records} records")
+        for step in upgrade:
+            record = step(record)
+        result.records += 1
+        yield record
+    if first:
+        raise RecordingError(f"{path}: empty file, not a Sluice recording")
+    result.truncated_bytes = size - unpacker.tell()
 
 
 def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[[Record], Record]]:
