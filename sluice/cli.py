@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from sluice import __version__, config
 
@@ -31,53 +31,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sluice {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    proxy = commands.add_parser(
-        "proxy",
-        help="run the proxy in front of a Pulsar broker",
-        description="Relay Pulsar clients to brokers, keeping them routed through Sluice.",
-    )
-    proxy_cli.add_arguments(proxy)
-    add_config_arguments(proxy)
-    proxy.set_defaults(run=proxy_cli.run)
-    inspect = commands.add_parser(
-        "inspect",
-        help="show a recording: timeline, JSON lines, summary, or pcapng for Wireshark",
-        description="Read Sluice recordings (a file or a directory of them).",
-    )
-    inspect_cli.add_arguments(inspect)
-    inspect.set_defaults(run=inspect_cli.run)
-    demo = commands.add_parser(
-        "demo",
-        help="see Sluice work: embedded broker, proxy, real client traffic, a report",
-        description="Start the embedded pulsar-lite broker and Sluice in front of it, "
-        "run a produce/consume workload with the official client through the proxy, "
-        "and report what happened.",
-    )
-    demo_cli.add_arguments(demo)
-    demo.set_defaults(run=demo_cli.run)
-    replay = commands.add_parser(
-        "replay",
-        help="re-run a recording's clients against a broker and report what changed",
-        description="Replay a recording against a broker; exit 0 equivalent, 1 diverged, "
-        "2 usage or connection errors.",
-    )
-    replay_cli.add_arguments(replay)
-    replay.set_defaults(run=replay_cli.run)
-    serve = commands.add_parser(
-        "serve",
-        help="act as the broker, answering clients from a recording (offline)",
-        description="Answer a live Pulsar client from a recording, as if it were the broker.",
-    )
-    serve_cli.add_arguments(serve)
-    serve.set_defaults(run=serve_cli.run)
-    analyze = commands.add_parser(
-        "analyze",
-        help="turn many recordings into Parquet tables and a report (PySpark)",
-        description="Analyse recordings with Spark (local by default): tables frames, "
-        "connections, topic_minute, latency, errors, files; and report.html.",
-    )
-    analyze_cli.add_arguments(analyze)
-    analyze.set_defaults(run=analyze_cli.run)
+    # name, module (add_arguments + run), one-line help, description, settings from env/TOML
+    table: list[tuple[str, Any, str, str, bool]] = [
+        ("proxy", proxy_cli, "run the proxy in front of a Pulsar broker",
+         "Relay Pulsar clients to brokers, keeping them routed through Sluice.", True),
+        ("inspect", inspect_cli,
+         "show a recording: timeline, JSON lines, summary, or pcapng for Wireshark",
+         "Read Sluice recordings (a file or a directory of them).", False),
+        ("demo", demo_cli,
+         "see Sluice work: embedded broker, proxy, real client traffic, a report",
+         "Start the embedded pulsar-lite broker and Sluice in front of it, run a "
+         "produce/consume workload with the official client through the proxy, and report "
+         "what happened.", False),
+        ("replay", replay_cli,
+         "re-run a recording's clients against a broker and report what changed",
+         "Replay a recording against a broker; exit 0 equivalent, 1 diverged, "
+         "2 usage or connection errors.", False),
+        ("serve", serve_cli, "act as the broker, answering clients from a recording (offline)",
+         "Answer a live Pulsar client from a recording, as if it were the broker.", False),
+        ("analyze", analyze_cli,
+         "turn many recordings into Parquet tables and a report (PySpark)",
+         "Analyse recordings with Spark (local by default): tables frames, connections, "
+         "topic_minute, latency, errors, files; and report.html.", False),
+    ]  # fmt: skip
+    for name, module, summary, description, settings in table:
+        sub = commands.add_parser(name, help=summary, description=description)
+        module.add_arguments(sub)
+        if settings:
+            add_config_arguments(sub)
+        sub.set_defaults(run=module.run)
     return parser
 
 

@@ -100,8 +100,12 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
     builder = SparkSession.builder.appName("sluice-analyze")
     if master:
         builder = builder.master(master)
-    elif "spark.master" not in os.environ.get("SPARK_CONF", ""):
-        builder = builder.master("local[*]")
+    if master is None or master.startswith("local"):
+        if master is None:
+            builder = builder.master("local[*]")
+        # In local mode the driver JVM does the executors' work too.
+        memory = os.environ.get("SLUICE_SPARK_DRIVER_MEMORY", "4g")
+        builder = builder.config("spark.driver.memory", memory)
     spark = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -116,9 +120,13 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
         .option("recursiveFileLookup", "true")
         .option("pathGlobFilter", "*.sluice")
         .load(paths)
-        .select("path", "content")
     )
-    rows = files.rdd.flatMap(lambda r: parse_file(r.path, bytes(r.content))).cache()
+    total_bytes = _first(files.select(F.sum("length"))) or 0
+    rows = (
+        files.select("path", "content")
+        .rdd.flatMap(lambda r: parse_file(r.path, bytes(r.content)))
+        .cache()
+    )
 
     frame_schema = T.StructType(
         [
@@ -150,17 +158,21 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
     def table(tag: str, schema: Any) -> Any:
         return spark.createDataFrame(rows.filter(lambda r: r[0] == tag).map(lambda r: r[1]), schema)
 
-    frames = table("F", frame_schema)
-    conns = table("C", conn_schema).dropDuplicates(["capture", "conn"])
-    closes = table("X", close_schema).dropDuplicates(["capture", "conn"])
-    status = table("S", file_schema)
-
     def write(df: Any, name: str) -> None:
         say(f"writing {name}")
         df.write.mode("overwrite").parquet(f"{out}/{name}")
 
-    write(frames, "frames")
-    write(status, "files")
+    # Decoding happens in Python once: each table below is derived from the
+    # Parquet just written, in the JVM, instead of converting rows again.
+    write(table("F", frame_schema), "frames")
+    write(table("S", file_schema), "files")
+    write(table("C", conn_schema).dropDuplicates(["capture", "conn"]), "_opened")
+    write(table("X", close_schema).dropDuplicates(["capture", "conn"]), "_closed")
+    rows.unpersist()
+    frames = spark.read.parquet(f"{out}/frames").cache()
+    status = spark.read.parquet(f"{out}/files")
+    conns = spark.read.parquet(f"{out}/_opened")
+    closes = spark.read.parquet(f"{out}/_closed")
 
     per_conn = frames.groupBy("capture", "conn").agg(
         F.count("*").alias("frames"),
@@ -257,12 +269,22 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
             .limit(50)
             .collect()
         ],
-        "bytes": _first(files.select(F.sum(F.length("content")))) or 0,
+        "bytes": total_bytes,
         "seconds": time.monotonic() - started,
     }
-    rows.unpersist()
+    frames.unpersist()
     spark.stop()
+    for scratch in ("_opened", "_closed"):
+        _remove(f"{out}/{scratch}")
     return summary
+
+
+def _remove(path: str) -> None:
+    """Drop a scratch table written next to the results (local paths only)."""
+    if "://" not in path:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _first(df: Any) -> Any:

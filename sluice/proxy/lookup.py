@@ -21,6 +21,7 @@ from sluice.proto import Frame, Type, command, encode, error_reply, pb
 from sluice.proto.correlation import answer_error
 from sluice.proxy.config import Address, BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream
+from sluice.proxy.session import ClientSession
 from sluice.proxy.upstream import PROTOCOL_VERSION, SLUICE_VERSION, UpstreamError
 
 if TYPE_CHECKING:
@@ -39,15 +40,11 @@ _FORWARDED = {
 REQUEST_TIMEOUT = 30.0
 
 
-class LookupSession:
+class LookupSession(ClientSession):
     def __init__(
         self, proxy: Proxy, client: FrameStream, connect: Frame, conn: int, name: str
     ) -> None:
-        self.proxy = proxy
-        self.client = client
-        self.connect = connect
-        self.conn = conn
-        self.name = name
+        super().__init__(proxy, client, connect, conn, name)
         self._last_heard = trio.current_time()
 
     async def run(self) -> None:

@@ -45,6 +45,7 @@ from sluice.proto.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
 from sluice.proxy.config import BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream, client_ssl_context, dial
 from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, TYPE_SLOTS
+from sluice.proxy.session import ClientSession
 from sluice.proxy.upstream import SLUICE_VERSION, UpstreamError
 from sluice.replay.redact import loggable
 
@@ -75,15 +76,11 @@ def connect_error(error: int, message: str) -> bytes:
     )
 
 
-class RelaySession:
+class RelaySession(ClientSession):
     def __init__(
         self, proxy: Proxy, client: FrameStream, connect: Frame, conn: int, name: str
     ) -> None:
-        self.proxy = proxy
-        self.client = client
-        self.connect = connect
-        self.conn = conn
-        self.name = name
+        super().__init__(proxy, client, connect, conn, name)
         self.recorder = proxy.recorder
         self.broker: FrameStream | None = None
         self.correlator = Correlator()
