@@ -289,3 +289,45 @@ def test_older_formats_are_upgraded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     records = list(read_records(path, result))
     assert result.version == 0
     assert records[1]["reason"] == "unknown (format 0)"
+
+
+# --- the recorder's queue ------------------------------------------------------
+
+
+async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: Path) -> None:
+    import trio
+
+    from sluice.proto import Type, command, decode_frame, encode
+    from sluice.replay.recorder import Recorder, RecorderConfig
+
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    config = RecorderConfig(tmp_path, lossless=True, queue_frames=2, flush_interval=0.05)
+    recorder = Recorder(config)
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    recorder.frame(1, 0, ping)
+    recorder.frame(1, 0, ping)
+    with trio.move_on_after(0.3) as blocked:
+        await recorder.room()  # full, and no writer yet: must wait
+    assert blocked.cancelled_caught
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        for _ in range(50):  # the proxy's loop in lossless mode: wait for room, then record
+            await recorder.room()
+            recorder.frame(1, 0, ping)
+        await trio.sleep(0.3)
+        nursery.cancel_scope.cancel()
+    frames = [r for p in recording_files(tmp_path) for r in read_records(p) if r["k"] == "frame"]
+    assert len(frames) == 52
+    assert not [r for p in recording_files(tmp_path) for r in read_records(p) if r["k"] == "gap"]
+
+
+def test_inspect_time_filters(tmp_path: Path) -> None:
+    frame = {"k": "frame", "c": 1, "d": 0, "t": 0, "n": 13, "raw": b"",
+             "s": {"cmd": "PING"}}  # fmt: skip
+    header = fmt.header(capture="c", segment=1, started_ns=10**18, payloads="hash",
+                        sluice_version="t")  # fmt: skip
+    records = [header] + [{**frame, "w": 10**18 + i * 10**9} for i in range(10)]  # one a second
+    (tmp_path / "r.sluice").write_bytes(fmt.dumps(records))
+    assert len(json_records(tmp_path)) == 10
+    assert len(json_records(tmp_path, "--since", "3", "--until", "5.5")) == 3
+    assert json_records(tmp_path, "--since", "100") == []

@@ -80,9 +80,13 @@ class Recorder:
     # --- hot path ----------------------------------------------------------
 
     def frame(self, conn: int, direction: int, frame: Frame) -> None:
-        """Queue a frame, or drop it (counted) when the queue is full."""
+        """Queue a frame; when the queue is full, drop it (counted) unless lossless.
+
+        In lossless mode callers wait for ``room()`` before reading more
+        traffic, so the queue overshoots its bounds by at most one read.
+        """
         size = len(frame.raw)
-        if (
+        if not self.config.lossless and (
             len(self._queue) >= self.config.queue_frames
             or self._queued_bytes + size > self.config.queue_bytes
         ):
@@ -141,11 +145,14 @@ class Recorder:
                 with trio.move_on_after(self.config.flush_interval):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
-                await self._write_queued()
-                now = trio.current_time()
-                if self._file is not None and now - last_flush >= self.config.flush_interval:
-                    await self._io(self._file.flush)
-                    last_flush = now
+                # A batch taken off the queue is always written: cancelling
+                # (shutdown) must not lose it between the queue and the file.
+                with trio.CancelScope(shield=True):
+                    await self._write_queued()
+                    now = trio.current_time()
+                    if self._file is not None and now - last_flush >= self.config.flush_interval:
+                        await self._io(self._file.flush)
+                        last_flush = now
         finally:
             with trio.CancelScope(shield=True):
                 await self._write_queued()
