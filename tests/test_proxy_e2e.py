@@ -622,3 +622,20 @@ def test_client_certificates_are_required_when_configured(
         assert "Traceback" not in p.log()
     finally:
         p.kill()
+
+
+def test_admin_port_in_use_is_one_line_and_exit_1(
+    proxy: ProxyProcess, broker: EmbeddedBroker
+) -> None:
+    result = run_cli(
+        "proxy",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--broker",
+        broker.url,
+        "--admin",
+        f"127.0.0.1:{proxy.port}",
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "address already in use" in lines[0], result.stderr

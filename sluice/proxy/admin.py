@@ -32,13 +32,17 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             503: "Service Unavailable"}  # fmt: skip
 
 
-async def serve_admin(
-    address: Address, proxy: Proxy, *, task_status: trio.TaskStatus[Address]
-) -> None:
-    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
-    host, port = listeners[0].socket.getsockname()[:2]
-    task_status.started(Address(host, port))
+async def open_admin(address: Address) -> list[trio.SocketListener]:
+    """Bind the admin endpoint (raises OSError, e.g. when the port is taken)."""
+    return await trio.open_tcp_listeners(address.port, host=address.host)
 
+
+def bound(listeners: list[trio.SocketListener]) -> Address:
+    host, port = listeners[0].socket.getsockname()[:2]
+    return Address(host, port)
+
+
+async def serve_admin(listeners: list[trio.SocketListener], proxy: Proxy) -> None:
     async def handle(stream: trio.SocketStream) -> None:
         try:
             with trio.move_on_after(TIMEOUT):

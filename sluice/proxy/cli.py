@@ -278,7 +278,9 @@ async def _second_signal_stops(signals: object, proxy: Proxy) -> None:
 
 
 def _listen_error(exc: OSError, config: ProxyConfig) -> str:
-    where = ", ".join(str(a) for a in (config.listen, config.listen_tls) if a is not None)
+    where = ", ".join(
+        str(a) for a in (config.listen, config.listen_tls, config.admin) if a is not None
+    )
     if exc.errno == errno.EADDRINUSE:
         return f"cannot listen on {where}: address already in use"
     if exc.errno == errno.EACCES:

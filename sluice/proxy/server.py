@@ -14,6 +14,7 @@ import trio
 
 from sluice.errors import leaves
 from sluice.proto import Frame, ProtocolError, Type, decode_stream, pb
+from sluice.proxy.admin import bound, open_admin, serve_admin
 from sluice.proxy.allowlist import AllowList
 from sluice.proxy.config import Address, BrokerUrl, ProxyConfig
 from sluice.proxy.framing import FrameStream, client_ssl_context
@@ -109,6 +110,12 @@ class Proxy:
         """Serve until ``drain()``; ``task_status.started`` once listening."""
         # Listening errors (port in use) surface here, outside any nursery,
         # as a plain OSError the CLI can report in one line.
+        # Admin first: once the proxy port accepts connections, the probes
+        # endpoint is already there.
+        admin = None
+        if self.config.admin is not None:
+            admin = await open_admin(self.config.admin)
+            self.addresses["admin"] = bound(admin)
         await self._open_listeners()
         async with trio.open_nursery() as outer:
             self.upstream = UpstreamPool(
@@ -120,10 +127,8 @@ class Proxy:
             outer.start_soon(self._probe_upstream)
             if self.recorder is not None:
                 await outer.start(self.recorder.run)
-            if self.config.admin is not None:
-                from sluice.proxy.admin import serve_admin
-
-                self.addresses["admin"] = await outer.start(serve_admin, self.config.admin, self)
+            if admin is not None:
+                outer.start_soon(serve_admin, admin, self)
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
                 for kind, listener in self._listeners_by_kind():
