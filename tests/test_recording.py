@@ -185,6 +185,7 @@ def test_disk_trouble_drops_frames_but_never_traffic(
     finally:
         p.kill()
     assert "recording failed" in p.log()
+    assert "internal error" not in p.log() and "Traceback" not in p.log()
     gaps = [r for r in json_records(rec) if r["kind"] == "gap"]
     assert gaps and sum(g["dropped"] for g in gaps) <= dropped
     assert all(path.stat().st_size <= limit for path in recording_files(rec))
@@ -331,3 +332,51 @@ def test_inspect_time_filters(tmp_path: Path) -> None:
     assert len(json_records(tmp_path)) == 10
     assert len(json_records(tmp_path, "--since", "3", "--until", "5.5")) == 3
     assert json_records(tmp_path, "--since", "100") == []
+
+
+async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
+    import errno
+
+    import trio
+
+    from sluice.proto import Type, command, decode_frame, encode
+    from sluice.proxy.metrics import Metrics
+    from sluice.replay.recorder import Recorder, RecorderConfig
+
+    class FullDisk:
+        """A file that accepts writes and then cannot flush them."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def write(self, data: bytes) -> int:
+            return len(data)
+
+        def flush(self) -> None:
+            raise OSError(errno.EFBIG, "File too large")
+
+        def close(self) -> None:
+            self.inner.close()
+            raise OSError(errno.EFBIG, "File too large")
+
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    metrics = Metrics()
+    recorder = Recorder(RecorderConfig(tmp_path, flush_interval=0.05), metrics)
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        recorder.frame(1, 0, ping)
+        await trio.sleep(0.2)  # written for real, flushed
+        assert recorder._file is not None
+        recorder._file = FullDisk(recorder._file)  # type: ignore[assignment]
+        for _ in range(5):
+            recorder.frame(1, 0, ping)
+        await trio.sleep(0.3)  # the flush fails: those 5 are lost, and counted
+        recorder._retry_at = 0.0  # the disk is back
+        recorder.frame(1, 0, ping)
+        await trio.sleep(0.3)
+        nursery.cancel_scope.cancel()
+    records = [r for p in recording_files(tmp_path) for r in read_records(p)]
+    assert sum(1 for r in records if r["k"] == "frame") == 2
+    assert [r["dropped"] for r in records if r["k"] == "gap"] == [5]
+    assert metrics.recorder_dropped._value.get() == 5

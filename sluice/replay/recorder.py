@@ -75,6 +75,9 @@ class Recorder:
         self._retry_at = 0.0
         self.files: list[Path] = []
         self._reported_bug = False
+        # Frames handed to the file since it was last flushed: lost, and
+        # counted as dropped, if the flush or close fails (a full disk).
+        self._unflushed = 0
         self.frames_written = 0
 
     # --- hot path ----------------------------------------------------------
@@ -148,11 +151,18 @@ class Recorder:
                 # A batch taken off the queue is always written: cancelling
                 # (shutdown) must not lose it between the queue and the file.
                 with trio.CancelScope(shield=True):
-                    await self._write_queued()
-                    now = trio.current_time()
-                    if self._file is not None and now - last_flush >= self.config.flush_interval:
-                        await self._io(self._file.flush)
-                        last_flush = now
+                    try:
+                        await self._write_queued()
+                        now = trio.current_time()
+                        if (
+                            self._file is not None
+                            and now - last_flush >= self.config.flush_interval
+                        ):
+                            await self._flush()
+                            last_flush = now
+                    except Exception as exc:  # recording must never take the proxy down
+                        self._bug(exc)
+                        await self._close_file()
         finally:
             with trio.CancelScope(shield=True):
                 await self._write_queued()
@@ -207,6 +217,7 @@ class Recorder:
             await self._close_file()
             return
         self._dropped = 0
+        self._unflushed += frames
         self._file_bytes += len(data)
         self.frames_written += frames
         if self.metrics is not None:
@@ -264,13 +275,26 @@ class Recorder:
             log.error("recording failed, dropping frames until it works again: %s", exc)
         self._retry_at = trio.current_time() + 2.0
 
+    async def _flush(self) -> None:
+        assert self._file is not None
+        try:
+            await self._io(self._file.flush)
+        except OSError as exc:
+            self._failed(exc)
+            await self._close_file()
+            return
+        self._unflushed = 0
+
     async def _close_file(self) -> None:
         handle, self._file = self._file, None
-        if handle is not None:
-            try:
-                await self._io(handle.close)
-            except OSError as exc:
-                log.error("closing recording file failed: %s", exc)
+        if handle is None:
+            return
+        try:
+            await self._io(handle.close)
+        except OSError as exc:
+            self._failed(exc)
+            self._drop(self._unflushed)  # what was still buffered is gone
+        self._unflushed = 0
 
     @staticmethod
     async def _io(fn: Any, *args: Any) -> Any:
