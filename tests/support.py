@@ -22,7 +22,17 @@ from typing import Any
 import pulsar
 
 from sluice.embedded import free_port, wait_for_port
-from sluice.proto import CLOSED, NEED_DATA, Frame, FrameDecoder, Type, command, encode, pb
+from sluice.proto import (
+    CLOSED,
+    NEED_DATA,
+    Frame,
+    FrameDecoder,
+    Type,
+    command,
+    encode,
+    encode_payload,
+    pb,
+)
 
 SLUICE = [sys.executable, "-m", "sluice.cli"]
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
@@ -169,6 +179,31 @@ class RawClient:
         frame = self.receive()
         assert frame is not None, "connection closed during CONNECT"
         return frame
+
+    def producer(self, broker_port: int, topic: str, producer_id: int = 1) -> str:
+        """Relay this connection to the broker and create a producer; its name."""
+        assert self.connect(f"127.0.0.1:{broker_port}").name == "CONNECTED"
+        body = pb.CommandProducer(topic=topic, producer_id=producer_id, request_id=1)
+        self.send(encode(command(Type.Value("PRODUCER"), body)))
+        name: str = self.receive_type("PRODUCER_SUCCESS").body.producer_name
+        return name
+
+    def send_message(
+        self,
+        name: str,
+        producer_id: int,
+        sequence_id: int,
+        payload: bytes,
+        *,
+        corrupt: bool = False,
+    ) -> None:
+        """A checksummed SEND; ``corrupt`` flips the last payload bit after checksumming."""
+        meta = pb.MessageMetadata(producer_name=name, sequence_id=sequence_id, publish_time=1)
+        send = pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id)
+        frame = bytearray(encode_payload(command(Type.Value("SEND"), send), meta, payload))
+        if corrupt:
+            frame[-1] ^= 0x01
+        self.send(bytes(frame))
 
     def close(self) -> None:
         self.sock.close()

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.embedded import EmbeddedBroker, free_port
-from sluice.proto import Type, command, encode, encode_payload, pb
+from sluice.proto import Type, command, encode, pb
 from tests.support import (
     ProxyProcess,
     RawClient,
@@ -105,18 +105,8 @@ def varied_traffic(proxy: ProxyProcess, broker: EmbeddedBroker, topic: str) -> N
         for _ in range(20):
             consumer.acknowledge(consumer.receive(timeout_millis=10_000))
     with RawClient(proxy.port) as raw:
-        assert raw.connect(f"127.0.0.1:{broker.port}").name == "CONNECTED"
-        producer_cmd = pb.CommandProducer(topic=topic, producer_id=1, request_id=1)
-        raw.send(encode(command(T("PRODUCER"), producer_cmd)))
-        name = raw.receive_type("PRODUCER_SUCCESS").body.producer_name
-        meta = pb.MessageMetadata(producer_name=name, sequence_id=0, publish_time=1)
-        bad = bytearray(
-            encode_payload(
-                command(T("SEND"), pb.CommandSend(producer_id=1, sequence_id=0)), meta, b"x"
-            )
-        )
-        bad[-1] ^= 0xFF
-        raw.send(bytes(bad))
+        name = raw.producer(broker.port, topic)
+        raw.send_message(name, 1, 0, b"x", corrupt=True)
         assert raw.receive_type("SEND_ERROR").body.error == pb.ChecksumError
         # A real broker error: pulsar-lite answers SEEK for an unknown consumer
         # with ERROR UnknownError.

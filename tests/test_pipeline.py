@@ -14,7 +14,7 @@ import pulsar
 import pytest
 
 from sluice.embedded import EmbeddedBroker
-from sluice.proto import Type, command, encode, encode_payload, pb
+from sluice.proto import Type
 from sluice.replay.format import recording_files
 from tests.support import SLUICE, RawClient, client, start_proxy
 
@@ -37,21 +37,8 @@ def traffic(proxy_url: str, port: int, broker: EmbeddedBroker, tag: str) -> None
         for _ in range(22):
             consumer.acknowledge(consumer.receive(timeout_millis=10_000))
     with RawClient(port) as raw:  # one corrupt SEND: an invalid frame and an error answer
-        raw.connect(f"127.0.0.1:{broker.port}")
-        raw.send(
-            encode(
-                command(T("PRODUCER"), pb.CommandProducer(topic=topic, producer_id=7, request_id=1))
-            )
-        )
-        name = raw.receive_type("PRODUCER_SUCCESS").body.producer_name
-        meta = pb.MessageMetadata(producer_name=name, sequence_id=0, publish_time=1)
-        bad = bytearray(
-            encode_payload(
-                command(T("SEND"), pb.CommandSend(producer_id=7, sequence_id=0)), meta, b"x"
-            )
-        )
-        bad[-1] ^= 1
-        raw.send(bytes(bad))
+        name = raw.producer(broker.port, topic, producer_id=7)
+        raw.send_message(name, 7, 0, b"x", corrupt=True)
         raw.receive_type("SEND_ERROR")
 
 

@@ -14,7 +14,7 @@ import pytest
 import trustme
 
 from sluice.embedded import EmbeddedBroker, free_port
-from sluice.proto import Type, command, encode, encode_payload, pb
+from sluice.proto import Type, command, encode, pb
 from tests.support import SLUICE, ProxyProcess, RawClient, client, start_proxy, tcp_connections
 
 T = Type.Value
@@ -168,31 +168,12 @@ def test_corrupt_send_gets_checksum_error_and_never_reaches_consumers(
     proxy: ProxyProcess, broker: EmbeddedBroker, topic: str
 ) -> None:
     with RawClient(proxy.port) as raw:
-        assert raw.connect(f"127.0.0.1:{broker.port}").name == "CONNECTED"
-        raw.send(
-            encode(
-                command(T("PRODUCER"), pb.CommandProducer(topic=topic, producer_id=1, request_id=1))
-            )
-        )
-        ready = raw.receive_type("PRODUCER_SUCCESS")
-        meta = pb.MessageMetadata(
-            producer_name=ready.body.producer_name, sequence_id=0, publish_time=1
-        )
-        good = encode_payload(
-            command(T("SEND"), pb.CommandSend(producer_id=1, sequence_id=0)), meta, b"corrupt-me"
-        )
-        corrupt = bytearray(good)
-        corrupt[-1] ^= 0x01
-        raw.send(bytes(corrupt))
+        name = raw.producer(broker.port, topic)
+        raw.send_message(name, 1, 0, b"corrupt-me", corrupt=True)
         error = raw.receive_type("SEND_ERROR")
         assert error.body.sequence_id == 0
         assert error.body.error == pb.ChecksumError
-        meta.sequence_id = 1
-        raw.send(
-            encode_payload(
-                command(T("SEND"), pb.CommandSend(producer_id=1, sequence_id=1)), meta, b"good"
-            )
-        )
+        raw.send_message(name, 1, 1, b"good")
         assert raw.receive_type("SEND_RECEIPT").body.sequence_id == 1
     with client(broker.url) as c:
         consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
@@ -208,15 +189,8 @@ def test_forward_mode_lets_a_corrupt_send_through(
     p = start_proxy(broker.url, tmp_path, "--on-invalid", "forward")
     try:
         with RawClient(p.port) as raw:
-            assert raw.connect(f"127.0.0.1:{broker.port}").name == "CONNECTED"
-            producer = pb.CommandProducer(topic=topic, producer_id=1, request_id=1)
-            raw.send(encode(command(T("PRODUCER"), producer)))
-            name = raw.receive_type("PRODUCER_SUCCESS").body.producer_name
-            meta = pb.MessageMetadata(producer_name=name, sequence_id=0, publish_time=1)
-            send = command(T("SEND"), pb.CommandSend(producer_id=1, sequence_id=0))
-            corrupt = bytearray(encode_payload(send, meta, b"corrupt-me"))
-            corrupt[-1] ^= 0x01
-            raw.send(bytes(corrupt))
+            name = raw.producer(broker.port, topic)
+            raw.send_message(name, 1, 0, b"corrupt-me", corrupt=True)
             # pulsar-lite stores it without complaint: the receipt comes back.
             assert raw.receive_type("SEND_RECEIPT").body.sequence_id == 0
         with client(broker.url) as c:
@@ -265,23 +239,11 @@ def test_allow_broker_rules(broker: EmbeddedBroker, tmp_path: Path) -> None:
 def test_tls_listener_with_the_real_client(
     broker: EmbeddedBroker, tmp_path: Path, topic: str
 ) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost", "127.0.0.1")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    tls_port = free_port()
-    p = start_proxy(
-        broker.url,
-        tmp_path,
-        "--tls-cert",
-        str(tmp_path / "server.pem"),
-        "--tls-key",
-        str(tmp_path / "server.pem"),
-        tls_port=tls_port,
-    )
+    ca, pem, _ = tls_files(tmp_path, "localhost", "127.0.0.1")
+    p, tls_port = start_tls_proxy(broker, tmp_path, pem)
     try:
         url = f"pulsar+ssl://localhost:{tls_port}"
-        with client(url, tls_trust_certs_file_path=str(tmp_path / "ca.pem")) as c:
+        with client(url, tls_trust_certs_file_path=str(ca)) as c:
             producer = c.create_producer(topic)
             consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
             for i in range(20):
@@ -296,21 +258,9 @@ def test_tls_listener_with_the_real_client(
 
 
 def test_tls_client_with_an_untrusted_ca_is_refused(broker: EmbeddedBroker, tmp_path: Path) -> None:
-    ca, other = trustme.CA(), trustme.CA()
-    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(
-        str(tmp_path / "server.pem")
-    )
-    other.cert_pem.write_to_path(str(tmp_path / "other.pem"))
-    tls_port = free_port()
-    p = start_proxy(
-        broker.url,
-        tmp_path,
-        "--tls-cert",
-        str(tmp_path / "server.pem"),
-        "--tls-key",
-        str(tmp_path / "server.pem"),
-        tls_port=tls_port,
-    )
+    _, pem, _ = tls_files(tmp_path, "localhost")
+    trustme.CA().cert_pem.write_to_path(str(tmp_path / "other.pem"))
+    p, tls_port = start_tls_proxy(broker, tmp_path, pem)
     try:
         url = f"pulsar+ssl://localhost:{tls_port}"
         with (
@@ -532,16 +482,31 @@ def tls_files(tmp_path: Path, *names: str) -> tuple[Path, Path, trustme.CA]:
     return tmp_path / "ca.pem", tmp_path / "srv.pem", ca
 
 
+def start_tls_proxy(
+    broker: EmbeddedBroker, tmp_path: Path, pem: Path, *extra: str
+) -> tuple[ProxyProcess, int]:
+    """A proxy with a TLS listener using ``pem`` as certificate and key; its TLS port."""
+    tls_port = free_port()
+    proxy = start_proxy(
+        broker.url,
+        tmp_path,
+        "--tls-cert",
+        str(pem),
+        "--tls-key",
+        str(pem),
+        *extra,
+        tls_port=tls_port,
+    )
+    return proxy, tls_port
+
+
 def test_tls_upstream_through_a_chain_of_proxies(
     broker: EmbeddedBroker, tmp_path: Path, topic: str
 ) -> None:
     # A terminates TLS in front of the broker; B talks to A over TLS, verifying
     # A's certificate against the CA, and keeps itself in the path as A asks.
     ca, pem, _ = tls_files(tmp_path, "localhost")
-    a_tls = free_port()
-    a = start_proxy(
-        broker.url, tmp_path, "--tls-cert", str(pem), "--tls-key", str(pem), tls_port=a_tls
-    )
+    a, a_tls = start_tls_proxy(broker, tmp_path, pem)
     b = start_proxy(f"pulsar+ssl://localhost:{a_tls}", tmp_path, "--broker-tls-ca", str(ca))
     try:
         produce_and_consume(b.url, topic, 30, batching_enabled=False)
@@ -556,10 +521,7 @@ def test_tls_upstream_through_a_chain_of_proxies(
 
 def test_broker_certificate_hostname_is_verified(broker: EmbeddedBroker, tmp_path: Path) -> None:
     ca, pem, _ = tls_files(tmp_path, "localhost")  # not valid for 127.0.0.1
-    a_tls = free_port()
-    a = start_proxy(
-        broker.url, tmp_path, "--tls-cert", str(pem), "--tls-key", str(pem), tls_port=a_tls
-    )
+    a, a_tls = start_tls_proxy(broker, tmp_path, pem)
     try:
         upstream = f"pulsar+ssl://127.0.0.1:{a_tls}"
         result = run_cli(
@@ -592,18 +554,7 @@ def test_client_certificates_are_required_when_configured(
     client_cert = ca.issue_cert("client@example")
     client_cert.cert_chain_pems[0].write_to_path(str(tmp_path / "client.crt"))
     client_cert.private_key_pem.write_to_path(str(tmp_path / "client.key"))
-    tls_port = free_port()
-    p = start_proxy(
-        broker.url,
-        tmp_path,
-        "--tls-cert",
-        str(pem),
-        "--tls-key",
-        str(pem),
-        "--tls-client-ca",
-        str(ca_path),
-        tls_port=tls_port,
-    )
+    p, tls_port = start_tls_proxy(broker, tmp_path, pem, "--tls-client-ca", str(ca_path))
     try:
         url = f"pulsar+ssl://localhost:{tls_port}"
         auth = pulsar.AuthenticationTLS(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
