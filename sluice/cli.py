@@ -10,8 +10,31 @@ from typing import Any, NoReturn
 from sluice import __version__, config
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it already says it.
+
+    Options whose default is "nothing" (None, an empty list) say in their
+    own words what happens without them, e.g. "(default: off)".
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "default" in text
+            or not action.option_strings
+            or action.nargs == 0
+            or action.default in (None, [], argparse.SUPPRESS)
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 class Parser(argparse.ArgumentParser):
-    """Usage errors as one line (and exit 2), not a usage block."""
+    """Usage errors as one line (and exit 2), not a usage block; help with defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
@@ -100,7 +123,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="read settings from this TOML file (flags and SLUICE_* variables win)",
+        help="read settings from this TOML file; flags and SLUICE_* variables win (default: none)",
     )
     parser.add_argument(
         "--print-config",

@@ -41,9 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where to keep the recording (default: a new temporary directory)",
     )
-    parser.add_argument("--port", type=int, default=0, help="proxy port (default: a free one)")
     parser.add_argument(
-        "--admin-port", type=int, default=0, help="metrics port (default: a free one)"
+        "--port", type=int, default=0, metavar="PORT", help="proxy port (default: a free one)"
+    )
+    parser.add_argument(
+        "--admin-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="metrics port (default: a free one)",
     )
     parser.add_argument(
         "--keep-running", action="store_true", help="leave broker and proxy up until Ctrl-C"

@@ -36,7 +36,12 @@ class JsonFormatter(logging.Formatter):
 
 def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("logging")
-    group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    group.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="least severe messages shown",
+    )
     group.add_argument(
         "--log-format", default="text", choices=("text", "json"), help="json: one object per line"
     )

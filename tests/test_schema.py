@@ -1,99 +1,69 @@
-"""Our schema against the upstream one, and the generated module against our schema."""
+"""Our schema against upstream's wire contract, and the generated module against our schema.
+
+The upstream contract is data the repository owns (``tests/data/
+pulsar_wire_contract.json``, see ``tests/wire_contract.py``): nothing here
+reads outside the checkout.
+"""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import descriptor_pb2
-from grpc_tools import protoc
-
 from sluice.proto import regen
-from tests.conftest import reference_dir
-
-Flat = dict[tuple[str, str], Any]
+from tests.wire_contract import CONTRACT, comment_lines, contract_of, descriptor, digest
 
 
-def _descriptor(proto: Path) -> descriptor_pb2.FileDescriptorProto:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "set.pb"
-        rc = protoc.main(
-            [
-                "protoc",
-                f"--proto_path={proto.parent}",
-                f"--descriptor_set_out={out}",
-                str(proto),
-            ]
-        )
-        assert rc == 0, f"protoc rejected {proto}"
-        fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
-    return fds.file[0]
+def _upstream() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(CONTRACT.read_text())
+    return data
 
 
-def _flatten(fd: descriptor_pb2.FileDescriptorProto) -> Flat:
-    """Everything that reaches the wire, keyed by fully qualified name."""
-    flat: Flat = {}
-
-    def enum(e: descriptor_pb2.EnumDescriptorProto, scope: str) -> None:
-        flat[("enum", scope + e.name)] = sorted((v.name, v.number) for v in e.value)
-
-    def message(m: descriptor_pb2.DescriptorProto, scope: str) -> None:
-        name = scope + m.name
-        flat[("message", name)] = sorted(
-            (
-                f.name,
-                f.number,
-                f.type,
-                f.label,
-                f.type_name,
-                f.default_value,
-                f.oneof_index if f.HasField("oneof_index") else None,
-            )
-            for f in m.field
-        )
-        flat[("oneofs", name)] = [o.name for o in m.oneof_decl]
-        for e in m.enum_type:
-            enum(e, name + ".")
-        for nested in m.nested_type:
-            message(nested, name + ".")
-
-    for e in fd.enum_type:
-        enum(e, "")
-    for m in fd.message_type:
-        message(m, "")
-    return flat
+def _differences(ours: dict[str, Any], upstream: dict[str, Any]) -> list[str]:
+    problems = []
+    for kind in ("messages", "enums"):
+        mine, theirs = ours[kind], upstream[kind]
+        problems += [f"{kind} missing from ours: {n}" for n in sorted(set(theirs) - set(mine))]
+        problems += [f"{kind} not upstream: {n}" for n in sorted(set(mine) - set(theirs))]
+        for name in sorted(set(mine) & set(theirs)):
+            if mine[name] != theirs[name]:
+                problems.append(f"{name}:\n  ours     {mine[name]}\n  upstream {theirs[name]}")
+    for key in ("package", "syntax"):
+        if ours[key] != upstream[key]:
+            problems.append(f"{key}: ours {ours[key]!r}, upstream {upstream[key]!r}")
+    return problems
 
 
 def test_schema_matches_upstream_wire_contract() -> None:
-    ours = _flatten(_descriptor(regen.SCHEMA))
-    upstream = _flatten(_descriptor(reference_dir() / "PulsarApi.proto"))
-    missing = sorted(set(upstream) - set(ours))
-    extra = sorted(set(ours) - set(upstream))
-    differing = sorted(k for k in set(ours) & set(upstream) if ours[k] != upstream[k])
-    assert not missing, f"definitions missing from our schema: {missing}"
-    assert not extra, f"definitions upstream does not have: {extra}"
-    assert not differing, "definitions that differ:\n" + "\n".join(
-        f"{k}:\n  ours     {ours[k]}\n  upstream {upstream[k]}" for k in differing
-    )
-    # Sanity: the comparison saw the whole protocol (v21 has 100+ definitions).
-    assert len(upstream) > 200
+    upstream = _upstream()
+    ours = contract_of(descriptor(regen.SCHEMA))
+    problems = _differences(ours, upstream)
+    assert not problems, "\n".join(problems)
+    # The comparison saw the whole protocol (v21: 93 messages, 19 enums).
+    assert len(upstream["messages"]) > 90 and len(upstream["enums"]) > 15
+    assert "CommandSend" in upstream["messages"]
+
+
+def test_contract_comparison_sees_a_wire_change(tmp_path: Path) -> None:
+    """A renumbered field is reported: the check can fail."""
+    text = regen.SCHEMA.read_text()
+    field = "required uint64 sequence_id = "
+    changed = text.replace(field + "2;", field + "12;", 1)
+    assert changed != text
+    schema = tmp_path / regen.SCHEMA.name
+    schema.write_text(changed)
+    problems = _differences(contract_of(descriptor(schema)), _upstream())
+    assert any("sequence_id" in p for p in problems), problems
 
 
 def test_schema_has_its_own_comments() -> None:
-    """Comments are ours: no line of commentary is copied from upstream."""
-
-    def comments(path: Path) -> set[str]:
-        found = set()
-        for line in path.read_text().splitlines():
-            if "//" in line:
-                text = line.split("//", 1)[1].strip()
-                if len(text) > 20:
-                    found.add(text)
-        return found
-
-    shared = comments(regen.SCHEMA) & comments(reference_dir() / "PulsarApi.proto")
-    assert not shared, f"comments copied from upstream: {sorted(shared)}"
+    """No long comment line of ours is one of upstream's (compared by SHA-256)."""
+    upstream = set(_upstream()["comment_sha256"])
+    assert len(upstream) > 100  # the digests are there to compare with
+    copied = sorted(c for c in comment_lines(regen.SCHEMA.read_text()) if digest(c) in upstream)
+    assert not copied, f"comments copied from upstream: {copied}"
 
 
 def test_generated_module_is_current() -> None:

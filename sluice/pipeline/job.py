@@ -339,7 +339,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="recording files or directories (any Hadoop-compatible path)",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="where tables and report go")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="where tables and report go; required, no default",
+    )
     parser.add_argument(
         "--master",
         metavar="URL",

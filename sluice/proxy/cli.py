@@ -36,23 +36,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen",
         default="127.0.0.1:6650",
         metavar="HOST:PORT",
-        help="plain listener (default %(default)s; 'none' to disable)",
+        help="plain listener (default: %(default)s; 'none' to disable)",
     )
-    net.add_argument("--listen-tls", metavar="HOST:PORT", help="TLS listener")
-    net.add_argument("--tls-cert", type=Path, metavar="FILE", help="certificate chain (PEM)")
-    net.add_argument("--tls-key", type=Path, metavar="FILE", help="private key (PEM)")
+    net.add_argument("--listen-tls", metavar="HOST:PORT", help="TLS listener (default: none)")
+    net.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="certificate chain (PEM) for --listen-tls (default: none)",
+    )
+    net.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="private key (PEM) (default: none)"
+    )
     net.add_argument(
         "--tls-client-ca",
         type=Path,
         metavar="FILE",
-        help="require client certificates signed by this CA",
+        help="require client certificates signed by this CA (default: not required)",
     )
     up = parser.add_argument_group("upstream")
     up.add_argument(
         "--broker",
         required=True,
         metavar="URL",
-        help="pulsar://HOST:PORT or pulsar+ssl://HOST:PORT of the broker (or service)",
+        help="pulsar://HOST:PORT or pulsar+ssl://HOST:PORT of the broker (or service); "
+        "required, no default",
     )
     up.add_argument(
         "--broker-tls-ca",
@@ -65,8 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not check broker certificates' host names",
     )
-    up.add_argument("--broker-tls-cert", type=Path, metavar="FILE", help="client certificate")
-    up.add_argument("--broker-tls-key", type=Path, metavar="FILE", help="client key")
+    up.add_argument(
+        "--broker-tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="client certificate for brokers that ask for one (default: none)",
+    )
+    up.add_argument(
+        "--broker-tls-key", type=Path, metavar="FILE", help="client key (default: none)"
+    )
     up.add_argument(
         "--allow-broker",
         action="append",
@@ -75,27 +90,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="brokers clients may be relayed to: host glob, CIDR, with optional "
         ":PORT or :LO-HI (repeatable; default: brokers the upstream names)",
     )
-    up.add_argument("--max-redirects", type=int, default=5, help="lookup redirects to follow")
+    up.add_argument(
+        "--max-redirects",
+        type=int,
+        default=5,
+        metavar="N",
+        help="lookup redirects to follow before failing the lookup",
+    )
     pol = parser.add_argument_group("policy and limits")
     pol.add_argument(
         "--on-invalid",
         choices=("reject", "forward"),
         default="reject",
-        help="what to do with invalid frames from clients (default %(default)s)",
+        help="what to do with invalid frames from clients (default: %(default)s)",
     )
     pol.add_argument(
         "--max-message-size",
         type=int,
         default=DEFAULT_MAX_MESSAGE_SIZE,
         metavar="BYTES",
-        help="until a broker's CONNECTED says otherwise",
+        help="largest message accepted until a broker's CONNECTED says otherwise",
     )
-    pol.add_argument("--max-connections", type=int, default=10_000)
-    pol.add_argument("--max-connections-per-ip", type=int, default=1_000)
-    pol.add_argument("--max-concurrent-lookups", type=int, default=1_000)
-    pol.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS")
-    pol.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS")
-    pol.add_argument("--keepalive-interval", type=float, default=30.0, metavar="SECONDS")
+    pol.add_argument(
+        "--max-connections",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="client connections open at once; more are refused",
+    )
+    pol.add_argument(
+        "--max-connections-per-ip",
+        type=int,
+        default=1_000,
+        metavar="N",
+        help="client connections open at once from one IP address",
+    )
+    pol.add_argument(
+        "--max-concurrent-lookups",
+        type=int,
+        default=1_000,
+        metavar="N",
+        help="lookups in flight at once; more are answered TooManyRequests",
+    )
+    pol.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="dialling a broker, TLS included",
+    )
+    pol.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="for a client's CONNECT, and for a broker's CONNECTED",
+    )
+    pol.add_argument(
+        "--keepalive-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="ping idle lookup connections this often; close after twice this silent",
+    )
     pol.add_argument(
         "--drain-timeout",
         type=float,
@@ -109,7 +166,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start even if the broker cannot be reached yet",
     )
     rec = parser.add_argument_group("recording")
-    rec.add_argument("--record", type=Path, metavar="DIR", help="record every frame into DIR")
+    rec.add_argument(
+        "--record",
+        type=Path,
+        metavar="DIR",
+        help="record every frame into DIR (default: not recording)",
+    )
     rec.add_argument(
         "--record-payloads",
         choices=PAYLOAD_POLICIES,

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pcap",
         type=Path,
         metavar="OUT.pcapng",
-        help="write the traffic as synthetic TCP/IPv4 packets for Wireshark",
+        help="write the traffic as synthetic TCP/IPv4 packets for Wireshark (default: off)",
     )
     parser.add_argument(
         "--with-bytes",
@@ -44,23 +44,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         action="append",
         metavar="N",
-        help="only connection N (repeatable)",
+        help="only connection N (repeatable; default: all)",
     )
     sel.add_argument(
         "--command",
         dest="commands",
         action="append",
         metavar="NAME",
-        help="only these commands, e.g. SEND (repeatable)",
+        help="only these commands, e.g. SEND (repeatable; default: all)",
     )
-    sel.add_argument("--topic", help="only frames of this topic")
+    sel.add_argument("--topic", help="only frames of this topic (default: all)")
     sel.add_argument(
         "--since",
         type=float,
         metavar="SECONDS",
-        help="only from this many seconds after the capture started",
+        help="only from this many seconds after the capture started (default: the start)",
     )
-    sel.add_argument("--until", type=float, metavar="SECONDS", help="only up to this offset")
+    sel.add_argument(
+        "--until",
+        type=float,
+        metavar="SECONDS",
+        help="only up to this offset (default: the end)",
+    )
     parser.add_argument("--wall", action="store_true", help="show wall-clock times")
 
 

@@ -55,10 +55,15 @@ _IGNORED = {T("PING"), T("PONG")}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recording", type=Path, help="a recording file or directory")
     parser.add_argument(
-        "--broker", required=True, metavar="URL", help="the broker to replay against"
+        "--broker",
+        required=True,
+        metavar="URL",
+        help="the broker to replay against; required, no default",
     )
     parser.add_argument(
-        "--speed", default="asap", help="asap (default), realtime, or a multiplier such as 2 or 0.5"
+        "--speed",
+        default="asap",
+        help="asap, realtime, or a multiplier of recorded time such as 2 or 0.5",
     )
     parser.add_argument(
         "--timeout",
@@ -68,9 +73,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long to wait for an expected broker frame",
     )
     parser.add_argument(
-        "--transcript", type=Path, metavar="FILE", help="write the normalised exchange here"
+        "--transcript",
+        type=Path,
+        metavar="FILE",
+        help="write the normalised exchange here (default: not written)",
     )
-    parser.add_argument("--broker-tls-ca", type=Path, metavar="FILE")
+    parser.add_argument(
+        "--broker-tls-ca",
+        type=Path,
+        metavar="FILE",
+        help="CA for the broker's certificate (default: system trust store)",
+    )
     parser.add_argument("--quiet", action="store_true", help="only the summary")
 
 

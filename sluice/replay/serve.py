@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen",
         default="127.0.0.1:6650",
         metavar="HOST:PORT",
-        help="where clients connect (default %(default)s)",
+        help="where clients connect (default: %(default)s)",
     )
 
 
