@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import crc32c
 
-from sluice.proto import FrameDecoder, Type, command, encode_payload, pb
+from sluice.protocols.pulsar import FrameDecoder, Type, command, encode_payload, pb
 
 READ_SIZE = 256 * 1024
 TARGET_FRAMES_PER_S = 250_000

@@ -24,7 +24,7 @@ from sluice.embedded import BrokerError, EmbeddedBroker, free_port
 from sluice.logs import setup_logging
 from sluice.proxy.config import Address, ProxyConfig, parse_broker_url
 from sluice.proxy.server import Proxy
-from sluice.replay.recorder import RecorderConfig
+from sluice.recording.writer import RecorderConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

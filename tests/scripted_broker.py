@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from sluice.proto import ProtocolError, Type, command, encode, pb
+from sluice.protocols.pulsar import ProtocolError, Type, command, encode, pb
 from sluice.proxy.framing import FrameStream
 
 LookupScript = Callable[[pb.CommandLookupTopic], Awaitable[pb.CommandLookupTopicResponse]]

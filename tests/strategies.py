@@ -15,9 +15,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
-from sluice.proto import Type, command, encode, encode_payload, pb
-from sluice.proto.frame import BODY_FIELD, PAYLOAD_TYPES
-from sluice.proto.payload import build_batch, compress
+from sluice.protocols.pulsar import Type, command, encode, encode_payload, pb
+from sluice.protocols.pulsar.frame import BODY_FIELD, PAYLOAD_TYPES
+from sluice.protocols.pulsar.payload import build_batch, compress
 
 _INT_RANGES = {
     FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),

@@ -22,7 +22,7 @@ from typing import Any
 import pulsar
 
 from sluice.embedded import free_port, wait_for_port
-from sluice.proto import (
+from sluice.protocols.pulsar import (
     CLOSED,
     NEED_DATA,
     Frame,

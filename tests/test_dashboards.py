@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.embedded import EmbeddedBroker, free_port
-from sluice.proto import Type, command, encode, pb
+from sluice.protocols.pulsar import Type, command, encode, pb
 from tests.support import (
     ProxyProcess,
     RawClient,

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from sluice.proto import (
+from sluice.protocols.pulsar import (
     CLOSED,
     DEFAULT_MAX_MESSAGE_SIZE,
     NEED_DATA,
@@ -25,7 +25,7 @@ from sluice.proto import (
     max_frame_size,
     pb,
 )
-from sluice.proto.payload import compress, decompress, messages, split_batch
+from sluice.protocols.pulsar.payload import compress, decompress, messages, split_batch
 
 T = Type.Value
 
@@ -325,7 +325,7 @@ def test_batch_errors_are_typed() -> None:
 
 def test_messages_of_a_compressed_batch() -> None:
     bodies = [b"one", b"two", b"three"]
-    from sluice.proto.payload import build_batch
+    from sluice.protocols.pulsar.payload import build_batch
 
     plain = build_batch([(pb.SingleMessageMetadata(payload_size=len(b)), b) for b in bodies])
     meta = pb.MessageMetadata(

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sluice.proto import Frame, Type, decode_stream, encode, encode_payload, pb
-from sluice.proto.payload import messages
+from sluice.protocols.pulsar import Frame, Type, decode_stream, encode, encode_payload, pb
+from sluice.protocols.pulsar.payload import messages
 
 DATA = Path(__file__).parent / "golden" / "data"
 MANIFEST: dict[str, Any] = json.loads((DATA / "manifest.json").read_text())

@@ -14,8 +14,8 @@ import pulsar
 import pytest
 
 from sluice.embedded import EmbeddedBroker
-from sluice.proto import Type
-from sluice.replay.format import recording_files
+from sluice.protocols.pulsar import Type
+from sluice.recording.format import recording_files
 from tests.support import SLUICE, RawClient, client, start_proxy
 
 T = Type.Value

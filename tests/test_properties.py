@@ -8,7 +8,7 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.proto import (
+from sluice.protocols.pulsar import (
     CLOSED,
     NEED_DATA,
     Frame,
@@ -18,7 +18,7 @@ from sluice.proto import (
     decode_frame,
     encode,
 )
-from sluice.proto.payload import messages
+from sluice.protocols.pulsar.payload import messages
 from tests.strategies import PayloadFrame, commands, frame_bytes, payload_frames
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,7 +14,7 @@ import pytest
 import trustme
 
 from sluice.embedded import EmbeddedBroker, free_port
-from sluice.proto import Type, command, encode, pb
+from sluice.protocols.pulsar import Type, command, encode, pb
 from tests.support import SLUICE, ProxyProcess, RawClient, client, start_proxy, tcp_connections
 
 T = Type.Value

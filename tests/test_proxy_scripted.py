@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from sluice.embedded import EmbeddedBroker
-from sluice.proto import Type, command, encode, pb
+from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.proxy.config import Address, ProxyConfig, parse_broker_url
 from sluice.proxy.framing import FrameStream
 from sluice.proxy.server import Proxy

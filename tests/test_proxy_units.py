@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from google.protobuf.message import Message
 
-from sluice.proto import Frame, Type, command, decode_frame, encode, encode_payload, pb
-from sluice.proto.correlation import Correlator
+from sluice.protocols.pulsar import Frame, Type, command, decode_frame, encode, encode_payload, pb
+from sluice.protocols.pulsar.correlation import Correlator
 from sluice.proxy.allowlist import AllowList, parse_rule
 from sluice.proxy.config import (
     Address,

@@ -18,8 +18,8 @@ import pulsar
 import pytest
 
 from sluice.embedded import EmbeddedBroker, free_port
-from sluice.replay import format as fmt
-from sluice.replay.format import RecordingError, read_records, recording_files
+from sluice.recording import format as fmt
+from sluice.recording.format import RecordingError, read_records, recording_files
 from tests.support import SLUICE, client, start_proxy
 from tests.test_dashboards import scrape, value
 
@@ -298,8 +298,8 @@ def test_older_formats_are_upgraded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: Path) -> None:
     import trio
 
-    from sluice.proto import Type, command, decode_frame, encode
-    from sluice.replay.recorder import Recorder, RecorderConfig
+    from sluice.protocols.pulsar import Type, command, decode_frame, encode
+    from sluice.recording.writer import Recorder, RecorderConfig
 
     ping = decode_frame(encode(command(Type.Value("PING"))))
     config = RecorderConfig(tmp_path, lossless=True, queue_frames=2, flush_interval=0.05)
@@ -339,9 +339,9 @@ async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
 
     import trio
 
-    from sluice.proto import Type, command, decode_frame, encode
+    from sluice.protocols.pulsar import Type, command, decode_frame, encode
     from sluice.proxy.metrics import Metrics
-    from sluice.replay.recorder import Recorder, RecorderConfig
+    from sluice.recording.writer import Recorder, RecorderConfig
 
     class FullDisk:
         """A file that accepts writes and then cannot flush them."""

@@ -11,9 +11,9 @@ import pulsar
 import pytest
 
 from sluice.embedded import EmbeddedBroker
-from sluice.proto import Type, command, decode_frame, encode, encode_payload, pb
-from sluice.replay import format as fmt
-from sluice.replay.format import read_records, recording_files
+from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
+from sluice.recording import format as fmt
+from sluice.recording.format import read_records, recording_files
 from tests.support import SLUICE, client, start_proxy
 
 T = Type.Value

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sluice.proto import regen
+from sluice.protocols.pulsar import regen
 from tests.wire_contract import CONTRACT, comment_lines, contract_of, descriptor, digest
 
 
@@ -71,5 +71,5 @@ def test_generated_module_is_current() -> None:
         for fresh in regen.generate(Path(tmp)):
             committed = regen.HERE / fresh.name
             assert committed.read_text() == fresh.read_text(), (
-                f"{committed.name} is stale: run `python -m sluice.proto.regen`"
+                f"{committed.name} is stale: run `python -m sluice.protocols.pulsar.regen`"
             )

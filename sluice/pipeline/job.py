@@ -38,7 +38,7 @@ def _signed(value: Any) -> int | None:
 
 def parse_file(path: str, content: bytes) -> Iterator[tuple[str, tuple[Any, ...]]]:
     """Rows of one recording: ("F", frame), ("C", connection), ("X", close), ("S", status)."""
-    from sluice.replay.format import ReadResult, RecordingError, read_records_from
+    from sluice.recording.format import ReadResult, RecordingError, read_records_from
 
     result = ReadResult(Path(path))
     capture = ""

@@ -12,7 +12,7 @@ from pathlib import Path
 import trio
 
 from sluice.logs import add_logging_arguments, setup_logging
-from sluice.proto import DEFAULT_MAX_MESSAGE_SIZE
+from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
 from sluice.proxy.config import (
     ConfigError,
     ProxyConfig,
@@ -24,8 +24,8 @@ from sluice.proxy.config import (
 from sluice.proxy.framing import client_ssl_context
 from sluice.proxy.server import Proxy
 from sluice.proxy.upstream import BrokerConnection, UpstreamError
-from sluice.replay.format import PAYLOAD_POLICIES
-from sluice.replay.recorder import RecorderConfig, ignore_file_size_signal
+from sluice.recording.format import PAYLOAD_POLICIES
+from sluice.recording.writer import RecorderConfig, ignore_file_size_signal
 
 log = logging.getLogger("sluice")
 

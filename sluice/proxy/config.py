@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.proto import DEFAULT_MAX_MESSAGE_SIZE
-from sluice.replay.recorder import RecorderConfig
+from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
+from sluice.recording.writer import RecorderConfig
 
 
 class ConfigError(ValueError):

@@ -6,7 +6,7 @@ import ssl
 
 import trio
 
-from sluice.proto import CLOSED, DEFAULT_MAX_MESSAGE_SIZE, Frame, FrameDecoder
+from sluice.protocols.pulsar import CLOSED, DEFAULT_MAX_MESSAGE_SIZE, Frame, FrameDecoder
 from sluice.proxy.config import Address, TlsClientConfig
 
 # How much one read asks the socket for. The codec benchmark feeds the

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from sluice.proto import Frame, Type, command, encode, error_reply, pb
-from sluice.proto.correlation import answer_error
+from sluice.protocols.pulsar import Frame, Type, command, encode, error_reply, pb
+from sluice.protocols.pulsar.correlation import answer_error
 from sluice.proxy.config import Address, BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream
 from sluice.proxy.session import ClientSession

@@ -27,8 +27,8 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from sluice import __version__
-from sluice.proto import Problem, pb
-from sluice.proto.frame import command_name
+from sluice.protocols.pulsar import Problem, pb
+from sluice.protocols.pulsar.frame import command_name
 
 CLIENT_TO_BROKER = "client_to_broker"
 BROKER_TO_CLIENT = "broker_to_client"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from google.protobuf import text_format
 
-from sluice.proto import (
+from sluice.protocols.pulsar import (
     Frame,
     Problem,
     ProtocolError,
@@ -41,13 +41,13 @@ from sluice.proto import (
     error_reply,
     pb,
 )
-from sluice.proto.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
+from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
+from sluice.protocols.pulsar.redact import loggable
 from sluice.proxy.config import BrokerUrl, ConfigError, parse_broker_url
 from sluice.proxy.framing import FrameStream, client_ssl_context, dial
 from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, TYPE_SLOTS
 from sluice.proxy.session import ClientSession
 from sluice.proxy.upstream import SLUICE_VERSION, UpstreamError
-from sluice.replay.redact import loggable
 
 if TYPE_CHECKING:
     from sluice.proxy.server import Proxy

@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from sluice.errors import leaves
-from sluice.proto import Frame, ProtocolError, Type, decode_stream, pb
+from sluice.protocols.pulsar import Frame, ProtocolError, Type, decode_stream, pb
 from sluice.proxy.admin import bound, open_admin, serve_admin
 from sluice.proxy.allowlist import AllowList
 from sluice.proxy.config import Address, BrokerUrl, ProxyConfig
@@ -22,7 +22,7 @@ from sluice.proxy.lookup import LookupSession
 from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, TYPE_SLOTS, Metrics
 from sluice.proxy.relay import RelaySession, connect_error
 from sluice.proxy.upstream import UpstreamError, UpstreamPool
-from sluice.replay.recorder import Recorder
+from sluice.recording.writer import Recorder
 
 log = logging.getLogger("sluice.proxy")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sluice.proto import Frame
+from sluice.protocols.pulsar import Frame
 from sluice.proxy.framing import FrameStream
 
 if TYPE_CHECKING:

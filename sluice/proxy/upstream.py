@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from sluice import __version__
-from sluice.proto import Frame, ProtocolError, Type, command, encode, pb
+from sluice.protocols.pulsar import Frame, ProtocolError, Type, command, encode, pb
 from sluice.proxy.config import Address
 from sluice.proxy.framing import FrameStream, dial
 

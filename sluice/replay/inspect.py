@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from sluice.replay.format import ReadResult, Record, RecordingError, read_records, recording_files
+from sluice.recording.format import (
+    ReadResult,
+    Record,
+    RecordingError,
+    read_records,
+    recording_files,
+)
 from sluice.replay.pcap import PcapngWriter
 
 log = logging.getLogger("sluice.inspect")

@@ -34,12 +34,12 @@ import trio
 from google.protobuf import text_format
 
 from sluice.errors import leaves
-from sluice.proto import Frame, ProtocolError, Type, command, encode, encode_payload, pb
+from sluice.protocols.pulsar import Frame, ProtocolError, Type, command, encode, encode_payload, pb
+from sluice.protocols.pulsar.redact import loggable
 from sluice.proxy.config import ConfigError, TlsClientConfig, parse_broker_url
 from sluice.proxy.framing import FrameStream, client_ssl_context, dial
-from sluice.replay.format import RecordingError
-from sluice.replay.load import RecordedConnection, RecordedFrame, load
-from sluice.replay.redact import loggable
+from sluice.recording.format import RecordingError
+from sluice.recording.reader import RecordedConnection, RecordedFrame, load
 
 T = Type.Value
 Key = tuple[Any, ...]
@@ -144,7 +144,7 @@ def normalise(frame: Frame) -> str:
     cmd = pb.BaseCommand()
     body_source = loggable(frame)  # never put credentials in a transcript
     cmd.type = frame.command.type
-    from sluice.proto.frame import BODY_FIELD
+    from sluice.protocols.pulsar.frame import BODY_FIELD
 
     field_name = BODY_FIELD[frame.type]
     body: Any = getattr(cmd, field_name)

@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from sluice.proto import (
+from sluice.protocols.pulsar import (
     Frame,
     ProtocolError,
     Type,
@@ -35,8 +35,8 @@ from sluice.proto import (
 )
 from sluice.proxy.config import Address, ConfigError, parse_address
 from sluice.proxy.framing import FrameStream
-from sluice.replay.format import RecordingError
-from sluice.replay.load import Recording, load
+from sluice.recording.format import RecordingError
+from sluice.recording.reader import Recording, load
 
 T = Type.Value
 _ANSWERED_BY_SUCCESS = {T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("UNSUBSCRIBE"), T("SEEK")}

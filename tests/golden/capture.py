@@ -34,7 +34,7 @@ from typing import Any
 import pulsar
 
 from sluice.embedded import EmbeddedBroker
-from sluice.proto import FrameDecoder, Type, command, encode, pb
+from sluice.protocols.pulsar import FrameDecoder, Type, command, encode, pb
 
 HERE = Path(__file__).resolve().parent
 

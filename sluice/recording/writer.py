@@ -26,8 +26,8 @@ from typing import IO, TYPE_CHECKING, Any
 import trio
 
 from sluice import __version__
-from sluice.proto import Frame
-from sluice.replay.format import SUFFIX, FrameSummarizer, Record, header, pack
+from sluice.protocols.pulsar import Frame
+from sluice.recording.format import SUFFIX, FrameSummarizer, Record, header, pack
 
 if TYPE_CHECKING:
     from sluice.proxy.metrics import Metrics

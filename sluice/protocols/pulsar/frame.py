@@ -18,8 +18,8 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from sluice.proto import pulsar_api_pb2 as pb
-from sluice.proto.errors import RemoteProtocolError
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.errors import RemoteProtocolError
 
 # Broker default for the largest message; CONNECTED.max_message_size replaces it.
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024

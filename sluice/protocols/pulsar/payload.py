@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import cramjam
 from google.protobuf.message import DecodeError
 
-from sluice.proto import pulsar_api_pb2 as pb
-from sluice.proto.errors import Problem, RemoteProtocolError
-from sluice.proto.frame import Frame, missing_fields
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
+from sluice.protocols.pulsar.frame import Frame, missing_fields
 
 _U32 = struct.Struct(">I")
 

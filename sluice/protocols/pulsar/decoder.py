@@ -24,9 +24,9 @@ from typing import Final
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError, Message
 
-from sluice.proto import pulsar_api_pb2 as pb
-from sluice.proto.errors import Problem, RemoteProtocolError
-from sluice.proto.frame import (
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
+from sluice.protocols.pulsar.frame import (
     BODY_FIELD,
     BODY_WITHOUT_REQUIRED,
     DEFAULT_MAX_MESSAGE_SIZE,

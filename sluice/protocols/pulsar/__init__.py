@@ -2,12 +2,12 @@
 
 Decode with ``FrameDecoder`` (incremental) or ``decode_frame``/``decode_stream``;
 build frames with ``command`` + ``encode``/``encode_payload``; look inside
-payloads with ``sluice.proto.payload``. The schema is ``pulsar_api.proto`` and
+payloads with ``sluice.protocols.pulsar.payload``. The schema is ``pulsar_api.proto`` and
 its generated module ``pulsar_api_pb2`` (imported here as ``pb``).
 """
 
-from sluice.proto import pulsar_api_pb2 as pb
-from sluice.proto.decoder import (
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.decoder import (
     CLOSED,
     NEED_DATA,
     FrameDecoder,
@@ -15,9 +15,14 @@ from sluice.proto.decoder import (
     decode_stream,
     max_frame_size,
 )
-from sluice.proto.encoder import command, encode, encode_payload, error_reply
-from sluice.proto.errors import LocalProtocolError, Problem, ProtocolError, RemoteProtocolError
-from sluice.proto.frame import (
+from sluice.protocols.pulsar.encoder import command, encode, encode_payload, error_reply
+from sluice.protocols.pulsar.errors import (
+    LocalProtocolError,
+    Problem,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from sluice.protocols.pulsar.frame import (
     DEFAULT_MAX_MESSAGE_SIZE,
     FRAME_PADDING,
     PAYLOAD_TYPES,

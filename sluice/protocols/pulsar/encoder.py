@@ -13,9 +13,9 @@ from typing import Any
 import crc32c as _crc32c
 from google.protobuf.message import Message
 
-from sluice.proto import pulsar_api_pb2 as pb
-from sluice.proto.errors import LocalProtocolError, Problem
-from sluice.proto.frame import (
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.errors import LocalProtocolError, Problem
+from sluice.protocols.pulsar.frame import (
     BODY_FIELD,
     DEFAULT_MAX_MESSAGE_SIZE,
     FRAME_PADDING,

@@ -16,8 +16,8 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from sluice.proto import Frame, Type, encode, encode_payload, pb
-from sluice.proto.frame import BODY_FIELD
+from sluice.protocols.pulsar import Frame, Type, encode, encode_payload, pb
+from sluice.protocols.pulsar.frame import BODY_FIELD
 
 MARKER = "<redacted>"
 MARKER_BYTES = MARKER.encode()

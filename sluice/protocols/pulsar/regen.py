@@ -1,6 +1,8 @@
-"""Regenerate ``pulsar_api_pb2.py`` (and its ``.pyi`` stub) from ``pulsar_api.proto``.
+"""Regenerate ``pulsar_api_pb2.py`` (and its ``.pyi`` stub) from ``proto/pulsar_api.proto``.
 
-Run ``python -m sluice.proto.regen`` after editing the schema. The generated
+The schema source lives at the top of the repository (``proto/``); the
+generated module lives here, in the package. Run
+``python -m sluice.protocols.pulsar.regen`` after editing the schema. The generated
 files are committed so that installing Sluice needs no protoc; the test suite
 regenerates into a scratch directory and fails if the committed copy is stale.
 
@@ -17,7 +19,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCHEMA = HERE / "pulsar_api.proto"
+# In a checkout; an installed package ships only the generated module.
+SCHEMA = HERE.parents[2] / "proto" / "pulsar_api.proto"
 GENERATED = ("pulsar_api_pb2.py", "pulsar_api_pb2.pyi")
 
 

@@ -20,9 +20,9 @@ from typing import Any, BinaryIO
 
 import msgpack
 
-from sluice.proto import PAYLOAD_TYPES, Frame, pb
-from sluice.proto.correlation import Correlator
-from sluice.replay.redact import redacted, sensitive
+from sluice.protocols.pulsar import PAYLOAD_TYPES, Frame, pb
+from sluice.protocols.pulsar.correlation import Correlator
+from sluice.protocols.pulsar.redact import redacted, sensitive
 
 MAGIC = "sluice-recording"
 VERSION = 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-from sluice.proto import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 
 
 class Problem(enum.Enum):

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.proto import Frame, decode_frame
-from sluice.replay.format import ReadResult, RecordingError, read_records, recording_files
+from sluice.protocols.pulsar import Frame, decode_frame
+from sluice.recording.format import ReadResult, RecordingError, read_records, recording_files
 
 
 @dataclass

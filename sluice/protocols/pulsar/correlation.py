@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluice.proto import pulsar_api_pb2 as pb
-from sluice.proto.frame import Frame
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.frame import Frame
 
 T = pb.BaseCommand
 
