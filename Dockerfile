@@ -3,15 +3,22 @@
 # sluice command works as arguments (`docker run IMAGE inspect /recordings`).
 # Configure with SLUICE_* variables (SLUICE_BROKER is required), flags, or a
 # TOML file passed with --config.
+#
+# BASE is the Python image both stages start from. It must provide python, pip
+# and useradd on PATH; `./dev image` passes a local Debian bookworm image with
+# Debian's Python 3.11 where no registry can be reached.
+# `--target demo` adds the extra that `sluice demo` needs (the official client
+# and the embedded broker) on top of the default image; the default stays lean.
+ARG BASE=python:3.11-slim
 
-FROM python:3.11-slim AS build
+FROM ${BASE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sluice ./sluice
 RUN pip install --no-cache-dir build==1.2.2 \
  && python -m build --wheel --outdir /wheels
 
-FROM python:3.11-slim
+FROM ${BASE} AS runtime
 LABEL org.opencontainers.image.title="sluice" \
       org.opencontainers.image.description="Protocol-aware proxy and traffic recorder for Apache Pulsar" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -33,3 +40,14 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:9090/healthz', timeout=2).status != 200)"]
 ENTRYPOINT ["sluice"]
 CMD ["proxy"]
+
+FROM runtime AS demo
+USER 0
+COPY --from=build /wheels /wheels
+RUN whl=$(basename /wheels/*.whl) \
+ && pip install --no-cache-dir "/wheels/${whl}[demo]" \
+ && rm -rf /wheels
+USER 10001
+
+# The default target: the runtime image above, without the demo extra.
+FROM runtime

@@ -11,6 +11,7 @@ comma-separated environment value. Switches take true/false, yes/no, 1/0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import tomllib
@@ -196,3 +197,14 @@ def render(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: 
 
 def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def default(record: type[Any], name: str) -> Any:
+    """The default a settings record states for ``name`` (for the command line)."""
+    for f in dataclasses.fields(record):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    raise KeyError(f"{record.__name__} has no default for {name}")

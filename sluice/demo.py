@@ -20,9 +20,11 @@ from typing import Any
 
 import trio
 
+from sluice.addresses import Address
 from sluice.embedded import BrokerError, EmbeddedBroker, free_port
 from sluice.logs import setup_logging
-from sluice.proxy.config import Address, ProxyConfig, parse_broker_url
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
 from sluice.recording.writer import RecorderConfig
 
@@ -147,7 +149,7 @@ async def demo(args: argparse.Namespace, broker: EmbeddedBroker, record: Path) -
 
 def report(work: Workload, proxy: Proxy, record: Path, url: str, admin: int, live: bool) -> None:
     registry = proxy.metrics.registry
-    frames = sum(sum(counts) for counts in proxy.metrics.traffic.frames.values())
+    frames = sum(sum(counts) for counts in proxy.metrics.traffic.frames)
     invalid = sum(
         s.value
         for metric in registry.collect()

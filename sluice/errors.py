@@ -1,6 +1,10 @@
-"""Helpers for reporting errors that trio wraps in exception groups."""
+"""Errors every layer shares, and reporting errors that trio wraps in groups."""
 
 from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A setting is invalid. The message is one line meant for the user."""
 
 
 def leaves(exc: BaseException) -> list[BaseException]:

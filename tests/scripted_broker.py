@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from sluice.protocols.pulsar import ProtocolError, Type, command, encode, pb
-from sluice.proxy.framing import FrameStream
+from sluice.proxy.pulsar import FrameStream
 
 LookupScript = Callable[[pb.CommandLookupTopic], Awaitable[pb.CommandLookupTopicResponse]]
 

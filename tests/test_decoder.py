@@ -222,7 +222,7 @@ def test_send_error_reply_for_a_bad_send() -> None:
     frame = decode_frame(send(seq=42))
     reply = error_reply(frame, pb.ChecksumError, "bad checksum")
     assert reply is not None
-    answer = decode_frame(reply)
+    answer = decode_frame(reply.raw)
     assert answer.name == "SEND_ERROR"
     assert answer.body.sequence_id == 42 and answer.body.producer_id == 1
     assert answer.body.error == pb.ChecksumError
@@ -232,7 +232,7 @@ def test_lookup_gets_a_failed_lookup_response() -> None:
     lookup = encode(command(T("LOOKUP"), pb.CommandLookupTopic(topic="t", request_id=5)))
     reply = error_reply(decode_frame(lookup), pb.TooManyRequests, "slow down")
     assert reply is not None
-    answer = decode_frame(reply)
+    answer = decode_frame(reply.raw)
     assert answer.name == "LOOKUP_RESPONSE"
     assert answer.body.response == pb.CommandLookupTopicResponse.Failed
     assert answer.body.request_id == 5 and answer.body.error == pb.TooManyRequests
@@ -244,7 +244,7 @@ def test_other_requests_get_error_with_their_request_id() -> None:
     )
     reply = error_reply(decode_frame(producer), pb.ServiceNotReady, "no")
     assert reply is not None
-    answer = decode_frame(reply)
+    answer = decode_frame(reply.raw)
     assert answer.name == "ERROR" and answer.body.request_id == 9
 
 

@@ -11,10 +11,12 @@ import pulsar
 import pytest
 import trio
 
+from sluice.addresses import Address
 from sluice.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, encode, pb
-from sluice.proxy.config import Address, ProxyConfig, parse_broker_url
-from sluice.proxy.framing import FrameStream
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.pulsar import FrameStream
 from sluice.proxy.server import Proxy
 from tests.scripted_broker import ScriptedBroker, connect_to, failed, redirect_to
 from tests.support import client

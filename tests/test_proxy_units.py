@@ -5,17 +5,12 @@ from __future__ import annotations
 import pytest
 from google.protobuf.message import Message
 
+from sluice.addresses import Address, AllowList, parse_address, parse_rule
+from sluice.errors import ConfigError
 from sluice.protocols.pulsar import Frame, Type, command, decode_frame, encode, encode_payload, pb
 from sluice.protocols.pulsar.correlation import Correlator
-from sluice.proxy.allowlist import AllowList, parse_rule
-from sluice.proxy.config import (
-    Address,
-    BrokerUrl,
-    ConfigError,
-    ProxyConfig,
-    parse_address,
-    parse_broker_url,
-)
+from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
+from sluice.proxy.config import ProxyConfig
 
 T = Type.Value
 
@@ -94,7 +89,7 @@ def test_config_validation() -> None:
     with pytest.raises(ConfigError, match="--listen-tls needs"):
         ProxyConfig(broker=broker, listen_tls=Address("127.0.0.1", 6651))
     with pytest.raises(ConfigError, match="--on-invalid"):
-        ProxyConfig(broker=broker, on_invalid="drop")
+        ProxyConfig(broker=broker, on_invalid="drop")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="--drain-timeout must be positive"):
         ProxyConfig(broker=broker, drain_timeout=0)
 

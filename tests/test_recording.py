@@ -305,8 +305,8 @@ async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: 
     config = RecorderConfig(tmp_path, lossless=True, queue_frames=2, flush_interval=0.05)
     recorder = Recorder(config)
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
-    recorder.frame(1, 0, ping)
-    recorder.frame(1, 0, ping)
+    recorder.record_frame(1, 0, ping)
+    recorder.record_frame(1, 0, ping)
     with trio.move_on_after(0.3) as blocked:
         await recorder.room()  # full, and no writer yet: must wait
     assert blocked.cancelled_caught
@@ -314,7 +314,7 @@ async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: 
         await nursery.start(recorder.run)
         for _ in range(50):  # the proxy's loop in lossless mode: wait for room, then record
             await recorder.room()
-            recorder.frame(1, 0, ping)
+            recorder.record_frame(1, 0, ping)
         await trio.sleep(0.3)
         nursery.cancel_scope.cancel()
     frames = [r for p in recording_files(tmp_path) for r in read_records(p) if r["k"] == "frame"]
@@ -361,22 +361,24 @@ async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
 
     ping = decode_frame(encode(command(Type.Value("PING"))))
     metrics = Metrics()
-    recorder = Recorder(RecorderConfig(tmp_path, flush_interval=0.05), metrics)
+    recorder = Recorder(RecorderConfig(tmp_path, flush_interval=0.05))
+    metrics.watch(recorder)
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
     async with trio.open_nursery() as nursery:
         await nursery.start(recorder.run)
-        recorder.frame(1, 0, ping)
+        recorder.record_frame(1, 0, ping)
         await trio.sleep(0.2)  # written for real, flushed
         assert recorder._file is not None
         recorder._file = FullDisk(recorder._file)  # type: ignore[assignment]
         for _ in range(5):
-            recorder.frame(1, 0, ping)
+            recorder.record_frame(1, 0, ping)
         await trio.sleep(0.3)  # the flush fails: those 5 are lost, and counted
         recorder._retry_at = 0.0  # the disk is back
-        recorder.frame(1, 0, ping)
+        recorder.record_frame(1, 0, ping)
         await trio.sleep(0.3)
         nursery.cancel_scope.cancel()
     records = [r for p in recording_files(tmp_path) for r in read_records(p)]
     assert sum(1 for r in records if r["k"] == "frame") == 2
     assert [r["dropped"] for r in records if r["k"] == "gap"] == [5]
-    assert metrics.recorder_dropped._value.get() == 5
+    assert recorder.dropped_total == 5
+    assert metrics.registry.get_sample_value("sluice_recorder_dropped_frames_total") == 5

@@ -14,15 +14,13 @@ probes need.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import trio
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from sluice.proxy.config import Address
-
-if TYPE_CHECKING:
-    from sluice.proxy.server import Proxy
+from sluice.addresses import Address
 
 log = logging.getLogger("sluice.admin")
 
@@ -42,11 +40,17 @@ def bound(listeners: list[trio.SocketListener]) -> Address:
     return Address(host, port)
 
 
-async def serve_admin(listeners: list[trio.SocketListener], proxy: Proxy) -> None:
+# What /readyz reports: the reasons the proxy is not ready (none: ready).
+Readiness = Callable[[], list[str]]
+
+
+async def serve_admin(
+    listeners: list[trio.SocketListener], registry: CollectorRegistry, readiness: Readiness
+) -> None:
     async def handle(stream: trio.SocketStream) -> None:
         try:
             with trio.move_on_after(TIMEOUT):
-                await _respond(stream, proxy)
+                await _respond(stream, registry, readiness)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -55,7 +59,9 @@ async def serve_admin(listeners: list[trio.SocketListener], proxy: Proxy) -> Non
     await trio.serve_listeners(handle, listeners)
 
 
-async def _respond(stream: trio.SocketStream, proxy: Proxy) -> None:
+async def _respond(
+    stream: trio.SocketStream, registry: CollectorRegistry, readiness: Readiness
+) -> None:
     head = b""
     while b"\r\n\r\n" not in head:
         chunk = await stream.receive_some(4096)
@@ -76,16 +82,12 @@ async def _respond(stream: trio.SocketStream, proxy: Proxy) -> None:
         return
     body_wanted = method == "GET"
     if target == "/metrics":
-        await _send(stream, 200, generate_latest(proxy.metrics.registry), CONTENT_TYPE_LATEST,
+        await _send(stream, 200, generate_latest(registry), CONTENT_TYPE_LATEST,
                     body_wanted=body_wanted)  # fmt: skip
     elif target == "/healthz":
         await _send(stream, 200, b"ok\n", body_wanted=body_wanted)
     elif target == "/readyz":
-        problems = []
-        if not proxy.listening:
-            problems.append("not listening")
-        if not proxy.upstream_ok:
-            problems.append(f"upstream {proxy.config.broker} unreachable")
+        problems = readiness()
         if problems:
             await _send(stream, 503, ("; ".join(problems) + "\n").encode(), body_wanted=body_wanted)
         else:

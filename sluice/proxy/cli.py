@@ -11,19 +11,17 @@ from pathlib import Path
 
 import trio
 
+from sluice.addresses import parse_address
+from sluice.config import default
+from sluice.errors import ConfigError
 from sluice.logs import add_logging_arguments, setup_logging
-from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
-from sluice.proxy.config import (
-    ConfigError,
-    ProxyConfig,
-    TlsClientConfig,
-    TlsServerConfig,
-    parse_address,
-    parse_broker_url,
-)
-from sluice.proxy.framing import client_ssl_context
+from sluice.protocols.core import OnInvalid
+from sluice.protocols.pulsar.connection import UpstreamFailure
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.dial import TlsClientConfig, TlsServerConfig, client_ssl_context
+from sluice.proxy.pulsar import connect_broker
 from sluice.proxy.server import Proxy
-from sluice.proxy.upstream import BrokerConnection, UpstreamError
 from sluice.recording.format import PAYLOAD_POLICIES
 from sluice.recording.writer import RecorderConfig, ignore_file_size_signal
 
@@ -34,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net = parser.add_argument_group("listening")
     net.add_argument(
         "--listen",
-        default="127.0.0.1:6650",
+        default=str(default(ProxyConfig, "listen")),
         metavar="HOST:PORT",
         help="plain listener (default: %(default)s; 'none' to disable)",
     )
@@ -93,70 +91,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--max-redirects",
         type=int,
-        default=5,
+        default=default(ProxyConfig, "max_redirects"),
         metavar="N",
         help="lookup redirects to follow before failing the lookup",
     )
     pol = parser.add_argument_group("policy and limits")
     pol.add_argument(
         "--on-invalid",
-        choices=("reject", "forward"),
-        default="reject",
+        choices=[p.value for p in OnInvalid],
+        default=default(ProxyConfig, "on_invalid").value,
         help="what to do with invalid frames from clients (default: %(default)s)",
     )
     pol.add_argument(
         "--max-message-size",
         type=int,
-        default=DEFAULT_MAX_MESSAGE_SIZE,
+        default=default(ProxyConfig, "max_message_size"),
         metavar="BYTES",
         help="largest message accepted until a broker's CONNECTED says otherwise",
     )
     pol.add_argument(
         "--max-connections",
         type=int,
-        default=10_000,
+        default=default(ProxyConfig, "max_connections"),
         metavar="N",
         help="client connections open at once; more are refused",
     )
     pol.add_argument(
         "--max-connections-per-ip",
         type=int,
-        default=1_000,
+        default=default(ProxyConfig, "max_connections_per_ip"),
         metavar="N",
         help="client connections open at once from one IP address",
     )
     pol.add_argument(
         "--max-concurrent-lookups",
         type=int,
-        default=1_000,
+        default=default(ProxyConfig, "max_concurrent_lookups"),
         metavar="N",
         help="lookups in flight at once; more are answered TooManyRequests",
     )
     pol.add_argument(
         "--connect-timeout",
         type=float,
-        default=10.0,
+        default=default(ProxyConfig, "connect_timeout"),
         metavar="SECONDS",
         help="dialling a broker, TLS included",
     )
     pol.add_argument(
         "--handshake-timeout",
         type=float,
-        default=10.0,
+        default=default(ProxyConfig, "handshake_timeout"),
         metavar="SECONDS",
         help="for a client's CONNECT, and for a broker's CONNECTED",
     )
     pol.add_argument(
         "--keepalive-interval",
         type=float,
-        default=30.0,
+        default=default(ProxyConfig, "keepalive_interval"),
         metavar="SECONDS",
         help="ping idle lookup connections this often; close after twice this silent",
     )
     pol.add_argument(
         "--drain-timeout",
         type=float,
-        default=20.0,
+        default=default(ProxyConfig, "drain_timeout"),
         metavar="SECONDS",
         help="how long SIGTERM waits for connections to hand over",
     )
@@ -175,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument(
         "--record-payloads",
         choices=PAYLOAD_POLICIES,
-        default="hash",
+        default=default(RecorderConfig, "payloads"),
         help="message payloads: full, hash (size and SHA-256, the default) or none; "
         "credentials are never recorded",
     )
@@ -187,21 +185,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument(
         "--record-max-bytes",
         type=int,
-        default=256 * 1024 * 1024,
+        default=default(RecorderConfig, "max_file_bytes"),
         metavar="BYTES",
         help="start a new file after this many bytes",
     )
     rec.add_argument(
         "--record-max-age",
         type=float,
-        default=3600.0,
+        default=default(RecorderConfig, "max_file_age"),
         metavar="SECONDS",
         help="start a new file after this long",
     )
     rec.add_argument(
         "--record-flush-interval",
         type=float,
-        default=1.0,
+        default=default(RecorderConfig, "flush_interval"),
         metavar="SECONDS",
         help="how often written records are flushed (what a crash can lose)",
     )
@@ -214,7 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     obs.add_argument(
         "--topic-metrics-limit",
         type=int,
-        default=100,
+        default=default(ProxyConfig, "topic_metrics_limit"),
         metavar="N",
         help="topics with their own metric labels; the rest share 'other'",
     )
@@ -246,7 +244,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
             key=args.broker_tls_key,
         ),
         allow_broker=tuple(args.allow_broker),
-        on_invalid=args.on_invalid,
+        on_invalid=OnInvalid(args.on_invalid),
         max_message_size=args.max_message_size,
         connect_timeout=args.connect_timeout,
         handshake_timeout=args.handshake_timeout,
@@ -286,18 +284,13 @@ class StartupError(Exception):
 
 async def check_broker(config: ProxyConfig) -> None:
     tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
-    failure: UpstreamError | None = None
-    async with trio.open_nursery() as nursery:
-        try:
-            conn = await BrokerConnection.open(
-                nursery, config.broker.address, timeout=config.connect_timeout, tls=tls
-            )
-            await conn.aclose()
-        except UpstreamError as exc:
-            failure = exc
-        nursery.cancel_scope.cancel()
-    if failure is not None:
-        raise StartupError(f"{failure.message} (start anyway with --no-check-broker)")
+    try:
+        stream, _ = await connect_broker(
+            config.broker.address, timeout=config.connect_timeout, tls=tls
+        )
+    except UpstreamFailure as failure:
+        raise StartupError(f"{failure.message} (start anyway with --no-check-broker)") from None
+    await stream.aclose()
 
 
 async def serve(config: ProxyConfig, check: bool = True) -> None:

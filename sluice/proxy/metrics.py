@@ -21,18 +21,38 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sluice import __version__
-from sluice.protocols.pulsar import Problem, pb
+from sluice.protocols.core import (
+    Accepted,
+    Answered,
+    Closed,
+    Conn,
+    Dialed,
+    Event,
+    Invalid,
+    LookupDone,
+    Opened,
+    Rejected,
+    Relayed,
+    TopicTraffic,
+)
+from sluice.protocols.pulsar import Problem
 from sluice.protocols.pulsar.frame import command_name
+
+if TYPE_CHECKING:
+    from sluice.recording.writer import Recorder
 
 CLIENT_TO_BROKER = "client_to_broker"
 BROKER_TO_CLIENT = "broker_to_client"
 DIRECTIONS = (CLIENT_TO_BROKER, BROKER_TO_CLIENT)
+# Indexed by "from the client".
+DIRECTION = (BROKER_TO_CLIENT, CLIENT_TO_BROKER)
 # Command types are small numbers; anything else counts as UNKNOWN (slot 0).
 TYPE_SLOTS = 256
 OTHER_TOPIC = "other"
@@ -60,11 +80,15 @@ TIMED_COMMANDS = (
 
 
 class TrafficCounts(Collector):
-    """Frames and bytes per command type and direction, as plain integers."""
+    """Frames and bytes per command type and direction, as plain integers.
+
+    ``frames[from_client][type]``: index 1 counts frames from clients, 0
+    frames from brokers (and frames the proxy wrote to clients itself).
+    """
 
     def __init__(self) -> None:
-        self.frames = {d: [0] * TYPE_SLOTS for d in DIRECTIONS}
-        self.bytes = {d: [0] * TYPE_SLOTS for d in DIRECTIONS}
+        self.frames = ([0] * TYPE_SLOTS, [0] * TYPE_SLOTS)
+        self.bytes = ([0] * TYPE_SLOTS, [0] * TYPE_SLOTS)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         frames = CounterMetricFamily(
@@ -76,8 +100,8 @@ class TrafficCounts(Collector):
             "sluice_bytes", "Bytes relayed (whole frames), by command and direction",
             labels=["command", "direction"],
         )  # fmt: skip
-        for direction in DIRECTIONS:
-            counts, volume = self.frames[direction], self.bytes[direction]
+        for index, direction in enumerate(DIRECTION):
+            counts, volume = self.frames[index], self.bytes[index]
             for slot in range(TYPE_SLOTS):
                 if counts[slot]:
                     name = command_name(slot) if slot else "UNKNOWN"
@@ -184,22 +208,8 @@ class Metrics:
             "sluice_upstream_up", "1 when the configured broker answered the last probe",
             registry=registry,
         )  # fmt: skip
-        # Recorder figures (all zero while recording is off).
-        self.recorder_frames = Counter(
-            "sluice_recorder_frames", "Frames written to recordings", registry=registry
-        )
-        self.recorder_bytes = Counter(
-            "sluice_recorder_bytes", "Bytes written to recording files", registry=registry
-        )
-        self.recorder_dropped = Counter(
-            "sluice_recorder_dropped_frames",
-            "Frames not recorded because the writer fell behind or failed",
-            registry=registry,
-        )
-        self.recorder_queue = Gauge(
-            "sluice_recorder_queue_frames", "Frames waiting for the recording writer",
-            registry=registry,
-        )  # fmt: skip
+        self._recorder_figures = RecorderFigures()
+        registry.register(self._recorder_figures)
 
         # Children bound once, for the per-request paths.
         self._request_timers = {c: self.request_duration.labels(c) for c in TIMED_COMMANDS}
@@ -217,20 +227,60 @@ class Metrics:
             self.lookup_duration.labels(part)
         self._topic_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
 
-    def request_done(self, type_: int, seconds: float, error: int | None) -> None:
-        name = command_name(type_)
-        timer = self._request_timers.get(name)
-        if timer is not None:
-            timer.observe(seconds)
-        if error is not None:
-            self.broker_error(name, error)
+    # --- the tap -------------------------------------------------------------
 
-    def broker_error(self, command: str, error: int) -> None:
-        try:
-            code = pb.ServerError.Name(error)  # type: ignore[arg-type]
-        except ValueError:
-            code = str(error)
-        self.broker_errors.labels(command, code).inc()
+    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
+        t = frame.type
+        slot = t if t < TYPE_SLOTS else 0
+        self.traffic.frames[from_client][slot] += 1
+        self.traffic.bytes[from_client][slot] += len(frame.raw)
+
+    def event(self, conn: Conn | None, event: Event) -> None:
+        kind = type(event)
+        if kind is Answered:
+            assert isinstance(event, Answered)
+            timer = self._request_timers.get(event.request)
+            if timer is not None:
+                timer.observe(event.seconds)
+            if event.error is not None:
+                self.broker_errors.labels(event.request, event.error).inc()
+        elif kind is TopicTraffic:
+            assert isinstance(event, TopicTraffic)
+            self.topic_traffic(
+                event.topic, DIRECTION[event.from_client], event.messages, event.size
+            )
+        elif kind is Relayed:
+            assert isinstance(event, Relayed)
+            self.relay_delay_by_direction[DIRECTION[event.from_client]].observe(event.seconds)
+        elif kind is Accepted:
+            assert conn is not None
+            self.connections_opened.labels(conn.listener).inc()
+            self.connections_active.labels(conn.listener).inc()
+        elif kind is Closed:
+            assert conn is not None
+            self.connections_closed.labels(conn.listener).inc()
+            self.connections_active.labels(conn.listener).dec()
+        elif kind is Opened:
+            assert conn is not None
+            self.sessions.labels(conn.kind).inc()
+        elif kind is Rejected:
+            assert isinstance(event, Rejected)
+            self.connections_rejected.labels(event.reason).inc()
+        elif kind is Invalid:
+            assert isinstance(event, Invalid)
+            self.validation_failures.labels(event.problem, DIRECTION[event.from_client]).inc()
+        elif kind is LookupDone:
+            assert isinstance(event, LookupDone)
+            self.lookups.labels(event.outcome).inc()
+            if event.outcome in ("answered", "failed"):
+                self.lookup_duration.labels("total").observe(event.total)
+                self.lookup_duration.labels("upstream").observe(event.upstream)
+        elif kind is Dialed:
+            assert isinstance(event, Dialed)
+            if event.seconds is None:
+                self.upstream_dial_failures.inc()
+            else:
+                self.upstream_dial.observe(event.seconds)
 
     def topic_traffic(self, topic: str, direction: str, messages: int, size: int) -> None:
         key = (self.topic_label(topic), direction)
@@ -240,3 +290,37 @@ class Metrics:
             self._topic_children[key] = children
         children[0].inc(messages)
         children[1].inc(size)
+
+    def watch(self, recorder: Recorder) -> None:
+        """Export the recorder's figures (read at scrape time)."""
+        self._recorder_figures.recorder = recorder
+
+
+class RecorderFigures(Collector):
+    """The recorder's own counters, as sluice_recorder_* metrics."""
+
+    def __init__(self) -> None:
+        self.recorder: Recorder | None = None  # all zero while recording is off
+
+    def collect(self) -> Iterator[Any]:
+        r = self.recorder
+        yield CounterMetricFamily(
+            "sluice_recorder_frames", "Frames written to recordings",
+            value=r.frames_written if r else 0,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "sluice_recorder_bytes", "Bytes written to recording files",
+            value=r.bytes_written if r else 0,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "sluice_recorder_dropped_frames",
+            "Frames not recorded because the writer fell behind or failed",
+            value=r.dropped_total if r else 0,
+        )
+        yield GaugeMetricFamily(
+            "sluice_recorder_queue_frames", "Frames waiting for the recording writer",
+            value=r.queued if r else 0,
+        )  # fmt: skip
+
+    def describe(self) -> Iterable[Any]:
+        return []

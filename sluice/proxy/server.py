@@ -1,4 +1,10 @@
-"""The proxy: listeners, connection limits, dispatch, graceful drain."""
+"""The proxy: listeners, connection limits, dispatch, graceful drain.
+
+``Proxy`` is where the parts meet: a protocol backend (cores for client
+connections, the proxy's own upstream connections), the taps (metrics, the
+recorder), the admin endpoint, and one ``Relay`` per client connection.
+Nothing here looks at frames.
+"""
 
 from __future__ import annotations
 
@@ -6,103 +12,59 @@ import collections
 import contextlib
 import itertools
 import logging
-import ssl
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from sluice.errors import leaves
-from sluice.protocols.pulsar import Frame, ProtocolError, Type, decode_stream, pb
+from sluice.addresses import Address
+from sluice.protocols.core import Accepted, Conn, Rejected, Taps
+from sluice.protocols.pulsar.connection import PulsarSettings, Routing
 from sluice.proxy.admin import bound, open_admin, serve_admin
-from sluice.proxy.allowlist import AllowList
-from sluice.proxy.config import Address, BrokerUrl, ProxyConfig
-from sluice.proxy.framing import FrameStream, client_ssl_context
-from sluice.proxy.lookup import LookupSession
-from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, TYPE_SLOTS, Metrics
-from sluice.proxy.relay import RelaySession, connect_error
-from sluice.proxy.upstream import UpstreamError, UpstreamPool
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.dial import dial, server_ssl_context
+from sluice.proxy.metrics import Metrics
+from sluice.proxy.pulsar import PulsarBackend
+from sluice.proxy.relay import Relay, Timing
 from sluice.recording.writer import Recorder
 
 log = logging.getLogger("sluice.proxy")
 
-
-@dataclass(frozen=True)
-class Route:
-    """How to reach a broker a lookup answer named."""
-
-    tls: bool  # its URL was pulsar+ssl://
-    via_upstream: bool  # the upstream is itself a proxy and asked to be used
-
-
-class Slots:
-    """A counting limit that refuses instead of waiting."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.used = 0
-
-    def acquire_nowait_or_false(self) -> bool:
-        if self.used >= self.total:
-            return False
-        self.used += 1
-        return True
-
-    def release(self) -> None:
-        self.used -= 1
-
-
-def server_ssl_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    if client_ca is not None:
-        context.load_verify_locations(client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
+# How often the upstream broker is probed for /readyz and sluice_upstream_up.
+PROBE_INTERVAL = 5.0
 
 
 class Proxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.allowlist = AllowList(config.allow_broker)
-        self.allowlist.learn(config.broker.address)
-        self.routes: dict[Address, Route] = {}
-        self.lookup_slots = Slots(config.max_concurrent_lookups)
+        self.routing = Routing(config.broker, config.allow_broker, config.max_concurrent_lookups)
+        self.backend = PulsarBackend(
+            config.broker,
+            PulsarSettings(config.on_invalid, config.max_message_size, config.max_redirects),
+            self.routing,
+            broker_tls=config.broker_tls,
+            connect_timeout=config.connect_timeout,
+        )
+        self.timing = Timing(
+            config.handshake_timeout, config.connect_timeout, config.keepalive_interval
+        )
         self.metrics = Metrics(config.topic_metrics_limit)
-        self.upstream_ok = False
-        self.listening = False
-        self.relays: set[RelaySession] = set()
-        self.active = 0
-        self._per_ip: collections.Counter[str] = collections.Counter()
-        self._ids = itertools.count(1)
-        self._listeners: list[trio.abc.Listener[Any]] = []
-        self.addresses: dict[str, Address] = {}
-        self._handlers: trio.Nursery | None = None
-        self._stop = trio.Event()
+        self.taps = Taps([self.metrics])
         self.recorder: Recorder | None = None
         if config.record is not None:
             listen = [str(a) for a in (config.listen, config.listen_tls) if a is not None]
-            self.recorder = Recorder(
-                config.record, self.metrics, listen=listen, broker=str(config.broker)
-            )
-        self._upstream_tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
-        self.upstream: UpstreamPool
-
-    # --- accounting --------------------------------------------------------
-
-    def reject(self, reason: str) -> None:
-        self.metrics.connections_rejected.labels(reason).inc()
-
-    def learn_broker(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
-        """A broker the upstream named: allow it, and remember how to reach it."""
-        self.allowlist.learn(url.address)
-        self.routes[url.address] = Route(url.tls, via_upstream)
-
-    def note_invalid(self, frame: Frame, side: str, name: str) -> None:
-        assert frame.error is not None
-        direction = CLIENT_TO_BROKER if side == "client" else BROKER_TO_CLIENT
-        self.metrics.validation_failures.labels(frame.error.problem.value, direction).inc()
-        log.warning("%s: invalid %s from %s: %s", name, frame.name, side, frame.error.message)
+            self.recorder = Recorder(config.record, listen=listen, broker=str(config.broker))
+            self.metrics.watch(self.recorder)
+            self.taps.add(self.recorder)
+        self.upstream_ok = False
+        self.listening = False
+        self.relays: set[Relay] = set()
+        self.active = 0
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._ids = itertools.count(1)
+        self._listeners: list[tuple[str, trio.abc.Listener[Any]]] = []
+        self.addresses: dict[str, Address] = {}
+        self._handlers: trio.Nursery | None = None
+        self._stop = trio.Event()
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -118,32 +80,32 @@ class Proxy:
             self.addresses["admin"] = bound(admin)
         await self._open_listeners()
         async with trio.open_nursery() as outer:
-            self.upstream = UpstreamPool(
-                outer,
-                timeout=self.config.connect_timeout,
-                tls_for=lambda address: self._upstream_tls,
-                metrics=self.metrics,
-            )
+            self.backend.start(outer, self.taps)
             outer.start_soon(self._probe_upstream)
             if self.recorder is not None:
                 await outer.start(self.recorder.run)
             if admin is not None:
-                outer.start_soon(serve_admin, admin, self)
+                outer.start_soon(serve_admin, admin, self.metrics.registry, self.readiness)
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
-                for kind, listener in self._listeners_by_kind():
+                for kind, listener in self._listeners:
                     handlers.start_soon(self._accept_loop, listener, kind)
                 self.listening = True
                 task_status.started(self)
                 await self._stop.wait()
-            await self.upstream.aclose()
+            await self.backend.aclose()
             outer.cancel_scope.cancel()
 
-    def _listeners_by_kind(self) -> list[tuple[str, trio.abc.Listener[Any]]]:
-        return list(zip(self._kinds, self._listeners, strict=True))
+    def readiness(self) -> list[str]:
+        """Why the proxy is not ready (empty: ready), for /readyz."""
+        problems = []
+        if not self.listening:
+            problems.append("not listening")
+        if not self.upstream_ok:
+            problems.append(f"upstream {self.config.broker} unreachable")
+        return problems
 
     async def _open_listeners(self) -> None:
-        self._kinds: list[str] = []
         config = self.config
         if config.listen is not None:
             for listener in await trio.open_tcp_listeners(
@@ -152,11 +114,7 @@ class Proxy:
                 self._add_listener("plain", listener, listener)
         if config.listen_tls is not None:
             assert config.tls is not None
-            context = server_ssl_context(
-                str(config.tls.cert),
-                str(config.tls.key),
-                str(config.tls.client_ca) if config.tls.client_ca else None,
-            )
+            context = server_ssl_context(config.tls)
             for listener in await trio.open_tcp_listeners(
                 config.listen_tls.port, host=config.listen_tls.host
             ):
@@ -168,8 +126,7 @@ class Proxy:
     ) -> None:
         host, port = tcp.socket.getsockname()[:2]
         self.addresses.setdefault(kind, Address(host, port))
-        self._listeners.append(listener)
-        self._kinds.append(kind)
+        self._listeners.append((kind, listener))
 
     async def _accept_loop(self, listener: trio.abc.Listener[Any], kind: str) -> None:
         assert self._handlers is not None
@@ -182,32 +139,29 @@ class Proxy:
                 log.error("accept failed on %s listener: %s", kind, exc)
                 await trio.sleep(0.1)
                 continue
-            self._handlers.start_soon(self._handle, stream, kind)
+            self._handlers.start_soon(self.handle, stream, kind)
 
-    async def _probe_upstream(self, interval: float = 5.0) -> None:
+    async def _probe_upstream(self) -> None:
         """Keep sluice_upstream_up and /readyz current."""
         while True:
-            try:
-                await self.upstream.get(self.config.broker.address)
-                ok = True
-            except UpstreamError as exc:
-                if self.upstream_ok:
-                    log.warning("upstream broker unreachable: %s", exc.message)
-                ok = False
-            self.upstream_ok = ok
-            self.metrics.upstream_up.set(1 if ok else 0)
-            await trio.sleep(interval)
+            problem = await self.backend.probe()
+            if problem is not None and self.upstream_ok:
+                log.warning("upstream broker unreachable: %s", problem)
+            self.upstream_ok = problem is None
+            self.metrics.upstream_up.set(1 if self.upstream_ok else 0)
+            await trio.sleep(PROBE_INTERVAL)
 
     async def drain(self) -> None:
         """Stop accepting, hand clients back gracefully, stop within the drain timeout."""
         deadline = trio.current_time() + self.config.drain_timeout
         log.info("draining %d connections (timeout %gs)", self.active, self.config.drain_timeout)
         self.listening = False
-        for listener in self._listeners:
+        for _, listener in self._listeners:
             await listener.aclose()
         async with trio.open_nursery() as nursery:
             for relay in list(self.relays):
-                nursery.start_soon(relay.drain, deadline)
+                if relay.conn.kind == "proxied":
+                    nursery.start_soon(relay.drain, deadline)
         with trio.move_on_at(deadline):
             while self.active:
                 await trio.sleep(0.02)
@@ -221,122 +175,48 @@ class Proxy:
 
     # --- one connection ----------------------------------------------------
 
-    async def _handle(self, stream: trio.abc.Stream, kind: str) -> None:
+    async def handle(self, stream: trio.abc.Stream, kind: str) -> None:
+        """Serve one accepted client connection (any trio stream) to its end."""
         peer = _peer(stream)
+        conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
         ip = peer.host
-        conn = next(self._ids)
-        name = f"conn-{conn} {peer}"
         if self.active >= self.config.max_connections:
-            await self._reject(stream, name, "limit", "too many connections")
+            await self._reject(stream, conn, "too many connections")
             return
         if self._per_ip[ip] >= self.config.max_connections_per_ip:
-            await self._reject(stream, name, "limit", f"too many connections from {ip}")
+            await self._reject(stream, conn, f"too many connections from {ip}")
             return
         self.active += 1
         self._per_ip[ip] += 1
-        metrics = self.metrics
-        metrics.connections_opened.labels(kind).inc()
-        metrics.connections_active.labels(kind).inc()
-        client = FrameStream(stream, self.config.max_message_size)
-        reason = "closed"
+        self.taps.event(conn, Accepted())
+        recorder = self.recorder
+        relay = Relay(
+            self.backend.new_core(conn, self.taps),
+            stream,
+            timing=self.timing,
+            dial=self._dial,
+            ask=self.backend.ask,
+            tap=self.taps,
+            room=recorder.room if recorder is not None and recorder.config.lossless else None,
+        )
+        self.relays.add(relay)
         try:
-            await self._serve(client, conn, name, kind, peer)
-        except Exception as exc:  # one connection never takes the proxy down
-            reason = self._connection_failed(name, kind, client, exc)
+            await relay.run()
         finally:
-            if self.recorder is not None:
-                self.recorder.close_connection(conn, reason)
+            self.relays.discard(relay)
             self.active -= 1
             self._per_ip[ip] -= 1
             if not self._per_ip[ip]:
                 del self._per_ip[ip]
-            metrics.connections_closed.labels(kind).inc()
-            metrics.connections_active.labels(kind).dec()
             with trio.CancelScope(shield=True):
                 await _close(stream)
 
-    async def _serve(
-        self, client: FrameStream, conn: int, name: str, kind: str, peer: Address
-    ) -> None:
-        first: Frame | None = None
-        with trio.move_on_after(self.config.handshake_timeout):
-            first = await client.receive_frame()
-            if first is None:
-                return
-        if first is None:
-            self.reject("handshake_timeout")
-            log.info("%s: no CONNECT within %gs, closing", name, self.config.handshake_timeout)
-            return
-        relayed = first.type == Type.Value("CONNECT") and first.body.HasField("proxy_to_broker_url")
-        if self.recorder is not None:
-            self.recorder.open_connection(
-                conn,
-                client=str(peer),
-                kind="proxied" if relayed else "lookup",
-                listener=kind,
-                broker=first.body.proxy_to_broker_url if relayed else str(self.config.broker),
-            )
-        self.saw(conn, True, first)
-        if first.type != Type.Value("CONNECT") or first.error is not None:
-            why = first.error.message if first.error else f"expected CONNECT, got {first.name}"
-            log.warning("%s: bad handshake: %s", name, why)
-            self.reject("handshake")
-            await self.send_own(client, conn, connect_error(pb.NotAllowedError, why))
-            return
-        if relayed:
-            self.metrics.sessions.labels("proxied").inc()
-            relay = RelaySession(self, client, first, conn, name)
-            self.relays.add(relay)
-            try:
-                await relay.run()
-            finally:
-                self.relays.discard(relay)
-        else:
-            self.metrics.sessions.labels("lookup").inc()
-            await LookupSession(self, client, first, conn, name).run()
+    async def _dial(self, address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
+        return await dial(address, timeout=timeout, tls=self.backend.tls_context(tls))
 
-    def saw(self, conn: int, from_client: bool, frame: Frame) -> None:
-        """Count and record one frame of a client connection.
-
-        The relay's pumps do the same inline, for speed; everything else (the
-        handshake, lookup connections, frames the proxy writes) comes here.
-        """
-        direction = CLIENT_TO_BROKER if from_client else BROKER_TO_CLIENT
-        slot = frame.type if frame.type < TYPE_SLOTS else 0
-        self.metrics.traffic.frames[direction][slot] += 1
-        self.metrics.traffic.bytes[direction][slot] += len(frame.raw)
-        if self.recorder is not None:
-            self.recorder.frame(conn, 0 if from_client else 1, frame)
-
-    async def send_own(self, client: FrameStream, conn: int, data: bytes) -> None:
-        """Send frames the proxy itself wrote, counting and recording them."""
-        for frame in decode_stream(data):
-            self.saw(conn, False, frame)
-        await client.send(data)
-
-    def _connection_failed(
-        self, name: str, kind: str, client: FrameStream, exc: BaseException
-    ) -> str:
-        """Say, in one line, why a connection ended badly; the reason, for the recording."""
-        reason = "error"
-        for leaf in leaves(exc):
-            reason = type(leaf).__name__
-            cause = leaf.__cause__
-            if isinstance(leaf, (trio.BrokenResourceError, trio.ClosedResourceError)):
-                if kind == "tls" and isinstance(cause, ssl.SSLError) and not client.bytes_in:
-                    self.reject("tls")
-                    log.warning("%s: TLS handshake failed: %s", name, cause)
-                else:
-                    log.info("%s: connection lost: %s", name, cause or leaf)
-            elif isinstance(leaf, ProtocolError):
-                log.warning("%s: closing: %s", name, leaf)
-            else:
-                log.error("%s: internal error, connection closed: %r", name, leaf, exc_info=leaf)
-        return reason
-
-    async def _reject(self, stream: trio.abc.Stream, name: str, reason: str, why: str) -> None:
-        self.reject(reason)
-        log.warning("%s: rejected: %s", name, why)
+    async def _reject(self, stream: trio.abc.Stream, conn: Conn, why: str) -> None:
+        self.taps.event(conn, Rejected("limit"))
+        log.warning("%s: rejected: %s", conn.name, why)
         await _close(stream)
 
 

@@ -21,16 +21,14 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import trio
 
 from sluice import __version__
+from sluice.protocols.core import Closed, Conn, Event, Opened
 from sluice.protocols.pulsar import Frame
 from sluice.recording.format import SUFFIX, FrameSummarizer, Record, header, pack
-
-if TYPE_CHECKING:
-    from sluice.proxy.metrics import Metrics
 
 log = logging.getLogger("sluice.recorder")
 
@@ -51,13 +49,11 @@ class Recorder:
     def __init__(
         self,
         config: RecorderConfig,
-        metrics: Metrics | None = None,
         *,
         listen: list[str] | None = None,
         broker: str = "",
     ) -> None:
         self.config = config
-        self.metrics = metrics
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
         self._broker = broker
@@ -78,11 +74,38 @@ class Recorder:
         # Frames handed to the file since it was last flushed: lost, and
         # counted as dropped, if the flush or close fails (a full disk).
         self._unflushed = 0
+        # Figures the proxy exports as sluice_recorder_* metrics.
         self.frames_written = 0
+        self.bytes_written = 0
+        self.dropped_total = 0
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # --- the tap -------------------------------------------------------------
+
+    def frame(self, conn: Conn, from_client: bool, frame: Frame) -> None:
+        self.record_frame(conn.id, 0 if from_client else 1, frame)
+
+    def event(self, conn: Conn | None, event: Event) -> None:
+        if conn is None:
+            return
+        if type(event) is Opened:
+            self.open_connection(
+                conn.id,
+                client=conn.client,
+                kind=conn.kind,
+                listener=conn.listener,
+                broker=conn.broker,
+            )
+        elif type(event) is Closed:
+            assert isinstance(event, Closed)
+            self.close_connection(conn.id, event.reason)
 
     # --- hot path ----------------------------------------------------------
 
-    def frame(self, conn: int, direction: int, frame: Frame) -> None:
+    def record_frame(self, conn: int, direction: int, frame: Frame) -> None:
         """Queue a frame; when the queue is full, drop it (counted) unless lossless.
 
         In lossless mode callers wait for ``room()`` before reading more
@@ -134,8 +157,7 @@ class Recorder:
 
     def _drop(self, n: int) -> None:
         self._dropped += n
-        if self.metrics is not None:
-            self.metrics.recorder_dropped.inc(n)
+        self.dropped_total += n
 
     # --- writer ------------------------------------------------------------
 
@@ -175,8 +197,6 @@ class Recorder:
         self._queue.clear()
         self._queued_bytes = 0
         self._space.set()
-        if self.metrics is not None:
-            self.metrics.recorder_queue.set(0)
         packed: list[tuple[tuple[Any, ...], bytes]] = []
         for item in batch:
             if item[0] == "f":
@@ -220,9 +240,7 @@ class Recorder:
         self._unflushed += frames
         self._file_bytes += len(data)
         self.frames_written += frames
-        if self.metrics is not None:
-            self.metrics.recorder_frames.inc(frames)
-            self.metrics.recorder_bytes.inc(len(data))
+        self.bytes_written += len(data)
 
     async def _ensure_file(self) -> set[int] | None:
         """An open file to write to: None if there is none (disk trouble);

@@ -33,11 +33,12 @@ from typing import Any
 import trio
 from google.protobuf import text_format
 
-from sluice.errors import leaves
+from sluice.errors import ConfigError, leaves
 from sluice.protocols.pulsar import Frame, ProtocolError, Type, command, encode, encode_payload, pb
 from sluice.protocols.pulsar.redact import loggable
-from sluice.proxy.config import ConfigError, TlsClientConfig, parse_broker_url
-from sluice.proxy.framing import FrameStream, client_ssl_context, dial
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
+from sluice.proxy.pulsar import FrameStream
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import RecordedConnection, RecordedFrame, load
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import trio
 
+from sluice.addresses import Address, parse_address
+from sluice.errors import ConfigError
 from sluice.protocols.pulsar import (
     Frame,
     ProtocolError,
@@ -33,8 +35,7 @@ from sluice.protocols.pulsar import (
     error_reply,
     pb,
 )
-from sluice.proxy.config import Address, ConfigError, parse_address
-from sluice.proxy.framing import FrameStream
+from sluice.proxy.pulsar import FrameStream
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import Recording, load
 
@@ -246,7 +247,8 @@ class StubBroker:
     def _unmatched(self, frame: Frame, what: str) -> bytes:
         self.report.unmatched.append(what)
         message = f"sluice serve: the recording has no answer for {what}"
-        return error_reply(frame, pb.UnknownError, message) or b""
+        reply = error_reply(frame, pb.UnknownError, message)
+        return reply.raw if reply is not None else b""
 
     async def _push(self, conn: FrameStream, consumers: dict[int, Consumer]) -> None:
         for consumer_id, consumer in consumers.items():

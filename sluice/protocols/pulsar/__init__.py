@@ -15,7 +15,13 @@ from sluice.protocols.pulsar.decoder import (
     decode_stream,
     max_frame_size,
 )
-from sluice.protocols.pulsar.encoder import command, encode, encode_payload, error_reply
+from sluice.protocols.pulsar.encoder import (
+    command,
+    encode,
+    encode_payload,
+    error_reply,
+    own_frame,
+)
 from sluice.protocols.pulsar.errors import (
     LocalProtocolError,
     Problem,
@@ -52,5 +58,6 @@ __all__ = [
     "encode_payload",
     "error_reply",
     "max_frame_size",
+    "own_frame",
     "pb",
 ]

@@ -47,6 +47,12 @@ def command(type_: int, body: Message | None = None) -> pb.BaseCommand:
     return cmd
 
 
+def own_frame(type_: int, body: Message | None = None) -> Frame:
+    """A frame Sluice writes itself, as a ``Frame`` (for taps) without decoding it again."""
+    cmd = command(type_, body)
+    return Frame(encode(cmd), type_, cmd)
+
+
 def _checked(cmd: pb.BaseCommand) -> bytes:
     if not cmd.IsInitialized():
         missing = missing_fields(cmd)
@@ -112,7 +118,7 @@ def _framed(content: bytes, max_message_size: int) -> bytes:
     return _U32.pack(len(content)) + content
 
 
-def error_reply(frame: Frame, code: int, message: str) -> bytes | None:
+def error_reply(frame: Frame, code: int, message: str) -> Frame | None:
     """The frame a broker would answer ``frame`` with to report ``code``.
 
     SEND gets SEND_ERROR for its sequence id; lookups and partition metadata
@@ -125,16 +131,14 @@ def error_reply(frame: Frame, code: int, message: str) -> bytes | None:
         return None
     t = frame.type
     if t == pb.BaseCommand.SEND:
-        return encode(
-            command(
-                pb.BaseCommand.SEND_ERROR,
-                pb.CommandSendError(
-                    producer_id=body.producer_id,
-                    sequence_id=body.sequence_id,
-                    error=code,  # type: ignore[arg-type]
-                    message=message,
-                ),
-            )
+        return own_frame(
+            pb.BaseCommand.SEND_ERROR,
+            pb.CommandSendError(
+                producer_id=body.producer_id,
+                sequence_id=body.sequence_id,
+                error=code,  # type: ignore[arg-type]
+                message=message,
+            ),
         )
     if not _has(body, "request_id"):
         return None
@@ -144,12 +148,10 @@ def error_reply(frame: Frame, code: int, message: str) -> bytes | None:
         answer_type, answer_class = failed
         answer = answer_class(request_id=rid, error=code, message=message)
         answer.response = answer_class.Failed
-        return encode(command(answer_type, answer))
-    return encode(
-        command(
-            pb.BaseCommand.ERROR,
-            pb.CommandError(request_id=rid, error=code, message=message),  # type: ignore[arg-type]
-        )
+        return own_frame(answer_type, answer)
+    return own_frame(
+        pb.BaseCommand.ERROR,
+        pb.CommandError(request_id=rid, error=code, message=message),  # type: ignore[arg-type]
     )
 
 

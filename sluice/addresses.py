@@ -1,7 +1,11 @@
-"""Which brokers a client may ask Sluice to relay to.
+"""Network addresses, and which of them Sluice may dial.
 
-``CONNECT.proxy_to_broker_url`` comes from the client, so without a check the
-proxy is an open relay into whatever network it sits in. A rule is
+Pure values and rules, no I/O, so that protocol cores (which decide whether
+a client may be relayed somewhere) and the proxy share them.
+
+The allow-list: a client names the broker it wants (Pulsar's
+``CONNECT.proxy_to_broker_url``), so without a check the proxy is an open
+relay into whatever network it sits in. A rule is
 
     HOST_PATTERN[:PORTS]    glob over host names, e.g. ``broker-*.pulsar.svc:6650``
     CIDR[:PORTS]            e.g. ``10.0.0.0/8`` or ``10.1.0.0/16:6650-6651``
@@ -19,7 +23,38 @@ import fnmatch
 import ipaddress
 from dataclasses import dataclass
 
-from sluice.proxy.config import Address, ConfigError
+from sluice.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_address(text: str, *, what: str = "address", default_port: int | None = None) -> Address:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) into an Address."""
+    value = text.strip()
+    host, sep, port_text = value.rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise ConfigError(f"{what} {text!r}: expected HOST:PORT")
+        host, port_text = value, str(default_port)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ConfigError(f"{what} {text!r}: missing host")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{what} {text!r}: port {port} is out of range")
+    return Address(host, port)
+
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

@@ -1,0 +1,249 @@
+"""What every protocol core and the proxy agree on: actions, events, taps.
+
+A protocol core is sans-I/O, in the style of h11: the proxy hands it the
+bytes a socket produced, and it answers with a list of *actions* (send these
+bytes to that peer, open an upstream, ask a shared upstream connection
+something, close). Validation, rewriting, correlation and the policy
+decision all happen inside the core; the proxy only owns sockets, TLS,
+timeouts, limits and backpressure, and is the same for every protocol.
+
+What happens is reported to *taps* (metrics, the recorder, later fault
+injection) through one small interface: ``frame`` for every frame, on the
+hot path, and ``event`` for everything rarer. Taps are called through
+``Taps``, which keeps a failing tap from ever breaking traffic.
+
+Nothing here does I/O or imports trio.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sluice.addresses import Address
+
+log = logging.getLogger("sluice.taps")
+
+
+class Peer(enum.IntEnum):
+    """One end of a relayed connection. The value is the recorded direction
+    of frames *from* that end (0: client to broker, 1: broker to client)."""
+
+    CLIENT = 0
+    BROKER = 1
+
+
+# --- actions: what a core asks the proxy to do -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Write ``data`` to ``to``, after everything sent to it before."""
+
+    to: Peer
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OpenUpstream:
+    """Dial ``address`` (over TLS when ``tls``), send ``hello``, and feed
+    what comes back to the core's ``receive_broker``."""
+
+    address: Address
+    tls: bool
+    hello: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """Send ``request`` over the proxy's shared connection to ``address``
+    and hand the answer (or the failure) to the core's ``answered(token, …)``.
+
+    ``request`` is the protocol's own value; the proxy passes it to the
+    protocol's upstream client without looking inside.
+    """
+
+    token: int
+    address: Address
+    request: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Hang up both sides. ``reason`` is a short code (recordings, metrics);
+    ``message`` is for the log, at ``level``."""
+
+    reason: str
+    message: str = ""
+    level: int = logging.INFO
+
+
+Action = Send | OpenUpstream | Ask | Close
+
+
+# --- the connection as taps see it ----------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class Conn:
+    """One client connection: who, where, and what the core learned about it.
+
+    ``state`` is the core's per-connection state a tap may read (for Pulsar,
+    its Correlator: producers, consumers and their topics).
+    """
+
+    id: int
+    client: str
+    listener: str
+    protocol: str
+    kind: str = ""  # set when the handshake says (Pulsar: lookup | proxied)
+    broker: str = ""
+    state: Any = None
+
+    @property
+    def name(self) -> str:
+        return f"conn-{self.id} {self.client}"
+
+
+# --- events: everything that is not a frame ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The proxy accepted the connection (limits passed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """The handshake said what the connection is for (``conn.kind``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A connection (or a relay, a lookup) refused before it got going."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A frame failed validation, or a stream lost its framing (``fatal``)."""
+
+    from_client: bool
+    problem: str
+    message: str
+    fatal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A request (or a SEND) and the answer it got, as the proxy timed it."""
+
+    request: str  # command name
+    seconds: float
+    error: str | None = None  # the protocol's error code name, on failure
+    topic: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LookupDone:
+    """A lookup the proxy answered itself; ``upstream`` is the part spent waiting."""
+
+    outcome: str  # answered | redirected | failed | rejected
+    total: float = 0.0
+    upstream: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Dialed:
+    """An upstream connection made (``seconds``) or not (``None``)."""
+
+    seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """One read's frames written on: the proxy's own share of the latency."""
+
+    from_client: bool
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TopicTraffic:
+    """Messages and bytes of one topic in one read (SEND / MESSAGE frames)."""
+
+    topic: str
+    from_client: bool
+    messages: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    reason: str
+
+
+Event = (
+    Accepted
+    | Opened
+    | Rejected
+    | Invalid
+    | Answered
+    | LookupDone
+    | Dialed
+    | Relayed
+    | TopicTraffic
+    | Closed
+)
+
+
+class Tap(Protocol):
+    """Something that watches traffic. Both methods must return quickly and
+    never block: the relay calls them inline."""
+
+    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None: ...
+
+    def event(self, conn: Conn | None, event: Event) -> None: ...
+
+
+@dataclass
+class Taps:
+    """Every tap, called in order; a tap that raises is logged once and
+    counted, and traffic goes on as if it had not been there."""
+
+    taps: list[Tap] = field(default_factory=list)
+    failures: int = 0
+    _reported: set[int] = field(default_factory=set)
+
+    def add(self, tap: Tap) -> None:
+        self.taps.append(tap)
+
+    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
+        for tap in self.taps:
+            try:
+                tap.frame(conn, from_client, frame)
+            except Exception as exc:
+                self._failed(tap, exc)
+
+    def event(self, conn: Conn | None, event: Event) -> None:
+        for tap in self.taps:
+            try:
+                tap.event(conn, event)
+            except Exception as exc:
+                self._failed(tap, exc)
+
+    def _failed(self, tap: Tap, exc: Exception) -> None:
+        self.failures += 1
+        if id(tap) not in self._reported:
+            self._reported.add(id(tap))
+            log.error("%s failed (traffic goes on): %r", type(tap).__name__, exc, exc_info=exc)
+
+
+class OnInvalid(enum.Enum):
+    """What a core does with an invalid frame from a client."""
+
+    REJECT = "reject"  # answer it as the broker would, never pass it on
+    FORWARD = "forward"  # count it, log it, pass it on

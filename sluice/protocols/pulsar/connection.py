@@ -1,0 +1,695 @@
+"""One Pulsar client connection through the proxy, sans-I/O.
+
+``PulsarConnection`` takes the bytes of a client connection (and of the
+broker connection it may be relayed to) and returns actions for the proxy to
+carry out. It is the whole of Pulsar's proxy behaviour:
+
+- The handshake. CONNECT with ``proxy_to_broker_url`` is a *proxied*
+  connection: the named broker is checked against the allow-list, dialled,
+  and sent the client's CONNECT (credentials included, auth challenges
+  relayed both ways) before frames are relayed. CONNECT without it is a
+  *lookup* connection, answered by Sluice itself.
+- Lookup connections: discovery requests (LOOKUP, PARTITIONED_METADATA,
+  GET_TOPICS_OF_NAMESPACE, GET_SCHEMA) go to the upstream broker over the
+  proxy's shared connections (``Ask``); Redirect answers are followed here,
+  and a Connect answer is rewritten so that the client comes back through
+  Sluice: ``proxy_through_service_url=true``, both broker URLs set,
+  ``authoritative=true``. Brokers named this way are learned into the
+  allow-list, since the client will ask for them next.
+- Proxied connections: every frame both ways is framed, validated (CRC32-C
+  included), counted by the taps, correlated, and forwarded as its original
+  bytes; an invalid frame from a client is answered as the broker would
+  (``OnInvalid.REJECT``) or passed on (``FORWARD``). Brokers named in
+  CLOSE_PRODUCER / CLOSE_CONSUMER / TOPIC_MIGRATED are learned too.
+- Keepalive of lookup connections and the graceful drain (which producers
+  and consumers to close, whether sends are still in flight).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import text_format
+
+from sluice import __version__
+from sluice.addresses import Address, AllowList
+from sluice.errors import ConfigError
+from sluice.protocols.core import (
+    Action,
+    Answered,
+    Ask,
+    Close,
+    Closed,
+    Conn,
+    Dialed,
+    Invalid,
+    LookupDone,
+    OnInvalid,
+    Opened,
+    OpenUpstream,
+    Peer,
+    Rejected,
+    Send,
+    Tap,
+    TopicTraffic,
+)
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.correlation import (
+    CLIENT_TYPES,
+    SERVER_TYPES,
+    Completion,
+    Correlator,
+    answer_error,
+)
+from sluice.protocols.pulsar.decoder import CLOSED, FrameDecoder
+from sluice.protocols.pulsar.encoder import command, encode, error_reply, own_frame
+from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
+from sluice.protocols.pulsar.frame import Frame, command_name
+from sluice.protocols.pulsar.redact import loggable
+from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
+
+log = logging.getLogger("sluice.pulsar")
+
+PROTOCOL_VERSION = max(pb.ProtocolVersion.values())
+SLUICE_VERSION = f"Sluice/{__version__}"
+# Brokers answer a failed CONNECT with request_id -1.
+NO_REQUEST = 2**64 - 1
+
+T = pb.BaseCommand
+_FORWARDED = frozenset({T.LOOKUP, T.PARTITIONED_METADATA, T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA})
+_NAMES_BROKERS = frozenset({T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.TOPIC_MIGRATED})
+LookupResponse = pb.CommandLookupTopicResponse
+
+
+class UpstreamFailure(Exception):
+    """A broker could not be reached, refused us, or went away; ``error`` is
+    the ServerError the client is told."""
+
+    def __init__(self, message: str, error: int = pb.ServiceNotReady) -> None:
+        super().__init__(message)
+        self.message = message
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Route:
+    """How to reach a broker a lookup answer named."""
+
+    tls: bool  # its URL was pulsar+ssl://
+    via_upstream: bool  # the upstream is itself a proxy and asked to be used
+
+
+class Routing:
+    """What every connection of one proxy shares: the broker it fronts, the
+    allow-list with the brokers learned from answers, and the lookup limit."""
+
+    def __init__(
+        self, broker: BrokerUrl, allow_rules: tuple[str, ...] = (), max_lookups: int = 1_000
+    ) -> None:
+        self.broker = broker
+        self.allowlist = AllowList(allow_rules)
+        self.allowlist.learn(broker.address)
+        self.routes: dict[Address, Route] = {}
+        self.max_lookups = max_lookups
+        self.lookups = 0
+
+    def learn(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
+        """A broker the upstream named: allow it, and remember how to reach it."""
+        self.allowlist.learn(url.address)
+        self.routes[url.address] = Route(url.tls, via_upstream)
+
+    def start_lookup(self) -> bool:
+        if self.lookups >= self.max_lookups:
+            return False
+        self.lookups += 1
+        return True
+
+    def end_lookup(self) -> None:
+        self.lookups -= 1
+
+
+@dataclass(frozen=True)
+class PulsarSettings:
+    """The proxy settings a Pulsar connection core acts on."""
+
+    on_invalid: OnInvalid
+    max_message_size: int
+    max_redirects: int
+
+
+class State(enum.Enum):
+    HANDSHAKE = "waiting for CONNECT"
+    CONNECTING = "connecting to the broker"
+    RELAY = "relaying"
+    LOOKUP = "serving lookups"
+    CLOSED = "closed"
+
+
+@dataclass
+class _Pending:
+    """A discovery request forwarded upstream on a lookup connection."""
+
+    frame: Frame
+    body: Any  # our copy, sent with our request ids
+    client_rid: int
+    started: float
+    asked: float
+    hops: int = 0
+    upstream: float = 0.0
+
+
+def connect_error(error: int, message: str) -> Frame:
+    return own_frame(
+        T.ERROR,
+        pb.CommandError(request_id=NO_REQUEST, error=error, message=message),  # type: ignore[arg-type]
+    )
+
+
+class PulsarConnection:
+    protocol = "pulsar"
+
+    def __init__(self, conn: Conn, settings: PulsarSettings, routing: Routing, tap: Tap) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.routing = routing
+        self.tap = tap
+        self.correlator = Correlator()
+        conn.state = self.correlator
+        self.state = State.HANDSHAKE
+        self._client = FrameDecoder(settings.max_message_size)
+        self._broker = FrameDecoder(settings.max_message_size)
+        self._reject = settings.on_invalid is OnInvalid.REJECT
+        self._trace = log.isEnabledFor(logging.DEBUG)
+        self.last_heard = 0.0
+        self._dial_started = 0.0
+        self._challenged = False
+        self._asks: dict[int, _Pending] = {}
+        self._tokens = itertools.count(1)
+
+    @property
+    def established(self) -> bool:
+        """Past the handshake: relaying, or serving lookups."""
+        return self.state in (State.RELAY, State.LOOKUP)
+
+    @property
+    def upstream_pending(self) -> bool:
+        return self.state is State.CONNECTING
+
+    @property
+    def in_flight_sends(self) -> int:
+        return self.correlator.in_flight_sends
+
+    # --- input -------------------------------------------------------------------
+
+    def receive_client(self, data: bytes, now: float) -> list[Action]:
+        """Bytes from the client; ``b""`` when it closed its side."""
+        state = self.state
+        if state is State.RELAY:
+            return self._relay(True, data, now)
+        if state is State.CLOSED:
+            return []
+        self._client.receive_data(data)
+        try:
+            if state is State.HANDSHAKE:
+                return self._handshake(now)
+            if state is State.LOOKUP:
+                return self._lookups(now)
+            return self._while_connecting(now, client_closed=not data)
+        except RemoteProtocolError as exc:
+            return self._unframeable(True, exc)
+
+    def receive_broker(self, data: bytes, now: float) -> list[Action]:
+        """Bytes from the broker a proxied connection was relayed to."""
+        if self.state is State.RELAY:
+            return self._relay(False, data, now)
+        if self.state is not State.CONNECTING:
+            return []
+        self._broker.receive_data(data)
+        try:
+            return self._broker_handshake(now, closed=not data)
+        except RemoteProtocolError as exc:
+            return self.upstream_failed(f"broker broke off the handshake: {exc}", now)
+
+    def upstream_failed(self, message: str, now: float) -> list[Action]:
+        """The broker of a proxied connection could not be reached or handshaken."""
+        log.warning("%s: %s", self.conn.name, message)
+        self.tap.event(self.conn, Dialed(None))
+        return [
+            *self._own(connect_error(pb.ServiceNotReady, message)),
+            self._close("upstream"),
+        ]
+
+    def answered(self, token: int, answer: Frame | UpstreamFailure, now: float) -> list[Action]:
+        """The upstream's answer to an ``Ask`` (or why there is none)."""
+        pending = self._asks.pop(token, None)
+        if pending is None or self.state is State.CLOSED:
+            return []
+        pending.upstream += now - pending.asked
+        if isinstance(answer, UpstreamFailure):
+            return self._lookup_failed(pending, answer, now)
+        if pending.frame.type != T.LOOKUP:
+            reply = _with_request_id(answer, pending.client_rid)
+            return self._finish(pending, reply, answer_error(answer.type, answer.body), now)
+        try:
+            return self._lookup_answer(token, pending, answer, now)
+        except UpstreamFailure as failure:
+            return self._lookup_failed(pending, failure, now)
+
+    def keepalive(self, now: float, interval: float) -> list[Action]:
+        """Called every ``interval`` seconds: ping an idle lookup client, or
+        hang up on one that stopped answering. Proxied connections are kept
+        alive by their own ends."""
+        if self.state is not State.LOOKUP:
+            return []
+        idle = now - self.last_heard
+        if idle >= 2 * interval:
+            return [self._close("idle", f"client silent for {idle:.0f}s, closing")]
+        if idle >= interval:
+            return self._own(own_frame(T.PING))
+        return []
+
+    def drain(self) -> list[Action]:
+        """Close the client's producers and consumers the way a broker
+        unloading a topic does, so that it reconnects elsewhere. Call once
+        sends in flight have their receipts (``in_flight_sends``)."""
+        out: list[Action] = []
+        for pid in self.correlator.producers:
+            producer = pb.CommandCloseProducer(producer_id=pid, request_id=NO_REQUEST)
+            out += self._own(own_frame(T.CLOSE_PRODUCER, producer))
+        for cid in self.correlator.consumers:
+            consumer = pb.CommandCloseConsumer(consumer_id=cid, request_id=NO_REQUEST)
+            out += self._own(own_frame(T.CLOSE_CONSUMER, consumer))
+        return out
+
+    def closed(self, reason: str) -> None:
+        """The proxy hung up (for whatever reason): release what we hold."""
+        if self.state is not State.CLOSED:
+            self.state = State.CLOSED
+        for _ in self._asks:
+            self.routing.end_lookup()
+        self._asks.clear()
+        self.tap.event(self.conn, Closed(reason))
+
+    # --- handshake ---------------------------------------------------------------
+
+    def _handshake(self, now: float) -> list[Action]:
+        first = self._client.next_event()
+        if not isinstance(first, Frame):
+            return [self._close("closed")] if first is CLOSED else []
+        body = first.body
+        relayed = (
+            first.type == T.CONNECT and body is not None and body.HasField("proxy_to_broker_url")
+        )
+        if first.type != T.CONNECT or first.error is not None:
+            self.conn.kind = "invalid"
+        else:
+            self.conn.kind = "proxied" if relayed else "lookup"
+        self.conn.broker = body.proxy_to_broker_url if relayed else str(self.routing.broker)
+        self.tap.event(self.conn, Opened())
+        self.tap.frame(self.conn, True, first)
+        if first.type != T.CONNECT or first.error is not None:
+            why = first.error.message if first.error else f"expected CONNECT, got {first.name}"
+            self.tap.event(self.conn, Rejected("handshake"))
+            return [
+                *self._own(connect_error(pb.NotAllowedError, why)),
+                self._close("handshake", f"bad handshake: {why}", logging.WARNING),
+            ]
+        if relayed:
+            return self._open_relay(body, now)
+        self.state = State.LOOKUP
+        self.last_heard = now
+        connected = pb.CommandConnected(
+            server_version=SLUICE_VERSION,
+            protocol_version=min(body.protocol_version, PROTOCOL_VERSION),
+            max_message_size=self.settings.max_message_size,
+        )
+        return [*self._own(own_frame(T.CONNECTED, connected)), *self._lookups(now)]
+
+    def _open_relay(self, connect: pb.CommandConnect, now: float) -> list[Action]:
+        try:
+            target = parse_broker_url(connect.proxy_to_broker_url, what="proxy_to_broker_url")
+        except ConfigError as exc:
+            return self._refuse(str(exc))
+        if not self.routing.allowlist.allows(target.address):
+            return self._refuse(f"broker {target.address} is not in the allow-list")
+        route = self.routing.routes.get(target.address)
+        ours = pb.CommandConnect()
+        ours.CopyFrom(connect)
+        ours.proxy_version = SLUICE_VERSION
+        if route is not None and route.via_upstream:
+            # Chained: the upstream is a proxy too; go through it, naming the
+            # broker the same way the client named it to us.
+            address, tls = self.routing.broker.address, self.routing.broker.tls
+        else:
+            # proxy_to_broker_url has no scheme: the lookup answer that named
+            # the broker says whether it speaks TLS.
+            address = target.address
+            tls = route.tls if route is not None else (target.tls or self.routing.broker.tls)
+            ours.ClearField("proxy_to_broker_url")
+        self.state = State.CONNECTING
+        self._dial_started = now
+        return [OpenUpstream(address, tls, encode(command(T.CONNECT, ours)))]
+
+    def _refuse(self, reason: str) -> list[Action]:
+        self.tap.event(self.conn, Rejected("relay_refused"))
+        return [
+            *self._own(connect_error(pb.ServiceNotReady, reason)),
+            self._close("relay_refused", f"refusing relay: {reason}", logging.WARNING),
+        ]
+
+    def _while_connecting(self, now: float, *, client_closed: bool) -> list[Action]:
+        """Client bytes before the broker said CONNECTED: only an answer to an
+        auth challenge goes on now; anything else waits in the decoder."""
+        out: list[Action] = []
+        if self._challenged:
+            answer = self._client.next_event()
+            if isinstance(answer, Frame):
+                self.tap.frame(self.conn, True, answer)
+                if answer.type != T.AUTH_RESPONSE:
+                    return self.upstream_failed(
+                        "client did not answer the broker's auth challenge", now
+                    )
+                self._challenged = False
+                out.append(Send(Peer.BROKER, answer.raw))
+        if client_closed:
+            out.append(self._close("closed", "client closed the connection"))
+        return out
+
+    def _broker_handshake(self, now: float, *, closed: bool) -> list[Action]:
+        out: list[Action] = []
+        while isinstance(frame := self._broker.next_event(), Frame):
+            self.tap.frame(self.conn, False, frame)
+            t = frame.type
+            if t == T.CONNECTED:
+                if frame.body.HasField("max_message_size"):
+                    size = frame.body.max_message_size
+                    self._broker.max_message_size = size
+                    self._client.max_message_size = size
+                out.append(Send(Peer.CLIENT, frame.raw))
+                self.state = State.RELAY
+                elapsed = now - self._dial_started
+                self.tap.event(self.conn, Dialed(elapsed))
+                self.tap.event(self.conn, Answered("CONNECT", elapsed))
+                # Whatever either side sent meanwhile is relayed now.
+                return out + self._relay(True, None, now) + self._relay(False, None, now)
+            if t == T.AUTH_CHALLENGE:
+                out.append(Send(Peer.CLIENT, frame.raw))
+                self._challenged = True
+                continue
+            if t == T.ERROR:
+                # The broker's own refusal goes to the client unchanged.
+                out.append(Send(Peer.CLIENT, frame.raw))
+                log.warning("%s: broker refused CONNECT: %s", self.conn.name, frame.body.message)
+                self.tap.event(self.conn, Dialed(None))
+                return [*out, self._close("upstream")]
+            return self.upstream_failed(f"broker answered CONNECT with {frame.name}", now)
+        if closed:
+            return self.upstream_failed("broker closed the connection during the handshake", now)
+        return out
+
+    # --- proxied connections: the hot path ------------------------------------------
+
+    def _relay(self, from_client: bool, data: bytes | None, now: float) -> list[Action]:
+        """Frame, validate, count and forward one read (``None``: what is buffered)."""
+        decoder = self._client if from_client else self._broker
+        conn = self.conn
+        tap = self.tap
+        observe = self.correlator.observe
+        observed = CLIENT_TYPES if from_client else SERVER_TYPES
+        payload_type = T.SEND if from_client else T.MESSAGE
+        # A read that starts on a frame boundary, ends on one, and holds only
+        # frames forwarded unchanged is sent on as it came.
+        whole = data is not None and decoder.buffered == 0
+        if data is not None:
+            decoder.receive_data(data)
+        out: list[bytes] = []
+        actions: list[Action] = []
+        topics: dict[str, list[int]] | None = None
+        try:
+            for frame in decoder.frames():
+                t = frame.type
+                tap.frame(conn, from_client, frame)
+                if self._trace:
+                    side = "client" if from_client else "broker"
+                    log.debug("%s: %s -> %s %s", conn.name, side, frame.name, _brief(frame))
+                if frame.error is None:
+                    out.append(frame.raw)
+                    if t == payload_type:
+                        if topics is None:
+                            topics = {}
+                        self._count_topic(frame, from_client, topics)
+                    if t in observed:
+                        done = observe(frame, from_client, now)
+                        if done is not None:
+                            tap.event(conn, _answered(done))
+                        if not from_client and t in _NAMES_BROKERS:
+                            self._learn_brokers(frame)
+                    continue
+                error = frame.error
+                tap.event(conn, Invalid(from_client, error.problem.value, error.message))
+                side = "client" if from_client else "broker"
+                message = error.message
+                log.warning("%s: invalid %s from %s: %s", conn.name, frame.name, side, message)
+                if not self._reject or not from_client or error.problem is Problem.UNKNOWN_TYPE:
+                    out.append(frame.raw)
+                    observe(frame, from_client, now)
+                    continue
+                whole = False
+                reply = error_reply(frame, error.server_error, error.message)
+                if reply is None:
+                    if out:
+                        actions.append(Send(Peer.BROKER, b"".join(out)))
+                    actions.append(
+                        self._close(
+                            "invalid",
+                            f"closing: invalid {frame.name} from client cannot be answered: "
+                            f"{error.message}",
+                            logging.WARNING,
+                        )
+                    )
+                    return actions
+                actions += self._own(reply)
+        except RemoteProtocolError as exc:
+            if out:
+                actions.append(Send(Peer.BROKER if from_client else Peer.CLIENT, b"".join(out)))
+            return actions + self._unframeable(from_client, exc)
+        if topics:
+            for topic, (messages, size) in topics.items():
+                tap.event(conn, TopicTraffic(topic, from_client, messages, size))
+        if out:
+            to = Peer.BROKER if from_client else Peer.CLIENT
+            if whole and decoder.buffered == 0:
+                assert data is not None
+                actions.append(Send(to, data))
+            else:
+                actions.append(Send(to, out[0] if len(out) == 1 else b"".join(out)))
+        if data is not None and not data:
+            side = "client" if from_client else "broker"
+            actions.append(self._close("closed", f"{side} closed the connection"))
+        return actions
+
+    def _count_topic(self, frame: Frame, from_client: bool, topics: dict[str, list[int]]) -> None:
+        """Add a SEND's or MESSAGE's messages and bytes to its topic's tally."""
+        body: Any = frame.body
+        if from_client:
+            topic = self.correlator.producers.get(body.producer_id)
+            messages = body.num_messages
+        else:
+            topic = self.correlator.consumers.get(body.consumer_id)
+            meta = frame.metadata
+            messages = meta.num_messages_in_batch if meta is not None else 1
+        if topic is None:
+            return
+        tally = topics.get(topic)
+        if tally is None:
+            topics[topic] = [messages, len(frame.raw)]
+        else:
+            tally[0] += messages
+            tally[1] += len(frame.raw)
+
+    def _learn_brokers(self, frame: Frame) -> None:
+        body: Any = frame.body
+        if frame.type == T.TOPIC_MIGRATED:
+            urls = (body.brokerServiceUrl, body.brokerServiceUrlTls)
+        else:
+            urls = (body.assignedBrokerServiceUrl, body.assignedBrokerServiceUrlTls)
+        for url in urls:
+            if url:
+                try:
+                    self.routing.learn(parse_broker_url(url))
+                except ConfigError:
+                    log.warning("%s: broker named an unusable URL %r", self.conn.name, url)
+
+    def _unframeable(self, from_client: bool, exc: RemoteProtocolError) -> list[Action]:
+        side = "client" if from_client else "broker"
+        self.tap.event(self.conn, Invalid(from_client, exc.problem.value, exc.message, fatal=True))
+        return [
+            self._close(
+                "unframeable", f"closing: {side} sent an unframeable stream: {exc}", logging.WARNING
+            )
+        ]
+
+    # --- lookup connections ----------------------------------------------------------
+
+    def _lookups(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        while isinstance(event := self._client.next_event(), Frame):
+            out += self._lookup_frame(event, now)
+            if self.state is State.CLOSED:
+                return out
+        if event is CLOSED:
+            out.append(self._close("closed"))
+        return out
+
+    def _lookup_frame(self, frame: Frame, now: float) -> list[Action]:
+        self.tap.frame(self.conn, True, frame)
+        self.last_heard = now
+        t = frame.type
+        if t == T.PING:
+            return self._own(own_frame(T.PONG))
+        if t == T.PONG:
+            return []
+        error = frame.error
+        if error is not None:
+            self.tap.event(self.conn, Invalid(True, error.problem.value, error.message))
+            log.warning("%s: invalid %s from client: %s", self.conn.name, frame.name, error.message)
+            reply = error_reply(frame, error.server_error, error.message)
+            if reply is None:
+                return [self._close("invalid", f"closing: {error}", logging.WARNING)]
+            return self._own(reply)
+        if t not in _FORWARDED:
+            reply = error_reply(
+                frame, pb.NotAllowedError, f"{frame.name} is not served on a lookup connection"
+            )
+            if reply is None:
+                log.info("%s: ignoring %s on a lookup connection", self.conn.name, frame.name)
+                return []
+            return self._own(reply)
+        if not self.routing.start_lookup():
+            self.tap.event(self.conn, LookupDone("rejected"))
+            reply = error_reply(frame, pb.TooManyRequests, "too many concurrent lookups")
+            assert reply is not None
+            return self._own(reply)
+        body: Any = type(frame.body)()
+        body.CopyFrom(frame.body)
+        token = next(self._tokens)
+        self._asks[token] = _Pending(frame, body, body.request_id, now, now)
+        return [Ask(token, self.routing.broker.address, (t, body))]
+
+    def _lookup_answer(
+        self, token: int, pending: _Pending, answer: Frame, now: float
+    ) -> list[Action]:
+        result: Any = answer.body
+        if answer.type != T.LOOKUP_RESPONSE or result.response == LookupResponse.Failed:
+            reply = _with_request_id(answer, pending.client_rid)
+            return self._finish(pending, reply, answer_error(answer.type, result), now, "failed")
+        url_text = result.brokerServiceUrl or result.brokerServiceUrlTls
+        url = _url(url_text)
+        if result.response == LookupResponse.Redirect:
+            pending.hops += 1
+            limit = self.settings.max_redirects
+            if pending.hops > limit:
+                raise UpstreamFailure(
+                    f"lookup of {pending.body.topic} redirected more than {limit} times",
+                    pb.ServiceNotReady,
+                )
+            self.tap.event(self.conn, LookupDone("redirected"))
+            self.routing.learn(url)
+            pending.body.authoritative = result.authoritative
+            pending.asked = now
+            self._asks[token] = pending
+            return [Ask(token, url.address, (T.LOOKUP, pending.body))]
+        # An upstream that is itself a proxy asks to be kept in the path.
+        via = result.proxy_through_service_url
+        for named in (result.brokerServiceUrl, result.brokerServiceUrlTls):
+            if named:
+                self.routing.learn(_url(named), via_upstream=via)
+        rewritten = LookupResponse(
+            request_id=pending.client_rid,
+            response=LookupResponse.Connect,
+            brokerServiceUrl=result.brokerServiceUrl or url_text,
+            brokerServiceUrlTls=result.brokerServiceUrlTls or url_text,
+            authoritative=True,
+            proxy_through_service_url=True,
+        )
+        return self._finish(pending, own_frame(T.LOOKUP_RESPONSE, rewritten), None, now, "answered")
+
+    def _lookup_failed(
+        self, pending: _Pending, failure: UpstreamFailure, now: float
+    ) -> list[Action]:
+        log.warning("%s: %s failed: %s", self.conn.name, pending.frame.name, failure.message)
+        reply = error_reply(pending.frame, failure.error, failure.message)
+        assert reply is not None  # every forwarded request carries a request_id
+        return self._finish(pending, reply, failure.error, now, "failed")
+
+    def _finish(
+        self,
+        pending: _Pending,
+        reply: Frame,
+        error: int | None,
+        now: float,
+        outcome: str = "",
+    ) -> list[Action]:
+        self.routing.end_lookup()
+        total = now - pending.started
+        t = pending.frame.type
+        self.tap.event(self.conn, Answered(command_name(t), total, _error_name(error)))
+        if t == T.LOOKUP:
+            self.tap.event(self.conn, LookupDone(outcome, total, pending.upstream))
+        return self._own(reply)
+
+    # --- helpers -----------------------------------------------------------------
+
+    def _own(self, frame: Frame) -> list[Action]:
+        """A frame Sluice writes to the client itself: counted and recorded too."""
+        self.tap.frame(self.conn, False, frame)
+        return [Send(Peer.CLIENT, frame.raw)]
+
+    def _close(self, reason: str, message: str = "", level: int = logging.INFO) -> Close:
+        self.state = State.CLOSED
+        return Close(reason, message, level)
+
+
+def _url(text: str) -> BrokerUrl:
+    try:
+        return parse_broker_url(text, what="broker URL in lookup answer")
+    except ConfigError as exc:
+        raise UpstreamFailure(str(exc), pb.ServiceNotReady) from None
+
+
+def _with_request_id(answer: Frame, request_id: int) -> Frame:
+    body: Any = type(answer.body)()
+    body.CopyFrom(answer.body)
+    body.request_id = request_id
+    return own_frame(answer.type, body)
+
+
+_ERROR_NAMES: dict[int, str] = {value: name for name, value in pb.ServerError.items()}
+
+
+def _error_name(error: int | None) -> str | None:
+    if error is None:
+        return None
+    return _ERROR_NAMES.get(error, str(error))
+
+
+_COMMAND_NAMES: dict[int, str] = {}
+
+
+def _answered(done: Completion) -> Answered:
+    name = _COMMAND_NAMES.get(done.request_type)
+    if name is None:
+        name = _COMMAND_NAMES[done.request_type] = command_name(done.request_type)
+    return Answered(name, done.seconds, _error_name(done.error), done.topic)
+
+
+def _brief(frame: Frame) -> str:
+    body = loggable(frame)  # credentials never reach the log
+    if body is None:
+        return ""
+    text: str = text_format.MessageToString(body, as_one_line=True)
+    return text

@@ -1,0 +1,41 @@
+"""Pulsar broker URLs: ``pulsar://host:port``, ``pulsar+ssl://host:port``, bare ``host:port``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.addresses import Address, parse_address
+from sluice.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerUrl:
+    """``pulsar://host:port`` or ``pulsar+ssl://host:port``."""
+
+    host: str
+    port: int
+    tls: bool
+
+    @property
+    def address(self) -> Address:
+        return Address(self.host, self.port)
+
+    def __str__(self) -> str:
+        scheme = "pulsar+ssl" if self.tls else "pulsar"
+        return f"{scheme}://{self.address}"
+
+
+def parse_broker_url(text: str, *, what: str = "broker URL") -> BrokerUrl:
+    """A broker URL, or a bare ``host:port`` (what CONNECT.proxy_to_broker_url holds)."""
+    value = text.strip()
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        scheme, rest = "pulsar", value
+    if scheme not in ("pulsar", "pulsar+ssl"):
+        raise ConfigError(f"{what} {text!r}: scheme must be pulsar:// or pulsar+ssl://")
+    tls = scheme == "pulsar+ssl"
+    rest = rest.rstrip("/")
+    if "," in rest:
+        raise ConfigError(f"{what} {text!r}: give one broker, not a list")
+    address = parse_address(rest, what=what, default_port=6651 if tls else 6650)
+    return BrokerUrl(address.host, address.port, tls)

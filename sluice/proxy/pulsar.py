@@ -1,0 +1,312 @@
+"""Pulsar's trio glue: frames over a trio stream, and the connections Sluice
+opens to brokers on its own account.
+
+Proxied connections are relayed by the protocol-neutral ``Relay`` around a
+``PulsarConnection`` core; what is Pulsar-specific and needs I/O lives here:
+``connect_broker`` (dial plus CONNECT/CONNECTED, the one place Sluice
+handshakes with a broker for itself), the shared upstream connections that
+carry lookups with Sluice's own request ids, and ``PulsarBackend``, which
+gives the proxy cores and answers their ``Ask`` actions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from sluice.addresses import Address
+from sluice.protocols.core import Conn, Tap
+from sluice.protocols.pulsar import (
+    CLOSED,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    Frame,
+    FrameDecoder,
+    ProtocolError,
+    Type,
+    command,
+    encode,
+    pb,
+)
+from sluice.protocols.pulsar.connection import (
+    PROTOCOL_VERSION,
+    SLUICE_VERSION,
+    PulsarConnection,
+    PulsarSettings,
+    Routing,
+    UpstreamFailure,
+)
+from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
+
+log = logging.getLogger("sluice.upstream")
+
+# How much one read asks the socket for. The codec benchmark feeds the
+# decoder reads of this size too.
+READ_SIZE = 256 * 1024
+# How long one upstream request may take before the client gets an error.
+REQUEST_TIMEOUT = 30.0
+
+
+class FrameStream:
+    """Frames in, bytes out, over one trio stream (tools and own-account connections).
+
+    Sends are serialized with a lock: several tasks may write to the same
+    connection.
+    """
+
+    def __init__(
+        self, stream: trio.abc.Stream, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    ) -> None:
+        self.stream = stream
+        self.decoder = FrameDecoder(max_message_size)
+        self._send_lock = trio.StrictFIFOLock()
+
+    async def receive_frame(self) -> Frame | None:
+        """The next frame; None when the peer closed cleanly.
+
+        Raises ``RemoteProtocolError`` (fatal) when framing is lost, and
+        trio's stream errors when the connection breaks.
+        """
+        while True:
+            event = self.decoder.next_event()
+            if isinstance(event, Frame):
+                return event
+            if event is CLOSED:
+                return None
+            self.decoder.receive_data(await self.stream.receive_some(READ_SIZE))
+
+    async def send(self, data: bytes) -> None:
+        async with self._send_lock:
+            await self.stream.send_all(data)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def own_connect() -> pb.CommandConnect:
+    """The CONNECT Sluice sends when it talks to a broker for itself."""
+    return pb.CommandConnect(client_version=SLUICE_VERSION, protocol_version=PROTOCOL_VERSION)
+
+
+async def connect_broker(
+    address: Address,
+    *,
+    timeout: float,
+    tls: ssl.SSLContext | None,
+    connect: pb.CommandConnect | None = None,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> tuple[FrameStream, Frame]:
+    """Dial a broker and handshake: the stream and the broker's CONNECTED.
+
+    Raises ``UpstreamFailure`` with a one-line reason otherwise.
+    """
+    try:
+        raw = await dial(address, timeout=timeout, tls=tls)
+    except OSError as exc:
+        raise UpstreamFailure(f"cannot reach broker {address}: {exc}") from exc
+    stream = FrameStream(raw, max_message_size)
+    try:
+        await stream.send(encode(command(Type.Value("CONNECT"), connect or own_connect())))
+        with trio.move_on_after(timeout):
+            frame = await stream.receive_frame()
+            if frame is None:
+                raise UpstreamFailure("broker closed the connection during handshake")
+            if frame.type == Type.Value("CONNECTED"):
+                return stream, frame
+            if frame.type == Type.Value("ERROR"):
+                raise UpstreamFailure(
+                    f"broker refused CONNECT: {frame.body.message}", frame.body.error
+                )
+            raise UpstreamFailure(f"broker answered CONNECT with {frame.name}")
+        raise UpstreamFailure(f"broker did not answer CONNECT within {timeout:g}s")
+    except BaseException as exc:
+        with trio.CancelScope(shield=True):
+            await raw.aclose()
+        if isinstance(exc, ProtocolError):
+            raise UpstreamFailure(f"broker broke the protocol during handshake: {exc}") from exc
+        if isinstance(exc, trio.BrokenResourceError | OSError):
+            raise UpstreamFailure(f"broker {address} dropped the connection: {exc}") from exc
+        raise
+
+
+class BrokerConnection:
+    """One connection to a broker, multiplexing requests by request_id."""
+
+    def __init__(self, stream: FrameStream, address: Address, connected: Frame) -> None:
+        self.stream = stream
+        self.address = address
+        self.connected = connected
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[trio.Event, list[Frame]]] = {}
+        self.closed = False
+
+    @classmethod
+    async def open(
+        cls, nursery: trio.Nursery, address: Address, *, timeout: float, tls: ssl.SSLContext | None
+    ) -> BrokerConnection:
+        stream, connected = await connect_broker(address, timeout=timeout, tls=tls)
+        conn = cls(stream, address, connected)
+        nursery.start_soon(conn._read_loop)
+        return conn
+
+    async def request(self, type_: int, body: Any, timeout: float) -> Frame:
+        """Send a request (its request_id is set here) and wait for its answer."""
+        if self.closed:
+            raise UpstreamFailure(f"connection to broker {self.address} is closed")
+        rid = next(self._ids)
+        body.request_id = rid
+        slot: tuple[trio.Event, list[Frame]] = (trio.Event(), [])
+        self._waiting[rid] = slot
+        try:
+            try:
+                await self.stream.send(encode(command(type_, body)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise UpstreamFailure(f"connection to broker {self.address} broke") from exc
+            with trio.move_on_after(timeout):
+                await slot[0].wait()
+            if not slot[1]:
+                if self.closed:
+                    raise UpstreamFailure(f"broker {self.address} closed the connection")
+                raise UpstreamFailure(f"broker {self.address} did not answer within {timeout:g}s")
+            return slot[1][0]
+        finally:
+            self._waiting.pop(rid, None)
+
+    async def _read_loop(self) -> None:
+        try:
+            while (frame := await self.stream.receive_frame()) is not None:
+                if frame.type == Type.Value("PING"):
+                    await self.stream.send(encode(command(Type.Value("PONG"))))
+                    continue
+                body = frame.body
+                rid = getattr(body, "request_id", None) if body is not None else None
+                slot = self._waiting.get(rid) if isinstance(rid, int) else None
+                if slot is not None:
+                    slot[1].append(frame)
+                    slot[0].set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError) as exc:
+            if not self.closed:  # not our own aclose()
+                log.info("upstream connection to %s ended: %s", self.address, exc)
+        finally:
+            self.closed = True
+            for event, _ in self._waiting.values():
+                event.set()
+            await self.stream.aclose()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.stream.aclose()
+
+
+class UpstreamPool:
+    """At most one open BrokerConnection per broker address, opened on demand."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        timeout: float,
+        tls_for: Callable[[Address], ssl.SSLContext | None],
+        dialed: Callable[[float | None], None] = lambda seconds: None,
+    ) -> None:
+        self._nursery = nursery
+        self._timeout = timeout
+        self._tls_for = tls_for
+        self._dialed = dialed
+        self._connections: dict[Address, BrokerConnection] = {}
+        self._locks: dict[Address, trio.Lock] = {}
+
+    async def get(self, address: Address) -> BrokerConnection:
+        lock = self._locks.setdefault(address, trio.Lock())
+        async with lock:
+            conn = self._connections.get(address)
+            if conn is None or conn.closed:
+                started = trio.current_time()
+                try:
+                    conn = await BrokerConnection.open(
+                        self._nursery, address, timeout=self._timeout, tls=self._tls_for(address)
+                    )
+                except UpstreamFailure:
+                    self._dialed(None)
+                    raise
+                self._dialed(trio.current_time() - started)
+                self._connections[address] = conn
+            return conn
+
+    async def aclose(self) -> None:
+        for conn in list(self._connections.values()):
+            await conn.aclose()
+        self._connections.clear()
+
+
+class PulsarBackend:
+    """What the protocol-neutral proxy needs from Pulsar: a core per client
+    connection, answers to its ``Ask`` actions, and a broker probe."""
+
+    name = "pulsar"
+
+    def __init__(
+        self,
+        broker: BrokerUrl,
+        settings: PulsarSettings,
+        routing: Routing,
+        *,
+        broker_tls: TlsClientConfig,
+        connect_timeout: float,
+    ) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.routing = routing
+        self.connect_timeout = connect_timeout
+        self._tls = client_ssl_context(broker_tls) if broker.tls else None
+        self._broker_tls = broker_tls
+        self._pool: UpstreamPool | None = None
+
+    def tls_context(self, tls: bool) -> ssl.SSLContext | None:
+        if not tls:
+            return None
+        if self._tls is None:
+            self._tls = client_ssl_context(self._broker_tls)
+        return self._tls
+
+    def start(self, nursery: trio.Nursery, tap: Tap) -> None:
+        """Open for business: own-account connections live in ``nursery``."""
+        from sluice.protocols.core import Dialed
+
+        self._pool = UpstreamPool(
+            nursery,
+            timeout=self.connect_timeout,
+            tls_for=lambda address: self._tls,
+            dialed=lambda seconds: tap.event(None, Dialed(seconds)),
+        )
+
+    def new_core(self, conn: Conn, tap: Tap) -> PulsarConnection:
+        return PulsarConnection(conn, self.settings, self.routing, tap)
+
+    async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure:
+        """Run a core's request on the shared connection to ``address``."""
+        assert self._pool is not None
+        type_, body = request
+        try:
+            upstream = await self._pool.get(address)
+            return await upstream.request(type_, body, REQUEST_TIMEOUT)
+        except UpstreamFailure as failure:
+            return failure
+
+    async def probe(self) -> str | None:
+        """None when the configured broker answers; otherwise why not."""
+        assert self._pool is not None
+        try:
+            await self._pool.get(self.broker.address)
+        except UpstreamFailure as failure:
+            return failure.message
+        return None
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            await self._pool.aclose()
