@@ -185,6 +185,7 @@ class PulsarConnection:
         self._reject = settings.on_invalid is OnInvalid.REJECT
         self._trace = log.isEnabledFor(logging.DEBUG)
         self.last_heard = 0.0
+        self._pinged = -1.0
         self._dial_started = 0.0
         self._challenged = False
         self._asks: dict[int, _Pending] = {}
@@ -268,7 +269,8 @@ class PulsarConnection:
         idle = now - self.last_heard
         if idle >= 2 * interval:
             return [self._close("idle", f"client silent for {idle:.0f}s, closing")]
-        if idle >= interval:
+        if idle >= interval and self._pinged <= self.last_heard:
+            self._pinged = now  # one ping per silence
             return self._own(own_frame(T.PING))
         return []
 
@@ -325,7 +327,10 @@ class PulsarConnection:
         connected = pb.CommandConnected(
             server_version=SLUICE_VERSION,
             protocol_version=min(body.protocol_version, PROTOCOL_VERSION),
-            max_message_size=self.settings.max_message_size,
+            # No max_message_size: only the broker knows its limit, and clients
+            # size chunks by it. The broker's own CONNECTED, relayed unchanged
+            # on the client's proxied connection, tells it (or leaves the
+            # client's default, which is what a broker that names none expects).
         )
         return [*self._own(own_frame(T.CONNECTED, connected)), *self._lookups(now)]
 
