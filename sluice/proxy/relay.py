@@ -38,7 +38,8 @@ from sluice.protocols.core import (
 
 log = logging.getLogger("sluice.relay")
 
-# How much one read asks the socket for.
+# How much one read asks the socket for. The codec benchmark feeds the
+# decoder reads of this size too.
 READ_SIZE = 256 * 1024
 
 
@@ -108,7 +109,10 @@ class Relay:
         self._locks = {Peer.CLIENT: trio.StrictFIFOLock(), Peer.BROKER: trio.StrictFIFOLock()}
         self._session: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
-        self._client_reads = trio.CancelScope()
+        # Drain stops reading the client: it cancels a read in progress, never
+        # a write (a frame half written to the broker would be lost for good).
+        self._reading: trio.CancelScope | None = None
+        self._draining = False
         self._handshake = trio.CancelScope()
         self.bytes_in = 0
         self.reason = "closed"
@@ -142,7 +146,9 @@ class Relay:
         so it sends it again after reconnecting), let sends already forwarded
         get their receipts, then let the core say goodbye and hang up.
         """
-        self._client_reads.cancel()
+        self._draining = True
+        if self._reading is not None:
+            self._reading.cancel()
         while self.core.in_flight_sends and trio.current_time() < deadline:
             await trio.sleep(0.02)
         with trio.move_on_at(deadline):
@@ -159,8 +165,7 @@ class Relay:
     # --- reading -------------------------------------------------------------------
 
     async def _pump_client(self) -> None:
-        with self._client_reads:
-            await self._pump(self.client, True)
+        await self._pump(self.client, True)
 
     async def _pump_broker(self) -> None:
         assert self.broker is not None
@@ -175,7 +180,17 @@ class Relay:
             if room is not None:
                 await room()
             try:
-                data = bytes(await stream.receive_some(READ_SIZE))
+                if from_client:
+                    if self._draining:
+                        return
+                    with trio.CancelScope() as reading:
+                        self._reading = reading
+                        data = bytes(await stream.receive_some(READ_SIZE))
+                    self._reading = None
+                    if reading.cancelled_caught:
+                        return  # drained while waiting: nothing was read
+                else:
+                    data = bytes(await stream.receive_some(READ_SIZE))
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 side = "client" if from_client else "broker"
                 if from_client and not self.bytes_in and _tls_failure(exc):
@@ -267,9 +282,11 @@ class Relay:
         await self._do(self.core.upstream_failed(message, trio.current_time()))
 
     async def _keepalive(self) -> None:
+        # Ticks at half the interval: a ping goes out between 1 and 1.5
+        # intervals of silence, however the silence lines up with the ticks.
         interval = self.timing.keepalive_interval
         while True:
-            await trio.sleep(interval)
+            await trio.sleep(interval / 2)
             actions = self.core.keepalive(trio.current_time(), interval)
             if actions:
                 await self._do(actions)

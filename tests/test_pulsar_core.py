@@ -1,0 +1,519 @@
+"""The Pulsar connection core, bytes in and actions out: no sockets, no trio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message
+
+from sluice.addresses import Address
+from sluice.protocols.core import (
+    Action,
+    Answered,
+    Ask,
+    Close,
+    Conn,
+    Dialed,
+    Event,
+    Invalid,
+    LookupDone,
+    OnInvalid,
+    Opened,
+    OpenUpstream,
+    Peer,
+    Rejected,
+    Send,
+    Taps,
+)
+from sluice.protocols.pulsar import (
+    Frame,
+    Type,
+    command,
+    decode_frame,
+    decode_stream,
+    encode,
+    encode_payload,
+    pb,
+)
+from sluice.protocols.pulsar.connection import (
+    SLUICE_VERSION,
+    PulsarConnection,
+    PulsarSettings,
+    Routing,
+    UpstreamFailure,
+)
+from sluice.protocols.pulsar.urls import parse_broker_url
+
+T = Type.Value
+MiB = 1024 * 1024
+BROKER = Address("127.0.0.1", 6650)
+LookupResponse = pb.CommandLookupTopicResponse
+
+
+class Recording:
+    """A tap that keeps everything it is shown."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[bool, Frame]] = []
+        self.events: list[Event] = []
+
+    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
+        self.frames.append((from_client, frame))
+
+    def event(self, conn: Conn | None, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+class Exploding:
+    """A tap that fails at everything."""
+
+    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
+        raise RuntimeError("tap frame boom")
+
+    def event(self, conn: Conn | None, event: Event) -> None:
+        raise RuntimeError("tap event boom")
+
+
+def make(
+    on_invalid: OnInvalid = OnInvalid.REJECT,
+    *,
+    routing: Routing | None = None,
+    tap: Any = None,
+) -> tuple[PulsarConnection, Recording]:
+    recording = Recording()
+    core = PulsarConnection(
+        Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
+        PulsarSettings(on_invalid, 5 * MiB, 5),
+        routing or Routing(parse_broker_url("pulsar://127.0.0.1:6650")),
+        tap if tap is not None else recording,
+    )
+    return core, recording
+
+
+def frame_bytes(name: str, body: Message | None = None) -> bytes:
+    return encode(command(T(name), body))
+
+
+def send_frame(
+    producer_id: int = 1, sequence_id: int = 0, payload: bytes = b"hello", **kw: Any
+) -> bytes:
+    cmd = command(T("SEND"), pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id))
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1)
+    return encode_payload(cmd, meta, payload, **kw)
+
+
+def sent(actions: list[Action], to: Peer) -> list[Frame]:
+    """The frames the actions write to ``to``, decoded."""
+    data = b"".join(a.data for a in actions if isinstance(a, Send) and a.to is to)
+    return decode_stream(data, 64 * MiB)
+
+
+def names(actions: list[Action], to: Peer) -> list[str]:
+    return [f.name for f in sent(actions, to)]
+
+
+def closes(actions: list[Action]) -> list[str]:
+    return [a.reason for a in actions if isinstance(a, Close)]
+
+
+def connect_body(**kw: Any) -> pb.CommandConnect:
+    return pb.CommandConnect(client_version="test-client", protocol_version=21, **kw)
+
+
+def lookup_core(**kw: Any) -> tuple[PulsarConnection, Recording]:
+    core, rec = make(**kw)
+    out = core.receive_client(frame_bytes("CONNECT", connect_body()), 0.0)
+    assert names(out, Peer.CLIENT) == ["CONNECTED"]
+    rec.events.clear()
+    return core, rec
+
+
+def lookup_request(request_id: int = 7, topic: str = "persistent://t/n/a") -> bytes:
+    return frame_bytes("LOOKUP", pb.CommandLookupTopic(topic=topic, request_id=request_id))
+
+
+def lookup_answer(response: Any, url: str, **kw: Any) -> Frame:
+    body = LookupResponse(request_id=1, response=response, brokerServiceUrl=url, **kw)
+    return decode_frame(frame_bytes("LOOKUP_RESPONSE", body))
+
+
+def proxied_core(
+    on_invalid: OnInvalid = OnInvalid.REJECT, connected: pb.CommandConnected | None = None
+) -> tuple[PulsarConnection, Recording]:
+    """A connection relayed to the configured broker, past the handshake."""
+    core, rec = make(on_invalid)
+    out = core.receive_client(
+        frame_bytes("CONNECT", connect_body(proxy_to_broker_url="127.0.0.1:6650")), 0.0
+    )
+    assert [type(a) for a in out] == [OpenUpstream]
+    body = connected or pb.CommandConnected(server_version="broker", protocol_version=21)
+    out = core.receive_broker(frame_bytes("CONNECTED", body), 0.5)
+    assert names(out, Peer.CLIENT) == ["CONNECTED"]
+    assert core.established
+    rec.events.clear()
+    return core, rec
+
+
+def with_producer(core: PulsarConnection, topic: str = "persistent://t/n/p") -> None:
+    producer = pb.CommandProducer(topic=topic, producer_id=1, request_id=1)
+    assert names(core.receive_client(frame_bytes("PRODUCER", producer), 1.0), Peer.BROKER) == [
+        "PRODUCER"
+    ]
+    ok = pb.CommandProducerSuccess(request_id=1, producer_name="p")
+    core.receive_broker(frame_bytes("PRODUCER_SUCCESS", ok), 1.1)
+
+
+# --- lookup connections ----------------------------------------------------------
+
+
+def test_lookup_connect_is_answered_without_a_max_message_size() -> None:
+    core, rec = make()
+    out = core.receive_client(frame_bytes("CONNECT", connect_body()), 0.0)
+    assert len(out) == 1 and isinstance(out[0], Send) and out[0].to is Peer.CLIENT
+    connected = decode_frame(out[0].data)
+    assert connected.name == "CONNECTED" and connected.ok
+    # Regression: clients size their chunks by this; only the broker knows it.
+    assert not connected.body.HasField("max_message_size")
+    assert connected.body.server_version == SLUICE_VERSION
+    assert connected.body.protocol_version == 21
+    assert core.conn.kind == "lookup" and core.established
+    assert rec.of(Opened) and not rec.of(Rejected)
+
+
+def test_lookup_connection_answers_ping_with_pong() -> None:
+    core, _ = lookup_core()
+    out = core.receive_client(frame_bytes("PING"), 1.0)
+    assert names(out, Peer.CLIENT) == ["PONG"]
+    assert names(out, Peer.BROKER) == []
+
+
+def test_lookup_is_asked_of_the_configured_broker() -> None:
+    core, _ = lookup_core()
+    out = core.receive_client(lookup_request(request_id=7, topic="persistent://t/n/a"), 1.0)
+    assert len(out) == 1 and isinstance(out[0], Ask)
+    ask = out[0]
+    assert ask.address == BROKER
+    type_, body = ask.request
+    assert type_ == T("LOOKUP") and body.topic == "persistent://t/n/a"
+    assert core.routing.lookups == 1
+
+
+def test_redirect_is_followed_and_its_target_learned() -> None:
+    core, rec = lookup_core()
+    target = Address("10.1.2.3", 6650)
+    assert not core.routing.allowlist.allows(target)
+    (ask,) = core.receive_client(lookup_request(), 1.0)
+    assert isinstance(ask, Ask)
+    out = core.answered(
+        ask.token, lookup_answer(LookupResponse.Redirect, "pulsar://10.1.2.3:6650"), 1.5
+    )
+    assert len(out) == 1 and isinstance(out[0], Ask)
+    assert out[0].address == target
+    assert out[0].request[0] == T("LOOKUP")
+    assert core.routing.allowlist.allows(target)
+    assert [e.outcome for e in rec.of(LookupDone)] == ["redirected"]
+    assert names(out, Peer.CLIENT) == []  # the client hears nothing yet
+
+
+def test_connect_answer_is_rewritten_to_come_back_through_the_proxy() -> None:
+    core, rec = lookup_core()
+    (ask,) = core.receive_client(lookup_request(request_id=42), 1.0)
+    assert isinstance(ask, Ask)
+    answer = lookup_answer(LookupResponse.Connect, "pulsar://10.1.2.3:6650", authoritative=False)
+    out = core.answered(ask.token, answer, 1.25)
+    (response,) = sent(out, Peer.CLIENT)
+    assert response.name == "LOOKUP_RESPONSE"
+    body = response.body
+    assert body.request_id == 42  # the client's, not the proxy's
+    assert body.response == LookupResponse.Connect
+    assert body.proxy_through_service_url is True
+    assert body.authoritative is True
+    assert body.brokerServiceUrl == "pulsar://10.1.2.3:6650"
+    done = rec.of(LookupDone)
+    assert [d.outcome for d in done] == ["answered"]
+    assert done[0].total == pytest.approx(0.25)
+    assert core.routing.lookups == 0
+    assert core.routing.allowlist.allows(Address("10.1.2.3", 6650))
+
+
+def test_too_many_redirects_fail_the_lookup() -> None:
+    core, rec = lookup_core()
+    (ask,) = core.receive_client(lookup_request(request_id=9), 1.0)
+    assert isinstance(ask, Ask)
+    out: list[Action] = [ask]
+    hops = 0
+    while out and isinstance(out[0], Ask):
+        hops += 1
+        assert hops < 20, "redirects never stopped"
+        redirect = lookup_answer(LookupResponse.Redirect, f"pulsar://10.0.0.{hops}:6650")
+        out = core.answered(out[0].token, redirect, 1.0 + hops)
+    assert hops == 6  # max_redirects=5 followed, the sixth refused
+    (response,) = sent(out, Peer.CLIENT)
+    assert response.name == "LOOKUP_RESPONSE"
+    assert response.body.response == LookupResponse.Failed
+    assert response.body.request_id == 9
+    assert response.body.error == pb.ServiceNotReady
+    assert rec.of(LookupDone)[-1].outcome == "failed"
+    assert core.routing.lookups == 0
+
+
+def test_lookup_slots_exhausted_answer_too_many_requests() -> None:
+    core, rec = lookup_core(routing=Routing(parse_broker_url("pulsar://127.0.0.1:6650"), (), 1))
+    first = core.receive_client(lookup_request(request_id=1), 1.0)
+    assert [type(a) for a in first] == [Ask]
+    second = core.receive_client(lookup_request(request_id=2), 1.0)
+    assert not any(isinstance(a, Ask) for a in second)
+    (response,) = sent(second, Peer.CLIENT)
+    assert response.name == "LOOKUP_RESPONSE" and response.body.request_id == 2
+    assert response.body.response == LookupResponse.Failed
+    assert response.body.error == pb.TooManyRequests
+    assert [d.outcome for d in rec.of(LookupDone)] == ["rejected"]
+
+
+def test_upstream_failure_answers_with_its_error_code() -> None:
+    core, rec = lookup_core()
+    (ask,) = core.receive_client(lookup_request(request_id=3), 1.0)
+    assert isinstance(ask, Ask)
+    out = core.answered(ask.token, UpstreamFailure("no broker", pb.MetadataError), 2.0)
+    (response,) = sent(out, Peer.CLIENT)
+    assert response.body.response == LookupResponse.Failed
+    assert response.body.request_id == 3
+    assert response.body.error == pb.MetadataError
+    assert response.body.message == "no broker"
+    answered = rec.of(Answered)
+    assert [(a.request, a.error) for a in answered] == [("LOOKUP", "MetadataError")]
+    assert core.routing.lookups == 0
+
+
+def test_requests_not_served_on_lookup_connections_are_refused() -> None:
+    core, _ = lookup_core()
+    producer = pb.CommandProducer(topic="persistent://t/n/p", producer_id=1, request_id=5)
+    out = core.receive_client(frame_bytes("PRODUCER", producer), 1.0)
+    assert not any(isinstance(a, Ask) for a in out)
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "ERROR"
+    assert error.body.error == pb.NotAllowedError and error.body.request_id == 5
+
+
+# --- proxied connections: the handshake ---------------------------------------------
+
+
+def test_proxied_connect_opens_the_upstream_with_a_proxy_hello() -> None:
+    core, rec = make()
+    body = connect_body(
+        proxy_to_broker_url="127.0.0.1:6650", auth_method_name="token", auth_data=b"secret"
+    )
+    out = core.receive_client(frame_bytes("CONNECT", body), 0.0)
+    assert len(out) == 1 and isinstance(out[0], OpenUpstream)
+    assert out[0].address == BROKER and out[0].tls is False
+    hello = decode_frame(out[0].hello)
+    assert hello.name == "CONNECT" and hello.ok
+    assert hello.body.proxy_version == SLUICE_VERSION
+    assert not hello.body.HasField("proxy_to_broker_url")
+    assert hello.body.auth_method_name == "token" and hello.body.auth_data == b"secret"
+    assert core.conn.kind == "proxied" and not core.established and core.upstream_pending
+    assert core.conn.broker == "127.0.0.1:6650"
+    assert rec.of(Opened) and not rec.of(Rejected)
+
+
+@pytest.mark.parametrize("target", ["10.9.9.9:6650", "169.254.169.254:80"])
+def test_proxied_connect_to_a_broker_not_allowed_is_refused(target: str) -> None:
+    core, rec = make()
+    out = core.receive_client(frame_bytes("CONNECT", connect_body(proxy_to_broker_url=target)), 0.0)
+    assert not any(isinstance(a, OpenUpstream) for a in out)
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "ERROR" and error.body.error == pb.ServiceNotReady
+    assert closes(out) == ["relay_refused"]
+    assert isinstance(out[-1], Close)
+    assert [r.reason for r in rec.of(Rejected)] == ["relay_refused"]
+
+
+def test_broker_connected_establishes_and_releases_what_the_client_sent_early() -> None:
+    core, rec = make()
+    core.receive_client(
+        frame_bytes("CONNECT", connect_body(proxy_to_broker_url="127.0.0.1:6650")), 0.0
+    )
+    producer = frame_bytes(
+        "PRODUCER", pb.CommandProducer(topic="persistent://t/n/p", producer_id=1, request_id=1)
+    )
+    assert core.receive_client(producer, 0.1) == []  # held until CONNECTED
+    connected = frame_bytes("CONNECTED", pb.CommandConnected(server_version="b"))
+    out = core.receive_broker(connected, 0.5)
+    assert out == [Send(Peer.CLIENT, connected), Send(Peer.BROKER, producer)]
+    assert core.established
+    assert [d.seconds for d in rec.of(Dialed)] == [pytest.approx(0.5)]
+
+
+def test_broker_max_message_size_raises_the_frame_limit() -> None:
+    big = send_frame(payload=b"x" * (6 * MiB), max_message_size=16 * MiB)
+    connected = pb.CommandConnected(server_version="b", max_message_size=8 * MiB)
+    core, rec = proxied_core(connected=connected)
+    out = core.receive_client(big, 1.0)
+    assert out == [Send(Peer.BROKER, big)]
+    assert not rec.of(Invalid)
+
+
+def test_without_a_broker_limit_a_frame_over_5_mib_loses_framing() -> None:
+    big = send_frame(payload=b"x" * (6 * MiB), max_message_size=16 * MiB)
+    core, rec = proxied_core()
+    out = core.receive_client(big, 1.0)
+    assert closes(out) == ["unframeable"]
+    assert names(out, Peer.BROKER) == []
+    assert [i.fatal for i in rec.of(Invalid)] == [True]
+
+
+def test_auth_challenge_is_relayed_and_the_answer_forwarded() -> None:
+    core, _ = make()
+    core.receive_client(
+        frame_bytes("CONNECT", connect_body(proxy_to_broker_url="127.0.0.1:6650")), 0.0
+    )
+    challenge = frame_bytes(
+        "AUTH_CHALLENGE",
+        pb.CommandAuthChallenge(challenge=pb.AuthData(auth_method_name="token", auth_data=b"?")),
+    )
+    assert core.receive_broker(challenge, 0.1) == [Send(Peer.CLIENT, challenge)]
+    response = frame_bytes(
+        "AUTH_RESPONSE",
+        pb.CommandAuthResponse(response=pb.AuthData(auth_method_name="token", auth_data=b"!")),
+    )
+    assert core.receive_client(response, 0.2) == [Send(Peer.BROKER, response)]
+    connected = frame_bytes("CONNECTED", pb.CommandConnected(server_version="b"))
+    assert core.receive_broker(connected, 0.3) == [Send(Peer.CLIENT, connected)]
+    assert core.established
+
+
+def test_broker_error_during_handshake_is_forwarded_then_closes() -> None:
+    core, rec = make()
+    core.receive_client(
+        frame_bytes("CONNECT", connect_body(proxy_to_broker_url="127.0.0.1:6650")), 0.0
+    )
+    refusal = frame_bytes(
+        "ERROR",
+        pb.CommandError(request_id=2**64 - 1, error=pb.AuthenticationError, message="who?"),
+    )
+    out = core.receive_broker(refusal, 0.1)
+    assert out[0] == Send(Peer.CLIENT, refusal)
+    assert closes(out) == ["upstream"] and isinstance(out[-1], Close)
+    assert [d.seconds for d in rec.of(Dialed)] == [None]
+    assert not core.established
+
+
+# --- proxied connections: relaying --------------------------------------------------
+
+
+def test_valid_frames_are_forwarded_as_the_identical_read() -> None:
+    core, _ = proxied_core()
+    with_producer(core)
+    data = send_frame(sequence_id=1) + send_frame(sequence_id=2)
+    out = core.receive_client(data, 2.0)
+    assert out == [Send(Peer.BROKER, data)]
+    assert core.in_flight_sends == 2
+
+
+def test_bad_checksum_is_answered_under_reject() -> None:
+    core, rec = proxied_core(OnInvalid.REJECT)
+    with_producer(core)
+    bad = bytearray(send_frame(sequence_id=4))
+    bad[-1] ^= 1
+    out = core.receive_client(bytes(bad), 2.0)
+    assert names(out, Peer.BROKER) == []
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "SEND_ERROR"
+    assert error.body.error == pb.ChecksumError and error.body.sequence_id == 4
+    assert [(i.problem, i.fatal) for i in rec.of(Invalid)] == [("checksum", False)]
+    assert closes(out) == []
+
+
+def test_bad_checksum_is_passed_on_under_forward() -> None:
+    core, rec = proxied_core(OnInvalid.FORWARD)
+    with_producer(core)
+    bad = bytearray(send_frame(sequence_id=4))
+    bad[-1] ^= 1
+    out = core.receive_client(bytes(bad), 2.0)
+    assert out == [Send(Peer.BROKER, bytes(bad))]
+    assert [(i.problem, i.from_client) for i in rec.of(Invalid)] == [("checksum", True)]
+
+
+def test_stream_ending_mid_frame_is_unframeable() -> None:
+    core, rec = proxied_core()
+    whole = frame_bytes("PING")
+    partial = send_frame()[:-3]
+    out = core.receive_client(whole + partial, 1.0)
+    assert out == [Send(Peer.BROKER, whole)]  # the complete frame goes on
+    out = core.receive_client(b"", 2.0)
+    assert closes(out) == ["unframeable"]
+    assert names(out, Peer.BROKER) == []
+    (invalid,) = rec.of(Invalid)
+    assert invalid.fatal and invalid.problem == "truncated" and invalid.from_client
+
+
+def test_send_and_receipt_are_correlated_with_the_topic() -> None:
+    core, rec = proxied_core()
+    with_producer(core, "persistent://t/n/orders")
+    assert [a.request for a in rec.of(Answered)] == ["PRODUCER"]
+    core.receive_client(send_frame(sequence_id=5), 2.0)
+    assert core.in_flight_sends == 1
+    receipt = frame_bytes("SEND_RECEIPT", pb.CommandSendReceipt(producer_id=1, sequence_id=5))
+    out = core.receive_broker(receipt, 2.5)
+    assert out == [Send(Peer.CLIENT, receipt)]
+    send = rec.of(Answered)[-1]
+    assert send.request == "SEND" and send.topic == "persistent://t/n/orders"
+    assert send.seconds == pytest.approx(0.5) and send.error is None
+    assert core.in_flight_sends == 0
+
+
+def test_drain_closes_the_clients_producers_and_consumers() -> None:
+    core, _ = proxied_core()
+    assert core.drain() == []
+    with_producer(core)
+    subscribe = pb.CommandSubscribe(
+        topic="persistent://t/n/s",
+        subscription="sub",
+        subType=pb.CommandSubscribe.Shared,
+        consumer_id=8,
+        request_id=2,
+    )
+    core.receive_client(frame_bytes("SUBSCRIBE", subscribe), 1.0)
+    core.receive_broker(frame_bytes("SUCCESS", pb.CommandSuccess(request_id=2)), 1.1)
+    out = core.drain()
+    assert names(out, Peer.BROKER) == []
+    frames = sent(out, Peer.CLIENT)
+    assert [f.name for f in frames] == ["CLOSE_PRODUCER", "CLOSE_CONSUMER"]
+    assert frames[0].body.producer_id == 1 and frames[1].body.consumer_id == 8
+
+
+# --- keepalive and taps ---------------------------------------------------------
+
+
+def test_keepalive_pings_an_idle_lookup_client_then_hangs_up() -> None:
+    core, _ = lookup_core()  # last heard at 0
+    assert core.keepalive(10.0, 30.0) == []
+    assert names(core.keepalive(30.0, 30.0), Peer.CLIENT) == ["PING"]
+    core.receive_client(frame_bytes("PONG"), 45.0)
+    assert names(core.keepalive(60.0, 30.0), Peer.CLIENT) == []  # heard 15 s ago
+    assert names(core.keepalive(90.0, 30.0), Peer.CLIENT) == ["PING"]
+    out = core.keepalive(105.0, 30.0)
+    assert out == [Close("idle", "client silent for 60s, closing")]
+
+
+def test_keepalive_leaves_proxied_connections_alone() -> None:
+    core, _ = proxied_core()
+    assert core.keepalive(1000.0, 30.0) == []
+
+
+def test_a_failing_tap_never_stops_traffic() -> None:
+    recording = Recording()
+    taps = Taps([Exploding(), recording])
+    core, _ = make(tap=taps)
+    out = core.receive_client(frame_bytes("CONNECT", connect_body()), 0.0)
+    assert names(out, Peer.CLIENT) == ["CONNECTED"]
+    out = core.receive_client(frame_bytes("PING"), 1.0)
+    assert names(out, Peer.CLIENT) == ["PONG"]
+    assert taps.failures > 0
+    # The tap after the failing one still sees everything.
+    assert [f.name for _, f in recording.frames] == ["CONNECT", "CONNECTED", "PING", "PONG"]
+    assert taps.failures == len(recording.frames) + len(recording.events)
