@@ -2,7 +2,8 @@
 
 Every line about a connection starts with its name (``conn-7 10.1.2.3:5123:``);
 the JSON form also puts the id in its own field, ``conn``. Credentials are
-never logged: frame bodies pass through the recorder's redaction first.
+never logged: frame bodies pass through the protocol's redaction first
+(``sluice.protocols.pulsar.redact.loggable``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from sluice.addresses import Address
-from sluice.protocols.core import Conn, Tap
+from sluice.protocols.core import Conn, Dialed, Tap
 from sluice.protocols.pulsar import (
     CLOSED,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -42,12 +42,10 @@ from sluice.protocols.pulsar.connection import (
 )
 from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
+from sluice.proxy.relay import READ_SIZE
 
 log = logging.getLogger("sluice.upstream")
 
-# How much one read asks the socket for. The codec benchmark feeds the
-# decoder reads of this size too.
-READ_SIZE = 256 * 1024
 # How long one upstream request may take before the client gets an error.
 REQUEST_TIMEOUT = 30.0
 
@@ -276,8 +274,6 @@ class PulsarBackend:
 
     def start(self, nursery: trio.Nursery, tap: Tap) -> None:
         """Open for business: own-account connections live in ``nursery``."""
-        from sluice.protocols.core import Dialed
-
         self._pool = UpstreamPool(
             nursery,
             timeout=self.connect_timeout,

@@ -35,6 +35,7 @@ from google.protobuf import text_format
 
 from sluice.errors import ConfigError, leaves
 from sluice.protocols.pulsar import Frame, ProtocolError, Type, command, encode, encode_payload, pb
+from sluice.protocols.pulsar.correlation import answer_key
 from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
@@ -105,12 +106,11 @@ class Keyer:
             return ("CONNECTED",)
         if t in _PUSH_BY_ID:
             return self._nth((t, getattr(body, _PUSH_BY_ID[t])))
-        if t in (T("SEND_RECEIPT"), T("SEND_ERROR")):
-            return ("send", body.producer_id, body.sequence_id)
+        answers = answer_key(frame)  # the correlator's own matching rule
+        if answers is not None:
+            return answers
         if t == T("MESSAGE"):
             return self._nth(("msg", body.consumer_id))
-        if "request_id" in body.DESCRIPTOR.fields_by_name and body.HasField("request_id"):
-            return ("rid", body.request_id)
         return self._nth((t,))
 
     def _nth(self, base: Key) -> Key:

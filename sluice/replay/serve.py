@@ -35,6 +35,7 @@ from sluice.protocols.pulsar import (
     error_reply,
     pb,
 )
+from sluice.protocols.pulsar.correlation import Correlator
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import Recording, load
@@ -70,35 +71,34 @@ class Answers:
 
     @classmethod
     def of(cls, recording: Recording) -> Answers:
+        """Pair every recorded answer with its request (the one Correlator does
+        the pairing) and file it under what a live client will ask."""
         index = cls()
         for conn in recording.connections:
-            pending: dict[int, tuple[int, str]] = {}
-            producers: dict[int, str] = {}
-            consumers: dict[int, tuple[str, str]] = {}
+            correlator = Correlator()
+            subscriptions: dict[int, tuple[str, str]] = {}
             for rf in conn.frames:
-                body: Any = rf.frame.body
+                frame = rf.frame
+                body: Any = frame.body
                 if body is None:
                     continue
-                t = rf.frame.type
+                if rf.from_client and frame.type == T("SUBSCRIBE"):
+                    subscriptions[body.consumer_id] = (body.topic, body.subscription)
+                done = correlator.observe(frame, rf.from_client, 0.0)
                 if rf.from_client:
-                    fields = body.DESCRIPTOR.fields_by_name
-                    topic = _topic_of(t, body, producers, consumers)
-                    if t == T("PRODUCER"):
-                        producers[body.producer_id] = body.topic
-                    elif t == T("SUBSCRIBE"):
-                        consumers[body.consumer_id] = (body.topic, body.subscription)
-                    if "request_id" in fields and body.HasField("request_id"):
-                        pending[body.request_id] = (t, topic)
                     continue
-                if t in (T("SEND_RECEIPT"), T("SEND_ERROR")):
-                    index.receipts[producers.get(body.producer_id, "")].append(rf.frame)
-                elif t == T("MESSAGE") and body.consumer_id in consumers:
-                    index.messages[consumers[body.consumer_id]].append(rf.frame)
-                elif "request_id" in body.DESCRIPTOR.fields_by_name and body.HasField("request_id"):
-                    asked = pending.pop(body.request_id, None)
-                    if asked is not None:
-                        index.by_request[asked].append(rf.frame)
-                        index.last[asked] = rf.frame
+                if frame.type == T("MESSAGE"):
+                    if body.consumer_id in subscriptions:
+                        index.messages[subscriptions[body.consumer_id]].append(frame)
+                    continue
+                if done is None or done.request is None:
+                    continue
+                if done.request_type == T("SEND"):
+                    index.receipts[done.topic or ""].append(frame)
+                    continue
+                asked = (done.request_type, done.topic or _namespace(done.request))
+                index.by_request[asked].append(frame)
+                index.last[asked] = frame
         return index
 
     def answer(self, asked: tuple[int, str]) -> Frame | None:
@@ -122,6 +122,11 @@ def _topic_of(
     if "consumer_id" in fields:
         return consumers.get(body.consumer_id, ("", ""))[0]
     return ""
+
+
+def _namespace(request: Frame) -> str:
+    body: Any = request.body
+    return str(body.namespace) if "namespace" in body.DESCRIPTOR.fields_by_name else ""
 
 
 def _with(frame: Frame, **changes: Any) -> bytes:

@@ -14,6 +14,7 @@ Pure state: time is passed in, nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.frame import Frame
@@ -89,6 +90,7 @@ class Pending:
     topic: str | None = None
     # For PRODUCER / SUBSCRIBE: the id the request creates.
     resource_id: int | None = None
+    request: Frame | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,7 @@ class Completion:
     finished: float
     topic: str | None
     error: int | None  # ServerError when the answer was a failure
+    request: Frame | None = None  # the request (or SEND) frame itself
 
     @property
     def seconds(self) -> float:
@@ -122,7 +125,7 @@ class Correlator:
             return None
         t = frame.type
         if from_client:
-            self._client_frame(t, body, now)
+            self._client_frame(frame, t, body, now)
             return None
         return self._server_frame(t, body, now)
 
@@ -138,11 +141,11 @@ class Correlator:
 
     # --- client to broker ---------------------------------------------------
 
-    def _client_frame(self, t: int, body: object, now: float) -> None:
+    def _client_frame(self, frame: Frame, t: int, body: object, now: float) -> None:
         if t == T.SEND:
             assert isinstance(body, pb.CommandSend)
             key = (body.producer_id, body.sequence_id)
-            self.sends[key] = Pending(t, now, self.producers.get(body.producer_id))
+            self.sends[key] = Pending(t, now, self.producers.get(body.producer_id), None, frame)
             return
         if t not in _REQUESTS:
             return
@@ -151,14 +154,14 @@ class Correlator:
             if not body.HasField("request_id"):
                 return
         rid: int = body.request_id  # type: ignore[attr-defined]
-        pending = Pending(t, now)
+        pending = Pending(t, now, request=frame)
         if t == T.PRODUCER:
             assert isinstance(body, pb.CommandProducer)
             pending.topic, pending.resource_id = body.topic, body.producer_id
         elif t == T.SUBSCRIBE:
             assert isinstance(body, pb.CommandSubscribe)
             pending.topic, pending.resource_id = body.topic, body.consumer_id
-        elif t in (T.LOOKUP, T.PARTITIONED_METADATA, T.GET_SCHEMA):
+        elif t in (T.LOOKUP, T.PARTITIONED_METADATA, T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA):
             pending.topic = body.topic  # type: ignore[attr-defined]
         elif t == T.CLOSE_PRODUCER:
             assert isinstance(body, pb.CommandCloseProducer)
@@ -179,7 +182,7 @@ class Correlator:
             if sent is None:
                 return None
             error = body.error if t == T.SEND_ERROR else None  # type: ignore[attr-defined]
-            return Completion(T.SEND, t, sent.started, now, sent.topic, error)
+            return Completion(T.SEND, t, sent.started, now, sent.topic, error, sent.request)
         if t == T.CLOSE_PRODUCER:  # the broker closed it: the client will re-create it
             self.producers.pop(body.producer_id, None)  # type: ignore[attr-defined]
             return None
@@ -199,7 +202,24 @@ class Correlator:
                 self.producers[pending.resource_id] = pending.topic
             elif pending.type == T.SUBSCRIBE:
                 self.consumers[pending.resource_id] = pending.topic
-        return Completion(pending.type, t, pending.started, now, pending.topic, error)
+        return Completion(
+            pending.type, t, pending.started, now, pending.topic, error, pending.request
+        )
+
+
+def answer_key(frame: Frame) -> tuple[str, int] | tuple[str, int, int] | None:
+    """What a broker frame answers: ``("rid", request_id)`` or ``("send",
+    producer_id, sequence_id)``; None for frames that answer nothing (pushes,
+    pings). The rule ``Correlator`` matches answers by."""
+    body: Any = frame.body
+    t = frame.type
+    if body is None:
+        return None
+    if t in (T.SEND_RECEIPT, T.SEND_ERROR):
+        return ("send", body.producer_id, body.sequence_id)
+    if t in _ANSWERS_WITH_REQUEST_ID and _has_request_id(body):
+        return ("rid", body.request_id)
+    return None
 
 
 def _has_request_id(body: object) -> bool:

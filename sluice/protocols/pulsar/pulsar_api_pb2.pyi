@@ -9,7 +9,7 @@ names, field numbers, scalar types, labels and default values. The layout
 and the comments are ours. tests/test_schema.py compares this file field by
 field with the upstream definition, so any drift fails the build.
 
-Regenerate the Python module after editing:  python -m sluice.proto.regen
+Regenerate the Python module after editing:  python -m sluice.protocols.pulsar.regen
 """
 
 from collections import abc as _abc
