@@ -26,6 +26,7 @@ from sluice.logs import setup_logging
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
+from sluice.recording.format import PayloadPolicy
 from sluice.recording.writer import RecorderConfig
 
 
@@ -126,7 +127,7 @@ async def demo(args: argparse.Namespace, broker: EmbeddedBroker, record: Path) -
         broker=parse_broker_url(broker.url),
         listen=Address("127.0.0.1", port),
         admin=Address("127.0.0.1", admin),
-        record=RecorderConfig(record, payloads="full", flush_interval=0.2),
+        record=RecorderConfig(record, payloads=PayloadPolicy.FULL, flush_interval=0.2),
         drain_timeout=5.0,
     )
     async with trio.open_nursery() as nursery:

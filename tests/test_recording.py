@@ -248,7 +248,9 @@ def write(path: Path, records: list[dict[str, Any]], tail: bytes = b"") -> Path:
 
 
 def a_header(version: int = fmt.VERSION) -> dict[str, Any]:
-    h = fmt.header(capture="c", segment=1, started_ns=0, payloads="hash", sluice_version="t")
+    h = fmt.header(
+        capture="c", segment=1, started_ns=0, payloads=fmt.PayloadPolicy.HASH, sluice_version="t"
+    )
     h["version"] = version
     return h
 
@@ -325,7 +327,7 @@ async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: 
 def test_inspect_time_filters(tmp_path: Path) -> None:
     frame = {"k": "frame", "c": 1, "d": 0, "t": 0, "n": 13, "raw": b"",
              "s": {"cmd": "PING"}}  # fmt: skip
-    header = fmt.header(capture="c", segment=1, started_ns=10**18, payloads="hash",
+    header = fmt.header(capture="c", segment=1, started_ns=10**18, payloads=fmt.PayloadPolicy.HASH,
                         sluice_version="t")  # fmt: skip
     records = [header] + [{**frame, "w": 10**18 + i * 10**9} for i in range(10)]  # one a second
     (tmp_path / "r.sluice").write_bytes(fmt.dumps(records))

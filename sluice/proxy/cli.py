@@ -22,7 +22,7 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig, client_ssl_context
 from sluice.proxy.pulsar import connect_broker
 from sluice.proxy.server import Proxy
-from sluice.recording.format import PAYLOAD_POLICIES
+from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
 from sluice.recording.writer import RecorderConfig, ignore_file_size_signal
 
 log = logging.getLogger("sluice")
@@ -173,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument(
         "--record-payloads",
         choices=PAYLOAD_POLICIES,
-        default=default(RecorderConfig, "payloads"),
+        default=default(RecorderConfig, "payloads").value,
         help="message payloads: full, hash (size and SHA-256, the default) or none; "
         "credentials are never recorded",
     )
@@ -270,7 +270,7 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
     return RecorderConfig(
         directory=args.record,
-        payloads=args.record_payloads,
+        payloads=PayloadPolicy(args.record_payloads),
         lossless=args.record_lossless,
         max_file_bytes=args.record_max_bytes,
         max_file_age=args.record_max_age,

@@ -11,6 +11,7 @@ cleanly at a truncated tail (what a killed writer leaves), reporting it.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import io
 from collections.abc import Callable, Iterator
@@ -27,7 +28,17 @@ from sluice.protocols.pulsar.redact import redacted, sensitive
 MAGIC = "sluice-recording"
 VERSION = 1
 SUFFIX = ".sluice"
-PAYLOAD_POLICIES = ("full", "hash", "none")
+
+
+class PayloadPolicy(enum.StrEnum):
+    """What a recording keeps of message payloads (credentials never)."""
+
+    FULL = "full"  # the bytes
+    HASH = "hash"  # size and SHA-256
+    NONE = "none"  # size only
+
+
+PAYLOAD_POLICIES = tuple(p.value for p in PayloadPolicy)
 CLIENT_TO_BROKER, BROKER_TO_CLIENT = 0, 1
 
 Record = dict[str, Any]
@@ -45,7 +56,7 @@ def header(
     capture: str,
     segment: int,
     started_ns: int,
-    payloads: str,
+    payloads: PayloadPolicy,
     sluice_version: str,
     protocol: str = "pulsar",
     host: str = "",
@@ -64,7 +75,7 @@ def header(
         "host": host,
         "listen": listen or [],
         "broker": broker,
-        "payloads": payloads,
+        "payloads": PayloadPolicy(payloads).value,
         "redaction": {"credentials": "always", "marker": "<redacted>"},
     }
 
@@ -78,8 +89,11 @@ class FrameSummarizer:
     consumer ids.
     """
 
-    payloads: str = "hash"
+    payloads: PayloadPolicy = PayloadPolicy.HASH
     _correlators: dict[int, Correlator] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.payloads = PayloadPolicy(self.payloads)
 
     def forget(self, conn: int) -> None:
         self._correlators.pop(conn, None)
@@ -95,10 +109,14 @@ class FrameSummarizer:
         raw = redacted(frame) if sensitive(frame) else frame.raw
         if raw is not frame.raw:
             summary["redacted"] = True
-        if frame.type in PAYLOAD_TYPES and frame.payload_offset >= 0 and self.payloads != "full":
+        if (
+            frame.type in PAYLOAD_TYPES
+            and frame.payload_offset >= 0
+            and self.payloads is not PayloadPolicy.FULL
+        ):
             payload = frame.payload
             info: dict[str, Any] = {"size": len(payload)}
-            if self.payloads == "hash":
+            if self.payloads is PayloadPolicy.HASH:
                 info["sha256"] = hashlib.sha256(payload).hexdigest()
             summary["payload"] = info
             raw = raw[: frame.payload_offset]

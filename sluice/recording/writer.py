@@ -28,7 +28,7 @@ import trio
 from sluice import __version__
 from sluice.protocols.core import Closed, Conn, Event, Opened
 from sluice.protocols.pulsar import Frame
-from sluice.recording.format import SUFFIX, FrameSummarizer, Record, header, pack
+from sluice.recording.format import SUFFIX, FrameSummarizer, PayloadPolicy, Record, header, pack
 
 log = logging.getLogger("sluice.recorder")
 
@@ -36,7 +36,7 @@ log = logging.getLogger("sluice.recorder")
 @dataclass(frozen=True)
 class RecorderConfig:
     directory: Path
-    payloads: str = "hash"
+    payloads: PayloadPolicy = PayloadPolicy.HASH
     lossless: bool = False
     max_file_bytes: int = 256 * 1024 * 1024
     max_file_age: float = 3600.0
