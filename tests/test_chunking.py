@@ -11,7 +11,11 @@ sizes delivered direct are required through the proxy.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import random
+import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,16 +23,17 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from sluice.embedded import EmbeddedBroker
+from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from sluice.pipeline.job import parse_file
 from sluice.recording.format import read_records, recording_files
-from tests.support import ProxyProcess, client, start_proxy
+from tests.support import SLUICE, ProxyProcess, client, start_proxy
 
 MiB = 1024 * 1024
 
 
-def send_and_receive(url: str, topic: str, size: int) -> bytes | None:
+def send_and_receive(url: str, topic: str, size: int, data: bytes | None = None) -> bytes | None:
     """Send one chunked message, then read it back from the start; None if lost."""
-    data = os.urandom(size)
+    data = os.urandom(size) if data is None else data
     with client(url) as c:
         producer = c.create_producer(
             topic, chunking_enabled=True, batching_enabled=False, send_timeout_millis=30_000
@@ -112,3 +117,92 @@ def test_recorded_chunks_hash_like_the_delivered_chunks(
     assert len(sent) >= 2, "a 7 MiB message travels as at least two chunks"
     assert sorted(set(sent)) == sorted(set(delivered))
     assert hashlib.sha256(b"").hexdigest() not in sent
+
+
+def test_partitioned_topic_carries_chunked_messages(tmp_path: Path) -> None:
+    with EmbeddedBroker(default_partitions=3) as partitioned:
+        p = start_proxy(partitioned.url, tmp_path, "--record", str(tmp_path / "rec"))
+        try:
+            topic = f"persistent://public/default/chunked-parts-{uuid.uuid4().hex[:8]}"
+            direct = send_and_receive(partitioned.url, topic + "-direct", 6 * MiB)
+            if direct is None:
+                pytest.fail("pulsar-lite lost a chunked message direct; rerun to tell")
+            assert send_and_receive(p.url, topic, 6 * MiB) is not None
+        finally:
+            p.kill()
+        assert "Traceback" not in p.log()
+
+
+def test_a_message_over_the_limit_fails_as_it_does_direct(
+    broker: EmbeddedBroker, recording_proxy: tuple[ProxyProcess, Path]
+) -> None:
+    """Unchunked and too big: the client refuses it itself, through Sluice as direct."""
+    proxy, _ = recording_proxy
+    outcomes = []
+    for url in (broker.url, proxy.url):
+        with client(url) as c:
+            topic = f"persistent://public/default/too-big-{uuid.uuid4().hex[:8]}"
+            producer = c.create_producer(topic, batching_enabled=False)
+            try:
+                producer.send(os.urandom(5 * MiB + 100 * 1024))
+                outcomes.append("sent")
+            except Exception as exc:
+                outcomes.append(type(exc).__name__)
+    assert outcomes[0] == outcomes[1] != "sent", outcomes
+
+
+def sluice(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SLUICE, *args], capture_output=True, text=True, timeout=180, check=False
+    )
+
+
+def test_chunked_session_records_inspects_replays_and_serves(tmp_path: Path) -> None:
+    data = random.Random(20).randbytes(7 * MiB)
+    topic = "persistent://public/default/chunked-session"
+    record = tmp_path / "rec"
+    with EmbeddedBroker() as recorded_broker:
+        p = start_proxy(
+            recorded_broker.url, tmp_path, "--record", str(record), "--record-payloads", "full"
+        )
+        try:
+            assert send_and_receive(p.url, topic, len(data), data) == data
+            assert p.terminate() == 0
+        finally:
+            p.kill()
+
+    summary = sluice("inspect", str(record), "--summary")
+    assert summary.returncode == 0, summary.stderr
+    assert "chunked messages: 1 in 2 SEND frames (client_to_broker)" in summary.stdout
+    assert "chunked messages: 1 in 2 MESSAGE frames (broker_to_client)" in summary.stdout
+    timeline = sluice("inspect", str(record))
+    assert "chunk 1/2 of message" in timeline.stdout and "chunk 2/2 of message" in timeline.stdout
+    lines = sluice("inspect", str(record), "--json").stdout.splitlines()
+    sends = [r for r in map(json.loads, lines) if r.get("cmd") == "SEND"]
+    assert len(sends) == 2 and sum(s["msgs"] for s in sends) == 1  # one logical message
+    # sluice analyze's executors read the same count: one message, two frames.
+    rows = [
+        row
+        for path in recording_files(record)
+        for tag, row in parse_file(str(path), path.read_bytes())
+        if tag == "F" and row[6] == "SEND"
+    ]
+    assert len(rows) == 2 and sum(row[13] for row in rows) == 1
+
+    with EmbeddedBroker() as fresh:
+        replayed = sluice("replay", str(record), "--broker", fresh.url, "--timeout", "5")
+    assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-2000:]
+    assert "equivalent" in replayed.stdout
+
+    port = free_port()
+    serve = subprocess.Popen(
+        [*SLUICE, "serve", str(record), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_port("127.0.0.1", port, 20, serve)  # type: ignore[arg-type]
+        assert send_and_receive(f"pulsar://127.0.0.1:{port}", topic, len(data), data) == data
+    finally:
+        serve.send_signal(signal.SIGINT)
+        out, err = serve.communicate(timeout=20)
+    assert "0 without a recorded answer" in out, out + err

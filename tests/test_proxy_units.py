@@ -149,3 +149,26 @@ def test_correlator_ignores_answers_to_nothing() -> None:
     assert c.observe(frame("SUCCESS", pb.CommandSuccess(request_id=99)), False, 1.0) is None
     receipt = pb.CommandSendReceipt(producer_id=1, sequence_id=1)
     assert c.observe(frame("SEND_RECEIPT", receipt), False, 1.0) is None
+
+
+def test_correlator_counts_each_chunk_of_a_chunked_send() -> None:
+    """Chunks share producer and sequence id; each is in flight until its own receipt."""
+    c = Correlator()
+    c.observe(
+        frame("PRODUCER", pb.CommandProducer(topic="t", producer_id=1, request_id=1)), True, 0
+    )
+    c.observe(frame("PRODUCER_SUCCESS", pb.CommandProducerSuccess(request_id=1, producer_name="p")),
+              False, 0)  # fmt: skip
+    for chunk in range(3):
+        meta = pb.MessageMetadata(
+            producer_name="p", sequence_id=7, publish_time=1, uuid="p-7", chunk_id=chunk,
+            num_chunks_from_msg=3, total_chunk_msg_size=30,
+        )  # fmt: skip
+        send = command(T("SEND"), pb.CommandSend(producer_id=1, sequence_id=7))
+        c.observe(decode_frame(encode_payload(send, meta, b"x" * 10)), True, 1.0)
+    assert c.in_flight_sends == 3
+    receipt = frame("SEND_RECEIPT", pb.CommandSendReceipt(producer_id=1, sequence_id=7))
+    done = [c.observe(receipt, False, 2.0) for _ in range(3)]
+    assert all(d is not None and d.topic == "t" for d in done)
+    assert c.in_flight_sends == 0
+    assert c.observe(receipt, False, 3.0) is None  # a fourth receipt answers nothing

@@ -166,8 +166,16 @@ def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, A
             out["mid"] = [mid.ledgerId, mid.entryId, mid.partition, mid.batch_index]
         if "error" in fields and body.HasField("error"):
             out["error"] = pb.ServerError.Name(body.error)
-    if frame.metadata is not None:
-        out["msgs"] = frame.metadata.num_messages_in_batch
+    meta = frame.metadata
+    if meta is not None:
+        out["msgs"] = meta.num_messages_in_batch
+        if meta.num_chunks_from_msg > 1:
+            # One logical message in several frames: counted once, on its
+            # last chunk, so that message counts match what the client sent.
+            last = meta.chunk_id == meta.num_chunks_from_msg - 1
+            out["chunk"] = [meta.uuid, meta.chunk_id, meta.num_chunks_from_msg,
+                            meta.total_chunk_msg_size]  # fmt: skip
+            out["msgs"] = 1 if last else 0
     if frame.error is not None:
         out["invalid"] = frame.error.problem.value
         out["why"] = frame.error.message

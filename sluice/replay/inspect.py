@@ -105,6 +105,10 @@ class Summary:
     invalid: collections.Counter[str] = field(default_factory=collections.Counter)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     connections: set[tuple[str, int]] = field(default_factory=set)
+    # Chunked messages: (command, direction) -> chunks, and whole messages
+    # (their last chunk seen).
+    chunks: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    chunked: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     dropped: int = 0
     files: int = 0
     truncated: list[tuple[Path, int]] = field(default_factory=list)
@@ -120,6 +124,10 @@ class Summary:
                 self.invalid[summary["invalid"]] += 1
             if "error" in summary:
                 self.errors[f"{summary['cmd']} {summary['error']}"] += 1
+            if "chunk" in summary:
+                _, index, count, _ = summary["chunk"]
+                self.chunks[(summary["cmd"], direction)] += 1
+                self.chunked[(summary["cmd"], direction)] += index == count - 1
             self.connections.add((capture, record["c"]))
         elif kind == "conn":
             self.connections.add((capture, record["c"]))
@@ -136,6 +144,9 @@ class Summary:
         out.write("frames by command:\n")
         for (cmd, direction), n in sorted(self.frames.items()):
             out.write(f"  {cmd:<34} {direction:<17} {n}\n")
+        for (cmd, direction), n in sorted(self.chunked.items()):
+            chunks = self.chunks[(cmd, direction)]
+            out.write(f"chunked messages: {n} in {chunks} {cmd} frames ({direction})\n")
         if self.invalid:
             out.write(
                 "invalid frames: " + ", ".join(f"{k} {v}" for k, v in self.invalid.items()) + "\n"
@@ -168,7 +179,7 @@ def _ids(summary: dict[str, Any]) -> str:
     parts = [f"{key}={summary[key]}" for key in ("rid", "pid", "seq", "cid") if key in summary]
     if "mid" in summary:
         parts.append("mid=" + ":".join(str(x) for x in summary["mid"][:2]))
-    if summary.get("msgs", 1) != 1:
+    if summary.get("msgs", 1) != 1 and "chunk" not in summary:
         parts.append(f"msgs={summary['msgs']}")
     return " ".join(parts)
 
@@ -191,6 +202,9 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
     extras = []
     if "topic" in summary:
         extras.append(summary["topic"])
+    if "chunk" in summary:
+        uuid, index, count, total = summary["chunk"]
+        extras.append(f"chunk {index + 1}/{count} of message {uuid} ({total}B in all)")
     if "payload" in summary:
         extras.append(f"payload {summary['payload']['size']}B not recorded")
     if summary.get("redacted"):

@@ -108,7 +108,9 @@ class Keyer:
             return self._nth((t, getattr(body, _PUSH_BY_ID[t])))
         answers = answer_key(frame)  # the correlator's own matching rule
         if answers is not None:
-            return answers
+            # The chunks of a chunked message share one sequence id: receipts
+            # pair with sends by order within it.
+            return self._nth(answers) if answers[0] == "send" else answers
         if t == T("MESSAGE"):
             return self._nth(("msg", body.consumer_id))
         return self._nth((t,))

@@ -91,6 +91,9 @@ class Pending:
     # For PRODUCER / SUBSCRIBE: the id the request creates.
     resource_id: int | None = None
     request: Frame | None = None
+    # SENDs beyond the first with the same producer and sequence id: the
+    # chunks of a chunked message share one, and each gets its own receipt.
+    repeats: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,7 @@ class Correlator:
     sends: dict[tuple[int, int], Pending] = field(default_factory=dict)
     producers: dict[int, str] = field(default_factory=dict)  # producer_id -> topic
     consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> topic
+    _sends_in_flight: int = 0
 
     def observe(self, frame: Frame, from_client: bool, now: float) -> Completion | None:
         body = frame.body
@@ -137,7 +141,7 @@ class Correlator:
 
     @property
     def in_flight_sends(self) -> int:
-        return len(self.sends)
+        return self._sends_in_flight
 
     # --- client to broker ---------------------------------------------------
 
@@ -145,7 +149,12 @@ class Correlator:
         if t == T.SEND:
             assert isinstance(body, pb.CommandSend)
             key = (body.producer_id, body.sequence_id)
-            self.sends[key] = Pending(t, now, self.producers.get(body.producer_id), None, frame)
+            waiting = self.sends.get(key)
+            if waiting is None:
+                self.sends[key] = Pending(t, now, self.producers.get(body.producer_id), None, frame)
+            else:
+                waiting.repeats += 1
+            self._sends_in_flight += 1
             return
         if t not in _REQUESTS:
             return
@@ -178,9 +187,14 @@ class Correlator:
     def _server_frame(self, t: int, body: object, now: float) -> Completion | None:
         if t in (T.SEND_RECEIPT, T.SEND_ERROR):
             key = (body.producer_id, body.sequence_id)  # type: ignore[attr-defined]
-            sent = self.sends.pop(key, None)
+            sent = self.sends.get(key)
             if sent is None:
                 return None
+            if sent.repeats:
+                sent.repeats -= 1
+            else:
+                del self.sends[key]
+            self._sends_in_flight -= 1
             error = body.error if t == T.SEND_ERROR else None  # type: ignore[attr-defined]
             return Completion(T.SEND, t, sent.started, now, sent.topic, error, sent.request)
         if t == T.CLOSE_PRODUCER:  # the broker closed it: the client will re-create it
