@@ -16,7 +16,7 @@ import trio.testing
 from google.protobuf.message import Message
 
 from sluice.addresses import Address
-from sluice.protocols.core import Closed, Conn, Event, OnInvalid, Rejected
+from sluice.protocols.core import Closed, Conn, OnInvalid, Rejected
 from sluice.protocols.pulsar import (
     CLOSED,
     Frame,
@@ -31,6 +31,7 @@ from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings,
 from sluice.protocols.pulsar.errors import RemoteProtocolError
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.relay import Relay, Timing
+from tests.test_pulsar_core import Recording
 
 T = Type.Value
 TIMING = Timing(handshake_timeout=10.0, connect_timeout=5.0, keepalive_interval=30.0)
@@ -39,18 +40,6 @@ TOPIC = "persistent://t/n/drain"
 
 Stream = trio.abc.Stream
 BrokerScript = Callable[["Wire"], Awaitable[None]]
-
-
-class Recording:
-    def __init__(self) -> None:
-        self.frames: list[tuple[bool, Frame]] = []
-        self.events: list[Event] = []
-
-    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
-        self.frames.append((from_client, frame))
-
-    def event(self, conn: Conn | None, event: Event) -> None:
-        self.events.append(event)
 
 
 class Wire:
