@@ -1,32 +1,17 @@
-"""Typed protocol errors.
+"""Pulsar's flavour of the shared protocol errors.
 
-Every problem the codec finds is one of these. Each carries the Pulsar
-``ServerError`` code a proxy standing in for a broker should answer with, and
-whether framing itself is lost (``fatal``): after a fatal error the byte stream
-cannot be trusted any more and the connection has to close.
-
-``RemoteProtocolError`` is about bytes a peer sent us; ``LocalProtocolError``
-is about something we were asked to send (an encoder given an invalid frame).
+The classes here are the neutral ones of ``sluice.protocols.errors`` plus the
+Pulsar ``ServerError`` code a proxy standing in for a broker answers with.
+Code that does not care about the protocol catches the neutral base classes.
 """
 
 from __future__ import annotations
 
-import enum
-
+from sluice.protocols import errors as neutral
+from sluice.protocols.errors import Problem
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 
-
-class Problem(enum.Enum):
-    """What is wrong with a frame. The value is the label used in metrics."""
-
-    TOO_LARGE = "size"  # frame exceeds the negotiated maximum
-    FRAMING = "framing"  # sizes inside the frame contradict each other
-    PARSE = "parse"  # a protobuf section does not parse
-    MISSING_FIELD = "missing-field"  # a required field (or the typed body) is absent
-    CHECKSUM = "checksum"  # CRC32-C over metadata + payload does not match
-    UNKNOWN_TYPE = "unknown-type"  # a command type this schema does not know
-    TRAILING = "trailing"  # bytes left over inside a frame
-    TRUNCATED = "truncated"  # the stream ended in the middle of a frame
+__all__ = ["LocalProtocolError", "Problem", "ProtocolError", "RemoteProtocolError"]
 
 
 # What a broker would answer with for each problem.
@@ -42,14 +27,8 @@ _SERVER_ERROR: dict[Problem, pb.ServerError.ValueType] = {
 }
 
 
-class ProtocolError(Exception):
+class ProtocolError(neutral.ProtocolError):
     """A violation of the Pulsar wire protocol."""
-
-    def __init__(self, problem: Problem, message: str, *, fatal: bool = False) -> None:
-        super().__init__(message)
-        self.problem = problem
-        self.message = message
-        self.fatal = fatal
 
     @property
     def server_error(self) -> pb.ServerError.ValueType:
@@ -60,14 +39,10 @@ class ProtocolError(Exception):
     def server_error_name(self) -> str:
         return pb.ServerError.Name(self.server_error)
 
-    def __repr__(self) -> str:
-        fatal = ", fatal" if self.fatal else ""
-        return f"{type(self).__name__}({self.problem.value}: {self.message}{fatal})"
+
+class RemoteProtocolError(ProtocolError, neutral.RemoteProtocolError):
+    """The peer sent bytes that break the Pulsar protocol."""
 
 
-class RemoteProtocolError(ProtocolError):
-    """The peer sent bytes that break the protocol."""
-
-
-class LocalProtocolError(ProtocolError):
-    """We were asked to emit something that would break the protocol."""
+class LocalProtocolError(ProtocolError, neutral.LocalProtocolError):
+    """We were asked to emit something that would break the Pulsar protocol."""
