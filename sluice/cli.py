@@ -44,13 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     from sluice import demo as demo_cli
     from sluice.pipeline import job as analyze_cli
     from sluice.proxy import cli as proxy_cli
+    from sluice.proxy import faults_cli
     from sluice.replay import inspect as inspect_cli
     from sluice.replay import replay as replay_cli
     from sluice.replay import serve as serve_cli
 
     parser = Parser(
         prog="sluice",
-        description="Protocol-aware TCP proxy and traffic recorder for Apache Pulsar.",
+        description="Protocol-aware TCP proxy and traffic recorder for Apache Pulsar and Cursus.",
     )
     parser.add_argument("--version", action="version", version=f"sluice {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     table: list[tuple[str, Any, str, str, bool]] = [
         ("proxy", proxy_cli, "run the proxy in front of a Pulsar broker",
          "Relay Pulsar clients to brokers, keeping them routed through Sluice.", True),
+        ("faults", faults_cli, "add, list and remove a running proxy's fault rules",
+         "Make the broker misbehave on purpose: protocol-level fault rules on a running "
+         "proxy's admin endpoint (see docs/faults.md).", False),
         ("inspect", inspect_cli,
          "show a recording: timeline, JSON lines, summary, or pcapng for Wireshark",
          "Read Sluice recordings (a file or a directory of them).", False),

@@ -13,13 +13,27 @@ from sluice import __version__
 from sluice.cli import _subparsers, build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = sorted(_subparsers(build_parser()))
-# Metavars that name the unit of a numeric option.
-UNITS = {"SECONDS", "BYTES", "N", "PORT"}
+
+
+def _commands(
+    parser: argparse.ArgumentParser, prefix: str = ""
+) -> dict[str, argparse.ArgumentParser]:
+    """Every (sub)command by its words, e.g. "proxy" and "faults add"."""
+    found = {}
+    for name, sub in _subparsers(parser).items():
+        words = f"{prefix} {name}".strip()
+        found[words] = sub
+        found.update(_commands(sub, words))
+    return found
+
+
+SUBCOMMANDS = sorted(_commands(build_parser()))
+# Metavars that name the unit of a numeric option (P: a probability, 0 to 1).
+UNITS = {"SECONDS", "BYTES", "N", "PORT", "P"}
 
 
 def _options(command: str) -> list[argparse.Action]:
-    parser = _subparsers(build_parser())[command]
+    parser = _commands(build_parser())[command]
     return [a for a in parser._actions if a.option_strings and a.dest != "help"]
 
 
@@ -43,7 +57,8 @@ def _help_entries(text: str) -> dict[str, str]:
 
 
 def test_every_subcommand_is_covered() -> None:
-    assert {"proxy", "inspect", "replay", "serve", "analyze", "demo"} <= set(SUBCOMMANDS)
+    assert {"proxy", "inspect", "replay", "serve", "analyze", "demo", "faults add",
+            "faults list", "faults remove", "faults clear"} <= set(SUBCOMMANDS)  # fmt: skip
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -51,7 +66,7 @@ def test_help_states_every_default_and_unit(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main([command, "--help"])
+        main([*command.split(), "--help"])
     assert exit_.value.code == 0
     entries = _help_entries(capsys.readouterr().out)
     problems = []

@@ -7,8 +7,8 @@ something, close). Validation, rewriting, correlation and the policy
 decision all happen inside the core; the proxy only owns sockets, TLS,
 timeouts, limits and backpressure, and is the same for every protocol.
 
-What happens is reported to *taps* (metrics, the recorder, later fault
-injection) through one small interface: ``frame`` for every frame, on the
+What happens is reported to *taps* (metrics, the recorder; fault
+injection reports what it did) through one small interface: ``frame`` for every frame, on the
 hot path, and ``event`` for everything rarer. Taps are called through
 ``Taps``, which keeps a failing tap from ever breaking traffic.
 
@@ -80,7 +80,15 @@ class Close:
     level: int = logging.INFO
 
 
-Action = Send | OpenUpstream | Ask | Close
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Carry out nothing after this before ``until`` (the relay's clock):
+    an injected delay or a throttle, keeping the order of what follows."""
+
+    until: float
+
+
+Action = Send | OpenUpstream | Ask | Close | Hold
 
 
 # --- the connection as taps see it ----------------------------------------------
@@ -186,6 +194,17 @@ class Closed:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class FaultInjected:
+    """A fault rule fired on a frame (see ``sluice.protocols.faults``)."""
+
+    rule: str
+    action: str
+    command: str
+    from_client: bool
+    topic: str | None = None
+
+
 Event = (
     Accepted
     | Opened
@@ -197,6 +216,7 @@ Event = (
     | Relayed
     | TopicTraffic
     | Closed
+    | FaultInjected
 )
 
 

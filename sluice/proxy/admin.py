@@ -1,33 +1,46 @@
-"""The admin HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``.
+"""The admin HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``, ``/faults``.
 
 A deliberately small HTTP/1.1 responder on trio, sharing the proxy's event
-loop (no threads): GET and HEAD only, one request per connection, request
-heads capped at 8 KiB and 10 seconds. That is all Prometheus and Kubernetes
-probes need.
+loop (no threads): one request per connection, request heads capped at
+8 KiB, bodies at 64 KiB, everything at 10 seconds. That is all Prometheus,
+Kubernetes probes and ``sluice faults`` need.
 
 - ``/healthz``: 200 while the process runs its event loop.
 - ``/readyz``: 200 when the proxy is listening and its upstream broker
   answered the last probe; 503 with the reason otherwise.
 - ``/metrics``: the Prometheus text format.
+- ``/faults``: the fault rules (JSON). ``GET`` lists them with their hit
+  counts; ``POST`` adds one (201 and its id); ``DELETE /faults/ID`` removes
+  one, ``DELETE /faults`` all. Changing rules needs the admin token
+  (``Authorization: Bearer …``, from ``--admin-token-file``); without a
+  token configured, rules can only be loaded at start (``--faults``).
 """
 
 from __future__ import annotations
 
+import hmac
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sluice.addresses import Address
+from sluice.protocols.faults import FaultError, Faults, ProtocolFaults, parse_rule
 
 log = logging.getLogger("sluice.admin")
 
 MAX_HEAD = 8 * 1024
+MAX_BODY = 64 * 1024
 TIMEOUT = 10.0
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            503: "Service Unavailable"}  # fmt: skip
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Content Too Large", 503: "Service Unavailable"}  # fmt: skip
+_JSON = "application/json"
 
 
 async def open_admin(address: Address) -> list[trio.SocketListener]:
@@ -44,13 +57,42 @@ def bound(listeners: list[trio.SocketListener]) -> Address:
 Readiness = Callable[[], list[str]]
 
 
+@dataclass
+class FaultsEndpoint:
+    """What ``/faults`` works on: the proxy's rule set, the protocols rules
+    may name, and the token that changing them takes (None: no changes)."""
+
+    faults: Faults
+    protocols: Mapping[str, ProtocolFaults]
+    token: str | None = None
+
+
+@dataclass
+class _Request:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, extra: list[tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.extra = extra or []
+
+
 async def serve_admin(
-    listeners: list[trio.SocketListener], registry: CollectorRegistry, readiness: Readiness
+    listeners: list[trio.SocketListener],
+    registry: CollectorRegistry,
+    readiness: Readiness,
+    faults: FaultsEndpoint | None = None,
 ) -> None:
     async def handle(stream: trio.SocketStream) -> None:
         try:
             with trio.move_on_after(TIMEOUT):
-                await _respond(stream, registry, readiness)
+                await _respond(stream, registry, readiness, faults)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -59,24 +101,59 @@ async def serve_admin(
     await trio.serve_listeners(handle, listeners)
 
 
-async def _respond(
-    stream: trio.SocketStream, registry: CollectorRegistry, readiness: Readiness
-) -> None:
-    head = b""
-    while b"\r\n\r\n" not in head:
+async def _read_request(stream: trio.SocketStream) -> _Request | None:
+    data = b""
+    while b"\r\n\r\n" not in data:
         chunk = await stream.receive_some(4096)
         if not chunk:
-            return
-        head += chunk
-        if len(head) > MAX_HEAD:
-            await _send(stream, 400, b"request head too large\n")
-            return
-    request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = request_line.split()
+            return None
+        data += chunk
+        if len(data) > MAX_HEAD and b"\r\n\r\n" not in data[:MAX_HEAD]:
+            raise _Refused(400, "request head too large")
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        await _send(stream, 400, b"bad request\n")
+        raise _Refused(400, "bad request")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    try:
+        length = int(headers.get("content-length", "0"))
+    except ValueError:
+        raise _Refused(400, "bad Content-Length") from None
+    if length < 0 or length > MAX_BODY:
+        raise _Refused(413, f"request body over {MAX_BODY} bytes")
+    while len(body) < length:
+        chunk = await stream.receive_some(length - len(body))
+        if not chunk:
+            raise _Refused(400, "request body cut short")
+        body += chunk
+    return _Request(parts[0], parts[1].split("?", 1)[0], headers, body[:length])
+
+
+async def _respond(
+    stream: trio.SocketStream,
+    registry: CollectorRegistry,
+    readiness: Readiness,
+    faults: FaultsEndpoint | None,
+) -> None:
+    try:
+        request = await _read_request(stream)
+        if request is None:
+            return
+        if request.target == "/faults" or request.target.startswith("/faults/"):
+            if faults is None:
+                raise _Refused(404, "fault injection is not available here")
+            status, answer = _faults(request, faults)
+            await _send(stream, status, json.dumps(answer).encode() + b"\n", _JSON)
+            return
+    except _Refused as refused:
+        await _send(stream, refused.status, refused.message.encode() + b"\n", extra=refused.extra)
         return
-    method, target = parts[0], parts[1].split("?", 1)[0]
+    method, target = request.method, request.target
     if method not in ("GET", "HEAD"):
         await _send(stream, 405, b"GET or HEAD only\n", extra=[("Allow", "GET, HEAD")])
         return
@@ -93,8 +170,61 @@ async def _respond(
         else:
             await _send(stream, 200, b"ready\n", body_wanted=body_wanted)
     else:
-        await _send(stream, 404, b"not found: try /metrics, /healthz or /readyz\n",
+        await _send(stream, 404, b"not found: try /metrics, /healthz, /readyz or /faults\n",
                     body_wanted=body_wanted)  # fmt: skip
+
+
+def _faults(request: _Request, endpoint: FaultsEndpoint) -> tuple[int, Any]:
+    """Serve one /faults request: (status, JSON answer)."""
+    method = request.method
+    rule_id = request.target[len("/faults/") :] if request.target.startswith("/faults/") else ""
+    rules = endpoint.faults
+    if method == "GET" and not rule_id:
+        return 200, {"rules": [rule.to_json() for rule in rules.rules]}
+    if method == "GET":
+        for rule in rules.rules:
+            if rule.id == rule_id:
+                return 200, rule.to_json()
+        raise _Refused(404, f"no fault rule {rule_id!r}")
+    if method not in ("POST", "DELETE") or (method == "POST" and rule_id):
+        raise _Refused(405, "GET, POST /faults or DELETE /faults[/ID]",
+                       [("Allow", "GET, POST, DELETE")])  # fmt: skip
+    _authorize(request, endpoint.token)
+    if method == "DELETE":
+        if not rule_id:
+            count = rules.clear()
+            log.warning("fault injection: all %d rules removed", count)
+            return 200, {"deleted": count}
+        if not rules.remove(rule_id):
+            raise _Refused(404, f"no fault rule {rule_id!r}")
+        log.warning("fault injection: rule %s removed", rule_id)
+        return 200, {"deleted": 1}
+    try:
+        data = json.loads(request.body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Refused(400, f"the body is not JSON: {exc}") from None
+    try:
+        rule = rules.add(parse_rule(data, endpoint.protocols))
+    except FaultError as exc:
+        raise _Refused(400, str(exc)) from None
+    log.warning("fault injection: rule %s", rule.describe())
+    return 201, {"id": rule.id, "rule": rule.to_json()}
+
+
+def _authorize(request: _Request, token: str | None) -> None:
+    if token is None:
+        raise _Refused(
+            403,
+            "changing fault rules needs an admin token: start the proxy with "
+            "--admin-token-file FILE (or load rules at start with --faults)",
+        )
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        value.strip().encode(), token.encode()
+    ):
+        raise _Refused(401, "a valid admin token is needed (Authorization: Bearer TOKEN)",
+                       [("WWW-Authenticate", 'Bearer realm="sluice"')])  # fmt: skip
 
 
 async def _send(

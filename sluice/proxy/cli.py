@@ -16,7 +16,8 @@ from sluice.config import default
 from sluice.errors import ConfigError
 from sluice.logs import add_logging_arguments, setup_logging
 from sluice.protocols.core import OnInvalid
-from sluice.protocols.pulsar.connection import UpstreamFailure
+from sluice.protocols.faults import load_rules
+from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS, UpstreamFailure
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig, client_ssl_context
@@ -207,7 +208,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     obs.add_argument(
         "--admin",
         metavar="HOST:PORT",
-        help="serve /metrics, /healthz and /readyz here (default: off)",
+        help="serve /metrics, /healthz, /readyz and /faults here (default: off)",
+    )
+    obs.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="bearer token (the file's first line) that admin calls changing state need, "
+        "such as adding fault rules; a file, so the token never shows in ps "
+        "(default: none, no such calls)",
+    )
+    obs.add_argument(
+        "--faults",
+        type=Path,
+        metavar="FILE",
+        help="fault rules (JSON list) in force from the start; see docs/faults.md (default: none)",
     )
     obs.add_argument(
         "--topic-metrics-limit",
@@ -257,7 +272,25 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         admin=parse_address(args.admin, what="--admin") if args.admin else None,
         topic_metrics_limit=args.topic_metrics_limit,
         record=_recorder_config(args),
+        admin_token=read_token(args.admin_token_file),
+        faults=tuple(load_rules(args.faults, PROTOCOL_FAULTS)) if args.faults else (),
     )
+
+
+def read_token(path: Path | None) -> str | None:
+    """The admin token in ``path`` (its first line), or None without a file."""
+    if path is None:
+        return None
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"--admin-token-file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--admin-token-file {path}: not text") from None
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ConfigError(f"--admin-token-file {path}: the file is empty")
+    return token
 
 
 def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from sluice.addresses import Address
 from sluice.errors import ConfigError
 from sluice.protocols.core import OnInvalid
+from sluice.protocols.faults import Rule
 from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
 from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
@@ -45,6 +46,10 @@ class ProxyConfig:
     topic_metrics_limit: int = 100
     # Where and how to record traffic (None: not recording).
     record: RecorderConfig | None = None
+    # Bearer token for admin calls that change state (None: no such calls).
+    admin_token: str | None = field(default=None, repr=False)
+    # Fault rules in force from the start (more can be added on /faults).
+    faults: tuple[Rule, ...] = ()
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:

@@ -35,6 +35,7 @@ from sluice.protocols.core import (
     Conn,
     Dialed,
     Event,
+    FaultInjected,
     Invalid,
     LookupDone,
     Opened,
@@ -204,6 +205,10 @@ class Metrics:
             "sluice_upstream_dial_failures", "Broker connections that could not be made",
             registry=registry,
         )  # fmt: skip
+        self.faults_injected = Counter(
+            "sluice_faults_injected", "Frames a fault rule acted on, by rule id and action",
+            ["rule", "action"], registry=registry,
+        )  # fmt: skip
         self.upstream_up = Gauge(
             "sluice_upstream_up", "1 when the configured broker answered the last probe",
             registry=registry,
@@ -275,6 +280,9 @@ class Metrics:
             if event.outcome in ("answered", "failed"):
                 self.lookup_duration.labels("total").observe(event.total)
                 self.lookup_duration.labels("upstream").observe(event.upstream)
+        elif kind is FaultInjected:
+            assert isinstance(event, FaultInjected)
+            self.faults_injected.labels(event.rule, event.action).inc()
         elif kind is Dialed:
             assert isinstance(event, Dialed)
             if event.seconds is None:

@@ -21,6 +21,7 @@ import trio
 
 from sluice.addresses import Address
 from sluice.protocols.core import Conn, Dialed, Tap
+from sluice.protocols.faults import Faults
 from sluice.protocols.pulsar import (
     CLOSED,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -256,8 +257,10 @@ class PulsarBackend:
         *,
         broker_tls: TlsClientConfig,
         connect_timeout: float,
+        faults: Faults | None = None,
     ) -> None:
         self.broker = broker
+        self.faults = faults if faults is not None else Faults()
         self.settings = settings
         self.routing = routing
         self.connect_timeout = connect_timeout
@@ -282,7 +285,7 @@ class PulsarBackend:
         )
 
     def new_core(self, conn: Conn, tap: Tap) -> PulsarConnection:
-        return PulsarConnection(conn, self.settings, self.routing, tap)
+        return PulsarConnection(conn, self.settings, self.routing, tap, self.faults)
 
     async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure:
         """Run a core's request on the shared connection to ``address``."""

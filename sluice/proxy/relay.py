@@ -28,6 +28,7 @@ from sluice.protocols.core import (
     Ask,
     Close,
     Conn,
+    Hold,
     OpenUpstream,
     Peer,
     Rejected,
@@ -233,6 +234,9 @@ class Relay:
             elif kind is Ask:
                 assert isinstance(action, Ask) and self._nursery is not None
                 self._nursery.start_soon(self._answer, action)
+            elif kind is Hold:
+                assert isinstance(action, Hold)
+                await trio.sleep_until(action.until)
         if self.core.established:
             self._handshake.cancel()
 

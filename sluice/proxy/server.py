@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import itertools
 import logging
 from typing import Any
@@ -18,8 +19,9 @@ import trio
 
 from sluice.addresses import Address
 from sluice.protocols.core import Accepted, Conn, Rejected, Taps
-from sluice.protocols.pulsar.connection import PulsarSettings, Routing
-from sluice.proxy.admin import bound, open_admin, serve_admin
+from sluice.protocols.faults import Faults
+from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS, PulsarSettings, Routing
+from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import dial, server_ssl_context
 from sluice.proxy.metrics import Metrics
@@ -37,12 +39,17 @@ class Proxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.routing = Routing(config.broker, config.allow_broker, config.max_concurrent_lookups)
+        # One rule set for every connection; the config's rules are copied so
+        # that their hit counts start from zero with each proxy.
+        self.faults = Faults()
+        self.faults.extend(copy.deepcopy(config.faults))
         self.backend = PulsarBackend(
             config.broker,
             PulsarSettings(config.on_invalid, config.max_message_size, config.max_redirects),
             self.routing,
             broker_tls=config.broker_tls,
             connect_timeout=config.connect_timeout,
+            faults=self.faults,
         )
         self.timing = Timing(
             config.handshake_timeout, config.connect_timeout, config.keepalive_interval
@@ -85,7 +92,10 @@ class Proxy:
             if self.recorder is not None:
                 await outer.start(self.recorder.run)
             if admin is not None:
-                outer.start_soon(serve_admin, admin, self.metrics.registry, self.readiness)
+                endpoint = FaultsEndpoint(self.faults, PROTOCOL_FAULTS, self.config.admin_token)
+                outer.start_soon(
+                    serve_admin, admin, self.metrics.registry, self.readiness, endpoint
+                )
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
                 for kind, listener in self._listeners:

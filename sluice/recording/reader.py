@@ -20,6 +20,21 @@ class RecordedFrame:
     index: int  # position in the whole capture, for ordering across connections
 
 
+@dataclass(frozen=True)
+class RecordedFault:
+    """A fault injected while recording (a ``fault`` annotation)."""
+
+    rule: str
+    action: str
+    command: str
+    from_client: bool
+    index: int  # frames of the capture recorded before it
+
+    def describe(self) -> str:
+        arrow = "C→B" if self.from_client else "B→C"
+        return f"FAULT {self.action} by rule {self.rule} on {arrow} {self.command}"
+
+
 @dataclass
 class RecordedConnection:
     key: tuple[str, int]  # (capture, connection id)
@@ -27,6 +42,7 @@ class RecordedConnection:
     client: str
     broker: str
     frames: list[RecordedFrame] = field(default_factory=list)
+    faults: list[RecordedFault] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -83,6 +99,13 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                     )
                 )
                 index += 1
+            elif kind == "fault":
+                conn = connections.get((capture, record["c"]))
+                if conn is not None:
+                    fault = RecordedFault(
+                        record["rule"], record["action"], record["cmd"], record["d"] == 0, index
+                    )
+                    conn.faults.append(fault)
         if result.truncated_bytes:
             truncated.append(path)
     if need_payloads and policies - {"full"}:

@@ -26,7 +26,7 @@ from typing import IO, Any
 import trio
 
 from sluice import __version__
-from sluice.protocols.core import Closed, Conn, Event, Opened
+from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Opened
 from sluice.protocols.pulsar import Frame
 from sluice.recording.format import SUFFIX, FrameSummarizer, PayloadPolicy, Record, header, pack
 
@@ -102,6 +102,9 @@ class Recorder:
         elif type(event) is Closed:
             assert isinstance(event, Closed)
             self.close_connection(conn.id, event.reason)
+        elif type(event) is FaultInjected:
+            assert isinstance(event, FaultInjected)
+            self.note_fault(conn.id, event)
 
     # --- hot path ----------------------------------------------------------
 
@@ -152,6 +155,17 @@ class Recorder:
             return
         record = {"k": "close", "c": conn, "t": time.monotonic_ns(), "w": time.time_ns(),
                   "reason": reason}  # fmt: skip
+        self._queue.append(("r", record))
+        self._wakeup.set()
+
+    def note_fault(self, conn: int, fault: FaultInjected) -> None:
+        """An annotation: a fault rule acted on the frame recorded just before
+        (or, for a frame Sluice wrote itself, just after) this record."""
+        record = {"k": "fault", "c": conn, "t": time.monotonic_ns(), "w": time.time_ns(),
+                  "rule": fault.rule, "action": fault.action, "cmd": fault.command,
+                  "d": 0 if fault.from_client else 1}  # fmt: skip
+        if fault.topic:
+            record["topic"] = fault.topic
         self._queue.append(("r", record))
         self._wakeup.set()
 

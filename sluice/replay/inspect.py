@@ -109,6 +109,7 @@ class Summary:
     # (their last chunk seen).
     chunks: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     chunked: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    faults: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     dropped: int = 0
     files: int = 0
     truncated: list[tuple[Path, int]] = field(default_factory=list)
@@ -133,6 +134,8 @@ class Summary:
             self.connections.add((capture, record["c"]))
         elif kind == "gap":
             self.dropped += record["dropped"]
+        elif kind == "fault":
+            self.faults[(record["rule"], record["action"])] += 1
 
     def write(self, out: TextIO) -> None:
         total = sum(self.frames.values())
@@ -154,6 +157,12 @@ class Summary:
         if self.errors:
             out.write(
                 "broker errors: " + ", ".join(f"{k} x{v}" for k, v in self.errors.items()) + "\n"
+            )
+        if self.faults:
+            out.write(
+                "injected faults: "
+                + ", ".join(f"{rule} {action} x{n}" for (rule, action), n in self.faults.items())
+                + "\n"
             )
         if self.dropped:
             out.write(f"NOT RECORDED: {self.dropped} frames (the recorder fell behind)\n")
@@ -195,6 +204,14 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
         return f"{when}  {conn:<6} close {record.get('reason', '')}"
     if kind == "gap":
         return f"{when}  !! {record['dropped']} frames were not recorded here"
+    if kind == "fault":
+        topic = f"  {record['topic']}" if "topic" in record else ""
+        return (
+            f"{when}  {conn:<6} {ARROWS[record['d']]} FAULT {record['action']} by rule "
+            f"{record['rule']} on {record['cmd']}{topic}"
+        )
+    if kind != "frame":
+        return f"{when}  {conn:<6} ({kind} record)"  # a kind newer than this reader
     summary = record["s"]
     status = f"INVALID {summary['invalid']}: {summary['why']}" if "invalid" in summary else "ok"
     if "error" in summary:

@@ -268,6 +268,7 @@ class Outcome:
     unexpected: list[tuple[str, str]] = field(default_factory=list)
     waits_timed_out: int = 0
     sent: int = 0
+    faults: int = 0  # fault annotations in the recording
 
     @property
     def equivalent(self) -> bool:
@@ -397,7 +398,13 @@ def compare(
     transcript: list[str] = []
     for conn in connections:
         live = lives.get(conn.key)
+        faults = list(conn.faults)
         for rf in conn.frames:
+            # Injected when recorded: kept in the transcript next to the frames
+            # they touched, so their anomalies are not taken for the broker's.
+            while faults and faults[0].index <= rf.index + 1:
+                transcript.append(f"{conn.name} ~~~ {faults.pop(0).describe()} (when recorded)")
+                outcome.faults += 1
             arrow = "C→B" if rf.from_client else "B→C"
             if rf.from_client:
                 transcript.append(f"{conn.name} {arrow} {normalise(rf.frame)}")
@@ -443,6 +450,12 @@ def report(outcome: Outcome, out: Any) -> None:
         out.write(f"MISSING  {conn} {recorded}\n")
     for conn, live in outcome.unexpected:
         out.write(f"UNEXPECTED {conn} {live}\n")
+    if outcome.faults:
+        out.write(
+            f"note: the recording holds {outcome.faults} faults injected while recording "
+            "(see the transcript's FAULT lines): differences next to them were made on "
+            "purpose, not by the broker\n"
+        )
     verdict = "equivalent" if outcome.equivalent else "DIVERGED"
     out.write(
         f"\n{verdict}: {outcome.sent} client frames sent; broker frames: {outcome.matched} "

@@ -23,6 +23,10 @@ carry out. It is the whole of Pulsar's proxy behaviour:
   CLOSE_PRODUCER / CLOSE_CONSUMER / TOPIC_MIGRATED are learned too.
 - Keepalive of lookup connections and the graceful drain (which producers
   and consumers to close, whether sends are still in flight).
+- Fault injection: when the proxy's ``Faults`` hold rules, every frame
+  either way (and every frame Sluice writes itself) is checked against them
+  and the rule that fires is carried out on the frame (see
+  ``sluice.protocols.faults``). With no rules this costs one check per read.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from sluice.protocols.core import (
     Closed,
     Conn,
     Dialed,
+    FaultInjected,
+    Hold,
     Invalid,
     LookupDone,
     OnInvalid,
@@ -57,6 +63,7 @@ from sluice.protocols.core import (
     Tap,
     TopicTraffic,
 )
+from sluice.protocols.faults import FaultAction, Faults, ProtocolFaults, Rule, flip_last_byte
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.correlation import (
     CLIENT_TYPES,
@@ -83,6 +90,16 @@ T = pb.BaseCommand
 _FORWARDED = frozenset({T.LOOKUP, T.PARTITIONED_METADATA, T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA})
 _NAMES_BROKERS = frozenset({T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.TOPIC_MIGRATED})
 LookupResponse = pb.CommandLookupTopicResponse
+
+# What fault rules may name for Pulsar: its commands, and the ServerError an
+# ``error`` rule answers with (ServiceNotReady, the one clients retry, first).
+PULSAR_FAULTS = ProtocolFaults(
+    "pulsar",
+    frozenset(pb.BaseCommand.Type.keys()),
+    ("ServiceNotReady", *(n for n, _ in pb.ServerError.items() if n != "ServiceNotReady")),
+)
+# Every protocol fault rules may name, by name (Cursus joins here).
+PROTOCOL_FAULTS = {PULSAR_FAULTS.name: PULSAR_FAULTS}
 
 
 class UpstreamFailure(Exception):
@@ -172,8 +189,18 @@ def connect_error(error: int, message: str) -> Frame:
 class PulsarConnection:
     protocol = "pulsar"
 
-    def __init__(self, conn: Conn, settings: PulsarSettings, routing: Routing, tap: Tap) -> None:
+    def __init__(
+        self,
+        conn: Conn,
+        settings: PulsarSettings,
+        routing: Routing,
+        tap: Tap,
+        faults: Faults | None = None,
+    ) -> None:
         self.conn = conn
+        self.faults = faults if faults is not None else Faults()
+        self._paced = [0.0, 0.0]  # delay, throttle: when each direction is free again
+        self._now = 0.0  # the clock of the latest input, for frames of our own
         self.settings = settings
         self.routing = routing
         self.tap = tap
@@ -208,6 +235,7 @@ class PulsarConnection:
 
     def receive_client(self, data: bytes, now: float) -> list[Action]:
         """Bytes from the client; ``b""`` when it closed its side."""
+        self._now = now
         state = self.state
         if state is State.RELAY:
             return self._relay(True, data, now)
@@ -225,6 +253,7 @@ class PulsarConnection:
 
     def receive_broker(self, data: bytes, now: float) -> list[Action]:
         """Bytes from the broker a proxied connection was relayed to."""
+        self._now = now
         if self.state is State.RELAY:
             return self._relay(False, data, now)
         if self.state is not State.CONNECTING:
@@ -246,6 +275,7 @@ class PulsarConnection:
 
     def answered(self, token: int, answer: Frame | UpstreamFailure, now: float) -> list[Action]:
         """The upstream's answer to an ``Ask`` (or why there is none)."""
+        self._now = now
         pending = self._asks.pop(token, None)
         if pending is None or self.state is State.CLOSED:
             return []
@@ -264,6 +294,7 @@ class PulsarConnection:
         """Called every ``interval`` seconds: ping an idle lookup client, or
         hang up on one that stopped answering. Proxied connections are kept
         alive by their own ends."""
+        self._now = now
         if self.state is not State.LOOKUP:
             return []
         idle = now - self.last_heard
@@ -426,6 +457,7 @@ class PulsarConnection:
         observe = self.correlator.observe
         observed = CLIENT_TYPES if from_client else SERVER_TYPES
         payload_type = T.SEND if from_client else T.MESSAGE
+        faults = self.faults
         # A read that starts on a frame boundary, ends on one, and holds only
         # frames forwarded unchanged is sent on as it came.
         whole = data is not None and decoder.buffered == 0
@@ -441,6 +473,19 @@ class PulsarConnection:
                 if self._trace:
                     side = "client" if from_client else "broker"
                     log.debug("%s: %s -> %s %s", conn.name, side, frame.name, _brief(frame))
+                if faults.rules:
+                    rule = self._fault(frame, from_client)
+                    if rule is not None:
+                        whole = False
+                        to = Peer.BROKER if from_client else Peer.CLIENT
+                        if out:
+                            actions.append(Send(to, b"".join(out)))
+                            out = []
+                        done_by_fault = self._apply(rule, frame, from_client, now, actions)
+                        if done_by_fault is not None:
+                            if done_by_fault:
+                                return actions
+                            continue
                 if frame.error is None:
                     out.append(frame.raw)
                     if t == payload_type:
@@ -553,6 +598,17 @@ class PulsarConnection:
     def _lookup_frame(self, frame: Frame, now: float) -> list[Action]:
         self.tap.frame(self.conn, True, frame)
         self.last_heard = now
+        if self.faults.rules:
+            rule = self._fault(frame, True)
+            if rule is not None:
+                actions: list[Action] = []
+                done = self._apply(rule, frame, True, now, actions, own=True)
+                if done is not None:
+                    return actions
+                return actions + self._lookup_request(frame, now)
+        return self._lookup_request(frame, now)
+
+    def _lookup_request(self, frame: Frame, now: float) -> list[Action]:
         t = frame.type
         if t == T.PING:
             return self._own(own_frame(T.PONG))
@@ -652,7 +708,99 @@ class PulsarConnection:
     def _own(self, frame: Frame) -> list[Action]:
         """A frame Sluice writes to the client itself: counted and recorded too."""
         self.tap.frame(self.conn, False, frame)
+        if self.faults.rules:
+            rule = self._fault(frame, False)
+            if rule is not None:
+                actions: list[Action] = []
+                if self._apply(rule, frame, False, self._now, actions, own=True) is None:
+                    actions.append(Send(Peer.CLIENT, frame.raw))
+                return actions
         return [Send(Peer.CLIENT, frame.raw)]
+
+    # --- fault injection -----------------------------------------------------------
+
+    def _fault(self, frame: Frame, from_client: bool) -> Rule | None:
+        body: Any = frame.body
+        answerable = (
+            from_client
+            and body is not None
+            and (frame.type == T.SEND or "request_id" in body.DESCRIPTOR.fields_by_name)
+        )
+        return self.faults.check(
+            "pulsar",
+            frame.name,
+            from_client,
+            self.conn.client,
+            lambda: self.correlator.topic_of(frame),
+            answerable,
+        )
+
+    def _apply(
+        self,
+        rule: Rule,
+        frame: Frame,
+        from_client: bool,
+        now: float,
+        actions: list[Action],
+        *,
+        own: bool = False,
+    ) -> bool | None:
+        """Carry out ``rule`` on ``frame``, appending to ``actions``.
+
+        None: the frame goes on as usual, after what was appended (delay,
+        throttle). False: the frame was dealt with here (dropped, corrupted
+        and sent, answered). True: the connection closes; stop.
+        ``own``: the frame is Sluice's own or served by Sluice, not relayed.
+        """
+        action = rule.action
+        topic = self.correlator.topic_of(frame) if rule.match.topic is not None else None
+        self.tap.event(
+            self.conn, FaultInjected(rule.id, str(action), frame.name, from_client, topic)
+        )
+        to = Peer.BROKER if from_client else Peer.CLIENT
+        if action is FaultAction.DELAY or action is FaultAction.THROTTLE:
+            # A delay releases each frame that long after it arrived; a
+            # throttle lets one go when the last one's bytes have "drained".
+            # Neither lets a frame overtake one held before it.
+            side = 0 if from_client else 1
+            if action is FaultAction.DELAY:
+                until = max(now + self.faults.delay(rule), self._paced[side])
+                self._paced[side] = until
+            else:
+                until = max(now, self._paced[side])
+                self._paced[side] = until + len(frame.raw) / rule.rate
+            actions.append(Hold(until))
+            return None
+        if action is FaultAction.DROP:
+            if not from_client and not own:
+                self.correlator.observe(frame, False, now)
+            return False
+        if action is FaultAction.DISCONNECT:
+            if not own or not from_client:
+                actions.append(Send(to, frame.raw))
+            actions.append(
+                self._close("fault", f"fault {rule.id}: disconnecting after {frame.name}")
+            )
+            return True
+        if action is FaultAction.CORRUPT:
+            if own and from_client:
+                return None  # a request Sluice answers itself is never sent on
+            actions.append(Send(to, flip_last_byte(frame.raw)))
+            if not own:
+                self.correlator.observe(frame, from_client, now)
+            return False
+        # ERROR: answer the request in the broker's place.
+        code = pb.ServerError.Value(rule.error)
+        reply = error_reply(frame, code, rule.message)
+        if reply is None:
+            return None
+        if not own:
+            self.correlator.observe(frame, True, now)
+            done = self.correlator.observe(reply, False, now)
+            if done is not None:
+                self.tap.event(self.conn, _answered(done))
+        actions += self._own(reply)
+        return False
 
     def _close(self, reason: str, message: str = "", level: int = logging.INFO) -> Close:
         self.state = State.CLOSED

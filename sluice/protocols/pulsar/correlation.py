@@ -139,6 +139,30 @@ class Correlator:
     def topic_of_consumer(self, consumer_id: int) -> str | None:
         return self.consumers.get(consumer_id)
 
+    def topic_of(self, frame: Frame) -> str | None:
+        """The topic ``frame`` is about, from its own fields or this
+        connection's state (producer, consumer, pending request); call it
+        before ``observe``ing the frame."""
+        body: Any = frame.body
+        if body is None:
+            return None
+        fields = body.DESCRIPTOR.fields_by_name
+        if "topic" in fields and body.topic:
+            return str(body.topic)
+        if "producer_id" in fields and body.producer_id in self.producers:
+            return self.producers[body.producer_id]
+        if "consumer_id" in fields and body.consumer_id in self.consumers:
+            return self.consumers[body.consumer_id]
+        if "request_id" in fields:
+            pending = self.requests.get(body.request_id)
+            if pending is not None:
+                return pending.topic
+        if "producer_id" in fields and "sequence_id" in fields:
+            sent = self.sends.get((body.producer_id, body.sequence_id))
+            if sent is not None:
+                return sent.topic
+        return None
+
     @property
     def in_flight_sends(self) -> int:
         return self._sends_in_flight

@@ -1,0 +1,352 @@
+"""Protocol-level fault injection: rules, and which frame a rule hits.
+
+A *rule* says which frames to pick (``match``: protocol, command name,
+topic glob, direction, client address glob — every field optional) and what
+to do to them (``action``): hold them back (``delay``), make them vanish
+(``drop``), break their checksum (``corrupt``), hang up after them
+(``disconnect``), answer a request in place of the broker with the
+protocol's own error (``error``), or pace a connection (``throttle``).
+``probability``, ``after`` and ``times`` bound how often it fires. Every rule
+has an id and counts its hits.
+
+This module is sans-I/O and protocol-neutral: it parses and validates rules
+(against the command and error names a protocol gives it) and decides, frame
+by frame, whether a rule fires. Each protocol core carries the decision out
+on its own frames, and reports it to the taps as ``FaultInjected``.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import itertools
+import json
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sluice.errors import ConfigError
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+class FaultError(ConfigError):
+    """A rule that cannot be used; the message says why, for users."""
+
+
+class FaultAction(enum.StrEnum):
+    DELAY = "delay"
+    DROP = "drop"
+    CORRUPT = "corrupt"
+    DISCONNECT = "disconnect"
+    ERROR = "error"
+    THROTTLE = "throttle"
+
+
+class Direction(enum.StrEnum):
+    TO_BROKER = "to_broker"
+    TO_CLIENT = "to_client"
+
+
+@dataclass(frozen=True)
+class ProtocolFaults:
+    """What a protocol lets rules name: its commands, and the error codes
+    an ``error`` rule may answer with (the first is the default)."""
+
+    name: str
+    commands: frozenset[str]
+    errors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Match:
+    protocol: str | None = None
+    command: str | None = None
+    topic: str | None = None  # glob; a bare name also matches persistent://*/*/name
+    direction: Direction | None = None
+    client: str | None = None  # glob over "ip:port" or "ip"
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: str(v) for k, v in vars(self).items() if v is not None}
+
+
+@dataclass
+class Rule:
+    match: Match
+    action: FaultAction
+    id: str = ""
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    rate: int = 0  # throttle: bytes per second
+    error: str = ""  # error: the protocol's error code name
+    message: str = "injected by sluice"
+    probability: float = 1.0
+    after: int = 0  # let this many matching frames pass first
+    times: int | None = None  # fire at most this often (None: no limit)
+    hits: int = 0
+    seen: int = 0  # frames that matched, hit or not
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "match": self.match.to_json(),
+                               "action": str(self.action)}  # fmt: skip
+        if self.action is FaultAction.DELAY:
+            out["delay_ms"] = self.delay_ms
+            out["jitter_ms"] = self.jitter_ms
+        elif self.action is FaultAction.THROTTLE:
+            out["rate"] = self.rate
+        elif self.action is FaultAction.ERROR:
+            out["error"] = self.error
+            out["message"] = self.message
+        out.update(probability=self.probability, after=self.after, times=self.times,
+                   hits=self.hits, seen=self.seen)  # fmt: skip
+        return out
+
+    def describe(self) -> str:
+        what = {
+            FaultAction.DELAY: f"delay {self.delay_ms:g}ms",
+            FaultAction.THROTTLE: f"throttle {self.rate} B/s",
+            FaultAction.ERROR: f"error {self.error}",
+        }.get(self.action, str(self.action))
+        where = " ".join(f"{k}={v}" for k, v in self.match.to_json().items()) or "every frame"
+        return f"{self.id}: {what} on {where}"
+
+
+_RULE_KEYS = {"id", "match", "action", "delay_ms", "jitter_ms", "rate", "error", "message",
+              "probability", "after", "times"}  # fmt: skip
+_MATCH_KEYS = {"protocol", "command", "topic", "direction", "client"}
+
+
+def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
+    """A rule from its JSON form; FaultError says what is wrong with it."""
+    if not isinstance(data, dict):
+        raise FaultError("a rule is a JSON object")
+    unknown = set(data) - _RULE_KEYS
+    if unknown:
+        raise FaultError(f"unknown rule field(s): {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(_RULE_KEYS))})")  # fmt: skip
+    raw_match = data.get("match", {})
+    if not isinstance(raw_match, dict):
+        raise FaultError("match is a JSON object")
+    unknown = set(raw_match) - _MATCH_KEYS
+    if unknown:
+        raise FaultError(f"unknown match field(s): {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(_MATCH_KEYS))})")  # fmt: skip
+    for key, value in raw_match.items():
+        if value is not None and not isinstance(value, str):
+            raise FaultError(f"match.{key} is a string")
+    protocol = raw_match.get("protocol")
+    if protocol is not None and protocol not in protocols:
+        raise FaultError(f"unknown protocol {protocol!r} (known: {', '.join(sorted(protocols))})")
+    candidates = [protocols[protocol]] if protocol else list(protocols.values())
+    command = raw_match.get("command")
+    if command is not None:
+        command = command.upper()
+        if not any(command in p.commands for p in candidates):
+            known = f" for {protocol}" if protocol else ""
+            raise FaultError(f"unknown command {command!r}{known}")
+    direction = _enum(Direction, raw_match.get("direction"), "match.direction")
+    action = _enum(FaultAction, data.get("action"), "action")
+    if action is None:
+        raise FaultError(f"a rule needs an action: {', '.join(a.value for a in FaultAction)}")
+    rule = Rule(
+        Match(protocol, command, raw_match.get("topic"), direction, raw_match.get("client")),
+        action,
+        id=_text(data, "id", ""),
+        delay_ms=_number(data, "delay_ms", 0.0, minimum=0),
+        jitter_ms=_number(data, "jitter_ms", 0.0, minimum=0),
+        probability=_number(data, "probability", 1.0, minimum=0),
+        after=int(_number(data, "after", 0, minimum=0, integer=True)),
+        message=_text(data, "message", "injected by sluice"),
+    )
+    if rule.probability > 1:
+        raise FaultError("probability is between 0 and 1")
+    if data.get("times") is not None:
+        rule.times = int(_number(data, "times", 0, minimum=1, integer=True))
+    if action is FaultAction.DELAY and rule.delay_ms <= 0:
+        raise FaultError("a delay rule needs delay_ms > 0")
+    if action is FaultAction.THROTTLE:
+        rule.rate = int(_number(data, "rate", 0, minimum=1, integer=True))
+    if action is FaultAction.ERROR:
+        if direction is Direction.TO_CLIENT:
+            raise FaultError("an error rule answers requests: its direction is to_broker")
+        rule.match = Match(protocol, command, rule.match.topic, Direction.TO_BROKER,
+                           rule.match.client)  # fmt: skip
+        codes = [c for p in candidates for c in p.errors]
+        rule.error = _text(data, "error", candidates[0].errors[0])
+        if rule.error not in codes:
+            raise FaultError(f"unknown error code {rule.error!r} (known: {', '.join(codes)})")
+    return rule
+
+
+def load_rules(path: Path, protocols: Mapping[str, ProtocolFaults]) -> list[Rule]:
+    """The rules in a JSON file: a list of rules, or ``{"rules": [...]}``
+    (what ``GET /faults`` answers, so a rule set can be saved and loaded)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise FaultError(f"{path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FaultError(f"{path}: not JSON: {exc}") from None
+    if isinstance(data, dict) and "rules" in data:
+        data = data["rules"]
+    if not isinstance(data, list):
+        raise FaultError(f'{path}: expected a list of rules or {{"rules": [...]}}')
+    rules = []
+    for number, item in enumerate(data, 1):
+        if isinstance(item, dict):
+            # Saved from GET /faults: counters start again from zero.
+            item = {k: v for k, v in item.items() if k not in ("hits", "seen")}
+        try:
+            rules.append(parse_rule(item, protocols))
+        except FaultError as exc:
+            raise FaultError(f"{path}: rule {number}: {exc}") from None
+    return rules
+
+
+def _enum(kind: type[E], value: object, what: str) -> E | None:
+    if value is None:
+        return None
+    try:
+        return kind(str(value).lower())
+    except ValueError:
+        raise FaultError(
+            f"{what} must be one of {', '.join(m.value for m in kind)}, not {value!r}"
+        ) from None
+
+
+def _text(data: Mapping[str, object], key: str, default: str) -> str:
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise FaultError(f"{key} is a string")
+    return value
+
+
+def _number(
+    data: Mapping[str, object], key: str, default: float, *, minimum: float, integer: bool = False
+) -> float:
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FaultError(f"{key} is a number")
+    if integer and value != int(value):
+        raise FaultError(f"{key} is a whole number")
+    if value < minimum:
+        raise FaultError(f"{key} must be at least {minimum:g}")
+    return value
+
+
+@dataclass
+class Faults:
+    """The rule set of one proxy, shared by all its connections.
+
+    ``active`` is what the hot path looks at: with no rules, a core does no
+    fault work at all.
+    """
+
+    seed: int | None = None
+    rules: list[Rule] = field(default_factory=list)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        self.random = random.Random(self.seed)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rules)
+
+    def add(self, rule: Rule) -> Rule:
+        if not rule.id:
+            rule.id = f"f{next(self._ids)}"
+        if any(r.id == rule.id for r in self.rules):
+            raise FaultError(f"a rule with id {rule.id!r} exists already")
+        self.rules.append(rule)
+        return rule
+
+    def extend(self, rules: Iterable[Rule]) -> None:
+        for rule in rules:
+            self.add(rule)
+
+    def remove(self, rule_id: str) -> bool:
+        before = len(self.rules)
+        self.rules = [r for r in self.rules if r.id != rule_id]
+        return len(self.rules) != before
+
+    def clear(self) -> int:
+        count = len(self.rules)
+        self.rules = []
+        return count
+
+    def check(
+        self,
+        protocol: str,
+        command: str,
+        from_client: bool,
+        client: str,
+        topic: Callable[[], str | None],
+        answerable: bool = True,
+    ) -> Rule | None:
+        """The rule that fires on this frame, if any (its hit is counted).
+
+        ``topic`` is called only when a rule asks for one. ``answerable``
+        says whether the frame is a request an ``error`` rule can answer.
+        """
+        direction = Direction.TO_BROKER if from_client else Direction.TO_CLIENT
+        for rule in self.rules:
+            m = rule.match
+            if m.command is not None and m.command != command:
+                continue
+            if m.direction is not None and m.direction is not direction:
+                continue
+            if m.protocol is not None and m.protocol != protocol:
+                continue
+            if rule.action is FaultAction.ERROR and not answerable:
+                continue
+            if m.client is not None and not _client_matches(m.client, client):
+                continue
+            if m.topic is not None and not topic_matches(m.topic, topic()):
+                continue
+            rule.seen += 1
+            if rule.seen <= rule.after:
+                continue
+            if rule.times is not None and rule.hits >= rule.times:
+                continue
+            if rule.probability < 1 and self.random.random() >= rule.probability:
+                continue
+            rule.hits += 1
+            return rule
+        return None
+
+    def delay(self, rule: Rule) -> float:
+        """Seconds to hold a frame for a delay rule (jitter drawn uniformly)."""
+        ms = rule.delay_ms
+        if rule.jitter_ms:
+            ms += self.random.uniform(-rule.jitter_ms, rule.jitter_ms)
+        return max(ms, 0.0) / 1000
+
+
+def topic_matches(pattern: str, topic: str | None) -> bool:
+    """Glob over the full topic name; a pattern without ``://`` matches the
+    local name (``orders-*`` matches ``persistent://public/default/orders-1``)."""
+    if topic is None:
+        return False
+    if "://" not in pattern:
+        topic = topic.rsplit("/", 1)[-1]
+    return fnmatch.fnmatchcase(topic, pattern)
+
+
+def _client_matches(pattern: str, client: str) -> bool:
+    host = client.rsplit(":", 1)[0]
+    return fnmatch.fnmatchcase(client, pattern) or fnmatch.fnmatchcase(host, pattern)
+
+
+def flip_last_byte(raw: bytes) -> bytes:
+    """``raw`` with its last byte inverted: for a frame with a payload, a
+    payload byte, so that the frame's checksum no longer matches."""
+    if not raw:
+        return raw
+    return raw[:-1] + bytes([raw[-1] ^ 0xFF])

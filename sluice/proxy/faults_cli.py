@@ -1,0 +1,285 @@
+"""``sluice faults``: add, list and remove a running proxy's fault rules.
+
+A thin client of the admin endpoint's ``/faults`` (see
+``sluice.proxy.admin``); the rules themselves are described in
+``sluice.protocols.faults`` and docs/faults.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from sluice.addresses import parse_address
+from sluice.errors import ConfigError
+from sluice.protocols.faults import Direction
+from sluice.proxy.cli import read_token
+
+TIMEOUT = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(
+        dest="faults_command", metavar="ACTION", required=True, parser_class=type(parser)
+    )
+    add = actions.add_parser(
+        "add", help="add a rule", description="Add a fault rule to a running proxy."
+    )
+    _common(add)
+    match = add.add_argument_group("which frames (all optional; none: every frame)")
+    match.add_argument("--protocol", help="pulsar (default: any)")
+    match.add_argument(
+        "--command",
+        metavar="NAME",
+        help="command name as in the protocol, e.g. SEND_RECEIPT (default: any)",
+    )
+    match.add_argument(
+        "--topic",
+        metavar="GLOB",
+        help="topic glob; without '://' it matches the local name, e.g. 'orders-*' (default: any)",
+    )
+    match.add_argument(
+        "--direction",
+        choices=[d.value for d in Direction],
+        help="to_broker or to_client (default: both)",
+    )
+    match.add_argument(
+        "--client", metavar="GLOB", help="client address glob, IP or IP:PORT (default: any)"
+    )
+    what = add.add_argument_group("what to do (exactly one)")
+    one = what.add_mutually_exclusive_group(required=True)
+    one.add_argument(
+        "--delay",
+        metavar="DURATION",
+        type=_duration_ms,
+        help="hold each frame this long, keeping order (e.g. 300ms, 1.5s; "
+        "no default: give one action)",
+    )
+    one.add_argument("--drop", action="store_true", help="the frame never arrives")
+    one.add_argument(
+        "--corrupt", action="store_true", help="flip a payload byte so that the checksum fails"
+    )
+    one.add_argument(
+        "--disconnect", action="store_true", help="close both sides right after the frame"
+    )
+    one.add_argument(
+        "--error",
+        metavar="CODE",
+        nargs="?",
+        const="",
+        help="answer the request in the broker's place with this error "
+        "(Pulsar ServerError name; default: ServiceNotReady)",
+    )
+    one.add_argument(
+        "--throttle",
+        metavar="BYTES_PER_S",
+        type=_rate,
+        help="pace the matched frames to this rate (e.g. 65536, 64K, 1M; no default)",
+    )
+    one.add_argument(
+        "--rule",
+        metavar="JSON",
+        help="the whole rule as JSON instead of these options (no default)",
+    )
+    bound = add.add_argument_group("how often")
+    bound.add_argument(
+        "--jitter",
+        metavar="DURATION",
+        type=_duration_ms,
+        help="with --delay: up to this much more or less (default: 0ms)",
+    )
+    bound.add_argument(
+        "--probability",
+        type=float,
+        metavar="P",
+        help="chance of firing on each matching frame (default: 1.0)",
+    )
+    bound.add_argument(
+        "--after", type=int, metavar="N", help="let the first N matching frames pass (default: 0)"
+    )
+    bound.add_argument(
+        "--times", type=int, metavar="N", help="fire at most N times (default: no limit)"
+    )
+    add.add_argument(
+        "--message",
+        metavar="TEXT",
+        help="with --error: the error message (default: injected by sluice)",
+    )
+    add.add_argument("--id", metavar="ID", help="the rule's id (default: assigned, f1, f2, …)")
+
+    show = actions.add_parser(
+        "list",
+        help="list the rules and their hit counts",
+        description="List a running proxy's fault rules.",
+    )
+    _common(show)
+    show.add_argument("--json", action="store_true", help="print the JSON the proxy answers")
+
+    remove = actions.add_parser(
+        "remove", help="remove one rule", description="Remove one fault rule by id."
+    )
+    _common(remove)
+    remove.add_argument("id", metavar="ID", help="the rule's id, as `list` shows it")
+
+    clear = actions.add_parser(
+        "clear", help="remove every rule", description="Remove every fault rule."
+    )
+    _common(clear)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--admin",
+        required=True,
+        metavar="HOST:PORT",
+        help="the proxy's admin endpoint (its --admin); required, no default",
+    )
+    parser.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding the proxy's admin token (default: none; changing rules needs it)",
+    )
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
+
+
+def _duration_ms(text: str) -> float:
+    """'300ms', '1.5s', '2m' or a bare number of milliseconds."""
+    found = _DURATION.match(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 300ms, 1.5s)")
+    value = float(found.group(1))
+    return value * {"ms": 1, None: 1, "s": 1000, "m": 60_000}[found.group(2)]
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)(?:i?B)?(?:/s)?\s*$")
+
+
+def _rate(text: str) -> int:
+    """Bytes per second: '65536', '64K', '1M' (K and M are 1024 and 1024²)."""
+    found = _RATE.match(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"not a rate: {text!r} (e.g. 65536, 64K, 1M)")
+    scale = {"": 1, "k": 1024, "m": 1024 * 1024}[found.group(2).lower()]
+    return int(float(found.group(1)) * scale)
+
+
+def rule_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON rule ``sluice faults add``'s options describe."""
+    if args.rule is not None:
+        try:
+            rule: dict[str, Any] = json.loads(args.rule)
+        except ValueError as exc:
+            raise ConfigError(f"--rule is not JSON: {exc}") from None
+        return rule
+    match = {
+        key: getattr(args, key)
+        for key in ("protocol", "command", "topic", "direction", "client")
+        if getattr(args, key)
+    }
+    rule = {"match": match}
+    if args.delay is not None:
+        rule.update(action="delay", delay_ms=args.delay)
+    elif args.drop:
+        rule["action"] = "drop"
+    elif args.corrupt:
+        rule["action"] = "corrupt"
+    elif args.disconnect:
+        rule["action"] = "disconnect"
+    elif args.error is not None:
+        rule["action"] = "error"
+        if args.error:
+            rule["error"] = args.error
+    else:
+        rule.update(action="throttle", rate=args.throttle)
+    for key, value in (
+        ("jitter_ms", args.jitter),
+        ("probability", args.probability),
+        ("after", args.after),
+        ("times", args.times),
+        ("message", args.message),
+        ("id", args.id),
+    ):
+        if value is not None:
+            rule[key] = value
+    return rule
+
+
+class AdminError(Exception):
+    """The admin endpoint refused the call or could not be reached."""
+
+
+def call(admin: str, method: str, path: str, token: str | None = None, body: object = None) -> Any:
+    """One admin call; its JSON answer. AdminError says why it failed."""
+    address = parse_address(admin, what="--admin")
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{address}{path}", data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        message = exc.read().decode(errors="replace").strip()
+        raise AdminError(f"{exc.code} {exc.reason}: {message}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise AdminError(f"cannot reach the admin endpoint at {address}: {reason}") from None
+    except ValueError as exc:
+        raise AdminError(f"{address} answered something that is not JSON: {exc}") from None
+
+
+def describe(rule: dict[str, Any]) -> str:
+    match = " ".join(f"{k}={v}" for k, v in rule.get("match", {}).items()) or "every frame"
+    action = rule.get("action", "?")
+    if action == "delay":
+        action = f"delay {rule.get('delay_ms', 0):g}ms"
+        if rule.get("jitter_ms"):
+            action += f"±{rule['jitter_ms']:g}ms"
+    elif action == "throttle":
+        action = f"throttle {rule.get('rate')} B/s"
+    elif action == "error":
+        action = f"error {rule.get('error')}"
+    return f"{action} on {match}"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        token = read_token(args.admin_token_file)
+        command = args.faults_command
+        if command == "add":
+            answer = call(args.admin, "POST", "/faults", token, rule_from(args))
+            print(f"added {answer['id']}: {describe(answer['rule'])}")
+        elif command == "list":
+            answer = call(args.admin, "GET", "/faults", token)
+            if args.json:
+                print(json.dumps(answer, indent=2))
+            elif not answer["rules"]:
+                print("no fault rules")
+            else:
+                print(f"{'ID':<8} {'HITS':>8}  RULE")
+                for rule in answer["rules"]:
+                    print(f"{rule['id']:<8} {rule['hits']:>8}  {describe(rule)}")
+        elif command == "remove":
+            call(args.admin, "DELETE", f"/faults/{args.id}", token)
+            print(f"removed {args.id}")
+        else:
+            answer = call(args.admin, "DELETE", "/faults", token)
+            print(f"removed {answer['deleted']} rule(s)")
+    except ConfigError as exc:
+        print(f"sluice faults: {exc}", file=sys.stderr)
+        return 2
+    except AdminError as exc:
+        print(f"sluice faults {args.faults_command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
