@@ -1,0 +1,367 @@
+"""Text commands a client sends, as typed values.
+
+A command is its name and ``key=value`` words, in the form the real client
+writes (``CONSUME topic=t partition=0 offset=5 member=m group=g generation=1``);
+the written spec's positional forms are not what the broker is sent. Each
+known command is a frozen dataclass whose fields are its keys, in the
+client's order; keys a class does not know are kept in ``extra`` and bare
+words in ``args``, so nothing in a command is lost. ``message=`` takes the
+rest of the line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sluice.protocols.cursus.errors import (
+    INVALID_COMMAND,
+    LocalProtocolError,
+    Problem,
+    RemoteProtocolError,
+)
+from sluice.protocols.cursus.text import REST_OF_LINE, is_word, tokens
+
+Pairs = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    """Base of every command: what no typed field holds."""
+
+    NAME: ClassVar[str] = ""
+    extra: Pairs = ()  # key=value words this command's fields do not name, in order
+    args: tuple[str, ...] = ()  # bare words
+
+    @property
+    def name(self) -> str:
+        return self.NAME
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Create(Command):
+    NAME: ClassVar[str] = "CREATE"
+    topic: str
+    partitions: int | None = None
+    event_sourcing: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delete(Command):
+    NAME: ClassVar[str] = "DELETE"
+    topic: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class List(Command):
+    NAME: ClassVar[str] = "LIST"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metadata(Command):
+    NAME: ClassVar[str] = "METADATA"
+    topic: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FindCoordinator(Command):
+    NAME: ClassVar[str] = "FIND_COORDINATOR"
+    group: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Publish(Command):
+    NAME: ClassVar[str] = "PUBLISH"
+    topic: str
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Consume(Command):
+    NAME: ClassVar[str] = "CONSUME"
+    topic: str
+    partition: int
+    offset: int
+    member: str | None = None
+    group: str | None = None
+    generation: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stream(Command):
+    NAME: ClassVar[str] = "STREAM"
+    topic: str
+    partition: int
+    group: str | None = None
+    member: str | None = None
+    generation: int | None = None
+    offset: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinGroup(Command):
+    NAME: ClassVar[str] = "JOIN_GROUP"
+    topic: str
+    group: str
+    member: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncGroup(Command):
+    NAME: ClassVar[str] = "SYNC_GROUP"
+    topic: str
+    group: str
+    member: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat(Command):
+    NAME: ClassVar[str] = "HEARTBEAT"
+    topic: str
+    group: str
+    member: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaveGroup(Command):
+    NAME: ClassVar[str] = "LEAVE_GROUP"
+    topic: str
+    group: str
+    member: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitOffset(Command):
+    NAME: ClassVar[str] = "COMMIT_OFFSET"
+    topic: str
+    partition: int
+    group: str
+    offset: int
+    generation: int | None = None
+    member: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchCommit(Command):
+    """``offsets`` is the bare word ``P0:5,P1:7`` (partition: next offset)."""
+
+    NAME: ClassVar[str] = "BATCH_COMMIT"
+    topic: str
+    group: str
+    member: str
+    generation: int
+    offsets: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchOffset(Command):
+    NAME: ClassVar[str] = "FETCH_OFFSET"
+    topic: str
+    partition: int
+    group: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OtherCommand(Command):
+    """A command with no typed class: the event-store commands the broker
+    knows, and (with ``known=False``) any other upper-case word inside an
+    envelope, which only the broker can judge."""
+
+    command: str
+    known: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.command
+
+
+TYPED: dict[str, type[Command]] = {
+    cls.NAME: cls
+    for cls in (
+        Create,
+        Delete,
+        List,
+        Metadata,
+        FindCoordinator,
+        Publish,
+        Consume,
+        Stream,
+        JoinGroup,
+        SyncGroup,
+        Heartbeat,
+        LeaveGroup,
+        CommitOffset,
+        BatchCommit,
+        FetchOffset,
+    )
+}
+# Commands the broker knows that have no typed class here (event store).
+OTHER = frozenset(
+    {"APPEND_STREAM", "READ_STREAM", "SAVE_SNAPSHOT", "READ_SNAPSHOT", "STREAM_VERSION"}
+)
+KNOWN = frozenset(TYPED) | OTHER
+
+_INT = re.compile(r"-?[0-9]+")
+_COMMAND_WORD = re.compile(r"[A-Z][A-Z0-9_]*")
+_OFFSET = re.compile(r"P(-?[0-9]+):(-?[0-9]+)")
+_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
+_FALSE = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+_BASE = frozenset({"extra", "args", "command", "known", "offsets"})
+
+
+def _typed_fields(cls: type[Command]) -> list[tuple[str, str, bool]]:
+    """(name, type, required) of a class's keys, in declaration order."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in _BASE:
+            continue
+        required = f.default is dataclasses.MISSING
+        out.append((f.name, str(f.type), required))
+    return out
+
+
+_FIELDS: dict[type[Command], list[tuple[str, str, bool]]] = {
+    cls: _typed_fields(cls) for cls in TYPED.values()
+}
+
+
+def first_word(text: str) -> str:
+    """The command word of a text line (up to the first whitespace)."""
+    parts = text.split(None, 1)
+    return parts[0] if parts else ""
+
+
+def looks_like_command(text: str) -> bool:
+    """An upper-case word first: a command, known to us or not."""
+    return _COMMAND_WORD.fullmatch(first_word(text)) is not None
+
+
+def parse_command(text: str) -> Command:
+    """A text line as a typed command. Raises ``RemoteProtocolError``:
+    ``UNKNOWN_TYPE`` for a word that is no command we know (an ``OtherCommand``
+    is returned instead when the word at least looks like one and ``known`` is
+    false), ``MISSING_FIELD``/``PARSE`` for unusable fields."""
+    words = tokens(text, rest_of_line=REST_OF_LINE)
+    if not words or words[0].key is not None:
+        raise RemoteProtocolError(Problem.UNKNOWN_TYPE, "text does not start with a command")
+    name = words[0].raw(text)
+    cls = TYPED.get(name)
+    pairs: list[tuple[str, str]] = []
+    args: list[str] = []
+    for w in words[1:]:
+        if w.key is None:
+            args.append(w.raw(text))
+        else:
+            pairs.append((w.key, w.value(text)))
+    if cls is None:
+        if name in OTHER or _COMMAND_WORD.fullmatch(name):
+            return OtherCommand(
+                command=name, known=name in OTHER, extra=tuple(pairs), args=tuple(args)
+            )
+        raise RemoteProtocolError(Problem.UNKNOWN_TYPE, f"unknown command {name[:40]!r}")
+    spec = _FIELDS[cls]
+    names = {n for n, _, _ in spec}
+    values: dict[str, object] = {}
+    extra: list[tuple[str, str]] = []
+    for key, value in pairs:
+        if key in names and key not in values:
+            values[key] = _convert(name, key, value, _type_of(spec, key))
+        else:
+            extra.append((key, value))
+    for key, _, required in spec:
+        if required and key not in values:
+            raise _invalid(Problem.MISSING_FIELD, f"{name} needs {key}=")
+    if cls is BatchCommit:
+        offsets, args = _offsets(args)
+        values["offsets"] = offsets
+    return cls(extra=tuple(extra), args=tuple(args), **values)
+
+
+def _type_of(spec: list[tuple[str, str, bool]], key: str) -> str:
+    for n, t, _ in spec:
+        if n == key:
+            return t
+    raise KeyError(key)
+
+
+def _convert(command: str, key: str, value: str, type_: str) -> object:
+    if type_.startswith("int"):
+        if not _INT.fullmatch(value):
+            raise _invalid(Problem.PARSE, f"{command} {key}={value[:40]!r} is not an integer")
+        return int(value)
+    if type_.startswith("bool"):
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise _invalid(Problem.PARSE, f"{command} {key}={value[:40]!r} is not a bool")
+    return value
+
+
+def _offsets(args: list[str]) -> tuple[tuple[tuple[int, int], ...], list[str]]:
+    """The ``P0:5,P1:7`` word of a BATCH_COMMIT, and the bare words left."""
+    rest: list[str] = []
+    found: tuple[tuple[int, int], ...] | None = None
+    for arg in args:
+        if found is None:
+            parts = arg.split(",")
+            matches = [_OFFSET.fullmatch(p) for p in parts]
+            if all(matches):
+                found = tuple((int(m[1]), int(m[2])) for m in matches if m)
+                continue
+        rest.append(arg)
+    if found is None:
+        raise _invalid(Problem.MISSING_FIELD, "BATCH_COMMIT needs offsets P<n>:<offset>")
+    return found, rest
+
+
+def format_command(cmd: Command) -> str:
+    """The text line for ``cmd``. Raises ``LocalProtocolError`` for values that
+    would not read back as written (whitespace, empty keys)."""
+    name = cmd.name
+    if not is_word(name) or "=" in name:
+        raise LocalProtocolError(Problem.UNKNOWN_TYPE, f"bad command name {name!r}")
+    words = [name]
+    last: list[str] = []
+    spec = _FIELDS.get(type(cmd), [])
+    for key, _, _ in spec:
+        value = getattr(cmd, key)
+        if value is None:
+            continue
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        _add(words, last, key, text)
+    for key, text in cmd.extra:
+        _add(words, last, key, text)
+    if isinstance(cmd, BatchCommit):
+        if not cmd.offsets:
+            raise LocalProtocolError(Problem.MISSING_FIELD, "BATCH_COMMIT needs offsets")
+        words.append(",".join(f"P{p}:{o}" for p, o in cmd.offsets))
+    for arg in cmd.args:
+        if not is_word(arg) or arg.find("=") > 0:
+            raise LocalProtocolError(Problem.PARSE, f"bare word {arg!r} would not read back")
+        if isinstance(cmd, BatchCommit) and all(_OFFSET.fullmatch(p) for p in arg.split(",")):
+            raise LocalProtocolError(Problem.PARSE, f"bare word {arg!r} reads as offsets")
+        words.append(arg)
+    if len(last) > 1:
+        raise LocalProtocolError(Problem.PARSE, "only one value may run to the end of the line")
+    words += last
+    return " ".join(words)
+
+
+def _add(words: list[str], last: list[str], key: str, value: str) -> None:
+    if not is_word(key) or "=" in key:
+        raise LocalProtocolError(Problem.PARSE, f"bad key {key!r}")
+    if key in REST_OF_LINE:
+        last.append(f"{key}={value}")
+        return
+    if value and not is_word(value):
+        raise LocalProtocolError(Problem.PARSE, f"{key}={value!r} holds whitespace")
+    words.append(f"{key}={value}")
+
+
+def _invalid(problem: Problem, message: str) -> RemoteProtocolError:
+    return RemoteProtocolError(problem, message, code=INVALID_COMMAND)
