@@ -151,6 +151,11 @@ def overview() -> dict[str, Any]:
             (f"sum by (command, error) (rate(sluice_broker_errors_total{{{SEL}}}[{RATE}]))",
              "{{command}}: {{error}}"),
         ], "ops"),
+        Panel("Injected faults", [
+            (f"sum by (rule, action) (rate(sluice_faults_injected_total{{{SEL}}}[{RATE}]))",
+             "{{rule}} {{action}}"),
+        ], "ops", description="Frames fault rules acted on (sluice faults list shows the "
+           "rules). Anything here was done on purpose, not by the broker."),
         Panel("Lookups", [
             (f"sum by (outcome) (rate(sluice_lookups_total{{{SEL}}}[{RATE}]))", "{{outcome}}"),
         ], "ops"),

@@ -89,7 +89,11 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
 @pytest.fixture
 def admin_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyProcess, int]]:
     admin = free_port()
-    p = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}")
+    # A harmless fault rule, so that the "Injected faults" panel has data.
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"id": "lookup-1ms", "match": {"command": "LOOKUP"},
+                                   "action": "delay", "delay_ms": 1}]))  # fmt: skip
+    p = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", "--faults", str(faults))
     yield p, admin
     p.kill()
     assert "Traceback" not in p.log()

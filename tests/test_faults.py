@@ -176,6 +176,16 @@ def test_corrupt_breaks_the_checksum_of_a_send() -> None:
     assert core.in_flight_sends == 2  # the broker will answer both
 
 
+def test_corrupt_adds_a_checksum_where_there_was_none() -> None:
+    core, _, _ = core_with(rule(match={"command": "SEND"}, action="corrupt"))
+    with_producer(core)
+    out = core.receive_client(send_frame(1, 0, payload=b"abc", checksum=False), 2.0)
+    (frame,) = sent(out, Peer.BROKER)
+    assert frame.checksum is not None
+    assert frame.error is not None and frame.error.problem is Problem.CHECKSUM
+    assert bytes(frame.payload) == b"ab" + bytes([ord("c") ^ 0xFF])
+
+
 def test_disconnect_after_the_hundredth_send() -> None:
     core, _, faults = core_with(
         rule(match={"command": "SEND"}, action="disconnect", after=99, times=1)

@@ -63,7 +63,7 @@ from sluice.protocols.core import (
     Tap,
     TopicTraffic,
 )
-from sluice.protocols.faults import FaultAction, Faults, ProtocolFaults, Rule, flip_last_byte
+from sluice.protocols.faults import FaultAction, Faults, ProtocolFaults, Rule
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.correlation import (
     CLIENT_TYPES,
@@ -73,7 +73,7 @@ from sluice.protocols.pulsar.correlation import (
     answer_error,
 )
 from sluice.protocols.pulsar.decoder import CLOSED, FrameDecoder
-from sluice.protocols.pulsar.encoder import command, encode, error_reply, own_frame
+from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_reply, own_frame
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.frame import Frame, command_name
 from sluice.protocols.pulsar.redact import loggable
@@ -785,7 +785,7 @@ class PulsarConnection:
         if action is FaultAction.CORRUPT:
             if own and from_client:
                 return None  # a request Sluice answers itself is never sent on
-            actions.append(Send(to, flip_last_byte(frame.raw)))
+            actions.append(Send(to, corrupted(frame)))
             if not own:
                 self.correlator.observe(frame, from_client, now)
             return False

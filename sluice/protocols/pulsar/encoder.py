@@ -13,6 +13,7 @@ from typing import Any
 import crc32c as _crc32c
 from google.protobuf.message import Message
 
+from sluice.protocols.faults import flip_last_byte
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.errors import LocalProtocolError, Problem
 from sluice.protocols.pulsar.frame import (
@@ -171,3 +172,20 @@ def _has(body: Message, field: str) -> bool:
         return body.HasField(field)
     except ValueError:  # the message has no such field
         return False
+
+
+def corrupted(frame: Frame) -> bytes:
+    """``frame``'s bytes with the last one inverted, so that its checksum no
+    longer matches (fault injection's ``corrupt``).
+
+    A SEND or MESSAGE that carries no checksum gets one first, computed over
+    the original section, so that the receiver can tell; a frame without a
+    payload just has its last byte inverted.
+    """
+    raw = frame.raw
+    if frame.metadata_offset >= 0 and frame.checksum is None:
+        section = raw[frame.metadata_offset :]
+        content = b"".join((raw[4 : frame.metadata_offset], MAGIC_CHECKSUM,
+                            _U32.pack(_crc32c.crc32c(section)), section))  # fmt: skip
+        raw = _U32.pack(len(content)) + content
+    return flip_last_byte(raw)
