@@ -77,7 +77,7 @@ from sluice.protocols.cursus import (
     StreamControl,
     SyncGroup,
     encode_reply,
-    refusal,
+    refusal_reply,
 )
 from sluice.protocols.cursus.replies import Reply
 
@@ -154,7 +154,7 @@ class Node:
 
 
 class Cluster:
-    """The state every node shares, and the nodes' servers."""
+    """The state of every node, and the nodes' servers."""
 
     def __init__(
         self,
@@ -308,9 +308,7 @@ class Cluster:
                 # This broker knows no more commands than it handles: an
                 # unknown word in an envelope without a topic is malformed.
                 return ErrorReply.of("malformed_input", reason="missing_topic_or_payload"), True
-            said = refusal(error)
-            reply = None if said.text is None else _error_line(said.text)
-            return reply, said.close
+            return refusal_reply(error)
         if isinstance(message, Keepalive):
             return None, False  # not observed from clients; ignored
         if isinstance(message, Batch):
@@ -598,11 +596,6 @@ def _joined(group: Group, member: str, partitions: int) -> OkReply:
 
 def _topic_not_found(topic: str) -> ErrorReply:
     return ErrorReply.of("topic_not_found", topic=topic)  # not observed
-
-
-def _error_line(text: str) -> ErrorReply:
-    words = text.split(" ", 2)[1:]
-    return ErrorReply(words[0], tuple(words[1:]))
 
 
 def _kind(answer: Answer | Keepalive) -> str:

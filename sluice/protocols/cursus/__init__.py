@@ -54,6 +54,7 @@ from sluice.protocols.cursus.encoder import (
     frame,
     own_frame,
     refusal_frame,
+    refusal_reply,
     reply_body,
     request_body,
 )
@@ -157,6 +158,7 @@ __all__ = [
     "parse_reply_text",
     "refusal",
     "refusal_frame",
+    "refusal_reply",
     "reply_body",
     "request_body",
     "rewrite_addresses",

@@ -22,7 +22,7 @@ from sluice.protocols.cursus.errors import (
     refusal,
 )
 from sluice.protocols.cursus.frame import SPEC_MAX_FRAME_SIZE, EnvelopeMessage, Frame
-from sluice.protocols.cursus.replies import Keepalive, Reply, format_reply
+from sluice.protocols.cursus.replies import ErrorReply, Keepalive, Reply, format_reply
 from sluice.protocols.cursus.text import encode_text
 
 _U16 = struct.Struct(">H")
@@ -103,6 +103,16 @@ def refusal_frame(error: ProtocolError) -> tuple[bytes | None, bool]:
     answer: Refusal = refusal(error)
     body = answer.body
     return (None if body is None else frame(body)), answer.close
+
+
+def refusal_reply(error: ProtocolError) -> tuple[ErrorReply | None, bool]:
+    """The broker's answer to ``error`` as an ``ErrorReply`` (``None``: no
+    answer) and whether it then closes the connection."""
+    answer = refusal(error)
+    if answer.text is None:
+        return None, answer.close
+    words = answer.text.split(" ", 2)  # "ERROR:", the code, the rest as one word
+    return ErrorReply(words[1], tuple(words[2:])), answer.close
 
 
 def own_frame(reply: Reply | Batch | Keepalive) -> Frame:

@@ -1,4 +1,4 @@
-"""Cursus's flavour of the shared protocol errors.
+"""Cursus's flavour of the neutral protocol errors.
 
 A Cursus broker refuses bad input with an ``ERROR:`` text line, and for some
 problems hangs up afterwards. Every error the Cursus codec raises carries

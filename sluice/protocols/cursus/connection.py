@@ -1,0 +1,455 @@
+"""One Cursus client connection through the proxy, sans-I/O.
+
+``CursusConnection`` takes the bytes of a client connection and of the
+upstream broker connection it is relayed to, and returns the same actions
+as the Pulsar core (``Send``, ``OpenUpstream``, ``Ask``, ``Close``):
+
+- No handshake: each proxy listener stands for one upstream broker
+  (port-per-broker), so the first client bytes open the upstream. Frames
+  that arrive before the I/O layer calls ``upstream_ready`` wait in the
+  decoder, in order.
+- Client frames are framed and validated as the broker would (its size
+  limit and compression setting). ``OnInvalid.REJECT`` answers an invalid
+  one with the broker's own ``ERROR:`` line and closes where the broker
+  would; ``FORWARD`` counts it and passes it on. Commands the codec does not
+  know are always passed on: only the broker can judge them.
+- Broker replies that name brokers (``leaders=``, ``host=``/``port=``,
+  ``NOT_LEADER LEADER_IS``) are rewritten to the proxy's listener for each
+  named broker. An address with no listener yet becomes an ``Ask`` with a
+  ``ListenerRequest``; that reply and every broker frame after it wait until
+  ``answered`` gives the listener's address. Named brokers are learned into
+  the allow-list.
+- Requests and their replies are timed (``Answered``), batches counted per
+  topic (``TopicTraffic``); a drain ends an open STREAM the way a stopping
+  broker does (``STREAM_CONTROL type=CLOSE reason=stopped offset=N``).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from sluice.addresses import Address, AllowList
+from sluice.protocols.core import (
+    Action,
+    Answered,
+    Ask,
+    Close,
+    Closed,
+    Conn,
+    Dialed,
+    Invalid,
+    OnInvalid,
+    Opened,
+    OpenUpstream,
+    Peer,
+    Rejected,
+    Send,
+    Tap,
+    TopicTraffic,
+)
+from sluice.protocols.cursus.batch import Batch
+from sluice.protocols.cursus.commands import Command, Stream
+from sluice.protocols.cursus.compression import Compression
+from sluice.protocols.cursus.decoder import FrameDecoder
+from sluice.protocols.cursus.encoder import own_frame, refusal_reply
+from sluice.protocols.cursus.errors import Problem, RemoteProtocolError
+from sluice.protocols.cursus.frame import BROKER_MAX_FRAME_SIZE, SPEC_MAX_FRAME_SIZE, Frame
+from sluice.protocols.cursus.replies import (
+    BatchAck,
+    ErrorReply,
+    Keepalive,
+    OkReply,
+    StreamControl,
+)
+from sluice.protocols.cursus.rewrite import addresses_in, rewrite_addresses
+
+log = logging.getLogger("sluice.cursus")
+
+
+@dataclass(frozen=True)
+class CursusSettings:
+    """The proxy settings a Cursus connection core acts on."""
+
+    on_invalid: OnInvalid = OnInvalid.REJECT
+    # What the broker accepts from clients; replies may be as large as the client takes.
+    max_frame_size: int = BROKER_MAX_FRAME_SIZE
+    max_reply_size: int = SPEC_MAX_FRAME_SIZE
+    compression: Compression = Compression.NONE
+
+
+@dataclass(frozen=True)
+class ListenerRequest:
+    """What an ``Ask`` of this core requests: the proxy address clients
+    should dial to reach ``upstream`` (open a listener for it if need be).
+    The answer is an ``Address``, or an ``Exception`` when none can be had."""
+
+    upstream: Address
+
+
+class CursusRouting:
+    """What every connection of one proxy shares: the upstream broker, the
+    allow-list with the brokers replies named, and the listeners for them."""
+
+    def __init__(self, broker: Address, allow_rules: tuple[str, ...] = ()) -> None:
+        self.broker = broker
+        self.allowlist = AllowList(allow_rules)
+        self.allowlist.learn(broker)
+        self.listeners: dict[Address, Address] = {}
+
+    def listener_for(self, upstream: Address) -> Address | None:
+        return self.listeners.get(_key(upstream))
+
+    def add_listener(self, upstream: Address, proxy: Address) -> None:
+        """``proxy`` now relays to ``upstream``."""
+        self.allowlist.learn(upstream)
+        self.listeners[_key(upstream)] = proxy
+
+
+def _key(address: Address) -> Address:
+    return Address(address.host.lower(), address.port)
+
+
+class State(enum.Enum):
+    IDLE = "waiting for the first request"
+    CONNECTING = "connecting to the broker"
+    RELAY = "relaying"
+    CLOSED = "closed"
+
+
+@dataclass
+class _Request:
+    name: str
+    started: float
+    topic: str | None
+    batch: bool
+    stream: bool
+
+
+class CursusConnection:
+    protocol = "cursus"
+
+    def __init__(
+        self,
+        conn: Conn,
+        settings: CursusSettings,
+        routing: CursusRouting,
+        tap: Tap,
+        *,
+        upstream: Address | None = None,
+        tls: bool = False,
+    ) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.routing = routing
+        self.tap = tap
+        self.upstream = upstream if upstream is not None else routing.broker
+        self.tls = tls
+        conn.broker = str(self.upstream)
+        self.state = State.IDLE
+        self._client = FrameDecoder(
+            from_client=True,
+            max_frame_size=settings.max_frame_size,
+            compression=settings.compression,
+        )
+        self._broker = FrameDecoder(from_client=False, max_frame_size=settings.max_reply_size)
+        self._reject = settings.on_invalid is OnInvalid.REJECT
+        self._requests: deque[_Request] = deque()
+        self._streaming: _Request | None = None
+        self._stream_offset: int | None = None
+        self._held: deque[Frame] = deque()  # broker frames waiting for a listener
+        self._asks: dict[int, Address] = {}  # listener requests not answered yet
+        self._asked: set[int] = set()  # ... of which the Ask went out
+        self._tokens = itertools.count(1)
+        self._dial_started = 0.0
+        self._client_closed = False
+        self._broker_closed = False
+
+    # --- what the relay reads ------------------------------------------------------
+
+    @property
+    def established(self) -> bool:
+        return self.state is State.RELAY
+
+    @property
+    def upstream_pending(self) -> bool:
+        return self.state is State.CONNECTING
+
+    @property
+    def in_flight_sends(self) -> int:
+        """Batches passed to the broker that have no answer yet."""
+        return sum(1 for r in self._requests if r.batch)
+
+    # --- input ---------------------------------------------------------------------
+
+    def receive_client(self, data: bytes, now: float) -> list[Action]:
+        """Bytes from the client; ``b""`` when it closed its side."""
+        if self.state is State.CLOSED:
+            return []
+        self._client.receive_data(data)
+        if not data:
+            self._client_closed = True
+        if self.state is State.IDLE:
+            return self._open(now)
+        if self.state is State.CONNECTING:
+            return []  # held in the decoder until upstream_ready()
+        return self._from_client(now)
+
+    def upstream_ready(self, now: float) -> list[Action]:
+        """The I/O layer dialled the upstream and sent the ``hello``."""
+        if self.state is not State.CONNECTING:
+            return []
+        self.state = State.RELAY
+        self.tap.event(self.conn, Dialed(now - self._dial_started))
+        return self._from_client(now)
+
+    def upstream_failed(self, message: str, now: float) -> list[Action]:
+        """The upstream could not be reached. A broker that is not there says
+        nothing, so neither does the proxy: the client sees the hang-up."""
+        log.warning("%s: %s", self.conn.name, message)
+        self.tap.event(self.conn, Dialed(None))
+        return [self._close("upstream", message, logging.WARNING)]
+
+    def receive_broker(self, data: bytes, now: float) -> list[Action]:
+        """Bytes from the upstream broker."""
+        if self.state is not State.RELAY:
+            return []
+        self._broker.receive_data(data)
+        out: list[Action] = []
+        try:
+            for frame in self._broker.frames():
+                self._held.append(frame)
+        except RemoteProtocolError as exc:
+            out += self._flush(now)
+            return out + self._unframeable(False, exc)
+        out += self._flush(now)
+        if not data:
+            self._broker_closed = True
+        return out + self._end_if_broker_closed()
+
+    def _end_if_broker_closed(self) -> list[Action]:
+        # What the broker sent before hanging up still reaches the client.
+        if self._broker_closed and not self._held:
+            return [self._close("closed", "broker closed the connection")]
+        return []
+
+    def answered(self, token: int, answer: object, now: float) -> list[Action]:
+        """The I/O layer's answer to a ``ListenerRequest``: an ``Address``, or
+        an exception saying why there is no listener."""
+        upstream = self._asks.pop(token, None)
+        self._asked.discard(token)
+        if upstream is None or self.state is State.CLOSED:
+            return []
+        if not isinstance(answer, Address):
+            message = f"no proxy listener for broker {upstream}: {answer}"
+            self.tap.event(self.conn, Rejected("no_listener"))
+            # Passing the reply on would send the client around the proxy.
+            return [self._close("no_listener", message, logging.WARNING)]
+        self.routing.add_listener(upstream, answer)
+        return self._flush(now) + self._end_if_broker_closed()
+
+    def keepalive(self, now: float, interval: float) -> list[Action]:
+        """Cursus clients and brokers keep their own connections alive."""
+        return []
+
+    def drain(self) -> list[Action]:
+        """End an open STREAM the way a stopping broker does, so that the
+        client resumes where it was; other connections just close."""
+        if self._streaming is None or self._stream_offset is None:
+            return []
+        control = StreamControl("CLOSE", "stopped", self._stream_offset)
+        return self._own(own_frame(control))
+
+    def closed(self, reason: str) -> None:
+        self.state = State.CLOSED
+        self._asks.clear()
+        self._held.clear()
+        self.tap.event(self.conn, Closed(reason))
+
+    # --- client side -----------------------------------------------------------------
+
+    def _open(self, now: float) -> list[Action]:
+        if not self.routing.allowlist.allows(self.upstream):
+            self.tap.event(self.conn, Rejected("relay_refused"))
+            message = f"broker {self.upstream} is not in the allow-list"
+            return [self._close("relay_refused", message, logging.WARNING)]
+        self.conn.kind = "relay"
+        self.tap.event(self.conn, Opened())
+        self.state = State.CONNECTING
+        self._dial_started = now
+        return [OpenUpstream(self.upstream, self.tls, b"")]
+
+    def _from_client(self, now: float) -> list[Action]:
+        out: list[bytes] = []
+        actions: list[Action] = []
+        topics: dict[str, list[int]] = {}
+        try:
+            for frame in self._client.frames():
+                self.tap.frame(self.conn, True, frame)
+                error = frame.error
+                if error is not None:
+                    self.tap.event(self.conn, Invalid(True, error.problem.value, error.message))
+                    log.warning("%s: invalid %s from client: %s", self.conn.name, frame.name, error)
+                    if self._reject and error.problem is not Problem.UNKNOWN_TYPE:
+                        if out:
+                            actions.append(Send(Peer.BROKER, b"".join(out)))
+                            out = []
+                        actions += self._refuse(error)
+                        if self.state is State.CLOSED:
+                            return actions
+                        continue
+                out.append(frame.raw)
+                self._track(frame, now, topics)
+        except RemoteProtocolError as exc:
+            if out:
+                actions.append(Send(Peer.BROKER, b"".join(out)))
+            return actions + self._unframeable(True, exc)
+        for topic, (messages, size) in topics.items():
+            self.tap.event(self.conn, TopicTraffic(topic, True, messages, size))
+        if out:
+            actions.append(Send(Peer.BROKER, b"".join(out)))
+        if self._client_closed and self.state is not State.CLOSED:
+            actions.append(self._close("closed", "client closed the connection"))
+        return actions
+
+    def _refuse(self, error: RemoteProtocolError) -> list[Action]:
+        reply, close = refusal_reply(error)
+        actions: list[Action] = []
+        if reply is not None:
+            actions += self._own(own_frame(reply))
+        if close:
+            actions.append(self._close("invalid", f"closing: {error.message}", logging.WARNING))
+        return actions
+
+    def _track(self, frame: Frame, now: float, topics: dict[str, list[int]]) -> None:
+        message = frame.message
+        if isinstance(message, Keepalive) or message is None:
+            return
+        if isinstance(message, Batch):
+            tally = topics.setdefault(message.topic, [0, 0])
+            tally[0] += len(message.messages)
+            tally[1] += len(frame.raw)
+            self._requests.append(_Request("BATCH", now, message.topic, True, False))
+            return
+        topic = getattr(message, "topic", None) if isinstance(message, Command) else None
+        stream = isinstance(message, Stream)
+        if stream:
+            self.conn.kind = "stream"
+        self._requests.append(_Request(frame.name, now, topic, False, stream))
+
+    # --- broker side -------------------------------------------------------------------
+
+    def _flush(self, now: float) -> list[Action]:
+        """Send on what the broker sent, in order, up to a frame that names a
+        broker with no listener yet (that one becomes an ``Ask``)."""
+        out: list[bytes] = []
+        actions: list[Action] = []
+        while self._held and not self._asks:
+            frame = self._held[0]
+            data = self._rewritten(frame)
+            if data is None:
+                break  # asked for a listener; the rest waits
+            self._held.popleft()
+            self.tap.frame(self.conn, False, frame)
+            if frame.error is not None:
+                error = frame.error
+                self.tap.event(self.conn, Invalid(False, error.problem.value, error.message))
+                log.warning("%s: invalid %s from broker: %s", self.conn.name, frame.name, error)
+            self._answer(frame, now)
+            out.append(data)
+        if out:
+            actions.append(Send(Peer.CLIENT, b"".join(out)))
+        for token, upstream in self._asks.items():
+            if token not in self._asked:
+                self._asked.add(token)
+                actions.append(Ask(token, upstream, ListenerRequest(upstream)))
+        return actions
+
+    def _rewritten(self, frame: Frame) -> bytes | None:
+        """The bytes to send for ``frame``: rewritten when it names brokers,
+        ``None`` when a listener has to be asked for first."""
+        if not isinstance(frame.message, OkReply | ErrorReply):
+            return frame.raw
+        named = addresses_in(frame.body)
+        if not named:
+            return frame.raw
+        missing: list[Address] = []
+        for host, port in named:
+            upstream = Address(host, port)
+            self.routing.allowlist.learn(upstream)
+            if self.routing.listener_for(upstream) is None and upstream not in missing:
+                missing.append(upstream)
+        if missing:
+            for upstream in missing:
+                self._asks[next(self._tokens)] = upstream
+            return None
+
+        def to_proxy(host: str, port: int) -> tuple[str, int]:
+            proxy = self.routing.listener_for(Address(host, port))
+            assert proxy is not None
+            return proxy.host, proxy.port
+
+        body = rewrite_addresses(frame.body, to_proxy)
+        if body is None:
+            return frame.raw
+        return len(body).to_bytes(4, "big") + body
+
+    def _answer(self, frame: Frame, now: float) -> None:
+        """Pair a broker frame with the request it answers."""
+        message = frame.message
+        if isinstance(message, Keepalive):
+            return
+        if self._streaming is not None:
+            if isinstance(message, Batch) and message.messages:
+                self._stream_offset = message.messages[-1].offset + 1
+                size = len(frame.raw)
+                self.tap.event(
+                    self.conn, TopicTraffic(message.topic, False, len(message.messages), size)
+                )
+            return
+        if not self._requests:
+            return
+        request = self._requests.popleft()
+        error: str | None = None
+        if isinstance(message, ErrorReply):
+            error = message.code or "ERROR"
+        elif isinstance(message, BatchAck) and message.status != "OK":
+            error = message.status
+        elif message is None:
+            error = "INVALID"
+        self.tap.event(
+            self.conn, Answered(request.name, now - request.started, error, request.topic)
+        )
+        if isinstance(message, Batch) and message.messages:
+            size = len(frame.raw)
+            self.tap.event(
+                self.conn, TopicTraffic(message.topic, False, len(message.messages), size)
+            )
+        if request.stream and error is None and not isinstance(message, StreamControl):
+            self._streaming = request
+            if isinstance(message, Batch) and message.messages:
+                self._stream_offset = message.messages[-1].offset + 1
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _unframeable(self, from_client: bool, exc: RemoteProtocolError) -> list[Action]:
+        side = "client" if from_client else "broker"
+        self.tap.event(self.conn, Invalid(from_client, exc.problem.value, exc.message, fatal=True))
+        # An oversize frame: the broker hangs up without a word, and so do we.
+        return [
+            self._close(
+                "unframeable", f"closing: {side} sent an unframeable stream: {exc}", logging.WARNING
+            )
+        ]
+
+    def _own(self, frame: Frame) -> list[Action]:
+        """A frame Sluice writes to the client itself: counted and recorded too."""
+        self.tap.frame(self.conn, False, frame)
+        return [Send(Peer.CLIENT, frame.raw)]
+
+    def _close(self, reason: str, message: str = "", level: int = logging.INFO) -> Close:
+        self.state = State.CLOSED
+        return Close(reason, message, level)

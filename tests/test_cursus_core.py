@@ -1,0 +1,251 @@
+"""The sans-I/O Cursus connection core: bytes in, actions out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sluice.addresses import Address
+from sluice.protocols.core import (
+    Answered,
+    Ask,
+    Close,
+    Conn,
+    Event,
+    Invalid,
+    OnInvalid,
+    OpenUpstream,
+    Peer,
+    Send,
+    TopicTraffic,
+)
+from sluice.protocols.cursus import (
+    BROKER_MAX_FRAME_SIZE,
+    KEEPALIVE,
+    Batch,
+    BatchAck,
+    Consume,
+    ErrorReply,
+    Keepalive,
+    List,
+    Message,
+    Metadata,
+    OkReply,
+    Stream,
+    StreamControl,
+    decode_stream,
+    encode_batch,
+    encode_reply,
+    encode_request,
+    frame,
+)
+from sluice.protocols.cursus.connection import (
+    CursusConnection,
+    CursusRouting,
+    CursusSettings,
+    ListenerRequest,
+)
+
+UPSTREAM = Address("localhost", 9000)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.frames: list[tuple[bool, Any]] = []
+        self.events: list[Event] = []
+
+    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
+        self.frames.append((from_client, frame))
+
+    def event(self, conn: Conn | None, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def make(
+    on_invalid: OnInvalid = OnInvalid.REJECT, routing: CursusRouting | None = None
+) -> tuple[CursusConnection, Recorder]:
+    tap = Recorder()
+    core = CursusConnection(
+        Conn(1, "127.0.0.1:5555", "127.0.0.1:19000", "cursus"),
+        CursusSettings(on_invalid=on_invalid),
+        routing or CursusRouting(UPSTREAM),
+        tap,
+    )
+    return core, tap
+
+
+def relaying(
+    on_invalid: OnInvalid = OnInvalid.REJECT, routing: CursusRouting | None = None
+) -> tuple[CursusConnection, Recorder]:
+    core, tap = make(on_invalid, routing)
+    first = encode_request(List())
+    assert core.receive_client(first, 0.0) == [OpenUpstream(UPSTREAM, False, b"")]
+    assert core.upstream_pending
+    assert core.upstream_ready(0.1) == [Send(Peer.BROKER, first)]
+    assert core.established
+    core.receive_broker(encode_reply(OkReply.of(count=0, topics="")), 0.2)
+    return core, tap
+
+
+def sent(actions: list[Any], to: Peer) -> bytes:
+    return b"".join(a.data for a in actions if isinstance(a, Send) and a.to is to)
+
+
+def test_client_bytes_wait_for_the_upstream_in_order() -> None:
+    core, _ = make()
+    a, b = encode_request(List()), encode_request(Metadata(topic="t"))
+    actions = core.receive_client(a[:5], 0.0)
+    assert actions == [OpenUpstream(UPSTREAM, False, b"")]
+    assert core.receive_client(a[5:] + b, 0.0) == []
+    assert core.upstream_ready(0.5) == [Send(Peer.BROKER, a + b)]
+
+
+def test_replies_naming_brokers_wait_for_a_listener_then_are_rewritten() -> None:
+    routing = CursusRouting(UPSTREAM)
+    core, tap = relaying(routing=routing)
+    core.receive_client(encode_request(Metadata(topic="t")), 1.0)
+    meta = encode_reply(OkReply.of(topic="t", partitions=2, leaders="localhost:9000,b2:9001"))
+    after = encode_reply(OkReply())
+    actions = core.receive_broker(meta + after, 1.5)
+    asks = [a for a in actions if isinstance(a, Ask)]
+    assert [a.request for a in asks] == [
+        ListenerRequest(UPSTREAM),
+        ListenerRequest(Address("b2", 9001)),
+    ]
+    assert sent(actions, Peer.CLIENT) == b""  # held, and what follows it too
+    assert core.answered(asks[0].token, Address("127.0.0.1", 19000), 1.6) == []
+    actions = core.answered(asks[1].token, Address("127.0.0.1", 19001), 1.7)
+    replies = decode_stream(sent(actions, Peer.CLIENT), from_client=False)
+    assert replies[0].body == b"OK topic=t partitions=2 leaders=127.0.0.1:19000,127.0.0.1:19001"
+    assert replies[1].message == OkReply()
+    assert routing.listener_for(Address("B2", 9001)) == Address("127.0.0.1", 19001)
+    assert routing.allowlist.allows(Address("b2", 9001))
+    assert [e.request for e in tap.of(Answered)] == ["LIST", "METADATA"]
+    # Known listeners: rewritten at once, on a STREAM as anywhere.
+    core.receive_client(encode_request(Stream(topic="t", partition=1)), 2.0)
+    moved = encode_reply(ErrorReply.of("NOT_LEADER", "LEADER_IS", "b2:9001"))
+    assert sent(core.receive_broker(moved, 2.1), Peer.CLIENT)[4:] == (
+        b"ERROR: NOT_LEADER LEADER_IS 127.0.0.1:19001"
+    )
+
+
+def test_no_listener_means_no_reply_and_a_close() -> None:
+    core, _ = relaying()
+    core.receive_client(encode_request(Metadata(topic="t")), 1.0)
+    reply = encode_reply(ErrorReply.of("NOT_COORDINATOR", host="b3", port=9003))
+    (ask,) = [a for a in core.receive_broker(reply, 1.1) if isinstance(a, Ask)]
+    actions = core.answered(ask.token, OSError("port range exhausted"), 1.2)
+    assert sent(actions, Peer.CLIENT) == b""
+    assert isinstance(actions[-1], Close) and actions[-1].reason == "no_listener"
+
+
+def _corrupt_batch() -> bytes:
+    body = encode_batch(Batch("t", 0, messages=(Message(payload=b"x"),)))
+    return frame(body[:-2])
+
+
+def test_reject_answers_a_corrupt_batch_as_the_broker_and_keeps_going() -> None:
+    core, tap = relaying()
+    actions = core.receive_client(_corrupt_batch() + encode_request(List()), 1.0)
+    assert sent(actions, Peer.CLIENT)[4:].startswith(b'ERROR: decode_failed reason="')
+    assert sent(actions, Peer.BROKER) == encode_request(List())
+    assert not any(isinstance(a, Close) for a in actions)
+    assert [e.problem for e in tap.of(Invalid)] == ["parse"]
+
+
+def test_reject_closes_on_malformed_input_like_the_broker() -> None:
+    core, _ = relaying()
+    actions = core.receive_client(frame(b"\x00\x00hello"), 1.0)
+    assert (
+        sent(actions, Peer.CLIENT)[4:] == b"ERROR: malformed_input reason=missing_topic_or_payload"
+    )
+    assert isinstance(actions[-1], Close) and actions[-1].reason == "invalid"
+
+
+def test_forward_passes_invalid_frames_on_and_counts_them() -> None:
+    core, tap = relaying(OnInvalid.FORWARD)
+    bad = _corrupt_batch() + frame(b"\x00\x00hello")
+    actions = core.receive_client(bad, 1.0)
+    assert actions == [Send(Peer.BROKER, bad)]
+    assert len(tap.of(Invalid)) == 2
+
+
+def test_unknown_commands_pass_even_under_reject() -> None:
+    core, _ = relaying()
+    unknown = frame(b"\x00\x00BEGIN_TXN id=1")
+    assert core.receive_client(unknown, 1.0) == [Send(Peer.BROKER, unknown)]
+
+
+@pytest.mark.parametrize("on_invalid", list(OnInvalid))
+def test_an_oversize_frame_closes_without_a_word(on_invalid: OnInvalid) -> None:
+    core, tap = relaying(on_invalid)
+    actions = core.receive_client((BROKER_MAX_FRAME_SIZE + 1).to_bytes(4, "big"), 1.0)
+    assert actions == [actions[-1]] and isinstance(actions[-1], Close)
+    assert actions[-1].reason == "unframeable"
+    assert tap.of(Invalid)[-1].fatal
+
+
+def test_batches_are_counted_timed_and_in_flight() -> None:
+    core, tap = relaying()
+    batch = Batch("orders", 0, messages=(Message(payload=b"a"), Message(payload=b"b")))
+    core.receive_client(encode_request(batch), 1.0)
+    assert core.in_flight_sends == 1
+    assert tap.of(TopicTraffic) == [TopicTraffic("orders", True, 2, len(encode_request(batch)))]
+    core.receive_broker(encode_reply(BatchAck("OK", 1, 1, "p", 1, 2)), 1.25)
+    assert core.in_flight_sends == 0
+    assert tap.of(Answered)[-1] == Answered("BATCH", 0.25, None, "orders")
+    core.receive_client(encode_request(Consume(topic="orders", partition=0, offset=9)), 2.0)
+    core.receive_broker(encode_reply(ErrorReply.of("OFFSET_OUT_OF_RANGE")), 2.5)
+    assert tap.of(Answered)[-1].error == "OFFSET_OUT_OF_RANGE"
+
+
+def test_drain_ends_a_stream_where_the_client_was() -> None:
+    core, _ = relaying()
+    assert core.drain() == []
+    core.receive_client(encode_request(Stream(topic="t", partition=0, group="g", member="m")), 1.0)
+    delivered = Batch("t", 0, messages=(Message(offset=4), Message(offset=5)))
+    core.receive_broker(encode_reply(delivered) + KEEPALIVE, 1.1)
+    assert core.conn.kind == "stream"
+    (action,) = core.drain()
+    assert isinstance(action, Send) and action.to is Peer.CLIENT
+    assert decode_stream(action.data, from_client=False)[0].message == StreamControl(
+        "CLOSE", "stopped", 6
+    )
+
+
+def test_an_upstream_not_allowed_is_refused() -> None:
+    routing = CursusRouting(UPSTREAM)
+    tap = Recorder()
+    core = CursusConnection(
+        Conn(1, "c", "l", "cursus"),
+        CursusSettings(),
+        routing,
+        tap,
+        upstream=Address("elsewhere", 1),
+    )
+    (action,) = core.receive_client(encode_request(List()), 0.0)
+    assert isinstance(action, Close) and action.reason == "relay_refused"
+
+
+def test_what_the_broker_sent_before_closing_still_arrives() -> None:
+    core, _ = relaying()
+    core.receive_client(encode_request(Metadata(topic="t")), 1.0)
+    meta = encode_reply(OkReply.of(leaders="b9:9009"))
+    actions = core.receive_broker(meta, 1.1) + core.receive_broker(b"", 1.2)
+    assert not any(isinstance(a, Close) for a in actions)
+    (ask,) = [a for a in actions if isinstance(a, Ask)]
+    actions = core.answered(ask.token, Address("127.0.0.1", 19009), 1.3)
+    assert sent(actions, Peer.CLIENT)[4:] == b"OK leaders=127.0.0.1:19009"
+    assert isinstance(actions[-1], Close) and actions[-1].reason == "closed"
+    assert isinstance(core.receive_broker(b"", 1.4), list)
+
+
+def test_keepalives_pass_through() -> None:
+    core, _ = relaying()
+    core.receive_client(encode_request(Stream(topic="t", partition=0)), 1.0)
+    assert core.receive_broker(KEEPALIVE, 1.1) == [Send(Peer.CLIENT, KEEPALIVE)]
+    assert decode_stream(KEEPALIVE, from_client=False)[0].message == Keepalive()
