@@ -116,13 +116,15 @@ def produce(address: str, topic: str, payloads: list[str], partitions: int) -> i
 class Collector:
     """A consumer in a thread of its own, keeping every message it is given."""
 
-    def __init__(self, address: str, topic: str, group: str, mode: ConsumerMode) -> None:
+    def __init__(
+        self, address: str, topic: str, group: str, mode: ConsumerMode, name: str = "m1"
+    ) -> None:
         self.consumer = Consumer(
             ConsumerConfig(
                 topic=topic,
                 brokers=[address],
                 group_id=group,
-                consumer_id="m1",
+                consumer_id=name,
                 mode=mode,
                 heartbeat_interval_ms=200,
                 auto_commit_interval_s=0.3,
@@ -180,6 +182,39 @@ async def test_poll_with_a_group_standalone(standalone: Cluster) -> None:
         await in_thread(collector.close)
     assert collector.payloads == sorted(payloads)
     assert standalone.sent["STREAM_CONTROL:removed"] == 0  # CONSUME, not STREAM
+
+
+async def test_two_consumers_split_a_topic_through_a_rebalance(standalone: Cluster) -> None:
+    assert await in_thread(produce, standalone.address, "split-topic", [], 4) == 0  # creates it
+    first = Collector(standalone.address, "split-topic", "g6", ConsumerMode.STREAMING).start()
+    second: Collector | None = None
+    try:
+        await until(lambda: standalone.groups.get("g6") is not None, "the first join")
+        second = Collector(
+            standalone.address, "split-topic", "g6", ConsumerMode.STREAMING, name="m2"
+        ).start()
+        await until(lambda: len(standalone.groups["g6"].members) == 2, "the second join")
+        # The first member's next heartbeat is a generation behind: it rejoins.
+        await until(lambda: standalone.sent["GEN_MISMATCH"] >= 1, "a GEN_MISMATCH")
+        await until(lambda: standalone.sent["STREAM_CONTROL:removed"] >= 1, "a stream removed")
+        payloads = [f"r{i}" for i in range(16)]
+        assert await in_thread(produce, standalone.address, "split-topic", payloads, 4) == 16
+        await until(lambda: len(first.got) + len(second.got) >= 16, "16 messages")
+    finally:
+        await in_thread(first.close)
+        if second is not None:
+            await in_thread(second.close)
+    assert second is not None
+    assert sorted(first.payloads + second.payloads) == sorted(payloads)
+    assert first.got and second.got  # both had partitions
+
+
+async def test_a_broker_advertising_localhost_is_followed() -> None:
+    # What the real broker does even standalone; the client resolves it.
+    async with open_cluster(2, advertise_host="localhost", keepalive=0.3) as cluster:
+        assert cluster.addresses[0].startswith("localhost:")
+        assert await in_thread(produce, cluster.address, "named", ["a", "b"], 2) == 2
+        assert _nodes_dialled(cluster) == {0, 1}
 
 
 def _nodes_dialled(cluster: Cluster) -> set[int]:

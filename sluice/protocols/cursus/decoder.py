@@ -139,7 +139,8 @@ class FrameDecoder:
         end = self._pos + LENGTH_SIZE + length
         if end > len(self._buf):
             return self._at_end(available)
-        raw = bytes(self._buf[self._pos : end])
+        with memoryview(self._buf) as view:
+            raw = bytes(view[self._pos : end])  # one copy
         self._pos = end
         if self._pos > 65536 and self._pos * 2 > len(self._buf):
             del self._buf[: self._pos]

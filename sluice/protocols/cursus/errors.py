@@ -87,12 +87,13 @@ class Refusal:
 def refusal(error: ProtocolError) -> Refusal:
     """What the broker answers to the problem ``error`` describes.
 
-    Oversize frames get no answer: the broker closes at once. Bodies it cannot
+    Lost framing (an oversize frame, a stream cut short) gets no answer: the
+    broker closes at once. Bodies it cannot
     classify get ``ERROR: malformed_input reason=missing_topic_or_payload`` and
     a close; bodies it cannot decode get ``ERROR: decode_failed reason="…"``
     (the reason quoted, as the broker writes it) on a connection that stays up.
     """
-    if error.problem is Problem.TOO_LARGE and error.fatal:
+    if error.fatal:
         return Refusal(None, True)
     if error.code == MALFORMED_INPUT:
         return Refusal(f"ERROR: {MALFORMED_INPUT} reason={error.reason}", error.closes)
