@@ -535,6 +535,44 @@ def test_addresses_in_lists_what_the_client_would_dial() -> None:
     assert addresses_in(b"OK coordinator_id=n1 host=h port=5") == [("h", 5)]
 
 
+_REPLY_WORDS = [
+    "OK",
+    "ERROR:",
+    "NOT_LEADER",
+    "LEADER_IS",
+    "NOT_COORDINATOR",
+    "host=h",
+    "host=",
+    "port=9",
+    "port=99999",
+    "port=x",
+    "leaders=a:1,b:2",
+    "leaders=,c:3,",
+    "a:1",
+    "[::1]:5",
+    'reason="NOT_LEADER',
+    "LEADER_IS]",
+    "x",
+]
+
+
+@SETTINGS
+@given(
+    words=st.lists(st.sampled_from(_REPLY_WORDS), max_size=8),
+    sep=st.sampled_from([" ", "  ", "\t"]),
+    junk=st.binary(max_size=8),
+)
+def test_rewriting_leaves_no_upstream_address_and_never_raises(
+    words: list[str], sep: str, junk: bytes
+) -> None:
+    for body in (sep.join(words).encode(), junk, sep.join(words).encode() + junk):
+        out = rewrite_addresses(body, _to_proxy)
+        result = body if out is None else out
+        assert all(host == "127.0.0.1" for host, _ in addresses_in(result))
+        if out is None:
+            assert addresses_in(body) == []
+
+
 # --- properties -----------------------------------------------------------------------
 
 

@@ -249,3 +249,26 @@ def test_keepalives_pass_through() -> None:
     core.receive_client(encode_request(Stream(topic="t", partition=0)), 1.0)
     assert core.receive_broker(KEEPALIVE, 1.1) == [Send(Peer.CLIENT, KEEPALIVE)]
     assert decode_stream(KEEPALIVE, from_client=False)[0].message == Keepalive()
+
+
+def test_even_a_reply_we_cannot_parse_is_rewritten() -> None:
+    routing = CursusRouting(UPSTREAM)
+    routing.add_listener(Address("b2", 9001), Address("127.0.0.1", 19001))
+    core, tap = relaying(routing=routing)
+    core.receive_client(encode_request(Stream(topic="t", partition=0, offset=3)), 1.0)
+    odd = frame(b"WARN NOT_LEADER LEADER_IS b2:9001")
+    actions = core.receive_broker(odd, 1.1)
+    assert sent(actions, Peer.CLIENT) == frame(b"WARN NOT_LEADER LEADER_IS 127.0.0.1:19001")
+    assert tap.of(Invalid)[-1].problem == "unknown-type" and not tap.of(Invalid)[-1].from_client
+    # A drain before any batch was delivered resumes at the offset asked for.
+    (action,) = core.drain()
+    assert isinstance(action, Send)
+    assert decode_stream(action.data, from_client=False)[0].message == StreamControl(
+        "CLOSE", "stopped", 3
+    )
+
+
+def test_a_client_that_hangs_up_at_once_opens_nothing() -> None:
+    core, _ = make()
+    (action,) = core.receive_client(b"", 0.0)
+    assert isinstance(action, Close) and action.reason == "closed"

@@ -62,7 +62,6 @@ from sluice.protocols.cursus.replies import (
     BatchAck,
     ErrorReply,
     Keepalive,
-    OkReply,
     StreamControl,
 )
 from sluice.protocols.cursus.rewrite import addresses_in, rewrite_addresses
@@ -193,6 +192,8 @@ class CursusConnection:
         if not data:
             self._client_closed = True
         if self.state is State.IDLE:
+            if not data:
+                return [self._close("closed", "client closed before sending anything")]
             return self._open(now)
         if self.state is State.CONNECTING:
             return []  # held in the decoder until upstream_ready()
@@ -258,7 +259,7 @@ class CursusConnection:
     def drain(self) -> list[Action]:
         """End an open STREAM the way a stopping broker does, so that the
         client resumes where it was; other connections just close."""
-        if self._streaming is None or self._stream_offset is None:
+        if self.conn.kind != "stream" or self._stream_offset is None:
             return []
         control = StreamControl("CLOSE", "stopped", self._stream_offset)
         return self._own(own_frame(control))
@@ -337,7 +338,9 @@ class CursusConnection:
         topic = getattr(message, "topic", None) if isinstance(message, Command) else None
         stream = isinstance(message, Stream)
         if stream:
+            assert isinstance(message, Stream)
             self.conn.kind = "stream"
+            self._stream_offset = message.offset
         self._requests.append(_Request(frame.name, now, topic, False, stream))
 
     # --- broker side -------------------------------------------------------------------
@@ -371,8 +374,8 @@ class CursusConnection:
     def _rewritten(self, frame: Frame) -> bytes | None:
         """The bytes to send for ``frame``: rewritten when it names brokers,
         ``None`` when a listener has to be asked for first."""
-        if not isinstance(frame.message, OkReply | ErrorReply):
-            return frame.raw
+        if isinstance(frame.message, Batch | Keepalive | BatchAck | StreamControl):
+            return frame.raw  # the client routes by none of these
         named = addresses_in(frame.body)
         if not named:
             return frame.raw

@@ -89,7 +89,11 @@ def _edits(text: str) -> list[_Edit]:
                 start, end, addr = words[i + 1]
                 if parse_address(addr) is not None:
                     out.append(_Edit(start, end, "address"))
-    return sorted(set(out), key=lambda e: e.start)
+    edits: list[_Edit] = []
+    for edit in sorted(set(out), key=lambda e: (e.start, -e.end)):
+        if not edits or edit.start >= edits[-1].end:  # contrived overlaps: the first wins
+            edits.append(edit)
+    return edits
 
 
 def _text_reply(body: bytes) -> str | None:
