@@ -1,11 +1,20 @@
-"""`sluice analyze` on local Spark over real recordings, checked against `sluice inspect`."""
+"""`sluice analyze` over real recordings, checked against `sluice inspect`.
+
+Real components only: local Spark, a Spark standalone cluster started from
+PySpark's own distribution (loopback, stopped by PID), and Debian's headless
+Chromium opening the report.
+"""
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
+import math
+import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +23,10 @@ import pulsar
 import pytest
 
 from sluice.embedded import EmbeddedBroker
+from sluice.pipeline.decode import decode_segment
+from sluice.pipeline.standalone import StandaloneCluster, loopback_env
 from sluice.protocols.pulsar import Type
+from sluice.recording import format as recording
 from sluice.recording.format import recording_files
 from tests.support import SLUICE, RawClient, client, start_proxy
 
@@ -68,14 +80,7 @@ def analyzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     truncated.write_bytes(data[: int(len(data) * 0.6)])  # cut mid-record
     (inputs / "garbage.sluice").write_bytes(b"\x00\x01 this was never a recording \xc1" * 10)
     out = tmp / "out"
-    result = subprocess.run(
-        [*SLUICE, "analyze", str(inputs), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = analyze(inputs.as_uri(), out, "local[2]")
     expected = []
     for target in (clean, truncated):
         shown = subprocess.run(
@@ -86,20 +91,109 @@ def analyzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             check=True,
         )
         expected += [json.loads(line) for line in shown.stdout.splitlines()]
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    tables = {
-        name: [r.asDict() for r in spark.read.parquet(str(out / name)).collect()]
-        for name in ("frames", "connections", "topic_minute", "latency", "errors", "files")
+    tables = {name: rows_of(out / name) for name in TABLES}
+    yield {
+        "tables": tables,
+        "expected": expected,
+        "out": out,
+        "stderr": result.stderr,
+        "inputs": inputs,
+        "tmp": tmp,
     }
-    spark.stop()
-    yield {"tables": tables, "expected": expected, "out": out, "stderr": result.stderr}
+
+
+TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments")
+
+
+def analyze(source: str, out: Path, master: str) -> subprocess.CompletedProcess[str]:
+    """`sluice analyze` as a user runs it, with Spark kept on 127.0.0.1."""
+    result = subprocess.run(
+        [*SLUICE, "analyze", source, "--out", str(out), "--master", master],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=loopback_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def rows_of(table: Path) -> list[dict[str, Any]]:
+    """A Parquet table Spark wrote, read with pyarrow."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    rows: list[dict[str, Any]] = pq.read_table(table).to_pylist()
+    return rows
+
+
+def read_tables(out: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table under ``out`` as sorted rows, for comparing two runs."""
+    tables = {}
+    for name in TABLES:
+        rows = [tuple(sorted(r.items())) for r in rows_of(out / name)]
+        tables[name] = sorted(rows, key=repr)
+    return tables
+
+
+def differences(a: Path, b: Path) -> list[str]:
+    """What differs between two runs' tables (approximate percentiles within 1%)."""
+    found = []
+    left, right = read_tables(a), read_tables(b)
+    for name in TABLES:
+        if name == "latency":
+            same = len(left[name]) == len(right[name]) and all(
+                x[0] == y[0]
+                and all(
+                    math.isclose(p, q, rel_tol=0.01) if isinstance(p, float) else p == q
+                    for (_, p), (_, q) in zip(x[1:], y[1:], strict=True)
+                )
+                for x, y in zip(left[name], right[name], strict=True)
+            )
+        else:
+            same = left[name] == right[name]
+        if not same:
+            found.append(f"{name}: {len(left[name])} rows vs {len(right[name])}")
+    return found
+
+
+def render(page: Path, screenshot: Path | None = None) -> tuple[str, str]:
+    """Open ``page`` in headless Chromium: its DOM and Chromium's log (console included)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("chromium is not installed (./dev installs Debian's chromium package)")
+    with tempfile.TemporaryDirectory() as profile:
+        base = [chromium, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
+                f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+                "--virtual-time-budget=5000"]  # fmt: skip
+        shown = subprocess.run(
+            [*base, "--dump-dom", page.resolve().as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert shown.returncode == 0, shown.stderr[-3000:]
+        if screenshot is not None:
+            shot = subprocess.run(
+                [
+                    *base,
+                    f"--screenshot={screenshot.resolve()}",
+                    "--window-size=1200,3600",
+                    "--hide-scrollbars",
+                    page.resolve().as_uri(),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert shot.returncode == 0, shot.stderr[-3000:]
+    return shown.stdout, shown.stderr
+
+
+def console_messages(log: str) -> list[str]:
+    return [line for line in log.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
 def frames_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -174,14 +268,116 @@ def test_connections_errors_and_report(analyzed: dict[str, Any]) -> None:
     assert sum(c["invalid_frames"] or 0 for c in connections) == invalid
     codes = {e["code"] for e in analyzed["tables"]["errors"]}
     assert {"invalid:checksum", "ChecksumError"} <= codes
+    assert {c["protocol"] for c in connections} == {"pulsar"}
+
+
+def test_damaged_segments_are_reported_rows(analyzed: dict[str, Any]) -> None:
+    bad = analyzed["tables"]["bad_segments"]
+    assert sorted((Path(b["file"]).name == "garbage.sluice", b["damaged"]) for b in bad) == [
+        (False, False),
+        (True, True),
+    ]
+    [garbage] = [b for b in bad if b["damaged"]]
+    assert "not a Sluice recording" in garbage["why"]
+    [cut] = [b for b in bad if not b["damaged"]]
+    assert cut["truncated_bytes"] > 0 and cut["frames"] > 0 and cut["protocol"] == "pulsar"
+    files = analyzed["tables"]["files"]
+    assert sum(f["frames"] or 0 for f in files) == len(analyzed["tables"]["frames"])
+
+
+def test_progress_lines_name_each_stage_with_counts(analyzed: dict[str, Any]) -> None:
+    stderr = analyzed["stderr"]
+    frames = len(analyzed["tables"]["frames"])
+    files = len(analyzed["tables"]["files"])
+    assert f"found {files} segments" in stderr
+    assert f"decoded: {files} segments read (2 bad), {frames:,} frames" in stderr
+    for name in TABLES:
+        rows = len(analyzed["tables"][name])
+        assert f"wrote {name}: {rows:,} rows" in stderr
+
+
+PICTURES = (
+    "Throughput over time per topic",
+    "Request latency distributions per command",
+    "Error codes over time",
+    "Connection churn",
+    "Top talkers",
+)
+
+
+def test_report_has_the_pictures(analyzed: dict[str, Any]) -> None:
     report = (analyzed["out"] / "report.html").read_text()
-    for needed in (
-        "Messages per minute",
-        "<svg",
-        "Latency",
-        "Busiest topics",
-        "Errors",
-        "Sessions with validation failures",
-        "garbage.sluice",
-    ):
-        assert needed in report
+    for title in PICTURES:
+        found = re.search(f'<img alt="{title}" src="data:image/png;base64,([^"]+)"', report)
+        assert found, title
+        png = base64.b64decode(found.group(1))
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+        width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+        assert width >= 600 and height >= 100, (title, width, height)
+    for needed in ("Latency", "Busiest topics", "ChecksumError", "garbage.sluice"):
+        assert needed in report, needed
+    assert re.search(r"pulsar \d+", report)
+    assert "<script" not in report and "http://" not in report and "https://" not in report
+
+
+def test_report_renders_in_headless_chromium(analyzed: dict[str, Any]) -> None:
+    # The check itself: a page that logs to the console is caught.
+    noisy = analyzed["tmp"] / "noisy.html"
+    noisy.write_text('<!doctype html><body><script>console.error("seen")</script>')
+    assert any('"seen"' in line for line in console_messages(render(noisy)[1]))
+
+    shot = analyzed["out"] / "report.png"
+    dom, log = render(analyzed["out"] / "report.html", shot)
+    assert console_messages(log) == []
+    assert dom.count("data:image/png;base64,") == len(PICTURES)
+    assert "Sluice traffic report" in dom
+    assert shot.stat().st_size > 50_000  # pictures, not a blank page
+
+
+def test_standalone_cluster_gives_the_local_tables(analyzed: dict[str, Any]) -> None:
+    """Master and two workers from PySpark's distribution on 127.0.0.1, stopped by PID."""
+    out = analyzed["tmp"] / "cluster-out"
+    with StandaloneCluster(analyzed["tmp"] / "cluster", workers=2) as cluster:
+        processes = list(cluster.processes)
+        result = analyze(analyzed["inputs"].as_uri(), out, cluster.url)
+    assert all(p.poll() is not None for p in processes)
+    assert "decoded:" in result.stderr
+    assert differences(analyzed["out"], out) == []
+    assert (out / "report.html").exists()
+
+
+def _v0(records: list[dict[str, Any]]) -> bytes:
+    """A version-0 recording: frames kept their direction as `dir` then."""
+    old = []
+    for record in records:
+        record = dict(record)
+        if record["k"] == "header":
+            record["version"] = 0
+        elif record["k"] == "frame":
+            record["dir"] = record.pop("d")
+        old.append(record)
+    return recording.dumps(old)
+
+
+def test_decoder_reads_through_the_format_upgraders(
+    analyzed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = max(recording_files(analyzed["inputs"]), key=lambda p: p.stat().st_size)
+    records = list(recording.read_records(first))
+    current = list(decode_segment("now", first.read_bytes()))
+
+    def upgrade(record: dict[str, Any]) -> dict[str, Any]:
+        if record.get("k") == "frame":
+            record["d"] = record.pop("dir")
+        return record
+
+    monkeypatch.setitem(recording.UPGRADERS, 0, upgrade)
+    upgraded = list(decode_segment("now", _v0(records)))
+    assert upgraded[0].to_pylist() == current[0].to_pylist()
+    assert upgraded[-1].to_pylist()[-1]["version"] == 0
+    monkeypatch.delitem(recording.UPGRADERS, 0)
+    refused = list(decode_segment("old", _v0(records)))[-1].to_pylist()[-1]
+    assert refused["damaged"] and "no upgrade from recording format 0" in refused["why"]
+    newer = recording.dumps([{**records[0], "version": recording.VERSION + 1}, *records[1:]])
+    refused = list(decode_segment("new", newer))[-1].to_pylist()[-1]
+    assert refused["damaged"] and "newer than this Sluice reads" in refused["why"]

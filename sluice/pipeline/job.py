@@ -3,99 +3,52 @@
     sluice analyze PATH... --out DIR [--master URL]
     spark-submit sluice/pipeline/job.py PATH... --out DIR          # same job
 
-PATH is any Hadoop-compatible path (a file, a directory searched
-recursively for ``*.sluice``, ``s3a://…``, ``hdfs://…``). Files are read
-with Spark's ``binaryFile`` source and decoded on the executors in
-parallel; a damaged or truncated file is counted and skipped (what it held
-up to the damage is kept), never fatal. Nothing but small aggregates (for the
-report) is collected to the driver.
+PATH is any path Spark's file systems read (a file, a directory searched
+recursively for ``*.sluice``, ``file://…``, ``s3a://…``, ``hdfs://…``,
+``gs://…``). Segments are read with Spark's ``binaryFile`` source and
+decoded whole into Arrow record batches on the executors (``mapInArrow``,
+see ``decode.py``); every table is built from those with DataFrame
+operations. A damaged or truncated segment is counted and reported in
+``bad_segments`` (what it held up to the damage is kept), never fatal.
+Nothing but small aggregates (for the report) is collected to the driver.
 
 Tables (Parquet, under DIR): ``frames``, ``connections``, ``topic_minute``,
-``latency``, ``errors``, plus ``files`` (what was read, what was damaged);
-and ``report.html``.
+``latency``, ``errors``, ``files`` (every segment read) and
+``bad_segments``; and ``report.html``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-SIGNED = 2**63
+from sluice.pipeline.decode import FRAME_COLUMNS, SPARK_SCHEMA, decode_batches
+
+TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments")
+# Spark's binaryFile source cannot hold a file of 2 GiB or more in a row.
+MAX_SEGMENT_BYTES = 2**31 - 1
+SEGMENT_COLUMNS = ["file", "capture", "segment", "protocol", "version", "records", "frames",
+                   "bytes", "truncated_bytes", "damaged", "why"]  # fmt: skip
+TOP_TOPICS = 8  # series in the throughput picture; the rest are "other"
 
 
-def _signed(value: Any) -> int | None:
-    """uint64 ids as Spark longs (the all-ones 'no request' id becomes -1)."""
-    if value is None:
-        return None
-    number = int(value)
-    return number - 2**64 if number >= SIGNED else number
+def _bucket_seconds(span_s: float) -> int:
+    """A round time step giving at most ~120 points over ``span_s``."""
+    for step in (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86400):
+        if span_s / step <= 120:
+            return step
+    return 86400 * math.ceil(span_s / 86400 / 120)
 
 
-def parse_file(path: str, content: bytes) -> Iterator[tuple[str, tuple[Any, ...]]]:
-    """Rows of one recording: ("F", frame), ("C", connection), ("X", close), ("S", status)."""
-    from sluice.recording.format import ReadResult, RecordingError, read_records_from
-
-    result = ReadResult(Path(path))
-    capture = ""
-    damaged = ""
-    try:
-        for record in read_records_from(content, path, result):
-            kind = record["k"]
-            if kind == "header":
-                capture = record["capture"]
-            elif kind == "frame":
-                s = record["s"]
-                yield (
-                    "F",
-                    (
-                        capture,
-                        path,
-                        record["c"],
-                        "client_to_broker" if record["d"] == 0 else "broker_to_client",
-                        record["t"],
-                        record["w"],
-                        s.get("cmd"),
-                        record["n"],
-                        _signed(s.get("rid")),
-                        _signed(s.get("pid")),
-                        _signed(s.get("seq")),
-                        _signed(s.get("cid")),
-                        s.get("topic"),
-                        int(s.get("msgs", 1)) if s.get("cmd") in ("SEND", "MESSAGE") else 0,
-                        s.get("invalid"),
-                        s.get("error"),
-                    ),
-                )
-            elif kind == "conn":
-                yield (
-                    "C",
-                    (
-                        capture,
-                        record["c"],
-                        record["client"],
-                        record["broker"],
-                        record["kind"],
-                        record["listener"],
-                        record["w"],
-                    ),
-                )
-            elif kind == "close":
-                yield "X", (capture, record["c"], record["w"], record.get("reason", ""))
-    except RecordingError as exc:
-        damaged = str(exc)
-    yield "S", (path, result.records, result.truncated_bytes, bool(damaged), damaged)
-
-
-def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[str, Any]:
+def spark_session(master: str | None) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
     builder = SparkSession.builder.appName("sluice-analyze")
     if master:
@@ -108,73 +61,127 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
         builder = builder.config("spark.driver.memory", memory)
     spark = (
         builder.config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
+        # Spark's own progress bar, where someone watches a terminal.
+        .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
         .config("spark.sql.shuffle.partitions", "8")
+        # One segment per Arrow batch into the decoder: a batch holds whole
+        # files, and a few large ones must not add up past Arrow's limits.
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[str, Any]:
+    spark = spark_session(master)
+    try:
+        return _analyze(spark, paths, out, say)
+    finally:
+        spark.stop()
+
+
+def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     started = time.monotonic()
     say(f"reading recordings from {', '.join(paths)}")
-    files = (
+    listing = (
         spark.read.format("binaryFile")
         .option("recursiveFileLookup", "true")
         .option("pathGlobFilter", "*.sluice")
         .load(paths)
     )
-    total_bytes = _first(files.select(F.sum("length"))) or 0
-    rows = (
-        files.select("path", "content")
-        .rdd.flatMap(lambda r: parse_file(r.path, bytes(r.content)))
-        .cache()
+    found = [(r.path, r.length) for r in listing.select("path", "length").collect()]
+    total_bytes = sum(length for _, length in found)
+    too_large = [(path, length) for path, length in found if length > MAX_SEGMENT_BYTES]
+    say(f"found {len(found)} segments, {total_bytes / 1e6:,.1f} MB")
+
+    decoded = (
+        listing.filter(F.col("length") <= MAX_SEGMENT_BYTES)
+        .select("path", "length", "content")
+        .mapInArrow(decode_batches, SPARK_SCHEMA)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    counts = {
+        r["record"]: r
+        for r in decoded.groupBy("record")
+        .agg(
+            F.count("*").alias("rows"),
+            F.sum(F.col("damaged").cast("int")).alias("damaged"),
+            F.sum(F.when(F.col("truncated_bytes") > 0, 1).otherwise(0)).alias("truncated"),
+            F.min("wall_ns").alias("first_ns"),
+            F.max("wall_ns").alias("last_ns"),
+        )
+        .collect()
+    }
+
+    def rows(kind: str, column: str = "rows") -> int:
+        row = counts.get(kind)
+        return int(row[column] or 0) if row is not None else 0
+
+    segments_read = rows("segment")
+    bad = rows("segment", "damaged") + rows("segment", "truncated") + len(too_large)
+    say(
+        f"decoded: {segments_read} segments read ({bad} bad), {rows('frame'):,} frames, "
+        f"{rows('conn'):,} connection records, {rows('close'):,} closes"
+    )
+    written: dict[str, int] = {}
+
+    def write(df: Any, name: str) -> Any:
+        path = f"{out}/{name}"
+        df.write.mode("overwrite").parquet(path)
+        table = spark.read.parquet(path)
+        written[name] = table.count()  # from the Parquet footers
+        say(f"wrote {name}: {written[name]:,} rows")
+        return table
+
+    frames = decoded.filter(F.col("record") == "frame").select(*FRAME_COLUMNS)
+    write(frames, "frames")
+
+    files = decoded.filter(F.col("record") == "segment").select(*SEGMENT_COLUMNS)
+    if too_large:
+        unread = spark.createDataFrame(
+            [
+                (path, length, f"{path}: {length} bytes, more than Spark's binaryFile reads")
+                for path, length in too_large
+            ],
+            "file string, bytes long, why string",
+        )
+        files = files.unionByName(
+            unread.select(
+                *[
+                    F.col(c) if c in unread.columns else F.lit(c == "damaged" or None).alias(c)
+                    for c in SEGMENT_COLUMNS
+                ]
+            )
+        )
+    status = write(files, "files")
+    bad_segments = write(
+        status.filter(F.col("damaged") | (F.col("truncated_bytes") > 0)), "bad_segments"
     )
 
-    frame_schema = T.StructType(
-        [
-            T.StructField("capture", T.StringType()),
-            T.StructField("file", T.StringType()),
-            T.StructField("conn", T.LongType()),
-            T.StructField("direction", T.StringType()),
-            T.StructField("mono_ns", T.LongType()),
-            T.StructField("wall_ns", T.LongType()),
-            T.StructField("command", T.StringType()),
-            T.StructField("size", T.LongType()),
-            T.StructField("request_id", T.LongType()),
-            T.StructField("producer_id", T.LongType()),
-            T.StructField("sequence_id", T.LongType()),
-            T.StructField("consumer_id", T.LongType()),
-            T.StructField("topic", T.StringType()),
-            T.StructField("messages", T.LongType()),
-            T.StructField("invalid", T.StringType()),
-            T.StructField("error", T.StringType()),
-        ]
+    key = ["capture", "conn"]
+    opened = (
+        decoded.filter(F.col("record") == "conn")
+        .select(
+            *key,
+            "protocol",
+            "client",
+            "broker",
+            "kind",
+            "listener",
+            F.col("wall_ns").alias("opened_ns"),
+        )
+        .dropDuplicates(key)  # re-stated at the start of every segment
     )
-    conn_schema = (
-        "capture string, conn long, client string, broker string, kind string, "
-        "listener string, opened_ns long"
+    closed = (
+        decoded.filter(F.col("record") == "close")
+        .select(*key, F.col("wall_ns").alias("closed_ns"), "reason")
+        .dropDuplicates(key)
     )
-    close_schema = "capture string, conn long, closed_ns long, reason string"
-    file_schema = "file string, records long, truncated_bytes long, damaged boolean, why string"
-
-    def table(tag: str, schema: Any) -> Any:
-        return spark.createDataFrame(rows.filter(lambda r: r[0] == tag).map(lambda r: r[1]), schema)
-
-    def write(df: Any, name: str) -> None:
-        say(f"writing {name}")
-        df.write.mode("overwrite").parquet(f"{out}/{name}")
-
-    # Decoding happens in Python once: each table below is derived from the
-    # Parquet just written, in the JVM, instead of converting rows again.
-    write(table("F", frame_schema), "frames")
-    write(table("S", file_schema), "files")
-    write(table("C", conn_schema).dropDuplicates(["capture", "conn"]), "_opened")
-    write(table("X", close_schema).dropDuplicates(["capture", "conn"]), "_closed")
-    rows.unpersist()
-    frames = spark.read.parquet(f"{out}/frames").cache()
-    status = spark.read.parquet(f"{out}/files")
-    conns = spark.read.parquet(f"{out}/_opened")
-    closes = spark.read.parquet(f"{out}/_closed")
-
-    per_conn = frames.groupBy("capture", "conn").agg(
+    per_conn = frames.groupBy(*key).agg(
         F.count("*").alias("frames"),
         F.sum("size").alias("bytes"),
         F.sum(F.when(F.col("direction") == "client_to_broker", 1).otherwise(0)).alias(
@@ -184,81 +191,144 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
         F.sum(F.when(F.col("invalid").isNotNull(), 1).otherwise(0)).alias("invalid_frames"),
         F.max("wall_ns").alias("last_ns"),
     )
-    connections = (
-        conns.join(per_conn, ["capture", "conn"], "left")
-        .join(closes, ["capture", "conn"], "left")
+    connections = write(
+        opened.join(per_conn, key, "left")
+        .join(closed, key, "left")
         .withColumn(
             "duration_s",
             (F.coalesce("closed_ns", "last_ns") - F.col("opened_ns")) / F.lit(1e9),
         )
+        .drop("last_ns"),
+        "connections",
     )
-    write(connections, "connections")
 
-    topic_minute = (
-        frames.filter(F.col("command").isin("SEND", "MESSAGE") & F.col("topic").isNotNull())
+    counted = F.col("command").isin("SEND", "MESSAGE") & F.col("topic").isNotNull()
+    topic_minute = write(
+        frames.filter(counted)
         .withColumn("minute", F.timestamp_seconds(F.floor(F.col("wall_ns") / 6e10) * 60))
         .groupBy("topic", "minute", "direction")
         .agg(
             F.sum("messages").alias("messages"),
             F.sum("size").alias("bytes"),
             F.count("*").alias("frames"),
-        )
+        ),
+        "topic_minute",
     )
-    write(topic_minute, "topic_minute")
 
-    latency_samples = request_latencies(frames, F)
-    latency = latency_samples.groupBy("command").agg(
-        F.count("*").alias("count"),
-        F.percentile_approx("seconds", 0.5).alias("p50"),
-        F.percentile_approx("seconds", 0.9).alias("p90"),
-        F.percentile_approx("seconds", 0.99).alias("p99"),
-        F.max("seconds").alias("max"),
+    samples = request_latencies(frames, F).persist(StorageLevel.MEMORY_AND_DISK)
+    latency = write(
+        samples.groupBy("command").agg(
+            F.count("*").alias("count"),
+            F.percentile_approx("seconds", 0.5).alias("p50"),
+            F.percentile_approx("seconds", 0.9).alias("p90"),
+            F.percentile_approx("seconds", 0.99).alias("p99"),
+            F.max("seconds").alias("max"),
+        ),
+        "latency",
     )
-    write(latency, "latency")
 
-    errors = (
+    code = F.coalesce(F.col("error"), F.concat(F.lit("invalid:"), "invalid"))
+    errors = write(
         frames.filter(F.col("error").isNotNull() | F.col("invalid").isNotNull())
-        .withColumn("code", F.coalesce(F.col("error"), F.concat(F.lit("invalid:"), "invalid")))
+        .withColumn("code", code)
         .groupBy("code", "command", "topic", "capture", "conn")
-        .count()
+        .count(),
+        "errors",
     )
-    write(errors, "errors")
 
     say("building the report")
+    first_ns = counts["frame"]["first_ns"] if "frame" in counts else None
+    span = (rows("frame", "last_ns") - first_ns) / 1e9 if first_ns is not None else 0.0
+    step = _bucket_seconds(span)
+    top_topics = [
+        r.asDict()
+        for r in topic_minute.groupBy("topic")
+        .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
+        .orderBy(F.desc("messages"), "topic")
+        .limit(10)
+        .collect()
+    ]
+    shown = [t["topic"] for t in top_topics[:TOP_TOPICS]]
+    # One pass over the frames for every picture over time: per time step,
+    # command, direction, topic (the busiest, or "other") and error code.
+    over_time = [
+        r.asDict()
+        for r in frames.groupBy(
+            F.floor(F.col("wall_ns") / F.lit(step * 10**9)).alias("step"),
+            "command",
+            "direction",
+            F.when(F.col("topic").isin(shown), F.col("topic"))
+            .when(F.col("topic").isNotNull(), "other")
+            .alias("topic"),
+            F.when(F.col("error").isNotNull() | F.col("invalid").isNotNull(), code).alias("code"),
+        )
+        .agg(
+            F.count("*").alias("frames"),
+            F.sum("messages").alias("messages"),
+            F.sum("size").alias("bytes"),
+        )
+        .collect()
+    ]
+    listed = [r.asDict() for r in bad_segments.collect()]
     summary = {
-        "frames": frames.count(),
-        "connections": connections.count(),
-        "files": status.count(),
-        "damaged": [r.asDict() for r in status.filter("damaged").collect()],
-        "truncated": [r.asDict() for r in status.filter("truncated_bytes > 0").collect()],
-        "by_command": [
+        "frames": rows("frame"),
+        "connections": written["connections"],
+        "files": written["files"],
+        "bytes": total_bytes,
+        "step": step,
+        "over_time": over_time,
+        "damaged": [r for r in listed if r["damaged"]],
+        "truncated": [r for r in listed if (r["truncated_bytes"] or 0) > 0],
+        "protocols": [
             r.asDict()
-            for r in frames.groupBy("command", "direction")
+            for r in connections.groupBy("protocol").count().orderBy("protocol").collect()
+        ],
+        "latency": [r.asDict() for r in latency.orderBy(F.desc("count"), "command").collect()],
+        "latency_histogram": [
+            r.asDict()
+            for r in samples.groupBy(
+                "command",
+                F.floor(F.log10(F.greatest(F.col("seconds"), F.lit(1e-7))) * 10).alias("bin"),
+            )
             .count()
-            .orderBy(F.desc("count"))
             .collect()
         ],
-        "per_minute": [
-            r.asDict()
-            for r in topic_minute.groupBy("minute", "direction")
-            .agg(F.sum("messages").alias("messages"))
-            .orderBy("minute")
-            .collect()
-        ],
-        "latency": [r.asDict() for r in latency.orderBy(F.desc("count")).collect()],
-        "top_topics": [
-            r.asDict()
-            for r in topic_minute.groupBy("topic")
-            .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
-            .orderBy(F.desc("messages"))
-            .limit(10)
-            .collect()
-        ],
+        "top_topics": top_topics,
         "errors": [
             r.asDict()
             for r in errors.groupBy("code")
             .agg(F.sum("count").alias("count"))
-            .orderBy(F.desc("count"))
+            .orderBy(F.desc("count"), "code")
+            .collect()
+        ],
+        "churn": [
+            r.asDict()
+            for r in connections.select(F.col("opened_ns").alias("at"), F.lit(1).alias("d"))
+            .unionByName(
+                connections.filter(F.col("closed_ns").isNotNull()).select(
+                    F.col("closed_ns").alias("at"), F.lit(-1).alias("d")
+                )
+            )
+            .groupBy(F.floor(F.col("at") / F.lit(step * 10**9)).alias("step"))
+            .agg(
+                F.sum(F.when(F.col("d") > 0, 1).otherwise(0)).alias("opened"),
+                F.sum(F.when(F.col("d") < 0, 1).otherwise(0)).alias("closed"),
+            )
+            .collect()
+        ],
+        "top_talkers": [
+            r.asDict()
+            for r in connections.withColumn(
+                "host", F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
+            )
+            .groupBy("host")
+            .agg(
+                F.count("*").alias("connections"),
+                F.sum("frames").alias("frames"),
+                F.sum("bytes").alias("bytes"),
+            )
+            .orderBy(F.desc("bytes"), "host")
+            .limit(10)
             .collect()
         ],
         "invalid_sessions": [
@@ -269,57 +339,42 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
             .limit(50)
             .collect()
         ],
-        "bytes": total_bytes,
-        "seconds": time.monotonic() - started,
     }
-    frames.unpersist()
-    spark.stop()
-    for scratch in ("_opened", "_closed"):
-        _remove(f"{out}/{scratch}")
+    samples.unpersist()
+    decoded.unpersist()
+    summary["seconds"] = time.monotonic() - started
+    say(f"tables written: {', '.join(f'{n} {c:,}' for n, c in written.items())}")
     return summary
 
 
-def _remove(path: str) -> None:
-    """Drop a scratch table written next to the results (local paths only)."""
-    if "://" not in path:
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _first(df: Any) -> Any:
-    row = df.first()
-    return None if row is None else row[0]
-
-
 def request_latencies(frames: Any, F: Any) -> Any:
-    """(command, seconds) for every request paired with its answer."""
-    keys = ["capture", "conn", "request_id"]
-    requests = frames.filter(
-        (F.col("direction") == "client_to_broker") & F.col("request_id").isNotNull()
-    ).select(*keys, "command", F.col("mono_ns").alias("asked"))
-    answers = (
-        frames.filter((F.col("direction") == "broker_to_client") & F.col("request_id").isNotNull())
-        .groupBy(*keys)
-        .agg(F.min("mono_ns").alias("answered"))
+    """(command, seconds) for every request paired with its answer.
+
+    A request and its answer share (capture, conn, request id); a SEND and its
+    SEND_RECEIPT or SEND_ERROR share (capture, conn, producer id, sequence
+    id). One group-by over both kinds of key pairs them (no join): the
+    request's time is the earliest asking frame, the answer's the earliest
+    answering one after it.
+    """
+    send = F.col("command") == "SEND"
+    receipt = F.col("command").isin("SEND_RECEIPT", "SEND_ERROR")
+    outbound = F.col("direction") == "client_to_broker"
+    by_send = send | receipt
+    keyed = frames.filter(by_send | F.col("request_id").isNotNull()).select(
+        "capture",
+        "conn",
+        by_send.alias("by_send"),
+        F.when(by_send, F.col("producer_id")).otherwise(F.col("request_id")).alias("a"),
+        F.when(by_send, F.col("sequence_id")).otherwise(F.lit(0)).alias("b"),
+        "command",
+        "mono_ns",
+        F.when(by_send, send & outbound).otherwise(outbound).alias("asks"),
+        F.when(by_send, receipt).otherwise(~outbound).alias("answers"),
     )
-    send_keys = ["capture", "conn", "producer_id", "sequence_id"]
-    sends = frames.filter(
-        (F.col("direction") == "client_to_broker") & (F.col("command") == "SEND")
-    ).select(*send_keys, F.col("mono_ns").alias("asked"))
-    receipts = (
-        frames.filter(F.col("command").isin("SEND_RECEIPT", "SEND_ERROR"))
-        .groupBy(*send_keys)
-        .agg(F.min("mono_ns").alias("answered"))
-    )
-    paired = (
-        requests.join(answers, keys)
-        .select("command", "asked", "answered")
-        .unionByName(
-            sends.join(receipts, send_keys).select(
-                F.lit("SEND").alias("command"), "asked", "answered"
-            )
-        )
+    paired = keyed.groupBy("capture", "conn", "by_send", "a", "b").agg(
+        F.min_by(F.col("command"), F.when(F.col("asks"), F.col("mono_ns"))).alias("command"),
+        F.min(F.when(F.col("asks"), F.col("mono_ns"))).alias("asked"),
+        F.min(F.when(F.col("answers"), F.col("mono_ns"))).alias("answered"),
     )
     return paired.filter(F.col("answered") >= F.col("asked")).select(
         "command", ((F.col("answered") - F.col("asked")) / F.lit(1e9)).alias("seconds")
@@ -337,7 +392,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "paths",
         nargs="+",
         metavar="PATH",
-        help="recording files or directories (any Hadoop-compatible path)",
+        help="recording files or directories (local, or any URL Spark reads: file://, s3a://, "
+        "hdfs://, gs://)",
     )
     parser.add_argument(
         "--out",
@@ -352,42 +408,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _spark_path(path: str) -> str:
+    """Local paths as absolute file:// URLs; anything with a scheme unchanged."""
+    return path if "://" in path else Path(path).resolve().as_uri()
+
+
 def run(args: argparse.Namespace) -> int:
     from sluice.pipeline.report import write_report
 
     def say(text: str) -> None:
         print(f"[analyze] {text}", file=sys.stderr, flush=True)
 
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
+    if not all(importlib.util.find_spec(name) for name in ("pyspark", "pyarrow", "pandas")):
         print("sluice analyze needs PySpark: pip install 'sluice[pipeline]'", file=sys.stderr)
         return 2
-    local = [p for p in args.paths if "://" not in p]
-    missing = [p for p in local if not Path(p).exists()]
+    missing = [p for p in args.paths if "://" not in p and not Path(p).exists()]
     if missing:
         print(f"sluice analyze: no such file or directory: {missing[0]}", file=sys.stderr)
         return 2
     out = args.out
     try:
-        summary = analyze(
-            [str(Path(p).resolve()) if p in local else p for p in args.paths],
-            str(Path(out).resolve()) if "://" not in out else out,
-            args.master,
-            say,
-        )
+        summary = analyze([_spark_path(p) for p in args.paths], _spark_path(out), args.master, say)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         print(f"sluice analyze: {first}", file=sys.stderr)
         return 1
-    if "://" not in out:
-        write_report(summary, Path(out) / "report.html")
-        say(f"report: {Path(out) / 'report.html'}")
-    damaged = len(summary["damaged"])
+    local_out = out.removeprefix("file://") if out.startswith("file://") else out
+    if "://" not in local_out:
+        write_report(summary, Path(local_out) / "report.html")
+        say(f"wrote report: {Path(local_out) / 'report.html'}")
     say(
         f"{summary['frames']} frames, {summary['connections']} connections from "
-        f"{summary['files']} files ({damaged} damaged, {len(summary['truncated'])} truncated) "
-        f"in {summary['seconds']:.1f} s"
+        f"{summary['files']} files ({len(summary['damaged'])} damaged, "
+        f"{len(summary['truncated'])} truncated) in {summary['seconds']:.1f} s"
     )
     return 0
 

@@ -1,15 +1,27 @@
 """``report.html``: the page someone opens first after ``sluice analyze``.
 
-Plain HTML with inline SVG charts: no JavaScript, no plotting library, opens
-anywhere (attach it to a ticket).
+One self-contained HTML file (attach it to a ticket): pictures drawn with
+matplotlib and embedded as PNG data URLs — throughput over time per topic,
+request latency distributions per command with their p50 and p99, error
+codes over time, connection churn, top talkers — then the tables behind
+them. No JavaScript, nothing fetched from anywhere.
 """
 
 from __future__ import annotations
 
+import base64
+import collections
 import datetime as dt
 import html
+import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;max-width:72em;color:#222}
@@ -17,7 +29,10 @@ h1{font-size:1.6em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #d
 table{border-collapse:collapse}
 td,th{padding:.2em .8em;border-bottom:1px solid #eee;text-align:right}
 td:first-child,th:first-child{text-align:left} .bad{color:#b00020} .muted{color:#777}
+figure{margin:1em 0} img{max-width:100%;height:auto}
 """
+WIDTH = 10.0  # inches, at 100 dpi
+MAX_SERIES = 8
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
@@ -43,60 +58,224 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _line_chart(
-    points: dict[str, list[tuple[str, float]]], width: int = 720, height: int = 220
-) -> str:
-    """A small multi-series line chart as SVG."""
-    series = {name: values for name, values in points.items() if values}
-    if not series:
-        return '<p class="muted">no messages</p>'
-    labels = sorted({label for values in series.values() for label, _ in values})
-    top = max(v for values in series.values() for _, v in values) or 1.0
-    pad = 40
-    step = (width - 2 * pad) / max(1, len(labels) - 1)
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
-    parts = [
-        f'<svg width="{width}" height="{height}" role="img">',
-        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
-        'stroke="#999"/>',
-        f'<text x="4" y="{pad}" font-size="11">{top:g}</text>',
+def _picture(title: str, draw: Callable[[Figure], None], height: float = 3.2) -> str:
+    """A matplotlib figure as an inline PNG."""
+    figure = Figure(figsize=(WIDTH, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    draw(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{data}"></figure>'
+
+
+def _when(step: int, index: int) -> float:
+    """Step ``index`` as a matplotlib date number (days since 1970-01-01 UTC)."""
+    return index * step / 86400
+
+
+def _time_axis(ax: Axes, step: int) -> None:
+    ax.xaxis_date()
+    ax.set_xlabel(f"time (UTC), {step} s steps")
+    ax.grid(True, alpha=0.3)
+    for label in ax.get_xticklabels():
+        label.set_rotation(20)
+        label.set_horizontalalignment("right")
+
+
+def _series(
+    rows: list[dict[str, Any]], name: str, value: str
+) -> tuple[list[int], dict[str, dict[int, float]]]:
+    """Steps in order, and {series name: {step: summed value}}."""
+    out: dict[str, dict[int, float]] = {}
+    for row in rows:
+        points = out.setdefault(str(row[name]), collections.defaultdict(float))
+        points[int(row["step"])] += float(row[value] or 0)
+    steps = sorted({step for points in out.values() for step in points})
+    return steps, out
+
+
+def throughput_picture(summary: dict[str, Any]) -> str:
+    step = int(summary["step"])
+    counted = [
+        r for r in summary["over_time"] if r["command"] in ("SEND", "MESSAGE") and r["topic"]
     ]
-    for n, (name, values) in enumerate(sorted(series.items())):
-        index = {label: v for label, v in values}
-        scale = (height - 2 * pad) / top
-        coords = " ".join(
-            f"{pad + i * step:.1f},{height - pad - index.get(label, 0) * scale:.1f}"
-            for i, label in enumerate(labels)
-        )
-        color = colors[n % len(colors)]
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>')
-        parts.append(
-            f'<text x="{width - pad - 150}" y="{16 + 14 * n}" font-size="11" '
-            f'fill="{color}">{html.escape(name)}</text>'
-        )
-    parts.append(
-        f'<text x="{pad}" y="{height - 10}" font-size="11">{html.escape(labels[0])}</text>'
+    if not counted:
+        return '<p class="muted">no messages</p>'
+
+    def draw(figure: Figure) -> None:
+        axes = figure.subplots(1, 2, sharey=True)
+        for ax, direction, title in (
+            (axes[0], "client_to_broker", "published (SEND)"),
+            (axes[1], "broker_to_client", "delivered (MESSAGE)"),
+        ):
+            rows = [r for r in counted if r["direction"] == direction]
+            steps, series = _series(rows, "topic", "messages")
+            order = sorted(series, key=lambda t: (t == "other", -sum(series[t].values()), t))
+            for topic in order:
+                points = series[topic]
+                ax.plot(
+                    [_when(step, s) for s in steps],
+                    [points.get(s, 0.0) / step for s in steps],
+                    label=topic.removeprefix("persistent://"),
+                    marker="." if len(steps) < 30 else None,
+                )
+            ax.set_title(title)
+            ax.set_ylabel("messages/s")
+            _time_axis(ax, step)
+            if order:
+                ax.legend(fontsize=7, loc="upper left")
+
+    return _picture("Throughput over time per topic", draw, 3.6)
+
+
+def latency_picture(summary: dict[str, Any]) -> str:
+    latency = summary["latency"][:6]
+    if not latency:
+        return '<p class="muted">no request had an answer</p>'
+    bins: dict[str, dict[int, int]] = collections.defaultdict(dict)
+    for row in summary["latency_histogram"]:
+        bins[row["command"]][int(row["bin"])] = int(row["count"])
+
+    def draw(figure: Figure) -> None:
+        columns = min(3, len(latency))
+        grid = figure.subplots((len(latency) + columns - 1) // columns, columns, squeeze=False)
+        for n, ax in enumerate(grid.flat):
+            if n >= len(latency):
+                ax.set_visible(False)
+                continue
+            row = latency[n]
+            counts = bins.get(row["command"], {})
+            edges = sorted(counts)
+            ax.bar(
+                [10 ** (b / 10) for b in edges],
+                [counts[b] for b in edges],
+                width=[10 ** ((b + 1) / 10) - 10 ** (b / 10) for b in edges],
+                align="edge",
+                color="#9ecae1",
+            )
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            for name, color in (("p50", "#2ca02c"), ("p99", "#d62728")):
+                if row.get(name) is not None:
+                    ax.axvline(
+                        row[name],
+                        color=color,
+                        linestyle="--",
+                        label=f"{name} {row[name] * 1000:.2f} ms",
+                    )
+            ax.set_title(f"{row['command']} ({row['count']:,})", fontsize=10)
+            ax.set_xlabel("seconds")
+            ax.legend(fontsize=7)
+
+    rows = (len(latency) + 2) // 3
+    return _picture("Request latency distributions per command", draw, 2.6 * rows + 0.4)
+
+
+def errors_picture(summary: dict[str, Any]) -> str:
+    step = int(summary["step"])
+    rows = [r for r in summary["over_time"] if r["code"]]
+    if not rows:
+        return '<p class="muted">no errors</p>'
+    totals = collections.Counter[str]()
+    for row in rows:
+        totals[row["code"]] += int(row["frames"])
+    top = {code for code, _ in totals.most_common(MAX_SERIES)}
+    steps, series = _series(
+        [r if r["code"] in top else {**r, "code": "other"} for r in rows], "code", "frames"
     )
-    parts.append(
-        f'<text x="{width - pad - 110}" y="{height - 10}" font-size="11">'
-        f"{html.escape(labels[-1])}</text></svg>"
-    )
-    return "".join(parts)
+
+    def draw(figure: Figure) -> None:
+        ax = figure.subplots()
+        width = step * 0.9 / 86400
+        base = [0.0] * len(steps)
+        for code in sorted(series, key=lambda c: -totals.get(c, 0)):
+            heights = [series[code].get(s, 0.0) for s in steps]
+            ax.bar(
+                [_when(step, s) for s in steps],
+                heights,
+                width=width,
+                bottom=base,
+                label=code,
+                align="edge",
+            )
+            base = [b + h for b, h in zip(base, heights, strict=True)]
+        ax.set_ylabel("frames per step")
+        ax.legend(fontsize=7, loc="upper left")
+        _time_axis(ax, step)
+
+    return _picture("Error codes over time", draw)
+
+
+def churn_picture(summary: dict[str, Any]) -> str:
+    step = int(summary["step"])
+    churn = sorted(summary["churn"], key=lambda r: r["step"])
+    if not churn:
+        return '<p class="muted">no connections</p>'
+
+    def draw(figure: Figure) -> None:
+        ax = figure.subplots()
+        when = [_when(step, int(r["step"])) for r in churn]
+        width = step * 0.9 / 86400
+        ax.bar(
+            when,
+            [r["opened"] for r in churn],
+            width=width,
+            align="edge",
+            color="#2ca02c",
+            label="opened",
+        )
+        ax.bar(
+            when,
+            [-r["closed"] for r in churn],
+            width=width,
+            align="edge",
+            color="#d62728",
+            label="closed",
+        )
+        ax.set_ylabel("connections per step")
+        ax.axhline(0, color="#999", linewidth=0.8)
+        twin = ax.twinx()
+        open_now, level = [], 0
+        for row in churn:
+            level += int(row["opened"]) - int(row["closed"])
+            open_now.append(level)
+        twin.step(when, open_now, where="post", color="#1f77b4", label="open")
+        twin.set_ylabel("open (seen in these recordings)")
+        handles = ax.get_legend_handles_labels()
+        extra = twin.get_legend_handles_labels()
+        ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper left")
+        _time_axis(ax, step)
+
+    return _picture("Connection churn", draw)
+
+
+def talkers_picture(summary: dict[str, Any]) -> str:
+    talkers = summary["top_talkers"]
+    if not talkers:
+        return '<p class="muted">no connections</p>'
+
+    def draw(figure: Figure) -> None:
+        ax = figure.subplots()
+        names = [f"{r['host'] or '?'} ({r['connections']} conn)" for r in talkers][::-1]
+        ax.barh(names, [(r["bytes"] or 0) / 1e6 for r in talkers][::-1], color="#9467bd")
+        ax.set_xlabel("MB on the wire, both directions")
+        ax.grid(True, axis="x", alpha=0.3)
+
+    return _picture("Top talkers", draw, 0.35 * len(talkers) + 1.2)
 
 
 def write_report(summary: dict[str, Any], path: Path) -> None:
-    per_minute: dict[str, list[tuple[str, float]]] = {}
-    for row in summary["per_minute"]:
-        label = _fmt(row["minute"])
-        name = "published" if row["direction"] == "client_to_broker" else "delivered"
-        per_minute.setdefault(name, []).append((label, float(row["messages"])))
     damaged = summary["damaged"]
+    protocols = ", ".join(f"{r['protocol']} {r['count']}" for r in summary["protocols"])
     sections = [
-        f"<h1>Sluice traffic report</h1><p>{summary['frames']} frames on "
-        f"{summary['connections']} connections, from {summary['files']} recording files "
-        f"({summary['bytes'] / 1e6:.1f} MB), analysed in {summary['seconds']:.1f} s.</p>",
-        "<h2>Messages per minute</h2>" + _line_chart(per_minute),
+        f"<h1>Sluice traffic report</h1><p>{summary['frames']:,} frames on "
+        f"{summary['connections']:,} connections ({html.escape(protocols or 'none')}), from "
+        f"{summary['files']} recording segments ({summary['bytes'] / 1e6:,.1f} MB), analysed "
+        f"in {summary['seconds']:.1f} s.</p>",
+        "<h2>Throughput over time per topic</h2>" + throughput_picture(summary),
         "<h2>Latency (request to answer, at the proxy)</h2>"
+        + latency_picture(summary)
         + _table(
             summary["latency"],
             [
@@ -108,12 +287,26 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
                 ("max", "max"),
             ],
         ),
+        "<h2>Errors over time</h2>"
+        + errors_picture(summary)
+        + _table(summary["errors"], [("code", "code"), ("count", "count")]),
+        "<h2>Connection churn</h2>" + churn_picture(summary),
+        "<h2>Top talkers</h2>"
+        + talkers_picture(summary)
+        + _table(
+            summary["top_talkers"],
+            [
+                ("host", "client"),
+                ("connections", "connections"),
+                ("frames", "frames"),
+                ("bytes", "bytes"),
+            ],
+        ),
         "<h2>Busiest topics</h2>"
         + _table(
             summary["top_topics"],
             [("topic", "topic"), ("messages", "messages"), ("bytes", "bytes")],
         ),
-        "<h2>Errors</h2>" + _table(summary["errors"], [("code", "code"), ("count", "count")]),
         "<h2>Sessions with validation failures</h2>"
         + _table(
             summary["invalid_sessions"],
@@ -126,16 +319,15 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
         ),
         "<h2>Frames by command</h2>"
         + _table(
-            summary["by_command"],
+            by_command(summary),
             [("command", "command"), ("direction", "direction"), ("count", "frames")],
         ),
-        "<h2>Files</h2>"
+        "<h2>Bad segments</h2>"
         + (
-            f'<p class="bad">{len(damaged)} damaged file(s) skipped after their last good record:'
-            "</p>"
+            f'<p class="bad">{len(damaged)} damaged segment(s), read up to the damage:</p>'
             + _table(damaged, [("file", "file"), ("records", "records read"), ("why", "problem")])
             if damaged
-            else "<p>no damaged files</p>"
+            else "<p>no damaged segments</p>"
         )
         + (
             _table(
@@ -147,8 +339,18 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
         ),
     ]
     page = (
-        f"<!doctype html><meta charset=utf-8><title>Sluice traffic report</title>"
-        f"<style>{_STYLE}</style>" + "".join(sections)
+        "<!doctype html><html lang=en><meta charset=utf-8><title>Sluice traffic report</title>"
+        f"<link rel=icon href='data:,'><style>{_STYLE}</style><body>" + "".join(sections)
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page)
+
+
+def by_command(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    counts = collections.Counter[tuple[str, str]]()
+    for row in summary["over_time"]:
+        counts[(row["command"], row["direction"])] += int(row["frames"])
+    return [
+        {"command": command, "direction": direction, "count": count}
+        for (command, direction), count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]

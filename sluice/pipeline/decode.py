@@ -1,0 +1,200 @@
+"""Executor side of ``sluice analyze``: whole segments to Arrow record batches.
+
+Spark hands ``binaryFile`` rows (path, content) to :func:`decode_batches`
+through ``mapInArrow``; each segment is read with the recording format's own
+reader (``read_records_from``: header check, upgraders, truncated tails) and
+comes back as one columnar batch of frames plus a few rows for its
+connections, closes and the segment itself. Rows never exist as Python
+objects on the way to the JVM.
+
+Every output row has the columns of :data:`SCHEMA`; ``record`` says which
+ones are meaningful: ``frame``, ``conn`` (opened at ``wall_ns``), ``close``
+(closed at ``wall_ns``) or ``segment`` (one per input file, also for a
+damaged one: then ``damaged`` is true and ``why`` says what was wrong).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from sluice.recording.format import CLIENT_TO_BROKER, ReadResult, RecordingError, read_records_from
+
+DIRECTIONS = ("client_to_broker", "broker_to_client")  # by the format's `d`
+COUNTED = frozenset(("SEND", "MESSAGE"))  # frames whose `msgs` counts messages
+
+_FIELDS: list[tuple[str, pa.DataType]] = [
+    ("record", pa.string()),
+    ("capture", pa.string()),
+    ("file", pa.string()),
+    ("conn", pa.int64()),
+    ("direction", pa.string()),
+    ("mono_ns", pa.int64()),
+    ("wall_ns", pa.int64()),
+    ("command", pa.string()),
+    ("size", pa.int64()),
+    ("request_id", pa.int64()),
+    ("producer_id", pa.int64()),
+    ("sequence_id", pa.int64()),
+    ("consumer_id", pa.int64()),
+    ("topic", pa.string()),
+    ("messages", pa.int64()),
+    ("invalid", pa.string()),
+    ("error", pa.string()),
+    # conn records
+    ("client", pa.string()),
+    ("broker", pa.string()),
+    ("kind", pa.string()),
+    ("listener", pa.string()),
+    # close records
+    ("reason", pa.string()),
+    # segment records (protocol also on conn records: the segment's)
+    ("protocol", pa.string()),
+    ("segment", pa.int64()),
+    ("version", pa.int64()),
+    ("records", pa.int64()),
+    ("frames", pa.int64()),
+    ("bytes", pa.int64()),
+    ("truncated_bytes", pa.int64()),
+    ("damaged", pa.bool_()),
+    ("why", pa.string()),
+]
+SCHEMA = pa.schema(_FIELDS)
+_SPARK_TYPES = {pa.string(): "string", pa.int64(): "bigint", pa.bool_(): "boolean"}
+SPARK_SCHEMA = ", ".join(f"{name} {_SPARK_TYPES[kind]}" for name, kind in _FIELDS)
+FRAME_COLUMNS = [name for name, _ in _FIELDS[1:17]]
+
+
+def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: batches of (path, length, content) to decoded batches."""
+    for batch in batches:
+        paths = batch.column("path").to_pylist()
+        contents = batch.column("content")
+        for i, path in enumerate(paths):
+            content = contents[i].as_buffer()
+            yield from decode_segment(path, b"" if content is None else content)
+
+
+def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
+    """One segment's frames (one batch), then its conn, close and segment rows."""
+    frames: list[tuple[Any, ...]] = []
+    add = frames.append
+    others: list[dict[str, Any]] = []
+    segment: dict[str, Any] = {"record": "segment", "file": path, "bytes": len(content)}
+    result = ReadResult(Path(path))
+    capture = protocol = ""
+    try:
+        for record in read_records_from(content, path, result):
+            kind = record["k"]
+            if kind == "frame":
+                s = record["s"]
+                command = s.get("cmd")
+                add(
+                    (
+                        record["c"],
+                        record["d"] != CLIENT_TO_BROKER,
+                        record["t"],
+                        record["w"],
+                        command,
+                        record["n"],
+                        s.get("rid"),
+                        s.get("pid"),
+                        s.get("seq"),
+                        s.get("cid"),
+                        s.get("topic"),
+                        int(s.get("msgs", 1)) if command in COUNTED else 0,
+                        s.get("invalid"),
+                        s.get("error"),
+                    )
+                )
+            elif kind == "header":
+                capture = record["capture"]
+                protocol = record.get("protocol", "")
+                segment.update(capture=capture, protocol=protocol, segment=record.get("segment"))
+            elif kind == "conn":
+                others.append(
+                    {
+                        "record": "conn",
+                        "capture": capture,
+                        "file": path,
+                        "conn": record["c"],
+                        "wall_ns": record["w"],
+                        "mono_ns": record["t"],
+                        "client": record["client"],
+                        "broker": record["broker"],
+                        "kind": record["kind"],
+                        "listener": record["listener"],
+                        "protocol": protocol,
+                    }
+                )
+            elif kind == "close":
+                others.append(
+                    {
+                        "record": "close",
+                        "capture": capture,
+                        "file": path,
+                        "conn": record["c"],
+                        "wall_ns": record["w"],
+                        "mono_ns": record["t"],
+                        "reason": record.get("reason", ""),
+                    }
+                )
+    except RecordingError as exc:
+        segment["why"] = str(exc)
+    except Exception as exc:  # a record that reads but is not what the format says
+        segment["why"] = f"{path}: damaged after {result.records} records ({exc!r})"
+    count = len(frames)
+    segment.update(
+        version=result.version,
+        records=result.records,
+        frames=count,
+        truncated_bytes=result.truncated_bytes,
+        damaged="why" in segment,
+    )
+    if count:
+        yield _frame_batch(capture, path, frames)
+    yield pa.RecordBatch.from_pylist([*others, segment], schema=SCHEMA)
+
+
+def _frame_batch(capture: str, path: str, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    count = len(rows)
+    (
+        conn,
+        outbound,
+        mono,
+        wall,
+        command,
+        size,
+        rid,
+        pid,
+        seq,
+        cid,
+        topic,
+        messages,
+        invalid,
+        error,
+    ) = zip(*rows, strict=True)
+    columns: dict[str, pa.Array] = {
+        "record": pa.repeat(pa.scalar("frame"), count),
+        "capture": pa.repeat(pa.scalar(capture), count),
+        "file": pa.repeat(pa.scalar(path), count),
+        "conn": pa.array(conn, pa.int64()),
+        "direction": pa.array(DIRECTIONS).take(pa.array(outbound, pa.bool_()).cast(pa.int8())),
+        "mono_ns": pa.array(mono, pa.int64()),
+        "wall_ns": pa.array(wall, pa.int64()),
+        "command": pa.array(command, pa.string()),
+        "size": pa.array(size, pa.int64()),
+        "topic": pa.array(topic, pa.string()),
+        "messages": pa.array(messages, pa.int64()),
+        "invalid": pa.array(invalid, pa.string()),
+        "error": pa.array(error, pa.string()),
+    }
+    # uint64 ids as Spark longs: the all-ones "no request" id becomes -1.
+    for name, values in (("request_id", rid), ("producer_id", pid), ("sequence_id", seq),
+                         ("consumer_id", cid)):  # fmt: skip
+        columns[name] = pa.array(values, pa.uint64()).cast(pa.int64(), safe=False)
+    arrays = [columns[name] if name in columns else pa.nulls(count, kind) for name, kind in _FIELDS]
+    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)

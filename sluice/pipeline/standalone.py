@@ -1,0 +1,178 @@
+"""A Spark standalone cluster on 127.0.0.1, from PySpark's own distribution.
+
+A master and N workers started with PySpark's ``bin/spark-class`` (the
+classes ``org.apache.spark.deploy.master.Master`` and ``…worker.Worker``),
+each in its own process group, bound to loopback only, and stopped by
+process id (SIGTERM, then SIGKILL), executors included. The tests and
+``bench/analyze.py`` run ``sluice analyze --master spark://127.0.0.1:PORT``
+against one; it is also a quick way to try a cluster by hand::
+
+    python -m sluice.pipeline.standalone --workers 2     # prints the URL, Ctrl-C stops it
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from sluice.embedded import free_port
+
+LOOPBACK = "127.0.0.1"
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def loopback_env() -> dict[str, str]:
+    """The environment for Spark processes (and drivers) that must stay on 127.0.0.1."""
+    env = dict(os.environ)
+    env.update(
+        SPARK_HOME=str(spark_home()),
+        SPARK_LOCAL_IP=LOOPBACK,
+        SPARK_LOCAL_HOSTNAME="localhost",
+        PYSPARK_PYTHON=sys.executable,
+    )
+    return env
+
+
+class StandaloneCluster:
+    def __init__(self, workdir: Path, workers: int = 2, cores: int = 1, memory: str = "2g") -> None:
+        self.workdir = workdir
+        self.workers = workers
+        self.cores = cores
+        self.memory = memory
+        self.port = 0
+        self.ui_port = 0
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"spark://{LOOPBACK}:{self.port}"
+
+    def _spawn(self, name: str, *args: str) -> None:
+        log = (self.workdir / f"{name}.log").open("wb")
+        with log:
+            self.processes.append(
+                subprocess.Popen(
+                    [str(spark_home() / "bin" / "spark-class"), *args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=loopback_env(),
+                    cwd=self.workdir,
+                    start_new_session=True,  # its executors go with it
+                )
+            )
+
+    def start(self, timeout: float = 90.0) -> StandaloneCluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port, self.ui_port = free_port(), free_port()
+        try:
+            self._spawn(
+                "master",
+                "org.apache.spark.deploy.master.Master",
+                "--host", LOOPBACK, "--port", str(self.port), "--webui-port", str(self.ui_port),
+            )  # fmt: skip
+            for n in range(self.workers):
+                self._spawn(
+                    f"worker{n}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host", LOOPBACK, "--port", str(free_port()),
+                    "--webui-port", str(free_port()), "--cores", str(self.cores),
+                    "--memory", self.memory, "--work-dir", str(self.workdir / f"worker{n}"),
+                    self.url,
+                )  # fmt: skip
+            self._wait_for_workers(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_for_workers(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        alive = 0
+        while time.monotonic() < deadline:
+            dead = [p.args for p in self.processes if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"Spark process exited: {dead[0]!r}\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(
+                    f"http://{LOOPBACK}:{self.ui_port}/json/", timeout=2
+                ) as answer:
+                    alive = int(json.load(answer).get("aliveworkers", 0))
+            except (OSError, urllib.error.URLError, ValueError):
+                alive = 0
+            if alive >= self.workers:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{alive} of {self.workers} workers up after {timeout} s\n{self.logs()}")
+
+    def logs(self, tail: int = 3000) -> str:
+        return "\n".join(
+            f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}"
+            for path in sorted(self.workdir.glob("*.log"))
+        )
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Workers first, then the master: SIGTERM by process group id, SIGKILL if need be."""
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                _signal_group(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in reversed(self.processes):
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait()
+            # Executors or shells left in the group after their parent exited.
+            _signal_group(process.pid, signal.SIGKILL)
+        self.processes.clear()
+
+    def __enter__(self) -> StandaloneCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)  # the group this module created for that process
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cores", type=int, default=1, help="cores per worker")
+    parser.add_argument("--dir", type=Path, default=Path("spark-standalone"))
+    args = parser.parse_args(argv)
+    with StandaloneCluster(args.dir.resolve(), args.workers, args.cores) as cluster:
+        print(f"{cluster.url} (web UI http://{LOOPBACK}:{cluster.ui_port}); Ctrl-C stops it")
+        try:
+            while all(p.poll() is None for p in cluster.processes):
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
