@@ -1,6 +1,6 @@
 """The real client through Sluice vs straight to the broker, in one run.
 
-    python bench/e2e.py [--rounds 3] [--scale 1.0] [--record]
+    python bench/e2e.py [--rounds 3] [--scale 1.0] [--record] [--profile FILE]
 
 Four figures, each as messages per second, proxy / direct, plus the proxy's
 own CPU time per message (user + system, from /proc):
@@ -34,6 +34,7 @@ import pulsar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.embedded import EmbeddedBroker
+from tests import support
 from tests.support import client, start_proxy
 
 GOAL = 0.90
@@ -99,7 +100,22 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     parser.add_argument("--record", action="store_true", help="the proxy records, payloads hashed")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="run the proxy under cProfile and write its stats to FILE "
+        "(read with python -m pstats; the CPU figures then include cProfile's overhead)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("unbatched", "batched"),
+        help="run one workload only",
+    )
     args = parser.parse_args()
+    if args.profile is not None:
+        out = str(args.profile.resolve())
+        support.SLUICE = [sys.executable, "-m", "cProfile", "-o", out, "-m", "sluice.cli"]
     unbatched = int(5_000 * args.scale)
     batched = int(50_000 * args.scale)
 
@@ -107,6 +123,8 @@ def main() -> int:
         ("1 KiB, batching off", unbatched, 1024, False),
         ("100 B, batching on", batched, 100, True),
     ]
+    if args.only is not None:
+        workloads = [workloads[0 if args.only == "unbatched" else 1]]
     results: dict[tuple[str, str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}  # proxy CPU µs per message
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
@@ -132,6 +150,8 @@ def main() -> int:
                             cpu.setdefault((name, "consume"), []).append(per)
                 print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
         finally:
+            if args.profile is not None:
+                proxy.terminate()  # cProfile writes its stats on a clean exit
             proxy.kill()
 
     print(f"proxy recording: {'on (payloads hashed)' if args.record else 'off'}")
