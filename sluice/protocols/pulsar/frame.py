@@ -58,12 +58,13 @@ def missing_fields(message: Message) -> str:
     return ", ".join(errors)
 
 
+_NAMES: dict[int, str] = {value.number: value.name for value in Type.DESCRIPTOR.values}
+
+
 def command_name(type_: int) -> str:
     """``"SEND"`` for 6; ``"UNKNOWN(99)"`` for a type the schema does not know."""
-    try:
-        return Type.Name(type_)  # type: ignore[arg-type]
-    except ValueError:
-        return f"UNKNOWN({type_})"
+    name = _NAMES.get(type_)
+    return name if name is not None else f"UNKNOWN({type_})"
 
 
 class Frame:
@@ -77,6 +78,7 @@ class Frame:
     """
 
     __slots__ = (
+        "body",
         "broker_entry_metadata",
         "checksum",
         "command",
@@ -112,6 +114,10 @@ class Frame:
         # The checksum as sent (None when the frame carries none).
         self.checksum = checksum
         self.broker_entry_metadata = broker_entry_metadata
+        # The typed command (``CommandSend`` for a SEND), or None if unknown.
+        # Looked up once: every tap and the correlator read it.
+        field = BODY_FIELD.get(type_) if command is not None else None
+        self.body: Any = getattr(command, field) if field is not None else None
 
     @property
     def ok(self) -> bool:
@@ -124,13 +130,6 @@ class Frame:
     @property
     def size(self) -> int:
         return len(self.raw)
-
-    @property
-    def body(self) -> Any:
-        """The typed command (``CommandSend`` for a SEND), or None if unknown."""
-        if self.command is None or self.type not in BODY_FIELD:
-            return None
-        return getattr(self.command, BODY_FIELD[self.type])
 
     @property
     def payload(self) -> memoryview:
