@@ -22,7 +22,8 @@ from typing import Any, BinaryIO
 import msgpack
 
 from sluice.protocols.pulsar import PAYLOAD_TYPES, Frame, pb
-from sluice.protocols.pulsar.correlation import Correlator
+from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
+from sluice.protocols.pulsar.frame import BODY_FIELD
 from sluice.protocols.pulsar.redact import redacted, sensitive
 
 MAGIC = "sluice-recording"
@@ -99,13 +100,17 @@ class FrameSummarizer:
         self._correlators.pop(conn, None)
 
     def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:
-        correlator = self._correlators.setdefault(conn, Correlator())
+        correlator = self._correlators.get(conn)
+        if correlator is None:
+            correlator = self._correlators[conn] = Correlator()
         # Summarize against the state before this frame (a CLOSE_PRODUCER
         # still has its topic), then let answers borrow their request's topic.
         summary = summarize(frame, correlator)
-        done = correlator.observe(frame, direction == CLIENT_TO_BROKER, mono_ns / 1e9)
-        if done is not None and done.topic and "topic" not in summary:
-            summary["topic"] = done.topic
+        from_client = direction == CLIENT_TO_BROKER
+        if frame.type in (CLIENT_TYPES if from_client else SERVER_TYPES):  # the rest: no-ops
+            done = correlator.observe(frame, from_client, mono_ns / 1e9)
+            if done is not None and done.topic and "topic" not in summary:
+                summary["topic"] = done.topic
         raw = redacted(frame) if sensitive(frame) else frame.raw
         if raw is not frame.raw:
             summary["redacted"] = True
@@ -140,16 +145,43 @@ _ID_FIELDS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """Which of the summarized fields a command type's body has."""
+
+    ids: tuple[tuple[str, str], ...]  # (field, short name), in _ID_FIELDS order
+    topic: bool
+    message_id: bool  # a single message_id (ACK's is a list, and not summarized)
+    error: bool
+
+
+def _shape(type_: int, field: str) -> _Shape:
+    body = pb.BaseCommand.DESCRIPTOR.fields_by_name[field].message_type
+    assert body is not None
+    fields = body.fields_by_name
+    return _Shape(
+        tuple((name, short) for name, short in _ID_FIELDS if name in fields),
+        "topic" in fields,
+        "message_id" in fields and type_ != pb.BaseCommand.ACK,
+        "error" in fields,
+    )
+
+
+# Worked out once per command type instead of asking each frame's descriptor.
+_SHAPES: dict[int, _Shape] = {t: _shape(t, field) for t, field in BODY_FIELD.items()}
+_ERROR_NAMES: dict[int, str] = {value: name for name, value in pb.ServerError.items()}
+
+
 def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, Any]:
     """Command, ids, topic and validation of a frame, as plain values."""
     out: dict[str, Any] = {"cmd": frame.name}
     body: Any = frame.body
     if body is not None:
-        fields = body.DESCRIPTOR.fields_by_name
-        for name, short in _ID_FIELDS:
-            if name in fields and body.HasField(name):
+        shape = _SHAPES[frame.type]
+        for name, short in shape.ids:
+            if body.HasField(name):
                 out[short] = getattr(body, name)
-        topic = body.topic if "topic" in fields and body.HasField("topic") else None
+        topic = body.topic if shape.topic and body.HasField("topic") else None
         if topic is None and correlator is not None:
             if "pid" in out:
                 topic = correlator.topic_of_producer(out["pid"])
@@ -157,15 +189,13 @@ def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, A
                 topic = correlator.topic_of_consumer(out["cid"])
         if topic:
             out["topic"] = topic
-        if (
-            "message_id" in fields
-            and frame.type != pb.BaseCommand.ACK
-            and body.HasField("message_id")
-        ):
+        if shape.message_id and body.HasField("message_id"):
             mid = body.message_id
             out["mid"] = [mid.ledgerId, mid.entryId, mid.partition, mid.batch_index]
-        if "error" in fields and body.HasField("error"):
-            out["error"] = pb.ServerError.Name(body.error)
+        if shape.error and body.HasField("error"):
+            error = body.error
+            known = _ERROR_NAMES.get(error)
+            out["error"] = known if known is not None else pb.ServerError.Name(error)
     meta = frame.metadata
     if meta is not None:
         out["msgs"] = meta.num_messages_in_batch
@@ -185,6 +215,13 @@ def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, A
 def pack(record: Record) -> bytes:
     data: bytes = msgpack.packb(record, use_bin_type=True)
     return data
+
+
+def packer() -> Callable[[Record], bytes]:
+    """``pack`` for one thread that packs many records: one msgpack packer,
+    and its buffer, reused instead of made anew for every record."""
+    pack_one: Callable[[Record], bytes] = msgpack.Packer(use_bin_type=True).pack
+    return pack_one
 
 
 @dataclass

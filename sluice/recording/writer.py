@@ -28,9 +28,22 @@ import trio
 from sluice import __version__
 from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Opened
 from sluice.protocols.pulsar import Frame
-from sluice.recording.format import SUFFIX, FrameSummarizer, PayloadPolicy, Record, header, pack
+from sluice.recording.format import (
+    SUFFIX,
+    FrameSummarizer,
+    PayloadPolicy,
+    Record,
+    header,
+    pack,
+    packer,
+)
 
 log = logging.getLogger("sluice.recorder")
+
+# Packed records are handed to the file (a worker thread's write) once this
+# many bytes are waiting, or at the flush interval, whichever comes first:
+# one thread round trip per read would cost more than the records.
+WRITE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,10 @@ class Recorder:
         self._space = trio.Event()
         self._dropped = 0  # since the last gap record
         self._summarizer = FrameSummarizer(config.payloads)
+        self._pack = packer()
+        # Records packed and waiting to be written, with the queue item each came from.
+        self._packed: list[tuple[tuple[Any, ...], bytes]] = []
+        self._packed_bytes = 0
         self._open: dict[int, Record] = {}  # conn records, repeated in new segments
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
@@ -188,44 +205,59 @@ class Recorder:
                 # (shutdown) must not lose it between the queue and the file.
                 with trio.CancelScope(shield=True):
                     try:
-                        await self._write_queued()
+                        self._pack_queued()
                         now = trio.current_time()
-                        if (
-                            self._file is not None
-                            and now - last_flush >= self.config.flush_interval
-                        ):
-                            await self._flush()
+                        if now - last_flush >= self.config.flush_interval:
+                            await self._write_packed()
+                            if self._file is not None:
+                                await self._flush()
                             last_flush = now
+                        elif self._packed_bytes >= WRITE_BYTES or self._file is None:
+                            await self._write_packed()
                     except Exception as exc:  # recording must never take the proxy down
                         self._bug(exc)
                         await self._close_file()
         finally:
             with trio.CancelScope(shield=True):
-                await self._write_queued()
+                self._pack_queued()
+                await self._write_packed()
                 await self._close_file()
 
-    async def _write_queued(self) -> None:
+    def _pack_queued(self) -> None:
+        """Turn what is queued into packed records (summaries, payload policy)."""
         if not self._queue:
             return
         batch = list(self._queue)
         self._queue.clear()
         self._queued_bytes = 0
         self._space.set()
-        packed: list[tuple[tuple[Any, ...], bytes]] = []
+        packed = self._packed
+        pack_one = self._pack
+        record_of = self._summarizer.record
+        size = 0
         for item in batch:
             if item[0] == "f":
                 _, conn, direction, mono, wall, frame = item
                 try:
-                    record = self._summarizer.record(conn, direction, mono, wall, frame)
+                    data = pack_one(record_of(conn, direction, mono, wall, frame))
                 except Exception as exc:  # a recorder bug must never break traffic
                     self._bug(exc)
                     self._drop(1)
                     continue
-                packed.append((item, pack(record)))
             else:
                 if item[1]["k"] == "close":
                     self._summarizer.forget(item[1]["c"])
-                packed.append((item, pack(item[1])))
+                data = pack_one(item[1])
+            packed.append((item, data))
+            size += len(data)
+        self._packed_bytes += size
+
+    async def _write_packed(self) -> None:
+        if not self._packed:
+            return
+        packed = self._packed
+        self._packed = []
+        self._packed_bytes = 0
         frames = sum(1 for item, _ in packed if item[0] == "f")
         restated = await self._ensure_file()
         if restated is None:
