@@ -27,12 +27,25 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": message,
         }
+        worker = getattr(record, "worker", None)
+        if worker is not None:
+            out["worker"] = worker
         match = _CONN.match(message)
         if match:
             out["conn"] = int(match[1])
         if record.exc_info and record.levelno >= logging.ERROR:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out)
+
+
+class _WorkerTag(logging.Filter):
+    def __init__(self, worker: int) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.worker
+        return True
 
 
 def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,12 +61,19 @@ def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def setup_logging(level: str, form: str = "text") -> None:
+def setup_logging(level: str, form: str = "text", *, worker: int | None = None) -> None:
+    """Log to stderr; ``worker``: a worker process of ``--workers N``, whose
+    lines say which one it is (``w2`` in text, ``"worker": 2`` in JSON)."""
     handler = logging.StreamHandler(sys.stderr)
     if form == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        tag = f"w{worker} " if worker is not None else ""
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)-7s {tag}%(name)s: %(message)s")
+        )
+    if worker is not None:
+        handler.addFilter(_WorkerTag(worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,24 +58,20 @@ Readiness = Callable[[], list[str]]
 
 
 @dataclass
-class FaultsEndpoint:
-    """What ``/faults`` works on: the proxy's rule set, the protocols rules
-    may name, and the token that changing them takes (None: no changes)."""
-
-    faults: Faults
-    protocols: Mapping[str, ProtocolFaults]
-    token: str | None = None
-
-
-@dataclass
-class _Request:
+class AdminRequest:
     method: str
     target: str
     headers: dict[str, str]
     body: bytes
 
 
-class _Refused(Exception):
+# Serves /faults: (status, JSON answer), or raises Refused.
+FaultsHandler = Callable[[AdminRequest], Awaitable[tuple[int, Any]]]
+# Produces the /metrics text (default: the registry's).
+MetricsSource = Callable[[], Awaitable[bytes]]
+
+
+class Refused(Exception):
     def __init__(self, status: int, message: str, extra: list[tuple[str, str]] | None = None):
         super().__init__(message)
         self.status = status
@@ -87,12 +83,13 @@ async def serve_admin(
     listeners: list[trio.SocketListener],
     registry: CollectorRegistry,
     readiness: Readiness,
-    faults: FaultsEndpoint | None = None,
+    faults: FaultsHandler | None = None,
+    metrics: MetricsSource | None = None,
 ) -> None:
     async def handle(stream: trio.SocketStream) -> None:
         try:
             with trio.move_on_after(TIMEOUT):
-                await _respond(stream, registry, readiness, faults)
+                await _respond(stream, registry, readiness, faults, metrics)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -101,7 +98,7 @@ async def serve_admin(
     await trio.serve_listeners(handle, listeners)
 
 
-async def _read_request(stream: trio.SocketStream) -> _Request | None:
+async def _read_request(stream: trio.SocketStream) -> AdminRequest | None:
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = await stream.receive_some(4096)
@@ -109,12 +106,12 @@ async def _read_request(stream: trio.SocketStream) -> _Request | None:
             return None
         data += chunk
         if len(data) > MAX_HEAD and b"\r\n\r\n" not in data[:MAX_HEAD]:
-            raise _Refused(400, "request head too large")
+            raise Refused(400, "request head too large")
     head, body = data.split(b"\r\n\r\n", 1)
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise _Refused(400, "bad request")
+        raise Refused(400, "bad request")
     headers = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
@@ -123,22 +120,23 @@ async def _read_request(stream: trio.SocketStream) -> _Request | None:
     try:
         length = int(headers.get("content-length", "0"))
     except ValueError:
-        raise _Refused(400, "bad Content-Length") from None
+        raise Refused(400, "bad Content-Length") from None
     if length < 0 or length > MAX_BODY:
-        raise _Refused(413, f"request body over {MAX_BODY} bytes")
+        raise Refused(413, f"request body over {MAX_BODY} bytes")
     while len(body) < length:
         chunk = await stream.receive_some(length - len(body))
         if not chunk:
-            raise _Refused(400, "request body cut short")
+            raise Refused(400, "request body cut short")
         body += chunk
-    return _Request(parts[0], parts[1].split("?", 1)[0], headers, body[:length])
+    return AdminRequest(parts[0], parts[1].split("?", 1)[0], headers, body[:length])
 
 
 async def _respond(
     stream: trio.SocketStream,
     registry: CollectorRegistry,
     readiness: Readiness,
-    faults: FaultsEndpoint | None,
+    faults: FaultsHandler | None,
+    metrics: MetricsSource | None = None,
 ) -> None:
     try:
         request = await _read_request(stream)
@@ -146,11 +144,11 @@ async def _respond(
             return
         if request.target == "/faults" or request.target.startswith("/faults/"):
             if faults is None:
-                raise _Refused(404, "fault injection is not available here")
-            status, answer = _faults(request, faults)
+                raise Refused(404, "fault injection is not available here")
+            status, answer = await faults(request)
             await _send(stream, status, json.dumps(answer).encode() + b"\n", _JSON)
             return
-    except _Refused as refused:
+    except Refused as refused:
         await _send(stream, refused.status, refused.message.encode() + b"\n", extra=refused.extra)
         return
     method, target = request.method, request.target
@@ -159,8 +157,8 @@ async def _respond(
         return
     body_wanted = method == "GET"
     if target == "/metrics":
-        await _send(stream, 200, generate_latest(registry), CONTENT_TYPE_LATEST,
-                    body_wanted=body_wanted)  # fmt: skip
+        text = await metrics() if metrics is not None else generate_latest(registry)
+        await _send(stream, 200, text, CONTENT_TYPE_LATEST, body_wanted=body_wanted)
     elif target == "/healthz":
         await _send(stream, 200, b"ok\n", body_wanted=body_wanted)
     elif target == "/readyz":
@@ -174,46 +172,55 @@ async def _respond(
                     body_wanted=body_wanted)  # fmt: skip
 
 
-def _faults(request: _Request, endpoint: FaultsEndpoint) -> tuple[int, Any]:
-    """Serve one /faults request: (status, JSON answer)."""
-    method = request.method
-    rule_id = request.target[len("/faults/") :] if request.target.startswith("/faults/") else ""
-    rules = endpoint.faults
-    if method == "GET" and not rule_id:
-        return 200, {"rules": [rule.to_json() for rule in rules.rules]}
-    if method == "GET":
-        for rule in rules.rules:
-            if rule.id == rule_id:
-                return 200, rule.to_json()
-        raise _Refused(404, f"no fault rule {rule_id!r}")
-    if method not in ("POST", "DELETE") or (method == "POST" and rule_id):
-        raise _Refused(405, "GET, POST /faults or DELETE /faults[/ID]",
-                       [("Allow", "GET, POST, DELETE")])  # fmt: skip
-    _authorize(request, endpoint.token)
-    if method == "DELETE":
-        if not rule_id:
-            count = rules.clear()
-            log.warning("fault injection: all %d rules removed", count)
-            return 200, {"deleted": count}
-        if not rules.remove(rule_id):
-            raise _Refused(404, f"no fault rule {rule_id!r}")
-        log.warning("fault injection: rule %s removed", rule_id)
-        return 200, {"deleted": 1}
-    try:
-        data = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _Refused(400, f"the body is not JSON: {exc}") from None
-    try:
-        rule = rules.add(parse_rule(data, endpoint.protocols))
-    except FaultError as exc:
-        raise _Refused(400, str(exc)) from None
-    log.warning("fault injection: rule %s", rule.describe())
-    return 201, {"id": rule.id, "rule": rule.to_json()}
+@dataclass
+class FaultsEndpoint:
+    """``/faults`` of one proxy process: its rule set, the protocols rules
+    may name, and the token that changing them takes (None: no changes)."""
+
+    faults: Faults
+    protocols: Mapping[str, ProtocolFaults]
+    token: str | None = None
+
+    async def __call__(self, request: AdminRequest) -> tuple[int, Any]:
+        method = request.method
+        prefix = "/faults/"
+        rule_id = request.target[len(prefix) :] if request.target.startswith(prefix) else ""
+        rules = self.faults
+        if method == "GET" and not rule_id:
+            return 200, {"rules": [rule.to_json() for rule in rules.rules]}
+        if method == "GET":
+            for rule in rules.rules:
+                if rule.id == rule_id:
+                    return 200, rule.to_json()
+            raise Refused(404, f"no fault rule {rule_id!r}")
+        if method not in ("POST", "DELETE") or (method == "POST" and rule_id):
+            raise Refused(405, "GET, POST /faults or DELETE /faults[/ID]",
+                          [("Allow", "GET, POST, DELETE")])  # fmt: skip
+        authorize(request, self.token)
+        if method == "DELETE":
+            if not rule_id:
+                count = rules.clear()
+                log.warning("fault injection: all %d rules removed", count)
+                return 200, {"deleted": count}
+            if not rules.remove(rule_id):
+                raise Refused(404, f"no fault rule {rule_id!r}")
+            log.warning("fault injection: rule %s removed", rule_id)
+            return 200, {"deleted": 1}
+        try:
+            data = json.loads(request.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Refused(400, f"the body is not JSON: {exc}") from None
+        try:
+            rule = rules.add(parse_rule(data, self.protocols))
+        except FaultError as exc:
+            raise Refused(400, str(exc)) from None
+        log.warning("fault injection: rule %s", rule.describe())
+        return 201, {"id": rule.id, "rule": rule.to_json()}
 
 
-def _authorize(request: _Request, token: str | None) -> None:
+def authorize(request: AdminRequest, token: str | None) -> None:
     if token is None:
-        raise _Refused(
+        raise Refused(
             403,
             "changing fault rules needs an admin token: start the proxy with "
             "--admin-token-file FILE (or load rules at start with --faults)",
@@ -223,7 +230,7 @@ def _authorize(request: _Request, token: str | None) -> None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(
         value.strip().encode(), token.encode()
     ):
-        raise _Refused(401, "a valid admin token is needed (Authorization: Bearer TOKEN)",
+        raise Refused(401, "a valid admin token is needed (Authorization: Bearer TOKEN)",
                        [("WWW-Authenticate", 'Bearer realm="sluice"')])  # fmt: skip
 
 

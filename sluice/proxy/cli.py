@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -22,7 +21,8 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig, client_ssl_context
 from sluice.proxy.pulsar import connect_broker
-from sluice.proxy.server import Proxy
+from sluice.proxy.server import Proxy, serve_until_signalled
+from sluice.proxy.workers import available_cpus, serve_workers
 from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
 from sluice.recording.writer import RecorderConfig, ignore_file_size_signal
 
@@ -160,6 +160,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long SIGTERM waits for connections to hand over",
     )
     pol.add_argument(
+        "--workers",
+        default=str(default(ProxyConfig, "workers")),
+        metavar="N",
+        help="worker processes serving the same ports, or 'auto' for one per CPU this "
+        "process may use (affinity and cgroup quota); 1 keeps everything in this process",
+    )
+    pol.add_argument(
         "--no-check-broker",
         action="store_true",
         help="start even if the broker cannot be reached yet",
@@ -274,7 +281,18 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         record=_recorder_config(args),
         admin_token=read_token(args.admin_token_file),
         faults=tuple(load_rules(args.faults, PROTOCOL_FAULTS)) if args.faults else (),
+        workers=parse_workers(args.workers),
     )
+
+
+def parse_workers(text: str) -> int:
+    """``--workers``: a count, or ``auto`` for the CPUs this process may use."""
+    if text.strip().lower() == "auto":
+        return available_cpus()
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--workers must be a number or auto, not {text!r}") from None
 
 
 def read_token(path: Path | None) -> str | None:
@@ -326,9 +344,17 @@ async def check_broker(config: ProxyConfig) -> None:
     await stream.aclose()
 
 
-async def serve(config: ProxyConfig, check: bool = True) -> None:
+async def serve(
+    config: ProxyConfig, check: bool = True, logs: tuple[str, str] = ("info", "text")
+) -> None:
     if check:
         await check_broker(config)
+    if config.workers > 1:
+        try:
+            await serve_workers(config, config.workers, *logs)
+        except OSError as exc:
+            raise StartupError(_listen_error(exc, config)) from None
+        return
     proxy = Proxy(config)
     failure: OSError | None = None
     async with trio.open_nursery() as nursery:
@@ -338,31 +364,13 @@ async def serve(config: ProxyConfig, check: bool = True) -> None:
             failure = exc
             nursery.cancel_scope.cancel()
         else:
-            await _serve_until_signalled(proxy, config)
+            for kind, address in proxy.addresses.items():
+                log.info("listening (%s) on %s, upstream %s", kind, address, config.broker)
+            await serve_until_signalled(proxy)
             nursery.cancel_scope.cancel()
     if failure is not None:
         raise StartupError(_listen_error(failure, config))
     log.info("stopped")
-
-
-async def _serve_until_signalled(proxy: Proxy, config: ProxyConfig) -> None:
-    for kind, address in proxy.addresses.items():
-        log.info("listening (%s) on %s, upstream %s", kind, address, config.broker)
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.info("%s: draining", signal.Signals(signum).name)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_second_signal_stops, signals, proxy)
-                await proxy.drain()
-                nursery.cancel_scope.cancel()
-            return
-
-
-async def _second_signal_stops(signals: object, proxy: Proxy) -> None:
-    async for _ in signals:  # type: ignore[attr-defined]
-        log.warning("second signal: stopping now")
-        proxy.stop()
-        return
 
 
 def _listen_error(exc: OSError, config: ProxyConfig) -> str:
@@ -385,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice proxy: {exc}", file=sys.stderr)
         return 2
     try:
-        trio.run(serve, config, not args.no_check_broker)
+        trio.run(serve, config, not args.no_check_broker, (args.log_level, args.log_format))
     except StartupError as exc:
         log.error("%s", exc)
         return 1

@@ -50,6 +50,8 @@ class ProxyConfig:
     admin_token: str | None = field(default=None, repr=False)
     # Fault rules in force from the start (more can be added on /faults).
     faults: tuple[Rule, ...] = ()
+    # Worker processes serving the listeners (1: this process serves them).
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:
@@ -72,6 +74,7 @@ class ProxyConfig:
             "max_concurrent_lookups",
             "max_message_size",
             "topic_metrics_limit",
+            "workers",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")

@@ -8,12 +8,15 @@ Nothing here looks at frames.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import itertools
 import logging
-from typing import Any
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import trio
 
@@ -27,6 +30,13 @@ from sluice.proxy.dial import dial, server_ssl_context
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.pulsar import PulsarBackend
 from sluice.proxy.relay import Relay, Timing
+from sluice.proxy.shared import (
+    LIMITS_FILE,
+    ROUTES_FILE,
+    LocalLimits,
+    SharedLimits,
+    SharedRouting,
+)
 from sluice.recording.writer import Recorder
 
 log = logging.getLogger("sluice.proxy")
@@ -35,10 +45,47 @@ log = logging.getLogger("sluice.proxy")
 PROBE_INTERVAL = 5.0
 
 
+@dataclass
+class WorkerRole:
+    """How a worker process of ``--workers N`` differs from a lone proxy:
+    its listening sockets come from the supervisor, state shared with its
+    siblings lives in ``state``, and its connection ids never collide with
+    theirs (worker i of N numbers its connections i+1, i+1+N, …)."""
+
+    index: int
+    count: int
+    state: Path
+    sockets: list[tuple[str, socket.socket]]
+
+
 class Proxy:
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, worker: WorkerRole | None = None) -> None:
         self.config = config
-        self.routing = Routing(config.broker, config.allow_broker, config.max_concurrent_lookups)
+        self.worker = worker
+        self.routing: Routing
+        if worker is None:
+            self.routing = Routing(
+                config.broker, config.allow_broker, config.max_concurrent_lookups
+            )
+            self.limits = LocalLimits(config.max_connections, config.max_connections_per_ip)
+            self._ids = itertools.count(1)
+        else:
+            self.routing = SharedRouting(
+                config.broker,
+                worker.state / ROUTES_FILE,
+                config.allow_broker,
+                config.max_concurrent_lookups,
+            )
+            limits = SharedLimits(
+                config.max_connections,
+                config.max_connections_per_ip,
+                worker.state / LIMITS_FILE,
+                worker.index,
+                worker.count,
+            )
+            limits.reset_row()
+            self.limits = limits
+            self._ids = itertools.count(worker.index + 1, worker.count)
         # One rule set for every connection; the config's rules are copied so
         # that their hit counts start from zero with each proxy.
         self.faults = Faults()
@@ -65,9 +112,6 @@ class Proxy:
         self.upstream_ok = False
         self.listening = False
         self.relays: set[Relay] = set()
-        self.active = 0
-        self._per_ip: collections.Counter[str] = collections.Counter()
-        self._ids = itertools.count(1)
         self._listeners: list[tuple[str, trio.abc.Listener[Any]]] = []
         self.addresses: dict[str, Address] = {}
         self._handlers: trio.Nursery | None = None
@@ -115,8 +159,25 @@ class Proxy:
             problems.append(f"upstream {self.config.broker} unreachable")
         return problems
 
+    @property
+    def active(self) -> int:
+        """Client connections this process serves now."""
+        return self.limits.active
+
     async def _open_listeners(self) -> None:
         config = self.config
+        if self.worker is not None:
+            context = server_ssl_context(config.tls) if config.tls is not None else None
+            for kind, sock in self.worker.sockets:
+                tcp = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                if kind == "tls":
+                    assert context is not None
+                    self._add_listener(
+                        kind, trio.SSLListener(tcp, context, https_compatible=False), tcp
+                    )
+                else:
+                    self._add_listener(kind, tcp, tcp)
+            return
         if config.listen is not None:
             for listener in await trio.open_tcp_listeners(
                 config.listen.port, host=config.listen.host
@@ -190,14 +251,10 @@ class Proxy:
         peer = _peer(stream)
         conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
         ip = peer.host
-        if self.active >= self.config.max_connections:
-            await self._reject(stream, conn, "too many connections")
+        refused = self.limits.acquire(ip)
+        if refused is not None:
+            await self._reject(stream, conn, refused)
             return
-        if self._per_ip[ip] >= self.config.max_connections_per_ip:
-            await self._reject(stream, conn, f"too many connections from {ip}")
-            return
-        self.active += 1
-        self._per_ip[ip] += 1
         self.taps.event(conn, Accepted())
         recorder = self.recorder
         relay = Relay(
@@ -214,10 +271,7 @@ class Proxy:
             await relay.run()
         finally:
             self.relays.discard(relay)
-            self.active -= 1
-            self._per_ip[ip] -= 1
-            if not self._per_ip[ip]:
-                del self._per_ip[ip]
+            self.limits.release(ip)
             with trio.CancelScope(shield=True):
                 await _close(stream)
 
@@ -228,6 +282,31 @@ class Proxy:
         self.taps.event(conn, Rejected("limit"))
         log.warning("%s: rejected: %s", conn.name, why)
         await _close(stream)
+
+
+class Drainable(Protocol):
+    async def drain(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+async def serve_until_signalled(server: Drainable) -> None:
+    """Serve until SIGTERM or SIGINT, then drain; a second signal stops at once."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: draining", signal.Signals(signum).name)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_second_signal_stops, signals, server)
+                await server.drain()
+                nursery.cancel_scope.cancel()
+            return
+
+
+async def _second_signal_stops(signals: Any, server: Drainable) -> None:
+    async for _ in signals:
+        log.warning("second signal: stopping now")
+        server.stop()
+        return
 
 
 def _peer(stream: trio.abc.Stream) -> Address:

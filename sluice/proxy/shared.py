@@ -1,0 +1,177 @@
+"""State that worker processes of one proxy share: learned brokers, limits.
+
+With ``--workers N`` a client's lookup may be answered by one worker and its
+CONNECT (``proxy_to_broker_url``) land on another, and connection limits are
+totals over all workers. Two small structures in files the supervisor
+creates (in a private temporary directory) carry that:
+
+- ``SharedRouting``: the brokers learned from lookup answers, as an
+  append-only journal. A worker appends a line when it learns a broker it
+  did not know (an ``O_APPEND`` write of one short line is atomic), before
+  the answer that names it reaches the client; a worker asked for a broker
+  it does not know reads the journal's new lines before deciding. So a
+  broker learned anywhere is known everywhere by the time a client can ask.
+- ``SharedLimits``: connection counts in a memory-mapped table, one row per
+  worker (its total, and its count per client-IP bucket). Each worker writes
+  only its own row, so there are no locks; a check sums the rows. Two workers
+  accepting at the same instant can each see room for one more, so a limit
+  can be exceeded by at most N-1 connections; IPs that share a bucket share
+  its count (4,096 buckets), which only ever makes the limit stricter.
+"""
+
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+import zlib
+from pathlib import Path
+
+from sluice.addresses import Address, AllowList
+from sluice.protocols.pulsar.connection import Route, Routing
+from sluice.protocols.pulsar.urls import BrokerUrl
+
+ROUTES_FILE = "routes"
+LIMITS_FILE = "limits"
+BUCKETS = 4096
+_SLOT = 8  # bytes per counter (int64)
+
+
+class _JournalAllowList(AllowList):
+    """An allow-list that reads the journal before saying no."""
+
+    def __init__(self, rules: tuple[str, ...], routing: SharedRouting) -> None:
+        super().__init__(rules)
+        self._routing = routing
+
+    def allows(self, address: Address) -> bool:
+        if super().allows(address):
+            return True
+        self._routing.refresh()
+        return super().allows(address)
+
+
+class SharedRouting(Routing):
+    """``Routing`` whose learned brokers are shared through a journal file."""
+
+    def __init__(
+        self,
+        broker: BrokerUrl,
+        journal: Path,
+        allow_rules: tuple[str, ...] = (),
+        max_lookups: int = 1_000,
+    ) -> None:
+        super().__init__(broker, allow_rules, max_lookups)
+        self.allowlist = _JournalAllowList(allow_rules, self)
+        self.allowlist.learn(broker.address)
+        self._fd = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        self._read = 0
+        self._partial = b""
+
+    def learn(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
+        route = Route(url.tls, via_upstream)
+        if self.routes.get(url.address) == route:
+            return
+        super().learn(url, via_upstream=via_upstream)
+        host, port = url.address.host, url.address.port
+        line = f"{host} {port} {int(url.tls)} {int(via_upstream)}\n".encode()
+        os.write(self._fd, line)
+
+    def refresh(self) -> None:
+        """Take in what other workers learned since the last look."""
+        while True:
+            chunk = os.pread(self._fd, 65536, self._read)
+            if not chunk:
+                break
+            self._read += len(chunk)
+            data = self._partial + chunk
+            lines = data.split(b"\n")
+            self._partial = lines.pop()
+            for line in lines:
+                self._apply(line)
+
+    def _apply(self, line: bytes) -> None:
+        parts = line.decode(errors="replace").split()
+        if len(parts) != 4:
+            return
+        host, port, tls, via = parts
+        address = Address(host, int(port))
+        self.allowlist.learn(address)
+        self.routes[address] = Route(tls == "1", via == "1")
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class LocalLimits:
+    """Connection counts of one process."""
+
+    def __init__(self, total: int, per_ip: int) -> None:
+        self.total = total
+        self.per_ip = per_ip
+        self.active = 0
+        self._per_ip: collections.Counter[str] = collections.Counter()
+
+    def acquire(self, ip: str) -> str | None:
+        """Count a new connection from ``ip``; why not, when over a limit."""
+        if self.active >= self.total:
+            return "too many connections"
+        if self._per_ip[ip] >= self.per_ip:
+            return f"too many connections from {ip}"
+        self.active += 1
+        self._per_ip[ip] += 1
+        return None
+
+    def release(self, ip: str) -> None:
+        self.active -= 1
+        self._per_ip[ip] -= 1
+        if not self._per_ip[ip]:
+            del self._per_ip[ip]
+
+
+class SharedLimits(LocalLimits):
+    """Connection counts summed over every worker (see the module's notes)."""
+
+    def __init__(self, total: int, per_ip: int, table: Path, worker: int, workers: int) -> None:
+        super().__init__(total, per_ip)
+        self.workers = workers
+        with open(table, "r+b") as handle:
+            self._map = mmap.mmap(handle.fileno(), table_size(workers))
+        self._counts = memoryview(self._map).cast("q")
+        self._row = worker * (BUCKETS + 1)
+
+    def acquire(self, ip: str) -> str | None:
+        bucket = 1 + zlib.crc32(ip.encode()) % BUCKETS
+        counts = self._counts
+        stride = BUCKETS + 1
+        rows = range(0, self.workers * stride, stride)
+        if sum(counts[row] for row in rows) >= self.total:
+            return "too many connections"
+        if sum(counts[row + bucket] for row in rows) >= self.per_ip:
+            return f"too many connections from {ip}"
+        counts[self._row] += 1
+        counts[self._row + bucket] += 1
+        self.active += 1
+        return None
+
+    def release(self, ip: str) -> None:
+        bucket = 1 + zlib.crc32(ip.encode()) % BUCKETS
+        self._counts[self._row] -= 1
+        self._counts[self._row + bucket] -= 1
+        self.active -= 1
+
+    def reset_row(self) -> None:
+        """A worker starting in a dead one's place begins from zero."""
+        stride = BUCKETS + 1
+        self._counts[self._row : self._row + stride] = memoryview(bytes(stride * _SLOT)).cast("q")
+
+
+def table_size(workers: int) -> int:
+    return workers * (BUCKETS + 1) * _SLOT
+
+
+def create_state(directory: Path, workers: int) -> None:
+    """The files a supervisor creates for its workers."""
+    (directory / ROUTES_FILE).touch(mode=0o600)
+    with open(directory / LIMITS_FILE, "wb") as handle:
+        handle.truncate(table_size(workers))

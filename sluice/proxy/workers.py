@@ -1,0 +1,521 @@
+"""``sluice proxy --workers N``: N worker processes serving the same ports.
+
+One Python process saturates one core, so a busy proxy runs several. The
+*supervisor* (the process the user started) binds the listening sockets and
+starts N *workers* (``python -m sluice.proxy.workers``), each a complete
+shared-nothing trio proxy (``Proxy`` with a ``WorkerRole``) that inherits the
+listening sockets and accepts from them: the kernel hands each new
+connection to a worker that is waiting in ``accept``, so busy workers take
+fewer. (``SO_REUSEPORT`` would instead hash connections onto workers
+whatever their load, and a dying worker would take the connections queued on
+its own socket with it; one shared socket loses none.)
+
+What must look like one proxy does:
+
+- Lookups and ``proxy_to_broker_url`` CONNECTs on different workers, and the
+  connection limits as totals: ``sluice.proxy.shared``.
+- The admin endpoint is the supervisor's: ``/metrics`` is the sum over the
+  workers (each serves its own on a private loopback port), ``/readyz`` is
+  ready when every worker is, ``/faults`` changes every worker's rules (the
+  supervisor keeps the rule set and gives it to workers it restarts).
+- A worker that dies is restarted (``sluice_worker_restarts_total``), with a
+  growing pause if it keeps dying at once. SIGTERM drains every worker
+  within ``--drain-timeout``.
+- Recording: each worker writes its own capture (segment files) into the
+  same directory; readers take a directory's captures as one recording, and
+  connection ids are unique across workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pickle
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from sluice.addresses import Address
+from sluice.logs import setup_logging
+from sluice.protocols.faults import FaultError, parse_rule
+from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS
+from sluice.proxy.admin import AdminRequest, Refused, authorize, bound, open_admin, serve_admin
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
+from sluice.proxy.shared import create_state
+
+log = logging.getLogger("sluice.workers")
+
+# How long a worker may take to start listening before it counts as failed.
+START_TIMEOUT = 60.0
+# A worker that dies sooner than this after starting is restarted after a
+# pause that doubles each time (up to MAX_BACKOFF); one that ran longer at once.
+STABLE_AFTER = 10.0
+MAX_BACKOFF = 30.0
+# Gauges that are the same in every worker or whose sum means nothing.
+_GAUGE_MIN = {"sluice_upstream_up"}
+_GAUGE_MAX = {"sluice_build_info", "sluice_recorder_enabled"}
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: its affinity, capped by a cgroup CPU quota
+    (a Kubernetes pod's CPU limit)."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        count = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        count = min(count, max(1, math.ceil(quota)))
+    return max(1, count)
+
+
+def _cgroup_quota() -> float | None:
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker process is given on its stdin (pickled): never argv, so
+    that the admin token does not show in ps."""
+
+    config: ProxyConfig
+    index: int
+    count: int
+    state: Path
+    kinds: list[str]  # listener kinds, in the order of ``fds``
+    fds: list[int]
+    log_level: str
+    log_format: str
+
+
+@dataclass
+class Worker:
+    """The supervisor's view of one worker."""
+
+    index: int
+    process: trio.Process | None = None
+    admin: Address | None = None
+    restarts: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    @property
+    def ready(self) -> bool:
+        return self.running and self.admin is not None
+
+
+@dataclass
+class Supervisor:
+    config: ProxyConfig
+    count: int
+    log_level: str = "info"
+    log_format: str = "text"
+    workers: list[Worker] = field(default_factory=list)
+    addresses: dict[str, Address] = field(default_factory=dict)
+    draining: bool = False
+    # What the workers' own /readyz said at the last look (every second).
+    worker_problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workers = [Worker(i) for i in range(self.count)]
+        self.registry = CollectorRegistry()
+        self.restarts = Counter("sluice_worker_restarts", "Worker processes restarted after dying",
+                                registry=self.registry)  # fmt: skip
+        self.running = Gauge("sluice_workers", "Worker processes by state", ["state"],
+                             registry=self.registry)  # fmt: skip
+        self.running.labels("ready").set_function(lambda: sum(w.ready for w in self.workers))
+        self.running.labels("configured").set(self.count)
+        # Workers' admin calls (faults) carry this token: the user's, or one
+        # made up for this run when the user gave none.
+        self.token = self.config.admin_token or secrets.token_hex(16)
+        # The rule set, as given to every worker (ids assigned here).
+        self.rules: list[dict[str, Any]] = [
+            {k: v for k, v in r.to_json().items() if k not in ("hits", "seen")}
+            for r in self.config.faults
+        ]
+        self._rule_ids = 0
+        self._sockets: list[tuple[str, socket.socket]] = []
+        self._admin: list[trio.SocketListener] | None = None
+        self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
+        self._stopped = trio.Event()
+
+    # --- lifecycle ------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start the workers and keep them running until ``drain``."""
+        try:
+            admin = self._admin
+            create_state(self._state, self.count)
+            async with trio.open_nursery() as nursery:
+                for worker in self.workers:
+                    nursery.start_soon(self._keep_running, worker)
+                nursery.start_soon(self._watch_readiness)
+                if admin is not None:
+                    nursery.start_soon(serve_admin, admin, self.registry, self.readiness,
+                                       self.faults, self.metrics)  # fmt: skip
+                # Started at once: SIGTERM must reach the drain from now on.
+                # The listeners queue connections until a worker takes them.
+                task_status.started(self)
+                await self._stopped.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            for _, sock in self._sockets:
+                sock.close()
+            shutil.rmtree(self._state, ignore_errors=True)
+
+    async def open(self) -> None:
+        """Bind the admin endpoint and the listeners (OSError: e.g. a port in
+        use), before anything starts, so that the error is plain."""
+        if self.config.admin is not None:
+            self._admin = await open_admin(self.config.admin)
+            self.addresses["admin"] = bound(self._admin)
+        self._bind()
+
+    def _bind(self) -> None:
+        config = self.config
+        for kind, address in (("plain", config.listen), ("tls", config.listen_tls)):
+            if address is None:
+                continue
+            family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+            sock = socket.create_server((address.host, address.port), family=family,
+                                        backlog=4096)  # fmt: skip
+            sock.set_inheritable(True)
+            self._sockets.append((kind, sock))
+            host, port = sock.getsockname()[:2]
+            self.addresses.setdefault(kind, Address(host, port))
+
+    async def drain(self) -> None:
+        """SIGTERM every worker (each drains its connections), then wait for
+        them, killing any still running after the drain timeout."""
+        self.draining = True
+        deadline = trio.current_time() + self.config.drain_timeout + 5
+        log.info("draining %d workers (timeout %gs)", self.count, self.config.drain_timeout)
+        for worker in self.workers:
+            if worker.running:
+                assert worker.process is not None
+                worker.process.send_signal(signal.SIGTERM)
+        with trio.move_on_at(deadline):
+            while any(w.running for w in self.workers):
+                await trio.sleep(0.05)
+        self.stop()
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            if worker.running:
+                assert worker.process is not None
+                worker.process.kill()
+        self._stopped.set()
+
+    async def _keep_running(self, worker: Worker) -> None:
+        backoff = 0.5
+        while not self.draining:
+            started = trio.current_time()
+            code = await self._run_worker(worker)
+            if self.draining:
+                return
+            ran = trio.current_time() - started
+            worker.restarts += 1
+            self.restarts.inc()
+            pause = 0.0 if ran >= STABLE_AFTER else backoff
+            backoff = 0.5 if ran >= STABLE_AFTER else min(backoff * 2, MAX_BACKOFF)
+            log.error("worker %d exited (%s) after %.1fs; restarting%s", worker.index,
+                      _exit_text(code), ran, f" in {pause:g}s" if pause else "")  # fmt: skip
+            await trio.sleep(pause)
+
+    async def _run_worker(self, worker: Worker) -> int:
+        config = self.config.replace(admin=Address("127.0.0.1", 0), admin_token=self.token,
+                                     faults=())  # fmt: skip
+        spec = WorkerSpec(config, worker.index, self.count, self._state,
+                          [kind for kind, _ in self._sockets],
+                          [sock.fileno() for _, sock in self._sockets],
+                          self.log_level, self.log_format)  # fmt: skip
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "sluice.proxy.workers"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            pass_fds=spec.fds,
+        )
+        worker.process, worker.admin = process, None
+        try:
+            assert process.stdin is not None and process.stdout is not None
+            await process.stdin.send_all(pickle.dumps(spec))
+            await process.stdin.aclose()
+            with trio.move_on_after(START_TIMEOUT):
+                line = await _read_line(process.stdout)
+                if line.startswith("ready "):
+                    admin = Address("127.0.0.1", int(line.split()[1]))
+                    await self._give_rules(admin)
+                    worker.admin = admin
+                    log.info("worker %d (pid %d) ready", worker.index, process.pid)
+            if worker.admin is None and process.returncode is None:
+                log.error("worker %d did not start within %gs", worker.index, START_TIMEOUT)
+                process.kill()
+            return await process.wait()
+        finally:
+            worker.admin = None
+            with trio.CancelScope(shield=True):
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+
+    async def _give_rules(self, admin: Address) -> None:
+        for rule in self.rules:
+            status, body = await http(admin, "POST", "/faults", self.token, rule)
+            if status != 201:
+                log.error("worker at %s refused fault rule %s: %s", admin, rule.get("id"), body)
+
+    # --- the admin endpoint ---------------------------------------------------
+
+    def readiness(self) -> list[str]:
+        problems = [f"worker {w.index} not running" for w in self.workers if not w.ready]
+        return problems + self.worker_problems
+
+    async def _watch_readiness(self) -> None:
+        while True:
+            problems = []
+            for worker in self.workers:
+                if worker.admin is None:
+                    continue
+                try:
+                    status, why = await http(worker.admin, "GET", "/readyz")
+                except (OSError, trio.TooSlowError):
+                    continue
+                if status != 200:
+                    problems.append(f"worker {worker.index}: {why.decode().strip()}")
+            self.worker_problems = problems
+            await trio.sleep(1.0)
+
+    async def metrics(self) -> bytes:
+        """The workers' metrics summed, plus the supervisor's own."""
+        texts: list[str] = []
+        for worker in self.workers:
+            if worker.admin is None:
+                continue
+            try:
+                status, body = await http(worker.admin, "GET", "/metrics")
+            except (OSError, trio.TooSlowError):
+                continue
+            if status == 200:
+                texts.append(body.decode())
+        merged = CollectorRegistry()
+        merged.register(_Merged(texts))
+        return generate_latest(merged) + generate_latest(self.registry)
+
+    async def faults(self, request: AdminRequest) -> tuple[int, Any]:
+        """/faults for every worker at once; the supervisor keeps the rule set."""
+        method = request.method
+        rule_id = request.target[len("/faults/") :] if request.target.startswith("/faults/") else ""
+        if method == "GET":
+            return 200, await self._merged_rules(rule_id)
+        if method not in ("POST", "DELETE") or (method == "POST" and rule_id):
+            raise Refused(405, "GET, POST /faults or DELETE /faults[/ID]",
+                          [("Allow", "GET, POST, DELETE")])  # fmt: skip
+        authorize(request, self.config.admin_token)
+        if method == "DELETE":
+            before = len(self.rules)
+            self.rules = [r for r in self.rules if rule_id and r["id"] != rule_id]
+            if rule_id and len(self.rules) == before:
+                raise Refused(404, f"no fault rule {rule_id!r}")
+            await self._to_workers("DELETE", request.target)
+            log.warning(
+                "fault injection: %s removed", f"rule {rule_id}" if rule_id else "all rules"
+            )
+            return 200, {"deleted": before - len(self.rules)}
+        try:
+            data = json.loads(request.body)
+            rule = parse_rule(data, PROTOCOL_FAULTS)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Refused(400, f"the body is not JSON: {exc}") from None
+        except FaultError as exc:
+            raise Refused(400, str(exc)) from None
+        if not rule.id:
+            self._rule_ids += 1
+            rule.id = f"f{self._rule_ids}"
+            while any(r["id"] == rule.id for r in self.rules):
+                self._rule_ids += 1
+                rule.id = f"f{self._rule_ids}"
+        if any(r["id"] == rule.id for r in self.rules):
+            raise Refused(400, f"a rule with id {rule.id!r} exists already")
+        given = {k: v for k, v in rule.to_json().items() if k not in ("hits", "seen")}
+        self.rules.append(given)
+        await self._to_workers("POST", "/faults", given)
+        log.warning("fault injection: rule %s (all %d workers)", rule.describe(), self.count)
+        return 201, {"id": rule.id, "rule": rule.to_json()}
+
+    async def _to_workers(self, method: str, path: str, body: object = None) -> None:
+        for worker in self.workers:
+            if worker.admin is not None:
+                with trio.move_on_after(5):
+                    await http(worker.admin, method, path, self.token, body)
+
+    async def _merged_rules(self, rule_id: str) -> Any:
+        counts: dict[str, list[int]] = {}
+        for worker in self.workers:
+            if worker.admin is None:
+                continue
+            status, body = await http(worker.admin, "GET", "/faults")
+            if status != 200:
+                continue
+            for rule in json.loads(body)["rules"]:
+                tally = counts.setdefault(rule["id"], [0, 0])
+                tally[0] += rule["hits"]
+                tally[1] += rule["seen"]
+        out = []
+        for rule in self.rules:
+            hits, seen = counts.get(rule["id"], [0, 0])
+            out.append({**rule, "hits": hits, "seen": seen})
+        if not rule_id:
+            return {"rules": out}
+        for rule in out:
+            if rule["id"] == rule_id:
+                return rule
+        raise Refused(404, f"no fault rule {rule_id!r}")
+
+
+class _Merged(Collector):
+    """Prometheus text from several workers as one set of metrics: counters,
+    histograms and most gauges summed; ``*_up`` the worst, build info once."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def collect(self) -> Any:
+        families: dict[str, Metric] = {}
+        values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+        for text in self.texts:
+            for family in text_string_to_metric_families(text):
+                if family.name.endswith("_created"):
+                    continue  # per-process creation times: not meaningful summed
+                families.setdefault(family.name, family)
+                merged = values.setdefault(family.name, {})
+                for sample in family.samples:
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    if key not in merged:
+                        merged[key] = sample.value
+                    elif family.name in _GAUGE_MIN:
+                        merged[key] = min(merged[key], sample.value)
+                    elif family.name in _GAUGE_MAX:
+                        merged[key] = max(merged[key], sample.value)
+                    else:
+                        merged[key] += sample.value
+        for name, family in families.items():
+            out = Metric(name, family.documentation, family.type)
+            for (sample_name, labels), value in values[name].items():
+                out.add_sample(sample_name, dict(labels), value)
+            yield out
+
+
+async def http(
+    address: Address, method: str, path: str, token: str | None = None, body: object = None
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 call to a worker's private admin endpoint."""
+    data = b"" if body is None else json.dumps(body).encode()
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: {address}\r\n{auth}"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream(address.host, address.port)
+        try:
+            await stream.send_all(head.encode() + data)
+            answer = b""
+            while chunk := await stream.receive_some(65536):
+                answer += chunk
+        finally:
+            await stream.aclose()
+    status_line, _, rest = answer.partition(b"\r\n")
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise OSError(f"bad answer from worker admin at {address}")
+    return int(parts[1]), rest.split(b"\r\n\r\n", 1)[-1]
+
+
+async def _read_line(stream: trio.abc.ReceiveStream) -> str:
+    data = b""
+    while b"\n" not in data:
+        chunk = await stream.receive_some(1024)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0].decode(errors="replace")
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+async def serve_workers(config: ProxyConfig, count: int, log_level: str, log_format: str) -> None:
+    supervisor = Supervisor(config, count, log_level, log_format)
+    await supervisor.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        for kind, address in supervisor.addresses.items():
+            log.info("listening (%s) on %s with %d workers, upstream %s", kind, address, count,
+                     config.broker)  # fmt: skip
+        await serve_until_signalled(supervisor)
+        nursery.cancel_scope.cancel()
+    log.info("stopped")
+
+
+# --- the worker process ------------------------------------------------------------
+
+
+async def _work(spec: WorkerSpec, role: WorkerRole) -> None:
+    proxy = Proxy(spec.config, role)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        print(f"ready {proxy.addresses['admin'].port}", flush=True)
+        await serve_until_signalled(proxy)
+        nursery.cancel_scope.cancel()
+
+
+def main() -> int:
+    spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
+    setup_logging(spec.log_level, spec.log_format, worker=spec.index)
+    sockets = [(kind, socket.socket(fileno=fd)) for kind, fd in zip(spec.kinds, spec.fds,
+                                                                    strict=True)]  # fmt: skip
+    role = WorkerRole(spec.index, spec.count, spec.state, sockets)
+    try:
+        trio.run(_work, spec, role)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

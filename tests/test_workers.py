@@ -1,0 +1,303 @@
+"""`sluice proxy --workers N`: several processes behind one port, acting as one.
+
+Shared state is tested in-process first (two SharedRouting / SharedLimits on
+the same files stand for two workers); then the real proxy with real
+workers, the real client and broker: a lookup answered by one worker and
+the CONNECT served by another (pinned with SIGSTOP), a worker killed under
+a producer, metrics summed over workers, SIGTERM drain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+import trio
+
+from sluice.addresses import Address
+from sluice.embedded import EmbeddedBroker, free_port
+from sluice.errors import ConfigError
+from sluice.protocols.pulsar import Type, command, encode, pb
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.cli import parse_workers
+from sluice.proxy.pulsar import FrameStream
+from sluice.proxy.shared import LIMITS_FILE, ROUTES_FILE, SharedLimits, SharedRouting, create_state
+from sluice.proxy.workers import _Merged, available_cpus
+from sluice.recording.reader import load
+from tests.scripted_broker import ScriptedBroker, redirect_to
+from tests.support import ProxyProcess, client, http_get, start_proxy
+from tests.test_dashboards import scrape, value
+from tests.test_proxy_scripted import answer, lookup
+
+# --- shared state, in one process --------------------------------------------------
+
+
+def test_a_broker_learned_by_one_worker_is_allowed_by_another(tmp_path: Path) -> None:
+    create_state(tmp_path, 2)
+    upstream = parse_broker_url("pulsar://127.0.0.1:6650")
+    first = SharedRouting(upstream, tmp_path / ROUTES_FILE)
+    second = SharedRouting(upstream, tmp_path / ROUTES_FILE)
+    named = Address("10.0.0.7", 6651)
+    assert not second.allowlist.allows(named)
+    first.learn(parse_broker_url("pulsar+ssl://10.0.0.7:6651"), via_upstream=True)
+    assert second.allowlist.allows(named)
+    route = second.routes[named]
+    assert route.tls and route.via_upstream
+    # Learning the same broker again writes nothing new.
+    size = (tmp_path / ROUTES_FILE).stat().st_size
+    first.learn(parse_broker_url("pulsar+ssl://10.0.0.7:6651"), via_upstream=True)
+    assert (tmp_path / ROUTES_FILE).stat().st_size == size
+    assert not second.allowlist.allows(Address("10.0.0.8", 6651))
+
+
+def test_connection_limits_are_totals_over_workers(tmp_path: Path) -> None:
+    create_state(tmp_path, 2)
+    table = tmp_path / LIMITS_FILE
+    a = SharedLimits(5, 3, table, 0, 2)
+    b = SharedLimits(5, 3, table, 1, 2)
+    assert a.acquire("10.0.0.1") is None
+    assert a.acquire("10.0.0.1") is None
+    assert b.acquire("10.0.0.1") is None
+    assert b.acquire("10.0.0.1") == "too many connections from 10.0.0.1"
+    assert b.acquire("10.0.0.2") is None
+    assert a.acquire("10.0.0.3") is None
+    assert b.acquire("10.0.0.4") == "too many connections"
+    a.release("10.0.0.1")
+    assert b.acquire("10.0.0.1") is None
+    # A worker restarted in b's place starts from zero, and so do b's counts.
+    SharedLimits(5, 3, table, 1, 2).reset_row()
+    assert a.acquire("10.0.0.5") is None and a.acquire("10.0.0.6") is None
+
+
+def test_workers_auto_and_bad_values() -> None:
+    assert parse_workers("auto") == available_cpus() >= 1
+    assert available_cpus() <= len(os.sched_getaffinity(0))
+    assert parse_workers("3") == 3
+    with pytest.raises(ConfigError, match="number or auto"):
+        parse_workers("many")
+
+
+def test_merged_metrics_sum_counters_and_keep_the_worst_up() -> None:
+    def text(frames: float, up: float) -> str:
+        return (f'# TYPE sluice_frames_total counter\nsluice_frames_total{{d="in"}} {frames}\n'
+                f"# TYPE sluice_upstream_up gauge\nsluice_upstream_up {up}\n")  # fmt: skip
+
+    merged = {f.name: f for f in _Merged([text(3, 1), text(4, 0)]).collect()}
+    (frames,) = merged["sluice_frames"].samples
+    assert frames.value == 7.0
+    (up,) = merged["sluice_upstream_up"].samples
+    assert up.value == 0.0
+
+
+# --- the real thing --------------------------------------------------------------------
+
+
+def worker_pids(proxy: ProxyProcess, count: int, timeout: float = 30) -> dict[int, int]:
+    """Worker index -> pid, from the supervisor's log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {int(i): int(p) for i, p in re.findall(r"worker (\d+) \(pid (\d+)\) ready",
+                                                       proxy.log())}  # fmt: skip
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+@pytest.fixture
+async def redirecting(broker: EmbeddedBroker) -> AsyncIterator[ScriptedBroker]:
+    """A lookup service that sends every client to the real broker, which
+    the proxy therefore learns from an answer rather than its settings."""
+
+    async def script(request: pb.CommandLookupTopic) -> pb.CommandLookupTopicResponse:
+        return redirect_to(broker.url)
+
+    service = ScriptedBroker(script)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.serve)
+        yield service
+        nursery.cancel_scope.cancel()
+
+
+async def test_lookup_on_one_worker_connect_on_another(
+    redirecting: ScriptedBroker, broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    proxy = await trio.to_thread.run_sync(
+        lambda: start_proxy(
+            redirecting.url, tmp_path, "--workers", "2", "--record", str(tmp_path / "rec")
+        )
+    )
+    try:
+        pids = await trio.to_thread.run_sync(worker_pids, proxy, 2)
+        assert sorted(pids) == [0, 1], proxy.log()
+        address = Address("127.0.0.1", proxy.port)
+        # Only worker 0 accepts: the lookup is answered there (and learns the broker).
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            looking = FrameStream(await trio.open_tcp_stream(address.host, address.port))
+            hello = pb.CommandConnect(client_version="tests", protocol_version=21)
+            await looking.send(encode(command(Type.Value("CONNECT"), hello)))
+            with trio.fail_after(10):
+                assert (await looking.receive_frame()).name == "CONNECTED"  # type: ignore[union-attr]
+            await lookup(looking, "persistent://public/default/split", 1)
+            result = await answer(looking)
+            assert result.brokerServiceUrl == broker.url
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
+        # Only worker 1 accepts: it serves the CONNECT naming the learned broker.
+        os.kill(pids[0], signal.SIGSTOP)
+        try:
+            relayed = FrameStream(await trio.open_tcp_stream(address.host, address.port))
+            hello.proxy_to_broker_url = f"127.0.0.1:{broker.port}"
+            await relayed.send(encode(command(Type.Value("CONNECT"), hello)))
+            with trio.fail_after(10):
+                reply = await relayed.receive_frame()
+            assert reply is not None and reply.name == "CONNECTED", reply
+            await relayed.aclose()
+        finally:
+            os.kill(pids[0], signal.SIGCONT)
+        await looking.aclose()
+
+        # The real client, through both workers, end to end.
+        def produce_consume() -> list[bytes]:
+            topic = "persistent://public/default/split-real"
+            with client(proxy.url) as c:
+                consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+                producer = c.create_producer(topic, batching_enabled=False)
+                for i in range(20):
+                    producer.send(f"w{i}".encode())
+                return [consumer.receive(timeout_millis=10_000).data() for _ in range(20)]
+
+        got = await trio.to_thread.run_sync(produce_consume)
+        assert sorted(got) == sorted(f"w{i}".encode() for i in range(20))
+    finally:
+        assert await trio.to_thread.run_sync(proxy.terminate) == 0
+    # One recording from two workers: two captures, connection ids of both
+    # parities (worker 0 numbers 1, 3, 5…; worker 1 numbers 2, 4, 6…), no clashes.
+    recording = load(tmp_path / "rec", need_payloads=False)
+    captures = {c.key[0] for c in recording.connections}
+    assert len(captures) == 2
+    ids = [c.key[1] for c in recording.connections]
+    assert len(ids) == len(set(ids))
+    by_capture = {cap: {i % 2 for c, i in (c.key for c in recording.connections) if c == cap}
+                  for cap in captures}  # fmt: skip
+    assert sorted(len(p) for p in by_capture.values()) == [1, 1]
+    assert {p for parities in by_capture.values() for p in parities} == {0, 1}
+    assert "Traceback" not in proxy.log()
+
+
+@pytest.fixture
+def workers_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyProcess, int]]:
+    admin = free_port()
+    proxy = start_proxy(broker.url, tmp_path, "--workers", "2", "--admin", f"127.0.0.1:{admin}",
+                        "--drain-timeout", "5")  # fmt: skip
+    yield proxy, admin
+    proxy.kill()
+    for pid in worker_pids(proxy, 2, timeout=0).values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+def test_a_killed_worker_is_restarted_and_no_send_fails(
+    workers_proxy: tuple[ProxyProcess, int], topic: str
+) -> None:
+    proxy, admin = workers_proxy
+    pids = worker_pids(proxy, 2)
+    assert len(pids) == 2
+    total = 600
+    failures: list[BaseException] = []
+    sent: list[bytes] = []
+    progress = threading.Event()
+    with client(proxy.url) as c:
+        producer = c.create_producer(topic, batching_enabled=False, send_timeout_millis=30_000)
+
+        def produce() -> None:
+            for i in range(total):
+                body = f"k-{i}".encode()
+                try:
+                    producer.send(body)
+                    sent.append(body)
+                except Exception as exc:  # asserted below
+                    failures.append(exc)
+                if i in (100, 300):
+                    progress.set()
+                time.sleep(0.003)
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        # Kill each worker once while the producer sends: one of them holds
+        # its connections.
+        for index in (0, 1):
+            assert progress.wait(30)
+            progress.clear()
+            os.kill(pids[index], signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while worker_pids(proxy, 2, timeout=0).get(index) == pids[index]:
+                assert time.monotonic() < deadline, "the killed worker was not restarted"
+                time.sleep(0.1)
+        thread.join(120)
+        assert not failures, failures[:3]
+        assert len(sent) == total
+    # Read back afterwards, on a connection no kill touched: a consumer cut
+    # off mid-delivery depends on pulsar-lite's redelivery, not on Sluice.
+    with client(proxy.url) as c:
+        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        received: set[bytes] = set()
+        deadline = time.monotonic() + 60
+        while len(received) < total and time.monotonic() < deadline:
+            try:
+                message = consumer.receive(timeout_millis=2000)
+            except pulsar.Timeout:
+                continue
+            received.add(message.data())
+            consumer.acknowledge(message)
+        assert received == set(sent)
+    samples = scrape(proxy, admin)
+    assert value(samples, "sluice_worker_restarts_total") == 2
+    assert value(samples, "sluice_workers", state="ready") == 2
+    assert "worker 0 exited (killed by SIGKILL)" in proxy.log()
+
+
+def test_merged_metrics_match_the_clients_counts(
+    workers_proxy: tuple[ProxyProcess, int], topic: str
+) -> None:
+    proxy, admin = workers_proxy
+    clients, per_client = 4, 25
+    for n in range(clients):  # separate clients: connections spread over the workers
+        with client(proxy.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            for i in range(per_client):
+                producer.send(f"{n}-{i}".encode())
+    samples = scrape(proxy, admin)
+    messages = value(
+        samples, "sluice_topic_messages_total", topic=topic, direction="client_to_broker"
+    )
+    assert messages == clients * per_client
+    assert value(samples, "sluice_sessions_total", kind="proxied") == clients
+    assert value(samples, "sluice_sessions_total", kind="lookup") == clients
+    assert value(samples, "sluice_upstream_up") == 1
+    status, _ = http_get(f"http://127.0.0.1:{admin}/readyz")
+    assert status == 200
+
+
+def test_sigterm_drains_every_worker(workers_proxy: tuple[ProxyProcess, int], topic: str) -> None:
+    proxy, _ = workers_proxy
+    pids = worker_pids(proxy, 2)
+    with client(proxy.url) as c:
+        producer = c.create_producer(topic, batching_enabled=False)
+        producer.send(b"before")
+        started = time.monotonic()
+        assert proxy.terminate(timeout=30) == 0
+        assert time.monotonic() - started < 5 + 5
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert proxy.log().count("SIGTERM: draining") == 3  # the supervisor and both workers
