@@ -66,6 +66,10 @@ class Core(Protocol):
 
     def upstream_failed(self, message: str, now: float) -> list[Action]: ...
 
+    def upstream_ready(self, now: float) -> list[Action]:
+        """The upstream was dialled and sent the ``hello``."""
+        ...
+
     def answered(self, token: int, answer: Any, now: float) -> list[Action]: ...
 
     def keepalive(self, now: float, interval: float) -> list[Action]: ...
@@ -261,9 +265,13 @@ class Relay:
             return
         self.broker = stream
         self._handshake.deadline = trio.current_time() + self.timing.handshake_timeout
-        await self._send(Peer.BROKER, action.hello)
+        if action.hello:
+            await self._send(Peer.BROKER, action.hello)
         assert self._nursery is not None
         self._nursery.start_soon(self._pump_broker)
+        # A protocol without a handshake of its own (Cursus) relays what the
+        # client sent meanwhile now that there is somewhere to send it.
+        await self._do(self.core.upstream_ready(trio.current_time()))
 
     async def _answer(self, action: Ask) -> None:
         answer = await self._ask(action.address, action.request)

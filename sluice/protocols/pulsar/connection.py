@@ -273,6 +273,10 @@ class PulsarConnection:
             self._close("upstream"),
         ]
 
+    def upstream_ready(self, now: float) -> list[Action]:
+        """Dialled: the broker's CONNECTED (``receive_broker``) says the rest."""
+        return []
+
     def answered(self, token: int, answer: Frame | UpstreamFailure, now: float) -> list[Action]:
         """The upstream's answer to an ``Ask`` (or why there is none)."""
         self._now = now
