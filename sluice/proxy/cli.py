@@ -15,9 +15,10 @@ from sluice.config import default
 from sluice.errors import ConfigError
 from sluice.logs import add_logging_arguments, setup_logging
 from sluice.protocols.core import OnInvalid
+from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.faults import load_rules
 from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS, UpstreamFailure
-from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig, client_ssl_context
 from sluice.proxy.pulsar import connect_broker
@@ -27,6 +28,9 @@ from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
 from sluice.recording.writer import RecorderConfig, ignore_file_size_signal
 
 log = logging.getLogger("sluice")
+
+# Where a Cursus broker listens when --broker names no port.
+CURSUS_PORT = 9000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker",
         required=True,
         metavar="URL",
-        help="pulsar://HOST:PORT or pulsar+ssl://HOST:PORT of the broker (or service); "
-        "required, no default",
+        help="pulsar://HOST:PORT or pulsar+ssl://HOST:PORT of the broker (or service), or "
+        "cursus://HOST:PORT of a Cursus broker; required, no default",
+    )
+    up.add_argument(
+        "--protocol",
+        choices=("pulsar", "cursus"),
+        help="the broker's protocol (default: from the --broker scheme, pulsar for host:port)",
     )
     up.add_argument(
         "--broker-tls-ca",
@@ -95,6 +104,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=default(ProxyConfig, "max_redirects"),
         metavar="N",
         help="lookup redirects to follow before failing the lookup",
+    )
+    cur = parser.add_argument_group("cursus")
+    cur.add_argument(
+        "--max-frame-size",
+        type=int,
+        default=default(ProxyConfig, "max_frame_size"),
+        metavar="BYTES",
+        help="largest frame a Cursus client may send (the broker's own limit; "
+        "its spec says 64 MiB)",
+    )
+    cur.add_argument(
+        "--broker-compression",
+        choices=[c.value for c in Compression],
+        default=default(ProxyConfig, "broker_compression"),
+        help="the compression the Cursus broker applies to every frame it receives "
+        "(its broker-wide setting)",
+    )
+    cur.add_argument(
+        "--listener-ports",
+        metavar="LOW-HIGH",
+        help="ports for the listener opened for each further broker replies name "
+        "(port-per-broker; default: any free port)",
+    )
+    cur.add_argument(
+        "--advertise-host",
+        metavar="HOST",
+        help="host put in rewritten replies for clients to dial (default: the --listen host, "
+        "or this host's name when that is a wildcard)",
     )
     pol = parser.add_argument_group("policy and limits")
     pol.add_argument(
@@ -254,8 +291,14 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         tls = TlsServerConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
         raise ConfigError(f"no such file: {args.broker_tls_ca}")
+    protocol = args.protocol or ("cursus" if args.broker.startswith("cursus://") else "pulsar")
     return ProxyConfig(
-        broker=parse_broker_url(args.broker, what="--broker"),
+        broker=upstream_url(args.broker, protocol),
+        protocol=protocol,
+        max_frame_size=args.max_frame_size,
+        broker_compression=args.broker_compression,
+        listener_ports=port_range(args.listener_ports) if args.listener_ports else None,
+        advertise_host=args.advertise_host,
         listen=listen,
         listen_tls=listen_tls,
         tls=tls,
@@ -283,6 +326,28 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         faults=tuple(load_rules(args.faults, PROTOCOL_FAULTS)) if args.faults else (),
         workers=parse_workers(args.workers),
     )
+
+
+def upstream_url(text: str, protocol: str) -> BrokerUrl:
+    """``--broker`` for the protocol: Pulsar's URLs, or ``cursus://HOST:PORT``."""
+    if protocol == "pulsar":
+        return parse_broker_url(text, what="--broker")
+    scheme, sep, rest = text.strip().partition("://")
+    if sep and scheme != "cursus":
+        raise ConfigError(f"--broker {text!r}: a Cursus broker is cursus://HOST:PORT")
+    address = parse_address((rest if sep else text).rstrip("/"), what="--broker",
+                            default_port=CURSUS_PORT)  # fmt: skip
+    return BrokerUrl(address.host, address.port, False, "cursus")
+
+
+def port_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition("-")
+    try:
+        return (int(low), int(high) if sep else int(low))
+    except ValueError:
+        raise ConfigError(
+            f"--listener-ports {text!r}: expected LOW-HIGH, e.g. 19000-19099"
+        ) from None
 
 
 def parse_workers(text: str) -> int:
@@ -334,6 +399,16 @@ class StartupError(Exception):
 
 
 async def check_broker(config: ProxyConfig) -> None:
+    if config.protocol == "cursus":
+        address = config.broker.address
+        try:
+            with trio.fail_after(config.connect_timeout):
+                probe = await trio.open_tcp_stream(address.host, address.port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise StartupError(f"cannot reach Cursus broker {address}: {exc or 'timed out'} "
+                               "(start anyway with --no-check-broker)") from None  # fmt: skip
+        await probe.aclose()
+        return
     tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
     try:
         stream, _ = await connect_broker(

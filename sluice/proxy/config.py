@@ -23,6 +23,8 @@ from sluice.recording.writer import RecorderConfig
 @dataclass(frozen=True)
 class ProxyConfig:
     broker: BrokerUrl
+    # pulsar | cursus (the command line takes it from the --broker scheme).
+    protocol: str = "pulsar"
     listen: Address | None = field(default_factory=lambda: Address("127.0.0.1", 6650))
     listen_tls: Address | None = None
     tls: TlsServerConfig | None = None
@@ -52,6 +54,15 @@ class ProxyConfig:
     faults: tuple[Rule, ...] = ()
     # Worker processes serving the listeners (1: this process serves them).
     workers: int = 1
+    # Cursus: the largest frame a client may send (the broker's own limit;
+    # its spec says 64 MiB), the broker-wide compression it applies to every
+    # frame it receives, and the port-per-broker listeners: ports to open
+    # them on (None: any free port) and the host clients are told to dial
+    # (None: the --listen host, or this host's name when that is a wildcard).
+    max_frame_size: int = 16 * 1024 * 1024
+    broker_compression: str = "none"
+    listener_ports: tuple[int, int] | None = None
+    advertise_host: str | None = None
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:
@@ -75,9 +86,23 @@ class ProxyConfig:
             "max_message_size",
             "topic_metrics_limit",
             "workers",
+            "max_frame_size",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.protocol not in ("pulsar", "cursus"):
+            raise ConfigError(f"--protocol must be pulsar or cursus, not {self.protocol!r}")
+        if self.protocol == "cursus":
+            if self.listen_tls is not None:
+                raise ConfigError("--listen-tls: TLS is not supported for Cursus yet")
+            if self.workers > 1:
+                raise ConfigError("--workers: Cursus runs in one process for now")
+            if self.listen is None:
+                raise ConfigError("Cursus needs --listen (port-per-broker listeners open there)")
+        if self.listener_ports is not None:
+            low, high = self.listener_ports
+            if not 0 < low <= high < 65536:
+                raise ConfigError("--listener-ports must be LOW-HIGH, 1 to 65535")
         if self.max_redirects < 0:
             raise ConfigError("--max-redirects must not be negative")
 

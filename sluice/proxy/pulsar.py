@@ -284,7 +284,7 @@ class PulsarBackend:
             dialed=lambda seconds: tap.event(None, Dialed(seconds)),
         )
 
-    def new_core(self, conn: Conn, tap: Tap) -> PulsarConnection:
+    def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
         return PulsarConnection(conn, self.settings, self.routing, tap, self.faults)
 
     async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure:

@@ -22,10 +22,13 @@ import trio
 
 from sluice.addresses import Address
 from sluice.protocols.core import Accepted, Conn, Rejected, Taps
+from sluice.protocols.cursus.compression import Compression
+from sluice.protocols.cursus.connection import CursusRouting, CursusSettings
 from sluice.protocols.faults import Faults
 from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS, PulsarSettings, Routing
 from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
 from sluice.proxy.config import ProxyConfig
+from sluice.proxy.cursus import CursusBackend, NoListener
 from sluice.proxy.dial import dial, server_ssl_context
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.pulsar import PulsarBackend
@@ -90,14 +93,31 @@ class Proxy:
         # that their hit counts start from zero with each proxy.
         self.faults = Faults()
         self.faults.extend(copy.deepcopy(config.faults))
-        self.backend = PulsarBackend(
-            config.broker,
-            PulsarSettings(config.on_invalid, config.max_message_size, config.max_redirects),
-            self.routing,
-            broker_tls=config.broker_tls,
-            connect_timeout=config.connect_timeout,
-            faults=self.faults,
-        )
+        self.backend: PulsarBackend | CursusBackend
+        if config.protocol == "cursus":
+            self.cursus_routing = CursusRouting(config.broker.address, config.allow_broker)
+            cursus = CursusBackend(
+                config.broker.address,
+                CursusSettings(
+                    config.on_invalid,
+                    max_frame_size=config.max_frame_size,
+                    compression=Compression.parse(config.broker_compression),
+                ),
+                self.cursus_routing,
+                connect_timeout=config.connect_timeout,
+            )
+            cursus.open_listener = self._open_broker_listener
+            self.backend = cursus
+        else:
+            self.backend = PulsarBackend(
+                config.broker,
+                PulsarSettings(config.on_invalid, config.max_message_size, config.max_redirects),
+                self.routing,
+                broker_tls=config.broker_tls,
+                connect_timeout=config.connect_timeout,
+                faults=self.faults,
+            )
+        self._ports_used: set[int] = set()
         self.timing = Timing(
             config.handshake_timeout, config.connect_timeout, config.keepalive_interval
         )
@@ -143,7 +163,14 @@ class Proxy:
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
                 for kind, listener in self._listeners:
-                    handlers.start_soon(self._accept_loop, listener, kind)
+                    handlers.start_soon(self._accept_loop, listener, kind, None)
+                if self.config.protocol == "cursus":
+                    # The main listener stands for the configured broker.
+                    main = self.addresses.get("plain")
+                    if main is not None:
+                        self.cursus_routing.add_listener(
+                            self.config.broker.address, self._advertised(main.port)
+                        )
                 self.listening = True
                 task_status.started(self)
                 await self._stop.wait()
@@ -199,7 +226,47 @@ class Proxy:
         self.addresses.setdefault(kind, Address(host, port))
         self._listeners.append((kind, listener))
 
-    async def _accept_loop(self, listener: trio.abc.Listener[Any], kind: str) -> None:
+    def _advertised(self, port: int) -> Address:
+        """The address clients are told to dial for a listener on ``port``."""
+        host = self.config.advertise_host
+        if host is None:
+            listen = self.config.listen
+            host = listen.host if listen is not None else "127.0.0.1"
+            if host in ("0.0.0.0", "::", ""):
+                host = socket.gethostname()
+        return Address(host, port)
+
+    async def _open_broker_listener(self, upstream: Address) -> Address:
+        """Port-per-broker (Cursus): a listener relaying to ``upstream``."""
+        existing = self.cursus_routing.listener_for(upstream)
+        if existing is not None:
+            return existing
+        assert self._handlers is not None and self.config.listen is not None
+        host = self.config.listen.host
+        span = self.config.listener_ports
+        candidates = range(span[0], span[1] + 1) if span is not None else [0]
+        for port in candidates:
+            if port and port in self._ports_used:
+                continue
+            try:
+                (listener,) = await trio.open_tcp_listeners(port, host=host)
+            except OSError:
+                if span is None:
+                    raise
+                continue
+            bound_port = listener.socket.getsockname()[1]
+            self._ports_used.add(bound_port)
+            self._listeners.append((f"broker {upstream}", listener))
+            address = self._advertised(bound_port)
+            self.cursus_routing.add_listener(upstream, address)
+            log.info("listening on %s:%d for broker %s", host, bound_port, upstream)
+            self._handlers.start_soon(self._accept_loop, listener, "plain", upstream)
+            return address
+        raise NoListener(f"no free port in --listener-ports {span[0]}-{span[1]}" if span else "")
+
+    async def _accept_loop(
+        self, listener: trio.abc.Listener[Any], kind: str, upstream: Address | None
+    ) -> None:
         assert self._handlers is not None
         while True:
             try:
@@ -210,7 +277,7 @@ class Proxy:
                 log.error("accept failed on %s listener: %s", kind, exc)
                 await trio.sleep(0.1)
                 continue
-            self._handlers.start_soon(self.handle, stream, kind)
+            self._handlers.start_soon(self.handle, stream, kind, upstream)
 
     async def _probe_upstream(self) -> None:
         """Keep sluice_upstream_up and /readyz current."""
@@ -246,8 +313,11 @@ class Proxy:
 
     # --- one connection ----------------------------------------------------
 
-    async def handle(self, stream: trio.abc.Stream, kind: str) -> None:
-        """Serve one accepted client connection (any trio stream) to its end."""
+    async def handle(
+        self, stream: trio.abc.Stream, kind: str, upstream: Address | None = None
+    ) -> None:
+        """Serve one accepted client connection (any trio stream) to its end;
+        ``upstream``: the broker its listener stands for (Cursus)."""
         peer = _peer(stream)
         conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
         ip = peer.host
@@ -258,7 +328,7 @@ class Proxy:
         self.taps.event(conn, Accepted())
         recorder = self.recorder
         relay = Relay(
-            self.backend.new_core(conn, self.taps),
+            self.backend.new_core(conn, self.taps, upstream),
             stream,
             timing=self.timing,
             dial=self._dial,

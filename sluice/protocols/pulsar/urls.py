@@ -10,18 +10,20 @@ from sluice.errors import ConfigError
 
 @dataclass(frozen=True, slots=True)
 class BrokerUrl:
-    """``pulsar://host:port`` or ``pulsar+ssl://host:port``."""
+    """``pulsar://host:port`` or ``pulsar+ssl://host:port`` (``scheme``
+    names another protocol's upstream, e.g. ``cursus``)."""
 
     host: str
     port: int
     tls: bool
+    scheme: str = ""
 
     @property
     def address(self) -> Address:
         return Address(self.host, self.port)
 
     def __str__(self) -> str:
-        scheme = "pulsar+ssl" if self.tls else "pulsar"
+        scheme = self.scheme or ("pulsar+ssl" if self.tls else "pulsar")
         return f"{scheme}://{self.address}"
 
 

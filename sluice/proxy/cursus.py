@@ -1,0 +1,85 @@
+"""What the protocol-neutral proxy needs from Cursus.
+
+Cursus clients find brokers by addresses inside replies, so the proxy keeps
+them on itself port-per-broker, as Kafka proxies do: the main listener
+stands for the configured broker, and every other broker a reply names gets
+a listener of its own, opened when a core first asks for it
+(``ListenerRequest``), on a port from ``--listener-ports`` (or any free
+port). The core rewrites the reply to that listener's advertised address.
+Each client connection is relayed to the broker its listener stands for.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from sluice.addresses import Address
+from sluice.protocols.core import Conn, Tap
+from sluice.protocols.cursus.connection import (
+    CursusConnection,
+    CursusRouting,
+    CursusSettings,
+    ListenerRequest,
+)
+
+# Opens (or finds) the listener for an upstream broker; its advertised address.
+OpenListener = Callable[[Address], Awaitable[Address]]
+
+
+class NoListener(Exception):
+    """No listener can be opened for a broker (the port range is used up)."""
+
+
+class CursusBackend:
+    name = "cursus"
+
+    def __init__(
+        self,
+        broker: Address,
+        settings: CursusSettings,
+        routing: CursusRouting,
+        *,
+        connect_timeout: float,
+    ) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.routing = routing
+        self.connect_timeout = connect_timeout
+        self.open_listener: OpenListener | None = None
+
+    def tls_context(self, tls: bool) -> ssl.SSLContext | None:
+        return None
+
+    def start(self, nursery: trio.Nursery, tap: Tap) -> None:
+        """Nothing of its own to run: Cursus has no proxy-side requests."""
+
+    def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> CursusConnection:
+        return CursusConnection(conn, self.settings, self.routing, tap, upstream=upstream)
+
+    async def ask(self, address: Address, request: Any) -> Address | Exception:
+        """A core's ``ListenerRequest``: the listener for its broker."""
+        assert isinstance(request, ListenerRequest) and self.open_listener is not None
+        existing = self.routing.listener_for(request.upstream)
+        if existing is not None:
+            return existing
+        try:
+            return await self.open_listener(request.upstream)
+        except (OSError, NoListener) as exc:
+            return exc
+
+    async def probe(self) -> str | None:
+        """None when the configured broker accepts a connection; otherwise why not."""
+        try:
+            with trio.fail_after(self.connect_timeout):
+                stream = await trio.open_tcp_stream(self.broker.host, self.broker.port)
+        except (OSError, trio.TooSlowError) as exc:
+            return f"cannot reach {self.broker}: {exc or 'timed out'}"
+        await stream.aclose()
+        return None
+
+    async def aclose(self) -> None:
+        pass

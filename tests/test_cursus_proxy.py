@@ -1,0 +1,147 @@
+"""`sluice proxy` in front of Cursus: the real cursus-client against the
+test broker (tests/cursus_broker.py), through the proxy's own trio layer.
+
+Every connection the client makes must land on a proxy listener — the
+broker only ever sees connections the proxy dialled — including after a
+leader change (NOT_LEADER LEADER_IS) and a coordinator move
+(NOT_COORDINATOR); and a corrupt batch is refused the way the broker
+refuses it, without reaching the broker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+from cursus import ConsumerMode
+
+from sluice.addresses import Address
+from sluice.protocols.core import OnInvalid
+from sluice.protocols.cursus.batch import Batch, Message, encode_batch
+from sluice.protocols.cursus.encoder import frame
+from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.server import Proxy
+from tests.cursus_broker import Cluster, open_cluster
+from tests.test_cursus_broker import Collector, in_thread, produce, produce_across_a_move, until
+
+
+class Watched:
+    """An in-process proxy whose upstream dials are noted, so that a test can
+    tell the proxy's broker connections from anyone else's."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.dialled_from: set[int] = set()
+        dial = proxy._dial
+
+        async def noting(address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
+            stream = await dial(address, tls, timeout)
+            sock: Any = stream
+            self.dialled_from.add(sock.socket.getsockname()[1])
+            return stream
+
+        async def no_probe() -> str | None:
+            return None  # readiness probes would be broker connections of their own
+
+        proxy._dial = noting  # type: ignore[method-assign]
+        proxy.backend.probe = no_probe  # type: ignore[method-assign]
+
+    @property
+    def address(self) -> str:
+        return str(self.proxy.addresses["plain"])
+
+    def direct(self, cluster: Cluster) -> list[str]:
+        """Broker connections the proxy did not make."""
+        return [peer for _, peer in cluster.connections
+                if int(peer.rsplit(":", 1)[1]) not in self.dialled_from]  # fmt: skip
+
+
+@pytest.fixture
+async def cluster3() -> AsyncIterator[Cluster]:
+    async with open_cluster(3, keepalive=0.3) as cluster:
+        yield cluster
+
+
+async def start_proxy(nursery: trio.Nursery, cluster: Cluster, **options: Any) -> Watched:
+    host, port = cluster.address.rsplit(":", 1)
+    config = ProxyConfig(
+        broker=BrokerUrl(host, int(port), False, "cursus"),
+        protocol="cursus",
+        listen=Address("127.0.0.1", 0),
+        **options,
+    )
+    proxy = Proxy(config)
+    watched = Watched(proxy)
+    await nursery.start(proxy.run)
+    return watched
+
+
+async def test_the_client_never_reaches_a_broker_directly(cluster3: Cluster) -> None:
+    async with trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster3)
+        payloads = [f"c{i}" for i in range(12)]
+        assert await in_thread(produce, proxy.address, "spread", payloads, 3) == 12
+        # Leaders on three nodes: the main listener and one per other node.
+        assert len(proxy.proxy.cursus_routing.listeners) == 3
+        assert {cluster3.leader_of("spread", p).index for p in range(3)} == {0, 1, 2}
+
+        ready, moved = threading.Event(), threading.Event()
+        acked: list[int] = []
+
+        async def producing() -> None:
+            acked.append(
+                await in_thread(produce_across_a_move, proxy.address, "moving", ready, moved)
+            )
+
+        collector = None
+        async with trio.open_nursery() as inner:
+            inner.start_soon(producing)
+            await until(ready.is_set, "the first half produced")
+            collector = Collector(proxy.address, "moving", "g1", ConsumerMode.STREAMING).start()
+            try:
+                await until(lambda: len(collector.got) >= 6, "the first half streamed")
+                cluster3.move_leader("moving", 0)
+                moved.set()
+                await until(lambda: len(collector.got) >= 12, "the second half streamed")
+                cluster3.move_coordinator("g1")
+                await until(lambda: cluster3.sent["NOT_COORDINATOR"] >= 1, "a NOT_COORDINATOR")
+                assert await in_thread(produce, proxy.address, "moving", ["late"] * 3, 3) == 3
+                await until(lambda: len(collector.got) >= 15, "the late messages streamed")
+            finally:
+                await in_thread(collector.close)
+        assert acked == [12]
+        assert cluster3.sent["NOT_LEADER"] >= 1
+        assert cluster3.connections, "the broker saw no connections at all"
+        assert proxy.direct(cluster3) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_corrupt_batch_is_refused_the_way_the_broker_refuses_it(
+    cluster3: Cluster,
+) -> None:
+    good = encode_batch(Batch(topic="t", partition=0, acks="1",
+                              messages=(Message(offset=0, payload=b"hi"),)))  # fmt: skip
+    corrupt = good[:-3]  # cut inside the last message
+    async with trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster3, on_invalid=OnInvalid.REJECT)
+        host, port = proxy.address.rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        before = len(cluster3.connections)
+        await stream.send_all(frame(corrupt))
+        with trio.fail_after(10):
+            reply = await stream.receive_some(4096)
+        assert reply[4:].startswith(b"ERROR: decode_failed"), reply
+        # The broker keeps such a connection open; so does the proxy.
+        await stream.send_all(b"\x00\x00\x00\x00")  # a keepalive
+        with trio.move_on_after(0.3):
+            assert await stream.receive_some(4096) != b""
+        await stream.aclose()
+        # The refused batch never reached a broker.
+        topic = cluster3.topics.get("t")
+        assert topic is None or all(not p.log for p in topic.partitions)
+        assert len(cluster3.connections) <= before + 1
+        nursery.cancel_scope.cancel()
