@@ -1,11 +1,13 @@
 """The proxy's Prometheus metrics.
 
-Everything is prefixed ``sluice_`` and uses base units. Frame and byte counts
-are kept in plain integer lists indexed by command type and turned into
-counters only when Prometheus scrapes: the relay's per-frame cost is one list
-increment, not a locked ``Counter.inc()``. Everything else (connections,
-lookups, latencies) happens per request at most and uses prometheus-client
-directly, with label children bound once.
+Everything is prefixed ``sluice_`` and uses base units. What happens per
+frame or per message is kept in plain numbers and turned into metrics only
+when Prometheus scrapes: frame and byte counts in integer lists indexed by
+command type (one list increment per frame, not a locked ``Counter.inc()``),
+the request and relay latencies in ``Histograms`` (a bisect and two
+additions per observation, where prometheus-client's ``Histogram`` takes two
+locks). Everything else (connections, lookups, per-topic counts once per
+read) uses prometheus-client directly, with label children bound once.
 
 Latency, honestly: ``sluice_request_duration_seconds{command}`` runs from the
 moment the proxy read a request to the moment it read the answer, so it is
@@ -19,13 +21,17 @@ time spent waiting on the upstream. FLOW to first MESSAGE is not a latency
 
 from __future__ import annotations
 
+import itertools
+import math
 import platform
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from sluice import __version__
 from sluice.protocols.core import (
@@ -115,6 +121,53 @@ class TrafficCounts(Collector):
         return []
 
 
+class Timer:
+    """One child of ``Histograms``: counts per bucket (not cumulative) and the sum."""
+
+    __slots__ = ("_bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        # The first bucket whose upper bound is >= seconds, as Prometheus counts.
+        self.counts[bisect_left(self._bounds, seconds)] += 1
+        self.total += seconds
+
+
+class Histograms(Collector):
+    """A histogram with one label whose values are known up front, kept as
+    plain numbers (``Timer``s) and exported as a histogram at scrape time.
+    Every child is present from the start, at zero."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        label: str,
+        values: Iterable[str],
+        buckets: tuple[float, ...],
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self._bounds = (*buckets, math.inf)
+        self._les = [floatToGoString(bound) for bound in self._bounds]
+        self.children = {value: Timer(self._bounds) for value in values}
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, timer in self.children.items():
+            cumulative = itertools.accumulate(timer.counts)
+            family.add_metric([value], list(zip(self._les, cumulative, strict=True)), timer.total)
+        yield family
+
+    def describe(self) -> Iterable[HistogramMetricFamily]:
+        return []
+
+
 class TopicLabels:
     """At most ``limit`` topics get their own label; the rest share ``other``."""
 
@@ -175,20 +228,22 @@ class Metrics:
             "sluice_broker_errors", "Failures brokers answered with, by request and ServerError",
             ["command", "error"], registry=registry,
         )  # fmt: skip
-        self.request_duration = Histogram(
+        self.request_duration = Histograms(
             "sluice_request_duration_seconds",
             "Request to answer, as seen at the proxy (broker plus network time)",
-            ["command"], buckets=_LATENCY_BUCKETS, registry=registry,
+            "command", TIMED_COMMANDS, _LATENCY_BUCKETS,
         )  # fmt: skip
+        registry.register(self.request_duration)
         self.lookup_duration = Histogram(
             "sluice_lookup_duration_seconds",
             "Lookups the proxy answered: total, and the part spent waiting on the upstream",
             ["part"], buckets=_LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
-        self.relay_delay = Histogram(
+        self.relay_delay = Histograms(
             "sluice_relay_delay_seconds", "Proxy's own time from reading a chunk to writing it on",
-            ["direction"], buckets=_RELAY_BUCKETS, registry=registry,
+            "direction", DIRECTIONS, _RELAY_BUCKETS,
         )  # fmt: skip
+        registry.register(self.relay_delay)
         self.topic_messages = Counter(
             "sluice_topic_messages", "Messages per topic (batches counted by their messages)",
             ["topic", "direction"], registry=registry,
@@ -217,8 +272,8 @@ class Metrics:
         registry.register(self._recorder_figures)
 
         # Children bound once, for the per-request paths.
-        self._request_timers = {c: self.request_duration.labels(c) for c in TIMED_COMMANDS}
-        self.relay_delay_by_direction = {d: self.relay_delay.labels(d) for d in DIRECTIONS}
+        self._request_timers = self.request_duration.children
+        self.relay_delay_by_direction = self.relay_delay.children
         for reason in ("limit", "relay_refused", "handshake_timeout", "handshake", "tls"):
             self.connections_rejected.labels(reason)
         for outcome in ("answered", "redirected", "failed", "rejected"):
