@@ -40,10 +40,15 @@ from sluice.recording.format import (
 
 log = logging.getLogger("sluice.recorder")
 
+_RECORDED_EVENTS = frozenset({Opened, Closed, FaultInjected})
+
 # Packed records are handed to the file (a worker thread's write) once this
 # many bytes are waiting, or at the flush interval, whichever comes first:
 # one thread round trip per read would cost more than the records.
 WRITE_BYTES = 256 * 1024
+# Woken by a first frame, the writer lets this long's worth of frames gather
+# before it takes them: one wake-up per batch instead of one per read.
+BATCH_DELAY = 0.005
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ class Recorder:
         self._broker = broker
         self._queue: deque[tuple[Any, ...]] = deque()
         self._queued_bytes = 0
+        self._lossless = config.lossless
+        self._max_frames = config.queue_frames
+        self._max_bytes = config.queue_bytes
         self._wakeup = trio.Event()
         self._space = trio.Event()
         self._dropped = 0  # since the last gap record
@@ -106,9 +114,10 @@ class Recorder:
         self.record_frame(conn.id, 0 if from_client else 1, frame)
 
     def event(self, conn: Conn | None, event: Event) -> None:
-        if conn is None:
+        kind = type(event)
+        if conn is None or kind not in _RECORDED_EVENTS:
             return
-        if type(event) is Opened:
+        if kind is Opened:
             self.open_connection(
                 conn.id,
                 client=conn.client,
@@ -116,10 +125,10 @@ class Recorder:
                 listener=conn.listener,
                 broker=conn.broker,
             )
-        elif type(event) is Closed:
+        elif kind is Closed:
             assert isinstance(event, Closed)
             self.close_connection(conn.id, event.reason)
-        elif type(event) is FaultInjected:
+        elif kind is FaultInjected:
             assert isinstance(event, FaultInjected)
             self.note_fault(conn.id, event)
 
@@ -132,15 +141,16 @@ class Recorder:
         traffic, so the queue overshoots its bounds by at most one read.
         """
         size = len(frame.raw)
-        if not self.config.lossless and (
-            len(self._queue) >= self.config.queue_frames
-            or self._queued_bytes + size > self.config.queue_bytes
+        queue = self._queue
+        if not self._lossless and (
+            len(queue) >= self._max_frames or self._queued_bytes + size > self._max_bytes
         ):
             self._drop(1)
             return
-        self._queue.append(("f", conn, direction, time.monotonic_ns(), time.time_ns(), frame))
+        if not queue:  # the writer takes the whole queue: wake it for the first frame only
+            self._wakeup.set()
+        queue.append(("f", conn, direction, time.monotonic_ns(), time.time_ns(), frame))
         self._queued_bytes += size
-        self._wakeup.set()
 
     async def room(self) -> None:
         """In lossless mode, wait until the queue has space again."""
@@ -201,6 +211,8 @@ class Recorder:
                 with trio.move_on_after(self.config.flush_interval):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
+                if self._queue:
+                    await trio.sleep(BATCH_DELAY)
                 # A batch taken off the queue is always written: cancelling
                 # (shutdown) must not lose it between the queue and the file.
                 with trio.CancelScope(shield=True):
