@@ -96,7 +96,7 @@ class Pending:
     repeats: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Completion:
     """A request (or SEND) and the frame that answered it."""
 
