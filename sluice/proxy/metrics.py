@@ -25,7 +25,7 @@ import itertools
 import math
 import platform
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -54,6 +54,9 @@ from sluice.protocols.pulsar.frame import command_name
 
 if TYPE_CHECKING:
     from sluice.recording.writer import Recorder
+
+# How prometheus-client writes a bucket's bound as its "le" label.
+_le: Callable[[float], str] = floatToGoString
 
 CLIENT_TO_BROKER = "client_to_broker"
 BROKER_TO_CLIENT = "broker_to_client"
@@ -154,7 +157,7 @@ class Histograms(Collector):
         self.documentation = documentation
         self.label = label
         self._bounds = (*buckets, math.inf)
-        self._les = [floatToGoString(bound) for bound in self._bounds]
+        self._les = [_le(bound) for bound in self._bounds]
         self.children = {value: Timer(self._bounds) for value in values}
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
