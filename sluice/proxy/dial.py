@@ -1,14 +1,29 @@
-"""TLS settings and dialling: the one place Sluice opens a connection to a broker."""
+"""TLS settings and dialling: the one place Sluice opens a connection to a broker.
+
+TLS is 1.2 at least, both ways. A TLS listener's certificate and key are
+re-read when they change on disk (``CertificateReloader``), as cert-manager
+rotates them in a Kubernetes pod: new handshakes get the new certificate,
+open connections keep going.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from sluice.addresses import Address
+
+log = logging.getLogger("sluice.tls")
+
+# How often a TLS listener's certificate files are checked for changes.
+RELOAD_INTERVAL = 10.0
+MINIMUM_TLS = ssl.TLSVersion.TLSv1_2
 
 
 @dataclass(frozen=True)
@@ -32,6 +47,7 @@ class TlsClientConfig:
 
 def server_ssl_context(config: TlsServerConfig) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = MINIMUM_TLS
     context.load_cert_chain(str(config.cert), str(config.key))
     if config.client_ca is not None:
         context.load_verify_locations(str(config.client_ca))
@@ -39,8 +55,66 @@ def server_ssl_context(config: TlsServerConfig) -> ssl.SSLContext:
     return context
 
 
+class CertificateReloader:
+    """Loads a listener's certificate and key into its context again when
+    either file changes (modification time, size or inode: a Kubernetes
+    secret update swaps a symlink). A pair that does not load (say, the key
+    written a moment after the certificate) is logged once and retried at
+    the next change; the old certificate stays in use meanwhile."""
+
+    def __init__(self, config: TlsServerConfig, context: ssl.SSLContext) -> None:
+        self.config = config
+        self.context = context
+        self.reloads = 0
+        self._stamp: tuple[tuple[int, int, int], ...] | None = self._now()
+
+    def _now(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            stats = [os.stat(path) for path in (self.config.cert, self.config.key)]
+        except OSError:
+            return None  # mid-rotation: look again later
+        return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in stats)
+
+    def check(self) -> bool:
+        """Reload if the files changed; whether a new certificate is in use."""
+        stamp = self._now()
+        if stamp is None or stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        # One snapshot of both files, tried on a scratch context first: a
+        # pair that fails half-way would leave the live context with a
+        # certificate and a key that do not match.
+        try:
+            pems = [path.read_bytes() for path in (self.config.cert, self.config.key)]
+        except OSError:
+            self._stamp = None  # mid-rotation: look again at the next tick
+            return False
+        with tempfile.TemporaryDirectory(prefix="sluice-tls-") as scratch:
+            cert, key = Path(scratch) / "cert.pem", Path(scratch) / "key.pem"
+            for path, pem in ((cert, pems[0]), (key, pems[1])):
+                path.touch(mode=0o600)
+                path.write_bytes(pem)
+            try:
+                trial = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                trial.load_cert_chain(str(cert), str(key))
+            except (OSError, ssl.SSLError) as exc:
+                log.error("TLS certificate %s changed but does not load (keeping the old one): "
+                          "%s", self.config.cert, exc)  # fmt: skip
+                return False
+            self.context.load_cert_chain(str(cert), str(key))
+        self.reloads += 1
+        log.info("TLS certificate %s reloaded", self.config.cert)
+        return True
+
+    async def run(self, interval: float = RELOAD_INTERVAL) -> None:
+        while True:
+            await trio.sleep(interval)
+            self.check()
+
+
 def client_ssl_context(config: TlsClientConfig) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(config.ca) if config.ca else None)
+    context.minimum_version = MINIMUM_TLS
     context.check_hostname = config.verify_hostname
     if not config.verify_hostname:
         # Hostname checks off means the operator trusts the network path.

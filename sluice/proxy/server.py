@@ -14,6 +14,7 @@ import itertools
 import logging
 import signal
 import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +30,7 @@ from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS, PulsarSettings, 
 from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.cursus import CursusBackend, NoListener
-from sluice.proxy.dial import dial, server_ssl_context
+from sluice.proxy.dial import CertificateReloader, dial, server_ssl_context
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.pulsar import PulsarBackend
 from sluice.proxy.relay import Relay, Timing
@@ -136,6 +137,7 @@ class Proxy:
         self.addresses: dict[str, Address] = {}
         self._handlers: trio.Nursery | None = None
         self._stop = trio.Event()
+        self.certificates: CertificateReloader | None = None
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -153,6 +155,8 @@ class Proxy:
         async with trio.open_nursery() as outer:
             self.backend.start(outer, self.taps)
             outer.start_soon(self._probe_upstream)
+            if self.certificates is not None:
+                outer.start_soon(self.certificates.run)
             if self.recorder is not None:
                 await outer.start(self.recorder.run)
             if admin is not None:
@@ -186,6 +190,14 @@ class Proxy:
             problems.append(f"upstream {self.config.broker} unreachable")
         return problems
 
+    def _server_context(self) -> ssl.SSLContext | None:
+        """The TLS listeners' context, re-read when its files change."""
+        if self.config.tls is None:
+            return None
+        context = server_ssl_context(self.config.tls)
+        self.certificates = CertificateReloader(self.config.tls, context)
+        return context
+
     @property
     def active(self) -> int:
         """Client connections this process serves now."""
@@ -194,7 +206,7 @@ class Proxy:
     async def _open_listeners(self) -> None:
         config = self.config
         if self.worker is not None:
-            context = server_ssl_context(config.tls) if config.tls is not None else None
+            context = self._server_context()
             for kind, sock in self.worker.sockets:
                 tcp = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 if kind == "tls":
@@ -211,8 +223,8 @@ class Proxy:
             ):
                 self._add_listener("plain", listener, listener)
         if config.listen_tls is not None:
-            assert config.tls is not None
-            context = server_ssl_context(config.tls)
+            context = self._server_context()
+            assert context is not None  # ProxyConfig: --listen-tls needs --tls-cert
             for listener in await trio.open_tcp_listeners(
                 config.listen_tls.port, host=config.listen_tls.host
             ):
