@@ -182,6 +182,7 @@ def payload(client: int, seq: int, size: int) -> bytes:
 
 def client_process(conn: Connection, index: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent cleans up on Ctrl-C
+    os.dup2(2, 1)  # the C++ client logs to stdout: keep the table on stdout clean
     import pulsar
 
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
