@@ -22,8 +22,9 @@ from sluice.addresses import Address
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.cursus.batch import Batch, Message, encode_batch
 from sluice.protocols.cursus.encoder import frame
+from sluice.protocols.faults import FaultError, parse_rule
 from sluice.protocols.pulsar.urls import BrokerUrl
-from sluice.proxy.config import ProxyConfig
+from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.server import Proxy
 from tests.cursus_broker import Cluster, open_cluster
 from tests.test_cursus_broker import Collector, in_thread, produce, produce_across_a_move, until
@@ -145,3 +146,42 @@ async def test_a_corrupt_batch_is_refused_the_way_the_broker_refuses_it(
         assert topic is None or all(not p.log for p in topic.partitions)
         assert len(cluster3.connections) <= before + 1
         nursery.cancel_scope.cancel()
+
+
+async def test_leader_moved_fault_the_client_follows(cluster3: Cluster) -> None:
+    """The "leader moved" recipe: one batch answered NOT_LEADER by the proxy
+    (naming the listener the client already uses); the client asks for
+    metadata again, retries, and every message is acknowledged once."""
+    async with trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster3)
+        rule = proxy.proxy.faults.add(
+            parse_rule(
+                {
+                    "match": {"protocol": "cursus", "command": "BATCH"},
+                    "action": "error",
+                    "error": "NOT_LEADER",
+                    "times": 1,
+                },
+                PROTOCOL_FAULTS,
+            )
+        )
+        metadata_before = cluster3.sent["OK"]
+        payloads = [f"f{i}" for i in range(9)]
+        assert await in_thread(produce, proxy.address, "faulty", payloads, 3) == 9
+        assert rule.hits == 1
+        assert sum(len(p.log) for p in cluster3.topics["faulty"].partitions) == 9
+        assert cluster3.sent["NOT_LEADER"] == 0  # the broker itself never said it
+        assert cluster3.sent["OK"] > metadata_before
+        assert proxy.direct(cluster3) == []
+        nursery.cancel_scope.cancel()
+
+
+def test_cursus_rules_are_validated() -> None:
+    with pytest.raises(FaultError, match="unknown error code 'NOT_A_CODE'"):
+        parse_rule({"match": {"protocol": "cursus"}, "action": "error", "error": "NOT_A_CODE"},
+                   PROTOCOL_FAULTS)  # fmt: skip
+    with pytest.raises(FaultError, match="unknown command 'SEND_RECEIPT' for cursus"):
+        parse_rule({"match": {"protocol": "cursus", "command": "SEND_RECEIPT"},
+                    "action": "drop"}, PROTOCOL_FAULTS)  # fmt: skip
+    rule = parse_rule({"match": {"protocol": "cursus"}, "action": "error"}, PROTOCOL_FAULTS)
+    assert rule.error == "NOT_LEADER"

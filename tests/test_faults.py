@@ -21,8 +21,8 @@ from sluice.embedded import free_port
 from sluice.protocols.core import Close, FaultInjected, Hold, Peer, Send
 from sluice.protocols.faults import FaultError, Faults, load_rules, parse_rule, topic_matches
 from sluice.protocols.pulsar import Problem, pb
-from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS
 from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
+from sluice.proxy.config import PROTOCOL_FAULTS
 from tests.test_pulsar_core import (
     closes,
     frame_bytes,

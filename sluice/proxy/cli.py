@@ -17,9 +17,9 @@ from sluice.logs import add_logging_arguments, setup_logging
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.faults import load_rules
-from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS, UpstreamFailure
+from sluice.protocols.pulsar.connection import UpstreamFailure
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
-from sluice.proxy.config import ProxyConfig
+from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig, client_ssl_context
 from sluice.proxy.pulsar import connect_broker
 from sluice.proxy.server import Proxy, serve_until_signalled

@@ -13,11 +13,16 @@ from dataclasses import dataclass, field
 from sluice.addresses import Address
 from sluice.errors import ConfigError
 from sluice.protocols.core import OnInvalid
-from sluice.protocols.faults import Rule
+from sluice.protocols.cursus.connection import CURSUS_FAULTS
+from sluice.protocols.faults import ProtocolFaults, Rule
 from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
+from sluice.protocols.pulsar.connection import PULSAR_FAULTS
 from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.recording.writer import RecorderConfig
+
+# Every protocol fault rules may name, by name.
+PROTOCOL_FAULTS: dict[str, ProtocolFaults] = {p.name: p for p in (PULSAR_FAULTS, CURSUS_FAULTS)}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from sluice.protocols.cursus.connection import (
     CursusSettings,
     ListenerRequest,
 )
+from sluice.protocols.faults import Faults
 
 # Opens (or finds) the listener for an upstream broker; its advertised address.
 OpenListener = Callable[[Address], Awaitable[Address]]
@@ -44,8 +45,10 @@ class CursusBackend:
         routing: CursusRouting,
         *,
         connect_timeout: float,
+        faults: Faults | None = None,
     ) -> None:
         self.broker = broker
+        self.faults = faults if faults is not None else Faults()
         self.settings = settings
         self.routing = routing
         self.connect_timeout = connect_timeout
@@ -58,7 +61,9 @@ class CursusBackend:
         """Nothing of its own to run: Cursus has no proxy-side requests."""
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> CursusConnection:
-        return CursusConnection(conn, self.settings, self.routing, tap, upstream=upstream)
+        return CursusConnection(
+            conn, self.settings, self.routing, tap, upstream=upstream, faults=self.faults
+        )
 
     async def ask(self, address: Address, request: Any) -> Address | Exception:
         """A core's ``ListenerRequest``: the listener for its broker."""

@@ -26,9 +26,9 @@ from sluice.protocols.core import Accepted, Conn, Rejected, Taps
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.connection import CursusRouting, CursusSettings
 from sluice.protocols.faults import Faults
-from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS, PulsarSettings, Routing
+from sluice.protocols.pulsar.connection import PulsarSettings, Routing
 from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
-from sluice.proxy.config import ProxyConfig
+from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.cursus import CursusBackend, NoListener
 from sluice.proxy.dial import CertificateReloader, dial, server_ssl_context
 from sluice.proxy.metrics import Metrics
@@ -106,6 +106,7 @@ class Proxy:
                 ),
                 self.cursus_routing,
                 connect_timeout=config.connect_timeout,
+                faults=self.faults,
             )
             cursus.open_listener = self._open_broker_listener
             self.backend = cursus

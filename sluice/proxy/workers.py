@@ -54,9 +54,8 @@ from prometheus_client.registry import Collector
 from sluice.addresses import Address
 from sluice.logs import setup_logging
 from sluice.protocols.faults import FaultError, parse_rule
-from sluice.protocols.pulsar.connection import PROTOCOL_FAULTS
 from sluice.proxy.admin import AdminRequest, Refused, authorize, bound, open_admin, serve_admin
-from sluice.proxy.config import ProxyConfig
+from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
 

@@ -22,6 +22,10 @@ as the Pulsar core (``Send``, ``OpenUpstream``, ``Ask``, ``Close``):
 - Requests and their replies are timed (``Answered``), batches counted per
   topic (``TopicTraffic``); a drain ends an open STREAM the way a stopping
   broker does (``STREAM_CONTROL type=CLOSE reason=stopped offset=N``).
+- Fault rules (``sluice.protocols.faults``, protocol ``cursus``) act on
+  frames both ways; an ``error`` rule answers a request with the broker's
+  own ``ERROR:`` forms (``NOT_LEADER LEADER_IS`` naming this listener, so the
+  client asks for metadata again and comes back).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from sluice.protocols.core import (
     Closed,
     Conn,
     Dialed,
+    FaultInjected,
+    Hold,
     Invalid,
     OnInvalid,
     Opened,
@@ -52,7 +58,7 @@ from sluice.protocols.core import (
     TopicTraffic,
 )
 from sluice.protocols.cursus.batch import Batch
-from sluice.protocols.cursus.commands import Command, Stream
+from sluice.protocols.cursus.commands import KNOWN, Command, Stream
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.decoder import FrameDecoder
 from sluice.protocols.cursus.encoder import own_frame, refusal_reply
@@ -65,8 +71,25 @@ from sluice.protocols.cursus.replies import (
     StreamControl,
 )
 from sluice.protocols.cursus.rewrite import addresses_in, rewrite_addresses
+from sluice.protocols.faults import (
+    FaultAction,
+    Faults,
+    ProtocolFaults,
+    Rule,
+    flip_last_byte,
+)
 
 log = logging.getLogger("sluice.cursus")
+
+# What fault rules may name for Cursus: its commands and replies, and the
+# ERROR: codes an ``error`` rule answers with (NOT_LEADER first: the
+# "leader moved" recipe).
+CURSUS_FAULTS = ProtocolFaults(
+    "cursus",
+    frozenset(KNOWN) | {"BATCH", "OK", "ERROR", "ACK", "STREAM_CONTROL", "KEEPALIVE", "MESSAGE"},
+    ("NOT_LEADER", "NOT_COORDINATOR", "GEN_MISMATCH", "OFFSET_OUT_OF_RANGE", "decode_failed",
+     "malformed_input", "topic_not_found", "topic_not_assigned_to_group"),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -108,6 +131,24 @@ class CursusRouting:
         self.listeners[_key(upstream)] = proxy
 
 
+@dataclass(frozen=True)
+class _Rewritten:
+    """A broker frame and the bytes that go to the client for it."""
+
+    frame: Frame
+    data: bytes
+
+
+def _topic(frame: Frame) -> str | None:
+    message = frame.message
+    if isinstance(message, Batch):
+        return message.topic
+    topic = getattr(message, "topic", None)
+    if isinstance(topic, str) and topic:
+        return topic
+    return frame.envelope or None
+
+
 def _key(address: Address) -> Address:
     return Address(address.host.lower(), address.port)
 
@@ -140,8 +181,11 @@ class CursusConnection:
         *,
         upstream: Address | None = None,
         tls: bool = False,
+        faults: Faults | None = None,
     ) -> None:
         self.conn = conn
+        self.faults = faults if faults is not None else Faults()
+        self._paced = [0.0, 0.0]  # delay, throttle: when each direction is free again
         self.settings = settings
         self.routing = routing
         self.tap = tap
@@ -290,6 +334,17 @@ class CursusConnection:
         try:
             for frame in self._client.frames():
                 self.tap.frame(self.conn, True, frame)
+                if self.faults.rules:
+                    rule = self._fault(frame, True)
+                    if rule is not None:
+                        if out:
+                            actions.append(Send(Peer.BROKER, b"".join(out)))
+                            out = []
+                        done = self._apply(rule, frame, True, now, actions)
+                        if done is not None:
+                            if done:
+                                return actions
+                            continue
                 error = frame.error
                 if error is not None:
                     self.tap.event(self.conn, Invalid(True, error.problem.value, error.message))
@@ -357,6 +412,19 @@ class CursusConnection:
                 break  # asked for a listener; the rest waits
             self._held.popleft()
             self.tap.frame(self.conn, False, frame)
+            if self.faults.rules:
+                rule = self._fault(frame, False)
+                if rule is not None:
+                    if out:
+                        actions.append(Send(Peer.CLIENT, b"".join(out)))
+                        out = []
+                    fault = _Rewritten(frame, data)
+                    done = self._apply(rule, fault, False, now, actions)
+                    if done is not None:
+                        self._answer(frame, now)
+                        if done:
+                            return actions
+                        continue
             if frame.error is not None:
                 error = frame.error
                 self.tap.event(self.conn, Invalid(False, error.problem.value, error.message))
@@ -435,6 +503,77 @@ class CursusConnection:
             self._streaming = request
             if isinstance(message, Batch) and message.messages:
                 self._stream_offset = message.messages[-1].offset + 1
+
+    # --- fault injection ------------------------------------------------------------
+
+    def _fault(self, frame: Frame, from_client: bool) -> Rule | None:
+        message = frame.message
+        answerable = from_client and message is not None and not isinstance(message, Keepalive)
+        return self.faults.check(
+            "cursus",
+            frame.name,
+            from_client,
+            self.conn.client,
+            lambda: _topic(frame),
+            answerable,
+        )
+
+    def _apply(
+        self,
+        rule: Rule,
+        frame: Frame | _Rewritten,
+        from_client: bool,
+        now: float,
+        actions: list[Action],
+    ) -> bool | None:
+        """Carry out ``rule`` on ``frame`` (see the Pulsar core's twin):
+        None: the frame goes on as usual after what was appended; False: it
+        was dealt with here; True: the connection closes."""
+        original = frame.frame if isinstance(frame, _Rewritten) else frame
+        data = frame.data if isinstance(frame, _Rewritten) else frame.raw
+        action = rule.action
+        topic = _topic(original) if rule.match.topic is not None else None
+        self.tap.event(
+            self.conn, FaultInjected(rule.id, str(action), original.name, from_client, topic)
+        )
+        to = Peer.BROKER if from_client else Peer.CLIENT
+        side = 0 if from_client else 1
+        if action is FaultAction.DELAY:
+            until = max(now + self.faults.delay(rule), self._paced[side])
+            self._paced[side] = until
+            actions.append(Hold(until))
+            return None
+        if action is FaultAction.THROTTLE:
+            until = max(now, self._paced[side])
+            self._paced[side] = until + len(data) / rule.rate
+            actions.append(Hold(until))
+            return None
+        if action is FaultAction.DROP:
+            return False
+        if action is FaultAction.CORRUPT:
+            actions.append(Send(to, flip_last_byte(data)))
+            if from_client:
+                self._track(original, now, {})
+            return False
+        if action is FaultAction.DISCONNECT:
+            actions.append(Send(to, data))
+            actions.append(
+                self._close("fault", f"fault {rule.id}: disconnecting after {original.name}")
+            )
+            return True
+        # ERROR: answer the request in the broker's place.
+        words: tuple[str, ...] = ()
+        if rule.error == "NOT_LEADER":
+            here = self.routing.listener_for(self.upstream)
+            if here is not None:
+                words = ("LEADER_IS", str(here))
+        elif rule.error == "NOT_COORDINATOR":
+            here = self.routing.listener_for(self.upstream)
+            if here is not None:
+                words = (f"host={here.host}", f"port={here.port}")
+        words += (f'reason="{rule.message}"',) if rule.message else ()
+        actions += self._own(own_frame(ErrorReply(rule.error, words)))
+        return False
 
     # --- helpers -------------------------------------------------------------------
 

@@ -98,8 +98,6 @@ PULSAR_FAULTS = ProtocolFaults(
     frozenset(pb.BaseCommand.Type.keys()),
     ("ServiceNotReady", *(n for n, _ in pb.ServerError.items() if n != "ServiceNotReady")),
 )
-# Every protocol fault rules may name, by name (Cursus joins here).
-PROTOCOL_FAULTS = {PULSAR_FAULTS.name: PULSAR_FAULTS}
 
 
 class UpstreamFailure(Exception):
