@@ -28,6 +28,7 @@ from sluice.errors import ConfigError
 from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.cli import parse_workers
+from sluice.proxy.faults_cli import call
 from sluice.proxy.pulsar import FrameStream
 from sluice.proxy.shared import LIMITS_FILE, ROUTES_FILE, SharedLimits, SharedRouting, create_state
 from sluice.proxy.workers import _Merged, available_cpus
@@ -36,6 +37,8 @@ from tests.scripted_broker import ScriptedBroker, redirect_to
 from tests.support import ProxyProcess, client, http_get, start_proxy
 from tests.test_dashboards import scrape, value
 from tests.test_proxy_scripted import answer, lookup
+
+TOKEN = "workers-admin-token"
 
 # --- shared state, in one process --------------------------------------------------
 
@@ -196,8 +199,10 @@ async def test_lookup_on_one_worker_connect_on_another(
 @pytest.fixture
 def workers_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyProcess, int]]:
     admin = free_port()
+    token = tmp_path / "admin-token"
+    token.write_text(TOKEN)
     proxy = start_proxy(broker.url, tmp_path, "--workers", "2", "--admin", f"127.0.0.1:{admin}",
-                        "--drain-timeout", "5")  # fmt: skip
+                        "--drain-timeout", "5", "--admin-token-file", str(token))  # fmt: skip
     yield proxy, admin
     proxy.kill()
     for pid in worker_pids(proxy, 2, timeout=0).values():
@@ -301,3 +306,40 @@ def test_sigterm_drains_every_worker(workers_proxy: tuple[ProxyProcess, int], to
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert proxy.log().count("SIGTERM: draining") == 3  # the supervisor and both workers
+
+
+def test_fault_rules_reach_every_worker_and_their_hits_add_up(
+    workers_proxy: tuple[ProxyProcess, int], topic: str
+) -> None:
+    proxy, admin = workers_proxy
+    where = f"127.0.0.1:{admin}"
+    pids = worker_pids(proxy, 2)
+    rule = {"match": {"command": "SEND_RECEIPT"}, "action": "delay", "delay_ms": 1}
+    assert call(where, "POST", "/faults", TOKEN, rule)["id"] == "f1"
+    for n in range(4):  # separate clients: their connections land on either worker
+        with client(proxy.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            for i in range(5):
+                producer.send(f"{n}-{i}".encode())
+    (listed,) = call(where, "GET", "/faults")["rules"]
+    assert listed["hits"] == 20
+    # A restarted worker gets the rule set too.
+    os.kill(pids[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (
+        worker_pids(proxy, 2, timeout=0).get(0) == pids[0]
+        or value(scrape(proxy, admin), "sluice_workers", state="ready") < 2
+    ):
+        assert time.monotonic() < deadline, "worker 0 was not restarted"
+        time.sleep(0.1)
+    new_pid = worker_pids(proxy, 2, timeout=0)[0]
+    os.kill(pids[1], signal.SIGSTOP)  # only the new worker 0 accepts now
+    try:
+        with client(proxy.url) as c:
+            c.create_producer(topic, batching_enabled=False).send(b"after restart")
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    (listed,) = call(where, "GET", "/faults")["rules"]
+    assert listed["hits"] >= 1 and new_pid != pids[0]
+    assert call(where, "DELETE", "/faults", TOKEN) == {"deleted": 1}
+    assert call(where, "GET", "/faults") == {"rules": []}
