@@ -1,0 +1,191 @@
+"""What the reliability tests and bench/soak.py share: a broker that can be
+killed and restarted on the same address and data directory, a proxy with
+an admin endpoint, process figures (RSS, open files) and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulsar
+from prometheus_client.parser import text_string_to_metric_families
+
+from sluice.embedded import EmbeddedBroker, free_port
+from tests.support import QUIET, SLUICE, ProxyProcess, http_get, start_proxy
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(step)
+
+
+@dataclass
+class AdminProxy:
+    """A ``sluice proxy`` process with its admin endpoint."""
+
+    proxy: ProxyProcess
+    admin: int
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    @property
+    def pid(self) -> int:
+        return self.proxy.pid
+
+    def scrape(self) -> Samples:
+        status, text = http_get(f"http://127.0.0.1:{self.admin}/metrics")
+        assert status == 200, text
+        out: Samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` whose labels include ``labels``."""
+        want = set(labels.items())
+        return sum(
+            value for (n, lab), value in self.scrape().items() if n == name and want <= set(lab)
+        )
+
+    def kill(self) -> None:
+        self.proxy.kill()
+
+
+def start_admin_proxy(broker_url: str, tmp_path: Path, *extra: str) -> AdminProxy:
+    admin = free_port()
+    proxy = start_proxy(broker_url, tmp_path, "--admin", f"127.0.0.1:{admin}", *extra)
+    return AdminProxy(proxy, admin)
+
+
+class RestartableBroker:
+    """A pulsar-lite broker on a fixed port and data directory, to be killed
+    (SIGKILL) and started again in the same place."""
+
+    def __init__(self, data_dir: Path, **options: Any) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.options = options
+        self.current: EmbeddedBroker | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    def start(self) -> RestartableBroker:
+        assert self.current is None
+        self.current = EmbeddedBroker(port=self.port, data_dir=self.data_dir, **self.options)
+        self.current.start()
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or the OOM killer would."""
+        broker, self.current = self.current, None
+        if broker is not None and broker.process is not None:
+            broker.process.send_signal(signal.SIGKILL)
+            broker.process.wait()
+            broker.process = None
+
+    def stop(self) -> None:
+        broker, self.current = self.current, None
+        if broker is not None:
+            broker.stop()  # the directory is ours: stop() leaves it
+
+
+@contextlib.contextmanager
+def pulsar_client(url: str, **options: Any) -> Iterator[pulsar.Client]:
+    c = pulsar.Client(url, operation_timeout_seconds=30, logger=QUIET, **options)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def body(tag: str, i: int, size: int = 1024) -> bytes:
+    """A message of ``size`` bytes that says which one it is."""
+    head = f"{tag}:{i:08d}:".encode()
+    return head + b"x" * (size - len(head))
+
+
+@dataclass
+class Produced:
+    """What a producer was told: receipts and failures, by message content."""
+
+    acked: list[bytes] = field(default_factory=list)
+    failed: list[tuple[bytes, str]] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+
+    def callback(self, content: bytes) -> Callable[[Any, Any], None]:
+        def on_result(result: Any, _msg_id: Any) -> None:
+            with self.lock:
+                if result == pulsar.Result.Ok:
+                    self.acked.append(content)
+                    self.ack_times.append(time.monotonic())
+                else:
+                    self.failed.append((content, str(result)))
+            self.done.release()
+
+        return on_result
+
+
+def read_all(url: str, topic: str, want: set[bytes], timeout: float) -> set[bytes]:
+    """Every distinct message of ``topic`` from the start, until ``want`` is
+    covered or nothing new arrives for ``timeout`` seconds (deduplicated by
+    content: pulsar-lite may deliver an entry twice)."""
+    seen: set[bytes] = set()
+    with pulsar_client(url) as c:
+        consumer = c.subscribe(
+            topic,
+            f"check-{time.monotonic_ns()}",
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        while not want <= seen:
+            try:
+                msg = consumer.receive(timeout_millis=int(timeout * 1000))
+            except pulsar.Timeout:
+                break
+            consumer.acknowledge(msg)
+            seen.add(msg.data())
+        consumer.close()
+    return seen
+
+
+def run_sluice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SLUICE, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
