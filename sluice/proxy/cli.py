@@ -16,6 +16,7 @@ from sluice.errors import ConfigError
 from sluice.logs import add_logging_arguments, setup_logging
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.cursus.compression import Compression
+from sluice.protocols.cursus.frame import DEFAULT_PORT as CURSUS_PORT
 from sluice.protocols.faults import load_rules
 from sluice.protocols.pulsar.connection import UpstreamFailure
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
@@ -28,9 +29,6 @@ from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
 from sluice.recording.writer import RecorderConfig, ignore_file_size_signal
 
 log = logging.getLogger("sluice")
-
-# Where a Cursus broker listens when --broker names no port.
-CURSUS_PORT = 9000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

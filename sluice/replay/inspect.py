@@ -270,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     summary = Summary()
     out = sys.stdout
     pcap_file = open(args.pcap, "wb") if args.pcap else None  # noqa: SIM115
-    pcap = PcapngWriter(pcap_file) if pcap_file else None
+    pcap: PcapngWriter | None = None
     start_ns: int | None = None
     captures: set[str] = set()
     try:
@@ -279,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
                 captures.add(capture)
                 if start_ns is None:
                     start_ns = record["started"]
+                if pcap_file is not None and pcap is None:
+                    pcap = PcapngWriter(pcap_file, pcap_comment(record))
                 continue
             wall = record.get("w", start_ns or 0)
             start = start_ns if start_ns is not None else wall
@@ -319,6 +321,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary.write(out)
     return 0
+
+
+def pcap_comment(header: Record) -> str:
+    """How to read the capture in Wireshark, for its comment."""
+    protocol = header.get("protocol", "pulsar")
+    if protocol == "cursus":
+        return ("Sluice recording of Cursus traffic: each frame is [u32 big-endian length][body]; "
+                "Wireshark has no Cursus dissector, so read the TCP payloads (Follow TCP Stream) "
+                "or use sluice inspect")  # fmt: skip
+    return ("Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
+            "for other ports use Decode As... > TCP port > PULSAR")  # fmt: skip
 
 
 def _to_pcap(pcap: PcapngWriter, key: object, record: Record) -> None:

@@ -60,11 +60,18 @@ class _Flow:
 
 
 class PcapngWriter:
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: BinaryIO, comment: str = "") -> None:
+        """``comment``: shown by Wireshark as the capture's comment
+        (Statistics > Capture File Properties), e.g. how to decode it."""
         self.out = out
         self.packets = 0
         self._flows: dict[object, _Flow] = {}
-        self._block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1))
+        options = b""
+        if comment:
+            text = comment.encode()
+            options = struct.pack("<HH", 1, len(text)) + text + b"\x00" * (-len(text) % 4)
+            options += struct.pack("<HH", 0, 0)
+        self._block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1) + options)
         # Interface: raw IP, timestamps in nanoseconds (if_tsresol = 9).
         options = struct.pack("<HHB3x", 9, 1, 9) + struct.pack("<HH", 0, 0)
         self._block(1, struct.pack("<HHI", LINKTYPE_RAW, 0, 0) + options)

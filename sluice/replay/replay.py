@@ -27,13 +27,16 @@ import hashlib
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 from google.protobuf import text_format
 
+from sluice.addresses import parse_address
 from sluice.errors import ConfigError, leaves
+from sluice.protocols.cursus.frame import DEFAULT_PORT as CURSUS_PORT
 from sluice.protocols.pulsar import Frame, ProtocolError, Type, command, encode, encode_payload, pb
 from sluice.protocols.pulsar.correlation import answer_key
 from sluice.protocols.pulsar.redact import loggable
@@ -42,6 +45,7 @@ from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import RecordedConnection, RecordedFrame, load
+from sluice.replay import cursus
 
 T = Type.Value
 Key = tuple[Any, ...]
@@ -443,7 +447,7 @@ def _speed(text: str) -> float:
     return value
 
 
-def report(outcome: Outcome, out: Any) -> None:
+def report(outcome: Outcome | cursus.Outcome, out: Any) -> None:
     for conn, name, recorded, live in outcome.diverged:
         out.write(f"DIVERGED {conn} {name}\n  recorded: {recorded}\n  live:     {live}\n")
     for conn, recorded in outcome.missing:
@@ -471,7 +475,16 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         _speed(args.speed)
-        outcome, transcript = trio.run(replay, args, say)
+        if cursus.protocol_of(args.recording) == "cursus":
+            broker = args.broker.removeprefix("cursus://")
+            address = parse_address(broker, what="--broker", default_port=CURSUS_PORT)
+            recording = cursus.load(args.recording)
+            outcome: Outcome | cursus.Outcome
+            outcome, transcript = trio.run(
+                partial(cursus.replay, recording, address, timeout=args.timeout, say=say)
+            )
+        else:
+            outcome, transcript = trio.run(replay, args, say)
     except Exception as exc:
         known = [
             e for e in leaves(exc) if isinstance(e, RecordingError | ConfigError | ReplayError)

@@ -39,6 +39,7 @@ from sluice.protocols.pulsar.correlation import Correlator
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import Recording, load
+from sluice.replay import cursus
 
 T = Type.Value
 _ANSWERED_BY_SUCCESS = {T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("UNSUBSCRIBE"), T("SEEK")}
@@ -290,7 +291,10 @@ async def serve(recording: Path, listen: Address) -> Report:
 def run(args: argparse.Namespace) -> int:
     try:
         listen = parse_address(args.listen, what="--listen")
-        report = trio.run(serve, args.recording, listen)
+        if cursus.protocol_of(args.recording) == "cursus":
+            report: Report | cursus.Report = trio.run(cursus.serve, args.recording, listen)
+        else:
+            report = trio.run(serve, args.recording, listen)
     except (RecordingError, ConfigError) as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 2

@@ -24,6 +24,10 @@ DEFAULT_MAX_FRAME_SIZE = BROKER_MAX_FRAME_SIZE
 LENGTH_SIZE = 4
 
 
+# Where a Cursus broker listens unless told otherwise.
+DEFAULT_PORT = 9000
+
+
 @dataclass(frozen=True, slots=True)
 class EnvelopeMessage:
     """An envelope whose payload is no command: a topic and opaque bytes."""

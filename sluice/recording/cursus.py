@@ -1,0 +1,81 @@
+"""Cursus frames in recordings: the same records as Pulsar's, other summaries.
+
+A Cursus recording is a recording like any other (docs/recording-format.md)
+whose header says ``"protocol": "cursus"``. Its ``frame`` records hold the
+frame as the client saw it (``[u32 length][body]``, rewritten addresses
+included) in ``raw``, and a summary ``s``:
+
+- ``cmd``: the command (``CREATE``, ``METADATA``, ``BATCH``, ``STREAM``, …)
+  or reply (``OK``, ``ERROR``, ``ACK``, ``STREAM_CONTROL``, ``KEEPALIVE``);
+- ``topic`` when the frame names one, ``msgs`` for a batch (its messages),
+  ``part`` its partition;
+- ``error``: an ``ERROR:`` reply's code, or an ack's status when not OK;
+- ``invalid`` and ``why`` for a frame that failed validation.
+
+Payloads: batches carry the application's messages. With ``--record-payloads
+hash`` or ``none`` a batch's ``raw`` is left out (empty) and the summary
+keeps ``payload: {size, sha256}`` of its body; everything else (commands,
+replies) is kept whole, as it carries no application data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from sluice.protocols.cursus.batch import Batch
+from sluice.protocols.cursus.decoder import decode_frame
+from sluice.protocols.cursus.frame import Frame
+from sluice.protocols.cursus.replies import BatchAck, ErrorReply
+from sluice.recording.format import CLIENT_TO_BROKER, PayloadPolicy, Record
+
+PROTOCOL = "cursus"
+
+
+def summarize(frame: Frame) -> dict[str, Any]:
+    out: dict[str, Any] = {"cmd": frame.name}
+    message: Any = frame.message
+    if isinstance(message, Batch):
+        out["topic"] = message.topic
+        out["part"] = message.partition
+        out["msgs"] = len(message.messages)
+    else:
+        topic = getattr(message, "topic", None) or frame.envelope
+        if isinstance(topic, str) and topic and topic != "admin":
+            out["topic"] = topic
+    if isinstance(message, ErrorReply):
+        out["error"] = message.code or "ERROR"
+    elif isinstance(message, BatchAck) and message.status != "OK":
+        out["error"] = message.status
+    if frame.error is not None:
+        out["invalid"] = frame.error.problem.value
+        out["why"] = frame.error.message
+    return out
+
+
+class CursusSummarizer:
+    """Builds Cursus ``frame`` records (the Pulsar ``FrameSummarizer``'s twin)."""
+
+    def __init__(self, payloads: PayloadPolicy = PayloadPolicy.HASH) -> None:
+        self.payloads = PayloadPolicy(payloads)
+
+    def forget(self, conn: int) -> None:
+        """Nothing kept per connection."""
+
+    def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:
+        summary = summarize(frame)
+        raw = frame.raw
+        if isinstance(frame.message, Batch) and self.payloads is not PayloadPolicy.FULL:
+            info: dict[str, Any] = {"size": len(frame.body)}
+            if self.payloads is PayloadPolicy.HASH:
+                info["sha256"] = hashlib.sha256(frame.body).hexdigest()
+            summary["payload"] = info
+            raw = b""
+        return {"k": "frame", "c": conn, "d": direction, "t": mono_ns, "w": wall_ns,
+                "n": len(frame.raw), "raw": raw, "s": summary}  # fmt: skip
+
+
+def decode_recorded(raw: bytes, direction: int) -> Frame:
+    """A recorded Cursus frame, decoded again (never raises: a frame that
+    does not decode carries its error)."""
+    return decode_frame(raw, from_client=direction == CLIENT_TO_BROKER)

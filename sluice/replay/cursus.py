@@ -1,0 +1,401 @@
+"""``sluice replay`` and ``sluice serve`` for Cursus recordings.
+
+A Cursus recording (header ``"protocol": "cursus"``) is read here, not by
+``recording/reader.py``'s Pulsar-shaped ``load``: its frames are decoded
+with the Cursus codec and grouped per connection.
+
+Replay sends every recorded client frame to ``--broker``, on one live
+connection per recorded one, in recorded order across connections (a frame
+waits until its connection has had the answers it had when recorded), and
+compares the broker's frames with the recorded ones connection by
+connection, in order. Keepalives are left out (their number depends on
+time); addresses are compared as ``<addr>`` (a live broker advertises its
+own); batches by topic, partition and their payloads' digests, acks by
+status. Cursus replies carry no request ids, so order is the pairing.
+Replaying a multi-node recording against one broker diverges where
+leadership mattered (NOT_LEADER); replay against a broker like the one
+recorded.
+
+Serve answers a live client from the recording: each request (normalised
+as above) gets the broker frames that followed the same request when
+recorded, in turn (the last answer again when a request repeats more often
+than recorded, as heartbeats do), with every broker address in them made
+serve's own, so the client never leaves. A STREAM gets what the broker
+pushed after it. A batch the recording has no exact answer for (the client
+grouped messages differently) is acknowledged ``OK``; any other request
+without an answer gets ``ERROR: not_in_recording`` and is listed on exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sluice.addresses import Address
+from sluice.errors import ConfigError
+from sluice.protocols.cursus.batch import Batch
+from sluice.protocols.cursus.commands import Command, format_command
+from sluice.protocols.cursus.decoder import FrameDecoder
+from sluice.protocols.cursus.encoder import frame as framed
+from sluice.protocols.cursus.encoder import own_frame
+from sluice.protocols.cursus.frame import Frame
+from sluice.protocols.cursus.replies import (
+    BatchAck,
+    ErrorReply,
+    Keepalive,
+    OkReply,
+    StreamControl,
+    format_reply,
+)
+from sluice.protocols.cursus.rewrite import rewrite_addresses
+from sluice.recording.cursus import decode_recorded
+from sluice.recording.format import ReadResult, RecordingError, read_records, recording_files
+
+READ_SIZE = 256 * 1024
+
+
+@dataclass
+class RecordedFrame:
+    from_client: bool
+    index: int
+    wall_ns: int
+    frame: Frame
+
+
+@dataclass
+class RecordedConnection:
+    key: tuple[str, int]
+    client: str
+    broker: str
+    frames: list[RecordedFrame] = field(default_factory=list)
+    faults: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"c{self.key[1]}"
+
+
+@dataclass
+class CursusRecording:
+    connections: list[RecordedConnection]
+    payloads: str
+    truncated: list[Path]
+
+
+def protocol_of(target: Path) -> str:
+    """The protocol of the recording(s) at ``target`` (from the first header)."""
+    for path in recording_files(target):
+        for record in read_records(path, ReadResult(path)):
+            if record["k"] == "header":
+                return str(record.get("protocol", "pulsar"))
+            break
+    return "pulsar"
+
+
+def load(target: Path, *, need_payloads: bool = True) -> CursusRecording:
+    paths = recording_files(target)
+    if not paths:
+        raise RecordingError(f"{target}: no recordings (*.sluice) here")
+    connections: dict[tuple[str, int], RecordedConnection] = {}
+    policies: set[str] = set()
+    truncated: list[Path] = []
+    capture = ""
+    index = 0
+    for path in paths:
+        result = ReadResult(path)
+        for record in read_records(path, result):
+            kind = record["k"]
+            if kind == "header":
+                if record.get("protocol") != "cursus":
+                    raise RecordingError(f"{path}: not a Cursus recording")
+                capture = record["capture"]
+                policies.add(record["payloads"])
+            elif kind == "conn":
+                key = (capture, record["c"])
+                connections.setdefault(key, RecordedConnection(key, record["client"],
+                                                               record["broker"]))  # fmt: skip
+            elif kind == "frame":
+                conn = connections.get((capture, record["c"]))
+                if conn is None:
+                    continue
+                decoded = decode_recorded(record["raw"], record["d"])
+                conn.frames.append(RecordedFrame(record["d"] == 0, index, record["w"], decoded))
+                index += 1
+            elif kind == "fault":
+                conn = connections.get((capture, record["c"]))
+                if conn is not None:
+                    conn.faults += 1
+        if result.truncated_bytes:
+            truncated.append(path)
+    if need_payloads and policies - {"full"}:
+        raise RecordingError(
+            f"{target}: recorded without message payloads (--record-payloads "
+            f"{'/'.join(sorted(policies - {'full'}))}); replaying and serving need a recording "
+            "made with --record-payloads full"
+        )
+    ordered = sorted((c for c in connections.values() if c.frames),
+                     key=lambda c: c.frames[0].index)  # fmt: skip
+    return CursusRecording(ordered, policies.pop() if policies else "", truncated)
+
+
+def _masked(host: str, port: int) -> tuple[str, int]:
+    return "addr", 0
+
+
+def normalise(frame: Frame) -> str:
+    """What must match between a recorded frame and a live one."""
+    message: Any = frame.message
+    if frame.error is not None:
+        return f"INVALID {frame.error.problem.value}"
+    if isinstance(message, Batch):
+        digests = ",".join(hashlib.sha256(m.payload).hexdigest()[:12] for m in message.messages)
+        return f"BATCH {message.topic}[{message.partition}] acks={message.acks} [{digests}]"
+    if isinstance(message, BatchAck):
+        return f"ACK {message.status}" + (f" {message.error}" if message.error else "")
+    if isinstance(message, Keepalive):
+        return "KEEPALIVE"
+    if isinstance(message, OkReply | ErrorReply | StreamControl):
+        body = format_reply(message).encode()
+        masked = rewrite_addresses(body, _masked)
+        return (masked or body).decode(errors="replace")
+    if isinstance(message, Command):
+        return format_command(message)
+    return f"{frame.name} {bytes(frame.body)[:200]!r}"
+
+
+def _answers(frames: list[RecordedFrame]) -> list[RecordedFrame]:
+    return [f for f in frames if not f.from_client and not isinstance(f.frame.message, Keepalive)]
+
+
+# --- replay ---------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    matched: int = 0
+    diverged: list[tuple[str, str, str, str]] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    unexpected: list[tuple[str, str]] = field(default_factory=list)
+    waits_timed_out: int = 0
+    sent: int = 0
+    faults: int = 0
+
+    @property
+    def equivalent(self) -> bool:
+        return not (self.diverged or self.missing or self.unexpected)
+
+
+class _Live:
+    def __init__(self, recorded: RecordedConnection, stream: trio.SocketStream) -> None:
+        self.recorded = recorded
+        self.stream = stream
+        self.got: list[Frame] = []
+        self.changed = trio.Event()
+
+    async def read(self) -> None:
+        decoder = FrameDecoder(from_client=False)
+        try:
+            while True:
+                data = await self.stream.receive_some(READ_SIZE)
+                decoder.receive_data(data)
+                for frame in decoder.frames():
+                    if not isinstance(frame.message, Keepalive):
+                        self.got.append(frame)
+                self.changed.set()
+                self.changed = trio.Event()
+                if not data:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, Exception):
+            self.changed.set()
+
+    async def wait_for(self, count: int, timeout: float) -> bool:
+        with trio.move_on_after(timeout):
+            while len(self.got) < count:
+                await self.changed.wait()
+            return True
+        return False
+
+
+async def replay(recording: CursusRecording, broker: Address, *, timeout: float,
+                 say: Any) -> tuple[Outcome, list[str]]:  # fmt: skip
+    outcome = Outcome()
+    lives: dict[tuple[str, int], _Live] = {}
+    # How many answers each connection had before each of its client frames.
+    expected_before: dict[int, int] = {}
+    for conn in recording.connections:
+        answered = 0
+        for rf in conn.frames:
+            if rf.from_client:
+                expected_before[rf.index] = answered
+            elif not isinstance(rf.frame.message, Keepalive):
+                answered += 1
+    client_frames = sorted(((c, rf) for c in recording.connections for rf in c.frames
+                            if rf.from_client), key=lambda item: item[1].index)  # fmt: skip
+    say(f"replaying {len(recording.connections)} Cursus connections, {len(client_frames)} "
+        f"client frames against {broker}")  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        for conn, rf in client_frames:
+            live = lives.get(conn.key)
+            if live is None:
+                try:
+                    stream = await trio.open_tcp_stream(broker.host, broker.port)
+                except OSError as exc:
+                    raise ConfigError(f"cannot reach broker {broker}: {exc}") from None
+                live = lives[conn.key] = _Live(conn, stream)
+                nursery.start_soon(live.read)
+            if not await live.wait_for(expected_before[rf.index], timeout):
+                outcome.waits_timed_out += 1
+            try:
+                await live.stream.send_all(rf.frame.raw)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                say(f"{conn.name}: the broker closed the connection")
+            outcome.sent += 1
+        for live in lives.values():
+            await live.wait_for(len(_answers(live.recorded.frames)), timeout)
+        await trio.sleep(0.2)
+        for live in lives.values():
+            await live.stream.aclose()
+        nursery.cancel_scope.cancel()
+    return outcome, compare(recording, lives, outcome)
+
+
+def compare(recording: CursusRecording, lives: dict[tuple[str, int], _Live],
+            outcome: Outcome) -> list[str]:  # fmt: skip
+    transcript: list[str] = []
+    for conn in recording.connections:
+        live = lives.get(conn.key)
+        got = live.got if live is not None else []
+        outcome.faults += conn.faults
+        answers = iter(got)
+        for rf in conn.frames:
+            if rf.from_client:
+                transcript.append(f"{conn.name} C→B {normalise(rf.frame)}")
+                continue
+            if isinstance(rf.frame.message, Keepalive):
+                continue
+            live_frame = next(answers, None)
+            recorded_text = normalise(rf.frame)
+            if live_frame is None:
+                outcome.missing.append((conn.name, recorded_text))
+                transcript.append(f"{conn.name} B→C MISSING {recorded_text}")
+                continue
+            live_text = normalise(live_frame)
+            transcript.append(f"{conn.name} B→C {live_text}")
+            if live_text == recorded_text:
+                outcome.matched += 1
+            else:
+                outcome.diverged.append((conn.name, rf.frame.name, recorded_text, live_text))
+        for extra in answers:
+            outcome.unexpected.append((conn.name, normalise(extra)))
+            transcript.append(f"{conn.name} B→C UNEXPECTED {normalise(extra)}")
+    return transcript
+
+
+# --- serve ----------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    requests: int = 0
+    pushed: int = 0
+    unmatched: list[str] = field(default_factory=list)
+
+
+class CursusStub:
+    """Answers live Cursus clients from a recording, as the broker did."""
+
+    def __init__(self, recording: CursusRecording, here: Address) -> None:
+        self.here = here
+        self.report = Report()
+        self.answers: dict[str, collections.deque[list[Frame]]] = collections.defaultdict(
+            collections.deque
+        )
+        self.last: dict[str, list[Frame]] = {}
+        for conn in recording.connections:
+            current: str | None = None
+            replies: list[Frame] = []
+            for rf in conn.frames:
+                if rf.from_client:
+                    if current is not None:
+                        self.answers[current].append(replies)
+                    current, replies = normalise(rf.frame), []
+                elif current is not None:
+                    replies.append(rf.frame)
+            if current is not None:
+                self.answers[current].append(replies)
+
+    def _ours(self, host: str, port: int) -> tuple[str, int]:
+        return self.here.host, self.here.port
+
+    def reply_to(self, request: Frame) -> list[bytes]:
+        """The frames to send for one live request."""
+        self.report.requests += 1
+        key = normalise(request)
+        queue = self.answers.get(key)
+        if queue:
+            replies = queue.popleft()
+            self.last[key] = replies
+        elif key in self.last:
+            replies = self.last[key]
+        else:
+            message: Any = request.message
+            if isinstance(message, Batch):
+                ack = BatchAck(status="OK", last_offset=len(message.messages),
+                               seq_start=message.seq_start, seq_end=message.seq_end)  # fmt: skip
+                return [own_frame(ack).raw]
+            self.report.unmatched.append(key)
+            error = ErrorReply.of("not_in_recording", reason='"sluice serve has no answer"')
+            return [own_frame(error).raw]
+        out = []
+        for reply in replies:
+            if isinstance(reply.message, Keepalive):
+                continue
+            body = rewrite_addresses(bytes(reply.body), self._ours)
+            out.append(framed(body) if body is not None else reply.raw)
+            if isinstance(reply.message, Batch):
+                self.report.pushed += len(reply.message.messages)
+        return out
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder(from_client=True)
+        try:
+            while True:
+                data = await stream.receive_some(READ_SIZE)
+                decoder.receive_data(data)
+                for request in decoder.frames():
+                    if isinstance(request.message, Keepalive):
+                        continue
+                    out = self.reply_to(request)
+                    if out:
+                        await stream.send_all(b"".join(out))
+                if not data:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        except Exception:  # a stream that is not Cursus: hang up, as the broker would
+            return
+        finally:
+            await trio.aclose_forcefully(stream)
+
+
+async def serve(target: Path, listen: Address) -> Report:
+    recording = load(target)
+    listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+    host, port = listeners[0].socket.getsockname()[:2]
+    stub = CursusStub(recording, Address(host, port))
+    print(f"[serve] answering as a Cursus broker on {host}:{port} from {target}; "
+          "Ctrl-C to stop", file=sys.stderr, flush=True)  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, stub.handle, listeners)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        nursery.cancel_scope.cancel()
+    return stub.report
