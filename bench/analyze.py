@@ -1,40 +1,141 @@
-"""`sluice analyze` throughput on local Spark over >= 1 GB of real recordings.
+"""`sluice analyze` throughput: Arrow decoding against the previous implementation.
 
-    python bench/analyze.py [--data DIR] [--gigabytes 1.0] [--cores 2]
+    python bench/analyze.py [--data DIR] [--gigabytes 1.0] [--baseline REF] [--out DIR]
 
-The data set is made once (and reused) from real traffic: the official client
-publishing 4 KiB messages through a `sluice proxy` with
-`--record-payloads full` in front of pulsar-lite, with a consumer reading them
-back, so recordings hold SEND, SEND_RECEIPT, MESSAGE, FLOW and ACK frames in
-realistic proportions. Then `sluice analyze` runs on local[N] and the bench
-prints MB of recordings per second and frames per second.
+Data (made once, then reused): a real session through `sluice proxy
+--record-payloads full` in front of pulsar-lite, driven by the official
+client: several rounds of fresh clients (lookups, connection churn), each
+with non-batched 1 KiB producers and batching producers on four topics,
+consumers that receive and acknowledge, an exclusive subscription taken
+twice (ConsumerBusy) and a corrupt SEND (an invalid frame and a
+SEND_ERROR). That capture is then repeated as many captures as needed for
+the target size (a fleet of sidecars), each with a new capture id and its
+wall clock shifted by a minute, record by record through the recording
+format's own packer.
+
+Then, on the same data in the same run:
+
+- the previous implementation (the `sluice` package at `--baseline`, by
+  default the commit before the Arrow pipeline) on local[2];
+- the current one on local[1], local[2] and local[4] (the scaling table);
+- the current one on a standalone cluster started from PySpark's own
+  distribution (a master and two one-core workers on 127.0.0.1), whose
+  tables are checked equal to the local run's.
+
+Each run is a whole `sluice analyze` process (Spark start-up, every table
+and the report included). It prints MB/s and frames/s, overall and per
+core, and leaves the report and a screenshot of it (headless Chromium) in
+`--out`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
-
-import pulsar
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import msgpack
+import pulsar
+
 from sluice.embedded import EmbeddedBroker
-from tests.support import SLUICE, client, start_proxy
+from sluice.pipeline.standalone import StandaloneCluster, loopback_env
+from sluice.recording.format import SUFFIX, pack
+from tests.support import SLUICE, RawClient, client, start_proxy
+from tests.test_pipeline import differences, render
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "d9b19db"  # the last commit with the rdd.flatMap pipeline
+TOPICS = [
+    f"persistent://public/default/bench-{name}" for name in ("orders", "clicks", "audit", "logs")
+]
 
 
 def size_of(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.rglob("*.sluice"))
+    return sum(p.stat().st_size for p in directory.rglob(f"*{SUFFIX}"))
 
 
-def make_data(directory: Path, target: int) -> None:
+def session(proxy_url: str, proxy_port: int, broker_port: int, rounds: int) -> None:
+    """A realistic mix of traffic through the proxy, ``rounds`` times."""
+    body = b"k" * 1024
+    for n in range(rounds):
+        with client(proxy_url) as c:
+            consumers = [
+                c.subscribe(
+                    t, "bench", receiver_queue_size=1000, consumer_type=pulsar.ConsumerType.Shared
+                )
+                for t in TOPICS
+            ]
+            try:  # an exclusive subscription taken twice: a ConsumerBusy error
+                first = c.subscribe(
+                    TOPICS[0], f"solo-{n}", consumer_type=pulsar.ConsumerType.Exclusive
+                )
+                c.subscribe(TOPICS[0], f"solo-{n}", consumer_type=pulsar.ConsumerType.Exclusive)
+            except pulsar.PulsarException:
+                pass
+            first.close()
+            stop = threading.Event()
+
+            def consume(consumer: Any, stop: threading.Event = stop) -> None:
+                while not stop.is_set():
+                    try:
+                        consumer.acknowledge(consumer.receive(timeout_millis=200))
+                    except pulsar.Timeout:
+                        continue
+
+            readers = [threading.Thread(target=consume, args=(k,)) for k in consumers]
+            for reader in readers:
+                reader.start()
+            producers = []
+            for i, topic in enumerate(TOPICS):
+                producers.append(
+                    c.create_producer(
+                        topic,
+                        batching_enabled=False,
+                        max_pending_messages=1000,
+                        block_if_queue_full=True,
+                    )
+                )
+                if i % 2 == 0:
+                    producers.append(
+                        c.create_producer(
+                            topic,
+                            batching_enabled=True,
+                            batching_max_messages=10,
+                            batching_max_publish_delay_ms=5,
+                            block_if_queue_full=True,
+                        )
+                    )
+            for k in range(1500):
+                for producer in producers:
+                    producer.send_async(body, lambda res, mid: None, properties={"n": str(k)})
+            for producer in producers:
+                producer.flush()
+                producer.close()
+            time.sleep(1.0)
+            stop.set()
+            for reader in readers:
+                reader.join()
+            for consumer in consumers:
+                consumer.close()
+        with RawClient(proxy_port) as raw:  # a corrupt SEND: invalid frame, SEND_ERROR
+            name = raw.producer(broker_port, TOPICS[3], producer_id=9)
+            raw.send_message(name, 9, 0, b"x" * 1024, corrupt=True)
+            raw.receive_type("SEND_ERROR")
+
+
+def record_sample(directory: Path, rounds: int) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    body = b"x" * 4096
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         proxy = start_proxy(
             broker.url,
@@ -44,74 +145,159 @@ def make_data(directory: Path, target: int) -> None:
             "--record-payloads",
             "full",
             "--record-max-bytes",
-            str(64 << 20),
+            str(16 << 20),
         )
         try:
-            topic = "persistent://public/default/bench-analyze"
-            with client(proxy.url) as c:
-                consumer = c.subscribe(topic, "bench", receiver_queue_size=2000)
-                stop = threading.Event()
-
-                def consume() -> None:
-                    while not stop.is_set():
-                        try:
-                            consumer.acknowledge(consumer.receive(timeout_millis=500))
-                        except pulsar.Timeout:
-                            continue
-
-                reader = threading.Thread(target=consume)
-                reader.start()
-                producer = c.create_producer(
-                    topic,
-                    batching_enabled=False,
-                    max_pending_messages=2000,
-                    block_if_queue_full=True,
-                )
-                started = time.monotonic()
-                while size_of(directory) < target:
-                    for _ in range(2000):
-                        producer.send_async(body, lambda res, mid: None)
-                    producer.flush()
-                    done = size_of(directory)
-                    rate = done / (time.monotonic() - started) / 1e6
-                    print(f"  recorded {done / 1e9:.2f} GB ({rate:.0f} MB/s)", file=sys.stderr)
-                stop.set()
-                reader.join()
-            proxy.terminate()
+            session(proxy.url, proxy.port, broker.port, rounds)
+            assert proxy.terminate() == 0, proxy.log()[-2000:]
         finally:
             proxy.kill()
+
+
+def repeat(sample: Path, directory: Path, copy: int) -> None:
+    """The sample capture again as capture ``copy``: new id, wall clock + copy minutes."""
+    capture = uuid.UUID(int=copy + 1).hex[-12:]
+    shift = copy * 60 * 10**9
+    for path in sorted(sample.glob(f"*{SUFFIX}")):
+        target = directory / path.name.replace(path.name.split("-")[-2], capture)
+        with path.open("rb") as src, target.open("wb") as out:
+            for record in msgpack.Unpacker(src, raw=False, strict_map_key=False,
+                                           max_buffer_size=1 << 28):  # fmt: skip
+                if record["k"] == "header":
+                    record["capture"] = capture
+                    record["started"] += shift
+                elif "w" in record:
+                    record["w"] += shift
+                out.write(pack(record))
+
+
+def make_data(directory: Path, target: int) -> None:
+    sample = directory / "sample"
+    if not sample.exists() or not any(sample.glob(f"*{SUFFIX}")):
+        print("  recording a sample session through the proxy ...", file=sys.stderr)
+        record_sample(sample, rounds=4)
+    each = size_of(sample)
+    copies = directory / "captures"
+    copies.mkdir(parents=True, exist_ok=True)
+    copy = len({p.name.split("-")[-2] for p in copies.glob(f"*{SUFFIX}")})
+    while size_of(directory) - each < target:
+        repeat(sample, copies, copy)
+        copy += 1
+    print(f"  {copy} captures of {each / 1e6:.1f} MB", file=sys.stderr)
+
+
+def baseline_tree(ref: str, where: Path) -> Path:
+    """The ``sluice`` package as it was at ``ref`` (git archive), for the old pipeline."""
+    archive = where / "baseline.tar"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", "-o", str(archive), ref, "sluice"],
+        check=True,
+    )
+    tree = where / "baseline"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def analyze(
+    data: Path, out: Path, master: str, *, pythonpath: Path | None = None
+) -> tuple[float, int, str]:
+    """One whole `sluice analyze` run: wall seconds, frames, stderr."""
+    env = loopback_env()
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    started = time.monotonic()
+    result = subprocess.run(
+        [*SLUICE, "analyze", str(data), "--out", str(out), "--master", master],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=pythonpath or ROOT,
+        timeout=1800,
+    )
+    elapsed = time.monotonic() - started
+    if result.returncode != 0:
+        raise SystemExit(f"analyze on {master} failed:\n{result.stderr[-3000:]}")
+    frames = int(result.stderr.rsplit("[analyze] ", 1)[1].split()[0])
+    return elapsed, frames, result.stderr
+
+
+def line(name: str, cores: int, total: int, frames: int, seconds: float) -> str:
+    mbs = total / 1e6 / seconds
+    fps = frames / seconds
+    return (
+        f"| {name} | {cores} | {seconds:.1f} s | {mbs:,.1f} | {fps:,.0f} | "
+        f"{mbs / cores:,.1f} | {fps / cores:,.0f} | {os.getloadavg()[0]:.1f} |"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--data", type=Path, default=Path(tempfile.gettempdir()) / "sluice-bench-recordings"
+        "--data", type=Path, default=Path(tempfile.gettempdir()) / "sluice-bench-mix"
     )
     parser.add_argument("--gigabytes", type=float, default=1.0)
-    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--baseline", default=BASELINE, help="git ref of the old pipeline")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the old pipeline")
+    parser.add_argument("--cores", default="1,2,4", help="local[N] runs of the new pipeline")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the standalone cluster")
+    parser.add_argument(
+        "--out", type=Path, default=Path(tempfile.gettempdir()) / "sluice-bench-analysis"
+    )
     args = parser.parse_args()
     target = int(args.gigabytes * 1e9)
-    if not args.data.exists() or size_of(args.data) < target:
+    args.data.mkdir(parents=True, exist_ok=True)
+    if size_of(args.data / "captures") < target:
         print(f"making {args.gigabytes} GB of recordings in {args.data} ...", file=sys.stderr)
         make_data(args.data, target)
-    total = size_of(args.data)
-    files = len(list(args.data.rglob("*.sluice")))
-    with tempfile.TemporaryDirectory() as out:
-        started = time.monotonic()
-        result = subprocess.run(
-            [*SLUICE, "analyze", str(args.data), "--out", out, "--master", f"local[{args.cores}]"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        elapsed = time.monotonic() - started
-    if result.returncode != 0:
-        print(result.stderr[-3000:], file=sys.stderr)
-        return 1
-    frames = int(result.stderr.rsplit("[analyze] ", 1)[1].split()[0])
-    where = f"analyze on local[{args.cores}]: {total / 1e9:.2f} GB in {files} files"
-    print(f"{where}, {frames:,} frames, {elapsed:.0f} s wall (Spark start-up included)")
-    print(f"  {total / 1e6 / elapsed:,.1f} MB/s of recordings, {frames / elapsed:,.0f} frames/s")
+    inputs = args.data / "captures"
+    total = size_of(inputs)
+    files = len(list(inputs.rglob(f"*{SUFFIX}")))
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
+    rows: list[str] = []
+    frames = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.no_baseline:
+            tree = baseline_tree(args.baseline, Path(tmp))
+            seconds, frames, _ = analyze(inputs, Path(tmp) / "old", "local[2]", pythonpath=tree)
+            rows.append(line(f"previous ({args.baseline}, rdd.flatMap)", 2, total, frames, seconds))
+            print(rows[-1], file=sys.stderr)
+        for cores in [int(c) for c in args.cores.split(",")]:
+            out = args.out / f"local{cores}"
+            seconds, frames, stderr = analyze(inputs, out, f"local[{cores}]")
+            rows.append(line("Arrow (mapInArrow)", cores, total, frames, seconds))
+            print(rows[-1], file=sys.stderr)
+        local = args.out / "local2" if (args.out / "local2").exists() else out
+        stages = [s for s in stderr.splitlines() if s.startswith("[analyze]")]
+        cluster_note = "standalone cluster: skipped"
+        if not args.no_cluster:
+            with StandaloneCluster(Path(tmp) / "cluster", workers=2) as cluster:
+                out = args.out / "cluster"
+                seconds, frames, _ = analyze(inputs, out, cluster.url)
+                rows.append(line(f"Arrow on {cluster.url} (2 workers)", 2, total, frames, seconds))
+                print(rows[-1], file=sys.stderr)
+            differ = differences(local, out)
+            cluster_note = "standalone cluster: every table equal to the local run's" + (
+                f", EXCEPT {differ}" if differ else ""
+            )
+            if differ:
+                print(cluster_note, file=sys.stderr)
+                return 1
+    picture = args.out / "report.png"
+    render(local / "report.html", picture)
+    print(f"data: {total / 1e9:.2f} GB in {files} segment files, {frames:,} frames")
+    print(
+        "| pipeline | cores | wall | MB/s | frames/s | MB/s per core | frames/s per core "
+        "| host load after |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    print(cluster_note)
+    print("stages of the last local run:")
+    print("\n".join(f"  {s}" for s in stages))
+    print(f"report: {local / 'report.html'}, screenshot: {picture}")
     return 0
 
 

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from sluice.pipeline.decode import FRAME_COLUMNS, SPARK_SCHEMA, decode_batches
+from sluice.pipeline.decode import EXTRA_SCHEMA, FRAME_COLUMNS, SPARK_SCHEMA, decode_batches
 
 TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments")
 # Spark's binaryFile source cannot hold a file of 2 GiB or more in a row.
@@ -64,6 +66,9 @@ def spark_session(master: str | None) -> Any:
         # Spark's own progress bar, where someone watches a terminal.
         .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
         .config("spark.sql.shuffle.partitions", "8")
+        # The decoded segments are cached once and scanned for every table:
+        # plain columns cost memory, compressing them costs CPU on every scan.
+        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
         # One segment per Arrow batch into the decoder: a batch holds whole
         # files, and a few large ones must not add up past Arrow's limits.
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1")
@@ -83,6 +88,7 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
 
 def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]:
     from pyspark import StorageLevel
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     started = time.monotonic()
@@ -93,10 +99,8 @@ def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]
         .option("pathGlobFilter", "*.sluice")
         .load(paths)
     )
-    found = [(r.path, r.length) for r in listing.select("path", "length").collect()]
-    total_bytes = sum(length for _, length in found)
-    too_large = [(path, length) for path, length in found if length > MAX_SEGMENT_BYTES]
-    say(f"found {len(found)} segments, {total_bytes / 1e6:,.1f} MB")
+    found = listing.inputFiles()  # the listing Spark made: no job, no content read
+    say(f"found {len(found)} segments")
 
     decoded = (
         listing.filter(F.col("length") <= MAX_SEGMENT_BYTES)
@@ -109,10 +113,16 @@ def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]
         for r in decoded.groupBy("record")
         .agg(
             F.count("*").alias("rows"),
-            F.sum(F.col("damaged").cast("int")).alias("damaged"),
-            F.sum(F.when(F.col("truncated_bytes") > 0, 1).otherwise(0)).alias("truncated"),
+            F.sum(F.get_json_object("extra", "$.damaged").cast("boolean").cast("int")).alias(
+                "damaged"
+            ),
+            F.sum(
+                F.when(F.get_json_object("extra", "$.truncated_bytes").cast("long") > 0, 1)
+            ).alias("truncated"),
             F.min("wall_ns").alias("first_ns"),
             F.max("wall_ns").alias("last_ns"),
+            F.sum(F.get_json_object("extra", "$.bytes").cast("long")).alias("bytes"),
+            F.collect_set("file").alias("files"),
         )
         .collect()
     }
@@ -122,41 +132,47 @@ def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]
         return int(row[column] or 0) if row is not None else 0
 
     segments_read = rows("segment")
+    total_bytes = rows("segment", "bytes")
+    read = {_canonical(f) for f in counts["segment"]["files"]} if "segment" in counts else set()
+    # Listed but not decoded: filtered out above, over the binaryFile limit.
+    too_large = sorted(f for f in found if _canonical(f) not in read)
     bad = rows("segment", "damaged") + rows("segment", "truncated") + len(too_large)
     say(
-        f"decoded: {segments_read} segments read ({bad} bad), {rows('frame'):,} frames, "
+        f"decoded: {segments_read} segments read ({bad} bad, {total_bytes / 1e6:,.1f} MB), "
+        f"{rows('frame'):,} frames, "
         f"{rows('conn'):,} connection records, {rows('close'):,} closes"
     )
     written: dict[str, int] = {}
 
     def write(df: Any, name: str) -> Any:
         path = f"{out}/{name}"
-        df.write.mode("overwrite").parquet(path)
-        table = spark.read.parquet(path)
-        written[name] = table.count()  # from the Parquet footers
+        counted = Observation(name)  # counted while writing, not by another job
+        df.observe(counted, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(path)
+        written[name] = int(counted.get["rows"])
         say(f"wrote {name}: {written[name]:,} rows")
-        return table
+        return spark.read.parquet(path)
 
     frames = decoded.filter(F.col("record") == "frame").select(*FRAME_COLUMNS)
     write(frames, "frames")
 
-    files = decoded.filter(F.col("record") == "segment").select(*SEGMENT_COLUMNS)
+    def side(rows: Any) -> Any:
+        """Rows that are not frames, their ``extra`` JSON as columns."""
+        return rows.withColumn("x", F.from_json("extra", EXTRA_SCHEMA)).select(
+            "record", "capture", "file", "conn", "wall_ns", "x.*"
+        )
+
+    segments = decoded.filter(F.col("record") == "segment")
     if too_large:
-        unread = spark.createDataFrame(
-            [
-                (path, length, f"{path}: {length} bytes, more than Spark's binaryFile reads")
-                for path, length in too_large
-            ],
-            "file string, bytes long, why string",
+        unread = [
+            ("segment", path, json.dumps({"damaged": True, "why": f"{path}: not read, over "
+                                          "Spark's binaryFile limit"}))
+            for path in too_large
+        ]  # fmt: skip
+        segments = segments.unionByName(
+            spark.createDataFrame(unread, "record string, file string, extra string"),
+            allowMissingColumns=True,
         )
-        files = files.unionByName(
-            unread.select(
-                *[
-                    F.col(c) if c in unread.columns else F.lit(c == "damaged" or None).alias(c)
-                    for c in SEGMENT_COLUMNS
-                ]
-            )
-        )
+    files = side(segments).select(*SEGMENT_COLUMNS)
     status = write(files, "files")
     bad_segments = write(
         status.filter(F.col("damaged") | (F.col("truncated_bytes") > 0)), "bad_segments"
@@ -164,7 +180,7 @@ def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]
 
     key = ["capture", "conn"]
     opened = (
-        decoded.filter(F.col("record") == "conn")
+        side(decoded.filter(F.col("record") == "conn"))
         .select(
             *key,
             "protocol",
@@ -177,7 +193,7 @@ def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]
         .dropDuplicates(key)  # re-stated at the start of every segment
     )
     closed = (
-        decoded.filter(F.col("record") == "close")
+        side(decoded.filter(F.col("record") == "close"))
         .select(*key, F.col("wall_ns").alias("closed_ns"), "reason")
         .dropDuplicates(key)
     )
@@ -345,6 +361,11 @@ def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]
     summary["seconds"] = time.monotonic() - started
     say(f"tables written: {', '.join(f'{n} {c:,}' for n, c in written.items())}")
     return summary
+
+
+def _canonical(path: str) -> str:
+    """``file:///x`` (a listing) and ``file:/x`` (a row's path) as one spelling."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*):///", r"\1:/", path)
 
 
 def request_latencies(frames: Any, F: Any) -> Any:
