@@ -273,6 +273,7 @@ class Outcome:
     waits_timed_out: int = 0
     sent: int = 0
     faults: int = 0  # fault annotations in the recording
+    truncated: list[Path] = field(default_factory=list)  # files cut mid-record (writer killed)
 
     @property
     def equivalent(self) -> bool:
@@ -324,7 +325,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
     tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if broker.tls else None
     speed = _speed(args.speed)
     remap = Remap()
-    outcome = Outcome()
+    outcome = Outcome(truncated=recording.truncated)
     lives: dict[tuple[str, int], Live] = {}
     client_frames = sorted(
         ((conn, rf) for conn in recording.connections for rf in conn.frames if rf.from_client),
@@ -459,6 +460,11 @@ def report(outcome: Outcome | cursus.Outcome, out: Any) -> None:
             f"note: the recording holds {outcome.faults} faults injected while recording "
             "(see the transcript's FAULT lines): differences next to them were made on "
             "purpose, not by the broker\n"
+        )
+    for path in outcome.truncated if isinstance(outcome, Outcome) else []:
+        out.write(
+            f"note: {path} ends with an incomplete record (the writer was stopped): "
+            "replayed up to it\n"
         )
     verdict = "equivalent" if outcome.equivalent else "DIVERGED"
     out.write(
