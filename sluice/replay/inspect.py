@@ -167,7 +167,10 @@ class Summary:
         if self.dropped:
             out.write(f"NOT RECORDED: {self.dropped} frames (the recorder fell behind)\n")
         for path, n in self.truncated:
-            out.write(f"{path}: ends with {n} bytes of an incomplete record (writer stopped)\n")
+            if n == 0:
+                out.write(f"{path}: empty, an incomplete record (writer stopped before a flush)\n")
+            else:
+                out.write(f"{path}: ends with {n} bytes of an incomplete record (writer stopped)\n")
 
 
 def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]:
@@ -175,6 +178,10 @@ def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]
     for path in paths:
         result = ReadResult(path)
         capture = ""
+        if _empty(path):  # a writer killed before its first flush: counted, not an error
+            summary.files += 1
+            summary.truncated.append((path, 0))
+            continue
         for record in read_records(path, result):
             if record["k"] == "header":
                 capture = record["capture"]
@@ -182,6 +189,13 @@ def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]
         summary.files += 1
         if result.truncated_bytes:
             summary.truncated.append((path, result.truncated_bytes))
+
+
+def _empty(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False  # read_records says why
 
 
 def _ids(summary: dict[str, Any]) -> str:
