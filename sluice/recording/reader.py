@@ -73,6 +73,9 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     capture = ""
     for path in paths:
         result = ReadResult(path)
+        if path.stat().st_size == 0:  # a writer killed before its first flush
+            truncated.append(path)
+            continue
         for record in read_records(path, result):
             kind = record["k"]
             if kind == "header":
