@@ -127,7 +127,8 @@ class RestartableBroker:
 
 @contextlib.contextmanager
 def pulsar_client(url: str, **options: Any) -> Iterator[pulsar.Client]:
-    c = pulsar.Client(url, operation_timeout_seconds=30, logger=QUIET, **options)
+    options.setdefault("operation_timeout_seconds", 30)
+    c = pulsar.Client(url, logger=QUIET, **options)
     try:
         yield c
     finally:
