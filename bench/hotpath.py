@@ -1,7 +1,8 @@
 """The proxy's CPU per message on its hot path, without sockets or other processes.
 
-    python bench/hotpath.py [--messages 20000] [--per-read 16] [--repeat 5]
-                            [--no-record] [--profile] [--top 30]
+    python bench/hotpath.py [--messages 20000] [--per-read 128] [--repeat 5]
+                            [--no-record] [--only produce|consume] [--gc on|freeze|off]
+                            [--profile] [--top 30]
 
 Drives one proxied ``PulsarConnection`` the way ``Relay`` does (a read in,
 its actions out, a ``Relayed`` event per read) with the proxy's taps:
@@ -14,17 +15,23 @@ client and broker send:
   consume  reads of N MESSAGEs (1 KiB, CRC32-C); a FLOW and an ACK per 1,000
 
 Prints process CPU µs per message (median of the repeats, best in
-brackets). Every frame is still decoded, validated, counted, correlated and
-recorded; what is left out is trio's socket I/O, which ``bench/e2e.py``
-measures. Being one process with no peers, it is far less noisy than e2e on
-a shared machine, so it is the place to compare changes. ``--profile`` runs
-one repeat under cProfile and prints the top functions by own time.
+brackets) and the part of it spent in Python's cyclic garbage collector.
+Every frame is still decoded, validated, counted, correlated and recorded;
+what is left out is trio's socket I/O, which ``bench/e2e.py`` measures
+(through the proxy, the real client's 1 KiB reads held 170-185 frames each,
+hence the default ``--per-read``). Being one process with no peers, it is
+far less noisy than e2e on a shared machine, so it is the place to compare
+changes. ``--profile`` runs one repeat under cProfile and prints the top
+functions by own time. ``--gc freeze`` freezes what exists before traffic
+starts (``gc.freeze()``, as a proxy could after starting up); ``--gc off``
+makes runs repeatable enough to count instructions with valgrind.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import statistics
 import sys
@@ -159,12 +166,29 @@ async def run_workload(
     return used, done
 
 
+class GcClock:
+    """CPU time spent in the cyclic garbage collector."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--per-read", type=int, default=16, help="frames in one read")
+    parser.add_argument("--per-read", type=int, default=128, help="frames in one read")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-record", action="store_true", help="no recorder tap")
+    parser.add_argument("--only", choices=("produce", "consume"), help="run one workload only")
+    parser.add_argument("--gc", choices=("on", "freeze", "off"), default="on")
     parser.add_argument("--profile", action="store_true", help="one repeat under cProfile")
     parser.add_argument("--top", type=int, default=30, help="functions --profile prints")
     args = parser.parse_args()
@@ -173,6 +197,13 @@ def main() -> int:
         "produce": list(produce_reads(args.messages, args.per_read)),
         "consume": list(consume_reads(args.messages, args.per_read)),
     }
+    if args.only is not None:
+        workloads = {args.only: workloads[args.only]}
+    if args.gc == "off":
+        gc.disable()
+    elif args.gc == "freeze":
+        gc.freeze()
+    collector = GcClock()
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()
@@ -182,14 +213,18 @@ def main() -> int:
         stats = pstats.Stats(profiler)
         stats.sort_stats("tottime").print_stats(args.top)
         return 0
-    print(f"recording: {'on (payloads hashed)' if record else 'off'}; "
+    print(f"recording: {'on (payloads hashed)' if record else 'off'}; gc {args.gc}; "
           f"{args.messages} messages, {args.per_read} frames per read")  # fmt: skip
     for name, reads in workloads.items():
         per: list[float] = []
+        in_gc: list[float] = []
         for i in range(args.repeat):
+            collector.seconds = 0.0
             used, done = trio.run(run_workload, reads, record, i + 1)
             per.append(used / done * 1e6)
-        print(f"{name:<8} proxy CPU µs/msg {statistics.median(per):6.1f} (best {min(per):.1f})")
+            in_gc.append(collector.seconds / done * 1e6)
+        print(f"{name:<8} proxy CPU µs/msg {statistics.median(per):6.1f} (best {min(per):.1f}), "
+              f"of which gc {statistics.median(in_gc):.1f}")  # fmt: skip
     return 0
 
 
