@@ -58,12 +58,13 @@ def missing_fields(message: Message) -> str:
     return ", ".join(errors)
 
 
-_NAMES: dict[int, str] = {value.number: value.name for value in Type.DESCRIPTOR.values}
+# Every command type the schema knows, by number.
+COMMAND_NAMES: dict[int, str] = {value.number: value.name for value in Type.DESCRIPTOR.values}
 
 
 def command_name(type_: int) -> str:
     """``"SEND"`` for 6; ``"UNKNOWN(99)"`` for a type the schema does not know."""
-    name = _NAMES.get(type_)
+    name = COMMAND_NAMES.get(type_)
     return name if name is not None else f"UNKNOWN({type_})"
 
 
