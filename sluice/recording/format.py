@@ -23,7 +23,7 @@ import msgpack
 
 from sluice.protocols.pulsar import PAYLOAD_TYPES, Frame, pb
 from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
-from sluice.protocols.pulsar.frame import BODY_FIELD
+from sluice.protocols.pulsar.frame import BODY_FIELD, COMMAND_NAMES, command_name
 from sluice.protocols.pulsar.redact import redacted, sensitive
 
 MAGIC = "sluice-recording"
@@ -106,32 +106,34 @@ class FrameSummarizer:
         # Summarize against the state before this frame (a CLOSE_PRODUCER
         # still has its topic), then let answers borrow their request's topic.
         summary = summarize(frame, correlator)
+        t = frame.type
         from_client = direction == CLIENT_TO_BROKER
-        if frame.type in (CLIENT_TYPES if from_client else SERVER_TYPES):  # the rest: no-ops
+        if t in (CLIENT_TYPES if from_client else SERVER_TYPES):  # the rest: no-ops
             done = correlator.observe(frame, from_client, mono_ns / 1e9)
             if done is not None and done.topic and "topic" not in summary:
                 summary["topic"] = done.topic
-        raw = redacted(frame) if sensitive(frame) else frame.raw
-        if raw is not frame.raw:
+        wire = frame.raw
+        raw = redacted(frame) if sensitive(frame) else wire
+        if raw is not wire:
             summary["redacted"] = True
-        if (
-            frame.type in PAYLOAD_TYPES
-            and frame.payload_offset >= 0
-            and self.payloads is not PayloadPolicy.FULL
-        ):
-            payload = frame.payload
-            info: dict[str, Any] = {"size": len(payload)}
+        offset = frame.payload_offset
+        if offset >= 0 and t in PAYLOAD_TYPES and self.payloads is not PayloadPolicy.FULL:
+            payload = memoryview(wire)[offset:]
             if self.payloads is PayloadPolicy.HASH:
-                info["sha256"] = hashlib.sha256(payload).hexdigest()
-            summary["payload"] = info
-            raw = raw[: frame.payload_offset]
+                summary["payload"] = {
+                    "size": len(payload),
+                    "sha256": hashlib.sha256(payload).hexdigest(),
+                }
+            else:
+                summary["payload"] = {"size": len(payload)}
+            raw = raw[:offset]
         return {
             "k": "frame",
             "c": conn,
             "d": direction,
             "t": mono_ns,
             "w": wall_ns,
-            "n": len(frame.raw),
+            "n": len(wire),
             "raw": raw,
             "s": summary,
         }
@@ -174,19 +176,21 @@ _ERROR_NAMES: dict[int, str] = {value: name for name, value in pb.ServerError.it
 
 def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, Any]:
     """Command, ids, topic and validation of a frame, as plain values."""
-    out: dict[str, Any] = {"cmd": frame.name}
+    t = frame.type
+    name = COMMAND_NAMES.get(t)
+    out: dict[str, Any] = {"cmd": name if name is not None else command_name(t)}
     body: Any = frame.body
     if body is not None:
-        shape = _SHAPES[frame.type]
-        for name, short in shape.ids:
-            if body.HasField(name):
-                out[short] = getattr(body, name)
+        shape = _SHAPES[t]
+        for field_name, short in shape.ids:
+            if body.HasField(field_name):
+                out[short] = getattr(body, field_name)
         topic = body.topic if shape.topic and body.HasField("topic") else None
         if topic is None and correlator is not None:
             if "pid" in out:
-                topic = correlator.topic_of_producer(out["pid"])
+                topic = correlator.producers.get(out["pid"])
             elif "cid" in out:
-                topic = correlator.topic_of_consumer(out["cid"])
+                topic = correlator.consumers.get(out["cid"])
         if topic:
             out["topic"] = topic
         if shape.message_id and body.HasField("message_id"):

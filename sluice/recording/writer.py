@@ -41,6 +41,7 @@ from sluice.recording.format import (
 log = logging.getLogger("sluice.recorder")
 
 _RECORDED_EVENTS = frozenset({Opened, Closed, FaultInjected})
+_DIRECTION = (1, 0)  # the recorded direction, indexed by "from the client"
 
 # Packed records are handed to the file (a worker thread's write) once this
 # many bytes are waiting, or at the flush interval, whichever comes first:
@@ -111,7 +112,7 @@ class Recorder:
     # --- the tap -------------------------------------------------------------
 
     def frame(self, conn: Conn, from_client: bool, frame: Frame) -> None:
-        self.record_frame(conn.id, 0 if from_client else 1, frame)
+        self.record_frame(conn.id, _DIRECTION[from_client], frame)
 
     def event(self, conn: Conn | None, event: Event) -> None:
         kind = type(event)
