@@ -49,7 +49,7 @@ _DIRECTION = (1, 0)  # the recorded direction, indexed by "from the client"
 WRITE_BYTES = 256 * 1024
 # Woken by a first frame, the writer lets this long's worth of frames gather
 # before it takes them: one wake-up per batch instead of one per read.
-BATCH_DELAY = 0.005
+BATCH_DELAY = 0.001
 
 
 @dataclass(frozen=True)

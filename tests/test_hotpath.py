@@ -1,0 +1,261 @@
+"""The hot path's shortcuts give what the plain code gives: frame records and
+their summaries, latency histograms, command names, frame bodies, and a
+recorder that hands its file few large writes."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from google.protobuf.message import Message
+from prometheus_client import CollectorRegistry, Histogram
+
+from sluice.protocols.pulsar import (
+    Frame,
+    Type,
+    command,
+    decode_frame,
+    decode_stream,
+    encode,
+    encode_payload,
+    own_frame,
+    pb,
+)
+from sluice.protocols.pulsar.correlation import Correlator
+from sluice.protocols.pulsar.frame import BODY_FIELD, command_name
+from sluice.protocols.pulsar.redact import redacted, sensitive
+from sluice.proxy.metrics import Histograms
+from sluice.recording.format import (
+    FrameSummarizer,
+    PayloadPolicy,
+    pack,
+    packer,
+    read_records,
+    recording_files,
+)
+from sluice.recording.writer import Recorder, RecorderConfig
+
+T = Type.Value
+GOLDEN = Path(__file__).parent / "golden" / "data"
+
+
+def plain_record(
+    correlator: Correlator, policy: PayloadPolicy, conn: int, direction: int, t: int, frame: Frame
+) -> dict[str, Any]:
+    """A frame record the straightforward way: each body's descriptor asked
+    for its fields, every frame shown to the correlator."""
+    out: dict[str, Any] = {"cmd": frame.name}
+    body: Any = frame.body
+    if body is not None:
+        fields = body.DESCRIPTOR.fields_by_name
+        for name, short in (("request_id", "rid"), ("producer_id", "pid"),
+                            ("sequence_id", "seq"), ("consumer_id", "cid")):  # fmt: skip
+            if name in fields and body.HasField(name):
+                out[short] = getattr(body, name)
+        topic = body.topic if "topic" in fields and body.HasField("topic") else None
+        if topic is None and "pid" in out:
+            topic = correlator.topic_of_producer(out["pid"])
+        elif topic is None and "cid" in out:
+            topic = correlator.topic_of_consumer(out["cid"])
+        if topic:
+            out["topic"] = topic
+        if "message_id" in fields and frame.type != T("ACK") and body.HasField("message_id"):
+            mid = body.message_id
+            out["mid"] = [mid.ledgerId, mid.entryId, mid.partition, mid.batch_index]
+        if "error" in fields and body.HasField("error"):
+            out["error"] = pb.ServerError.Name(body.error)
+    meta = frame.metadata
+    if meta is not None:
+        out["msgs"] = meta.num_messages_in_batch
+        if meta.num_chunks_from_msg > 1:
+            last = meta.chunk_id == meta.num_chunks_from_msg - 1
+            out["chunk"] = [meta.uuid, meta.chunk_id, meta.num_chunks_from_msg,
+                            meta.total_chunk_msg_size]  # fmt: skip
+            out["msgs"] = 1 if last else 0
+    if frame.error is not None:
+        out["invalid"] = frame.error.problem.value
+        out["why"] = frame.error.message
+    done = correlator.observe(frame, direction == 0, t / 1e9)
+    if done is not None and done.topic and "topic" not in out:
+        out["topic"] = done.topic
+    raw = redacted(frame) if sensitive(frame) else frame.raw
+    if raw is not frame.raw:
+        out["redacted"] = True
+    payload_frame = frame.type in (T("SEND"), T("MESSAGE")) and frame.payload_offset >= 0
+    if payload_frame and policy is not PayloadPolicy.FULL:
+        payload = bytes(frame.payload)
+        info: dict[str, Any] = {"size": len(payload)}
+        if policy is PayloadPolicy.HASH:
+            info["sha256"] = hashlib.sha256(payload).hexdigest()
+        out["payload"] = info
+        raw = raw[: frame.payload_offset]
+    return {"k": "frame", "c": conn, "d": direction, "t": t, "w": t, "n": len(frame.raw),
+            "raw": raw, "s": out}  # fmt: skip
+
+
+def odd_frames() -> list[tuple[int, Frame]]:
+    """Frames the golden streams lack: credentials, bad checksums, unknown
+    types, errors, answers to requests and sends, a closed producer."""
+    send = encode_payload(
+        command(T("SEND"), pb.CommandSend(producer_id=0, sequence_id=9)),
+        pb.MessageMetadata(
+            producer_name="p",
+            sequence_id=9,
+            publish_time=1,
+            properties=[pb.KeyValue(key="token", value="t")],
+        ),
+        b"hello",
+    )
+    broken = bytearray(send)
+    broken[-1] ^= 1
+    out: list[tuple[int, bytes | Message]] = [
+        (0, pb.CommandConnect(client_version="c", auth_data=b"s", protocol_version=20)),
+        (0, send),
+        (0, bytes(broken)),
+        (0, b"\x00\x00\x00\x06\x00\x00\x00\x02\x08\x63"),  # type 99
+        (0, pb.CommandProducer(topic="persistent://t/n/x", producer_id=5, request_id=1)),
+        (1, pb.CommandProducerSuccess(request_id=1, producer_name="p")),
+        (1, pb.CommandError(request_id=5, error=pb.ServiceNotReady, message="m")),
+        (
+            1,
+            pb.CommandSendError(
+                producer_id=5, sequence_id=9, error=pb.PersistenceError, message="m"
+            ),
+        ),
+        (
+            0,
+            pb.CommandAck(
+                consumer_id=0,
+                ack_type=pb.CommandAck.Individual,
+                request_id=7,
+                message_id=[pb.MessageIdData(ledgerId=1, entryId=2)],
+            ),
+        ),
+        (1, pb.CommandAckResponse(consumer_id=0, request_id=7)),
+        (0, pb.CommandCloseProducer(producer_id=5, request_id=8)),
+        (1, pb.CommandSuccess(request_id=8)),
+        (1, pb.CommandSendReceipt(producer_id=5, sequence_id=9)),
+    ]
+    frames: list[tuple[int, Frame]] = []
+    for direction, item in out:
+        if isinstance(item, bytes):
+            frames.append((direction, decode_frame(item)))
+        else:
+            type_ = next(t for t, f in BODY_FIELD.items()
+                         if type(getattr(pb.BaseCommand(), f)) is type(item))  # fmt: skip
+            frames.append((direction, decode_frame(encode(command(type_, item)))))
+    return frames
+
+
+def golden_frames() -> list[tuple[int, list[tuple[int, Frame]]]]:
+    """(connection, frames) of every captured scenario, both sides interleaved."""
+    conns = []
+    for number, client in enumerate(sorted(GOLDEN.glob("*/*-client.bin"))):
+        broker = client.with_name(client.name.replace("client", "broker"))
+        pairs = itertools.zip_longest(decode_stream(client.read_bytes()),
+                                      decode_stream(broker.read_bytes()))  # fmt: skip
+        frames = [(d, f) for a, b in pairs for d, f in ((0, a), (1, b)) if f is not None]
+        conns.append((number, frames + odd_frames()))
+    return conns
+
+
+@pytest.mark.parametrize("policy", list(PayloadPolicy))
+def test_frame_records_are_what_a_plain_reading_gives(policy: PayloadPolicy) -> None:
+    summarizer = FrameSummarizer(policy)
+    one = packer()
+    checked = 0
+    for conn, frames in golden_frames():
+        correlator = Correlator()
+        for t, (direction, frame) in enumerate(frames):
+            record = summarizer.record(conn, direction, t, t, frame)
+            expected = plain_record(correlator, policy, conn, direction, t, frame)
+            assert record == expected, frame
+            # Same keys in the same order: the same bytes on disk.
+            assert one(record) == pack(expected)
+            checked += 1
+    assert checked > 300
+
+
+def test_latency_histograms_export_what_prometheus_client_would() -> None:
+    buckets = (0.001, 0.01, 0.1, 1.0)
+    ours = CollectorRegistry()
+    histograms = Histograms("x_seconds", "help", "command", ("A", "B"), buckets)
+    ours.register(histograms)
+    theirs = CollectorRegistry()
+    reference = Histogram("x_seconds", "help", ["command"], buckets=buckets, registry=theirs)
+    reference.labels("A")
+    reference.labels("B")
+    rng = random.Random(7)
+    values = [*buckets, 0.0, 5.0, *(rng.expovariate(30) for _ in range(500))]
+    for value in values:
+        label = rng.choice("AB")
+        histograms.children[label].observe(value)
+        reference.labels(label).observe(value)
+
+    def samples(registry: CollectorRegistry) -> list[tuple[str, tuple[Any, ...], float]]:
+        return sorted(
+            (s.name, tuple(sorted(s.labels.items())), round(s.value, 9))
+            for family in registry.collect()
+            for s in family.samples
+            if not s.name.endswith("_created")
+        )
+
+    assert samples(ours) == samples(theirs)
+    assert histograms.children["A"].counts[0] > 0  # the first bucket took its bound itself
+
+
+def test_command_names_come_from_the_schema() -> None:
+    for number in [*range(-1, 120), 2**31 - 1]:
+        try:
+            expected = Type.Name(number)
+        except ValueError:
+            expected = f"UNKNOWN({number})"
+        assert command_name(number) == expected
+
+
+def test_a_frame_carries_its_commands_body() -> None:
+    frames = [f for _, fs in golden_frames() for _, f in fs]
+    frames.append(own_frame(T("PING")))
+    for frame in frames:
+        field = BODY_FIELD.get(frame.type)
+        if frame.command is None or field is None:
+            assert frame.body is None
+        else:
+            assert frame.body == getattr(frame.command, field)
+            assert frame.body.DESCRIPTOR.name == type(getattr(pb.BaseCommand(), field)).__name__
+
+
+async def test_the_writer_hands_the_file_few_large_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[int] = []
+    io = Recorder._io
+
+    async def counted(fn: Any, *args: Any) -> Any:
+        if getattr(fn, "__name__", "") == "write":
+            writes.append(len(args[0]))
+        return await io(fn, *args)
+
+    monkeypatch.setattr(Recorder, "_io", staticmethod(counted))
+    ping = decode_frame(encode(command(T("PING"))))
+    recorder = Recorder(RecorderConfig(tmp_path, flush_interval=60.0))
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        for _ in range(50):  # a read of 40 frames every 2 ms
+            for _ in range(40):
+                recorder.record_frame(1, 0, ping)
+            await trio.sleep(0.002)
+        await trio.sleep(0.05)
+        assert recorder.queued == 0  # taken off the queue and packed...
+        nursery.cancel_scope.cancel()
+    records = [r for p in recording_files(tmp_path) for r in read_records(p)]
+    assert sum(1 for r in records if r["k"] == "frame") == 2000
+    # ...but written in three writes: the header, the first batch (a file
+    # exists as soon as there is traffic), and the rest when the writer stops.
+    assert len(writes) == 3, writes
