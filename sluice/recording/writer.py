@@ -14,7 +14,9 @@ captures that must be complete.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
 import time
 import uuid
@@ -95,6 +97,8 @@ class Recorder:
         self._file_started = 0.0
         self._segment = 0
         self._retry_at = 0.0
+        self._failing = False  # in an episode of disk trouble
+        self._dropped_at_failure = 0
         self.files: list[Path] = []
         self._reported_bug = False
         # Frames handed to the file since it was last flushed: lost, and
@@ -104,6 +108,7 @@ class Recorder:
         self.frames_written = 0
         self.bytes_written = 0
         self.dropped_total = 0
+        self.failures_total = 0  # episodes of disk trouble
 
     @property
     def queued(self) -> int:
@@ -348,8 +353,13 @@ class Recorder:
             self._reported_bug = True
 
     def _failed(self, exc: OSError) -> None:
-        if self._retry_at <= trio.current_time():
+        # Logged once per episode, which ends at the next successful flush;
+        # meanwhile a new file is tried every 2 s.
+        if not self._failing:
             log.error("recording failed, dropping frames until it works again: %s", exc)
+            self._failing = True
+            self.failures_total += 1
+            self._dropped_at_failure = self.dropped_total
         self._retry_at = trio.current_time() + 2.0
 
     async def _flush(self) -> None:
@@ -361,6 +371,12 @@ class Recorder:
             await self._close_file()
             return
         self._unflushed = 0
+        if self._failing:
+            self._failing = False
+            log.warning(
+                "recording resumed: %d frames were not recorded",
+                self.dropped_total - self._dropped_at_failure,
+            )
 
     async def _close_file(self) -> None:
         handle, self._file = self._file, None
@@ -371,6 +387,9 @@ class Recorder:
         except OSError as exc:
             self._failed(exc)
             self._drop(self._unflushed)  # what was still buffered is gone
+            with contextlib.suppress(OSError):  # a file the failing disk left empty
+                if os.stat(handle.name).st_size == 0:
+                    os.unlink(handle.name)
         self._unflushed = 0
 
     @staticmethod
