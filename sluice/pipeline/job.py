@@ -86,12 +86,16 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
         spark.stop()
 
 
-def _analyze(spark: Any, paths: list[str], out: str, say: Any) -> dict[str, Any]:
+def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any]:
     from pyspark import StorageLevel
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     started = time.monotonic()
+
+    def say(text: str) -> None:
+        tell(f"{text} [{time.monotonic() - started:.1f} s]")
+
     say(f"reading recordings from {', '.join(paths)}")
     listing = (
         spark.read.format("binaryFile")
