@@ -92,6 +92,7 @@ class DiskOutcome:
     gaps: int  # gap records in the recording
     log: str
     inspect: str = ""
+    acked_messages: set[bytes] = field(default_factory=set)
 
 
 def recorded_frames(proxy: AdminProxy) -> float:
@@ -168,6 +169,7 @@ def disk_trouble(
                 gaps=gaps,
                 log=log,
                 inspect=shown.stdout,
+                acked_messages=set(traffic.produced.acked),
             )
         finally:
             traffic.stop.set()
