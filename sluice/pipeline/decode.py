@@ -178,3 +178,22 @@ def _frame_batch(capture: str, path: str, rows: list[tuple[Any, ...]]) -> pa.Rec
         columns[name] = pa.array(values, pa.uint64()).cast(pa.int64(), safe=False)
     arrays = [columns[name] if name in columns else pa.nulls(count, kind) for name, kind in _FIELDS]
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
+_TAGS = {"frame": "F", "conn": "C", "close": "X", "segment": "S"}
+
+
+def parse_file(path: str, content: bytes) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """A segment's rows as plain tuples, without Spark (tests, tools).
+
+    ``("F", values)`` per frame, in :data:`FRAME_COLUMNS` order; ``("C" | "X" |
+    "S", (capture, file, conn, wall_ns, extra))`` for connection, close and
+    segment rows, ``extra`` decoded. The same rows the executors produce.
+    """
+    for batch in decode_segment(path, content):
+        for row in batch.to_pylist():
+            if row["record"] == "frame":
+                yield "F", tuple(row[name] for name in FRAME_COLUMNS)
+            else:
+                yield _TAGS[row["record"]], (row["capture"], row["file"], row["conn"],
+                                             row["wall_ns"], json.loads(row["extra"]))  # fmt: skip

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.pipeline.decode import EXTRA_SCHEMA, FRAME_COLUMNS, SPARK_SCHEMA, decode_batches
+from sluice.pipeline.decode import parse_file as parse_file  # for callers of the RDD-era name
 
 TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments")
 # Spark's binaryFile source cannot hold a file of 2 GiB or more in a row.
