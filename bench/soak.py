@@ -83,35 +83,28 @@ def topic(tag: str) -> str:
     return f"persistent://public/default/soak-{tag}-{time.monotonic_ns()}"
 
 
-def restart_rows(messages: int) -> list[Row]:
-    rows = []
-    for through in (True, False):
-        with scratch() as tmp:
-            o = broker_restart(
-                tmp,
-                topic("restart"),
-                messages=messages,
-                kill_after=messages // 4,
-                through_proxy=through,
-            )
-        rows.append(
-            Row(
-                "broker SIGKILL + restart, " + ("through Sluice" if through else "direct"),
-                acked=f"{o.acked}/{o.sent}",
-                consumed=str(o.consumed),
-                lost=str(len(o.lost)),
-                reconnect=f"{o.reconnect_seconds:.2f} s",
-                errors=(
-                    ", ".join(f"{k} {v:.0f}" for k, v in o.errors.items())
-                    + f", sends failed {o.failed}"
-                    if through
-                    else f"sends failed {o.failed}"
-                ),
-                peak_rss=mb(o.peak_rss) if through else "-",
-                fds=f"{o.fds_before} → {o.fds_after}" if through else "-",
-            )
+def restart_row(messages: int, through: bool) -> Row:
+    with scratch() as tmp:
+        o = broker_restart(
+            tmp,
+            topic("restart"),
+            messages=messages,
+            kill_after=messages // 4,
+            through_proxy=through,
         )
-    return rows
+    errors = f"sends failed {o.failed}"
+    if through:
+        errors = ", ".join(f"{k} {v:.0f}" for k, v in o.errors.items()) + ", " + errors
+    return Row(
+        "broker SIGKILL + restart, " + ("through Sluice" if through else "direct"),
+        acked=f"{o.acked}/{o.sent}",
+        consumed=str(o.consumed),
+        lost=str(len(o.lost)),
+        reconnect=f"{o.reconnect_seconds:.2f} s",
+        errors=errors,
+        peak_rss=mb(o.peak_rss) if through else "-",
+        fds=f"{o.fds_before} → {o.fds_after}" if through else "-",
+    )
 
 
 def kill_row(broker: EmbeddedBroker, seconds: float) -> Row:
@@ -257,16 +250,17 @@ def main() -> int:
     quick = args.quick
     rows: list[Row] = []
 
-    def timed(make: Callable[[], Row | list[Row]]) -> None:
+    def timed(make: Callable[[], Row]) -> None:
         started = time.monotonic()
-        made = make()
-        for row in made if isinstance(made, list) else [made]:
-            row.seconds = time.monotonic() - started
-            rows.append(row)
-            print(f"[soak] {row.fault}: done", file=sys.stderr, flush=True)
+        row = make()
+        row.seconds = time.monotonic() - started
+        rows.append(row)
+        print(f"[soak] {row.fault}: done", file=sys.stderr, flush=True)
 
     with EmbeddedBroker() as broker:
-        timed(lambda: restart_rows(4000 if quick else 20_000))
+        messages = 4000 if quick else 20_000
+        timed(lambda: restart_row(messages, True))
+        timed(lambda: restart_row(messages, False))
         timed(lambda: kill_row(broker, 3 if quick else 10))
         timed(lambda: fuzz_row(10_000 if quick else 100_000, args.seed, 300 if quick else 3000))
         timed(lambda: idle_row(broker, 6 if quick else 30))

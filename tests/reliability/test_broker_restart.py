@@ -5,6 +5,7 @@ Sluice's state (allow-list, lookups, metrics) stays right."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from tests.reliability.support import (
     start_admin_proxy,
     wait_until,
 )
-from tests.support import RawClient
+from tests.support import RawClient, tcp_connections
 
 
 @dataclass
@@ -105,6 +106,9 @@ def broker_restart(
             for _ in range(messages):
                 assert produced.done.acquire(timeout=120), "a send never completed"
             assert killed, "the broker was never killed: too few messages"
+            if proxy is not None:  # the client reconnected through Sluice, never around it
+                direct = [r for _, r in tcp_connections(os.getpid()) if r[1] == broker.port]
+                assert not direct, f"the client dialled the broker itself: {direct}"
             after = [t for t in produced.ack_times if t > restarted_at]
             reconnect = (min(after) - restarted_at) if after else float("inf")
             acked = set(produced.acked)
