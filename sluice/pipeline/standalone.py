@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,9 +26,9 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from sluice.embedded import free_port
-
 LOOPBACK = "127.0.0.1"
+_MASTER_URL = re.compile(r"Starting Spark master at spark://[^:]+:(\d+)")
+_MASTER_UI = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
 
 
 def spark_home() -> Path:
@@ -44,6 +45,8 @@ def loopback_env() -> dict[str, str]:
         SPARK_LOCAL_IP=LOOPBACK,
         SPARK_LOCAL_HOSTNAME="localhost",
         PYSPARK_PYTHON=sys.executable,
+        # No REST submission server (it would also bind a fixed port, 6066).
+        SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
     )
     return env
 
@@ -77,36 +80,51 @@ class StandaloneCluster:
             )
 
     def start(self, timeout: float = 90.0) -> StandaloneCluster:
+        """Master first (ports chosen by the OS, read back from its log), then the workers."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port, self.ui_port = free_port(), free_port()
+        deadline = time.monotonic() + timeout
         try:
             self._spawn(
                 "master",
                 "org.apache.spark.deploy.master.Master",
-                "--host", LOOPBACK, "--port", str(self.port), "--webui-port", str(self.ui_port),
+                "--host", LOOPBACK, "--port", "0", "--webui-port", "0",
             )  # fmt: skip
+            self.port = int(self._wait_for_log("master", _MASTER_URL, deadline))
+            self.ui_port = int(self._wait_for_log("master", _MASTER_UI, deadline))
             for n in range(self.workers):
                 self._spawn(
                     f"worker{n}",
                     "org.apache.spark.deploy.worker.Worker",
-                    "--host", LOOPBACK, "--port", str(free_port()),
-                    "--webui-port", str(free_port()), "--cores", str(self.cores),
-                    "--memory", self.memory, "--work-dir", str(self.workdir / f"worker{n}"),
+                    "--host", LOOPBACK, "--port", "0", "--webui-port", "0",
+                    "--cores", str(self.cores), "--memory", self.memory,
+                    "--work-dir", str(self.workdir / f"worker{n}"),
                     self.url,
                 )  # fmt: skip
-            self._wait_for_workers(timeout)
+            self._wait_for_workers(deadline)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_for_workers(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+    def _check_alive(self) -> None:
+        dead = [p.args for p in self.processes if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"Spark process exited: {dead[0]!r}\n{self.logs()}")
+
+    def _wait_for_log(self, name: str, pattern: re.Pattern[str], deadline: float) -> str:
+        log = self.workdir / f"{name}.log"
+        while time.monotonic() < deadline:
+            self._check_alive()
+            found = pattern.search(log.read_text(errors="replace"))
+            if found:
+                return found.group(1)
+            time.sleep(0.2)
+        raise RuntimeError(f"no {pattern.pattern!r} in {log}\n{self.logs()}")
+
+    def _wait_for_workers(self, deadline: float) -> None:
         alive = 0
         while time.monotonic() < deadline:
-            dead = [p.args for p in self.processes if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"Spark process exited: {dead[0]!r}\n{self.logs()}")
+            self._check_alive()
             try:
                 with urllib.request.urlopen(
                     f"http://{LOOPBACK}:{self.ui_port}/json/", timeout=2
@@ -117,7 +135,7 @@ class StandaloneCluster:
             if alive >= self.workers:
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"{alive} of {self.workers} workers up after {timeout} s\n{self.logs()}")
+        raise RuntimeError(f"{alive} of {self.workers} workers up in time\n{self.logs()}")
 
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(
