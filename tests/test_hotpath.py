@@ -259,3 +259,28 @@ async def test_the_writer_hands_the_file_few_large_writes(
     # ...but written in three writes: the header, the first batch (a file
     # exists as soon as there is traffic), and the rest when the writer stops.
     assert len(writes) == 3, writes
+
+
+async def test_a_new_file_states_each_open_connection_once(tmp_path: Path) -> None:
+    ping = decode_frame(encode(command(T("PING"))))
+    # Every write starts a new file, and each batch below opens a connection.
+    recorder = Recorder(RecorderConfig(tmp_path, max_file_bytes=1, flush_interval=0.01))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        for conn in range(1, 6):
+            recorder.open_connection(conn, client="127.0.0.1:1", kind="proxied", listener="plain")
+            recorder.record_frame(conn, 0, ping)
+            await trio.sleep(0.03)
+        recorder.close_connection(1)
+        await trio.sleep(0.03)
+        nursery.cancel_scope.cancel()
+    files = recording_files(tmp_path)
+    assert len(files) >= 5
+    for path in files:
+        records = list(read_records(path))
+        opened = [r["c"] for r in records if r["k"] == "conn"]
+        assert len(opened) == len(set(opened)), (path.name, opened)
+        framed = {r["c"] for r in records if r["k"] == "frame"}
+        assert framed <= set(opened), path.name  # every frame's connection is stated first
+    last = list(read_records(files[-1]))
+    assert {r["c"] for r in last if r["k"] == "conn"} >= {2, 3, 4, 5}

@@ -88,9 +88,12 @@ class Recorder:
         self._dropped = 0  # since the last gap record
         self._summarizer = FrameSummarizer(config.payloads)
         self._pack = packer()
-        # Records packed and waiting to be written, with the queue item each came from.
-        self._packed: list[tuple[tuple[Any, ...], bytes]] = []
+        # Records packed and waiting to be written: how many are frames, and
+        # which are connection openings (by position), for a new file to skip.
+        self._packed: list[bytes] = []
         self._packed_bytes = 0
+        self._packed_frames = 0
+        self._packed_opens: list[tuple[int, int]] = []  # (position, connection)
         self._open: dict[int, Record] = {}  # conn records, repeated in new segments
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
@@ -243,17 +246,17 @@ class Recorder:
 
     def _pack_queued(self) -> None:
         """Turn what is queued into packed records (summaries, payload policy)."""
-        if not self._queue:
+        queue = self._queue
+        if not queue:
             return
-        batch = list(self._queue)
-        self._queue.clear()
         self._queued_bytes = 0
         self._space.set()
         packed = self._packed
         pack_one = self._pack
         record_of = self._summarizer.record
-        size = 0
-        for item in batch:
+        size = frames = 0
+        while queue:  # taken one at a time: each frame is let go as soon as it is packed
+            item = queue.popleft()
             if item[0] == "f":
                 _, conn, direction, mono, wall, frame = item
                 try:
@@ -262,32 +265,35 @@ class Recorder:
                     self._bug(exc)
                     self._drop(1)
                     continue
+                frames += 1
             else:
-                if item[1]["k"] == "close":
-                    self._summarizer.forget(item[1]["c"])
-                data = pack_one(item[1])
-            packed.append((item, data))
+                record = item[1]
+                if record["k"] == "close":
+                    self._summarizer.forget(record["c"])
+                elif record["k"] == "conn":
+                    self._packed_opens.append((len(packed), record["c"]))
+                data = pack_one(record)
+            packed.append(data)
             size += len(data)
         self._packed_bytes += size
+        self._packed_frames += frames
 
     async def _write_packed(self) -> None:
         if not self._packed:
             return
-        packed = self._packed
-        self._packed = []
-        self._packed_bytes = 0
-        frames = sum(1 for item, _ in packed if item[0] == "f")
+        packed, opens, frames = self._packed, self._packed_opens, self._packed_frames
+        self._packed, self._packed_opens = [], []
+        self._packed_bytes = self._packed_frames = 0
         restated = await self._ensure_file()
         if restated is None:
             self._drop(frames)
             return
         # A new file starts by re-stating open connections: skip their
         # records in this batch so nobody reads a connection opening twice.
-        data = b"".join(
-            part
-            for item, part in packed
-            if not (item[0] == "r" and item[1]["k"] == "conn" and item[1]["c"] in restated)
-        )
+        skipped = {position for position, conn in opens if conn in restated}
+        if skipped:
+            packed = [part for position, part in enumerate(packed) if position not in skipped]
+        data = b"".join(packed)
         if self._dropped:
             gap = {"k": "gap", "t": time.monotonic_ns(), "w": time.time_ns(),
                    "dropped": self._dropped}  # fmt: skip
