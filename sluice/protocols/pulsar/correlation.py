@@ -72,6 +72,8 @@ _REQUESTS = frozenset(
 )
 
 
+_SEND, _SEND_RECEIPT, _SEND_ERROR = T.SEND, T.SEND_RECEIPT, T.SEND_ERROR
+
 # What observe() looks at, per direction: callers on a hot path can skip the
 # call for every other type (MESSAGE, FLOW, PING...).
 CLIENT_TYPES = _REQUESTS | {T.SEND}
@@ -124,13 +126,37 @@ class Correlator:
     _sends_in_flight: int = 0
 
     def observe(self, frame: Frame, from_client: bool, now: float) -> Completion | None:
-        body = frame.body
+        body: Any = frame.body
         if body is None:
             return None
         t = frame.type
+        # SENDs and their receipts, one pair per message, are handled here;
+        # everything else (per request at most) in the methods below.
         if from_client:
-            self._client_frame(frame, t, body, now)
+            if t == _SEND:
+                key = (body.producer_id, body.sequence_id)
+                waiting = self.sends.get(key)
+                if waiting is None:
+                    topic = self.producers.get(body.producer_id)
+                    self.sends[key] = Pending(t, now, topic, None, frame)
+                else:
+                    waiting.repeats += 1
+                self._sends_in_flight += 1
+            else:
+                self._client_frame(frame, t, body, now)
             return None
+        if t in (_SEND_RECEIPT, _SEND_ERROR):
+            key = (body.producer_id, body.sequence_id)
+            sent = self.sends.get(key)
+            if sent is None:
+                return None
+            if sent.repeats:
+                sent.repeats -= 1
+            else:
+                del self.sends[key]
+            self._sends_in_flight -= 1
+            error = body.error if t == _SEND_ERROR else None
+            return Completion(_SEND, t, sent.started, now, sent.topic, error, sent.request)
         return self._server_frame(t, body, now)
 
     def topic_of_producer(self, producer_id: int) -> str | None:
@@ -170,15 +196,6 @@ class Correlator:
     # --- client to broker ---------------------------------------------------
 
     def _client_frame(self, frame: Frame, t: int, body: Any, now: float) -> None:
-        if t == T.SEND:
-            key = (body.producer_id, body.sequence_id)
-            waiting = self.sends.get(key)
-            if waiting is None:
-                self.sends[key] = Pending(t, now, self.producers.get(body.producer_id), None, frame)
-            else:
-                waiting.repeats += 1
-            self._sends_in_flight += 1
-            return
         if t not in _REQUESTS:
             return
         if t == T.ACK and not body.HasField("request_id"):
@@ -202,18 +219,6 @@ class Correlator:
     # --- broker to client ---------------------------------------------------
 
     def _server_frame(self, t: int, body: Any, now: float) -> Completion | None:
-        if t == T.SEND_RECEIPT or t == T.SEND_ERROR:
-            key = (body.producer_id, body.sequence_id)
-            sent = self.sends.get(key)
-            if sent is None:
-                return None
-            if sent.repeats:
-                sent.repeats -= 1
-            else:
-                del self.sends[key]
-            self._sends_in_flight -= 1
-            error = body.error if t == T.SEND_ERROR else None
-            return Completion(T.SEND, t, sent.started, now, sent.topic, error, sent.request)
         if t == T.CLOSE_PRODUCER:  # the broker closed it: the client will re-create it
             self.producers.pop(body.producer_id, None)
             return None
