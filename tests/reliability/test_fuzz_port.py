@@ -135,10 +135,13 @@ class Fuzzer:
                 sock.sendall(data)
                 self.stats.frames += 1
                 self.stats.mutations[f"connect_{kind}"] += 1
-            for _ in range(rng.randrange(1, 40)):
-                kind, data = self.mutate(rng.choice(self.corpus))
+            # Drawn before sending, so that the bytes depend on the seed only
+            # (not on when the proxy hangs up).
+            batch = [self.mutate(rng.choice(self.corpus)) for _ in range(rng.randrange(1, 40))]
+            for kind, _ in batch:
                 self.stats.mutations[kind] += 1
                 self.stats.frames += 1
+            for _, data in batch:
                 try:
                     sock.sendall(data)
                 except OSError:  # the proxy already hung up: what it should do
