@@ -268,7 +268,7 @@ def _consume(pulsar: Any, logger: Any, conn: Connection, index: int, job: dict[s
             job["topic"],
             f"fleet-{uuid.uuid4().hex[:8]}",
             initial_position=pulsar.InitialPosition.Earliest,
-            receiver_queue_size=1000,
+            receiver_queue_size=job["queue"],
         )
         while distinct < expected:
             wait_s = min(job["idle"], deadline - time.monotonic())
@@ -497,6 +497,7 @@ class Row:
     proxy_rss: int | None = None  # bytes
     broker_cpu: float = 0.0
     check: str = ""
+    lost: int = 0  # messages produced but never consumed: the rate is of a part
     failed: str = ""
 
 
@@ -526,6 +527,12 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=20.0,
         help="a consumer that gets nothing for this long counts the rest as lost",
+    )
+    parser.add_argument(
+        "--receiver-queue",
+        type=int,
+        default=1000,
+        help="consumers' receiver_queue_size (default 1000)",
     )
     parser.add_argument(
         "--source",
@@ -580,7 +587,8 @@ def run_step(
     jobs = [
         {"step": row.step, "url": url, "topic": topic, "count": workload.messages,
          "expected": expected, "size": workload.size, "batching": workload.batching,
-         "timeout": args.step_timeout, "idle": args.idle_timeout}
+         "timeout": args.step_timeout, "idle": args.idle_timeout,
+         "queue": args.receiver_queue}
         for topic, expected in zip(topics, counts, strict=True)
     ]  # fmt: skip
     assert broker.pid is not None
@@ -598,7 +606,7 @@ def run_step(
         failed = sum(r["failed"] for r in results)
         row.check = f"{failed} failed" if failed else "ok"
     else:
-        lost = sum(r["lost"] for r in results)
+        lost = row.lost = sum(r["lost"] for r in results)
         dups = sum(r["duplicates"] for r in results)
         bad = sum(r["bad"] for r in results)
         parts = [f"{n} {what}" for n, what in ((lost, "lost"), (dups, "dup"), (bad, "bad")) if n]
@@ -671,7 +679,9 @@ def run_config(
 
 def print_table(rows: list[Row], configs: list[Config], workloads: list[Workload]) -> None:
     direct = {
-        (r.clients, r.workload.name, r.step): r.rate for r in rows if r.config.workers is None
+        (r.clients, r.workload.name, r.step): r.rate
+        for r in rows
+        if r.config.workers is None and not r.failed and not r.lost
     }
     order = {c: i for i, c in enumerate(configs)}
     wl_order = {w.name: i for i, w in enumerate(workloads)}
@@ -693,18 +703,25 @@ def print_table(rows: list[Row], configs: list[Config], workloads: list[Workload
             print(f"{r.config.label:<19} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
                   f"{'FAILED':>9}  {r.failed}")  # fmt: skip
             continue
-        ratio = f"{r.rate / base:.2f}" if base and r.config.workers is not None else "-"
+        ratio = "-" if r.config.workers is None else "n/a"
+        if base and r.config.workers is not None and not r.lost:
+            ratio = f"{r.rate / base:.2f}"
+        rate = f"{r.rate:,.0f}" + ("*" if r.lost else "")
         cpu = "-" if r.proxy_cpu is None else f"{r.proxy_cpu:.1f}"
         rss = "-" if r.proxy_rss is None else f"{r.proxy_rss / 2**20:.0f}"
         print(f"{r.config.label:<19} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
-              f"{r.rate:>9,.0f} {ratio:>6} {cpu:>12} {rss:>13} {r.broker_cpu:>13.1f}  "
+              f"{rate:>9} {ratio:>6} {cpu:>12} {rss:>13} {r.broker_cpu:>13.1f}  "
               f"{r.check}")  # fmt: skip
 
 
 def print_summary(rows: list[Row], configs: list[Config]) -> None:
     """Workers auto vs 1 (same recording, clients, workload and step), and
     the lowest proxy/direct ratios."""
-    rate = {(r.config, r.clients, r.workload.name, r.step): r for r in rows if not r.failed}
+    rate = {
+        (r.config, r.clients, r.workload.name, r.step): r
+        for r in rows
+        if not r.failed and not r.lost
+    }
     for record in (False, True):
         one = next((c for c in configs if c.workers == "1" and c.record == record), None)
         if one is None:
@@ -725,7 +742,9 @@ def print_summary(rows: list[Row], configs: list[Config]) -> None:
                       f"{max(ratios):.2f} over {len(ratios)} steps; CPU/msg ratio median "
                       f"{statistics.median(cpu) if cpu else float('nan'):.2f}")  # fmt: skip
     direct = {
-        (r.clients, r.workload.name, r.step): r.rate for r in rows if r.config.workers is None
+        (r.clients, r.workload.name, r.step): r.rate
+        for r in rows
+        if r.config.workers is None and not r.failed and not r.lost
     }
     for config in configs:
         if config.workers is None:
@@ -841,6 +860,8 @@ def main() -> int:
           "and RSS: supervisor + workers")  # fmt: skip
     print()
     print_table(rows, configs, workloads)
+    print("* not every message was consumed (pulsar-lite stopped dispatching for "
+          f"{args.idle_timeout:g}s): msg/s of those that were, no ratio")  # fmt: skip
     print()
     print_summary(rows, configs)
     return 130 if interrupted else 0
