@@ -142,7 +142,7 @@ def idle_row(broker: EmbeddedBroker, hold: float) -> Row:
     return Row(
         f"{o.connections} idle connections for {hold:.0f} s",
         errors=(
-            f"dropped {o.lost}, pings answered {o.pings}, "
+            f"dropped {o.lost} (closed as silent {o.silent_closed}), pings answered {o.pings}, "
             f"{len(o.handshake_dropped)} unfinished CONNECTs closed after "
             f"{min(o.handshake_dropped):.1f}-{max(o.handshake_dropped):.1f} s"
         ),
