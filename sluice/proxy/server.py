@@ -128,7 +128,9 @@ class Proxy:
         self.recorder: Recorder | None = None
         if config.record is not None:
             listen = [str(a) for a in (config.listen, config.listen_tls) if a is not None]
-            self.recorder = Recorder(config.record, listen=listen, broker=str(config.broker))
+            self.recorder = Recorder(
+                config.record, listen=listen, broker=str(config.broker), protocol=config.protocol
+            )
             self.metrics.watch(self.recorder)
             self.taps.add(self.recorder)
         self.upstream_ok = False

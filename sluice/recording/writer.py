@@ -30,6 +30,7 @@ import trio
 from sluice import __version__
 from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Opened
 from sluice.protocols.pulsar import Frame
+from sluice.recording.cursus import CursusSummarizer
 from sluice.recording.format import (
     SUFFIX,
     FrameSummarizer,
@@ -73,8 +74,10 @@ class Recorder:
         *,
         listen: list[str] | None = None,
         broker: str = "",
+        protocol: str = "pulsar",
     ) -> None:
         self.config = config
+        self.protocol = protocol
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
         self._broker = broker
@@ -86,7 +89,12 @@ class Recorder:
         self._wakeup = trio.Event()
         self._space = trio.Event()
         self._dropped = 0  # since the last gap record
-        self._summarizer = FrameSummarizer(config.payloads)
+        # Frame records: the same kinds for every protocol, its own summaries.
+        self._summarizer: FrameSummarizer | CursusSummarizer = (
+            CursusSummarizer(config.payloads)
+            if protocol == "cursus"
+            else FrameSummarizer(config.payloads)
+        )
         self._pack = packer()
         # Records packed and waiting to be written: how many are frames, and
         # which are connection openings (by position), for a new file to skip.
@@ -335,6 +343,7 @@ class Recorder:
                 started_ns=time.time_ns(),
                 payloads=self.config.payloads,
                 sluice_version=__version__,
+                protocol=self.protocol,
                 host=socket.gethostname(),
                 listen=self._listen,
                 broker=self._broker,

@@ -1,0 +1,140 @@
+"""A Cursus session recorded through the proxy, then inspected, replayed
+against a fresh broker and served back to the real cursus-client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+from cursus import ConsumerMode
+
+from sluice.addresses import Address
+from sluice.embedded import free_port
+from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.server import Proxy
+from sluice.recording.format import PayloadPolicy, read_records, recording_files
+from sluice.recording.writer import RecorderConfig
+from tests.cursus_broker import open_cluster
+from tests.support import SLUICE
+from tests.test_cursus_broker import Collector, in_thread, produce, until
+
+PAYLOADS = [f"r{i}" for i in range(9)]
+
+
+@pytest.fixture
+async def recorded(tmp_path: Path) -> AsyncIterator[Path]:
+    """A directory holding one Cursus session: produce 9 messages on 3
+    partitions, then stream them with a consumer group, through the proxy."""
+    directory = tmp_path / "rec"
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        host, port = cluster.address.rsplit(":", 1)
+        config = ProxyConfig(
+            broker=BrokerUrl(host, int(port), False, "cursus"),
+            protocol="cursus",
+            listen=Address("127.0.0.1", 0),
+            record=RecorderConfig(directory, payloads=PayloadPolicy.FULL, flush_interval=0.1),
+        )
+        proxy: Proxy = await nursery.start(Proxy(config).run)
+        address = str(proxy.addresses["plain"])
+        assert await in_thread(produce, address, "rec", PAYLOADS, 3) == 9
+        collector = Collector(address, "rec", "g", ConsumerMode.STREAMING).start()
+        try:
+            await until(lambda: len(collector.got) >= 9, "9 messages streamed")
+        finally:
+            await in_thread(collector.close)
+        assert collector.payloads == sorted(PAYLOADS)
+        proxy.stop()
+    yield directory
+
+
+def sluice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SLUICE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+async def test_a_cursus_session_is_recorded_and_inspected(recorded: Path, tmp_path: Path) -> None:
+    (path, *_) = recording_files(recorded)
+    records = list(read_records(path))
+    assert records[0]["protocol"] == "cursus"
+    frames = [r for r in records if r["k"] == "frame"]
+    commands = {r["s"]["cmd"] for r in frames}
+    assert {"CREATE", "METADATA", "BATCH", "ACK", "STREAM", "OK"} <= commands, commands
+    batches = [r for r in frames if r["s"]["cmd"] == "BATCH" and r["d"] == 0]
+    assert sum(r["s"]["msgs"] for r in batches) == 9
+    assert {r["s"]["topic"] for r in batches} == {"rec"}
+
+    shown = await in_thread(sluice, "inspect", str(recorded))
+    assert shown.returncode == 0, shown.stderr
+    assert "BATCH" in shown.stdout and "METADATA" in shown.stdout
+    assert "Traceback" not in shown.stderr
+    lines = (await in_thread(sluice, "inspect", str(recorded), "--json")).stdout.splitlines()
+    assert all(json.loads(line)["capture"] for line in lines)
+    pcap = tmp_path / "cursus.pcapng"
+    done = await in_thread(sluice, "inspect", str(recorded), "--pcap", str(pcap))
+    assert done.returncode == 0, done.stderr
+    info = await in_thread(lambda: subprocess.run(["capinfos", str(pcap)], capture_output=True,
+                                                  text=True, timeout=60))  # fmt: skip
+    assert "Cursus" in info.stdout, info.stdout  # the capture comment says how to read it
+    assert "Number of packets" in info.stdout
+
+
+async def test_replay_against_a_fresh_broker_is_equivalent(recorded: Path, tmp_path: Path) -> None:
+    async with open_cluster(1, keepalive=0.3) as fresh:
+        transcript = tmp_path / "transcript.txt"
+        done = await in_thread(sluice, "replay", str(recorded), "--broker",
+                               f"cursus://{fresh.address}", "--timeout", "5", "--transcript",
+                               str(transcript))  # fmt: skip
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "equivalent" in done.stdout
+        assert "BATCH rec[" in transcript.read_text()
+        stored = sum(len(p.log) for p in fresh.topics["rec"].partitions)
+        assert stored == 9
+
+
+async def test_replay_tells_a_different_broker_apart(recorded: Path, tmp_path: Path) -> None:
+    """A broker that already holds the topic answers CREATE differently."""
+    async with open_cluster(1, keepalive=0.3) as fresh:
+        assert await in_thread(produce, fresh.address, "rec", ["already"], 3) == 1
+        done = await in_thread(sluice, "replay", str(recorded), "--broker",
+                               f"cursus://{fresh.address}", "--timeout", "3")  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "DIVERGED" in done.stdout
+
+
+async def test_serve_answers_the_real_client_from_the_recording(recorded: Path) -> None:
+    port = free_port()
+    process = await trio.lowlevel.open_process(
+        [*SLUICE, "serve", str(recorded), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        with trio.fail_after(30):
+            while True:
+                try:
+                    probe = await trio.open_tcp_stream("127.0.0.1", port)
+                    await probe.aclose()
+                    break
+                except OSError:
+                    await trio.sleep(0.1)
+        address = f"127.0.0.1:{port}"
+        assert await in_thread(produce, address, "rec", PAYLOADS, 3) == 9
+        collector = Collector(address, "rec", "g", ConsumerMode.STREAMING).start()
+        try:
+            await until(lambda: len(collector.got) >= 9, "9 recorded messages served")
+        finally:
+            await in_thread(collector.close)
+        assert collector.payloads == sorted(PAYLOADS)
+    finally:
+        process.terminate()
+        with trio.move_on_after(10):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+    assert process.stderr is not None
+    errors = await process.stderr.receive_some(65536)
+    assert b"Traceback" not in errors, errors
