@@ -19,7 +19,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "grafana"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'instance=~"$instance"'  # every query is scoped to the chosen proxies
+# Every query is scoped to the chosen proxies and protocols (Pulsar, Cursus).
+SEL = 'instance=~"$instance",protocol=~"$protocol"'
 RATE = "$__rate_interval"
 
 
@@ -87,7 +88,7 @@ def dashboard(
     return {
         "uid": uid,
         "title": title,
-        "tags": ["sluice", "pulsar"],
+        "tags": ["sluice", "pulsar", "cursus"],
         "timezone": "browser",
         "schemaVersion": 39,
         "version": 1,
@@ -103,6 +104,7 @@ def dashboard(
                     "query": "prometheus",
                     "current": {},
                 },
+                _variable("protocol", "Protocol", "label_values(sluice_build_info, protocol)"),
                 _variable("instance", "Proxy", "label_values(sluice_build_info, instance)"),
                 *variables,
             ]

@@ -78,7 +78,12 @@ def scrape(proxy: ProxyProcess, admin: int) -> dict[tuple[str, tuple[tuple[str, 
     samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+            # Every metric a proxy serves says its protocol; lookups here leave it out.
+            labels = dict(sample.labels)
+            protocol = labels.pop("protocol", None)
+            if not family.name.startswith("sluice_worker"):  # the supervisor's own
+                assert protocol == "pulsar", sample
+            samples[(sample.name, tuple(sorted(labels.items())))] = sample.value
     return samples
 
 
@@ -123,6 +128,7 @@ def fill(expr: str, topic: str) -> str:
     return (
         expr.replace("$__rate_interval", "20s")
         .replace("$instance", ".*")
+        .replace("$protocol", ".*")
         # As Grafana interpolates a regex value into a PromQL string literal.
         .replace("$topic", re.escape(topic).replace("\\", "\\\\"))
     )

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -49,6 +50,7 @@ from sluice.protocols.core import (
     Relayed,
     TopicTraffic,
 )
+from sluice.protocols.cursus.connection import CURSUS_FAULTS
 from sluice.protocols.pulsar import Problem
 from sluice.protocols.pulsar.frame import command_name
 
@@ -87,6 +89,23 @@ TIMED_COMMANDS = (
     "CLOSE_PRODUCER",
     "CLOSE_CONSUMER",
 )
+CURSUS_NAMES = CURSUS_FAULTS.commands | {"INVALID"}
+# Cursus requests whose latency is tracked (replies come in request order).
+CURSUS_TIMED_COMMANDS = (
+    "CREATE",
+    "METADATA",
+    "FIND_COORDINATOR",
+    "BATCH",
+    "CONSUME",
+    "STREAM",
+    "JOIN_GROUP",
+    "SYNC_GROUP",
+    "HEARTBEAT",
+    "LEAVE_GROUP",
+    "COMMIT_OFFSET",
+    "BATCH_COMMIT",
+    "FETCH_OFFSET",
+)
 
 
 class TrafficCounts(Collector):
@@ -99,6 +118,9 @@ class TrafficCounts(Collector):
     def __init__(self) -> None:
         self.frames = ([0] * TYPE_SLOTS, [0] * TYPE_SLOTS)
         self.bytes = ([0] * TYPE_SLOTS, [0] * TYPE_SLOTS)
+        # Protocols whose commands are names, not numbers (Cursus):
+        # (from_client, name) -> [frames, bytes].
+        self.named: dict[tuple[bool, str], list[int]] = {}
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         frames = CounterMetricFamily(
@@ -117,6 +139,9 @@ class TrafficCounts(Collector):
                     name = command_name(slot) if slot else "UNKNOWN"
                     frames.add_metric([name, direction], counts[slot])
                     sizes.add_metric([name, direction], volume[slot])
+        for (from_client, name), (count, size) in self.named.items():
+            frames.add_metric([name, DIRECTION[from_client]], count)
+            sizes.add_metric([name, DIRECTION[from_client]], size)
         yield frames
         yield sizes
 
@@ -186,9 +211,37 @@ class TopicLabels:
         return label
 
 
+class WithProtocol(Collector):
+    """Every metric of ``registry`` with a ``protocol`` label added, at
+    scrape time: one proxy fronts one protocol, and dashboards and alerts
+    can tell Pulsar proxies from Cursus ones by it."""
+
+    def __init__(self, registry: CollectorRegistry, protocol: str) -> None:
+        self.registry = registry
+        self.protocol = protocol
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labels = {**sample.labels, "protocol": self.protocol}
+                out.add_sample(sample.name, labels, sample.value, sample.timestamp,
+                               sample.exemplar)  # fmt: skip
+            yield out
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+
 class Metrics:
-    def __init__(self, topic_limit: int = 100) -> None:
+    def __init__(self, topic_limit: int = 100, protocol: str = "pulsar") -> None:
+        self.protocol = protocol
         self.registry = registry = CollectorRegistry()
+        # What /metrics serves: the registry's metrics, labelled with the protocol.
+        self.exposed = CollectorRegistry()
+        self.exposed.register(WithProtocol(registry, protocol))
+        if protocol != "pulsar":
+            self.frame = self._named_frame  # type: ignore[method-assign]
         self.traffic = TrafficCounts()
         registry.register(self.traffic)
         self.topic_label = TopicLabels(topic_limit)
@@ -234,7 +287,8 @@ class Metrics:
         self.request_duration = Histograms(
             "sluice_request_duration_seconds",
             "Request to answer, as seen at the proxy (broker plus network time)",
-            "command", TIMED_COMMANDS, _LATENCY_BUCKETS,
+            "command", TIMED_COMMANDS if protocol == "pulsar" else CURSUS_TIMED_COMMANDS,
+            _LATENCY_BUCKETS,
         )  # fmt: skip
         registry.register(self.request_duration)
         self.lookup_duration = Histogram(
@@ -297,6 +351,17 @@ class Metrics:
         slot = t if t < TYPE_SLOTS else 0
         self.traffic.frames[from_client][slot] += 1
         self.traffic.bytes[from_client][slot] += len(frame.raw)
+
+    def _named_frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
+        """``frame`` for protocols whose commands are names (Cursus)."""
+        name = frame.name
+        tally = self.traffic.named.get((from_client, name))
+        if tally is None:
+            # Unknown words stay one label: a client cannot grow the series.
+            name = name if name in CURSUS_NAMES else "UNKNOWN"
+            tally = self.traffic.named.setdefault((from_client, name), [0, 0])
+        tally[0] += 1
+        tally[1] += len(frame.raw)
 
     def event(self, conn: Conn | None, event: Event) -> None:
         kind = type(event)

@@ -123,7 +123,7 @@ class Proxy:
         self.timing = Timing(
             config.handshake_timeout, config.connect_timeout, config.keepalive_interval
         )
-        self.metrics = Metrics(config.topic_metrics_limit)
+        self.metrics = Metrics(config.topic_metrics_limit, config.protocol)
         self.taps = Taps([self.metrics])
         self.recorder: Recorder | None = None
         if config.record is not None:
@@ -164,9 +164,7 @@ class Proxy:
                 await outer.start(self.recorder.run)
             if admin is not None:
                 endpoint = FaultsEndpoint(self.faults, PROTOCOL_FAULTS, self.config.admin_token)
-                outer.start_soon(
-                    serve_admin, admin, self.metrics.registry, self.readiness, endpoint
-                )
+                outer.start_soon(serve_admin, admin, self.metrics.exposed, self.readiness, endpoint)
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
                 for kind, listener in self._listeners:
