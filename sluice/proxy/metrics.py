@@ -89,6 +89,12 @@ TIMED_COMMANDS = (
     "CLOSE_PRODUCER",
     "CLOSE_CONSUMER",
 )
+# Why connections close (recordings' close reasons); anything else, an
+# exception's name, is counted as "error" so that the label stays bounded.
+CLOSE_REASONS = frozenset({
+    "closed", "lost", "drained", "idle", "handshake", "handshake_timeout", "relay_refused",
+    "upstream", "invalid", "unframeable", "fault", "no_listener", "error",
+})  # fmt: skip
 CURSUS_NAMES = CURSUS_FAULTS.commands | {"INVALID"}
 # Cursus requests whose latency is tracked (replies come in request order).
 CURSUS_TIMED_COMMANDS = (
@@ -260,8 +266,8 @@ class Metrics:
             registry=registry,
         )  # fmt: skip
         self.connections_closed = Counter(
-            "sluice_connections_closed", "Client connections closed", ["listener"],
-            registry=registry,
+            "sluice_connections_closed", "Client connections closed, by listener and why",
+            ["listener", "reason"], registry=registry,
         )  # fmt: skip
         self.sessions = Counter(
             "sluice_sessions", "Connections by what the client used them for",
@@ -386,7 +392,9 @@ class Metrics:
             self.connections_active.labels(conn.listener).inc()
         elif kind is Closed:
             assert conn is not None
-            self.connections_closed.labels(conn.listener).inc()
+            assert isinstance(event, Closed)
+            reason = event.reason if event.reason in CLOSE_REASONS else "error"
+            self.connections_closed.labels(conn.listener, reason).inc()
             self.connections_active.labels(conn.listener).dec()
         elif kind is Opened:
             assert conn is not None
@@ -443,6 +451,11 @@ class RecorderFigures(Collector):
             "sluice_recorder_bytes", "Bytes written to recording files",
             value=r.bytes_written if r else 0,
         )  # fmt: skip
+        yield CounterMetricFamily(
+            "sluice_recorder_failures",
+            "Episodes of disk trouble (unwritable or full) while recording",
+            value=r.failures_total if r else 0,
+        )
         yield CounterMetricFamily(
             "sluice_recorder_dropped_frames",
             "Frames not recorded because the writer fell behind or failed",

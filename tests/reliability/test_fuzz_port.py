@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulsar
-import pytest
 
 from sluice.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_stream, encode, pb
@@ -342,10 +341,6 @@ def test_fuzzed_port_with_real_traffic_beside_it(tmp_path: Path, topic: str) -> 
     assert "Traceback" not in outcome.log, outcome.log[-3000:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice_connections_closed_total has only a listener label (see docs/reliability.md)",
-)
 def test_closed_connections_are_counted_by_reason(broker: EmbeddedBroker, tmp_path: Path) -> None:
     proxy = start_admin_proxy(broker.url, tmp_path, "--handshake-timeout", "0.5")
     try:
@@ -360,7 +355,8 @@ def test_closed_connections_are_counted_by_reason(broker: EmbeddedBroker, tmp_pa
             for (name, labels), value in proxy.scrape().items()
             if name == "sluice_connections_closed_total" and value
         }
+        # (The start-up check that the port is open adds one "closed".)
         assert closed.get("handshake_timeout") == 1, closed
-        assert sum(closed.values()) == 2, closed
+        assert closed.get("unframeable") == 1, closed
     finally:
         proxy.kill()
