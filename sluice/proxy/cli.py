@@ -18,6 +18,7 @@ from sluice.protocols.core import OnInvalid
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.frame import DEFAULT_PORT as CURSUS_PORT
 from sluice.protocols.faults import load_rules
+from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.connection import UpstreamFailure
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
@@ -413,6 +414,8 @@ async def check_broker(config: ProxyConfig) -> None:
             config.broker.address, timeout=config.connect_timeout, tls=tls
         )
     except UpstreamFailure as failure:
+        if failure.error == pb.AuthenticationError:
+            return  # it answered: it wants the clients' credentials, which they bring
         raise StartupError(f"{failure.message} (start anyway with --no-check-broker)") from None
     await stream.aclose()
 

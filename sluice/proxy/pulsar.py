@@ -87,6 +87,10 @@ class FrameStream:
         await self.stream.aclose()
 
 
+# A client's (auth_method_name, auth_data), or None for Sluice's own.
+Credentials = tuple[str, bytes] | None
+
+
 def own_connect() -> pb.CommandConnect:
     """The CONNECT Sluice sends when it talks to a broker for itself."""
     return pb.CommandConnect(client_version=SLUICE_VERSION, protocol_version=PROTOCOL_VERSION)
@@ -143,13 +147,24 @@ class BrokerConnection:
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[Frame]]] = {}
         self.closed = False
+        self.credentials: Credentials = None
 
     @classmethod
     async def open(
-        cls, nursery: trio.Nursery, address: Address, *, timeout: float, tls: ssl.SSLContext | None
+        cls,
+        nursery: trio.Nursery,
+        address: Address,
+        *,
+        timeout: float,
+        tls: ssl.SSLContext | None,
+        credentials: Credentials = None,
     ) -> BrokerConnection:
-        stream, connected = await connect_broker(address, timeout=timeout, tls=tls)
+        hello = own_connect()
+        if credentials is not None:
+            hello.auth_method_name, hello.auth_data = credentials
+        stream, connected = await connect_broker(address, timeout=timeout, tls=tls, connect=hello)
         conn = cls(stream, address, connected)
+        conn.credentials = credentials
         nursery.start_soon(conn._read_loop)
         return conn
 
@@ -182,6 +197,15 @@ class BrokerConnection:
                 if frame.type == Type.Value("PING"):
                     await self.stream.send(encode(command(Type.Value("PONG"))))
                     continue
+                if frame.type == Type.Value("AUTH_CHALLENGE") and self.credentials is not None:
+                    # A credentials refresh: the ones this connection was opened with.
+                    method, data = self.credentials
+                    answer = pb.CommandAuthResponse(
+                        response=pb.AuthData(auth_method_name=method, auth_data=data),
+                        protocol_version=PROTOCOL_VERSION,
+                    )
+                    await self.stream.send(encode(command(Type.Value("AUTH_RESPONSE"), answer)))
+                    continue
                 body = frame.body
                 rid = getattr(body, "request_id", None) if body is not None else None
                 slot = self._waiting.get(rid) if isinstance(rid, int) else None
@@ -203,7 +227,9 @@ class BrokerConnection:
 
 
 class UpstreamPool:
-    """At most one open BrokerConnection per broker address, opened on demand."""
+    """At most one open BrokerConnection per broker address and set of client
+    credentials (lookups carry the credentials of the client they are for),
+    opened on demand."""
 
     def __init__(
         self,
@@ -217,24 +243,29 @@ class UpstreamPool:
         self._timeout = timeout
         self._tls_for = tls_for
         self._dialed = dialed
-        self._connections: dict[Address, BrokerConnection] = {}
-        self._locks: dict[Address, trio.Lock] = {}
+        self._connections: dict[tuple[Address, Credentials], BrokerConnection] = {}
+        self._locks: dict[tuple[Address, Credentials], trio.Lock] = {}
 
-    async def get(self, address: Address) -> BrokerConnection:
-        lock = self._locks.setdefault(address, trio.Lock())
+    async def get(self, address: Address, credentials: Credentials = None) -> BrokerConnection:
+        key = (address, credentials)
+        lock = self._locks.setdefault(key, trio.Lock())
         async with lock:
-            conn = self._connections.get(address)
+            conn = self._connections.get(key)
             if conn is None or conn.closed:
                 started = trio.current_time()
                 try:
                     conn = await BrokerConnection.open(
-                        self._nursery, address, timeout=self._timeout, tls=self._tls_for(address)
+                        self._nursery,
+                        address,
+                        timeout=self._timeout,
+                        tls=self._tls_for(address),
+                        credentials=credentials,
                     )
                 except UpstreamFailure:
                     self._dialed(None)
                     raise
                 self._dialed(trio.current_time() - started)
-                self._connections[address] = conn
+                self._connections[key] = conn
             return conn
 
     async def aclose(self) -> None:
@@ -267,6 +298,7 @@ class PulsarBackend:
         self._tls = client_ssl_context(broker_tls) if broker.tls else None
         self._broker_tls = broker_tls
         self._pool: UpstreamPool | None = None
+        self._auth_required = False
 
     def tls_context(self, tls: bool) -> ssl.SSLContext | None:
         if not tls:
@@ -290,19 +322,38 @@ class PulsarBackend:
     async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure:
         """Run a core's request on the shared connection to ``address``."""
         assert self._pool is not None
-        type_, body = request
+        type_, body, credentials = request
         try:
-            upstream = await self._pool.get(address)
+            upstream = await self._pool.get(address, credentials)
             return await upstream.request(type_, body, REQUEST_TIMEOUT)
         except UpstreamFailure as failure:
             return failure
 
     async def probe(self) -> str | None:
-        """None when the configured broker answers; otherwise why not."""
+        """None when the configured broker answers; otherwise why not.
+
+        A broker that refuses Sluice's own (credential-less) CONNECT with
+        AuthenticationError is up: it wants its clients' credentials, which
+        lookups carry. From then on it is only dialled, so that it does not
+        log a refused login every probe."""
         assert self._pool is not None
+        if self._auth_required:
+            try:
+                stream = await dial(
+                    self.broker.address,
+                    timeout=self.connect_timeout,
+                    tls=self.tls_context(self.broker.tls),
+                )
+            except OSError as exc:
+                return f"cannot reach broker {self.broker.address}: {exc}"
+            await stream.aclose()
+            return None
         try:
             await self._pool.get(self.broker.address)
         except UpstreamFailure as failure:
+            if failure.error == pb.AuthenticationError:
+                self._auth_required = True
+                return None
             return failure.message
         return None
 

@@ -199,6 +199,7 @@ class PulsarConnection:
         self.faults = faults if faults is not None else Faults()
         self._paced = [0.0, 0.0]  # delay, throttle: when each direction is free again
         self._now = 0.0  # the clock of the latest input, for frames of our own
+        self._credentials: tuple[str, bytes] | None = None  # a lookup client's auth
         self.settings = settings
         self.routing = routing
         self.tap = tap
@@ -357,6 +358,11 @@ class PulsarConnection:
             return self._open_relay(body, now)
         self.state = State.LOOKUP
         self.last_heard = now
+        # Lookups go upstream with the client's own credentials: a broker
+        # that authenticates every connection answers them as it would the
+        # client (the proxy's connections are kept per set of credentials).
+        if body.HasField("auth_method_name") or body.HasField("auth_data"):
+            self._credentials = (body.auth_method_name, bytes(body.auth_data))
         connected = pb.CommandConnected(
             server_version=SLUICE_VERSION,
             protocol_version=min(body.protocol_version, PROTOCOL_VERSION),
@@ -641,7 +647,7 @@ class PulsarConnection:
         body.CopyFrom(frame.body)
         token = next(self._tokens)
         self._asks[token] = _Pending(frame, body, body.request_id, now, now)
-        return [Ask(token, self.routing.broker.address, (t, body))]
+        return [Ask(token, self.routing.broker.address, (t, body, self._credentials))]
 
     def _lookup_answer(
         self, token: int, pending: _Pending, answer: Frame, now: float
@@ -665,7 +671,7 @@ class PulsarConnection:
             pending.body.authoritative = result.authoritative
             pending.asked = now
             self._asks[token] = pending
-            return [Ask(token, url.address, (T.LOOKUP, pending.body))]
+            return [Ask(token, url.address, (T.LOOKUP, pending.body, self._credentials))]
         # An upstream that is itself a proxy asks to be kept in the path.
         via = result.proxy_through_service_url
         for named in (result.brokerServiceUrl, result.brokerServiceUrlTls):
