@@ -1,9 +1,12 @@
 """The recorder tap: frames in on the proxy's hot path, files out on a writer task.
 
-The hot path only appends to a queue bounded in frames and in bytes. The
-writer task turns queued frames into records (redaction, payload policy,
-summary), packs them and writes them from a worker thread, flushing every
-``flush_interval`` seconds, and rotates files by size and age.
+On the hot path each frame becomes its packed record at once (redaction,
+payload policy, summary), while the frame is still in the CPU's caches:
+done later, in the writer task, the same work took measurably longer and
+kept every frame alive until then (bench/README.md). The bytes go to a
+queue bounded in records and in bytes. The writer task takes them in batches and writes them from a
+worker thread, flushing every ``flush_interval`` seconds, and rotates files
+by size and age.
 
 Recording never stalls traffic: when the queue is full (a slow disk) or the
 disk fails (full, unwritable, over a file-size limit), frames are dropped
@@ -23,7 +26,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import trio
 
@@ -53,6 +56,17 @@ WRITE_BYTES = 256 * 1024
 # Woken by a first frame, the writer lets this long's worth of frames gather
 # before it takes them: one wake-up per batch instead of one per read.
 BATCH_DELAY = 0.001
+
+
+class Summarizer(Protocol):
+    """Turns a protocol's frames into ``frame`` records (``FrameSummarizer``
+    for Pulsar, ``CursusSummarizer``), keeping what it needs per connection."""
+
+    def record(
+        self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Any
+    ) -> Record: ...
+
+    def forget(self, conn: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,7 +104,7 @@ class Recorder:
         self._space = trio.Event()
         self._dropped = 0  # since the last gap record
         # Frame records: the same kinds for every protocol, its own summaries.
-        self._summarizer: FrameSummarizer | CursusSummarizer = (
+        self._summarizer: Summarizer = (
             CursusSummarizer(config.payloads)
             if protocol == "cursus"
             else FrameSummarizer(config.payloads)
@@ -152,22 +166,29 @@ class Recorder:
     # --- hot path ----------------------------------------------------------
 
     def record_frame(self, conn: int, direction: int, frame: Frame) -> None:
-        """Queue a frame; when the queue is full, drop it (counted) unless lossless.
+        """Queue a frame's record; when the queue is full, drop it (counted) unless lossless.
 
         In lossless mode callers wait for ``room()`` before reading more
         traffic, so the queue overshoots its bounds by at most one read.
         """
-        size = len(frame.raw)
         queue = self._queue
         if not self._lossless and (
-            len(queue) >= self._max_frames or self._queued_bytes + size > self._max_bytes
+            len(queue) >= self._max_frames or self._queued_bytes + len(frame.raw) > self._max_bytes
         ):
+            self._drop(1)
+            return
+        try:
+            data = self._pack(
+                self._summarizer.record(conn, direction, time.monotonic_ns(), time.time_ns(), frame)
+            )
+        except Exception as exc:  # a recorder bug must never break traffic
+            self._bug(exc)
             self._drop(1)
             return
         if not queue:  # the writer takes the whole queue: wake it for the first frame only
             self._wakeup.set()
-        queue.append(("f", conn, direction, time.monotonic_ns(), time.time_ns(), frame))
-        self._queued_bytes += size
+        queue.append(("f", data))
+        self._queued_bytes += len(data)
 
     async def room(self) -> None:
         """In lossless mode, wait until the queue has space again."""
@@ -195,6 +216,7 @@ class Recorder:
         self._wakeup.set()
 
     def close_connection(self, conn: int, reason: str = "") -> None:
+        self._summarizer.forget(conn)
         if self._open.pop(conn, None) is None:
             return
         record = {"k": "close", "c": conn, "t": time.monotonic_ns(), "w": time.time_ns(),
@@ -253,7 +275,7 @@ class Recorder:
                 await self._close_file()
 
     def _pack_queued(self) -> None:
-        """Turn what is queued into packed records (summaries, payload policy)."""
+        """Take what is queued: frames' records as packed, other records packed now."""
         queue = self._queue
         if not queue:
             return
@@ -261,24 +283,15 @@ class Recorder:
         self._space.set()
         packed = self._packed
         pack_one = self._pack
-        record_of = self._summarizer.record
         size = frames = 0
-        while queue:  # taken one at a time: each frame is let go as soon as it is packed
+        while queue:
             item = queue.popleft()
             if item[0] == "f":
-                _, conn, direction, mono, wall, frame = item
-                try:
-                    data = pack_one(record_of(conn, direction, mono, wall, frame))
-                except Exception as exc:  # a recorder bug must never break traffic
-                    self._bug(exc)
-                    self._drop(1)
-                    continue
+                data = item[1]
                 frames += 1
             else:
                 record = item[1]
-                if record["k"] == "close":
-                    self._summarizer.forget(record["c"])
-                elif record["k"] == "conn":
+                if record["k"] == "conn":
                     self._packed_opens.append((len(packed), record["c"]))
                 data = pack_one(record)
             packed.append(data)
