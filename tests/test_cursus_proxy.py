@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import trio
 from cursus import ConsumerMode
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.addresses import Address
 from sluice.protocols.core import OnInvalid
@@ -185,3 +187,29 @@ def test_cursus_rules_are_validated() -> None:
                     "action": "drop"}, PROTOCOL_FAULTS)  # fmt: skip
     rule = parse_rule({"match": {"protocol": "cursus"}, "action": "error"}, PROTOCOL_FAULTS)
     assert rule.error == "NOT_LEADER"
+
+
+async def test_cursus_metrics_have_the_same_names_and_a_protocol_label(cluster3: Cluster) -> None:
+    async with trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster3)
+        assert await in_thread(produce, proxy.address, "counted", ["a", "b", "c"], 1) == 3
+        families = {
+            f.name: f
+            for f in text_string_to_metric_families(
+                generate_latest(proxy.proxy.metrics.exposed).decode()
+            )
+        }
+        assert all(s.labels.get("protocol") == "cursus"
+                   for f in families.values() for s in f.samples)  # fmt: skip
+        frames = {(s.labels["command"], s.labels["direction"]): s.value
+                  for s in families["sluice_frames"].samples}  # fmt: skip
+        assert frames[("BATCH", "client_to_broker")] >= 1
+        assert frames[("METADATA", "client_to_broker")] >= 1
+        assert frames[("ACK", "broker_to_client")] >= 1
+        timed = {s.labels["command"]: s.value for s in families["sluice_request_duration_seconds"]
+                 .samples if s.name.endswith("_count")}  # fmt: skip
+        assert timed["BATCH"] >= 1 and timed["METADATA"] >= 1
+        messages = {s.labels["topic"]: s.value for s in families["sluice_topic_messages"].samples
+                    if s.labels["direction"] == "client_to_broker"}  # fmt: skip
+        assert messages["counted"] == 3
+        nursery.cancel_scope.cancel()
