@@ -24,7 +24,7 @@ import pulsar
 import pytest
 
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
-from sluice.pipeline.job import parse_file
+from sluice.pipeline.decode import parse_file
 from sluice.recording.format import read_records, recording_files
 from tests.support import SLUICE, ProxyProcess, client, start_proxy
 

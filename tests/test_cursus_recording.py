@@ -22,6 +22,7 @@ from sluice.recording.writer import RecorderConfig
 from tests.cursus_broker import open_cluster
 from tests.support import SLUICE
 from tests.test_cursus_broker import Collector, in_thread, produce, until
+from tests.test_pipeline import analyze, rows_of
 
 PAYLOADS = [f"r{i}" for i in range(9)]
 
@@ -138,3 +139,16 @@ async def test_serve_answers_the_real_client_from_the_recording(recorded: Path) 
     assert process.stderr is not None
     errors = await process.stderr.receive_some(65536)
     assert b"Traceback" not in errors, errors
+
+
+async def test_analyze_tables_include_the_cursus_session(recorded: Path, tmp_path: Path) -> None:
+    out = tmp_path / "analysis"
+    # Spark: bounded by the subprocess timeout in analyze(), not in_thread's.
+    await trio.to_thread.run_sync(analyze, recorded.as_uri(), out, "local[1]")
+    connections = rows_of(out / "connections")
+    assert connections and {c["protocol"] for c in connections} == {"cursus"}
+    produced = sum(row["messages"] for row in rows_of(out / "topic_minute")
+                   if row["topic"] == "rec" and row["direction"] == "client_to_broker")  # fmt: skip
+    assert produced == 9
+    assert {f["protocol"] for f in rows_of(out / "files")} == {"cursus"}
+    assert (out / "report.html").is_file()

@@ -197,9 +197,19 @@ def test_lookup_is_asked_of_the_configured_broker() -> None:
     assert len(out) == 1 and isinstance(out[0], Ask)
     ask = out[0]
     assert ask.address == BROKER
-    type_, body = ask.request
+    type_, body, credentials = ask.request
     assert type_ == T("LOOKUP") and body.topic == "persistent://t/n/a"
+    assert credentials is None  # the client's CONNECT carried none
     assert core.routing.lookups == 1
+
+
+def test_lookups_carry_the_clients_credentials() -> None:
+    core, _ = make()
+    connect = connect_body(auth_method_name="token", auth_data=b"secret")
+    core.receive_client(frame_bytes("CONNECT", connect), 0.0)
+    (ask,) = core.receive_client(lookup_request(request_id=7, topic="persistent://t/n/a"), 1.0)
+    assert isinstance(ask, Ask)
+    assert ask.request[2] == ("token", b"secret")
 
 
 def test_redirect_is_followed_and_its_target_learned() -> None:

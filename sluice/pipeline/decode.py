@@ -29,7 +29,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from sluice.recording.format import CLIENT_TO_BROKER, ReadResult, RecordingError, read_records_from
 
 DIRECTIONS = ("client_to_broker", "broker_to_client")  # by the format's `d`
-COUNTED = frozenset(("SEND", "MESSAGE"))  # frames whose `msgs` counts messages
+# Frames whose `msgs` counts messages: Pulsar SEND and MESSAGE, Cursus BATCH.
+COUNTED = frozenset(("SEND", "MESSAGE", "BATCH"))
 
 _FIELDS: list[tuple[str, pa.DataType]] = [
     ("record", pa.string()),

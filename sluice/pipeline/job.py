@@ -30,9 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sluice.pipeline.decode import EXTRA_SCHEMA, FRAME_COLUMNS, SPARK_SCHEMA, decode_batches
-from sluice.pipeline.decode import parse_file as parse_file  # for callers of the RDD-era name
-
 TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments")
 # Spark's binaryFile source cannot hold a file of 2 GiB or more in a row.
 MAX_SEGMENT_BYTES = 2**31 - 1
@@ -88,9 +85,14 @@ def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[st
 
 
 def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any]:
+    # Arrow (and numpy) are imported here, not with the module: every
+    # ``sluice`` command builds its parser from this module, and a proxy
+    # should not carry them.
     from pyspark import StorageLevel
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
+
+    from sluice.pipeline.decode import EXTRA_SCHEMA, FRAME_COLUMNS, SPARK_SCHEMA, decode_batches
 
     started = time.monotonic()
 
@@ -223,7 +225,8 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         "connections",
     )
 
-    counted = F.col("command").isin("SEND", "MESSAGE") & F.col("topic").isNotNull()
+    # Messages: Pulsar's SEND and MESSAGE, Cursus's BATCH (both ways).
+    counted = F.col("command").isin("SEND", "MESSAGE", "BATCH") & F.col("topic").isNotNull()
     topic_minute = write(
         frames.filter(counted)
         .withColumn("minute", F.timestamp_seconds(F.floor(F.col("wall_ns") / 6e10) * 60))

