@@ -213,3 +213,18 @@ async def test_cursus_metrics_have_the_same_names_and_a_protocol_label(cluster3:
                     if s.labels["direction"] == "client_to_broker"}  # fmt: skip
         assert messages["counted"] == 3
         nursery.cancel_scope.cancel()
+
+
+async def test_a_polling_consumer_group_through_the_proxy(cluster3: Cluster) -> None:
+    async with trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster3)
+        payloads = [f"p{i}" for i in range(9)]
+        assert await in_thread(produce, proxy.address, "polled", payloads, 3) == 9
+        collector = Collector(proxy.address, "polled", "gp", ConsumerMode.POLLING).start()
+        try:
+            await until(lambda: len(collector.got) >= 9, "9 messages polled")
+        finally:
+            await in_thread(collector.close)
+        assert collector.payloads == sorted(payloads)
+        assert proxy.direct(cluster3) == []
+        nursery.cancel_scope.cancel()
