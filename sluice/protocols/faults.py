@@ -329,6 +329,28 @@ class Faults:
         return max(ms, 0.0) / 1000
 
 
+class Pacer:
+    """When frames held by delay and throttle rules go, per direction of one
+    connection. A delay releases each frame that long after it arrived; a
+    throttle lets one go when the last one's bytes have drained at the
+    rule's rate. Neither lets a frame overtake one held before it."""
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+        self._free = [0.0, 0.0]  # by direction (0: from the client)
+
+    def until(self, rule: Rule, from_client: bool, now: float, size: int) -> float:
+        """The time (the caller's clock) to hold a frame of ``size`` bytes until."""
+        side = 0 if from_client else 1
+        if rule.action is FaultAction.DELAY:
+            until = max(now + self.faults.delay(rule), self._free[side])
+            self._free[side] = until
+        else:
+            until = max(now, self._free[side])
+            self._free[side] = until + size / rule.rate
+        return until
+
+
 def topic_matches(pattern: str, topic: str | None) -> bool:
     """Glob over the full topic name; a pattern without ``://`` matches the
     local name (``orders-*`` matches ``persistent://public/default/orders-1``)."""

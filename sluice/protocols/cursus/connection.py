@@ -74,6 +74,7 @@ from sluice.protocols.cursus.rewrite import addresses_in, rewrite_addresses
 from sluice.protocols.faults import (
     FaultAction,
     Faults,
+    Pacer,
     ProtocolFaults,
     Rule,
     flip_last_byte,
@@ -185,7 +186,7 @@ class CursusConnection:
     ) -> None:
         self.conn = conn
         self.faults = faults if faults is not None else Faults()
-        self._paced = [0.0, 0.0]  # delay, throttle: when each direction is free again
+        self._pacer = Pacer(self.faults)
         self.settings = settings
         self.routing = routing
         self.tap = tap
@@ -537,16 +538,8 @@ class CursusConnection:
             self.conn, FaultInjected(rule.id, str(action), original.name, from_client, topic)
         )
         to = Peer.BROKER if from_client else Peer.CLIENT
-        side = 0 if from_client else 1
-        if action is FaultAction.DELAY:
-            until = max(now + self.faults.delay(rule), self._paced[side])
-            self._paced[side] = until
-            actions.append(Hold(until))
-            return None
-        if action is FaultAction.THROTTLE:
-            until = max(now, self._paced[side])
-            self._paced[side] = until + len(data) / rule.rate
-            actions.append(Hold(until))
+        if action is FaultAction.DELAY or action is FaultAction.THROTTLE:
+            actions.append(Hold(self._pacer.until(rule, from_client, now, len(data))))
             return None
         if action is FaultAction.DROP:
             return False

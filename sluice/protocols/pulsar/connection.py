@@ -63,7 +63,7 @@ from sluice.protocols.core import (
     Tap,
     TopicTraffic,
 )
-from sluice.protocols.faults import FaultAction, Faults, ProtocolFaults, Rule
+from sluice.protocols.faults import FaultAction, Faults, Pacer, ProtocolFaults, Rule
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.correlation import (
     CLIENT_TYPES,
@@ -197,7 +197,7 @@ class PulsarConnection:
     ) -> None:
         self.conn = conn
         self.faults = faults if faults is not None else Faults()
-        self._paced = [0.0, 0.0]  # delay, throttle: when each direction is free again
+        self._pacer = Pacer(self.faults)
         self._now = 0.0  # the clock of the latest input, for frames of our own
         self._credentials: tuple[str, bytes] | None = None  # a lookup client's auth
         self.settings = settings
@@ -767,17 +767,7 @@ class PulsarConnection:
         )
         to = Peer.BROKER if from_client else Peer.CLIENT
         if action is FaultAction.DELAY or action is FaultAction.THROTTLE:
-            # A delay releases each frame that long after it arrived; a
-            # throttle lets one go when the last one's bytes have "drained".
-            # Neither lets a frame overtake one held before it.
-            side = 0 if from_client else 1
-            if action is FaultAction.DELAY:
-                until = max(now + self.faults.delay(rule), self._paced[side])
-                self._paced[side] = until
-            else:
-                until = max(now, self._paced[side])
-                self._paced[side] = until + len(frame.raw) / rule.rate
-            actions.append(Hold(until))
+            actions.append(Hold(self._pacer.until(rule, from_client, now, len(frame.raw))))
             return None
         if action is FaultAction.DROP:
             if not from_client and not own:
