@@ -164,26 +164,43 @@ class Produced:
         return on_result
 
 
-def read_all(url: str, topic: str, want: set[bytes], timeout: float) -> set[bytes]:
+def read_all(
+    url: str, topic: str, want: set[bytes], timeout: float, attempts: int = 3
+) -> set[bytes]:
     """Every distinct message of ``topic`` from the start, until ``want`` is
     covered or nothing new arrives for ``timeout`` seconds (deduplicated by
-    content: pulsar-lite may deliver an entry twice)."""
+    content: pulsar-lite may deliver an entry twice).
+
+    pulsar-lite 0.2.0 sometimes stops dispatching to a subscription under
+    load (measured direct, no proxy in the path): a read that stalls short
+    of ``want`` is tried again on a fresh subscription, ``attempts`` times
+    in all, before the shortfall is reported."""
     seen: set[bytes] = set()
     with pulsar_client(url) as c:
-        consumer = c.subscribe(
-            topic,
-            f"check-{time.monotonic_ns()}",
-            initial_position=pulsar.InitialPosition.Earliest,
-        )
-        while not want <= seen:
-            try:
-                msg = consumer.receive(timeout_millis=int(timeout * 1000))
-            except pulsar.Timeout:
+        for _ in range(attempts):
+            consumer = c.subscribe(
+                topic,
+                f"check-{time.monotonic_ns()}",
+                initial_position=pulsar.InitialPosition.Earliest,
+            )
+            while not want <= seen:
+                try:
+                    msg = consumer.receive(timeout_millis=int(timeout * 1000))
+                except pulsar.Timeout:
+                    break
+                consumer.acknowledge(msg)
+                seen.add(msg.data())
+            consumer.close()
+            if want <= seen:
                 break
-            consumer.acknowledge(msg)
-            seen.add(msg.data())
-        consumer.close()
     return seen
+
+
+def describe_missing(missing: set[bytes]) -> str:
+    """A short account of missing messages made by ``body``: how many, which."""
+    names = sorted(m.split(b":x", 1)[0].decode(errors="replace") for m in missing)
+    shown = ", ".join(names[:5]) + (f" ... {names[-1]}" if len(names) > 5 else "")
+    return f"{len(names)} ({shown})"
 
 
 def run_sluice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
