@@ -15,6 +15,7 @@ import trio
 from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry, Histogram
 
+from sluice.protocols.core import Conn, Opened
 from sluice.protocols.pulsar import (
     Frame,
     Type,
@@ -31,11 +32,14 @@ from sluice.protocols.pulsar.frame import BODY_FIELD, command_name
 from sluice.protocols.pulsar.redact import redacted, sensitive
 from sluice.proxy.metrics import Histograms
 from sluice.recording.format import (
-    FrameSummarizer,
+    FrameRecorder,
     PayloadPolicy,
+    RecordingError,
+    header,
     pack,
     packer,
     read_records,
+    read_records_from,
     recording_files,
 )
 from sluice.recording.writer import Recorder, RecorderConfig
@@ -93,7 +97,7 @@ def plain_record(
         if policy is PayloadPolicy.HASH:
             info["sha256"] = hashlib.sha256(payload).hexdigest()
         out["payload"] = info
-        raw = raw[: frame.payload_offset]
+        raw = raw[: len(raw) - len(payload)]  # redacting may have moved the payload
     return {"k": "frame", "c": conn, "d": direction, "t": t, "w": t, "n": len(frame.raw),
             "raw": raw, "s": out}  # fmt: skip
 
@@ -165,20 +169,89 @@ def golden_frames() -> list[tuple[int, list[tuple[int, Frame]]]]:
 
 
 @pytest.mark.parametrize("policy", list(PayloadPolicy))
-def test_frame_records_are_what_a_plain_reading_gives(policy: PayloadPolicy) -> None:
-    summarizer = FrameSummarizer(policy)
+def test_frame_records_read_back_as_a_plain_reading_gives(policy: PayloadPolicy) -> None:
+    """The recorder writes lean records on the hot path; a reader works the
+    summary out from them. Together they give what the plain reading of
+    every frame gives, bytes, redaction, payload digests and topics included."""
+    recorder = FrameRecorder(policy)
     one = packer()
-    checked = 0
+    written: list[bytes] = [pack(header(capture="c", segment=1, started_ns=0, payloads=policy,
+                                        sluice_version="test"))]  # fmt: skip
+    expected: list[dict[str, Any]] = []
     for conn, frames in golden_frames():
         correlator = Correlator()
         for t, (direction, frame) in enumerate(frames):
-            record = summarizer.record(conn, direction, t, t, frame)
-            expected = plain_record(correlator, policy, conn, direction, t, frame)
-            assert record == expected, frame
-            # Same keys in the same order: the same bytes on disk.
-            assert one(record) == pack(expected)
-            checked += 1
-    assert checked > 300
+            record = recorder.record(conn, direction, t, t, frame)
+            assert "s" not in record  # no summary on the hot path
+            written.append(one(record))
+            expected.append(plain_record(correlator, policy, conn, direction, t, frame))
+    read = list(read_records_from(b"".join(written), "test.sluice"))[1:]
+    assert len(read) == len(expected) > 300
+    for got, want in zip(read, expected, strict=True):
+        assert got == want, want["s"]
+        # Same keys in the same order as a version-1 record: the same bytes
+        # when a tool writes records it has read.
+        assert pack(got) == pack(want)
+
+
+def test_a_later_segment_names_the_topics_of_producers_made_before_it(tmp_path: Path) -> None:
+    """A connection's producers are re-stated with it at a new segment, so a
+    reader of that segment alone (a Spark task) still names their topics."""
+    producer = decode_frame(
+        encode(command(T("PRODUCER"), pb.CommandProducer(topic="persistent://t/n/a",
+                                                         producer_id=3, request_id=1)))
+    )  # fmt: skip
+    success = decode_frame(
+        encode(command(T("PRODUCER_SUCCESS"),
+                       pb.CommandProducerSuccess(request_id=1, producer_name="p")))
+    )  # fmt: skip
+    receipt = decode_frame(
+        encode(command(T("SEND_RECEIPT"), pb.CommandSendReceipt(producer_id=3, sequence_id=0)))
+    )
+
+    async def main() -> None:
+        config = RecorderConfig(tmp_path, max_file_bytes=1, flush_interval=0.01)
+        recorder = Recorder(config)
+        conn = Conn(1, "127.0.0.1:1", "plain", "pulsar", kind="proxied")
+        correlator = Correlator()
+        conn.state = correlator
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            recorder.event(conn, Opened())
+            for direction, frame in ((0, producer), (1, success)):
+                correlator.observe(frame, direction == 0, 0.0)
+                recorder.frame(conn, direction == 0, frame)
+            await trio.sleep(0.1)  # one segment, then a new one for each write
+            recorder.frame(conn, False, receipt)
+            await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    files = recording_files(tmp_path)
+    assert len(files) >= 2
+    last = [r for r in read_records(files[-1]) if r["k"] == "frame"]
+    assert [r["s"]["cmd"] for r in last] == ["SEND_RECEIPT"]
+    assert last[0]["s"]["topic"] == "persistent://t/n/a"
+    conns = [r for r in read_records(files[-1]) if r["k"] == "conn"]
+    assert conns and "producers" not in conns[0]  # taken in by the reader
+
+
+def test_version_1_records_keep_their_summary() -> None:
+    """A version-1 file's frames carry their summary; it is read as written."""
+    v1 = header(capture="c", segment=1, started_ns=0, payloads=PayloadPolicy.HASH,
+                sluice_version="old") | {"version": 1}  # fmt: skip
+    frame = {"k": "frame", "c": 1, "d": 0, "t": 1, "w": 1, "n": 12, "raw": b"not a frame",
+             "s": {"cmd": "SEND", "topic": "written"}}  # fmt: skip
+    read = list(read_records_from(pack(v1) + pack(frame), "old.sluice"))
+    assert read[1]["s"] == {"cmd": "SEND", "topic": "written"}
+
+
+def test_a_frame_record_without_summary_or_bytes_is_a_damaged_file() -> None:
+    first = header(capture="c", segment=1, started_ns=0, payloads=PayloadPolicy.HASH,
+                   sluice_version="x")  # fmt: skip
+    broken = {"k": "frame", "c": 1, "d": 0, "t": 1, "w": 1, "n": 12}
+    with pytest.raises(RecordingError, match="damaged after 1 records"):
+        list(read_records_from(pack(first) + pack(broken), "bad.sluice"))
 
 
 def test_latency_histograms_export_what_prometheus_client_would() -> None:

@@ -23,7 +23,6 @@ import os
 import socket
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -36,7 +35,7 @@ from sluice.protocols.pulsar import Frame
 from sluice.recording.cursus import CursusSummarizer
 from sluice.recording.format import (
     SUFFIX,
-    FrameSummarizer,
+    FrameRecorder,
     PayloadPolicy,
     Record,
     header,
@@ -59,7 +58,7 @@ BATCH_DELAY = 0.001
 
 
 class Summarizer(Protocol):
-    """Turns a protocol's frames into ``frame`` records (``FrameSummarizer``
+    """Turns a protocol's frames into ``frame`` records (``FrameRecorder``
     for Pulsar, ``CursusSummarizer``), keeping what it needs per connection."""
 
     def record(
@@ -95,7 +94,11 @@ class Recorder:
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
         self._broker = broker
-        self._queue: deque[tuple[Any, ...]] = deque()
+        # Packed records waiting for the writer task, and which of them are
+        # connection openings (by position), for a new file to skip.
+        self._queue: list[bytes] = []
+        self._queued_opens: list[tuple[int, int]] = []  # (position, connection)
+        self._queued_frames = 0
         self._queued_bytes = 0
         self._lossless = config.lossless
         self._max_frames = config.queue_frames
@@ -107,16 +110,17 @@ class Recorder:
         self._summarizer: Summarizer = (
             CursusSummarizer(config.payloads)
             if protocol == "cursus"
-            else FrameSummarizer(config.payloads)
+            else FrameRecorder(config.payloads)
         )
         self._pack = packer()
-        # Records packed and waiting to be written: how many are frames, and
-        # which are connection openings (by position), for a new file to skip.
+        # Records taken off the queue and waiting to be written: how many are
+        # frames, and which are connection openings (by position).
         self._packed: list[bytes] = []
         self._packed_bytes = 0
         self._packed_frames = 0
         self._packed_opens: list[tuple[int, int]] = []  # (position, connection)
         self._open: dict[int, Record] = {}  # conn records, repeated in new segments
+        self._conns: dict[int, Conn] = {}  # their connections, for what the core learned
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
         self._file_started = 0.0
@@ -149,6 +153,7 @@ class Recorder:
         if conn is None or kind not in _RECORDED_EVENTS:
             return
         if kind is Opened:
+            self._conns[conn.id] = conn
             self.open_connection(
                 conn.id,
                 client=conn.client,
@@ -187,7 +192,8 @@ class Recorder:
             return
         if not queue:  # the writer takes the whole queue: wake it for the first frame only
             self._wakeup.set()
-        queue.append(("f", data))
+        queue.append(data)
+        self._queued_frames += 1
         self._queued_bytes += len(data)
 
     async def room(self) -> None:
@@ -212,17 +218,17 @@ class Recorder:
             "listener": listener,
         }
         self._open[conn] = record
-        self._queue.append(("r", record))
-        self._wakeup.set()
+        self._queued_opens.append((len(self._queue), conn))
+        self._enqueue(record)
 
     def close_connection(self, conn: int, reason: str = "") -> None:
         self._summarizer.forget(conn)
+        self._conns.pop(conn, None)
         if self._open.pop(conn, None) is None:
             return
         record = {"k": "close", "c": conn, "t": time.monotonic_ns(), "w": time.time_ns(),
                   "reason": reason}  # fmt: skip
-        self._queue.append(("r", record))
-        self._wakeup.set()
+        self._enqueue(record)
 
     def note_fault(self, conn: int, fault: FaultInjected) -> None:
         """An annotation: a fault rule acted on the frame recorded just before
@@ -232,7 +238,13 @@ class Recorder:
                   "d": 0 if fault.from_client else 1}  # fmt: skip
         if fault.topic:
             record["topic"] = fault.topic
-        self._queue.append(("r", record))
+        self._enqueue(record)
+
+    def _enqueue(self, record: Record) -> None:
+        """Queue a record that is not a frame's (never dropped: they are few)."""
+        data = self._pack(record)
+        self._queue.append(data)
+        self._queued_bytes += len(data)
         self._wakeup.set()
 
     def _drop(self, n: int) -> None:
@@ -275,29 +287,19 @@ class Recorder:
                 await self._close_file()
 
     def _pack_queued(self) -> None:
-        """Take what is queued: frames' records as packed, other records packed now."""
+        """Take what is queued (records packed when they were made)."""
         queue = self._queue
         if not queue:
             return
-        self._queued_bytes = 0
+        offset = len(self._packed)
+        self._packed.extend(queue)
+        self._packed_opens.extend((offset + at, conn) for at, conn in self._queued_opens)
+        self._packed_bytes += self._queued_bytes
+        self._packed_frames += self._queued_frames
+        self._queue = []
+        self._queued_opens = []
+        self._queued_bytes = self._queued_frames = 0
         self._space.set()
-        packed = self._packed
-        pack_one = self._pack
-        size = frames = 0
-        while queue:
-            item = queue.popleft()
-            if item[0] == "f":
-                data = item[1]
-                frames += 1
-            else:
-                record = item[1]
-                if record["k"] == "conn":
-                    self._packed_opens.append((len(packed), record["c"]))
-                data = pack_one(record)
-            packed.append(data)
-            size += len(data)
-        self._packed_bytes += size
-        self._packed_frames += frames
 
     async def _write_packed(self) -> None:
         if not self._packed:
@@ -361,7 +363,7 @@ class Recorder:
                 listen=self._listen,
                 broker=self._broker,
             )
-        ) + b"".join(pack(record) for record in self._open.values())
+        ) + b"".join(pack(self._restated(record)) for record in self._open.values())
         try:
             handle = await self._io(open, path, "wb")
             await self._io(handle.write, first)
@@ -374,6 +376,18 @@ class Recorder:
         self.files.append(path)
         log.info("recording to %s", path)
         return set(self._open)
+
+    def _restated(self, record: Record) -> Record:
+        """A connection's record as a new segment re-states it: with the
+        producers and consumers (and their topics) the core knows of, so a
+        reader starting at this segment can name the topics of its frames."""
+        conn = self._conns.get(record["c"])
+        state = conn.state if conn is not None else None
+        producers = getattr(state, "producers", None)
+        consumers = getattr(state, "consumers", None)
+        if not producers and not consumers:
+            return record
+        return {**record, "producers": dict(producers or {}), "consumers": dict(consumers or {})}
 
     def _bug(self, exc: Exception) -> None:
         if not self._reported_bug:

@@ -35,24 +35,34 @@ _PROPERTY_FIELDS: dict[int, str] = {
 }
 
 
+# Commands whose body can hold credentials; any other frame only in its
+# message properties (checked without a generator when there are none: SEND
+# and MESSAGE pass through here once per message).
+_BODY_CHECKED = frozenset({_CONNECT, *_ORIGINAL_AUTH, *_AUTH_TYPES, *_PROPERTY_FIELDS})
+
+
 def sensitive(frame: Frame) -> bool:
     """Whether ``frame`` holds anything ``redacted`` would replace."""
     body: Any = frame.body
     if body is None:
         return False
     t = frame.type
-    if t == _CONNECT and (body.HasField("auth_data") or body.HasField("original_auth_data")):
-        return True
-    if t in _ORIGINAL_AUTH and body.HasField("original_auth_data"):
-        return True
-    if t in _AUTH_TYPES:
-        data = body.response if t == Type.Value("AUTH_RESPONSE") else body.challenge
-        return bool(data.HasField("auth_data"))
-    field = _PROPERTY_FIELDS.get(t)
-    if field is not None and _has_sensitive(getattr(body, field)):
-        return True
+    if t in _BODY_CHECKED:
+        if t == _CONNECT and (body.HasField("auth_data") or body.HasField("original_auth_data")):
+            return True
+        if t in _ORIGINAL_AUTH and body.HasField("original_auth_data"):
+            return True
+        if t in _AUTH_TYPES:
+            data = body.response if t == Type.Value("AUTH_RESPONSE") else body.challenge
+            return bool(data.HasField("auth_data"))
+        field = _PROPERTY_FIELDS.get(t)
+        if field is not None and _has_sensitive(getattr(body, field)):
+            return True
     meta = frame.metadata
-    return meta is not None and _has_sensitive(meta.properties)
+    if meta is None:
+        return False
+    properties = meta.properties
+    return bool(properties) and _has_sensitive(properties)
 
 
 def _has_sensitive(properties: Any) -> bool:
