@@ -195,7 +195,7 @@ def _whole_prefix(raw: bytes) -> bytes:
     where the payload would start (its length prefix made to say so), so it
     decodes up to its metadata. Whole frames come back as they are."""
     if len(raw) >= 4 and int.from_bytes(raw[:4], "big") != len(raw) - 4:
-        return (len(raw) - 4).to_bytes(4, "big") + bytes(raw[4:])
+        return (len(raw) - 4).to_bytes(4, "big") + raw[4:]
     return raw
 
 

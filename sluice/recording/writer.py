@@ -268,7 +268,7 @@ class Recorder:
                 # (shutdown) must not lose it between the queue and the file.
                 with trio.CancelScope(shield=True):
                     try:
-                        self._pack_queued()
+                        self._take_queued()
                         now = trio.current_time()
                         if now - last_flush >= self.config.flush_interval:
                             await self._write_packed()
@@ -282,11 +282,11 @@ class Recorder:
                         await self._close_file()
         finally:
             with trio.CancelScope(shield=True):
-                self._pack_queued()
+                self._take_queued()
                 await self._write_packed()
                 await self._close_file()
 
-    def _pack_queued(self) -> None:
+    def _take_queued(self) -> None:
         """Take what is queued (records packed when they were made)."""
         queue = self._queue
         if not queue:

@@ -41,6 +41,20 @@ def issue(ca: trustme.CA, tmp_path: Path) -> tuple[Path, Path, bytes]:
     return cert, key, ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
 
 
+async def start_tls_proxy(
+    nursery: trio.Nursery, broker: EmbeddedBroker, cert: Path, key: Path
+) -> Proxy:
+    """A proxy in front of ``broker`` with only a TLS listener (any free port)."""
+    config = ProxyConfig(
+        broker=parse_broker_url(broker.url),
+        listen=None,
+        listen_tls=Address("127.0.0.1", 0),
+        tls=TlsServerConfig(cert, key),
+    )
+    proxy: Proxy = await nursery.start(Proxy(config).run)
+    return proxy
+
+
 async def connect_tls(
     address: Address, context: ssl.SSLContext
 ) -> trio.SSLStream[trio.SocketStream]:
@@ -67,13 +81,7 @@ async def test_rotated_certificates_are_used_without_dropping_connections(
 ) -> None:
     ca = trustme.CA()
     cert, key, first = issue(ca, tmp_path)
-    config = ProxyConfig(
-        broker=parse_broker_url(broker.url),
-        listen=None,
-        listen_tls=Address("127.0.0.1", 0),
-        tls=TlsServerConfig(cert, key),
-    )
-    proxy: Proxy = await nursery.start(Proxy(config).run)
+    proxy = await start_tls_proxy(nursery, broker, cert, key)
     address = proxy.addresses["tls"]
     trusting = ssl.create_default_context()
     ca.configure_trust(trusting)
@@ -107,13 +115,7 @@ async def test_tls_below_1_2_is_refused(
 ) -> None:
     ca = trustme.CA()
     cert, key, _ = issue(ca, tmp_path)
-    config = ProxyConfig(
-        broker=parse_broker_url(broker.url),
-        listen=None,
-        listen_tls=Address("127.0.0.1", 0),
-        tls=TlsServerConfig(cert, key),
-    )
-    proxy: Proxy = await nursery.start(Proxy(config).run)
+    proxy = await start_tls_proxy(nursery, broker, cert, key)
     old_client = ssl.create_default_context()
     ca.configure_trust(old_client)
     old_client.minimum_version = ssl.TLSVersion.TLSv1
