@@ -116,6 +116,10 @@ class Conn:
 
 
 # --- events: everything that is not a frame ---------------------------------------
+# Taps must not change an event. The few made per frame or per read (Answered,
+# Relayed, TopicTraffic) are not frozen dataclasses only because a frozen
+# one's __init__ costs 3.5x as much (measured 500 vs 145 ns with Answered's
+# fields), once per send receipt.
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +149,7 @@ class Invalid:
     fatal: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answered:
     """A request (or a SEND) and the answer it got, as the proxy timed it."""
 
@@ -171,7 +175,7 @@ class Dialed:
     seconds: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Relayed:
     """One read's frames written on: the proxy's own share of the latency."""
 
@@ -179,7 +183,7 @@ class Relayed:
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TopicTraffic:
     """Messages and bytes of one topic in one read (SEND / MESSAGE frames)."""
 

@@ -92,10 +92,12 @@ class Answers:
                     if body.consumer_id in subscriptions:
                         index.messages[subscriptions[body.consumer_id]].append(frame)
                     continue
-                if done is None or done.request is None:
+                if done is None:
                     continue
                 if done.request_type == T("SEND"):
                     index.receipts[done.topic or ""].append(frame)
+                    continue
+                if done.request is None:
                     continue
                 asked = (done.request_type, done.topic or _namespace(done.request))
                 index.by_request[asked].append(frame)

@@ -108,7 +108,7 @@ class Completion:
     finished: float
     topic: str | None
     error: int | None  # ServerError when the answer was a failure
-    request: Frame | None = None  # the request (or SEND) frame itself
+    request: Frame | None = None  # the request frame itself (None for a SEND)
 
     @property
     def seconds(self) -> float:
@@ -137,8 +137,11 @@ class Correlator:
                 key = (body.producer_id, body.sequence_id)
                 waiting = self.sends.get(key)
                 if waiting is None:
+                    # Not the frame itself: up to the client's whole pending
+                    # queue is in flight, and each would keep its payload
+                    # alive (and in the garbage collector's way) until its receipt.
                     topic = self.producers.get(body.producer_id)
-                    self.sends[key] = Pending(t, now, topic, None, frame)
+                    self.sends[key] = Pending(t, now, topic)
                 else:
                     waiting.repeats += 1
                 self._sends_in_flight += 1
@@ -156,7 +159,7 @@ class Correlator:
                 del self.sends[key]
             self._sends_in_flight -= 1
             error = body.error if t == _SEND_ERROR else None
-            return Completion(_SEND, t, sent.started, now, sent.topic, error, sent.request)
+            return Completion(_SEND, t, sent.started, now, sent.topic, error)
         return self._server_frame(t, body, now)
 
     def topic_of_producer(self, producer_id: int) -> str | None:

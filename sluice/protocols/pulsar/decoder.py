@@ -232,10 +232,11 @@ def decode_frame(raw: bytes) -> Frame:
     field = BODY_FIELD.get(type_)
     # A missing `type` reads as CONNECT (the enum's first value) and an empty
     # CONNECT body is never initialized, so both land in the slow path below.
-    if (
-        field is None
-        or not getattr(command, field).IsInitialized()
-        or (type_ in BODY_WITHOUT_REQUIRED and not _has_field(command, field))
+    if field is None:
+        return _bad_command(raw, command, cmd_end)
+    body = getattr(command, field)
+    if not body.IsInitialized() or (
+        type_ in BODY_WITHOUT_REQUIRED and not _has_field(command, field)
     ):
         return _bad_command(raw, command, cmd_end)
     if cmd_end == size:
@@ -246,7 +247,7 @@ def decode_frame(raw: bytes) -> Frame:
                 command,
                 _err(Problem.MISSING_FIELD, f"{command_name(type_)} without metadata"),
             )
-        return Frame(raw, type_, command)
+        return Frame(raw, type_, command, None, None, -1, -1, None, None, body)
     if type_ not in PAYLOAD_TYPES:
         return Frame(
             raw,
@@ -254,10 +255,12 @@ def decode_frame(raw: bytes) -> Frame:
             command,
             _err(Problem.TRAILING, f"{size - cmd_end} bytes after a {command_name(type_)} command"),
         )
-    return _decode_payload_section(raw, type_, command, cmd_end)
+    return _decode_payload_section(raw, type_, command, cmd_end, body)
 
 
-def _decode_payload_section(raw: bytes, type_: int, command: pb.BaseCommand, offset: int) -> Frame:
+def _decode_payload_section(
+    raw: bytes, type_: int, command: pb.BaseCommand, offset: int, body: Message
+) -> Frame:
     size = len(raw)
     if offset + 6 > size:
         return Frame(raw, type_, command, _err(Problem.FRAMING, "payload section too short"))
@@ -329,7 +332,7 @@ def _decode_payload_section(raw: bytes, type_: int, command: pb.BaseCommand, off
     if error is None and not metadata.IsInitialized():
         missing = missing_fields(metadata)
         error = _err(Problem.MISSING_FIELD, f"message metadata lacks {missing}")
-    return Frame(raw, type_, command, error, metadata, offset, payload_offset, checksum, bem)
+    return Frame(raw, type_, command, error, metadata, offset, payload_offset, checksum, bem, body)
 
 
 def _has_field(message: Message, name: str) -> bool:

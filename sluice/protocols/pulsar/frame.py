@@ -102,6 +102,7 @@ class Frame:
         payload_offset: int = -1,
         checksum: int | None = None,
         broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
+        body: Any = None,
     ) -> None:
         self.raw = raw
         self.type = type_
@@ -116,9 +117,12 @@ class Frame:
         self.checksum = checksum
         self.broker_entry_metadata = broker_entry_metadata
         # The typed command (``CommandSend`` for a SEND), or None if unknown.
-        # Looked up once: every tap and the correlator read it.
-        field = BODY_FIELD.get(type_) if command is not None else None
-        self.body: Any = getattr(command, field) if field is not None else None
+        # Looked up once: every tap and the correlator read it. The decoder,
+        # which has it already, passes it in.
+        if body is None and command is not None:
+            field = BODY_FIELD.get(type_)
+            body = getattr(command, field) if field is not None else None
+        self.body: Any = body
 
     @property
     def ok(self) -> bool:
