@@ -2,9 +2,10 @@
 client and the test broker: every connection the client makes lands on a
 proxy listener, including after a leader and a coordinator move.
 
-The glue here is the test's own (the proxy's trio layer is not wired to the
-Cursus core yet): one listener per upstream broker, opened when the core
-asks for it, and one upstream connection per client connection.
+The glue here is the test's own, so that the core's contract is tested
+apart from the proxy's I/O (``tests/test_cursus_proxy.py`` tests the two
+together): one listener per upstream broker, opened when the core asks for
+it, and one upstream connection per client connection.
 """
 
 from __future__ import annotations
