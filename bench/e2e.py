@@ -1,6 +1,7 @@
 """The real client through Sluice vs straight to the broker, in one run.
 
     python bench/e2e.py [--rounds 3] [--scale 1.0] [--record] [--profile FILE]
+                        [--only unbatched|batched] [--against DIR]
 
 Four figures, each as messages per second, proxy / direct, plus the proxy's
 own CPU time per message (user + system, from /proc):
@@ -14,6 +15,11 @@ earliest message of a topic filled beforehand and receives them all. Direct
 and proxied runs alternate, each on a fresh topic, and each figure is the
 median of the rounds. The broker, the proxy and the client share the
 machine's cores, as they would in a sidecar.
+
+``--against DIR`` also starts a second proxy from the sluice package in DIR
+(e.g. ``git worktree add /tmp/before HEAD~1``) in front of the same broker,
+takes it in turn with the others, and prints its figures beside this
+checkout's: a before/after comparison measured in one run.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.embedded import EmbeddedBroker
 from tests import support
-from tests.support import client, start_proxy
+from tests.support import client, describe_source, start_proxy
 
 GOAL = 0.90
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -112,7 +118,19 @@ def main() -> int:
         choices=("unbatched", "batched"),
         help="run one workload only",
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        metavar="DIR",
+        help="also run a proxy from the sluice package in DIR and compare",
+    )
     args = parser.parse_args()
+    if args.against is not None:
+        args.against = args.against.resolve()
+        if not (args.against / "sluice" / "cli.py").is_file():
+            parser.error(f"--against {args.against}: no sluice/cli.py there")
+        if args.profile is not None:
+            parser.error("--profile and --against: profile one proxy at a time")
     if args.profile is not None:
         out = str(args.profile.resolve())
         support.SLUICE = [sys.executable, "-m", "cProfile", "-o", out, "-m", "sluice.cli"]
@@ -126,39 +144,52 @@ def main() -> int:
     if args.only is not None:
         workloads = [workloads[0 if args.only == "unbatched" else 1]]
     results: dict[tuple[str, str, str], list[float]] = {}
-    cpu: dict[tuple[str, str], list[float]] = {}  # proxy CPU µs per message
+    cpu: dict[tuple[str, str, str], list[float]] = {}  # proxy CPU µs per message
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         extra = ["--record", str(Path(tmp) / "rec"), "--record-payloads", "hash"]
-        proxy = start_proxy(broker.url, Path(tmp), *(extra if args.record else []))
+        recording = extra if args.record else []
+        proxies = {"proxy": start_proxy(broker.url, Path(tmp), *recording)}
         try:
-            urls = {"direct": broker.url, "proxy": proxy.url}
+            if args.against is not None:
+                (Path(tmp) / "against").mkdir()
+                proxies["against"] = start_proxy(
+                    broker.url, Path(tmp) / "against", *recording, source=args.against
+                )
+            urls = {"direct": broker.url, **{mode: p.url for mode, p in proxies.items()}}
+            modes = list(urls)
             for round_ in range(args.rounds):
                 for name, count, size, batching in workloads:
-                    for mode in ("direct", "proxy") if round_ % 2 == 0 else ("proxy", "direct"):
+                    # A different order each round: none always runs first.
+                    shift = round_ % len(modes)
+                    for mode in modes[shift:] + modes[:shift]:
                         topic = f"persistent://public/default/bench-{uuid.uuid4().hex[:10]}"
-                        used = cpu_seconds(proxy.pid)
-                        rate = produce(urls[mode], topic, count, size, batching)
-                        results.setdefault((name, "produce", mode), []).append(rate)
-                        if mode == "proxy":
-                            per = (cpu_seconds(proxy.pid) - used) / count * 1e6
-                            cpu.setdefault((name, "produce"), []).append(per)
-                        used = cpu_seconds(proxy.pid)
-                        rate = consume(urls[mode], topic, count)
-                        results.setdefault((name, "consume", mode), []).append(rate)
-                        if mode == "proxy":
-                            per = (cpu_seconds(proxy.pid) - used) / count * 1e6
-                            cpu.setdefault((name, "consume"), []).append(per)
+                        pid = proxies[mode].pid if mode in proxies else None
+                        for step in ("produce", "consume"):
+                            used = cpu_seconds(pid) if pid is not None else 0.0
+                            if step == "produce":
+                                rate = produce(urls[mode], topic, count, size, batching)
+                            else:
+                                rate = consume(urls[mode], topic, count)
+                            results.setdefault((name, step, mode), []).append(rate)
+                            if pid is not None:
+                                per = (cpu_seconds(pid) - used) / count * 1e6
+                                cpu.setdefault((name, step, mode), []).append(per)
                 print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
         finally:
-            if args.profile is not None:
-                proxy.terminate()  # cProfile writes its stats on a clean exit
-            proxy.kill()
+            for p in proxies.values():
+                if args.profile is not None:
+                    p.terminate()  # cProfile writes its stats on a clean exit
+                p.kill()
 
     print(f"proxy recording: {'on (payloads hashed)' if args.record else 'off'}")
-    print(
+    header = (
         f"{'workload':<22} {'step':<8} {'direct msg/s':>13} {'proxy msg/s':>12} {'ratio':>6} "
         f"{'proxy CPU µs/msg':>17}"
     )
+    if args.against is not None:
+        print(f"against: sluice from {describe_source(args.against)}")
+        header += f" {'against msg/s':>14} {'against µs/msg':>15} {'CPU change':>11}"
+    print(header)
     worst = 1.0
     for name, *_ in workloads:
         for step in ("produce", "consume"):
@@ -166,11 +197,17 @@ def main() -> int:
             proxied = statistics.median(results[(name, step, "proxy")])
             ratio = proxied / direct
             worst = min(worst, ratio)
-            per = statistics.median(cpu[(name, step)])
-            print(
+            per = statistics.median(cpu[(name, step, "proxy")])
+            line = (
                 f"{name:<22} {step:<8} {direct:>13,.0f} {proxied:>12,.0f} {ratio:>6.2f} "
                 f"{per:>17.1f}"
             )
+            if args.against is not None:
+                other = statistics.median(results[(name, step, "against")])
+                other_per = statistics.median(cpu[(name, step, "against")])
+                change = f"{(per / other_per - 1) * 100:+.0f} %" if other_per else "n/a"
+                line += f" {other:>14,.0f} {other_per:>15.1f} {change:>11}"
+            print(line)
     print(f"lowest ratio {worst:.2f} (goal {GOAL:.2f}: {'met' if worst >= GOAL else 'NOT met'})")
     return 0
 

@@ -60,6 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.embedded import EmbeddedBroker, free_port
+from tests.support import describe_source, run_from
 
 _TICK = os.sysconf("SC_CLK_TCK")
 SAMPLE_INTERVAL = 0.2  # seconds between RSS samples
@@ -402,14 +403,10 @@ class ProxyProcess:
                 "--workers", workers, "--drain-timeout", "3", "--log-level", "warning"]  # fmt: skip
         if record is not None:
             args += ["--record", str(record), "--record-payloads", "hash"]
-        # `python -m` puts its working directory first on sys.path: the proxy
-        # runs the sluice package of ``source``.
-        path = os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=source,
-                                            env={**os.environ, "PYTHONPATH": path},
-                                            start_new_session=True)  # fmt: skip
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            **run_from(source))  # fmt: skip
         self.known: set[int] = {self.process.pid}
 
     @property
@@ -758,28 +755,6 @@ def print_summary(rows: list[Row], configs: list[Config]) -> None:
             low = min(against)
             print(f"{config.label}: lowest ratio to direct {low[0]:.2f} "
                   f"({low[1]} clients, {low[2]}, {low[3]})")  # fmt: skip
-
-
-def describe_source(source: Path) -> str:
-    """The directory, with its git commit when it is a checkout."""
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "sluice"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return str(source)
-    if not commit:
-        return str(source)
-    return f"{source} at {commit}" + (" + uncommitted changes under sluice/" if dirty else "")
 
 
 def _loadavg() -> str:

@@ -81,14 +81,20 @@ def start_proxy(
     tls_port: int | None = None,
     wait: bool = True,
     preexec: Callable[[], None] | None = None,
+    source: Path | None = None,
 ) -> ProxyProcess:
+    """``sluice proxy`` on a free loopback port; ``source``: a directory
+    whose sluice package to run instead of this checkout's."""
     port = port or free_port()
     log_path = tmp_path / f"proxy-{port}-{time.monotonic_ns()}.log"
     args = [*SLUICE, "proxy", "--listen", f"127.0.0.1:{port}", "--broker", broker_url, *extra]
     if tls_port is not None:
         args += ["--listen-tls", f"127.0.0.1:{tls_port}"]
+    where = run_from(source) if source is not None else {}
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
+        process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec, **where
+        )
     proxy = ProxyProcess(process, port, log_path, tls_port)
     if wait:
         try:
@@ -97,6 +103,36 @@ def start_proxy(
             proxy.kill()
             raise AssertionError(f"proxy did not start:\n{proxy.log()}") from None
     return proxy
+
+
+def run_from(source: Path) -> dict[str, Any]:
+    """Popen options that make ``python -m sluice.cli`` run the sluice
+    package in ``source`` (e.g. a worktree of an older commit): ``-m`` puts
+    the working directory first on sys.path, ahead of the installed one."""
+    path = os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))
+    return {"cwd": source, "env": {**os.environ, "PYTHONPATH": path}}
+
+
+def describe_source(source: Path) -> str:
+    """The directory, with its git commit when it is a checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "sluice"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return str(source)
+    if not commit:
+        return str(source)
+    return f"{source} at {commit}" + (" + uncommitted changes under sluice/" if dirty else "")
 
 
 @contextlib.contextmanager
