@@ -115,19 +115,15 @@ def run_from(source: Path) -> dict[str, Any]:
 
 def describe_source(source: Path) -> str:
     """The directory, with its git commit when it is a checkout."""
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True,
+                             timeout=10)  # fmt: skip
+        return run.stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "sluice"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "sluice")
     except (OSError, subprocess.SubprocessError):
         return str(source)
     if not commit:
