@@ -3,8 +3,8 @@
     python bench/e2e.py [--rounds 3] [--scale 1.0] [--record] [--profile FILE]
                         [--only unbatched|batched] [--against DIR]
 
-Four figures, each as messages per second, proxy / direct, plus the proxy's
-own CPU time per message (user + system, from /proc):
+Four figures (two with ``--only``), each as messages per second, proxy /
+direct, plus the proxy's own CPU time per message (user + system, from /proc):
   produce 1 KiB, batching off     consume 1 KiB (published unbatched)
   produce 100 B, batching on      consume 100 B (published batched)
 
@@ -181,6 +181,7 @@ def main() -> int:
                     p.terminate()  # cProfile writes its stats on a clean exit
                 p.kill()
 
+    print(f"proxy: sluice from {describe_source(Path(__file__).resolve().parent.parent)}")
     print(f"proxy recording: {'on (payloads hashed)' if args.record else 'off'}")
     header = (
         f"{'workload':<22} {'step':<8} {'direct msg/s':>13} {'proxy msg/s':>12} {'ratio':>6} "

@@ -60,7 +60,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.embedded import EmbeddedBroker, free_port
-from tests.support import describe_source, run_from
 
 _TICK = os.sysconf("SC_CLK_TCK")
 SAMPLE_INTERVAL = 0.2  # seconds between RSS samples
@@ -403,6 +402,10 @@ class ProxyProcess:
                 "--workers", workers, "--drain-timeout", "3", "--log-level", "warning"]  # fmt: skip
         if record is not None:
             args += ["--record", str(record), "--record-payloads", "hash"]
+        # Imported here, not at the top: spawned client processes re-import
+        # this script, and should load pulsar only after moving its stdout.
+        from tests.support import run_from
+
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True,
@@ -823,6 +826,8 @@ def main() -> int:
                 proxy.stop()
             fleet.stop()
             broker.stop()
+
+    from tests.support import describe_source  # late, as in ProxyProcess
 
     print(f"bench/fleet.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}: "
           f"{os.cpu_count()} CPUs ({auto} available), Python {platform.python_version()}; "
