@@ -13,6 +13,8 @@ import contextlib
 import os
 import re
 import signal
+import socket
+import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -31,7 +33,7 @@ from sluice.proxy.cli import parse_workers
 from sluice.proxy.faults_cli import call
 from sluice.proxy.pulsar import FrameStream
 from sluice.proxy.shared import LIMITS_FILE, ROUTES_FILE, SharedLimits, SharedRouting, create_state
-from sluice.proxy.workers import _Merged, available_cpus
+from sluice.proxy.workers import _Merged, available_cpus, http
 from sluice.recording.reader import load
 from tests.scripted_broker import ScriptedBroker, redirect_to
 from tests.support import ProxyProcess, client, http_get, start_proxy
@@ -343,3 +345,26 @@ def test_fault_rules_reach_every_worker_and_their_hits_add_up(
     assert listed["hits"] >= 1 and new_pid != pids[0]
     assert call(where, "DELETE", "/faults", TOKEN) == {"deleted": 1}
     assert call(where, "GET", "/faults") == {"rules": []}
+
+
+async def test_a_worker_that_resets_the_admin_call_is_an_oserror() -> None:
+    """A worker killed while the supervisor polls it resets the connection.
+    That must reach the supervisor as OSError (a worker gone), which its
+    pollers expect; trio's BrokenResourceError took the whole proxy down."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def reset_the_first_caller() -> None:
+        conn, _ = listener.accept()
+        conn.recv(1024)  # the request arrived: now die without an answer
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # linger 0: RST, as from a killed process
+
+    thread = threading.Thread(target=reset_the_first_caller)
+    thread.start()
+    try:
+        with pytest.raises(OSError, match=re.escape("worker admin at 127.0.0.1")):
+            await http(Address("127.0.0.1", port), "GET", "/readyz")
+    finally:
+        await trio.to_thread.run_sync(thread.join, 10)
+        listener.close()

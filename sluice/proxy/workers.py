@@ -290,7 +290,11 @@ class Supervisor:
 
     async def _give_rules(self, admin: Address) -> None:
         for rule in self.rules:
-            status, body = await http(admin, "POST", "/faults", self.token, rule)
+            try:
+                status, body = await http(admin, "POST", "/faults", self.token, rule)
+            except (OSError, trio.TooSlowError) as exc:  # it died while starting: restarted
+                log.error("worker at %s not given fault rule %s: %s", admin, rule.get("id"), exc)
+                return
             if status != 201:
                 log.error("worker at %s refused fault rule %s: %s", admin, rule.get("id"), body)
 
@@ -373,17 +377,25 @@ class Supervisor:
         return 201, {"id": rule.id, "rule": rule.to_json()}
 
     async def _to_workers(self, method: str, path: str, body: object = None) -> None:
+        """Tell every running worker; one that is gone gets the rule set
+        when it is restarted (``_give_rules``)."""
         for worker in self.workers:
             if worker.admin is not None:
                 with trio.move_on_after(5):
-                    await http(worker.admin, method, path, self.token, body)
+                    try:
+                        await http(worker.admin, method, path, self.token, body)
+                    except OSError as exc:
+                        log.warning("worker %d: %s %s failed: %s", worker.index, method, path, exc)
 
     async def _merged_rules(self, rule_id: str) -> Any:
         counts: dict[str, list[int]] = {}
         for worker in self.workers:
             if worker.admin is None:
                 continue
-            status, body = await http(worker.admin, "GET", "/faults")
+            try:
+                status, body = await http(worker.admin, "GET", "/faults")
+            except (OSError, trio.TooSlowError):
+                continue  # gone: its counts go with it, as its metrics do
             if status != 200:
                 continue
             for rule in json.loads(body)["rules"]:
@@ -450,6 +462,10 @@ async def http(
             answer = b""
             while chunk := await stream.receive_some(65536):
                 answer += chunk
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            # A worker killed mid-call resets the connection. trio's error is
+            # not an OSError; callers handle OSError for "that worker is gone".
+            raise OSError(f"worker admin at {address}: {exc}") from exc
         finally:
             await stream.aclose()
     status_line, _, rest = answer.partition(b"\r\n")
