@@ -203,11 +203,20 @@ class RawClient:
             if frame.name == "PING":
                 self.send(encode(command(Type.Value("PONG"))))
 
-    def connect(self, proxy_to_broker_url: str | None = None) -> Frame:
+    def send_connect(
+        self, proxy_to_broker_url: str | None = None, token: bytes | None = None
+    ) -> None:
+        """Send a CONNECT (with a token, ``auth_method_name="token"``); read nothing."""
         body = pb.CommandConnect(client_version="sluice-tests", protocol_version=21)
         if proxy_to_broker_url is not None:
             body.proxy_to_broker_url = proxy_to_broker_url
+        if token is not None:
+            body.auth_method_name = "token"
+            body.auth_data = token
         self.send(encode(command(Type.Value("CONNECT"), body)))
+
+    def connect(self, proxy_to_broker_url: str | None = None) -> Frame:
+        self.send_connect(proxy_to_broker_url)
         frame = self.receive()
         assert frame is not None, "connection closed during CONNECT"
         return frame

@@ -352,14 +352,7 @@ def test_a_challenge_during_the_handshake_is_relayed(tmp_path: Path) -> None:
         proxy = start_admin_proxy(broker.url, tmp_path)
         try:
             with RawClient(proxy.proxy.port) as raw:
-                hello = pb.CommandConnect(
-                    client_version="tests",
-                    protocol_version=21,
-                    proxy_to_broker_url=f"127.0.0.1:{broker.port}",
-                    auth_method_name="token",
-                    auth_data=token.encode(),
-                )
-                raw.send(encode(command(T("CONNECT"), hello)))
+                raw.send_connect(f"127.0.0.1:{broker.port}", token=token.encode())
                 challenge = raw.receive_type("AUTH_CHALLENGE")
                 assert challenge.body.challenge.auth_data == b"refresh"
                 answer = pb.CommandAuthResponse(
@@ -391,14 +384,7 @@ def test_a_wrong_token_is_refused_by_the_broker(tmp_path: Path) -> None:
             assert broker.seen.refused >= 2
             # By hand: the broker's own ERROR frame, unchanged.
             with RawClient(proxy.proxy.port) as raw:
-                hello = pb.CommandConnect(
-                    client_version="tests",
-                    protocol_version=21,
-                    proxy_to_broker_url=f"127.0.0.1:{broker.port}",
-                    auth_method_name="token",
-                    auth_data=b"wrong",
-                )
-                raw.send(encode(command(T("CONNECT"), hello)))
+                raw.send_connect(f"127.0.0.1:{broker.port}", token=b"wrong")
                 error = raw.receive_type("ERROR")
                 assert error.body.error == pb.AuthenticationError
                 assert error.body.message == "invalid token"
@@ -464,14 +450,7 @@ def test_the_token_is_in_no_artefact(tmp_path: Path, log_format: str) -> None:
         try:
             produce_and_consume(proxy.url, "persistent://public/default/auth-secret", token)
             with RawClient(proxy.proxy.port) as raw:  # a wrong token too
-                hello = pb.CommandConnect(
-                    client_version="tests",
-                    protocol_version=21,
-                    proxy_to_broker_url=f"127.0.0.1:{broker.port}",
-                    auth_method_name="token",
-                    auth_data=b"wrong-" + token.encode(),
-                )
-                raw.send(encode(command(T("CONNECT"), hello)))
+                raw.send_connect(f"127.0.0.1:{broker.port}", token=b"wrong-" + token.encode())
                 raw.receive_type("ERROR")
             status, metrics = http_get(f"http://127.0.0.1:{proxy.admin}/metrics")
             assert status == 200
