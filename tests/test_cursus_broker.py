@@ -91,6 +91,19 @@ async def until(check: Callable[[], bool], what: str, timeout: float = 20) -> No
     raise AssertionError(f"timed out waiting for {what}")
 
 
+async def collect_all(
+    address: str, topic: str, group: str, mode: ConsumerMode, payloads: list[str], waiting_for: str
+) -> Collector:
+    """Read ``payloads`` back with a consumer group, all of them (closed after)."""
+    collector = Collector(address, topic, group, mode).start()
+    try:
+        await until(lambda: len(collector.got) >= len(payloads), waiting_for)
+    finally:
+        await in_thread(collector.close)
+    assert collector.payloads == sorted(payloads)
+    return collector
+
+
 # --- the real client -------------------------------------------------------------------
 
 
@@ -158,13 +171,9 @@ class Collector:
 async def test_produce_and_stream_with_a_group_standalone(standalone: Cluster) -> None:
     payloads = [f"m{i}" for i in range(20)]
     assert await in_thread(produce, standalone.address, "orders", payloads, 4) == 20
-    collector = Collector(standalone.address, "orders", "g1", ConsumerMode.STREAMING).start()
-    try:
-        await until(lambda: len(collector.got) >= 20, "20 streamed messages")
-    finally:
-        await in_thread(collector.close)
+    collector = await collect_all(standalone.address, "orders", "g1", ConsumerMode.STREAMING,
+                                  payloads, "20 streamed messages")  # fmt: skip
     assert collector.failure is None
-    assert collector.payloads == sorted(payloads)
     group = standalone.groups["g1"]
     assert sum(group.committed.values()) == 20  # committed on close
     assert group.members == []  # and left
@@ -175,12 +184,8 @@ async def test_produce_and_stream_with_a_group_standalone(standalone: Cluster) -
 async def test_poll_with_a_group_standalone(standalone: Cluster) -> None:
     payloads = [f"p{i}" for i in range(7)]
     assert await in_thread(produce, standalone.address, "polled", payloads, 2) == 7
-    collector = Collector(standalone.address, "polled", "g2", ConsumerMode.POLLING).start()
-    try:
-        await until(lambda: len(collector.got) >= 7, "7 polled messages")
-    finally:
-        await in_thread(collector.close)
-    assert collector.payloads == sorted(payloads)
+    await collect_all(standalone.address, "polled", "g2", ConsumerMode.POLLING, payloads,
+                      "7 polled messages")  # fmt: skip
     assert standalone.sent["STREAM_CONTROL:removed"] == 0  # CONSUME, not STREAM
 
 
@@ -229,12 +234,8 @@ async def test_a_cluster_spreads_leaders_and_the_client_follows_them(cluster3: C
     assert [len(p.log) for p in cluster3.topics["spread"].partitions] == [4, 4, 4]
     assert _nodes_dialled(cluster3) == {0, 1, 2}  # the client went to each leader
     assert cluster3.sent["NOT_LEADER"] == 0
-    collector = Collector(cluster3.address, "spread", "g3", ConsumerMode.STREAMING).start()
-    try:
-        await until(lambda: len(collector.got) >= 12, "12 messages from 3 leaders")
-    finally:
-        await in_thread(collector.close)
-    assert collector.payloads == sorted(payloads)
+    await collect_all(cluster3.address, "spread", "g3", ConsumerMode.STREAMING, payloads,
+                      "12 messages from 3 leaders")  # fmt: skip
 
 
 def produce_across_a_move(

@@ -29,7 +29,14 @@ from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.server import Proxy
 from tests.cursus_broker import Cluster, open_cluster
-from tests.test_cursus_broker import Collector, in_thread, produce, produce_across_a_move, until
+from tests.test_cursus_broker import (
+    Collector,
+    collect_all,
+    in_thread,
+    produce,
+    produce_across_a_move,
+    until,
+)
 
 
 class Watched:
@@ -220,11 +227,7 @@ async def test_a_polling_consumer_group_through_the_proxy(cluster3: Cluster) -> 
         proxy = await start_proxy(nursery, cluster3)
         payloads = [f"p{i}" for i in range(9)]
         assert await in_thread(produce, proxy.address, "polled", payloads, 3) == 9
-        collector = Collector(proxy.address, "polled", "gp", ConsumerMode.POLLING).start()
-        try:
-            await until(lambda: len(collector.got) >= 9, "9 messages polled")
-        finally:
-            await in_thread(collector.close)
-        assert collector.payloads == sorted(payloads)
+        await collect_all(proxy.address, "polled", "gp", ConsumerMode.POLLING, payloads,
+                          "9 messages polled")  # fmt: skip
         assert proxy.direct(cluster3) == []
         nursery.cancel_scope.cancel()

@@ -21,10 +21,17 @@ from sluice.recording.format import PayloadPolicy, read_records, recording_files
 from sluice.recording.writer import RecorderConfig
 from tests.cursus_broker import open_cluster
 from tests.support import SLUICE
-from tests.test_cursus_broker import Collector, in_thread, produce, until
+from tests.test_cursus_broker import collect_all, in_thread, produce
 from tests.test_pipeline import analyze, rows_of
 
 PAYLOADS = [f"r{i}" for i in range(9)]
+
+
+async def produce_and_stream(address: str, waiting_for: str) -> None:
+    """Produce PAYLOADS on 3 partitions at ``address``, then stream them all
+    back with a consumer group."""
+    assert await in_thread(produce, address, "rec", PAYLOADS, 3) == 9
+    await collect_all(address, "rec", "g", ConsumerMode.STREAMING, PAYLOADS, waiting_for)
 
 
 @pytest.fixture
@@ -42,13 +49,7 @@ async def recorded(tmp_path: Path) -> AsyncIterator[Path]:
         )
         proxy: Proxy = await nursery.start(Proxy(config).run)
         address = str(proxy.addresses["plain"])
-        assert await in_thread(produce, address, "rec", PAYLOADS, 3) == 9
-        collector = Collector(address, "rec", "g", ConsumerMode.STREAMING).start()
-        try:
-            await until(lambda: len(collector.got) >= 9, "9 messages streamed")
-        finally:
-            await in_thread(collector.close)
-        assert collector.payloads == sorted(PAYLOADS)
+        await produce_and_stream(address, "9 messages streamed")
         proxy.stop()
     yield directory
 
@@ -123,13 +124,7 @@ async def test_serve_answers_the_real_client_from_the_recording(recorded: Path) 
                 except OSError:
                     await trio.sleep(0.1)
         address = f"127.0.0.1:{port}"
-        assert await in_thread(produce, address, "rec", PAYLOADS, 3) == 9
-        collector = Collector(address, "rec", "g", ConsumerMode.STREAMING).start()
-        try:
-            await until(lambda: len(collector.got) >= 9, "9 recorded messages served")
-        finally:
-            await in_thread(collector.close)
-        assert collector.payloads == sorted(PAYLOADS)
+        await produce_and_stream(address, "9 recorded messages served")
     finally:
         process.terminate()
         with trio.move_on_after(10):
