@@ -92,11 +92,15 @@ def test_replay_against_fresh_brokers_is_equivalent_and_repeatable(
 
 
 def tamper(recording: Path, tmp_path: Path, change: Any) -> Path:
-    """A copy of the recording with ``change(record)`` applied to every frame record."""
+    """A copy of the recording with ``change(record)`` applied to every frame
+    record; a change may return a list of records to put in its place."""
     out = tmp_path / "tampered"
     out.mkdir()
     for path in recording_files(recording):
-        records = [change(r) if r["k"] == "frame" else r for r in read_records(path)]
+        records: list[dict[str, Any]] = []
+        for r in read_records(path):
+            changed = change(r) if r["k"] == "frame" else r
+            records += changed if isinstance(changed, list) else [changed]
         (out / path.name).write_bytes(fmt.dumps(records))
     return out
 
@@ -139,6 +143,28 @@ def test_a_changed_payload_is_reported(recording: Path, tmp_path: Path) -> None:
         result = replay(tampered, fresh)
     assert result.returncode == 1
     assert "DIVERGED c" in result.stdout and " MESSAGE\n" in result.stdout
+
+
+def test_recorded_redeliveries_are_counted_not_waited_for(recording: Path, tmp_path: Path) -> None:
+    """A broker that redelivered while recording (pulsar-lite does under load)
+    need not do it again: replay neither waits --timeout for each redelivery
+    nor calls the replay diverged, and says how many there were."""
+    copies = {"left": 3}
+
+    def change(record: dict[str, Any]) -> Any:
+        if copies["left"] == 0 or record["s"]["cmd"] != "MESSAGE":
+            return record
+        copies["left"] -= 1
+        return [record, dict(record)]  # the same message sent to the consumer again
+
+    tampered = tamper(recording, tmp_path, change)
+    assert copies["left"] == 0
+    with EmbeddedBroker() as fresh:
+        result = replay(tampered, fresh, "--transcript", str(tmp_path / "t.txt"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 recorded, 0 live" in result.stdout
+    assert "ran out" not in result.stdout  # no wait for what the live broker never sent
+    assert (tmp_path / "t.txt").read_text().count("REDELIVERED WHEN RECORDED") == 3
 
 
 def test_a_broker_with_other_state_diverges(recording: Path) -> None:

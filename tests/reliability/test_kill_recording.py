@@ -41,8 +41,8 @@ def record_and_kill(
 ) -> KillOutcome:
     """Produce through a recording proxy for ``seconds``, then SIGKILL it.
 
-    Producer only: `sluice replay` re-drives a recording by causality, and a
-    consumer's deliveries (which pulsar-lite may repeat) make that slow."""
+    Producer only: what is checked is where the recording stops, and the
+    receipts say how far the SENDs had gone."""
     directory = tmp_path / "capture"
     proxy = start_proxy(
         broker.url, tmp_path, "--record", str(directory), "--record-payloads", "full", *extra
