@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,41 @@ def test_recorded_redeliveries_are_counted_not_waited_for(recording: Path, tmp_p
     assert "3 recorded, 0 live" in result.stdout
     assert "ran out" not in result.stdout  # no wait for what the live broker never sent
     assert (tmp_path / "t.txt").read_text().count("REDELIVERED WHEN RECORDED") == 3
+
+
+def test_frames_that_never_come_at_the_end_cost_one_timeout_in_all(
+    recording: Path, tmp_path: Path
+) -> None:
+    """Ten deliveries recorded after the consumer's last client frame, of
+    messages the topic never had: the wait for what is left ends after one
+    --timeout of silence, not after ten."""
+    out = tmp_path / "more"
+    out.mkdir()
+    for path in recording_files(recording):
+        records = list(read_records(path))
+        last = max(
+            i for i, r in enumerate(records) if r["k"] == "frame" and r["s"]["cmd"] == "MESSAGE"
+        )
+        conn = records[last]["c"]
+        close = next(i for i, r in enumerate(records) if r["k"] == "close" and r["c"] == conn)
+        frame = decode_frame(records[last]["raw"])
+        assert frame.command is not None and frame.metadata is not None
+        extra = []
+        for i in range(10):
+            cmd = pb.BaseCommand()
+            cmd.CopyFrom(frame.command)
+            cmd.message.message_id.entryId += 1000 + i
+            raw = encode_payload(cmd, frame.metadata, frame.payload, checksum=True)
+            extra.append({**records[last], "raw": raw})
+        (out / path.name).write_bytes(fmt.dumps(records[:close] + extra + records[close:]))
+    with EmbeddedBroker() as fresh:
+        started = time.monotonic()
+        result = replay(out, fresh)
+        elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert " 10 missing, 0 unexpected" in result.stdout, result.stdout
+    # --timeout is 3: one timeout and the replay itself, far from ten timeouts.
+    assert elapsed < 20, f"{elapsed:.1f} s"
 
 
 def test_a_broker_with_other_state_diverges(recording: Path) -> None:

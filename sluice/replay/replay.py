@@ -415,17 +415,15 @@ async def _the_rest(lives: list[Live], timeout: float) -> None:
     """Wait for the broker frames still expected after the last client frame,
     until all have come or none has for ``timeout`` seconds: frames that
     never come cost one timeout in all, not one each."""
-    while True:
-        waiting = [
-            (live, key) for live in lives for key in live.expected if key not in live.arrived
-        ]
-        if not waiting:
-            return
-        live, key = waiting[0]
-        with trio.move_on_after(timeout):
-            await live.events[key].wait()
-        if trio.current_time() - max(live.last_arrival for live in lives) >= timeout:
-            return
+    for live in lives:
+        for key in live.expected:
+            event = live.events[key]
+            while not event.is_set():
+                with trio.move_on_after(timeout):
+                    await event.wait()
+                quiet = trio.current_time() - max(other.last_arrival for other in lives)
+                if not event.is_set() and quiet >= timeout:
+                    return
 
 
 class ReplayError(Exception):
