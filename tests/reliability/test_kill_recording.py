@@ -50,7 +50,7 @@ def record_and_kill(
     produced = Produced()
     marks: list[tuple[float, int]] = []  # (time, receipts so far)
     try:
-        with pulsar_client(proxy.url, operation_timeout_seconds=5) as c:
+        with pulsar_client(proxy.url, cut=True, operation_timeout_seconds=5) as c:
             producer = c.create_producer(
                 topic, batching_enabled=False, send_timeout_millis=5000, max_pending_messages=100
             )
