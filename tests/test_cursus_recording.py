@@ -4,6 +4,7 @@ against a fresh broker and served back to the real cursus-client."""
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from sluice.embedded import free_port
 from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
-from sluice.recording.format import PayloadPolicy, read_records, recording_files
+from sluice.recording.format import PayloadPolicy, dumps, read_records, recording_files
 from sluice.recording.writer import RecorderConfig
 from tests.cursus_broker import open_cluster
 from tests.support import SLUICE
@@ -106,6 +107,35 @@ async def test_replay_tells_a_different_broker_apart(recorded: Path, tmp_path: P
                                f"cursus://{fresh.address}", "--timeout", "3")  # fmt: skip
         assert done.returncode == 1, done.stdout + done.stderr
         assert "DIVERGED" in done.stdout
+
+
+async def test_replay_spends_no_wait_on_a_connection_the_broker_closed(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """Every connection first sends a frame whose length is over the
+    broker's limit: the broker hangs up, and replay does not wait for the
+    answers each connection had when recorded (that was one --timeout per
+    connection, and the replay's own waits spun until theirs ran out)."""
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    too_long = struct.pack(">I", 0xFFFF_FFF0) + b"x"
+    for path in recording_files(recorded):
+        records, seen = [], set()
+        for record in read_records(path):
+            if record["k"] == "frame" and record["d"] == 0 and record["c"] not in seen:
+                seen.add(record["c"])
+                records.append({**record, "raw": too_long, "n": len(too_long)})
+            records.append(record)
+        (tampered / path.name).write_bytes(dumps(records))
+    async with open_cluster(1, keepalive=0.3) as fresh:
+        started = trio.current_time()
+        done = await in_thread(sluice, "replay", str(tampered), "--broker",
+                               f"cursus://{fresh.address}", "--timeout", "3")  # fmt: skip
+        elapsed = trio.current_time() - started
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "MISSING" in done.stdout and "Traceback" not in done.stderr, done.stdout
+    assert "ran out" not in done.stdout, done.stdout
+    assert elapsed < 10, f"{elapsed:.1f} s"
 
 
 async def test_serve_answers_the_real_client_from_the_recording(recorded: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import threading
 import time
@@ -201,6 +202,65 @@ def test_frames_that_never_come_at_the_end_cost_one_timeout_in_all(
     assert " 10 missing, 0 unexpected" in result.stdout, result.stdout
     # --timeout is 3: one timeout and the replay itself, far from ten timeouts.
     assert elapsed < 20, f"{elapsed:.1f} s"
+
+
+def test_deliveries_a_broker_does_not_have_cost_one_timeout_not_one_per_ack(
+    tmp_path: Path,
+) -> None:
+    """Only the consumer went through the proxy (its producer went straight
+    to the broker), so a fresh broker has nothing to deliver. The consumer
+    acknowledged each of its 16 messages: once one wait for a delivery has
+    run out and the connection has stayed silent, the ACKs after it go out
+    without a wait each (that was 16 timeouts)."""
+    topic = "persistent://public/default/consumed-only"
+    with EmbeddedBroker() as broker:
+        p = start_proxy(broker.url, tmp_path, "--record", str(tmp_path / "rec"),
+                        "--record-payloads", "full")  # fmt: skip
+        try:
+            with client(broker.url) as direct, client(p.url) as proxied:
+                consumer = proxied.subscribe(topic, "s")
+                producer = direct.create_producer(topic, batching_enabled=False)
+                for i in range(16):
+                    producer.send(f"m-{i}".encode())
+                for _ in range(16):
+                    consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+            assert p.terminate() == 0
+        finally:
+            p.kill()
+    with EmbeddedBroker() as fresh:
+        started = time.monotonic()
+        result = replay(tmp_path / "rec", fresh)
+        elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert " 16 missing, 0 unexpected" in result.stdout, result.stdout
+    assert "note: 1 waits for a broker frame ran out" in result.stdout, result.stdout
+    # --timeout is 3: one timeout and the replay itself, not sixteen timeouts.
+    assert elapsed < 20, f"{elapsed:.1f} s"
+
+
+def test_a_connection_the_broker_closes_costs_no_waits(recording: Path, tmp_path: Path) -> None:
+    """After the consumer's first MESSAGE the client sends a frame that is
+    not protobuf: the broker hangs up, so what that connection still
+    expected never comes, and no wait is spent on it (it was one timeout
+    per expected answer)."""
+    state = {"done": False}
+
+    def change(record: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
+        if state["done"] or record["s"]["cmd"] != "MESSAGE":
+            return record
+        state["done"] = True
+        garbage = struct.pack(">II", 8, 4) + b"\xff" * 4
+        return [record, {**record, "d": 0, "raw": garbage, "n": len(garbage)}]
+
+    tampered = tamper(recording, tmp_path, change)
+    with EmbeddedBroker() as fresh:
+        started = time.monotonic()
+        result = replay(tampered, fresh)
+        elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "MISSING" in result.stdout and "Traceback" not in result.stderr, result.stdout
+    assert "ran out" not in result.stdout, result.stdout
+    assert elapsed < 10, f"{elapsed:.1f} s"
 
 
 def test_a_broker_with_other_state_diverges(recording: Path) -> None:

@@ -6,7 +6,10 @@ sent in recorded order, deterministic by causality rather than the clock:
 before a client frame goes out, the answers it could have depended on have
 arrived live — every request answer recorded before it on any connection,
 and every broker frame recorded before it on its own connection. Waits are
-bounded (``--timeout``); what never comes is reported as missing.
+bounded (``--timeout``); what never comes is reported as missing, and
+costs one timeout, not one per frame: a connection whose wait ran out is not
+waited on again until it speaks or is sent anything but an ACK,
+and one the broker closed is not waited on at all.
 
 Values the broker chooses are remapped as they become known: message ids
 (receipts, deliveries), generated producer names and schema versions, so
@@ -308,6 +311,11 @@ class Live:
         self.unexpected: list[Frame] = []
         self.redelivered = 0  # live redeliveries, counted, not compared
         self.last_arrival = trio.current_time()
+        self.ended = False  # the broker closed it (or it broke): nothing more will come
+        # A wait on it ran out, and since then nothing has come and nothing
+        # has been sent that could make the broker speak (see ``stirred``).
+        self.quiet = False
+        self._waiting: trio.CancelScope | None = None
         self.expected: dict[Key, RecordedFrame] = {}
         keyer = Keyer()
         self.keys: dict[int, Key] = {}  # recorded frame index -> key
@@ -325,6 +333,7 @@ class Live:
                 if frame.type == T("PING"):
                     await self.stream.send(encode(command(T("PONG"))))
                     continue
+                self.quiet = False
                 key = self.keyer(frame)
                 if key is None:
                     continue
@@ -339,6 +348,27 @@ class Live:
                     self.unexpected.append(frame)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
             pass
+        finally:
+            self.ended = True
+            if self._waiting is not None:
+                self._waiting.cancel()
+
+    async def wait(self, key: Key, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the broker frame ``key``, less if the
+        connection ends meanwhile; whether it has come."""
+        event = self.events[key]
+        if not event.is_set() and not self.ended:
+            with trio.move_on_after(timeout) as self._waiting:
+                await event.wait()
+            self._waiting = None
+        return event.is_set()
+
+    def sent(self, frame: Frame) -> None:
+        """A client frame went out on this connection. Anything but an
+        acknowledgement (which the broker does not answer) may make the
+        broker speak again: waits on it are worth their timeout again."""
+        if frame.type != T("ACK"):
+            self.quiet = False
 
 
 async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]]:
@@ -386,10 +416,11 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                     continue
                 if dep_conn.key != conn.key and not is_answer(key):
                     continue
-                with trio.move_on_after(args.timeout) as scope:
-                    await dep_live.events[key].wait()
-                if scope.cancelled_caught:
+                if dep_live.quiet:
+                    continue  # silent since a wait ran out: this will not come either
+                if not await dep_live.wait(key, args.timeout) and not dep_live.ended:
                     outcome.waits_timed_out += 1
+                    dep_live.quiet = True
             if speed and previous_ns is not None:
                 await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
             previous_ns = rf.wall_ns
@@ -397,6 +428,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                 await live.stream.send(remap.client_frame(rf.frame))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 say(f"{conn.name}: the broker closed the connection")
+            live.sent(rf.frame)
             outcome.sent += 1
             if done % 500 == 0:
                 say(
@@ -417,12 +449,11 @@ async def _the_rest(lives: list[Live], timeout: float) -> None:
     never come cost one timeout in all, not one each."""
     for live in lives:
         for key in live.expected:
-            event = live.events[key]
-            while not event.is_set():
-                with trio.move_on_after(timeout):
-                    await event.wait()
+            while not await live.wait(key, timeout):
+                if live.ended:
+                    break  # nothing more comes on this one
                 quiet = trio.current_time() - max(other.last_arrival for other in lives)
-                if not event.is_set() and quiet >= timeout:
+                if quiet >= timeout:
                     return
 
 
