@@ -1,10 +1,11 @@
 """`sluice proxy --workers N`: several processes behind one port, acting as one.
 
-Shared state is tested in-process first (two SharedRouting / SharedLimits on
-the same files stand for two workers); then the real proxy with real
-workers, the real client and broker: a lookup answered by one worker and
-the CONNECT served by another (pinned with SIGSTOP), a worker killed under
-a producer, metrics summed over workers, SIGTERM drain.
+Shared state is tested in-process first (two SharedRouting / SharedLimits /
+SharedBrokerPorts on the same files stand for two workers); then the real
+proxy with real workers, the real client and broker: a lookup answered by
+one worker and the CONNECT served by another (pinned with SIGSTOP), a worker
+killed under a producer, metrics summed over workers, SIGTERM drain; and
+Cursus's port-per-broker ports shared by two workers, each killed in turn.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import pulsar
 import pytest
 import trio
+from cursus import ConsumerMode
 
 from sluice.addresses import Address
 from sluice.embedded import EmbeddedBroker, free_port
@@ -30,13 +32,24 @@ from sluice.errors import ConfigError
 from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.cli import parse_workers
+from sluice.proxy.config import ProxyConfig
 from sluice.proxy.faults_cli import call
 from sluice.proxy.pulsar import FrameStream
-from sluice.proxy.shared import LIMITS_FILE, ROUTES_FILE, SharedLimits, SharedRouting, create_state
+from sluice.proxy.shared import (
+    BROKER_PORTS_FILE,
+    LIMITS_FILE,
+    ROUTES_FILE,
+    SharedBrokerPorts,
+    SharedLimits,
+    SharedRouting,
+    create_state,
+)
 from sluice.proxy.workers import _Merged, available_cpus, http
 from sluice.recording.reader import load
+from tests.cursus_broker import open_cluster
 from tests.scripted_broker import ScriptedBroker, redirect_to
 from tests.support import ProxyProcess, client, http_get, start_proxy
+from tests.test_cursus_broker import collect_all, in_thread, produce
 from tests.test_dashboards import scrape, value
 from tests.test_proxy_scripted import answer, lookup
 
@@ -80,6 +93,28 @@ def test_connection_limits_are_totals_over_workers(tmp_path: Path) -> None:
     # A worker restarted in b's place starts from zero, and so do b's counts.
     SharedLimits(5, 3, table, 1, 2).reset_row()
     assert a.acquire("10.0.0.5") is None and a.acquire("10.0.0.6") is None
+
+
+def test_a_broker_port_is_given_once_whichever_worker_asks(tmp_path: Path) -> None:
+    create_state(tmp_path, 2)
+    first = SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE)
+    second = SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE)
+    pool = [19001, 19002]
+    x, y = Address("Node-1", 9000), Address("node-2", 9000)
+    assert first.assign(x, pool) == 19001
+    assert second.assign(Address("node-1", 9000), pool) == 19001  # hosts compared lowercased
+    assert second.assign(y, pool) == 19002
+    assert first.broker_for(19002) == y
+    assert first.assign(Address("node-3", 9000), pool) is None  # every port has a broker
+    assert first.assign(y, pool) == 19002
+
+
+def test_cursus_workers_need_listener_ports() -> None:
+    broker = parse_broker_url("pulsar://127.0.0.1:9000")
+    with pytest.raises(ConfigError, match="--listener-ports"):
+        ProxyConfig(broker=broker, protocol="cursus", listen=Address("127.0.0.1", 0), workers=2)
+    ProxyConfig(broker=broker, protocol="cursus", listen=Address("127.0.0.1", 0), workers=2,
+                listener_ports=(19000, 19009))  # fmt: skip
 
 
 def test_workers_auto_and_bad_values() -> None:
@@ -368,3 +403,43 @@ async def test_a_worker_that_resets_the_admin_call_is_an_oserror() -> None:
     finally:
         await trio.to_thread.run_sync(thread.join, 10)
         listener.close()
+
+
+async def test_cursus_workers_share_the_per_broker_ports(tmp_path: Path) -> None:
+    """Two workers in front of three Cursus nodes: the producer follows
+    replies to the two other leaders' ports (of --listener-ports, bound by
+    the supervisor). Each worker is then killed in turn: the restarted ones
+    serve the ports their dead siblings gave the brokers, no broker gets a
+    second port, and everything produced is streamed back."""
+    low = free_port()
+    async with open_cluster(3, keepalive=0.3) as cluster:
+        ports = f"{low}-{low + 15}"
+        proxy = await in_thread(start_proxy, f"cursus://{cluster.address}", tmp_path,
+                                "--workers", "2", "--listener-ports", ports)  # fmt: skip
+        pids: dict[int, int] = {}
+        try:
+            pids = await in_thread(worker_pids, proxy, 2)
+            assert len(pids) == 2, proxy.log()
+            address = f"127.0.0.1:{proxy.port}"
+            first = [f"w{i}" for i in range(12)]
+            assert await in_thread(produce, address, "spread", first, 3) == 12
+            assert {cluster.leader_of("spread", p).index for p in range(3)} == {0, 1, 2}
+            for index in (0, 1):
+                os.kill(pids[index], signal.SIGKILL)
+                with trio.fail_after(30):
+                    while (await in_thread(worker_pids, proxy, 2, 0)).get(index) == pids[index]:
+                        await trio.sleep(0.1)
+            pids = await in_thread(worker_pids, proxy, 2)
+            second = [f"x{i}" for i in range(12)]
+            assert await in_thread(produce, address, "spread", second, 3) == 12
+            await collect_all(address, "spread", "g", ConsumerMode.STREAMING, first + second,
+                              "24 messages streamed")  # fmt: skip
+            given = set(re.findall(r"port (\d+) stands for broker (\S+)", proxy.log()))
+            assert len(given) == 2, given  # one port for each of the two other nodes
+            assert all(low <= int(port) <= low + 15 for port, _ in given)
+        finally:
+            proxy.kill()
+            for pid in pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        assert "Traceback" not in proxy.log(), proxy.log()

@@ -124,7 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listener-ports",
         metavar="LOW-HIGH",
         help="ports for the listener opened for each further broker replies name "
-        "(port-per-broker; default: any free port)",
+        "(port-per-broker; default: any free port; needed with --workers, whose "
+        "supervisor binds the whole range at start)",
     )
     cur.add_argument(
         "--advertise-host",

@@ -100,8 +100,11 @@ class ProxyConfig:
         if self.protocol == "cursus":
             if self.listen_tls is not None:
                 raise ConfigError("--listen-tls: TLS is not supported for Cursus yet")
-            if self.workers > 1:
-                raise ConfigError("--workers: Cursus runs in one process for now")
+            if self.workers > 1 and self.listener_ports is None:
+                raise ConfigError(
+                    "--workers with Cursus needs --listener-ports LOW-HIGH: the per-broker "
+                    "ports are bound at start by the supervisor and shared by the workers"
+                )
             if self.listen is None:
                 raise ConfigError("Cursus needs --listen (port-per-broker listeners open there)")
         if self.listener_ports is not None:

@@ -36,9 +36,11 @@ from sluice.proxy.metrics import Metrics
 from sluice.proxy.pulsar import PulsarBackend
 from sluice.proxy.relay import Relay, Timing
 from sluice.proxy.shared import (
+    BROKER_PORTS_FILE,
     LIMITS_FILE,
     ROUTES_FILE,
     LocalLimits,
+    SharedBrokerPorts,
     SharedLimits,
     SharedRouting,
 )
@@ -55,7 +57,9 @@ class WorkerRole:
     """How a worker process of ``--workers N`` differs from a lone proxy:
     its listening sockets come from the supervisor, state shared with its
     siblings lives in ``state``, and its connection ids never collide with
-    theirs (worker i of N numbers its connections i+1, i+1+N, …)."""
+    theirs (worker i of N numbers its connections i+1, i+1+N, …). Sockets
+    of kind ``broker`` (Cursus) are the ``--listener-ports``, each standing
+    for the broker ``SharedBrokerPorts`` names, once one is given it."""
 
     index: int
     count: int
@@ -120,6 +124,11 @@ class Proxy:
                 connect_timeout=config.connect_timeout,
                 faults=self.faults,
             )
+        # Workers (Cursus): the supervisor's listener ports, and which broker each stands for.
+        self._broker_ports: SharedBrokerPorts | None = None
+        self._pool: list[int] = []
+        if worker is not None and config.protocol == "cursus":
+            self._broker_ports = SharedBrokerPorts(worker.state / BROKER_PORTS_FILE)
         self._ports_used: set[int] = set()
         self.timing = Timing(
             config.handshake_timeout, config.connect_timeout, config.keepalive_interval
@@ -216,7 +225,10 @@ class Proxy:
             context = self._server_context()
             for kind, sock in self.worker.sockets:
                 tcp = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-                if kind == "tls":
+                if kind == "broker":
+                    self._pool.append(sock.getsockname()[1])
+                    self._listeners.append((kind, tcp))
+                elif kind == "tls":
                     assert context is not None
                     self._add_listener(
                         kind, trio.SSLListener(tcp, context, https_compatible=False), tcp
@@ -260,6 +272,15 @@ class Proxy:
         existing = self.cursus_routing.listener_for(upstream)
         if existing is not None:
             return existing
+        if self._broker_ports is not None:  # a worker: the port is the supervisor's
+            port = self._broker_ports.assign(upstream, self._pool)
+            if port is None:
+                low, high = self.config.listener_ports or (0, 0)
+                raise NoListener(f"every port of --listener-ports {low}-{high} has a broker")
+            address = self._advertised(port)
+            self.cursus_routing.add_listener(upstream, address)
+            log.info("port %d stands for broker %s", port, upstream)
+            return address
         assert self._handlers is not None and self.config.listen is not None
         host = self.config.listen.host
         span = self.config.listener_ports
@@ -296,7 +317,26 @@ class Proxy:
                 log.error("accept failed on %s listener: %s", kind, exc)
                 await trio.sleep(0.1)
                 continue
+            if kind == "broker":  # a worker's port-per-broker port (Cursus)
+                assert isinstance(listener, trio.SocketListener)
+                upstream = self._broker_of(listener.socket.getsockname()[1])
+                if upstream is None:
+                    await _close(stream)
+                    continue
+                self._handlers.start_soon(self.handle, stream, "plain", upstream)
+                continue
             self._handlers.start_soon(self.handle, stream, kind, upstream)
+
+    def _broker_of(self, port: int) -> Address | None:
+        """The broker a worker's ``--listener-ports`` port stands for (given
+        by whichever worker first needed it), learned here on first use."""
+        assert self._broker_ports is not None
+        upstream = self._broker_ports.broker_for(port)
+        if upstream is None:
+            log.warning("connection on port %d, which stands for no broker yet: closed", port)
+        elif self.cursus_routing.listener_for(upstream) is None:
+            self.cursus_routing.add_listener(upstream, self._advertised(port))
+        return upstream
 
     async def _probe_upstream(self) -> None:
         """Keep sluice_upstream_up and /readyz current."""

@@ -17,14 +17,21 @@ creates (in a private temporary directory) carry that:
   accepting at the same instant can each see room for one more, so a limit
   can be exceeded by at most N-1 connections; IPs that share a bucket share
   its count (4,096 buckets), which only ever makes the limit stricter.
+- ``SharedBrokerPorts`` (Cursus, port-per-broker): the supervisor binds every
+  port of ``--listener-ports`` and every worker accepts on all of them; a
+  journal says which broker each port stands for. A port is given to a
+  broker under an exclusive lock on the journal, so no two workers give one
+  port to two brokers or two ports to one broker.
 """
 
 from __future__ import annotations
 
 import collections
+import fcntl
 import mmap
 import os
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sluice.addresses import Address, AllowList
@@ -33,8 +40,37 @@ from sluice.protocols.pulsar.urls import BrokerUrl
 
 ROUTES_FILE = "routes"
 LIMITS_FILE = "limits"
+BROKER_PORTS_FILE = "broker-ports"
 BUCKETS = 4096
 _SLOT = 8  # bytes per counter (int64)
+
+
+class _Journal:
+    """An append-only file of short lines that several processes write and
+    read: one ``O_APPEND`` write of a line is atomic."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        self._read = 0
+        self._partial = b""
+
+    def append(self, line: str) -> None:
+        os.write(self.fd, f"{line}\n".encode())
+
+    def new_lines(self) -> Iterator[list[str]]:
+        """The lines written (by anyone) since the last call, split into words."""
+        while True:
+            chunk = os.pread(self.fd, 65536, self._read)
+            if not chunk:
+                return
+            self._read += len(chunk)
+            lines = (self._partial + chunk).split(b"\n")
+            self._partial = lines.pop()
+            for line in lines:
+                yield line.decode(errors="replace").split()
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class _JournalAllowList(AllowList):
@@ -64,9 +100,7 @@ class SharedRouting(Routing):
         super().__init__(broker, allow_rules, max_lookups)
         self.allowlist = _JournalAllowList(allow_rules, self)
         self.allowlist.learn(broker.address)
-        self._fd = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-        self._read = 0
-        self._partial = b""
+        self._journal = _Journal(journal)
 
     def learn(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
         route = Route(url.tls, via_upstream)
@@ -74,33 +108,65 @@ class SharedRouting(Routing):
             return
         super().learn(url, via_upstream=via_upstream)
         host, port = url.address.host, url.address.port
-        line = f"{host} {port} {int(url.tls)} {int(via_upstream)}\n".encode()
-        os.write(self._fd, line)
+        self._journal.append(f"{host} {port} {int(url.tls)} {int(via_upstream)}")
 
     def refresh(self) -> None:
         """Take in what other workers learned since the last look."""
-        while True:
-            chunk = os.pread(self._fd, 65536, self._read)
-            if not chunk:
-                break
-            self._read += len(chunk)
-            data = self._partial + chunk
-            lines = data.split(b"\n")
-            self._partial = lines.pop()
-            for line in lines:
-                self._apply(line)
-
-    def _apply(self, line: bytes) -> None:
-        parts = line.decode(errors="replace").split()
-        if len(parts) != 4:
-            return
-        host, port, tls, via = parts
-        address = Address(host, int(port))
-        self.allowlist.learn(address)
-        self.routes[address] = Route(tls == "1", via == "1")
+        for parts in self._journal.new_lines():
+            if len(parts) != 4:
+                continue
+            host, port, tls, via = parts
+            address = Address(host, int(port))
+            self.allowlist.learn(address)
+            self.routes[address] = Route(tls == "1", via == "1")
 
     def close(self) -> None:
-        os.close(self._fd)
+        self._journal.close()
+
+
+class SharedBrokerPorts:
+    """Which of the supervisor's ``--listener-ports`` stands for which broker,
+    for every worker (Cursus, port-per-broker; see the module's notes)."""
+
+    def __init__(self, journal: Path) -> None:
+        self._journal = _Journal(journal)
+        self.by_port: dict[int, Address] = {}
+        self.by_broker: dict[Address, int] = {}
+
+    def assign(self, broker: Address, ports: Iterable[int]) -> int | None:
+        """The port that stands for ``broker``: the one some worker gave it,
+        or else the first of ``ports`` no broker has (None: all are taken)."""
+        broker = Address(broker.host.lower(), broker.port)
+        fcntl.flock(self._journal.fd, fcntl.LOCK_EX)
+        try:
+            self.refresh()
+            port = self.by_broker.get(broker)
+            if port is None:
+                port = next((p for p in ports if p not in self.by_port), None)
+                if port is not None:
+                    self._journal.append(f"{port} {broker.host} {broker.port}")
+                    self.refresh()
+            return port
+        finally:
+            fcntl.flock(self._journal.fd, fcntl.LOCK_UN)
+
+    def broker_for(self, port: int) -> Address | None:
+        """The broker ``port`` stands for, if any worker has given it one."""
+        if port not in self.by_port:
+            self.refresh()
+        return self.by_port.get(port)
+
+    def refresh(self) -> None:
+        for parts in self._journal.new_lines():
+            if len(parts) != 3:
+                continue
+            port, host, broker_port = int(parts[0]), parts[1], int(parts[2])
+            broker = Address(host, broker_port)
+            self.by_port[port] = broker
+            self.by_broker[broker] = port
+
+    def close(self) -> None:
+        self._journal.close()
 
 
 class LocalLimits:
@@ -173,5 +239,6 @@ def table_size(workers: int) -> int:
 def create_state(directory: Path, workers: int) -> None:
     """The files a supervisor creates for its workers."""
     (directory / ROUTES_FILE).touch(mode=0o600)
+    (directory / BROKER_PORTS_FILE).touch(mode=0o600)
     with open(directory / LIMITS_FILE, "wb") as handle:
         handle.truncate(table_size(workers))

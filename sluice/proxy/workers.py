@@ -24,6 +24,9 @@ What must look like one proxy does:
 - Recording: each worker writes its own capture (segment files) into the
   same directory; readers take a directory's captures as one recording, and
   connection ids are unique across workers.
+- Cursus's port-per-broker listeners: the supervisor binds all of
+  ``--listener-ports`` at start and every worker accepts on them; which
+  port stands for which broker is in ``SharedBrokerPorts``.
 """
 
 from __future__ import annotations
@@ -213,6 +216,27 @@ class Supervisor:
             self._sockets.append((kind, sock))
             host, port = sock.getsockname()[:2]
             self.addresses.setdefault(kind, Address(host, port))
+        if config.protocol == "cursus" and config.listen is not None and config.listener_ports:
+            self._bind_broker_ports(config.listen.host, *config.listener_ports)
+
+    def _bind_broker_ports(self, host: str, low: int, high: int) -> None:
+        """Cursus, port-per-broker: every port of ``--listener-ports`` that is
+        free, bound now and shared by the workers (which port stands for which
+        broker is decided later, in ``SharedBrokerPorts``)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        bound_ports = 0
+        for port in range(low, high + 1):
+            try:
+                sock = socket.create_server((host, port), family=family, backlog=4096)
+            except OSError:
+                continue  # in use (the main listener, say): a lone proxy would skip it too
+            sock.set_inheritable(True)
+            self._sockets.append(("broker", sock))
+            bound_ports += 1
+        if not bound_ports:
+            raise OSError(f"no free port in --listener-ports {low}-{high}")
+        log.info("%d of --listener-ports %d-%d bound for the brokers replies name", bound_ports,
+                 low, high)  # fmt: skip
 
     async def drain(self) -> None:
         """SIGTERM every worker (each drains its connections), then wait for
