@@ -127,6 +127,24 @@ def test_a_receipt_turned_into_an_error_is_reported(recording: Path, tmp_path: P
     assert "PersistenceError" in result.stdout  # both frames shown side by side
 
 
+def test_replay_through_a_proxy_names_the_live_broker(recording: Path, tmp_path: Path) -> None:
+    """--broker is a proxy (here a second Sluice): its lookup answers say
+    proxy_through_service_url, so the proxied connection's CONNECT names the
+    broker they named, not the recorded one (nor none, which a proxy takes
+    for a lookup-only connection: PRODUCER "is not served" there)."""
+    with EmbeddedBroker() as fresh:
+        p = start_proxy(fresh.url, tmp_path)
+        try:
+            result = subprocess.run(
+                [*SLUICE, "replay", str(recording), "--broker", p.url, "--timeout", "3"],
+                capture_output=True, text=True, timeout=180, check=False,
+            )  # fmt: skip
+        finally:
+            p.kill()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 diverged, 0 missing, 0 unexpected" in result.stdout, result.stdout
+
+
 def test_a_changed_payload_is_reported(recording: Path, tmp_path: Path) -> None:
     state = {"done": False}
 

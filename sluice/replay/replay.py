@@ -1,7 +1,8 @@
 """``sluice replay``: re-drive a recording's clients against a broker and compare.
 
-Every recorded client connection becomes a direct connection to the target
-broker (lookup and proxied connections alike), and its client frames are
+Every recorded client connection becomes a connection to the target
+(lookup and proxied connections alike; through a proxy, a proxied CONNECT
+names the broker the live lookups named), and its client frames are
 sent in recorded order, deterministic by causality rather than the clock:
 before a client frame goes out, the answers it could have depended on have
 arrived live — every request answer recorded before it on any connection,
@@ -37,7 +38,7 @@ from typing import Any
 import trio
 from google.protobuf import text_format
 
-from sluice.addresses import parse_address
+from sluice.addresses import Address, parse_address
 from sluice.errors import ConfigError, leaves
 from sluice.protocols.cursus.frame import DEFAULT_PORT as CURSUS_PORT
 from sluice.protocols.pulsar import Frame, ProtocolError, Type, command, encode, encode_payload, pb
@@ -215,6 +216,9 @@ class Remap:
     message_ids: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     producer_names: dict[str, str] = field(default_factory=dict)
     schema_versions: dict[bytes, bytes] = field(default_factory=dict)
+    # Recorded broker address -> the live one, from lookup answers that said
+    # ``proxy_through_service_url``: --broker is a proxy (Pulsar's or Sluice).
+    proxied_brokers: dict[Address, Address] = field(default_factory=dict)
 
     def learn(self, recorded: Frame, live: Frame) -> None:
         r: Any = recorded.body
@@ -225,6 +229,10 @@ class Remap:
             if name in r.DESCRIPTOR.fields_by_name and r.HasField(name) and l_.HasField(name):
                 a, b = getattr(r, name), getattr(l_, name)
                 self.message_ids[(a.ledgerId, a.entryId)] = (b.ledgerId, b.entryId)
+        if recorded.type == T("LOOKUP_RESPONSE") and l_.proxy_through_service_url:
+            for name in ("brokerServiceUrl", "brokerServiceUrlTls"):
+                if r.HasField(name) and l_.HasField(name):
+                    self.proxied_brokers[_address(getattr(r, name))] = _address(getattr(l_, name))
         if recorded.type == T("PRODUCER_SUCCESS"):
             self.producer_names[r.producer_name] = l_.producer_name
             if r.HasField("schema_version"):
@@ -253,7 +261,13 @@ class Remap:
         changed = self._ids(cmd)
         body: Any = frame.body and getattr(cmd, cmd.DESCRIPTOR.fields_by_number[frame.type].name)
         if frame.type == T("CONNECT") and body.HasField("proxy_to_broker_url"):
-            body.ClearField("proxy_to_broker_url")
+            # Through a proxy: the broker its lookups named live. Straight to
+            # a broker: none (a broker would take it for a proxy's CONNECT).
+            live = self.proxied_brokers.get(_address(body.proxy_to_broker_url))
+            if live is None:
+                body.ClearField("proxy_to_broker_url")
+            else:
+                body.proxy_to_broker_url = str(live)  # host:port, as clients send it
             changed = True
         if frame.type == T("PRODUCER") and body.producer_name in self.producer_names:
             body.producer_name = self.producer_names[body.producer_name]
@@ -276,6 +290,15 @@ class Remap:
                 )
             return frame.raw
         return encode(cmd, max_message_size=2**31 - 1) if changed else frame.raw
+
+
+def _address(url: str) -> Address:
+    """A broker URL's or a bare ``host:port``'s address (host lowercased)."""
+    try:
+        parsed = parse_broker_url(url)
+    except ConfigError:
+        return Address(url, 0)  # never equal to a real one
+    return Address(parsed.host.lower(), parsed.port)
 
 
 # --- the run -----------------------------------------------------------------------
