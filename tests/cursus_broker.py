@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import logging
 import random
+import ssl
 import threading
 import zlib
 from collections import Counter
@@ -167,6 +168,7 @@ class Cluster:
         compression: Compression = Compression.NONE,
         max_frame_size: int = BROKER_MAX_FRAME_SIZE,
         standalone: bool | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
@@ -178,6 +180,7 @@ class Cluster:
         self.keepalive = keepalive
         self.compression = compression
         self.max_frame_size = max_frame_size
+        self.tls = tls  # every node speaks TLS with this context (cursus+ssl://)
         self.topics: dict[str, Topic] = {}
         self.groups: dict[str, Group] = {}
         # What happened, for tests: replies by kind ("NOT_LEADER", "ACK", …),
@@ -248,25 +251,32 @@ class Cluster:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on every node's port, then serve until cancelled."""
-        listeners: list[tuple[Node, list[trio.SocketListener]]] = []
+        listeners: list[tuple[Node, list[trio.abc.Listener[trio.abc.Stream]]]] = []
         for node in self.nodes:
             found = await trio.open_tcp_listeners(node.port, host=node.host)
             node.port = found[0].socket.getsockname()[1]
             node.raft_port = 7000 + node.index  # never dialled: the ack names it only
-            listeners.append((node, found))
+            tls = self.tls
+            wrapped: list[trio.abc.Listener[trio.abc.Stream]] = [
+                f if tls is None else trio.SSLListener(f, tls, https_compatible=False)
+                for f in found
+            ]
+            listeners.append((node, wrapped))
         task_status.started()
         async with trio.open_nursery() as nursery:
-            for node, found in listeners:
-                nursery.start_soon(trio.serve_listeners, self._handler(node), found)
+            for node, serving in listeners:
+                nursery.start_soon(trio.serve_listeners, self._handler(node), serving)
 
-    def _handler(self, node: Node) -> Callable[[trio.SocketStream], Any]:
-        async def handle(stream: trio.SocketStream) -> None:
+    def _handler(self, node: Node) -> Callable[[trio.abc.Stream], Any]:
+        async def handle(stream: trio.abc.Stream) -> None:
             await self._connection(node, stream)
 
         return handle
 
-    async def _connection(self, node: Node, stream: trio.SocketStream) -> None:
-        peer = stream.socket.getpeername()
+    async def _connection(self, node: Node, stream: trio.abc.Stream) -> None:
+        tcp = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        assert isinstance(tcp, trio.SocketStream)
+        peer = tcp.socket.getpeername()
         self.connections.append((node.index, f"{peer[0]}:{peer[1]}"))
         decoder = FrameDecoder(
             from_client=True, max_frame_size=self.max_frame_size, compression=self.compression
@@ -500,7 +510,7 @@ class Cluster:
     # --- STREAM ---------------------------------------------------------------------
 
     async def _stream(
-        self, node: Node, stream: trio.SocketStream, decoder: FrameDecoder, cmd: Stream
+        self, node: Node, stream: trio.abc.Stream, decoder: FrameDecoder, cmd: Stream
     ) -> None:
         part = self._partition(node, cmd.topic, cmd.partition)
         if isinstance(part, ErrorReply):
@@ -541,7 +551,7 @@ class Cluster:
         finally:
             self._streams.remove(state)
 
-    async def _push(self, stream: trio.SocketStream, state: _OpenStream, part: Partition) -> None:
+    async def _push(self, stream: trio.abc.Stream, state: _OpenStream, part: Partition) -> None:
         while True:
             changed = self._changed
             if state.ending is not None:
@@ -558,7 +568,7 @@ class Cluster:
                 await stream.send_all(self._encode(Keepalive()))
 
 
-async def _next_frame(stream: trio.SocketStream, decoder: FrameDecoder) -> Frame | None:
+async def _next_frame(stream: trio.abc.Stream, decoder: FrameDecoder) -> Frame | None:
     """The next frame from the client, or ``None`` once it has closed cleanly."""
     while True:
         event = decoder.next_event()  # raises when framing is lost
@@ -570,7 +580,7 @@ async def _next_frame(stream: trio.SocketStream, decoder: FrameDecoder) -> Frame
 
 
 async def _until_closed(
-    stream: trio.SocketStream, decoder: FrameDecoder, scope: trio.CancelScope
+    stream: trio.abc.Stream, decoder: FrameDecoder, scope: trio.CancelScope
 ) -> None:
     """A streaming client sends nothing more; when it hangs up, stop pushing."""
     try:

@@ -10,13 +10,20 @@ refuses it, without reaching the broker.
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+import cursus.consumer
+import cursus.producer
 import pytest
 import trio
+import trustme
 from cursus import ConsumerMode
+from cursus.connection.sync_conn import SyncConnection
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,6 +34,7 @@ from sluice.protocols.cursus.encoder import frame
 from sluice.protocols.faults import FaultError, parse_rule
 from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
+from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.proxy.server import Proxy
 from tests.cursus_broker import Cluster, open_cluster
 from tests.test_cursus_broker import (
@@ -230,4 +238,59 @@ async def test_a_polling_consumer_group_through_the_proxy(cluster3: Cluster) -> 
         await collect_all(proxy.address, "polled", "gp", ConsumerMode.POLLING, payloads,
                           "9 messages polled")  # fmt: skip
         assert proxy.direct(cluster3) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_tls_from_the_client_to_every_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--listen-tls`` and ``cursus+ssl://``: the real client produces across
+    three leaders and streams everything back over TLS. Every per-broker
+    listener it is sent to must speak TLS, and the nodes speak nothing else.
+
+    cursus-client 0.1.1 takes ``tls_cert_path``/``tls_key_path`` in its
+    configs but never hands them to its connections; its connection class
+    has the TLS code (a client certificate, the system's trust store, the
+    host name checked), so the test hands them over, and points the trust
+    store at the test CA."""
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    server = ca.issue_cert("127.0.0.1")
+    server_pem = tmp_path / "server.pem"
+    server.private_key_and_cert_chain_pem.write_to_path(str(server_pem))
+    client_pem = tmp_path / "client.pem"
+    ca.issue_cert("client.example").private_key_and_cert_chain_pem.write_to_path(str(client_pem))
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    with_tls = partial(SyncConnection, tls_cert_path=str(client_pem), tls_key_path=str(client_pem))
+    monkeypatch.setattr(cursus.producer, "SyncConnection", with_tls)
+    monkeypatch.setattr(cursus.consumer, "SyncConnection", with_tls)
+    nodes = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.configure_cert(nodes)
+    async with open_cluster(3, keepalive=0.3, tls=nodes) as cluster, trio.open_nursery() as nursery:
+        host, port = cluster.address.rsplit(":", 1)
+        config = ProxyConfig(
+            broker=BrokerUrl(host, int(port), True, "cursus+ssl"),
+            protocol="cursus",
+            listen=None,
+            listen_tls=Address("127.0.0.1", 0),
+            tls=TlsServerConfig(server_pem, server_pem),
+            broker_tls=TlsClientConfig(ca=ca_file),
+        )
+        proxy = Proxy(config)
+        await nursery.start(proxy.run)
+        address = str(proxy.addresses["tls"])
+        payloads = [f"s{i}" for i in range(12)]
+        assert await in_thread(produce, address, "sealed", payloads, 3) == 12
+        assert {cluster.leader_of("sealed", p).index for p in range(3)} == {0, 1, 2}
+        assert len(proxy.cursus_routing.listeners) == 3
+        await collect_all(address, "sealed", "g", ConsumerMode.STREAMING, payloads,
+                          "12 messages streamed")  # fmt: skip
+        # A client without TLS gets nowhere: every listener speaks TLS only.
+        monkeypatch.setattr(cursus.producer, "SyncConnection", SyncConnection)
+        try:
+            plain = await in_thread(produce, address, "plain", ["x"], 1)
+        except Exception:  # the client's own error types vary
+            plain = 0
+        assert plain == 0
         nursery.cancel_scope.cancel()

@@ -107,6 +107,16 @@ def test_a_broker_port_is_given_once_whichever_worker_asks(tmp_path: Path) -> No
     assert first.broker_for(19002) == y
     assert first.assign(Address("node-3", 9000), pool) is None  # every port has a broker
     assert first.assign(y, pool) == 19002
+    # A name the journal cannot hold is refused, not given a port; a line
+    # not written by assign() is never read as one.
+    for bad in ("", "a b", "bad\udcff"):
+        with pytest.raises(ValueError, match="cannot be given a port"):
+            first.assign(Address(bad, 9000), [19003])
+    with open(tmp_path / BROKER_PORTS_FILE, "a") as journal:
+        journal.write("19003 node-9\nx node-9 9000\n")
+    assert SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE).by_port == {}  # nothing read yet
+    third = SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE)
+    assert third.broker_for(19003) is None and third.broker_for(19001) == Address("node-1", 9000)
 
 
 def test_cursus_workers_need_listener_ports() -> None:

@@ -36,9 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net = parser.add_argument_group("listening")
     net.add_argument(
         "--listen",
-        default=str(default(ProxyConfig, "listen")),
         metavar="HOST:PORT",
-        help="plain listener (default: %(default)s; 'none' to disable)",
+        help=f"plain listener (default: {default(ProxyConfig, 'listen')}, but none for Cursus "
+        "with --listen-tls; 'none' to disable)",
     )
     net.add_argument("--listen-tls", metavar="HOST:PORT", help="TLS listener (default: none)")
     net.add_argument(
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         metavar="URL",
         help="pulsar://HOST:PORT or pulsar+ssl://HOST:PORT of the broker (or service), or "
-        "cursus://HOST:PORT of a Cursus broker; required, no default",
+        "cursus://HOST:PORT (cursus+ssl:// with TLS) of a Cursus broker; required, no default",
     )
     up.add_argument(
         "--protocol",
@@ -279,8 +279,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> ProxyConfig:
-    listen = None if args.listen in ("", "none") else parse_address(args.listen, what="--listen")
+    cursus = args.broker.startswith(("cursus://", "cursus+ssl://"))
+    protocol = args.protocol or ("cursus" if cursus else "pulsar")
     listen_tls = parse_address(args.listen_tls, what="--listen-tls") if args.listen_tls else None
+    if args.listen is None:  # not given: Cursus listens one way only (see ProxyConfig)
+        listen = None if protocol == "cursus" and listen_tls else default(ProxyConfig, "listen")
+    elif args.listen in ("", "none"):
+        listen = None
+    else:
+        listen = parse_address(args.listen, what="--listen")
     tls = None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
@@ -291,7 +298,6 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         tls = TlsServerConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
         raise ConfigError(f"no such file: {args.broker_tls_ca}")
-    protocol = args.protocol or ("cursus" if args.broker.startswith("cursus://") else "pulsar")
     return ProxyConfig(
         broker=upstream_url(args.broker, protocol),
         protocol=protocol,
@@ -329,15 +335,19 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
 
 
 def upstream_url(text: str, protocol: str) -> BrokerUrl:
-    """``--broker`` for the protocol: Pulsar's URLs, or ``cursus://HOST:PORT``."""
+    """``--broker`` for the protocol: Pulsar's URLs, or ``cursus://HOST:PORT``
+    (``cursus+ssl://`` for brokers that speak TLS)."""
     if protocol == "pulsar":
         return parse_broker_url(text, what="--broker")
     scheme, sep, rest = text.strip().partition("://")
-    if sep and scheme != "cursus":
-        raise ConfigError(f"--broker {text!r}: a Cursus broker is cursus://HOST:PORT")
+    if sep and scheme not in ("cursus", "cursus+ssl"):
+        raise ConfigError(
+            f"--broker {text!r}: a Cursus broker is cursus://HOST:PORT (cursus+ssl:// with TLS)"
+        )
     address = parse_address((rest if sep else text).rstrip("/"), what="--broker",
                             default_port=CURSUS_PORT)  # fmt: skip
-    return BrokerUrl(address.host, address.port, False, "cursus")
+    tls = scheme == "cursus+ssl"
+    return BrokerUrl(address.host, address.port, tls, "cursus+ssl" if tls else "cursus")
 
 
 def port_range(text: str) -> tuple[int, int]:

@@ -98,21 +98,31 @@ class ProxyConfig:
         if self.protocol not in ("pulsar", "cursus"):
             raise ConfigError(f"--protocol must be pulsar or cursus, not {self.protocol!r}")
         if self.protocol == "cursus":
-            if self.listen_tls is not None:
-                raise ConfigError("--listen-tls: TLS is not supported for Cursus yet")
+            if self.listen is not None and self.listen_tls is not None:
+                raise ConfigError(
+                    "Cursus listens on --listen or on --listen-tls, not both: a client's TLS "
+                    "setting covers every broker, so the per-broker listeners speak what the "
+                    "main one does"
+                )
             if self.workers > 1 and self.listener_ports is None:
                 raise ConfigError(
                     "--workers with Cursus needs --listener-ports LOW-HIGH: the per-broker "
                     "ports are bound at start by the supervisor and shared by the workers"
                 )
-            if self.listen is None:
-                raise ConfigError("Cursus needs --listen (port-per-broker listeners open there)")
         if self.listener_ports is not None:
             low, high = self.listener_ports
             if not 0 < low <= high < 65536:
                 raise ConfigError("--listener-ports must be LOW-HIGH, 1 to 65535")
         if self.max_redirects < 0:
             raise ConfigError("--max-redirects must not be negative")
+
+    @property
+    def cursus_listen(self) -> Address:
+        """Cursus: the one listening address (plain or TLS); the per-broker
+        listeners open on its host and speak what it speaks."""
+        listen = self.listen if self.listen is not None else self.listen_tls
+        assert listen is not None  # checked above: one of them is given
+        return listen
 
     def replace(self, **changes: object) -> ProxyConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -26,6 +26,8 @@ from sluice.protocols.cursus.connection import (
     ListenerRequest,
 )
 from sluice.protocols.faults import Faults
+from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.proxy.dial import TlsClientConfig, client_ssl_context
 
 # Opens (or finds) the listener for an upstream broker; its advertised address.
 OpenListener = Callable[[Address], Awaitable[Address]]
@@ -40,14 +42,20 @@ class CursusBackend:
 
     def __init__(
         self,
-        broker: Address,
+        broker: BrokerUrl,
         settings: CursusSettings,
         routing: CursusRouting,
         *,
+        broker_tls: TlsClientConfig | None = None,
         connect_timeout: float,
         faults: Faults | None = None,
     ) -> None:
-        self.broker = broker
+        self.broker = broker.address
+        # cursus+ssl://: every broker of the cluster is dialled with TLS.
+        self.tls = broker.tls
+        self._tls_context = (
+            client_ssl_context(broker_tls or TlsClientConfig()) if broker.tls else None
+        )
         self.faults = faults if faults is not None else Faults()
         self.settings = settings
         self.routing = routing
@@ -55,15 +63,16 @@ class CursusBackend:
         self.open_listener: OpenListener | None = None
 
     def tls_context(self, tls: bool) -> ssl.SSLContext | None:
-        return None
+        return self._tls_context if tls else None
 
     def start(self, nursery: trio.Nursery, tap: Tap) -> None:
         """Nothing of its own to run: Cursus has no proxy-side requests."""
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> CursusConnection:
         return CursusConnection(
-            conn, self.settings, self.routing, tap, upstream=upstream, faults=self.faults
-        )
+            conn, self.settings, self.routing, tap, upstream=upstream, tls=self.tls,
+            faults=self.faults,
+        )  # fmt: skip
 
     async def ask(self, address: Address, request: Any) -> Address | Exception:
         """A core's ``ListenerRequest``: the listener for its broker."""

@@ -103,13 +103,14 @@ class Proxy:
         if config.protocol == "cursus":
             self.cursus_routing = CursusRouting(config.broker.address, config.allow_broker)
             cursus = CursusBackend(
-                config.broker.address,
+                config.broker,
                 CursusSettings(
                     config.on_invalid,
                     max_frame_size=config.max_frame_size,
                     compression=Compression.parse(config.broker_compression),
                 ),
                 self.cursus_routing,
+                broker_tls=config.broker_tls,
                 connect_timeout=config.connect_timeout,
                 faults=self.faults,
             )
@@ -151,6 +152,7 @@ class Proxy:
         self._handlers: trio.Nursery | None = None
         self._stop = trio.Event()
         self.certificates: CertificateReloader | None = None
+        self._tls_context: ssl.SSLContext | None = None  # the TLS listeners'
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -181,7 +183,7 @@ class Proxy:
                     handlers.start_soon(self._accept_loop, listener, kind, None)
                 if self.config.protocol == "cursus":
                     # The main listener stands for the configured broker.
-                    main = self.addresses.get("plain")
+                    main = self.addresses.get("plain") or self.addresses.get("tls")
                     if main is not None:
                         self.cursus_routing.add_listener(
                             self.config.broker.address, self._advertised(main.port)
@@ -207,12 +209,26 @@ class Proxy:
         return problems
 
     def _server_context(self) -> ssl.SSLContext | None:
-        """The TLS listeners' context, re-read when its files change."""
+        """The TLS listeners' context (one for all), re-read when its files change."""
         if self.config.tls is None:
             return None
-        context = server_ssl_context(self.config.tls)
-        self.certificates = CertificateReloader(self.config.tls, context)
-        return context
+        if self._tls_context is None:
+            self._tls_context = server_ssl_context(self.config.tls)
+            self.certificates = CertificateReloader(self.config.tls, self._tls_context)
+        return self._tls_context
+
+    @property
+    def _kind(self) -> str:
+        """Cursus: the kind of every listener, the per-broker ones too."""
+        return "plain" if self.config.listen_tls is None else "tls"
+
+    def _broker_listener(self, tcp: trio.SocketListener) -> trio.abc.Listener[Any]:
+        """A port-per-broker listener (Cursus), speaking what the main one does."""
+        if self.config.listen_tls is None:
+            return tcp
+        context = self._server_context()
+        assert context is not None  # ProxyConfig: --listen-tls needs --tls-cert
+        return trio.SSLListener(tcp, context, https_compatible=False)
 
     @property
     def active(self) -> int:
@@ -227,7 +243,7 @@ class Proxy:
                 tcp = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 if kind == "broker":
                     self._pool.append(sock.getsockname()[1])
-                    self._listeners.append((kind, tcp))
+                    self._listeners.append((kind, self._broker_listener(tcp)))
                 elif kind == "tls":
                     assert context is not None
                     self._add_listener(
@@ -261,8 +277,7 @@ class Proxy:
         """The address clients are told to dial for a listener on ``port``."""
         host = self.config.advertise_host
         if host is None:
-            listen = self.config.listen
-            host = listen.host if listen is not None else "127.0.0.1"
+            host = self.config.cursus_listen.host
             if host in ("0.0.0.0", "::", ""):
                 host = socket.gethostname()
         return Address(host, port)
@@ -273,7 +288,10 @@ class Proxy:
         if existing is not None:
             return existing
         if self._broker_ports is not None:  # a worker: the port is the supervisor's
-            port = self._broker_ports.assign(upstream, self._pool)
+            try:
+                port = self._broker_ports.assign(upstream, self._pool)
+            except ValueError as exc:
+                raise NoListener(str(exc)) from None
             if port is None:
                 low, high = self.config.listener_ports or (0, 0)
                 raise NoListener(f"every port of --listener-ports {low}-{high} has a broker")
@@ -281,8 +299,8 @@ class Proxy:
             self.cursus_routing.add_listener(upstream, address)
             log.info("port %d stands for broker %s", port, upstream)
             return address
-        assert self._handlers is not None and self.config.listen is not None
-        host = self.config.listen.host
+        assert self._handlers is not None
+        host = self.config.cursus_listen.host
         span = self.config.listener_ports
         candidates = range(span[0], span[1] + 1) if span is not None else [0]
         for port in candidates:
@@ -296,11 +314,12 @@ class Proxy:
                 continue
             bound_port = listener.socket.getsockname()[1]
             self._ports_used.add(bound_port)
-            self._listeners.append((f"broker {upstream}", listener))
+            wrapped = self._broker_listener(listener)
+            self._listeners.append((f"broker {upstream}", wrapped))
             address = self._advertised(bound_port)
             self.cursus_routing.add_listener(upstream, address)
             log.info("listening on %s:%d for broker %s", host, bound_port, upstream)
-            self._handlers.start_soon(self._accept_loop, listener, "plain", upstream)
+            self._handlers.start_soon(self._accept_loop, wrapped, self._kind, upstream)
             return address
         raise NoListener(f"no free port in --listener-ports {span[0]}-{span[1]}" if span else "")
 
@@ -318,12 +337,11 @@ class Proxy:
                 await trio.sleep(0.1)
                 continue
             if kind == "broker":  # a worker's port-per-broker port (Cursus)
-                assert isinstance(listener, trio.SocketListener)
-                upstream = self._broker_of(listener.socket.getsockname()[1])
+                upstream = self._broker_of(_port(listener))
                 if upstream is None:
                     await _close(stream)
                     continue
-                self._handlers.start_soon(self.handle, stream, "plain", upstream)
+                self._handlers.start_soon(self.handle, stream, self._kind, upstream)
                 continue
             self._handlers.start_soon(self.handle, stream, kind, upstream)
 
@@ -436,6 +454,13 @@ async def _second_signal_stops(signals: Any, server: Drainable) -> None:
         log.warning("second signal: stopping now")
         server.stop()
         return
+
+
+def _port(listener: trio.abc.Listener[Any]) -> int:
+    """The port a (TLS-wrapped or plain) TCP listener is bound to."""
+    inner = listener.transport_listener if isinstance(listener, trio.SSLListener) else listener
+    assert isinstance(inner, trio.SocketListener)
+    return int(inner.socket.getsockname()[1])
 
 
 def _peer(stream: trio.abc.Stream) -> Address:

@@ -135,8 +135,13 @@ class SharedBrokerPorts:
 
     def assign(self, broker: Address, ports: Iterable[int]) -> int | None:
         """The port that stands for ``broker``: the one some worker gave it,
-        or else the first of ``ports`` no broker has (None: all are taken)."""
-        broker = Address(broker.host.lower(), broker.port)
+        or else the first of ``ports`` no broker has (None: all are taken).
+        ValueError: a host name the journal cannot hold (empty, spaces,
+        not text), which no reply from a working broker has."""
+        host = broker.host.lower()
+        if not host or host.split() != [host] or not host.isprintable():
+            raise ValueError(f"broker host {broker.host!r} cannot be given a port")
+        broker = Address(host, broker.port)
         fcntl.flock(self._journal.fd, fcntl.LOCK_EX)
         try:
             self.refresh()
@@ -146,6 +151,8 @@ class SharedBrokerPorts:
                 if port is not None:
                     self._journal.append(f"{port} {broker.host} {broker.port}")
                     self.refresh()
+                    if self.by_broker.get(broker) != port:  # the journal did not take it
+                        raise ValueError(f"broker {broker} could not be given port {port}")
             return port
         finally:
             fcntl.flock(self._journal.fd, fcntl.LOCK_UN)
@@ -158,8 +165,8 @@ class SharedBrokerPorts:
 
     def refresh(self) -> None:
         for parts in self._journal.new_lines():
-            if len(parts) != 3:
-                continue
+            if len(parts) != 3 or not (parts[0].isdigit() and parts[2].isdigit()):
+                continue  # not written by assign(): never trusted
             port, host, broker_port = int(parts[0]), parts[1], int(parts[2])
             broker = Address(host, broker_port)
             self.by_port[port] = broker

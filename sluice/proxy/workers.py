@@ -31,11 +31,13 @@ What must look like one proxy does:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
 import os
 import pickle
+import resource
 import secrets
 import shutil
 import signal
@@ -216,20 +218,32 @@ class Supervisor:
             self._sockets.append((kind, sock))
             host, port = sock.getsockname()[:2]
             self.addresses.setdefault(kind, Address(host, port))
-        if config.protocol == "cursus" and config.listen is not None and config.listener_ports:
-            self._bind_broker_ports(config.listen.host, *config.listener_ports)
+        if config.protocol == "cursus" and config.listener_ports:
+            self._bind_broker_ports(config.cursus_listen.host, *config.listener_ports)
 
     def _bind_broker_ports(self, host: str, low: int, high: int) -> None:
         """Cursus, port-per-broker: every port of ``--listener-ports`` that is
         free, bound now and shared by the workers (which port stands for which
         broker is decided later, in ``SharedBrokerPorts``)."""
+        # Every worker holds every one of them: a range near the open-files
+        # limit would leave the workers no descriptors for their clients.
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if files != resource.RLIM_INFINITY and high - low + 1 > files // 4:
+            raise OSError(
+                f"--listener-ports {low}-{high} is {high - low + 1} ports, and each worker "
+                f"holds them all: more than a quarter of the open-files limit ({files}; "
+                "ulimit -n). Give a smaller range."
+            )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         bound_ports = 0
         for port in range(low, high + 1):
             try:
                 sock = socket.create_server((host, port), family=family, backlog=4096)
-            except OSError:
-                continue  # in use (the main listener, say): a lone proxy would skip it too
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue  # the main listener, say: a lone proxy would skip it too
+                raise OSError(f"--listener-ports: cannot listen on {host}:{port}: "
+                              f"{exc.strerror or exc}") from None  # fmt: skip
             sock.set_inheritable(True)
             self._sockets.append(("broker", sock))
             bound_ports += 1

@@ -9,8 +9,8 @@ arrived live — every request answer recorded before it on any connection,
 and every broker frame recorded before it on its own connection. Waits are
 bounded (``--timeout``); what never comes is reported as missing, and
 costs one timeout, not one per frame: a connection whose wait ran out is not
-waited on again until it speaks or is sent anything but an ACK,
-and one the broker closed is not waited on at all.
+waited on again until it speaks or replay sends anything but an ACK (on any
+connection), and one the broker closed is not waited on at all.
 
 Values the broker chooses are remapped as they become known: message ids
 (receipts, deliveries), generated producer names and schema versions, so
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import collections.abc
 import hashlib
 import sys
 import time
@@ -335,8 +336,8 @@ class Live:
         self.redelivered = 0  # live redeliveries, counted, not compared
         self.last_arrival = trio.current_time()
         self.ended = False  # the broker closed it (or it broke): nothing more will come
-        # A wait on it ran out, and since then nothing has come and nothing
-        # has been sent that could make the broker speak (see ``stirred``).
+        # A wait on it ran out, and since then nothing has come on it and
+        # nothing has been sent that could make the broker speak (``stir``).
         self.quiet = False
         self._waiting: trio.CancelScope | None = None
         self.expected: dict[Key, RecordedFrame] = {}
@@ -386,12 +387,15 @@ class Live:
             self._waiting = None
         return event.is_set()
 
-    def sent(self, frame: Frame) -> None:
-        """A client frame went out on this connection. Anything but an
-        acknowledgement (which the broker does not answer) may make the
-        broker speak again: waits on it are worth their timeout again."""
-        if frame.type != T("ACK"):
-            self.quiet = False
+
+def stir(lives: collections.abc.Iterable[Live], sent: Frame) -> None:
+    """A client frame went out. Anything but an acknowledgement (which the
+    broker does not answer) may make the broker speak again, on any
+    connection (a SEND on one is a MESSAGE on another): waits are worth
+    their timeout again everywhere."""
+    if sent.type != T("ACK"):
+        for live in lives:
+            live.quiet = False
 
 
 async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]]:
@@ -451,7 +455,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                 await live.stream.send(remap.client_frame(rf.frame))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 say(f"{conn.name}: the broker closed the connection")
-            live.sent(rf.frame)
+            stir(lives.values(), rf.frame)
             outcome.sent += 1
             if done % 500 == 0:
                 say(
@@ -588,6 +592,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         _speed(args.speed)
         if cursus.protocol_of(args.recording) == "cursus":
+            if args.broker.startswith("cursus+ssl://"):
+                raise ConfigError("--broker: replaying Cursus over TLS is not supported yet")
             broker = args.broker.removeprefix("cursus://")
             address = parse_address(broker, what="--broker", default_port=CURSUS_PORT)
             recording = cursus.load(args.recording)
