@@ -343,7 +343,10 @@ async def test_a_new_file_states_each_open_connection_once(tmp_path: Path) -> No
         for conn in range(1, 6):
             recorder.open_connection(conn, client="127.0.0.1:1", kind="proxied", listener="plain")
             recorder.record_frame(conn, 0, ping)
-            await trio.sleep(0.03)
+            # Written before the next batch (a fixed sleep was not enough on a busy host).
+            with trio.fail_after(10):
+                while recorder.frames_written < conn:
+                    await trio.sleep(0.005)
         recorder.close_connection(1)
         await trio.sleep(0.03)
         nursery.cancel_scope.cancel()
