@@ -4,6 +4,7 @@ against a fresh broker and served back to the real cursus-client."""
 from __future__ import annotations
 
 import json
+import ssl
 import struct
 import subprocess
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trustme
 from cursus import ConsumerMode
 
 from sluice.addresses import Address
@@ -97,6 +99,27 @@ async def test_replay_against_a_fresh_broker_is_equivalent(recorded: Path, tmp_p
         assert "BATCH rec[" in transcript.read_text()
         stored = sum(len(p.log) for p in fresh.topics["rec"].partitions)
         assert stored == 9
+
+
+async def test_replay_against_a_tls_broker(recorded: Path, tmp_path: Path) -> None:
+    """``--broker cursus+ssl://`` with ``--broker-tls-ca``: the same session,
+    replayed over TLS against a node that speaks nothing else."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    node = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(node)
+    async with open_cluster(1, keepalive=0.3, tls=node) as fresh:
+        done = await in_thread(sluice, "replay", str(recorded), "--broker",
+                               f"cursus+ssl://{fresh.address}", "--broker-tls-ca",
+                               str(tmp_path / "ca.pem"), "--timeout", "5")  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "equivalent" in done.stdout
+        assert sum(len(p.log) for p in fresh.topics["rec"].partitions) == 9
+        # Without the CA the node's certificate is not trusted: one line, exit 2.
+        refused = await in_thread(sluice, "replay", str(recorded), "--broker",
+                                  f"cursus+ssl://{fresh.address}", "--timeout", "5")  # fmt: skip
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "certificate" in refused.stderr and "Traceback" not in refused.stderr
 
 
 async def test_replay_tells_a_different_broker_apart(recorded: Path, tmp_path: Path) -> None:

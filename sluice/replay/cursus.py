@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import signal
+import ssl
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ from sluice.protocols.cursus.replies import (
     format_reply,
 )
 from sluice.protocols.cursus.rewrite import rewrite_addresses
+from sluice.proxy.dial import dial
 from sluice.recording.cursus import decode_recorded
 from sluice.recording.format import ReadResult, RecordingError, read_records, recording_files
 
@@ -193,7 +195,7 @@ class Outcome:
 
 
 class _Live:
-    def __init__(self, recorded: RecordedConnection, stream: trio.SocketStream) -> None:
+    def __init__(self, recorded: RecordedConnection, stream: trio.abc.Stream) -> None:
         self.recorded = recorded
         self.stream = stream
         self.got: list[Frame] = []
@@ -228,8 +230,8 @@ class _Live:
         return len(self.got) >= count
 
 
-async def replay(recording: CursusRecording, broker: Address, *, timeout: float,
-                 say: Any) -> tuple[Outcome, list[str]]:  # fmt: skip
+async def replay(recording: CursusRecording, broker: Address, *, timeout: float, say: Any,
+                 tls: ssl.SSLContext | None = None) -> tuple[Outcome, list[str]]:  # fmt: skip
     outcome = Outcome()
     lives: dict[tuple[str, int], _Live] = {}
     # How many answers each connection had before each of its client frames.
@@ -250,7 +252,7 @@ async def replay(recording: CursusRecording, broker: Address, *, timeout: float,
             live = lives.get(conn.key)
             if live is None:
                 try:
-                    stream = await trio.open_tcp_stream(broker.host, broker.port)
+                    stream = await dial(broker, timeout=timeout, tls=tls)
                 except OSError as exc:
                     raise ConfigError(f"cannot reach broker {broker}: {exc}") from None
                 live = lives[conn.key] = _Live(conn, stream)

@@ -592,14 +592,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         _speed(args.speed)
         if cursus.protocol_of(args.recording) == "cursus":
-            if args.broker.startswith("cursus+ssl://"):
-                raise ConfigError("--broker: replaying Cursus over TLS is not supported yet")
-            broker = args.broker.removeprefix("cursus://")
+            secure = args.broker.startswith("cursus+ssl://")
+            broker = args.broker.removeprefix("cursus+ssl://").removeprefix("cursus://")
             address = parse_address(broker, what="--broker", default_port=CURSUS_PORT)
+            tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if secure else None
             recording = cursus.load(args.recording)
             outcome: Outcome | cursus.Outcome
             outcome, transcript = trio.run(
-                partial(cursus.replay, recording, address, timeout=args.timeout, say=say)
+                partial(cursus.replay, recording, address, timeout=args.timeout, say=say, tls=tls)
             )
         else:
             outcome, transcript = trio.run(replay, args, say)
