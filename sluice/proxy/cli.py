@@ -16,11 +16,10 @@ from sluice.errors import ConfigError
 from sluice.logs import add_logging_arguments, setup_logging
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.cursus.compression import Compression
-from sluice.protocols.cursus.frame import DEFAULT_PORT as CURSUS_PORT
 from sluice.protocols.faults import load_rules
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.connection import UpstreamFailure
-from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
+from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url, parse_cursus_url
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig, client_ssl_context
 from sluice.proxy.pulsar import connect_broker
@@ -339,15 +338,7 @@ def upstream_url(text: str, protocol: str) -> BrokerUrl:
     (``cursus+ssl://`` for brokers that speak TLS)."""
     if protocol == "pulsar":
         return parse_broker_url(text, what="--broker")
-    scheme, sep, rest = text.strip().partition("://")
-    if sep and scheme not in ("cursus", "cursus+ssl"):
-        raise ConfigError(
-            f"--broker {text!r}: a Cursus broker is cursus://HOST:PORT (cursus+ssl:// with TLS)"
-        )
-    address = parse_address((rest if sep else text).rstrip("/"), what="--broker",
-                            default_port=CURSUS_PORT)  # fmt: skip
-    tls = scheme == "cursus+ssl"
-    return BrokerUrl(address.host, address.port, tls, "cursus+ssl" if tls else "cursus")
+    return parse_cursus_url(text, what="--broker")
 
 
 def port_range(text: str) -> tuple[int, int]:

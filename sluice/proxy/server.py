@@ -222,13 +222,14 @@ class Proxy:
         """Cursus: the kind of every listener, the per-broker ones too."""
         return "plain" if self.config.listen_tls is None else "tls"
 
-    def _broker_listener(self, tcp: trio.SocketListener) -> trio.abc.Listener[Any]:
-        """A port-per-broker listener (Cursus), speaking what the main one does."""
-        if self.config.listen_tls is None:
-            return tcp
+    def _tls_listener(self, tcp: trio.SocketListener) -> trio.SSLListener[trio.SocketStream]:
         context = self._server_context()
         assert context is not None  # ProxyConfig: --listen-tls needs --tls-cert
         return trio.SSLListener(tcp, context, https_compatible=False)
+
+    def _broker_listener(self, tcp: trio.SocketListener) -> trio.abc.Listener[Any]:
+        """A port-per-broker listener (Cursus), speaking what the main one does."""
+        return tcp if self.config.listen_tls is None else self._tls_listener(tcp)
 
     @property
     def active(self) -> int:
@@ -238,17 +239,13 @@ class Proxy:
     async def _open_listeners(self) -> None:
         config = self.config
         if self.worker is not None:
-            context = self._server_context()
             for kind, sock in self.worker.sockets:
                 tcp = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 if kind == "broker":
                     self._pool.append(sock.getsockname()[1])
                     self._listeners.append((kind, self._broker_listener(tcp)))
                 elif kind == "tls":
-                    assert context is not None
-                    self._add_listener(
-                        kind, trio.SSLListener(tcp, context, https_compatible=False), tcp
-                    )
+                    self._add_listener(kind, self._tls_listener(tcp), tcp)
                 else:
                     self._add_listener(kind, tcp, tcp)
             return
@@ -258,13 +255,10 @@ class Proxy:
             ):
                 self._add_listener("plain", listener, listener)
         if config.listen_tls is not None:
-            context = self._server_context()
-            assert context is not None  # ProxyConfig: --listen-tls needs --tls-cert
             for listener in await trio.open_tcp_listeners(
                 config.listen_tls.port, host=config.listen_tls.host
             ):
-                wrapped = trio.SSLListener(listener, context, https_compatible=False)
-                self._add_listener("tls", wrapped, listener)
+                self._add_listener("tls", self._tls_listener(listener), listener)
 
     def _add_listener(
         self, kind: str, listener: trio.abc.Listener[Any], tcp: trio.SocketListener

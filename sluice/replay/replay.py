@@ -39,13 +39,12 @@ from typing import Any
 import trio
 from google.protobuf import text_format
 
-from sluice.addresses import Address, parse_address
+from sluice.addresses import Address
 from sluice.errors import ConfigError, leaves
-from sluice.protocols.cursus.frame import DEFAULT_PORT as CURSUS_PORT
 from sluice.protocols.pulsar import Frame, ProtocolError, Type, command, encode, encode_payload, pb
 from sluice.protocols.pulsar.correlation import answer_key
 from sluice.protocols.pulsar.redact import loggable
-from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.protocols.pulsar.urls import parse_broker_url, parse_cursus_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.format import RecordingError
@@ -592,15 +591,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         _speed(args.speed)
         if cursus.protocol_of(args.recording) == "cursus":
-            secure = args.broker.startswith("cursus+ssl://")
-            broker = args.broker.removeprefix("cursus+ssl://").removeprefix("cursus://")
-            address = parse_address(broker, what="--broker", default_port=CURSUS_PORT)
-            tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if secure else None
+            url = parse_cursus_url(args.broker, what="--broker")
+            tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if url.tls else None
             recording = cursus.load(args.recording)
             outcome: Outcome | cursus.Outcome
-            outcome, transcript = trio.run(
-                partial(cursus.replay, recording, address, timeout=args.timeout, say=say, tls=tls)
+            replaying = partial(
+                cursus.replay, recording, url.address, timeout=args.timeout, say=say, tls=tls
             )
+            outcome, transcript = trio.run(replaying)
         else:
             outcome, transcript = trio.run(replay, args, say)
     except Exception as exc:
