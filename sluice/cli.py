@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
          "Replay a recording against a broker; exit 0 equivalent, 1 diverged, "
          "2 usage or connection errors.", False),
         ("serve", serve_cli, "act as the broker, answering clients from a recording (offline)",
-         "Answer a live Pulsar client from a recording, as if it were the broker.", False),
+         "Answer live Pulsar or Cursus clients from a recording, as the broker did.", False),
         ("analyze", analyze_cli,
          "turn many recordings into Parquet tables and a report (PySpark)",
          "Analyse recordings with Spark (local by default): tables frames, connections, "

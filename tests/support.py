@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pulsar
+import trustme
 
 from sluice.embedded import free_port, wait_for_port
 from sluice.protocols.pulsar import (
@@ -344,3 +345,11 @@ def http_get(url: str, method: str = "GET") -> tuple[int, str]:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+
+
+def tls_files(tmp_path: Path, *names: str) -> tuple[Path, Path, trustme.CA]:
+    """A CA file and a server cert+key file for ``names``."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    ca.issue_cert(*names).private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "srv.pem"))
+    return tmp_path / "ca.pem", tmp_path / "srv.pem", ca

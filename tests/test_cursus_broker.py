@@ -12,8 +12,11 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
+import cursus.consumer
+import cursus.producer
 import pytest
 import trio
 from cursus import (
@@ -25,6 +28,7 @@ from cursus import (
     ProducerConfig,
 )
 from cursus import Message as ClientMessage
+from cursus.connection.sync_conn import SyncConnection
 from cursus.protocol import encoder as client_encoder
 
 from sluice.protocols.cursus import (
@@ -105,6 +109,21 @@ async def collect_all(
 
 
 # --- the real client -------------------------------------------------------------------
+
+
+def client_speaks_tls(monkeypatch: pytest.MonkeyPatch, ca_file: Path, client_pem: Path) -> None:
+    """Make the real cursus-client dial over TLS, trusting ``ca_file``, with
+    ``client_pem`` as its certificate and key.
+
+    cursus-client 0.1.1 takes ``tls_cert_path``/``tls_key_path`` in its
+    configs but never hands them to its connections; its connection class
+    has the TLS code (a client certificate, the system's trust store, the
+    host name checked), so they are handed over here, and the trust store
+    pointed at the test CA."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    with_tls = partial(SyncConnection, tls_cert_path=str(client_pem), tls_key_path=str(client_pem))
+    monkeypatch.setattr(cursus.producer, "SyncConnection", with_tls)
+    monkeypatch.setattr(cursus.consumer, "SyncConnection", with_tls)
 
 
 def produce(address: str, topic: str, payloads: list[str], partitions: int) -> int:

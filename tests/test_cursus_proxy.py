@@ -13,11 +13,9 @@ from __future__ import annotations
 import ssl
 import threading
 from collections.abc import AsyncIterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import cursus.consumer
 import cursus.producer
 import pytest
 import trio
@@ -39,6 +37,7 @@ from sluice.proxy.server import Proxy
 from tests.cursus_broker import Cluster, open_cluster
 from tests.test_cursus_broker import (
     Collector,
+    client_speaks_tls,
     collect_all,
     in_thread,
     produce,
@@ -246,13 +245,7 @@ async def test_tls_from_the_client_to_every_broker(
 ) -> None:
     """``--listen-tls`` and ``cursus+ssl://``: the real client produces across
     three leaders and streams everything back over TLS. Every per-broker
-    listener it is sent to must speak TLS, and the nodes speak nothing else.
-
-    cursus-client 0.1.1 takes ``tls_cert_path``/``tls_key_path`` in its
-    configs but never hands them to its connections; its connection class
-    has the TLS code (a client certificate, the system's trust store, the
-    host name checked), so the test hands them over, and points the trust
-    store at the test CA."""
+    listener it is sent to must speak TLS, and the nodes speak nothing else."""
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -261,10 +254,7 @@ async def test_tls_from_the_client_to_every_broker(
     server.private_key_and_cert_chain_pem.write_to_path(str(server_pem))
     client_pem = tmp_path / "client.pem"
     ca.issue_cert("client.example").private_key_and_cert_chain_pem.write_to_path(str(client_pem))
-    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
-    with_tls = partial(SyncConnection, tls_cert_path=str(client_pem), tls_key_path=str(client_pem))
-    monkeypatch.setattr(cursus.producer, "SyncConnection", with_tls)
-    monkeypatch.setattr(cursus.consumer, "SyncConnection", with_tls)
+    client_speaks_tls(monkeypatch, ca_file, client_pem)
     nodes = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.configure_cert(nodes)
     async with open_cluster(3, keepalive=0.3, tls=nodes) as cluster, trio.open_nursery() as nursery:

@@ -8,6 +8,7 @@ import ssl
 import struct
 import subprocess
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from sluice.recording.format import PayloadPolicy, dumps, read_records, recordin
 from sluice.recording.writer import RecorderConfig
 from tests.cursus_broker import open_cluster
 from tests.support import SLUICE
-from tests.test_cursus_broker import collect_all, in_thread, produce
+from tests.test_cursus_broker import client_speaks_tls, collect_all, in_thread, produce
 from tests.test_pipeline import analyze, rows_of
 
 PAYLOADS = [f"r{i}" for i in range(9)]
@@ -161,12 +162,13 @@ async def test_replay_spends_no_wait_on_a_connection_the_broker_closed(
     assert elapsed < 10, f"{elapsed:.1f} s"
 
 
-async def test_serve_answers_the_real_client_from_the_recording(recorded: Path) -> None:
-    port = free_port()
+@asynccontextmanager
+async def serving(recorded: Path, port: int, *args: str) -> AsyncIterator[trio.Process]:
+    """``sluice serve`` of ``recorded``, once it accepts connections on
+    ``port``; stopped with SIGTERM after, and its output checked."""
     process = await trio.lowlevel.open_process(
-        [*SLUICE, "serve", str(recorded), "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [*SLUICE, "serve", str(recorded), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         with trio.fail_after(30):
             while True:
@@ -176,8 +178,7 @@ async def test_serve_answers_the_real_client_from_the_recording(recorded: Path) 
                     break
                 except OSError:
                     await trio.sleep(0.1)
-        address = f"127.0.0.1:{port}"
-        await produce_and_stream(address, "9 recorded messages served")
+        yield process
     finally:
         process.terminate()
         with trio.move_on_after(10):
@@ -187,6 +188,39 @@ async def test_serve_answers_the_real_client_from_the_recording(recorded: Path) 
     assert process.stderr is not None
     errors = await process.stderr.receive_some(65536)
     assert b"Traceback" not in errors, errors
+
+
+async def test_serve_answers_the_real_client_from_the_recording(recorded: Path) -> None:
+    port = free_port()
+    async with serving(recorded, port, "--listen", f"127.0.0.1:{port}"):
+        await produce_and_stream(f"127.0.0.1:{port}", "9 recorded messages served")
+
+
+async def test_serve_over_tls(
+    recorded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--listen-tls``: the real client, speaking TLS, is answered from the
+    recording; one that does not speak TLS gets nowhere."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    pem = tmp_path / "server.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
+    client_pem = tmp_path / "client.pem"
+    ca.issue_cert("client.example").private_key_and_cert_chain_pem.write_to_path(str(client_pem))
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    tls = ["--listen-tls", address, "--tls-cert", str(pem), "--tls-key", str(pem)]
+    async with serving(recorded, port, *tls):
+        try:
+            plain = await in_thread(produce, address, "rec", ["x"], 3)
+        except Exception:  # the client's own error types vary
+            plain = 0
+        assert plain == 0
+        client_speaks_tls(monkeypatch, tmp_path / "ca.pem", client_pem)
+        await produce_and_stream(address, "9 recorded messages served over TLS")
+    # One listener for a Cursus recording: both ways at once is refused.
+    both = await in_thread(sluice, "serve", str(recorded), "--listen", "127.0.0.1:0", *tls)
+    assert both.returncode == 2 and "one listener" in both.stderr, both.stderr
 
 
 async def test_analyze_tables_include_the_cursus_session(recorded: Path, tmp_path: Path) -> None:

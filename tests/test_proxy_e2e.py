@@ -15,7 +15,15 @@ import trustme
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.pulsar import Type, command, encode, pb
-from tests.support import SLUICE, ProxyProcess, RawClient, client, start_proxy, tcp_connections
+from tests.support import (
+    SLUICE,
+    ProxyProcess,
+    RawClient,
+    client,
+    start_proxy,
+    tcp_connections,
+    tls_files,
+)
 
 T = Type.Value
 
@@ -376,6 +384,17 @@ def test_bad_flag_is_one_line_and_exit_2() -> None:
     assert len(lines) == 1 and "--listen" in lines[0] and "Traceback" not in result.stderr
 
 
+def test_a_certificate_that_does_not_load_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Checked at start (the broker is not asked first), not at the first TLS client."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    tls = ["--listen-tls", f"127.0.0.1:{free_port()}", "--tls-cert", str(junk)]
+    result = run_cli("proxy", "--broker", "pulsar://127.0.0.1:1", *tls, "--tls-key", str(junk))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{junk}" in lines[0] and "not a PEM certificate" in lines[0]
+
+
 def test_unreachable_broker_is_one_line_and_exit_1() -> None:
     dead = free_port()
     result = run_cli(
@@ -472,14 +491,6 @@ def stall_a_consumer(proxy: ProxyProcess, broker: EmbeddedBroker, topic: str) ->
 
 
 # --- TLS towards brokers, proxy chains, client certificates ----------------
-
-
-def tls_files(tmp_path: Path, *names: str) -> tuple[Path, Path, trustme.CA]:
-    """A CA file and a server cert+key file for ``names``."""
-    ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    ca.issue_cert(*names).private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "srv.pem"))
-    return tmp_path / "ca.pem", tmp_path / "srv.pem", ca
 
 
 def start_tls_proxy(

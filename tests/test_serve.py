@@ -7,19 +7,21 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pulsar
 import pytest
+import trustme
 
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
-from tests.support import SLUICE, client, start_proxy, tcp_connections
+from tests.support import SLUICE, client, start_proxy, tcp_connections, tls_files
 
 TOPIC = "persistent://public/default/served"
 
 
-def script(url: str, during: list[object] | None = None) -> list[bytes]:
+def script(url: str, during: list[object] | None = None, **options: Any) -> list[bytes]:
     """The application: produce (unbatched and batched), then consume and ack."""
-    with client(url) as c:
+    with client(url, **options) as c:
         producer = c.create_producer(TOPIC, batching_enabled=False)
         for i in range(6):
             producer.send(f"one-{i}".encode())
@@ -56,16 +58,27 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes
     return tmp / "rec", messages  # the broker is gone from here on
 
 
-@pytest.fixture
-def served(recorded: tuple[Path, list[bytes]]) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    port = free_port()
+def start_serve(recording: Path, port: int, *args: str) -> subprocess.Popen[str]:
+    """``sluice serve RECORDING ARGS``, once it accepts connections on ``port``."""
     process = subprocess.Popen(
-        [*SLUICE, "serve", str(recorded[0]), "--listen", f"127.0.0.1:{port}"],
+        [*SLUICE, "serve", str(recording), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_for_port("127.0.0.1", port, 20, process)  # type: ignore[arg-type]
+    try:
+        wait_for_port("127.0.0.1", port, 20, process)  # type: ignore[arg-type]
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return process
+
+
+@pytest.fixture
+def served(recorded: tuple[Path, list[bytes]]) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    process = start_serve(recorded[0], port, "--listen", f"127.0.0.1:{port}")
     yield process, port
     if process.poll() is None:
         process.kill()
@@ -95,6 +108,60 @@ def test_the_real_client_runs_against_serve_with_no_broker(
     code, report = stop(process)
     assert code == 0, report
     assert "0 without a recorded answer" in report
+
+
+def test_serve_over_tls_with_the_real_client(
+    recorded: tuple[Path, list[bytes]], tmp_path: Path
+) -> None:
+    """``--listen-tls`` alone: the client's lookups are answered with a
+    ``pulsar+ssl://`` broker URL, so it stays on TLS, and nothing listens plain."""
+    ca, pem, _ = tls_files(tmp_path, "localhost", "127.0.0.1")
+    port = free_port()
+    process = start_serve(recorded[0], port, "--listen-tls", f"127.0.0.1:{port}",
+                          "--tls-cert", str(pem), "--tls-key", str(pem))  # fmt: skip
+    try:
+        listening = {local[1] for local, remote in tcp_connections(process.pid) if not remote[1]}
+        assert listening == {port}
+        got = script(f"pulsar+ssl://localhost:{port}", tls_trust_certs_file_path=str(ca))
+        assert got == recorded[1]
+        # A client that does not trust the certificate gets nowhere.
+        trustme.CA().cert_pem.write_to_path(str(tmp_path / "other.pem"))
+        with (
+            client(
+                f"pulsar+ssl://localhost:{port}",
+                tls_trust_certs_file_path=str(tmp_path / "other.pem"),
+            ) as c,  # fmt: skip
+            pytest.raises(pulsar.PulsarException),
+        ):
+            c.create_producer(TOPIC, send_timeout_millis=3000)
+        code, report = stop(process)
+    finally:
+        process.kill()
+    assert code == 0, report
+    assert "0 without a recorded answer" in report
+
+
+def test_serve_tls_settings_that_cannot_work_are_refused(
+    recorded: tuple[Path, list[bytes]], tmp_path: Path
+) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    _, pem, _ = tls_files(tmp_path, "localhost")
+    tls = ["--listen-tls", f"127.0.0.1:{free_port()}"]
+    cases = [
+        (tls, "--listen-tls needs --tls-cert and --tls-key"),
+        (["--tls-cert", str(pem), "--tls-key", str(pem)], "are for --listen-tls"),
+        ([*tls, "--tls-cert", str(junk), "--tls-key", str(junk)], "not a PEM certificate and key"),
+        (
+            [*tls, "--tls-cert", str(pem), "--tls-key", str(tmp_path / "gone.pem")],
+            "No such file or directory",
+        ),
+    ]
+    for args, message in cases:
+        command = [*SLUICE, "serve", str(recorded[0]), *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_requests_the_recording_cannot_answer_get_an_error(

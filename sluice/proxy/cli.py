@@ -21,7 +21,12 @@ from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.connection import UpstreamFailure
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url, parse_cursus_url
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
-from sluice.proxy.dial import TlsClientConfig, TlsServerConfig, client_ssl_context
+from sluice.proxy.dial import (
+    TlsClientConfig,
+    TlsServerConfig,
+    client_ssl_context,
+    server_ssl_context,
+)
 from sluice.proxy.pulsar import connect_broker
 from sluice.proxy.server import Proxy, serve_until_signalled
 from sluice.proxy.workers import available_cpus, serve_workers
@@ -295,6 +300,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
             if path is not None and not path.is_file():
                 raise ConfigError(f"no such file: {path}")
         tls = TlsServerConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
+        server_ssl_context(tls)  # files that do not load: one line now, not at the first client
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
         raise ConfigError(f"no such file: {args.broker_tls_ca}")
     return ProxyConfig(

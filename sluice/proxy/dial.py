@@ -18,6 +18,7 @@ from pathlib import Path
 import trio
 
 from sluice.addresses import Address
+from sluice.errors import ConfigError
 
 log = logging.getLogger("sluice.tls")
 
@@ -46,13 +47,36 @@ class TlsClientConfig:
 
 
 def server_ssl_context(config: TlsServerConfig) -> ssl.SSLContext:
+    """A TLS listener's context. Files that do not load are a ``ConfigError``
+    naming them (the ssl module's own message is "[SSL] PEM lib")."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = MINIMUM_TLS
-    context.load_cert_chain(str(config.cert), str(config.key))
+    try:
+        context.load_cert_chain(str(config.cert), str(config.key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"cannot load the TLS certificate {config.cert} with the key {config.key}: "
+            f"{_reason(exc)}"
+        ) from None
     if config.client_ca is not None:
-        context.load_verify_locations(str(config.client_ca))
+        try:
+            context.load_verify_locations(str(config.client_ca))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cannot load the client CA {config.client_ca}: {_reason(exc)}"
+            ) from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _reason(exc: OSError) -> str:
+    """Why a PEM file did not load, in words ("no certificate or key in it")."""
+    if isinstance(exc, ssl.SSLError):
+        if exc.reason:  # "KEY_VALUES_MISMATCH"
+            return str(exc.reason).replace("_", " ").lower()
+        if "PEM lib" in str(exc):  # OpenSSL gives no reason for these
+            return "not a PEM certificate and key"
+    return exc.strerror or str(exc)
 
 
 class CertificateReloader:

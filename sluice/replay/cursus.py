@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import signal
 import ssl
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -370,7 +368,7 @@ class CursusStub:
                 self.report.pushed += len(reply.message.messages)
         return out
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, stream: trio.abc.Stream) -> None:
         decoder = FrameDecoder(from_client=True)
         try:
             while True:
@@ -390,19 +388,3 @@ class CursusStub:
             return
         finally:
             await trio.aclose_forcefully(stream)
-
-
-async def serve(target: Path, listen: Address) -> Report:
-    recording = load(target)
-    listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
-    host, port = listeners[0].socket.getsockname()[:2]
-    stub = CursusStub(recording, Address(host, port))
-    print(f"[serve] answering as a Cursus broker on {host}:{port} from {target}; "
-          "Ctrl-C to stop", file=sys.stderr, flush=True)  # fmt: skip
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, stub.handle, listeners)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
-        nursery.cancel_scope.cancel()
-    return stub.report

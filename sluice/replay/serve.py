@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import collections
 import signal
+import ssl
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.protocols.pulsar.correlation import Correlator
+from sluice.proxy.dial import TlsServerConfig, server_ssl_context
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import Recording, load
@@ -45,14 +48,76 @@ T = Type.Value
 _ANSWERED_BY_SUCCESS = {T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("UNSUBSCRIBE"), T("SEEK")}
 
 
+DEFAULT_LISTEN = "127.0.0.1:6650"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recording", type=Path, help="a recording file or directory")
     parser.add_argument(
         "--listen",
-        default="127.0.0.1:6650",
         metavar="HOST:PORT",
-        help="where clients connect (default: %(default)s)",
+        help=f"plain listener, where clients connect (default: {DEFAULT_LISTEN}, "
+        "but none with --listen-tls)",
     )
+    parser.add_argument(
+        "--listen-tls",
+        metavar="HOST:PORT",
+        help="TLS listener, with --tls-cert and --tls-key (default: none); a Pulsar recording "
+        "may be served on both, a Cursus one on one of them",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="certificate chain (PEM) for --listen-tls (default: none)",
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="private key (PEM) (default: none)"
+    )
+
+
+@dataclass(frozen=True)
+class Listening:
+    """Where serve listens: plain, TLS (with its context), or both."""
+
+    plain: Address | None
+    tls: Address | None = None
+    context: ssl.SSLContext | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Listening:
+        tls = parse_address(args.listen_tls, what="--listen-tls") if args.listen_tls else None
+        if args.listen is not None:
+            plain: Address | None = parse_address(args.listen, what="--listen")
+        else:
+            plain = None if tls is not None else parse_address(DEFAULT_LISTEN)
+        if tls is None:
+            if args.tls_cert or args.tls_key:
+                raise ConfigError("--tls-cert and --tls-key are for --listen-tls")
+            return cls(plain)
+        if not (args.tls_cert and args.tls_key):
+            raise ConfigError("--listen-tls needs --tls-cert and --tls-key")
+        return cls(plain, tls, server_ssl_context(TlsServerConfig(args.tls_cert, args.tls_key)))
+
+    async def open(self) -> tuple[list[trio.abc.Listener[Any]], Address | None, Address | None]:
+        """The listeners, and the plain and TLS addresses they are bound to."""
+        listeners: list[trio.abc.Listener[Any]] = []
+        bound: list[Address | None] = []
+        for address in (self.plain, self.tls):
+            if address is None:
+                bound.append(None)
+                continue
+            tcp = await trio.open_tcp_listeners(address.port, host=address.host)
+            host, port = tcp[0].socket.getsockname()[:2]
+            bound.append(Address(host, port))
+            if address is self.tls:
+                assert self.context is not None
+                listeners += [
+                    trio.SSLListener(t, self.context, https_compatible=False) for t in tcp
+                ]
+            else:
+                listeners += tcp
+        return listeners, bound[0], bound[1]
 
 
 @dataclass
@@ -167,12 +232,15 @@ class Consumer:
 
 
 class StubBroker:
-    def __init__(self, answers: Answers, url: str) -> None:
+    """Lookups point at ``url`` and ``url_tls`` (either may be empty)."""
+
+    def __init__(self, answers: Answers, url: str, url_tls: str = "") -> None:
         self.answers = answers
         self.url = url
+        self.url_tls = url_tls
         self.report = Report()
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, stream: trio.abc.Stream) -> None:
         conn = FrameStream(stream, 2**31 - 1)
         producers: dict[int, str] = {}
         consumers: dict[int, Consumer] = {}
@@ -220,9 +288,11 @@ class StubBroker:
                 and recorded.body.response == pb.CommandLookupTopicResponse.Failed
             ):
                 return _with(recorded, request_id=body.request_id)
-            answer = pb.CommandLookupTopicResponse(
-                request_id=body.request_id, brokerServiceUrl=self.url, authoritative=True
-            )
+            answer = pb.CommandLookupTopicResponse(request_id=body.request_id, authoritative=True)
+            if self.url:
+                answer.brokerServiceUrl = self.url
+            if self.url_tls:
+                answer.brokerServiceUrlTls = self.url_tls
             answer.response = answer.Connect
             return encode(command(T("LOOKUP_RESPONSE"), answer))
         recorded = self.answers.answer((t, topic))
@@ -271,39 +341,68 @@ class StubBroker:
                 await conn.send(b"".join(out))
 
 
-async def serve(recording: Path, listen: Address) -> Report:
+async def serve(recording: Path, listening: Listening) -> Report:
+    """Answer Pulsar clients from ``recording`` until SIGINT or SIGTERM."""
     answers = Answers.of(load(recording))
-    listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
-    host, port = listeners[0].socket.getsockname()[:2]
-    stub = StubBroker(answers, f"pulsar://{host}:{port}")
-    print(
-        f"[serve] answering as a broker on pulsar://{host}:{port} from {recording}; Ctrl-C to stop",
-        file=sys.stderr,
-        flush=True,
+    listeners, plain, tls = await listening.open()
+    stub = StubBroker(
+        answers, f"pulsar://{plain}" if plain else "", f"pulsar+ssl://{tls}" if tls else ""
     )
+    urls = " and ".join(url for url in (stub.url, stub.url_tls) if url)
+    _announce(f"a broker on {urls}", recording)
+    await _until_signalled(stub.handle, listeners)
+    return stub.report
+
+
+async def serve_cursus(target: Path, listening: Listening) -> cursus.Report:
+    """Answer Cursus clients from ``target`` on one listener until SIGINT or SIGTERM."""
+    recording = cursus.load(target)
+    listeners, plain, tls = await listening.open()
+    here = plain or tls
+    assert here is not None and not (plain and tls)  # see run()
+    stub = cursus.CursusStub(recording, here)
+    _announce(f"a Cursus broker on {here}{' (TLS)' if tls else ''}", target)
+    await _until_signalled(stub.handle, listeners)
+    return stub.report
+
+
+def _announce(what: str, recording: Path) -> None:
+    print(f"[serve] answering as {what} from {recording}; Ctrl-C to stop",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+async def _until_signalled(
+    handler: Callable[[Any], Awaitable[None]], listeners: list[trio.abc.Listener[Any]]
+) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, stub.handle, listeners)
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
                 break
         nursery.cancel_scope.cancel()
-    return stub.report
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        listen = parse_address(args.listen, what="--listen")
+        listening = Listening.from_args(args)
+    except ConfigError as exc:
+        print(f"sluice serve: {exc}", file=sys.stderr)
+        return 2
+    try:
         if cursus.protocol_of(args.recording) == "cursus":
-            report: Report | cursus.Report = trio.run(cursus.serve, args.recording, listen)
+            if listening.plain and listening.tls:
+                raise ConfigError(
+                    "a Cursus recording is served on one listener: --listen or --listen-tls"
+                )
+            report: Report | cursus.Report = trio.run(serve_cursus, args.recording, listening)
         else:
-            report = trio.run(serve, args.recording, listen)
+            report = trio.run(serve, args.recording, listening)
     except (RecordingError, ConfigError) as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(
-            f"sluice serve: cannot listen on {args.listen}: {exc.strerror or exc}", file=sys.stderr
-        )
+        where = " and ".join(str(a) for a in (listening.plain, listening.tls) if a is not None)
+        print(f"sluice serve: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(
         f"served {report.requests} requests, pushed {report.pushed} messages, "
