@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import socket
 from dataclasses import dataclass
 
 from sluice.errors import ConfigError
@@ -53,6 +54,22 @@ def parse_address(text: str, *, what: str = "address", default_port: int | None 
         raise ConfigError(f"{what} {text!r}: port {port_text!r} is not a number") from None
     if not 0 <= port <= 65535:
         raise ConfigError(f"{what} {text!r}: port {port} is out of range")
+    return Address(host, port)
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def advertised(listen_host: str, port: int, override: str | None = None) -> Address:
+    """The address clients are told to dial for a listener bound to ``listen_host``.
+
+    The host as the operator wrote it (a TLS client checks the certificate
+    against it, so the bound IP will not do), ``override`` when given, and
+    this machine's name for a wildcard, which no client can dial.
+    """
+    host = override or listen_host
+    if host in WILDCARD_HOSTS:
+        host = socket.gethostname()
     return Address(host, port)
 
 

@@ -24,7 +24,7 @@ from sluice.proxy.server import Proxy
 from sluice.recording.format import PayloadPolicy, dumps, read_records, recording_files
 from sluice.recording.writer import RecorderConfig
 from tests.cursus_broker import open_cluster
-from tests.support import SLUICE
+from tests.support import SLUICE, tls_files
 from tests.test_cursus_broker import client_speaks_tls, collect_all, in_thread, produce
 from tests.test_pipeline import analyze, rows_of
 
@@ -200,15 +200,14 @@ async def test_serve_over_tls(
     recorded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--listen-tls``: the real client, speaking TLS, is answered from the
-    recording; one that does not speak TLS gets nowhere."""
-    ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    pem = tmp_path / "server.pem"
-    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
+    recording; one that does not speak TLS gets nowhere. The certificate
+    names only ``localhost``: the metadata answers must send the client to
+    the host as written, not to the IP it resolved to."""
+    ca_file, pem, ca = tls_files(tmp_path, "localhost")
     client_pem = tmp_path / "client.pem"
     ca.issue_cert("client.example").private_key_and_cert_chain_pem.write_to_path(str(client_pem))
     port = free_port()
-    address = f"127.0.0.1:{port}"
+    address = f"localhost:{port}"
     tls = ["--listen-tls", address, "--tls-cert", str(pem), "--tls-key", str(pem)]
     async with serving(recorded, port, *tls):
         try:
@@ -216,7 +215,7 @@ async def test_serve_over_tls(
         except Exception:  # the client's own error types vary
             plain = 0
         assert plain == 0
-        client_speaks_tls(monkeypatch, tmp_path / "ca.pem", client_pem)
+        client_speaks_tls(monkeypatch, ca_file, client_pem)
         await produce_and_stream(address, "9 recorded messages served over TLS")
     # One listener for a Cursus recording: both ways at once is refused.
     both = await in_thread(sluice, "serve", str(recorded), "--listen", "127.0.0.1:0", *tls)

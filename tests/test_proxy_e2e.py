@@ -11,10 +11,16 @@ from typing import Any
 
 import pulsar
 import pytest
+import trio
 import trustme
 
+from sluice.addresses import Address
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.pulsar import Type, command, encode, pb
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.cli import StartupError, serve
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.dial import TlsServerConfig
 from tests.support import (
     SLUICE,
     ProxyProcess,
@@ -393,6 +399,21 @@ def test_a_certificate_that_does_not_load_is_one_line_and_exit_2(tmp_path: Path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{junk}" in lines[0] and "not a PEM certificate" in lines[0]
+
+
+def test_a_certificate_gone_bad_after_the_check_stops_start_in_one_line(tmp_path: Path) -> None:
+    """Files rotated between config_from's check and the listener opening:
+    the reason, not an internal error."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    config = ProxyConfig(
+        parse_broker_url("pulsar://127.0.0.1:1"),
+        listen=None,
+        listen_tls=Address("127.0.0.1", 0),
+        tls=TlsServerConfig(junk, junk),
+    )
+    with pytest.raises(StartupError, match="not a PEM certificate"):
+        trio.run(serve, config, False)
 
 
 def test_unreachable_broker_is_one_line_and_exit_1() -> None:

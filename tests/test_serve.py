@@ -19,21 +19,17 @@ from tests.support import SLUICE, client, start_proxy, tcp_connections, tls_file
 TOPIC = "persistent://public/default/served"
 
 
-def script(url: str, during: list[object] | None = None, **options: Any) -> list[bytes]:
-    """The application: produce (unbatched and batched), then consume and ack."""
+def script(
+    url: str, during: list[object] | None = None, produce: bool = True, **options: Any
+) -> list[bytes]:
+    """The application: produce (unbatched and batched), then consume and ack.
+
+    ``produce=False``: consume only, which a serve that has already answered
+    the sends can do again (recorded receipts are each given once).
+    """
     with client(url, **options) as c:
-        producer = c.create_producer(TOPIC, batching_enabled=False)
-        for i in range(6):
-            producer.send(f"one-{i}".encode())
-        batched = c.create_producer(
-            TOPIC, batching_enabled=True, batching_max_messages=3, batching_max_publish_delay_ms=500
-        )
-        done = threading.Semaphore(0)
-        for i in range(6):
-            batched.send_async(f"batch-{i}".encode(), lambda res, mid: done.release())
-        batched.flush()
-        for _ in range(6):
-            assert done.acquire(timeout=10)
+        if produce:
+            _produce(c)
         consumer = c.subscribe(TOPIC, "s", initial_position=pulsar.InitialPosition.Earliest)
         got = []
         for _ in range(12):
@@ -43,6 +39,21 @@ def script(url: str, during: list[object] | None = None, **options: Any) -> list
         if during is not None:
             during.append(None)  # a hook for checks while connected
         return got
+
+
+def _produce(c: pulsar.Client) -> None:
+    producer = c.create_producer(TOPIC, batching_enabled=False)
+    for i in range(6):
+        producer.send(f"one-{i}".encode())
+    batched = c.create_producer(
+        TOPIC, batching_enabled=True, batching_max_messages=3, batching_max_publish_delay_ms=500
+    )
+    done = threading.Semaphore(0)
+    for i in range(6):
+        batched.send_async(f"batch-{i}".encode(), lambda res, mid: done.release())
+    batched.flush()
+    for _ in range(6):
+        assert done.acquire(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +125,22 @@ def test_serve_over_tls_with_the_real_client(
     recorded: tuple[Path, list[bytes]], tmp_path: Path
 ) -> None:
     """``--listen-tls`` alone: the client's lookups are answered with a
-    ``pulsar+ssl://`` broker URL, so it stays on TLS, and nothing listens plain."""
-    ca, pem, _ = tls_files(tmp_path, "localhost", "127.0.0.1")
+    ``pulsar+ssl://`` broker URL, so it stays on TLS, and nothing listens
+    plain. The certificate names only ``localhost`` and the client checks
+    host names: lookups must send it to the host as written, not to the IP
+    the listener is bound to."""
+    ca, pem, _ = tls_files(tmp_path, "localhost")
     port = free_port()
-    process = start_serve(recorded[0], port, "--listen-tls", f"127.0.0.1:{port}",
+    process = start_serve(recorded[0], port, "--listen-tls", f"localhost:{port}",
                           "--tls-cert", str(pem), "--tls-key", str(pem))  # fmt: skip
     try:
         listening = {local[1] for local, remote in tcp_connections(process.pid) if not remote[1]}
         assert listening == {port}
-        got = script(f"pulsar+ssl://localhost:{port}", tls_trust_certs_file_path=str(ca))
+        got = script(
+            f"pulsar+ssl://localhost:{port}",
+            tls_trust_certs_file_path=str(ca),
+            tls_validate_hostname=True,
+        )
         assert got == recorded[1]
         # A client that does not trust the certificate gets nowhere.
         trustme.CA().cert_pem.write_to_path(str(tmp_path / "other.pem"))
@@ -141,6 +159,38 @@ def test_serve_over_tls_with_the_real_client(
     assert "0 without a recorded answer" in report
 
 
+def test_serve_on_both_listeners_keeps_each_client_on_its_own(
+    recorded: tuple[Path, list[bytes]], tmp_path: Path
+) -> None:
+    """``--listen`` and ``--listen-tls`` together: a lookup answers with both
+    URLs, and each client follows the one of its own kind."""
+    ca, pem, _ = tls_files(tmp_path, "127.0.0.1")
+    plain, tls = free_port(), free_port()
+    process = start_serve(recorded[0], plain, "--listen", f"127.0.0.1:{plain}",
+                          "--listen-tls", f"127.0.0.1:{tls}",
+                          "--tls-cert", str(pem), "--tls-key", str(pem))  # fmt: skip
+    seen: dict[int, set[int]] = {}
+
+    def during(port: int) -> list[object]:
+        class Check(list[object]):
+            def append(self, item: object) -> None:
+                accepted = [local for local, remote in tcp_connections(process.pid) if remote[1]]
+                seen[port] = {local[1] for local in accepted}
+
+        return Check()
+
+    try:
+        assert script(f"pulsar://127.0.0.1:{plain}", during(plain)) == recorded[1]
+        trusting = {"tls_trust_certs_file_path": str(ca)}
+        got = script(f"pulsar+ssl://127.0.0.1:{tls}", during(tls), produce=False, **trusting)
+        assert got == recorded[1]
+        code, report = stop(process)
+    finally:
+        process.kill()
+    assert seen == {plain: {plain}, tls: {tls}}
+    assert code == 0, report
+
+
 def test_serve_tls_settings_that_cannot_work_are_refused(
     recorded: tuple[Path, list[bytes]], tmp_path: Path
 ) -> None:
@@ -150,6 +200,8 @@ def test_serve_tls_settings_that_cannot_work_are_refused(
     tls = ["--listen-tls", f"127.0.0.1:{free_port()}"]
     cases = [
         (tls, "--listen-tls needs --tls-cert and --tls-key"),
+        (["--listen-tls", ""], "expected HOST:PORT"),
+        ([*tls, "--advertise-host", " "], "--advertise-host is empty"),
         (["--tls-cert", str(pem), "--tls-key", str(pem)], "are for --listen-tls"),
         ([*tls, "--tls-cert", str(junk), "--tls-key", str(junk)], "not a PEM certificate and key"),
         (

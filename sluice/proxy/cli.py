@@ -440,11 +440,13 @@ async def serve(
             raise StartupError(_listen_error(exc, config)) from None
         return
     proxy = Proxy(config)
-    failure: OSError | None = None
+    failure: OSError | ConfigError | None = None
     async with trio.open_nursery() as nursery:
         try:
             await nursery.start(proxy.run)
-        except OSError as exc:  # raised before the proxy's own nurseries open
+        # Raised before the proxy's own nurseries open: a port taken, or a
+        # certificate that stopped loading since config_from checked it.
+        except (OSError, ConfigError) as exc:
             failure = exc
             nursery.cancel_scope.cancel()
         else:
@@ -452,6 +454,8 @@ async def serve(
                 log.info("listening (%s) on %s, upstream %s", kind, address, config.broker)
             await serve_until_signalled(proxy)
             nursery.cancel_scope.cancel()
+    if isinstance(failure, ConfigError):
+        raise StartupError(str(failure))
     if failure is not None:
         raise StartupError(_listen_error(failure, config))
     log.info("stopped")

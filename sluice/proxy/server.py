@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import trio
 
-from sluice.addresses import Address
+from sluice.addresses import Address, advertised
 from sluice.protocols.core import Accepted, Conn, Rejected, Taps
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.connection import CursusRouting, CursusSettings
@@ -269,12 +269,7 @@ class Proxy:
 
     def _advertised(self, port: int) -> Address:
         """The address clients are told to dial for a listener on ``port``."""
-        host = self.config.advertise_host
-        if host is None:
-            host = self.config.cursus_listen.host
-            if host in ("0.0.0.0", "::", ""):
-                host = socket.gethostname()
-        return Address(host, port)
+        return advertised(self.config.cursus_listen.host, port, self.config.advertise_host)
 
     async def _open_broker_listener(self, upstream: Address) -> Address:
         """Port-per-broker (Cursus): a listener relaying to ``upstream``."""

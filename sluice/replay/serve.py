@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from sluice.addresses import Address, parse_address
+from sluice.addresses import Address, advertised, parse_address
 from sluice.errors import ConfigError
 from sluice.protocols.pulsar import (
     Frame,
@@ -74,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tls-key", type=Path, metavar="FILE", help="private key (PEM) (default: none)"
     )
+    parser.add_argument(
+        "--advertise-host",
+        metavar="HOST",
+        help="host put in lookup and metadata answers for clients to dial (default: the "
+        "listen host as written, or this host's name when that is a wildcard)",
+    )
 
 
 @dataclass(frozen=True)
@@ -83,24 +89,32 @@ class Listening:
     plain: Address | None
     tls: Address | None = None
     context: ssl.SSLContext | None = None
+    advertise_host: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Listening:
-        tls = parse_address(args.listen_tls, what="--listen-tls") if args.listen_tls else None
+        tls = None
+        if args.listen_tls is not None:
+            tls = parse_address(args.listen_tls, what="--listen-tls")
         if args.listen is not None:
             plain: Address | None = parse_address(args.listen, what="--listen")
         else:
             plain = None if tls is not None else parse_address(DEFAULT_LISTEN)
+        host = args.advertise_host
+        if host is not None and not host.strip():
+            raise ConfigError("--advertise-host is empty")
         if tls is None:
             if args.tls_cert or args.tls_key:
                 raise ConfigError("--tls-cert and --tls-key are for --listen-tls")
-            return cls(plain)
+            return cls(plain, advertise_host=host)
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("--listen-tls needs --tls-cert and --tls-key")
-        return cls(plain, tls, server_ssl_context(TlsServerConfig(args.tls_cert, args.tls_key)))
+        context = server_ssl_context(TlsServerConfig(args.tls_cert, args.tls_key))
+        return cls(plain, tls, context, host)
 
     async def open(self) -> tuple[list[trio.abc.Listener[Any]], Address | None, Address | None]:
-        """The listeners, and the plain and TLS addresses they are bound to."""
+        """The listeners, and the plain and TLS addresses clients are told to dial:
+        the host as written (or --advertise-host), the port as bound."""
         listeners: list[trio.abc.Listener[Any]] = []
         bound: list[Address | None] = []
         for address in (self.plain, self.tls):
@@ -108,8 +122,8 @@ class Listening:
                 bound.append(None)
                 continue
             tcp = await trio.open_tcp_listeners(address.port, host=address.host)
-            host, port = tcp[0].socket.getsockname()[:2]
-            bound.append(Address(host, port))
+            port = tcp[0].socket.getsockname()[1]
+            bound.append(advertised(address.host, port, self.advertise_host))
             if address is self.tls:
                 assert self.context is not None
                 listeners += [
