@@ -39,6 +39,8 @@ class Address:
 def parse_address(text: str, *, what: str = "address", default_port: int | None = None) -> Address:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) into an Address."""
     value = text.strip()
+    if value.startswith("[") and "]:" not in value:
+        raise ConfigError(f"{what} {text!r}: expected [HOST]:PORT")
     host, sep, port_text = value.rpartition(":")
     if not sep:
         if default_port is None:
@@ -57,7 +59,31 @@ def parse_address(text: str, *, what: str = "address", default_port: int | None 
     return Address(host, port)
 
 
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+def parse_host(text: str, *, what: str = "host") -> str:
+    """A host name or IP address alone (``[v6]`` brackets allowed), no port."""
+    host = text.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ConfigError(f"{what} is empty")
+    if any(c.isspace() or c in "/[]@" for c in host):
+        raise ConfigError(f"{what} {text!r}: not a host name or IP address")
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(f"{what} {text!r}: a host alone, without a port") from None
+    return host
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` means every interface (0.0.0.0, ::), which no client can dial."""
+    if host == "":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 def advertised(listen_host: str, port: int, override: str | None = None) -> Address:
@@ -65,10 +91,10 @@ def advertised(listen_host: str, port: int, override: str | None = None) -> Addr
 
     The host as the operator wrote it (a TLS client checks the certificate
     against it, so the bound IP will not do), ``override`` when given, and
-    this machine's name for a wildcard, which no client can dial.
+    this machine's name for a wildcard.
     """
     host = override or listen_host
-    if host in WILDCARD_HOSTS:
+    if is_wildcard(host):
         host = socket.gethostname()
     return Address(host, port)
 

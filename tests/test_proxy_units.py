@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from google.protobuf.message import Message
 
-from sluice.addresses import Address, AllowList, parse_address, parse_rule
+from sluice.addresses import (
+    Address,
+    AllowList,
+    advertised,
+    parse_address,
+    parse_host,
+    parse_rule,
+)
 from sluice.errors import ConfigError
 from sluice.protocols.pulsar import Frame, Type, command, decode_frame, encode, encode_payload, pb
 from sluice.protocols.pulsar.correlation import Correlator
@@ -80,6 +89,22 @@ def test_addresses() -> None:
     assert str(parse_address("[::]:6650")) == "[::]:6650"
     with pytest.raises(ConfigError, match="expected HOST:PORT"):
         parse_address("localhost")
+    with pytest.raises(ConfigError, match=r"expected \[HOST\]:PORT"):
+        parse_address("[::1]")
+
+
+def test_advertised_hosts() -> None:
+    """What clients are told to dial: the host as written, the override,
+    or this host's name for any spelling of a wildcard."""
+    assert advertised("localhost", 7000) == Address("localhost", 7000)
+    assert advertised("0.0.0.0", 7000, "broker.svc") == Address("broker.svc", 7000)
+    for wildcard in ("0.0.0.0", "::", "::0", "0:0:0:0:0:0:0:0"):
+        assert advertised(wildcard, 7000) == Address(socket.gethostname(), 7000)
+    assert str(advertised("::1", 7000)) == "[::1]:7000"
+    assert parse_host(" [::1] ") == "::1"
+    for bad, reason in [("", "empty"), ("h:7000", "without a port"), ("a b", "not a host")]:
+        with pytest.raises(ConfigError, match=reason):
+            parse_host(bad)
 
 
 def test_config_validation() -> None:

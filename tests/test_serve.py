@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
+import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pulsar
 import pytest
+import trio
 import trustme
 
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from sluice.replay.serve import Listening
 from tests.support import SLUICE, client, start_proxy, tcp_connections, tls_files
 
 TOPIC = "persistent://public/default/served"
@@ -181,6 +186,11 @@ def test_serve_on_both_listeners_keeps_each_client_on_its_own(
 
     try:
         assert script(f"pulsar://127.0.0.1:{plain}", during(plain)) == recorded[1]
+        # The plain client's connections are closed before the TLS one starts.
+        deadline = time.monotonic() + 10
+        while any(remote[1] for _, remote in tcp_connections(process.pid)):
+            assert time.monotonic() < deadline, tcp_connections(process.pid)
+            time.sleep(0.05)
         trusting = {"tls_trust_certs_file_path": str(ca)}
         got = script(f"pulsar+ssl://127.0.0.1:{tls}", during(tls), produce=False, **trusting)
         assert got == recorded[1]
@@ -189,6 +199,46 @@ def test_serve_on_both_listeners_keeps_each_client_on_its_own(
         process.kill()
     assert seen == {plain: {plain}, tls: {tls}}
     assert code == 0, report
+
+
+class TwoFamilies(trio.abc.HostnameResolver):
+    """``dual`` resolves to ::1 and 127.0.0.1, as ``localhost`` does on many hosts."""
+
+    async def getaddrinfo(self, host: Any, port: Any, family: int = 0, type: int = 0,
+                          proto: int = 0, flags: int = 0) -> Any:  # fmt: skip
+        if host in (b"dual", "dual"):
+            return [
+                (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+            ]
+        return await trio.to_thread.run_sync(
+            socket.getaddrinfo, host, port, family, type, proto, flags
+        )
+
+    async def getnameinfo(self, sockaddr: Any, flags: int) -> Any:
+        raise NotImplementedError
+
+
+async def test_a_name_with_two_addresses_on_port_0_is_served_on_one_port() -> None:
+    """The advertised port is the one every address of the name listens on,
+    so a client is not refused for trying the other family first."""
+    trio.socket.set_custom_hostname_resolver(TwoFamilies())
+    try:
+        args = argparse.Namespace(listen="dual:0", listen_tls=None, tls_cert=None,
+                                  tls_key=None, advertise_host=None)  # fmt: skip
+        listeners, plain, _ = await Listening.from_args(args).open()
+    finally:
+        trio.socket.set_custom_hostname_resolver(None)
+    try:
+        assert plain is not None and plain.host == "dual"
+        bound = {listener.socket.getsockname()[:2] for listener in listeners}  # type: ignore[attr-defined]
+        assert bound == {("::1", plain.port), ("127.0.0.1", plain.port)}
+        for host in ("::1", "127.0.0.1"):
+            stream = await trio.open_tcp_stream(host, plain.port)
+            await stream.aclose()
+    finally:
+        for listener in listeners:
+            await listener.aclose()
 
 
 def test_serve_tls_settings_that_cannot_work_are_refused(
@@ -202,6 +252,7 @@ def test_serve_tls_settings_that_cannot_work_are_refused(
         (tls, "--listen-tls needs --tls-cert and --tls-key"),
         (["--listen-tls", ""], "expected HOST:PORT"),
         ([*tls, "--advertise-host", " "], "--advertise-host is empty"),
+        ([*tls, "--advertise-host", "h:7000"], "a host alone, without a port"),
         (["--tls-cert", str(pem), "--tls-key", str(pem)], "are for --listen-tls"),
         ([*tls, "--tls-cert", str(junk), "--tls-key", str(junk)], "not a PEM certificate and key"),
         (

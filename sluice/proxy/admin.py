@@ -31,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sluice.addresses import Address
 from sluice.protocols.faults import FaultError, Faults, ProtocolFaults, parse_rule
+from sluice.proxy.dial import open_listeners
 
 log = logging.getLogger("sluice.admin")
 
@@ -45,7 +46,7 @@ _JSON = "application/json"
 
 async def open_admin(address: Address) -> list[trio.SocketListener]:
     """Bind the admin endpoint (raises OSError, e.g. when the port is taken)."""
-    return await trio.open_tcp_listeners(address.port, host=address.host)
+    return await open_listeners(address)
 
 
 def bound(listeners: list[trio.SocketListener]) -> Address:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from sluice.addresses import parse_address
+from sluice.addresses import parse_address, parse_host
 from sluice.config import default
 from sluice.errors import ConfigError
 from sluice.logs import add_logging_arguments, setup_logging
@@ -309,7 +309,11 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         max_frame_size=args.max_frame_size,
         broker_compression=args.broker_compression,
         listener_ports=port_range(args.listener_ports) if args.listener_ports else None,
-        advertise_host=args.advertise_host,
+        advertise_host=(
+            parse_host(args.advertise_host, what="--advertise-host")
+            if args.advertise_host is not None
+            else None
+        ),
         listen=listen,
         listen_tls=listen_tls,
         tls=tls,

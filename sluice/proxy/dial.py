@@ -1,4 +1,5 @@
-"""TLS settings and dialling: the one place Sluice opens a connection to a broker.
+"""TLS settings, dialling (the one place Sluice opens a connection to a
+broker) and listening (the one place it binds a port).
 
 TLS is 1.2 at least, both ways. A TLS listener's certificate and key are
 re-read when they change on disk (``CertificateReloader``), as cert-manager
@@ -44,6 +45,32 @@ class TlsClientConfig:
     # Client certificate for brokers that require one.
     cert: Path | None = None
     key: Path | None = None
+
+
+async def open_listeners(address: Address) -> list[trio.SocketListener]:
+    """Listen on every address ``address.host`` resolves to, on one port.
+
+    The host as written is what clients are told to dial, and a name like
+    ``localhost`` resolves to an IPv4 and an IPv6 address: with port 0 each
+    would get a port of its own, and a client trying the other family would
+    be refused. So port 0 is rebound on the port the first address got.
+    Raises OSError (a port in use, say).
+    """
+    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+    for _ in range(3):
+        ports = {listener.socket.getsockname()[1] for listener in listeners}
+        if address.port or len(ports) == 1:
+            return listeners
+        port = listeners[0].socket.getsockname()[1]
+        for listener in listeners:
+            await listener.aclose()
+        try:
+            return await trio.open_tcp_listeners(port, host=address.host)
+        except OSError:  # taken on another family meanwhile: draw again
+            listeners = await trio.open_tcp_listeners(0, host=address.host)
+    for listener in listeners:
+        await listener.aclose()
+    raise OSError(f"no port free on every address of {address.host}")
 
 
 def server_ssl_context(config: TlsServerConfig) -> ssl.SSLContext:

@@ -31,7 +31,7 @@ from sluice.protocols.pulsar.connection import PulsarSettings, Routing
 from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.cursus import CursusBackend, NoListener
-from sluice.proxy.dial import CertificateReloader, dial, server_ssl_context
+from sluice.proxy.dial import CertificateReloader, dial, open_listeners, server_ssl_context
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.pulsar import PulsarBackend
 from sluice.proxy.relay import Relay, Timing
@@ -250,14 +250,10 @@ class Proxy:
                     self._add_listener(kind, tcp, tcp)
             return
         if config.listen is not None:
-            for listener in await trio.open_tcp_listeners(
-                config.listen.port, host=config.listen.host
-            ):
+            for listener in await open_listeners(config.listen):
                 self._add_listener("plain", listener, listener)
         if config.listen_tls is not None:
-            for listener in await trio.open_tcp_listeners(
-                config.listen_tls.port, host=config.listen_tls.host
-            ):
+            for listener in await open_listeners(config.listen_tls):
                 self._add_listener("tls", self._tls_listener(listener), listener)
 
     def _add_listener(
@@ -296,19 +292,20 @@ class Proxy:
             if port and port in self._ports_used:
                 continue
             try:
-                (listener,) = await trio.open_tcp_listeners(port, host=host)
+                listeners = await open_listeners(Address(host, port))
             except OSError:
                 if span is None:
                     raise
                 continue
-            bound_port = listener.socket.getsockname()[1]
+            bound_port = listeners[0].socket.getsockname()[1]
             self._ports_used.add(bound_port)
-            wrapped = self._broker_listener(listener)
-            self._listeners.append((f"broker {upstream}", wrapped))
+            for listener in listeners:  # one per address the host resolves to
+                wrapped = self._broker_listener(listener)
+                self._listeners.append((f"broker {upstream}", wrapped))
+                self._handlers.start_soon(self._accept_loop, wrapped, self._kind, upstream)
             address = self._advertised(bound_port)
             self.cursus_routing.add_listener(upstream, address)
             log.info("listening on %s:%d for broker %s", host, bound_port, upstream)
-            self._handlers.start_soon(self._accept_loop, wrapped, self._kind, upstream)
             return address
         raise NoListener(f"no free port in --listener-ports {span[0]}-{span[1]}" if span else "")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from sluice.addresses import Address, advertised, parse_address
+from sluice.addresses import Address, advertised, parse_address, parse_host
 from sluice.errors import ConfigError
 from sluice.protocols.pulsar import (
     Frame,
@@ -38,7 +38,7 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.protocols.pulsar.correlation import Correlator
-from sluice.proxy.dial import TlsServerConfig, server_ssl_context
+from sluice.proxy.dial import TlsServerConfig, open_listeners, server_ssl_context
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import Recording, load
@@ -100,9 +100,9 @@ class Listening:
             plain: Address | None = parse_address(args.listen, what="--listen")
         else:
             plain = None if tls is not None else parse_address(DEFAULT_LISTEN)
-        host = args.advertise_host
-        if host is not None and not host.strip():
-            raise ConfigError("--advertise-host is empty")
+        host = None
+        if args.advertise_host is not None:
+            host = parse_host(args.advertise_host, what="--advertise-host")
         if tls is None:
             if args.tls_cert or args.tls_key:
                 raise ConfigError("--tls-cert and --tls-key are for --listen-tls")
@@ -121,7 +121,7 @@ class Listening:
             if address is None:
                 bound.append(None)
                 continue
-            tcp = await trio.open_tcp_listeners(address.port, host=address.host)
+            tcp = await open_listeners(address)
             port = tcp[0].socket.getsockname()[1]
             bound.append(advertised(address.host, port, self.advertise_host))
             if address is self.tls:
