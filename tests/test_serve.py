@@ -201,34 +201,26 @@ def test_serve_on_both_listeners_keeps_each_client_on_its_own(
     assert code == 0, report
 
 
-class TwoFamilies(trio.abc.HostnameResolver):
-    """``dual`` resolves to ::1 and 127.0.0.1, as ``localhost`` does on many hosts."""
+async def test_a_name_with_two_addresses_on_port_0_is_served_on_one_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The advertised port is the one every address of the name listens on,
+    so a client is not refused for trying the other family first. ``dual``
+    resolves to ::1 and 127.0.0.1, as ``localhost`` does on many hosts."""
+    resolve = socket.getaddrinfo
 
-    async def getaddrinfo(self, host: Any, port: Any, family: int = 0, type: int = 0,
-                          proto: int = 0, flags: int = 0) -> Any:  # fmt: skip
-        if host in (b"dual", "dual"):
+    def two_families(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "dual":
             return [
                 (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
                 (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
             ]
-        return await trio.to_thread.run_sync(
-            socket.getaddrinfo, host, port, family, type, proto, flags
-        )
+        return resolve(host, port, *args, **kwargs)
 
-    async def getnameinfo(self, sockaddr: Any, flags: int) -> Any:
-        raise NotImplementedError
-
-
-async def test_a_name_with_two_addresses_on_port_0_is_served_on_one_port() -> None:
-    """The advertised port is the one every address of the name listens on,
-    so a client is not refused for trying the other family first."""
-    trio.socket.set_custom_hostname_resolver(TwoFamilies())
-    try:
-        args = argparse.Namespace(listen="dual:0", listen_tls=None, tls_cert=None,
-                                  tls_key=None, advertise_host=None)  # fmt: skip
-        listeners, plain, _ = await Listening.from_args(args).open()
-    finally:
-        trio.socket.set_custom_hostname_resolver(None)
+    monkeypatch.setattr(socket, "getaddrinfo", two_families)
+    args = argparse.Namespace(listen="dual:0", listen_tls=None, tls_cert=None,
+                              tls_key=None, advertise_host=None)  # fmt: skip
+    listeners, plain, _ = await Listening.from_args(args).open()
     try:
         assert plain is not None and plain.host == "dual"
         bound = {listener.socket.getsockname()[:2] for listener in listeners}  # type: ignore[attr-defined]

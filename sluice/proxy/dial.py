@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import ssl
 import tempfile
 from dataclasses import dataclass
@@ -47,30 +48,44 @@ class TlsClientConfig:
     key: Path | None = None
 
 
-async def open_listeners(address: Address) -> list[trio.SocketListener]:
-    """Listen on every address ``address.host`` resolves to, on one port.
+def bind_all(address: Address, backlog: int = 4096) -> list[socket.socket]:
+    """Listening sockets on every address ``address.host`` resolves to, all
+    on one port (an empty host: every interface, both families).
 
     The host as written is what clients are told to dial, and a name like
-    ``localhost`` resolves to an IPv4 and an IPv6 address: with port 0 each
-    would get a port of its own, and a client trying the other family would
-    be refused. So port 0 is rebound on the port the first address got.
-    Raises OSError (a port in use, say).
+    ``localhost`` may resolve to ::1 and 127.0.0.1: with port 0 each would
+    get a port of its own, and a client trying the other family would be
+    refused. So the rest take the port the first one got. Raises OSError
+    (a port in use, a name that does not resolve).
     """
-    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+    infos = socket.getaddrinfo(address.host or None, address.port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)  # fmt: skip
+    targets: list[tuple[socket.AddressFamily, str]] = []
+    for info in infos:
+        target = (info[0], str(info[4][0]))
+        if info[0] in (socket.AF_INET, socket.AF_INET6) and target not in targets:
+            targets.append(target)
     for _ in range(3):
-        ports = {listener.socket.getsockname()[1] for listener in listeners}
-        if address.port or len(ports) == 1:
-            return listeners
-        port = listeners[0].socket.getsockname()[1]
-        for listener in listeners:
-            await listener.aclose()
+        sockets: list[socket.socket] = []
+        port = address.port
         try:
-            return await trio.open_tcp_listeners(port, host=address.host)
-        except OSError:  # taken on another family meanwhile: draw again
-            listeners = await trio.open_tcp_listeners(0, host=address.host)
-    for listener in listeners:
-        await listener.aclose()
+            for family, host in targets:
+                sockets.append(socket.create_server((host, port), family=family, backlog=backlog))
+                port = sockets[-1].getsockname()[1]
+            return sockets
+        except OSError:
+            for sock in sockets:
+                sock.close()
+            if address.port or not sockets:  # a port asked for, or the first bind failed
+                raise
+            # Port 0: the first family's port was taken on another: draw again.
     raise OSError(f"no port free on every address of {address.host}")
+
+
+async def open_listeners(address: Address) -> list[trio.SocketListener]:
+    """``bind_all`` as trio listeners (resolving off the event loop)."""
+    sockets = await trio.to_thread.run_sync(bind_all, address)
+    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
 
 
 def server_ssl_context(config: TlsServerConfig) -> ssl.SSLContext:

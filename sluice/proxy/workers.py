@@ -61,6 +61,7 @@ from sluice.logs import setup_logging
 from sluice.protocols.faults import FaultError, parse_rule
 from sluice.proxy.admin import AdminRequest, Refused, authorize, bound, open_admin, serve_admin
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
+from sluice.proxy.dial import bind_all
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
 
@@ -211,13 +212,11 @@ class Supervisor:
         for kind, address in (("plain", config.listen), ("tls", config.listen_tls)):
             if address is None:
                 continue
-            family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-            sock = socket.create_server((address.host, address.port), family=family,
-                                        backlog=4096)  # fmt: skip
-            sock.set_inheritable(True)
-            self._sockets.append((kind, sock))
-            host, port = sock.getsockname()[:2]
-            self.addresses.setdefault(kind, Address(host, port))
+            for sock in bind_all(address):
+                sock.set_inheritable(True)
+                self._sockets.append((kind, sock))
+                host, port = sock.getsockname()[:2]
+                self.addresses.setdefault(kind, Address(host, port))
         if config.protocol == "cursus" and config.listener_ports:
             self._bind_broker_ports(config.cursus_listen.host, *config.listener_ports)
 
@@ -234,18 +233,18 @@ class Supervisor:
                 f"holds them all: more than a quarter of the open-files limit ({files}; "
                 "ulimit -n). Give a smaller range."
             )
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         bound_ports = 0
         for port in range(low, high + 1):
             try:
-                sock = socket.create_server((host, port), family=family, backlog=4096)
+                sockets = bind_all(Address(host, port))
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     continue  # the main listener, say: a lone proxy would skip it too
                 raise OSError(f"--listener-ports: cannot listen on {host}:{port}: "
                               f"{exc.strerror or exc}") from None  # fmt: skip
-            sock.set_inheritable(True)
-            self._sockets.append(("broker", sock))
+            for sock in sockets:
+                sock.set_inheritable(True)
+                self._sockets.append(("broker", sock))
             bound_ports += 1
         if not bound_ports:
             raise OSError(f"no free port in --listener-ports {low}-{high}")
