@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import socket
 import subprocess
@@ -17,7 +18,9 @@ import pytest
 import trio
 import trustme
 
+from sluice.addresses import Address
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from sluice.proxy.dial import bind_all
 from sluice.replay.serve import Listening
 from tests.support import SLUICE, client, start_proxy, tcp_connections, tls_files
 
@@ -201,12 +204,9 @@ def test_serve_on_both_listeners_keeps_each_client_on_its_own(
     assert code == 0, report
 
 
-async def test_a_name_with_two_addresses_on_port_0_is_served_on_one_port(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The advertised port is the one every address of the name listens on,
-    so a client is not refused for trying the other family first. ``dual``
-    resolves to ::1 and 127.0.0.1, as ``localhost`` does on many hosts."""
+@pytest.fixture
+def dual_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dual`` resolves to ::1 and 127.0.0.1, as ``localhost`` does on many hosts."""
     resolve = socket.getaddrinfo
 
     def two_families(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
@@ -218,6 +218,12 @@ async def test_a_name_with_two_addresses_on_port_0_is_served_on_one_port(
         return resolve(host, port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", two_families)
+
+
+@pytest.mark.usefixtures("dual_name")
+async def test_a_name_with_two_addresses_on_port_0_is_served_on_one_port() -> None:
+    """The advertised port is the one every address of the name listens on,
+    so a client is not refused for trying the other family first."""
     args = argparse.Namespace(listen="dual:0", listen_tls=None, tls_cert=None,
                               tls_key=None, advertise_host=None)  # fmt: skip
     listeners, plain, _ = await Listening.from_args(args).open()
@@ -231,6 +237,26 @@ async def test_a_name_with_two_addresses_on_port_0_is_served_on_one_port(
     finally:
         for listener in listeners:
             await listener.aclose()
+
+
+@pytest.mark.usefixtures("dual_name")
+def test_a_family_the_kernel_lacks_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    create = socket.create_server
+
+    def no_ipv6(address: Any, *, family: int = socket.AF_INET, **kwargs: Any) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return create(address, family=family, **kwargs)
+
+    monkeypatch.setattr(socket, "create_server", no_ipv6)
+    sockets = bind_all(Address("dual", 0))
+    try:
+        assert [sock.family for sock in sockets] == [socket.AF_INET]
+    finally:
+        for sock in sockets:
+            sock.close()
+    with pytest.raises(OSError, match="not supported"):
+        bind_all(Address("::1", 0))  # the only family there is: no listener at all
 
 
 def test_serve_tls_settings_that_cannot_work_are_refused(

@@ -9,6 +9,7 @@ open connections keep going.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -65,13 +66,24 @@ def bind_all(address: Address, backlog: int = 4096) -> list[socket.socket]:
         target = (info[0], str(info[4][0]))
         if info[0] in (socket.AF_INET, socket.AF_INET6) and target not in targets:
             targets.append(target)
+    if not targets:
+        raise OSError(f"{address.host} resolves to no IPv4 or IPv6 address")
     for _ in range(3):
         sockets: list[socket.socket] = []
         port = address.port
         try:
-            for family, host in targets:
-                sockets.append(socket.create_server((host, port), family=family, backlog=backlog))
-                port = sockets[-1].getsockname()[1]
+            for family, host in list(targets):
+                try:
+                    sock = socket.create_server((host, port), family=family, backlog=backlog)
+                except OSError as exc:
+                    # A family this kernel has no support for (IPv6 compiled
+                    # out, say): the others serve, as trio's listeners do.
+                    if exc.errno == errno.EAFNOSUPPORT and len(targets) > 1:
+                        targets.remove((family, host))
+                        continue
+                    raise
+                sockets.append(sock)
+                port = sock.getsockname()[1]
             return sockets
         except OSError:
             for sock in sockets:
