@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import signal
 import socket
 import subprocess
@@ -241,14 +242,14 @@ async def test_a_name_with_two_addresses_on_port_0_is_served_on_one_port() -> No
 
 @pytest.mark.usefixtures("dual_name")
 def test_a_family_the_kernel_lacks_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    create = socket.create_server
+    create = socket.socket
 
-    def no_ipv6(address: Any, *, family: int = socket.AF_INET, **kwargs: Any) -> socket.socket:
+    def no_ipv6(family: int = socket.AF_INET, *args: Any, **kwargs: Any) -> socket.socket:
         if family == socket.AF_INET6:
             raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
-        return create(address, family=family, **kwargs)
+        return create(family, *args, **kwargs)
 
-    monkeypatch.setattr(socket, "create_server", no_ipv6)
+    monkeypatch.setattr(socket, "socket", no_ipv6)
     sockets = bind_all(Address("dual", 0))
     try:
         assert [sock.family for sock in sockets] == [socket.AF_INET]
@@ -257,6 +258,20 @@ def test_a_family_the_kernel_lacks_is_left_out(monkeypatch: pytest.MonkeyPatch) 
             sock.close()
     with pytest.raises(OSError, match="not supported"):
         bind_all(Address("::1", 0))  # the only family there is: no listener at all
+
+
+def test_an_address_that_cannot_be_bound_is_the_error_given() -> None:
+    """Port 0 draws again only when the port was taken; an address that is
+    not this host's is the error itself, as the OS words it (the one-line
+    start errors print it)."""
+    here_and_elsewhere = [
+        (socket.AF_INET, ("127.0.0.1", 0)),
+        (socket.AF_INET6, ("fd00::99", 0, 0, 0)),  # on no interface here
+    ]
+    with pytest.raises(OSError) as raised:
+        bind_all(Address("dual", 0), targets=here_and_elsewhere)
+    assert raised.value.errno == errno.EADDRNOTAVAIL
+    assert raised.value.strerror == os.strerror(errno.EADDRNOTAVAIL)
 
 
 def test_serve_tls_settings_that_cannot_work_are_refused(

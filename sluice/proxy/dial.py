@@ -17,6 +17,7 @@ import ssl
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -49,9 +50,48 @@ class TlsClientConfig:
     key: Path | None = None
 
 
-def bind_all(address: Address, backlog: int = 4096) -> list[socket.socket]:
-    """Listening sockets on every address ``address.host`` resolves to, all
-    on one port (an empty host: every interface, both families).
+# Where to listen: an address family and the socket address to bind.
+ListenTarget = tuple[socket.AddressFamily, tuple[Any, ...]]
+
+
+def listen_targets(address: Address) -> list[ListenTarget]:
+    """Every IPv4 and IPv6 address ``address.host`` resolves to (an empty
+    host: every interface, both families). Raises OSError."""
+    infos = socket.getaddrinfo(address.host or None, address.port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)  # fmt: skip
+    targets: list[ListenTarget] = []
+    for family, _, _, _, sockaddr in infos:
+        target = (family, tuple(sockaddr))  # the whole address: a v6 scope id too
+        if family in (socket.AF_INET, socket.AF_INET6) and target not in targets:
+            targets.append(target)
+    if not targets:
+        raise OSError(f"{address.host} resolves to no IPv4 or IPv6 address")
+    return targets
+
+
+def _listening(
+    family: socket.AddressFamily, sockaddr: tuple[Any, ...], backlog: int
+) -> socket.socket:
+    """One listening socket (errors as the OS gives them: socket.create_server
+    adds its own words to strerror, which our one-line messages print)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # each family its own socket, as listed
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_all(
+    address: Address, backlog: int = 4096, targets: list[ListenTarget] | None = None
+) -> list[socket.socket]:
+    """Listening sockets on every address ``address.host`` resolves to
+    (``targets``, when already resolved), all on one port.
 
     The host as written is what clients are told to dial, and a name like
     ``localhost`` may resolve to ::1 and 127.0.0.1: with port 0 each would
@@ -59,39 +99,32 @@ def bind_all(address: Address, backlog: int = 4096) -> list[socket.socket]:
     refused. So the rest take the port the first one got. Raises OSError
     (a port in use, a name that does not resolve).
     """
-    infos = socket.getaddrinfo(address.host or None, address.port, type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)  # fmt: skip
-    targets: list[tuple[socket.AddressFamily, str]] = []
-    for info in infos:
-        target = (info[0], str(info[4][0]))
-        if info[0] in (socket.AF_INET, socket.AF_INET6) and target not in targets:
-            targets.append(target)
-    if not targets:
-        raise OSError(f"{address.host} resolves to no IPv4 or IPv6 address")
+    targets = list(targets if targets is not None else listen_targets(address))
     for _ in range(3):
         sockets: list[socket.socket] = []
         port = address.port
         try:
-            for family, host in list(targets):
+            for family, sockaddr in list(targets):
                 try:
-                    sock = socket.create_server((host, port), family=family, backlog=backlog)
+                    sock = _listening(family, (sockaddr[0], port, *sockaddr[2:]), backlog)
                 except OSError as exc:
                     # A family this kernel has no support for (IPv6 compiled
                     # out, say): the others serve, as trio's listeners do.
                     if exc.errno == errno.EAFNOSUPPORT and len(targets) > 1:
-                        targets.remove((family, host))
+                        targets.remove((family, sockaddr))
                         continue
                     raise
                 sockets.append(sock)
                 port = sock.getsockname()[1]
             return sockets
-        except OSError:
+        except OSError as exc:
             for sock in sockets:
                 sock.close()
-            if address.port or not sockets:  # a port asked for, or the first bind failed
+            # Port 0 whose first port was taken on another family: draw
+            # again. Anything else is the real error.
+            if address.port or not sockets or exc.errno != errno.EADDRINUSE:
                 raise
-            # Port 0: the first family's port was taken on another: draw again.
-    raise OSError(f"no port free on every address of {address.host}")
+    raise OSError(errno.EADDRINUSE, f"no port free on every address of {address.host}")
 
 
 async def open_listeners(address: Address) -> list[trio.SocketListener]:

@@ -61,7 +61,7 @@ from sluice.logs import setup_logging
 from sluice.protocols.faults import FaultError, parse_rule
 from sluice.proxy.admin import AdminRequest, Refused, authorize, bound, open_admin, serve_admin
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
-from sluice.proxy.dial import bind_all
+from sluice.proxy.dial import bind_all, listen_targets
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
 
@@ -226,17 +226,19 @@ class Supervisor:
         broker is decided later, in ``SharedBrokerPorts``)."""
         # Every worker holds every one of them: a range near the open-files
         # limit would leave the workers no descriptors for their clients.
+        targets = listen_targets(Address(host, low))  # resolved once for the range
         files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if files != resource.RLIM_INFINITY and high - low + 1 > files // 4:
+        descriptors = (high - low + 1) * len(targets)  # one per port and address
+        if files != resource.RLIM_INFINITY and descriptors > files // 4:
             raise OSError(
-                f"--listener-ports {low}-{high} is {high - low + 1} ports, and each worker "
-                f"holds them all: more than a quarter of the open-files limit ({files}; "
-                "ulimit -n). Give a smaller range."
+                f"--listener-ports {low}-{high} on {host or 'every interface'} is "
+                f"{descriptors} sockets, and each worker holds them all: more than a quarter "
+                f"of the open-files limit ({files}; ulimit -n). Give a smaller range."
             )
         bound_ports = 0
         for port in range(low, high + 1):
             try:
-                sockets = bind_all(Address(host, port))
+                sockets = bind_all(Address(host, port), targets=targets)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     continue  # the main listener, say: a lone proxy would skip it too
