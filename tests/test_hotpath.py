@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 from google.protobuf.message import Message
+from msgpack import unpackb
 from prometheus_client import CollectorRegistry, Histogram
 
 from sluice.protocols.core import Conn, Opened
@@ -37,7 +38,6 @@ from sluice.recording.format import (
     RecordingError,
     header,
     pack,
-    packer,
     read_records,
     read_records_from,
     recording_files,
@@ -174,7 +174,6 @@ def test_frame_records_read_back_as_a_plain_reading_gives(policy: PayloadPolicy)
     summary out from them. Together they give what the plain reading of
     every frame gives, bytes, redaction, payload digests and topics included."""
     recorder = FrameRecorder(policy)
-    one = packer()
     written: list[bytes] = [pack(header(capture="c", segment=1, started_ns=0, payloads=policy,
                                         sluice_version="test"))]  # fmt: skip
     expected: list[dict[str, Any]] = []
@@ -183,7 +182,11 @@ def test_frame_records_read_back_as_a_plain_reading_gives(policy: PayloadPolicy)
         for t, (direction, frame) in enumerate(frames):
             record = recorder.record(conn, direction, t, t, frame)
             assert "s" not in record  # no summary on the hot path
-            written.append(one(record))
+            # What the recorder queues: the same record (keys in the same
+            # order), whether laid out by hand or packed by msgpack.
+            packed = recorder.packed(conn, direction, t, t, frame)
+            assert list(unpackb(packed).items()) == list(record.items())
+            written.append(packed)
             expected.append(plain_record(correlator, policy, conn, direction, t, frame))
     read = list(read_records_from(b"".join(written), "test.sluice"))[1:]
     assert len(read) == len(expected) > 300
@@ -192,6 +195,33 @@ def test_frame_records_read_back_as_a_plain_reading_gives(policy: PayloadPolicy)
         # Same keys in the same order as a version-1 record: the same bytes
         # when a tool writes records it has read.
         assert pack(got) == pack(want)
+
+
+@pytest.mark.parametrize("policy", list(PayloadPolicy))
+def test_packed_records_are_msgpack_of_the_record_at_every_width(policy: PayloadPolicy) -> None:
+    """``packed`` lays frame records out by hand, with a short and a long
+    form of ``n`` and of ``raw``'s length: each side of each boundary reads
+    back as the record itself, with real clock values and large ids."""
+    recorder = FrameRecorder(policy)
+    seen: set[tuple[bool, bool]] = set()
+    for size in (0, 1, 100, 150, 200, 220, 255, 256, 300, 1024, 70_000):
+        for name_size in (1, 150, 300):  # moves where the payload starts
+            meta = pb.MessageMetadata(producer_name="p" * name_size, sequence_id=1,
+                                      publish_time=1_795_267_584_681)  # fmt: skip
+            body = pb.CommandSend(producer_id=7, sequence_id=1)
+            send = decode_frame(encode_payload(command(T("SEND"), body), meta, b"x" * size))
+            receipt = decode_frame(
+                encode(command(T("SEND_RECEIPT"), pb.CommandSendReceipt(
+                    producer_id=7, sequence_id=1, message_id=pb.MessageIdData(
+                        ledgerId=2**63, entryId=size)))))  # fmt: skip
+            for direction, frame in ((0, send), (1, receipt)):
+                assert frame.error is None
+                args = (2**32 - 1, direction, 2**63 + size, 1_795_267_584_681_000_000, frame)
+                record = recorder.record(*args)
+                assert list(unpackb(recorder.packed(*args)).items()) == list(record.items())
+                seen.add((len(frame.raw) < 256, len(record["raw"]) < 256))
+    cut = {(False, True)} if policy is not PayloadPolicy.FULL else set()
+    assert seen == {(True, True), (False, False)} | cut
 
 
 def test_a_later_segment_names_the_topics_of_producers_made_before_it(tmp_path: Path) -> None:

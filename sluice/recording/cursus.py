@@ -27,7 +27,7 @@ from sluice.protocols.cursus.batch import Batch
 from sluice.protocols.cursus.decoder import decode_frame
 from sluice.protocols.cursus.frame import Frame
 from sluice.protocols.cursus.replies import BatchAck, ErrorReply
-from sluice.recording.format import CLIENT_TO_BROKER, PayloadPolicy, Record
+from sluice.recording.format import CLIENT_TO_BROKER, PayloadPolicy, Record, packer
 
 PROTOCOL = "cursus"
 
@@ -58,6 +58,7 @@ class CursusSummarizer:
 
     def __init__(self, payloads: PayloadPolicy = PayloadPolicy.HASH) -> None:
         self.payloads = PayloadPolicy(payloads)
+        self._pack = packer()
 
     def forget(self, conn: int) -> None:
         """Nothing kept per connection."""
@@ -73,6 +74,9 @@ class CursusSummarizer:
             raw = b""
         return {"k": "frame", "c": conn, "d": direction, "t": mono_ns, "w": wall_ns,
                 "n": len(frame.raw), "raw": raw, "s": summary}  # fmt: skip
+
+    def packed(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> bytes:
+        return self._pack(self.record(conn, direction, mono_ns, wall_ns, frame))
 
 
 def decode_recorded(raw: bytes, direction: int) -> Frame:

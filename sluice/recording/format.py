@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import io
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,28 @@ def header(
     }
 
 
+# The frame record as ``FrameRecorder.packed`` lays it out: a msgpack map of
+# k, c, d, t, w, n, raw (and p when the payload is left out), in that order,
+# "c" a uint32, "t" and "w" uint64s, "n" and the length of "raw" each a
+# uint8 (bin8) below 256 and a uint32 (bin32) from there.
+_U32_MAX = 2**32 - 1
+_MAP_7, _MAP_8 = 0x87, 0x88  # without "p", with it
+_K = b"\xa1k\xa5frame\xa1c\xce"  # "k": "frame", "c": <uint32>
+_D, _T, _W = b"\xa1d", b"\xa1t\xcf", b"\xa1w\xcf"
+_N = (b"\xa1n\xce", b"\xa1n\xcc")  # by n < 256
+_RAW = (b"\xa3raw\xc6", b"\xa3raw\xc4")  # by len(raw) < 256
+# By (n < 256) * 2 + (len(raw) < 256); a short n has a short raw.
+_HEADS = tuple(
+    struct.Struct(">B11sI2sB3sQ3sQ3s" + "BI"[not n_small] + "5s" + "BI"[not raw_small])
+    for n_small in (False, True)
+    for raw_small in (False, True)
+)
+_HASHED = struct.Struct(">4sI2s")  # "p": [size, <bin8 of 32>] (the digest follows)
+_HASHED_KEYS = (b"\xa1p\x92\xce", b"\xc4\x20")
+_SIZED = struct.Struct(">4sI")  # "p": [size]
+_SIZED_KEY = b"\xa1p\x91\xce"
+
+
 class FrameRecorder:
     """Builds Pulsar ``frame`` records on the proxy's hot path: the bytes per
     the payload policy and credentials redacted, nothing more. The summary
@@ -104,9 +127,42 @@ class FrameRecorder:
         self.payloads = PayloadPolicy(payloads)
         self._hash = self.payloads is PayloadPolicy.HASH
         self._keep = self.payloads is PayloadPolicy.FULL
+        self._pack = packer()
 
     def forget(self, conn: int) -> None:
         """Nothing is kept per connection."""
+
+    def packed(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> bytes:
+        """``record()``, packed: what the recorder queues, once per frame.
+
+        A valid frame without credentials (nearly every frame) is laid out
+        here directly, as msgpack's encoding of the same map with the same
+        keys in the same order, integers at a fixed width: half the cost of
+        building the dict and packing it. Anything else takes that way.
+        """
+        if frame.error is not None or sensitive(frame) or conn > _U32_MAX:
+            return self._pack(self.record(conn, direction, mono_ns, wall_ns, frame))
+        wire = frame.raw
+        n = len(wire)
+        offset = frame.payload_offset
+        n_small = n < 256
+        if offset < 0 or self._keep:
+            head = _HEADS[3 if n_small else 0].pack(
+                _MAP_7, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns, _N[n_small], n,
+                _RAW[n_small], n
+            )  # fmt: skip
+            return head + wire
+        raw_small = offset < 256
+        head = _HEADS[n_small * 2 + raw_small].pack(
+            _MAP_8, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns, _N[n_small], n,
+            _RAW[raw_small], offset
+        )  # fmt: skip
+        if self._hash:
+            digest = hashlib.sha256(memoryview(wire)[offset:]).digest()
+            tail = _HASHED.pack(_HASHED_KEYS[0], n - offset, _HASHED_KEYS[1]) + digest
+        else:
+            tail = _SIZED.pack(_SIZED_KEY, n - offset)
+        return b"".join((head, wire[:offset], tail))
 
     def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:
         wire = frame.raw

@@ -65,6 +65,10 @@ class Summarizer(Protocol):
         self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Any
     ) -> Record: ...
 
+    def packed(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Any) -> bytes:
+        """``record()``, packed."""
+        ...
+
     def forget(self, conn: int) -> None: ...
 
 
@@ -112,6 +116,8 @@ class Recorder:
             if protocol == "cursus"
             else FrameRecorder(config.payloads)
         )
+        summarizer: Summarizer = self._summarizer
+        self._frame_bytes = summarizer.packed
         self._pack = packer()
         # Records taken off the queue and waiting to be written: how many are
         # frames, and which are connection openings (by position).
@@ -183,9 +189,7 @@ class Recorder:
             self._drop(1)
             return
         try:
-            data = self._pack(
-                self._summarizer.record(conn, direction, time.monotonic_ns(), time.time_ns(), frame)
-            )
+            data = self._frame_bytes(conn, direction, time.monotonic_ns(), time.time_ns(), frame)
         except Exception as exc:  # a recorder bug must never break traffic
             self._bug(exc)
             self._drop(1)
