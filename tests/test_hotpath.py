@@ -352,7 +352,7 @@ async def test_the_writer_hands_the_file_few_large_writes(
         await nursery.start(recorder.run)
         for _ in range(50):  # a read of 40 frames every 2 ms
             for _ in range(40):
-                recorder.record_frame(1, 0, ping)
+                recorder.frame(Conn(1, "127.0.0.1:1", "plain", "pulsar"), True, ping)
             await trio.sleep(0.002)
         await trio.sleep(0.05)
         assert recorder.queued == 0  # taken off the queue and packed...
@@ -372,7 +372,7 @@ async def test_a_new_file_states_each_open_connection_once(tmp_path: Path) -> No
         await nursery.start(recorder.run)
         for conn in range(1, 6):
             recorder.open_connection(conn, client="127.0.0.1:1", kind="proxied", listener="plain")
-            recorder.record_frame(conn, 0, ping)
+            recorder.frame(Conn(conn, "127.0.0.1:1", "plain", "pulsar"), True, ping)
             # Written before the next batch (a fixed sleep was not enough on a busy host).
             with trio.fail_after(10):
                 while recorder.frames_written < conn:

@@ -18,10 +18,14 @@ import pulsar
 import pytest
 
 from sluice.embedded import EmbeddedBroker, free_port
+from sluice.protocols.core import Conn
 from sluice.recording import format as fmt
 from sluice.recording.format import RecordingError, read_records, recording_files
 from tests.support import SLUICE, client, start_proxy
 from tests.test_dashboards import scrape, value
+
+# The connection the in-process recorder tests record frames of.
+CONN_1 = Conn(1, "127.0.0.1:1", "plain", "pulsar")
 
 
 def inspect(*args: str) -> subprocess.CompletedProcess[str]:
@@ -307,8 +311,8 @@ async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: 
     config = RecorderConfig(tmp_path, lossless=True, queue_frames=2, flush_interval=0.05)
     recorder = Recorder(config)
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
-    recorder.record_frame(1, 0, ping)
-    recorder.record_frame(1, 0, ping)
+    recorder.frame(CONN_1, True, ping)
+    recorder.frame(CONN_1, True, ping)
     with trio.move_on_after(0.3) as blocked:
         await recorder.room()  # full, and no writer yet: must wait
     assert blocked.cancelled_caught
@@ -316,7 +320,7 @@ async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: 
         await nursery.start(recorder.run)
         for _ in range(50):  # the proxy's loop in lossless mode: wait for room, then record
             await recorder.room()
-            recorder.record_frame(1, 0, ping)
+            recorder.frame(CONN_1, True, ping)
         await trio.sleep(0.3)
         nursery.cancel_scope.cancel()
     frames = [r for p in recording_files(tmp_path) for r in read_records(p) if r["k"] == "frame"]
@@ -368,15 +372,15 @@ async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
     async with trio.open_nursery() as nursery:
         await nursery.start(recorder.run)
-        recorder.record_frame(1, 0, ping)
+        recorder.frame(CONN_1, True, ping)
         await trio.sleep(0.2)  # written for real, flushed
         assert recorder._file is not None
         recorder._file = FullDisk(recorder._file)  # type: ignore[assignment]
         for _ in range(5):
-            recorder.record_frame(1, 0, ping)
+            recorder.frame(CONN_1, True, ping)
         await trio.sleep(0.3)  # the flush fails: those 5 are lost, and counted
         recorder._retry_at = 0.0  # the disk is back
-        recorder.record_frame(1, 0, ping)
+        recorder.frame(CONN_1, True, ping)
         await trio.sleep(0.3)
         nursery.cancel_scope.cancel()
     records = [r for p in recording_files(tmp_path) for r in read_records(p)]

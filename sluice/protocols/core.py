@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -241,16 +242,22 @@ class Taps:
     taps: list[Tap] = field(default_factory=list)
     failures: int = 0
     _reported: set[int] = field(default_factory=set)
+    # Each tap's ``frame``, looked up once: it is called for every frame.
+    _frame_calls: list[Callable[[Conn, bool, Any], None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._frame_calls = [tap.frame for tap in self.taps]
 
     def add(self, tap: Tap) -> None:
         self.taps.append(tap)
+        self._frame_calls.append(tap.frame)
 
     def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
-        for tap in self.taps:
+        for call in self._frame_calls:
             try:
-                tap.frame(conn, from_client, frame)
+                call(conn, from_client, frame)
             except Exception as exc:
-                self._failed(tap, exc)
+                self._failed(next(tap for tap in self.taps if tap.frame == call), exc)
 
     def event(self, conn: Conn | None, event: Event) -> None:
         for tap in self.taps:

@@ -47,6 +47,7 @@ log = logging.getLogger("sluice.recorder")
 
 _RECORDED_EVENTS = frozenset({Opened, Closed, FaultInjected})
 _DIRECTION = (1, 0)  # the recorded direction, indexed by "from the client"
+_mono_ns, _wall_ns = time.monotonic_ns, time.time_ns  # read for every frame
 
 # Packed records are handed to the file (a worker thread's write) once this
 # many bytes are waiting, or at the flush interval, whichever comes first:
@@ -151,9 +152,6 @@ class Recorder:
 
     # --- the tap -------------------------------------------------------------
 
-    def frame(self, conn: Conn, from_client: bool, frame: Frame) -> None:
-        self.record_frame(conn.id, _DIRECTION[from_client], frame)
-
     def event(self, conn: Conn | None, event: Event) -> None:
         kind = type(event)
         if conn is None or kind not in _RECORDED_EVENTS:
@@ -176,7 +174,7 @@ class Recorder:
 
     # --- hot path ----------------------------------------------------------
 
-    def record_frame(self, conn: int, direction: int, frame: Frame) -> None:
+    def frame(self, conn: Conn, from_client: bool, frame: Frame) -> None:
         """Queue a frame's record; when the queue is full, drop it (counted) unless lossless.
 
         In lossless mode callers wait for ``room()`` before reading more
@@ -189,7 +187,9 @@ class Recorder:
             self._drop(1)
             return
         try:
-            data = self._frame_bytes(conn, direction, time.monotonic_ns(), time.time_ns(), frame)
+            data = self._frame_bytes(
+                conn.id, _DIRECTION[from_client], _mono_ns(), _wall_ns(), frame
+            )
         except Exception as exc:  # a recorder bug must never break traffic
             self._bug(exc)
             self._drop(1)

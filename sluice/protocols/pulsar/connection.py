@@ -463,7 +463,9 @@ class PulsarConnection:
         conn = self.conn
         tap = self.tap
         observe = self.correlator.observe
+        sent = self.correlator.sent
         observed = CLIENT_TYPES if from_client else SERVER_TYPES
+        receipt = -1 if from_client else T.SEND_RECEIPT  # one per SEND: timed here
         payload_type = T.SEND if from_client else T.MESSAGE
         faults = self.faults
         # A read that starts on a frame boundary, ends on one, and holds only
@@ -500,6 +502,11 @@ class PulsarConnection:
                         if topics is None:
                             topics = {}
                         self._count_topic(frame, from_client, topics)
+                    if t == receipt:
+                        send = sent(frame.body)
+                        if send is not None:
+                            tap.event(conn, Answered("SEND", now - send.started, None, send.topic))
+                        continue
                     if t in observed:
                         done = observe(frame, from_client, now)
                         if done is not None:

@@ -149,18 +149,28 @@ class Correlator:
                 self._client_frame(frame, t, body, now)
             return None
         if t in (_SEND_RECEIPT, _SEND_ERROR):
-            key = (body.producer_id, body.sequence_id)
-            sent = self.sends.get(key)
+            sent = self.sent(body)
             if sent is None:
                 return None
-            if sent.repeats:
-                sent.repeats -= 1
-            else:
-                del self.sends[key]
-            self._sends_in_flight -= 1
             error = body.error if t == _SEND_ERROR else None
             return Completion(_SEND, t, sent.started, now, sent.topic, error)
         return self._server_frame(t, body, now)
+
+    def sent(self, answer: Any) -> Pending | None:
+        """The SEND a SEND_RECEIPT or SEND_ERROR body answers, now no longer
+        in flight (None if it was never seen). ``observe`` does this for
+        those frames; the proxy's relay calls it for receipts itself, to
+        time them without making a ``Completion`` for each."""
+        key = (answer.producer_id, answer.sequence_id)
+        sent = self.sends.get(key)
+        if sent is None:
+            return None
+        if sent.repeats:
+            sent.repeats -= 1
+        else:
+            del self.sends[key]
+        self._sends_in_flight -= 1
+        return sent
 
     def topic_of_producer(self, producer_id: int) -> str | None:
         return self.producers.get(producer_id)

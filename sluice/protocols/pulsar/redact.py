@@ -43,11 +43,11 @@ _BODY_CHECKED = frozenset({_CONNECT, *_ORIGINAL_AUTH, *_AUTH_TYPES, *_PROPERTY_F
 
 def sensitive(frame: Frame) -> bool:
     """Whether ``frame`` holds anything ``redacted`` would replace."""
-    body: Any = frame.body
-    if body is None:
-        return False
     t = frame.type
     if t in _BODY_CHECKED:
+        body: Any = frame.body
+        if body is None:
+            return False
         if t == _CONNECT and (body.HasField("auth_data") or body.HasField("original_auth_data")):
             return True
         if t in _ORIGINAL_AUTH and body.HasField("original_auth_data"):
