@@ -158,7 +158,9 @@ class FrameRecorder:
             _RAW[raw_small], offset
         )  # fmt: skip
         if self._hash:
-            digest = hashlib.sha256(memoryview(wire)[offset:]).digest()
+            # A small payload's copy hashes sooner than a memoryview of it.
+            payload = wire[offset:] if n - offset < 4096 else memoryview(wire)[offset:]
+            digest = hashlib.sha256(payload).digest()
             tail = _HASHED.pack(_HASHED_KEYS[0], n - offset, _HASHED_KEYS[1]) + digest
         else:
             tail = _SIZED.pack(_SIZED_KEY, n - offset)
