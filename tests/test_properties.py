@@ -18,6 +18,7 @@ from sluice.protocols.pulsar import (
     decode_frame,
     encode,
 )
+from sluice.protocols.pulsar.decoder import _decode_payload_section
 from sluice.protocols.pulsar.payload import messages
 from tests.strategies import PayloadFrame, commands, frame_bytes, payload_frames
 
@@ -137,3 +138,24 @@ def test_mutated_frames_only_ever_give_typed_errors(raw: bytes, data: st.DataObj
     if frame.metadata is not None:
         with contextlib.suppress(RemoteProtocolError):
             messages(frame)
+
+
+@SETTINGS
+@given(payload_frames(), st.data())
+def test_the_usual_layouts_shortcut_decodes_as_the_general_path_does(
+    pf: PayloadFrame, data: st.DataObject
+) -> None:
+    """``decode_frame`` takes a shortcut for a valid checksummed frame;
+    whatever the bytes after the command, it must give what the general
+    payload-section path gives."""
+    raw = bytearray(pf.raw)
+    cmd_end = 8 + int.from_bytes(raw[4:8], "big")
+    for _ in range(data.draw(st.integers(0, 3))):
+        raw[data.draw(st.integers(cmd_end, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    frame = decode_frame(bytes(raw))
+    general = _decode_payload_section(bytes(raw), frame.type, pf.command, cmd_end, frame.body)
+    for name in Frame.__slots__:
+        got, want = getattr(frame, name), getattr(general, name)
+        if name == "error":
+            got, want = (e and (e.problem, e.message) for e in (got, want))
+        assert got == want, name

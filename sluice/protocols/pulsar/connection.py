@@ -464,10 +464,15 @@ class PulsarConnection:
         tap = self.tap
         observe = self.correlator.observe
         sent = self.correlator.sent
+        sending = self.correlator.sending
+        consumers = self.correlator.consumers
         observed = CLIENT_TYPES if from_client else SERVER_TYPES
         receipt = -1 if from_client else T.SEND_RECEIPT  # one per SEND: timed here
         payload_type = T.SEND if from_client else T.MESSAGE
         faults = self.faults
+        # Rules are added and removed by other tasks, never during this loop.
+        faulty = bool(faults.rules)
+        trace = self._trace
         # A read that starts on a frame boundary, ends on one, and holds only
         # frames forwarded unchanged is sent on as it came.
         whole = data is not None and decoder.buffered == 0
@@ -480,10 +485,10 @@ class PulsarConnection:
             for frame in decoder.frames():
                 t = frame.type
                 tap.frame(conn, from_client, frame)
-                if self._trace:
+                if trace:
                     side = "client" if from_client else "broker"
                     log.debug("%s: %s -> %s %s", conn.name, side, frame.name, _brief(frame))
-                if faults.rules:
+                if faulty:
                     rule = self._fault(frame, from_client)
                     if rule is not None:
                         whole = False
@@ -499,9 +504,25 @@ class PulsarConnection:
                 if frame.error is None:
                     out.append(frame.raw)
                     if t == payload_type:
-                        if topics is None:
-                            topics = {}
-                        self._count_topic(frame, from_client, topics)
+                        # Tallied by topic, for one TopicTraffic event per read.
+                        body: Any = frame.body
+                        if from_client:
+                            topic = sending(body, now)
+                            messages = body.num_messages
+                        else:
+                            topic = consumers.get(body.consumer_id)
+                            meta = frame.metadata
+                            messages = meta.num_messages_in_batch if meta is not None else 1
+                        if topic is not None:
+                            if topics is None:
+                                topics = {}
+                            tally = topics.get(topic)
+                            if tally is None:
+                                topics[topic] = [messages, len(frame.raw)]
+                            else:
+                                tally[0] += messages
+                                tally[1] += len(frame.raw)
+                        continue
                     if t == receipt:
                         send = sent(frame.body)
                         if send is not None:
@@ -556,25 +577,6 @@ class PulsarConnection:
             side = "client" if from_client else "broker"
             actions.append(self._close("closed", f"{side} closed the connection"))
         return actions
-
-    def _count_topic(self, frame: Frame, from_client: bool, topics: dict[str, list[int]]) -> None:
-        """Add a SEND's or MESSAGE's messages and bytes to its topic's tally."""
-        body: Any = frame.body
-        if from_client:
-            topic = self.correlator.producers.get(body.producer_id)
-            messages = body.num_messages
-        else:
-            topic = self.correlator.consumers.get(body.consumer_id)
-            meta = frame.metadata
-            messages = meta.num_messages_in_batch if meta is not None else 1
-        if topic is None:
-            return
-        tally = topics.get(topic)
-        if tally is None:
-            topics[topic] = [messages, len(frame.raw)]
-        else:
-            tally[0] += messages
-            tally[1] += len(frame.raw)
 
     def _learn_brokers(self, frame: Frame) -> None:
         body: Any = frame.body

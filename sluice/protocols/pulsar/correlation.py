@@ -134,17 +134,7 @@ class Correlator:
         # everything else (per request at most) in the methods below.
         if from_client:
             if t == _SEND:
-                key = (body.producer_id, body.sequence_id)
-                waiting = self.sends.get(key)
-                if waiting is None:
-                    # Not the frame itself: up to the client's whole pending
-                    # queue is in flight, and each would keep its payload
-                    # alive (and in the garbage collector's way) until its receipt.
-                    topic = self.producers.get(body.producer_id)
-                    self.sends[key] = Pending(t, now, topic)
-                else:
-                    waiting.repeats += 1
-                self._sends_in_flight += 1
+                self.sending(body, now)
             else:
                 self._client_frame(frame, t, body, now)
             return None
@@ -155,6 +145,23 @@ class Correlator:
             error = body.error if t == _SEND_ERROR else None
             return Completion(_SEND, t, sent.started, now, sent.topic, error)
         return self._server_frame(t, body, now)
+
+    def sending(self, send: Any, now: float) -> str | None:
+        """A SEND body, in flight from ``now``; the topic of its producer.
+        ``observe`` does this for SENDs; the proxy's relay calls it itself,
+        and counts the topic's traffic with the answer."""
+        topic: str | None = self.producers.get(send.producer_id)
+        key = (send.producer_id, send.sequence_id)
+        waiting = self.sends.get(key)
+        if waiting is None:
+            # Not the frame itself: up to the client's whole pending queue is
+            # in flight, and each would keep its payload alive (and in the
+            # garbage collector's way) until its receipt.
+            self.sends[key] = Pending(_SEND, now, topic)
+        else:
+            waiting.repeats += 1
+        self._sends_in_flight += 1
+        return topic
 
     def sent(self, answer: Any) -> Pending | None:
         """The SEND a SEND_RECEIPT or SEND_ERROR body answers, now no longer

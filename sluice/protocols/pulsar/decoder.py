@@ -255,6 +255,27 @@ def decode_frame(raw: bytes) -> Frame:
             command,
             _err(Problem.TRAILING, f"{size - cmd_end} bytes after a {command_name(type_)} command"),
         )
+    # The layout clients and brokers send: a checksum, then the metadata. A
+    # valid frame of that shape is decoded here; anything else, or any
+    # fault, takes the general path below, which says what is wrong.
+    if cmd_end + 10 <= size:
+        magic, checksum, meta_size = _MAGIC_U32_U32.unpack_from(raw, cmd_end)
+        offset = cmd_end + 6
+        payload_offset = offset + 4 + meta_size
+        if (
+            magic == _CHECKSUM
+            and payload_offset <= size
+            and _crc(raw[offset:] if size - offset < _VIEW_FROM else memoryview(raw)[offset:])
+            == checksum
+        ):
+            try:
+                metadata = _parse_metadata(raw[offset + 4 : payload_offset])
+            except DecodeError:
+                pass
+            else:
+                if metadata.IsInitialized():
+                    return Frame(raw, type_, command, None, metadata, offset, payload_offset,
+                                 checksum, None, body)  # fmt: skip
     return _decode_payload_section(raw, type_, command, cmd_end, body)
 
 
