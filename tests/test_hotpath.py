@@ -201,27 +201,47 @@ def test_frame_records_read_back_as_a_plain_reading_gives(policy: PayloadPolicy)
 def test_packed_records_are_msgpack_of_the_record_at_every_width(policy: PayloadPolicy) -> None:
     """``packed`` lays frame records out by hand, with a short and a long
     form of ``n`` and of ``raw``'s length: each side of each boundary reads
-    back as the record itself, with real clock values and large ids."""
+    back as the record itself, and so do the ids, directions and clock
+    values it hands to msgpack instead."""
     recorder = FrameRecorder(policy)
-    seen: set[tuple[bool, bool]] = set()
-    for size in (0, 1, 100, 150, 200, 220, 255, 256, 300, 1024, 70_000):
-        for name_size in (1, 150, 300):  # moves where the payload starts
-            meta = pb.MessageMetadata(producer_name="p" * name_size, sequence_id=1,
-                                      publish_time=1_795_267_584_681)  # fmt: skip
-            body = pb.CommandSend(producer_id=7, sequence_id=1)
-            send = decode_frame(encode_payload(command(T("SEND"), body), meta, b"x" * size))
-            receipt = decode_frame(
-                encode(command(T("SEND_RECEIPT"), pb.CommandSendReceipt(
-                    producer_id=7, sequence_id=1, message_id=pb.MessageIdData(
-                        ledgerId=2**63, entryId=size)))))  # fmt: skip
-            for direction, frame in ((0, send), (1, receipt)):
-                assert frame.error is None
-                args = (2**32 - 1, direction, 2**63 + size, 1_795_267_584_681_000_000, frame)
-                record = recorder.record(*args)
-                assert list(unpackb(recorder.packed(*args)).items()) == list(record.items())
-                seen.add((len(frame.raw) < 256, len(record["raw"]) < 256))
-    cut = {(False, True)} if policy is not PayloadPolicy.FULL else set()
-    assert seen == {(True, True), (False, False)} | cut
+    sizes: set[int] = set()  # of n and of raw's length
+    layouts: set[int] = set()  # the map's first byte: 7 or 8 keys
+
+    def check(frame: Frame, conn: int, direction: int, mono: int, wall: int) -> None:
+        assert frame.error is None
+        record = recorder.record(conn, direction, mono, wall, frame)
+        packed = recorder.packed(conn, direction, mono, wall, frame)
+        assert list(unpackb(packed).items()) == list(record.items())
+        sizes.update((len(frame.raw), len(record["raw"])))
+        layouts.add(packed[0])
+
+    def send(name_size: int, size: int) -> Frame:
+        meta = pb.MessageMetadata(producer_name="p" * name_size, sequence_id=1,
+                                  publish_time=1_795_267_584_681)  # fmt: skip
+        body = pb.CommandSend(producer_id=7, sequence_id=1)
+        return decode_frame(encode_payload(command(T("SEND"), body), meta, b"x" * size))
+
+    wall = 1_795_267_584_681_000_000
+    # The whole frame's size (n) across 255/256, then the recorded part's.
+    for size in range(150, 260):
+        check(send(1, size), 1, 0, 10**13, wall)
+    for name_size in range(150, 260):
+        check(send(name_size, 1024), 2**32 - 1, 0, 2**64 - 1, wall)
+    check(send(1, 70_000), 0, 0, 0, 0)  # hashed from a view, not a copy
+    message_id = pb.MessageIdData(ledgerId=2**63, entryId=1)
+    answer = pb.CommandSendReceipt(producer_id=7, sequence_id=1, message_id=message_id)
+    receipt = decode_frame(encode(command(T("SEND_RECEIPT"), answer)))
+    check(receipt, 5, 1, 10**13, wall)
+    # What the fixed-width layout cannot hold takes msgpack's own way.
+    for conn, direction, mono, when in ((2**32, 0, 1, wall), (7, 2, 1, wall), (7, 200, 1, wall),
+                                        (7, 0, -1, -wall), (-1, 1, 2**63, wall)):  # fmt: skip
+        check(receipt, conn, direction, mono, when)
+        check(send(1, 10), conn, direction, mono, when)
+    assert {255, 256} <= sizes
+    assert layouts == ({0x87} if policy is PayloadPolicy.FULL else {0x87, 0x88})
+    if policy is not PayloadPolicy.FULL:  # the recorded part itself crossed 255/256
+        cut = {len(recorder.record(1, 0, 0, 0, send(n, 1024))["raw"]) for n in range(150, 260)}
+        assert {255, 256} <= cut
 
 
 def test_a_later_segment_names_the_topics_of_producers_made_before_it(tmp_path: Path) -> None:

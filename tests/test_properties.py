@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from unittest import mock
 
+import pytest
+from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,10 +18,13 @@ from sluice.protocols.pulsar import (
     FrameDecoder,
     Problem,
     RemoteProtocolError,
+    Type,
+    command,
     decode_frame,
+    decoder,
     encode,
+    pb,
 )
-from sluice.protocols.pulsar.decoder import _decode_payload_section
 from sluice.protocols.pulsar.payload import messages
 from tests.strategies import PayloadFrame, commands, frame_bytes, payload_frames
 
@@ -147,15 +153,68 @@ def test_the_usual_layouts_shortcut_decodes_as_the_general_path_does(
 ) -> None:
     """``decode_frame`` takes a shortcut for a valid checksummed frame;
     whatever the bytes after the command, it must give what the general
-    payload-section path gives."""
+    payload-section path gives. Mutated frames get their checksum made
+    right again half of the time, so that broken metadata reaches the
+    shortcut's later checks too."""
     raw = bytearray(pf.raw)
     cmd_end = 8 + int.from_bytes(raw[4:8], "big")
-    for _ in range(data.draw(st.integers(0, 3))):
+    mutations = data.draw(st.integers(0, 3))
+    for _ in range(mutations):
         raw[data.draw(st.integers(cmd_end, len(raw) - 1))] = data.draw(st.integers(0, 255))
-    frame = decode_frame(bytes(raw))
-    general = _decode_payload_section(bytes(raw), frame.type, pf.command, cmd_end, frame.body)
+    if raw[cmd_end : cmd_end + 2] == b"\x0e\x01" and data.draw(st.booleans()):
+        raw[cmd_end + 2 : cmd_end + 6] = crc32c(bytes(raw[cmd_end + 6 :])).to_bytes(4, "big")
+    with mock.patch.object(decoder, "_decode_payload_section",
+                           wraps=decoder._decode_payload_section) as general:  # fmt: skip
+        frame = decode_frame(bytes(raw))
+    if not mutations and pf.checksum and pf.broker_entry_metadata is None:
+        assert not general.called  # the shortcut took it
+    want = decoder._decode_payload_section(bytes(raw), frame.type, pf.command, cmd_end, frame.body)
     for name in Frame.__slots__:
-        got, want = getattr(frame, name), getattr(general, name)
+        got, expected = getattr(frame, name), getattr(want, name)
         if name == "error":
-            got, want = (e and (e.problem, e.message) for e in (got, want))
-        assert got == want, name
+            got, expected = (e and (e.problem, e.message) for e in (got, expected))
+        assert got == expected, name
+
+
+def _checksummed_send(
+    metadata: bytes, payload: bytes = b"body", meta_size: int | None = None
+) -> bytes:
+    """A SEND frame with these metadata bytes and a right checksum."""
+    cmd = command(Type.Value("SEND"), pb.CommandSend(producer_id=1, sequence_id=2))
+    cmd_bytes = cmd.SerializeToString()
+    size = len(metadata) if meta_size is None else meta_size
+    covered = size.to_bytes(4, "big") + metadata + payload
+    rest = len(cmd_bytes).to_bytes(4, "big") + cmd_bytes + b"\x0e\x01"
+    rest += crc32c(covered).to_bytes(4, "big") + covered
+    return len(rest).to_bytes(4, "big") + rest
+
+
+_COMPLETE = pb.MessageMetadata(producer_name="p", sequence_id=2, publish_time=3)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _checksummed_send(_COMPLETE.SerializeToString()),  # the shortcut's own case
+        _checksummed_send(b"\xff\xff\xff"),  # does not parse
+        _checksummed_send(
+            pb.MessageMetadata(producer_name="p").SerializePartialToString()
+        ),  # lacks fields
+        _checksummed_send(b"", b""),  # no metadata at all
+        _checksummed_send(_COMPLETE.SerializeToString(), meta_size=10_000),  # size overruns
+        _checksummed_send(_COMPLETE.SerializeToString(), b"")[:-3],  # length prefix made wrong
+    ],
+    ids=["valid", "unparseable", "incomplete", "empty", "overrun", "cut"],
+)
+def test_the_shortcut_falls_back_on_broken_metadata_under_a_right_checksum(raw: bytes) -> None:
+    frame = decode_frame(raw)
+    if frame.command is None:  # refused before the payload section: nothing to compare
+        assert frame.error is not None
+        return
+    cmd_end = 8 + int.from_bytes(raw[4:8], "big")
+    want = decoder._decode_payload_section(raw, frame.type, frame.command, cmd_end, frame.body)
+    for name in Frame.__slots__:
+        got, expected = getattr(frame, name), getattr(want, name)
+        if name == "error":
+            got, expected = (e and (e.problem, e.message) for e in (got, expected))
+        assert got == expected, name

@@ -257,7 +257,7 @@ class Taps:
             try:
                 call(conn, from_client, frame)
             except Exception as exc:
-                self._failed(next(tap for tap in self.taps if tap.frame == call), exc)
+                self._failed(getattr(call, "__self__", call), exc)
 
     def event(self, conn: Conn | None, event: Event) -> None:
         for tap in self.taps:
@@ -266,7 +266,7 @@ class Taps:
             except Exception as exc:
                 self._failed(tap, exc)
 
-    def _failed(self, tap: Tap, exc: Exception) -> None:
+    def _failed(self, tap: object, exc: Exception) -> None:
         self.failures += 1
         if id(tap) not in self._reported:
             self._reported.add(id(tap))

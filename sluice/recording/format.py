@@ -95,7 +95,7 @@ def header(
 # k, c, d, t, w, n, raw (and p when the payload is left out), in that order,
 # "c" a uint32, "t" and "w" uint64s, "n" and the length of "raw" each a
 # uint8 (bin8) below 256 and a uint32 (bin32) from there.
-_U32_MAX = 2**32 - 1
+_DIRECTIONS = frozenset({CLIENT_TO_BROKER, BROKER_TO_CLIENT})  # positive fixints
 _MAP_7, _MAP_8 = 0x87, 0x88  # without "p", with it
 _K = b"\xa1k\xa5frame\xa1c\xce"  # "k": "frame", "c": <uint32>
 _D, _T, _W = b"\xa1d", b"\xa1t\xcf", b"\xa1w\xcf"
@@ -138,33 +138,37 @@ class FrameRecorder:
         A valid frame without credentials (nearly every frame) is laid out
         here directly, as msgpack's encoding of the same map with the same
         keys in the same order, integers at a fixed width: half the cost of
-        building the dict and packing it. Anything else takes that way.
+        building the dict and packing it. Anything else (credentials, an
+        invalid frame, a value too wide for its field) takes that way.
         """
-        if frame.error is not None or sensitive(frame) or conn > _U32_MAX:
+        if frame.error is not None or direction not in _DIRECTIONS or sensitive(frame):
             return self._pack(self.record(conn, direction, mono_ns, wall_ns, frame))
         wire = frame.raw
-        n = len(wire)
-        offset = frame.payload_offset
-        n_small = n < 256
-        if offset < 0 or self._keep:
-            head = _HEADS[3 if n_small else 0].pack(
-                _MAP_7, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns, _N[n_small], n,
-                _RAW[n_small], n
+        try:
+            n = len(wire)
+            offset = frame.payload_offset
+            n_small = n < 256
+            if offset < 0 or self._keep:
+                head = _HEADS[3 if n_small else 0].pack(
+                    _MAP_7, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns, _N[n_small], n,
+                    _RAW[n_small], n
+                )  # fmt: skip
+                return head + wire
+            raw_small = offset < 256
+            head = _HEADS[n_small * 2 + raw_small].pack(
+                _MAP_8, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns, _N[n_small], n,
+                _RAW[raw_small], offset
             )  # fmt: skip
-            return head + wire
-        raw_small = offset < 256
-        head = _HEADS[n_small * 2 + raw_small].pack(
-            _MAP_8, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns, _N[n_small], n,
-            _RAW[raw_small], offset
-        )  # fmt: skip
-        if self._hash:
-            # A small payload's copy hashes sooner than a memoryview of it.
-            payload = wire[offset:] if n - offset < 4096 else memoryview(wire)[offset:]
-            digest = hashlib.sha256(payload).digest()
-            tail = _HASHED.pack(_HASHED_KEYS[0], n - offset, _HASHED_KEYS[1]) + digest
-        else:
-            tail = _SIZED.pack(_SIZED_KEY, n - offset)
-        return b"".join((head, wire[:offset], tail))
+            if self._hash:
+                # A small payload's copy hashes sooner than a memoryview of it.
+                payload = wire[offset:] if n - offset < 4096 else memoryview(wire)[offset:]
+                digest = hashlib.sha256(payload).digest()
+                tail = _HASHED.pack(_HASHED_KEYS[0], n - offset, _HASHED_KEYS[1]) + digest
+            else:
+                tail = _SIZED.pack(_SIZED_KEY, n - offset)
+            return b"".join((head, wire[:offset], tail))
+        except struct.error:  # a value outside its field's width (a clock before 1970)
+            return self._pack(self.record(conn, direction, mono_ns, wall_ns, frame))
 
     def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:
         wire = frame.raw
