@@ -2,7 +2,7 @@
 
     python bench/fleet.py [--clients 1,4,8] [--messages N] [--quick]
                           [--kind direct,proxy] [--workers 1,auto] [--record off,on]
-                          [--workloads unbatched,batched]
+                          [--workloads unbatched,batched] [--rounds 1]
 
 One embedded pulsar-lite broker; K client processes (the official
 pulsar-client, one `pulsar.Client` each), each producing to its own topic and
@@ -26,6 +26,11 @@ the proxy's peak RSS (VmRSS summed over the same processes, sampled every
 shared by clients, broker and proxy), and a delivery check: consumed messages
 are deduplicated by content (pulsar-lite 0.2.0 may redeliver under load) and
 compared with those produced.
+
+``--rounds N`` runs the whole sweep N times, each round starting at another
+configuration, so that none is always measured first (the broker's state
+changes as a run goes on). Rows are labelled with their round, and the
+summary's comparisons pair configurations of the same round.
 
 Loopback only; every process started here is stopped by PID on exit, Ctrl-C
 and errors included. Progress goes to stderr, the table to stdout.
@@ -499,6 +504,7 @@ class Row:
     check: str = ""
     lost: int = 0  # messages produced but never consumed: the rate is of a part
     failed: str = ""
+    round: int = 0
 
 
 def csv_list(text: str) -> list[str]:
@@ -519,6 +525,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", default="1,auto", help="proxy --workers values (1,auto)")
     parser.add_argument("--record", default="off,on", help="proxy recording: off,on")
     parser.add_argument("--workloads", default="unbatched,batched", help="unbatched,batched")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the sweep, each round in another order of configurations (default 1)",
+    )
     parser.add_argument(
         "--step-timeout", type=float, default=300.0, help="seconds one step may take"
     )
@@ -548,6 +560,8 @@ def parse_args() -> argparse.Namespace:
     args.clients = args.clients or ("1,2" if args.quick else "1,4,8")
     args.messages = args.messages or (5000 if args.quick else 20000)
     args.batched_messages = args.batched_messages or 5 * args.messages
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     return args
 
 
@@ -629,6 +643,7 @@ def run_config(
     args: argparse.Namespace,
     rows: list[Row],
     proxies: list[ProxyProcess],
+    round_: int = 0,
 ) -> None:
     proxy = None
     if config.workers is not None:
@@ -657,7 +672,7 @@ def run_config(
             topics = [f"persistent://public/default/fleet-{run}-{i}" for i in range(clients)]
             counts = [workload.messages] * clients
             for step in ("produce", "consume"):
-                row = Row(config, clients, workload, step)
+                row = Row(config, clients, workload, step, round=round_)
                 rows.append(row)
                 try:
                     results = run_step(fleet, row, url, topics, counts, proxy, broker, args)
@@ -666,7 +681,8 @@ def run_config(
                     log(f"  {step} FAILED: {exc}")
                     fleet.restart()
                     if step == "produce":
-                        rows.append(Row(config, clients, workload, "consume", failed="no produce"))
+                        rows.append(Row(config, clients, workload, "consume",
+                                        failed="no produce", round=round_))  # fmt: skip
                         break
                     continue
                 if step == "produce":
@@ -679,14 +695,15 @@ def run_config(
 
 def print_table(rows: list[Row], configs: list[Config], workloads: list[Workload]) -> None:
     direct = {
-        (r.clients, r.workload.name, r.step): r.rate
+        (r.clients, r.workload.name, r.step, r.round): r.rate
         for r in rows
         if r.config.workers is None and not r.failed and not r.lost
     }
     order = {c: i for i, c in enumerate(configs)}
     wl_order = {w.name: i for i, w in enumerate(workloads)}
     rows = sorted(rows, key=lambda r: (wl_order[r.workload.name], r.step != "produce",
-                                       r.clients, order[r.config]))  # fmt: skip
+                                       r.clients, order[r.config], r.round))  # fmt: skip
+    rounds = len({r.round for r in rows}) > 1
     head = (f"{'configuration':<19} {'clients':>7} {'workload':<16} {'step':<8} {'msg/s':>9} "
             f"{'ratio':>6} {'proxy µs/msg':>12} {'proxy RSS MiB':>13} {'broker µs/msg':>13}  "
             f"check")  # fmt: skip
@@ -698,9 +715,10 @@ def print_table(rows: list[Row], configs: list[Config], workloads: list[Workload
         if previous is not None and group != previous:
             print()
         previous = group
-        base = direct.get((r.clients, r.workload.name, r.step))
+        base = direct.get((r.clients, r.workload.name, r.step, r.round))
+        label = f"{r.config.label} #{r.round + 1}" if rounds else r.config.label
         if r.failed:
-            print(f"{r.config.label:<19} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
+            print(f"{label:<19} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
                   f"{'FAILED':>9}  {r.failed}")  # fmt: skip
             continue
         ratio = "-" if r.config.workers is None else "n/a"
@@ -709,7 +727,7 @@ def print_table(rows: list[Row], configs: list[Config], workloads: list[Workload
         rate = f"{r.rate:,.0f}" + ("*" if r.lost else "")
         cpu = "-" if r.proxy_cpu is None else f"{r.proxy_cpu:.1f}"
         rss = "-" if r.proxy_rss is None else f"{r.proxy_rss / 2**20:.0f}"
-        print(f"{r.config.label:<19} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
+        print(f"{label:<19} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
               f"{rate:>9} {ratio:>6} {cpu:>12} {rss:>13} {r.broker_cpu:>13.1f}  "
               f"{r.check}")  # fmt: skip
 
@@ -718,7 +736,7 @@ def print_summary(rows: list[Row], configs: list[Config]) -> None:
     """Workers auto vs 1 (same recording, clients, workload and step), and
     the lowest proxy/direct ratios."""
     rate = {
-        (r.config, r.clients, r.workload.name, r.step): r
+        (r.config, r.clients, r.workload.name, r.step, r.round): r
         for r in rows
         if not r.failed and not r.lost
     }
@@ -730,8 +748,8 @@ def print_summary(rows: list[Row], configs: list[Config]) -> None:
         for other in many:
             ratios = []
             cpu = []
-            for (config, clients, workload, step), row in rate.items():
-                base = rate.get((one, clients, workload, step))
+            for (config, clients, workload, step, round_), row in rate.items():
+                base = rate.get((one, clients, workload, step, round_))
                 if config == other and base is not None and base.rate > 0:
                     ratios.append(row.rate / base.rate)
                     if row.proxy_cpu is not None and base.proxy_cpu:
@@ -742,7 +760,7 @@ def print_summary(rows: list[Row], configs: list[Config]) -> None:
                       f"{max(ratios):.2f} over {len(ratios)} steps; CPU/msg ratio median "
                       f"{statistics.median(cpu) if cpu else float('nan'):.2f}")  # fmt: skip
     direct = {
-        (r.clients, r.workload.name, r.step): r.rate
+        (r.clients, r.workload.name, r.step, r.round): r.rate
         for r in rows
         if r.config.workers is None and not r.failed and not r.lost
     }
@@ -750,9 +768,9 @@ def print_summary(rows: list[Row], configs: list[Config]) -> None:
         if config.workers is None:
             continue
         against = [
-            (row.rate / direct[(c, w, s)], c, w, s)
-            for (cfg, c, w, s), row in rate.items()
-            if cfg == config and direct.get((c, w, s))
+            (row.rate / direct[(c, w, s, n)], c, w, s)
+            for (cfg, c, w, s, n), row in rate.items()
+            if cfg == config and direct.get((c, w, s, n))
         ]
         if against:
             low = min(against)
@@ -815,9 +833,12 @@ def main() -> int:
             fleet.start()
             log(f"broker {broker.url} (pid {broker.pid}), {fleet.size} client processes, "
                 f"--workers auto = {auto}")  # fmt: skip
-            for k in clients:
-                for config in configs:
-                    run_config(fleet, config, k, workloads, broker, tmp, args, rows, proxies)
+            for round_ in range(args.rounds):
+                shift = round_ % len(configs)
+                for k in clients:
+                    for config in configs[shift:] + configs[:shift]:
+                        run_config(fleet, config, k, workloads, broker, tmp, args, rows,
+                                   proxies, round_)  # fmt: skip
         except KeyboardInterrupt:
             interrupted = True
             log("interrupted: stopping everything; the table shows the steps done")
@@ -831,7 +852,8 @@ def main() -> int:
 
     print(f"bench/fleet.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}: "
           f"{os.cpu_count()} CPUs ({auto} available), Python {platform.python_version()}; "
-          f"{args.messages:,} 1 KiB / {args.batched_messages:,} 100 B messages per client; "
+          f"{args.messages:,} 1 KiB / {args.batched_messages:,} 100 B messages per client, "
+          f"{args.rounds} round(s); "
           f"{(time.monotonic() - began) / 60:.1f} min; load average {load_before} before, "
           f"{_loadavg()} after")  # fmt: skip
     print(f"proxy: sluice from {describe_source(args.source)}; pulsar-client "
