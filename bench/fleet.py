@@ -704,7 +704,8 @@ def print_table(rows: list[Row], configs: list[Config], workloads: list[Workload
     rows = sorted(rows, key=lambda r: (wl_order[r.workload.name], r.step != "produce",
                                        r.clients, order[r.config], r.round))  # fmt: skip
     rounds = len({r.round for r in rows}) > 1
-    head = (f"{'configuration':<19} {'clients':>7} {'workload':<16} {'step':<8} {'msg/s':>9} "
+    width = max(19, *(len(c.label) + (4 if rounds else 0) for c in configs))  # " #N"
+    head = (f"{'configuration':<{width}} {'clients':>7} {'workload':<16} {'step':<8} {'msg/s':>9} "
             f"{'ratio':>6} {'proxy µs/msg':>12} {'proxy RSS MiB':>13} {'broker µs/msg':>13}  "
             f"check")  # fmt: skip
     print(head)
@@ -718,7 +719,7 @@ def print_table(rows: list[Row], configs: list[Config], workloads: list[Workload
         base = direct.get((r.clients, r.workload.name, r.step, r.round))
         label = f"{r.config.label} #{r.round + 1}" if rounds else r.config.label
         if r.failed:
-            print(f"{label:<19} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
+            print(f"{label:<{width}} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
                   f"{'FAILED':>9}  {r.failed}")  # fmt: skip
             continue
         ratio = "-" if r.config.workers is None else "n/a"
@@ -727,7 +728,7 @@ def print_table(rows: list[Row], configs: list[Config], workloads: list[Workload
         rate = f"{r.rate:,.0f}" + ("*" if r.lost else "")
         cpu = "-" if r.proxy_cpu is None else f"{r.proxy_cpu:.1f}"
         rss = "-" if r.proxy_rss is None else f"{r.proxy_rss / 2**20:.0f}"
-        print(f"{label:<19} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
+        print(f"{label:<{width}} {r.clients:>7} {r.workload.label:<16} {r.step:<8} "
               f"{rate:>9} {ratio:>6} {cpu:>12} {rss:>13} {r.broker_cpu:>13.1f}  "
               f"{r.check}")  # fmt: skip
 
