@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -52,11 +53,11 @@ UPSTREAM = Address("localhost", 9000)
 
 class Recorder:
     def __init__(self) -> None:
-        self.frames: list[tuple[bool, Any]] = []
+        self.seen: list[tuple[bool, Any]] = []
         self.events: list[Event] = []
 
-    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
-        self.frames.append((from_client, frame))
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        self.seen += [(from_client, frame) for frame in frames]
 
     def event(self, conn: Conn | None, event: Event) -> None:
         self.events.append(event)

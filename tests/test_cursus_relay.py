@@ -11,7 +11,7 @@ it, and one upstream connection per client connection.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -41,7 +41,7 @@ from tests.test_cursus_broker import Collector, in_thread, produce, until
 
 
 class _Quiet:
-    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
         pass
 
     def event(self, conn: Conn | None, event: Event) -> None:

@@ -186,6 +186,18 @@ def test_corrupt_adds_a_checksum_where_there_was_none() -> None:
     assert bytes(frame.payload) == b"ab" + bytes([ord("c") ^ 0xFF])
 
 
+def test_taps_see_a_fault_right_after_the_frame_it_acted_on() -> None:
+    """The recorder notes a fault as acting on the frame recorded just
+    before it: a read's frames reach the taps at once, except that those
+    up to a fault come before the fault's event."""
+    core, rec, _ = core_with(rule(match={"command": "SEND"}, action="drop", after=1, times=1))
+    with_producer(core)
+    rec.order.clear()
+    out = core.receive_client(b"".join(send_frame(1, i) for i in range(4)), 2.0)
+    assert [f.body.sequence_id for f in sent(out, Peer.BROKER)] == [0, 2, 3]
+    assert rec.order == ["SEND", "SEND", "FaultInjected", "SEND", "SEND", "TopicTraffic"]
+
+
 def test_disconnect_after_the_hundredth_send() -> None:
     core, _, faults = core_with(
         rule(match={"command": "SEND"}, action="disconnect", after=99, times=1)

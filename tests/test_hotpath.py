@@ -184,7 +184,7 @@ def test_frame_records_read_back_as_a_plain_reading_gives(policy: PayloadPolicy)
             assert "s" not in record  # no summary on the hot path
             # What the recorder queues: the same record (keys in the same
             # order), whether laid out by hand or packed by msgpack.
-            packed = recorder.packed(conn, direction, t, t, frame)
+            (packed,) = recorder.packed(conn, direction, t, t, [frame])
             assert list(unpackb(packed).items()) == list(record.items())
             written.append(packed)
             expected.append(plain_record(correlator, policy, conn, direction, t, frame))
@@ -210,7 +210,7 @@ def test_packed_records_are_msgpack_of_the_record_at_every_width(policy: Payload
     def check(frame: Frame, conn: int, direction: int, mono: int, wall: int) -> None:
         assert frame.error is None
         record = recorder.record(conn, direction, mono, wall, frame)
-        packed = recorder.packed(conn, direction, mono, wall, frame)
+        (packed,) = recorder.packed(conn, direction, mono, wall, [frame])
         assert list(unpackb(packed).items()) == list(record.items())
         sizes.update((len(frame.raw), len(record["raw"])))
         layouts.add(packed[0])
@@ -237,6 +237,19 @@ def test_packed_records_are_msgpack_of_the_record_at_every_width(policy: Payload
                                         (7, 0, -1, -wall), (-1, 1, 2**63, wall)):  # fmt: skip
         check(receipt, conn, direction, mono, when)
         check(send(1, 10), conn, direction, mono, when)
+    # One read's frames at once, as the recorder hands them over: each as it
+    # is alone, with those that take msgpack's way (credentials, an invalid
+    # frame) among them.
+    hello = pb.CommandConnect(client_version="c", protocol_version=21, auth_data=b"secret")
+    connect = decode_frame(encode(command(T("CONNECT"), hello)))
+    broken = bytearray(send(1, 300).raw)
+    broken[-1] ^= 1
+    bad = decode_frame(bytes(broken))
+    assert sensitive(connect) and bad.error is not None
+    read = [send(1, 100), connect, receipt, bad, send(1, 2000), send(300, 10)]
+    packed = recorder.packed(3, 1, 10**13, wall, read)
+    want = [recorder.record(3, 1, 10**13, wall, frame) for frame in read]
+    assert [list(unpackb(p).items()) for p in packed] == [list(r.items()) for r in want]
     assert {255, 256} <= sizes
     assert layouts == ({0x87} if policy is PayloadPolicy.FULL else {0x87, 0x88})
     if policy is not PayloadPolicy.FULL:  # the recorded part itself crossed 255/256
@@ -270,9 +283,9 @@ def test_a_later_segment_names_the_topics_of_producers_made_before_it(tmp_path: 
             recorder.event(conn, Opened())
             for direction, frame in ((0, producer), (1, success)):
                 correlator.observe(frame, direction == 0, 0.0)
-                recorder.frame(conn, direction == 0, frame)
+                recorder.frames(conn, direction == 0, [frame])
             await trio.sleep(0.1)  # one segment, then a new one for each write
-            recorder.frame(conn, False, receipt)
+            recorder.frames(conn, False, [receipt])
             await trio.sleep(0.1)
             nursery.cancel_scope.cancel()
 
@@ -319,6 +332,11 @@ def test_latency_histograms_export_what_prometheus_client_would() -> None:
         label = rng.choice("AB")
         histograms.children[label].observe(value)
         reference.labels(label).observe(value)
+    # A read's worth at once (send receipts): the same as one at a time.
+    many = [rng.expovariate(30) for _ in range(100)]
+    histograms.children["B"].observe_all(many)
+    for value in many:
+        reference.labels("B").observe(value)
 
     def samples(registry: CollectorRegistry) -> list[tuple[str, tuple[Any, ...], float]]:
         return sorted(
@@ -371,8 +389,7 @@ async def test_the_writer_hands_the_file_few_large_writes(
     async with trio.open_nursery() as nursery:
         await nursery.start(recorder.run)
         for _ in range(50):  # a read of 40 frames every 2 ms
-            for _ in range(40):
-                recorder.frame(Conn(1, "127.0.0.1:1", "plain", "pulsar"), True, ping)
+            recorder.frames(Conn(1, "127.0.0.1:1", "plain", "pulsar"), True, [ping] * 40)
             await trio.sleep(0.002)
         await trio.sleep(0.05)
         assert recorder.queued == 0  # taken off the queue and packed...
@@ -392,7 +409,7 @@ async def test_a_new_file_states_each_open_connection_once(tmp_path: Path) -> No
         await nursery.start(recorder.run)
         for conn in range(1, 6):
             recorder.open_connection(conn, client="127.0.0.1:1", kind="proxied", listener="plain")
-            recorder.frame(Conn(conn, "127.0.0.1:1", "plain", "pulsar"), True, ping)
+            recorder.frames(Conn(conn, "127.0.0.1:1", "plain", "pulsar"), True, [ping])
             # Written before the next batch (a fixed sleep was not enough on a busy host).
             with trio.fail_after(10):
                 while recorder.frames_written < conn:

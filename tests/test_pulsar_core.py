@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from sluice.addresses import Address
 from sluice.protocols.core import (
     Action,
     Answered,
+    AnsweredMany,
     Ask,
     Close,
     Conn,
@@ -55,14 +57,17 @@ class Recording:
     """A tap that keeps everything it is shown."""
 
     def __init__(self) -> None:
-        self.frames: list[tuple[bool, Frame]] = []
+        self.seen: list[tuple[bool, Frame]] = []
         self.events: list[Event] = []
+        self.order: list[str] = []  # frame names and event kinds, as shown
 
-    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
-        self.frames.append((from_client, frame))
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        self.seen += [(from_client, frame) for frame in frames]
+        self.order += [frame.name for frame in frames]
 
     def event(self, conn: Conn | None, event: Event) -> None:
         self.events.append(event)
+        self.order.append(type(event).__name__)
 
     def of(self, kind: type[Any]) -> list[Any]:
         return [e for e in self.events if isinstance(e, kind)]
@@ -71,8 +76,8 @@ class Recording:
 class Exploding:
     """A tap that fails at everything."""
 
-    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
-        raise RuntimeError("tap frame boom")
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        raise RuntimeError("tap frames boom")
 
     def event(self, conn: Conn | None, event: Event) -> None:
         raise RuntimeError("tap event boom")
@@ -438,6 +443,26 @@ def test_bad_checksum_is_answered_under_reject() -> None:
     assert closes(out) == []
 
 
+def test_taps_see_an_invalid_frame_and_its_answer_where_they_were_in_the_read() -> None:
+    """A read's frames reach the taps at once, after the read; an invalid
+    frame's Invalid event and answer come right after it, in order."""
+    core, rec = proxied_core(OnInvalid.REJECT)
+    with_producer(core)
+    rec.order.clear()
+    bad = bytearray(send_frame(sequence_id=2))
+    bad[-1] ^= 1
+    out = core.receive_client(
+        send_frame(sequence_id=1) + bytes(bad) + send_frame(sequence_id=3), 2.0
+    )
+    assert [f.body.sequence_id for f in sent(out, Peer.BROKER)] == [1, 3]
+    assert rec.order == ["SEND", "SEND", "Invalid", "SEND_ERROR", "SEND", "TopicTraffic"]
+    # A stream that loses its framing: the frames before it, then the event.
+    rec.order.clear()
+    core.receive_client(send_frame(sequence_id=4) + send_frame(sequence_id=5)[:-3], 3.0)
+    core.receive_client(b"", 3.5)
+    assert rec.order[:3] == ["SEND", "TopicTraffic", "Invalid"]
+
+
 def test_bad_checksum_is_passed_on_under_forward() -> None:
     core, rec = proxied_core(OnInvalid.FORWARD)
     with_producer(core)
@@ -466,14 +491,25 @@ def test_send_and_receipt_are_correlated_with_the_topic() -> None:
     with_producer(core, "persistent://t/n/orders")
     assert [a.request for a in rec.of(Answered)] == ["PRODUCER"]
     core.receive_client(send_frame(sequence_id=5), 2.0)
-    assert core.in_flight_sends == 1
+    core.receive_client(send_frame(sequence_id=6) + send_frame(sequence_id=7), 2.25)
+    assert core.in_flight_sends == 3
     receipt = frame_bytes("SEND_RECEIPT", pb.CommandSendReceipt(producer_id=1, sequence_id=5))
     out = core.receive_broker(receipt, 2.5)
     assert out == [Send(Peer.CLIENT, receipt)]
-    send = rec.of(Answered)[-1]
+    (send,) = rec.of(AnsweredMany)
     assert send.request == "SEND" and send.topic == "persistent://t/n/orders"
-    assert send.seconds == pytest.approx(0.5) and send.error is None
+    assert send.seconds == [pytest.approx(0.5)]
+    assert core.in_flight_sends == 2
+    # The receipts of one read: one event, a time each, in order.
+    receipts = b"".join(
+        frame_bytes("SEND_RECEIPT", pb.CommandSendReceipt(producer_id=1, sequence_id=seq))
+        for seq in (7, 6, 99)  # 99 was never sent: not timed
+    )
+    core.receive_broker(receipts, 3.0)
+    assert len(rec.of(AnsweredMany)) == 2
+    assert rec.of(AnsweredMany)[-1].seconds == [pytest.approx(0.75)] * 2
     assert core.in_flight_sends == 0
+    assert [a.request for a in rec.of(Answered)] == ["PRODUCER"]  # none for a SEND
 
 
 def test_drain_closes_the_clients_producers_and_consumers() -> None:
@@ -525,5 +561,5 @@ def test_a_failing_tap_never_stops_traffic() -> None:
     assert names(out, Peer.CLIENT) == ["PONG"]
     assert taps.failures > 0
     # The tap after the failing one still sees everything.
-    assert [f.name for _, f in recording.frames] == ["CONNECT", "CONNECTED", "PING", "PONG"]
-    assert taps.failures == len(recording.frames) + len(recording.events)
+    assert [f.name for _, f in recording.seen] == ["CONNECT", "CONNECTED", "PING", "PONG"]
+    assert taps.failures == len(recording.seen) + len(recording.events)

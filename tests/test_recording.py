@@ -311,8 +311,8 @@ async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: 
     config = RecorderConfig(tmp_path, lossless=True, queue_frames=2, flush_interval=0.05)
     recorder = Recorder(config)
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
-    recorder.frame(CONN_1, True, ping)
-    recorder.frame(CONN_1, True, ping)
+    recorder.frames(CONN_1, True, [ping])
+    recorder.frames(CONN_1, True, [ping])
     with trio.move_on_after(0.3) as blocked:
         await recorder.room()  # full, and no writer yet: must wait
     assert blocked.cancelled_caught
@@ -320,12 +320,46 @@ async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: 
         await nursery.start(recorder.run)
         for _ in range(50):  # the proxy's loop in lossless mode: wait for room, then record
             await recorder.room()
-            recorder.frame(CONN_1, True, ping)
+            recorder.frames(CONN_1, True, [ping])
         await trio.sleep(0.3)
         nursery.cancel_scope.cancel()
     frames = [r for p in recording_files(tmp_path) for r in read_records(p) if r["k"] == "frame"]
     assert len(frames) == 52
     assert not [r for p in recording_files(tmp_path) for r in read_records(p) if r["k"] == "gap"]
+
+
+async def test_a_full_queue_drops_whole_reads_and_says_so(tmp_path: Path) -> None:
+    """Without lossless, a read that finds the queue full is dropped, counted,
+    and a gap record says how many frames are missing; the frames of one
+    read share its time."""
+    import trio
+
+    from sluice.protocols.pulsar import Type, command, decode_frame, encode
+    from sluice.recording.writer import Recorder, RecorderConfig
+
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    recorder = Recorder(RecorderConfig(tmp_path, queue_frames=4, flush_interval=0.05))
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    recorder.frames(CONN_1, True, [ping] * 2)  # the queue: the conn record and these
+    recorder.frames(CONN_1, False, [ping] * 5)  # goes over by one read, at most
+    recorder.frames(CONN_1, True, [ping] * 4)  # finds it full: dropped
+    assert recorder.queued == 8 and recorder.dropped_total == 4
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        with trio.fail_after(10):
+            while recorder.frames_written < 7:
+                await trio.sleep(0.01)
+        recorder.frames(CONN_1, True, [ping])  # room again
+        with trio.fail_after(10):
+            while recorder.frames_written < 8:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    records = [r for p in recording_files(tmp_path) for r in read_records(p)]
+    frames = [r for r in records if r["k"] == "frame"]
+    assert [r["d"] for r in frames] == [0, 0, 1, 1, 1, 1, 1, 0]
+    assert len({(r["t"], r["w"]) for r in frames[2:7]}) == 1  # one read, one time
+    assert frames[1]["t"] < frames[2]["t"]
+    assert [r["dropped"] for r in records if r["k"] == "gap"] == [4]  # the next write says so
 
 
 def test_inspect_time_filters(tmp_path: Path) -> None:
@@ -372,15 +406,15 @@ async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
     async with trio.open_nursery() as nursery:
         await nursery.start(recorder.run)
-        recorder.frame(CONN_1, True, ping)
+        recorder.frames(CONN_1, True, [ping])
         await trio.sleep(0.2)  # written for real, flushed
         assert recorder._file is not None
         recorder._file = FullDisk(recorder._file)  # type: ignore[assignment]
         for _ in range(5):
-            recorder.frame(CONN_1, True, ping)
+            recorder.frames(CONN_1, True, [ping])
         await trio.sleep(0.3)  # the flush fails: those 5 are lost, and counted
         recorder._retry_at = 0.0  # the disk is back
-        recorder.frame(CONN_1, True, ping)
+        recorder.frames(CONN_1, True, [ping])
         await trio.sleep(0.3)
         nursery.cancel_scope.cancel()
     records = [r for p in recording_files(tmp_path) for r in read_records(p)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -160,6 +160,16 @@ class Answered:
     topic: str | None = None
 
 
+@dataclass(slots=True)
+class AnsweredMany:
+    """Answers to one kind of request about one topic, all read at once
+    (send receipts): one event per read rather than an ``Answered`` each."""
+
+    request: str  # command name
+    seconds: list[float]
+    topic: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class LookupDone:
     """A lookup the proxy answered itself; ``upstream`` is the part spent waiting."""
@@ -216,6 +226,7 @@ Event = (
     | Rejected
     | Invalid
     | Answered
+    | AnsweredMany
     | LookupDone
     | Dialed
     | Relayed
@@ -229,7 +240,9 @@ class Tap(Protocol):
     """Something that watches traffic. Both methods must return quickly and
     never block: the relay calls them inline."""
 
-    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None: ...
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        """Frames read (or written by the proxy itself) at one time, in order."""
+        ...
 
     def event(self, conn: Conn | None, event: Event) -> None: ...
 
@@ -242,22 +255,16 @@ class Taps:
     taps: list[Tap] = field(default_factory=list)
     failures: int = 0
     _reported: set[int] = field(default_factory=set)
-    # Each tap's ``frame``, looked up once: it is called for every frame.
-    _frame_calls: list[Callable[[Conn, bool, Any], None]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._frame_calls = [tap.frame for tap in self.taps]
 
     def add(self, tap: Tap) -> None:
         self.taps.append(tap)
-        self._frame_calls.append(tap.frame)
 
-    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
-        for call in self._frame_calls:
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        for tap in self.taps:
             try:
-                call(conn, from_client, frame)
+                tap.frames(conn, from_client, frames)
             except Exception as exc:
-                self._failed(getattr(call, "__self__", call), exc)
+                self._failed(tap, exc)
 
     def event(self, conn: Conn | None, event: Event) -> None:
         for tap in self.taps:

@@ -25,7 +25,7 @@ import itertools
 import math
 import platform
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -38,6 +38,7 @@ from sluice import __version__
 from sluice.protocols.core import (
     Accepted,
     Answered,
+    AnsweredMany,
     Closed,
     Conn,
     Dialed,
@@ -170,6 +171,12 @@ class Timer:
         self.counts[bisect_left(self._bounds, seconds)] += 1
         self.total += seconds
 
+    def observe_all(self, seconds: list[float]) -> None:
+        counts, bounds = self.counts, self._bounds
+        for value in seconds:
+            counts[bisect_left(bounds, value)] += 1
+        self.total += sum(seconds)
+
 
 class Histograms(Collector):
     """A histogram with one label whose values are known up front, kept as
@@ -247,7 +254,7 @@ class Metrics:
         self.exposed = CollectorRegistry()
         self.exposed.register(WithProtocol(registry, protocol))
         if protocol != "pulsar":
-            self.frame = self._named_frame  # type: ignore[method-assign]
+            self.frames = self._named_frames  # type: ignore[method-assign]
         self.traffic = TrafficCounts()
         registry.register(self.traffic)
         self.topic_label = TopicLabels(topic_limit)
@@ -352,22 +359,27 @@ class Metrics:
 
     # --- the tap -------------------------------------------------------------
 
-    def frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
-        t = frame.type
-        slot = t if t < TYPE_SLOTS else 0
-        self.traffic.frames[from_client][slot] += 1
-        self.traffic.bytes[from_client][slot] += len(frame.raw)
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        counts = self.traffic.frames[from_client]
+        sizes = self.traffic.bytes[from_client]
+        for frame in frames:
+            t = frame.type
+            slot = t if t < TYPE_SLOTS else 0
+            counts[slot] += 1
+            sizes[slot] += len(frame.raw)
 
-    def _named_frame(self, conn: Conn, from_client: bool, frame: Any) -> None:
-        """``frame`` for protocols whose commands are names (Cursus)."""
-        name = frame.name
-        tally = self.traffic.named.get((from_client, name))
-        if tally is None:
-            # Unknown words stay one label: a client cannot grow the series.
-            name = name if name in CURSUS_NAMES else "UNKNOWN"
-            tally = self.traffic.named.setdefault((from_client, name), [0, 0])
-        tally[0] += 1
-        tally[1] += len(frame.raw)
+    def _named_frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        """``frames`` for protocols whose commands are names (Cursus)."""
+        named = self.traffic.named
+        for frame in frames:
+            name = frame.name
+            tally = named.get((from_client, name))
+            if tally is None:
+                # Unknown words stay one label: a client cannot grow the series.
+                name = name if name in CURSUS_NAMES else "UNKNOWN"
+                tally = named.setdefault((from_client, name), [0, 0])
+            tally[0] += 1
+            tally[1] += len(frame.raw)
 
     def event(self, conn: Conn | None, event: Event) -> None:
         kind = type(event)
@@ -378,6 +390,11 @@ class Metrics:
                 timer.observe(event.seconds)
             if event.error is not None:
                 self.broker_errors.labels(event.request, event.error).inc()
+        elif kind is AnsweredMany:
+            assert isinstance(event, AnsweredMany)
+            timer = self._request_timers.get(event.request)
+            if timer is not None:
+                timer.observe_all(event.seconds)
         elif kind is TopicTraffic:
             assert isinstance(event, TopicTraffic)
             self.topic_traffic(

@@ -21,6 +21,7 @@ replies) is kept whole, as it carries no application data.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from sluice.protocols.cursus.batch import Batch
@@ -75,8 +76,10 @@ class CursusSummarizer:
         return {"k": "frame", "c": conn, "d": direction, "t": mono_ns, "w": wall_ns,
                 "n": len(frame.raw), "raw": raw, "s": summary}  # fmt: skip
 
-    def packed(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> bytes:
-        return self._pack(self.record(conn, direction, mono_ns, wall_ns, frame))
+    def packed(
+        self, conn: int, direction: int, mono_ns: int, wall_ns: int, frames: Sequence[Frame]
+    ) -> list[bytes]:
+        return [self._pack(self.record(conn, direction, mono_ns, wall_ns, f)) for f in frames]
 
 
 def decode_recorded(raw: bytes, direction: int) -> Frame:

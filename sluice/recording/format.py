@@ -15,7 +15,7 @@ import enum
 import hashlib
 import io
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -94,16 +94,18 @@ def header(
 # The frame record as ``FrameRecorder.packed`` lays it out: a msgpack map of
 # k, c, d, t, w, n, raw (and p when the payload is left out), in that order,
 # "c" a uint32, "t" and "w" uint64s, "n" and the length of "raw" each a
-# uint8 (bin8) below 256 and a uint32 (bin32) from there.
+# uint8 (bin8) below 256 and a uint32 (bin32) from there. Everything up to
+# "n" is the same for every frame of one read.
 _DIRECTIONS = frozenset({CLIENT_TO_BROKER, BROKER_TO_CLIENT})  # positive fixints
 _MAP_7, _MAP_8 = 0x87, 0x88  # without "p", with it
+_PREFIX = struct.Struct(">B11sI2sB3sQ3sQ")  # the map's first byte, then k, c, d, t, w
 _K = b"\xa1k\xa5frame\xa1c\xce"  # "k": "frame", "c": <uint32>
 _D, _T, _W = b"\xa1d", b"\xa1t\xcf", b"\xa1w\xcf"
 _N = (b"\xa1n\xce", b"\xa1n\xcc")  # by n < 256
 _RAW = (b"\xa3raw\xc6", b"\xa3raw\xc4")  # by len(raw) < 256
-# By (n < 256) * 2 + (len(raw) < 256); a short n has a short raw.
-_HEADS = tuple(
-    struct.Struct(">B11sI2sB3sQ3sQ3s" + "BI"[not n_small] + "5s" + "BI"[not raw_small])
+# "n" and raw's length, by (n < 256) * 2 + (len(raw) < 256); a short n has a short raw.
+_SIZES = tuple(
+    struct.Struct(">3s" + "BI"[not n_small] + "5s" + "BI"[not raw_small])
     for n_small in (False, True)
     for raw_small in (False, True)
 )
@@ -132,43 +134,51 @@ class FrameRecorder:
     def forget(self, conn: int) -> None:
         """Nothing is kept per connection."""
 
-    def packed(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> bytes:
-        """``record()``, packed: what the recorder queues, once per frame.
+    def packed(
+        self, conn: int, direction: int, mono_ns: int, wall_ns: int, frames: Sequence[Frame]
+    ) -> list[bytes]:
+        """``record()`` of each of ``frames`` (one read's, all with these
+        times), packed: what the recorder queues.
 
         A valid frame without credentials (nearly every frame) is laid out
         here directly, as msgpack's encoding of the same map with the same
-        keys in the same order, integers at a fixed width: half the cost of
-        building the dict and packing it. Anything else (credentials, an
-        invalid frame, a value too wide for its field) takes that way.
+        keys in the same order, integers at a fixed width: a fraction of the
+        cost of building the dict and packing it. Anything else (credentials,
+        an invalid frame, a value too wide for its field) takes that way.
         """
-        if frame.error is not None or direction not in _DIRECTIONS or sensitive(frame):
-            return self._pack(self.record(conn, direction, mono_ns, wall_ns, frame))
-        wire = frame.raw
         try:
+            prefix = _PREFIX.pack(_MAP_7, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns)
+        except struct.error:  # a value outside its field's width (a clock before 1970)
+            prefix = b""
+        if not prefix or direction not in _DIRECTIONS:
+            return [self._pack(self.record(conn, direction, mono_ns, wall_ns, f)) for f in frames]
+        with_p = bytes((_MAP_8,)) + prefix[1:]
+        keep, hashing, sha256 = self._keep, self._hash, hashlib.sha256
+        out: list[bytes] = []
+        for frame in frames:
+            if frame.error is not None or sensitive(frame):
+                out.append(self._pack(self.record(conn, direction, mono_ns, wall_ns, frame)))
+                continue
+            wire = frame.raw
             n = len(wire)
             offset = frame.payload_offset
             n_small = n < 256
-            if offset < 0 or self._keep:
-                head = _HEADS[3 if n_small else 0].pack(
-                    _MAP_7, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns, _N[n_small], n,
-                    _RAW[n_small], n
-                )  # fmt: skip
-                return head + wire
+            if offset < 0 or keep:
+                sizes = _SIZES[3 if n_small else 0].pack(_N[n_small], n, _RAW[n_small], n)
+                out.append(b"".join((prefix, sizes, wire)))
+                continue
             raw_small = offset < 256
-            head = _HEADS[n_small * 2 + raw_small].pack(
-                _MAP_8, _K, conn, _D, direction, _T, mono_ns, _W, wall_ns, _N[n_small], n,
-                _RAW[raw_small], offset
-            )  # fmt: skip
-            if self._hash:
+            sizes = _SIZES[n_small * 2 + raw_small].pack(_N[n_small], n, _RAW[raw_small], offset)
+            if hashing:
                 # A small payload's copy hashes sooner than a memoryview of it.
                 payload = wire[offset:] if n - offset < 4096 else memoryview(wire)[offset:]
-                digest = hashlib.sha256(payload).digest()
-                tail = _HASHED.pack(_HASHED_KEYS[0], n - offset, _HASHED_KEYS[1]) + digest
+                out.append(b"".join((with_p, sizes, wire[:offset],
+                                     _HASHED.pack(_HASHED_KEYS[0], n - offset, _HASHED_KEYS[1]),
+                                     sha256(payload).digest())))  # fmt: skip
             else:
                 tail = _SIZED.pack(_SIZED_KEY, n - offset)
-            return b"".join((head, wire[:offset], tail))
-        except struct.error:  # a value outside its field's width (a clock before 1970)
-            return self._pack(self.record(conn, direction, mono_ns, wall_ns, frame))
+                out.append(b"".join((with_p, sizes, wire[:offset], tail)))
+        return out
 
     def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:
         wire = frame.raw

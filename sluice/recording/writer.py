@@ -23,6 +23,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -31,7 +32,6 @@ import trio
 
 from sluice import __version__
 from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Opened
-from sluice.protocols.pulsar import Frame
 from sluice.recording.cursus import CursusSummarizer
 from sluice.recording.format import (
     SUFFIX,
@@ -66,8 +66,10 @@ class Summarizer(Protocol):
         self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Any
     ) -> Record: ...
 
-    def packed(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Any) -> bytes:
-        """``record()``, packed."""
+    def packed(
+        self, conn: int, direction: int, mono_ns: int, wall_ns: int, frames: Sequence[Any]
+    ) -> list[bytes]:
+        """``record()`` of each frame of one read, packed."""
         ...
 
     def forget(self, conn: int) -> None: ...
@@ -117,8 +119,7 @@ class Recorder:
             if protocol == "cursus"
             else FrameRecorder(config.payloads)
         )
-        summarizer: Summarizer = self._summarizer
-        self._frame_bytes = summarizer.packed
+        self._frame_records = self._summarizer.packed
         self._pack = packer()
         # Records taken off the queue and waiting to be written: how many are
         # frames, and which are connection openings (by position).
@@ -174,31 +175,35 @@ class Recorder:
 
     # --- hot path ----------------------------------------------------------
 
-    def frame(self, conn: Conn, from_client: bool, frame: Frame) -> None:
-        """Queue a frame's record; when the queue is full, drop it (counted) unless lossless.
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        """Queue the records of one read's frames, all with the time of the
+        read; when the queue is full, drop them (counted) unless lossless.
 
         In lossless mode callers wait for ``room()`` before reading more
-        traffic, so the queue overshoots its bounds by at most one read.
+        traffic, so the queue overshoots its bounds by at most one read; so
+        does it otherwise, as the bounds are checked once per read.
         """
+        if not frames:
+            return
         queue = self._queue
         if not self._lossless and (
-            len(queue) >= self._max_frames or self._queued_bytes + len(frame.raw) > self._max_bytes
+            len(queue) >= self._max_frames or self._queued_bytes >= self._max_bytes
         ):
-            self._drop(1)
+            self._drop(len(frames))
             return
         try:
-            data = self._frame_bytes(
-                conn.id, _DIRECTION[from_client], _mono_ns(), _wall_ns(), frame
+            records = self._frame_records(
+                conn.id, _DIRECTION[from_client], _mono_ns(), _wall_ns(), frames
             )
         except Exception as exc:  # a recorder bug must never break traffic
             self._bug(exc)
-            self._drop(1)
+            self._drop(len(frames))
             return
         if not queue:  # the writer takes the whole queue: wake it for the first frame only
             self._wakeup.set()
-        queue.append(data)
-        self._queued_frames += 1
-        self._queued_bytes += len(data)
+        queue += records
+        self._queued_frames += len(records)
+        self._queued_bytes += sum(map(len, records))
 
     async def room(self) -> None:
         """In lossless mode, wait until the queue has space again."""

@@ -334,7 +334,7 @@ class CursusConnection:
         topics: dict[str, list[int]] = {}
         try:
             for frame in self._client.frames():
-                self.tap.frame(self.conn, True, frame)
+                self.tap.frames(self.conn, True, (frame,))
                 if self.faults.rules:
                     rule = self._fault(frame, True)
                     if rule is not None:
@@ -412,7 +412,7 @@ class CursusConnection:
             if data is None:
                 break  # asked for a listener; the rest waits
             self._held.popleft()
-            self.tap.frame(self.conn, False, frame)
+            self.tap.frames(self.conn, False, (frame,))
             if self.faults.rules:
                 rule = self._fault(frame, False)
                 if rule is not None:
@@ -582,7 +582,7 @@ class CursusConnection:
 
     def _own(self, frame: Frame) -> list[Action]:
         """A frame Sluice writes to the client itself: counted and recorded too."""
-        self.tap.frame(self.conn, False, frame)
+        self.tap.frames(self.conn, False, (frame,))
         return [Send(Peer.CLIENT, frame.raw)]
 
     def _close(self, reason: str, message: str = "", level: int = logging.INFO) -> Close:

@@ -45,6 +45,7 @@ from sluice.errors import ConfigError
 from sluice.protocols.core import (
     Action,
     Answered,
+    AnsweredMany,
     Ask,
     Close,
     Closed,
@@ -346,7 +347,7 @@ class PulsarConnection:
             self.conn.kind = "proxied" if relayed else "lookup"
         self.conn.broker = body.proxy_to_broker_url if relayed else str(self.routing.broker)
         self.tap.event(self.conn, Opened())
-        self.tap.frame(self.conn, True, first)
+        self.tap.frames(self.conn, True, (first,))
         if first.type != T.CONNECT or first.error is not None:
             why = first.error.message if first.error else f"expected CONNECT, got {first.name}"
             self.tap.event(self.conn, Rejected("handshake"))
@@ -412,7 +413,7 @@ class PulsarConnection:
         if self._challenged:
             answer = self._client.next_event()
             if isinstance(answer, Frame):
-                self.tap.frame(self.conn, True, answer)
+                self.tap.frames(self.conn, True, (answer,))
                 if answer.type != T.AUTH_RESPONSE:
                     return self.upstream_failed(
                         "client did not answer the broker's auth challenge", now
@@ -426,7 +427,7 @@ class PulsarConnection:
     def _broker_handshake(self, now: float, *, closed: bool) -> list[Action]:
         out: list[Action] = []
         while isinstance(frame := self._broker.next_event(), Frame):
-            self.tap.frame(self.conn, False, frame)
+            self.tap.frames(self.conn, False, (frame,))
             t = frame.type
             if t == T.CONNECTED:
                 if frame.body.HasField("max_message_size"):
@@ -480,11 +481,17 @@ class PulsarConnection:
             decoder.receive_data(data)
         out: list[bytes] = []
         actions: list[Action] = []
+        # The taps see the read's frames at once, after the loop, and the
+        # receipts' times and each topic's traffic as one event per read.
+        # Before anything the taps must see after a frame (a fault, an
+        # invalid frame's answer), the frames so far are shown.
+        seen: list[Frame] = []
+        answered: dict[str | None, list[float]] | None = None
         topics: dict[str, list[int]] | None = None
         try:
             for frame in decoder.frames():
                 t = frame.type
-                tap.frame(conn, from_client, frame)
+                seen.append(frame)
                 if trace:
                     side = "client" if from_client else "broker"
                     log.debug("%s: %s -> %s %s", conn.name, side, frame.name, _brief(frame))
@@ -492,6 +499,8 @@ class PulsarConnection:
                     rule = self._fault(frame, from_client)
                     if rule is not None:
                         whole = False
+                        tap.frames(conn, from_client, seen)
+                        seen = []
                         to = Peer.BROKER if from_client else Peer.CLIENT
                         if out:
                             actions.append(Send(to, b"".join(out)))
@@ -526,7 +535,13 @@ class PulsarConnection:
                     if t == receipt:
                         send = sent(frame.body)
                         if send is not None:
-                            tap.event(conn, Answered("SEND", now - send.started, None, send.topic))
+                            if answered is None:
+                                answered = {}
+                            times = answered.get(send.topic)
+                            if times is None:
+                                answered[send.topic] = [now - send.started]
+                            else:
+                                times.append(now - send.started)
                         continue
                     if t in observed:
                         done = observe(frame, from_client, now)
@@ -535,6 +550,8 @@ class PulsarConnection:
                         if not from_client and t in _NAMES_BROKERS:
                             self._learn_brokers(frame)
                     continue
+                tap.frames(conn, from_client, seen)
+                seen = []
                 error = frame.error
                 tap.event(conn, Invalid(from_client, error.problem.value, error.message))
                 side = "client" if from_client else "broker"
@@ -560,12 +577,20 @@ class PulsarConnection:
                     return actions
                 actions += self._own(reply)
         except RemoteProtocolError as exc:
+            tap.frames(conn, from_client, seen)
+            seen = []
             if out:
                 actions.append(Send(Peer.BROKER if from_client else Peer.CLIENT, b"".join(out)))
             return actions + self._unframeable(from_client, exc)
-        if topics:
-            for topic, (messages, size) in topics.items():
-                tap.event(conn, TopicTraffic(topic, from_client, messages, size))
+        finally:  # however the loop ended
+            if seen:
+                tap.frames(conn, from_client, seen)
+            if answered:
+                for topic, seconds in answered.items():
+                    tap.event(conn, AnsweredMany("SEND", seconds, topic))
+            if topics:
+                for topic, (messages, size) in topics.items():
+                    tap.event(conn, TopicTraffic(topic, from_client, messages, size))
         if out:
             to = Peer.BROKER if from_client else Peer.CLIENT
             if whole and decoder.buffered == 0:
@@ -613,7 +638,7 @@ class PulsarConnection:
         return out
 
     def _lookup_frame(self, frame: Frame, now: float) -> list[Action]:
-        self.tap.frame(self.conn, True, frame)
+        self.tap.frames(self.conn, True, (frame,))
         self.last_heard = now
         if self.faults.rules:
             rule = self._fault(frame, True)
@@ -724,7 +749,7 @@ class PulsarConnection:
 
     def _own(self, frame: Frame) -> list[Action]:
         """A frame Sluice writes to the client itself: counted and recorded too."""
-        self.tap.frame(self.conn, False, frame)
+        self.tap.frames(self.conn, False, (frame,))
         if self.faults.rules:
             rule = self._fault(frame, False)
             if rule is not None:
