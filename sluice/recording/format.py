@@ -155,29 +155,42 @@ class FrameRecorder:
         with_p = bytes((_MAP_8,)) + prefix[1:]
         keep, hashing, sha256 = self._keep, self._hash, hashlib.sha256
         out: list[bytes] = []
+        # The frames of a read mostly have one size (and receipts another):
+        # the record's head and the payload's size are laid out once per size.
+        head_of: tuple[int, int] = (-1, -1)  # (n, offset) that head and tail are for
+        head = tail = b""
         for frame in frames:
             if frame.error is not None or sensitive(frame):
                 out.append(self._pack(self.record(conn, direction, mono_ns, wall_ns, frame)))
                 continue
             wire = frame.raw
             n = len(wire)
-            offset = frame.payload_offset
-            n_small = n < 256
-            if offset < 0 or keep:
-                sizes = _SIZES[3 if n_small else 0].pack(_N[n_small], n, _RAW[n_small], n)
-                out.append(b"".join((prefix, sizes, wire)))
-                continue
-            raw_small = offset < 256
-            sizes = _SIZES[n_small * 2 + raw_small].pack(_N[n_small], n, _RAW[raw_small], offset)
-            if hashing:
+            offset = -1 if keep else frame.payload_offset
+            if (n, offset) != head_of:
+                head_of = (n, offset)
+                n_small = n < 256
+                if offset < 0:
+                    sizes = _SIZES[3 if n_small else 0].pack(_N[n_small], n, _RAW[n_small], n)
+                    head = prefix + sizes
+                else:
+                    raw_small = offset < 256
+                    sizes = _SIZES[n_small * 2 + raw_small].pack(
+                        _N[n_small], n, _RAW[raw_small], offset
+                    )
+                    head = with_p + sizes
+                    tail = (
+                        _HASHED.pack(_HASHED_KEYS[0], n - offset, _HASHED_KEYS[1])
+                        if hashing
+                        else _SIZED.pack(_SIZED_KEY, n - offset)
+                    )
+            if offset < 0:
+                out.append(head + wire)
+            elif hashing:
                 # A small payload's copy hashes sooner than a memoryview of it.
                 payload = wire[offset:] if n - offset < 4096 else memoryview(wire)[offset:]
-                out.append(b"".join((with_p, sizes, wire[:offset],
-                                     _HASHED.pack(_HASHED_KEYS[0], n - offset, _HASHED_KEYS[1]),
-                                     sha256(payload).digest())))  # fmt: skip
+                out.append(b"".join((head, wire[:offset], tail, sha256(payload).digest())))
             else:
-                tail = _SIZED.pack(_SIZED_KEY, n - offset)
-                out.append(b"".join((with_p, sizes, wire[:offset], tail)))
+                out.append(b"".join((head, wire[:offset], tail)))
         return out
 
     def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:

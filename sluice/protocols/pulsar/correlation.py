@@ -150,8 +150,9 @@ class Correlator:
         """A SEND body, in flight from ``now``; the topic of its producer.
         ``observe`` does this for SENDs; the proxy's relay calls it itself,
         and counts the topic's traffic with the answer."""
-        topic: str | None = self.producers.get(send.producer_id)
-        key = (send.producer_id, send.sequence_id)
+        producer_id = send.producer_id
+        topic: str | None = self.producers.get(producer_id)
+        key = (producer_id, send.sequence_id)
         waiting = self.sends.get(key)
         if waiting is None:
             # Not the frame itself: up to the client's whole pending queue is
