@@ -215,11 +215,11 @@ def test_packed_records_are_msgpack_of_the_record_at_every_width(policy: Payload
         sizes.update((len(frame.raw), len(record["raw"])))
         layouts.add(packed[0])
 
-    def send(name_size: int, size: int) -> Frame:
+    def send(name_size: int, size: int, fill: bytes = b"x") -> Frame:
         meta = pb.MessageMetadata(producer_name="p" * name_size, sequence_id=1,
                                   publish_time=1_795_267_584_681)  # fmt: skip
         body = pb.CommandSend(producer_id=7, sequence_id=1)
-        return decode_frame(encode_payload(command(T("SEND"), body), meta, b"x" * size))
+        return decode_frame(encode_payload(command(T("SEND"), body), meta, fill * size))
 
     wall = 1_795_267_584_681_000_000
     # The whole frame's size (n) across 255/256, then the recorded part's.
@@ -246,7 +246,13 @@ def test_packed_records_are_msgpack_of_the_record_at_every_width(policy: Payload
     broken[-1] ^= 1
     bad = decode_frame(bytes(broken))
     assert sensitive(connect) and bad.error is not None
-    read = [send(1, 100), connect, receipt, bad, send(1, 2000), send(300, 10)]
+    # Runs of one size (each payload its own), and a frame of the same size
+    # whose payload starts a byte later.
+    same = [send(1, 100, fill) for fill in (b"a", b"b", b"c")]
+    later = send(2, 99)
+    assert len(later.raw) == len(same[0].raw)
+    assert later.payload_offset == same[0].payload_offset + 1
+    read = [*same, later, same[0], connect, receipt, receipt, bad, send(1, 2000), send(300, 10)]
     packed = recorder.packed(3, 1, 10**13, wall, read)
     want = [recorder.record(3, 1, 10**13, wall, frame) for frame in read]
     assert [list(unpackb(p).items()) for p in packed] == [list(r.items()) for r in want]

@@ -134,6 +134,7 @@ def lookup_core(**kw: Any) -> tuple[PulsarConnection, Recording]:
     out = core.receive_client(frame_bytes("CONNECT", connect_body()), 0.0)
     assert names(out, Peer.CLIENT) == ["CONNECTED"]
     rec.events.clear()
+    rec.order.clear()
     return core, rec
 
 
@@ -160,6 +161,7 @@ def proxied_core(
     assert names(out, Peer.CLIENT) == ["CONNECTED"]
     assert core.established
     rec.events.clear()
+    rec.order.clear()
     return core, rec
 
 
@@ -456,11 +458,22 @@ def test_taps_see_an_invalid_frame_and_its_answer_where_they_were_in_the_read() 
     )
     assert [f.body.sequence_id for f in sent(out, Peer.BROKER)] == [1, 3]
     assert rec.order == ["SEND", "SEND", "Invalid", "SEND_ERROR", "SEND", "TopicTraffic"]
-    # A stream that loses its framing: the frames before it, then the event.
+    # A read that loses its framing: the frames before it, then the event.
     rec.order.clear()
-    core.receive_client(send_frame(sequence_id=4) + send_frame(sequence_id=5)[:-3], 3.0)
-    core.receive_client(b"", 3.5)
-    assert rec.order[:3] == ["SEND", "TopicTraffic", "Invalid"]
+    oversized = (64 * MiB).to_bytes(4, "big") + bytes(4)
+    out = core.receive_client(send_frame(sequence_id=4) + oversized, 3.0)
+    assert closes(out) == ["unframeable"]
+    assert rec.order == ["SEND", "Invalid", "TopicTraffic"]
+
+
+def test_taps_see_an_answer_after_the_frame_it_timed() -> None:
+    core, rec = proxied_core()
+    producer = pb.CommandProducer(topic="persistent://t/n/p", producer_id=1, request_id=1)
+    core.receive_client(frame_bytes("PRODUCER", producer), 1.0)
+    ok = pb.CommandProducerSuccess(request_id=1, producer_name="p")
+    core.receive_broker(frame_bytes("PING") + frame_bytes("PRODUCER_SUCCESS", ok)
+                        + frame_bytes("PING"), 1.5)  # fmt: skip
+    assert rec.order == ["PRODUCER", "PING", "PRODUCER_SUCCESS", "Answered", "PING"]
 
 
 def test_bad_checksum_is_passed_on_under_forward() -> None:

@@ -332,6 +332,8 @@ async def test_a_full_queue_drops_whole_reads_and_says_so(tmp_path: Path) -> Non
     """Without lossless, a read that finds the queue full is dropped, counted,
     and a gap record says how many frames are missing; the frames of one
     read share its time."""
+    import time
+
     import trio
 
     from sluice.protocols.pulsar import Type, command, decode_frame, encode
@@ -341,6 +343,7 @@ async def test_a_full_queue_drops_whole_reads_and_says_so(tmp_path: Path) -> Non
     recorder = Recorder(RecorderConfig(tmp_path, queue_frames=4, flush_interval=0.05))
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
     recorder.frames(CONN_1, True, [ping] * 2)  # the queue: the conn record and these
+    time.sleep(0.002)  # a later read, a later time
     recorder.frames(CONN_1, False, [ping] * 5)  # goes over by one read, at most
     recorder.frames(CONN_1, True, [ping] * 4)  # finds it full: dropped
     assert recorder.queued == 8 and recorder.dropped_total == 4

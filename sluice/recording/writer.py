@@ -1,12 +1,12 @@
 """The recorder tap: frames in on the proxy's hot path, files out on a writer task.
 
-On the hot path each frame becomes its packed record at once (redaction,
-payload policy, summary), while the frame is still in the CPU's caches:
-done later, in the writer task, the same work took measurably longer and
-kept every frame alive until then (bench/README.md). The bytes go to a
-queue bounded in records and in bytes. The writer task takes them in batches and writes them from a
-worker thread, flushing every ``flush_interval`` seconds, and rotates files
-by size and age.
+On the hot path the frames of a read become their packed records as soon
+as the read is handled (redaction, payload policy), while they are still
+in the CPU's caches: done later, in the writer task, the same work took
+measurably longer and kept every frame alive until then (bench/README.md).
+The bytes go to a queue bounded in records and in bytes. The writer task
+takes them in batches and writes them from a worker thread, flushing every
+``flush_interval`` seconds, and rotates files by size and age.
 
 Recording never stalls traffic: when the queue is full (a slow disk) or the
 disk fails (full, unwritable, over a file-size limit), frames are dropped

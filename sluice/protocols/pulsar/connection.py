@@ -483,8 +483,8 @@ class PulsarConnection:
         actions: list[Action] = []
         # The taps see the read's frames at once, after the loop, and the
         # receipts' times and each topic's traffic as one event per read.
-        # Before anything the taps must see after a frame (a fault, an
-        # invalid frame's answer), the frames so far are shown.
+        # Before an event about a frame (an answer, a fault, an invalid
+        # frame), the frames so far are shown.
         seen: list[Frame] = []
         answered: dict[str | None, list[float]] | None = None
         topics: dict[str, list[int]] | None = None
@@ -545,13 +545,16 @@ class PulsarConnection:
                         continue
                     if t in observed:
                         done = observe(frame, from_client, now)
-                        if done is not None:
+                        if done is not None:  # a request answered: rare, not per message
+                            tap.frames(conn, from_client, seen)
+                            seen = []
                             tap.event(conn, _answered(done))
                         if not from_client and t in _NAMES_BROKERS:
                             self._learn_brokers(frame)
                     continue
-                tap.frames(conn, from_client, seen)
-                seen = []
+                if seen:
+                    tap.frames(conn, from_client, seen)
+                    seen = []
                 error = frame.error
                 tap.event(conn, Invalid(from_client, error.problem.value, error.message))
                 side = "client" if from_client else "broker"
@@ -577,8 +580,9 @@ class PulsarConnection:
                     return actions
                 actions += self._own(reply)
         except RemoteProtocolError as exc:
-            tap.frames(conn, from_client, seen)
-            seen = []
+            if seen:
+                tap.frames(conn, from_client, seen)
+                seen = []
             if out:
                 actions.append(Send(Peer.BROKER if from_client else Peer.CLIENT, b"".join(out)))
             return actions + self._unframeable(from_client, exc)
