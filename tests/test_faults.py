@@ -196,6 +196,15 @@ def test_taps_see_a_fault_right_after_the_frame_it_acted_on() -> None:
     out = core.receive_client(b"".join(send_frame(1, i) for i in range(4)), 2.0)
     assert [f.body.sequence_id for f in sent(out, Peer.BROKER)] == [0, 2, 3]
     assert rec.order == ["SEND", "SEND", "FaultInjected", "SEND", "SEND", "TopicTraffic"]
+    # A long read is shown in parts: every frame once, in order, the fault's
+    # event still right after its frame.
+    core, rec, _ = core_with(rule(match={"command": "SEND"}, action="drop", after=69, times=1))
+    with_producer(core)
+    rec.order.clear()
+    out = core.receive_client(b"".join(send_frame(1, i) for i in range(100)), 2.0)
+    assert [f.body.sequence_id for f in sent(out, Peer.BROKER)] == [*range(69), *range(70, 100)]
+    assert rec.order == ["SEND"] * 70 + ["FaultInjected"] + ["SEND"] * 30 + ["TopicTraffic"]
+    assert len([frame for _, frame in rec.seen if frame.name == "SEND"]) == 100
 
 
 def test_disconnect_after_the_hundredth_send() -> None:

@@ -492,6 +492,9 @@ class PulsarConnection:
             for frame in decoder.frames():
                 t = frame.type
                 seen.append(frame)
+                if len(seen) == _SHOWN_AT_ONCE:
+                    tap.frames(conn, from_client, seen)
+                    seen = []
                 if trace:
                     side = "client" if from_client else "broker"
                     log.debug("%s: %s -> %s %s", conn.name, side, frame.name, _brief(frame))
@@ -499,8 +502,9 @@ class PulsarConnection:
                     rule = self._fault(frame, from_client)
                     if rule is not None:
                         whole = False
-                        tap.frames(conn, from_client, seen)
-                        seen = []
+                        if seen:
+                            tap.frames(conn, from_client, seen)
+                            seen = []
                         to = Peer.BROKER if from_client else Peer.CLIENT
                         if out:
                             actions.append(Send(to, b"".join(out)))
@@ -867,6 +871,13 @@ def _error_name(error: int | None) -> str | None:
 
 
 _COMMAND_NAMES: dict[int, str] = {}
+
+
+# The most frames the relay holds back from the taps: enough to spread the
+# cost of a call over many frames, few enough that the frames are still in
+# the CPU's caches when the recorder hashes their payloads (holding a whole
+# read of 512 SENDs cost 12.0 µs per message in hotpath.py, against 10.5).
+_SHOWN_AT_ONCE = 32
 
 
 def _answered(done: Completion) -> Answered:
