@@ -1,0 +1,132 @@
+"""Instructions the whole proxy process spends per relayed message, counted by valgrind.
+
+    python bench/instructions.py [--against DIR] [--messages 2000,6000]
+                                 [--only produce|consume] [--no-record]
+
+Seconds on a shared 2-core VM swing by a third between identical runs;
+instruction counts do not. This runs ``sluice proxy`` under
+``valgrind --tool=callgrind`` in front of an embedded pulsar-lite broker,
+and the official client sends (``produce``) or receives (``consume``) 1 KiB
+unbatched messages through it, as ``bench/e2e.py`` does. Each count is of a
+fresh proxy from start to exit; two message counts are taken and the
+difference is divided by the difference in messages, so start-up and
+shut-down cancel out. Everything the proxy does is counted: trio's
+sockets, the writer thread, metrics, recording (on, payloads hashed,
+unless ``--no-record``).
+
+What it cannot show: the kernel's share (sockets, page faults) and what a
+busy machine's caches add per instruction. valgrind also runs SHA-256
+without the CPU's SHA extensions, so recorded payloads count high.
+``--against DIR`` (a worktree of another commit) counts that proxy too, in
+the same run. Needs valgrind (``./dev bench`` installs it); about a minute
+per count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import e2e
+
+from sluice.embedded import EmbeddedBroker, wait_for_port
+from tests import support
+from tests.support import describe_source, start_proxy
+
+START_TIMEOUT = 180.0  # seconds for a proxy under valgrind to listen
+SUMMARY = re.compile(rb"^summary: (\d+)$", re.M)
+
+
+def count(
+    broker: EmbeddedBroker, tmp: Path, source: Path, step: str, messages: int, record: bool
+) -> int:
+    """Instructions of one proxy's whole life, relaying ``messages`` messages."""
+    out = tmp / f"callgrind-{time.monotonic_ns()}.out"
+    support.SLUICE = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                      sys.executable, "-m", "sluice.cli"]  # fmt: skip
+    extra = ["--record", str(tmp / f"rec-{out.stem}")] if record else []
+    # The same hash seed each time: dict and set layouts, so the same work.
+    os.environ["PYTHONHASHSEED"] = "0"
+    proxy = start_proxy(broker.url, tmp, *extra, source=source, wait=False)
+    try:
+        wait_for_port("127.0.0.1", proxy.port, START_TIMEOUT, proxy.process)
+        topic = f"persistent://public/default/instructions-{time.monotonic_ns()}"
+        if step == "produce":
+            e2e.produce(proxy.url, topic, messages, 1024, False)
+        else:
+            e2e.produce(broker.url, topic, messages, 1024, False)
+            e2e.consume(proxy.url, topic, messages)
+        status = proxy.terminate(timeout=START_TIMEOUT)
+    finally:
+        proxy.kill()
+        os.environ.pop("PYTHONHASHSEED", None)
+    if status != 0:
+        raise SystemExit(f"the proxy under valgrind exited with {status}:\n{proxy.log()[-2000:]}")
+    found = SUMMARY.search(out.read_bytes())
+    if found is None:
+        raise SystemExit(f"{out}: no callgrind summary line")
+    return int(found.group(1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", type=Path, metavar="DIR",
+                        help="also count the proxy from the sluice package in DIR")  # fmt: skip
+    parser.add_argument("--messages", default="2000,6000", metavar="N1,N2",
+                        help="the two message counts (default 2000,6000)")  # fmt: skip
+    parser.add_argument("--only", choices=("produce", "consume"), help="one step only")
+    parser.add_argument("--no-record", action="store_true", help="the proxy does not record")
+    args = parser.parse_args()
+    try:
+        low, high = (int(n) for n in args.messages.split(","))
+    except ValueError:
+        parser.error(f"--messages {args.messages!r}: two whole numbers, e.g. 2000,6000")
+    if not 0 < low < high:
+        parser.error(f"--messages {args.messages}: need 0 < N1 < N2")
+    if shutil.which("valgrind") is None:
+        parser.error("valgrind is not installed (apt-get install valgrind, or ./dev bench)")
+    here = Path(__file__).resolve().parent.parent
+    sources = {"proxy": here}
+    if args.against is not None:
+        against = args.against.resolve()
+        if not (against / "sluice" / "cli.py").is_file():
+            parser.error(f"--against {against}: no sluice/cli.py there")
+        sources["against"] = against
+    steps = [args.only] if args.only else ["produce", "consume"]
+    record = not args.no_record
+    found: dict[tuple[str, str], float] = {}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        for step in steps:
+            for name, source in sources.items():
+                counts = []
+                for messages in (low, high):
+                    started = time.monotonic()
+                    counts.append(count(broker, Path(tmp), source, step, messages, record))
+                    print(f"{name} {step} {messages:,} messages: {counts[-1]:,} instructions "
+                          f"({time.monotonic() - started:.0f} s)", file=sys.stderr)  # fmt: skip
+                found[(name, step)] = (counts[1] - counts[0]) / (high - low)
+    print(f"proxy: sluice from {describe_source(here)}")
+    if args.against is not None:
+        print(f"against: sluice from {describe_source(sources['against'])}")
+    print(f"recording: {'on (payloads hashed)' if record else 'off'}; 1 KiB unbatched messages, "
+          f"instructions per message from {low:,} and {high:,}")  # fmt: skip
+    for step in steps:
+        line = f"{step:<8} {found[('proxy', step)]:>10,.0f}"
+        if args.against is not None:
+            other = found[("against", step)]
+            line += f"   against {other:>10,.0f}   change {found[('proxy', step)] / other - 1:+.1%}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
