@@ -180,8 +180,9 @@ class Recorder:
         read; when the queue is full, drop them (counted) unless lossless.
 
         In lossless mode callers wait for ``room()`` before reading more
-        traffic, so the queue overshoots its bounds by at most one read; so
-        does it otherwise, as the bounds are checked once per read.
+        traffic, so the queue overshoots its bounds by at most one read per
+        reading task; so does it otherwise, as the bounds are checked once
+        per call.
         """
         if not frames:
             return
