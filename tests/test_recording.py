@@ -332,8 +332,6 @@ async def test_a_full_queue_drops_whole_reads_and_says_so(tmp_path: Path) -> Non
     """Without lossless, a read that finds the queue full is dropped, counted,
     and a gap record says how many frames are missing; the frames of one
     read share its time."""
-    import time
-
     import trio
 
     from sluice.protocols.pulsar import Type, command, decode_frame, encode
@@ -363,6 +361,42 @@ async def test_a_full_queue_drops_whole_reads_and_says_so(tmp_path: Path) -> Non
     assert len({(r["t"], r["w"]) for r in frames[2:7]}) == 1  # one read, one time
     assert frames[1]["t"] < frames[2]["t"]
     assert [r["dropped"] for r in records if r["k"] == "gap"] == [4]  # the next write says so
+
+
+async def test_a_recorder_bug_drops_the_part_says_so_once_and_recording_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import trio
+
+    from sluice.protocols.pulsar import Type, command, decode_frame, encode
+    from sluice.recording.writer import Recorder, RecorderConfig
+
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    recorder = Recorder(RecorderConfig(tmp_path, flush_interval=0.05))
+    packed = recorder._frame_records
+    failing = [True, True]
+
+    def buggy(conn: int, direction: int, mono_ns: int, wall_ns: int, frames: Any) -> list[bytes]:
+        if failing and failing.pop():
+            raise ValueError("a bug")
+        return packed(conn, direction, mono_ns, wall_ns, frames)
+
+    recorder._frame_records = buggy
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    recorder.frames(CONN_1, True, [ping] * 3)  # raises inside: never out of frames()
+    recorder.frames(CONN_1, True, [ping] * 2)  # again: logged once
+    recorder.frames(CONN_1, False, [ping])
+    assert recorder.dropped_total == 5
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        with trio.fail_after(10):
+            while recorder.frames_written < 1:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    records = [r for p in recording_files(tmp_path) for r in read_records(p)]
+    assert [r["d"] for r in records if r["k"] == "frame"] == [1]
+    assert [r["dropped"] for r in records if r["k"] == "gap"] == [5]
+    assert len([m for m in caplog.messages if "could not record" in m]) == 1
 
 
 def test_inspect_time_filters(tmp_path: Path) -> None:

@@ -119,7 +119,8 @@ class Recorder:
             if protocol == "cursus"
             else FrameRecorder(config.payloads)
         )
-        self._frame_records = self._summarizer.packed
+        summarizer: Summarizer = self._summarizer  # not the narrowed union
+        self._frame_records = summarizer.packed
         self._pack = packer()
         # Records taken off the queue and waiting to be written: how many are
         # frames, and which are connection openings (by position).
