@@ -167,13 +167,12 @@ class Timer:
         self.total = 0.0
 
     def observe(self, seconds: float) -> None:
-        # The first bucket whose upper bound is >= seconds, as Prometheus counts.
-        self.counts[bisect_left(self._bounds, seconds)] += 1
-        self.total += seconds
+        self.observe_all((seconds,))
 
-    def observe_all(self, seconds: list[float]) -> None:
+    def observe_all(self, seconds: Sequence[float]) -> None:
         counts, bounds = self.counts, self._bounds
         for value in seconds:
+            # The first bucket whose upper bound is >= value, as Prometheus counts.
             counts[bisect_left(bounds, value)] += 1
         self.total += sum(seconds)
 
