@@ -481,8 +481,8 @@ class PulsarConnection:
             decoder.receive_data(data)
         out: list[bytes] = []
         actions: list[Action] = []
-        # The taps see the read's frames at once, after the loop, and the
-        # receipts' times and each topic's traffic as one event per read.
+        # The taps see the read's frames in parts (up to _SHOWN_AT_ONCE), and
+        # the receipts' times and each topic's traffic as one event per read.
         # Before an event about a frame (an answer, a fault, an invalid
         # frame), the frames so far are shown.
         seen: list[Frame] = []
