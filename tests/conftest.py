@@ -1,5 +1,9 @@
 """Shared fixtures. Tests that need a real component start it here and fail,
-never skip, when it is missing."""
+never skip, when it is missing.
+
+Two Pulsar brokers: ``broker`` is pulsar-lite (quick, no Java);
+``apache_pulsar`` is Apache Pulsar itself, standalone, one per test session.
+``any_broker`` runs a test once on each."""
 
 from __future__ import annotations
 
@@ -9,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sluice.embedded import EmbeddedBroker
-from tests.support import ProxyProcess, start_proxy
+from sluice.brokers.apache_pulsar import ApachePulsar
+from sluice.embedded import BrokerError, EmbeddedBroker
+from tests.support import Broker, ProxyProcess, start_proxy
+
+BROKERS = ["pulsar-lite", "apache-pulsar"]
 
 
 @pytest.fixture(scope="session")
@@ -20,10 +27,46 @@ def broker() -> Iterator[EmbeddedBroker]:
         yield b
 
 
+def start_apache_pulsar(tmp: Path, **options: object) -> ApachePulsar:
+    """An Apache Pulsar broker, or a failed test that says why (never a skip)."""
+    b = ApachePulsar(log_path=tmp / "apache-pulsar.log", **options)  # type: ignore[arg-type]
+    try:
+        return b.start()
+    except BrokerError as exc:
+        b.close()
+        pytest.fail(f"Apache Pulsar could not be started: {exc}")
+
+
+@pytest.fixture(scope="session")
+def apache_pulsar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApachePulsar]:
+    """One Apache Pulsar standalone for the whole test session."""
+    b = start_apache_pulsar(tmp_path_factory.mktemp("apache-pulsar"))
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="session", params=BROKERS)
+def any_broker(request: pytest.FixtureRequest) -> Broker:
+    """The session's pulsar-lite, then the session's Apache Pulsar."""
+    chosen: Broker = request.getfixturevalue(
+        "broker" if request.param == "pulsar-lite" else "apache_pulsar"
+    )
+    return chosen
+
+
 @pytest.fixture
 def proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[ProxyProcess]:
     """A `sluice proxy` process in front of the session broker."""
     p = start_proxy(broker.url, tmp_path)
+    yield p
+    p.kill()
+    assert "Traceback" not in p.log(), p.log()
+
+
+@pytest.fixture
+def any_proxy(any_broker: Broker, tmp_path: Path) -> Iterator[ProxyProcess]:
+    """A `sluice proxy` process in front of ``any_broker``."""
+    p = start_proxy(any_broker.url, tmp_path)
     yield p
     p.kill()
     assert "Traceback" not in p.log(), p.log()

@@ -1,6 +1,7 @@
 """Fault injection with the real pulsar-client through `sluice proxy`, in
-front of the real pulsar-lite broker: what a client experiences when a rule
-fires, and what the proxy's metrics and recording say about it."""
+front of the real pulsar-lite broker (and Apache Pulsar, where a test takes
+``any_broker``): what a client experiences when a rule fires, and what the
+proxy's metrics and recording say about it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.pulsar import pb
 from sluice.proxy.faults_cli import call
 from sluice.recording.reader import load
-from tests.support import SLUICE, ProxyProcess, client, start_proxy
+from tests.support import SLUICE, Broker, ProxyProcess, client, start_proxy
 from tests.test_dashboards import scrape, value
 
 pytestmark = pytest.mark.broker
@@ -50,7 +51,7 @@ class FaultyProxy:
         return done.stdout
 
 
-def faulty_proxy(broker: EmbeddedBroker, tmp_path: Path, *extra: str) -> FaultyProxy:
+def faulty_proxy(broker: Broker, tmp_path: Path, *extra: str) -> FaultyProxy:
     token_file = tmp_path / "admin-token"
     token_file.write_text(TOKEN + "\n")
     admin = f"127.0.0.1:{free_port()}"
@@ -63,6 +64,15 @@ def faulty_proxy(broker: EmbeddedBroker, tmp_path: Path, *extra: str) -> FaultyP
 
 @pytest.fixture
 def faulty(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[FaultyProxy]:
+    yield from faulty_fixture(broker, tmp_path)
+
+
+@pytest.fixture
+def any_faulty(any_broker: Broker, tmp_path: Path) -> Iterator[FaultyProxy]:
+    yield from faulty_fixture(any_broker, tmp_path)
+
+
+def faulty_fixture(broker: Broker, tmp_path: Path) -> Iterator[FaultyProxy]:
     p = faulty_proxy(broker, tmp_path)
     yield p
     p.proxy.kill()
@@ -80,7 +90,10 @@ def send_latencies(producer: pulsar.Producer, n: int, tag: str) -> list[float]:
     return out
 
 
-def test_delayed_receipts_slow_the_client_down_and_back(faulty: FaultyProxy, topic: str) -> None:
+def test_delayed_receipts_slow_the_client_down_and_back(
+    any_faulty: FaultyProxy, topic: str
+) -> None:
+    faulty = any_faulty
     with client(faulty.proxy.url) as c:
         producer = c.create_producer(topic, batching_enabled=False)
         send_latencies(producer, 5, "warm")
@@ -114,8 +127,9 @@ def test_delayed_receipts_slow_the_client_down_and_back(faulty: FaultyProxy, top
 
 
 def test_disconnect_after_the_hundredth_send_loses_no_acknowledged_message(
-    broker: EmbeddedBroker, tmp_path: Path, topic: str
+    any_broker: Broker, tmp_path: Path, topic: str
 ) -> None:
+    broker = any_broker
     rules = tmp_path / "faults.json"
     rules.write_text(json.dumps([{"id": "cut", "match": {"command": "SEND"},
                                   "action": "disconnect", "after": 99, "times": 1}]))  # fmt: skip

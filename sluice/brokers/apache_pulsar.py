@@ -1,0 +1,476 @@
+"""Apache Pulsar itself, standalone, on loopback ports: the real broker.
+
+The release is pinned in ``apache-pulsar/pom.xml`` (beside this file) by Maven
+coordinates. :func:`provision` asks Maven to resolve it (the broker with its
+standalone starter, ``pulsar-perf`` and the Apache Pulsar Proxy) into a local
+repository under ``~/.cache/sluice/pulsar-<version>/`` and keeps the classpath
+it printed; a second call finds the classpath and its jars and downloads
+nothing. :class:`ApachePulsar` starts one standalone broker (metadata in
+RocksDB, one bookie, no functions worker) with our own ``standalone.conf`` and
+log configuration, waits until the broker's health check passes and a producer
+round trip works, and stops it by PID.
+
+Used by the test suite, the benchmarks and ``sluice demo --broker apache-pulsar``.
+Needs Java 17 and Maven (``./dev setup`` installs both when missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from sluice.embedded import BrokerError, free_port, wait_for_port
+
+RESOURCES = Path(__file__).with_name("apache-pulsar")
+POM = RESOURCES / "pom.xml"
+STANDALONE_MAIN = "org.apache.pulsar.PulsarStandaloneStarter"
+PERF_MAIN = "org.apache.pulsar.testclient.PulsarPerfTestTool"
+PROXY_MAIN = "org.apache.pulsar.proxy.server.ProxyServiceStarter"
+
+# Java 17 keeps these packages closed; the broker reads JVM and container
+# figures through them and logs a stack trace at start without them.
+JAVA_OPENS = [
+    "--add-opens=java.base/java.io=ALL-UNNAMED",
+    "--add-opens=java.base/java.util.zip=ALL-UNNAMED",
+    "--add-opens=java.base/sun.net=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.platform=ALL-UNNAMED",
+    "--add-opens=java.management/sun.management=ALL-UNNAMED",
+    "--add-opens=jdk.management/com.sun.management.internal=ALL-UNNAMED",
+]
+
+Say = Callable[[str], None]
+Setting = str | int | bool
+
+
+class ProvisionError(BrokerError):
+    """Apache Pulsar could not be fetched: no Java, no Maven, or Maven failed."""
+
+
+def say_on_stderr(text: str) -> None:
+    print(f"[apache-pulsar] {text}", file=sys.stderr, flush=True)
+
+
+def pulsar_version() -> str:
+    """The pinned release, as the pom states it (stated once, there)."""
+    match = re.search(r"<pulsar\.version>([^<]+)</pulsar\.version>", POM.read_text())
+    if match is None:
+        raise ProvisionError(f"{POM} names no <pulsar.version>")
+    return match.group(1).strip()
+
+
+def cache_dir() -> Path:
+    """``$SLUICE_CACHE_DIR``, else ``$XDG_CACHE_HOME/sluice``, else ``~/.cache/sluice``."""
+    if os.environ.get("SLUICE_CACHE_DIR"):
+        return Path(os.environ["SLUICE_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "sluice"
+
+
+def java_binary() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise ProvisionError("Apache Pulsar needs Java 17 or newer: ./dev setup installs it")
+    return found
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A provisioned release: its version and the jars of its classpath."""
+
+    version: str
+    home: Path
+    classpath: tuple[str, ...]
+
+    def java(self, main: str, *args: str, jvm: tuple[str, ...] = ()) -> list[str]:
+        """The command line that runs ``main`` of this release."""
+        return [java_binary(), *jvm, *JAVA_OPENS, "-cp", os.pathsep.join(self.classpath),
+                main, *args]  # fmt: skip
+
+
+def provision(say: Say = say_on_stderr) -> Runtime:
+    """The pinned release, fetched with Maven the first time, found after."""
+    version = pulsar_version()
+    home = cache_dir() / f"pulsar-{version}"
+    listing = home / "classpath.txt"
+    stamp = home / "pom.sha256"
+    want = hashlib.sha256(POM.read_bytes()).hexdigest()
+    if listing.is_file() and stamp.is_file() and stamp.read_text().strip() == want:
+        jars = tuple(p for p in listing.read_text().strip().split(os.pathsep) if p)
+        if jars and all(Path(j).is_file() for j in jars):
+            return Runtime(version, home, jars)
+    java_binary()
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ProvisionError("fetching Apache Pulsar needs Maven (mvn): ./dev setup installs it")
+    home.mkdir(parents=True, exist_ok=True)
+    say(f"fetching Apache Pulsar {version} with Maven into {home} (about 240 MB, once)")
+    started = time.monotonic()
+    partial = home / "classpath.txt.partial"
+    command = [
+        mvn, "-B", "-ntp", "-q", "-f", str(POM),
+        f"-Dmaven.repo.local={home / 'm2'}",
+        "dependency:build-classpath",
+        f"-Dmdep.outputFile={partial}",
+    ]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if run.returncode != 0:
+        lines = (run.stdout + run.stderr).strip().splitlines()
+        errors = [line for line in lines if "ERROR" in line][:3] or lines[-10:]
+        raise ProvisionError(
+            f"Maven could not fetch Apache Pulsar {version} (exit {run.returncode}):\n"
+            + "\n".join(errors)
+        )
+    partial.replace(listing)
+    stamp.write_text(want + "\n")
+    jars = tuple(p for p in listing.read_text().strip().split(os.pathsep) if p)
+    size = sum(Path(j).stat().st_size for j in jars) / 2**20
+    say(f"Apache Pulsar {version}: {len(jars)} jars, {size:.0f} MiB, "
+        f"fetched in {time.monotonic() - started:.1f} s")  # fmt: skip
+    return Runtime(version, home, jars)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for the broker's TLS ports: its chain, its key, the CA it trusts."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
+def hs256_token(secret: bytes, subject: str, expires_at: float | None = None) -> str:
+    """A JWT signed HS256, as Pulsar's token provider reads it with ``tokenSecretKey``."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    claims: dict[str, object] = {"sub": subject}
+    if expires_at is not None:
+        claims["exp"] = int(expires_at)
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = b64(json.dumps(claims).encode())
+    signature = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(signature)}"
+
+
+class ApachePulsar:
+    """One Apache Pulsar standalone broker process.
+
+    ``with ApachePulsar() as broker: broker.url`` provisions the release when
+    needed, starts the broker on free loopback ports with a scratch data
+    directory, and on exit stops it and removes the directory. ``kill()`` and
+    ``start()`` again restart it on the same ports and data.
+
+    ``settings`` are broker settings (``standalone.conf`` keys) on top of ours;
+    ``tls`` opens the TLS ports too; ``admin_token`` is the superuser token the
+    readiness checks and :meth:`admin` use when authentication is on.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        data_dir: str | Path | None = None,
+        *,
+        settings: Mapping[str, Setting] | None = None,
+        tls: TlsFiles | None = None,
+        admin_token: str | None = None,
+        heap_mb: int = 768,
+        direct_mb: int = 1024,
+        start_timeout: float = 180.0,
+        log_path: str | Path | None = None,
+        say: Say = say_on_stderr,
+    ) -> None:
+        self.host = host
+        self.port = free_port(host)
+        self.web_port = free_port(host)
+        self.tls = tls
+        self.tls_port = free_port(host) if tls else None
+        self.web_tls_port = free_port(host) if tls else None
+        self._own_dir = data_dir is None
+        self.data_dir = (
+            Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sluice-apache-pulsar-"))
+        )
+        self.settings = dict(settings or {})
+        self.admin_token = admin_token
+        self.heap_mb = heap_mb
+        self.direct_mb = direct_mb
+        self.start_timeout = start_timeout
+        self.log_path = Path(log_path) if log_path else self.data_dir / "broker.log"
+        self.say = say
+        self.runtime: Runtime | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start_seconds: float | None = None
+
+    # -- addresses ---------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def tls_url(self) -> str:
+        if self.tls_port is None:
+            raise BrokerError("this broker has no TLS port (start it with tls=...)")
+        return f"pulsar+ssl://{self.host}:{self.tls_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.web_port}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def version(self) -> str:
+        return self.runtime.version if self.runtime else pulsar_version()
+
+    # -- configuration -----------------------------------------------------------
+
+    def _config(self) -> Path:
+        values: dict[str, Setting] = {
+            "brokerServicePort": self.port,
+            "webServicePort": self.web_port,
+        }
+        if self.tls is not None:
+            values |= {
+                "brokerServicePortTls": self.tls_port or 0,
+                "webServicePortTls": self.web_tls_port or 0,
+                "tlsCertificateFilePath": str(self.tls.cert),
+                "tlsKeyFilePath": str(self.tls.key),
+                "tlsTrustCertsFilePath": str(self.tls.ca),
+            }
+        values |= self.settings
+        if "maxMessageSize" in self.settings and "nettyMaxFrameSizeBytes" not in self.settings:
+            values["nettyMaxFrameSizeBytes"] = int(self.settings["maxMessageSize"]) + 10 * 1024
+        lines = [RESOURCES.joinpath("standalone.conf").read_text().rstrip(), ""]
+        lines.append("# Written for this broker by sluice/brokers/apache_pulsar.py")
+        for key, value in values.items():
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            lines.append(f"{key}={text}")
+        path = self.data_dir / "standalone.conf"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def _jvm(self) -> tuple[str, ...]:
+        return (
+            f"-Xms{min(256, self.heap_mb)}m",
+            f"-Xmx{self.heap_mb}m",
+            f"-XX:MaxDirectMemorySize={self.direct_mb}m",
+            "-XX:+UseG1GC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.net.preferIPv4Stack=true",
+            f"-Dlog4j2.configurationFile={RESOURCES / 'log4j2.properties'}",
+            # Netty's leak detector and Jetty's JMX are not wanted in tests.
+            "-Dio.netty.leakDetectionLevel=disabled",
+        )
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> ApachePulsar:
+        if self.process is not None:
+            raise BrokerError("broker already started")
+        self.runtime = provision(self.say)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self._config()
+        command = self.runtime.java(
+            STANDALONE_MAIN,
+            "--config", str(config),
+            "--no-functions-worker",
+            "--no-stream-storage",
+            jvm=self._jvm(),
+        )  # fmt: skip
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                # The standalone keeps its bookie and metadata under ./data.
+                cwd=self.data_dir,
+            )
+        try:
+            deadline = started + self.start_timeout
+            wait_for_port(self.host, self.port, self.start_timeout, self.process)
+            self._wait_healthy(deadline)
+            self._round_trip(deadline)
+        except BrokerError as exc:
+            self.stop()
+            tail = self.log_tail()
+            raise BrokerError(f"Apache Pulsar did not start: {exc}\n{tail}") from None
+        self.start_seconds = time.monotonic() - started
+        self.say(
+            f"Apache Pulsar {self.version} ready on {self.url} (HTTP {self.http_url}) "
+            f"in {self.start_seconds:.1f} s, pid {self.pid}"
+        )
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        """The broker's own health check: it writes and reads a heartbeat topic."""
+        last = ""
+        while True:
+            self._check_alive()
+            try:
+                status, body = self.admin("GET", "/admin/v2/brokers/health", timeout=10)
+                if status == 200:
+                    return
+                last = f"HTTP {status} {body[:200]}"
+            except OSError as exc:
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise BrokerError(f"health check did not pass in time (last: {last})")
+            time.sleep(0.5)
+
+    def _round_trip(self, deadline: float) -> None:
+        """A producer's first send acknowledged, through the official client."""
+        try:
+            import pulsar
+        except ImportError:
+            return  # the health check already wrote and read a topic
+        auth = pulsar.AuthenticationToken(self.admin_token) if self.admin_token else None
+        last = ""
+        while time.monotonic() < deadline:
+            self._check_alive()
+            client = pulsar.Client(
+                self.url,
+                authentication=auth,
+                operation_timeout_seconds=10,
+                logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+            )
+            try:
+                producer = client.create_producer("persistent://public/default/sluice-readiness")
+                producer.send(b"ready")
+                return
+            except Exception as exc:  # the client raises its own exception types
+                last = str(exc)
+                time.sleep(0.5)
+            finally:
+                client.close()
+        raise BrokerError(f"no producer round trip in time (last: {last})")
+
+    def _check_alive(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            code = self.process.returncode if self.process else None
+            raise BrokerError(f"broker exited with status {code}")
+
+    def admin(
+        self, method: str, path: str, body: object = None, *, timeout: float = 30
+    ) -> tuple[int, str]:
+        """One call of the broker's admin REST API: (status, body text)."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.http_url + path, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if self.admin_token:
+            request.add_header("Authorization", f"Bearer {self.admin_token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return answer.status, answer.read().decode(errors="replace")
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(errors="replace")
+
+    def admin_json(self, method: str, path: str, body: object = None) -> object:
+        """An admin call that must succeed; its JSON answer (None when empty)."""
+        status, text = self.admin(method, path, body)
+        if status >= 300:
+            raise BrokerError(f"{method} {path}: HTTP {status} {text[:500]}")
+        return json.loads(text) if text.strip() else None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; the data stays for a ``start()`` again."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (the broker closes its topics and ledgers), then SIGKILL."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> ApachePulsar:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sluice.brokers.apache_pulsar provision|run``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sluice.brokers.apache_pulsar",
+        description="Fetch (provision) or start (run) Sluice's pinned Apache Pulsar.",
+    )
+    parser.add_argument("action", choices=["provision", "run"])
+    args = parser.parse_args(argv)
+    try:
+        runtime = provision()
+        if args.action == "provision":
+            say_on_stderr(f"Apache Pulsar {runtime.version} is ready in {runtime.home}")
+            return 0
+        with ApachePulsar() as broker:
+            say_on_stderr(f"{broker.url} until Ctrl-C (log: {broker.log_path})")
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+            while True:
+                time.sleep(3600)
+    except BrokerError as exc:
+        print(f"apache-pulsar: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
