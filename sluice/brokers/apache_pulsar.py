@@ -267,11 +267,20 @@ class ApachePulsar:
         values |= self.settings
         if "maxMessageSize" in self.settings and "nettyMaxFrameSizeBytes" not in self.settings:
             values["nettyMaxFrameSizeBytes"] = int(self.settings["maxMessageSize"]) + 10 * 1024
-        lines = [RESOURCES.joinpath("standalone.conf").read_text().rstrip(), ""]
+
+        def line(key: str, value: Setting) -> str:
+            return f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+
+        # Each key once: the bookie reads this file too, with a parser that
+        # turns a repeated key into a list and then uses its first value.
+        lines = []
+        for text in RESOURCES.joinpath("standalone.conf").read_text().splitlines():
+            key = text.split("=", 1)[0].strip()
+            if "=" in text and not text.lstrip().startswith("#") and key in values:
+                text = line(key, values.pop(key))
+            lines.append(text)
         lines.append("# Written for this broker by sluice/brokers/apache_pulsar.py")
-        for key, value in values.items():
-            text = str(value).lower() if isinstance(value, bool) else str(value)
-            lines.append(f"{key}={text}")
+        lines += [line(key, value) for key, value in values.items()]
         path = self.data_dir / "standalone.conf"
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -382,9 +382,13 @@ class PulsarConnection:
         if not self.routing.allowlist.allows(target.address):
             return self._refuse(f"broker {target.address} is not in the allow-list")
         route = self.routing.routes.get(target.address)
+        # The client's CONNECT goes on as it wrote it. No proxy_version: a
+        # broker with authentication on refuses a CONNECT that names one
+        # unless the connecting role is one of its proxyRoles ("Must not set
+        # proxyVersion without connecting as a ProxyRole"), and here the
+        # credentials are the client's own.
         ours = pb.CommandConnect()
         ours.CopyFrom(connect)
-        ours.proxy_version = SLUICE_VERSION
         if route is not None and route.via_upstream:
             # Chained: the upstream is a proxy too; go through it, naming the
             # broker the same way the client named it to us.

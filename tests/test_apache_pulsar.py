@@ -1,0 +1,633 @@
+"""Sluice in front of Apache Pulsar itself: what only the real broker can show.
+
+The tests that make sense on both brokers take ``any_broker`` in their own
+modules (test_proxy_e2e, test_chunking, test_faults_e2e). These need what
+pulsar-lite lacks: the admin REST API, a raised ``maxMessageSize``, token
+authentication and authorization, TLS ports, deduplication across a crash,
+and the Java client. No pulsar-lite workaround here: a redelivered copy, a
+lost message or a stalled subscription is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import pytest
+
+from sluice.brokers.apache_pulsar import PERF_MAIN, ApachePulsar, TlsFiles, hs256_token
+from sluice.embedded import free_port, wait_for_port
+from tests.conftest import start_apache_pulsar
+from tests.support import (
+    SLUICE,
+    ProxyProcess,
+    RawClient,
+    client,
+    start_proxy,
+    tcp_connections,
+    tls_files,
+)
+from tests.test_dashboards import scrape
+
+MiB = 1024 * 1024
+TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
+TOKEN_CLIENT = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+
+
+def sluice(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SLUICE, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def unique(name: str) -> str:
+    return f"persistent://public/default/{name}-{uuid.uuid4().hex[:8]}"
+
+
+def rest_path(topic: str) -> str:
+    """``persistent://public/default/x`` as the admin API's ``persistent/public/default/x``."""
+    scheme, rest = topic.split("://", 1)
+    return f"{scheme}/{urllib.parse.quote(rest)}"
+
+
+def recorded_frames(record: Path) -> list[dict[str, Any]]:
+    """Every frame ``sluice inspect --json`` reads from the recording."""
+    shown = sluice("inspect", str(record), "--json")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    return [r for r in map(json.loads, shown.stdout.splitlines()) if "cmd" in r]
+
+
+def assert_all_valid(record: Path) -> list[dict[str, Any]]:
+    """Anything Apache Pulsar sends that our codec calls invalid is our bug."""
+    frames = recorded_frames(record)
+    assert frames, "nothing recorded"
+    invalid = [f for f in frames if "invalid" in f]
+    assert invalid == [], invalid[:5]
+    return frames
+
+
+def recording_proxy(broker_url: str, tmp_path: Path, *extra: str) -> tuple[ProxyProcess, int, Path]:
+    """Sluice with validation, metrics and recording (payloads hashed) on."""
+    admin = free_port()
+    record = tmp_path / f"rec-{admin}"
+    p = start_proxy(
+        broker_url, tmp_path, "--admin", f"127.0.0.1:{admin}", "--record", str(record),
+        "--record-payloads", "hash", "--record-flush-interval", "0.2", *extra,
+    )  # fmt: skip
+    return p, admin, record
+
+
+def total(samples: dict[Any, float], name: str) -> float:
+    """A metric summed over its labels."""
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def consume_exactly(consumer: pulsar.Consumer, count: int) -> list[bytes]:
+    """``count`` messages, acknowledged; then none more within a second."""
+    got = []
+    for _ in range(count):
+        msg = consumer.receive(timeout_millis=15_000)
+        got.append(msg.data())
+        consumer.acknowledge(msg)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1_000)
+    return got
+
+
+# --- produce, consume, lookups, recording -------------------------------------
+
+
+def test_sessions_record_with_zero_invalid_frames_and_zero_validation_failures(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    proxy, admin, record = recording_proxy(apache_pulsar.url, tmp_path)
+    topic = unique("recorded")
+    sent = [f"m-{i}".encode() * 20 for i in range(90)]
+    try:
+        with client(proxy.url) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            plain = c.create_producer(topic, batching_enabled=False)
+            batched = c.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                                        compression_type=pulsar.CompressionType.LZ4)  # fmt: skip
+            for body in sent[:30]:
+                plain.send(body)
+            done = threading.Semaphore(0)
+            for body in sent[30:]:
+                batched.send_async(body, lambda res, mid: done.release())
+            batched.flush()
+            for _ in sent[30:]:
+                assert done.acquire(timeout=15)
+            assert consume_exactly(consumer, len(sent)) == sent
+            # Lookups and relaying as the real broker answers them: the
+            # client's sockets all go to Sluice, Sluice's reach the broker.
+            remotes = {remote for _, remote in tcp_connections(os.getpid())}
+            assert ("127.0.0.1", proxy.port) in remotes
+            assert apache_pulsar.address not in remotes
+        samples = scrape(proxy, admin)
+        assert total(samples, "sluice_lookups_total") >= 1
+        assert total(samples, "sluice_frames_total") >= 2 * len(sent) / 10
+        assert total(samples, "sluice_validation_failures_total") == 0
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    frames = assert_all_valid(record)
+    names = {f["cmd"] for f in frames}
+    assert {"CONNECT", "CONNECTED", "LOOKUP", "LOOKUP_RESPONSE", "SEND", "SEND_RECEIPT",
+            "MESSAGE", "ACK", "FLOW"} <= names, names  # fmt: skip
+
+
+def test_partitioned_topic_created_through_the_admin_api(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    topic = unique("partitioned")
+    apache_pulsar.admin_json("PUT", f"/admin/v2/{rest_path(topic)}/partitions", 3)
+    proxy, _, record = recording_proxy(apache_pulsar.url, tmp_path)
+    try:
+        with client(proxy.url) as c:
+            assert len(c.get_topic_partitions(topic)) == 3
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            producer = c.create_producer(topic, batching_enabled=False)
+            sent = {f"k{i % 5}:{i}".encode() for i in range(45)}
+            for i, body in enumerate(sorted(sent)):
+                producer.send(body, partition_key=f"k{i % 5}")
+            got = consume_exactly(consumer, len(sent))
+        assert sorted(got) == sorted(sent)
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    frames = assert_all_valid(record)
+    # One relayed connection per partition's owner at least, each CONNECT
+    # naming the broker through proxy_to_broker_url.
+    assert any(f["cmd"] == "PARTITIONED_METADATA_RESPONSE" for f in frames)
+    stats = apache_pulsar.admin_json("GET", f"/admin/v2/{rest_path(topic)}/partitioned-stats")
+    assert isinstance(stats, dict) and stats["msgInCounter"] == 45
+
+
+# --- message size -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApachePulsar]:
+    """Apache Pulsar with maxMessageSize raised to 20 MiB."""
+    b = start_apache_pulsar(tmp_path_factory.mktemp("big"), settings={"maxMessageSize": 20 * MiB})
+    yield b
+    b.close()
+
+
+def test_a_20_mib_message_passes_unchunked_with_the_limit_learned_from_connected(
+    big_broker: ApachePulsar, tmp_path: Path
+) -> None:
+    proxy, _, record = recording_proxy(big_broker.url, tmp_path)
+    try:
+        with RawClient(proxy.port) as raw:
+            connected = raw.connect(f"127.0.0.1:{big_broker.port}")
+        assert connected.body.max_message_size == 20 * MiB
+        data = os.urandom(20 * MiB - 1024)
+        topic = unique("twenty")
+        with client(proxy.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False, chunking_enabled=False,
+                                         send_timeout_millis=60_000)  # fmt: skip
+            producer.send(data)
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            assert consumer.receive(timeout_millis=30_000).data() == data
+        assert proxy.terminate() == 0
+        assert "unframeable" not in proxy.log()
+    finally:
+        proxy.kill()
+    sends = [f for f in assert_all_valid(record) if f["cmd"] == "SEND"]
+    assert len(sends) == 1  # one frame: not chunked
+
+
+def test_a_message_over_the_raised_limit_fails_as_it_does_direct(
+    big_broker: ApachePulsar, tmp_path: Path
+) -> None:
+    proxy = start_proxy(big_broker.url, tmp_path)
+    outcomes = []
+    try:
+        for url in (big_broker.url, proxy.url):
+            with client(url) as c:
+                producer = c.create_producer(unique("too-big"), batching_enabled=False)
+                try:
+                    producer.send(os.urandom(21 * MiB))
+                    outcomes.append("sent")
+                except Exception as exc:
+                    outcomes.append(type(exc).__name__)
+    finally:
+        proxy.kill()
+    assert outcomes[0] == outcomes[1] != "sent", outcomes
+
+
+# --- token authentication ---------------------------------------------------------
+
+
+class Tokens:
+    """An HS256 secret key, as Pulsar's token provider reads it, and its tokens."""
+
+    def __init__(self, directory: Path) -> None:
+        self.secret = secrets.token_bytes(32)
+        self.key_file = directory / "secret.key"
+        self.key_file.write_bytes(self.secret)
+        self.admin = hs256_token(self.secret, "admin")
+
+    def make(self, role: str, lifetime: float | None = None) -> str:
+        expires = None if lifetime is None else time.time() + lifetime
+        return hs256_token(self.secret, role, expires)
+
+
+@pytest.fixture(scope="module")
+def auth_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApachePulsar, Tokens]]:
+    """Authentication and authorization on; role ``app`` may produce and consume."""
+    tmp = tmp_path_factory.mktemp("auth")
+    tokens = Tokens(tmp)
+    b = start_apache_pulsar(
+        tmp,
+        admin_token=tokens.admin,
+        settings={
+            "authenticationEnabled": True,
+            "authorizationEnabled": True,
+            "authenticationProviders": TOKEN_PROVIDER,
+            "tokenSecretKey": f"file://{tokens.key_file}",
+            "superUserRoles": "admin",
+            "brokerClientAuthenticationPlugin": TOKEN_CLIENT,
+            "brokerClientAuthenticationParameters": f"token:{tokens.admin}",
+            # Expired credentials are looked for every second (default 60).
+            "authenticationRefreshCheckSeconds": 1,
+        },
+    )
+    b.admin_json("POST", "/admin/v2/namespaces/public/default/permissions/app",
+                 ["produce", "consume"])  # fmt: skip
+    yield b, tokens
+    b.close()
+
+
+def auth_failure(url: str, token: str) -> str:
+    try:
+        with client(url, authentication=pulsar.AuthenticationToken(token)) as c:
+            c.create_producer(unique("refused"))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+def test_token_passes_through_a_wrong_one_gets_the_brokers_error_and_none_is_kept(
+    auth_broker: tuple[ApachePulsar, Tokens], tmp_path: Path
+) -> None:
+    broker, tokens = auth_broker
+    token = tokens.make("app")
+    proxy, admin, record = recording_proxy(broker.url, tmp_path, "--log-level", "debug")
+    try:
+        topic = unique("authed")
+        with client(proxy.url, authentication=pulsar.AuthenticationToken(token)) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            producer = c.create_producer(topic, batching_enabled=False)
+            sent = [f"a-{i}".encode() for i in range(20)]
+            for body in sent:
+                producer.send(body)
+            assert consume_exactly(consumer, 20) == sent
+        # A role without permission, and a token signed with another key.
+        stranger = tokens.make("stranger")
+        forged = hs256_token(secrets.token_bytes(32), "app")
+        direct, through = auth_failure(broker.url, stranger), auth_failure(proxy.url, stranger)
+        assert direct.startswith("AuthorizationError"), direct
+        assert through.split(":")[0] == direct.split(":")[0], (direct, through)
+        # The broker answers a forged token's CONNECT with ERROR
+        # AuthenticationError "Failed to authenticate" and closes. Direct, the
+        # C++ client retries that CONNECT until its operation timeout. Sluice
+        # has already accepted the client's lookup connection, so the broker's
+        # refusal of Sluice's upstream lookup connection (opened with the same
+        # token) reaches the client as the answer to its lookup, at once.
+        direct, through = auth_failure(broker.url, forged), auth_failure(proxy.url, forged)
+        assert direct != "accepted"
+        assert through.startswith("AuthenticationError"), through
+        metrics = scrape(proxy, admin)
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    assert_all_valid(record)
+    artefacts = [proxy.log_path, *record.rglob("*")]
+    inspect_out = sluice("inspect", str(record), "--json", "--with-bytes").stdout
+    for secret in (token, stranger, forged):
+        assert secret not in inspect_out
+        assert secret not in json.dumps({str(k): v for k, v in metrics.items()})
+        for path in artefacts:
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_short_lived_token_is_refreshed_through_the_brokers_challenge(
+    auth_broker: tuple[ApachePulsar, Tokens], tmp_path: Path
+) -> None:
+    broker, tokens = auth_broker
+    handed_out: list[str] = []
+
+    def fresh_token() -> str:
+        handed_out.append(tokens.make("app", lifetime=3))
+        return handed_out[-1]
+
+    proxy, _, record = recording_proxy(broker.url, tmp_path)
+    try:
+        topic = unique("refreshed")
+        auth = pulsar.AuthenticationToken(fresh_token)
+        with client(proxy.url, authentication=auth) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            sent = []
+            deadline = time.monotonic() + 9  # three lifetimes of the token
+            i = 0
+            while time.monotonic() < deadline:
+                sent.append(f"r-{i}".encode())
+                producer.send(sent[-1])
+                i += 1
+                time.sleep(0.25)
+            assert consume_exactly(consumer, len(sent)) == sent
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    frames = assert_all_valid(record)
+    challenges = [f for f in frames if f["cmd"] == "AUTH_CHALLENGE"]
+    responses = [f for f in frames if f["cmd"] == "AUTH_RESPONSE"]
+    assert challenges and responses, "the broker never challenged the expired token"
+    # The producer and consumer lived on one relayed connection throughout.
+    producers = [f for f in frames if f["cmd"] == "PRODUCER"]
+    assert len(producers) == 1, producers
+
+
+# --- TLS ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_broker(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ApachePulsar, Path, Path]]:
+    """Apache Pulsar with its TLS ports open; certificates from a CA made here."""
+    tmp = tmp_path_factory.mktemp("tls")
+    ca_file, _, ca = tls_files(tmp, "127.0.0.1", "localhost")
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key = tmp / "broker.pem", tmp / "broker.key"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    b = start_apache_pulsar(tmp, tls=TlsFiles(cert=cert, key=key, ca=ca_file))
+    yield b, ca_file, tmp / "srv.pem"
+    b.close()
+
+
+def test_tls_to_the_broker_and_from_the_client(
+    tls_broker: tuple[ApachePulsar, Path, Path], tmp_path: Path
+) -> None:
+    broker, ca, served = tls_broker
+    tls_port = free_port()
+    proxy, _, record = recording_proxy(
+        broker.tls_url, tmp_path, "--broker-tls-ca", str(ca),
+        "--listen-tls", f"127.0.0.1:{tls_port}", "--tls-cert", str(served),
+        "--tls-key", str(served),
+    )  # fmt: skip
+    try:
+        topic = unique("tls")
+        url = f"pulsar+ssl://127.0.0.1:{tls_port}"
+        with client(url, tls_trust_certs_file_path=str(ca)) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            producer = c.create_producer(topic, batching_enabled=False)
+            sent = [f"t-{i}".encode() for i in range(20)]
+            for body in sent:
+                producer.send(body)
+            assert consume_exactly(consumer, 20) == sent
+        # Sluice's upstream sockets reach the broker's TLS port, never its plain one.
+        upstream = {remote for _, remote in tcp_connections(proxy.pid)}
+        assert (broker.host, broker.tls_port) in upstream
+        assert broker.address not in upstream
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    frames = assert_all_valid(record)
+    assert any(f["cmd"] == "MESSAGE" for f in frames)
+
+
+# --- a broker crash with deduplication on -----------------------------------------
+
+
+def produce_across_a_broker_kill(
+    broker: ApachePulsar, url: str, topic: str, total: int = 300
+) -> list[bytes]:
+    """Send ``total`` messages one by one; kill -9 and restart the broker after
+    the 100th. Every send must end acknowledged; the acknowledged payloads."""
+    acked: list[bytes] = []
+    failures: list[BaseException] = []
+    progress = threading.Event()
+    with client(url) as c:
+        producer = c.create_producer(
+            topic, producer_name=f"dedup-{uuid.uuid4().hex[:6]}", batching_enabled=False,
+            send_timeout_millis=120_000, block_if_queue_full=True,
+        )  # fmt: skip
+
+        def produce() -> None:
+            for i in range(total):
+                body = f"d-{i}".encode()
+                try:
+                    producer.send(body)
+                    acked.append(body)
+                except Exception as exc:  # asserted below
+                    failures.append(exc)
+                if i == 100:
+                    progress.set()
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        assert progress.wait(60)
+        broker.kill()
+        broker.start()
+        thread.join(180)
+        assert not thread.is_alive(), "the producer never finished"
+    assert failures == [], failures[:3]
+    return acked
+
+
+def stored(broker: ApachePulsar, topic: str, count: int) -> list[bytes]:
+    with client(broker.url) as c:
+        consumer = c.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
+        return consume_exactly(consumer, count)
+
+
+def test_a_broker_kill_loses_and_duplicates_nothing_through_sluice_as_direct(
+    tmp_path: Path,
+) -> None:
+    broker = start_apache_pulsar(tmp_path, settings={"brokerDeduplicationEnabled": True})
+    proxy: ProxyProcess | None = None
+    try:
+        direct_topic, proxied_topic = unique("crash-direct"), unique("crash-proxied")
+        direct = produce_across_a_broker_kill(broker, broker.url, direct_topic)
+        proxy = start_proxy(broker.url, tmp_path, "--record", str(tmp_path / "rec"))
+        proxied = produce_across_a_broker_kill(broker, proxy.url, proxied_topic)
+        assert len(direct) == len(proxied) == 300
+        assert stored(broker, direct_topic, 300) == direct
+        assert stored(broker, proxied_topic, 300) == proxied
+        assert proxy.terminate() == 0
+    finally:
+        if proxy is not None:
+            proxy.kill()
+        broker.close()
+    assert_all_valid(tmp_path / "rec")
+
+
+# --- replay and serve of an Apache Pulsar session -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def apache_recordings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two sessions recorded against a fresh Apache Pulsar: test_replay's, for
+    replay, and test_serve's, for serve."""
+    from tests.test_replay import session
+    from tests.test_serve import script
+
+    tmp = tmp_path_factory.mktemp("apache-recordings")
+    broker = start_apache_pulsar(tmp)
+    try:
+        for name, run in (("replay", session), ("serve", script)):
+            p = start_proxy(broker.url, tmp, "--record", str(tmp / name),
+                            "--record-payloads", "full")  # fmt: skip
+            try:
+                run(p.url)
+                assert p.terminate() == 0
+            finally:
+                p.kill()
+    finally:
+        broker.close()
+    return tmp / "replay", tmp / "serve"
+
+
+def test_replay_of_an_apache_pulsar_session_against_a_fresh_one(
+    apache_recordings: tuple[Path, Path], tmp_path: Path
+) -> None:
+    recording, _ = apache_recordings
+    assert_all_valid(recording)
+    fresh = start_apache_pulsar(tmp_path)
+    try:
+        result = sluice("replay", str(recording), "--broker", fresh.url, "--timeout", "5")
+    finally:
+        fresh.close()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " 0 diverged, 0 missing, 0 unexpected" in result.stdout, result.stdout[-2000:]
+
+
+def test_serve_of_an_apache_pulsar_session_answers_the_real_client(
+    apache_recordings: tuple[Path, Path],
+) -> None:
+    from tests.test_serve import script
+
+    _, recording = apache_recordings
+    port = free_port()
+    served = subprocess.Popen(
+        [*SLUICE, "serve", str(recording), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_port("127.0.0.1", port, 20, served)  # type: ignore[arg-type]
+        got = script(f"pulsar://127.0.0.1:{port}")
+        assert len(got) == 12
+    finally:
+        served.send_signal(signal.SIGTERM)
+        out, err = served.communicate(timeout=20)
+    assert "0 without a recorded answer" in out, out + err
+
+
+# --- the Java client --------------------------------------------------------------
+
+
+def pulsar_perf(broker: ApachePulsar, *args: str, timeout: float = 240) -> str:
+    """``pulsar-perf ARGS`` (org.apache.pulsar:pulsar-testclient); its output."""
+    assert broker.runtime is not None
+    with tempfile.NamedTemporaryFile("w", suffix=".conf") as conf:
+        command = broker.runtime.java(PERF_MAIN, conf.name, *args, jvm=("-Xmx256m",))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
+
+
+def topic_stats(broker: ApachePulsar, topic: str) -> dict[str, Any]:
+    stats = broker.admin_json("GET", f"/admin/v2/{rest_path(topic)}/stats")
+    assert isinstance(stats, dict)
+    return stats
+
+
+def test_pulsar_perf_produces_and_consumes_through_sluice(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    proxy, admin, record = recording_proxy(apache_pulsar.url, tmp_path)
+    topic = unique("perf")
+    try:
+        consume = subprocess.Popen(
+            apache_pulsar.runtime.java(  # type: ignore[union-attr]
+                PERF_MAIN, os.devnull, "consume", "-u", proxy.url, "-ss", "perf",
+                "-sp", "Earliest", "-m", "2000", "-i", "1", topic, jvm=("-Xmx256m",),
+            ),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            produced = pulsar_perf(
+                apache_pulsar, "produce", "-u", proxy.url, "-m", "2000", "-r", "1000",
+                "-s", "1024", "-i", "1", topic,
+            )  # fmt: skip
+            out, _ = consume.communicate(timeout=120)
+        finally:
+            if consume.poll() is None:
+                consume.kill()
+                consume.wait()
+        assert consume.returncode == 0, out[-3000:]
+        assert "Aggregated throughput stats" in produced, produced[-2000:]
+        stats = topic_stats(apache_pulsar, topic)
+        assert stats["msgInCounter"] == 2000
+        assert stats["subscriptions"]["perf"]["msgOutCounter"] >= 2000
+        assert stats["subscriptions"]["perf"]["msgBacklog"] == 0
+        samples = scrape(proxy, admin)
+        assert total(samples, "sluice_validation_failures_total") == 0
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    frames = assert_all_valid(record)
+    assert sum(f.get("msgs", 1) for f in frames if f["cmd"] == "SEND") == 2000
+
+
+def test_the_java_clients_chunking_through_sluice(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    proxy, _, record = recording_proxy(apache_pulsar.url, tmp_path)
+    topic = unique("perf-chunks")
+    try:
+        pulsar_perf(
+            apache_pulsar, "produce", "-u", proxy.url, "-m", "3", "-r", "3",
+            "-s", str(7 * MiB), "--chunking", "-db", "-i", "1", topic,
+        )  # fmt: skip
+        stats = topic_stats(apache_pulsar, topic)
+        # Three messages of 7 MiB, each stored as two chunks.
+        assert stats["msgInCounter"] == 6, stats
+        with client(proxy.url) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            sizes = [len(consumer.receive(timeout_millis=30_000).data()) for _ in range(3)]
+        assert sizes == [7 * MiB] * 3
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    sends = [f for f in assert_all_valid(record) if f["cmd"] == "SEND"]
+    assert len(sends) == 6
+
+
+def test_the_broker_start_is_timed_and_ports_are_loopback(apache_pulsar: ApachePulsar) -> None:
+    assert apache_pulsar.start_seconds is not None and apache_pulsar.start_seconds < 180
+    listening = {local for local, remote in tcp_connections(apache_pulsar.pid or 0)
+                 if remote == ("0.0.0.0", 0)}  # fmt: skip
+    assert listening, "the broker listens nowhere"
+    assert {host for host, _ in listening} == {"127.0.0.1"}, listening
+    assert re.fullmatch(r"\d+\.\d+\.\d+", apache_pulsar.version)
