@@ -106,6 +106,12 @@ class Runtime:
         return [java_binary(), *jvm, *JAVA_OPENS, "-cp", os.pathsep.join(self.classpath),
                 main, *args]  # fmt: skip
 
+    def perf(self, *args: str) -> list[str]:
+        """``pulsar-perf ARGS``: the Java client's load tool. Its first argument
+        is a client configuration file; ours is empty (flags say everything).
+        Its latency histograms take a few hundred MiB of heap at start."""
+        return self.java(PERF_MAIN, os.devnull, *args, jvm=("-Xmx1g",))
+
 
 def provision(say: Say = say_on_stderr) -> Runtime:
     """The pinned release, fetched with Maven the first time, found after."""
