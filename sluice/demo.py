@@ -1,12 +1,15 @@
 """``sluice demo``: the embedded broker, Sluice in front of it, real traffic, a report.
 
 Needs the official client and the embedded broker (``pip install
-'sluice[demo]'``; ``./dev demo`` sets everything up).
+'sluice[demo]'``; ``./dev demo`` sets everything up). ``--embedded
+apache-pulsar`` runs the same demo in front of Apache Pulsar itself, fetched
+with Maven the first time (needs Java 17 and Maven).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import statistics
@@ -14,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,8 @@ from typing import Any
 import trio
 
 from sluice.addresses import Address
+from sluice.brokers import Broker
+from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.embedded import BrokerError, EmbeddedBroker, free_port
 from sluice.logs import setup_logging
 from sluice.protocols.pulsar.urls import parse_broker_url
@@ -57,6 +63,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep-running", action="store_true", help="leave broker and proxy up until Ctrl-C"
     )
+    parser.add_argument(
+        "--embedded",
+        choices=sorted(BROKERS),
+        default="pulsar-lite",
+        help="the broker the demo starts: pulsar-lite (quick, no Java) or Apache Pulsar "
+        "itself (Java 17 and Maven; about 240 MB fetched once into ~/.cache/sluice) "
+        "(default: %(default)s)",
+    )
+
+
+BROKERS: dict[str, Callable[[], EmbeddedBroker | ApachePulsar]] = {
+    "pulsar-lite": lambda: EmbeddedBroker(port=None),
+    "apache-pulsar": lambda: ApachePulsar(say=_say),
+}
 
 
 @dataclass
@@ -119,7 +139,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-async def demo(args: argparse.Namespace, broker: EmbeddedBroker, record: Path) -> int:
+async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
     say = _say
     port = args.port or free_port()
     admin = args.admin_port or free_port()
@@ -133,7 +153,7 @@ async def demo(args: argparse.Namespace, broker: EmbeddedBroker, record: Path) -
     async with trio.open_nursery() as nursery:
         proxy: Proxy = await nursery.start(Proxy(config).run)
         url = f"pulsar://127.0.0.1:{port}"
-        say(f"broker  {broker.url}  (embedded pulsar-lite, pid {broker.pid})")
+        say(f"broker  {broker.url}  (embedded {args.embedded}, pid {broker.pid})")
         say(f"proxy   {url}  (clients connect here)")
         work = await trio.to_thread.run_sync(run_workload, url, args.messages, say)
         await trio.sleep(0.5)  # let the recorder flush
@@ -206,19 +226,20 @@ def run(args: argparse.Namespace) -> int:
         print("sluice demo: --messages must be at least 2", file=sys.stderr)
         return 2
     record = args.record or Path(tempfile.mkdtemp(prefix="sluice-demo-"))
-    _say("starting the embedded broker ...")
-    try:
-        broker = EmbeddedBroker(port=None).start()
-    except BrokerError as exc:
-        print(f"sluice demo: {exc}", file=sys.stderr)
-        return 1
-    try:
-        return trio.run(demo, args, broker, record)
-    except KeyboardInterrupt:
-        return 130
-    except OSError as exc:
-        print(f"sluice demo: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        broker.stop()
-        logging.shutdown()
+    _say(f"starting the embedded broker ({args.embedded}) ...")
+    with contextlib.ExitStack() as stack:
+        stack.callback(logging.shutdown)
+        broker = BROKERS[args.embedded]()
+        stack.push(broker)  # stopped (and its data removed) however we leave
+        try:
+            broker.start()
+        except BrokerError as exc:
+            print(f"sluice demo: {exc}", file=sys.stderr)
+            return 1
+        try:
+            return trio.run(demo, args, broker, record)
+        except KeyboardInterrupt:
+            return 130
+        except OSError as exc:
+            print(f"sluice demo: {exc}", file=sys.stderr)
+            return 1

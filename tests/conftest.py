@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from sluice.brokers import Broker
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.embedded import BrokerError, EmbeddedBroker
-from tests.support import Broker, ProxyProcess, start_proxy
+from tests.support import ProxyProcess, start_proxy
 
 BROKERS = ["pulsar-lite", "apache-pulsar"]
 

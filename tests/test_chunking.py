@@ -25,10 +25,11 @@ from pathlib import Path
 import pulsar
 import pytest
 
+from sluice.brokers import Broker
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.pipeline.decode import parse_file
 from sluice.recording.format import read_records, recording_files
-from tests.support import SLUICE, Broker, ProxyProcess, client, start_proxy
+from tests.support import SLUICE, ProxyProcess, client, in_child, start_proxy
 
 MiB = 1024 * 1024
 
@@ -36,7 +37,16 @@ MiB = 1024 * 1024
 def send_and_receive(
     url: str, topic: str, size: int, data: bytes | None = None, wait_ms: int = 30_000
 ) -> bytes | None:
-    """Send one chunked message, then read it back from the start; None if lost."""
+    """Send one chunked message, then read it back from the start; None if lost.
+    The client runs in a child process (see ``in_child``): the same test runs
+    on pulsar-lite and Apache Pulsar, whose CONNECTEDs differ."""
+    result: bytes | None = in_child(_send_and_receive, url, topic, size, data, wait_ms)
+    return result
+
+
+def _send_and_receive(
+    url: str, topic: str, size: int, data: bytes | None, wait_ms: int
+) -> bytes | None:
     data = os.urandom(size) if data is None else data
     with client(url) as c:
         producer = c.create_producer(

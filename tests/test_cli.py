@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from sluice import __version__
 from sluice.cli import _subparsers, build_parser, main
+from tests.support import SLUICE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,3 +134,19 @@ def test_nothing_refers_outside_the_checkout() -> None:
             if outside.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("embedded", ["pulsar-lite", "apache-pulsar"])
+def test_demo_runs_on_each_embedded_broker(embedded: str) -> None:
+    """`sluice demo` (the README's first command) end to end, on both brokers."""
+    done = subprocess.run(
+        [*SLUICE, "demo", "--embedded", embedded, "--messages", "40"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "sent 40, received 40, in order" in done.stdout
+    assert ", 0 invalid" in done.stdout
+    assert f"(embedded {embedded}, pid " in done.stderr
+    recording = re.search(r"recording +(\S+)", done.stdout)
+    assert recording and Path(recording.group(1)).is_dir()
+    shutil.rmtree(recording.group(1))

@@ -17,11 +17,12 @@ from typing import Any
 import pulsar
 import pytest
 
+from sluice.brokers import Broker
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.pulsar import pb
 from sluice.proxy.faults_cli import call
 from sluice.recording.reader import load
-from tests.support import SLUICE, Broker, ProxyProcess, client, start_proxy
+from tests.support import SLUICE, ProxyProcess, client, start_proxy
 from tests.test_dashboards import scrape, value
 
 pytestmark = pytest.mark.broker
