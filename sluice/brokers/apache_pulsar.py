@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from sluice.embedded import BrokerError, free_port, wait_for_port
 from sluice.protocols.pulsar import (
@@ -190,7 +191,124 @@ def hs256_token(secret: bytes, subject: str, expires_at: float | None = None) ->
     return f"{head}.{body}.{b64(signature)}"
 
 
-class ApachePulsar:
+def write_conf(template: str, values: Mapping[str, Setting], path: Path) -> Path:
+    """``template`` (a file beside this module) with ``values`` set, each key
+    once: the bookie reads standalone.conf too, with a parser that turns a
+    repeated key into a list and then uses its first value."""
+
+    def line(key: str, value: Setting) -> str:
+        return f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+
+    left = dict(values)
+    lines = []
+    for text in RESOURCES.joinpath(template).read_text().splitlines():
+        key = text.split("=", 1)[0].strip()
+        if "=" in text and not text.lstrip().startswith("#") and key in left:
+            text = line(key, left.pop(key))
+        lines.append(text)
+    lines.append("# Written for this process by sluice/brokers/apache_pulsar.py")
+    lines += [line(key, value) for key, value in left.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def jvm_flags(heap_mb: int, direct_mb: int) -> tuple[str, ...]:
+    return (
+        f"-Xms{min(256, heap_mb)}m",
+        f"-Xmx{heap_mb}m",
+        f"-XX:MaxDirectMemorySize={direct_mb}m",
+        "-XX:+UseG1GC",
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.net.preferIPv4Stack=true",
+        f"-Dlog4j2.configurationFile={RESOURCES / 'log4j2.properties'}",
+        # Netty's leak detector is not wanted in tests and benchmarks.
+        "-Dio.netty.leakDetectionLevel=disabled",
+    )
+
+
+class JavaServer:
+    """A JVM process of the pinned release, logging to a file, stopped by PID."""
+
+    data_dir: Path
+    _own_dir: bool
+
+    def __init__(self, log_path: Path, say: Say, what: str) -> None:
+        self.log_path = log_path
+        self.say = say
+        self.what = what
+        self.runtime: Runtime | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start_seconds: float | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def version(self) -> str:
+        return self.runtime.version if self.runtime else pulsar_version()
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def _launch(self, command: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
+            )
+        return self.process
+
+    def _check_alive(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            code = self.process.returncode if self.process else None
+            raise BrokerError(f"{self.what} exited with status {code}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; the data stays for a ``start()`` again."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (a broker closes its topics and ledgers), then SIGKILL."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ApachePulsar(JavaServer):
     """One Apache Pulsar standalone broker process.
 
     ``with ApachePulsar() as broker: broker.url`` provisions the release when
@@ -232,11 +350,9 @@ class ApachePulsar:
         self.heap_mb = heap_mb
         self.direct_mb = direct_mb
         self.start_timeout = start_timeout
-        self.log_path = Path(log_path) if log_path else self.data_dir / "broker.log"
-        self.say = say
-        self.runtime: Runtime | None = None
-        self.process: subprocess.Popen[bytes] | None = None
-        self.start_seconds: float | None = None
+        super().__init__(
+            Path(log_path) if log_path else self.data_dir / "broker.log", say, "broker"
+        )
 
     # -- addresses ---------------------------------------------------------------
 
@@ -258,14 +374,6 @@ class ApachePulsar:
     def address(self) -> tuple[str, int]:
         return self.host, self.port
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    @property
-    def version(self) -> str:
-        return self.runtime.version if self.runtime else pulsar_version()
-
     # -- configuration -----------------------------------------------------------
 
     def _config(self) -> Path:
@@ -285,35 +393,7 @@ class ApachePulsar:
         if "maxMessageSize" in self.settings and "nettyMaxFrameSizeBytes" not in self.settings:
             values["nettyMaxFrameSizeBytes"] = int(self.settings["maxMessageSize"]) + 10 * 1024
 
-        def line(key: str, value: Setting) -> str:
-            return f"{key}={str(value).lower() if isinstance(value, bool) else value}"
-
-        # Each key once: the bookie reads this file too, with a parser that
-        # turns a repeated key into a list and then uses its first value.
-        lines = []
-        for text in RESOURCES.joinpath("standalone.conf").read_text().splitlines():
-            key = text.split("=", 1)[0].strip()
-            if "=" in text and not text.lstrip().startswith("#") and key in values:
-                text = line(key, values.pop(key))
-            lines.append(text)
-        lines.append("# Written for this broker by sluice/brokers/apache_pulsar.py")
-        lines += [line(key, value) for key, value in values.items()]
-        path = self.data_dir / "standalone.conf"
-        path.write_text("\n".join(lines) + "\n")
-        return path
-
-    def _jvm(self) -> tuple[str, ...]:
-        return (
-            f"-Xms{min(256, self.heap_mb)}m",
-            f"-Xmx{self.heap_mb}m",
-            f"-XX:MaxDirectMemorySize={self.direct_mb}m",
-            "-XX:+UseG1GC",
-            "-XX:+ExitOnOutOfMemoryError",
-            "-Djava.net.preferIPv4Stack=true",
-            f"-Dlog4j2.configurationFile={RESOURCES / 'log4j2.properties'}",
-            # Netty's leak detector and Jetty's JMX are not wanted in tests.
-            "-Dio.netty.leakDetectionLevel=disabled",
-        )
+        return write_conf("standalone.conf", values, self.data_dir / "standalone.conf")
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -328,21 +408,14 @@ class ApachePulsar:
             "--config", str(config),
             "--no-functions-worker",
             "--no-stream-storage",
-            jvm=self._jvm(),
+            jvm=jvm_flags(self.heap_mb, self.direct_mb),
         )  # fmt: skip
         started = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                # The standalone keeps its bookie and metadata under ./data.
-                cwd=self.data_dir,
-            )
+        # The standalone keeps its bookie and metadata under ./data.
+        process = self._launch(command, cwd=self.data_dir)
         try:
             deadline = started + self.start_timeout
-            wait_for_port(self.host, self.port, self.start_timeout, self.process)
+            wait_for_port(self.host, self.port, self.start_timeout, process)
             self._wait_healthy(deadline)
             self._round_trip(deadline)
         except BrokerError as exc:
@@ -396,19 +469,7 @@ class ApachePulsar:
         decoder = FrameDecoder()
 
         def ask(data: bytes, answer: str) -> Frame:
-            sock.sendall(data)
-            while True:
-                event = decoder.next_event()
-                if isinstance(event, Frame):
-                    if event.name == answer:
-                        return event
-                    if event.name == "PING":
-                        sock.sendall(encode(command(Type.Value("PONG"))))
-                        continue
-                    raise BrokerError(f"{event.name} instead of {answer}: {event.body}")
-                if event is CLOSED:
-                    raise BrokerError(f"connection closed while waiting for {answer}")
-                decoder.receive_data(sock.recv(65536))
+            return exchange(sock, decoder, data, answer)
 
         hello = pb.CommandConnect(client_version="sluice-readiness", protocol_version=21)
         if self.admin_token:
@@ -426,11 +487,6 @@ class ApachePulsar:
         )
         send = pb.CommandSend(producer_id=1, sequence_id=0)
         ask(encode_payload(command(Type.Value("SEND"), send), meta, b"ready"), "SEND_RECEIPT")
-
-    def _check_alive(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            code = self.process.returncode if self.process else None
-            raise BrokerError(f"broker exited with status {code}")
 
     def admin(
         self, method: str, path: str, body: object = None, *, timeout: float = 30
@@ -455,49 +511,117 @@ class ApachePulsar:
             raise BrokerError(f"{method} {path}: HTTP {status} {text[:500]}")
         return json.loads(text) if text.strip() else None
 
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash would; the data stays for a ``start()`` again."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait()
+class ApachePulsarProxy(JavaServer):
+    """The Apache Pulsar Proxy of the same release, in front of ``broker``.
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (the broker closes its topics and ledgers), then SIGKILL."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    Our own ``proxy.conf`` (beside this module) points it at the broker's
+    binary and HTTP URLs; it listens on a free loopback port. Ready once a
+    CONNECT through it is answered; ``start_seconds`` is the time from the
+    process's start to that first answered connection.
+    """
 
-    def close(self) -> None:
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def __enter__(self) -> ApachePulsar:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(
+    def __init__(
         self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        broker: ApachePulsar,
+        *,
+        settings: Mapping[str, Setting] | None = None,
+        heap_mb: int = 512,
+        direct_mb: int = 512,
+        start_timeout: float = 120.0,
+        log_path: str | Path | None = None,
+        say: Say = say_on_stderr,
     ) -> None:
-        self.close()
+        self.broker = broker
+        self.host = broker.host
+        self.port = free_port(self.host)
+        self.web_port = free_port(self.host)
+        self._own_dir = True
+        self.data_dir = Path(tempfile.mkdtemp(prefix="sluice-apache-pulsar-proxy-"))
+        self.settings = dict(settings or {})
+        self.heap_mb = heap_mb
+        self.direct_mb = direct_mb
+        self.start_timeout = start_timeout
+        super().__init__(Path(log_path) if log_path else self.data_dir / "proxy.log", say, "proxy")
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def start(self) -> ApachePulsarProxy:
+        if self.process is not None:
+            raise BrokerError("proxy already started")
+        self.runtime = provision(self.say)
+        values: dict[str, Setting] = {
+            "brokerServiceURL": self.broker.url,
+            "brokerWebServiceURL": self.broker.http_url,
+            "servicePort": self.port,
+            "webServicePort": self.web_port,
+            # Its allow-list for the brokers clients name (6650 and 6651 by
+            # default): the broker's own port, as Sluice allows it.
+            "brokerProxyAllowedTargetPorts": self.broker.port,
+        }
+        values |= self.settings
+        config = write_conf("proxy.conf", values, self.data_dir / "proxy.conf")
+        command = self.runtime.java(
+            PROXY_MAIN, "--config", str(config), jvm=jvm_flags(self.heap_mb, self.direct_mb)
+        )
+        started = time.monotonic()
+        process = self._launch(command, cwd=self.data_dir)
+        try:
+            wait_for_port(self.host, self.port, self.start_timeout, process)
+            answered_connect(self.address, started + self.start_timeout, self._check_alive)
+        except BrokerError as exc:
+            self.stop()
+            raise BrokerError(
+                f"Apache Pulsar Proxy did not start: {exc}\n{self.log_tail()}"
+            ) from None
+        self.start_seconds = time.monotonic() - started
+        self.say(
+            f"Apache Pulsar Proxy {self.version} ready on {self.url} "
+            f"in {self.start_seconds:.1f} s, pid {self.pid}"
+        )
+        return self
+
+
+def answered_connect(
+    address: tuple[str, int], deadline: float, alive: Callable[[], None] = lambda: None
+) -> None:
+    """Wait until a CONNECT to ``address`` gets CONNECTED (our own codec)."""
+    last = ""
+    while time.monotonic() < deadline:
+        alive()
+        try:
+            with socket.create_connection(address, timeout=5) as sock:
+                hello = pb.CommandConnect(client_version="sluice-readiness", protocol_version=21)
+                exchange(sock, FrameDecoder(), encode(command(Type.Value("CONNECT"), hello)),
+                         "CONNECTED")  # fmt: skip
+                return
+        except (OSError, BrokerError) as exc:
+            last = str(exc)
+            time.sleep(0.05)
+    raise BrokerError(f"no CONNECTED from {address[0]}:{address[1]} in time (last: {last})")
+
+
+def exchange(sock: socket.socket, decoder: FrameDecoder, data: bytes, answer: str) -> Frame:
+    """Send ``data``; the next frame, which must be ``answer`` (PINGs answered)."""
+    sock.sendall(data)
+    while True:
+        event = decoder.next_event()
+        if isinstance(event, Frame):
+            if event.name == answer:
+                return event
+            if event.name == "PING":
+                sock.sendall(encode(command(Type.Value("PONG"))))
+                continue
+            raise BrokerError(f"{event.name} instead of {answer}: {event.body}")
+        if event is CLOSED:
+            raise BrokerError(f"connection closed while waiting for {answer}")
+        decoder.receive_data(sock.recv(65536))
 
 
 def main(argv: list[str] | None = None) -> int:
