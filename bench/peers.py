@@ -50,10 +50,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.e2e import consume as py_consume
-from bench.e2e import produce as py_produce
-from bench.fleet import cpu_seconds as tree_cpu_seconds
-from bench.fleet import process_tree, rss_bytes
+# Beside this file (run as a script, its folder is first on sys.path).
+from e2e import consume as py_consume
+from e2e import produce as py_produce
+from fleet import cpu_seconds as tree_cpu_seconds
+from fleet import process_tree, rss_bytes
+
 from sluice.brokers.apache_pulsar import (
     ApachePulsar,
     ApachePulsarProxy,
