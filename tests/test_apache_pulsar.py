@@ -612,8 +612,9 @@ def test_pulsar_perf_produces_and_consumes_through_sluice(
         stats = topic_stats(apache_pulsar, topic)
         assert stats["msgInCounter"] == sent
         subscription = stats["subscriptions"]["perf"]
+        # pulsar-perf consume, too, may take a few past -m before it stops.
         assert subscription["msgOutCounter"] >= 2000
-        assert subscription["msgBacklog"] + 2000 >= sent
+        assert subscription["msgBacklog"] <= sent - 2000
         samples = scrape(proxy, admin)
         assert total(samples, "sluice_validation_failures_total") == 0
         assert proxy.terminate() == 0
