@@ -230,7 +230,7 @@ def wl_perf_rate(
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
-            time.sleep(3)  # the reader subscribes before the first message
+            time.sleep(2)  # the reader subscribes before the first message
             sent, got, latency = perf(
                 runtime, "produce", "-u", url, "-s", str(size), "-r", str(rate),
                 "-m", str(count), "-db", "-i", "1", name,
@@ -283,7 +283,7 @@ def workloads(scale: float) -> list[Workload]:
     def n(count: int) -> int:
         return max(100, int(count * scale))
 
-    seconds = max(4, int(6 * scale))
+    seconds = max(4, int(5 * scale))
     return [
         Workload("perf 1K max", wl_perf_max(1024, seconds, False, keep="perf-1k")),
         Workload("perf 1K @1000/s", wl_perf_rate(1024, 1000, seconds)),

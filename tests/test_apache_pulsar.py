@@ -612,9 +612,11 @@ def test_pulsar_perf_produces_and_consumes_through_sluice(
         stats = topic_stats(apache_pulsar, topic)
         assert stats["msgInCounter"] == sent
         subscription = stats["subscriptions"]["perf"]
-        # pulsar-perf consume, too, may take a few past -m before it stops.
+        # The reader stopped at -m (or a few past it); its acknowledgements
+        # reach the broker asynchronously, so the backlog is not asserted.
+        received = re.search(r"Aggregated throughput stats --- (\d+) records received", out)
+        assert received and 2000 <= int(received.group(1)) <= sent, out[-2000:]
         assert subscription["msgOutCounter"] >= 2000
-        assert subscription["msgBacklog"] <= sent - 2000
         samples = scrape(proxy, admin)
         assert total(samples, "sluice_validation_failures_total") == 0
         assert proxy.terminate() == 0
