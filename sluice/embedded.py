@@ -44,6 +44,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout``; reaped."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -165,13 +177,8 @@ class EmbeddedBroker:
 
     def stop(self, timeout: float = 5.0) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is not None:
+            terminate(process, timeout)
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from sluice.embedded import BrokerError, free_port, wait_for_port
+from sluice.embedded import BrokerError, free_port, terminate, wait_for_port
 from sluice.protocols.pulsar import (
     CLOSED,
     Frame,
@@ -279,13 +279,8 @@ class JavaServer:
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (a broker closes its topics and ledgers), then SIGKILL."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is not None:
+            terminate(process, timeout)
 
     def close(self) -> None:
         self.stop()
