@@ -253,7 +253,12 @@ def test_health_and_readiness(admin_proxy: tuple[ProxyProcess, int], tmp_path: P
     _proxy, admin = admin_proxy
     base = f"http://127.0.0.1:{admin}"
     assert http_get(f"{base}/healthz") == (200, "ok\n")
-    assert http_get(f"{base}/readyz") == (200, "ready\n")
+    # Ready once the first probe of the broker has answered, not before.
+    deadline = time.monotonic() + 15
+    while (answer := http_get(f"{base}/readyz")) != (200, "ready\n"):
+        assert answer[0] == 503 and "upstream" in answer[1], answer
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.1)
     assert http_get(f"{base}/nope")[0] == 404
     assert http_get(f"{base}/metrics", method="POST")[0] == 405
     assert http_get(f"{base}/metrics", method="HEAD") == (200, "")
@@ -269,10 +274,13 @@ def test_health_and_readiness(admin_proxy: tuple[ProxyProcess, int], tmp_path: P
         f"127.0.0.1:{dead_admin}",
     )
     try:
-        time.sleep(1.5)
         assert http_get(f"http://127.0.0.1:{dead_admin}/healthz")[0] == 200
-        status, reason = http_get(f"http://127.0.0.1:{dead_admin}/readyz")
-        assert status == 503 and "unreachable" in reason
+        deadline = time.monotonic() + 15
+        while "unreachable" not in (answer := http_get(f"http://127.0.0.1:{dead_admin}/readyz"))[1]:
+            assert answer[0] == 503 and "not checked yet" in answer[1], answer
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.1)
+        assert answer[0] == 503
         samples = scrape(dead, dead_admin)
         assert value(samples, "sluice_upstream_up") == 0
         assert value(samples, "sluice_upstream_dial_failures_total") >= 1

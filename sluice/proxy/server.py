@@ -144,7 +144,8 @@ class Proxy:
             )
             self.metrics.watch(self.recorder)
             self.taps.add(self.recorder)
-        self.upstream_ok = False
+        # None until the first probe answers (within connect_timeout of start).
+        self.upstream_ok: bool | None = None
         self.listening = False
         self.relays: set[Relay] = set()
         self._listeners: list[tuple[str, trio.abc.Listener[Any]]] = []
@@ -204,7 +205,9 @@ class Proxy:
         problems = []
         if not self.listening:
             problems.append("not listening")
-        if not self.upstream_ok:
+        if self.upstream_ok is None:
+            problems.append(f"upstream {self.config.broker} not checked yet")
+        elif not self.upstream_ok:
             problems.append(f"upstream {self.config.broker} unreachable")
         return problems
 
@@ -346,7 +349,7 @@ class Proxy:
         """Keep sluice_upstream_up and /readyz current."""
         while True:
             problem = await self.backend.probe()
-            if problem is not None and self.upstream_ok:
+            if problem is not None and self.upstream_ok is not False:
                 log.warning("upstream broker unreachable: %s", problem)
             self.upstream_ok = problem is None
             self.metrics.upstream_up.set(1 if self.upstream_ok else 0)
