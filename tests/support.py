@@ -393,6 +393,14 @@ def http_get(url: str, method: str = "GET") -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+def wait_ready(admin: int, timeout: float = 30) -> None:
+    """Until the proxy's ``/readyz`` on loopback port ``admin`` says 200."""
+    deadline = time.monotonic() + timeout
+    while (answer := http_get(f"http://127.0.0.1:{admin}/readyz"))[0] != 200:
+        assert time.monotonic() < deadline, f"never ready: {answer}"
+        time.sleep(0.05)
+
+
 def tls_files(tmp_path: Path, *names: str) -> tuple[Path, Path, trustme.CA]:
     """A CA file and a server cert+key file for ``names``."""
     ca = trustme.CA()

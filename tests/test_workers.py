@@ -19,12 +19,14 @@ import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pulsar
 import pytest
 import trio
-from cursus import ConsumerMode
+from cursus import ConsumerMode, Producer, ProducerConfig
 
 from sluice.addresses import Address
 from sluice.embedded import EmbeddedBroker, free_port
@@ -44,11 +46,19 @@ from sluice.proxy.shared import (
     SharedRouting,
     create_state,
 )
-from sluice.proxy.workers import _Merged, available_cpus, http
+from sluice.proxy.workers import Supervisor, Worker, _Merged, available_cpus, http
 from sluice.recording.reader import load
 from tests.cursus_broker import open_cluster
 from tests.scripted_broker import ScriptedBroker, redirect_to
-from tests.support import ProxyProcess, client, http_get, start_proxy
+from tests.support import (
+    QUIET,
+    ProxyProcess,
+    client,
+    http_get,
+    start_proxy,
+    tcp_connections,
+    wait_ready,
+)
 from tests.test_cursus_broker import collect_all, in_thread, produce
 from tests.test_dashboards import scrape, value
 from tests.test_proxy_scripted import answer, lookup
@@ -125,6 +135,11 @@ def test_cursus_workers_need_listener_ports() -> None:
         ProxyConfig(broker=broker, protocol="cursus", listen=Address("127.0.0.1", 0), workers=2)
     ProxyConfig(broker=broker, protocol="cursus", listen=Address("127.0.0.1", 0), workers=2,
                 listener_ports=(19000, 19009))  # fmt: skip
+    # Keeping ports across restarts means keeping ports, of Cursus.
+    for protocol, ports in (("cursus", None), ("pulsar", (19000, 19009))):
+        with pytest.raises(ConfigError, match="--broker-ports-file is for Cursus"):
+            ProxyConfig(broker=broker, protocol=protocol, listen=Address("127.0.0.1", 0),
+                        listener_ports=ports, broker_ports_file=Path("ports"))  # fmt: skip
 
 
 def test_workers_auto_and_bad_values() -> None:
@@ -145,6 +160,43 @@ def test_merged_metrics_sum_counters_and_keep_the_worst_up() -> None:
     assert frames.value == 7.0
     (up,) = merged["sluice_upstream_up"].samples
     assert up.value == 0.0
+
+
+def test_readiness_of_workers_at_start_and_after() -> None:
+    """/readyz: at start, ready once every worker is; afterwards, ready while
+    one worker runs and reaches the broker (a restart or one worker's failed
+    probe does not take a sidecar's pod out of its Service); never while
+    draining."""
+    supervisor = Supervisor(ProxyConfig(broker=parse_broker_url("pulsar://127.0.0.1:6650")), 2)
+    first, second = supervisor.workers
+
+    def run(worker: Worker, problem: str | None) -> None:  # as _run_worker, _watch_readiness
+        worker.process = SimpleNamespace(returncode=None)  # type: ignore[assignment]
+        worker.admin, worker.problem = Address("127.0.0.1", 1), problem
+
+    assert supervisor.readiness() == ["worker 0 starting", "worker 1 starting"]
+    run(first, "")
+    run(second, None)  # listening, not yet asked
+    assert supervisor.readiness() == ["worker 1 starting"]
+    run(second, "upstream pulsar://127.0.0.1:6650 not checked yet")
+    assert supervisor.readiness() == ["worker 1: upstream pulsar://127.0.0.1:6650 not checked yet"]
+    run(second, "")
+    supervisor.started = True  # as _watch_readiness sets it on seeing this
+    assert supervisor.readiness() == []
+    second.process = None  # died; being restarted
+    assert supervisor.readiness() == []
+    run(second, "upstream pulsar://127.0.0.1:6650 unreachable")
+    assert supervisor.readiness() == []
+    run(first, "upstream pulsar://127.0.0.1:6650 unreachable")
+    assert supervisor.readiness() == [
+        "worker 0: upstream pulsar://127.0.0.1:6650 unreachable",
+        "worker 1: upstream pulsar://127.0.0.1:6650 unreachable",
+    ]
+    first.process = second.process = None
+    assert supervisor.readiness() == ["no worker running"]
+    run(first, "")
+    supervisor.draining = True
+    assert supervisor.readiness() == ["draining"]
 
 
 # --- the real thing --------------------------------------------------------------------
@@ -250,6 +302,7 @@ def workers_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[Prox
     token.write_text(TOKEN)
     proxy = start_proxy(broker.url, tmp_path, "--workers", "2", "--admin", f"127.0.0.1:{admin}",
                         "--drain-timeout", "5", "--admin-token-file", str(token))  # fmt: skip
+    wait_ready(admin)  # both workers up: before that, one may serve all the traffic
     yield proxy, admin
     proxy.kill()
     for pid in worker_pids(proxy, 2, timeout=0).values():
@@ -453,3 +506,200 @@ async def test_cursus_workers_share_the_per_broker_ports(tmp_path: Path) -> None
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         assert "Traceback" not in proxy.log(), proxy.log()
+
+
+# --- a supervisor killed with SIGKILL --------------------------------------------------
+
+# docs/reliability.md: after a SIGKILL of the supervisor, its ports are free
+# within this many seconds (the workers see the end-of-file on their stdin at
+# once and close their listeners first; the fallback check runs every second).
+PORT_FREE_WITHIN = 2.0
+
+
+def bindable(port: int) -> bool:
+    """Whether a new proxy could listen on loopback ``port`` now (with
+    SO_REUSEADDR, as trio's listeners and the supervisor's are)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+            probe.listen()
+        except OSError:
+            return False
+        return True
+
+
+def holds_a_client(pid: int, port: int) -> bool:
+    """Whether process ``pid`` serves a connection accepted on ``port``."""
+    return any(local[1] == port and remote[1] for local, remote in tcp_connections(pid))
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie waits for init only
+
+
+def kill_supervisor(proxy: ProxyProcess, workers: dict[int, int], ports: list[int],
+                    drain_timeout: float) -> float:  # fmt: skip
+    """SIGKILL the supervisor; how long until every one of ``ports`` could be
+    bound again. Asserts the bound and that every worker exits in time."""
+    proxy.kill()
+    killed = time.monotonic()
+    waiting = set(ports)
+    while waiting:
+        waiting = {port for port in waiting if not bindable(port)}
+        freed = time.monotonic() - killed
+        assert freed < PORT_FREE_WITHIN or not waiting, f"ports {sorted(waiting)} still taken"
+        time.sleep(0.01)
+    deadline = killed + drain_timeout + 5
+    while any(alive(pid) for pid in workers.values()):
+        assert time.monotonic() < deadline, f"workers outlived their supervisor: {workers}"
+        time.sleep(0.05)
+    return freed
+
+
+def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    """SIGKILL the supervisor while producers send through both workers: the
+    workers close the port at once, drain and exit; a new proxy on the same
+    port takes the clients' resends, and nothing acknowledged is lost."""
+    port, admin = free_port(), free_port()
+    proxy = start_proxy(broker.url, tmp_path, "--workers", "2", "--drain-timeout", "3",
+                        "--admin", f"127.0.0.1:{admin}", port=port)  # fmt: skip
+    successor: ProxyProcess | None = None
+    pids = worker_pids(proxy, 2)
+    clients: list[pulsar.Client] = []
+    try:
+        wait_ready(admin)
+        # Clients until both workers hold one (the kernel picks the worker).
+        producers = []
+        for _ in range(12):
+            c = pulsar.Client(proxy.url, operation_timeout_seconds=30, logger=QUIET)
+            clients.append(c)
+            producers.append(c.create_producer(topic, batching_enabled=False,
+                                               send_timeout_millis=60_000))  # fmt: skip
+            serving = [pid for pid in pids.values() if holds_a_client(pid, port)]
+            if len(serving) == 2 and len(producers) >= 2:
+                break
+        assert len(serving) == 2, "the kernel gave every connection to one worker"
+        sent: list[bytes] = []
+        failures: list[BaseException] = []
+        progress = threading.Event()
+
+        def produce(n: int, producer: pulsar.Producer) -> None:
+            for i in range(150):
+                body = f"{n}-{i}".encode()
+                try:
+                    producer.send(body)
+                    sent.append(body)
+                except Exception as exc:  # asserted below
+                    failures.append(exc)
+                if i == 50:
+                    progress.set()
+                time.sleep(0.005)
+
+        threads = [threading.Thread(target=produce, args=(n, p)) for n, p in enumerate(producers)]
+        for thread in threads:
+            thread.start()
+        assert progress.wait(30)
+        freed = kill_supervisor(proxy, pids, [port, admin], drain_timeout=3)
+        print(f"port free {freed * 1000:.0f} ms after the SIGKILL")
+        successor = start_proxy(broker.url, tmp_path, port=port)
+        for thread in threads:
+            thread.join(120)
+        assert not failures, failures[:3]
+        assert len(sent) == 150 * len(producers)
+        with client(successor.url) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            received: set[bytes] = set()
+            deadline = time.monotonic() + 60
+            while not received >= set(sent) and time.monotonic() < deadline:
+                with contextlib.suppress(pulsar.Timeout):
+                    message = consumer.receive(timeout_millis=2000)
+                    received.add(message.data())
+                    consumer.acknowledge(message)
+            assert received >= set(sent), f"{len(set(sent) - received)} acknowledged, not stored"
+    finally:
+        for c in clients:
+            c.close()
+        proxy.kill()
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if successor is not None:
+            successor.kill()
+    # The workers write to the supervisor's log file, which outlives it.
+    assert proxy.log().count(f"the supervisor (pid {proxy.pid}) is gone") == 2, proxy.log()
+    assert "Traceback" not in proxy.log()
+
+
+async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: Path) -> None:
+    """The same for Cursus: a producer sends through the per-broker ports of
+    two workers, the supervisor is SIGKILLed, every port is free within the
+    bound, and a new proxy on the same ports takes the producer's resends."""
+    low, port = free_port(), free_port()
+    ports = f"{low}-{low + 15}"
+    async with open_cluster(3, keepalive=0.3) as cluster:
+        upstream = f"cursus://{cluster.address}"
+        # The ports the brokers were given outlive the proxy: the producer
+        # below knows two of them when its proxy dies.
+        keep = ("--listener-ports", ports, "--broker-ports-file", str(tmp_path / "broker-ports"))
+        workers = (*keep, "--workers", "2", "--drain-timeout", "3")
+        proxy = await in_thread(partial(start_proxy, upstream, tmp_path, *workers, port=port))
+        successor: ProxyProcess | None = None
+        pids: dict[int, int] = {}
+        try:
+            pids = await in_thread(worker_pids, proxy, 2)
+            address = f"127.0.0.1:{port}"
+            first = [f"a{i}" for i in range(12)]
+            assert await in_thread(produce, address, "spread", first, 3) == 12
+            given = [int(p) for p, _ in re.findall(r"port (\d+) stands for broker (\S+)",
+                                                    proxy.log())]  # fmt: skip
+            assert len(given) == 2, proxy.log()
+            second = [f"b{i}" for i in range(300)]
+            producing = trio.Event()
+            workers_gone = threading.Event()
+            acked: list[int] = []
+
+            def produce_across() -> None:
+                producer = Producer(ProducerConfig(topic="spread", brokers=[address], partitions=3,
+                                                   linger_ms=5, flush_timeout_ms=60_000,
+                                                   max_retries=30, max_backoff_ms=500))  # fmt: skip
+                try:
+                    for i, payload in enumerate(second):
+                        producer.send(payload)
+                        if i == 100:
+                            trio.from_thread.run_sync(producing.set)
+                            # The rest on the same producer, which still
+                            # knows the brokers by the old proxy's ports.
+                            assert workers_gone.wait(30)
+                        time.sleep(0.003)
+                    producer.flush()
+                    acked.append(producer.unique_ack_count)
+                finally:
+                    producer.close()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(in_thread, produce_across)
+                await producing.wait()
+                freed = await in_thread(kill_supervisor, proxy, pids, [port, *given], 3)
+                print(f"ports free {freed * 1000:.0f} ms after the SIGKILL")
+                workers_gone.set()
+                successor = await in_thread(
+                    partial(start_proxy, upstream, tmp_path, *keep, port=port)
+                )
+            assert acked == [300]
+            await collect_all(address, "spread", "g", ConsumerMode.STREAMING, first + second,
+                              "312 messages streamed")  # fmt: skip
+        finally:
+            proxy.kill()
+            for pid in pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if successor is not None:
+                successor.kill()
+        assert proxy.log().count(f"the supervisor (pid {proxy.pid}) is gone") == 2, proxy.log()

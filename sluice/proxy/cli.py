@@ -132,6 +132,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "supervisor binds the whole range at start)",
     )
     cur.add_argument(
+        "--broker-ports-file",
+        metavar="FILE",
+        type=Path,
+        help="keep which of --listener-ports stands for which broker in FILE (created if "
+        "missing), so that a restarted proxy gives each broker the port its clients know "
+        "(default: each start gives them anew)",
+    )
+    cur.add_argument(
         "--advertise-host",
         metavar="HOST",
         help="host put in rewritten replies for clients to dial (default: the --listen host, "
@@ -301,6 +309,9 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
                 raise ConfigError(f"no such file: {path}")
         tls = TlsServerConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
         server_ssl_context(tls)  # files that do not load: one line now, not at the first client
+    ports_file = args.broker_ports_file
+    if ports_file is not None and not (ports_file.is_file() or ports_file.parent.is_dir()):
+        raise ConfigError(f"--broker-ports-file: no such directory: {ports_file.parent}")
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
         raise ConfigError(f"no such file: {args.broker_tls_ca}")
     return ProxyConfig(
@@ -309,6 +320,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         max_frame_size=args.max_frame_size,
         broker_compression=args.broker_compression,
         listener_ports=port_range(args.listener_ports) if args.listener_ports else None,
+        broker_ports_file=args.broker_ports_file,
         advertise_host=(
             parse_host(args.advertise_host, what="--advertise-host")
             if args.advertise_host is not None

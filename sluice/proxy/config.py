@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sluice.addresses import Address
 from sluice.errors import ConfigError
@@ -68,6 +69,10 @@ class ProxyConfig:
     broker_compression: str = "none"
     listener_ports: tuple[int, int] | None = None
     advertise_host: str | None = None
+    # Cursus: where to keep which of --listener-ports stands for which
+    # broker, so that a restarted proxy gives every broker the port clients
+    # already know it by (None: each start gives them anew).
+    broker_ports_file: Path | None = None
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:
@@ -109,6 +114,10 @@ class ProxyConfig:
                     "--workers with Cursus needs --listener-ports LOW-HIGH: the per-broker "
                     "ports are bound at start by the supervisor and shared by the workers"
                 )
+        if self.broker_ports_file is not None and (
+            self.protocol != "cursus" or self.listener_ports is None
+        ):
+            raise ConfigError("--broker-ports-file is for Cursus with --listener-ports")
         if self.listener_ports is not None:
             low, high = self.listener_ports
             if not 0 < low <= high < 65536:

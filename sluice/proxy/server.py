@@ -16,6 +16,7 @@ import logging
 import signal
 import socket
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -125,11 +126,16 @@ class Proxy:
                 connect_timeout=config.connect_timeout,
                 faults=self.faults,
             )
-        # Workers (Cursus): the supervisor's listener ports, and which broker each stands for.
+        # Cursus, port-per-broker: which port stands for which broker, in a
+        # journal that outlives the proxy (--broker-ports-file) or its
+        # workers' state; and a worker's ports, the supervisor's.
         self._broker_ports: SharedBrokerPorts | None = None
         self._pool: list[int] = []
         if worker is not None and config.protocol == "cursus":
-            self._broker_ports = SharedBrokerPorts(worker.state / BROKER_PORTS_FILE)
+            journal = config.broker_ports_file or worker.state / BROKER_PORTS_FILE
+            self._broker_ports = SharedBrokerPorts(journal)
+        elif config.broker_ports_file is not None:  # Cursus only (ProxyConfig)
+            self._broker_ports = SharedBrokerPorts(config.broker_ports_file)
         self._ports_used: set[int] = set()
         self.timing = Timing(
             config.handshake_timeout, config.connect_timeout, config.keepalive_interval
@@ -189,6 +195,7 @@ class Proxy:
                         self.cursus_routing.add_listener(
                             self.config.broker.address, self._advertised(main.port)
                         )
+                    await self._reopen_known_brokers()
                 self.listening = True
                 # Everything made while starting (modules, schema, config)
                 # lives as long as the process: keep it out of the garbage
@@ -275,7 +282,8 @@ class Proxy:
         existing = self.cursus_routing.listener_for(upstream)
         if existing is not None:
             return existing
-        if self._broker_ports is not None:  # a worker: the port is the supervisor's
+        if self.worker is not None:  # the port is the supervisor's
+            assert self._broker_ports is not None
             try:
                 port = self._broker_ports.assign(upstream, self._pool)
             except ValueError as exc:
@@ -290,18 +298,36 @@ class Proxy:
         assert self._handlers is not None
         host = self.config.cursus_listen.host
         span = self.config.listener_ports
-        candidates = range(span[0], span[1] + 1) if span is not None else [0]
+        journal = self._broker_ports
+        known = journal.port_of(upstream) if journal is not None else None
+        if known is not None:  # given before, maybe by an earlier run: clients know it
+            candidates: Iterable[int] = [known]
+        elif span is not None:
+            taken = journal.by_port if journal is not None else {}
+            candidates = (p for p in range(span[0], span[1] + 1) if p not in taken)
+        else:
+            candidates = [0]
         for port in candidates:
             if port and port in self._ports_used:
                 continue
             try:
                 listeners = await open_listeners(Address(host, port))
-            except OSError:
+            except OSError as exc:
+                if known is not None:
+                    where = self.config.broker_ports_file
+                    raise NoListener(
+                        f"port {port}, which {where} gives broker {upstream}, is taken: {exc}"
+                    ) from None
                 if span is None:
                     raise
                 continue
             bound_port = listeners[0].socket.getsockname()[1]
             self._ports_used.add(bound_port)
+            if journal is not None and known is None:
+                try:
+                    journal.assign(upstream, [bound_port])
+                except ValueError as exc:  # a host name no line can hold: this run only
+                    log.warning("%s: %s", self.config.broker_ports_file, exc)
             for listener in listeners:  # one per address the host resolves to
                 wrapped = self._broker_listener(listener)
                 self._listeners.append((f"broker {upstream}", wrapped))
@@ -311,6 +337,19 @@ class Proxy:
             log.info("listening on %s:%d for broker %s", host, bound_port, upstream)
             return address
         raise NoListener(f"no free port in --listener-ports {span[0]}-{span[1]}" if span else "")
+
+    async def _reopen_known_brokers(self) -> None:
+        """--broker-ports-file: listen at once on every port an earlier run
+        gave a broker, for clients that still dial it. (Workers need not:
+        the supervisor has bound the whole range.)"""
+        if self.worker is not None or self._broker_ports is None:
+            return
+        self._broker_ports.refresh()
+        for broker in list(self._broker_ports.by_broker):
+            try:
+                await self._open_broker_listener(broker)
+            except (NoListener, OSError) as exc:
+                log.warning("broker %s: no listener on its earlier port: %s", broker, exc)
 
     async def _accept_loop(
         self, listener: trio.abc.Listener[Any], kind: str, upstream: Address | None

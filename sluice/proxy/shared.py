@@ -157,6 +157,11 @@ class SharedBrokerPorts:
         finally:
             fcntl.flock(self._journal.fd, fcntl.LOCK_UN)
 
+    def port_of(self, broker: Address) -> int | None:
+        """The port ``broker`` was given, if any (by anyone, so far)."""
+        self.refresh()
+        return self.by_broker.get(Address(broker.host.lower(), broker.port))
+
     def broker_for(self, port: int) -> Address | None:
         """The broker ``port`` stands for, if any worker has given it one."""
         if port not in self.by_port:

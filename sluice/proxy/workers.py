@@ -21,6 +21,15 @@ What must look like one proxy does:
 - A worker that dies is restarted (``sluice_worker_restarts_total``), with a
   growing pause if it keeps dying at once. SIGTERM drains every worker
   within ``--drain-timeout``.
+- A worker never outlives the supervisor. The supervisor keeps the write end
+  of the worker's stdin open for the worker's whole life and never writes to
+  it after the start; when the supervisor dies, by SIGKILL too, the kernel
+  closes it, and the worker reads end-of-file, closes its listeners at once
+  and drains. (A parent-death signal would be the other Linux way, but it
+  follows the thread that started the child, and trio starts processes from
+  a worker thread that may end long before the supervisor does.) As a
+  fallback the worker also checks once a second that its parent is still
+  the supervisor.
 - Recording: each worker writes its own capture (segment files) into the
   same directory; readers take a directory's captures as one recording, and
   connection ids are unique across workers.
@@ -42,6 +51,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -73,6 +83,15 @@ START_TIMEOUT = 60.0
 # pause that doubles each time (up to MAX_BACKOFF); one that ran longer at once.
 STABLE_AFTER = 10.0
 MAX_BACKOFF = 30.0
+# How often a worker checks that its parent is still the supervisor (the
+# fallback; the end-of-file on its stdin is seen at once).
+SUPERVISOR_CHECK = 1.0
+# While starting, how often the supervisor asks the workers' /readyz
+# (afterwards, every READINESS_INTERVAL).
+READINESS_INTERVAL = 1.0
+STARTING_READINESS_INTERVAL = 0.2
+# The worker's spec on its stdin: its length, then the pickle.
+_SPEC_LENGTH = struct.Struct(">Q")
 # Gauges that are the same in every worker or whose sum means nothing.
 _GAUGE_MIN = {"sluice_upstream_up"}
 _GAUGE_MAX = {"sluice_build_info", "sluice_recorder_enabled"}
@@ -128,6 +147,9 @@ class Worker:
     process: trio.Process | None = None
     admin: Address | None = None
     restarts: int = 0
+    # The worker's own /readyz at the supervisor's last look: None before
+    # the first look since it (re)started, "" ready, else why not.
+    problem: str | None = None
 
     @property
     def running(self) -> bool:
@@ -147,8 +169,8 @@ class Supervisor:
     workers: list[Worker] = field(default_factory=list)
     addresses: dict[str, Address] = field(default_factory=dict)
     draining: bool = False
-    # What the workers' own /readyz said at the last look (every second).
-    worker_problems: list[str] = field(default_factory=list)
+    # Every worker has been ready at once (the end of the start).
+    started: bool = False
 
     def __post_init__(self) -> None:
         self.workers = [Worker(i) for i in range(self.count)]
@@ -304,28 +326,32 @@ class Supervisor:
             stdout=subprocess.PIPE,
             pass_fds=spec.fds,
         )
-        worker.process, worker.admin = process, None
+        worker.process, worker.admin, worker.problem = process, None, None
         try:
             assert process.stdin is not None and process.stdout is not None
-            await process.stdin.send_all(pickle.dumps(spec))
-            await process.stdin.aclose()
-            with trio.move_on_after(START_TIMEOUT):
+            data = pickle.dumps(spec)
+            # stdin then stays open, unwritten, for the worker's life: its
+            # end-of-file tells the worker that this process is gone.
+            await process.stdin.send_all(_SPEC_LENGTH.pack(len(data)) + data)
+            with trio.move_on_after(START_TIMEOUT) as starting:
                 line = await _read_line(process.stdout)
                 if line.startswith("ready "):
                     admin = Address("127.0.0.1", int(line.split()[1]))
                     await self._give_rules(admin)
                     worker.admin = admin
                     log.info("worker %d (pid %d) ready", worker.index, process.pid)
-            if worker.admin is None and process.returncode is None:
+            if starting.cancelled_caught:
                 log.error("worker %d did not start within %gs", worker.index, START_TIMEOUT)
                 process.kill()
             return await process.wait()
         finally:
-            worker.admin = None
+            worker.admin, worker.problem = None, None
             with trio.CancelScope(shield=True):
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
+                if process.stdin is not None:
+                    await process.stdin.aclose()
 
     async def _give_rules(self, admin: Address) -> None:
         for rule in self.rules:
@@ -340,23 +366,42 @@ class Supervisor:
     # --- the admin endpoint ---------------------------------------------------
 
     def readiness(self) -> list[str]:
-        problems = [f"worker {w.index} not running" for w in self.workers if not w.ready]
-        return problems + self.worker_problems
+        """Why the proxy is not ready (empty: ready), for /readyz.
+
+        At start, ready once every worker is (each listening, and its first
+        probe of the broker answered). From then on, ready while at least
+        one worker is running and reports ready: the workers share the
+        listening sockets, so one serves every client, and a worker being
+        restarted, or one probe that failed on one worker, must not take a
+        sidecar's pod out of its Service. Not ready while draining."""
+        if self.draining:
+            return ["draining"]
+        looked = [w for w in self.workers if w.ready and w.problem is not None]
+        failing = [f"worker {w.index}: {w.problem}" for w in looked if w.problem]
+        if not self.started:
+            waiting = [f"worker {w.index} starting" for w in self.workers
+                       if not w.ready or w.problem is None]  # fmt: skip
+            return waiting + failing
+        if any(w.problem == "" for w in looked):
+            return []
+        return failing or ["no worker running"]
 
     async def _watch_readiness(self) -> None:
         while True:
-            problems = []
             for worker in self.workers:
-                if worker.admin is None:
+                admin = worker.admin
+                if admin is None:
                     continue
                 try:
-                    status, why = await http(worker.admin, "GET", "/readyz")
+                    status, why = await http(admin, "GET", "/readyz")
                 except (OSError, trio.TooSlowError):
-                    continue
-                if status != 200:
-                    problems.append(f"worker {worker.index}: {why.decode().strip()}")
-            self.worker_problems = problems
-            await trio.sleep(1.0)
+                    continue  # dying: _run_worker resets it
+                if worker.admin == admin:  # still the process asked
+                    worker.problem = "" if status == 200 else why.decode().strip()
+            if not self.started and all(w.ready and w.problem == "" for w in self.workers):
+                self.started = True
+                log.info("all %d workers ready", self.count)
+            await trio.sleep(READINESS_INTERVAL if self.started else STARTING_READINESS_INTERVAL)
 
     async def metrics(self) -> bytes:
         """The workers' metrics summed, plus the supervisor's own."""
@@ -549,25 +594,77 @@ async def serve_workers(config: ProxyConfig, count: int, log_level: str, log_for
 # --- the worker process ------------------------------------------------------------
 
 
-async def _work(spec: WorkerSpec, role: WorkerRole) -> None:
+async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
+    """Serve until signalled or orphaned; whether the supervisor was gone."""
     proxy = Proxy(spec.config, role)
+    orphaned: list[bool] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)
+        # It first runs once serve_until_signalled below has opened its
+        # signal receiver (there is no checkpoint in between), so the
+        # SIGTERM it may send itself always finds the receiver.
+        nursery.start_soon(_watch_supervisor, proxy, supervisor, orphaned)
         print(f"ready {proxy.addresses['admin'].port}", flush=True)
         await serve_until_signalled(proxy)
         nursery.cancel_scope.cancel()
+    return bool(orphaned)
+
+
+async def _watch_supervisor(proxy: Proxy, supervisor: int, orphaned: list[bool]) -> None:
+    """Once the supervisor is gone (end-of-file on stdin, or a new parent),
+    drain as SIGTERM would: the listeners close at once, freeing the port
+    for a new ``sluice proxy``, and connections are handed back within
+    ``--drain-timeout``."""
+    while True:
+        with trio.move_on_after(SUPERVISOR_CHECK):
+            await trio.lowlevel.wait_readable(_LIFELINE)
+            if not os.read(_LIFELINE, 1):
+                break
+        if os.getppid() != supervisor:
+            break
+    if not proxy.listening:
+        return  # draining already, on the supervisor's word
+    log.warning("the supervisor (pid %d) is gone: draining, then exiting", supervisor)
+    orphaned.append(True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+# The worker's stdin: the spec, then nothing until the supervisor is gone.
+_LIFELINE = 0
+
+
+def _read_spec() -> WorkerSpec:
+    (size,) = _SPEC_LENGTH.unpack(_read_exactly(_LIFELINE, _SPEC_LENGTH.size))
+    spec: WorkerSpec = pickle.loads(_read_exactly(_LIFELINE, size))
+    return spec
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            raise EOFError("the supervisor went away before the worker started")
+        data += chunk
+    return data
 
 
 def main() -> int:
-    spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
+    supervisor = os.getppid()
+    try:
+        spec = _read_spec()
+    except EOFError:
+        return 1
     setup_logging(spec.log_level, spec.log_format, worker=spec.index)
     sockets = [(kind, socket.socket(fileno=fd)) for kind, fd in zip(spec.kinds, spec.fds,
                                                                     strict=True)]  # fmt: skip
     role = WorkerRole(spec.index, spec.count, spec.state, sockets)
     try:
-        trio.run(_work, spec, role)
+        orphaned = trio.run(_work, spec, role, supervisor)
     except KeyboardInterrupt:
         return 130
+    if orphaned:  # nobody else is left to remove the shared state
+        shutil.rmtree(spec.state, ignore_errors=True)
     return 0
 
 
