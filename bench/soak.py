@@ -19,7 +19,11 @@ tests/reliability/, with bigger numbers:
 - token authentication: the real client's token through Sluice, then every
   artefact searched for it;
 - a full tmpfs and a recording directory replaced by a file, one episode
-  each, under a producer (needs root for the tmpfs).
+  each, under a producer (needs root for the tmpfs);
+- `sluice proxy --workers 2` whose supervisor is SIGKILLed while producers
+  send through both workers, and a new proxy started on the same port
+  (tests/test_workers.py's scenario): how soon the port is free, how soon
+  the last worker is gone.
 
 Columns: acknowledged / consumed / lost are messages (for the kill -9 row:
 SENDs acknowledged before the last flush / recorded / missing from the
@@ -54,6 +58,7 @@ from tests.reliability.test_idle import hold_idle
 from tests.reliability.test_kill_recording import record_and_kill
 from tests.support import start_proxy
 from tests.test_proxy_e2e import stall_a_consumer
+from tests.test_workers import kill_a_supervisor_under_load
 
 
 @dataclass
@@ -231,6 +236,22 @@ def disk_row(broker: EmbeddedBroker, seconds: float) -> Row:
     )
 
 
+def supervisor_row(broker: EmbeddedBroker, per_producer: int) -> Row:
+    with scratch() as tmp:
+        o = kill_a_supervisor_under_load(broker.url, tmp, topic("supervisor"), per_producer)
+    return Row(
+        f"supervisor of 2 workers SIGKILLed, {o.producers} producers, new proxy on the port",
+        acked=f"{len(o.acked)}/{o.attempted}",
+        consumed=str(len(o.consumed & o.acked)),
+        lost=str(len(o.acked - o.consumed)),
+        errors=(
+            f"sends failed {len(o.failures)}, port free after "
+            f"{o.killed.ports_free * 1000:.0f} ms, workers gone after "
+            f"{o.killed.workers_gone:.1f} s (drain timeout 3 s)"
+        ),
+    )
+
+
 def table(rows: list[Row]) -> str:
     head = ["fault", "acknowledged", "consumed", "lost", "reconnect", "errors counted",
             "peak RSS", "fds before → after", "took"]  # fmt: skip
@@ -267,6 +288,7 @@ def main() -> int:
         timed(stalled_row)
         timed(auth_row)
         timed(lambda: disk_row(broker, 3 if quick else 10))
+        timed(lambda: supervisor_row(broker, 150 if quick else 1000))
     print(table(rows))
     lost = [r for r in rows if r.lost not in ("0", "-")]
     if lost:

@@ -19,6 +19,7 @@ import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -542,10 +543,19 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie waits for init only
 
 
+@dataclass
+class Killed:
+    """What a SIGKILL of the supervisor left: seconds until its ports could be
+    bound again and until its last worker had exited."""
+
+    ports_free: float
+    workers_gone: float
+
+
 def kill_supervisor(proxy: ProxyProcess, workers: dict[int, int], ports: list[int],
-                    drain_timeout: float) -> float:  # fmt: skip
-    """SIGKILL the supervisor; how long until every one of ``ports`` could be
-    bound again. Asserts the bound and that every worker exits in time."""
+                    drain_timeout: float) -> Killed:  # fmt: skip
+    """SIGKILL the supervisor and time the aftermath; asserts the bound on
+    the ports and that every worker exits within its drain timeout."""
     proxy.kill()
     killed = time.monotonic()
     waiting = set(ports)
@@ -557,18 +567,31 @@ def kill_supervisor(proxy: ProxyProcess, workers: dict[int, int], ports: list[in
     deadline = killed + drain_timeout + 5
     while any(alive(pid) for pid in workers.values()):
         assert time.monotonic() < deadline, f"workers outlived their supervisor: {workers}"
-        time.sleep(0.05)
-    return freed
+        time.sleep(0.02)
+    return Killed(freed, time.monotonic() - killed)
 
 
-def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
-    broker: EmbeddedBroker, tmp_path: Path, topic: str
-) -> None:
-    """SIGKILL the supervisor while producers send through both workers: the
-    workers close the port at once, drain and exit; a new proxy on the same
-    port takes the clients' resends, and nothing acknowledged is lost."""
+@dataclass
+class SupervisorKill:
+    """Producers through both workers of a supervisor SIGKILLed mid-run, and
+    a new proxy on the same port (the scenario of the test and of
+    bench/soak.py)."""
+
+    producers: int
+    attempted: int
+    acked: set[bytes]
+    failures: list[BaseException]
+    consumed: set[bytes]
+    killed: Killed
+    log: str
+    supervisor: int
+
+
+def kill_a_supervisor_under_load(
+    broker_url: str, tmp_path: Path, topic: str, per_producer: int = 150
+) -> SupervisorKill:
     port, admin = free_port(), free_port()
-    proxy = start_proxy(broker.url, tmp_path, "--workers", "2", "--drain-timeout", "3",
+    proxy = start_proxy(broker_url, tmp_path, "--workers", "2", "--drain-timeout", "3",
                         "--admin", f"127.0.0.1:{admin}", port=port)  # fmt: skip
     successor: ProxyProcess | None = None
     pids = worker_pids(proxy, 2)
@@ -586,19 +609,19 @@ def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
             if len(serving) == 2 and len(producers) >= 2:
                 break
         assert len(serving) == 2, "the kernel gave every connection to one worker"
-        sent: list[bytes] = []
+        acked: set[bytes] = set()
         failures: list[BaseException] = []
         progress = threading.Event()
 
         def produce(n: int, producer: pulsar.Producer) -> None:
-            for i in range(150):
+            for i in range(per_producer):
                 body = f"{n}-{i}".encode()
                 try:
                     producer.send(body)
-                    sent.append(body)
-                except Exception as exc:  # asserted below
+                    acked.add(body)
+                except Exception as exc:  # the caller's to judge
                     failures.append(exc)
-                if i == 50:
+                if i == per_producer // 3:
                     progress.set()
                 time.sleep(0.005)
 
@@ -606,23 +629,21 @@ def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
         for thread in threads:
             thread.start()
         assert progress.wait(30)
-        freed = kill_supervisor(proxy, pids, [port, admin], drain_timeout=3)
-        print(f"port free {freed * 1000:.0f} ms after the SIGKILL")
-        successor = start_proxy(broker.url, tmp_path, port=port)
+        killed = kill_supervisor(proxy, pids, [port, admin], drain_timeout=3)
+        successor = start_proxy(broker_url, tmp_path, port=port)
         for thread in threads:
-            thread.join(120)
-        assert not failures, failures[:3]
-        assert len(sent) == 150 * len(producers)
+            thread.join(300)
+        consumed: set[bytes] = set()
         with client(successor.url) as c:
             consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
-            received: set[bytes] = set()
             deadline = time.monotonic() + 60
-            while not received >= set(sent) and time.monotonic() < deadline:
+            while not consumed >= acked and time.monotonic() < deadline:
                 with contextlib.suppress(pulsar.Timeout):
                     message = consumer.receive(timeout_millis=2000)
-                    received.add(message.data())
+                    consumed.add(message.data())
                     consumer.acknowledge(message)
-            assert received >= set(sent), f"{len(set(sent) - received)} acknowledged, not stored"
+        return SupervisorKill(len(producers), per_producer * len(producers), acked, failures,
+                              consumed, killed, proxy.log(), proxy.pid)  # fmt: skip
     finally:
         for c in clients:
             c.close()
@@ -632,9 +653,23 @@ def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
                 os.kill(pid, signal.SIGKILL)
         if successor is not None:
             successor.kill()
+
+
+def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    """SIGKILL the supervisor while producers send through both workers: the
+    workers close the port at once, drain and exit; a new proxy on the same
+    port takes the clients' resends, and nothing acknowledged is lost."""
+    o = kill_a_supervisor_under_load(broker.url, tmp_path, topic)
+    print(f"port free {o.killed.ports_free * 1000:.0f} ms, workers gone "
+          f"{o.killed.workers_gone * 1000:.0f} ms after the SIGKILL")  # fmt: skip
+    assert not o.failures, o.failures[:3]
+    assert len(o.acked) == o.attempted
+    assert o.consumed >= o.acked, f"{len(o.acked - o.consumed)} acknowledged, not stored"
     # The workers write to the supervisor's log file, which outlives it.
-    assert proxy.log().count(f"the supervisor (pid {proxy.pid}) is gone") == 2, proxy.log()
-    assert "Traceback" not in proxy.log()
+    assert o.log.count(f"the supervisor (pid {o.supervisor}) is gone") == 2, o.log
+    assert "Traceback" not in o.log
 
 
 async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: Path) -> None:
@@ -686,8 +721,8 @@ async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(in_thread, produce_across)
                 await producing.wait()
-                freed = await in_thread(kill_supervisor, proxy, pids, [port, *given], 3)
-                print(f"ports free {freed * 1000:.0f} ms after the SIGKILL")
+                killed = await in_thread(kill_supervisor, proxy, pids, [port, *given], 3)
+                print(f"ports free {killed.ports_free * 1000:.0f} ms after the SIGKILL")
                 workers_gone.set()
                 successor = await in_thread(
                     partial(start_proxy, upstream, tmp_path, *keep, port=port)
