@@ -171,7 +171,7 @@ def in_child(function: Callable[..., Any], *args: Any, timeout: float = 180) -> 
 
 @contextlib.contextmanager
 def client(url: str, **options: Any) -> Iterator[pulsar.Client]:
-    c = pulsar.Client(url, operation_timeout_seconds=15, logger=QUIET, **options)
+    c = pulsar.Client(url, **{"operation_timeout_seconds": 15, "logger": QUIET, **options})
     try:
         yield c
     finally:

@@ -260,7 +260,9 @@ class Tokens:
 
 @pytest.fixture(scope="module")
 def auth_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApachePulsar, Tokens]]:
-    """Authentication and authorization on; role ``app`` may produce and consume."""
+    """Authentication and authorization on; role ``app`` may produce and
+    consume in public/default, not in public/elsewhere; ``sluice`` is a proxy
+    role."""
     tmp = tmp_path_factory.mktemp("auth")
     tokens = Tokens(tmp)
     b = start_apache_pulsar(
@@ -271,7 +273,10 @@ def auth_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Apac
             "authorizationEnabled": True,
             "authenticationProviders": TOKEN_PROVIDER,
             "tokenSecretKey": f"file://{tokens.key_file}",
-            "superUserRoles": "admin",
+            # Sluice's own role in proxy mode: a proxy role, and a superuser so
+            # that the broker's check of both roles comes down to the client's.
+            "superUserRoles": "admin,sluice",
+            "proxyRoles": "sluice",
             "brokerClientAuthenticationPlugin": TOKEN_CLIENT,
             "brokerClientAuthenticationParameters": f"token:{tokens.admin}",
             # Expired credentials are looked for every second (default 60).
@@ -280,14 +285,16 @@ def auth_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Apac
     )
     b.admin_json("POST", "/admin/v2/namespaces/public/default/permissions/app",
                  ["produce", "consume"])  # fmt: skip
+    b.admin_json("PUT", "/admin/v2/namespaces/public/elsewhere")  # app may not use it
     yield b, tokens
     b.close()
 
 
-def auth_failure(url: str, token: str) -> str:
+def auth_failure(url: str, token: str, topic: str | None = None, timeout: int = 15) -> str:
+    auth = pulsar.AuthenticationToken(token)
     try:
-        with client(url, authentication=pulsar.AuthenticationToken(token)) as c:
-            c.create_producer(unique("refused"))
+        with client(url, authentication=auth, operation_timeout_seconds=timeout) as c:
+            c.create_producer(topic or unique("refused"))
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return "accepted"
@@ -374,6 +381,69 @@ def test_a_short_lived_token_is_refreshed_through_the_brokers_challenge(
     # The producer and consumer lived on one relayed connection throughout.
     producers = [f for f in frames if f["cmd"] == "PRODUCER"]
     assert len(producers) == 1, producers
+
+
+# --- authentication at the proxy (--auth-mode proxy) ---------------------------------
+
+
+def proxy_mode(
+    broker: ApachePulsar, tokens: Tokens, tmp_path: Path, *extra: str
+) -> tuple[ProxyProcess, int, Path]:
+    """Sluice authenticating clients itself, logged in to the broker as ``sluice``."""
+    own = tmp_path / "sluice.token"
+    own.write_text(tokens.make("sluice") + "\n")
+    return recording_proxy(broker.url, tmp_path, "--auth-mode", "proxy",
+                           "--auth-token-secret-key", str(tokens.key_file),
+                           "--broker-auth-token-file", str(own), *extra)  # fmt: skip
+
+
+def produce_and_consume(url: str, topic: str, count: int = 10, **options: Any) -> list[bytes]:
+    with client(url, **options) as c:
+        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = c.create_producer(topic, batching_enabled=False)
+        sent = [f"{topic[-6:]}-{i}".encode() for i in range(count)]
+        for body in sent:
+            producer.send(body)
+        assert consume_exactly(consumer, count) == sent
+        return sent
+
+
+def test_proxy_mode_authorizes_the_clients_role_not_sluices(
+    auth_broker: tuple[ApachePulsar, Tokens], tmp_path: Path
+) -> None:
+    broker, tokens = auth_broker
+    token = tokens.make("app")
+    proxy, admin, record = proxy_mode(broker, tokens, tmp_path)
+    try:
+        auth = pulsar.AuthenticationToken(token)
+        produce_and_consume(proxy.url, unique("proxied"), authentication=auth)
+        # Sluice's role may use any namespace; the client's may not.
+        elsewhere = "persistent://public/elsewhere/" + uuid.uuid4().hex[:8]
+        refused = auth_failure(proxy.url, token, elsewhere)
+        assert refused.startswith("AuthorizationError"), refused
+        assert auth_failure(broker.url, token, elsewhere).split(":")[0] == "AuthorizationError"
+        # Sluice refuses what it cannot verify itself as the broker does
+        # (ERROR AuthenticationError on CONNECT), and the C++ client reacts
+        # the same way: it retries the CONNECT until its operation timeout.
+        forged = hs256_token(secrets.token_bytes(32), "app")
+        expired = tokens.make("app", lifetime=-60)
+        for bad in (forged, expired):
+            through = auth_failure(proxy.url, bad, timeout=4)
+            direct = auth_failure(broker.url, bad, timeout=4)
+            assert through.split(":")[0] == direct.split(":")[0] != "accepted", (through, direct)
+        metrics = scrape(proxy, admin)
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    assert metrics[("sluice_auth_total", (("method", "token"), ("outcome", "ok")))] >= 2
+    assert metrics[("sluice_auth_total", (("method", "token"), ("outcome", "failed")))] >= 2
+    assert_all_valid(record)
+    inspect_out = sluice("inspect", str(record), "--json", "--with-bytes").stdout
+    for secret in (token, forged, expired, tokens.make("sluice")):
+        assert secret not in inspect_out
+        for path in [proxy.log_path, *record.rglob("*")]:
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path
 
 
 # --- TLS ------------------------------------------------------------------------

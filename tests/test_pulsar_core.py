@@ -38,6 +38,7 @@ from sluice.protocols.pulsar import (
     encode_payload,
     pb,
 )
+from sluice.protocols.pulsar.auth import UpstreamAuth
 from sluice.protocols.pulsar.connection import (
     SLUICE_VERSION,
     PulsarConnection,
@@ -216,7 +217,7 @@ def test_lookups_carry_the_clients_credentials() -> None:
     core.receive_client(frame_bytes("CONNECT", connect), 0.0)
     (ask,) = core.receive_client(lookup_request(request_id=7, topic="persistent://t/n/a"), 1.0)
     assert isinstance(ask, Ask)
-    assert ask.request[2] == ("token", b"secret")
+    assert ask.request[2] == UpstreamAuth("token", b"secret")
 
 
 def test_redirect_is_followed_and_its_target_learned() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -110,6 +110,9 @@ class Conn:
     kind: str = ""  # set when the handshake says (Pulsar: lookup | proxied)
     broker: str = ""
     state: Any = None
+    # The CN of the client's verified TLS certificate, once the TLS
+    # handshake is done (None: plain, or no certificate).
+    peer_role: Callable[[], str | None] = lambda: None
 
     @property
     def name(self) -> str:
@@ -139,6 +142,16 @@ class Rejected:
     """A connection (or a relay, a lookup) refused before it got going."""
 
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticated:
+    """The proxy checked a client's credentials itself (``--auth-mode
+    proxy``): ``outcome`` is ``ok``, ``failed``, ``refreshed`` or
+    ``expired``."""
+
+    method: str
+    outcome: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +238,7 @@ Event = (
     Accepted
     | Opened
     | Rejected
+    | Authenticated
     | Invalid
     | Answered
     | AnsweredMany

@@ -20,7 +20,7 @@ from sluice.protocols.faults import load_rules
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.connection import UpstreamFailure
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url, parse_cursus_url
-from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
+from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth
 from sluice.proxy.dial import (
     TlsClientConfig,
     TlsServerConfig,
@@ -107,6 +107,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=default(ProxyConfig, "max_redirects"),
         metavar="N",
         help="lookup redirects to follow before failing the lookup",
+    )
+    auth = parser.add_argument_group(
+        "authentication (Pulsar)",
+        "passthrough (the default): the broker authenticates each client with the "
+        "client's own credentials. proxy: Sluice authenticates clients itself, logs in to "
+        "the broker as a role in its proxyRoles, and names the client's role in "
+        "original_principal, so the broker authorizes the client.",
+    )
+    auth.add_argument(
+        "--auth-mode",
+        choices=["passthrough", "proxy"],
+        default=default(ProxyConfig, "auth_mode"),
+        help="who authenticates clients (default: passthrough)",
+    )
+    auth.add_argument(
+        "--auth-token-secret-key",
+        type=Path,
+        metavar="FILE",
+        help="proxy mode: check client tokens (HS256/384/512) with this secret key, the "
+        "file the broker's tokenSecretKey names",
+    )
+    auth.add_argument(
+        "--auth-token-public-key",
+        type=Path,
+        metavar="FILE",
+        help="proxy mode: check client tokens (RS*/ES*) with this public key (DER or PEM), "
+        "the file the broker's tokenPublicKey names",
+    )
+    auth.add_argument(
+        "--auth-token-role-claim",
+        default=default(ProxyConfig, "auth_token_role_claim"),
+        metavar="CLAIM",
+        help="proxy mode: the token claim that names the role (default: sub)",
+    )
+    auth.add_argument(
+        "--broker-auth-token-file",
+        type=Path,
+        metavar="FILE",
+        help="proxy mode: Sluice's own token at the broker (a role in its proxyRoles); "
+        "without it, the --broker-tls-cert certificate is Sluice's credential",
+    )
+    auth.add_argument(
+        "--forward-auth-data",
+        action="store_true",
+        help="proxy mode: also pass the client's credentials on, as original_auth_data",
     )
     cur = parser.add_argument_group("cursus")
     cur.add_argument(
@@ -314,13 +359,19 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         raise ConfigError(f"--broker-ports-file: no such directory: {ports_file.parent}")
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
         raise ConfigError(f"no such file: {args.broker_tls_ca}")
-    return ProxyConfig(
+    config = ProxyConfig(
         broker=upstream_url(args.broker, protocol),
         protocol=protocol,
         max_frame_size=args.max_frame_size,
         broker_compression=args.broker_compression,
         listener_ports=port_range(args.listener_ports) if args.listener_ports else None,
         broker_ports_file=args.broker_ports_file,
+        auth_mode=args.auth_mode,
+        auth_token_secret_key=args.auth_token_secret_key,
+        auth_token_public_key=args.auth_token_public_key,
+        auth_token_role_claim=args.auth_token_role_claim,
+        broker_auth_token_file=args.broker_auth_token_file,
+        forward_auth_data=args.forward_auth_data,
         advertise_host=(
             parse_host(args.advertise_host, what="--advertise-host")
             if args.advertise_host is not None
@@ -353,6 +404,8 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         faults=tuple(load_rules(args.faults, PROTOCOL_FAULTS)) if args.faults else (),
         workers=parse_workers(args.workers),
     )
+    proxy_auth(config)  # key and token files that do not load: one line now
+    return config
 
 
 def upstream_url(text: str, protocol: str) -> BrokerUrl:

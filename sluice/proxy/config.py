@@ -17,6 +17,7 @@ from sluice.protocols.core import OnInvalid
 from sluice.protocols.cursus.connection import CURSUS_FAULTS
 from sluice.protocols.faults import ProtocolFaults, Rule
 from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
+from sluice.protocols.pulsar.auth import ProxyAuth
 from sluice.protocols.pulsar.connection import PULSAR_FAULTS
 from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
@@ -58,6 +59,18 @@ class ProxyConfig:
     admin_token: str | None = field(default=None, repr=False)
     # Fault rules in force from the start (more can be added on /faults).
     faults: tuple[Rule, ...] = ()
+    # Pulsar: who authenticates clients. passthrough: the broker, with the
+    # client's credentials; proxy: Sluice, which then logs in to the broker
+    # as itself (a token from broker_auth_token_file, or the TLS client
+    # certificate of broker_tls) naming the client's role. Clients may use
+    # tokens (checked with the secret or public key file) and, when the TLS
+    # listener asks for client certificates (tls.client_ca), certificates.
+    auth_mode: str = "passthrough"
+    auth_token_secret_key: Path | None = None
+    auth_token_public_key: Path | None = None
+    auth_token_role_claim: str = "sub"
+    broker_auth_token_file: Path | None = None
+    forward_auth_data: bool = False
     # Worker processes serving the listeners (1: this process serves them).
     workers: int = 1
     # Cursus: the largest frame a client may send (the broker's own limit;
@@ -122,8 +135,45 @@ class ProxyConfig:
             low, high = self.listener_ports
             if not 0 < low <= high < 65536:
                 raise ConfigError("--listener-ports must be LOW-HIGH, 1 to 65535")
+        self._check_auth()
         if self.max_redirects < 0:
             raise ConfigError("--max-redirects must not be negative")
+
+    def _check_auth(self) -> None:
+        if self.auth_mode not in ("passthrough", "proxy"):
+            raise ConfigError(f"--auth-mode must be passthrough or proxy, not {self.auth_mode!r}")
+        proxy_only = {
+            "--auth-token-secret-key": self.auth_token_secret_key,
+            "--auth-token-public-key": self.auth_token_public_key,
+            "--broker-auth-token-file": self.broker_auth_token_file,
+            "--forward-auth-data": self.forward_auth_data or None,
+        }
+        if self.auth_mode == "passthrough":
+            given = [name for name, value in proxy_only.items() if value is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)}: only with --auth-mode proxy")
+            return
+        if self.protocol != "pulsar":
+            raise ConfigError("--auth-mode proxy is for Pulsar")
+        if self.auth_token_secret_key is not None and self.auth_token_public_key is not None:
+            raise ConfigError(
+                "--auth-token-secret-key or --auth-token-public-key: one key checks tokens"
+            )
+        client_certificates = self.tls is not None and self.tls.client_ca is not None
+        if (
+            self.auth_token_secret_key is None
+            and self.auth_token_public_key is None
+            and not client_certificates
+        ):
+            raise ConfigError(
+                "--auth-mode proxy needs a way to check clients: --auth-token-secret-key, "
+                "--auth-token-public-key, or TLS client certificates (--tls-client-ca)"
+            )
+        if self.broker_auth_token_file is None and self.broker_tls.cert is None:
+            raise ConfigError(
+                "--auth-mode proxy needs Sluice's own credentials at the broker: "
+                "--broker-auth-token-file, or --broker-tls-cert and --broker-tls-key"
+            )
 
     @property
     def cursus_listen(self) -> Address:
@@ -135,3 +185,17 @@ class ProxyConfig:
 
     def replace(self, **changes: object) -> ProxyConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def proxy_auth(config: ProxyConfig) -> ProxyAuth | None:
+    """``--auth-mode proxy``'s keys and credentials, loaded (None: passthrough)."""
+    if config.auth_mode != "proxy":
+        return None
+    return ProxyAuth.load(
+        secret_key=config.auth_token_secret_key,
+        public_key=config.auth_token_public_key,
+        role_claim=config.auth_token_role_claim,
+        own_token=config.broker_auth_token_file,
+        tls_roles=config.tls is not None and config.tls.client_ca is not None,
+        forward_auth_data=config.forward_auth_data,
+    )

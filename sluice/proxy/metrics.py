@@ -39,6 +39,7 @@ from sluice.protocols.core import (
     Accepted,
     Answered,
     AnsweredMany,
+    Authenticated,
     Closed,
     Conn,
     Dialed,
@@ -94,8 +95,11 @@ TIMED_COMMANDS = (
 # exception's name, is counted as "error" so that the label stays bounded.
 CLOSE_REASONS = frozenset({
     "closed", "lost", "drained", "idle", "handshake", "handshake_timeout", "relay_refused",
-    "upstream", "invalid", "unframeable", "fault", "no_listener", "error",
+    "upstream", "invalid", "unframeable", "fault", "no_listener", "error", "auth",
 })  # fmt: skip
+# --auth-mode proxy: the methods a client may use, and what became of it.
+AUTH_METHODS = frozenset({"token", "tls"})
+AUTH_OUTCOMES = ("ok", "failed", "refreshed", "expired")
 CURSUS_NAMES = CURSUS_FAULTS.commands | {"INVALID"}
 # Cursus requests whose latency is tracked (replies come in request order).
 CURSUS_TIMED_COMMANDS = (
@@ -284,6 +288,11 @@ class Metrics:
             "Connections refused or dropped before relaying, by reason",
             ["reason"], registry=registry,
         )  # fmt: skip
+        self.auth = Counter(
+            "sluice_auth", "Clients authenticated by Sluice itself (--auth-mode proxy), by "
+            "method and outcome (ok, failed, refreshed, expired)",
+            ["method", "outcome"], registry=registry,
+        )  # fmt: skip
         self.validation_failures = Counter(
             "sluice_validation_failures", "Invalid frames, by problem and direction",
             ["kind", "direction"], registry=registry,
@@ -418,6 +427,10 @@ class Metrics:
         elif kind is Rejected:
             assert isinstance(event, Rejected)
             self.connections_rejected.labels(event.reason).inc()
+        elif kind is Authenticated:
+            assert isinstance(event, Authenticated)
+            method = event.method if event.method in AUTH_METHODS else "other"
+            self.auth.labels(method, event.outcome).inc()
         elif kind is Invalid:
             assert isinstance(event, Invalid)
             self.validation_failures.labels(event.problem, DIRECTION[event.from_client]).inc()

@@ -33,6 +33,7 @@ from sluice.protocols.pulsar import (
     encode,
     pb,
 )
+from sluice.protocols.pulsar.auth import UpstreamAuth
 from sluice.protocols.pulsar.connection import (
     PROTOCOL_VERSION,
     SLUICE_VERSION,
@@ -87,8 +88,9 @@ class FrameStream:
         await self.stream.aclose()
 
 
-# A client's (auth_method_name, auth_data), or None for Sluice's own.
-Credentials = tuple[str, bytes] | None
+# What a connection of Sluice's logs in with: a client's credentials (or,
+# in proxy mode, Sluice's naming the client's role); None: none at all.
+Credentials = UpstreamAuth | None
 
 
 def own_connect() -> pb.CommandConnect:
@@ -161,7 +163,7 @@ class BrokerConnection:
     ) -> BrokerConnection:
         hello = own_connect()
         if credentials is not None:
-            hello.auth_method_name, hello.auth_data = credentials
+            credentials.apply(hello)
         stream, connected = await connect_broker(address, timeout=timeout, tls=tls, connect=hello)
         conn = cls(stream, address, connected)
         conn.credentials = credentials
@@ -199,11 +201,7 @@ class BrokerConnection:
                     continue
                 if frame.type == Type.Value("AUTH_CHALLENGE") and self.credentials is not None:
                     # A credentials refresh: the ones this connection was opened with.
-                    method, data = self.credentials
-                    answer = pb.CommandAuthResponse(
-                        response=pb.AuthData(auth_method_name=method, auth_data=data),
-                        protocol_version=PROTOCOL_VERSION,
-                    )
+                    answer = self.credentials.response()
                     await self.stream.send(encode(command(Type.Value("AUTH_RESPONSE"), answer)))
                     continue
                 body = frame.body

@@ -30,7 +30,7 @@ from sluice.protocols.cursus.connection import CursusRouting, CursusSettings
 from sluice.protocols.faults import Faults
 from sluice.protocols.pulsar.connection import PulsarSettings, Routing
 from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
-from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
+from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth
 from sluice.proxy.cursus import CursusBackend, NoListener
 from sluice.proxy.dial import CertificateReloader, dial, open_listeners, server_ssl_context
 from sluice.proxy.metrics import Metrics
@@ -120,7 +120,12 @@ class Proxy:
         else:
             self.backend = PulsarBackend(
                 config.broker,
-                PulsarSettings(config.on_invalid, config.max_message_size, config.max_redirects),
+                PulsarSettings(
+                    config.on_invalid,
+                    config.max_message_size,
+                    config.max_redirects,
+                    proxy_auth(config),
+                ),
                 self.routing,
                 broker_tls=config.broker_tls,
                 connect_timeout=config.connect_timeout,
@@ -425,6 +430,8 @@ class Proxy:
         ``upstream``: the broker its listener stands for (Cursus)."""
         peer = _peer(stream)
         conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
+        if isinstance(stream, trio.SSLStream):
+            conn.peer_role = lambda: _certificate_cn(stream)
         ip = peer.host
         refused = self.limits.acquire(ip)
         if refused is not None:
@@ -500,6 +507,20 @@ def _peer(stream: trio.abc.Stream) -> Address:
     except (AttributeError, OSError):
         return Address("?", 0)
     return Address(host, port)
+
+
+def _certificate_cn(stream: trio.SSLStream[Any]) -> str | None:
+    """The CN of the client's certificate, verified by the TLS handshake
+    (``--tls-client-ca``); None without one."""
+    try:
+        certificate = stream.getpeercert()
+    except (ValueError, AttributeError, ssl.SSLError):  # no handshake yet
+        return None
+    for rdn in (certificate or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and isinstance(value, str):
+                return value
+    return None
 
 
 async def _close(stream: trio.abc.Stream) -> None:

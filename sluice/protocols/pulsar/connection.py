@@ -34,8 +34,9 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from google.protobuf import text_format
 
@@ -47,6 +48,7 @@ from sluice.protocols.core import (
     Answered,
     AnsweredMany,
     Ask,
+    Authenticated,
     Close,
     Closed,
     Conn,
@@ -66,6 +68,14 @@ from sluice.protocols.core import (
 )
 from sluice.protocols.faults import FaultAction, Faults, Pacer, ProtocolFaults, Rule
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.auth import (
+    FAILED,
+    REFRESH,
+    AuthError,
+    Identity,
+    ProxyAuth,
+    UpstreamAuth,
+)
 from sluice.protocols.pulsar.correlation import (
     CLIENT_TYPES,
     SERVER_TYPES,
@@ -155,6 +165,8 @@ class PulsarSettings:
     on_invalid: OnInvalid
     max_message_size: int
     max_redirects: int
+    # --auth-mode proxy: Sluice authenticates clients (None: passthrough).
+    auth: ProxyAuth | None = None
 
 
 class State(enum.Enum):
@@ -200,7 +212,14 @@ class PulsarConnection:
         self.faults = faults if faults is not None else Faults()
         self._pacer = Pacer(self.faults)
         self._now = 0.0  # the clock of the latest input, for frames of our own
-        self._credentials: tuple[str, bytes] | None = None  # a lookup client's auth
+        # What lookups go upstream with: the client's credentials, or in
+        # proxy mode Sluice's naming the client's role.
+        self._credentials: UpstreamAuth | None = None
+        # Proxy mode: who the client is, when its credentials expire (on the
+        # core's clock), and when Sluice asked it to refresh them.
+        self._identity: Identity | None = None
+        self._expires_at: float | None = None
+        self._refresh_asked: float | None = None
         self.settings = settings
         self.routing = routing
         self.tap = tap
@@ -299,6 +318,10 @@ class PulsarConnection:
         hang up on one that stopped answering. Proxied connections are kept
         alive by their own ends."""
         self._now = now
+        if self._expires_at is not None and self.state in (State.LOOKUP, State.RELAY):
+            refresh = self._refresh(now, interval)
+            if refresh:
+                return refresh
         if self.state is not State.LOOKUP:
             return []
         idle = now - self.last_heard
@@ -355,6 +378,11 @@ class PulsarConnection:
                 *self._own(connect_error(pb.NotAllowedError, why)),
                 self._close("handshake", f"bad handshake: {why}", logging.WARNING),
             ]
+        auth = self.settings.auth
+        if auth is not None:
+            refused = self._authenticate(auth, body.auth_method_name, bytes(body.auth_data), now)
+            if refused is not None:
+                return refused
         if relayed:
             return self._open_relay(body, now)
         self.state = State.LOOKUP
@@ -362,8 +390,12 @@ class PulsarConnection:
         # Lookups go upstream with the client's own credentials: a broker
         # that authenticates every connection answers them as it would the
         # client (the proxy's connections are kept per set of credentials).
-        if body.HasField("auth_method_name") or body.HasField("auth_data"):
-            self._credentials = (body.auth_method_name, bytes(body.auth_data))
+        # In proxy mode, with Sluice's, naming the client's role.
+        if auth is not None:
+            assert self._identity is not None
+            self._credentials = auth.upstream(self._identity)
+        elif body.HasField("auth_method_name") or body.HasField("auth_data"):
+            self._credentials = UpstreamAuth(body.auth_method_name, bytes(body.auth_data))
         connected = pb.CommandConnected(
             server_version=SLUICE_VERSION,
             protocol_version=min(body.protocol_version, PROTOCOL_VERSION),
@@ -389,6 +421,13 @@ class PulsarConnection:
         # credentials are the client's own.
         ours = pb.CommandConnect()
         ours.CopyFrom(connect)
+        auth = self.settings.auth
+        if auth is not None:
+            # Sluice's credentials, the client's role as original_principal.
+            assert self._identity is not None
+            for name in _AUTH_FIELDS:
+                ours.ClearField(name)
+            auth.upstream(self._identity).apply(ours)
         if route is not None and route.via_upstream:
             # Chained: the upstream is a proxy too; go through it, naming the
             # broker the same way the client named it to us.
@@ -446,6 +485,9 @@ class PulsarConnection:
                 # Whatever either side sent meanwhile is relayed now.
                 return out + self._relay(True, None, now) + self._relay(False, None, now)
             if t == T.AUTH_CHALLENGE:
+                if self.settings.auth is not None:  # Sluice's login: its own answer
+                    out.append(Send(Peer.BROKER, self._own_auth_response()))
+                    continue
                 out.append(Send(Peer.CLIENT, frame.raw))
                 self._challenged = True
                 continue
@@ -477,6 +519,9 @@ class PulsarConnection:
         faults = self.faults
         # Rules are added and removed by other tasks, never during this loop.
         faulty = bool(faults.rules)
+        # Proxy mode: AUTH_CHALLENGE from the broker and AUTH_RESPONSE from
+        # the client are Sluice's to answer, not to pass on.
+        own_auth = self.settings.auth is not None
         trace = self._trace
         # A read that starts on a frame boundary, ends on one, and holds only
         # frames forwarded unchanged is sent on as it came.
@@ -551,6 +596,16 @@ class PulsarConnection:
                             else:
                                 times.append(now - send.started)
                         continue
+                    if own_auth and t in _AUTH_EXCHANGE:
+                        out.pop()
+                        whole = False
+                        exchanged = self._auth_exchange(frame, from_client, now)
+                        if exchanged and isinstance(exchanged[-1], Close):
+                            if out:
+                                actions.append(Send(Peer.BROKER, b"".join(out)))
+                            return actions + exchanged
+                        actions += exchanged
+                        continue
                     if t in observed:
                         done = observe(frame, from_client, now)
                         if done is not None:  # a request answered: rare, not per message
@@ -615,6 +670,86 @@ class PulsarConnection:
             actions.append(self._close("closed", f"{side} closed the connection"))
         return actions
 
+    # --- authentication at the proxy (--auth-mode proxy) -------------------------
+
+    def _authenticate(
+        self, auth: ProxyAuth, method: str, data: bytes, now: float
+    ) -> list[Action] | None:
+        """Check the client's credentials; the refusal, or None (accepted)."""
+        try:
+            identity = auth.authenticate(method, data, self.conn.peer_role())
+        except AuthError as exc:
+            self.tap.event(self.conn, Authenticated(method or "none", "failed"))
+            self.tap.event(self.conn, Rejected("auth"))
+            return [
+                *self._own(connect_error(pb.AuthenticationError, FAILED)),
+                self._close("auth", f"authentication failed: {exc}", logging.WARNING),
+            ]
+        self._accept_identity(identity, now)
+        self.tap.event(self.conn, Authenticated(method, "ok"))
+        return None
+
+    def _accept_identity(self, identity: Identity, now: float) -> None:
+        self._identity = identity
+        self._refresh_asked = None
+        if identity.expires is None:
+            self._expires_at = None
+        else:  # the token's wall-clock expiry on the core's clock
+            self._expires_at = now + max(0.0, identity.expires - time.time())
+
+    def _refresh(self, now: float, interval: float) -> list[Action]:
+        """Ask a client whose credentials expired for fresh ones, as a broker
+        does; hang up on one that does not answer within an interval."""
+        assert self._identity is not None
+        method = self._identity.method
+        if self._refresh_asked is not None:
+            if now - self._refresh_asked < interval:
+                return []
+            self.tap.event(self.conn, Authenticated(method, "expired"))
+            return [
+                *self._own(connect_error(pb.AuthenticationError, FAILED)),
+                self._close("auth", "client did not refresh its expired credentials",
+                            logging.WARNING),
+            ]  # fmt: skip
+        if now < self._expires_at:  # type: ignore[operator]
+            return []
+        self._refresh_asked = now
+        challenge = pb.CommandAuthChallenge(
+            challenge=pb.AuthData(auth_method_name=method, auth_data=REFRESH),
+            protocol_version=PROTOCOL_VERSION,
+        )
+        return self._own(own_frame(T.AUTH_CHALLENGE, challenge))
+
+    def _auth_exchange(self, frame: Frame, from_client: bool, now: float) -> list[Action]:
+        """Proxy mode: the broker challenging Sluice's own credentials, or
+        the client answering Sluice's challenge."""
+        auth = self.settings.auth
+        assert auth is not None and self._identity is not None
+        if not from_client:  # AUTH_CHALLENGE on Sluice's login
+            return [Send(Peer.BROKER, self._own_auth_response())]
+        response = frame.body.response
+        old = self._identity
+        method = response.auth_method_name or old.method
+        try:
+            identity = auth.authenticate(method, bytes(response.auth_data), self.conn.peer_role())
+            if identity.role != old.role:
+                raise AuthError(f"the refreshed credentials name role {identity.role!r}, "
+                                f"not {old.role!r}")  # fmt: skip
+        except AuthError as exc:
+            self.tap.event(self.conn, Authenticated(method, "failed"))
+            return [
+                *self._own(connect_error(pb.AuthenticationError, FAILED)),
+                self._close("auth", f"refreshed credentials refused: {exc}", logging.WARNING),
+            ]
+        self._accept_identity(identity, now)
+        self.tap.event(self.conn, Authenticated(method, "refreshed"))
+        return []
+
+    def _own_auth_response(self) -> bytes:
+        """AUTH_RESPONSE with Sluice's own credentials (never recorded)."""
+        assert self.settings.auth is not None
+        return encode(command(T.AUTH_RESPONSE, self.settings.auth.own.response()))
+
     def _learn_brokers(self, frame: Frame) -> None:
         body: Any = frame.body
         if frame.type == T.TOPIC_MIGRATED:
@@ -668,6 +803,8 @@ class PulsarConnection:
             return self._own(own_frame(T.PONG))
         if t == T.PONG:
             return []
+        if t == T.AUTH_RESPONSE and self.settings.auth is not None and frame.error is None:
+            return self._auth_exchange(frame, True, now)
         error = frame.error
         if error is not None:
             self.tap.event(self.conn, Invalid(True, error.problem.value, error.message))
@@ -864,6 +1001,18 @@ def _with_request_id(answer: Frame, request_id: int) -> Frame:
     body.request_id = request_id
     return own_frame(answer.type, body)
 
+
+# The CONNECT fields that carry credentials and the principal.
+_AuthField = Literal[
+    "auth_method",
+    "auth_method_name",
+    "auth_data",
+    "original_principal",
+    "original_auth_method",
+    "original_auth_data",
+]
+_AUTH_FIELDS: tuple[_AuthField, ...] = get_args(_AuthField)
+_AUTH_EXCHANGE = frozenset({T.AUTH_CHALLENGE, T.AUTH_RESPONSE})
 
 _ERROR_NAMES: dict[int, str] = {value: name for name, value in pb.ServerError.items()}
 
