@@ -26,10 +26,15 @@ from typing import Any
 
 import pulsar
 import pytest
+import trio
 from cryptography.hazmat.primitives import serialization
 
+from sluice.addresses import Address
 from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles, hs256_token
 from sluice.embedded import free_port, wait_for_port
+from sluice.protocols.pulsar import pb
+from sluice.protocols.pulsar.connection import UpstreamFailure
+from sluice.proxy.pulsar import connect_broker, own_connect
 from tests.conftest import start_apache_pulsar
 from tests.support import (
     SLUICE,
@@ -444,6 +449,110 @@ def test_proxy_mode_authorizes_the_clients_role_not_sluices(
         for path in [proxy.log_path, *record.rglob("*")]:
             if path.is_file():
                 assert secret.encode() not in path.read_bytes(), path
+
+
+def test_proxy_mode_refreshes_a_short_lived_client_token_itself(
+    auth_broker: tuple[ApachePulsar, Tokens], tmp_path: Path
+) -> None:
+    """Sluice challenges a client whose token expired, as a broker would,
+    and keeps the connection when the answer is a fresh token."""
+    broker, tokens = auth_broker
+
+    def fresh_token() -> str:
+        return tokens.make("app", lifetime=3)
+
+    proxy, admin, record = proxy_mode(broker, tokens, tmp_path, "--keepalive-interval", "2")
+    try:
+        topic = unique("refreshed-at-sluice")
+        with client(proxy.url, authentication=pulsar.AuthenticationToken(fresh_token)) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            sent: list[bytes] = []
+            deadline = time.monotonic() + 9  # three lifetimes of the token
+            while time.monotonic() < deadline:
+                sent.append(f"r-{len(sent)}".encode())
+                producer.send(sent[-1])
+                time.sleep(0.25)
+            assert consume_exactly(consumer, len(sent)) == sent
+        metrics = scrape(proxy, admin)
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    refreshed = metrics[("sluice_auth_total", (("method", "token"), ("outcome", "refreshed")))]
+    assert refreshed >= 2, metrics  # each connection at least once in 9 s
+    frames = assert_all_valid(record)
+    # Sluice's challenges and the client's answers, recorded (redacted);
+    # the producer and the consumer never had to reconnect.
+    assert [f for f in frames if f["cmd"] == "AUTH_CHALLENGE"]
+    assert [f for f in frames if f["cmd"] == "AUTH_RESPONSE"]
+    assert len([f for f in frames if f["cmd"] == "PRODUCER"]) == 1
+
+
+def test_proxy_mode_takes_the_role_from_a_client_certificate(
+    auth_broker: tuple[ApachePulsar, Tokens], tmp_path: Path
+) -> None:
+    """Mutual TLS at Sluice: the role is the certificate's CN, and the broker
+    authorizes that role (Sluice logs in with its token, plain)."""
+    broker, tokens = auth_broker
+    ca_file, served, ca = tls_files(tmp_path, "127.0.0.1")
+    for role in ("app", "stranger"):
+        issued = ca.issue_cert(f"{role}.clients.test", common_name=role)
+        issued.cert_chain_pems[0].write_to_path(str(tmp_path / f"{role}.pem"))
+        issued.private_key_pem.write_to_path(str(tmp_path / f"{role}.key"))
+    tls_port = free_port()
+    proxy, admin, _ = proxy_mode(
+        broker, tokens, tmp_path, "--listen-tls", f"127.0.0.1:{tls_port}",
+        "--tls-cert", str(served), "--tls-key", str(served), "--tls-client-ca", str(ca_file),
+    )  # fmt: skip
+    try:
+        url = f"pulsar+ssl://127.0.0.1:{tls_port}"
+
+        def as_role(role: str) -> dict[str, Any]:
+            certificate = pulsar.AuthenticationTLS(str(tmp_path / f"{role}.pem"),
+                                                   str(tmp_path / f"{role}.key"))  # fmt: skip
+            return {"authentication": certificate, "tls_trust_certs_file_path": str(ca_file)}
+
+        produce_and_consume(url, unique("by-certificate"), **as_role("app"))
+        stranger = client(url, operation_timeout_seconds=5, **as_role("stranger"))
+        with stranger as c, pytest.raises(pulsar.AuthorizationError):
+            c.create_producer(unique("not-for-strangers"))
+        metrics = scrape(proxy, admin)
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    assert metrics[("sluice_auth_total", (("method", "tls"), ("outcome", "ok")))] >= 2
+
+
+def test_a_stolen_proxy_role_token_straight_to_the_broker(
+    auth_broker: tuple[ApachePulsar, Tokens],
+) -> None:
+    """What Apache Pulsar does with Sluice's own token presented without
+    Sluice, so without original_principal (docs/proxy.md says it): it
+    refuses the CONNECT, and the official client retries until it times out.
+    Naming a principal is what Sluice does; naming the proxy role is refused."""
+    broker, tokens = auth_broker
+    stolen = tokens.make("sluice")
+
+    async def connect(principal: str | None) -> str:
+        hello = own_connect()
+        hello.auth_method_name, hello.auth_data = "token", stolen.encode()
+        if principal is not None:
+            hello.original_principal = principal
+        try:
+            stream, _ = await connect_broker(Address(broker.host, broker.port), timeout=10,
+                                             tls=None, connect=hello)  # fmt: skip
+        except UpstreamFailure as failure:
+            return (
+                f"{pb.ServerError.Name(pb.ServerError.ValueType(failure.error))}: {failure.message}"
+            )
+        await stream.aclose()
+        return "CONNECTED"
+
+    refused = "AuthorizationError: broker refused CONNECT: Invalid roles."
+    assert trio.run(connect, None) == refused
+    assert trio.run(connect, "sluice") == refused
+    assert trio.run(connect, "app") == "CONNECTED"
+    assert auth_failure(broker.url, stolen, timeout=4).startswith("Timeout")
 
 
 # --- TLS ------------------------------------------------------------------------
