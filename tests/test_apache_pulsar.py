@@ -418,7 +418,7 @@ def test_proxy_mode_authorizes_the_clients_role_not_sluices(
 ) -> None:
     broker, tokens = auth_broker
     token = tokens.make("app")
-    proxy, admin, record = proxy_mode(broker, tokens, tmp_path)
+    proxy, admin, record = proxy_mode(broker, tokens, tmp_path, "--log-level", "debug")
     try:
         auth = pulsar.AuthenticationToken(token)
         produce_and_consume(proxy.url, unique("proxied"), authentication=auth)

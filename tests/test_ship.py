@@ -197,7 +197,7 @@ def test_manifests_validate_against_kubernetes_schemas() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("passed") == 7
+    assert result.stdout.count("passed") == 8
 
 
 def sluice_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -222,6 +222,16 @@ def test_sidecar_example_fits_together(tmp_path: Path) -> None:
     assert pod["spec"]["terminationGracePeriodSeconds"] > settings["drain-timeout"]
     mounts = {m["mountPath"] for m in proxy["volumeMounts"]}
     assert settings["record"] in mounts
+    # Proxy-mode authentication: the key and the credential are mounted, the
+    # credential from a Secret.
+    assert settings["auth-mode"] == "proxy"
+    for option in ("auth-token-public-key", "broker-auth-token-file"):
+        assert str(Path(settings[option]).parent) in mounts, option
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    by_path = {m["mountPath"]: volumes[m["name"]] for m in proxy["volumeMounts"]}
+    secret = by_path[str(Path(settings["broker-auth-token-file"]).parent)]["secret"]
+    assert any(d["kind"] == "Secret" and d["metadata"]["name"] == secret["secretName"]
+               for d in docs)  # fmt: skip
     # The ServiceMonitor selects the metrics Service and scrapes its named port.
     service = next(d for d in docs if d["kind"] == "Service")
     monitor = documents("servicemonitor.yaml")[0]
