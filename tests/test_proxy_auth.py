@@ -226,7 +226,7 @@ def test_settings_say_what_is_missing() -> None:
                     auth_token_secret_key=Path("k"))  # fmt: skip
     with pytest.raises(ConfigError, match="only with --auth-mode proxy"):
         ProxyConfig(broker=broker, listen=listen, forward_auth_data=True)
-    with pytest.raises(ConfigError, match="is for Pulsar"):
+    with pytest.raises(ConfigError, match="is for Pulsar: a Cursus broker has no proxy roles"):
         ProxyConfig(broker=broker, listen=listen, protocol="cursus", auth_mode="proxy",
                     auth_token_secret_key=Path("k"), broker_auth_token_file=Path("t"))  # fmt: skip
     assert repr(UpstreamAuth("token", b"secret", "app")).count("secret") == 0

@@ -127,10 +127,12 @@ class ProxyConfig:
                     "--workers with Cursus needs --listener-ports LOW-HIGH: the per-broker "
                     "ports are bound at start by the supervisor and shared by the workers"
                 )
-        if self.broker_ports_file is not None and (
-            self.protocol != "cursus" or self.listener_ports is None
-        ):
-            raise ConfigError("--broker-ports-file is for Cursus with --listener-ports")
+            if self.auth_mode != "passthrough":
+                raise ConfigError(
+                    "--auth-mode proxy is for Pulsar: a Cursus broker has no proxy roles"
+                )
+        if self.broker_ports_file is not None and self.listener_ports is None:
+            raise ConfigError("--broker-ports-file keeps the ports of --listener-ports: give both")
         if self.listener_ports is not None:
             low, high = self.listener_ports
             if not 0 < low <= high < 65536:
@@ -153,8 +155,6 @@ class ProxyConfig:
             if given:
                 raise ConfigError(f"{', '.join(given)}: only with --auth-mode proxy")
             return
-        if self.protocol != "pulsar":
-            raise ConfigError("--auth-mode proxy is for Pulsar")
         if self.auth_token_secret_key is not None and self.auth_token_public_key is not None:
             raise ConfigError(
                 "--auth-token-secret-key or --auth-token-public-key: one key checks tokens"

@@ -136,10 +136,10 @@ class Proxy:
         # workers' state; and a worker's ports, the supervisor's.
         self._broker_ports: SharedBrokerPorts | None = None
         self._pool: list[int] = []
-        if worker is not None and config.protocol == "cursus":
+        if worker is not None and config.listener_ports is not None:
             journal = config.broker_ports_file or worker.state / BROKER_PORTS_FILE
             self._broker_ports = SharedBrokerPorts(journal)
-        elif config.broker_ports_file is not None:  # Cursus only (ProxyConfig)
+        elif config.broker_ports_file is not None:
             self._broker_ports = SharedBrokerPorts(config.broker_ports_file)
         self._ports_used: set[int] = set()
         self.timing = Timing(
