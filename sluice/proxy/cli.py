@@ -305,6 +305,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how often written records are flushed (what a crash can lose)",
     )
+    rec.add_argument(
+        "--record-retain-bytes",
+        type=byte_size,
+        metavar="SIZE",
+        help="keep the recording directory under SIZE (e.g. 800M, 2G): the oldest files "
+        "go first, never one being written (default: no limit)",
+    )
+    rec.add_argument(
+        "--record-retain-age",
+        type=float,
+        metavar="SECONDS",
+        help="remove recording files last written more than SECONDS ago (default: never)",
+    )
     obs = parser.add_argument_group("observability")
     obs.add_argument(
         "--admin",
@@ -457,8 +470,10 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
         return None
     if args.record.exists() and not args.record.is_dir():
         raise ConfigError(f"--record {args.record}: exists and is not a directory")
-    for name in ("record_max_bytes", "record_max_age", "record_flush_interval"):
-        if getattr(args, name) <= 0:
+    for name in ("record_max_bytes", "record_max_age", "record_flush_interval",
+                 "record_retain_bytes", "record_retain_age"):  # fmt: skip
+        value = getattr(args, name)
+        if value is not None and value <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
     return RecorderConfig(
         directory=args.record,
@@ -467,7 +482,26 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
         max_file_bytes=args.record_max_bytes,
         max_file_age=args.record_max_age,
         flush_interval=args.record_flush_interval,
+        retain_bytes=args.record_retain_bytes,
+        retain_age=args.record_retain_age,
     )
+
+
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: 1048576, 512K, 800M, 2G (binary units; KiB/MiB/GiB too)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1:] if value[-1:] in _UNITS else ""
+    number = value[: len(value) - len(unit)]
+    try:
+        size = float(number) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 800M, 2G)") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return int(size)
 
 
 class StartupError(Exception):

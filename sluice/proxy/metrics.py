@@ -490,6 +490,15 @@ class RecorderFigures(Collector):
             "Frames not recorded because the writer fell behind or failed",
             value=r.dropped_total if r else 0,
         )
+        yield CounterMetricFamily(
+            "sluice_recorder_removed_files",
+            "Recording files removed to keep --record-retain-bytes / --record-retain-age",
+            value=r.removed_files_total if r else 0,
+        )
+        yield CounterMetricFamily(
+            "sluice_recorder_removed_bytes", "Bytes of the recording files removed by retention",
+            value=r.removed_bytes_total if r else 0,
+        )  # fmt: skip
         yield GaugeMetricFamily(
             "sluice_recorder_queue_frames", "Frames waiting for the recording writer",
             value=r.queued if r else 0,

@@ -151,7 +151,11 @@ class Proxy:
         if config.record is not None:
             listen = [str(a) for a in (config.listen, config.listen_tls) if a is not None]
             self.recorder = Recorder(
-                config.record, listen=listen, broker=str(config.broker), protocol=config.protocol
+                config.record,
+                listen=listen,
+                broker=str(config.broker),
+                protocol=config.protocol,
+                writers=worker.count if worker is not None else 1,
             )
             self.metrics.watch(self.recorder)
             self.taps.add(self.recorder)

@@ -42,6 +42,7 @@ from sluice.recording.format import (
     pack,
     packer,
 )
+from sluice.recording.retention import Retention, enforce, hold
 
 log = logging.getLogger("sluice.recorder")
 
@@ -85,6 +86,10 @@ class RecorderConfig:
     flush_interval: float = 1.0
     queue_frames: int = 50_000
     queue_bytes: int = 64 * 1024 * 1024
+    # Bounded space: the directory's whole size and its files' age (None:
+    # unbounded). See sluice.recording.retention.
+    retain_bytes: int | None = None
+    retain_age: float | None = None
 
 
 class Recorder:
@@ -95,8 +100,18 @@ class Recorder:
         listen: list[str] | None = None,
         broker: str = "",
         protocol: str = "pulsar",
+        writers: int = 1,
     ) -> None:
         self.config = config
+        # Bounded space: files rotate at the retention's cap, and a pass after
+        # each rotation leaves room for every writer's next file.
+        self._retention = Retention(config.retain_bytes, config.retain_age)
+        self._bounded = config.retain_bytes is not None or config.retain_age is not None
+        self._file_cap = self._retention.file_cap(config.max_file_bytes, writers)
+        self._headroom = self._file_cap * writers
+        self._retained_at = 0.0
+        self.removed_files_total = 0
+        self.removed_bytes_total = 0
         self.protocol = protocol
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
@@ -288,6 +303,10 @@ class Recorder:
                             last_flush = now
                         elif self._packed_bytes >= WRITE_BYTES or self._file is None:
                             await self._write_packed()
+                        if self.config.retain_age is not None and now - self._retained_at >= min(
+                            10.0, self.config.retain_age / 4
+                        ):
+                            await self._retain()
                     except Exception as exc:  # recording must never take the proxy down
                         self._bug(exc)
                         await self._close_file()
@@ -351,7 +370,7 @@ class Recorder:
         otherwise the connections a freshly started file re-stated."""
         now = trio.current_time()
         if self._file is not None and (
-            self._file_bytes >= self.config.max_file_bytes
+            self._file_bytes >= self._file_cap
             or now - self._file_started >= self.config.max_file_age
         ):
             await self._close_file()
@@ -377,6 +396,7 @@ class Recorder:
         ) + b"".join(pack(self._restated(record)) for record in self._open.values())
         try:
             handle = await self._io(open, path, "wb")
+            hold(handle.fileno())  # being written: retention leaves it alone
             await self._io(handle.write, first)
         except OSError as exc:
             self._failed(exc)
@@ -386,7 +406,24 @@ class Recorder:
         self._file_started = now
         self.files.append(path)
         log.info("recording to %s", path)
+        if self._bounded:
+            await self._retain()
         return set(self._open)
+
+    async def _retain(self) -> None:
+        """One retention pass (in a worker thread: it lists and removes files)."""
+        self._retained_at = trio.current_time()
+        keep = Path(self._file.name) if self._file is not None else None
+        try:
+            removed = await self._io(
+                lambda: enforce(self.config.directory, self._retention,
+                                headroom=self._headroom, now=time.time(), keep=keep)
+            )  # fmt: skip
+        except OSError as exc:
+            log.warning("recording retention failed: %s", exc)
+            return
+        self.removed_files_total += removed.files
+        self.removed_bytes_total += removed.bytes
 
     def _restated(self, record: Record) -> Record:
         """A connection's record as a new segment re-states it: with the

@@ -1,0 +1,115 @@
+"""A recording directory in bounded space: ``--record-retain-bytes`` and
+``--record-retain-age``.
+
+The oldest whole recording files go first (by their last write, then by
+name), snapshots' files included; a snapshot directory left empty goes with
+its last file. A file being written is never removed: every writer holds a
+shared ``flock`` on its open file, and a file whose exclusive lock cannot be
+taken here is skipped (its writer may be another worker of the same proxy,
+or another proxy on the same volume).
+
+To keep the directory under ``max_bytes`` between two passes, each writer
+rotates its file at ``file_cap`` (at most a quarter of the budget, shared
+among the writers) and a pass removes files until the rest, plus every
+writer's next ``file_cap``, fits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.recording.format import SUFFIX
+
+log = logging.getLogger("sluice.recorder")
+
+
+@dataclass(frozen=True)
+class Retention:
+    max_bytes: int | None = None
+    max_age: float | None = None  # seconds since a file's last write
+
+    def file_cap(self, max_file_bytes: int, writers: int) -> int:
+        """The size at which a writer starts a new file, under this budget."""
+        if self.max_bytes is None:
+            return max_file_bytes
+        return max(1, min(max_file_bytes, self.max_bytes // (4 * max(1, writers))))
+
+
+@dataclass
+class Removed:
+    files: int = 0
+    bytes: int = 0
+
+
+def enforce(
+    directory: Path,
+    retention: Retention,
+    *,
+    headroom: int,
+    now: float,
+    keep: Path | None = None,
+) -> Removed:
+    """One pass over ``directory``: remove the oldest files until what is
+    left plus ``headroom`` fits ``max_bytes`` and nothing is older than
+    ``max_age``. Never ``keep`` nor a file another writer holds."""
+    removed = Removed()
+    entries: list[tuple[float, str, Path, int]] = []
+    for path in directory.rglob(f"*{SUFFIX}"):
+        try:
+            st = path.stat()
+        except OSError:  # removed meanwhile
+            continue
+        entries.append((st.st_mtime, path.name, path, st.st_size))
+    entries.sort()
+    total = sum(size for *_, size in entries)
+    budget = None if retention.max_bytes is None else max(0, retention.max_bytes - headroom)
+    for mtime, _, path, size in entries:
+        too_big = budget is not None and total > budget
+        too_old = retention.max_age is not None and now - mtime > retention.max_age
+        if not (too_big or too_old):
+            break
+        if path == keep or _held(path):
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("recording retention: cannot remove %s: %s", path, exc)
+            continue
+        log.debug("recording retention: removed %s (%d bytes)", path, size)
+        total -= size
+        removed.files += 1
+        removed.bytes += size
+        parent = path.parent
+        if parent != directory:
+            with contextlib.suppress(OSError):  # not empty yet: kept
+                parent.rmdir()
+    return removed
+
+
+def hold(fd: int) -> None:
+    """Mark an open recording file as being written (until it is closed)."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+
+
+def _held(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True  # cannot tell: keep it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the lock just taken
+    return False
