@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sluice import demo as demo_cli
     from sluice.pipeline import job as analyze_cli
     from sluice.proxy import cli as proxy_cli
-    from sluice.proxy import faults_cli
+    from sluice.proxy import faults_cli, record_cli
     from sluice.replay import inspect as inspect_cli
     from sluice.replay import replay as replay_cli
     from sluice.replay import serve as serve_cli
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("faults", faults_cli, "add, list and remove a running proxy's fault rules",
          "Make the broker misbehave on purpose: protocol-level fault rules on a running "
          "proxy's admin endpoint (see docs/faults.md).", False),
+        ("record", record_cli, "flight recorder: snapshot a running proxy's recent traffic",
+         "Act on a running proxy's recording: `record snapshot` writes its in-memory ring "
+         "(--record-ring) to a new capture.", False),
         ("inspect", inspect_cli,
          "show a recording: timeline, JSON lines, summary, or pcapng for Wireshark",
          "Read Sluice recordings (a file or a directory of them).", False),

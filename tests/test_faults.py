@@ -330,7 +330,7 @@ async def test_admin_api_adds_lists_and_removes_rules() -> None:
     address = bound(listeners)
     endpoint = FaultsEndpoint(faults, PROTOCOL_FAULTS, TOKEN)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve_admin, listeners, CollectorRegistry(), list, endpoint)
+        nursery.start_soon(serve_admin, listeners, CollectorRegistry(), list, {"/faults": endpoint})
         good = json.dumps({"match": {"command": "SEND_RECEIPT"}, "action": "delay",
                            "delay_ms": 300}).encode()  # fmt: skip
         status, text = await http(address, "POST", "/faults", good)
@@ -371,7 +371,7 @@ async def test_without_a_token_file_rules_cannot_be_changed() -> None:
     address = bound(listeners)
     endpoint = FaultsEndpoint(faults, PROTOCOL_FAULTS, None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve_admin, listeners, CollectorRegistry(), list, endpoint)
+        nursery.start_soon(serve_admin, listeners, CollectorRegistry(), list, {"/faults": endpoint})
         body = json.dumps({"action": "drop"}).encode()
         status, text = await http(address, "POST", "/faults", body, token="anything")
         assert status == 403 and "--admin-token-file" in text

@@ -8,12 +8,20 @@ import os
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.recording.format import recording_files
+from sluice.recording.reader import load
 from sluice.recording.retention import Retention, enforce, hold
-from tests.support import SLUICE, client, start_proxy
+from sluice.recording.writer import Recorder, RecorderConfig, SnapshotBusy
+from tests.support import SLUICE, ProxyProcess, client, start_proxy
 from tests.test_dashboards import scrape, value
 
 MiB = 1024 * 1024
@@ -102,3 +110,142 @@ def test_retention_by_age_and_files_being_written_are_kept(tmp_path: Path) -> No
     # By size: the oldest go first, and never the file given as "keep".
     removed = enforce(tmp_path, Retention(max_bytes=150), headroom=0, now=now, keep=held)
     assert not fresh.exists() and held.exists() and removed.files == 1
+
+
+# --- the ring and snapshots ---------------------------------------------------------------
+
+TOKEN = "flight-recorder-token"
+
+
+def ring_proxy(broker_url: str, tmp_path: Path, *extra: str) -> tuple[ProxyProcess, int, Path]:
+    record, admin = tmp_path / "rec", free_port()
+    token = tmp_path / "admin-token"
+    token.write_text(TOKEN)
+    proxy = start_proxy(broker_url, tmp_path, "--record", str(record), "--record-payloads",
+                        "full", "--admin", f"127.0.0.1:{admin}", "--admin-token-file",
+                        str(token), *extra)  # fmt: skip
+    return proxy, admin, record
+
+
+def snapshot_cli(admin: int, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SLUICE, "record", "snapshot", "--admin", f"127.0.0.1:{admin}",
+         "--admin-token-file", str(tmp_path / "admin-token"), *extra],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def sent_payloads(capture: Path) -> list[bytes]:
+    recording = load(capture)
+    return [
+        bytes(f.frame.payload)
+        for c in recording.connections
+        for f in c.frames
+        if f.from_client and f.frame.name == "SEND"
+    ]
+
+
+def test_a_snapshot_on_demand_holds_the_last_seconds_and_nothing_is_written_before(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    proxy, admin, record = ring_proxy(broker.url, tmp_path, "--record-ring", "8M")
+    try:
+        with client(proxy.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            for i in range(20):
+                producer.send(f"early-{i}".encode())
+            time.sleep(2.5)
+            for i in range(20):
+                producer.send(f"late-{i}".encode())
+            assert not recording_files(record)  # memory only, so far
+            recent = snapshot_cli(admin, tmp_path, "--last", "1.5", "--reason", "bug 1234")
+            everything = snapshot_cli(admin, tmp_path)
+        samples = scrape(proxy, admin)
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    assert recent.returncode == 0, recent.stderr
+    capture = Path(recent.stdout.strip())
+    assert capture.parent == record and "bug-1234" in capture.name
+    assert sent_payloads(capture) == [f"late-{i}".encode() for i in range(20)]
+    # The connection opened before those seconds is restated, so the
+    # capture reads on its own (inspect names its topic).
+    shown = subprocess.run([*SLUICE, "inspect", str(capture)], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    assert shown.returncode == 0 and topic.rsplit("/", 1)[1] in shown.stdout, shown.stderr
+    whole = Path(everything.stdout.strip())
+    assert sent_payloads(whole) == [f"{w}-{i}".encode() for w in ("early", "late")
+                                    for i in range(20)]  # fmt: skip
+    assert value(samples, "sluice_snapshots_total", reason="on_demand") == 2
+
+
+def test_the_ring_stays_within_its_bound(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    bound = 1 * MiB
+    proxy, admin, record = ring_proxy(broker.url, tmp_path, "--record-ring", str(bound))
+    largest = 0.0
+    try:
+        with client(proxy.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            for i in range(1000):  # 10 MB of SEND frames alone
+                producer.send(b"r" * 10_000)
+                if i % 50 == 0:
+                    largest = max(
+                        largest, value(scrape(proxy, admin), "sluice_recorder_ring_bytes")
+                    )
+        held = value(scrape(proxy, admin), "sluice_recorder_ring_bytes")
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    print(f"ring: largest {largest:.0f} bytes, at the end {held:.0f}, bound {bound}")
+    assert bound / 2 < held and largest <= bound + 256 * 1024  # the bound plus one part
+    assert not recording_files(record)
+
+
+def test_snapshot_requests_that_cannot_be_served(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    proxy, admin, _ = ring_proxy(broker.url, tmp_path)  # recording to files, no ring
+    try:
+        no_ring = snapshot_cli(admin, tmp_path)
+        assert no_ring.returncode == 1 and "--record-ring" in no_ring.stderr
+        no_token = subprocess.run([*SLUICE, "record", "snapshot", "--admin", f"127.0.0.1:{admin}"],
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert no_token.returncode == 1 and "401" in no_token.stderr
+        assert http_post(admin, b'{"last": -1}')[0] == 400
+        assert http_post(admin, b'{"name": "../x"}')[0] == 400
+    finally:
+        proxy.kill()
+    bad = subprocess.run([*SLUICE, "proxy", "--broker", broker.url, "--record-ring", "lots"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--record-ring" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def http_post(admin: int, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{admin}/recording/snapshot", data=body,
+                                     method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+async def test_a_second_snapshot_while_one_is_written_is_refused(tmp_path: Path) -> None:
+    recorder = Recorder(RecorderConfig(tmp_path, ring_bytes=MiB))
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        first: list[Any] = []
+
+        async def take() -> None:
+            first.append(await recorder.snapshot(reason="first"))
+
+        nursery.start_soon(take)
+        await trio.sleep(0)  # the first one is writing now
+        with pytest.raises(SnapshotBusy):
+            await recorder.snapshot(reason="second")
+        while not first:
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert len(list(tmp_path.iterdir())) == 1  # one capture directory

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from sluice.addresses import Address
 from sluice.protocols.faults import FaultError, Faults, ProtocolFaults, parse_rule
 from sluice.proxy.dial import open_listeners
+from sluice.recording.writer import Recorder, SnapshotError
 
 log = logging.getLogger("sluice.admin")
 
@@ -39,8 +41,9 @@ MAX_HEAD = 8 * 1024
 MAX_BODY = 64 * 1024
 TIMEOUT = 10.0
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized",
-            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Content Too Large", 503: "Service Unavailable"}  # fmt: skip
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+            413: "Content Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
+            503: "Service Unavailable"}  # fmt: skip
 _JSON = "application/json"
 
 
@@ -66,8 +69,15 @@ class AdminRequest:
     body: bytes
 
 
-# Serves /faults: (status, JSON answer), or raises Refused.
-FaultsHandler = Callable[[AdminRequest], Awaitable[tuple[int, Any]]]
+# Serves a path and those under it (/faults, /recording): (status, JSON
+# answer), or raises Refused.
+Handler = Callable[[AdminRequest], Awaitable[tuple[int, Any]]]
+FaultsHandler = Handler
+# What each path is for, when nothing serves it here.
+_UNSERVED = {
+    "/faults": "fault injection is not available here",
+    "/recording": "recording is off here: start the proxy with --record DIR --record-ring SIZE",
+}
 # Produces the /metrics text (default: the registry's).
 MetricsSource = Callable[[], Awaitable[bytes]]
 
@@ -84,13 +94,16 @@ async def serve_admin(
     listeners: list[trio.SocketListener],
     registry: CollectorRegistry,
     readiness: Readiness,
-    faults: FaultsHandler | None = None,
+    handlers: Mapping[str, Handler] | None = None,
     metrics: MetricsSource | None = None,
 ) -> None:
+    """Serve the endpoint; ``handlers``: by path (e.g. ``/faults``)."""
+    routes = dict(handlers or {})
+
     async def handle(stream: trio.SocketStream) -> None:
         try:
             with trio.move_on_after(TIMEOUT):
-                await _respond(stream, registry, readiness, faults, metrics)
+                await _respond(stream, registry, readiness, routes, metrics)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -136,19 +149,21 @@ async def _respond(
     stream: trio.SocketStream,
     registry: CollectorRegistry,
     readiness: Readiness,
-    faults: FaultsHandler | None,
+    routes: Mapping[str, Handler],
     metrics: MetricsSource | None = None,
 ) -> None:
     try:
         request = await _read_request(stream)
         if request is None:
             return
-        if request.target == "/faults" or request.target.startswith("/faults/"):
-            if faults is None:
-                raise Refused(404, "fault injection is not available here")
-            status, answer = await faults(request)
-            await _send(stream, status, json.dumps(answer).encode() + b"\n", _JSON)
-            return
+        for prefix in (*routes, *_UNSERVED):
+            if request.target == prefix or request.target.startswith(prefix + "/"):
+                handler = routes.get(prefix)
+                if handler is None:
+                    raise Refused(404, _UNSERVED[prefix])
+                status, answer = await handler(request)
+                await _send(stream, status, json.dumps(answer).encode() + b"\n", _JSON)
+                return
     except Refused as refused:
         await _send(stream, refused.status, refused.message.encode() + b"\n", extra=refused.extra)
         return
@@ -169,8 +184,8 @@ async def _respond(
         else:
             await _send(stream, 200, b"ready\n", body_wanted=body_wanted)
     else:
-        await _send(stream, 404, b"not found: try /metrics, /healthz, /readyz or /faults\n",
-                    body_wanted=body_wanted)  # fmt: skip
+        await _send(stream, 404, b"not found: try /metrics, /healthz, /readyz, /faults or "
+                    b"/recording/snapshot\n", body_wanted=body_wanted)  # fmt: skip
 
 
 @dataclass
@@ -197,7 +212,7 @@ class FaultsEndpoint:
         if method not in ("POST", "DELETE") or (method == "POST" and rule_id):
             raise Refused(405, "GET, POST /faults or DELETE /faults[/ID]",
                           [("Allow", "GET, POST, DELETE")])  # fmt: skip
-        authorize(request, self.token)
+        authorize(request, self.token, "changing fault rules")
         if method == "DELETE":
             if not rule_id:
                 count = rules.clear()
@@ -219,12 +234,12 @@ class FaultsEndpoint:
         return 201, {"id": rule.id, "rule": rule.to_json()}
 
 
-def authorize(request: AdminRequest, token: str | None) -> None:
+def authorize(request: AdminRequest, token: str | None, what: str) -> None:
+    """Refused unless the request carries the admin token (``what`` needs it)."""
     if token is None:
+        extra = " (or load rules at start with --faults)" if "fault" in what else ""
         raise Refused(
-            403,
-            "changing fault rules needs an admin token: start the proxy with "
-            "--admin-token-file FILE (or load rules at start with --faults)",
+            403, f"{what} needs an admin token: start the proxy with --admin-token-file FILE{extra}"
         )
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
@@ -233,6 +248,73 @@ def authorize(request: AdminRequest, token: str | None) -> None:
     ):
         raise Refused(401, "a valid admin token is needed (Authorization: Bearer TOKEN)",
                        [("WWW-Authenticate", 'Bearer realm="sluice"')])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SnapshotRequest:
+    last: float | None = None  # seconds back (None: the whole ring)
+    reason: str = ""
+    name: str = ""  # the capture directory (the supervisor names it for its workers)
+
+    @classmethod
+    def parse(cls, body: bytes) -> SnapshotRequest:
+        try:
+            data = json.loads(body) if body.strip() else {}
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Refused(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise Refused(400, 'the body is a JSON object, e.g. {"last": 30, "reason": "…"}')
+        unknown = set(data) - {"last", "reason", "name"}
+        if unknown:
+            raise Refused(400, f"unknown field(s): {', '.join(sorted(unknown))} "
+                               "(known: last, reason, name)")  # fmt: skip
+        last = data.get("last")
+        if last is not None and (
+            isinstance(last, bool) or not isinstance(last, int | float) or last <= 0
+        ):
+            raise Refused(400, "last is a number of seconds above 0")
+        reason, name = data.get("reason", ""), data.get("name", "")
+        if not isinstance(reason, str) or len(reason) > 200:
+            raise Refused(400, "reason is a string of at most 200 characters")
+        if not isinstance(name, str) or (name and not _NAME.fullmatch(name)):
+            raise Refused(400, "name is a directory name: letters, digits, '.', '_', '-'")
+        return cls(None if last is None else float(last), reason, name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if v}
+
+
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,120}")
+
+
+@dataclass
+class SnapshotEndpoint:
+    """``POST /recording/snapshot`` of one proxy process: its flight
+    recorder's ring written out as a capture (needs the admin token)."""
+
+    recorder: Recorder | None
+    token: str | None = None
+
+    async def __call__(self, request: AdminRequest) -> tuple[int, Any]:
+        if request.target != "/recording/snapshot":
+            raise Refused(404, "try POST /recording/snapshot")
+        if request.method != "POST":
+            raise Refused(405, "POST /recording/snapshot", [("Allow", "POST")])
+        authorize(request, self.token, "taking a snapshot")
+        wanted = SnapshotRequest.parse(request.body)
+        if self.recorder is None:
+            raise Refused(409, _UNSERVED["/recording"])
+        try:
+            taken = await self.recorder.snapshot(
+                last=wanted.last, reason=wanted.reason, name=wanted.name
+            )
+        except SnapshotError as exc:
+            raise Refused(409, str(exc)) from None
+        except OSError as exc:
+            raise Refused(500, f"the snapshot could not be written: {exc}") from None
+        return 201, {"path": str(taken.directory), "file": str(taken.file),
+                     "records": taken.records, "bytes": taken.bytes,
+                     "seconds": round(taken.seconds, 3)}  # fmt: skip
 
 
 async def _send(

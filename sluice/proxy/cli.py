@@ -306,6 +306,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how often written records are flushed (what a crash can lose)",
     )
     rec.add_argument(
+        "--record-ring",
+        type=ring_size,
+        metavar="SIZE|SECONDS",
+        help="flight recorder: keep only the recent past in memory (e.g. 64M, or 300s), "
+        "no disk writes; snapshots (POST /recording/snapshot, `sluice record snapshot`, "
+        "--snapshot-on) write it to --record DIR (default: off, record to files)",
+    )
+    rec.add_argument(
         "--record-retain-bytes",
         type=byte_size,
         metavar="SIZE",
@@ -467,6 +475,8 @@ def read_token(path: Path | None) -> str | None:
 
 def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
     if args.record is None:
+        if args.record_ring is not None:
+            raise ConfigError("--record-ring needs --record DIR, where snapshots are written")
         return None
     if args.record.exists() and not args.record.is_dir():
         raise ConfigError(f"--record {args.record}: exists and is not a directory")
@@ -484,6 +494,8 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
         flush_interval=args.record_flush_interval,
         retain_bytes=args.record_retain_bytes,
         retain_age=args.record_retain_age,
+        ring_bytes=args.record_ring[0] if args.record_ring else None,
+        ring_seconds=args.record_ring[1] if args.record_ring else None,
     )
 
 
@@ -502,6 +514,21 @@ def byte_size(text: str) -> int:
     if size <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
     return int(size)
+
+
+def ring_size(text: str) -> tuple[int | None, float | None]:
+    """--record-ring: a size (64M) or a time (300s): (bytes, seconds)."""
+    value = text.strip().lower()
+    if value.endswith("s") and not value.endswith("bs"):
+        try:
+            seconds = float(value[:-1])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a size or a time "
+                                             "(e.g. 64M, 300s)") from None  # fmt: skip
+        if seconds <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: a time must be positive")
+        return None, seconds
+    return byte_size(text), None
 
 
 class StartupError(Exception):

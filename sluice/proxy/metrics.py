@@ -500,6 +500,18 @@ class RecorderFigures(Collector):
             value=r.removed_bytes_total if r else 0,
         )  # fmt: skip
         yield GaugeMetricFamily(
+            "sluice_recorder_ring_bytes",
+            "Bytes the flight recorder's ring holds in memory (--record-ring)",
+            value=r.ring_bytes if r else 0,
+        )
+        snapshots = CounterMetricFamily(
+            "sluice_snapshots", "Flight-recorder snapshots written, by reason (on_demand, or "
+            "the --snapshot-on rule that fired)", labels=["reason"],
+        )  # fmt: skip
+        for reason, count in sorted((r.snapshots_total if r else {}).items()):
+            snapshots.add_metric([reason], count)
+        yield snapshots
+        yield GaugeMetricFamily(
             "sluice_recorder_queue_frames", "Frames waiting for the recording writer",
             value=r.queued if r else 0,
         )  # fmt: skip

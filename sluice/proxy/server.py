@@ -29,7 +29,14 @@ from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.connection import CursusRouting, CursusSettings
 from sluice.protocols.faults import Faults
 from sluice.protocols.pulsar.connection import PulsarSettings, Routing
-from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
+from sluice.proxy.admin import (
+    FaultsEndpoint,
+    Handler,
+    SnapshotEndpoint,
+    bound,
+    open_admin,
+    serve_admin,
+)
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth
 from sluice.proxy.cursus import CursusBackend, NoListener
 from sluice.proxy.dial import CertificateReloader, dial, open_listeners, server_ssl_context
@@ -191,8 +198,13 @@ class Proxy:
             if self.recorder is not None:
                 await outer.start(self.recorder.run)
             if admin is not None:
-                endpoint = FaultsEndpoint(self.faults, PROTOCOL_FAULTS, self.config.admin_token)
-                outer.start_soon(serve_admin, admin, self.metrics.exposed, self.readiness, endpoint)
+                token = self.config.admin_token
+                endpoints: dict[str, Handler] = {
+                    "/faults": FaultsEndpoint(self.faults, PROTOCOL_FAULTS, token),
+                    "/recording": SnapshotEndpoint(self.recorder, token),
+                }
+                outer.start_soon(serve_admin, admin, self.metrics.exposed, self.readiness,
+                                 endpoints)  # fmt: skip
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
                 for kind, listener in self._listeners:

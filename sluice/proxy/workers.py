@@ -55,6 +55,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,20 @@ from prometheus_client.registry import Collector
 from sluice.addresses import Address
 from sluice.logs import setup_logging
 from sluice.protocols.faults import FaultError, parse_rule
-from sluice.proxy.admin import AdminRequest, Refused, authorize, bound, open_admin, serve_admin
+from sluice.proxy.admin import (
+    AdminRequest,
+    Refused,
+    SnapshotRequest,
+    authorize,
+    bound,
+    open_admin,
+    serve_admin,
+)
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.dial import bind_all, listen_targets
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
+from sluice.recording.writer import snapshot_name
 
 log = logging.getLogger("sluice.workers")
 
@@ -194,6 +204,7 @@ class Supervisor:
         self._admin: list[trio.SocketListener] | None = None
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
         self._stopped = trio.Event()
+        self._snapshotting = False
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -209,8 +220,9 @@ class Supervisor:
                     nursery.start_soon(self._keep_running, worker)
                 nursery.start_soon(self._watch_readiness)
                 if admin is not None:
+                    routes = {"/faults": self.faults, "/recording": self.snapshot}
                     nursery.start_soon(serve_admin, admin, self.registry, self.readiness,
-                                       self.faults, self.metrics)  # fmt: skip
+                                       routes, self.metrics)  # fmt: skip
                 # Started at once: SIGTERM must reach the drain from now on.
                 # The listeners queue connections until a worker takes them.
                 task_status.started(self)
@@ -428,7 +440,7 @@ class Supervisor:
         if method not in ("POST", "DELETE") or (method == "POST" and rule_id):
             raise Refused(405, "GET, POST /faults or DELETE /faults[/ID]",
                           [("Allow", "GET, POST, DELETE")])  # fmt: skip
-        authorize(request, self.config.admin_token)
+        authorize(request, self.config.admin_token, "changing fault rules")
         if method == "DELETE":
             before = len(self.rules)
             self.rules = [r for r in self.rules if rule_id and r["id"] != rule_id]
@@ -459,6 +471,48 @@ class Supervisor:
         await self._to_workers("POST", "/faults", given)
         log.warning("fault injection: rule %s (all %d workers)", rule.describe(), self.count)
         return 201, {"id": rule.id, "rule": rule.to_json()}
+
+    async def snapshot(self, request: AdminRequest) -> tuple[int, Any]:
+        """``POST /recording/snapshot`` for every worker at once, into one
+        capture directory (readers take its files as one recording)."""
+        if request.target != "/recording/snapshot":
+            raise Refused(404, "try POST /recording/snapshot")
+        if request.method != "POST":
+            raise Refused(405, "POST /recording/snapshot", [("Allow", "POST")])
+        authorize(request, self.config.admin_token, "taking a snapshot")
+        wanted = SnapshotRequest.parse(request.body)
+        if self._snapshotting:
+            raise Refused(409, "a snapshot is being written; try again when it is done")
+        self._snapshotting = True
+        try:
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            name = wanted.name or snapshot_name(stamp, wanted.reason)
+            body = {**wanted.to_json(), "name": name}
+            answers: list[tuple[int, Any]] = []
+            for worker in self.workers:
+                if worker.admin is None:
+                    continue
+                try:
+                    status, text = await http(worker.admin, "POST", "/recording/snapshot",
+                                              self.token, body)  # fmt: skip
+                except (OSError, trio.TooSlowError) as exc:
+                    answers.append((502, f"worker {worker.index}: {exc}"))
+                    continue
+                answers.append((status, json.loads(text) if status == 201 else text.decode()))
+        finally:
+            self._snapshotting = False
+        taken = [answer for status, answer in answers if status == 201]
+        if not taken:
+            status, why = answers[0] if answers else (503, "no worker is running")
+            raise Refused(status if status in (409, 500, 503) else 502, str(why).strip())
+        return 201, {
+            "path": taken[0]["path"],
+            "files": [t["file"] for t in taken],
+            "records": sum(t["records"] for t in taken),
+            "bytes": sum(t["bytes"] for t in taken),
+            "workers": len(taken),
+            "failed": [str(a).strip() for s, a in answers if s != 201],
+        }
 
     async def _to_workers(self, method: str, path: str, body: object = None) -> None:
         """Tell every running worker; one that is gone gets the rule set

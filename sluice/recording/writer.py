@@ -43,6 +43,7 @@ from sluice.recording.format import (
     packer,
 )
 from sluice.recording.retention import Retention, enforce, hold
+from sluice.recording.ring import Ring, needed, restate
 
 log = logging.getLogger("sluice.recorder")
 
@@ -90,6 +91,35 @@ class RecorderConfig:
     # unbounded). See sluice.recording.retention.
     retain_bytes: int | None = None
     retain_age: float | None = None
+    # The flight recorder: keep the recent past in memory only (this many
+    # bytes, and no older than ring_seconds), written out by snapshots.
+    ring_bytes: int | None = None
+    ring_seconds: float | None = None
+
+    @property
+    def ring(self) -> bool:
+        return self.ring_bytes is not None or self.ring_seconds is not None
+
+
+# A ring given in seconds alone is still bounded in memory by this.
+RING_BYTES_WITH_SECONDS = 256 * 1024 * 1024
+
+
+class SnapshotError(Exception):
+    """A snapshot that cannot be taken (no ring); the message says why."""
+
+
+class SnapshotBusy(SnapshotError):
+    """Another snapshot is being written now."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    directory: Path  # the snapshot's own capture directory
+    file: Path
+    records: int
+    bytes: int
+    seconds: float  # how far back it goes
 
 
 class Recorder:
@@ -112,6 +142,16 @@ class Recorder:
         self._retained_at = 0.0
         self.removed_files_total = 0
         self.removed_bytes_total = 0
+        # The flight recorder's ring (None: recording to files), the conn
+        # records of connections closed while their records may still be in
+        # it (with when they closed), and snapshots.
+        self._ring: Ring | None = None
+        if config.ring:
+            self._ring = Ring(config.ring_bytes or RING_BYTES_WITH_SECONDS, config.ring_seconds)
+        self._closed: dict[int, tuple[Record, int]] = {}
+        self._snapshotting = False
+        self._snapshot_seq = 0
+        self.snapshots_total: dict[str, int] = {}
         self.protocol = protocol
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
@@ -249,6 +289,9 @@ class Recorder:
 
     def close_connection(self, conn: int, reason: str = "") -> None:
         self._summarizer.forget(conn)
+        opened = self._open.get(conn)
+        if opened is not None and self._ring is not None:
+            self._closed[conn] = (self._restated(opened), time.monotonic_ns())
         self._conns.pop(conn, None)
         if self._open.pop(conn, None) is None:
             return
@@ -296,7 +339,9 @@ class Recorder:
                     try:
                         self._take_queued()
                         now = trio.current_time()
-                        if now - last_flush >= self.config.flush_interval:
+                        if self._ring is not None:
+                            self._to_ring()
+                        elif now - last_flush >= self.config.flush_interval:
                             await self._write_packed()
                             if self._file is not None:
                                 await self._flush()
@@ -313,8 +358,104 @@ class Recorder:
         finally:
             with trio.CancelScope(shield=True):
                 self._take_queued()
-                await self._write_packed()
+                if self._ring is None:
+                    await self._write_packed()
                 await self._close_file()
+
+    # --- the flight recorder's ring ----------------------------------------
+
+    def _to_ring(self) -> None:
+        """What the disk would have got goes to the ring."""
+        assert self._ring is not None
+        packed = self._packed
+        if self._dropped:
+            gap = {"k": "gap", "t": time.monotonic_ns(), "w": time.time_ns(),
+                   "dropped": self._dropped}  # fmt: skip
+            packed = [pack(gap), *packed]
+            self._dropped = 0
+        self.frames_written += self._packed_frames
+        self._packed, self._packed_opens = [], []
+        self._packed_bytes = self._packed_frames = 0
+        now = time.monotonic_ns()
+        self._ring.add(now, packed)
+        self._ring.evict(now)
+        oldest = self._ring.oldest_ns
+        if oldest is not None and self._closed:
+            for conn in [c for c, (_, closed) in self._closed.items() if closed < oldest]:
+                del self._closed[conn]
+
+    @property
+    def ring_bytes(self) -> int:
+        return self._ring.bytes if self._ring is not None else 0
+
+    async def snapshot(
+        self, *, last: float | None = None, reason: str = "", name: str = "",
+        note: Record | None = None,
+    ) -> Snapshot:  # fmt: skip
+        """Write the ring (its last ``last`` seconds) to a new capture
+        directory in the recording directory: ``name``, or one named after
+        the time and ``reason``. ``note`` goes in as a record after the
+        restated connections (what fired a trigger)."""
+        ring = self._ring
+        if ring is None:
+            raise SnapshotError("snapshots need the flight recorder: start with --record-ring")
+        if self._snapshotting:
+            raise SnapshotBusy("a snapshot is being written; try again when it is done")
+        self._snapshotting = True
+        try:
+            self._take_queued()
+            self._to_ring()
+            now_ns = time.monotonic_ns()
+            start = None if last is None else now_ns - int(last * 1e9)
+            parts = ring.since(start)
+            oldest = parts[0].mono_ns if parts else now_ns
+            seconds = (now_ns - oldest) / 1e9 if last is None else last
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            directory = self.config.directory / (name or snapshot_name(stamp, reason))
+            self._snapshot_seq += 1
+            path = directory / f"sluice-{stamp}-{self.capture}-{self._snapshot_seq:04d}{SUFFIX}"
+            first: list[Record] = [
+                header(
+                    capture=self.capture,
+                    segment=self._snapshot_seq,
+                    started_ns=time.time_ns(),
+                    payloads=self.config.payloads,
+                    sluice_version=__version__,
+                    protocol=self.protocol,
+                    host=socket.gethostname(),
+                    listen=self._listen,
+                    broker=self._broker,
+                )
+            ]
+            open_records = {c: self._restated(r) for c, r in self._open.items()}
+            closed = {c: r for c, (r, _) in self._closed.items()}
+            marker: Record = {"k": "snapshot", "t": now_ns, "w": time.time_ns(),
+                              "reason": reason or "on demand", "seconds": seconds}  # fmt: skip
+            if note:
+                marker.update(note)
+
+            def write() -> tuple[int, int]:
+                need = needed(parts)
+                head = [*first, *restate(need.connections, open_records, closed), marker]
+                directory.mkdir(parents=True, exist_ok=True)
+                size = 0
+                with open(path, "wb") as handle:
+                    hold(handle.fileno())
+                    for data in (b"".join(pack(r) for r in head), *(p.data for p in parts)):
+                        handle.write(data)
+                        size += len(data)
+                return need.records, size
+
+            records, size = await self._io(write)
+            label = (note or {}).get("rule") or "on_demand"
+            self.snapshots_total[label] = self.snapshots_total.get(label, 0) + 1
+            log.warning("snapshot (%s) of the last %.1f s: %s, %d records, %d bytes",
+                        reason or "on demand", seconds, directory, records, size)  # fmt: skip
+            if self._bounded:
+                await self._retain()
+            return Snapshot(directory, path, records, size, seconds)
+        finally:
+            self._snapshotting = False
 
     def _take_queued(self) -> None:
         """Take what is queued (records packed when they were made)."""
@@ -485,6 +626,12 @@ class Recorder:
     @staticmethod
     async def _io(fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def snapshot_name(stamp: str, reason: str) -> str:
+    """A snapshot directory's name: the time, and the reason as a slug."""
+    slug = "-".join("".join(c if c.isalnum() else " " for c in reason.lower()).split())[:40]
+    return f"snapshot-{stamp}" + (f"-{slug}" if slug else "") + f"-{uuid.uuid4().hex[:6]}"
 
 
 def ignore_file_size_signal() -> None:
