@@ -241,7 +241,7 @@ def test_what_the_broker_sent_before_closing_still_arrives() -> None:
     (ask,) = [a for a in actions if isinstance(a, Ask)]
     actions = core.answered(ask.token, Address("127.0.0.1", 19009), 1.3)
     assert sent(actions, Peer.CLIENT)[4:] == b"OK leaders=127.0.0.1:19009"
-    assert isinstance(actions[-1], Close) and actions[-1].reason == "closed"
+    assert isinstance(actions[-1], Close) and actions[-1].reason == "broker_closed"
     assert isinstance(core.receive_broker(b"", 1.4), list)
 
 

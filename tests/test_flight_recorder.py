@@ -4,6 +4,7 @@ snapshots on demand and on triggers, with the real client and broker."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import threading
@@ -13,16 +14,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pulsar
 import pytest
 import trio
 
 from sluice.embedded import EmbeddedBroker, free_port
-from sluice.recording.format import recording_files
+from sluice.recording.format import read_records, recording_files
 from sluice.recording.reader import load
 from sluice.recording.retention import Retention, enforce, hold
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotBusy
-from tests.support import SLUICE, ProxyProcess, client, start_proxy
+from tests.support import QUIET, SLUICE, ProxyProcess, client, start_proxy, wait_ready
 from tests.test_dashboards import scrape, value
+from tests.test_workers import holds_a_client, worker_pids
 
 MiB = 1024 * 1024
 
@@ -249,3 +252,83 @@ async def test_a_second_snapshot_while_one_is_written_is_refused(tmp_path: Path)
             await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert len(list(tmp_path.iterdir())) == 1  # one capture directory
+
+
+# --- triggers -----------------------------------------------------------------------------
+
+
+def test_a_send_error_saves_the_seconds_around_it_once_per_interval(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    """A fault rule answers the 41st and 42nd SEND with SEND_ERROR; the rule
+    on errors fires twice within its interval and saves one snapshot: 2 s
+    before the first error and 2 s after it, holding that SEND_ERROR."""
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([{"id": "break", "match": {"command": "SEND"},
+                                   "action": "error", "error": "PersistenceError",
+                                   "after": 40, "times": 2}]))  # fmt: skip
+    rules = json.dumps([{"id": "send-errors", "on": "error", "match": {"command": "SEND"},
+                         "codes": ["PersistenceError"], "before": 2, "after": 2,
+                         "interval": 60}])  # fmt: skip
+    proxy, admin, record = ring_proxy(broker.url, tmp_path, "--record-ring", "16M", "--faults",
+                                      str(faults), "--snapshot-on", rules)  # fmt: skip
+    try:
+        with client(proxy.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False, send_timeout_millis=30_000)
+            started = time.monotonic()
+            for i in range(140):  # 7 s at 20 a second; the errors come after 2 s
+                with contextlib.suppress(pulsar.PulsarException):
+                    producer.send(f"m-{i:03d}".encode())
+                time.sleep(max(0.0, started + (i + 1) / 20 - time.monotonic()))
+        deadline = time.monotonic() + 20
+        while not (snapshots := sorted(record.glob("snapshot-*"))):
+            assert time.monotonic() < deadline, "no snapshot"
+            time.sleep(0.1)
+        samples = scrape(proxy, admin)
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    assert len(snapshots) == 1 and "send-errors" in snapshots[0].name
+    assert value(samples, "sluice_snapshots_total", reason="send-errors") == 1
+    assert "snapshot rule send-errors fired again" in proxy.log()  # the second: not saved
+    records = [r for path in recording_files(snapshots[0]) for r in read_records(path)]
+    marker = next(r for r in records if r["k"] == "snapshot")
+    assert marker["rule"] == "send-errors" and marker["error"] == "PersistenceError"
+    fired = [r for r in records if r["k"] == "trigger"]
+    assert len(fired) == 1 and fired[0]["cmd"] == "SEND"
+    errors = [r for r in records if r["k"] == "frame" and r["s"].get("cmd") == "SEND_ERROR"]
+    assert errors, "the SEND_ERROR that fired the rule is in the snapshot"
+    sends = sorted({bytes(p) for p in sent_payloads(snapshots[0])})
+    first, last = int(sends[0][2:]), int(sends[-1][2:])
+    # About 40 sends before the error (2 s at 20/s) and 40 after it.
+    assert 40 - 50 <= first <= 40 - 30, sends[:3]
+    assert 40 + 30 <= last <= 40 + 60, sends[-3:]
+
+
+def test_a_snapshot_with_two_workers_holds_both_workers_connections(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    proxy, admin, _ = ring_proxy(broker.url, tmp_path, "--record-ring", "8M", "--workers", "2")
+    clients: list[pulsar.Client] = []
+    try:
+        wait_ready(admin)
+        pids = worker_pids(proxy, 2)
+        for n in range(12):  # until each worker serves one (the kernel picks)
+            c = pulsar.Client(proxy.url, operation_timeout_seconds=15, logger=QUIET)
+            clients.append(c)
+            c.create_producer(topic, batching_enabled=False).send(f"w-{n}".encode())
+            if all(holds_a_client(pid, proxy.port) for pid in pids.values()):
+                break
+        assert all(holds_a_client(pid, proxy.port) for pid in pids.values())
+        taken = snapshot_cli(admin, tmp_path, "--reason", "both", "--json")
+        assert taken.returncode == 0, taken.stderr
+    finally:
+        for c in clients:
+            c.close()
+        proxy.kill()
+    answer = json.loads(taken.stdout)
+    assert answer["workers"] == 2 and not answer["failed"]
+    capture = Path(answer["path"])
+    recording = load(capture)
+    assert len({conn.key[0] for conn in recording.connections}) == 2  # both workers' captures
+    assert sorted(sent_payloads(capture)) == sorted(f"w-{n}".encode() for n in range(len(clients)))

@@ -31,6 +31,7 @@ from sluice.proxy.pulsar import connect_broker
 from sluice.proxy.server import Proxy, serve_until_signalled
 from sluice.proxy.workers import available_cpus, serve_workers
 from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
+from sluice.recording.triggers import Trigger, TriggerError, load_triggers
 from sluice.recording.writer import RecorderConfig, ignore_file_size_signal
 
 log = logging.getLogger("sluice")
@@ -314,6 +315,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--snapshot-on) write it to --record DIR (default: off, record to files)",
     )
     rec.add_argument(
+        "--snapshot-on",
+        metavar="RULES",
+        help="flight recorder: save a snapshot by itself on a broker error, an invalid "
+        "frame, an injected fault, a slow request or a broker hang-up; RULES is a JSON "
+        "file or JSON text (see docs/recording-format.md; default: none)",
+    )
+    rec.add_argument(
         "--record-retain-bytes",
         type=byte_size,
         metavar="SIZE",
@@ -475,9 +483,18 @@ def read_token(path: Path | None) -> str | None:
 
 def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
     if args.record is None:
-        if args.record_ring is not None:
-            raise ConfigError("--record-ring needs --record DIR, where snapshots are written")
+        if args.record_ring is not None or args.snapshot_on is not None:
+            raise ConfigError("--record-ring and --snapshot-on need --record DIR, where "
+                              "snapshots are written")  # fmt: skip
         return None
+    triggers: list[Trigger] = []
+    if args.snapshot_on is not None:
+        if args.record_ring is None:
+            raise ConfigError("--snapshot-on needs the flight recorder: give --record-ring")
+        try:
+            triggers = load_triggers(args.snapshot_on, PROTOCOL_FAULTS)
+        except TriggerError as exc:
+            raise ConfigError(f"--snapshot-on: {exc}") from None
     if args.record.exists() and not args.record.is_dir():
         raise ConfigError(f"--record {args.record}: exists and is not a directory")
     for name in ("record_max_bytes", "record_max_age", "record_flush_interval",
@@ -496,6 +513,7 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
         retain_age=args.record_retain_age,
         ring_bytes=args.record_ring[0] if args.record_ring else None,
         ring_seconds=args.record_ring[1] if args.record_ring else None,
+        triggers=tuple(triggers),
     )
 
 

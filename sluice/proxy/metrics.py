@@ -94,8 +94,8 @@ TIMED_COMMANDS = (
 # Why connections close (recordings' close reasons); anything else, an
 # exception's name, is counted as "error" so that the label stays bounded.
 CLOSE_REASONS = frozenset({
-    "closed", "lost", "drained", "idle", "handshake", "handshake_timeout", "relay_refused",
-    "upstream", "invalid", "unframeable", "fault", "no_listener", "error", "auth",
+    "closed", "broker_closed", "lost", "drained", "idle", "handshake", "handshake_timeout",
+    "relay_refused", "upstream", "invalid", "unframeable", "fault", "no_listener", "error", "auth",
 })  # fmt: skip
 # --auth-mode proxy: the methods a client may use, and what became of it.
 AUTH_METHODS = frozenset({"token", "tls"})

@@ -44,6 +44,7 @@ from sluice.recording.format import (
 )
 from sluice.recording.retention import Retention, enforce, hold
 from sluice.recording.ring import Ring, needed, restate
+from sluice.recording.triggers import Trigger
 
 log = logging.getLogger("sluice.recorder")
 
@@ -95,6 +96,8 @@ class RecorderConfig:
     # bytes, and no older than ring_seconds), written out by snapshots.
     ring_bytes: int | None = None
     ring_seconds: float | None = None
+    # Rules that take a snapshot by themselves (needs the ring).
+    triggers: tuple[Trigger, ...] = ()
 
     @property
     def ring(self) -> bool:
@@ -152,6 +155,9 @@ class Recorder:
         self._snapshotting = False
         self._snapshot_seq = 0
         self.snapshots_total: dict[str, int] = {}
+        self._triggers = list(config.triggers) if self._ring is not None else []
+        # Snapshots triggers asked for: when to write them, and what fired.
+        self._pending: list[tuple[float, Trigger, float, Record]] = []
         self.protocol = protocol
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
@@ -211,6 +217,8 @@ class Recorder:
 
     def event(self, conn: Conn | None, event: Event) -> None:
         kind = type(event)
+        if self._triggers and conn is not None:
+            self._check_triggers(conn, event)
         if conn is None or kind not in _RECORDED_EVENTS:
             return
         if kind is Opened:
@@ -341,6 +349,8 @@ class Recorder:
                         now = trio.current_time()
                         if self._ring is not None:
                             self._to_ring()
+                            if self._pending:
+                                await self._save_due()
                         elif now - last_flush >= self.config.flush_interval:
                             await self._write_packed()
                             if self._file is not None:
@@ -363,6 +373,43 @@ class Recorder:
                 await self._close_file()
 
     # --- the flight recorder's ring ----------------------------------------
+
+    def _check_triggers(self, conn: Conn, event: Event) -> None:
+        for trigger in self._triggers:
+            found = trigger.fires(self.protocol, event)
+            if found is None:
+                continue
+            trigger.fired += 1
+            now = time.monotonic()
+            if trigger.last_saved is not None and now - trigger.last_saved < trigger.interval:
+                log.info("snapshot rule %s fired again on conn %d within %gs: not saved",
+                         trigger.id, conn.id, trigger.interval)  # fmt: skip
+                continue
+            trigger.last_saved = now
+            note: Record = {"rule": trigger.id, "on": trigger.on, "c": conn.id, **found}
+            # Where it happened, in the stream itself.
+            self._enqueue({"k": "trigger", "t": time.monotonic_ns(), "w": time.time_ns(),
+                           **note})  # fmt: skip
+            self._pending.append((now + trigger.after, trigger, now, note))
+            log.warning("snapshot rule %s fired on conn-%d %s: %s; saving %gs before and %gs "
+                        "after", trigger.id, conn.id, conn.client,
+                        " ".join(f"{k}={v}" for k, v in found.items()), trigger.before,
+                        trigger.after)  # fmt: skip
+
+    async def _save_due(self) -> None:
+        """Write the snapshots triggers asked for, once their ``after`` is over."""
+        now = time.monotonic()
+        for item in [p for p in self._pending if p[0] <= now]:
+            _, trigger, fired_at, note = item
+            try:
+                await self.snapshot(last=now - fired_at + trigger.before, reason=trigger.id,
+                                    note=note)  # fmt: skip
+            except SnapshotBusy:
+                continue  # an on-demand one is being written: next time round
+            except (SnapshotError, OSError) as exc:
+                log.error("snapshot for rule %s failed: %s", trigger.id, exc)
+            self._pending.remove(item)
+            trigger.saved += 1
 
     def _to_ring(self) -> None:
         """What the disk would have got goes to the ring."""

@@ -279,7 +279,7 @@ class CursusConnection:
     def _end_if_broker_closed(self) -> list[Action]:
         # What the broker sent before hanging up still reaches the client.
         if self._broker_closed and not self._held:
-            return [self._close("closed", "broker closed the connection")]
+            return [self._close("broker_closed", "broker closed the connection")]
         return []
 
     def answered(self, token: int, answer: object, now: float) -> list[Action]:

@@ -666,8 +666,10 @@ class PulsarConnection:
             else:
                 actions.append(Send(to, out[0] if len(out) == 1 else b"".join(out)))
         if data is not None and not data:
-            side = "client" if from_client else "broker"
-            actions.append(self._close("closed", f"{side} closed the connection"))
+            if from_client:
+                actions.append(self._close("closed", "client closed the connection"))
+            else:
+                actions.append(self._close("broker_closed", "broker closed the connection"))
         return actions
 
     # --- authentication at the proxy (--auth-mode proxy) -------------------------
