@@ -296,6 +296,10 @@ def test_a_send_error_saves_the_seconds_around_it_once_per_interval(
     assert marker["rule"] == "send-errors" and marker["error"] == "PersistenceError"
     fired = [r for r in records if r["k"] == "trigger"]
     assert len(fired) == 1 and fired[0]["cmd"] == "SEND"
+    shown = subprocess.run([*SLUICE, "inspect", str(snapshots[0])], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert "SNAPSHOT RULE send-errors (error)" in shown.stdout, shown.stdout[-2000:]
+    assert "SNAPSHOT of" in shown.stdout
     errors = [r for r in records if r["k"] == "frame" and r["s"].get("cmd") == "SEND_ERROR"]
     assert errors, "the SEND_ERROR that fired the rule is in the snapshot"
     sends = sorted({bytes(p) for p in sent_payloads(snapshots[0])})

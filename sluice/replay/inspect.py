@@ -224,6 +224,13 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
             f"{when}  {conn:<6} {ARROWS[record['d']]} FAULT {record['action']} by rule "
             f"{record['rule']} on {record['cmd']}{topic}"
         )
+    if kind in ("trigger", "snapshot"):
+        skip = {"k", "t", "w", "c", "rule", "on", "reason", "seconds"}
+        facts = " ".join(f"{k}={v}" for k, v in record.items() if k not in skip)
+        if kind == "trigger":
+            return f"{when}  {conn:<6} !! SNAPSHOT RULE {record['rule']} ({record['on']}) {facts}"
+        return (f"{when}  !! SNAPSHOT of {record.get('seconds', 0):.1f} s, "
+                f"{record.get('reason', '')} {facts}".rstrip())  # fmt: skip
     if kind != "frame":
         return f"{when}  {conn:<6} ({kind} record)"  # a kind newer than this reader
     summary = record["s"]
