@@ -14,6 +14,9 @@ from typing import Any
 import yaml
 
 from sluice.embedded import EmbeddedBroker, free_port
+from sluice.proxy.cli import byte_size
+from sluice.proxy.config import PROTOCOL_FAULTS
+from sluice.recording.triggers import load_triggers
 from tests.support import SLUICE, client, http_get
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,6 +225,13 @@ def test_sidecar_example_fits_together(tmp_path: Path) -> None:
     assert pod["spec"]["terminationGracePeriodSeconds"] > settings["drain-timeout"]
     mounts = {m["mountPath"] for m in proxy["volumeMounts"]}
     assert settings["record"] in mounts
+    # The flight recorder's volume: retention under the emptyDir's limit, and
+    # rules that parse.
+    volumes_by_name = {v["name"]: v for v in pod["spec"]["volumes"]}
+    recordings = next(m for m in proxy["volumeMounts"] if m["mountPath"] == settings["record"])
+    limit = byte_size(volumes_by_name[recordings["name"]]["emptyDir"]["sizeLimit"])
+    assert byte_size(settings["record-retain-bytes"]) < limit
+    assert settings["record-ring"] and load_triggers(settings["snapshot-on"], PROTOCOL_FAULTS)
     # Proxy-mode authentication: the key and the credential are mounted, the
     # credential from a Secret.
     assert settings["auth-mode"] == "proxy"
