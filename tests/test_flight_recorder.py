@@ -17,6 +17,7 @@ from typing import Any
 import pulsar
 import pytest
 import trio
+import trio.testing
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.recording.format import read_records, recording_files
@@ -214,13 +215,25 @@ def test_snapshot_requests_that_cannot_be_served(broker: EmbeddedBroker, tmp_pat
         no_token = subprocess.run([*SLUICE, "record", "snapshot", "--admin", f"127.0.0.1:{admin}"],
                                   capture_output=True, text=True, timeout=60)  # fmt: skip
         assert no_token.returncode == 1 and "401" in no_token.stderr
-        assert http_post(admin, b'{"last": -1}')[0] == 400
-        assert http_post(admin, b'{"name": "../x"}')[0] == 400
+        for bad_body in (b'{"last": -1}', b'{"last": NaN}', b'{"last": 1e300}',
+                         b'{"name": "../x"}', b'{"reason": 5}', b"[1]", b"not json"):  # fmt: skip
+            assert http_post(admin, bad_body)[0] == 400, bad_body
+        assert http_post(admin, b"{}")[0] == 409  # still alive, and says why not
     finally:
         proxy.kill()
-    bad = subprocess.run([*SLUICE, "proxy", "--broker", broker.url, "--record-ring", "lots"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert bad.returncode == 2 and "--record-ring" in bad.stderr and "Traceback" not in bad.stderr
+    for options, why in (
+        (["--record-ring", "lots"], "--record-ring"),
+        (["--record", str(tmp_path / "r"), "--record-ring", "64M", "--record-retain-bytes", "80M"],
+         "three quarters"),
+        (["--record", str(tmp_path / "r"), "--record-ring", "8M", "--snapshot-on",
+          '{"on": "error", "before": NaN}'], "before is a number"),
+        (["--record", str(tmp_path / "r"), "--record-ring", "8M", "--snapshot-on",
+          '{"on": "error", "interval": 0}'], "interval is a number from 1"),
+    ):  # fmt: skip
+        bad = subprocess.run([*SLUICE, "proxy", "--broker", broker.url, *options],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert bad.returncode == 2 and why in bad.stderr, (options, bad.stderr)
+        assert "Traceback" not in bad.stderr
 
 
 def http_post(admin: int, body: bytes) -> tuple[int, str]:
@@ -245,7 +258,7 @@ async def test_a_second_snapshot_while_one_is_written_is_refused(tmp_path: Path)
             first.append(await recorder.snapshot(reason="first"))
 
         nursery.start_soon(take)
-        await trio.sleep(0)  # the first one is writing now
+        await trio.testing.wait_all_tasks_blocked()  # the first one is writing now
         with pytest.raises(SnapshotBusy):
             await recorder.snapshot(reason="second")
         while not first:

@@ -161,7 +161,14 @@ async def _respond(
                 handler = routes.get(prefix)
                 if handler is None:
                     raise Refused(404, _UNSERVED[prefix])
-                status, answer = await handler(request)
+                try:
+                    status, answer = await handler(request)
+                except Refused:
+                    raise
+                except Exception as exc:  # a bug answers 500; it never stops the endpoint
+                    log.error("admin %s %s failed: %r", request.method, request.target, exc,
+                              exc_info=exc)  # fmt: skip
+                    raise Refused(500, f"internal error: {exc!r}") from None
                 await _send(stream, status, json.dumps(answer).encode() + b"\n", _JSON)
                 return
     except Refused as refused:
@@ -270,9 +277,12 @@ class SnapshotRequest:
                                "(known: last, reason, name)")  # fmt: skip
         last = data.get("last")
         if last is not None and (
-            isinstance(last, bool) or not isinstance(last, int | float) or last <= 0
+            isinstance(last, bool)
+            or not isinstance(last, int | float)
+            or not 0 < last <= MAX_SNAPSHOT_SECONDS
         ):
-            raise Refused(400, "last is a number of seconds above 0")
+            raise Refused(400, f"last is a number of seconds, above 0 and at most "
+                               f"{MAX_SNAPSHOT_SECONDS}")  # fmt: skip
         reason, name = data.get("reason", ""), data.get("name", "")
         if not isinstance(reason, str) or len(reason) > 200:
             raise Refused(400, "reason is a string of at most 200 characters")
@@ -284,6 +294,8 @@ class SnapshotRequest:
         return {k: v for k, v in vars(self).items() if v}
 
 
+# How far back a snapshot may reach (a ring in seconds is capped lower anyway).
+MAX_SNAPSHOT_SECONDS = 7 * 24 * 3600
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,120}")
 
 

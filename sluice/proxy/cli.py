@@ -32,7 +32,7 @@ from sluice.proxy.server import Proxy, serve_until_signalled
 from sluice.proxy.workers import available_cpus, serve_workers
 from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
 from sluice.recording.triggers import Trigger, TriggerError, load_triggers
-from sluice.recording.writer import RecorderConfig, ignore_file_size_signal
+from sluice.recording.writer import RING_BYTES_WITH_SECONDS, RecorderConfig, ignore_file_size_signal
 
 log = logging.getLogger("sluice")
 
@@ -487,6 +487,16 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
             raise ConfigError("--record-ring and --snapshot-on need --record DIR, where "
                               "snapshots are written")  # fmt: skip
         return None
+    ring_bytes = None
+    if args.record_ring is not None:
+        ring_bytes = args.record_ring[0] or RING_BYTES_WITH_SECONDS
+    retain = args.record_retain_bytes
+    if ring_bytes is not None and retain is not None and ring_bytes > retain * 3 // 4:
+        raise ConfigError(
+            f"--record-ring holds up to {ring_bytes} bytes, more than three quarters of "
+            f"--record-retain-bytes ({retain}): a snapshot of it would not fit; give the ring "
+            "less or keep more"
+        )
     triggers: list[Trigger] = []
     if args.snapshot_on is not None:
         if args.record_ring is None:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from sluice.errors import ConfigError
+from sluice.proxy.admin import MAX_SNAPSHOT_SECONDS
 from sluice.proxy.cli import read_token
 from sluice.proxy.faults_cli import AdminError, call
 
@@ -57,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.last is not None and args.last <= 0:
-            raise ConfigError("--last must be positive")
+        if args.last is not None and not 0 < args.last <= MAX_SNAPSHOT_SECONDS:
+            raise ConfigError(f"--last is a number of seconds, above 0 and at most "
+                              f"{MAX_SNAPSHOT_SECONDS}")  # fmt: skip
         token = read_token(args.admin_token_file)
         body: dict[str, object] = {"reason": args.reason}
         if args.last is not None:

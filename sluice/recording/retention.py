@@ -94,9 +94,11 @@ def enforce(
 
 
 def hold(fd: int) -> None:
-    """Mark an open recording file as being written (until it is closed)."""
+    """Mark an open recording file as being written (until it is closed).
+    Blocking: a retention pass holds its exclusive lock only for a moment,
+    and a file left unmarked could be removed while it is written."""
     with contextlib.suppress(OSError):
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH)
 
 
 def _held(path: Path) -> bool:

@@ -36,6 +36,9 @@ class Ring:
         self.parts: collections.deque[Part] = collections.deque()
         self.bytes = 0
         self.evicted_parts = 0
+        # When the newest evicted part was taken: records from before then
+        # may be gone (None: nothing evicted yet).
+        self.evicted_until_ns: int | None = None
 
     def add(self, mono_ns: int, packed: list[bytes]) -> None:
         if not packed:
@@ -51,8 +54,10 @@ class Ring:
             self.bytes - len(parts[0].data) >= self.max_bytes
             or (self.max_ns is not None and parts[0].mono_ns < now_ns - self.max_ns)
         ):
-            self.bytes -= len(parts.popleft().data)
+            part = parts.popleft()
+            self.bytes -= len(part.data)
             self.evicted_parts += 1
+            self.evicted_until_ns = part.mono_ns
 
     @property
     def oldest_ns(self) -> int | None:

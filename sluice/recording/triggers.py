@@ -27,6 +27,7 @@ that fired it, and is logged.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ from sluice.protocols.faults import (
     topic_matches,
 )
 
+# The longest before/after/interval a rule may ask for (a day).
+MAX_SECONDS = 24 * 3600.0
 KINDS = ("error", "invalid", "fault", "slow", "broker_closed")
 _KEYS = {"id", "on", "match", "codes", "slower_than_ms", "before", "after", "interval"}
 _MATCH_KEYS = {"protocol", "command", "topic", "direction"}
@@ -186,7 +189,7 @@ def parse_trigger(data: object, protocols: Mapping[str, ProtocolFaults], number:
         direction=direction,
         before=_seconds(data, "before", 30.0),
         after=_seconds(data, "after", 5.0, minimum=0.0),
-        interval=_seconds(data, "interval", 60.0, minimum=0.0),
+        interval=_seconds(data, "interval", 60.0, minimum=1.0),
     )
     codes = data.get("codes")
     if codes is not None:
@@ -239,6 +242,11 @@ def _seconds(
     value = data.get(key, default)
     if value is None:
         raise TriggerError(f"{key} is needed")
-    if isinstance(value, bool) or not isinstance(value, int | float) or value / scale < minimum:
-        raise TriggerError(f"{key} is a number of at least {minimum * scale:g}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not minimum <= value / scale <= MAX_SECONDS
+    ):
+        raise TriggerError(f"{key} is a number from {minimum * scale:g} to {MAX_SECONDS * scale:g}")
     return float(value) / scale

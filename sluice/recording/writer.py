@@ -193,6 +193,7 @@ class Recorder:
         self._conns: dict[int, Conn] = {}  # their connections, for what the core learned
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
+        self._file_header = 0  # the header and restated connections of the open file
         self._file_started = 0.0
         self._segment = 0
         self._retry_at = 0.0
@@ -406,7 +407,7 @@ class Recorder:
                                     note=note)  # fmt: skip
             except SnapshotBusy:
                 continue  # an on-demand one is being written: next time round
-            except (SnapshotError, OSError) as exc:
+            except Exception as exc:  # given up, never retried in a loop
                 log.error("snapshot for rule %s failed: %s", trigger.id, exc)
             self._pending.remove(item)
             trigger.saved += 1
@@ -426,9 +427,11 @@ class Recorder:
         now = time.monotonic_ns()
         self._ring.add(now, packed)
         self._ring.evict(now)
-        oldest = self._ring.oldest_ns
-        if oldest is not None and self._closed:
-            for conn in [c for c, (_, closed) in self._closed.items() if closed < oldest]:
+        # A connection's conn record is needed while any of its records may
+        # be in the ring: until a part taken after it closed is evicted.
+        gone = self._ring.evicted_until_ns
+        if gone is not None and self._closed:
+            for conn in [c for c, (_, closed) in self._closed.items() if closed < gone]:
                 del self._closed[conn]
 
     @property
@@ -499,7 +502,7 @@ class Recorder:
             log.warning("snapshot (%s) of the last %.1f s: %s, %d records, %d bytes",
                         reason or "on demand", seconds, directory, records, size)  # fmt: skip
             if self._bounded:
-                await self._retain()
+                await self._retain(keep=path)
             return Snapshot(directory, path, records, size, seconds)
         finally:
             self._snapshotting = False
@@ -523,9 +526,10 @@ class Recorder:
         if not self._packed:
             return
         packed, opens, frames = self._packed, self._packed_opens, self._packed_frames
+        upcoming = self._packed_bytes
         self._packed, self._packed_opens = [], []
         self._packed_bytes = self._packed_frames = 0
-        restated = await self._ensure_file()
+        restated = await self._ensure_file(upcoming)
         if restated is None:
             self._drop(frames)
             return
@@ -553,12 +557,14 @@ class Recorder:
         self.frames_written += frames
         self.bytes_written += len(data)
 
-    async def _ensure_file(self) -> set[int] | None:
-        """An open file to write to: None if there is none (disk trouble);
-        otherwise the connections a freshly started file re-stated."""
+    async def _ensure_file(self, upcoming: int = 0) -> set[int] | None:
+        """An open file to write to, with room for ``upcoming`` bytes under
+        the file cap when it holds any: None if there is none (disk
+        trouble); otherwise the connections a freshly started file re-stated."""
         now = trio.current_time()
         if self._file is not None and (
-            self._file_bytes >= self._file_cap
+            (self._file_bytes + upcoming > self._file_cap and self._file_bytes > self._file_header)
+            or self._file_bytes >= self._file_cap
             or now - self._file_started >= self.config.max_file_age
         ):
             await self._close_file()
@@ -584,13 +590,13 @@ class Recorder:
         ) + b"".join(pack(self._restated(record)) for record in self._open.values())
         try:
             handle = await self._io(open, path, "wb")
-            hold(handle.fileno())  # being written: retention leaves it alone
+            await self._io(hold, handle.fileno())  # being written: retention leaves it alone
             await self._io(handle.write, first)
         except OSError as exc:
             self._failed(exc)
             return None
         self._file = handle
-        self._file_bytes = len(first)
+        self._file_bytes = self._file_header = len(first)
         self._file_started = now
         self.files.append(path)
         log.info("recording to %s", path)
@@ -598,10 +604,12 @@ class Recorder:
             await self._retain()
         return set(self._open)
 
-    async def _retain(self) -> None:
-        """One retention pass (in a worker thread: it lists and removes files)."""
+    async def _retain(self, keep: Path | None = None) -> None:
+        """One retention pass (in a worker thread: it lists and removes
+        files); never the file being written, nor ``keep``."""
         self._retained_at = trio.current_time()
-        keep = Path(self._file.name) if self._file is not None else None
+        if keep is None and self._file is not None:
+            keep = Path(self._file.name)
         try:
             removed = await self._io(
                 lambda: enforce(self.config.directory, self._retention,

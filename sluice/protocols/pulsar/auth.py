@@ -31,9 +31,11 @@ import binascii
 import hashlib
 import hmac
 import json
+import math
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,10 @@ _DIGESTS: dict[str, hashes.HashAlgorithm] = {
     "512": hashes.SHA512(),
 }
 _CURVES = {"256": ec.SECP256R1, "384": ec.SECP384R1, "512": ec.SECP521R1}
+
+
+# Longer tokens are refused unread (a JWT is a few hundred bytes).
+MAX_TOKEN = 16 * 1024
 
 
 class AuthError(Exception):
@@ -108,7 +114,7 @@ class Identity:
 
     role: str
     method: str
-    data: bytes
+    data: bytes = field(repr=False)
     expires: float | None = None
 
 
@@ -145,6 +151,8 @@ class TokenVerifier:
 
     def verify(self, token: str, now: float) -> tuple[str, float | None]:
         """The token's role and expiry; AuthError when it is not valid at ``now``."""
+        if len(token) > MAX_TOKEN:
+            raise AuthError(f"token over {MAX_TOKEN} bytes")
         parts = token.strip().split(".")
         if len(parts) != 3:
             raise AuthError("not a JWT")
@@ -152,7 +160,7 @@ class TokenVerifier:
             header = json.loads(_unb64(parts[0]))
             claims = json.loads(_unb64(parts[1]))
             signature = _unb64(parts[2])
-        except (ValueError, binascii.Error):
+        except (ValueError, binascii.Error, RecursionError):
             raise AuthError("a JWT part does not decode") from None
         if not isinstance(header, dict) or not isinstance(claims, dict):
             raise AuthError("a JWT part is not a JSON object")
@@ -163,8 +171,8 @@ class TokenVerifier:
         exp, nbf = claims.get("exp"), claims.get("nbf")
         for name, value in (("exp", exp), ("nbf", nbf)):
             number = isinstance(value, int | float) and not isinstance(value, bool)
-            if value is not None and not number:
-                raise AuthError(f"claim {name} is not a number")
+            if value is not None and not (number and math.isfinite(value) and abs(value) < 1e15):
+                raise AuthError(f"claim {name} is not a time")
         if exp is not None and now >= exp:
             raise AuthError("the token has expired")
         if nbf is not None and now < nbf:
@@ -204,15 +212,56 @@ class TokenVerifier:
             raise AuthError("bad signature") from None
 
 
+class OwnToken:
+    """Sluice's own token, from its file, read again when the file changes
+    (a rotated Kubernetes Secret, a renewed token): checked at most once a
+    second, and a file that cannot be read keeps the last good token."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+        self.token = self._read()
+
+    def _read(self) -> bytes:
+        st = self.path.stat()
+        token = _read(self.path, "--broker-auth-token-file").strip()
+        if token.startswith(b"token:"):
+            token = token[len(b"token:") :].strip()
+        if not token:
+            raise ConfigError(f"--broker-auth-token-file {self.path}: the file is empty")
+        self._stamp = (st.st_mtime_ns, st.st_size)
+        return token
+
+    def current(self) -> bytes:
+        now = time.monotonic()
+        if now - self._checked >= 1.0:
+            self._checked = now
+            try:
+                st = self.path.stat()
+                if (st.st_mtime_ns, st.st_size) != self._stamp:
+                    self.token = self._read()
+            except (OSError, ConfigError):
+                pass  # keep the last good one; the broker will say if it expired
+        return self.token
+
+
 @dataclass(frozen=True)
 class ProxyAuth:
     """``--auth-mode proxy``: how clients are authenticated, and what Sluice
     tells the broker."""
 
-    own: UpstreamAuth  # Sluice's credentials (a proxy role at the broker)
+    own_method: str  # Sluice's credentials (a proxy role at the broker): token | tls
+    own_token: OwnToken | None = None
     tokens: TokenVerifier | None = None
     tls_roles: bool = False  # clients may authenticate with a TLS certificate
     forward_auth_data: bool = False
+
+    @property
+    def own(self) -> UpstreamAuth:
+        """Sluice's credentials now (its token file is re-read when it changes)."""
+        token = self.own_token.current() if self.own_token is not None else b""
+        return UpstreamAuth(self.own_method, token)
 
     @classmethod
     def load(
@@ -234,15 +283,13 @@ class ProxyAuth:
         elif public_key is not None:
             tokens = TokenVerifier.public_key(public_key, role_claim)
         if own_token is not None:
-            token = _read(own_token, "--broker-auth-token-file").strip()
-            if token.startswith(b"token:"):
-                token = token[len(b"token:") :].strip()
-            if not token:
-                raise ConfigError(f"--broker-auth-token-file {own_token}: the file is empty")
-            own = UpstreamAuth("token", token)
-        else:
-            own = UpstreamAuth("tls", b"")
-        return cls(own, tokens, tls_roles, forward_auth_data)
+            try:
+                return cls("token", OwnToken(own_token), tokens, tls_roles, forward_auth_data)
+            except OSError as exc:
+                raise ConfigError(
+                    f"--broker-auth-token-file {own_token}: {exc.strerror or exc}"
+                ) from None
+        return cls("tls", None, tokens, tls_roles, forward_auth_data)
 
     @property
     def methods(self) -> list[str]:
@@ -267,13 +314,14 @@ class ProxyAuth:
             return Identity(peer_role, method, data)
         if not method:
             raise AuthError("no credentials")
-        raise AuthError(f"auth method {method!r} is not accepted (accepted: "
+        raise AuthError(f"auth method {method[:40]!r} is not accepted (accepted: "
                         f"{', '.join(self.methods) or 'none'})")  # fmt: skip
 
     def upstream(self, client: Identity) -> UpstreamAuth:
         """Sluice's credentials, naming ``client`` as the original principal."""
         forwarded = client.data.decode(errors="replace") if self.forward_auth_data else None
-        return UpstreamAuth(self.own.method, self.own.data, client.role, client.method, forwarded)
+        own = self.own
+        return UpstreamAuth(own.method, own.data, client.role, client.method, forwarded)
 
 
 def _read(path: Path, option: str) -> bytes:
@@ -284,4 +332,10 @@ def _read(path: Path, option: str) -> bytes:
 
 
 def _unb64(part: str) -> bytes:
+    """base64url without padding, strictly: nothing but its alphabet."""
+    if not _B64URL.fullmatch(part):
+        raise ValueError("not base64url")
     return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")

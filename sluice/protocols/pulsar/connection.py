@@ -744,6 +744,8 @@ class PulsarConnection:
                 self._close("auth", f"refreshed credentials refused: {exc}", logging.WARNING),
             ]
         self._accept_identity(identity, now)
+        if self.state is State.LOOKUP:  # lookups go on with the fresh credentials
+            self._credentials = auth.upstream(identity)
         self.tap.event(self.conn, Authenticated(method, "refreshed"))
         return []
 
