@@ -489,16 +489,20 @@ class Supervisor:
             name = wanted.name or snapshot_name(stamp, wanted.reason)
             body = {**wanted.to_json(), "name": name}
             answers: list[tuple[int, Any]] = []
-            for worker in self.workers:
-                if worker.admin is None:
-                    continue
+
+            async def ask(worker: Worker, admin: Address) -> None:
                 try:
-                    status, text = await http(worker.admin, "POST", "/recording/snapshot",
+                    status, text = await http(admin, "POST", "/recording/snapshot",
                                               self.token, body)  # fmt: skip
                 except (OSError, trio.TooSlowError) as exc:
                     answers.append((502, f"worker {worker.index}: {exc}"))
-                    continue
+                    return
                 answers.append((status, json.loads(text) if status == 201 else text.decode()))
+
+            async with trio.open_nursery() as nursery:  # all at once: one moment
+                for worker in self.workers:
+                    if worker.admin is not None:
+                        nursery.start_soon(ask, worker, worker.admin)
         finally:
             self._snapshotting = False
         taken = [answer for status, answer in answers if status == 201]
