@@ -127,14 +127,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="proxy mode: check client tokens (HS256/384/512) with this secret key, the "
-        "file the broker's tokenSecretKey names",
+        "file the broker's tokenSecretKey names (default: none)",
     )
     auth.add_argument(
         "--auth-token-public-key",
         type=Path,
         metavar="FILE",
         help="proxy mode: check client tokens (RS*/ES*) with this public key (DER or PEM), "
-        "the file the broker's tokenPublicKey names",
+        "the file the broker's tokenPublicKey names (default: none)",
     )
     auth.add_argument(
         "--auth-token-role-claim",
@@ -146,8 +146,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker-auth-token-file",
         type=Path,
         metavar="FILE",
-        help="proxy mode: Sluice's own token at the broker (a role in its proxyRoles); "
-        "without it, the --broker-tls-cert certificate is Sluice's credential",
+        help="proxy mode: Sluice's own token at the broker (a role in its proxyRoles; "
+        "default: none, the --broker-tls-cert certificate is Sluice's credential)",
     )
     auth.add_argument(
         "--forward-auth-data",
