@@ -250,6 +250,15 @@ def http_post(admin: int, body: bytes) -> tuple[int, str]:
 async def test_a_second_snapshot_while_one_is_written_is_refused(tmp_path: Path) -> None:
     recorder = Recorder(RecorderConfig(tmp_path, ring_bytes=MiB))
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    # The first snapshot's write is held until the second has been refused.
+    release = trio.Event()
+    write_in_thread = recorder._io
+
+    async def held_io(fn: Any, *args: Any) -> Any:
+        await release.wait()
+        return await write_in_thread(fn, *args)
+
+    recorder._io = held_io  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         await nursery.start(recorder.run)
         first: list[Any] = []
@@ -261,6 +270,7 @@ async def test_a_second_snapshot_while_one_is_written_is_refused(tmp_path: Path)
         await trio.testing.wait_all_tasks_blocked()  # the first one is writing now
         with pytest.raises(SnapshotBusy):
             await recorder.snapshot(reason="second")
+        release.set()
         while not first:
             await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
