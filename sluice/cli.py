@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sluice.replay import inspect as inspect_cli
     from sluice.replay import replay as replay_cli
     from sluice.replay import serve as serve_cli
+    from sluice.view import cli as view_cli
 
     parser = Parser(
         prog="sluice",
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("inspect", inspect_cli,
          "show a recording: timeline, JSON lines, summary, or pcapng for Wireshark",
          "Read Sluice recordings (a file or a directory of them).", False),
+        ("view", view_cli, "read a recording in the browser (or export it as one HTML file)",
+         "Serve a web page over a recording: connections, a timeline, every frame with its "
+         "detail, filters that live in the link, and a summary.", False),
         ("demo", demo_cli,
          "see Sluice work: embedded broker, proxy, real client traffic, a report",
          "Start the embedded pulsar-lite broker and Sluice in front of it, run a "

@@ -379,6 +379,7 @@ class ReadResult:
     version: int = 0
     truncated_bytes: int = 0  # a partial record at the end (writer killed)
     records: int = 0
+    offset: int = 0  # where the record just read starts in the file
 
 
 def read_records(path: Path, result: ReadResult | None = None) -> Iterator[Record]:
@@ -413,6 +414,7 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
     upgrade: list[Callable[[Record], Record]] = []
     summaries: FrameSummaries | None = None
     while True:
+        result.offset = unpacker.tell()
         try:
             record = unpacker.unpack()
         except msgpack.OutOfData:
@@ -455,6 +457,21 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
     if first:
         raise RecordingError(f"{path}: empty file, not a Sluice recording")
     result.truncated_bytes = size - unpacker.tell()
+
+
+def record_at(path: Path, offset: int, version: int) -> Record:
+    """The record at ``offset`` of a file of format ``version``
+    (``ReadResult.version``), upgraded as ``read_records`` would (its
+    summary is not filled in)."""
+    steps = [UPGRADERS[v] for v in range(version, VERSION)]
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        unpacker = msgpack.Unpacker(handle, raw=False, strict_map_key=False,
+                                    max_buffer_size=256 * 1024 * 1024)  # fmt: skip
+        record: Record = unpacker.unpack()
+    for step in steps:
+        record = step(record)
+    return record
 
 
 def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[[Record], Record]]:

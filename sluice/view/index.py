@@ -1,0 +1,545 @@
+"""What ``sluice view`` knows of a capture: a compact index of its frames,
+built in a thread while the page is already served.
+
+One row per frame, column by column in typed arrays (a million frames take
+tens of megabytes, not a gigabyte of dicts): connection, direction, time,
+command, topic, size, what is wrong with it, the request it answers and how
+long that took, and where its record is (file and offset) so that the
+detail is read back only when asked for. Commands, topics and errors are
+interned. Filters and pages are answered from the arrays; only the frames
+of a page become dicts.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import hashlib
+import logging
+import threading
+import time
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from sluice.protocols.pulsar import decode_frame
+from sluice.protocols.pulsar.redact import loggable
+from sluice.recording.format import (
+    ReadResult,
+    RecordingError,
+    read_records,
+    record_at,
+    recording_files,
+)
+
+log = logging.getLogger("sluice.view")
+
+# What can be wrong with a frame, as bits of its flags.
+INVALID, ERROR, FAULT, GAP_BEFORE, REDACTED = 1, 2, 4, 8, 16
+PROBLEMS = INVALID | ERROR | FAULT | GAP_BEFORE
+# Request/answer pairs: which id fields pair a frame with its answer.
+_PAIR_KEYS = ("rid", "seq")
+# Latency histogram buckets, in seconds (upper bounds).
+BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class Interned:
+    def __init__(self) -> None:
+        self.names: list[str] = [""]
+        self._ids: dict[str, int] = {"": 0}
+
+    def id(self, name: str | None) -> int:
+        if not name:
+            return 0
+        found = self._ids.get(name)
+        if found is None:
+            found = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return found
+
+
+@dataclass
+class Connection:
+    index: int
+    capture: str
+    conn: int
+    kind: str = ""
+    client: str = ""
+    broker: str = ""
+    protocol: str = "pulsar"
+    start_ns: int = 0
+    end_ns: int = 0
+    frames: int = 0
+    problems: int = 0
+    closed: str = ""
+
+    def to_json(self, origin: int) -> dict[str, Any]:
+        return {
+            "id": self.index,
+            "name": f"c{self.conn}",
+            "capture": self.capture,
+            "kind": self.kind,
+            "client": self.client,
+            "broker": self.broker,
+            "protocol": self.protocol,
+            "start": (self.start_ns - origin) / 1e9,
+            "duration": max(0, self.end_ns - self.start_ns) / 1e9,
+            "frames": self.frames,
+            "problems": self.problems,
+            "closed": self.closed,
+        }
+
+
+@dataclass
+class Note:
+    """Something that is not a frame: a gap, a fault, a trigger, a snapshot."""
+
+    kind: str
+    t: float
+    connection: int | None
+    text: str
+
+
+@dataclass
+class Filter:
+    cmd: str = ""
+    topic: str = ""
+    producer: int | None = None
+    consumer: int | None = None
+    connection: int | None = None
+    start: float | None = None  # seconds from the capture's start
+    end: float | None = None
+    problems: bool = False
+
+    @classmethod
+    def from_query(cls, query: dict[str, str]) -> Filter:
+        def number(key: str) -> float | None:
+            text = query.get(key, "").strip()
+            if not text:
+                return None
+            try:
+                return float(text)
+            except ValueError:
+                raise ValueError(f"{key} must be a number, not {text!r}") from None
+
+        def whole(key: str) -> int | None:
+            value = number(key)
+            return None if value is None else int(value)
+
+        return cls(
+            cmd=query.get("cmd", "").strip().upper(),
+            topic=query.get("topic", "").strip(),
+            producer=whole("producer"),
+            consumer=whole("consumer"),
+            connection=whole("conn"),
+            start=number("from"),
+            end=number("to"),
+            problems=query.get("problems", "") in ("1", "true", "yes", "on"),
+        )
+
+    @property
+    def empty(self) -> bool:
+        return self == Filter()
+
+
+@dataclass
+class Index:
+    """A capture's frames, growing while ``building``."""
+
+    target: Path
+    files: list[Path] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    protocol: str = "pulsar"
+    payloads: str = ""
+    origin_ns: int = 0  # the first record's monotonic time
+    origin_wall_ns: int = 0
+    connections: list[Connection] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    truncated: list[str] = field(default_factory=list)
+    problems_found: list[str] = field(default_factory=list)
+    building: bool = True
+    error: str = ""
+    read_bytes: int = 0
+    total_bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    built_in: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.commands = Interned()
+        self.topics = Interned()
+        self.errors = Interned()
+        self.conn = array("I")
+        self.direction = array("B")  # 0 client to broker, 1 broker to client
+        self.t = array("q")  # ns from origin
+        self.cmd = array("H")
+        self.topic = array("I")
+        self.size = array("I")
+        self.flags = array("B")
+        self.error_id = array("H")
+        self.pid = array("q")  # producer id, -1 none
+        self.cid = array("q")  # consumer id, -1 none
+        self.pair = array("q")  # the frame it answers or is answered by, -1 none
+        self.latency = array("f")  # seconds, for answers; 0 otherwise
+        self.file = array("H")
+        self.offset = array("Q")
+        self.lock = threading.Lock()
+
+    @property
+    def frames(self) -> int:
+        return len(self.t)
+
+    # --- building ------------------------------------------------------------
+
+    def build(self) -> None:
+        """Read every file (in a thread: the server answers meanwhile)."""
+        try:
+            self.files = recording_files(self.target)
+            if not self.files:
+                raise RecordingError(f"{self.target}: no recordings (*.sluice) here")
+            self.total_bytes = sum(p.stat().st_size for p in self.files)
+            for number, path in enumerate(self.files):
+                self._read(number, path)
+        except RecordingError as exc:
+            self.error = str(exc)
+        except OSError as exc:
+            self.error = f"{exc.filename or self.target}: {exc.strerror or exc}"
+        finally:
+            self.built_in = time.monotonic() - self.started
+            self.building = False
+
+    def _read(self, number: int, path: Path) -> None:
+        result = ReadResult(path)
+        by_key: dict[int, Connection] = {}
+        waiting: dict[tuple[int, str, int, int], int] = {}  # (conn, key, pid, id) -> frame
+        gap = False
+        capture = ""
+        self.versions.append(0)
+        if path.stat().st_size == 0:
+            self.truncated.append(f"{path.name}: empty (the writer stopped before its first flush)")
+            return
+        records = read_records(path, result)
+        for record in records:
+            kind = record.get("k")
+            if kind == "header":
+                self.versions[number] = result.version
+                capture = record.get("capture", "")
+                self.protocol = record.get("protocol", "pulsar")
+                self.payloads = record.get("payloads", "")
+                by_key = {c.conn: c for c in self.connections if c.capture == capture}
+                continue
+            if not self.origin_ns and "t" in record:
+                self.origin_ns = record["t"]
+                self.origin_wall_ns = record.get("w", 0)
+            if kind == "frame":
+                connection = by_key.get(record["c"])
+                if connection is None:  # its opening was in a file no longer there
+                    connection = self._connection(capture, record["c"], record["t"])
+                    by_key[record["c"]] = connection
+                self._frame(number, result.offset, record, connection, waiting, gap)
+                gap = False
+            elif kind == "conn":
+                connection = by_key.get(record["c"])
+                if connection is None:
+                    connection = self._connection(capture, record["c"], record["t"])
+                    by_key[record["c"]] = connection
+                connection.kind = record.get("kind", "")
+                connection.client = record.get("client", "")
+                connection.broker = record.get("broker", "")
+            elif kind == "close":
+                connection = by_key.get(record["c"])
+                if connection is not None:
+                    connection.closed = record.get("reason", "") or "closed"
+                    connection.end_ns = max(connection.end_ns, record["t"])
+            else:
+                self._note(kind, record, by_key)
+                gap = gap or kind == "gap"
+            self.read_bytes = sum(p.stat().st_size for p in self.files[:number]) + result.offset
+        if result.truncated_bytes:
+            self.truncated.append(
+                f"{path.name}: ends with {result.truncated_bytes} bytes of an incomplete record"
+            )
+
+    def _connection(self, capture: str, conn: int, t: int) -> Connection:
+        connection = Connection(
+            len(self.connections), capture, conn, protocol=self.protocol, start_ns=t, end_ns=t
+        )
+        self.connections.append(connection)
+        return connection
+
+    def _frame(
+        self,
+        number: int,
+        offset: int,
+        record: dict[str, Any],
+        connection: Connection,
+        waiting: dict[tuple[int, str, int, int], int],
+        gap: bool,
+    ) -> None:
+        summary = record.get("s") or {}
+        cmd = str(summary.get("cmd", "?"))
+        flags = GAP_BEFORE if gap else 0
+        if "invalid" in summary:
+            flags |= INVALID
+        if "error" in summary:
+            flags |= ERROR
+        if summary.get("redacted") or record.get("redacted"):
+            flags |= REDACTED
+        index = len(self.t)
+        t = record["t"]
+        direction = 0 if record["d"] == 0 else 1
+        pair, latency = -1, 0.0
+        for key in _PAIR_KEYS:
+            if key in summary and not (
+                key == "seq" and cmd not in ("SEND", "SEND_RECEIPT", "SEND_ERROR")
+            ):
+                slot = (connection.index, key, int(summary.get("pid", -1)), int(summary[key]))
+                if direction == 0:
+                    waiting[slot] = index
+                else:
+                    asked = waiting.pop(slot, None)
+                    if asked is not None:
+                        pair = asked
+                        latency = (t - self.t[asked] - self.origin_ns) / 1e9
+                        self.pair[asked] = index
+                break
+        with self.lock:
+            self.conn.append(connection.index)
+            self.direction.append(direction)
+            self.t.append(t - self.origin_ns)
+            self.cmd.append(self.commands.id(cmd))
+            self.topic.append(self.topics.id(summary.get("topic")))
+            self.size.append(int(record.get("n", len(record.get("raw", b"")))))
+            self.flags.append(flags)
+            self.error_id.append(self.errors.id(summary.get("error") or summary.get("invalid")))
+            self.pid.append(int(summary.get("pid", -1)))
+            self.cid.append(int(summary.get("cid", -1)))
+            self.pair.append(pair)
+            self.latency.append(max(0.0, latency))
+            self.file.append(number)
+            self.offset.append(offset)
+        connection.frames += 1
+        connection.problems += bool(flags & PROBLEMS)
+        connection.end_ns = max(connection.end_ns, t)
+
+    def _note(
+        self, kind: str | None, record: dict[str, Any], by_key: dict[int, Connection]
+    ) -> None:
+        t = (record.get("t", self.origin_ns) - self.origin_ns) / 1e9
+        conn = by_key.get(record["c"]) if "c" in record else None
+        if kind == "gap":
+            text = f"{record.get('dropped', 0)} frames were not recorded here"
+        elif kind == "fault":
+            text = (
+                f"fault {record.get('action')} by rule {record.get('rule')} on {record.get('cmd')}"
+            )
+            if self.frames and conn is not None:
+                self.flags[self.frames - 1] |= FAULT
+                conn.problems += 1
+        elif kind == "trigger":
+            text = f"snapshot rule {record.get('rule')} ({record.get('on')}) fired"
+        elif kind == "snapshot":
+            text = f"snapshot of {record.get('seconds', 0):.1f} s: {record.get('reason', '')}"
+        else:
+            text = f"{kind} record"
+        self.notes.append(Note(str(kind), t, conn.index if conn else None, text))
+
+    # --- questions -------------------------------------------------------------
+
+    def matching(self, f: Filter) -> Iterator[int]:
+        """Frame indexes that pass the filter, in order."""
+        n = self.frames
+        cmd = self.commands._ids.get(f.cmd, -1) if f.cmd else None
+        topics: set[int] | None = None
+        if f.topic:
+            wanted = f.topic
+            topics = {
+                i
+                for i, name in enumerate(self.topics.names)
+                if name and (name == wanted or name.rsplit("/", 1)[-1] == wanted or wanted in name)
+            }
+        start = None if f.start is None else int(f.start * 1e9)
+        end = None if f.end is None else int(f.end * 1e9)
+        for i in range(n):
+            if cmd is not None and self.cmd[i] != cmd:
+                continue
+            if topics is not None and self.topic[i] not in topics:
+                continue
+            if f.connection is not None and self.conn[i] != f.connection:
+                continue
+            if f.producer is not None and self.pid[i] != f.producer:
+                continue
+            if f.consumer is not None and self.cid[i] != f.consumer:
+                continue
+            if start is not None and self.t[i] < start:
+                continue
+            if end is not None and self.t[i] > end:
+                continue
+            if f.problems and not self.flags[i] & PROBLEMS:
+                continue
+            yield i
+
+    def row(self, i: int) -> dict[str, Any]:
+        flags = self.flags[i]
+        return {
+            "i": i,
+            "t": self.t[i] / 1e9,
+            "conn": self.conn[i],
+            "dir": "C→B" if self.direction[i] == 0 else "B→C",
+            "cmd": self.commands.names[self.cmd[i]],
+            "topic": self.topics.names[self.topic[i]],
+            "size": self.size[i],
+            "problem": self.errors.names[self.error_id[i]] or ("fault" if flags & FAULT else ""),
+            "flags": [
+                name
+                for bit, name in (
+                    (INVALID, "invalid"),
+                    (ERROR, "error"),
+                    (FAULT, "fault"),
+                    (GAP_BEFORE, "gap"),
+                    (REDACTED, "redacted"),
+                )
+                if flags & bit
+            ],
+            "pair": self.pair[i] if self.pair[i] >= 0 else None,
+            "latency": round(self.latency[i], 6)
+            if self.pair[i] >= 0 and self.direction[i]
+            else None,
+        }
+
+    def page(self, f: Filter, offset: int, limit: int) -> dict[str, Any]:
+        rows, total = [], 0
+        for i in self.matching(f):
+            if offset <= total < offset + limit:
+                rows.append(self.row(i))
+            total += 1
+        return {"total": total, "offset": offset, "rows": rows, "building": self.building}
+
+    def detail(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < self.frames:
+            raise KeyError(i)
+        path = self.files[self.file[i]]
+        record = record_at(path, self.offset[i], self.versions[self.file[i]])
+        out = self.row(i)
+        raw: bytes = record.get("raw", b"")
+        out["raw_hex"] = raw[:4096].hex(" ")
+        out["raw_size"] = len(raw)
+        out["raw_cut"] = len(raw) > 4096
+        if "p" in record:  # payload left out: its size (and digest)
+            p = record["p"]
+            out["payload"] = {"size": p[0], **({"sha256": p[1].hex()} if len(p) > 1 else {})}
+        out["file"] = path.name
+        out["time"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.get("w", 0) / 1e9))
+        out["command"] = self._decoded(raw, out)
+        return out
+
+    def _decoded(self, raw: bytes, out: dict[str, Any]) -> Any:
+        if self.protocol != "pulsar":
+            text = raw[4:].decode("utf-8", errors="replace")
+            printable = "".join(c if c.isprintable() else "·" for c in text[:2000])
+            return {"text": printable}
+        try:
+            frame = decode_frame(raw)
+        except Exception as exc:  # a recorded invalid frame: its bytes say the rest
+            return {"undecodable": str(exc)}
+        body = loggable(frame)
+        decoded = MessageToDict(body, preserving_proto_field_name=True) if body is not None else {}
+        meta = frame.metadata
+        if meta is not None:
+            out["metadata"] = MessageToDict(meta, preserving_proto_field_name=True)
+            payload = bytes(frame.payload)
+            if payload and "payload" not in out:
+                out["payload"] = {
+                    "size": len(payload),
+                    "sha256": hashlib.sha256(payload).hexdigest(),
+                    "text": payload[:2000].decode("utf-8", errors="replace"),
+                    "base64": base64.b64encode(payload[:2000]).decode(),
+                    "cut": len(payload) > 2000,
+                }
+        return decoded
+
+    def summary(self) -> dict[str, Any]:
+        duration = max(1e-9, (self.t[-1] if self.frames else 0) / 1e9)
+        topics: collections.Counter[str] = collections.Counter()
+        topic_bytes: collections.Counter[str] = collections.Counter()
+        latency: dict[str, list[int]] = {}
+        errors: collections.Counter[str] = collections.Counter()
+        for i in range(self.frames):
+            name = self.topics.names[self.topic[i]]
+            cmd = self.commands.names[self.cmd[i]]
+            if name and cmd in ("SEND", "MESSAGE"):
+                topics[f"{name} {'B→C' if self.direction[i] else 'C→B'}"] += 1
+                topic_bytes[name] += self.size[i]
+            if self.pair[i] >= 0 and self.direction[i] == 1:
+                asked = self.commands.names[self.cmd[self.pair[i]]]
+                counts = latency.setdefault(asked, [0] * (len(BUCKETS) + 1))
+                value = self.latency[i]
+                counts[
+                    next((b for b, top in enumerate(BUCKETS) if value <= top), len(BUCKETS))
+                ] += 1
+            if self.error_id[i]:
+                errors[f"{cmd} {self.errors.names[self.error_id[i]]}"] += 1
+        return {
+            "frames": self.frames,
+            "seconds": duration,
+            "connections": len(self.connections),
+            "topics": [
+                {"topic": k, "frames": v, "per_second": v / duration}
+                for k, v in topics.most_common(50)
+            ],
+            "latency": {"buckets": list(BUCKETS), "by_command": latency},
+            "errors": [{"error": k, "count": v} for k, v in errors.most_common(20)],
+        }
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "target": str(self.target),
+            "protocol": self.protocol,
+            "payloads": self.payloads,
+            "files": len(self.files),
+            "frames": self.frames,
+            "connections": len(self.connections),
+            "building": self.building,
+            "progress": (
+                self.read_bytes / self.total_bytes if self.building and self.total_bytes else 1.0
+            ),
+            "error": self.error,
+            "truncated": self.truncated,
+            "notes": [vars(n) for n in self.notes[:500]],
+            "started_wall": self.origin_wall_ns / 1e9,
+            "built_in": round(self.built_in, 3),
+        }
+
+    def connections_json(self) -> list[dict[str, Any]]:
+        return [c.to_json(self.origin_ns) for c in self.connections]
+
+    def timeline(self, f: Filter, marks: int = 4000) -> dict[str, Any]:
+        """Marks per connection lane: every problem, and frames sampled so
+        that at most ``marks`` are drawn; answers joined to requests."""
+        chosen = list(self.matching(f))
+        step = max(1, len(chosen) // marks)
+        shown = []
+        for n, i in enumerate(chosen):
+            problem = self.flags[i] & PROBLEMS
+            if n % step and not problem:
+                continue
+            shown.append(
+                [
+                    i,
+                    self.conn[i],
+                    self.t[i] / 1e9,
+                    self.direction[i],
+                    int(bool(problem)),
+                    self.pair[i],
+                    self.commands.names[self.cmd[i]],
+                ]
+            )
+        return {
+            "marks": shown,
+            "sampled": step > 1,
+            "frames": len(chosen),
+            "notes": [vars(n) for n in self.notes[:500]],
+        }

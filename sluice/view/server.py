@@ -1,0 +1,131 @@
+"""``sluice view``: the page and its JSON, served from this process.
+
+A small threaded HTTP server on loopback (the standard library's: one user,
+a handful of requests a second) over an ``Index`` that is built in a thread
+meanwhile. The page itself is plain HTML, CSS and JavaScript from
+``sluice/view/static``; ``--export`` writes the same page into one file with
+the data inside.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+from sluice.view.index import Filter, Index
+
+log = logging.getLogger("sluice.view")
+
+STATIC = resources.files("sluice.view") / "static"
+_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+          ".css": "text/css; charset=utf-8"}  # fmt: skip
+PAGE_LIMIT = 1000
+
+
+def static(name: str) -> bytes:
+    return (STATIC / name).read_bytes()
+
+
+class ViewServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], index: Index) -> None:
+        super().__init__(address, Handler)
+        self.index = index
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: ViewServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+        index = self.server.index
+        try:
+            if url.path in ("/", "/index.html"):
+                self._send(200, static("index.html"), _TYPES[".html"])
+            elif url.path in ("/app.js", "/app.css"):
+                kind = ".css" if url.path.endswith(".css") else ".js"
+                self._send(200, static(url.path[1:]), _TYPES[kind])
+            elif url.path == "/api/status":
+                self._json(index.status())
+            elif url.path == "/api/connections":
+                self._json(index.connections_json())
+            elif url.path == "/api/frames":
+                offset = max(0, int(query.get("offset", "0")))
+                limit = min(PAGE_LIMIT, max(1, int(query.get("limit", "200"))))
+                self._json(index.page(Filter.from_query(query), offset, limit))
+            elif url.path.startswith("/api/frame/"):
+                self._json(index.detail(int(url.path.rsplit("/", 1)[1])))
+            elif url.path == "/api/summary":
+                self._json(index.summary())
+            elif url.path == "/api/timeline":
+                self._json(index.timeline(Filter.from_query(query)))
+            else:
+                self._json({"error": f"no such page: {url.path}"}, 404)
+        except KeyError:
+            self._json({"error": "no such frame"}, 404)
+        except ValueError as exc:
+            self._json({"error": str(exc)}, 400)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as exc:  # one bad request never stops the viewer
+            log.error("view: %s failed: %r", self.path, exc, exc_info=exc)
+            self._json({"error": f"internal error: {exc!r}"}, 500)
+
+    def _json(self, data: Any, status: int = 200) -> None:
+        self._send(status, json.dumps(data).encode(), "application/json")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def serve(index: Index, host: str, port: int) -> ViewServer:
+    """Start serving (in a thread) and building the index (in another)."""
+    server = ViewServer((host, port), index)
+    threading.Thread(target=index.build, name="view-index", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name="view-http", daemon=True).start()
+    return server
+
+
+def export(index: Index, f: Filter, limit: int, details: int) -> str:
+    """One self-contained HTML file: the page, and the (filtered) capture's
+    data in it, at most ``limit`` frames and the detail of the first
+    ``details`` of them."""
+    page = index.page(f, 0, limit)
+    rows = page["rows"]
+    data = {
+        "status": index.status(),
+        "connections": index.connections_json(),
+        "summary": index.summary(),
+        "timeline": index.timeline(f),
+        "frames": rows,
+        "total": page["total"],
+        "details": {str(r["i"]): index.detail(r["i"]) for r in rows[:details]},
+        "filter": {k: v for k, v in vars(f).items() if v not in (None, "", False)},
+        "left_out": max(0, page["total"] - len(rows)),
+    }
+    text = json.dumps(data).replace("</", "<\\/")  # safe inside <script>
+    html = static("index.html").decode()
+    html = html.replace('<link rel="stylesheet" href="app.css">',
+                        f"<style>\n{static('app.css').decode()}\n</style>")  # fmt: skip
+    html = html.replace(
+        '<script src="app.js"></script>',
+        f'<script id="sluice-data" type="application/json">{text}</script>\n'
+        f"<script>\n{static('app.js').decode()}\n</script>",
+    )
+    return html

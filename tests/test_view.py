@@ -1,0 +1,230 @@
+"""``sluice view``: a recorded session in a real headless Chromium (Debian's,
+driven by Playwright), its JSON, the exported file with networking off, and
+bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from sluice.embedded import EmbeddedBroker, free_port
+from sluice.recording import format as fmt
+from tests.support import SLUICE, RawClient, client, start_proxy
+
+ORDERS = "persistent://public/default/view-orders"
+PAYMENTS = "persistent://public/default/view-payments"
+
+
+@pytest.fixture(scope="module")
+def capture(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Orders produced and consumed, payments produced, and one corrupt SEND
+    (the proxy answers SEND_ERROR ChecksumError)."""
+    tmp = tmp_path_factory.mktemp("view")
+    record = tmp / "rec"
+    proxy = start_proxy(broker.url, tmp, "--record", str(record), "--record-payloads", "full",
+                        "--record-flush-interval", "0.1")  # fmt: skip
+    try:
+        with client(proxy.url) as c:
+            producer = c.create_producer(ORDERS, batching_enabled=False)
+            for i in range(30):
+                producer.send(f"order-{i}".encode())
+            consumer = c.subscribe(ORDERS, "s", initial_position=pulsar.InitialPosition.Earliest)
+            for _ in range(30):
+                consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+            payments = c.create_producer(PAYMENTS, batching_enabled=False)
+            for i in range(10):
+                payments.send(f"payment-{i}".encode())
+        with RawClient(proxy.port) as raw:
+            name = raw.producer(broker.port, ORDERS)
+            raw.send_message(name, 1, 0, b"x", corrupt=True)
+            raw.receive_type("SEND_ERROR")
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    return record
+
+
+class Viewer:
+    """``sluice view`` as a user starts it, stopped by PID."""
+
+    def __init__(self, target: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [*SLUICE, "view", str(target), "--listen", f"127.0.0.1:{self.port}", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.url = f"http://127.0.0.1:{self.port}/"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    break
+            except OSError:
+                assert self.process.poll() is None, self.process.communicate()[0]
+                assert time.monotonic() < deadline, "sluice view did not listen"
+                time.sleep(0.05)
+
+    def api(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + "api/" + path, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def viewer(capture: Path) -> Iterator[Viewer]:
+    v = Viewer(capture)
+    yield v
+    v.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("chromium is not installed (./dev installs Debian's chromium package)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def console_errors(page: Page) -> list[str]:
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return errors
+
+
+def test_the_page_shows_connections_filters_by_topic_and_shows_a_frame(
+    viewer: Viewer, browser: Browser, tmp_path: Path
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = console_errors(page)
+    page.goto(viewer.url)
+    page.wait_for_function("document.querySelectorAll('#connections tbody tr').length >= 3")
+    assert page.locator("#connections tbody tr").count() == len(viewer.api("connections"))
+    page.fill("input[name=topic]", "view-payments")
+    page.click("button[type=submit]")
+    expected = viewer.api("frames?topic=view-payments&limit=1")["total"]
+    page.wait_for_function(
+        f"document.getElementById('count').textContent.includes('({expected} match')"
+    )
+    topics = page.locator("#frames tbody td.topic").all_inner_texts()
+    assert topics and all(t == PAYMENTS for t in topics)
+    assert "topic=view-payments" in page.url  # the filter is in the link
+    send = page.locator("#frames tbody tr", has_text="SEND").first
+    send.click()
+    page.wait_for_selector("#command")
+    detail = page.inner_text("#detail")
+    assert "SEND" in detail and "producer_id" in detail and "payment-" in detail
+    assert "Raw bytes" in detail and "frame=" in page.url
+    page.screenshot(path=str(tmp_path / "view.png"), full_page=True)
+    assert (tmp_path / "view.png").stat().st_size > 30_000
+    assert errors == []
+
+
+def test_a_link_with_a_filter_opens_that_view(viewer: Viewer, browser: Browser) -> None:
+    problems = viewer.api("frames?problems=1")
+    error = next(r for r in problems["rows"] if r["cmd"] == "SEND_ERROR")
+    page = browser.new_page()
+    errors = console_errors(page)
+    page.goto(f"{viewer.url}#problems=1&frame={error['i']}")
+    page.wait_for_selector("#command")
+    rows = page.locator("#frames tbody tr")
+    assert rows.count() == problems["total"] == 2
+    assert "ChecksumError" in page.inner_text("#frames") and "checksum" in page.inner_text(
+        "#frames"
+    )
+    detail = page.inner_text("#detail")
+    assert "SEND_ERROR" in detail and "ChecksumError" in detail and "answers" in detail
+    assert page.locator("#timeline svg rect").count() >= 2
+    assert errors == []
+
+
+def test_an_exported_file_opens_with_networking_off(
+    capture: Path, browser: Browser, tmp_path: Path
+) -> None:
+    out = tmp_path / "bug.html"
+    command = [*SLUICE, "view", str(capture), "--export", str(out), "--filter", "topic=view-orders"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "matching frames" in done.stderr
+    context = browser.new_context(offline=True)
+    asked: list[str] = []
+
+    def watch(route: Any) -> None:
+        asked.append(route.request.url)
+        route.continue_()
+
+    context.route("**/*", watch)
+    page = context.new_page()
+    errors = console_errors(page)
+    page.goto(out.as_uri())
+    page.wait_for_selector("#frames tbody tr")
+    assert "exported:" in page.inner_text("#status")
+    topics = page.locator("#frames tbody td.topic").all_inner_texts()
+    assert topics and set(topics) == {ORDERS}
+    page.locator("#frames tbody tr", has_text="SEND").first.click()
+    page.wait_for_selector("#command")
+    assert "order-" in page.inner_text("#detail")
+    assert [url for url in asked if not url.startswith("file:")] == []  # nothing fetched
+    assert errors == []
+    context.close()
+
+
+def test_bad_input_is_one_clear_line(capture: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = subprocess.run([*SLUICE, "view", str(empty)], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 2 and "no recordings" in result.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([*SLUICE, "view", str(capture), "--listen", f"127.0.0.1:{port}"],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 1 and "cannot listen" in result.stderr
+    assert "Traceback" not in result.stderr
+    # A torn last file and a format from the future: said in the page's status.
+    torn = tmp_path / "torn"
+    shutil.copytree(capture, torn)
+    last = sorted(torn.glob("*.sluice"))[-1]
+    last.write_bytes(last.read_bytes()[:-5])  # a writer killed inside its last record
+    future = tmp_path / "future"
+    future.mkdir()
+    (future / "x.sluice").write_bytes(fmt.dumps([{**fmt.header(
+        capture="c", segment=1, started_ns=0, payloads=fmt.PayloadPolicy.HASH,
+        sluice_version="9"), "version": fmt.VERSION + 1}]))  # fmt: skip
+    for target, said in ((torn, "incomplete record"), (future, "newer than this Sluice")):
+        v = Viewer(target)
+        try:
+            deadline = time.monotonic() + 10
+            while (status := v.api("status"))["building"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            v.stop()
+        assert said in json.dumps(status), status
+
+
+def test_python_dash_m_help() -> None:
+    result = subprocess.run([sys.executable, "-m", "sluice.cli", "view", "--help"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0 and "--export" in result.stdout
