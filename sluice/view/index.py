@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +187,9 @@ class Index:
         self.file = array("H")
         self.offset = array("Q")
         self.lock = threading.Lock()
+        self._selections: dict[tuple[Any, ...], array[int]] = {}
+        self._summary: dict[str, Any] | None = None
+        self._timelines: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     @property
     def frames(self) -> int:
@@ -410,13 +413,26 @@ class Index:
             else None,
         }
 
+    def selection(self, f: Filter) -> Sequence[int]:
+        """The frames that pass ``f``: all of them without a filter; once
+        the index is built, remembered for the last few filters (so paging
+        through a million frames reads the arrays once)."""
+        if f.empty:
+            return range(self.frames)
+        if self.building:
+            return array("I", self.matching(f))
+        key = tuple(vars(f).values())
+        found = self._selections.get(key)
+        if found is None:
+            found = self._selections[key] = array("I", self.matching(f))
+            while len(self._selections) > 8:
+                del self._selections[next(iter(self._selections))]
+        return found
+
     def page(self, f: Filter, offset: int, limit: int) -> dict[str, Any]:
-        rows, total = [], 0
-        for i in self.matching(f):
-            if offset <= total < offset + limit:
-                rows.append(self.row(i))
-            total += 1
-        return {"total": total, "offset": offset, "rows": rows, "building": self.building}
+        chosen = self.selection(f)
+        rows = [self.row(i) for i in chosen[offset : offset + limit]]
+        return {"total": len(chosen), "offset": offset, "rows": rows, "building": self.building}
 
     def detail(self, i: int) -> dict[str, Any]:
         if not 0 <= i < self.frames:
@@ -462,6 +478,17 @@ class Index:
         return decoded
 
     def summary(self) -> dict[str, Any]:
+        """Rates per topic, latency histograms per command, the most
+        frequent errors (worked out once the index is built)."""
+        if self._summary is not None:
+            return self._summary
+        building = self.building
+        found = self._summarize()
+        if not building:
+            self._summary = found
+        return found
+
+    def _summarize(self) -> dict[str, Any]:
         duration = max(1e-9, (self.t[-1] if self.frames else 0) / 1e9)
         topics: collections.Counter[str] = collections.Counter()
         topic_bytes: collections.Counter[str] = collections.Counter()
@@ -519,7 +546,10 @@ class Index:
     def timeline(self, f: Filter, marks: int = 4000) -> dict[str, Any]:
         """Marks per connection lane: every problem, and frames sampled so
         that at most ``marks`` are drawn; answers joined to requests."""
-        chosen = list(self.matching(f))
+        key = (*vars(f).values(), marks)
+        if not self.building and key in self._timelines:
+            return self._timelines[key]
+        chosen = self.selection(f)
         step = max(1, len(chosen) // marks)
         shown = []
         for n, i in enumerate(chosen):
@@ -537,9 +567,14 @@ class Index:
                     self.commands.names[self.cmd[i]],
                 ]
             )
-        return {
+        found = {
             "marks": shown,
             "sampled": step > 1,
             "frames": len(chosen),
             "notes": [vars(n) for n in self.notes[:500]],
         }
+        if not self.building:
+            self._timelines[key] = found
+            while len(self._timelines) > 8:
+                del self._timelines[next(iter(self._timelines))]
+        return found

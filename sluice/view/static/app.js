@@ -103,7 +103,7 @@ function showFrames(page) {
     const flags = r.flags.map((f) => `<span class="flag ${f}">${f}</span>`).join("");
     const bad = r.flags.some((f) => f !== "redacted" && f !== "gap");
     return `<tr data-frame="${r.i}" class="${bad ? "bad" : ""} ${r.flags.includes("gap") ? "gap" : ""}">` +
-      `<td>${r.i}</td><td>${r.t.toFixed(6)}</td><td>c${state.connections[r.conn]?.name?.slice(1) ?? r.conn}</td>` +
+      `<td>${r.i}</td><td>${r.t.toFixed(6)}</td><td>${escape(state.connections[r.conn]?.name ?? r.conn)}</td>` +
       `<td>${r.dir}</td><td>${escape(r.cmd)}</td><td class="topic" title="${escape(r.topic)}">${escape(r.topic)}</td>` +
       `<td>${r.size}</td><td>${r.latency === null ? "" : (1000 * r.latency).toFixed(2) + " ms"}</td>` +
       `<td>${flags}${escape(r.problem)}</td></tr>`;
@@ -182,7 +182,7 @@ async function showDetail(i) {
   try {
     const d = await getDetail(i);
     const rows = [["frame", `#${d.i} ${escape(d.cmd)} ${d.dir}`], ["time", `${d.t.toFixed(6)} s (${escape(d.time)} UTC)`],
-                  ["connection", `c${d.conn}`], ["topic", escape(d.topic)], ["size", `${d.size} bytes`],
+                  ["connection", escape(state.connections[d.conn]?.name ?? d.conn)], ["topic", escape(d.topic)], ["size", `${d.size} bytes`],
                   ["file", escape(d.file)]];
     if (d.problem) rows.push(["problem", escape(d.problem)]);
     if (d.flags.length) rows.push(["marks", escape(d.flags.join(", "))]);
