@@ -17,11 +17,13 @@ from typing import Any
 
 import pulsar
 import pytest
+import trio
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.recording import format as fmt
 from tests.support import SLUICE, RawClient, client, start_proxy
+from tests.test_cursus_recording import recorded as cursus_session  # noqa: F401 - a fixture
 
 ORDERS = "persistent://public/default/view-orders"
 PAYMENTS = "persistent://public/default/view-payments"
@@ -228,3 +230,28 @@ def test_python_dash_m_help() -> None:
     result = subprocess.run([sys.executable, "-m", "sluice.cli", "view", "--help"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0 and "--export" in result.stdout
+
+
+async def test_a_cursus_capture_reads_too(cursus_session: Path) -> None:  # noqa: F811 - the fixture
+    """A Cursus session (produce, then stream with a consumer group): its
+    frames, a batch's detail, the filters."""
+    viewer = await trio.to_thread.run_sync(Viewer, cursus_session)
+    try:
+
+        def look() -> tuple[Any, Any, Any, Any]:
+            deadline = time.monotonic() + 20
+            while (status := viewer.api("status"))["building"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            frames = viewer.api("frames?limit=1000")
+            streams = viewer.api("frames?cmd=STREAM")
+            return status, frames, streams, viewer.api(f"frame/{frames['rows'][0]['i']}")
+
+        status, frames, streams, detail = await trio.to_thread.run_sync(look)
+    finally:
+        viewer.stop()
+    assert status["protocol"] == "cursus" and not status["error"]
+    commands = {r["cmd"] for r in frames["rows"]}
+    assert {"CREATE", "METADATA", "BATCH", "ACK", "JOIN_GROUP", "STREAM"} <= commands, commands
+    assert streams["total"] >= 1 and all(r["cmd"] == "STREAM" for r in streams["rows"])
+    assert "text" in detail["command"] and detail["raw_size"] > 0
