@@ -224,6 +224,7 @@ def test_bad_input_is_one_clear_line(capture: Path, tmp_path: Path) -> None:
         finally:
             v.stop()
         assert said in json.dumps(status), status
+        assert said in v.process.communicate()[0]  # and on the command line
 
 
 def test_python_dash_m_help() -> None:

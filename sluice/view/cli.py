@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     except (RecordingError, ConfigError) as exc:
         print(f"sluice view: {exc}", file=sys.stderr)
         return 2
+    index.on_built = _report
     try:
         server = serve(index, address.host, address.port)
     except OSError as exc:
@@ -84,12 +85,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"sluice view: {url}  (Ctrl-C to stop)", flush=True)
     if args.open:
         threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
+
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         server.shutdown()
     return 0
+
+
+def _report(index: Index) -> None:
+    """Say on the command line, too, what the page says is wrong, once read."""
+    for problem in ([index.error] if index.error else []) + index.truncated:
+        print(f"sluice view: {problem}", file=sys.stderr, flush=True)
+    if not index.error:
+        print(f"sluice view: {index.frames} frames on {len(index.connections)} connections "
+              f"read in {index.built_in:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _export(index: Index, args: argparse.Namespace) -> int:

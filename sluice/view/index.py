@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,8 @@ class Index:
     total_bytes: int = 0
     started: float = field(default_factory=time.monotonic)
     built_in: float = 0.0
+    # Called once everything is read, before ``building`` turns False.
+    on_built: Callable[[Index], None] | None = None
 
     def __post_init__(self) -> None:
         self.commands = Interned()
@@ -212,6 +214,8 @@ class Index:
             self.error = f"{exc.filename or self.target}: {exc.strerror or exc}"
         finally:
             self.built_in = time.monotonic() - self.started
+            if self.on_built is not None:
+                self.on_built(self)
             self.building = False
 
     def _read(self, number: int, path: Path) -> None:
