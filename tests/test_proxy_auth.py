@@ -119,6 +119,47 @@ def test_claims_not_before_role_claim_and_none_algorithm(tmp_path: Path) -> None
         verifier.verify(unsigned, now)
 
 
+def test_an_audience_is_checked_when_given(tmp_path: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = public_der(key, tmp_path / "k")
+    verifier = TokenVerifier.public_key(path, audience="orders-cluster")
+    now = time.time()
+    for aud in ("orders-cluster", ["other", "orders-cluster"]):
+        assert verifier.verify(signed("ES256", {"sub": "app", "aud": aud}, key), now)[0] == "app"
+    for claims in ({"sub": "app", "aud": "other"}, {"sub": "app"}):
+        with pytest.raises(AuthError, match="audience"):
+            verifier.verify(signed("ES256", claims, key), now)
+    # Without --auth-token-audience, aud is not looked at (the broker's default too).
+    unchecked = TokenVerifier.public_key(path)
+    assert unchecked.verify(signed("ES256", {"sub": "a", "aud": "x"}, key), now)[0] == "a"
+
+
+def test_hostile_tokens_are_refused_not_raised(tmp_path: Path) -> None:
+    (tmp_path / "secret.key").write_bytes(SECRET)
+    verifier = TokenVerifier.secret_key(tmp_path / "secret.key")
+    deep = b64(b"[" * 100_000)
+    valid = hs256_token(SECRET, "app")
+    head = b64(json.dumps({"alg": "HS256"}).encode())
+    body = b64(b'{"sub": "a", "exp": 1e400}')
+    huge_exp = head + "." + body + ".c2ln"
+    for token in (f"{deep}.{deep}.x", "a" * 20_000, valid + "!!", huge_exp):
+        with pytest.raises(AuthError):
+            verifier.verify(token, time.time())
+
+
+def test_sluices_own_token_is_read_again_when_its_file_changes(tmp_path: Path) -> None:
+    core, _ = proxy_core(tmp_path)
+    auth = core.settings.auth
+    assert auth is not None and auth.own.data == hs256_token(SECRET, "sluice").encode()
+    assert auth.own_token is not None
+    (tmp_path / "sluice.token").write_text(hs256_token(SECRET, "sluice-2") + "\n")
+    auth.own_token._checked = 0.0  # as if a second had passed
+    assert auth.own.data == hs256_token(SECRET, "sluice-2").encode()
+    (tmp_path / "sluice.token").write_text("")  # a broken rotation keeps the last good one
+    auth.own_token._checked = 0.0
+    assert auth.own.data == hs256_token(SECRET, "sluice-2").encode()
+
+
 def test_key_files_that_do_not_load_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "empty").write_bytes(b"")
     (tmp_path / "junk").write_bytes(b"not a key")

@@ -143,6 +143,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="proxy mode: the token claim that names the role (default: sub)",
     )
     auth.add_argument(
+        "--auth-token-audience",
+        metavar="AUDIENCE",
+        help="proxy mode: refuse tokens whose aud claim does not name AUDIENCE, as the "
+        "broker's tokenAudience does (default: not checked)",
+    )
+    auth.add_argument(
         "--broker-auth-token-file",
         type=Path,
         metavar="FILE",
@@ -399,6 +405,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         auth_token_secret_key=args.auth_token_secret_key,
         auth_token_public_key=args.auth_token_public_key,
         auth_token_role_claim=args.auth_token_role_claim,
+        auth_token_audience=args.auth_token_audience,
         broker_auth_token_file=args.broker_auth_token_file,
         forward_auth_data=args.forward_auth_data,
         advertise_host=(

@@ -69,6 +69,7 @@ class ProxyConfig:
     auth_token_secret_key: Path | None = None
     auth_token_public_key: Path | None = None
     auth_token_role_claim: str = "sub"
+    auth_token_audience: str | None = None
     broker_auth_token_file: Path | None = None
     forward_auth_data: bool = False
     # Worker processes serving the listeners (1: this process serves them).
@@ -149,6 +150,7 @@ class ProxyConfig:
             "--auth-token-public-key": self.auth_token_public_key,
             "--broker-auth-token-file": self.broker_auth_token_file,
             "--forward-auth-data": self.forward_auth_data or None,
+            "--auth-token-audience": self.auth_token_audience,
         }
         if self.auth_mode == "passthrough":
             given = [name for name, value in proxy_only.items() if value is not None]
@@ -196,6 +198,7 @@ def proxy_auth(config: ProxyConfig) -> ProxyAuth | None:
         public_key=config.auth_token_public_key,
         role_claim=config.auth_token_role_claim,
         own_token=config.broker_auth_token_file,
+        audience=config.auth_token_audience,
         tls_roles=config.tls is not None and config.tls.client_ca is not None,
         forward_auth_data=config.forward_auth_data,
     )

@@ -121,21 +121,28 @@ class Identity:
 class TokenVerifier:
     """Checks JWTs against one key, as Pulsar's token provider does."""
 
-    def __init__(self, key: bytes | Any, *, role_claim: str = "sub") -> None:
+    def __init__(
+        self, key: bytes | Any, *, role_claim: str = "sub", audience: str | None = None
+    ) -> None:
         self._key = key
         self._secret = isinstance(key, bytes)
         self.role_claim = role_claim
+        self.audience = audience  # when set, the token's aud must name it (tokenAudience)
 
     @classmethod
-    def secret_key(cls, path: Path, role_claim: str = "sub") -> TokenVerifier:
+    def secret_key(
+        cls, path: Path, role_claim: str = "sub", audience: str | None = None
+    ) -> TokenVerifier:
         """HS256/384/512 with the secret in ``path`` (its raw bytes)."""
         data = _read(path, "--auth-token-secret-key")
         if not data:
             raise ConfigError(f"--auth-token-secret-key {path}: the file is empty")
-        return cls(data, role_claim=role_claim)
+        return cls(data, role_claim=role_claim, audience=audience)
 
     @classmethod
-    def public_key(cls, path: Path, role_claim: str = "sub") -> TokenVerifier:
+    def public_key(
+        cls, path: Path, role_claim: str = "sub", audience: str | None = None
+    ) -> TokenVerifier:
         """RS*/ES* with the public key in ``path`` (DER or PEM)."""
         data = _read(path, "--auth-token-public-key")
         try:
@@ -147,7 +154,7 @@ class TokenVerifier:
             raise ConfigError(f"--auth-token-public-key {path}: not a public key ({exc})") from None
         if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
             raise ConfigError(f"--auth-token-public-key {path}: an RSA or EC key is needed")
-        return cls(key, role_claim=role_claim)
+        return cls(key, role_claim=role_claim, audience=audience)
 
     def verify(self, token: str, now: float) -> tuple[str, float | None]:
         """The token's role and expiry; AuthError when it is not valid at ``now``."""
@@ -177,6 +184,11 @@ class TokenVerifier:
             raise AuthError("the token has expired")
         if nbf is not None and now < nbf:
             raise AuthError("the token is not valid yet")
+        if self.audience is not None:
+            aud = claims.get("aud")
+            named = aud if isinstance(aud, list) else [aud]
+            if self.audience not in named:
+                raise AuthError("the token is not for this audience")
         role = claims.get(self.role_claim)
         if not isinstance(role, str) or not role.strip():
             raise AuthError(f"no role in claim {self.role_claim!r}")
@@ -271,6 +283,7 @@ class ProxyAuth:
         public_key: Path | None,
         role_claim: str,
         own_token: Path | None,
+        audience: str | None = None,
         tls_roles: bool,
         forward_auth_data: bool,
     ) -> ProxyAuth:
@@ -279,9 +292,9 @@ class ProxyAuth:
         TLS client certificate it presents to the broker."""
         tokens = None
         if secret_key is not None:
-            tokens = TokenVerifier.secret_key(secret_key, role_claim)
+            tokens = TokenVerifier.secret_key(secret_key, role_claim, audience)
         elif public_key is not None:
-            tokens = TokenVerifier.public_key(public_key, role_claim)
+            tokens = TokenVerifier.public_key(public_key, role_claim, audience)
         if own_token is not None:
             try:
                 return cls("token", OwnToken(own_token), tokens, tls_roles, forward_auth_data)
