@@ -205,9 +205,10 @@ class Index:
             self.files = recording_files(self.target)
             if not self.files:
                 raise RecordingError(f"{self.target}: no recordings (*.sluice) here")
-            self.total_bytes = sum(p.stat().st_size for p in self.files)
+            sizes = [p.stat().st_size for p in self.files]
+            self.total_bytes = sum(sizes)
             for number, path in enumerate(self.files):
-                self._read(number, path)
+                self._read(number, path, sum(sizes[:number]))
         except RecordingError as exc:
             self.error = str(exc)
         except OSError as exc:
@@ -218,7 +219,8 @@ class Index:
                 self.on_built(self)
             self.building = False
 
-    def _read(self, number: int, path: Path) -> None:
+    def _read(self, number: int, path: Path, before: int) -> None:
+        """One file's records; ``before``: the bytes of the files read before it."""
         result = ReadResult(path)
         by_key: dict[int, Connection] = {}
         waiting: dict[tuple[int, str, int, int], int] = {}  # (conn, key, pid, id) -> frame
@@ -264,7 +266,7 @@ class Index:
             else:
                 self._note(kind, record, by_key)
                 gap = gap or kind == "gap"
-            self.read_bytes = sum(p.stat().st_size for p in self.files[:number]) + result.offset
+            self.read_bytes = before + result.offset
         if result.truncated_bytes:
             self.truncated.append(
                 f"{path.name}: ends with {result.truncated_bytes} bytes of an incomplete record"
