@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+import trio
 from google.protobuf.message import Message
 
 from sluice.addresses import (
@@ -15,11 +16,14 @@ from sluice.addresses import (
     parse_host,
     parse_rule,
 )
+from sluice.embedded import EmbeddedBroker
 from sluice.errors import ConfigError
 from sluice.protocols.pulsar import Frame, Type, command, decode_frame, encode, encode_payload, pb
+from sluice.protocols.pulsar.auth import UpstreamAuth
 from sluice.protocols.pulsar.correlation import Correlator
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
 from sluice.proxy.config import ProxyConfig
+from sluice.proxy.pulsar import UpstreamPool
 
 T = Type.Value
 
@@ -197,3 +201,31 @@ def test_correlator_counts_each_chunk_of_a_chunked_send() -> None:
     assert all(d is not None and d.topic == "t" for d in done)
     assert c.in_flight_sends == 0
     assert c.observe(receipt, False, 3.0) is None  # a fourth receipt answers nothing
+
+
+async def test_idle_upstream_connections_are_closed_and_reopened(broker: EmbeddedBroker) -> None:
+    """Lookups of clients with different credentials each get a pooled
+    connection; those unused for the idle time are closed (never one with a
+    request in flight), and the next lookup opens a fresh one."""
+    address = Address("127.0.0.1", broker.port)
+    async with trio.open_nursery() as nursery:
+        pool = UpstreamPool(nursery, timeout=10, tls_for=lambda a: None)
+        for token in (b"a", b"b", b"c"):  # pulsar-lite takes any credentials
+            conn = await pool.get(address, UpstreamAuth("token", token))
+            lookup = pb.CommandLookupTopic(topic="persistent://public/default/idle")
+            answer = await conn.request(Type.Value("LOOKUP"), lookup, 10)
+            assert answer.name == "LOOKUP_RESPONSE"
+        assert len(pool) == 3
+        assert await pool.close_idle(idle=60) == 0  # all just used
+        await trio.sleep(0.05)
+        assert await pool.close_idle(idle=0.01) == 3
+        assert len(pool) == 0
+        conn = await pool.get(address, UpstreamAuth("token", b"a"))
+        lookup = pb.CommandLookupTopic(topic="persistent://public/default/idle")
+        assert (await conn.request(Type.Value("LOOKUP"), lookup, 10)).name == "LOOKUP_RESPONSE"
+        conn._waiting[999] = (trio.Event(), [])  # a request in flight
+        await trio.sleep(0.05)
+        assert await pool.close_idle(idle=0.01) == 0 and len(pool) == 1
+        conn._waiting.clear()
+        await pool.aclose()
+        nursery.cancel_scope.cancel()

@@ -150,6 +150,7 @@ class BrokerConnection:
         self._waiting: dict[int, tuple[trio.Event, list[Frame]]] = {}
         self.closed = False
         self.credentials: Credentials = None
+        self.last_used = trio.current_time()
 
     @classmethod
     async def open(
@@ -176,6 +177,7 @@ class BrokerConnection:
             raise UpstreamFailure(f"connection to broker {self.address} is closed")
         rid = next(self._ids)
         body.request_id = rid
+        self.last_used = trio.current_time()
         slot: tuple[trio.Event, list[Frame]] = (trio.Event(), [])
         self._waiting[rid] = slot
         try:
@@ -219,9 +221,19 @@ class BrokerConnection:
                 event.set()
             await self.stream.aclose()
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting)
+
     async def aclose(self) -> None:
         self.closed = True
         await self.stream.aclose()
+
+
+# A pooled connection nobody asked anything of for this long is closed
+# (clients whose tokens are refreshed bring new credentials, and with them
+# new pooled connections: without this they would pile up for ever).
+IDLE_UPSTREAM = 300.0
 
 
 class UpstreamPool:
@@ -264,12 +276,37 @@ class UpstreamPool:
                     raise
                 self._dialed(trio.current_time() - started)
                 self._connections[key] = conn
+            conn.last_used = trio.current_time()
             return conn
 
     async def aclose(self) -> None:
         for conn in list(self._connections.values()):
             await conn.aclose()
         self._connections.clear()
+
+    def __len__(self) -> int:
+        return sum(not c.closed for c in self._connections.values())
+
+    async def close_idle(self, idle: float = IDLE_UPSTREAM) -> int:
+        """Close the connections unused for ``idle`` seconds; how many."""
+        now = trio.current_time()
+        closed = 0
+        for key, conn in list(self._connections.items()):
+            if conn.closed or (now - conn.last_used >= idle and not conn.busy):
+                del self._connections[key]
+                self._locks.pop(key, None)
+                if not conn.closed:
+                    await conn.aclose()
+                    closed += 1
+        return closed
+
+    async def keep_tidy(self, idle: float = IDLE_UPSTREAM) -> None:
+        """Run ``close_idle`` for ever, a few times per ``idle``."""
+        while True:
+            await trio.sleep(idle / 4)
+            closed = await self.close_idle(idle)
+            if closed:
+                log.debug("closed %d idle upstream connection(s)", closed)
 
 
 class PulsarBackend:
@@ -313,6 +350,7 @@ class PulsarBackend:
             tls_for=lambda address: self._tls,
             dialed=lambda seconds: tap.event(None, Dialed(seconds)),
         )
+        nursery.start_soon(self._pool.keep_tidy)
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
         return PulsarConnection(conn, self.settings, self.routing, tap, self.faults)
