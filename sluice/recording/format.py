@@ -456,7 +456,7 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
         yield record
     if first:
         raise RecordingError(f"{path}: empty file, not a Sluice recording")
-    result.truncated_bytes = size - unpacker.tell()
+    result.truncated_bytes = size - result.offset  # where the unfinished record starts
 
 
 def record_at(path: Path, offset: int, version: int) -> Record:
