@@ -787,7 +787,9 @@ def test_pulsar_perf_produces_and_consumes_through_sluice(
                 consume.wait()
         assert consume.returncode == 0, out[-3000:]
         sent = records_sent(produced)
-        assert 2000 <= sent < 2100
+        # pulsar-perf stops at -m, plus what its sender threads had in hand
+        # (2107 seen once beside a busy machine); the broker's count is exact.
+        assert 2000 <= sent < 2500
         stats = topic_stats(apache_pulsar, topic)
         assert stats["msgInCounter"] == sent
         subscription = stats["subscriptions"]["perf"]
