@@ -115,7 +115,35 @@ class Rule:
 
 _RULE_KEYS = {"id", "match", "action", "delay_ms", "jitter_ms", "rate", "error", "message",
               "probability", "after", "times"}  # fmt: skip
-_MATCH_KEYS = {"protocol", "command", "topic", "direction", "client"}
+_MATCH_KEYS = frozenset({"protocol", "command", "topic", "direction", "client"})
+
+
+def parse_match(
+    raw: object, protocols: Mapping[str, ProtocolFaults], keys: frozenset[str] = _MATCH_KEYS
+) -> Match:
+    """A rule's ``match`` (fault rules, snapshot rules); FaultError says what
+    is wrong. ``keys``: the fields this kind of rule may use."""
+    if not isinstance(raw, dict):
+        raise FaultError("match is a JSON object")
+    unknown = set(raw) - keys
+    if unknown:
+        raise FaultError(f"unknown match field(s): {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(keys))})")  # fmt: skip
+    for key, value in raw.items():
+        if value is not None and not isinstance(value, str):
+            raise FaultError(f"match.{key} is a string")
+    protocol = raw.get("protocol")
+    if protocol is not None and protocol not in protocols:
+        raise FaultError(f"unknown protocol {protocol!r} (known: {', '.join(sorted(protocols))})")
+    candidates = [protocols[protocol]] if protocol else list(protocols.values())
+    command = raw.get("command")
+    if command is not None:
+        command = command.upper()
+        if not any(command in p.commands for p in candidates):
+            known = f" for {protocol}" if protocol else ""
+            raise FaultError(f"unknown command {command!r}{known}")
+    direction = _enum(Direction, raw.get("direction"), "match.direction")
+    return Match(protocol, command, raw.get("topic"), direction, raw.get("client"))
 
 
 def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
@@ -126,32 +154,14 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
     if unknown:
         raise FaultError(f"unknown rule field(s): {', '.join(sorted(unknown))} "
                          f"(known: {', '.join(sorted(_RULE_KEYS))})")  # fmt: skip
-    raw_match = data.get("match", {})
-    if not isinstance(raw_match, dict):
-        raise FaultError("match is a JSON object")
-    unknown = set(raw_match) - _MATCH_KEYS
-    if unknown:
-        raise FaultError(f"unknown match field(s): {', '.join(sorted(unknown))} "
-                         f"(known: {', '.join(sorted(_MATCH_KEYS))})")  # fmt: skip
-    for key, value in raw_match.items():
-        if value is not None and not isinstance(value, str):
-            raise FaultError(f"match.{key} is a string")
-    protocol = raw_match.get("protocol")
-    if protocol is not None and protocol not in protocols:
-        raise FaultError(f"unknown protocol {protocol!r} (known: {', '.join(sorted(protocols))})")
+    match = parse_match(data.get("match", {}), protocols)
+    protocol, command, direction = match.protocol, match.command, match.direction
     candidates = [protocols[protocol]] if protocol else list(protocols.values())
-    command = raw_match.get("command")
-    if command is not None:
-        command = command.upper()
-        if not any(command in p.commands for p in candidates):
-            known = f" for {protocol}" if protocol else ""
-            raise FaultError(f"unknown command {command!r}{known}")
-    direction = _enum(Direction, raw_match.get("direction"), "match.direction")
     action = _enum(FaultAction, data.get("action"), "action")
     if action is None:
         raise FaultError(f"a rule needs an action: {', '.join(a.value for a in FaultAction)}")
     rule = Rule(
-        Match(protocol, command, raw_match.get("topic"), direction, raw_match.get("client")),
+        match,
         action,
         id=_text(data, "id", ""),
         delay_ms=_number(data, "delay_ms", 0.0, minimum=0),

@@ -45,6 +45,7 @@ from sluice.protocols.faults import (
     Direction,
     FaultError,
     ProtocolFaults,
+    parse_match,
     topic_matches,
 )
 
@@ -52,7 +53,7 @@ from sluice.protocols.faults import (
 MAX_SECONDS = 24 * 3600.0
 KINDS = ("error", "invalid", "fault", "slow", "broker_closed")
 _KEYS = {"id", "on", "match", "codes", "slower_than_ms", "before", "after", "interval"}
-_MATCH_KEYS = {"protocol", "command", "topic", "direction"}
+_MATCH_KEYS = frozenset({"protocol", "command", "topic", "direction"})
 
 
 class TriggerError(ValueError):
@@ -155,38 +156,14 @@ def parse_trigger(data: object, protocols: Mapping[str, ProtocolFaults], number:
     on = data.get("on")
     if on not in KINDS:
         raise TriggerError(f"'on' is one of {', '.join(KINDS)}")
-    match = data.get("match", {})
-    if not isinstance(match, dict):
-        raise TriggerError("match is a JSON object")
-    unknown = set(match) - _MATCH_KEYS
-    if unknown:
-        raise TriggerError(f"unknown match field(s): {', '.join(sorted(unknown))} "
-                           f"(known: {', '.join(sorted(_MATCH_KEYS))})")  # fmt: skip
-    for key, value in match.items():
-        if not isinstance(value, str):
-            raise TriggerError(f"match.{key} is a string")
-    protocol = match.get("protocol")
-    if protocol is not None and protocol not in protocols:
-        raise TriggerError(f"unknown protocol {protocol!r} (known: {', '.join(protocols)})")
-    candidates = [protocols[protocol]] if protocol else list(protocols.values())
-    command = match.get("command")
-    if command is not None:
-        command = command.upper()
-        if not any(command in p.commands for p in candidates):
-            raise TriggerError(f"unknown command {command!r}")
-    direction = None
-    if match.get("direction") is not None:
-        try:
-            direction = Direction(match["direction"])
-        except ValueError:
-            raise TriggerError("match.direction is to_broker or to_client") from None
+    match = parse_match(data.get("match", {}), protocols, _MATCH_KEYS)
     trigger = Trigger(
         id=str(data.get("id") or f"t{number}"),
         on=on,
-        protocol=protocol,
-        command=command,
-        topic=match.get("topic"),
-        direction=direction,
+        protocol=match.protocol,
+        command=match.command,
+        topic=match.topic,
+        direction=match.direction,
         before=_seconds(data, "before", 30.0),
         after=_seconds(data, "after", 5.0, minimum=0.0),
         interval=_seconds(data, "interval", 60.0, minimum=1.0),

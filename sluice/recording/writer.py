@@ -464,19 +464,7 @@ class Recorder:
             directory = self.config.directory / (name or snapshot_name(stamp, reason))
             self._snapshot_seq += 1
             path = directory / f"sluice-{stamp}-{self.capture}-{self._snapshot_seq:04d}{SUFFIX}"
-            first: list[Record] = [
-                header(
-                    capture=self.capture,
-                    segment=self._snapshot_seq,
-                    started_ns=time.time_ns(),
-                    payloads=self.config.payloads,
-                    sluice_version=__version__,
-                    protocol=self.protocol,
-                    host=socket.gethostname(),
-                    listen=self._listen,
-                    broker=self._broker,
-                )
-            ]
+            first: list[Record] = [self._header(self._snapshot_seq)]
             open_records = {c: self._restated(r) for c, r in self._open.items()}
             closed = {c: r for c, (r, _) in self._closed.items()}
             marker: Record = {"k": "snapshot", "t": now_ns, "w": time.time_ns(),
@@ -575,19 +563,9 @@ class Recorder:
         self._segment += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.config.directory / f"sluice-{stamp}-{self.capture}-{self._segment:04d}{SUFFIX}"
-        first = pack(
-            header(
-                capture=self.capture,
-                segment=self._segment,
-                started_ns=time.time_ns(),
-                payloads=self.config.payloads,
-                sluice_version=__version__,
-                protocol=self.protocol,
-                host=socket.gethostname(),
-                listen=self._listen,
-                broker=self._broker,
-            )
-        ) + b"".join(pack(self._restated(record)) for record in self._open.values())
+        first = pack(self._header(self._segment)) + b"".join(
+            pack(self._restated(record)) for record in self._open.values()
+        )
         try:
             handle = await self._io(open, path, "wb")
             await self._io(hold, handle.fileno())  # being written: retention leaves it alone
@@ -620,6 +598,20 @@ class Recorder:
             return
         self.removed_files_total += removed.files
         self.removed_bytes_total += removed.bytes
+
+    def _header(self, segment: int) -> Record:
+        """The first record of a file this recorder writes (segment or snapshot)."""
+        return header(
+            capture=self.capture,
+            segment=segment,
+            started_ns=time.time_ns(),
+            payloads=self.config.payloads,
+            sluice_version=__version__,
+            protocol=self.protocol,
+            host=socket.gethostname(),
+            listen=self._listen,
+            broker=self._broker,
+        )
 
     def _restated(self, record: Record) -> Record:
         """A connection's record as a new segment re-states it: with the
