@@ -25,7 +25,7 @@ import msgpack
 from sluice.protocols.pulsar import Frame, decode_frame, pb
 from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
 from sluice.protocols.pulsar.frame import BODY_FIELD, COMMAND_NAMES, command_name
-from sluice.protocols.pulsar.redact import redacted, sensitive
+from sluice.protocols.pulsar.redact import redacted, sensitive, withheld
 
 MAGIC = "sluice-recording"
 VERSION = 2
@@ -197,6 +197,14 @@ class FrameRecorder:
         wire = frame.raw
         record: Record = {"k": "frame", "c": conn, "d": direction, "t": mono_ns, "w": wall_ns,
                           "n": len(wire), "raw": wire}  # fmt: skip
+        error = frame.error
+        if error is not None and (why_not := withheld(frame)) is not None:
+            # None of its bytes, so its summary now: what parsed of it, and why.
+            summary = summarize(frame)
+            summary.update(invalid=error.problem.value, why=error.message, withheld=why_not)
+            record["raw"] = b""
+            record["s"] = summary
+            return record
         offset = frame.payload_offset
         if sensitive(frame):
             clean = redacted(frame)
@@ -211,7 +219,6 @@ class FrameRecorder:
             else:
                 record["p"] = [len(payload)]
             record["raw"] = record["raw"][:offset]
-        error = frame.error
         if error is not None:
             record["invalid"] = error.problem.value
             record["why"] = error.message

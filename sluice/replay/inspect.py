@@ -247,6 +247,8 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
         extras.append(f"payload {summary['payload']['size']}B not recorded")
     if summary.get("redacted"):
         extras.append("credentials redacted")
+    if "withheld" in summary:
+        extras.append(f"bytes not recorded: {summary['withheld']}")
     return (
         f"{when}  {conn:<6} {ARROWS[record['d']]} {summary['cmd']:<30} {_ids(summary):<28} "
         f"{record['n']:>7}B  {status}  {'  '.join(extras)}"

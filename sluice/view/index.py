@@ -455,7 +455,8 @@ class Index:
             out["payload"] = {"size": p[0], **({"sha256": p[1].hex()} if len(p) > 1 else {})}
         out["file"] = path.name
         out["time"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.get("w", 0) / 1e9))
-        out["command"] = self._decoded(raw, out)
+        withheld = (record.get("s") or {}).get("withheld")  # credentials could not be ruled out
+        out["command"] = {"bytes not recorded": withheld} if withheld else self._decoded(raw, out)
         return out
 
     def _decoded(self, raw: bytes, out: dict[str, Any]) -> Any:

@@ -7,6 +7,12 @@ AUTH_RESPONSE; and the value of any property (command metadata, message
 properties) whose key looks like a credential (token, password, secret,
 auth, key, credential). A frame that needed redacting is re-encoded, so its
 recorded bytes differ from the wire; the record says so.
+
+Credentials are found by parsing, so bytes that did not parse cannot be
+vouched for: ``withheld`` says which frames must be recorded without any of
+their bytes (a command that does not parse, whatever type its first bytes
+claim; metadata or trailing bytes that do not parse; a partial command
+holding credentials, which cannot be re-encoded without them).
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ from typing import Any
 from google.protobuf.message import Message
 
 from sluice.protocols.pulsar import Frame, Type, encode, encode_payload, pb
-from sluice.protocols.pulsar.frame import BODY_FIELD
+from sluice.protocols.pulsar.errors import Problem
+from sluice.protocols.pulsar.frame import BODY_FIELD, PAYLOAD_TYPES
 
 MARKER = "<redacted>"
 MARKER_BYTES = MARKER.encode()
+# Redacting never makes a frame much larger, and a frame may be larger than
+# the default limit when the broker allows it: no limit on re-encoding.
+_NO_LIMIT = 2**31 - 1
 _SENSITIVE_KEY = re.compile(r"token|passw|secret|auth|credential|key|cookie|session", re.I)
 
 _CONNECT = Type.Value("CONNECT")
@@ -104,7 +114,7 @@ def redacted(frame: Frame) -> bytes:
     cmd = redacted_command(frame)
     meta = frame.metadata
     if meta is None:
-        return encode(cmd)
+        return encode(cmd, max_message_size=_NO_LIMIT)
     clean = pb.MessageMetadata()
     clean.CopyFrom(meta)
     _scrub(clean.properties)
@@ -114,7 +124,36 @@ def redacted(frame: Frame) -> bytes:
         bytes(frame.payload),
         checksum=frame.checksum is not None,
         broker_entry_metadata=frame.broker_entry_metadata,
+        max_message_size=_NO_LIMIT,
     )
+
+
+def withheld(frame: Frame) -> str | None:
+    """Why none of ``frame``'s bytes may be recorded (None: they may be,
+    through ``redacted``). Only an invalid frame is ever withheld."""
+    error = frame.error
+    if error is None:
+        return None
+    command = frame.command
+    if command is None:
+        # The type the first bytes name is a guess: a CONNECT cut short, or
+        # bytes claiming to be something else, may hold a token anywhere.
+        return "its command did not parse, so credentials in it could not be found"
+    if error.problem is Problem.TRAILING:
+        return "bytes after its command did not parse"
+    raw = frame.raw
+    meta = frame.metadata
+    if (
+        meta is None
+        and frame.type in PAYLOAD_TYPES
+        and len(raw) > 8 + int.from_bytes(raw[4:8], "big")
+    ):
+        return "its message metadata did not parse, so credentials in it could not be found"
+    if sensitive(frame) and not (
+        command.IsInitialized() and (meta is None or meta.IsInitialized())
+    ):
+        return "it lacks required fields, so it cannot be re-encoded without its credentials"
+    return None
 
 
 def loggable(frame: Frame) -> Message | None:
