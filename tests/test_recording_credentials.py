@@ -34,6 +34,8 @@ from sluice.protocols.pulsar.errors import Problem
 from sluice.recording.format import FrameRecorder, PayloadPolicy, read_records, recording_files
 from sluice.recording.reader import load
 from sluice.recording.writer import Recorder, RecorderConfig
+from sluice.replay.replay import normalise
+from sluice.replay.serve import Answers
 from sluice.view.index import Index
 from tests.support import SLUICE, RawClient, start_proxy
 
@@ -177,8 +179,11 @@ def readers_read(rec: Path, frames: int, withheld: int) -> None:
     details = [index.detail(i) for i in range(index.frames)]
     left_out = [d for d in details if "bytes not recorded" in d["command"]]
     assert len(left_out) == withheld and all(d["raw_size"] == 0 for d in left_out)
-    loaded = load(rec, need_payloads=False)
+    loaded = load(rec, need_payloads=False)  # replay's and serve's reader
     assert loaded.frames == frames
+    Answers.of(loaded)
+    transcript = [normalise(f.frame) for c in loaded.connections for f in c.frames]
+    assert len(transcript) == frames
     from sluice.pipeline.decode import decode_segment
 
     for path in recording_files(rec):
