@@ -2,8 +2,15 @@
 
 A deliberately small HTTP/1.1 responder on trio, sharing the proxy's event
 loop (no threads): one request per connection, request heads capped at
-8 KiB, bodies at 64 KiB, everything at 10 seconds. That is all Prometheus,
-Kubernetes probes and ``sluice faults`` need.
+8 KiB, bodies at 64 KiB, everything at 10 seconds, at most
+``MAX_CONNECTIONS`` connections at once. That is all Prometheus, Kubernetes
+probes and ``sluice faults`` need.
+
+The connection cap keeps the probes answering when someone holds many
+connections open: a connection that arrives when the cap is reached takes
+the place of the oldest one that has not yet sent a whole request (which
+is answered 503 and closed); only when every held connection has sent its
+request and is being answered is the newcomer answered 503 itself.
 
 - ``/healthz``: 200 while the process runs its event loop.
 - ``/readyz``: 200 when the proxy is listening and its upstream broker
@@ -18,12 +25,13 @@ Kubernetes probes and ``sluice faults`` need.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -40,6 +48,11 @@ log = logging.getLogger("sluice.admin")
 MAX_HEAD = 8 * 1024
 MAX_BODY = 64 * 1024
 TIMEOUT = 10.0
+# Admin connections held at once (each for at most TIMEOUT), per endpoint.
+MAX_CONNECTIONS = 64
+# How long a connection answered 503 at the cap is given to send its request
+# first (an answer to an unread request can reach the client as a reset).
+REFUSE_WAIT = 1.0
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized",
             403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
             413: "Content Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
@@ -90,24 +103,112 @@ class Refused(Exception):
         self.extra = extra or []
 
 
+@dataclass(eq=False)
+class _Held:
+    """One admin connection inside the cap."""
+
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    busy: bool = False  # its whole request is read: it is being answered
+    evicted: bool = False  # its place went to a newer connection
+
+
+class _Gate:
+    """At most ``limit`` connections held at once (see the module's docstring)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.idle: dict[_Held, None] = {}  # oldest first
+        self.busy = 0
+        self.refusing = 0  # connections being answered 503 at the cap
+        self.warned = False
+
+    def admit(self) -> _Held | None:
+        """A place for a new connection, or None: answer it 503."""
+        if len(self.idle) + self.busy >= self.limit:
+            self._warn()
+            if not self.idle:
+                return None
+            oldest = next(iter(self.idle))
+            del self.idle[oldest]
+            oldest.evicted = True
+            oldest.scope.cancel()
+        elif len(self.idle) + self.busy <= self.limit // 2:
+            self.warned = False
+        held = _Held()
+        self.idle[held] = None
+        return held
+
+    def working(self, held: _Held) -> None:
+        if held in self.idle:  # not evicted meanwhile
+            del self.idle[held]
+            held.busy = True
+            self.busy += 1
+
+    def leave(self, held: _Held) -> None:
+        if held.busy:
+            self.busy -= 1
+        else:
+            self.idle.pop(held, None)
+
+    def _warn(self) -> None:
+        if not self.warned:  # once until the endpoint is half free again
+            self.warned = True
+            log.warning("admin endpoint: %d connections at once, its limit; the oldest idle "
+                        "ones (or new ones) are answered 503", self.limit)  # fmt: skip
+
+
+def _too_many(limit: int) -> str:
+    return f"too many admin connections at once (at most {limit}); try again\n"
+
+
 async def serve_admin(
     listeners: list[trio.SocketListener],
     registry: CollectorRegistry,
     readiness: Readiness,
     handlers: Mapping[str, Handler] | None = None,
     metrics: MetricsSource | None = None,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
-    """Serve the endpoint; ``handlers``: by path (e.g. ``/faults``)."""
+    """Serve the endpoint; ``handlers``: by path (e.g. ``/faults``);
+    ``max_connections``: connections held at once."""
     routes = dict(handlers or {})
+    gate = _Gate(max_connections)
+    busy = _too_many(max_connections).encode()
+    retry = [("Retry-After", "1")]
 
     async def handle(stream: trio.SocketStream) -> None:
+        held = gate.admit()
         try:
-            with trio.move_on_after(TIMEOUT):
-                await _respond(stream, registry, readiness, routes, metrics)
+            if held is None:
+                await refuse(stream)
+                return
+            with held.scope, trio.move_on_after(TIMEOUT):
+                await _respond(stream, registry, readiness, routes, metrics,
+                               lambda: gate.working(held))  # fmt: skip
+            if held.evicted:
+                with trio.CancelScope(shield=True) as shielded:
+                    shielded.deadline = trio.current_time() + REFUSE_WAIT
+                    await _send(stream, 503, busy, extra=retry)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            if held is not None:
+                gate.leave(held)
             await trio.aclose_forcefully(stream)
+
+    async def refuse(stream: trio.SocketStream) -> None:
+        """503 for a connection over the cap: read its request (briefly), answer."""
+        if gate.refusing >= max_connections:
+            return  # a flood: closed at once
+        gate.refusing += 1
+        try:
+            with trio.move_on_after(REFUSE_WAIT):
+                with contextlib.suppress(Refused):
+                    await _read_request(stream)
+            with trio.move_on_after(REFUSE_WAIT):
+                await _send(stream, 503, busy, extra=retry)
+        finally:
+            gate.refusing -= 1
 
     await trio.serve_listeners(handle, listeners)
 
@@ -151,11 +252,14 @@ async def _respond(
     readiness: Readiness,
     routes: Mapping[str, Handler],
     metrics: MetricsSource | None = None,
+    received: Callable[[], None] | None = None,
 ) -> None:
     try:
         request = await _read_request(stream)
         if request is None:
             return
+        if received is not None:
+            received()
         for prefix in (*routes, *_UNSERVED):
             if request.target == prefix or request.target.startswith(prefix + "/"):
                 handler = routes.get(prefix)
