@@ -11,6 +11,7 @@ Cursus's port-per-broker ports shared by two workers, each killed in turn.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -737,3 +738,48 @@ async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: 
             if successor is not None:
                 successor.kill()
         assert proxy.log().count(f"the supervisor (pid {proxy.pid}) is gone") == 2, proxy.log()
+
+
+# --- admin ports -----------------------------------------------------------------------
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The IPv4 addresses process ``pid`` listens on."""
+    return {local for local, remote in tcp_connections(pid) if remote == ("0.0.0.0", 0)}
+
+
+def test_workers_open_no_admin_port_unless_asked(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """Without --admin no process listens anywhere but on the proxy's port,
+    and the --faults rules still reach every worker (with their configuration)."""
+    rules = tmp_path / "faults.json"
+    rules.write_text(json.dumps([{"match": {"command": "PRODUCER"}, "action": "error",
+                                  "error": "AuthorizationError"}]))  # fmt: skip
+    proxy = start_proxy(broker.url, tmp_path, "--workers", "2", "--drain-timeout", "2",
+                        "--faults", str(rules))  # fmt: skip
+    try:
+        pids = worker_pids(proxy, 2)
+        assert len(pids) == 2, proxy.log()
+        for pid in (proxy.pid, *pids.values()):
+            assert listening(pid) == {("127.0.0.1", proxy.port)}, (pid, listening(pid))
+        for n in range(4):  # separate clients: their connections land on either worker
+            with client(proxy.url) as c, pytest.raises(pulsar.AuthorizationError):
+                c.create_producer(f"persistent://public/default/no-admin-{n}")
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+        for pid in worker_pids(proxy, 2, timeout=0).values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+def test_with_admin_the_workers_admin_ports_are_private(
+    workers_proxy: tuple[ProxyProcess, int],
+) -> None:
+    proxy, admin = workers_proxy
+    pids = worker_pids(proxy, 2)
+    assert listening(proxy.pid) == {("127.0.0.1", proxy.port), ("127.0.0.1", admin)}
+    for pid in pids.values():
+        ports = listening(pid) - {("127.0.0.1", proxy.port)}
+        assert len(ports) == 1 and {host for host, _ in ports} == {"127.0.0.1"}, ports
+        assert admin not in {port for _, port in ports}

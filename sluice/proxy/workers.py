@@ -15,9 +15,12 @@ What must look like one proxy does:
 - Lookups and ``proxy_to_broker_url`` CONNECTs on different workers, and the
   connection limits as totals: ``sluice.proxy.shared``.
 - The admin endpoint is the supervisor's: ``/metrics`` is the sum over the
-  workers (each serves its own on a private loopback port), ``/readyz`` is
-  ready when every worker is, ``/faults`` changes every worker's rules (the
-  supervisor keeps the rule set and gives it to workers it restarts).
+  workers (each serves its own on a private loopback port, only when
+  ``--admin`` is given), ``/readyz`` is ready when every worker is,
+  ``/faults`` changes every worker's rules (the supervisor keeps the rule
+  set and gives it to workers it restarts). Without ``--admin`` no process
+  opens an admin port, and workers get the ``--faults`` rules with their
+  configuration.
 - A worker that dies is restarted (``sluice_worker_restarts_total``), with a
   growing pause if it keeps dying at once. SIGTERM drains every worker
   within ``--drain-timeout``.
@@ -218,8 +221,8 @@ class Supervisor:
             async with trio.open_nursery() as nursery:
                 for worker in self.workers:
                     nursery.start_soon(self._keep_running, worker)
-                nursery.start_soon(self._watch_readiness)
                 if admin is not None:
+                    nursery.start_soon(self._watch_readiness)
                     routes = {"/faults": self.faults, "/recording": self.snapshot}
                     nursery.start_soon(serve_admin, admin, self.registry, self.readiness,
                                        routes, self.metrics)  # fmt: skip
@@ -326,8 +329,15 @@ class Supervisor:
             await trio.sleep(pause)
 
     async def _run_worker(self, worker: Worker) -> int:
-        config = self.config.replace(admin=Address("127.0.0.1", 0), admin_token=self.token,
-                                     faults=())  # fmt: skip
+        # A private admin port (loopback, any free port) only behind the
+        # supervisor's own: nothing else asks a worker anything. Without one,
+        # the worker starts with the rules; with one, it is given them
+        # (ids as the supervisor numbered them) once it is ready.
+        if self.config.admin is not None:
+            config = self.config.replace(admin=Address("127.0.0.1", 0), admin_token=self.token,
+                                         faults=())  # fmt: skip
+        else:
+            config = self.config
         spec = WorkerSpec(config, worker.index, self.count, self._state,
                           [kind for kind, _ in self._sockets],
                           [sock.fileno() for _, sock in self._sockets],
@@ -347,10 +357,12 @@ class Supervisor:
             await process.stdin.send_all(_SPEC_LENGTH.pack(len(data)) + data)
             with trio.move_on_after(START_TIMEOUT) as starting:
                 line = await _read_line(process.stdout)
-                if line.startswith("ready "):
-                    admin = Address("127.0.0.1", int(line.split()[1]))
-                    await self._give_rules(admin)
-                    worker.admin = admin
+                words = line.split()
+                if words[:1] == ["ready"]:
+                    if len(words) > 1:
+                        admin = Address("127.0.0.1", int(words[1]))
+                        await self._give_rules(admin)
+                        worker.admin = admin
                     log.info("worker %d (pid %d) ready", worker.index, process.pid)
             if starting.cancelled_caught:
                 log.error("worker %d did not start within %gs", worker.index, START_TIMEOUT)
@@ -662,7 +674,8 @@ async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
         # signal receiver (there is no checkpoint in between), so the
         # SIGTERM it may send itself always finds the receiver.
         nursery.start_soon(_watch_supervisor, proxy, supervisor, orphaned)
-        print(f"ready {proxy.addresses['admin'].port}", flush=True)
+        admin = proxy.addresses.get("admin")
+        print("ready" if admin is None else f"ready {admin.port}", flush=True)
         await serve_until_signalled(proxy)
         nursery.cancel_scope.cancel()
     return bool(orphaned)
