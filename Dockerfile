@@ -11,12 +11,36 @@
 # and the embedded broker) on top of the default image; the default stays lean.
 ARG BASE=python:3.11-slim
 
+# The wheel is built as `python -m build` builds it anywhere: its backend
+# (pyproject.toml's [build-system]) compiles the frame path in rust/ into
+# sluice._frames, so this stage has a C linker and a Rust toolchain (rustup's
+# minimal profile, checked against its published SHA-256); the runtime stage
+# gets only the wheel.
 FROM ${BASE} AS build
+ARG RUST_VERSION=1.95.0
+ENV RUSTUP_HOME=/opt/rustup \
+    CARGO_HOME=/opt/cargo \
+    PATH=/opt/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+RUN python -c "import hashlib, platform, urllib.request as u; \
+url = f'https://static.rust-lang.org/rustup/dist/{platform.machine()}-unknown-linux-gnu/rustup-init'; \
+data = u.urlopen(url, timeout=60).read(); \
+want = u.urlopen(url + '.sha256', timeout=60).read().split()[0].decode(); \
+assert hashlib.sha256(data).hexdigest() == want, 'rustup-init: checksum mismatch'; \
+open('/tmp/rustup-init', 'wb').write(data)" \
+ && chmod +x /tmp/rustup-init \
+ && /tmp/rustup-init -y --no-modify-path --profile minimal --default-toolchain "${RUST_VERSION}" \
+ && rm /tmp/rustup-init \
+ && cargo --version
+RUN pip install --no-cache-dir build==1.2.2
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY rust ./rust
 COPY sluice ./sluice
-RUN pip install --no-cache-dir build==1.2.2 \
- && python -m build --wheel --outdir /wheels
+RUN python -m build --wheel --outdir /wheels
 
 FROM ${BASE} AS runtime
 LABEL org.opencontainers.image.title="sluice" \
@@ -30,9 +54,12 @@ RUN pip install --no-cache-dir /wheels/*.whl \
  && mkdir -p /recordings \
  && chown sluice /recordings
 USER 10001
-# In a container, listen on all interfaces; the admin endpoint serves the probes.
+# In a container, listen on all interfaces. The admin endpoint serves the
+# HEALTHCHECK on loopback; to publish it (Prometheus, Kubernetes probes), set
+# SLUICE_ADMIN=0.0.0.0:9090, and SLUICE_ADMIN_TOKEN_FILE for changes
+# (docs/reliability.md lists what is readable without the token).
 ENV SLUICE_LISTEN=0.0.0.0:6650 \
-    SLUICE_ADMIN=0.0.0.0:9090 \
+    SLUICE_ADMIN=127.0.0.1:9090 \
     PYTHONUNBUFFERED=1
 EXPOSE 6650 6651 9090
 VOLUME ["/recordings"]
