@@ -17,6 +17,20 @@ import sys
 
 _CONN = re.compile(r"^conn-(\d+)\b")
 
+# The most of a value from outside (a client's algorithm name, auth method,
+# URL) that one log line or error message shows.
+CLIP = 64
+
+
+def clipped(value: str | bytes, limit: int = CLIP) -> str:
+    """``value``, which came from outside, as one line of a log: its repr
+    (control characters escaped) with at most ``limit`` characters of it
+    shown and the number left out said, so that a client cannot write 16 KiB
+    (or a forged line) into the log per connection."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value) - limit} more)"
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:

@@ -12,13 +12,16 @@ authorizes the client's role. That is the protocol's mode for proxies.
 What a client may authenticate with here:
 
 - ``token``: a JWT, signed HS256/384/512 with a secret key, or
-  RS256/384/512 or ES256/384/512 with a private key whose public key Sluice
-  holds: the key files Pulsar's token provider reads (``tokenSecretKey``:
-  the raw secret bytes; ``tokenPublicKey``: the public key, DER as Pulsar's
-  tools write it, or PEM). ``exp`` and ``nbf`` are honoured; the role is the
-  ``sub`` claim or the one configured.
+  RS256/384/512, PS256/384/512 or ES256/384/512 with a private key whose
+  public key Sluice holds: the key files Pulsar's token provider reads
+  (``tokenSecretKey``: the raw secret bytes, at least 256 bits;
+  ``tokenPublicKey``: the public key, DER as Pulsar's tools write it, or
+  PEM; RSA of at least 2048 bits). PyJWT checks the token; ``exp`` and
+  ``nbf`` are honoured; the role is the ``sub`` claim or the one configured.
 - ``tls``: the client's TLS certificate, verified against
-  ``--tls-client-ca`` by the listener; the role is its subject's CN.
+  ``--tls-client-ca`` by the listener; the role is its subject's CN (the
+  listener picks it as the broker does: the first CN of the subject as
+  RFC 2253 writes it, the last in the certificate).
 
 Nothing here ever logs or returns a credential: errors name what was wrong,
 never the token.
@@ -26,25 +29,18 @@ never the token.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
-import json
 import math
-import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+import jwt
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from sluice.errors import ConfigError
+from sluice.logs import clipped
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 
 # What a broker answers a CONNECT that fails authentication (and what the
@@ -53,17 +49,18 @@ FAILED = "Failed to authenticate"
 # The auth data of a refresh challenge, as brokers send it.
 REFRESH = b"PulsarAuthRefresh"
 
-_HASHES: dict[str, Callable[[], Any]] = {
-    "256": hashlib.sha256,
-    "384": hashlib.sha384,
-    "512": hashlib.sha512,
+# Pulsar's token library (jjwt) refuses shorter keys: a secret under 256
+# bits (HS384 and HS512 need 384 and 512), an RSA key under 2048 bits.
+_MIN_SECRET_BYTES = 32
+_MIN_RSA_BITS = 2048
+_EC_ALGORITHM: dict[type[ec.EllipticCurve], str] = {
+    ec.SECP256R1: "ES256",
+    ec.SECP384R1: "ES384",
+    ec.SECP521R1: "ES512",
 }
-_DIGESTS: dict[str, hashes.HashAlgorithm] = {
-    "256": hashes.SHA256(),
-    "384": hashes.SHA384(),
-    "512": hashes.SHA512(),
-}
-_CURVES = {"256": ec.SECP256R1, "384": ec.SECP384R1, "512": ec.SECP521R1}
+_KNOWN_ALGORITHMS = frozenset(
+    f"{family}{bits}" for family in ("HS", "RS", "PS", "ES") for bits in ("256", "384", "512")
+)
 
 
 # Longer tokens are refused unread (a JWT is a few hundred bytes).
@@ -71,7 +68,15 @@ MAX_TOKEN = 16 * 1024
 
 
 class AuthError(Exception):
-    """Why a client's credentials were refused (never holds them)."""
+    """Why a client's credentials were refused (never holds them). Its text
+    goes to the log: values from the client in it are clipped, and the whole
+    is bounded too."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why if len(why) <= _MAX_REASON else f"{why[:_MAX_REASON]}...")
+
+
+_MAX_REASON = 300
 
 
 @dataclass(frozen=True)
@@ -119,62 +124,121 @@ class Identity:
 
 
 class TokenVerifier:
-    """Checks JWTs against one key, as Pulsar's token provider does."""
+    """Checks JWTs against one key, as Pulsar's token provider does: PyJWT
+    checks the token (its form, ``crit``, the signature, the key's length
+    for the algorithm, the audience); what is Pulsar's is here (the key
+    files, the algorithms a key admits, ``exp`` and ``nbf``, the role claim,
+    the size cap)."""
 
     def __init__(
-        self, key: bytes | Any, *, role_claim: str = "sub", audience: str | None = None
+        self,
+        key: bytes | rsa.RSAPublicKey | ec.EllipticCurvePublicKey,
+        *,
+        role_claim: str = "sub",
+        audience: str | None = None,
     ) -> None:
         self._key = key
-        self._secret = isinstance(key, bytes)
+        self.algorithms = _algorithms(key)
         self.role_claim = role_claim
         self.audience = audience  # when set, the token's aud must name it (tokenAudience)
+        self._options: jwt.types.Options = {
+            # exp and nbf are checked here, against the caller's clock; iat,
+            # iss, sub and jti are not looked at, as by the broker.
+            "verify_exp": False,
+            "verify_nbf": False,
+            "verify_iat": False,
+            "verify_iss": False,
+            "verify_sub": False,
+            "verify_jti": False,
+            "verify_aud": audience is not None,
+            "enforce_minimum_key_length": True,  # HS384 needs 384 bits, HS512 512
+        }
 
     @classmethod
     def secret_key(
         cls, path: Path, role_claim: str = "sub", audience: str | None = None
     ) -> TokenVerifier:
-        """HS256/384/512 with the secret in ``path`` (its raw bytes)."""
-        data = _read(path, "--auth-token-secret-key")
+        """HS256/384/512 with the secret in ``path`` (its raw bytes, as the
+        broker's ``tokenSecretKey`` file)."""
+        option = "--auth-token-secret-key"
+        data = _read(path, option)
         if not data:
-            raise ConfigError(f"--auth-token-secret-key {path}: the file is empty")
+            raise ConfigError(f"{option} {path}: the file is empty")
+        hs256 = jwt.get_algorithm_by_name("HS256")
+        try:
+            hs256.prepare_key(data)
+        except jwt.InvalidKeyError:
+            raise ConfigError(
+                f"{option} {path}: this is a public or private key (PEM, DER or SSH), not a "
+                "secret; as a secret anyone holding it could sign tokens. Give a public key "
+                "as --auth-token-public-key"
+            ) from None
+        if hs256.check_key_length(data) is not None:
+            raise ConfigError(
+                f"{option} {path}: the secret is {len(data)} bytes ({len(data) * 8} bits); "
+                f"at least {_MIN_SECRET_BYTES} bytes ({_MIN_SECRET_BYTES * 8} bits) are needed, "
+                "as Pulsar's token library requires"
+            )
         return cls(data, role_claim=role_claim, audience=audience)
 
     @classmethod
     def public_key(
         cls, path: Path, role_claim: str = "sub", audience: str | None = None
     ) -> TokenVerifier:
-        """RS*/ES* with the public key in ``path`` (DER or PEM)."""
-        data = _read(path, "--auth-token-public-key")
+        """RS*/PS* or ES* with the public key in ``path`` (DER, as Pulsar's
+        tools write the broker's ``tokenPublicKey``, or PEM)."""
+        option = "--auth-token-public-key"
+        data = _read(path, option)
         try:
             if data.lstrip().startswith(b"-----BEGIN"):
                 key = serialization.load_pem_public_key(data)
             else:
                 key = serialization.load_der_public_key(data)
-        except ValueError as exc:
-            raise ConfigError(f"--auth-token-public-key {path}: not a public key ({exc})") from None
-        if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
-            raise ConfigError(f"--auth-token-public-key {path}: an RSA or EC key is needed")
+        except (ValueError, UnsupportedAlgorithm) as exc:
+            raise ConfigError(f"{option} {path}: not a public key ({exc})") from None
+        if isinstance(key, rsa.RSAPublicKey):
+            if jwt.get_algorithm_by_name("RS256").check_key_length(key) is not None:
+                raise ConfigError(
+                    f"{option} {path}: the RSA key is {key.key_size} bits; at least "
+                    f"{_MIN_RSA_BITS} are needed, as Pulsar's token library requires"
+                )
+        elif isinstance(key, ec.EllipticCurvePublicKey):
+            if type(key.curve) not in _EC_ALGORITHM:
+                raise ConfigError(
+                    f"{option} {path}: an EC key on P-256, P-384 or P-521 is needed "
+                    f"(ES256, ES384, ES512), not {key.curve.name}"
+                )
+        else:
+            raise ConfigError(f"{option} {path}: an RSA or EC key is needed")
         return cls(key, role_claim=role_claim, audience=audience)
 
     def verify(self, token: str, now: float) -> tuple[str, float | None]:
         """The token's role and expiry; AuthError when it is not valid at ``now``."""
         if len(token) > MAX_TOKEN:
             raise AuthError(f"token over {MAX_TOKEN} bytes")
-        parts = token.strip().split(".")
-        if len(parts) != 3:
-            raise AuthError("not a JWT")
+        token = token.strip()
+        if "=" in token:  # one spelling: base64url without padding, as RFC 7515 writes it
+            raise AuthError("a JWT part does not decode")
         try:
-            header = json.loads(_unb64(parts[0]))
-            claims = json.loads(_unb64(parts[1]))
-            signature = _unb64(parts[2])
-        except (ValueError, binascii.Error, RecursionError):
+            claims = jwt.decode(
+                token,
+                self._key,
+                algorithms=self.algorithms,
+                options=self._options,
+                audience=self.audience,
+            )
+        except jwt.InvalidAlgorithmError:
+            raise AuthError(self._refused_algorithm(token)) from None
+        except jwt.InvalidSignatureError:
+            raise AuthError("bad signature") from None
+        except (jwt.InvalidAudienceError, jwt.MissingRequiredClaimError):
+            raise AuthError("the token is not for this audience") from None
+        except jwt.InvalidKeyError as exc:  # the key too short for the token's algorithm
+            raise AuthError(f"the key does not fit the token: {clipped(str(exc), 200)}") from None
+        except jwt.DecodeError:
             raise AuthError("a JWT part does not decode") from None
-        if not isinstance(header, dict) or not isinstance(claims, dict):
-            raise AuthError("a JWT part is not a JSON object")
-        alg = header.get("alg")
-        if not isinstance(alg, str):
-            raise AuthError("no signature algorithm")
-        self._check_signature(alg, f"{parts[0]}.{parts[1]}".encode(), signature)
+        except jwt.PyJWTError as exc:
+            raise AuthError(f"not a valid JWT: {clipped(str(exc))}") from None
         exp, nbf = claims.get("exp"), claims.get("nbf")
         for name, value in (("exp", exp), ("nbf", nbf)):
             number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -184,44 +248,35 @@ class TokenVerifier:
             raise AuthError("the token has expired")
         if nbf is not None and now < nbf:
             raise AuthError("the token is not valid yet")
-        if self.audience is not None:
-            aud = claims.get("aud")
-            named = aud if isinstance(aud, list) else [aud]
-            if self.audience not in named:
-                raise AuthError("the token is not for this audience")
         role = claims.get(self.role_claim)
         if not isinstance(role, str) or not role.strip():
-            raise AuthError(f"no role in claim {self.role_claim!r}")
+            raise AuthError(f"no role in claim {clipped(self.role_claim)}")
         return role, float(exp) if exp is not None else None
 
-    def _check_signature(self, alg: str, signed: bytes, signature: bytes) -> None:
-        family, bits = alg[:2], alg[2:]
-        if bits not in _HASHES:
-            raise AuthError(f"algorithm {alg!r} is not accepted")
-        if self._secret:
-            if family != "HS":
-                raise AuthError(f"algorithm {alg} does not match the secret key")
-            expected = hmac.new(self._key, signed, _HASHES[bits]).digest()
-            if not hmac.compare_digest(expected, signature):
-                raise AuthError("bad signature")
-            return
-        chosen = _DIGESTS[bits]
+    def _refused_algorithm(self, token: str) -> str:
+        """Why the token's algorithm is not one this key admits (the name
+        clipped: it is the client's)."""
         try:
-            if family == "RS" and isinstance(self._key, rsa.RSAPublicKey):
-                self._key.verify(signature, signed, padding.PKCS1v15(), chosen)
-            elif family == "ES" and isinstance(self._key, ec.EllipticCurvePublicKey):
-                if not isinstance(self._key.curve, _CURVES[bits]):
-                    raise AuthError(f"algorithm {alg} does not match the key's curve")
-                half = len(signature) // 2
-                if len(signature) % 2 or not half:
-                    raise AuthError("bad signature")
-                r = int.from_bytes(signature[:half], "big")
-                s = int.from_bytes(signature[half:], "big")
-                self._key.verify(encode_dss_signature(r, s), signed, ec.ECDSA(chosen))
-            else:
-                raise AuthError(f"algorithm {alg} does not match the public key")
-        except InvalidSignature:
-            raise AuthError("bad signature") from None
+            alg = jwt.get_unverified_header(token).get("alg")
+        except jwt.PyJWTError:
+            alg = None
+        if not isinstance(alg, str) or not alg:
+            return "no signature algorithm"
+        kind = "secret key" if isinstance(self._key, bytes) else "public key"
+        if alg in _KNOWN_ALGORITHMS:
+            accepted = ", ".join(self.algorithms)
+            return f"algorithm {alg} does not match the {kind} (accepted: {accepted})"
+        return f"algorithm {clipped(alg)} is not accepted"
+
+
+def _algorithms(key: bytes | rsa.RSAPublicKey | ec.EllipticCurvePublicKey) -> list[str]:
+    """The algorithms a key verifies, as Pulsar's: HS* for a secret, RS* and
+    PS* for an RSA key, the ES* of an EC key's curve."""
+    if isinstance(key, bytes):
+        return ["HS256", "HS384", "HS512"]
+    if isinstance(key, rsa.RSAPublicKey):
+        return ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512"]
+    return [_EC_ALGORITHM[type(key.curve)]]
 
 
 class OwnToken:
@@ -327,7 +382,7 @@ class ProxyAuth:
             return Identity(peer_role, method, data)
         if not method:
             raise AuthError("no credentials")
-        raise AuthError(f"auth method {method[:40]!r} is not accepted (accepted: "
+        raise AuthError(f"auth method {clipped(method)} is not accepted (accepted: "
                         f"{', '.join(self.methods) or 'none'})")  # fmt: skip
 
     def upstream(self, client: Identity) -> UpstreamAuth:
@@ -342,13 +397,3 @@ def _read(path: Path, option: str) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{option} {path}: {exc.strerror or exc}") from None
-
-
-def _unb64(part: str) -> bytes:
-    """base64url without padding, strictly: nothing but its alphabet."""
-    if not _B64URL.fullmatch(part):
-        raise ValueError("not base64url")
-    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
-
-
-_B64URL = re.compile(r"[A-Za-z0-9_-]*")
