@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,7 +202,7 @@ def test_manifests_validate_against_kubernetes_schemas() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("passed") == 8
+    assert result.stdout.count("passed") == 10
 
 
 def sluice_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -268,6 +270,31 @@ def test_example_configs_are_accepted_by_sluice(tmp_path: Path) -> None:
         assert result.returncode == 0, (name, result.stderr)
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace > sluice_settings(docs)["drain-timeout"], name
+
+
+def test_the_admin_endpoint_is_loopback_in_the_image_and_token_guarded_in_the_examples() -> None:
+    """The image binds the admin endpoint to loopback (its HEALTHCHECK asks
+    there); an example that binds it on the pod's IP (for the kubelet and
+    Prometheus) keeps changes behind an admin token mounted from a Secret."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^\s*SLUICE_ADMIN=127\.0\.0\.1:9090\b", dockerfile, re.M), "SLUICE_ADMIN"
+    assert "http://127.0.0.1:9090/healthz" in dockerfile
+    for name in ("sidecar.yaml", "gateway.yaml"):
+        docs = documents(name)
+        pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+        proxy = next(c for c in pod["containers"] if c["name"] == "sluice")
+        env = {e["name"]: e["value"] for e in proxy["env"]}
+        host = env["SLUICE_ADMIN"].rpartition(":")[0]
+        if ipaddress.ip_address(host).is_loopback:
+            continue
+        token_file = Path(sluice_settings(docs)["admin-token-file"])
+        mount = next(m for m in proxy["volumeMounts"] if m["mountPath"] == str(token_file.parent))
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        secret = volume["secret"]["secretName"]
+        assert any(d["kind"] == "Secret" and d["metadata"]["name"] == secret for d in docs), name
+        # Readable by the image's user (10001), who is not the files' owner.
+        assert pod["securityContext"]["fsGroup"] == 10001
+        assert volume["secret"]["defaultMode"] & 0o040, name
 
 
 def test_gateway_service_exposes_pulsar_and_metrics() -> None:

@@ -120,3 +120,8 @@ async def test_over_the_cap_with_every_connection_answering_is_a_clear_503() -> 
         assert answers == [(200, json.dumps({"path": "/faults"}).encode() + b"\n")] * limit
         assert await http(address, "GET", "/readyz") == (200, b"ready\n")
         nursery.cancel_scope.cancel()
+
+
+def test_the_documented_cap_is_the_cap() -> None:
+    docs = Path(__file__).resolve().parent.parent.parent / "docs" / "reliability.md"
+    assert f"At most {MAX_CONNECTIONS} connections are held at once" in docs.read_text()
