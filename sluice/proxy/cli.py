@@ -127,14 +127,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="proxy mode: check client tokens (HS256/384/512) with this secret key, the "
-        "file the broker's tokenSecretKey names (default: none)",
+        "file the broker's tokenSecretKey names (at least 32 bytes; default: none)",
     )
     auth.add_argument(
         "--auth-token-public-key",
         type=Path,
         metavar="FILE",
-        help="proxy mode: check client tokens (RS*/ES*) with this public key (DER or PEM), "
-        "the file the broker's tokenPublicKey names (default: none)",
+        help="proxy mode: check client tokens (RS*/PS*/ES*) with this public key (DER or "
+        "PEM; RSA of at least 2048 bits), the file the broker's tokenPublicKey names "
+        "(default: none)",
     )
     auth.add_argument(
         "--auth-token-role-claim",
