@@ -122,30 +122,31 @@ class Rule:
         return fnmatch.fnmatchcase(address.host.lower(), self.hosts)
 
 
-def parse_rule(text: str) -> Rule:
+def parse_rule(text: str, option: str = "--allow-broker") -> Rule:
+    """One rule of ``option`` (``--allow-broker``, ``--trust-broker``)."""
     value = text.strip()
     if not value:
-        raise ConfigError("--allow-broker: empty rule")
+        raise ConfigError(f"{option}: empty rule")
     if value.startswith("["):
         host, _, rest = value[1:].partition("]")
         ports_text = rest[1:] if rest.startswith(":") else "*"
         if rest and not rest.startswith(":"):
-            raise ConfigError(f"--allow-broker {text!r}: expected [IPV6_CIDR]:PORTS")
+            raise ConfigError(f"{option} {text!r}: expected [IPV6_CIDR]:PORTS")
     elif value.count(":") == 1:
         host, _, ports_text = value.partition(":")
     else:
         host, ports_text = value, "*"
-    ports = _ports(ports_text, text)
+    ports = _ports(ports_text, text, option)
     network: Network | None = None
     hosts: str | None = None
     if "/" in host or _is_ip(host):
         try:
             network = ipaddress.ip_network(host, strict=False)
         except ValueError as exc:
-            raise ConfigError(f"--allow-broker {text!r}: {exc}") from None
+            raise ConfigError(f"{option} {text!r}: {exc}") from None
     else:
         if not host:
-            raise ConfigError(f"--allow-broker {text!r}: missing host pattern")
+            raise ConfigError(f"{option} {text!r}: missing host pattern")
         hosts = host.lower()
     return Rule(text, hosts, network, ports)
 
@@ -158,7 +159,7 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def _ports(text: str, rule: str) -> tuple[int, int]:
+def _ports(text: str, rule: str, option: str) -> tuple[int, int]:
     if text in ("", "*"):
         return (0, 65535)
     lo_text, _, hi_text = text.partition("-")
@@ -166,15 +167,17 @@ def _ports(text: str, rule: str) -> tuple[int, int]:
         lo = int(lo_text)
         hi = int(hi_text) if hi_text else lo
     except ValueError:
-        raise ConfigError(f"--allow-broker {rule!r}: bad port {text!r}") from None
+        raise ConfigError(f"{option} {rule!r}: bad port {text!r}") from None
     if not 0 <= lo <= hi <= 65535:
-        raise ConfigError(f"--allow-broker {rule!r}: bad port range {text!r}")
+        raise ConfigError(f"{option} {rule!r}: bad port range {text!r}")
     return (lo, hi)
 
 
 class AllowList:
-    def __init__(self, rules: tuple[str, ...] | list[str] = ()) -> None:
-        self.rules = [parse_rule(r) for r in rules]
+    def __init__(
+        self, rules: tuple[str, ...] | list[str] = (), option: str = "--allow-broker"
+    ) -> None:
+        self.rules = [parse_rule(r, option) for r in rules]
         self._learned: set[Address] = set()
 
     def learn(self, address: Address) -> None:
@@ -185,7 +188,11 @@ class AllowList:
     def learned(self) -> frozenset[Address]:
         return frozenset(self._learned)
 
+    def knows(self, address: Address) -> bool:
+        """Whether ``address`` was learned (named by the upstream itself)."""
+        return Address(address.host.lower(), address.port) in self._learned
+
     def allows(self, address: Address) -> bool:
-        if Address(address.host.lower(), address.port) in self._learned:
+        if self.knows(address):
             return True
         return any(rule.matches(address) for rule in self.rules)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ from sluice.protocols.pulsar import (
 from sluice.protocols.pulsar.auth import UpstreamAuth
 from sluice.protocols.pulsar.connection import (
     SLUICE_VERSION,
+    LogLimit,
     PulsarConnection,
     PulsarSettings,
     Routing,
@@ -579,3 +581,50 @@ def test_a_failing_tap_never_stops_traffic() -> None:
     # The tap after the failing one still sees everything.
     assert [f.name for _, f in recording.seen] == ["CONNECT", "CONNECTED", "PING", "PONG"]
     assert taps.failures == len(recording.seen) + len(recording.events)
+
+
+# --- bad input, answered and logged with a limit ----------------------------------
+
+
+def garbled_connect(field: int, value: bytes = b"\xff\xfe127.0.0.1:6650") -> bytes:
+    """A CONNECT whose text field number ``field`` is not UTF-8 (the
+    protobuf library will not write one, so its bytes are appended)."""
+    body = pb.CommandConnect()
+    body.ParseFromString(
+        connect_body().SerializeToString() + bytes([field << 3 | 2, len(value)]) + value
+    )
+    return frame_bytes("CONNECT", body)
+
+
+@pytest.mark.parametrize("field", [6, 5, 1], ids=["proxy_to_broker_url", "method", "version"])
+def test_a_connect_with_text_that_is_not_utf8_is_refused_not_raised(field: int) -> None:
+    routing = Routing(parse_broker_url("pulsar://127.0.0.1:6650"))
+    core, rec = make(routing=routing)
+    out = core.receive_client(garbled_connect(field), 0.0)
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "ERROR" and error.body.error == pb.NotAllowedError
+    assert "is not UTF-8" in error.body.message
+    (close,) = [a for a in out if isinstance(a, Close)]
+    assert close.reason == "handshake" and close.level == logging.WARNING
+    assert rec.of(Rejected) == [Rejected("handshake")]
+    assert not [a for a in out if isinstance(a, OpenUpstream)]
+    assert isinstance(core.conn.broker, str)
+    # Anyone can repeat it: the next ones within a minute log at debug.
+    again, _ = make(routing=routing)
+    (close,) = [
+        a for a in again.receive_client(garbled_connect(field), 30.0) if isinstance(a, Close)
+    ]
+    assert close.level == logging.DEBUG
+
+
+def test_warnings_are_limited_per_key_and_in_all() -> None:
+    limit = LogLimit(interval=60.0, burst=3)
+    assert limit.level("a", 0.0) == logging.WARNING
+    assert limit.level("a", 59.0) == logging.DEBUG
+    assert limit.level("a", 60.0) == logging.WARNING  # the first of a new minute
+    assert [limit.level(k, 61.0) for k in "bcd"] == [
+        logging.WARNING,
+        logging.WARNING,
+        logging.DEBUG,
+    ]
+    assert limit.level("e", 121.0) == logging.WARNING  # a new minute

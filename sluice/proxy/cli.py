@@ -103,6 +103,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ":PORT or :LO-HI (repeatable; default: brokers the upstream names)",
     )
     up.add_argument(
+        "--trust-broker",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="proxy mode: brokers Sluice logs in to with its own credential though the "
+        "upstream never named them (same patterns as --allow-broker, and allowed too); "
+        "a client naming any other broker its answers did not name is refused "
+        "(repeatable; default: none, only the --broker and brokers its answers name)",
+    )
+    up.add_argument(
         "--max-redirects",
         type=int,
         default=default(ProxyConfig, "max_redirects"),
@@ -159,7 +169,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     auth.add_argument(
         "--forward-auth-data",
         action="store_true",
-        help="proxy mode: also pass the client's credentials on, as original_auth_data",
+        help="proxy mode: also pass the client's credentials on, as original_auth_data "
+        "(lookups share a connection per role and token expiry, whatever the token's "
+        "spelling; default: off)",
     )
     cur = parser.add_argument_group("cursus")
     cur.add_argument(
@@ -232,6 +244,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=default(ProxyConfig, "max_concurrent_lookups"),
         metavar="N",
         help="lookups in flight at once; more are answered TooManyRequests",
+    )
+    pol.add_argument(
+        "--max-upstream-connections",
+        type=int,
+        default=default(ProxyConfig, "max_upstream_connections"),
+        metavar="N",
+        help="Sluice's own connections to brokers, which carry lookups (one per broker and "
+        "client credentials; in proxy mode per client role), per process; at N the least "
+        "recently used idle one is closed, and with none idle a lookup is answered "
+        "TooManyRequests",
     )
     pol.add_argument(
         "--connect-timeout",
@@ -424,6 +446,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
             key=args.broker_tls_key,
         ),
         allow_broker=tuple(args.allow_broker),
+        trust_broker=tuple(args.trust_broker),
         on_invalid=OnInvalid(args.on_invalid),
         max_message_size=args.max_message_size,
         connect_timeout=args.connect_timeout,
@@ -433,6 +456,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         max_connections=args.max_connections,
         max_connections_per_ip=args.max_connections_per_ip,
         max_concurrent_lookups=args.max_concurrent_lookups,
+        max_upstream_connections=args.max_upstream_connections,
         max_redirects=args.max_redirects,
         admin=parse_address(args.admin, what="--admin") if args.admin else None,
         topic_metrics_limit=args.topic_metrics_limit,

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.addresses import Address
+from sluice.addresses import Address, AllowList
 from sluice.errors import ConfigError
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.cursus.connection import CURSUS_FAULTS
@@ -39,6 +39,9 @@ class ProxyConfig:
     # Host patterns, CIDRs and ports that proxy_to_broker_url may name. Empty:
     # the configured broker and brokers named by its own answers.
     allow_broker: tuple[str, ...] = ()
+    # Proxy mode: brokers (same rules) Sluice logs in to as itself though its
+    # upstream never named them; also allowed. Empty: only those it named.
+    trust_broker: tuple[str, ...] = ()
     on_invalid: OnInvalid = OnInvalid.REJECT
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     connect_timeout: float = 10.0
@@ -48,6 +51,9 @@ class ProxyConfig:
     max_connections: int = 10_000
     max_connections_per_ip: int = 1_000
     max_concurrent_lookups: int = 1_000
+    # Sluice's own connections to brokers, which carry lookups: one per
+    # broker and set of credentials, at most this many per process.
+    max_upstream_connections: int = 1_000
     max_redirects: int = 5
     # HTTP endpoint for /metrics, /healthz, /readyz (None: off).
     admin: Address | None = None
@@ -107,6 +113,7 @@ class ProxyConfig:
             "max_connections",
             "max_connections_per_ip",
             "max_concurrent_lookups",
+            "max_upstream_connections",
             "max_message_size",
             "topic_metrics_limit",
             "workers",
@@ -139,6 +146,8 @@ class ProxyConfig:
             if not 0 < low <= high < 65536:
                 raise ConfigError("--listener-ports must be LOW-HIGH, 1 to 65535")
         self._check_auth()
+        AllowList(self.allow_broker)  # rules that do not parse: one line now
+        AllowList(self.trust_broker, "--trust-broker")
         if self.max_redirects < 0:
             raise ConfigError("--max-redirects must not be negative")
 
@@ -151,6 +160,7 @@ class ProxyConfig:
             "--broker-auth-token-file": self.broker_auth_token_file,
             "--forward-auth-data": self.forward_auth_data or None,
             "--auth-token-audience": self.auth_token_audience,
+            "--trust-broker": self.trust_broker or None,
         }
         if self.auth_mode == "passthrough":
             given = [name for name, value in proxy_only.items() if value is not None]

@@ -352,7 +352,9 @@ class Metrics:
         # Children bound once, for the per-request paths.
         self._request_timers = self.request_duration.children
         self.relay_delay_by_direction = self.relay_delay.children
-        for reason in ("limit", "relay_refused", "handshake_timeout", "handshake", "tls"):
+        for reason in (
+            "limit", "relay_refused", "untrusted_broker", "handshake_timeout", "handshake", "tls",
+        ):  # fmt: skip
             self.connections_rejected.labels(reason)
         for outcome in ("answered", "redirected", "failed", "rejected"):
             self.lookups.labels(outcome)

@@ -235,11 +235,15 @@ class BrokerConnection:
 # new pooled connections: without this they would pile up for ever).
 IDLE_UPSTREAM = 300.0
 
+_Key = tuple[Address, Credentials]
+
 
 class UpstreamPool:
     """At most one open BrokerConnection per broker address and set of client
     credentials (lookups carry the credentials of the client they are for),
-    opened on demand."""
+    opened on demand; at most ``limit`` open at once (opening included): at
+    the limit the least recently used idle one is closed to make room, and
+    with none idle the request fails with TooManyRequests."""
 
     def __init__(
         self,
@@ -248,36 +252,74 @@ class UpstreamPool:
         timeout: float,
         tls_for: Callable[[Address], ssl.SSLContext | None],
         dialed: Callable[[float | None], None] = lambda seconds: None,
+        limit: int = 1_000,
     ) -> None:
         self._nursery = nursery
         self._timeout = timeout
         self._tls_for = tls_for
         self._dialed = dialed
-        self._connections: dict[tuple[Address, Credentials], BrokerConnection] = {}
-        self._locks: dict[tuple[Address, Credentials], trio.Lock] = {}
+        self.limit = limit
+        self._connections: dict[_Key, BrokerConnection] = {}
+        self._locks: dict[_Key, trio.Lock] = {}
+        self._opening = 0
 
     async def get(self, address: Address, credentials: Credentials = None) -> BrokerConnection:
         key = (address, credentials)
         lock = self._locks.setdefault(key, trio.Lock())
-        async with lock:
-            conn = self._connections.get(key)
-            if conn is None or conn.closed:
-                started = trio.current_time()
-                try:
-                    conn = await BrokerConnection.open(
-                        self._nursery,
-                        address,
-                        timeout=self._timeout,
-                        tls=self._tls_for(address),
-                        credentials=credentials,
-                    )
-                except UpstreamFailure:
-                    self._dialed(None)
-                    raise
-                self._dialed(trio.current_time() - started)
-                self._connections[key] = conn
-            conn.last_used = trio.current_time()
-            return conn
+        try:
+            async with lock:
+                conn = self._connections.get(key)
+                if conn is None or conn.closed:
+                    conn = await self._open(key)
+                conn.last_used = trio.current_time()
+                return conn
+        finally:
+            # A key that got no connection (a refused login) keeps no lock.
+            idle = not lock.locked() and lock.statistics().tasks_waiting == 0
+            if key not in self._connections and idle:
+                self._locks.pop(key, None)
+
+    async def _open(self, key: _Key) -> BrokerConnection:
+        address, credentials = key
+        self._connections.pop(key, None)
+        await self._make_room()
+        self._opening += 1
+        started = trio.current_time()
+        try:
+            conn = await BrokerConnection.open(
+                self._nursery,
+                address,
+                timeout=self._timeout,
+                tls=self._tls_for(address),
+                credentials=credentials,
+            )
+        except UpstreamFailure:
+            self._dialed(None)
+            raise
+        finally:
+            self._opening -= 1
+        self._dialed(trio.current_time() - started)
+        self._connections[key] = conn
+        return conn
+
+    async def _make_room(self) -> None:
+        """Below the limit, by closing the least recently used idle connection."""
+        for key, conn in list(self._connections.items()):
+            if conn.closed:
+                del self._connections[key]
+        while len(self._connections) + self._opening >= self.limit:
+            idle = [(c.last_used, k) for k, c in self._connections.items() if not c.busy]
+            if not idle:
+                raise UpstreamFailure(
+                    f"all {self.limit} upstream connections are busy (--max-upstream-connections)",
+                    pb.TooManyRequests,
+                )
+            _, oldest = min(idle, key=lambda pair: pair[0])
+            conn = self._connections.pop(oldest)
+            lock = self._locks.get(oldest)
+            if lock is not None and not lock.locked():
+                del self._locks[oldest]
+            await conn.aclose()
 
     async def aclose(self) -> None:
         for conn in list(self._connections.values()):
@@ -324,8 +366,10 @@ class PulsarBackend:
         broker_tls: TlsClientConfig,
         connect_timeout: float,
         faults: Faults | None = None,
+        max_upstream_connections: int = 1_000,
     ) -> None:
         self.broker = broker
+        self.max_upstream_connections = max_upstream_connections
         self.faults = faults if faults is not None else Faults()
         self.settings = settings
         self.routing = routing
@@ -349,6 +393,7 @@ class PulsarBackend:
             timeout=self.connect_timeout,
             tls_for=lambda address: self._tls,
             dialed=lambda seconds: tap.event(None, Dialed(seconds)),
+            limit=self.max_upstream_connections,
         )
         nursery.start_soon(self._pool.keep_tidy)
 

@@ -282,7 +282,12 @@ class Relay:
     async def _watch_handshake(self) -> None:
         with self._handshake:
             await trio.sleep_forever()
+        # Cancelled once the core got past its handshake, which it may have
+        # ended since (a last ERROR still being written): only a deadline
+        # that passed is a timeout.
         if self.core.established or self._closing:
+            return
+        if trio.current_time() < self._handshake.deadline:
             return
         timeout = self.timing.handshake_timeout
         if not self.core.upstream_pending:

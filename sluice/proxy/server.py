@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import trio
 
-from sluice.addresses import Address, advertised
+from sluice.addresses import Address, AllowList, advertised
 from sluice.protocols.core import Accepted, Conn, Rejected, Taps
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.connection import CursusRouting, CursusSettings
@@ -80,17 +80,17 @@ class Proxy:
         self.config = config
         self.worker = worker
         self.routing: Routing
+        # --trust-broker rules allow as well as trust.
+        relay_rules = config.allow_broker + config.trust_broker
         if worker is None:
-            self.routing = Routing(
-                config.broker, config.allow_broker, config.max_concurrent_lookups
-            )
+            self.routing = Routing(config.broker, relay_rules, config.max_concurrent_lookups)
             self.limits = LocalLimits(config.max_connections, config.max_connections_per_ip)
             self._ids = itertools.count(1)
         else:
             self.routing = SharedRouting(
                 config.broker,
                 worker.state / ROUTES_FILE,
-                config.allow_broker,
+                relay_rules,
                 config.max_concurrent_lookups,
             )
             limits = SharedLimits(
@@ -132,11 +132,13 @@ class Proxy:
                     config.max_message_size,
                     config.max_redirects,
                     proxy_auth(config),
+                    AllowList(config.trust_broker, "--trust-broker"),
                 ),
                 self.routing,
                 broker_tls=config.broker_tls,
                 connect_timeout=config.connect_timeout,
                 faults=self.faults,
+                max_upstream_connections=config.max_upstream_connections,
             )
         # Cursus, port-per-broker: which port stands for which broker, in a
         # journal that outlives the proxy (--broker-ports-file) or its

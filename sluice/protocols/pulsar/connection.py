@@ -16,6 +16,12 @@ carry out. It is the whole of Pulsar's proxy behaviour:
   Sluice: ``proxy_through_service_url=true``, both broker URLs set,
   ``authoritative=true``. Brokers named this way are learned into the
   allow-list, since the client will ask for them next.
+- Sluice's own credential (``--auth-mode proxy``) goes only to brokers the
+  upstream named (learned) or that ``--trust-broker`` names: a client with
+  any valid token may name any allowed address in ``proxy_to_broker_url``,
+  and one it controls must not collect the credential that acts as every
+  role. Lookups carry the client's verified role, never its own
+  ``original_*`` fields.
 - Proxied connections: every frame both ways is framed, validated (CRC32-C
   included), counted by the taps, correlated, and forwarded as its original
   bytes; an invalid frame from a client is answered as the broker would
@@ -35,7 +41,7 @@ import enum
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from google.protobuf import text_format
@@ -129,9 +135,46 @@ class Route:
     via_upstream: bool  # the upstream is itself a proxy and asked to be used
 
 
+class LogLimit:
+    """One warning per key per ``interval`` seconds (on the caller's clock),
+    and at most ``burst`` in all per interval; the rest at debug. What anyone
+    may repeat without credentials must not flood the log. Remembers at most
+    ``keys`` keys, forgetting the oldest."""
+
+    def __init__(self, interval: float = 60.0, burst: int = 20, keys: int = 1_024) -> None:
+        self.interval = interval
+        self.burst = burst
+        self.keys = keys
+        self._last: dict[object, float] = {}
+        self._window = -interval
+        self._count = 0
+
+    def level(self, key: object, now: float) -> int:
+        """The level to log ``key``'s line at, now."""
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            return logging.DEBUG
+        if now - self._window >= self.interval:
+            self._window, self._count = now, 0
+        if self._count >= self.burst:
+            return logging.DEBUG
+        self._count += 1
+        self._last.pop(key, None)
+        if len(self._last) >= self.keys:
+            del self._last[next(iter(self._last))]
+        self._last[key] = now
+        return logging.WARNING
+
+
+# The most verified identities whose lookup credentials are kept (see
+# ``Routing.upstream_auth``); past it the oldest is forgotten.
+MAX_IDENTITIES = 4_096
+
+
 class Routing:
     """What every connection of one proxy shares: the broker it fronts, the
-    allow-list with the brokers learned from answers, and the lookup limit."""
+    allow-list with the brokers learned from answers, the lookup limit, and
+    which warnings were logged lately."""
 
     def __init__(
         self, broker: BrokerUrl, allow_rules: tuple[str, ...] = (), max_lookups: int = 1_000
@@ -142,6 +185,36 @@ class Routing:
         self.routes: dict[Address, Route] = {}
         self.max_lookups = max_lookups
         self.lookups = 0
+        self.warned = LogLimit()
+        self._lookup_auth: dict[tuple[object, ...], UpstreamAuth] = {}
+
+    def refresh(self) -> None:
+        """Take in brokers learned elsewhere (``SharedRouting``: by other
+        workers); one process has nothing to take in."""
+
+    def knows(self, address: Address) -> bool:
+        """Whether the upstream itself named ``address`` (or it is the
+        configured broker): one Sluice may log in to as itself."""
+        if self.allowlist.knows(address):
+            return True
+        self.refresh()
+        return self.allowlist.knows(address)
+
+    def upstream_auth(self, auth: ProxyAuth, client: Identity) -> UpstreamAuth:
+        """Proxy mode: what lookups for ``client`` go upstream with, one value
+        per verified identity (Sluice's credential, the role, the method, and
+        with ``--forward-auth-data`` the token's expiry), so that the shared
+        connections are kept per identity and not per spelling of a token
+        (whitespace, a ``token:`` prefix, base64 variants all verify alike)."""
+        fresh = auth.upstream(client)
+        expires = client.expires if fresh.original_data is not None else None
+        key = (fresh.method, fresh.data, client.role, client.method, expires)
+        kept = self._lookup_auth.get(key)
+        if kept is None:
+            if len(self._lookup_auth) >= MAX_IDENTITIES:
+                del self._lookup_auth[next(iter(self._lookup_auth))]
+            kept = self._lookup_auth[key] = fresh
+        return kept
 
     def learn(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
         """A broker the upstream named: allow it, and remember how to reach it."""
@@ -167,6 +240,9 @@ class PulsarSettings:
     max_redirects: int
     # --auth-mode proxy: Sluice authenticates clients (None: passthrough).
     auth: ProxyAuth | None = None
+    # --trust-broker: brokers Sluice's own credential may go to though the
+    # upstream never named them (learned brokers always may).
+    trusted: AllowList = field(default_factory=AllowList)
 
 
 class State(enum.Enum):
@@ -364,19 +440,29 @@ class PulsarConnection:
         relayed = (
             first.type == T.CONNECT and body is not None and body.HasField("proxy_to_broker_url")
         )
-        if first.type != T.CONNECT or first.error is not None:
+        # A text field that is not UTF-8 comes out of protobuf as bytes.
+        garbled = _not_text(body) if first.type == T.CONNECT and body is not None else None
+        if first.type != T.CONNECT or first.error is not None or garbled:
             self.conn.kind = "invalid"
         else:
             self.conn.kind = "proxied" if relayed else "lookup"
-        self.conn.broker = body.proxy_to_broker_url if relayed else str(self.routing.broker)
+        self.conn.broker = (
+            body.proxy_to_broker_url if relayed and not garbled else str(self.routing.broker)
+        )
         self.tap.event(self.conn, Opened())
         self.tap.frames(self.conn, True, (first,))
-        if first.type != T.CONNECT or first.error is not None:
-            why = first.error.message if first.error else f"expected CONNECT, got {first.name}"
+        if first.type != T.CONNECT or first.error is not None or garbled:
+            if first.error:
+                why = first.error.message
+            elif garbled:
+                why = f"CONNECT {garbled} is not UTF-8"
+            else:
+                why = f"expected CONNECT, got {first.name}"
             self.tap.event(self.conn, Rejected("handshake"))
+            level = self.routing.warned.level(("handshake", why), now)
             return [
                 *self._own(connect_error(pb.NotAllowedError, why)),
-                self._close("handshake", f"bad handshake: {why}", logging.WARNING),
+                self._close("handshake", f"bad handshake: {why}", level),
             ]
         auth = self.settings.auth
         if auth is not None:
@@ -393,7 +479,7 @@ class PulsarConnection:
         # In proxy mode, with Sluice's, naming the client's role.
         if auth is not None:
             assert self._identity is not None
-            self._credentials = auth.upstream(self._identity)
+            self._credentials = self.routing.upstream_auth(auth, self._identity)
         elif body.HasField("auth_method_name") or body.HasField("auth_data"):
             self._credentials = UpstreamAuth(body.auth_method_name, bytes(body.auth_data))
         connected = pb.CommandConnected(
@@ -410,10 +496,19 @@ class PulsarConnection:
         try:
             target = parse_broker_url(connect.proxy_to_broker_url, what="proxy_to_broker_url")
         except ConfigError as exc:
-            return self._refuse(str(exc))
+            return self._refuse(str(exc), now=now)
         if not self.routing.allowlist.allows(target.address):
-            return self._refuse(f"broker {target.address} is not in the allow-list")
+            return self._refuse(f"broker {target.address} is not in the allow-list", now=now)
         route = self.routing.routes.get(target.address)
+        auth = self.settings.auth
+        chained = route is not None and route.via_upstream
+        if auth is not None and not chained and not self._trusts(target.address):
+            return self._refuse(
+                f"broker {target.address} is allowed but was not named by the upstream, nor "
+                "by --trust-broker: Sluice logs in to it as itself only then",
+                "untrusted_broker",
+                now=now,
+            )
         # The client's CONNECT goes on as it wrote it. No proxy_version: a
         # broker with authentication on refuses a CONNECT that names one
         # unless the connecting role is one of its proxyRoles ("Must not set
@@ -421,14 +516,13 @@ class PulsarConnection:
         # credentials are the client's own.
         ours = pb.CommandConnect()
         ours.CopyFrom(connect)
-        auth = self.settings.auth
         if auth is not None:
             # Sluice's credentials, the client's role as original_principal.
             assert self._identity is not None
             for name in _AUTH_FIELDS:
                 ours.ClearField(name)
             auth.upstream(self._identity).apply(ours)
-        if route is not None and route.via_upstream:
+        if chained:
             # Chained: the upstream is a proxy too; go through it, naming the
             # broker the same way the client named it to us.
             address, tls = self.routing.broker.address, self.routing.broker.tls
@@ -442,11 +536,19 @@ class PulsarConnection:
         self._dial_started = now
         return [OpenUpstream(address, tls, encode(command(T.CONNECT, ours)))]
 
-    def _refuse(self, reason: str) -> list[Action]:
-        self.tap.event(self.conn, Rejected("relay_refused"))
+    def _trusts(self, address: Address) -> bool:
+        """Proxy mode: whether Sluice may log in to ``address`` as itself."""
+        return self.routing.knows(address) or self.settings.trusted.allows(address)
+
+    def _refuse(self, reason: str, why: str = "relay_refused", *, now: float) -> list[Action]:
+        """Refuse a relay with ServiceNotReady, which clients retry after a
+        fresh lookup (one that teaches Sluice the broker, if it is one);
+        counted as ``why``, logged once a minute per ``reason``."""
+        self.tap.event(self.conn, Rejected(why))
+        level = self.routing.warned.level(reason, now)
         return [
             *self._own(connect_error(pb.ServiceNotReady, reason)),
-            self._close("relay_refused", f"refusing relay: {reason}", logging.WARNING),
+            self._close("relay_refused", f"refusing relay: {reason}", level),
         ]
 
     def _while_connecting(self, now: float, *, client_closed: bool) -> list[Action]:
@@ -520,7 +622,8 @@ class PulsarConnection:
         # Rules are added and removed by other tasks, never during this loop.
         faulty = bool(faults.rules)
         # Proxy mode: AUTH_CHALLENGE from the broker and AUTH_RESPONSE from
-        # the client are Sluice's to answer, not to pass on.
+        # the client are Sluice's to answer, not to pass on (and a client's
+        # AUTH_CHALLENGE is Sluice's to refuse).
         own_auth = self.settings.auth is not None
         trace = self._trace
         # A read that starts on a frame boundary, ends on one, and holds only
@@ -567,14 +670,15 @@ class PulsarConnection:
                     out.append(frame.raw)
                     if t == payload_type:
                         # Tallied by topic, for one TopicTraffic event per read.
-                        body: Any = frame.body
+                        # ids: (producer, sequence, messages) of a SEND,
+                        # (consumer, 0, messages in the batch) of a MESSAGE.
+                        ids = frame.ids
+                        assert ids is not None  # set for every valid SEND and MESSAGE
                         if from_client:
-                            topic = sending(body, now)
-                            messages = body.num_messages
+                            topic = sending(ids[0], ids[1], now)
                         else:
-                            topic = consumers.get(body.consumer_id)
-                            meta = frame.metadata
-                            messages = meta.num_messages_in_batch if meta is not None else 1
+                            topic = consumers.get(ids[0])
+                        messages = ids[2]
                         if topic is not None:
                             if topics is None:
                                 topics = {}
@@ -586,7 +690,9 @@ class PulsarConnection:
                                 tally[1] += len(frame.raw)
                         continue
                     if t == receipt:
-                        send = sent(frame.body)
+                        ids = frame.ids
+                        assert ids is not None  # set for every valid SEND_RECEIPT
+                        send = sent(ids[0], ids[1])
                         if send is not None:
                             if answered is None:
                                 answered = {}
@@ -596,13 +702,14 @@ class PulsarConnection:
                             else:
                                 times.append(now - send.started)
                         continue
-                    if own_auth and t in _AUTH_EXCHANGE:
+                    if own_auth and t in _AUTH_EXCHANGE and (from_client or t == T.AUTH_CHALLENGE):
                         out.pop()
                         whole = False
                         exchanged = self._auth_exchange(frame, from_client, now)
                         if exchanged and isinstance(exchanged[-1], Close):
                             if out:
-                                actions.append(Send(Peer.BROKER, b"".join(out)))
+                                to = Peer.BROKER if from_client else Peer.CLIENT
+                                actions.append(Send(to, b"".join(out)))
                             return actions + exchanged
                         actions += exchanged
                         continue
@@ -724,13 +831,27 @@ class PulsarConnection:
 
     def _auth_exchange(self, frame: Frame, from_client: bool, now: float) -> list[Action]:
         """Proxy mode: the broker challenging Sluice's own credentials, or
-        the client answering Sluice's challenge."""
+        the client answering Sluice's challenge (anything else from the
+        client is refused: a challenge of its own, or an answer nobody asked
+        for, each of which would otherwise be new credentials at any time)."""
         auth = self.settings.auth
         assert auth is not None and self._identity is not None
         if not from_client:  # AUTH_CHALLENGE on Sluice's login
             return [Send(Peer.BROKER, self._own_auth_response())]
-        response = frame.body.response
         old = self._identity
+        if frame.type != T.AUTH_RESPONSE or self._refresh_asked is None:
+            why = (
+                "AUTH_RESPONSE without a challenge"
+                if frame.type == T.AUTH_RESPONSE
+                else f"{frame.name} from a client: only brokers challenge"
+            )
+            self.tap.event(self.conn, Authenticated(old.method, "unsolicited"))
+            level = self.routing.warned.level(why, now)
+            return [
+                *self._own(connect_error(pb.NotAllowedError, why)),
+                self._close("auth", f"closing: {why}", level),
+            ]
+        response = frame.body.response
         method = response.auth_method_name or old.method
         try:
             identity = auth.authenticate(method, bytes(response.auth_data), self.conn.peer_role())
@@ -745,7 +866,7 @@ class PulsarConnection:
             ]
         self._accept_identity(identity, now)
         if self.state is State.LOOKUP:  # lookups go on with the fresh credentials
-            self._credentials = auth.upstream(identity)
+            self._credentials = self.routing.upstream_auth(auth, identity)
         self.tap.event(self.conn, Authenticated(method, "refreshed"))
         return []
 
@@ -807,7 +928,7 @@ class PulsarConnection:
             return self._own(own_frame(T.PONG))
         if t == T.PONG:
             return []
-        if t == T.AUTH_RESPONSE and self.settings.auth is not None and frame.error is None:
+        if t in _AUTH_EXCHANGE and self.settings.auth is not None and frame.error is None:
             return self._auth_exchange(frame, True, now)
         error = frame.error
         if error is not None:
@@ -832,6 +953,8 @@ class PulsarConnection:
             return self._own(reply)
         body: Any = type(frame.body)()
         body.CopyFrom(frame.body)
+        if self.settings.auth is not None:
+            _name_client(body, self._credentials)
         token = next(self._tokens)
         self._asks[token] = _Pending(frame, body, body.request_id, now, now)
         return [Ask(token, self.routing.broker.address, (t, body, self._credentials))]
@@ -1016,6 +1139,40 @@ _AuthField = Literal[
     "original_auth_data",
 ]
 _AUTH_FIELDS: tuple[_AuthField, ...] = get_args(_AuthField)
+# What LOOKUP and PARTITIONED_METADATA carry of them.
+_ORIGINAL_FIELDS: tuple[_AuthField, ...] = _AUTH_FIELDS[3:]
+
+
+def _name_client(body: Any, credentials: UpstreamAuth | None) -> None:
+    """Proxy mode: a discovery request goes upstream naming the client Sluice
+    verified, as its CONNECT does, never the principal the client wrote."""
+    fields = body.DESCRIPTOR.fields_by_name
+    if "original_principal" not in fields:
+        return
+    for name in _ORIGINAL_FIELDS:
+        body.ClearField(name)
+    if credentials is None:
+        return
+    if credentials.original_principal is not None:
+        body.original_principal = credentials.original_principal
+    if credentials.original_method is not None:
+        body.original_auth_method = credentials.original_method
+    if credentials.original_data is not None:
+        body.original_auth_data = credentials.original_data
+
+
+def _not_text(body: Any) -> str | None:
+    """The first set text field of ``body`` that is not UTF-8 (protobuf
+    hands such a field over as bytes), or None."""
+    for described in body.DESCRIPTOR.fields:
+        if described.type != described.TYPE_STRING or described.is_repeated:
+            continue
+        name = described.name
+        if body.HasField(name) and not isinstance(getattr(body, name), str):
+            return str(name)
+    return None
+
+
 _AUTH_EXCHANGE = frozenset({T.AUTH_CHALLENGE, T.AUTH_RESPONSE})
 
 _ERROR_NAMES: dict[int, str] = {value: name for name, value in pb.ServerError.items()}
