@@ -126,33 +126,44 @@ class Correlator:
     _sends_in_flight: int = 0
 
     def observe(self, frame: Frame, from_client: bool, now: float) -> Completion | None:
+        t = frame.type
+        # SENDs and their receipts, one pair per message, are handled here
+        # from their ids (no parsed command needed); everything else (per
+        # request at most) in the methods below.
+        ids = frame.ids
+        if ids is not None:
+            if t == _SEND:
+                self.sending(ids[0], ids[1], now)
+                return None
+            if t == _SEND_RECEIPT:
+                sent = self.sent(ids[0], ids[1])
+                if sent is None:
+                    return None
+                return Completion(_SEND, t, sent.started, now, sent.topic, None)
         body: Any = frame.body
         if body is None:
             return None
-        t = frame.type
-        # SENDs and their receipts, one pair per message, are handled here;
-        # everything else (per request at most) in the methods below.
         if from_client:
             if t == _SEND:
-                self.sending(body, now)
+                self.sending(body.producer_id, body.sequence_id, now)
             else:
                 self._client_frame(frame, t, body, now)
             return None
         if t in (_SEND_RECEIPT, _SEND_ERROR):
-            sent = self.sent(body)
+            sent = self.sent(body.producer_id, body.sequence_id)
             if sent is None:
                 return None
             error = body.error if t == _SEND_ERROR else None
             return Completion(_SEND, t, sent.started, now, sent.topic, error)
         return self._server_frame(t, body, now)
 
-    def sending(self, send: Any, now: float) -> str | None:
-        """A SEND body, in flight from ``now``; the topic of its producer.
-        ``observe`` does this for SENDs; the proxy's relay calls it itself,
-        and counts the topic's traffic with the answer."""
-        producer_id = send.producer_id
+    def sending(self, producer_id: int, sequence_id: int, now: float) -> str | None:
+        """A SEND, in flight from ``now``; the topic of its producer.
+        ``observe`` does this for SENDs; the proxy's relay calls it itself
+        (with the frame's ``ids``), and counts the topic's traffic with the
+        answer."""
         topic: str | None = self.producers.get(producer_id)
-        key = (producer_id, send.sequence_id)
+        key = (producer_id, sequence_id)
         waiting = self.sends.get(key)
         if waiting is None:
             # Not the frame itself: up to the client's whole pending queue is
@@ -164,12 +175,12 @@ class Correlator:
         self._sends_in_flight += 1
         return topic
 
-    def sent(self, answer: Any) -> Pending | None:
-        """The SEND a SEND_RECEIPT or SEND_ERROR body answers, now no longer
-        in flight (None if it was never seen). ``observe`` does this for
-        those frames; the proxy's relay calls it for receipts itself, to
-        time them without making a ``Completion`` for each."""
-        key = (answer.producer_id, answer.sequence_id)
+    def sent(self, producer_id: int, sequence_id: int) -> Pending | None:
+        """The SEND a SEND_RECEIPT or SEND_ERROR answers, now no longer in
+        flight (None if it was never seen). ``observe`` does this for those
+        frames; the proxy's relay calls it for receipts itself, to time them
+        without making a ``Completion`` for each."""
+        key = (producer_id, sequence_id)
         sent = self.sends.get(key)
         if sent is None:
             return None

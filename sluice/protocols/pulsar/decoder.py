@@ -17,8 +17,9 @@ the input bytes.
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import crc32c as _crc32c
@@ -31,13 +32,36 @@ from sluice.protocols.pulsar.frame import (
     BODY_WITHOUT_REQUIRED,
     DEFAULT_MAX_MESSAGE_SIZE,
     FRAME_PADDING,
+    HOT_TYPES,
     MAGIC_BROKER_ENTRY_METADATA,
     MAGIC_CHECKSUM,
     PAYLOAD_TYPES,
     Frame,
+    ScannedFrame,
     command_name,
+    hot_ids,
     missing_fields,
 )
+
+Scan = Callable[[bytes, int, int], list[tuple[int, int, int, int, int, int, int, int, int]]]
+
+
+def _compiled_scan() -> Scan | None:
+    """The compiled scanner (``sluice._frames``, built from rust/ into the
+    wheel), unless ``SLUICE_FRAMES=python`` asks for the Python decoder
+    alone. None in a source tree nobody built."""
+    if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
+        return None
+    try:
+        from sluice._frames import scan
+    except ImportError:
+        return None
+    found: Scan = scan
+    return found
+
+
+COMPILED_SCAN: Final = _compiled_scan()
+"""The compiled frame scanner FrameDecoder uses by default, or None."""
 
 _U32 = struct.Struct(">I")
 _U32_PAIR = struct.Struct(">II")
@@ -83,7 +107,14 @@ class FrameDecoder:
     twice, however the stream is split).
     """
 
-    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+    def __init__(
+        self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, *, compiled: bool | None = None
+    ) -> None:
+        """``compiled``: use the compiled scanner (True: it must be there),
+        the Python decoder alone (False), or the scanner when present (None)."""
+        if compiled and COMPILED_SCAN is None:
+            raise RuntimeError("the compiled frame scanner (sluice._frames) is not built")
+        self._scan = COMPILED_SCAN if compiled is not False else None
         self._head = b""  # contiguous unread bytes start at self._pos
         self._pos = 0
         self._tail: list[bytes] = []  # later chunks, not joined yet
@@ -162,6 +193,9 @@ class FrameDecoder:
         one tight loop: this is the proxy's hot path. Frames are yielded as
         they are decoded, so memory is reused while it is still in cache.
         """
+        if self._scan is not None:
+            yield from self._scanned()
+            return
         head = self._head
         pos = self._pos
         end = len(head)
@@ -184,6 +218,32 @@ class FrameDecoder:
             head = self._head
             pos = self._pos
             end = len(head)
+
+    def _scanned(self) -> Iterator[Frame]:
+        """``frames()`` with the compiled scanner: one call finds every
+        complete frame of the contiguous bytes and checks the hot ones; the
+        rest go through ``decode_frame``, the reference."""
+        scan = self._scan
+        assert scan is not None
+        scanned = ScannedFrame
+        while True:
+            head = self._head
+            pos = self._pos
+            if len(head) - pos >= 8:
+                for stop, kind, moff, poff, checksum, a, b, c, props in scan(
+                    head, pos, self._max_total
+                ):
+                    self._pos = stop
+                    if kind:
+                        yield scanned(head[pos:stop], kind, moff, poff, checksum, (a, b, c), props)
+                    else:
+                        yield decode_frame(head[pos:stop])
+                    pos = stop
+            # Frames straddling chunks, limits, end of stream.
+            event = self.next_event()
+            if not isinstance(event, Frame):
+                return
+            yield event
 
     def _join(self) -> int:
         rest = memoryview(self._head)[self._pos :]
@@ -247,7 +307,8 @@ def decode_frame(raw: bytes) -> Frame:
                 command,
                 _err(Problem.MISSING_FIELD, f"{command_name(type_)} without metadata"),
             )
-        return Frame(raw, type_, command, None, None, -1, -1, None, None, body)
+        ids = hot_ids(type_, body, None) if type_ in HOT_TYPES else None
+        return Frame(raw, type_, command, None, None, -1, -1, None, None, body, ids)
     if type_ not in PAYLOAD_TYPES:
         return Frame(
             raw,
@@ -275,7 +336,7 @@ def decode_frame(raw: bytes) -> Frame:
             else:
                 if metadata.IsInitialized():
                     return Frame(raw, type_, command, None, metadata, offset, payload_offset,
-                                 checksum, None, body)  # fmt: skip
+                                 checksum, None, body, hot_ids(type_, body, metadata))  # fmt: skip
     return _decode_payload_section(raw, type_, command, cmd_end, body)
 
 
@@ -353,7 +414,10 @@ def _decode_payload_section(
     if error is None and not metadata.IsInitialized():
         missing = missing_fields(metadata)
         error = _err(Problem.MISSING_FIELD, f"message metadata lacks {missing}")
-    return Frame(raw, type_, command, error, metadata, offset, payload_offset, checksum, bem, body)
+    ids = hot_ids(type_, body, metadata) if error is None else None
+    return Frame(
+        raw, type_, command, error, metadata, offset, payload_offset, checksum, bem, body, ids
+    )
 
 
 def _has_field(message: Message, name: str) -> bool:
@@ -437,13 +501,15 @@ def _err(problem: Problem, message: str) -> RemoteProtocolError:
     return RemoteProtocolError(problem, message)
 
 
-def decode_stream(data: bytes, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> list[Frame]:
+def decode_stream(
+    data: bytes, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, *, compiled: bool | None = None
+) -> list[Frame]:
     """Decode a complete byte stream (e.g. a capture file) into frames.
 
     Raises a fatal ``RemoteProtocolError`` if the stream is cut mid-frame or
     holds a frame over the size limit.
     """
-    decoder = FrameDecoder(max_message_size)
+    decoder = FrameDecoder(max_message_size, compiled=compiled)
     decoder.receive_data(data)
     decoder.receive_data(b"")
     frames = list(decoder.frames())

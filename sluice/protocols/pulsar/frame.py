@@ -68,6 +68,38 @@ def command_name(type_: int) -> str:
     return name if name is not None else f"UNKNOWN({type_})"
 
 
+SEND = Type.Value("SEND")
+SEND_RECEIPT = Type.Value("SEND_RECEIPT")
+MESSAGE = Type.Value("MESSAGE")
+ACK = Type.Value("ACK")
+FLOW = Type.Value("FLOW")
+# The commands that make up nearly all traffic: their ids are read for the
+# hot path (``Frame.ids``), by the compiled scanner when it is there.
+HOT_TYPES = frozenset({SEND, SEND_RECEIPT, MESSAGE, ACK, FLOW})
+
+Ids = tuple[int, int, int]
+"""``(a, b, c)`` of a hot frame: SEND (producer_id, sequence_id, num_messages),
+SEND_RECEIPT (producer_id, sequence_id, 0), MESSAGE (consumer_id, 0, the
+metadata's num_messages_in_batch), ACK (consumer_id, 0, 0), FLOW
+(consumer_id, messagePermits, 0)."""
+
+
+def hot_ids(type_: int, body: Any, metadata: pb.MessageMetadata | None) -> Ids | None:
+    """``Frame.ids`` worked out from a parsed command: the reference for the
+    compiled scanner's."""
+    if type_ == SEND:
+        return (body.producer_id, body.sequence_id, body.num_messages)
+    if type_ == SEND_RECEIPT:
+        return (body.producer_id, body.sequence_id, 0)
+    if type_ == MESSAGE:
+        return (body.consumer_id, 0, metadata.num_messages_in_batch if metadata else 1)
+    if type_ == ACK:
+        return (body.consumer_id, 0, 0)
+    if type_ == FLOW:
+        return (body.consumer_id, body.messagePermits, 0)
+    return None
+
+
 class Frame:
     """One frame as read off the wire.
 
@@ -84,9 +116,11 @@ class Frame:
         "checksum",
         "command",
         "error",
+        "ids",
         "metadata",
         "metadata_offset",
         "payload_offset",
+        "properties",
         "raw",
         "type",
     )
@@ -103,6 +137,7 @@ class Frame:
         checksum: int | None = None,
         broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
         body: Any = None,
+        ids: Ids | None = None,
     ) -> None:
         self.raw = raw
         self.type = type_
@@ -123,6 +158,12 @@ class Frame:
             field = BODY_FIELD.get(type_)
             body = getattr(command, field) if field is not None else None
         self.body: Any = body
+        # The numbers the proxy's hot path reads (see ``Ids``): set for valid
+        # SEND, SEND_RECEIPT, MESSAGE, ACK and FLOW frames, None otherwise.
+        self.ids = ids
+        # How many properties the message metadata holds; -1: not counted
+        # (look at ``metadata``). The compiled scanner counts them.
+        self.properties = -1
 
     @property
     def ok(self) -> bool:
@@ -150,3 +191,75 @@ class Frame:
     def __repr__(self) -> str:
         state = "ok" if self.error is None else repr(self.error)
         return f"<Frame {self.name} {len(self.raw)}B {state}>"
+
+
+_parse_command = pb.BaseCommand.FromString
+_parse_metadata = pb.MessageMetadata.FromString
+
+
+class ScannedFrame(Frame):
+    """A frame the compiled scanner found valid (a hot type, every check of
+    the Python decoder passed). Its command and metadata are parsed from
+    ``raw`` only if something asks for them: the hot path reads ``ids``."""
+
+    __slots__ = ("_body", "_command", "_metadata")
+
+    def __init__(
+        self,
+        raw: bytes,
+        type_: int,
+        metadata_offset: int,
+        payload_offset: int,
+        checksum: int,
+        ids: Ids,
+        properties: int,
+    ) -> None:
+        self.raw = raw
+        self.type = type_
+        self.error = None
+        self.metadata_offset = metadata_offset
+        self.payload_offset = payload_offset
+        self.checksum = checksum if checksum >= 0 else None
+        self.broker_entry_metadata = None
+        self.ids = ids
+        self.properties = properties
+        self._command: pb.BaseCommand | None = None
+        self._metadata: pb.MessageMetadata | None = None
+        self._body: Any = None
+
+    @property
+    def command(self) -> pb.BaseCommand:
+        command = self._command
+        if command is None:
+            raw = self.raw
+            end = 8 + int.from_bytes(raw[4:8], "big")
+            command = self._command = _parse_command(raw[8:end])
+        return command
+
+    @command.setter
+    def command(self, value: pb.BaseCommand) -> None:
+        self._command = value
+        self._body = None
+
+    @property
+    def body(self) -> Any:
+        body = self._body
+        if body is None:
+            body = self._body = getattr(self.command, BODY_FIELD[self.type])
+        return body
+
+    @body.setter
+    def body(self, value: Any) -> None:
+        self._body = value
+
+    @property
+    def metadata(self) -> pb.MessageMetadata | None:
+        metadata = self._metadata
+        if metadata is None and self.metadata_offset >= 0:
+            start = self.metadata_offset + 4
+            metadata = self._metadata = _parse_metadata(self.raw[start : self.payload_offset])
+        return metadata
+
+    @metadata.setter
+    def metadata(self, value: pb.MessageMetadata | None) -> None:
+        self._metadata = value

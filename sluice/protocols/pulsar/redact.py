@@ -68,6 +68,8 @@ def sensitive(frame: Frame) -> bool:
         field = _PROPERTY_FIELDS.get(t)
         if field is not None and _has_sensitive(getattr(body, field)):
             return True
+    if frame.properties == 0:  # counted by the compiled scanner: nothing to parse
+        return False
     meta = frame.metadata
     if meta is None:
         return False

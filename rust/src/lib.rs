@@ -1,0 +1,600 @@
+//! Sluice's compiled frame scanner for the Pulsar binary protocol.
+//!
+//! One call per read: given the bytes a socket returned, find every complete
+//! frame, and for the commands that make up nearly all traffic (SEND,
+//! SEND_RECEIPT, MESSAGE, ACK, FLOW) check everything the Python decoder
+//! checks (sizes, the command and its required fields, the CRC32-C, the
+//! message metadata and its required fields) and read the few numbers the
+//! proxy's core needs (producer, sequence and consumer ids, message counts).
+//!
+//! The scanner only ever says "valid, and here are its numbers" or "not
+//! mine": anything unusual (another command type, a problem of any kind, an
+//! encoding it does not handle) is left to the Python decoder, which stays the
+//! reference and says what is wrong. So the two can only disagree by the
+//! scanner calling valid what Python would not; the differential tests and
+//! the fuzzer look for exactly that.
+//!
+//! Nothing here indexes a slice without a bound check: every read goes
+//! through `get`, so no input can read past a buffer or panic.
+
+pub const SEND: u32 = 6;
+pub const SEND_RECEIPT: u32 = 7;
+pub const MESSAGE: u32 = 9;
+pub const ACK: u32 = 10;
+pub const FLOW: u32 = 11;
+
+const MAGIC_CHECKSUM: u16 = 0x0e01;
+const MAGIC_BROKER_ENTRY_METADATA: u16 = 0x0e02;
+// MessageIdData nests itself (first_chunk_message_id); real ids nest once.
+const MAX_DEPTH: u32 = 8;
+
+/// What the scanner found for one complete frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scanned {
+    /// Offset just past the frame in the scanned buffer.
+    pub stop: usize,
+    /// The command type of a valid hot frame; 0 when the frame is left to
+    /// the Python decoder.
+    pub kind: u32,
+    /// Offset of metaSize within the frame; -1 without a payload section.
+    pub metadata_offset: i64,
+    /// Offset of the application payload within the frame; -1 without one.
+    pub payload_offset: i64,
+    /// The checksum as sent; -1 when the frame carries none.
+    pub checksum: i64,
+    /// SEND, SEND_RECEIPT: producer id. MESSAGE, ACK, FLOW: consumer id.
+    pub a: u64,
+    /// SEND, SEND_RECEIPT: sequence id. FLOW: permits. Otherwise 0.
+    pub b: u64,
+    /// SEND: num_messages. MESSAGE: the metadata's num_messages_in_batch.
+    pub c: i64,
+    /// How many properties the message metadata holds (they may hold secrets).
+    pub properties: u32,
+}
+
+impl Scanned {
+    fn left(stop: usize) -> Scanned {
+        Scanned {
+            stop,
+            kind: 0,
+            metadata_offset: -1,
+            payload_offset: -1,
+            checksum: -1,
+            a: 0,
+            b: 0,
+            c: 0,
+            properties: 0,
+        }
+    }
+}
+
+/// Every complete frame in `buf` from `pos` on, stopping before a frame that
+/// is incomplete or whose length prefix exceeds `max_total` (the Python
+/// decoder deals with both: it waits for more bytes or says what is wrong).
+pub fn scan(buf: &[u8], mut pos: usize, max_total: u32) -> Vec<Scanned> {
+    let mut out = Vec::new();
+    while let Some(prefix) = buf.get(pos..pos.saturating_add(4)) {
+        if prefix.len() < 4 {
+            break;
+        }
+        let total = be32(prefix);
+        if total > max_total {
+            break;
+        }
+        let stop = match pos.checked_add(4 + total as usize) {
+            Some(stop) if stop <= buf.len() => stop,
+            _ => break,
+        };
+        let mut found = check_frame(&buf[pos..stop]).unwrap_or_else(|| Scanned::left(0));
+        found.stop = stop;
+        out.push(found);
+        pos = stop;
+    }
+    out
+}
+
+/// A whole frame (length prefix included): its findings if it is a valid
+/// frame of a hot type in a layout handled here, else None.
+pub fn check_frame(frame: &[u8]) -> Option<Scanned> {
+    let size = frame.len();
+    let total = be32(frame.get(0..4)?) as usize;
+    if total + 4 != size {
+        return None;
+    }
+    let cmd_size = be32(frame.get(4..8)?) as usize;
+    let cmd_end = 8usize.checked_add(cmd_size)?;
+    let (kind, body) = base_command(frame.get(8..cmd_end)?)?;
+    let mut found = Scanned::left(0);
+    found.kind = kind;
+    match kind {
+        SEND => {
+            let (producer, sequence, messages) = send(body)?;
+            found.a = producer;
+            found.b = sequence;
+            found.c = messages;
+        }
+        SEND_RECEIPT => {
+            let (producer, sequence) = send_receipt(body)?;
+            found.a = producer;
+            found.b = sequence;
+        }
+        MESSAGE => found.a = message(body)?,
+        ACK => found.a = ack(body)?,
+        FLOW => {
+            let (consumer, permits) = flow(body)?;
+            found.a = consumer;
+            found.b = permits;
+        }
+        _ => return None,
+    }
+    if kind != SEND && kind != MESSAGE {
+        // Commands without a payload section end with the command.
+        return (cmd_end == size).then_some(found);
+    }
+    // [0x0e01][crc32c]? [metaSize][MessageMetadata][payload]; frames with
+    // broker entry metadata are left to Python (brokers add it only when
+    // configured to).
+    let magic = be16(frame.get(cmd_end..cmd_end + 2)?);
+    frame.get(cmd_end..cmd_end + 6)?;
+    let mut offset = cmd_end;
+    if magic == MAGIC_BROKER_ENTRY_METADATA {
+        return None;
+    }
+    if magic == MAGIC_CHECKSUM {
+        let checksum = be32(frame.get(cmd_end + 2..cmd_end + 6)?);
+        offset = cmd_end + 6;
+        if crc32c::crc32c(frame.get(offset..)?) != checksum {
+            return None;
+        }
+        found.checksum = i64::from(checksum);
+    }
+    let meta_size = be32(frame.get(offset..offset + 4)?) as usize;
+    let payload = (offset + 4).checked_add(meta_size)?;
+    let (properties, in_batch) = metadata(frame.get(offset + 4..payload)?)?;
+    found.metadata_offset = offset as i64;
+    found.payload_offset = payload as i64;
+    found.properties = properties;
+    if kind == MESSAGE {
+        found.c = in_batch;
+    }
+    Some(found)
+}
+
+fn be32(bytes: &[u8]) -> u32 {
+    u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+fn be16(bytes: &[u8]) -> u16 {
+    u16::from_be_bytes([bytes[0], bytes[1]])
+}
+
+// --- protobuf wire format -------------------------------------------------------
+
+const VARINT: u8 = 0;
+const FIXED64: u8 = 1;
+const LEN: u8 = 2;
+const FIXED32: u8 = 5;
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+
+    fn done(&self) -> bool {
+        self.pos >= self.buf.len()
+    }
+
+    /// A varint of at most 10 bytes whose value fits 64 bits; None otherwise
+    /// (left to Python, whatever its parser makes of it).
+    fn varint(&mut self) -> Option<u64> {
+        let mut value: u64 = 0;
+        for i in 0..10 {
+            let byte = *self.buf.get(self.pos)?;
+            self.pos += 1;
+            if i == 9 && byte > 1 {
+                return None;
+            }
+            value |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// (field number, wire type). Field 0 and numbers past 2^29 - 1 are
+    /// invalid protobuf.
+    fn key(&mut self) -> Option<(u32, u8)> {
+        let key = self.varint()?;
+        let field = key >> 3;
+        if field == 0 || field > (1 << 29) - 1 {
+            return None;
+        }
+        Some((field as u32, (key & 7) as u8))
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let len = usize::try_from(self.varint()?).ok()?;
+        let end = self.pos.checked_add(len)?;
+        let out = self.buf.get(self.pos..end)?;
+        self.pos = end;
+        Some(out)
+    }
+
+    fn string(&mut self) -> Option<&'a [u8]> {
+        let out = self.bytes()?;
+        std::str::from_utf8(out).ok()?;
+        Some(out)
+    }
+
+    fn fixed(&mut self, n: usize) -> Option<()> {
+        let end = self.pos.checked_add(n)?;
+        self.buf.get(self.pos..end)?;
+        self.pos = end;
+        Some(())
+    }
+
+    /// Skip a field this scanner does not read (protobuf parsers keep such
+    /// fields as unknown; groups are left to Python).
+    fn skip(&mut self, wire: u8) -> Option<()> {
+        match wire {
+            VARINT => self.varint().map(|_| ()),
+            FIXED64 => self.fixed(8),
+            LEN => self.bytes().map(|_| ()),
+            FIXED32 => self.fixed(4),
+            _ => None,
+        }
+    }
+
+    /// A repeated varint field, either encoding (one value, or packed).
+    fn repeated_varint(&mut self, wire: u8) -> Option<()> {
+        match wire {
+            VARINT => self.varint().map(|_| ()),
+            LEN => {
+                let mut packed = Reader::new(self.bytes()?);
+                while !packed.done() {
+                    packed.varint()?;
+                }
+                Some(())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// proto2 int32: the varint's low 32 bits, signed.
+fn int32(value: u64) -> i64 {
+    i64::from(value as u32 as i32)
+}
+
+/// BaseCommand: `type` and the one body it names, nothing else.
+fn base_command(bytes: &[u8]) -> Option<(u32, &[u8])> {
+    let mut r = Reader::new(bytes);
+    let mut kind: Option<u64> = None;
+    let mut body: Option<(u32, &[u8])> = None;
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, VARINT) => kind = Some(r.varint()?),
+            (SEND | SEND_RECEIPT | MESSAGE | ACK | FLOW, LEN) => {
+                if body.is_some() {
+                    return None; // a repeated body merges: left to Python
+                }
+                body = Some((field, r.bytes()?));
+            }
+            _ => return None,
+        }
+    }
+    let (field, bytes) = body?;
+    (kind? == u64::from(field)).then_some((field, bytes))
+}
+
+/// MessageIdData: ledgerId and entryId required.
+fn message_id(bytes: &[u8], depth: u32) -> Option<()> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    let mut r = Reader::new(bytes);
+    let (mut ledger, mut entry) = (false, false);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, VARINT) => {
+                r.varint()?;
+                ledger = true;
+            }
+            (2, VARINT) => {
+                r.varint()?;
+                entry = true;
+            }
+            (3 | 4 | 6, VARINT) => {
+                r.varint()?;
+            }
+            (5, _) => r.repeated_varint(wire)?,
+            (7, LEN) => message_id(r.bytes()?, depth + 1)?,
+            (1..=7, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    (ledger && entry).then_some(())
+}
+
+/// CommandSend: (producer_id, sequence_id, num_messages).
+fn send(bytes: &[u8]) -> Option<(u64, u64, i64)> {
+    let mut r = Reader::new(bytes);
+    let (mut producer, mut sequence, mut messages) = (None, None, 1);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, VARINT) => producer = Some(r.varint()?),
+            (2, VARINT) => sequence = Some(r.varint()?),
+            (3, VARINT) => messages = int32(r.varint()?),
+            (4..=8, VARINT) => {
+                r.varint()?;
+            }
+            (9, LEN) => message_id(r.bytes()?, 0)?,
+            (1..=9, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    Some((producer?, sequence?, messages))
+}
+
+/// CommandSendReceipt: (producer_id, sequence_id).
+fn send_receipt(bytes: &[u8]) -> Option<(u64, u64)> {
+    let mut r = Reader::new(bytes);
+    let (mut producer, mut sequence) = (None, None);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, VARINT) => producer = Some(r.varint()?),
+            (2, VARINT) => sequence = Some(r.varint()?),
+            (3, LEN) => message_id(r.bytes()?, 0)?,
+            (4, VARINT) => {
+                r.varint()?;
+            }
+            (1..=4, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    Some((producer?, sequence?))
+}
+
+/// CommandMessage: consumer_id (message_id required too).
+fn message(bytes: &[u8]) -> Option<u64> {
+    let mut r = Reader::new(bytes);
+    let (mut consumer, mut id) = (None, false);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, VARINT) => consumer = Some(r.varint()?),
+            (2, LEN) => {
+                message_id(r.bytes()?, 0)?;
+                id = true;
+            }
+            (3 | 5, VARINT) => {
+                r.varint()?;
+            }
+            (4, _) => r.repeated_varint(wire)?,
+            (1..=5, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    if !id {
+        return None;
+    }
+    consumer
+}
+
+/// CommandAck: consumer_id (ack_type required: a known AckType).
+fn ack(bytes: &[u8]) -> Option<u64> {
+    let mut r = Reader::new(bytes);
+    let (mut consumer, mut ack_type) = (None, false);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, VARINT) => consumer = Some(r.varint()?),
+            // A value outside the enum is an unknown field to protobuf, which
+            // leaves the required field unset: left to Python.
+            (2, VARINT) => {
+                if r.varint()? > 1 {
+                    return None;
+                }
+                ack_type = true;
+            }
+            (3, LEN) => message_id(r.bytes()?, 0)?,
+            (5, LEN) => key_long_value(r.bytes()?)?,
+            (4 | 6 | 7 | 8, VARINT) => {
+                r.varint()?;
+            }
+            (1..=8, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    if !ack_type {
+        return None;
+    }
+    consumer
+}
+
+/// CommandFlow: (consumer_id, messagePermits).
+fn flow(bytes: &[u8]) -> Option<(u64, u64)> {
+    let mut r = Reader::new(bytes);
+    let (mut consumer, mut permits) = (None, None);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, VARINT) => consumer = Some(r.varint()?),
+            (2, VARINT) => permits = Some(u64::from(r.varint()? as u32)),
+            (1 | 2, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    Some((consumer?, permits?))
+}
+
+fn key_value(bytes: &[u8]) -> Option<()> {
+    let mut r = Reader::new(bytes);
+    let (mut key, mut value) = (false, false);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, LEN) => {
+                r.string()?;
+                key = true;
+            }
+            (2, LEN) => {
+                r.string()?;
+                value = true;
+            }
+            (1 | 2, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    (key && value).then_some(())
+}
+
+fn key_long_value(bytes: &[u8]) -> Option<()> {
+    let mut r = Reader::new(bytes);
+    let (mut key, mut value) = (false, false);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, LEN) => {
+                r.string()?;
+                key = true;
+            }
+            (2, VARINT) => {
+                r.varint()?;
+                value = true;
+            }
+            (1 | 2, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    (key && value).then_some(())
+}
+
+fn encryption_keys(bytes: &[u8]) -> Option<()> {
+    let mut r = Reader::new(bytes);
+    let (mut key, mut value) = (false, false);
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, LEN) => {
+                r.string()?;
+                key = true;
+            }
+            (2, LEN) => {
+                r.bytes()?;
+                value = true;
+            }
+            (3, LEN) => key_value(r.bytes()?)?,
+            (1..=3, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    (key && value).then_some(())
+}
+
+/// MessageMetadata: (number of properties, num_messages_in_batch).
+fn metadata(bytes: &[u8]) -> Option<(u32, i64)> {
+    let mut r = Reader::new(bytes);
+    let (mut producer, mut sequence, mut published) = (false, false, false);
+    let mut properties: u32 = 0;
+    let mut in_batch: i64 = 1;
+    while !r.done() {
+        let (field, wire) = r.key()?;
+        match (field, wire) {
+            (1, LEN) => {
+                r.string()?;
+                producer = true;
+            }
+            (2, VARINT) => {
+                r.varint()?;
+                sequence = true;
+            }
+            (3, VARINT) => {
+                r.varint()?;
+                published = true;
+            }
+            (4, LEN) => {
+                key_value(r.bytes()?)?;
+                properties = properties.saturating_add(1);
+            }
+            // strings
+            (5 | 6 | 7 | 14 | 26, LEN) => {
+                r.string()?;
+            }
+            // bytes
+            (15 | 16 | 18 | 32, LEN) => {
+                r.bytes()?;
+            }
+            (11, VARINT) => in_batch = int32(r.varint()?),
+            (
+                8 | 9 | 12 | 17 | 19 | 20 | 22 | 23 | 24 | 25 | 27 | 28 | 29 | 30 | 33 | 34,
+                VARINT,
+            ) => {
+                r.varint()?;
+            }
+            (13, LEN) => encryption_keys(r.bytes()?)?,
+            (31, _) => r.repeated_varint(wire)?,
+            (1..=34, _) => return None,
+            _ => r.skip(wire)?,
+        }
+    }
+    (producer && sequence && published).then_some((properties, in_batch))
+}
+
+#[cfg(feature = "python")]
+mod python {
+    use pyo3::exceptions::PyValueError;
+    use pyo3::prelude::*;
+    use pyo3::types::PyList;
+
+    /// scan(data, pos, max_total) -> list of (stop, kind, metadata_offset,
+    /// payload_offset, checksum, a, b, c, properties), one per complete
+    /// frame from `pos`; kind 0 means "decode this one in Python".
+    #[pyfunction]
+    fn scan<'py>(
+        py: Python<'py>,
+        data: &[u8],
+        pos: usize,
+        max_total: u32,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if pos > data.len() {
+            return Err(PyValueError::new_err("pos is past the end of data"));
+        }
+        let found = super::scan(data, pos, max_total);
+        PyList::new(
+            py,
+            found.iter().map(|s| {
+                (
+                    s.stop,
+                    s.kind,
+                    s.metadata_offset,
+                    s.payload_offset,
+                    s.checksum,
+                    s.a,
+                    s.b,
+                    s.c,
+                    s.properties,
+                )
+            }),
+        )
+    }
+
+    #[pymodule]
+    fn _frames(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_function(wrap_pyfunction!(scan, m)?)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,218 @@
+//! Unit tests of the scanner on frames built here. The equivalence with the
+//! Python decoder (the reference) is tested from Python on the same bytes:
+//! tests/test_compiled_frames.py.
+
+use super::*;
+
+fn varint(mut value: u64, out: &mut Vec<u8>) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn field_varint(field: u32, value: u64, out: &mut Vec<u8>) {
+    varint(u64::from(field) << 3, out);
+    varint(value, out);
+}
+
+fn field_bytes(field: u32, value: &[u8], out: &mut Vec<u8>) {
+    varint((u64::from(field) << 3) | 2, out);
+    varint(value.len() as u64, out);
+    out.extend_from_slice(value);
+}
+
+fn command(kind: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    field_varint(1, u64::from(kind), &mut out);
+    field_bytes(kind, body, &mut out);
+    out
+}
+
+fn metadata() -> Vec<u8> {
+    let mut out = Vec::new();
+    field_bytes(1, b"producer-1", &mut out);
+    field_varint(2, 7, &mut out);
+    field_varint(3, 1_700_000_000_000, &mut out);
+    out
+}
+
+fn frame(cmd: &[u8], payload_section: Option<(&[u8], &[u8], bool)>) -> Vec<u8> {
+    let mut rest = Vec::new();
+    if let Some((meta, payload, with_checksum)) = payload_section {
+        let mut section = Vec::new();
+        section.extend_from_slice(&(meta.len() as u32).to_be_bytes());
+        section.extend_from_slice(meta);
+        section.extend_from_slice(payload);
+        if with_checksum {
+            rest.extend_from_slice(&[0x0e, 0x01]);
+            rest.extend_from_slice(&crc32c::crc32c(&section).to_be_bytes());
+        }
+        rest.extend_from_slice(&section);
+    }
+    let total = 4 + cmd.len() + rest.len();
+    let mut out = Vec::new();
+    out.extend_from_slice(&(total as u32).to_be_bytes());
+    out.extend_from_slice(&(cmd.len() as u32).to_be_bytes());
+    out.extend_from_slice(cmd);
+    out.extend_from_slice(&rest);
+    out
+}
+
+fn send_frame(with_checksum: bool) -> Vec<u8> {
+    let mut body = Vec::new();
+    field_varint(1, 3, &mut body);
+    field_varint(2, 41, &mut body);
+    field_varint(3, 5, &mut body);
+    frame(
+        &command(SEND, &body),
+        Some((&metadata(), &[b'x'; 100], with_checksum)),
+    )
+}
+
+#[test]
+fn send_with_checksum() {
+    let bytes = send_frame(true);
+    let found = scan(&bytes, 0, 1 << 20);
+    assert_eq!(found.len(), 1);
+    let s = found[0];
+    assert_eq!(
+        (s.stop, s.kind, s.a, s.b, s.c),
+        (bytes.len(), SEND, 3, 41, 5)
+    );
+    assert!(s.checksum >= 0);
+    let meta_offset = s.metadata_offset as usize;
+    assert_eq!(s.payload_offset as usize, bytes.len() - 100);
+    assert_eq!(
+        meta_offset + 4 + metadata().len(),
+        s.payload_offset as usize
+    );
+}
+
+#[test]
+fn send_without_checksum() {
+    let s = check_frame(&send_frame(false)).unwrap();
+    assert_eq!(s.checksum, -1);
+}
+
+#[test]
+fn a_wrong_checksum_is_left_to_python() {
+    let mut bytes = send_frame(true);
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    assert_eq!(check_frame(&bytes), None);
+    assert_eq!(scan(&bytes, 0, 1 << 20)[0].kind, 0);
+}
+
+#[test]
+fn missing_required_fields_are_left_to_python() {
+    let mut body = Vec::new();
+    field_varint(1, 3, &mut body); // no sequence_id
+    let bytes = frame(&command(SEND, &body), Some((&metadata(), b"x", true)));
+    assert_eq!(check_frame(&bytes), None);
+    let mut meta = Vec::new();
+    field_bytes(1, b"p", &mut meta);
+    field_varint(2, 1, &mut meta); // no publish_time
+    let mut body = Vec::new();
+    field_varint(1, 3, &mut body);
+    field_varint(2, 4, &mut body);
+    let bytes = frame(&command(SEND, &body), Some((&meta, b"x", true)));
+    assert_eq!(check_frame(&bytes), None);
+}
+
+#[test]
+fn receipts_flow_and_ack() {
+    let mut id = Vec::new();
+    field_varint(1, 10, &mut id);
+    field_varint(2, 20, &mut id);
+    let mut body = Vec::new();
+    field_varint(1, 3, &mut body);
+    field_varint(2, 41, &mut body);
+    field_bytes(3, &id, &mut body);
+    let s = check_frame(&frame(&command(SEND_RECEIPT, &body), None)).unwrap();
+    assert_eq!((s.kind, s.a, s.b), (SEND_RECEIPT, 3, 41));
+
+    let mut body = Vec::new();
+    field_varint(1, 9, &mut body);
+    field_varint(2, 1000, &mut body);
+    let s = check_frame(&frame(&command(FLOW, &body), None)).unwrap();
+    assert_eq!((s.kind, s.a, s.b), (FLOW, 9, 1000));
+
+    let mut body = Vec::new();
+    field_varint(1, 9, &mut body);
+    field_varint(2, 0, &mut body);
+    field_bytes(3, &id, &mut body);
+    let s = check_frame(&frame(&command(ACK, &body), None)).unwrap();
+    assert_eq!((s.kind, s.a), (ACK, 9));
+    // An AckType outside the enum leaves the required field unset.
+    let mut body = Vec::new();
+    field_varint(1, 9, &mut body);
+    field_varint(2, 7, &mut body);
+    assert_eq!(check_frame(&frame(&command(ACK, &body), None)), None);
+}
+
+#[test]
+fn message_counts_its_batch_and_properties() {
+    let mut id = Vec::new();
+    field_varint(1, 10, &mut id);
+    field_varint(2, 20, &mut id);
+    let mut body = Vec::new();
+    field_varint(1, 4, &mut body);
+    field_bytes(2, &id, &mut body);
+    let mut meta = metadata();
+    field_varint(11, 12, &mut meta);
+    let mut kv = Vec::new();
+    field_bytes(1, b"k", &mut kv);
+    field_bytes(2, b"v", &mut kv);
+    field_bytes(4, &kv, &mut meta);
+    let s = check_frame(&frame(&command(MESSAGE, &body), Some((&meta, b"x", true)))).unwrap();
+    assert_eq!((s.kind, s.a, s.c, s.properties), (MESSAGE, 4, 12, 1));
+}
+
+#[test]
+fn other_commands_and_trailing_bytes_are_left_to_python() {
+    let mut body = Vec::new();
+    field_varint(1, 1, &mut body);
+    assert_eq!(check_frame(&frame(&command(18, &body), None)), None); // PING
+    let mut body = Vec::new();
+    field_varint(1, 9, &mut body);
+    field_varint(2, 1000, &mut body);
+    let mut bytes = frame(&command(FLOW, &body), Some((&metadata(), b"", false)));
+    assert_eq!(check_frame(&bytes), None);
+    bytes.truncate(bytes.len() - 1);
+    assert_eq!(check_frame(&bytes), None);
+}
+
+#[test]
+fn scan_stops_at_incomplete_and_oversized_frames() {
+    let one = send_frame(true);
+    let mut two = one.clone();
+    two.extend_from_slice(&one);
+    assert_eq!(scan(&two, 0, 1 << 20).len(), 2);
+    assert_eq!(scan(&two[..two.len() - 1], 0, 1 << 20).len(), 1);
+    assert_eq!(scan(&two, one.len(), 1 << 20).len(), 1);
+    assert_eq!(scan(&two, 0, 10).len(), 0);
+    assert_eq!(scan(&two, two.len() + 5, 1 << 20).len(), 0);
+}
+
+#[test]
+fn no_input_panics_or_reads_past_its_buffer() {
+    // Every prefix and every single-byte change of a valid frame.
+    let bytes = send_frame(true);
+    for cut in 0..bytes.len() {
+        let _ = scan(&bytes[..cut], 0, 1 << 20);
+        let _ = check_frame(&bytes[..cut]);
+    }
+    for i in 0..bytes.len() {
+        for value in [0u8, 1, 0x7f, 0x80, 0xff] {
+            let mut changed = bytes.clone();
+            changed[i] = value;
+            let _ = scan(&changed, 0, u32::MAX);
+        }
+    }
+}

@@ -1,0 +1,222 @@
+"""The compiled frame scanner (rust/, ``sluice._frames``) against the Python
+decoder, the reference, on the same bytes: valid, corrupted, cut anywhere,
+and arbitrary. The two must give the same frames, the same problems and the
+same errors; the scanner may only take a frame the reference calls valid.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+
+from sluice.protocols.pulsar import Frame, Type, command, encode, encode_payload, pb
+from sluice.protocols.pulsar.decoder import COMPILED_SCAN, FrameDecoder, decode_stream
+from sluice.protocols.pulsar.errors import RemoteProtocolError
+from sluice.protocols.pulsar.frame import HOT_TYPES, ScannedFrame
+from tests.strategies import commands, frame_bytes, payload_frames
+
+T = Type.Value
+GOLDEN = Path(__file__).parent / "golden" / "data"
+LIMIT = 5 * 1024 * 1024
+
+
+def test_the_compiled_scanner_is_built() -> None:
+    # ./dev builds it into the package; a missing build must fail, not fall back quietly.
+    assert COMPILED_SCAN is not None, "sluice._frames is not built: run ./dev setup"
+    assert FrameDecoder()._scan is COMPILED_SCAN
+
+
+def decode(chunks: list[bytes], compiled: bool, limit: int = LIMIT) -> tuple[list[Frame], Any]:
+    """Frames and how the stream ended (a sentinel, or the fatal error's problem and text)."""
+    decoder = FrameDecoder(limit, compiled=compiled)
+    frames: list[Frame] = []
+    end: Any = None
+    try:
+        for chunk in filter(None, chunks):  # b"" would mean the end of the stream
+            decoder.receive_data(chunk)
+            frames += decoder.frames()
+        decoder.receive_data(b"")
+        frames += decoder.frames()
+        end = repr(decoder.next_event())
+    except RemoteProtocolError as exc:
+        end = (exc.problem, str(exc), exc.fatal)
+    return frames, end
+
+
+def error_of(frame: Frame) -> Any:
+    e = frame.error
+    return None if e is None else (e.problem, str(e), e.server_error)
+
+
+def assert_same(compiled: Frame, reference: Frame) -> None:
+    assert compiled.raw == reference.raw
+    assert compiled.type == reference.type
+    assert error_of(compiled) == error_of(reference)
+    assert compiled.metadata_offset == reference.metadata_offset
+    assert compiled.payload_offset == reference.payload_offset
+    assert compiled.checksum == reference.checksum
+    assert compiled.ids == reference.ids
+    assert compiled.command == reference.command
+    assert compiled.body == reference.body
+    assert compiled.metadata == reference.metadata
+    assert compiled.broker_entry_metadata == reference.broker_entry_metadata
+    if isinstance(compiled, ScannedFrame):
+        assert reference.error is None and reference.type in HOT_TYPES
+        assert reference.metadata is None or compiled.properties == len(
+            reference.metadata.properties
+        )
+
+
+def assert_equivalent(chunks: list[bytes], limit: int = LIMIT) -> list[Frame]:
+    fast, fast_end = decode(chunks, True, limit)
+    ref, ref_end = decode(chunks, False, limit)
+    assert len(fast) == len(ref)
+    for a, b in zip(fast, ref, strict=True):
+        assert_same(a, b)
+    assert fast_end == ref_end
+    return fast
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in itertools.pairwise(points) if b > a] or [data]
+
+
+def golden_streams() -> list[bytes]:
+    streams = [path.read_bytes() for path in sorted(GOLDEN.glob("*/*.bin"))]
+    assert streams
+    return streams
+
+
+def test_real_streams_decode_alike_and_nearly_all_frames_take_the_compiled_path() -> None:
+    scanned = total = 0
+    for data in golden_streams():
+        frames = assert_equivalent([data])
+        total += len(frames)
+        scanned += sum(isinstance(f, ScannedFrame) for f in frames)
+        # Every valid hot frame of the real client and broker is the scanner's.
+        for frame in frames:
+            if frame.ok and frame.type in HOT_TYPES and frame.broker_entry_metadata is None:
+                assert isinstance(frame, ScannedFrame), frame
+    assert scanned > total // 2, (scanned, total)
+
+
+def payload_samples() -> list[bytes]:
+    """A few real frames from the first SEND (client side) or MESSAGE (broker side) on."""
+    out = []
+    for data in golden_streams():
+        frames = decode_stream(data, compiled=False)
+        starts = [i for i, f in enumerate(frames) if f.type in (T("SEND"), T("MESSAGE"))]
+        if starts:
+            out.append(b"".join(f.raw for f in frames[starts[0] : starts[0] + 3]))
+    assert len(out) >= 4
+    return out
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
+def test_every_cut_and_every_changed_byte_of_real_frames_decodes_alike(index: int) -> None:
+    sample = payload_samples()[index][:1500]
+    assert isinstance(assert_equivalent([sample])[0], ScannedFrame)
+    for cut in range(1, len(sample)):
+        assert_equivalent([sample[:cut], sample[cut:]])
+        assert_equivalent([sample[:cut]])
+    for i in range(len(sample)):
+        for value in (0x00, 0x01, 0x7F, 0x80, 0xFF):
+            changed = bytearray(sample)
+            changed[i] = value
+            assert_equivalent([bytes(changed)])
+
+
+HOT_COMMANDS: list[int] = [T("SEND_RECEIPT"), T("ACK"), T("FLOW")]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(frame_bytes(), min_size=1, max_size=6), st.lists(st.integers(0, 10**6)))
+def test_valid_streams_split_anywhere_decode_alike(frames: list[bytes], cuts: list[int]) -> None:
+    assert_equivalent(split(b"".join(frames), cuts))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(commands(HOT_COMMANDS), payload_frames()), st.data())
+def test_mutated_hot_frames_decode_alike(frame: Any, data: st.DataObject) -> None:
+    raw = encode(frame) if isinstance(frame, pb.BaseCommand) else frame.raw
+    changed = bytearray(raw)
+    for _ in range(data.draw(st.integers(0, 3))):
+        i = data.draw(st.integers(0, len(changed) - 1))
+        changed[i] = data.draw(st.integers(0, 255))
+    assert_equivalent([bytes(changed)])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.binary(max_size=200), max_size=5), st.sampled_from([64, 1024, LIMIT]))
+@example([b"\x00\x00\x00\x04\x00\x00\x00\x00"], LIMIT)
+def test_arbitrary_bytes_decode_alike(chunks: list[bytes], limit: int) -> None:
+    assert_equivalent(chunks, limit)
+
+
+def _send(metadata: pb.MessageMetadata, checksum: bool = True, **body: Any) -> bytes:
+    fields = {"producer_id": 1, "sequence_id": 2, **body}
+    return encode_payload(
+        command(T("SEND"), pb.CommandSend(**fields)), metadata, b"p", checksum=checksum
+    )
+
+
+META = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=2)
+FULL_META = pb.MessageMetadata(
+    producer_name="p",
+    sequence_id=1,
+    publish_time=2,
+    num_messages_in_batch=7,
+    properties=[pb.KeyValue(key="a", value="b")],
+    encryption_keys=[pb.EncryptionKeys(key="k", value=b"v")],
+    compacted_batch_indexes=[1, 2],
+)
+ACK = pb.CommandAck(
+    consumer_id=1,
+    ack_type=pb.CommandAck.Cumulative,
+    message_id=[pb.MessageIdData(ledgerId=1, entryId=2, ack_set=[1, -1])],
+    request_id=3,
+)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _send(META),
+        _send(META, checksum=False),
+        _send(META, num_messages=-3),
+        _send(META, num_messages=2**31 - 1, highest_sequence_id=9, is_chunk=True),
+        _send(META, message_id=pb.MessageIdData(ledgerId=1, entryId=2)),
+        _send(FULL_META),
+        encode(command(T("FLOW"), pb.CommandFlow(consumer_id=2**64 - 1, messagePermits=2**32 - 1))),
+        encode(command(T("ACK"), ACK)),
+        encode(command(T("SEND_RECEIPT"), pb.CommandSendReceipt(producer_id=1, sequence_id=2))),
+    ],
+)
+def test_edge_values_are_read_as_protobuf_reads_them(raw: bytes) -> None:
+    (frame,) = assert_equivalent([raw])
+    assert isinstance(frame, ScannedFrame)
+
+
+def test_what_the_scanner_leaves_alone_is_still_decoded_by_the_reference() -> None:
+    bem = pb.BrokerEntryMetadata(broker_timestamp=1, index=2)
+    with_bem = encode_payload(
+        command(T("MESSAGE"), pb.CommandMessage(consumer_id=1, message_id=pb.MessageIdData(
+            ledgerId=1, entryId=2))), META, b"p", broker_entry_metadata=bem)  # fmt: skip
+    ping = encode(command(T("PING")))
+    frames = assert_equivalent([with_bem + ping])
+    assert [type(f) for f in frames] == [Frame, Frame]
+    assert all(f.ok for f in frames)
+
+
+def test_decode_stream_takes_the_same_switch() -> None:
+    data = golden_streams()[0]
+    a = decode_stream(data, compiled=True)
+    b = decode_stream(data, compiled=False)
+    assert any(isinstance(f, ScannedFrame) for f in a)
+    assert not any(isinstance(f, ScannedFrame) for f in b)
