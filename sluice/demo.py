@@ -27,6 +27,7 @@ import trio
 from sluice.addresses import Address
 from sluice.brokers import Broker
 from sluice.brokers.apache_pulsar import ApachePulsar
+from sluice.cli import need_extra
 from sluice.embedded import BrokerError, EmbeddedBroker, free_port
 from sluice.logs import setup_logging
 from sluice.protocols.pulsar.urls import parse_broker_url
@@ -213,14 +214,7 @@ def _say(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("warning")
-    try:
-        import pulsar  # noqa: F401
-    except ImportError:
-        print(
-            "sluice demo needs the official client and the embedded broker: "
-            "pip install 'sluice[demo]'",
-            file=sys.stderr,
-        )
+    if not need_extra("demo", "demo"):
         return 2
     if args.messages < 2:
         print("sluice demo: --messages must be at least 2", file=sys.stderr)

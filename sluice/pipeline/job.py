@@ -20,7 +20,6 @@ Tables (Parquet, under DIR): ``frames``, ``connections``, ``topic_minute``,
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -443,14 +442,15 @@ def _spark_path(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sluice.cli import need_extra
+
+    if not need_extra("analyze", "pipeline"):
+        return 2
     from sluice.pipeline.report import write_report
 
     def say(text: str) -> None:
         print(f"[analyze] {text}", file=sys.stderr, flush=True)
 
-    if not all(importlib.util.find_spec(name) for name in ("pyspark", "pyarrow", "pandas")):
-        print("sluice analyze needs PySpark: pip install 'sluice[pipeline]'", file=sys.stderr)
-        return 2
     missing = [p for p in args.paths if "://" not in p and not Path(p).exists()]
     if missing:
         print(f"sluice analyze: no such file or directory: {missing[0]}", file=sys.stderr)

@@ -1,0 +1,259 @@
+"""The package as users install it: the wheel built with ``python -m build``
+from a copy of the source, installed with pip into a fresh virtual
+environment without extras, and its ``sluice`` command used there.
+
+Nothing here imports the checkout's ``sluice`` in that environment: the
+commands run with the environment's own interpreter, from a directory that
+holds no source. pulsar-lite and the official client come from the
+project's environment (the test extra), as in the other tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import venv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sluice.cli import EXTRAS
+from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from tests.support import ProxyProcess, client
+
+ROOT = Path(__file__).resolve().parent.parent
+# Commands that need an extra, and which: each must say so in one line when
+# it is missing. (The test below fails when an extra is added to
+# sluice.cli.EXTRAS without its command here.)
+NEEDS_EXTRA = {"demo": "demo", "analyze": "pipeline"}
+# Building and installing fetch from PyPI: slow on a loaded machine, bounded.
+INSTALL_TIMEOUT = 900
+
+
+@dataclass
+class Installed:
+    """A fresh virtual environment with the wheel installed, no extras."""
+
+    root: Path
+    wheel: Path
+    work: Path  # a directory without source: the commands' working directory
+
+    @property
+    def python(self) -> str:
+        return str(self.root / "bin" / "python")
+
+    @property
+    def sluice_command(self) -> str:
+        return str(self.root / "bin" / "sluice")
+
+    def env(self) -> dict[str, str]:
+        """The environment of a user's shell with the venv activated."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        env["PATH"] = f"{self.root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(self.root)
+        return env
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """``sluice ARGS...`` as a user in the activated venv runs it."""
+        return self.execute([self.sluice_command, *args], timeout)
+
+    def python_code(self, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self.execute([self.python, "-c", code], timeout)
+
+    def execute(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              check=False, cwd=self.work, env=self.env())  # fmt: skip
+
+
+def _checked(command: list[str], what: str, cwd: Path) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
+                          check=False, cwd=cwd)  # fmt: skip
+    assert done.returncode == 0, f"{what} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def source_copy(into: Path) -> Path:
+    """The files of the checkout that git tracks or would track (not what
+    .gitignore names: no .venv, no build outputs), copied to ``into``: the
+    build never writes into the checkout, and nothing stale from an earlier
+    build gets into the wheel."""
+    git = shutil.which("git")
+    assert git, "git is needed to list the source files"
+    listed = subprocess.run(
+        [git, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    for name in listed.stdout.decode().split("\0"):
+        source = ROOT / name
+        if name and source.is_file():  # a file deleted but not yet staged is skipped
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return into
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    """Built and installed once per test session."""
+    base = tmp_path_factory.mktemp("install")
+    source = source_copy(base / "source")
+    dist = base / "dist"
+    # `build` from the project's environment; the build backend (whatever
+    # pyproject.toml names) is fetched into an isolated environment.
+    _checked([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)],
+             "python -m build --wheel", cwd=base)  # fmt: skip
+    wheels = list(dist.glob("sluice-*.whl"))
+    assert len(wheels) == 1, f"expected one wheel in {dist}: {wheels}"
+    root = base / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(root)
+    _checked([str(root / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+              "--no-input", "-q", str(wheels[0])], "pip install WHEEL", cwd=base)  # fmt: skip
+    work = base / "work"
+    work.mkdir()
+    yield Installed(root, wheels[0], work)
+
+
+def test_the_installed_package_is_the_wheel_and_has_no_extras(installed: Installed) -> None:
+    where = installed.python_code(
+        "import importlib.util, json, sluice; "
+        "print(json.dumps([sluice.__file__, {m: importlib.util.find_spec(m) is not None "
+        f"for m in {sorted(m for _, mods in EXTRAS.values() for m in mods)!r}}}]))"
+    )
+    assert where.returncode == 0, where.stderr
+    path, found = json.loads(where.stdout)
+    # The wheel's copy, not the checkout's.
+    assert Path(path).is_relative_to(installed.root), path
+    assert not any(found.values()), f"an extra's module is installed: {found}"
+    # The extras the commands name are the ones pyproject.toml declares.
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert set(EXTRAS) <= set(declared["optional-dependencies"])
+    assert set(NEEDS_EXTRA.values()) == set(EXTRAS)
+
+
+def test_version(installed: Installed) -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    result = installed.run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"sluice {version}"
+
+
+def test_every_module_imports_or_names_a_missing_extra(installed: Installed) -> None:
+    """Every import of the runtime package is a declared dependency; a module
+    that needs an extra's package is one that only commands needing that
+    extra import (checked with their --help and their run below)."""
+    script = """
+import importlib, json, pkgutil, sluice
+out = {}
+for info in pkgutil.walk_packages(sluice.__path__, "sluice."):
+    try:
+        importlib.import_module(info.name)
+    except ModuleNotFoundError as exc:
+        out[info.name] = exc.name
+print(json.dumps(out))
+"""
+    result = installed.python_code(script, timeout=300)
+    assert result.returncode == 0, result.stderr
+    extra_modules = {m: extra for extra, (_, mods) in EXTRAS.items() for m in mods}
+    failures = json.loads(result.stdout)
+    undeclared = {module: missing for module, missing in failures.items()
+                  if missing.split(".")[0] not in extra_modules}  # fmt: skip
+    assert not undeclared, f"modules importing undeclared packages: {undeclared}"
+
+
+def commands(installed: Installed) -> list[list[str]]:
+    """Every command and subcommand, as the installed parser has them."""
+    script = """
+import json
+from sluice.cli import _subparsers, build_parser
+def walk(parser, path):
+    for name, sub in _subparsers(parser).items():
+        yield [*path, name]
+        yield from walk(sub, [*path, name])
+print(json.dumps(list(walk(build_parser(), []))))
+"""
+    result = installed.python_code(script)
+    assert result.returncode == 0, result.stderr
+    found: list[list[str]] = json.loads(result.stdout)
+    return found
+
+
+def test_every_command_has_help(installed: Installed) -> None:
+    found = commands(installed)
+    names = {path[0] for path in found}
+    assert {"proxy", "inspect", "view", "replay", "serve", "faults", "record"} | set(
+        NEEDS_EXTRA
+    ) <= names, names
+    for path in found:
+        result = installed.run(*path, "--help")
+        assert result.returncode == 0, (path, result.stderr)
+        assert f"usage: sluice {' '.join(path)}" in result.stdout, (path, result.stdout)
+        assert "Traceback" not in result.stderr, (path, result.stderr)
+
+
+def test_a_missing_extra_is_one_line_naming_it(installed: Installed, tmp_path: Path) -> None:
+    recording = tmp_path / "recording"
+    recording.mkdir()
+    arguments = {
+        "demo": ["--messages", "2"],
+        "analyze": [str(recording), "--out", str(tmp_path / "analysis")],
+    }
+    assert set(arguments) == set(NEEDS_EXTRA)
+    for command, extra in NEEDS_EXTRA.items():
+        result = installed.run(command, *arguments[command])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert len(lines) == 1, (command, result.stderr)
+        assert lines[0].startswith(f"sluice {command} needs "), lines
+        assert lines[0].endswith(f"pip install 'sluice[{extra}]'"), lines
+        assert result.stdout == "", (command, result.stdout)
+    assert not (tmp_path / "analysis").exists()
+
+
+def test_proxy_records_and_the_recording_reads_back(
+    installed: Installed, broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    """A user's first session: the proxy in front of a broker, one message
+    produced and consumed through it, then inspect and view on the recording."""
+    record = tmp_path / "recording"
+    port = free_port()
+    log_path = tmp_path / "proxy.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [installed.sluice_command, "proxy", "--broker", broker.url,
+             "--listen", f"127.0.0.1:{port}", "--record", str(record),
+             "--record-payloads", "full"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=installed.work, env=installed.env(),
+        )  # fmt: skip
+    proxy = ProxyProcess(process, port, log_path)
+    try:
+        wait_for_port("127.0.0.1", port, 30, process)
+        with client(proxy.url) as c:
+            consumer = c.subscribe(topic, "install-test")
+            c.create_producer(topic).send(b"installed as users install it")
+            message = consumer.receive(timeout_millis=15_000)
+            consumer.acknowledge(message)
+        assert message.data() == b"installed as users install it"
+        assert proxy.terminate() == 0, proxy.log()  # SIGTERM: drained, recording closed
+    finally:
+        proxy.kill()
+    assert "Traceback" not in proxy.log(), proxy.log()
+    assert list(record.rglob("*.sluice")), proxy.log()
+
+    inspected = installed.run("inspect", str(record))
+    assert inspected.returncode == 0, inspected.stderr
+    for needed in ("CONNECT", "PRODUCER", "SEND", "SUBSCRIBE", "MESSAGE", "ACK", topic):
+        assert needed in inspected.stdout, (needed, inspected.stdout[-3000:])
+    summary = installed.run("inspect", str(record), "--summary")
+    assert summary.returncode == 0 and "SEND" in summary.stdout, summary.stderr
+
+    page = tmp_path / "recording.html"
+    viewed = installed.run("view", str(record), "--export", str(page))
+    assert viewed.returncode == 0, viewed.stderr
+    assert f"wrote {page}" in viewed.stderr and "Traceback" not in viewed.stderr, viewed.stderr
+    html = page.read_text()
+    assert html.lstrip().lower().startswith("<!doctype html") and topic in html
