@@ -197,7 +197,7 @@ def test_every_spelling_of_a_token_shares_one_lookup_credential(tmp_path: Path) 
     routing = Routing(parse_broker_url(BROKER))
     token = hs256_token(SECRET, "app", time.time() + 600)
     assert noncanonical(token) != token
-    spellings = [token, f"  {token}\n", f"token:{token}", f"token:{token} ", noncanonical(token)]
+    spellings = [f"token:{token} ", f"  {token}\n", token, f"token:{token}", noncanonical(token)]
     kept = []
     for spelling in spellings:
         core, rec = core_for(routing, auth)
@@ -212,6 +212,7 @@ def test_every_spelling_of_a_token_shares_one_lookup_credential(tmp_path: Path) 
         kept.append(ask.request[2])
     assert len(kept) >= 4  # the canonical one, whitespace and the prefix verify
     assert all(credentials is kept[0] for credentials in kept), kept
+    assert kept[0].original_data == token  # forwarded as verified, not as first spelled
     # Whatever the verifier lets through: one value per verified identity.
     one = Identity("app", "token", b"spelling one", 1e9)
     assert routing.upstream_auth(auth, Identity("app", "token", b"spelling two", 1e9)) is (

@@ -94,12 +94,19 @@ class UpstreamAuth:
     def apply(self, connect: pb.CommandConnect) -> None:
         connect.auth_method_name = self.method
         connect.auth_data = self.data
+        self.name_client(connect)
+
+    def name_client(
+        self,
+        request: pb.CommandConnect | pb.CommandLookupTopic | pb.CommandPartitionedTopicMetadata,
+    ) -> None:
+        """The ``original_*`` fields of a CONNECT, LOOKUP or PARTITIONED_METADATA."""
         if self.original_principal is not None:
-            connect.original_principal = self.original_principal
+            request.original_principal = self.original_principal
         if self.original_method is not None:
-            connect.original_auth_method = self.original_method
+            request.original_auth_method = self.original_method
         if self.original_data is not None:
-            connect.original_auth_data = self.original_data
+            request.original_auth_data = self.original_data
 
     def response(self) -> pb.CommandAuthResponse:
         """The answer to a broker's AUTH_CHALLENGE: these credentials again."""
@@ -375,7 +382,8 @@ class ProxyAuth:
             if text.startswith("token:"):  # the client's own prefix, as Pulsar allows
                 text = text[len("token:") :]
             role, expires = self.tokens.verify(text, now)
-            return Identity(role, method, data, expires)
+            # The token as verified, whatever its spelling: what is forwarded.
+            return Identity(role, method, text.strip().encode(), expires)
         if method == "tls" and self.tls_roles:
             if not peer_role:
                 raise AuthError("no verified client certificate with a CN")

@@ -1151,14 +1151,8 @@ def _name_client(body: Any, credentials: UpstreamAuth | None) -> None:
         return
     for name in _ORIGINAL_FIELDS:
         body.ClearField(name)
-    if credentials is None:
-        return
-    if credentials.original_principal is not None:
-        body.original_principal = credentials.original_principal
-    if credentials.original_method is not None:
-        body.original_auth_method = credentials.original_method
-    if credentials.original_data is not None:
-        body.original_auth_data = credentials.original_data
+    if credentials is not None:
+        credentials.name_client(body)
 
 
 def _not_text(body: Any) -> str | None:
