@@ -55,6 +55,7 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.pulsar import UpstreamPool
 from sluice.proxy.server import Proxy
+from sluice.proxy.shared import SharedRouting
 from tests.reliability.support import AdminProxy, start_admin_proxy, wait_until
 from tests.scripted_broker import ScriptedBroker
 from tests.support import RawClient, client, tcp_connections
@@ -521,3 +522,17 @@ def test_trust_broker_rules_are_checked_and_need_proxy_mode(tmp_path: Path) -> N
     proxy = Proxy(config("127.0.0.9:*"))
     assert proxy.routing.allowlist.allows(Address("127.0.0.9", 1))  # trusted is allowed too
     assert not proxy.routing.knows(Address("127.0.0.9", 1))
+
+
+def test_a_broker_another_worker_learned_is_trusted_here(tmp_path: Path) -> None:
+    """--workers: a lookup answered by one worker, the CONNECT on another."""
+    url = parse_broker_url(BROKER)
+    journal = tmp_path / "routes"
+    one = SharedRouting(url, journal, ("127.0.0.0/8",))
+    other = SharedRouting(url, journal, ("127.0.0.0/8",))
+    named = Address("127.0.0.2", 7777)
+    assert other.allowlist.allows(named) and not other.knows(named)
+    one.learn(parse_broker_url("pulsar://127.0.0.2:7777"))
+    assert other.knows(named)  # read from the journal, though a rule already allowed it
+    one.close()
+    other.close()
