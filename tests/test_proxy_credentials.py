@@ -234,7 +234,8 @@ async def test_the_pool_keeps_at_most_its_limit_closing_the_least_recently_used(
         pool = UpstreamPool(nursery, timeout=10, tls_for=lambda _: None, limit=2)
         first = await pool.get(address, roles[0])
         second = await pool.get(address, roles[1])
-        await trio.sleep(0.01)  # a later last use for the first
+        while trio.current_time() <= second.last_used:  # a later last use for the first
+            await trio.sleep(0)
         assert await pool.get(address, roles[0]) is first
         third = await pool.get(address, roles[2])
         assert len(pool) == 2 and second.closed and not first.closed and not third.closed
