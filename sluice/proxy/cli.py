@@ -319,7 +319,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=default(RecorderConfig, "max_file_bytes"),
         metavar="BYTES",
-        help="start a new file after this many bytes",
+        help="start a new file after this many bytes (default: %(default)s; with "
+        "--record-retain-bytes at most a quarter of it, shared among the workers)",
     )
     rec.add_argument(
         "--record-max-age",
@@ -354,8 +355,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--record-retain-bytes",
         type=byte_size,
         metavar="SIZE",
-        help="keep the recording directory under SIZE (e.g. 800M, 2G): the oldest files "
-        "go first, never one being written (default: no limit)",
+        help="keep the recording directory under SIZE at every moment (e.g. 800M, 2G): the "
+        "oldest files go first, never one being written; a frame larger than a quarter of "
+        "SIZE (shared among the workers) is not recorded (default: no limit)",
     )
     rec.add_argument(
         "--record-retain-age",
@@ -523,11 +525,15 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
     if args.record_ring is not None:
         ring_bytes = args.record_ring[0] or RING_BYTES_WITH_SECONDS
     retain = args.record_retain_bytes
-    if ring_bytes is not None and retain is not None and ring_bytes > retain * 3 // 4:
+    # Each worker has its own ring and writes its own snapshot: each gets an
+    # equal share of the directory's bound.
+    workers = max(1, parse_workers(args.workers))
+    if ring_bytes is not None and retain is not None and ring_bytes > retain * 3 // (4 * workers):
+        shared = f" shared by {workers} workers, each with its ring," if workers > 1 else ""
         raise ConfigError(
             f"--record-ring holds up to {ring_bytes} bytes, more than three quarters of "
-            f"--record-retain-bytes ({retain}): a snapshot of it would not fit; give the ring "
-            "less or keep more"
+            f"--record-retain-bytes ({retain}){shared}: a snapshot of it would not fit; give "
+            "the ring less or keep more"
         )
     triggers: list[Trigger] = []
     if args.snapshot_on is not None:

@@ -8,10 +8,14 @@ shared ``flock`` on its open file, and a file whose exclusive lock cannot be
 taken here is skipped (its writer may be another worker of the same proxy,
 or another proxy on the same volume).
 
-To keep the directory under ``max_bytes`` between two passes, each writer
-rotates its file at ``file_cap`` (at most a quarter of the budget, shared
-among the writers) and a pass removes files until the rest, plus every
-writer's next ``file_cap``, fits.
+The size bound is kept by reservation. A writer may write a *quantum* of
+bytes after a pass that left room for every writer's quantum (what is left,
+plus ``headroom``, fits ``max_bytes``); before writing more it runs another
+pass. Each writer's unspent quantum is at most a quantum, whatever the
+others do meanwhile, so the directory never holds more than ``max_bytes``
+at any moment, passes running concurrently in several processes included.
+Files rotate at ``file_cap`` (at most a quarter of the budget, shared among
+the writers), so that old whole files can make the room.
 """
 
 from __future__ import annotations
@@ -35,15 +39,24 @@ class Retention:
 
     def file_cap(self, max_file_bytes: int, writers: int) -> int:
         """The size at which a writer starts a new file, under this budget."""
-        if self.max_bytes is None:
-            return max_file_bytes
-        return max(1, min(max_file_bytes, self.max_bytes // (4 * max(1, writers))))
+        quantum = self.quantum(writers)
+        return max_file_bytes if quantum is None else max(1, min(max_file_bytes, quantum))
+
+    def quantum(self, writers: int) -> int | None:
+        """What a writer of files may write between two passes (None: no
+        size bound): a quarter of the budget, shared among the writers."""
+        return None if self.max_bytes is None else self.max_bytes // (4 * max(1, writers))
+
+    def fits(self, removed: Removed, headroom: int) -> bool:
+        """Whether a pass that left ``removed.left`` made ``headroom`` of room."""
+        return self.max_bytes is None or removed.left + headroom <= self.max_bytes
 
 
 @dataclass
 class Removed:
     files: int = 0
     bytes: int = 0
+    left: int = 0  # the bytes of the files left, as listed by the pass
 
 
 def enforce(
@@ -59,12 +72,18 @@ def enforce(
     ``max_age``. Never ``keep`` nor a file another writer holds."""
     removed = Removed()
     entries: list[tuple[float, str, Path, int]] = []
-    for path in directory.rglob(f"*{SUFFIX}"):
-        try:
-            st = path.stat()
-        except OSError:  # removed meanwhile
-            continue
-        entries.append((st.st_mtime, path.name, path, st.st_size))
+    # os.walk, not rglob: a snapshot directory another writer's pass removes
+    # meanwhile is skipped, not an error.
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if not name.endswith(SUFFIX):
+                continue
+            path = Path(root, name)
+            try:
+                st = path.stat()
+            except OSError:  # removed meanwhile
+                continue
+            entries.append((st.st_mtime, name, path, st.st_size))
     entries.sort()
     total = sum(size for *_, size in entries)
     budget = None if retention.max_bytes is None else max(0, retention.max_bytes - headroom)
@@ -90,6 +109,7 @@ def enforce(
         if parent != directory:
             with contextlib.suppress(OSError):  # not empty yet: kept
                 parent.rmdir()
+    removed.left = total
     return removed
 
 

@@ -71,6 +71,16 @@ class Ring:
         return [p for p in self.parts if p.mono_ns >= start_ns]
 
 
+def newest_within(parts: list[Part], budget: int) -> list[Part]:
+    """The newest of ``parts`` whose bytes together fit ``budget``."""
+    size = 0
+    for at in range(len(parts) - 1, -1, -1):
+        size += len(parts[at].data)
+        if size > budget:
+            return parts[at + 1 :]
+    return parts
+
+
 @dataclass
 class Needed:
     """What a snapshot over some parts must restate: connections whose

@@ -17,6 +17,7 @@ captures that must be complete.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -42,8 +43,8 @@ from sluice.recording.format import (
     pack,
     packer,
 )
-from sluice.recording.retention import Retention, enforce, hold
-from sluice.recording.ring import Ring, needed, restate
+from sluice.recording.retention import Removed, Retention, enforce, hold
+from sluice.recording.ring import Ring, needed, newest_within, restate
 from sluice.recording.triggers import Trigger
 
 log = logging.getLogger("sluice.recorder")
@@ -136,12 +137,18 @@ class Recorder:
         writers: int = 1,
     ) -> None:
         self.config = config
-        # Bounded space: files rotate at the retention's cap, and a pass after
-        # each rotation leaves room for every writer's next file.
+        # Bounded space (sluice.recording.retention): this writer writes a
+        # quantum after a pass that left room for every writer's quantum, and
+        # files rotate at the retention's cap. A snapshot is written after a
+        # pass that left room for it and for every other writer's snapshot
+        # (each at most a writer's share of the budget).
         self._retention = Retention(config.retain_bytes, config.retain_age)
-        self._bounded = config.retain_bytes is not None or config.retain_age is not None
+        self._writers = writers
         self._file_cap = self._retention.file_cap(config.max_file_bytes, writers)
-        self._headroom = self._file_cap * writers
+        self._quantum = self._retention.quantum(writers)
+        self._allowance = 0  # bytes this writer may still write before a pass
+        self._room_at = 0.0  # after a pass that could not make room: when to try again
+        self._no_room_logged = False
         self._retained_at = 0.0
         self.removed_files_total = 0
         self.removed_bytes_total = 0
@@ -166,6 +173,7 @@ class Recorder:
         # connection openings (by position), for a new file to skip.
         self._queue: list[bytes] = []
         self._queued_opens: list[tuple[int, int]] = []  # (position, connection)
+        self._queued_notes: list[int] = []  # positions of records that are not frames
         self._queued_frames = 0
         self._queued_bytes = 0
         self._lossless = config.lossless
@@ -189,6 +197,7 @@ class Recorder:
         self._packed_bytes = 0
         self._packed_frames = 0
         self._packed_opens: list[tuple[int, int]] = []  # (position, connection)
+        self._packed_notes: list[int] = []  # positions of records that are not frames
         self._open: dict[int, Record] = {}  # conn records, repeated in new segments
         self._conns: dict[int, Conn] = {}  # their connections, for what the core learned
         self._file: IO[bytes] | None = None
@@ -321,6 +330,7 @@ class Recorder:
     def _enqueue(self, record: Record) -> None:
         """Queue a record that is not a frame's (never dropped: they are few)."""
         data = self._pack(record)
+        self._queued_notes.append(len(self._queue))
         self._queue.append(data)
         self._queued_bytes += len(data)
         self._wakeup.set()
@@ -362,7 +372,7 @@ class Recorder:
                         if self.config.retain_age is not None and now - self._retained_at >= min(
                             10.0, self.config.retain_age / 4
                         ):
-                            await self._retain()
+                            await self._retain(headroom=0)
                     except Exception as exc:  # recording must never take the proxy down
                         self._bug(exc)
                         await self._close_file()
@@ -422,7 +432,7 @@ class Recorder:
             packed = [pack(gap), *packed]
             self._dropped = 0
         self.frames_written += self._packed_frames
-        self._packed, self._packed_opens = [], []
+        self._packed, self._packed_opens, self._packed_notes = [], [], []
         self._packed_bytes = self._packed_frames = 0
         now = time.monotonic_ns()
         self._ring.add(now, packed)
@@ -472,25 +482,38 @@ class Recorder:
             if note:
                 marker.update(note)
 
-            def write() -> tuple[int, int]:
-                need = needed(parts)
-                head = [*first, *restate(need.connections, open_records, closed), marker]
+            def write() -> tuple[int, int, Removed]:
+                chosen = parts
+                share = self._snapshot_share()
+                if share is not None:  # the newest parts that fit, with any restatement
+                    every = needed(parts)
+                    most = every.connections | every.opened
+                    longest = len(pack_all([*first, *restate(most, open_records, closed), marker]))
+                    chosen = newest_within(parts, share - longest)
+                need = needed(chosen)
+                head = pack_all([*first, *restate(need.connections, open_records, closed), marker])
+                size = len(head) + sum(len(p.data) for p in chosen)
+                removed = Removed()
+                if share is not None:
+                    if size > share:
+                        raise SnapshotError(
+                            f"a snapshot of {size} bytes would not fit this writer's share of "
+                            f"--record-retain-bytes ({share} bytes)"
+                        )
+                    removed = self._make_room(size + share * (self._writers - 1))
                 directory.mkdir(parents=True, exist_ok=True)
-                size = 0
                 with open(path, "wb") as handle:
                     hold(handle.fileno())
-                    for data in (b"".join(pack(r) for r in head), *(p.data for p in parts)):
+                    for data in (head, *(p.data for p in chosen)):
                         handle.write(data)
-                        size += len(data)
-                return need.records, size
+                return need.records, size, removed
 
-            records, size = await self._io(write)
+            records, size, removed = await self._io(write)
+            self._removed(removed)
             label = (note or {}).get("rule") or "on_demand"
             self.snapshots_total[label] = self.snapshots_total.get(label, 0) + 1
             log.warning("snapshot (%s) of the last %.1f s: %s, %d records, %d bytes",
                         reason or "on demand", seconds, directory, records, size)  # fmt: skip
-            if self._bounded:
-                await self._retain(keep=path)
             return Snapshot(directory, path, records, size, seconds)
         finally:
             self._snapshotting = False
@@ -503,52 +526,79 @@ class Recorder:
         offset = len(self._packed)
         self._packed.extend(queue)
         self._packed_opens.extend((offset + at, conn) for at, conn in self._queued_opens)
+        self._packed_notes.extend(offset + at for at in self._queued_notes)
         self._packed_bytes += self._queued_bytes
         self._packed_frames += self._queued_frames
         self._queue = []
         self._queued_opens = []
+        self._queued_notes = []
         self._queued_bytes = self._queued_frames = 0
         self._space.set()
 
     async def _write_packed(self) -> None:
+        """Write the records taken off the queue: each file takes whole
+        records up to the file cap (one at least), and each part is written
+        once there is room for it under --record-retain-bytes."""
         if not self._packed:
             return
-        packed, opens, frames = self._packed, self._packed_opens, self._packed_frames
-        upcoming = self._packed_bytes
-        self._packed, self._packed_opens = [], []
+        packed, notes = self._packed, self._packed_notes
+        opens = dict(self._packed_opens)
+        self._packed, self._packed_opens, self._packed_notes = [], [], []
         self._packed_bytes = self._packed_frames = 0
-        restated = await self._ensure_file(upcoming)
-        if restated is None:
-            self._drop(frames)
-            return
-        # A new file starts by re-stating open connections: skip their
-        # records in this batch so nobody reads a connection opening twice.
-        skipped = {position for position, conn in opens if conn in restated}
-        if skipped:
-            packed = [part for position, part in enumerate(packed) if position not in skipped]
-        data = b"".join(packed)
-        if self._dropped:
-            gap = {"k": "gap", "t": time.monotonic_ns(), "w": time.time_ns(),
-                   "dropped": self._dropped}  # fmt: skip
-            data = pack(gap) + data
-        assert self._file is not None
-        try:
-            await self._io(self._file.write, data)
-        except OSError as exc:
-            self._failed(exc)
-            self._drop(frames)
-            await self._close_file()
-            return
-        self._dropped = 0
-        self._unflushed += frames
-        self._file_bytes += len(data)
-        self.frames_written += frames
-        self.bytes_written += len(data)
+
+        def frames(start: int, end: int) -> int:  # the frame records among packed[start:end]
+            return end - start - (bisect.bisect_left(notes, end) - bisect.bisect_left(notes, start))
+
+        start = 0
+        while start < len(packed):
+            dropped = self._dropped
+            gap = b""
+            if dropped:
+                gap = pack({"k": "gap", "t": time.monotonic_ns(), "w": time.time_ns(),
+                            "dropped": dropped})  # fmt: skip
+            restated = await self._ensure_file(len(gap) + len(packed[start]))
+            if restated is None:
+                self._drop(frames(start, len(packed)))
+                return
+            room = self._file_cap - self._file_bytes - len(gap)
+            parts: list[bytes] = [gap]
+            size, end = 0, start
+            while end < len(packed):
+                part = packed[end]
+                if size and size + len(part) > room:
+                    break
+                end += 1
+                # A new file starts by re-stating open connections: skip their
+                # records here so nobody reads a connection opening twice.
+                if restated and opens.get(end - 1) in restated:
+                    continue
+                parts.append(part)
+                size += len(part)
+            data = b"".join(parts)
+            count = frames(start, end)
+            start = end
+            if not await self._reserve(len(data)):
+                self._drop(count)
+                continue
+            assert self._file is not None
+            try:
+                await self._io(self._file.write, data)
+            except OSError as exc:
+                self._failed(exc)
+                self._drop(count + frames(start, len(packed)))
+                await self._close_file()
+                return
+            self._dropped -= dropped
+            self._unflushed += count
+            self._file_bytes += len(data)
+            self.frames_written += count
+            self.bytes_written += len(data)
 
     async def _ensure_file(self, upcoming: int = 0) -> set[int] | None:
         """An open file to write to, with room for ``upcoming`` bytes under
-        the file cap when it holds any: None if there is none (disk
-        trouble); otherwise the connections a freshly started file re-stated."""
+        the file cap when it holds any: None if there is none (disk trouble,
+        or no room in the directory); otherwise the connections a freshly
+        started file re-stated."""
         now = trio.current_time()
         if self._file is not None and (
             (self._file_bytes + upcoming > self._file_cap and self._file_bytes > self._file_header)
@@ -560,12 +610,15 @@ class Recorder:
             return set()
         if now < self._retry_at:
             return None
-        self._segment += 1
+        segment = self._segment + 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        path = self.config.directory / f"sluice-{stamp}-{self.capture}-{self._segment:04d}{SUFFIX}"
-        first = pack(self._header(self._segment)) + b"".join(
+        path = self.config.directory / f"sluice-{stamp}-{self.capture}-{segment:04d}{SUFFIX}"
+        first = pack(self._header(segment)) + b"".join(
             pack(self._restated(record)) for record in self._open.values()
         )
+        if not await self._reserve(len(first)):
+            return None
+        self._segment = segment
         try:
             handle = await self._io(open, path, "wb")
             await self._io(hold, handle.fileno())  # being written: retention leaves it alone
@@ -578,24 +631,80 @@ class Recorder:
         self._file_started = now
         self.files.append(path)
         log.info("recording to %s", path)
-        if self._bounded:
-            await self._retain()
         return set(self._open)
 
-    async def _retain(self, keep: Path | None = None) -> None:
+    async def _reserve(self, size: int) -> bool:
+        """Whether this writer may write ``size`` more bytes now under
+        --record-retain-bytes (always, without it): from what is left of its
+        quantum, or after a pass that made room for every writer's quantum.
+        No: too large for a quantum, or no room could be made (dropped,
+        counted, and said once)."""
+        quantum = self._quantum
+        if quantum is None:
+            return True
+        if size <= self._allowance:
+            self._allowance -= size
+            return True
+        now = trio.current_time()
+        if size <= quantum and now >= self._room_at:
+            if self._file is not None:
+                # The pass counts what this writer wrote from the file's
+                # size: none of it may wait in the file's buffer.
+                await self._flush()
+                if self._file is None:  # the disk failed (said, and counted)
+                    return False
+            if await self._retain(headroom=quantum * self._writers):
+                self._allowance = quantum - size
+                return True
+            self._room_at = now + 1.0  # try again in a while, not for every batch
+        if not self._no_room_logged:
+            self._no_room_logged = True
+            log.warning(
+                "recording: %d bytes do not fit --record-retain-bytes now (each writer may "
+                "write %d bytes between two passes; the oldest files could not make room): "
+                "dropping frames until they fit",
+                size,
+                quantum,
+            )
+        return False
+
+    def _snapshot_share(self) -> int | None:
+        """The most one snapshot may take of --record-retain-bytes: the
+        writers' equal share (None: no size bound)."""
+        budget = self.config.retain_bytes
+        return None if budget is None else budget // self._writers
+
+    def _make_room(self, headroom: int) -> Removed:
+        """A pass, in a worker thread, that leaves ``headroom`` free (or
+        says why it cannot)."""
+        removed = self._remove(headroom, None)
+        if not self._retention.fits(removed, headroom):
+            raise SnapshotError(
+                f"no room for the snapshot under --record-retain-bytes: {removed.left} bytes "
+                f"could not be removed (files being written), {headroom} needed"
+            )
+        return removed
+
+    async def _retain(self, keep: Path | None = None, *, headroom: int) -> bool:
         """One retention pass (in a worker thread: it lists and removes
-        files); never the file being written, nor ``keep``."""
+        files); never the file being written, nor ``keep``. Whether what is
+        left plus ``headroom`` fits the size bound."""
         self._retained_at = trio.current_time()
         if keep is None and self._file is not None:
             keep = Path(self._file.name)
         try:
-            removed = await self._io(
-                lambda: enforce(self.config.directory, self._retention,
-                                headroom=self._headroom, now=time.time(), keep=keep)
-            )  # fmt: skip
+            removed = await self._io(self._remove, headroom, keep)
         except OSError as exc:
             log.warning("recording retention failed: %s", exc)
-            return
+            return False
+        self._removed(removed)
+        return self._retention.fits(removed, headroom)
+
+    def _remove(self, headroom: int, keep: Path | None) -> Removed:
+        return enforce(self.config.directory, self._retention, headroom=headroom,
+                       now=time.time(), keep=keep)  # fmt: skip
+
+    def _removed(self, removed: Removed) -> None:
         self.removed_files_total += removed.files
         self.removed_bytes_total += removed.bytes
 
@@ -673,6 +782,10 @@ class Recorder:
     @staticmethod
     async def _io(fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def pack_all(records: list[Record]) -> bytes:
+    return b"".join(pack(record) for record in records)
 
 
 def snapshot_name(stamp: str, reason: str) -> str:
