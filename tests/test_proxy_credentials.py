@@ -56,9 +56,9 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.pulsar import UpstreamPool
 from sluice.proxy.server import Proxy
 from sluice.proxy.shared import SharedRouting
-from tests.reliability.support import AdminProxy, start_admin_proxy, wait_until
+from tests.reliability.support import AdminProxy, wait_until
 from tests.scripted_broker import ScriptedBroker
-from tests.support import RawClient, client, tcp_connections
+from tests.support import RawClient, client, start_proxy, tcp_connections
 from tests.test_pulsar_core import Recording, connect_body, frame_bytes, lookup_answer, sent
 
 T = pb.BaseCommand
@@ -394,11 +394,16 @@ def listeners() -> Iterator[tuple[Listener, Listener]]:
     trusted.close()
 
 
-def proxy_mode(broker: EmbeddedBroker, tmp_path: Path, *extra: str) -> AdminProxy:
+def proxy_mode(
+    broker: EmbeddedBroker, tmp_path: Path, *extra: str, port: int | None = None
+) -> AdminProxy:
+    """``sluice proxy --auth-mode proxy`` with its admin endpoint."""
     key, own = auth_files(tmp_path)
-    return start_admin_proxy(broker.url, tmp_path, "--auth-mode", "proxy",
-                             "--auth-token-secret-key", str(key),
-                             "--broker-auth-token-file", str(own), *extra)  # fmt: skip
+    admin = free_port()
+    proxy = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}",
+                        "--auth-mode", "proxy", "--auth-token-secret-key", str(key),
+                        "--broker-auth-token-file", str(own), *extra, port=port)  # fmt: skip
+    return AdminProxy(proxy, admin)
 
 
 def test_an_allowed_broker_nobody_named_never_receives_sluices_token(
@@ -537,3 +542,32 @@ def test_a_broker_another_worker_learned_is_trusted_here(tmp_path: Path) -> None
     assert other.knows(named)  # read from the journal, though a rule already allowed it
     one.close()
     other.close()
+
+
+def test_a_client_carries_on_through_a_restarted_proxy_without_trust_broker(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    """A restarted Sluice has learned no broker yet: the client's producer
+    reconnects by looking its topic up again, which teaches it the broker."""
+    first = proxy_mode(broker, tmp_path)
+    auth = pulsar.AuthenticationToken(hs256_token(SECRET, "app"))
+    second: AdminProxy | None = None
+    try:
+        with client(first.url, authentication=auth) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            producer.send(b"before")
+            first.kill()
+            second = proxy_mode(broker, tmp_path, port=first.proxy.port)
+            producer.send(b"after")
+        # (A consumer is subscribed afresh: pulsar-lite may drop a connection
+        # that takes an exclusive subscription over, whatever the proxy.)
+        with client(second.url, authentication=auth) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            assert [consumer.receive(15_000).data() for _ in range(2)] == [b"before", b"after"]
+        assert second.metric("sluice_connections_rejected_total", reason="untrusted_broker") == 0
+        assert second.proxy.terminate() == 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    assert second is not None and "Traceback" not in second.proxy.log()
