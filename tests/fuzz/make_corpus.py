@@ -1,0 +1,305 @@
+"""Write the fuzz harnesses' seed corpus from real traffic.
+
+    python -m tests.fuzz.make_corpus [--out tests/fuzz/corpus]
+
+Sources, all real bytes:
+
+- the golden captures (``tests/golden/data``: the official pulsar-client and
+  pulsar-lite, every compression codec, batched and not), for the proxy
+  core as proxied and as lookup connections, the two sides taken in turns;
+- a session recorded here through ``sluice proxy`` (payloads kept): the
+  official pulsar-client in front of pulsar-lite, producing batched (LZ4)
+  and unbatched, consuming and acknowledging, on a partitioned topic;
+- a Cursus session recorded here through ``sluice proxy --protocol cursus``:
+  the real cursus-client producing to and streaming from the test broker
+  (``tests/cursus_broker.py``).
+
+Each harness gets its input form: a stream with its chunking byte (codecs),
+a payload with its metadata's codec, size and entry count (payloads), a
+script of both sides (proxy core; the client's CONNECT carries a token for
+the harness's key and names the broker it fronts). The directory is
+replaced whole; the files are named by their SHA-1, as libFuzzer names its
+own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import trio
+from cursus import ConsumerMode
+
+from sluice.addresses import Address
+from sluice.embedded import EmbeddedBroker
+from sluice.protocols.cursus import Compression, compress
+from sluice.protocols.cursus import decode_stream as cursus_stream
+from sluice.protocols.cursus import frame as cursus_frame
+from sluice.protocols.pulsar import Frame, command, decode_stream, encode, pb
+from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.server import Proxy
+from sluice.recording.format import PayloadPolicy, read_records, recording_files
+from sluice.recording.writer import RecorderConfig
+from tests.cursus_broker import open_cluster
+from tests.fuzz import fuzz_pulsar_proxy as proxy_harness
+from tests.fuzz.common import CORPUS, HARNESSES
+from tests.support import QUIET
+from tests.test_cursus_broker import collect_all, in_thread, produce
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "data"
+T = pb.BaseCommand
+# Chunkings each codec stream is seeded with: whole reads with a 4 KiB
+# limit, reads of up to 4 KiB, single bytes read step by step.
+PULSAR_PLANS = (0x80 | 12, 12, 0x40 | 13)
+# Cursus: bit 0 says from the client; bits 1-3 pick the compression
+# (0: none, 1: gzip); the same chunkings.
+CURSUS_PLANS = (12, 0x40 | 26)
+ANSWERS = frozenset(
+    {
+        T.LOOKUP_RESPONSE,
+        T.PARTITIONED_METADATA_RESPONSE,
+        T.GET_TOPICS_OF_NAMESPACE_RESPONSE,
+        T.GET_SCHEMA_RESPONSE,
+        T.ERROR,
+    }
+)
+
+
+@dataclass
+class Session:
+    """One recorded connection: its frames in order, either way."""
+
+    kind: str
+    frames: list[tuple[bool, bytes]] = field(default_factory=list)  # (from client, raw)
+
+    def stream(self, from_client: bool) -> bytes:
+        return b"".join(raw for side, raw in self.frames if side == from_client)
+
+
+def recorded(directory: Path) -> list[Session]:
+    """Every connection of a recording, its frames as recorded."""
+    sessions: dict[int, Session] = {}
+    for path in recording_files(directory):
+        for record in read_records(path):
+            if record["k"] == "conn":
+                sessions.setdefault(record["c"], Session(record.get("kind", "")))
+            elif record["k"] == "frame" and record["c"] in sessions:
+                sessions[record["c"]].frames.append((record["d"] == 0, record["raw"]))
+    return [s for s in sessions.values() if s.frames]
+
+
+async def record_proxy(config: ProxyConfig, session: Any) -> None:
+    """Run ``session(address)`` in a thread against a recording proxy."""
+    async with trio.open_nursery() as nursery:
+        proxy: Proxy = await nursery.start(Proxy(config).run)
+        await session(str(proxy.addresses["plain"]))
+        proxy.stop()
+
+
+# --- the recordings ---------------------------------------------------------------
+
+
+def pulsar_client_session(url: str) -> None:
+    client = pulsar.Client(url, logger=QUIET, operation_timeout_seconds=30)
+    try:
+        topic = "persistent://public/default/fuzz-seed"
+        consumer = client.subscribe(topic, "seed", consumer_type=pulsar.ConsumerType.Shared)
+        batched = client.create_producer(
+            topic, batching_enabled=True, compression_type=pulsar.CompressionType.LZ4
+        )
+        for i in range(6):
+            batched.send_async(f"batched {i} {'x' * 40}".encode(), None, properties={"n": str(i)})
+        batched.flush()
+        plain = client.create_producer(topic, batching_enabled=False)
+        for i in range(4):
+            plain.send(f"plain {i}".encode(), partition_key=f"k{i}")
+        for _ in range(10):
+            message = consumer.receive(timeout_millis=20_000)
+            consumer.acknowledge(message)
+        for closable in (plain, batched, consumer):
+            closable.close()
+    finally:
+        client.close()
+
+
+def record_pulsar(directory: Path) -> list[Session]:
+    with EmbeddedBroker() as broker:
+        config = ProxyConfig(
+            broker=parse_broker_url(broker.url),
+            listen=Address("127.0.0.1", 0),
+            record=RecorderConfig(directory, payloads=PayloadPolicy.FULL, flush_interval=0.1),
+        )
+
+        async def session(address: str) -> None:
+            await trio.to_thread.run_sync(pulsar_client_session, f"pulsar://{address}")
+
+        trio.run(record_proxy, config, session)
+    return recorded(directory)
+
+
+def record_cursus(directory: Path) -> list[Session]:
+    async def main() -> None:
+        async with open_cluster(1, keepalive=0.3) as cluster:
+            host, port = cluster.address.rsplit(":", 1)
+            config = ProxyConfig(
+                broker=BrokerUrl(host, int(port), False, "cursus"),
+                protocol="cursus",
+                listen=Address("127.0.0.1", 0),
+                record=RecorderConfig(directory, payloads=PayloadPolicy.FULL, flush_interval=0.1),
+            )
+            payloads = [f"seed {i}" for i in range(5)]
+
+            async def session(address: str) -> None:
+                assert await in_thread(produce, address, "seed", payloads, 2) == len(payloads)
+                mode = ConsumerMode.STREAMING
+                await collect_all(address, "seed", "g", mode, payloads, "seeds streamed")
+
+            await record_proxy(config, session)
+
+    trio.run(main)
+    return recorded(directory)
+
+
+# --- seeds per harness ----------------------------------------------------------------
+
+
+def golden_streams() -> Iterator[bytes]:
+    for path in sorted(GOLDEN.glob("*/c*-*.bin")):
+        yield path.read_bytes()
+
+
+def golden_sessions() -> Iterator[Session]:
+    """Each golden connection (the client straight to the broker) as a
+    proxied connection and as a lookup one: its frames taken in turns."""
+    for client in sorted(GOLDEN.glob("*/c*-client.bin")):
+        broker = client.with_name(client.name.replace("-client", "-broker"))
+        ours = [f.raw for f in decode_stream(client.read_bytes())]
+        theirs = [f.raw for f in decode_stream(broker.read_bytes())]
+        turns: list[tuple[bool, bytes]] = []
+        for i in range(max(len(ours), len(theirs))):
+            turns += [(True, raw) for raw in ours[i : i + 1]]
+            turns += [(False, raw) for raw in theirs[i : i + 1]]
+        for kind in ("proxied", "lookup"):
+            yield Session(kind, list(turns))
+
+
+def pulsar_codec(streams: list[bytes]) -> Iterator[bytes]:
+    for stream in streams:
+        for plan in PULSAR_PLANS:
+            yield bytes([plan]) + stream
+
+
+def pulsar_payload(streams: list[bytes]) -> Iterator[bytes]:
+    for stream in streams:
+        for frame in decode_stream(stream):
+            meta = frame.metadata
+            if meta is None:
+                continue
+            count = meta.num_messages_in_batch if meta.HasField("num_messages_in_batch") else 0
+            head = struct.pack(">BIH", meta.compression, meta.uncompressed_size, count)
+            yield head + bytes(frame.payload)
+
+
+def cursus_codec(sessions: list[Session]) -> Iterator[bytes]:
+    for session in sessions:
+        client, broker = session.stream(True), session.stream(False)
+        for plan in CURSUS_PLANS:
+            yield bytes([plan | 1]) + client
+            yield bytes([plan]) + broker
+        # The same client frames as a broker set to gzip receives them.
+        bodies = [frame.body for frame in cursus_stream(client, from_client=True)]
+        gzipped = b"".join(cursus_frame(compress(b, Compression.GZIP)) for b in bodies)
+        yield bytes([1 | 1 << 1]) + gzipped
+
+
+def proxied_connect(raw: bytes, to_broker: bool) -> bytes:
+    """The recorded CONNECT with the harness's client token (the recording
+    holds none), naming the broker the harness fronts when it named one."""
+    (frame,) = decode_stream(raw)
+    return proxy_harness.client_connect(frame.body, proxied=to_broker)
+
+
+def upstream_answer(frame: Frame) -> bytes:
+    """What the upstream would have answered, without the length prefix:
+    a lookup names the broker the harness fronts."""
+    body: Any = frame.body
+    if frame.type == T.LOOKUP_RESPONSE:
+        body.brokerServiceUrl = proxy_harness.BROKER_URL
+        body.ClearField("brokerServiceUrlTls")
+        body.proxy_through_service_url = False
+    return encode(command(frame.type, body))[4:]
+
+
+def pulsar_proxy(sessions: list[Session]) -> Iterator[bytes]:
+    h = proxy_harness
+    for session in sessions:
+        ops: list[tuple[int, bytes]] = []
+        proxied = session.kind == "proxied"
+        for index, (from_client, raw) in enumerate(session.frames):
+            if index == 0:
+                ops.append((h.CLIENT, proxied_connect(raw, proxied)))
+            elif proxied:
+                ops.append((h.CLIENT if from_client else h.BROKER, raw))
+            elif from_client:
+                ops.append((h.CLIENT, raw))
+            else:
+                (frame,) = decode_stream(raw)
+                if frame.type in ANSWERS:
+                    ops.append((h.ANSWER, upstream_answer(frame)))
+        ops += [(h.TICK, b"\x00\x00\x00\x0f"), (h.DRAIN, b"")]
+        ops.append((h.CLIENT_EOF, b""))
+        yield h.script(0, ops)
+        yield h.script(h.FORWARD_AUTH_DATA | h.SMALL_MESSAGES, ops)
+
+
+def write(out: Path, name: str, seeds: Iterator[bytes]) -> tuple[int, int]:
+    directory = out / name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    files = size = 0
+    for seed in seeds:
+        path = directory / hashlib.sha1(seed).hexdigest()
+        if not path.exists():
+            path.write_bytes(seed)
+            files += 1
+            size += len(seed)
+    return files, size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=CORPUS, help=f"(default: {CORPUS})")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sluice-corpus-") as scratch:
+        pulsar_sessions = record_pulsar(Path(scratch) / "pulsar")
+        cursus_sessions = record_cursus(Path(scratch) / "cursus")
+    kinds = sorted({s.kind for s in pulsar_sessions})
+    assert {"lookup", "proxied"} <= set(kinds), f"the Pulsar session recorded {kinds}"
+    streams = list(golden_streams())
+    streams += [s.stream(side) for s in pulsar_sessions for side in (True, False)]
+    seeds = {
+        "pulsar_codec": pulsar_codec(streams),
+        "pulsar_payload": pulsar_payload(streams),
+        "cursus_codec": cursus_codec(cursus_sessions),
+        "pulsar_proxy": pulsar_proxy([*pulsar_sessions, *golden_sessions()]),
+    }
+    assert set(seeds) == set(HARNESSES)
+    total = 0
+    for name, made in seeds.items():
+        files, size = write(args.out, name, made)
+        total += size
+        print(f"{name}: {files} seeds, {size:,} bytes")
+    print(f"total: {total:,} bytes in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
