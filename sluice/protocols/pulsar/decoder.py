@@ -70,6 +70,7 @@ _MAGIC_U32_U32 = struct.Struct(">HII")
 _CHECKSUM = int.from_bytes(MAGIC_CHECKSUM, "big")
 _BROKER_ENTRY_METADATA = int.from_bytes(MAGIC_BROKER_ENTRY_METADATA, "big")
 _crc = _crc32c.crc32c
+_CONNECT = pb.BaseCommand.CONNECT
 _parse_command = pb.BaseCommand.FromString
 _parse_metadata = pb.MessageMetadata.FromString
 _parse_bem = pb.BrokerEntryMetadata.FromString
@@ -290,13 +291,16 @@ def decode_frame(raw: bytes) -> Frame:
         return Frame(raw, _peek_type(raw[8:cmd_end]), None, _err(Problem.PARSE, f"command: {exc}"))
     type_ = command.type
     field = BODY_FIELD.get(type_)
-    # A missing `type` reads as CONNECT (the enum's first value) and an empty
-    # CONNECT body is never initialized, so both land in the slow path below.
+    # A missing `type` reads as CONNECT (the enum's first value): a CONNECT
+    # must name its type itself, or it lands in the slow path below, however
+    # complete its body (brokers refuse a command without its type).
     if field is None:
         return _bad_command(raw, command, cmd_end)
     body = getattr(command, field)
-    if not body.IsInitialized() or (
-        type_ in BODY_WITHOUT_REQUIRED and not _has_field(command, field)
+    if (
+        not body.IsInitialized()
+        or (type_ in BODY_WITHOUT_REQUIRED and not _has_field(command, field))
+        or (type_ == _CONNECT and not command.HasField("type"))
     ):
         return _bad_command(raw, command, cmd_end)
     if cmd_end == size:

@@ -9,6 +9,7 @@ the frame boundaries are fine, only its contents are not).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import cramjam
@@ -26,6 +27,14 @@ MAX_UNCOMPRESSED_SIZE = 256 * 1024 * 1024
 
 CODEC_NAMES: dict[int, str] = {
     value: pb.CompressionType.Name(value) for value in pb.CompressionType.values()
+}
+# Decompress into a buffer; the bytes written. Raw LZ4 blocks and raw Snappy
+# are what Pulsar producers write.
+_DECOMPRESS_INTO: dict[int, Callable[[bytes | memoryview, bytearray], int]] = {
+    pb.LZ4: cramjam.lz4.decompress_block_into,
+    pb.ZLIB: cramjam.zlib.decompress_into,
+    pb.ZSTD: cramjam.zstd.decompress_into,
+    pb.SNAPPY: cramjam.snappy.decompress_raw_into,
 }
 
 
@@ -55,26 +64,21 @@ def decompress(codec: int, data: bytes | memoryview, uncompressed_size: int) -> 
         raise RemoteProtocolError(
             Problem.TOO_LARGE, f"{name} payload claims {uncompressed_size} uncompressed bytes"
         )
-    # cramjam pads its output to any size hint it is given, so sizes are
-    # never passed as hints: the real length is compared below instead.
+    # Into a buffer one byte larger than promised, never more: overlong
+    # content shows as an error, and a payload that expands to gigabytes (a
+    # few kilobytes of ZSTD can) is stopped there instead of unpacked whole.
+    # (cramjam pads its output to any size hint it is given, so sizes are
+    # never passed as hints: the real length is compared below instead.)
+    buffer = bytearray(uncompressed_size + 1)
     try:
-        if codec == pb.LZ4:
-            # Raw LZ4 blocks store no length: decompress into a buffer one
-            # byte larger than promised, so that overlong content shows.
-            buffer = bytearray(uncompressed_size + 1)
-            written = cramjam.lz4.decompress_block_into(data, buffer)
-            out: object = memoryview(buffer)[:written]
-        elif codec == pb.ZLIB:
-            out = cramjam.zlib.decompress(data)
-        elif codec == pb.ZSTD:
-            out = cramjam.zstd.decompress(data)
-        else:
-            out = cramjam.snappy.decompress_raw(data)
+        written = _DECOMPRESS_INTO[codec](data, buffer)
     except cramjam.DecompressionError as exc:
         raise RemoteProtocolError(
-            Problem.PARSE, f"{name} payload does not decompress: {exc}"
+            Problem.PARSE,
+            f"{name} payload does not decompress to the {uncompressed_size} bytes "
+            f"its metadata says: {exc}",
         ) from exc
-    result: bytes = bytes(out)  # type: ignore[call-overload]
+    result = bytes(memoryview(buffer)[:written])
     if len(result) != uncompressed_size:
         raise RemoteProtocolError(
             Problem.FRAMING,
