@@ -23,6 +23,9 @@ pub const MESSAGE: u32 = 9;
 pub const ACK: u32 = 10;
 pub const FLOW: u32 = 11;
 
+pub mod record;
+pub mod summary;
+
 const MAGIC_CHECKSUM: u16 = 0x0e01;
 const MAGIC_BROKER_ENTRY_METADATA: u16 = 0x0e02;
 // MessageIdData nests itself (first_chunk_message_id); real ids nest once.
@@ -554,8 +557,9 @@ fn metadata(bytes: &[u8]) -> Option<(u32, i64)> {
 #[cfg(feature = "python")]
 mod python {
     use pyo3::exceptions::PyValueError;
+    use pyo3::intern;
     use pyo3::prelude::*;
-    use pyo3::types::PyList;
+    use pyo3::types::{PyBytes, PyList};
 
     /// scan(data, pos, max_total) -> list of (stop, kind, metadata_offset,
     /// payload_offset, checksum, a, b, c, properties), one per complete
@@ -589,9 +593,45 @@ mod python {
         )
     }
 
+    /// pack_frames(prefix, frames, payloads) -> list of records (bytes), with
+    /// None for each frame left to the Python recorder: any frame but one
+    /// the scanner vouched for and counted no properties in (``properties``
+    /// 0, ``error`` None), as only those are known to hold no credentials.
+    /// payloads: 0 full, 1 hash, 2 size.
+    #[pyfunction]
+    fn pack_frames<'py>(
+        py: Python<'py>,
+        prefix: &[u8],
+        frames: &Bound<'py, PyList>,
+        payloads: u8,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let payloads = match payloads {
+            0 => super::record::Payloads::Full,
+            1 => super::record::Payloads::Hash,
+            2 => super::record::Payloads::Size,
+            _ => return Err(PyValueError::new_err("payloads is 0, 1 or 2")),
+        };
+        let out = PyList::empty(py);
+        for frame in frames.iter() {
+            let properties: i64 = frame.getattr(intern!(py, "properties"))?.extract()?;
+            if properties != 0 || !frame.getattr(intern!(py, "error"))?.is_none() {
+                out.append(py.None())?;
+                continue;
+            }
+            let raw = frame.getattr(intern!(py, "raw"))?;
+            let raw = raw.cast::<PyBytes>()?;
+            let offset: i64 = frame.getattr(intern!(py, "payload_offset"))?.extract()?;
+            let record = super::record::frame_record(prefix, raw.as_bytes(), offset, payloads);
+            out.append(PyBytes::new(py, &record))?;
+        }
+        Ok(out)
+    }
+
     #[pymodule]
     fn _frames(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(scan, m)?)?;
+        m.add_function(wrap_pyfunction!(pack_frames, m)?)?;
+        m.add_function(wrap_pyfunction!(crate::summary::python::summary, m)?)?;
         Ok(())
     }
 }

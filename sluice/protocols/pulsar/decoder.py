@@ -44,23 +44,26 @@ from sluice.protocols.pulsar.frame import (
 )
 
 Scan = Callable[[bytes, int, int], list[tuple[int, int, int, int, int, int, int, int, int]]]
+Pack = Callable[[bytes, list[Frame], int], list[bytes | None]]
 
 
-def _compiled_scan() -> Scan | None:
-    """The compiled scanner (``sluice._frames``, built from rust/ into the
-    wheel), unless ``SLUICE_FRAMES=python`` asks for the Python decoder
-    alone. None in a source tree nobody built."""
+def _compiled() -> tuple[Scan, Pack] | None:
+    """The compiled frame path (``sluice._frames``, built from rust/ into the
+    wheel), unless ``SLUICE_FRAMES=python`` asks for the Python code alone.
+    None in a source tree nobody built."""
     if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
         return None
     try:
-        from sluice._frames import scan
+        from sluice._frames import pack_frames, scan
     except ImportError:
         return None
-    found: Scan = scan
-    return found
+    return scan, pack_frames
 
 
-COMPILED_SCAN: Final = _compiled_scan()
+_COMPILED = _compiled()
+COMPILED_PACK: Final[Pack | None] = _COMPILED[1] if _COMPILED is not None else None
+"""The compiled frame-record packer the recorder uses, or None."""
+COMPILED_SCAN: Final[Scan | None] = _COMPILED[0] if _COMPILED is not None else None
 """The compiled frame scanner FrameDecoder uses by default, or None."""
 
 _U32 = struct.Struct(">I")
