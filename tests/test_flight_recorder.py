@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,40 +25,10 @@ from sluice.recording.retention import Retention, enforce, hold
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotBusy
 from tests.support import QUIET, SLUICE, ProxyProcess, client, start_proxy, wait_ready
 from tests.test_dashboards import scrape, value
+from tests.test_retention_bound import SizeSampler
 from tests.test_workers import holds_a_client, worker_pids
 
 MiB = 1024 * 1024
-
-
-def directory_size(directory: Path) -> int:
-    total = 0
-    for path in recording_files(directory) if directory.exists() else []:
-        with contextlib.suppress(FileNotFoundError):  # removed since the listing
-            total += path.stat().st_size
-    return total
-
-
-class SizeWatch:
-    """The largest size a directory had, sampled every 10 ms in a thread."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.largest = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.largest = max(self.largest, directory_size(self.directory))
-            time.sleep(0.01)
-
-    def __enter__(self) -> SizeWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def test_the_directory_stays_under_its_cap_through_ten_times_the_traffic(
@@ -72,7 +41,7 @@ def test_the_directory_stays_under_its_cap_through_ten_times_the_traffic(
                         "0.1", "--admin", f"127.0.0.1:{admin}")  # fmt: skip
     payload = b"x" * 10_000
     try:
-        with SizeWatch(record) as watch, client(proxy.url) as c:
+        with SizeSampler(record, every=0.01) as watch, client(proxy.url) as c:
             producer = c.create_producer(topic, batching_enabled=False)
             for _ in range(10 * cap // len(payload)):  # SEND frames alone: 10x the cap
                 producer.send(payload)
@@ -82,7 +51,7 @@ def test_the_directory_stays_under_its_cap_through_ten_times_the_traffic(
         proxy.kill()
     print(f"largest {watch.largest} of {cap} bytes")
     assert 0 < watch.largest <= cap
-    assert directory_size(record) <= cap
+    assert watch.size() <= cap
     assert value(samples, "sluice_recorder_removed_files_total") >= 5
     assert value(samples, "sluice_recorder_removed_bytes_total") >= 8 * MiB
     # What is left reads as a recording that starts later, never an error.
