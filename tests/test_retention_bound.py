@@ -119,10 +119,12 @@ CASES = {
 async def drive(directory: Path, case: Case, seconds: float) -> tuple[list[Recorder], int]:
     """Recorders fed as fast as they take frames for ``seconds`` (and, with
     a ring, snapshotting all the while); how many snapshots were written."""
+    # A queue of 8 MiB, not 64: at the end each recorder writes what it holds,
+    # a pass every share, which takes long under a small cap.
     config = RecorderConfig(directory, payloads=case.payloads, lossless=case.lossless,
                             max_file_bytes=case.max_file, flush_interval=0.1,
-                            retain_bytes=case.cap, retain_age=case.retain_age,
-                            ring_bytes=case.ring)  # fmt: skip
+                            queue_bytes=8 * MiB, retain_bytes=case.cap,
+                            retain_age=case.retain_age, ring_bytes=case.ring)  # fmt: skip
     recorders = [Recorder(config, writers=case.writers) for _ in range(case.writers)]
     read = [send_frame(case.payload, n) for n in range(8)]
     big = [send_frame(case.cap // 2)]

@@ -543,6 +543,7 @@ class Recorder:
             return
         packed, notes = self._packed, self._packed_notes
         opens = dict(self._packed_opens)
+        left = self._packed_bytes  # the bytes of packed[start:]
         self._packed, self._packed_opens, self._packed_notes = [], [], []
         self._packed_bytes = self._packed_frames = 0
 
@@ -561,20 +562,23 @@ class Recorder:
                 self._drop(frames(start, len(packed)))
                 return
             room = self._file_cap - self._file_bytes - len(gap)
-            parts: list[bytes] = [gap]
-            size, end = 0, start
-            while end < len(packed):
-                part = packed[end]
-                if size and size + len(part) > room:
-                    break
-                end += 1
-                # A new file starts by re-stating open connections: skip their
-                # records here so nobody reads a connection opening twice.
-                if restated and opens.get(end - 1) in restated:
-                    continue
-                parts.append(part)
-                size += len(part)
-            data = b"".join(parts)
+            if left <= room:  # nearly always: no walk through the records
+                end, size = len(packed), left
+            else:
+                end, size = start + 1, len(packed[start])
+                while end < len(packed) and size + len(packed[end]) <= room:
+                    size += len(packed[end])
+                    end += 1
+            left -= size
+            chunk = packed if start == 0 and end == len(packed) else packed[start:end]
+            # A new file starts by re-stating open connections: skip their
+            # records here so nobody reads a connection opening twice.
+            skip = {at for at, conn in opens.items() if start <= at < end and conn in restated}
+            if skip:
+                chunk = [part for at, part in enumerate(chunk, start) if at not in skip]
+            data = b"".join(chunk)
+            if gap:
+                data = gap + data
             count = frames(start, end)
             start = end
             if not await self._reserve(len(data)):
