@@ -8,6 +8,7 @@ the frame boundaries are fine, only its contents are not).
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ CODEC_NAMES: dict[int, str] = {
 }
 # Decompress into a buffer; the bytes written. Raw LZ4 blocks and raw Snappy
 # are what Pulsar producers write.
-_DECOMPRESS_INTO: dict[int, Callable[[bytes | memoryview, bytearray], int]] = {
+_DECOMPRESS_INTO: dict[int, Callable[[bytes | memoryview, mmap.mmap], int]] = {
     pb.LZ4: cramjam.lz4.decompress_block_into,
     pb.ZLIB: cramjam.zlib.decompress_into,
     pb.ZSTD: cramjam.zstd.decompress_into,
@@ -67,18 +68,20 @@ def decompress(codec: int, data: bytes | memoryview, uncompressed_size: int) -> 
     # Into a buffer one byte larger than promised, never more: overlong
     # content shows as an error, and a payload that expands to gigabytes (a
     # few kilobytes of ZSTD can) is stopped there instead of unpacked whole.
+    # The buffer is anonymous memory: pages the content does not reach are
+    # never touched, so a size claimed and not delivered costs nothing.
     # (cramjam pads its output to any size hint it is given, so sizes are
     # never passed as hints: the real length is compared below instead.)
-    buffer = bytearray(uncompressed_size + 1)
-    try:
-        written = _DECOMPRESS_INTO[codec](data, buffer)
-    except cramjam.DecompressionError as exc:
-        raise RemoteProtocolError(
-            Problem.PARSE,
-            f"{name} payload does not decompress to the {uncompressed_size} bytes "
-            f"its metadata says: {exc}",
-        ) from exc
-    result = bytes(memoryview(buffer)[:written])
+    with mmap.mmap(-1, uncompressed_size + 1) as buffer:
+        try:
+            written = _DECOMPRESS_INTO[codec](data, buffer)
+        except cramjam.DecompressionError as exc:
+            raise RemoteProtocolError(
+                Problem.PARSE,
+                f"{name} payload does not decompress to the {uncompressed_size} bytes "
+                f"its metadata says: {exc}",
+            ) from exc
+        result = buffer[:written]
     if len(result) != uncompressed_size:
         raise RemoteProtocolError(
             Problem.FRAMING,
