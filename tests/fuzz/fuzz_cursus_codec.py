@@ -45,6 +45,7 @@ from sluice.protocols.cursus import (
 )
 from sluice.protocols.cursus.commands import Command
 from sluice.protocols.cursus.replies import ErrorReply, OkReply
+from tests.fuzz import common
 from tests.fuzz.common import check, chunked
 
 COMPRESSIONS = tuple(Compression)
@@ -56,33 +57,14 @@ Outcome = tuple[list[Frame], str | None]
 
 def decode(chunks: list[bytes], decoder: FrameDecoder, *, stepwise: bool) -> Outcome:
     """Every frame of the chunks, and the fatal error's text (None: closed cleanly)."""
-    frames: list[Frame] = []
-    received = 0
-    try:
-        for chunk in [*chunks, b""]:
-            decoder.receive_data(chunk)
-            received += len(chunk)
-            if stepwise:
-                while isinstance(event := decoder.next_event(), Frame):
-                    frames.append(event)
-                check(event is NEED_DATA or (event is CLOSED and not chunk), f"{event!r}")
-            else:
-                for frame in decoder.frames():
-                    frames.append(frame)
-            used = sum(len(f.raw) for f in frames)
-            check(decoder.buffered == received - used, "buffered does not add up")
-        check(decoder.next_event() is CLOSED, "closed stream did not stay closed")
-    except RemoteProtocolError as exc:
-        check(exc.fatal, f"non-fatal error raised: {exc!r}")
-        check(refusal(exc).close, "lost framing does not close")
-        try:
-            decoder.next_event()
-        except RemoteProtocolError as again:
-            check(again is exc, "a broken decoder raised another error")
-        else:
-            raise AssertionError("a broken decoder went on") from exc
-        return frames, repr(exc)
-    return frames, None
+    frames, fatal = common.decode(
+        decoder, chunks, stepwise=stepwise, need_data=NEED_DATA, closed=CLOSED
+    )
+    if fatal is None:
+        return frames, None
+    assert isinstance(fatal, RemoteProtocolError)
+    check(refusal(fatal).close, "lost framing does not close")
+    return frames, repr(fatal)
 
 
 def key(frame: Frame) -> tuple[object, ...]:

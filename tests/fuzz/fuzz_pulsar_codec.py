@@ -26,6 +26,7 @@ from sluice.protocols.pulsar.errors import RemoteProtocolError
 from sluice.protocols.pulsar.frame import BODY_FIELD, PAYLOAD_TYPES, Frame
 from sluice.protocols.pulsar.redact import loggable
 from sluice.recording.format import FrameRecorder, PayloadPolicy
+from tests.fuzz import common
 from tests.fuzz.common import check, chunked
 from tests.test_compiled_frames import assert_same
 
@@ -41,32 +42,10 @@ RECORDER = FrameRecorder(PayloadPolicy.FULL)
 def decode(chunks: list[bytes], limit: int, *, stepwise: bool, compiled: bool | None) -> Outcome:
     """Every frame of the chunks, and the fatal error's text (None: closed cleanly)."""
     decoder = FrameDecoder(limit, compiled=compiled)
-    frames: list[Frame] = []
-    received = 0
-    try:
-        for chunk in [*chunks, b""]:
-            decoder.receive_data(chunk)
-            received += len(chunk)
-            if stepwise:
-                while isinstance(event := decoder.next_event(), Frame):
-                    frames.append(event)
-                check(event is NEED_DATA or (event is CLOSED and not chunk), f"{event!r}")
-            else:
-                for frame in decoder.frames():
-                    frames.append(frame)
-            used = sum(len(f.raw) for f in frames)
-            check(decoder.buffered == received - used, "buffered does not add up")
-        check(decoder.next_event() is CLOSED, "closed stream did not stay closed")
-    except RemoteProtocolError as exc:
-        check(exc.fatal, f"non-fatal error raised: {exc!r}")
-        try:
-            decoder.next_event()
-        except RemoteProtocolError as again:
-            check(again is exc, "a broken decoder raised another error")
-        else:
-            raise AssertionError("a broken decoder went on") from exc
-        return frames, repr(exc)
-    return frames, None
+    frames, fatal = common.decode(
+        decoder, chunks, stepwise=stepwise, need_data=NEED_DATA, closed=CLOSED
+    )
+    return frames, None if fatal is None else repr(fatal)
 
 
 def inspect(frame: Frame) -> None:
