@@ -197,9 +197,11 @@ class FrameDecoder:
         one tight loop: this is the proxy's hot path. Frames are yielded as
         they are decoded, so memory is reused while it is still in cache.
         """
-        if self._scan is not None:
-            yield from self._scanned()
-            return
+        # Not a generator itself: one generator per read, not two per frame.
+        return self._scanned() if self._scan is not None else self._decoded()
+
+    def _decoded(self) -> Iterator[Frame]:
+        """``frames()`` with the Python decoder alone."""
         head = self._head
         pos = self._pos
         end = len(head)

@@ -204,6 +204,10 @@ class ScannedFrame(Frame):
 
     __slots__ = ("_body", "_command", "_metadata")
 
+    # Always so for a scanned frame: read from the class, not set per frame.
+    error = None
+    broker_entry_metadata = None
+
     def __init__(
         self,
         raw: bytes,
@@ -216,11 +220,9 @@ class ScannedFrame(Frame):
     ) -> None:
         self.raw = raw
         self.type = type_
-        self.error = None
         self.metadata_offset = metadata_offset
         self.payload_offset = payload_offset
         self.checksum = checksum if checksum >= 0 else None
-        self.broker_entry_metadata = None
         self.ids = ids
         self.properties = properties
         self._command: pb.BaseCommand | None = None
