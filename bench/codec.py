@@ -4,6 +4,15 @@
 
 (a) 100-byte SEND frames: frames per second.
 (b) 64 KiB payload SEND frames: bytes per second.
+(c) 1 KiB SEND frames (bench/peers.py's unbatched rows): µs per frame.
+
+Each workload is decoded three ways, in turn: ``FrameDecoder`` with the
+Python decoder alone (``compiled=False``, the reference), ``FrameDecoder``
+with the compiled scanner (what the proxy runs: Python frame objects, their
+commands parsed only when asked for), and the floor: the compiled scanner
+alone over the same bytes (``sluice._frames.scan``: boundaries, sizes,
+CRC32-C, command and metadata checked, ids read), with no Python object per
+frame.
 
 Each workload is one byte stream of real-shaped frames (command, checksum,
 metadata, payload), fed to ``FrameDecoder`` in reads of ``READ_SIZE`` bytes
@@ -17,6 +26,7 @@ median of several rounds, with the best shown beside it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -26,6 +36,8 @@ from collections.abc import Callable
 import crc32c
 
 from sluice.protocols.pulsar import FrameDecoder, Type, command, encode_payload, pb
+from sluice.protocols.pulsar.decoder import COMPILED_SCAN, max_frame_size
+from sluice.protocols.pulsar.frame import DEFAULT_MAX_MESSAGE_SIZE
 
 READ_SIZE = 256 * 1024
 TARGET_FRAMES_PER_S = 250_000
@@ -50,8 +62,8 @@ def reads(frames: list[bytes], size: int = READ_SIZE) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
 
 
-def time_decode(chunks: list[bytes], expected: int) -> float:
-    decoder = FrameDecoder()
+def time_decode(chunks: list[bytes], expected: int, compiled: bool = False) -> float:
+    decoder = FrameDecoder(compiled=compiled)
     count = 0
     bad = 0
     start = time.perf_counter()
@@ -64,6 +76,26 @@ def time_decode(chunks: list[bytes], expected: int) -> float:
     elapsed = time.perf_counter() - start
     if count != expected or bad:
         raise SystemExit(f"decoded {count} frames ({bad} invalid), expected {expected} valid")
+    return elapsed
+
+
+def time_scan(chunks: list[bytes], expected: int) -> float:
+    """The floor: the compiled scanner alone, whole frames of each read."""
+    scan = COMPILED_SCAN
+    assert scan is not None
+    limit = max_frame_size(DEFAULT_MAX_MESSAGE_SIZE) - 4
+    count = bad = 0
+    rest = b""
+    start = time.perf_counter()
+    for chunk in chunks:
+        data = rest + chunk if rest else chunk
+        found = scan(data, 0, limit)
+        count += len(found)
+        bad += sum(1 for f in found if not f[1])
+        rest = data[found[-1][0] :] if found else data
+    elapsed = time.perf_counter() - start
+    if count != expected or bad:
+        raise SystemExit(f"scanned {count} frames ({bad} left), expected {expected} valid")
     return elapsed
 
 
@@ -95,29 +127,39 @@ def main() -> int:
         f"{args.rounds} rounds, median (best)"
     )
 
-    small = make_frames(args.frames, 100)
-    chunks = reads(small)
-    med, best = rounds(lambda: time_decode(chunks, len(small)), args.rounds)
-    cmed, _ = rounds(lambda: time_crc(small), args.rounds)
-    rate, rate_best, ceiling = len(small) / med, len(small) / best, len(small) / cmed
+    if COMPILED_SCAN is None:
+        raise SystemExit("the compiled frame path is not built (./dev setup)")
     print(
-        f"(a) SEND, 100 B payload ({len(small[0])} B frames): "
-        f"{rate:,.0f} frames/s ({rate_best:,.0f}); crc32c alone {ceiling:,.0f} frames/s; "
-        f"ratio {rate / ceiling:.3f}; target {TARGET_FRAMES_PER_S:,} "
-        f"{'met' if rate >= TARGET_FRAMES_PER_S else 'NOT met'}"
+        "| workload | Python decoder | compiled (the proxy's) | floor: scan alone | crc32c alone |"
     )
-
-    large = make_frames(args.large_frames, 64 * 1024)
-    chunks = reads(large)
-    total = sum(map(len, large))
-    med, best = rounds(lambda: time_decode(chunks, len(large)), args.rounds)
-    cmed, _ = rounds(lambda: time_crc(large), args.rounds)
-    rate, rate_best, ceiling = total / med, total / best, total / cmed
+    print("|---|---|---|---|---|")
+    for name, count, size, unit in (
+        ("(a) SEND, 100 B payload", args.frames, 100, "frames"),
+        ("(b) SEND, 64 KiB payload", args.large_frames, 64 * 1024, "bytes"),
+        ("(c) SEND, 1 KiB payload", args.frames // 4, 1024, "us"),
+    ):
+        frames = make_frames(count, size)
+        chunks = reads(frames)
+        total = sum(map(len, frames))
+        cells = []
+        ways: list[Callable[[], float]] = [
+            functools.partial(time_decode, chunks, count),
+            functools.partial(time_decode, chunks, count, compiled=True),
+            functools.partial(time_scan, chunks, count),
+            functools.partial(time_crc, frames),
+        ]
+        for fn in ways:
+            med, best = rounds(fn, args.rounds)
+            if unit == "frames":
+                cells.append(f"{count / med:,.0f} frames/s ({count / best:,.0f})")
+            elif unit == "bytes":
+                cells.append(f"{total / med / 1e6:,.0f} MB/s ({total / best / 1e6:,.0f})")
+            else:
+                cells.append(f"{med / count * 1e6:.2f} µs/frame ({best / count * 1e6:.2f})")
+        print(f"| {name} ({len(frames[0])} B frames) | " + " | ".join(cells) + " |")
     print(
-        f"(b) SEND, 64 KiB payload: {rate / 1e6:,.0f} MB/s ({rate_best / 1e6:,.0f}); "
-        f"crc32c alone {ceiling / 1e6:,.0f} MB/s; ratio {rate / ceiling:.3f}; "
-        f"target {TARGET_BYTES_PER_S / 1e6:,.0f} MB/s "
-        f"{'met' if rate >= TARGET_BYTES_PER_S else 'NOT met'}"
+        f"targets: (a) {TARGET_FRAMES_PER_S:,} frames/s, (b) {TARGET_BYTES_PER_S / 1e6:,.0f} MB/s,"
+        " for the compiled column"
     )
     return 0
 
