@@ -188,7 +188,18 @@ class FrameDecoder:
         head = self._head
         self._pos = pos + size
         # A full-length slice of bytes is the object itself: no copy.
-        return decode_frame(head[pos : pos + size])
+        raw = head[pos : pos + size]
+        return decode_frame(raw) if self._scan is None else self._scan_one(raw)
+
+    def _scan_one(self, raw: bytes) -> Frame:
+        """One whole frame through the compiled scanner (a frame that
+        straddled reads), else through the reference."""
+        scan = self._scan
+        assert scan is not None
+        for _, kind, moff, poff, checksum, a, b, c, props in scan(raw, 0, self._max_total):
+            if kind:
+                return ScannedFrame(raw, kind, moff, poff, checksum, (a, b, c), props)
+        return decode_frame(raw)
 
     def frames(self) -> Iterator[Frame]:
         """Every frame that is complete now, one at a time.
