@@ -45,7 +45,13 @@ def test_the_directory_stays_under_its_cap_through_ten_times_the_traffic(
             producer = c.create_producer(topic, batching_enabled=False)
             for _ in range(10 * cap // len(payload)):  # SEND frames alone: 10x the cap
                 producer.send(payload)
-        samples = scrape(proxy, admin)
+            # The writer may still hold some of it (a loaded machine): until written.
+            deadline = time.monotonic() + 30
+            samples = scrape(proxy, admin)
+            while value(samples, "sluice_recorder_removed_bytes_total") < 8 * MiB:
+                assert time.monotonic() < deadline, "the recording was not written"
+                time.sleep(0.1)
+                samples = scrape(proxy, admin)
         assert proxy.terminate() == 0
     finally:
         proxy.kill()
