@@ -195,6 +195,32 @@ def readers_read(rec: Path, frames: int, withheld: int) -> None:
 # --- the recorder alone, on the decoder's frames ---------------------------------------------
 
 
+def test_fields_unknown_to_sluice_are_left_out_of_handshake_frames() -> None:
+    """A CONNECT or AUTH_RESPONSE that parses may still hold a credential
+    where this Sluice's schema has no field (a newer client's field, or a
+    token sent with the wire type of another field): those go too."""
+    connect = pb.CommandConnect()  # field 99 holds the token
+    connect.ParseFromString(
+        pb.CommandConnect(client_version="newer", protocol_version=21).SerializeToString()
+        + b"\x9a\x06"
+        + bytes([len(TOKEN)])
+        + TOKEN
+    )
+    data = pb.AuthData()  # auth_data (2) as a fixed32, not bytes: an unknown field
+    data.ParseFromString(pb.AuthData(auth_method_name="token").SerializeToString() + b"\x15"
+                         + TOKEN[:4])  # fmt: skip
+    response = pb.CommandAuthResponse(response=data)
+    cmds = [command(T("CONNECT"), connect), command(T("AUTH_RESPONSE"), response)]
+    for cmd in cmds:
+        frame = decode_frame(encode(cmd))
+        assert frame.error is None and frame.command is not None, frame
+        assert TOKEN[:4] in frame.raw
+        for policy in PayloadPolicy:
+            record = FrameRecorder(policy).record(1, 0, 1, 1, frame)
+            assert TOKEN[:4] not in record["raw"] and record["redacted"]
+            assert decode_frame(record["raw"]).type == frame.type
+
+
 def test_a_frame_too_large_for_the_default_limit_is_still_redacted() -> None:
     """A broker may allow messages over 5 MiB: a SEND that size with a
     credential-like property is recorded redacted (re-encoding it used to

@@ -5,8 +5,9 @@ CONNECT ``auth_data`` and ``original_auth_data``; ``original_auth_data`` on
 lookups and partition-metadata requests; the data inside AUTH_CHALLENGE and
 AUTH_RESPONSE; and the value of any property (command metadata, message
 properties) whose key looks like a credential (token, password, secret,
-auth, key, credential). A frame that needed redacting is re-encoded, so its
-recorded bytes differ from the wire; the record says so.
+auth, key, credential); and, in CONNECT and AUTH_* commands, fields this
+Sluice does not know, which are left out. A frame that needed redacting is
+re-encoded, so its recorded bytes differ from the wire; the record says so.
 
 Credentials are found by parsing, so bytes that did not parse cannot be
 vouched for: ``withheld`` says which frames must be recorded without any of
@@ -36,6 +37,10 @@ _SENSITIVE_KEY = re.compile(r"token|passw|secret|auth|credential|key|cookie|sess
 _CONNECT = Type.Value("CONNECT")
 _AUTH_TYPES = frozenset({Type.Value("AUTH_CHALLENGE"), Type.Value("AUTH_RESPONSE")})
 _ORIGINAL_AUTH = frozenset({Type.Value("LOOKUP"), Type.Value("PARTITIONED_METADATA"), _CONNECT})
+# The handshake's commands, which carry the credentials: fields this Sluice
+# does not know (a newer client's, or bytes of the wrong wire type where a
+# token belongs) are left out of what is recorded or logged.
+_HANDSHAKE = frozenset({_CONNECT, *_AUTH_TYPES})
 # Commands carrying KeyValue lists that clients fill with arbitrary properties.
 _PROPERTY_FIELDS: dict[int, str] = {
     Type.Value("PRODUCER"): "metadata",
@@ -60,6 +65,8 @@ def sensitive(frame: Frame) -> bool:
             return False
         if t == _CONNECT and (body.HasField("auth_data") or body.HasField("original_auth_data")):
             return True
+        if t in _HANDSHAKE and frame.command is not None and _has_unknown(frame.command):
+            return True
         if t in _ORIGINAL_AUTH and body.HasField("original_auth_data"):
             return True
         if t in _AUTH_TYPES:
@@ -82,6 +89,14 @@ def _has_sensitive(properties: Any) -> bool:
     return any(_SENSITIVE_KEY.search(kv.key) for kv in properties)
 
 
+def _has_unknown(cmd: pb.BaseCommand) -> bool:
+    """Whether ``cmd`` holds fields its schema does not know (at any depth)."""
+    known = pb.BaseCommand()
+    known.CopyFrom(cmd)
+    known.DiscardUnknownFields()
+    return known.ByteSize() != cmd.ByteSize()
+
+
 def _scrub(properties: Any) -> None:
     for kv in properties:
         if _SENSITIVE_KEY.search(kv.key):
@@ -94,6 +109,8 @@ def redacted_command(frame: Frame) -> pb.BaseCommand:
     cmd = pb.BaseCommand()
     cmd.CopyFrom(frame.command)
     t = frame.type
+    if t in _HANDSHAKE:
+        cmd.DiscardUnknownFields()
     body: Any = getattr(cmd, BODY_FIELD[t])
     if t == _CONNECT and body.HasField("auth_data"):
         body.auth_data = MARKER_BYTES
