@@ -13,7 +13,8 @@ import pytest
 
 from sluice.protocols.core import Action, Close, Peer, Send
 from sluice.protocols.pulsar import Frame, command, decode_frame, decode_stream, encode, pb
-from sluice.protocols.pulsar.errors import Problem
+from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
+from sluice.protocols.pulsar.payload import compress, decompress
 from sluice.recording.format import FrameRecorder, PayloadPolicy
 from tests.fuzz import fuzz_pulsar_proxy as proxy
 from tests.fuzz.common import HERE
@@ -24,7 +25,7 @@ FOUND = sorted(CRASHES.glob("*/*"))
 
 
 def test_the_inputs_fuzzing_found_are_kept() -> None:
-    assert len(FOUND) >= 9, FOUND
+    assert len(FOUND) >= 10, FOUND
 
 
 @pytest.mark.parametrize("path", FOUND, ids=[f"{p.parent.name}/{p.name}" for p in FOUND])
@@ -94,6 +95,18 @@ def test_a_payload_that_expands_past_its_promised_size_is_stopped_there() -> Non
     size, problem, grown_mib = done.stdout.split()
     assert int(size) < 64 * 1024 and problem == "parse"
     assert int(grown_mib) < 64, f"decompressing grew the process by {grown_mib} MiB"
+
+
+def test_an_lz4_block_is_read_back_whole() -> None:
+    # Five literals, a run of one byte, six literals: a valid block (the one
+    # pulsar_payload found), which cramjam's decompress_block_into read back
+    # as 111 wrong bytes of 115.
+    body = b"\x00\x00\x00/\x00" + b"\xff" * 104 + b"\x00\xf4\x00\x00\x00 "
+    packed = compress(pb.LZ4, body)
+    assert decompress(pb.LZ4, packed, len(body)) == body
+    for wrong in (len(body) - 1, len(body) + 1):
+        with pytest.raises(RemoteProtocolError):
+            decompress(pb.LZ4, packed, wrong)
 
 
 # --- the proxy core (connection.py, urls.py) -----------------------------------------------

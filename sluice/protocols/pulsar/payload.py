@@ -29,10 +29,9 @@ MAX_UNCOMPRESSED_SIZE = 256 * 1024 * 1024
 CODEC_NAMES: dict[int, str] = {
     value: pb.CompressionType.Name(value) for value in pb.CompressionType.values()
 }
-# Decompress into a buffer; the bytes written. Raw LZ4 blocks and raw Snappy
-# are what Pulsar producers write.
+# Decompress into a buffer; the bytes written. Raw Snappy is what Pulsar
+# producers write (LZ4: raw blocks, see _lz4).
 _DECOMPRESS_INTO: dict[int, Callable[[bytes | memoryview, mmap.mmap], int]] = {
-    pb.LZ4: cramjam.lz4.decompress_block_into,
     pb.ZLIB: cramjam.zlib.decompress_into,
     pb.ZSTD: cramjam.zstd.decompress_into,
     pb.SNAPPY: cramjam.snappy.decompress_raw_into,
@@ -65,29 +64,50 @@ def decompress(codec: int, data: bytes | memoryview, uncompressed_size: int) -> 
         raise RemoteProtocolError(
             Problem.TOO_LARGE, f"{name} payload claims {uncompressed_size} uncompressed bytes"
         )
-    # Into a buffer one byte larger than promised, never more: overlong
-    # content shows as an error, and a payload that expands to gigabytes (a
-    # few kilobytes of ZSTD can) is stopped there instead of unpacked whole.
-    # The buffer is anonymous memory: pages the content does not reach are
-    # never touched, so a size claimed and not delivered costs nothing.
-    # (cramjam pads its output to any size hint it is given, so sizes are
-    # never passed as hints: the real length is compared below instead.)
-    with mmap.mmap(-1, uncompressed_size + 1) as buffer:
-        try:
-            written = _DECOMPRESS_INTO[codec](data, buffer)
-        except cramjam.DecompressionError as exc:
-            raise RemoteProtocolError(
-                Problem.PARSE,
-                f"{name} payload does not decompress to the {uncompressed_size} bytes "
-                f"its metadata says: {exc}",
-            ) from exc
-        result = buffer[:written]
+    # Never more than one byte past the promise: overlong content shows as
+    # an error, and a payload that expands to gigabytes (a few kilobytes of
+    # ZSTD can) is stopped there instead of unpacked whole. The buffer is
+    # anonymous memory: pages the content does not reach are never touched,
+    # so a size claimed and not delivered costs nothing. (cramjam pads its
+    # output to any size hint it is given, so sizes are never passed as
+    # hints: the real length is compared below instead.)
+    try:
+        if codec == pb.LZ4:
+            result = _lz4(data, uncompressed_size)
+        else:
+            with mmap.mmap(-1, uncompressed_size + 1) as buffer:
+                result = buffer[: _DECOMPRESS_INTO[codec](data, buffer)]
+    except cramjam.DecompressionError as exc:
+        raise RemoteProtocolError(
+            Problem.PARSE,
+            f"{name} payload does not decompress to the {uncompressed_size} bytes "
+            f"its metadata says: {exc}",
+        ) from exc
     if len(result) != uncompressed_size:
         raise RemoteProtocolError(
             Problem.FRAMING,
             f"{name} payload has {len(result)} bytes, metadata says {uncompressed_size}",
         )
     return result
+
+
+def _lz4(data: bytes | memoryview, size: int) -> bytes:
+    """A raw LZ4 block of exactly ``size`` bytes (it stores no length).
+
+    cramjam's ``decompress_block_into`` miscounts some valid blocks (2.14:
+    115 bytes read back as 111), so ``decompress_block`` is used: it refuses
+    content longer than the length it is given, and pads shorter content
+    with zeros, so one byte less must be refused too."""
+    if size:
+        try:
+            cramjam.lz4.decompress_block(data, output_len=size - 1)
+        except cramjam.DecompressionError:
+            pass  # longer than that (or no block at all: said next)
+        else:
+            raise RemoteProtocolError(
+                Problem.FRAMING, f"LZ4 payload has fewer bytes than the {size} its metadata says"
+            )
+    return bytes(cramjam.lz4.decompress_block(data, output_len=size))
 
 
 def payload_bytes(frame: Frame) -> bytes:
