@@ -10,6 +10,7 @@ the real client at full rate.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from sluice.protocols.core import Conn
 from sluice.protocols.pulsar import Frame, Type, command, decode_frame, encode_payload, pb
 from sluice.recording.format import SUFFIX, PayloadPolicy, read_records, recording_files
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotError
-from tests.support import QUIET, start_proxy, wait_ready
+from tests.support import QUIET, SLUICE, start_proxy, wait_ready
 from tests.test_dashboards import scrape, value
 from tests.test_workers import holds_a_client, worker_pids
 
@@ -193,19 +194,26 @@ async def test_the_directory_never_holds_more_than_its_cap(tmp_path: Path, name:
         assert next(iter(read_records(path)))["k"] == "header"
 
 
-def test_the_ring_must_fit_each_workers_share_of_the_cap(tmp_path: Path) -> None:
-    """Each worker writes its own snapshot: a ring that fits the cap once
-    but not once per worker is refused at start, in one line."""
-    import subprocess
-
-    from tests.support import SLUICE
-
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        (["--record-ring", "4M", "--record-retain-bytes", "8M", "--workers", "2"],
+         "shared by 2 workers"),
+        (["--record-retain-bytes", "200K"], "--record-retain-bytes 204800 is too small for 1"),
+        (["--record-retain-bytes", "1M", "--workers", "8"], "give at least 2097152"),
+    ],
+)  # fmt: skip
+def test_what_the_bound_cannot_serve_is_refused_at_start(
+    tmp_path: Path, options: list[str], why: str
+) -> None:
+    """A ring that fits the cap once but not once per worker (each worker
+    writes its own snapshot), or a cap too small for a file's header and a
+    few frames per worker: refused in one line."""
     args = ["proxy", "--broker", "pulsar://127.0.0.1:1", "--no-check-broker", "--record",
-            str(tmp_path / "r"), "--record-ring", "4M", "--record-retain-bytes", "8M"]  # fmt: skip
-    refused = subprocess.run([*SLUICE, *args, "--workers", "2"], capture_output=True, text=True,
-                             timeout=60)  # fmt: skip
+            str(tmp_path / "r"), *options]  # fmt: skip
+    refused = subprocess.run([*SLUICE, *args], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2, refused.stderr
-    assert "shared by 2 workers" in refused.stderr and "Traceback" not in refused.stderr
+    assert why in refused.stderr and "Traceback" not in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
 
 

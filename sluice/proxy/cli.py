@@ -31,6 +31,7 @@ from sluice.proxy.pulsar import connect_broker
 from sluice.proxy.server import Proxy, serve_until_signalled
 from sluice.proxy.workers import available_cpus, serve_workers
 from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
+from sluice.recording.retention import MIN_QUANTUM
 from sluice.recording.triggers import Trigger, TriggerError, load_triggers
 from sluice.recording.writer import RING_BYTES_WITH_SECONDS, RecorderConfig, ignore_file_size_signal
 
@@ -528,6 +529,13 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
     # Each worker has its own ring and writes its own snapshot: each gets an
     # equal share of the directory's bound.
     workers = max(1, parse_workers(args.workers))
+    if retain is not None and retain < MIN_QUANTUM * 4 * workers:
+        raise ConfigError(
+            f"--record-retain-bytes {retain} is too small for {workers} worker(s): each "
+            f"writes up to a quarter of its share ({retain // (4 * workers)} bytes) between "
+            f"two retention passes and needs {MIN_QUANTUM}; give at least "
+            f"{MIN_QUANTUM * 4 * workers}"
+        )
     if ring_bytes is not None and retain is not None and ring_bytes > retain * 3 // (4 * workers):
         shared = f" shared by {workers} workers, each with its ring," if workers > 1 else ""
         raise ConfigError(

@@ -32,6 +32,11 @@ from sluice.recording.format import SUFFIX
 log = logging.getLogger("sluice.recorder")
 
 
+# The least a writer may write between two passes: a file's header and
+# some frames. A smaller --record-retain-bytes is refused at start.
+MIN_QUANTUM = 64 * 1024
+
+
 @dataclass(frozen=True)
 class Retention:
     max_bytes: int | None = None
