@@ -11,3 +11,17 @@ def scan(
 def pack_frames(prefix: bytes, frames: list[Any], payloads: int) -> list[bytes | None]:
     """The recorder's frame records (payloads: 0 full, 1 hash, 2 size); None
     for each frame left to the Python recorder."""
+
+def tally(
+    start: int, found: list[tuple[int, int, int, int, int, int, int, int, int]]
+) -> tuple[bool, list[tuple[int, int, int]]]:
+    """(every frame taken by the scanner, [(type, frames, bytes), ...])."""
+
+def pack_scanned(
+    prefix: bytes,
+    data: bytes,
+    start: int,
+    found: list[tuple[int, int, int, int, int, int, int, int, int]],
+    payloads: int,
+) -> list[bytes | None]:
+    """``pack_frames`` over a ``scan`` result's frames in ``data``."""

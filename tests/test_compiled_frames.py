@@ -7,6 +7,7 @@ same errors; the scanner may only take a frame the reference calls valid.
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from msgpack import unpackb
 
+from sluice.protocols.core import Conn, OnInvalid, Taps
 from sluice.protocols.pulsar import Frame, Type, command, encode, encode_payload, pb
+from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
 from sluice.protocols.pulsar.decoder import (
     COMPILED_PACK,
     COMPILED_SCAN,
@@ -24,6 +27,8 @@ from sluice.protocols.pulsar.decoder import (
 )
 from sluice.protocols.pulsar.errors import RemoteProtocolError
 from sluice.protocols.pulsar.frame import HOT_TYPES, ScannedFrame
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.metrics import Metrics
 from sluice.recording.format import FrameRecorder, PayloadPolicy
 from tests.strategies import commands, frame_bytes, payload_frames
 
@@ -267,3 +272,160 @@ def test_the_compiled_packer_agrees_on_any_valid_frames(
     recorder = FrameRecorder(policy)
     prefix = recorder_prefix(1, 0, 5, 6)
     assert recorder.packed(1, 0, 5, 6, decoded) == recorder._laid_out(1, 0, 5, 6, prefix, decoded)
+
+
+# --- the batch path: a read the scanner took whole, accounted at once ------------------
+
+BROKER_URL = "pulsar://127.0.0.1:6650"
+TOPIC_A = "persistent://public/default/a"
+TOPIC_B = "persistent://public/default/b"
+
+
+class Watcher:
+    """A tap that keeps what it was shown, frame by frame, and a Metrics tap
+    and a recorder's records beside it."""
+
+    def __init__(self) -> None:
+        self.shown: list[tuple[bool, bytes, int | None]] = []
+        self.events: list[Any] = []
+        self.metrics = Metrics()
+        self.recorders = {p: FrameRecorder(p) for p in PayloadPolicy}
+        self.records: dict[PayloadPolicy, list[bytes]] = {p: [] for p in PayloadPolicy}
+
+    def frames_tap(self) -> Taps:
+        return Taps([self, self.metrics])
+
+    def frames(self, conn: Conn, from_client: bool, frames: Any) -> None:
+        for policy, recorder in self.recorders.items():
+            self.records[policy] += recorder.packed(conn.id, int(not from_client), 1, 2, frames)
+        for frame in frames:
+            self.shown.append((from_client, frame.raw, frame.type))
+
+    def event(self, conn: Conn | None, event: Any) -> None:
+        self.events.append(event)
+
+
+def proxied(taps: Taps) -> PulsarConnection:
+    conn = Conn(1, "127.0.0.1:50000", "127.0.0.1:6650", "pulsar")
+    settings = PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5)
+    core = PulsarConnection(conn, settings, Routing(parse_broker_url(BROKER_URL)), taps)
+    hello = pb.CommandConnect(client_version="t", protocol_version=20,
+                              proxy_to_broker_url="127.0.0.1:6650")  # fmt: skip
+    core.receive_client(encode(command(T("CONNECT"), hello)), 0.0)
+    connected = pb.CommandConnected(server_version="t", protocol_version=20)
+    core.receive_broker(encode(command(T("CONNECTED"), connected)), 0.0)
+    asks = b"".join(
+        encode(command(T("PRODUCER"), pb.CommandProducer(topic=t, producer_id=i, request_id=i)))
+        for i, t in ((1, TOPIC_A), (2, TOPIC_B))
+    ) + encode(command(T("SUBSCRIBE"), pb.CommandSubscribe(
+        topic=TOPIC_A, subscription="s", consumer_id=5, request_id=3,
+        subType=pb.CommandSubscribe.Shared)))  # fmt: skip
+    core.receive_client(asks, 0.0)
+    answers = b"".join(
+        encode(command(T("PRODUCER_SUCCESS"),
+                       pb.CommandProducerSuccess(request_id=i, producer_name=f"p{i}")))
+        for i in (1, 2)
+    ) + encode(command(T("SUCCESS"), pb.CommandSuccess(request_id=3)))  # fmt: skip
+    core.receive_broker(answers, 0.0)
+    assert core.established and len(core.correlator.producers) == 2
+    return core
+
+
+def traffic(seed: int) -> list[tuple[bool, bytes]]:
+    """Reads both ways: SENDs of known and unknown producers (some with
+    properties), their receipts (some for SENDs never seen), MESSAGEs, FLOW
+    and ACKs (one asking for a receipt), a PING and a corrupt SEND among them."""
+    rng = random.Random(seed)
+    client: list[bytes] = []
+    broker: list[bytes] = []
+    for seq in range(60):
+        producer = rng.choice([1, 1, 2, 9])
+        meta = pb.MessageMetadata(producer_name=f"p{producer}", sequence_id=seq, publish_time=seq)
+        if rng.random() < 0.2:
+            meta.properties.add(key=rng.choice(["k", "auth-token"]), value="v")
+        body = pb.CommandSend(producer_id=producer, sequence_id=seq,
+                              num_messages=rng.choice([1, 3]))  # fmt: skip
+        client.append(
+            encode_payload(command(T("SEND"), body), meta, rng.randbytes(rng.randint(0, 300)))
+        )
+        if rng.random() < 0.9:
+            receipt = pb.CommandSendReceipt(
+                producer_id=producer, sequence_id=seq + rng.choice([0, 0, 0, 100])
+            )
+            broker.append(encode(command(T("SEND_RECEIPT"), receipt)))
+        mid = pb.MessageIdData(ledgerId=1, entryId=seq)
+        message = pb.CommandMessage(consumer_id=rng.choice([5, 5, 6]), message_id=mid)
+        meta.num_messages_in_batch = rng.choice([1, 4])
+        broker.append(
+            encode_payload(command(T("MESSAGE"), message), meta, b"m" * rng.randint(0, 50))
+        )
+        if seq % 17 == 0:
+            client.append(
+                encode(command(T("FLOW"), pb.CommandFlow(consumer_id=5, messagePermits=100)))
+            )
+            ack = pb.CommandAck(consumer_id=5, ack_type=pb.CommandAck.Individual,
+                                message_id=[mid], request_id=50 + seq)  # fmt: skip
+            client.append(encode(command(T("ACK"), ack)))
+    client.insert(rng.randrange(len(client)), encode(command(T("PING"))))
+    bad = bytearray(client[rng.randrange(len(client))])
+    bad[-1] ^= 0xFF
+    client.insert(rng.randrange(len(client)), bytes(bad))
+    sides: list[list[tuple[bool, bytes]]] = []
+    for from_client, frames in ((True, client), (False, broker)):
+        data = b"".join(frames)
+        cuts = sorted(rng.sample(range(1, len(data)), 12))
+        sides.append(
+            [(from_client, data[a:b]) for a, b in itertools.pairwise([0, *cuts, len(data)])]
+        )
+    # Each side in its order, the two interleaved at random.
+    reads: list[tuple[bool, bytes]] = []
+    while any(sides):
+        side = rng.choice([s for s in sides if s])
+        reads.append(side.pop(0))
+    return reads
+
+
+def run_core(
+    reads: list[tuple[bool, bytes]], batches: bool, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    with monkeypatch.context() as patch:
+        if not batches:
+            patch.setattr(FrameDecoder, "take_batch", lambda self: None)
+        watcher = Watcher()
+        core = proxied(watcher.frames_tap())
+        taken = 0
+        sent: list[Any] = []
+        for from_client, data in reads:
+            if batches:
+                decoder = core._client if from_client else core._broker
+                before = decoder.take_batch
+                seen: list[Any] = []
+
+                def counting(before: Any = before, seen: list[Any] = seen) -> Any:
+                    batch = before()
+                    seen.append(batch)
+                    return batch
+
+                decoder.take_batch = counting  # type: ignore[method-assign]
+            receive = core.receive_client if from_client else core.receive_broker
+            sent += [(type(a).__name__, getattr(a, "data", None)) for a in receive(data, 1.5)]
+            if batches:
+                taken += sum(b is not None for b in seen)
+        sends = core.correlator.sends
+        state = (sorted((k, p.topic, p.repeats) for k, p in sends.items()), core.in_flight_sends)
+        traffic_ = watcher.metrics.traffic
+        metrics = [list(counts) for counts in (*traffic_.frames, *traffic_.bytes)]
+        events = [repr(e) for e in watcher.events]
+        return (sent, watcher.shown, events, metrics, state, watcher.records), taken
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_read_taken_as_a_batch_is_relayed_counted_and_recorded_as_frame_by_frame(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = traffic(seed)
+    by_batch, taken = run_core(reads, True, monkeypatch)
+    by_frame, _ = run_core(reads, False, monkeypatch)
+    assert taken > 3  # the batch path ran
+    for a, b in zip(by_batch, by_frame, strict=True):
+        assert a == b

@@ -605,12 +605,7 @@ mod python {
         frames: &Bound<'py, PyList>,
         payloads: u8,
     ) -> PyResult<Bound<'py, PyList>> {
-        let payloads = match payloads {
-            0 => super::record::Payloads::Full,
-            1 => super::record::Payloads::Hash,
-            2 => super::record::Payloads::Size,
-            _ => return Err(PyValueError::new_err("payloads is 0, 1 or 2")),
-        };
+        let payloads = payload_policy(payloads)?;
         let out = PyList::empty(py);
         for frame in frames.iter() {
             let properties: i64 = frame.getattr(intern!(py, "properties"))?.extract()?;
@@ -627,8 +622,82 @@ mod python {
         Ok(out)
     }
 
+    /// (command type, frames, bytes)
+    type Tally = (u32, u64, u64);
+
+    /// tally(start, found) -> (plain, [(kind, frames, bytes), ...]): whether
+    /// every frame of a ``scan`` result is one the scanner took, and the
+    /// frames and bytes of each command type, for counting a read at once.
+    #[pyfunction]
+    fn tally(start: usize, found: &Bound<'_, PyList>) -> PyResult<(bool, Vec<Tally>)> {
+        let mut plain = true;
+        let mut counts: Vec<Tally> = Vec::new();
+        let mut from = start;
+        for item in found.iter() {
+            let stop: usize = item.get_item(0)?.extract()?;
+            let kind: u32 = item.get_item(1)?.extract()?;
+            plain &= kind != 0;
+            let size = stop.saturating_sub(from) as u64;
+            from = stop;
+            match counts.iter_mut().find(|c| c.0 == kind) {
+                Some(c) => {
+                    c.1 += 1;
+                    c.2 += size;
+                }
+                None => counts.push((kind, 1, size)),
+            }
+        }
+        Ok((plain, counts))
+    }
+
+    /// pack_scanned(prefix, data, start, found, payloads) -> records as
+    /// ``pack_frames`` makes them, for the frames of a ``scan`` result over
+    /// ``data`` from ``start``, with None for each frame left to Python (one
+    /// the scanner did not take, or whose metadata holds properties).
+    #[pyfunction]
+    fn pack_scanned<'py>(
+        py: Python<'py>,
+        prefix: &[u8],
+        data: &[u8],
+        start: usize,
+        found: &Bound<'py, PyList>,
+        payloads: u8,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let payloads = payload_policy(payloads)?;
+        let out = PyList::empty(py);
+        let mut from = start;
+        for item in found.iter() {
+            let stop: usize = item.get_item(0)?.extract()?;
+            let kind: u32 = item.get_item(1)?.extract()?;
+            let payload_offset: i64 = item.get_item(3)?.extract()?;
+            let properties: u32 = item.get_item(8)?.extract()?;
+            let frame = data
+                .get(from..stop)
+                .ok_or_else(|| PyValueError::new_err("a frame outside data"))?;
+            from = stop;
+            if kind == 0 || properties != 0 {
+                out.append(py.None())?;
+                continue;
+            }
+            let record = super::record::frame_record(prefix, frame, payload_offset, payloads);
+            out.append(PyBytes::new(py, &record))?;
+        }
+        Ok(out)
+    }
+
+    fn payload_policy(code: u8) -> PyResult<super::record::Payloads> {
+        match code {
+            0 => Ok(super::record::Payloads::Full),
+            1 => Ok(super::record::Payloads::Hash),
+            2 => Ok(super::record::Payloads::Size),
+            _ => Err(PyValueError::new_err("payloads is 0, 1 or 2")),
+        }
+    }
+
     #[pymodule]
     fn _frames(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_function(wrap_pyfunction!(tally, m)?)?;
+        m.add_function(wrap_pyfunction!(pack_scanned, m)?)?;
         m.add_function(wrap_pyfunction!(scan, m)?)?;
         m.add_function(wrap_pyfunction!(pack_frames, m)?)?;
         m.add_function(wrap_pyfunction!(crate::summary::python::summary, m)?)?;

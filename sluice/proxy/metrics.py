@@ -372,6 +372,15 @@ class Metrics:
     def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
         counts = self.traffic.frames[from_client]
         sizes = self.traffic.bytes[from_client]
+        if type(frames) is not list:
+            # A batch the compiled scanner counted: (type, frames, bytes) each.
+            tallied: list[tuple[int, int, int]] | None = getattr(frames, "counts", None)
+            if tallied is not None:
+                for t, n, size in tallied:
+                    slot = t if t < TYPE_SLOTS else 0
+                    counts[slot] += n
+                    sizes[slot] += size
+                return
         for frame in frames:
             t = frame.type
             slot = t if t < TYPE_SLOTS else 0

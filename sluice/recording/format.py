@@ -24,7 +24,7 @@ import msgpack
 
 from sluice.protocols.pulsar import Frame, decode_frame, pb
 from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
-from sluice.protocols.pulsar.decoder import COMPILED_PACK
+from sluice.protocols.pulsar.decoder import COMPILED_PACK, ScannedBatch
 from sluice.protocols.pulsar.frame import BODY_FIELD, COMMAND_NAMES, command_name
 from sluice.protocols.pulsar.redact import redacted, sensitive, withheld
 
@@ -164,6 +164,15 @@ class FrameRecorder:
         compiled = self._compiled
         if compiled is None:
             return self._laid_out(conn, direction, mono_ns, wall_ns, prefix, frames)
+        if type(frames) is ScannedBatch:  # laid out from the read's bytes
+            done = frames.packed(prefix, self._code)
+            left = [i for i, record in enumerate(done) if record is None]
+            if left:
+                rest = self._laid_out(conn, direction, mono_ns, wall_ns, prefix,
+                                      [frames.frame(i) for i in left])  # fmt: skip
+                for i, record in zip(left, rest, strict=True):
+                    done[i] = record
+            return done  # type: ignore[return-value]  # no None is left
         done = compiled(prefix, frames if type(frames) is list else list(frames), self._code)
         left = [i for i, record in enumerate(done) if record is None]
         if left:

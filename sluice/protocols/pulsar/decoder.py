@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterator
-from typing import Final
+from collections.abc import Callable, Iterator, Sequence
+from typing import Final, NamedTuple, overload
 
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError, Message
@@ -43,27 +43,38 @@ from sluice.protocols.pulsar.frame import (
     missing_fields,
 )
 
-Scan = Callable[[bytes, int, int], list[tuple[int, int, int, int, int, int, int, int, int]]]
+Found = list[tuple[int, int, int, int, int, int, int, int, int]]
+Scan = Callable[[bytes, int, int], Found]
 Pack = Callable[[bytes, list[Frame], int], list[bytes | None]]
+Tally = Callable[[int, Found], tuple[bool, list[tuple[int, int, int]]]]
+PackScanned = Callable[[bytes, bytes, int, Found, int], list[bytes | None]]
 
 
-def _compiled() -> tuple[Scan, Pack] | None:
+class _Compiled(NamedTuple):
+    scan: Scan
+    pack: Pack
+    tally: Tally
+    pack_scanned: PackScanned
+
+
+def _compiled() -> _Compiled | None:
     """The compiled frame path (``sluice._frames``, built from rust/ into the
     wheel), unless ``SLUICE_FRAMES=python`` asks for the Python code alone.
     None in a source tree nobody built."""
     if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
         return None
     try:
-        from sluice._frames import pack_frames, scan
+        from sluice._frames import pack_frames, pack_scanned, scan, tally
     except ImportError:
         return None
-    return scan, pack_frames
+    return _Compiled(scan, pack_frames, tally, pack_scanned)
 
 
-_COMPILED = _compiled()
-COMPILED_PACK: Final[Pack | None] = _COMPILED[1] if _COMPILED is not None else None
+COMPILED: Final = _compiled()
+"""The compiled frame path's functions, or None."""
+COMPILED_PACK: Final[Pack | None] = COMPILED.pack if COMPILED is not None else None
 """The compiled frame-record packer the recorder uses, or None."""
-COMPILED_SCAN: Final[Scan | None] = _COMPILED[0] if _COMPILED is not None else None
+COMPILED_SCAN: Final[Scan | None] = COMPILED.scan if COMPILED is not None else None
 """The compiled frame scanner FrameDecoder uses by default, or None."""
 
 _U32 = struct.Struct(">I")
@@ -235,6 +246,29 @@ class FrameDecoder:
             head = self._head
             pos = self._pos
             end = len(head)
+
+    def take_batch(self) -> ScannedBatch | None:
+        """Every complete frame of the contiguous bytes received as one
+        ``ScannedBatch``, when the compiled scanner took every one of them;
+        otherwise None, and nothing is taken (``frames()`` then goes frame
+        by frame). A frame over the size limit or cut short stays, for
+        ``frames()`` to say so."""
+        if COMPILED is None or self._scan is None:
+            return None
+        if self._tail:  # a frame straddles reads: its start and the new bytes, joined
+            self._join()
+        head = self._head
+        pos = self._pos
+        if len(head) - pos < 8:
+            return None
+        found = COMPILED.scan(head, pos, self._max_total)
+        if not found:
+            return None
+        plain, counts = COMPILED.tally(pos, found)
+        if not plain:
+            return None
+        self._pos = found[-1][0]
+        return ScannedBatch(head, pos, found, counts)
 
     def _scanned(self) -> Iterator[Frame]:
         """``frames()`` with the compiled scanner: one call finds every
@@ -535,3 +569,63 @@ def decode_stream(
     frames = list(decoder.frames())
     decoder.next_event()  # raises on trailing partial frame
     return frames
+
+
+class ScannedBatch(Sequence[Frame]):
+    """The frames of one read, every one taken by the compiled scanner,
+    shown to the taps at once. A tap that can count or record them in bulk
+    reads ``counts`` or calls ``packed``; any other sees ``Frame`` objects,
+    made when first asked for."""
+
+    __slots__ = ("_frames", "counts", "data", "found", "start")
+
+    def __init__(
+        self, data: bytes, start: int, found: Found, counts: list[tuple[int, int, int]]
+    ) -> None:
+        self.data = data
+        self.start = start
+        # One (stop, type, metadata_offset, payload_offset, checksum, a, b, c,
+        # properties) per frame, as the scanner gives them.
+        self.found = found
+        # (command type, frames, bytes) for each type in the batch.
+        self.counts = counts
+        self._frames: list[Frame] | None = None
+
+    @property
+    def stop(self) -> int:
+        """Where the last frame ends in ``data``."""
+        return self.found[-1][0]
+
+    def frame(self, index: int) -> ScannedFrame:
+        """The ``index``th frame, made afresh."""
+        found = self.found
+        begin = self.start if index == 0 else found[index - 1][0]
+        stop, kind, moff, poff, checksum, a, b, c, props = found[index]
+        return ScannedFrame(self.data[begin:stop], kind, moff, poff, checksum, (a, b, c), props)
+
+    def packed(self, prefix: bytes, payloads: int) -> list[bytes | None]:
+        """The recorder's records (``pack_frames``), None for each frame the
+        compiled packer leaves to the Python recorder."""
+        assert COMPILED is not None
+        return COMPILED.pack_scanned(prefix, self.data, self.start, self.found, payloads)
+
+    def _all(self) -> list[Frame]:
+        frames = self._frames
+        if frames is None:
+            frames = self._frames = [self.frame(i) for i in range(len(self.found))]
+        return frames
+
+    def __len__(self) -> int:
+        return len(self.found)
+
+    @overload
+    def __getitem__(self, index: int) -> Frame: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Frame]: ...
+
+    def __getitem__(self, index: int | slice) -> Frame | Sequence[Frame]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[Frame]:
+        return iter(self._all())
