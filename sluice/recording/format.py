@@ -13,19 +13,26 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import importlib
 import io
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Final
 
 import msgpack
 
 from sluice.protocols.pulsar import Frame, decode_frame, pb
 from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
-from sluice.protocols.pulsar.decoder import COMPILED_PACK, ScannedBatch
-from sluice.protocols.pulsar.frame import BODY_FIELD, COMMAND_NAMES, command_name
+from sluice.protocols.pulsar.decoder import COMPILED_PACK, COMPILED_SCAN, ScannedBatch
+from sluice.protocols.pulsar.frame import (
+    BODY_FIELD,
+    COMMAND_NAMES,
+    SEND,
+    SEND_RECEIPT,
+    command_name,
+)
 from sluice.protocols.pulsar.redact import redacted, sensitive, withheld
 
 MAGIC = "sluice-recording"
@@ -265,6 +272,33 @@ class FrameRecorder:
         return record
 
 
+# The metadata's num_messages_in_batch, num_chunks_from_msg, chunk_id, uuid
+# and total_chunk_msg_size.
+Counted = tuple[int, int, int, str, int]
+# What the compiled summary reader gives for a recorded hot frame (see
+# rust/src/summary.rs): (type, a, b, message_id, counted or None without
+# metadata); None: summarize it in Python.
+HotSummary = tuple[int, int, int, list[int] | None, Counted | None]
+Summary = Callable[[bytes], HotSummary | None]
+
+
+def _compiled_summary() -> Summary | None:
+    """``summary`` of the compiled frame path, where the frame scanner is in
+    use (built, and not turned off by ``SLUICE_FRAMES=python``)."""
+    if COMPILED_SCAN is None:
+        return None
+    try:
+        module = importlib.import_module("sluice._frames")
+    except ImportError:
+        return None
+    found: Summary | None = getattr(module, "summary", None)  # None: an older build
+    return found
+
+
+COMPILED_SUMMARY: Final = _compiled_summary()
+"""The compiled summary reader FrameSummaries uses by default, or None."""
+
+
 class FrameSummaries:
     """Fills in the summary ``s`` of Pulsar ``frame`` records as they are read.
 
@@ -273,9 +307,21 @@ class FrameSummaries:
     request) are given their topic. A segment re-states its open
     connections with the producers and consumers they had: a reader that
     starts at a later segment learns those topics from there.
+
+    SEND, SEND_RECEIPT, MESSAGE, FLOW and ACK frames (nearly all) are read
+    by compiled code where it is built (``COMPILED_SUMMARY``): one call
+    gives the numbers their summary is made of, instead of parsing the
+    command and metadata into protobuf objects. It leaves anything unusual
+    to the Python path (``decode_frame`` and ``summarize``), the reference;
+    tests/test_compiled_summaries.py checks that both give the same records.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, compiled: bool | None = None) -> None:
+        """``compiled``: the compiled summary reader (True: it must be
+        there), Python alone (False), or the compiled one when built (None)."""
+        if compiled and COMPILED_SUMMARY is None:
+            raise RuntimeError("the compiled summary reader (sluice._frames) is not built")
+        self._compiled = COMPILED_SUMMARY if compiled is not False else None
         self._correlators: dict[int, Correlator] = {}
 
     def opened(self, record: Record) -> None:
@@ -298,15 +344,25 @@ class FrameSummaries:
         correlator = self._correlators.get(conn)
         if correlator is None:
             correlator = self._correlators[conn] = Correlator()
-        frame = decode_frame(_whole_prefix(record["raw"]))
+        raw = record["raw"]
+        compiled = self._compiled
+        hot = compiled(raw) if compiled is not None else None
+        from_client = record["d"] == CLIENT_TO_BROKER
         # Summarize against the state before this frame (a CLOSE_PRODUCER
         # still has its topic), then let answers borrow their request's topic.
-        summary = summarize(frame, correlator)
-        from_client = record["d"] == CLIENT_TO_BROKER
-        if frame.type in (CLIENT_TYPES if from_client else SERVER_TYPES):  # the rest: no-ops
-            done = correlator.observe(frame, from_client, record["t"] / 1e9)
-            if done is not None and done.topic and "topic" not in summary:
-                summary["topic"] = done.topic
+        topic: str | None = None
+        if hot is None:
+            frame = decode_frame(_whole_prefix(raw))
+            summary = summarize(frame, correlator)
+            if frame.type in (CLIENT_TYPES if from_client else SERVER_TYPES):  # the rest: no-ops
+                done = correlator.observe(frame, from_client, record["t"] / 1e9)
+                topic = done.topic if done is not None else None
+        else:
+            summary = _hot_summary(hot, correlator)
+            if hot[0] in (CLIENT_TYPES if from_client else SERVER_TYPES):
+                topic = _observe_hot(hot, correlator, record["t"] / 1e9)
+        if topic and "topic" not in summary:
+            summary["topic"] = topic
         if "invalid" in record:
             summary["invalid"] = record.pop("invalid")
             summary["why"] = record.pop("why", "")
@@ -320,6 +376,37 @@ class FrameSummaries:
                 else {"size": payload[0]}
             )
         record["s"] = summary
+
+
+def _hot_summary(hot: HotSummary, correlator: Correlator) -> dict[str, Any]:
+    """What ``summarize`` makes of a hot frame, from the numbers the
+    compiled reader read."""
+    kind, a, b, mid, counted = hot
+    if kind in (SEND, SEND_RECEIPT):
+        out: dict[str, Any] = {"cmd": COMMAND_NAMES[kind], "pid": a, "seq": b}
+    else:  # MESSAGE, FLOW, ACK (without a request_id: a request stays in Python)
+        out = {"cmd": COMMAND_NAMES[kind], "cid": a}
+    _resolve_topic(out, None, correlator)
+    if mid is not None:
+        out["mid"] = mid
+    if counted is not None:
+        _count_messages(out, *counted)
+    return out
+
+
+def _observe_hot(hot: HotSummary, correlator: Correlator, now: float) -> str | None:
+    """What ``Correlator.observe`` does with a hot frame it is given (a
+    client's SEND or ACK, a broker's SEND_RECEIPT), from its ids as the
+    relay does: the topic of the request it answers, if any."""
+    kind, a, b = hot[0], hot[1], hot[2]
+    if kind == SEND:
+        correlator.sending(a, b, now)
+    elif kind == SEND_RECEIPT:
+        sent = correlator.sent(a, b)
+        return sent.topic if sent is not None else None
+    # An ACK without a request_id (with one it is not the compiled reader's):
+    # nothing to keep.
+    return None
 
 
 def _whole_prefix(raw: bytes) -> bytes:
@@ -379,13 +466,7 @@ def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, A
             if body.HasField(field_name):
                 out[short] = getattr(body, field_name)
         topic = body.topic if shape.topic and body.HasField("topic") else None
-        if topic is None and correlator is not None:
-            if "pid" in out:
-                topic = correlator.producers.get(out["pid"])
-            elif "cid" in out:
-                topic = correlator.consumers.get(out["cid"])
-        if topic:
-            out["topic"] = topic
+        _resolve_topic(out, topic, correlator)
         if shape.message_id and body.HasField("message_id"):
             mid = body.message_id
             out["mid"] = [mid.ledgerId, mid.entryId, mid.partition, mid.batch_index]
@@ -395,15 +476,32 @@ def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, A
             out["error"] = known if known is not None else pb.ServerError.Name(error)
     meta = frame.metadata
     if meta is not None:
-        out["msgs"] = meta.num_messages_in_batch
-        if meta.num_chunks_from_msg > 1:
-            # One logical message in several frames: counted once, on its
-            # last chunk, so that message counts match what the client sent.
-            last = meta.chunk_id == meta.num_chunks_from_msg - 1
-            out["chunk"] = [meta.uuid, meta.chunk_id, meta.num_chunks_from_msg,
-                            meta.total_chunk_msg_size]  # fmt: skip
-            out["msgs"] = 1 if last else 0
+        _count_messages(out, meta.num_messages_in_batch, meta.num_chunks_from_msg,
+                        meta.chunk_id, meta.uuid, meta.total_chunk_msg_size)  # fmt: skip
     return out
+
+
+def _resolve_topic(out: dict[str, Any], topic: str | None, correlator: Correlator | None) -> None:
+    """The summary's topic: the frame's own, else its producer's or consumer's."""
+    if topic is None and correlator is not None:
+        if "pid" in out:
+            topic = correlator.producers.get(out["pid"])
+        elif "cid" in out:
+            topic = correlator.consumers.get(out["cid"])
+    if topic:
+        out["topic"] = topic
+
+
+def _count_messages(
+    out: dict[str, Any], in_batch: int, chunks: int, chunk_id: int, uuid: str, total: int
+) -> None:
+    """The summary's ``msgs`` (and ``chunk``) from the message metadata."""
+    out["msgs"] = in_batch
+    if chunks > 1:
+        # One logical message in several frames: counted once, on its
+        # last chunk, so that message counts match what the client sent.
+        out["chunk"] = [uuid, chunk_id, chunks, total]
+        out["msgs"] = 1 if chunk_id == chunks - 1 else 0
 
 
 def pack(record: Record) -> bytes:
