@@ -15,6 +15,7 @@ from sluice.protocols.core import Action, Close, Peer, Send
 from sluice.protocols.pulsar import Frame, command, decode_frame, decode_stream, encode, pb
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.payload import compress, decompress
+from sluice.protocols.pulsar.redact import loggable
 from sluice.recording.format import FrameRecorder, PayloadPolicy
 from tests.fuzz import fuzz_pulsar_proxy as proxy
 from tests.fuzz.common import HERE
@@ -25,7 +26,7 @@ FOUND = sorted(CRASHES.glob("*/*"))
 
 
 def test_the_inputs_fuzzing_found_are_kept() -> None:
-    assert len(FOUND) >= 10, FOUND
+    assert len(FOUND) >= 11, FOUND
 
 
 @pytest.mark.parametrize("path", FOUND, ids=[f"{p.parent.name}/{p.name}" for p in FOUND])
@@ -71,6 +72,20 @@ def test_a_connect_that_does_not_name_its_type_is_invalid_and_never_recorded() -
     assert "no type" in frame.error.message
     record = FrameRecorder(PayloadPolicy.FULL).record(1, 0, 1, 1, frame)
     assert b"TOKEN-SECRET" not in record["raw"] and record["s"]["withheld"]
+
+
+def test_a_connect_without_its_client_version_is_recorded_not_raised() -> None:
+    # redact.sensitive() (since 37dffe3) sizes the command to find fields the
+    # schema does not know; protobuf refuses to size a message that lacks a
+    # required field, so any CONNECT without client_version raised
+    # EncodeError in the recorder and in log lines (found by pulsar_codec).
+    connect = pb.CommandConnect(protocol_version=20, auth_method_name="none")
+    command_ = pb.BaseCommand(type=T.CONNECT, connect=connect)
+    frame = decode_frame(framed(command_.SerializePartialToString()))
+    assert frame.error is not None and "client_version" in frame.error.message
+    record = FrameRecorder(PayloadPolicy.FULL).record(1, 0, 1, 1, frame)
+    assert record["n"] == len(frame.raw)
+    loggable(frame)
 
 
 def test_a_payload_that_expands_past_its_promised_size_is_stopped_there() -> None:
