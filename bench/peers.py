@@ -1,13 +1,14 @@
 """Sluice beside the Apache Pulsar Proxy: one broker, the same clients, one run.
 
     python bench/peers.py [--rounds 3] [--scale 1.0] [--paths direct,apache-proxy,...]
-                          [--png bench/peers.png] [--markdown FILE]
+                          [--starts 3] [--png bench/peers.png] [--markdown FILE]
 
 One Apache Pulsar standalone (the release sluice/brokers/apache-pulsar/pom.xml
 pins) and, in front of it, every path at once:
 
   direct          the clients dial the broker
-  apache-proxy    the Apache Pulsar Proxy of the same release (our proxy.conf)
+  apache-proxy    the Apache Pulsar Proxy of the same release (our proxy.conf:
+                  zero-copy mode on, Netty aligned to the release's own)
   sluice          `sluice proxy` with validation and metrics, no recording
   sluice-record   the same with --record (payloads hashed), as in production
   sluice-workers  the same as `sluice` with --workers 2
@@ -15,28 +16,53 @@ pins) and, in front of it, every path at once:
 Workloads, each on a fresh topic, every path in turn, the order of the paths
 rotated from round to round:
 
-  perf 1K max     pulsar-perf produce, 1 KiB, batching off, no rate limit
-  perf 1K @rate   pulsar-perf produce, 1 KiB, batching off, at a fixed rate,
-                  with pulsar-perf consume reading along (end-to-end latency)
-  perf 100B batch pulsar-perf produce, 100 B, batching on, no rate limit
-  perf consume    pulsar-perf consume of the "perf 1K max" topic from the start
-  py 1K / py 100B the official Python client (bench/e2e.py's workloads)
+  perf 1K max       pulsar-perf produce, 1 KiB, batching off, no rate limit
+  perf consume      pulsar-perf consume of the "perf 1K max" topic from the start
+  perf 100B batch   pulsar-perf produce, 100 B, batching on, no rate limit
+  perf 1K @R/s      pulsar-perf produce, 1 KiB, batching off, at R = 100, 1000
+                    and 10,000 msg/s, with pulsar-perf consume reading along
+                    (end-to-end latency); 10 s at 100 msg/s, 5 s at the others
+  py 1K / py 100B   the official Python client (bench/e2e.py's workloads)
   py consume
+  idle              no client: the proxy's own CPU with nothing to relay
 
-Figures per path and workload, the median over rounds: msg/s, publish
-latency p50/p99/p99.9 (pulsar-perf's own histograms), end-to-end latency
-(the reading consumer's histogram), the proxy's CPU per message (user +
-system from /proc over the proxy's process tree: the JVM's threads, Sluice's
-workers), its peak RSS, and its time from start to the first answered
-CONNECT. Every Sluice row is also given as a ratio to the Apache Pulsar Proxy
-row. The broker, the proxy and the clients share the machine's cores.
+Every figure is taken over the send window, not the client's life. For
+pulsar-perf (a JVM that starts, connects, sends, waits and exits) a sampler
+reads, every 0.2 s, the broker's counter for the topic (msgInCounter, or
+msgOutCounter when consuming, from the admin API's topic stats) together
+with the proxy's CPU clock; the window runs from the first sample that saw
+messages to the last sample before the counter stopped, so pulsar-perf's
+start-up and tail fall outside it. msg/s is the messages counted in that
+window over its length; proxy CPU per message is the proxy's CPU in the same
+window over the same messages. For the Python client (in this process) the
+window is marked exactly: from the first send (or, consuming, the
+subscription) to the last receipt (the last message). Proxy CPU is the
+kernel's per-process CPU clock (nanoseconds, every thread, summed over the
+proxy's process tree: the JVM, Sluice's workers). The idle row measures each
+proxy with no client over the same length as the timed pulsar-perf runs; its
+rate, divided by a row's msg/s, is given beside each row ("idle µs/msg"), so
+what the traffic costs is the difference.
+
+Publish latency (p50/p99/p99.9) is pulsar-perf's histogram, end-to-end the
+reading consumer's. Peak RSS is sampled over the whole workload. The Apache
+Pulsar Proxy's transport is read from its memory maps (Netty's native epoll
+library loaded or not), and whether it relays with splice(2) from an strace
+count of its syscalls while 2,000 1 KiB messages cross it, after the timed
+rounds. Start time (process start to the first answered CONNECT) is the
+median of --starts starts of each proxy. Every Sluice row is also given as a
+ratio to the Apache Pulsar Proxy row. The broker, the proxy and the clients
+share the machine's cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,12 +73,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Beside this file (run as a script, its folder is first on sys.path).
-from e2e import consume as py_consume
-from e2e import produce as py_produce
 from fleet import cpu_seconds as tree_cpu_seconds
 from fleet import process_tree, rss_bytes
 
@@ -61,12 +86,15 @@ from sluice.brokers.apache_pulsar import (
     ApachePulsarProxy,
     Runtime,
     answered_connect,
+    jvm_flags,
 )
 from sluice.embedded import BrokerError
-from tests.support import ProxyProcess, start_proxy
+from tests.support import ProxyProcess, client, start_proxy
 
 PATHS = ["direct", "apache-proxy", "sluice", "sluice-record", "sluice-workers"]
-SAMPLE = 0.1  # seconds between RSS samples
+RATES = [100, 1000, 10_000]  # msg/s of the fixed-rate workloads
+SAMPLE = 0.2  # seconds between samples of the broker's counters and the proxy's CPU
+PROBE = 2000  # 1 KiB messages sent through the Apache Pulsar Proxy under strace
 
 
 def log(text: str) -> None:
@@ -99,12 +127,13 @@ def start_path(name: str, broker: ApachePulsar, tmp: Path) -> Path_:
     if name == "direct":
         return Path_(name, broker.url, None, None, lambda: None)
     if name == "apache-proxy":
-        peer = ApachePulsarProxy(broker, log_path=tmp / "apache-proxy.log", say=log).start()
+        log_path = tmp / f"apache-proxy-{time.monotonic_ns()}.log"
+        peer = ApachePulsarProxy(broker, log_path=log_path, say=log).start()
         return Path_(name, peer.url, peer.pid, peer.start_seconds, peer.close)
     if name == "sluice":
         return start_sluice(broker, tmp, name)
     if name == "sluice-record":
-        record = tmp / "rec"
+        record = tmp / f"rec-{time.monotonic_ns()}"
         return start_sluice(broker, tmp, name, "--record", str(record),
                             "--record-payloads", "hash")  # fmt: skip
     if name == "sluice-workers":
@@ -118,55 +147,173 @@ def start_path(name: str, broker: ApachePulsar, tmp: Path) -> Path_:
 Percentiles = tuple[float, float, float]  # p50, p99, p99.9 in ms
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid``, every thread, live or ended: the
+    kernel's per-process CPU clock (nanoseconds; /proc's ticks are 10 ms,
+    too coarse for the CPU of a few hundred messages)."""
+    try:
+        return time.clock_gettime((~pid << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+    except OSError:
+        return tree_cpu_seconds([pid])
+
+
 @dataclass
-class Figures:
-    rate: float = 0.0  # msg/s
-    publish: Percentiles | None = None  # p50, p99, p99.9 in ms
-    e2e: Percentiles | None = None
-    cpu_us: float | None = None  # proxy CPU per message
-    peak_rss: int = 0
+class Sample:
+    at: float  # time.monotonic()
+    count: int  # the broker's counter for the topic
+    cpu: float  # the proxy's CPU seconds so far
+
+
+@dataclass
+class Span:
+    """What a send window held."""
+
+    seconds: float
+    messages: int
+    cpu: float  # the proxy's CPU seconds in it
 
 
 class Meter:
-    """The proxy tree's CPU over a step and its peak RSS while the step runs."""
+    """The proxy tree's CPU at chosen moments (``mark``) or, given a counter,
+    sampled with it every SAMPLE seconds; its peak RSS throughout."""
 
-    def __init__(self, pid: int | None) -> None:
+    def __init__(self, pid: int | None, counter: Callable[[], int] | None = None) -> None:
         self.pid = pid
-        self.cpu = 0.0
+        self.counter = counter
+        self.samples: list[Sample] = []
+        self.marks: list[Sample] = []
         self.peak = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _pids(self) -> list[int]:
         return [] if self.pid is None else process_tree(self.pid)
 
-    def _sample(self) -> None:
-        while not self._stop.wait(SAMPLE):
+    def cpu(self) -> float:
+        return sum(process_cpu(pid) for pid in self._pids())
+
+    def sample(self) -> Sample:
+        """The counter and the CPU, both at the middle of the counter's read."""
+        before, cpu_before = time.monotonic(), self.cpu()
+        count = self.counter() if self.counter else 0
+        after, cpu_after = time.monotonic(), self.cpu()
+        return Sample((before + after) / 2, count, (cpu_before + cpu_after) / 2)
+
+    def mark(self) -> None:
+        self.marks.append(Sample(time.monotonic(), 0, self.cpu()))
+
+    def _run(self) -> None:
+        while True:
+            if self.counter is not None:
+                self.samples.append(self.sample())
             self.peak = max(self.peak, rss_bytes(self._pids()))
+            if self._stop.wait(SAMPLE):
+                return
 
     def __enter__(self) -> Meter:
-        self.cpu = -tree_cpu_seconds(self._pids())
-        if self.pid is not None:
-            self._thread.start()
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.cpu += tree_cpu_seconds(self._pids())
+        self._thread.join()
+        if self.counter is not None:
+            self.samples.append(self.sample())
         self.peak = max(self.peak, rss_bytes(self._pids()))
 
+    def marked(self, messages: int) -> Span:
+        """The span between the first and the last ``mark``."""
+        first, last = self.marks[0], self.marks[-1]
+        return Span(last.at - first.at, messages, last.cpu - first.cpu)
 
-INTERVAL = re.compile(r"Throughput (?:produced|received): +\d+ msg --- +([\d.]+) +msg/s")
-THROUGHPUT = re.compile(r"Aggregated throughput stats --- (\d+) records (?:sent|received) --- "
-                        r"([\d.]+) msg/s")  # fmt: skip
+    def window(self) -> Span:
+        """The send window the counter saw: from the first sample with messages
+        counted to the last one before the count stopped, start-up and tail
+        left out; for a run too short for that (fewer than three samples
+        while the count moved), from the last sample before the first message
+        to the first sample after the last."""
+        if len(self.samples) < 2 or self.samples[-1].count == self.samples[0].count:
+            raise SystemExit(f"the broker counted no messages: {self.samples!r}")
+        low, high = self.samples[0].count, self.samples[-1].count
+        moving = [s for s in self.samples if low < s.count < high]
+        if len(moving) >= 3:
+            first, last = moving[0], moving[-1]
+        else:
+            first = [s for s in self.samples if s.count == low][-1]
+            last = next(s for s in self.samples if s.count == high)
+        return Span(last.at - first.at, last.count - first.count, last.cpu - first.cpu)
+
+
+def topic_stats(broker: ApachePulsar, name: str) -> dict[str, Any] | None:
+    """The admin API's stats of topic ``name``; None until it exists."""
+    path = "/admin/v2/" + name.replace("://", "/", 1) + "/stats"
+    status, text = broker.admin("GET", path, timeout=10)
+    if status == 404:
+        return None
+    if status != 200:
+        raise SystemExit(f"GET {path}: HTTP {status} {text[:300]}")
+    stats: dict[str, Any] = json.loads(text)
+    return stats
+
+
+def topic_counter(broker: ApachePulsar, name: str, key: str) -> Callable[[], int]:
+    """The broker's running count of messages into (msgInCounter) or out of
+    (msgOutCounter) topic ``name``, kept as each message is published or
+    dispatched; 0 until the topic exists."""
+
+    def count() -> int:
+        stats = topic_stats(broker, name)
+        return 0 if stats is None else int(stats[key])
+
+    return count
+
+
+def wait_subscribed(
+    broker: ApachePulsar, name: str, sub: str, reader: subprocess.Popen[str]
+) -> None:
+    """Until subscription ``sub`` of ``name`` has a consumer (a JVM takes
+    seconds to start on a busy machine; a reader that subscribed late would
+    miss the first messages and wait for them forever)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if reader.poll() is not None:
+            raise SystemExit(f"pulsar-perf consume exited:\n{reader.communicate()[0][-3000:]}")
+        stats = topic_stats(broker, name)
+        if stats and stats.get("subscriptions", {}).get(sub, {}).get("consumers"):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"pulsar-perf consume did not subscribe to {name} in 120 s")
+
+
+@dataclass
+class Figures:
+    rate: float = 0.0  # msg/s over the send window
+    publish: Percentiles | None = None  # p50, p99, p99.9 in ms
+    e2e: Percentiles | None = None
+    cpu_us: float | None = None  # proxy CPU per message over the send window
+    peak_rss: int = 0
+    window: float = 0.0  # seconds
+    idle_cpu: float | None = None  # CPU seconds per second, the idle row only
+
+
+def figures(span: Span, pid: int | None, meter: Meter) -> Figures:
+    return Figures(
+        rate=span.messages / span.seconds,
+        cpu_us=None if pid is None else span.cpu / span.messages * 1e6,
+        peak_rss=meter.peak,
+        window=span.seconds,
+    )
+
+
+COUNT = re.compile(r"Aggregated throughput stats --- (\d+) records (?:sent|received)")
 LATENCY = re.compile(r"Aggregated latency stats --- Latency: mean: +[\d.]+ ms - med: +([\d.]+) "
                      r"- 95pct: +[\d.]+ - 99pct: +([\d.]+) - 99.9pct: +([\d.]+)")  # fmt: skip
 
 
-def perf(runtime: Runtime, *args: str, timeout: float = 300) -> tuple[int, float, Percentiles]:
-    """Run pulsar-perf; (messages, msg/s, (p50, p99, p99.9) ms) from its summary."""
+def perf(runtime: Runtime, *args: str, timeout: float = 300) -> tuple[int, Percentiles]:
+    """Run pulsar-perf; (messages, (p50, p99, p99.9) ms) from its summary. Its
+    own msg/s is not used: 4.0.8 reports every 10 s whatever -i says, and its
+    overall figure divides by the time until it exits."""
     try:
         done = subprocess.run(runtime.perf(*args), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -175,15 +322,11 @@ def perf(runtime: Runtime, *args: str, timeout: float = 300) -> tuple[int, float
             f"pulsar-perf {' '.join(args[:1])} ran past {timeout:.0f} s: {tail!r}"
         ) from None
     out = done.stdout + done.stderr
-    rate, latency = THROUGHPUT.search(out), LATENCY.search(out)
-    if done.returncode != 0 or rate is None or latency is None:
+    count, latency = COUNT.search(out), LATENCY.search(out)
+    if done.returncode != 0 or count is None or latency is None:
         raise SystemExit(f"pulsar-perf {' '.join(args[:2])} failed:\n{out[-3000:]}")
     p50, p99, p999 = (float(g) for g in latency.groups())
-    # The steady rate: the median of its one-second reports, less the first
-    # and the last (start-up and the tail); the overall figure for short runs.
-    steady = [float(r) for r in INTERVAL.findall(out)][1:-1]
-    messages_per_second = statistics.median(steady) if len(steady) >= 3 else float(rate.group(2))
-    return int(rate.group(1)), messages_per_second, (p50, p99, p999)
+    return int(count.group(1)), (p50, p99, p999)
 
 
 Topics = dict[str, tuple[str, int]]  # a workload's name for a topic: (topic, messages)
@@ -194,47 +337,59 @@ def topic() -> str:
 
 
 @dataclass
+class Run:
+    """What a workload runs against."""
+
+    runtime: Runtime
+    broker: ApachePulsar
+    path: Path_
+    topics: Topics
+
+
+@dataclass
 class Workload:
     name: str
-    run: Callable[[Runtime, str, Topics], tuple[int, Figures]]
+    run: Callable[[Run], Figures]
 
 
 def wl_perf_max(
     size: int, seconds: int, batched: bool, keep: str | None = None
-) -> Callable[[Runtime, str, Topics], tuple[int, Figures]]:
-    def run(runtime: Runtime, url: str, topics: Topics) -> tuple[int, Figures]:
+) -> Callable[[Run], Figures]:
+    def run(r: Run) -> Figures:
         name = topic()
         # -r 0 sends nothing: a rate no path reaches is "no limit"; at most
         # 1000 messages wait for their receipts (pulsar-perf's own default
         # lets hundreds of thousands pile up, and latency is then queueing).
-        args = ["produce", "-u", url, "-s", str(size), "-r", "10000000", "-o", "1000",
-                "-time", str(seconds), "-i", "1"]  # fmt: skip
+        args = ["produce", "-u", r.path.url, "-s", str(size), "-r", "10000000", "-o", "1000",
+                "-time", str(seconds)]  # fmt: skip
         if not batched:
             args.append("-db")
-        sent, rate, latency = perf(runtime, *args, name)
+        with Meter(r.path.pid, topic_counter(r.broker, name, "msgInCounter")) as meter:
+            sent, latency = perf(r.runtime, *args, name)
         if keep:
-            topics[keep] = (name, sent)
-        return sent, Figures(rate=rate, publish=latency)
+            r.topics[keep] = (name, sent)
+        result = figures(meter.window(), r.path.pid, meter)
+        result.publish = latency
+        return result
 
     return run
 
 
-def wl_perf_rate(
-    size: int, rate: int, seconds: int
-) -> Callable[[Runtime, str, Topics], tuple[int, Figures]]:
-    def run(runtime: Runtime, url: str, topics: Topics) -> tuple[int, Figures]:
+def wl_perf_rate(size: int, rate: int, seconds: int) -> Callable[[Run], Figures]:
+    def run(r: Run) -> Figures:
         name = topic()
         count = rate * seconds
         reader = subprocess.Popen(
-            runtime.perf("consume", "-u", url, "-ss", "e2e", "-m", str(count), "-i", "1", name),
+            r.runtime.perf("consume", "-u", r.path.url, "-ss", "e2e", "-m", str(count), name),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
-            time.sleep(2)  # the reader subscribes before the first message
-            sent, got, latency = perf(
-                runtime, "produce", "-u", url, "-s", str(size), "-r", str(rate),
-                "-m", str(count), "-db", "-i", "1", name,
-            )  # fmt: skip
+            wait_subscribed(r.broker, name, "e2e", reader)
+            with Meter(r.path.pid, topic_counter(r.broker, name, "msgInCounter")) as meter:
+                _, latency = perf(
+                    r.runtime, "produce", "-u", r.path.url, "-s", str(size), "-r", str(rate),
+                    "-m", str(count), "-db", name,
+                )  # fmt: skip
             out, _ = reader.communicate(timeout=120)
         finally:
             if reader.poll() is None:
@@ -244,39 +399,113 @@ def wl_perf_rate(
         if e2e is None:
             raise SystemExit(f"pulsar-perf consume gave no latency:\n{out[-3000:]}")
         p50, p99, p999 = (float(g) for g in e2e.groups())
-        return sent, Figures(rate=got, publish=latency, e2e=(p50, p99, p999))
+        result = figures(meter.window(), r.path.pid, meter)
+        result.publish, result.e2e = latency, (p50, p99, p999)
+        return result
 
     return run
 
 
-def wl_perf_consume(source: str) -> Callable[[Runtime, str, Topics], tuple[int, Figures]]:
-    def run(runtime: Runtime, url: str, topics: Topics) -> tuple[int, Figures]:
-        name, count = topics[source]
-        got, rate, _ = perf(runtime, "consume", "-u", url, "-ss", "all", "-sp", "Earliest",
-                            "-m", str(count), "-i", "1", name)  # fmt: skip
-        return got, Figures(rate=rate)
+def wl_perf_consume(source: str) -> Callable[[Run], Figures]:
+    def run(r: Run) -> Figures:
+        name, count = r.topics[source]
+        with Meter(r.path.pid, topic_counter(r.broker, name, "msgOutCounter")) as meter:
+            perf(r.runtime, "consume", "-u", r.path.url, "-ss", "all", "-sp", "Earliest",
+                 "-m", str(count), name)  # fmt: skip
+        return figures(meter.window(), r.path.pid, meter)
 
     return run
+
+
+def py_produce(url: str, name: str, count: int, size: int, batched: bool, meter: Meter) -> None:
+    """bench/e2e.py's produce, marked from the first send to the last receipt."""
+    import pulsar
+
+    body = b"x" * size
+    with client(url) as c:
+        producer = c.create_producer(
+            name,
+            batching_enabled=batched,
+            batching_max_messages=1000,
+            batching_max_publish_delay_ms=5,
+            max_pending_messages=2000,
+            block_if_queue_full=True,
+        )
+        done = threading.Semaphore(0)
+        failed: list[Any] = []
+
+        def on_receipt(result: Any, _msg_id: Any) -> None:
+            if result != pulsar.Result.Ok:
+                failed.append(result)
+            done.release()
+
+        meter.mark()
+        for _ in range(count):
+            producer.send_async(body, on_receipt)
+        producer.flush()
+        for _ in range(count):
+            if not done.acquire(timeout=120):
+                raise SystemExit("timed out waiting for send receipts")
+        meter.mark()
+        if failed:
+            raise SystemExit(f"{len(failed)} sends failed: {failed[0]}")
+
+
+def py_consume(url: str, name: str, count: int, meter: Meter) -> None:
+    """bench/e2e.py's consume, marked from the subscription to the last message."""
+    import pulsar
+
+    with client(url) as c:
+        consumer = c.subscribe(
+            name,
+            f"bench-{uuid.uuid4().hex[:6]}",
+            initial_position=pulsar.InitialPosition.Earliest,
+            receiver_queue_size=2000,
+        )
+        meter.mark()
+        for _ in range(count):
+            consumer.acknowledge(consumer.receive(timeout_millis=60_000))
+        meter.mark()
 
 
 def wl_py_produce(
     size: int, count: int, batched: bool, keep: str | None = None
-) -> Callable[[Runtime, str, Topics], tuple[int, Figures]]:
-    def run(runtime: Runtime, url: str, topics: Topics) -> tuple[int, Figures]:
+) -> Callable[[Run], Figures]:
+    def run(r: Run) -> Figures:
         name = topic()
         if keep:
-            topics[keep] = (name, count)
-        return count, Figures(rate=py_produce(url, name, count, size, batched))
+            r.topics[keep] = (name, count)
+        with Meter(r.path.pid) as meter:
+            py_produce(r.path.url, name, count, size, batched, meter)
+        return figures(meter.marked(count), r.path.pid, meter)
 
     return run
 
 
-def wl_py_consume(source: str, count: int) -> Callable[[Runtime, str, Topics], tuple[int, Figures]]:
-    def run(runtime: Runtime, url: str, topics: Topics) -> tuple[int, Figures]:
-        name, _ = topics[source]
-        return count, Figures(rate=py_consume(url, name, count))
+def wl_py_consume(source: str, count: int) -> Callable[[Run], Figures]:
+    def run(r: Run) -> Figures:
+        name, _ = r.topics[source]
+        with Meter(r.path.pid) as meter:
+            py_consume(r.path.url, name, count, meter)
+        return figures(meter.marked(count), r.path.pid, meter)
 
     return run
+
+
+def wl_idle(seconds: float) -> Callable[[Run], Figures]:
+    def run(r: Run) -> Figures:
+        with Meter(r.path.pid) as meter:
+            meter.mark()
+            time.sleep(seconds)
+            meter.mark()
+        span = meter.marked(0)
+        idle = None if r.path.pid is None else span.cpu / span.seconds
+        return Figures(peak_rss=meter.peak, window=span.seconds, idle_cpu=idle)
+
+    return run
+
+
+IDLE = "idle"
 
 
 def workloads(scale: float) -> list[Workload]:
@@ -284,15 +513,105 @@ def workloads(scale: float) -> list[Workload]:
         return max(100, int(count * scale))
 
     seconds = max(4, int(5 * scale))
+    # At 100 msg/s, twice as long: a thousand messages at scale 1.
+    at_rate = [
+        Workload(
+            f"perf 1K @{rate:,}/s", wl_perf_rate(1024, rate, seconds * (2 if rate < 1000 else 1))
+        )
+        for rate in RATES
+    ]
     return [
+        # Consumed right after it is written: the broker deletes a topic
+        # with no producer and no subscription after 60 s (its default).
         Workload("perf 1K max", wl_perf_max(1024, seconds, False, keep="perf-1k")),
-        Workload("perf 1K @1000/s", wl_perf_rate(1024, 1000, seconds)),
-        Workload("perf 100B batch", wl_perf_max(100, seconds, True)),
         Workload("perf consume", wl_perf_consume("perf-1k")),
+        Workload("perf 100B batch", wl_perf_max(100, seconds, True)),
+        *at_rate,
         Workload("py 1K", wl_py_produce(1024, n(10_000), False, keep="py-1k")),
         Workload("py 100B batch", wl_py_produce(100, n(50_000), True)),
         Workload("py consume", wl_py_consume("py-1k", n(10_000))),
+        Workload(IDLE, wl_idle(seconds)),
     ]
+
+
+# --- the peer's transport ----------------------------------------------------------
+
+
+STRACE_ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
+RELAY_CALLS = "splice,read,readv,write,writev,sendto,recvfrom,sendmsg,recvmsg"
+
+
+def native_epoll(pid: int) -> bool:
+    """Whether Netty's native epoll transport is loaded in process ``pid``."""
+    try:
+        return "libnetty_transport_native_epoll" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def syscalls_while(pid: int, traffic: Callable[[], None], out: Path) -> dict[str, int] | None:
+    """Relaying syscalls process ``pid`` made, every thread, while ``traffic``
+    ran: strace -f -c attached for that time. None without strace."""
+    strace = shutil.which("strace")
+    if strace is None:
+        return None
+    tracer = subprocess.Popen(
+        [strace, "-f", "-c", "-e", f"trace={RELAY_CALLS}", "-o", str(out), "-p", str(pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(2)  # attached to every thread
+        if tracer.poll() is not None:
+            log(f"strace could not attach: {tracer.stderr.read() if tracer.stderr else ''}")
+            return None
+        traffic()
+    finally:
+        if tracer.poll() is None:
+            tracer.send_signal(signal.SIGINT)
+        try:
+            tracer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            tracer.kill()
+            tracer.wait()
+    calls: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in out.read_text().splitlines():
+            row = STRACE_ROW.match(line)
+            if row and row.group(2) != "total":
+                calls[row.group(2)] = int(row.group(1))
+    return calls
+
+
+def peer_transport(path: Path_, broker: ApachePulsar, tmp: Path) -> str:
+    """The Apache Pulsar Proxy's transport and whether it relays with splice."""
+    assert path.pid is not None
+    transport = (
+        "Netty native epoll (libnetty_transport_native_epoll mapped)"
+        if native_epoll(path.pid)
+        else "Java NIO (Netty's native epoll not loaded)"
+    )
+
+    def traffic() -> None:
+        with Meter(None) as meter:
+            py_produce(path.url, topic(), PROBE, 1024, False, meter)
+
+    traffic()  # classes loaded and code compiled: no jar reads in the count
+    calls = syscalls_while(path.pid, traffic, tmp / "apache-proxy.strace")
+    if calls is None:
+        return f"{transport}; splice not checked (no strace)"
+    spliced = calls.get("splice", 0)
+    others = ", ".join(f"{k} {v:,}" for k, v in sorted(calls.items()) if k != "splice")
+    copied = sum(v for k, v in calls.items() if k != "splice")
+    if spliced and spliced >= copied:
+        verdict = "relays with splice (most relaying syscalls are splice)"
+    elif spliced:
+        verdict = "splices, but most relaying syscalls copy (read/write family)"
+    else:
+        verdict = "does not relay with splice"
+    return (
+        f"{transport}; {verdict}: {spliced:,} splice calls while {PROBE:,} 1 KiB messages "
+        f"crossed it (strace -f -c; also {others or 'no other relaying calls'})"
+    )
 
 
 # --- the run ---------------------------------------------------------------------------
@@ -313,13 +632,18 @@ class Cell:
                     statistics.median(v[1] for v in present),
                     statistics.median(v[2] for v in present))  # fmt: skip
 
-        cpus = [r.cpu_us for r in self.runs if r.cpu_us is not None]
+        def med(values: list[float | None]) -> float | None:
+            present = [v for v in values if v is not None]
+            return statistics.median(present) if present else None
+
         return Figures(
             rate=statistics.median(r.rate for r in self.runs),
             publish=med3([r.publish for r in self.runs]),
             e2e=med3([r.e2e for r in self.runs]),
-            cpu_us=statistics.median(cpus) if cpus else None,
+            cpu_us=med([r.cpu_us for r in self.runs]),
             peak_rss=max(r.peak_rss for r in self.runs),
+            window=statistics.median(r.window for r in self.runs),
+            idle_cpu=med([r.idle_cpu for r in self.runs]),
         )
 
 
@@ -336,33 +660,69 @@ def running_paths(names: list[str], broker: ApachePulsar, tmp: Path) -> Iterator
             p.stop()
 
 
-def measure(args: argparse.Namespace) -> tuple[dict[tuple[str, str], Cell], dict[str, Path_], str]:
+@dataclass
+class Results:
+    cells: dict[tuple[str, str], Cell]
+    starts: dict[str, list[float]]  # proxy: seconds from start to first answered CONNECT
+    transport: str | None
+    version: str
+
+
+def start_times(
+    names: list[str], broker: ApachePulsar, tmp: Path, more: int
+) -> dict[str, list[float]]:
+    """``more`` further starts of each proxy, one at a time, each stopped after."""
+    times: dict[str, list[float]] = {}
+    for name in names:
+        if name == "direct":
+            continue
+        for _ in range(more):
+            path = start_path(name, broker, tmp)
+            try:
+                assert path.start_seconds is not None
+                times.setdefault(name, []).append(path.start_seconds)
+            finally:
+                path.stop()
+    return times
+
+
+def measure(args: argparse.Namespace) -> Results:
     names = args.paths
     loads = workloads(args.scale)
     cells: dict[tuple[str, str], Cell] = {}
+    starts: dict[str, list[float]] = {}
+    transport = None
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp_name:
         tmp = Path(tmp_name)
         with ApachePulsar(log_path=tmp / "broker.log", say=log) as broker:
             assert broker.runtime is not None
             runtime = broker.runtime
             with running_paths(names, broker, tmp) as paths:
+                for name, path in paths.items():
+                    if path.start_seconds is not None:
+                        starts[name] = [path.start_seconds]
                 for round_ in range(args.rounds):
                     order = names[round_ % len(names) :] + names[: round_ % len(names)]
                     log(f"round {round_ + 1}/{args.rounds}: {', '.join(order)}")
                     for name in order:
-                        path = paths[name]
-                        topics: Topics = {}
+                        run = Run(runtime, broker, paths[name], {})
                         for load in loads:
-                            with Meter(path.pid) as meter:
-                                count, figures = load.run(runtime, path.url, topics)
-                            if path.pid is not None:
-                                figures.cpu_us = meter.cpu / count * 1e6
-                                figures.peak_rss = meter.peak
-                            cells.setdefault((name, load.name), Cell()).runs.append(figures)
-                            log(f"  {name:15} {load.name:16} {figures.rate:9,.0f} msg/s")
-                starts = dict(paths)
+                            result = load.run(run)
+                            cells.setdefault((name, load.name), Cell()).runs.append(result)
+                            cpu = "" if result.cpu_us is None else f", {result.cpu_us:8.1f} µs/msg"
+                            if result.idle_cpu is not None:
+                                cpu = f", {result.idle_cpu * 1e3:.2f} ms CPU/s idle"
+                            log(f"  {name:15} {load.name:18} {result.rate:9,.0f} msg/s "
+                                f"over {result.window:5.2f} s{cpu}")  # fmt: skip
+                if "apache-proxy" in paths:
+                    transport = peer_transport(paths["apache-proxy"], broker, tmp)
+                    log(f"apache-proxy: {transport}")
+            if args.starts > 1:
+                log(f"{args.starts - 1} more starts of each proxy")
+                for name, seconds in start_times(names, broker, tmp, args.starts - 1).items():
+                    starts.setdefault(name, []).extend(seconds)
             version = runtime.version
-    return cells, starts, version
+    return Results(cells, starts, transport, version)
 
 
 # --- the report ------------------------------------------------------------------------
@@ -378,25 +738,44 @@ def ratio(mine: float | None, theirs: float | None) -> str:
     return f"{mine / theirs:.2f}"
 
 
+def idle_rates(cells: dict[tuple[str, str], Cell], names: list[str]) -> dict[str, float]:
+    """Each proxy's CPU seconds per second with no client (the idle row)."""
+    rates = {}
+    for name in names:
+        cell = cells.get((name, IDLE))
+        idle = cell.median().idle_cpu if cell else None
+        if idle is not None:
+            rates[name] = idle
+    return rates
+
+
 def table(cells: dict[tuple[str, str], Cell], names: list[str], loads: list[str]) -> str:
     head = ("| workload | path | msg/s | vs peer | publish p50 / p99 / p99.9 ms | vs peer p99 "
-            "| e2e p50 / p99 / p99.9 ms | proxy CPU µs/msg | vs peer | peak RSS MiB |")  # fmt: skip
-    lines = [head, "|" + "---|" * 10]
+            "| e2e p50 / p99 / p99.9 ms | vs peer p99 | proxy CPU µs/msg | vs peer "
+            "| idle µs/msg | peak RSS MiB |")  # fmt: skip
+    lines = [head, "|" + "---|" * 12]
+    idle = idle_rates(cells, names)
     for load in loads:
+        if load == IDLE:
+            continue
         peer = cells[("apache-proxy", load)].median() if ("apache-proxy", load) in cells else None
         for name in names:
             f = cells[(name, load)].median()
             versus = name.startswith("sluice") and peer is not None
             p99 = f.publish[1] if f.publish else None
             peer_p99 = peer.publish[1] if peer and peer.publish else None
+            e2e99 = f.e2e[1] if f.e2e else None
+            peer_e2e99 = peer.e2e[1] if peer and peer.e2e else None
             row = [
                 load, name, f"{f.rate:,.0f}",
                 ratio(f.rate, peer.rate) if versus and peer else "",
                 fmt_lat(f.publish),
                 ratio(p99, peer_p99) if versus else "",
                 fmt_lat(f.e2e),
+                ratio(e2e99, peer_e2e99) if versus else "",
                 "-" if f.cpu_us is None else f"{f.cpu_us:.1f}",
                 ratio(f.cpu_us, peer.cpu_us) if versus and peer else "",
+                f"{idle[name] / f.rate * 1e6:.1f}" if name in idle and f.rate else "-",
                 "-" if not f.peak_rss else f"{f.peak_rss / 2**20:.0f}",
             ]  # fmt: skip
             lines.append("| " + " | ".join(row) + " |")
@@ -404,25 +783,26 @@ def table(cells: dict[tuple[str, str], Cell], names: list[str], loads: list[str]
 
 
 def picture(cells: dict[tuple[str, str], Cell], names: list[str], out: Path) -> None:
-    """Publish and end-to-end latency percentiles per path, at the fixed rate."""
+    """Publish and end-to-end latency percentiles per path, at each fixed rate."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    load = next(load for (_, load) in cells if "@" in load)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
+    loads = list(dict.fromkeys(load for (_, load) in cells if "@" in load))
+    fig, axes = plt.subplots(len(loads), 2, figsize=(11, 3.6 * len(loads)), squeeze=False)
     labels = ["p50", "p99", "p99.9"]
     width = 0.8 / len(names)
-    for ax, what in zip(axes, ("publish", "e2e"), strict=True):
-        for i, name in enumerate(names):
-            values = getattr(cells[(name, load)].median(), what) or (0.0, 0.0, 0.0)
-            xs = [x + i * width for x in range(3)]
-            ax.bar(xs, values, width, label=name)
-        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(3)], labels)
-        ax.set_ylabel("ms")
-        ax.set_title(f"{what} latency, {load}")
-    axes[0].legend(fontsize=8)
+    for row, load in zip(axes, loads, strict=True):
+        for ax, what in zip(row, ("publish", "e2e"), strict=True):
+            for i, name in enumerate(names):
+                values = getattr(cells[(name, load)].median(), what) or (0.0, 0.0, 0.0)
+                xs = [x + i * width for x in range(3)]
+                ax.bar(xs, values, width, label=name)
+            ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(3)], labels)
+            ax.set_ylabel("ms")
+            ax.set_title(f"{what} latency, {load}")
+    axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -433,22 +813,28 @@ def main() -> int:
     parser.add_argument(
         "--rounds", type=int, default=3, help="rounds, path order rotated (default: 3)"
     )
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="multiply every message count (default: 1.0)")  # fmt: skip
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply message counts and run lengths"
+    )
     parser.add_argument("--paths", type=lambda s: s.split(","), default=PATHS,
                         help=f"comma-separated, from {','.join(PATHS)} (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--starts", type=int, default=3, help="timed starts of each proxy (default: 3)"
+    )
     parser.add_argument("--png", type=Path, default=Path(__file__).with_name("peers.png"),
                         help="latency picture (default: bench/peers.png)")  # fmt: skip
     parser.add_argument("--markdown", type=Path, help="also write the table here (default: no)")
     args = parser.parse_args()
     unknown = set(args.paths) - set(PATHS)
-    if unknown or args.rounds < 1 or args.scale <= 0:
+    if unknown or args.rounds < 1 or args.scale <= 0 or args.starts < 1:
         parser.error(
-            f"bad --paths {sorted(unknown)}" if unknown else "--rounds at least 1, --scale > 0"
+            f"bad --paths {sorted(unknown)}"
+            if unknown
+            else "--rounds and --starts at least 1, --scale > 0"
         )
     started = time.monotonic()
     try:
-        cells, paths, version = measure(args)
+        results = measure(args)
     except BrokerError as exc:
         print(f"peers: {exc}", file=sys.stderr)
         return 1
@@ -457,18 +843,32 @@ def main() -> int:
 
     import pulsar
 
+    cells = results.cells
+    idle = idle_rates(cells, args.paths)
+    idle_seconds = statistics.median(
+        cells[(n, IDLE)].median().window for n in args.paths if (n, IDLE) in cells
+    )
+    flags = " ".join(f for f in jvm_flags(512, 512) if f.startswith("-X"))
     lines = [
-        f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os_cores()} cores; Apache Pulsar "
-        f"{version} standalone; pulsar-perf {version}; pulsar-client {pulsar.__version__}; "
+        f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs "
+        f"({len(os.sched_getaffinity(0))} usable); Apache Pulsar {results.version} standalone; "
+        f"pulsar-perf {results.version}; pulsar-client {pulsar.__version__}; "
         f"{args.rounds} rounds, scale {args.scale}; medians",
         "",
         table(cells, args.paths, loads),
         "",
-        "Start to first answered CONNECT: "
+        f"Idle, no client, {idle_seconds:.0f} s each round: "
+        + ", ".join(f"{n} {v * 1e3:.2f} ms of CPU per s" for n, v in idle.items()),
+        "",
+        "Start to the first answered CONNECT, median (min-max) of "
+        + f"{args.starts} starts: "
         + ", ".join(
-            f"{n} {p.start_seconds:.2f} s" for n, p in paths.items() if p.start_seconds is not None
+            f"{n} {statistics.median(t):.2f} s ({min(t):.2f}-{max(t):.2f})"
+            for n, t in results.starts.items()
         ),
     ]
+    if results.transport:
+        lines += ["", f"Apache Pulsar Proxy (JVM {flags}): {results.transport}"]
     text = "\n".join(lines)
     print(text)
     if args.markdown:
@@ -478,12 +878,6 @@ def main() -> int:
         log(f"picture: {args.png}")
     log(f"done in {time.monotonic() - started:.0f} s")
     return 0
-
-
-def os_cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
 
 
 if __name__ == "__main__":
