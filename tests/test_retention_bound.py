@@ -169,7 +169,9 @@ async def drive(directory: Path, case: Case, seconds: float) -> tuple[list[Recor
 
 
 @pytest.mark.parametrize("name", CASES)
-async def test_the_directory_never_holds_more_than_its_cap(tmp_path: Path, name: str) -> None:
+async def test_the_directory_never_holds_more_than_its_cap(
+    tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
     case = CASES[name]
     directory = tmp_path / "rec"
     with SizeSampler(directory) as sampler:
@@ -190,6 +192,7 @@ async def test_the_directory_never_holds_more_than_its_cap(tmp_path: Path, name:
         assert snapshots >= 2
     if case.big_every:  # too large to fit: not recorded, and said so
         assert sum(r.dropped_total for r in recorders) > 0
+        assert "is larger than a writer may write between two passes" in caplog.text
     for path in recording_files(directory):  # what is left reads
         assert next(iter(read_records(path)))["k"] == "header"
 

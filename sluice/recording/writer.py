@@ -661,15 +661,16 @@ class Recorder:
                 self._allowance = quantum - size
                 return True
             self._room_at = now + 1.0  # try again in a while, not for every batch
-        if not self._no_room_logged:
+        if not self._no_room_logged:  # once: the gap records and the counter say the rest
             self._no_room_logged = True
-            log.warning(
-                "recording: %d bytes do not fit --record-retain-bytes now (each writer may "
-                "write %d bytes between two passes; the oldest files could not make room): "
-                "dropping frames until they fit",
-                size,
-                quantum,
+            why = (
+                f"a record of {size} bytes is larger than a writer may write between two "
+                f"passes ({quantum} bytes)"
+                if size > quantum
+                else "the oldest files could not make room (files being written)"
             )
+            log.warning("recording under --record-retain-bytes: %s; frames that do not fit are "
+                        "not recorded (counted, and a gap record says so)", why)  # fmt: skip
         return False
 
     def _snapshot_share(self) -> int | None:
