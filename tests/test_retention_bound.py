@@ -181,7 +181,7 @@ async def test_the_directory_never_holds_more_than_its_cap(
     removed = sum(r.removed_bytes_total for r in recorders)
     print(f"{name}: largest {sampler.largest} of {case.cap} bytes in {len(samples)} samples; "
           f"{written} written, {removed} removed, {snapshots} snapshots")  # fmt: skip
-    assert len(samples) >= 100  # sampled finely throughout
+    assert len(samples) >= 50  # sampled throughout (every 2 ms, less when the GIL is busy)
     over = [s for s in samples if s > case.cap]
     assert not over, f"{len(over)} samples over the cap, the largest {max(over)}"
     assert sampler.size() <= case.cap
