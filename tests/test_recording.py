@@ -464,3 +464,26 @@ async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
     assert [r["dropped"] for r in records if r["k"] == "gap"] == [5]
     assert recorder.dropped_total == 5
     assert metrics.registry.get_sample_value("sluice_recorder_dropped_frames_total") == 5
+
+
+def test_a_directory_pruned_while_it_is_listed_lists_without_error(tmp_path: Path) -> None:
+    """Retention removes snapshot directories as they empty, while readers
+    (inspect, view, analyze) list the recording directory: what is gone
+    meanwhile is not listed, never an error."""
+    for round_ in range(5):
+        for n in range(200):
+            (tmp_path / f"snapshot-{round_}-{n:03d}").mkdir()
+            (tmp_path / f"snapshot-{round_}-{n:03d}" / f"s-{n}.sluice").write_bytes(b"")
+
+        def prune() -> None:
+            for directory in sorted(tmp_path.iterdir()):
+                shutil.rmtree(directory)
+
+        pruning = threading.Thread(target=prune)
+        pruning.start()
+        listings = 0
+        while pruning.is_alive():
+            recording_files(tmp_path)
+            listings += 1
+        pruning.join()
+        assert listings > 0 and recording_files(tmp_path) == []

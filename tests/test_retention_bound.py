@@ -24,7 +24,12 @@ import trio
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.core import Conn
 from sluice.protocols.pulsar import Frame, Type, command, decode_frame, encode_payload, pb
-from sluice.recording.format import SUFFIX, PayloadPolicy, read_records, recording_files
+from sluice.recording.format import (
+    PayloadPolicy,
+    read_records,
+    recording_files,
+    recordings_below,
+)
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotError
 from tests.support import QUIET, SLUICE, start_proxy, wait_ready
 from tests.test_dashboards import scrape, value
@@ -46,15 +51,12 @@ class SizeSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _listing(self) -> set[str]:
-        found: set[str] = set()
-        for root, _, files in os.walk(self.directory):
-            found.update(os.path.join(root, name) for name in files if name.endswith(SUFFIX))
-        return found
+    def _listing(self) -> set[Path]:
+        return set(recordings_below(self.directory))
 
     def size(self) -> int:
         before = self._listing()
-        sizes: dict[str, int] = {}
+        sizes: dict[Path, int] = {}
         for path in before:
             try:
                 sizes[path] = os.stat(path).st_size

@@ -15,6 +15,7 @@ import enum
 import hashlib
 import importlib
 import io
+import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -639,10 +640,20 @@ def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[
     return steps
 
 
+def recordings_below(directory: Path) -> Iterator[Path]:
+    """The recording files in ``directory`` and below (none if it is gone).
+    With os.walk, not rglob: a directory removed meanwhile (retention
+    removes emptied snapshot directories) is skipped, not an error."""
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if name.endswith(SUFFIX):
+                yield Path(root, name)
+
+
 def recording_files(target: Path) -> list[Path]:
     """A file, or every recording in a directory (recursively), in name order."""
     if target.is_dir():
-        return sorted(p for p in target.rglob(f"*{SUFFIX}") if p.is_file())
+        return sorted(p for p in recordings_below(target) if p.is_file())
     if not target.exists():
         raise RecordingError(f"{target}: no such file or directory")
     return [target]

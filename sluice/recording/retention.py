@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.recording.format import SUFFIX
+from sluice.recording.format import recordings_below
 
 log = logging.getLogger("sluice.recorder")
 
@@ -77,18 +77,12 @@ def enforce(
     ``max_age``. Never ``keep`` nor a file another writer holds."""
     removed = Removed()
     entries: list[tuple[float, str, Path, int]] = []
-    # os.walk, not rglob: a snapshot directory another writer's pass removes
-    # meanwhile is skipped, not an error.
-    for root, _, names in os.walk(directory):
-        for name in names:
-            if not name.endswith(SUFFIX):
-                continue
-            path = Path(root, name)
-            try:
-                st = path.stat()
-            except OSError:  # removed meanwhile
-                continue
-            entries.append((st.st_mtime, name, path, st.st_size))
+    for path in recordings_below(directory):
+        try:
+            st = path.stat()
+        except OSError:  # removed meanwhile
+            continue
+        entries.append((st.st_mtime, path.name, path, st.st_size))
     entries.sort()
     total = sum(size for *_, size in entries)
     budget = None if retention.max_bytes is None else max(0, retention.max_bytes - headroom)
