@@ -28,11 +28,18 @@ Each run is a whole `sluice analyze` process (Spark start-up, every table
 and the report included). It prints MB/s and frames/s, overall and per
 core, and leaves the report and a screenshot of it (headless Chromium) in
 `--out`.
+
+Before those, the executors' own work alone: `decode_segment` (what
+`mapInArrow` runs: the recording format's reader, the summaries, the Arrow
+batches) over every segment in one process, no Spark, in CPU seconds, with
+the Python summaries (`SLUICE_FRAMES=python`) and with the compiled ones,
+each in a fresh process. `--decode-only` stops there.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -254,6 +261,39 @@ def analyze(
     return elapsed, frames, result.stderr
 
 
+def decode_alone(inputs: Path) -> tuple[float, int]:
+    """CPU seconds and frame rows of ``decode_segment`` over every segment
+    of ``inputs``, in this process."""
+    from sluice.pipeline.decode import decode_segment
+
+    cpu = 0.0
+    frames = 0
+    for path in sorted(inputs.rglob(f"*{SUFFIX}")):
+        content = path.read_bytes()
+        started = time.process_time()
+        for batch in decode_segment(str(path), content):
+            if batch.column(0)[0].as_py() == "frame":
+                frames += batch.num_rows
+        cpu += time.process_time() - started
+    return cpu, frames
+
+
+def decode_floor(inputs: Path, total: int) -> list[str]:
+    """The executors' decode alone, Python and compiled summaries, each in a
+    fresh process: table rows (CPU seconds; the 2-core figure is half)."""
+    rows = []
+    for name, frames_env in (("Python summaries", "python"), ("compiled summaries", "")):
+        env = {**os.environ, "SLUICE_FRAMES": frames_env}
+        result = subprocess.run(
+            [sys.executable, __file__, "--decode-alone", str(inputs)],
+            capture_output=True, text=True, check=True, env=env, cwd=ROOT,
+        )  # fmt: skip
+        cpu, frames = json.loads(result.stdout.strip().splitlines()[-1])
+        rows.append(line(f"decode_segment alone, {name} (CPU s)", 1, total, frames, cpu))
+        print(rows[-1], file=sys.stderr)
+    return rows
+
+
 def line(name: str, cores: int, total: int, frames: int, seconds: float) -> str:
     mbs = total / 1e6 / seconds
     fps = frames / seconds
@@ -276,7 +316,14 @@ def main() -> int:
     parser.add_argument(
         "--out", type=Path, default=Path(tempfile.gettempdir()) / "sluice-bench-analysis"
     )
+    parser.add_argument(
+        "--decode-only", action="store_true", help="only the executors' decode, without Spark"
+    )
+    parser.add_argument("--decode-alone", type=Path, help=argparse.SUPPRESS)  # a child's job
     args = parser.parse_args()
+    if args.decode_alone:
+        print(json.dumps(decode_alone(args.decode_alone)))
+        return 0
     target = int(args.gigabytes * 1e9)
     args.data.mkdir(parents=True, exist_ok=True)
     if size_of(args.data / "captures") < target:
@@ -287,7 +334,11 @@ def main() -> int:
     files = len(list(inputs.rglob(f"*{SUFFIX}")))
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
-    rows: list[str] = []
+    rows = decode_floor(inputs, total)
+    if args.decode_only:
+        print(f"data: {total / 1e9:.2f} GB in {files} segment files")
+        print("\n".join(rows))
+        return 0
     frames = 0
     stderr = ""
     with tempfile.TemporaryDirectory() as tmp:
