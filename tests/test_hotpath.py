@@ -181,7 +181,10 @@ def test_frame_records_read_back_as_a_plain_reading_gives(policy: PayloadPolicy)
         correlator = Correlator()
         for t, (direction, frame) in enumerate(frames):
             record = recorder.record(conn, direction, t, t, frame)
-            assert "s" not in record  # no summary on the hot path
+            if "s" in record:  # bytes withheld: what parsed is all a reader will have
+                assert record["raw"] == b"" and record["s"]["withheld"], record
+                continue
+            # Otherwise no summary on the hot path.
             # What the recorder queues: the same record (keys in the same
             # order), whether laid out by hand or packed by msgpack.
             (packed,) = recorder.packed(conn, direction, t, t, [frame])
