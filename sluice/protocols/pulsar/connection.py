@@ -49,6 +49,7 @@ from google.protobuf import text_format
 from sluice import __version__
 from sluice.addresses import Address, AllowList
 from sluice.errors import ConfigError
+from sluice.logs import clipped
 from sluice.protocols.core import (
     Action,
     Answered,
@@ -381,6 +382,13 @@ class PulsarConnection:
         pending.upstream += now - pending.asked
         if isinstance(answer, UpstreamFailure):
             return self._lookup_failed(pending, answer, now)
+        if answer.error is not None:  # answered, but not with anything to pass on
+            failure = UpstreamFailure(
+                f"upstream answered {pending.frame.name} with an invalid {answer.name}: "
+                f"{answer.error.message}",
+                pb.ServiceNotReady,
+            )
+            return self._lookup_failed(pending, failure, now)
         if pending.frame.type != T.LOOKUP:
             reply = _with_request_id(answer, pending.client_rid)
             return self._finish(pending, reply, answer_error(answer.type, answer.body), now)
@@ -575,8 +583,17 @@ class PulsarConnection:
             self.tap.frames(self.conn, False, (frame,))
             t = frame.type
             if t == T.CONNECTED:
+                if frame.error is not None:
+                    return self.upstream_failed(
+                        f"broker answered CONNECT with an invalid CONNECTED: {frame.error.message}",
+                        now,
+                    )
                 if frame.body.HasField("max_message_size"):
                     size = frame.body.max_message_size
+                    if size <= 0:
+                        return self.upstream_failed(
+                            f"broker's CONNECTED allows messages of {size} bytes", now
+                        )
                     self._broker.max_message_size = size
                     self._client.max_message_size = size
                 out.append(Send(Peer.CLIENT, frame.raw))
@@ -596,7 +613,8 @@ class PulsarConnection:
             if t == T.ERROR:
                 # The broker's own refusal goes to the client unchanged.
                 out.append(Send(Peer.CLIENT, frame.raw))
-                log.warning("%s: broker refused CONNECT: %s", self.conn.name, frame.body.message)
+                why = frame.body.message if frame.body is not None else frame.name
+                log.warning("%s: broker refused CONNECT: %s", self.conn.name, clipped(why))
                 self.tap.event(self.conn, Dialed(None))
                 return [*out, self._close("upstream")]
             return self.upstream_failed(f"broker answered CONNECT with {frame.name}", now)
@@ -957,9 +975,11 @@ class PulsarConnection:
         for url in urls:
             if url:
                 try:
+                    if not isinstance(url, str):  # not UTF-8: protobuf gives bytes
+                        raise ConfigError("not UTF-8")
                     self.routing.learn(parse_broker_url(url))
                 except ConfigError:
-                    log.warning("%s: broker named an unusable URL %r", self.conn.name, url)
+                    log.warning("%s: broker named an unusable URL %s", self.conn.name, clipped(url))
 
     def _unframeable(self, from_client: bool, exc: RemoteProtocolError) -> list[Action]:
         side = "client" if from_client else "broker"
@@ -1188,7 +1208,11 @@ class PulsarConnection:
         return Close(reason, message, level)
 
 
-def _url(text: str) -> BrokerUrl:
+def _url(text: str | bytes) -> BrokerUrl:
+    if not isinstance(text, str):  # protobuf hands over a string that is not UTF-8 as bytes
+        raise UpstreamFailure(
+            f"broker URL in lookup answer is not UTF-8: {clipped(text)}", pb.ServiceNotReady
+        )
     try:
         return parse_broker_url(text, what="broker URL in lookup answer")
     except ConfigError as exc:

@@ -94,7 +94,9 @@ def _has_unknown(cmd: pb.BaseCommand) -> bool:
     known = pb.BaseCommand()
     known.CopyFrom(cmd)
     known.DiscardUnknownFields()
-    return known.ByteSize() != cmd.ByteSize()
+    # Partial: ByteSize() refuses a message that lacks a required field, and
+    # an invalid CONNECT is exactly what must still be recorded.
+    return len(known.SerializePartialToString()) != len(cmd.SerializePartialToString())
 
 
 def _scrub(properties: Any) -> None:
