@@ -213,11 +213,11 @@ pub mod python {
     use pyo3::prelude::*;
     use pyo3::types::{PyList, PyTuple};
 
-    /// summary(raw) -> (kind, a, b, message_id, in_batch, chunks, chunk_id,
-    /// uuid, total_chunk_msg_size) for a recorded frame of a hot type, or
-    /// None: summarize it in Python. `message_id` is a new list [ledgerId,
-    /// entryId, partition, batch_index] or None; `in_batch` and the rest are
-    /// None without metadata.
+    /// summary(raw) -> (kind, a, b, message_id, counted) for a recorded
+    /// frame of a hot type, or None: summarize it in Python. `message_id` is
+    /// a new list [ledgerId, entryId, partition, batch_index] or None;
+    /// `counted` is (num_messages_in_batch, num_chunks_from_msg, chunk_id,
+    /// uuid, total_chunk_msg_size), None without metadata.
     #[pyfunction]
     pub fn summary<'py>(py: Python<'py>, raw: &[u8]) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let Some(found) = super::summary(raw) else {
@@ -235,18 +235,10 @@ pub mod python {
             )?),
             None => None,
         };
-        let counted = found.counted;
-        let tuple = (
-            found.kind,
-            found.a,
-            found.b,
-            message_id,
-            counted.map(|c| c.in_batch),
-            counted.map(|c| c.chunks),
-            counted.map(|c| c.chunk_id),
-            counted.map(|c| c.uuid),
-            counted.map(|c| c.total_size),
-        );
+        let counted = found
+            .counted
+            .map(|c| (c.in_batch, c.chunks, c.chunk_id, c.uuid, c.total_size));
+        let tuple = (found.kind, found.a, found.b, message_id, counted);
         tuple.into_pyobject(py).map(Some)
     }
 }
