@@ -25,3 +25,9 @@ def pack_scanned(
     payloads: int,
 ) -> list[bytes | None]:
     """``pack_frames`` over a ``scan`` result's frames in ``data``."""
+
+def summary(
+    raw: bytes,
+) -> tuple[int, int, int, list[int] | None, tuple[int, int, int, str, int] | None] | None:
+    """A recorded hot frame's summary numbers (rust/src/summary.rs); None:
+    summarize it in Python."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import importlib
 import io
 import os
 import struct
@@ -26,7 +25,7 @@ import msgpack
 
 from sluice.protocols.pulsar import Frame, decode_frame, pb
 from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
-from sluice.protocols.pulsar.decoder import COMPILED_PACK, COMPILED_SCAN, ScannedBatch
+from sluice.protocols.pulsar.decoder import COMPILED, COMPILED_PACK, ScannedBatch
 from sluice.protocols.pulsar.frame import (
     BODY_FIELD,
     COMMAND_NAMES,
@@ -283,20 +282,7 @@ HotSummary = tuple[int, int, int, list[int] | None, Counted | None]
 Summary = Callable[[bytes], HotSummary | None]
 
 
-def _compiled_summary() -> Summary | None:
-    """``summary`` of the compiled frame path, where the frame scanner is in
-    use (built, and not turned off by ``SLUICE_FRAMES=python``)."""
-    if COMPILED_SCAN is None:
-        return None
-    try:
-        module = importlib.import_module("sluice._frames")
-    except ImportError:
-        return None
-    found: Summary | None = getattr(module, "summary", None)  # None: an older build
-    return found
-
-
-COMPILED_SUMMARY: Final = _compiled_summary()
+COMPILED_SUMMARY: Final[Summary | None] = COMPILED.summary if COMPILED is not None else None
 """The compiled summary reader FrameSummaries uses by default, or None."""
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final, NamedTuple, overload
+from typing import Any, Final, NamedTuple, overload
 
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError, Message
@@ -55,6 +55,8 @@ class _Compiled(NamedTuple):
     pack: Pack
     tally: Tally
     pack_scanned: PackScanned
+    # A recorded frame's summary numbers (recording/format.py types them).
+    summary: Callable[[bytes], Any]
 
 
 def _compiled() -> _Compiled | None:
@@ -64,10 +66,10 @@ def _compiled() -> _Compiled | None:
     if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
         return None
     try:
-        from sluice._frames import pack_frames, pack_scanned, scan, tally
+        from sluice._frames import pack_frames, pack_scanned, scan, summary, tally
     except ImportError:
         return None
-    return _Compiled(scan, pack_frames, tally, pack_scanned)
+    return _Compiled(scan, pack_frames, tally, pack_scanned, summary)
 
 
 COMPILED: Final = _compiled()
