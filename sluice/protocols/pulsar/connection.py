@@ -709,16 +709,8 @@ class PulsarConnection:
                             topic = sending(ids[0], ids[1], now)
                         else:
                             topic = consumers.get(ids[0])
-                        messages = ids[2]
                         if topic is not None:
-                            if topics is None:
-                                topics = {}
-                            tally = topics.get(topic)
-                            if tally is None:
-                                topics[topic] = [messages, len(frame.raw)]
-                            else:
-                                tally[0] += messages
-                                tally[1] += len(frame.raw)
+                            topics = _add_traffic(topics, topic, ids[2], len(frame.raw))
                         continue
                     if t == receipt:
                         ids = frame.ids
@@ -833,14 +825,7 @@ class PulsarConnection:
                 else:
                     continue
                 if topic is not None:
-                    if topics is None:
-                        topics = {}
-                    tally = topics.get(topic)
-                    if tally is None:
-                        topics[topic] = [c, size]
-                    else:
-                        tally[0] += c
-                        tally[1] += size
+                    topics = _add_traffic(topics, topic, c, size)
             return answered, topics
         sent = correlator.sent
         consumers = correlator.consumers
@@ -850,14 +835,7 @@ class PulsarConnection:
             if kind == _MESSAGE:
                 topic = consumers.get(a)
                 if topic is not None:
-                    if topics is None:
-                        topics = {}
-                    tally = topics.get(topic)
-                    if tally is None:
-                        topics[topic] = [c, size]
-                    else:
-                        tally[0] += c
-                        tally[1] += size
+                    topics = _add_traffic(topics, topic, c, size)
             elif kind == _SEND_RECEIPT:
                 send = sent(a, b)
                 if send is not None:
@@ -1217,6 +1195,22 @@ def _url(text: str | bytes) -> BrokerUrl:
         return parse_broker_url(text, what="broker URL in lookup answer")
     except ConfigError as exc:
         raise UpstreamFailure(str(exc), pb.ServiceNotReady) from None
+
+
+def _add_traffic(
+    topics: dict[str, list[int]] | None, topic: str, messages: int, size: int
+) -> dict[str, list[int]]:
+    """``topics`` (made when None) with a payload frame's messages and bytes
+    added to its topic's tally: one TopicTraffic event per topic per read."""
+    if topics is None:
+        topics = {}
+    tally = topics.get(topic)
+    if tally is None:
+        topics[topic] = [messages, size]
+    else:
+        tally[0] += messages
+        tally[1] += size
+    return topics
 
 
 def _with_request_id(answer: Frame, request_id: int) -> Frame:
