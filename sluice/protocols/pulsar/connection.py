@@ -717,13 +717,7 @@ class PulsarConnection:
                         assert ids is not None  # set for every valid SEND_RECEIPT
                         send = sent(ids[0], ids[1])
                         if send is not None:
-                            if answered is None:
-                                answered = {}
-                            times = answered.get(send.topic)
-                            if times is None:
-                                answered[send.topic] = [now - send.started]
-                            else:
-                                times.append(now - send.started)
+                            answered = _add_time(answered, send.topic, now - send.started)
                         continue
                     if own_auth and t in _AUTH_EXCHANGE and (from_client or t == T.AUTH_CHALLENGE):
                         out.pop()
@@ -839,13 +833,7 @@ class PulsarConnection:
             elif kind == _SEND_RECEIPT:
                 send = sent(a, b)
                 if send is not None:
-                    if answered is None:
-                        answered = {}
-                    times = answered.get(send.topic)
-                    if times is None:
-                        answered[send.topic] = [now - send.started]
-                    else:
-                        times.append(now - send.started)
+                    answered = _add_time(answered, send.topic, now - send.started)
         return answered, topics
 
     # --- authentication at the proxy (--auth-mode proxy) -------------------------
@@ -1195,6 +1183,21 @@ def _url(text: str | bytes) -> BrokerUrl:
         return parse_broker_url(text, what="broker URL in lookup answer")
     except ConfigError as exc:
         raise UpstreamFailure(str(exc), pb.ServiceNotReady) from None
+
+
+def _add_time(
+    answered: dict[str | None, list[float]] | None, topic: str | None, seconds: float
+) -> dict[str | None, list[float]]:
+    """``answered`` (made when None) with a SEND's time to its receipt added
+    under its topic: one AnsweredMany event per topic per read."""
+    if answered is None:
+        answered = {}
+    times = answered.get(topic)
+    if times is None:
+        answered[topic] = [seconds]
+    else:
+        times.append(seconds)
+    return answered
 
 
 def _add_traffic(
