@@ -60,10 +60,12 @@ def test_hundreds_of_idle_connections_leave_the_probes_answering(
             assert http_get(f"http://127.0.0.1:{admin}/healthz") == (200, "ok\n")
             assert time.monotonic() - started < 5
             most = max(most, admin_connections(proxy.pid, admin))
-        # The cap was reached, and at a moment at most the cap plus the probe
-        # being closed and the connection whose place it took (answered 503,
-        # being closed) were open: never hundreds.
-        assert MAX_CONNECTIONS <= most <= MAX_CONNECTIONS + 2, most
+        # About the cap, never hundreds: a sample can catch the probe being
+        # closed and the connection whose place it took (answered 503, being
+        # closed) still open, or one of them already gone and the next not yet
+        # accepted (63 of 64 in one full run). That the cap was reached is the
+        # oldest's 503, next.
+        assert MAX_CONNECTIONS - 2 <= most <= MAX_CONNECTIONS + 2, most
         oldest = answer_of(idle[0])
         assert oldest.startswith(b"HTTP/1.1 503 ") and TOO_MANY in oldest, oldest
         assert b"Retry-After: 1\r\n" in oldest
