@@ -1,0 +1,528 @@
+{{/*
+Helpers. Every helper takes a context with .Values (this chart's values) and
+.Release; "sluice.context" makes one from an application chart's root
+context, so that the sidecar templates name the same objects as this chart.
+*/}}
+
+{{- define "sluice.name" -}}
+{{- default "sluice" .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "sluice.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* This chart's values and the release, as YAML: from this chart's own
+context, or from an application chart that has this chart as the
+dependency "sluice". Read with fromYaml. */}}
+{{- define "sluice.context" -}}
+{{- $values := .Values -}}
+{{- if and (ne .Chart.Name "sluice") (hasKey .Values "sluice") -}}
+{{- $values = .Values.sluice -}}
+{{- end -}}
+{{- $chart := .Chart -}}
+{{- if ne .Chart.Name "sluice" -}}
+{{- $chart = .Subcharts.sluice.Chart -}}
+{{- end -}}
+{{- $release := dict "Name" .Release.Name "Namespace" .Release.Namespace "Service" .Release.Service -}}
+{{- dict "Values" $values "Release" $release "Chart" (dict "AppVersion" $chart.AppVersion) | toYaml -}}
+{{- end -}}
+
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sluice.labels" -}}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: {{ .Values.mode }}
+helm.sh/chart: sluice
+{{- end -}}
+
+{{/* The label an application's pods carry when they have the sidecar: the
+metrics Service and the NetworkPolicy select on it. */}}
+{{- define "sluice.sidecarLabel" -}}
+sluice/sidecar: {{ include "sluice.fullname" . }}
+{{- end -}}
+
+{{- define "sluice.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* A sluice size (800M, 2G, 1048576, 1.5G; binary units, KiB/MiB too) in
+bytes, as byte_size in sluice/proxy/cli.py reads it. */}}
+{{- define "sluice.sizeBytes" -}}
+{{- $raw := . -}}
+{{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) -}}
+{{- $raw = int64 . | toString -}}
+{{- end -}}
+{{- $text := upper (trim (toString $raw)) | trimSuffix "B" | trimSuffix "I" -}}
+{{- $units := dict "K" 1024 "M" 1048576 "G" 1073741824 "T" 1099511627776 -}}
+{{- $unit := regexFind "[KMGT]$" $text -}}
+{{- $number := trimSuffix $unit $text -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $number) -}}
+{{- fail (printf "%v is not a size (e.g. 800M, 2G)" $raw) -}}
+{{- end -}}
+{{- mulf (float64 $number) (get $units $unit | default 1) | floor | int64 -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity (1Gi, 900Mi, 1G, 500M, 1073741824) in bytes. */}}
+{{- define "sluice.quantityBytes" -}}
+{{- $text := trim (toString .) -}}
+{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- $unit := regexFind "([KMGT]i|[kMGT])$" $text -}}
+{{- $number := trimSuffix $unit $text -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $number) -}}
+{{- fail (printf "%v is not a Kubernetes quantity of bytes (e.g. 1Gi)" .) -}}
+{{- end -}}
+{{- mulf (float64 $number) (get $units $unit | default 1) | floor | int64 -}}
+{{- end -}}
+
+{{- define "sluice.recording" -}}
+{{- if not (has .Values.recording.mode (list "off" "ring" "directory")) -}}
+{{- fail (printf "recording.mode must be off, ring or directory, not %v" .Values.recording.mode) -}}
+{{- end -}}
+{{- ne .Values.recording.mode "off" | ternary "true" "" -}}
+{{- end -}}
+
+{{/* The recordings volume's size: recording.volume.size, or retainBytes plus
+a quarter; refused when not above retainBytes. */}}
+{{- define "sluice.recordingSize" -}}
+{{- $retain := include "sluice.sizeBytes" .Values.recording.retainBytes | int64 -}}
+{{- $size := .Values.recording.volume.size -}}
+{{- if $size -}}
+{{- if le (include "sluice.quantityBytes" $size | int64) $retain -}}
+{{- fail (printf "recording.volume.size %v must be above recording.retainBytes %v (%d bytes)" $size .Values.recording.retainBytes $retain) -}}
+{{- end -}}
+{{- $size -}}
+{{- else -}}
+{{- $mi := div (add (div (mul $retain 5) 4) 1048575) 1048576 -}}
+{{- printf "%dMi" $mi -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The number of workers for the sizing checks (auto counts as 1). */}}
+{{- define "sluice.workerCount" -}}
+{{- $w := toString .Values.workers -}}
+{{- if eq $w "auto" -}}1{{- else if regexMatch "^[1-9][0-9]*$" $w -}}{{ $w }}{{- else -}}
+{{- fail (printf "workers must be a positive number or auto, not %v" .Values.workers) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Checks that need several values at once; fails with one line. */}}
+{{- define "sluice.validate" -}}
+{{- if not (has .Values.mode (list "gateway" "sidecar")) -}}
+{{- fail (printf "mode must be gateway or sidecar, not %v" .Values.mode) -}}
+{{- end -}}
+{{- if not .Values.broker -}}
+{{- fail "broker is required: the brokers' URL, e.g. pulsar://pulsar-broker.pulsar.svc.cluster.local:6650" -}}
+{{- end -}}
+{{- if not (regexMatch "^pulsar(\\+ssl)?://" .Values.broker) -}}
+{{- fail (printf "broker must start with pulsar:// or pulsar+ssl://, not %v" .Values.broker) -}}
+{{- end -}}
+{{- $reserved := list "broker" "workers" "listen" "listen-tls" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "config" -}}
+{{- range $key, $_ := .Values.config -}}
+{{- if has $key $reserved -}}
+{{- fail (printf "config.%s is set by the chart's own values (see values.yaml), not under config" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
+{{- fail "tls.enabled needs tls.secretName: a kubernetes.io/tls Secret" -}}
+{{- end -}}
+{{- if and (not .Values.listen.plain) (not .Values.tls.enabled) -}}
+{{- fail "listen.plain false needs tls.enabled: Sluice would listen nowhere" -}}
+{{- end -}}
+{{- if not (has .Values.auth.mode (list "passthrough" "proxy")) -}}
+{{- fail (printf "auth.mode must be passthrough or proxy, not %v" .Values.auth.mode) -}}
+{{- end -}}
+{{- if eq .Values.auth.mode "proxy" -}}
+{{- if not (or .Values.auth.tokenSecretKey.secretName .Values.auth.tokenPublicKey.secretName .Values.auth.tokenPublicKey.configMapName .Values.tls.clientCA.secretName) -}}
+{{- fail "auth.mode proxy needs a way to check clients: auth.tokenSecretKey, auth.tokenPublicKey or tls.clientCA" -}}
+{{- end -}}
+{{- if not (or .Values.auth.brokerToken.secretName .Values.auth.brokerToken.value .Values.brokerTLS.clientCertSecretName) -}}
+{{- fail "auth.mode proxy needs Sluice's own credential: auth.brokerToken or brokerTLS.clientCertSecretName" -}}
+{{- end -}}
+{{- else if or .Values.trustBroker .Values.auth.forwardAuthData -}}
+{{- fail "trustBroker and auth.forwardAuthData are for auth.mode proxy" -}}
+{{- end -}}
+{{- if and .Values.admin.token.existingSecret .Values.admin.token.value -}}
+{{- fail "admin.token: give existingSecret or value, not both" -}}
+{{- end -}}
+{{- if and .Values.auth.brokerToken.secretName .Values.auth.brokerToken.value -}}
+{{- fail "auth.brokerToken: give secretName or value, not both" -}}
+{{- end -}}
+{{- $workers := include "sluice.workerCount" . | int64 -}}
+{{- $drain := .Values.drainTimeout | int64 -}}
+{{- if .Values.terminationGracePeriodSeconds -}}
+{{- if lt (.Values.terminationGracePeriodSeconds | int64) (add $drain 5) -}}
+{{- fail (printf "terminationGracePeriodSeconds %v must be at least drainTimeout + 5 (%d): workers still running 5 s after the drain are killed" .Values.terminationGracePeriodSeconds (add $drain 5)) -}}
+{{- end -}}
+{{- end -}}
+{{- if include "sluice.recording" . -}}
+{{- $retain := include "sluice.sizeBytes" .Values.recording.retainBytes | int64 -}}
+{{- $_ := include "sluice.recordingSize" . -}}
+{{- if and (eq .Values.recording.mode "ring") (not (regexMatch "(?i)s$" (toString .Values.recording.ring))) -}}
+{{- $ring := include "sluice.sizeBytes" .Values.recording.ring | int64 -}}
+{{- if gt (mul $ring $workers 4) (mul $retain 3) -}}
+{{- fail (printf "recording.ring %v per worker (%d workers) is more than three quarters of recording.retainBytes %v: the snapshots would not fit" .Values.recording.ring $workers .Values.recording.retainBytes) -}}
+{{- end -}}
+{{- $resources := eq .Values.mode "gateway" | ternary .Values.gateway.resources .Values.sidecar.resources -}}
+{{- $limit := dig "limits" "memory" "" $resources -}}
+{{- if $limit -}}
+{{- $need := mul $workers (add $ring 67108864) -}}
+{{- if lt (include "sluice.quantityBytes" $limit | int64) $need -}}
+{{- fail (printf "the memory limit %v leaves no room for the ring: workers x (recording.ring + 64Mi) is %d bytes" $limit $need) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.recording.volume.persistent (eq .Values.mode "sidecar") (not .Values.recording.volume.existingClaim) -}}
+{{- fail "recording.volume.persistent in sidecar mode needs recording.volume.existingClaim" -}}
+{{- end -}}
+{{- else if .Values.recording.snapshotOn -}}
+{{- fail "recording.snapshotOn needs recording.mode ring" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: the value, or pause + drain + 10. */}}
+{{- define "sluice.gracePeriod" -}}
+{{- $pause := eq .Values.mode "gateway" | ternary (.Values.gateway.preStopSleep | int64) 0 -}}
+{{- .Values.terminationGracePeriodSeconds | default (add $pause (.Values.drainTimeout | int64) 10) -}}
+{{- end -}}
+
+{{/* Where each mounted file lives in the container. */}}
+{{- define "sluice.paths" -}}
+config: /etc/sluice
+adminToken: /etc/sluice-admin
+tls: /etc/sluice-tls
+clientCA: /etc/sluice-client-ca
+brokerCA: /etc/sluice-broker-ca
+brokerCert: /etc/sluice-broker-cert
+tokenSecretKey: /etc/pulsar-token-secret
+tokenPublicKey: /etc/pulsar-token-key
+brokerToken: /etc/pulsar-credentials
+{{- end -}}
+
+{{- define "sluice.adminTokenSecret" -}}
+{{- if .Values.admin.token.existingSecret -}}
+{{- .Values.admin.token.existingSecret -}}
+{{- else if .Values.admin.token.value -}}
+{{- printf "%s-admin" (include "sluice.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.brokerTokenSecret" -}}
+{{- if .Values.auth.brokerToken.secretName -}}
+{{- .Values.auth.brokerToken.secretName -}}
+{{- else if .Values.auth.brokerToken.value -}}
+{{- printf "%s-credentials" (include "sluice.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* sluice.toml: every setting the chart writes, then config. Values are
+written with toJson: a JSON string, number, boolean or list of strings is
+also TOML. */}}
+{{- define "sluice.toml" -}}
+{{- $p := include "sluice.paths" . | fromYaml -}}
+{{- $s := dict "broker" .Values.broker "drain-timeout" .Values.drainTimeout -}}
+{{- if eq (toString .Values.workers) "auto" -}}
+{{- $_ := set $s "workers" "auto" -}}
+{{- else if ne (include "sluice.workerCount" .) "1" -}}
+{{- $_ := set $s "workers" (include "sluice.workerCount" . | int) -}}
+{{- end -}}
+{{- with .Values.allowBroker }}{{ $_ := set $s "allow-broker" . }}{{ end -}}
+{{- with .Values.trustBroker }}{{ $_ := set $s "trust-broker" . }}{{ end -}}
+{{- if .Values.tls.enabled -}}
+{{- $_ := set $s "tls-cert" (printf "%s/tls.crt" $p.tls) -}}
+{{- $_ := set $s "tls-key" (printf "%s/tls.key" $p.tls) -}}
+{{- end -}}
+{{- with .Values.tls.clientCA.secretName -}}
+{{- $_ := set $s "tls-client-ca" (printf "%s/%s" $p.clientCA $.Values.tls.clientCA.key) -}}
+{{- end -}}
+{{- with .Values.brokerTLS.ca.secretName -}}
+{{- $_ := set $s "broker-tls-ca" (printf "%s/%s" $p.brokerCA $.Values.brokerTLS.ca.key) -}}
+{{- end -}}
+{{- if .Values.brokerTLS.clientCertSecretName -}}
+{{- $_ := set $s "broker-tls-cert" (printf "%s/tls.crt" $p.brokerCert) -}}
+{{- $_ := set $s "broker-tls-key" (printf "%s/tls.key" $p.brokerCert) -}}
+{{- end -}}
+{{- if not .Values.brokerTLS.verifyHostname -}}
+{{- $_ := set $s "broker-tls-no-verify-hostname" true -}}
+{{- end -}}
+{{- if eq .Values.auth.mode "proxy" -}}
+{{- $_ := set $s "auth-mode" "proxy" -}}
+{{- with .Values.auth.tokenSecretKey.secretName -}}
+{{- $_ := set $s "auth-token-secret-key" (printf "%s/%s" $p.tokenSecretKey $.Values.auth.tokenSecretKey.key) -}}
+{{- end -}}
+{{- if or .Values.auth.tokenPublicKey.secretName .Values.auth.tokenPublicKey.configMapName -}}
+{{- $_ := set $s "auth-token-public-key" (printf "%s/%s" $p.tokenPublicKey .Values.auth.tokenPublicKey.key) -}}
+{{- end -}}
+{{- with .Values.auth.roleClaim }}{{ $_ := set $s "auth-token-role-claim" . }}{{ end -}}
+{{- with .Values.auth.audience }}{{ $_ := set $s "auth-token-audience" . }}{{ end -}}
+{{- if include "sluice.brokerTokenSecret" . -}}
+{{- $_ := set $s "broker-auth-token-file" (printf "%s/%s" $p.brokerToken (empty .Values.auth.brokerToken.secretName | ternary "token" .Values.auth.brokerToken.key)) -}}
+{{- end -}}
+{{- if .Values.auth.forwardAuthData }}{{ $_ := set $s "forward-auth-data" true }}{{ end -}}
+{{- end -}}
+{{- if include "sluice.adminTokenSecret" . -}}
+{{- $_ := set $s "admin-token-file" (printf "%s/%s" $p.adminToken (empty .Values.admin.token.existingSecret | ternary "token" .Values.admin.token.key)) -}}
+{{- end -}}
+{{- if include "sluice.recording" . -}}
+{{- $r := .Values.recording -}}
+{{- $_ := set $s "record" $r.volume.mountPath -}}
+{{- $_ := set $s "record-payloads" $r.payloads -}}
+{{- $_ := set $s "record-retain-bytes" (toString $r.retainBytes) -}}
+{{- with $r.retainAge }}{{ $_ := set $s "record-retain-age" . }}{{ end -}}
+{{- if $r.lossless }}{{ $_ := set $s "record-lossless" true }}{{ end -}}
+{{- if eq $r.mode "ring" -}}
+{{- $_ := set $s "record-ring" (toString $r.ring) -}}
+{{- with $r.snapshotOn -}}
+{{- if kindIs "string" . -}}
+{{- $_ := set $s "snapshot-on" . -}}
+{{- else -}}
+{{- range . -}}
+{{- if hasKey . "true" -}}
+{{- fail "recording.snapshotOn: a rule has the key true: quote \"on\" (YAML reads a bare on as true)" -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $s "snapshot-on" (toJson .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.faults -}}
+{{- $_ := set $s "faults" (printf "%s/faults.json" $p.config) -}}
+{{- end -}}
+{{- $s = merge $s .Values.config -}}
+# Written by the sluice Helm chart from its values; `sluice proxy --help`
+# and docs/proxy.md say what each setting does.
+[proxy]
+{{- range $key := keys $s | sortAlpha }}
+{{ $key }} = {{ get $s $key | toJson }}
+{{- end }}
+{{- end -}}
+
+{{/* The container's environment: where it listens. */}}
+{{- define "sluice.env" -}}
+{{- $host := eq .Values.mode "sidecar" | ternary "127.0.0.1" "0.0.0.0" -}}
+- name: SLUICE_LISTEN
+  value: {{ .Values.listen.plain | ternary (printf "%s:%v" $host .Values.listen.port) "none" | quote }}
+{{- if .Values.tls.enabled }}
+- name: SLUICE_LISTEN_TLS
+  value: {{ printf "%s:%v" $host .Values.tls.port | quote }}
+{{- end }}
+# The kubelet's probes and Prometheus reach the admin endpoint on the pod's
+# IP; changes there need the admin token.
+- name: SLUICE_ADMIN
+  value: {{ printf "0.0.0.0:%v" .Values.admin.port | quote }}
+{{- end -}}
+
+{{/* The volumes the container mounts (names prefixed, so that they sit
+beside an application's own). */}}
+{{- define "sluice.volumes" -}}
+{{- $name := include "sluice.fullname" . -}}
+- name: sluice-config
+  configMap:
+    name: {{ $name }}
+- name: sluice-tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- with include "sluice.adminTokenSecret" . }}
+- name: sluice-admin-token
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.tls.enabled }}
+- name: sluice-tls
+  secret:
+    secretName: {{ .Values.tls.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- with .Values.tls.clientCA.secretName }}
+- name: sluice-client-ca
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- with .Values.brokerTLS.ca.secretName }}
+- name: sluice-broker-ca
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- with .Values.brokerTLS.clientCertSecretName }}
+- name: sluice-broker-cert
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- if eq .Values.auth.mode "proxy" }}
+{{- with .Values.auth.tokenSecretKey.secretName }}
+- name: sluice-token-secret-key
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.auth.tokenPublicKey.secretName }}
+- name: sluice-token-public-key
+  secret:
+    secretName: {{ .Values.auth.tokenPublicKey.secretName }}
+    defaultMode: 0440
+{{- else if .Values.auth.tokenPublicKey.configMapName }}
+# The public key the brokers' tokenPublicKey names (not a secret).
+- name: sluice-token-public-key
+  configMap:
+    name: {{ .Values.auth.tokenPublicKey.configMapName }}
+{{- end }}
+{{- with include "sluice.brokerTokenSecret" . }}
+- name: sluice-broker-token
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+{{- if include "sluice.recording" . }}
+{{- if .Values.recording.volume.persistent }}
+{{- if eq .Values.mode "sidecar" }}
+- name: sluice-recordings
+  persistentVolumeClaim:
+    claimName: {{ .Values.recording.volume.existingClaim }}
+{{- end }}
+{{- else }}
+# Holds at most recording.retainBytes ({{ .Values.recording.retainBytes }}).
+- name: sluice-recordings
+  emptyDir:
+    sizeLimit: {{ include "sluice.recordingSize" . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The container: what the gateway's pods and an application's pods run. */}}
+{{- define "sluice.container" -}}
+{{- include "sluice.validate" . -}}
+{{- $p := include "sluice.paths" . | fromYaml -}}
+{{- $sidecar := eq .Values.mode "sidecar" -}}
+- name: sluice
+  image: {{ include "sluice.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["proxy", "--config", "{{ $p.config }}/sluice.toml"]
+  {{- if and $sidecar .Values.sidecar.native }}
+  # A native sidecar: in the pod's initContainers, up before the application
+  # and stopped after it.
+  restartPolicy: Always
+  {{- end }}
+  env:
+    {{- include "sluice.env" . | nindent 4 }}
+  ports:
+    {{- if and .Values.listen.plain (not $sidecar) }}
+    - {name: pulsar, containerPort: {{ .Values.listen.port }}, protocol: TCP}
+    {{- end }}
+    {{- if and .Values.tls.enabled (not $sidecar) }}
+    - {name: pulsar-tls, containerPort: {{ .Values.tls.port }}, protocol: TCP}
+    {{- end }}
+    - {name: sluice-admin, containerPort: {{ .Values.admin.port }}, protocol: TCP}
+  livenessProbe:
+    httpGet: {path: /healthz, port: sluice-admin}
+    {{- toYaml .Values.probes.liveness | nindent 4 }}
+  readinessProbe:
+    httpGet: {path: /readyz, port: sluice-admin}
+    {{- toYaml .Values.probes.readiness | nindent 4 }}
+  {{- if not $sidecar }}
+  {{- with .Values.gateway.preStopSleep }}
+  lifecycle:
+    # Leave the Service's endpoints before SIGTERM starts the drain.
+    preStop:
+      sleep: {seconds: {{ . }}}
+  {{- end }}
+  {{- end }}
+  resources:
+    {{- toYaml ($sidecar | ternary .Values.sidecar.resources .Values.gateway.resources) | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+    {{- if $sidecar }}
+    # The group the pod's fsGroup gives the mounted Secrets.
+    runAsGroup: {{ .Values.podSecurityContext.fsGroup }}
+    {{- end }}
+  volumeMounts:
+    - {name: sluice-config, mountPath: {{ $p.config }}, readOnly: true}
+    - {name: sluice-tmp, mountPath: /tmp}
+    {{- if include "sluice.adminTokenSecret" . }}
+    - {name: sluice-admin-token, mountPath: {{ $p.adminToken }}, readOnly: true}
+    {{- end }}
+    {{- if .Values.tls.enabled }}
+    - {name: sluice-tls, mountPath: {{ $p.tls }}, readOnly: true}
+    {{- end }}
+    {{- if .Values.tls.clientCA.secretName }}
+    - {name: sluice-client-ca, mountPath: {{ $p.clientCA }}, readOnly: true}
+    {{- end }}
+    {{- if .Values.brokerTLS.ca.secretName }}
+    - {name: sluice-broker-ca, mountPath: {{ $p.brokerCA }}, readOnly: true}
+    {{- end }}
+    {{- if .Values.brokerTLS.clientCertSecretName }}
+    - {name: sluice-broker-cert, mountPath: {{ $p.brokerCert }}, readOnly: true}
+    {{- end }}
+    {{- if eq .Values.auth.mode "proxy" }}
+    {{- if .Values.auth.tokenSecretKey.secretName }}
+    - {name: sluice-token-secret-key, mountPath: {{ $p.tokenSecretKey }}, readOnly: true}
+    {{- end }}
+    {{- if or .Values.auth.tokenPublicKey.secretName .Values.auth.tokenPublicKey.configMapName }}
+    - {name: sluice-token-public-key, mountPath: {{ $p.tokenPublicKey }}, readOnly: true}
+    {{- end }}
+    {{- if include "sluice.brokerTokenSecret" . }}
+    - {name: sluice-broker-token, mountPath: {{ $p.brokerToken }}, readOnly: true}
+    {{- end }}
+    {{- end }}
+    {{- if include "sluice.recording" . }}
+    - {name: sluice-recordings, mountPath: {{ .Values.recording.volume.mountPath }}}
+    {{- end }}
+{{- end -}}
+
+{{/* The pod annotations: Prometheus' scrape annotations, and the
+configuration's checksum, so that pods restart when it changes. */}}
+{{- define "sluice.podAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.admin.port | quote }}
+prometheus.io/path: /metrics
+checksum/sluice-config: {{ include "sluice.configData" . | sha256sum }}
+{{- end -}}
+
+{{/* The ConfigMap's data. */}}
+{{- define "sluice.configData" -}}
+sluice.toml: |
+  {{- include "sluice.toml" . | nindent 2 }}
+{{- with .Values.faults }}
+faults.json: |
+  {{- toPrettyJson . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "sluice.serviceAccount" -}}
+{{- if .Values.gateway.serviceAccount.create -}}
+{{- default (include "sluice.fullname" .) .Values.gateway.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.gateway.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether to make a Prometheus Operator object: "auto" when the cluster
+serves monitoring.coreos.com/v1 KIND, or the value itself. */}}
+{{- define "sluice.operator" -}}
+{{- $enabled := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- $kind := index . 2 -}}
+{{- if eq (toString $enabled) "auto" -}}
+{{- $root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind) | ternary "true" "" -}}
+{{- else if $enabled -}}
+true
+{{- end -}}
+{{- end -}}

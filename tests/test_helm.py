@@ -1,0 +1,663 @@
+"""The Helm chart (deploy/helm/sluice): helm lint and helm template for the
+gateway and the sidecar, with default and with full values; every rendered
+object checked against the Kubernetes schemas; and what the objects promise.
+
+Helm is built from source by `./dev setup` (SLUICE_HELM); a missing helm is a
+failure, never a skip. `python -m tests.test_helm` writes deploy/kubernetes/
+from the chart."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sluice.embedded import BrokerError, EmbeddedBroker, free_port, wait_for_port
+from sluice.proxy.cli import byte_size
+from sluice.proxy.config import PROTOCOL_FAULTS
+from sluice.recording.triggers import load_triggers
+from tests.support import SLUICE, client, http_get, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "deploy" / "helm" / "sluice"
+EXAMPLES = ROOT / "deploy" / "helm" / "examples"
+ORDERS = EXAMPLES / "orders"
+K8S = ROOT / "deploy" / "kubernetes"
+HELM = os.environ.get("SLUICE_HELM") or str(
+    Path.home() / ".cache" / "sluice" / "helm-v3.22.0" / "bin" / "helm"
+)
+BROKER = "pulsar://pulsar-broker.pulsar.svc.cluster.local:6650"
+# The Prometheus Operator's kinds, as a cluster with the operator serves them.
+OPERATOR = [
+    "--api-versions=monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions=monitoring.coreos.com/v1/PrometheusRule",
+]
+CRD_GROUP = "monitoring.coreos.com/"
+# The chart's kubeVersion floor, and kubernetes-validate's newest.
+KUBERNETES = ("1.30.0", None)
+
+Doc = dict[str, Any]
+
+# Each case: (chart, release, helm arguments).
+CASES: dict[str, tuple[Path, str, list[str]]] = {
+    "gateway-default": (CHART, "sluice", ["--set", f"broker={BROKER}"]),
+    "gateway-full": (
+        CHART,
+        "sluice",
+        ["-f", str(CHART / "ci/gateway-full-values.yaml"), *OPERATOR],
+    ),
+    "sidecar-default": (ORDERS, "orders", []),
+    "sidecar-full": (ORDERS, "orders", ["-f", str(ORDERS / "ci/full-values.yaml"), *OPERATOR]),
+}
+# deploy/kubernetes/: what each file is rendered from.
+EXAMPLE_RENDERS: dict[str, tuple[Path, str, list[str]]] = {
+    "gateway": (CHART, "sluice-gateway", ["-f", str(EXAMPLES / "gateway.yaml")]),
+    "sidecar": (ORDERS, "orders", ["-f", str(EXAMPLES / "sidecar.yaml"), *OPERATOR]),
+}
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    assert Path(HELM).is_file(), f"helm is missing at {HELM}: `./dev setup` builds it"
+    result = subprocess.run(
+        [HELM, *args], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
+    )
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@functools.cache
+def rendered(chart: Path, release: str, *args: str) -> str:
+    return helm("template", release, str(chart), *args).stdout
+
+
+def documents(text: str) -> list[Doc]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def render(case: str, *more: str) -> list[Doc]:
+    chart, release, args = CASES.get(case) or EXAMPLE_RENDERS[case.removesuffix("-example")]
+    return documents(rendered(chart, release, *args, *more))
+
+
+def kubernetes_validate(*paths: Path, version: str | None = None) -> str:
+    """kubernetes-validate --strict over the files (the pip package's command,
+    beside this Python); its report. Fails the test on any invalid object."""
+    command = [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict"]
+    if version:
+        command += ["--kubernetes-version", version]
+    result = subprocess.run(
+        [*command, *map(str, paths)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def kind(docs: list[Doc], name: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == name]
+
+
+def one(docs: list[Doc], name: str) -> Doc:
+    found = kind(docs, name)
+    assert len(found) == 1, [d["metadata"]["name"] for d in found]
+    return found[0]
+
+
+def config_map(docs: list[Doc]) -> Doc:
+    return next(d for d in kind(docs, "ConfigMap") if "sluice.toml" in d.get("data", {}))
+
+
+def settings(docs: list[Doc]) -> dict[str, Any]:
+    proxy: dict[str, Any] = tomllib.loads(config_map(docs)["data"]["sluice.toml"])["proxy"]
+    return proxy
+
+
+def pod_spec(docs: list[Doc]) -> Doc:
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    assert len(workloads) == 1
+    spec: Doc = workloads[0]["spec"]["template"]
+    return spec
+
+
+def sluice_container(pod: Doc) -> Doc:
+    containers = pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
+    found: list[Doc] = [c for c in containers if c["name"] == "sluice"]
+    assert len(found) == 1
+    return found[0]
+
+
+def env(container: Doc) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def quantity(text: str) -> int:
+    """A Kubernetes quantity of bytes (1Gi, 500M, 1000Mi)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6}
+    units |= {"G": 10**9, "T": 10**12, "": 1}
+    match = re.fullmatch(r"([0-9.]+)([KMGT]i|[kMGT])?", str(text))
+    assert match, text
+    return int(float(match[1]) * units[match[2] or ""])
+
+
+def admin_port(container: Doc) -> int:
+    return int(env(container)["SLUICE_ADMIN"].rpartition(":")[2])
+
+
+# --- lint, render, schemas ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_helm_lint_strict(case: str) -> None:
+    chart, _, args = CASES[case]
+    # (lint has no --api-versions: the full values enable the operator's kinds.)
+    result = helm("lint", "--strict", str(chart), *(a for a in args if a not in OPERATOR))
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_rendered_object_validates_against_the_kubernetes_schema(
+    case: str, tmp_path: Path
+) -> None:
+    docs = render(case)
+    crds = [d for d in docs if d["apiVersion"].startswith(CRD_GROUP)]
+    checked = [d for d in docs if d not in crds]
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump_all(checked))
+    for version in KUBERNETES:
+        report = kubernetes_validate(path, version=version)
+        # Each object passed against a schema: none was skipped as unknown.
+        assert report.count("passed") == len(checked), report
+        assert "WARN" not in report, report
+    # The Prometheus Operator's kinds have no schema there: their content is
+    # checked below, and only they are left out.
+    assert {d["kind"] for d in crds} <= {"ServiceMonitor", "PrometheusRule"}
+    assert bool(crds) == case.endswith("full")
+
+
+def test_the_chart_requires_the_broker() -> None:
+    result = helm("template", "sluice", str(CHART), check=False)
+    assert result.returncode != 0
+    assert "broker is required" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"mode": "gatway"}, "mode must be gateway or sidecar"),
+        ({"broker": "http://broker:8080"}, "broker must start with pulsar://"),
+        (
+            {"recording": {"mode": "directory", "retainBytes": "2G", "volume": {"size": "2Gi"}}},
+            "must be above recording.retainBytes",
+        ),
+        (
+            {"recording": {"mode": "ring", "ring": "700M", "retainBytes": "800M"}},
+            "more than three quarters of recording.retainBytes",
+        ),
+        (
+            {"workers": 8, "recording": {"mode": "ring", "ring": "128M", "retainBytes": "8G"}},
+            "leaves no room for the ring",
+        ),
+        ({"drainTimeout": 30, "terminationGracePeriodSeconds": 32}, "at least drainTimeout + 5"),
+        ({"config": {"admin-token-file": "/token"}}, "config.admin-token-file is set by the chart"),
+        (
+            {"recording": {"mode": "ring", "snapshotOn": [{"id": "x", True: "error"}]}},
+            'quote "on"',
+        ),
+        ({"auth": {"mode": "proxy"}}, "auth.mode proxy needs a way to check clients"),
+        ({"tls": {"enabled": True}}, "tls.enabled needs tls.secretName"),
+        ({"workers": "many"}, "workers must be a positive number or auto"),
+    ],
+)
+def test_values_that_cannot_work_are_refused(
+    values: dict[str, Any], expected: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"broker": BROKER, **values}))
+    result = helm("template", "sluice", str(CHART), "-f", str(path), check=False)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr
+
+
+def test_the_sidecar_template_needs_sidecar_mode() -> None:
+    result = helm("template", "orders", str(ORDERS), "--set", "sluice.mode=gateway", check=False)
+    assert result.returncode != 0
+    assert "needs sluice.mode: sidecar" in result.stderr
+
+
+# --- what the objects promise ------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_probes_point_at_the_admin_port(case: str) -> None:
+    docs = render(case)
+    pod = pod_spec(docs)
+    proxy = sluice_container(pod)
+    port = admin_port(proxy)
+    ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert ports[proxy[probe]["httpGet"]["port"]] == port, probe
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    # The Service's admin port reaches the same container port.
+    service = next(
+        s for s in kind(docs, "Service") if any(p["name"] == "admin" for p in s["spec"]["ports"])
+    )
+    admin = next(p for p in service["spec"]["ports"] if p["name"] == "admin")
+    assert ports[admin["targetPort"]] == port
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_listeners_match_the_mode(case: str) -> None:
+    docs = render(case)
+    proxy = sluice_container(pod_spec(docs))
+    listen = env(proxy)["SLUICE_LISTEN"]
+    if case.startswith("sidecar"):
+        # Only the application in the pod reaches the proxy.
+        assert listen == "127.0.0.1:6650"
+        assert "SLUICE_LISTEN_TLS" not in env(proxy) or env(proxy)["SLUICE_LISTEN_TLS"].startswith(
+            "127.0.0.1:"
+        )
+        app = next(c for c in pod_spec(docs)["spec"]["containers"] if c["name"] == "app")
+        assert {"name": "PULSAR_SERVICE_URL", "value": "pulsar://localhost:6650"} in app["env"]
+    else:
+        assert listen == "0.0.0.0:6650"
+        service = next(s for s in kind(docs, "Service") if s["spec"].get("clusterIP") != "None")
+        names = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+        assert names["pulsar"] == 6650 and names["admin"] == 9090
+        assert ("pulsar-tls" in names) == ("SLUICE_LISTEN_TLS" in env(proxy))
+
+
+@pytest.mark.parametrize("case", ["gateway-full", "sidecar-example", "sidecar-full"])
+def test_the_recording_volume_holds_more_than_the_retention(case: str) -> None:
+    docs = render(case)
+    proxy = sluice_container(pod_spec(docs))
+    config = settings(docs)
+    retain = byte_size(config["record-retain-bytes"])
+    mount = next(m for m in proxy["volumeMounts"] if m["mountPath"] == config["record"])
+    assert not mount.get("readOnly")
+    volumes = {v["name"]: v for v in pod_spec(docs)["spec"]["volumes"]}
+    if mount["name"] in volumes and "emptyDir" in volumes[mount["name"]]:
+        assert quantity(volumes[mount["name"]]["emptyDir"]["sizeLimit"]) > retain
+    elif mount["name"] in volumes:
+        assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
+    else:
+        workload = one(docs, "StatefulSet")
+        claim = next(
+            c
+            for c in workload["spec"]["volumeClaimTemplates"]
+            if c["metadata"]["name"] == mount["name"]
+        )
+        assert quantity(claim["spec"]["resources"]["requests"]["storage"]) > retain
+    if "record-ring" in config:
+        assert load_triggers(config.get("snapshot-on", "[]"), PROTOCOL_FAULTS) is not None
+        assert byte_size(config["record-ring"]) * 4 <= retain * 3
+
+
+def test_the_default_size_limit_follows_the_retention() -> None:
+    for retain, limit in (("800M", "1000Mi"), ("2G", "2560Mi"), ("1.5G", "1920Mi")):
+        docs = render(
+            "gateway-default", "--set", "recording.mode=directory",
+            "--set", f"recording.retainBytes={retain}",
+        )  # fmt: skip
+        volumes = {v["name"]: v for v in pod_spec(docs)["spec"]["volumes"]}
+        assert volumes["sluice-recordings"]["emptyDir"]["sizeLimit"] == limit, retain
+        assert settings(docs)["record-retain-bytes"] == retain
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_file_the_config_names_is_mounted_from_its_secret(case: str) -> None:
+    docs = render(case)
+    pod = pod_spec(docs)
+    proxy = sluice_container(pod)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["mountPath"]: volumes.get(m["name"], {}) for m in proxy["volumeMounts"]}
+    config = settings(docs)
+    files = {
+        k: v
+        for k, v in config.items()
+        if isinstance(v, str) and v.startswith("/") and k != "record"
+    }
+    for option, path in files.items():
+        volume = mounts[str(Path(path).parent)]
+        if option == "faults":
+            assert volume["configMap"]["name"] == config_map(docs)["metadata"]["name"]
+            assert Path(path).name in config_map(docs)["data"]
+            continue
+        if option == "auth-token-public-key" and "configMap" in volume:
+            continue  # the brokers' public key: not a secret
+        secret = volume["secret"]
+        # Readable by the image's user through the pod's fsGroup.
+        assert secret["defaultMode"] == 0o440, option
+        made = [s for s in kind(docs, "Secret") if s["metadata"]["name"] == secret["secretName"]]
+        for s in made:  # a Secret the chart makes holds the file the config names
+            assert Path(path).name in s["data"], option
+    fs_group = pod["spec"]["securityContext"]["fsGroup"]
+    assert proxy["securityContext"].get("runAsGroup", fs_group) == fs_group
+    if case.endswith("full"):
+        wanted = {"admin-token-file", "broker-auth-token-file", "tls-cert", "tls-key"}
+        assert wanted <= files.keys()
+
+
+def test_tokens_are_in_secrets_never_in_a_config_map() -> None:
+    admin, credential = "admin-TOKEN-3f9a1c", "proxy-ROLE-TOKEN-77b2e0"
+    for case in ("gateway-full", "sidecar-full"):
+        prefix = "sluice." if case.startswith("sidecar") else ""
+        docs = render(
+            case,
+            "--set", f"{prefix}admin.token.existingSecret=",
+            "--set", f"{prefix}admin.token.value={admin}",
+            "--set", f"{prefix}auth.brokerToken.secretName=",
+            "--set", f"{prefix}auth.brokerToken.value={credential}",
+        )  # fmt: skip
+        secrets = {
+            base64.b64decode(value).decode()
+            for s in kind(docs, "Secret")
+            for value in s["data"].values()
+        }
+        assert {admin, credential} <= secrets, case
+        for doc in docs:
+            if doc["kind"] == "Secret":
+                continue
+            text = json.dumps(doc)
+            assert admin not in text and credential not in text, (case, doc["kind"])
+        # The config names the files, mounted from those Secrets.
+        config = settings(docs)
+        assert config["admin-token-file"].startswith("/etc/sluice-admin/")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_security_context(case: str) -> None:
+    pod = pod_spec(render(case))
+    proxy = sluice_container(pod)
+    context = proxy["securityContext"]
+    assert context["runAsNonRoot"] is True and context["runAsUser"] == 10001
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert "privileged" not in context
+    # The workers' state and TLS reloads need a writable /tmp.
+    tmp = next(m for m in proxy["volumeMounts"] if m["mountPath"] == "/tmp")
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == tmp["name"])
+    assert "emptyDir" in volume
+    if case.startswith("gateway"):
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_grace_period_covers_the_drain(case: str) -> None:
+    docs = render(case)
+    pod = pod_spec(docs)
+    proxy = sluice_container(pod)
+    pause = proxy.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    drain = settings(docs)["drain-timeout"]
+    # Workers still running 5 s after the drain are killed; then the exit.
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= pause + drain + 5
+    if case.startswith("gateway"):
+        assert pause > 0
+
+
+@pytest.mark.parametrize("case", ["gateway-default", "gateway-full"])
+def test_the_disruption_budget_selects_the_gateway(case: str) -> None:
+    docs = render(case)
+    budget = one(docs, "PodDisruptionBudget")
+    labels = pod_spec(docs)["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert budget["spec"]["maxUnavailable"] == 1
+    # One replica: no budget, which would block every node drain.
+    assert not kind(render(case, "--set", "gateway.replicas=1"), "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_network_policy_keeps_the_admin_port_inside_the_namespace(case: str) -> None:
+    docs = render(case)
+    policy = one(docs, "NetworkPolicy")
+    pod = pod_spec(docs)
+    port = admin_port(sluice_container(pod))
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    admitting = [
+        rule
+        for rule in policy["spec"]["ingress"]
+        if any(
+            p["protocol"] == "TCP" and p["port"] <= port <= p.get("endPort", p["port"])
+            for p in rule["ports"]
+        )
+    ]
+    assert len(admitting) == 1
+    peers = admitting[0]["from"]
+    assert peers[0] == {"podSelector": {}}
+    # Beyond this namespace: only the peers named in networkPolicy.adminFrom.
+    for peer in peers[1:]:
+        assert peer == {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+        }
+    assert [p["port"] for p in admitting[0]["ports"]] == [port]
+
+
+def test_the_sidecars_are_found_by_their_pod_label() -> None:
+    docs = render("sidecar-default")
+    labels = pod_spec(docs)["metadata"]["labels"]
+    service = one(docs, "Service")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"].items() <= labels.items()
+    # The configuration's checksum restarts the pods when a setting changes.
+    before = pod_spec(docs)["metadata"]["annotations"]["checksum/sluice-config"]
+    after = pod_spec(render("sidecar-default", "--set", "sluice.drainTimeout=30"))
+    assert after["metadata"]["annotations"]["checksum/sluice-config"] != before
+
+
+def test_a_native_sidecar_is_an_init_container_that_keeps_running() -> None:
+    pod = pod_spec(render("sidecar-full"))
+    (proxy,) = pod["spec"]["initContainers"]
+    assert proxy["name"] == "sluice" and proxy["restartPolicy"] == "Always"
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["app"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_prometheus_operator_objects(case: str) -> None:
+    docs = render(case)
+    if not case.endswith("full"):
+        # serviceMonitor.enabled auto: only where the cluster serves the kind.
+        assert not kind(docs, "ServiceMonitor") and not kind(docs, "PrometheusRule")
+        docs = render(case, *OPERATOR)
+    monitor = one(docs, "ServiceMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    scraped = [
+        s
+        for s in kind(docs, "Service")
+        if selector.items() <= s["metadata"]["labels"].items()
+        and endpoint["port"] in {p["name"] for p in s["spec"]["ports"]}
+    ]
+    # Each pod is scraped once, on its admin port.
+    assert len(scraped) == 1
+    admin = next(p for p in scraped[0]["spec"]["ports"] if p["name"] == endpoint["port"])
+    assert admin["port"] == admin_port(sluice_container(pod_spec(docs)))
+    assert endpoint["path"] == "/metrics"
+    rule = one(docs, "PrometheusRule")
+    alerts = yaml.safe_load((ROOT / "dashboards" / "prometheus" / "alerts.yml").read_text())
+    assert rule["spec"] == alerts and rule["spec"]["groups"][0]["rules"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_dashboards_are_config_maps_grafana_loads(case: str) -> None:
+    docs = render(case)
+    dashboards = [
+        d for d in kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]
+    ]
+    files = sorted((ROOT / "dashboards" / "grafana").glob("*.json"))
+    assert len(files) >= 3 and len(dashboards) == len(files)
+    for dashboard, path in zip(dashboards, files, strict=True):
+        assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(dashboard["data"][path.name]) == json.loads(path.read_text())
+    prefix = "sluice." if case.startswith("sidecar") else ""
+    docs = render(case, "--set", f"{prefix}dashboards.enabled=false")
+    assert [d["metadata"]["name"] for d in kind(docs, "ConfigMap")] == [
+        config_map(docs)["metadata"]["name"]
+    ]
+
+
+# --- the rendered configuration works ----------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_rendered_configuration_is_accepted_by_sluice(case: str, tmp_path: Path) -> None:
+    docs = render(case)
+    path = tmp_path / "sluice.toml"
+    path.write_text(config_map(docs)["data"]["sluice.toml"])
+    result = subprocess.run(
+        [*SLUICE, "proxy", "--config", str(path), "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **env(sluice_container(pod_spec(docs)))},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "# environment" in result.stdout and f"# file {path}" in result.stdout
+
+
+def materialize(docs: list[Doc], root: Path) -> tuple[Path, dict[str, str]]:
+    """The sluice container's volumes as directories under root, filled from
+    the rendered ConfigMaps and Secrets; its config with paths moved there."""
+    pod = pod_spec(docs)
+    proxy = sluice_container(pod)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    objects = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    moved: dict[str, str] = {}
+    for mount in proxy["volumeMounts"]:
+        where = root / mount["name"]
+        where.mkdir()
+        moved[mount["mountPath"]] = str(where)
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            for name, text in objects["ConfigMap", volume["configMap"]["name"]]["data"].items():
+                (where / name).write_text(text)
+        elif "secret" in volume:
+            for name, data in objects["Secret", volume["secret"]["secretName"]]["data"].items():
+                (where / name).write_bytes(base64.b64decode(data))
+    config = (Path(moved["/etc/sluice"]) / "sluice.toml").read_text()
+    longest_first = "|".join(map(re.escape, sorted(moved, key=len, reverse=True)))
+    config = re.sub(f'"({longest_first})(?=[/"])', lambda m: f'"{moved[m[1]]}', config)
+    path = root / "sluice.toml"
+    path.write_text(config)
+    return path, moved
+
+
+def test_a_snapshot_from_a_running_gateway_as_the_docs_take_it(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    """The gateway's rendered files, as the pod would see them: the proxy
+    starts, becomes ready, and `sluice record snapshot` with the mounted admin
+    token writes a capture into the recordings volume."""
+    rules = json.dumps([{"id": "broker-errors", "on": "error", "before": 30, "after": 1}])
+    docs = render(
+        "gateway-default",
+        "--set", f"broker={broker.url}",
+        "--set", "admin.token.value=a-token-for-this-test",
+        "--set", "recording.mode=ring", "--set", "recording.ring=4M",
+        "--set", "recording.retainBytes=64M",
+        "--set-json", f"recording.snapshotOn={rules}",
+        "--set-json", 'faults=[{"id": "slow", "match": {"command": "PONG"}, "action": "delay", '
+                      '"delay_ms": 1, "times": 1}]',
+    )  # fmt: skip
+    config, moved = materialize(docs, tmp_path)
+    port, admin = free_port(), free_port()
+    container_env = env(sluice_container(pod_spec(docs)))
+    assert container_env["SLUICE_ADMIN"] == "0.0.0.0:9090"
+    log = tmp_path / "proxy.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [*SLUICE, "proxy", "--config", str(config)],
+            env={
+                **os.environ,
+                "SLUICE_LISTEN": f"127.0.0.1:{port}",
+                "SLUICE_ADMIN": f"127.0.0.1:{admin}",
+            },
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        try:
+            wait_for_port("127.0.0.1", port, 20, process)
+        except BrokerError:
+            raise AssertionError(log.read_text()) from None
+        wait_ready(admin)
+        assert http_get(f"http://127.0.0.1:{admin}/healthz")[0] == 200
+        status, faults = http_get(f"http://127.0.0.1:{admin}/faults")
+        assert status == 200 and "slow" in faults
+        with client(f"pulsar://127.0.0.1:{port}") as c:
+            c.create_producer(topic).send(b"through the chart's configuration")
+        token = Path(moved["/etc/sluice-admin"]) / "token"
+        snapshot = subprocess.run(
+            [*SLUICE, "record", "snapshot", "--admin", f"127.0.0.1:{admin}",
+             "--admin-token-file", str(token), "--reason", "helm"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert snapshot.returncode == 0, snapshot.stderr + log.read_text()
+        capture = Path(snapshot.stdout.strip().splitlines()[-1])
+        assert capture.parent == Path(moved["/recordings"]) and capture.is_dir()
+        # Copied out of the pod, it opens in `sluice view`.
+        page = tmp_path / "capture.html"
+        view = subprocess.run(
+            [*SLUICE, "view", str(capture), "--export", str(page)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert view.returncode == 0, view.stderr
+        assert "SEND" in page.read_text()
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+# --- deploy/kubernetes/ is the chart's rendering ------------------------------------
+
+
+def example_files() -> dict[str, str]:
+    """deploy/kubernetes/'s files, rendered from the chart."""
+    header = (
+        "# Rendered from the Helm chart (deploy/helm/sluice) by `python -m tests.test_helm`:\n"
+        "#   helm template {release} {chart} {values}\n"
+        "# Edit the chart or the values file and render again; tests/test_helm.py checks\n"
+        "# that this file is what the chart renders.\n"
+    )
+    out = {}
+    for name, (chart, release, args) in EXAMPLE_RENDERS.items():
+        docs = documents(rendered(chart, release, *args))
+        text = rendered(chart, release, *args)
+        shown = [a.replace(f"{ROOT}/", "") for a in args]
+        top = header.format(release=release, chart=chart.relative_to(ROOT), values=" ".join(shown))
+        parts = [p for p in text.split("\n---\n") if p.strip()]
+        plain = [p for p in parts if not re.search(rf"^apiVersion: {CRD_GROUP}", p, re.M)]
+        out[f"{name}.yaml"] = top + "---\n".join(p.strip("-\n") + "\n" for p in plain)
+        if kind(docs, "ServiceMonitor"):
+            monitor = next(p for p in parts if re.search(r"^kind: ServiceMonitor", p, re.M))
+            out["servicemonitor.yaml"] = top + monitor.strip("-\n") + "\n"
+    return out
+
+
+def test_the_example_manifests_are_the_charts_rendering() -> None:
+    files = example_files()
+    assert set(files) == {"gateway.yaml", "sidecar.yaml", "servicemonitor.yaml"}
+    for name, text in files.items():
+        assert (K8S / name).read_text() == text, f"{name}: run `python -m tests.test_helm`"
+    assert sorted(p.name for p in K8S.iterdir()) == sorted(files)
+
+
+if __name__ == "__main__":
+    for file_name, content in example_files().items():
+        (K8S / file_name).write_text(content)
+        print(K8S / file_name)
