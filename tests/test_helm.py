@@ -193,7 +193,11 @@ def test_the_chart_requires_the_broker() -> None:
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
-        ({"mode": "gatway"}, "mode must be gateway or sidecar"),
+        # values.schema.json: names and kinds
+        ({"mode": "gatway"}, "at '/mode': value must be one of 'gateway', 'sidecar'"),
+        ({"recording": {"retain_bytes": "1G"}}, "additional properties 'retain_bytes' not allowed"),
+        ({"workers": "many"}, "at '/workers'"),
+        # the templates: what needs several values at once
         ({"broker": "http://broker:8080"}, "broker must start with pulsar://"),
         (
             {"recording": {"mode": "directory", "retainBytes": "2G", "volume": {"size": "2Gi"}}},
@@ -215,7 +219,6 @@ def test_the_chart_requires_the_broker() -> None:
         ),
         ({"auth": {"mode": "proxy"}}, "auth.mode proxy needs a way to check clients"),
         ({"tls": {"enabled": True}}, "tls.enabled needs tls.secretName"),
-        ({"workers": "many"}, "workers must be a positive number or auto"),
     ],
 )
 def test_values_that_cannot_work_are_refused(
@@ -228,10 +231,13 @@ def test_values_that_cannot_work_are_refused(
     assert expected in result.stderr, result.stderr
 
 
-def test_the_sidecar_template_needs_sidecar_mode() -> None:
+def test_the_sidecar_template_needs_sidecar_mode_and_known_values() -> None:
     result = helm("template", "orders", str(ORDERS), "--set", "sluice.mode=gateway", check=False)
     assert result.returncode != 0
     assert "needs sluice.mode: sidecar" in result.stderr
+    result = helm("template", "orders", str(ORDERS), "--set", "sluice.drain=5", check=False)
+    assert result.returncode != 0
+    assert "additional properties 'drain' not allowed" in result.stderr
 
 
 # --- what the objects promise ------------------------------------------------------
@@ -274,8 +280,14 @@ def test_listeners_match_the_mode(case: str) -> None:
         assert listen == "0.0.0.0:6650"
         service = next(s for s in kind(docs, "Service") if s["spec"].get("clusterIP") != "None")
         names = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-        assert names["pulsar"] == 6650 and names["admin"] == 9090
+        assert names["pulsar"] == 6650
         assert ("pulsar-tls" in names) == ("SLUICE_LISTEN_TLS" in env(proxy))
+        # The admin port is never on a Service reachable from outside.
+        for s in kind(docs, "Service"):
+            if "admin" in {p["name"] for p in s["spec"]["ports"]}:
+                assert s["spec"]["type"] == "ClusterIP", s["metadata"]["name"]
+        if case == "gateway-full":
+            assert service["spec"]["type"] == "LoadBalancer" and "admin" not in names
 
 
 @pytest.mark.parametrize("case", ["gateway-full", "sidecar-example", "sidecar-full"])
