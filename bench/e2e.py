@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,52 @@ def produce(url: str, topic: str, count: int, size: int, batching: bool) -> floa
         if failed:
             raise SystemExit(f"{len(failed)} sends failed: {failed[0]}")
     return count / elapsed
+
+
+def along(
+    url: str,
+    topic: str,
+    count: int,
+    size: int,
+    rate: float,
+    window: Callable[[bool], None] | None = None,
+) -> None:
+    """Produce ``count`` messages at ``rate`` per second, unbatched, with a
+    consumer on the same client reading along and acknowledging each one:
+    the low-rate case, where every frame crosses a proxy on its own.
+    ``window(True)`` is called just before the first message, and
+    ``window(False)`` once the last was received."""
+    body = b"x" * size
+    with client(url) as c:
+        consumer = c.subscribe(topic, f"along-{uuid.uuid4().hex[:6]}", receiver_queue_size=1000)
+        producer = c.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+        received = [0]
+
+        def read() -> None:
+            while received[0] < count:
+                try:
+                    msg = consumer.receive(timeout_millis=60_000)
+                except pulsar.Timeout:
+                    return
+                consumer.acknowledge(msg)
+                received[0] += 1
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        if window is not None:
+            window(True)
+        start = time.perf_counter()
+        for sent in range(count):
+            pause = start + sent / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            producer.send_async(body, lambda *_: None)
+        producer.flush()
+        reader.join()
+        if window is not None:
+            window(False)
+        if received[0] < count:
+            raise Stalled(f"{received[0]:,} of {count:,} received, then none for 60 s")
 
 
 class Stalled(Exception):

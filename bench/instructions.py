@@ -1,7 +1,8 @@
 """Instructions the whole proxy process spends per relayed message, counted by valgrind.
 
     python bench/instructions.py [--against DIR] [--messages 2000,6000]
-                                 [--only produce|consume] [--no-record]
+                                 [--only produce|consume|along] [--no-record]
+                                 [--seconds 20]
 
 Seconds on a shared 2-core VM swing by a third between identical runs;
 instruction counts do not. This runs ``sluice proxy`` under
@@ -10,7 +11,18 @@ and the official client sends (``produce``) or receives (``consume``) 1 KiB
 unbatched messages through it, as ``bench/e2e.py`` does. Each count is of a
 fresh proxy from start to exit; two message counts are taken and the
 difference is divided by the difference in messages, so start-up and
-shut-down cancel out. Everything the proxy does is counted: trio's
+shut-down cancel out.
+
+``--only along`` is the low-rate case of a sidecar, where every frame
+crosses the proxy on its own: the client produces at a fixed rate with a
+consumer reading along, and only the paced window is counted (callgrind
+zeroed at its start and dumped at its end, with ``callgrind_control``).
+Both counts take the same ``--seconds``, N1 and N2 messages spread over
+it, so that what the proxy does by the clock (its broker probe every 5 s,
+keepalives) cancels out too; under valgrind the proxy is some 50 times
+slower, so the rates stay low (the defaults: 5 and 15 a second).
+
+Everything the proxy does is counted: trio's
 sockets, the writer thread, metrics, recording (on, payloads hashed,
 unless ``--no-record``).
 
@@ -28,6 +40,7 @@ import argparse
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,10 +59,32 @@ START_TIMEOUT = 180.0  # seconds for a proxy under valgrind to listen
 SUMMARY = re.compile(rb"^summary: (\d+)$", re.M)
 
 
+class CallgrindWindow:
+    """Zeroes a callgrind run's counters, later dumps them (to OUT.1)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def __call__(self, start: bool) -> None:
+        action = "--zero" if start else "--dump=window"
+        done = subprocess.run(
+            ["callgrind_control", action, str(self.pid)], capture_output=True, text=True
+        )
+        if done.returncode != 0 or "OK" not in done.stdout:
+            raise SystemExit(f"callgrind_control {action} failed: {done.stdout}{done.stderr}")
+
+
 def count(
-    broker: EmbeddedBroker, tmp: Path, source: Path, step: str, messages: int, record: bool
+    broker: EmbeddedBroker,
+    tmp: Path,
+    source: Path,
+    step: str,
+    messages: int,
+    record: bool,
+    seconds: float,
 ) -> int:
-    """Instructions of one proxy's whole life, relaying ``messages`` messages."""
+    """Instructions of one proxy's whole life, relaying ``messages`` messages;
+    for ``along``, of its paced window only."""
     out = tmp / f"callgrind-{time.monotonic_ns()}.out"
     support.SLUICE = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                       sys.executable, "-m", "sluice.cli"]  # fmt: skip
@@ -62,6 +97,9 @@ def count(
         topic = f"persistent://public/default/instructions-{time.monotonic_ns()}"
         if step == "produce":
             e2e.produce(proxy.url, topic, messages, 1024, False)
+        elif step == "along":
+            window = CallgrindWindow(proxy.process.pid)
+            e2e.along(proxy.url, topic, messages, 1024, messages / seconds, window)
         else:
             e2e.produce(broker.url, topic, messages, 1024, False)
             e2e.consume(proxy.url, topic, messages)
@@ -71,6 +109,8 @@ def count(
         os.environ.pop("PYTHONHASHSEED", None)
     if status != 0:
         raise SystemExit(f"the proxy under valgrind exited with {status}:\n{proxy.log()[-2000:]}")
+    if step == "along":
+        out = out.with_name(out.name + ".1")  # the window's dump
     found = SUMMARY.search(out.read_bytes())
     if found is None:
         raise SystemExit(f"{out}: no callgrind summary line")
@@ -81,11 +121,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", type=Path, metavar="DIR",
                         help="also count the proxy from the sluice package in DIR")  # fmt: skip
-    parser.add_argument("--messages", default="2000,6000", metavar="N1,N2",
-                        help="the two message counts (default 2000,6000)")  # fmt: skip
-    parser.add_argument("--only", choices=("produce", "consume"), help="one step only")
+    parser.add_argument("--messages", metavar="N1,N2",
+                        help="the two message counts (default 2000,6000; "
+                             "100,300 for --only along)")  # fmt: skip
+    parser.add_argument("--only", choices=("produce", "consume", "along"), help="one step only")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="the paced window of --only along (default 20)")  # fmt: skip
     parser.add_argument("--no-record", action="store_true", help="the proxy does not record")
     args = parser.parse_args()
+    if args.messages is None:
+        args.messages = "100,300" if args.only == "along" else "2000,6000"
     try:
         low, high = (int(n) for n in args.messages.split(","))
     except ValueError:
@@ -110,15 +155,18 @@ def main() -> int:
                 counts = []
                 for messages in (low, high):
                     started = time.monotonic()
-                    counts.append(count(broker, Path(tmp), source, step, messages, record))
+                    counts.append(
+                        count(broker, Path(tmp), source, step, messages, record, args.seconds)
+                    )
                     print(f"{name} {step} {messages:,} messages: {counts[-1]:,} instructions "
                           f"({time.monotonic() - started:.0f} s)", file=sys.stderr)  # fmt: skip
                 found[(name, step)] = (counts[1] - counts[0]) / (high - low)
     print(f"proxy: sluice from {describe_source(here)}")
     if args.against is not None:
         print(f"against: sluice from {describe_source(sources['against'])}")
-    print(f"recording: {'on (payloads hashed)' if record else 'off'}; 1 KiB unbatched messages, "
-          f"instructions per message from {low:,} and {high:,}")  # fmt: skip
+    paced = f", paced over {args.seconds:g} s with a consumer along" if args.only == "along" else ""
+    print(f"recording: {'on (payloads hashed)' if record else 'off'}; 1 KiB unbatched messages"
+          f"{paced}, instructions per message from {low:,} and {high:,}")  # fmt: skip
     for step in steps:
         line = f"{step:<8} {found[('proxy', step)]:>10,.0f}"
         if args.against is not None:

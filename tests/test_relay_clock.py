@@ -7,6 +7,7 @@ No sockets, no real sleeps: ``autojump_clock`` jumps over idle time.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -81,10 +82,10 @@ def connect(proxy_to: str | None = None) -> bytes:
     return frame_bytes("CONNECT", body)
 
 
-def send_frame(sequence_id: int) -> bytes:
+def send_frame(sequence_id: int, payload: bytes = b"payload") -> bytes:
     cmd = command(T("SEND"), pb.CommandSend(producer_id=1, sequence_id=sequence_id))
     meta = pb.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1)
-    return encode_payload(cmd, meta, b"payload")
+    return encode_payload(cmd, meta, payload)
 
 
 async def never_ask(address: Address, request: Any) -> Any:
@@ -99,11 +100,12 @@ class Harness:
         nursery: trio.Nursery,
         broker: BrokerScript | None = None,
         broker_pair: Callable[[], tuple[Stream, Stream]] = trio.testing.memory_stream_pair,
+        client_pair: Callable[[], tuple[Stream, Stream]] = trio.testing.memory_stream_pair,
     ) -> None:
         self.nursery = nursery
         self.broker_pair = broker_pair
         self.tap = Recording()
-        self.client_end, self.server_end = trio.testing.memory_stream_pair()
+        self.client_end, self.server_end = client_pair()
         self.client = Wire(self.client_end)
         self.broker_script = broker
         self.dialed: list[tuple[Address, float]] = []
@@ -386,6 +388,16 @@ class SocketLike(trio.abc.Stream):
         await trio.lowlevel.checkpoint()
 
 
+def real_socket_pair() -> tuple[Stream, Stream]:
+    """Two connected kernel sockets with small buffers: the relay reads and
+    writes these itself, past trio's streams (``relay._descriptor``)."""
+    ends = trio.socket.socketpair()
+    for end in ends:
+        end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    return trio.SocketStream(ends[0]), trio.SocketStream(ends[1])
+
+
 def socket_pair(capacity: int = 16) -> tuple[Stream, Stream]:
     a_to_b, b_to_a = _Pipe(capacity), _Pipe(capacity)
     return SocketLike(a_to_b, b_to_a), SocketLike(b_to_a, a_to_b)
@@ -422,17 +434,21 @@ def busy_broker(got: list[Frame], first_send: trio.Event, problems: list[str]) -
 
 async def drain_with_a_send_stuck_in_the_write(
     pair: Callable[[], tuple[Stream, Stream]],
+    client_pair: Callable[[], tuple[Stream, Stream]] = trio.testing.memory_stream_pair,
+    payload: bytes = b"payload",
 ) -> tuple[Harness, float, list[str], list[Frame], list[str]]:
     got: list[Frame] = []
     problems: list[str] = []
     first_send = trio.Event()
     async with trio.open_nursery() as nursery:
-        h = Harness(nursery, busy_broker(got, first_send, problems), pair)
+        h = Harness(nursery, busy_broker(got, first_send, problems), pair, client_pair)
         h.start()
         await open_producer(h)
         await h.client.send(send_frame(1))
         await first_send.wait()
-        await h.client.send(send_frame(2))  # read by the relay, stuck writing it on
+        # Read by the relay, stuck writing it on (the client's end sends it
+        # from its own task: on sockets it is larger than the buffers).
+        nursery.start_soon(h.client.send, send_frame(2, payload))
         await trio.sleep(1.0)
         started = trio.current_time()
         nursery.start_soon(h.relay.drain, started + 20.0)
@@ -477,3 +493,22 @@ async def test_drain_does_not_cut_a_send_to_the_broker_in_half(
     assert problems == [], summary
     assert took < 10.0, summary
     assert rest[-1:] == ["CLOSE_PRODUCER"], summary
+
+
+async def test_drain_on_sockets_waits_for_a_write_the_socket_would_not_take(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The same on kernel sockets, which the relay writes itself: a frame
+    far larger than the socket buffers is still being written when the
+    drain begins, and reaches the broker whole."""
+    payload = bytes(range(256)) * 1024  # 256 KiB, against 4 KiB buffers
+    h, took, rest, got, problems = await drain_with_a_send_stuck_in_the_write(
+        real_socket_pair, real_socket_pair, payload
+    )
+    assert problems == []
+    sends = [f for f in got if f.name == "SEND"]
+    assert [f.body.sequence_id for f in sends] == [1, 2]
+    assert sends[1].payload == payload
+    assert rest == ["SEND_RECEIPT", "SEND_RECEIPT", "CLOSE_PRODUCER"]
+    assert took == pytest.approx(9.0, abs=0.1)  # receipts at +4 s and +9 s
+    assert h.reason == "drained"

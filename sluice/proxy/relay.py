@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,6 +43,22 @@ log = logging.getLogger("sluice.relay")
 # How much one read asks the socket for. The codec benchmark feeds the
 # decoder reads of this size too.
 READ_SIZE = 256 * 1024
+
+
+def _descriptor(stream: trio.abc.Stream) -> int | None:
+    """The socket under ``stream`` where it is plain TCP, for the relay's
+    own reads and writes; None for anything else (TLS, test streams).
+
+    trio's ``receive_some`` and ``send_all`` each pass through the scheduler
+    even when the socket is ready (a checkpoint before and a yield after the
+    system call), and a frame crossing alone pays three such round trips.
+    On a plain socket the relay reads and writes the descriptor itself, with
+    one scheduling point per read: waiting for data, or, when the last read
+    filled the buffer, a yield so that other connections get their turn.
+    """
+    if type(stream) is trio.SocketStream:
+        return stream.socket.fileno()
+    return None
 
 
 class Core(Protocol):
@@ -112,11 +129,19 @@ class Relay:
         self._tap = tap
         self._room = room
         self._locks = {Peer.CLIENT: trio.StrictFIFOLock(), Peer.BROKER: trio.StrictFIFOLock()}
+        self._descriptors: dict[Peer, int | None] = {
+            Peer.CLIENT: _descriptor(client),
+            Peer.BROKER: None,
+        }
         self._session: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
-        # Drain stops reading the client: it cancels a read in progress, never
-        # a write (a frame half written to the broker would be lost for good).
+        # Drain stops reading the client: it cancels the client's reading
+        # task, which is then either waiting for data or between reads, never
+        # in a write (a frame half written to the broker would be lost for
+        # good): actions that must wait run shielded (``_do``), and only
+        # ``_stop`` cancels those shields.
         self._reading: trio.CancelScope | None = None
+        self._shields: set[trio.CancelScope] = set()
         self._draining = False
         self._handshake = trio.CancelScope()
         self.bytes_in = 0
@@ -166,6 +191,8 @@ class Relay:
         self._closing = True
         if self._session is not None:
             self._session.cancel()
+        for shield in self._shields:
+            shield.cancel()
 
     # --- reading -------------------------------------------------------------------
 
@@ -177,26 +204,41 @@ class Relay:
         await self._pump(self.broker, False)
 
     async def _pump(self, stream: trio.abc.Stream, from_client: bool) -> None:
+        if from_client:
+            if self._draining:
+                return
+            with trio.CancelScope() as self._reading:
+                await self._read(stream, from_client)
+            self._reading = None
+        else:
+            await self._read(stream, from_client)
+
+    async def _read(self, stream: trio.abc.Stream, from_client: bool) -> None:
         receive = self.core.receive_client if from_client else self.core.receive_broker
         room = self._room
         tap = self._tap
         conn = self.conn
+        fd = _descriptor(stream)
+        ready = False  # the last read filled the buffer: more is likely waiting
         while True:
             if room is not None:
                 await room()
             try:
-                if from_client:
-                    if self._draining:
-                        return
-                    with trio.CancelScope() as reading:
-                        self._reading = reading
-                        data = bytes(await stream.receive_some(READ_SIZE))
-                    self._reading = None
-                    if reading.cancelled_caught:
-                        return  # drained while waiting: nothing was read
-                else:
+                if fd is None:
                     data = bytes(await stream.receive_some(READ_SIZE))
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                else:
+                    # One scheduling point per read (see _descriptor).
+                    if ready:
+                        await trio.lowlevel.checkpoint()
+                    else:
+                        await trio.lowlevel.wait_readable(fd)
+                    try:
+                        data = os.read(fd, READ_SIZE)
+                    except BlockingIOError:
+                        ready = False
+                        continue
+                    ready = len(data) == READ_SIZE
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 side = "client" if from_client else "broker"
                 if from_client and not self.bytes_in and _tls_failure(exc):
                     tap.event(conn, Rejected("tls"))
@@ -219,52 +261,120 @@ class Relay:
     # --- acting --------------------------------------------------------------------
 
     async def _do(self, actions: list[Action]) -> None:
-        for action in actions:
+        """Carry out ``actions`` in order. What needs no waiting (nearly
+        always: a write the socket takes whole) is done without passing
+        through the scheduler; from the first action that must wait on, the
+        rest run shielded, so that a drain never cuts a write in half."""
+        done, rest = self._do_now(actions)
+        if done < len(actions) and not self._closing:
+            with trio.CancelScope(shield=True) as shield:
+                self._shields.add(shield)
+                try:
+                    await self._do_waiting(actions, done, rest)
+                finally:
+                    self._shields.discard(shield)
+        # (cancel() is not free even when repeated: it describes the task.)
+        if not self._handshake.cancel_called and self.core.established:
+            self._handshake.cancel()
+
+    def _do_now(self, actions: list[Action]) -> tuple[int, bytes]:
+        """Carry out actions up to the first that must wait: its index, and
+        what is left of it to write if it is a Send."""
+        for index, action in enumerate(actions):
             kind = type(action)
             if kind is Send:
                 assert isinstance(action, Send)
-                await self._send(action.to, action.data)
-            elif kind is Close:
-                assert isinstance(action, Close)
-                if action.message:
-                    log.log(action.level, "%s: %s", self.conn.name, action.message)
-                self._stop(action.reason)
-                return
-            elif kind is OpenUpstream:
-                assert isinstance(action, OpenUpstream) and self._nursery is not None
-                # Dialling has its own timeout; the handshake's starts after it.
-                self._handshake.deadline = math.inf
-                self._nursery.start_soon(self._open_upstream, action)
-            elif kind is Ask:
-                assert isinstance(action, Ask) and self._nursery is not None
-                self._nursery.start_soon(self._answer, action)
+                rest = self._send_now(action.to, action.data)
+                if rest:
+                    return index, rest
+                if self._closing:
+                    break  # the write failed, or another task ended the connection
+            elif kind is Hold:
+                return index, b""
+            elif not self._act(action):
+                break
+        return len(actions), b""
+
+    async def _do_waiting(self, actions: list[Action], start: int, rest: bytes) -> None:
+        for action in actions[start:]:
+            kind = type(action)
+            if kind is Send:
+                assert isinstance(action, Send)
+                await self._send(action.to, rest or action.data)
             elif kind is Hold:
                 assert isinstance(action, Hold)
                 await trio.sleep_until(action.until)
-        if self.core.established:
-            self._handshake.cancel()
+            elif not self._act(action):
+                return
+            rest = b""
+
+    def _act(self, action: Action) -> bool:
+        """Carry out an action other than Send and Hold; False once it closed."""
+        kind = type(action)
+        if kind is Close:
+            assert isinstance(action, Close)
+            if action.message:
+                log.log(action.level, "%s: %s", self.conn.name, action.message)
+            self._stop(action.reason)
+            return False
+        if kind is OpenUpstream:
+            assert isinstance(action, OpenUpstream) and self._nursery is not None
+            # Dialling has its own timeout; the handshake's starts after it.
+            self._handshake.deadline = math.inf
+            self._nursery.start_soon(self._open_upstream, action)
+        elif kind is Ask:
+            assert isinstance(action, Ask) and self._nursery is not None
+            self._nursery.start_soon(self._answer, action)
+        return True
+
+    def _send_now(self, to: Peer, data: bytes) -> bytes:
+        """Write what the socket takes now; what is left to write."""
+        fd = self._descriptors[to]
+        if fd is None:
+            stream = self.client if to is Peer.CLIENT else self.broker
+            return data if stream is not None else b""  # nowhere to send yet: dropped
+        if self._locks[to].locked():
+            return data  # a write that had to wait goes first
+        try:
+            written = os.write(fd, data)
+        except BlockingIOError:
+            return data
+        except OSError as exc:
+            self._lost(to, exc)
+            return b""
+        return data[written:]
 
     async def _send(self, to: Peer, data: bytes) -> None:
         stream = self.client if to is Peer.CLIENT else self.broker
         if stream is None:
             return
+        fd = self._descriptors[to]
         lock = self._locks[to]
         try:
             # Uncontended (nearly always), the lock is taken without the
-            # scheduler round trip trio's acquire() adds: send_all has its
-            # own checkpoint.
+            # scheduler round trip trio's acquire() adds.
             try:
                 lock.acquire_nowait()
             except trio.WouldBlock:
                 await lock.acquire()
             try:
-                await stream.send_all(data)
+                if fd is None:
+                    await stream.send_all(data)
+                else:
+                    view = memoryview(data)
+                    while view:
+                        await trio.lowlevel.wait_writable(fd)
+                        with contextlib.suppress(BlockingIOError):
+                            view = view[os.write(fd, view) :]
             finally:
                 lock.release()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            side = "client" if to is Peer.CLIENT else "broker"
-            log.info("%s: connection to %s lost: %s", self.conn.name, side, exc.__cause__ or exc)
-            self._stop("lost")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._lost(to, exc)
+
+    def _lost(self, to: Peer, exc: BaseException) -> None:
+        side = "client" if to is Peer.CLIENT else "broker"
+        log.info("%s: connection to %s lost: %s", self.conn.name, side, exc.__cause__ or exc)
+        self._stop("lost")
 
     async def _open_upstream(self, action: OpenUpstream) -> None:
         try:
@@ -274,9 +384,10 @@ class Relay:
             await self._do(self.core.upstream_failed(message, trio.current_time()))
             return
         self.broker = stream
+        self._descriptors[Peer.BROKER] = _descriptor(stream)
         self._handshake.deadline = trio.current_time() + self.timing.handshake_timeout
         if action.hello:
-            await self._send(Peer.BROKER, action.hello)
+            await self._do([Send(Peer.BROKER, action.hello)])
         assert self._nursery is not None
         self._nursery.start_soon(self._pump_broker)
         # A protocol without a handshake of its own (Cursus) relays what the
