@@ -55,11 +55,12 @@ _mono_ns, _wall_ns = time.monotonic_ns, time.time_ns  # read for every frame
 
 # Packed records are handed to the file (a worker thread's write) once this
 # many bytes are waiting, or at the flush interval, whichever comes first:
-# one thread round trip per read would cost more than the records.
+# one thread round trip per read would cost more than the records. The
+# writer task is woken by the same amount queued (records are packed as
+# they are queued, so there is nothing to do for them sooner), by records
+# that are not frames, and by its clock: never once per read, which at low
+# rates would be a wake-up, timers and cancel scopes for every frame.
 WRITE_BYTES = 256 * 1024
-# Woken by a first frame, the writer lets this long's worth of frames gather
-# before it takes them: one wake-up per batch instead of one per read.
-BATCH_DELAY = 0.001
 
 
 class Summarizer(Protocol):
@@ -179,6 +180,9 @@ class Recorder:
         self._lossless = config.lossless
         self._max_frames = config.queue_frames
         self._max_bytes = config.queue_bytes
+        # The writer is woken once this much is queued (well before a bound).
+        self._wake_bytes = min(WRITE_BYTES, config.queue_bytes // 2)
+        self._wake_frames = config.queue_frames // 2
         self._wakeup = trio.Event()
         self._space = trio.Event()
         self._dropped = 0  # since the last gap record
@@ -274,11 +278,11 @@ class Recorder:
             self._bug(exc)
             self._drop(len(frames))
             return
-        if not queue:  # the writer takes the whole queue: wake it for the first frame only
-            self._wakeup.set()
         queue += records
         self._queued_frames += len(records)
         self._queued_bytes += sum(map(len, records))
+        if self._queued_bytes >= self._wake_bytes or self._queued_frames >= self._wake_frames:
+            self._wakeup.set()
 
     async def room(self) -> None:
         """In lossless mode, wait until the queue has space again."""
@@ -347,11 +351,10 @@ class Recorder:
         last_flush = trio.current_time()
         try:
             while True:
-                with trio.move_on_after(self.config.flush_interval):
-                    await self._wakeup.wait()
+                if not self._wakeup.is_set():
+                    with trio.move_on_after(self._next_wake()):
+                        await self._wakeup.wait()
                 self._wakeup = trio.Event()
-                if self._queue:
-                    await trio.sleep(BATCH_DELAY)
                 # A batch taken off the queue is always written: cancelling
                 # (shutdown) must not lose it between the queue and the file.
                 with trio.CancelScope(shield=True):
@@ -383,6 +386,15 @@ class Recorder:
                     await self._write_packed()
                 await self._close_file()
 
+    def _next_wake(self) -> float:
+        """Seconds until the writer has work by the clock: the flush interval,
+        or sooner a snapshot a trigger asked for."""
+        wait = self.config.flush_interval
+        if self._pending:
+            due = min(p[0] for p in self._pending) - time.monotonic()
+            wait = max(0.0, min(wait, due))
+        return wait
+
     # --- the flight recorder's ring ----------------------------------------
 
     def _check_triggers(self, conn: Conn, event: Event) -> None:
@@ -402,6 +414,7 @@ class Recorder:
             self._enqueue({"k": "trigger", "t": time.monotonic_ns(), "w": time.time_ns(),
                            **note})  # fmt: skip
             self._pending.append((now + trigger.after, trigger, now, note))
+            self._wakeup.set()  # to wait until it is due
             log.warning("snapshot rule %s fired on conn-%d %s: %s; saving %gs before and %gs "
                         "after", trigger.id, conn.id, conn.client,
                         " ".join(f"{k}={v}" for k, v in found.items()), trigger.before,
