@@ -43,7 +43,7 @@ from sluice.proxy.admin import (
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth, proxy_protocol_in
 from sluice.proxy.cursus import CursusBackend, NoListener
 from sluice.proxy.dial import CertificateReloader, dial, open_listeners, server_ssl_context
-from sluice.proxy.inbound import local_address, peer_address
+from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.pulsar import PulsarBackend
 from sluice.proxy.relay import Dialer, Relay, Timing
@@ -73,6 +73,10 @@ class _ServerName:
     route: Address | None = None
     refused: str | None = None
 
+
+# A TLS alert record: fatal (2), unrecognized_name (112), before any
+# encryption (the server-name callback runs before the ServerHello).
+_UNRECOGNIZED_NAME = bytes([21, 3, 3, 0, 2, 2, ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME])
 
 # The handshake the callback belongs to: OpenSSL calls it synchronously
 # inside do_handshake(), in the task that handles the connection.
@@ -574,6 +578,10 @@ class Proxy:
                 await stream.do_handshake()
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
             if handshake.refused is not None:
+                # OpenSSL wrote the alert, but trio drops what is unsent when
+                # a handshake fails: the same record, sent here.
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await transport(stream).send_all(_UNRECOGNIZED_NAME)
                 why = f"TLS server name {handshake.name!r} names no broker it may reach"
                 if handshake.refused == "sni_invalid":
                     why = f"TLS server name {handshake.name!r} is not a DNS name"
