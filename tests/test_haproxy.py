@@ -215,3 +215,17 @@ def test_signatures_are_recognised_from_their_first_bytes() -> None:
         assert starts_like_a_header(data), data
     for data in (b"", b"\x00\x00\x00\x10", b"\x16\x03\x01", b"GET / HTTP/1.1", b"PROXZ", b"\r\r"):
         assert not starts_like_a_header(data), data
+
+
+def test_a_v1_line_reads_the_same_however_it_is_cut() -> None:
+    """Found by fuzzing (crashes/proxy_header/v1-stray-lf-past-the-limit): a
+    stray LF and the length limit in one read gave "oversized", read in
+    smaller pieces "malformed"; and a line whose CRLF fell just past the
+    limit was taken when a read happened to end on it."""
+    stray = b"PROXY UNKNOWN " + b"x" * 80 + b"\n" + b"y" * 40
+    assert {refused(stray, seed).reason for seed in range(16)} == {"malformed"}
+    too_long = b"PROXY UNKNOWN " + b"x" * (V1_MAX - 15) + b"\r\n"
+    assert len(too_long) == V1_MAX + 1
+    assert {refused(too_long, seed).reason for seed in range(16)} == {"oversized"}
+    longest = b"PROXY UNKNOWN " + b"x" * (V1_MAX - 16) + b"\r\n"
+    assert read(longest)[0].size == V1_MAX

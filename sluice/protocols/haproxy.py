@@ -92,7 +92,7 @@ class HeaderReader:
             if len(data) < _V2_FIXED:
                 return _V2_FIXED - len(data)
             return _V2_FIXED + int.from_bytes(data[14:16], "big") - len(data)
-        return _v1_wanted(bytes(data))
+        return min(_v1_wanted(bytes(data)), V1_MAX - len(data))
 
     def feed(self, data: bytes) -> ProxyHeader | None:
         """Take bytes read (at most ``wanted``); the header once it is whole.
@@ -124,10 +124,10 @@ class HeaderReader:
             raise _missing(data)
         end = data.find(b"\r\n")
         if end < 0:
-            if len(data) >= V1_MAX:
-                raise HeaderError("oversized", f"PROXY v1 line longer than {V1_MAX} bytes")
             if b"\n" in data or b"\r" in data[:-1]:
                 raise HeaderError("malformed", "PROXY v1 line with a stray CR or LF")
+            if len(data) >= V1_MAX:
+                raise HeaderError("oversized", f"PROXY v1 line longer than {V1_MAX} bytes")
             return None
         if end != len(data) - 2:
             raise HeaderError("malformed", "PROXY v1 line shorter than its first read")
