@@ -28,11 +28,18 @@ import pulsar
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from sluice.addresses import Address
-from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles
+from sluice.addresses import Address, AllowList
+from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles, hs256_token
 from sluice.embedded import BrokerError, EmbeddedBroker, free_port
+from sluice.errors import ConfigError
+from sluice.protocols.core import Conn, OnInvalid, OpenUpstream
 from sluice.protocols.haproxy import V2_SIGNATURE, v2_header
-from sluice.protocols.pulsar import FrameDecoder, command, encode, pb
+from sluice.protocols.pulsar import FrameDecoder, command, decode_stream, encode, pb
+from sluice.protocols.pulsar.auth import ProxyAuth
+from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.dial import TlsServerConfig
 from tests.support import ProxyProcess, client, start_proxy, tls_files
 from tests.test_apache_pulsar import (
     pulsar_perf,
@@ -44,6 +51,8 @@ from tests.test_apache_pulsar import (
     unique,
 )
 from tests.test_dashboards import scrape
+from tests.test_proxy_auth import SECRET
+from tests.test_pulsar_core import Recording, connect_body, frame_bytes
 
 T = pb.BaseCommand
 SECOND = "127.0.0.23"  # where "the client" connects from
@@ -406,6 +415,80 @@ def test_bad_headers_are_refused_counted_and_logged_in_a_line(
 
 
 # --- SNI: Pulsar's proxy mode ---------------------------------------------------------
+
+
+def routed_core(tmp_path: Path, routing: Routing, to: Address) -> PulsarConnection:
+    """A core whose client's TLS server name chose ``to``, Sluice
+    authenticating clients (--auth-mode proxy)."""
+    (tmp_path / "secret.key").write_bytes(SECRET)
+    (tmp_path / "sluice.token").write_text(hs256_token(SECRET, "sluice") + "\n")
+    auth = ProxyAuth.load(secret_key=tmp_path / "secret.key", public_key=None,
+                          role_claim="sub", own_token=tmp_path / "sluice.token",
+                          tls_roles=False, forward_auth_data=False)  # fmt: skip
+    settings = PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5, auth)
+    conn = Conn(1, "198.51.100.7:4000", "tls", "pulsar", via=f"{BALANCER}:5000")
+    return PulsarConnection(conn, settings, routing, Recording(), routed=to)
+
+
+def test_a_routed_connect_goes_to_the_named_broker_as_sluice_naming_the_client(
+    tmp_path: Path,
+) -> None:
+    """SNI mode: the client's CONNECT names no proxy_to_broker_url (the TLS
+    server name chose the broker); in proxy mode it goes upstream with
+    Sluice's credential, naming the role Sluice verified."""
+    routing = Routing(parse_broker_url("pulsar://127.0.0.1:6650"))
+    routing.named = {SNI_NAME: parse_broker_url("pulsar+ssl://10.0.0.5:6651")}
+    target = routing.route_name(SNI_NAME)
+    assert target == Address("10.0.0.5", 6651)
+    core = routed_core(tmp_path, routing, target)
+    token = hs256_token(SECRET, "app")
+    connect = connect_body(auth_method_name="token", auth_data=token.encode())
+    (opened,) = core.receive_client(frame_bytes("CONNECT", connect), 0.0)
+    assert isinstance(opened, OpenUpstream)
+    assert (opened.address, opened.tls) == (target, True)
+    (hello,) = decode_stream(opened.hello, 1 << 20)
+    assert hello.body.auth_data == hs256_token(SECRET, "sluice").encode()
+    assert (hello.body.original_principal, hello.body.original_auth_method) == ("app", "token")
+    assert core.conn.kind == "proxied" and core.conn.broker == "10.0.0.5:6651"
+
+
+def test_server_names_route_to_brokers_the_cluster_named_if_the_allow_list_admits_them() -> None:
+    routing = Routing(parse_broker_url("pulsar://127.0.0.1:6650"), ("*.pulsar.svc",))
+    assert routing.route_name("broker-1.pulsar.svc") is None  # not named yet
+    # A lookup answer named the broker, plain and TLS: the TLS address wins.
+    routing.learn(parse_broker_url("pulsar://broker-1.pulsar.svc:6650"))
+    routing.learn(parse_broker_url("pulsar+ssl://Broker-1.pulsar.svc:6651"))
+    assert routing.route_name("broker-1.pulsar.svc") == Address("Broker-1.pulsar.svc", 6651)
+    assert routing.tls_of(Address("Broker-1.pulsar.svc", 6651))
+    # Named, but the allow-list does not admit it: no route (a TLS alert).
+    strict = Routing(parse_broker_url("pulsar://127.0.0.1:6650"), ("10.0.0.0/8",))
+    strict.learn(parse_broker_url("pulsar://evil.example:6650"))
+    strict.allowlist = AllowList(("10.0.0.0/8",))
+    assert strict.route_name("evil.example") is None
+    assert routing.route_name("127.0.0.1") == Address("127.0.0.1", 6650)  # the --broker
+
+
+def test_sni_and_proxy_protocol_settings_say_what_is_wrong() -> None:
+    broker = parse_broker_url("pulsar://127.0.0.1:6650")
+    tls = TlsServerConfig(Path("c"), Path("k"))
+    with pytest.raises(ConfigError, match="needs --proxy-protocol-from"):
+        ProxyConfig(broker, proxy_protocol_in=True)
+    with pytest.raises(ConfigError, match="goes with --proxy-protocol-in"):
+        ProxyConfig(broker, proxy_protocol_from=("10.0.0.0/8",))
+    with pytest.raises(ConfigError, match=r"'10\.0\.0\.0/33'"):
+        ProxyConfig(broker, proxy_protocol_in=True, proxy_protocol_from=("10.0.0.0/33",))
+    with pytest.raises(ConfigError, match="need a TLS listener"):
+        ProxyConfig(broker, sni_route=("a.example=pulsar://b:6650",))
+    listen = Address("127.0.0.1", 6651)
+    for bad in ("a.example", "not_dns=pulsar://b:6650", "a.example=http://b"):
+        with pytest.raises(ConfigError, match="--sni-route"):
+            ProxyConfig(broker, listen_tls=listen, tls=tls, sni_route=(bad,))
+    routes = ("A.Example.=pulsar+ssl://b:6651", "me.example=self")
+    config = ProxyConfig(broker, listen_tls=listen, tls=tls, sni_route=routes)
+    assert config.sni_routes() == {
+        "a.example": parse_broker_url("pulsar+ssl://b:6651"),
+        "me.example": None,
+    }
 
 
 def sni_proxy(pp: SniBroker, tmp_path: Path, *extra: str) -> tuple[ProxyProcess, int, int, Path]:
