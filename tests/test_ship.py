@@ -202,7 +202,7 @@ def test_manifests_validate_against_kubernetes_schemas() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("passed") == 10
+    assert result.stdout.count("passed") == 11
 
 
 def sluice_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -299,8 +299,19 @@ def test_the_admin_endpoint_is_loopback_in_the_image_and_token_guarded_in_the_ex
 
 def test_gateway_service_exposes_pulsar_and_metrics() -> None:
     docs = documents("gateway.yaml")
-    service = next(d for d in docs if d["kind"] == "Service")
+    service, public = [d for d in docs if d["kind"] == "Service"]
     assert {p["port"] for p in service["spec"]["ports"]} == {6650, 9090}
+    # The balancer outside: the Pulsar port only, PROXY protocol on both ends.
+    assert public["spec"]["type"] == "LoadBalancer"
+    assert {p["port"] for p in public["spec"]["ports"]} == {6650}
+    assert (
+        public["metadata"]["annotations"][
+            "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol"
+        ]
+        == "*"
+    )
+    settings = sluice_settings(docs)
+    assert settings["proxy-protocol-in"] is True and settings["proxy-protocol-from"]
 
 
 def test_print_config_masks_secrets() -> None:
