@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import re
 import socket
 from dataclasses import dataclass
 
@@ -74,6 +75,23 @@ def parse_host(text: str, *, what: str = "host") -> str:
         except ValueError:
             raise ConfigError(f"{what} {text!r}: a host alone, without a port") from None
     return host
+
+
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+
+
+def server_name(text: str) -> str | None:
+    """A DNS host name as TLS carries it in SNI, lower-cased without a
+    trailing dot; None when it is not one (letters, digits and hyphens in
+    dot-separated labels of at most 63, 253 in all; no IP addresses, which
+    SNI never carries)."""
+    name = text.lower().removesuffix(".")
+    if not 0 < len(name) <= 253 or not name.isascii():
+        return None
+    labels = name.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():
+        return None
+    return name
 
 
 def is_wildcard(host: str) -> bool:

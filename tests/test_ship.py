@@ -294,8 +294,17 @@ def test_the_admin_endpoint_is_loopback_in_the_image_and_token_guarded_in_the_ex
 
 def test_gateway_service_exposes_pulsar_and_metrics() -> None:
     docs = documents("gateway.yaml")
-    service = next(d for d in docs if d["kind"] == "Service")
-    assert {p["port"] for p in service["spec"]["ports"]} == {6650, 9090}
+    public, admin = [d for d in docs if d["kind"] == "Service"]
+    # The balancer outside: the Pulsar port only, PROXY protocol on both ends.
+    assert public["spec"]["type"] == "LoadBalancer"
+    assert {p["port"] for p in public["spec"]["ports"]} == {6650}
+    annotations = public["metadata"]["annotations"]
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-proxy-protocol"] == "*"
+    settings = sluice_settings(docs)
+    assert settings["proxy-protocol-in"] is True and settings["proxy-protocol-from"]
+    # Metrics and the admin endpoint stay inside the cluster.
+    assert admin["spec"]["type"] == "ClusterIP"
+    assert {p["port"] for p in admin["spec"]["ports"]} == {9090}
 
 
 def test_print_config_masks_secrets() -> None:

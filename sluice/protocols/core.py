@@ -113,6 +113,9 @@ class Conn:
     # The CN of the client's verified TLS certificate, once the TLS
     # handshake is done (None: plain, or no certificate).
     peer_role: Callable[[], str | None] = lambda: None
+    # The balancer the connection came through when a PROXY protocol header
+    # named the client ("": it came straight from the client).
+    via: str = ""
 
     @property
     def name(self) -> str:

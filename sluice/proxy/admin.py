@@ -40,7 +40,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sluice.addresses import Address
 from sluice.protocols.faults import FaultError, Faults, ProtocolFaults, parse_rule
+from sluice.protocols.haproxy import HeaderError
 from sluice.proxy.dial import open_listeners
+from sluice.proxy.inbound import ProxyProtocolIn, peer_address
 from sluice.recording.writer import Recorder, SnapshotError
 
 log = logging.getLogger("sluice.admin")
@@ -168,15 +170,28 @@ async def serve_admin(
     handlers: Mapping[str, Handler] | None = None,
     metrics: MetricsSource | None = None,
     max_connections: int = MAX_CONNECTIONS,
+    *,
+    inbound: ProxyProtocolIn | None = None,
+    refused: Callable[[Address, HeaderError], None] | None = None,
 ) -> None:
     """Serve the endpoint; ``handlers``: by path (e.g. ``/faults``);
-    ``max_connections``: connections held at once."""
+    ``max_connections``: connections held at once; ``inbound``: the PROXY
+    headers to read first (--proxy-protocol-in), ``refused`` told of each
+    bad one."""
     routes = dict(handlers or {})
     gate = _Gate(max_connections)
     busy = _too_many(max_connections).encode()
     retry = [("Retry-After", "1")]
 
     async def handle(stream: trio.SocketStream) -> None:
+        if inbound is not None:
+            try:
+                await inbound.read(stream, peer_address(stream))
+            except HeaderError as exc:
+                if refused is not None:
+                    refused(peer_address(stream), exc)
+                await trio.aclose_forcefully(stream)
+                return
         held = gate.admit()
         try:
             if held is None:

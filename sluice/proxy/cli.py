@@ -62,6 +62,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="require client certificates signed by this CA (default: not required)",
     )
+    net.add_argument(
+        "--proxy-protocol-in",
+        action="store_true",
+        help="take a PROXY protocol header (v1 or v2, as HAProxy and cloud balancers write "
+        "it) on every listener, admin too, from the sources of --proxy-protocol-from, and "
+        "none from anyone else: the client's address is then the header's (limits, logs, "
+        "recordings); a missing, bad or unlisted header closes the connection",
+    )
+    net.add_argument(
+        "--proxy-protocol-from",
+        action="append",
+        default=[],
+        metavar="CIDR,...",
+        help="the balancers whose PROXY headers are believed (repeatable; default: none)",
+    )
+    net.add_argument(
+        "--sni-route",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="TLS listener: a client whose TLS server name (SNI) is NAME is relayed to the "
+        "broker at URL, as Pulsar's SNI proxy mode wants; URL 'self': served by Sluice as "
+        "usual. Names of brokers the cluster named are routed too; any other name gets a "
+        "TLS alert (repeatable; default: no SNI routing)",
+    )
+    net.add_argument(
+        "--sni-routing",
+        action="store_true",
+        help="route TLS server names that name brokers the cluster told Sluice about, "
+        "without any --sni-route",
+    )
     up = parser.add_argument_group("upstream")
     up.add_argument(
         "--broker",
@@ -112,6 +143,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "upstream never named them (same patterns as --allow-broker, and allowed too); "
         "a client naming any other broker its answers did not name is refused "
         "(repeatable; default: none, only the --broker and brokers its answers name)",
+    )
+    up.add_argument(
+        "--proxy-protocol-out",
+        action="store_true",
+        help="send a PROXY protocol v2 header naming the client first on every connection "
+        "to a broker made for a client (the broker must read it: Apache Pulsar's "
+        "haProxyProtocolEnabled=true); Sluice's own lookup connections send none",
     )
     up.add_argument(
         "--max-redirects",
@@ -450,6 +488,11 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         ),
         allow_broker=tuple(args.allow_broker),
         trust_broker=tuple(args.trust_broker),
+        proxy_protocol_in=args.proxy_protocol_in,
+        proxy_protocol_from=tuple(args.proxy_protocol_from),
+        proxy_protocol_out=args.proxy_protocol_out,
+        sni_route=tuple(args.sni_route),
+        sni_routing=args.sni_routing,
         on_invalid=OnInvalid(args.on_invalid),
         max_message_size=args.max_message_size,
         connect_timeout=args.connect_timeout,

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.addresses import Address, AllowList
+from sluice.addresses import Address, AllowList, server_name
 from sluice.errors import ConfigError
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.cursus.connection import CURSUS_FAULTS
@@ -19,8 +19,9 @@ from sluice.protocols.faults import ProtocolFaults, Rule
 from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
 from sluice.protocols.pulsar.auth import ProxyAuth
 from sluice.protocols.pulsar.connection import PULSAR_FAULTS
-from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url, parse_cursus_url
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
+from sluice.proxy.inbound import ProxyProtocolIn, parse_sources
 from sluice.recording.writer import RecorderConfig
 
 # Every protocol fault rules may name, by name.
@@ -93,6 +94,19 @@ class ProxyConfig:
     # broker, so that a restarted proxy gives every broker the port clients
     # already know it by (None: each start gives them anew).
     broker_ports_file: Path | None = None
+    # --proxy-protocol-in: every listener (the protocol's and admin) takes a
+    # PROXY protocol header (v1 or v2) from the sources in
+    # proxy_protocol_from (CIDRs) and none from anyone else.
+    proxy_protocol_in: bool = False
+    proxy_protocol_from: tuple[str, ...] = ()
+    # --proxy-protocol-out: a v2 header naming the client goes first on each
+    # connection Sluice opens to a broker for a client.
+    proxy_protocol_out: bool = False
+    # --sni-route NAME=URL: TLS server names routed to a broker (URL) or
+    # served by Sluice as usual ("self"); any route turns SNI routing on, as
+    # --sni-routing does for brokers' own names alone.
+    sni_route: tuple[str, ...] = ()
+    sni_routing: bool = False
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:
@@ -150,6 +164,41 @@ class ProxyConfig:
         AllowList(self.trust_broker, "--trust-broker")
         if self.max_redirects < 0:
             raise ConfigError("--max-redirects must not be negative")
+        self._check_proxy_protocol()
+
+    def _check_proxy_protocol(self) -> None:
+        sources = parse_sources(self.proxy_protocol_from)
+        if self.proxy_protocol_in and not sources:
+            raise ConfigError(
+                "--proxy-protocol-in needs --proxy-protocol-from CIDR,...: the balancers "
+                "whose headers are believed"
+            )
+        if sources and not self.proxy_protocol_in:
+            raise ConfigError("--proxy-protocol-from goes with --proxy-protocol-in")
+        if self.sni_on and self.listen_tls is None:
+            raise ConfigError("--sni-route and --sni-routing need a TLS listener (--listen-tls)")
+        self.sni_routes()  # routes that do not parse: one line now
+
+    @property
+    def sni_on(self) -> bool:
+        return self.sni_routing or bool(self.sni_route)
+
+    def sni_routes(self) -> dict[str, BrokerUrl | None]:
+        """--sni-route as server name -> broker (None: Sluice itself)."""
+        routes: dict[str, BrokerUrl | None] = {}
+        for rule in self.sni_route:
+            text, sep, url = rule.partition("=")
+            name = server_name(text.strip())
+            if not sep or name is None:
+                raise ConfigError(f"--sni-route {rule!r}: expected NAME=URL, NAME a DNS name")
+            what = f"--sni-route {name}"
+            if url.strip() == "self":
+                routes[name] = None
+            elif self.protocol == "cursus":
+                routes[name] = parse_cursus_url(url, what=what)
+            else:
+                routes[name] = parse_broker_url(url, what=what)
+        return routes
 
     def _check_auth(self) -> None:
         if self.auth_mode not in ("passthrough", "proxy"):
@@ -212,3 +261,10 @@ def proxy_auth(config: ProxyConfig) -> ProxyAuth | None:
         tls_roles=config.tls is not None and config.tls.client_ca is not None,
         forward_auth_data=config.forward_auth_data,
     )
+
+
+def proxy_protocol_in(config: ProxyConfig) -> ProxyProtocolIn | None:
+    """``--proxy-protocol-in``: whose PROXY headers every listener reads (None: off)."""
+    if not config.proxy_protocol_in:
+        return None
+    return ProxyProtocolIn(parse_sources(config.proxy_protocol_from), config.handshake_timeout)

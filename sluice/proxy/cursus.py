@@ -61,6 +61,8 @@ class CursusBackend:
         self.routing = routing
         self.connect_timeout = connect_timeout
         self.open_listener: OpenListener | None = None
+        # --sni-route: TLS server names that stand for a broker.
+        self.named: dict[str, BrokerUrl] = {}
 
     def tls_context(self, tls: bool) -> ssl.SSLContext | None:
         return self._tls_context if tls else None
@@ -73,6 +75,17 @@ class CursusBackend:
             conn, self.settings, self.routing, tap, upstream=upstream, tls=self.tls,
             faults=self.faults,
         )  # fmt: skip
+
+    def route_name(self, name: str) -> Address | None:
+        """SNI routing: the broker a TLS server name stands for: an
+        --sni-route, or a broker a reply named by that host."""
+        url = self.named.get(name)
+        if url is not None:
+            return url.address
+        for upstream in (self.broker, *self.routing.listeners):
+            if upstream.host.lower().removesuffix(".") == name:
+                return upstream
+        return None
 
     async def ask(self, address: Address, request: Any) -> Address | Exception:
         """A core's ``ListenerRequest``: the listener for its broker."""

@@ -240,14 +240,22 @@ async def dial(
     *,
     timeout: float,
     tls: ssl.SSLContext | None = None,
+    preamble: bytes = b"",
 ) -> trio.abc.Stream:
-    """Open a TCP (optionally TLS) connection, all within ``timeout`` seconds.
+    """Open a TCP (optionally TLS) connection, all within ``timeout`` seconds;
+    ``preamble`` (a PROXY protocol header) goes first, before TLS.
 
     Raises ``OSError`` with a readable message on failure or timeout.
     """
     stream: trio.abc.Stream
     with trio.move_on_after(timeout) as scope:
         tcp = await trio.open_tcp_stream(address.host, address.port)
+        if preamble:
+            try:
+                await tcp.send_all(preamble)
+            except trio.BrokenResourceError as exc:
+                await tcp.aclose()
+                raise OSError(f"{address} closed the connection: {exc.__cause__ or exc}") from exc
         if tls is None:
             return tcp
         stream = trio.SSLStream(tcp, tls, server_hostname=address.host, https_compatible=False)

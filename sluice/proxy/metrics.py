@@ -53,6 +53,7 @@ from sluice.protocols.core import (
     TopicTraffic,
 )
 from sluice.protocols.cursus.connection import CURSUS_FAULTS
+from sluice.protocols.haproxy import REASONS as HEADER_REFUSALS
 from sluice.protocols.pulsar import Problem
 from sluice.protocols.pulsar.frame import command_name
 
@@ -354,6 +355,7 @@ class Metrics:
         self.relay_delay_by_direction = self.relay_delay.children
         for reason in (
             "limit", "relay_refused", "untrusted_broker", "handshake_timeout", "handshake", "tls",
+            "sni_unknown", "sni_invalid", *(f"proxy_header_{r}" for r in HEADER_REFUSALS),
         ):  # fmt: skip
             self.connections_rejected.labels(reason)
         for outcome in ("answered", "redirected", "failed", "rejected"):

@@ -398,7 +398,21 @@ class PulsarBackend:
         nursery.start_soon(self._pool.keep_tidy)
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
-        return PulsarConnection(conn, self.settings, self.routing, tap, self.faults)
+        """``upstream``: the broker SNI routing chose (``route_name``), if any."""
+        return PulsarConnection(conn, self.settings, self.routing, tap, self.faults, upstream)
+
+    def route_name(self, name: str) -> Address | None:
+        """SNI routing: the allowed broker a TLS server name stands for."""
+        return self.routing.route_name(name)
+
+    @property
+    def named(self) -> dict[str, BrokerUrl]:
+        """--sni-route: TLS server names that stand for a broker."""
+        return self.routing.named
+
+    @named.setter
+    def named(self, routes: dict[str, BrokerUrl]) -> None:
+        self.routing.named = routes
 
     async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure:
         """Run a core's request on the shared connection to ``address``."""

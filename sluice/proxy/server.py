@@ -9,7 +9,9 @@ Nothing here looks at frames.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
+import functools
 import gc
 import itertools
 import logging
@@ -23,12 +25,13 @@ from typing import Any, Protocol
 
 import trio
 
-from sluice.addresses import Address, AllowList, advertised
+from sluice.addresses import Address, AllowList, advertised, server_name
 from sluice.protocols.core import Accepted, Conn, Rejected, Taps
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.connection import CursusRouting, CursusSettings
 from sluice.protocols.faults import Faults
-from sluice.protocols.pulsar.connection import PulsarSettings, Routing
+from sluice.protocols.haproxy import HeaderError, v2_header
+from sluice.protocols.pulsar.connection import LogLimit, PulsarSettings, Routing
 from sluice.proxy.admin import (
     FaultsEndpoint,
     Handler,
@@ -37,12 +40,13 @@ from sluice.proxy.admin import (
     open_admin,
     serve_admin,
 )
-from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth
+from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth, proxy_protocol_in
 from sluice.proxy.cursus import CursusBackend, NoListener
 from sluice.proxy.dial import CertificateReloader, dial, open_listeners, server_ssl_context
+from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.pulsar import PulsarBackend
-from sluice.proxy.relay import Relay, Timing
+from sluice.proxy.relay import Dialer, Relay, Timing
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     LIMITS_FILE,
@@ -58,6 +62,27 @@ log = logging.getLogger("sluice.proxy")
 
 # How often the upstream broker is probed for /readyz and sluice_upstream_up.
 PROBE_INTERVAL = 5.0
+
+
+@dataclass
+class _ServerName:
+    """One TLS handshake under SNI routing, as the server-name callback
+    left it: the name, the broker it chose, or why it was refused."""
+
+    name: str | None = None
+    route: Address | None = None
+    refused: str | None = None
+
+
+# A TLS alert record: fatal (2), unrecognized_name (112), before any
+# encryption (the server-name callback runs before the ServerHello).
+_UNRECOGNIZED_NAME = bytes([21, 3, 3, 0, 2, 2, ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME])
+
+# The handshake the callback belongs to: OpenSSL calls it synchronously
+# inside do_handshake(), in the task that handles the connection.
+_HANDSHAKE: contextvars.ContextVar[_ServerName | None] = contextvars.ContextVar(
+    "sluice_sni", default=None
+)
 
 
 @dataclass
@@ -133,6 +158,7 @@ class Proxy:
                     config.max_redirects,
                     proxy_auth(config),
                     AllowList(config.trust_broker, "--trust-broker"),
+                    proxy_header_out=config.proxy_protocol_out,
                 ),
                 self.routing,
                 broker_tls=config.broker_tls,
@@ -140,6 +166,12 @@ class Proxy:
                 faults=self.faults,
                 max_upstream_connections=config.max_upstream_connections,
             )
+        # --sni-route: names for brokers (the backend's), and for Sluice itself.
+        routes = config.sni_routes()
+        self.backend.named = {n: url for n, url in routes.items() if url is not None}
+        self._own_names = {n for n, url in routes.items() if url is None}
+        self.inbound = proxy_protocol_in(config)
+        self._refusals = LogLimit()  # what anyone may repeat is logged once a minute
         # Cursus, port-per-broker: which port stands for which broker, in a
         # journal that outlives the proxy (--broker-ports-file) or its
         # workers' state; and a worker's ports, the supervisor's.
@@ -205,8 +237,10 @@ class Proxy:
                     "/faults": FaultsEndpoint(self.faults, PROTOCOL_FAULTS, token),
                     "/recording": SnapshotEndpoint(self.recorder, token),
                 }
-                outer.start_soon(serve_admin, admin, self.metrics.exposed, self.readiness,
-                                 endpoints)  # fmt: skip
+                outer.start_soon(functools.partial(
+                    serve_admin, admin, self.metrics.exposed, self.readiness, endpoints,
+                    inbound=self.inbound, refused=self._admin_refused,
+                ))  # fmt: skip
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
                 for kind, listener in self._listeners:
@@ -248,7 +282,36 @@ class Proxy:
         if self._tls_context is None:
             self._tls_context = server_ssl_context(self.config.tls)
             self.certificates = CertificateReloader(self.config.tls, self._tls_context)
+            if self.config.sni_on:
+                self._tls_context.sni_callback = self._server_name
         return self._tls_context
+
+    def _server_name(self, _: Any, name: str | None, __: Any) -> int | None:
+        """SNI routing, inside the TLS handshake: the broker the client's
+        server name stands for. No name: Sluice serves the client as usual
+        (clients that dial an IP address send none); a name that is no DNS
+        name, or names no broker: the handshake ends with the alert
+        unrecognized_name."""
+        handshake = _HANDSHAKE.get()
+        if handshake is None or name is None:
+            return None
+        handshake.name = name
+        normal = server_name(name)
+        if normal is None:
+            handshake.refused = "sni_invalid"
+            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+        if normal in self._own_names:
+            return None
+        try:
+            handshake.route = self.backend.route_name(normal)
+        except Exception as exc:  # an exception here would end the handshake unexplained
+            log.error("SNI routing of %r failed: %r", normal, exc)
+            handshake.refused = "sni_unknown"
+            return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
+        if handshake.route is None:
+            handshake.refused = "sni_unknown"
+            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+        return None
 
     @property
     def _kind(self) -> str:
@@ -446,22 +509,51 @@ class Proxy:
     ) -> None:
         """Serve one accepted client connection (any trio stream) to its end;
         ``upstream``: the broker its listener stands for (Cursus)."""
-        peer = _peer(stream)
-        conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
+        peer = client = peer_address(stream)
+        destination = local_address(stream)
+        via = ""
+        if self.inbound is not None:  # --proxy-protocol-in: before anything else is read
+            try:
+                header = await self.inbound.read(stream, peer)
+            except HeaderError as exc:
+                conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
+                await self._reject(stream, conn, f"PROXY header: {exc.message}",
+                                   f"proxy_header_{exc.reason}")  # fmt: skip
+                return
+            if header is not None and header.source is not None:
+                client, via = header.source, str(peer)
+                destination = header.destination or destination
+                log.debug("conn from %s via %s (PROXY v%d)", client, peer, header.version)
+        conn = Conn(next(self._ids), str(client), kind, self.backend.name, via=via)
         if isinstance(stream, trio.SSLStream):
             conn.peer_role = lambda: _certificate_cn(stream)
-        ip = peer.host
+        ip = client.host
         refused = self.limits.acquire(ip)
         if refused is not None:
             await self._reject(stream, conn, refused)
             return
+        try:
+            if self.config.sni_on and isinstance(stream, trio.SSLStream):
+                handshaken, routed = await self._route_by_name(stream, conn)
+                if not handshaken:
+                    return
+                upstream = routed or upstream
+            await self._serve(stream, conn, upstream, self._dialer(client, destination))
+        finally:
+            self.limits.release(ip)
+            with trio.CancelScope(shield=True):
+                await _close(stream)
+
+    async def _serve(
+        self, stream: trio.abc.Stream, conn: Conn, upstream: Address | None, dialer: Dialer
+    ) -> None:
         self.taps.event(conn, Accepted())
         recorder = self.recorder
         relay = Relay(
             self.backend.new_core(conn, self.taps, upstream),
             stream,
             timing=self.timing,
-            dial=self._dial,
+            dial=dialer,
             ask=self.backend.ask,
             tap=self.taps,
             room=recorder.room if recorder is not None and recorder.config.lossless else None,
@@ -471,17 +563,72 @@ class Proxy:
             await relay.run()
         finally:
             self.relays.discard(relay)
-            self.limits.release(ip)
-            with trio.CancelScope(shield=True):
-                await _close(stream)
+
+    async def _route_by_name(
+        self, stream: trio.SSLStream[Any], conn: Conn
+    ) -> tuple[bool, Address | None]:
+        """SNI routing: the TLS handshake, now, for the server name in the
+        ClientHello. Whether it went through (if not, the connection was
+        refused, counted and closed), and the broker the name chose (None:
+        Sluice serves the client as usual)."""
+        handshake = _ServerName()
+        token = _HANDSHAKE.set(handshake)
+        try:
+            with trio.fail_after(self.timing.handshake_timeout):
+                await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+            if handshake.refused is not None:
+                # OpenSSL wrote the alert, but trio drops what is unsent when
+                # a handshake fails: the same record, sent here.
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await transport(stream).send_all(_UNRECOGNIZED_NAME)
+                why = f"TLS server name {handshake.name!r} names no broker it may reach"
+                if handshake.refused == "sni_invalid":
+                    why = f"TLS server name {handshake.name!r} is not a DNS name"
+                await self._reject(stream, conn, why, handshake.refused)
+            elif isinstance(exc, trio.TooSlowError):
+                await self._reject(stream, conn, "no TLS handshake in time", "handshake_timeout")
+            else:
+                await self._reject(stream, conn, f"TLS handshake failed: {exc.__cause__ or exc}",
+                                   "tls")  # fmt: skip
+            return False, None
+        finally:
+            _HANDSHAKE.reset(token)
+        if handshake.route is not None:
+            log.debug("%s: TLS server name %s: broker %s", conn.name, handshake.name,
+                      handshake.route)  # fmt: skip
+        return True, handshake.route
+
+    def _dialer(self, client: Address, destination: Address | None) -> Dialer:
+        """How a client's relay dials its broker: with --proxy-protocol-out,
+        a v2 header naming the client goes first."""
+        if not self.config.proxy_protocol_out:
+            return self._dial
+        preamble = v2_header(client, destination)
+
+        async def dial_with_header(address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
+            return await dial(address, timeout=timeout, tls=self.backend.tls_context(tls),
+                              preamble=preamble)  # fmt: skip
+
+        return dial_with_header
 
     async def _dial(self, address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
         return await dial(address, timeout=timeout, tls=self.backend.tls_context(tls))
 
-    async def _reject(self, stream: trio.abc.Stream, conn: Conn, why: str) -> None:
-        self.taps.event(conn, Rejected("limit"))
-        log.warning("%s: rejected: %s", conn.name, why)
+    async def _reject(
+        self, stream: trio.abc.Stream, conn: Conn, why: str, reason: str = "limit"
+    ) -> None:
+        self.taps.event(conn, Rejected(reason))
+        level = self._refusals.level((reason, conn.client.rpartition(":")[0]), trio.current_time())
+        log.log(level, "%s: rejected: %s", conn.name, why)
         await _close(stream)
+
+    def _admin_refused(self, peer: Address, error: HeaderError) -> None:
+        """The admin endpoint refused a connection's PROXY header."""
+        self.metrics.connections_rejected.labels(f"proxy_header_{error.reason}").inc()
+        level = self._refusals.level((error.reason, peer.host), trio.current_time())
+        log.log(level, "admin connection from %s: rejected: PROXY header: %s", peer,
+                error.message)  # fmt: skip
 
 
 class Drainable(Protocol):
@@ -514,17 +661,6 @@ def _port(listener: trio.abc.Listener[Any]) -> int:
     inner = listener.transport_listener if isinstance(listener, trio.SSLListener) else listener
     assert isinstance(inner, trio.SocketListener)
     return int(inner.socket.getsockname()[1])
-
-
-def _peer(stream: trio.abc.Stream) -> Address:
-    inner: Any = stream
-    while isinstance(inner, trio.SSLStream):
-        inner = inner.transport_stream
-    try:
-        host, port = inner.socket.getpeername()[:2]
-    except (AttributeError, OSError):
-        return Address("?", 0)
-    return Address(host, port)
 
 
 def _certificate_cn(stream: trio.SSLStream[Any]) -> str | None:

@@ -44,6 +44,7 @@ What must look like one proxy does:
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import math
@@ -73,6 +74,7 @@ from prometheus_client.registry import Collector
 from sluice.addresses import Address
 from sluice.logs import setup_logging
 from sluice.protocols.faults import FaultError, parse_rule
+from sluice.protocols.haproxy import HeaderError
 from sluice.proxy.admin import (
     AdminRequest,
     Refused,
@@ -82,7 +84,7 @@ from sluice.proxy.admin import (
     open_admin,
     serve_admin,
 )
-from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
+from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_protocol_in
 from sluice.proxy.dial import bind_all, listen_targets
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
@@ -224,8 +226,10 @@ class Supervisor:
                 if admin is not None:
                     nursery.start_soon(self._watch_readiness)
                     routes = {"/faults": self.faults, "/recording": self.snapshot}
-                    nursery.start_soon(serve_admin, admin, self.registry, self.readiness,
-                                       routes, self.metrics)  # fmt: skip
+                    nursery.start_soon(functools.partial(
+                        serve_admin, admin, self.registry, self.readiness, routes, self.metrics,
+                        inbound=proxy_protocol_in(self.config), refused=_admin_refused,
+                    ))  # fmt: skip
                 # Started at once: SIGTERM must reach the drain from now on.
                 # The listeners queue connections until a worker takes them.
                 task_status.started(self)
@@ -741,3 +745,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _admin_refused(peer: Address, error: HeaderError) -> None:
+    log.warning("admin connection from %s: rejected: PROXY header: %s", peer, error.message)

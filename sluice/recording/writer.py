@@ -243,6 +243,7 @@ class Recorder:
                 kind=conn.kind,
                 listener=conn.listener,
                 broker=conn.broker,
+                via=conn.via,
             )
         elif kind is Closed:
             assert isinstance(event, Closed)
@@ -294,8 +295,8 @@ class Recorder:
             await self._space.wait()
 
     def open_connection(self, conn: int, *, client: str, kind: str, listener: str,
-                        broker: str = "") -> None:  # fmt: skip
-        record = {
+                        broker: str = "", via: str = "") -> None:  # fmt: skip
+        record: dict[str, Any] = {
             "k": "conn",
             "c": conn,
             "t": time.monotonic_ns(),
@@ -305,6 +306,8 @@ class Recorder:
             "kind": kind,
             "listener": listener,
         }
+        if via:  # a balancer's PROXY header named the client
+            record["via"] = via
         self._open[conn] = record
         self._queued_opens.append((len(self._queue), conn))
         self._enqueue(record)

@@ -210,8 +210,9 @@ def _ids(summary: dict[str, Any]) -> str:
 def timeline_line(record: Record, when: str, conn: str) -> str:
     kind = record["k"]
     if kind == "conn":
+        via = f" via={record['via']}" if record.get("via") else ""
         return (
-            f"{when}  {conn:<6} open  {record['kind']} client={record['client']} "
+            f"{when}  {conn:<6} open  {record['kind']} client={record['client']}{via} "
             f"broker={record['broker']} ({record['listener']})"
         )
     if kind == "close":

@@ -69,6 +69,7 @@ class Connection:
     conn: int
     kind: str = ""
     client: str = ""
+    via: str = ""  # the balancer whose PROXY header named the client
     broker: str = ""
     protocol: str = "pulsar"
     start_ns: int = 0
@@ -84,6 +85,7 @@ class Connection:
             "capture": self.capture,
             "kind": self.kind,
             "client": self.client,
+            "via": self.via,
             "broker": self.broker,
             "protocol": self.protocol,
             "start": (self.start_ns - origin) / 1e9,
@@ -257,6 +259,7 @@ class Index:
                     by_key[record["c"]] = connection
                 connection.kind = record.get("kind", "")
                 connection.client = record.get("client", "")
+                connection.via = record.get("via", "")
                 connection.broker = record.get("broker", "")
             elif kind == "close":
                 connection = by_key.get(record["c"])

@@ -43,6 +43,7 @@ from sluice.embedded import EmbeddedBroker
 from sluice.protocols.cursus import Compression, compress
 from sluice.protocols.cursus import decode_stream as cursus_stream
 from sluice.protocols.cursus import frame as cursus_frame
+from sluice.protocols.haproxy import V2_SIGNATURE, v2_header
 from sluice.protocols.pulsar import Frame, command, decode_stream, encode, pb
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
 from sluice.proxy.config import ProxyConfig
@@ -261,6 +262,27 @@ def pulsar_proxy(sessions: list[Session]) -> Iterator[bytes]:
         yield h.script(h.FORWARD_AUTH_DATA | h.SMALL_MESSAGES, ops)
 
 
+def proxy_header() -> Iterator[bytes]:
+    """PROXY headers as balancers write them (v1 both families and
+    UNKNOWN, v2 PROXY and LOCAL, with TLVs), each followed by what comes
+    next on the connection, read in two cuttings."""
+    inet = bytes([198, 51, 100, 7, 127, 0, 0, 1]) + struct.pack("!HH", 40000, 6650)
+    six = bytes(15) + b"\x01"
+    v2 = V2_SIGNATURE + b"\x21\x11" + struct.pack("!H", len(inet) + 14) + inet
+    headers = [
+        b"PROXY TCP4 198.51.100.7 127.0.0.1 40000 6650\r\n",
+        b"PROXY TCP6 2001:db8::7 ::1 40000 6650\r\n",
+        b"PROXY UNKNOWN\r\n",
+        v2 + b"\xea\x00\x0b\x01vpce-12345",
+        V2_SIGNATURE + b"\x21\x21\x00\x24" + six + six + b"\x9c\x40\x19\xfa",
+        V2_SIGNATURE + b"\x20\x00\x00\x00",
+        v2_header(Address("198.51.100.7", 40000), Address("::1", 6651)),
+    ]
+    for header in headers:
+        for plan in (0, 7):
+            yield bytes([plan]) + header + b"\x00\x00\x00\x10 a Pulsar frame"
+
+
 def write(out: Path, name: str, seeds: Iterator[bytes]) -> tuple[int, int]:
     directory = out / name
     shutil.rmtree(directory, ignore_errors=True)
@@ -291,6 +313,7 @@ def main() -> None:
         "pulsar_payload": pulsar_payload(streams),
         "cursus_codec": cursus_codec(cursus_sessions),
         "pulsar_proxy": pulsar_proxy([*pulsar_sessions, *golden_sessions()]),
+        "proxy_header": proxy_header(),
     }
     assert set(seeds) == set(HARNESSES)
     total = 0

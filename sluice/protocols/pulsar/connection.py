@@ -106,7 +106,9 @@ NO_REQUEST = 2**64 - 1
 
 T = pb.BaseCommand
 _FORWARDED = frozenset({T.LOOKUP, T.PARTITIONED_METADATA, T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA})
-_NAMES_BROKERS = frozenset({T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.TOPIC_MIGRATED})
+_NAMES_BROKERS = frozenset(
+    {T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.TOPIC_MIGRATED, T.LOOKUP_RESPONSE}
+)
 LookupResponse = pb.CommandLookupTopicResponse
 
 # What fault rules may name for Pulsar: its commands, and the ServerError an
@@ -188,6 +190,8 @@ class Routing:
         self.lookups = 0
         self.warned = LogLimit()
         self._lookup_auth: dict[tuple[object, ...], UpstreamAuth] = {}
+        # --sni-route: TLS server names that stand for a broker, as configured.
+        self.named: dict[str, BrokerUrl] = {}
 
     def refresh(self) -> None:
         """Take in brokers learned elsewhere (``SharedRouting``: by other
@@ -222,6 +226,38 @@ class Routing:
         self.allowlist.learn(url.address)
         self.routes[url.address] = Route(url.tls, via_upstream)
 
+    def route_name(self, name: str) -> Address | None:
+        """SNI routing: the broker a TLS server name (lower-case) stands for:
+        the one ``named`` (--sni-route) gives, else the configured broker or
+        one the upstream named by that host (its TLS address first), as long
+        as the allow-list admits it, as it must admit ``proxy_to_broker_url``.
+        None: no broker goes by that name."""
+        url = self.named.get(name)
+        if url is not None:
+            return url.address
+        for look in range(2):
+            known = [self.broker.address, *self.routes]
+            found = [a for a in known if a.host.lower().removesuffix(".") == name]
+            if found or look:
+                break
+            self.refresh()  # another worker may have learned it
+        found.sort(key=lambda a: not self.tls_of(a))
+        for address in found:
+            if self.allowlist.allows(address):
+                return address
+        return None
+
+    def tls_of(self, address: Address) -> bool:
+        """Whether the broker at ``address`` is dialled with TLS: as its
+        --sni-route URL, or the answer that named it, says."""
+        for url in self.named.values():
+            if url.address == address:
+                return url.tls
+        route = self.routes.get(address)
+        if route is not None:
+            return route.tls
+        return self.broker.tls
+
     def start_lookup(self) -> bool:
         if self.lookups >= self.max_lookups:
             return False
@@ -244,6 +280,8 @@ class PulsarSettings:
     # --trust-broker: brokers Sluice's own credential may go to though the
     # upstream never named them (learned brokers always may).
     trusted: AllowList = field(default_factory=AllowList)
+    # --proxy-protocol-out: brokers get a PROXY header first (said when one hangs up).
+    proxy_header_out: bool = False
 
 
 class State(enum.Enum):
@@ -284,8 +322,13 @@ class PulsarConnection:
         routing: Routing,
         tap: Tap,
         faults: Faults | None = None,
+        routed: Address | None = None,
     ) -> None:
         self.conn = conn
+        # SNI routing: the broker the client's TLS server name chose. Its
+        # CONNECT, naming no proxy_to_broker_url, is relayed there as it is
+        # to a broker behind a TLS proxy (Pulsar's ProxyProtocol.SNI).
+        self._routed = routed
         self.faults = faults if faults is not None else Faults()
         self._pacer = Pacer(self.faults)
         self._now = 0.0  # the clock of the latest input, for frames of our own
@@ -448,15 +491,17 @@ class PulsarConnection:
         relayed = (
             first.type == T.CONNECT and body is not None and body.HasField("proxy_to_broker_url")
         )
+        routed = self._routed if not relayed else None
         # A text field that is not UTF-8 comes out of protobuf as bytes.
         garbled = _not_text(body) if first.type == T.CONNECT and body is not None else None
         if first.type != T.CONNECT or first.error is not None or garbled:
             self.conn.kind = "invalid"
         else:
-            self.conn.kind = "proxied" if relayed else "lookup"
-        self.conn.broker = (
-            body.proxy_to_broker_url if relayed and not garbled else str(self.routing.broker)
-        )
+            self.conn.kind = "proxied" if relayed or routed else "lookup"
+        if relayed and not garbled:
+            self.conn.broker = body.proxy_to_broker_url
+        else:
+            self.conn.broker = str(routed) if routed is not None else str(self.routing.broker)
         self.tap.event(self.conn, Opened())
         self.tap.frames(self.conn, True, (first,))
         if first.type != T.CONNECT or first.error is not None or garbled:
@@ -479,6 +524,8 @@ class PulsarConnection:
                 return refused
         if relayed:
             return self._open_relay(body, now)
+        if routed is not None:
+            return self._dial(body, routed, self.routing.tls_of(routed), now)
         self.state = State.LOOKUP
         self.last_heard = now
         # Lookups go upstream with the client's own credentials: a broker
@@ -517,28 +564,41 @@ class PulsarConnection:
                 "untrusted_broker",
                 now=now,
             )
-        # The client's CONNECT goes on as it wrote it. No proxy_version: a
-        # broker with authentication on refuses a CONNECT that names one
-        # unless the connecting role is one of its proxyRoles ("Must not set
-        # proxyVersion without connecting as a ProxyRole"), and here the
-        # credentials are the client's own.
+        if chained:
+            # Chained: the upstream is a proxy too; go through it, naming the
+            # broker the same way the client named it to us.
+            address, tls = self.routing.broker.address, self.routing.broker.tls
+            return self._dial(connect, address, tls, now, chained=True)
+        # proxy_to_broker_url has no scheme: the lookup answer that named
+        # the broker says whether it speaks TLS.
+        tls = route.tls if route is not None else (target.tls or self.routing.broker.tls)
+        return self._dial(connect, target.address, tls, now)
+
+    def _dial(
+        self,
+        connect: pb.CommandConnect,
+        address: Address,
+        tls: bool,
+        now: float,
+        *,
+        chained: bool = False,
+    ) -> list[Action]:
+        """Relay the client to the broker at ``address``: dial it and send it
+        the client's CONNECT, as the client wrote it. No proxy_version: a
+        broker with authentication on refuses a CONNECT that names one
+        unless the connecting role is one of its proxyRoles ("Must not set
+        proxyVersion without connecting as a ProxyRole"), and here the
+        credentials are the client's own."""
         ours = pb.CommandConnect()
         ours.CopyFrom(connect)
+        auth = self.settings.auth
         if auth is not None:
             # Sluice's credentials, the client's role as original_principal.
             assert self._identity is not None
             for name in _AUTH_FIELDS:
                 ours.ClearField(name)
             auth.upstream(self._identity).apply(ours)
-        if chained:
-            # Chained: the upstream is a proxy too; go through it, naming the
-            # broker the same way the client named it to us.
-            address, tls = self.routing.broker.address, self.routing.broker.tls
-        else:
-            # proxy_to_broker_url has no scheme: the lookup answer that named
-            # the broker says whether it speaks TLS.
-            address = target.address
-            tls = route.tls if route is not None else (target.tls or self.routing.broker.tls)
+        if not chained:
             ours.ClearField("proxy_to_broker_url")
         self.state = State.CONNECTING
         self._dial_started = now
@@ -619,7 +679,14 @@ class PulsarConnection:
                 return [*out, self._close("upstream")]
             return self.upstream_failed(f"broker answered CONNECT with {frame.name}", now)
         if closed:
-            return self.upstream_failed("broker closed the connection during the handshake", now)
+            why = "broker closed the connection during the handshake"
+            if self.settings.proxy_header_out:
+                why += (
+                    " (Sluice sent it a PROXY protocol header first, --proxy-protocol-out: a "
+                    "broker that does not read one hangs up; Apache Pulsar reads it with "
+                    "haProxyProtocolEnabled=true)"
+                )
+            return self.upstream_failed(why, now)
         return out
 
     # --- proxied connections: the hot path ------------------------------------------
@@ -934,7 +1001,9 @@ class PulsarConnection:
 
     def _learn_brokers(self, frame: Frame) -> None:
         body: Any = frame.body
-        if frame.type == T.TOPIC_MIGRATED:
+        if frame.type in (T.TOPIC_MIGRATED, T.LOOKUP_RESPONSE):
+            # A lookup answered on a relayed connection (SNI routing: the
+            # client asks the broker itself) names brokers it will dial next.
             urls = (body.brokerServiceUrl, body.brokerServiceUrlTls)
         else:
             urls = (body.assignedBrokerServiceUrl, body.assignedBrokerServiceUrlTls)

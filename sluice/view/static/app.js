@@ -87,7 +87,8 @@ function showConnections(connections) {
   const body = $("connections").tBodies[0];
   body.innerHTML = connections.map((c) =>
     `<tr class="${c.problems ? "bad" : ""}" data-conn="${c.id}"><td>${escape(c.name)}</td><td>${escape(c.kind)}</td>` +
-    `<td>${escape(c.client)}</td><td>${escape(c.broker)}</td><td>${c.start.toFixed(3)}</td>` +
+    `<td title="${c.via ? "via " + escape(c.via) : ""}">${escape(c.client)}</td>` +
+    `<td>${escape(c.broker)}</td><td>${c.start.toFixed(3)}</td>` +
     `<td>${c.duration.toFixed(3)}</td><td>${c.frames}</td><td>${c.problems}</td></tr>`).join("");
   const select = document.querySelector("select[name=conn]");
   const chosen = currentFilter().conn || "";

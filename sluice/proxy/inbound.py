@@ -1,0 +1,128 @@
+"""Who a connection is really from: the PROXY protocol header a balancer
+writes in front of it (``--proxy-protocol-in``), read before anything else
+on the socket, on every listener (the protocol's, TLS or not, and admin).
+
+Sources in ``--proxy-protocol-from`` must send a header (v1 or v2); anyone
+else must not: their first bytes are peeked at, never taken, so a client
+dialling Sluice directly is served as before. Either way the header is read
+to its last byte and no further (``HeaderReader``), so that a TLS
+ClientHello or the protocol's first frame stays for the reader after it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import trio
+
+from sluice.addresses import Address
+from sluice.errors import ConfigError
+from sluice.protocols.haproxy import (
+    V2_SIGNATURE,
+    HeaderError,
+    HeaderReader,
+    ProxyHeader,
+    starts_like_a_header,
+)
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_sources(rules: Iterable[str], what: str = "--proxy-protocol-from") -> tuple[Network, ...]:
+    """CIDRs (or single addresses) as networks; ConfigError names a bad one."""
+    networks: list[Network] = []
+    for rule in rules:
+        for part in rule.split(","):
+            text = part.strip()
+            if not text:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(text, strict=False))
+            except ValueError:
+                raise ConfigError(f"{what} {text!r}: expected an address or a CIDR") from None
+    return tuple(networks)
+
+
+@dataclass(frozen=True)
+class ProxyProtocolIn:
+    """``--proxy-protocol-in`` on the listeners: whose headers are taken,
+    and how long a header may take to arrive."""
+
+    sources: tuple[Network, ...]
+    timeout: float
+
+    def trusts(self, host: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in network for network in self.sources)
+
+    async def read(self, stream: trio.abc.Stream, peer: Address) -> ProxyHeader | None:
+        """The header of a connection from ``peer`` (a listed source), or None
+        for anyone else who sent none. Raises HeaderError: a header from an
+        unlisted source, none from a listed one, a bad or late one."""
+        raw = transport(stream)
+        if not self.trusts(peer.host):
+            await self._refuse_headers(raw, peer)
+            return None
+        reader = HeaderReader()
+        with trio.move_on_after(self.timeout):
+            try:
+                while reader.wanted:
+                    data = await raw.receive_some(reader.wanted)
+                    if not data:
+                        reader.end()
+                    reader.feed(bytes(data))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                reader.end()
+            return reader.header
+        raise HeaderError("timeout", f"no whole PROXY header within {self.timeout:g}s")
+
+    async def _refuse_headers(self, raw: trio.abc.Stream, peer: Address) -> None:
+        """A source that may not send a header: look at its first bytes
+        (waiting for them at most the timeout) without taking them."""
+        sock = getattr(raw, "socket", None)
+        if sock is None:
+            return
+        with trio.move_on_after(self.timeout):
+            try:
+                first = await sock.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
+            except OSError:
+                return
+            if starts_like_a_header(first):
+                raise HeaderError(
+                    "unlisted", f"a PROXY header from {peer.host}, which --proxy-protocol-from "
+                    "does not list"
+                )  # fmt: skip
+
+
+def transport(stream: trio.abc.Stream) -> trio.abc.Stream:
+    """The TCP stream under a TLS one (whose handshake has not started:
+    ``trio.SSLListener`` reads nothing before the first receive)."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    return stream
+
+
+def peer_address(stream: trio.abc.Stream) -> Address:
+    """The other end of the TCP connection (``?:0`` when there is none)."""
+    try:
+        host, port = transport(stream).socket.getpeername()[:2]  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return Address("?", 0)
+    return Address(host, port)
+
+
+def local_address(stream: trio.abc.Stream) -> Address | None:
+    """The address the peer dialled (this end of the TCP connection)."""
+    try:
+        host, port = transport(stream).socket.getsockname()[:2]  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return None
+    return Address(host, port)
