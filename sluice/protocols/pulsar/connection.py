@@ -694,6 +694,37 @@ class PulsarConnection:
     def _relay(self, from_client: bool, data: bytes | None, now: float) -> list[Action]:
         """Frame, validate, count and forward one read (``None``: what is buffered)."""
         decoder = self._client if from_client else self._broker
+        # A read that starts on a frame boundary, ends on one, and holds only
+        # frames forwarded unchanged is sent on as it came.
+        whole = data is not None and decoder.buffered == 0
+        if data is not None:
+            decoder.receive_data(data)
+        batch = None
+        # Rules are added and removed by other tasks, never during a read.
+        if data and not self.faults.rules and not self._trace:
+            # Nearly every read: frames the compiled scanner took, all of
+            # them, with no rule or trace to apply. They are shown to the taps
+            # at once and accounted without a Python object per frame.
+            batch = decoder.take_batch()
+            if batch is not None and whole and decoder.buffered == 0:
+                self.tap.frames(self.conn, from_client, batch)
+                answered, topics = self._account(batch, from_client, now)
+                if answered or topics:
+                    self._report(from_client, answered, topics)
+                return [Send(Peer.BROKER if from_client else Peer.CLIENT, data)]
+        return self._relay_frames(from_client, data, now, whole, batch)
+
+    def _relay_frames(
+        self,
+        from_client: bool,
+        data: bytes | None,
+        now: float,
+        whole: bool,
+        batch: ScannedBatch | None,
+    ) -> list[Action]:
+        """``_relay`` for a read that is not one whole batch: what a batch
+        took (if any), then the rest frame by frame."""
+        decoder = self._client if from_client else self._broker
         conn = self.conn
         tap = self.tap
         observe = self.correlator.observe
@@ -703,19 +734,12 @@ class PulsarConnection:
         observed = CLIENT_TYPES if from_client else SERVER_TYPES
         receipt = -1 if from_client else T.SEND_RECEIPT  # one per SEND: timed here
         payload_type = T.SEND if from_client else T.MESSAGE
-        faults = self.faults
-        # Rules are added and removed by other tasks, never during this loop.
-        faulty = bool(faults.rules)
+        faulty = bool(self.faults.rules)
         # Proxy mode: AUTH_CHALLENGE from the broker and AUTH_RESPONSE from
         # the client are Sluice's to answer, not to pass on (and a client's
         # AUTH_CHALLENGE is Sluice's to refuse).
         own_auth = self.settings.auth is not None
         trace = self._trace
-        # A read that starts on a frame boundary, ends on one, and holds only
-        # frames forwarded unchanged is sent on as it came.
-        whole = data is not None and decoder.buffered == 0
-        if data is not None:
-            decoder.receive_data(data)
         out: list[bytes] = []
         actions: list[Action] = []
         # The taps see the read's frames in parts (up to _SHOWN_AT_ONCE), and
@@ -726,19 +750,12 @@ class PulsarConnection:
         answered: dict[str | None, list[float]] | None = None
         topics: dict[str, list[int]] | None = None
         try:
-            # Nearly every read: frames the compiled scanner took, all of
-            # them, with no rule or trace to apply. They are shown to the taps
-            # at once and accounted without a Python object per frame; what
-            # is left (an incomplete frame, one over the limit) goes below.
-            if data and not faulty and not trace:
-                batch = decoder.take_batch()
-                if batch is not None:
-                    tap.frames(conn, from_client, batch)
-                    if whole and decoder.buffered == 0:
-                        out.append(data)
-                    else:
-                        out.append(batch.data[batch.start : batch.stop])
-                    answered, topics = self._account(batch, from_client, now)
+            # What the compiled scanner took of a read it did not take whole;
+            # what is left (an incomplete frame, one over the limit) goes below.
+            if batch is not None:
+                tap.frames(conn, from_client, batch)
+                out.append(batch.data[batch.start : batch.stop])
+                answered, topics = self._account(batch, from_client, now)
             for frame in decoder.frames():
                 t = frame.type
                 seen.append(frame)
@@ -843,12 +860,8 @@ class PulsarConnection:
         finally:  # however the loop ended
             if seen:
                 tap.frames(conn, from_client, seen)
-            if answered:
-                for topic, seconds in answered.items():
-                    tap.event(conn, AnsweredMany("SEND", seconds, topic))
-            if topics:
-                for topic, (messages, size) in topics.items():
-                    tap.event(conn, TopicTraffic(topic, from_client, messages, size))
+            if answered or topics:
+                self._report(from_client, answered, topics)
         if out:
             to = Peer.BROKER if from_client else Peer.CLIENT
             if whole and decoder.buffered == 0:
@@ -862,6 +875,21 @@ class PulsarConnection:
             else:
                 actions.append(self._close("broker_closed", "broker closed the connection"))
         return actions
+
+    def _report(
+        self,
+        from_client: bool,
+        answered: dict[str | None, list[float]] | None,
+        topics: dict[str, list[int]] | None,
+    ) -> None:
+        """One read's receipt times (by topic) and traffic by topic, to the taps."""
+        conn, tap = self.conn, self.tap
+        if answered:
+            for topic, seconds in answered.items():
+                tap.event(conn, AnsweredMany("SEND", seconds, topic))
+        if topics:
+            for topic, (messages, size) in topics.items():
+                tap.event(conn, TopicTraffic(topic, from_client, messages, size))
 
     def _account(
         self, batch: ScannedBatch, from_client: bool, now: float
