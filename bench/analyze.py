@@ -27,7 +27,12 @@ Then, on the same data in the same run:
 Each run is a whole `sluice analyze` process (Spark start-up, every table
 and the report included). It prints MB/s and frames/s, overall and per
 core, and leaves the report and a screenshot of it (headless Chromium) in
-`--out`.
+`--out`. For each run it also prints what moves less with the machine's
+load than wall time: the Spark jobs it ran (from Spark's event log) and the
+CPU seconds of every process in its tree, read from /proc every 0.1 s:
+the driver's Python, the JVM by thread (JIT compilers, task threads,
+garbage collection, the rest: start-up, planning, code generation) and the
+Python workers (the decoding).
 
 Before those, the executors' own work alone: `decode_segment` (what
 `mapInArrow` runs: the recording format's reader, the summaries, the Arrow
@@ -39,8 +44,10 @@ each in a fresh process. `--decode-only` stops there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +56,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +233,9 @@ def data_version(inputs: Path) -> int:
 
 
 def baseline_tree(ref: str, where: Path) -> Path:
-    """The ``sluice`` package as it was at ``ref`` (git archive), for the old pipeline."""
+    """The ``sluice`` package as it was at ``ref`` (git archive), for the old
+    pipeline, with this checkout's compiled frame path (a build output git
+    does not hold; a tree from before it never imports it)."""
     archive = where / "baseline.tar"
     subprocess.run(
         ["git", "-C", str(ROOT), "archive", "--format=tar", "-o", str(archive), ref, "sluice"],
@@ -234,31 +244,161 @@ def baseline_tree(ref: str, where: Path) -> Path:
     tree = where / "baseline"
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
+    for built in (ROOT / "sluice").glob("_frames*.so"):
+        shutil.copy(built, tree / "sluice" / built.name)
     return tree
 
 
-def analyze(
-    data: Path, out: Path, master: str, *, pythonpath: Path | None = None
-) -> tuple[float, int, str]:
-    """One whole `sluice analyze` run: wall seconds, frames, stderr."""
+def reads(tree: Path) -> int:
+    """The newest recording format the ``sluice`` package in ``tree`` reads."""
+    source = (tree / "sluice" / "recording" / "format.py").read_text()
+    found = re.search(r"^VERSION\s*=\s*(\d+)", source, re.MULTILINE)
+    return int(found.group(1)) if found else 1
+
+
+@dataclass
+class Run:
+    seconds: float
+    frames: int
+    stderr: str
+    jobs: int
+    cpu: dict[str, float]  # CPU seconds by component (COMPONENTS)
+
+
+COMPONENTS = ("JIT", "JVM tasks", "JVM GC", "JVM other", "Python workers", "driver Python")
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_of(stat: str) -> tuple[str, int, float]:
+    """(name, parent pid, user + system CPU seconds) from a /proc …/stat line."""
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _HZ
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _thread_component(name: str) -> str:
+    if name.startswith(("C1 Compiler", "C2 Compiler")):
+        return "JIT"
+    if name.startswith("Executor task"):
+        return "JVM tasks"
+    if name.startswith(("GC Thread", "G1 ", "VM Thread", "ParGC", "GC ")):
+        return "JVM GC"
+    return "JVM other"
+
+
+class CpuSampler:
+    """CPU seconds of a process tree by component, sampled from /proc: the
+    last value seen of every process and every JVM thread (a thread that
+    ends between samples loses at most 0.1 s; the JVM's process total,
+    which keeps ended threads, fills the rest in as "JVM other")."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.processes: dict[int, tuple[str, float]] = {}  # pid: (kind, cpu)
+        self.threads: dict[tuple[int, int], tuple[str, float]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(0.1)
+
+    def sample(self) -> None:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and (stat := _read(f"/proc/{entry}/stat")):
+                children.setdefault(_cpu_of(stat)[1], []).append(int(entry))
+        todo = [self.root]
+        while todo:
+            pid = todo.pop()
+            todo += children.get(pid, [])
+            stat, command = _read(f"/proc/{pid}/stat"), _read(f"/proc/{pid}/cmdline")
+            if not stat or command is None:
+                continue
+            program = command.split("\0")[0]
+            kind = (
+                "driver Python" if pid == self.root
+                else "JVM" if program.endswith("java")
+                else "Python workers" if "python" in program
+                else "other"
+            )  # fmt: skip
+            self.processes[pid] = (kind, _cpu_of(stat)[2])
+            if kind == "JVM":
+                with contextlib.suppress(OSError):
+                    for tid in os.listdir(f"/proc/{pid}/task"):
+                        if thread := _read(f"/proc/{pid}/task/{tid}/stat"):
+                            name, _, cpu = _cpu_of(thread)
+                            self.threads[(pid, int(tid))] = (_thread_component(name), cpu)
+
+    def __enter__(self) -> CpuSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def components(self) -> dict[str, float]:
+        cpu = dict.fromkeys(COMPONENTS, 0.0)
+        jvm = 0.0
+        for kind, seconds in self.processes.values():
+            if kind == "JVM":
+                jvm += seconds
+            elif kind in cpu:
+                cpu[kind] += seconds
+        for kind, seconds in self.threads.values():
+            cpu[kind] += seconds
+        cpu["JVM other"] += max(0.0, jvm - sum(s for _, s in self.threads.values()))
+        return cpu
+
+
+def spark_jobs(event_log: Path) -> int:
+    """Jobs Spark started, from its event log."""
+    jobs = 0
+    for path in event_log.rglob("*"):
+        if path.is_file():
+            with path.open() as events:
+                jobs += sum('"Event":"SparkListenerJobStart"' in line for line in events)
+    return jobs
+
+
+def analyze(data: Path, out: Path, master: str, *, pythonpath: Path | None = None) -> Run:
+    """One whole `sluice analyze` run, its jobs and CPU by component."""
     env = loopback_env()
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
+    event_log = out.parent / f"{out.name}-events"
+    shutil.rmtree(event_log, ignore_errors=True)
+    event_log.mkdir(parents=True)
+    env["PYSPARK_SUBMIT_ARGS"] = (
+        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={event_log.as_uri()} "
+        "--conf spark.eventLog.compress=false --conf spark.eventLog.rolling.enabled=false "
+        "pyspark-shell"
+    )
     started = time.monotonic()
-    result = subprocess.run(
+    with subprocess.Popen(
         [*SLUICE, "analyze", str(data), "--out", str(out), "--master", master],
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
         env=env,
         cwd=pythonpath or ROOT,
-        timeout=1800,
-    )
+    ) as process, CpuSampler(process.pid) as sampler:  # fmt: skip
+        stderr = process.communicate(timeout=1800)[1]
     elapsed = time.monotonic() - started
-    if result.returncode != 0:
-        raise SystemExit(f"analyze on {master} failed:\n{result.stderr[-3000:]}")
-    frames = int(result.stderr.rsplit("[analyze] ", 1)[1].split()[0])
-    return elapsed, frames, result.stderr
+    if process.returncode != 0:
+        raise SystemExit(f"analyze on {master} failed:\n{stderr[-3000:]}")
+    frames = int(stderr.rsplit("[analyze] ", 1)[1].split()[0])
+    return Run(elapsed, frames, stderr, spark_jobs(event_log), sampler.components())
 
 
 def decode_alone(inputs: Path) -> tuple[float, int]:
@@ -311,6 +451,9 @@ def main() -> int:
     parser.add_argument("--gigabytes", type=float, default=1.0)
     parser.add_argument("--baseline", default=BASELINE, help="git ref of the old pipeline")
     parser.add_argument("--no-baseline", action="store_true", help="skip the old pipeline")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of the baseline and local[2], alternated"
+    )
     parser.add_argument("--cores", default="1,2,4", help="local[N] runs of the new pipeline")
     parser.add_argument("--no-cluster", action="store_true", help="skip the standalone cluster")
     parser.add_argument(
@@ -341,28 +484,44 @@ def main() -> int:
         return 0
     frames = 0
     stderr = ""
+    profiles: list[str] = []
+
+    def measured(name: str, cores: int, run: Run) -> None:
+        rows.append(line(name, cores, total, run.frames, run.seconds))
+        print(rows[-1], file=sys.stderr)
+        cpu = run.cpu
+        profiles.append(
+            f"| {name} | {cores} | {run.seconds:.1f} s | {run.jobs} | {sum(cpu.values()):.1f} s | "
+            + " | ".join(f"{cpu[c]:.1f}" for c in COMPONENTS)
+            + " |"
+        )
+        print(profiles[-1], file=sys.stderr)
+
     with tempfile.TemporaryDirectory() as tmp:
+        tree = old = None
         if not args.no_baseline:
             tree = baseline_tree(args.baseline, Path(tmp))
-            old = version_1_copy(inputs, args.data) if data_version(inputs) > 1 else inputs
-            seconds, frames, _ = analyze(old, Path(tmp) / "old", "local[2]", pythonpath=tree)
-            rows.append(line(f"previous ({args.baseline}, rdd.flatMap)", 2, total, frames, seconds))
-            print(rows[-1], file=sys.stderr)
-        for cores in [int(c) for c in args.cores.split(",")]:
-            out = args.out / f"local{cores}"
-            seconds, frames, said = analyze(inputs, out, f"local[{cores}]")
-            stderr = said if cores == 2 or not stderr else stderr
-            rows.append(line("Arrow (mapInArrow)", cores, total, frames, seconds))
-            print(rows[-1], file=sys.stderr)
+            old = (
+                version_1_copy(inputs, args.data) if data_version(inputs) > reads(tree) else inputs
+            )
+        for n in range(args.repeat):  # the baseline and local[2] alternated
+            if tree is not None and old is not None:
+                run = analyze(old, Path(tmp) / "old", "local[2]", pythonpath=tree)
+                measured(f"previous ({args.baseline})", 2, run)
+            for cores in [int(c) for c in args.cores.split(",") if n == 0 or c == "2"]:
+                out = args.out / f"local{cores}"
+                run = analyze(inputs, out, f"local[{cores}]")
+                stderr = run.stderr if cores == 2 or not stderr else stderr
+                frames = run.frames
+                measured("Arrow (mapInArrow)", cores, run)
         local = args.out / "local2" if (args.out / "local2").exists() else out
         stages = [s for s in stderr.splitlines() if s.startswith("[analyze]")]
         cluster_note = "standalone cluster: skipped"
         if not args.no_cluster:
             with StandaloneCluster(Path(tmp) / "cluster", workers=2) as cluster:
                 out = args.out / "cluster"
-                seconds, frames, _ = analyze(inputs, out, cluster.url)
-                rows.append(line(f"Arrow on {cluster.url} (2 workers)", 2, total, frames, seconds))
-                print(rows[-1], file=sys.stderr)
+                run = analyze(inputs, out, cluster.url)
+                measured(f"Arrow on {cluster.url} (2 workers; driver's CPU only)", 2, run)
             differ = differences(local, out)
             cluster_note = "standalone cluster: every table equal to the local run's" + (
                 f", EXCEPT {differ}" if differ else ""
@@ -382,6 +541,14 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
+    print()
+    print(
+        "| pipeline | cores | wall | Spark jobs | CPU | "
+        + " | ".join(COMPONENTS)
+        + " |  (CPU seconds, from /proc)"
+    )
+    print("|---" * (5 + len(COMPONENTS)) + "|")
+    print("\n".join(profiles))
     print(cluster_note)
     print("stages of the local[2] run:")
     print("\n".join(f"  {s}" for s in stages))

@@ -34,6 +34,7 @@ TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files",
 MAX_SEGMENT_BYTES = 2**31 - 1
 SEGMENT_COLUMNS = ["file", "capture", "segment", "protocol", "version", "records", "frames",
                    "bytes", "truncated_bytes", "damaged", "why"]  # fmt: skip
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
 TOP_TOPICS = 8  # series in the throughput picture; the rest are "other"
 
 
@@ -50,6 +51,13 @@ def spark_session(master: str | None) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName("sluice-analyze")
+    # The driver JVM lives for one job: C2's optimising compiles cost more
+    # CPU than they win back over it (see docs/pipeline.md). Takes effect
+    # where this process starts the JVM (not under spark-submit).
+    builder = builder.config(
+        "spark.driver.extraJavaOptions",
+        os.environ.get("SLUICE_SPARK_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS),
+    )
     if master:
         builder = builder.master(master)
     if master is None or master.startswith("local"):
@@ -90,6 +98,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     from pyspark import StorageLevel
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
     from sluice.pipeline.decode import EXTRA_SCHEMA, FRAME_COLUMNS, SPARK_SCHEMA, decode_batches
 
@@ -128,7 +137,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
             F.min("wall_ns").alias("first_ns"),
             F.max("wall_ns").alias("last_ns"),
             F.sum(F.get_json_object("extra", "$.bytes").cast("long")).alias("bytes"),
-            F.collect_set("file").alias("files"),
+            F.collect_set(F.when(F.col("record") == "segment", F.col("file"))).alias("files"),
         )
         .collect()
     }
@@ -156,7 +165,10 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         df.observe(counted, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(path)
         written[name] = int(counted.get["rows"])
         say(f"wrote {name}: {written[name]:,} rows")
-        return spark.read.parquet(path)
+        # Read back with the schema it was written with (as Spark writes
+        # files: every column nullable): inferring it is a job of its own.
+        schema = T.StructType([T.StructField(f.name, f.dataType) for f in df.schema.fields])
+        return spark.read.schema(schema).parquet(path)
 
     frames = decoded.filter(F.col("record") == "frame").select(*FRAME_COLUMNS)
     write(frames, "frames")
@@ -184,43 +196,79 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         status.filter(F.col("damaged") | (F.col("truncated_bytes") > 0)), "bad_segments"
     )
 
+    # One group-by over frames, connection and close rows gives the
+    # connections table (no joins): a connection is a row where it has a
+    # ``conn`` record (re-stated unchanged at the start of every segment);
+    # its frame counts are null where it has no frames, its close null where
+    # it was not closed.
     key = ["capture", "conn"]
-    opened = (
-        side(decoded.filter(F.col("record") == "conn"))
-        .select(
-            *key,
-            "protocol",
-            "client",
-            "broker",
-            "kind",
-            "listener",
-            F.col("wall_ns").alias("opened_ns"),
+    record = F.col("record")
+    is_frame = record == "frame"
+
+    def of_frames(value: Any) -> Any:
+        return F.when(is_frame, value)
+
+    x = F.from_json(F.when(~is_frame, F.col("extra")), EXTRA_SCHEMA)
+    opened = F.min(
+        F.when(
+            record == "conn",
+            F.struct(
+                F.col("wall_ns").alias("opened_ns"),
+                x["protocol"].alias("protocol"),
+                x["client"].alias("client"),
+                x["broker"].alias("broker"),
+                x["kind"].alias("kind"),
+                x["listener"].alias("listener"),
+            ),
         )
-        .dropDuplicates(key)  # re-stated at the start of every segment
     )
-    closed = (
-        side(decoded.filter(F.col("record") == "close"))
-        .select(*key, F.col("wall_ns").alias("closed_ns"), "reason")
-        .dropDuplicates(key)
+    closed = F.min(
+        F.when(
+            record == "close",
+            F.struct(F.col("wall_ns").alias("closed_ns"), x["reason"].alias("reason")),
+        )
     )
-    per_conn = frames.groupBy(*key).agg(
-        F.count("*").alias("frames"),
-        F.sum("size").alias("bytes"),
-        F.sum(F.when(F.col("direction") == "client_to_broker", 1).otherwise(0)).alias(
-            "frames_from_client"
-        ),
-        F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("broker_errors"),
-        F.sum(F.when(F.col("invalid").isNotNull(), 1).otherwise(0)).alias("invalid_frames"),
-        F.max("wall_ns").alias("last_ns"),
+    per_conn = (
+        decoded.filter(record != "segment")
+        .groupBy(*key)
+        .agg(
+            opened.alias("o"),
+            F.sum(of_frames(F.lit(1))).alias("frames"),
+            F.sum(of_frames(F.col("size"))).alias("bytes"),
+            F.sum(
+                of_frames(F.when(F.col("direction") == "client_to_broker", 1).otherwise(0))
+            ).alias("frames_from_client"),
+            F.sum(of_frames(F.when(F.col("error").isNotNull(), 1).otherwise(0))).alias(
+                "broker_errors"
+            ),
+            F.sum(of_frames(F.when(F.col("invalid").isNotNull(), 1).otherwise(0))).alias(
+                "invalid_frames"
+            ),
+            F.max(of_frames(F.col("wall_ns"))).alias("last_ns"),
+            closed.alias("c"),
+        )
+        .filter(F.col("o").isNotNull())
     )
     connections = write(
-        opened.join(per_conn, key, "left")
-        .join(closed, key, "left")
-        .withColumn(
-            "duration_s",
-            (F.coalesce("closed_ns", "last_ns") - F.col("opened_ns")) / F.lit(1e9),
-        )
-        .drop("last_ns"),
+        per_conn.select(
+            *key,
+            "o.protocol",
+            "o.client",
+            "o.broker",
+            "o.kind",
+            "o.listener",
+            "o.opened_ns",
+            "frames",
+            "bytes",
+            "frames_from_client",
+            "broker_errors",
+            "invalid_frames",
+            "c.closed_ns",
+            "c.reason",
+            ((F.coalesce("c.closed_ns", "last_ns") - F.col("o.opened_ns")) / F.lit(1e9)).alias(
+                "duration_s"
+            ),
+        ),
         "connections",
     )
 
