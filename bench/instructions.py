@@ -1,7 +1,7 @@
 """Instructions the whole proxy process spends per relayed message, counted by valgrind.
 
     python bench/instructions.py [--against DIR] [--messages 2000,6000]
-                                 [--only produce|consume|along] [--no-record]
+                                 [--only produce|consume|along|floor] [--no-record]
                                  [--seconds 20]
 
 Seconds on a shared 2-core VM swing by a third between identical runs;
@@ -22,6 +22,13 @@ it, so that what the proxy does by the clock (its broker probe every 5 s,
 keepalives) cancels out too; under valgrind the proxy is some 50 times
 slower, so the rates stay low (the defaults: 5 and 15 a second).
 
+``--only floor`` counts the floor of that design instead of the proxy: the
+least a trio program can do to carry a read across, as the relay does on a
+plain socket (wait until readable, ``os.read``, ``os.write`` on), two tasks
+relaying 1 KiB back and forth; the count is per crossing, not per message
+(at low rates a message is about four crossings: SEND, SEND_RECEIPT,
+MESSAGE, ACK).
+
 Everything the proxy does is counted: trio's
 sockets, the writer thread, metrics, recording (on, payloads hashed,
 unless ``--no-record``).
@@ -40,6 +47,7 @@ import argparse
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import e2e
 
-from sluice.embedded import EmbeddedBroker, wait_for_port
+from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
 from tests import support
 from tests.support import describe_source, start_proxy
 
@@ -117,6 +125,72 @@ def count(
     return int(found.group(1))
 
 
+FLOOR_RELAY = """
+import os, socket, sys, trio
+async def pump(source, sink):
+    while True:
+        await trio.lowlevel.wait_readable(source)
+        data = os.read(source.fileno(), 262144)
+        if not data:
+            return
+        os.write(sink.fileno(), data)
+async def main(listen, upstream):
+    client, _ = listen.accept()
+    broker = socket.create_connection(("127.0.0.1", upstream))
+    for s in (client, broker):
+        s.setblocking(False)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pump, client, broker)
+        nursery.start_soon(pump, broker, client)
+listen = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+trio.run(main, listen, int(sys.argv[2]))
+"""
+
+
+def _connect(port: int, process: subprocess.Popen[bytes]) -> socket.socket:
+    """The first connection to ``port`` once it listens (the relay serves one)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port))
+        except ConnectionRefusedError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the minimal relay under valgrind did not start") from None
+            time.sleep(0.2)
+
+
+def floor(tmp: Path, rounds: int) -> int:
+    """Instructions of a minimal trio relay's whole life, ``rounds`` round trips."""
+    out = tmp / f"callgrind-floor-{time.monotonic_ns()}.out"
+    broker = socket.create_server(("127.0.0.1", 0))
+    port = free_port()
+    relay = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+         "-c", FLOOR_RELAY, str(port), str(broker.getsockname()[1])],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        with _connect(port, relay) as client:
+            upstream, _ = broker.accept()
+            body = b"x" * 1024
+            for _ in range(rounds):
+                for sender, receiver in ((client, upstream), (upstream, client)):
+                    sender.sendall(body)
+                    got = 0
+                    while got < len(body):
+                        got += len(receiver.recv(65536))
+            upstream.close()
+        relay.wait(timeout=START_TIMEOUT)
+    finally:
+        relay.kill()
+        broker.close()
+    found = SUMMARY.search(out.read_bytes())
+    if found is None:
+        raise SystemExit(f"{out}: no callgrind summary line")
+    return int(found.group(1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", type=Path, metavar="DIR",
@@ -124,7 +198,8 @@ def main() -> int:
     parser.add_argument("--messages", metavar="N1,N2",
                         help="the two message counts (default 2000,6000; "
                              "100,300 for --only along)")  # fmt: skip
-    parser.add_argument("--only", choices=("produce", "consume", "along"), help="one step only")
+    parser.add_argument("--only", choices=("produce", "consume", "along", "floor"),
+                        help="one step only")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="the paced window of --only along (default 20)")  # fmt: skip
     parser.add_argument("--no-record", action="store_true", help="the proxy does not record")
@@ -139,6 +214,14 @@ def main() -> int:
         parser.error(f"--messages {args.messages}: need 0 < N1 < N2")
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (apt-get install valgrind, or ./dev bench)")
+    if args.only == "floor":
+        with tempfile.TemporaryDirectory() as tmp:
+            counts = [floor(Path(tmp), rounds) for rounds in (low, high)]
+        per = (counts[1] - counts[0]) / (2 * (high - low))
+        print(f"floor: a minimal trio relay (wait_readable, os.read, os.write), 1 KiB, "
+              f"instructions per crossing from {low:,} and {high:,} round trips")  # fmt: skip
+        print(f"crossing {per:>10,.0f}")
+        return 0
     here = Path(__file__).resolve().parent.parent
     sources = {"proxy": here}
     if args.against is not None:

@@ -18,6 +18,7 @@ import os
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Protocol
 
 import trio
@@ -249,12 +250,13 @@ class Relay:
                 return
             if from_client:
                 self.bytes_in += len(data)
+            started = perf_counter()
             now = trio.current_time()
             actions = receive(data, now)
             if actions:
                 await self._do(actions)
                 if type(actions[-1]) is Send and self.core.established:
-                    tap.event(conn, Relayed(from_client, trio.current_time() - now))
+                    tap.event(conn, Relayed(from_client, perf_counter() - started))
             if not data:
                 return
 
