@@ -196,56 +196,51 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         status.filter(F.col("damaged") | (F.col("truncated_bytes") > 0)), "bad_segments"
     )
 
-    # One group-by over frames, connection and close rows gives the
-    # connections table (no joins): a connection is a row where it has a
-    # ``conn`` record (re-stated unchanged at the start of every segment);
-    # its frame counts are null where it has no frames, its close null where
-    # it was not closed.
+    # The connections table without joins: the frames counted per
+    # connection (a hash aggregation: fixed-width values only), then those
+    # few rows with the connection and close rows in one group-by. A
+    # connection is a row where it has a ``conn`` record (re-stated
+    # unchanged at the start of every segment); its frame counts are null
+    # where it has no frames, its close null where it was not closed.
     key = ["capture", "conn"]
     record = F.col("record")
-    is_frame = record == "frame"
-
-    def of_frames(value: Any) -> Any:
-        return F.when(is_frame, value)
-
-    x = F.from_json(F.when(~is_frame, F.col("extra")), EXTRA_SCHEMA)
-    opened = F.min(
-        F.when(
-            record == "conn",
-            F.struct(
-                F.col("wall_ns").alias("opened_ns"),
-                x["protocol"].alias("protocol"),
-                x["client"].alias("client"),
-                x["broker"].alias("broker"),
-                x["kind"].alias("kind"),
-                x["listener"].alias("listener"),
-            ),
-        )
+    counts_per_conn = frames.groupBy(*key).agg(
+        F.count("*").alias("frames"),
+        F.sum("size").alias("bytes"),
+        F.sum(F.when(F.col("direction") == "client_to_broker", 1).otherwise(0)).alias(
+            "frames_from_client"
+        ),
+        F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("broker_errors"),
+        F.sum(F.when(F.col("invalid").isNotNull(), 1).otherwise(0)).alias("invalid_frames"),
+        F.max("wall_ns").alias("last_ns"),
     )
-    closed = F.min(
-        F.when(
-            record == "close",
-            F.struct(F.col("wall_ns").alias("closed_ns"), x["reason"].alias("reason")),
-        )
+    x = F.from_json("extra", EXTRA_SCHEMA)
+    opened = F.when(
+        record == "conn",
+        F.struct(
+            F.col("wall_ns").alias("opened_ns"),
+            x["protocol"].alias("protocol"),
+            x["client"].alias("client"),
+            x["broker"].alias("broker"),
+            x["kind"].alias("kind"),
+            x["listener"].alias("listener"),
+        ),
     )
+    closed = F.when(
+        record == "close",
+        F.struct(F.col("wall_ns").alias("closed_ns"), x["reason"].alias("reason")),
+    )
+    events = decoded.filter(record.isin("conn", "close")).select(
+        *key, opened.alias("o"), closed.alias("c")
+    )
+    stats = ["frames", "bytes", "frames_from_client", "broker_errors", "invalid_frames", "last_ns"]
     per_conn = (
-        decoded.filter(record != "segment")
+        events.unionByName(counts_per_conn, allowMissingColumns=True)
         .groupBy(*key)
         .agg(
-            opened.alias("o"),
-            F.sum(of_frames(F.lit(1))).alias("frames"),
-            F.sum(of_frames(F.col("size"))).alias("bytes"),
-            F.sum(
-                of_frames(F.when(F.col("direction") == "client_to_broker", 1).otherwise(0))
-            ).alias("frames_from_client"),
-            F.sum(of_frames(F.when(F.col("error").isNotNull(), 1).otherwise(0))).alias(
-                "broker_errors"
-            ),
-            F.sum(of_frames(F.when(F.col("invalid").isNotNull(), 1).otherwise(0))).alias(
-                "invalid_frames"
-            ),
-            F.max(of_frames(F.col("wall_ns"))).alias("last_ns"),
-            closed.alias("c"),
+            F.min("o").alias("o"),  # one value: the re-statements are equal
+            *(F.max(name).alias(name) for name in stats),  # one row has them, or none
+            F.min("c").alias("c"),
         )
         .filter(F.col("o").isNotNull())
     )
@@ -428,9 +423,9 @@ def request_latencies(frames: Any, F: Any) -> Any:
 
     A request and its answer share (capture, conn, request id); a SEND and its
     SEND_RECEIPT or SEND_ERROR share (capture, conn, producer id, sequence
-    id). One group-by over both kinds of key pairs them (no join): the
-    request's time is the earliest asking frame, the answer's the earliest
-    answering one after it.
+    id). A group-by per kind of key pairs them (no join): the request's
+    time is the earliest asking frame, the answer's the earliest answering
+    one after it.
     """
     send = F.col("command") == "SEND"
     receipt = F.col("command").isin("SEND_RECEIPT", "SEND_ERROR")
@@ -447,11 +442,29 @@ def request_latencies(frames: Any, F: Any) -> Any:
         F.when(by_send, send & outbound).otherwise(outbound).alias("asks"),
         F.when(by_send, receipt).otherwise(~outbound).alias("answers"),
     )
-    paired = keyed.groupBy("capture", "conn", "by_send", "a", "b").agg(
-        F.min_by(F.col("command"), F.when(F.col("asks"), F.col("mono_ns"))).alias("command"),
-        F.min(F.when(F.col("asks"), F.col("mono_ns"))).alias("asked"),
-        F.min(F.when(F.col("answers"), F.col("mono_ns"))).alias("answered"),
+    # Most pairs are a SEND and its receipt: their asking command is SEND,
+    # so they pair in a hash aggregation (fixed-width values only); the
+    # other requests, few, with min_by (a sort-based aggregation).
+    asked = F.min(F.when(F.col("asks"), F.col("mono_ns"))).alias("asked")
+    answered = F.min(F.when(F.col("answers"), F.col("mono_ns"))).alias("answered")
+    pair = ["capture", "conn", "a", "b"]
+    sends = (
+        keyed.filter("by_send")
+        .groupBy(*pair)
+        .agg(asked, answered)
+        .select(F.lit("SEND").alias("command"), "asked", "answered")
     )
+    requests = (
+        keyed.filter(~F.col("by_send"))
+        .groupBy(*pair)
+        .agg(
+            F.min_by(F.col("command"), F.when(F.col("asks"), F.col("mono_ns"))).alias("command"),
+            asked,
+            answered,
+        )
+        .select("command", "asked", "answered")
+    )
+    paired = sends.unionByName(requests)
     return paired.filter(F.col("answered") >= F.col("asked")).select(
         "command", ((F.col("answered") - F.col("asked")) / F.lit(1e9)).alias("seconds")
     )
