@@ -54,10 +54,9 @@ def spark_session(master: str | None) -> Any:
     # The driver JVM lives for one job: C2's optimising compiles cost more
     # CPU than they win back over it (see docs/pipeline.md). Takes effect
     # where this process starts the JVM (not under spark-submit).
-    builder = builder.config(
-        "spark.driver.extraJavaOptions",
-        os.environ.get("SLUICE_SPARK_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS),
-    )
+    java_options = os.environ.get("SLUICE_SPARK_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS)
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     if master:
         builder = builder.master(master)
     if master is None or master.startswith("local"):
