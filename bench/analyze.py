@@ -325,7 +325,9 @@ class CpuSampler:
             if not stat or command is None:
                 continue
             program = command.split("\0")[0]
-            kind = (
+            # An ending process reads with no command line: it stays what
+            # it was seen as last.
+            kind = self.processes[pid][0] if pid in self.processes and not program else (
                 "driver Python" if pid == self.root
                 else "JVM" if program.endswith("java")
                 else "Python workers" if "python" in program
