@@ -19,7 +19,7 @@ from sluice.pipeline.standalone import loopback_env
 from tests.support import SLUICE
 from tests.test_pipeline import record
 
-MAX_JOBS = 42  # 39 on this test's recording; 45 before the change
+MAX_JOBS = 42  # 39 on this test's recording; the bench's data took 45-48 before
 
 
 def spark_jobs(event_log: Path) -> list[str]:
