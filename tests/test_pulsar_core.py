@@ -319,6 +319,25 @@ def test_requests_not_served_on_lookup_connections_are_refused() -> None:
     assert error.body.error == pb.NotAllowedError and error.body.request_id == 5
 
 
+def test_a_command_ignored_on_a_lookup_connection_is_logged_once_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    core, _ = lookup_core()
+    flow = pb.CommandFlow(consumer_id=1, messagePermits=10)
+    with caplog.at_level(logging.DEBUG, logger="sluice"):
+        for _ in range(3):
+            assert core.receive_client(frame_bytes("FLOW", flow), 1.0) == []
+        ack = pb.CommandAck(consumer_id=1, ack_type=pb.CommandAck.Individual)
+        assert core.receive_client(frame_bytes("ACK", ack), 1.0) == []
+    ignored = [r for r in caplog.records if "ignoring" in r.getMessage()]
+    assert [(r.levelno, r.getMessage().split("ignoring ")[1].split()[0]) for r in ignored] == [
+        (logging.INFO, "FLOW"),
+        (logging.DEBUG, "FLOW"),
+        (logging.DEBUG, "FLOW"),
+        (logging.INFO, "ACK"),
+    ]
+
+
 # --- proxied connections: the handshake ---------------------------------------------
 
 

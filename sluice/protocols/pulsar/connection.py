@@ -350,6 +350,9 @@ class PulsarConnection:
         self._broker = FrameDecoder(settings.max_message_size)
         self._reject = settings.on_invalid is OnInvalid.REJECT
         self._trace = log.isEnabledFor(logging.DEBUG)
+        # Commands a lookup connection ignored: each is logged once at INFO
+        # (a client repeating one cannot fill the log), again only at DEBUG.
+        self._ignored: set[int] = set()
         self.last_heard = 0.0
         self._pinged = -1.0
         self._dial_started = 0.0
@@ -1099,7 +1102,11 @@ class PulsarConnection:
                 frame, pb.NotAllowedError, f"{frame.name} is not served on a lookup connection"
             )
             if reply is None:
-                log.info("%s: ignoring %s on a lookup connection", self.conn.name, frame.name)
+                first = t not in self._ignored
+                self._ignored.add(t)
+                log.log(logging.INFO if first else logging.DEBUG,
+                        "%s: ignoring %s on a lookup connection%s", self.conn.name, frame.name,
+                        " (again only at debug level)" if first else "")  # fmt: skip
                 return []
             return self._own(reply)
         if not self.routing.start_lookup():
