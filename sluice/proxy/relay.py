@@ -139,8 +139,8 @@ class Relay:
         # Drain stops reading the client: it cancels the client's reading
         # task, which is then either waiting for data or between reads, never
         # in a write (a frame half written to the broker would be lost for
-        # good): actions that must wait run shielded (``_do``), and only
-        # ``_stop`` cancels those shields.
+        # good): what that task must wait on runs shielded (``_do``), and
+        # only ``_stop`` cancels those shields.
         self._reading: trio.CancelScope | None = None
         self._shields: set[trio.CancelScope] = set()
         self._draining = False
@@ -254,7 +254,7 @@ class Relay:
             now = trio.current_time()
             actions = receive(data, now)
             if actions:
-                await self._do(actions)
+                await self._do(actions, from_client)
                 if type(actions[-1]) is Send and self.core.established:
                     tap.event(conn, Relayed(from_client, perf_counter() - started))
             if not data:
@@ -262,19 +262,27 @@ class Relay:
 
     # --- acting --------------------------------------------------------------------
 
-    async def _do(self, actions: list[Action]) -> None:
+    async def _do(self, actions: list[Action], drainable: bool = False) -> None:
         """Carry out ``actions`` in order. What needs no waiting (nearly
         always: a write the socket takes whole) is done without passing
-        through the scheduler; from the first action that must wait on, the
-        rest run shielded, so that a drain never cuts a write in half."""
+        through the scheduler. ``drainable``: called from the client's
+        reading loop, which a drain cancels; from the first action that must
+        wait on, the rest then run shielded, so that a drain never cuts a
+        write in half."""
         done, rest = self._do_now(actions)
         if done < len(actions) and not self._closing:
-            with trio.CancelScope(shield=True) as shield:
-                self._shields.add(shield)
-                try:
-                    await self._do_waiting(actions, done, rest)
-                finally:
-                    self._shields.discard(shield)
+            if drainable:
+                with trio.CancelScope(shield=True) as shield:
+                    self._shields.add(shield)
+                    try:
+                        await self._do_waiting(actions, done, rest)
+                    finally:
+                        self._shields.discard(shield)
+            else:
+                await self._do_waiting(actions, done, rest)
+        self._established()
+
+    def _established(self) -> None:
         # (cancel() is not free even when repeated: it describes the task.)
         if not self._handshake.cancel_called and self.core.established:
             self._handshake.cancel()
