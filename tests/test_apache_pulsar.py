@@ -27,6 +27,7 @@ from typing import Any
 import pulsar
 import pytest
 import trio
+import trustme
 from cryptography.hazmat.primitives import serialization
 
 from sluice.addresses import Address
@@ -558,13 +559,8 @@ def test_a_stolen_proxy_role_token_straight_to_the_broker(
 # --- TLS ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tls_broker(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[ApachePulsar, Path, Path]]:
-    """Apache Pulsar with its TLS ports open; certificates from a CA made here."""
-    tmp = tmp_path_factory.mktemp("tls")
-    ca_file, _, ca = tls_files(tmp, "127.0.0.1", "localhost")
+def broker_certificate(ca: trustme.CA, tmp: Path) -> tuple[Path, Path]:
+    """The broker's certificate and key files, issued by ``ca`` for loopback."""
     issued = ca.issue_cert("127.0.0.1", "localhost")
     cert, key = tmp / "broker.pem", tmp / "broker.key"
     issued.cert_chain_pems[0].write_to_path(str(cert))
@@ -573,6 +569,17 @@ def tls_broker(
     key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
                                           serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def tls_broker(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ApachePulsar, Path, Path]]:
+    """Apache Pulsar with its TLS ports open; certificates from a CA made here."""
+    tmp = tmp_path_factory.mktemp("tls")
+    ca_file, _, ca = tls_files(tmp, "127.0.0.1", "localhost")
+    cert, key = broker_certificate(ca, tmp)
     b = start_apache_pulsar(tmp, tls=TlsFiles(cert=cert, key=key, ca=ca_file))
     yield b, ca_file, tmp / "srv.pem"
     b.close()

@@ -26,7 +26,6 @@ from typing import Any
 
 import pulsar
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 from sluice.addresses import Address, AllowList
 from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles, hs256_token
@@ -42,6 +41,7 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
 from tests.support import ProxyProcess, client, start_proxy, tls_files
 from tests.test_apache_pulsar import (
+    broker_certificate,
     pulsar_perf,
     recorded_frames,
     recording_proxy,
@@ -190,13 +190,7 @@ def pp_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SniBroker]:
     client dials only the proxy."""
     tmp = tmp_path_factory.mktemp("proxy-protocol")
     ca_file, served, ca = tls_files(tmp, "127.0.0.1", "localhost", SNI_NAME)
-    issued = ca.issue_cert("127.0.0.1", "localhost")
-    cert, key = tmp / "broker.pem", tmp / "broker.key"
-    issued.cert_chain_pems[0].write_to_path(str(cert))
-    private = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None)
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))  # fmt: skip
+    cert, key = broker_certificate(ca, tmp)
     b = ApachePulsar(
         tls=TlsFiles(cert=cert, key=key, ca=ca_file),
         settings={"haProxyProtocolEnabled": True, "advertisedAddress": "",
