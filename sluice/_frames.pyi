@@ -1,6 +1,9 @@
 # Types of the compiled frame scanner (rust/src/lib.rs, built by maturin).
 
+from collections.abc import Sequence
 from typing import Any
+
+Scanned = tuple[int, int, int, int, int, int, int, int, int]
 
 def scan(
     data: bytes, pos: int, max_total: int
@@ -31,3 +34,23 @@ def summary(
 ) -> tuple[int, int, int, list[int] | None, tuple[int, int, int, str, int] | None] | None:
     """A recorded hot frame's summary numbers (rust/src/summary.rs); None:
     summarize it in Python."""
+
+class SendTable:
+    """SENDs in flight and a scanned read's accounting (rust/src/account.rs);
+    ``sluice.protocols.pulsar.correlation.SendTable`` is the reference."""
+
+    @property
+    def in_flight(self) -> int: ...
+    def __len__(self) -> int: ...
+    def sending(
+        self, producer_id: int, sequence_id: int, now: float, topic: str | None
+    ) -> None: ...
+    def sent(self, producer_id: int, sequence_id: int) -> tuple[float, str | None] | None: ...
+    def peek(self, producer_id: int, sequence_id: int) -> tuple[float, str | None, int] | None: ...
+    def waiting(self) -> list[tuple[int, int, float, str | None, int]]: ...
+    def account_client(
+        self, found: Sequence[Scanned], start: int, now: float, producers: dict[int, str]
+    ) -> tuple[dict[str, list[int]] | None, list[int]]: ...
+    def account_broker(
+        self, found: Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
+    ) -> tuple[dict[str | None, list[float]] | None, dict[str, list[int]] | None]: ...

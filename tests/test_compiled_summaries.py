@@ -63,7 +63,7 @@ def _state(summaries: FrameSummaries) -> dict[int, Any]:
         return (
             c.producers,
             c.consumers,
-            {k: (p.type, p.started, p.topic, p.repeats) for k, p in c.sends.items()},
+            c.sends.waiting(),
             {k: (p.type, p.started, p.topic, p.resource_id) for k, p in c.requests.items()},
             c.in_flight_sends,
         )

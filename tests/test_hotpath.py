@@ -341,11 +341,14 @@ def test_latency_histograms_export_what_prometheus_client_would() -> None:
         label = rng.choice("AB")
         histograms.children[label].observe(value)
         reference.labels(label).observe(value)
-    # A read's worth at once (send receipts): the same as one at a time.
-    many = [rng.expovariate(30) for _ in range(100)]
-    histograms.children["B"].observe_all(many)
-    for value in many:
-        reference.labels("B").observe(value)
+    # A read's worth at once (send receipts), few or many, bounds and all:
+    # the same as one at a time.
+    few = [0.01, rng.expovariate(30)]
+    many = [*buckets, 0.0, 5.0, *buckets, *(rng.expovariate(30) for _ in range(100))]
+    for label, values in (("A", few), ("B", many)):
+        histograms.children[label].observe_all(values)
+        for value in values:
+            reference.labels(label).observe(value)
 
     def samples(registry: CollectorRegistry) -> list[tuple[str, tuple[Any, ...], float]]:
         return sorted(

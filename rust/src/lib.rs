@@ -23,6 +23,7 @@ pub const MESSAGE: u32 = 9;
 pub const ACK: u32 = 10;
 pub const FLOW: u32 = 11;
 
+pub mod account;
 pub mod record;
 pub mod summary;
 
@@ -701,6 +702,7 @@ mod python {
         m.add_function(wrap_pyfunction!(scan, m)?)?;
         m.add_function(wrap_pyfunction!(pack_frames, m)?)?;
         m.add_function(wrap_pyfunction!(crate::summary::python::summary, m)?)?;
+        m.add_class::<crate::account::python::SendTable>()?;
         Ok(())
     }
 }

@@ -88,6 +88,10 @@ from sluice.protocols.pulsar.correlation import (
     SERVER_TYPES,
     Completion,
     Correlator,
+    Times,
+    Traffic,
+    add_time,
+    add_traffic,
     answer_error,
 )
 from sluice.protocols.pulsar.decoder import CLOSED, FrameDecoder, ScannedBatch
@@ -750,8 +754,8 @@ class PulsarConnection:
         # Before an event about a frame (an answer, a fault, an invalid
         # frame), the frames so far are shown.
         seen: list[Frame] = []
-        answered: dict[str | None, list[float]] | None = None
-        topics: dict[str, list[int]] | None = None
+        answered: Times | None = None
+        topics: Traffic | None = None
         try:
             # What the compiled scanner took of a read it did not take whole;
             # what is left (an incomplete frame, one over the limit) goes below.
@@ -797,14 +801,14 @@ class PulsarConnection:
                         else:
                             topic = consumers.get(ids[0])
                         if topic is not None:
-                            topics = _add_traffic(topics, topic, ids[2], len(frame.raw))
+                            topics = add_traffic(topics, topic, ids[2], len(frame.raw))
                         continue
                     if t == receipt:
                         ids = frame.ids
                         assert ids is not None  # set for every valid SEND_RECEIPT
                         send = sent(ids[0], ids[1])
                         if send is not None:
-                            answered = _add_time(answered, send.topic, now - send.started)
+                            answered = add_time(answered, send.topic, now - send.started)
                         continue
                     if own_auth and t in _AUTH_EXCHANGE and (from_client or t == T.AUTH_CHALLENGE):
                         out.pop()
@@ -882,8 +886,8 @@ class PulsarConnection:
     def _report(
         self,
         from_client: bool,
-        answered: dict[str | None, list[float]] | None,
-        topics: dict[str, list[int]] | None,
+        answered: Times | None,
+        topics: Traffic | None,
     ) -> None:
         """One read's receipt times (by topic) and traffic by topic, to the taps."""
         conn, tap = self.conn, self.tap
@@ -896,43 +900,20 @@ class PulsarConnection:
 
     def _account(
         self, batch: ScannedBatch, from_client: bool, now: float
-    ) -> tuple[dict[str | None, list[float]] | None, dict[str, list[int]] | None]:
-        """What ``_relay`` does for each valid frame, for a batch: SENDs in
-        flight and their receipts timed (by topic), ACKs observed, messages
-        and bytes tallied by topic."""
+    ) -> tuple[Times | None, Traffic | None]:
+        """What ``_relay`` does for each valid frame, for a batch, in one
+        call to the send table (compiled where built): SENDs in flight and
+        their receipts timed (by topic), ACKs observed, messages and bytes
+        tallied by topic."""
         correlator = self.correlator
-        answered: dict[str | None, list[float]] | None = None
-        topics: dict[str, list[int]] | None = None
-        before = batch.start
         if from_client:
-            sending = correlator.sending
-            for i, (stop, kind, _, _, _, a, b, c, _) in enumerate(batch.found):
-                size = stop - before
-                before = stop
-                if kind == _SEND:
-                    topic = sending(a, b, now)
-                elif kind == _ACK:  # a request when it asks for a receipt
-                    correlator.observe(batch.frame(i), True, now)
-                    continue
-                else:
-                    continue
-                if topic is not None:
-                    topics = _add_traffic(topics, topic, c, size)
-            return answered, topics
-        sent = correlator.sent
-        consumers = correlator.consumers
-        for stop, kind, _, _, _, a, b, c, _ in batch.found:
-            size = stop - before
-            before = stop
-            if kind == _MESSAGE:
-                topic = consumers.get(a)
-                if topic is not None:
-                    topics = _add_traffic(topics, topic, c, size)
-            elif kind == _SEND_RECEIPT:
-                send = sent(a, b)
-                if send is not None:
-                    answered = _add_time(answered, send.topic, now - send.started)
-        return answered, topics
+            traffic, acks = correlator.sends.account_client(
+                batch.found, batch.start, now, correlator.producers
+            )
+            for i in acks:  # a request when it asks for a receipt
+                correlator.observe(batch.frame(i), True, now)
+            return None, traffic
+        return correlator.sends.account_broker(batch.found, batch.start, now, correlator.consumers)
 
     # --- authentication at the proxy (--auth-mode proxy) -------------------------
 
@@ -1289,37 +1270,6 @@ def _url(text: str | bytes) -> BrokerUrl:
         raise UpstreamFailure(str(exc), pb.ServiceNotReady) from None
 
 
-def _add_time(
-    answered: dict[str | None, list[float]] | None, topic: str | None, seconds: float
-) -> dict[str | None, list[float]]:
-    """``answered`` (made when None) with a SEND's time to its receipt added
-    under its topic: one AnsweredMany event per topic per read."""
-    if answered is None:
-        answered = {}
-    times = answered.get(topic)
-    if times is None:
-        answered[topic] = [seconds]
-    else:
-        times.append(seconds)
-    return answered
-
-
-def _add_traffic(
-    topics: dict[str, list[int]] | None, topic: str, messages: int, size: int
-) -> dict[str, list[int]]:
-    """``topics`` (made when None) with a payload frame's messages and bytes
-    added to its topic's tally: one TopicTraffic event per topic per read."""
-    if topics is None:
-        topics = {}
-    tally = topics.get(topic)
-    if tally is None:
-        topics[topic] = [messages, size]
-    else:
-        tally[0] += messages
-        tally[1] += size
-    return topics
-
-
 def _with_request_id(answer: Frame, request_id: int) -> Frame:
     body: Any = type(answer.body)()
     body.CopyFrom(answer.body)
@@ -1366,7 +1316,6 @@ def _not_text(body: Any) -> str | None:
 
 
 _AUTH_EXCHANGE = frozenset({T.AUTH_CHALLENGE, T.AUTH_RESPONSE})
-_SEND, _SEND_RECEIPT, _MESSAGE, _ACK = T.SEND, T.SEND_RECEIPT, T.MESSAGE, T.ACK
 
 _ERROR_NAMES: dict[int, str] = {value: name for name, value in pb.ServerError.items()}
 

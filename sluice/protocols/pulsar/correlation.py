@@ -13,8 +13,10 @@ Pure state: time is passed in, nothing here does I/O.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.frame import Frame
@@ -73,6 +75,7 @@ _REQUESTS = frozenset(
 
 
 _SEND, _SEND_RECEIPT, _SEND_ERROR = T.SEND, T.SEND_RECEIPT, T.SEND_ERROR
+_MESSAGE, _ACK = T.MESSAGE, T.ACK
 
 # What observe() looks at, per direction: callers on a hot path can skip the
 # call for every other type (MESSAGE, FLOW, PING...).
@@ -85,6 +88,179 @@ SERVER_TYPES = _ANSWERS_WITH_REQUEST_ID | {
 }
 
 
+# One frame of a read the compiled scanner took: (stop, type, metadata
+# offset, payload offset, checksum, a, b, c, properties); for a SEND a, b, c
+# are its producer id, sequence id and messages, for a SEND_RECEIPT its
+# producer and sequence ids, for a MESSAGE its consumer id and messages.
+Scanned = tuple[int, int, int, int, int, int, int, int, int]
+# A read's tallies: messages and bytes by topic, and receipt times (seconds)
+# by the topic of the SEND they answer.
+Traffic = dict[str, list[int]]
+Times = dict[str | None, list[float]]
+
+
+class Sends(Protocol):
+    """SENDs in flight, and the bulk accounting of a scanned read: the
+    Python ``SendTable`` below (the reference) or the compiled one,
+    ``sluice._frames.SendTable`` (rust/src/account.rs)."""
+
+    @property
+    def in_flight(self) -> int: ...
+    def __len__(self) -> int: ...
+    def sending(
+        self, producer_id: int, sequence_id: int, now: float, topic: str | None
+    ) -> None: ...
+    def sent(self, producer_id: int, sequence_id: int) -> tuple[float, str | None] | None: ...
+    def peek(self, producer_id: int, sequence_id: int) -> tuple[float, str | None, int] | None: ...
+    def waiting(self) -> list[tuple[int, int, float, str | None, int]]: ...
+    def account_client(
+        self, found: Sequence[Scanned], start: int, now: float, producers: dict[int, str]
+    ) -> tuple[Traffic | None, list[int]]: ...
+    def account_broker(
+        self, found: Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
+    ) -> tuple[Times | None, Traffic | None]: ...
+
+
+class SendTable:
+    """SENDs in flight by (producer_id, sequence_id), and what the relay
+    does with each hot frame of a read the compiled scanner took whole, in
+    one call per read. The reference for the compiled ``SendTable``: the
+    two are tested against each other on the same reads."""
+
+    __slots__ = ("_waiting", "in_flight")
+
+    def __init__(self) -> None:
+        # [started, topic, repeats]: repeats counts SENDs beyond the first
+        # with the same ids (the chunks of a chunked message share them, and
+        # each gets its own receipt). Not the frame itself: up to a client's
+        # whole pending queue is in flight, and each would keep its payload
+        # alive (and in the garbage collector's way) until its receipt.
+        self._waiting: dict[tuple[int, int], list[Any]] = {}
+        self.in_flight = 0
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def sending(self, producer_id: int, sequence_id: int, now: float, topic: str | None) -> None:
+        """A SEND, in flight from ``now``, of a producer on ``topic``."""
+        key = (producer_id, sequence_id)
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            self._waiting[key] = [now, topic, 0]
+        else:
+            waiting[2] += 1
+        self.in_flight += 1
+
+    def sent(self, producer_id: int, sequence_id: int) -> tuple[float, str | None] | None:
+        """(started, topic) of the SEND an answer ends, now no longer in
+        flight; None if it was never seen."""
+        key = (producer_id, sequence_id)
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            return None
+        if waiting[2]:
+            waiting[2] -= 1
+        else:
+            del self._waiting[key]
+        self.in_flight -= 1
+        return waiting[0], waiting[1]
+
+    def peek(self, producer_id: int, sequence_id: int) -> tuple[float, str | None, int] | None:
+        """(started, topic, repeats) of a SEND in flight, left in flight."""
+        waiting = self._waiting.get((producer_id, sequence_id))
+        return None if waiting is None else (waiting[0], waiting[1], waiting[2])
+
+    def waiting(self) -> list[tuple[int, int, float, str | None, int]]:
+        """Every SEND in flight, by ids: for comparing tables."""
+        return sorted((k[0], k[1], w[0], w[1], w[2]) for k, w in self._waiting.items())
+
+    def account_client(
+        self, found: Sequence[Scanned], start: int, now: float, producers: dict[int, str]
+    ) -> tuple[Traffic | None, list[int]]:
+        """A client's scanned read: each SEND in flight under its producer's
+        topic and tallied there; the indices of the ACKs, for the correlator
+        to look at (one that asks for a receipt is a request)."""
+        traffic: Traffic | None = None
+        acks: list[int] = []
+        before = start
+        for i, (stop, kind, _, _, _, a, b, c, _) in enumerate(found):
+            size = stop - before
+            before = stop
+            if kind == _SEND:
+                topic = producers.get(a)
+                self.sending(a, b, now, topic)
+                if topic is not None:
+                    traffic = add_traffic(traffic, topic, c, size)
+            elif kind == _ACK:
+                acks.append(i)
+        return traffic, acks
+
+    def account_broker(
+        self, found: Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
+    ) -> tuple[Times | None, Traffic | None]:
+        """A broker's scanned read: each SEND_RECEIPT ends its SEND, timed
+        under the SEND's topic; each MESSAGE tallied under its consumer's."""
+        times: Times | None = None
+        traffic: Traffic | None = None
+        before = start
+        for stop, kind, _, _, _, a, b, c, _ in found:
+            size = stop - before
+            before = stop
+            if kind == _MESSAGE:
+                topic = consumers.get(a)
+                if topic is not None:
+                    traffic = add_traffic(traffic, topic, c, size)
+            elif kind == _SEND_RECEIPT:
+                sent = self.sent(a, b)
+                if sent is not None:
+                    times = add_time(times, sent[1], now - sent[0])
+        return times, traffic
+
+
+def add_time(times: Times | None, topic: str | None, seconds: float) -> Times:
+    """``times`` (made when None) with a SEND's time to its receipt added
+    under its topic: one AnsweredMany event per topic per read."""
+    if times is None:
+        times = {}
+    seen = times.get(topic)
+    if seen is None:
+        times[topic] = [seconds]
+    else:
+        seen.append(seconds)
+    return times
+
+
+def add_traffic(traffic: Traffic | None, topic: str, messages: int, size: int) -> Traffic:
+    """``traffic`` (made when None) with a payload frame's messages and
+    bytes added to its topic's tally: one TopicTraffic event per topic per
+    read."""
+    if traffic is None:
+        traffic = {}
+    tally = traffic.get(topic)
+    if tally is None:
+        traffic[topic] = [messages, size]
+    else:
+        tally[0] += messages
+        tally[1] += size
+    return traffic
+
+
+def _send_table() -> type[Sends]:
+    """The compiled ``SendTable`` unless ``SLUICE_FRAMES=python`` asks for
+    the Python code alone (as for the frame scanner), or nobody built it."""
+    if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
+        return SendTable
+    try:
+        from sluice._frames import SendTable as Compiled
+    except ImportError:
+        return SendTable
+    return Compiled
+
+
+SEND_TABLE: type[Sends] = _send_table()
+"""The send table correlators use."""
+
+
 @dataclass(slots=True)
 class Pending:
     type: int
@@ -93,9 +269,6 @@ class Pending:
     # For PRODUCER / SUBSCRIBE: the id the request creates.
     resource_id: int | None = None
     request: Frame | None = None
-    # SENDs beyond the first with the same producer and sequence id: the
-    # chunks of a chunked message share one, and each gets its own receipt.
-    repeats: int = 0
 
 
 @dataclass(slots=True)
@@ -120,10 +293,9 @@ class Correlator:
     """Per-connection request/response state. ``observe`` every frame in order."""
 
     requests: dict[int, Pending] = field(default_factory=dict)
-    sends: dict[tuple[int, int], Pending] = field(default_factory=dict)
+    sends: Sends = field(default_factory=lambda: SEND_TABLE())
     producers: dict[int, str] = field(default_factory=dict)  # producer_id -> topic
     consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> topic
-    _sends_in_flight: int = 0
 
     def observe(self, frame: Frame, from_client: bool, now: float) -> Completion | None:
         t = frame.type
@@ -162,17 +334,8 @@ class Correlator:
         ``observe`` does this for SENDs; the proxy's relay calls it itself
         (with the frame's ``ids``), and counts the topic's traffic with the
         answer."""
-        topic: str | None = self.producers.get(producer_id)
-        key = (producer_id, sequence_id)
-        waiting = self.sends.get(key)
-        if waiting is None:
-            # Not the frame itself: up to the client's whole pending queue is
-            # in flight, and each would keep its payload alive (and in the
-            # garbage collector's way) until its receipt.
-            self.sends[key] = Pending(_SEND, now, topic)
-        else:
-            waiting.repeats += 1
-        self._sends_in_flight += 1
+        topic = self.producers.get(producer_id)
+        self.sends.sending(producer_id, sequence_id, now, topic)
         return topic
 
     def sent(self, producer_id: int, sequence_id: int) -> Pending | None:
@@ -180,16 +343,8 @@ class Correlator:
         flight (None if it was never seen). ``observe`` does this for those
         frames; the proxy's relay calls it for receipts itself, to time them
         without making a ``Completion`` for each."""
-        key = (producer_id, sequence_id)
-        sent = self.sends.get(key)
-        if sent is None:
-            return None
-        if sent.repeats:
-            sent.repeats -= 1
-        else:
-            del self.sends[key]
-        self._sends_in_flight -= 1
-        return sent
+        sent = self.sends.sent(producer_id, sequence_id)
+        return None if sent is None else Pending(_SEND, sent[0], sent[1])
 
     def topic_of_producer(self, producer_id: int) -> str | None:
         return self.producers.get(producer_id)
@@ -216,14 +371,14 @@ class Correlator:
             if pending is not None:
                 return pending.topic
         if "producer_id" in fields and "sequence_id" in fields:
-            sent = self.sends.get((body.producer_id, body.sequence_id))
+            sent = self.sends.peek(body.producer_id, body.sequence_id)
             if sent is not None:
-                return sent.topic
+                return sent[1]
         return None
 
     @property
     def in_flight_sends(self) -> int:
-        return self._sends_in_flight
+        return self.sends.in_flight
 
     # --- client to broker ---------------------------------------------------
 
