@@ -1,6 +1,6 @@
 # Types of the compiled frame scanner (rust/src/lib.rs, built by maturin).
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 Scanned = tuple[int, int, int, int, int, int, int, int, int]
@@ -15,19 +15,25 @@ def pack_frames(prefix: bytes, frames: list[Any], payloads: int) -> list[bytes |
     """The recorder's frame records (payloads: 0 full, 1 hash, 2 size); None
     for each frame left to the Python recorder."""
 
-def tally(
-    start: int, found: list[tuple[int, int, int, int, int, int, int, int, int]]
-) -> tuple[bool, list[tuple[int, int, int]]]:
-    """(every frame taken by the scanner, [(type, frames, bytes), ...])."""
+class Batch:
+    """The frames of a read the scanner took whole (``scan_batch``): a
+    sequence of ``scan`` tuples, made when asked for."""
 
-def pack_scanned(
-    prefix: bytes,
-    data: bytes,
-    start: int,
-    found: list[tuple[int, int, int, int, int, int, int, int, int]],
-    payloads: int,
-) -> list[bytes | None]:
-    """``pack_frames`` over a ``scan`` result's frames in ``data``."""
+    @property
+    def start(self) -> int: ...
+    @property
+    def stop(self) -> int: ...
+    @property
+    def counts(self) -> list[tuple[int, int, int]]:
+        """[(type, frames, bytes), ...]"""
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> Scanned: ...
+    def __iter__(self) -> Iterator[Scanned]: ...
+    def pack(self, prefix: bytes, data: bytes, payloads: int) -> list[bytes | None]:
+        """``pack_frames`` over these frames of ``data``."""
+
+def scan_batch(data: bytes, pos: int, max_total: int) -> Batch | None:
+    """Every complete frame from ``pos`` when the scanner took them all."""
 
 def summary(
     raw: bytes,
@@ -49,8 +55,8 @@ class SendTable:
     def peek(self, producer_id: int, sequence_id: int) -> tuple[float, str | None, int] | None: ...
     def waiting(self) -> list[tuple[int, int, float, str | None, int]]: ...
     def account_client(
-        self, found: Sequence[Scanned], start: int, now: float, producers: dict[int, str]
+        self, found: Batch | Sequence[Scanned], start: int, now: float, producers: dict[int, str]
     ) -> tuple[dict[str, list[int]] | None, list[int]]: ...
     def account_broker(
-        self, found: Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
+        self, found: Batch | Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
     ) -> tuple[dict[str | None, list[float]] | None, dict[str, list[int]] | None]: ...

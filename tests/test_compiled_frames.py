@@ -455,7 +455,7 @@ _SCANNED = st.tuples(
     st.sampled_from([T("SEND"), T("SEND_RECEIPT"), T("MESSAGE"), T("ACK"), T("FLOW"), 0]),
     _IDS,
     _IDS,
-    st.integers(0, 2**31),
+    st.integers(-(2**31), 2**31),  # num_messages is an int32 on the wire
     st.integers(0, 2000),  # the frame's size
 )
 _OWNERS = st.dictionaries(
@@ -503,6 +503,58 @@ def test_the_compiled_send_table_accounts_reads_as_the_reference_does(
     for a, b, *_ in reference.waiting():
         assert compiled.sent(a, b) == reference.sent(a, b)
     assert compiled.in_flight == reference.in_flight
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_batch_is_the_scan_it_holds_and_accounts_as_its_tuples(seed: int) -> None:
+    """``scan_batch`` keeps the scanner's findings in compiled code: as a
+    sequence they are ``scan``'s tuples, its counts are their tallies, and
+    the send tables account it as they account the tuples."""
+    from sluice._frames import scan, scan_batch
+
+    compiled, reference = SEND_TABLE(), SendTable()
+    decoders = {True: FrameDecoder(LIMIT), False: FrameDecoder(LIMIT)}
+    batches = 0
+    for from_client, data in traffic(seed):
+        decoder = decoders[from_client]
+        decoder.receive_data(data)
+        taken = decoder.take_batch()
+        if taken is None:
+            list(decoder.frames())  # frame by frame: one is left to Python, or cut
+            continue
+        list(decoder.frames())  # a frame cut at the read's end
+        batches += 1
+        batch, start = taken.found, taken.start
+        found = scan(taken.data, start, LIMIT)
+        assert found and all(f[1] for f in found)
+        assert list(batch) == found == [batch[i] for i in range(len(batch))]
+        assert batch[-1] == found[-1] and (batch.start, batch.stop) == (start, found[-1][0])
+        counts: dict[int, list[int]] = {}
+        before = start
+        for stop, kind, *_ in found:
+            tally = counts.setdefault(kind, [0, 0])
+            tally[0] += 1
+            tally[1] += stop - before
+            before = stop
+        assert batch.counts == [(k, n, size) for k, (n, size) in counts.items()]
+        owners = {1: "persistent://t/n/a", 5: "persistent://t/n/b"}
+        if from_client:
+            assert compiled.account_client(batch, start, 1.0, owners) == (
+                reference.account_client(found, start, 1.0, owners)
+            )
+        else:
+            assert compiled.account_broker(batch, start, 1.0, owners) == (
+                reference.account_broker(found, start, 1.0, owners)
+            )
+        assert compiled.waiting() == reference.waiting()
+    assert batches > 3
+    flow = encode(command(T("FLOW"), pb.CommandFlow(consumer_id=5, messagePermits=1)))
+    one = scan_batch(flow, 0, LIMIT)
+    assert one is not None and len(one) == 1 and one[0] == one[-1]
+    for outside in (1, -2):
+        with pytest.raises(IndexError):
+            one[outside]
+    assert scan_batch(encode(command(T("PING"))), 0, LIMIT) is None  # left to Python
 
 
 def test_the_compiled_send_table_refuses_what_is_not_a_scan_result() -> None:

@@ -73,9 +73,10 @@ impl<T> Table<T> {
 pub mod python {
     use pyo3::exceptions::PyValueError;
     use pyo3::prelude::*;
-    use pyo3::types::{PyDict, PyList, PyTuple};
+    use pyo3::types::{PyDict, PyTuple};
 
     use super::Table;
+    use crate::python::Batch;
     use crate::{ACK, MESSAGE, SEND, SEND_RECEIPT};
 
     type Topic = Option<Py<PyAny>>;
@@ -148,19 +149,36 @@ pub mod python {
         Ok(Some(out))
     }
 
-    /// (stop, kind, a, b, c) of one ``scan`` tuple.
-    fn fields(item: &Bound<'_, PyAny>) -> PyResult<(usize, u32, u64, u64, u64)> {
-        let item = item.cast::<PyTuple>()?;
-        if item.len() != 9 {
-            return Err(PyValueError::new_err("not a scan result"));
+    /// (stop, kind, a, b, c) of a scanned frame.
+    type Fields = (usize, u32, u64, u64, i64);
+
+    /// The fields accounting reads of each frame: from a ``Batch`` as it
+    /// is, or from a sequence of ``scan`` tuples.
+    fn fields(found: &Bound<'_, PyAny>) -> PyResult<Vec<Fields>> {
+        if let Ok(batch) = found.cast::<Batch>() {
+            let batch = batch.get();
+            return Ok(batch
+                .found
+                .iter()
+                .map(|s| (s.stop, s.kind, s.a, s.b, s.c))
+                .collect());
         }
-        Ok((
-            item.get_item(0)?.extract()?,
-            item.get_item(1)?.extract()?,
-            item.get_item(5)?.extract()?,
-            item.get_item(6)?.extract()?,
-            item.get_item(7)?.extract()?,
-        ))
+        let mut out = Vec::new();
+        for item in found.try_iter()? {
+            let item = item?;
+            let item = item.cast::<PyTuple>()?;
+            if item.len() != 9 {
+                return Err(PyValueError::new_err("not a scan result"));
+            }
+            out.push((
+                item.get_item(0)?.extract()?,
+                item.get_item(1)?.extract()?,
+                item.get_item(5)?.extract()?,
+                item.get_item(6)?.extract()?,
+                item.get_item(7)?.extract()?,
+            ));
+        }
+        Ok(out)
     }
 
     #[pymethods]
@@ -240,17 +258,16 @@ pub mod python {
         fn account_client<'py>(
             &mut self,
             py: Python<'py>,
-            found: &Bound<'py, PyList>,
+            found: &Bound<'py, PyAny>,
             start: usize,
             now: f64,
             producers: &Bound<'py, PyDict>,
         ) -> PyResult<(Dict<'py>, Vec<usize>)> {
-            let mut traffic: Tally<'py, [u64; 2]> = Vec::new();
+            let mut traffic: Tally<'py, [i64; 2]> = Vec::new();
             let mut acks = Vec::new();
             let mut before = start;
-            for (i, item) in found.iter().enumerate() {
-                let (stop, kind, a, b, c) = fields(&item)?;
-                let size = stop.saturating_sub(before) as u64;
+            for (i, (stop, kind, a, b, c)) in fields(found)?.into_iter().enumerate() {
+                let size = stop.saturating_sub(before) as i64;
                 before = stop;
                 if kind == SEND {
                     let topic = producers.get_item(a)?;
@@ -275,17 +292,16 @@ pub mod python {
         fn account_broker<'py>(
             &mut self,
             py: Python<'py>,
-            found: &Bound<'py, PyList>,
+            found: &Bound<'py, PyAny>,
             start: usize,
             now: f64,
             consumers: &Bound<'py, PyDict>,
         ) -> PyResult<(Dict<'py>, Dict<'py>)> {
-            let mut traffic: Tally<'py, [u64; 2]> = Vec::new();
+            let mut traffic: Tally<'py, [i64; 2]> = Vec::new();
             let mut times: Tally<'py, Vec<f64>> = Vec::new();
             let mut before = start;
-            for item in found.iter() {
-                let (stop, kind, a, b, c) = fields(&item)?;
-                let size = stop.saturating_sub(before) as u64;
+            for (stop, kind, a, b, c) in fields(found)? {
+                let size = stop.saturating_sub(before) as i64;
                 before = stop;
                 if kind == MESSAGE {
                     let topic = consumers.get_item(a)?;

@@ -556,11 +556,11 @@ fn metadata(bytes: &[u8]) -> Option<(u32, i64)> {
 }
 
 #[cfg(feature = "python")]
-mod python {
-    use pyo3::exceptions::PyValueError;
+pub mod python {
+    use pyo3::exceptions::{PyIndexError, PyValueError};
     use pyo3::intern;
     use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyList};
+    use pyo3::types::{PyBytes, PyIterator, PyList};
 
     /// scan(data, pos, max_total) -> list of (stop, kind, metadata_offset,
     /// payload_offset, checksum, a, b, c, properties), one per complete
@@ -576,22 +576,7 @@ mod python {
             return Err(PyValueError::new_err("pos is past the end of data"));
         }
         let found = super::scan(data, pos, max_total);
-        PyList::new(
-            py,
-            found.iter().map(|s| {
-                (
-                    s.stop,
-                    s.kind,
-                    s.metadata_offset,
-                    s.payload_offset,
-                    s.checksum,
-                    s.a,
-                    s.b,
-                    s.c,
-                    s.properties,
-                )
-            }),
-        )
+        PyList::new(py, found.iter().map(as_tuple))
     }
 
     /// pack_frames(prefix, frames, payloads) -> list of records (bytes), with
@@ -626,64 +611,123 @@ mod python {
     /// (command type, frames, bytes)
     type Tally = (u32, u64, u64);
 
-    /// tally(start, found) -> (plain, [(kind, frames, bytes), ...]): whether
-    /// every frame of a ``scan`` result is one the scanner took, and the
-    /// frames and bytes of each command type, for counting a read at once.
-    #[pyfunction]
-    fn tally(start: usize, found: &Bound<'_, PyList>) -> PyResult<(bool, Vec<Tally>)> {
-        let mut plain = true;
-        let mut counts: Vec<Tally> = Vec::new();
-        let mut from = start;
-        for item in found.iter() {
-            let stop: usize = item.get_item(0)?.extract()?;
-            let kind: u32 = item.get_item(1)?.extract()?;
-            plain &= kind != 0;
-            let size = stop.saturating_sub(from) as u64;
-            from = stop;
-            match counts.iter_mut().find(|c| c.0 == kind) {
-                Some(c) => {
-                    c.1 += 1;
-                    c.2 += size;
-                }
-                None => counts.push((kind, 1, size)),
-            }
-        }
-        Ok((plain, counts))
+    /// One ``scan`` tuple: (stop, kind, metadata_offset, payload_offset,
+    /// checksum, a, b, c, properties).
+    type Found = (usize, u32, i64, i64, i64, u64, u64, i64, u32);
+
+    fn as_tuple(s: &super::Scanned) -> Found {
+        (
+            s.stop,
+            s.kind,
+            s.metadata_offset,
+            s.payload_offset,
+            s.checksum,
+            s.a,
+            s.b,
+            s.c,
+            s.properties,
+        )
     }
 
-    /// pack_scanned(prefix, data, start, found, payloads) -> records as
-    /// ``pack_frames`` makes them, for the frames of a ``scan`` result over
-    /// ``data`` from ``start``, with None for each frame left to Python (one
-    /// the scanner did not take, or whose metadata holds properties).
-    #[pyfunction]
-    fn pack_scanned<'py>(
-        py: Python<'py>,
-        prefix: &[u8],
-        data: &[u8],
+    /// The frames of a read the scanner took whole, kept in Rust: a
+    /// sequence of ``scan`` tuples (made when asked for), their tallies by
+    /// type, and the recorder's records. Made by ``scan_batch``.
+    #[pyclass(module = "sluice._frames", frozen, sequence)]
+    pub struct Batch {
+        pub(crate) found: Vec<super::Scanned>,
+        /// Where the first frame starts in the scanned bytes.
+        #[pyo3(get)]
         start: usize,
-        found: &Bound<'py, PyList>,
-        payloads: u8,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let payloads = payload_policy(payloads)?;
-        let out = PyList::empty(py);
-        let mut from = start;
-        for item in found.iter() {
-            let stop: usize = item.get_item(0)?.extract()?;
-            let kind: u32 = item.get_item(1)?.extract()?;
-            let payload_offset: i64 = item.get_item(3)?.extract()?;
-            let properties: u32 = item.get_item(8)?.extract()?;
-            let frame = data
-                .get(from..stop)
-                .ok_or_else(|| PyValueError::new_err("a frame outside data"))?;
-            from = stop;
-            if kind == 0 || properties != 0 {
-                out.append(py.None())?;
-                continue;
-            }
-            let record = super::record::frame_record(prefix, frame, payload_offset, payloads);
-            out.append(PyBytes::new(py, &record))?;
+    }
+
+    #[pymethods]
+    impl Batch {
+        fn __len__(&self) -> usize {
+            self.found.len()
         }
-        Ok(out)
+
+        fn __getitem__(&self, index: isize) -> PyResult<Found> {
+            let n = self.found.len() as isize;
+            let i = if index < 0 { index + n } else { index };
+            if i < 0 || i >= n {
+                return Err(PyIndexError::new_err("batch index out of range"));
+            }
+            Ok(as_tuple(&self.found[i as usize]))
+        }
+
+        fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyIterator>> {
+            PyList::new(py, self.found.iter().map(as_tuple))?.try_iter()
+        }
+
+        /// Where the last frame ends in the scanned bytes.
+        #[getter]
+        fn stop(&self) -> usize {
+            self.found.last().map_or(self.start, |s| s.stop)
+        }
+
+        /// [(kind, frames, bytes), ...], one per command type, in the order
+        /// types first come.
+        #[getter]
+        fn counts(&self) -> Vec<Tally> {
+            let mut counts: Vec<Tally> = Vec::new();
+            let mut from = self.start;
+            for s in &self.found {
+                let size = s.stop.saturating_sub(from) as u64;
+                from = s.stop;
+                match counts.iter_mut().find(|c| c.0 == s.kind) {
+                    Some(c) => {
+                        c.1 += 1;
+                        c.2 += size;
+                    }
+                    None => counts.push((s.kind, 1, size)),
+                }
+            }
+            counts
+        }
+
+        /// pack(prefix, data, payloads) -> records as ``pack_frames`` makes
+        /// them, for these frames of ``data`` (the bytes scanned), with None
+        /// for each whose metadata holds properties (left to Python: they
+        /// may hold credentials).
+        fn pack<'py>(
+            &self,
+            py: Python<'py>,
+            prefix: &[u8],
+            data: &[u8],
+            payloads: u8,
+        ) -> PyResult<Bound<'py, PyList>> {
+            let payloads = payload_policy(payloads)?;
+            let out = PyList::empty(py);
+            let mut from = self.start;
+            for s in &self.found {
+                let frame = data
+                    .get(from..s.stop)
+                    .ok_or_else(|| PyValueError::new_err("a frame outside data"))?;
+                from = s.stop;
+                if s.properties != 0 {
+                    out.append(py.None())?;
+                    continue;
+                }
+                let record = super::record::frame_record(prefix, frame, s.payload_offset, payloads);
+                out.append(PyBytes::new(py, &record))?;
+            }
+            Ok(out)
+        }
+    }
+
+    /// scan_batch(data, pos, max_total) -> Batch of every complete frame
+    /// from `pos` when the scanner took every one of them; None when there
+    /// is none, or one is left to the Python decoder.
+    #[pyfunction]
+    fn scan_batch(data: &[u8], pos: usize, max_total: u32) -> PyResult<Option<Batch>> {
+        if pos > data.len() {
+            return Err(PyValueError::new_err("pos is past the end of data"));
+        }
+        let found = super::scan(data, pos, max_total);
+        if found.is_empty() || found.iter().any(|s| s.kind == 0) {
+            return Ok(None);
+        }
+        Ok(Some(Batch { found, start: pos }))
     }
 
     fn payload_policy(code: u8) -> PyResult<super::record::Payloads> {
@@ -697,8 +741,8 @@ mod python {
 
     #[pymodule]
     fn _frames(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        m.add_function(wrap_pyfunction!(tally, m)?)?;
-        m.add_function(wrap_pyfunction!(pack_scanned, m)?)?;
+        m.add_function(wrap_pyfunction!(scan_batch, m)?)?;
+        m.add_class::<Batch>()?;
         m.add_function(wrap_pyfunction!(scan, m)?)?;
         m.add_function(wrap_pyfunction!(pack_frames, m)?)?;
         m.add_function(wrap_pyfunction!(crate::summary::python::summary, m)?)?;

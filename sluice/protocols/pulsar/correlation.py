@@ -16,10 +16,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.frame import Frame
+
+if TYPE_CHECKING:
+    from sluice._frames import Batch
 
 T = pb.BaseCommand
 
@@ -114,10 +117,10 @@ class Sends(Protocol):
     def peek(self, producer_id: int, sequence_id: int) -> tuple[float, str | None, int] | None: ...
     def waiting(self) -> list[tuple[int, int, float, str | None, int]]: ...
     def account_client(
-        self, found: Sequence[Scanned], start: int, now: float, producers: dict[int, str]
+        self, found: Batch | Sequence[Scanned], start: int, now: float, producers: dict[int, str]
     ) -> tuple[Traffic | None, list[int]]: ...
     def account_broker(
-        self, found: Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
+        self, found: Batch | Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
     ) -> tuple[Times | None, Traffic | None]: ...
 
 
@@ -175,7 +178,7 @@ class SendTable:
         return sorted((k[0], k[1], w[0], w[1], w[2]) for k, w in self._waiting.items())
 
     def account_client(
-        self, found: Sequence[Scanned], start: int, now: float, producers: dict[int, str]
+        self, found: Batch | Sequence[Scanned], start: int, now: float, producers: dict[int, str]
     ) -> tuple[Traffic | None, list[int]]:
         """A client's scanned read: each SEND in flight under its producer's
         topic and tallied there; the indices of the ACKs, for the correlator
@@ -196,7 +199,7 @@ class SendTable:
         return traffic, acks
 
     def account_broker(
-        self, found: Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
+        self, found: Batch | Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
     ) -> tuple[Times | None, Traffic | None]:
         """A broker's scanned read: each SEND_RECEIPT ends its SEND, timed
         under the SEND's topic; each MESSAGE tallied under its consumer's."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, overload
 
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError, Message
@@ -43,18 +43,19 @@ from sluice.protocols.pulsar.frame import (
     missing_fields,
 )
 
+if TYPE_CHECKING:
+    from sluice._frames import Batch
+
 Found = list[tuple[int, int, int, int, int, int, int, int, int]]
 Scan = Callable[[bytes, int, int], Found]
 Pack = Callable[[bytes, list[Frame], int], list[bytes | None]]
-Tally = Callable[[int, Found], tuple[bool, list[tuple[int, int, int]]]]
-PackScanned = Callable[[bytes, bytes, int, Found, int], list[bytes | None]]
+ScanBatch = Callable[[bytes, int, int], "Batch | None"]
 
 
 class _Compiled(NamedTuple):
     scan: Scan
     pack: Pack
-    tally: Tally
-    pack_scanned: PackScanned
+    scan_batch: ScanBatch
     # A recorded frame's summary numbers (recording/format.py types them).
     summary: Callable[[bytes], Any]
 
@@ -66,10 +67,10 @@ def _compiled() -> _Compiled | None:
     if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
         return None
     try:
-        from sluice._frames import pack_frames, pack_scanned, scan, summary, tally
+        from sluice._frames import pack_frames, scan, scan_batch, summary
     except ImportError:
         return None
-    return _Compiled(scan, pack_frames, tally, pack_scanned, summary)
+    return _Compiled(scan, pack_frames, scan_batch, summary)
 
 
 COMPILED: Final = _compiled()
@@ -263,14 +264,11 @@ class FrameDecoder:
         pos = self._pos
         if len(head) - pos < 8:
             return None
-        found = COMPILED.scan(head, pos, self._max_total)
-        if not found:
+        found = COMPILED.scan_batch(head, pos, self._max_total)
+        if found is None:
             return None
-        plain, counts = COMPILED.tally(pos, found)
-        if not plain:
-            return None
-        self._pos = found[-1][0]
-        return ScannedBatch(head, pos, found, counts)
+        self._pos = found.stop
+        return ScannedBatch(head, found)
 
     def _scanned(self) -> Iterator[Frame]:
         """``frames()`` with the compiled scanner: one call finds every
@@ -579,24 +577,30 @@ class ScannedBatch(Sequence[Frame]):
     reads ``counts`` or calls ``packed``; any other sees ``Frame`` objects,
     made when first asked for."""
 
-    __slots__ = ("_frames", "counts", "data", "found", "start")
+    __slots__ = ("_frames", "data", "found")
 
-    def __init__(
-        self, data: bytes, start: int, found: Found, counts: list[tuple[int, int, int]]
-    ) -> None:
+    def __init__(self, data: bytes, found: Batch) -> None:
         self.data = data
-        self.start = start
-        # One (stop, type, metadata_offset, payload_offset, checksum, a, b, c,
-        # properties) per frame, as the scanner gives them.
+        # The frames as the scanner found them in ``data``, kept in compiled
+        # code: one (stop, type, metadata_offset, payload_offset, checksum,
+        # a, b, c, properties) per frame, made when asked for.
         self.found = found
-        # (command type, frames, bytes) for each type in the batch.
-        self.counts = counts
         self._frames: list[Frame] | None = None
+
+    @property
+    def start(self) -> int:
+        """Where the first frame starts in ``data``."""
+        return self.found.start
 
     @property
     def stop(self) -> int:
         """Where the last frame ends in ``data``."""
-        return self.found[-1][0]
+        return self.found.stop
+
+    @property
+    def counts(self) -> list[tuple[int, int, int]]:
+        """(command type, frames, bytes) for each type in the batch."""
+        return self.found.counts
 
     def frame(self, index: int) -> ScannedFrame:
         """The ``index``th frame, made afresh."""
@@ -608,8 +612,7 @@ class ScannedBatch(Sequence[Frame]):
     def packed(self, prefix: bytes, payloads: int) -> list[bytes | None]:
         """The recorder's records (``pack_frames``), None for each frame the
         compiled packer leaves to the Python recorder."""
-        assert COMPILED is not None
-        return COMPILED.pack_scanned(prefix, self.data, self.start, self.found, payloads)
+        return self.found.pack(prefix, self.data, payloads)
 
     def _all(self) -> list[Frame]:
         frames = self._frames
