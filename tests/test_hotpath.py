@@ -31,7 +31,7 @@ from sluice.protocols.pulsar import (
 from sluice.protocols.pulsar.correlation import Correlator
 from sluice.protocols.pulsar.frame import BODY_FIELD, command_name
 from sluice.protocols.pulsar.redact import redacted, sensitive
-from sluice.proxy.metrics import Histograms
+from sluice.proxy.metrics import Histograms, Metrics
 from sluice.recording.format import (
     FrameRecorder,
     PayloadPolicy,
@@ -324,6 +324,31 @@ def test_a_frame_record_without_summary_or_bytes_is_a_damaged_file() -> None:
     broken = {"k": "frame", "c": 1, "d": 0, "t": 1, "w": 1, "n": 12}
     with pytest.raises(RecordingError, match="damaged after 1 records"):
         list(read_records_from(pack(first) + pack(broken), "bad.sluice"))
+
+
+def test_topic_traffic_is_exported_per_label_with_the_rest_as_other() -> None:
+    metrics = Metrics(topic_limit=2)
+    reads = [("a", 1, 100), ("b", 2, 50), ("c", 4, 10), ("a", 3, 7), ("d", 8, 1), ("c", 1, 1)]
+    for topic, messages, size in reads:
+        metrics.topic_traffic(topic, "client_to_broker", messages, size)
+    metrics.topic_traffic("a", "broker_to_client", 5, 5)
+    got = {
+        (s.name, s.labels["topic"], s.labels["direction"]): s.value
+        for family in metrics.exposed.collect()
+        for s in family.samples
+        if s.name.startswith("sluice_topic_")
+    }
+    c2b, b2c = "client_to_broker", "broker_to_client"
+    assert got == {
+        ("sluice_topic_messages_total", "a", c2b): 4,
+        ("sluice_topic_bytes_total", "a", c2b): 107,
+        ("sluice_topic_messages_total", "b", c2b): 2,
+        ("sluice_topic_bytes_total", "b", c2b): 50,
+        ("sluice_topic_messages_total", "other", c2b): 13,
+        ("sluice_topic_bytes_total", "other", c2b): 12,
+        ("sluice_topic_messages_total", "a", b2c): 5,
+        ("sluice_topic_bytes_total", "a", b2c): 5,
+    }
 
 
 def test_latency_histograms_export_what_prometheus_client_would() -> None:
