@@ -14,20 +14,15 @@ from sluice.addresses import parse_address, parse_host
 from sluice.config import default
 from sluice.errors import ConfigError
 from sluice.logs import add_logging_arguments, setup_logging
+from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
-from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.faults import load_rules
-from sluice.protocols.pulsar import pb
-from sluice.protocols.pulsar.connection import UpstreamFailure
-from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url, parse_cursus_url
-from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth
+from sluice.proxy.config import ProxyConfig, proxy_auth
 from sluice.proxy.dial import (
     TlsClientConfig,
     TlsServerConfig,
-    client_ssl_context,
     server_ssl_context,
 )
-from sluice.proxy.pulsar import connect_broker
 from sluice.proxy.server import Proxy, serve_until_signalled
 from sluice.proxy.workers import available_cpus, serve_workers
 from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
@@ -103,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--protocol",
-        choices=("pulsar", "cursus"),
+        choices=registry.names(),
         help="the broker's protocol (default: from the --broker scheme, pulsar for host:port)",
     )
     up.add_argument(
@@ -212,22 +207,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(lookups share a connection per role and token expiry, whatever the token's "
         "spelling; default: off)",
     )
-    cur = parser.add_argument_group("cursus")
-    cur.add_argument(
-        "--max-frame-size",
-        type=int,
-        default=default(ProxyConfig, "max_frame_size"),
-        metavar="BYTES",
-        help="largest frame a Cursus client may send (the broker's own limit; "
-        "its spec says 64 MiB)",
-    )
-    cur.add_argument(
-        "--broker-compression",
-        choices=[c.value for c in Compression],
-        default=default(ProxyConfig, "broker_compression"),
-        help="the compression the Cursus broker applies to every frame it receives "
-        "(its broker-wide setting)",
-    )
+    for spec in registry.protocols().values():
+        if spec.options:
+            own = parser.add_argument_group(spec.name)
+            for option in spec.options:
+                own.add_argument(
+                    *option.flags, default=default(ProxyConfig, option.kwargs["dest"]),
+                    **option.kwargs,
+                )  # fmt: skip
+    cur = parser.add_argument_group("port-per-broker")
     cur.add_argument(
         "--listener-ports",
         metavar="LOW-HIGH",
@@ -435,11 +423,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> ProxyConfig:
-    cursus = args.broker.startswith(("cursus://", "cursus+ssl://"))
-    protocol = args.protocol or ("cursus" if cursus else "pulsar")
+    spec = registry.get(args.protocol) if args.protocol else registry.by_url(args.broker)
     listen_tls = parse_address(args.listen_tls, what="--listen-tls") if args.listen_tls else None
-    if args.listen is None:  # not given: Cursus listens one way only (see ProxyConfig)
-        listen = None if protocol == "cursus" and listen_tls else default(ProxyConfig, "listen")
+    if args.listen is None:  # not given: port-per-broker listens one way only (see ProxyConfig)
+        listen = None if spec.port_per_broker and listen_tls else default(ProxyConfig, "listen")
     elif args.listen in ("", "none"):
         listen = None
     else:
@@ -459,10 +446,9 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
         raise ConfigError(f"no such file: {args.broker_tls_ca}")
     config = ProxyConfig(
-        broker=upstream_url(args.broker, protocol),
-        protocol=protocol,
-        max_frame_size=args.max_frame_size,
-        broker_compression=args.broker_compression,
+        broker=spec.url(args.broker, what="--broker"),
+        protocol=spec.name,
+        **{o.kwargs["dest"]: getattr(args, o.kwargs["dest"]) for o in spec.options},
         listener_ports=port_range(args.listener_ports) if args.listener_ports else None,
         broker_ports_file=args.broker_ports_file,
         auth_mode=args.auth_mode,
@@ -508,19 +494,11 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         topic_metrics_limit=args.topic_metrics_limit,
         record=_recorder_config(args),
         admin_token=read_token(args.admin_token_file),
-        faults=tuple(load_rules(args.faults, PROTOCOL_FAULTS)) if args.faults else (),
+        faults=tuple(load_rules(args.faults, registry.all_faults())) if args.faults else (),
         workers=parse_workers(args.workers),
     )
     proxy_auth(config)  # key and token files that do not load: one line now
     return config
-
-
-def upstream_url(text: str, protocol: str) -> BrokerUrl:
-    """``--broker`` for the protocol: Pulsar's URLs, or ``cursus://HOST:PORT``
-    (``cursus+ssl://`` for brokers that speak TLS)."""
-    if protocol == "pulsar":
-        return parse_broker_url(text, what="--broker")
-    return parse_cursus_url(text, what="--broker")
 
 
 def port_range(text: str) -> tuple[int, int]:
@@ -591,7 +569,7 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
         if args.record_ring is None:
             raise ConfigError("--snapshot-on needs the flight recorder: give --record-ring")
         try:
-            triggers = load_triggers(args.snapshot_on, PROTOCOL_FAULTS)
+            triggers = load_triggers(args.snapshot_on, registry.all_faults())
         except TriggerError as exc:
             raise ConfigError(f"--snapshot-on: {exc}") from None
     if args.record.exists() and not args.record.is_dir():
@@ -653,26 +631,11 @@ class StartupError(Exception):
 
 
 async def check_broker(config: ProxyConfig) -> None:
-    if config.protocol == "cursus":
-        address = config.broker.address
-        try:
-            with trio.fail_after(config.connect_timeout):
-                probe = await trio.open_tcp_stream(address.host, address.port)
-        except (OSError, trio.TooSlowError) as exc:
-            raise StartupError(f"cannot reach Cursus broker {address}: {exc or 'timed out'} "
-                               "(start anyway with --no-check-broker)") from None  # fmt: skip
-        await probe.aclose()
-        return
-    tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
-    try:
-        stream, _ = await connect_broker(
-            config.broker.address, timeout=config.connect_timeout, tls=tls
-        )
-    except UpstreamFailure as failure:
-        if failure.error == pb.AuthenticationError:
-            return  # it answered: it wants the clients' credentials, which they bring
-        raise StartupError(f"{failure.message} (start anyway with --no-check-broker)") from None
-    await stream.aclose()
+    """The broker answers, by its protocol's own check."""
+    spec = registry.get(config.protocol)
+    problem = await spec.load(spec.check_broker)(config)
+    if problem is not None:
+        raise StartupError(f"{problem} (start anyway with --no-check-broker)")
 
 
 async def serve(

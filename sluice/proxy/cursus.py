@@ -1,24 +1,24 @@
 """What the protocol-neutral proxy needs from Cursus.
 
 Cursus clients find brokers by addresses inside replies, so the proxy keeps
-them on itself port-per-broker, as Kafka proxies do: the main listener
+them on itself port-per-broker (``sluice/proxy/ports.py``): the main listener
 stands for the configured broker, and every other broker a reply names gets
 a listener of its own, opened when a core first asks for it
-(``ListenerRequest``), on a port from ``--listener-ports`` (or any free
-port). The core rewrites the reply to that listener's advertised address.
-Each client connection is relayed to the broker its listener stands for.
+(``ListenerRequest``). The core rewrites the reply to that listener's
+advertised address. Each client connection is relayed to the broker its
+listener stands for.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from sluice.addresses import Address
 from sluice.protocols.core import Conn, Tap
+from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.connection import (
     CursusConnection,
     CursusRouting,
@@ -26,15 +26,11 @@ from sluice.protocols.cursus.connection import (
     ListenerRequest,
 )
 from sluice.protocols.faults import Faults
-from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.protocols.urls import BrokerUrl
+from sluice.proxy.backend import Services
+from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context
-
-# Opens (or finds) the listener for an upstream broker; its advertised address.
-OpenListener = Callable[[Address], Awaitable[Address]]
-
-
-class NoListener(Exception):
-    """No listener can be opened for a broker (the port range is used up)."""
+from sluice.proxy.ports import BrokerPorts, NoListener
 
 
 class CursusBackend:
@@ -49,6 +45,7 @@ class CursusBackend:
         broker_tls: TlsClientConfig | None = None,
         connect_timeout: float,
         faults: Faults | None = None,
+        ports: BrokerPorts | None = None,
     ) -> None:
         self.broker = broker.address
         # cursus+ssl://: every broker of the cluster is dialled with TLS.
@@ -60,7 +57,9 @@ class CursusBackend:
         self.settings = settings
         self.routing = routing
         self.connect_timeout = connect_timeout
-        self.open_listener: OpenListener | None = None
+        self.ports = ports
+        if ports is not None:
+            ports.map = routing
         # --sni-route: TLS server names that stand for a broker.
         self.named: dict[str, BrokerUrl] = {}
 
@@ -69,6 +68,15 @@ class CursusBackend:
 
     def start(self, nursery: trio.Nursery, tap: Tap) -> None:
         """Nothing of its own to run: Cursus has no proxy-side requests."""
+
+    async def listening(self, main: int | None) -> None:
+        """The main listener stands for the configured broker; the ports an
+        earlier run gave brokers are listened on again."""
+        if self.ports is None:
+            return
+        if main is not None:
+            self.ports.stands_for(self.broker, main)
+        await self.ports.reopen_known()
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> CursusConnection:
         return CursusConnection(
@@ -89,24 +97,50 @@ class CursusBackend:
 
     async def ask(self, address: Address, request: Any) -> Address | Exception:
         """A core's ``ListenerRequest``: the listener for its broker."""
-        assert isinstance(request, ListenerRequest) and self.open_listener is not None
-        existing = self.routing.listener_for(request.upstream)
-        if existing is not None:
-            return existing
+        assert isinstance(request, ListenerRequest) and self.ports is not None
         try:
-            return await self.open_listener(request.upstream)
+            return await self.ports.open(request.upstream)
         except (OSError, NoListener) as exc:
             return exc
 
     async def probe(self) -> str | None:
         """None when the configured broker accepts a connection; otherwise why not."""
-        try:
-            with trio.fail_after(self.connect_timeout):
-                stream = await trio.open_tcp_stream(self.broker.host, self.broker.port)
-        except (OSError, trio.TooSlowError) as exc:
-            return f"cannot reach {self.broker}: {exc or 'timed out'}"
-        await stream.aclose()
-        return None
+        return await _reach(self.broker, self.connect_timeout)
 
     async def aclose(self) -> None:
         pass
+
+
+async def _reach(broker: Address, timeout: float) -> str | None:
+    try:
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(broker.host, broker.port)
+    except (OSError, trio.TooSlowError) as exc:
+        return f"cannot reach {broker}: {exc or 'timed out'}"
+    await stream.aclose()
+    return None
+
+
+def make_backend(config: ProxyConfig, services: Services) -> CursusBackend:
+    """The registry's factory (``sluice.protocols.cursus.spec``)."""
+    return CursusBackend(
+        config.broker,
+        CursusSettings(
+            config.on_invalid,
+            max_frame_size=config.max_frame_size,
+            compression=Compression.parse(config.broker_compression),
+        ),
+        CursusRouting(config.broker.address, config.allow_broker),
+        broker_tls=config.broker_tls,
+        connect_timeout=config.connect_timeout,
+        faults=services.faults,
+        ports=services.ports,
+    )
+
+
+async def check_broker(config: ProxyConfig) -> str | None:
+    """``sluice proxy``'s startup check: None when the broker takes a connection."""
+    problem = await _reach(config.broker.address, config.connect_timeout)
+    if problem is None:
+        return None
+    return f"cannot reach Cursus broker {problem.removeprefix('cannot reach ')}"

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from sluice.addresses import Address
+from sluice.addresses import Address, AllowList
 from sluice.protocols.core import Conn, Dialed, Tap
 from sluice.protocols.faults import Faults
 from sluice.protocols.pulsar import (
@@ -43,8 +43,11 @@ from sluice.protocols.pulsar.connection import (
     UpstreamFailure,
 )
 from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.proxy.backend import Services
+from sluice.proxy.config import ProxyConfig, proxy_auth
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.relay import READ_SIZE
+from sluice.proxy.shared import ROUTES_FILE, SharedRouting
 
 log = logging.getLogger("sluice.upstream")
 
@@ -397,6 +400,9 @@ class PulsarBackend:
         )
         nursery.start_soon(self._pool.keep_tidy)
 
+    async def listening(self, main: int | None) -> None:
+        """Nothing to do once the proxy listens: clients find brokers through it."""
+
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
         """``upstream``: the broker SNI routing chose (``route_name``), if any."""
         return PulsarConnection(conn, self.settings, self.routing, tap, self.faults, upstream)
@@ -455,3 +461,49 @@ class PulsarBackend:
     async def aclose(self) -> None:
         if self._pool is not None:
             await self._pool.aclose()
+
+
+def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
+    """The registry's factory (``sluice.protocols.pulsar.spec``)."""
+    # --trust-broker rules allow as well as trust.
+    relay_rules = config.allow_broker + config.trust_broker
+    routing: Routing
+    if services.state is None:
+        routing = Routing(config.broker, relay_rules, config.max_concurrent_lookups)
+    else:
+        routing = SharedRouting(
+            config.broker, services.state / ROUTES_FILE, relay_rules,
+            config.max_concurrent_lookups,
+        )  # fmt: skip
+    return PulsarBackend(
+        config.broker,
+        PulsarSettings(
+            config.on_invalid,
+            config.max_message_size,
+            config.max_redirects,
+            proxy_auth(config),
+            AllowList(config.trust_broker, "--trust-broker"),
+            proxy_header_out=config.proxy_protocol_out,
+        ),
+        routing,
+        broker_tls=config.broker_tls,
+        connect_timeout=config.connect_timeout,
+        faults=services.faults,
+        max_upstream_connections=config.max_upstream_connections,
+    )
+
+
+async def check_broker(config: ProxyConfig) -> str | None:
+    """``sluice proxy``'s startup check: None when the broker answers a
+    CONNECT (or wants the clients' credentials), otherwise why not."""
+    tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
+    try:
+        stream, _ = await connect_broker(
+            config.broker.address, timeout=config.connect_timeout, tls=tls
+        )
+    except UpstreamFailure as failure:
+        if failure.error == pb.AuthenticationError:
+            return None  # it answered: it wants the clients' credentials, which they bring
+        return failure.message
+    await stream.aclose()
+    return None

@@ -17,7 +17,7 @@ creates (in a private temporary directory) carry that:
   accepting at the same instant can each see room for one more, so a limit
   can be exceeded by at most N-1 connections; IPs that share a bucket share
   its count (4,096 buckets), which only ever makes the limit stricter.
-- ``SharedBrokerPorts`` (Cursus, port-per-broker): the supervisor binds every
+- ``SharedBrokerPorts`` (port-per-broker): the supervisor binds every
   port of ``--listener-ports`` and every worker accepts on all of them; a
   journal says which broker each port stands for. A port is given to a
   broker under an exclusive lock on the journal, so no two workers give one
@@ -126,9 +126,11 @@ class SharedRouting(Routing):
 
 class SharedBrokerPorts:
     """Which of the supervisor's ``--listener-ports`` stands for which broker,
-    for every worker (Cursus, port-per-broker; see the module's notes)."""
+    for every worker (port-per-broker, ``sluice/proxy/ports.py``; see the
+    module's notes)."""
 
     def __init__(self, journal: Path) -> None:
+        self.path = journal
         self._journal = _Journal(journal)
         self.by_port: dict[int, Address] = {}
         self.by_broker: dict[Address, int] = {}

@@ -34,6 +34,7 @@ from sluice.protocols.pulsar.frame import (
     command_name,
 )
 from sluice.protocols.pulsar.redact import redacted, sensitive, withheld
+from sluice.protocols.registry import DEFAULT_PROTOCOL
 
 MAGIC = "sluice-recording"
 VERSION = 2
@@ -651,3 +652,13 @@ def dumps(records: list[Record]) -> bytes:
     for record in records:
         out.write(pack(record))
     return out.getvalue()
+
+
+def protocol_of(target: Path) -> str:
+    """The protocol of the recording(s) at ``target`` (from the first header)."""
+    for path in recording_files(target):
+        for record in read_records(path, ReadResult(path)):
+            if record["k"] == "header":
+                return str(record.get("protocol", DEFAULT_PROTOCOL))
+            break
+    return DEFAULT_PROTOCOL

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from sluice.protocols import registry
 from sluice.recording.format import (
     ReadResult,
     Record,
@@ -349,13 +350,7 @@ def run(args: argparse.Namespace) -> int:
 
 def pcap_comment(header: Record) -> str:
     """How to read the capture in Wireshark, for its comment."""
-    protocol = header.get("protocol", "pulsar")
-    if protocol == "cursus":
-        return ("Sluice recording of Cursus traffic: each frame is [u32 big-endian length][body]; "
-                "Wireshark has no Cursus dissector, so read the TCP payloads (Follow TCP Stream) "
-                "or use sluice inspect")  # fmt: skip
-    return ("Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
-            "for other ports use Decode As... > TCP port > PULSAR")  # fmt: skip
+    return registry.get(str(header.get("protocol", registry.DEFAULT_PROTOCOL))).pcap_note
 
 
 def _to_pcap(pcap: PcapngWriter, key: object, record: Record) -> None:

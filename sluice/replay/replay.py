@@ -32,7 +32,6 @@ import hashlib
 import sys
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +40,16 @@ from google.protobuf import text_format
 
 from sluice.addresses import Address
 from sluice.errors import ConfigError, leaves
+from sluice.protocols import registry
 from sluice.protocols.pulsar import Frame, ProtocolError, Type, command, encode, encode_payload, pb
 from sluice.protocols.pulsar.correlation import answer_key
 from sluice.protocols.pulsar.redact import loggable
-from sluice.protocols.pulsar.urls import parse_broker_url, parse_cursus_url
+from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.pulsar import FrameStream
-from sluice.recording.format import RecordingError
+from sluice.recording.format import RecordingError, protocol_of
 from sluice.recording.reader import RecordedConnection, RecordedFrame, load
-from sluice.replay import cursus
+from sluice.replay.outcome import Outcome, report
 
 T = Type.Value
 Key = tuple[Any, ...]
@@ -304,24 +304,6 @@ def _address(url: str) -> Address:
 # --- the run -----------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    matched: int = 0
-    diverged: list[tuple[str, str, str, str]] = field(default_factory=list)  # conn, what, rec, live
-    missing: list[tuple[str, str]] = field(default_factory=list)
-    unexpected: list[tuple[str, str]] = field(default_factory=list)
-    waits_timed_out: int = 0
-    sent: int = 0
-    redelivered_recorded: int = 0  # MESSAGEs the consumer had been sent before
-    redelivered_live: int = 0
-    faults: int = 0  # fault annotations in the recording
-    truncated: list[Path] = field(default_factory=list)  # files cut mid-record (writer killed)
-
-    @property
-    def equivalent(self) -> bool:
-        return not (self.diverged or self.missing or self.unexpected)
-
-
 class Live:
     """One live connection standing in for a recorded one."""
 
@@ -545,44 +527,6 @@ def _speed(text: str) -> float:
     return value
 
 
-def report(outcome: Outcome | cursus.Outcome, out: Any) -> None:
-    for conn, name, recorded, live in outcome.diverged:
-        out.write(f"DIVERGED {conn} {name}\n  recorded: {recorded}\n  live:     {live}\n")
-    for conn, recorded in outcome.missing:
-        out.write(f"MISSING  {conn} {recorded}\n")
-    for conn, live in outcome.unexpected:
-        out.write(f"UNEXPECTED {conn} {live}\n")
-    if outcome.faults:
-        out.write(
-            f"note: the recording holds {outcome.faults} faults injected while recording "
-            "(see the transcript's FAULT lines): differences next to them were made on "
-            "purpose, not by the broker\n"
-        )
-    if isinstance(outcome, Outcome) and (outcome.redelivered_recorded or outcome.redelivered_live):
-        out.write(
-            "note: redeliveries (a MESSAGE its consumer had been sent before): "
-            f"{outcome.redelivered_recorded} recorded, {outcome.redelivered_live} live; "
-            "whether a broker redelivers depends on its timing, so they are counted, "
-            "not compared\n"
-        )
-    if outcome.waits_timed_out:
-        out.write(
-            f"note: {outcome.waits_timed_out} waits for a broker frame ran out (--timeout): "
-            "the client frames after them were sent without it\n"
-        )
-    for path in outcome.truncated if isinstance(outcome, Outcome) else []:
-        out.write(
-            f"note: {path} ends with an incomplete record (the writer was stopped): "
-            "replayed up to it\n"
-        )
-    verdict = "equivalent" if outcome.equivalent else "DIVERGED"
-    out.write(
-        f"\n{verdict}: {outcome.sent} client frames sent; broker frames: {outcome.matched} "
-        f"matched, {len(outcome.diverged)} diverged, {len(outcome.missing)} missing, "
-        f"{len(outcome.unexpected)} unexpected\n"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         if not args.quiet:
@@ -590,17 +534,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         _speed(args.speed)
-        if cursus.protocol_of(args.recording) == "cursus":
-            url = parse_cursus_url(args.broker, what="--broker")
-            tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if url.tls else None
-            recording = cursus.load(args.recording)
-            outcome: Outcome | cursus.Outcome
-            replaying = partial(
-                cursus.replay, recording, url.address, timeout=args.timeout, say=say, tls=tls
-            )
-            outcome, transcript = trio.run(replaying)
-        else:
-            outcome, transcript = trio.run(replay, args, say)
+        spec = registry.get(protocol_of(args.recording))
+        if spec.replay is None:
+            raise ConfigError(f"{spec.title} recordings cannot be replayed")
+        outcome, transcript = trio.run(spec.load(spec.replay), args, say)
     except Exception as exc:
         known = [
             e for e in leaves(exc) if isinstance(e, RecordingError | ConfigError | ReplayError)

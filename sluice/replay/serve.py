@@ -27,6 +27,7 @@ import trio
 
 from sluice.addresses import Address, advertised, parse_address, parse_host
 from sluice.errors import ConfigError
+from sluice.protocols import registry
 from sluice.protocols.pulsar import (
     Frame,
     ProtocolError,
@@ -40,9 +41,9 @@ from sluice.protocols.pulsar import (
 from sluice.protocols.pulsar.correlation import Correlator
 from sluice.proxy.dial import TlsServerConfig, open_listeners, server_ssl_context
 from sluice.proxy.pulsar import FrameStream
-from sluice.recording.format import RecordingError
+from sluice.recording.format import RecordingError, protocol_of
 from sluice.recording.reader import Recording, load
-from sluice.replay import cursus
+from sluice.replay.outcome import Report
 
 T = Type.Value
 _ANSWERED_BY_SUCCESS = {T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("UNSUBSCRIBE"), T("SEEK")}
@@ -231,13 +232,6 @@ def _with(frame: Frame, **changes: Any) -> bytes:
     )
 
 
-@dataclass
-class Report:
-    requests: int = 0
-    unmatched: list[str] = field(default_factory=list)
-    pushed: int = 0
-
-
 class Consumer:
     def __init__(self, topic: str, messages: list[Frame]) -> None:
         self.topic = topic
@@ -363,29 +357,17 @@ async def serve(recording: Path, listening: Listening) -> Report:
         answers, f"pulsar://{plain}" if plain else "", f"pulsar+ssl://{tls}" if tls else ""
     )
     urls = " and ".join(url for url in (stub.url, stub.url_tls) if url)
-    _announce(f"a broker on {urls}", recording)
-    await _until_signalled(stub.handle, listeners)
+    announce(f"a broker on {urls}", recording)
+    await until_signalled(stub.handle, listeners)
     return stub.report
 
 
-async def serve_cursus(target: Path, listening: Listening) -> cursus.Report:
-    """Answer Cursus clients from ``target`` on one listener until SIGINT or SIGTERM."""
-    recording = cursus.load(target)
-    listeners, plain, tls = await listening.open()
-    here = plain or tls
-    assert here is not None and not (plain and tls)  # see run()
-    stub = cursus.CursusStub(recording, here)
-    _announce(f"a Cursus broker on {here}{' (TLS)' if tls else ''}", target)
-    await _until_signalled(stub.handle, listeners)
-    return stub.report
-
-
-def _announce(what: str, recording: Path) -> None:
+def announce(what: str, recording: Path) -> None:
     print(f"[serve] answering as {what} from {recording}; Ctrl-C to stop",
           file=sys.stderr, flush=True)  # fmt: skip
 
 
-async def _until_signalled(
+async def until_signalled(
     handler: Callable[[Any], Awaitable[None]], listeners: list[trio.abc.Listener[Any]]
 ) -> None:
     async with trio.open_nursery() as nursery:
@@ -403,14 +385,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 2
     try:
-        if cursus.protocol_of(args.recording) == "cursus":
-            if listening.plain and listening.tls:
-                raise ConfigError(
-                    "a Cursus recording is served on one listener: --listen or --listen-tls"
-                )
-            report: Report | cursus.Report = trio.run(serve_cursus, args.recording, listening)
-        else:
-            report = trio.run(serve, args.recording, listening)
+        spec = registry.get(protocol_of(args.recording))
+        if spec.serve is None:
+            raise ConfigError(f"{spec.title} recordings cannot be served")
+        report: Report = trio.run(spec.load(spec.serve), args.recording, listening)
     except (RecordingError, ConfigError) as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 2
