@@ -78,8 +78,9 @@ class ProtocolSpec:
     backend: str
     # (config) -> None, or raises StartupError: sluice proxy's startup check.
     check_broker: str
-    # (payload policy) -> the recorder's ``Summarizer``.
-    summarizer: str
+    # (payload policy) -> the recorder's ``Summarizer`` (None: frames are
+    # summarized by their ``name`` alone, sluice.recording.format.NamedFrames).
+    summarizer: str | None = None
     # --- pure parts ----------------------------------------------------------
     # The protocol's own flags, in a group of their own (title: its name).
     options: tuple[Option, ...] = ()

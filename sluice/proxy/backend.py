@@ -21,10 +21,11 @@ from typing import Any, Protocol
 import trio
 
 from sluice.addresses import Address
+from sluice.protocols import registry
 from sluice.protocols.core import Conn, Tap
 from sluice.protocols.faults import Faults
 from sluice.protocols.urls import BrokerUrl
-from sluice.proxy.ports import BrokerPorts
+from sluice.proxy.ports import BrokerPorts, NoListener
 from sluice.proxy.relay import Core
 
 
@@ -72,3 +73,92 @@ class Backend(Protocol):
     async def probe(self) -> str | None: ...
 
     async def aclose(self) -> None: ...
+
+
+class DirectBackend:
+    """The parts of a backend whose client connections each dial their own
+    broker and share nothing else (Cursus, and any protocol like it):
+    nothing runs in the background, a probe is a TCP connect, and with
+    port-per-broker (``ports``) the main listener stands for the configured
+    broker and a core's ``Ask`` for a broker gets that broker's listener.
+    A subclass sets ``name`` and ``routing`` (a ``ListenerMap`` with
+    ``listeners`` when it uses ``ports``) and makes its cores."""
+
+    name: str
+    routing: Any
+
+    def __init__(
+        self, broker: BrokerUrl, services: Services, connect_timeout: float, routing: Any
+    ) -> None:
+        self.broker = broker.address
+        self.connect_timeout = connect_timeout
+        self.faults = services.faults
+        self.ports = services.ports
+        self.routing = routing
+        if self.ports is not None:
+            self.ports.map = routing
+        # --sni-route: TLS server names that stand for a broker.
+        self.named: dict[str, BrokerUrl] = {}
+
+    def start(self, nursery: trio.Nursery, tap: Tap) -> None:
+        """Nothing of its own to run."""
+
+    async def listening(self, main: int | None) -> None:
+        """The main listener stands for the configured broker; the ports an
+        earlier run gave brokers are listened on again."""
+        if self.ports is None:
+            return
+        if main is not None:
+            self.ports.stands_for(self.broker, main)
+        await self.ports.reopen_known()
+
+    async def ask(self, address: Address, request: Any) -> Address | Exception:
+        """A core's request for the listener of the broker at ``address``."""
+        assert self.ports is not None
+        try:
+            return await self.ports.open(address)
+        except (OSError, NoListener) as exc:
+            return exc
+
+    def route_name(self, name: str) -> Address | None:
+        """SNI routing: the broker a TLS server name stands for: an
+        --sni-route, or a broker that has a listener, by its host."""
+        url = self.named.get(name)
+        if url is not None:
+            return url.address
+        known: tuple[Address, ...] = (self.broker, *getattr(self.routing, "listeners", ()))
+        for upstream in known:
+            if upstream.host.lower().removesuffix(".") == name:
+                return upstream
+        return None
+
+    def tls_context(self, tls: bool) -> ssl.SSLContext | None:
+        return None
+
+    async def probe(self) -> str | None:
+        """None when the configured broker accepts a connection; otherwise why not."""
+        return await reach(self.broker, self.connect_timeout)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def reach(broker: Address, timeout: float) -> str | None:
+    """None when ``broker`` accepts a TCP connection within ``timeout``; else why not."""
+    try:
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(broker.host, broker.port)
+    except (OSError, trio.TooSlowError) as exc:
+        return f"cannot reach {broker}: {exc or 'timed out'}"
+    await stream.aclose()
+    return None
+
+
+async def check_reachable(config: Any) -> str | None:
+    """A startup check (``ProtocolSpec.check_broker``) for a protocol whose
+    broker need only accept a connection."""
+    problem = await reach(config.broker.address, config.connect_timeout)
+    if problem is None:
+        return None
+    title = registry.get(config.protocol).title
+    return f"cannot reach {title} broker {problem.removeprefix('cannot reach ')}"

@@ -52,6 +52,16 @@ class ListenerMap(Protocol):
     def add_listener(self, upstream: Address, proxy: Address) -> None: ...
 
 
+class Listeners(dict[Address, Address]):
+    """A plain ``ListenerMap``: the proxy address for each broker, by broker."""
+
+    def listener_for(self, upstream: Address) -> Address | None:
+        return self.get(upstream)
+
+    def add_listener(self, upstream: Address, proxy: Address) -> None:
+        self[upstream] = proxy
+
+
 # Starts serving a new listener for a broker: (listener, its broker).
 Serve = Callable[[trio.abc.Listener[Any], Address], None]
 

@@ -492,6 +492,35 @@ def _count_messages(
         out["msgs"] = 1 if chunk_id == chunks - 1 else 0
 
 
+class NamedFrames:
+    """``frame`` records for a protocol without a summarizer of its own: the
+    summary is the frame's ``name``. A frame is recorded whole with
+    ``--record-payloads full``; otherwise its bytes are left out, its size
+    and (``hash``) digest kept, as nothing says which of them are payload."""
+
+    def __init__(self, payloads: PayloadPolicy = PayloadPolicy.HASH) -> None:
+        self.payloads = PayloadPolicy(payloads)
+        self._pack = packer()
+
+    def forget(self, conn: int) -> None:
+        """Nothing kept per connection."""
+
+    def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Any) -> Record:
+        raw: bytes = frame.raw
+        record = {"k": "frame", "c": conn, "d": direction, "t": mono_ns, "w": wall_ns,
+                  "n": len(raw), "raw": raw, "s": {"cmd": frame.name}}  # fmt: skip
+        if self.payloads is not PayloadPolicy.FULL:
+            record["raw"] = b""
+            digest = [hashlib.sha256(raw).digest()] if self.payloads is PayloadPolicy.HASH else []
+            record["p"] = [len(raw), *digest]
+        return record
+
+    def packed(
+        self, conn: int, direction: int, mono_ns: int, wall_ns: int, frames: Sequence[Any]
+    ) -> list[bytes]:
+        return [self._pack(self.record(conn, direction, mono_ns, wall_ns, f)) for f in frames]
+
+
 def pack(record: Record) -> bytes:
     data: bytes = msgpack.packb(record, use_bin_type=True)
     return data

@@ -37,6 +37,7 @@ from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Opened
 from sluice.protocols.registry import ProtocolSpec
 from sluice.recording.format import (
     SUFFIX,
+    NamedFrames,
     PayloadPolicy,
     Record,
     header,
@@ -188,7 +189,8 @@ class Recorder:
         self._space = trio.Event()
         self._dropped = 0  # since the last gap record
         # Frame records: the same kinds for every protocol, its own summaries.
-        self._summarizer: Summarizer = spec.load(spec.summarizer)(config.payloads)
+        make = spec.load(spec.summarizer) if spec.summarizer is not None else NamedFrames
+        self._summarizer: Summarizer = make(config.payloads)
         self._frame_records = self._summarizer.packed
         self._pack = packer()
         # Records taken off the queue and waiting to be written: how many are
