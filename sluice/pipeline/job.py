@@ -508,7 +508,7 @@ def _spark_path(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sluice.cli import need_extra
+    from sluice.extras import need_extra
 
     if not need_extra("analyze", "pipeline"):
         return 2

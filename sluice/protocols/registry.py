@@ -81,6 +81,11 @@ class ProtocolSpec:
     # (payload policy) -> the recorder's ``Summarizer`` (None: frames are
     # summarized by their ``name`` alone, sluice.recording.format.NamedFrames).
     summarizer: str | None = None
+    # () -> what fills in, as a recording is read, the summaries of frames
+    # the summarizer wrote without one: ``opened(conn record)``,
+    # ``closed(close record)``, ``fill(frame record)`` (None: every frame
+    # record has its summary).
+    summaries: str | None = None
     # --- pure parts ----------------------------------------------------------
     # The protocol's own flags, in a group of their own (title: its name).
     options: tuple[Option, ...] = ()
@@ -162,6 +167,15 @@ def by_url(text: str) -> ProtocolSpec:
 def message_commands() -> frozenset[str]:
     """Every protocol's frames that carry messages (``ProtocolSpec.messages``)."""
     return frozenset().union(*(spec.messages for spec in protocols().values()))
+
+
+def prepare_reading() -> None:
+    """Import now what reading any protocol's recordings takes (its entry and
+    ``summaries``): for a process that reads in a thread while it answers,
+    so that the first answers do not wait on imports."""
+    for spec in protocols().values():
+        if spec.summaries is not None:
+            spec.load(spec.summaries)
 
 
 def all_faults() -> dict[str, ProtocolFaults]:

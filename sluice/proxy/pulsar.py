@@ -15,6 +15,7 @@ import itertools
 import logging
 import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -39,6 +40,7 @@ from sluice.protocols.pulsar.connection import (
     SLUICE_VERSION,
     PulsarConnection,
     PulsarSettings,
+    Route,
     Routing,
     UpstreamFailure,
 )
@@ -47,7 +49,7 @@ from sluice.proxy.backend import Services
 from sluice.proxy.config import ProxyConfig, proxy_auth
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.relay import READ_SIZE
-from sluice.proxy.shared import ROUTES_FILE, SharedRouting
+from sluice.proxy.shared import ROUTES_FILE, Journal
 
 log = logging.getLogger("sluice.upstream")
 
@@ -461,6 +463,57 @@ class PulsarBackend:
     async def aclose(self) -> None:
         if self._pool is not None:
             await self._pool.aclose()
+
+
+class _JournalAllowList(AllowList):
+    """An allow-list that reads the journal before saying no."""
+
+    def __init__(self, rules: tuple[str, ...], routing: SharedRouting) -> None:
+        super().__init__(rules)
+        self._routing = routing
+
+    def allows(self, address: Address) -> bool:
+        if super().allows(address):
+            return True
+        self._routing.refresh()
+        return super().allows(address)
+
+
+class SharedRouting(Routing):
+    """``Routing`` whose learned brokers are shared through a journal file."""
+
+    def __init__(
+        self,
+        broker: BrokerUrl,
+        journal: Path,
+        allow_rules: tuple[str, ...] = (),
+        max_lookups: int = 1_000,
+    ) -> None:
+        super().__init__(broker, allow_rules, max_lookups)
+        self.allowlist = _JournalAllowList(allow_rules, self)
+        self.allowlist.learn(broker.address)
+        self._journal = Journal(journal)
+
+    def learn(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
+        route = Route(url.tls, via_upstream)
+        if self.routes.get(url.address) == route:
+            return
+        super().learn(url, via_upstream=via_upstream)
+        host, port = url.address.host, url.address.port
+        self._journal.append(f"{host} {port} {int(url.tls)} {int(via_upstream)}")
+
+    def refresh(self) -> None:
+        """Take in what other workers learned since the last look."""
+        for parts in self._journal.new_lines():
+            if len(parts) != 4:
+                continue
+            host, port, tls, via = parts
+            address = Address(host, int(port))
+            self.allowlist.learn(address)
+            self.routes[address] = Route(tls == "1", via == "1")
+
+    def close(self) -> None:
+        self._journal.close()
 
 
 def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:

@@ -5,12 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.errors import ConfigError
+from sluice.protocols.cursus.commands import KNOWN
 from sluice.protocols.cursus.compression import Compression
-from sluice.protocols.cursus.connection import CURSUS_FAULTS
 from sluice.protocols.cursus.decoder import decode_frame
 from sluice.protocols.cursus.frame import DEFAULT_PORT, Frame
 from sluice.protocols.cursus.urls import SCHEMES, parse_cursus_url
+from sluice.protocols.faults import ProtocolFaults
 from sluice.protocols.registry import Option, ProtocolSpec
+
+# What fault rules may name for Cursus: its commands and replies, and the
+# ERROR: codes an ``error`` rule answers with (NOT_LEADER first: the
+# "leader moved" recipe).
+CURSUS_FAULTS = ProtocolFaults(
+    "cursus",
+    frozenset(KNOWN) | {"BATCH", "OK", "ERROR", "ACK", "STREAM_CONTROL", "KEEPALIVE", "MESSAGE"},
+    ("NOT_LEADER", "NOT_COORDINATOR", "GEN_MISMATCH", "OFFSET_OUT_OF_RANGE", "decode_failed",
+     "malformed_input", "topic_not_found", "topic_not_assigned_to_group"),
+)  # fmt: skip
 
 # Requests whose latency is tracked (replies come in request order).
 TIMED_COMMANDS = (

@@ -73,7 +73,7 @@ from sluice.protocols.core import (
     Tap,
     TopicTraffic,
 )
-from sluice.protocols.faults import FaultAction, Faults, Pacer, ProtocolFaults, Rule
+from sluice.protocols.faults import FaultAction, Faults, Pacer, Rule
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.auth import (
     FAILED,
@@ -110,14 +110,6 @@ _NAMES_BROKERS = frozenset(
     {T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.TOPIC_MIGRATED, T.LOOKUP_RESPONSE}
 )
 LookupResponse = pb.CommandLookupTopicResponse
-
-# What fault rules may name for Pulsar: its commands, and the ServerError an
-# ``error`` rule answers with (ServiceNotReady, the one clients retry, first).
-PULSAR_FAULTS = ProtocolFaults(
-    "pulsar",
-    frozenset(pb.BaseCommand.Type.keys()),
-    ("ServiceNotReady", *(n for n, _ in pb.ServerError.items() if n != "ServiceNotReady")),
-)
 
 
 class UpstreamFailure(Exception):

@@ -8,12 +8,21 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from sluice.protocols.pulsar.connection import PULSAR_FAULTS
+from sluice.protocols.faults import ProtocolFaults
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.decoder import decode_frame
 from sluice.protocols.pulsar.frame import Frame, command_name
 from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.urls import DEFAULT_PORTS, SCHEMES, parse_broker_url
 from sluice.protocols.registry import ProtocolSpec
+
+# What fault rules may name for Pulsar: its commands, and the ServerError an
+# ``error`` rule answers with (ServiceNotReady, the one clients retry, first).
+PULSAR_FAULTS = ProtocolFaults(
+    "pulsar",
+    frozenset(pb.BaseCommand.Type.keys()),
+    ("ServiceNotReady", *(n for n, _ in pb.ServerError.items() if n != "ServiceNotReady")),
+)
 
 # Request types whose latency is tracked (the answer is matched by the Correlator).
 TIMED_COMMANDS = (
@@ -76,10 +85,11 @@ PROTOCOL = ProtocolSpec(
     decode=decode,
     backend="sluice.proxy.pulsar:make_backend",
     check_broker="sluice.proxy.pulsar:check_broker",
-    summarizer="sluice.recording.format:FrameRecorder",
+    summarizer="sluice.recording.pulsar:FrameRecorder",
+    summaries="sluice.recording.pulsar:FrameSummaries",
     pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
     "for other ports use Decode As... > TCP port > PULSAR",
     detail=detail,
-    replay="sluice.replay.replay:replay",
-    serve="sluice.replay.serve:serve",
+    replay="sluice.replay.pulsar:replay",
+    serve="sluice.replay.pulsar:serve",
 )
