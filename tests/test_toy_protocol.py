@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 
 from sluice.addresses import Address
 from sluice.embedded import free_port
+from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
@@ -46,6 +47,13 @@ def toy_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     registry.refresh()
     yield site
     registry.refresh()
+
+
+def test_the_toy_comes_only_from_its_entry_point(tmp_path: Path) -> None:
+    registry.refresh()
+    assert "toy" not in registry.names()
+    with pytest.raises(ConfigError, match="--protocol must be one of pulsar, cursus, not 'toy'"):
+        ProxyConfig(broker=registry.get("pulsar").url("h:1", what="--broker"), protocol="toy")
 
 
 class Broker:

@@ -127,11 +127,10 @@ def _resolve(ref: str) -> ProtocolSpec:
 def protocols() -> dict[str, ProtocolSpec]:
     """Every protocol known, by name: the built-ins, then the entry points'."""
     found: dict[str, ProtocolSpec] = {}
-    refs = [*BUILTIN, *(ep.value for ep in entry_points(group=ENTRY_POINT_GROUP))]
-    for ref in refs:
+    installed = [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    for ref in [*BUILTIN, *(ref for ref in installed if ref not in BUILTIN)]:
         spec = _resolve(ref)
-        other = found.get(spec.name)
-        if other is not None and other is not spec:
+        if spec.name in found:
             raise ConfigError(f"protocol {spec.name!r} is registered twice ({ref})")
         found[spec.name] = spec
     return found

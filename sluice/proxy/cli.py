@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--listen",
         metavar="HOST:PORT",
-        help=f"plain listener (default: {default(ProxyConfig, 'listen')}, but none for Cursus "
-        "with --listen-tls; 'none' to disable)",
+        help=f"plain listener (default: {default(ProxyConfig, 'listen')}, but none with "
+        "--listen-tls for a port-per-broker protocol; 'none' to disable)",
     )
     net.add_argument("--listen-tls", metavar="HOST:PORT", help="TLS listener (default: none)")
     net.add_argument(
@@ -93,13 +93,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker",
         required=True,
         metavar="URL",
-        help="pulsar://HOST:PORT or pulsar+ssl://HOST:PORT of the broker (or service), or "
-        "cursus://HOST:PORT (cursus+ssl:// with TLS) of a Cursus broker; required, no default",
+        help=", or ".join(
+            f"{p.schemes[0]}://HOST:PORT ({p.schemes[1]}:// with TLS) of a {p.title} broker"
+            for p in registry.protocols().values()
+        )
+        + "; the scheme says the protocol; required, no default",
     )
     up.add_argument(
         "--protocol",
         choices=registry.names(),
-        help="the broker's protocol (default: from the --broker scheme, pulsar for host:port)",
+        help="the broker's protocol (default: from the --broker scheme, "
+        f"{registry.DEFAULT_PROTOCOL} for host:port)",
     )
     up.add_argument(
         "--broker-tls-ca",
