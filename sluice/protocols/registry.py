@@ -87,8 +87,11 @@ class ProtocolSpec:
     # record has its summary).
     summaries: str | None = None
     # --- pure parts ----------------------------------------------------------
-    # The protocol's own flags, in a group of their own (title: its name).
+    # The protocol's own flags, in a group of their own (its title, else the
+    # protocol's name, and what the group is about).
     options: tuple[Option, ...] = ()
+    options_title: str = ""
+    options_help: str = ""
     # Checks of a ProxyConfig (any object with its fields) for this protocol.
     check: Callable[[Any], None] | None = None
     # Clients find brokers by addresses inside answers, each broker reached

@@ -157,63 +157,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="lookup redirects to follow before failing the lookup",
     )
-    auth = parser.add_argument_group(
-        "authentication (Pulsar)",
-        "passthrough (the default): the broker authenticates each client with the "
-        "client's own credentials. proxy: Sluice authenticates clients itself, logs in to "
-        "the broker as a role in its proxyRoles, and names the client's role in "
-        "original_principal, so the broker authorizes the client.",
-    )
-    auth.add_argument(
-        "--auth-mode",
-        choices=["passthrough", "proxy"],
-        default=default(ProxyConfig, "auth_mode"),
-        help="who authenticates clients (default: passthrough)",
-    )
-    auth.add_argument(
-        "--auth-token-secret-key",
-        type=Path,
-        metavar="FILE",
-        help="proxy mode: check client tokens (HS256/384/512) with this secret key, the "
-        "file the broker's tokenSecretKey names (at least 32 bytes; default: none)",
-    )
-    auth.add_argument(
-        "--auth-token-public-key",
-        type=Path,
-        metavar="FILE",
-        help="proxy mode: check client tokens (RS*/PS*/ES*) with this public key (DER or "
-        "PEM; RSA of at least 2048 bits), the file the broker's tokenPublicKey names "
-        "(default: none)",
-    )
-    auth.add_argument(
-        "--auth-token-role-claim",
-        default=default(ProxyConfig, "auth_token_role_claim"),
-        metavar="CLAIM",
-        help="proxy mode: the token claim that names the role (default: sub)",
-    )
-    auth.add_argument(
-        "--auth-token-audience",
-        metavar="AUDIENCE",
-        help="proxy mode: refuse tokens whose aud claim does not name AUDIENCE, as the "
-        "broker's tokenAudience does (default: not checked)",
-    )
-    auth.add_argument(
-        "--broker-auth-token-file",
-        type=Path,
-        metavar="FILE",
-        help="proxy mode: Sluice's own token at the broker (a role in its proxyRoles; "
-        "default: none, the --broker-tls-cert certificate is Sluice's credential)",
-    )
-    auth.add_argument(
-        "--forward-auth-data",
-        action="store_true",
-        help="proxy mode: also pass the client's credentials on, as original_auth_data "
-        "(lookups share a connection per role and token expiry, whatever the token's "
-        "spelling; default: off)",
-    )
     for spec in registry.protocols().values():
         if spec.options:
-            own = parser.add_argument_group(spec.name)
+            title = spec.options_title or spec.name
+            own = parser.add_argument_group(title, spec.options_help or None)
             for option in spec.options:
                 own.add_argument(
                     *option.flags, default=default(ProxyConfig, option.kwargs["dest"]),
@@ -452,16 +399,15 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
     config = ProxyConfig(
         broker=spec.url(args.broker, what="--broker"),
         protocol=spec.name,
-        **{o.kwargs["dest"]: getattr(args, o.kwargs["dest"]) for o in spec.options},
+        # Every protocol's own settings: one given for another protocol is
+        # refused by that protocol's check, not dropped.
+        **{
+            o.kwargs["dest"]: getattr(args, o.kwargs["dest"])
+            for p in registry.protocols().values()
+            for o in p.options
+        },
         listener_ports=port_range(args.listener_ports) if args.listener_ports else None,
         broker_ports_file=args.broker_ports_file,
-        auth_mode=args.auth_mode,
-        auth_token_secret_key=args.auth_token_secret_key,
-        auth_token_public_key=args.auth_token_public_key,
-        auth_token_role_claim=args.auth_token_role_claim,
-        auth_token_audience=args.auth_token_audience,
-        broker_auth_token_file=args.broker_auth_token_file,
-        forward_auth_data=args.forward_auth_data,
         advertise_host=(
             parse_host(args.advertise_host, what="--advertise-host")
             if args.advertise_host is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -14,7 +15,7 @@ from sluice.protocols.pulsar.decoder import decode_frame
 from sluice.protocols.pulsar.frame import Frame, command_name
 from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.urls import DEFAULT_PORTS, SCHEMES, parse_broker_url
-from sluice.protocols.registry import ProtocolSpec
+from sluice.protocols.registry import Option, ProtocolSpec
 
 # What fault rules may name for Pulsar: its commands, and the ServerError an
 # ``error`` rule answers with (ServiceNotReady, the one clients retry, first).
@@ -39,6 +40,77 @@ TIMED_COMMANDS = (
     "UNSUBSCRIBE",
     "CLOSE_PRODUCER",
     "CLOSE_CONSUMER",
+)
+
+
+# --auth-mode proxy and what goes with it (ProxyConfig's fields of the same names).
+OPTIONS = (
+    Option(
+        ("--auth-mode",),
+        {
+            "dest": "auth_mode",
+            "choices": ["passthrough", "proxy"],
+            "help": "who authenticates clients (default: passthrough)",
+        },
+    ),
+    Option(
+        ("--auth-token-secret-key",),
+        {
+            "dest": "auth_token_secret_key",
+            "type": Path,
+            "metavar": "FILE",
+            "help": "proxy mode: check client tokens (HS256/384/512) with this secret key, the "
+            "file the broker's tokenSecretKey names (at least 32 bytes; default: none)",
+        },
+    ),
+    Option(
+        ("--auth-token-public-key",),
+        {
+            "dest": "auth_token_public_key",
+            "type": Path,
+            "metavar": "FILE",
+            "help": "proxy mode: check client tokens (RS*/PS*/ES*) with this public key (DER "
+            "or PEM; RSA of at least 2048 bits), the file the broker's tokenPublicKey names "
+            "(default: none)",
+        },
+    ),
+    Option(
+        ("--auth-token-role-claim",),
+        {
+            "dest": "auth_token_role_claim",
+            "metavar": "CLAIM",
+            "help": "proxy mode: the token claim that names the role (default: sub)",
+        },
+    ),
+    Option(
+        ("--auth-token-audience",),
+        {
+            "dest": "auth_token_audience",
+            "metavar": "AUDIENCE",
+            "help": "proxy mode: refuse tokens whose aud claim does not name AUDIENCE, as the "
+            "broker's tokenAudience does (default: not checked)",
+        },
+    ),
+    Option(
+        ("--broker-auth-token-file",),
+        {
+            "dest": "broker_auth_token_file",
+            "type": Path,
+            "metavar": "FILE",
+            "help": "proxy mode: Sluice's own token at the broker (a role in its proxyRoles; "
+            "default: none, the --broker-tls-cert certificate is Sluice's credential)",
+        },
+    ),
+    Option(
+        ("--forward-auth-data",),
+        {
+            "dest": "forward_auth_data",
+            "action": "store_true",
+            "help": "proxy mode: also pass the client's credentials on, as original_auth_data "
+            "(lookups share a connection per role and token expiry, whatever the token's "
+            "spelling; default: off)",
+        },
+    ),
 )
 
 
@@ -89,6 +161,12 @@ PROTOCOL = ProtocolSpec(
     summaries="sluice.recording.pulsar:FrameSummaries",
     pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
     "for other ports use Decode As... > TCP port > PULSAR",
+    options=OPTIONS,
+    options_title="authentication (Pulsar)",
+    options_help="passthrough (the default): the broker authenticates each client with the "
+    "client's own credentials. proxy: Sluice authenticates clients itself, logs in to "
+    "the broker as a role in its proxyRoles, and names the client's role in "
+    "original_principal, so the broker authorizes the client.",
     detail=detail,
     replay="sluice.replay.pulsar:replay",
     serve="sluice.replay.pulsar:serve",
