@@ -76,7 +76,9 @@ class ProtocolSpec:
     # --- I/O-level parts, "module:attr", imported on use -------------------
     # (config, services) -> the proxy's ``Backend`` (sluice/proxy/backend.py).
     backend: str
-    # (config) -> None, or raises StartupError: sluice proxy's startup check.
+    # async (config) -> None when the broker answers, else why not:
+    # sluice proxy's startup check (sluice.proxy.backend.check_reachable: a
+    # TCP connect).
     check_broker: str
     # (payload policy) -> the recorder's ``Summarizer`` (None: frames are
     # summarized by their ``name`` alone, sluice.recording.format.NamedFrames).
@@ -111,16 +113,20 @@ class ProtocolSpec:
 
     def load(self, ref: str) -> Any:
         """The object a ``"module:attr"`` reference names."""
-        module, _, attr = ref.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return load(ref)
 
     def url(self, text: str, *, what: str) -> BrokerUrl:
         return self.parse_url(text, what=what)
 
 
-def _resolve(ref: str) -> ProtocolSpec:
+def load(ref: str) -> Any:
+    """The object a ``"module:attr"`` reference names, imported now."""
     module, _, attr = ref.partition(":")
-    spec = getattr(importlib.import_module(module), attr)
+    return getattr(importlib.import_module(module), attr)
+
+
+def _resolve(ref: str) -> ProtocolSpec:
+    spec = load(ref)
     if not isinstance(spec, ProtocolSpec):
         raise ConfigError(f"protocol {ref}: not a ProtocolSpec")
     return spec
