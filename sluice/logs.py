@@ -91,3 +91,34 @@ def setup_logging(level: str, form: str = "text", *, worker: int | None = None) 
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))
+
+
+class LogLimit:
+    """One warning per key per ``interval`` seconds (on the caller's clock),
+    and at most ``burst`` in all per interval; the rest at debug. What anyone
+    may repeat without credentials must not flood the log. Remembers at most
+    ``keys`` keys, forgetting the oldest."""
+
+    def __init__(self, interval: float = 60.0, burst: int = 20, keys: int = 1_024) -> None:
+        self.interval = interval
+        self.burst = burst
+        self.keys = keys
+        self._last: dict[object, float] = {}
+        self._window = -interval
+        self._count = 0
+
+    def level(self, key: object, now: float) -> int:
+        """The level to log ``key``'s line at, now."""
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            return logging.DEBUG
+        if now - self._window >= self.interval:
+            self._window, self._count = now, 0
+        if self._count >= self.burst:
+            return logging.DEBUG
+        self._count += 1
+        self._last.pop(key, None)
+        if len(self._last) >= self.keys:
+            del self._last[next(iter(self._last))]
+        self._last[key] = now
+        return logging.WARNING

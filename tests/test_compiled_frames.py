@@ -30,7 +30,8 @@ from sluice.protocols.pulsar.errors import RemoteProtocolError
 from sluice.protocols.pulsar.frame import HOT_TYPES, ScannedFrame
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.metrics import Metrics
-from sluice.recording.format import FrameRecorder, PayloadPolicy
+from sluice.recording.format import PayloadPolicy
+from sluice.recording.pulsar import FrameRecorder
 from tests.strategies import commands, frame_bytes, payload_frames
 
 T = Type.Value
@@ -258,7 +259,7 @@ def test_the_compiled_packer_lays_out_records_as_the_python_recorder_does(
 
 
 def recorder_prefix(conn: int, direction: int, mono_ns: int, wall_ns: int) -> bytes:
-    from sluice.recording import format as fmt
+    from sluice.recording import pulsar as fmt
 
     return fmt._PREFIX.pack(fmt._MAP_7, fmt._K, conn, fmt._D, direction, fmt._T, mono_ns,
                             fmt._W, wall_ns)  # fmt: skip

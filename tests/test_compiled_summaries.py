@@ -23,11 +23,8 @@ from sluice.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
 from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
 from sluice.protocols.pulsar.frame import HOT_TYPES
-from sluice.recording import format as fmt
+from sluice.recording import pulsar as fmt
 from sluice.recording.format import (
-    COMPILED_SUMMARY,
-    FrameRecorder,
-    FrameSummaries,
     PayloadPolicy,
     Record,
     header,
@@ -35,6 +32,7 @@ from sluice.recording.format import (
     read_records_from,
     recording_files,
 )
+from sluice.recording.pulsar import COMPILED_SUMMARY, FrameRecorder, FrameSummaries
 from tests.strategies import commands, message_of, payload_frames
 from tests.test_hotpath import golden_frames
 from tests.test_pipeline import record as record_session

@@ -103,7 +103,7 @@ async def test_the_client_never_reaches_a_broker_directly(cluster3: Cluster) -> 
         payloads = [f"c{i}" for i in range(12)]
         assert await in_thread(produce, proxy.address, "spread", payloads, 3) == 12
         # Leaders on three nodes: the main listener and one per other node.
-        assert len(proxy.proxy.cursus_routing.listeners) == 3
+        assert len(proxy.proxy.routing.listeners) == 3
         assert {cluster3.leader_of("spread", p).index for p in range(3)} == {0, 1, 2}
 
         ready, moved = threading.Event(), threading.Event()
@@ -273,7 +273,7 @@ async def test_tls_from_the_client_to_every_broker(
         payloads = [f"s{i}" for i in range(12)]
         assert await in_thread(produce, address, "sealed", payloads, 3) == 12
         assert {cluster.leader_of("sealed", p).index for p in range(3)} == {0, 1, 2}
-        assert len(proxy.cursus_routing.listeners) == 3
+        assert len(proxy.routing.listeners) == 3
         await collect_all(address, "sealed", "g", ConsumerMode.STREAMING, payloads,
                           "12 messages streamed")  # fmt: skip
         # A client without TLS gets nowhere: every listener speaks TLS only.

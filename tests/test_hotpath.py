@@ -33,7 +33,6 @@ from sluice.protocols.pulsar.frame import BODY_FIELD, command_name
 from sluice.protocols.pulsar.redact import redacted, sensitive
 from sluice.proxy.metrics import Histograms, Metrics
 from sluice.recording.format import (
-    FrameRecorder,
     PayloadPolicy,
     RecordingError,
     header,
@@ -42,6 +41,7 @@ from sluice.recording.format import (
     read_records_from,
     recording_files,
 )
+from sluice.recording.pulsar import FrameRecorder
 from sluice.recording.writer import WRITE_BYTES, Recorder, RecorderConfig
 
 T = Type.Value

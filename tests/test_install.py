@@ -23,14 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from sluice.cli import EXTRAS
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from sluice.extras import EXTRAS
 from tests.support import ProxyProcess, client
 
 ROOT = Path(__file__).resolve().parent.parent
 # Commands that need an extra, and which: each must say so in one line when
 # it is missing. (The test below fails when an extra is added to
-# sluice.cli.EXTRAS without its command here.)
+# sluice.extras.EXTRAS without its command here.)
 NEEDS_EXTRA = {"demo": "demo", "analyze": "pipeline"}
 # Building and installing fetch from PyPI: slow on a loaded machine, bounded.
 INSTALL_TIMEOUT = 900

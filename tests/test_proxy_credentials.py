@@ -53,9 +53,8 @@ from sluice.protocols.pulsar.connection import (
 )
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
-from sluice.proxy.pulsar import UpstreamPool
+from sluice.proxy.pulsar import SharedRouting, UpstreamPool
 from sluice.proxy.server import Proxy
-from sluice.proxy.shared import SharedRouting
 from tests.reliability.support import AdminProxy, wait_until
 from tests.scripted_broker import ScriptedBroker
 from tests.support import RawClient, client, start_proxy, tcp_connections

@@ -10,6 +10,7 @@ import pytest
 from google.protobuf.message import Message
 
 from sluice.addresses import Address
+from sluice.logs import LogLimit
 from sluice.protocols.core import (
     Action,
     Answered,
@@ -42,7 +43,6 @@ from sluice.protocols.pulsar import (
 from sluice.protocols.pulsar.auth import UpstreamAuth
 from sluice.protocols.pulsar.connection import (
     SLUICE_VERSION,
-    LogLimit,
     PulsarConnection,
     PulsarSettings,
     Routing,

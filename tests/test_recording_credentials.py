@@ -31,11 +31,11 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.protocols.pulsar.errors import Problem
-from sluice.recording.format import FrameRecorder, PayloadPolicy, read_records, recording_files
+from sluice.recording.format import PayloadPolicy, read_records, recording_files
+from sluice.recording.pulsar import FrameRecorder
 from sluice.recording.reader import load
 from sluice.recording.writer import Recorder, RecorderConfig
-from sluice.replay.replay import normalise
-from sluice.replay.serve import Answers
+from sluice.replay.pulsar import Answers, normalise
 from sluice.view.index import Index
 from tests.support import SLUICE, RawClient, start_proxy
 

@@ -38,14 +38,13 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.cli import parse_workers
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.faults_cli import call
-from sluice.proxy.pulsar import FrameStream
+from sluice.proxy.pulsar import FrameStream, SharedRouting
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     LIMITS_FILE,
     ROUTES_FILE,
     SharedBrokerPorts,
     SharedLimits,
-    SharedRouting,
     create_state,
 )
 from sluice.proxy.workers import Supervisor, Worker, _Merged, available_cpus, http

@@ -26,11 +26,12 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from sluice.protocols import registry
 from sluice.recording.format import CLIENT_TO_BROKER, ReadResult, RecordingError, read_records_from
 
 DIRECTIONS = ("client_to_broker", "broker_to_client")  # by the format's `d`
-# Frames whose `msgs` counts messages: Pulsar SEND and MESSAGE, Cursus BATCH.
-COUNTED = frozenset(("SEND", "MESSAGE", "BATCH"))
+# Frames whose `msgs` counts messages, whatever their protocol.
+COUNTED = registry.message_commands()
 
 _FIELDS: list[tuple[str, pa.DataType]] = [
     ("record", pa.string()),

@@ -99,7 +99,13 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from sluice.pipeline.decode import EXTRA_SCHEMA, FRAME_COLUMNS, SPARK_SCHEMA, decode_batches
+    from sluice.pipeline.decode import (
+        COUNTED,
+        EXTRA_SCHEMA,
+        FRAME_COLUMNS,
+        SPARK_SCHEMA,
+        decode_batches,
+    )
 
     started = time.monotonic()
 
@@ -266,8 +272,8 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         "connections",
     )
 
-    # Messages: Pulsar's SEND and MESSAGE, Cursus's BATCH (both ways).
-    counted = F.col("command").isin("SEND", "MESSAGE", "BATCH") & F.col("topic").isNotNull()
+    # Messages: the frames that carry them, in each protocol (both ways).
+    counted = F.col("command").isin(*sorted(COUNTED)) & F.col("topic").isNotNull()
     topic_minute = write(
         frames.filter(counted)
         .withColumn("minute", F.timestamp_seconds(F.floor(F.col("wall_ns") / 6e10) * 60))
@@ -502,7 +508,7 @@ def _spark_path(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sluice.cli import need_extra
+    from sluice.extras import need_extra
 
     if not need_extra("analyze", "pipeline"):
         return 2

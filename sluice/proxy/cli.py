@@ -14,20 +14,15 @@ from sluice.addresses import parse_address, parse_host
 from sluice.config import default
 from sluice.errors import ConfigError
 from sluice.logs import add_logging_arguments, setup_logging
+from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
-from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.faults import load_rules
-from sluice.protocols.pulsar import pb
-from sluice.protocols.pulsar.connection import UpstreamFailure
-from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url, parse_cursus_url
-from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth
+from sluice.proxy.config import ProxyConfig, proxy_auth
 from sluice.proxy.dial import (
     TlsClientConfig,
     TlsServerConfig,
-    client_ssl_context,
     server_ssl_context,
 )
-from sluice.proxy.pulsar import connect_broker
 from sluice.proxy.server import Proxy, serve_until_signalled
 from sluice.proxy.workers import available_cpus, serve_workers
 from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
@@ -43,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--listen",
         metavar="HOST:PORT",
-        help=f"plain listener (default: {default(ProxyConfig, 'listen')}, but none for Cursus "
-        "with --listen-tls; 'none' to disable)",
+        help=f"plain listener (default: {default(ProxyConfig, 'listen')}, but none with "
+        "--listen-tls for a port-per-broker protocol; 'none' to disable)",
     )
     net.add_argument("--listen-tls", metavar="HOST:PORT", help="TLS listener (default: none)")
     net.add_argument(
@@ -98,13 +93,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker",
         required=True,
         metavar="URL",
-        help="pulsar://HOST:PORT or pulsar+ssl://HOST:PORT of the broker (or service), or "
-        "cursus://HOST:PORT (cursus+ssl:// with TLS) of a Cursus broker; required, no default",
+        help=", or ".join(
+            f"{p.schemes[0]}://HOST:PORT ({p.schemes[1]}:// with TLS) of a {p.title} broker"
+            for p in registry.protocols().values()
+        )
+        + "; the scheme says the protocol; required, no default",
     )
     up.add_argument(
         "--protocol",
-        choices=("pulsar", "cursus"),
-        help="the broker's protocol (default: from the --broker scheme, pulsar for host:port)",
+        choices=registry.names(),
+        help="the broker's protocol (default: from the --broker scheme, "
+        f"{registry.DEFAULT_PROTOCOL} for host:port)",
     )
     up.add_argument(
         "--broker-tls-ca",
@@ -158,76 +157,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="lookup redirects to follow before failing the lookup",
     )
-    auth = parser.add_argument_group(
-        "authentication (Pulsar)",
-        "passthrough (the default): the broker authenticates each client with the "
-        "client's own credentials. proxy: Sluice authenticates clients itself, logs in to "
-        "the broker as a role in its proxyRoles, and names the client's role in "
-        "original_principal, so the broker authorizes the client.",
-    )
-    auth.add_argument(
-        "--auth-mode",
-        choices=["passthrough", "proxy"],
-        default=default(ProxyConfig, "auth_mode"),
-        help="who authenticates clients (default: passthrough)",
-    )
-    auth.add_argument(
-        "--auth-token-secret-key",
-        type=Path,
-        metavar="FILE",
-        help="proxy mode: check client tokens (HS256/384/512) with this secret key, the "
-        "file the broker's tokenSecretKey names (at least 32 bytes; default: none)",
-    )
-    auth.add_argument(
-        "--auth-token-public-key",
-        type=Path,
-        metavar="FILE",
-        help="proxy mode: check client tokens (RS*/PS*/ES*) with this public key (DER or "
-        "PEM; RSA of at least 2048 bits), the file the broker's tokenPublicKey names "
-        "(default: none)",
-    )
-    auth.add_argument(
-        "--auth-token-role-claim",
-        default=default(ProxyConfig, "auth_token_role_claim"),
-        metavar="CLAIM",
-        help="proxy mode: the token claim that names the role (default: sub)",
-    )
-    auth.add_argument(
-        "--auth-token-audience",
-        metavar="AUDIENCE",
-        help="proxy mode: refuse tokens whose aud claim does not name AUDIENCE, as the "
-        "broker's tokenAudience does (default: not checked)",
-    )
-    auth.add_argument(
-        "--broker-auth-token-file",
-        type=Path,
-        metavar="FILE",
-        help="proxy mode: Sluice's own token at the broker (a role in its proxyRoles; "
-        "default: none, the --broker-tls-cert certificate is Sluice's credential)",
-    )
-    auth.add_argument(
-        "--forward-auth-data",
-        action="store_true",
-        help="proxy mode: also pass the client's credentials on, as original_auth_data "
-        "(lookups share a connection per role and token expiry, whatever the token's "
-        "spelling; default: off)",
-    )
-    cur = parser.add_argument_group("cursus")
-    cur.add_argument(
-        "--max-frame-size",
-        type=int,
-        default=default(ProxyConfig, "max_frame_size"),
-        metavar="BYTES",
-        help="largest frame a Cursus client may send (the broker's own limit; "
-        "its spec says 64 MiB)",
-    )
-    cur.add_argument(
-        "--broker-compression",
-        choices=[c.value for c in Compression],
-        default=default(ProxyConfig, "broker_compression"),
-        help="the compression the Cursus broker applies to every frame it receives "
-        "(its broker-wide setting)",
-    )
+    for spec in registry.protocols().values():
+        if spec.options:
+            title = spec.options_title or spec.name
+            own = parser.add_argument_group(title, spec.options_help or None)
+            for option in spec.options:
+                own.add_argument(
+                    *option.flags, default=default(ProxyConfig, option.kwargs["dest"]),
+                    **option.kwargs,
+                )  # fmt: skip
+    cur = parser.add_argument_group("port-per-broker")
     cur.add_argument(
         "--listener-ports",
         metavar="LOW-HIGH",
@@ -435,11 +374,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> ProxyConfig:
-    cursus = args.broker.startswith(("cursus://", "cursus+ssl://"))
-    protocol = args.protocol or ("cursus" if cursus else "pulsar")
+    spec = registry.get(args.protocol) if args.protocol else registry.by_url(args.broker)
     listen_tls = parse_address(args.listen_tls, what="--listen-tls") if args.listen_tls else None
-    if args.listen is None:  # not given: Cursus listens one way only (see ProxyConfig)
-        listen = None if protocol == "cursus" and listen_tls else default(ProxyConfig, "listen")
+    if args.listen is None:  # not given: port-per-broker listens one way only (see ProxyConfig)
+        listen = None if spec.port_per_broker and listen_tls else default(ProxyConfig, "listen")
     elif args.listen in ("", "none"):
         listen = None
     else:
@@ -459,19 +397,17 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
         raise ConfigError(f"no such file: {args.broker_tls_ca}")
     config = ProxyConfig(
-        broker=upstream_url(args.broker, protocol),
-        protocol=protocol,
-        max_frame_size=args.max_frame_size,
-        broker_compression=args.broker_compression,
+        broker=spec.url(args.broker, what="--broker"),
+        protocol=spec.name,
+        # Every protocol's own settings: one given for another protocol is
+        # refused by that protocol's check, not dropped.
+        **{
+            o.kwargs["dest"]: getattr(args, o.kwargs["dest"])
+            for p in registry.protocols().values()
+            for o in p.options
+        },
         listener_ports=port_range(args.listener_ports) if args.listener_ports else None,
         broker_ports_file=args.broker_ports_file,
-        auth_mode=args.auth_mode,
-        auth_token_secret_key=args.auth_token_secret_key,
-        auth_token_public_key=args.auth_token_public_key,
-        auth_token_role_claim=args.auth_token_role_claim,
-        auth_token_audience=args.auth_token_audience,
-        broker_auth_token_file=args.broker_auth_token_file,
-        forward_auth_data=args.forward_auth_data,
         advertise_host=(
             parse_host(args.advertise_host, what="--advertise-host")
             if args.advertise_host is not None
@@ -508,19 +444,11 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         topic_metrics_limit=args.topic_metrics_limit,
         record=_recorder_config(args),
         admin_token=read_token(args.admin_token_file),
-        faults=tuple(load_rules(args.faults, PROTOCOL_FAULTS)) if args.faults else (),
+        faults=tuple(load_rules(args.faults, registry.all_faults())) if args.faults else (),
         workers=parse_workers(args.workers),
     )
     proxy_auth(config)  # key and token files that do not load: one line now
     return config
-
-
-def upstream_url(text: str, protocol: str) -> BrokerUrl:
-    """``--broker`` for the protocol: Pulsar's URLs, or ``cursus://HOST:PORT``
-    (``cursus+ssl://`` for brokers that speak TLS)."""
-    if protocol == "pulsar":
-        return parse_broker_url(text, what="--broker")
-    return parse_cursus_url(text, what="--broker")
 
 
 def port_range(text: str) -> tuple[int, int]:
@@ -591,7 +519,7 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
         if args.record_ring is None:
             raise ConfigError("--snapshot-on needs the flight recorder: give --record-ring")
         try:
-            triggers = load_triggers(args.snapshot_on, PROTOCOL_FAULTS)
+            triggers = load_triggers(args.snapshot_on, registry.all_faults())
         except TriggerError as exc:
             raise ConfigError(f"--snapshot-on: {exc}") from None
     if args.record.exists() and not args.record.is_dir():
@@ -653,26 +581,11 @@ class StartupError(Exception):
 
 
 async def check_broker(config: ProxyConfig) -> None:
-    if config.protocol == "cursus":
-        address = config.broker.address
-        try:
-            with trio.fail_after(config.connect_timeout):
-                probe = await trio.open_tcp_stream(address.host, address.port)
-        except (OSError, trio.TooSlowError) as exc:
-            raise StartupError(f"cannot reach Cursus broker {address}: {exc or 'timed out'} "
-                               "(start anyway with --no-check-broker)") from None  # fmt: skip
-        await probe.aclose()
-        return
-    tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
-    try:
-        stream, _ = await connect_broker(
-            config.broker.address, timeout=config.connect_timeout, tls=tls
-        )
-    except UpstreamFailure as failure:
-        if failure.error == pb.AuthenticationError:
-            return  # it answered: it wants the clients' credentials, which they bring
-        raise StartupError(f"{failure.message} (start anyway with --no-check-broker)") from None
-    await stream.aclose()
+    """The broker answers, by its protocol's own check."""
+    spec = registry.get(config.protocol)
+    problem = await spec.load(spec.check_broker)(config)
+    if problem is not None:
+        raise StartupError(f"{problem} (start anyway with --no-check-broker)")
 
 
 async def serve(

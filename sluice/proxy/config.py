@@ -13,26 +13,31 @@ from pathlib import Path
 
 from sluice.addresses import Address, AllowList, server_name
 from sluice.errors import ConfigError
+from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
-from sluice.protocols.cursus.connection import CURSUS_FAULTS
 from sluice.protocols.faults import ProtocolFaults, Rule
 from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
 from sluice.protocols.pulsar.auth import ProxyAuth
-from sluice.protocols.pulsar.connection import PULSAR_FAULTS
-from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url, parse_cursus_url
+from sluice.protocols.urls import BrokerUrl
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.proxy.inbound import ProxyProtocolIn, parse_sources
 from sluice.recording.writer import RecorderConfig
 
-# Every protocol fault rules may name, by name.
-PROTOCOL_FAULTS: dict[str, ProtocolFaults] = {p.name: p for p in (PULSAR_FAULTS, CURSUS_FAULTS)}
+
+def __getattr__(name: str) -> dict[str, ProtocolFaults]:
+    """``PROTOCOL_FAULTS``: what fault rules may name, by protocol (the
+    registry's ``all_faults()``, asked when read)."""
+    if name == "PROTOCOL_FAULTS":
+        return registry.all_faults()
+    raise AttributeError(name)
 
 
 @dataclass(frozen=True)
 class ProxyConfig:
     broker: BrokerUrl
-    # pulsar | cursus (the command line takes it from the --broker scheme).
-    protocol: str = "pulsar"
+    # A protocol the registry knows (the command line takes it from the
+    # --broker scheme).
+    protocol: str = registry.DEFAULT_PROTOCOL
     listen: Address | None = field(default_factory=lambda: Address("127.0.0.1", 6650))
     listen_tls: Address | None = None
     tls: TlsServerConfig | None = None
@@ -135,24 +140,22 @@ class ProxyConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.protocol not in ("pulsar", "cursus"):
-            raise ConfigError(f"--protocol must be pulsar or cursus, not {self.protocol!r}")
-        if self.protocol == "cursus":
+        spec = registry.get(self.protocol)
+        if spec.port_per_broker:
             if self.listen is not None and self.listen_tls is not None:
                 raise ConfigError(
-                    "Cursus listens on --listen or on --listen-tls, not both: a client's TLS "
-                    "setting covers every broker, so the per-broker listeners speak what the "
-                    "main one does"
+                    f"{spec.title} listens on --listen or on --listen-tls, not both: a client's "
+                    "TLS setting covers every broker, so the per-broker listeners speak what "
+                    "the main one does"
                 )
             if self.workers > 1 and self.listener_ports is None:
                 raise ConfigError(
-                    "--workers with Cursus needs --listener-ports LOW-HIGH: the per-broker "
-                    "ports are bound at start by the supervisor and shared by the workers"
+                    f"--workers with {spec.title} needs --listener-ports LOW-HIGH: the "
+                    "per-broker ports are bound at start by the supervisor and shared by the "
+                    "workers"
                 )
-            if self.auth_mode != "passthrough":
-                raise ConfigError(
-                    "--auth-mode proxy is for Pulsar: a Cursus broker has no proxy roles"
-                )
+        if spec.check is not None:
+            spec.check(self)
         if self.broker_ports_file is not None and self.listener_ports is None:
             raise ConfigError("--broker-ports-file keeps the ports of --listener-ports: give both")
         if self.listener_ports is not None:
@@ -194,10 +197,8 @@ class ProxyConfig:
             what = f"--sni-route {name}"
             if url.strip() == "self":
                 routes[name] = None
-            elif self.protocol == "cursus":
-                routes[name] = parse_cursus_url(url, what=what)
             else:
-                routes[name] = parse_broker_url(url, what=what)
+                routes[name] = registry.get(self.protocol).url(url, what=what)
         return routes
 
     def _check_auth(self) -> None:
@@ -237,8 +238,8 @@ class ProxyConfig:
             )
 
     @property
-    def cursus_listen(self) -> Address:
-        """Cursus: the one listening address (plain or TLS); the per-broker
+    def main_listen(self) -> Address:
+        """The first listening address (plain, else TLS); port-per-broker
         listeners open on its host and speak what it speaks."""
         listen = self.listen if self.listen is not None else self.listen_tls
         assert listen is not None  # checked above: one of them is given

@@ -18,6 +18,7 @@ from typing import Any
 
 from sluice.addresses import parse_address
 from sluice.errors import ConfigError
+from sluice.protocols import registry
 from sluice.protocols.faults import Direction
 from sluice.proxy.cli import read_token
 
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _common(add)
     match = add.add_argument_group("which frames (all optional; none: every frame)")
-    match.add_argument("--protocol", help="pulsar (default: any)")
+    match.add_argument("--protocol", help=f"one of {', '.join(registry.names())} (default: any)")
     match.add_argument(
         "--command",
         metavar="NAME",

@@ -52,10 +52,9 @@ from sluice.protocols.core import (
     Relayed,
     TopicTraffic,
 )
-from sluice.protocols.cursus.connection import CURSUS_FAULTS
+from sluice.protocols.errors import Problem
 from sluice.protocols.haproxy import REASONS as HEADER_REFUSALS
-from sluice.protocols.pulsar import Problem
-from sluice.protocols.pulsar.frame import command_name
+from sluice.protocols.registry import DEFAULT_PROTOCOL, ProtocolSpec, get
 
 if TYPE_CHECKING:
     from sluice.recording.writer import Recorder
@@ -76,22 +75,6 @@ _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 _RELAY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
-# Request types whose latency is tracked (the answer is matched by the Correlator).
-TIMED_COMMANDS = (
-    "CONNECT",
-    "LOOKUP",
-    "PARTITIONED_METADATA",
-    "PRODUCER",
-    "SUBSCRIBE",
-    "SEND",
-    "GET_SCHEMA",
-    "GET_TOPICS_OF_NAMESPACE",
-    "GET_LAST_MESSAGE_ID",
-    "SEEK",
-    "UNSUBSCRIBE",
-    "CLOSE_PRODUCER",
-    "CLOSE_CONSUMER",
-)
 # Why connections close (recordings' close reasons); anything else, an
 # exception's name, is counted as "error" so that the label stays bounded.
 CLOSE_REASONS = frozenset({
@@ -101,23 +84,6 @@ CLOSE_REASONS = frozenset({
 # --auth-mode proxy: the methods a client may use, and what became of it.
 AUTH_METHODS = frozenset({"token", "tls"})
 AUTH_OUTCOMES = ("ok", "failed", "refreshed", "expired")
-CURSUS_NAMES = CURSUS_FAULTS.commands | {"INVALID"}
-# Cursus requests whose latency is tracked (replies come in request order).
-CURSUS_TIMED_COMMANDS = (
-    "CREATE",
-    "METADATA",
-    "FIND_COORDINATOR",
-    "BATCH",
-    "CONSUME",
-    "STREAM",
-    "JOIN_GROUP",
-    "SYNC_GROUP",
-    "HEARTBEAT",
-    "LEAVE_GROUP",
-    "COMMIT_OFFSET",
-    "BATCH_COMMIT",
-    "FETCH_OFFSET",
-)
 
 
 class TrafficCounts(Collector):
@@ -127,10 +93,11 @@ class TrafficCounts(Collector):
     frames from brokers (and frames the proxy wrote to clients itself).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, command_name: Callable[[int], str] | None = None) -> None:
+        self.command_name = command_name or str
         self.frames = ([0] * TYPE_SLOTS, [0] * TYPE_SLOTS)
         self.bytes = ([0] * TYPE_SLOTS, [0] * TYPE_SLOTS)
-        # Protocols whose commands are names, not numbers (Cursus):
+        # Protocols whose commands are names, not numbers:
         # (from_client, name) -> [frames, bytes].
         self.named: dict[tuple[bool, str], list[int]] = {}
 
@@ -144,6 +111,7 @@ class TrafficCounts(Collector):
             "sluice_bytes", "Bytes relayed (whole frames), by command and direction",
             labels=["command", "direction"],
         )  # fmt: skip
+        command_name = self.command_name
         for index, direction in enumerate(DIRECTION):
             counts, volume = self.frames[index], self.bytes[index]
             for slot in range(TYPE_SLOTS):
@@ -284,7 +252,7 @@ class TopicLabels:
 class WithProtocol(Collector):
     """Every metric of ``registry`` with a ``protocol`` label added, at
     scrape time: one proxy fronts one protocol, and dashboards and alerts
-    can tell Pulsar proxies from Cursus ones by it."""
+    can tell one protocol's proxies from another's by it."""
 
     def __init__(self, registry: CollectorRegistry, protocol: str) -> None:
         self.registry = registry
@@ -304,15 +272,17 @@ class WithProtocol(Collector):
 
 
 class Metrics:
-    def __init__(self, topic_limit: int = 100, protocol: str = "pulsar") -> None:
-        self.protocol = protocol
+    def __init__(self, topic_limit: int = 100, protocol: ProtocolSpec | None = None) -> None:
+        spec = protocol if protocol is not None else get(DEFAULT_PROTOCOL)
+        self.protocol = spec.name
         self.registry = registry = CollectorRegistry()
         # What /metrics serves: the registry's metrics, labelled with the protocol.
         self.exposed = CollectorRegistry()
-        self.exposed.register(WithProtocol(registry, protocol))
-        if protocol != "pulsar":
+        self.exposed.register(WithProtocol(registry, spec.name))
+        self._counted = spec.counted
+        if spec.counted is not None:
             self.frames = self._named_frames  # type: ignore[method-assign]
-        self.traffic = TrafficCounts()
+        self.traffic = TrafficCounts(spec.command_name)
         registry.register(self.traffic)
         self.topic_label = TopicLabels(topic_limit)
 
@@ -362,7 +332,7 @@ class Metrics:
         self.request_duration = Histograms(
             "sluice_request_duration_seconds",
             "Request to answer, as seen at the proxy (broker plus network time)",
-            "command", TIMED_COMMANDS if protocol == "pulsar" else CURSUS_TIMED_COMMANDS,
+            "command", spec.timed,
             _LATENCY_BUCKETS,
         )  # fmt: skip
         registry.register(self.request_duration)
@@ -438,14 +408,16 @@ class Metrics:
             sizes[slot] += len(frame.raw)
 
     def _named_frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
-        """``frames`` for protocols whose commands are names (Cursus)."""
+        """``frames`` for protocols whose commands are names."""
         named = self.traffic.named
+        counted = self._counted
+        assert counted is not None
         for frame in frames:
             name = frame.name
             tally = named.get((from_client, name))
             if tally is None:
                 # Unknown words stay one label: a client cannot grow the series.
-                name = name if name in CURSUS_NAMES else "UNKNOWN"
+                name = name if name in counted else "UNKNOWN"
                 tally = named.setdefault((from_client, name), [0, 0])
             tally[0] += 1
             tally[1] += len(frame.raw)

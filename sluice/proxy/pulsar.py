@@ -15,11 +15,12 @@ import itertools
 import logging
 import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from sluice.addresses import Address
+from sluice.addresses import Address, AllowList
 from sluice.protocols.core import Conn, Dialed, Tap
 from sluice.protocols.faults import Faults
 from sluice.protocols.pulsar import (
@@ -39,12 +40,16 @@ from sluice.protocols.pulsar.connection import (
     SLUICE_VERSION,
     PulsarConnection,
     PulsarSettings,
+    Route,
     Routing,
     UpstreamFailure,
 )
 from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.proxy.backend import Services
+from sluice.proxy.config import ProxyConfig, proxy_auth
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.relay import READ_SIZE
+from sluice.proxy.shared import ROUTES_FILE, Journal
 
 log = logging.getLogger("sluice.upstream")
 
@@ -397,6 +402,9 @@ class PulsarBackend:
         )
         nursery.start_soon(self._pool.keep_tidy)
 
+    async def listening(self, main: int | None) -> None:
+        """Nothing to do once the proxy listens: clients find brokers through it."""
+
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
         """``upstream``: the broker SNI routing chose (``route_name``), if any."""
         return PulsarConnection(conn, self.settings, self.routing, tap, self.faults, upstream)
@@ -455,3 +463,100 @@ class PulsarBackend:
     async def aclose(self) -> None:
         if self._pool is not None:
             await self._pool.aclose()
+
+
+class _JournalAllowList(AllowList):
+    """An allow-list that reads the journal before saying no."""
+
+    def __init__(self, rules: tuple[str, ...], routing: SharedRouting) -> None:
+        super().__init__(rules)
+        self._routing = routing
+
+    def allows(self, address: Address) -> bool:
+        if super().allows(address):
+            return True
+        self._routing.refresh()
+        return super().allows(address)
+
+
+class SharedRouting(Routing):
+    """``Routing`` whose learned brokers are shared through a journal file."""
+
+    def __init__(
+        self,
+        broker: BrokerUrl,
+        journal: Path,
+        allow_rules: tuple[str, ...] = (),
+        max_lookups: int = 1_000,
+    ) -> None:
+        super().__init__(broker, allow_rules, max_lookups)
+        self.allowlist = _JournalAllowList(allow_rules, self)
+        self.allowlist.learn(broker.address)
+        self._journal = Journal(journal)
+
+    def learn(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
+        route = Route(url.tls, via_upstream)
+        if self.routes.get(url.address) == route:
+            return
+        super().learn(url, via_upstream=via_upstream)
+        host, port = url.address.host, url.address.port
+        self._journal.append(f"{host} {port} {int(url.tls)} {int(via_upstream)}")
+
+    def refresh(self) -> None:
+        """Take in what other workers learned since the last look."""
+        for parts in self._journal.new_lines():
+            if len(parts) != 4:
+                continue
+            host, port, tls, via = parts
+            address = Address(host, int(port))
+            self.allowlist.learn(address)
+            self.routes[address] = Route(tls == "1", via == "1")
+
+    def close(self) -> None:
+        self._journal.close()
+
+
+def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
+    """The registry's factory (``sluice.protocols.pulsar.spec``)."""
+    # --trust-broker rules allow as well as trust.
+    relay_rules = config.allow_broker + config.trust_broker
+    routing: Routing
+    if services.state is None:
+        routing = Routing(config.broker, relay_rules, config.max_concurrent_lookups)
+    else:
+        routing = SharedRouting(
+            config.broker, services.state / ROUTES_FILE, relay_rules,
+            config.max_concurrent_lookups,
+        )  # fmt: skip
+    return PulsarBackend(
+        config.broker,
+        PulsarSettings(
+            config.on_invalid,
+            config.max_message_size,
+            config.max_redirects,
+            proxy_auth(config),
+            AllowList(config.trust_broker, "--trust-broker"),
+            proxy_header_out=config.proxy_protocol_out,
+        ),
+        routing,
+        broker_tls=config.broker_tls,
+        connect_timeout=config.connect_timeout,
+        faults=services.faults,
+        max_upstream_connections=config.max_upstream_connections,
+    )
+
+
+async def check_broker(config: ProxyConfig) -> str | None:
+    """``sluice proxy``'s startup check: None when the broker answers a
+    CONNECT (or wants the clients' credentials), otherwise why not."""
+    tls = client_ssl_context(config.broker_tls) if config.broker.tls else None
+    try:
+        stream, _ = await connect_broker(
+            config.broker.address, timeout=config.connect_timeout, tls=tls
+        )
+    except UpstreamFailure as failure:
+        if failure.error == pb.AuthenticationError:
+            return None  # it answered: it wants the clients' credentials, which they bring
+        return failure.message
+    await stream.aclose()
+    return None

@@ -18,20 +18,18 @@ import logging
 import signal
 import socket
 import ssl
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
-from sluice.addresses import Address, AllowList, advertised, server_name
+from sluice.addresses import Address, server_name
+from sluice.logs import LogLimit
+from sluice.protocols import registry
 from sluice.protocols.core import Accepted, Conn, Rejected, Taps
-from sluice.protocols.cursus.compression import Compression
-from sluice.protocols.cursus.connection import CursusRouting, CursusSettings
 from sluice.protocols.faults import Faults
 from sluice.protocols.haproxy import HeaderError, v2_header
-from sluice.protocols.pulsar.connection import LogLimit, PulsarSettings, Routing
 from sluice.proxy.admin import (
     FaultsEndpoint,
     Handler,
@@ -40,21 +38,19 @@ from sluice.proxy.admin import (
     open_admin,
     serve_admin,
 )
-from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_auth, proxy_protocol_in
-from sluice.proxy.cursus import CursusBackend, NoListener
+from sluice.proxy.backend import Backend, Services
+from sluice.proxy.config import ProxyConfig, proxy_protocol_in
 from sluice.proxy.dial import CertificateReloader, dial, open_listeners, server_ssl_context
 from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import Metrics
-from sluice.proxy.pulsar import PulsarBackend
+from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Relay, Timing
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     LIMITS_FILE,
-    ROUTES_FILE,
     LocalLimits,
     SharedBrokerPorts,
     SharedLimits,
-    SharedRouting,
 )
 from sluice.recording.writer import Recorder
 
@@ -91,8 +87,8 @@ class WorkerRole:
     its listening sockets come from the supervisor, state shared with its
     siblings lives in ``state``, and its connection ids never collide with
     theirs (worker i of N numbers its connections i+1, i+1+N, …). Sockets
-    of kind ``broker`` (Cursus) are the ``--listener-ports``, each standing
-    for the broker ``SharedBrokerPorts`` names, once one is given it."""
+    of kind ``broker`` are the ``--listener-ports`` (port-per-broker), each
+    standing for the broker ``SharedBrokerPorts`` names, once one is given it."""
 
     index: int
     count: int
@@ -104,20 +100,11 @@ class Proxy:
     def __init__(self, config: ProxyConfig, worker: WorkerRole | None = None) -> None:
         self.config = config
         self.worker = worker
-        self.routing: Routing
-        # --trust-broker rules allow as well as trust.
-        relay_rules = config.allow_broker + config.trust_broker
+        self.protocol = registry.get(config.protocol)
         if worker is None:
-            self.routing = Routing(config.broker, relay_rules, config.max_concurrent_lookups)
             self.limits = LocalLimits(config.max_connections, config.max_connections_per_ip)
             self._ids = itertools.count(1)
         else:
-            self.routing = SharedRouting(
-                config.broker,
-                worker.state / ROUTES_FILE,
-                relay_rules,
-                config.max_concurrent_lookups,
-            )
             limits = SharedLimits(
                 config.max_connections,
                 config.max_connections_per_ip,
@@ -132,61 +119,21 @@ class Proxy:
         # that their hit counts start from zero with each proxy.
         self.faults = Faults()
         self.faults.extend(copy.deepcopy(config.faults))
-        self.backend: PulsarBackend | CursusBackend
-        if config.protocol == "cursus":
-            self.cursus_routing = CursusRouting(config.broker.address, config.allow_broker)
-            cursus = CursusBackend(
-                config.broker,
-                CursusSettings(
-                    config.on_invalid,
-                    max_frame_size=config.max_frame_size,
-                    compression=Compression.parse(config.broker_compression),
-                ),
-                self.cursus_routing,
-                broker_tls=config.broker_tls,
-                connect_timeout=config.connect_timeout,
-                faults=self.faults,
-            )
-            cursus.open_listener = self._open_broker_listener
-            self.backend = cursus
-        else:
-            self.backend = PulsarBackend(
-                config.broker,
-                PulsarSettings(
-                    config.on_invalid,
-                    config.max_message_size,
-                    config.max_redirects,
-                    proxy_auth(config),
-                    AllowList(config.trust_broker, "--trust-broker"),
-                    proxy_header_out=config.proxy_protocol_out,
-                ),
-                self.routing,
-                broker_tls=config.broker_tls,
-                connect_timeout=config.connect_timeout,
-                faults=self.faults,
-                max_upstream_connections=config.max_upstream_connections,
-            )
+        self.ports = self._broker_ports() if self.protocol.port_per_broker else None
+        make_backend = self.protocol.load(self.protocol.backend)
+        self.backend: Backend = make_backend(
+            config, Services(self.faults, worker.state if worker else None, self.ports)
+        )
         # --sni-route: names for brokers (the backend's), and for Sluice itself.
         routes = config.sni_routes()
         self.backend.named = {n: url for n, url in routes.items() if url is not None}
         self._own_names = {n for n, url in routes.items() if url is None}
         self.inbound = proxy_protocol_in(config)
         self._refusals = LogLimit()  # what anyone may repeat is logged once a minute
-        # Cursus, port-per-broker: which port stands for which broker, in a
-        # journal that outlives the proxy (--broker-ports-file) or its
-        # workers' state; and a worker's ports, the supervisor's.
-        self._broker_ports: SharedBrokerPorts | None = None
-        self._pool: list[int] = []
-        if worker is not None and config.listener_ports is not None:
-            journal = config.broker_ports_file or worker.state / BROKER_PORTS_FILE
-            self._broker_ports = SharedBrokerPorts(journal)
-        elif config.broker_ports_file is not None:
-            self._broker_ports = SharedBrokerPorts(config.broker_ports_file)
-        self._ports_used: set[int] = set()
         self.timing = Timing(
             config.handshake_timeout, config.connect_timeout, config.keepalive_interval
         )
-        self.metrics = Metrics(config.topic_metrics_limit, config.protocol)
+        self.metrics = Metrics(config.topic_metrics_limit, self.protocol)
         self.taps = Taps([self.metrics])
         self.recorder: Recorder | None = None
         if config.record is not None:
@@ -195,7 +142,7 @@ class Proxy:
                 config.record,
                 listen=listen,
                 broker=str(config.broker),
-                protocol=config.protocol,
+                protocol=self.protocol,
                 writers=worker.count if worker is not None else 1,
             )
             self.metrics.watch(self.recorder)
@@ -210,6 +157,32 @@ class Proxy:
         self._stop = trio.Event()
         self.certificates: CertificateReloader | None = None
         self._tls_context: ssl.SSLContext | None = None  # the TLS listeners'
+
+    @property
+    def routing(self) -> Any:
+        """The state the backend's connections share."""
+        return self.backend.routing
+
+    def _broker_ports(self) -> BrokerPorts:
+        """Port-per-broker listeners: which port stands for which broker, in
+        a journal that outlives the proxy (--broker-ports-file) or its
+        workers' state; and a worker's ports, the supervisor's."""
+        config, worker = self.config, self.worker
+        journal = None
+        if worker is not None and config.listener_ports is not None:
+            journal = SharedBrokerPorts(
+                config.broker_ports_file or worker.state / BROKER_PORTS_FILE
+            )
+        elif config.broker_ports_file is not None:
+            journal = SharedBrokerPorts(config.broker_ports_file)
+        return BrokerPorts(
+            config.main_listen.host,
+            config.advertise_host,
+            config.listener_ports,
+            journal,
+            [] if worker is not None and config.listener_ports is not None else None,
+            self._broker_listener,
+        )
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -234,7 +207,7 @@ class Proxy:
             if admin is not None:
                 token = self.config.admin_token
                 endpoints: dict[str, Handler] = {
-                    "/faults": FaultsEndpoint(self.faults, PROTOCOL_FAULTS, token),
+                    "/faults": FaultsEndpoint(self.faults, registry.all_faults(), token),
                     "/recording": SnapshotEndpoint(self.recorder, token),
                 }
                 outer.start_soon(functools.partial(
@@ -245,14 +218,10 @@ class Proxy:
                 self._handlers = handlers
                 for kind, listener in self._listeners:
                     handlers.start_soon(self._accept_loop, listener, kind, None)
-                if self.config.protocol == "cursus":
-                    # The main listener stands for the configured broker.
-                    main = self.addresses.get("plain") or self.addresses.get("tls")
-                    if main is not None:
-                        self.cursus_routing.add_listener(
-                            self.config.broker.address, self._advertised(main.port)
-                        )
-                    await self._reopen_known_brokers()
+                if self.ports is not None:
+                    self.ports.serve = self._serve_broker_listener
+                main = self.addresses.get("plain") or self.addresses.get("tls")
+                await self.backend.listening(main.port if main is not None else None)
                 self.listening = True
                 # Everything made while starting (modules, schema, config)
                 # lives as long as the process: keep it out of the garbage
@@ -315,7 +284,7 @@ class Proxy:
 
     @property
     def _kind(self) -> str:
-        """Cursus: the kind of every listener, the per-broker ones too."""
+        """Port-per-broker: the kind of every listener, the per-broker ones too."""
         return "plain" if self.config.listen_tls is None else "tls"
 
     def _tls_listener(self, tcp: trio.SocketListener) -> trio.SSLListener[trio.SocketStream]:
@@ -324,7 +293,7 @@ class Proxy:
         return trio.SSLListener(tcp, context, https_compatible=False)
 
     def _broker_listener(self, tcp: trio.SocketListener) -> trio.abc.Listener[Any]:
-        """A port-per-broker listener (Cursus), speaking what the main one does."""
+        """A port-per-broker listener, speaking what the main one does."""
         return tcp if self.config.listen_tls is None else self._tls_listener(tcp)
 
     @property
@@ -337,8 +306,9 @@ class Proxy:
         if self.worker is not None:
             for kind, sock in self.worker.sockets:
                 tcp = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-                if kind == "broker":
-                    self._pool.append(sock.getsockname()[1])
+                if kind == BROKER:
+                    assert self.ports is not None and self.ports.pool is not None
+                    self.ports.pool.append(sock.getsockname()[1])
                     self._listeners.append((kind, self._broker_listener(tcp)))
                 elif kind == "tls":
                     self._add_listener(kind, self._tls_listener(tcp), tcp)
@@ -359,83 +329,11 @@ class Proxy:
         self.addresses.setdefault(kind, Address(host, port))
         self._listeners.append((kind, listener))
 
-    def _advertised(self, port: int) -> Address:
-        """The address clients are told to dial for a listener on ``port``."""
-        return advertised(self.config.cursus_listen.host, port, self.config.advertise_host)
-
-    async def _open_broker_listener(self, upstream: Address) -> Address:
-        """Port-per-broker (Cursus): a listener relaying to ``upstream``."""
-        existing = self.cursus_routing.listener_for(upstream)
-        if existing is not None:
-            return existing
-        if self.worker is not None:  # the port is the supervisor's
-            assert self._broker_ports is not None
-            try:
-                port = self._broker_ports.assign(upstream, self._pool)
-            except ValueError as exc:
-                raise NoListener(str(exc)) from None
-            if port is None:
-                low, high = self.config.listener_ports or (0, 0)
-                raise NoListener(f"every port of --listener-ports {low}-{high} has a broker")
-            address = self._advertised(port)
-            self.cursus_routing.add_listener(upstream, address)
-            log.info("port %d stands for broker %s", port, upstream)
-            return address
+    def _serve_broker_listener(self, listener: trio.abc.Listener[Any], upstream: Address) -> None:
+        """Port-per-broker: accept on a new listener, relaying to ``upstream``."""
         assert self._handlers is not None
-        host = self.config.cursus_listen.host
-        span = self.config.listener_ports
-        journal = self._broker_ports
-        known = journal.port_of(upstream) if journal is not None else None
-        if known is not None:  # given before, maybe by an earlier run: clients know it
-            candidates: Iterable[int] = [known]
-        elif span is not None:
-            taken = journal.by_port if journal is not None else {}
-            candidates = (p for p in range(span[0], span[1] + 1) if p not in taken)
-        else:
-            candidates = [0]
-        for port in candidates:
-            if port and port in self._ports_used:
-                continue
-            try:
-                listeners = await open_listeners(Address(host, port))
-            except OSError as exc:
-                if known is not None:
-                    where = self.config.broker_ports_file
-                    raise NoListener(
-                        f"port {port}, which {where} gives broker {upstream}, is taken: {exc}"
-                    ) from None
-                if span is None:
-                    raise
-                continue
-            bound_port = listeners[0].socket.getsockname()[1]
-            self._ports_used.add(bound_port)
-            if journal is not None and known is None:
-                try:
-                    journal.assign(upstream, [bound_port])
-                except ValueError as exc:  # a host name no line can hold: this run only
-                    log.warning("%s: %s", self.config.broker_ports_file, exc)
-            for listener in listeners:  # one per address the host resolves to
-                wrapped = self._broker_listener(listener)
-                self._listeners.append((f"broker {upstream}", wrapped))
-                self._handlers.start_soon(self._accept_loop, wrapped, self._kind, upstream)
-            address = self._advertised(bound_port)
-            self.cursus_routing.add_listener(upstream, address)
-            log.info("listening on %s:%d for broker %s", host, bound_port, upstream)
-            return address
-        raise NoListener(f"no free port in --listener-ports {span[0]}-{span[1]}" if span else "")
-
-    async def _reopen_known_brokers(self) -> None:
-        """--broker-ports-file: listen at once on every port an earlier run
-        gave a broker, for clients that still dial it. (Workers need not:
-        the supervisor has bound the whole range.)"""
-        if self.worker is not None or self._broker_ports is None:
-            return
-        self._broker_ports.refresh()
-        for broker in list(self._broker_ports.by_broker):
-            try:
-                await self._open_broker_listener(broker)
-            except (NoListener, OSError) as exc:
-                log.warning("broker %s: no listener on its earlier port: %s", broker, exc)
+        self._listeners.append((f"broker {upstream}", listener))
+        self._handlers.start_soon(self._accept_loop, listener, self._kind, upstream)
 
     async def _accept_loop(
         self, listener: trio.abc.Listener[Any], kind: str, upstream: Address | None
@@ -450,25 +348,15 @@ class Proxy:
                 log.error("accept failed on %s listener: %s", kind, exc)
                 await trio.sleep(0.1)
                 continue
-            if kind == "broker":  # a worker's port-per-broker port (Cursus)
-                upstream = self._broker_of(_port(listener))
+            if kind == BROKER:  # a worker's port-per-broker port
+                assert self.ports is not None
+                upstream = self.ports.broker_of(_port(listener))
                 if upstream is None:
                     await _close(stream)
                     continue
                 self._handlers.start_soon(self.handle, stream, self._kind, upstream)
                 continue
             self._handlers.start_soon(self.handle, stream, kind, upstream)
-
-    def _broker_of(self, port: int) -> Address | None:
-        """The broker a worker's ``--listener-ports`` port stands for (given
-        by whichever worker first needed it), learned here on first use."""
-        assert self._broker_ports is not None
-        upstream = self._broker_ports.broker_for(port)
-        if upstream is None:
-            log.warning("connection on port %d, which stands for no broker yet: closed", port)
-        elif self.cursus_routing.listener_for(upstream) is None:
-            self.cursus_routing.add_listener(upstream, self._advertised(port))
-        return upstream
 
     async def _probe_upstream(self) -> None:
         """Keep sluice_upstream_up and /readyz current."""
@@ -508,7 +396,7 @@ class Proxy:
         self, stream: trio.abc.Stream, kind: str, upstream: Address | None = None
     ) -> None:
         """Serve one accepted client connection (any trio stream) to its end;
-        ``upstream``: the broker its listener stands for (Cursus)."""
+        ``upstream``: the broker its listener stands for (port-per-broker)."""
         peer = client = peer_address(stream)
         destination = local_address(stream)
         via = ""

@@ -5,8 +5,9 @@ CONNECT (``proxy_to_broker_url``) land on another, and connection limits are
 totals over all workers. Two small structures in files the supervisor
 creates (in a private temporary directory) carry that:
 
-- ``SharedRouting``: the brokers learned from lookup answers, as an
-  append-only journal. A worker appends a line when it learns a broker it
+- ``Journal``: an append-only file of lines, which Pulsar's
+  ``SharedRouting`` (``proxy/pulsar.py``) keeps the brokers learned from
+  lookup answers in. A worker appends a line when it learns a broker it
   did not know (an ``O_APPEND`` write of one short line is atomic), before
   the answer that names it reaches the client; a worker asked for a broker
   it does not know reads the journal's new lines before deciding. So a
@@ -17,7 +18,7 @@ creates (in a private temporary directory) carry that:
   accepting at the same instant can each see room for one more, so a limit
   can be exceeded by at most N-1 connections; IPs that share a bucket share
   its count (4,096 buckets), which only ever makes the limit stricter.
-- ``SharedBrokerPorts`` (Cursus, port-per-broker): the supervisor binds every
+- ``SharedBrokerPorts`` (port-per-broker): the supervisor binds every
   port of ``--listener-ports`` and every worker accepts on all of them; a
   journal says which broker each port stands for. A port is given to a
   broker under an exclusive lock on the journal, so no two workers give one
@@ -34,9 +35,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from sluice.addresses import Address, AllowList
-from sluice.protocols.pulsar.connection import Route, Routing
-from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.addresses import Address
 
 ROUTES_FILE = "routes"
 LIMITS_FILE = "limits"
@@ -45,7 +44,7 @@ BUCKETS = 4096
 _SLOT = 8  # bytes per counter (int64)
 
 
-class _Journal:
+class Journal:
     """An append-only file of short lines that several processes write and
     read: one ``O_APPEND`` write of a line is atomic."""
 
@@ -73,63 +72,14 @@ class _Journal:
         os.close(self.fd)
 
 
-class _JournalAllowList(AllowList):
-    """An allow-list that reads the journal before saying no."""
-
-    def __init__(self, rules: tuple[str, ...], routing: SharedRouting) -> None:
-        super().__init__(rules)
-        self._routing = routing
-
-    def allows(self, address: Address) -> bool:
-        if super().allows(address):
-            return True
-        self._routing.refresh()
-        return super().allows(address)
-
-
-class SharedRouting(Routing):
-    """``Routing`` whose learned brokers are shared through a journal file."""
-
-    def __init__(
-        self,
-        broker: BrokerUrl,
-        journal: Path,
-        allow_rules: tuple[str, ...] = (),
-        max_lookups: int = 1_000,
-    ) -> None:
-        super().__init__(broker, allow_rules, max_lookups)
-        self.allowlist = _JournalAllowList(allow_rules, self)
-        self.allowlist.learn(broker.address)
-        self._journal = _Journal(journal)
-
-    def learn(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
-        route = Route(url.tls, via_upstream)
-        if self.routes.get(url.address) == route:
-            return
-        super().learn(url, via_upstream=via_upstream)
-        host, port = url.address.host, url.address.port
-        self._journal.append(f"{host} {port} {int(url.tls)} {int(via_upstream)}")
-
-    def refresh(self) -> None:
-        """Take in what other workers learned since the last look."""
-        for parts in self._journal.new_lines():
-            if len(parts) != 4:
-                continue
-            host, port, tls, via = parts
-            address = Address(host, int(port))
-            self.allowlist.learn(address)
-            self.routes[address] = Route(tls == "1", via == "1")
-
-    def close(self) -> None:
-        self._journal.close()
-
-
 class SharedBrokerPorts:
     """Which of the supervisor's ``--listener-ports`` stands for which broker,
-    for every worker (Cursus, port-per-broker; see the module's notes)."""
+    for every worker (port-per-broker, ``sluice/proxy/ports.py``; see the
+    module's notes)."""
 
     def __init__(self, journal: Path) -> None:
-        self._journal = _Journal(journal)
+        self.path = journal
+        self._journal = Journal(journal)
         self.by_port: dict[int, Address] = {}
         self.by_broker: dict[Address, int] = {}
 

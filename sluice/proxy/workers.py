@@ -36,21 +36,19 @@ What must look like one proxy does:
 - Recording: each worker writes its own capture (segment files) into the
   same directory; readers take a directory's captures as one recording, and
   connection ids are unique across workers.
-- Cursus's port-per-broker listeners: the supervisor binds all of
+- Port-per-broker listeners (``ports.py``): the supervisor binds all of
   ``--listener-ports`` at start and every worker accepts on them; which
   port stands for which broker is in ``SharedBrokerPorts``.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import logging
 import math
 import os
 import pickle
-import resource
 import secrets
 import shutil
 import signal
@@ -73,6 +71,7 @@ from prometheus_client.registry import Collector
 
 from sluice.addresses import Address
 from sluice.logs import setup_logging
+from sluice.protocols import registry
 from sluice.protocols.faults import FaultError, parse_rule
 from sluice.protocols.haproxy import HeaderError
 from sluice.proxy.admin import (
@@ -84,8 +83,9 @@ from sluice.proxy.admin import (
     open_admin,
     serve_admin,
 )
-from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig, proxy_protocol_in
-from sluice.proxy.dial import bind_all, listen_targets
+from sluice.proxy.config import ProxyConfig, proxy_protocol_in
+from sluice.proxy.dial import bind_all
+from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
 from sluice.recording.writer import snapshot_name
@@ -258,41 +258,10 @@ class Supervisor:
                 self._sockets.append((kind, sock))
                 host, port = sock.getsockname()[:2]
                 self.addresses.setdefault(kind, Address(host, port))
-        if config.protocol == "cursus" and config.listener_ports:
-            self._bind_broker_ports(config.cursus_listen.host, *config.listener_ports)
-
-    def _bind_broker_ports(self, host: str, low: int, high: int) -> None:
-        """Cursus, port-per-broker: every port of ``--listener-ports`` that is
-        free, bound now and shared by the workers (which port stands for which
-        broker is decided later, in ``SharedBrokerPorts``)."""
-        # Every worker holds every one of them: a range near the open-files
-        # limit would leave the workers no descriptors for their clients.
-        targets = listen_targets(Address(host, low))  # resolved once for the range
-        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        descriptors = (high - low + 1) * len(targets)  # one per port and address
-        if files != resource.RLIM_INFINITY and descriptors > files // 4:
-            raise OSError(
-                f"--listener-ports {low}-{high} on {host or 'every interface'} is "
-                f"{descriptors} sockets, and each worker holds them all: more than a quarter "
-                f"of the open-files limit ({files}; ulimit -n). Give a smaller range."
-            )
-        bound_ports = 0
-        for port in range(low, high + 1):
-            try:
-                sockets = bind_all(Address(host, port), targets=targets)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    continue  # the main listener, say: a lone proxy would skip it too
-                raise OSError(f"--listener-ports: cannot listen on {host}:{port}: "
-                              f"{exc.strerror or exc}") from None  # fmt: skip
-            for sock in sockets:
+        if registry.get(config.protocol).port_per_broker and config.listener_ports:
+            for sock in bind_range(config.main_listen.host, *config.listener_ports):
                 sock.set_inheritable(True)
-                self._sockets.append(("broker", sock))
-            bound_ports += 1
-        if not bound_ports:
-            raise OSError(f"no free port in --listener-ports {low}-{high}")
-        log.info("%d of --listener-ports %d-%d bound for the brokers replies name", bound_ports,
-                 low, high)  # fmt: skip
+                self._sockets.append((BROKER, sock))
 
     async def drain(self) -> None:
         """SIGTERM every worker (each drains its connections), then wait for
@@ -469,7 +438,7 @@ class Supervisor:
             return 200, {"deleted": before - len(self.rules)}
         try:
             data = json.loads(request.body)
-            rule = parse_rule(data, PROTOCOL_FAULTS)
+            rule = parse_rule(data, registry.all_faults())
         except (ValueError, UnicodeDecodeError) as exc:
             raise Refused(400, f"the body is not JSON: {exc}") from None
         except FaultError as exc:

@@ -25,10 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.protocols.cursus.batch import Batch
-from sluice.protocols.cursus.decoder import decode_frame
 from sluice.protocols.cursus.frame import Frame
 from sluice.protocols.cursus.replies import BatchAck, ErrorReply
-from sluice.recording.format import CLIENT_TO_BROKER, PayloadPolicy, Record, packer
+from sluice.recording.format import PayloadPolicy, Record, packer
 
 PROTOCOL = "cursus"
 
@@ -80,9 +79,3 @@ class CursusSummarizer:
         self, conn: int, direction: int, mono_ns: int, wall_ns: int, frames: Sequence[Frame]
     ) -> list[bytes]:
         return [self._pack(self.record(conn, direction, mono_ns, wall_ns, f)) for f in frames]
-
-
-def decode_recorded(raw: bytes, direction: int) -> Frame:
-    """A recorded Cursus frame, decoded again (never raises: a frame that
-    does not decode carries its error)."""
-    return decode_frame(raw, from_client=direction == CLIENT_TO_BROKER)

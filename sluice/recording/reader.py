@@ -1,4 +1,6 @@
-"""Recordings as connections of decoded frames, for replay and serve."""
+"""Recordings as connections of decoded frames, for replay and serve: one
+loader for every protocol, each frame decoded by the protocol the file's
+header names (``ProtocolSpec.decode``)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.protocols.pulsar import Frame, decode_frame
+from sluice.protocols import registry
 from sluice.recording.format import ReadResult, RecordingError, read_records, recording_files
 
 
@@ -15,7 +17,7 @@ class RecordedFrame:
     from_client: bool
     mono_ns: int
     wall_ns: int
-    frame: Frame
+    frame: Any  # the protocol's decoded frame
     summary: dict[str, Any]
     index: int  # position in the whole capture, for ordering across connections
 
@@ -71,6 +73,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     truncated: list[Path] = []
     index = 0
     capture = ""
+    decode = registry.get(registry.DEFAULT_PROTOCOL).decode
     for path in paths:
         result = ReadResult(path)
         if path.stat().st_size == 0:  # a writer killed before its first flush
@@ -81,6 +84,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
             if kind == "header":
                 capture = record["capture"]
                 policies.add(record["payloads"])
+                decode = registry.get(record.get("protocol", registry.DEFAULT_PROTOCOL)).decode
             elif kind == "conn":
                 key = (capture, record["c"])
                 if key not in connections:
@@ -96,7 +100,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                         record["d"] == 0,
                         record["t"],
                         record["w"],
-                        decode_frame(record["raw"]),
+                        decode(record["raw"], record["d"] == 0),
                         record["s"],
                         index,
                     )

@@ -32,11 +32,12 @@ from typing import IO, Any, Protocol
 import trio
 
 from sluice import __version__
+from sluice.protocols import registry
 from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Opened
-from sluice.recording.cursus import CursusSummarizer
+from sluice.protocols.registry import ProtocolSpec
 from sluice.recording.format import (
     SUFFIX,
-    FrameRecorder,
+    NamedFrames,
     PayloadPolicy,
     Record,
     header,
@@ -64,8 +65,8 @@ WRITE_BYTES = 256 * 1024
 
 
 class Summarizer(Protocol):
-    """Turns a protocol's frames into ``frame`` records (``FrameRecorder``
-    for Pulsar, ``CursusSummarizer``), keeping what it needs per connection."""
+    """Turns a protocol's frames into ``frame`` records (the protocol's
+    ``ProtocolSpec.summarizer``), keeping what it needs per connection."""
 
     def record(
         self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Any
@@ -134,7 +135,7 @@ class Recorder:
         *,
         listen: list[str] | None = None,
         broker: str = "",
-        protocol: str = "pulsar",
+        protocol: ProtocolSpec | None = None,
         writers: int = 1,
     ) -> None:
         self.config = config
@@ -166,7 +167,8 @@ class Recorder:
         self._triggers = list(config.triggers) if self._ring is not None else []
         # Snapshots triggers asked for: when to write them, and what fired.
         self._pending: list[tuple[float, Trigger, float, Record]] = []
-        self.protocol = protocol
+        spec = protocol if protocol is not None else registry.get(registry.DEFAULT_PROTOCOL)
+        self.protocol = spec.name
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
         self._broker = broker
@@ -187,13 +189,9 @@ class Recorder:
         self._space = trio.Event()
         self._dropped = 0  # since the last gap record
         # Frame records: the same kinds for every protocol, its own summaries.
-        self._summarizer: Summarizer = (
-            CursusSummarizer(config.payloads)
-            if protocol == "cursus"
-            else FrameRecorder(config.payloads)
-        )
-        summarizer: Summarizer = self._summarizer  # not the narrowed union
-        self._frame_records = summarizer.packed
+        make = spec.load(spec.summarizer) if spec.summarizer is not None else NamedFrames
+        self._summarizer: Summarizer = make(config.payloads)
+        self._frame_records = self._summarizer.packed
         self._pack = packer()
         # Records taken off the queue and waiting to be written: how many are
         # frames, and which are connection openings (by position).

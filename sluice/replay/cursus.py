@@ -28,10 +28,10 @@ without an answer gets ``ERROR: not_in_recording`` and is listed on exit.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import hashlib
 import ssl
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,95 +54,13 @@ from sluice.protocols.cursus.replies import (
     format_reply,
 )
 from sluice.protocols.cursus.rewrite import rewrite_addresses
-from sluice.proxy.dial import dial
-from sluice.recording.cursus import decode_recorded
-from sluice.recording.format import ReadResult, RecordingError, read_records, recording_files
+from sluice.protocols.cursus.urls import parse_cursus_url
+from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
+from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
+from sluice.replay.outcome import Outcome, Report
+from sluice.replay.serve import Listening, announce, until_signalled
 
 READ_SIZE = 256 * 1024
-
-
-@dataclass
-class RecordedFrame:
-    from_client: bool
-    index: int
-    wall_ns: int
-    frame: Frame
-
-
-@dataclass
-class RecordedConnection:
-    key: tuple[str, int]
-    client: str
-    broker: str
-    frames: list[RecordedFrame] = field(default_factory=list)
-    faults: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"c{self.key[1]}"
-
-
-@dataclass
-class CursusRecording:
-    connections: list[RecordedConnection]
-    payloads: str
-    truncated: list[Path]
-
-
-def protocol_of(target: Path) -> str:
-    """The protocol of the recording(s) at ``target`` (from the first header)."""
-    for path in recording_files(target):
-        for record in read_records(path, ReadResult(path)):
-            if record["k"] == "header":
-                return str(record.get("protocol", "pulsar"))
-            break
-    return "pulsar"
-
-
-def load(target: Path, *, need_payloads: bool = True) -> CursusRecording:
-    paths = recording_files(target)
-    if not paths:
-        raise RecordingError(f"{target}: no recordings (*.sluice) here")
-    connections: dict[tuple[str, int], RecordedConnection] = {}
-    policies: set[str] = set()
-    truncated: list[Path] = []
-    capture = ""
-    index = 0
-    for path in paths:
-        result = ReadResult(path)
-        for record in read_records(path, result):
-            kind = record["k"]
-            if kind == "header":
-                if record.get("protocol") != "cursus":
-                    raise RecordingError(f"{path}: not a Cursus recording")
-                capture = record["capture"]
-                policies.add(record["payloads"])
-            elif kind == "conn":
-                key = (capture, record["c"])
-                connections.setdefault(key, RecordedConnection(key, record["client"],
-                                                               record["broker"]))  # fmt: skip
-            elif kind == "frame":
-                conn = connections.get((capture, record["c"]))
-                if conn is None:
-                    continue
-                decoded = decode_recorded(record["raw"], record["d"])
-                conn.frames.append(RecordedFrame(record["d"] == 0, index, record["w"], decoded))
-                index += 1
-            elif kind == "fault":
-                conn = connections.get((capture, record["c"]))
-                if conn is not None:
-                    conn.faults += 1
-        if result.truncated_bytes:
-            truncated.append(path)
-    if need_payloads and policies - {"full"}:
-        raise RecordingError(
-            f"{target}: recorded without message payloads (--record-payloads "
-            f"{'/'.join(sorted(policies - {'full'}))}); replaying and serving need a recording "
-            "made with --record-payloads full"
-        )
-    ordered = sorted((c for c in connections.values() if c.frames),
-                     key=lambda c: c.frames[0].index)  # fmt: skip
-    return CursusRecording(ordered, policies.pop() if policies else "", truncated)
 
 
 def _masked(host: str, port: int) -> tuple[str, int]:
@@ -175,21 +93,6 @@ def _answers(frames: list[RecordedFrame]) -> list[RecordedFrame]:
 
 
 # --- replay ---------------------------------------------------------------------------
-
-
-@dataclass
-class Outcome:
-    matched: int = 0
-    diverged: list[tuple[str, str, str, str]] = field(default_factory=list)
-    missing: list[tuple[str, str]] = field(default_factory=list)
-    unexpected: list[tuple[str, str]] = field(default_factory=list)
-    waits_timed_out: int = 0
-    sent: int = 0
-    faults: int = 0
-
-    @property
-    def equivalent(self) -> bool:
-        return not (self.diverged or self.missing or self.unexpected)
 
 
 class _Live:
@@ -228,7 +131,7 @@ class _Live:
         return len(self.got) >= count
 
 
-async def replay(recording: CursusRecording, broker: Address, *, timeout: float, say: Any,
+async def replay(recording: Recording, broker: Address, *, timeout: float, say: Any,
                  tls: ssl.SSLContext | None = None) -> tuple[Outcome, list[str]]:  # fmt: skip
     outcome = Outcome()
     lives: dict[tuple[str, int], _Live] = {}
@@ -271,13 +174,21 @@ async def replay(recording: CursusRecording, broker: Address, *, timeout: float,
     return outcome, compare(recording, lives, outcome)
 
 
-def compare(recording: CursusRecording, lives: dict[tuple[str, int], _Live],
+async def replay_run(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]]:
+    """``sluice replay`` of a Cursus recording (the registry's ``replay``)."""
+    url = parse_cursus_url(args.broker, what="--broker")
+    tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if url.tls else None
+    recording = load(args.recording)
+    return await replay(recording, url.address, timeout=args.timeout, say=say, tls=tls)
+
+
+def compare(recording: Recording, lives: dict[tuple[str, int], _Live],
             outcome: Outcome) -> list[str]:  # fmt: skip
     transcript: list[str] = []
     for conn in recording.connections:
         live = lives.get(conn.key)
         got = live.got if live is not None else []
-        outcome.faults += conn.faults
+        outcome.faults += len(conn.faults)
         answers = iter(got)
         for rf in conn.frames:
             if rf.from_client:
@@ -306,17 +217,10 @@ def compare(recording: CursusRecording, lives: dict[tuple[str, int], _Live],
 # --- serve ----------------------------------------------------------------------------
 
 
-@dataclass
-class Report:
-    requests: int = 0
-    pushed: int = 0
-    unmatched: list[str] = field(default_factory=list)
-
-
 class CursusStub:
     """Answers live Cursus clients from a recording, as the broker did."""
 
-    def __init__(self, recording: CursusRecording, here: Address) -> None:
+    def __init__(self, recording: Recording, here: Address) -> None:
         self.here = here
         self.report = Report()
         self.answers: dict[str, collections.deque[list[Frame]]] = collections.defaultdict(
@@ -388,3 +292,18 @@ class CursusStub:
             return
         finally:
             await trio.aclose_forcefully(stream)
+
+
+async def serve(target: Path, listening: Listening) -> Report:
+    """Answer Cursus clients from ``target`` on one listener until SIGINT or
+    SIGTERM (the registry's ``serve``)."""
+    if listening.plain and listening.tls:
+        raise ConfigError("a Cursus recording is served on one listener: --listen or --listen-tls")
+    recording = load(target)
+    listeners, plain, tls = await listening.open()
+    here = plain or tls
+    assert here is not None
+    stub = CursusStub(recording, here)
+    announce(f"a Cursus broker on {here}{' (TLS)' if tls else ''}", target)
+    await until_signalled(stub.handle, listeners)
+    return stub.report

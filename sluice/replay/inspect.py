@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from sluice.protocols import registry
 from sluice.recording.format import (
     ReadResult,
     Record,
@@ -295,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     pcap_file = open(args.pcap, "wb") if args.pcap else None  # noqa: SIM115
     pcap: PcapngWriter | None = None
+    port = 0  # where a connection that names no broker is drawn going: the protocol's port
     start_ns: int | None = None
     captures: set[str] = set()
     try:
@@ -303,8 +305,10 @@ def run(args: argparse.Namespace) -> int:
                 captures.add(capture)
                 if start_ns is None:
                     start_ns = record["started"]
+                spec = registry.get(str(record.get("protocol", registry.DEFAULT_PROTOCOL)))
+                port = spec.default_port
                 if pcap_file is not None and pcap is None:
-                    pcap = PcapngWriter(pcap_file, pcap_comment(record))
+                    pcap = PcapngWriter(pcap_file, spec.pcap_note)
                 continue
             wall = record.get("w", start_ns or 0)
             start = start_ns if start_ns is not None else wall
@@ -316,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
             if len(captures) > 1 and conn:
                 conn = f"{capture[:4]}:{conn}"
             if pcap is not None:
-                _to_pcap(pcap, (capture, record.get("c")), record)
+                _to_pcap(pcap, (capture, record.get("c")), record, port)
             elif args.json:
                 out.write(json_line(capture, record, args.with_bytes) + "\n")
             elif not args.summary:
@@ -347,21 +351,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def pcap_comment(header: Record) -> str:
-    """How to read the capture in Wireshark, for its comment."""
-    protocol = header.get("protocol", "pulsar")
-    if protocol == "cursus":
-        return ("Sluice recording of Cursus traffic: each frame is [u32 big-endian length][body]; "
-                "Wireshark has no Cursus dissector, so read the TCP payloads (Follow TCP Stream) "
-                "or use sluice inspect")  # fmt: skip
-    return ("Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
-            "for other ports use Decode As... > TCP port > PULSAR")  # fmt: skip
-
-
-def _to_pcap(pcap: PcapngWriter, key: object, record: Record) -> None:
+def _to_pcap(pcap: PcapngWriter, key: object, record: Record, port: int) -> None:
     kind = record["k"]
     if kind == "conn":
-        pcap.open(key, record["client"], record["broker"] or "0.0.0.0:6650", record["w"])
+        pcap.open(key, record["client"], record["broker"] or f"0.0.0.0:{port}", record["w"])
     elif kind == "frame":
         pcap.data(key, record["d"] == 0, record["raw"], record["w"])
     elif kind == "close":

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sluice.addresses import parse_address
 from sluice.errors import ConfigError
+from sluice.protocols import registry
 from sluice.recording.format import RecordingError, recording_files
 from sluice.view.index import Filter, Index
 from sluice.view.server import export, serve
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice view: {exc}", file=sys.stderr)
         return 2
     index.on_built = _report
+    registry.prepare_reading()  # before the index is built in a thread, pages served
     try:
         server = serve(index, address.host, address.port)
     except OSError as exc:

@@ -12,9 +12,7 @@ of a page become dicts.
 
 from __future__ import annotations
 
-import base64
 import collections
-import hashlib
 import logging
 import threading
 import time
@@ -24,10 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
-from sluice.protocols.pulsar import decode_frame
-from sluice.protocols.pulsar.redact import loggable
+from sluice.protocols import registry
 from sluice.recording.format import (
     ReadResult,
     RecordingError,
@@ -71,7 +66,7 @@ class Connection:
     client: str = ""
     via: str = ""  # the balancer whose PROXY header named the client
     broker: str = ""
-    protocol: str = "pulsar"
+    protocol: str = registry.DEFAULT_PROTOCOL
     start_ns: int = 0
     end_ns: int = 0
     frames: int = 0
@@ -155,7 +150,7 @@ class Index:
     target: Path
     files: list[Path] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    protocol: str = "pulsar"
+    protocol: str = registry.DEFAULT_PROTOCOL
     payloads: str = ""
     origin_ns: int = 0  # the first record's monotonic time
     origin_wall_ns: int = 0
@@ -238,7 +233,7 @@ class Index:
             if kind == "header":
                 self.versions[number] = result.version
                 capture = record.get("capture", "")
-                self.protocol = record.get("protocol", "pulsar")
+                self.protocol = record.get("protocol", registry.DEFAULT_PROTOCOL)
                 self.payloads = record.get("payloads", "")
                 by_key = {c.conn: c for c in self.connections if c.capture == capture}
                 continue
@@ -463,29 +458,11 @@ class Index:
         return out
 
     def _decoded(self, raw: bytes, out: dict[str, Any]) -> Any:
-        if self.protocol != "pulsar":
-            text = raw[4:].decode("utf-8", errors="replace")
-            printable = "".join(c if c.isprintable() else "·" for c in text[:2000])
-            return {"text": printable}
-        try:
-            frame = decode_frame(raw)
-        except Exception as exc:  # a recorded invalid frame: its bytes say the rest
-            return {"undecodable": str(exc)}
-        body = loggable(frame)
-        decoded = MessageToDict(body, preserving_proto_field_name=True) if body is not None else {}
-        meta = frame.metadata
-        if meta is not None:
-            out["metadata"] = MessageToDict(meta, preserving_proto_field_name=True)
-            payload = bytes(frame.payload)
-            if payload and "payload" not in out:
-                out["payload"] = {
-                    "size": len(payload),
-                    "sha256": hashlib.sha256(payload).hexdigest(),
-                    "text": payload[:2000].decode("utf-8", errors="replace"),
-                    "base64": base64.b64encode(payload[:2000]).decode(),
-                    "cut": len(payload) > 2000,
-                }
-        return decoded
+        detail = registry.get(self.protocol).detail
+        if detail is not None:
+            return detail(raw, out)
+        text = raw.decode("utf-8", errors="replace")
+        return {"text": "".join(c if c.isprintable() else "·" for c in text[:2000])}
 
     def summary(self) -> dict[str, Any]:
         """Rates per topic, latency histograms per command, the most

@@ -25,7 +25,8 @@ from sluice.protocols.pulsar.decoder import CLOSED, NEED_DATA, FrameDecoder
 from sluice.protocols.pulsar.errors import RemoteProtocolError
 from sluice.protocols.pulsar.frame import BODY_FIELD, PAYLOAD_TYPES, Frame
 from sluice.protocols.pulsar.redact import loggable
-from sluice.recording.format import FrameRecorder, PayloadPolicy
+from sluice.recording.format import PayloadPolicy
+from sluice.recording.pulsar import FrameRecorder
 from tests.fuzz import common
 from tests.fuzz.common import check, chunked
 from tests.test_compiled_frames import assert_same

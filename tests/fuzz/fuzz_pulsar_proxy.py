@@ -57,7 +57,8 @@ from sluice.protocols.pulsar.connection import (
     UpstreamFailure,
 )
 from sluice.protocols.pulsar.urls import parse_broker_url
-from sluice.recording.format import FrameRecorder, PayloadPolicy
+from sluice.recording.format import PayloadPolicy
+from sluice.recording.pulsar import FrameRecorder
 from tests.fuzz.common import check
 
 # Operations.

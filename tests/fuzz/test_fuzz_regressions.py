@@ -16,7 +16,8 @@ from sluice.protocols.pulsar import Frame, command, decode_frame, decode_stream,
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.payload import compress, decompress
 from sluice.protocols.pulsar.redact import loggable
-from sluice.recording.format import FrameRecorder, PayloadPolicy
+from sluice.recording.format import PayloadPolicy
+from sluice.recording.pulsar import FrameRecorder
 from tests.fuzz import fuzz_pulsar_proxy as proxy
 from tests.fuzz.common import HERE
 

@@ -58,7 +58,7 @@ from sluice.protocols.core import (
     TopicTraffic,
 )
 from sluice.protocols.cursus.batch import Batch
-from sluice.protocols.cursus.commands import KNOWN, Command, Stream
+from sluice.protocols.cursus.commands import Command, Stream
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.decoder import FrameDecoder
 from sluice.protocols.cursus.encoder import own_frame, refusal_reply
@@ -75,22 +75,11 @@ from sluice.protocols.faults import (
     FaultAction,
     Faults,
     Pacer,
-    ProtocolFaults,
     Rule,
     flip_last_byte,
 )
 
 log = logging.getLogger("sluice.cursus")
-
-# What fault rules may name for Cursus: its commands and replies, and the
-# ERROR: codes an ``error`` rule answers with (NOT_LEADER first: the
-# "leader moved" recipe).
-CURSUS_FAULTS = ProtocolFaults(
-    "cursus",
-    frozenset(KNOWN) | {"BATCH", "OK", "ERROR", "ACK", "STREAM_CONTROL", "KEEPALIVE", "MESSAGE"},
-    ("NOT_LEADER", "NOT_COORDINATOR", "GEN_MISMATCH", "OFFSET_OUT_OF_RANGE", "decode_failed",
-     "malformed_input", "topic_not_found", "topic_not_assigned_to_group"),
-)  # fmt: skip
 
 
 @dataclass(frozen=True)

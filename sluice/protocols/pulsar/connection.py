@@ -49,7 +49,7 @@ from google.protobuf import text_format
 from sluice import __version__
 from sluice.addresses import Address, AllowList
 from sluice.errors import ConfigError
-from sluice.logs import clipped
+from sluice.logs import LogLimit, clipped
 from sluice.protocols.core import (
     Action,
     Answered,
@@ -73,7 +73,7 @@ from sluice.protocols.core import (
     Tap,
     TopicTraffic,
 )
-from sluice.protocols.faults import FaultAction, Faults, Pacer, ProtocolFaults, Rule
+from sluice.protocols.faults import FaultAction, Faults, Pacer, Rule
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.auth import (
     FAILED,
@@ -115,14 +115,6 @@ _NAMES_BROKERS = frozenset(
 )
 LookupResponse = pb.CommandLookupTopicResponse
 
-# What fault rules may name for Pulsar: its commands, and the ServerError an
-# ``error`` rule answers with (ServiceNotReady, the one clients retry, first).
-PULSAR_FAULTS = ProtocolFaults(
-    "pulsar",
-    frozenset(pb.BaseCommand.Type.keys()),
-    ("ServiceNotReady", *(n for n, _ in pb.ServerError.items() if n != "ServiceNotReady")),
-)
-
 
 class UpstreamFailure(Exception):
     """A broker could not be reached, refused us, or went away; ``error`` is
@@ -140,37 +132,6 @@ class Route:
 
     tls: bool  # its URL was pulsar+ssl://
     via_upstream: bool  # the upstream is itself a proxy and asked to be used
-
-
-class LogLimit:
-    """One warning per key per ``interval`` seconds (on the caller's clock),
-    and at most ``burst`` in all per interval; the rest at debug. What anyone
-    may repeat without credentials must not flood the log. Remembers at most
-    ``keys`` keys, forgetting the oldest."""
-
-    def __init__(self, interval: float = 60.0, burst: int = 20, keys: int = 1_024) -> None:
-        self.interval = interval
-        self.burst = burst
-        self.keys = keys
-        self._last: dict[object, float] = {}
-        self._window = -interval
-        self._count = 0
-
-    def level(self, key: object, now: float) -> int:
-        """The level to log ``key``'s line at, now."""
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval:
-            return logging.DEBUG
-        if now - self._window >= self.interval:
-            self._window, self._count = now, 0
-        if self._count >= self.burst:
-            return logging.DEBUG
-        self._count += 1
-        self._last.pop(key, None)
-        if len(self._last) >= self.keys:
-            del self._last[next(iter(self._last))]
-        self._last[key] = now
-        return logging.WARNING
 
 
 # The most verified identities whose lookup credentials are kept (see

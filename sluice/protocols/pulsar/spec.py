@@ -1,0 +1,173 @@
+"""Pulsar as the registry knows it (``sluice.protocols.registry``)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from sluice.protocols.faults import ProtocolFaults
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.decoder import decode_frame
+from sluice.protocols.pulsar.frame import Frame, command_name
+from sluice.protocols.pulsar.redact import loggable
+from sluice.protocols.pulsar.urls import DEFAULT_PORTS, SCHEMES, parse_broker_url
+from sluice.protocols.registry import Option, ProtocolSpec
+
+# What fault rules may name for Pulsar: its commands, and the ServerError an
+# ``error`` rule answers with (ServiceNotReady, the one clients retry, first).
+PULSAR_FAULTS = ProtocolFaults(
+    "pulsar",
+    frozenset(pb.BaseCommand.Type.keys()),
+    ("ServiceNotReady", *(n for n, _ in pb.ServerError.items() if n != "ServiceNotReady")),
+)
+
+# Request types whose latency is tracked (the answer is matched by the Correlator).
+TIMED_COMMANDS = (
+    "CONNECT",
+    "LOOKUP",
+    "PARTITIONED_METADATA",
+    "PRODUCER",
+    "SUBSCRIBE",
+    "SEND",
+    "GET_SCHEMA",
+    "GET_TOPICS_OF_NAMESPACE",
+    "GET_LAST_MESSAGE_ID",
+    "SEEK",
+    "UNSUBSCRIBE",
+    "CLOSE_PRODUCER",
+    "CLOSE_CONSUMER",
+)
+
+
+# --auth-mode proxy and what goes with it (ProxyConfig's fields of the same names).
+OPTIONS = (
+    Option(
+        ("--auth-mode",),
+        {
+            "dest": "auth_mode",
+            "choices": ["passthrough", "proxy"],
+            "help": "who authenticates clients (default: passthrough)",
+        },
+    ),
+    Option(
+        ("--auth-token-secret-key",),
+        {
+            "dest": "auth_token_secret_key",
+            "type": Path,
+            "metavar": "FILE",
+            "help": "proxy mode: check client tokens (HS256/384/512) with this secret key, the "
+            "file the broker's tokenSecretKey names (at least 32 bytes; default: none)",
+        },
+    ),
+    Option(
+        ("--auth-token-public-key",),
+        {
+            "dest": "auth_token_public_key",
+            "type": Path,
+            "metavar": "FILE",
+            "help": "proxy mode: check client tokens (RS*/PS*/ES*) with this public key (DER "
+            "or PEM; RSA of at least 2048 bits), the file the broker's tokenPublicKey names "
+            "(default: none)",
+        },
+    ),
+    Option(
+        ("--auth-token-role-claim",),
+        {
+            "dest": "auth_token_role_claim",
+            "metavar": "CLAIM",
+            "help": "proxy mode: the token claim that names the role (default: sub)",
+        },
+    ),
+    Option(
+        ("--auth-token-audience",),
+        {
+            "dest": "auth_token_audience",
+            "metavar": "AUDIENCE",
+            "help": "proxy mode: refuse tokens whose aud claim does not name AUDIENCE, as the "
+            "broker's tokenAudience does (default: not checked)",
+        },
+    ),
+    Option(
+        ("--broker-auth-token-file",),
+        {
+            "dest": "broker_auth_token_file",
+            "type": Path,
+            "metavar": "FILE",
+            "help": "proxy mode: Sluice's own token at the broker (a role in its proxyRoles; "
+            "default: none, the --broker-tls-cert certificate is Sluice's credential)",
+        },
+    ),
+    Option(
+        ("--forward-auth-data",),
+        {
+            "dest": "forward_auth_data",
+            "action": "store_true",
+            "help": "proxy mode: also pass the client's credentials on, as original_auth_data "
+            "(lookups share a connection per role and token expiry, whatever the token's "
+            "spelling; default: off)",
+        },
+    ),
+)
+
+
+def decode(raw: bytes, from_client: bool) -> Frame:
+    """A recorded frame, decoded again."""
+    return decode_frame(raw)
+
+
+def detail(raw: bytes, out: dict[str, Any]) -> Any:
+    """A recorded frame decoded for sluice view: its command (credentials
+    out), and its message metadata and payload in ``out``."""
+    try:
+        frame = decode_frame(raw)
+    except Exception as exc:  # a recorded invalid frame: its bytes say the rest
+        return {"undecodable": str(exc)}
+    body = loggable(frame)
+    decoded = MessageToDict(body, preserving_proto_field_name=True) if body is not None else {}
+    meta = frame.metadata
+    if meta is not None:
+        out["metadata"] = MessageToDict(meta, preserving_proto_field_name=True)
+        payload = bytes(frame.payload)
+        if payload and "payload" not in out:
+            out["payload"] = {
+                "size": len(payload),
+                "sha256": hashlib.sha256(payload).hexdigest(),
+                "text": payload[:2000].decode("utf-8", errors="replace"),
+                "base64": base64.b64encode(payload[:2000]).decode(),
+                "cut": len(payload) > 2000,
+            }
+    return decoded
+
+
+PROTOCOL = ProtocolSpec(
+    name="pulsar",
+    title="Pulsar",
+    schemes=SCHEMES,
+    default_port=DEFAULT_PORTS[0],
+    parse_url=parse_broker_url,
+    faults=PULSAR_FAULTS,
+    timed=TIMED_COMMANDS,
+    counted=None,
+    messages=frozenset({"SEND", "MESSAGE"}),
+    command_name=command_name,
+    decode=decode,
+    backend="sluice.proxy.pulsar:make_backend",
+    check_broker="sluice.proxy.pulsar:check_broker",
+    summarizer="sluice.recording.pulsar:FrameRecorder",
+    summaries="sluice.recording.pulsar:FrameSummaries",
+    pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
+    "for other ports use Decode As... > TCP port > PULSAR",
+    options=OPTIONS,
+    options_title="authentication (Pulsar)",
+    options_help="passthrough (the default): the broker authenticates each client with the "
+    "client's own credentials. proxy: Sluice authenticates clients itself, logs in to "
+    "the broker as a role in its proxyRoles, and names the client's role in "
+    "original_principal, so the broker authorizes the client.",
+    detail=detail,
+    replay="sluice.replay.pulsar:replay",
+    serve="sluice.replay.pulsar:serve",
+)

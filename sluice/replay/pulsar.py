@@ -1,0 +1,726 @@
+"""Pulsar's ``sluice replay`` and ``sluice serve`` (the registry names them).
+
+Replay. Every recorded client connection becomes a connection to the target
+(lookup and proxied connections alike; through a proxy, a proxied CONNECT
+names the broker the live lookups named), and its client frames are
+sent in recorded order, deterministic by causality rather than the clock:
+before a client frame goes out, the answers it could have depended on have
+arrived live — every request answer recorded before it on any connection,
+and every broker frame recorded before it on its own connection. Waits are
+bounded (``--timeout``); what never comes is reported as missing, and
+costs one timeout, not one per frame: a connection whose wait ran out is not
+waited on again until it speaks or replay sends anything but an ACK (on any
+connection), and one the broker closed is not waited on at all.
+
+Values the broker chooses are remapped as they become known: message ids
+(receipts, deliveries), generated producer names and schema versions, so
+ACK, SEEK, REDELIVER, readers' start positions and SEND metadata carry the
+live values.
+
+Every broker frame is compared with its recorded counterpart after
+normalisation (message ids, producer names, server version, broker URLs,
+lookup flags a proxy sets, broker timestamps). Exit status: 0 equivalent,
+1 diverged, 2 usage or connection errors.
+
+Serve. A live client connects to Sluice as if to a broker. Lookups point back at
+Sluice itself; every other request is answered with what the broker answered
+in the recording, matched by command type, topic and order, with the live
+client's request, producer, consumer and sequence ids put in. Recorded
+MESSAGE frames are pushed to consumers of the same topic and subscription
+as FLOW permits allow. A request the recording has no answer for gets an
+ERROR saying so and is listed in the report printed on exit.
+
+It only listens: no outbound connection is ever opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import collections.abc
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from google.protobuf import text_format
+
+from sluice.addresses import Address
+from sluice.errors import ConfigError
+from sluice.protocols.pulsar import (
+    Frame,
+    ProtocolError,
+    Type,
+    command,
+    encode,
+    encode_payload,
+    error_reply,
+    pb,
+)
+from sluice.protocols.pulsar.correlation import Correlator, answer_key
+from sluice.protocols.pulsar.redact import loggable
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.dial import (
+    TlsClientConfig,
+    client_ssl_context,
+    dial,
+)
+from sluice.proxy.pulsar import FrameStream
+from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
+from sluice.replay.outcome import Outcome, Report
+from sluice.replay.replay import ReplayError, parse_speed
+from sluice.replay.serve import Listening, announce, until_signalled
+
+T = Type.Value
+Key = tuple[Any, ...]
+_PUSH_BY_ID: dict[int, str] = {
+    T("CLOSE_PRODUCER"): "producer_id",
+    T("CLOSE_CONSUMER"): "consumer_id",
+    T("ACTIVE_CONSUMER_CHANGE"): "consumer_id",
+    T("REACHED_END_OF_TOPIC"): "consumer_id",
+}
+_IGNORED = {T("PING"), T("PONG")}
+
+
+class Keyer:
+    """Gives each broker frame of one connection its pairing key."""
+
+    def __init__(self) -> None:
+        self._counts: collections.Counter[Key] = collections.Counter()
+        # (consumer id, message id) of every MESSAGE so far on this connection.
+        self._delivered: set[tuple[int, int, int, int, int]] = set()
+
+    def __call__(self, frame: Frame) -> Key | None:
+        t = frame.type
+        if t in _IGNORED:
+            return None
+        body: Any = frame.body
+        if body is None:
+            return self._nth(("raw", t))
+        if t == T("CONNECTED"):
+            return ("CONNECTED",)
+        if t in _PUSH_BY_ID:
+            return self._nth((t, getattr(body, _PUSH_BY_ID[t])))
+        answers = answer_key(frame)  # the correlator's own matching rule
+        if answers is not None:
+            # The chunks of a chunked message share one sequence id: receipts
+            # pair with sends by order within it.
+            return self._nth(answers) if answers[0] == "send" else answers
+        if t == T("MESSAGE"):
+            mid = body.message_id
+            seen = (body.consumer_id, mid.ledgerId, mid.entryId, mid.partition, mid.batch_index)
+            if seen in self._delivered:
+                # Sent to this consumer before: a redelivery. Whether and when a
+                # broker redelivers depends on timing (pulsar-lite does it under
+                # load), so redeliveries are counted apart from the deliveries
+                # paired by order, and nothing waits for them.
+                return self._nth((AGAIN, body.consumer_id))
+            self._delivered.add(seen)
+            return self._nth(("msg", body.consumer_id))
+        return self._nth((t,))
+
+    def _nth(self, base: Key) -> Key:
+        self._counts[base] += 1
+        return (*base, self._counts[base])
+
+
+AGAIN = "again"  # the first element of a redelivered MESSAGE's key
+
+
+def is_answer(key: Key) -> bool:
+    return key[0] in ("rid", "send", "CONNECTED")
+
+
+# --- normalisation -------------------------------------------------------------
+
+
+def _clear_ids(message: Any) -> None:
+    """Blank every ledger/entry id inside ``message`` (they differ per broker)."""
+    for descriptor, value in message.ListFields():
+        if descriptor.message_type is None:
+            continue
+        items = value if descriptor.is_repeated else [value]
+        for item in items:
+            if descriptor.message_type.name == "MessageIdData":
+                item.ledgerId = 0
+                item.entryId = 0
+            _clear_ids(item)
+
+
+def normalise(frame: Frame) -> str:
+    """A frame as comparable text: broker-chosen values blanked."""
+    if frame.command is None:
+        return f"{frame.name} <{len(frame.raw)} bytes>"
+    cmd = pb.BaseCommand()
+    body_source = loggable(frame)  # never put credentials in a transcript
+    cmd.type = frame.command.type
+    from sluice.protocols.pulsar.frame import BODY_FIELD
+
+    field_name = BODY_FIELD[frame.type]
+    body: Any = getattr(cmd, field_name)
+    if body_source is not None:
+        body.CopyFrom(body_source)
+    t = frame.type
+    _clear_ids(cmd)
+    if t == T("CONNECTED"):
+        body.ClearField("server_version")
+        body.ClearField("protocol_version")
+        body.ClearField("max_message_size")
+        body.ClearField("feature_flags")
+    elif t == T("PRODUCER_SUCCESS"):
+        body.producer_name = "<producer>"
+        body.ClearField("schema_version")
+    elif t == T("LOOKUP_RESPONSE"):
+        # Which URL fields are set is a proxy's choice (Sluice sets both).
+        named = body.HasField("brokerServiceUrl") or body.HasField("brokerServiceUrlTls")
+        body.ClearField("brokerServiceUrlTls")
+        body.ClearField("brokerServiceUrl")
+        if named:
+            body.brokerServiceUrl = "<broker>"
+        body.ClearField("proxy_through_service_url")
+        body.ClearField("authoritative")
+    elif t == T("PRODUCER") and not body.user_provided_producer_name:
+        body.ClearField("producer_name")
+    text = text_format.MessageToString(cmd, as_one_line=True)
+    meta = frame.metadata
+    if meta is not None:
+        m = pb.MessageMetadata()
+        m.CopyFrom(meta)
+        m.producer_name = "<producer>"
+        m.ClearField("schema_version")
+        text += " | " + text_format.MessageToString(m, as_one_line=True)
+        text += f" | payload sha256:{hashlib.sha256(frame.payload).hexdigest()[:16]}"
+    return text
+
+
+# --- remapping -------------------------------------------------------------------
+
+
+@dataclass
+class Remap:
+    message_ids: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    producer_names: dict[str, str] = field(default_factory=dict)
+    schema_versions: dict[bytes, bytes] = field(default_factory=dict)
+    # Recorded broker address -> the live one, from lookup answers that said
+    # ``proxy_through_service_url``: --broker is a proxy (Pulsar's or Sluice).
+    proxied_brokers: dict[Address, Address] = field(default_factory=dict)
+
+    def learn(self, recorded: Frame, live: Frame) -> None:
+        r: Any = recorded.body
+        l_: Any = live.body
+        if r is None or l_ is None or recorded.type != live.type:
+            return
+        for name in ("message_id", "last_message_id"):
+            if name in r.DESCRIPTOR.fields_by_name and r.HasField(name) and l_.HasField(name):
+                a, b = getattr(r, name), getattr(l_, name)
+                self.message_ids[(a.ledgerId, a.entryId)] = (b.ledgerId, b.entryId)
+        if recorded.type == T("LOOKUP_RESPONSE") and l_.proxy_through_service_url:
+            for name in ("brokerServiceUrl", "brokerServiceUrlTls"):
+                if r.HasField(name) and l_.HasField(name):
+                    self.proxied_brokers[_address(getattr(r, name))] = _address(getattr(l_, name))
+        if recorded.type == T("PRODUCER_SUCCESS"):
+            self.producer_names[r.producer_name] = l_.producer_name
+            if r.HasField("schema_version"):
+                self.schema_versions[r.schema_version] = l_.schema_version
+
+    def _ids(self, message: Any) -> bool:
+        changed = False
+        for descriptor, value in message.ListFields():
+            if descriptor.message_type is None:
+                continue
+            for item in value if descriptor.is_repeated else [value]:
+                if descriptor.message_type.name == "MessageIdData":
+                    live = self.message_ids.get((item.ledgerId, item.entryId))
+                    if live is not None and live != (item.ledgerId, item.entryId):
+                        item.ledgerId, item.entryId = live
+                        changed = True
+                changed |= self._ids(item)
+        return changed
+
+    def client_frame(self, frame: Frame) -> bytes:
+        """The bytes to send for a recorded client frame, with live values."""
+        if frame.command is None:
+            return frame.raw
+        cmd = pb.BaseCommand()
+        cmd.CopyFrom(frame.command)
+        changed = self._ids(cmd)
+        body: Any = frame.body and getattr(cmd, cmd.DESCRIPTOR.fields_by_number[frame.type].name)
+        if frame.type == T("CONNECT") and body.HasField("proxy_to_broker_url"):
+            # Through a proxy: the broker its lookups named live. Straight to
+            # a broker: none (a broker would take it for a proxy's CONNECT).
+            live = self.proxied_brokers.get(_address(body.proxy_to_broker_url))
+            if live is None:
+                body.ClearField("proxy_to_broker_url")
+            else:
+                body.proxy_to_broker_url = str(live)  # host:port, as clients send it
+            changed = True
+        if frame.type == T("PRODUCER") and body.producer_name in self.producer_names:
+            body.producer_name = self.producer_names[body.producer_name]
+            changed = True
+        meta = frame.metadata
+        if meta is not None:
+            new_meta = pb.MessageMetadata()
+            new_meta.CopyFrom(meta)
+            if meta.producer_name in self.producer_names:
+                new_meta.producer_name = self.producer_names[meta.producer_name]
+            if meta.HasField("schema_version") and meta.schema_version in self.schema_versions:
+                new_meta.schema_version = self.schema_versions[meta.schema_version]
+            if changed or new_meta != meta:
+                return encode_payload(
+                    cmd,
+                    new_meta,
+                    bytes(frame.payload),
+                    checksum=frame.checksum is not None,
+                    max_message_size=2**31 - 1,
+                )
+            return frame.raw
+        return encode(cmd, max_message_size=2**31 - 1) if changed else frame.raw
+
+
+def _address(url: str) -> Address:
+    """A broker URL's or a bare ``host:port``'s address (host lowercased)."""
+    try:
+        parsed = parse_broker_url(url)
+    except ConfigError:
+        return Address(url, 0)  # never equal to a real one
+    return Address(parsed.host.lower(), parsed.port)
+
+
+# --- the run -----------------------------------------------------------------------
+
+
+class Live:
+    """One live connection standing in for a recorded one."""
+
+    def __init__(self, recorded: RecordedConnection, stream: FrameStream) -> None:
+        self.recorded = recorded
+        self.stream = stream
+        self.keyer = Keyer()
+        self.arrived: dict[Key, Frame] = {}
+        self.events: dict[Key, trio.Event] = collections.defaultdict(trio.Event)
+        self.unexpected: list[Frame] = []
+        self.redelivered = 0  # live redeliveries, counted, not compared
+        self.last_arrival = trio.current_time()
+        self.ended = False  # the broker closed it (or it broke): nothing more will come
+        # A wait on it ran out, and since then nothing has come on it and
+        # nothing has been sent that could make the broker speak (``stir``).
+        self.quiet = False
+        self._waiting: trio.CancelScope | None = None
+        self.expected: dict[Key, RecordedFrame] = {}
+        keyer = Keyer()
+        self.keys: dict[int, Key] = {}  # recorded frame index -> key
+        for rf in recorded.frames:
+            if not rf.from_client:
+                key = keyer(rf.frame)
+                if key is not None:
+                    self.keys[rf.index] = key
+                    if key[0] != AGAIN:
+                        self.expected[key] = rf
+
+    async def read(self, remap: Remap) -> None:
+        try:
+            while (frame := await self.stream.receive_frame()) is not None:
+                if frame.type == T("PING"):
+                    await self.stream.send(encode(command(T("PONG"))))
+                    continue
+                self.quiet = False
+                key = self.keyer(frame)
+                if key is None:
+                    continue
+                if key[0] == AGAIN:
+                    self.redelivered += 1
+                elif key in self.expected and key not in self.arrived:
+                    self.last_arrival = trio.current_time()
+                    self.arrived[key] = frame
+                    remap.learn(self.expected[key].frame, frame)
+                    self.events[key].set()
+                else:
+                    self.unexpected.append(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
+            pass
+        finally:
+            self.ended = True
+            if self._waiting is not None:
+                self._waiting.cancel()
+
+    async def wait(self, key: Key, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the broker frame ``key``, less if the
+        connection ends meanwhile; whether it has come."""
+        event = self.events[key]
+        if not event.is_set() and not self.ended:
+            with trio.move_on_after(timeout) as self._waiting:
+                await event.wait()
+            self._waiting = None
+        return event.is_set()
+
+
+def stir(lives: collections.abc.Iterable[Live], sent: Frame) -> None:
+    """A client frame went out. Anything but an acknowledgement (which the
+    broker does not answer) may make the broker speak again, on any
+    connection (a SEND on one is a MESSAGE on another): waits are worth
+    their timeout again everywhere."""
+    if sent.type != T("ACK"):
+        for live in lives:
+            live.quiet = False
+
+
+async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]]:
+    recording = load(args.recording)
+    broker = parse_broker_url(args.broker, what="--broker")
+    tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if broker.tls else None
+    speed = parse_speed(args.speed)
+    remap = Remap()
+    outcome = Outcome(truncated=recording.truncated)
+    lives: dict[tuple[str, int], Live] = {}
+    client_frames = sorted(
+        ((conn, rf) for conn in recording.connections for rf in conn.frames if rf.from_client),
+        key=lambda item: item[1].index,
+    )
+    # Every broker frame, by capture position, to know what preceded a client frame.
+    broker_frames = sorted(
+        ((conn, rf) for conn in recording.connections for rf in conn.frames if not rf.from_client),
+        key=lambda item: item[1].index,
+    )
+    say(
+        f"replaying {len(recording.connections)} connections, {len(client_frames)} client frames "
+        f"against {broker}"
+    )
+    started = time.monotonic()
+    async with trio.open_nursery() as nursery:
+        waited = 0
+        previous_ns: int | None = None
+        for done, (conn, rf) in enumerate(client_frames, start=1):
+            live = lives.get(conn.key)
+            if live is None:
+                try:
+                    raw = await dial(broker.address, timeout=args.timeout, tls=tls)
+                except OSError as exc:
+                    raise ReplayError(f"cannot reach broker {broker.address}: {exc}") from None
+                live = Live(conn, FrameStream(raw, 2**31 - 1))
+                lives[conn.key] = live
+                nursery.start_soon(live.read, remap)
+            # Wait for what this frame could have depended on.
+            while waited < len(broker_frames) and broker_frames[waited][1].index < rf.index:
+                dep_conn, dep = broker_frames[waited]
+                waited += 1
+                dep_live = lives.get(dep_conn.key)
+                key = dep_live.keys.get(dep.index) if dep_live else None
+                if dep_live is None or key is None or key[0] == AGAIN:
+                    continue
+                if dep_conn.key != conn.key and not is_answer(key):
+                    continue
+                if dep_live.quiet:
+                    continue  # silent since a wait ran out: this will not come either
+                if not await dep_live.wait(key, args.timeout) and not dep_live.ended:
+                    outcome.waits_timed_out += 1
+                    dep_live.quiet = True
+            if speed and previous_ns is not None:
+                await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
+            previous_ns = rf.wall_ns
+            try:
+                await live.stream.send(remap.client_frame(rf.frame))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                say(f"{conn.name}: the broker closed the connection")
+            stir(lives.values(), rf.frame)
+            outcome.sent += 1
+            if done % 500 == 0:
+                say(
+                    f"{done}/{len(client_frames)} client frames sent "
+                    f"({time.monotonic() - started:.1f} s)"
+                )
+        await _the_rest(list(lives.values()), args.timeout)
+        await trio.sleep(0.2)  # a moment for anything unexpected
+        for live in lives.values():
+            await live.stream.aclose()
+        nursery.cancel_scope.cancel()
+    return outcome, compare(recording.connections, lives, outcome)
+
+
+async def _the_rest(lives: list[Live], timeout: float) -> None:
+    """Wait for the broker frames still expected after the last client frame,
+    until all have come or none has for ``timeout`` seconds: frames that
+    never come cost one timeout in all, not one each."""
+    for live in lives:
+        for key in live.expected:
+            while not await live.wait(key, timeout):
+                if live.ended:
+                    break  # nothing more comes on this one
+                quiet = trio.current_time() - max(other.last_arrival for other in lives)
+                if quiet >= timeout:
+                    return
+
+
+def compare(
+    connections: list[RecordedConnection], lives: dict[tuple[str, int], Live], outcome: Outcome
+) -> list[str]:
+    transcript: list[str] = []
+    for conn in connections:
+        live = lives.get(conn.key)
+        faults = list(conn.faults)
+        for rf in conn.frames:
+            # Injected when recorded: kept in the transcript next to the frames
+            # they touched, so their anomalies are not taken for the broker's.
+            while faults and faults[0].index <= rf.index + 1:
+                transcript.append(f"{conn.name} ~~~ {faults.pop(0).describe()} (when recorded)")
+                outcome.faults += 1
+            arrow = "C→B" if rf.from_client else "B→C"
+            if rf.from_client:
+                transcript.append(f"{conn.name} {arrow} {normalise(rf.frame)}")
+                continue
+            key = live.keys.get(rf.index) if live else None
+            if key is None:
+                continue
+            if key[0] == AGAIN:
+                outcome.redelivered_recorded += 1
+                transcript.append(
+                    f"{conn.name} {arrow} REDELIVERED WHEN RECORDED {normalise(rf.frame)}"
+                )
+                continue
+            got = live.arrived.get(key) if live else None
+            if got is None:
+                outcome.missing.append((conn.name, normalise(rf.frame)))
+                transcript.append(f"{conn.name} {arrow} MISSING {normalise(rf.frame)}")
+                continue
+            recorded_text, live_text = normalise(rf.frame), normalise(got)
+            transcript.append(f"{conn.name} {arrow} {live_text}")
+            if recorded_text == live_text:
+                outcome.matched += 1
+            else:
+                outcome.diverged.append((conn.name, rf.frame.name, recorded_text, live_text))
+        outcome.redelivered_live += live.redelivered if live else 0
+        for frame in live.unexpected if live else []:
+            outcome.unexpected.append((conn.name, normalise(frame)))
+            transcript.append(f"{conn.name} B→C UNEXPECTED {normalise(frame)}")
+    return transcript
+
+
+_ANSWERED_BY_SUCCESS = {T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("UNSUBSCRIBE"), T("SEEK")}
+
+
+@dataclass
+class Answers:
+    """The recording, indexed by what a live client will ask."""
+
+    by_request: dict[tuple[int, str], collections.deque[Frame]] = field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    last: dict[tuple[int, str], Frame] = field(default_factory=dict)
+    receipts: dict[str, collections.deque[Frame]] = field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    messages: dict[tuple[str, str], list[Frame]] = field(
+        default_factory=lambda: collections.defaultdict(list)
+    )
+
+    @classmethod
+    def of(cls, recording: Recording) -> Answers:
+        """Pair every recorded answer with its request (the one Correlator does
+        the pairing) and file it under what a live client will ask."""
+        index = cls()
+        for conn in recording.connections:
+            correlator = Correlator()
+            subscriptions: dict[int, tuple[str, str]] = {}
+            for rf in conn.frames:
+                frame = rf.frame
+                body: Any = frame.body
+                if body is None:
+                    continue
+                if rf.from_client and frame.type == T("SUBSCRIBE"):
+                    subscriptions[body.consumer_id] = (body.topic, body.subscription)
+                done = correlator.observe(frame, rf.from_client, 0.0)
+                if rf.from_client:
+                    continue
+                if frame.type == T("MESSAGE"):
+                    if body.consumer_id in subscriptions:
+                        index.messages[subscriptions[body.consumer_id]].append(frame)
+                    continue
+                if done is None:
+                    continue
+                if done.request_type == T("SEND"):
+                    index.receipts[done.topic or ""].append(frame)
+                    continue
+                if done.request is None:
+                    continue
+                asked = (done.request_type, done.topic or _namespace(done.request))
+                index.by_request[asked].append(frame)
+                index.last[asked] = frame
+        return index
+
+    def answer(self, asked: tuple[int, str]) -> Frame | None:
+        """The next recorded answer to this kind of request (the last one again when used up)."""
+        queue = self.by_request.get(asked)
+        if queue:
+            return queue.popleft()
+        return self.last.get(asked)
+
+
+def _topic_of(
+    t: int, body: Any, producers: dict[int, str], consumers: dict[int, tuple[str, str]]
+) -> str:
+    fields = body.DESCRIPTOR.fields_by_name
+    if "topic" in fields:
+        return str(body.topic)
+    if "namespace" in fields:
+        return str(body.namespace)
+    if "producer_id" in fields:
+        return producers.get(body.producer_id, "")
+    if "consumer_id" in fields:
+        return consumers.get(body.consumer_id, ("", ""))[0]
+    return ""
+
+
+def _namespace(request: Frame) -> str:
+    body: Any = request.body
+    return str(body.namespace) if "namespace" in body.DESCRIPTOR.fields_by_name else ""
+
+
+def _with(frame: Frame, **changes: Any) -> bytes:
+    """A recorded frame re-encoded with some body fields replaced."""
+    assert frame.command is not None
+    cmd = pb.BaseCommand()
+    cmd.CopyFrom(frame.command)
+    body: Any = getattr(cmd, cmd.DESCRIPTOR.fields_by_number[frame.type].name)
+    for name, value in changes.items():
+        setattr(body, name, value)
+    if frame.metadata is None:
+        return encode(cmd, max_message_size=2**31 - 1)
+    meta = frame.raw[frame.metadata_offset + 4 : frame.payload_offset]
+    return encode_payload(
+        cmd,
+        meta,
+        bytes(frame.payload),
+        checksum=frame.checksum is not None,
+        max_message_size=2**31 - 1,
+    )
+
+
+class Consumer:
+    def __init__(self, topic: str, messages: list[Frame]) -> None:
+        self.topic = topic
+        self.queue = collections.deque(messages)
+        self.permits = 0
+
+
+class StubBroker:
+    """Lookups point at ``url`` and ``url_tls`` (either may be empty)."""
+
+    def __init__(self, answers: Answers, url: str, url_tls: str = "") -> None:
+        self.answers = answers
+        self.url = url
+        self.url_tls = url_tls
+        self.report = Report()
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        conn = FrameStream(stream, 2**31 - 1)
+        producers: dict[int, str] = {}
+        consumers: dict[int, Consumer] = {}
+        try:
+            while (frame := await conn.receive_frame()) is not None:
+                reply = self._answer(frame, producers, consumers)
+                if reply:
+                    await conn.send(reply)
+                if frame.type in (T("FLOW"), T("SUBSCRIBE")):
+                    await self._push(conn, consumers)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
+            pass
+
+    def _answer(
+        self, frame: Frame, producers: dict[int, str], consumers: dict[int, Consumer]
+    ) -> bytes:
+        body: Any = frame.body
+        t = frame.type
+        if body is None:
+            return b""
+        if t == T("CONNECT"):
+            connected = pb.CommandConnected(
+                server_version="sluice-serve", protocol_version=min(body.protocol_version, 21)
+            )
+            return encode(command(T("CONNECTED"), connected))
+        if t == T("PING"):
+            return encode(command(T("PONG")))
+        if t in (T("PONG"), T("ACK")) and not (t == T("ACK") and body.HasField("request_id")):
+            return b""
+        if t == T("FLOW"):
+            if body.consumer_id in consumers:
+                consumers[body.consumer_id].permits += body.messagePermits
+            return b""
+        if t == T("REDELIVER_UNACKNOWLEDGED_MESSAGES"):
+            return b""
+        self.report.requests += 1
+        if t == T("SEND"):
+            return self._send(frame, producers)
+        consumer_topics = {cid: (c.topic, "") for cid, c in consumers.items()}
+        topic = _topic_of(t, body, producers, consumer_topics)
+        if t == T("LOOKUP"):
+            recorded = self.answers.answer((t, body.topic))
+            if (
+                recorded is not None
+                and recorded.body.response == pb.CommandLookupTopicResponse.Failed
+            ):
+                return _with(recorded, request_id=body.request_id)
+            answer = pb.CommandLookupTopicResponse(request_id=body.request_id, authoritative=True)
+            if self.url:
+                answer.brokerServiceUrl = self.url
+            if self.url_tls:
+                answer.brokerServiceUrlTls = self.url_tls
+            answer.response = answer.Connect
+            return encode(command(T("LOOKUP_RESPONSE"), answer))
+        recorded = self.answers.answer((t, topic))
+        if recorded is None and t in _ANSWERED_BY_SUCCESS:
+            return encode(command(T("SUCCESS"), pb.CommandSuccess(request_id=body.request_id)))
+        if recorded is None:
+            return self._unmatched(frame, f"{frame.name} {topic}".strip())
+        if t == T("PRODUCER"):
+            producers[body.producer_id] = body.topic
+        elif t == T("SUBSCRIBE") and recorded.type == T("SUCCESS"):
+            recorded_messages = self.answers.messages.get((body.topic, body.subscription), [])
+            consumers[body.consumer_id] = Consumer(body.topic, recorded_messages)
+        changes: dict[str, Any] = {"request_id": body.request_id}
+        if t == T("ACK"):
+            changes["consumer_id"] = body.consumer_id
+        return _with(recorded, **changes)
+
+    def _send(self, frame: Frame, producers: dict[int, str]) -> bytes:
+        body: Any = frame.body
+        topic = producers.get(body.producer_id, "")
+        queue = self.answers.receipts.get(topic)
+        if not queue:
+            return self._unmatched(frame, f"SEND {topic} (no more recorded receipts)")
+        recorded = queue.popleft()
+        changes = {"producer_id": body.producer_id, "sequence_id": body.sequence_id}
+        if recorded.type == T("SEND_RECEIPT") and body.HasField("highest_sequence_id"):
+            changes["highest_sequence_id"] = body.highest_sequence_id
+        return _with(recorded, **changes)
+
+    def _unmatched(self, frame: Frame, what: str) -> bytes:
+        self.report.unmatched.append(what)
+        message = f"sluice serve: the recording has no answer for {what}"
+        reply = error_reply(frame, pb.UnknownError, message)
+        return reply.raw if reply is not None else b""
+
+    async def _push(self, conn: FrameStream, consumers: dict[int, Consumer]) -> None:
+        for consumer_id, consumer in consumers.items():
+            out = []
+            while consumer.queue and consumer.permits > 0:
+                message = consumer.queue.popleft()
+                meta = message.metadata
+                consumer.permits -= meta.num_messages_in_batch if meta is not None else 1
+                out.append(_with(message, consumer_id=consumer_id))
+            if out:
+                self.report.pushed += len(out)
+                await conn.send(b"".join(out))
+
+
+async def serve(recording: Path, listening: Listening) -> Report:
+    """Answer Pulsar clients from ``recording`` until SIGINT or SIGTERM."""
+    answers = Answers.of(load(recording))
+    listeners, plain, tls = await listening.open()
+    stub = StubBroker(
+        answers, f"pulsar://{plain}" if plain else "", f"pulsar+ssl://{tls}" if tls else ""
+    )
+    urls = " and ".join(url for url in (stub.url, stub.url_tls) if url)
+    announce(f"a broker on {urls}", recording)
+    await until_signalled(stub.handle, listeners)
+    return stub.report
