@@ -32,6 +32,7 @@ from sluice.protocols.http import (
     Redirects,
     answer_headers,
     forward_headers,
+    head_size,
     header,
     is_topic_lookup,
     request_kind,
@@ -211,19 +212,12 @@ class HttpRelay:
                 with trio.move_on_after(self.config.http_idle_timeout) as idle:
                     event = await self._next(conn, stream)
             except h11.RemoteProtocolError as exc:
-                too_large = exc.error_status_hint == 431
-                await self._refuse(
-                    conn,
-                    stream,
-                    Refusal(
-                        431 if too_large else 400,
-                        "header_too_large" if too_large else "malformed",
-                        f"request header larger than {self.config.http_max_header} bytes "
-                        "(--http-max-header)"
-                        if too_large
-                        else f"malformed HTTP request: {exc}",
-                    ),
+                refusal = (
+                    self._header_too_large()
+                    if exc.error_status_hint == 431
+                    else Refusal(400, "malformed", f"malformed HTTP request: {exc}")
                 )
+                await self._refuse(conn, stream, refusal)
                 return
             if idle.cancelled_caught:
                 if conn.their_state is h11.IDLE and not conn.trailing_data[0]:
@@ -240,11 +234,24 @@ class HttpRelay:
                 return
             if not isinstance(event, h11.Request):
                 return  # ConnectionClosed
+            if head_size(event.method, event.target, event.headers) > self.config.http_max_header:
+                # h11 bounds a head still arriving; one that came whole in a
+                # read is measured here.
+                await self._refuse(conn, stream, self._header_too_large())
+                return
             await self._exchange(conn, stream, event, upstreams)
             try:
                 conn.start_next_cycle()
             except h11.LocalProtocolError:
                 return  # either side asked to close, or the body was not read
+
+    def _header_too_large(self) -> Refusal:
+        return Refusal(
+            431,
+            "header_too_large",
+            f"request line and headers larger than "
+            f"{self.config.http_max_header} bytes (--http-max-header)",
+        )
 
     async def _next(self, conn: h11.Connection, stream: trio.abc.Stream) -> h11.Event:
         while True:

@@ -3,7 +3,7 @@
 h11 parses and writes HTTP on both sides (``sluice/proxy/http.py`` runs it
 on trio streams); what is decided here takes values and returns values:
 
-- ``request_kind``: what a request is for (a metric label).
+- ``request_kind``: what a request is for (a metric label); ``head_size``.
 - ``forward_headers`` / ``answer_headers``: the headers passed on, less the
   hop-by-hop ones (each hop frames its own message).
 - ``parse_http_url``: ``--broker-http`` and the URLs brokers name.
@@ -97,6 +97,12 @@ def answer_headers(headers: Iterable[tuple[bytes, bytes]], length: int | None = 
         return kept
     return [*((n, v) for n, v in kept if n.lower() != b"content-length"),
             (b"content-length", str(length).encode())]  # fmt: skip
+
+
+def head_size(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """About the bytes of a request's line and headers, as parsed (the
+    limit a head that arrived whole in one read is held to)."""
+    return len(method) + len(target) + 12 + sum(len(n) + len(v) + 4 for n, v in headers)
 
 
 def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
