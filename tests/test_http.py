@@ -28,8 +28,22 @@ from pathlib import Path
 
 import pytest
 
+from sluice.addresses import Address
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.embedded import free_port, wait_for_port
+from sluice.errors import ConfigError
+from sluice.protocols.http import (
+    Hop,
+    HttpUrl,
+    RedirectError,
+    Redirects,
+    answer_headers,
+    forward_headers,
+    is_topic_lookup,
+    parse_http_url,
+    request_kind,
+    rewrite_lookup,
+)
 from tests.support import ProxyProcess, start_proxy
 from tests.test_apache_pulsar import sluice
 from tests.test_dashboards import scrape
@@ -399,3 +413,137 @@ def test_proxy_mode_auth_is_refused_with_http(apache_pulsar: ApachePulsar, tmp_p
         "sluice proxy: --http-listen with --auth-mode proxy: HTTP proxy-mode auth is not "
         "supported yet (the HTTP listener passes the client's Authorization through)"
     ]
+
+
+class KeepAlive(http.server.ThreadingHTTPServer):
+    """A web service that keeps connections alive, then closes one idle
+    for 0.3 s (as a broker's Jetty does after its idle timeout)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.closed = threading.Semaphore(0)
+        super().__init__(("127.0.0.1", 0), _KeepAliveHandler)
+
+
+class _KeepAliveHandler(http.server.BaseHTTPRequestHandler):
+    server: KeepAlive
+    protocol_version = "HTTP/1.1"
+    timeout = 0.3
+
+    def do_GET(self) -> None:
+        self.server.requests += 1
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def finish(self) -> None:
+        super().finish()
+        self.server.closed.release()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_kept_broker_connection_closed_meanwhile_is_replaced(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    server = KeepAlive()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    web = start_web_proxy(apache_pulsar, tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
+    connection = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    try:
+        connection.request("GET", "/admin/v2/clusters")
+        assert connection.getresponse().read() == b"ok"
+        assert server.closed.acquire(timeout=10), "the server kept Sluice's connection open"
+        connection.request("GET", "/admin/v2/clusters")
+        answer = connection.getresponse()
+        assert (answer.status, answer.read()) == (200, b"ok")
+        assert server.requests == 2
+    finally:
+        connection.close()
+        web.proxy.kill()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert "Traceback" not in web.proxy.log()
+
+
+# --- the decisions, sans-I/O ------------------------------------------------------
+
+
+def test_request_kinds() -> None:
+    assert request_kind(b"/admin/v2/tenants") == "admin"
+    assert request_kind(b"/admin/v3/functions/a/b/c") == "admin"
+    assert request_kind(b"/admin?x") == "admin"
+    assert request_kind(b"/administrator") == "other"
+    assert request_kind(b"/lookup/v2/topic/persistent/a/b/c") == "lookup"
+    assert request_kind(b"/ws/v2/producer/persistent/a/b/c") == "websocket"
+    assert request_kind(b"/metrics") == "other"
+    assert is_topic_lookup(b"GET", b"/lookup/v2/topic/non-persistent/a/b/c?authoritative=false")
+    assert not is_topic_lookup(b"PUT", b"/lookup/v2/topic/persistent/a/b/c")
+    assert not is_topic_lookup(b"GET", b"/lookup/v2/namespace/a/b")
+
+
+def test_hop_by_hop_headers_stay_behind() -> None:
+    sent = forward_headers(
+        [(b"Host", b"sluice:8080"), (b"Connection", b"keep-alive, X-Secret-Hop"),
+         (b"X-Secret-Hop", b"1"), (b"Authorization", b"Bearer t"), (b"Expect", b"100-continue"),
+         (b"Transfer-Encoding", b"chunked"), (b"Accept", b"*/*")],
+        b"broker:8080",
+    )  # fmt: skip
+    assert sent == [(b"host", b"broker:8080"), (b"Authorization", b"Bearer t"),
+                    (b"Accept", b"*/*")]  # fmt: skip
+    answered = answer_headers([(b"Content-Length", b"10"), (b"Keep-Alive", b"timeout=5"),
+                               (b"Content-Type", b"application/json")], length=4)  # fmt: skip
+    assert answered == [(b"Content-Type", b"application/json"), (b"content-length", b"4")]
+
+
+def test_broker_http_urls() -> None:
+    assert parse_http_url("http://broker:8080") == HttpUrl(Address("broker", 8080), False)
+    assert parse_http_url("https://broker") == HttpUrl(Address("broker", 443), True)
+    assert str(parse_http_url("http://[::1]:8080/")) == "http://[::1]:8080"
+    for bad in ("pulsar://broker:6650", "broker:8080", "http://", "http://u:p@broker:8080",
+                "http://broker:x"):  # fmt: skip
+        with pytest.raises(ConfigError):
+            parse_http_url(bad, what="--broker-http")
+
+
+def test_redirects_followed_and_refused() -> None:
+    first = Hop(parse_http_url("http://a:8080"), b"/admin/v2/x")
+    allowed = {"a", "b"}
+    chain = Redirects(first, 2, lambda url: url.address.host in allowed)
+    assert chain.follow(200, []) is None
+    assert chain.follow(302, [(b"location", b"http://b:8080/y")]) is None  # method may change
+    assert chain.follow(307, []) is None
+    assert chain.follow(307, [(b"location", b"http://elsewhere:8080/y")]) is None
+    hop = chain.follow(307, [(b"Location", b"http://b:8080/admin/v2/x?authoritative=true")])
+    assert hop == Hop(parse_http_url("http://b:8080"), b"/admin/v2/x?authoritative=true")
+    relative = chain.follow(308, [(b"location", b"/admin/v2/z")])
+    assert relative == Hop(parse_http_url("http://b:8080"), b"/admin/v2/z")
+    assert chain.followed == 2
+    with pytest.raises(RedirectError, match="more than 2 redirects"):
+        chain.follow(307, [(b"location", b"http://a:8080/admin/v2/w")])
+    loop = Redirects(first, 5, lambda url: True)
+    loop.follow(307, [(b"location", b"http://b:8080/q")])
+    with pytest.raises(RedirectError, match="redirect loop"):
+        loop.follow(307, [(b"location", b"http://a:8080/admin/v2/x")])
+
+
+def test_lookup_rewrite() -> None:
+    answer = json.dumps({
+        "brokerUrl": "pulsar://b1:6650", "brokerUrlTls": "pulsar+ssl://b1:6651",
+        "httpUrl": "http://b1:8080", "httpUrlTls": "https://b1:8443", "nativeUrl": "x",
+    }).encode()  # fmt: skip
+    done = rewrite_lookup(answer, http="http://sluice:8080", https=None,
+                          routes={"pulsar://b1:6650": "pulsar://sluice:7001"})  # fmt: skip
+    assert done.body is not None
+    assert json.loads(done.body) == {
+        "brokerUrl": "pulsar://sluice:7001", "brokerUrlTls": "pulsar+ssl://b1:6651",
+        "httpUrl": "http://sluice:8080", "httpUrlTls": None, "nativeUrl": "x",
+    }  # fmt: skip
+    assert [str(u) for u in done.named] == ["http://b1:8080", "https://b1:8443"]
+    assert len(done.kept) == 1 and "brokerUrlTls pulsar+ssl://b1:6651" in done.kept[0]
+    assert rewrite_lookup(b"<html>", http="h", https=None, routes={}).body is None
+    assert rewrite_lookup(b"[1]", http="h", https=None, routes={}).body is None

@@ -47,6 +47,8 @@ from sluice.proxy.metrics import HttpMetrics
 log = logging.getLogger("sluice.http")
 
 CHUNK = 65536
+# How a broker connection fails: hung up, reset, or not speaking HTTP.
+_BROKEN = (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 class Refusal(Exception):
@@ -357,18 +359,17 @@ class HttpRelay:
         )
         hop = redirects.first
         while True:
-            upstream = await self._ask(upstreams, hop, request, body, framed)
+            upstream, response = await self._ask(upstreams, hop, request, body, framed)
             try:
-                response = await upstream.response()
-                try:
-                    following = redirects.follow(response.status_code, response.headers)
-                except RedirectError as exc:
-                    await self._drop(upstreams, upstream)
-                    raise Refusal(502, "redirects", str(exc)) from None
-                if following is None:
-                    break
+                following = redirects.follow(response.status_code, response.headers)
+            except RedirectError as exc:
+                await self._drop(upstreams, upstream)
+                raise Refusal(502, "redirects", str(exc)) from None
+            if following is None:
+                break
+            try:
                 await upstream.body(self.config.http_max_body)  # the redirect's own text
-            except h11.RemoteProtocolError as exc:
+            except _BROKEN as exc:
                 await self._drop(upstreams, upstream)
                 raise Refusal(
                     502,
@@ -398,7 +399,7 @@ class HttpRelay:
         while True:
             try:
                 event = await upstream.next_event()
-            except h11.RemoteProtocolError as exc:
+            except _BROKEN as exc:
                 # The answer has begun: all the client can be told is the hang-up.
                 await self._drop(upstreams, upstream)
                 raise trio.BrokenResourceError(f"broker's answer broke off: {exc}") from None
@@ -420,10 +421,11 @@ class HttpRelay:
         request: h11.Request,
         body: bytes,
         framed: bool,
-    ) -> Upstream:
-        """Send the request to ``hop``'s web service, on a kept connection
-        when there is one (a second try on a new one when a kept one had
-        been closed by the broker meanwhile)."""
+    ) -> tuple[Upstream, h11.Response]:
+        """Send the request to ``hop``'s web service and read the answer's
+        head, on a kept connection when there is one. A kept connection the
+        broker has closed meanwhile (idle brokers close theirs) fails
+        without an answer: the request goes again, once, on a new one."""
         headers = [
             (n, v)
             for n, v in forward_headers(request.headers, hop.url.authority)
@@ -431,7 +433,7 @@ class HttpRelay:
         ]
         if framed:
             headers.append((b"content-length", str(len(body)).encode()))
-        for attempt in (0, 1):
+        while True:
             upstream = upstreams.pop(hop.url, None)
             reused = upstream is not None
             if upstream is None:
@@ -443,17 +445,19 @@ class HttpRelay:
                 if body:
                     await upstream.send(h11.Data(data=body))
                 await upstream.send(h11.EndOfMessage())
-                upstreams[hop.url] = upstream
-                return upstream
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                response = await upstream.response()
+            except _BROKEN as exc:
                 await _close(upstream.stream)
-                if not reused or attempt:
-                    raise Refusal(
-                        502,
-                        "upstream_unreachable",
-                        f"lost the broker's web service at {hop.url}: {exc}",
-                    ) from None
-        raise AssertionError("unreachable")
+                if reused:
+                    continue  # upstreams holds none for hop.url now: a new one
+                raise Refusal(
+                    502,
+                    "upstream_error",
+                    f"the broker's web service at {hop.url} gave no "
+                    f"answer: {exc or type(exc).__name__}",
+                ) from None
+            upstreams[hop.url] = upstream
+            return upstream, response
 
     async def _dial(self, url: HttpUrl) -> Upstream:
         tls = None
@@ -494,7 +498,7 @@ class HttpRelay:
         """An HTTP lookup's answer, rewritten to name Sluice."""
         try:
             body = await upstream.body(self.config.http_max_body)
-        except h11.RemoteProtocolError as exc:
+        except _BROKEN as exc:
             await self._drop(upstreams, upstream)
             raise Refusal(
                 502, "upstream_error", f"the broker's lookup answer broke off: {exc}"
