@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pulsar
 import pytest
 
 from sluice.addresses import Address
@@ -44,7 +45,7 @@ from sluice.protocols.http import (
     request_kind,
     rewrite_lookup,
 )
-from tests.support import ProxyProcess, start_proxy
+from tests.support import ProxyProcess, client, start_proxy
 from tests.test_apache_pulsar import sluice
 from tests.test_dashboards import scrape
 
@@ -177,6 +178,28 @@ def test_http_lookup_names_sluice(apache_pulsar: ApachePulsar, web: WebProxy) ->
         assert answer["brokerUrl"] == json.loads(direct)["brokerUrl"]
     assert web.proxy.log().count("left as the broker gave it") == 1
     assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") == 2
+
+
+def test_pulsar_client_with_an_http_service_url(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
+    """The Python client given Sluice's http:// URL: its partition metadata
+    and topic lookups go through Sluice; its producer and consumer go to
+    the broker the lookup names (the broker's own binary URL, until a port
+    per broker lets Sluice name itself there)."""
+    topic = f"persistent://public/default/over-http-{uuid.uuid4().hex[:8]}"
+    sent = [f"m-{i}".encode() for i in range(100)]
+    with client(web.url) as c:
+        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = c.create_producer(topic, batching_enabled=False)
+        for body in sent:
+            producer.send(body)
+        got = []
+        for _ in sent:
+            message = consumer.receive(timeout_millis=15_000)
+            got.append(message.data())
+            consumer.acknowledge(message)
+    assert got == sent
+    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") >= 2
+    assert web.metric("sluice_http_requests_total", kind="admin", status="2xx") >= 2
 
 
 # --- redirects ------------------------------------------------------------------
