@@ -440,12 +440,25 @@ def test_proxy_mode_auth_is_refused_with_http(apache_pulsar: ApachePulsar, tmp_p
 
 class KeepAlive(http.server.ThreadingHTTPServer):
     """A web service that keeps connections alive, then closes one idle
-    for 0.3 s (as a broker's Jetty does after its idle timeout)."""
+    for 0.3 s (as a broker's Jetty does after its idle timeout); ``/slow``
+    answers once ``release`` is set."""
 
     def __init__(self) -> None:
         self.requests = 0
         self.closed = threading.Semaphore(0)
+        self.release = threading.Event()
         super().__init__(("127.0.0.1", 0), _KeepAliveHandler)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self, thread: threading.Thread) -> None:
+        self.release.set()
+        self.shutdown()
+        self.server_close()
+        thread.join(timeout=10)
 
 
 class _KeepAliveHandler(http.server.BaseHTTPRequestHandler):
@@ -455,6 +468,8 @@ class _KeepAliveHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.requests += 1
+        if self.path == "/slow":
+            self.server.release.wait(30)
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -472,8 +487,7 @@ def test_a_kept_broker_connection_closed_meanwhile_is_replaced(
     apache_pulsar: ApachePulsar, tmp_path: Path
 ) -> None:
     server = KeepAlive()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    thread = server.start()
     web = start_web_proxy(apache_pulsar, tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
     connection = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
     try:
@@ -487,10 +501,35 @@ def test_a_kept_broker_connection_closed_meanwhile_is_replaced(
     finally:
         connection.close()
         web.proxy.kill()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+        server.stop(thread)
     assert "Traceback" not in web.proxy.log()
+
+
+def test_request_timeout_is_504_and_the_connection_serves_on(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    server = KeepAlive()
+    thread = server.start()
+    web = start_web_proxy(apache_pulsar, tmp_path, f"http://127.0.0.1:{server.server_address[1]}",
+                          "--http-request-timeout", "1")  # fmt: skip
+    connection = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    try:
+        connection.request("GET", "/slow")
+        answer = connection.getresponse()
+        assert answer.status == 504 and b"--http-request-timeout" in answer.read()
+        server.release.set()
+        # The same client connection, and a broker connection that is not
+        # the one left waiting for /slow.
+        connection.request("GET", "/admin/v2/clusters")
+        answer = connection.getresponse()
+        assert (answer.status, answer.read()) == (200, b"ok")
+        assert web.metric("sluice_http_refused_total", reason="timeout") == 1
+        assert web.metric("sluice_http_requests_total", kind="other", status="5xx") == 1
+    finally:
+        connection.close()
+        web.proxy.kill()
+        server.stop(thread)
+    assert "internal error" not in web.proxy.log(), web.proxy.log()
 
 
 # --- the decisions, sans-I/O ------------------------------------------------------
@@ -518,6 +557,8 @@ def test_hop_by_hop_headers_stay_behind() -> None:
     )  # fmt: skip
     assert sent == [(b"host", b"broker:8080"), (b"Authorization", b"Bearer t"),
                     (b"Accept", b"*/*")]  # fmt: skip
+    assert forward_headers([(b"Accept-Encoding", b"gzip"), (b"Accept", b"*/*")], b"b:1",
+                           identity=True) == [(b"host", b"b:1"), (b"Accept", b"*/*")]  # fmt: skip
     answered = answer_headers([(b"Content-Length", b"10"), (b"Keep-Alive", b"timeout=5"),
                                (b"Content-Type", b"application/json")], length=4)  # fmt: skip
     assert answered == [(b"Content-Type", b"application/json"), (b"content-length", b"4")]

@@ -115,6 +115,10 @@ class Upstream:
             else:
                 raise h11.RemoteProtocolError("the broker's answer ended early")
 
+    def idle(self) -> bool:
+        """Between exchanges: ready for a request."""
+        return self.h11.our_state is h11.IDLE and self.h11.their_state is h11.IDLE
+
     def reusable(self) -> bool:
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
             self.h11.start_next_cycle()
@@ -198,6 +202,9 @@ class HttpRelay:
             await self._serve(conn, stream, upstreams)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("HTTP client connection lost: %r", exc)
+        except Exception as exc:  # a bug of ours: this connection ends, the listener serves on
+            log.error("HTTP connection: internal error: %r (--log-level debug for details)", exc)
+            log.debug("HTTP connection: internal error", exc_info=exc)
         finally:
             self.active -= 1
             self.metrics.active.dec()
@@ -426,15 +433,21 @@ class HttpRelay:
         head, on a kept connection when there is one. A kept connection the
         broker has closed meanwhile (idle brokers close theirs) fails
         without an answer: the request goes again, once, on a new one."""
+        rewritten = is_topic_lookup(request.method, request.target)
         headers = [
             (n, v)
-            for n, v in forward_headers(request.headers, hop.url.authority)
+            for n, v in forward_headers(request.headers, hop.url.authority, identity=rewritten)
             if n.lower() != b"content-length"
         ]
         if framed:
             headers.append((b"content-length", str(len(body)).encode()))
         while True:
             upstream = upstreams.pop(hop.url, None)
+            if upstream is not None and not upstream.idle():
+                # Left mid-exchange by a request that failed (a timeout, a
+                # refusal): its state is unknown, it is not reused.
+                await _close(upstream.stream)
+                upstream = None
             reused = upstream is not None
             if upstream is None:
                 upstream = await self._dial(hop.url)

@@ -82,10 +82,15 @@ def _end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
     return [(n, v) for n, v in headers if n.lower() not in dropped]
 
 
-def forward_headers(headers: Iterable[tuple[bytes, bytes]], host: bytes) -> Headers:
+def forward_headers(
+    headers: Iterable[tuple[bytes, bytes]], host: bytes, *, identity: bool = False
+) -> Headers:
     """A client's request headers as they go to the broker at ``host``
-    (``Host`` names the broker; ``Authorization`` and the rest unchanged)."""
-    kept = [(n, v) for n, v in _end_to_end(headers) if n.lower() != b"host"]
+    (``Host`` names the broker; ``Authorization`` and the rest unchanged).
+    ``identity``: the answer is to be rewritten, so it is asked for
+    uncompressed (``Accept-Encoding`` left out)."""
+    dropped = {b"host", b"accept-encoding"} if identity else {b"host"}
+    kept = [(n, v) for n, v in _end_to_end(headers) if n.lower() not in dropped]
     return [(b"host", host), *kept]
 
 
