@@ -353,6 +353,14 @@ class HttpRelay:
     ) -> int:
         """One request to the broker (and on to the brokers its redirects
         name), the answer to the client; the status the client got."""
+        asked = header(request.headers, b"upgrade")
+        if asked is not None:
+            raise Refusal(
+                501,
+                "upgrade",
+                f"Upgrade: {asked.decode(errors='replace')} is not relayed yet "
+                "(the WebSocket API through Sluice is still to come)",
+            )
         body = await self._read_body(conn, stream, request)
         framed = (
             bool(body)
