@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import signal
 import socket
 import threading
 import time
@@ -540,6 +541,49 @@ def test_request_timeout_is_504_and_the_connection_serves_on(
         web.proxy.kill()
         server.stop(thread)
     assert "internal error" not in web.proxy.log(), web.proxy.log()
+
+
+def test_drain_answers_the_request_in_progress_and_closes_idle_connections(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    server = KeepAlive()
+    thread = server.start()
+    web = start_web_proxy(apache_pulsar, tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
+    idle = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    busy = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    answers: list[tuple[int, str | None, bytes]] = []
+
+    def slow_request() -> None:
+        busy.request("GET", "/slow")
+        answer = busy.getresponse()
+        answers.append((answer.status, answer.getheader("Connection"), answer.read()))
+
+    try:
+        idle.request("GET", "/admin/v2/clusters")
+        assert idle.getresponse().read() == b"ok"
+        asker = threading.Thread(target=slow_request)
+        asker.start()
+        deadline = time.monotonic() + 10
+        while server.requests < 2:
+            assert time.monotonic() < deadline, "the slow request never reached the server"
+            time.sleep(0.02)
+        started = time.monotonic()
+        web.proxy.process.send_signal(signal.SIGTERM)
+        # The idle keep-alive connection is closed at once...
+        assert idle.sock is not None
+        assert idle.sock.recv(1) == b""
+        # ...the request in progress is answered, as the connection's last.
+        server.release.set()
+        asker.join(timeout=15)
+        assert answers == [(200, "close", b"ok")]
+        assert web.proxy.process.wait(timeout=15) == 0
+        assert time.monotonic() - started < 10  # well within --drain-timeout (20 s)
+    finally:
+        idle.close()
+        busy.close()
+        web.proxy.kill()
+        server.stop(thread)
+    assert "Traceback" not in web.proxy.log()
 
 
 # --- the decisions, sans-I/O ------------------------------------------------------

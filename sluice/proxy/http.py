@@ -149,6 +149,9 @@ class HttpRelay:
         self._tls: ssl.SSLContext | None = None
         self._warned: set[str] = set()
         self._logs = LogLimit()
+        self._draining = False
+        # Connections waiting for a request's head: drain() ends the wait.
+        self._waiting: set[trio.CancelScope] = set()
 
     async def open(self) -> Address:
         """Bind the listener (OSError when the port is taken); its address."""
@@ -163,9 +166,14 @@ class HttpRelay:
             for listener in self._listeners:
                 nursery.start_soon(self._accept_loop, listener, nursery)
 
-    async def aclose(self) -> None:
+    async def drain(self) -> None:
+        """Stop accepting; connections close once their exchange in
+        progress is answered (``Connection: close``), idle ones now."""
+        self._draining = True
         for listener in self._listeners:
             await listener.aclose()
+        for scope in self._waiting:
+            scope.cancel()
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         while True:
@@ -219,7 +227,13 @@ class HttpRelay:
         while True:
             try:
                 with trio.move_on_after(self.config.http_idle_timeout) as idle:
-                    event = await self._next(conn, stream)
+                    if self._draining:
+                        idle.cancel()
+                    self._waiting.add(idle)
+                    try:
+                        event = await self._next(conn, stream)
+                    finally:
+                        self._waiting.discard(idle)
             except h11.RemoteProtocolError as exc:
                 refusal = (
                     self._header_too_large()
@@ -249,6 +263,8 @@ class HttpRelay:
                 await self._refuse(conn, stream, self._header_too_large())
                 return
             await self._exchange(conn, stream, event, upstreams)
+            if self._draining:
+                return
             try:
                 conn.start_next_cycle()
             except h11.LocalProtocolError:
@@ -407,7 +423,7 @@ class HttpRelay:
             stream,
             h11.Response(
                 status_code=response.status_code,
-                headers=answer_headers(response.headers),
+                headers=answer_headers(response.headers) + self._closing(),
                 reason=response.reason,
             ),
         )
@@ -539,12 +555,16 @@ class HttpRelay:
             h11.Response(
                 status_code=response.status_code,
                 reason=response.reason,
-                headers=answer_headers(response.headers, len(out)),
+                headers=answer_headers(response.headers, len(out)) + self._closing(),
             ),
         )
         await self._send(conn, stream, h11.Data(data=out))
         await self._send(conn, stream, h11.EndOfMessage())
         return response.status_code
+
+    def _closing(self) -> list[tuple[bytes, bytes]]:
+        """While draining, each answer says it is the connection's last."""
+        return [(b"connection", b"close")] if self._draining else []
 
     async def _refuse(
         self,

@@ -497,13 +497,13 @@ class Proxy:
         for _, listener in self._listeners:
             await listener.aclose()
         if self.http is not None:
-            await self.http.aclose()
+            await self.http.drain()
         async with trio.open_nursery() as nursery:
             for relay in list(self.relays):
                 if relay.conn.kind == "proxied":
                     nursery.start_soon(relay.drain, deadline)
         with trio.move_on_at(deadline):
-            while self.active:
+            while self.active or (self.http is not None and self.http.active):
                 await trio.sleep(0.02)
         self.stop()
 
