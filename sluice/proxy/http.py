@@ -411,8 +411,8 @@ class HttpRelay:
             self.metrics.redirects.inc()
             log.debug(
                 "%s %s: redirected to %s",
-                request.method.decode(),
-                hop.target.decode(),
+                request.method.decode("latin-1"),
+                hop.target.decode("latin-1"),
                 following.url,
             )
             hop = following
@@ -577,7 +577,9 @@ class HttpRelay:
         self.metrics.refused.labels(refusal.reason).inc()
         if request is None and refusal.reason != "connection_limit":
             self.metrics.requests.labels("other", status_class(refusal.status)).inc()
-        what = f"{request.method.decode()} {request.target.decode()}: " if request else ""
+        what = ""
+        if request is not None:
+            what = f"{request.method.decode('latin-1')} {request.target.decode('latin-1')}: "
         level = self._logs.level(refusal.reason, trio.current_time())
         if level > logging.DEBUG:  # the client's bad input is no warning of Sluice's
             level = logging.WARNING if refusal.status >= 500 else logging.INFO

@@ -210,7 +210,8 @@ class Redirects:
             text = location.decode("ascii")
         except UnicodeDecodeError:
             return None
-        absolute = urllib.parse.urljoin(f"{current.url}{current.target.decode()}", text)
+        here = f"{current.url}{current.target.decode('latin-1')}"
+        absolute = urllib.parse.urljoin(here, text)
         parts = urllib.parse.urlsplit(absolute)
         try:
             url = parse_http_url(f"{parts.scheme}://{parts.netloc}")
