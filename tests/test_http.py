@@ -47,7 +47,7 @@ from sluice.protocols.http import (
     rewrite_lookup,
 )
 from tests.support import ProxyProcess, client, start_proxy
-from tests.test_apache_pulsar import sluice
+from tests.test_apache_pulsar import sluice, tls_broker  # noqa: F401 (a fixture)
 from tests.test_dashboards import scrape
 
 MAX_BODY = 64 * 1024
@@ -201,6 +201,29 @@ def test_pulsar_client_with_an_http_service_url(apache_pulsar: ApachePulsar, web
     assert got == sent
     assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") >= 2
     assert web.metric("sluice_http_requests_total", kind="admin", status="2xx") >= 2
+
+
+def test_https_to_the_broker(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """--broker-http https://: the broker's certificate checked with --broker-tls-ca
+    (test_apache_pulsar's broker with its TLS ports open)."""
+    broker, ca, _ = request.getfixturevalue("tls_broker")
+    assert isinstance(broker, ApachePulsar)
+    assert broker.web_tls_port is not None
+    web = start_web_proxy(broker, tmp_path, f"https://127.0.0.1:{broker.web_tls_port}",
+                          "--broker-tls-ca", str(ca))  # fmt: skip
+    try:
+        status, text = broker.admin("GET", "/admin/v2/clusters", base=web.url)
+        assert (status, json.loads(text)) == (200, ["standalone"])
+    finally:
+        web.proxy.kill()
+    # Without the CA, the broker's certificate is not trusted: 502, saying so.
+    web = start_web_proxy(broker, tmp_path, f"https://127.0.0.1:{broker.web_tls_port}")
+    try:
+        status, text = broker.admin("GET", "/admin/v2/clusters", base=web.url)
+        assert status == 502 and "certificate verify failed" in text, text
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log()
 
 
 # --- redirects ------------------------------------------------------------------
