@@ -41,6 +41,7 @@ from sluice.protocols.http import (
     Redirects,
     answer_headers,
     forward_headers,
+    forwarded_for,
     is_topic_lookup,
     parse_http_url,
     request_kind,
@@ -238,6 +239,7 @@ class Redirector(http.server.ThreadingHTTPServer):
         self.target = target
         self.bodies: list[bytes] = []
         self.authorizations: list[str | None] = []
+        self.forwarded: list[str | None] = []
         super().__init__(("127.0.0.1", 0), _RedirectHandler)
 
     @property
@@ -252,6 +254,7 @@ class _RedirectHandler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         self.server.bodies.append(self.rfile.read(length))
         self.server.authorizations.append(self.headers.get("Authorization"))
+        self.server.forwarded.append(self.headers.get("X-Forwarded-For"))
         if self.path.startswith("/loop"):
             location = f"{self.server.url}{self.path}"
         elif self.path.startswith("/hop/"):
@@ -453,6 +456,7 @@ def test_authorization_passes_through(apache_pulsar: ApachePulsar, redirector: R
         with urllib.request.urlopen(request, timeout=15) as answer:
             assert answer.status == 200
         assert redirector.authorizations == ["Bearer abc.def.ghi"]
+        assert redirector.forwarded == ["127.0.0.1"]
     finally:
         web.proxy.kill()
 
@@ -636,6 +640,10 @@ def test_hop_by_hop_headers_stay_behind() -> None:
                     (b"Accept", b"*/*")]  # fmt: skip
     assert forward_headers([(b"Accept-Encoding", b"gzip"), (b"Accept", b"*/*")], b"b:1",
                            identity=True) == [(b"host", b"b:1"), (b"Accept", b"*/*")]  # fmt: skip
+    assert forwarded_for([(b"X-Forwarded-For", b"10.0.0.1"), (b"Accept", b"*/*")], "10.1.1.1") == [
+        (b"Accept", b"*/*"), (b"x-forwarded-for", b"10.0.0.1, 10.1.1.1")
+    ]  # fmt: skip
+    assert forwarded_for([], "::1") == [(b"x-forwarded-for", b"::1")]
     answered = answer_headers([(b"Content-Length", b"10"), (b"Keep-Alive", b"timeout=5"),
                                (b"Content-Type", b"application/json")], length=4)  # fmt: skip
     assert answered == [(b"Content-Type", b"application/json"), (b"content-length", b"4")]

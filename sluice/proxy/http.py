@@ -32,6 +32,7 @@ from sluice.protocols.http import (
     Redirects,
     answer_headers,
     forward_headers,
+    forwarded_for,
     head_size,
     header,
     is_topic_lookup,
@@ -42,6 +43,7 @@ from sluice.protocols.http import (
 from sluice.protocols.pulsar.connection import LogLimit
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import client_ssl_context, dial, open_listeners
+from sluice.proxy.inbound import peer_address
 from sluice.proxy.metrics import HttpMetrics
 
 log = logging.getLogger("sluice.http")
@@ -224,6 +226,7 @@ class HttpRelay:
     async def _serve(
         self, conn: h11.Connection, stream: trio.abc.Stream, upstreams: dict[HttpUrl, Upstream]
     ) -> None:
+        client = peer_address(stream).host
         while True:
             try:
                 with trio.move_on_after(self.config.http_idle_timeout) as idle:
@@ -262,6 +265,12 @@ class HttpRelay:
                 # read is measured here.
                 await self._refuse(conn, stream, self._header_too_large())
                 return
+            event = h11.Request(
+                method=event.method,
+                target=event.target,
+                headers=forwarded_for(event.headers, client),
+                http_version=event.http_version,
+            )
             await self._exchange(conn, stream, event, upstreams)
             if self._draining:
                 return

@@ -94,6 +94,16 @@ def forward_headers(
     return [(b"host", host), *kept]
 
 
+def forwarded_for(headers: Iterable[tuple[bytes, bytes]], client: str) -> Headers:
+    """``X-Forwarded-For`` with ``client`` (the address Sluice's listener
+    saw) added after whatever proxies before it wrote, as the Apache Pulsar
+    Proxy's web side does; a broker with ``webServiceTrustXForwardedFor``
+    takes the client's address from it."""
+    before = [v.strip() for n, v in headers if n.lower() == b"x-forwarded-for" and v.strip()]
+    rest = [(n, v) for n, v in headers if n.lower() != b"x-forwarded-for"]
+    return [*rest, (b"x-forwarded-for", b", ".join([*before, client.encode()]))]
+
+
 def answer_headers(headers: Iterable[tuple[bytes, bytes]], length: int | None = None) -> Headers:
     """A broker's response headers as they go to the client; ``length``: a
     rewritten body's size (its Content-Length replaced)."""
