@@ -338,10 +338,22 @@ def test_redirect_with_a_body_arrives_whole(
 def test_malformed_request_is_400(web: WebProxy) -> None:
     status, text = raw_exchange(web.http_port, b"NOT HTTP AT ALL\r\n\r\n")
     assert status == 400 and "malformed" in text, text
-    status, _ = raw_exchange(web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\nHost x\r\n\r\n")
-    assert status == 400
-    assert web.metric("sluice_http_refused_total", reason="malformed") == 2
-    assert web.metric("sluice_http_requests_total", kind="other", status="4xx") == 2
+    for head in (
+        b"GET /admin/v2/clusters HTTP/1.1\r\nHost x\r\n\r\n",
+        b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"GET /admin/v2/clusters HTTP/1.1\r\n\r\n",  # HTTP/1.1 without Host
+        b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
+    ):
+        status, text = raw_exchange(web.http_port, head)
+        assert status == 400, (head, text)
+    # A good head, then a body that breaks its chunked framing.
+    status, text = raw_exchange(web.http_port, b"PUT /admin/v2/tenants/x HTTP/1.1\r\nHost: x\r\n"
+                                b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")  # fmt: skip
+    assert status == 400 and "malformed HTTP request body" in text, text
+    assert web.metric("sluice_http_refused_total", reason="malformed") == 6
+    assert web.metric("sluice_http_requests_total", kind="other", status="4xx") == 5
+    assert web.metric("sluice_http_requests_total", kind="admin", status="4xx") == 1
+    assert "internal error" not in web.proxy.log()
     # The listener still serves.
     status, _ = raw_exchange(web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n"
                              b"Connection: close\r\n\r\n")  # fmt: skip
