@@ -484,11 +484,19 @@ class ApachePulsar(JavaServer):
         ask(encode_payload(command(Type.Value("SEND"), send), meta, b"ready"), "SEND_RECEIPT")
 
     def admin(
-        self, method: str, path: str, body: object = None, *, timeout: float = 30
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        *,
+        timeout: float = 30,
+        base: str | None = None,
     ) -> tuple[int, str]:
-        """One call of the broker's admin REST API: (status, body text)."""
+        """One call of the broker's admin REST API: (status, body text);
+        ``base``: another web service in front of it (a proxy's)."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.http_url + path, data=data, method=method)
+        url = (base or self.http_url) + path
+        request = urllib.request.Request(url, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
         if self.admin_token:

@@ -101,6 +101,9 @@ class ProtocolSpec:
     # the proxy then listens one way only (plain or TLS), which every
     # per-broker listener speaks too.
     port_per_broker: bool = False
+    # Its brokers also serve a web port (an admin REST API, HTTP lookups)
+    # that sluice proxy --http-listen relays (sluice/proxy/http.py).
+    web: bool = False
     # How a capture of this protocol reads in Wireshark (its pcapng comment).
     pcap_note: str = ""
     # A recorded frame's bytes decoded for sluice view's frame detail.

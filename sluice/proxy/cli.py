@@ -17,6 +17,7 @@ from sluice.logs import add_logging_arguments, setup_logging
 from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.faults import load_rules
+from sluice.protocols.http import parse_http_url
 from sluice.proxy.config import ProxyConfig, proxy_auth
 from sluice.proxy.dial import (
     TlsClientConfig,
@@ -155,7 +156,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=default(ProxyConfig, "max_redirects"),
         metavar="N",
-        help="lookup redirects to follow before failing the lookup",
+        help="redirects to follow before failing: a binary lookup's, and the 307/308 "
+        "answers of brokers' web services (--http-listen)",
+    )
+    web = parser.add_argument_group(
+        "HTTP (Pulsar's web port)",
+        "the admin REST API (/admin/v2, /admin/v3), HTTP lookups (/lookup/v2) and the rest "
+        "of a broker's web service, relayed with h11; see docs/proxy.md, HTTP",
+    )
+    web.add_argument(
+        "--http-listen",
+        metavar="HOST:PORT",
+        help="HTTP listener relaying to --broker-http (default: none); a broker's 307/308 "
+        "to another broker is followed by Sluice, HTTP lookup answers name Sluice",
+    )
+    web.add_argument(
+        "--broker-http",
+        metavar="URL",
+        help="http://HOST:PORT or https://HOST:PORT of the broker's (or the cluster's) web "
+        "service, for --http-listen (default: none; https uses the --broker-tls-* options)",
+    )
+    web.add_argument(
+        "--http-max-body",
+        type=byte_size,
+        default=default(ProxyConfig, "http_max_body"),
+        metavar="SIZE",
+        help="largest request body (read whole, so that a redirect can replay it; larger: "
+        "413), and largest lookup or redirect answer Sluice reads (e.g. 5M)",
+    )
+    web.add_argument(
+        "--http-max-header",
+        type=byte_size,
+        default=default(ProxyConfig, "http_max_header"),
+        metavar="SIZE",
+        help="largest request line and headers (larger: 431)",
+    )
+    web.add_argument(
+        "--http-idle-timeout",
+        type=float,
+        default=default(ProxyConfig, "http_idle_timeout"),
+        metavar="SECONDS",
+        help="for a request's head to arrive whole (keep-alive connections idle this long "
+        "are closed; a head begun and not finished: 408)",
+    )
+    web.add_argument(
+        "--http-request-timeout",
+        type=float,
+        default=default(ProxyConfig, "http_request_timeout"),
+        metavar="SECONDS",
+        help="for the rest of an exchange: the body, the brokers' answers, redirects "
+        "(no answer begun in time: 504)",
+    )
+    web.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=default(ProxyConfig, "http_max_connections"),
+        metavar="N",
+        help="HTTP client connections open at once; more are answered 503",
     )
     for spec in registry.protocols().values():
         if spec.options:
@@ -440,6 +497,17 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         max_concurrent_lookups=args.max_concurrent_lookups,
         max_upstream_connections=args.max_upstream_connections,
         max_redirects=args.max_redirects,
+        http_listen=(
+            parse_address(args.http_listen, what="--http-listen") if args.http_listen else None
+        ),
+        broker_http=(
+            parse_http_url(args.broker_http, what="--broker-http") if args.broker_http else None
+        ),
+        http_max_body=args.http_max_body,
+        http_max_header=args.http_max_header,
+        http_idle_timeout=args.http_idle_timeout,
+        http_request_timeout=args.http_request_timeout,
+        http_max_connections=args.http_max_connections,
         admin=parse_address(args.admin, what="--admin") if args.admin else None,
         topic_metrics_limit=args.topic_metrics_limit,
         record=_recorder_config(args),
@@ -623,7 +691,9 @@ async def serve(
 
 def _listen_error(exc: OSError, config: ProxyConfig) -> str:
     where = ", ".join(
-        str(a) for a in (config.listen, config.listen_tls, config.admin) if a is not None
+        str(a)
+        for a in (config.listen, config.listen_tls, config.admin, config.http_listen)
+        if a is not None
     )
     if exc.errno == errno.EADDRINUSE:
         return f"cannot listen on {where}: address already in use"

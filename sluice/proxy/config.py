@@ -16,6 +16,7 @@ from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.faults import ProtocolFaults, Rule
+from sluice.protocols.http import HttpUrl
 from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
 from sluice.protocols.pulsar.auth import ProxyAuth
 from sluice.protocols.urls import BrokerUrl
@@ -112,6 +113,18 @@ class ProxyConfig:
     # --sni-routing does for brokers' own names alone.
     sni_route: tuple[str, ...] = ()
     sni_routing: bool = False
+    # --http-listen: Pulsar's web port (admin REST API, HTTP lookups) relayed
+    # to the broker's, --broker-http (None: no HTTP listener). Request bodies
+    # are read whole (a redirect replays them) within http_max_body; a
+    # request's head within http_max_header bytes and http_idle_timeout; a
+    # request's whole exchange within http_request_timeout.
+    http_listen: Address | None = None
+    broker_http: HttpUrl | None = None
+    http_max_body: int = 5 * 1024 * 1024
+    http_max_header: int = 16 * 1024
+    http_idle_timeout: float = 60.0
+    http_request_timeout: float = 300.0
+    http_max_connections: int = 1_000
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:
@@ -168,6 +181,31 @@ class ProxyConfig:
         if self.max_redirects < 0:
             raise ConfigError("--max-redirects must not be negative")
         self._check_proxy_protocol()
+        self._check_http()
+
+    def _check_http(self) -> None:
+        if self.http_listen is None:
+            if self.broker_http is not None:
+                raise ConfigError("--broker-http goes with --http-listen")
+            return
+        if self.broker_http is None:
+            raise ConfigError("--http-listen needs --broker-http URL: the broker's web service")
+        spec = registry.get(self.protocol)
+        if not spec.web:
+            raise ConfigError(f"--http-listen relays a broker's web port: {spec.title} has none")
+        if self.auth_mode == "proxy":
+            raise ConfigError(
+                "--http-listen with --auth-mode proxy: HTTP proxy-mode auth is not supported "
+                "yet (the HTTP listener passes the client's Authorization through)"
+            )
+        if self.workers > 1:
+            raise ConfigError("--http-listen with --workers is not supported yet")
+        for name in ("http_idle_timeout", "http_request_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        for name in ("http_max_body", "http_max_header", "http_max_connections"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
 
     def _check_proxy_protocol(self) -> None:
         sources = parse_sources(self.proxy_protocol_from)

@@ -54,6 +54,7 @@ from sluice.protocols.core import (
 )
 from sluice.protocols.errors import Problem
 from sluice.protocols.haproxy import REASONS as HEADER_REFUSALS
+from sluice.protocols.http import KINDS, STATUS_CLASSES
 from sluice.protocols.registry import DEFAULT_PROTOCOL, ProtocolSpec, get
 
 if TYPE_CHECKING:
@@ -552,3 +553,54 @@ class RecorderFigures(Collector):
 
     def describe(self) -> Iterable[Any]:
         return []
+
+
+# The HTTP listener's latency buckets: admin calls (topic creation, policies
+# written to the metadata store) take longer than frames.
+_HTTP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Why the HTTP listener answered a request itself, or refused a connection.
+HTTP_REFUSALS = (
+    "malformed", "header_too_large", "body_too_large", "connection_limit", "timeout",
+    "upstream_unreachable", "upstream_error", "redirects", "upgrade",
+)  # fmt: skip
+
+
+class HttpMetrics:
+    """The HTTP listener's metrics (``--http-listen``), in the proxy's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "sluice_http_requests", "HTTP requests answered, by kind (admin, lookup, websocket, "
+            "other) and status class (2xx, 4xx, ...)", ["kind", "status"], registry=registry,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "sluice_http_request_duration_seconds",
+            "HTTP request read to answer written, redirects followed included, by kind",
+            ["kind"], buckets=_HTTP_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.redirects = Counter(
+            "sluice_http_redirects_followed", "Broker redirects (307/308) Sluice followed itself",
+            registry=registry,
+        )  # fmt: skip
+        self.bytes = Counter(
+            "sluice_http_bytes", "Bytes read from and written to HTTP clients, by direction",
+            ["direction"], registry=registry,
+        )  # fmt: skip
+        self.refused = Counter(
+            "sluice_http_refused", "HTTP requests Sluice answered itself with an error, and "
+            "connections it refused, by reason", ["reason"], registry=registry,
+        )  # fmt: skip
+        self.active = Gauge(
+            "sluice_http_connections_active", "HTTP client connections open now",
+            registry=registry,
+        )  # fmt: skip
+        for kind in KINDS:
+            self.duration.labels(kind)
+            for status in STATUS_CLASSES:
+                self.requests.labels(kind, status)
+        for direction in DIRECTIONS:
+            self.bytes.labels(direction)
+        for reason in HTTP_REFUSALS:
+            self.refused.labels(reason)
+        self.bytes_in = self.bytes.labels(CLIENT_TO_BROKER)
+        self.bytes_out = self.bytes.labels(BROKER_TO_CLIENT)

@@ -41,8 +41,9 @@ from sluice.proxy.admin import (
 from sluice.proxy.backend import Backend, Services
 from sluice.proxy.config import ProxyConfig, proxy_protocol_in
 from sluice.proxy.dial import CertificateReloader, dial, open_listeners, server_ssl_context
+from sluice.proxy.http import HttpRelay
 from sluice.proxy.inbound import local_address, peer_address, transport
-from sluice.proxy.metrics import Metrics
+from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Relay, Timing
 from sluice.proxy.shared import (
@@ -135,6 +136,10 @@ class Proxy:
         )
         self.metrics = Metrics(config.topic_metrics_limit, self.protocol)
         self.taps = Taps([self.metrics])
+        # --http-listen: the broker's web port, relayed (sluice/proxy/http.py).
+        self.http: HttpRelay | None = None
+        if config.http_listen is not None:
+            self.http = HttpRelay(config, HttpMetrics(self.metrics.registry))
         self.recorder: Recorder | None = None
         if config.record is not None:
             listen = [str(a) for a in (config.listen, config.listen_tls) if a is not None]
@@ -197,7 +202,11 @@ class Proxy:
             admin = await open_admin(self.config.admin)
             self.addresses["admin"] = bound(admin)
         await self._open_listeners()
+        if self.http is not None:
+            self.addresses["http"] = await self.http.open()
         async with trio.open_nursery() as outer:
+            if self.http is not None:
+                outer.start_soon(self.http.serve)
             self.backend.start(outer, self.taps)
             outer.start_soon(self._probe_upstream)
             if self.certificates is not None:
@@ -375,12 +384,14 @@ class Proxy:
         self.listening = False
         for _, listener in self._listeners:
             await listener.aclose()
+        if self.http is not None:
+            await self.http.drain()
         async with trio.open_nursery() as nursery:
             for relay in list(self.relays):
                 if relay.conn.kind == "proxied":
                     nursery.start_soon(relay.drain, deadline)
         with trio.move_on_at(deadline):
-            while self.active:
+            while self.active or (self.http is not None and self.http.active):
                 await trio.sleep(0.02)
         self.stop()
 

@@ -159,6 +159,7 @@ PROTOCOL = ProtocolSpec(
     check_broker="sluice.proxy.pulsar:check_broker",
     summarizer="sluice.recording.pulsar:FrameRecorder",
     summaries="sluice.recording.pulsar:FrameSummaries",
+    web=True,
     pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
     "for other ports use Decode As... > TCP port > PULSAR",
     options=OPTIONS,

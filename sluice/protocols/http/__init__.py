@@ -1,0 +1,300 @@
+"""Pulsar's web port (admin REST API, HTTP lookups), sans-I/O.
+
+h11 parses and writes HTTP on both sides (``sluice/proxy/http.py`` runs it
+on trio streams); what is decided here takes values and returns values:
+
+- ``request_kind``: what a request is for (a metric label); ``head_size``.
+- ``forward_headers`` / ``answer_headers``: the headers passed on, less the
+  hop-by-hop ones (each hop frames its own message).
+- ``parse_http_url``: ``--broker-http`` and the URLs brokers name.
+- ``Redirects``: which 307/308 answers Sluice follows itself, and when a
+  chain of them is an error (a loop, too many hops).
+- ``rewrite_lookup``: an HTTP lookup answer rewritten to name Sluice.
+
+Nothing here imports trio or opens a socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sluice.addresses import Address, parse_address
+from sluice.errors import ConfigError
+
+# What requests are for, by path: the label of the HTTP metrics.
+KINDS = ("admin", "lookup", "websocket", "other")
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+# Redirects Sluice follows itself: the two that keep the method and body.
+FOLLOWED = frozenset({307, 308})
+
+# Headers about one hop only (RFC 9110 7.6.1), never passed on; h11 writes
+# the framing (Content-Length or chunked) for each hop itself. Expect: Sluice
+# sends a request's body whole, it asks the client for it itself.
+_HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
+    b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade", b"expect",
+})  # fmt: skip
+
+Headers = list[tuple[bytes, bytes]]
+
+
+def request_kind(target: bytes) -> str:
+    """admin, lookup, websocket or other, by the request's path."""
+    path = target.split(b"?", 1)[0]
+    if path == b"/admin" or path.startswith(b"/admin/"):
+        return "admin"
+    if path.startswith(b"/lookup/"):
+        return "lookup"
+    if path.startswith(b"/ws/"):
+        return "websocket"
+    return "other"
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx" if 100 <= status < 600 else "5xx"
+
+
+def is_topic_lookup(method: bytes, target: bytes) -> bool:
+    """``GET /lookup/v2/topic/{persistent|non-persistent}/…``: answered with
+    the owner's URLs, which Sluice rewrites."""
+    path = target.split(b"?", 1)[0]
+    return method == b"GET" and path.startswith(
+        (b"/lookup/v2/topic/persistent/", b"/lookup/v2/topic/non-persistent/")
+    )
+
+
+def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
+    """Header names a Connection header lists: hop-by-hop too."""
+    named: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named |= {t.strip().lower() for t in value.split(b",") if t.strip()}
+    return named
+
+
+def _end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    headers = list(headers)
+    dropped = _HOP_BY_HOP | _connection_tokens(headers)
+    return [(n, v) for n, v in headers if n.lower() not in dropped]
+
+
+def forward_headers(
+    headers: Iterable[tuple[bytes, bytes]], host: bytes, *, identity: bool = False
+) -> Headers:
+    """A client's request headers as they go to the broker at ``host``
+    (``Host`` names the broker; ``Authorization`` and the rest unchanged).
+    ``identity``: the answer is to be rewritten, so it is asked for
+    uncompressed (``Accept-Encoding`` left out)."""
+    dropped = {b"host", b"accept-encoding"} if identity else {b"host"}
+    kept = [(n, v) for n, v in _end_to_end(headers) if n.lower() not in dropped]
+    return [(b"host", host), *kept]
+
+
+def forwarded_for(headers: Iterable[tuple[bytes, bytes]], client: str) -> Headers:
+    """``X-Forwarded-For`` with ``client`` (the address Sluice's listener
+    saw) added after whatever proxies before it wrote, as the Apache Pulsar
+    Proxy's web side does; a broker with ``webServiceTrustXForwardedFor``
+    takes the client's address from it."""
+    before = [v.strip() for n, v in headers if n.lower() == b"x-forwarded-for" and v.strip()]
+    rest = [(n, v) for n, v in headers if n.lower() != b"x-forwarded-for"]
+    return [*rest, (b"x-forwarded-for", b", ".join([*before, client.encode()]))]
+
+
+def answer_headers(headers: Iterable[tuple[bytes, bytes]], length: int | None = None) -> Headers:
+    """A broker's response headers as they go to the client; ``length``: a
+    rewritten body's size (its Content-Length replaced)."""
+    kept = _end_to_end(headers)
+    if length is None:
+        return kept
+    return [*((n, v) for n, v in kept if n.lower() != b"content-length"),
+            (b"content-length", str(length).encode())]  # fmt: skip
+
+
+def head_size(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """About the bytes of a request's line and headers, as parsed (the
+    limit a head that arrived whole in one read is held to)."""
+    return len(method) + len(target) + 12 + sum(len(n) + len(v) + 4 for n, v in headers)
+
+
+def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case), or None."""
+    for n, v in headers:
+        if n.lower() == name:
+            return v
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpUrl:
+    """Where a web service is: ``http://`` or ``https://``, host and port."""
+
+    address: Address
+    tls: bool
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
+    def authority(self) -> bytes:
+        return str(self.address).encode()
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.address}"
+
+
+def parse_http_url(text: str, *, what: str = "URL") -> HttpUrl:
+    """``http://HOST[:PORT]`` or ``https://HOST[:PORT]`` (80 and 443 by
+    default); a path, if any, is ignored."""
+    parts = urllib.parse.urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{what} {text!r}: expected http://HOST:PORT or https://HOST:PORT")
+    if "@" in parts.netloc:
+        raise ConfigError(f"{what} {text!r}: credentials do not belong in the URL")
+    tls = parts.scheme == "https"
+    address = parse_address(parts.netloc, what=what, default_port=443 if tls else 80)
+    return HttpUrl(address, tls)
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """Where a request goes next: the web service and the request target."""
+
+    url: HttpUrl
+    target: bytes
+
+
+class RedirectError(Exception):
+    """A chain of redirects Sluice will not follow further: a 502 for the client."""
+
+
+@dataclass
+class Redirects:
+    """The redirects of one client request, as Sluice follows them.
+
+    ``follow`` says where a 307/308 goes when Sluice should follow it
+    itself (None: the answer goes to the client as it is: another status,
+    no usable Location, or a web service ``allowed`` does not admit), and
+    raises ``RedirectError`` for a loop or more than ``limit`` hops.
+    """
+
+    first: Hop
+    limit: int
+    allowed: Callable[[HttpUrl], bool]
+    hops: list[Hop] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.hops.append(self.first)
+
+    @property
+    def followed(self) -> int:
+        return len(self.hops) - 1
+
+    def follow(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> Hop | None:
+        if status not in FOLLOWED:
+            return None
+        location = header(headers, b"location")
+        if location is None:
+            return None
+        hop = self._resolve(location)
+        if hop is None or not self.allowed(hop.url):
+            return None
+        if hop in self.hops:
+            chain = " -> ".join(f"{h.url}{h.target.decode(errors='replace')}" for h in self.hops)
+            raise RedirectError(f"redirect loop: {chain} -> {hop.url}")
+        if self.followed >= self.limit:
+            raise RedirectError(
+                f"more than {self.limit} redirects (last to {hop.url}); the brokers disagree "
+                "on who owns the resource"
+            )
+        self.hops.append(hop)
+        return hop
+
+    def _resolve(self, location: bytes) -> Hop | None:
+        current = self.hops[-1]
+        try:
+            text = location.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        here = f"{current.url}{current.target.decode('latin-1')}"
+        absolute = urllib.parse.urljoin(here, text)
+        parts = urllib.parse.urlsplit(absolute)
+        try:
+            url = parse_http_url(f"{parts.scheme}://{parts.netloc}")
+        except ConfigError:
+            return None
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        return Hop(url, target.encode())
+
+
+# An HTTP lookup answer's fields: the binary URLs, then the web ones.
+BINARY_FIELDS = ("brokerUrl", "brokerUrlTls")
+WEB_FIELDS = ("httpUrl", "httpUrlTls")
+
+
+@dataclass(frozen=True)
+class LookupRewrite:
+    """What ``rewrite_lookup`` made of an answer: the body to send (None:
+    the broker's, unchanged), the web URLs it named (brokers Sluice may be
+    redirected to next), and why fields were left as they were."""
+
+    body: bytes | None
+    named: tuple[HttpUrl, ...] = ()
+    kept: tuple[str, ...] = ()
+
+
+def rewrite_lookup(
+    body: bytes,
+    *,
+    http: str,
+    https: str | None,
+    routes: Mapping[str, str],
+) -> LookupRewrite:
+    """An HTTP lookup answer (JSON: brokerUrl, brokerUrlTls, httpUrl,
+    httpUrlTls) rewritten to keep the client on Sluice.
+
+    The web URLs become Sluice's HTTP listener, ``http`` (``https``, its TLS
+    one; None: the TLS field is emptied rather than left naming the broker).
+    A binary URL becomes ``routes[url]``, the Sluice listener that relays a
+    plain CONNECT to that broker; a broker with no such route is left as it
+    is, and ``kept`` says so (Sluice's main binary port serves lookups only
+    to clients that do not name ``proxy_to_broker_url``).
+    """
+    try:
+        answer = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return LookupRewrite(None, kept=("the answer is not JSON",))
+    if not isinstance(answer, dict):
+        return LookupRewrite(None, kept=("the answer is not a JSON object",))
+    named: list[HttpUrl] = []
+    for name in WEB_FIELDS:
+        value = answer.get(name)
+        if isinstance(value, str) and value:
+            with contextlib.suppress(ConfigError):
+                named.append(parse_http_url(value, what=name))
+    answer["httpUrl"] = http
+    if https is not None:
+        answer["httpUrlTls"] = https
+    elif answer.get("httpUrlTls"):
+        answer["httpUrlTls"] = None
+    kept: list[str] = []
+    for name in BINARY_FIELDS:
+        value = answer.get(name)
+        if not isinstance(value, str) or not value:
+            continue
+        route = routes.get(value)
+        if route is not None:
+            answer[name] = route
+        else:
+            kept.append(
+                f"{name} {value} left as the broker gave it: no Sluice listener relays a "
+                "plain CONNECT to that broker yet (needs a port per broker)"
+            )
+    rewritten = json.dumps(answer, separators=(",", ":")).encode()
+    return LookupRewrite(rewritten, tuple(named), tuple(kept))

@@ -1,0 +1,615 @@
+"""The HTTP listener (``--http-listen``): Pulsar's web port through Sluice.
+
+h11 on trio streams, both ways: a server connection toward each client, a
+client connection (kept alive, one per web service) toward the broker. What
+is decided about a request (its kind, the headers passed on, which
+redirects to follow, the lookup rewrite) is in ``sluice.protocols.http``;
+this module reads, writes, dials, times and counts.
+
+A request's body is read whole, within ``--http-max-body``, so that a 307 or
+308 can be replayed to the broker it names; answers are streamed to the
+client as the broker writes them, except HTTP lookup answers, which are
+rewritten (read whole within the same limit). Each client connection is its
+own task under ``--http-idle-timeout`` (for each request's head) and
+``--http-request-timeout`` (for the rest of each exchange), so a slow client
+holds only itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import ssl
+
+import h11
+import trio
+
+from sluice.addresses import Address, AllowList, advertised
+from sluice.logs import LogLimit
+from sluice.protocols.http import (
+    Hop,
+    HttpUrl,
+    RedirectError,
+    Redirects,
+    answer_headers,
+    forward_headers,
+    forwarded_for,
+    head_size,
+    header,
+    is_topic_lookup,
+    request_kind,
+    rewrite_lookup,
+    status_class,
+)
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.dial import client_ssl_context, dial, open_listeners
+from sluice.proxy.inbound import peer_address
+from sluice.proxy.metrics import HttpMetrics
+
+log = logging.getLogger("sluice.http")
+
+CHUNK = 65536
+# How a broker connection fails: hung up, reset, or not speaking HTTP.
+_BROKEN = (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class Refusal(Exception):
+    """An answer Sluice gives itself: ``status``, counted as ``reason``,
+    ``message`` in the body and the log."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class Upstream:
+    """One connection to a web service (a broker's), reused while both
+    sides keep it alive."""
+
+    def __init__(self, url: HttpUrl, stream: trio.abc.Stream) -> None:
+        self.url = url
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    async def send(self, event: h11.Event) -> None:
+        data = self.h11.send(event)
+        if data:
+            await self.stream.send_all(data)
+
+    async def next_event(self) -> h11.Event:
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(bytes(await self.stream.receive_some(CHUNK)))
+                continue
+            assert not isinstance(event, type)  # PAUSED: a client never pipelines here
+            return event
+
+    async def response(self) -> h11.Response:
+        while True:
+            event = await self.next_event()
+            if isinstance(event, h11.Response):
+                return event
+            if isinstance(event, h11.ConnectionClosed):
+                raise h11.RemoteProtocolError("the broker closed the connection without answering")
+            # InformationalResponse (100 Continue): the body went whole already.
+
+    async def body(self, limit: int) -> bytes:
+        """The rest of the answer's body (at most ``limit`` bytes)."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            event = await self.next_event()
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > limit:
+                    raise Refusal(
+                        502,
+                        "upstream_error",
+                        f"the broker's answer is larger than --http-max-body ({limit} "
+                        "bytes), which a rewritten or replayed answer must fit",
+                    )
+                parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(parts)
+            else:
+                raise h11.RemoteProtocolError("the broker's answer ended early")
+
+    def idle(self) -> bool:
+        """Between exchanges: ready for a request."""
+        return self.h11.our_state is h11.IDLE and self.h11.their_state is h11.IDLE
+
+    def reusable(self) -> bool:
+        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+            self.h11.start_next_cycle()
+            return True
+        return False
+
+
+class HttpRelay:
+    """The HTTP listener of one proxy: accepts, relays, follows redirects."""
+
+    def __init__(self, config: ProxyConfig, metrics: HttpMetrics) -> None:
+        assert config.http_listen is not None and config.broker_http is not None
+        self.config = config
+        self.listen = config.http_listen
+        self.broker = config.broker_http
+        self.metrics = metrics
+        # Web services Sluice follows redirects to: --broker-http, those HTTP
+        # lookups named, and what --allow-broker / --trust-broker admit.
+        self.allowlist = AllowList(config.allow_broker + config.trust_broker)
+        self.allowlist.learn(self.broker.address)
+        # Brokers' binary URLs -> the Sluice listener that relays a plain
+        # CONNECT to that broker (port per broker: none yet).
+        self.routes: dict[str, str] = {}
+        self.own_url = ""
+        self.address: Address | None = None
+        self.active = 0
+        self._listeners: list[trio.SocketListener] = []
+        self._tls: ssl.SSLContext | None = None
+        self._warned: set[str] = set()
+        self._logs = LogLimit()
+        self._draining = False
+        # Connections waiting for a request's head: drain() ends the wait.
+        self._waiting: set[trio.CancelScope] = set()
+
+    async def open(self) -> Address:
+        """Bind the listener (OSError when the port is taken); its address."""
+        self._listeners = await open_listeners(self.listen)
+        port = self._listeners[0].socket.getsockname()[1]
+        self.address = Address(self.listen.host, port)
+        self.own_url = f"http://{advertised(self.listen.host, port)}"
+        return self.address
+
+    async def serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for listener in self._listeners:
+                nursery.start_soon(self._accept_loop, listener, nursery)
+
+    async def drain(self) -> None:
+        """Stop accepting; connections close once their exchange in
+        progress is answered (``Connection: close``), idle ones now."""
+        self._draining = True
+        for listener in self._listeners:
+            await listener.aclose()
+        for scope in self._waiting:
+            scope.cancel()
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                return
+            except OSError as exc:  # e.g. out of file descriptors: keep serving
+                log.error("accept failed on the HTTP listener: %s", exc)
+                await trio.sleep(0.1)
+                continue
+            nursery.start_soon(self.handle, stream)
+
+    # --- one client connection --------------------------------------------------
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.config.http_max_header)
+        upstreams: dict[HttpUrl, Upstream] = {}
+        self.active += 1
+        self.metrics.active.inc()
+        try:
+            if self.active > self.config.http_max_connections:
+                await self._refuse(
+                    conn,
+                    stream,
+                    Refusal(
+                        503,
+                        "connection_limit",
+                        f"more than {self.config.http_max_connections} HTTP connections open "
+                        "(--http-max-connections)",
+                    ),
+                )
+                return
+            await self._serve(conn, stream, upstreams)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.debug("HTTP client connection lost: %r", exc)
+        except Exception as exc:  # a bug of ours: this connection ends, the listener serves on
+            log.error("HTTP connection: internal error: %r (--log-level debug for details)", exc)
+            log.debug("HTTP connection: internal error", exc_info=exc)
+        finally:
+            self.active -= 1
+            self.metrics.active.dec()
+            with trio.CancelScope(shield=True):
+                for upstream in upstreams.values():
+                    await _close(upstream.stream)
+                await _close(stream)
+
+    async def _serve(
+        self, conn: h11.Connection, stream: trio.abc.Stream, upstreams: dict[HttpUrl, Upstream]
+    ) -> None:
+        client = peer_address(stream).host
+        while True:
+            try:
+                with trio.move_on_after(self.config.http_idle_timeout) as idle:
+                    if self._draining:
+                        idle.cancel()
+                    self._waiting.add(idle)
+                    try:
+                        event = await self._next(conn, stream)
+                    finally:
+                        self._waiting.discard(idle)
+            except h11.RemoteProtocolError as exc:
+                refusal = (
+                    self._header_too_large()
+                    if exc.error_status_hint == 431
+                    else Refusal(400, "malformed", f"malformed HTTP request: {exc}")
+                )
+                await self._refuse(conn, stream, refusal)
+                return
+            if idle.cancelled_caught:
+                if conn.their_state is h11.IDLE and not conn.trailing_data[0]:
+                    return  # an idle keep-alive connection: closed quietly
+                await self._refuse(
+                    conn,
+                    stream,
+                    Refusal(
+                        408,
+                        "timeout",
+                        f"no whole request head within {self.config.http_idle_timeout:g}s",
+                    ),
+                )
+                return
+            if not isinstance(event, h11.Request):
+                return  # ConnectionClosed
+            if head_size(event.method, event.target, event.headers) > self.config.http_max_header:
+                # h11 bounds a head still arriving; one that came whole in a
+                # read is measured here.
+                await self._refuse(conn, stream, self._header_too_large())
+                return
+            event = h11.Request(
+                method=event.method,
+                target=event.target,
+                headers=forwarded_for(event.headers, client),
+                http_version=event.http_version,
+            )
+            await self._exchange(conn, stream, event, upstreams)
+            if self._draining:
+                return
+            try:
+                conn.start_next_cycle()
+            except h11.LocalProtocolError:
+                return  # either side asked to close, or the body was not read
+
+    def _header_too_large(self) -> Refusal:
+        return Refusal(
+            431,
+            "header_too_large",
+            f"request line and headers larger than "
+            f"{self.config.http_max_header} bytes (--http-max-header)",
+        )
+
+    async def _next(self, conn: h11.Connection, stream: trio.abc.Stream) -> h11.Event:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                if conn.they_are_waiting_for_100_continue:
+                    await stream.send_all(
+                        conn.send(h11.InformationalResponse(status_code=100, headers=[]))
+                    )
+                data = await stream.receive_some(CHUNK)
+                self.metrics.bytes_in.inc(len(data))
+                conn.receive_data(bytes(data))
+                continue
+            assert not isinstance(event, type)  # PAUSED: each request is served before the next
+            return event
+
+    async def _send(self, conn: h11.Connection, stream: trio.abc.Stream, event: h11.Event) -> None:
+        data = conn.send(event)
+        if data:
+            self.metrics.bytes_out.inc(len(data))
+            await stream.send_all(data)
+
+    async def _exchange(
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        request: h11.Request,
+        upstreams: dict[HttpUrl, Upstream],
+    ) -> None:
+        kind = request_kind(request.target)
+        started = trio.current_time()
+        status = 0
+        try:
+            with trio.fail_after(self.config.http_request_timeout):
+                status = await self._relay(conn, stream, request, upstreams)
+        except Refusal as refusal:
+            status = refusal.status
+            await self._refuse(conn, stream, refusal, request)
+        except trio.TooSlowError:
+            status = 504
+            await self._refuse(
+                conn,
+                stream,
+                Refusal(
+                    504,
+                    "timeout",
+                    f"no whole answer within {self.config.http_request_timeout:g}s "
+                    "(--http-request-timeout)",
+                ),
+                request,
+            )
+        finally:
+            if status:
+                self.metrics.requests.labels(kind, status_class(status)).inc()
+                self.metrics.duration.labels(kind).observe(trio.current_time() - started)
+
+    async def _read_body(
+        self, conn: h11.Connection, stream: trio.abc.Stream, request: h11.Request
+    ) -> bytes:
+        limit = self.config.http_max_body
+        length = header(request.headers, b"content-length")
+        too_large = Refusal(
+            413, "body_too_large", f"request body larger than {limit} bytes (--http-max-body)"
+        )
+        if length is not None and int(length) > limit:  # h11 checked it is a number
+            raise too_large
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                event = await self._next(conn, stream)
+            except h11.RemoteProtocolError as exc:
+                raise Refusal(400, "malformed", f"malformed HTTP request body: {exc}") from None
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > limit:
+                    raise too_large
+                parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(parts)
+            else:
+                raise Refusal(400, "malformed", "the request ended before its body")
+
+    async def _relay(
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        request: h11.Request,
+        upstreams: dict[HttpUrl, Upstream],
+    ) -> int:
+        """One request to the broker (and on to the brokers its redirects
+        name), the answer to the client; the status the client got."""
+        asked = header(request.headers, b"upgrade")
+        if asked is not None:
+            raise Refusal(
+                501,
+                "upgrade",
+                f"Upgrade: {asked.decode(errors='replace')} is not relayed yet "
+                "(the WebSocket API through Sluice is still to come)",
+            )
+        body = await self._read_body(conn, stream, request)
+        framed = (
+            bool(body)
+            or header(request.headers, b"content-length") is not None
+            or header(request.headers, b"transfer-encoding") is not None
+        )
+        redirects = Redirects(
+            Hop(self.broker, request.target),
+            self.config.max_redirects,
+            lambda url: self.allowlist.allows(url.address),
+        )
+        hop = redirects.first
+        while True:
+            upstream, response = await self._ask(upstreams, hop, request, body, framed)
+            try:
+                following = redirects.follow(response.status_code, response.headers)
+            except RedirectError as exc:
+                await self._drop(upstreams, upstream)
+                raise Refusal(502, "redirects", str(exc)) from None
+            if following is None:
+                break
+            try:
+                await upstream.body(self.config.http_max_body)  # the redirect's own text
+            except _BROKEN as exc:
+                await self._drop(upstreams, upstream)
+                raise Refusal(
+                    502,
+                    "upstream_error",
+                    f"the broker's web service at {hop.url} answered badly: {exc}",
+                ) from None
+            await self._keep(upstreams, upstream)
+            self.metrics.redirects.inc()
+            log.debug(
+                "%s %s: redirected to %s",
+                request.method.decode("latin-1"),
+                hop.target.decode("latin-1"),
+                following.url,
+            )
+            hop = following
+        if is_topic_lookup(request.method, request.target) and response.status_code == 200:
+            return await self._lookup_answer(conn, stream, upstream, upstreams, response)
+        await self._send(
+            conn,
+            stream,
+            h11.Response(
+                status_code=response.status_code,
+                headers=answer_headers(response.headers) + self._closing(),
+                reason=response.reason,
+            ),
+        )
+        while True:
+            try:
+                event = await upstream.next_event()
+            except _BROKEN as exc:
+                # The answer has begun: all the client can be told is the hang-up.
+                await self._drop(upstreams, upstream)
+                raise trio.BrokenResourceError(f"broker's answer broke off: {exc}") from None
+            if isinstance(event, h11.Data):
+                await self._send(conn, stream, event)
+            elif isinstance(event, h11.EndOfMessage):
+                await self._send(conn, stream, h11.EndOfMessage())
+                break
+            else:
+                await self._drop(upstreams, upstream)
+                raise trio.BrokenResourceError("the broker's answer ended early")
+        await self._keep(upstreams, upstream)
+        return response.status_code
+
+    async def _ask(
+        self,
+        upstreams: dict[HttpUrl, Upstream],
+        hop: Hop,
+        request: h11.Request,
+        body: bytes,
+        framed: bool,
+    ) -> tuple[Upstream, h11.Response]:
+        """Send the request to ``hop``'s web service and read the answer's
+        head, on a kept connection when there is one. A kept connection the
+        broker has closed meanwhile (idle brokers close theirs) fails
+        without an answer: the request goes again, once, on a new one."""
+        rewritten = is_topic_lookup(request.method, request.target)
+        headers = [
+            (n, v)
+            for n, v in forward_headers(request.headers, hop.url.authority, identity=rewritten)
+            if n.lower() != b"content-length"
+        ]
+        if framed:
+            headers.append((b"content-length", str(len(body)).encode()))
+        while True:
+            upstream = upstreams.pop(hop.url, None)
+            if upstream is not None and not upstream.idle():
+                # Left mid-exchange by a request that failed (a timeout, a
+                # refusal): its state is unknown, it is not reused.
+                await _close(upstream.stream)
+                upstream = None
+            reused = upstream is not None
+            if upstream is None:
+                upstream = await self._dial(hop.url)
+            try:
+                await upstream.send(
+                    h11.Request(method=request.method, target=hop.target, headers=headers)
+                )
+                if body:
+                    await upstream.send(h11.Data(data=body))
+                await upstream.send(h11.EndOfMessage())
+                response = await upstream.response()
+            except _BROKEN as exc:
+                await _close(upstream.stream)
+                if reused:
+                    continue  # upstreams holds none for hop.url now: a new one
+                raise Refusal(
+                    502,
+                    "upstream_error",
+                    f"the broker's web service at {hop.url} gave no "
+                    f"answer: {exc or type(exc).__name__}",
+                ) from None
+            upstreams[hop.url] = upstream
+            return upstream, response
+
+    async def _dial(self, url: HttpUrl) -> Upstream:
+        tls = None
+        if url.tls:
+            if self._tls is None:
+                self._tls = client_ssl_context(self.config.broker_tls)
+            tls = self._tls
+        try:
+            stream = await dial(url.address, timeout=self.config.connect_timeout, tls=tls)
+        except OSError as exc:
+            raise Refusal(
+                502,
+                "upstream_unreachable",
+                f"cannot reach the broker's web service at {url}: {exc}",
+            ) from None
+        return Upstream(url, stream)
+
+    async def _keep(self, upstreams: dict[HttpUrl, Upstream], upstream: Upstream) -> None:
+        """Keep ``upstream`` for the next request, or close it when either
+        side said the exchange was its last."""
+        if upstream.reusable():
+            upstreams[upstream.url] = upstream
+        else:
+            await self._drop(upstreams, upstream)
+
+    async def _drop(self, upstreams: dict[HttpUrl, Upstream], upstream: Upstream) -> None:
+        upstreams.pop(upstream.url, None)
+        await _close(upstream.stream)
+
+    async def _lookup_answer(
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        upstream: Upstream,
+        upstreams: dict[HttpUrl, Upstream],
+        response: h11.Response,
+    ) -> int:
+        """An HTTP lookup's answer, rewritten to name Sluice."""
+        try:
+            body = await upstream.body(self.config.http_max_body)
+        except _BROKEN as exc:
+            await self._drop(upstreams, upstream)
+            raise Refusal(
+                502, "upstream_error", f"the broker's lookup answer broke off: {exc}"
+            ) from None
+        await self._keep(upstreams, upstream)
+        done = rewrite_lookup(body, http=self.own_url, https=None, routes=self.routes)
+        for url in done.named:
+            self.allowlist.learn(url.address)
+        for why in done.kept:
+            if why not in self._warned:
+                self._warned.add(why)
+                log.warning("HTTP lookup: %s", why)
+        out = done.body if done.body is not None else body
+        await self._send(
+            conn,
+            stream,
+            h11.Response(
+                status_code=response.status_code,
+                reason=response.reason,
+                headers=answer_headers(response.headers, len(out)) + self._closing(),
+            ),
+        )
+        await self._send(conn, stream, h11.Data(data=out))
+        await self._send(conn, stream, h11.EndOfMessage())
+        return response.status_code
+
+    def _closing(self) -> list[tuple[bytes, bytes]]:
+        """While draining, each answer says it is the connection's last."""
+        return [(b"connection", b"close")] if self._draining else []
+
+    async def _refuse(
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        refusal: Refusal,
+        request: h11.Request | None = None,
+    ) -> None:
+        """Answer ``refusal`` (when no answer has begun), count it, log it."""
+        self.metrics.refused.labels(refusal.reason).inc()
+        if request is None and refusal.reason != "connection_limit":
+            self.metrics.requests.labels("other", status_class(refusal.status)).inc()
+        what = ""
+        if request is not None:
+            what = f"{request.method.decode('latin-1')} {request.target.decode('latin-1')}: "
+        level = self._logs.level(refusal.reason, trio.current_time())
+        if level > logging.DEBUG:  # the client's bad input is no warning of Sluice's
+            level = logging.WARNING if refusal.status >= 500 else logging.INFO
+        log.log(level, "HTTP %d: %s%s", refusal.status, what, refusal.message)
+        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return  # an answer has begun: the hang-up says it
+        text = f"Sluice: {refusal.message}\n".encode()
+        headers = [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", str(len(text)).encode()),
+        ]
+        if conn.their_state is not h11.DONE:
+            headers.append((b"connection", b"close"))
+        with contextlib.suppress(h11.LocalProtocolError):
+            await self._send(
+                conn, stream, h11.Response(status_code=refusal.status, headers=headers)
+            )
+            await self._send(conn, stream, h11.Data(data=text))
+            await self._send(conn, stream, h11.EndOfMessage())
+
+
+async def _close(stream: trio.abc.Stream) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await trio.aclose_forcefully(stream)

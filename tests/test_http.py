@@ -1,0 +1,710 @@
+"""Pulsar's web port through Sluice (``--http-listen``), against Apache Pulsar 4.0.8.
+
+Everything goes over loopback as plain HTTP (urllib, or a raw socket for
+what urllib will not send), through a ``sluice proxy`` process in front of
+the session's Apache Pulsar standalone.
+
+A standalone broker owns every bundle and never redirects, so the redirect
+tests put a small HTTP server (the stdlib's ``http.server``) in front as
+``--broker-http``: it answers every request with a 307 to the real broker
+(or to itself, for the loop), and Apache Pulsar is the one that must
+receive the replayed request whole. It is the redirecting end, not a
+stand-in for Pulsar.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import signal
+import socket
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from sluice.addresses import Address
+from sluice.brokers.apache_pulsar import ApachePulsar
+from sluice.embedded import free_port, wait_for_port
+from sluice.errors import ConfigError
+from sluice.protocols.http import (
+    Hop,
+    HttpUrl,
+    RedirectError,
+    Redirects,
+    answer_headers,
+    forward_headers,
+    forwarded_for,
+    is_topic_lookup,
+    parse_http_url,
+    request_kind,
+    rewrite_lookup,
+)
+from tests.support import ProxyProcess, client, start_proxy
+from tests.test_apache_pulsar import sluice, tls_broker  # noqa: F401 (a fixture)
+from tests.test_dashboards import scrape
+
+MAX_BODY = 64 * 1024
+MAX_HEADER = 8 * 1024
+
+
+@dataclass
+class WebProxy:
+    """A Sluice process with an HTTP listener, and its admin port."""
+
+    proxy: ProxyProcess
+    http_port: int
+    admin_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A metric summed over the samples whose labels include ``labels``."""
+        want = set(labels.items())
+        return sum(
+            value
+            for (sample, have), value in scrape(self.proxy, self.admin_port).items()
+            if sample == name and want <= set(have)
+        )
+
+
+def start_web_proxy(
+    broker: ApachePulsar, tmp_path: Path, broker_http: str, *extra: str
+) -> WebProxy:
+    http_port, admin_port = free_port(), free_port()
+    proxy = start_proxy(
+        broker.url, tmp_path, "--http-listen", f"127.0.0.1:{http_port}",
+        "--broker-http", broker_http, "--admin", f"127.0.0.1:{admin_port}",
+        "--http-max-body", str(MAX_BODY), "--http-max-header", str(MAX_HEADER), *extra,
+    )  # fmt: skip
+    try:
+        wait_for_port("127.0.0.1", http_port, 20, proxy.process)
+    except Exception:
+        proxy.kill()
+        raise AssertionError(f"no HTTP listener:\n{proxy.log()}") from None
+    return WebProxy(proxy, http_port, admin_port)
+
+
+@pytest.fixture
+def web(apache_pulsar: ApachePulsar, tmp_path: Path) -> Iterator[WebProxy]:
+    """Sluice relaying to the broker's own web port."""
+    w = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url)
+    yield w
+    w.proxy.kill()
+    assert "Traceback" not in w.proxy.log(), w.proxy.log()
+
+
+def raw_exchange(port: int, data: bytes, timeout: float = 15) -> tuple[int, str]:
+    """Bytes urllib would not send, written as they are; the answer's status
+    and body (read by the stdlib's HTTP client)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        answer = http.client.HTTPResponse(sock)
+        answer.begin()
+        return answer.status, answer.read().decode(errors="replace")
+
+
+def names(prefix: str) -> tuple[str, str]:
+    tenant = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    return tenant, f"{tenant}/ns"
+
+
+# --- the admin REST API and lookups ------------------------------------------------
+
+
+def test_admin_api_through_sluice(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
+    tenant, namespace = names("http")
+    topic = f"persistent/{namespace}/parts"
+
+    def call(method: str, path: str, body: object = None) -> tuple[int, str]:
+        return apache_pulsar.admin(method, path, body, base=web.url)
+
+    status, _ = call("PUT", f"/admin/v2/tenants/{tenant}",
+                     {"adminRoles": [], "allowedClusters": ["standalone"]})  # fmt: skip
+    assert status == 204
+    assert call("PUT", f"/admin/v2/namespaces/{namespace}")[0] == 204
+    assert call("PUT", f"/admin/v2/{topic}/partitions", 3)[0] == 204
+    status, text = call("GET", f"/admin/v2/{topic}/partitioned-stats")
+    assert status == 200, text
+    assert json.loads(text)["metadata"]["partitions"] == 3
+    assert call("POST", f"/admin/v2/namespaces/{namespace}/messageTTL", 120)[0] == 204
+    status, text = call("GET", f"/admin/v2/namespaces/{namespace}/messageTTL")
+    assert (status, json.loads(text)) == (200, 120)
+    # An error answer comes back as the broker gave it.
+    status, text = call("GET", f"/admin/v2/namespaces/{tenant}/missing/messageTTL")
+    assert status == 404, text
+    # The broker itself holds what went through Sluice.
+    stored = apache_pulsar.admin_json("GET", f"/admin/v2/{topic}/partitions")
+    assert isinstance(stored, dict) and stored["partitions"] == 3, stored
+    assert web.metric("sluice_http_requests_total", kind="admin", status="2xx") == 6
+    assert web.metric("sluice_http_requests_total", kind="admin", status="4xx") == 1
+    assert web.metric("sluice_http_request_duration_seconds_count", kind="admin") == 7
+    assert web.metric("sluice_http_bytes_total", direction="client_to_broker") > 0
+    assert web.metric("sluice_http_bytes_total", direction="broker_to_client") > 0
+
+
+def test_keep_alive_on_both_sides(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    try:
+        for _ in range(5):
+            connection.request("GET", "/admin/v2/clusters")
+            answer = connection.getresponse()
+            assert (answer.status, json.loads(answer.read())) == (200, ["standalone"])
+        assert web.metric("sluice_http_connections_active") == 1
+    finally:
+        connection.close()
+
+
+def test_http_lookup_names_sluice(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
+    path = f"/lookup/v2/topic/persistent/public/default/looked-up-{uuid.uuid4().hex[:8]}"
+    status, direct = apache_pulsar.admin("GET", path)
+    assert status == 200, direct
+    for _ in range(2):
+        status, text = apache_pulsar.admin("GET", path, base=web.url)
+        assert status == 200, text
+        answer = json.loads(text)
+        assert answer["httpUrl"] == web.url
+        assert not answer.get("httpUrlTls")
+        # The binary URL stays the broker's: Sluice's binary port serves a
+        # client that does not name proxy_to_broker_url lookups only, so
+        # naming it would fail the client's producers (port per broker: later).
+        assert answer["brokerUrl"] == json.loads(direct)["brokerUrl"]
+    assert web.proxy.log().count("left as the broker gave it") == 1
+    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") == 2
+
+
+def test_pulsar_client_with_an_http_service_url(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
+    """The Python client given Sluice's http:// URL: its partition metadata
+    and topic lookups go through Sluice; its producer and consumer go to
+    the broker the lookup names (the broker's own binary URL, until a port
+    per broker lets Sluice name itself there)."""
+    topic = f"persistent://public/default/over-http-{uuid.uuid4().hex[:8]}"
+    sent = [f"m-{i}".encode() for i in range(100)]
+    with client(web.url) as c:
+        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = c.create_producer(topic, batching_enabled=False)
+        for body in sent:
+            producer.send(body)
+        got = []
+        for _ in sent:
+            message = consumer.receive(timeout_millis=15_000)
+            got.append(message.data())
+            consumer.acknowledge(message)
+    assert got == sent
+    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") >= 2
+    assert web.metric("sluice_http_requests_total", kind="admin", status="2xx") >= 2
+
+
+def test_https_to_the_broker(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """--broker-http https://: the broker's certificate checked with --broker-tls-ca
+    (test_apache_pulsar's broker with its TLS ports open)."""
+    broker, ca, _ = request.getfixturevalue("tls_broker")
+    assert isinstance(broker, ApachePulsar)
+    assert broker.web_tls_port is not None
+    web = start_web_proxy(broker, tmp_path, f"https://127.0.0.1:{broker.web_tls_port}",
+                          "--broker-tls-ca", str(ca))  # fmt: skip
+    try:
+        status, text = broker.admin("GET", "/admin/v2/clusters", base=web.url)
+        assert (status, json.loads(text)) == (200, ["standalone"])
+    finally:
+        web.proxy.kill()
+    # Without the CA, the broker's certificate is not trusted: 502, saying so.
+    web = start_web_proxy(broker, tmp_path, f"https://127.0.0.1:{broker.web_tls_port}")
+    try:
+        status, text = broker.admin("GET", "/admin/v2/clusters", base=web.url)
+        assert status == 502 and "certificate verify failed" in text, text
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log()
+
+
+# --- redirects ------------------------------------------------------------------
+
+
+class Redirector(http.server.ThreadingHTTPServer):
+    """Answers every request with a 307: ``/loop…`` to itself, ``/hop/N`` to
+    ``/hop/N+1``, ``/away…`` to an address no allow-list admits, the rest to
+    ``target`` with the same path. Records what it was sent."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.bodies: list[bytes] = []
+        self.authorizations: list[str | None] = []
+        self.forwarded: list[str | None] = []
+        super().__init__(("127.0.0.1", 0), _RedirectHandler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _RedirectHandler(http.server.BaseHTTPRequestHandler):
+    server: Redirector
+
+    def _redirect(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.server.bodies.append(self.rfile.read(length))
+        self.server.authorizations.append(self.headers.get("Authorization"))
+        self.server.forwarded.append(self.headers.get("X-Forwarded-For"))
+        if self.path.startswith("/loop"):
+            location = f"{self.server.url}{self.path}"
+        elif self.path.startswith("/hop/"):
+            location = f"{self.server.url}/hop/{int(self.path[5:]) + 1}"
+        elif self.path.startswith("/away"):
+            location = f"http://192.0.2.1:8080{self.path}"
+        else:
+            location = f"{self.server.target}{self.path}"
+        note = b"moved"
+        self.send_response(307)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", str(len(note)))
+        self.end_headers()
+        self.wfile.write(note)
+
+    do_GET = do_PUT = do_POST = do_DELETE = _redirect
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def redirector(apache_pulsar: ApachePulsar) -> Iterator[Redirector]:
+    server = Redirector(apache_pulsar.http_url)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_redirect_with_a_body_arrives_whole(
+    apache_pulsar: ApachePulsar, redirector: Redirector, tmp_path: Path
+) -> None:
+    web = start_web_proxy(apache_pulsar, tmp_path, redirector.url, "--allow-broker", "127.0.0.1")
+    try:
+        tenant, namespace = names("redirected")
+        body = {"adminRoles": ["someone"], "allowedClusters": ["standalone"]}
+        status, text = apache_pulsar.admin("PUT", f"/admin/v2/tenants/{tenant}", body,
+                                           base=web.url)  # fmt: skip
+        assert status == 204, text
+        assert redirector.bodies == [json.dumps(body).encode()]
+        stored = apache_pulsar.admin_json("GET", f"/admin/v2/tenants/{tenant}")
+        assert isinstance(stored, dict) and stored["adminRoles"] == ["someone"], stored
+        # A namespace policy set through the redirect: the body, not just the path.
+        apache_pulsar.admin_json("PUT", f"/admin/v2/namespaces/{namespace}")
+        status, text = apache_pulsar.admin(
+            "POST", f"/admin/v2/namespaces/{namespace}/messageTTL", 777, base=web.url
+        )
+        assert status == 204, text
+        assert (
+            apache_pulsar.admin_json("GET", f"/admin/v2/namespaces/{namespace}/messageTTL") == 777
+        )
+        assert web.metric("sluice_http_redirects_followed_total") == 2
+
+        # A loop, and a chain longer than --max-redirects (5): 502 with why.
+        status, text = apache_pulsar.admin("GET", "/loop", base=web.url)
+        assert status == 502 and "redirect loop" in text, text
+        status, text = apache_pulsar.admin("GET", "/hop/0", base=web.url)
+        assert status == 502 and "more than 5 redirects" in text, text
+        assert "redirect loop" in web.proxy.log()
+        assert web.metric("sluice_http_refused_total", reason="redirects") == 2
+
+        # A broker no allow-list admits: the 307 goes to the client as it came.
+        connection = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+        connection.request("GET", "/away/x")
+        answer = connection.getresponse()
+        assert answer.status == 307
+        assert answer.getheader("Location") == "http://192.0.2.1:8080/away/x"
+        assert answer.read() == b"moved"
+        connection.close()
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log(), web.proxy.log()
+
+
+# --- limits and bad input -------------------------------------------------------
+
+
+def test_malformed_request_is_400(web: WebProxy) -> None:
+    status, text = raw_exchange(web.http_port, b"NOT HTTP AT ALL\r\n\r\n")
+    assert status == 400 and "malformed" in text, text
+    for head in (
+        b"GET /admin/v2/clusters HTTP/1.1\r\nHost x\r\n\r\n",
+        b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"GET /admin/v2/clusters HTTP/1.1\r\n\r\n",  # HTTP/1.1 without Host
+        b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
+    ):
+        status, text = raw_exchange(web.http_port, head)
+        assert status == 400, (head, text)
+    # A good head, then a body that breaks its chunked framing.
+    status, text = raw_exchange(web.http_port, b"PUT /admin/v2/tenants/x HTTP/1.1\r\nHost: x\r\n"
+                                b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")  # fmt: skip
+    assert status == 400 and "malformed HTTP request body" in text, text
+    assert web.metric("sluice_http_refused_total", reason="malformed") == 6
+    assert web.metric("sluice_http_requests_total", kind="other", status="4xx") == 5
+    assert web.metric("sluice_http_requests_total", kind="admin", status="4xx") == 1
+    assert "internal error" not in web.proxy.log()
+    # The listener still serves.
+    status, _ = raw_exchange(web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n"
+                             b"Connection: close\r\n\r\n")  # fmt: skip
+    assert status == 200
+
+
+def test_websocket_upgrade_is_501_for_now(web: WebProxy) -> None:
+    status, text = raw_exchange(
+        web.http_port, b"GET /ws/v2/producer/persistent/public/default/t HTTP/1.1\r\nHost: x\r\n"
+        b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )  # fmt: skip
+    assert status == 501 and "Upgrade: websocket is not relayed yet" in text, text
+    assert web.metric("sluice_http_requests_total", kind="websocket", status="5xx") == 1
+
+
+def test_oversized_header_is_431(web: WebProxy) -> None:
+    big = b"x" * (MAX_HEADER + 100)
+    status, text = raw_exchange(
+        web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nX-Big: " + big + b"\r\n\r\n"
+    )
+    assert status == 431 and "--http-max-header" in text, text
+    assert web.metric("sluice_http_refused_total", reason="header_too_large") == 1
+
+
+def test_oversized_body_is_413(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
+    tenant, _ = names("too-big")
+    status, text = apache_pulsar.admin("PUT", f"/admin/v2/tenants/{tenant}",
+                                       {"adminRoles": ["r" * MAX_BODY]}, base=web.url)  # fmt: skip
+    assert status == 413 and "--http-max-body" in text, text
+    # Chunked, without a length: counted as it comes.
+    chunk = b"y" * 40_000
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(2)) + b"0\r\n\r\n"
+    status, text = raw_exchange(
+        web.http_port, b"PUT /admin/v2/tenants/x HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + framed,
+    )  # fmt: skip
+    assert status == 413, text
+    assert web.metric("sluice_http_refused_total", reason="body_too_large") == 2
+    assert apache_pulsar.admin("GET", f"/admin/v2/tenants/{tenant}")[0] == 404
+
+
+def test_slow_client_does_not_hold_the_listener(web: WebProxy, tmp_path: Path) -> None:
+    with socket.create_connection(("127.0.0.1", web.http_port), timeout=15) as slow:
+        slow.sendall(b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n")  # head never ends
+        status, text = raw_exchange(web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\n"
+                                    b"Host: x\r\nConnection: close\r\n\r\n")  # fmt: skip
+        assert (status, json.loads(text)) == (200, ["standalone"])
+
+
+def test_idle_timeout_answers_408_for_a_head_begun(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url,
+                          "--http-idle-timeout", "1")  # fmt: skip
+    try:
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", web.http_port), timeout=15) as sock:
+            sock.sendall(b"GET /admin/v2/clusters HTTP/1.1\r\n")
+            answer = http.client.HTTPResponse(sock)
+            answer.begin()
+            assert answer.status == 408
+        assert time.monotonic() - started < 10
+    finally:
+        web.proxy.kill()
+
+
+def test_connection_cap_answers_503(apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
+    web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url,
+                          "--http-max-connections", "1")  # fmt: skip
+    try:
+        # The start-up check's connection (wait_for_port) gone first.
+        deadline = time.monotonic() + 10
+        while web.metric("sluice_http_connections_active") != 0:
+            assert time.monotonic() < deadline, "the probe connection stayed open"
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", web.http_port), timeout=15) as held:
+            held.sendall(b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = http.client.HTTPResponse(held)
+            first.begin()
+            assert first.status == 200
+            first.read()
+            status, text = raw_exchange(web.http_port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 503 and "--http-max-connections" in text, text
+        assert web.metric("sluice_http_refused_total", reason="connection_limit") == 1
+    finally:
+        web.proxy.kill()
+
+
+def test_broker_down_is_502(apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    web = start_web_proxy(apache_pulsar, tmp_path, nowhere)
+    try:
+        status, text = apache_pulsar.admin("GET", "/admin/v2/clusters", base=web.url)
+        assert status == 502 and f"cannot reach the broker's web service at {nowhere}" in text
+        assert web.metric("sluice_http_refused_total", reason="upstream_unreachable") == 1
+        assert web.metric("sluice_http_requests_total", kind="admin", status="5xx") == 1
+        assert "cannot reach the broker's web service" in web.proxy.log()
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log()
+
+
+def test_authorization_passes_through(apache_pulsar: ApachePulsar, redirector: Redirector,
+                                      tmp_path: Path) -> None:  # fmt: skip
+    """The client's Authorization reaches the broker unchanged (the
+    redirecting server sees what Sluice sends on)."""
+    web = start_web_proxy(apache_pulsar, tmp_path, redirector.url, "--allow-broker", "127.0.0.1")
+    try:
+        request = urllib.request.Request(web.url + "/admin/v2/clusters")
+        request.add_header("Authorization", "Bearer abc.def.ghi")
+        with urllib.request.urlopen(request, timeout=15) as answer:
+            assert answer.status == 200
+        assert redirector.authorizations == ["Bearer abc.def.ghi"]
+        assert redirector.forwarded == ["127.0.0.1"]
+    finally:
+        web.proxy.kill()
+
+
+def test_proxy_mode_auth_is_refused_with_http(apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
+    key = tmp_path / "secret.key"
+    key.write_bytes(b"k" * 32)
+    done = sluice(
+        "proxy", "--broker", apache_pulsar.url, "--http-listen", "127.0.0.1:0",
+        "--broker-http", apache_pulsar.http_url, "--auth-mode", "proxy",
+        "--auth-token-secret-key", str(key), "--broker-auth-token-file", str(key),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "sluice proxy: --http-listen with --auth-mode proxy: HTTP proxy-mode auth is not "
+        "supported yet (the HTTP listener passes the client's Authorization through)"
+    ]
+
+
+class KeepAlive(http.server.ThreadingHTTPServer):
+    """A web service that keeps connections alive, then closes one idle
+    for 0.3 s (as a broker's Jetty does after its idle timeout); ``/slow``
+    answers once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.closed = threading.Semaphore(0)
+        self.release = threading.Event()
+        super().__init__(("127.0.0.1", 0), _KeepAliveHandler)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self, thread: threading.Thread) -> None:
+        self.release.set()
+        self.shutdown()
+        self.server_close()
+        thread.join(timeout=10)
+
+
+class _KeepAliveHandler(http.server.BaseHTTPRequestHandler):
+    server: KeepAlive
+    protocol_version = "HTTP/1.1"
+    timeout = 0.3
+
+    def do_GET(self) -> None:
+        self.server.requests += 1
+        if self.path == "/slow":
+            self.server.release.wait(30)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def finish(self) -> None:
+        super().finish()
+        self.server.closed.release()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_kept_broker_connection_closed_meanwhile_is_replaced(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    server = KeepAlive()
+    thread = server.start()
+    web = start_web_proxy(apache_pulsar, tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
+    connection = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    try:
+        connection.request("GET", "/admin/v2/clusters")
+        assert connection.getresponse().read() == b"ok"
+        assert server.closed.acquire(timeout=10), "the server kept Sluice's connection open"
+        connection.request("GET", "/admin/v2/clusters")
+        answer = connection.getresponse()
+        assert (answer.status, answer.read()) == (200, b"ok")
+        assert server.requests == 2
+    finally:
+        connection.close()
+        web.proxy.kill()
+        server.stop(thread)
+    assert "Traceback" not in web.proxy.log()
+
+
+def test_request_timeout_is_504_and_the_connection_serves_on(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    server = KeepAlive()
+    thread = server.start()
+    web = start_web_proxy(apache_pulsar, tmp_path, f"http://127.0.0.1:{server.server_address[1]}",
+                          "--http-request-timeout", "1")  # fmt: skip
+    connection = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    try:
+        connection.request("GET", "/slow")
+        answer = connection.getresponse()
+        assert answer.status == 504 and b"--http-request-timeout" in answer.read()
+        server.release.set()
+        # The same client connection, and a broker connection that is not
+        # the one left waiting for /slow.
+        connection.request("GET", "/admin/v2/clusters")
+        answer = connection.getresponse()
+        assert (answer.status, answer.read()) == (200, b"ok")
+        assert web.metric("sluice_http_refused_total", reason="timeout") == 1
+        assert web.metric("sluice_http_requests_total", kind="other", status="5xx") == 1
+    finally:
+        connection.close()
+        web.proxy.kill()
+        server.stop(thread)
+    assert "internal error" not in web.proxy.log(), web.proxy.log()
+
+
+def test_drain_answers_the_request_in_progress_and_closes_idle_connections(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    server = KeepAlive()
+    thread = server.start()
+    web = start_web_proxy(apache_pulsar, tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
+    idle = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    busy = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    answers: list[tuple[int, str | None, bytes]] = []
+
+    def slow_request() -> None:
+        busy.request("GET", "/slow")
+        answer = busy.getresponse()
+        answers.append((answer.status, answer.getheader("Connection"), answer.read()))
+
+    try:
+        idle.request("GET", "/admin/v2/clusters")
+        assert idle.getresponse().read() == b"ok"
+        asker = threading.Thread(target=slow_request)
+        asker.start()
+        deadline = time.monotonic() + 10
+        while server.requests < 2:
+            assert time.monotonic() < deadline, "the slow request never reached the server"
+            time.sleep(0.02)
+        started = time.monotonic()
+        web.proxy.process.send_signal(signal.SIGTERM)
+        # The idle keep-alive connection is closed at once...
+        assert idle.sock is not None
+        assert idle.sock.recv(1) == b""
+        # ...the request in progress is answered, as the connection's last.
+        server.release.set()
+        asker.join(timeout=15)
+        assert answers == [(200, "close", b"ok")]
+        assert web.proxy.process.wait(timeout=15) == 0
+        assert time.monotonic() - started < 10  # well within --drain-timeout (20 s)
+    finally:
+        idle.close()
+        busy.close()
+        web.proxy.kill()
+        server.stop(thread)
+    assert "Traceback" not in web.proxy.log()
+
+
+# --- the decisions, sans-I/O ------------------------------------------------------
+
+
+def test_request_kinds() -> None:
+    assert request_kind(b"/admin/v2/tenants") == "admin"
+    assert request_kind(b"/admin/v3/functions/a/b/c") == "admin"
+    assert request_kind(b"/admin?x") == "admin"
+    assert request_kind(b"/administrator") == "other"
+    assert request_kind(b"/lookup/v2/topic/persistent/a/b/c") == "lookup"
+    assert request_kind(b"/ws/v2/producer/persistent/a/b/c") == "websocket"
+    assert request_kind(b"/metrics") == "other"
+    assert is_topic_lookup(b"GET", b"/lookup/v2/topic/non-persistent/a/b/c?authoritative=false")
+    assert not is_topic_lookup(b"PUT", b"/lookup/v2/topic/persistent/a/b/c")
+    assert not is_topic_lookup(b"GET", b"/lookup/v2/namespace/a/b")
+
+
+def test_hop_by_hop_headers_stay_behind() -> None:
+    sent = forward_headers(
+        [(b"Host", b"sluice:8080"), (b"Connection", b"keep-alive, X-Secret-Hop"),
+         (b"X-Secret-Hop", b"1"), (b"Authorization", b"Bearer t"), (b"Expect", b"100-continue"),
+         (b"Transfer-Encoding", b"chunked"), (b"Accept", b"*/*")],
+        b"broker:8080",
+    )  # fmt: skip
+    assert sent == [(b"host", b"broker:8080"), (b"Authorization", b"Bearer t"),
+                    (b"Accept", b"*/*")]  # fmt: skip
+    assert forward_headers([(b"Accept-Encoding", b"gzip"), (b"Accept", b"*/*")], b"b:1",
+                           identity=True) == [(b"host", b"b:1"), (b"Accept", b"*/*")]  # fmt: skip
+    assert forwarded_for([(b"X-Forwarded-For", b"10.0.0.1"), (b"Accept", b"*/*")], "10.1.1.1") == [
+        (b"Accept", b"*/*"), (b"x-forwarded-for", b"10.0.0.1, 10.1.1.1")
+    ]  # fmt: skip
+    assert forwarded_for([], "::1") == [(b"x-forwarded-for", b"::1")]
+    answered = answer_headers([(b"Content-Length", b"10"), (b"Keep-Alive", b"timeout=5"),
+                               (b"Content-Type", b"application/json")], length=4)  # fmt: skip
+    assert answered == [(b"Content-Type", b"application/json"), (b"content-length", b"4")]
+
+
+def test_broker_http_urls() -> None:
+    assert parse_http_url("http://broker:8080") == HttpUrl(Address("broker", 8080), False)
+    assert parse_http_url("https://broker") == HttpUrl(Address("broker", 443), True)
+    assert str(parse_http_url("http://[::1]:8080/")) == "http://[::1]:8080"
+    for bad in ("pulsar://broker:6650", "broker:8080", "http://", "http://u:p@broker:8080",
+                "http://broker:x"):  # fmt: skip
+        with pytest.raises(ConfigError):
+            parse_http_url(bad, what="--broker-http")
+
+
+def test_redirects_followed_and_refused() -> None:
+    first = Hop(parse_http_url("http://a:8080"), b"/admin/v2/x")
+    allowed = {"a", "b"}
+    chain = Redirects(first, 2, lambda url: url.address.host in allowed)
+    assert chain.follow(200, []) is None
+    assert chain.follow(302, [(b"location", b"http://b:8080/y")]) is None  # method may change
+    assert chain.follow(307, []) is None
+    assert chain.follow(307, [(b"location", b"http://elsewhere:8080/y")]) is None
+    hop = chain.follow(307, [(b"Location", b"http://b:8080/admin/v2/x?authoritative=true")])
+    assert hop == Hop(parse_http_url("http://b:8080"), b"/admin/v2/x?authoritative=true")
+    relative = chain.follow(308, [(b"location", b"/admin/v2/z")])
+    assert relative == Hop(parse_http_url("http://b:8080"), b"/admin/v2/z")
+    assert chain.followed == 2
+    with pytest.raises(RedirectError, match="more than 2 redirects"):
+        chain.follow(307, [(b"location", b"http://a:8080/admin/v2/w")])
+    loop = Redirects(first, 5, lambda url: True)
+    loop.follow(307, [(b"location", b"http://b:8080/q")])
+    with pytest.raises(RedirectError, match="redirect loop"):
+        loop.follow(307, [(b"location", b"http://a:8080/admin/v2/x")])
+
+
+def test_lookup_rewrite() -> None:
+    answer = json.dumps({
+        "brokerUrl": "pulsar://b1:6650", "brokerUrlTls": "pulsar+ssl://b1:6651",
+        "httpUrl": "http://b1:8080", "httpUrlTls": "https://b1:8443", "nativeUrl": "x",
+    }).encode()  # fmt: skip
+    done = rewrite_lookup(answer, http="http://sluice:8080", https=None,
+                          routes={"pulsar://b1:6650": "pulsar://sluice:7001"})  # fmt: skip
+    assert done.body is not None
+    assert json.loads(done.body) == {
+        "brokerUrl": "pulsar://sluice:7001", "brokerUrlTls": "pulsar+ssl://b1:6651",
+        "httpUrl": "http://sluice:8080", "httpUrlTls": None, "nativeUrl": "x",
+    }  # fmt: skip
+    assert [str(u) for u in done.named] == ["http://b1:8080", "https://b1:8443"]
+    assert len(done.kept) == 1 and "brokerUrlTls pulsar+ssl://b1:6651" in done.kept[0]
+    assert rewrite_lookup(b"<html>", http="h", https=None, routes={}).body is None
+    assert rewrite_lookup(b"[1]", http="h", https=None, routes={}).body is None
