@@ -15,6 +15,7 @@ import os
 import socket
 import ssl
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -267,3 +268,19 @@ async def dial(
         return stream
     assert scope.cancelled_caught
     raise OSError(f"connecting to {address} timed out after {timeout:g}s")
+
+
+async def accepted(listener: trio.abc.Listener[Any], what: str) -> AsyncIterator[trio.abc.Stream]:
+    """The connections ``listener`` accepts, until it is closed. A failed
+    accept (out of file descriptors, say) is logged, naming ``what``
+    listener, and tried again after a pause: the listener keeps serving."""
+    while True:
+        try:
+            stream = await listener.accept()
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return
+        except OSError as exc:
+            logging.getLogger("sluice.proxy").error("accept failed on %s: %s", what, exc)
+            await trio.sleep(0.1)
+            continue
+        yield stream

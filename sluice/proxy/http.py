@@ -42,7 +42,7 @@ from sluice.protocols.http import (
     status_class,
 )
 from sluice.proxy.config import ProxyConfig
-from sluice.proxy.dial import client_ssl_context, dial, open_listeners
+from sluice.proxy.dial import accepted, client_ssl_context, dial, open_listeners
 from sluice.proxy.inbound import peer_address
 from sluice.proxy.metrics import HttpMetrics
 
@@ -178,15 +178,7 @@ class HttpRelay:
             scope.cancel()
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                return
-            except OSError as exc:  # e.g. out of file descriptors: keep serving
-                log.error("accept failed on the HTTP listener: %s", exc)
-                await trio.sleep(0.1)
-                continue
+        async for stream in accepted(listener, "the HTTP listener"):
             nursery.start_soon(self.handle, stream)
 
     # --- one client connection --------------------------------------------------

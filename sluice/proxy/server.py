@@ -40,7 +40,13 @@ from sluice.proxy.admin import (
 )
 from sluice.proxy.backend import Backend, Services
 from sluice.proxy.config import ProxyConfig, proxy_protocol_in
-from sluice.proxy.dial import CertificateReloader, dial, open_listeners, server_ssl_context
+from sluice.proxy.dial import (
+    CertificateReloader,
+    accepted,
+    dial,
+    open_listeners,
+    server_ssl_context,
+)
 from sluice.proxy.http import HttpRelay
 from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import HttpMetrics, Metrics
@@ -348,15 +354,7 @@ class Proxy:
         self, listener: trio.abc.Listener[Any], kind: str, upstream: Address | None
     ) -> None:
         assert self._handlers is not None
-        while True:
-            try:
-                stream = await listener.accept()
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                return
-            except OSError as exc:  # e.g. out of file descriptors: keep serving
-                log.error("accept failed on %s listener: %s", kind, exc)
-                await trio.sleep(0.1)
-                continue
+        async for stream in accepted(listener, f"{kind} listener"):
             if kind == BROKER:  # a worker's port-per-broker port
                 assert self.ports is not None
                 upstream = self.ports.broker_of(_port(listener))
