@@ -16,7 +16,7 @@ import pytest
 from sluice.brokers import Broker
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.embedded import BrokerError, EmbeddedBroker
-from tests.support import ProxyProcess, start_proxy
+from tests.helpers.support import ProxyProcess, start_proxy
 
 BROKERS = ["pulsar-lite", "apache-pulsar"]
 

@@ -37,7 +37,7 @@ from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.connection import UpstreamFailure
 from sluice.proxy.pulsar import connect_broker, own_connect
 from tests.conftest import start_apache_pulsar
-from tests.support import (
+from tests.helpers.support import (
     SLUICE,
     ProxyProcess,
     RawClient,
@@ -187,7 +187,7 @@ def test_partitioned_topic_created_through_the_admin_api(
 #
 # The clients that meet the 20 MiB broker run in a child process: the C++
 # client would size every later test's chunks by that broker's limit (see
-# tests.support.in_child).
+# tests.helpers.support.in_child).
 
 
 def send_one_and_read_it(url: str, topic: str, size: int) -> bool:

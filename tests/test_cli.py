@@ -12,7 +12,7 @@ import pytest
 
 from sluice import __version__
 from sluice.cli import _subparsers, build_parser, main
-from tests.support import SLUICE
+from tests.helpers.support import SLUICE
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,7 @@ from sluice.protocols.pulsar.frame import HOT_TYPES, ScannedFrame
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.metrics import Metrics
 from sluice.recording.format import FrameRecorder, PayloadPolicy
-from tests.strategies import commands, frame_bytes, payload_frames
+from tests.helpers.strategies import commands, frame_bytes, payload_frames
 
 T = Type.Value
 GOLDEN = Path(__file__).parent / "golden" / "data"

@@ -35,7 +35,7 @@ from sluice.recording.format import (
     read_records_from,
     recording_files,
 )
-from tests.strategies import commands, message_of, payload_frames
+from tests.helpers.strategies import commands, message_of, payload_frames
 from tests.test_hotpath import golden_frames
 from tests.test_pipeline import record as record_session
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.pulsar import Type, command, encode, pb
-from tests.support import (
+from tests.helpers.support import (
     ProxyProcess,
     RawClient,
     client,

@@ -380,7 +380,7 @@ async def test_without_a_token_file_rules_cannot_be_changed() -> None:
 
 
 def test_faults_cli_usage_errors(tmp_path: Path) -> None:
-    from tests.support import SLUICE
+    from tests.helpers.support import SLUICE
 
     def sluice(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*SLUICE, "faults", *args], capture_output=True, text=True,

@@ -23,7 +23,7 @@ from sluice.recording.format import read_records, recording_files
 from sluice.recording.reader import load
 from sluice.recording.retention import Retention, enforce, hold
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotBusy
-from tests.support import QUIET, SLUICE, ProxyProcess, client, start_proxy, wait_ready
+from tests.helpers.support import QUIET, SLUICE, ProxyProcess, client, start_proxy, wait_ready
 from tests.test_dashboards import scrape, value
 from tests.test_retention_bound import SizeSampler
 from tests.test_workers import holds_a_client, worker_pids

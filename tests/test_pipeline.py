@@ -28,7 +28,7 @@ from sluice.pipeline.standalone import StandaloneCluster, loopback_env
 from sluice.protocols.pulsar import Type
 from sluice.recording import format as recording
 from sluice.recording.format import recording_files
-from tests.support import SLUICE, RawClient, client, start_proxy
+from tests.helpers.support import SLUICE, RawClient, client, start_proxy
 
 T = Type.Value
 

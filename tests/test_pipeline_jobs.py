@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sluice.embedded import EmbeddedBroker
 from sluice.pipeline.standalone import loopback_env
-from tests.support import SLUICE
+from tests.helpers.support import SLUICE
 from tests.test_pipeline import record
 
 MAX_JOBS = 42  # 39 on this test's recording; the bench's data took 45-48 before

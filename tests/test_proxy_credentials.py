@@ -56,9 +56,9 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.pulsar import UpstreamPool
 from sluice.proxy.server import Proxy
 from sluice.proxy.shared import SharedRouting
-from tests.reliability.support import AdminProxy, wait_until
-from tests.scripted_broker import ScriptedBroker
-from tests.support import RawClient, client, start_proxy, tcp_connections
+from tests.helpers.reliability import AdminProxy, wait_until
+from tests.helpers.scripted_broker import ScriptedBroker
+from tests.helpers.support import RawClient, client, start_proxy, tcp_connections
 from tests.test_pulsar_core import Recording, connect_body, frame_bytes, lookup_answer, sent
 
 T = pb.BaseCommand

@@ -39,7 +39,7 @@ from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings,
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
-from tests.support import ProxyProcess, client, start_proxy, tls_files
+from tests.helpers.support import ProxyProcess, client, start_proxy, tls_files
 from tests.test_apache_pulsar import (
     broker_certificate,
     pulsar_perf,

@@ -21,7 +21,7 @@ from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.core import Conn
 from sluice.recording import format as fmt
 from sluice.recording.format import RecordingError, read_records, recording_files
-from tests.support import SLUICE, client, start_proxy
+from tests.helpers.support import SLUICE, client, start_proxy
 from tests.test_dashboards import scrape, value
 
 # The connection the in-process recorder tests record frames of.

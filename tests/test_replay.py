@@ -16,7 +16,7 @@ from sluice.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
 from sluice.recording import format as fmt
 from sluice.recording.format import read_records, recording_files
-from tests.support import SLUICE, client, start_proxy
+from tests.helpers.support import SLUICE, client, start_proxy
 
 T = Type.Value
 TOPIC = "persistent://public/default/replayed"

@@ -31,7 +31,7 @@ from sluice.recording.format import (
     recordings_below,
 )
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotError
-from tests.support import QUIET, SLUICE, start_proxy, wait_ready
+from tests.helpers.support import QUIET, SLUICE, start_proxy, wait_ready
 from tests.test_dashboards import scrape, value
 from tests.test_workers import holds_a_client, worker_pids
 

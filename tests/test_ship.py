@@ -19,7 +19,7 @@ from sluice.embedded import EmbeddedBroker, free_port
 from sluice.proxy.cli import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
-from tests.support import SLUICE, client, http_get
+from tests.helpers.support import SLUICE, client, http_get
 from tests.test_helm import kubernetes_validate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.recording import format as fmt
-from tests.support import SLUICE, RawClient, client, start_proxy
+from tests.helpers.support import SLUICE, RawClient, client, start_proxy
 from tests.test_cursus_recording import recorded as cursus_session  # noqa: F401 - a fixture
 
 ORDERS = "persistent://public/default/view-orders"

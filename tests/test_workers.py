@@ -50,9 +50,9 @@ from sluice.proxy.shared import (
 )
 from sluice.proxy.workers import Supervisor, Worker, _Merged, available_cpus, http
 from sluice.recording.reader import load
-from tests.cursus_broker import open_cluster
-from tests.scripted_broker import ScriptedBroker, redirect_to
-from tests.support import (
+from tests.helpers.cursus_broker import open_cluster
+from tests.helpers.scripted_broker import ScriptedBroker, redirect_to
+from tests.helpers.support import (
     QUIET,
     ProxyProcess,
     client,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pulsar
 
 from sluice.embedded import free_port
-from tests.reliability.support import (
+from tests.helpers.reliability import (
     AdminProxy,
     Produced,
     RestartableBroker,
@@ -27,7 +27,7 @@ from tests.reliability.support import (
     start_admin_proxy,
     wait_until,
 )
-from tests.support import RawClient, tcp_connections
+from tests.helpers.support import RawClient, tcp_connections
 
 
 @dataclass

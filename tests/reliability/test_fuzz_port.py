@@ -25,7 +25,7 @@ import pulsar
 
 from sluice.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_stream, encode, pb
-from tests.reliability.support import (
+from tests.helpers.reliability import (
     AdminProxy,
     body,
     open_fds,
