@@ -3,10 +3,14 @@ never skip, when it is missing.
 
 Two Pulsar brokers: ``broker`` is pulsar-lite (quick, no Java);
 ``apache_pulsar`` is Apache Pulsar itself, standalone, one per test session.
-``any_broker`` runs a test once on each."""
+``any_broker`` runs a test once on each.
+
+Tests that start processes are marked ``e2e`` here, from their fixtures
+(``tests/helpers/tiers.py``); ``./dev test --fast`` runs the others."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +21,45 @@ from sluice.brokers import Broker
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.embedded import BrokerError, EmbeddedBroker
 from tests.helpers.support import ProxyProcess, start_proxy
+from tests.helpers.tiers import E2E_FIXTURES, GUARD
 
 BROKERS = ["pulsar-lite", "apache-pulsar"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a fixture of ``E2E_FIXTURES`` is end-to-end."""
+    for item in items:
+        if E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _guarded(item):
+        return (yield)
+
+
+@contextlib.contextmanager
+def _guarded(item: pytest.Item) -> Iterator[None]:
+    """No process is started while a test that is not e2e sets up or runs
+    (teardown may close session fixtures an e2e test opened)."""
+    if item.get_closest_marker("e2e") is not None:
+        yield
+        return
+    GUARD.running, GUARD.refused = item.nodeid, []
+    try:
+        yield
+    finally:
+        GUARD.running = None
+    if GUARD.refused:
+        pytest.fail(GUARD.refused[0], pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,8 @@ from tests.helpers.support import (
 )
 from tests.test_dashboards import scrape
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 MiB = 1024 * 1024
 TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
 TOKEN_CLIENT = "org.apache.pulsar.client.impl.auth.AuthenticationToken"

@@ -31,6 +31,8 @@ from sluice.pipeline.decode import parse_file
 from sluice.recording.format import read_records, recording_files
 from tests.helpers.support import SLUICE, ProxyProcess, client, in_child, start_proxy
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 MiB = 1024 * 1024
 
 

@@ -639,6 +639,7 @@ async def test_a_gzip_broker_decompresses_everything() -> None:
         await w.aclose()
 
 
+@pytest.mark.e2e
 def test_python_dash_m_runs_the_broker() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.cursus_broker", "--nodes", "2", "--port", "0"],

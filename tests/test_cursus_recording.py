@@ -28,6 +28,8 @@ from tests.helpers.support import SLUICE, tls_files
 from tests.test_cursus_broker import client_speaks_tls, collect_all, in_thread, produce
 from tests.test_pipeline import analyze, rows_of
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 PAYLOADS = [f"r{i}" for i in range(9)]
 
 

@@ -58,6 +58,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e
 def test_alert_rules_are_valid_and_each_alert_fires_in_its_unit_test() -> None:
     checked = promtool("check", "rules", "alerts.yml")
     assert checked.returncode == 0, checked.stdout + checked.stderr

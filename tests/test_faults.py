@@ -379,6 +379,7 @@ async def test_without_a_token_file_rules_cannot_be_changed() -> None:
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.e2e
 def test_faults_cli_usage_errors(tmp_path: Path) -> None:
     from tests.helpers.support import SLUICE
 

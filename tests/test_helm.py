@@ -28,6 +28,8 @@ from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
 from tests.helpers.support import SLUICE, client, http_get, wait_ready
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "sluice"
 EXAMPLES = ROOT / "deploy" / "helm" / "examples"

@@ -625,6 +625,7 @@ def test_settings_say_what_is_missing() -> None:
         ("public", "rsa-1024", "the RSA key is 1024 bits; at least 2048 are needed"),
     ],
 )  # fmt: skip
+@pytest.mark.e2e
 def test_the_command_line_reports_a_key_file_that_will_not_do(
     option: str, key: str, error: str, tmp_path: Path
 ) -> None:

@@ -35,6 +35,8 @@ from tests.helpers.support import (
     tls_files,
 )
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 T = Type.Value
 
 

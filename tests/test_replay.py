@@ -222,6 +222,7 @@ def test_frames_that_never_come_at_the_end_cost_one_timeout_in_all(
     assert elapsed < 20, f"{elapsed:.1f} s"
 
 
+@pytest.mark.e2e
 def test_deliveries_a_broker_does_not_have_cost_one_timeout_not_one_per_ack(
     tmp_path: Path,
 ) -> None:

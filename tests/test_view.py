@@ -25,6 +25,8 @@ from sluice.recording import format as fmt
 from tests.helpers.support import SLUICE, RawClient, client, start_proxy
 from tests.test_cursus_recording import recorded as cursus_session  # noqa: F401 - a fixture
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 ORDERS = "persistent://public/default/view-orders"
 PAYMENTS = "persistent://public/default/view-payments"
 

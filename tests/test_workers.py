@@ -474,6 +474,7 @@ async def test_a_worker_that_resets_the_admin_call_is_an_oserror() -> None:
         listener.close()
 
 
+@pytest.mark.e2e
 async def test_cursus_workers_share_the_per_broker_ports(tmp_path: Path) -> None:
     """Two workers in front of three Cursus nodes: the producer follows
     replies to the two other leaders' ports (of --listener-ports, bound by
@@ -677,6 +678,7 @@ def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
     assert "Traceback" not in o.log
 
 
+@pytest.mark.e2e
 async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: Path) -> None:
     """The same for Cursus: a producer sends through the per-broker ports of
     two workers, the supervisor is SIGKILLed, every port is free within the

@@ -39,6 +39,8 @@ from sluice.recording.format import recording_files
 from tests.helpers.reliability import AdminProxy, pulsar_client, run_sluice, start_admin_proxy
 from tests.helpers.support import RawClient, http_get
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 T = Type.Value
 NO_REQUEST = 2**64 - 1
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulsar
+import pytest
 
 from sluice.embedded import free_port
 from tests.helpers.reliability import (
@@ -178,6 +179,7 @@ def check_proxy_state(proxy: AdminProxy, broker: RestartableBroker) -> None:
     assert opened == closed > 0, (opened, closed)
 
 
+@pytest.mark.e2e
 def test_acknowledged_messages_survive_a_broker_kill(tmp_path: Path, topic: str) -> None:
     outcome = broker_restart(tmp_path, topic, messages=1500, kill_after=400)
     assert not outcome.lost, (
