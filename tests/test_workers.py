@@ -536,6 +536,13 @@ def bindable(port: int) -> bool:
         return True
 
 
+def gone_by_end_of_file(log: str, supervisor: int) -> list[int]:
+    """The workers (by index) that saw the supervisor go by the end of file on
+    their stdin, not by the once-a-second fallback (a new parent)."""
+    said = rf"w(\d+) [\w.]+: the supervisor \(pid {supervisor}\) is gone \(end of file on stdin\)"
+    return sorted(int(w) for w in re.findall(said, log))
+
+
 def holds_a_client(pid: int, port: int) -> bool:
     """Whether process ``pid`` serves a connection accepted on ``port``."""
     return any(local[1] == port and remote[1] for local, remote in tcp_connections(pid))
@@ -591,6 +598,7 @@ class SupervisorKill:
     killed: Killed
     log: str
     supervisor: int
+    workers: dict[int, int]  # index -> pid
 
 
 def kill_a_supervisor_under_load(
@@ -649,7 +657,7 @@ def kill_a_supervisor_under_load(
                     consumed.add(message.data())
                     consumer.acknowledge(message)
         return SupervisorKill(len(producers), per_producer * len(producers), acked, failures,
-                              consumed, killed, proxy.log(), proxy.pid)  # fmt: skip
+                              consumed, killed, proxy.log(), proxy.pid, pids)  # fmt: skip
     finally:
         for c in clients:
             c.close()
@@ -673,8 +681,12 @@ def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
     assert not o.failures, o.failures[:3]
     assert len(o.acked) == o.attempted
     assert o.consumed >= o.acked, f"{len(o.acked - o.consumed)} acknowledged, not stored"
-    # The workers write to the supervisor's log file, which outlives it.
-    assert o.log.count(f"the supervisor (pid {o.supervisor}) is gone") == 2, o.log
+    # Two workers, each seen gone (kill_supervisor waits for both pids); the
+    # workers write to the supervisor's log file, which outlives it: each saw
+    # the end of file on its stdin (the fallback would free the ports too).
+    assert sorted(o.workers) == [0, 1] and len(set(o.workers.values())) == 2, o.workers
+    assert o.supervisor not in o.workers.values()
+    assert gone_by_end_of_file(o.log, o.supervisor) == [0, 1], o.log
     assert "Traceback" not in o.log
 
 
@@ -744,7 +756,8 @@ async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: 
                     os.kill(pid, signal.SIGKILL)
             if successor is not None:
                 successor.kill()
-        assert proxy.log().count(f"the supervisor (pid {proxy.pid}) is gone") == 2, proxy.log()
+        assert sorted(pids) == [0, 1] and len(set(pids.values())) == 2, pids
+        assert gone_by_end_of_file(proxy.log(), proxy.pid) == [0, 1], proxy.log()
 
 
 # --- admin ports -----------------------------------------------------------------------
