@@ -10,6 +10,7 @@ lost message or a stalled subscription is a failure.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -146,16 +147,21 @@ def test_sessions_record_with_zero_invalid_frames_and_zero_validation_failures(
             assert ("127.0.0.1", proxy.port) in remotes
             assert apache_pulsar.address not in remotes
         samples = scrape(proxy, admin)
-        assert total(samples, "sluice_lookups_total") >= 1
-        assert total(samples, "sluice_frames_total") >= 2 * len(sent) / 10
         assert total(samples, "sluice_validation_failures_total") == 0
         assert proxy.terminate() == 0
     finally:
         proxy.kill()
     frames = assert_all_valid(record)
-    names = {f["cmd"] for f in frames}
+    count = collections.Counter(f["cmd"] for f in frames)
     assert {"CONNECT", "CONNECTED", "LOOKUP", "LOOKUP_RESPONSE", "SEND", "SEND_RECEIPT",
-            "MESSAGE", "ACK", "FLOW"} <= names, names  # fmt: skip
+            "MESSAGE", "ACK", "FLOW"} <= set(count), count  # fmt: skip
+    # Every message once each way, every SEND answered, and what the proxy
+    # counted is what it recorded.
+    assert sum(f.get("msgs", 1) for f in frames if f["cmd"] == "SEND") == len(sent)
+    assert sum(f.get("msgs", 1) for f in frames if f["cmd"] == "MESSAGE") == len(sent)
+    assert count["SEND_RECEIPT"] == count["SEND"] >= 30 + 6  # 30 alone, 60 in batches of 10
+    assert count["LOOKUP_RESPONSE"] == count["LOOKUP"] == total(samples, "sluice_lookups_total")
+    assert total(samples, "sluice_frames_total") == len(frames)
 
 
 def test_partitioned_topic_created_through_the_admin_api(
@@ -246,7 +252,9 @@ def test_a_message_over_the_raised_limit_fails_as_it_does_direct(
                     for url in (big_broker.url, proxy.url)]  # fmt: skip
     finally:
         proxy.kill()
-    assert outcomes[0] == outcomes[1] != "sent", outcomes
+    # The client refuses it before sending, as over the limit CONNECTED named
+    # (docs/brokers.md): through Sluice exactly as direct.
+    assert outcomes == ["MessageTooBig", "MessageTooBig"], outcomes
 
 
 # --- token authentication ---------------------------------------------------------
@@ -841,10 +849,27 @@ def test_the_java_clients_chunking_through_sluice(
     assert len(sends) == 2 * sent
 
 
+# The session broker's start, ready to produce: about 5 s on a quiet machine,
+# up to about 60 s seen on 2 cores shared with other suites; two thirds of the
+# start timeout (180 s), so a start that slows down fails here before it
+# times out.
+STARTS_WITHIN = 120.0
+
+
 def test_the_broker_start_is_timed_and_ports_are_loopback(apache_pulsar: ApachePulsar) -> None:
-    assert apache_pulsar.start_seconds is not None and apache_pulsar.start_seconds < 180
+    assert apache_pulsar.start_timeout == 180
+    assert apache_pulsar.start_seconds is not None
+    assert 0 < apache_pulsar.start_seconds < STARTS_WITHIN, apache_pulsar.start_seconds
     listening = {local for local, remote in tcp_connections(apache_pulsar.pid or 0)
                  if remote == ("0.0.0.0", 0)}  # fmt: skip
     assert listening, "the broker listens nowhere"
     assert {host for host, _ in listening} == {"127.0.0.1"}, listening
+    # The release running is the one our pom pins, as the broker itself says
+    # (its admin API, and CONNECTED's server_version), not as the pom does.
     assert re.fullmatch(r"\d+\.\d+\.\d+", apache_pulsar.version)
+    status, said = apache_pulsar.admin("GET", "/admin/v2/brokers/version")
+    assert status == 200 and said.strip().strip('"') == apache_pulsar.version, (status, said)
+    with RawClient(apache_pulsar.port) as raw:
+        connected = raw.connect()
+    assert connected.name == "CONNECTED"
+    assert connected.body.server_version == f"Pulsar Server{apache_pulsar.version}"
