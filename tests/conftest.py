@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,14 +69,31 @@ def broker() -> Iterator[EmbeddedBroker]:
         yield b
 
 
-def start_apache_pulsar(tmp: Path, **options: object) -> ApachePulsar:
-    """An Apache Pulsar broker, or a failed test that says why (never a skip)."""
-    b = ApachePulsar(log_path=tmp / "apache-pulsar.log", **options)  # type: ignore[arg-type]
-    try:
-        return b.start()
-    except BrokerError as exc:
-        b.close()
-        pytest.fail(f"Apache Pulsar could not be started: {exc}")
+# What the broker's log says when a port chosen for it was taken before it bound it.
+PORT_TAKEN = "java.net.BindException: Address already in use"
+
+
+def start_apache_pulsar(
+    tmp: Path, make: Callable[[Path], ApachePulsar] | None = None, **options: object
+) -> ApachePulsar:
+    """An Apache Pulsar broker (``make(log_path)``, or one with ``options``),
+    or a failed test that says why (never a skip).
+
+    Its ports are chosen free when it is made and bound seconds later by the
+    JVM: another process (beside a full run, other suites' clients and
+    brokers) can take one first, and the broker exits with PORT_TAKEN. Then
+    a new broker on new ports, twice at most; any other failure fails."""
+    for attempt in range(3):
+        log = tmp / ("apache-pulsar.log" if attempt == 0 else f"apache-pulsar-{attempt}.log")
+        b = make(log) if make else ApachePulsar(log_path=log, **options)  # type: ignore[arg-type]
+        try:
+            return b.start()
+        except BrokerError as exc:
+            b.close()
+            if attempt < 2 and log.exists() and PORT_TAKEN in log.read_text(errors="replace"):
+                continue
+            pytest.fail(f"Apache Pulsar could not be started: {exc}")
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -37,7 +38,7 @@ from sluice.embedded import free_port, wait_for_port
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.connection import UpstreamFailure
 from sluice.proxy.pulsar import connect_broker, own_connect
-from tests.conftest import start_apache_pulsar
+from tests.conftest import PORT_TAKEN, start_apache_pulsar
 from tests.helpers.support import (
     SLUICE,
     ProxyProcess,
@@ -847,6 +848,38 @@ def test_the_java_clients_chunking_through_sluice(
         proxy.kill()
     sends = [f for f in assert_all_valid(record) if f["cmd"] == "SEND"]
     assert len(sends) == 2 * sent
+
+
+def test_a_port_taken_before_the_broker_binds_it_gives_a_broker_on_new_ports(
+    tmp_path: Path,
+) -> None:
+    """Ports are chosen free, then bound by the JVM seconds later: one taken
+    meanwhile (a full run beside other suites lost pp_broker that way) costs
+    a new broker on new ports, not the tests that need it."""
+    taken: list[socket.socket] = []
+    made: list[ApachePulsar] = []
+
+    def make(log_path: Path) -> ApachePulsar:
+        b = ApachePulsar(log_path=log_path)
+        if not made:  # the first one's HTTP port is taken before it starts
+            holder = socket.socket()
+            holder.bind((b.host, b.web_port))
+            holder.listen()
+            taken.append(holder)
+        made.append(b)
+        return b
+
+    try:
+        b = start_apache_pulsar(tmp_path, make)
+        try:
+            assert len(made) == 2 and b is made[1] and b.web_port != made[0].web_port
+            assert PORT_TAKEN in (tmp_path / "apache-pulsar.log").read_text(errors="replace")
+            assert b.admin("GET", "/admin/v2/brokers/health")[0] == 200
+        finally:
+            b.close()
+    finally:
+        for holder in taken:
+            holder.close()
 
 
 # The session broker's start, ready to produce: about 5 s on a quiet machine,
