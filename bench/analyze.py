@@ -68,7 +68,7 @@ import pulsar
 from sluice.embedded import EmbeddedBroker
 from sluice.pipeline.standalone import StandaloneCluster, loopback_env
 from sluice.recording.format import SUFFIX, pack, read_records
-from tests.support import SLUICE, RawClient, client, start_proxy
+from tests.helpers.support import SLUICE, RawClient, client, start_proxy
 from tests.test_pipeline import differences, render
 
 ROOT = Path(__file__).resolve().parent.parent

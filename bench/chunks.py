@@ -43,7 +43,7 @@ import pulsar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.embedded import EmbeddedBroker, free_port
-from tests.support import client, start_proxy
+from tests.helpers.support import client, start_proxy
 
 MiB = 1024 * 1024
 FRAME_MIB = 5.0  # pulsar-lite's default max_message_size: the chunk (frame) size

@@ -41,8 +41,8 @@ import pulsar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.embedded import EmbeddedBroker
-from tests import support
-from tests.support import client, describe_source, start_proxy
+from tests.helpers import support
+from tests.helpers.support import client, describe_source, start_proxy
 
 GOAL = 0.90
 _TICK = os.sysconf("SC_CLK_TCK")

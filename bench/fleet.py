@@ -409,7 +409,7 @@ class ProxyProcess:
             args += ["--record", str(record), "--record-payloads", "hash"]
         # Imported here, not at the top: spawned client processes re-import
         # this script, and should load pulsar only after moving its stdout.
-        from tests.support import run_from
+        from tests.helpers.support import run_from
 
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
@@ -849,7 +849,7 @@ def main() -> int:
             fleet.stop()
             broker.stop()
 
-    from tests.support import describe_source  # late, as in ProxyProcess
+    from tests.helpers.support import describe_source  # late, as in ProxyProcess
 
     print(f"bench/fleet.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}: "
           f"{os.cpu_count()} CPUs ({auto} available), Python {platform.python_version()}; "

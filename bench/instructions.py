@@ -60,8 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e
 
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
-from tests import support
-from tests.support import describe_source, start_proxy
+from tests.helpers import support
+from tests.helpers.support import describe_source, start_proxy
 
 START_TIMEOUT = 180.0  # seconds for a proxy under valgrind to listen
 SUMMARY = re.compile(rb"^summary: (\d+)$", re.M)

@@ -89,7 +89,7 @@ from sluice.brokers.apache_pulsar import (
     jvm_flags,
 )
 from sluice.embedded import BrokerError
-from tests.support import ProxyProcess, client, start_proxy
+from tests.helpers.support import ProxyProcess, client, start_proxy
 
 PATHS = ["direct", "apache-proxy", "sluice", "sluice-record", "sluice-workers"]
 RATES = [100, 1000, 10_000]  # msg/s of the fixed-rate workloads

@@ -49,14 +49,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.embedded import EmbeddedBroker
-from tests.reliability.support import peak_rss_bytes, read_all, rss_bytes
+from tests.helpers.reliability import peak_rss_bytes, read_all, rss_bytes
+from tests.helpers.support import start_proxy
 from tests.reliability.test_auth import new_token, produce_and_consume, token_broker
 from tests.reliability.test_broker_restart import broker_restart
 from tests.reliability.test_disk import disk_trouble
 from tests.reliability.test_fuzz_port import fuzz_port
 from tests.reliability.test_idle import hold_idle
 from tests.reliability.test_kill_recording import record_and_kill
-from tests.support import start_proxy
 from tests.test_proxy_e2e import stall_a_consumer
 from tests.test_workers import kill_a_supervisor_under_load
 

@@ -29,7 +29,9 @@ from sluice.brokers import Broker
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.pipeline.decode import parse_file
 from sluice.recording.format import read_records, recording_files
-from tests.support import SLUICE, ProxyProcess, client, in_child, start_proxy
+from tests.helpers.support import SLUICE, ProxyProcess, client, in_child, start_proxy
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 MiB = 1024 * 1024
 
@@ -98,7 +100,7 @@ def test_lookup_connection_does_not_advertise_a_message_size(
     recording_proxy: tuple[ProxyProcess, Path],
 ) -> None:
     """Only the broker knows its limit; the proxy's own CONNECTED must not guess."""
-    from tests.support import RawClient
+    from tests.helpers.support import RawClient
 
     proxy, _ = recording_proxy
     with RawClient(proxy.port) as raw:

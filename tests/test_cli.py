@@ -12,7 +12,7 @@ import pytest
 
 from sluice import __version__
 from sluice.cli import _subparsers, build_parser, main
-from tests.support import SLUICE
+from tests.helpers.support import SLUICE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,6 +118,7 @@ def _repository_files() -> list[Path]:
     return [ROOT / name for name in listed if (ROOT / name).is_file()]
 
 
+@pytest.mark.e2e
 def test_nothing_refers_outside_the_checkout() -> None:
     """A user's clone has nothing beside it: no file may reach for a sibling directory."""
     # Spelled as patterns so that this file does not match itself.
@@ -137,6 +138,7 @@ def test_nothing_refers_outside_the_checkout() -> None:
 
 
 @pytest.mark.parametrize("embedded", ["pulsar-lite", "apache-pulsar"])
+@pytest.mark.e2e
 def test_demo_runs_on_each_embedded_broker(embedded: str) -> None:
     """`sluice demo` (the README's first command) end to end, on both brokers."""
     done = subprocess.run(

@@ -32,7 +32,7 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.metrics import Metrics
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.pulsar import FrameRecorder
-from tests.strategies import commands, frame_bytes, payload_frames
+from tests.helpers.strategies import commands, frame_bytes, payload_frames
 
 T = Type.Value
 GOLDEN = Path(__file__).parent / "golden" / "data"

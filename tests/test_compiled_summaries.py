@@ -33,7 +33,7 @@ from sluice.recording.format import (
     recording_files,
 )
 from sluice.recording.pulsar import COMPILED_SUMMARY, FrameRecorder, FrameSummaries
-from tests.strategies import commands, message_of, payload_frames
+from tests.helpers.strategies import commands, message_of, payload_frames
 from tests.test_hotpath import golden_frames
 from tests.test_pipeline import record as record_session
 

@@ -63,7 +63,7 @@ from sluice.protocols.cursus import (
     frame,
 )
 from sluice.protocols.cursus.commands import Command
-from tests.cursus_broker import BrokerThread, Cluster, open_cluster
+from tests.helpers.cursus_broker import BrokerThread, Cluster, open_cluster
 
 T = TypeVar("T")
 LIMIT = 60  # seconds any one client scenario may take
@@ -639,9 +639,10 @@ async def test_a_gzip_broker_decompresses_everything() -> None:
         await w.aclose()
 
 
+@pytest.mark.e2e
 def test_python_dash_m_runs_the_broker() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.cursus_broker", "--nodes", "2", "--port", "0"],
+        [sys.executable, "-m", "tests.helpers.cursus_broker", "--nodes", "2", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

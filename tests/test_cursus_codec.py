@@ -61,7 +61,7 @@ from sluice.protocols.cursus import (
     refusal_frame,
     rewrite_addresses,
 )
-from tests.cursus_strategies import batches, commands, replies
+from tests.helpers.cursus_strategies import batches, commands, replies
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,5 +1,5 @@
 """`sluice proxy` in front of Cursus: the real cursus-client against the
-test broker (tests/cursus_broker.py), through the proxy's own trio layer.
+test broker (tests/helpers/cursus_broker.py), through the proxy's own trio layer.
 
 Every connection the client makes must land on a proxy listener — the
 broker only ever sees connections the proxy dialled — including after a
@@ -34,7 +34,7 @@ from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.proxy.server import Proxy
-from tests.cursus_broker import Cluster, open_cluster
+from tests.helpers.cursus_broker import Cluster, open_cluster
 from tests.test_cursus_broker import (
     Collector,
     client_speaks_tls,

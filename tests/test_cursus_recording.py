@@ -23,10 +23,12 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
 from sluice.recording.format import PayloadPolicy, dumps, read_records, recording_files
 from sluice.recording.writer import RecorderConfig
-from tests.cursus_broker import open_cluster
-from tests.support import SLUICE, tls_files
+from tests.helpers.cursus_broker import open_cluster
+from tests.helpers.support import SLUICE, tls_files
 from tests.test_cursus_broker import client_speaks_tls, collect_all, in_thread, produce
 from tests.test_pipeline import analyze, rows_of
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 PAYLOADS = [f"r{i}" for i in range(9)]
 

@@ -36,7 +36,7 @@ from sluice.protocols.cursus.connection import (
     CursusSettings,
     ListenerRequest,
 )
-from tests.cursus_broker import Cluster, open_cluster
+from tests.helpers.cursus_broker import Cluster, open_cluster
 from tests.test_cursus_broker import Collector, in_thread, produce, until
 
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.pulsar import Type, command, encode, pb
-from tests.support import (
+from tests.helpers.support import (
     ProxyProcess,
     RawClient,
     client,
@@ -58,6 +58,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e
 def test_alert_rules_are_valid_and_each_alert_fires_in_its_unit_test() -> None:
     checked = promtool("check", "rules", "alerts.yml")
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -379,8 +379,9 @@ async def test_without_a_token_file_rules_cannot_be_changed() -> None:
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.e2e
 def test_faults_cli_usage_errors(tmp_path: Path) -> None:
-    from tests.support import SLUICE
+    from tests.helpers.support import SLUICE
 
     def sluice(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*SLUICE, "faults", *args], capture_output=True, text=True,

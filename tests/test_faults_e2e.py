@@ -22,7 +22,7 @@ from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.pulsar import pb
 from sluice.proxy.faults_cli import call
 from sluice.recording.reader import load
-from tests.support import SLUICE, ProxyProcess, client, start_proxy
+from tests.helpers.support import SLUICE, ProxyProcess, client, start_proxy
 from tests.test_dashboards import scrape, value
 
 pytestmark = pytest.mark.broker

@@ -26,7 +26,9 @@ from sluice.embedded import BrokerError, EmbeddedBroker, free_port, wait_for_por
 from sluice.proxy.cli import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
-from tests.support import SLUICE, client, http_get, wait_ready
+from tests.helpers.support import SLUICE, client, http_get, wait_ready
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "sluice"

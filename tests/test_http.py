@@ -47,7 +47,7 @@ from sluice.protocols.http import (
     request_kind,
     rewrite_lookup,
 )
-from tests.support import ProxyProcess, client, start_proxy
+from tests.helpers.support import ProxyProcess, client, start_proxy
 from tests.test_apache_pulsar import sluice, tls_broker  # noqa: F401 (a fixture)
 from tests.test_dashboards import scrape
 
@@ -204,6 +204,7 @@ def test_pulsar_client_with_an_http_service_url(apache_pulsar: ApachePulsar, web
     assert web.metric("sluice_http_requests_total", kind="admin", status="2xx") >= 2
 
 
+@pytest.mark.e2e  # its broker comes by getfixturevalue, which the marking cannot see
 def test_https_to_the_broker(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """--broker-http https://: the broker's certificate checked with --broker-tls-ca
     (test_apache_pulsar's broker with its TLS ports open)."""

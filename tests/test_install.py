@@ -25,7 +25,7 @@ import pytest
 
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.extras import EXTRAS
-from tests.support import ProxyProcess, client
+from tests.helpers.support import ProxyProcess, client
 
 ROOT = Path(__file__).resolve().parent.parent
 # Commands that need an extra, and which: each must say so in one line when

@@ -28,7 +28,7 @@ from sluice.pipeline.standalone import StandaloneCluster, loopback_env
 from sluice.protocols.pulsar import Type
 from sluice.recording import format as recording
 from sluice.recording.format import recording_files
-from tests.support import SLUICE, RawClient, client, start_proxy
+from tests.helpers.support import SLUICE, RawClient, client, start_proxy
 
 T = Type.Value
 
@@ -153,7 +153,10 @@ def differences(a: Path, b: Path) -> list[str]:
         else:
             same = left[name] == right[name]
         if not same:
-            found.append(f"{name}: {len(left[name])} rows vs {len(right[name])}")
+            only = [set(left[name]) - set(right[name]), set(right[name]) - set(left[name])]
+            found.append(f"{name}: {len(left[name])} rows vs {len(right[name])}; only in the "
+                         f"first: {sorted(only[0], key=repr)[:3]}, only in the second: "
+                         f"{sorted(only[1], key=repr)[:3]}")  # fmt: skip
     return found
 
 

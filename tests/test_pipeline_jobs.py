@@ -14,9 +14,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from sluice.embedded import EmbeddedBroker
 from sluice.pipeline.standalone import loopback_env
-from tests.support import SLUICE
+from tests.helpers.support import SLUICE
 from tests.test_pipeline import record
 
 MAX_JOBS = 42  # 39 on this test's recording; the bench's data took 45-48 before
@@ -33,6 +35,7 @@ def spark_jobs(event_log: Path) -> list[str]:
     return names
 
 
+@pytest.mark.e2e
 def test_analyze_runs_a_bounded_number_of_spark_jobs(tmp_path: Path) -> None:
     with EmbeddedBroker() as broker:
         inputs = record(broker, tmp_path, "jobs")

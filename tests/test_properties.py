@@ -26,7 +26,7 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.protocols.pulsar.payload import messages
-from tests.strategies import PayloadFrame, commands, frame_bytes, payload_frames
+from tests.helpers.strategies import PayloadFrame, commands, frame_bytes, payload_frames
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -44,7 +44,7 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
 from sluice.proxy.pulsar import FrameStream
 from sluice.proxy.server import Proxy
-from tests.support import SLUICE
+from tests.helpers.support import SLUICE
 from tests.test_pulsar_core import Recording, connect_body, frame_bytes, sent
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -625,11 +625,12 @@ def test_settings_say_what_is_missing() -> None:
         ("public", "rsa-1024", "the RSA key is 1024 bits; at least 2048 are needed"),
     ],
 )  # fmt: skip
+@pytest.mark.e2e
 def test_the_command_line_reports_a_key_file_that_will_not_do(
     option: str, key: str, error: str, tmp_path: Path
 ) -> None:
     """Checked at start: one line naming the option and file, exit 2,
-    before any client comes. The installed command (tests.support.SLUICE),
+    before any client comes. The installed command (tests.helpers.support.SLUICE),
     not a path into one checkout."""
     path = tmp_path / key
     if key == "short":

@@ -55,9 +55,9 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.pulsar import SharedRouting, UpstreamPool
 from sluice.proxy.server import Proxy
-from tests.reliability.support import AdminProxy, wait_until
-from tests.scripted_broker import ScriptedBroker
-from tests.support import RawClient, client, start_proxy, tcp_connections
+from tests.helpers.reliability import AdminProxy, wait_until
+from tests.helpers.scripted_broker import ScriptedBroker
+from tests.helpers.support import RawClient, client, start_proxy, tcp_connections
 from tests.test_pulsar_core import Recording, connect_body, frame_bytes, lookup_answer, sent
 
 T = pb.BaseCommand

@@ -23,7 +23,7 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.cli import StartupError, serve
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
-from tests.support import (
+from tests.helpers.support import (
     SLUICE,
     ProxyProcess,
     RawClient,
@@ -34,6 +34,8 @@ from tests.support import (
     tcp_connections,
     tls_files,
 )
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 T = Type.Value
 

@@ -29,7 +29,7 @@ import pytest
 
 from sluice.addresses import Address, AllowList
 from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles, hs256_token
-from sluice.embedded import BrokerError, EmbeddedBroker, free_port
+from sluice.embedded import EmbeddedBroker, free_port
 from sluice.errors import ConfigError
 from sluice.protocols.core import Conn, OnInvalid, OpenUpstream
 from sluice.protocols.haproxy import V2_SIGNATURE, v2_header
@@ -39,7 +39,8 @@ from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings,
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
-from tests.support import ProxyProcess, client, start_proxy, tls_files
+from tests.conftest import start_apache_pulsar
+from tests.helpers.support import ProxyProcess, client, start_proxy, tls_files
 from tests.test_apache_pulsar import (
     broker_certificate,
     pulsar_perf,
@@ -191,22 +192,22 @@ def pp_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SniBroker]:
     tmp = tmp_path_factory.mktemp("proxy-protocol")
     ca_file, served, ca = tls_files(tmp, "127.0.0.1", "localhost", SNI_NAME)
     cert, key = broker_certificate(ca, tmp)
-    b = ApachePulsar(
-        tls=TlsFiles(cert=cert, key=key, ca=ca_file),
-        settings={"haProxyProtocolEnabled": True, "advertisedAddress": "",
-                  "internalListenerName": "internal"},
-        log_path=tmp / "apache-pulsar.log",
-    )  # fmt: skip
-    b.settings["advertisedListeners"] = ",".join(
-        f"{name}:{scheme}://{host}:{port}"
-        for name, host in (("internal", "127.0.0.1"), ("external", SNI_NAME))
-        for scheme, port in (("pulsar", b.port), ("pulsar+ssl", b.tls_port))
-    )
-    try:
-        b.start()
-    except BrokerError as exc:
-        b.close()
-        pytest.fail(f"Apache Pulsar could not be started: {exc}")
+
+    def make(log_path: Path) -> ApachePulsar:
+        b = ApachePulsar(
+            tls=TlsFiles(cert=cert, key=key, ca=ca_file),
+            settings={"haProxyProtocolEnabled": True, "advertisedAddress": "",
+                      "internalListenerName": "internal"},
+            log_path=log_path,
+        )  # fmt: skip
+        b.settings["advertisedListeners"] = ",".join(
+            f"{name}:{scheme}://{host}:{port}"
+            for name, host in (("internal", "127.0.0.1"), ("external", SNI_NAME))
+            for scheme, port in (("pulsar", b.port), ("pulsar+ssl", b.tls_port))
+        )
+        return b
+
+    b = start_apache_pulsar(tmp, make)
     yield SniBroker(b, ca_file, served)
     b.close()
 

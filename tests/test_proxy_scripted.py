@@ -18,8 +18,8 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.pulsar import FrameStream
 from sluice.proxy.server import Proxy
-from tests.scripted_broker import ScriptedBroker, connect_to, failed, redirect_to
-from tests.support import client
+from tests.helpers.scripted_broker import ScriptedBroker, connect_to, failed, redirect_to
+from tests.helpers.support import client
 
 LookupResponse = pb.CommandLookupTopicResponse
 

@@ -21,7 +21,7 @@ from sluice.embedded import EmbeddedBroker, free_port
 from sluice.protocols.core import Conn
 from sluice.recording import format as fmt
 from sluice.recording.format import RecordingError, read_records, recording_files
-from tests.support import SLUICE, client, start_proxy
+from tests.helpers.support import SLUICE, client, start_proxy
 from tests.test_dashboards import scrape, value
 
 # The connection the in-process recorder tests record frames of.
@@ -272,6 +272,7 @@ def test_truncated_tail_is_reported_not_raised(tmp_path: Path) -> None:
     assert result.truncated_bytes == 3
 
 
+@pytest.mark.e2e
 def test_not_a_recording(tmp_path: Path) -> None:
     path = tmp_path / "x.sluice"
     path.write_bytes(b"\x00garbage that is not msgpack at all \xc1\xc1")
@@ -404,6 +405,7 @@ async def test_a_recorder_bug_drops_the_part_says_so_once_and_recording_goes_on(
     assert len([m for m in caplog.messages if "could not record" in m]) == 1
 
 
+@pytest.mark.e2e
 def test_inspect_time_filters(tmp_path: Path) -> None:
     frame = {"k": "frame", "c": 1, "d": 0, "t": 0, "n": 13, "raw": b"",
              "s": {"cmd": "PING"}}  # fmt: skip

@@ -37,7 +37,7 @@ from sluice.recording.reader import load
 from sluice.recording.writer import Recorder, RecorderConfig
 from sluice.replay.pulsar import Answers, normalise
 from sluice.view.index import Index
-from tests.support import SLUICE, RawClient, start_proxy
+from tests.helpers.support import SLUICE, RawClient, start_proxy
 
 T = Type.Value
 TOKEN = b"eyJhbGciOiJIUzI1NiJ9.cmVjb3JkZWQ.never-in-a-recording-0042"

@@ -16,7 +16,7 @@ from sluice.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
 from sluice.recording import format as fmt
 from sluice.recording.format import read_records, recording_files
-from tests.support import SLUICE, client, start_proxy
+from tests.helpers.support import SLUICE, client, start_proxy
 
 T = Type.Value
 TOPIC = "persistent://public/default/replayed"
@@ -222,6 +222,7 @@ def test_frames_that_never_come_at_the_end_cost_one_timeout_in_all(
     assert elapsed < 20, f"{elapsed:.1f} s"
 
 
+@pytest.mark.e2e
 def test_deliveries_a_broker_does_not_have_cost_one_timeout_not_one_per_ack(
     tmp_path: Path,
 ) -> None:

@@ -31,7 +31,7 @@ from sluice.recording.format import (
     recordings_below,
 )
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotError
-from tests.support import QUIET, SLUICE, start_proxy, wait_ready
+from tests.helpers.support import QUIET, SLUICE, start_proxy, wait_ready
 from tests.test_dashboards import scrape, value
 from tests.test_workers import holds_a_client, worker_pids
 
@@ -208,6 +208,7 @@ async def test_the_directory_never_holds_more_than_its_cap(
         (["--record-retain-bytes", "1M", "--workers", "8"], "give at least 2097152"),
     ],
 )  # fmt: skip
+@pytest.mark.e2e
 def test_what_the_bound_cannot_serve_is_refused_at_start(
     tmp_path: Path, options: list[str], why: str
 ) -> None:

@@ -1,7 +1,7 @@
 """Our schema against upstream's wire contract, and the generated module against our schema.
 
 The upstream contract is data the repository owns (``tests/data/
-pulsar_wire_contract.json``, see ``tests/wire_contract.py``): nothing here
+pulsar_wire_contract.json``, see ``tests/helpers/wire_contract.py``): nothing here
 reads outside the checkout.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.protocols.pulsar import regen
-from tests.wire_contract import CONTRACT, comment_lines, contract_of, descriptor, digest
+from tests.helpers.wire_contract import CONTRACT, comment_lines, contract_of, descriptor, digest
 
 
 def _upstream() -> dict[str, Any]:

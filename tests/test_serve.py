@@ -23,7 +23,7 @@ from sluice.addresses import Address
 from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.proxy.dial import bind_all
 from sluice.replay.serve import Listening
-from tests.support import SLUICE, client, start_proxy, tcp_connections, tls_files
+from tests.helpers.support import SLUICE, client, start_proxy, tcp_connections, tls_files
 
 TOPIC = "persistent://public/default/served"
 
@@ -66,7 +66,7 @@ def _produce(c: pulsar.Client) -> None:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]:
+def serve_recording(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]:
     tmp = tmp_path_factory.mktemp("serve")
     with EmbeddedBroker() as broker:
         p = start_proxy(broker.url, tmp, "--record", str(tmp / "rec"), "--record-payloads", "full")
@@ -96,9 +96,11 @@ def start_serve(recording: Path, port: int, *args: str) -> subprocess.Popen[str]
 
 
 @pytest.fixture
-def served(recorded: tuple[Path, list[bytes]]) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def served(
+    serve_recording: tuple[Path, list[bytes]],
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_port()
-    process = start_serve(recorded[0], port, "--listen", f"127.0.0.1:{port}")
+    process = start_serve(serve_recording[0], port, "--listen", f"127.0.0.1:{port}")
     yield process, port
     if process.poll() is None:
         process.kill()
@@ -112,7 +114,7 @@ def stop(process: subprocess.Popen[str]) -> tuple[int, str]:
 
 
 def test_the_real_client_runs_against_serve_with_no_broker(
-    recorded: tuple[Path, list[bytes]], served: tuple[subprocess.Popen[str], int]
+    serve_recording: tuple[Path, list[bytes]], served: tuple[subprocess.Popen[str], int]
 ) -> None:
     process, port = served
     offline: list[bool] = []
@@ -123,7 +125,7 @@ def test_the_real_client_runs_against_serve_with_no_broker(
             # and accepted connections, nothing it dialed out itself.
             offline.append(all(local[1] == port for local, _ in tcp_connections(process.pid)))
 
-    assert script(f"pulsar://127.0.0.1:{port}", Check()) == recorded[1]
+    assert script(f"pulsar://127.0.0.1:{port}", Check()) == serve_recording[1]
     assert offline == [True]
     code, report = stop(process)
     assert code == 0, report
@@ -131,7 +133,7 @@ def test_the_real_client_runs_against_serve_with_no_broker(
 
 
 def test_serve_over_tls_with_the_real_client(
-    recorded: tuple[Path, list[bytes]], tmp_path: Path
+    serve_recording: tuple[Path, list[bytes]], tmp_path: Path
 ) -> None:
     """``--listen-tls`` alone: the client's lookups are answered with a
     ``pulsar+ssl://`` broker URL, so it stays on TLS, and nothing listens
@@ -140,7 +142,7 @@ def test_serve_over_tls_with_the_real_client(
     the listener is bound to."""
     ca, pem, _ = tls_files(tmp_path, "localhost")
     port = free_port()
-    process = start_serve(recorded[0], port, "--listen-tls", f"localhost:{port}",
+    process = start_serve(serve_recording[0], port, "--listen-tls", f"localhost:{port}",
                           "--tls-cert", str(pem), "--tls-key", str(pem))  # fmt: skip
     try:
         listening = {local[1] for local, remote in tcp_connections(process.pid) if not remote[1]}
@@ -150,7 +152,7 @@ def test_serve_over_tls_with_the_real_client(
             tls_trust_certs_file_path=str(ca),
             tls_validate_hostname=True,
         )
-        assert got == recorded[1]
+        assert got == serve_recording[1]
         # A client that does not trust the certificate gets nowhere.
         trustme.CA().cert_pem.write_to_path(str(tmp_path / "other.pem"))
         with (
@@ -169,13 +171,13 @@ def test_serve_over_tls_with_the_real_client(
 
 
 def test_serve_on_both_listeners_keeps_each_client_on_its_own(
-    recorded: tuple[Path, list[bytes]], tmp_path: Path
+    serve_recording: tuple[Path, list[bytes]], tmp_path: Path
 ) -> None:
     """``--listen`` and ``--listen-tls`` together: a lookup answers with both
     URLs, and each client follows the one of its own kind."""
     ca, pem, _ = tls_files(tmp_path, "127.0.0.1")
     plain, tls = free_port(), free_port()
-    process = start_serve(recorded[0], plain, "--listen", f"127.0.0.1:{plain}",
+    process = start_serve(serve_recording[0], plain, "--listen", f"127.0.0.1:{plain}",
                           "--listen-tls", f"127.0.0.1:{tls}",
                           "--tls-cert", str(pem), "--tls-key", str(pem))  # fmt: skip
     seen: dict[int, set[int]] = {}
@@ -189,7 +191,7 @@ def test_serve_on_both_listeners_keeps_each_client_on_its_own(
         return Check()
 
     try:
-        assert script(f"pulsar://127.0.0.1:{plain}", during(plain)) == recorded[1]
+        assert script(f"pulsar://127.0.0.1:{plain}", during(plain)) == serve_recording[1]
         # The plain client's connections are closed before the TLS one starts.
         deadline = time.monotonic() + 10
         while any(remote[1] for _, remote in tcp_connections(process.pid)):
@@ -197,7 +199,7 @@ def test_serve_on_both_listeners_keeps_each_client_on_its_own(
             time.sleep(0.05)
         trusting = {"tls_trust_certs_file_path": str(ca)}
         got = script(f"pulsar+ssl://127.0.0.1:{tls}", during(tls), produce=False, **trusting)
-        assert got == recorded[1]
+        assert got == serve_recording[1]
         code, report = stop(process)
     finally:
         process.kill()
@@ -275,7 +277,7 @@ def test_an_address_that_cannot_be_bound_is_the_error_given() -> None:
 
 
 def test_serve_tls_settings_that_cannot_work_are_refused(
-    recorded: tuple[Path, list[bytes]], tmp_path: Path
+    serve_recording: tuple[Path, list[bytes]], tmp_path: Path
 ) -> None:
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
@@ -294,7 +296,7 @@ def test_serve_tls_settings_that_cannot_work_are_refused(
         ),
     ]
     for args, message in cases:
-        command = [*SLUICE, "serve", str(recorded[0]), *args]
+        command = [*SLUICE, "serve", str(serve_recording[0]), *args]
         result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
@@ -315,6 +317,7 @@ def test_requests_the_recording_cannot_answer_get_an_error(
     )
 
 
+@pytest.mark.e2e
 def test_serve_needs_payloads(tmp_path: Path) -> None:
     with EmbeddedBroker() as broker:
         p = start_proxy(broker.url, tmp_path, "--record", str(tmp_path / "hashed"))

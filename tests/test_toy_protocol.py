@@ -113,6 +113,7 @@ def sluice(site: Path, *args: str) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "sluice.cli", *args], env
 
 
+@pytest.mark.e2e  # it runs sluice proxy, serve, replay and inspect
 async def test_a_toy_protocol_gets_everything_through_the_registry(
     toy_installed: Path, tmp_path: Path
 ) -> None:

@@ -22,8 +22,10 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.recording import format as fmt
-from tests.support import SLUICE, RawClient, client, start_proxy
+from tests.helpers.support import SLUICE, RawClient, client, start_proxy
 from tests.test_cursus_recording import recorded as cursus_session  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 ORDERS = "persistent://public/default/view-orders"
 PAYMENTS = "persistent://public/default/view-payments"
@@ -113,22 +115,46 @@ def console_errors(page: Page) -> list[str]:
     return errors
 
 
+def wait_built(page: Page) -> None:
+    """Until the page shows the whole capture's count (no longer indexing)."""
+    page.wait_for_function(
+        "/^\\(\\d+ match\\)$/.test(document.getElementById('count').textContent)"
+    )
+
+
+# The frames table holds only ``topic``'s frames, and all of them (one page).
+SHOWN_ALIKE = """(topic) => {
+  const topics = [...document.querySelectorAll('#frames tbody td.topic')].map((c) => c.textContent);
+  return topics.length > 0 && topics.every((t) => t === topic)
+    && document.getElementById('count').textContent === `(${topics.length} match)`;
+}"""
+DETAIL_CONNECTION = """() => {
+  const terms = [...document.querySelectorAll("#detail dt")];
+  const dt = terms.find((e) => e.textContent === "connection");
+  return dt ? dt.nextElementSibling.textContent : null;
+}"""
+
+
 def test_the_page_shows_connections_filters_by_topic_and_shows_a_frame(
     viewer: Viewer, browser: Browser, tmp_path: Path
 ) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = console_errors(page)
     page.goto(viewer.url)
-    page.wait_for_function("document.querySelectorAll('#connections tbody tr').length >= 3")
-    assert page.locator("#connections tbody tr").count() == len(viewer.api("connections"))
+    wait_built(page)
+    # The capture's connections: the client's lookup connection and its
+    # proxied one, and the raw client's.
+    kinds = page.locator("#connections tbody td:nth-child(2)").all_inner_texts()
+    assert sorted(kinds) == ["lookup", "proxied", "proxied"]
     page.fill("input[name=topic]", "view-payments")
     page.click("button[type=submit]")
-    expected = viewer.api("frames?topic=view-payments&limit=1")["total"]
-    page.wait_for_function(
-        f"document.getElementById('count').textContent.includes('({expected} match')"
-    )
+    page.wait_for_function(SHOWN_ALIKE, arg=PAYMENTS)
     topics = page.locator("#frames tbody td.topic").all_inner_texts()
     assert topics and all(t == PAYMENTS for t in topics)
+    # All on one page: the count is the rows shown, 10 sends and their receipts among them.
+    assert page.inner_text("#count") == f"({len(topics)} match)"
+    commands = page.locator("#frames tbody td:nth-child(5)").all_inner_texts()
+    assert (commands.count("SEND"), commands.count("SEND_RECEIPT")) == (10, 10), commands
     assert "topic=view-payments" in page.url  # the filter is in the link
     send = page.locator("#frames tbody tr", has_text="SEND").first
     send.click()
@@ -138,6 +164,31 @@ def test_the_page_shows_connections_filters_by_topic_and_shows_a_frame(
     assert "Raw bytes" in detail and "frame=" in page.url
     page.screenshot(path=str(tmp_path / "view.png"), full_page=True)
     assert (tmp_path / "view.png").stat().st_size > 30_000
+    assert errors == []
+
+
+def test_a_frames_detail_names_the_connection_its_row_shows(
+    viewer: Viewer, browser: Browser
+) -> None:
+    """For a frame of each connection: the detail names the connection the
+    table's row (and the connections table, by the server's ids) names."""
+    page = browser.new_page()
+    errors = console_errors(page)
+    page.goto(viewer.url)
+    wait_built(page)
+    rows = page.eval_on_selector_all(
+        "#frames tbody tr", "rows => rows.map((r) => [r.dataset.frame, r.cells[2].textContent])"
+    )
+    first = {conn: int(i) for i, conn in reversed(rows)}  # each connection's first frame
+    names = {c["id"]: c["name"] for c in viewer.api("connections")}
+    assert sorted(first) == sorted(names.values()) and len(first) == 3, (first, names)
+    for conn, i in first.items():
+        assert names[viewer.api(f"frame/{i}")["conn"]] == conn
+        page.click(f'#frames tbody tr[data-frame="{i}"]')
+        page.wait_for_function(
+            f"document.querySelector('#detail dd')?.textContent.startsWith('#{i} ')"
+        )
+        assert page.evaluate(DETAIL_CONNECTION) == conn, f"frame #{i}"
     assert errors == []
 
 

@@ -49,9 +49,9 @@ from sluice.proxy.shared import (
 )
 from sluice.proxy.workers import Supervisor, Worker, _Merged, available_cpus, http
 from sluice.recording.reader import load
-from tests.cursus_broker import open_cluster
-from tests.scripted_broker import ScriptedBroker, redirect_to
-from tests.support import (
+from tests.helpers.cursus_broker import open_cluster
+from tests.helpers.scripted_broker import ScriptedBroker, redirect_to
+from tests.helpers.support import (
     QUIET,
     ProxyProcess,
     client,
@@ -473,6 +473,7 @@ async def test_a_worker_that_resets_the_admin_call_is_an_oserror() -> None:
         listener.close()
 
 
+@pytest.mark.e2e
 async def test_cursus_workers_share_the_per_broker_ports(tmp_path: Path) -> None:
     """Two workers in front of three Cursus nodes: the producer follows
     replies to the two other leaders' ports (of --listener-ports, bound by
@@ -534,6 +535,13 @@ def bindable(port: int) -> bool:
         return True
 
 
+def gone_by_end_of_file(log: str, supervisor: int) -> list[int]:
+    """The workers (by index) that saw the supervisor go by the end of file on
+    their stdin, not by the once-a-second fallback (a new parent)."""
+    said = rf"w(\d+) [\w.]+: the supervisor \(pid {supervisor}\) is gone \(end of file on stdin\)"
+    return sorted(int(w) for w in re.findall(said, log))
+
+
 def holds_a_client(pid: int, port: int) -> bool:
     """Whether process ``pid`` serves a connection accepted on ``port``."""
     return any(local[1] == port and remote[1] for local, remote in tcp_connections(pid))
@@ -589,6 +597,7 @@ class SupervisorKill:
     killed: Killed
     log: str
     supervisor: int
+    workers: dict[int, int]  # index -> pid
 
 
 def kill_a_supervisor_under_load(
@@ -647,7 +656,7 @@ def kill_a_supervisor_under_load(
                     consumed.add(message.data())
                     consumer.acknowledge(message)
         return SupervisorKill(len(producers), per_producer * len(producers), acked, failures,
-                              consumed, killed, proxy.log(), proxy.pid)  # fmt: skip
+                              consumed, killed, proxy.log(), proxy.pid, pids)  # fmt: skip
     finally:
         for c in clients:
             c.close()
@@ -671,11 +680,16 @@ def test_a_killed_supervisor_takes_its_workers_and_frees_the_port(
     assert not o.failures, o.failures[:3]
     assert len(o.acked) == o.attempted
     assert o.consumed >= o.acked, f"{len(o.acked - o.consumed)} acknowledged, not stored"
-    # The workers write to the supervisor's log file, which outlives it.
-    assert o.log.count(f"the supervisor (pid {o.supervisor}) is gone") == 2, o.log
+    # Two workers, each seen gone (kill_supervisor waits for both pids); the
+    # workers write to the supervisor's log file, which outlives it: each saw
+    # the end of file on its stdin (the fallback would free the ports too).
+    assert sorted(o.workers) == [0, 1] and len(set(o.workers.values())) == 2, o.workers
+    assert o.supervisor not in o.workers.values()
+    assert gone_by_end_of_file(o.log, o.supervisor) == [0, 1], o.log
     assert "Traceback" not in o.log
 
 
+@pytest.mark.e2e
 async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: Path) -> None:
     """The same for Cursus: a producer sends through the per-broker ports of
     two workers, the supervisor is SIGKILLed, every port is free within the
@@ -741,7 +755,8 @@ async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: 
                     os.kill(pid, signal.SIGKILL)
             if successor is not None:
                 successor.kill()
-        assert proxy.log().count(f"the supervisor (pid {proxy.pid}) is gone") == 2, proxy.log()
+        assert sorted(pids) == [0, 1] and len(set(pids.values())) == 2, pids
+        assert gone_by_end_of_file(proxy.log(), proxy.pid) == [0, 1], proxy.log()
 
 
 # --- admin ports -----------------------------------------------------------------------

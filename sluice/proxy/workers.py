@@ -663,12 +663,14 @@ async def _watch_supervisor(proxy: Proxy, supervisor: int, orphaned: list[bool])
         with trio.move_on_after(SUPERVISOR_CHECK):
             await trio.lowlevel.wait_readable(_LIFELINE)
             if not os.read(_LIFELINE, 1):
+                seen = "end of file on stdin"
                 break
         if os.getppid() != supervisor:
+            seen = "a new parent"
             break
     if not proxy.listening:
         return  # draining already, on the supervisor's word
-    log.warning("the supervisor (pid %d) is gone: draining, then exiting", supervisor)
+    log.warning("the supervisor (pid %d) is gone (%s): draining, then exiting", supervisor, seen)
     orphaned.append(True)
     os.kill(os.getpid(), signal.SIGTERM)
 

@@ -12,7 +12,7 @@ Sources, all real bytes:
   and unbatched, consuming and acknowledging, on a partitioned topic;
 - a Cursus session recorded here through ``sluice proxy --protocol cursus``:
   the real cursus-client producing to and streaming from the test broker
-  (``tests/cursus_broker.py``).
+  (``tests/helpers/cursus_broker.py``).
 
 Each harness gets its input form: a stream with its chunking byte (codecs),
 a payload with its metadata's codec, size and entry count (payloads), a
@@ -50,10 +50,10 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
 from sluice.recording.format import PayloadPolicy, read_records, recording_files
 from sluice.recording.writer import RecorderConfig
-from tests.cursus_broker import open_cluster
 from tests.fuzz import fuzz_pulsar_proxy as proxy_harness
 from tests.fuzz.common import CORPUS, HARNESSES
-from tests.support import QUIET
+from tests.helpers.cursus_broker import open_cluster
+from tests.helpers.support import QUIET
 from tests.test_cursus_broker import collect_all, in_thread, produce
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "data"

@@ -89,6 +89,7 @@ def test_a_connect_without_its_client_version_is_recorded_not_raised() -> None:
     loggable(frame)
 
 
+@pytest.mark.e2e
 def test_a_payload_that_expands_past_its_promised_size_is_stopped_there() -> None:
     # A ZSTD payload of 16 KiB that unpacks to 512 MiB, its metadata saying
     # 10 bytes: decompress() unpacked it whole (1 GiB of memory with the

@@ -28,6 +28,7 @@ def test_every_harness_has_a_short_run_and_seeds() -> None:
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
+@pytest.mark.e2e
 def test_fuzzing_finds_nothing(harness: str, tmp_path: Path) -> None:
     run = fuzz(harness, tmp_path, runs=RUNS[harness], seed=1, timeout=300)
     if run.failure is not None:

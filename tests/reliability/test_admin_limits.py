@@ -18,7 +18,7 @@ from sluice.addresses import Address
 from sluice.embedded import EmbeddedBroker, free_port
 from sluice.proxy.admin import MAX_CONNECTIONS, AdminRequest, bound, open_admin, serve_admin
 from sluice.proxy.workers import http
-from tests.support import http_get, start_proxy, tcp_connections, wait_ready
+from tests.helpers.support import http_get, start_proxy, tcp_connections, wait_ready
 
 IDLE = 300  # connections opened and held, sending nothing
 TOO_MANY = b"too many admin connections at once"

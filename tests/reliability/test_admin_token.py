@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from sluice.embedded import EmbeddedBroker, free_port
-from tests.support import client, start_proxy, wait_ready
+from tests.helpers.support import client, start_proxy, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TOKEN = "admin-token-for-the-listed-requests"

@@ -1,7 +1,7 @@
 """Token authentication passes through Sluice unchanged, and stays secret.
 
 pulsar-lite has no authentication, so the broker here is scripted (in the
-manner of tests/scripted_broker.py, extended to producers and consumers):
+manner of tests/helpers/scripted_broker.py, extended to producers and consumers):
 it demands `auth_method_name = "token"` with the right token on CONNECT,
 answers the real client's producers and consumers, and challenges every
 authenticated connection once (AUTH_CHALLENGE, the way a broker refreshes
@@ -36,8 +36,10 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.recording.format import recording_files
-from tests.reliability.support import AdminProxy, pulsar_client, run_sluice, start_admin_proxy
-from tests.support import RawClient, http_get
+from tests.helpers.reliability import AdminProxy, pulsar_client, run_sluice, start_admin_proxy
+from tests.helpers.support import RawClient, http_get
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 T = Type.Value
 NO_REQUEST = 2**64 - 1

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulsar
+import pytest
 
 from sluice.embedded import free_port
-from tests.reliability.support import (
+from tests.helpers.reliability import (
     AdminProxy,
     Produced,
     RestartableBroker,
@@ -27,7 +28,7 @@ from tests.reliability.support import (
     start_admin_proxy,
     wait_until,
 )
-from tests.support import RawClient, tcp_connections
+from tests.helpers.support import RawClient, tcp_connections
 
 
 @dataclass
@@ -178,6 +179,7 @@ def check_proxy_state(proxy: AdminProxy, broker: RestartableBroker) -> None:
     assert opened == closed > 0, (opened, closed)
 
 
+@pytest.mark.e2e
 def test_acknowledged_messages_survive_a_broker_kill(tmp_path: Path, topic: str) -> None:
     outcome = broker_restart(tmp_path, topic, messages=1500, kill_after=400)
     assert not outcome.lost, (

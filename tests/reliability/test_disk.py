@@ -19,7 +19,7 @@ import pulsar
 
 from sluice.embedded import EmbeddedBroker
 from sluice.recording.format import ReadResult, read_records, recording_files
-from tests.reliability.support import (
+from tests.helpers.reliability import (
     AdminProxy,
     Produced,
     body,

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulsar
+import pytest
 
 from sluice.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_stream, encode, pb
-from tests.reliability.support import (
+from tests.helpers.reliability import (
     AdminProxy,
     body,
     open_fds,
@@ -318,6 +319,7 @@ def summary_metrics(proxy: AdminProxy) -> dict[str, float]:
     return out
 
 
+@pytest.mark.e2e
 def test_fuzzed_port_with_real_traffic_beside_it(tmp_path: Path, topic: str) -> None:
     outcome = fuzz_port(tmp_path, topic, frames=10_000, seed=17, messages=300)
     stats, metrics = outcome.stats, outcome.metrics

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sluice.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import NEED_DATA, Frame, FrameDecoder, Type, command, encode
-from tests.reliability.support import (
+from tests.helpers.reliability import (
     AdminProxy,
     open_fds,
     peak_rss_bytes,

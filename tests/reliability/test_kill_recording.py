@@ -14,8 +14,8 @@ from pathlib import Path
 from sluice.embedded import EmbeddedBroker
 from sluice.pipeline.standalone import loopback_env
 from sluice.recording.format import ReadResult, read_records, recording_files
-from tests.reliability.support import Produced, body, pulsar_client, run_sluice
-from tests.support import SLUICE, start_proxy
+from tests.helpers.reliability import Produced, body, pulsar_client, run_sluice
+from tests.helpers.support import SLUICE, start_proxy
 
 FLUSH_INTERVAL = 1.0  # the default of --record-flush-interval
 

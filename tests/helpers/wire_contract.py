@@ -7,7 +7,7 @@ order and formatting are left out: they never reach the wire.
 ``tests/data/pulsar_wire_contract.json`` holds upstream's contract (protocol
 v21), written once with::
 
-    python -m tests.wire_contract PATH/TO/upstream/PulsarApi.proto
+    python -m tests.helpers.wire_contract PATH/TO/upstream/PulsarApi.proto
 
 It also keeps the SHA-256 of each long upstream comment line (not the text),
 so a test can tell that our schema's comments are our own without the
@@ -25,7 +25,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2
 
-CONTRACT = Path(__file__).resolve().parent / "data" / "pulsar_wire_contract.json"
+CONTRACT = Path(__file__).resolve().parent.parent / "data" / "pulsar_wire_contract.json"
 # Shorter comment lines ("required", "deprecated") are common words, not prose.
 COMMENT_MIN_CHARS = 21
 
@@ -104,7 +104,9 @@ def digest(text: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tests.wire_contract UPSTREAM_PulsarApi.proto", file=sys.stderr)
+        print(
+            "usage: python -m tests.helpers.wire_contract UPSTREAM_PulsarApi.proto", file=sys.stderr
+        )
         return 2
     upstream = Path(argv[0])
     contract = contract_of(descriptor(upstream))

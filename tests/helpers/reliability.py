@@ -19,7 +19,7 @@ import pulsar
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.embedded import EmbeddedBroker, free_port
-from tests.support import QUIET, SLUICE, ProxyProcess, http_get, start_proxy
+from tests.helpers.support import QUIET, SLUICE, ProxyProcess, http_get, start_proxy
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -20,7 +20,7 @@ Layouts:
 Use from trio (``async with open_cluster(nodes=3) as cluster``), from plain
 threads (``with BrokerThread(nodes=3) as broker``), or by hand::
 
-    python -m tests.cursus_broker --nodes 3 --port 9000
+    python -m tests.helpers.cursus_broker --nodes 3 --port 9000
 
 Where the real broker's behaviour was not observed, the choice made here is
 marked "not observed" and answers with an ``ERROR:`` the client treats as
@@ -82,7 +82,7 @@ from sluice.protocols.cursus import (
 )
 from sluice.protocols.cursus.replies import Reply
 
-log = logging.getLogger("tests.cursus_broker")
+log = logging.getLogger("tests.helpers.cursus_broker")
 
 T = TypeVar("T")
 Answer = Reply | Batch
@@ -690,7 +690,7 @@ class BrokerThread:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.cursus_broker", description="Run the Cursus test broker."
+        prog="python -m tests.helpers.cursus_broker", description="Run the Cursus test broker."
     )
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default: 1, standalone)")
     parser.add_argument("--host", default="127.0.0.1", help="listen host (default: 127.0.0.1)")
