@@ -13,12 +13,12 @@ Pure state: time is passed in, nothing here does I/O.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.decoder import COMPILED
 from sluice.protocols.pulsar.frame import Frame
 
 if TYPE_CHECKING:
@@ -248,19 +248,9 @@ def add_traffic(traffic: Traffic | None, topic: str, messages: int, size: int) -
     return traffic
 
 
-def _send_table() -> type[Sends]:
-    """The compiled ``SendTable`` unless ``SLUICE_FRAMES=python`` asks for
-    the Python code alone (as for the frame scanner), or nobody built it."""
-    if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
-        return SendTable
-    try:
-        from sluice._frames import SendTable as Compiled
-    except ImportError:
-        return SendTable
-    return Compiled
-
-
-SEND_TABLE: type[Sends] = _send_table()
+# The compiled one where the compiled frame path is in use (the same switch:
+# SLUICE_FRAMES=python, or nobody built it, means the Python code alone).
+SEND_TABLE: type[Sends] = SendTable if COMPILED is None else COMPILED.send_table
 """The send table correlators use."""
 
 

@@ -56,6 +56,8 @@ class _Compiled(NamedTuple):
     scan: Scan
     pack: Pack
     scan_batch: ScanBatch
+    # The send table (rust/src/account.rs; correlation.SendTable types it).
+    send_table: Any
     # A recorded frame's summary numbers (recording/format.py types them).
     summary: Callable[[bytes], Any]
 
@@ -67,10 +69,10 @@ def _compiled() -> _Compiled | None:
     if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
         return None
     try:
-        from sluice._frames import pack_frames, scan, scan_batch, summary
+        from sluice._frames import SendTable, pack_frames, scan, scan_batch, summary
     except ImportError:
         return None
-    return _Compiled(scan, pack_frames, scan_batch, summary)
+    return _Compiled(scan, pack_frames, scan_batch, SendTable, summary)
 
 
 COMPILED: Final = _compiled()
