@@ -65,11 +65,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgpack
 import pulsar
 
-from sluice.embedded import EmbeddedBroker
-from sluice.pipeline.standalone import StandaloneCluster, loopback_env
+from sluice.analyze.standalone import StandaloneCluster, loopback_env
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.recording.format import SUFFIX, pack, read_records
 from tests.helpers.support import SLUICE, RawClient, client, start_proxy
-from tests.test_pipeline import differences, render
+from tests.test_analyze import differences, render
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "d9b19db"  # the last commit with the rdd.flatMap pipeline
@@ -406,7 +406,7 @@ def analyze(data: Path, out: Path, master: str, *, pythonpath: Path | None = Non
 def decode_alone(inputs: Path) -> tuple[float, int]:
     """CPU seconds and frame rows of ``decode_segment`` over every segment
     of ``inputs``, in this process."""
-    from sluice.pipeline.decode import decode_segment
+    from sluice.analyze.decode import decode_segment
 
     cpu = 0.0
     frames = 0

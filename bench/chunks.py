@@ -42,7 +42,7 @@ import pulsar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from tests.helpers.support import client, start_proxy
 
 MiB = 1024 * 1024

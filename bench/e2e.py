@@ -40,7 +40,7 @@ import pulsar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from tests.helpers import support
 from tests.helpers.support import client, describe_source, start_proxy
 
@@ -183,12 +183,12 @@ def main() -> int:
     if args.against is not None:
         args.against = args.against.resolve()
         if not (args.against / "sluice" / "cli.py").is_file():
-            parser.error(f"--against {args.against}: no sluice/cli.py there")
+            parser.error(f"--against {args.against}: no sluice/commands/__init__.py there")
         if args.profile is not None:
             parser.error("--profile and --against: profile one proxy at a time")
     if args.profile is not None:
         out = str(args.profile.resolve())
-        support.SLUICE = [sys.executable, "-m", "cProfile", "-o", out, "-m", "sluice.cli"]
+        support.SLUICE = [sys.executable, "-m", "cProfile", "-o", out, "-m", "sluice"]
     unbatched = int(5_000 * args.scale)
     batched = int(50_000 * args.scale)
 

@@ -64,7 +64,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 
 _TICK = os.sysconf("SC_CLK_TCK")
 SAMPLE_INTERVAL = 0.2  # seconds between RSS samples
@@ -402,7 +402,7 @@ class ProxyProcess:
         self.port = free_port()
         self.admin = free_port()
         self.log_path = tmp / f"proxy-{self.port}.log"
-        args = [sys.executable, "-m", "sluice.cli", "proxy", "--broker", broker_url,
+        args = [sys.executable, "-m", "sluice", "proxy", "--broker", broker_url,
                 "--listen", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{self.admin}",
                 "--workers", workers, "--drain-timeout", "3", "--log-level", "warning"]  # fmt: skip
         if record is not None:
@@ -556,7 +556,7 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     args.source = args.source.resolve()
     if not (args.source / "sluice" / "cli.py").is_file():
-        parser.error(f"--source {args.source}: no sluice/cli.py there")
+        parser.error(f"--source {args.source}: no sluice/commands/__init__.py there")
     args.clients = args.clients or ("1,2" if args.quick else "1,4,8")
     args.messages = args.messages or (5000 if args.quick else 20000)
     args.batched_messages = args.batched_messages or 5 * args.messages

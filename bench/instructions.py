@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import e2e
 
-from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from tests.helpers import support
 from tests.helpers.support import describe_source, start_proxy
 
@@ -94,8 +94,10 @@ def count(
     """Instructions of one proxy's whole life, relaying ``messages`` messages;
     for ``along``, of its paced window only."""
     out = tmp / f"callgrind-{time.monotonic_ns()}.out"
+    # The command's module: sluice/__main__.py, or sluice/cli.py in a tree older than it.
+    module = "sluice" if (source / "sluice" / "__main__.py").exists() else "sluice.cli"
     support.SLUICE = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                      sys.executable, "-m", "sluice.cli"]  # fmt: skip
+                      sys.executable, "-m", module]  # fmt: skip
     extra = ["--record", str(tmp / f"rec-{out.stem}")] if record else []
     # The same hash seed each time: dict and set layouts, so the same work.
     os.environ["PYTHONHASHSEED"] = "0"
@@ -227,7 +229,7 @@ def main() -> int:
     if args.against is not None:
         against = args.against.resolve()
         if not (against / "sluice" / "cli.py").is_file():
-            parser.error(f"--against {against}: no sluice/cli.py there")
+            parser.error(f"--against {against}: no sluice/commands/__init__.py there")
         sources["against"] = against
     steps = [args.only] if args.only else ["produce", "consume"]
     record = not args.no_record

@@ -88,7 +88,7 @@ from sluice.brokers.apache_pulsar import (
     answered_connect,
     jvm_flags,
 )
-from sluice.embedded import BrokerError
+from sluice.brokers.embedded import BrokerError
 from tests.helpers.support import ProxyProcess, client, start_proxy
 
 PATHS = ["direct", "apache-proxy", "sluice", "sluice-record", "sluice-workers"]

@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from tests.helpers.reliability import peak_rss_bytes, read_all, rss_bytes
 from tests.helpers.support import start_proxy
 from tests.reliability.test_auth import new_token, produce_and_consume, token_broker

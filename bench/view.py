@@ -33,11 +33,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sluice.embedded import free_port
+from sluice.brokers.embedded import free_port
 from sluice.protocols.pulsar import Type, command, encode, encode_payload, pb
 from sluice.recording.format import PayloadPolicy, header, packer
 
-SLUICE = [sys.executable, "-m", "sluice.cli"]
+SLUICE = [sys.executable, "-m", "sluice"]
 
 
 def write_capture(path: Path, frames: int) -> None:

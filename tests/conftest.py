@@ -19,7 +19,7 @@ import pytest
 
 from sluice.brokers import Broker
 from sluice.brokers.apache_pulsar import ApachePulsar
-from sluice.embedded import BrokerError, EmbeddedBroker
+from sluice.brokers.embedded import BrokerError, EmbeddedBroker
 from tests.helpers.support import ProxyProcess, start_proxy
 from tests.helpers.tiers import E2E_FIXTURES, GUARD
 

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import serialization
 
 from sluice.addresses import Address
 from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles, hs256_token
-from sluice.embedded import free_port, wait_for_port
+from sluice.brokers.embedded import free_port, wait_for_port
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.connection import UpstreamFailure
 from sluice.proxy.pulsar import connect_broker, own_connect

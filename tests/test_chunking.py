@@ -25,9 +25,9 @@ from pathlib import Path
 import pulsar
 import pytest
 
+from sluice.analyze.decode import parse_file
 from sluice.brokers import Broker
-from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
-from sluice.pipeline.decode import parse_file
+from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.recording.format import read_records, recording_files
 from tests.helpers.support import SLUICE, ProxyProcess, client, in_child, start_proxy
 

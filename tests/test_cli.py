@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sluice import __version__
-from sluice.cli import _subparsers, build_parser, main
+from sluice.commands import _subparsers, build_parser, main
 from tests.helpers.support import SLUICE
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
 from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
 from sluice.protocols.pulsar.frame import HOT_TYPES
@@ -34,8 +34,8 @@ from sluice.recording.format import (
 )
 from sluice.recording.pulsar import COMPILED_SUMMARY, FrameRecorder, FrameSummaries
 from tests.helpers.strategies import commands, message_of, payload_frames
+from tests.test_analyze import record as record_session
 from tests.test_hotpath import golden_frames
-from tests.test_pipeline import record as record_session
 
 T = Type.Value
 HOT = sorted(HOT_TYPES)

@@ -17,7 +17,7 @@ import trustme
 from cursus import ConsumerMode
 
 from sluice.addresses import Address
-from sluice.embedded import free_port
+from sluice.brokers.embedded import free_port
 from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
@@ -25,8 +25,8 @@ from sluice.recording.format import PayloadPolicy, dumps, read_records, recordin
 from sluice.recording.writer import RecorderConfig
 from tests.helpers.cursus_broker import open_cluster
 from tests.helpers.support import SLUICE, tls_files
+from tests.test_analyze import analyze, rows_of
 from tests.test_cursus_broker import client_speaks_tls, collect_all, in_thread, produce
-from tests.test_pipeline import analyze, rows_of
 
 pytestmark = pytest.mark.e2e  # every test here starts a process
 

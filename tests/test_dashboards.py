@@ -18,7 +18,7 @@ import pulsar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.protocols.pulsar import Type, command, encode, pb
 from tests.helpers.support import (
     ProxyProcess,

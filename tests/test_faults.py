@@ -17,7 +17,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from sluice.addresses import Address
-from sluice.embedded import free_port
+from sluice.brokers.embedded import free_port
 from sluice.protocols.core import Close, FaultInjected, Hold, Peer, Send
 from sluice.protocols.faults import FaultError, Faults, load_rules, parse_rule, topic_matches
 from sluice.protocols.pulsar import Problem, pb

@@ -18,9 +18,9 @@ import pulsar
 import pytest
 
 from sluice.brokers import Broker
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
+from sluice.commands.faults import call
 from sluice.protocols.pulsar import pb
-from sluice.proxy.faults_cli import call
 from sluice.recording.reader import load
 from tests.helpers.support import SLUICE, ProxyProcess, client, start_proxy
 from tests.test_dashboards import scrape, value

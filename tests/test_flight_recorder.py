@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.recording.format import read_records, recording_files
 from sluice.recording.reader import load
 from sluice.recording.retention import Retention, enforce, hold

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.embedded import BrokerError, EmbeddedBroker, free_port, wait_for_port
-from sluice.proxy.cli import byte_size
+from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port, wait_for_port
+from sluice.commands.proxy import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
 from tests.helpers.support import SLUICE, client, http_get, wait_ready

@@ -32,7 +32,7 @@ import pytest
 
 from sluice.addresses import Address
 from sluice.brokers.apache_pulsar import ApachePulsar
-from sluice.embedded import free_port, wait_for_port
+from sluice.brokers.embedded import free_port, wait_for_port
 from sluice.errors import ConfigError
 from sluice.protocols.http import (
     Hop,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.extras import EXTRAS
 from tests.helpers.support import ProxyProcess, client
 
@@ -169,7 +169,7 @@ def commands(installed: Installed) -> list[list[str]]:
     """Every command and subcommand, as the installed parser has them."""
     script = """
 import json
-from sluice.cli import _subparsers, build_parser
+from sluice.commands import _subparsers, build_parser
 def walk(parser, path):
     for name, sub in _subparsers(parser).items():
         yield [*path, name]

@@ -30,7 +30,7 @@ import trio
 
 from sluice.addresses import Address, AllowList
 from sluice.brokers.apache_pulsar import hs256_token
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.errors import ConfigError
 from sluice.protocols.core import (
     Ask,

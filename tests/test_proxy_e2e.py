@@ -17,10 +17,10 @@ import trustme
 
 from sluice.addresses import Address
 from sluice.brokers import Broker
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
+from sluice.commands.proxy import StartupError, serve
 from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.protocols.pulsar.urls import parse_broker_url
-from sluice.proxy.cli import StartupError, serve
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
 from tests.helpers.support import (

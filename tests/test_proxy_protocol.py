@@ -29,7 +29,7 @@ import pytest
 
 from sluice.addresses import Address, AllowList
 from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles, hs256_token
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.errors import ConfigError
 from sluice.protocols.core import Conn, OnInvalid, OpenUpstream
 from sluice.protocols.haproxy import V2_SIGNATURE, v2_header

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from sluice.addresses import Address
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
@@ -175,7 +175,7 @@ async def test_lookups_over_the_limit_get_too_many_requests(
 
 
 async def test_unreachable_upstream_fails_the_lookup_not_the_proxy(nursery: trio.Nursery) -> None:
-    from sluice.embedded import free_port
+    from sluice.brokers.embedded import free_port
 
     proxy = await start(nursery, f"pulsar://127.0.0.1:{free_port()}", connect_timeout=2.0)
     conn = await open_lookup_connection(proxy)

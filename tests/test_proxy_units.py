@@ -16,7 +16,7 @@ from sluice.addresses import (
     parse_host,
     parse_rule,
 )
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.errors import ConfigError
 from sluice.protocols.pulsar import Frame, Type, command, decode_frame, encode, encode_payload, pb
 from sluice.protocols.pulsar.auth import UpstreamAuth

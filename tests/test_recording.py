@@ -17,7 +17,7 @@ import msgpack
 import pulsar
 import pytest
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.protocols.core import Conn
 from sluice.recording import format as fmt
 from sluice.recording.format import RecordingError, read_records, recording_files

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.core import Conn
 from sluice.protocols.pulsar import (
     Frame,
@@ -184,7 +184,7 @@ def readers_read(rec: Path, frames: int, withheld: int) -> None:
     Answers.of(loaded)
     transcript = [normalise(f.frame) for c in loaded.connections for f in c.frames]
     assert len(transcript) == frames
-    from sluice.pipeline.decode import decode_segment
+    from sluice.analyze.decode import decode_segment
 
     for path in recording_files(rec):
         rows = [row for batch in decode_segment(str(path), path.read_bytes())

@@ -12,7 +12,7 @@ from typing import Any
 import pulsar
 import pytest
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
 from sluice.recording import format as fmt
 from sluice.recording.format import read_records, recording_files
@@ -307,7 +307,7 @@ def test_usage_errors_exit_2(tmp_path: Path, recording: Path) -> None:
         missing = replay(tmp_path / "nothing-here", broker)
     assert no_payloads.returncode == 2 and "--record-payloads full" in no_payloads.stderr
     assert missing.returncode == 2
-    from sluice.embedded import free_port
+    from sluice.brokers.embedded import free_port
 
     dead = subprocess.run(
         [*SLUICE, "replay", str(recording), "--broker", f"pulsar://127.0.0.1:{free_port()}",

@@ -21,7 +21,7 @@ import pulsar
 import pytest
 import trio
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.protocols.core import Conn
 from sluice.protocols.pulsar import Frame, Type, command, decode_frame, encode_payload, pb
 from sluice.recording.format import (

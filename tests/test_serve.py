@@ -20,9 +20,9 @@ import trio
 import trustme
 
 from sluice.addresses import Address
-from sluice.embedded import EmbeddedBroker, free_port, wait_for_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.proxy.dial import bind_all
-from sluice.replay.serve import Listening
+from sluice.replay.common import Listening
 from tests.helpers.support import SLUICE, client, start_proxy, tcp_connections, tls_files
 
 TOPIC = "persistent://public/default/served"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.embedded import EmbeddedBroker, free_port
-from sluice.proxy.cli import byte_size
+from sluice.brokers.embedded import EmbeddedBroker, free_port
+from sluice.commands.proxy import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
 from tests.helpers.support import SLUICE, client, http_get
@@ -116,7 +116,7 @@ def test_environment_alone_configures_a_working_proxy(
     with open(log, "wb") as out:
         process = subprocess.Popen([*SLUICE, "proxy"], env=env, stdout=out, stderr=out)
     try:
-        from sluice.embedded import wait_for_port
+        from sluice.brokers.embedded import wait_for_port
 
         wait_for_port("127.0.0.1", port, 20, process)
         with client(f"pulsar://127.0.0.1:{port}") as c:

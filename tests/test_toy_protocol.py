@@ -18,7 +18,7 @@ import trio
 from prometheus_client import generate_latest
 
 from sluice.addresses import Address
-from sluice.embedded import free_port
+from sluice.brokers.embedded import free_port
 from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.proxy.config import ProxyConfig
@@ -110,7 +110,7 @@ def metric(proxy: Proxy, line_start: str) -> float:
 def sluice(site: Path, *args: str) -> tuple[list[str], dict[str, str]]:
     """A ``sluice`` command line, and an environment where the toy is installed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
-    return [sys.executable, "-m", "sluice.cli", *args], env
+    return [sys.executable, "-m", "sluice", *args], env
 
 
 @pytest.mark.e2e  # it runs sluice proxy, serve, replay and inspect

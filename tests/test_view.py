@@ -20,7 +20,7 @@ import pytest
 import trio
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.recording import format as fmt
 from tests.helpers.support import SLUICE, RawClient, client, start_proxy
 from tests.test_cursus_recording import recorded as cursus_session  # noqa: F401 - a fixture
@@ -279,7 +279,7 @@ def test_bad_input_is_one_clear_line(capture: Path, tmp_path: Path) -> None:
 
 
 def test_python_dash_m_help() -> None:
-    result = subprocess.run([sys.executable, "-m", "sluice.cli", "view", "--help"],
+    result = subprocess.run([sys.executable, "-m", "sluice", "view", "--help"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0 and "--export" in result.stdout
 

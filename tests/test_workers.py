@@ -31,13 +31,13 @@ import trio
 from cursus import ConsumerMode, Producer, ProducerConfig
 
 from sluice.addresses import Address
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
+from sluice.commands.faults import call
+from sluice.commands.proxy import parse_workers
 from sluice.errors import ConfigError
 from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.protocols.pulsar.urls import parse_broker_url
-from sluice.proxy.cli import parse_workers
 from sluice.proxy.config import ProxyConfig
-from sluice.proxy.faults_cli import call
 from sluice.proxy.pulsar import FrameStream, SharedRouting
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,

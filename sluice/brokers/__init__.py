@@ -1,6 +1,6 @@
 """Brokers Sluice starts for itself: ``sluice demo``, the tests and the benchmarks.
 
-pulsar-lite (quick, no Java) lives in :mod:`sluice.embedded`; Apache Pulsar
+pulsar-lite (quick, no Java) lives in :mod:`sluice.brokers.embedded`; Apache Pulsar
 itself in :mod:`sluice.brokers.apache_pulsar`. Both answer to :class:`Broker`.
 """
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from sluice.embedded import BrokerError, free_port, terminate, wait_for_port
+from sluice.brokers.embedded import BrokerError, free_port, terminate, wait_for_port
 from sluice.protocols.pulsar import (
     CLOSED,
     Frame,

@@ -91,6 +91,9 @@ class ProtocolSpec:
     # --- pure parts ----------------------------------------------------------
     # The protocol's own flags, in a group of their own (its title, else the
     # protocol's name, and what the group is about).
+    # A publish and the frames that answer it, paired by (producer id,
+    # sequence id) rather than by request id: sluice analyze's latencies.
+    publish: tuple[str, frozenset[str]] | None = None
     options: tuple[Option, ...] = ()
     options_title: str = ""
     options_help: str = ""
@@ -178,6 +181,13 @@ def by_url(text: str) -> ProtocolSpec:
 def message_commands() -> frozenset[str]:
     """Every protocol's frames that carry messages (``ProtocolSpec.messages``)."""
     return frozenset().union(*(spec.messages for spec in protocols().values()))
+
+
+def publishes() -> tuple[tuple[str, ...], frozenset[str]]:
+    """Every protocol's publishing commands (``ProtocolSpec.publish``), in a
+    fixed order, and the commands that answer them."""
+    pairs = sorted(spec.publish for spec in protocols().values() if spec.publish is not None)
+    return tuple(name for name, _ in pairs), frozenset().union(*(a for _, a in pairs))
 
 
 def prepare_reading() -> None:

@@ -17,8 +17,6 @@ from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.faults import ProtocolFaults, Rule
 from sluice.protocols.http import HttpUrl
-from sluice.protocols.pulsar import DEFAULT_MAX_MESSAGE_SIZE
-from sluice.protocols.pulsar.auth import ProxyAuth
 from sluice.protocols.urls import BrokerUrl
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.proxy.inbound import ProxyProtocolIn, parse_sources
@@ -50,7 +48,9 @@ class ProxyConfig:
     # upstream never named them; also allowed. Empty: only those it named.
     trust_broker: tuple[str, ...] = ()
     on_invalid: OnInvalid = OnInvalid.REJECT
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    # The largest message a client may send until a broker's CONNECTED says
+    # otherwise (None: the protocol's own default, Pulsar's 5 MiB).
+    max_message_size: int | None = None
     connect_timeout: float = 10.0
     handshake_timeout: float = 10.0
     keepalive_interval: float = 30.0
@@ -151,7 +151,8 @@ class ProxyConfig:
             "workers",
             "max_frame_size",
         ):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         spec = registry.get(self.protocol)
         if spec.port_per_broker:
@@ -167,8 +168,6 @@ class ProxyConfig:
                     "per-broker ports are bound at start by the supervisor and shared by the "
                     "workers"
                 )
-        if spec.check is not None:
-            spec.check(self)
         if self.broker_ports_file is not None and self.listener_ports is None:
             raise ConfigError("--broker-ports-file keeps the ports of --listener-ports: give both")
         if self.listener_ports is not None:
@@ -182,6 +181,9 @@ class ProxyConfig:
             raise ConfigError("--max-redirects must not be negative")
         self._check_proxy_protocol()
         self._check_http()
+        # The protocol's own checks last: they may load files (Pulsar's keys).
+        if spec.check is not None:
+            spec.check(self)
 
     def _check_http(self) -> None:
         if self.http_listen is None:
@@ -204,7 +206,8 @@ class ProxyConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         for name in ("http_max_body", "http_max_header", "http_max_connections"):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
 
     def _check_proxy_protocol(self) -> None:
@@ -285,21 +288,6 @@ class ProxyConfig:
 
     def replace(self, **changes: object) -> ProxyConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-
-def proxy_auth(config: ProxyConfig) -> ProxyAuth | None:
-    """``--auth-mode proxy``'s keys and credentials, loaded (None: passthrough)."""
-    if config.auth_mode != "proxy":
-        return None
-    return ProxyAuth.load(
-        secret_key=config.auth_token_secret_key,
-        public_key=config.auth_token_public_key,
-        role_claim=config.auth_token_role_claim,
-        own_token=config.broker_auth_token_file,
-        audience=config.auth_token_audience,
-        tls_roles=config.tls is not None and config.tls.client_ca is not None,
-        forward_auth_data=config.forward_auth_data,
-    )
 
 
 def proxy_protocol_in(config: ProxyConfig) -> ProxyProtocolIn | None:

@@ -34,7 +34,7 @@ from sluice.protocols.pulsar import (
     encode,
     pb,
 )
-from sluice.protocols.pulsar.auth import UpstreamAuth
+from sluice.protocols.pulsar.auth import UpstreamAuth, proxy_auth
 from sluice.protocols.pulsar.connection import (
     PROTOCOL_VERSION,
     SLUICE_VERSION,
@@ -46,7 +46,7 @@ from sluice.protocols.pulsar.connection import (
 )
 from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.backend import Services
-from sluice.proxy.config import ProxyConfig, proxy_auth
+from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.relay import READ_SIZE
 from sluice.proxy.shared import ROUTES_FILE, Journal
@@ -532,7 +532,9 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
         config.broker,
         PulsarSettings(
             config.on_invalid,
-            config.max_message_size,
+            DEFAULT_MAX_MESSAGE_SIZE
+            if config.max_message_size is None
+            else config.max_message_size,
             config.max_redirects,
             proxy_auth(config),
             AllowList(config.trust_broker, "--trust-broker"),

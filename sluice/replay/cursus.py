@@ -57,8 +57,8 @@ from sluice.protocols.cursus.rewrite import rewrite_addresses
 from sluice.protocols.cursus.urls import parse_cursus_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
+from sluice.replay.common import Listening, announce, until_signalled
 from sluice.replay.outcome import Outcome, Report
-from sluice.replay.serve import Listening, announce, until_signalled
 
 READ_SIZE = 256 * 1024
 

@@ -69,9 +69,8 @@ from sluice.proxy.dial import (
 )
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
+from sluice.replay.common import Listening, ReplayError, announce, parse_speed, until_signalled
 from sluice.replay.outcome import Outcome, Report
-from sluice.replay.replay import ReplayError, parse_speed
-from sluice.replay.serve import Listening, announce, until_signalled
 
 T = Type.Value
 Key = tuple[Any, ...]

@@ -39,7 +39,7 @@ import trio
 from cursus import ConsumerMode
 
 from sluice.addresses import Address
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.cursus import Compression, compress
 from sluice.protocols.cursus import decode_stream as cursus_stream
 from sluice.protocols.cursus import frame as cursus_frame

@@ -33,7 +33,7 @@ from typing import Any
 
 import pulsar
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import FrameDecoder, Type, command, encode, pb
 
 HERE = Path(__file__).resolve().parent

@@ -18,7 +18,7 @@ from typing import Any
 import pulsar
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from tests.helpers.support import QUIET, SLUICE, ProxyProcess, http_get, start_proxy
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

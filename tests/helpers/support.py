@@ -25,7 +25,7 @@ import pulsar
 import trustme
 
 from sluice.brokers import Broker
-from sluice.embedded import free_port, wait_for_port
+from sluice.brokers.embedded import free_port, wait_for_port
 from sluice.protocols.pulsar import (
     CLOSED,
     NEED_DATA,
@@ -38,13 +38,13 @@ from sluice.protocols.pulsar import (
     pb,
 )
 
-SLUICE = [sys.executable, "-m", "sluice.cli"]
+SLUICE = [sys.executable, "-m", "sluice"]
 
 
 def redelivers(broker: Broker) -> bool:
     """pulsar-lite 0.2.0 dispatches some entries twice on its own (no proxy in
     the path); Apache Pulsar does not, so there a second copy is a failure."""
-    from sluice.embedded import EmbeddedBroker
+    from sluice.brokers.embedded import EmbeddedBroker
 
     return isinstance(broker, EmbeddedBroker)
 
@@ -52,7 +52,7 @@ def redelivers(broker: Broker) -> bool:
 def stores_corrupt_sends(broker: Broker) -> bool:
     """pulsar-lite stores a SEND whose checksum is wrong and acknowledges it;
     Apache Pulsar answers SEND_ERROR ChecksumError (measured on 4.0.8)."""
-    from sluice.embedded import EmbeddedBroker
+    from sluice.brokers.embedded import EmbeddedBroker
 
     return isinstance(broker, EmbeddedBroker)
 
@@ -128,7 +128,7 @@ def start_proxy(
 
 
 def run_from(source: Path) -> dict[str, Any]:
-    """Popen options that make ``python -m sluice.cli`` run the sluice
+    """Popen options that make ``python -m sluice`` run the sluice
     package in ``source`` (e.g. a worktree of an older commit): ``-m`` puts
     the working directory first on sys.path, ahead of the installed one."""
     path = os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))

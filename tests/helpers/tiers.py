@@ -25,7 +25,7 @@ E2E_FIXTURES = frozenset(
         "proxy",
         "any_proxy",
         # module fixtures that start their own
-        "analyzed",  # test_pipeline: brokers, proxies and Spark
+        "analyzed",  # test_analyze: brokers, proxies and Spark
         "big_broker",  # test_apache_pulsar
         "auth_broker",
         "tls_broker",

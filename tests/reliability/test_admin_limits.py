@@ -15,7 +15,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from sluice.addresses import Address
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.proxy.admin import MAX_CONNECTIONS, AdminRequest, bound, open_admin, serve_admin
 from sluice.proxy.workers import http
 from tests.helpers.support import http_get, start_proxy, tcp_connections, wait_ready

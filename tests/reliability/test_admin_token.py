@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sluice.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port
 from tests.helpers.support import client, start_proxy, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -14,7 +14,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from sluice.embedded import free_port
+from sluice.brokers.embedded import free_port
 from tests.helpers.reliability import (
     AdminProxy,
     Produced,

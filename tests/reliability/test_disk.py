@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pulsar
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.recording.format import ReadResult, read_records, recording_files
 from tests.helpers.reliability import (
     AdminProxy,

@@ -24,7 +24,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_stream, encode, pb
 from tests.helpers.reliability import (
     AdminProxy,

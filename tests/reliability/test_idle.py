@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.embedded import EmbeddedBroker
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import NEED_DATA, Frame, FrameDecoder, Type, command, encode
 from tests.helpers.reliability import (
     AdminProxy,

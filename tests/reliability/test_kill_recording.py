@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.embedded import EmbeddedBroker
-from sluice.pipeline.standalone import loopback_env
+from sluice.analyze.standalone import loopback_env
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.recording.format import ReadResult, read_records, recording_files
 from tests.helpers.reliability import Produced, body, pulsar_client, run_sluice
 from tests.helpers.support import SLUICE, start_proxy

@@ -16,8 +16,8 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import dial
 from sluice.proxy.ports import Listeners
 from sluice.recording.reader import load
+from sluice.replay.common import Listening, announce, until_signalled
 from sluice.replay.outcome import Outcome, Report
-from sluice.replay.serve import Listening, announce, until_signalled
 from tests.toy_protocol.codec import Frame, decode, encode, split
 from tests.toy_protocol.core import ToyConnection
 from tests.toy_protocol.spec import PROTOCOL

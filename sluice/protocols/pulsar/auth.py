@@ -33,6 +33,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jwt
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -398,6 +399,22 @@ class ProxyAuth:
         forwarded = client.data.decode(errors="replace") if self.forward_auth_data else None
         own = self.own
         return UpstreamAuth(own.method, own.data, client.role, client.method, forwarded)
+
+
+def proxy_auth(config: Any) -> ProxyAuth | None:
+    """``--auth-mode proxy``'s keys and credentials, loaded from a
+    ``ProxyConfig`` (any object with its fields); None in passthrough mode."""
+    if config.auth_mode != "proxy":
+        return None
+    return ProxyAuth.load(
+        secret_key=config.auth_token_secret_key,
+        public_key=config.auth_token_public_key,
+        role_claim=config.auth_token_role_claim,
+        own_token=config.broker_auth_token_file,
+        audience=config.auth_token_audience,
+        tls_roles=config.tls is not None and config.tls.client_ca is not None,
+        forward_auth_data=config.forward_auth_data,
+    )
 
 
 def _read(path: Path, option: str) -> bytes:

@@ -143,6 +143,14 @@ def detail(raw: bytes, out: dict[str, Any]) -> Any:
     return decoded
 
 
+def check(config: Any) -> None:
+    """Pulsar's checks of a ``ProxyConfig``: key and token files that do not
+    load for ``--auth-mode proxy`` are one line at start, not a failure later."""
+    from sluice.protocols.pulsar.auth import proxy_auth  # jwt and cryptography: on use
+
+    proxy_auth(config)
+
+
 PROTOCOL = ProtocolSpec(
     name="pulsar",
     title="Pulsar",
@@ -153,6 +161,7 @@ PROTOCOL = ProtocolSpec(
     timed=TIMED_COMMANDS,
     counted=None,
     messages=frozenset({"SEND", "MESSAGE"}),
+    publish=("SEND", frozenset({"SEND_RECEIPT", "SEND_ERROR"})),
     command_name=command_name,
     decode=decode,
     backend="sluice.proxy.pulsar:make_backend",
@@ -168,6 +177,7 @@ PROTOCOL = ProtocolSpec(
     "client's own credentials. proxy: Sluice authenticates clients itself, logs in to "
     "the broker as a role in its proxyRoles, and names the client's role in "
     "original_principal, so the broker authorizes the client.",
+    check=check,
     detail=detail,
     replay="sluice.replay.pulsar:replay",
     serve="sluice.replay.pulsar:serve",

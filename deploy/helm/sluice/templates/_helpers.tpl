@@ -60,7 +60,7 @@ sluice/sidecar: {{ include "sluice.fullname" . }}
 {{- end -}}
 
 {{/* A sluice size (800M, 2G, 1048576, 1.5G; binary units, KiB/MiB too) in
-bytes, as byte_size in sluice/proxy/cli.py reads it. */}}
+bytes, as byte_size in sluice/commands/proxy.py reads it. */}}
 {{- define "sluice.sizeBytes" -}}
 {{- $raw := . -}}
 {{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) -}}

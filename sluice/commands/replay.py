@@ -16,6 +16,7 @@ import trio
 from sluice.errors import ConfigError, leaves
 from sluice.protocols import registry
 from sluice.recording.format import RecordingError, protocol_of
+from sluice.replay.common import ReplayError, parse_speed
 from sluice.replay.outcome import report
 
 
@@ -52,24 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CA for the broker's certificate (default: system trust store)",
     )
     parser.add_argument("--quiet", action="store_true", help="only the summary")
-
-
-class ReplayError(Exception):
-    pass
-
-
-def parse_speed(text: str) -> float:
-    if text == "asap":
-        return 0.0
-    if text == "realtime":
-        return 1.0
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"--speed {text!r}: use asap, realtime or a number") from None
-    if value <= 0:
-        raise ConfigError("--speed must be positive")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,10 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+from sluice.commands.faults import AdminError, call
+from sluice.commands.proxy import read_token
 from sluice.errors import ConfigError
 from sluice.proxy.admin import MAX_SNAPSHOT_SECONDS
-from sluice.proxy.cli import read_token
-from sluice.proxy.faults_cli import AdminError, call
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from sluice.addresses import parse_address
+from sluice.commands.proxy import read_token
 from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.protocols.faults import Direction
-from sluice.proxy.cli import read_token
 
 TIMEOUT = 10.0
 

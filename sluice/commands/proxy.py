@@ -18,7 +18,7 @@ from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.faults import load_rules
 from sluice.protocols.http import parse_http_url
-from sluice.proxy.config import ProxyConfig, proxy_auth
+from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import (
     TlsClientConfig,
     TlsServerConfig,
@@ -257,7 +257,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=default(ProxyConfig, "max_message_size"),
         metavar="BYTES",
-        help="largest message accepted until a broker's CONNECTED says otherwise",
+        help="largest message accepted until a broker's CONNECTED says otherwise (default: "
+        "the protocol's own, 5 MiB for Pulsar)",
     )
     pol.add_argument(
         "--max-connections",
@@ -515,7 +516,6 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         faults=tuple(load_rules(args.faults, registry.all_faults())) if args.faults else (),
         workers=parse_workers(args.workers),
     )
-    proxy_auth(config)  # key and token files that do not load: one line now
     return config
 
 

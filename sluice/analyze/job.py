@@ -1,16 +1,15 @@
 """The analysis job: recordings in, Parquet tables and a report out.
 
-    sluice analyze PATH... --out DIR [--master URL]
-    spark-submit sluice/pipeline/job.py PATH... --out DIR          # same job
-
-PATH is any path Spark's file systems read (a file, a directory searched
-recursively for ``*.sluice``, ``file://…``, ``s3a://…``, ``hdfs://…``,
-``gs://…``). Segments are read with Spark's ``binaryFile`` source and
-decoded whole into Arrow record batches on the executors (``mapInArrow``,
-see ``decode.py``); every table is built from those with DataFrame
-operations. A damaged or truncated segment is counted and reported in
-``bad_segments`` (what it held up to the damage is kept), never fatal.
-Nothing but small aggregates (for the report) is collected to the driver.
+``analyze`` is what ``sluice analyze`` runs (``sluice/commands/analyze.py``,
+also the ``spark-submit`` entry point). Each PATH is any path Spark's file
+systems read (a file, a directory searched recursively for ``*.sluice``,
+``file://…``, ``s3a://…``, ``hdfs://…``, ``gs://…``). Segments are read with
+Spark's ``binaryFile`` source and decoded whole into Arrow record batches on
+the executors (``mapInArrow``, see ``decode.py``); every table is built from
+those with DataFrame operations. A damaged or truncated segment is counted
+and reported in ``bad_segments`` (what it held up to the damage is kept),
+never fatal. Nothing but small aggregates (for the report) is collected to
+the driver.
 
 Tables (Parquet, under DIR): ``frames``, ``connections``, ``topic_minute``,
 ``latency``, ``errors``, ``files`` (every segment read) and
@@ -19,15 +18,15 @@ Tables (Parquet, under DIR): ``frames``, ``connections``, ``topic_minute``,
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import re
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from sluice.protocols import registry
 
 TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments")
 # Spark's binaryFile source cannot hold a file of 2 GiB or more in a row.
@@ -52,7 +51,7 @@ def spark_session(master: str | None) -> Any:
 
     builder = SparkSession.builder.appName("sluice-analyze")
     # The driver JVM lives for one job: C2's optimising compiles cost more
-    # CPU than they win back over it (see docs/pipeline.md). Takes effect
+    # CPU than they win back over it (see docs/analyze.md). Takes effect
     # where this process starts the JVM (not under spark-submit).
     java_options = os.environ.get("SLUICE_SPARK_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS)
     if java_options:
@@ -99,7 +98,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from sluice.pipeline.decode import (
+    from sluice.analyze.decode import (
         COUNTED,
         EXTRA_SCHEMA,
         FRAME_COLUMNS,
@@ -426,14 +425,17 @@ def _canonical(path: str) -> str:
 def request_latencies(frames: Any, F: Any) -> Any:
     """(command, seconds) for every request paired with its answer.
 
-    A request and its answer share (capture, conn, request id); a SEND and its
-    SEND_RECEIPT or SEND_ERROR share (capture, conn, producer id, sequence
+    A request and its answer share (capture, conn, request id); a publish
+    and its answers (``ProtocolSpec.publish``: Pulsar's SEND and its
+    SEND_RECEIPT or SEND_ERROR) share (capture, conn, producer id, sequence
     id). A group-by per kind of key pairs them (no join): the request's
     time is the earliest asking frame, the answer's the earliest answering
     one after it.
     """
-    send = F.col("command") == "SEND"
-    receipt = F.col("command").isin("SEND_RECEIPT", "SEND_ERROR")
+    publishing, answering = registry.publishes()
+    names = F.array(*(F.lit(name) for name in publishing))
+    send = F.col("command").isin(*publishing)
+    receipt = F.col("command").isin(*answering)
     outbound = F.col("direction") == "client_to_broker"
     by_send = send | receipt
     keyed = frames.filter(by_send | F.col("request_id").isNotNull()).select(
@@ -447,17 +449,22 @@ def request_latencies(frames: Any, F: Any) -> Any:
         F.when(by_send, send & outbound).otherwise(outbound).alias("asks"),
         F.when(by_send, receipt).otherwise(~outbound).alias("answers"),
     )
-    # Most pairs are a SEND and its receipt: their asking command is SEND,
-    # so they pair in a hash aggregation (fixed-width values only); the
-    # other requests, few, with min_by (a sort-based aggregation).
+    # Most pairs are a publish and its receipt: they pair in a hash
+    # aggregation (fixed-width values only: the asking command by its
+    # position among the publishing ones); the other requests, few, with
+    # min_by (a sort-based aggregation).
     asked = F.min(F.when(F.col("asks"), F.col("mono_ns"))).alias("asked")
     answered = F.min(F.when(F.col("answers"), F.col("mono_ns"))).alias("answered")
     pair = ["capture", "conn", "a", "b"]
     sends = (
         keyed.filter("by_send")
         .groupBy(*pair)
-        .agg(asked, answered)
-        .select(F.lit("SEND").alias("command"), "asked", "answered")
+        .agg(
+            F.min(F.when(F.col("asks"), F.array_position(names, F.col("command")))).alias("at"),
+            asked,
+            answered,
+        )
+        .select(F.element_at(names, F.col("at").cast("int")).alias("command"), "asked", "answered")
     )
     requests = (
         keyed.filter(~F.col("by_send"))
@@ -473,72 +480,3 @@ def request_latencies(frames: Any, F: Any) -> Any:
     return paired.filter(F.col("answered") >= F.col("asked")).select(
         "command", ((F.col("answered") - F.col("asked")) / F.lit(1e9)).alias("seconds")
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sluice analyze", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="recording files or directories (local, or any URL Spark reads: file://, s3a://, "
-        "hdfs://, gs://)",
-    )
-    parser.add_argument(
-        "--out",
-        required=True,
-        metavar="DIR",
-        help="where tables and report go; required, no default",
-    )
-    parser.add_argument(
-        "--master",
-        metavar="URL",
-        help="Spark master (default: local[*], or what spark-submit says)",
-    )
-
-
-def _spark_path(path: str) -> str:
-    """Local paths as absolute file:// URLs; anything with a scheme unchanged."""
-    return path if "://" in path else Path(path).resolve().as_uri()
-
-
-def run(args: argparse.Namespace) -> int:
-    from sluice.extras import need_extra
-
-    if not need_extra("analyze", "pipeline"):
-        return 2
-    from sluice.pipeline.report import write_report
-
-    def say(text: str) -> None:
-        print(f"[analyze] {text}", file=sys.stderr, flush=True)
-
-    missing = [p for p in args.paths if "://" not in p and not Path(p).exists()]
-    if missing:
-        print(f"sluice analyze: no such file or directory: {missing[0]}", file=sys.stderr)
-        return 2
-    out = args.out
-    try:
-        summary = analyze([_spark_path(p) for p in args.paths], _spark_path(out), args.master, say)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        print(f"sluice analyze: {first}", file=sys.stderr)
-        return 1
-    local_out = out.removeprefix("file://") if out.startswith("file://") else out
-    if "://" not in local_out:
-        write_report(summary, Path(local_out) / "report.html")
-        say(f"wrote report: {Path(local_out) / 'report.html'}")
-    say(
-        f"{summary['frames']} frames, {summary['connections']} connections from "
-        f"{summary['files']} files ({len(summary['damaged'])} damaged, "
-        f"{len(summary['truncated'])} truncated) in {summary['seconds']:.1f} s"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

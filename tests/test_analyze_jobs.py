@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from sluice.embedded import EmbeddedBroker
-from sluice.pipeline.standalone import loopback_env
+from sluice.analyze.standalone import loopback_env
+from sluice.brokers.embedded import EmbeddedBroker
 from tests.helpers.support import SLUICE
-from tests.test_pipeline import record
+from tests.test_analyze import record
 
 MAX_JOBS = 42  # 39 on this test's recording; the bench's data took 45-48 before
 

@@ -23,6 +23,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from sluice.protocols import registry
+
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;max-width:72em;color:#222}
 h1{font-size:1.6em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
@@ -97,17 +99,16 @@ def _series(
 
 def throughput_picture(summary: dict[str, Any]) -> str:
     step = int(summary["step"])
-    counted = [
-        r for r in summary["over_time"] if r["command"] in ("SEND", "MESSAGE") and r["topic"]
-    ]
+    messages = registry.message_commands()
+    counted = [r for r in summary["over_time"] if r["command"] in messages and r["topic"]]
     if not counted:
         return '<p class="muted">no messages</p>'
 
     def draw(figure: Figure) -> None:
         axes = figure.subplots(1, 2, sharey=True)
         for ax, direction, title in (
-            (axes[0], "client_to_broker", "published (SEND)"),
-            (axes[1], "broker_to_client", "delivered (MESSAGE)"),
+            (axes[0], "client_to_broker", "published"),
+            (axes[1], "broker_to_client", "delivered"),
         ):
             rows = [r for r in counted if r["direction"] == direction]
             steps, series = _series(rows, "topic", "messages")

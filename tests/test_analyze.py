@@ -22,9 +22,9 @@ from typing import Any
 import pulsar
 import pytest
 
-from sluice.embedded import EmbeddedBroker
-from sluice.pipeline.decode import decode_segment
-from sluice.pipeline.standalone import StandaloneCluster, loopback_env
+from sluice.analyze.decode import decode_segment
+from sluice.analyze.standalone import StandaloneCluster, loopback_env
+from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type
 from sluice.recording import format as recording
 from sluice.recording.format import recording_files

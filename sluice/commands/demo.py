@@ -27,7 +27,7 @@ import trio
 from sluice.addresses import Address
 from sluice.brokers import Broker
 from sluice.brokers.apache_pulsar import ApachePulsar
-from sluice.embedded import BrokerError, EmbeddedBroker, free_port
+from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port
 from sluice.extras import need_extra
 from sluice.logs import setup_logging
 from sluice.protocols.pulsar.urls import parse_broker_url

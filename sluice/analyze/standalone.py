@@ -7,7 +7,7 @@ process id (SIGTERM, then SIGKILL), executors included. The tests and
 ``bench/analyze.py`` run ``sluice analyze --master spark://127.0.0.1:PORT``
 against one; it is also a quick way to try a cluster by hand::
 
-    python -m sluice.pipeline.standalone --workers 2     # prints the URL, Ctrl-C stops it
+    python -m sluice.analyze.standalone --workers 2     # prints the URL, Ctrl-C stops it
 """
 
 from __future__ import annotations

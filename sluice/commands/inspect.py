@@ -22,7 +22,7 @@ from sluice.recording.format import (
     read_records,
     recording_files,
 )
-from sluice.replay.pcap import PcapngWriter
+from sluice.recording.pcapng import PcapngWriter
 
 log = logging.getLogger("sluice.inspect")
 ARROWS = {0: "C→B", 1: "B→C"}

@@ -1,4 +1,11 @@
-"""The ``sluice`` command line."""
+"""The ``sluice`` command line: one module here per command.
+
+``sluice NAME`` is ``sluice/commands/NAME.py``: its options
+(``add_arguments``) and what it does with them (``run``), calling into the
+package that does the work (``proxy/``, ``recording/``, ``replay/``,
+``view/``, ``analyze/``, ``brokers/``). This module builds the parser and
+applies settings from the environment and TOML (``sluice/config.py``).
+"""
 
 from __future__ import annotations
 
@@ -41,14 +48,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sluice import demo as demo_cli
-    from sluice.pipeline import job as analyze_cli
-    from sluice.proxy import cli as proxy_cli
-    from sluice.proxy import faults_cli, record_cli
-    from sluice.replay import inspect as inspect_cli
-    from sluice.replay import replay as replay_cli
-    from sluice.replay import serve as serve_cli
-    from sluice.view import cli as view_cli
+    # Each command is the module of its name here: add_arguments and run.
+    from sluice.commands import analyze, demo, faults, inspect, proxy, record, replay, serve, view
 
     parser = Parser(
         prog="sluice",
@@ -58,32 +59,32 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     # name, module (add_arguments + run), one-line help, description, settings from env/TOML
     table: list[tuple[str, Any, str, str, bool]] = [
-        ("proxy", proxy_cli, "run the proxy in front of a Pulsar broker",
+        ("proxy", proxy, "run the proxy in front of a Pulsar broker",
          "Relay Pulsar clients to brokers, keeping them routed through Sluice.", True),
-        ("faults", faults_cli, "add, list and remove a running proxy's fault rules",
+        ("faults", faults, "add, list and remove a running proxy's fault rules",
          "Make the broker misbehave on purpose: protocol-level fault rules on a running "
          "proxy's admin endpoint (see docs/faults.md).", False),
-        ("record", record_cli, "flight recorder: snapshot a running proxy's recent traffic",
+        ("record", record, "flight recorder: snapshot a running proxy's recent traffic",
          "Act on a running proxy's recording: `record snapshot` writes its in-memory ring "
          "(--record-ring) to a new capture.", False),
-        ("inspect", inspect_cli,
+        ("inspect", inspect,
          "show a recording: timeline, JSON lines, summary, or pcapng for Wireshark",
          "Read Sluice recordings (a file or a directory of them).", False),
-        ("view", view_cli, "read a recording in the browser (or export it as one HTML file)",
+        ("view", view, "read a recording in the browser (or export it as one HTML file)",
          "Serve a web page over a recording: connections, a timeline, every frame with its "
          "detail, filters that live in the link, and a summary.", False),
-        ("demo", demo_cli,
+        ("demo", demo,
          "see Sluice work: embedded broker, proxy, real client traffic, a report",
          "Start the embedded pulsar-lite broker and Sluice in front of it, run a "
          "produce/consume workload with the official client through the proxy, and report "
          "what happened.", False),
-        ("replay", replay_cli,
+        ("replay", replay,
          "re-run a recording's clients against a broker and report what changed",
          "Replay a recording against a broker; exit 0 equivalent, 1 diverged, "
          "2 usage or connection errors.", False),
-        ("serve", serve_cli, "act as the broker, answering clients from a recording (offline)",
+        ("serve", serve, "act as the broker, answering clients from a recording (offline)",
          "Answer live Pulsar or Cursus clients from a recording, as the broker did.", False),
-        ("analyze", analyze_cli,
+        ("analyze", analyze,
          "turn many recordings into Parquet tables and a report (PySpark)",
          "Analyse recordings with Spark (local by default): tables frames, connections, "
          "topic_minute, latency, errors, files; and report.html.", False),
@@ -141,7 +142,3 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the effective settings and where each came from, then exit",
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
