@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulsar
 import pytest
@@ -43,11 +44,12 @@ from sluice.protocols.http import (
     forward_headers,
     forwarded_for,
     is_topic_lookup,
+    lookup_broker_urls,
     parse_http_url,
     request_kind,
     rewrite_lookup,
 )
-from tests.helpers.support import ProxyProcess, client, start_proxy
+from tests.helpers.support import ProxyProcess, client, start_proxy, tcp_connections
 from tests.test_apache_pulsar import sluice, tls_broker  # noqa: F401 (a fixture)
 from tests.test_dashboards import scrape
 
@@ -165,30 +167,59 @@ def test_keep_alive_on_both_sides(apache_pulsar: ApachePulsar, web: WebProxy) ->
 
 
 def test_http_lookup_names_sluice(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
+    """Both URL kinds of a lookup answer name Sluice: the web ones its HTTP
+    listener, the binary one the listener Sluice opened for that broker
+    (not its main port, which serves binary lookups); the TLS one, which
+    Sluice does not serve here, is emptied rather than left naming the broker."""
     path = f"/lookup/v2/topic/persistent/public/default/looked-up-{uuid.uuid4().hex[:8]}"
     status, direct = apache_pulsar.admin("GET", path)
     assert status == 200, direct
+    assert json.loads(direct)["brokerUrl"] == apache_pulsar.url
+    urls = set()
     for _ in range(2):
         status, text = apache_pulsar.admin("GET", path, base=web.url)
         assert status == 200, text
         answer = json.loads(text)
         assert answer["httpUrl"] == web.url
         assert not answer.get("httpUrlTls")
-        # The binary URL stays the broker's: Sluice's binary port serves a
-        # client that does not name proxy_to_broker_url lookups only, so
-        # naming it would fail the client's producers (port per broker: later).
-        assert answer["brokerUrl"] == json.loads(direct)["brokerUrl"]
-    assert web.proxy.log().count("left as the broker gave it") == 1
+        assert not answer.get("brokerUrlTls")
+        assert answer["brokerUrl"].startswith("pulsar://127.0.0.1:")
+        assert answer["brokerUrl"] not in (web.proxy.url, apache_pulsar.url)
+        assert answer.get("nativeUrl") in (None, answer["brokerUrl"])
+        urls.add(answer["brokerUrl"])
+    assert len(urls) == 1  # the broker keeps its listener
+    assert "left as the broker gave it" not in web.proxy.log()
     assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") == 2
 
 
-def test_pulsar_client_with_an_http_service_url(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
-    """The Python client given Sluice's http:// URL: its partition metadata
-    and topic lookups go through Sluice; its producer and consumer go to
-    the broker the lookup names (the broker's own binary URL, until a port
-    per broker lets Sluice name itself there)."""
+def _addresses(stats: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The addresses a topic's stats (one partition's) give its producers
+    and its consumers, as ``host:port``."""
+    producers = [p["address"].lstrip("/") for p in stats["publishers"]]
+    consumers = [
+        c["address"].lstrip("/")
+        for sub in stats["subscriptions"].values()
+        for c in sub["consumers"]
+    ]
+    return producers, consumers
+
+
+@pytest.mark.parametrize("partitions", [0, 3])
+def test_pulsar_client_with_an_http_service_url_stays_on_sluice(
+    apache_pulsar: ApachePulsar, web: WebProxy, partitions: int
+) -> None:
+    """The Python client given Sluice's http:// URL: partition metadata and
+    topic lookups over HTTP through Sluice, then producers and consumers on
+    the listener Sluice opened for the broker the lookup named (their
+    CONNECT names no proxy_to_broker_url). 1,000 messages each way, and the
+    broker's own topic stats show only Sluice's connections to it."""
     topic = f"persistent://public/default/over-http-{uuid.uuid4().hex[:8]}"
-    sent = [f"m-{i}".encode() for i in range(100)]
+    rest = topic.replace("://", "/")
+    if partitions:
+        status, text = apache_pulsar.admin("PUT", f"/admin/v2/{rest}/partitions", partitions,
+                                           base=web.url)  # fmt: skip
+        assert status == 204, text
+    sent = [f"m-{i}".encode() for i in range(1_000)]
     with client(web.url) as c:
         consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
         producer = c.create_producer(topic, batching_enabled=False)
@@ -199,9 +230,29 @@ def test_pulsar_client_with_an_http_service_url(apache_pulsar: ApachePulsar, web
             message = consumer.receive(timeout_millis=15_000)
             got.append(message.data())
             consumer.acknowledge(message)
-    assert got == sent
-    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") >= 2
-    assert web.metric("sluice_http_requests_total", kind="admin", status="2xx") >= 2
+        # While they are connected: who the broker sees, and Sluice's own
+        # connections to the broker's binary port.
+        if partitions:
+            status, text = apache_pulsar.admin(
+                "GET", f"/admin/v2/{rest}/partitioned-stats?perPartition=true"
+            )
+            assert status == 200, text
+            per_partition = list(json.loads(text)["partitions"].values())
+        else:
+            status, text = apache_pulsar.admin("GET", f"/admin/v2/{rest}/stats")
+            assert status == 200, text
+            per_partition = [json.loads(text)]
+        broker = ("127.0.0.1", apache_pulsar.port)
+        own = {f"{h}:{p}" for (h, p), remote in tcp_connections(web.proxy.pid) if remote == broker}
+    assert sorted(got) == sorted(sent)
+    assert len(per_partition) == max(partitions, 1)
+    for stats in per_partition:
+        producers, consumers = _addresses(stats)
+        assert len(producers) == 1 and len(consumers) == 1, stats
+        assert set(producers + consumers) <= own, (producers, consumers, own)
+    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") >= 1
+    # The client's binary connections came to the per-broker listener, relayed.
+    assert web.metric("sluice_sessions_total", kind="proxied") >= 1
 
 
 @pytest.mark.e2e  # its broker comes by getfixturevalue, which the marking cannot see
@@ -698,14 +749,17 @@ def test_lookup_rewrite() -> None:
         "brokerUrl": "pulsar://b1:6650", "brokerUrlTls": "pulsar+ssl://b1:6651",
         "httpUrl": "http://b1:8080", "httpUrlTls": "https://b1:8443", "nativeUrl": "x",
     }).encode()  # fmt: skip
+    assert lookup_broker_urls(answer) == ("pulsar://b1:6650", "pulsar+ssl://b1:6651", "x")
     done = rewrite_lookup(answer, http="http://sluice:8080", https=None,
-                          routes={"pulsar://b1:6650": "pulsar://sluice:7001"})  # fmt: skip
+                          routes={"pulsar://b1:6650": "pulsar://sluice:7001",
+                                  "pulsar+ssl://b1:6651": None})  # fmt: skip
     assert done.body is not None
     assert json.loads(done.body) == {
-        "brokerUrl": "pulsar://sluice:7001", "brokerUrlTls": "pulsar+ssl://b1:6651",
+        "brokerUrl": "pulsar://sluice:7001", "brokerUrlTls": None,
         "httpUrl": "http://sluice:8080", "httpUrlTls": None, "nativeUrl": "x",
     }  # fmt: skip
     assert [str(u) for u in done.named] == ["http://b1:8080", "https://b1:8443"]
-    assert len(done.kept) == 1 and "brokerUrlTls pulsar+ssl://b1:6651" in done.kept[0]
+    assert len(done.kept) == 1 and "nativeUrl x" in done.kept[0]
+    assert lookup_broker_urls(b"<html>") == ()
     assert rewrite_lookup(b"<html>", http="h", https=None, routes={}).body is None
     assert rewrite_lookup(b"[1]", http="h", https=None, routes={}).body is None
