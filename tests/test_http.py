@@ -49,9 +49,13 @@ from sluice.protocols.http import (
     request_kind,
     rewrite_lookup,
 )
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.dial import TlsServerConfig
 from tests.helpers.support import ProxyProcess, client, start_proxy, tcp_connections
 from tests.test_apache_pulsar import sluice, tls_broker  # noqa: F401 (a fixture)
 from tests.test_dashboards import scrape
+from tests.test_workers import worker_pids
 
 MAX_BODY = 64 * 1024
 MAX_HEADER = 8 * 1024
@@ -213,11 +217,49 @@ def test_pulsar_client_with_an_http_service_url_stays_on_sluice(
     the listener Sluice opened for the broker the lookup named (their
     CONNECT names no proxy_to_broker_url). 1,000 messages each way, and the
     broker's own topic stats show only Sluice's connections to it."""
+    produce_and_consume_over_http(apache_pulsar, web, partitions, [web.proxy.pid])
+
+
+def test_http_lookups_with_workers_share_the_per_broker_listener(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    """--workers 2: the HTTP listener and --listener-ports are the
+    supervisor's, served by both workers; whichever worker answers a
+    lookup names the same port for the broker, and a connection on it is
+    relayed by whichever worker takes it."""
+    low = free_port()
+    web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url,
+                          "--workers", "2", "--listener-ports", f"{low}-{low + 9}")  # fmt: skip
+    try:
+        pids = worker_pids(web.proxy, 2)
+        assert len(pids) == 2, web.proxy.log()
+        path = f"/lookup/v2/topic/persistent/public/default/w-{uuid.uuid4().hex[:8]}"
+        urls = set()
+        for _ in range(8):  # each a new connection, taken by either worker
+            status, text = apache_pulsar.admin("GET", path, base=web.url)
+            assert status == 200, text
+            urls.add(json.loads(text)["brokerUrl"])
+        assert len(urls) == 1, urls
+        port = int(urls.pop().rpartition(":")[2])
+        assert low <= port <= low + 9
+        produce_and_consume_over_http(apache_pulsar, web, 3, [*pids.values()])
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log(), web.proxy.log()
+
+
+def produce_and_consume_over_http(
+    broker: ApachePulsar, web: WebProxy, partitions: int, pids: list[int]
+) -> None:
+    """1,000 messages produced and consumed by a client with Sluice's
+    http:// URL on a new topic (``partitions``: 0, not partitioned); the
+    broker's stats must name, for every producer and consumer, one of the
+    connections processes ``pids`` (Sluice's) hold to its binary port."""
     topic = f"persistent://public/default/over-http-{uuid.uuid4().hex[:8]}"
     rest = topic.replace("://", "/")
     if partitions:
-        status, text = apache_pulsar.admin("PUT", f"/admin/v2/{rest}/partitions", partitions,
-                                           base=web.url)  # fmt: skip
+        status, text = broker.admin("PUT", f"/admin/v2/{rest}/partitions", partitions,
+                                    base=web.url)  # fmt: skip
         assert status == 204, text
     sent = [f"m-{i}".encode() for i in range(1_000)]
     with client(web.url) as c:
@@ -233,17 +275,22 @@ def test_pulsar_client_with_an_http_service_url_stays_on_sluice(
         # While they are connected: who the broker sees, and Sluice's own
         # connections to the broker's binary port.
         if partitions:
-            status, text = apache_pulsar.admin(
+            status, text = broker.admin(
                 "GET", f"/admin/v2/{rest}/partitioned-stats?perPartition=true"
             )
             assert status == 200, text
             per_partition = list(json.loads(text)["partitions"].values())
         else:
-            status, text = apache_pulsar.admin("GET", f"/admin/v2/{rest}/stats")
+            status, text = broker.admin("GET", f"/admin/v2/{rest}/stats")
             assert status == 200, text
             per_partition = [json.loads(text)]
-        broker = ("127.0.0.1", apache_pulsar.port)
-        own = {f"{h}:{p}" for (h, p), remote in tcp_connections(web.proxy.pid) if remote == broker}
+        binary = ("127.0.0.1", broker.port)
+        own = {
+            f"{host}:{port}"
+            for pid in pids
+            for (host, port), remote in tcp_connections(pid)
+            if remote == binary
+        }
     assert sorted(got) == sorted(sent)
     assert len(per_partition) == max(partitions, 1)
     for stats in per_partition:
@@ -711,6 +758,23 @@ def test_hop_by_hop_headers_stay_behind() -> None:
     answered = answer_headers([(b"Content-Length", b"10"), (b"Keep-Alive", b"timeout=5"),
                                (b"Content-Type", b"application/json")], length=4)  # fmt: skip
     assert answered == [(b"Content-Type", b"application/json"), (b"content-length", b"4")]
+
+
+def test_per_broker_listeners_for_http_lookups_in_the_config(tmp_path: Path) -> None:
+    """Pulsar's per-broker listeners exist for HTTP lookups: with workers
+    they need --listener-ports (the supervisor binds them) only when there
+    is an HTTP listener, and Pulsar may still listen plain and TLS at once
+    (its main listener stands for no broker)."""
+    broker = parse_broker_url("pulsar://127.0.0.1:6650")
+    web = ProxyConfig(broker=broker, http_listen=Address("127.0.0.1", 0),
+                      broker_http=parse_http_url("http://127.0.0.1:8080"))  # fmt: skip
+    with pytest.raises(ConfigError, match="--workers with Pulsar needs --listener-ports"):
+        web.replace(workers=2)
+    web.replace(workers=2, listener_ports=(19000, 19009))
+    ProxyConfig(broker=broker, workers=2)
+    (tmp_path / "c.pem").touch()
+    ProxyConfig(broker=broker, listen_tls=Address("127.0.0.1", 0),
+                tls=TlsServerConfig(tmp_path / "c.pem", tmp_path / "c.pem"))  # fmt: skip
 
 
 def test_broker_http_urls() -> None:

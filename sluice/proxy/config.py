@@ -205,8 +205,6 @@ class ProxyConfig:
                 "--http-listen with --auth-mode proxy: HTTP proxy-mode auth is not supported "
                 "yet (the HTTP listener passes the client's Authorization through)"
             )
-        if self.workers > 1:
-            raise ConfigError("--http-listen with --workers is not supported yet")
         for name in ("http_idle_timeout", "http_request_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")

@@ -54,6 +54,8 @@ from sluice.proxy.metrics import HttpMetrics
 log = logging.getLogger("sluice.http")
 
 CHUNK = 65536
+# The socket kind of the HTTP listener a worker gets from the supervisor.
+HTTP = "http"
 # How a broker connection fails: hung up, reset, or not speaking HTTP.
 _BROKEN = (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
@@ -164,9 +166,15 @@ class HttpRelay:
         # Connections waiting for a request's head: drain() ends the wait.
         self._waiting: set[trio.CancelScope] = set()
 
+    def adopt(self, listener: trio.SocketListener) -> None:
+        """A listener bound already (a worker's, the supervisor's socket)."""
+        self._listeners.append(listener)
+
     async def open(self) -> Address:
-        """Bind the listener (OSError when the port is taken); its address."""
-        self._listeners = await open_listeners(self.listen)
+        """Bind the listener unless adopted (OSError when the port is
+        taken); its address."""
+        if not self._listeners:
+            self._listeners = await open_listeners(self.listen)
         port = self._listeners[0].socket.getsockname()[1]
         self.address = Address(self.listen.host, port)
         self.own_url = f"http://{advertised(self.listen.host, port)}"

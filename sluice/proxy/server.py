@@ -47,7 +47,7 @@ from sluice.proxy.dial import (
     open_listeners,
     server_ssl_context,
 )
-from sluice.proxy.http import HttpRelay
+from sluice.proxy.http import HTTP, HttpRelay
 from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
@@ -328,6 +328,9 @@ class Proxy:
                     assert self.ports is not None and self.ports.pool is not None
                     self.ports.pool.append(sock.getsockname()[1])
                     self._listeners.append((kind, self._broker_listener(tcp)))
+                elif kind == HTTP:
+                    assert self.http is not None
+                    self.http.adopt(tcp)
                 elif kind == "tls":
                     self._add_listener(kind, self._tls_listener(tcp), tcp)
                 else:
