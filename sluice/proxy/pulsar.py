@@ -458,7 +458,8 @@ class PulsarBackend:
         return {text: ours if url.tls == self.listens_tls else None for text, url in named.items()}
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
-        """``upstream``: the broker SNI routing chose (``route_name``), if any."""
+        """``upstream``: the broker SNI routing chose (``route_name``), or
+        the one the connection's per-broker listener stands for, if any."""
         return PulsarConnection(conn, self.settings, self.routing, tap, self.faults, upstream)
 
     def route_name(self, name: str) -> Address | None:
