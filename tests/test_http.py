@@ -248,6 +248,31 @@ def test_http_lookups_with_workers_share_the_per_broker_listener(
     assert "Traceback" not in web.proxy.log(), web.proxy.log()
 
 
+def test_broker_ports_file_keeps_a_brokers_port_across_restarts(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    """--broker-ports-file with --listener-ports: a restarted Sluice listens
+    at once on the port an earlier run gave the broker an HTTP lookup
+    named, and names it again."""
+    low = free_port()
+    keep = ("--listener-ports", f"{low}-{low + 9}", "--broker-ports-file",
+            str(tmp_path / "broker-ports"))  # fmt: skip
+    path = f"/lookup/v2/topic/persistent/public/default/kept-{uuid.uuid4().hex[:8]}"
+    ports = []
+    for run in range(2):
+        web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url, *keep)
+        try:
+            if run:  # before any lookup: the journal's port is listened on
+                wait_for_port("127.0.0.1", ports[0], 20, web.proxy.process)
+            status, text = apache_pulsar.admin("GET", path, base=web.url)
+            assert status == 200, text
+            ports.append(int(json.loads(text)["brokerUrl"].rpartition(":")[2]))
+        finally:
+            web.proxy.kill()
+        assert "Traceback" not in web.proxy.log(), web.proxy.log()
+    assert ports[0] == ports[1] and low <= ports[0] <= low + 9, ports
+
+
 def produce_and_consume_over_http(
     broker: ApachePulsar, web: WebProxy, partitions: int, pids: list[int]
 ) -> None:
