@@ -258,7 +258,7 @@ def test_broker_ports_file_keeps_a_brokers_port_across_restarts(
     keep = ("--listener-ports", f"{low}-{low + 9}", "--broker-ports-file",
             str(tmp_path / "broker-ports"))  # fmt: skip
     path = f"/lookup/v2/topic/persistent/public/default/kept-{uuid.uuid4().hex[:8]}"
-    ports = []
+    ports: list[int] = []
     for run in range(2):
         web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url, *keep)
         try:
