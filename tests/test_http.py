@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulsar
 import pytest
@@ -43,13 +44,18 @@ from sluice.protocols.http import (
     forward_headers,
     forwarded_for,
     is_topic_lookup,
+    lookup_broker_urls,
     parse_http_url,
     request_kind,
     rewrite_lookup,
 )
-from tests.helpers.support import ProxyProcess, client, start_proxy
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.dial import TlsServerConfig
+from tests.helpers.support import ProxyProcess, client, start_proxy, tcp_connections
 from tests.test_apache_pulsar import sluice, tls_broker  # noqa: F401 (a fixture)
 from tests.test_dashboards import scrape
+from tests.test_workers import worker_pids
 
 MAX_BODY = 64 * 1024
 MAX_HEADER = 8 * 1024
@@ -165,30 +171,122 @@ def test_keep_alive_on_both_sides(apache_pulsar: ApachePulsar, web: WebProxy) ->
 
 
 def test_http_lookup_names_sluice(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
+    """Both URL kinds of a lookup answer name Sluice: the web ones its HTTP
+    listener, the binary one the listener Sluice opened for that broker
+    (not its main port, which serves binary lookups); the TLS one, which
+    Sluice does not serve here, is emptied rather than left naming the broker."""
     path = f"/lookup/v2/topic/persistent/public/default/looked-up-{uuid.uuid4().hex[:8]}"
     status, direct = apache_pulsar.admin("GET", path)
     assert status == 200, direct
+    assert json.loads(direct)["brokerUrl"] == apache_pulsar.url
+    urls = set()
     for _ in range(2):
         status, text = apache_pulsar.admin("GET", path, base=web.url)
         assert status == 200, text
         answer = json.loads(text)
         assert answer["httpUrl"] == web.url
         assert not answer.get("httpUrlTls")
-        # The binary URL stays the broker's: Sluice's binary port serves a
-        # client that does not name proxy_to_broker_url lookups only, so
-        # naming it would fail the client's producers (port per broker: later).
-        assert answer["brokerUrl"] == json.loads(direct)["brokerUrl"]
-    assert web.proxy.log().count("left as the broker gave it") == 1
+        assert not answer.get("brokerUrlTls")
+        assert answer["brokerUrl"].startswith("pulsar://127.0.0.1:")
+        assert answer["brokerUrl"] not in (web.proxy.url, apache_pulsar.url)
+        assert answer.get("nativeUrl") in (None, answer["brokerUrl"])
+        urls.add(answer["brokerUrl"])
+    assert len(urls) == 1  # the broker keeps its listener
+    assert "left as the broker gave it" not in web.proxy.log()
     assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") == 2
 
 
-def test_pulsar_client_with_an_http_service_url(apache_pulsar: ApachePulsar, web: WebProxy) -> None:
-    """The Python client given Sluice's http:// URL: its partition metadata
-    and topic lookups go through Sluice; its producer and consumer go to
-    the broker the lookup names (the broker's own binary URL, until a port
-    per broker lets Sluice name itself there)."""
+def _addresses(stats: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The addresses a topic's stats (one partition's) give its producers
+    and its consumers, as ``host:port``."""
+    producers = [p["address"].lstrip("/") for p in stats["publishers"]]
+    consumers = [
+        c["address"].lstrip("/")
+        for sub in stats["subscriptions"].values()
+        for c in sub["consumers"]
+    ]
+    return producers, consumers
+
+
+@pytest.mark.parametrize("partitions", [0, 3])
+def test_pulsar_client_with_an_http_service_url_stays_on_sluice(
+    apache_pulsar: ApachePulsar, web: WebProxy, partitions: int
+) -> None:
+    """The Python client given Sluice's http:// URL: partition metadata and
+    topic lookups over HTTP through Sluice, then producers and consumers on
+    the listener Sluice opened for the broker the lookup named (their
+    CONNECT names no proxy_to_broker_url). 1,000 messages each way, and the
+    broker's own topic stats show only Sluice's connections to it."""
+    produce_and_consume_over_http(apache_pulsar, web, partitions, [web.proxy.pid])
+
+
+def test_http_lookups_with_workers_share_the_per_broker_listener(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    """--workers 2: the HTTP listener and --listener-ports are the
+    supervisor's, served by both workers; whichever worker answers a
+    lookup names the same port for the broker, and a connection on it is
+    relayed by whichever worker takes it."""
+    low = free_port()
+    web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url,
+                          "--workers", "2", "--listener-ports", f"{low}-{low + 9}")  # fmt: skip
+    try:
+        pids = worker_pids(web.proxy, 2)
+        assert len(pids) == 2, web.proxy.log()
+        path = f"/lookup/v2/topic/persistent/public/default/w-{uuid.uuid4().hex[:8]}"
+        urls = set()
+        for _ in range(8):  # each a new connection, taken by either worker
+            status, text = apache_pulsar.admin("GET", path, base=web.url)
+            assert status == 200, text
+            urls.add(json.loads(text)["brokerUrl"])
+        assert len(urls) == 1, urls
+        port = int(urls.pop().rpartition(":")[2])
+        assert low <= port <= low + 9
+        produce_and_consume_over_http(apache_pulsar, web, 3, [*pids.values()])
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log(), web.proxy.log()
+
+
+def test_broker_ports_file_keeps_a_brokers_port_across_restarts(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    """--broker-ports-file with --listener-ports: a restarted Sluice listens
+    at once on the port an earlier run gave the broker an HTTP lookup
+    named, and names it again."""
+    low = free_port()
+    keep = ("--listener-ports", f"{low}-{low + 9}", "--broker-ports-file",
+            str(tmp_path / "broker-ports"))  # fmt: skip
+    path = f"/lookup/v2/topic/persistent/public/default/kept-{uuid.uuid4().hex[:8]}"
+    ports: list[int] = []
+    for run in range(2):
+        web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url, *keep)
+        try:
+            if run:  # before any lookup: the journal's port is listened on
+                wait_for_port("127.0.0.1", ports[0], 20, web.proxy.process)
+            status, text = apache_pulsar.admin("GET", path, base=web.url)
+            assert status == 200, text
+            ports.append(int(json.loads(text)["brokerUrl"].rpartition(":")[2]))
+        finally:
+            web.proxy.kill()
+        assert "Traceback" not in web.proxy.log(), web.proxy.log()
+    assert ports[0] == ports[1] and low <= ports[0] <= low + 9, ports
+
+
+def produce_and_consume_over_http(
+    broker: ApachePulsar, web: WebProxy, partitions: int, pids: list[int]
+) -> None:
+    """1,000 messages produced and consumed by a client with Sluice's
+    http:// URL on a new topic (``partitions``: 0, not partitioned); the
+    broker's stats must name, for every producer and consumer, one of the
+    connections processes ``pids`` (Sluice's) hold to its binary port."""
     topic = f"persistent://public/default/over-http-{uuid.uuid4().hex[:8]}"
-    sent = [f"m-{i}".encode() for i in range(100)]
+    rest = topic.replace("://", "/")
+    if partitions:
+        status, text = broker.admin("PUT", f"/admin/v2/{rest}/partitions", partitions,
+                                    base=web.url)  # fmt: skip
+        assert status == 204, text
+    sent = [f"m-{i}".encode() for i in range(1_000)]
     with client(web.url) as c:
         consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
         producer = c.create_producer(topic, batching_enabled=False)
@@ -199,9 +297,34 @@ def test_pulsar_client_with_an_http_service_url(apache_pulsar: ApachePulsar, web
             message = consumer.receive(timeout_millis=15_000)
             got.append(message.data())
             consumer.acknowledge(message)
-    assert got == sent
-    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") >= 2
-    assert web.metric("sluice_http_requests_total", kind="admin", status="2xx") >= 2
+        # While they are connected: who the broker sees, and Sluice's own
+        # connections to the broker's binary port.
+        if partitions:
+            status, text = broker.admin(
+                "GET", f"/admin/v2/{rest}/partitioned-stats?perPartition=true"
+            )
+            assert status == 200, text
+            per_partition = list(json.loads(text)["partitions"].values())
+        else:
+            status, text = broker.admin("GET", f"/admin/v2/{rest}/stats")
+            assert status == 200, text
+            per_partition = [json.loads(text)]
+        binary = ("127.0.0.1", broker.port)
+        own = {
+            f"{host}:{port}"
+            for pid in pids
+            for (host, port), remote in tcp_connections(pid)
+            if remote == binary
+        }
+    assert sorted(got) == sorted(sent)
+    assert len(per_partition) == max(partitions, 1)
+    for stats in per_partition:
+        producers, consumers = _addresses(stats)
+        assert len(producers) == 1 and len(consumers) == 1, stats
+        assert set(producers + consumers) <= own, (producers, consumers, own)
+    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") >= 1
+    # The client's binary connections came to the per-broker listener, relayed.
+    assert web.metric("sluice_sessions_total", kind="proxied") >= 1
 
 
 @pytest.mark.e2e  # its broker comes by getfixturevalue, which the marking cannot see
@@ -662,6 +785,23 @@ def test_hop_by_hop_headers_stay_behind() -> None:
     assert answered == [(b"Content-Type", b"application/json"), (b"content-length", b"4")]
 
 
+def test_per_broker_listeners_for_http_lookups_in_the_config(tmp_path: Path) -> None:
+    """Pulsar's per-broker listeners exist for HTTP lookups: with workers
+    they need --listener-ports (the supervisor binds them) only when there
+    is an HTTP listener, and Pulsar may still listen plain and TLS at once
+    (its main listener stands for no broker)."""
+    broker = parse_broker_url("pulsar://127.0.0.1:6650")
+    web = ProxyConfig(broker=broker, http_listen=Address("127.0.0.1", 0),
+                      broker_http=parse_http_url("http://127.0.0.1:8080"))  # fmt: skip
+    with pytest.raises(ConfigError, match="--workers with Pulsar needs --listener-ports"):
+        web.replace(workers=2)
+    web.replace(workers=2, listener_ports=(19000, 19009))
+    ProxyConfig(broker=broker, workers=2)
+    (tmp_path / "c.pem").touch()
+    ProxyConfig(broker=broker, listen_tls=Address("127.0.0.1", 0),
+                tls=TlsServerConfig(tmp_path / "c.pem", tmp_path / "c.pem"))  # fmt: skip
+
+
 def test_broker_http_urls() -> None:
     assert parse_http_url("http://broker:8080") == HttpUrl(Address("broker", 8080), False)
     assert parse_http_url("https://broker") == HttpUrl(Address("broker", 443), True)
@@ -698,14 +838,17 @@ def test_lookup_rewrite() -> None:
         "brokerUrl": "pulsar://b1:6650", "brokerUrlTls": "pulsar+ssl://b1:6651",
         "httpUrl": "http://b1:8080", "httpUrlTls": "https://b1:8443", "nativeUrl": "x",
     }).encode()  # fmt: skip
+    assert lookup_broker_urls(answer) == ("pulsar://b1:6650", "pulsar+ssl://b1:6651", "x")
     done = rewrite_lookup(answer, http="http://sluice:8080", https=None,
-                          routes={"pulsar://b1:6650": "pulsar://sluice:7001"})  # fmt: skip
+                          routes={"pulsar://b1:6650": "pulsar://sluice:7001",
+                                  "pulsar+ssl://b1:6651": None})  # fmt: skip
     assert done.body is not None
     assert json.loads(done.body) == {
-        "brokerUrl": "pulsar://sluice:7001", "brokerUrlTls": "pulsar+ssl://b1:6651",
+        "brokerUrl": "pulsar://sluice:7001", "brokerUrlTls": None,
         "httpUrl": "http://sluice:8080", "httpUrlTls": None, "nativeUrl": "x",
     }  # fmt: skip
     assert [str(u) for u in done.named] == ["http://b1:8080", "https://b1:8443"]
-    assert len(done.kept) == 1 and "brokerUrlTls pulsar+ssl://b1:6651" in done.kept[0]
+    assert len(done.kept) == 1 and "nativeUrl x" in done.kept[0]
+    assert lookup_broker_urls(b"<html>") == ()
     assert rewrite_lookup(b"<html>", http="h", https=None, routes={}).body is None
     assert rewrite_lookup(b"[1]", http="h", https=None, routes={}).body is None

@@ -227,9 +227,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cur.add_argument(
         "--listener-ports",
         metavar="LOW-HIGH",
-        help="ports for the listener opened for each further broker replies name "
-        "(port-per-broker; default: any free port; needed with --workers, whose "
-        "supervisor binds the whole range at start)",
+        help="ports for the listener opened for each further broker answers name "
+        "(port-per-broker: Cursus replies, Pulsar HTTP lookups; default: any free port; "
+        "needed with --workers, whose supervisor binds the whole range at start)",
     )
     cur.add_argument(
         "--broker-ports-file",

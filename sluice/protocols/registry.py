@@ -100,10 +100,17 @@ class ProtocolSpec:
     # Checks of a ProxyConfig (any object with its fields) for this protocol.
     check: Callable[[Any], None] | None = None
     # Clients find brokers by addresses inside answers, each broker reached
-    # through a listener of its own (port-per-broker, sluice/proxy/ports.py):
-    # the proxy then listens one way only (plain or TLS), which every
-    # per-broker listener speaks too.
+    # through a listener of its own (port-per-broker, sluice/proxy/ports.py),
+    # which speaks what the main listener (the first of --listen,
+    # --listen-tls) speaks; --listener-ports and --broker-ports-file apply.
     port_per_broker: bool = False
+    # With port_per_broker: the main listener stands for the configured
+    # broker, so the proxy listens one way only (plain or TLS), as the
+    # per-broker listeners do. False: the main listener serves clients the
+    # protocol's own way (Pulsar's: lookups), and only the brokers answers
+    # name get listeners (Pulsar's: those its HTTP lookups name, so only
+    # with --http-listen).
+    main_is_broker_listener: bool = True
     # Its brokers also serve a web port (an admin REST API, HTTP lookups)
     # that sluice proxy --http-listen relays (sluice/proxy/http.py).
     web: bool = False

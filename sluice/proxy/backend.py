@@ -14,6 +14,7 @@ no protocol.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,7 +49,11 @@ class Backend(Protocol):
     ``main``, its first listener's port), ``aclose`` when it stops.
     Per connection: ``new_core`` makes the sans-I/O core the relay drives
     (``upstream``: the broker the connection's listener or TLS server name
-    stands for) and ``ask`` carries out the core's ``Ask`` actions. The proxy
+    stands for) and ``ask`` carries out the core's ``Ask`` actions.
+    ``listener_urls`` serves the HTTP listener (``http.py``): the binary
+    URLs of one broker an HTTP lookup answer names, each as the URL of
+    Sluice's listener for that broker (None: Sluice has no listener of that
+    URL's kind, plain or TLS; a URL left out stays as it is). The proxy
     dials brokers with ``tls_context``, routes TLS server names with
     ``route_name`` (``named``: the ``--sni-route`` ones) and keeps /readyz
     current with ``probe``."""
@@ -65,6 +70,8 @@ class Backend(Protocol):
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> Core: ...
 
     async def ask(self, address: Address, request: Any) -> Any: ...
+
+    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]: ...
 
     def route_name(self, name: str) -> Address | None: ...
 
@@ -119,6 +126,10 @@ class DirectBackend:
             return await self.ports.open(address)
         except (OSError, NoListener) as exc:
             return exc
+
+    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]:
+        """No web port with lookups: every URL stays as it is."""
+        return {}
 
     def route_name(self, name: str) -> Address | None:
         """SNI routing: the broker a TLS server name stands for: an

@@ -88,17 +88,19 @@ class ProxyConfig:
     # Worker processes serving the listeners (1: this process serves them).
     workers: int = 1
     # Cursus: the largest frame a client may send (the broker's own limit;
-    # its spec says 64 MiB), the broker-wide compression it applies to every
-    # frame it receives, and the port-per-broker listeners: ports to open
-    # them on (None: any free port) and the host clients are told to dial
-    # (None: the --listen host, or this host's name when that is a wildcard).
+    # its spec says 64 MiB) and the broker-wide compression it applies to
+    # every frame it receives.
     max_frame_size: int = 16 * 1024 * 1024
     broker_compression: str = "none"
+    # Port-per-broker (Cursus; Pulsar's brokers that HTTP lookups name): the
+    # ports to open the per-broker listeners on (None: any free port) and
+    # the host clients are told to dial (None: the --listen host, or this
+    # host's name when that is a wildcard).
     listener_ports: tuple[int, int] | None = None
     advertise_host: str | None = None
-    # Cursus: where to keep which of --listener-ports stands for which
-    # broker, so that a restarted proxy gives every broker the port clients
-    # already know it by (None: each start gives them anew).
+    # Where to keep which of --listener-ports stands for which broker, so
+    # that a restarted proxy gives every broker the port clients already
+    # know it by (None: each start gives them anew).
     broker_ports_file: Path | None = None
     # --proxy-protocol-in: every listener (the protocol's and admin) takes a
     # PROXY protocol header (v1 or v2) from the sources in
@@ -155,19 +157,24 @@ class ProxyConfig:
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         spec = registry.get(self.protocol)
-        if spec.port_per_broker:
-            if self.listen is not None and self.listen_tls is not None:
-                raise ConfigError(
-                    f"{spec.title} listens on --listen or on --listen-tls, not both: a client's "
-                    "TLS setting covers every broker, so the per-broker listeners speak what "
-                    "the main one does"
-                )
-            if self.workers > 1 and self.listener_ports is None:
-                raise ConfigError(
-                    f"--workers with {spec.title} needs --listener-ports LOW-HIGH: the "
-                    "per-broker ports are bound at start by the supervisor and shared by the "
-                    "workers"
-                )
+        both = self.listen is not None and self.listen_tls is not None
+        if spec.port_per_broker and spec.main_is_broker_listener and both:
+            raise ConfigError(
+                f"{spec.title} listens on --listen or on --listen-tls, not both: a client's "
+                "TLS setting covers every broker, so the per-broker listeners speak what "
+                "the main one does"
+            )
+        # Per-broker listeners are opened for every broker, or (the main
+        # listener serving clients otherwise) for those HTTP lookups name.
+        opens_ports = spec.port_per_broker and (
+            spec.main_is_broker_listener or self.http_listen is not None
+        )
+        if opens_ports and self.workers > 1 and self.listener_ports is None:
+            raise ConfigError(
+                f"--workers with {spec.title} needs --listener-ports LOW-HIGH: the "
+                "per-broker ports are bound at start by the supervisor and shared by the "
+                "workers"
+            )
         if self.broker_ports_file is not None and self.listener_ports is None:
             raise ConfigError("--broker-ports-file keeps the ports of --listener-ports: give both")
         if self.listener_ports is not None:
@@ -200,8 +207,6 @@ class ProxyConfig:
                 "--http-listen with --auth-mode proxy: HTTP proxy-mode auth is not supported "
                 "yet (the HTTP listener passes the client's Authorization through)"
             )
-        if self.workers > 1:
-            raise ConfigError("--http-listen with --workers is not supported yet")
         for name in ("http_idle_timeout", "http_request_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")

@@ -9,8 +9,11 @@ this module reads, writes, dials, times and counts.
 A request's body is read whole, within ``--http-max-body``, so that a 307 or
 308 can be replayed to the broker it names; answers are streamed to the
 client as the broker writes them, except HTTP lookup answers, which are
-rewritten (read whole within the same limit). Each client connection is its
-own task under ``--http-idle-timeout`` (for each request's head) and
+rewritten (read whole within the same limit): their binary URLs name the
+listener Sluice opens for that broker (the backend's ``listener_urls``,
+port-per-broker), so the client's producers and consumers come through
+Sluice too. Each client connection is its own task under
+``--http-idle-timeout`` (for each request's head) and
 ``--http-request-timeout`` (for the rest of each exchange), so a slow client
 holds only itself.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+from collections.abc import Awaitable, Callable, Sequence
 
 import h11
 import trio
@@ -37,6 +41,7 @@ from sluice.protocols.http import (
     head_size,
     header,
     is_topic_lookup,
+    lookup_broker_urls,
     request_kind,
     rewrite_lookup,
     status_class,
@@ -49,8 +54,14 @@ from sluice.proxy.metrics import HttpMetrics
 log = logging.getLogger("sluice.http")
 
 CHUNK = 65536
+# The socket kind of the HTTP listener a worker gets from the supervisor.
+HTTP = "http"
 # How a broker connection fails: hung up, reset, or not speaking HTTP.
 _BROKEN = (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+# The backend's ``listener_urls``: a lookup answer's binary URLs -> Sluice's.
+Routes = Callable[[Sequence[str]], Awaitable[dict[str, str | None]]]
 
 
 class Refusal(Exception):
@@ -131,7 +142,7 @@ class Upstream:
 class HttpRelay:
     """The HTTP listener of one proxy: accepts, relays, follows redirects."""
 
-    def __init__(self, config: ProxyConfig, metrics: HttpMetrics) -> None:
+    def __init__(self, config: ProxyConfig, metrics: HttpMetrics, listener_urls: Routes) -> None:
         assert config.http_listen is not None and config.broker_http is not None
         self.config = config
         self.listen = config.http_listen
@@ -142,8 +153,8 @@ class HttpRelay:
         self.allowlist = AllowList(config.allow_broker + config.trust_broker)
         self.allowlist.learn(self.broker.address)
         # Brokers' binary URLs -> the Sluice listener that relays a plain
-        # CONNECT to that broker (port per broker: none yet).
-        self.routes: dict[str, str] = {}
+        # CONNECT to that broker (the backend's, port per broker).
+        self.listener_urls = listener_urls
         self.own_url = ""
         self.address: Address | None = None
         self.active = 0
@@ -155,9 +166,15 @@ class HttpRelay:
         # Connections waiting for a request's head: drain() ends the wait.
         self._waiting: set[trio.CancelScope] = set()
 
+    def adopt(self, listener: trio.SocketListener) -> None:
+        """A listener bound already (a worker's, the supervisor's socket)."""
+        self._listeners.append(listener)
+
     async def open(self) -> Address:
-        """Bind the listener (OSError when the port is taken); its address."""
-        self._listeners = await open_listeners(self.listen)
+        """Bind the listener unless adopted (OSError when the port is
+        taken); its address."""
+        if not self._listeners:
+            self._listeners = await open_listeners(self.listen)
         port = self._listeners[0].socket.getsockname()[1]
         self.address = Address(self.listen.host, port)
         self.own_url = f"http://{advertised(self.listen.host, port)}"
@@ -542,7 +559,8 @@ class HttpRelay:
                 502, "upstream_error", f"the broker's lookup answer broke off: {exc}"
             ) from None
         await self._keep(upstreams, upstream)
-        done = rewrite_lookup(body, http=self.own_url, https=None, routes=self.routes)
+        routes = await self.listener_urls(lookup_broker_urls(body))
+        done = rewrite_lookup(body, http=self.own_url, https=None, routes=routes)
         for url in done.named:
             self.allowlist.learn(url.address)
         for why in done.kept:

@@ -1,10 +1,12 @@
 """Port-per-broker: a listener on the proxy for each broker clients must reach.
 
 A protocol whose clients find brokers by addresses inside answers (Cursus
-does; Kafka proxies work the same way) keeps them on the proxy by giving
-every broker a listener of its own: the main listener stands for the
-configured broker, and every other broker an answer names gets one when its
-backend first asks (``BrokerPorts.open``), on a port from
+does, and Pulsar's HTTP lookups; Kafka proxies work the same way) keeps them
+on the proxy by giving every broker a listener of its own: the main
+listener stands for the configured broker (unless it serves clients
+otherwise, ``ProtocolSpec.main_is_broker_listener``: Pulsar's serves
+lookups), and every other broker an answer names gets one when its backend
+first asks (``BrokerPorts.open``), on a port from
 ``--listener-ports`` (or any free port). Each client connection is relayed
 to the broker its listener stands for. Which port stands for which broker
 can be kept in a journal (``--broker-ports-file``) so a restarted proxy

@@ -11,16 +11,18 @@ gives the proxy cores and answers their ``Ask`` actions.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from sluice.addresses import Address, AllowList
+from sluice.errors import ConfigError
 from sluice.protocols.core import Conn, Dialed, Tap
 from sluice.protocols.faults import Faults
 from sluice.protocols.pulsar import (
@@ -44,10 +46,11 @@ from sluice.protocols.pulsar.connection import (
     Routing,
     UpstreamFailure,
 )
-from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.protocols.pulsar.urls import SCHEMES, BrokerUrl, parse_broker_url
 from sluice.proxy.backend import Services
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
+from sluice.proxy.ports import BrokerPorts, Listeners, NoListener
 from sluice.proxy.relay import READ_SIZE
 from sluice.proxy.shared import ROUTES_FILE, Journal
 
@@ -358,7 +361,12 @@ class UpstreamPool:
 
 class PulsarBackend:
     """What the protocol-neutral proxy needs from Pulsar: a core per client
-    connection, answers to its ``Ask`` actions, and a broker probe."""
+    connection, answers to its ``Ask`` actions, a broker probe, and a
+    listener of Sluice's for each broker an HTTP lookup names
+    (``listener_urls``, port-per-broker: ``ports``). A client connection
+    on such a listener whose CONNECT names no ``proxy_to_broker_url`` is
+    relayed to that broker (as an SNI-routed one is); the main listener
+    serves lookups, as without them."""
 
     name = "pulsar"
 
@@ -372,8 +380,16 @@ class PulsarBackend:
         connect_timeout: float,
         faults: Faults | None = None,
         max_upstream_connections: int = 1_000,
+        ports: BrokerPorts | None = None,
+        listens_tls: bool = False,
     ) -> None:
         self.broker = broker
+        # Port-per-broker: Sluice's listener for each broker HTTP lookups
+        # named, speaking TLS or not as the main listener does.
+        self.ports = ports
+        self.listens_tls = listens_tls
+        if ports is not None:
+            ports.map = Listeners()
         self.max_upstream_connections = max_upstream_connections
         self.faults = faults if faults is not None else Faults()
         self.settings = settings
@@ -403,10 +419,47 @@ class PulsarBackend:
         nursery.start_soon(self._pool.keep_tidy)
 
     async def listening(self, main: int | None) -> None:
-        """Nothing to do once the proxy listens: clients find brokers through it."""
+        """The main listener serves lookups, so it stands for no broker; the
+        ports an earlier run gave brokers (--broker-ports-file) are listened
+        on again."""
+        if self.ports is not None:
+            await self.ports.reopen_known()
+
+    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]:
+        """An HTTP lookup's answer (``sluice/proxy/http.py``) names one
+        broker by its binary URLs, plain and TLS: the one Sluice dials (TLS
+        as for the configured broker, else whichever is named) gets a
+        listener of Sluice's, opened now if need be, and is learned (allowed,
+        dialled as its URL says). Each URL of the kind Sluice listens with
+        becomes that listener's URL, the other kind None (Sluice serves none:
+        a client must not be sent around it). Empty when no listener can be
+        opened: the answer stays as the broker wrote it, which the HTTP
+        listener logs."""
+        if self.ports is None:
+            return {}
+        named: dict[str, BrokerUrl] = {}
+        for text in urls:
+            with contextlib.suppress(ConfigError):
+                named[text] = parse_broker_url(text, what="an HTTP lookup's broker URL")
+        if not named:
+            return {}
+        dialled = [u for u in named.values() if u.tls == self.broker.tls] or [*named.values()]
+        target = dialled[0]
+        if target.address not in self.routing.routes:  # (a chained route is kept)
+            self.routing.learn(target)
+        try:
+            own = await self.ports.open(target.address)
+        except (NoListener, OSError) as exc:
+            level = self.routing.warned.level(("listener", target.address), trio.current_time())
+            log.log(level, "no listener for broker %s, which an HTTP lookup named: %s",
+                    target.address, exc or "the port range is used up")  # fmt: skip
+            return {}
+        ours = str(BrokerUrl(own.host, own.port, self.listens_tls, SCHEMES[self.listens_tls]))
+        return {text: ours if url.tls == self.listens_tls else None for text, url in named.items()}
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
-        """``upstream``: the broker SNI routing chose (``route_name``), if any."""
+        """``upstream``: the broker SNI routing chose (``route_name``), or
+        the one the connection's per-broker listener stands for, if any."""
         return PulsarConnection(conn, self.settings, self.routing, tap, self.faults, upstream)
 
     def route_name(self, name: str) -> Address | None:
@@ -545,6 +598,8 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
         connect_timeout=config.connect_timeout,
         faults=services.faults,
         max_upstream_connections=config.max_upstream_connections,
+        ports=services.ports,
+        listens_tls=config.listen is None,  # the per-broker listeners speak the main one's
     )
 
 

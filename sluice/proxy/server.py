@@ -47,7 +47,7 @@ from sluice.proxy.dial import (
     open_listeners,
     server_ssl_context,
 )
-from sluice.proxy.http import HttpRelay
+from sluice.proxy.http import HTTP, HttpRelay
 from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
@@ -145,7 +145,9 @@ class Proxy:
         # --http-listen: the broker's web port, relayed (sluice/proxy/http.py).
         self.http: HttpRelay | None = None
         if config.http_listen is not None:
-            self.http = HttpRelay(config, HttpMetrics(self.metrics.registry))
+            self.http = HttpRelay(
+                config, HttpMetrics(self.metrics.registry), self.backend.listener_urls
+            )
         self.recorder: Recorder | None = None
         if config.record is not None:
             listen = [str(a) for a in (config.listen, config.listen_tls) if a is not None]
@@ -299,8 +301,9 @@ class Proxy:
 
     @property
     def _kind(self) -> str:
-        """Port-per-broker: the kind of every listener, the per-broker ones too."""
-        return "plain" if self.config.listen_tls is None else "tls"
+        """Port-per-broker: the kind of the per-broker listeners, the main
+        listener's (the first of --listen, --listen-tls)."""
+        return "plain" if self.config.listen is not None else "tls"
 
     def _tls_listener(self, tcp: trio.SocketListener) -> trio.SSLListener[trio.SocketStream]:
         context = self._server_context()
@@ -309,7 +312,7 @@ class Proxy:
 
     def _broker_listener(self, tcp: trio.SocketListener) -> trio.abc.Listener[Any]:
         """A port-per-broker listener, speaking what the main one does."""
-        return tcp if self.config.listen_tls is None else self._tls_listener(tcp)
+        return tcp if self._kind == "plain" else self._tls_listener(tcp)
 
     @property
     def active(self) -> int:
@@ -325,6 +328,9 @@ class Proxy:
                     assert self.ports is not None and self.ports.pool is not None
                     self.ports.pool.append(sock.getsockname()[1])
                     self._listeners.append((kind, self._broker_listener(tcp)))
+                elif kind == HTTP:
+                    assert self.http is not None
+                    self.http.adopt(tcp)
                 elif kind == "tls":
                     self._add_listener(kind, self._tls_listener(tcp), tcp)
                 else:

@@ -39,6 +39,9 @@ What must look like one proxy does:
 - Port-per-broker listeners (``ports.py``): the supervisor binds all of
   ``--listener-ports`` at start and every worker accepts on them; which
   port stands for which broker is in ``SharedBrokerPorts``.
+- The HTTP listener (``--http-listen``): the supervisor binds it, every
+  worker serves it; the per-broker listeners its lookups name are the
+  ``--listener-ports`` ones above.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ from sluice.proxy.admin import (
 )
 from sluice.proxy.config import ProxyConfig, proxy_protocol_in
 from sluice.proxy.dial import bind_all
+from sluice.proxy.http import HTTP
 from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
@@ -258,6 +262,12 @@ class Supervisor:
                 self._sockets.append((kind, sock))
                 host, port = sock.getsockname()[:2]
                 self.addresses.setdefault(kind, Address(host, port))
+        if config.http_listen is not None:
+            for sock in bind_all(config.http_listen):
+                sock.set_inheritable(True)
+                self._sockets.append((HTTP, sock))
+                host, port = sock.getsockname()[:2]
+                self.addresses.setdefault(HTTP, Address(host, port))
         if registry.get(config.protocol).port_per_broker and config.listener_ports:
             for sock in bind_range(config.main_listen.host, *config.listener_ports):
                 sock.set_inheritable(True)

@@ -9,7 +9,8 @@ on trio streams); what is decided here takes values and returns values:
 - ``parse_http_url``: ``--broker-http`` and the URLs brokers name.
 - ``Redirects``: which 307/308 answers Sluice follows itself, and when a
   chain of them is an error (a loop, too many hops).
-- ``rewrite_lookup``: an HTTP lookup answer rewritten to name Sluice.
+- ``lookup_broker_urls`` / ``rewrite_lookup``: the brokers an HTTP lookup
+  answer names, and the answer rewritten to name Sluice.
 
 Nothing here imports trio or opens a socket.
 """
@@ -233,8 +234,9 @@ class Redirects:
         return Hop(url, target.encode())
 
 
-# An HTTP lookup answer's fields: the binary URLs, then the web ones.
-BINARY_FIELDS = ("brokerUrl", "brokerUrlTls")
+# An HTTP lookup answer's fields: the binary URLs (nativeUrl: brokerUrl's
+# old name, still written), then the web ones.
+BINARY_FIELDS = ("brokerUrl", "brokerUrlTls", "nativeUrl")
 WEB_FIELDS = ("httpUrl", "httpUrlTls")
 
 
@@ -249,29 +251,47 @@ class LookupRewrite:
     kept: tuple[str, ...] = ()
 
 
+def _answer(body: bytes) -> dict[str, object] | str:
+    """An HTTP lookup answer's JSON object, or why it is none."""
+    try:
+        answer = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return "the answer is not JSON"
+    if not isinstance(answer, dict):
+        return "the answer is not a JSON object"
+    return answer
+
+
+def lookup_broker_urls(body: bytes) -> tuple[str, ...]:
+    """The binary URLs an HTTP lookup answer names (one broker's: plain,
+    TLS), each once, in the order of ``BINARY_FIELDS``."""
+    answer = _answer(body)
+    if isinstance(answer, str):
+        return ()
+    urls = (answer.get(name) for name in BINARY_FIELDS)
+    return tuple(dict.fromkeys(u for u in urls if isinstance(u, str) and u))
+
+
 def rewrite_lookup(
     body: bytes,
     *,
     http: str,
     https: str | None,
-    routes: Mapping[str, str],
+    routes: Mapping[str, str | None],
 ) -> LookupRewrite:
-    """An HTTP lookup answer (JSON: brokerUrl, brokerUrlTls, httpUrl,
-    httpUrlTls) rewritten to keep the client on Sluice.
+    """An HTTP lookup answer (JSON: brokerUrl, brokerUrlTls, nativeUrl,
+    httpUrl, httpUrlTls) rewritten to keep the client on Sluice.
 
     The web URLs become Sluice's HTTP listener, ``http`` (``https``, its TLS
     one; None: the TLS field is emptied rather than left naming the broker).
     A binary URL becomes ``routes[url]``, the Sluice listener that relays a
-    plain CONNECT to that broker; a broker with no such route is left as it
-    is, and ``kept`` says so (Sluice's main binary port serves lookups only
-    to clients that do not name ``proxy_to_broker_url``).
+    plain CONNECT to that broker (port per broker); None there: Sluice has
+    no listener of that kind (plain or TLS), and the field is emptied. A URL
+    ``routes`` does not hold is left as it is, and ``kept`` says so.
     """
-    try:
-        answer = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return LookupRewrite(None, kept=("the answer is not JSON",))
-    if not isinstance(answer, dict):
-        return LookupRewrite(None, kept=("the answer is not a JSON object",))
+    answer = _answer(body)
+    if isinstance(answer, str):
+        return LookupRewrite(None, kept=(answer,))
     named: list[HttpUrl] = []
     for name in WEB_FIELDS:
         value = answer.get(name)
@@ -288,13 +308,12 @@ def rewrite_lookup(
         value = answer.get(name)
         if not isinstance(value, str) or not value:
             continue
-        route = routes.get(value)
-        if route is not None:
-            answer[name] = route
+        if value in routes:
+            answer[name] = routes[value]
         else:
             kept.append(
                 f"{name} {value} left as the broker gave it: no Sluice listener relays a "
-                "plain CONNECT to that broker yet (needs a port per broker)"
+                "plain CONNECT to that broker"
             )
     rewritten = json.dumps(answer, separators=(",", ":")).encode()
     return LookupRewrite(rewritten, tuple(named), tuple(kept))

@@ -169,6 +169,10 @@ PROTOCOL = ProtocolSpec(
     summarizer="sluice.recording.pulsar:FrameRecorder",
     summaries="sluice.recording.pulsar:FrameSummaries",
     web=True,
+    # HTTP lookups name brokers by their binary URLs: each gets a listener of
+    # its own; the main listener serves binary lookups.
+    port_per_broker=True,
+    main_is_broker_listener=False,
     pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
     "for other ports use Decode As... > TCP port > PULSAR",
     options=OPTIONS,
