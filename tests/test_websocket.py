@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import struct
 import time
 import uuid
@@ -74,11 +75,15 @@ def to_send(context: str, body: bytes) -> str:
 
 def received_close(ws: websocket.WebSocket) -> int:
     """The code of the CLOSE frame the server sends next (data skipped)."""
+    return received_close_reason(ws)[0]
+
+
+def received_close_reason(ws: websocket.WebSocket) -> tuple[int, str]:
     while True:
         opcode, frame = ws.recv_data_frame(control_frame=True)
         if opcode == websocket.ABNF.OPCODE_CLOSE:
             code: int = struct.unpack("!H", frame.data[:2])[0]
-            return code
+            return code, frame.data[2:].decode()
 
 
 @pytest.mark.e2e  # ws_broker starts Apache Pulsar
@@ -223,7 +228,7 @@ def test_a_refused_upgrade_is_answered_as_the_broker_gave_it(
 
 
 @pytest.mark.e2e  # ws_broker starts Apache Pulsar
-def test_idle_session_is_closed_with_1001(ws_broker: ApachePulsar, tmp_path: Path) -> None:
+def test_idle_session_and_shutdown_close_with_1001(ws_broker: ApachePulsar, tmp_path: Path) -> None:
     web = start_web_proxy(ws_broker, tmp_path, ws_broker.http_url,
                           "--http-request-timeout", "1")  # fmt: skip
     try:
@@ -232,7 +237,8 @@ def test_idle_session_is_closed_with_1001(ws_broker: ApachePulsar, tmp_path: Pat
                                          f"/ws/v2/producer/{topic}", timeout=TIMEOUT)  # fmt: skip
         try:
             started = time.monotonic()
-            assert received_close(ws) == 1001
+            code, reason = received_close_reason(ws)
+            assert (code, "--http-request-timeout" in reason) == (1001, True), reason
             assert 0.5 < time.monotonic() - started < 10
         finally:
             ws.close()
@@ -242,6 +248,15 @@ def test_idle_session_is_closed_with_1001(ws_broker: ApachePulsar, tmp_path: Pat
             ),
             "the idle session was not counted",
         )
+        # Shutdown: an open session is told 1001 (going away), and Sluice exits.
+        ws = websocket.create_connection(web.url.replace("http", "ws") +
+                                         f"/ws/v2/producer/{topic}", timeout=TIMEOUT)  # fmt: skip
+        try:
+            web.proxy.process.send_signal(signal.SIGTERM)
+            assert received_close_reason(ws) == (1001, "Sluice is shutting down")
+        finally:
+            ws.close()
+        assert web.proxy.process.wait(timeout=TIMEOUT) == 0
     finally:
         web.proxy.kill()
     assert "Traceback" not in web.proxy.log()
