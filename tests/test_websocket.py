@@ -286,6 +286,18 @@ def test_frame_reader_counts_frames_and_messages() -> None:
     seen = reader.feed(masked(b"\x88\x04\x03\xe8ok"))
     assert seen.close == (1000, "ok") and seen.frames == ["close"]
     assert reader.feed(b"anything after CLOSE").frames == []
+    # A read with a bad frame is not passed on: between frames is what the
+    # reads before it left.
+    failing = FrameReader(from_client=True, max_message=100)
+    failing.feed(text)
+    with pytest.raises(WebSocketError):
+        failing.feed(b"\xff\x80\x00\x00\x00\x00")
+    assert failing.between_frames
+    failing = FrameReader(from_client=True, max_message=100)
+    failing.feed(text[:3])
+    with pytest.raises(WebSocketError):
+        failing.feed(text[3:] + b"\xff\x80\x00\x00\x00\x00")
+    assert not failing.between_frames
 
 
 def test_frame_reader_refuses_bad_frames() -> None:

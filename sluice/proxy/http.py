@@ -623,7 +623,7 @@ class HttpRelay:
             self.metrics,
             max_message=self.config.http_max_body,
             idle_timeout=self.config.http_request_timeout,
-            what=request.target.decode("latin-1"),
+            what=request.target.split(b"?", 1)[0].decode("latin-1"),  # no query: tokens
         )
         self._sessions.add(session)
         try:

@@ -125,11 +125,15 @@ class FrameReader:
         self.closed: tuple[int, str] | None = None
         self._message = 0
         self._frame_done = True
+        # After an error: whether what came before the failed read ended
+        # between frames (the failed read is not passed on).
+        self._failed_between: bool | None = None
 
     def feed(self, data: bytes) -> Seen:
         seen = Seen()
-        if self.closed is not None:
+        if self.closed is not None or self._failed_between is not None:
             return seen
+        before = self.between_frames
         self._protocol.receive_bytes(data)
         try:
             for frame in self._protocol.received_frames():
@@ -156,7 +160,11 @@ class FrameReader:
                         seen.messages += 1
                 if frame.frame_finished:
                     seen.frames.append(_OPCODE_NAMES[frame.opcode])
+        except WebSocketError:
+            self._failed_between = before
+            raise
         except ParseFailed as exc:
+            self._failed_between = before
             raise WebSocketError(
                 int(exc.code), "protocol_error", f"malformed WebSocket frame: {exc}"
             ) from None
@@ -166,7 +174,10 @@ class FrameReader:
     def between_frames(self) -> bool:
         """Whatever came so far ended with a whole frame: a frame of
         Sluice's may follow it (a CLOSE). wsproto says no partial header
-        is waiting in its buffer (its FrameDecoder's state, wsproto 1.x)."""
+        is waiting in its buffer (its FrameDecoder's state, wsproto 1.x).
+        After an error: whether the reads before the failed one did."""
+        if self._failed_between is not None:
+            return self._failed_between
         decoder = self._protocol._frame_decoder
         return self._frame_done and decoder.header is None and len(decoder.buffer) == 0
 
