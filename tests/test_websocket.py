@@ -87,7 +87,7 @@ def received_close_reason(ws: websocket.WebSocket) -> tuple[int, str]:
 
 
 @pytest.mark.e2e  # ws_broker starts Apache Pulsar
-def test_produce_and_consume_over_websocket_through_sluice(
+def test_produce_consume_and_read_over_websocket_through_sluice(
     ws_broker: ApachePulsar, ws_web: WebProxy
 ) -> None:
     name = f"ws-{uuid.uuid4().hex[:8]}"
@@ -117,6 +117,15 @@ def test_produce_and_consume_over_websocket_through_sluice(
     finally:
         producer.close()
         consumer.close()
+    # A reader from the earliest message: the same N again (it acknowledges nothing).
+    reader = websocket.create_connection(
+        ws_url(ws_web, f"/ws/v2/reader/{topic}?messageId=earliest"), timeout=TIMEOUT
+    )
+    try:
+        read = [base64.b64decode(json.loads(reader.recv())["payload"]) for _ in sent]
+        assert read == sent
+    finally:
+        reader.close()
 
     # The broker took the consumer's acks (they went through Sluice too).
     def backlog() -> object:
@@ -135,21 +144,24 @@ def test_produce_and_consume_over_websocket_through_sluice(
             "sluice_http_websocket_frames_total", direction=direction, opcode=opcode
         )
 
-    # Producer: N sends in, N receipts out; consumer: N messages out, N acks in.
+    # Producer: N sends in, N receipts out; consumer: N messages out, N acks
+    # in; reader: N messages out.
     assert frames("client_to_broker", "text") == 2 * N
-    assert frames("broker_to_client", "text") == 2 * N
+    assert frames("broker_to_client", "text") == 3 * N
     # Each session's close handshake: the client's CLOSE, the broker's answer.
-    assert frames("client_to_broker", "close") == 2
-    assert frames("broker_to_client", "close") == 2
+    assert frames("client_to_broker", "close") == 3
+    assert frames("broker_to_client", "close") == 3
     for opcode in ("binary", "ping", "pong"):
         assert frames("client_to_broker", opcode) == frames("broker_to_client", opcode) == 0
-    for direction in ("client_to_broker", "broker_to_client"):
-        assert ws_web.metric("sluice_http_websocket_messages_total", direction=direction) == 2 * N
-    assert ws_web.metric("sluice_http_websocket_sessions_total") == 2
-    assert ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="closed") == 2
-    assert ws_web.metric("sluice_http_websocket_sessions_ended_total") == 2
-    assert ws_web.metric("sluice_http_requests_total", kind="websocket", status="1xx") == 2
-    assert ws_web.metric("sluice_http_requests_total", kind="websocket") == 2
+    for direction, messages in (("client_to_broker", 2 * N), ("broker_to_client", 3 * N)):
+        assert (
+            ws_web.metric("sluice_http_websocket_messages_total", direction=direction) == messages
+        )
+    assert ws_web.metric("sluice_http_websocket_sessions_total") == 3
+    assert ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="closed") == 3
+    assert ws_web.metric("sluice_http_websocket_sessions_ended_total") == 3
+    assert ws_web.metric("sluice_http_requests_total", kind="websocket", status="1xx") == 3
+    assert ws_web.metric("sluice_http_requests_total", kind="websocket") == 3
     # The bytes relayed: at least the frames' payloads, each with a header
     # (2 bytes, and a 4-byte mask from the client), and not wildly more.
     payloads_in = sum(len(to_send(str(i), body)) for i, body in enumerate(sent))
