@@ -12,6 +12,7 @@ import base64
 import json
 import signal
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from sluice.protocols.http.websocket import (
     upgrade_headers,
 )
 from tests.conftest import start_apache_pulsar
-from tests.test_http import MAX_BODY, WebProxy, raw_exchange, start_web_proxy
+from tests.test_http import MAX_BODY, Redirector, WebProxy, raw_exchange, start_web_proxy
 
 N = 100
 TIMEOUT = 30
@@ -269,6 +270,71 @@ def test_idle_session_and_shutdown_close_with_1001(ws_broker: ApachePulsar, tmp_
         finally:
             ws.close()
         assert web.proxy.process.wait(timeout=TIMEOUT) == 0
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log()
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_an_upgrade_is_redirected_and_keeps_its_authorization(
+    ws_broker: ApachePulsar, tmp_path: Path
+) -> None:
+    """A web service that answers the upgrade with a 307 to the broker:
+    Sluice follows it with the upgrade asked again, the client's
+    Authorization passed on, and the client sees the broker's 101."""
+    redirector = Redirector(ws_broker.http_url)
+    thread = threading.Thread(target=redirector.serve_forever, daemon=True)
+    thread.start()
+    web = start_web_proxy(ws_broker, tmp_path, redirector.url, "--allow-broker", "127.0.0.1")
+    try:
+        topic = f"persistent/public/default/ws-moved-{uuid.uuid4().hex[:8]}"
+        ws = websocket.create_connection(
+            ws_url(web, f"/ws/v2/producer/{topic}"),
+            timeout=TIMEOUT,
+            header=["Authorization: Bearer abc.def.ghi"],
+        )
+        try:
+            ws.send(to_send("r", b"redirected"))
+            assert json.loads(ws.recv())["result"] == "ok"
+        finally:
+            ws.close()
+        assert redirector.authorizations == ["Bearer abc.def.ghi"]
+        assert web.metric("sluice_http_redirects_followed_total") == 1
+        assert web.metric("sluice_http_websocket_sessions_total") == 1
+    finally:
+        web.proxy.kill()
+        redirector.shutdown()
+        redirector.server_close()
+        thread.join(timeout=10)
+    assert "Traceback" not in web.proxy.log()
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_a_session_holds_a_connection_under_the_cap(
+    ws_broker: ApachePulsar, tmp_path: Path
+) -> None:
+    web = start_web_proxy(ws_broker, tmp_path, ws_broker.http_url,
+                          "--http-max-connections", "1")  # fmt: skip
+    try:
+        eventually(
+            lambda: web.metric("sluice_http_connections_active") == 0,
+            "the start-up probe's connection stayed open",
+        )
+        topic = f"persistent/public/default/ws-cap-{uuid.uuid4().hex[:8]}"
+        ws = websocket.create_connection(ws_url(web, f"/ws/v2/producer/{topic}"), timeout=TIMEOUT)
+        try:
+            status, text = raw_exchange(web.http_port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 503 and "--http-max-connections" in text, text
+        finally:
+            ws.close()
+        # The session gone, its connection is free again.
+        eventually(
+            lambda: web.metric("sluice_http_connections_active") == 0,
+            "the session's connection stayed open",
+        )
+        status, _ = raw_exchange(web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\n"
+                                 b"Host: x\r\nConnection: close\r\n\r\n")  # fmt: skip
+        assert status == 200
     finally:
         web.proxy.kill()
     assert "Traceback" not in web.proxy.log()
