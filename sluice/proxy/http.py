@@ -13,6 +13,9 @@ rewritten (read whole within the same limit). Each client connection is its
 own task under ``--http-idle-timeout`` (for each request's head) and
 ``--http-request-timeout`` (for the rest of each exchange), so a slow client
 holds only itself.
+
+A WebSocket upgrade is relayed as a request; after the broker's 101 the
+connection is a ``Session``'s (``sluice/proxy/websocket.py``).
 """
 
 from __future__ import annotations
