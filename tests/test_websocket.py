@@ -209,13 +209,19 @@ def test_a_malformed_frame_closes_the_session_with_1002(ws_web: WebProxy) -> Non
         "the oversized message was not counted",
     )
 
-    # Sluice stays up: a session after them works.
+    # Sluice stays up: a session after them works; its client hangs up
+    # without a CLOSE frame.
     ws = websocket.create_connection(ws_url(ws_web, f"/ws/v2/producer/{topic}"), timeout=TIMEOUT)
     try:
         ws.send(to_send("a", b"after"))
         assert json.loads(ws.recv())["result"] == "ok"
     finally:
-        ws.close()
+        ws.shutdown()
+    eventually(
+        lambda: ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="hangup") == 1,
+        "the hang-up was not counted",
+    )
+    assert ws_web.metric("sluice_http_websocket_sessions_ended_total") == 3
     assert "internal error" not in ws_web.proxy.log()
 
 

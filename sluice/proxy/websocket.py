@@ -115,7 +115,7 @@ class Session:
                 try:
                     await sink.send_all(data)
                 except _LOST:
-                    self._end("hangup")
+                    self._hung_up()
                     return
                 self._sending[direction] = False
             read_here = True
@@ -124,9 +124,14 @@ class Session:
             except _LOST:
                 data = b""
             if not data:
-                said = any(r.closed is not None for r in self.readers.values())
-                self._end("closed" if said else "hangup")
+                self._hung_up()
                 return
+
+    def _hung_up(self) -> None:
+        """A side closed its connection: after a CLOSE frame either way, the
+        session's normal end; before, a hang-up."""
+        said = any(r.closed is not None for r in self.readers.values())
+        self._end("closed" if said else "hangup")
 
     def _count(
         self, direction: str, data: bytes, frames: list[str], messages: int, http: bool
