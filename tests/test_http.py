@@ -484,14 +484,16 @@ def test_malformed_request_is_400(web: WebProxy) -> None:
     assert status == 200
 
 
-def test_websocket_upgrade_is_501_for_now(web: WebProxy) -> None:
+def test_an_upgrade_to_other_than_websocket_is_501(web: WebProxy) -> None:
+    """WebSocket is relayed (tests/test_websocket.py); other protocols are not."""
     status, text = raw_exchange(
-        web.http_port, b"GET /ws/v2/producer/persistent/public/default/t HTTP/1.1\r\nHost: x\r\n"
-        b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n"
+        b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__"
+        b"\r\n\r\n",
     )  # fmt: skip
-    assert status == 501 and "Upgrade: websocket is not relayed yet" in text, text
-    assert web.metric("sluice_http_requests_total", kind="websocket", status="5xx") == 1
+    assert status == 501 and "Upgrade: h2c is not relayed" in text, text
+    assert web.metric("sluice_http_requests_total", kind="admin", status="5xx") == 1
+    assert web.metric("sluice_http_refused_total", reason="upgrade") == 1
 
 
 def test_oversized_header_is_431(web: WebProxy) -> None:

@@ -16,6 +16,9 @@ Sluice too. Each client connection is its own task under
 ``--http-idle-timeout`` (for each request's head) and
 ``--http-request-timeout`` (for the rest of each exchange), so a slow client
 holds only itself.
+
+A WebSocket upgrade is relayed as a request; after the broker's 101 the
+connection is a ``Session``'s (``sluice/proxy/websocket.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import trio
 from sluice.addresses import Address, AllowList, advertised
 from sluice.logs import LogLimit
 from sluice.protocols.http import (
+    Headers,
     Hop,
     HttpUrl,
     RedirectError,
@@ -46,10 +50,17 @@ from sluice.protocols.http import (
     rewrite_lookup,
     status_class,
 )
+from sluice.protocols.http.websocket import (
+    is_websocket_upgrade,
+    switch_problem,
+    switched_headers,
+    upgrade_headers,
+)
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import accepted, client_ssl_context, dial, open_listeners
 from sluice.proxy.inbound import peer_address
 from sluice.proxy.metrics import HttpMetrics
+from sluice.proxy.websocket import Session
 
 log = logging.getLogger("sluice.http")
 
@@ -98,11 +109,14 @@ class Upstream:
             assert not isinstance(event, type)  # PAUSED: a client never pipelines here
             return event
 
-    async def response(self) -> h11.Response:
+    async def response(self) -> h11.Response | h11.InformationalResponse:
+        """The answer's head: a final one, or a 101 to an upgrade request."""
         while True:
             event = await self.next_event()
             if isinstance(event, h11.Response):
                 return event
+            if isinstance(event, h11.InformationalResponse) and event.status_code == 101:
+                return event  # h11 switched: what follows is WebSocket
             if isinstance(event, h11.ConnectionClosed):
                 raise h11.RemoteProtocolError("the broker closed the connection without answering")
             # InformationalResponse (100 Continue): the body went whole already.
@@ -165,6 +179,8 @@ class HttpRelay:
         self._draining = False
         # Connections waiting for a request's head: drain() ends the wait.
         self._waiting: set[trio.CancelScope] = set()
+        # WebSocket sessions relayed now: drain() ends them (1001).
+        self._sessions: set[Session] = set()
 
     def adopt(self, listener: trio.SocketListener) -> None:
         """A listener bound already (a worker's, the supervisor's socket)."""
@@ -193,6 +209,8 @@ class HttpRelay:
             await listener.aclose()
         for scope in self._waiting:
             scope.cancel()
+        for session in self._sessions:
+            session.shut_down()
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         async for stream in accepted(listener, "the HTTP listener"):
@@ -281,6 +299,9 @@ class HttpRelay:
                 http_version=event.http_version,
             )
             await self._exchange(conn, stream, event, upstreams)
+            if conn.our_state is h11.SWITCHED_PROTOCOL:
+                await self._websocket(conn, stream, event, upstreams)
+                return
             if self._draining:
                 return
             try:
@@ -388,12 +409,12 @@ class HttpRelay:
         """One request to the broker (and on to the brokers its redirects
         name), the answer to the client; the status the client got."""
         asked = header(request.headers, b"upgrade")
-        if asked is not None:
+        if asked is not None and not is_websocket_upgrade(request.headers):
             raise Refusal(
                 501,
                 "upgrade",
-                f"Upgrade: {asked.decode(errors='replace')} is not relayed yet "
-                "(the WebSocket API through Sluice is still to come)",
+                f"Upgrade: {asked.decode(errors='replace')} is not relayed "
+                "(WebSocket is the one protocol Sluice switches to)",
             )
         body = await self._read_body(conn, stream, request)
         framed = (
@@ -434,6 +455,8 @@ class HttpRelay:
                 following.url,
             )
             hop = following
+        if isinstance(response, h11.InformationalResponse):  # 101: WebSocket from here on
+            return await self._switch(conn, stream, upstream, upstreams, response)
         if is_topic_lookup(request.method, request.target) and response.status_code == 200:
             return await self._lookup_answer(conn, stream, upstream, upstreams, response)
         await self._send(
@@ -470,17 +493,18 @@ class HttpRelay:
         request: h11.Request,
         body: bytes,
         framed: bool,
-    ) -> tuple[Upstream, h11.Response]:
+    ) -> tuple[Upstream, h11.Response | h11.InformationalResponse]:
         """Send the request to ``hop``'s web service and read the answer's
         head, on a kept connection when there is one. A kept connection the
         broker has closed meanwhile (idle brokers close theirs) fails
         without an answer: the request goes again, once, on a new one."""
         rewritten = is_topic_lookup(request.method, request.target)
-        headers = [
-            (n, v)
-            for n, v in forward_headers(request.headers, hop.url.authority, identity=rewritten)
-            if n.lower() != b"content-length"
-        ]
+        passed: Headers = (
+            upgrade_headers(request.headers, hop.url.authority)
+            if is_websocket_upgrade(request.headers)
+            else forward_headers(request.headers, hop.url.authority, identity=rewritten)
+        )
+        headers = [(n, v) for n, v in passed if n.lower() != b"content-length"]
         if framed:
             headers.append((b"content-length", str(len(body)).encode()))
         while True:
@@ -580,6 +604,57 @@ class HttpRelay:
         await self._send(conn, stream, h11.Data(data=out))
         await self._send(conn, stream, h11.EndOfMessage())
         return response.status_code
+
+    async def _switch(
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        upstream: Upstream,
+        upstreams: dict[HttpUrl, Upstream],
+        response: h11.InformationalResponse,
+    ) -> int:
+        """The broker's 101, passed on: both connections carry WebSocket
+        now (``_websocket`` relays it, outside the request's timeout)."""
+        problem = switch_problem(response.headers)
+        if problem is not None:
+            await self._drop(upstreams, upstream)
+            raise Refusal(502, "upstream_error", problem)
+        await self._send(
+            conn,
+            stream,
+            h11.InformationalResponse(
+                status_code=101, headers=switched_headers(response.headers), reason=response.reason
+            ),
+        )
+        return 101
+
+    async def _websocket(
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        request: h11.Request,
+        upstreams: dict[HttpUrl, Upstream],
+    ) -> None:
+        """The session after a 101 (sluice/proxy/websocket.py), to its end."""
+        upstream = next(u for u in upstreams.values() if u.h11.our_state is h11.SWITCHED_PROTOCOL)
+        del upstreams[upstream.url]
+        session = Session(
+            stream,
+            upstream.stream,
+            self.metrics,
+            max_message=self.config.http_max_body,
+            idle_timeout=self.config.http_request_timeout,
+            what=request.target.split(b"?", 1)[0].decode("latin-1"),  # no query: tokens
+        )
+        self._sessions.add(session)
+        try:
+            if self._draining:
+                session.shut_down()
+            await session.run(conn.trailing_data[0], upstream.h11.trailing_data[0])
+        finally:
+            self._sessions.discard(session)
+            with trio.CancelScope(shield=True):
+                await _close(upstream.stream)
 
     def _closing(self) -> list[tuple[bytes, bytes]]:
         """While draining, each answer says it is the connection's last."""

@@ -55,6 +55,7 @@ from sluice.protocols.core import (
 from sluice.protocols.errors import Problem
 from sluice.protocols.haproxy import REASONS as HEADER_REFUSALS
 from sluice.protocols.http import KINDS, STATUS_CLASSES
+from sluice.protocols.http.websocket import ENDINGS, OPCODES
 from sluice.protocols.registry import DEFAULT_PROTOCOL, ProtocolSpec, get
 
 if TYPE_CHECKING:
@@ -604,3 +605,35 @@ class HttpMetrics:
             self.refused.labels(reason)
         self.bytes_in = self.bytes.labels(CLIENT_TO_BROKER)
         self.bytes_out = self.bytes.labels(BROKER_TO_CLIENT)
+        # The WebSocket API (sluice/proxy/websocket.py), after the upgrade.
+        self.ws_sessions = Counter(
+            "sluice_http_websocket_sessions", "WebSocket sessions relayed (the broker answered "
+            "101)", registry=registry,
+        )  # fmt: skip
+        self.ws_active = Gauge(
+            "sluice_http_websocket_sessions_active", "WebSocket sessions open now",
+            registry=registry,
+        )  # fmt: skip
+        self.ws_ended = Counter(
+            "sluice_http_websocket_sessions_ended", "WebSocket sessions ended, by how (closed, "
+            "hangup, or why Sluice ended them)", ["reason"], registry=registry,
+        )  # fmt: skip
+        self.ws_frames = Counter(
+            "sluice_http_websocket_frames", "Whole WebSocket frames relayed, by direction and "
+            "opcode (text, binary, close, ping, pong)", ["direction", "opcode"], registry=registry,
+        )  # fmt: skip
+        self.ws_messages = Counter(
+            "sluice_http_websocket_messages", "Whole WebSocket data messages relayed, by "
+            "direction", ["direction"], registry=registry,
+        )  # fmt: skip
+        self.ws_bytes = Counter(
+            "sluice_http_websocket_bytes", "Bytes relayed after WebSocket upgrades (frames as "
+            "they came), by direction", ["direction"], registry=registry,
+        )  # fmt: skip
+        for direction in DIRECTIONS:
+            self.ws_messages.labels(direction)
+            self.ws_bytes.labels(direction)
+            for opcode in OPCODES:
+                self.ws_frames.labels(direction, opcode)
+        for ending in ENDINGS:
+            self.ws_ended.labels(ending)

@@ -1,0 +1,174 @@
+"""A WebSocket session through the HTTP listener, after the upgrade.
+
+``sluice/proxy/http.py`` relays the upgrade request and the broker's ``101``
+(h11 on both sides); then both connections carry WebSocket frames, and a
+``Session`` relays them here: each read is parsed by its direction's
+``FrameReader`` (wsproto, ``sluice.protocols.http.websocket``), counted,
+and passed on as it came (masking and all), so what each side gets is
+exactly what the other sent.
+
+Sluice ends a session itself on a malformed frame (1002, or 1007 for text
+that is not UTF-8), a message larger than ``--http-max-body`` (1009), no
+frame either way within ``--http-request-timeout`` (1001), or shutdown
+(1001): a CLOSE frame with that code goes to each side whose direction is
+between frames (a frame of Sluice's cannot be put in the middle of one),
+then both connections are closed. The read that held a bad frame is not
+passed on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from sluice.protocols.http.websocket import (
+    GOING_AWAY,
+    FrameReader,
+    WebSocketError,
+    close_frame,
+)
+from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, HttpMetrics
+
+log = logging.getLogger("sluice.http")
+
+CHUNK = 65536
+# Time for Sluice's own CLOSE frames to go out before the connections close.
+CLOSE_GRACE = 2.0
+_LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class Session:
+    """One WebSocket session: the client's stream and the broker's, and what
+    each already sent past the handshake (``client_early``, ``broker_early``)."""
+
+    def __init__(
+        self,
+        client: trio.abc.Stream,
+        broker: trio.abc.Stream,
+        metrics: HttpMetrics,
+        *,
+        max_message: int,
+        idle_timeout: float,
+        what: str,
+    ) -> None:
+        self.streams = {CLIENT_TO_BROKER: (client, broker), BROKER_TO_CLIENT: (broker, client)}
+        self.readers = {
+            CLIENT_TO_BROKER: FrameReader(from_client=True, max_message=max_message),
+            BROKER_TO_CLIENT: FrameReader(from_client=False, max_message=max_message),
+        }
+        self.metrics = metrics
+        self.idle_timeout = idle_timeout
+        self.what = what
+        self.ending: str | None = None
+        # Sluice's own CLOSE: the code and why (None: the session ended by itself).
+        self.closing: tuple[int, str] | None = None
+        self._last = trio.current_time()
+        self._sending = {CLIENT_TO_BROKER: False, BROKER_TO_CLIENT: False}
+        self._scope = trio.CancelScope()
+
+    def shut_down(self) -> None:
+        """Sluice is stopping: the session ends with 1001 (going away)."""
+        self._end("shutdown", GOING_AWAY, "Sluice is shutting down")
+
+    def _end(self, ending: str, code: int | None = None, why: str = "") -> None:
+        if self.ending is None:
+            self.ending = ending
+            if code is not None:
+                self.closing = (code, why)
+        self._scope.cancel()
+
+    async def run(self, client_early: bytes, broker_early: bytes) -> None:
+        self.metrics.ws_sessions.inc()
+        self.metrics.ws_active.inc()
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pump, CLIENT_TO_BROKER, client_early)
+                    nursery.start_soon(self._pump, BROKER_TO_CLIENT, broker_early)
+                    nursery.start_soon(self._watch_idle)
+            if self.closing is not None:
+                await self._send_closes(*self.closing)
+        finally:
+            self.metrics.ws_active.dec()
+            self.metrics.ws_ended.labels(self.ending or "hangup").inc()
+
+    async def _pump(self, direction: str, early: bytes) -> None:
+        source, sink = self.streams[direction]
+        reader = self.readers[direction]
+        data = early
+        # The client's early bytes came with the upgrade request's reads,
+        # counted in sluice_http_bytes_total already.
+        read_here = direction == BROKER_TO_CLIENT
+        while True:
+            if data:
+                self._last = trio.current_time()
+                try:
+                    seen = reader.feed(data)
+                except WebSocketError as exc:
+                    side = "client" if direction == CLIENT_TO_BROKER else "broker"
+                    log.info("WebSocket %s: the %s's %s; session closed", self.what, side, exc)
+                    self._end(exc.ending, exc.code, f"Sluice: {exc}")
+                    return
+                self._count(direction, data, seen.frames, seen.messages, read_here)
+                self._sending[direction] = True
+                try:
+                    await sink.send_all(data)
+                except _LOST:
+                    self._hung_up()
+                    return
+                self._sending[direction] = False
+            read_here = True
+            try:
+                data = bytes(await source.receive_some(CHUNK))
+            except _LOST:
+                data = b""
+            if not data:
+                self._hung_up()
+                return
+
+    def _hung_up(self) -> None:
+        """A side closed its connection: after a CLOSE frame either way, the
+        session's normal end; before, a hang-up."""
+        said = any(r.closed is not None for r in self.readers.values())
+        self._end("closed" if said else "hangup")
+
+    def _count(
+        self, direction: str, data: bytes, frames: list[str], messages: int, http: bool
+    ) -> None:
+        m = self.metrics
+        m.ws_bytes.labels(direction).inc(len(data))
+        if http:  # the HTTP connection's own bytes too: the client's side of the session
+            (m.bytes_in if direction == CLIENT_TO_BROKER else m.bytes_out).inc(len(data))
+        for opcode in frames:
+            m.ws_frames.labels(direction, opcode).inc()
+        if messages:
+            m.ws_messages.labels(direction).inc(messages)
+
+    async def _watch_idle(self) -> None:
+        while True:
+            await trio.sleep_until(self._last + self.idle_timeout)
+            if trio.current_time() >= self._last + self.idle_timeout:
+                self._end(
+                    "idle_timeout",
+                    GOING_AWAY,
+                    f"Sluice: no frame within {self.idle_timeout:g}s (--http-request-timeout)",
+                )
+                return
+
+    async def _send_closes(self, code: int, why: str) -> None:
+        """Sluice's CLOSE to each side whose direction is between frames
+        and has carried no CLOSE yet."""
+        with trio.move_on_after(CLOSE_GRACE) as grace:
+            grace.shield = True
+            for direction in (BROKER_TO_CLIENT, CLIENT_TO_BROKER):
+                reader = self.readers[direction]
+                if self._sending[direction] or reader.closed or not reader.between_frames:
+                    continue  # mid-frame, or a CLOSE went that way already
+                frame = close_frame(code, why, to_client=direction == BROKER_TO_CLIENT)
+                try:
+                    await self.streams[direction][1].send_all(frame)
+                except _LOST:
+                    continue
+                if direction == BROKER_TO_CLIENT:
+                    self.metrics.bytes_out.inc(len(frame))

@@ -1,0 +1,433 @@
+"""Pulsar's WebSocket API through Sluice's HTTP listener, against Apache Pulsar 4.0.8.
+
+A broker of this module's own, with ``webSocketServiceEnabled=true`` (it
+serves ``/ws/v2/…`` on its web port), and a ``sluice proxy`` process with
+``--http-listen`` in front of it. The client is websocket-client, over
+loopback; what it sends is Pulsar's WebSocket protocol (JSON text frames).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import websocket
+
+from sluice.brokers.apache_pulsar import ApachePulsar
+from sluice.protocols.http.websocket import (
+    MESSAGE_TOO_BIG,
+    PROTOCOL_ERROR,
+    FrameReader,
+    WebSocketError,
+    close_frame,
+    is_websocket_upgrade,
+    switch_problem,
+    switched_headers,
+    upgrade_headers,
+)
+from tests.conftest import start_apache_pulsar
+from tests.test_http import MAX_BODY, Redirector, WebProxy, raw_exchange, start_web_proxy
+
+N = 100
+TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def ws_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApachePulsar]:
+    """Apache Pulsar with its WebSocket service on (this module's only)."""
+    b = start_apache_pulsar(
+        tmp_path_factory.mktemp("ws-pulsar"), settings={"webSocketServiceEnabled": True}
+    )
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def ws_web(ws_broker: ApachePulsar, tmp_path: Path) -> Iterator[WebProxy]:
+    w = start_web_proxy(ws_broker, tmp_path, ws_broker.http_url)
+    yield w
+    w.proxy.kill()
+    assert "Traceback" not in w.proxy.log(), w.proxy.log()
+
+
+def ws_url(web: WebProxy, path: str) -> str:
+    return f"ws://127.0.0.1:{web.http_port}{path}"
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def to_send(context: str, body: bytes) -> str:
+    """A message for Pulsar's WebSocket producer."""
+    return json.dumps({"payload": base64.b64encode(body).decode(), "context": context})
+
+
+def received_close(ws: websocket.WebSocket) -> int:
+    """The code of the CLOSE frame the server sends next (data skipped)."""
+    return received_close_reason(ws)[0]
+
+
+def received_close_reason(ws: websocket.WebSocket) -> tuple[int, str]:
+    while True:
+        opcode, frame = ws.recv_data_frame(control_frame=True)
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            code: int = struct.unpack("!H", frame.data[:2])[0]
+            return code, frame.data[2:].decode()
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_produce_consume_and_read_over_websocket_through_sluice(
+    ws_broker: ApachePulsar, ws_web: WebProxy
+) -> None:
+    name = f"ws-{uuid.uuid4().hex[:8]}"
+    topic = f"persistent/public/default/{name}"
+    # The consumer first: its subscription exists before anything is sent.
+    consumer = websocket.create_connection(
+        ws_url(ws_web, f"/ws/v2/consumer/{topic}/sub?subscriptionType=Exclusive"),
+        timeout=TIMEOUT,
+    )
+    producer = websocket.create_connection(
+        ws_url(ws_web, f"/ws/v2/producer/{topic}"), timeout=TIMEOUT
+    )
+    try:
+        assert ws_web.metric("sluice_http_websocket_sessions_active") == 2
+        sent = [f"message {i}".encode() for i in range(N)]
+        for i, body in enumerate(sent):
+            producer.send(to_send(str(i), body))
+        acks = [json.loads(producer.recv()) for _ in sent]
+        assert [a["result"] for a in acks] == ["ok"] * N, acks[:3]
+        assert [a["context"] for a in acks] == [str(i) for i in range(N)]
+        got = []
+        for _ in sent:
+            message = json.loads(consumer.recv())
+            got.append(base64.b64decode(message["payload"]))
+            consumer.send(json.dumps({"messageId": message["messageId"]}))
+        assert got == sent
+    finally:
+        producer.close()
+        consumer.close()
+    # A reader from the earliest message: the same N again (it acknowledges nothing).
+    reader = websocket.create_connection(
+        ws_url(ws_web, f"/ws/v2/reader/{topic}?messageId=earliest"), timeout=TIMEOUT
+    )
+    try:
+        read = [base64.b64decode(json.loads(reader.recv())["payload"]) for _ in sent]
+        assert read == sent
+    finally:
+        reader.close()
+
+    # The broker took the consumer's acks (they went through Sluice too).
+    def backlog() -> object:
+        stats = ws_broker.admin_json("GET", f"/admin/v2/{topic}/stats")
+        assert isinstance(stats, dict)
+        return stats["subscriptions"]["sub"]["msgBacklog"]
+
+    eventually(lambda: backlog() == 0, "the consumer's acks did not reach the broker")
+    eventually(
+        lambda: ws_web.metric("sluice_http_websocket_sessions_active") == 0,
+        "the sessions stayed open after both sides closed",
+    )
+
+    def frames(direction: str, opcode: str) -> float:
+        return ws_web.metric(
+            "sluice_http_websocket_frames_total", direction=direction, opcode=opcode
+        )
+
+    # Producer: N sends in, N receipts out; consumer: N messages out, N acks
+    # in; reader: N messages out.
+    assert frames("client_to_broker", "text") == 2 * N
+    assert frames("broker_to_client", "text") == 3 * N
+    # Each session's close handshake: the client's CLOSE, the broker's answer.
+    assert frames("client_to_broker", "close") == 3
+    assert frames("broker_to_client", "close") == 3
+    for opcode in ("binary", "ping", "pong"):
+        assert frames("client_to_broker", opcode) == frames("broker_to_client", opcode) == 0
+    for direction, messages in (("client_to_broker", 2 * N), ("broker_to_client", 3 * N)):
+        assert (
+            ws_web.metric("sluice_http_websocket_messages_total", direction=direction) == messages
+        )
+    assert ws_web.metric("sluice_http_websocket_sessions_total") == 3
+    assert ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="closed") == 3
+    assert ws_web.metric("sluice_http_websocket_sessions_ended_total") == 3
+    assert ws_web.metric("sluice_http_requests_total", kind="websocket", status="1xx") == 3
+    assert ws_web.metric("sluice_http_requests_total", kind="websocket") == 3
+    # The bytes relayed: at least the frames' payloads, each with a header
+    # (2 bytes, and a 4-byte mask from the client), and not wildly more.
+    payloads_in = sum(len(to_send(str(i), body)) for i, body in enumerate(sent))
+    relayed_in = ws_web.metric("sluice_http_websocket_bytes_total", direction="client_to_broker")
+    assert payloads_in + 6 * N < relayed_in < 3 * payloads_in, (payloads_in, relayed_in)
+    assert ws_web.metric("sluice_http_websocket_bytes_total", direction="broker_to_client") > 0
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_a_malformed_frame_closes_the_session_with_1002(ws_web: WebProxy) -> None:
+    topic = f"persistent/public/default/ws-bad-{uuid.uuid4().hex[:8]}"
+    ws = websocket.create_connection(ws_url(ws_web, f"/ws/v2/producer/{topic}"), timeout=TIMEOUT)
+    try:
+        # Not a WebSocket frame: opcode 0xF does not exist (and the reserved bits are set).
+        assert ws.sock is not None
+        ws.sock.sendall(b"\xff\x80\x00\x00\x00\x00garbage")
+        assert received_close(ws) == PROTOCOL_ERROR
+    finally:
+        ws.close()
+    eventually(
+        lambda: (
+            ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="protocol_error")
+            == 1
+        ),
+        "the malformed frame was not counted",
+    )
+    assert ws_web.metric("sluice_http_websocket_sessions_active") == 0
+    # No bad frame reached the broker: nothing counted client_to_broker.
+    assert ws_web.metric("sluice_http_websocket_frames_total", direction="client_to_broker") == 0
+    assert "malformed WebSocket frame: Invalid opcode 0xf" in ws_web.proxy.log()
+
+    # A message over --http-max-body: 1009 (message too big).
+    ws = websocket.create_connection(ws_url(ws_web, f"/ws/v2/producer/{topic}"), timeout=TIMEOUT)
+    try:
+        ws.send("x" * (MAX_BODY + 1))
+        assert received_close(ws) == MESSAGE_TOO_BIG
+    finally:
+        ws.close()
+    eventually(
+        lambda: (
+            ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="message_too_large")
+            == 1
+        ),
+        "the oversized message was not counted",
+    )
+
+    # Sluice stays up: a session after them works; its client hangs up
+    # without a CLOSE frame.
+    ws = websocket.create_connection(ws_url(ws_web, f"/ws/v2/producer/{topic}"), timeout=TIMEOUT)
+    try:
+        ws.send(to_send("a", b"after"))
+        assert json.loads(ws.recv())["result"] == "ok"
+    finally:
+        assert ws.sock is not None
+        ws.sock.close()  # no CLOSE frame
+    eventually(
+        lambda: ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="hangup") == 1,
+        "the hang-up was not counted",
+    )
+    assert ws_web.metric("sluice_http_websocket_sessions_ended_total") == 3
+    assert "internal error" not in ws_web.proxy.log()
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_a_refused_upgrade_is_answered_as_the_broker_gave_it(
+    ws_broker: ApachePulsar, ws_web: WebProxy
+) -> None:
+    """A WebSocket path the broker does not serve: its own answer, not a 101."""
+    head = (
+        b"GET /ws/v2/nowhere/persistent/public/default/t HTTP/1.1\r\nHost: x\r\n"
+        b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    direct, _ = raw_exchange(ws_broker.web_port, head)
+    assert direct >= 400, direct
+    status, _ = raw_exchange(ws_web.http_port, head)
+    assert status == direct
+    assert ws_web.metric("sluice_http_websocket_sessions_total") == 0
+    assert (
+        ws_web.metric("sluice_http_requests_total", kind="websocket", status=f"{direct // 100}xx")
+        == 1
+    )
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_idle_session_and_shutdown_close_with_1001(ws_broker: ApachePulsar, tmp_path: Path) -> None:
+    web = start_web_proxy(ws_broker, tmp_path, ws_broker.http_url,
+                          "--http-request-timeout", "1")  # fmt: skip
+    try:
+        topic = f"persistent/public/default/ws-idle-{uuid.uuid4().hex[:8]}"
+        ws = websocket.create_connection(web.url.replace("http", "ws") +
+                                         f"/ws/v2/producer/{topic}", timeout=TIMEOUT)  # fmt: skip
+        try:
+            started = time.monotonic()
+            code, reason = received_close_reason(ws)
+            assert (code, "--http-request-timeout" in reason) == (1001, True), reason
+            assert 0.5 < time.monotonic() - started < 10
+        finally:
+            ws.close()
+        eventually(
+            lambda: (
+                web.metric("sluice_http_websocket_sessions_ended_total", reason="idle_timeout") == 1
+            ),
+            "the idle session was not counted",
+        )
+        # Shutdown: an open session is told 1001 (going away), and Sluice exits.
+        ws = websocket.create_connection(web.url.replace("http", "ws") +
+                                         f"/ws/v2/producer/{topic}", timeout=TIMEOUT)  # fmt: skip
+        try:
+            web.proxy.process.send_signal(signal.SIGTERM)
+            assert received_close_reason(ws) == (1001, "Sluice is shutting down")
+        finally:
+            ws.close()
+        assert web.proxy.process.wait(timeout=TIMEOUT) == 0
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log()
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_an_upgrade_is_redirected_and_keeps_its_authorization(
+    ws_broker: ApachePulsar, tmp_path: Path
+) -> None:
+    """A web service that answers the upgrade with a 307 to the broker:
+    Sluice follows it with the upgrade asked again, the client's
+    Authorization passed on, and the client sees the broker's 101."""
+    redirector = Redirector(ws_broker.http_url)
+    thread = threading.Thread(target=redirector.serve_forever, daemon=True)
+    thread.start()
+    web = start_web_proxy(ws_broker, tmp_path, redirector.url, "--allow-broker", "127.0.0.1")
+    try:
+        topic = f"persistent/public/default/ws-moved-{uuid.uuid4().hex[:8]}"
+        ws = websocket.create_connection(
+            ws_url(web, f"/ws/v2/producer/{topic}"),
+            timeout=TIMEOUT,
+            header=["Authorization: Bearer abc.def.ghi"],
+        )
+        try:
+            ws.send(to_send("r", b"redirected"))
+            assert json.loads(ws.recv())["result"] == "ok"
+        finally:
+            ws.close()
+        assert redirector.authorizations == ["Bearer abc.def.ghi"]
+        assert web.metric("sluice_http_redirects_followed_total") == 1
+        assert web.metric("sluice_http_websocket_sessions_total") == 1
+    finally:
+        web.proxy.kill()
+        redirector.shutdown()
+        redirector.server_close()
+        thread.join(timeout=10)
+    assert "Traceback" not in web.proxy.log()
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_a_session_holds_a_connection_under_the_cap(
+    ws_broker: ApachePulsar, tmp_path: Path
+) -> None:
+    web = start_web_proxy(ws_broker, tmp_path, ws_broker.http_url,
+                          "--http-max-connections", "1")  # fmt: skip
+    try:
+        eventually(
+            lambda: web.metric("sluice_http_connections_active") == 0,
+            "the start-up probe's connection stayed open",
+        )
+        topic = f"persistent/public/default/ws-cap-{uuid.uuid4().hex[:8]}"
+        ws = websocket.create_connection(ws_url(web, f"/ws/v2/producer/{topic}"), timeout=TIMEOUT)
+        try:
+            status, text = raw_exchange(web.http_port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 503 and "--http-max-connections" in text, text
+        finally:
+            ws.close()
+        # The session gone, its connection is free again.
+        eventually(
+            lambda: web.metric("sluice_http_connections_active") == 0,
+            "the session's connection stayed open",
+        )
+        status, _ = raw_exchange(web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\n"
+                                 b"Host: x\r\nConnection: close\r\n\r\n")  # fmt: skip
+        assert status == 200
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log()
+
+
+# --- the decisions, sans-I/O ------------------------------------------------------
+
+
+def masked(frame: bytes) -> bytes:
+    """An unmasked frame of ours as a client sends it (mask key 0)."""
+    first, length = frame[0], frame[1]
+    assert length < 126
+    return bytes([first, length | 0x80]) + b"\x00\x00\x00\x00" + frame[2:]
+
+
+def test_frame_reader_counts_frames_and_messages() -> None:
+    reader = FrameReader(from_client=True, max_message=100)
+    text = masked(b"\x81\x05hello")
+    # A fragmented binary message with a ping between its frames.
+    fragmented = masked(b"\x02\x02ab") + masked(b"\x89\x00") + masked(b"\x80\x01c")
+    seen = reader.feed(text + fragmented[:3])
+    assert (seen.frames, seen.messages) == (["text"], 1)
+    assert not reader.between_frames
+    seen = reader.feed(fragmented[3:])
+    assert (seen.frames, seen.messages) == (["binary", "ping", "binary"], 1)
+    assert reader.between_frames
+    seen = reader.feed(masked(b"\x88\x04\x03\xe8ok"))
+    assert seen.close == (1000, "ok") and seen.frames == ["close"]
+    assert reader.feed(b"anything after CLOSE").frames == []
+    # A read with a bad frame is not passed on: between frames is what the
+    # reads before it left.
+    failing = FrameReader(from_client=True, max_message=100)
+    failing.feed(text)
+    with pytest.raises(WebSocketError):
+        failing.feed(b"\xff\x80\x00\x00\x00\x00")
+    assert failing.between_frames
+    failing = FrameReader(from_client=True, max_message=100)
+    failing.feed(text[:3])
+    with pytest.raises(WebSocketError):
+        failing.feed(text[3:] + b"\xff\x80\x00\x00\x00\x00")
+    assert not failing.between_frames
+
+
+def test_frame_reader_refuses_bad_frames() -> None:
+    cases: list[tuple[bool, bytes, int, str]] = [
+        (True, b"\x81\x05hello", PROTOCOL_ERROR, "unmasked"),  # a client must mask
+        (False, masked(b"\x81\x05hello"), PROTOCOL_ERROR, "masked"),  # a broker must not
+        (True, masked(b"\x83\x00"), PROTOCOL_ERROR, "Invalid opcode"),
+        (True, masked(b"\x81\x02\xc3\x28"), 1007, "decode"),  # text that is not UTF-8
+        (True, masked(b"\x80\x01x"), PROTOCOL_ERROR, "CONTINUATION"),
+        (True, masked(b"\x81\x0b" + b"x" * 11), MESSAGE_TOO_BIG, "larger than 10 bytes"),
+    ]
+    for from_client, data, code, why in cases:
+        with pytest.raises(WebSocketError, match=why) as caught:
+            FrameReader(from_client=from_client, max_message=10).feed(data)
+        assert caught.value.code == code, (data, caught.value)
+
+
+def test_sluice_close_frames_parse_on_the_other_side() -> None:
+    to_client = close_frame(1002, "Sluice: bad", to_client=True)
+    assert FrameReader(from_client=False, max_message=10).feed(to_client).close == (
+        1002,
+        "Sluice: bad",
+    )
+    to_broker = close_frame(1001, "x" * 300, to_client=False)
+    closed = FrameReader(from_client=True, max_message=10).feed(to_broker).close
+    assert closed is not None and closed[0] == 1001 and len(closed[1]) == 123
+
+
+def test_upgrade_headers() -> None:
+    asked = [(b"Host", b"sluice:8080"), (b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
+             (b"Sec-WebSocket-Key", b"k"), (b"Sec-WebSocket-Version", b"13"),
+             (b"Sec-WebSocket-Extensions", b"permessage-deflate"),
+             (b"Authorization", b"Bearer t")]  # fmt: skip
+    assert is_websocket_upgrade(asked)
+    assert not is_websocket_upgrade([(b"Upgrade", b"h2c")])
+    assert upgrade_headers(asked, b"broker:8080") == [
+        (b"host", b"broker:8080"), (b"Sec-WebSocket-Key", b"k"),
+        (b"Sec-WebSocket-Version", b"13"), (b"Authorization", b"Bearer t"),
+        (b"connection", b"Upgrade"), (b"upgrade", b"websocket"),
+    ]  # fmt: skip
+    answer = [(b"Upgrade", b"WebSocket"), (b"Connection", b"Upgrade"),
+              (b"Sec-WebSocket-Accept", b"a")]  # fmt: skip
+    assert switch_problem(answer) is None
+    assert switched_headers(answer) == [
+        (b"Sec-WebSocket-Accept", b"a"), (b"connection", b"Upgrade"), (b"upgrade", b"websocket")
+    ]  # fmt: skip
+    assert "extension" in (switch_problem([*answer, (b"Sec-WebSocket-Extensions", b"x")]) or "")
+    assert "other than WebSocket" in (switch_problem([(b"Upgrade", b"h2c")]) or "")
