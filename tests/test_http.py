@@ -599,21 +599,6 @@ def test_authorization_passes_through(apache_pulsar: ApachePulsar, redirector: R
         web.proxy.kill()
 
 
-def test_proxy_mode_auth_is_refused_with_http(apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
-    key = tmp_path / "secret.key"
-    key.write_bytes(b"k" * 32)
-    done = sluice(
-        "proxy", "--broker", apache_pulsar.url, "--http-listen", "127.0.0.1:0",
-        "--broker-http", apache_pulsar.http_url, "--auth-mode", "proxy",
-        "--auth-token-secret-key", str(key), "--broker-auth-token-file", str(key),
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "sluice proxy: --http-listen with --auth-mode proxy: HTTP proxy-mode auth is not "
-        "supported yet (the HTTP listener passes the client's Authorization through)"
-    ]
-
-
 class KeepAlive(http.server.ThreadingHTTPServer):
     """A web service that keeps connections alive, then closes one idle
     for 0.3 s (as a broker's Jetty does after its idle timeout); ``/slow``

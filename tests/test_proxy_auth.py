@@ -31,6 +31,7 @@ from sluice.addresses import Address
 from sluice.brokers.apache_pulsar import hs256_token
 from sluice.errors import ConfigError
 from sluice.protocols.core import Authenticated, Close, Conn, OnInvalid, OpenUpstream, Peer, Send
+from sluice.protocols.http import with_credentials
 from sluice.protocols.pulsar import Type, command, decode_stream, encode, pb
 from sluice.protocols.pulsar.auth import (
     AuthError,
@@ -649,3 +650,28 @@ def test_the_command_line_reports_a_key_file_that_will_not_do(
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert f"{flag} {path}: {error}" in line
+
+
+def test_web_credentials_stand_in_for_the_clients(tmp_path: Path) -> None:
+    """Proxy mode on the web port: the client's Bearer token (or certificate
+    role) checked; Sluice's own token and the client's role go on instead of
+    whatever credentials the client sent."""
+    key, own = tmp_path / "secret.key", tmp_path / "own.token"
+    key.write_bytes(b"s" * 32)
+    own.write_text("token:OWN\n")
+    auth = ProxyAuth.load(secret_key=key, public_key=None, role_claim="sub", own_token=own,
+                          tls_roles=True, forward_auth_data=False)  # fmt: skip
+    client, headers = auth.web_credentials(f"Bearer {hs256_token(b's' * 32, 'app')}", None)
+    assert client.role == "app"
+    assert headers == [(b"authorization", b"Bearer OWN"), (b"x-original-principal", b"app")]
+    assert auth.web_credentials(None, "cert-cn")[0].role == "cert-cn"
+    with pytest.raises(AuthError, match="no credentials"):
+        auth.web_credentials(None, None)
+    with pytest.raises(AuthError, match="not a Bearer token"):
+        auth.web_credentials("Basic YXBwOmFwcA==", None)
+    with pytest.raises(AuthError):
+        auth.web_credentials(f"Bearer {hs256_token(b'x' * 32, 'app')}", None)
+    sent = [(b"Authorization", b"Bearer theirs"), (b"X-Original-Principal", b"admin"),
+            (b"accept", b"*/*")]  # fmt: skip
+    assert with_credentials(sent, headers) == [(b"accept", b"*/*"), *headers]
+    assert with_credentials(sent, None) == sent

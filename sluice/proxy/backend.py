@@ -30,6 +30,11 @@ from sluice.proxy.ports import BrokerPorts, NoListener
 from sluice.proxy.relay import Core
 
 
+class Unauthorized(Exception):
+    """A web request whose client the backend did not authenticate (the
+    message says why: the HTTP listener answers it with 401)."""
+
+
 @dataclass
 class Services:
     """What the proxy lends the backend it builds."""
@@ -53,7 +58,10 @@ class Backend(Protocol):
     ``listener_urls`` serves the HTTP listener (``http.py``): the binary
     URLs of one broker an HTTP lookup answer names, each as the URL of
     Sluice's listener for that broker (None: Sluice has no listener of that
-    URL's kind, plain or TLS; a URL left out stays as it is). The proxy
+    URL's kind, plain or TLS; a URL left out stays as it is);
+    ``web_credentials`` the client of a web request: None to pass its
+    credentials on as they are, or the headers that replace them (the
+    protocol's proxy-mode authentication), or ``Unauthorized``. The proxy
     dials brokers with ``tls_context``, routes TLS server names with
     ``route_name`` (``named``: the ``--sni-route`` ones) and keeps /readyz
     current with ``probe``."""
@@ -72,6 +80,9 @@ class Backend(Protocol):
     async def ask(self, address: Address, request: Any) -> Any: ...
 
     async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]: ...
+    def web_credentials(
+        self, authorization: str | None, peer_role: str | None
+    ) -> list[tuple[bytes, bytes]] | None: ...
 
     def route_name(self, name: str) -> Address | None: ...
 
@@ -126,6 +137,12 @@ class DirectBackend:
             return await self.ports.open(address)
         except (OSError, NoListener) as exc:
             return exc
+
+    def web_credentials(
+        self, authorization: str | None, peer_role: str | None
+    ) -> list[tuple[bytes, bytes]] | None:
+        """Web requests' credentials pass on as they are."""
+        return None
 
     async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]:
         """No web port with lookups: every URL stays as it is."""

@@ -202,11 +202,6 @@ class ProxyConfig:
         spec = registry.get(self.protocol)
         if not spec.web:
             raise ConfigError(f"--http-listen relays a broker's web port: {spec.title} has none")
-        if self.auth_mode == "proxy":
-            raise ConfigError(
-                "--http-listen with --auth-mode proxy: HTTP proxy-mode auth is not supported "
-                "yet (the HTTP listener passes the client's Authorization through)"
-            )
         for name in ("http_idle_timeout", "http_request_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")

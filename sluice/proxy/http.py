@@ -49,6 +49,7 @@ from sluice.protocols.http import (
     request_kind,
     rewrite_lookup,
     status_class,
+    with_credentials,
 )
 from sluice.protocols.http.websocket import (
     is_websocket_upgrade,
@@ -56,6 +57,7 @@ from sluice.protocols.http.websocket import (
     switched_headers,
     upgrade_headers,
 )
+from sluice.proxy.backend import Unauthorized
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import accepted, client_ssl_context, dial, open_listeners
 from sluice.proxy.inbound import peer_address
@@ -73,6 +75,9 @@ _BROKEN = (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourc
 
 # The backend's ``listener_urls``: a lookup answer's binary URLs -> Sluice's.
 Routes = Callable[[Sequence[str]], Awaitable[dict[str, str | None]]]
+# The backend's ``web_credentials``: (Authorization, client certificate's
+# role) -> the headers that replace the client's credentials (None: kept).
+Credentials = Callable[[str | None, str | None], Headers | None]
 
 
 class Refusal(Exception):
@@ -156,7 +161,13 @@ class Upstream:
 class HttpRelay:
     """The HTTP listener of one proxy: accepts, relays, follows redirects."""
 
-    def __init__(self, config: ProxyConfig, metrics: HttpMetrics, listener_urls: Routes) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        metrics: HttpMetrics,
+        listener_urls: Routes,
+        credentials: Credentials = lambda authorization, role: None,
+    ) -> None:
         assert config.http_listen is not None and config.broker_http is not None
         self.config = config
         self.listen = config.http_listen
@@ -169,6 +180,9 @@ class HttpRelay:
         # Brokers' binary URLs -> the Sluice listener that relays a plain
         # CONNECT to that broker (the backend's, port per broker).
         self.listener_urls = listener_urls
+        # Proxy-mode authentication: who the client is, and what stands for
+        # its credentials toward the broker.
+        self.credentials = credentials
         self.own_url = ""
         self.address: Address | None = None
         self.active = 0
@@ -416,6 +430,7 @@ class HttpRelay:
                 f"Upgrade: {asked.decode(errors='replace')} is not relayed "
                 "(WebSocket is the one protocol Sluice switches to)",
             )
+        request = self._authenticated(request)
         body = await self._read_body(conn, stream, request)
         framed = (
             bool(body)
@@ -485,6 +500,28 @@ class HttpRelay:
                 raise trio.BrokenResourceError("the broker's answer ended early")
         await self._keep(upstreams, upstream)
         return response.status_code
+
+    def _authenticated(self, request: h11.Request) -> h11.Request:
+        """The request as it goes on: in proxy mode, its client checked
+        (401 otherwise) and its credentials replaced by Sluice's own and the
+        client's role. A WebSocket upgrade keeps the client's own credentials
+        once checked, so that the broker's WebSocket service grants the
+        session no more than the client's role."""
+        authorization = header(request.headers, b"authorization")
+        try:
+            own = self.credentials(
+                None if authorization is None else authorization.decode("latin-1"), None
+            )
+        except Unauthorized as exc:
+            raise Refusal(401, "unauthorized", f"authentication failed: {exc}") from None
+        if own is None or is_websocket_upgrade(request.headers):
+            return request
+        return h11.Request(
+            method=request.method,
+            target=request.target,
+            headers=with_credentials(request.headers, own),
+            http_version=request.http_version,
+        )
 
     async def _ask(
         self,

@@ -36,7 +36,7 @@ from sluice.protocols.pulsar import (
     encode,
     pb,
 )
-from sluice.protocols.pulsar.auth import UpstreamAuth, proxy_auth
+from sluice.protocols.pulsar.auth import AuthError, UpstreamAuth, proxy_auth
 from sluice.protocols.pulsar.connection import (
     PROTOCOL_VERSION,
     SLUICE_VERSION,
@@ -47,7 +47,7 @@ from sluice.protocols.pulsar.connection import (
     UpstreamFailure,
 )
 from sluice.protocols.pulsar.urls import SCHEMES, BrokerUrl, parse_broker_url
-from sluice.proxy.backend import Services
+from sluice.proxy.backend import Services, Unauthorized
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.ports import BrokerPorts, Listeners, NoListener
@@ -424,6 +424,21 @@ class PulsarBackend:
         on again."""
         if self.ports is not None:
             await self.ports.reopen_known()
+
+    def web_credentials(
+        self, authorization: str | None, peer_role: str | None
+    ) -> list[tuple[bytes, bytes]] | None:
+        """--auth-mode proxy on the web port: the client's token (or
+        certificate) checked, Sluice's own credential and the client's role
+        in its place. Passthrough: the client's credentials as they are."""
+        auth = self.settings.auth
+        if auth is None:
+            return None
+        try:
+            _, headers = auth.web_credentials(authorization, peer_role)
+        except AuthError as exc:
+            raise Unauthorized(str(exc)) from None
+        return headers
 
     async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]:
         """An HTTP lookup's answer (``sluice/proxy/http.py``) names one

@@ -146,7 +146,10 @@ class Proxy:
         self.http: HttpRelay | None = None
         if config.http_listen is not None:
             self.http = HttpRelay(
-                config, HttpMetrics(self.metrics.registry), self.backend.listener_urls
+                config,
+                HttpMetrics(self.metrics.registry),
+                self.backend.listener_urls,
+                self.backend.web_credentials,
             )
         self.recorder: Recorder | None = None
         if config.record is not None:

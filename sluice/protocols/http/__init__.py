@@ -5,7 +5,8 @@ on trio streams); what is decided here takes values and returns values:
 
 - ``request_kind``: what a request is for (a metric label); ``head_size``.
 - ``forward_headers`` / ``answer_headers``: the headers passed on, less the
-  hop-by-hop ones (each hop frames its own message).
+  hop-by-hop ones (each hop frames its own message); ``with_credentials``:
+  the client's credentials replaced (proxy-mode authentication).
 - ``parse_http_url``: ``--broker-http`` and the URLs brokers name.
 - ``Redirects``: which 307/308 answers Sluice follows itself, and when a
   chain of them is an error (a loop, too many hops).
@@ -93,6 +94,19 @@ def forward_headers(
     dropped = {b"host", b"accept-encoding"} if identity else {b"host"}
     kept = [(n, v) for n, v in _end_to_end(headers) if n.lower() not in dropped]
     return [(b"host", host), *kept]
+
+
+# A client's own credentials, which proxy-mode authentication replaces
+# (a client naming a principal itself must not reach the broker).
+CREDENTIALS = frozenset({b"authorization", b"x-original-principal"})
+
+
+def with_credentials(headers: Iterable[tuple[bytes, bytes]], own: Headers | None) -> Headers:
+    """``headers`` with the client's credentials replaced by ``own`` (None:
+    passthrough, unchanged)."""
+    if own is None:
+        return list(headers)
+    return [*((n, v) for n, v in headers if n.lower() not in CREDENTIALS), *own]
 
 
 def forwarded_for(headers: Iterable[tuple[bytes, bytes]], client: str) -> Headers:

@@ -394,6 +394,29 @@ class ProxyAuth:
         raise AuthError(f"auth method {clipped(method)} is not accepted (accepted: "
                         f"{', '.join(self.methods) or 'none'})")  # fmt: skip
 
+    def web_credentials(
+        self, authorization: str | None, peer_role: str | None, now: float | None = None
+    ) -> tuple[Identity, list[tuple[bytes, bytes]]]:
+        """A web request's client, from its ``Authorization: Bearer`` token
+        (or, without one, a verified client certificate's CN), and the
+        headers that stand for it toward the broker: Sluice's own token (none
+        when Sluice's credential is its TLS certificate) and the client's role
+        as ``X-Original-Principal``, which a broker reads from a proxy role
+        as it reads ``original_principal`` on its binary port. AuthError
+        otherwise."""
+        if authorization:
+            scheme, _, token = authorization.strip().partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise AuthError("the Authorization header is not a Bearer token")
+            client = self.authenticate("token", token.strip().encode(), None, now)
+        elif peer_role:
+            client = self.authenticate("tls", b"", peer_role, now)
+        else:
+            raise AuthError(f"no credentials (accepted: {', '.join(self.methods) or 'none'})")
+        own = self.own
+        headers = [(b"authorization", b"Bearer " + own.data)] if own.method == "token" else []
+        return client, [*headers, (b"x-original-principal", client.role.encode())]
+
     def upstream(self, client: Identity) -> UpstreamAuth:
         """Sluice's credentials, naming ``client`` as the original principal."""
         forwarded = client.data.decode(errors="replace") if self.forward_auth_data else None
