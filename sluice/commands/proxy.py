@@ -171,6 +171,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "to another broker is followed by Sluice, HTTP lookup answers name Sluice",
     )
     web.add_argument(
+        "--http-listen-tls",
+        metavar="HOST:PORT",
+        help="HTTPS listener, as --http-listen with --tls-cert and --tls-key (and "
+        "--tls-client-ca for client certificates) (default: none)",
+    )
+    web.add_argument(
         "--broker-http",
         metavar="URL",
         help="http://HOST:PORT or https://HOST:PORT of the broker's (or the cluster's) web "
@@ -501,6 +507,11 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         http_listen=(
             parse_address(args.http_listen, what="--http-listen") if args.http_listen else None
         ),
+        http_listen_tls=(
+            parse_address(args.http_listen_tls, what="--http-listen-tls")
+            if args.http_listen_tls
+            else None
+        ),
         broker_http=(
             parse_http_url(args.broker_http, what="--broker-http") if args.broker_http else None
         ),
@@ -692,7 +703,13 @@ async def serve(
 def _listen_error(exc: OSError, config: ProxyConfig) -> str:
     where = ", ".join(
         str(a)
-        for a in (config.listen, config.listen_tls, config.admin, config.http_listen)
+        for a in (
+            config.listen,
+            config.listen_tls,
+            config.admin,
+            config.http_listen,
+            config.http_listen_tls,
+        )
         if a is not None
     )
     if exc.errno == errno.EADDRINUSE:

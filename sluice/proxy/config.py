@@ -121,6 +121,8 @@ class ProxyConfig:
     # request's head within http_max_header bytes and http_idle_timeout; a
     # request's whole exchange within http_request_timeout.
     http_listen: Address | None = None
+    # --http-listen-tls: the same over TLS, with the certificate of --tls-cert.
+    http_listen_tls: Address | None = None
     broker_http: HttpUrl | None = None
     http_max_body: int = 5 * 1024 * 1024
     http_max_header: int = 16 * 1024
@@ -166,9 +168,7 @@ class ProxyConfig:
             )
         # Per-broker listeners are opened for every broker, or (the main
         # listener serving clients otherwise) for those HTTP lookups name.
-        opens_ports = spec.port_per_broker and (
-            spec.main_is_broker_listener or self.http_listen is not None
-        )
+        opens_ports = spec.port_per_broker and (spec.main_is_broker_listener or self.http_on)
         if opens_ports and self.workers > 1 and self.listener_ports is None:
             raise ConfigError(
                 f"--workers with {spec.title} needs --listener-ports LOW-HIGH: the "
@@ -192,8 +192,15 @@ class ProxyConfig:
         if spec.check is not None:
             spec.check(self)
 
+    @property
+    def http_on(self) -> bool:
+        """An HTTP listener, plain or TLS, relays the broker's web port."""
+        return self.http_listen is not None or self.http_listen_tls is not None
+
     def _check_http(self) -> None:
-        if self.http_listen is None:
+        if self.http_listen_tls is not None and self.tls is None:
+            raise ConfigError("--http-listen-tls needs --tls-cert and --tls-key")
+        if not self.http_on:
             if self.broker_http is not None:
                 raise ConfigError("--broker-http goes with --http-listen")
             return

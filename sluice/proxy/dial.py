@@ -284,3 +284,19 @@ async def accepted(listener: trio.abc.Listener[Any], what: str) -> AsyncIterator
             await trio.sleep(0.1)
             continue
         yield stream
+
+
+def certificate_cn(stream: trio.SSLStream[Any]) -> str | None:
+    """The CN of the client's certificate, verified by the TLS handshake
+    (``--tls-client-ca``); None without one. With several, the one a Pulsar
+    broker takes: the first of the subject as RFC 2253 writes it, which is
+    the last in the certificate."""
+    try:
+        certificate = stream.getpeercert()
+    except (ValueError, AttributeError, ssl.SSLError):  # no handshake yet
+        return None
+    for rdn in reversed((certificate or {}).get("subject", ())):
+        for key, value in rdn:
+            if key == "commonName" and isinstance(value, str) and value:
+                return value
+    return None

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import h11
 import trio
@@ -59,7 +60,14 @@ from sluice.protocols.http.websocket import (
 )
 from sluice.proxy.backend import Unauthorized
 from sluice.proxy.config import ProxyConfig
-from sluice.proxy.dial import accepted, client_ssl_context, dial, open_listeners
+from sluice.proxy.dial import (
+    accepted,
+    certificate_cn,
+    client_ssl_context,
+    dial,
+    open_listeners,
+    server_ssl_context,
+)
 from sluice.proxy.inbound import peer_address
 from sluice.proxy.metrics import HttpMetrics
 from sluice.proxy.websocket import Session
@@ -67,8 +75,10 @@ from sluice.proxy.websocket import Session
 log = logging.getLogger("sluice.http")
 
 CHUNK = 65536
-# The socket kind of the HTTP listener a worker gets from the supervisor.
+# The socket kinds of the HTTP listeners a worker gets from the supervisor,
+# and the names of their addresses: plain, TLS.
 HTTP = "http"
+HTTPS = "https"
 # How a broker connection fails: hung up, reset, or not speaking HTTP.
 _BROKEN = (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
@@ -168,9 +178,8 @@ class HttpRelay:
         listener_urls: Routes,
         credentials: Credentials = lambda authorization, role: None,
     ) -> None:
-        assert config.http_listen is not None and config.broker_http is not None
+        assert config.http_on and config.broker_http is not None
         self.config = config
-        self.listen = config.http_listen
         self.broker = config.broker_http
         self.metrics = metrics
         # Web services Sluice follows redirects to: --broker-http, those HTTP
@@ -183,10 +192,12 @@ class HttpRelay:
         # Proxy-mode authentication: who the client is, and what stands for
         # its credentials toward the broker.
         self.credentials = credentials
+        # Sluice's own web URLs, plain and TLS, for lookup answers ("": none).
         self.own_url = ""
-        self.address: Address | None = None
+        self.own_tls_url = ""
         self.active = 0
-        self._listeners: list[trio.SocketListener] = []
+        # Listening sockets, each with whether it speaks TLS.
+        self._listeners: list[tuple[trio.SocketListener, bool]] = []
         self._tls: ssl.SSLContext | None = None
         self._warned: set[str] = set()
         self._logs = LogLimit()
@@ -196,37 +207,58 @@ class HttpRelay:
         # WebSocket sessions relayed now: drain() ends them (1001).
         self._sessions: set[Session] = set()
 
-    def adopt(self, listener: trio.SocketListener) -> None:
+    def adopt(self, listener: trio.SocketListener, *, tls: bool = False) -> None:
         """A listener bound already (a worker's, the supervisor's socket)."""
-        self._listeners.append(listener)
+        self._listeners.append((listener, tls))
 
-    async def open(self) -> Address:
-        """Bind the listener unless adopted (OSError when the port is
-        taken); its address."""
+    async def open(self) -> dict[str, Address]:
+        """Bind the listeners not adopted (OSError when a port is taken);
+        their addresses, by kind (``HTTP``, ``HTTPS``)."""
         if not self._listeners:
-            self._listeners = await open_listeners(self.listen)
-        port = self._listeners[0].socket.getsockname()[1]
-        self.address = Address(self.listen.host, port)
-        self.own_url = f"http://{advertised(self.listen.host, port)}"
-        return self.address
+            for address, tls in ((self.config.http_listen, False),
+                                 (self.config.http_listen_tls, True)):  # fmt: skip
+                if address is not None:
+                    self._listeners += [(s, tls) for s in await open_listeners(address)]
+        addresses: dict[str, Address] = {}
+        for listener, tls in self._listeners:
+            address = self.config.http_listen_tls if tls else self.config.http_listen
+            assert address is not None
+            port = listener.socket.getsockname()[1]
+            kind = HTTPS if tls else HTTP
+            if kind not in addresses:
+                addresses[kind] = Address(address.host, port)
+                url = f"{kind}://{advertised(address.host, port)}"
+                if tls:
+                    self.own_tls_url = url
+                else:
+                    self.own_url = url
+        return addresses
 
     async def serve(self) -> None:
+        context = None
+        if any(tls for _, tls in self._listeners):
+            assert self.config.tls is not None  # ProxyConfig: --http-listen-tls needs it
+            context = server_ssl_context(self.config.tls)
         async with trio.open_nursery() as nursery:
-            for listener in self._listeners:
+            for tcp, tls in self._listeners:
+                listener: trio.abc.Listener[Any] = tcp
+                if tls:
+                    assert context is not None
+                    listener = trio.SSLListener(tcp, context, https_compatible=True)
                 nursery.start_soon(self._accept_loop, listener, nursery)
 
     async def drain(self) -> None:
         """Stop accepting; connections close once their exchange in
         progress is answered (``Connection: close``), idle ones now."""
         self._draining = True
-        for listener in self._listeners:
+        for listener, _ in self._listeners:
             await listener.aclose()
         for scope in self._waiting:
             scope.cancel()
         for session in self._sessions:
             session.shut_down()
 
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    async def _accept_loop(self, listener: trio.abc.Listener[Any], nursery: trio.Nursery) -> None:
         async for stream in accepted(listener, "the HTTP listener"):
             nursery.start_soon(self.handle, stream)
 
@@ -430,7 +462,7 @@ class HttpRelay:
                 f"Upgrade: {asked.decode(errors='replace')} is not relayed "
                 "(WebSocket is the one protocol Sluice switches to)",
             )
-        request = self._authenticated(request)
+        request = self._authenticated(request, stream)
         body = await self._read_body(conn, stream, request)
         framed = (
             bool(body)
@@ -501,16 +533,17 @@ class HttpRelay:
         await self._keep(upstreams, upstream)
         return response.status_code
 
-    def _authenticated(self, request: h11.Request) -> h11.Request:
+    def _authenticated(self, request: h11.Request, stream: trio.abc.Stream) -> h11.Request:
         """The request as it goes on: in proxy mode, its client checked
         (401 otherwise) and its credentials replaced by Sluice's own and the
         client's role. A WebSocket upgrade keeps the client's own credentials
         once checked, so that the broker's WebSocket service grants the
         session no more than the client's role."""
         authorization = header(request.headers, b"authorization")
+        role = certificate_cn(stream) if isinstance(stream, trio.SSLStream) else None
         try:
             own = self.credentials(
-                None if authorization is None else authorization.decode("latin-1"), None
+                None if authorization is None else authorization.decode("latin-1"), role
             )
         except Unauthorized as exc:
             raise Refusal(401, "unauthorized", f"authentication failed: {exc}") from None
@@ -621,7 +654,9 @@ class HttpRelay:
             ) from None
         await self._keep(upstreams, upstream)
         routes = await self.listener_urls(lookup_broker_urls(body))
-        done = rewrite_lookup(body, http=self.own_url, https=None, routes=routes)
+        done = rewrite_lookup(
+            body, http=self.own_url or None, https=self.own_tls_url or None, routes=routes
+        )
         for url in done.named:
             self.allowlist.learn(url.address)
         for why in done.kept:

@@ -43,11 +43,12 @@ from sluice.proxy.config import ProxyConfig, proxy_protocol_in
 from sluice.proxy.dial import (
     CertificateReloader,
     accepted,
+    certificate_cn,
     dial,
     open_listeners,
     server_ssl_context,
 )
-from sluice.proxy.http import HTTP, HttpRelay
+from sluice.proxy.http import HTTP, HTTPS, HttpRelay
 from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
@@ -144,7 +145,7 @@ class Proxy:
         self.taps = Taps([self.metrics])
         # --http-listen: the broker's web port, relayed (sluice/proxy/http.py).
         self.http: HttpRelay | None = None
-        if config.http_listen is not None:
+        if config.http_on:
             self.http = HttpRelay(
                 config,
                 HttpMetrics(self.metrics.registry),
@@ -214,7 +215,7 @@ class Proxy:
             self.addresses["admin"] = bound(admin)
         await self._open_listeners()
         if self.http is not None:
-            self.addresses["http"] = await self.http.open()
+            self.addresses.update(await self.http.open())
         async with trio.open_nursery() as outer:
             if self.http is not None:
                 outer.start_soon(self.http.serve)
@@ -331,9 +332,9 @@ class Proxy:
                     assert self.ports is not None and self.ports.pool is not None
                     self.ports.pool.append(sock.getsockname()[1])
                     self._listeners.append((kind, self._broker_listener(tcp)))
-                elif kind == HTTP:
+                elif kind in (HTTP, HTTPS):
                     assert self.http is not None
-                    self.http.adopt(tcp)
+                    self.http.adopt(tcp, tls=kind == HTTPS)
                 elif kind == "tls":
                     self._add_listener(kind, self._tls_listener(tcp), tcp)
                 else:
@@ -432,7 +433,7 @@ class Proxy:
                 log.debug("conn from %s via %s (PROXY v%d)", client, peer, header.version)
         conn = Conn(next(self._ids), str(client), kind, self.backend.name, via=via)
         if isinstance(stream, trio.SSLStream):
-            conn.peer_role = lambda: _certificate_cn(stream)
+            conn.peer_role = lambda: certificate_cn(stream)
         ip = client.host
         refused = self.limits.acquire(ip)
         if refused is not None:
@@ -567,22 +568,6 @@ def _port(listener: trio.abc.Listener[Any]) -> int:
     inner = listener.transport_listener if isinstance(listener, trio.SSLListener) else listener
     assert isinstance(inner, trio.SocketListener)
     return int(inner.socket.getsockname()[1])
-
-
-def _certificate_cn(stream: trio.SSLStream[Any]) -> str | None:
-    """The CN of the client's certificate, verified by the TLS handshake
-    (``--tls-client-ca``); None without one. With several, the one a Pulsar
-    broker takes: the first of the subject as RFC 2253 writes it, which is
-    the last in the certificate."""
-    try:
-        certificate = stream.getpeercert()
-    except (ValueError, AttributeError, ssl.SSLError):  # no handshake yet
-        return None
-    for rdn in reversed((certificate or {}).get("subject", ())):
-        for key, value in rdn:
-            if key == "commonName" and isinstance(value, str) and value:
-                return value
-    return None
 
 
 async def _close(stream: trio.abc.Stream) -> None:

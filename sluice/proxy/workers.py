@@ -88,7 +88,7 @@ from sluice.proxy.admin import (
 )
 from sluice.proxy.config import ProxyConfig, proxy_protocol_in
 from sluice.proxy.dial import bind_all
-from sluice.proxy.http import HTTP
+from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
@@ -262,12 +262,14 @@ class Supervisor:
                 self._sockets.append((kind, sock))
                 host, port = sock.getsockname()[:2]
                 self.addresses.setdefault(kind, Address(host, port))
-        if config.http_listen is not None:
-            for sock in bind_all(config.http_listen):
+        for kind, address in ((HTTP, config.http_listen), (HTTPS, config.http_listen_tls)):
+            if address is None:
+                continue
+            for sock in bind_all(address):
                 sock.set_inheritable(True)
-                self._sockets.append((HTTP, sock))
+                self._sockets.append((kind, sock))
                 host, port = sock.getsockname()[:2]
-                self.addresses.setdefault(HTTP, Address(host, port))
+                self.addresses.setdefault(kind, Address(host, port))
         if registry.get(config.protocol).port_per_broker and config.listener_ports:
             for sock in bind_range(config.main_listen.host, *config.listener_ports):
                 sock.set_inheritable(True)

@@ -289,15 +289,16 @@ def lookup_broker_urls(body: bytes) -> tuple[str, ...]:
 def rewrite_lookup(
     body: bytes,
     *,
-    http: str,
+    http: str | None,
     https: str | None,
     routes: Mapping[str, str | None],
 ) -> LookupRewrite:
     """An HTTP lookup answer (JSON: brokerUrl, brokerUrlTls, nativeUrl,
     httpUrl, httpUrlTls) rewritten to keep the client on Sluice.
 
-    The web URLs become Sluice's HTTP listener, ``http`` (``https``, its TLS
-    one; None: the TLS field is emptied rather than left naming the broker).
+    The web URLs become Sluice's HTTP listener, ``http``, and its TLS one,
+    ``https`` (None: Sluice has no such listener, and the field is emptied
+    rather than left naming the broker).
     A binary URL becomes ``routes[url]``, the Sluice listener that relays a
     plain CONNECT to that broker (port per broker); None there: Sluice has
     no listener of that kind (plain or TLS), and the field is emptied. A URL
@@ -312,7 +313,10 @@ def rewrite_lookup(
         if isinstance(value, str) and value:
             with contextlib.suppress(ConfigError):
                 named.append(parse_http_url(value, what=name))
-    answer["httpUrl"] = http
+    if http is not None:
+        answer["httpUrl"] = http
+    elif answer.get("httpUrl"):
+        answer["httpUrl"] = None
     if https is not None:
         answer["httpUrlTls"] = https
     elif answer.get("httpUrlTls"):
