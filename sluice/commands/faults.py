@@ -34,7 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _common(add)
     match = add.add_argument_group("which frames (all optional; none: every frame)")
-    match.add_argument("--protocol", help=f"one of {', '.join(registry.names())} (default: any)")
+    match.add_argument(
+        "--protocol",
+        help=f"one of {', '.join(registry.all_faults())} (default: any but http, which a rule "
+        "for the HTTP listener's requests names)",
+    )
     match.add_argument(
         "--command",
         metavar="NAME",
@@ -43,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     match.add_argument(
         "--topic",
         metavar="GLOB",
-        help="topic glob; without '://' it matches the local name, e.g. 'orders-*' (default: any)",
+        help="topic glob; without '://' it matches the local name, e.g. 'orders-*'; for http, "
+        "a request path glob starting with '/' (default: any)",
     )
     match.add_argument(
         "--direction",
@@ -75,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         const="",
         help="answer the request in the broker's place with this error "
-        "(Pulsar ServerError name; default: ServiceNotReady)",
+        "(Pulsar ServerError name, default ServiceNotReady; for http, a status, default 503)",
     )
     one.add_argument(
         "--throttle",

@@ -58,6 +58,13 @@ class ProtocolFaults:
     name: str
     commands: frozenset[str]
     errors: tuple[str, ...]
+    # The actions its rules may take (None: all); rules for it must name it
+    # (``match.protocol``) when ``named_only``: a rule naming no protocol
+    # keeps to the protocols it always meant.
+    actions: frozenset[FaultAction] | None = None
+    named_only: bool = False
+    # The directions its rules may match (None: both).
+    directions: frozenset[Direction] | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,7 @@ def parse_match(
     protocol = raw.get("protocol")
     if protocol is not None and protocol not in protocols:
         raise FaultError(f"unknown protocol {protocol!r} (known: {', '.join(sorted(protocols))})")
-    candidates = [protocols[protocol]] if protocol else list(protocols.values())
+    candidates = [protocols[protocol]] if protocol else _unnamed(protocols)
     command = raw.get("command")
     if command is not None:
         command = command.upper()
@@ -156,10 +163,17 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
                          f"(known: {', '.join(sorted(_RULE_KEYS))})")  # fmt: skip
     match = parse_match(data.get("match", {}), protocols)
     protocol, command, direction = match.protocol, match.command, match.direction
-    candidates = [protocols[protocol]] if protocol else list(protocols.values())
+    candidates = [protocols[protocol]] if protocol else _unnamed(protocols)
     action = _enum(FaultAction, data.get("action"), "action")
     if action is None:
         raise FaultError(f"a rule needs an action: {', '.join(a.value for a in FaultAction)}")
+    for named in candidates:
+        if named.actions is not None and action not in named.actions:
+            raise FaultError(f"{named.name} rules may {', '.join(sorted(named.actions))}, "
+                             f"not {action}")  # fmt: skip
+        directions = named.directions
+        if direction is not None and directions is not None and direction not in directions:
+            raise FaultError(f"{named.name} rules match {', '.join(sorted(directions))}")
     rule = Rule(
         match,
         action,
@@ -188,6 +202,11 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
         if rule.error not in codes:
             raise FaultError(f"unknown error code {rule.error!r} (known: {', '.join(codes)})")
     return rule
+
+
+def _unnamed(protocols: Mapping[str, ProtocolFaults]) -> list[ProtocolFaults]:
+    """What a rule that names no protocol may match."""
+    return [p for p in protocols.values() if not p.named_only]
 
 
 def load_rules(path: Path, protocols: Mapping[str, ProtocolFaults]) -> list[Rule]:
@@ -299,11 +318,13 @@ class Faults:
         client: str,
         topic: Callable[[], str | None],
         answerable: bool = True,
+        named_only: bool = False,
     ) -> Rule | None:
         """The rule that fires on this frame, if any (its hit is counted).
 
         ``topic`` is called only when a rule asks for one. ``answerable``
         says whether the frame is a request an ``error`` rule can answer.
+        ``named_only``: only rules that name ``protocol`` apply.
         """
         direction = Direction.TO_BROKER if from_client else Direction.TO_CLIENT
         for rule in self.rules:
@@ -312,7 +333,7 @@ class Faults:
                 continue
             if m.direction is not None and m.direction is not direction:
                 continue
-            if m.protocol is not None and m.protocol != protocol:
+            if m.protocol != protocol and (m.protocol is not None or named_only):
                 continue
             if rule.action is FaultAction.ERROR and not answerable:
                 continue
@@ -363,10 +384,11 @@ class Pacer:
 
 def topic_matches(pattern: str, topic: str | None) -> bool:
     """Glob over the full topic name; a pattern without ``://`` matches the
-    local name (``orders-*`` matches ``persistent://public/default/orders-1``)."""
+    local name (``orders-*`` matches ``persistent://public/default/orders-1``).
+    A pattern starting with ``/`` is a path's (HTTP requests): the whole of it."""
     if topic is None:
         return False
-    if "://" not in pattern:
+    if "://" not in pattern and not pattern.startswith("/"):
         topic = topic.rsplit("/", 1)[-1]
     return fnmatch.fnmatchcase(topic, pattern)
 

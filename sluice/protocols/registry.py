@@ -207,5 +207,11 @@ def prepare_reading() -> None:
 
 
 def all_faults() -> dict[str, ProtocolFaults]:
-    """What fault rules may name, by protocol."""
-    return {name: spec.faults for name, spec in protocols().items()}
+    """What fault rules may name, by protocol (and "http", the web port of
+    the protocols that have one)."""
+    found = {name: spec.faults for name, spec in protocols().items()}
+    if any(spec.web for spec in protocols().values()):
+        from sluice.protocols.http import HTTP_FAULTS  # a web port's own rules
+
+        found[HTTP_FAULTS.name] = HTTP_FAULTS
+    return found

@@ -34,7 +34,9 @@ import trio
 
 from sluice.addresses import Address, AllowList, advertised
 from sluice.logs import LogLimit
+from sluice.protocols.faults import FaultAction, Faults
 from sluice.protocols.http import (
+    HTTP_FAULTS,
     Headers,
     Hop,
     HttpUrl,
@@ -177,6 +179,8 @@ class HttpRelay:
         metrics: HttpMetrics,
         listener_urls: Routes,
         credentials: Credentials = lambda authorization, role: None,
+        faults: Faults | None = None,
+        injected: Callable[[str, str], None] = lambda rule, action: None,
     ) -> None:
         assert config.http_on and config.broker_http is not None
         self.config = config
@@ -192,6 +196,9 @@ class HttpRelay:
         # Proxy-mode authentication: who the client is, and what stands for
         # its credentials toward the broker.
         self.credentials = credentials
+        # Fault rules naming "http", and how a rule's hit is counted.
+        self.faults = faults if faults is not None else Faults()
+        self.injected = injected
         # Sluice's own web URLs, plain and TLS, for lookup answers ("": none).
         self.own_url = ""
         self.own_tls_url = ""
@@ -464,6 +471,8 @@ class HttpRelay:
             )
         request = self._authenticated(request, stream)
         body = await self._read_body(conn, stream, request)
+        if self.faults.active:
+            await self._fault(stream, request)
         framed = (
             bool(body)
             or header(request.headers, b"content-length") is not None
@@ -532,6 +541,30 @@ class HttpRelay:
                 raise trio.BrokenResourceError("the broker's answer ended early")
         await self._keep(upstreams, upstream)
         return response.status_code
+
+    async def _fault(self, stream: trio.abc.Stream, request: h11.Request) -> None:
+        """Fault rules for the web port (``match.protocol`` "http"): the
+        request held back (delay), answered by Sluice (error: the rule's
+        status), or its connection closed unanswered (drop, disconnect)."""
+        path = request.target.split(b"?", 1)[0].decode("latin-1")
+        rule = self.faults.check(
+            HTTP_FAULTS.name,
+            request_kind(request.target).upper(),
+            True,
+            str(peer_address(stream)),
+            lambda: path,
+            named_only=True,
+        )
+        if rule is None:
+            return
+        self.injected(rule.id, str(rule.action))
+        log.info("HTTP %s %s: fault rule %s", request.method.decode("latin-1"), path, rule.id)
+        if rule.action is FaultAction.DELAY:
+            await trio.sleep(self.faults.delay(rule))
+        elif rule.action is FaultAction.ERROR:
+            raise Refusal(int(rule.error), "fault", f"{rule.message} (fault rule {rule.id})")
+        else:  # drop, disconnect: no answer
+            raise trio.BrokenResourceError(f"closed by fault rule {rule.id}")
 
     def _authenticated(self, request: h11.Request, stream: trio.abc.Stream) -> h11.Request:
         """The request as it goes on: in proxy mode, its client checked

@@ -563,6 +563,7 @@ _HTTP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 HTTP_REFUSALS = (
     "malformed", "header_too_large", "body_too_large", "connection_limit", "timeout",
     "upstream_unreachable", "upstream_error", "redirects", "upgrade", "unauthorized",
+    "fault",
 )  # fmt: skip
 
 

@@ -151,6 +151,8 @@ class Proxy:
                 HttpMetrics(self.metrics.registry),
                 self.backend.listener_urls,
                 self.backend.web_credentials,
+                self.faults,
+                lambda rule, action: self.metrics.faults_injected.labels(rule, action).inc(),
             )
         self.recorder: Recorder | None = None
         if config.record is not None:

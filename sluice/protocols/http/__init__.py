@@ -26,9 +26,23 @@ from dataclasses import dataclass, field
 
 from sluice.addresses import Address, parse_address
 from sluice.errors import ConfigError
+from sluice.protocols.faults import Direction, FaultAction, ProtocolFaults
 
 # What requests are for, by path: the label of the HTTP metrics.
 KINDS = ("admin", "lookup", "websocket", "other")
+# What fault rules may name for the web port (``match.protocol`` "http",
+# which they must name): a request's kind as its command, its path as its
+# topic (a glob starting with "/"), the status an ``error`` rule answers.
+HTTP_FAULTS = ProtocolFaults(
+    "http",
+    frozenset(kind.upper() for kind in KINDS),
+    ("503", "500", "502", "504", "429", "404", "403", "401", "400"),
+    actions=frozenset(
+        {FaultAction.DELAY, FaultAction.DROP, FaultAction.DISCONNECT, FaultAction.ERROR}
+    ),
+    named_only=True,
+    directions=frozenset({Direction.TO_BROKER}),
+)
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 # Redirects Sluice follows itself: the two that keep the method and body.
 FOLLOWED = frozenset({307, 308})
