@@ -569,6 +569,38 @@ def test_connection_cap_answers_503(apache_pulsar: ApachePulsar, tmp_path: Path)
         web.proxy.kill()
 
 
+def test_connection_cap_is_shared_by_the_workers(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    """--workers 2 --http-max-connections 1: one connection held on either
+    worker, every other one is refused, whichever worker takes it."""
+    low = free_port()
+    web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url, "--workers", "2",
+                          "--listener-ports", f"{low}-{low + 9}",
+                          "--http-max-connections", "1")  # fmt: skip
+    try:
+        assert len(worker_pids(web.proxy, 2)) == 2, web.proxy.log()
+        deadline = time.monotonic() + 10
+        while web.metric("sluice_http_connections_active") != 0:  # the start-up probe's
+            assert time.monotonic() < deadline, "the probe connection stayed open"
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", web.http_port), timeout=15) as held:
+            held.sendall(b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = http.client.HTTPResponse(held)
+            first.begin()
+            assert first.status == 200
+            first.read()
+            # Each a new connection, taken by either worker: 8 of them land
+            # on the idle worker too, unless that is very unlucky (1 in 256).
+            statuses = [raw_exchange(web.http_port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")[0]
+                        for _ in range(8)]  # fmt: skip
+        assert statuses == [503] * 8, statuses
+        assert web.metric("sluice_http_refused_total", reason="connection_limit") == 8
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log(), web.proxy.log()
+
+
 def test_broker_down_is_502(apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
     nowhere = f"http://127.0.0.1:{free_port()}"
     web = start_web_proxy(apache_pulsar, tmp_path, nowhere)

@@ -72,6 +72,7 @@ from sluice.proxy.dial import (
 )
 from sluice.proxy.inbound import peer_address
 from sluice.proxy.metrics import HttpMetrics
+from sluice.proxy.shared import LocalLimits
 from sluice.proxy.websocket import Session
 
 log = logging.getLogger("sluice.http")
@@ -181,6 +182,7 @@ class HttpRelay:
         credentials: Credentials = lambda authorization, role: None,
         faults: Faults | None = None,
         injected: Callable[[str, str], None] = lambda rule, action: None,
+        limits: LocalLimits | None = None,
     ) -> None:
         assert config.http_on and config.broker_http is not None
         self.config = config
@@ -199,6 +201,9 @@ class HttpRelay:
         # Fault rules naming "http", and how a rule's hit is counted.
         self.faults = faults if faults is not None else Faults()
         self.injected = injected
+        # --http-max-connections, counted over every worker with --workers.
+        cap = config.http_max_connections
+        self.limits = limits if limits is not None else LocalLimits(cap, cap)
         # Sluice's own web URLs, plain and TLS, for lookup answers ("": none).
         self.own_url = ""
         self.own_tls_url = ""
@@ -274,18 +279,20 @@ class HttpRelay:
     async def handle(self, stream: trio.abc.Stream) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.config.http_max_header)
         upstreams: dict[HttpUrl, Upstream] = {}
+        ip = peer_address(stream).host
+        refused = self.limits.acquire(ip)
         self.active += 1
         self.metrics.active.inc()
         try:
-            if self.active > self.config.http_max_connections:
+            if refused is not None:
                 await self._refuse(
                     conn,
                     stream,
                     Refusal(
                         503,
                         "connection_limit",
-                        f"more than {self.config.http_max_connections} HTTP connections open "
-                        "(--http-max-connections)",
+                        f"{refused}: more than {self.config.http_max_connections} HTTP "
+                        "connections open (--http-max-connections)",
                     ),
                 )
                 return
@@ -296,6 +303,8 @@ class HttpRelay:
             log.error("HTTP connection: internal error: %r (--log-level debug for details)", exc)
             log.debug("HTTP connection: internal error", exc_info=exc)
         finally:
+            if refused is None:
+                self.limits.release(ip)
             self.active -= 1
             self.metrics.active.dec()
             with trio.CancelScope(shield=True):

@@ -55,6 +55,7 @@ from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Relay, Timing
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
+    HTTP_LIMITS_FILE,
     LIMITS_FILE,
     LocalLimits,
     SharedBrokerPorts,
@@ -109,19 +110,12 @@ class Proxy:
         self.config = config
         self.worker = worker
         self.protocol = registry.get(config.protocol)
+        self.limits = self._limits(
+            config.max_connections, config.max_connections_per_ip, LIMITS_FILE
+        )
         if worker is None:
-            self.limits = LocalLimits(config.max_connections, config.max_connections_per_ip)
             self._ids = itertools.count(1)
         else:
-            limits = SharedLimits(
-                config.max_connections,
-                config.max_connections_per_ip,
-                worker.state / LIMITS_FILE,
-                worker.index,
-                worker.count,
-            )
-            limits.reset_row()
-            self.limits = limits
             self._ids = itertools.count(worker.index + 1, worker.count)
         # One rule set for every connection; the config's rules are copied so
         # that their hit counts start from zero with each proxy.
@@ -153,6 +147,9 @@ class Proxy:
                 self.backend.web_credentials,
                 self.faults,
                 lambda rule, action: self.metrics.faults_injected.labels(rule, action).inc(),
+                self._limits(
+                    config.http_max_connections, config.http_max_connections, HTTP_LIMITS_FILE
+                ),
             )
         self.recorder: Recorder | None = None
         if config.record is not None:
@@ -304,6 +301,17 @@ class Proxy:
             handshake.refused = "sni_unknown"
             return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
         return None
+
+    def _limits(self, total: int, per_ip: int, table: str) -> LocalLimits:
+        """Connection counts of this process, or with ``--workers`` of all
+        of them (``table``: the supervisor's file for this kind of listener)."""
+        if self.worker is None:
+            return LocalLimits(total, per_ip)
+        limits = SharedLimits(
+            total, per_ip, self.worker.state / table, self.worker.index, self.worker.count
+        )
+        limits.reset_row()
+        return limits
 
     @property
     def _kind(self) -> str:

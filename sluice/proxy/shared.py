@@ -12,7 +12,8 @@ creates (in a private temporary directory) carry that:
   the answer that names it reaches the client; a worker asked for a broker
   it does not know reads the journal's new lines before deciding. So a
   broker learned anywhere is known everywhere by the time a client can ask.
-- ``SharedLimits``: connection counts in a memory-mapped table, one row per
+- ``SharedLimits``: connection counts (the binary listeners', and in a
+  table of its own the HTTP listener's) in a memory-mapped table, one row per
   worker (its total, and its count per client-IP bucket). Each worker writes
   only its own row, so there are no locks; a check sums the rows. Two workers
   accepting at the same instant can each see room for one more, so a limit
@@ -39,6 +40,7 @@ from sluice.addresses import Address
 
 ROUTES_FILE = "routes"
 LIMITS_FILE = "limits"
+HTTP_LIMITS_FILE = "http-limits"  # the HTTP listener's, --http-max-connections
 BROKER_PORTS_FILE = "broker-ports"
 BUCKETS = 4096
 _SLOT = 8  # bytes per counter (int64)
@@ -202,5 +204,6 @@ def create_state(directory: Path, workers: int) -> None:
     """The files a supervisor creates for its workers."""
     (directory / ROUTES_FILE).touch(mode=0o600)
     (directory / BROKER_PORTS_FILE).touch(mode=0o600)
-    with open(directory / LIMITS_FILE, "wb") as handle:
-        handle.truncate(table_size(workers))
+    for name in (LIMITS_FILE, HTTP_LIMITS_FILE):
+        with open(directory / name, "wb") as handle:
+            handle.truncate(table_size(workers))
