@@ -234,13 +234,16 @@ def test_every_dashboard_query_returns_data(
         # The rules file loaded into the real Prometheus, too.
         groups = prom.api("/api/v1/rules")["groups"]
         assert sum(len(g["rules"]) for g in groups) == 6
-        # The HTTP dashboard's panels all show traffic: a value above zero.
+        # Every query of the HTTP dashboard shows its traffic: above zero
+        # (rates do for 20 s after it).
         http_board = json.loads((DASHBOARDS / "grafana" / "sluice-http.json").read_text())
-        http_exprs = [t["expr"] for p in http_board["panels"] for t in p["targets"]]
-        assert len(http_exprs) >= 12
+        idle = [t["expr"] for p in http_board["panels"] for t in p["targets"]]
+        assert len(idle) >= 12
         deadline = time.monotonic() + 30
-        while idle := [e for e in http_exprs if not shows_traffic(prom, fill(e, topic))]:
-            assert time.monotonic() < deadline, "HTTP queries without traffic:\n" + "\n".join(idle)
+        while idle := [e for e in idle if not shows_traffic(prom, fill(e, topic))]:
+            assert time.monotonic() < deadline, "HTTP queries that never showed traffic:\n" + (
+                "\n".join(idle)
+            )
             time.sleep(0.5)
         empty = []
         checked = 0
