@@ -99,14 +99,21 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-@pytest.fixture
-def admin_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyProcess, int]]:
-    admin = free_port()
-    # A harmless fault rule, so that the "Injected faults" panel has data.
+def harmless_faults(tmp_path: Path) -> list[str]:
+    """A harmless fault rule, so that the "Injected faults" panel has data:
+    the arguments that give it."""
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps([{"id": "lookup-1ms", "match": {"command": "LOOKUP"},
                                    "action": "delay", "delay_ms": 1}]))  # fmt: skip
-    p = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", "--faults", str(faults))
+    return ["--faults", str(faults)]
+
+
+@pytest.fixture
+def admin_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyProcess, int]]:
+    admin = free_port()
+    p = start_proxy(
+        broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", *harmless_faults(tmp_path)
+    )
     yield p, admin
     p.kill()
     assert "Traceback" not in p.log()
@@ -156,11 +163,8 @@ def web_proxy(
     thread = threading.Thread(target=redirector.serve_forever, daemon=True)
     thread.start()
     admin, http_port = free_port(), free_port()
-    faults = tmp_path / "faults.json"
-    faults.write_text(json.dumps([{"id": "lookup-1ms", "match": {"command": "LOOKUP"},
-                                   "action": "delay", "delay_ms": 1}]))  # fmt: skip
     p = start_proxy(
-        broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", "--faults", str(faults),
+        broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", *harmless_faults(tmp_path),
         "--http-listen", f"127.0.0.1:{http_port}", "--broker-http", redirector.url,
         "--allow-broker", "127.0.0.1",
     )  # fmt: skip
