@@ -57,11 +57,13 @@ USER 10001
 # In a container, listen on all interfaces. The admin endpoint serves the
 # HEALTHCHECK on loopback; to publish it (Prometheus, Kubernetes probes), set
 # SLUICE_ADMIN=0.0.0.0:9090, and SLUICE_ADMIN_TOKEN_FILE for changes
-# (docs/reliability.md lists what is readable without the token).
+# (docs/reliability.md lists what is readable without the token). Pulsar's
+# web port is relayed on 8080 when set: SLUICE_HTTP_LISTEN=0.0.0.0:8080 and
+# SLUICE_BROKER_HTTP=http://BROKER:8080 (off by default).
 ENV SLUICE_LISTEN=0.0.0.0:6650 \
     SLUICE_ADMIN=127.0.0.1:9090 \
     PYTHONUNBUFFERED=1
-EXPOSE 6650 6651 9090
+EXPOSE 6650 6651 8080 9090
 VOLUME ["/recordings"]
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:9090/healthz', timeout=2).status != 200)"]

@@ -222,10 +222,65 @@ def recorder() -> dict[str, Any]:
     return dashboard("sluice-recorder", "Sluice / Recorder", p, [])
 
 
+def http() -> dict[str, Any]:
+    """The HTTP listener (--http-listen): Pulsar's web port, and WebSocket."""
+    requests = f"sluice_http_requests_total{{{SEL}}}"
+    p = [
+        Panel("HTTP requests per second", [
+            (f"sum by (kind, status) (rate({requests}[{RATE}]))", "{{kind}} {{status}}"),
+        ], "reqps", description="Answered, by kind (admin, lookup, websocket, other) and "
+           "status class. A WebSocket upgrade the broker accepted counts as 1xx."),
+        Panel("HTTP 5xx share", [
+            (f'sum(rate(sluice_http_requests_total{{{SEL},status="5xx"}}[{RATE}])) / '
+             f"sum(rate({requests}[{RATE}]))", "5xx"),
+        ], "percentunit", description="Of every answer, the broker's own 5xx and Sluice's "
+           "(502 broker unreachable or redirects refused, 503 connection cap, 504 timeout). "
+           "The alert SluiceHttp5xxRate fires above 5% at 0.1 requests/s or more."),
+        Panel("HTTP latency p50 / p99", [
+            (_quantile(0.5, "sluice_http_request_duration_seconds", "kind"), "p50 {{kind}}"),
+            (_quantile(0.99, "sluice_http_request_duration_seconds", "kind"), "p99 {{kind}}"),
+        ], "s", description="Request read to answer written, redirects followed included."),
+        Panel("Redirects followed", [
+            (f"sum(rate(sluice_http_redirects_followed_total{{{SEL}}}[{RATE}]))", "followed"),
+        ], "ops", description="Brokers' 307/308 that Sluice followed itself: the client saw "
+           "one answer."),
+        Panel("HTTP bytes per second", [
+            (f"sum by (direction) (rate(sluice_http_bytes_total{{{SEL}}}[{RATE}]))",
+             "{{direction}}"),
+        ], "Bps", description="Read from and written to HTTP clients."),
+        Panel("Refused by Sluice", [
+            (f"sum by (reason) (rate(sluice_http_refused_total{{{SEL}}}[{RATE}]))",
+             "{{reason}}"),
+        ], "ops", description="Requests Sluice answered itself with an error (malformed, "
+           "too large, timeouts, redirect loops) and connections it refused."),
+        Panel("HTTP connections and WebSocket sessions open", [
+            (f"sum(sluice_http_connections_active{{{SEL}}})", "HTTP connections"),
+            (f"sum(sluice_http_websocket_sessions_active{{{SEL}}})", "WebSocket sessions"),
+        ], description="A WebSocket session holds its HTTP connection."),
+        Panel("WebSocket frames per second", [
+            (f"sum by (direction, opcode) "
+             f"(rate(sluice_http_websocket_frames_total{{{SEL}}}[{RATE}]))",
+             "{{direction}} {{opcode}}"),
+        ], "ops", description="Whole frames relayed after the upgrade."),
+        Panel("WebSocket bytes per second", [
+            (f"sum by (direction) (rate(sluice_http_websocket_bytes_total{{{SEL}}}[{RATE}]))",
+             "{{direction}}"),
+        ], "Bps", width=8),
+        Panel("WebSocket sessions opened / ended", [
+            (f"sum(rate(sluice_http_websocket_sessions_total{{{SEL}}}[{RATE}]))", "opened"),
+            (f"sum by (reason) "
+             f"(rate(sluice_http_websocket_sessions_ended_total{{{SEL}}}[{RATE}]))",
+             "ended: {{reason}}"),
+        ], "cps", width=16),
+    ]  # fmt: skip
+    return dashboard("sluice-http", "Sluice / HTTP", p, [])
+
+
 DASHBOARDS = {
     "sluice-overview.json": overview,
     "sluice-topics.json": topics,
     "sluice-recorder.json": recorder,
+    "sluice-http.json": http,
 }
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -16,11 +19,15 @@ from typing import Any
 
 import pulsar
 import pytest
+import websocket
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluice.brokers.embedded import EmbeddedBroker, free_port
+from sluice.brokers.apache_pulsar import ApachePulsar
+from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.protocols.pulsar import Type, command, encode, pb
+from tests.conftest import start_apache_pulsar
 from tests.helpers.support import (
+    PrometheusProcess,
     ProxyProcess,
     RawClient,
     client,
@@ -92,14 +99,21 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-@pytest.fixture
-def admin_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyProcess, int]]:
-    admin = free_port()
-    # A harmless fault rule, so that the "Injected faults" panel has data.
+def harmless_faults(tmp_path: Path) -> list[str]:
+    """A harmless fault rule, so that the "Injected faults" panel has data:
+    the arguments that give it."""
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps([{"id": "lookup-1ms", "match": {"command": "LOOKUP"},
                                    "action": "delay", "delay_ms": 1}]))  # fmt: skip
-    p = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", "--faults", str(faults))
+    return ["--faults", str(faults)]
+
+
+@pytest.fixture
+def admin_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyProcess, int]]:
+    admin = free_port()
+    p = start_proxy(
+        broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", *harmless_faults(tmp_path)
+    )
     yield p, admin
     p.kill()
     assert "Traceback" not in p.log()
@@ -125,6 +139,72 @@ def varied_traffic(proxy: ProxyProcess, broker: EmbeddedBroker, topic: str) -> N
         assert raw.receive_type("ERROR").body.request_id == 2
 
 
+@pytest.fixture(scope="module")
+def ws_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApachePulsar]:
+    """Apache Pulsar with its WebSocket service on: the HTTP listener's broker."""
+    b = start_apache_pulsar(
+        tmp_path_factory.mktemp("ws-pulsar"), settings={"webSocketServiceEnabled": True}
+    )
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def web_proxy(
+    broker: EmbeddedBroker, ws_broker: ApachePulsar, tmp_path: Path
+) -> Iterator[tuple[ProxyProcess, int, int]]:
+    """The admin proxy of ``admin_proxy`` with an HTTP listener too (--http-listen):
+    binary traffic to pulsar-lite, HTTP to Apache Pulsar through a redirecting
+    web server (test_http's Redirector), so that Sluice follows redirects.
+    (process, admin port, HTTP port)."""
+    from tests.test_http import Redirector  # test_http imports this module
+
+    redirector = Redirector(ws_broker.http_url)
+    thread = threading.Thread(target=redirector.serve_forever, daemon=True)
+    thread.start()
+    admin, http_port = free_port(), free_port()
+    p = start_proxy(
+        broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", *harmless_faults(tmp_path),
+        "--http-listen", f"127.0.0.1:{http_port}", "--broker-http", redirector.url,
+        "--allow-broker", "127.0.0.1",
+    )  # fmt: skip
+    try:
+        wait_for_port("127.0.0.1", http_port, 20, p.process)
+        yield p, admin, http_port
+    finally:
+        p.kill()
+        redirector.shutdown()
+        redirector.server_close()
+        thread.join(timeout=10)
+    assert "Traceback" not in p.log(), p.log()
+
+
+def http_traffic(http_port: int, name: str) -> websocket.WebSocket:
+    """Admin and lookup requests (2xx, 4xx, and a redirect loop's 502) and
+    WebSocket sessions, through the proxy; every request is redirected once
+    before it reaches the broker. The WebSocket producer it returns is open."""
+    base = f"http://127.0.0.1:{http_port}"
+    for path, status in [
+        ("/admin/v2/clusters", 200),
+        (f"/admin/v2/tenants/no-such-tenant-{name}", 404),
+        (f"/lookup/v2/topic/persistent/public/default/{name}", 200),
+        ("/loop", 502),
+    ]:
+        assert http_get(base + path)[0] == status, path
+    ws = f"ws://127.0.0.1:{http_port}/ws/v2"
+    reader = websocket.create_connection(
+        f"{ws}/reader/persistent/public/default/{name}?messageId=earliest", timeout=30
+    )
+    reader.close()
+    producer = websocket.create_connection(
+        f"{ws}/producer/persistent/public/default/{name}", timeout=30
+    )
+    for i in range(5):
+        producer.send(json.dumps({"payload": "eA==", "context": str(i)}))
+        assert json.loads(producer.recv())["result"] == "ok"
+    return producer
+
+
 def fill(expr: str, topic: str) -> str:
     return (
         expr.replace("$__rate_interval", "20s")
@@ -136,12 +216,19 @@ def fill(expr: str, topic: str) -> str:
 
 
 def test_every_dashboard_query_returns_data(
-    admin_proxy: tuple[ProxyProcess, int], broker: EmbeddedBroker, tmp_path: Path, topic: str
+    web_proxy: tuple[ProxyProcess, int, int], broker: EmbeddedBroker, tmp_path: Path, topic: str
 ) -> None:
-    proxy, admin = admin_proxy
+    proxy, admin, http_port = web_proxy
     prom = start_prometheus(tmp_path, [f"127.0.0.1:{admin}"], [RULES / "alerts.yml"])
+    producer = None
     try:
         varied_traffic(proxy, broker, topic)
+        # The HTTP counters were scraped before their traffic: rate() sees it.
+        deadline = time.monotonic() + 30
+        while not prom.query("sluice_http_requests_total"):
+            assert time.monotonic() < deadline, "prometheus never scraped the proxy"
+            time.sleep(0.2)
+        producer = http_traffic(http_port, f"dashboards-{uuid.uuid4().hex[:8]}")
         # Series born during the traffic (broker errors) need samples on both
         # sides of their first increment before rate() has anything to say.
         deadline = time.monotonic() + 30
@@ -150,7 +237,18 @@ def test_every_dashboard_query_returns_data(
             time.sleep(0.5)
         # The rules file loaded into the real Prometheus, too.
         groups = prom.api("/api/v1/rules")["groups"]
-        assert sum(len(g["rules"]) for g in groups) == 5
+        assert sum(len(g["rules"]) for g in groups) == 6
+        # Every query of the HTTP dashboard shows its traffic: above zero
+        # (rates do for 20 s after it).
+        http_board = json.loads((DASHBOARDS / "grafana" / "sluice-http.json").read_text())
+        idle = [t["expr"] for p in http_board["panels"] for t in p["targets"]]
+        assert len(idle) >= 12
+        deadline = time.monotonic() + 30
+        while idle := [e for e in idle if not shows_traffic(prom, fill(e, topic))]:
+            assert time.monotonic() < deadline, "HTTP queries that never showed traffic:\n" + (
+                "\n".join(idle)
+            )
+            time.sleep(0.5)
         empty = []
         checked = 0
         for path in sorted((DASHBOARDS / "grafana").glob("*.json")):
@@ -169,10 +267,17 @@ def test_every_dashboard_query_returns_data(
                     checked += 1
                     if not prom.query(fill(target["expr"], topic)):
                         empty.append(f"{path.name} / {panel['title']}: {target['expr']}")
-        assert checked >= 25
+        assert checked >= 38
         assert not empty, "queries without data:\n" + "\n".join(empty)
     finally:
+        if producer is not None:
+            producer.close()
         prom.kill()
+
+
+def shows_traffic(prom: PrometheusProcess, expr: str) -> bool:
+    """Whether some series of ``expr`` is above zero now."""
+    return any(not math.isnan(v := float(s["value"][1])) and v > 0 for s in prom.query(expr))
 
 
 def test_metric_values_match_the_traffic(admin_proxy: tuple[ProxyProcess, int], topic: str) -> None:

@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port, wait_for_port
 from sluice.commands.proxy import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
@@ -39,6 +41,7 @@ HELM = os.environ.get("SLUICE_HELM") or str(
     Path.home() / ".cache" / "sluice" / "helm-v3.22.0" / "bin" / "helm"
 )
 BROKER = "pulsar://pulsar-broker.pulsar.svc.cluster.local:6650"
+HTTP_BROKER = "http://pulsar-broker.pulsar.svc.cluster.local:8080"
 # The Prometheus Operator's kinds, as a cluster with the operator serves them.
 OPERATOR = [
     "--api-versions=monitoring.coreos.com/v1/ServiceMonitor",
@@ -50,6 +53,11 @@ KUBERNETES = ("1.30.0", None)
 
 Doc = dict[str, Any]
 
+GATEWAY_HTTP = [
+    "--set", f"broker={BROKER}", "--set", "http.enabled=true",
+    "--set", f"http.broker={HTTP_BROKER}", "--set", "workers=2",
+    "--set", "config.listener-ports=7000-7099",
+]  # fmt: skip
 # Each case: (chart, release, helm arguments).
 CASES: dict[str, tuple[Path, str, list[str]]] = {
     "gateway-default": (CHART, "sluice", ["--set", f"broker={BROKER}"]),
@@ -58,6 +66,8 @@ CASES: dict[str, tuple[Path, str, list[str]]] = {
         "sluice",
         ["-f", str(CHART / "ci/gateway-full-values.yaml"), *OPERATOR],
     ),
+    # The HTTP listener on, with workers (which need the per-broker port range).
+    "gateway-http": (CHART, "sluice", GATEWAY_HTTP),
     "sidecar-default": (ORDERS, "orders", []),
     "sidecar-full": (ORDERS, "orders", ["-f", str(ORDERS / "ci/full-values.yaml"), *OPERATOR]),
 }
@@ -221,6 +231,23 @@ def test_the_chart_requires_the_broker() -> None:
         ),
         ({"auth": {"mode": "proxy"}}, "auth.mode proxy needs a way to check clients"),
         ({"tls": {"enabled": True}}, "tls.enabled needs tls.secretName"),
+        ({"http": {"enabled": True}}, "http.enabled needs http.broker"),
+        ({"http": {"enabled": True, "broker": BROKER}}, "http.enabled needs http.broker"),
+        ({"http": {"broker": HTTP_BROKER}}, "http.broker is for http.enabled: true"),
+        ({"http": {"enabled": True, "brokerUrl": HTTP_BROKER}}, "'brokerUrl' not allowed"),
+        (
+            {"workers": 2, "http": {"enabled": True, "broker": HTTP_BROKER}},
+            "needs config.listener-ports",
+        ),
+        (
+            {"http": {"enabled": True, "broker": HTTP_BROKER, "port": 9090}},
+            "http.port 9090 is taken",
+        ),
+        (
+            {"auth": {"mode": "proxy"}, "http": {"enabled": True, "broker": HTTP_BROKER}},
+            "http.enabled with auth.mode proxy",
+        ),
+        ({"config": {"broker-http": HTTP_BROKER}}, "config.broker-http is set by the chart"),
     ],
 )
 def test_values_that_cannot_work_are_refused(
@@ -290,6 +317,69 @@ def test_listeners_match_the_mode(case: str) -> None:
                 assert s["spec"]["type"] == "ClusterIP", s["metadata"]["name"]
         if case == "gateway-full":
             assert service["spec"]["type"] == "LoadBalancer" and "admin" not in names
+
+
+# Cases with the HTTP listener on; in every other the chart renders no HTTP port.
+HTTP_CASES = {"gateway-http", "gateway-example"}
+
+
+@pytest.mark.parametrize("case", [*CASES, "gateway-example", "sidecar-example"])
+def test_the_http_port_only_when_enabled(case: str) -> None:
+    docs = render(case)
+    proxy = sluice_container(pod_spec(docs))
+    config = settings(docs)
+    container = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    services = {p["name"]: p for s in kind(docs, "Service") for p in s["spec"]["ports"]}
+    admitted = {
+        p["port"]
+        for policy in kind(docs, "NetworkPolicy")
+        for rule in policy["spec"]["ingress"]
+        for p in rule["ports"]
+        if "endPort" not in p
+    }
+    # The probes stay on the admin port either way.
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert proxy[probe]["httpGet"]["port"] == "sluice-admin"
+    if case not in HTTP_CASES:
+        assert "SLUICE_HTTP_LISTEN" not in env(proxy)
+        assert "broker-http" not in config
+        assert "http" not in container and "http" not in services
+        assert 8080 not in admitted
+        return
+    assert env(proxy)["SLUICE_HTTP_LISTEN"] == "0.0.0.0:8080"
+    assert config["broker-http"] == HTTP_BROKER
+    assert container["http"] == 8080
+    assert services["http"]["port"] == 8080 and services["http"]["targetPort"] == "http"
+    assert 8080 in admitted
+    # The admin REST API stays inside the cluster unless http.external says so.
+    assert [s["spec"]["type"] for s in http_services(docs)] == ["ClusterIP"]
+
+
+def http_services(docs: list[Doc]) -> list[Doc]:
+    return [s for s in kind(docs, "Service") if "http" in {p["name"] for p in s["spec"]["ports"]}]
+
+
+def test_http_external_puts_the_port_on_the_balancers_service() -> None:
+    inside = render("gateway-example")
+    assert [s["metadata"]["name"] for s in http_services(inside)] == ["sluice-gateway-http"]
+    outside = render("gateway-example", "--set", "http.external=true")
+    assert [(s["metadata"]["name"], s["spec"]["type"]) for s in http_services(outside)] == [
+        ("sluice-gateway", "LoadBalancer")
+    ]
+
+
+def test_a_sidecars_http_port_is_for_its_pod_only() -> None:
+    docs = render(
+        "sidecar-default",
+        "--set", "sluice.http.enabled=true", "--set", f"sluice.http.broker={HTTP_BROKER}",
+        "--set", "sluice.http.port=8081",
+    )  # fmt: skip
+    proxy = sluice_container(pod_spec(docs))
+    assert env(proxy)["SLUICE_HTTP_LISTEN"] == "127.0.0.1:8081"
+    assert settings(docs)["broker-http"] == HTTP_BROKER
+    # Like the Pulsar port: no container port, no Service port.
+    assert "http" not in {p["name"] for p in proxy["ports"]}
+    assert all(p["name"] == "admin" for s in kind(docs, "Service") for p in s["spec"]["ports"])
 
 
 @pytest.mark.parametrize("case", ["gateway-full", "sidecar-example", "sidecar-full"])
@@ -635,6 +725,57 @@ def test_a_snapshot_from_a_running_gateway_as_the_docs_take_it(
     finally:
         process.terminate()
         process.wait(30)
+
+
+def test_the_gateway_examples_http_port_relays_to_the_brokers_web_port(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    """deploy/helm/examples/gateway.yaml's files as the pod would see them,
+    with the brokers' URLs pointed at Apache Pulsar: pulsar-admin's REST
+    calls through the HTTP port reach the broker."""
+    docs = render(
+        "gateway-example",
+        "--set", f"broker={apache_pulsar.url}", "--set", f"http.broker={apache_pulsar.http_url}",
+    )  # fmt: skip
+    config, _ = materialize(docs, tmp_path)
+    container_env = env(sluice_container(pod_spec(docs)))
+    assert container_env["SLUICE_HTTP_LISTEN"] == "0.0.0.0:8080"
+    port, http_port, admin = free_port(), free_port(), free_port()
+    log = tmp_path / "proxy.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [*SLUICE, "proxy", "--config", str(config)],
+            env={
+                **os.environ,
+                "SLUICE_LISTEN": f"127.0.0.1:{port}",
+                "SLUICE_HTTP_LISTEN": f"127.0.0.1:{http_port}",
+                "SLUICE_ADMIN": f"127.0.0.1:{admin}",
+            },
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        try:
+            wait_for_port("127.0.0.1", http_port, 20, process)
+        except BrokerError:
+            raise AssertionError(log.read_text()) from None
+        status, text = apache_pulsar.admin(
+            "GET", "/admin/v2/clusters", base=f"http://127.0.0.1:{http_port}"
+        )
+        assert (status, json.loads(text)) == (200, ["standalone"]), log.read_text()
+        _, metrics = http_get(f"http://127.0.0.1:{admin}/metrics")
+        answered = {
+            (sample.labels["kind"], sample.labels["status"]): sample.value
+            for family in text_string_to_metric_families(metrics)
+            if family.name == "sluice_http_requests"
+            for sample in family.samples
+            if sample.name == "sluice_http_requests_total"
+        }
+        assert answered[("admin", "2xx")] == 1
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert "Traceback" not in log.read_text()
 
 
 # --- deploy/kubernetes/ is the chart's rendering ------------------------------------

@@ -301,7 +301,9 @@ def test_the_admin_endpoint_is_loopback_in_the_image_and_token_guarded_in_the_ex
 
 def test_gateway_service_exposes_pulsar_and_metrics() -> None:
     docs = documents("gateway.yaml")
-    public, admin = [d for d in docs if d["kind"] == "Service"]
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    assert set(services) == {"sluice-gateway", "sluice-gateway-admin", "sluice-gateway-http"}
+    public, admin = services["sluice-gateway"], services["sluice-gateway-admin"]
     # The balancer outside: the Pulsar port only, PROXY protocol on both ends.
     assert public["spec"]["type"] == "LoadBalancer"
     assert {p["port"] for p in public["spec"]["ports"]} == {6650}
@@ -312,6 +314,16 @@ def test_gateway_service_exposes_pulsar_and_metrics() -> None:
     # Metrics and the admin endpoint stay inside the cluster.
     assert admin["spec"]["type"] == "ClusterIP"
     assert {p["port"] for p in admin["spec"]["ports"]} == {9090}
+    # Pulsar's web port (the brokers' admin REST API) inside the cluster too,
+    # never behind the balancer's PROXY protocol, relayed to the brokers'.
+    web = services["sluice-gateway-http"]
+    assert web["spec"]["type"] == "ClusterIP"
+    assert [(p["port"], p["targetPort"]) for p in web["spec"]["ports"]] == [(8080, "http")]
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    proxy = next(c for c in pod["containers"] if c["name"] == "sluice")
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in proxy["ports"]
+    assert {"name": "SLUICE_HTTP_LISTEN", "value": "0.0.0.0:8080"} in proxy["env"]
+    assert settings["broker-http"] == "http://pulsar-broker.pulsar.svc.cluster.local:8080"
 
 
 def test_print_config_masks_secrets() -> None:

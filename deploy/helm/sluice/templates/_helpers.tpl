@@ -130,7 +130,7 @@ a quarter; refused when not above retainBytes. */}}
 {{- if not (regexMatch "^pulsar(\\+ssl)?://" .Values.broker) -}}
 {{- fail (printf "broker must start with pulsar:// or pulsar+ssl://, not %v" .Values.broker) -}}
 {{- end -}}
-{{- $reserved := list "broker" "workers" "listen" "listen-tls" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "config" -}}
+{{- $reserved := list "broker" "workers" "listen" "listen-tls" "http-listen" "broker-http" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "config" -}}
 {{- range $key, $_ := .Values.config -}}
 {{- if has $key $reserved -}}
 {{- fail (printf "config.%s is set by the chart's own values (see values.yaml), not under config" $key) -}}
@@ -141,6 +141,25 @@ a quarter; refused when not above retainBytes. */}}
 {{- end -}}
 {{- if and (not .Values.listen.plain) (not .Values.tls.enabled) -}}
 {{- fail "listen.plain false needs tls.enabled: Sluice would listen nowhere" -}}
+{{- end -}}
+{{- if .Values.http.enabled -}}
+{{- if not (regexMatch "^https?://" .Values.http.broker) -}}
+{{- fail (printf "http.enabled needs http.broker: the brokers' web service, http://HOST:PORT or https://HOST:PORT (e.g. http://pulsar-broker.pulsar.svc.cluster.local:8080), not %q" .Values.http.broker) -}}
+{{- end -}}
+{{- if and (ne (toString .Values.workers) "1") (not (hasKey .Values.config "listener-ports")) -}}
+{{- fail "http.enabled with workers other than 1 needs config.listener-ports (LOW-HIGH): the ports Sluice opens per broker for HTTP lookups, bound by the supervisor and shared by the workers" -}}
+{{- end -}}
+{{- /* As `sluice proxy` refuses it (ProxyConfig._check_http): drop this
+when the HTTP listener does proxy-mode authentication. */ -}}
+{{- if eq .Values.auth.mode "proxy" -}}
+{{- fail "http.enabled with auth.mode proxy: the HTTP listener passes the client's Authorization through and does not do proxy-mode authentication yet" -}}
+{{- end -}}
+{{- $taken := list (int .Values.admin.port) (.Values.listen.plain | ternary (int .Values.listen.port) 0) (.Values.tls.enabled | ternary (int .Values.tls.port) 0) -}}
+{{- if has (int .Values.http.port) $taken -}}
+{{- fail (printf "http.port %v is taken by another of Sluice's listeners (listen.port, tls.port, admin.port)" .Values.http.port) -}}
+{{- end -}}
+{{- else if .Values.http.broker -}}
+{{- fail "http.broker is for http.enabled: true" -}}
 {{- end -}}
 {{- if not (has .Values.auth.mode (list "passthrough" "proxy")) -}}
 {{- fail (printf "auth.mode must be passthrough or proxy, not %v" .Values.auth.mode) -}}
@@ -240,6 +259,7 @@ also TOML. */}}
 {{- $_ := set $s "workers" (include "sluice.workerCount" . | int) -}}
 {{- end -}}
 {{- with .Values.allowBroker }}{{ $_ := set $s "allow-broker" . }}{{ end -}}
+{{- if .Values.http.enabled }}{{ $_ := set $s "broker-http" .Values.http.broker }}{{ end -}}
 {{- with .Values.trustBroker }}{{ $_ := set $s "trust-broker" . }}{{ end -}}
 {{- if .Values.tls.enabled -}}
 {{- $_ := set $s "tls-cert" (printf "%s/tls.crt" $p.tls) -}}
@@ -319,6 +339,10 @@ also TOML. */}}
 {{- if .Values.tls.enabled }}
 - name: SLUICE_LISTEN_TLS
   value: {{ printf "%s:%v" $host .Values.tls.port | quote }}
+{{- end }}
+{{- if .Values.http.enabled }}
+- name: SLUICE_HTTP_LISTEN
+  value: {{ printf "%s:%v" $host .Values.http.port | quote }}
 {{- end }}
 # The kubelet's probes and Prometheus reach the admin endpoint on the pod's
 # IP; changes there need the admin token.
@@ -429,6 +453,9 @@ beside an application's own). */}}
     {{- end }}
     {{- if and .Values.tls.enabled (not $sidecar) }}
     - {name: pulsar-tls, containerPort: {{ .Values.tls.port }}, protocol: TCP}
+    {{- end }}
+    {{- if and .Values.http.enabled (not $sidecar) }}
+    - {name: http, containerPort: {{ .Values.http.port }}, protocol: TCP}
     {{- end }}
     - {name: sluice-admin, containerPort: {{ .Values.admin.port }}, protocol: TCP}
   livenessProbe:
