@@ -243,10 +243,6 @@ def test_the_chart_requires_the_broker() -> None:
             {"http": {"enabled": True, "broker": HTTP_BROKER, "port": 9090}},
             "http.port 9090 is taken",
         ),
-        (
-            {"auth": {"mode": "proxy"}, "http": {"enabled": True, "broker": HTTP_BROKER}},
-            "http.enabled with auth.mode proxy",
-        ),
         ({"config": {"broker-http": HTTP_BROKER}}, "config.broker-http is set by the chart"),
     ],
 )
@@ -340,6 +336,12 @@ def test_the_http_port_only_when_enabled(case: str) -> None:
     # The probes stay on the admin port either way.
     for probe in ("livenessProbe", "readinessProbe"):
         assert proxy[probe]["httpGet"]["port"] == "sluice-admin"
+    if case == "sidecar-example":  # on, for the application in its pod only
+        assert env(proxy)["SLUICE_HTTP_LISTEN"] == "127.0.0.1:8080"
+        assert config["broker-http"] == "http://pulsar-broker.pulsar.svc.cluster.local:8080"
+        assert "http" not in container and "http" not in services
+        assert 8080 not in admitted
+        return
     if case not in HTTP_CASES:
         assert "SLUICE_HTTP_LISTEN" not in env(proxy)
         assert "broker-http" not in config

@@ -149,11 +149,6 @@ a quarter; refused when not above retainBytes. */}}
 {{- if and (ne (toString .Values.workers) "1") (not (hasKey .Values.config "listener-ports")) -}}
 {{- fail "http.enabled with workers other than 1 needs config.listener-ports (LOW-HIGH): the ports Sluice opens per broker for HTTP lookups, bound by the supervisor and shared by the workers" -}}
 {{- end -}}
-{{- /* As `sluice proxy` refuses it (ProxyConfig._check_http): drop this
-when the HTTP listener does proxy-mode authentication. */ -}}
-{{- if eq .Values.auth.mode "proxy" -}}
-{{- fail "http.enabled with auth.mode proxy: the HTTP listener passes the client's Authorization through and does not do proxy-mode authentication yet" -}}
-{{- end -}}
 {{- $taken := list (int .Values.admin.port) (.Values.listen.plain | ternary (int .Values.listen.port) 0) (.Values.tls.enabled | ternary (int .Values.tls.port) 0) -}}
 {{- if has (int .Values.http.port) $taken -}}
 {{- fail (printf "http.port %v is taken by another of Sluice's listeners (listen.port, tls.port, admin.port)" .Values.http.port) -}}
