@@ -58,6 +58,7 @@ from sluice.protocols.http.websocket import (
 )
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import accepted, client_ssl_context, dial, open_listeners
+from sluice.proxy.http_recording import HttpWatch
 from sluice.proxy.inbound import peer_address
 from sluice.proxy.metrics import HttpMetrics
 from sluice.proxy.websocket import Session
@@ -181,6 +182,9 @@ class HttpRelay:
         self._waiting: set[trio.CancelScope] = set()
         # WebSocket sessions relayed now: drain() ends them (1001).
         self._sessions: set[Session] = set()
+        # --record: what the client connections read and write, into the
+        # capture (sluice/proxy/http_recording.py, set by the proxy).
+        self.watch = HttpWatch()
 
     def adopt(self, listener: trio.SocketListener) -> None:
         """A listener bound already (a worker's, the supervisor's socket)."""
@@ -221,6 +225,7 @@ class HttpRelay:
     async def handle(self, stream: trio.abc.Stream) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.config.http_max_header)
         upstreams: dict[HttpUrl, Upstream] = {}
+        self.watch.opened(conn, str(peer_address(stream)))
         self.active += 1
         self.metrics.active.inc()
         try:
@@ -245,6 +250,7 @@ class HttpRelay:
         finally:
             self.active -= 1
             self.metrics.active.dec()
+            self.watch.closed(conn)
             with trio.CancelScope(shield=True):
                 for upstream in upstreams.values():
                     await _close(upstream.stream)
@@ -330,10 +336,12 @@ class HttpRelay:
                 conn.receive_data(bytes(data))
                 continue
             assert not isinstance(event, type)  # PAUSED: each request is served before the next
+            self.watch.received(conn, event)
             return event
 
     async def _send(self, conn: h11.Connection, stream: trio.abc.Stream, event: h11.Event) -> None:
         data = conn.send(event)
+        self.watch.sent(conn, event)
         if data:
             self.metrics.bytes_out.inc(len(data))
             await stream.send_all(data)
@@ -448,6 +456,7 @@ class HttpRelay:
                 ) from None
             await self._keep(upstreams, upstream)
             self.metrics.redirects.inc()
+            self.watch.redirected(conn, following)
             log.debug(
                 "%s %s: redirected to %s",
                 request.method.decode("latin-1"),
@@ -645,6 +654,7 @@ class HttpRelay:
             max_message=self.config.http_max_body,
             idle_timeout=self.config.http_request_timeout,
             what=request.target.split(b"?", 1)[0].decode("latin-1"),  # no query: tokens
+            tap=self.watch.session(conn),
         )
         self._sessions.add(session)
         try:
@@ -669,6 +679,7 @@ class HttpRelay:
     ) -> None:
         """Answer ``refusal`` (when no answer has begun), count it, log it."""
         self.metrics.refused.labels(refusal.reason).inc()
+        self.watch.refused(conn, refusal.reason)
         if request is None and refusal.reason != "connection_limit":
             self.metrics.requests.labels("other", status_class(refusal.status)).inc()
         what = ""
