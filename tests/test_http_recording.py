@@ -16,6 +16,7 @@ import base64
 import json
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 import websocket
+from playwright.sync_api import Browser
 
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.protocols.http.recorded import redact_body, redact_headers, redact_target
@@ -32,7 +34,7 @@ from sluice.recording import format as fmt
 from tests.helpers.support import SLUICE
 from tests.test_analyze import analyze, rows_of
 from tests.test_http import Redirector, start_web_proxy
-from tests.test_view import Viewer
+from tests.test_view import Viewer, browser, console_errors  # noqa: F401 - browser: a fixture
 from tests.test_websocket import to_send, ws_broker  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.e2e  # every test here starts a process
@@ -216,28 +218,30 @@ def run_sluice(*args: str) -> str:
 
 def test_inspect_shows_the_exchanges_and_frames(session: Session) -> None:
     text = run_sluice("inspect", str(session.record))
-    http = [line for line in text.splitlines() if " HTTP " in line]
+    http = [line for line in text.splitlines() if " HTTP " in line and " → " in line]
     assert len(http) == 7, text
     assert f"GET /admin/v2/namespaces/{session.tenant}/missing/messageTTL → 404" in http[3]
     assert "redirected 1" in http[0] and "credentials redacted" in http[0]
     ws = [line for line in text.splitlines() if " WS " in line]
     assert len(ws) == 4 * (N + 1), text
     assert "7 HTTP exchanges: admin 2xx 3, admin 4xx 1, lookup 2xx 1, websocket 1xx 2" in text
-    assert "WebSocket frames: client_to_broker close 2, client_to_broker text 6" in text
+    assert (
+        "WebSocket frames: broker_to_client close 2, broker_to_client text 6, "
+        "client_to_broker close 2, client_to_broker text 6"
+    ) in text
     lines = [json.loads(line) for line in run_sluice(
         "inspect", str(session.record), "--json").splitlines()]  # fmt: skip
     exchanges = [x for x in lines if x["kind"] == "http"]
     assert [x["status"] for x in exchanges] == [204, 204, 200, 404, 200, 101, 101]
-    assert exchanges[0]["request"]["headers"]["Authorization"] == "<redacted>"
+    assert exchanges[0]["request"]["headers"]["authorization"] == "<redacted>"
     assert "raw" not in exchanges[0]["request"]  # bytes only --with-bytes
-    assert all(x["connection"] == x["h"] for x in exchanges)
+    assert [x["request_kind"] for x in exchanges][-2:] == ["websocket"] * 2
+    assert len({x["http_conn"] for x in exchanges}) == 7  # urllib: a connection each
 
 
 def test_view_lists_the_exchanges(session: Session) -> None:
     viewer = Viewer(session.record)
     try:
-        import time
-
         deadline = time.monotonic() + TIMEOUT
         while viewer.api("status")["building"]:
             assert time.monotonic() < deadline, "the index was not built"
@@ -269,8 +273,33 @@ def test_analyze_has_an_http_table(session: Session, tmp_path: Path) -> None:
     assert all(r["redirects"] == 1 and r["seconds"] >= 0 for r in rows)
     assert rows[5]["websocket_frames"] == 2 * (N + 1)
     assert "7 HTTP exchanges" in result.stderr
-    report = json.loads((out / "report.json").read_text())
-    assert report["http"]["exchanges"] == 7
+    report = (out / "report.html").read_text()
+    assert "<h2>HTTP exchanges</h2><p>7 exchanges.</p>" in report
+
+
+def test_view_page_shows_and_filters_the_exchanges(
+    session: Session,
+    browser: Browser,  # noqa: F811
+) -> None:
+    viewer = Viewer(session.record)
+    page = browser.new_page()
+    errors = console_errors(page)
+    try:
+        page.goto(viewer.url)
+        rows = page.locator("#exchanges tbody tr")
+        rows.nth(6).wait_for(timeout=TIMEOUT * 1000)
+        assert rows.count() == 7
+        assert "credentials redacted" in rows.nth(0).inner_text()
+        assert f"{2 * (N + 1)} WebSocket frames (closed)" in rows.nth(5).inner_text()
+        page.fill("#http-filters input[name=status]", "4xx")
+        page.click("#http-filters button")
+        page.wait_for_function("document.querySelectorAll('#exchanges tbody tr').length === 1")
+        assert "/missing/messageTTL" in rows.nth(0).inner_text()
+        assert page.locator("#http-count").inner_text() == "(1 match)"
+        assert errors == []
+    finally:
+        page.close()
+        viewer.stop()
 
 
 # --- what is left out, on values ---------------------------------------------------

@@ -52,8 +52,10 @@ def sensitive(name: str) -> bool:
 
 
 def sensitive_header(name: str) -> bool:
-    """A header whose value is not recorded."""
-    return bool(_SENSITIVE_HEADER.search(name))
+    """A header whose value is not recorded (a WebSocket handshake's key
+    and accept values are nonces, not credentials)."""
+    lower = name.lower()
+    return not lower.startswith("sec-websocket-") and bool(_SENSITIVE_HEADER.search(lower))
 
 
 def _redact_query(query: str) -> str:

@@ -44,6 +44,7 @@ ENDINGS = ("closed", "hangup", "protocol_error", "message_too_large", "idle_time
 PROTOCOL_ERROR = int(CloseReason.PROTOCOL_ERROR)  # 1002
 MESSAGE_TOO_BIG = int(CloseReason.MESSAGE_TOO_BIG)  # 1009
 GOING_AWAY = int(CloseReason.GOING_AWAY)  # 1001
+NO_STATUS = int(CloseReason.NO_STATUS_RCVD)  # 1005: a CLOSE frame without a code
 
 
 def _tokens(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> set[bytes]:
@@ -106,8 +107,7 @@ class Seen:
     """What one read held: frames completed (by opcode), data messages
     completed, and the CLOSE frame's code and reason if one came; with a
     reader that ``keeps`` them, each completed frame's payload too
-    (``payloads``, in the order of ``frames``: a CLOSE frame's is its
-    reason)."""
+    (``payloads``, in the order of ``frames``)."""
 
     frames: list[str] = field(default_factory=list)
     messages: int = 0
@@ -151,8 +151,13 @@ class FrameReader:
                     assert isinstance(parsed, tuple)
                     self.closed = seen.close = (int(parsed[0]), str(parsed[1]))
                     seen.frames.append("close")
-                    if self.keep:
-                        seen.payloads.append(str(parsed[1]).encode())
+                    if self.keep:  # as on the wire: the code, then the reason
+                        code = int(parsed[0])  # 1005: the frame had none
+                        seen.payloads.append(
+                            b""
+                            if code == NO_STATUS
+                            else code.to_bytes(2, "big") + str(parsed[1]).encode()
+                        )
                     break
                 got = frame.payload
                 assert isinstance(got, str | bytes | bytearray)
