@@ -13,6 +13,7 @@ anywhere in its bytes), ``sluice inspect``, ``sluice view``'s JSON and
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import subprocess
 import threading
@@ -30,14 +31,13 @@ from playwright.sync_api import Browser
 
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.protocols.http.recorded import redact_body, redact_headers, redact_target
+from sluice.proxy.http_recording import Body
 from sluice.recording import format as fmt
 from tests.helpers.support import SLUICE
 from tests.test_analyze import analyze, rows_of
 from tests.test_http import Redirector, start_web_proxy
 from tests.test_view import Viewer, browser, console_errors  # noqa: F401 - browser: a fixture
 from tests.test_websocket import to_send, ws_broker  # noqa: F401 - a fixture
-
-pytestmark = pytest.mark.e2e  # every test here starts a process
 
 BEARER = "bearer-" + uuid.uuid4().hex  # in an Authorization header
 QUERY_TOKEN = "query-" + uuid.uuid4().hex  # in a ?token= query
@@ -73,7 +73,7 @@ def call(base: str, method: str, path: str, body: object = None,
 
 
 @pytest.fixture(scope="module")
-def session(ws_broker: ApachePulsar, tmp_path_factory: pytest.TempPathFactory) -> Session:  # noqa: F811
+def http_capture(ws_broker: ApachePulsar, tmp_path_factory: pytest.TempPathFactory) -> Session:  # noqa: F811
     tmp = tmp_path_factory.mktemp("http-rec")
     record = tmp / "rec"
     redirector = Redirector(ws_broker.http_url)
@@ -126,17 +126,17 @@ def session(ws_broker: ApachePulsar, tmp_path_factory: pytest.TempPathFactory) -
     return Session(record, tenant, topic, ws_broker.http_url, records)
 
 
-def of_kind(session: Session, kind: str) -> list[dict[str, Any]]:
-    return [r for r in session.records if r["k"] == kind]
+def of_kind(http_capture: Session, kind: str) -> list[dict[str, Any]]:
+    return [r for r in http_capture.records if r["k"] == kind]
 
 
 def header_of(part: dict[str, Any], name: str) -> str | None:
     return next((v for n, v in part["h"] if n.lower() == name), None)
 
 
-def test_each_exchange_is_one_record(session: Session) -> None:
-    exchanges = of_kind(session, "http")
-    tenant, topic = session.tenant, session.topic
+def test_each_exchange_is_one_record(http_capture: Session) -> None:
+    exchanges = of_kind(http_capture, "http")
+    tenant, topic = http_capture.tenant, http_capture.topic
     shown = [(r["method"], r["path"], r["status"], r["kind"]) for r in exchanges]
     assert shown == [
         ("PUT", f"/admin/v2/tenants/{tenant}", 204, "admin"),
@@ -157,7 +157,7 @@ def test_each_exchange_is_one_record(session: Session) -> None:
         assert r["client"].startswith("127.0.0.1:")
         assert "ended" not in r and "refused" not in r
         # The 307 each went through first: the broker it was sent on to.
-        assert r["hops"] == [[session.broker_http, r["path"]]], r
+        assert r["hops"] == [[http_capture.broker_http, r["path"]]], r
     put = exchanges[0]
     assert header_of(put["req"], "authorization") == "<redacted>"
     assert put["redacted"] is True
@@ -173,10 +173,10 @@ def test_each_exchange_is_one_record(session: Session) -> None:
     assert header_of(exchanges[5]["req"], "cookie") == "<redacted>"
 
 
-def test_websocket_frames_are_recorded_in_their_session(session: Session) -> None:
-    exchanges = of_kind(session, "http")
+def test_websocket_frames_are_recorded_in_their_session(http_capture: Session) -> None:
+    exchanges = of_kind(http_capture, "http")
     consumer, producer = exchanges[5]["h"], exchanges[6]["h"]
-    frames = of_kind(session, "ws")
+    frames = of_kind(http_capture, "ws")
 
     def ops(conn: int, direction: int) -> list[str]:
         return [f["op"] for f in frames if f["h"] == conn and f["d"] == direction]
@@ -194,14 +194,14 @@ def test_websocket_frames_are_recorded_in_their_session(session: Session) -> Non
         f"message {i}".encode() for i in range(N)
     ]
     assert all(f["close"] == 1000 for f in frames if f["op"] == "close")
-    ends = of_kind(session, "ws_end")
+    ends = of_kind(http_capture, "ws_end")
     assert sorted((e["h"], e["reason"]) for e in ends) == sorted(
         [(consumer, "closed"), (producer, "closed")]
     )
 
 
-def test_no_credential_is_in_the_capture(session: Session) -> None:
-    files = fmt.recording_files(session.record)
+def test_no_credential_is_in_the_capture(http_capture: Session) -> None:
+    files = fmt.recording_files(http_capture.record)
     assert files
     for path in files:
         data = path.read_bytes()
@@ -216,11 +216,11 @@ def run_sluice(*args: str) -> str:
     return done.stdout
 
 
-def test_inspect_shows_the_exchanges_and_frames(session: Session) -> None:
-    text = run_sluice("inspect", str(session.record))
+def test_inspect_shows_the_exchanges_and_frames(http_capture: Session) -> None:
+    text = run_sluice("inspect", str(http_capture.record))
     http = [line for line in text.splitlines() if " HTTP " in line and " → " in line]
     assert len(http) == 7, text
-    assert f"GET /admin/v2/namespaces/{session.tenant}/missing/messageTTL → 404" in http[3]
+    assert f"GET /admin/v2/namespaces/{http_capture.tenant}/missing/messageTTL → 404" in http[3]
     assert "redirected 1" in http[0] and "credentials redacted" in http[0]
     ws = [line for line in text.splitlines() if " WS " in line]
     assert len(ws) == 4 * (N + 1), text
@@ -230,7 +230,7 @@ def test_inspect_shows_the_exchanges_and_frames(session: Session) -> None:
         "client_to_broker close 2, client_to_broker text 6"
     ) in text
     lines = [json.loads(line) for line in run_sluice(
-        "inspect", str(session.record), "--json").splitlines()]  # fmt: skip
+        "inspect", str(http_capture.record), "--json").splitlines()]  # fmt: skip
     exchanges = [x for x in lines if x["kind"] == "http"]
     assert [x["status"] for x in exchanges] == [204, 204, 200, 404, 200, 101, 101]
     assert exchanges[0]["request"]["headers"]["authorization"] == "<redacted>"
@@ -239,8 +239,8 @@ def test_inspect_shows_the_exchanges_and_frames(session: Session) -> None:
     assert len({x["http_conn"] for x in exchanges}) == 7  # urllib: a connection each
 
 
-def test_view_lists_the_exchanges(session: Session) -> None:
-    viewer = Viewer(session.record)
+def test_view_lists_the_exchanges(http_capture: Session) -> None:
+    viewer = Viewer(http_capture.record)
     try:
         deadline = time.monotonic() + TIMEOUT
         while viewer.api("status")["building"]:
@@ -260,9 +260,9 @@ def test_view_lists_the_exchanges(session: Session) -> None:
         viewer.stop()
 
 
-def test_analyze_has_an_http_table(session: Session, tmp_path: Path) -> None:
+def test_analyze_has_an_http_table(http_capture: Session, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = analyze(session.record.as_uri(), out, "local[1]")
+    result = analyze(http_capture.record.as_uri(), out, "local[1]")
     rows = sorted(rows_of(out / "http"), key=lambda r: r["wall_ns"])
     assert [(r["method"], r["status"], r["kind"]) for r in rows] == [
         ("PUT", 204, "admin"), ("PUT", 204, "admin"), ("GET", 200, "admin"),
@@ -278,10 +278,10 @@ def test_analyze_has_an_http_table(session: Session, tmp_path: Path) -> None:
 
 
 def test_view_page_shows_and_filters_the_exchanges(
-    session: Session,
+    http_capture: Session,
     browser: Browser,  # noqa: F811
 ) -> None:
-    viewer = Viewer(session.record)
+    viewer = Viewer(http_capture.record)
     page = browser.new_page()
     errors = console_errors(page)
     try:
@@ -329,3 +329,26 @@ def test_credentials_are_left_out_of_targets_headers_and_bodies() -> None:
         True,
     )
     assert redact_body(b"token=t") == (b"token=t", False)  # not a form: a payload
+
+
+def test_bodies_follow_the_payload_policy() -> None:
+    text = b'{"token": "t", "n": 1}'
+    headers = [(b"content-type", b"application/json"), (b"authorization", b"Basic x")]
+    full = Body(fmt.PayloadPolicy.FULL, limit=64)
+    full.add(text[:5])
+    full.add(text[5:])
+    assert full.record(headers) == (
+        {"h": [["content-type", "application/json"], ["authorization", "<redacted>"]],
+         "n": len(text), "raw": b'{"token":"<redacted>","n":1}'},
+        True,
+    )  # fmt: skip
+    digest = hashlib.sha256(text).digest()
+    for policy, p in ((fmt.PayloadPolicy.HASH, [len(text), digest]),
+                      (fmt.PayloadPolicy.NONE, [len(text)])):  # fmt: skip
+        body = Body(policy, limit=64)
+        body.add(text)
+        assert body.record([]) == ({"h": [], "n": len(text), "p": p}, False)
+    cut = Body(fmt.PayloadPolicy.FULL, limit=10)  # over the limit: its digest, not its bytes
+    cut.add(text)
+    assert cut.record([]) == ({"h": [], "n": len(text), "p": [len(text), digest]}, False)
+    assert Body(fmt.PayloadPolicy.FULL, limit=10).record([]) == ({"h": [], "n": 0}, False)
