@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import time
 from typing import Any
 
@@ -32,6 +33,8 @@ from sluice.protocols.http.recorded import (
 from sluice.protocols.http.websocket import Seen
 from sluice.recording.format import BROKER_TO_CLIENT, CLIENT_TO_BROKER, PayloadPolicy, Record
 from sluice.recording.writer import Recorder
+
+log = logging.getLogger("sluice.recorder")
 
 
 class HttpWatch:
@@ -239,7 +242,12 @@ class HttpRecording(HttpWatch):
     def _done(self, connection: Connection, ended: str = "") -> None:
         exchange, connection.current = connection.current, None
         assert exchange is not None
-        self.recorder.note(exchange.record(connection.id, connection.client, ended))
+        try:
+            record = exchange.record(connection.id, connection.client, ended)
+        except Exception as exc:  # a recording bug must never break traffic
+            _bug(exc)
+            return
+        self.recorder.note(record)
 
     def session(self, conn: h11.Connection) -> WebSocketRecording | None:
         connection = self._conns.get(conn)
@@ -258,6 +266,12 @@ class WebSocketRecording:
         self.conn = conn
 
     def frames(self, to_client: bool, seen: Seen) -> None:
+        try:
+            self._frames(to_client, seen)
+        except Exception as exc:  # a recording bug must never break traffic
+            _bug(exc)
+
+    def _frames(self, to_client: bool, seen: Seen) -> None:
         mono, wall = time.monotonic_ns(), time.time_ns()
         direction = BROKER_TO_CLIENT if to_client else CLIENT_TO_BROKER
         for opcode, payload in zip(seen.frames, seen.payloads, strict=True):
@@ -279,3 +293,7 @@ class WebSocketRecording:
     def ended(self, how: str) -> None:
         self.recorder.note({"k": "ws_end", "h": self.conn, "t": time.monotonic_ns(),
                             "w": time.time_ns(), "reason": how})  # fmt: skip
+
+
+def _bug(exc: Exception) -> None:
+    log.error("HTTP recording: internal error: %r (not recorded)", exc, exc_info=exc)
