@@ -9,7 +9,10 @@ objects on the way to the JVM.
 
 Every output row has the columns of :data:`SCHEMA`; ``record`` says what it
 is: ``frame``, ``conn`` (opened at ``wall_ns``), ``close`` (closed at
-``wall_ns``) or ``segment`` (one per input file, also for a damaged one).
+``wall_ns``), ``segment`` (one per input file, also for a damaged one),
+``http`` (one of the HTTP listener's exchanges, begun at ``wall_ns``; ``conn``
+is its HTTP connection, the columns of :data:`HTTP_SCHEMA` in ``extra``) or
+``ws`` (a segment's WebSocket frames of one HTTP connection, counted).
 The few rows that are not frames keep what only they have as a JSON object
 in ``extra`` (the columns of :data:`EXTRA_SCHEMA`: for a segment, ``damaged``
 and ``why`` say what was wrong), so that the millions of frame rows do not
@@ -62,6 +65,34 @@ EXTRA_SCHEMA = (
     "reason string, segment bigint, version bigint, records bigint, frames bigint, "
     "bytes bigint, truncated_bytes bigint, damaged boolean, why string"
 )
+# The ``extra`` of ``http`` rows (and, ``frames`` and ``bytes``, of ``ws`` rows).
+HTTP_SCHEMA = (
+    "client string, method string, path string, kind string, status bigint, seconds double, "
+    "answer_seconds double, request_bytes bigint, response_bytes bigint, redirects bigint, "
+    "refused string, ended string, redacted boolean, frames bigint, bytes bigint"
+)
+# The columns of an exchange (the ``http`` table's, with its keys and counts).
+HTTP_COLUMNS = [c.split()[0] for c in HTTP_SCHEMA.split(", ")][:-2]
+
+
+def _http_extra(record: dict[str, Any]) -> dict[str, Any]:
+    """An ``http`` record's columns (HTTP_SCHEMA)."""
+    t = record["t"]
+    return {
+        "client": record.get("client"),
+        "method": record.get("method"),
+        "path": record.get("path"),
+        "kind": record.get("kind"),
+        "status": record.get("status"),
+        "seconds": (record["te"] - t) / 1e9 if "te" in record else None,
+        "answer_seconds": (record["ta"] - t) / 1e9 if "ta" in record else None,
+        "request_bytes": record.get("req", {}).get("n"),
+        "response_bytes": record.get("res", {}).get("n"),
+        "redirects": len(record.get("hops", ())),
+        "refused": record.get("refused"),
+        "ended": record.get("ended"),
+        "redacted": bool(record.get("redacted")),
+    }
 
 
 def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -82,6 +113,7 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
     segment: dict[str, Any] = {"bytes": len(content)}
     result = ReadResult(Path(path))
     capture = protocol = ""
+    websocket: dict[int, list[int]] = {}  # HTTP connection -> [frames, bytes, first wall_ns]
 
     def other(name: str, record: dict[str, Any], **extra: Any) -> None:
         others.append({"record": name, "capture": capture, "file": path, "conn": record["c"],
@@ -122,10 +154,22 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
                       listener=record["listener"])  # fmt: skip
             elif kind == "close":
                 other("close", record, reason=record.get("reason", ""))
+            elif kind == "http":
+                others.append({"record": "http", "capture": capture, "file": path,
+                               "conn": record["h"], "wall_ns": record["w"], "mono_ns": record["t"],
+                               "extra": json.dumps(_http_extra(record))})  # fmt: skip
+            elif kind == "ws":
+                counted = websocket.setdefault(record["h"], [0, 0, record["w"]])
+                counted[0] += 1
+                counted[1] += record["n"]
     except RecordingError as exc:
         segment["why"] = str(exc)
     except Exception as exc:  # a record that reads but is not what the format says
         segment["why"] = f"{path}: damaged after {result.records} records ({exc!r})"
+    for conn, (n, size, first) in websocket.items():
+        extra = json.dumps({"frames": n, "bytes": size})
+        others.append({"record": "ws", "capture": capture, "file": path, "conn": conn,
+                       "wall_ns": first, "extra": extra})  # fmt: skip
     count = len(frames)
     segment.update(
         version=result.version,
@@ -182,15 +226,16 @@ def _frame_batch(capture: str, path: str, rows: list[tuple[Any, ...]]) -> pa.Rec
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 
 
-_TAGS = {"frame": "F", "conn": "C", "close": "X", "segment": "S"}
+_TAGS = {"frame": "F", "conn": "C", "close": "X", "segment": "S", "http": "H", "ws": "W"}
 
 
 def parse_file(path: str, content: bytes) -> Iterator[tuple[str, tuple[Any, ...]]]:
     """A segment's rows as plain tuples, without Spark (tests, tools).
 
     ``("F", values)`` per frame, in :data:`FRAME_COLUMNS` order; ``("C" | "X" |
-    "S", (capture, file, conn, wall_ns, extra))`` for connection, close and
-    segment rows, ``extra`` decoded. The same rows the executors produce.
+    "S" | "H" | "W", (capture, file, conn, wall_ns, extra))`` for connection,
+    close, segment, HTTP exchange and WebSocket rows, ``extra`` decoded. The
+    same rows the executors produce.
     """
     for batch in decode_segment(path, content):
         for row in batch.to_pylist():

@@ -12,8 +12,9 @@ never fatal. Nothing but small aggregates (for the report) is collected to
 the driver.
 
 Tables (Parquet, under DIR): ``frames``, ``connections``, ``topic_minute``,
-``latency``, ``errors``, ``files`` (every segment read) and
-``bad_segments``; and ``report.html``.
+``latency``, ``errors``, ``files`` (every segment read),
+``bad_segments`` and ``http`` (the HTTP listener's exchanges, one row each);
+and ``report.html``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any
 
 from sluice.protocols import registry
 
-TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments")
+TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments",
+          "http")  # fmt: skip
 # Spark's binaryFile source cannot hold a file of 2 GiB or more in a row.
 MAX_SEGMENT_BYTES = 2**31 - 1
 SEGMENT_COLUMNS = ["file", "capture", "segment", "protocol", "version", "records", "frames",
@@ -102,6 +104,8 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         COUNTED,
         EXTRA_SCHEMA,
         FRAME_COLUMNS,
+        HTTP_COLUMNS,
+        HTTP_SCHEMA,
         SPARK_SCHEMA,
         decode_batches,
     )
@@ -159,7 +163,8 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     say(
         f"decoded: {segments_read} segments read ({bad} bad, {total_bytes / 1e6:,.1f} MB), "
         f"{rows('frame'):,} frames, "
-        f"{rows('conn'):,} connection records, {rows('close'):,} closes"
+        f"{rows('conn'):,} connection records, {rows('close'):,} closes, "
+        f"{rows('http'):,} HTTP exchanges"
     )
     written: dict[str, int] = {}
 
@@ -271,6 +276,33 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         "connections",
     )
 
+    # The HTTP listener's exchanges, one row each; an upgrade's row counts
+    # its WebSocket session's frames (ws rows: per segment and connection).
+    h = F.from_json("extra", HTTP_SCHEMA)
+    sessions = (
+        decoded.filter(record == "ws")
+        .select(*key, h["frames"].alias("frames"), h["bytes"].alias("bytes"))
+        .groupBy(*key)
+        .agg(F.sum("frames").alias("ws_frames"), F.sum("bytes").alias("ws_bytes"))
+    )
+    upgraded = F.col("status") == 101
+    exchanges = write(
+        decoded.filter(record == "http")
+        .select(*key, "wall_ns", *(h[name].alias(name) for name in HTTP_COLUMNS))
+        .join(sessions, key, "left")
+        .select(
+            "*",
+            F.when(upgraded, F.coalesce("ws_frames", F.lit(0)))
+            .otherwise(0)
+            .alias("websocket_frames"),
+            F.when(upgraded, F.coalesce("ws_bytes", F.lit(0)))
+            .otherwise(0)
+            .alias("websocket_bytes"),
+        )
+        .drop("ws_frames", "ws_bytes"),
+        "http",
+    )
+
     # Messages: the frames that carry them, in each protocol (both ways).
     counted = F.col("command").isin(*sorted(COUNTED)) & F.col("topic").isNotNull()
     topic_minute = write(
@@ -340,8 +372,23 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         .collect()
     ]
     listed = [r.asDict() for r in bad_segments.collect()]
+    status_class = F.concat((F.col("status") / 100).cast("int").cast("string"), F.lit("xx"))
     summary = {
         "frames": rows("frame"),
+        "http": {
+            "exchanges": written["http"],
+            "by_kind": [
+                r.asDict()
+                for r in exchanges.groupBy("kind", status_class.alias("status"))
+                .agg(
+                    F.count("*").alias("count"),
+                    F.max("seconds").alias("max_seconds"),
+                    F.sum("websocket_frames").alias("websocket_frames"),
+                )
+                .orderBy("kind", "status")
+                .collect()
+            ],
+        },
         "connections": written["connections"],
         "files": written["files"],
         "bytes": total_bytes,

@@ -318,6 +318,7 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
                 ("invalid_frames", "invalid frames"),
             ],
         ),
+        http_section(summary.get("http")),
         "<h2>Frames by command</h2>"
         + _table(
             by_command(summary),
@@ -345,6 +346,22 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page)
+
+
+def http_section(http: dict[str, Any] | None) -> str:
+    """The HTTP listener's exchanges by kind and status class (none: nothing)."""
+    if not http or not http["exchanges"]:
+        return ""
+    return f"<h2>HTTP exchanges</h2><p>{http['exchanges']:,} exchanges.</p>" + _table(
+        http["by_kind"],
+        [
+            ("kind", "kind"),
+            ("status", "status"),
+            ("count", "exchanges"),
+            ("max_seconds", "slowest s"),
+            ("websocket_frames", "WebSocket frames"),
+        ],
+    )
 
 
 def by_command(summary: dict[str, Any]) -> list[dict[str, Any]]:

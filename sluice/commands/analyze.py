@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         write_report(summary, Path(local_out) / "report.html")
         say(f"wrote report: {Path(local_out) / 'report.html'}")
     say(
-        f"{summary['frames']} frames, {summary['connections']} connections from "
+        f"{summary['frames']} frames, {summary['connections']} connections, "
+        f"{summary['http']['exchanges']} HTTP exchanges from "
         f"{summary['files']} files ({len(summary['damaged'])} damaged, "
         f"{len(summary['truncated'])} truncated) in {summary['seconds']:.1f} s"
     )

@@ -27,6 +27,8 @@ from sluice.recording.pcapng import PcapngWriter
 log = logging.getLogger("sluice.inspect")
 ARROWS = {0: "C→B", 1: "B→C"}
 DIRECTIONS = {0: "client_to_broker", 1: "broker_to_client"}
+# The HTTP listener's records (docs/recording-format.md), by what --command names them.
+WEB_KINDS = {"http": "HTTP", "ws": "WS", "ws_end": "WS"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="commands",
         action="append",
         metavar="NAME",
-        help="only these commands, e.g. SEND (repeatable; default: all)",
+        help="only these commands, e.g. SEND, or HTTP (the HTTP listener's exchanges), WS "
+        "(WebSocket frames) (repeatable; default: all)",
     )
     sel.add_argument("--topic", help="only frames of this topic (default: all)")
     sel.add_argument(
@@ -91,6 +94,9 @@ class Filters:
             return False
         if self.until is not None and offset > self.until:
             return False
+        if record["k"] in WEB_KINDS:  # the HTTP listener's: --command HTTP or WS
+            wanted = WEB_KINDS[record["k"]]
+            return self.topic is None and (self.commands is None or wanted in self.commands)
         if record["k"] != "frame":
             return self.commands is None and self.topic is None
         summary = record["s"]
@@ -111,6 +117,10 @@ class Summary:
     chunks: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     chunked: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     faults: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    # The HTTP listener's: exchanges by (kind, status class), WebSocket
+    # frames by (direction, opcode).
+    http: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    websocket: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     dropped: int = 0
     files: int = 0
     truncated: list[tuple[Path, int]] = field(default_factory=list)
@@ -137,6 +147,10 @@ class Summary:
             self.dropped += record["dropped"]
         elif kind == "fault":
             self.faults[(record["rule"], record["action"])] += 1
+        elif kind == "http":
+            self.http[(record["kind"], status_class(record["status"]))] += 1
+        elif kind == "ws":
+            self.websocket[(DIRECTIONS[record["d"]], record["op"])] += 1
 
     def write(self, out: TextIO) -> None:
         total = sum(self.frames.values())
@@ -163,6 +177,18 @@ class Summary:
             out.write(
                 "injected faults: "
                 + ", ".join(f"{rule} {action} x{n}" for (rule, action), n in self.faults.items())
+                + "\n"
+            )
+        if self.http:
+            out.write(
+                f"{sum(self.http.values())} HTTP exchanges: "
+                + ", ".join(f"{k} {s} {n}" for (k, s), n in sorted(self.http.items()))
+                + "\n"
+            )
+        if self.websocket:
+            out.write(
+                "WebSocket frames: "
+                + ", ".join(f"{d} {op} {n}" for (d, op), n in sorted(self.websocket.items()))
                 + "\n"
             )
         if self.dropped:
@@ -233,6 +259,20 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
             return f"{when}  {conn:<6} !! SNAPSHOT RULE {record['rule']} ({record['on']}) {facts}"
         return (f"{when}  !! SNAPSHOT of {record.get('seconds', 0):.1f} s, "
                 f"{record.get('reason', '')} {facts}".rstrip())  # fmt: skip
+    if kind == "http":
+        return http_line(record, when, conn)
+    if kind == "ws":
+        extras = [f"close {record['close']}"] if "close" in record else []
+        if record.get("redacted"):
+            extras.append("credentials redacted")
+        if "p" in record:
+            extras.append("payload not recorded")
+        return (
+            f"{when}  {conn:<6} {ARROWS[record['d']]} WS {record['op']:<6} {record['n']:>7}B  "
+            f"{'  '.join(extras)}"
+        ).rstrip()
+    if kind == "ws_end":
+        return f"{when}  {conn:<6} WebSocket session ended ({record.get('reason', '')})"
     if kind != "frame":
         return f"{when}  {conn:<6} ({kind} record)"  # a kind newer than this reader
     summary = record["s"]
@@ -257,9 +297,56 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
     ).rstrip()
 
 
+def http_line(record: Record, when: str, conn: str) -> str:
+    """An HTTP exchange: the request, the status the client got, how long."""
+    took = (record["te"] - record["t"]) / 1e6
+    extras = [f"{took:.1f} ms", f"req {record['req']['n']}B", f"res {record['res']['n']}B"]
+    if record.get("hops"):
+        extras.append(f"redirected {len(record['hops'])}")
+    if "refused" in record:
+        extras.append(f"answered by Sluice: {record['refused']}")
+    if "ended" in record:
+        extras.append(f"ended: {record['ended']}")
+    if record.get("redacted"):
+        extras.append("credentials redacted")
+    status = record["status"] or "no answer"
+    return (
+        f"{when}  {conn:<6} HTTP {record['method'] or '-'} {record['path'] or '-'} → {status} "
+        f"{record['kind']}  {'  '.join(extras)}"
+    )
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx" if status else "none"
+
+
+def _payload(p: list[Any]) -> dict[str, Any]:
+    """A ``p`` (size, digest) as JSON."""
+    return {"size": p[0], **({"sha256": p[1].hex()} if len(p) > 1 else {})}
+
+
+def _message(part: Record, with_bytes: bool) -> dict[str, Any]:
+    """An HTTP exchange's request or response as JSON."""
+    headers: dict[str, str] = {}
+    for name, value in part["h"]:
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    out: dict[str, Any] = {"headers": headers, "size": part["n"]}
+    if "raw" in part and with_bytes:
+        out["raw"] = base64.b64encode(part["raw"]).decode()
+    if "p" in part:
+        out["payload"] = _payload(part["p"])
+    return out
+
+
 def json_line(capture: str, record: Record, with_bytes: bool) -> str:
     out: dict[str, Any] = {"capture": capture}
     for key, value in record.items():
+        if key in ("req", "res") and record["k"] == "http":
+            out["request" if key == "req" else "response"] = _message(value, with_bytes)
+            continue
+        if key == "p" and record["k"] == "ws":
+            out["payload"] = _payload(value)
+            continue
         if key == "raw":
             if with_bytes:
                 out["raw"] = base64.b64encode(value).decode()
@@ -268,12 +355,16 @@ def json_line(capture: str, record: Record, with_bytes: bool) -> str:
             out.update(value)
             continue
         out[_LONG_KEYS.get(key, key)] = value
-    if record["k"] == "frame":
+    if record["k"] in ("frame", "ws"):
         out["direction"] = DIRECTIONS[record["d"]]
+    if record["k"] == "http":
+        out["kind"], out["request_kind"] = "http", record["kind"]
     return json.dumps(out, default=str)
 
 
-_LONG_KEYS = {"k": "kind", "c": "conn", "d": "dir", "t": "mono_ns", "w": "wall_ns", "n": "size"}
+_LONG_KEYS = {"k": "kind", "c": "conn", "d": "dir", "t": "mono_ns", "w": "wall_ns", "n": "size",
+              "h": "http_conn", "x": "exchange", "ta": "answered_mono_ns", "te": "ended_mono_ns",
+              "op": "opcode"}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -317,6 +408,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             summary.add(capture, record)
             conn = f"c{record['c']}" if "c" in record else ""
+            if "h" in record:  # the HTTP listener's connections
+                conn = f"h{record['h']}"
             if len(captures) > 1 and conn:
                 conn = f"{capture[:4]}:{conn}"
             if pcap is not None:

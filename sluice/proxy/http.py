@@ -54,6 +54,7 @@ from sluice.protocols.http import (
     status_class,
     with_credentials,
 )
+from sluice.protocols.http.recorded import redact_target
 from sluice.protocols.http.websocket import (
     is_websocket_upgrade,
     switch_problem,
@@ -70,6 +71,7 @@ from sluice.proxy.dial import (
     open_listeners,
     server_ssl_context,
 )
+from sluice.proxy.http_recording import HttpWatch
 from sluice.proxy.inbound import peer_address
 from sluice.proxy.metrics import HttpMetrics
 from sluice.proxy.shared import LocalLimits
@@ -218,6 +220,9 @@ class HttpRelay:
         self._waiting: set[trio.CancelScope] = set()
         # WebSocket sessions relayed now: drain() ends them (1001).
         self._sessions: set[Session] = set()
+        # --record: what the client connections read and write, into the
+        # capture (sluice/proxy/http_recording.py, set by the proxy).
+        self.watch = HttpWatch()
 
     def adopt(self, listener: trio.SocketListener, *, tls: bool = False) -> None:
         """A listener bound already (a worker's, the supervisor's socket)."""
@@ -281,6 +286,7 @@ class HttpRelay:
         upstreams: dict[HttpUrl, Upstream] = {}
         ip = peer_address(stream).host
         refused = self.limits.acquire(ip)
+        self.watch.opened(conn, str(peer_address(stream)))
         self.active += 1
         self.metrics.active.inc()
         try:
@@ -307,6 +313,7 @@ class HttpRelay:
                 self.limits.release(ip)
             self.active -= 1
             self.metrics.active.dec()
+            self.watch.closed(conn)
             with trio.CancelScope(shield=True):
                 for upstream in upstreams.values():
                     await _close(upstream.stream)
@@ -392,10 +399,12 @@ class HttpRelay:
                 conn.receive_data(bytes(data))
                 continue
             assert not isinstance(event, type)  # PAUSED: each request is served before the next
+            self.watch.received(conn, event)
             return event
 
     async def _send(self, conn: h11.Connection, stream: trio.abc.Stream, event: h11.Event) -> None:
         data = conn.send(event)
+        self.watch.sent(conn, event)
         if data:
             self.metrics.bytes_out.inc(len(data))
             await stream.send_all(data)
@@ -513,10 +522,11 @@ class HttpRelay:
                 ) from None
             await self._keep(upstreams, upstream)
             self.metrics.redirects.inc()
+            self.watch.redirected(conn, following)
             log.debug(
                 "%s %s: redirected to %s",
                 request.method.decode("latin-1"),
-                hop.target.decode("latin-1"),
+                redact_target(hop.target),
                 following.url,
             )
             hop = following
@@ -759,6 +769,7 @@ class HttpRelay:
             max_message=self.config.http_max_body,
             idle_timeout=self.config.http_request_timeout,
             what=request.target.split(b"?", 1)[0].decode("latin-1"),  # no query: tokens
+            tap=self.watch.session(conn),
         )
         self._sessions.add(session)
         try:
@@ -783,11 +794,12 @@ class HttpRelay:
     ) -> None:
         """Answer ``refusal`` (when no answer has begun), count it, log it."""
         self.metrics.refused.labels(refusal.reason).inc()
+        self.watch.refused(conn, refusal.reason)
         if request is None and refusal.reason != "connection_limit":
             self.metrics.requests.labels("other", status_class(refusal.status)).inc()
         what = ""
         if request is not None:
-            what = f"{request.method.decode('latin-1')} {request.target.decode('latin-1')}: "
+            what = f"{request.method.decode('latin-1')} {redact_target(request.target)}: "
         level = self._logs.level(refusal.reason, trio.current_time())
         if level > logging.DEBUG:  # the client's bad input is no warning of Sluice's
             level = logging.WARNING if refusal.status >= 500 else logging.INFO

@@ -49,6 +49,7 @@ from sluice.proxy.dial import (
     server_ssl_context,
 )
 from sluice.proxy.http import HTTP, HTTPS, HttpRelay
+from sluice.proxy.http_recording import HttpRecording
 from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
@@ -163,6 +164,10 @@ class Proxy:
             )
             self.metrics.watch(self.recorder)
             self.taps.add(self.recorder)
+            if self.http is not None:  # the HTTP listener's exchanges too
+                self.http.watch = HttpRecording(
+                    self.recorder, config.record.payloads, config.http_max_body
+                )
         # None until the first probe answers (within connect_timeout of start).
         self.upstream_ok: bool | None = None
         self.listening = False

@@ -19,12 +19,14 @@ passed on.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import trio
 
 from sluice.protocols.http.websocket import (
     GOING_AWAY,
     FrameReader,
+    Seen,
     WebSocketError,
     close_frame,
 )
@@ -36,6 +38,15 @@ CHUNK = 65536
 # Time for Sluice's own CLOSE frames to go out before the connections close.
 CLOSE_GRACE = 2.0
 _LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class FrameTap(Protocol):
+    """What watches a session's frames (the recording's, --record): each
+    read's, with their payloads, once parsed; and how the session ended."""
+
+    def frames(self, to_client: bool, seen: Seen) -> None: ...
+
+    def ended(self, how: str) -> None: ...
 
 
 class Session:
@@ -51,12 +62,15 @@ class Session:
         max_message: int,
         idle_timeout: float,
         what: str,
+        tap: FrameTap | None = None,
     ) -> None:
         self.streams = {CLIENT_TO_BROKER: (client, broker), BROKER_TO_CLIENT: (broker, client)}
+        keep = tap is not None
         self.readers = {
-            CLIENT_TO_BROKER: FrameReader(from_client=True, max_message=max_message),
-            BROKER_TO_CLIENT: FrameReader(from_client=False, max_message=max_message),
+            CLIENT_TO_BROKER: FrameReader(from_client=True, max_message=max_message, keep=keep),
+            BROKER_TO_CLIENT: FrameReader(from_client=False, max_message=max_message, keep=keep),
         }
+        self.tap = tap
         self.metrics = metrics
         self.idle_timeout = idle_timeout
         self.what = what
@@ -92,6 +106,8 @@ class Session:
         finally:
             self.metrics.ws_active.dec()
             self.metrics.ws_ended.labels(self.ending or "hangup").inc()
+            if self.tap is not None:
+                self.tap.ended(self.ending or "hangup")
 
     async def _pump(self, direction: str, early: bytes) -> None:
         source, sink = self.streams[direction]
@@ -111,6 +127,8 @@ class Session:
                     self._end(exc.ending, exc.code, f"Sluice: {exc}")
                     return
                 self._count(direction, data, seen.frames, seen.messages, read_here)
+                if self.tap is not None and seen.frames:
+                    self.tap.frames(direction == BROKER_TO_CLIENT, seen)
                 self._sending[direction] = True
                 try:
                     await sink.send_all(data)

@@ -332,6 +332,28 @@ class Recorder:
             record["topic"] = fault.topic
         self._enqueue(record)
 
+    def note(self, record: Record) -> None:
+        """Queue a record that is traffic but not one of the protocol's
+        frames (an HTTP exchange, a WebSocket frame: ``http``, ``ws``),
+        counted and dropped as frames are (unless lossless: these callers
+        cannot wait for room, so the queue may overshoot by their records)."""
+        if not self._lossless and (
+            len(self._queue) >= self._max_frames or self._queued_bytes >= self._max_bytes
+        ):
+            self._drop(1)
+            return
+        try:
+            data = self._pack(record)
+        except Exception as exc:  # a recorder bug must never break traffic
+            self._bug(exc)
+            self._drop(1)
+            return
+        self._queue.append(data)
+        self._queued_frames += 1
+        self._queued_bytes += len(data)
+        if self._queued_bytes >= self._wake_bytes or self._queued_frames >= self._wake_frames:
+            self._wakeup.set()
+
     def _enqueue(self, record: Record) -> None:
         """Queue a record that is not a frame's (never dropped: they are few)."""
         data = self._pack(record)

@@ -102,6 +102,60 @@ class Note:
 
 
 @dataclass
+class Exchange:
+    """One of the HTTP listener's exchanges (an ``http`` record), with the
+    WebSocket frames of the session that followed it, if any."""
+
+    i: int
+    capture: str
+    conn: int  # the HTTP connection (``h``)
+    t: float  # seconds from the capture's origin
+    client: str
+    method: str
+    path: str
+    status: int
+    kind: str
+    seconds: float  # request read to answer ended
+    request_bytes: int
+    response_bytes: int
+    redirects: int
+    refused: str
+    ended: str
+    redacted: bool
+
+    def to_json(self, frames: int, session: str) -> dict[str, Any]:
+        return {**vars(self), "frames": frames, "session": session}
+
+
+@dataclass
+class HttpFilter:
+    """Exchanges whose path holds ``path`` and whose status is ``status``
+    (``404``, or a class: ``4xx``)."""
+
+    path: str = ""
+    status: str = ""
+    kind: str = ""
+
+    @classmethod
+    def from_query(cls, query: dict[str, str]) -> HttpFilter:
+        status = query.get("status", "").strip().lower()
+        if status and not (
+            status.isdigit() or (len(status) == 3 and status[0].isdigit() and status[1:] == "xx")
+        ):
+            raise ValueError(f"status must be a code (404) or a class (4xx), not {status!r}")
+        return cls(query.get("path", "").strip(), status, query.get("kind", "").strip())
+
+    def keep(self, e: Exchange) -> bool:
+        if self.path and self.path not in e.path:
+            return False
+        if self.kind and e.kind != self.kind:
+            return False
+        if self.status.endswith("xx"):
+            return e.status // 100 == int(self.status[0])
+        return not self.status or e.status == int(self.status)
+
+
+@dataclass
 class Filter:
     cmd: str = ""
     topic: str = ""
@@ -156,6 +210,11 @@ class Index:
     origin_wall_ns: int = 0
     connections: list[Connection] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    # The HTTP listener's exchanges, and the WebSocket frames and endings of
+    # the sessions after them, by (capture, HTTP connection).
+    exchanges: list[Exchange] = field(default_factory=list)
+    ws_frames: collections.Counter[tuple[str, int]] = field(default_factory=collections.Counter)
+    ws_ended: dict[tuple[str, int], str] = field(default_factory=dict)
     truncated: list[str] = field(default_factory=list)
     problems_found: list[str] = field(default_factory=list)
     building: bool = True
@@ -261,6 +320,12 @@ class Index:
                 if connection is not None:
                     connection.closed = record.get("reason", "") or "closed"
                     connection.end_ns = max(connection.end_ns, record["t"])
+            elif kind == "http":
+                self._exchange(capture, record)
+            elif kind == "ws":
+                self.ws_frames[(capture, record["h"])] += 1
+            elif kind == "ws_end":
+                self.ws_ended[(capture, record["h"])] = record.get("reason", "")
             else:
                 self._note(kind, record, by_key)
                 gap = gap or kind == "gap"
@@ -269,6 +334,41 @@ class Index:
             self.truncated.append(
                 f"{path.name}: ends with {result.truncated_bytes} bytes of an incomplete record"
             )
+
+    def _exchange(self, capture: str, record: dict[str, Any]) -> None:
+        exchange = Exchange(
+            i=len(self.exchanges),
+            capture=capture,
+            conn=record["h"],
+            t=(record["t"] - self.origin_ns) / 1e9,
+            client=record.get("client", ""),
+            method=record.get("method", ""),
+            path=record.get("path", ""),
+            status=int(record.get("status", 0)),
+            kind=record.get("kind", ""),
+            seconds=max(0, record.get("te", record["t"]) - record["t"]) / 1e9,
+            request_bytes=int(record.get("req", {}).get("n", 0)),
+            response_bytes=int(record.get("res", {}).get("n", 0)),
+            redirects=len(record.get("hops", ())),
+            refused=record.get("refused", ""),
+            ended=record.get("ended", ""),
+            redacted=bool(record.get("redacted")),
+        )
+        with self.lock:
+            self.exchanges.append(exchange)
+
+    def http_page(self, f: HttpFilter, offset: int, limit: int) -> dict[str, Any]:
+        """The HTTP listener's exchanges that pass ``f``, a page of them."""
+        with self.lock:
+            chosen = [e for e in self.exchanges if f.keep(e)]
+        rows = [
+            e.to_json(
+                self.ws_frames[(e.capture, e.conn)] if e.status == 101 else 0,
+                self.ws_ended.get((e.capture, e.conn), "") if e.status == 101 else "",
+            )
+            for e in chosen[offset : offset + limit]
+        ]
+        return {"total": len(chosen), "offset": offset, "rows": rows, "building": self.building}
 
     def _connection(self, capture: str, conn: int, t: int) -> Connection:
         connection = Connection(
@@ -516,6 +616,7 @@ class Index:
             "files": len(self.files),
             "frames": self.frames,
             "connections": len(self.connections),
+            "http": len(self.exchanges),
             "building": self.building,
             "progress": (
                 self.read_bytes / self.total_bytes if self.building and self.total_bytes else 1.0

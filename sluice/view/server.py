@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 
-from sluice.view.index import Filter, Index
+from sluice.view.index import Filter, HttpFilter, Index
 
 log = logging.getLogger("sluice.view")
 
@@ -66,6 +66,10 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(index.page(Filter.from_query(query), offset, limit))
             elif url.path.startswith("/api/frame/"):
                 self._json(index.detail(int(url.path.rsplit("/", 1)[1])))
+            elif url.path == "/api/http":
+                offset = max(0, int(query.get("offset", "0")))
+                limit = min(PAGE_LIMIT, max(1, int(query.get("limit", "200"))))
+                self._json(index.http_page(HttpFilter.from_query(query), offset, limit))
             elif url.path == "/api/summary":
                 self._json(index.summary())
             elif url.path == "/api/timeline":
@@ -115,6 +119,7 @@ def export(index: Index, f: Filter, limit: int, details: int) -> str:
         "timeline": index.timeline(f),
         "frames": rows,
         "total": page["total"],
+        "http": index.http_page(HttpFilter(), 0, limit)["rows"],
         "details": {str(r["i"]): index.detail(r["i"]) for r in rows[:details]},
         "filter": {k: v for k, v in vars(f).items() if v not in (None, "", False)},
         "left_out": max(0, page["total"] - len(rows)),

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from sluice.addresses import Address, parse_address
 from sluice.errors import ConfigError
 from sluice.protocols.faults import Direction, FaultAction, ProtocolFaults
+from sluice.protocols.http.recorded import redact_target
 
 # What requests are for, by path: the label of the HTTP metrics.
 KINDS = ("admin", "lookup", "websocket", "other")
@@ -233,7 +234,9 @@ class Redirects:
         if hop is None or not self.allowed(hop.url):
             return None
         if hop in self.hops:
-            chain = " -> ".join(f"{h.url}{h.target.decode(errors='replace')}" for h in self.hops)
+            # Targets without their credential-like query values: this goes
+            # to the log and to the client.
+            chain = " -> ".join(f"{h.url}{redact_target(h.target)}" for h in self.hops)
             raise RedirectError(f"redirect loop: {chain} -> {hop.url}")
         if self.followed >= self.limit:
             raise RedirectError(

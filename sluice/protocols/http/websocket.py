@@ -44,6 +44,7 @@ ENDINGS = ("closed", "hangup", "protocol_error", "message_too_large", "idle_time
 PROTOCOL_ERROR = int(CloseReason.PROTOCOL_ERROR)  # 1002
 MESSAGE_TOO_BIG = int(CloseReason.MESSAGE_TOO_BIG)  # 1009
 GOING_AWAY = int(CloseReason.GOING_AWAY)  # 1001
+NO_STATUS = int(CloseReason.NO_STATUS_RCVD)  # 1005: a CLOSE frame without a code
 
 
 def _tokens(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> set[bytes]:
@@ -104,11 +105,14 @@ class WebSocketError(Exception):
 @dataclass
 class Seen:
     """What one read held: frames completed (by opcode), data messages
-    completed, and the CLOSE frame's code and reason if one came."""
+    completed, and the CLOSE frame's code and reason if one came; with a
+    reader that ``keeps`` them, each completed frame's payload too
+    (``payloads``, in the order of ``frames``)."""
 
     frames: list[str] = field(default_factory=list)
     messages: int = 0
     close: tuple[int, str] | None = None
+    payloads: list[bytes] = field(default_factory=list)
 
 
 class FrameReader:
@@ -118,10 +122,14 @@ class FrameReader:
     (1009), as is anything wsproto finds wrong (1002; 1007 for text that is
     not UTF-8). After a CLOSE frame nothing more is parsed."""
 
-    def __init__(self, *, from_client: bool, max_message: int) -> None:
+    def __init__(self, *, from_client: bool, max_message: int, keep: bool = False) -> None:
         # FrameProtocol(client=True) reads what a server sends.
         self._protocol = FrameProtocol(client=not from_client, extensions=[])
         self.max_message = max_message
+        # Whether frames' payloads are handed out (a recording keeps them),
+        # and the parts of the frame being read.
+        self.keep = keep
+        self._parts: list[bytes] = []
         self.closed: tuple[int, str] | None = None
         self._message = 0
         self._frame_done = True
@@ -143,11 +151,21 @@ class FrameReader:
                     assert isinstance(parsed, tuple)
                     self.closed = seen.close = (int(parsed[0]), str(parsed[1]))
                     seen.frames.append("close")
+                    if self.keep:  # as on the wire: the code, then the reason
+                        code = int(parsed[0])  # 1005: the frame had none
+                        seen.payloads.append(
+                            b""
+                            if code == NO_STATUS
+                            else code.to_bytes(2, "big") + str(parsed[1]).encode()
+                        )
                     break
+                got = frame.payload
+                assert isinstance(got, str | bytes | bytearray)
+                payload = got.encode() if isinstance(got, str) else bytes(got)
+                if self.keep:
+                    self._parts.append(payload)
                 if frame.opcode in (Opcode.TEXT, Opcode.BINARY):
-                    payload = frame.payload
-                    assert isinstance(payload, str | bytes)
-                    self._message += len(payload.encode() if isinstance(payload, str) else payload)
+                    self._message += len(payload)
                     if self._message > self.max_message:
                         raise WebSocketError(
                             MESSAGE_TOO_BIG,
@@ -160,6 +178,9 @@ class FrameReader:
                         seen.messages += 1
                 if frame.frame_finished:
                     seen.frames.append(_OPCODE_NAMES[frame.opcode])
+                    if self.keep:
+                        seen.payloads.append(b"".join(self._parts))
+                        self._parts = []
         except WebSocketError:
             self._failed_between = before
             raise

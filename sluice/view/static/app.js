@@ -117,6 +117,43 @@ function showFrames(page) {
   markSelected();
 }
 
+// The HTTP listener's exchanges (sluice proxy --http-listen): a table of
+// their own, filtered by path (a part of it) and status (404, or 4xx).
+async function getHttp(filter) {
+  if (!DATA) return api("http", filter);
+  const rows = (DATA.http || []).filter((e) =>
+    (!filter.path || e.path.includes(filter.path)) &&
+    (!filter.status || (filter.status.endsWith("xx") ? String(e.status)[0] === filter.status[0]
+                                                     : String(e.status) === filter.status)));
+  return { total: rows.length, offset: 0, rows };
+}
+
+async function refreshHttp(status) {
+  if (!status.http) return;
+  $("http").hidden = false;
+  const form = new FormData($("http-filters"));
+  const filter = {};
+  for (const key of ["path", "status"]) if (form.get(key)) filter[key] = form.get(key);
+  try {
+    const page = await getHttp(filter);
+    $("http-count").textContent = `(${page.total} match)`;
+    $("exchanges").tBodies[0].innerHTML = page.rows.map((e) => {
+      const notes = [];
+      if (e.redirects) notes.push(`redirected ${e.redirects}`);
+      if (e.refused) notes.push(`answered by Sluice: ${e.refused}`);
+      if (e.ended) notes.push(`ended: ${e.ended}`);
+      if (e.frames) notes.push(`${e.frames} WebSocket frames` + (e.session ? ` (${e.session})` : ""));
+      if (e.redacted) notes.push("credentials redacted");
+      return `<tr class="${e.status >= 500 || !e.status ? "bad" : ""}"><td>${e.i}</td><td>${e.t.toFixed(6)}</td>` +
+        `<td>h${e.conn}</td><td>${escape(e.method)}</td><td class="topic" title="${escape(e.path)}">${escape(e.path)}</td>` +
+        `<td>${e.status || ""}</td><td>${escape(e.kind)}</td><td>${(1000 * e.seconds).toFixed(1)}</td>` +
+        `<td>${e.request_bytes}</td><td>${e.response_bytes}</td><td>${escape(notes.join(", "))}</td></tr>`;
+    }).join("");
+  } catch (error) {
+    $("http-count").textContent = error.message;
+  }
+}
+
 function markSelected() {
   for (const row of $("frames").tBodies[0].rows)
     row.classList.toggle("selected", row.dataset.frame === String(state.selected));
@@ -237,7 +274,14 @@ async function start() {
     if (state.total < PAGE || !status.building) await refresh();
   }
   showSummary(DATA ? DATA.summary : await api("summary"));
+  state.status = status;
+  await refreshHttp(status);
 }
+
+$("http-filters").addEventListener("submit", (event) => {
+  event.preventDefault();
+  if (state.status) refreshHttp(state.status);
+});
 
 $("filters").addEventListener("submit", (event) => {
   event.preventDefault();

@@ -1,0 +1,150 @@
+"""What a recording keeps of an HTTP exchange: credentials out, sans-I/O.
+
+``sluice/proxy/http_recording.py`` records each exchange of the HTTP
+listener and each frame of a WebSocket session (``http`` and ``ws``
+records, docs/recording-format.md); what may be written of a request's
+target, headers and bodies is decided here, on values:
+
+- ``redact_target``: a request target (or a URL) with the values of
+  credential-like query parameters (``token=``, ``jwt=``, ``api_key=`` …)
+  replaced by ``<redacted>``.
+- ``redact_headers``: headers as text pairs, the values of those that
+  carry credentials (``Authorization``, ``Proxy-Authorization``,
+  ``Cookie``, ``Set-Cookie``, ``X-Original-Principal``, anything named like
+  a token, key, secret or password) replaced, and URLs in ``Location``
+  and ``Referer`` redacted as targets.
+- ``redact_body``: a JSON or form body (kept whole with ``--record-payloads
+  full``) with the values of credential-like keys replaced; any other body
+  as it came.
+
+Nothing here imports trio.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from collections.abc import Iterable
+from typing import Any
+
+MARKER = "<redacted>"
+# A header whose value is a credential (or names who holds one).
+_SENSITIVE_HEADER = re.compile(
+    r"auth|token|passw|secret|credential|key|cookie|session|jwt|signature|principal",
+    re.IGNORECASE,
+)
+# A query parameter or JSON key whose value is a credential: narrower than
+# for headers, as Pulsar's own names (``authoritative``, a message's ``key``,
+# ``keySharedMode``) are no secrets.
+_SENSITIVE_NAME = re.compile(
+    r"token|passw|secret|credential|cookie|session|jwt|signature|bearer|"
+    r"api[-_]?key|private[-_]?key|access[-_]?key|^auth(?!oritative)|authdata|authorization",
+    re.IGNORECASE,
+)
+# Headers whose value is a URL: its query is redacted like a target's.
+_URL_HEADERS = frozenset({"location", "content-location", "referer", "origin"})
+
+
+def sensitive(name: str) -> bool:
+    """A query parameter or JSON key whose value is not recorded."""
+    return bool(_SENSITIVE_NAME.search(name))
+
+
+def sensitive_header(name: str) -> bool:
+    """A header whose value is not recorded (a WebSocket handshake's key
+    and accept values are nonces, not credentials)."""
+    lower = name.lower()
+    return not lower.startswith("sec-websocket-") and bool(_SENSITIVE_HEADER.search(lower))
+
+
+def _redact_query(query: str) -> str:
+    parts = []
+    for part in query.split("&"):
+        name, eq, _ = part.partition("=")
+        if eq and sensitive(urllib.parse.unquote_plus(name)):
+            part = f"{name}={MARKER}"
+        parts.append(part)
+    return "&".join(parts)
+
+
+def redact_target(target: bytes | str) -> str:
+    """A request target or URL as text, credential-like query values
+    replaced (the rest of it as it came); user information in an absolute
+    URL is replaced too."""
+    text = target.decode("latin-1") if isinstance(target, bytes) else target
+    text, hash_, fragment = text.partition("#")
+    base, q, query = text.partition("?")
+    if "://" in base:
+        scheme, _, rest = base.partition("://")
+        authority, slash, path = rest.partition("/")
+        if "@" in authority:
+            authority = f"{MARKER}@{authority.rpartition('@')[2]}"
+        base = f"{scheme}://{authority}{slash}{path}"
+    if q:
+        base += "?" + _redact_query(query)
+    return base + (hash_ + _redact_query(fragment) if hash_ else "")
+
+
+def redact_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[list[str]]:
+    """Headers as ``[name, value]`` text pairs, credentials replaced."""
+    out = []
+    for raw_name, raw_value in headers:
+        name = raw_name.decode("latin-1")
+        value = raw_value.decode("latin-1")
+        lower = name.lower()
+        if sensitive_header(lower):
+            value = MARKER
+        elif lower in _URL_HEADERS:
+            value = redact_target(value)
+        out.append([name, value])
+    return out
+
+
+def _scrub(value: Any) -> tuple[Any, bool]:
+    """A JSON value with credential-like keys' values replaced; whether any were."""
+    if isinstance(value, dict):
+        changed = False
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if isinstance(key, str) and sensitive(key) and item not in (None, "", MARKER):
+                out[key], changed = MARKER, True
+            else:
+                out[key], inner = _scrub(item)
+                changed = changed or inner
+        return out, changed
+    if isinstance(value, list):
+        items = [_scrub(item) for item in value]
+        return [i for i, _ in items], any(c for _, c in items)
+    return value, False
+
+
+def redact_body(body: bytes, content_type: str = "") -> tuple[bytes, bool]:
+    """A body to keep whole, and whether credentials were replaced in it: a
+    JSON document's credential-like keys, a form's credential-like fields.
+    Another body is kept as it came."""
+    start = body.lstrip()[:1]
+    if start in (b"{", b"["):
+        try:
+            document = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return body, False
+        scrubbed, changed = _scrub(document)
+        if not changed:
+            return body, False
+        return json.dumps(scrubbed, separators=(",", ":")).encode(), True
+    if "x-www-form-urlencoded" in content_type.lower():
+        try:
+            text = body.decode("ascii")
+        except UnicodeDecodeError:
+            return body, False
+        redacted = _redact_query(text)
+        return redacted.encode(), redacted != text
+    return body, False
+
+
+def content_type(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.decode("latin-1")
+    return ""

@@ -1,0 +1,366 @@
+"""The HTTP listener's traffic in a recording, against Apache Pulsar 4.0.8.
+
+One ``sluice proxy --record --http-listen`` session in front of a broker
+with its WebSocket service on, reached through a web service that answers
+every request with a 307 to the broker (so Sluice follows a redirect for
+each): admin REST calls (one with ``Authorization: Bearer``, one with a
+``?token=`` query), an HTTP lookup, an error answer, and a WebSocket
+producer and consumer. Then the capture itself (exact records, no secret
+anywhere in its bytes), ``sluice inspect``, ``sluice view``'s JSON and
+``sluice analyze``'s ``http`` table.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websocket
+from playwright.sync_api import Browser
+
+from sluice.brokers.apache_pulsar import ApachePulsar
+from sluice.protocols.http import Hop, RedirectError, Redirects, parse_http_url
+from sluice.protocols.http.recorded import redact_body, redact_headers, redact_target
+from sluice.proxy.http_recording import Body
+from sluice.recording import format as fmt
+from tests.helpers.support import SLUICE
+from tests.test_analyze import analyze, rows_of
+from tests.test_http import Redirector, start_web_proxy
+from tests.test_view import Viewer, browser, console_errors  # noqa: F401 - browser: a fixture
+from tests.test_websocket import to_send, ws_broker  # noqa: F401 - a fixture
+
+BEARER = "bearer-" + uuid.uuid4().hex  # in an Authorization header
+QUERY_TOKEN = "query-" + uuid.uuid4().hex  # in a ?token= query
+WS_TOKEN = "ws-" + uuid.uuid4().hex  # in a WebSocket upgrade's ?token=
+COOKIE = "cookie-" + uuid.uuid4().hex
+SECRETS = (BEARER, QUERY_TOKEN, WS_TOKEN, COOKIE)
+N = 3  # WebSocket messages
+TIMEOUT = 30
+
+
+@dataclass
+class Session:
+    record: Path
+    tenant: str
+    topic: str
+    broker_http: str
+    records: list[dict[str, Any]]
+
+
+def call(base: str, method: str, path: str, body: object = None,
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+@pytest.fixture(scope="module")
+def http_capture(ws_broker: ApachePulsar, tmp_path_factory: pytest.TempPathFactory) -> Session:  # noqa: F811
+    tmp = tmp_path_factory.mktemp("http-rec")
+    record = tmp / "rec"
+    redirector = Redirector(ws_broker.http_url)
+    thread = threading.Thread(target=redirector.serve_forever, daemon=True)
+    thread.start()
+    web = start_web_proxy(
+        ws_broker, tmp, redirector.url, "--allow-broker", "127.0.0.1", "--record", str(record),
+        "--record-payloads", "full", "--record-flush-interval", "0.1",
+    )  # fmt: skip
+    tenant = f"rec-{uuid.uuid4().hex[:8]}"
+    name = f"rec-{uuid.uuid4().hex[:8]}"
+    topic = f"persistent/public/default/{name}"
+    try:
+        base = web.url
+        status, _ = call(base, "PUT", f"/admin/v2/tenants/{tenant}",
+                         {"adminRoles": [], "allowedClusters": ["standalone"]},
+                         {"Authorization": f"Bearer {BEARER}"})  # fmt: skip
+        assert status == 204
+        status, _ = call(base, "PUT", f"/admin/v2/namespaces/{tenant}/ns?token={QUERY_TOKEN}")
+        assert status == 204
+        status, text = call(base, "GET", f"/admin/v2/namespaces/{tenant}")
+        assert (status, json.loads(text)) == (200, [f"{tenant}/ns"])
+        assert call(base, "GET", f"/admin/v2/namespaces/{tenant}/missing/messageTTL")[0] == 404
+        status, text = call(base, "GET", f"/lookup/v2/topic/{topic}")
+        assert status == 200, text
+        ws = f"ws://127.0.0.1:{web.http_port}/ws/v2"
+        consumer = websocket.create_connection(
+            f"{ws}/consumer/{topic}/sub?subscriptionType=Exclusive&token={WS_TOKEN}",
+            timeout=TIMEOUT, cookie=f"session={COOKIE}",
+        )  # fmt: skip
+        producer = websocket.create_connection(f"{ws}/producer/{topic}", timeout=TIMEOUT)
+        try:
+            for i in range(N):
+                producer.send(to_send(str(i), f"message {i}".encode()))
+            assert [json.loads(producer.recv())["result"] for _ in range(N)] == ["ok"] * N
+            for _ in range(N):
+                message = json.loads(consumer.recv())
+                consumer.send(json.dumps({"messageId": message["messageId"]}))
+        finally:
+            producer.close()
+            consumer.close()
+        assert web.proxy.terminate() == 0  # drained: every record written
+    finally:
+        web.proxy.kill()
+        redirector.shutdown()
+        redirector.server_close()
+        thread.join(timeout=10)
+    assert "Traceback" not in web.proxy.log(), web.proxy.log()
+    records = [r for path in fmt.recording_files(record) for r in fmt.read_records(path)]
+    return Session(record, tenant, topic, ws_broker.http_url, records)
+
+
+def of_kind(http_capture: Session, kind: str) -> list[dict[str, Any]]:
+    return [r for r in http_capture.records if r["k"] == kind]
+
+
+def header_of(part: dict[str, Any], name: str) -> str | None:
+    return next((v for n, v in part["h"] if n.lower() == name), None)
+
+
+def test_each_exchange_is_one_record(http_capture: Session) -> None:
+    exchanges = of_kind(http_capture, "http")
+    tenant, topic = http_capture.tenant, http_capture.topic
+    shown = [(r["method"], r["path"], r["status"], r["kind"]) for r in exchanges]
+    assert shown == [
+        ("PUT", f"/admin/v2/tenants/{tenant}", 204, "admin"),
+        ("PUT", f"/admin/v2/namespaces/{tenant}/ns?token=<redacted>", 204, "admin"),
+        ("GET", f"/admin/v2/namespaces/{tenant}", 200, "admin"),
+        ("GET", f"/admin/v2/namespaces/{tenant}/missing/messageTTL", 404, "admin"),
+        ("GET", f"/lookup/v2/topic/{topic}", 200, "lookup"),
+        (
+            "GET",
+            f"/ws/v2/consumer/{topic}/sub?subscriptionType=Exclusive&token=<redacted>",
+            101,
+            "websocket",
+        ),
+        ("GET", f"/ws/v2/producer/{topic}", 101, "websocket"),
+    ], shown
+    for r in exchanges:
+        assert r["t"] <= r["ta"] <= r["te"], r  # request, answer, end
+        assert r["client"].startswith("127.0.0.1:")
+        assert "ended" not in r and "refused" not in r
+        # The 307 each went through first: the broker it was sent on to.
+        assert r["hops"] == [[http_capture.broker_http, r["path"]]], r
+    put = exchanges[0]
+    assert header_of(put["req"], "authorization") == "<redacted>"
+    assert put["redacted"] is True
+    body = json.loads(put["req"]["raw"])  # --record-payloads full: bodies whole
+    assert body == {"adminRoles": [], "allowedClusters": ["standalone"]}
+    assert put["req"]["n"] == len(put["req"]["raw"]) and put["res"]["n"] == 0
+    listed = exchanges[2]
+    assert json.loads(listed["res"]["raw"]) == [f"{tenant}/ns"]
+    assert header_of(listed["res"], "content-type") == "application/json"
+    assert "redacted" not in listed
+    lookup = json.loads(exchanges[4]["res"]["raw"])
+    assert lookup["httpUrl"].startswith("http://127.0.0.1:")  # as the client got it: Sluice's
+    assert header_of(exchanges[5]["req"], "cookie") == "<redacted>"
+
+
+def test_websocket_frames_are_recorded_in_their_session(http_capture: Session) -> None:
+    exchanges = of_kind(http_capture, "http")
+    consumer, producer = exchanges[5]["h"], exchanges[6]["h"]
+    frames = of_kind(http_capture, "ws")
+
+    def ops(conn: int, direction: int) -> list[str]:
+        return [f["op"] for f in frames if f["h"] == conn and f["d"] == direction]
+
+    assert ops(producer, 0) == ["text"] * N + ["close"]
+    assert ops(producer, 1) == ["text"] * N + ["close"]
+    assert ops(consumer, 0) == ["text"] * N + ["close"]
+    assert ops(consumer, 1) == ["text"] * N + ["close"]
+    sent = [f for f in frames if f["h"] == producer and f["d"] == 0 and f["op"] == "text"]
+    assert [json.loads(f["raw"])["context"] for f in sent] == ["0", "1", "2"]
+    assert [f["n"] for f in sent] == [len(to_send(str(i), f"message {i}".encode()))
+                                      for i in range(N)]  # fmt: skip
+    got = [f for f in frames if f["h"] == consumer and f["d"] == 1 and f["op"] == "text"]
+    assert [base64.b64decode(json.loads(f["raw"])["payload"]) for f in got] == [
+        f"message {i}".encode() for i in range(N)
+    ]
+    assert all(f["close"] == 1000 for f in frames if f["op"] == "close")
+    ends = of_kind(http_capture, "ws_end")
+    assert sorted((e["h"], e["reason"]) for e in ends) == sorted(
+        [(consumer, "closed"), (producer, "closed")]
+    )
+
+
+def test_no_credential_is_in_the_capture(http_capture: Session) -> None:
+    files = fmt.recording_files(http_capture.record)
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        for secret in SECRETS:
+            assert secret.encode() not in data, (path, secret)
+
+
+def run_sluice(*args: str) -> str:
+    done = subprocess.run([*SLUICE, *args], capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_inspect_shows_the_exchanges_and_frames(http_capture: Session) -> None:
+    text = run_sluice("inspect", str(http_capture.record))
+    http = [line for line in text.splitlines() if " HTTP " in line and " → " in line]
+    assert len(http) == 7, text
+    assert f"GET /admin/v2/namespaces/{http_capture.tenant}/missing/messageTTL → 404" in http[3]
+    assert "redirected 1" in http[0] and "credentials redacted" in http[0]
+    ws = [line for line in text.splitlines() if " WS " in line]
+    assert len(ws) == 4 * (N + 1), text
+    assert "7 HTTP exchanges: admin 2xx 3, admin 4xx 1, lookup 2xx 1, websocket 1xx 2" in text
+    assert (
+        "WebSocket frames: broker_to_client close 2, broker_to_client text 6, "
+        "client_to_broker close 2, client_to_broker text 6"
+    ) in text
+    lines = [json.loads(line) for line in run_sluice(
+        "inspect", str(http_capture.record), "--json").splitlines()]  # fmt: skip
+    exchanges = [x for x in lines if x["kind"] == "http"]
+    assert [x["status"] for x in exchanges] == [204, 204, 200, 404, 200, 101, 101]
+    assert exchanges[0]["request"]["headers"]["authorization"] == "<redacted>"
+    assert "raw" not in exchanges[0]["request"]  # bytes only --with-bytes
+    assert [x["request_kind"] for x in exchanges][-2:] == ["websocket"] * 2
+    assert len({x["http_conn"] for x in exchanges}) == 7  # urllib: a connection each
+
+
+def test_view_lists_the_exchanges(http_capture: Session) -> None:
+    viewer = Viewer(http_capture.record)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while viewer.api("status")["building"]:
+            assert time.monotonic() < deadline, "the index was not built"
+            time.sleep(0.05)
+        everything = viewer.api("http")
+        assert everything["total"] == 7
+        assert [r["status"] for r in everything["rows"]] == [204, 204, 200, 404, 200, 101, 101]
+        assert everything["rows"][5]["frames"] == 2 * (N + 1)
+        assert viewer.api("http?status=4xx")["rows"][0]["path"].endswith("/missing/messageTTL")
+        assert viewer.api("http?status=404")["total"] == 1
+        assert viewer.api("http?path=/ws/")["total"] == 2
+        assert viewer.api("http?path=/lookup/&status=2xx")["total"] == 1
+        assert viewer.api("http?path=nothing-like-it")["total"] == 0
+        assert viewer.api("status")["http"] == 7
+    finally:
+        viewer.stop()
+
+
+def test_analyze_has_an_http_table(http_capture: Session, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = analyze(http_capture.record.as_uri(), out, "local[1]")
+    rows = sorted(rows_of(out / "http"), key=lambda r: r["wall_ns"])
+    assert [(r["method"], r["status"], r["kind"]) for r in rows] == [
+        ("PUT", 204, "admin"), ("PUT", 204, "admin"), ("GET", 200, "admin"),
+        ("GET", 404, "admin"), ("GET", 200, "lookup"), ("GET", 101, "websocket"),
+        ("GET", 101, "websocket"),
+    ]  # fmt: skip
+    assert rows[1]["path"].endswith("?token=<redacted>")
+    assert all(r["redirects"] == 1 and r["seconds"] >= 0 for r in rows)
+    assert rows[5]["websocket_frames"] == 2 * (N + 1)
+    assert "7 HTTP exchanges" in result.stderr
+    report = (out / "report.html").read_text()
+    assert "<h2>HTTP exchanges</h2><p>7 exchanges.</p>" in report
+
+
+def test_view_page_shows_and_filters_the_exchanges(
+    http_capture: Session,
+    browser: Browser,  # noqa: F811
+) -> None:
+    viewer = Viewer(http_capture.record)
+    page = browser.new_page()
+    errors = console_errors(page)
+    try:
+        page.goto(viewer.url)
+        rows = page.locator("#exchanges tbody tr")
+        rows.nth(6).wait_for(timeout=TIMEOUT * 1000)
+        assert rows.count() == 7
+        assert "credentials redacted" in rows.nth(0).inner_text()
+        assert f"{2 * (N + 1)} WebSocket frames (closed)" in rows.nth(5).inner_text()
+        page.fill("#http-filters input[name=status]", "4xx")
+        page.click("#http-filters button")
+        page.wait_for_function("document.querySelectorAll('#exchanges tbody tr').length === 1")
+        assert "/missing/messageTTL" in rows.nth(0).inner_text()
+        assert page.locator("#http-count").inner_text() == "(1 match)"
+        assert errors == []
+    finally:
+        page.close()
+        viewer.stop()
+
+
+# --- what is left out, on values ---------------------------------------------------
+
+
+def test_credentials_are_left_out_of_targets_headers_and_bodies() -> None:
+    assert redact_target(b"/a?token=x&authoritative=true&jwt=y") == (
+        "/a?token=<redacted>&authoritative=true&jwt=<redacted>"
+    )
+    assert redact_target("https://user:pw@host:1/p?api_key=k") == (
+        "https://<redacted>@host:1/p?api_key=<redacted>"
+    )
+    assert redact_headers([(b"Proxy-Authorization", b"Basic x"), (b"Set-Cookie", b"s=1"),
+                           (b"X-Original-Principal", b"role"), (b"Accept", b"*/*"),
+                           (b"Location", b"http://h/x?token=t")]) == [
+        ["Proxy-Authorization", "<redacted>"], ["Set-Cookie", "<redacted>"],
+        ["X-Original-Principal", "<redacted>"], ["Accept", "*/*"],
+        ["Location", "http://h/x?token=<redacted>"],
+    ]  # fmt: skip
+    assert redact_body(b'{"a": [{"password": "p", "key": "k"}]}') == (
+        b'{"a":[{"password":"<redacted>","key":"k"}]}',
+        True,
+    )
+    assert redact_body(b'{"key": "k"}') == (b'{"key": "k"}', False)
+    assert redact_body(b"token=t&x=1", "application/x-www-form-urlencoded") == (
+        b"token=<redacted>&x=1",
+        True,
+    )
+    assert redact_body(b"token=t") == (b"token=t", False)  # not a form: a payload
+
+
+def test_bodies_follow_the_payload_policy() -> None:
+    text = b'{"token": "t", "n": 1}'
+    headers = [(b"content-type", b"application/json"), (b"authorization", b"Basic x")]
+    full = Body(fmt.PayloadPolicy.FULL, limit=64)
+    full.add(text[:5])
+    full.add(text[5:])
+    assert full.record(headers) == (
+        {"h": [["content-type", "application/json"], ["authorization", "<redacted>"]],
+         "n": len(text), "raw": b'{"token":"<redacted>","n":1}'},
+        True,
+    )  # fmt: skip
+    digest = hashlib.sha256(text).digest()
+    for policy, p in ((fmt.PayloadPolicy.HASH, [len(text), digest]),
+                      (fmt.PayloadPolicy.NONE, [len(text)])):  # fmt: skip
+        body = Body(policy, limit=64)
+        body.add(text)
+        assert body.record([]) == ({"h": [], "n": len(text), "p": p}, False)
+    cut = Body(fmt.PayloadPolicy.FULL, limit=10)  # over the limit: its digest, not its bytes
+    cut.add(text)
+    assert cut.record([]) == ({"h": [], "n": len(text), "p": [len(text), digest]}, False)
+    assert Body(fmt.PayloadPolicy.FULL, limit=10).record([]) == ({"h": [], "n": 0}, False)
+
+
+def test_a_redirect_loop_is_told_without_credentials() -> None:
+    """The 502 a loop gets (and its log line) names the hops' paths with
+    their credential-like query values replaced."""
+    broker = parse_http_url("http://127.0.0.1:8080")
+    target = f"/admin/v2/tenants?token={QUERY_TOKEN}".encode()
+    redirects = Redirects(Hop(broker, target), 5, lambda url: True)
+    with pytest.raises(RedirectError) as loop:
+        redirects.follow(307, [(b"location", b"http://127.0.0.1:8080" + target)])
+    assert "redirect loop" in str(loop.value) and QUERY_TOKEN not in str(loop.value)
