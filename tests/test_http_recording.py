@@ -257,6 +257,10 @@ def test_view_lists_the_exchanges(http_capture: Session) -> None:
         assert viewer.api("http?path=/lookup/&status=2xx")["total"] == 1
         assert viewer.api("http?path=nothing-like-it")["total"] == 0
         assert viewer.api("status")["http"] == 7
+        # The timeline's lane of exchanges: each from its start, by status.
+        lane = viewer.api("timeline")["http"]
+        assert [e[3] for e in lane] == [204, 204, 200, 404, 200, 101, 101]
+        assert all(e[1] >= lane[0][1] and e[2] >= 0 for e in lane)
     finally:
         viewer.stop()
 
@@ -292,6 +296,10 @@ def test_view_page_shows_and_filters_the_exchanges(
         assert rows.count() == 7
         assert "credentials redacted" in rows.nth(0).inner_text()
         assert f"{2 * (N + 1)} WebSocket frames (closed)" in rows.nth(5).inner_text()
+        page.wait_for_function(
+            "document.querySelectorAll('#timeline rect[data-exchange]').length === 7"
+        )
+        assert "http" in page.locator("#timeline svg text.lane").all_text_contents()
         page.fill("#http-filters input[name=status]", "4xx")
         page.click("#http-filters button")
         page.wait_for_function("document.querySelectorAll('#exchanges tbody tr').length === 1")

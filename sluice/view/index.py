@@ -660,6 +660,9 @@ class Index:
             "sampled": step > 1,
             "frames": len(chosen),
             "notes": [vars(n) for n in self.notes[:500]],
+            # The HTTP listener's exchanges, a lane of their own: [i, start,
+            # seconds, status], at most ``marks`` of them.
+            "http": [[e.i, e.t, e.seconds, e.status] for e in self.exchanges[:marks]],
         }
         if not self.building:
             self._timelines[key] = found

@@ -160,9 +160,13 @@ function markSelected() {
 }
 
 function showTimeline(data) {
-  const lanes = state.connections.length || 1;
+  // A lane per connection, and one for the HTTP listener's exchanges when
+  // the capture has any (a bar from request to answer, coloured by status).
+  const http = data.http || [];
+  const httpLane = state.connections.length;
+  const lanes = httpLane + (http.length ? 1 : 0) || 1;
   const width = 1000, lane = 14, height = lanes * lane + 20;
-  const end = Math.max(1e-6, ...data.marks.map((m) => m[2]));
+  const end = Math.max(1e-6, ...data.marks.map((m) => m[2]), ...http.map((e) => e[1] + e[2]));
   const x = (t) => 60 + (t / end) * (width - 70);
   const parts = [`<svg viewBox="0 0 ${width} ${height}" role="img" aria-label="timeline">`];
   state.connections.forEach((c, n) =>
@@ -175,6 +179,16 @@ function showTimeline(data) {
     }
     parts.push(`<rect data-frame="${i}" x="${x(t)}" y="${y}" width="${bad ? 3 : 1.5}" height="4" ` +
                `fill="${bad ? "#c0392b" : dir ? "#2e86c1" : "#1e8449"}"><title>#${i}</title></rect>`);
+  }
+  if (http.length) {
+    const y = httpLane * lane;
+    parts.push(`<text class="lane" x="2" y="${y + 11}">http</text>`);
+    for (const [i, t, seconds, status] of http) {
+      const fill = status >= 500 || !status ? "#c0392b" : status >= 400 ? "#d68910" : "#7d3c98";
+      const w = Math.max(1.5, x(t + seconds) - x(t));
+      parts.push(`<rect data-exchange="${i}" x="${x(t)}" y="${y + 4}" width="${w}" height="6" ` +
+                 `fill="${fill}"><title>exchange #${i}: ${status || "no answer"}</title></rect>`);
+    }
   }
   for (const note of data.notes || []) {
     const lineAt = x(note.t);
