@@ -146,8 +146,10 @@ class Runtime:
         run to its end: its exit status and output. ``token``: it presents
         that token (``AuthenticationToken``). Its client configuration file,
         its first argument, is empty (flags say everything). Past ``timeout``
-        seconds it is killed and :class:`BrokerError` says what it printed."""
-        options = ["--admin-url", admin_url, "--request-timeout", str(max(1, int(timeout)))]
+        seconds it is killed and :class:`BrokerError` says what it printed;
+        each of its requests times out at half that, so that a request left
+        unanswered is the tool's own error rather than a kill."""
+        options = ["--admin-url", admin_url, "--request-timeout", str(max(1, int(timeout / 2)))]
         if token is not None:
             options += ["--auth-plugin", TOKEN_AUTH_PLUGIN, "--auth-params", f"token:{token}"]
         command = self.java(ADMIN_MAIN, os.devnull, *options, *args, jvm=ADMIN_JVM)
