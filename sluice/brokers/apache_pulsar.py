@@ -2,7 +2,8 @@
 
 The release is pinned in ``apache-pulsar/pom.xml`` (beside this file) by Maven
 coordinates. :func:`provision` asks Maven to resolve it (the broker with its
-standalone starter, ``pulsar-perf`` and the Apache Pulsar Proxy) into a local
+standalone starter, ``pulsar-perf``, the Apache Pulsar Proxy and the admin tool
+``pulsar-admin``, which :meth:`Runtime.admin_tool` runs) into a local
 repository under ``~/.cache/sluice/pulsar-<version>/`` and keeps the classpath
 it printed; a second call finds the classpath and its jars and downloads
 nothing. :class:`ApachePulsar` starts one standalone broker (metadata in
@@ -55,6 +56,16 @@ POM = RESOURCES / "pom.xml"
 STANDALONE_MAIN = "org.apache.pulsar.PulsarStandaloneStarter"
 PERF_MAIN = "org.apache.pulsar.testclient.PulsarPerfTestTool"
 PROXY_MAIN = "org.apache.pulsar.proxy.server.ProxyServiceStarter"
+ADMIN_MAIN = "org.apache.pulsar.admin.cli.PulsarAdminTool"
+TOKEN_AUTH_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+# A short-lived JVM: the first compiler tier and one GC thread start it
+# sooner (seconds, on a busy machine), and logs below WARN are not wanted.
+ADMIN_JVM = (
+    "-Xmx256m",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+    "-Djava.net.preferIPv4Stack=true",
+)
 
 # Java 17 keeps these packages closed; the broker reads JVM and container
 # figures through them and logs a stack trace at start without them.
@@ -123,6 +134,64 @@ class Runtime:
         is a client configuration file; ours is empty (flags say everything).
         Its latency histograms take a few hundred MiB of heap at start."""
         return self.java(PERF_MAIN, os.devnull, *args, jvm=("-Xmx1g",))
+
+    def admin_tool(
+        self,
+        admin_url: str,
+        *args: str,
+        token: str | None = None,
+        timeout: float = 120.0,
+    ) -> AdminRun:
+        """``pulsar-admin --admin-url ADMIN_URL ARGS``, the Java admin tool,
+        run to its end: its exit status and output. ``token``: it presents
+        that token (``AuthenticationToken``). Its client configuration file,
+        its first argument, is empty (flags say everything). Past ``timeout``
+        seconds it is killed and :class:`BrokerError` says what it printed;
+        each of its requests times out at half that, so that a request left
+        unanswered is the tool's own error rather than a kill."""
+        options = ["--admin-url", admin_url, "--request-timeout", str(max(1, int(timeout / 2)))]
+        if token is not None:
+            options += ["--auth-plugin", TOKEN_AUTH_PLUGIN, "--auth-params", f"token:{token}"]
+        command = self.java(ADMIN_MAIN, os.devnull, *options, *args, jvm=ADMIN_JVM)
+        try:
+            run = subprocess.run(
+                command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            printed = b"".join(
+                part if isinstance(part, bytes) else part.encode()
+                for part in (exc.stdout, exc.stderr)
+                if part
+            )
+            raise BrokerError(
+                f"pulsar-admin {' '.join(args)} ran past {timeout:.0f} s and was killed; "
+                f"it printed:\n{printed.decode(errors='replace')[-2000:]}"
+            ) from None
+        return AdminRun(tuple(args), run.returncode, run.stdout, run.stderr)
+
+
+@dataclass(frozen=True)
+class AdminRun:
+    """One finished run of the Java admin tool."""
+
+    args: tuple[str, ...]
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+    def json(self) -> object:
+        """Its output read as JSON (``--output json`` answers, stats, policies)."""
+        return json.loads(self.stdout)
+
+    def __str__(self) -> str:
+        return (
+            f"pulsar-admin {' '.join(self.args)}: exit {self.status}\n"
+            f"{self.stdout[-2000:]}{self.stderr[-2000:]}"
+        )
 
 
 def provision(say: Say = say_on_stderr) -> Runtime:
