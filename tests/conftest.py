@@ -104,6 +104,17 @@ def apache_pulsar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApachePu
     b.close()
 
 
+@pytest.fixture(scope="module")
+def ws_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApachePulsar]:
+    """Apache Pulsar with its WebSocket service on, for the modules that
+    relay WebSocket sessions (one per module: it is stopped after them)."""
+    b = start_apache_pulsar(
+        tmp_path_factory.mktemp("ws-pulsar"), settings={"webSocketServiceEnabled": True}
+    )
+    yield b
+    b.close()
+
+
 @pytest.fixture(scope="session", params=BROKERS)
 def any_broker(request: pytest.FixtureRequest) -> Broker:
     """The session's pulsar-lite, then the session's Apache Pulsar."""

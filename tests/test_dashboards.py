@@ -25,7 +25,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.protocols.pulsar import Type, command, encode, pb
-from tests.conftest import start_apache_pulsar
 from tests.helpers.support import (
     PrometheusProcess,
     ProxyProcess,
@@ -137,16 +136,6 @@ def varied_traffic(proxy: ProxyProcess, broker: EmbeddedBroker, topic: str) -> N
         seek = pb.CommandSeek(consumer_id=42, request_id=2, message_publish_time=1)
         raw.send(encode(command(T("SEEK"), seek)))
         assert raw.receive_type("ERROR").body.request_id == 2
-
-
-@pytest.fixture(scope="module")
-def ws_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApachePulsar]:
-    """Apache Pulsar with its WebSocket service on: the HTTP listener's broker."""
-    b = start_apache_pulsar(
-        tmp_path_factory.mktemp("ws-pulsar"), settings={"webSocketServiceEnabled": True}
-    )
-    yield b
-    b.close()
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from tests.helpers.support import SLUICE
 from tests.test_analyze import analyze, rows_of
 from tests.test_http import Redirector, start_web_proxy
 from tests.test_view import Viewer, browser, console_errors  # noqa: F401 - browser: a fixture
-from tests.test_websocket import to_send, ws_broker  # noqa: F401 - a fixture
+from tests.test_websocket import to_send
 
 BEARER = "bearer-" + uuid.uuid4().hex  # in an Authorization header
 QUERY_TOKEN = "query-" + uuid.uuid4().hex  # in a ?token= query
@@ -74,7 +74,7 @@ def call(base: str, method: str, path: str, body: object = None,
 
 
 @pytest.fixture(scope="module")
-def http_capture(ws_broker: ApachePulsar, tmp_path_factory: pytest.TempPathFactory) -> Session:  # noqa: F811
+def http_capture(ws_broker: ApachePulsar, tmp_path_factory: pytest.TempPathFactory) -> Session:
     tmp = tmp_path_factory.mktemp("http-rec")
     record = tmp / "rec"
     redirector = Redirector(ws_broker.http_url)

@@ -33,21 +33,10 @@ from sluice.protocols.http.websocket import (
     switched_headers,
     upgrade_headers,
 )
-from tests.conftest import start_apache_pulsar
 from tests.test_http import MAX_BODY, Redirector, WebProxy, raw_exchange, start_web_proxy
 
 N = 100
 TIMEOUT = 30
-
-
-@pytest.fixture(scope="module")
-def ws_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApachePulsar]:
-    """Apache Pulsar with its WebSocket service on (this module's only)."""
-    b = start_apache_pulsar(
-        tmp_path_factory.mktemp("ws-pulsar"), settings={"webSocketServiceEnabled": True}
-    )
-    yield b
-    b.close()
 
 
 @pytest.fixture

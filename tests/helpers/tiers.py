@@ -36,7 +36,7 @@ E2E_FIXTURES = frozenset(
         "installed",  # test_install: a wheel built and installed
         "recording",  # test_replay
         "session",  # test_compiled_summaries: a recorded session
-        "ws_broker",  # test_websocket: Apache Pulsar with its WebSocket service
+        "ws_broker",  # conftest: Apache Pulsar with its WebSocket service
     }
 )
 
