@@ -499,7 +499,7 @@ def request_latencies(frames: Any, F: Any) -> Any:
     # Most pairs are a publish and its receipt: they pair in a hash
     # aggregation (fixed-width values only: the asking command by its
     # position among the publishing ones); the other requests, few, with
-    # min_by (a sort-based aggregation).
+    # the min of a struct (a sort-based aggregation).
     asked = F.min(F.when(F.col("asks"), F.col("mono_ns"))).alias("asked")
     answered = F.min(F.when(F.col("answers"), F.col("mono_ns"))).alias("answered")
     pair = ["capture", "conn", "a", "b"]
@@ -517,11 +517,14 @@ def request_latencies(frames: Any, F: Any) -> Any:
         keyed.filter(~F.col("by_send"))
         .groupBy(*pair)
         .agg(
-            F.min_by(F.col("command"), F.when(F.col("asks"), F.col("mono_ns"))).alias("command"),
+            # The earliest asking frame's command; frames of one read share
+            # a time, so a tie goes to the command's name (min_by would
+            # pick by partition order, which differs between runs).
+            F.min(F.when(F.col("asks"), F.struct("mono_ns", "command"))).alias("first"),
             asked,
             answered,
         )
-        .select("command", "asked", "answered")
+        .select(F.col("first.command").alias("command"), "asked", "answered")
     )
     paired = sends.unionByName(requests)
     return paired.filter(F.col("answered") >= F.col("asked")).select(
