@@ -12,6 +12,7 @@ The client's second address is a second loopback address (127.0.0.23).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import socket
 import ssl
@@ -52,6 +53,7 @@ from tests.test_apache_pulsar import (
     unique,
 )
 from tests.test_dashboards import scrape
+from tests.test_http import Redirector, redirector, start_web_proxy  # noqa: F401 (a fixture)
 from tests.test_proxy_auth import SECRET
 from tests.test_pulsar_core import Recording, connect_body, frame_bytes
 
@@ -578,3 +580,36 @@ def test_server_names_that_route_nowhere_get_a_tls_alert(
     log = proxy.log()
     assert "TLS server name 'elsewhere.example' names no broker" in log
     assert "is not a DNS name" in log and "Traceback" not in log
+
+
+# --- the HTTP listener -------------------------------------------------------------------
+
+
+def test_the_http_listener_reads_proxy_headers(
+    apache_pulsar: ApachePulsar,
+    redirector: Redirector,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """--proxy-protocol-in covers the HTTP listener too: the balancer's
+    header names the client that X-Forwarded-For carries on; a bad header is
+    refused and counted; a client that is not a balancer is served as it is."""
+    web = start_web_proxy(apache_pulsar, tmp_path, redirector.url, "--allow-broker", "127.0.0.1",
+                          "--proxy-protocol-in", "--proxy-protocol-from", BALANCER)  # fmt: skip
+    request = b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    try:
+        sock = dial(web.http_port, b"PROXY TCP4 203.0.113.9 127.0.0.1 5000 8080\r\n" + request)
+        answer = http.client.HTTPResponse(sock)
+        answer.begin()
+        assert (answer.status, answer.read()) == (200, b'["standalone"]')
+        sock.close()
+        sock = dial(web.http_port, b"PROXY TCP4 203.0.113.999 127.0.0.1 1 2\r\n" + request)
+        assert first_answer(sock) == "closed"
+        sock.close()
+        wait_for("the bad header counted", lambda: web.metric(
+            "sluice_connections_rejected_total", reason="proxy_header_malformed") == 1)  # fmt: skip
+        status, _ = apache_pulsar.admin("GET", "/admin/v2/clusters", base=web.url)
+        assert status == 200  # from 127.0.0.1, no balancer: no header, served
+        assert redirector.forwarded == ["203.0.113.9", "127.0.0.1"]
+    finally:
+        web.proxy.kill()
+    assert "Traceback" not in web.proxy.log()

@@ -35,6 +35,7 @@ import trio
 from sluice.addresses import Address, AllowList, advertised
 from sluice.logs import LogLimit
 from sluice.protocols.faults import FaultAction, Faults
+from sluice.protocols.haproxy import HeaderError
 from sluice.protocols.http import (
     HTTP_FAULTS,
     Headers,
@@ -44,6 +45,7 @@ from sluice.protocols.http import (
     Redirects,
     answer_headers,
     forward_headers,
+    forwarded_client,
     forwarded_for,
     head_size,
     header,
@@ -64,6 +66,7 @@ from sluice.protocols.http.websocket import (
 from sluice.proxy.backend import Unauthorized
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import (
+    CertificateReloader,
     accepted,
     certificate_cn,
     client_ssl_context,
@@ -72,7 +75,7 @@ from sluice.proxy.dial import (
     server_ssl_context,
 )
 from sluice.proxy.http_recording import HttpWatch
-from sluice.proxy.inbound import peer_address
+from sluice.proxy.inbound import ProxyProtocolIn, peer_address
 from sluice.proxy.metrics import HttpMetrics
 from sluice.proxy.shared import LocalLimits
 from sluice.proxy.websocket import Session
@@ -185,6 +188,8 @@ class HttpRelay:
         faults: Faults | None = None,
         injected: Callable[[str, str], None] = lambda rule, action: None,
         limits: LocalLimits | None = None,
+        inbound: ProxyProtocolIn | None = None,
+        header_refused: Callable[[Address, HeaderError], None] = lambda peer, error: None,
     ) -> None:
         assert config.http_on and config.broker_http is not None
         self.config = config
@@ -206,6 +211,12 @@ class HttpRelay:
         # --http-max-connections, counted over every worker with --workers.
         cap = config.http_max_connections
         self.limits = limits if limits is not None else LocalLimits(cap, cap)
+        # --proxy-protocol-in: whose PROXY headers are read first, and how a
+        # bad one is counted.
+        self.inbound = inbound
+        self.header_refused = header_refused
+        # --http-listen-tls: its certificate, re-read when the files change.
+        self.certificates: CertificateReloader | None = None
         # Sluice's own web URLs, plain and TLS, for lookup answers ("": none).
         self.own_url = ""
         self.own_tls_url = ""
@@ -256,7 +267,12 @@ class HttpRelay:
         if any(tls for _, tls in self._listeners):
             assert self.config.tls is not None  # ProxyConfig: --http-listen-tls needs it
             context = server_ssl_context(self.config.tls)
+            # A context of its own (the binary listeners' may route by SNI),
+            # re-read when the files change as theirs is.
+            self.certificates = CertificateReloader(self.config.tls, context)
         async with trio.open_nursery() as nursery:
+            if self.certificates is not None:
+                nursery.start_soon(self.certificates.run)
             for tcp, tls in self._listeners:
                 listener: trio.abc.Listener[Any] = tcp
                 if tls:
@@ -284,9 +300,19 @@ class HttpRelay:
     async def handle(self, stream: trio.abc.Stream) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.config.http_max_header)
         upstreams: dict[HttpUrl, Upstream] = {}
-        ip = peer_address(stream).host
+        peer = client = peer_address(stream)
+        if self.inbound is not None:  # --proxy-protocol-in: before anything else is read
+            try:
+                header = await self.inbound.read(stream, peer)
+            except HeaderError as exc:
+                self.header_refused(peer, exc)
+                await _close(stream)
+                return
+            if header is not None and header.source is not None:
+                client = header.source
+        ip = client.host
         refused = self.limits.acquire(ip)
-        self.watch.opened(conn, str(peer_address(stream)))
+        self.watch.opened(conn, str(client))
         self.active += 1
         self.metrics.active.inc()
         try:
@@ -302,7 +328,7 @@ class HttpRelay:
                     ),
                 )
                 return
-            await self._serve(conn, stream, upstreams)
+            await self._serve(conn, stream, upstreams, ip)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("HTTP client connection lost: %r", exc)
         except Exception as exc:  # a bug of ours: this connection ends, the listener serves on
@@ -320,9 +346,14 @@ class HttpRelay:
                 await _close(stream)
 
     async def _serve(
-        self, conn: h11.Connection, stream: trio.abc.Stream, upstreams: dict[HttpUrl, Upstream]
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        upstreams: dict[HttpUrl, Upstream],
+        client: str,
     ) -> None:
-        client = peer_address(stream).host
+        """The connection's requests, one after another; ``client``: its
+        address (a PROXY header's, or the peer's)."""
         while True:
             try:
                 with trio.move_on_after(self.config.http_idle_timeout) as idle:
@@ -570,7 +601,7 @@ class HttpRelay:
             HTTP_FAULTS.name,
             request_kind(request.target).upper(),
             True,
-            str(peer_address(stream)),
+            forwarded_client(request.headers),
             lambda: path,
             named_only=True,
         )

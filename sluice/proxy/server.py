@@ -18,6 +18,7 @@ import logging
 import signal
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -151,6 +152,8 @@ class Proxy:
                 self._limits(
                     config.http_max_connections, config.http_max_connections, HTTP_LIMITS_FILE
                 ),
+                proxy_protocol_in(config),
+                self._header_refused("HTTP"),
             )
         self.recorder: Recorder | None = None
         if config.record is not None:
@@ -237,7 +240,7 @@ class Proxy:
                 }
                 outer.start_soon(functools.partial(
                     serve_admin, admin, self.metrics.exposed, self.readiness, endpoints,
-                    inbound=self.inbound, refused=self._admin_refused,
+                    inbound=self.inbound, refused=self._header_refused("admin"),
                 ))  # fmt: skip
             async with trio.open_nursery() as handlers:
                 self._handlers = handlers
@@ -545,12 +548,18 @@ class Proxy:
         log.log(level, "%s: rejected: %s", conn.name, why)
         await _close(stream)
 
-    def _admin_refused(self, peer: Address, error: HeaderError) -> None:
-        """The admin endpoint refused a connection's PROXY header."""
-        self.metrics.connections_rejected.labels(f"proxy_header_{error.reason}").inc()
-        level = self._refusals.level((error.reason, peer.host), trio.current_time())
-        log.log(level, "admin connection from %s: rejected: PROXY header: %s", peer,
-                error.message)  # fmt: skip
+    def _header_refused(self, listener: str) -> Callable[[Address, HeaderError], None]:
+        """How the admin endpoint or the HTTP listener reports a connection
+        whose PROXY header it refused: counted and logged as the protocol's
+        listeners do."""
+
+        def refused(peer: Address, error: HeaderError) -> None:
+            self.metrics.connections_rejected.labels(f"proxy_header_{error.reason}").inc()
+            level = self._refusals.level((error.reason, peer.host), trio.current_time())
+            log.log(level, "%s connection from %s: rejected: PROXY header: %s", listener, peer,
+                    error.message)  # fmt: skip
+
+        return refused
 
 
 class Drainable(Protocol):

@@ -14,6 +14,7 @@ import trustme
 
 from sluice.addresses import Address
 from sluice.brokers.embedded import EmbeddedBroker
+from sluice.protocols.http import parse_http_url
 from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
@@ -106,6 +107,35 @@ async def test_rotated_certificates_are_used_without_dropping_connections(
     again = await connect_tls(address, trusting)
     assert again.getpeercert(binary_form=True) == second
     for stream in (old, new, again):
+        await stream.aclose()
+
+
+async def test_the_https_listener_takes_a_rotated_certificate_too(
+    nursery: trio.Nursery, broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """--http-listen-tls has a context of its own, re-read as the binary
+    listener's is."""
+    ca = trustme.CA()
+    cert, key, first = issue(ca, tmp_path)
+    config = ProxyConfig(
+        broker=parse_broker_url(broker.url),
+        listen=Address("127.0.0.1", 0),
+        http_listen_tls=Address("127.0.0.1", 0),
+        broker_http=parse_http_url("http://127.0.0.1:8080"),
+        tls=TlsServerConfig(cert, key),
+    )
+    proxy: Proxy = await nursery.start(Proxy(config).run)
+    address = proxy.addresses["https"]
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    old = await connect_tls(address, trusting)
+    assert old.getpeercert(binary_form=True) == first
+    _, _, second = issue(ca, tmp_path)
+    assert proxy.http is not None and proxy.http.certificates is not None
+    assert proxy.http.certificates.check()
+    new = await connect_tls(address, trusting)
+    assert new.getpeercert(binary_form=True) == second
+    for stream in (old, new):
         await stream.aclose()
 
 

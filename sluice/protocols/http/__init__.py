@@ -134,6 +134,13 @@ def forwarded_for(headers: Iterable[tuple[bytes, bytes]], client: str) -> Header
     return [*rest, (b"x-forwarded-for", b", ".join([*before, client.encode()]))]
 
 
+def forwarded_client(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The client ``forwarded_for`` named last: the one Sluice's listener
+    served ("" when there is none)."""
+    values = [v for n, v in headers if n.lower() == b"x-forwarded-for"]
+    return values[-1].rsplit(b",", 1)[-1].strip().decode("latin-1") if values else ""
+
+
 def answer_headers(headers: Iterable[tuple[bytes, bytes]], length: int | None = None) -> Headers:
     """A broker's response headers as they go to the client; ``length``: a
     rewritten body's size (its Content-Length replaced)."""
