@@ -14,6 +14,7 @@ stand-in for Pulsar.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import json
@@ -547,21 +548,28 @@ def test_idle_timeout_answers_408_for_a_head_begun(
         web.proxy.kill()
 
 
+@contextlib.contextmanager
+def one_connection_held(web: WebProxy) -> Iterator[None]:
+    """Once the start-up check's connection (wait_for_port) is gone, one
+    kept-alive connection that has had an answer, held open meanwhile."""
+    deadline = time.monotonic() + 10
+    while web.metric("sluice_http_connections_active") != 0:
+        assert time.monotonic() < deadline, "the probe connection stayed open"
+        time.sleep(0.05)
+    with socket.create_connection(("127.0.0.1", web.http_port), timeout=15) as held:
+        held.sendall(b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = http.client.HTTPResponse(held)
+        first.begin()
+        assert first.status == 200
+        first.read()
+        yield
+
+
 def test_connection_cap_answers_503(apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
     web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url,
                           "--http-max-connections", "1")  # fmt: skip
     try:
-        # The start-up check's connection (wait_for_port) gone first.
-        deadline = time.monotonic() + 10
-        while web.metric("sluice_http_connections_active") != 0:
-            assert time.monotonic() < deadline, "the probe connection stayed open"
-            time.sleep(0.05)
-        with socket.create_connection(("127.0.0.1", web.http_port), timeout=15) as held:
-            held.sendall(b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n\r\n")
-            first = http.client.HTTPResponse(held)
-            first.begin()
-            assert first.status == 200
-            first.read()
+        with one_connection_held(web):
             status, text = raw_exchange(web.http_port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert status == 503 and "--http-max-connections" in text, text
         assert web.metric("sluice_http_refused_total", reason="connection_limit") == 1
@@ -580,16 +588,7 @@ def test_connection_cap_is_shared_by_the_workers(
                           "--http-max-connections", "1")  # fmt: skip
     try:
         assert len(worker_pids(web.proxy, 2)) == 2, web.proxy.log()
-        deadline = time.monotonic() + 10
-        while web.metric("sluice_http_connections_active") != 0:  # the start-up probe's
-            assert time.monotonic() < deadline, "the probe connection stayed open"
-            time.sleep(0.05)
-        with socket.create_connection(("127.0.0.1", web.http_port), timeout=15) as held:
-            held.sendall(b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n\r\n")
-            first = http.client.HTTPResponse(held)
-            first.begin()
-            assert first.status == 200
-            first.read()
+        with one_connection_held(web):
             # Each a new connection, taken by either worker: 8 of them land
             # on the idle worker too, unless that is very unlucky (1 in 256).
             statuses = [raw_exchange(web.http_port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")[0]
