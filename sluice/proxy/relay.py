@@ -12,6 +12,7 @@ drain deadline. It knows nothing of frames, metrics or recordings.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from sluice.protocols.core import (
     Send,
     Tap,
 )
+from sluice.proxy.relay_thread import RelayThread
 
 log = logging.getLogger("sluice.relay")
 
@@ -119,6 +121,7 @@ class Relay:
         ask: Asker,
         tap: Tap,
         room: Callable[[], Awaitable[None]] | None = None,
+        thread: RelayThread | None = None,
     ) -> None:
         self.core = core
         self.conn = core.conn
@@ -129,6 +132,10 @@ class Relay:
         self._ask = ask
         self._tap = tap
         self._room = room
+        # Where a direction goes once the connection is established (see
+        # relay_thread.py), and what it hands back: a step for trio to finish.
+        self._thread = thread
+        self._returned: dict[bool, Callable[[], Awaitable[bool]]] = {}
         self._locks = {Peer.CLIENT: trio.StrictFIFOLock(), Peer.BROKER: trio.StrictFIFOLock()}
         self._descriptors: dict[Peer, int | None] = {
             Peer.CLIENT: _descriptor(client),
@@ -220,8 +227,13 @@ class Relay:
         tap = self._tap
         conn = self.conn
         fd = _descriptor(stream)
+        thread = self._thread if fd is not None and room is None else None
         ready = False  # the last read filled the buffer: more is likely waiting
         while True:
+            if thread is not None and fd is not None and self._may_leave(from_client):
+                if not await self._away(thread, fd, from_client):
+                    return
+                continue
             if room is not None:
                 await room()
             try:
@@ -260,6 +272,127 @@ class Relay:
             if not data:
                 return
 
+    # --- the relay thread ----------------------------------------------------------
+
+    def _may_leave(self, from_client: bool) -> bool:
+        """Whether a direction may go to the relay thread now: the
+        connection relays, both its sockets are plain, and nothing is
+        ending it."""
+        return (
+            self.core.established
+            and not self._closing
+            and not (from_client and self._draining)
+            and self._descriptors[Peer.BROKER] is not None
+            and self._descriptors[Peer.CLIENT] is not None
+        )
+
+    async def _away(self, thread: RelayThread, fd: int, from_client: bool) -> bool:
+        """Let the relay thread carry a direction until it hands it back;
+        then finish what it handed back. False: the direction ended."""
+        back = trio.Event()
+        thread.carry(fd, functools.partial(self._carry, thread, fd, from_client, back))
+        try:
+            await back.wait()
+        except trio.Cancelled:
+            thread.drop(fd)
+            # Handed back, but not taken up yet: a write it started is
+            # finished (a drain never cuts one in half; _stop cancels this).
+            returned = self._returned.pop(from_client, None)
+            if returned is not None and from_client and not self._closing:
+                with trio.CancelScope(shield=True) as shield:
+                    self._shields.add(shield)
+                    try:
+                        await returned()
+                    finally:
+                        self._shields.discard(shield)
+            raise
+        thread.drop(fd)
+        return await self._returned.pop(from_client)()
+
+    def _carry(self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event) -> None:
+        """One read of a carried direction, on the relay thread: what
+        ``_read`` does for it, as long as that is reading, the core and
+        writes the sockets take whole. Anything else is handed back."""
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            failed = functools.partial(self._read_failed, exc, from_client)
+            self._hand_back(thread, fd, from_client, back, failed)
+            return
+        if not data:  # the end: closed as usual, by trio
+            ended = functools.partial(self._ended, from_client)
+            self._hand_back(thread, fd, from_client, back, ended)
+            return
+        if from_client:
+            self.bytes_in += len(data)
+        started = perf_counter()
+        try:
+            receive = self.core.receive_client if from_client else self.core.receive_broker
+            actions = receive(data, thread.now())
+            done, rest = 0, b""
+            while done < len(actions):
+                action = actions[done]
+                if type(action) is not Send:
+                    break
+                assert isinstance(action, Send)
+                try:
+                    rest = self._write_now(action.to, action.data)
+                except OSError as exc:
+                    lost = functools.partial(self._lost_later, action.to, exc)
+                    self._hand_back(thread, fd, from_client, back, lost)
+                    return
+                if rest:
+                    break
+                done += 1
+            else:
+                if actions and self.core.established:
+                    self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
+                return
+        except Exception as exc:  # raised in trio, where it ends the connection as usual
+            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
+            return
+        finish = functools.partial(self._finish_read, actions, done, rest, from_client, started)
+        self._hand_back(thread, fd, from_client, back, finish)
+
+    def _hand_back(
+        self,
+        thread: RelayThread,
+        fd: int,
+        from_client: bool,
+        back: trio.Event,
+        returned: Callable[[], Awaitable[bool]],
+    ) -> None:
+        thread.drop(fd)
+        self._returned[from_client] = returned
+        thread.soon(back.set)
+
+    async def _finish_read(
+        self, actions: list[Action], done: int, rest: bytes, from_client: bool, started: float
+    ) -> bool:
+        await self._finish(actions, done, rest, from_client)
+        if type(actions[-1]) is Send and self.core.established:
+            self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
+        return True
+
+    async def _ended(self, from_client: bool) -> bool:
+        receive = self.core.receive_client if from_client else self.core.receive_broker
+        actions = receive(b"", trio.current_time())
+        if actions:
+            await self._do(actions, from_client)
+        return False
+
+    async def _read_failed(self, exc: OSError, from_client: bool) -> bool:
+        side = "client" if from_client else "broker"
+        log.info("%s: connection to %s lost: %s", self.conn.name, side, exc)
+        self._stop("lost")
+        return False
+
+    async def _lost_later(self, to: Peer, exc: OSError) -> bool:
+        self._lost(to, exc)
+        return False
+
     # --- acting --------------------------------------------------------------------
 
     async def _do(self, actions: list[Action], drainable: bool = False) -> None:
@@ -270,6 +403,11 @@ class Relay:
         wait on, the rest then run shielded, so that a drain never cuts a
         write in half."""
         done, rest = self._do_now(actions)
+        await self._finish(actions, done, rest, drainable)
+
+    async def _finish(self, actions: list[Action], done: int, rest: bytes, drainable: bool) -> None:
+        """``_do`` from the first action that must wait (``done``; ``rest``:
+        what is left to write of it, if a Send)."""
         if done < len(actions) and not self._closing:
             if drainable:
                 with trio.CancelScope(shield=True) as shield:
@@ -339,6 +477,14 @@ class Relay:
 
     def _send_now(self, to: Peer, data: bytes) -> bytes:
         """Write what the socket takes now; what is left to write."""
+        try:
+            return self._write_now(to, data)
+        except OSError as exc:
+            self._lost(to, exc)
+            return b""
+
+    def _write_now(self, to: Peer, data: bytes) -> bytes:
+        """``_send_now``, raising the socket's error."""
         fd = self._descriptors[to]
         if fd is None:
             stream = self.client if to is Peer.CLIENT else self.broker
@@ -349,9 +495,6 @@ class Relay:
             written = os.write(fd, data)
         except BlockingIOError:
             return data
-        except OSError as exc:
-            self._lost(to, exc)
-            return b""
         return data[written:]
 
     async def _send(self, to: Peer, data: bytes) -> None:
@@ -447,6 +590,10 @@ class Relay:
             log.error("%s: internal error, connection closed: %r", self.conn.name, leaf,
                       exc_info=leaf)  # fmt: skip
         return reason
+
+
+def _reraise(exc: BaseException) -> Awaitable[bool]:
+    raise exc
 
 
 def _tls_failure(exc: BaseException) -> bool:

@@ -55,6 +55,8 @@ from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Relay, Timing
+from sluice.proxy.relay_thread import RelayThread, relay_thread
+from sluice.proxy.relay_thread import wanted as relay_thread_wanted
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     HTTP_LIMITS_FILE,
@@ -181,6 +183,7 @@ class Proxy:
         self._stop = trio.Event()
         self.certificates: CertificateReloader | None = None
         self._tls_context: ssl.SSLContext | None = None  # the TLS listeners'
+        self._thread: RelayThread | None = None  # while running, unless turned off
 
     @property
     def routing(self) -> Any:
@@ -242,7 +245,8 @@ class Proxy:
                     serve_admin, admin, self.metrics.exposed, self.readiness, endpoints,
                     inbound=self.inbound, refused=self._header_refused("admin"),
                 ))  # fmt: skip
-            async with trio.open_nursery() as handlers:
+            async with relay_thread(relay_thread_wanted()) as self._thread, \
+                    trio.open_nursery() as handlers:  # fmt: skip
                 self._handlers = handlers
                 for kind, listener in self._listeners:
                     handlers.start_soon(self._accept_loop, listener, kind, None)
@@ -482,6 +486,7 @@ class Proxy:
             ask=self.backend.ask,
             tap=self.taps,
             room=recorder.room if recorder is not None and recorder.config.lossless else None,
+            thread=self._thread,
         )
         self.relays.add(relay)
         try:

@@ -187,6 +187,10 @@ class Recorder:
         self._wake_frames = config.queue_frames // 2
         self._wakeup = trio.Event()
         self._space = trio.Event()
+        # The trio run the writer runs in, once it runs: taps may be called
+        # from a relay thread (sluice/proxy/relay_thread.py), which wakes the
+        # writer through it.
+        self._token: trio.lowlevel.TrioToken | None = None
         self._dropped = 0  # since the last gap record
         # Frame records: the same kinds for every protocol, its own summaries.
         make = spec.load(spec.summarizer) if spec.summarizer is not None else NamedFrames
@@ -281,7 +285,7 @@ class Recorder:
         self._queued_frames += len(records)
         self._queued_bytes += sum(map(len, records))
         if self._queued_bytes >= self._wake_bytes or self._queued_frames >= self._wake_frames:
-            self._wakeup.set()
+            self._wake()
 
     async def room(self) -> None:
         """In lossless mode, wait until the queue has space again."""
@@ -352,7 +356,7 @@ class Recorder:
         self._queued_frames += 1
         self._queued_bytes += len(data)
         if self._queued_bytes >= self._wake_bytes or self._queued_frames >= self._wake_frames:
-            self._wakeup.set()
+            self._wake()
 
     def _enqueue(self, record: Record) -> None:
         """Queue a record that is not a frame's (never dropped: they are few)."""
@@ -360,7 +364,14 @@ class Recorder:
         self._queued_notes.append(len(self._queue))
         self._queue.append(data)
         self._queued_bytes += len(data)
-        self._wakeup.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the writer, from trio or from a relay thread."""
+        if trio.lowlevel.in_trio_run():
+            self._wakeup.set()
+        elif self._token is not None:
+            self._token.run_sync_soon(self._wake)
 
     def _drop(self, n: int) -> None:
         self._dropped += n
@@ -370,6 +381,7 @@ class Recorder:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.config.directory.mkdir(parents=True, exist_ok=True)
+        self._token = trio.lowlevel.current_trio_token()
         task_status.started()
         last_flush = trio.current_time()
         try:
@@ -437,7 +449,7 @@ class Recorder:
             self._enqueue({"k": "trigger", "t": time.monotonic_ns(), "w": time.time_ns(),
                            **note})  # fmt: skip
             self._pending.append((now + trigger.after, trigger, now, note))
-            self._wakeup.set()  # to wait until it is due
+            self._wake()  # to wait until it is due
             log.warning("snapshot rule %s fired on conn-%d %s: %s; saving %gs before and %gs "
                         "after", trigger.id, conn.id, conn.client,
                         " ".join(f"{k}={v}" for k, v in found.items()), trigger.before,

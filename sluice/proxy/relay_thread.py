@@ -1,0 +1,175 @@
+"""The relay thread: established plain-TCP connections relayed outside trio's scheduler.
+
+A frame that crosses the proxy alone (a sidecar's usual load: tens to
+thousands of messages a second) pays trio's whole round trip for one read:
+re-arming the descriptor in epoll (trio registers it one-shot, so an
+``epoll_ctl`` per wait), parking and waking the reading task, a pass of the
+run loop. Measured, that is about 58k instructions per crossing, most of
+what the crossing costs. Once a connection is established and both its
+sockets are plain TCP, the relay hands each direction's socket to this
+thread, which keeps it registered (level-triggered, no re-arming) and, when
+it is readable, runs the relay's own read step (``Relay._carry``): the read,
+the protocol core, the taps, the writes that the socket takes whole. Anything
+else (an action other than a write, a write that must wait, the end of the
+connection, an error) hands the direction back to trio, which finishes it
+exactly as before and gives the socket back to the thread afterwards.
+
+One rule makes this safe: Python code of the proxy runs in one thread at a
+time. The trio thread holds ``turn`` whenever it runs, and lets go of it
+only while it waits for I/O (a trio instrument's ``before_io_wait`` and
+``after_io_wait``); the relay thread runs its read steps only while holding
+it. So the cores, taps, metrics and recorder never see two threads at once,
+and nothing in them needs a lock of its own. A second lock, ``gate``, keeps
+the turns fair: whichever thread is waiting for the turn gets it next, so a
+busy relay thread cannot starve trio's own work (handshakes, clocks, the
+recorder's writer, scrapes), nor trio the relayed traffic.
+
+What a read step may not do from this thread is touch trio's scheduler
+(setting an event, cancelling a scope): ``soon`` runs such a call in the
+trio thread, and ``in_relay_thread`` tells code that may run in either
+thread where it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+log = logging.getLogger("sluice.relay")
+
+_LOCAL = threading.local()
+
+
+def in_relay_thread() -> bool:
+    """Whether the caller runs on a relay thread (so not in trio)."""
+    return getattr(_LOCAL, "relay_thread", False)
+
+
+class RelayThread(trio.abc.Instrument):
+    """One thread that relays carried sockets for one trio run (a worker)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken, clock: trio.abc.Clock) -> None:
+        self._token = token
+        self._clock = clock
+        self._epoll = select.epoll()
+        self._steps: dict[int, Callable[[], None]] = {}
+        self.turn = threading.Lock()
+        self.gate = threading.Lock()
+        self._stopping = False
+        self.steps_run = 0  # read steps run here, for tests and benchmarks
+        # Written once to stop the thread's wait.
+        self._stop_r, self._stop_w = os.pipe()
+        self._epoll.register(self._stop_r, select.EPOLLIN)
+        self._thread = threading.Thread(target=self._run, name="sluice-relay", daemon=True)
+
+    # --- what the relay asks of it (from the trio thread, or a read step) -----------
+
+    def carry(self, fd: int, step: Callable[[], None]) -> None:
+        """Run ``step`` on this thread whenever ``fd`` is readable, until ``drop``."""
+        self._steps[fd] = step
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def drop(self, fd: int) -> None:
+        """Stop carrying ``fd`` (nothing if it is not carried)."""
+        if self._steps.pop(fd, None) is not None:
+            with contextlib.suppress(OSError):  # closed meanwhile: epoll forgot it
+                self._epoll.unregister(fd)
+
+    def carried(self) -> int:
+        return len(self._steps)
+
+    def now(self) -> float:
+        """trio's clock, read from either thread."""
+        return self._clock.current_time()
+
+    def soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` in the trio thread: at once there, soon from this one."""
+        if in_relay_thread():
+            self._token.run_sync_soon(fn)
+        else:
+            fn()
+
+    # --- trio's instrument: the turn is trio's except while it waits for I/O --------
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.turn.release()
+
+    def after_io_wait(self, timeout: float) -> None:
+        with self.gate:
+            self.turn.acquire()
+
+    # --- the thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        _LOCAL.relay_thread = True
+        poll = self._epoll.poll
+        steps = self._steps
+        turn, gate = self.turn, self.gate
+        while True:
+            try:
+                events = poll()
+            except InterruptedError:
+                continue
+            with gate:
+                turn.acquire()
+            try:
+                if self._stopping:
+                    return
+                for fd, _ in events:
+                    step = steps.get(fd)  # looked up now: it may have been dropped
+                    if step is not None:
+                        self.steps_run += 1
+                        try:
+                            step()
+                        except Exception:  # a step hands its own errors back; this is a bug
+                            log.exception("relay thread: a read step failed")
+                            self.drop(fd)
+            finally:
+                turn.release()
+
+    def start(self) -> None:
+        # The trio thread is running now, so it takes the turn first.
+        self.turn.acquire()
+        trio.lowlevel.add_instrument(self)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """From the trio thread, holding the turn: end the thread."""
+        trio.lowlevel.remove_instrument(self)
+        self._stopping = True
+        os.write(self._stop_w, b"x")
+        self.turn.release()  # the thread may be waiting for it
+        self._thread.join(timeout=5)
+        if self._thread.is_alive():  # pragma: no cover - a step that never returns
+            log.error("relay thread did not stop")
+        else:
+            self._epoll.close()
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+        self.turn.acquire()  # trio runs on, and the instrument is gone: nothing releases it
+
+
+@contextlib.asynccontextmanager
+async def relay_thread(on: bool = True) -> AsyncIterator[RelayThread | None]:
+    """A relay thread for this trio run while the block runs (None when off)."""
+    if not on:
+        yield None
+        return
+    thread = RelayThread(trio.lowlevel.current_trio_token(), trio.lowlevel.current_clock())
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+def wanted() -> bool:
+    """Whether proxies run a relay thread: yes, unless SLUICE_RELAY_THREAD=0
+    (for comparing the two paths in benchmarks and tests)."""
+    return os.environ.get("SLUICE_RELAY_THREAD", "1") != "0"
