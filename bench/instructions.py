@@ -44,6 +44,7 @@ per count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -205,6 +206,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="the paced window of --only along (default 20)")  # fmt: skip
     parser.add_argument("--no-record", action="store_true", help="the proxy does not record")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep valgrind's files in DIR, for callgrind_annotate")  # fmt: skip
     args = parser.parse_args()
     if args.messages is None:
         args.messages = "100,300" if args.only == "along" else "2000,6000"
@@ -234,7 +237,14 @@ def main() -> int:
     steps = [args.only] if args.only else ["produce", "consume"]
     record = not args.no_record
     found: dict[tuple[str, str], float] = {}
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with (
+        (
+            contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory()
+        ) as tmp,
+        EmbeddedBroker() as broker,
+    ):
         for step in steps:
             for name, source in sources.items():
                 counts = []
