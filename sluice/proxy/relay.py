@@ -137,6 +137,9 @@ class Relay:
         self._thread = thread
         self._returned: dict[bool, Callable[[], Awaitable[bool]]] = {}
         self._locks = {Peer.CLIENT: trio.StrictFIFOLock(), Peer.BROKER: trio.StrictFIFOLock()}
+        # Writes holding or awaiting each lock: a write that must wait goes
+        # before any later one (a plain count, read on every write).
+        self._waiting = {Peer.CLIENT: 0, Peer.BROKER: 0}
         self._descriptors: dict[Peer, int | None] = {
             Peer.CLIENT: _descriptor(client),
             Peer.BROKER: None,
@@ -347,7 +350,8 @@ class Relay:
                     break
                 done += 1
             else:
-                if actions and self.core.established:
+                # (Only writes: still established, which only a Close ends.)
+                if actions:
                     self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
                 return
         except Exception as exc:  # raised in trio, where it ends the connection as usual
@@ -489,7 +493,7 @@ class Relay:
         if fd is None:
             stream = self.client if to is Peer.CLIENT else self.broker
             return data if stream is not None else b""  # nowhere to send yet: dropped
-        if self._locks[to].locked():
+        if self._waiting[to]:
             return data  # a write that had to wait goes first
         try:
             written = os.write(fd, data)
@@ -503,6 +507,7 @@ class Relay:
             return
         fd = self._descriptors[to]
         lock = self._locks[to]
+        self._waiting[to] += 1
         try:
             # Uncontended (nearly always), the lock is taken without the
             # scheduler round trip trio's acquire() adds.
@@ -523,6 +528,8 @@ class Relay:
                 lock.release()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._lost(to, exc)
+        finally:
+            self._waiting[to] -= 1
 
     def _lost(self, to: Peer, exc: BaseException) -> None:
         side = "client" if to is Peer.CLIENT else "broker"

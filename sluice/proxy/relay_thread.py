@@ -56,7 +56,8 @@ class RelayThread(trio.abc.Instrument):
 
     def __init__(self, token: trio.lowlevel.TrioToken, clock: trio.abc.Clock) -> None:
         self._token = token
-        self._clock = clock
+        # trio's clock, read from either thread.
+        self.now: Callable[[], float] = clock.current_time
         self._epoll = select.epoll()
         self._steps: dict[int, Callable[[], None]] = {}
         self.turn = threading.Lock()
@@ -83,10 +84,6 @@ class RelayThread(trio.abc.Instrument):
 
     def carried(self) -> int:
         return len(self._steps)
-
-    def now(self) -> float:
-        """trio's clock, read from either thread."""
-        return self._clock.current_time()
 
     def soon(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` in the trio thread: at once there, soon from this one."""
