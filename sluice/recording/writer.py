@@ -191,6 +191,7 @@ class Recorder:
         # from a relay thread (sluice/proxy/relay_thread.py), which wakes the
         # writer through it.
         self._token: trio.lowlevel.TrioToken | None = None
+        self._wake_asked = False
         self._dropped = 0  # since the last gap record
         # Frame records: the same kinds for every protocol, its own summaries.
         make = spec.load(spec.summarizer) if spec.summarizer is not None else NamedFrames
@@ -367,11 +368,17 @@ class Recorder:
         self._wake()
 
     def _wake(self) -> None:
-        """Wake the writer, from trio or from a relay thread."""
+        """Wake the writer, from trio or from a relay thread (once until
+        it is woken: every read past the threshold calls this)."""
         if trio.lowlevel.in_trio_run():
             self._wakeup.set()
-        elif self._token is not None:
-            self._token.run_sync_soon(self._wake)
+        elif not self._wake_asked and self._token is not None and not self._wakeup.is_set():
+            self._wake_asked = True
+            self._token.run_sync_soon(self._woken)
+
+    def _woken(self) -> None:
+        self._wake_asked = False
+        self._wakeup.set()
 
     def _drop(self, n: int) -> None:
         self._dropped += n
