@@ -316,6 +316,11 @@ class Relay:
         """One read of a carried direction, on the relay thread: what
         ``_read`` does for it, as long as that is reading, the core and
         writes the sockets take whole. Anything else is handed back."""
+        if self._closing or (from_client and self._draining):
+            # Ended or draining in trio, whose cancellation of this direction
+            # has not arrived yet: nothing more is read, as it would not be.
+            thread.drop(fd)
+            return
         try:
             data = os.read(fd, READ_SIZE)
         except BlockingIOError:
