@@ -151,6 +151,38 @@ trio.run(main, listen, int(sys.argv[2]))
 """
 
 
+# The same carried by Sluice's relay thread (sluice/proxy/relay_thread.py):
+# each socket stays registered, and a read step runs on the thread.
+FLOOR_THREAD = """
+import functools, os, socket, sys, trio
+from sluice.proxy.relay_thread import relay_thread
+def step(source, sink, end):
+    data = os.read(source, 262144)
+    if not data:
+        end()
+        return
+    os.write(sink, data)
+async def main(listen, upstream):
+    client, _ = listen.accept()
+    broker = socket.create_connection(("127.0.0.1", upstream))
+    for s in (client, broker):
+        s.setblocking(False)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    c, b = client.fileno(), broker.fileno()
+    ended = trio.Event()
+    async with relay_thread() as thread:
+        def end():
+            thread.drop(c)
+            thread.drop(b)
+            thread.soon(ended.set)
+        thread.carry(c, functools.partial(step, c, b, end))
+        thread.carry(b, functools.partial(step, b, c, end))
+        await ended.wait()
+listen = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+trio.run(main, listen, int(sys.argv[2]))
+"""
+
+
 def _connect(port: int, process: subprocess.Popen[bytes]) -> socket.socket:
     """The first connection to ``port`` once it listens (the relay serves one)."""
     deadline = time.monotonic() + START_TIMEOUT
@@ -163,15 +195,16 @@ def _connect(port: int, process: subprocess.Popen[bytes]) -> socket.socket:
             time.sleep(0.2)
 
 
-def floor(tmp: Path, rounds: int) -> int:
-    """Instructions of a minimal trio relay's whole life, ``rounds`` round trips."""
+def floor(tmp: Path, rounds: int, program: str = FLOOR_RELAY) -> int:
+    """Instructions of a minimal relay's whole life, ``rounds`` round trips."""
     out = tmp / f"callgrind-floor-{time.monotonic_ns()}.out"
     broker = socket.create_server(("127.0.0.1", 0))
     port = free_port()
     relay = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
-         "-c", FLOOR_RELAY, str(port), str(broker.getsockname()[1])],
+         "-c", program, str(port), str(broker.getsockname()[1])],
         stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parent.parent,  # the sluice package of this tree
     )  # fmt: skip
     try:
         with _connect(port, relay) as client:
@@ -222,10 +255,13 @@ def main() -> int:
     if args.only == "floor":
         with tempfile.TemporaryDirectory() as tmp:
             counts = [floor(Path(tmp), rounds) for rounds in (low, high)]
+            carried = [floor(Path(tmp), rounds, FLOOR_THREAD) for rounds in (low, high)]
         per = (counts[1] - counts[0]) / (2 * (high - low))
-        print(f"floor: a minimal trio relay (wait_readable, os.read, os.write), 1 KiB, "
-              f"instructions per crossing from {low:,} and {high:,} round trips")  # fmt: skip
-        print(f"crossing {per:>10,.0f}")
+        per_carried = (carried[1] - carried[0]) / (2 * (high - low))
+        print(f"floor: a minimal relay (os.read, os.write), 1 KiB, instructions per "
+              f"crossing from {low:,} and {high:,} round trips")  # fmt: skip
+        print(f"trio (wait_readable)  {per:>10,.0f}")
+        print(f"relay thread          {per_carried:>10,.0f}")
         return 0
     here = Path(__file__).resolve().parent.parent
     sources = {"proxy": here}
