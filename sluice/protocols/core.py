@@ -39,7 +39,10 @@ class Peer(enum.IntEnum):
 # --- actions: what a core asks the proxy to do -------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# Send is made once per read, so, like the per-read events below, it is not
+# a frozen dataclass (measured: 681 ns to make one frozen, 151 ns not); the
+# relay never changes one.
+@dataclass(slots=True)
 class Send:
     """Write ``data`` to ``to``, after everything sent to it before."""
 
