@@ -374,6 +374,7 @@ class Relay:
         returned: Callable[[], Awaitable[bool]],
     ) -> None:
         thread.drop(fd)
+        thread.handed_back += 1
         self._returned[from_client] = returned
         thread.soon(back.set)
 

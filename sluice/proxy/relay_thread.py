@@ -64,6 +64,7 @@ class RelayThread(trio.abc.Instrument):
         self.gate = threading.Lock()
         self._stopping = False
         self.steps_run = 0  # read steps run here, for tests and benchmarks
+        self.handed_back = 0  # directions handed back to trio (counted by the relay)
         # Written once to stop the thread's wait.
         self._stop_r, self._stop_w = os.pipe()
         self._epoll.register(self._stop_r, select.EPOLLIN)
