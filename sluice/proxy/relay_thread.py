@@ -26,8 +26,8 @@ recorder's writer, scrapes), nor trio the relayed traffic.
 
 What a read step may not do from this thread is touch trio's scheduler
 (setting an event, cancelling a scope): ``soon`` runs such a call in the
-trio thread, and ``in_relay_thread`` tells code that may run in either
-thread where it is.
+trio thread. Code that may run in either thread tells which by
+``trio.lowlevel.in_trio_run()`` (false here).
 """
 
 from __future__ import annotations
@@ -42,14 +42,6 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 log = logging.getLogger("sluice.relay")
-
-_LOCAL = threading.local()
-
-
-def in_relay_thread() -> bool:
-    """Whether the caller runs on a relay thread (so not in trio)."""
-    return getattr(_LOCAL, "relay_thread", False)
-
 
 class RelayThread(trio.abc.Instrument):
     """One thread that relays carried sockets for one trio run (a worker)."""
@@ -88,10 +80,10 @@ class RelayThread(trio.abc.Instrument):
 
     def soon(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` in the trio thread: at once there, soon from this one."""
-        if in_relay_thread():
-            self._token.run_sync_soon(fn)
-        else:
+        if trio.lowlevel.in_trio_run():
             fn()
+        else:
+            self._token.run_sync_soon(fn)
 
     # --- trio's instrument: the turn is trio's except while it waits for I/O --------
 
@@ -105,7 +97,6 @@ class RelayThread(trio.abc.Instrument):
     # --- the thread -------------------------------------------------------------
 
     def _run(self) -> None:
-        _LOCAL.relay_thread = True
         poll = self._epoll.poll
         steps = self._steps
         turn, gate = self.turn, self.gate
