@@ -4,11 +4,15 @@ backs that backpressure causes, and the taps see the same as without it."""
 
 from __future__ import annotations
 
+import socket
+
 import trio
 
 from sluice.addresses import Address
+from sluice.protocols import registry
 from sluice.protocols.core import Relayed
 from sluice.protocols.pulsar import Frame, pb
+from sluice.proxy.metrics import Metrics
 from sluice.proxy.relay_thread import relay_thread
 from tests.test_relay_clock import (
     BrokerScript,
@@ -107,3 +111,20 @@ async def test_sends_cross_whole_and_in_order_through_hand_backs() -> None:
             assert steps > len(SIZES) and handed > 1, (steps, handed)
     # The taps saw the same frames each way, in the same order, either way.
     assert results[True] == results[False]
+
+
+async def test_the_relay_threads_figures_are_exported() -> None:
+    metrics = Metrics(10, registry.get("pulsar"))
+    value = metrics.registry.get_sample_value
+    assert value("sluice_relay_thread_carried") == 0
+    left, right = socket.socketpair()
+    with left, right:
+        async with relay_thread() as thread:
+            assert thread is not None
+            metrics.watch_relay(thread)
+            thread.carry(left.fileno(), lambda: None)
+            thread.handed_back += 3
+            assert value("sluice_relay_thread_carried") == 1
+            assert value("sluice_relay_thread_handbacks_total") == 3
+            thread.drop(left.fileno())
+            assert value("sluice_relay_thread_carried") == 0

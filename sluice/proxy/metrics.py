@@ -59,6 +59,7 @@ from sluice.protocols.http.websocket import ENDINGS, OPCODES
 from sluice.protocols.registry import DEFAULT_PROTOCOL, ProtocolSpec, get
 
 if TYPE_CHECKING:
+    from sluice.proxy.relay_thread import RelayThread
     from sluice.recording.writer import Recorder
 
 # How prometheus-client writes a bucket's bound as its "le" label.
@@ -370,6 +371,8 @@ class Metrics:
         )  # fmt: skip
         self._recorder_figures = RecorderFigures()
         registry.register(self._recorder_figures)
+        self._relay_figures = RelayThreadFigures()
+        registry.register(self._relay_figures)
 
         # Children bound once, for the per-request paths.
         self._request_timers = self.request_duration.children
@@ -498,6 +501,35 @@ class Metrics:
     def watch(self, recorder: Recorder) -> None:
         """Export the recorder's figures (read at scrape time)."""
         self._recorder_figures.recorder = recorder
+
+    def watch_relay(self, thread: RelayThread | None) -> None:
+        """Export the relay thread's figures (read at scrape time)."""
+        self._relay_figures.thread = thread
+
+
+class RelayThreadFigures(Collector):
+    """The relay thread's own figures, as sluice_relay_thread_* metrics."""
+
+    def __init__(self) -> None:
+        self.thread: RelayThread | None = None  # zero while there is none
+
+    def collect(self) -> Iterator[Any]:
+        t = self.thread
+        yield GaugeMetricFamily(
+            "sluice_relay_thread_carried",
+            "Connection directions the relay thread reads now (two per established "
+            "plain-TCP connection, less those handed back to trio for the moment)",
+            value=t.carried() if t else 0,
+        )
+        yield CounterMetricFamily(
+            "sluice_relay_thread_handbacks",
+            "Times the relay thread handed a direction back to trio: a write the socket did "
+            "not take whole, an action other than a write, the end of a connection",
+            value=t.handed_back if t else 0,
+        )
+
+    def describe(self) -> Iterable[Any]:
+        return []
 
 
 class RecorderFigures(Collector):

@@ -43,6 +43,7 @@ import trio
 
 log = logging.getLogger("sluice.relay")
 
+
 class RelayThread(trio.abc.Instrument):
     """One thread that relays carried sockets for one trio run (a worker)."""
 

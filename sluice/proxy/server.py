@@ -247,6 +247,7 @@ class Proxy:
                 ))  # fmt: skip
             async with relay_thread(relay_thread_wanted()) as self._thread, \
                     trio.open_nursery() as handlers:  # fmt: skip
+                self.metrics.watch_relay(self._thread)
                 self._handlers = handlers
                 for kind, listener in self._listeners:
                     handlers.start_soon(self._accept_loop, listener, kind, None)
