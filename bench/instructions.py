@@ -128,8 +128,24 @@ def count(
     return int(found.group(1))
 
 
-FLOOR_RELAY = """
-import os, socket, sys, trio
+# What both minimal relays share: the two connections, and their start.
+_FLOOR_CONNECT = """
+import functools, os, socket, sys, trio
+def connect(listen, upstream):
+    client, _ = listen.accept()
+    broker = socket.create_connection(("127.0.0.1", upstream))
+    for s in (client, broker):
+        s.setblocking(False)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client, broker
+def start():
+    listen = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+    trio.run(main, listen, int(sys.argv[2]))
+"""
+
+FLOOR_RELAY = (
+    _FLOOR_CONNECT
+    + """
 async def pump(source, sink):
     while True:
         await trio.lowlevel.wait_readable(source)
@@ -138,23 +154,19 @@ async def pump(source, sink):
             return
         os.write(sink.fileno(), data)
 async def main(listen, upstream):
-    client, _ = listen.accept()
-    broker = socket.create_connection(("127.0.0.1", upstream))
-    for s in (client, broker):
-        s.setblocking(False)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client, broker = connect(listen, upstream)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pump, client, broker)
         nursery.start_soon(pump, broker, client)
-listen = socket.create_server(("127.0.0.1", int(sys.argv[1])))
-trio.run(main, listen, int(sys.argv[2]))
+start()
 """
-
+)
 
 # The same carried by Sluice's relay thread (sluice/proxy/relay_thread.py):
 # each socket stays registered, and a read step runs on the thread.
-FLOOR_THREAD = """
-import functools, os, socket, sys, trio
+FLOOR_THREAD = (
+    _FLOOR_CONNECT
+    + """
 from sluice.proxy.relay_thread import relay_thread
 def step(source, sink, end):
     data = os.read(source, 262144)
@@ -163,11 +175,7 @@ def step(source, sink, end):
         return
     os.write(sink, data)
 async def main(listen, upstream):
-    client, _ = listen.accept()
-    broker = socket.create_connection(("127.0.0.1", upstream))
-    for s in (client, broker):
-        s.setblocking(False)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client, broker = connect(listen, upstream)
     c, b = client.fileno(), broker.fileno()
     ended = trio.Event()
     async with relay_thread() as thread:
@@ -178,9 +186,9 @@ async def main(listen, upstream):
         thread.carry(c, functools.partial(step, c, b, end))
         thread.carry(b, functools.partial(step, b, c, end))
         await ended.wait()
-listen = socket.create_server(("127.0.0.1", int(sys.argv[1])))
-trio.run(main, listen, int(sys.argv[2]))
+start()
 """
+)
 
 
 def _connect(port: int, process: subprocess.Popen[bytes]) -> socket.socket:
