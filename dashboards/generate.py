@@ -137,6 +137,13 @@ def overview() -> dict[str, Any]:
         Panel("Proxy's own delay p99", [
             (_quantile(0.99, "sluice_relay_delay_seconds", "direction"), "{{direction}}"),
         ], "s", description="From reading a chunk to writing it on: the time Sluice adds."),
+        Panel("Relay thread", [
+            (f"sum(sluice_relay_thread_carried{{{SEL}}})", "directions carried"),
+            (f"sum(rate(sluice_relay_thread_handbacks_total{{{SEL}}}[{RATE}]))",
+             "handed back to trio /s"),
+        ], description="Established plain-TCP connections are read by a relay thread, "
+           "two directions each; a direction goes back to trio for a write that must wait "
+           "(a slow reader), a fault's delay or the end of its connection."),
         Panel("Active connections", [
             (f"sum by (listener) (sluice_connections_active{{{SEL}}})", "{{listener}}"),
         ]),
