@@ -252,6 +252,26 @@ async def test_lookup_client_answering_pings_stays_open(
 # --- drain ----------------------------------------------------------------------
 
 
+async def open_producers(wire: Wire, frame: Frame) -> bool:
+    """A scripted broker's answer to CONNECT and PRODUCER; False for any other frame."""
+    if frame.name == "CONNECT":
+        await wire.send(frame_bytes("CONNECTED", pb.CommandConnected(server_version="b")))
+    elif frame.name == "PRODUCER":
+        ok = pb.CommandProducerSuccess(request_id=frame.body.request_id, producer_name="p")
+        await wire.send(frame_bytes("PRODUCER_SUCCESS", ok))
+    else:
+        return False
+    return True
+
+
+def receipt(send: Frame) -> bytes:
+    """The SEND_RECEIPT of ``send``."""
+    body = pb.CommandSendReceipt(
+        producer_id=send.body.producer_id, sequence_id=send.body.sequence_id
+    )
+    return frame_bytes("SEND_RECEIPT", body)
+
+
 def producer_broker(
     receipt_after: float | None, got: list[Frame], send_seen: trio.Event
 ) -> BrokerScript:
@@ -261,19 +281,11 @@ def producer_broker(
     async def broker(wire: Wire) -> None:
         while (frame := await wire.receive()) is not None:
             got.append(frame)
-            if frame.name == "CONNECT":
-                await wire.send(frame_bytes("CONNECTED", pb.CommandConnected(server_version="b")))
-            elif frame.name == "PRODUCER":
-                ok = pb.CommandProducerSuccess(request_id=frame.body.request_id, producer_name="p")
-                await wire.send(frame_bytes("PRODUCER_SUCCESS", ok))
-            elif frame.name == "SEND":
+            if not await open_producers(wire, frame) and frame.name == "SEND":
                 send_seen.set()
                 if receipt_after is not None:
                     await trio.sleep(receipt_after)
-                    receipt = pb.CommandSendReceipt(
-                        producer_id=frame.body.producer_id, sequence_id=frame.body.sequence_id
-                    )
-                    await wire.send(frame_bytes("SEND_RECEIPT", receipt))
+                    await wire.send(receipt(frame))
 
     return broker
 
@@ -418,20 +430,10 @@ def busy_broker(got: list[Frame], first_send: trio.Event, problems: list[str]) -
         try:
             while (frame := await wire.receive()) is not None:
                 got.append(frame)
-                if frame.name == "CONNECT":
-                    connected = pb.CommandConnected(server_version="b")
-                    await wire.send(frame_bytes("CONNECTED", connected))
-                elif frame.name == "PRODUCER":
-                    rid = frame.body.request_id
-                    ok = pb.CommandProducerSuccess(request_id=rid, producer_name="p")
-                    await wire.send(frame_bytes("PRODUCER_SUCCESS", ok))
-                elif frame.name == "SEND":
+                if not await open_producers(wire, frame) and frame.name == "SEND":
                     first_send.set()
                     await trio.sleep(5.0)
-                    receipt = pb.CommandSendReceipt(
-                        producer_id=frame.body.producer_id, sequence_id=frame.body.sequence_id
-                    )
-                    await wire.send(frame_bytes("SEND_RECEIPT", receipt))
+                    await wire.send(receipt(frame))
         except RemoteProtocolError as exc:
             problems.append(exc.problem.value)
         except trio.BrokenResourceError:

@@ -11,7 +11,7 @@ import trio
 from sluice.addresses import Address
 from sluice.protocols import registry
 from sluice.protocols.core import Relayed
-from sluice.protocols.pulsar import Frame, pb
+from sluice.protocols.pulsar import Frame
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.relay_thread import relay_thread
 from tests.test_relay_clock import (
@@ -19,9 +19,10 @@ from tests.test_relay_clock import (
     Harness,
     Stream,
     Wire,
-    frame_bytes,
     open_producer,
+    open_producers,
     real_socket_pair,
+    receipt,
     send_frame,
 )
 
@@ -47,19 +48,11 @@ def slow_broker(got: list[Frame]) -> BrokerScript:
 
     async def broker(wire: Wire) -> None:
         while (frame := await wire.receive()) is not None:
-            if frame.name == "CONNECT":
-                await wire.send(frame_bytes("CONNECTED", pb.CommandConnected(server_version="b")))
-            elif frame.name == "PRODUCER":
-                ok = pb.CommandProducerSuccess(request_id=frame.body.request_id, producer_name="p")
-                await wire.send(frame_bytes("PRODUCER_SUCCESS", ok))
-            elif frame.name == "SEND":
+            if not await open_producers(wire, frame) and frame.name == "SEND":
                 got.append(frame)
                 if len(got) % 3 == 0:
                     await trio.sleep(0.005)
-                receipt = pb.CommandSendReceipt(
-                    producer_id=frame.body.producer_id, sequence_id=frame.body.sequence_id
-                )
-                await wire.send(frame_bytes("SEND_RECEIPT", receipt))
+                await wire.send(receipt(frame))
 
     return broker
 
