@@ -60,3 +60,34 @@ class SendTable:
     def account_broker(
         self, found: Batch | Sequence[Scanned], start: int, now: float, consumers: dict[int, str]
     ) -> tuple[dict[str | None, list[float]] | None, dict[str, list[int]] | None]: ...
+
+class Figures:
+    """What compiled relay steps counted (rust/src/step.rs), taken by the
+    metrics at scrape time."""
+
+    def __init__(self, latency_bounds: list[float], relay_bounds: list[float]) -> None: ...
+    def take(
+        self,
+    ) -> tuple[
+        list[tuple[bool, int, int, int]],
+        list[tuple[str, bool, int, int]],
+        list[tuple[str, list[int], float]],
+        list[tuple[bool, list[int], float]],
+    ]:
+        """(frames, topics, answered, relay) added since the last take."""
+
+class Step:
+    """One proxied connection's compiled step: a relayed read carried whole."""
+
+    def __init__(
+        self,
+        sends: SendTable,
+        producers: dict[int, str],
+        consumers: dict[int, str],
+        figures: Figures,
+        max_total: int,
+        request: str,
+    ) -> None: ...
+    def carry(
+        self, source: int, sink: int, from_client: bool, now: float
+    ) -> bytes | int | tuple[int, bytes, OSError | None, float] | None: ...

@@ -333,10 +333,11 @@ def proxied(taps: Taps) -> PulsarConnection:
     return core
 
 
-def traffic(seed: int) -> list[tuple[bool, bytes]]:
+def traffic(seed: int, whole: bool = False) -> list[tuple[bool, bytes]]:
     """Reads both ways: SENDs of known and unknown producers (some with
     properties), their receipts (some for SENDs never seen), MESSAGEs, FLOW
-    and ACKs (one asking for a receipt), a PING and a corrupt SEND among them."""
+    and ACKs (one asking for a receipt), a PING and a corrupt SEND among them.
+    ``whole``: reads are cut between frames only."""
     rng = random.Random(seed)
     client: list[bytes] = []
     broker: list[bytes] = []
@@ -375,7 +376,8 @@ def traffic(seed: int) -> list[tuple[bool, bytes]]:
     sides: list[list[tuple[bool, bytes]]] = []
     for from_client, frames in ((True, client), (False, broker)):
         data = b"".join(frames)
-        cuts = sorted(rng.sample(range(1, len(data)), 12))
+        ends = list(itertools.accumulate(map(len, frames)))[:-1]
+        cuts = sorted(rng.sample(ends if whole else range(1, len(data)), 12))
         sides.append(
             [(from_client, data[a:b]) for a, b in itertools.pairwise([0, *cuts, len(data)])]
         )

@@ -90,7 +90,7 @@ pub mod python {
     /// ``account_broker``).
     #[pyclass(module = "sluice._frames")]
     pub struct SendTable {
-        table: Table<Topic>,
+        pub(crate) table: Table<Topic>,
     }
 
     /// One read's tallies by topic, in the order topics first came.

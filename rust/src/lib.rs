@@ -25,6 +25,7 @@ pub const FLOW: u32 = 11;
 
 pub mod account;
 pub mod record;
+pub mod step;
 pub mod summary;
 
 const MAGIC_CHECKSUM: u16 = 0x0e01;
@@ -747,6 +748,8 @@ pub mod python {
         m.add_function(wrap_pyfunction!(pack_frames, m)?)?;
         m.add_function(wrap_pyfunction!(crate::summary::python::summary, m)?)?;
         m.add_class::<crate::account::python::SendTable>()?;
+        m.add_class::<crate::step::python::Figures>()?;
+        m.add_class::<crate::step::python::Step>()?;
         Ok(())
     }
 }

@@ -127,7 +127,7 @@ pub fn summary(raw: &[u8]) -> Option<Summary<'_>> {
 
 /// Whether a message holds field `number`, of any wire type (None: it
 /// does not read as protobuf).
-fn has_field(bytes: &[u8], number: u32) -> Option<bool> {
+pub(crate) fn has_field(bytes: &[u8], number: u32) -> Option<bool> {
     let mut r = Reader::new(bytes);
     let mut seen = false;
     while !r.done() {

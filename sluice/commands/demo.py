@@ -171,6 +171,7 @@ async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
 
 def report(work: Workload, proxy: Proxy, record: Path, url: str, admin: int, live: bool) -> None:
     registry = proxy.metrics.registry
+    proxy.metrics.absorb()
     frames = sum(sum(counts) for counts in proxy.metrics.traffic.frames)
     invalid = sum(
         s.value

@@ -280,6 +280,16 @@ class Taps:
     def add(self, tap: Tap) -> None:
         self.taps.append(tap)
 
+    @property
+    def figures(self) -> Any:
+        """Where a compiled relay step may count a read itself instead of
+        showing it to the taps: the only tap's ``figures`` (the metrics',
+        when built with the compiled frame path); None when any other tap
+        (a recorder) must see every read."""
+        if len(self.taps) == 1:
+            return getattr(self.taps[0], "figures", None)
+        return None
+
     def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
         for tap in self.taps:
             try:
@@ -299,6 +309,18 @@ class Taps:
         if id(tap) not in self._reported:
             self._reported.add(id(tap))
             log.error("%s failed (traffic goes on): %r", type(tap).__name__, exc, exc_info=exc)
+
+
+class QuickStep(Protocol):
+    """A protocol's compiled way to carry one read of a relayed direction
+    whole (rust/src/step.rs): read, checked, accounted and written on in one
+    call, or handed back untouched for ``receive_client``/``receive_broker``."""
+
+    def carry(self, source: int, sink: int, from_client: bool, now: float) -> Any:
+        """None: nothing to read; bytes: the read, for the usual path; an
+        int: that many bytes carried whole; (read, rest, error, seconds):
+        carried but for ``rest`` (or a write that failed with ``error``)."""
+        ...
 
 
 class OnInvalid(enum.Enum):

@@ -58,6 +58,12 @@ from sluice.protocols.http import KINDS, STATUS_CLASSES
 from sluice.protocols.http.websocket import ENDINGS, OPCODES
 from sluice.protocols.registry import DEFAULT_PROTOCOL, ProtocolSpec, get
 
+_Figures: Any
+try:  # what compiled relay steps count (rust/src/step.rs), folded in at scrape time
+    from sluice._frames import Figures as _Figures
+except ImportError:  # a source tree nobody built
+    _Figures = None
+
 if TYPE_CHECKING:
     from sluice.proxy.relay_thread import RelayThread
     from sluice.recording.writer import Recorder
@@ -185,6 +191,13 @@ class Timer:
         self.counts[bisect_left(self._bounds, seconds)] += 1
         self.total += seconds
 
+    def add(self, counts: Sequence[int], total: float) -> None:
+        """Counts per bucket and their sum, counted elsewhere with the same bounds."""
+        mine = self.counts
+        for bucket, count in enumerate(counts):
+            mine[bucket] += count
+        self.total += total
+
     def observe_all(self, seconds: Sequence[float]) -> None:
         counts, bounds = self.counts, self._bounds
         if len(seconds) <= _ONE_BY_ONE:
@@ -222,9 +235,9 @@ class Histograms(Collector):
         self.name = name
         self.documentation = documentation
         self.label = label
-        self._bounds = (*buckets, math.inf)
-        self._les = [_le(bound) for bound in self._bounds]
-        self.children = {value: Timer(self._bounds) for value in values}
+        self.bounds = (*buckets, math.inf)
+        self._les = [_le(bound) for bound in self.bounds]
+        self.children = {value: Timer(self.bounds) for value in values}
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
@@ -257,11 +270,15 @@ class WithProtocol(Collector):
     scrape time: one proxy fronts one protocol, and dashboards and alerts
     can tell one protocol's proxies from another's by it."""
 
-    def __init__(self, registry: CollectorRegistry, protocol: str) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, protocol: str, before: Callable[[], None]
+    ) -> None:
         self.registry = registry
         self.protocol = protocol
+        self._before = before
 
     def collect(self) -> Iterator[Metric]:
+        self._before()
         for family in self.registry.collect():
             out = Metric(family.name, family.documentation, family.type, family.unit)
             for sample in family.samples:
@@ -281,7 +298,7 @@ class Metrics:
         self.registry = registry = CollectorRegistry()
         # What /metrics serves: the registry's metrics, labelled with the protocol.
         self.exposed = CollectorRegistry()
-        self.exposed.register(WithProtocol(registry, spec.name))
+        self.exposed.register(WithProtocol(registry, spec.name, self.absorb))
         self._counted = spec.counted
         if spec.counted is not None:
             self.frames = self._named_frames  # type: ignore[method-assign]
@@ -377,6 +394,13 @@ class Metrics:
         # Children bound once, for the per-request paths.
         self._request_timers = self.request_duration.children
         self.relay_delay_by_direction = self.relay_delay.children
+        # What compiled relay steps count in place of this tap (Taps.figures),
+        # with the same buckets; folded in by absorb().
+        self.figures: Any = None
+        if _Figures is not None and spec.counted is None:
+            self.figures = _Figures(
+                list(self.request_duration.bounds), list(self.relay_delay.bounds)
+            )
         for reason in (
             "limit", "relay_refused", "untrusted_broker", "handshake_timeout", "handshake", "tls",
             "sni_unknown", "sni_invalid", *(f"proxy_header_{r}" for r in HEADER_REFUSALS),
@@ -488,6 +512,25 @@ class Metrics:
                 self.upstream_dial_failures.inc()
             else:
                 self.upstream_dial.observe(event.seconds)
+
+    def absorb(self) -> None:
+        """Fold in what compiled relay steps counted since the last time
+        (``figures``); every scrape does this first."""
+        if self.figures is None:
+            return
+        frames, topics, answered, relay = self.figures.take()
+        for from_client, t, count, size in frames:
+            slot = t if t < TYPE_SLOTS else 0
+            self.traffic.frames[from_client][slot] += count
+            self.traffic.bytes[from_client][slot] += size
+        for topic, from_client, messages, size in topics:
+            self.topic_traffic(topic, DIRECTION[from_client], messages, size)
+        for request, counts, total in answered:
+            timer = self._request_timers.get(request)
+            if timer is not None:
+                timer.add(counts, total)
+        for from_client, counts, total in relay:
+            self.relay_delay_by_direction[DIRECTION[from_client]].add(counts, total)
 
     def topic_traffic(self, topic: str, direction: str, messages: int, size: int) -> None:
         tally = self._topic_tallies.get((topic, direction))

@@ -34,6 +34,7 @@ from sluice.protocols.core import (
     Hold,
     OpenUpstream,
     Peer,
+    QuickStep,
     Rejected,
     Relayed,
     Send,
@@ -78,6 +79,10 @@ class Core(Protocol):
     @property
     def upstream_pending(self) -> bool:
         """Waiting for the upstream's side of the handshake."""
+        ...
+
+    def quick(self, from_client: bool) -> QuickStep | None:
+        """What may carry the direction's next read in one call, if anything."""
         ...
 
     def receive_client(self, data: bytes, now: float) -> list[Action]: ...
@@ -321,13 +326,35 @@ class Relay:
             # has not arrived yet: nothing more is read, as it would not be.
             thread.drop(fd)
             return
+        to = Peer.BROKER if from_client else Peer.CLIENT
+        step = self.core.quick(from_client)
         try:
-            data = os.read(fd, READ_SIZE)
+            if step is not None and not self._waiting[to]:
+                # Nearly every read: carried whole in one compiled call.
+                sink = self._descriptors[to]
+                assert sink is not None
+                got = step.carry(fd, sink, from_client, thread.now())
+                kind = type(got)
+                if kind is int:
+                    if from_client:
+                        self.bytes_in += got
+                    return
+                if got is None:
+                    return
+                if kind is not bytes:
+                    self._carried_in_part(thread, fd, from_client, back, to, *got)
+                    return
+                data = got  # not whole frames the scanner took: the usual way
+            else:
+                data = os.read(fd, READ_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:
             failed = functools.partial(self._read_failed, exc, from_client)
             self._hand_back(thread, fd, from_client, back, failed)
+            return
+        except Exception as exc:  # the step's bug: raised in trio, which ends the connection
+            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
             return
         if not data:  # the end: closed as usual, by trio
             ended = functools.partial(self._ended, from_client)
@@ -363,6 +390,31 @@ class Relay:
             self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
             return
         finish = functools.partial(self._finish_read, actions, done, rest, from_client, started)
+        self._hand_back(thread, fd, from_client, back, finish)
+
+    def _carried_in_part(
+        self,
+        thread: RelayThread,
+        fd: int,
+        from_client: bool,
+        back: trio.Event,
+        to: Peer,
+        read: int,
+        rest: bytes,
+        error: OSError | None,
+        seconds: float,
+    ) -> None:
+        """A read the compiled step accounted but could not write whole:
+        the rest is written by trio (the writing failed: the connection ends)."""
+        if from_client:
+            self.bytes_in += read
+        if error is not None:
+            lost = functools.partial(self._lost_later, to, error)
+            self._hand_back(thread, fd, from_client, back, lost)
+            return
+        started = perf_counter() - seconds
+        sends: list[Action] = [Send(to, rest)]
+        finish = functools.partial(self._finish_read, sends, 0, rest, from_client, started)
         self._hand_back(thread, fd, from_client, back, finish)
 
     def _hand_back(

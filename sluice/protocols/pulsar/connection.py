@@ -68,6 +68,7 @@ from sluice.protocols.core import (
     Opened,
     OpenUpstream,
     Peer,
+    QuickStep,
     Rejected,
     Send,
     Tap,
@@ -94,7 +95,7 @@ from sluice.protocols.pulsar.correlation import (
     add_traffic,
     answer_error,
 )
-from sluice.protocols.pulsar.decoder import CLOSED, FrameDecoder, ScannedBatch
+from sluice.protocols.pulsar.decoder import CLOSED, COMPILED, FrameDecoder, ScannedBatch
 from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_reply, own_frame
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.frame import Frame, command_name
@@ -324,6 +325,8 @@ class PulsarConnection:
         self._challenged = False
         self._asks: dict[int, _Pending] = {}
         self._tokens = itertools.count(1)
+        # The compiled step that carries whole reads once relaying (quick()).
+        self._step: QuickStep | None = None
 
     @property
     def established(self) -> bool:
@@ -440,8 +443,34 @@ class PulsarConnection:
             out += self._own(own_frame(T.CLOSE_CONSUMER, consumer))
         return out
 
+    def quick(self, from_client: bool) -> QuickStep | None:
+        """The compiled step that may carry the next read of a direction
+        (rust/src/step.rs): relaying, with no fault rule or trace to apply,
+        nothing of a frame buffered on that side, and the metrics the only
+        tap. None: the read comes through ``receive_client`` or
+        ``receive_broker``. The step itself gives back any read that is not
+        whole frames the scanner took, every one of them."""
+        step = self._step
+        if step is None or self.faults.rules or self._trace:
+            return None
+        if (self._client if from_client else self._broker).buffered:
+            return None
+        return step
+
+    def _compiled_step(self) -> QuickStep | None:
+        figures = getattr(self.tap, "figures", None)
+        sends = self.correlator.sends
+        if COMPILED is None or figures is None or not isinstance(sends, COMPILED.send_table):
+            return None
+        step: QuickStep = COMPILED.step(
+            sends, self.correlator.producers, self.correlator.consumers, figures,
+            self._client.max_total, "SEND",
+        )  # fmt: skip
+        return step
+
     def closed(self, reason: str) -> None:
         """The proxy hung up (for whatever reason): release what we hold."""
+        self._step = None
         if self.state is not State.CLOSED:
             self.state = State.CLOSED
         for _ in self._asks:
@@ -626,6 +655,7 @@ class PulsarConnection:
                     self._client.max_message_size = size
                 out.append(Send(Peer.CLIENT, frame.raw))
                 self.state = State.RELAY
+                self._step = self._compiled_step()
                 elapsed = now - self._dial_started
                 self.tap.event(self.conn, Dialed(elapsed))
                 self.tap.event(self.conn, Answered("CONNECT", elapsed))

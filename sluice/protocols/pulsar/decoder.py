@@ -60,6 +60,8 @@ class _Compiled(NamedTuple):
     send_table: Any
     # A recorded frame's summary numbers (recording/format.py types them).
     summary: Callable[[bytes], Any]
+    # A relayed read carried whole in one call (rust/src/step.rs).
+    step: Any
 
 
 def _compiled() -> _Compiled | None:
@@ -69,10 +71,10 @@ def _compiled() -> _Compiled | None:
     if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
         return None
     try:
-        from sluice._frames import SendTable, pack_frames, scan, scan_batch, summary
+        from sluice._frames import SendTable, Step, pack_frames, scan, scan_batch, summary
     except ImportError:
         return None
-    return _Compiled(scan, pack_frames, scan_batch, SendTable, summary)
+    return _Compiled(scan, pack_frames, scan_batch, SendTable, summary, Step)
 
 
 COMPILED: Final = _compiled()
@@ -153,6 +155,11 @@ class FrameDecoder:
             raise ValueError(f"max_message_size must be positive, not {value}")
         self._max_message_size = value
         self._max_total = max_frame_size(value) - 4
+
+    @property
+    def max_total(self) -> int:
+        """The largest length prefix accepted (the frame's size less 4)."""
+        return self._max_total
 
     @property
     def buffered(self) -> int:

@@ -1,0 +1,423 @@
+//! One read of a relayed direction, from the socket to the other socket, in
+//! one call: the proxy's relay thread reads, checks every frame (the
+//! scanner), accounts them (the send table, frame and topic tallies, the
+//! receipt and relay-delay histograms) and writes the read on, all without
+//! a Python object per read. This is what `PulsarConnection._relay` does
+//! for a read the scanner takes whole, with the metrics tap alone watching;
+//! `Step.carry` does it only for such reads and gives every other read back
+//! to Python as the bytes it read, untouched, for the usual path (the
+//! reference: tests/test_quick_step.py compares the two on the same reads).
+//!
+//! The tallies live here (`Figures`) and are folded into the proxy's
+//! metrics when Prometheus scrapes.
+
+use crate::{base_command, be32, scan, Scanned, ACK, MESSAGE, SEND, SEND_RECEIPT};
+
+/// How much one read asks the socket for (relay.py's READ_SIZE).
+pub const READ_SIZE: usize = 256 * 1024;
+
+/// Counts per bucket (not cumulative) and the sum, as `Timer` in
+/// sluice/proxy/metrics.py: a value goes in the first bucket whose upper
+/// bound is at least the value (the bounds end with +inf).
+#[derive(Debug, Clone)]
+pub struct Timer {
+    pub bounds: Vec<f64>,
+    pub counts: Vec<u64>,
+    pub total: f64,
+}
+
+impl Timer {
+    pub fn new(bounds: Vec<f64>) -> Timer {
+        let counts = vec![0; bounds.len()];
+        Timer {
+            bounds,
+            counts,
+            total: 0.0,
+        }
+    }
+
+    pub fn observe(&mut self, value: f64) {
+        let bucket = self.bounds.partition_point(|bound| *bound < value);
+        if let Some(count) = self.counts.get_mut(bucket) {
+            *count += 1;
+        }
+        self.total += value;
+    }
+
+    /// What was counted since the last take, and zero from now on.
+    pub fn take(&mut self) -> (Vec<u64>, f64) {
+        let counts = std::mem::replace(&mut self.counts, vec![0; self.bounds.len()]);
+        (counts, std::mem::take(&mut self.total))
+    }
+}
+
+/// The frames of `data` when one call may carry the read: it holds whole
+/// frames only, every one of them valid and of a hot type (the scanner's
+/// checks), and no ACK among them asks for a receipt (an ACK with a
+/// request_id is a request the correlator keeps, in Python). None: the
+/// read goes the usual way.
+pub fn whole(data: &[u8], max_total: u32) -> Option<Vec<Scanned>> {
+    let found = scan(data, 0, max_total);
+    if found.last()?.stop != data.len() {
+        return None;
+    }
+    let mut start = 0;
+    for s in &found {
+        if s.kind == 0 || (s.kind == ACK && asks(&data[start..s.stop])?) {
+            return None;
+        }
+        start = s.stop;
+    }
+    Some(found)
+}
+
+/// Whether an ACK the scanner accepted carries a request_id (field 8).
+fn asks(frame: &[u8]) -> Option<bool> {
+    let cmd_end = 8usize.checked_add(be32(frame.get(4..8)?) as usize)?;
+    let (_, body) = base_command(frame.get(8..cmd_end)?)?;
+    crate::summary::has_field(body, 8)
+}
+
+/// The frame kinds the accounting below looks at.
+pub fn accounted(kind: u32, from_client: bool) -> bool {
+    if from_client {
+        kind == SEND
+    } else {
+        kind == MESSAGE || kind == SEND_RECEIPT
+    }
+}
+
+#[cfg(feature = "python")]
+pub mod python {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use std::fs::File;
+    use std::io::{ErrorKind, Read, Write};
+    use std::mem::ManuallyDrop;
+    use std::os::fd::FromRawFd;
+    use std::time::Instant;
+
+    use pyo3::exceptions::PyValueError;
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyDict, PyString};
+
+    use super::{accounted, whole, Timer, READ_SIZE};
+    use crate::account::python::SendTable;
+    use crate::{MESSAGE, SEND, SEND_RECEIPT};
+
+    /// Command types are small numbers (metrics.py's TYPE_SLOTS).
+    const SLOTS: usize = 256;
+
+    thread_local! {
+        // One read buffer per thread (the relay thread), not per connection.
+        static BUFFER: RefCell<Vec<u8>> = RefCell::new(vec![0; READ_SIZE]);
+    }
+
+    /// What relayed reads added to the proxy's metrics since the last
+    /// ``take()``: frames and bytes by direction and command type, messages
+    /// and bytes by topic and direction, answer times by request, relay
+    /// delay by direction. Indexed by "from the client" (0: from brokers).
+    #[pyclass(module = "sluice._frames")]
+    pub struct Figures {
+        frames: Vec<[u64; 2]>,
+        topics: [HashMap<String, [i64; 2]>; 2],
+        answered: HashMap<String, Timer>,
+        latency: Vec<f64>,
+        relay: [Timer; 2],
+    }
+
+    /// (from_client, type, frames, bytes)
+    type Counted = (bool, u32, u64, u64);
+    /// (topic, from_client, messages, bytes)
+    type Traffic = (String, bool, i64, i64);
+    /// (name, counts per bucket, sum)
+    type Histogram<N> = (N, Vec<u64>, f64);
+
+    impl Figures {
+        fn count(&mut self, from_client: bool, kind: u32, size: u64) {
+            let slot = kind as usize + usize::from(from_client) * SLOTS;
+            if let Some(tally) = self.frames.get_mut(slot) {
+                tally[0] += 1;
+                tally[1] += size;
+            }
+        }
+
+        fn traffic(&mut self, from_client: bool, topic: &str, messages: i64, size: u64) {
+            let topics = &mut self.topics[usize::from(from_client)];
+            let tally = match topics.get_mut(topic) {
+                Some(tally) => tally,
+                None => topics.entry(topic.to_owned()).or_insert([0, 0]),
+            };
+            // (num_messages is an int32 as sent, added as it is, as in Python.)
+            tally[0] += messages;
+            tally[1] += size as i64;
+        }
+
+        fn answered(&mut self, request: &str, seconds: f64) {
+            let timer = match self.answered.get_mut(request) {
+                Some(timer) => timer,
+                None => {
+                    let timer = Timer::new(self.latency.clone());
+                    self.answered.entry(request.to_owned()).or_insert(timer)
+                }
+            };
+            timer.observe(seconds);
+        }
+    }
+
+    #[pymethods]
+    impl Figures {
+        /// Figures(latency_bounds, relay_bounds): the histograms' upper
+        /// bounds, +inf last.
+        #[new]
+        fn new(latency_bounds: Vec<f64>, relay_bounds: Vec<f64>) -> Self {
+            Figures {
+                frames: vec![[0, 0]; 2 * SLOTS],
+                topics: [HashMap::new(), HashMap::new()],
+                answered: HashMap::new(),
+                latency: latency_bounds,
+                relay: [Timer::new(relay_bounds.clone()), Timer::new(relay_bounds)],
+            }
+        }
+
+        /// take() -> (frames, topics, answered, relay), each a list of what
+        /// was added since the last take (nothing where nothing was):
+        /// [(from_client, type, frames, bytes)], [(topic, from_client,
+        /// messages, bytes)], [(request, counts, sum)], [(from_client,
+        /// counts, sum)]. Everything is zero again afterwards.
+        #[allow(clippy::type_complexity)]
+        fn take(
+            &mut self,
+        ) -> (
+            Vec<Counted>,
+            Vec<Traffic>,
+            Vec<Histogram<String>>,
+            Vec<Histogram<bool>>,
+        ) {
+            let mut frames = Vec::new();
+            for (slot, tally) in self.frames.iter_mut().enumerate() {
+                if tally[0] != 0 {
+                    frames.push((slot >= SLOTS, (slot % SLOTS) as u32, tally[0], tally[1]));
+                    *tally = [0, 0];
+                }
+            }
+            let mut topics = Vec::new();
+            for (index, tallies) in self.topics.iter_mut().enumerate() {
+                for (topic, [messages, size]) in tallies.drain() {
+                    topics.push((topic, index == 1, messages, size));
+                }
+            }
+            let mut answered = Vec::new();
+            for (request, timer) in self.answered.iter_mut() {
+                if timer.counts.iter().any(|c| *c != 0) {
+                    let (counts, total) = timer.take();
+                    answered.push((request.clone(), counts, total));
+                }
+            }
+            let mut relay = Vec::new();
+            for (index, timer) in self.relay.iter_mut().enumerate() {
+                if timer.counts.iter().any(|c| *c != 0) {
+                    let (counts, total) = timer.take();
+                    relay.push((index == 1, counts, total));
+                }
+            }
+            (frames, topics, answered, relay)
+        }
+    }
+
+    /// Step(sends, producers, consumers, figures, max_total, request): one
+    /// proxied connection's way to carry a read in one call (``carry``).
+    /// ``sends`` is its send table, ``producers`` and ``consumers`` its
+    /// correlator's {id: topic} (read as they are at each read), ``request``
+    /// the name receipts are timed under.
+    #[pyclass(module = "sluice._frames")]
+    pub struct Step {
+        sends: Py<SendTable>,
+        producers: Py<PyDict>,
+        consumers: Py<PyDict>,
+        figures: Py<Figures>,
+        max_total: u32,
+        request: String,
+    }
+
+    /// `f` with the descriptor as a file, which it does not close.
+    fn with_fd<T>(fd: i32, f: impl FnOnce(&mut File) -> T) -> T {
+        // SAFETY: the caller's descriptor stays open for the call (checked
+        // to be one: not negative); ManuallyDrop keeps it from being closed.
+        let mut file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+        f(&mut file)
+    }
+
+    fn read(fd: i32, buf: &mut [u8]) -> std::io::Result<usize> {
+        with_fd(fd, |file| loop {
+            match file.read(buf) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                other => return other,
+            }
+        })
+    }
+
+    /// Write as much of `data` as the socket takes now: how much, and the
+    /// error that stopped it (none when it would block).
+    fn write(fd: i32, data: &[u8]) -> (usize, Option<std::io::Error>) {
+        with_fd(fd, |file| {
+            let mut written = 0;
+            while written < data.len() {
+                match file.write(&data[written..]) {
+                    Ok(0) => break,
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) => return (written, Some(e)),
+                }
+            }
+            (written, None)
+        })
+    }
+
+    #[pymethods]
+    impl Step {
+        #[new]
+        fn new(
+            sends: Py<SendTable>,
+            producers: Py<PyDict>,
+            consumers: Py<PyDict>,
+            figures: Py<Figures>,
+            max_total: u32,
+            request: String,
+        ) -> Self {
+            Step {
+                sends,
+                producers,
+                consumers,
+                figures,
+                max_total,
+                request,
+            }
+        }
+
+        /// carry(source, sink, from_client, now) -> what became of one read
+        /// of the non-blocking descriptor ``source``:
+        ///
+        /// - None: nothing to read now;
+        /// - bytes: what was read (b"" at the end), nothing done with it:
+        ///   for the usual path;
+        /// - an int: that many bytes read, accounted and written to
+        ///   ``sink`` whole;
+        /// - (read, rest, error, seconds): read and accounted, but ``rest``
+        ///   is left to write (the socket took no more), or writing failed
+        ///   with ``error`` (rest is then b""); ``seconds`` spent so far.
+        ///
+        /// Reading fails with the socket's OSError.
+        fn carry(
+            &self,
+            py: Python<'_>,
+            source: i32,
+            sink: i32,
+            from_client: bool,
+            now: f64,
+        ) -> PyResult<Py<PyAny>> {
+            if source < 0 || sink < 0 {
+                return Err(PyValueError::new_err("not a descriptor"));
+            }
+            BUFFER.with(|buffer| {
+                let mut buffer = buffer.borrow_mut();
+                let n = match read(source, &mut buffer) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(py.None()),
+                    Err(e) => return Err(e.into()),
+                };
+                let data = &buffer[..n];
+                let started = Instant::now();
+                let found = match (n > 0).then(|| whole(data, self.max_total)).flatten() {
+                    Some(found) => found,
+                    None => return Ok(PyBytes::new(py, data).into_any().unbind()),
+                };
+                self.account(py, &found, from_client, now)?;
+                let (written, failed) = write(sink, data);
+                let seconds = started.elapsed().as_secs_f64();
+                if written == n {
+                    let mut figures = self.figures.bind(py).borrow_mut();
+                    figures.relay[usize::from(from_client)].observe(seconds);
+                    return Ok(n.into_pyobject(py)?.into_any().unbind());
+                }
+                let error: Option<PyErr> = failed.map(PyErr::from);
+                let rest = if error.is_some() { &[][..] } else { &data[written..] };
+                let out = (n, PyBytes::new(py, rest), error.map(|e| e.into_value(py)), seconds);
+                Ok(out.into_pyobject(py)?.into_any().unbind())
+            })
+        }
+    }
+
+    impl Step {
+        /// What ``PulsarConnection._relay`` and the metrics tap do for a
+        /// scanned read: every frame counted; from the client each SEND in
+        /// flight under its producer's topic and tallied there; from the
+        /// broker each MESSAGE tallied under its consumer's topic and each
+        /// SEND_RECEIPT's SEND ended and timed.
+        fn account(
+            &self,
+            py: Python<'_>,
+            found: &[crate::Scanned],
+            from_client: bool,
+            now: f64,
+        ) -> PyResult<()> {
+            let mut figures = self.figures.bind(py).borrow_mut();
+            let mut sends = self.sends.bind(py).borrow_mut();
+            let ids = if from_client { &self.producers } else { &self.consumers };
+            let ids = ids.bind(py);
+            let mut before = 0;
+            for s in found {
+                let size = (s.stop - before) as u64;
+                before = s.stop;
+                figures.count(from_client, s.kind, size);
+                if !accounted(s.kind, from_client) {
+                    continue;
+                }
+                if s.kind == SEND_RECEIPT {
+                    let copy = |t: &Option<Py<PyAny>>| t.as_ref().map(|t| t.clone_ref(py));
+                    if let Some((started, _)) = sends.table.sent(s.a, s.b, copy) {
+                        // (Timed by request: the metrics keep no topic for it.)
+                        figures.answered(&self.request, now - started);
+                    }
+                    continue;
+                }
+                let topic = ids.get_item(s.a)?;
+                if s.kind == SEND {
+                    let kept = topic.as_ref().map(|t| t.clone().unbind());
+                    sends.table.sending(s.a, s.b, now, || kept);
+                }
+                debug_assert!(s.kind == SEND || s.kind == MESSAGE);
+                if let Some(topic) = topic {
+                    let topic = topic.cast::<PyString>()?;
+                    figures.traffic(from_client, topic.to_str()?, s.c, size);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{whole, Timer};
+
+    #[test]
+    fn a_value_goes_in_the_first_bucket_at_least_as_large() {
+        let mut t = Timer::new(vec![0.001, 0.01, f64::INFINITY]);
+        for v in [0.0005, 0.001, 0.002, 5.0] {
+            t.observe(v);
+        }
+        assert_eq!(t.counts, vec![2, 1, 1]);
+        let (counts, total) = t.take();
+        assert_eq!(counts, vec![2, 1, 1]);
+        assert!((total - 5.0035).abs() < 1e-12);
+        assert_eq!(t.counts, vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn only_whole_reads_of_checked_frames_are_carried() {
+        assert!(whole(b"", 1 << 20).is_none());
+        assert!(whole(&[0, 0, 0, 4, 0, 0, 0, 0], 1 << 20).is_none());
+    }
+}

@@ -1,0 +1,255 @@
+"""The compiled relay step (rust/src/step.rs, ``PulsarConnection.quick``)
+against the core's usual path, the reference, on the same reads over real
+sockets: the same bytes come out each way, and the metrics, the send table
+and the receipt times end the same. Reads the step does not carry whole
+(cut frames, frames the scanner leaves to Python, an ACK asking for a
+receipt) come back untouched for the usual path."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from sluice.protocols.core import Send, Taps
+from sluice.protocols.faults import FaultAction, Match, Rule
+from sluice.protocols.pulsar import Type, command, encode, encode_payload, pb
+from sluice.protocols.pulsar.connection import PulsarConnection
+from sluice.proxy.metrics import Metrics
+from tests.test_compiled_frames import Watcher, proxied, traffic
+
+T = Type.Value
+
+
+Ends = dict[bool, tuple[socket.socket, socket.socket, socket.socket]]
+
+
+@contextmanager
+def wires() -> Iterator[tuple[Ends, dict[bool, socket.socket]]]:
+    """Per direction (from the client?): where its bytes are written, the
+    socket the step reads, the one it writes; and where those are read back."""
+    pairs = [socket.socketpair() for _ in range(4)]
+    try:
+        for pair in pairs:
+            for s in pair:
+                s.setblocking(False)
+        yield (
+            {
+                True: (pairs[0][0], pairs[0][1], pairs[1][0]),
+                False: (pairs[2][0], pairs[2][1], pairs[3][0]),
+            },
+            {True: pairs[1][1], False: pairs[3][1]},
+        )
+    finally:
+        for pair in pairs:
+            for s in pair:
+                s.close()
+
+
+def drain(s: socket.socket) -> bytes:
+    out = b""
+    while True:
+        try:
+            got = s.recv(1 << 20)
+        except BlockingIOError:
+            return out
+        if not got:
+            return out
+        out += got
+
+
+def scraped(metrics: Metrics) -> list[str]:
+    """The metrics as Prometheus reads them, but for the relay delay and
+    when each series was created (times), in order (series come in the
+    order they were first counted)."""
+    text = generate_latest(metrics.exposed).decode()
+    return sorted(
+        line for line in text.splitlines()
+        if "sluice_relay_delay" not in line and "_created{" not in line
+        and not line.startswith("#")
+    )  # fmt: skip
+
+
+def relay(reads: list[tuple[bool, bytes]], quick: bool) -> tuple[Any, int]:
+    """``reads`` through a proxied core, each read by the step where it may
+    (``quick``), else by the core; what came out each way, the metrics and
+    the send table; and how many reads the step carried whole."""
+    metrics = Metrics()
+    core = proxied(Taps([metrics]))
+    out: dict[bool, bytes] = {True: b"", False: b""}
+    ended: list[Any] = []
+    carried = 0
+    with wires() as (ends, readers):
+        for from_client, data in reads:
+            if ended:  # the relay hangs up
+                break
+            writer, source, sink = ends[from_client]
+            writer.sendall(data)
+            step = core.quick(from_client) if quick else None
+            if step is not None:
+                got = step.carry(source.fileno(), sink.fileno(), from_client, 1.5)
+                if type(got) is int:
+                    assert got == len(data)
+                    carried += 1
+                    out[from_client] += drain(readers[from_client])
+                    continue
+                assert got == data, "a read not carried comes back as it was read"
+            else:
+                got = source.recv(1 << 20)
+                assert got == data
+            receive = core.receive_client if from_client else core.receive_broker
+            for action in receive(got, 1.5):
+                if type(action) is Send:
+                    out[from_client] += action.data
+                else:
+                    ended.append(action)
+    state = (core.correlator.sends.waiting(), core.in_flight_sends)
+    return (out, ended, scraped(metrics), state), carried
+
+
+def ack_and_flow(consumer: int, entry: int) -> bytes:
+    """An ACK that asks for no receipt, and a FLOW: what consumers send."""
+    mid = pb.MessageIdData(ledgerId=1, entryId=entry)
+    ack = pb.CommandAck(consumer_id=consumer, ack_type=pb.CommandAck.Individual,
+                        message_id=[mid])  # fmt: skip
+    flow = pb.CommandFlow(consumer_id=consumer, messagePermits=10)
+    return encode(command(T("ACK"), ack)) + encode(command(T("FLOW"), flow))
+
+
+def send(producer: int, sequence: int, size: int) -> bytes:
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=sequence, publish_time=1)
+    body = pb.CommandSend(producer_id=producer, sequence_id=sequence, num_messages=1)
+    return encode_payload(command(T("SEND"), body), meta, b"x" * size)
+
+
+def receipt(producer: int, sequence: int) -> bytes:
+    body = pb.CommandSendReceipt(producer_id=producer, sequence_id=sequence)
+    return encode(command(T("SEND_RECEIPT"), body))
+
+
+def message(consumer: int, entry: int, in_batch: int) -> bytes:
+    mid = pb.MessageIdData(ledgerId=1, entryId=entry)
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=entry, publish_time=1,
+                              num_messages_in_batch=in_batch)  # fmt: skip
+    body = pb.CommandMessage(consumer_id=consumer, message_id=mid)
+    return encode_payload(command(T("MESSAGE"), body), meta, b"m" * 30)
+
+
+# What a producer and a consumer say nearly all the time, read whole: the
+# step carries every one of these.
+EVERYDAY = [
+    (True, send(1, 1000, 100) + send(2, 1001, 50) + send(9, 1002, 10)),
+    (True, send(1, 1003, 100) + send(1, 1003, 100)),  # a chunked message's ids, twice
+    (False, receipt(2, 1001) + receipt(1, 1000) + receipt(4, 4)),
+    (False, message(5, 1, 1) + message(5, 2, 4) + message(6, 3, 1)),
+    (True, ack_and_flow(5, 3) + ack_and_flow(7, 4)),
+    (False, receipt(1, 1003)),
+    (False, receipt(1, 1003) + receipt(1, 1003)),
+]
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["cut-between-frames", "cut-anywhere"])
+@pytest.mark.parametrize("seed", range(4))
+def test_reads_carried_in_one_call_come_out_as_through_the_core(seed: int, whole: bool) -> None:
+    reads = EVERYDAY + traffic(seed, whole)
+    by_step, carried = relay(reads, True)
+    by_core, none = relay(reads, False)
+    assert none == 0
+    assert carried >= len(EVERYDAY), "the step carried reads"
+    for a, b in zip(by_step, by_core, strict=True):
+        assert a == b
+
+
+def test_each_carried_read_is_timed_as_the_relay_times_a_read() -> None:
+    reads = traffic(1, True)
+    metrics = Metrics()
+    core = proxied(Taps([metrics]))
+    carried = {True: 0, False: 0}
+    with wires() as (ends, _):
+        for from_client, data in reads:
+            writer, source, sink = ends[from_client]
+            writer.sendall(data)
+            step = core.quick(from_client)
+            if step is None:  # a frame of the read before, cut: the usual way
+                got = source.recv(1 << 20)
+            else:
+                got = step.carry(source.fileno(), sink.fileno(), from_client, 1.5)
+                if type(got) is int:
+                    carried[from_client] += 1
+                    continue
+            receive = core.receive_client if from_client else core.receive_broker
+            receive(got, 1.5)
+    value = metrics.exposed.get_sample_value
+    for from_client, direction in ((True, "client_to_broker"), (False, "broker_to_client")):
+        labels = {"direction": direction, "protocol": "pulsar"}
+        assert carried[from_client] > 0
+        count = value("sluice_relay_delay_seconds_count", labels)
+        assert count == carried[from_client]
+
+
+def relaying() -> tuple[PulsarConnection, Metrics]:
+    metrics = Metrics()
+    return proxied(Taps([metrics])), metrics
+
+
+def test_what_the_socket_does_not_take_is_left_to_write_after_accounting() -> None:
+    core, metrics = relaying()
+    step = core.quick(True)
+    assert step is not None
+    data = b"".join(send(1, s, 6_000) for s in range(8))
+    reader, sink = socket.socketpair()
+    writer, source = socket.socketpair()
+    with reader, sink, writer, source:
+        for s in (sink, source, reader):
+            s.setblocking(False)
+        sink.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        writer.sendall(data)
+        got = step.carry(source.fileno(), sink.fileno(), True, 2.0)
+        assert type(got) is tuple
+        read, rest, error, seconds = got
+        assert read == len(data) and error is None and seconds >= 0
+        written = drain(reader)
+        assert 0 < len(written) < len(data) and written + rest == data
+        # Accounted all the same: every SEND is in flight.
+        assert core.in_flight_sends == 8
+    metrics.absorb()
+    assert metrics.traffic.frames[True][T("SEND")] == 8
+
+
+def test_a_write_that_fails_comes_back_as_its_error_and_nothing_to_read_as_none() -> None:
+    core, _ = relaying()
+    step = core.quick(True)
+    assert step is not None
+    reader, sink = socket.socketpair()
+    writer, source = socket.socketpair()
+    with sink, writer, source:
+        source.setblocking(False)
+        assert step.carry(source.fileno(), sink.fileno(), True, 2.0) is None
+        reader.close()
+        writer.sendall(send(1, 1, 10))
+        read, rest, error, _ = step.carry(source.fileno(), sink.fileno(), True, 2.0)
+        assert read > 0 and rest == b"" and isinstance(error, BrokenPipeError)
+        writer.close()
+        assert step.carry(source.fileno(), sink.fileno(), True, 2.0) == b"", "the end"
+
+
+def test_the_step_stands_aside_where_a_read_must_be_seen_frame_by_frame() -> None:
+    core, _ = relaying()
+    assert core.quick(True) is not None and core.quick(False) is not None
+    # A frame half read waits in the decoder: the next read goes to it.
+    core.receive_client(send(1, 1, 10)[:7], 1.0)
+    assert core.quick(True) is None and core.quick(False) is not None
+    # A fault rule sees every frame.
+    core, _ = relaying()
+    core.faults.add(Rule(Match(command="SEND"), FaultAction.DROP, id="r"))
+    assert core.quick(True) is None
+    # A tap other than the metrics (a recorder) sees every frame.
+    assert proxied(Taps([Metrics(), Watcher()])).quick(True) is None
+    # Not relaying (any more).
+    core, _ = relaying()
+    core.closed("closed")
+    assert core.quick(True) is None
