@@ -1,6 +1,6 @@
 # Types of the compiled frame scanner (rust/src/lib.rs, built by maturin).
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 Scanned = tuple[int, int, int, int, int, int, int, int, int]
@@ -87,6 +87,10 @@ class Step:
         figures: Figures,
         max_total: int,
         request: str,
+        record: Callable[[list[bytes], int], None] | None = None,
+        payloads: int = 1,
+        conn: int = 0,
+        monotonic_ns: int = 0,
     ) -> None: ...
     def carry(
         self, source: int, sink: int, from_client: bool, now: float

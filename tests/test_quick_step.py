@@ -10,9 +10,11 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+from msgpack import unpackb
 from prometheus_client import generate_latest
 
 from sluice.protocols.core import Send, Taps
@@ -20,6 +22,9 @@ from sluice.protocols.faults import FaultAction, Match, Rule
 from sluice.protocols.pulsar import Type, command, encode, encode_payload, pb
 from sluice.protocols.pulsar.connection import PulsarConnection
 from sluice.proxy.metrics import Metrics
+from sluice.recording.format import PayloadPolicy
+from sluice.recording.triggers import Trigger
+from sluice.recording.writer import Recorder, RecorderConfig
 from tests.test_compiled_frames import Watcher, proxied, traffic
 
 T = Type.Value
@@ -74,12 +79,14 @@ def scraped(metrics: Metrics) -> list[str]:
     )  # fmt: skip
 
 
-def relay(reads: list[tuple[bool, bytes]], quick: bool) -> tuple[Any, int]:
+def relay(
+    reads: list[tuple[bool, bytes]], quick: bool, recorder: Recorder | None = None
+) -> tuple[Any, int]:
     """``reads`` through a proxied core, each read by the step where it may
     (``quick``), else by the core; what came out each way, the metrics and
     the send table; and how many reads the step carried whole."""
     metrics = Metrics()
-    core = proxied(Taps([metrics]))
+    core = proxied(Taps([metrics] if recorder is None else [metrics, recorder]))
     out: dict[bool, bytes] = {True: b"", False: b""}
     ended: list[Any] = []
     carried = 0
@@ -164,6 +171,47 @@ def test_reads_carried_in_one_call_come_out_as_through_the_core(seed: int, whole
         assert a == b
 
 
+def records(recorder: Recorder) -> list[dict[str, Any]]:
+    """The frame records queued, but for when each read was made (times)."""
+    out = []
+    for packed in recorder._queue:
+        record = unpackb(packed)
+        assert record.pop("t") > 0 and record.pop("w") > 0
+        out.append(record)
+    return out
+
+
+@pytest.mark.parametrize("payloads", list(PayloadPolicy))
+@pytest.mark.parametrize("seed", range(3))
+def test_reads_carried_while_recording_are_recorded_as_the_recorder_records_them(
+    seed: int, payloads: PayloadPolicy, tmp_path: Path
+) -> None:
+    reads = EVERYDAY + traffic(seed, True)
+    by = {}
+    for quick in (True, False):
+        recorder = Recorder(RecorderConfig(tmp_path / str(quick), payloads))
+        result, carried = relay(reads, quick, recorder)
+        by[quick] = (result, records(recorder), recorder.dropped_total)
+        if quick:
+            assert carried >= len(EVERYDAY), "the step carried reads"
+    for a, b in zip(by[True], by[False], strict=True):
+        assert a == b
+    assert len(by[True][1]) > 50
+
+
+def test_a_full_recorder_queue_drops_what_the_step_carried_and_counts_it(
+    tmp_path: Path,
+) -> None:
+    roomy = Recorder(RecorderConfig(tmp_path, PayloadPolicy.HASH))
+    relay(EVERYDAY, True, roomy)
+    recorder = Recorder(RecorderConfig(tmp_path, PayloadPolicy.HASH, queue_frames=4))
+    _, carried = relay(EVERYDAY, True, recorder)
+    assert carried == len(EVERYDAY)
+    assert len(recorder._queue) >= 4 and recorder.dropped_total > 0
+    # Every frame, queued or counted as dropped.
+    assert len(recorder._queue) + recorder.dropped_total == len(roomy._queue)
+
+
 def test_each_carried_read_is_timed_as_the_relay_times_a_read() -> None:
     reads = traffic(1, True)
     metrics = Metrics()
@@ -238,6 +286,8 @@ def test_a_write_that_fails_comes_back_as_its_error_and_nothing_to_read_as_none(
 
 
 def test_the_step_stands_aside_where_a_read_must_be_seen_frame_by_frame() -> None:
+    slow = Trigger("slow-sends", "slow", command="SEND", slower_than=0.5)
+    error = Trigger("errors", "error")
     core, _ = relaying()
     assert core.quick(True) is not None and core.quick(False) is not None
     # A frame half read waits in the decoder: the next read goes to it.
@@ -247,8 +297,19 @@ def test_the_step_stands_aside_where_a_read_must_be_seen_frame_by_frame() -> Non
     core, _ = relaying()
     core.faults.add(Rule(Match(command="SEND"), FaultAction.DROP, id="r"))
     assert core.quick(True) is None
-    # A tap other than the metrics (a recorder) sees every frame.
+    # A tap other than the metrics and the recorder sees every frame.
     assert proxied(Taps([Metrics(), Watcher()])).quick(True) is None
+    # A lossless recorder (the relay waits for room first), and a snapshot
+    # rule on slow answers (it looks at each read's receipt times); a rule
+    # on errors sees no read the step carries (answers with an error and
+    # invalid frames are not hot).
+    for config, quick in (
+        (RecorderConfig(Path("."), lossless=True), False),
+        (RecorderConfig(Path("."), ring_bytes=1 << 20, triggers=(slow,)), False),
+        (RecorderConfig(Path("."), ring_bytes=1 << 20, triggers=(error,)), True),
+    ):
+        core = proxied(Taps([Metrics(), Recorder(config)]))
+        assert (core.quick(True) is not None) is quick, config
     # Not relaying (any more).
     core, _ = relaying()
     core.closed("closed")

@@ -731,7 +731,7 @@ pub mod python {
         Ok(Some(Batch { found, start: pos }))
     }
 
-    fn payload_policy(code: u8) -> PyResult<super::record::Payloads> {
+    pub(crate) fn payload_policy(code: u8) -> PyResult<super::record::Payloads> {
         match code {
             0 => Ok(super::record::Payloads::Full),
             1 => Ok(super::record::Payloads::Hash),

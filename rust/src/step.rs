@@ -95,11 +95,13 @@ pub mod python {
     use std::io::{ErrorKind, Read, Write};
     use std::mem::ManuallyDrop;
     use std::os::fd::FromRawFd;
-    use std::time::Instant;
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
     use pyo3::exceptions::PyValueError;
     use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyDict, PyString};
+    use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+
+    use crate::record::frame_record;
 
     use super::{accounted, whole, Timer, READ_SIZE};
     use crate::account::python::SendTable;
@@ -238,6 +240,42 @@ pub mod python {
         figures: Py<Figures>,
         max_total: u32,
         request: String,
+        record: Option<Recording>,
+    }
+
+    /// Where a carried read's frame records go, when the proxy records.
+    struct Recording {
+        /// Called with (records, their bytes) once per read: the recorder.
+        queue: Py<PyAny>,
+        payloads: crate::record::Payloads,
+        conn: u32,
+        /// The monotonic clock (ns, as time.monotonic_ns() reads it) at
+        /// `since`: Instant is the same clock, read without Python.
+        clock: (Instant, u64),
+    }
+
+    impl Recording {
+        /// The part of each record that is the same for a whole read: the
+        /// map's first byte up to "w"'s value (FrameRecorder.packed's prefix).
+        fn prefix(&self, from_client: bool) -> Vec<u8> {
+            let (since, at) = self.clock;
+            let mono = at.saturating_add(since.elapsed().as_nanos() as u64);
+            let wall = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            let mut out = Vec::with_capacity(44);
+            out.push(crate::record::MAP_7);
+            out.extend_from_slice(b"\xa1k\xa5frame\xa1c\xce");
+            out.extend_from_slice(&self.conn.to_be_bytes());
+            out.extend_from_slice(b"\xa1d");
+            // The recorded direction: 0 client to broker, 1 broker to client.
+            out.push(u8::from(!from_client));
+            out.extend_from_slice(b"\xa1t\xcf");
+            out.extend_from_slice(&mono.to_be_bytes());
+            out.extend_from_slice(b"\xa1w\xcf");
+            out.extend_from_slice(&wall.to_be_bytes());
+            out
+        }
     }
 
     /// `f` with the descriptor as a file, which it does not close.
@@ -277,7 +315,14 @@ pub mod python {
 
     #[pymethods]
     impl Step {
+        /// With ``record`` (a callable), each carried read's frame records,
+        /// laid out as the recorder lays them out for connection ``conn``
+        /// (``payloads``: 0 full, 1 hash, 2 size), go to ``record(records,
+        /// size)``; ``monotonic_ns`` is time.monotonic_ns() now.
         #[new]
+        #[pyo3(signature = (sends, producers, consumers, figures, max_total, request,
+                            record=None, payloads=1, conn=0, monotonic_ns=0))]
+        #[allow(clippy::too_many_arguments)]
         fn new(
             sends: Py<SendTable>,
             producers: Py<PyDict>,
@@ -285,15 +330,29 @@ pub mod python {
             figures: Py<Figures>,
             max_total: u32,
             request: String,
-        ) -> Self {
-            Step {
+            record: Option<Py<PyAny>>,
+            payloads: u8,
+            conn: u32,
+            monotonic_ns: u64,
+        ) -> PyResult<Self> {
+            let record = match record {
+                Some(queue) => Some(Recording {
+                    queue,
+                    payloads: crate::python::payload_policy(payloads)?,
+                    conn,
+                    clock: (Instant::now(), monotonic_ns),
+                }),
+                None => None,
+            };
+            Ok(Step {
                 sends,
                 producers,
                 consumers,
                 figures,
                 max_total,
                 request,
-            }
+                record,
+            })
         }
 
         /// carry(source, sink, from_client, now) -> what became of one read
@@ -329,11 +388,19 @@ pub mod python {
                 };
                 let data = &buffer[..n];
                 let started = Instant::now();
-                let found = match (n > 0).then(|| whole(data, self.max_total)).flatten() {
-                    Some(found) => found,
-                    None => return Ok(PyBytes::new(py, data).into_any().unbind()),
+                let found = (n > 0).then(|| whole(data, self.max_total)).flatten();
+                // Metadata properties may hold credentials: the Python
+                // recorder redacts them.
+                let found = found.filter(|f| {
+                    self.record.is_none() || f.iter().all(|s| s.properties == 0)
+                });
+                let Some(found) = found else {
+                    return Ok(PyBytes::new(py, data).into_any().unbind());
                 };
                 self.account(py, &found, from_client, now)?;
+                if let Some(recording) = &self.record {
+                    recording.queue(py, data, &found, from_client);
+                }
                 let (written, failed) = write(sink, data);
                 let seconds = started.elapsed().as_secs_f64();
                 if written == n {
@@ -346,6 +413,31 @@ pub mod python {
                 let out = (n, PyBytes::new(py, rest), error.map(|e| e.into_value(py)), seconds);
                 Ok(out.into_pyobject(py)?.into_any().unbind())
             })
+        }
+    }
+
+    impl Recording {
+        /// The read's frame records to the recorder, as its tap would queue
+        /// them. A recorder that fails never stops traffic: its error is
+        /// reported as unraisable and the read goes on.
+        fn queue(&self, py: Python<'_>, data: &[u8], found: &[crate::Scanned], from_client: bool) {
+            let prefix = self.prefix(from_client);
+            let mut size = 0;
+            let mut records = Vec::with_capacity(found.len());
+            let mut from = 0;
+            for s in found {
+                let frame = &data[from..s.stop];
+                from = s.stop;
+                let record = frame_record(&prefix, frame, s.payload_offset, self.payloads);
+                size += record.len();
+                records.push(PyBytes::new(py, &record));
+            }
+            let done = PyList::new(py, records).and_then(|records| {
+                self.queue.bind(py).call1((records, size)).map(|_| ())
+            });
+            if let Err(error) = done {
+                error.write_unraisable(py, Some(self.queue.bind(py)));
+            }
         }
     }
 

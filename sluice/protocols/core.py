@@ -280,15 +280,24 @@ class Taps:
     def add(self, tap: Tap) -> None:
         self.taps.append(tap)
 
-    @property
-    def figures(self) -> Any:
-        """Where a compiled relay step may count a read itself instead of
-        showing it to the taps: the only tap's ``figures`` (the metrics',
-        when built with the compiled frame path); None when any other tap
-        (a recorder) must see every read."""
-        if len(self.taps) == 1:
-            return getattr(self.taps[0], "figures", None)
-        return None
+    def quick(self, conn: Conn) -> tuple[Any, Any] | None:
+        """What a compiled relay step may stand in for the taps with, on
+        ``conn``: the metrics' ``figures`` (where it counts), and a
+        recorder's ``quick_records(conn)`` (where it queues frame records,
+        and how it lays them out) or None without a recorder. None: some
+        tap must see every read."""
+        figures = records = None
+        for tap in self.taps:
+            found = getattr(tap, "figures", None)
+            if found is not None and figures is None:
+                figures = found
+                continue
+            quick = getattr(tap, "quick_records", None)
+            found = quick(conn) if quick is not None else None
+            if found is None or records is not None:
+                return None
+            records = found
+        return None if figures is None else (figures, records)
 
     def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
         for tap in self.taps:

@@ -97,6 +97,7 @@ class NamedFrames:
     def __init__(self, payloads: PayloadPolicy = PayloadPolicy.HASH) -> None:
         self.payloads = PayloadPolicy(payloads)
         self._pack = packer()
+        self.compiled_code: int | None = None  # laid out in Python only
 
     def forget(self, conn: int) -> None:
         """Nothing kept per connection."""

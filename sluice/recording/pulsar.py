@@ -82,6 +82,8 @@ class FrameRecorder:
         # scanner vouched for; None: the Python code for every frame.
         self._compiled = COMPILED_PACK
         self._code = _PACK_CODES[self.payloads]
+        # What a compiled relay step lays frames out with (rust/src/step.rs).
+        self.compiled_code = self._code if COMPILED_PACK is not None else None
 
     def forget(self, conn: int) -> None:
         """Nothing is kept per connection."""

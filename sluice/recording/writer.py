@@ -24,7 +24,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -79,6 +79,10 @@ class Summarizer(Protocol):
         ...
 
     def forget(self, conn: int) -> None: ...
+
+    # The payloads code a compiled relay step lays this protocol's frame
+    # records out with (rust/src/record.rs), or None.
+    compiled_code: int | None
 
 
 @dataclass(frozen=True)
@@ -268,9 +272,8 @@ class Recorder:
         """
         if not frames:
             return
-        queue = self._queue
         if not self._lossless and (
-            len(queue) >= self._max_frames or self._queued_bytes >= self._max_bytes
+            len(self._queue) >= self._max_frames or self._queued_bytes >= self._max_bytes
         ):
             self._drop(len(frames))
             return
@@ -282,9 +285,37 @@ class Recorder:
             self._bug(exc)
             self._drop(len(frames))
             return
-        queue += records
+        self._queue_frames(records, sum(map(len, records)))
+
+    def quick_records(self, conn: Conn) -> tuple[Callable[[list[bytes], int], None], int] | None:
+        """Where a compiled relay step may queue the frame records of the
+        reads it carries for ``conn`` (``carried``), and the payloads code
+        it lays them out with; None when every read must come through
+        ``frames``: a protocol whose records are laid out in Python, a
+        lossless recorder (the relay waits for room first), a connection id
+        wider than the record's, or a snapshot rule on slow answers (it
+        looks at each read's receipt times)."""
+        code = self._summarizer.compiled_code
+        if code is None or self._lossless or conn.id > 0xFFFFFFFF:
+            return None
+        if any(trigger.on == "slow" for trigger in self._triggers):
+            return None
+        return self.carried, code
+
+    def carried(self, records: list[bytes], size: int) -> None:
+        """``frames`` for a read a compiled relay step carried: its frame
+        records, laid out, and their bytes."""
+        if not self._lossless and (
+            len(self._queue) >= self._max_frames or self._queued_bytes >= self._max_bytes
+        ):
+            self._drop(len(records))
+            return
+        self._queue_frames(records, size)
+
+    def _queue_frames(self, records: list[bytes], size: int) -> None:
+        self._queue += records
         self._queued_frames += len(records)
-        self._queued_bytes += sum(map(len, records))
+        self._queued_bytes += size
         if self._queued_bytes >= self._wake_bytes or self._queued_frames >= self._wake_frames:
             self._wake()
 

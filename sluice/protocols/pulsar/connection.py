@@ -458,13 +458,16 @@ class PulsarConnection:
         return step
 
     def _compiled_step(self) -> QuickStep | None:
-        figures = getattr(self.tap, "figures", None)
+        quick = getattr(self.tap, "quick", None)
+        taps = quick(self.conn) if quick is not None else None
         sends = self.correlator.sends
-        if COMPILED is None or figures is None or not isinstance(sends, COMPILED.send_table):
+        if COMPILED is None or taps is None or not isinstance(sends, COMPILED.send_table):
             return None
+        figures, records = taps
+        record, payloads = records if records is not None else (None, 0)
         step: QuickStep = COMPILED.step(
             sends, self.correlator.producers, self.correlator.consumers, figures,
-            self._client.max_total, "SEND",
+            self._client.max_total, "SEND", record, payloads, self.conn.id, time.monotonic_ns(),
         )  # fmt: skip
         return step
 
