@@ -275,7 +275,7 @@ def main() -> int:
     sources = {"proxy": here}
     if args.against is not None:
         against = args.against.resolve()
-        if not (against / "sluice" / "cli.py").is_file():
+        if not (against / "sluice" / "commands" / "__init__.py").is_file():
             parser.error(f"--against {against}: no sluice/commands/__init__.py there")
         sources["against"] = against
     steps = [args.only] if args.only else ["produce", "consume"]

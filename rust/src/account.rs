@@ -6,7 +6,8 @@
 //! per frame. `SendTable` in `sluice/protocols/pulsar/correlation.py` is the
 //! reference; the two are tested against each other on the same reads.
 
-use std::collections::HashMap;
+// aHash: fast, and seeded at random (keys come from clients).
+use ahash::AHashMap as HashMap;
 
 /// A SEND waiting for its receipt.
 #[derive(Debug)]

@@ -90,7 +90,7 @@ pub fn accounted(kind: u32, from_client: bool) -> bool {
 #[cfg(feature = "python")]
 pub mod python {
     use std::cell::RefCell;
-    use std::collections::HashMap;
+    use ahash::AHashMap as HashMap;
     use std::fs::File;
     use std::io::{ErrorKind, Read, Write};
     use std::mem::ManuallyDrop;
