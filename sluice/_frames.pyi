@@ -95,3 +95,40 @@ class Step:
     def carry(
         self, source: int, sink: int, from_client: bool, now: float
     ) -> bytes | int | tuple[int, bytes, OSError | None, float] | None: ...
+
+class Lane:
+    """One carried direction the relay thread's compiled loop may read
+    itself while armed (rust/src/carrier.rs)."""
+
+    def __init__(
+        self,
+        step: Step,
+        source: int,
+        sink: int,
+        from_client: bool,
+        slow: Callable[[], None],
+        after: Callable[[object], None],
+    ) -> None: ...
+    def arm(self, epoch: int) -> None: ...
+    def __call__(self) -> None: ...
+
+class Carrier:
+    """The relay thread's compiled loop."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def steps_run(self) -> int: ...
+    @property
+    def compiled_runs(self) -> int: ...
+    def bump(self) -> None: ...
+    def run(
+        self,
+        epoll_fd: int,
+        stop_fd: int,
+        steps: dict[int, Callable[[], None]],
+        turn: Any,
+        gate: Any,
+        now: Callable[[], float],
+        failed: Callable[[int, BaseException], None],
+    ) -> None: ...

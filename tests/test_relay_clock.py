@@ -17,7 +17,7 @@ import trio.testing
 from google.protobuf.message import Message
 
 from sluice.addresses import Address
-from sluice.protocols.core import Closed, Conn, OnInvalid, Rejected
+from sluice.protocols.core import Closed, Conn, OnInvalid, Rejected, Taps
 from sluice.protocols.pulsar import (
     CLOSED,
     Frame,
@@ -103,6 +103,7 @@ class Harness:
         broker_pair: Callable[[], tuple[Stream, Stream]] = trio.testing.memory_stream_pair,
         client_pair: Callable[[], tuple[Stream, Stream]] = trio.testing.memory_stream_pair,
         thread: RelayThread | None = None,
+        taps: Taps | None = None,
     ) -> None:
         self.nursery = nursery
         self.broker_pair = broker_pair
@@ -116,7 +117,7 @@ class Harness:
             Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
             PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
             Routing(parse_broker_url("pulsar://127.0.0.1:6650")),
-            self.tap,
+            self.tap if taps is None else taps,
         )
         self.relay = Relay(
             core,
@@ -124,7 +125,7 @@ class Harness:
             timing=TIMING,
             dial=self.dial,
             ask=never_ask,
-            tap=self.tap,
+            tap=self.tap if taps is None else taps,
             thread=thread,
         )
         self.reason: str | None = None

@@ -5,20 +5,34 @@ backs that backpressure causes, and the taps see the same as without it."""
 from __future__ import annotations
 
 import socket
+import threading
 
+import pytest
 import trio
 
 from sluice.addresses import Address
 from sluice.protocols import registry
-from sluice.protocols.core import Relayed
-from sluice.protocols.pulsar import Frame
+from sluice.protocols.core import Conn, OnInvalid, Relayed, Taps
+from sluice.protocols.faults import FaultAction, Match, Rule
+from sluice.protocols.pulsar import Frame, pb
+from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
+from sluice.protocols.pulsar.decoder import FrameDecoder
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy import relay_thread as relay_thread_module
 from sluice.proxy.metrics import Metrics
+from sluice.proxy.relay import Relay
 from sluice.proxy.relay_thread import relay_thread
 from tests.test_relay_clock import (
+    BROKER_URL,
+    TIMING,
+    TOPIC,
     BrokerScript,
     Harness,
     Stream,
     Wire,
+    connect,
+    frame_bytes,
+    never_ask,
     open_producer,
     open_producers,
     real_socket_pair,
@@ -121,3 +135,120 @@ async def test_the_relay_threads_figures_are_exported() -> None:
             assert value("sluice_relay_thread_handbacks_total") == 3
             thread.drop(left.fileno())
             assert value("sluice_relay_thread_carried") == 0
+
+
+class ThreadWire:
+    """Frames over a blocking socket, for a client or broker in a thread of
+    its own (trio sleeps meanwhile, as it does beside a real proxy's peers)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder(5 * 1024 * 1024)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def receive(self, timeout: float) -> Frame | None:
+        """The next frame; None when none comes within ``timeout`` or the end."""
+        self.sock.settimeout(timeout)
+        while not isinstance(event := self.decoder.next_event(), Frame):
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return None
+            if not data:
+                return None
+            self.decoder.receive_data(data)
+        return event
+
+
+def serve_broker(sock: socket.socket, got: list[Frame]) -> None:
+    """A broker that accepts a producer and receipts each SEND."""
+    wire = ThreadWire(sock)
+    with sock:
+        while (frame := wire.receive(30)) is not None:
+            if frame.name == "CONNECT":
+                wire.send(frame_bytes("CONNECTED", pb.CommandConnected(server_version="b")))
+            elif frame.name == "PRODUCER":
+                ok = pb.CommandProducerSuccess(request_id=frame.body.request_id, producer_name="p")
+                wire.send(frame_bytes("PRODUCER_SUCCESS", ok))
+            elif frame.name == "SEND":
+                got.append(frame)
+                wire.send(receipt(frame))
+
+
+def plain_pair() -> tuple[trio.SocketStream, socket.socket]:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(ours)), theirs
+
+
+CYCLE = [10, 1000, 300, 70_000, 50]  # 70 KB: read in parts, the Python way
+
+
+@pytest.mark.parametrize("loop", ["compiled", "python"])
+async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rules(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the metrics the only tap, the relay thread's compiled loop
+    carries armed directions by itself; a fault rule added in trio while
+    they are armed applies to the very next read, and once it is removed
+    reads go through again. The Python loop (a tree without the compiled
+    module) relays the same."""
+    if loop == "python":
+        monkeypatch.setattr(relay_thread_module, "Carrier", None)
+    client_stream, client_sock = plain_pair()
+    broker_stream, broker_sock = plain_pair()
+    got: list[Frame] = []
+    broker = threading.Thread(target=serve_broker, args=(broker_sock, got), daemon=True)
+    broker.start()
+    taps = Taps([Metrics()])
+    core = PulsarConnection(
+        Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
+        PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
+        Routing(parse_broker_url(BROKER_URL)),
+        taps,
+    )
+
+    async def dial(address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
+        return broker_stream
+
+    def client() -> tuple[list[int], bool, int | None]:
+        wire = ThreadWire(client_sock)
+        with client_sock:
+            wire.send(connect(BROKER_URL))
+            assert (answer := wire.receive(10)) is not None and answer.name == "CONNECTED"
+            wire.send(frame_bytes("PRODUCER", pb.CommandProducer(topic=TOPIC, producer_id=1,
+                                                                 request_id=1)))  # fmt: skip
+            assert (answer := wire.receive(10)) is not None and answer.name == "PRODUCER_SUCCESS"
+            answered = []
+            for sequence in range(30):
+                wire.send(send_frame(sequence, bytes([sequence]) * CYCLE[sequence % 5]))
+                answer = wire.receive(10)
+                assert answer is not None and answer.name == "SEND_RECEIPT", answer
+                answered.append(answer.body.sequence_id)
+            rule = Rule(Match(command="SEND"), FaultAction.DROP, id="d")
+            trio.from_thread.run_sync(core.faults.add, rule)
+            wire.send(send_frame(100, b"dropped"))
+            dropped = wire.receive(0.5) is None
+            trio.from_thread.run_sync(core.faults.remove, "d")
+            wire.send(send_frame(101, b"through"))
+            answer = wire.receive(10)
+            return answered, dropped, answer.body.sequence_id if answer is not None else None
+
+    async with relay_thread() as carrier, trio.open_nursery() as nursery:
+        assert carrier is not None
+        relay = Relay(core, client_stream, timing=TIMING, dial=dial, ask=never_ask, tap=taps,
+                      thread=carrier)  # fmt: skip
+        nursery.start_soon(relay.run)
+        with trio.fail_after(30):
+            answered, dropped, last = await trio.to_thread.run_sync(client)
+        native = carrier.compiled_runs
+    broker.join(10)
+    assert answered == list(range(30)) and dropped and last == 101
+    assert [f.body.sequence_id for f in got] == [*range(30), 101]
+    assert [len(f.payload) for f in got[:30]] == [CYCLE[i % 5] for i in range(30)]
+    if loop == "compiled":
+        assert native >= 20, native  # most reads, not only the first after a Python step
+    else:
+        assert native == 0

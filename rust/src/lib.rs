@@ -24,6 +24,7 @@ pub const ACK: u32 = 10;
 pub const FLOW: u32 = 11;
 
 pub mod account;
+pub mod carrier;
 pub mod record;
 pub mod step;
 pub mod summary;
@@ -750,6 +751,8 @@ pub mod python {
         m.add_class::<crate::account::python::SendTable>()?;
         m.add_class::<crate::step::python::Figures>()?;
         m.add_class::<crate::step::python::Step>()?;
+        m.add_class::<crate::carrier::python::Lane>()?;
+        m.add_class::<crate::carrier::python::Carrier>()?;
         Ok(())
     }
 }

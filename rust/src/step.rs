@@ -232,7 +232,7 @@ pub mod python {
     /// ``sends`` is its send table, ``producers`` and ``consumers`` its
     /// correlator's {id: topic} (read as they are at each read), ``request``
     /// the name receipts are timed under.
-    #[pyclass(module = "sluice._frames")]
+    #[pyclass(module = "sluice._frames", frozen)]
     pub struct Step {
         sends: Py<SendTable>,
         producers: Py<PyDict>,
@@ -369,6 +369,20 @@ pub mod python {
         ///
         /// Reading fails with the socket's OSError.
         fn carry(
+            &self,
+            py: Python<'_>,
+            source: i32,
+            sink: i32,
+            from_client: bool,
+            now: f64,
+        ) -> PyResult<Py<PyAny>> {
+            self.carry_fds(py, source, sink, from_client, now)
+        }
+    }
+
+    impl Step {
+        /// ``carry``, for the relay thread's compiled loop too.
+        pub(crate) fn carry_fds(
             &self,
             py: Python<'_>,
             source: i32,

@@ -141,6 +141,8 @@ class Relay:
         # relay_thread.py), and what it hands back: a step for trio to finish.
         self._thread = thread
         self._returned: dict[bool, Callable[[], Awaitable[bool]]] = {}
+        # Each carried direction's lane in the thread's compiled loop, once armed.
+        self._lanes: dict[bool, Any] = {}
         self._locks = {Peer.CLIENT: trio.StrictFIFOLock(), Peer.BROKER: trio.StrictFIFOLock()}
         # Writes holding or awaiting each lock: a write that must wait goes
         # before any later one (a plain count, read on every write).
@@ -298,6 +300,7 @@ class Relay:
         """Let the relay thread carry a direction until it hands it back;
         then finish what it handed back. False: the direction ended."""
         back = trio.Event()
+        self._lanes[from_client] = None  # made again, for this stay
         thread.carry(fd, functools.partial(self._carry, thread, fd, from_client, back))
         try:
             await back.wait()
@@ -328,34 +331,89 @@ class Relay:
             return
         to = Peer.BROKER if from_client else Peer.CLIENT
         step = self.core.quick(from_client)
-        try:
-            if step is not None and not self._waiting[to]:
-                # Nearly every read: carried whole in one compiled call.
-                sink = self._descriptors[to]
-                assert sink is not None
+        if step is not None and not self._waiting[to]:
+            # Nearly every read: carried whole in one compiled call.
+            sink = self._descriptors[to]
+            assert sink is not None
+            try:
                 got = step.carry(fd, sink, from_client, thread.now())
-                kind = type(got)
-                if kind is int:
-                    if from_client:
-                        self.bytes_in += got
-                    return
-                if got is None:
-                    return
-                if kind is not bytes:
-                    self._carried_in_part(thread, fd, from_client, back, to, *got)
-                    return
-                data = got  # not whole frames the scanner took: the usual way
-            else:
-                data = os.read(fd, READ_SIZE)
+            except Exception as exc:
+                got = exc
+            if type(got) is int:
+                if from_client:
+                    self.bytes_in += got
+                self._arm(thread, fd, from_client, back, to, step, sink)
+                return
+            self._after_carry(thread, fd, from_client, back, to, got)
+            return
+        try:
+            data = os.read(fd, READ_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:
+            thread.bump()
             failed = functools.partial(self._read_failed, exc, from_client)
             self._hand_back(thread, fd, from_client, back, failed)
             return
-        except Exception as exc:  # the step's bug: raised in trio, which ends the connection
-            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
+        self._carry_read(thread, fd, from_client, back, data)
+
+    def _arm(
+        self,
+        thread: RelayThread,
+        fd: int,
+        from_client: bool,
+        back: trio.Event,
+        to: Peer,
+        step: QuickStep,
+        sink: int,
+    ) -> None:
+        """Let the relay thread's compiled loop carry this direction's next
+        reads itself, until Python code runs again (relay_thread.py)."""
+        lane = self._lanes.get(from_client)
+        if lane is None:
+            slow = functools.partial(self._carry, thread, fd, from_client, back)
+            after = functools.partial(self._after_carry, thread, fd, from_client, back, to)
+            lane = thread.lane(step, fd, sink, from_client, slow, after)
+            if lane is None:  # the Python loop: nothing to arm
+                return
+            self._lanes[from_client] = lane
+            thread.swap(fd, lane)
+        lane.arm(thread.epoch)
+
+    def _after_carry(
+        self,
+        thread: RelayThread,
+        fd: int,
+        from_client: bool,
+        back: trio.Event,
+        to: Peer,
+        got: object,
+    ) -> None:
+        """What the compiled step gave back for a read it did not carry
+        whole: nothing read, the bytes read (for the usual way), a read
+        accounted but not written whole, or what it raised."""
+        thread.bump()  # Python code that may change what lanes rely on runs now
+        if got is None or isinstance(got, BlockingIOError):
             return
+        if isinstance(got, OSError):
+            failed = functools.partial(self._read_failed, got, from_client)
+            self._hand_back(thread, fd, from_client, back, failed)
+            return
+        if isinstance(got, BaseException):  # the step's bug: raised in trio, which ends it
+            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, got))
+            return
+        if type(got) is bytes:  # not whole frames the scanner took: the usual way
+            self._carry_read(thread, fd, from_client, back, got)
+            return
+        assert isinstance(got, tuple)
+        self._carried_in_part(thread, fd, from_client, back, to, *got)
+
+    def _carry_read(
+        self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event, data: bytes
+    ) -> None:
+        """A read carried the usual way: the core, and the writes the
+        sockets take whole; anything else is handed back."""
+        thread.bump()
         if not data:  # the end: closed as usual, by trio
             ended = functools.partial(self._ended, from_client)
             self._hand_back(thread, fd, from_client, back, ended)

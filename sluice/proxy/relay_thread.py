@@ -24,6 +24,15 @@ the turns fair: whichever thread is waiting for the turn gets it next, so a
 busy relay thread cannot starve trio's own work (handshakes, clocks, the
 recorder's writer, scrapes), nor trio the relayed traffic.
 
+Where built, the loop itself is compiled (rust/src/carrier.rs): it waits
+on epoll without the GIL and, for a direction whose ``Lane`` is armed,
+calls the protocol's compiled step itself, with no Python code per read.
+The relay's Python read step arms a lane when it has found everything
+that lets the compiled step carry the direction's reads; the epoch moves
+on (disarming every lane) whenever Python code that could change that is
+about to run: trio's turn (``after_io_wait``), or a read step here doing
+more than calling the compiled step (``bump``).
+
 What a read step may not do from this thread is touch trio's scheduler
 (setting an event, cancelling a scope): ``soon`` runs such a call in the
 trio thread. Code that may run in either thread tells which by
@@ -38,8 +47,14 @@ import os
 import select
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import trio
+
+try:  # the loop in compiled code (rust/src/carrier.rs)
+    from sluice._frames import Carrier, Lane
+except ImportError:  # a source tree nobody built: the loop below
+    Carrier = Lane = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("sluice.relay")
 
@@ -53,10 +68,12 @@ class RelayThread(trio.abc.Instrument):
         self.now: Callable[[], float] = clock.current_time
         self._epoll = select.epoll()
         self._steps: dict[int, Callable[[], None]] = {}
+        # The compiled loop, where built; this class's own otherwise.
+        self._carrier = Carrier() if Carrier is not None else None
+        self._steps_run = 0  # by the Python loop
         self.turn = threading.Lock()
         self.gate = threading.Lock()
         self._stopping = False
-        self.steps_run = 0  # read steps run here, for tests and benchmarks
         self.handed_back = 0  # directions handed back to trio (counted by the relay)
         # Written once to stop the thread's wait.
         self._stop_r, self._stop_w = os.pipe()
@@ -76,6 +93,50 @@ class RelayThread(trio.abc.Instrument):
             with contextlib.suppress(OSError):  # closed meanwhile: epoll forgot it
                 self._epoll.unregister(fd)
 
+    def swap(self, fd: int, step: Callable[[], None]) -> None:
+        """Run ``step`` for ``fd`` from now on, instead of the one it had."""
+        if fd in self._steps:
+            self._steps[fd] = step
+
+    def lane(
+        self,
+        step: Any,
+        source: int,
+        sink: int,
+        from_client: bool,
+        slow: Callable[[], None],
+        after: Callable[[object], None],
+    ) -> Any:
+        """A direction the compiled loop may carry by itself while armed
+        (``swap`` it in for ``slow``, its Python read step; ``arm`` it with
+        ``epoch``): ``step`` is the protocol's compiled step, ``after`` what
+        takes a read it did not carry whole. None without the compiled loop."""
+        if self._carrier is None:
+            return None
+        return Lane(step, source, sink, from_client, slow, after)
+
+    def bump(self) -> None:
+        """Disarm every lane: Python code that may change what they rely
+        on (a core's state, the relay's) is about to run on this thread."""
+        if self._carrier is not None:
+            self._carrier.bump()
+
+    @property
+    def epoch(self) -> int:
+        """Moves on whenever Python code may run: lanes armed before it
+        go through their Python read step once more."""
+        return self._carrier.epoch if self._carrier is not None else 0
+
+    @property
+    def steps_run(self) -> int:
+        compiled = self._carrier.steps_run if self._carrier is not None else 0
+        return compiled + self._steps_run
+
+    @property
+    def compiled_runs(self) -> int:
+        """Reads the compiled loop carried by itself (armed lanes)."""
+        return self._carrier.compiled_runs if self._carrier is not None else 0
+
     def carried(self) -> int:
         return len(self._steps)
 
@@ -94,10 +155,16 @@ class RelayThread(trio.abc.Instrument):
     def after_io_wait(self, timeout: float) -> None:
         with self.gate:
             self.turn.acquire()
+        if self._carrier is not None:
+            self._carrier.bump()  # trio's Python code runs now
 
     # --- the thread -------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._carrier is not None:
+            self._carrier.run(self._epoll.fileno(), self._stop_r, self._steps, self.turn,
+                              self.gate, self.now, self._failed)  # fmt: skip
+            return
         poll = self._epoll.poll
         steps = self._steps
         turn, gate = self.turn, self.gate
@@ -114,14 +181,17 @@ class RelayThread(trio.abc.Instrument):
                 for fd, _ in events:
                     step = steps.get(fd)  # looked up now: it may have been dropped
                     if step is not None:
-                        self.steps_run += 1
+                        self._steps_run += 1
                         try:
                             step()
-                        except Exception:  # a step hands its own errors back; this is a bug
-                            log.exception("relay thread: a read step failed")
-                            self.drop(fd)
+                        except Exception as exc:  # a step hands its own errors back: a bug
+                            self._failed(fd, exc)
             finally:
                 turn.release()
+
+    def _failed(self, fd: int, exc: BaseException) -> None:
+        log.error("relay thread: a read step failed", exc_info=exc)
+        self.drop(fd)
 
     def start(self) -> None:
         # The trio thread is running now, so it takes the turn first.

@@ -1,0 +1,255 @@
+//! The relay thread's loop (sluice/proxy/relay_thread.py) in compiled code.
+//!
+//! The Python loop waits on epoll, takes the turn, and calls each readable
+//! socket's read step (`Relay._carry`), which asks the core whether the
+//! compiled step may carry the read, checks the relay's own state, and
+//! calls it: some hundred Python bytecodes around each read, and at low
+//! rates (every frame alone) a third of the proxy's CPU. Here the loop
+//! calls the compiled step itself for a direction whose `Lane` is armed:
+//! the Python read step armed it, having found everything that lets the
+//! step run, and nothing that could change that has happened since. What
+//! could change it runs as Python code in the trio thread (a fault rule
+//! added, a write waiting, a drain, the end) or in a Python read step on
+//! this thread (a read the step gave back, a hand-back); `Carrier.epoch`
+//! is bumped before either runs, which disarms every lane. So a lane's
+//! first read after any Python code ran goes through the Python read step,
+//! which looks again and arms it again.
+
+#[cfg(feature = "python")]
+pub mod python {
+    use std::io;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use pyo3::prelude::*;
+    use pyo3::types::PyDict;
+
+    use crate::step::python::Step;
+
+    /// How many events one wait takes at most.
+    const EVENTS: usize = 64;
+
+    /// Lane(step, source, sink, from_client, slow, after): one carried
+    /// direction. ``slow()`` is its Python read step (also what calling the
+    /// lane does); ``after(got)`` is given what the compiled step returned
+    /// when it did not carry a read whole (bytes, a tuple, None, or the
+    /// exception it raised).
+    #[pyclass(module = "sluice._frames", frozen)]
+    pub struct Lane {
+        step: Py<Step>,
+        source: i32,
+        sink: i32,
+        from_client: bool,
+        slow: Py<PyAny>,
+        after: Py<PyAny>,
+        /// The carrier's epoch when the Python read step last armed it.
+        armed: AtomicU64,
+    }
+
+    #[pymethods]
+    impl Lane {
+        #[new]
+        fn new(
+            step: Py<Step>,
+            source: i32,
+            sink: i32,
+            from_client: bool,
+            slow: Py<PyAny>,
+            after: Py<PyAny>,
+        ) -> Self {
+            Lane {
+                step,
+                source,
+                sink,
+                from_client,
+                slow,
+                after,
+                armed: AtomicU64::new(0),
+            }
+        }
+
+        /// arm(epoch): the compiled loop may carry this direction's reads
+        /// itself until the carrier's epoch moves on.
+        fn arm(&self, epoch: u64) {
+            self.armed.store(epoch, Ordering::Relaxed);
+        }
+
+        fn __call__(&self, py: Python<'_>) -> PyResult<()> {
+            self.slow.bind(py).call0().map(|_| ())
+        }
+    }
+
+    /// Carrier(): the compiled loop's state: its epoch (bumped whenever
+    /// Python code may have changed what lanes depend on; starts at 1, so
+    /// that a new lane is not armed) and the read steps it ran.
+    #[pyclass(module = "sluice._frames", frozen)]
+    pub struct Carrier {
+        epoch: AtomicU64,
+        steps_run: AtomicU64,
+        /// Reads of armed lanes, by the compiled step alone.
+        compiled_runs: AtomicU64,
+    }
+
+    impl Carrier {
+        fn bump_epoch(&self) {
+            self.epoch.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[pymethods]
+    impl Carrier {
+        #[new]
+        fn new() -> Self {
+            Carrier {
+                epoch: AtomicU64::new(1),
+                steps_run: AtomicU64::new(0),
+                compiled_runs: AtomicU64::new(0),
+            }
+        }
+
+        #[getter]
+        fn epoch(&self) -> u64 {
+            self.epoch.load(Ordering::Relaxed)
+        }
+
+        #[getter]
+        fn steps_run(&self) -> u64 {
+            self.steps_run.load(Ordering::Relaxed)
+        }
+
+        #[getter]
+        fn compiled_runs(&self) -> u64 {
+            self.compiled_runs.load(Ordering::Relaxed)
+        }
+
+        /// Disarm every lane: Python code is about to run (trio's turn).
+        fn bump(&self) {
+            self.bump_epoch();
+        }
+
+        /// run(epoll_fd, stop_fd, steps, turn, gate, now, failed): the relay
+        /// thread's loop, until ``stop_fd`` is readable. ``steps`` maps each
+        /// carried descriptor to its read step (a Lane, or any callable);
+        /// ``turn`` and ``gate`` are the locks RelayThread describes;
+        /// ``now()`` reads trio's clock; ``failed(fd, exc)`` is told of a
+        /// read step that raised.
+        #[allow(clippy::too_many_arguments)]
+        fn run(
+            &self,
+            py: Python<'_>,
+            epoll_fd: i32,
+            stop_fd: i32,
+            steps: &Bound<'_, PyDict>,
+            turn: &Bound<'_, PyAny>,
+            gate: &Bound<'_, PyAny>,
+            now: &Bound<'_, PyAny>,
+            failed: &Bound<'_, PyAny>,
+        ) -> PyResult<()> {
+            let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS];
+            loop {
+                let waited = py.detach(|| {
+                    // SAFETY: the buffer holds EVENTS events and outlives the call.
+                    let n = unsafe {
+                        libc::epoll_wait(epoll_fd, events.as_mut_ptr(), EVENTS as i32, -1)
+                    };
+                    if n < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(n as usize)
+                    }
+                });
+                let n = match waited {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                gate.call_method0("acquire")?;
+                let taken = turn.call_method0("acquire");
+                gate.call_method0("release")?;
+                taken?;
+                let done = self.serve(py, &events[..n], stop_fd, steps, now, failed);
+                turn.call_method0("release")?;
+                if done? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    impl Carrier {
+        /// One wait's events, holding the turn; true: stop.
+        fn serve(
+            &self,
+            py: Python<'_>,
+            events: &[libc::epoll_event],
+            stop_fd: i32,
+            steps: &Bound<'_, PyDict>,
+            now: &Bound<'_, PyAny>,
+            failed: &Bound<'_, PyAny>,
+        ) -> PyResult<bool> {
+            // select.epoll registers a descriptor as data.fd: the low 32 bits.
+            let fds: Vec<i32> = events.iter().map(|e| (e.u64 & 0xffff_ffff) as u32 as i32).collect();
+            if fds.contains(&stop_fd) {
+                return Ok(true); // stopping: no more steps
+            }
+            let mut clock: Option<f64> = None;
+            for fd in fds {
+                // Looked up now: an earlier step may have dropped it.
+                let Some(entry) = steps.get_item(fd)? else {
+                    continue;
+                };
+                self.steps_run.fetch_add(1, Ordering::Relaxed);
+                let ran = match entry.cast::<Lane>() {
+                    Ok(lane) => self.lane(py, lane.get(), &mut clock, now),
+                    Err(_) => {
+                        self.bump_epoch();
+                        entry.call0().map(|_| ())
+                    }
+                };
+                if let Err(error) = ran {
+                    self.bump_epoch();
+                    failed.call1((fd, error.into_value(py)))?;
+                }
+            }
+            Ok(false)
+        }
+
+        /// One read of a lane: by the compiled step while armed, else by
+        /// its Python read step.
+        fn lane(
+            &self,
+            py: Python<'_>,
+            lane: &Lane,
+            clock: &mut Option<f64>,
+            now: &Bound<'_, PyAny>,
+        ) -> PyResult<()> {
+            let epoch = self.epoch.load(Ordering::Relaxed);
+            if lane.armed.load(Ordering::Relaxed) != epoch {
+                // Its Python read step looks again (and bumps the epoch
+                // itself before running anything but the compiled step).
+                return lane.slow.bind(py).call0().map(|_| ());
+            }
+            let t = match *clock {
+                Some(t) => t,
+                None => {
+                    let t: f64 = now.call0()?.extract()?;
+                    *clock = Some(t);
+                    t
+                }
+            };
+            self.compiled_runs.fetch_add(1, Ordering::Relaxed);
+            let step = lane.step.get();
+            let got = match step.carry_fds(py, lane.source, lane.sink, lane.from_client, t) {
+                Ok(got) => {
+                    let bound = got.bind(py);
+                    if bound.is_none() || bound.is_instance_of::<pyo3::types::PyInt>() {
+                        return Ok(()); // nothing to read, or carried whole
+                    }
+                    got
+                }
+                Err(error) => error.into_value(py).into_any(),
+            };
+            self.bump_epoch();
+            lane.after.bind(py).call1((got,)).map(|_| ())
+        }
+    }
+}
