@@ -202,7 +202,8 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
     got: list[Frame] = []
     broker = threading.Thread(target=serve_broker, args=(broker_sock, got), daemon=True)
     broker.start()
-    taps = Taps([Metrics()])
+    metrics = Metrics()
+    taps = Taps([metrics])
     core = PulsarConnection(
         Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
         PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
@@ -244,7 +245,14 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
         with trio.fail_after(30):
             answered, dropped, last = await trio.to_thread.run_sync(client)
         native = carrier.compiled_runs
+        metrics.watch_relay(carrier)
+        value = metrics.registry.get_sample_value
+        exported = [
+            value("sluice_relay_thread_reads_total", {"path": path})
+            for path in ("compiled", "python")
+        ]
     broker.join(10)
+    assert exported[0] == native and exported[1] is not None and exported[1] > 0
     assert answered == list(range(30)) and dropped and last == 101
     assert [f.body.sequence_id for f in got] == [*range(30), 101]
     assert [len(f.payload) for f in got[:30]] == [CYCLE[i % 5] for i in range(30)]

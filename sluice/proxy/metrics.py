@@ -570,6 +570,20 @@ class RelayThreadFigures(Collector):
             "not take whole, an action other than a write, the end of a connection",
             value=t.handed_back if t else 0,
         )
+        yield from self._reads(t)
+
+    @staticmethod
+    def _reads(t: RelayThread | None) -> Iterator[CounterMetricFamily]:
+        reads = CounterMetricFamily(
+            "sluice_relay_thread_reads",
+            "Reads the relay thread carried, by how: compiled (by its compiled loop alone, "
+            "with no Python code) or python (through the relay's Python read step)",
+            labels=["path"],
+        )
+        compiled = t.compiled_runs if t else 0
+        reads.add_metric(["compiled"], compiled)
+        reads.add_metric(["python"], (t.steps_run - compiled) if t else 0)
+        yield reads
 
     def describe(self) -> Iterable[Any]:
         return []
