@@ -122,7 +122,11 @@ pub mod python {
     #[pyclass(module = "sluice._frames")]
     pub struct Figures {
         frames: Vec<[u64; 2]>,
-        topics: [HashMap<String, [i64; 2]>; 2],
+        /// Messages and bytes by topic and direction, in the order first
+        /// counted (the metrics give the first topics their own labels),
+        /// and where each is in that list.
+        topics: Vec<Traffic>,
+        topic_index: [HashMap<String, usize>; 2],
         answered: HashMap<String, Timer>,
         latency: Vec<f64>,
         relay: [Timer; 2],
@@ -145,14 +149,19 @@ pub mod python {
         }
 
         fn traffic(&mut self, from_client: bool, topic: &str, messages: i64, size: u64) {
-            let topics = &mut self.topics[usize::from(from_client)];
-            let tally = match topics.get_mut(topic) {
-                Some(tally) => tally,
-                None => topics.entry(topic.to_owned()).or_insert([0, 0]),
+            let index = &mut self.topic_index[usize::from(from_client)];
+            let at = match index.get(topic) {
+                Some(at) => *at,
+                None => {
+                    self.topics.push((topic.to_owned(), from_client, 0, 0));
+                    index.insert(topic.to_owned(), self.topics.len() - 1);
+                    self.topics.len() - 1
+                }
             };
+            let tally = &mut self.topics[at];
             // (num_messages is an int32 as sent, added as it is, as in Python.)
-            tally[0] += messages;
-            tally[1] += size as i64;
+            tally.2 += messages;
+            tally.3 += size as i64;
         }
 
         fn answered(&mut self, request: &str, seconds: f64) {
@@ -175,7 +184,8 @@ pub mod python {
         fn new(latency_bounds: Vec<f64>, relay_bounds: Vec<f64>) -> Self {
             Figures {
                 frames: vec![[0, 0]; 2 * SLOTS],
-                topics: [HashMap::new(), HashMap::new()],
+                topics: Vec::new(),
+                topic_index: [HashMap::new(), HashMap::new()],
                 answered: HashMap::new(),
                 latency: latency_bounds,
                 relay: [Timer::new(relay_bounds.clone()), Timer::new(relay_bounds)],
@@ -183,7 +193,8 @@ pub mod python {
         }
 
         /// take() -> (frames, topics, answered, relay), each a list of what
-        /// was added since the last take (nothing where nothing was):
+        /// was added since the last take (nothing where nothing was; topics
+        /// in the order first counted):
         /// [(from_client, type, frames, bytes)], [(topic, from_client,
         /// messages, bytes)], [(request, counts, sum)], [(from_client,
         /// counts, sum)]. Everything is zero again afterwards.
@@ -203,11 +214,9 @@ pub mod python {
                     *tally = [0, 0];
                 }
             }
-            let mut topics = Vec::new();
-            for (index, tallies) in self.topics.iter_mut().enumerate() {
-                for (topic, [messages, size]) in tallies.drain() {
-                    topics.push((topic, index == 1, messages, size));
-                }
+            let topics = std::mem::take(&mut self.topics);
+            for index in &mut self.topic_index {
+                index.clear();
             }
             let mut answered = Vec::new();
             for (request, timer) in self.answered.iter_mut() {
