@@ -89,8 +89,8 @@ pub fn accounted(kind: u32, from_client: bool) -> bool {
 
 #[cfg(feature = "python")]
 pub mod python {
-    use std::cell::RefCell;
     use ahash::AHashMap as HashMap;
+    use std::cell::RefCell;
     use std::fs::File;
     use std::io::{ErrorKind, Read, Write};
     use std::mem::ManuallyDrop;
@@ -414,9 +414,8 @@ pub mod python {
                 let found = (n > 0).then(|| whole(data, self.max_total)).flatten();
                 // Metadata properties may hold credentials: the Python
                 // recorder redacts them.
-                let found = found.filter(|f| {
-                    self.record.is_none() || f.iter().all(|s| s.properties == 0)
-                });
+                let found =
+                    found.filter(|f| self.record.is_none() || f.iter().all(|s| s.properties == 0));
                 let Some(found) = found else {
                     return Ok(PyBytes::new(py, data).into_any().unbind());
                 };
@@ -432,8 +431,17 @@ pub mod python {
                     return Ok(n.into_pyobject(py)?.into_any().unbind());
                 }
                 let error: Option<PyErr> = failed.map(PyErr::from);
-                let rest = if error.is_some() { &[][..] } else { &data[written..] };
-                let out = (n, PyBytes::new(py, rest), error.map(|e| e.into_value(py)), seconds);
+                let rest = if error.is_some() {
+                    &[][..]
+                } else {
+                    &data[written..]
+                };
+                let out = (
+                    n,
+                    PyBytes::new(py, rest),
+                    error.map(|e| e.into_value(py)),
+                    seconds,
+                );
                 Ok(out.into_pyobject(py)?.into_any().unbind())
             })
         }
@@ -455,9 +463,8 @@ pub mod python {
                 size += record.len();
                 records.push(PyBytes::new(py, &record));
             }
-            let done = PyList::new(py, records).and_then(|records| {
-                self.queue.bind(py).call1((records, size)).map(|_| ())
-            });
+            let done = PyList::new(py, records)
+                .and_then(|records| self.queue.bind(py).call1((records, size)).map(|_| ()));
             if let Err(error) = done {
                 error.write_unraisable(py, Some(self.queue.bind(py)));
             }
@@ -479,7 +486,11 @@ pub mod python {
         ) -> PyResult<()> {
             let mut figures = self.figures.bind(py).borrow_mut();
             let mut sends = self.sends.bind(py).borrow_mut();
-            let ids = if from_client { &self.producers } else { &self.consumers };
+            let ids = if from_client {
+                &self.producers
+            } else {
+                &self.consumers
+            };
             let ids = ids.bind(py);
             let mut before = 0;
             for s in found {
