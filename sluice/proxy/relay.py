@@ -81,10 +81,6 @@ class Core(Protocol):
         """Waiting for the upstream's side of the handshake."""
         ...
 
-    def quick(self, from_client: bool) -> QuickStep | None:
-        """What may carry the direction's next read in one call, if anything."""
-        ...
-
     def receive_client(self, data: bytes, now: float) -> list[Action]: ...
 
     def receive_broker(self, data: bytes, now: float) -> list[Action]: ...
@@ -130,6 +126,9 @@ class Relay:
     ) -> None:
         self.core = core
         self.conn = core.conn
+        # A core may offer a compiled step for its reads (``quick(from_client)``:
+        # the step, or None for this read); one that does not is read in Python.
+        self._quick: Callable[[bool], QuickStep | None] | None = getattr(core, "quick", None)
         self.client = client
         self.broker: trio.abc.Stream | None = None
         self.timing = timing
@@ -330,7 +329,7 @@ class Relay:
             thread.drop(fd)
             return
         to = Peer.BROKER if from_client else Peer.CLIENT
-        step = self.core.quick(from_client)
+        step = self._quick(from_client) if self._quick is not None else None
         if step is not None and not self._waiting[to]:
             # Nearly every read: carried whole in one compiled call.
             sink = self._descriptors[to]

@@ -211,11 +211,6 @@ class CursusConnection:
     def upstream_pending(self) -> bool:
         return self.state is State.CONNECTING
 
-    def quick(self, from_client: bool) -> None:
-        """No compiled step carries Cursus reads: each comes through
-        ``receive_client`` or ``receive_broker``."""
-        return None
-
     @property
     def in_flight_sends(self) -> int:
         """Batches passed to the broker that have no answer yet."""
