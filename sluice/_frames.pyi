@@ -95,6 +95,7 @@ class Step:
     def carry(
         self, source: int, sink: int, from_client: bool, now: float
     ) -> bytes | int | tuple[int, bytes, OSError | None, float] | None: ...
+    def take_held(self, from_client: bool) -> bytes: ...
 
 class Lane:
     """One carried direction the relay thread's compiled loop may read

@@ -7,6 +7,7 @@ receipt) come back untouched for the usual path."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -169,6 +170,77 @@ def test_reads_carried_in_one_call_come_out_as_through_the_core(seed: int, whole
     assert carried >= len(EVERYDAY), "the step carried reads"
     for a, b in zip(by_step, by_core, strict=True):
         assert a == b
+
+
+def test_a_read_ending_in_a_frame_begun_is_carried_and_the_rest_waits_for_the_next() -> None:
+    frames = [send(1, s, 300) for s in range(3)]
+    stream = b"".join(frames)
+    edges = list(itertools.accumulate(map(len, frames)))
+    cuts = sorted({*range(1, len(stream), 37), *(e + d for e in edges[:-1] for d in (-1, 1, 5))})
+    for cut in cuts:
+        reads = [(True, stream[:cut]), (True, stream[cut:]), (True, ack_and_flow(5, 1))]
+        by_step, carried = relay(reads, True)
+        by_core, _ = relay(reads, False)
+        assert by_step == by_core, cut
+        assert carried == 3, "each read carried, the cut frame with the second"
+        assert by_step[0][True] == stream + ack_and_flow(5, 1)
+
+
+def test_what_the_step_holds_goes_to_the_core_first_when_a_read_goes_its_way() -> None:
+    first, second = send(1, 1, 40), send(2, 2, 40)
+    ping = encode(command(T("PING")))
+    for then in ("rule", "end", "ping"):
+        outs = []
+        for quick in (True, False):
+            core, metrics = relaying()
+            sent: list[Any] = []
+            with wires() as (ends, readers):
+                writer, source, sink = ends[True]
+                writer.sendall(first + second[:9])
+                step = core.quick(True) if quick else None
+                if step is not None:
+                    assert step.carry(source.fileno(), sink.fileno(), True, 1.5) == len(first) + 9
+                    sent.append(drain(readers[True]))
+                else:
+                    sent += core.receive_client(source.recv(1 << 20), 1.5)
+                if then == "rule":  # the core stands aside: the read is the core's
+                    core.faults.add(Rule(Match(command="PING"), FaultAction.DROP, id="r"))
+                    assert core.quick(True) is None
+                    writer.sendall(second[9:])
+                    sent += core.receive_client(source.recv(1 << 20), 1.6)
+                elif then == "end":  # the end, in the middle of a frame
+                    writer.shutdown(socket.SHUT_WR)
+                    step = core.quick(True) if quick else None
+                    got = step.carry(source.fileno(), sink.fileno(), True, 1.6) if step else b""
+                    assert got == b""
+                    try:
+                        sent += core.receive_client(got, 1.6)
+                    except Exception as exc:
+                        sent.append(repr(exc))
+                else:  # a frame the step leaves to the core, after the held one
+                    writer.sendall(second[9:] + ping)
+                    step = core.quick(True) if quick else None
+                    got = step.carry(source.fileno(), sink.fileno(), True, 1.6) if step else None
+                    if quick:  # the read comes back as it was read
+                        assert got == second[9:] + ping
+                    sent += core.receive_client(second[9:] + ping, 1.6)
+            flat = b"".join(x if isinstance(x, bytes) else getattr(x, "data", b"") for x in sent)
+            closes = [repr(x) for x in sent if not isinstance(x, (bytes, Send))]
+            outs.append((flat, closes, scraped(metrics), core.in_flight_sends))
+        assert outs[0] == outs[1], then
+        if then != "end":
+            assert outs[0][0].startswith(first + second), then
+
+
+def test_a_frame_longer_than_the_step_holds_goes_to_the_decoder() -> None:
+    big = send(1, 1, 600_000)
+    reads = [(True, big[i : i + 200_000]) for i in range(0, len(big), 200_000)]
+    reads.append((True, send(1, 2, 10)))
+    by_step, carried = relay(reads, True)
+    by_core, _ = relay(reads, False)
+    assert by_step == by_core
+    assert by_step[0][True] == big + send(1, 2, 10)
+    assert carried >= 1
 
 
 def records(recorder: Recorder) -> list[dict[str, Any]]:

@@ -7,6 +7,10 @@
 //! `Step.carry` does it only for such reads and gives every other read back
 //! to Python as the bytes it read, untouched, for the usual path (the
 //! reference: tests/test_quick_step.py compares the two on the same reads).
+//! A read that ends in the start of a frame is such a read too: the step
+//! holds that start and reads on from it next time, as the decoder would
+//! (at full rate nearly every 256 KiB read ends mid-frame); a read it gives
+//! back finds it in the core's decoder first (`take_held`).
 //!
 //! The tallies live here (`Figures`) and are folded into the proxy's
 //! metrics when Prometheus scrapes.
@@ -51,14 +55,23 @@ impl Timer {
     }
 }
 
-/// The frames of `data` when one call may carry the read: it holds whole
-/// frames only, every one of them valid and of a hot type (the scanner's
-/// checks), and no ACK among them asks for a receipt (an ACK with a
-/// request_id is a request the correlator keeps, in Python). None: the
-/// read goes the usual way.
-pub fn whole(data: &[u8], max_total: u32) -> Option<Vec<Scanned>> {
+/// The most of an incomplete frame a step keeps from one read to the
+/// next (its first bytes, up to the end of the read); a longer one goes
+/// to the Python decoder, which waits for the rest.
+pub const HOLD_MAX: usize = READ_SIZE;
+
+/// The frames of `data` when one call may carry the read, and where they
+/// end: every complete frame valid and of a hot type (the scanner's
+/// checks), no ACK among them asking for a receipt (an ACK with a
+/// request_id is a request the correlator keeps, in Python), and what
+/// follows them the start of a frame that is only incomplete (not over
+/// `max_total`, not longer than `HOLD_MAX`): it waits for the next read.
+/// None: the read goes the usual way.
+pub fn carriable(data: &[u8], max_total: u32) -> Option<(Vec<Scanned>, usize)> {
     let found = scan(data, 0, max_total);
-    if found.last()?.stop != data.len() {
+    let end = found.last().map_or(0, |s| s.stop);
+    let tail = &data[end..];
+    if tail.len() > HOLD_MAX || (tail.len() >= 4 && be32(tail) > max_total) {
         return None;
     }
     let mut start = 0;
@@ -68,7 +81,7 @@ pub fn whole(data: &[u8], max_total: u32) -> Option<Vec<Scanned>> {
         }
         start = s.stop;
     }
-    Some(found)
+    Some((found, end))
 }
 
 /// Whether an ACK the scanner accepted carries a request_id (field 8).
@@ -95,6 +108,7 @@ pub mod python {
     use std::io::{ErrorKind, Read, Write};
     use std::mem::ManuallyDrop;
     use std::os::fd::FromRawFd;
+    use std::sync::Mutex;
     use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
     use pyo3::exceptions::PyValueError;
@@ -103,7 +117,7 @@ pub mod python {
 
     use crate::record::frame_record;
 
-    use super::{accounted, whole, Timer, READ_SIZE};
+    use super::{accounted, carriable, Timer, HOLD_MAX, READ_SIZE};
     use crate::account::python::SendTable;
     use crate::{MESSAGE, SEND, SEND_RECEIPT};
 
@@ -111,8 +125,9 @@ pub mod python {
     const SLOTS: usize = 256;
 
     thread_local! {
-        // One read buffer per thread (the relay thread), not per connection.
-        static BUFFER: RefCell<Vec<u8>> = RefCell::new(vec![0; READ_SIZE]);
+        // One read buffer per thread (the relay thread), not per connection:
+        // what a step held of the last read, then the read.
+        static BUFFER: RefCell<Vec<u8>> = RefCell::new(vec![0; HOLD_MAX + READ_SIZE]);
     }
 
     /// What relayed reads added to the proxy's metrics since the last
@@ -250,6 +265,10 @@ pub mod python {
         max_total: u32,
         request: String,
         record: Option<Recording>,
+        /// By direction (from the client?): the start of a frame the last
+        /// read ended in, carried with the next read. The core takes it
+        /// (``take_held``) when a read goes its usual way.
+        held: Mutex<[Vec<u8>; 2]>,
     }
 
     /// Where a carried read's frame records go, when the proxy records.
@@ -361,6 +380,7 @@ pub mod python {
                 max_total,
                 request,
                 record,
+                held: Mutex::new([Vec::new(), Vec::new()]),
             })
         }
 
@@ -387,6 +407,17 @@ pub mod python {
         ) -> PyResult<Py<PyAny>> {
             self.carry_fds(py, source, sink, from_client, now)
         }
+
+        /// take_held(from_client) -> bytes: the start of a frame the last
+        /// carried read of that direction ended in (b"" if none), no longer
+        /// kept here: for the core's decoder, before the bytes read next.
+        fn take_held<'py>(&self, py: Python<'py>, from_client: bool) -> Bound<'py, PyBytes> {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = &mut held[usize::from(from_client)];
+            let out = PyBytes::new(py, slot);
+            slot.clear();
+            out
+        }
     }
 
     impl Step {
@@ -404,28 +435,41 @@ pub mod python {
             }
             BUFFER.with(|buffer| {
                 let mut buffer = buffer.borrow_mut();
-                let n = match read(source, &mut buffer) {
+                let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+                let slot = &mut held[usize::from(from_client)];
+                let h = slot.len();
+                buffer[..h].copy_from_slice(slot);
+                let n = match read(source, &mut buffer[h..h + READ_SIZE]) {
                     Ok(n) => n,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(py.None()),
                     Err(e) => return Err(e.into()),
                 };
-                let data = &buffer[..n];
+                let data = &buffer[..h + n];
                 let started = Instant::now();
-                let found = (n > 0).then(|| whole(data, self.max_total)).flatten();
+                let found = (n > 0).then(|| carriable(data, self.max_total)).flatten();
                 // Metadata properties may hold credentials: the Python
                 // recorder redacts them.
-                let found =
-                    found.filter(|f| self.record.is_none() || f.iter().all(|s| s.properties == 0));
-                let Some(found) = found else {
-                    return Ok(PyBytes::new(py, data).into_any().unbind());
+                let found = found
+                    .filter(|(f, _)| self.record.is_none() || f.iter().all(|s| s.properties == 0));
+                let Some((found, end)) = found else {
+                    // What was held stays for the core to take first.
+                    return Ok(PyBytes::new(py, &data[h..]).into_any().unbind());
                 };
+                slot.clear();
+                slot.extend_from_slice(&data[end..]);
+                drop(held);
+                if end == 0 {
+                    // Only the start of a frame so far: as the decoder, wait.
+                    return Ok(n.into_pyobject(py)?.into_any().unbind());
+                }
+                let frames = &data[..end];
                 self.account(py, &found, from_client, now)?;
                 if let Some(recording) = &self.record {
-                    recording.queue(py, data, &found, from_client);
+                    recording.queue(py, frames, &found, from_client);
                 }
-                let (written, failed) = write(sink, data);
+                let (written, failed) = write(sink, frames);
                 let seconds = started.elapsed().as_secs_f64();
-                if written == n {
+                if written == end {
                     let mut figures = self.figures.bind(py).borrow_mut();
                     figures.relay[usize::from(from_client)].observe(seconds);
                     return Ok(n.into_pyobject(py)?.into_any().unbind());
@@ -434,7 +478,7 @@ pub mod python {
                 let rest = if error.is_some() {
                     &[][..]
                 } else {
-                    &data[written..]
+                    &frames[written..]
                 };
                 let out = (
                     n,
@@ -526,7 +570,7 @@ pub mod python {
 
 #[cfg(test)]
 mod tests {
-    use super::{whole, Timer};
+    use super::{carriable, Timer, HOLD_MAX};
 
     #[test]
     fn a_value_goes_in_the_first_bucket_at_least_as_large() {
@@ -542,8 +586,18 @@ mod tests {
     }
 
     #[test]
-    fn only_whole_reads_of_checked_frames_are_carried() {
-        assert!(whole(b"", 1 << 20).is_none());
-        assert!(whole(&[0, 0, 0, 4, 0, 0, 0, 0], 1 << 20).is_none());
+    fn only_checked_frames_and_the_start_of_one_are_carried() {
+        // Nothing yet, or the start of a frame: held for the next read.
+        assert_eq!(carriable(b"", 1 << 20), Some((vec![], 0)));
+        assert_eq!(carriable(&[0, 0, 1], 1 << 20), Some((vec![], 0)));
+        assert_eq!(carriable(&[0, 0, 1, 0, 9], 1 << 20), Some((vec![], 0)));
+        // A frame the scanner leaves to Python (an empty command).
+        assert!(carriable(&[0, 0, 0, 4, 0, 0, 0, 0], 1 << 20).is_none());
+        // A length over the limit: the decoder says what is wrong.
+        assert!(carriable(&[0, 0, 1, 1, 0], 256).is_none());
+        // Longer than a step holds.
+        let mut long = vec![0u8; HOLD_MAX + 1];
+        long[1] = 0x10;
+        assert!(carriable(&long, 1 << 30).is_none());
     }
 }

@@ -328,7 +328,15 @@ class QuickStep(Protocol):
     def carry(self, source: int, sink: int, from_client: bool, now: float) -> Any:
         """None: nothing to read; bytes: the read, for the usual path; an
         int: that many bytes carried whole; (read, rest, error, seconds):
-        carried but for ``rest`` (or a write that failed with ``error``)."""
+        carried but for ``rest`` (or a write that failed with ``error``).
+        A read may end in the start of a frame: the step holds it for the
+        next read of that direction."""
+        ...
+
+    def take_held(self, from_client: bool) -> bytes:
+        """What the step holds of a frame begun in its last read of that
+        direction (b"" if nothing), given up: it goes to the decoder first
+        when the next read takes the usual way."""
         ...
 
 

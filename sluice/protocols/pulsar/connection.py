@@ -449,7 +449,9 @@ class PulsarConnection:
         nothing of a frame buffered on that side, and the metrics the only
         tap. None: the read comes through ``receive_client`` or
         ``receive_broker``. The step itself gives back any read that is not
-        whole frames the scanner took, every one of them."""
+        frames the scanner took, every one of them, and the start of one;
+        the start of a frame it held from the read before is taken into the
+        decoder by the next read that comes the usual way."""
         step = self._step
         if step is None or self.faults.rules or self._trace:
             return None
@@ -695,6 +697,13 @@ class PulsarConnection:
     def _relay(self, from_client: bool, data: bytes | None, now: float) -> list[Action]:
         """Frame, validate, count and forward one read (``None``: what is buffered)."""
         decoder = self._client if from_client else self._broker
+        step = self._step
+        if step is not None and data is not None:
+            # The start of a frame the compiled step's last read ended in
+            # comes before this read.
+            held = step.take_held(from_client)
+            if held:
+                decoder.receive_data(held)
         # A read that starts on a frame boundary, ends on one, and holds only
         # frames forwarded unchanged is sent on as it came.
         whole = data is not None and decoder.buffered == 0
