@@ -61,7 +61,7 @@ _mono_ns, _wall_ns = time.monotonic_ns, time.time_ns  # read for every frame
 # they are queued, so there is nothing to do for them sooner), by records
 # that are not frames, and by its clock: never once per read, which at low
 # rates would be a wake-up, timers and cancel scopes for every frame.
-WRITE_BYTES = 256 * 1024
+WRITE_BYTES = 1024 * 1024
 
 
 class Summarizer(Protocol):
