@@ -536,6 +536,11 @@ pub mod python {
                 &self.consumers
             };
             let ids = ids.bind(py);
+            // The frames of a read mostly share one producer or consumer:
+            // its topic is looked up once per run of frames with its id,
+            // and the run's messages and bytes tallied under it at once.
+            let mut run: Option<(u64, Option<Bound<'_, PyAny>>)> = None;
+            let mut tally: (i64, u64) = (0, 0);
             let mut before = 0;
             for s in found {
                 let size = (s.stop - before) as u64;
@@ -552,19 +557,42 @@ pub mod python {
                     }
                     continue;
                 }
-                let topic = ids.get_item(s.a)?;
+                let topic = match &run {
+                    Some((id, topic)) if *id == s.a => topic,
+                    _ => {
+                        tallied(&mut figures, from_client, &run, tally)?;
+                        tally = (0, 0);
+                        &run.insert((s.a, ids.get_item(s.a)?)).1
+                    }
+                };
                 if s.kind == SEND {
                     let kept = topic.as_ref().map(|t| t.clone().unbind());
                     sends.table.sending(s.a, s.b, now, || kept);
                 }
                 debug_assert!(s.kind == SEND || s.kind == MESSAGE);
-                if let Some(topic) = topic {
-                    let topic = topic.cast::<PyString>()?;
-                    figures.traffic(from_client, topic.to_str()?, s.c, size);
+                if topic.is_some() {
+                    // (num_messages is an int32 as sent, added as it is, as in Python.)
+                    tally.0 += s.c;
+                    tally.1 += size;
                 }
             }
+            tallied(&mut figures, from_client, &run, tally)?;
             Ok(())
         }
+    }
+
+    /// A run's messages and bytes, under its topic (if its id has one).
+    fn tallied(
+        figures: &mut Figures,
+        from_client: bool,
+        run: &Option<(u64, Option<Bound<'_, PyAny>>)>,
+        (messages, size): (i64, u64),
+    ) -> PyResult<()> {
+        if let Some((_, Some(topic))) = run {
+            let topic = topic.cast::<PyString>()?;
+            figures.traffic(from_client, topic.to_str()?, messages, size);
+        }
+        Ok(())
     }
 }
 
