@@ -20,6 +20,7 @@ pub mod python {
     use std::io;
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    use pyo3::intern;
     use pyo3::prelude::*;
     use pyo3::types::PyDict;
 
@@ -145,6 +146,11 @@ pub mod python {
             failed: &Bound<'_, PyAny>,
         ) -> PyResult<()> {
             let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS];
+            // Looked up once: the locks' methods, called around every wait.
+            let acquire = intern!(py, "acquire");
+            let release = intern!(py, "release");
+            let (gate_acquire, gate_release) = (gate.getattr(acquire)?, gate.getattr(release)?);
+            let (turn_acquire, turn_release) = (turn.getattr(acquire)?, turn.getattr(release)?);
             loop {
                 let waited = py.detach(|| {
                     // SAFETY: the buffer holds EVENTS events and outlives the call.
@@ -162,12 +168,12 @@ pub mod python {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(e.into()),
                 };
-                gate.call_method0("acquire")?;
-                let taken = turn.call_method0("acquire");
-                gate.call_method0("release")?;
+                gate_acquire.call0()?;
+                let taken = turn_acquire.call0();
+                gate_release.call0()?;
                 taken?;
                 let done = self.serve(py, &events[..n], stop_fd, steps, now, failed);
-                turn.call_method0("release")?;
+                turn_release.call0()?;
                 if done? {
                     return Ok(());
                 }
