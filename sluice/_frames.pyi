@@ -123,6 +123,8 @@ class Carrier:
     @property
     def compiled_runs(self) -> int: ...
     def bump(self) -> None: ...
+    @staticmethod
+    def monotonic(offset: float) -> float: ...
     def run(
         self,
         epoll_fd: int,
@@ -132,4 +134,5 @@ class Carrier:
         gate: Any,
         now: Callable[[], float],
         failed: Callable[[int, BaseException], None],
+        offset: float | None = None,
     ) -> None: ...

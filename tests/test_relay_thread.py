@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import trio
+import trio.testing
 
 from sluice.addresses import Address
 from sluice.protocols import registry
@@ -260,3 +261,19 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
         assert native >= 20, native  # most reads, not only the first after a Python step
     else:
         assert native == 0
+
+
+async def test_the_compiled_loop_reads_trios_own_clock_without_calling_it() -> None:
+    clock = trio.lowlevel.current_clock()
+    offset = relay_thread_module._monotonic_offset(clock)
+    if relay_thread_module.Carrier is None:
+        assert offset is None
+        return
+    assert offset is not None
+    for _ in range(3):
+        before = trio.current_time()
+        read = relay_thread_module.Carrier.monotonic(offset)
+        after = trio.current_time()
+        assert before - 1e-6 <= read <= after + 1e-6
+    # Any other clock is called.
+    assert relay_thread_module._monotonic_offset(trio.testing.MockClock()) is None

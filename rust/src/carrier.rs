@@ -127,13 +127,24 @@ pub mod python {
             self.bump_epoch();
         }
 
-        /// run(epoll_fd, stop_fd, steps, turn, gate, now, failed): the relay
-        /// thread's loop, until ``stop_fd`` is readable. ``steps`` maps each
-        /// carried descriptor to its read step (a Lane, or any callable);
-        /// ``turn`` and ``gate`` are the locks RelayThread describes;
-        /// ``now()`` reads trio's clock; ``failed(fd, exc)`` is told of a
-        /// read step that raised.
+        /// monotonic(offset) -> ``offset`` plus the monotonic clock in
+        /// seconds (what time.perf_counter() reads on Linux): trio's own
+        /// clock, read as ``run`` reads it when given trio's offset.
+        #[staticmethod]
+        fn monotonic(offset: f64) -> f64 {
+            offset + monotonic_seconds()
+        }
+
+        /// run(epoll_fd, stop_fd, steps, turn, gate, now, failed, offset=None):
+        /// the relay thread's loop, until ``stop_fd`` is readable. ``steps``
+        /// maps each carried descriptor to its read step (a Lane, or any
+        /// callable); ``turn`` and ``gate`` are the locks RelayThread
+        /// describes; ``now()`` reads trio's clock, unless ``offset`` says
+        /// it is the monotonic clock plus that (trio's SystemClock), read
+        /// here without a Python call; ``failed(fd, exc)`` is told of a read
+        /// step that raised.
         #[allow(clippy::too_many_arguments)]
+        #[pyo3(signature = (epoll_fd, stop_fd, steps, turn, gate, now, failed, offset=None))]
         fn run(
             &self,
             py: Python<'_>,
@@ -144,7 +155,9 @@ pub mod python {
             gate: &Bound<'_, PyAny>,
             now: &Bound<'_, PyAny>,
             failed: &Bound<'_, PyAny>,
+            offset: Option<f64>,
         ) -> PyResult<()> {
+            let clock = Clock { now, offset };
             let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS];
             // Looked up once: the locks' methods, called around every wait.
             let acquire = intern!(py, "acquire");
@@ -172,13 +185,39 @@ pub mod python {
                 let taken = turn_acquire.call0();
                 gate_release.call0()?;
                 taken?;
-                let done = self.serve(py, &events[..n], stop_fd, steps, now, failed);
+                let done = self.serve(py, &events[..n], stop_fd, steps, &clock, failed);
                 turn_release.call0()?;
                 if done? {
                     return Ok(());
                 }
             }
         }
+    }
+
+    /// trio's clock, as the loop reads it.
+    struct Clock<'a, 'py> {
+        now: &'a Bound<'py, PyAny>,
+        /// Set: the clock is the monotonic clock plus this.
+        offset: Option<f64>,
+    }
+
+    impl Clock<'_, '_> {
+        fn read(&self) -> PyResult<f64> {
+            match self.offset {
+                Some(offset) => Ok(offset + monotonic_seconds()),
+                None => self.now.call0()?.extract(),
+            }
+        }
+    }
+
+    fn monotonic_seconds() -> f64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to write to; CLOCK_MONOTONIC always exists on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
     }
 
     impl Carrier {
@@ -189,7 +228,7 @@ pub mod python {
             events: &[libc::epoll_event],
             stop_fd: i32,
             steps: &Bound<'_, PyDict>,
-            now: &Bound<'_, PyAny>,
+            now: &Clock<'_, '_>,
             failed: &Bound<'_, PyAny>,
         ) -> PyResult<bool> {
             // select.epoll registers a descriptor as data.fd: the low 32 bits.
@@ -229,7 +268,7 @@ pub mod python {
             py: Python<'_>,
             lane: &Lane,
             clock: &mut Option<f64>,
-            now: &Bound<'_, PyAny>,
+            now: &Clock<'_, '_>,
         ) -> PyResult<()> {
             let epoch = self.epoch.load(Ordering::Relaxed);
             if lane.armed.load(Ordering::Relaxed) != epoch {
@@ -240,7 +279,7 @@ pub mod python {
             let t = match *clock {
                 Some(t) => t,
                 None => {
-                    let t: f64 = now.call0()?.extract()?;
+                    let t = now.read()?;
                     *clock = Some(t);
                     t
                 }
