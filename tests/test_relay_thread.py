@@ -266,13 +266,15 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
 async def test_the_compiled_loop_reads_trios_own_clock_without_calling_it() -> None:
     clock = trio.lowlevel.current_clock()
     offset = relay_thread_module._monotonic_offset(clock)
-    if relay_thread_module.Carrier is None:
+    try:
+        from sluice._frames import Carrier
+    except ImportError:  # a source tree nobody built: the Python loop calls the clock
         assert offset is None
         return
     assert offset is not None
     for _ in range(3):
         before = trio.current_time()
-        read = relay_thread_module.Carrier.monotonic(offset)
+        read = Carrier.monotonic(offset)
         after = trio.current_time()
         assert before - 1e-6 <= read <= after + 1e-6
     # Any other clock is called.
