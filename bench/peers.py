@@ -52,6 +52,12 @@ rounds. Start time (process start to the first answered CONNECT) is the
 median of --starts starts of each proxy. Every Sluice row is also given as a
 ratio to the Apache Pulsar Proxy row. The broker, the proxy and the clients
 share the machine's cores.
+
+The floor beside each Sluice row is what the compiled frame path alone
+costs per message over frames like the row's, in this process, no sockets
+(``floor()``): the scanner (boundaries, sizes, CRC32-C, the hot commands'
+fields and metadata) and the read's accounting, in 256 KiB reads. The
+rest of the row's CPU is the sockets, the waits and the Python around them.
 """
 
 from __future__ import annotations
@@ -534,6 +540,116 @@ def workloads(scale: float) -> list[Workload]:
     ]
 
 
+# --- the floor: the compiled path alone -------------------------------------------
+
+FLOOR_READ = 256 * 1024  # the relay's read size
+FLOOR_BATCH = 100  # messages per batch in the batched floor
+
+
+def _floor_frames(kind: str, count: int) -> tuple[list[bytes], list[bytes]]:
+    """Frames like a workload's (client's, broker's), ``count`` messages."""
+    import random
+
+    from sluice.protocols.pulsar import Type, command, encode, encode_payload, pb
+
+    t = Type.Value
+    rng = random.Random(7)
+    client: list[bytes] = []
+    broker: list[bytes] = []
+    if kind == "batch":
+        for seq in range(count // FLOOR_BATCH):
+            entries = b""
+            for i in range(FLOOR_BATCH):
+                meta_i = pb.SingleMessageMetadata(payload_size=100, sequence_id=i)
+                single = meta_i.SerializeToString()
+                entries += len(single).to_bytes(4, "big") + single + rng.randbytes(100)
+            meta = pb.MessageMetadata(producer_name="standalone-0-1", sequence_id=seq,
+                                      publish_time=seq, num_messages_in_batch=FLOOR_BATCH,
+                                      uncompressed_size=len(entries))  # fmt: skip
+            body = pb.CommandSend(producer_id=0, sequence_id=seq, num_messages=FLOOR_BATCH)
+            client.append(encode_payload(command(t("SEND"), body), meta, entries))
+            mid = pb.MessageIdData(ledgerId=1, entryId=seq)
+            receipt = pb.CommandSendReceipt(producer_id=0, sequence_id=seq, message_id=mid)
+            broker.append(encode(command(t("SEND_RECEIPT"), receipt)))
+        return client, broker
+    for seq in range(count):
+        meta = pb.MessageMetadata(producer_name="standalone-0-1", sequence_id=seq,
+                                  publish_time=seq, uncompressed_size=1024)  # fmt: skip
+        mid = pb.MessageIdData(ledgerId=1, entryId=seq)
+        if kind == "produce":
+            body = pb.CommandSend(producer_id=0, sequence_id=seq, num_messages=1)
+            client.append(encode_payload(command(t("SEND"), body), meta, rng.randbytes(1024)))
+            receipt = pb.CommandSendReceipt(producer_id=0, sequence_id=seq, message_id=mid)
+            broker.append(encode(command(t("SEND_RECEIPT"), receipt)))
+        else:  # consume
+            message = pb.CommandMessage(consumer_id=0, message_id=mid)
+            broker.append(encode_payload(command(t("MESSAGE"), message), meta,
+                                         rng.randbytes(1024)))  # fmt: skip
+            ack = pb.CommandAck(consumer_id=0, ack_type=pb.CommandAck.Individual,
+                                message_id=[mid])  # fmt: skip
+            client.append(encode(command(t("ACK"), ack)))
+    return client, broker
+
+
+def _reads(frames: list[bytes]) -> list[bytes]:
+    """The frames in reads of up to FLOOR_READ bytes, cut between frames."""
+    reads: list[bytes] = []
+    part: list[bytes] = []
+    size = 0
+    for frame in frames:
+        if part and size + len(frame) > FLOOR_READ:
+            reads.append(b"".join(part))
+            part, size = [], 0
+        part.append(frame)
+        size += len(frame)
+    return [*reads, b"".join(part)] if part else reads
+
+
+def floor() -> dict[str, float] | None:
+    """CPU µs per message of the compiled path alone over frames like each
+    workload's, no sockets: the scanner (boundaries, sizes, CRC32-C, the
+    hot commands' fields and metadata) and the read's accounting (the send
+    table, tallies by topic), in 256 KiB reads; best of 5. Keys: produce
+    (1 KiB SEND and its receipt), consume (1 KiB MESSAGE and its ACK),
+    batch (100 B messages, FLOOR_BATCH to a SEND). None where not built."""
+    try:
+        from sluice._frames import SendTable, scan_batch
+    except ImportError:
+        return None
+    from sluice.protocols.pulsar.decoder import max_frame_size
+
+    max_total = max_frame_size(5 * 1024 * 1024) - 4
+    count = 20_000
+    out = {}
+    for kind in ("produce", "consume", "batch"):
+        client, broker = (_reads(side) for side in _floor_frames(kind, count))
+        best = float("inf")
+        for _ in range(5):
+            table = SendTable()
+            topics = {0: "persistent://public/default/floor"}
+            started = time.process_time()
+            for data in client:
+                batch = scan_batch(data, 0, max_total)
+                assert batch is not None and batch.stop == len(data)
+                table.account_client(batch, batch.start, 1.0, topics)
+            for data in broker:
+                batch = scan_batch(data, 0, max_total)
+                assert batch is not None and batch.stop == len(data)
+                table.account_broker(batch, batch.start, 2.0, topics)
+            best = min(best, time.process_time() - started)
+        out[kind] = best / count * 1e6
+    return out
+
+
+def floor_of(load: str, floors: dict[str, float] | None) -> float | None:
+    """The floor that belongs to a workload's row."""
+    if floors is None or load == IDLE:
+        return None
+    if "batch" in load:
+        return floors["batch"]
+    return floors["consume" if "consume" in load else "produce"]
+
+
 # --- the peer's transport ----------------------------------------------------------
 
 
@@ -749,11 +865,16 @@ def idle_rates(cells: dict[tuple[str, str], Cell], names: list[str]) -> dict[str
     return rates
 
 
-def table(cells: dict[tuple[str, str], Cell], names: list[str], loads: list[str]) -> str:
+def table(
+    cells: dict[tuple[str, str], Cell],
+    names: list[str],
+    loads: list[str],
+    floors: dict[str, float] | None = None,
+) -> str:
     head = ("| workload | path | msg/s | vs peer | publish p50 / p99 / p99.9 ms | vs peer p99 "
             "| e2e p50 / p99 / p99.9 ms | vs peer p99 | proxy CPU µs/msg | vs peer "
-            "| idle µs/msg | peak RSS MiB |")  # fmt: skip
-    lines = [head, "|" + "---|" * 12]
+            "| floor µs/msg | idle µs/msg | peak RSS MiB |")  # fmt: skip
+    lines = [head, "|" + "---|" * 13]
     idle = idle_rates(cells, names)
     for load in loads:
         if load == IDLE:
@@ -775,6 +896,8 @@ def table(cells: dict[tuple[str, str], Cell], names: list[str], loads: list[str]
                 ratio(e2e99, peer_e2e99) if versus else "",
                 "-" if f.cpu_us is None else f"{f.cpu_us:.1f}",
                 ratio(f.cpu_us, peer.cpu_us) if versus and peer else "",
+                f"{floor_of(load, floors):.2f}"
+                if name.startswith("sluice") and floor_of(load, floors) is not None else "",
                 f"{idle[name] / f.rate * 1e6:.1f}" if name in idle and f.rate else "-",
                 "-" if not f.peak_rss else f"{f.peak_rss / 2**20:.0f}",
             ]  # fmt: skip
@@ -844,6 +967,7 @@ def main() -> int:
     import pulsar
 
     cells = results.cells
+    floors = floor() if any(n.startswith("sluice") for n in args.paths) else None
     idle = idle_rates(cells, args.paths)
     idle_seconds = statistics.median(
         cells[(n, IDLE)].median().window for n in args.paths if (n, IDLE) in cells
@@ -855,7 +979,7 @@ def main() -> int:
         f"pulsar-perf {results.version}; pulsar-client {pulsar.__version__}; "
         f"{args.rounds} rounds, scale {args.scale}; medians",
         "",
-        table(cells, args.paths, loads),
+        table(cells, args.paths, loads, floors),
         "",
         f"Idle, no client, {idle_seconds:.0f} s each round: "
         + ", ".join(f"{n} {v * 1e3:.2f} ms of CPU per s" for n, v in idle.items()),
@@ -867,6 +991,10 @@ def main() -> int:
             for n, t in results.starts.items()
         ),
     ]
+    if floors is not None:
+        lines += ["", "Floor: the compiled path alone over frames like the row's, no sockets "
+                  "(the scanner, CRC32-C included, and the read's accounting, 256 KiB reads, "
+                  f"best of 5; 100 B messages {FLOOR_BATCH} to a batch)"]  # fmt: skip
     if results.transport:
         lines += ["", f"Apache Pulsar Proxy (JVM {flags}): {results.transport}"]
     text = "\n".join(lines)
