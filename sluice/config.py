@@ -70,11 +70,20 @@ def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
 
 
 def _one(action: argparse.Action, raw: Any, source: str) -> Any:
+    table = getattr(action.type, "from_table", None)
+    if isinstance(raw, dict) and table is not None:
+        # A setting a TOML table spells out ([[filters]]), read by its own parser.
+        try:
+            return table(raw, source)
+        except argparse.ArgumentTypeError as exc:
+            raise SettingsError(str(exc)) from None
     if isinstance(raw, list | dict):
         raise SettingsError(f"{source}: expected one value, not {raw!r}")
     text = raw if isinstance(raw, str) else str(raw)
     try:
         value = action.type(text) if callable(action.type) else text
+    except argparse.ArgumentTypeError as exc:
+        raise SettingsError(f"{source}: {exc}") from None
     except (TypeError, ValueError):
         kind = getattr(action.type, "__name__", "value")
         raise SettingsError(f"{source}: invalid {kind} value {raw!r}") from None

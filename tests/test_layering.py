@@ -25,6 +25,7 @@ LAYERS = {
     "sluice.errors": 0,
     "sluice.protocols": 1,
     "sluice.recording": 2,
+    "sluice.filters": 2,
     "sluice.proxy": 3,
     "sluice.replay": 4,
     "sluice.analyze": 4,
@@ -44,7 +45,7 @@ FREE = (
 # What a module above the protocol packages may import from sluice/protocols/.
 NEUTRAL = {
     f"sluice.protocols.{name}"
-    for name in ("core", "errors", "faults", "haproxy", "registry", "urls")
+    for name in ("core", "errors", "faults", "filtering", "haproxy", "registry", "urls")
 }
 # Layer 4's siblings reach protocols only through the registry (and the neutral modules).
 THROUGH_REGISTRY = ("sluice.recording", "sluice.view", "sluice.analyze", "sluice.replay")

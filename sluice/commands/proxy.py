@@ -13,6 +13,8 @@ import trio
 from sluice.addresses import parse_address, parse_host
 from sluice.config import default
 from sluice.errors import ConfigError
+from sluice.filters.chain import make_filters
+from sluice.filters.config import FilterArgument
 from sluice.logs import add_logging_arguments, setup_logging
 from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
@@ -427,6 +429,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="fault rules (JSON list) in force from the start; see docs/faults.md (default: none)",
     )
+    filters = parser.add_argument_group(
+        "message filters",
+        "filters act on the messages producers send and brokers deliver: pass, change or "
+        "refuse each one; built in: schema (validation against the topic's schema). "
+        "See docs/filters.md",
+    )
+    filters.add_argument(
+        "--filter",
+        dest="filters",
+        action="append",
+        type=FilterArgument(),
+        metavar="NAME[:JSON]",
+        help="run filter NAME (an entry point of group sluice.filters, or module:attr) on "
+        "the messages of the topics, directions and roles the JSON object names: "
+        '\'schema:{"topics": ["persistent://public/default/orders*"], "direction": "produce"}\'; '
+        "repeat for more, in the order they run; in the TOML file, [[filters]] tables "
+        "(default: none)",
+    )
     obs.add_argument(
         "--topic-metrics-limit",
         type=int,
@@ -526,7 +546,10 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         admin_token=read_token(args.admin_token_file),
         faults=tuple(load_rules(args.faults, registry.all_faults())) if args.faults else (),
         workers=parse_workers(args.workers),
+        filters=tuple(args.filters or ()),
     )
+    if config.filters:  # every mistake said now, not in each worker
+        make_filters(config.filters, spec)
     return config
 
 
@@ -725,7 +748,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from(args)
     except ConfigError as exc:
-        print(f"sluice proxy: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"sluice proxy: {line}", file=sys.stderr)
         return 2
     try:
         trio.run(serve, config, not args.no_check_broker, (args.log_level, args.log_format))

@@ -240,6 +240,22 @@ class FaultInjected:
     topic: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """A message filter acted on one frame's messages (``sluice.filters``):
+    ``action`` is ``replaced``, ``rejected`` or ``error`` (a filter raised;
+    ``reason`` says whether it then failed open or closed). ``sent`` is the
+    frame as it went on when it was changed (the taps saw it as it came)."""
+
+    filter: str
+    action: str
+    from_client: bool
+    topic: str | None
+    reason: str = ""
+    messages: int = 1
+    sent: bytes | None = None
+
+
 Event = (
     Accepted
     | Opened
@@ -254,6 +270,7 @@ Event = (
     | TopicTraffic
     | Closed
     | FaultInjected
+    | Filtered
 )
 
 

@@ -116,6 +116,9 @@ class ProtocolSpec:
     web: bool = False
     # How a capture of this protocol reads in Wireshark (its pcapng comment).
     pcap_note: str = ""
+    # Its cores run message filters (--filter, sluice/filters/) on the
+    # messages its frames carry; otherwise a proxy with filters refuses to start.
+    filters: bool = False
     # A recorded frame's bytes decoded for sluice view's frame detail.
     detail: Callable[[bytes, dict[str, Any]], Any] | None = None
     # sluice replay: (args, say) -> (Outcome, transcript lines), async;

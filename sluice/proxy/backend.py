@@ -25,6 +25,7 @@ from sluice.addresses import Address
 from sluice.protocols import registry
 from sluice.protocols.core import Conn, Tap
 from sluice.protocols.faults import Faults
+from sluice.protocols.filtering import Filtering
 from sluice.protocols.urls import BrokerUrl
 from sluice.proxy.ports import BrokerPorts, NoListener
 from sluice.proxy.relay import Core
@@ -44,6 +45,8 @@ class Services:
     state: Path | None = None
     # Port-per-broker listeners (None unless the protocol asks for them).
     ports: BrokerPorts | None = None
+    # --filter: the process's message filters (None: none configured).
+    filters: Filtering | None = None
 
 
 class Backend(Protocol):

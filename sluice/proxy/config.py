@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sluice.addresses import Address, AllowList, server_name
 from sluice.errors import ConfigError
+from sluice.filters.config import FilterSpec
 from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.faults import ProtocolFaults, Rule
@@ -129,6 +130,9 @@ class ProxyConfig:
     http_idle_timeout: float = 60.0
     http_request_timeout: float = 300.0
     http_max_connections: int = 1_000
+    # --filter / [[filters]]: message filters, in the order they run
+    # (sluice/filters/; checked and made when the proxy starts).
+    filters: tuple[FilterSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:

@@ -45,6 +45,7 @@ from sluice.protocols.core import (
     Dialed,
     Event,
     FaultInjected,
+    Filtered,
     Invalid,
     LookupDone,
     Opened,
@@ -382,6 +383,19 @@ class Metrics:
             "sluice_faults_injected", "Frames a fault rule acted on, by rule id and action",
             ["rule", "action"], registry=registry,
         )  # fmt: skip
+        self.filter_errors = Counter(
+            "sluice_filter_errors", "Messages a filter raised on (it then failed open or "
+            "closed, as configured), by filter", ["filter"], registry=registry,
+        )  # fmt: skip
+        self.filter_rejected = Counter(
+            "sluice_filter_rejected", "Messages a filter refused (a SEND answered with "
+            "SEND_ERROR, a delivery skipped), by filter, topic and reason",
+            ["filter", "topic", "reason", "direction"], registry=registry,
+        )  # fmt: skip
+        self.filter_replaced = Counter(
+            "sluice_filter_replaced", "Messages a filter changed, by filter and direction",
+            ["filter", "direction"], registry=registry,
+        )  # fmt: skip
         self.upstream_up = Gauge(
             "sluice_upstream_up", "1 when the configured broker answered the last probe",
             registry=registry,
@@ -506,6 +520,19 @@ class Metrics:
         elif kind is FaultInjected:
             assert isinstance(event, FaultInjected)
             self.faults_injected.labels(event.rule, event.action).inc()
+        elif kind is Filtered:
+            assert isinstance(event, Filtered)
+            if event.action == "error":
+                self.filter_errors.labels(event.filter).inc()
+            elif event.action == "rejected":
+                topic = self.topic_label(event.topic) if event.topic else ""
+                direction = DIRECTION[event.from_client]
+                self.filter_rejected.labels(event.filter, topic, event.reason, direction).inc(
+                    event.messages
+                )
+            else:
+                direction = DIRECTION[event.from_client]
+                self.filter_replaced.labels(event.filter, direction).inc(event.messages)
         elif kind is Dialed:
             assert isinstance(event, Dialed)
             if event.seconds is None:

@@ -607,6 +607,7 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
             proxy_auth(config),
             AllowList(config.trust_broker, "--trust-broker"),
             proxy_header_out=config.proxy_protocol_out,
+            filtering=services.filters,
         ),
         routing,
         broker_tls=config.broker_tls,

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import trio
 
 from sluice.addresses import Address, server_name
+from sluice.filters.chain import make_filters
 from sluice.logs import LogLimit
 from sluice.protocols import registry
 from sluice.protocols.core import Accepted, Conn, Rejected, Taps
@@ -126,9 +127,11 @@ class Proxy:
         self.faults = Faults()
         self.faults.extend(copy.deepcopy(config.faults))
         self.ports = self._broker_ports() if self.protocol.port_per_broker else None
+        self.filters = make_filters(config.filters, self.protocol) if config.filters else None
         make_backend = self.protocol.load(self.protocol.backend)
         self.backend: Backend = make_backend(
-            config, Services(self.faults, worker.state if worker else None, self.ports)
+            config,
+            Services(self.faults, worker.state if worker else None, self.ports, self.filters),
         )
         # --sni-route: names for brokers (the backend's), and for Sluice itself.
         routes = config.sni_routes()

@@ -75,6 +75,7 @@ from sluice.protocols.core import (
     TopicTraffic,
 )
 from sluice.protocols.faults import FaultAction, Faults, Pacer, Rule
+from sluice.protocols.filtering import DELIVER, PRODUCE, Chain, Direction, Filtering
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.auth import (
     FAILED,
@@ -98,6 +99,7 @@ from sluice.protocols.pulsar.correlation import (
 from sluice.protocols.pulsar.decoder import CLOSED, COMPILED, FrameDecoder, ScannedBatch
 from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_reply, own_frame
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
+from sluice.protocols.pulsar.filtering import FilterGate, Wait, schema_of
 from sluice.protocols.pulsar.frame import Frame, command_name
 from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
@@ -110,6 +112,9 @@ SLUICE_VERSION = f"Sluice/{__version__}"
 NO_REQUEST = 2**64 - 1
 
 T = pb.BaseCommand
+# Bytes a client may send while one of its SENDs waits for a schema.
+_MAX_HELD = 64 * 1024 * 1024
+_NAMED = frozenset({T.PRODUCER, T.SUBSCRIBE})
 _FORWARDED = frozenset({T.LOOKUP, T.PARTITIONED_METADATA, T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA})
 _NAMES_BROKERS = frozenset(
     {T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.TOPIC_MIGRATED, T.LOOKUP_RESPONSE}
@@ -248,6 +253,8 @@ class PulsarSettings:
     trusted: AllowList = field(default_factory=AllowList)
     # --proxy-protocol-out: brokers get a PROXY header first (said when one hangs up).
     proxy_header_out: bool = False
+    # --filter: the message filters of this process (None: none configured).
+    filtering: Filtering | None = None
 
 
 class State(enum.Enum):
@@ -327,6 +334,15 @@ class PulsarConnection:
         self._tokens = itertools.count(1)
         # The compiled step that carries whole reads once relaying (quick()).
         self._step: QuickStep | None = None
+        # Message filters (--filter): what this connection's producers and
+        # consumers go through; the broker it relays to (which answers the
+        # schema questions), the SEND waiting for its topic's schema.
+        self._gate = (
+            FilterGate(settings.filtering, conn, tap) if settings.filtering is not None else None
+        )
+        self._upstream: Address | None = None
+        self._held: Frame | None = None
+        self._schema_asks: dict[int, Wait] = {}
 
     @property
     def established(self) -> bool:
@@ -390,6 +406,9 @@ class PulsarConnection:
     def answered(self, token: int, answer: Frame | UpstreamFailure, now: float) -> list[Action]:
         """The upstream's answer to an ``Ask`` (or why there is none)."""
         self._now = now
+        wait = self._schema_asks.pop(token, None)
+        if wait is not None:
+            return self._schema_answered(wait, answer, now)
         pending = self._asks.pop(token, None)
         if pending is None or self.state is State.CLOSED:
             return []
@@ -457,7 +476,15 @@ class PulsarConnection:
             return None
         if (self._client if from_client else self._broker).buffered:
             return None
+        if self._gate is not None and self._filtered(from_client):
+            return None
         return step
+
+    def _filtered(self, from_client: bool) -> bool:
+        """Whether this side's reads go through the message filters."""
+        assert self._gate is not None
+        correlator = self.correlator
+        return self._gate.wants(correlator.producers, correlator.consumers)[not from_client]
 
     def _compiled_step(self) -> QuickStep | None:
         quick = getattr(self.tap, "quick", None)
@@ -602,6 +629,16 @@ class PulsarConnection:
             auth.upstream(self._identity).apply(ours)
         if not chained:
             ours.ClearField("proxy_to_broker_url")
+        self._upstream = address
+        gate = self._gate
+        if gate is not None:
+            gate.client_version = connect.client_version
+            if auth is not None:
+                assert self._identity is not None
+                gate.role = self._identity.role
+                self._credentials = self.routing.upstream_auth(auth, self._identity)
+            elif connect.HasField("auth_method_name") or connect.HasField("auth_data"):
+                self._credentials = UpstreamAuth(connect.auth_method_name, bytes(connect.auth_data))
         self.state = State.CONNECTING
         self._dial_started = now
         return [OpenUpstream(address, tls, encode(command(T.CONNECT, ours)))]
@@ -709,9 +746,13 @@ class PulsarConnection:
         whole = data is not None and decoder.buffered == 0
         if data is not None:
             decoder.receive_data(data)
+        filtered = self._gate is not None and self._filtered(from_client)
+        if filtered and from_client and self._held is not None:
+            # A SEND waits for its topic's schema: what follows waits behind it.
+            return self._while_held(data)
         batch = None
         # Rules are added and removed by other tasks, never during a read.
-        if data and not self.faults.rules and not self._trace:
+        if data and not self.faults.rules and not self._trace and not filtered:
             # Nearly every read: frames the compiled scanner took, all of
             # them, with no rule or trace to apply. They are shown to the taps
             # at once and accounted without a Python object per frame.
@@ -722,7 +763,7 @@ class PulsarConnection:
                 if answered or topics:
                     self._report(from_client, answered, topics)
                 return [Send(Peer.BROKER if from_client else Peer.CLIENT, data)]
-        return self._relay_frames(from_client, data, now, whole, batch)
+        return self._relay_frames(from_client, data, now, whole and not filtered, batch)
 
     def _relay_frames(
         self,
@@ -745,6 +786,10 @@ class PulsarConnection:
         receipt = -1 if from_client else T.SEND_RECEIPT  # one per SEND: timed here
         payload_type = T.SEND if from_client else T.MESSAGE
         faulty = bool(self.faults.rules)
+        # Message filters, when a producer or consumer of this side has any.
+        gate = self._gate if self._gate is not None and self._filtered(from_client) else None
+        direction: Direction = PRODUCE if from_client else DELIVER
+        producers = self.correlator.producers
         # Proxy mode: AUTH_CHALLENGE from the broker and AUTH_RESPONSE from
         # the client are Sluice's to answer, not to pass on (and a client's
         # AUTH_CHALLENGE is Sluice's to refuse).
@@ -792,6 +837,33 @@ class PulsarConnection:
                                 return actions
                             continue
                 if frame.error is None:
+                    if gate is not None and t == payload_type:
+                        ids = frame.ids
+                        assert ids is not None
+                        topic = (producers if from_client else consumers).get(ids[0])
+                        chain = gate.chain(topic, direction)
+                        if chain is not None and topic is not None:
+                            whole = False
+                            if from_client:
+                                went = self._filter_send(frame, topic, chain, now, out, actions)
+                                if isinstance(went, Wait):  # the rest waits for the schema
+                                    if seen:
+                                        tap.frames(conn, from_client, seen)
+                                        seen = []
+                                    if out:
+                                        actions.append(Send(Peer.BROKER, b"".join(out)))
+                                    return [*actions, self._ask_schema(frame, went)]
+                                if not went:
+                                    continue  # refused
+                            else:
+                                to_client, to_broker = gate.deliver(frame, topic, chain)
+                                if to_broker:
+                                    actions.append(Send(Peer.BROKER, to_broker))
+                                if not to_client:
+                                    continue
+                                out.append(to_client)
+                            topics = add_traffic(topics, topic, ids[2], len(frame.raw))
+                            continue
                     out.append(frame.raw)
                     if t == payload_type:
                         # Tallied by topic, for one TopicTraffic event per read.
@@ -812,6 +884,12 @@ class PulsarConnection:
                         send = sent(ids[0], ids[1])
                         if send is not None:
                             answered = add_time(answered, send.topic, now - send.started)
+                        if gate is not None:
+                            released = gate.answered(frame)
+                            if released:  # SEND_ERRORs of Sluice's that waited for this receipt
+                                whole = False
+                                seen += released
+                                out += [f.raw for f in released]
                         continue
                     if own_auth and t in _AUTH_EXCHANGE and (from_client or t == T.AUTH_CHALLENGE):
                         out.pop()
@@ -825,6 +903,15 @@ class PulsarConnection:
                         actions += exchanged
                         continue
                     if t in observed:
+                        if self._gate is not None:
+                            if from_client and t in _NAMED:
+                                self._gate.named(frame)
+                            elif gate is not None and t == T.SEND_ERROR:
+                                released = gate.answered(frame)
+                                if released:
+                                    whole = False
+                                    seen += released
+                                    out += [f.raw for f in released]
                         done = observe(frame, from_client, now)
                         if done is not None:  # a request answered: rare, not per message
                             tap.frames(conn, from_client, seen)
@@ -885,6 +972,92 @@ class PulsarConnection:
             else:
                 actions.append(self._close("broker_closed", "broker closed the connection"))
         return actions
+
+    # --- message filters (--filter) ---------------------------------------------------
+
+    def _filter_send(
+        self, frame: Frame, topic: str, chain: Chain, now: float, out: list[bytes],
+        actions: list[Action],
+    ) -> Wait | bool:  # fmt: skip
+        """A filtered producer's SEND: on to the broker (``out``, maybe
+        rebuilt; in flight from now: True), refused (a SEND_ERROR to the
+        client now or after earlier receipts: False), or a Wait for the
+        topic's schema."""
+        assert self._gate is not None
+        result = self._gate.send(frame, topic, chain, now)
+        if isinstance(result, Wait):
+            return result
+        if isinstance(result, bytes):
+            out.append(result)
+            ids = frame.ids
+            assert ids is not None
+            self.correlator.sending(ids[0], ids[1], now)
+            return True
+        if result is not None:
+            actions += self._own(result)
+        return False
+
+    def _ask_schema(self, frame: Frame, wait: Wait) -> Ask:
+        """Hold ``frame`` (and the client's frames after it) until Sluice's
+        upstream connection has asked the broker for the schema it needs."""
+        assert self._gate is not None
+        self._held = frame
+        self._gate.waiting = wait
+        token = next(self._tokens)
+        self._schema_asks[token] = wait
+        body = pb.CommandGetSchema(request_id=0, topic=wait.topic)
+        if wait.version is not None:
+            body.schema_version = wait.version
+        address = self._upstream or self.routing.broker.address
+        return Ask(token, address, (T.GET_SCHEMA, body, self._credentials))
+
+    def _schema_answered(
+        self, wait: Wait, answer: Frame | UpstreamFailure, now: float
+    ) -> list[Action]:
+        gate, held = self._gate, self._held
+        assert gate is not None
+        self._held = None
+        gate.waiting = None
+        if self.state is not State.RELAY or held is None:
+            return []
+        body: Any = None if isinstance(answer, UpstreamFailure) else answer.body
+        failure: str | None = None
+        if isinstance(answer, UpstreamFailure):
+            failure = answer.message
+        elif body is None or (body.HasField("error_code") and body.error_code != pb.TopicNotFound):
+            failure = f"broker answered GET_SCHEMA with {answer.name}: {_brief(answer)}"
+        else:  # TopicNotFound: "Topic not found or no-schema"
+            gate.filtering.learn_schema(wait.topic, wait.version, schema_of(answer), now)
+        actions: list[Action] = []
+        out: list[bytes] = []
+        ids = held.ids
+        assert ids is not None
+        chain = gate.chain(wait.topic, PRODUCE)
+        if failure is not None or chain is None:
+            log.warning(
+                "%s: cannot learn the schema of %s: %s", self.conn.name, wait.topic, failure
+            )
+            refused = gate.unavailable(held, wait.topic, failure or "no filter")
+            if refused is not None:
+                actions += self._own(refused)
+        elif isinstance(self._filter_send(held, wait.topic, chain, now, out, actions), Wait):
+            # Forgotten again at once (the cache started over): refused, not waited on forever.
+            refused = gate.unavailable(held, wait.topic, "schema cache overflow")
+            if refused is not None:
+                actions += self._own(refused)
+        if out:
+            actions.append(Send(Peer.BROKER, b"".join(out)))
+            self._report(True, None, add_traffic(None, wait.topic, ids[2], len(held.raw)))
+        return actions + self._relay(True, None, now)
+
+    def _while_held(self, data: bytes | None) -> list[Action]:
+        """A client read while a SEND waits for its schema: kept, in order."""
+        if data is not None and not data:
+            return [self._close("closed", "client closed the connection")]
+        if self._client.buffered > _MAX_HELD:
+            return [self._close("filter", f"client sent over {_MAX_HELD} bytes while "
+                                "Sluice waited for a topic's schema", logging.WARNING)]  # fmt: skip
+        return []
 
     def _report(
         self,

@@ -173,6 +173,7 @@ PROTOCOL = ProtocolSpec(
     # its own; the main listener serves binary lookups.
     port_per_broker=True,
     main_is_broker_listener=False,
+    filters=True,
     pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
     "for other ports use Decode As... > TCP port > PULSAR",
     options=OPTIONS,

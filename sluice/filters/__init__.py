@@ -1,0 +1,39 @@
+"""Filters: code that acts on the messages Sluice relays.
+
+Write a filter by subclassing ``Filter`` (``sluice.filters.api``); Sluice
+finds it by entry point group ``sluice.filters`` or as ``module:attr``, runs
+it for the topics, directions and roles its configuration names
+(``sluice.filters.config``) and carries out what it answers
+(``sluice.filters.chain``). Built in: schema validation
+(``sluice.filters.schema``). See docs/filters.md.
+"""
+
+from sluice.filters.api import (
+    DELIVER,
+    PASS,
+    PRODUCE,
+    Direction,
+    Filter,
+    Message,
+    NoSettings,
+    Pass,
+    Reject,
+    Replace,
+    Schema,
+    Verdict,
+)
+
+__all__ = [
+    "DELIVER",
+    "PASS",
+    "PRODUCE",
+    "Direction",
+    "Filter",
+    "Message",
+    "NoSettings",
+    "Pass",
+    "Reject",
+    "Replace",
+    "Schema",
+    "Verdict",
+]

@@ -1,0 +1,214 @@
+"""Filters put to work: which run for a topic, in order, and what a raise does.
+
+``Filters`` is a proxy process's set of configured filters: a protocol core
+asks it for the ``FilterChain`` of a topic, direction and role (worked out
+once per combination, then looked up), and keeps the schemas the filters
+were given. A ``FilterChain`` runs its filters in configuration order: a
+``Replace`` feeds the next filter the changed message, the first ``Reject``
+ends it. A filter that raises, or answers anything but a verdict, is
+counted (the core reports it), logged at most once per ``LOG_EVERY``
+seconds per filter, and then fails open (the message goes on as the filter
+got it) or closed (refused, reason ``filter_error``) as configured. It never
+ends the connection, let alone another one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+import re
+import time
+
+from sluice.errors import ConfigError
+from sluice.filters.api import Filter
+from sluice.filters.config import FilterConfigError, FilterSpec, Loaded, load
+from sluice.protocols.filtering import (
+    PASS,
+    PRODUCE,
+    UNKNOWN,
+    Direction,
+    Message,
+    Outcome,
+    Pass,
+    Reject,
+    Replace,
+    Schema,
+    Unknown,
+)
+from sluice.protocols.registry import ProtocolSpec
+
+log = logging.getLogger("sluice.filters")
+
+LOG_EVERY = 10.0  # seconds between two logged failures of one filter
+# Schemas: the latest of a topic is asked for again after this long (a
+# producer registering a new version also makes it asked for again); a
+# numbered version never changes. Bounded: past the limit, the cache starts over.
+LATEST_FOR = 30.0
+MAX_SCHEMAS = 10_000
+_PARTITION = re.compile(r"-partition-\d+$")
+
+
+class FilterChain:
+    """The filters one topic's messages go through in one direction."""
+
+    def __init__(self, direction: Direction, filters: list[Loaded]) -> None:
+        self.direction = direction
+        self._filters = filters
+        self._hooks = [
+            (
+                f.spec.id,
+                f.spec.on_error == "open",
+                f.filter.on_produce if direction == PRODUCE else f.filter.on_deliver,
+            )
+            for f in filters
+        ]
+        self._wants_schema = any(f.filter.wants_schema for f in filters)
+        self._names = tuple(f.spec.id for f in filters)
+
+    @property
+    def wants_schema(self) -> bool:
+        return self._wants_schema
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self._names
+
+    def run(self, message: Message) -> Outcome:
+        current = message
+        changed_by: str | None = None
+        errors: list[str] = []
+        for name, fails_open, hook in self._hooks:
+            try:
+                verdict = hook(current)
+                if not isinstance(verdict, Pass | Replace | Reject):
+                    raise TypeError(f"returned {verdict!r}, not PASS, Replace or Reject")
+            except Exception as exc:  # a filter's bug must not break traffic
+                errors.append(name)
+                _log_failure(name, message, exc)
+                if fails_open:
+                    continue
+                refused = Reject("filter_error", f"filter {name} failed")
+                return Outcome(refused, name, tuple(errors))
+            if isinstance(verdict, Reject):
+                return Outcome(verdict, name, tuple(errors))
+            if isinstance(verdict, Replace):
+                current = dataclasses.replace(
+                    current,
+                    payload=current.payload if verdict.payload is None else bytes(verdict.payload),
+                    properties=current.properties
+                    if verdict.properties is None
+                    else dict(verdict.properties),
+                    key=current.key if verdict.key is None else verdict.key,
+                    key_is_base64=current.key_is_base64 if verdict.key is None else False,
+                )
+                changed_by = name
+        if changed_by is None:
+            return Outcome(PASS, None, tuple(errors))
+        replaced = Replace(current.payload, current.properties, current.key)
+        return Outcome(replaced, changed_by, tuple(errors))
+
+
+_last_logged: dict[str, tuple[float, int]] = {}
+
+
+def _log_failure(name: str, message: Message, exc: Exception) -> None:
+    now = time.monotonic()
+    last, hidden = _last_logged.get(name, (-LOG_EVERY, 0))
+    if now - last < LOG_EVERY:
+        _last_logged[name] = (last, hidden + 1)
+        return
+    _last_logged[name] = (now, 0)
+    more = f" ({hidden} more since the last one logged)" if hidden else ""
+    log.warning(
+        "filter %s raised on a message %s to %s: %s: %s%s",
+        name, "produced" if message.direction == PRODUCE else "delivered",
+        message.topic, type(exc).__name__, exc, more,
+    )  # fmt: skip
+
+
+class Filters:
+    """Every configured filter of one proxy process (``Filtering``)."""
+
+    def __init__(self, loaded: list[Loaded]) -> None:
+        self.loaded = loaded
+        self._chains: dict[tuple[str, str, str | None], FilterChain | None] = {}
+        self._schemas: dict[tuple[str, bytes | None], tuple[Schema | None, float]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.loaded)
+
+    def chain(self, topic: str, direction: Direction, role: str | None) -> FilterChain | None:
+        key = (topic, direction, role)
+        try:
+            return self._chains[key]
+        except KeyError:
+            pass
+        wanted = [
+            f
+            for f in self.loaded
+            if f.spec.runs(direction) and _hooks(f, direction) and _applies(f, topic, role)
+        ]
+        chain = FilterChain(direction, wanted) if wanted else None
+        if len(self._chains) > MAX_SCHEMAS:
+            self._chains.clear()
+        self._chains[key] = chain
+        return chain
+
+    def schema(self, topic: str, version: bytes | None, now: float) -> Schema | Unknown | None:
+        known = self._schemas.get((_base(topic), version))
+        if known is None:
+            return UNKNOWN
+        schema, since = known
+        if version is None and now - since > LATEST_FOR:
+            return UNKNOWN
+        return schema
+
+    def learn_schema(
+        self, topic: str, version: bytes | None, schema: Schema | None, now: float
+    ) -> None:
+        if len(self._schemas) >= MAX_SCHEMAS:
+            self._schemas.clear()
+        self._schemas[(_base(topic), version)] = (schema, now)
+        if version is None and schema is not None and schema.version is not None:
+            self._schemas[(_base(topic), schema.version)] = (schema, now)
+
+    def forget_latest(self, topic: str) -> None:
+        self._schemas.pop((_base(topic), None), None)
+
+
+def _base(topic: str) -> str:
+    """A partition's schema is its topic's."""
+    return _PARTITION.sub("", topic)
+
+
+def _hooks(loaded: Loaded, direction: Direction) -> bool:
+    """Whether the filter has a hook of its own for ``direction`` (one
+    that only passes costs the unpacking of every message for nothing)."""
+    hook = "on_produce" if direction == PRODUCE else "on_deliver"
+    return getattr(type(loaded.filter), hook) is not getattr(Filter, hook)
+
+
+def _applies(loaded: Loaded, topic: str, role: str | None) -> bool:
+    spec = loaded.spec
+    if spec.roles and (role is None or not any(fnmatch.fnmatchcase(role, p) for p in spec.roles)):
+        return False
+    names = {topic, _base(topic)}
+    names |= {name.partition("://")[2] for name in list(names) if "://" in name}
+    return any(fnmatch.fnmatchcase(name, p) for name in names for p in spec.topics)
+
+
+def make_filters(
+    specs: tuple[FilterSpec, ...] | list[FilterSpec], protocol: ProtocolSpec
+) -> Filters:
+    """The configured filters made for a proxy of ``protocol``, or a
+    ``ConfigError`` with one line per mistake."""
+    if not protocol.filters:
+        raise ConfigError(
+            f"--filter: {protocol.title} connections do not run message filters "
+            "(see docs/filters.md)"
+        )
+    try:
+        return Filters(load(list(specs)))
+    except FilterConfigError as exc:
+        raise ConfigError(str(exc)) from None

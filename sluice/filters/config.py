@@ -1,0 +1,309 @@
+"""Which filters run where: ``--filter`` and ``[[filters]]``, checked at start.
+
+A filter's configuration names the filter (a name of entry point group
+``sluice.filters``, or ``module:attr``), the topics it applies to (glob
+patterns), the direction (``produce``, ``deliver`` or ``both``), the roles
+(glob patterns over the verified role; none: every client), what happens
+when it raises (``on-error``: ``closed`` refuses the message, ``open``
+passes it on), and its own ``settings``.
+
+On the command line: ``--filter NAME`` or ``--filter 'NAME:{JSON}'``, the
+JSON object holding the same keys as a ``[[filters]]`` table. Every mistake
+is one line (``FilterConfigError``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from sluice.filters.api import Filter
+
+ENTRY_POINT_GROUP = "sluice.filters"
+# The built-in filters, found without an installed distribution (a checkout
+# run in place); pyproject.toml names the same ones as entry points.
+BUILTIN = {
+    "schema": "sluice.filters.schema:SchemaValidation",
+}
+DIRECTIONS = ("produce", "deliver", "both")
+ON_ERROR = ("closed", "open")
+_KEYS = ("name", "topics", "direction", "roles", "on-error", "settings", "label")
+
+
+class FilterConfigError(ValueError):
+    """Mistakes in a filter's configuration, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class FilterSpec:
+    """One configured filter, as written (nothing imported yet)."""
+
+    name: str
+    topics: tuple[str, ...] = ("*",)
+    direction: str = "both"
+    roles: tuple[str, ...] = ()
+    on_error: str = "closed"
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    # What metrics and logs call it (default: its name).
+    label: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.label or self.name
+
+    def runs(self, direction: str) -> bool:
+        return self.direction in (direction, "both")
+
+
+def parse_table(table: Mapping[str, Any], where: str) -> FilterSpec:
+    """A ``[[filters]]`` table (or ``--filter``'s JSON) as a ``FilterSpec``."""
+    problems: list[str] = []
+    table = {str(k).replace("_", "-"): v for k, v in table.items()}
+    for key in sorted(set(table) - set(_KEYS)):
+        problems.append(f"{where}: unknown key {key!r} (known: {', '.join(_KEYS)})")
+    name = table.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(f"{where}: 'name' must name the filter (entry point or module:attr)")
+        name = "?"
+    where = f"{where} ({name})" if name != "?" else where
+    topics = _strings(table.get("topics", ["*"]), f"{where}: topics", problems)
+    roles = _strings(table.get("roles", []), f"{where}: roles", problems)
+    direction = table.get("direction", "both")
+    if direction not in DIRECTIONS:
+        problems.append(f"{where}: direction must be one of {', '.join(DIRECTIONS)}, "
+                        f"not {direction!r}")  # fmt: skip
+    on_error = table.get("on-error", "closed")
+    if on_error not in ON_ERROR:
+        problems.append(f"{where}: on-error must be one of {', '.join(ON_ERROR)}, "
+                        f"not {on_error!r}")  # fmt: skip
+    settings = table.get("settings", {})
+    if not isinstance(settings, Mapping):
+        problems.append(f"{where}: settings must be a table, not {settings!r}")
+        settings = {}
+    label = table.get("label", "")
+    if not isinstance(label, str):
+        problems.append(f"{where}: label must be a string")
+        label = ""
+    if problems:
+        raise FilterConfigError(problems)
+    return FilterSpec(name, topics, str(direction), roles, str(on_error), dict(settings), label)
+
+
+def parse_flag(text: str) -> FilterSpec:
+    """``--filter NAME`` or ``--filter 'NAME:{JSON}'``."""
+    name, brace, rest = text.partition(":{")
+    table: dict[str, Any] = {}
+    if brace:
+        try:
+            loaded = json.loads("{" + rest)
+        except json.JSONDecodeError as exc:
+            raise FilterConfigError(
+                [f"--filter {name}: settings are not a JSON object: {exc.msg} (column {exc.colno})"]
+            ) from None
+        if not isinstance(loaded, dict):
+            raise FilterConfigError([f"--filter {name}: settings must be a JSON object"])
+        table = loaded
+    table.setdefault("name", name)
+    return parse_table(table, "--filter")
+
+
+class FilterArgument:
+    """``--filter``'s type: a flag's text, or (``from_table``) a
+    ``[[filters]]`` table of the TOML file."""
+
+    __name__ = "filter"
+
+    def __call__(self, text: str) -> FilterSpec:
+        try:
+            return parse_flag(text)
+        except FilterConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    def from_table(self, table: Mapping[str, Any], where: str) -> FilterSpec:
+        try:
+            return parse_table(table, f"{where} [[filters]]")
+        except FilterConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _strings(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{where}: expected a list of patterns, not {value!r}")
+        return ()
+    return tuple(value)
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+def load_class(name: str) -> type[Filter]:
+    """The filter class ``name`` stands for (entry point, built-in, or
+    ``module:attr``), or a one-line ``FilterConfigError``."""
+    reference = name if ":" in name else None
+    if reference is None:
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if found:
+            reference = found[0].value
+        elif name in BUILTIN:
+            reference = BUILTIN[name]
+        else:
+            known = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(BUILTIN))
+            raise FilterConfigError(
+                [
+                    f"filter {name!r}: no such filter (known: {', '.join(known)}; "
+                    f"or give module:attr)"
+                ]
+            )
+    module_name, _, attr = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # anything an import can raise, said in one line
+        raise FilterConfigError(
+            [f"filter {name!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"]
+        ) from None
+    target: Any = module
+    for part in attr.split(".") if attr else []:
+        target = getattr(target, part, None)
+        if target is None:
+            raise FilterConfigError([f"filter {name!r}: {module_name} has no {attr!r}"])
+    if not (isinstance(target, type) and issubclass(target, Filter)):
+        raise FilterConfigError(
+            [f"filter {name!r}: {reference} is not a sluice.filters.Filter subclass"]
+        )
+    return target
+
+
+def build_settings(cls: type[Filter], given: Mapping[str, Any], where: str) -> Any:
+    """``cls.Settings`` made from ``given``, every field's type checked."""
+    record = cls.Settings
+    if not dataclasses.is_dataclass(record):
+        raise FilterConfigError([f"{where}: {cls.__name__}.Settings must be a dataclass"])
+    hints = typing.get_type_hints(record)
+    fields = {f.name: f for f in dataclasses.fields(record)}
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    normalized = {str(k).replace("-", "_"): v for k, v in given.items()}
+    for key in sorted(set(normalized) - set(fields)):
+        known = ", ".join(fields) or "none"
+        problems.append(f"{where}: unknown setting {key!r} (known: {known})")
+    for name, f in fields.items():
+        if name not in normalized:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                problems.append(f"{where}: setting {name!r} is required")
+            continue
+        value = normalized[name]
+        converted = _typed(value, hints.get(name, Any))
+        if converted is _WRONG:
+            problems.append(
+                f"{where}: setting {name!r} must be {_describe(hints.get(name, Any))}, "
+                f"not {value!r}"
+            )
+        else:
+            values[name] = converted
+    if problems:
+        raise FilterConfigError(problems)
+    try:
+        return record(**values)
+    except (TypeError, ValueError) as exc:  # the record's own __post_init__ checks
+        raise FilterConfigError([f"{where}: {exc}"]) from None
+
+
+_WRONG = object()
+
+
+def _typed(value: Any, hint: Any) -> Any:
+    """``value`` as ``hint`` wants it, or ``_WRONG``."""
+    if hint is Any:
+        return value
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            converted = _typed(value, arg)
+            if converted is not _WRONG:
+                return converted
+        return _WRONG
+    if hint is bool:
+        return value if isinstance(value, bool) else _WRONG
+    if hint is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _WRONG
+    if hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok else _WRONG
+    if hint is str:
+        return value if isinstance(value, str) else _WRONG
+    if origin in (list, tuple):
+        item = args[0] if args else Any
+        if not isinstance(value, list | tuple):
+            return _WRONG
+        items = [_typed(v, item) for v in value]
+        if any(i is _WRONG for i in items):
+            return _WRONG
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        key_hint, value_hint = args if args else (Any, Any)
+        if not isinstance(value, Mapping):
+            return _WRONG
+        out = {}
+        for k, v in value.items():
+            kk, vv = _typed(k, key_hint), _typed(v, value_hint)
+            if kk is _WRONG or vv is _WRONG:
+                return _WRONG
+            out[kk] = vv
+        return out
+    return value if isinstance(hint, type) and isinstance(value, hint) else _WRONG
+
+
+def _describe(hint: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A configured filter, made: its spec and its instance."""
+
+    spec: FilterSpec
+    filter: Filter
+
+
+def load(specs: list[FilterSpec] | tuple[FilterSpec, ...]) -> list[Loaded]:
+    """Every configured filter made, or every mistake found (one line each)."""
+    problems: list[str] = []
+    loaded: list[Loaded] = []
+    for spec in specs:
+        where = f"filter {spec.id!r}"
+        try:
+            cls = load_class(spec.name)
+            settings = build_settings(cls, spec.settings, where)
+            instance = cls(settings)
+        except FilterConfigError as exc:
+            problems += exc.problems
+            continue
+        except Exception as exc:  # a filter's own constructor refusing its settings
+            problems.append(f"{where}: {type(exc).__name__}: {exc}")
+            continue
+        loaded.append(Loaded(spec, instance))
+    if problems:
+        raise FilterConfigError(problems)
+    return loaded

@@ -1,0 +1,175 @@
+"""What a protocol core hands message filters, and what it gets back.
+
+Protocol-neutral and sans-I/O, like ``core.py``: a core that carries
+application messages (Pulsar's SEND and MESSAGE) unpacks each one into a
+``Message``, asks the ``Filtering`` it was given for the ``Chain`` of its
+topic, and carries out the ``Verdict``: the message as it was, changed, or
+refused. Batching, compression, checksums and the replies a refused message
+gets are the core's business; filters see one plain message at a time.
+
+The filter API users write against is ``sluice.filters`` (which re-exports
+these types); this module is what the cores below it may import.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Direction = Literal["produce", "deliver"]
+PRODUCE: Direction = "produce"
+DELIVER: Direction = "deliver"
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """A topic's schema as its broker keeps it.
+
+    ``type`` is the schema type's wire name (``AVRO``, ``JSON``,
+    ``PROTOBUF_NATIVE``, ``KEY_VALUE``, ``STRING``, ``INT32``, ...); ``data``
+    its definition (for Avro and JSON an Avro record definition, for
+    PROTOBUF_NATIVE a JSON document holding a file descriptor set);
+    ``version`` the broker's version of it (opaque bytes)."""
+
+    type: str
+    data: bytes
+    properties: Mapping[str, str] = field(default_factory=dict)
+    version: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One application message, uncompressed, as a filter sees it.
+
+    Inside a batch each message is its own ``Message`` (``index`` of
+    ``count``). ``metadata`` is the protocol's own metadata record, for
+    filters that need more than the common facts (read it, do not change
+    it: changes go in a ``Replace``)."""
+
+    direction: Direction
+    topic: str
+    payload: bytes
+    properties: Mapping[str, str] = field(default_factory=dict)
+    # The routing key as sent (Pulsar's partition key); ``key_is_base64``
+    # when the client sent bytes (``key_bytes`` decodes them).
+    key: str | None = None
+    key_is_base64: bool = False
+    event_time: int | None = None  # milliseconds since the epoch, if the producer set it
+    # Who: the verified role (proxy authentication; None in passthrough),
+    # the client's address, and the producer's name or the subscription.
+    role: str | None = None
+    client: str = ""
+    name: str | None = None
+    index: int = 0
+    count: int = 1
+    # The schema version the producer named (None: a producer without one),
+    # and, for filters that want schemas, the schema it names (the topic's
+    # latest for a message that names none; None when the topic has none).
+    schema_version: bytes | None = None
+    schema: Schema | None = None
+    # True when the payload is ciphertext the client encrypted (it cannot
+    # be read, and is neither decompressed nor split into its batch).
+    encrypted: bool = False
+    metadata: Any = None
+
+    @property
+    def key_bytes(self) -> bytes | None:
+        if self.key is None:
+            return None
+        if self.key_is_base64:
+            return base64.b64decode(self.key)
+        return self.key.encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """Carry the message on as it is."""
+
+
+PASS = Pass()
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """Carry the message on with these parts changed (None: unchanged).
+
+    ``properties`` replaces the message's properties whole."""
+
+    payload: bytes | None = None
+    properties: Mapping[str, str] | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse the message.
+
+    ``reason`` is short and stable (a metric label: ``schema_mismatch``);
+    ``message`` is what the client is told. ``error`` names the protocol's
+    error code to answer with (Pulsar: a ``ServerError`` name such as
+    ``NotAllowedError``); None picks the code the client fails just that
+    message on (see docs/filters.md)."""
+
+    reason: str
+    message: str = ""
+    error: str | None = None
+
+
+Verdict = Pass | Replace | Reject
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A chain's answer for one message: the verdict, the filter that
+    refused it (or changed it last), and the filters that raised."""
+
+    verdict: Verdict
+    filter: str | None = None
+    errors: tuple[str, ...] = ()
+
+
+class Chain(Protocol):
+    """The filters one topic's messages in one direction go through, in order."""
+
+    @property
+    def wants_schema(self) -> bool: ...
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    def run(self, message: Message) -> Outcome: ...
+
+
+class Filtering(Protocol):
+    """Every configured filter of a proxy process, and the schemas they
+    were given (shared by all its connections)."""
+
+    def chain(self, topic: str, direction: Direction, role: str | None) -> Chain | None:
+        """The filters for ``topic`` in ``direction`` for ``role``, or None
+        when no filter wants them (its messages are then not unpacked)."""
+        ...
+
+    def schema(self, topic: str, version: bytes | None, now: float) -> Schema | Unknown | None:
+        """The schema ``version`` of ``topic`` (None: the latest) if known:
+        None when the topic has none, ``UNKNOWN`` when it must be asked for."""
+        ...
+
+    def learn_schema(
+        self, topic: str, version: bytes | None, schema: Schema | None, now: float
+    ) -> None: ...
+
+    def forget_latest(self, topic: str) -> None:
+        """A producer may have registered a new version: ask again."""
+        ...
+
+
+class Unknown:
+    """``Filtering.schema``'s answer when the schema must be asked for."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = Unknown()

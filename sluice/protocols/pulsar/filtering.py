@@ -1,0 +1,508 @@
+"""Message filters on a Pulsar connection: SENDs and MESSAGEs taken apart,
+put through their topic's filter chain, and put back together.
+
+``FilterGate`` is one proxied connection's part of the work; the core
+(``connection.py``) hands it each SEND of a producer and each MESSAGE of a
+consumer whose topic has a chain (``sluice.protocols.filtering``), and
+carries out what it answers:
+
+- A SEND goes on unchanged, goes on rebuilt (the batch re-serialized,
+  compressed again with the producer's codec, sizes and the checksum made
+  anew), or is refused: nothing goes to the broker and the client gets a
+  SEND_ERROR, after the receipts of its earlier SENDs (clients fail the
+  oldest send they wait for, so an error that overtook a receipt would be
+  taken for the wrong one). A batch is one send to the client: one refused
+  message refuses its batch.
+- A refused delivery is skipped: the consumer never sees it, Sluice
+  acknowledges it to the broker in the consumer's name and gives the
+  consumer's permits back (FLOW), so that it is neither redelivered forever
+  nor lost from the consumer's flow control. Skipped entries of a batch are
+  left out of the batch delivered.
+- A SEND whose chain wants schemas waits for the topic's schema (a
+  GET_SCHEMA the core sends on Sluice's upstream connection), and the
+  client's frames after it wait with it.
+- Chunked messages are not reassembled: on a filtered topic a chunked SEND
+  is refused (``chunked``) and a chunked delivery skipped.
+
+Which SEND_ERROR code: each client library fails just the one send on a
+different code, and on the others drops the connection and sends the same
+messages again (a loop). Java's client fails a send on ``NotAllowedError``;
+the C++ client (and the Python, Node.js and other clients built on it)
+only on ``ChecksumError``. A ``Reject`` without an ``error`` gets the one
+its client's CONNECT names (``client_version``); see docs/filters.md.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.protocols.core import Conn, Filtered, Tap
+from sluice.protocols.filtering import (
+    DELIVER,
+    PASS,
+    PRODUCE,
+    UNKNOWN,
+    Chain,
+    Direction,
+    Filtering,
+    Message,
+    Outcome,
+    Reject,
+    Replace,
+    Schema,
+    Unknown,
+)
+from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.encoder import command, encode, encode_payload, own_frame
+from sluice.protocols.pulsar.errors import RemoteProtocolError
+from sluice.protocols.pulsar.frame import Frame
+from sluice.protocols.pulsar.payload import (
+    build_batch,
+    compress,
+    is_batch,
+    payload_bytes,
+    split_batch,
+)
+
+T = pb.BaseCommand
+
+# Pulsar's Schema.Type names, as the filter API spells them (Java's SchemaType).
+SCHEMA_TYPES = {
+    pb.Schema.Type.Value(name): upper
+    for name, upper in {
+        "None": "NONE", "String": "STRING", "Json": "JSON", "Protobuf": "PROTOBUF",
+        "Avro": "AVRO", "Bool": "BOOLEAN", "Int8": "INT8", "Int16": "INT16",
+        "Int32": "INT32", "Int64": "INT64", "Float": "FLOAT", "Double": "DOUBLE",
+        "Date": "DATE", "Time": "TIME", "Timestamp": "TIMESTAMP", "KeyValue": "KEY_VALUE",
+        "Instant": "INSTANT", "LocalDate": "LOCAL_DATE", "LocalTime": "LOCAL_TIME",
+        "LocalDateTime": "LOCAL_DATE_TIME", "ProtobufNative": "PROTOBUF_NATIVE",
+        "AutoConsume": "AUTO_CONSUME", "External": "EXTERNAL",
+    }.items()
+}  # fmt: skip
+
+
+def schema_of(answer: Frame) -> Schema | None:
+    """The schema a GET_SCHEMA_RESPONSE carries (None: the topic has none)."""
+    body: Any = answer.body
+    if body is None or body.HasField("error_code") or not body.HasField("schema"):
+        return None
+    schema = body.schema
+    return Schema(
+        SCHEMA_TYPES.get(schema.type, str(schema.type)),
+        bytes(schema.schema_data),
+        {kv.key: kv.value for kv in schema.properties},
+        bytes(body.schema_version) if body.HasField("schema_version") else None,
+    )
+
+
+def default_error(client_version: str) -> int:
+    """The SEND_ERROR code this client fails one send on (module docstring)."""
+    if client_version.startswith("Pulsar-Java"):
+        return pb.NotAllowedError
+    return pb.ChecksumError
+
+
+def _error_code(reject: Reject, client_version: str) -> int:
+    if reject.error:
+        try:
+            return pb.ServerError.Value(reject.error)
+        except ValueError:
+            pass  # checked at start for the built-in filters; a user's typo falls back
+    return default_error(client_version)
+
+
+@dataclass(slots=True)
+class Wait:
+    """A SEND that needs ``topic``'s schema ``version`` first."""
+
+    topic: str
+    version: bytes | None
+
+
+@dataclass(slots=True)
+class _Producer:
+    forwarded: int = -1  # the highest sequence id sent on
+    answered: int = -1  # the highest one the broker answered
+    # SEND_ERRORs waiting for the receipt of the send before them.
+    errors: deque[tuple[int, Frame]] | None = None
+
+
+class FilterGate:
+    """One proxied connection's filtering (module docstring)."""
+
+    def __init__(self, filtering: Filtering, conn: Conn, tap: Tap) -> None:
+        self.filtering = filtering
+        self.conn = conn
+        self.tap = tap
+        self.client_version = ""
+        self.role: str | None = None
+        self._producers: dict[int, _Producer] = {}
+        self._names: dict[int, str] = {}  # producer and consumer names by id
+        self.waiting: Wait | None = None
+        self.deferred = 0  # SEND_ERRORs waiting for a receipt
+
+    def chain(self, topic: str | None, direction: Direction) -> Chain | None:
+        if topic is None:
+            return None
+        return self.filtering.chain(topic, direction, self.role)
+
+    def wants(self, producers: dict[int, str], consumers: dict[int, str]) -> tuple[bool, bool]:
+        """Whether reads from the client, and from the broker, need filtering."""
+        client = self.waiting is not None or any(
+            self.chain(t, PRODUCE) is not None for t in producers.values()
+        )
+        # A filtered producer's receipts are read too: a refusal waits for them.
+        broker = client or any(self.chain(t, DELIVER) is not None for t in consumers.values())
+        return client, broker
+
+    def named(self, frame: Frame) -> None:
+        """A PRODUCER or SUBSCRIBE the client sent: the name its messages
+        carry, and (a producer may register a schema version) the topic's
+        latest schema asked for again."""
+        body: Any = frame.body
+        if body is None:
+            return
+        if frame.type == T.PRODUCER:
+            if body.HasField("producer_name"):
+                self._names[body.producer_id] = body.producer_name
+            self.filtering.forget_latest(body.topic)
+        elif frame.type == T.SUBSCRIBE:
+            self._names[-1 - body.consumer_id] = body.subscription
+
+    # --- produce -------------------------------------------------------------------
+
+    def send(
+        self, frame: Frame, topic: str, chain: Chain, now: float
+    ) -> bytes | Frame | Wait | None:
+        """What goes on for a SEND: its bytes (maybe rebuilt), a SEND_ERROR
+        frame for the client now, None when that error waits for the
+        receipts of earlier sends (``answered`` lets it go), or a Wait."""
+        body: Any = frame.body
+        meta = frame.metadata
+        assert meta is not None and body is not None
+        schema: Schema | Unknown | None = None
+        version = bytes(meta.schema_version) if meta.HasField("schema_version") else None
+        if chain.wants_schema:
+            schema = self.filtering.schema(topic, version, now)
+            if schema is UNKNOWN:
+                return Wait(topic, version)
+        assert not isinstance(schema, Unknown)
+        name = self._names.get(body.producer_id) or meta.producer_name
+        outcome, changed = self._run(frame, topic, chain, PRODUCE, name, schema)
+        state = self._producers.setdefault(body.producer_id, _Producer())
+        last = body.highest_sequence_id if body.HasField("highest_sequence_id") else 0
+        last = max(last, body.sequence_id)
+        if isinstance(outcome.verdict, Reject):
+            return self._refuse(frame, topic, outcome, state, last)
+        state.forwarded = max(state.forwarded, last)
+        if changed is None:
+            return frame.raw
+        self._report(outcome, "replaced", True, topic, changed)
+        return changed
+
+    def _refuse(
+        self, frame: Frame, topic: str, outcome: Outcome, state: _Producer, last: int
+    ) -> Frame | None:
+        reject = outcome.verdict
+        assert isinstance(reject, Reject)
+        body: Any = frame.body
+        java = self.client_version.startswith("Pulsar-Java")
+        error = pb.CommandSendError(
+            producer_id=body.producer_id,
+            # Java matches an error to its send by the batch's highest id, C++ by the first.
+            sequence_id=last if java else body.sequence_id,
+            error=_error_code(reject, self.client_version),  # type: ignore[arg-type]
+            message=reject.message or f"refused by filter {outcome.filter}: {reject.reason}",
+        )
+        reply = own_frame(T.SEND_ERROR, error)
+        self._report(outcome, "rejected", True, topic, None, reject.reason)
+        if state.forwarded > state.answered:  # earlier sends still wait for receipts
+            if state.errors is None:
+                state.errors = deque()
+            state.errors.append((state.forwarded, reply))
+            self.deferred += 1
+            return None
+        return reply
+
+    def unavailable(self, frame: Frame, topic: str, why: str) -> Frame | None:
+        """Refuse a SEND whose schema could not be had, with an error on
+        which clients reconnect and send it again (ServiceNotReady)."""
+        body: Any = frame.body
+        state = self._producers.setdefault(body.producer_id, _Producer())
+        last = max(body.highest_sequence_id, body.sequence_id)
+        reject = Reject("schema_unavailable", f"Sluice cannot learn the schema of {topic}: {why}",
+                        "ServiceNotReady")  # fmt: skip
+        return self._refuse(frame, topic, Outcome(reject, "schema"), state, last)
+
+    def answered(self, frame: Frame) -> list[Frame]:
+        """A SEND_RECEIPT or SEND_ERROR from the broker, after which SEND_ERRORs
+        of Sluice's own may now go to the client: those."""
+        body: Any = frame.body
+        if body is None:
+            return []
+        state = self._producers.get(body.producer_id)
+        if state is None:
+            return []
+        seq = body.sequence_id
+        if frame.type == T.SEND_RECEIPT and body.HasField("highest_sequence_id"):
+            seq = max(seq, body.highest_sequence_id)
+        state.answered = max(state.answered, seq)
+        errors = state.errors
+        out: list[Frame] = []
+        while errors and errors[0][0] <= state.answered:
+            out.append(errors.popleft()[1])
+            self.deferred -= 1
+        return out
+
+    # --- deliver -------------------------------------------------------------------
+
+    def deliver(self, frame: Frame, topic: str, chain: Chain) -> tuple[bytes, bytes]:
+        """What goes to the client for a MESSAGE (b"": nothing) and what
+        Sluice sends the broker in the consumer's name (acks and permits)."""
+        body: Any = frame.body
+        meta = frame.metadata
+        assert body is not None and meta is not None
+        name = self._names.get(-1 - body.consumer_id)
+        count = meta.num_messages_in_batch if is_batch(meta) else 1
+        results: list[Outcome] = []
+        refusal: Outcome | None = None
+        if _chunked(meta):
+            refusal = Outcome(
+                Reject("chunked", "chunked messages are not filtered"), chain.names[0]
+            )
+        else:
+            try:
+                messages = self._messages(frame, topic, DELIVER, name, None)
+            except RemoteProtocolError as exc:
+                refusal = Outcome(Reject("unreadable", str(exc)), chain.names[0])
+            else:
+                results = [chain.run(m) for m in messages]
+                count = len(messages)
+                for r in results:
+                    self._errors(r, False, topic)
+                refused = [r for r in results if isinstance(r.verdict, Reject)]
+                refusal = refused[0] if refused else None
+        kept = [i for i, r in enumerate(results) if not isinstance(r.verdict, Reject)]
+        skipped = count - len(kept)
+        to_broker = b""
+        if refusal is not None and skipped:
+            reject = refusal.verdict
+            assert isinstance(reject, Reject)
+            self._report(refusal, "rejected", False, topic, None, reject.reason, skipped)
+            if not kept:  # the whole entry: acknowledged in the consumer's name
+                ack = pb.CommandAck(
+                    consumer_id=body.consumer_id,
+                    ack_type=pb.CommandAck.Individual,
+                    message_id=[_entry_id(body.message_id)],
+                )
+                to_broker = encode(command(T.ACK, ack))
+            # The broker counted them against the consumer's permits, which
+            # the consumer, never seeing them, would not give back.
+            flow = pb.CommandFlow(consumer_id=body.consumer_id, messagePermits=skipped)
+            to_broker += encode(command(T.FLOW, flow))
+        if not kept:
+            return b"", to_broker
+        replaced = [r for r in results if isinstance(r.verdict, Replace)]
+        if not skipped and not replaced:
+            return frame.raw, to_broker
+        rebuilt = _rebuild(frame, [(i, results[i]) for i in kept], body)
+        if replaced:
+            self._report(replaced[-1], "replaced", False, topic, rebuilt, "", len(replaced))
+        return rebuilt, to_broker
+
+    # --- both ----------------------------------------------------------------------
+
+    def _run(
+        self,
+        frame: Frame,
+        topic: str,
+        chain: Chain,
+        direction: Direction,
+        name: str | None,
+        schema: Schema | None,
+    ) -> tuple[Outcome, bytes | None]:
+        """The chain over a frame's messages: the first refusal, or what
+        changed (the frame rebuilt) or not (None)."""
+        meta = frame.metadata
+        assert meta is not None
+        if _chunked(meta):
+            why = "chunked messages are not filtered: send them unchunked to this topic"
+            return Outcome(Reject("chunked", why), chain.names[0]), None
+        try:
+            messages = self._messages(frame, topic, direction, name, schema)
+        except RemoteProtocolError as exc:
+            return Outcome(Reject("unreadable", f"unreadable message: {exc}"), chain.names[0]), None
+        results = []
+        for message in messages:
+            outcome = chain.run(message)
+            self._errors(outcome, direction == PRODUCE, topic)
+            if isinstance(outcome.verdict, Reject):
+                if len(messages) > 1:
+                    reject = outcome.verdict
+                    text = reject.message or reject.reason
+                    outcome = Outcome(
+                        Reject(reject.reason, f"message {message.index} of the batch: {text}",
+                               reject.error),
+                        outcome.filter, outcome.errors,
+                    )  # fmt: skip
+                return outcome, None
+            results.append(outcome)
+        replaced = [r for r in results if isinstance(r.verdict, Replace)]
+        if not replaced:
+            return Outcome(PASS), None
+        if meta.encryption_keys:
+            refused = Reject("encrypted", "an encrypted message cannot be changed")
+            return Outcome(refused, replaced[0].filter), None
+        body: Any = frame.body
+        return replaced[-1], _rebuild(frame, list(enumerate(results)), body)
+
+    def _messages(
+        self,
+        frame: Frame,
+        topic: str,
+        direction: Direction,
+        name: str | None,
+        schema: Schema | None,
+    ) -> list[Message]:
+        meta = frame.metadata
+        assert meta is not None
+        version = bytes(meta.schema_version) if meta.HasField("schema_version") else None
+        common: dict[str, Any] = {
+            "direction": direction, "topic": topic, "role": self.role,
+            "client": self.conn.client, "name": name, "schema_version": version,
+            "schema": schema,
+        }  # fmt: skip
+        if meta.encryption_keys:
+            return [Message(payload=bytes(frame.payload), encrypted=True, metadata=meta,
+                            **_facts(meta), **common)]  # fmt: skip
+        data = payload_bytes(frame)
+        if not is_batch(meta):
+            return [Message(payload=data, metadata=meta, **_facts(meta), **common)]
+        entries = split_batch(data, meta.num_messages_in_batch)
+        count = len(entries)
+        return [
+            Message(
+                payload=entry.payload,
+                index=i,
+                count=count,
+                metadata=entry.metadata,
+                **_facts(entry.metadata),
+                **common,
+            )
+            for i, entry in enumerate(entries)
+        ]
+
+    def _errors(self, outcome: Outcome, from_client: bool, topic: str) -> None:
+        for name in outcome.errors:
+            failed_closed = isinstance(outcome.verdict, Reject) and outcome.filter == name
+            reason = "closed" if failed_closed else "open"
+            self.tap.event(self.conn, Filtered(name, "error", from_client, topic, reason))
+
+    def _report(
+        self,
+        outcome: Outcome,
+        action: str,
+        from_client: bool,
+        topic: str,
+        sent: bytes | None,
+        reason: str = "",
+        messages: int = 1,
+    ) -> None:
+        event = Filtered(outcome.filter or "?", action, from_client, topic, reason, messages, sent)
+        self.tap.event(self.conn, event)
+
+
+def _chunked(meta: pb.MessageMetadata) -> bool:
+    return meta.HasField("chunk_id") or meta.num_chunks_from_msg > 1
+
+
+def _facts(meta: Any) -> dict[str, Any]:
+    """The facts a message's metadata (whole or one entry of a batch) gives."""
+    return {
+        "properties": {kv.key: kv.value for kv in meta.properties},
+        "key": meta.partition_key if meta.HasField("partition_key") else None,
+        "key_is_base64": bool(meta.partition_key_b64_encoded),
+        "event_time": meta.event_time or None,
+    }
+
+
+def _entry_id(message_id: pb.MessageIdData) -> pb.MessageIdData:
+    """The whole entry a delivery was: no batch index."""
+    return pb.MessageIdData(
+        ledgerId=message_id.ledgerId, entryId=message_id.entryId, partition=message_id.partition
+    )
+
+
+def _apply(meta: Any, replace: Replace) -> None:
+    """A Replace's properties and key, into a message's metadata."""
+    if replace.properties is not None:
+        del meta.properties[:]
+        for key, value in replace.properties.items():
+            meta.properties.add(key=key, value=value)
+    if replace.key is not None:
+        meta.partition_key = replace.key
+        meta.partition_key_b64_encoded = False
+
+
+def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any) -> bytes:
+    """``frame`` with the messages ``kept`` (by index), each as its outcome
+    says: compressed again with its codec, sizes, counts and the checksum
+    made anew; the command and broker entry metadata as they were."""
+    old = frame.metadata
+    assert old is not None and frame.command is not None
+    meta = pb.MessageMetadata()
+    meta.CopyFrom(old)
+    if not is_batch(old):
+        ((index, outcome),) = kept
+        data = payload_bytes(frame)
+        if isinstance(outcome.verdict, Replace):
+            _apply(meta, outcome.verdict)
+            if outcome.verdict.payload is not None:
+                data = outcome.verdict.payload
+    else:
+        entries = split_batch(payload_bytes(frame), old.num_messages_in_batch)
+        parts: list[tuple[pb.SingleMessageMetadata, bytes]] = []
+        for index, outcome in kept:
+            entry = entries[index]
+            assert entry.metadata is not None
+            single = pb.SingleMessageMetadata()
+            single.CopyFrom(entry.metadata)
+            payload = entry.payload
+            if isinstance(outcome.verdict, Replace):
+                _apply(single, outcome.verdict)
+                if outcome.verdict.payload is not None:
+                    payload = outcome.verdict.payload
+                    single.ClearField("null_value")
+            single.payload_size = len(payload)
+            parts.append((single, payload))
+        data = build_batch(parts)
+        meta.num_messages_in_batch = len(parts)
+        if frame.type == T.MESSAGE and len(kept) != len(entries) and body.ack_set:
+            cmd = pb.BaseCommand()
+            cmd.CopyFrom(frame.command)
+            _keep_ack_set(cmd.message, [i for i, _ in kept])
+            return _encoded(frame, cmd, meta, data)
+    return _encoded(frame, frame.command, meta, data)
+
+
+def _encoded(frame: Frame, cmd: pb.BaseCommand, meta: pb.MessageMetadata, data: bytes) -> bytes:
+    meta.uncompressed_size = len(data)
+    return encode_payload(
+        cmd, meta, compress(meta.compression, data),
+        checksum=True, broker_entry_metadata=frame.broker_entry_metadata,
+    )  # fmt: skip
+
+
+def _keep_ack_set(message: Any, kept: list[int]) -> None:
+    """A redelivered batch's ack set (bit i: entry i still unacknowledged),
+    for the entries kept, renumbered as the batch now is."""
+    words = list(message.ack_set)
+    bits = [(words[i // 64] >> (i % 64)) & 1 if i // 64 < len(words) else 0 for i in kept]
+    packed = [0] * ((len(bits) + 63) // 64)
+    for i, bit in enumerate(bits):
+        if bit:
+            packed[i // 64] |= 1 << (i % 64)
+    del message.ack_set[:]
+    message.ack_set.extend(w - (1 << 64) if w >= 1 << 63 else w for w in packed)
