@@ -72,6 +72,8 @@ class Message:
     # True when the payload is ciphertext the client encrypted (it cannot
     # be read, and is neither decompressed nor split into its batch).
     encrypted: bool = False
+    # True when the producer sent no value at all (a tombstone; ``payload`` is empty).
+    null: bool = False
     metadata: Any = None
 
     @property

@@ -109,7 +109,7 @@ def _error_code(reject: Reject, client_version: str) -> int:
         try:
             return pb.ServerError.Value(reject.error)
         except ValueError:
-            pass  # checked at start for the built-in filters; a user's typo falls back
+            pass  # not a ServerError name: the client's own, as with none
     return default_error(client_version)
 
 
@@ -425,6 +425,7 @@ def _facts(meta: Any) -> dict[str, Any]:
         "key": meta.partition_key if meta.HasField("partition_key") else None,
         "key_is_base64": bool(meta.partition_key_b64_encoded),
         "event_time": meta.event_time or None,
+        "null": bool(meta.null_value),
     }
 
 

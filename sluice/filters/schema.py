@@ -1,0 +1,110 @@
+"""``schema``: refuse produced messages that do not match their topic's schema.
+
+The broker checks a producer's schema when the producer is created, never
+the payloads, and a producer without a schema may write anything into a
+topic that has one (unless the namespace sets ``schemaValidationEnforced``).
+This filter checks every message: against the version its producer named,
+or, for a producer that named none, the topic's latest. Sluice asks the
+broker for schemas (GET_SCHEMA on its own upstream connection) and keeps
+them (``sluice.filters.chain``); each schema is compiled into a validator
+once (``sluice.filters.schemas``). A message that does not match is refused
+with a message that names the field and why, counted by reason in
+``sluice_filter_rejected_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sluice.filters.api import PASS, Filter, Message, Reject, Verdict
+from sluice.filters.schemas import SchemaUnsupported, Validator, validator
+from sluice.protocols.filtering import Schema
+
+log = logging.getLogger("sluice.filters")
+
+_CHOICES = ("pass", "reject")
+
+
+@dataclass(frozen=True)
+class SchemaSettings:
+    # A topic with no schema: its messages pass, or are refused.
+    without_schema: str = "pass"
+    # A message the client encrypted cannot be read: it passes, or is refused.
+    encrypted: str = "reject"
+    # A schema the validators cannot read (PROTOBUF, the older kind): pass
+    # its messages (said once in the log), or refuse them.
+    unsupported: str = "pass"
+    # The error code a refused SEND is answered with, by its Pulsar name
+    # (NotAllowedError, ...); empty: the one the client fails just that send on.
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("without_schema", "encrypted", "unsupported"):
+            if getattr(self, name) not in _CHOICES:
+                raise ValueError(f"setting {name!r} must be pass or reject")
+
+
+class SchemaValidation(Filter):
+    """Produced messages checked against their topic's schema."""
+
+    Settings = SchemaSettings
+    wants_schema = True
+
+    def __init__(self, settings: SchemaSettings) -> None:
+        super().__init__(settings)
+        self._validators: dict[tuple[str, bytes, tuple[tuple[str, str], ...]], Validator | str] = {}
+
+    def on_produce(self, message: Message) -> Verdict:
+        settings: SchemaSettings = self.settings
+        error = settings.error or None
+        if message.encrypted:
+            if settings.encrypted == "pass":
+                return PASS
+            return Reject("encrypted", "an encrypted message cannot be checked against the "
+                          f"schema of {message.topic}", error)  # fmt: skip
+        schema = message.schema
+        if message.null:  # a tombstone: no value to check
+            return PASS
+        if schema is None:
+            if settings.without_schema == "pass":
+                return PASS
+            return Reject("no_schema", f"{message.topic} has no schema", error)
+        check = self._validator(schema)
+        if isinstance(check, str):
+            if settings.unsupported == "pass":
+                return PASS
+            return Reject("schema_unsupported", check, error)
+        mismatch = check(message.payload, message.key_bytes)
+        if mismatch is None:
+            return PASS
+        version = _version(schema.version)
+        return Reject(
+            mismatch.reason,
+            f"payload does not match the {schema.type} schema of {message.topic}"
+            f"{version}: {mismatch.message}",
+            error,
+        )
+
+    def _validator(self, schema: Schema) -> Validator | str:
+        key = (schema.type, schema.data, tuple(sorted(schema.properties.items())))
+        known = self._validators.get(key)
+        if known is None:
+            try:
+                known = validator(schema)
+            except SchemaUnsupported as exc:
+                known = f"the {schema.type} schema cannot be checked: {exc}"
+                log.warning("schema filter: %s", known)
+            if len(self._validators) > 1_000:
+                self._validators.clear()
+            self._validators[key] = known
+        return known
+
+
+def _version(version: bytes | None) -> str:
+    """A schema version as Pulsar's admin tools show it (a long, big-endian)."""
+    if version is None:
+        return ""
+    if len(version) == 8:
+        return f" (version {int.from_bytes(version, 'big')})"
+    return f" (version {version.hex()})"

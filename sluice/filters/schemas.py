@@ -1,0 +1,744 @@
+"""Check a message payload against its topic's Pulsar schema.
+
+``validator(schema)`` reads a ``Schema`` once and returns a function that
+checks one payload (and, for KEY_VALUE with SEPARATED encoding, the message
+key) per call: ``None`` when the payload is what the schema says, else a
+``Mismatch``. A proxy refuses a bad message before the broker stores it,
+where every consumer would otherwise fail on it later; so the checks follow
+what Pulsar's own clients write and read, per schema type:
+
+* AVRO: one datum in Avro binary encoding, no container header (what
+  Pulsar's Avro writer and ``fastavro.schemaless_writer`` produce), read by
+  fastavro. It must decode and use every byte. Logical types are read as
+  their underlying types: the check is of the encoding, and fastavro's
+  conversions (to datetimes, UUIDs) would refuse some that Pulsar's Java
+  reader takes. On a failure the datum is
+  read again a field at a time to name the field the bytes stop fitting:
+  nested records are followed (``address.city``), and so are unions with a
+  record branch; inside an array or a map the array or map field is named.
+* JSON: the schema is an Avro record definition, the payload one UTF-8 JSON
+  document, walked against it. Missing fields are allowed when nullable or
+  defaulted (Pulsar's JSON writer leaves nulls out); fields the schema does
+  not name are allowed (Pulsar's JSON reader ignores them). Types are
+  checked strictly: int and long take JSON integers in range, float and
+  double any number, bytes and fixed a (base64) string, enums a symbol.
+* PROTOBUF_NATIVE: the schema is a JSON document holding a serialized
+  ``FileDescriptorSet`` (base64), the root file's name and the root
+  message's full name. The payload must parse as that message, have no
+  field numbers the descriptor lacks (at any depth), and, for proto2, carry
+  its required fields.
+* Fixed-width types, big-endian as Pulsar writes them: BOOLEAN, INT8 (1
+  byte), INT16 (2), INT32 and FLOAT (4), INT64, DOUBLE, DATE, TIME,
+  TIMESTAMP, LOCAL_DATE and LOCAL_TIME (8), INSTANT (12: seconds and
+  nanoseconds), LOCAL_DATE_TIME (16: epoch day and nano of day). Only the
+  size is checked: Pulsar's BooleanSchema reads any non-zero byte as true.
+* STRING: text in the schema's ``__charset`` property's charset (UTF-8
+  when absent).
+* KEY_VALUE: the schema data holds the key's and the value's schema data,
+  each behind a 4-byte big-endian length; their types and properties are
+  the ``key.schema.*`` / ``value.schema.*`` properties. INLINE encoding puts
+  key and value in the payload, each behind a 4-byte length (-1: null);
+  SEPARATED puts the key in the message key and the value in the payload.
+  Each part is checked by its own schema, its messages prefixed ``key: ``
+  or ``value: ``. A SEPARATED message without a key passes the key check:
+  Pulsar's client sends a null key that way.
+* NONE, BYTES, AUTO_CONSUME: anything passes.
+
+Not checkable, so ``SchemaUnsupported``: PROTOBUF (its schema data is an
+Avro rendering of the generated class; without the .proto there is no
+wire layout to check against), EXTERNAL (kept by another registry), any
+other type, and any schema definition that does not read.
+
+A message whose value is null (``null_value`` in its metadata) carries no
+payload to check; callers skip it.
+
+``Mismatch.reason`` is one of these stable labels (metrics use them):
+
+``not_avro``        the payload does not decode as the Avro schema
+``trailing_bytes``  bytes left after a complete Avro datum or key/value pair
+``not_json``        not a UTF-8 JSON document
+``missing_field``   a required JSON field, or a proto2 required field, absent
+``wrong_type``      a JSON value of the wrong type (or enum symbol, or range)
+``not_protobuf``    the payload does not parse as the protobuf message
+``unknown_field``   a protobuf field number the descriptor does not have
+``wrong_size``      a fixed-width value of the wrong size
+``not_utf8``        STRING bytes that are not text in the schema's charset
+``not_key_value``   an INLINE key/value payload whose lengths do not fit
+
+``Mismatch.message`` is one line for the client: it names the field (or
+the part: ``key``, ``value``) and says what was wrong with it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import codecs
+import io
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, NoReturn, TypeAlias
+
+import fastavro
+from fastavro.types import NamedSchemas
+from fastavro.types import Schema as AvroSchema
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
+from google.protobuf.unknown_fields import UnknownFieldSet
+
+from sluice.protocols.filtering import Schema
+
+__all__ = ["Mismatch", "SchemaUnsupported", "Validator", "validator"]
+
+NOT_AVRO: Final = "not_avro"
+TRAILING_BYTES: Final = "trailing_bytes"
+NOT_JSON: Final = "not_json"
+MISSING_FIELD: Final = "missing_field"
+WRONG_TYPE: Final = "wrong_type"
+NOT_PROTOBUF: Final = "not_protobuf"
+UNKNOWN_FIELD: Final = "unknown_field"
+WRONG_SIZE: Final = "wrong_size"
+NOT_UTF8: Final = "not_utf8"
+NOT_KEY_VALUE: Final = "not_key_value"
+
+
+class SchemaUnsupported(Exception):
+    """A schema this module cannot check (its message says why, one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """Why a payload does not match its schema: ``reason`` a stable label
+    (see the module docstring), ``message`` one line naming the field."""
+
+    reason: str
+    message: str
+
+
+Validator: TypeAlias = Callable[[bytes, bytes | None], Mismatch | None]
+
+
+def validator(schema: Schema) -> Validator:
+    """Read ``schema`` once; the result checks one (payload, key) per call.
+
+    Raises ``SchemaUnsupported`` for a type that cannot be checked or a
+    definition that does not read."""
+    kind = schema.type.upper()
+    if kind in _ANYTHING:
+        return _accept
+    if kind in _FIXED_SIZES:
+        return _fixed_size(kind, _FIXED_SIZES[kind])
+    if kind == "STRING":
+        return _string(schema.properties)
+    if kind == "AVRO":
+        return _AvroValidator(schema.data).check
+    if kind == "JSON":
+        return _JsonValidator(schema.data).check
+    if kind == "PROTOBUF_NATIVE":
+        return _ProtobufNativeValidator(schema.data).check
+    if kind == "KEY_VALUE":
+        return _key_value(schema)
+    if kind == "PROTOBUF":
+        raise SchemaUnsupported(
+            "PROTOBUF schemas cannot be checked: their definition is an Avro rendering"
+            " of the generated class, not the .proto its payloads follow"
+        )
+    raise SchemaUnsupported(f"schema type {schema.type!r} cannot be checked")
+
+
+# Types whose payloads are whatever the producer sends.
+_ANYTHING: Final = frozenset({"NONE", "BYTES", "AUTO_CONSUME"})
+
+# Sizes as Pulsar's client encodes them (pulsar-client's *Schema classes).
+_FIXED_SIZES: Final[Mapping[str, int]] = {
+    "BOOLEAN": 1,
+    "INT8": 1,
+    "INT16": 2,
+    "INT32": 4,
+    "FLOAT": 4,
+    "INT64": 8,
+    "DOUBLE": 8,
+    "DATE": 8,
+    "TIME": 8,
+    "TIMESTAMP": 8,
+    "LOCAL_DATE": 8,
+    "LOCAL_TIME": 8,
+    "INSTANT": 12,
+    "LOCAL_DATE_TIME": 16,
+}
+
+
+def _accept(payload: bytes, key: bytes | None) -> Mismatch | None:
+    return None
+
+
+def _fixed_size(kind: str, size: int) -> Validator:
+    def check(payload: bytes, key: bytes | None) -> Mismatch | None:
+        if len(payload) == size:
+            return None
+        return Mismatch(WRONG_SIZE, f"{kind} value: expected {size} bytes, got {len(payload)}")
+
+    return check
+
+
+def _string(properties: Mapping[str, str]) -> Validator:
+    # Pulsar's StringSchema names a non-UTF-8 charset in this property.
+    charset = properties.get("__charset") or "UTF-8"
+    try:
+        codec = codecs.lookup(charset)
+    except LookupError:
+        raise SchemaUnsupported(f"STRING schema names an unknown charset {charset!r}") from None
+
+    def check(payload: bytes, key: bytes | None) -> Mismatch | None:
+        try:
+            codec.decode(payload)
+        except UnicodeDecodeError as e:
+            return Mismatch(
+                NOT_UTF8,
+                f"STRING value: byte {e.start} is not valid {charset} ({e.reason})",
+            )
+        return None
+
+    return check
+
+
+# -- Avro --------------------------------------------------------------------
+
+
+def _without_logical_types(node: Any) -> Any:
+    """The schema with each logical type replaced by its underlying type.
+
+    The checks are of the encoding: fastavro's conversions (to datetimes,
+    UUIDs) refuse encodings Pulsar's Java reader takes, such as a
+    timestamp-millis past the year 9999. Defaults are data, left alone."""
+    if isinstance(node, list):
+        return [_without_logical_types(branch) for branch in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: v for k, v in node.items() if k != "logicalType"}
+    for k in ("type", "items", "values"):
+        if k in out:
+            out[k] = _without_logical_types(out[k])
+    if isinstance(out.get("fields"), list):
+        out["fields"] = [
+            {**f, "type": _without_logical_types(f["type"])}
+            if isinstance(f, dict) and "type" in f
+            else f
+            for f in out["fields"]
+        ]
+    return out
+
+
+def _avro_definition(data: bytes, kind: str, *, logical: bool) -> tuple[AvroSchema, NamedSchemas]:
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise SchemaUnsupported(f"{kind} schema definition is not JSON: {e}") from None
+    named: NamedSchemas = {}
+    try:
+        parsed = fastavro.parse_schema(
+            raw if logical else _without_logical_types(raw), named_schemas=named
+        )
+    except Exception as e:  # fastavro raises several types for a bad definition
+        raise SchemaUnsupported(f"{kind} schema definition is not an Avro schema: {e}") from None
+    return parsed, named
+
+
+def _describe(node: AvroSchema) -> str:
+    """An Avro type's name for a message: ``int``, ``record ex.User``, ..."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, list):
+        return " or ".join(_describe(branch) for branch in node)
+    kind = str(node.get("type"))
+    if kind in ("record", "error", "enum", "fixed"):
+        return f"{kind} {node.get('name')}"
+    if kind == "array":
+        return f"array of {_describe(node['items'])}"
+    if kind == "map":
+        return f"map of {_describe(node['values'])}"
+    return kind
+
+
+def _where(path: str) -> str:
+    return f"field '{path}'" if path else "value"
+
+
+class _AvroValidator:
+    # The name of the one-field record that wraps a part of the schema to read
+    # it alone: a record of one field encodes exactly as that field.
+    _PROBE: Final = "sluice_schemas_probe"
+
+    def __init__(self, data: bytes) -> None:
+        self._schema, self._named = _avro_definition(data, "AVRO", logical=False)
+        self._probes: dict[int, AvroSchema] = {}
+
+    def check(self, payload: bytes, key: bytes | None) -> Mismatch | None:
+        stream = io.BytesIO(payload)
+        try:
+            fastavro.schemaless_reader(stream, self._schema, None)
+        except Exception:  # any decoding failure; _locate says where and why
+            path, why = self._locate(self._schema, io.BytesIO(payload), "")
+            return Mismatch(NOT_AVRO, f"{_where(path)}: {why}")
+        left = len(payload) - stream.tell()
+        if left:
+            return Mismatch(
+                TRAILING_BYTES,
+                f"value: {_bytes(left)} left after the {_describe(self._schema)},"
+                f" which ends at byte {stream.tell()}",
+            )
+        return None
+
+    def _resolve(self, node: AvroSchema) -> AvroSchema:
+        if isinstance(node, str) and node in self._named:
+            return self._named[node]
+        return node
+
+    def _probe(self, node: AvroSchema) -> AvroSchema:
+        probe = self._probes.get(id(node))
+        if probe is None:
+            wrapper = {
+                "type": "record",
+                "name": self._PROBE,
+                "fields": [{"name": "v", "type": node}],
+            }
+            # A copy: parse_schema adds to the names it is given.
+            probe = fastavro.parse_schema(wrapper, named_schemas=dict(self._named))
+            self._probes[id(node)] = probe
+        return probe
+
+    def _locate(self, node: AvroSchema, stream: io.BytesIO, path: str) -> tuple[str, str]:
+        """Where reading ``node`` from ``stream`` fails: (field path, why).
+
+        Slow, so only on a failure: reads the parts of ``node`` one after
+        another until one does not decode, and goes into that one."""
+        node = self._resolve(node)
+        if isinstance(node, dict) and node.get("type") in ("record", "error"):
+            for f in node["fields"]:
+                start = stream.tell()
+                try:
+                    fastavro.schemaless_reader(stream, self._probe(f["type"]), None)
+                except Exception:
+                    stream.seek(start)
+                    inner = f"{path}.{f['name']}" if path else str(f["name"])
+                    return self._locate(f["type"], stream, inner)
+        elif isinstance(node, list):
+            try:
+                branch = fastavro.schemaless_reader(stream, "long", None)
+            except Exception as e:
+                return path, f"cannot read the union branch of {_describe(node)}: {_why(e)}"
+            if not isinstance(branch, int) or not 0 <= branch < len(node):
+                return path, f"union branch {branch!r} does not exist in {_describe(node)}"
+            return self._locate(node[branch], stream, path)
+        elif isinstance(node, dict) and node.get("type") == "enum":
+            try:
+                index = fastavro.schemaless_reader(stream, "long", None)
+            except Exception as e:
+                return path, f"cannot read {_describe(node)}: {_why(e)}"
+            return path, f"symbol {index!r} does not exist in {_describe(node)}"
+        else:
+            try:
+                fastavro.schemaless_reader(stream, self._probe(node), None)
+            except Exception as e:
+                return path, f"cannot read {_describe(node)}: {_why(e, node)}"
+        # Every part read alone although the whole did not: say so plainly.
+        return path, f"cannot read {_describe(node)}"
+
+
+def _why(e: Exception, node: AvroSchema = "long") -> str:
+    if isinstance(e, EOFError):
+        return "the payload ends early"
+    if isinstance(e, UnicodeDecodeError):
+        return "text that is not valid UTF-8"
+    # fastavro's compiled reader runs off the end of the bytes this way
+    # inside a number (a varint whose last byte is missing).
+    if isinstance(e, IndexError) and node in ("int", "long", "string", "bytes"):
+        return "the payload ends early"
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"malformed data ({type(e).__name__}{': ' + text[:80] if text else ''})"
+
+
+def _bytes(n: int) -> str:
+    return "1 byte" if n == 1 else f"{n} bytes"
+
+
+# -- JSON --------------------------------------------------------------------
+
+_INT_RANGE: Final = (-(2**31), 2**31 - 1)
+_LONG_RANGE: Final = (-(2**63), 2**63 - 1)
+
+
+def _reject_constant(name: str) -> NoReturn:
+    # NaN and Infinity are not JSON (and Pulsar's Jackson reader refuses them).
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as a message shows it: ``string 'abc'``, ``object``, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {'true' if value else 'false'}"
+    if isinstance(value, int | float):
+        text = repr(value)
+        return f"number {text if len(text) <= 40 else text[:37] + '...'}"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f"string {text!r}"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _nullable(node: AvroSchema) -> bool:
+    if node == "null":
+        return True
+    return isinstance(node, list) and "null" in node
+
+
+class _JsonValidator:
+    def __init__(self, data: bytes) -> None:
+        # Logical types stay: a JSON decimal may be a number where bytes are text.
+        self._schema, self._named = _avro_definition(data, "JSON", logical=True)
+
+    def check(self, payload: bytes, key: bytes | None) -> Mismatch | None:
+        try:
+            value = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+        except UnicodeDecodeError as e:
+            return Mismatch(NOT_JSON, f"value: byte {e.start} is not valid UTF-8")
+        except RecursionError:
+            return Mismatch(NOT_JSON, "value: nested deeper than can be read")
+        except ValueError as e:
+            return Mismatch(NOT_JSON, f"value: not a JSON document ({str(e)[:80]})")
+        try:
+            return self._walk(self._schema, value, "")
+        except RecursionError:
+            return Mismatch(WRONG_TYPE, "value: nested deeper than can be checked")
+
+    def _wrong(self, node: AvroSchema, value: Any, path: str) -> Mismatch:
+        return Mismatch(
+            WRONG_TYPE, f"{_where(path)}: expected {self._expected(node)}, got {_shown(value)}"
+        )
+
+    def _expected(self, node: AvroSchema) -> str:
+        node = self._resolve(node)
+        if isinstance(node, list):
+            return " or ".join(self._expected(branch) for branch in node)
+        kind = node if isinstance(node, str) else str(node.get("type"))
+        if kind in ("record", "error", "map"):
+            return "object"
+        if kind in ("bytes", "fixed"):
+            if isinstance(node, dict) and node.get("logicalType") == "decimal":
+                return "number or string"
+            return "string (base64)"
+        if kind == "enum" and isinstance(node, dict):
+            return "one of " + ", ".join(repr(s) for s in node["symbols"])
+        return kind
+
+    def _resolve(self, node: AvroSchema) -> AvroSchema:
+        if isinstance(node, str) and node in self._named:
+            return self._named[node]
+        return node
+
+    def _walk(self, node: AvroSchema, value: Any, path: str) -> Mismatch | None:
+        """The first place ``value`` does not fit ``node``, or None."""
+        node = self._resolve(node)
+        if isinstance(node, list):
+            return self._union(node, value, path)
+        if isinstance(node, str):
+            kind, logical = node, None
+        else:
+            kind, logical = str(node.get("type")), node.get("logicalType")
+        if kind in ("record", "error") and isinstance(node, dict):
+            return self._record(node, value, path)
+        if kind == "null":
+            ok = value is None
+        elif kind == "boolean":
+            ok = isinstance(value, bool)
+        elif kind in ("int", "long"):
+            low, high = _INT_RANGE if kind == "int" else _LONG_RANGE
+            if isinstance(value, int) and not isinstance(value, bool):
+                if not low <= value <= high:
+                    return Mismatch(
+                        WRONG_TYPE, f"{_where(path)}: {value} is out of range for {kind}"
+                    )
+                return None
+            ok = False
+        elif kind in ("float", "double"):
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        elif kind == "string":
+            ok = isinstance(value, str)
+        elif kind in ("bytes", "fixed"):
+            # Jackson writes byte arrays as base64 text, and big decimals as numbers.
+            ok = isinstance(value, str) or (
+                logical == "decimal"
+                and isinstance(value, int | float)
+                and not isinstance(value, bool)
+            )
+        elif kind == "enum" and isinstance(node, dict):
+            ok = isinstance(value, str) and value in node["symbols"]
+        elif kind == "array" and isinstance(node, dict):
+            if not isinstance(value, list):
+                return self._wrong(node, value, path)
+            for i, item in enumerate(value):
+                found = self._walk(node["items"], item, f"{path}[{i}]")
+                if found is not None:
+                    return found
+            return None
+        elif kind == "map" and isinstance(node, dict):
+            if not isinstance(value, dict):
+                return self._wrong(node, value, path)
+            for k, item in value.items():
+                found = self._walk(node["values"], item, f"{path}[{k}]")
+                if found is not None:
+                    return found
+            return None
+        else:
+            ok = True  # a type fastavro accepted that JSON cannot be held to
+        return None if ok else self._wrong(node, value, path)
+
+    def _record(self, node: Mapping[str, Any], value: Any, path: str) -> Mismatch | None:
+        if not isinstance(value, dict):
+            return self._wrong(dict(node), value, path)
+        for f in node["fields"]:
+            name = str(f["name"])
+            inner = f"{path}.{name}" if path else name
+            if name not in value:
+                if "default" in f or _nullable(self._resolve(f["type"])):
+                    continue
+                return Mismatch(
+                    MISSING_FIELD,
+                    f"field '{inner}': missing (expected {self._expected(f['type'])})",
+                )
+            found = self._walk(f["type"], value[name], inner)
+            if found is not None:
+                return found
+        return None
+
+    def _union(self, branches: list[Any], value: Any, path: str) -> Mismatch | None:
+        for branch in branches:
+            if self._walk(branch, value, path) is None:
+                return None
+        others = [b for b in branches if b != "null"]
+        if len(others) == 1 and isinstance(value, dict | list):
+            # A nullable record, array or map: what is wrong is inside it.
+            return self._walk(others[0], value, path)
+        return self._wrong(branches, value, path)
+
+
+# -- PROTOBUF_NATIVE ---------------------------------------------------------
+
+_WIRE_TYPES: Final = {
+    0: "varint",
+    1: "64-bit",
+    2: "length-delimited",
+    3: "group",
+    4: "group end",
+    5: "32-bit",
+}
+
+
+class _ProtobufNativeValidator:
+    def __init__(self, data: bytes) -> None:
+        try:
+            doc = json.loads(data)
+            encoded = doc["fileDescriptorSet"]
+            root_file = doc["rootFileDescriptorName"]
+            root_message = doc["rootMessageTypeName"]
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            raise SchemaUnsupported(
+                f"PROTOBUF_NATIVE schema definition is not the expected JSON document ({e!r})"
+            ) from None
+        if not all(isinstance(v, str) for v in (encoded, root_file, root_message)):
+            raise SchemaUnsupported("PROTOBUF_NATIVE schema definition has a non-text field")
+        try:
+            files = descriptor_pb2.FileDescriptorSet.FromString(
+                base64.b64decode(encoded, validate=True)
+            )
+        except (binascii.Error, DecodeError) as e:
+            raise SchemaUnsupported(
+                f"PROTOBUF_NATIVE fileDescriptorSet is not a serialized FileDescriptorSet: {e}"
+            ) from None
+        by_name = {f.name: f for f in files.file}
+        if root_file not in by_name:
+            raise SchemaUnsupported(f"PROTOBUF_NATIVE root file {root_file!r} is not in the set")
+        pool = descriptor_pool.DescriptorPool()
+        self._add(pool, by_name, root_file, set())
+        try:
+            root = pool.FindMessageTypeByName(root_message)
+        except KeyError:
+            raise SchemaUnsupported(
+                f"PROTOBUF_NATIVE root message {root_message!r} is not defined"
+            ) from None
+        # Pulsar's client looks the root message up inside the root file only.
+        if root.file.name != root_file:
+            raise SchemaUnsupported(
+                f"PROTOBUF_NATIVE root message {root_message!r} is not in {root_file!r}"
+            )
+        self._message = message_factory.GetMessageClass(root)
+
+    @staticmethod
+    def _add(
+        pool: descriptor_pool.DescriptorPool,
+        by_name: Mapping[str, descriptor_pb2.FileDescriptorProto],
+        name: str,
+        visiting: set[str],
+    ) -> None:
+        """Add ``name`` after its imports (a pool needs them first)."""
+        try:
+            pool.FindFileByName(name)
+            return
+        except KeyError:
+            pass
+        if name in visiting:
+            raise SchemaUnsupported(f"PROTOBUF_NATIVE files import each other: {name!r}")
+        if name not in by_name:
+            raise SchemaUnsupported(f"PROTOBUF_NATIVE import {name!r} is not in the set")
+        visiting.add(name)
+        for dependency in by_name[name].dependency:
+            _ProtobufNativeValidator._add(pool, by_name, dependency, visiting)
+        visiting.discard(name)
+        try:
+            pool.Add(by_name[name])
+        except Exception as e:  # the pool raises several types for a bad file
+            raise SchemaUnsupported(f"PROTOBUF_NATIVE file {name!r} does not build: {e}") from None
+
+    def check(self, payload: bytes, key: bytes | None) -> Mismatch | None:
+        message = self._message()
+        try:
+            message.ParseFromString(payload)
+        except DecodeError as e:
+            return Mismatch(
+                NOT_PROTOBUF,
+                f"value: not a {message.DESCRIPTOR.full_name} message ({str(e)[:80]})",
+            )
+        unknown = _unknown_field(message, "")
+        if unknown is not None:
+            return unknown
+        if message.IsInitialized():
+            return None
+        # Paths such as "address.city"; the stubs lack this method.
+        missing: list[str] = message.FindInitializationErrors()  # type: ignore[attr-defined]
+        return Mismatch(MISSING_FIELD, f"field '{missing[0]}': required but missing")
+
+
+def _unknown_field(message: ProtoMessage, path: str) -> Mismatch | None:
+    """The first field number the descriptor lacks, here or in a nested message."""
+    unknown = UnknownFieldSet(message)
+    if len(unknown):
+        number, wire = unknown[0].field_number, unknown[0].wire_type
+        kind = _WIRE_TYPES.get(wire, f"wire type {wire}")
+        where = f"in field '{path}'" if path else f"in {message.DESCRIPTOR.full_name}"
+        return Mismatch(UNKNOWN_FIELD, f"unknown field number {number} ({kind}) {where}")
+    for field, value in message.ListFields():
+        if field.type != FieldDescriptor.TYPE_MESSAGE and field.type != FieldDescriptor.TYPE_GROUP:
+            continue
+        inner = f"{path}.{field.name}" if path else field.name
+        for label, item in _messages_in(field, value):
+            found = _unknown_field(item, inner + label)
+            if found is not None:
+                return found
+    return None
+
+
+def _messages_in(field: FieldDescriptor, value: Any) -> list[tuple[str, ProtoMessage]]:
+    """The messages a set field holds, each with its index or map key."""
+    entry: Descriptor | None = field.message_type
+    if entry is not None and entry.GetOptions().map_entry:
+        value_field = entry.fields_by_name["value"]
+        if value_field.type != FieldDescriptor.TYPE_MESSAGE:
+            return []
+        return [(f"[{k}]", v) for k, v in value.items()]
+    if field.is_repeated:
+        return [(f"[{i}]", v) for i, v in enumerate(value)]
+    return [("", value)]
+
+
+# -- KEY_VALUE ---------------------------------------------------------------
+
+
+def _split(data: bytes) -> tuple[bytes | None, bytes | None, int] | str:
+    """Two length-prefixed parts (-1: null) and where they end, or what is wrong."""
+    parts: list[bytes | None] = []
+    at = 0
+    for part in ("key", "value"):
+        if len(data) - at < 4:
+            return f"the bytes end before the {part} length"
+        size = int.from_bytes(data[at : at + 4], "big", signed=True)
+        at += 4
+        if size == -1:
+            parts.append(None)
+            continue
+        if size < 0 or size > len(data) - at:
+            return f"{part} length {size} does not fit the {len(data) - at} bytes left"
+        parts.append(data[at : at + size])
+        at += size
+    return parts[0], parts[1], at
+
+
+def _part(schema: Schema, part: str, data: bytes) -> Validator:
+    props = schema.properties
+    kind = props.get(f"{part}.schema.type") or "BYTES"  # Pulsar's default, too
+    raw = props.get(f"{part}.schema.properties") or "{}"
+    try:
+        properties = json.loads(raw)
+    except ValueError:
+        raise SchemaUnsupported(f"KEY_VALUE {part}.schema.properties is not JSON") from None
+    if not isinstance(properties, dict):
+        raise SchemaUnsupported(f"KEY_VALUE {part}.schema.properties is not a JSON object")
+    sub = Schema(type=kind, data=data, properties={str(k): str(v) for k, v in properties.items()})
+    try:
+        return validator(sub)
+    except SchemaUnsupported as e:
+        raise SchemaUnsupported(f"KEY_VALUE {part}: {e}") from None
+
+
+def _prefixed(part: str, found: Mismatch | None) -> Mismatch | None:
+    return None if found is None else Mismatch(found.reason, f"{part}: {found.message}")
+
+
+def _key_value(schema: Schema) -> Validator:
+    split = _split(schema.data)
+    if isinstance(split, str):
+        raise SchemaUnsupported(f"KEY_VALUE schema definition: {split}")
+    key_data, value_data, end = split
+    if end != len(schema.data):
+        raise SchemaUnsupported("KEY_VALUE schema definition has bytes after the value schema")
+    check_key = _part(schema, "key", key_data or b"")
+    check_value = _part(schema, "value", value_data or b"")
+    encoding = schema.properties.get("kv.encoding.type") or "INLINE"  # Pulsar's default
+    if encoding == "SEPARATED":
+
+        def separated(payload: bytes, key: bytes | None) -> Mismatch | None:
+            # No key: Pulsar's client sends a null key as no key at all.
+            if key is not None:
+                found = _prefixed("key", check_key(key, None))
+                if found is not None:
+                    return found
+            return _prefixed("value", check_value(payload, None))
+
+        return separated
+    if encoding != "INLINE":
+        raise SchemaUnsupported(f"KEY_VALUE encoding {encoding!r} is neither INLINE nor SEPARATED")
+
+    def inline(payload: bytes, key: bytes | None) -> Mismatch | None:
+        parts = _split(payload)
+        if isinstance(parts, str):
+            return Mismatch(NOT_KEY_VALUE, f"key/value: {parts}")
+        key_bytes, value_bytes, end = parts
+        if end != len(payload):
+            return Mismatch(
+                TRAILING_BYTES, f"key/value: {_bytes(len(payload) - end)} left after the value"
+            )
+        if key_bytes is not None:
+            found = _prefixed("key", check_key(key_bytes, None))
+            if found is not None:
+                return found
+        if value_bytes is not None:
+            return _prefixed("value", check_value(value_bytes, None))
+        return None
+
+    return inline
