@@ -12,7 +12,9 @@ is: ``frame``, ``conn`` (opened at ``wall_ns``), ``close`` (closed at
 ``wall_ns``), ``segment`` (one per input file, also for a damaged one),
 ``http`` (one of the HTTP listener's exchanges, begun at ``wall_ns``; ``conn``
 is its HTTP connection, the columns of :data:`HTTP_SCHEMA` in ``extra``) or
-``ws`` (a segment's WebSocket frames of one HTTP connection, counted).
+``ws`` (a segment's WebSocket frames of one HTTP connection, counted) or
+``filter`` (a message filter acted: ``command`` is what it did, ``error``
+why, ``messages`` how many, the filter's name in ``extra``).
 The few rows that are not frames keep what only they have as a JSON object
 in ``extra`` (the columns of :data:`EXTRA_SCHEMA`: for a segment, ``damaged``
 and ``why`` say what was wrong), so that the millions of frame rows do not
@@ -158,6 +160,13 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
                 others.append({"record": "http", "capture": capture, "file": path,
                                "conn": record["h"], "wall_ns": record["w"], "mono_ns": record["t"],
                                "extra": json.dumps(_http_extra(record))})  # fmt: skip
+            elif kind == "filter":  # a message filter acted: its action and reason as columns
+                others.append({"record": "filter", "capture": capture, "file": path,
+                               "conn": record["c"], "wall_ns": record["w"],
+                               "mono_ns": record["t"], "direction": DIRECTIONS[record["d"]],
+                               "topic": record.get("topic"), "command": record["action"],
+                               "error": record.get("reason"), "messages": record.get("n", 1),
+                               "extra": json.dumps({"filter": record["filter"]})})  # fmt: skip
             elif kind == "ws":
                 counted = websocket.setdefault(record["h"], [0, 0, record["w"]])
                 counted[0] += 1

@@ -13,8 +13,9 @@ the driver.
 
 Tables (Parquet, under DIR): ``frames``, ``connections``, ``topic_minute``,
 ``latency``, ``errors``, ``files`` (every segment read),
-``bad_segments`` and ``http`` (the HTTP listener's exchanges, one row each);
-and ``report.html``.
+``bad_segments``, ``http`` (the HTTP listener's exchanges, one row each) and
+``filtered`` (what message filters did, by connection, topic, filter, action
+and reason); and ``report.html``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 from sluice.protocols import registry
 
 TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments",
-          "http")  # fmt: skip
+          "http", "filtered")  # fmt: skip
 # Spark's binaryFile source cannot hold a file of 2 GiB or more in a row.
 MAX_SEGMENT_BYTES = 2**31 - 1
 SEGMENT_COLUMNS = ["file", "capture", "segment", "protocol", "version", "records", "frames",
@@ -338,6 +339,19 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         "errors",
     )
 
+    filtered = write(
+        decoded.filter(F.col("record") == "filter")
+        .select(
+            "capture", "conn", "direction", "topic",
+            F.get_json_object("extra", "$.filter").alias("filter"),
+            F.col("command").alias("action"), F.col("error").alias("reason"), "messages",
+            "wall_ns",
+        )
+        .groupBy("capture", "conn", "direction", "topic", "filter", "action", "reason")
+        .agg(F.sum("messages").alias("messages"), F.min("wall_ns").alias("first_ns")),
+        "filtered",
+    )  # fmt: skip
+
     say("building the report")
     first_ns = counts["frame"]["first_ns"] if "frame" in counts else None
     span = (rows("frame", "last_ns") - first_ns) / 1e9 if first_ns is not None else 0.0
@@ -411,6 +425,14 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
             .collect()
         ],
         "top_topics": top_topics,
+        "filtered": [
+            r.asDict()
+            for r in filtered.groupBy("filter", "action", "reason", "topic")
+            .agg(F.sum("messages").alias("messages"))
+            .orderBy(F.desc("messages"), "filter", "topic")
+            .limit(50)
+            .collect()
+        ],
         "errors": [
             r.asDict()
             for r in errors.groupBy("code")

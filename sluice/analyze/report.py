@@ -37,6 +37,9 @@ WIDTH = 10.0  # inches, at 100 dpi
 MAX_SERIES = 8
 
 
+FILTERED_COLUMNS = [(name, name) for name in ("filter", "action", "reason", "topic", "messages")]
+
+
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     if not rows:
         return '<p class="muted">none</p>'
@@ -291,6 +294,12 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
         "<h2>Errors over time</h2>"
         + errors_picture(summary)
         + _table(summary["errors"], [("code", "code"), ("count", "count")]),
+        "<h2>Message filters</h2>"
+        + (
+            _table(summary.get("filtered", []), FILTERED_COLUMNS)
+            if summary.get("filtered")
+            else '<p class="muted">no message filter acted</p>'
+        ),
         "<h2>Connection churn</h2>" + churn_picture(summary),
         "<h2>Top talkers</h2>"
         + talkers_picture(summary)

@@ -117,6 +117,8 @@ class Summary:
     chunks: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     chunked: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     faults: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    # Messages message filters acted on: (filter, action, reason) -> messages.
+    filtered: collections.Counter[tuple[str, str, str]] = field(default_factory=collections.Counter)
     # The HTTP listener's: exchanges by (kind, status class), WebSocket
     # frames by (direction, opcode).
     http: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
@@ -147,6 +149,9 @@ class Summary:
             self.dropped += record["dropped"]
         elif kind == "fault":
             self.faults[(record["rule"], record["action"])] += 1
+        elif kind == "filter":
+            key = (record["filter"], record["action"], record.get("reason", ""))
+            self.filtered[key] += record.get("n", 1)
         elif kind == "http":
             self.http[(record["kind"], status_class(record["status"]))] += 1
         elif kind == "ws":
@@ -177,6 +182,15 @@ class Summary:
             out.write(
                 "injected faults: "
                 + ", ".join(f"{rule} {action} x{n}" for (rule, action), n in self.faults.items())
+                + "\n"
+            )
+        if self.filtered:
+            out.write(
+                "messages filters acted on: "
+                + ", ".join(
+                    f"{name} {action}{f' ({reason})' if reason else ''} x{n}"
+                    for (name, action, reason), n in sorted(self.filtered.items())
+                )
                 + "\n"
             )
         if self.http:
@@ -251,6 +265,18 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
         return (
             f"{when}  {conn:<6} {ARROWS[record['d']]} FAULT {record['action']} by rule "
             f"{record['rule']} on {record['cmd']}{topic}"
+        )
+    if kind == "filter":
+        topic = f"  {record['topic']}" if "topic" in record else ""
+        reason = f" ({record['reason']})" if record.get("reason") else ""
+        count = record.get("n", 1)
+        messages = f"{count} message{'s' if count != 1 else ''}"
+        sent = ""
+        if "sent" in record:
+            sent = f", sent on as {record['sent']['n']} bytes (received above)"
+        return (
+            f"{when}  {conn:<6} {ARROWS[record['d']]} FILTER {record['action']} {messages} "
+            f"by {record['filter']}{reason}{topic}{sent}"
         )
     if kind in ("trigger", "snapshot"):
         skip = {"k", "t", "w", "c", "rule", "on", "reason", "seconds"}

@@ -33,7 +33,7 @@ import trio
 
 from sluice import __version__
 from sluice.protocols import registry
-from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Opened
+from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Filtered, Opened
 from sluice.protocols.registry import ProtocolSpec
 from sluice.recording.format import (
     SUFFIX,
@@ -50,7 +50,7 @@ from sluice.recording.triggers import Trigger
 
 log = logging.getLogger("sluice.recorder")
 
-_RECORDED_EVENTS = frozenset({Opened, Closed, FaultInjected})
+_RECORDED_EVENTS = frozenset({Opened, Closed, FaultInjected, Filtered})
 _DIRECTION = (1, 0)  # the recorded direction, indexed by "from the client"
 _mono_ns, _wall_ns = time.monotonic_ns, time.time_ns  # read for every frame
 
@@ -173,6 +173,7 @@ class Recorder:
         self._pending: list[tuple[float, Trigger, float, Record]] = []
         spec = protocol if protocol is not None else registry.get(registry.DEFAULT_PROTOCOL)
         self.protocol = spec.name
+        self._decode = spec.decode
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
         self._broker = broker
@@ -258,6 +259,9 @@ class Recorder:
         elif kind is FaultInjected:
             assert isinstance(event, FaultInjected)
             self.note_fault(conn.id, event)
+        elif kind is Filtered:
+            assert isinstance(event, Filtered)
+            self.note_filter(conn.id, event)
 
     # --- hot path ----------------------------------------------------------
 
@@ -366,6 +370,26 @@ class Recorder:
                   "d": 0 if fault.from_client else 1}  # fmt: skip
         if fault.topic:
             record["topic"] = fault.topic
+        self._enqueue(record)
+
+    def note_filter(self, conn: int, filtered: Filtered) -> None:
+        """An annotation: a message filter acted on the frame recorded just
+        before this record (which keeps it as it came). A changed frame is
+        kept as it went on too (``sent``), under the same payload policy and
+        with credentials taken out as in a frame record."""
+        record: Record = {"k": "filter", "c": conn, "t": time.monotonic_ns(),
+                          "w": time.time_ns(), "filter": filtered.filter,
+                          "action": filtered.action, "d": 0 if filtered.from_client else 1,
+                          "n": filtered.messages}  # fmt: skip
+        if filtered.topic:
+            record["topic"] = filtered.topic
+        if filtered.reason:
+            record["reason"] = filtered.reason
+        if filtered.sent is not None:
+            frame = self._decode(filtered.sent, filtered.from_client)
+            sent = self._summarizer.record(conn, record["d"], record["t"], record["w"], frame)
+            kept = ("n", "raw", "p", "redacted")
+            record["sent"] = {key: sent[key] for key in kept if key in sent}
         self._enqueue(record)
 
     def note(self, record: Record) -> None:

@@ -34,7 +34,7 @@ from sluice.recording.format import (
 log = logging.getLogger("sluice.view")
 
 # What can be wrong with a frame, as bits of its flags.
-INVALID, ERROR, FAULT, GAP_BEFORE, REDACTED = 1, 2, 4, 8, 16
+INVALID, ERROR, FAULT, GAP_BEFORE, REDACTED, FILTERED = 1, 2, 4, 8, 16, 32
 PROBLEMS = INVALID | ERROR | FAULT | GAP_BEFORE
 # Request/answer pairs: which id fields pair a frame with its answer.
 _PAIR_KEYS = ("rid", "seq")
@@ -446,6 +446,14 @@ class Index:
             if self.frames and conn is not None:
                 self.flags[self.frames - 1] |= FAULT
                 conn.problems += 1
+        elif kind == "filter":
+            reason = f" ({record['reason']})" if record.get("reason") else ""
+            text = (
+                f"filter {record.get('filter')} {record.get('action')} "
+                f"{record.get('n', 1)} message(s){reason}"
+            )
+            if self.frames and conn is not None:
+                self.flags[self.frames - 1] |= FILTERED
         elif kind == "trigger":
             text = f"snapshot rule {record.get('rule')} ({record.get('on')}) fired"
         elif kind == "snapshot":
@@ -508,6 +516,7 @@ class Index:
                     (FAULT, "fault"),
                     (GAP_BEFORE, "gap"),
                     (REDACTED, "redacted"),
+                    (FILTERED, "filtered"),
                 )
                 if flags & bit
             ],

@@ -844,6 +844,9 @@ class PulsarConnection:
                         chain = gate.chain(topic, direction)
                         if chain is not None and topic is not None:
                             whole = False
+                            if seen:  # the frame's record goes before what filters say of it
+                                tap.frames(conn, from_client, seen)
+                                seen = []
                             if from_client:
                                 went = self._filter_send(frame, topic, chain, now, out, actions)
                                 if isinstance(went, Wait):  # the rest waits for the schema

@@ -45,7 +45,7 @@ function matches(row, f) {
   if (f.conn && String(row.conn) !== String(f.conn)) return false;
   if (f.from && row.t < Number(f.from)) return false;
   if (f.to && row.t > Number(f.to)) return false;
-  if (f.problems && !row.flags.some((x) => x !== "redacted")) return false;
+  if (f.problems && !row.flags.some((x) => x !== "redacted" && x !== "filtered")) return false;
   if (f.producer || f.consumer) return false; // not in exported rows
   return true;
 }
@@ -102,7 +102,7 @@ function showFrames(page) {
   const body = $("frames").tBodies[0];
   body.innerHTML = page.rows.map((r) => {
     const flags = r.flags.map((f) => `<span class="flag ${f}">${f}</span>`).join("");
-    const bad = r.flags.some((f) => f !== "redacted" && f !== "gap");
+    const bad = r.flags.some((f) => f !== "redacted" && f !== "gap" && f !== "filtered");
     return `<tr data-frame="${r.i}" class="${bad ? "bad" : ""} ${r.flags.includes("gap") ? "gap" : ""}">` +
       `<td>${r.i}</td><td>${r.t.toFixed(6)}</td><td>${escape(state.connections[r.conn]?.name ?? r.conn)}</td>` +
       `<td>${r.dir}</td><td>${escape(r.cmd)}</td><td class="topic" title="${escape(r.topic)}">${escape(r.topic)}</td>` +

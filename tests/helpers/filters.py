@@ -1,0 +1,51 @@
+"""Filters the tests configure by ``module:attr`` (tests.helpers.filters:NAME)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.filters import PASS, Filter, Message, Reject, Replace, Verdict
+
+
+@dataclass(frozen=True)
+class WordSettings:
+    word: str = "bad"
+    error: str | None = None
+
+
+class Words(Filter):
+    """Refuses produced messages holding ``word``; upper-cases ones holding
+    "shout"; adds a property to every delivery and skips deliveries holding "skip"."""
+
+    Settings = WordSettings
+
+    def on_produce(self, message: Message) -> Verdict:
+        settings: WordSettings = self.settings
+        if settings.word.encode() in message.payload:
+            return Reject(
+                "word", f"message {message.index} holds {settings.word!r}", settings.error
+            )
+        if b"shout" in message.payload:
+            return Replace(
+                payload=message.payload.upper(), properties={**message.properties, "loud": "1"}
+            )
+        return PASS
+
+    def on_deliver(self, message: Message) -> Verdict:
+        if b"skip" in message.payload:
+            return Reject("skipped")
+        return Replace(properties={**message.properties, "seen-by": "sluice"})
+
+
+class Raises(Filter):
+    """Raises on every produced message."""
+
+    def on_produce(self, message: Message) -> Verdict:
+        raise RuntimeError("filter bug")
+
+
+class Suffix(Filter):
+    """Appends "+" to produced payloads (to see the order filters run in)."""
+
+    def on_produce(self, message: Message) -> Verdict:
+        return Replace(payload=message.payload + b"+")
