@@ -373,6 +373,17 @@ def json_line(capture: str, record: Record, with_bytes: bool) -> str:
         if key == "p" and record["k"] == "ws":
             out["payload"] = _payload(value)
             continue
+        if record["k"] == "filter" and key in ("n", "sent"):
+            if key == "n":
+                out["messages"] = value
+            else:  # the frame as it went on
+                sent = {"size": value["n"]}
+                if "p" in value:
+                    sent["payload"] = _payload(value["p"])
+                if with_bytes:
+                    sent["raw"] = base64.b64encode(value["raw"]).decode()
+                out["sent"] = sent
+            continue
         if key == "raw":
             if with_bytes:
                 out["raw"] = base64.b64encode(value).decode()
