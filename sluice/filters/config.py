@@ -276,7 +276,9 @@ def _describe(hint: Any) -> str:
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     if hint in names:
         return names[hint]
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
+        return str(hint.__name__)
+    return str(hint).replace("typing.", "")  # list[str], str | None
 
 
 @dataclass(frozen=True)
