@@ -118,6 +118,24 @@ def admin_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[ProxyP
     assert "Traceback" not in p.log()
 
 
+def some_filters() -> list[str]:
+    """Filters on ``*-filtered`` topics, so that the "Message filters" panel
+    has data (messages changed, refused, raised on): the arguments that give them."""
+    words = json.dumps({"topics": ["*-filtered"], "direction": "produce"})
+    raises = json.dumps({"topics": ["*-filtered"], "direction": "produce", "on-error": "open"})
+    return ["--filter", f"tests.helpers.filters:Words:{words}",
+            "--filter", f"tests.helpers.filters:Raises:{raises}"]  # fmt: skip
+
+
+def filtered_traffic(proxy: ProxyProcess, topic: str) -> None:
+    """A message of ``some_filters`` each changes, refuses and raises on."""
+    with client(proxy.url) as c:
+        producer = c.create_producer(f"{topic}-filtered", batching_enabled=False)
+        producer.send(b"shout")  # changed, and the next filter raises (fails open)
+        with pytest.raises(pulsar.PulsarException):
+            producer.send(b"bad")  # refused
+
+
 def varied_traffic(proxy: ProxyProcess, broker: EmbeddedBroker, topic: str) -> None:
     """Produce, consume, a corrupt SEND and a broker error, all through the proxy."""
     with client(proxy.url) as c:
@@ -154,6 +172,7 @@ def web_proxy(
     admin, http_port = free_port(), free_port()
     p = start_proxy(
         broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", *harmless_faults(tmp_path),
+        *some_filters(),
         "--http-listen", f"127.0.0.1:{http_port}", "--broker-http", redirector.url,
         "--allow-broker", "127.0.0.1",
     )  # fmt: skip
@@ -212,6 +231,7 @@ def test_every_dashboard_query_returns_data(
     producer = None
     try:
         varied_traffic(proxy, broker, topic)
+        filtered_traffic(proxy, topic)
         # The HTTP counters were scraped before their traffic: rate() sees it.
         deadline = time.monotonic() + 30
         while not prom.query("sluice_http_requests_total"):
@@ -221,12 +241,14 @@ def test_every_dashboard_query_returns_data(
         # Series born during the traffic (broker errors) need samples on both
         # sides of their first increment before rate() has anything to say.
         deadline = time.monotonic() + 30
-        while not prom.query("count_over_time(sluice_broker_errors_total[20s]) >= 3"):
+        while not prom.query("count_over_time(sluice_broker_errors_total[20s]) >= 3") or not (
+            prom.query("count_over_time(sluice_filter_rejected_total[20s]) >= 3")
+        ):
             assert time.monotonic() < deadline, "prometheus never scraped the proxy three times"
             time.sleep(0.5)
         # The rules file loaded into the real Prometheus, too.
         groups = prom.api("/api/v1/rules")["groups"]
-        assert sum(len(g["rules"]) for g in groups) == 6
+        assert sum(len(g["rules"]) for g in groups) == 7
         # Every query of the HTTP dashboard shows its traffic: above zero
         # (rates do for 20 s after it).
         http_board = json.loads((DASHBOARDS / "grafana" / "sluice-http.json").read_text())
