@@ -13,7 +13,7 @@ start. See docs/filters.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from sluice.protocols.filtering import (
     DELIVER,
@@ -49,8 +49,13 @@ class NoSettings:
     """The settings of a filter that takes none."""
 
 
-class Filter:
+S = TypeVar("S")
+
+
+class Filter(Generic[S]):
     """Subclass this and override the hooks you need (both pass by default).
+
+    ``class Mask(Filter[MaskSettings])`` types ``self.settings``.
 
     ``Settings`` is a dataclass of the filter's own settings (the
     ``settings`` table of its configuration); its fields' types are checked
@@ -63,8 +68,8 @@ class Filter:
     Settings: ClassVar[type[Any]] = NoSettings
     wants_schema: ClassVar[bool] = False
 
-    def __init__(self, settings: Any) -> None:
-        self.settings = settings
+    def __init__(self, settings: S) -> None:
+        self.settings: S = settings
 
     def on_produce(self, message: Message) -> Verdict:
         """A message a producer sent, before it reaches the broker."""

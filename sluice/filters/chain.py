@@ -76,12 +76,14 @@ class FilterChain:
 
     def run(self, message: Message) -> Outcome:
         current = message
-        changed_by: str | None = None
+        changed_by: list[str] = []
         errors: list[str] = []
         for name, fails_open, hook in self._hooks:
             try:
                 verdict = hook(current)
-                if not isinstance(verdict, Pass | Replace | Reject):
+                if isinstance(verdict, Replace):
+                    changed = _replaced(current, verdict)
+                elif not isinstance(verdict, Pass | Reject):
                     raise TypeError(f"returned {verdict!r}, not PASS, Replace or Reject")
             except Exception as exc:  # a filter's bug must not break traffic
                 errors.append(name)
@@ -93,20 +95,32 @@ class FilterChain:
             if isinstance(verdict, Reject):
                 return Outcome(verdict, name, tuple(errors))
             if isinstance(verdict, Replace):
-                current = dataclasses.replace(
-                    current,
-                    payload=current.payload if verdict.payload is None else bytes(verdict.payload),
-                    properties=current.properties
-                    if verdict.properties is None
-                    else dict(verdict.properties),
-                    key=current.key if verdict.key is None else verdict.key,
-                    key_is_base64=current.key_is_base64 if verdict.key is None else False,
-                )
-                changed_by = name
-        if changed_by is None:
+                current = changed
+                changed_by.append(name)
+        if not changed_by:
             return Outcome(PASS, None, tuple(errors))
         replaced = Replace(current.payload, current.properties, current.key)
-        return Outcome(replaced, changed_by, tuple(errors))
+        return Outcome(replaced, changed_by[-1], tuple(errors), tuple(changed_by))
+
+
+def _replaced(message: Message, replace: Replace) -> Message:
+    """``message`` as ``replace`` changes it; TypeError for parts of the wrong type."""
+    payload, properties, key = replace.payload, replace.properties, replace.key
+    if payload is not None and not isinstance(payload, bytes | bytearray | memoryview):
+        raise TypeError(f"Replace(payload=...) must be bytes, not {type(payload).__name__}")
+    if properties is not None and not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in dict(properties).items()
+    ):
+        raise TypeError("Replace(properties=...) must map str to str")
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"Replace(key=...) must be a str, not {type(key).__name__}")
+    return dataclasses.replace(
+        message,
+        payload=message.payload if payload is None else bytes(payload),
+        properties=message.properties if properties is None else dict(properties),
+        key=message.key if key is None else key,
+        key_is_base64=message.key_is_base64 if key is None else False,
+    )
 
 
 _last_logged: dict[str, tuple[float, int]] = {}

@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ BUILTIN = {
 }
 DIRECTIONS = ("produce", "deliver", "both")
 ON_ERROR = ("closed", "open")
+_FLAG = re.compile(r"(.*?):\s*(\{.*)\Z", re.S)
 _KEYS = ("name", "topics", "direction", "roles", "on-error", "settings", "label")
 
 
@@ -102,12 +104,14 @@ def parse_table(table: Mapping[str, Any], where: str) -> FilterSpec:
 
 
 def parse_flag(text: str) -> FilterSpec:
-    """``--filter NAME`` or ``--filter 'NAME:{JSON}'``."""
-    name, brace, rest = text.partition(":{")
+    """``--filter NAME`` or ``--filter 'NAME:{JSON}'`` (a NAME may be
+    ``module:attr``: the settings start at the first colon before a brace)."""
+    found = _FLAG.match(text)
+    name, rest = (found[1], found[2]) if found else (text, "")
     table: dict[str, Any] = {}
-    if brace:
+    if rest:
         try:
-            loaded = json.loads("{" + rest)
+            loaded = json.loads(rest)
         except json.JSONDecodeError as exc:
             raise FilterConfigError(
                 [f"--filter {name}: settings are not a JSON object: {exc.msg} (column {exc.colno})"]
@@ -150,7 +154,7 @@ def _strings(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
 # --- loading -------------------------------------------------------------------------
 
 
-def load_class(name: str) -> type[Filter]:
+def load_class(name: str) -> type[Filter[Any]]:
     """The filter class ``name`` stands for (entry point, built-in, or
     ``module:attr``), or a one-line ``FilterConfigError``."""
     reference = name if ":" in name else None
@@ -187,7 +191,7 @@ def load_class(name: str) -> type[Filter]:
     return target
 
 
-def build_settings(cls: type[Filter], given: Mapping[str, Any], where: str) -> Any:
+def build_settings(cls: type[Filter[Any]], given: Mapping[str, Any], where: str) -> Any:
     """``cls.Settings`` made from ``given``, every field's type checked."""
     record = cls.Settings
     if not dataclasses.is_dataclass(record):
@@ -273,12 +277,19 @@ def _typed(value: Any, hint: Any) -> Any:
 
 
 def _describe(hint: Any) -> str:
+    """A type as someone writing TOML or JSON reads it."""
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     if hint in names:
         return names[hint]
-    if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
-        return str(hint.__name__)
-    return str(hint).replace("typing.", "")  # list[str], str | None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("nothing" if a is type(None) else _describe(a) for a in args)
+    if origin in (list, tuple):
+        item = _describe(args[0]) if args else "anything"
+        return f"a list of {item.removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return "a table"
+    return str(getattr(hint, "__name__", hint))
 
 
 @dataclass(frozen=True)
@@ -286,7 +297,7 @@ class Loaded:
     """A configured filter, made: its spec and its instance."""
 
     spec: FilterSpec
-    filter: Filter
+    filter: Filter[Any]
 
 
 def load(specs: list[FilterSpec] | tuple[FilterSpec, ...]) -> list[Loaded]:

@@ -45,7 +45,7 @@ class SchemaSettings:
                 raise ValueError(f"setting {name!r} must be pass or reject")
 
 
-class SchemaValidation(Filter):
+class SchemaValidation(Filter[SchemaSettings]):
     """Produced messages checked against their topic's schema."""
 
     Settings = SchemaSettings
@@ -56,7 +56,7 @@ class SchemaValidation(Filter):
         self._validators: dict[tuple[str, bytes, tuple[tuple[str, str], ...]], Validator | str] = {}
 
     def on_produce(self, message: Message) -> Verdict:
-        settings: SchemaSettings = self.settings
+        settings = self.settings
         error = settings.error or None
         if message.encrypted:
             if settings.encrypted == "pass":

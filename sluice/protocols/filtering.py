@@ -125,11 +125,13 @@ Verdict = Pass | Replace | Reject
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """A chain's answer for one message: the verdict, the filter that
-    refused it (or changed it last), and the filters that raised."""
+    refused it (or changed it last), the filters that raised, and those
+    that changed it, in order."""
 
     verdict: Verdict
     filter: str | None = None
     errors: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
 
 
 class Chain(Protocol):

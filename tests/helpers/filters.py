@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.filters import PASS, Filter, Message, Reject, Replace, Verdict
+from sluice.filters import PASS, Filter, Message, NoSettings, Reject, Replace, Verdict
 
 
 @dataclass(frozen=True)
@@ -13,14 +13,14 @@ class WordSettings:
     error: str | None = None
 
 
-class Words(Filter):
+class Words(Filter[WordSettings]):
     """Refuses produced messages holding ``word``; upper-cases ones holding
     "shout"; adds a property to every delivery and skips deliveries holding "skip"."""
 
     Settings = WordSettings
 
     def on_produce(self, message: Message) -> Verdict:
-        settings: WordSettings = self.settings
+        settings = self.settings
         if settings.word.encode() in message.payload:
             return Reject(
                 "word", f"message {message.index} holds {settings.word!r}", settings.error
@@ -37,14 +37,14 @@ class Words(Filter):
         return Replace(properties={**message.properties, "seen-by": "sluice"})
 
 
-class Raises(Filter):
+class Raises(Filter[NoSettings]):
     """Raises on every produced message."""
 
     def on_produce(self, message: Message) -> Verdict:
         raise RuntimeError("filter bug")
 
 
-class Suffix(Filter):
+class Suffix(Filter[NoSettings]):
     """Appends "+" to produced payloads (to see the order filters run in)."""
 
     def on_produce(self, message: Message) -> Verdict:

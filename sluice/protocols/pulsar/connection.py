@@ -338,7 +338,9 @@ class PulsarConnection:
         # consumers go through; the broker it relays to (which answers the
         # schema questions), the SEND waiting for its topic's schema.
         self._gate = (
-            FilterGate(settings.filtering, conn, tap) if settings.filtering is not None else None
+            FilterGate(settings.filtering, conn, tap, settings.max_message_size)
+            if settings.filtering is not None
+            else None
         )
         self._upstream: Address | None = None
         self._held: Frame | None = None
@@ -695,6 +697,8 @@ class PulsarConnection:
                         )
                     self._broker.max_message_size = size
                     self._client.max_message_size = size
+                    if self._gate is not None:
+                        self._gate.max_message_size = size
                 out.append(Send(Peer.CLIENT, frame.raw))
                 self.state = State.RELAY
                 self._step = self._compiled_step()

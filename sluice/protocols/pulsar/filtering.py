@@ -56,7 +56,7 @@ from sluice.protocols.filtering import (
 )
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.encoder import command, encode, encode_payload, own_frame
-from sluice.protocols.pulsar.errors import RemoteProtocolError
+from sluice.protocols.pulsar.errors import LocalProtocolError, RemoteProtocolError
 from sluice.protocols.pulsar.frame import Frame
 from sluice.protocols.pulsar.payload import (
     build_batch,
@@ -132,8 +132,10 @@ class _Producer:
 class FilterGate:
     """One proxied connection's filtering (module docstring)."""
 
-    def __init__(self, filtering: Filtering, conn: Conn, tap: Tap) -> None:
+    def __init__(self, filtering: Filtering, conn: Conn, tap: Tap, max_message_size: int) -> None:
         self.filtering = filtering
+        # A rebuilt frame's limit: the broker's, once its CONNECTED says it.
+        self.max_message_size = max_message_size
         self.conn = conn
         self.tap = tap
         self.client_version = ""
@@ -190,21 +192,23 @@ class FilterGate:
                 return Wait(topic, version)
         assert not isinstance(schema, Unknown)
         name = self._names.get(body.producer_id) or meta.producer_name
-        outcome, changed = self._run(frame, topic, chain, PRODUCE, name, schema)
+        outcome, changed, results = self._run(frame, topic, chain, PRODUCE, name, schema)
         state = self._producers.setdefault(body.producer_id, _Producer())
         last = body.highest_sequence_id if body.HasField("highest_sequence_id") else 0
         last = max(last, body.sequence_id)
         if isinstance(outcome.verdict, Reject):
-            return self._refuse(frame, topic, outcome, state, last)
+            count = meta.num_messages_in_batch if is_batch(meta) else 1
+            return self._refuse(frame, topic, outcome, state, last, count)
         state.forwarded = max(state.forwarded, last)
         if changed is None:
             return frame.raw
-        self._report(outcome, "replaced", True, topic, changed)
+        self._changes(results, True, topic, changed)
         return changed
 
     def _refuse(
-        self, frame: Frame, topic: str, outcome: Outcome, state: _Producer, last: int
-    ) -> Frame | None:
+        self, frame: Frame, topic: str, outcome: Outcome, state: _Producer, last: int,
+        count: int = 1,
+    ) -> Frame | None:  # fmt: skip
         reject = outcome.verdict
         assert isinstance(reject, Reject)
         body: Any = frame.body
@@ -217,7 +221,8 @@ class FilterGate:
             message=reject.message or f"refused by filter {outcome.filter}: {reject.reason}",
         )
         reply = own_frame(T.SEND_ERROR, error)
-        self._report(outcome, "rejected", True, topic, None, reject.reason)
+        # A batch is refused whole: every message of it counts.
+        self._report(outcome, "rejected", True, topic, None, reject.reason, count)
         if state.forwarded > state.answered:  # earlier sends still wait for receipts
             if state.errors is None:
                 state.errors = deque()
@@ -285,6 +290,15 @@ class FilterGate:
                 refused = [r for r in results if isinstance(r.verdict, Reject)]
                 refusal = refused[0] if refused else None
         kept = [i for i, r in enumerate(results) if not isinstance(r.verdict, Reject)]
+        replaced = [r for r in results if isinstance(r.verdict, Replace)]
+        rebuilt: bytes | None = None
+        if kept and (len(kept) < count or replaced):
+            try:
+                kept_outcomes = [(i, results[i]) for i in kept]
+                rebuilt = _rebuild(frame, kept_outcomes, body, self.max_message_size)
+            except LocalProtocolError as exc:  # changed past the frame limit: not delivered
+                why = Reject("too_large", f"the changed message cannot be delivered: {exc}")
+                refusal, kept, replaced = Outcome(why, (replaced or results)[-1].filter), [], []
         skipped = count - len(kept)
         to_broker = b""
         if refusal is not None and skipped:
@@ -304,12 +318,10 @@ class FilterGate:
             to_broker += encode(command(T.FLOW, flow))
         if not kept:
             return b"", to_broker
-        replaced = [r for r in results if isinstance(r.verdict, Replace)]
-        if not skipped and not replaced:
+        if rebuilt is None:
             return frame.raw, to_broker
-        rebuilt = _rebuild(frame, [(i, results[i]) for i in kept], body)
         if replaced:
-            self._report(replaced[-1], "replaced", False, topic, rebuilt, "", len(replaced))
+            self._changes(replaced, False, topic, rebuilt)
         return rebuilt, to_broker
 
     # --- both ----------------------------------------------------------------------
@@ -322,19 +334,20 @@ class FilterGate:
         direction: Direction,
         name: str | None,
         schema: Schema | None,
-    ) -> tuple[Outcome, bytes | None]:
+    ) -> tuple[Outcome, bytes | None, list[Outcome]]:
         """The chain over a frame's messages: the first refusal, or what
-        changed (the frame rebuilt) or not (None)."""
+        changed (the frame rebuilt) or not (None); and each message's outcome."""
         meta = frame.metadata
         assert meta is not None
         if _chunked(meta):
             why = "chunked messages are not filtered: send them unchunked to this topic"
-            return Outcome(Reject("chunked", why), chain.names[0]), None
+            return Outcome(Reject("chunked", why), chain.names[0]), None, []
         try:
             messages = self._messages(frame, topic, direction, name, schema)
         except RemoteProtocolError as exc:
-            return Outcome(Reject("unreadable", f"unreadable message: {exc}"), chain.names[0]), None
-        results = []
+            unreadable = Reject("unreadable", f"unreadable message: {exc}")
+            return Outcome(unreadable, chain.names[0]), None, []
+        results: list[Outcome] = []
         for message in messages:
             outcome = chain.run(message)
             self._errors(outcome, direction == PRODUCE, topic)
@@ -347,16 +360,21 @@ class FilterGate:
                                reject.error),
                         outcome.filter, outcome.errors,
                     )  # fmt: skip
-                return outcome, None
+                return outcome, None, results
             results.append(outcome)
         replaced = [r for r in results if isinstance(r.verdict, Replace)]
         if not replaced:
-            return Outcome(PASS), None
+            return Outcome(PASS), None, results
         if meta.encryption_keys:
             refused = Reject("encrypted", "an encrypted message cannot be changed")
-            return Outcome(refused, replaced[0].filter), None
+            return Outcome(refused, replaced[0].filter), None, results
         body: Any = frame.body
-        return replaced[-1], _rebuild(frame, list(enumerate(results)), body)
+        try:
+            rebuilt = _rebuild(frame, list(enumerate(results)), body, self.max_message_size)
+            return replaced[-1], rebuilt, results
+        except LocalProtocolError as exc:  # changed past the frame limit
+            refused = Reject("too_large", f"the changed message cannot be sent: {exc}")
+            return Outcome(refused, replaced[-1].filter), None, results
 
     def _messages(
         self,
@@ -399,6 +417,19 @@ class FilterGate:
             failed_closed = isinstance(outcome.verdict, Reject) and outcome.filter == name
             reason = "closed" if failed_closed else "open"
             self.tap.event(self.conn, Filtered(name, "error", from_client, topic, reason))
+
+    def _changes(self, outcomes: list[Outcome], from_client: bool, topic: str, sent: bytes) -> None:
+        """One ``replaced`` event per filter that changed messages of a frame
+        (how many), the frame as it went on with the last."""
+        counted: dict[str, int] = {}
+        for outcome in outcomes:
+            for name in outcome.changed:
+                counted[name] = counted.get(name, 0) + 1
+        last = len(counted) - 1
+        for i, (name, messages) in enumerate(counted.items()):
+            frame = sent if i == last else None
+            event = Filtered(name, "replaced", from_client, topic, "", messages, frame)
+            self.tap.event(self.conn, event)
 
     def _report(
         self,
@@ -447,7 +478,7 @@ def _apply(meta: Any, replace: Replace) -> None:
         meta.partition_key_b64_encoded = False
 
 
-def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any) -> bytes:
+def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any, limit: int) -> bytes:
     """``frame`` with the messages ``kept`` (by index), each as its outcome
     says: compressed again with its codec, sizes, counts and the checksum
     made anew; the command and broker entry metadata as they were."""
@@ -484,15 +515,17 @@ def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any) -> bytes:
             cmd = pb.BaseCommand()
             cmd.CopyFrom(frame.command)
             _keep_ack_set(cmd.message, [i for i, _ in kept])
-            return _encoded(frame, cmd, meta, data)
-    return _encoded(frame, frame.command, meta, data)
+            return _encoded(frame, cmd, meta, data, limit)
+    return _encoded(frame, frame.command, meta, data, limit)
 
 
-def _encoded(frame: Frame, cmd: pb.BaseCommand, meta: pb.MessageMetadata, data: bytes) -> bytes:
+def _encoded(
+    frame: Frame, cmd: pb.BaseCommand, meta: pb.MessageMetadata, data: bytes, limit: int
+) -> bytes:
     meta.uncompressed_size = len(data)
     return encode_payload(
-        cmd, meta, compress(meta.compression, data),
-        checksum=True, broker_entry_metadata=frame.broker_entry_metadata,
+        cmd, meta, compress(meta.compression, data), checksum=True,
+        broker_entry_metadata=frame.broker_entry_metadata, max_message_size=limit,
     )  # fmt: skip
 
 
