@@ -65,7 +65,15 @@ def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
         return value if isinstance(action, argparse._StoreTrueAction) else not value
     if isinstance(action, argparse._AppendAction):
         items = raw if isinstance(raw, list) else [x for x in str(raw).split(",") if x.strip()]
-        return [_one(action, item, source) for item in items]
+        values, problems = [], []
+        for item in items:  # every item's mistakes, not only the first's
+            try:
+                values.append(_one(action, item, source))
+            except SettingsError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise SettingsError("\n".join(problems))
+        return values
     return _one(action, raw, source)
 
 

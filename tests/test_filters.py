@@ -4,6 +4,9 @@ of SEND_ERRORs, skipped deliveries, schemas asked for)."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from sluice.errors import ConfigError
@@ -24,6 +27,7 @@ from sluice.protocols.pulsar.decoder import decode_frame
 from sluice.protocols.pulsar.encoder import command, encode_payload
 from sluice.protocols.pulsar.payload import build_batch, compress, messages
 from sluice.protocols.pulsar.urls import parse_broker_url
+from tests.helpers.support import SLUICE
 from tests.test_pulsar_core import (
     MiB,
     Recording,
@@ -374,3 +378,85 @@ def test_a_topic_without_a_schema_passes_and_a_failed_question_is_retried() -> N
     (error,) = sent(out, Peer.CLIENT)
     # A code on which clients reconnect and send again, not one that fails the send.
     assert error.body.error == pb.ServiceNotReady
+
+
+def _chunk(chunk_id: int, chunks: int = 2) -> bytes:
+    meta = pb.MessageMetadata(
+        producer_name="p", sequence_id=3, publish_time=1, uuid="p-3", chunk_id=chunk_id,
+        num_chunks_from_msg=chunks, total_chunk_msg_size=10,
+    )  # fmt: skip
+    body = pb.CommandSend(producer_id=1, sequence_id=3, is_chunk=True)
+    return encode_payload(command(T.SEND, body), meta, b"chunk")
+
+
+def test_chunked_messages_on_a_filtered_topic_are_refused_not_reassembled() -> None:
+    core, rec = _core(FilterSpec(WORDS))
+    out = core.receive_client(_chunk(0), 1.0)
+    (error,) = sent(out, Peer.CLIENT)
+    assert not sent(out, Peer.BROKER)
+    assert error.name == "SEND_ERROR" and "chunked messages are not filtered" in error.body.message
+    assert [(e.action, e.reason) for e in rec.of(Filtered)] == [("rejected", "chunked")]
+    # A chunked delivery is skipped: acknowledged, its permit given back.
+    meta = pb.MessageMetadata(
+        producer_name="p", sequence_id=3, publish_time=1, uuid="p-3", chunk_id=1,
+        num_chunks_from_msg=2, total_chunk_msg_size=10,
+    )  # fmt: skip
+    body = pb.CommandMessage(consumer_id=2, message_id=pb.MessageIdData(ledgerId=1, entryId=9))
+    out = core.receive_broker(encode_payload(command(T.MESSAGE, body), meta, b"chunk"), 1.1)
+    assert not sent(out, Peer.CLIENT)
+    assert names(out, Peer.BROKER) == ["ACK", "FLOW"]
+
+
+def test_a_change_past_the_frame_limit_is_refused_not_raised() -> None:
+    core, rec = _core(FilterSpec("tests.helpers.filters:Grow"))
+    out = core.receive_client(_send(0, [b"x"]), 1.0)
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "SEND_ERROR" and "cannot be sent" in error.body.message
+    assert [(e.action, e.reason) for e in rec.of(Filtered)] == [("rejected", "too_large")]
+
+
+def _proxy_config(tmp_path: Path, toml: str, *args: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "sluice.toml"
+    path.write_text('broker = "pulsar://127.0.0.1:6650"\n' + toml)
+    return subprocess.run([*SLUICE, "proxy", "--config", str(path), *args],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+@pytest.mark.e2e  # runs the command
+def test_filters_tables_in_the_toml_file(tmp_path: Path) -> None:
+    good = _proxy_config(tmp_path, """
+[[filters]]
+name = "schema"
+topics = ["persistent://acme/*"]
+direction = "produce"
+
+[[filters]]
+name = "tests.helpers.filters:Words"
+settings = { word = "nope" }
+""", "--print-config")  # fmt: skip
+    assert good.returncode == 0, good.stderr
+    (line,) = [x for x in good.stdout.splitlines() if x.startswith("filters = ")]
+    # Printed the way a file or flag says it, so the printed file reads back.
+    assert line.split("  #")[0] == (
+        'filters = ["schema:{\\"topics\\": [\\"persistent://acme/*\\"], \\"direction\\": '
+        '\\"produce\\"}", "tests.helpers.filters:Words:{\\"settings\\": {\\"word\\": \\"nope\\"}}"]'
+    )
+    bad = _proxy_config(tmp_path, """
+[[filters]]
+name = "schema"
+direction = "sideways"
+
+[[filters]]
+name = "schema"
+on-error = "maybe"
+""")  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.splitlines() == [
+        f"sluice proxy: file {tmp_path / 'sluice.toml'}: filters (schema): direction must be "
+        "one of produce, deliver, both, not 'sideways'",
+        f"sluice proxy: file {tmp_path / 'sluice.toml'}: filters (schema): on-error must be "
+        "one of closed, open, not 'maybe'",
+    ]
+    unknown = _proxy_config(tmp_path, '[[filters]]\nname = "nonesuch"\n')
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith("sluice proxy: filter 'nonesuch': no such filter (known: ")

@@ -242,3 +242,20 @@ def test_topics_no_filter_names_pass_untouched(schema_proxy: ProxyProcess) -> No
         c.create_producer(topic, schema=AvroSchema(Order)).send(Order(id=1, item="typed"))
         raw = c.create_producer(topic, batching_enabled=False)
         assert _sent(raw, [b"anything goes here"]) == [True]
+
+
+def test_a_chunked_message_on_a_filtered_topic_is_refused_with_a_clear_error(
+    schema_proxy: ProxyProcess, admin_port: int
+) -> None:
+    topic = _topic("chunked")
+    with client(schema_proxy.url) as c:
+        c.create_producer(topic, schema=AvroSchema(Order)).send(Order(id=0, item="typed"))
+        chunking = c.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+        with pytest.raises(pulsar.PulsarException):
+            chunking.send(bytes(6 * 1024 * 1024))  # over the broker's 5 MiB: sent in chunks
+        # The producer goes on: an ordinary message after it is stored.
+        consumer = c.subscribe(topic, "reader", schema=AvroSchema(Order))
+        definition = json.loads(AvroSchema(Order).schema_info().schema())
+        assert _sent(chunking, [_avro({"id": 1, "item": "after"}, definition)]) == [True]
+        assert [o.id for o in _read_all(consumer, 1)] == [1]
+    assert _rejected(schema_proxy, admin_port, topic).get("chunked", 0) >= 1

@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             settings = config.apply(subparser, command, argv[argv.index(command) + 1 :])
         except config.SettingsError as exc:
-            print(f"sluice {command}: {exc}", file=sys.stderr)
+            for line in str(exc).splitlines():  # one mistake a line
+                print(f"sluice {command}: {line}", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
     if args.command is None:

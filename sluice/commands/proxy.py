@@ -437,6 +437,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     filters.add_argument(
         "--filter",
+        "--filters",
         dest="filters",
         action="append",
         type=FilterArgument(),

@@ -65,6 +65,23 @@ class FilterSpec:
     def id(self) -> str:
         return self.label or self.name
 
+    def __str__(self) -> str:
+        """The ``--filter`` form, which reads back as this spec."""
+        table: dict[str, Any] = {}
+        if self.topics != ("*",):
+            table["topics"] = list(self.topics)
+        if self.direction != "both":
+            table["direction"] = self.direction
+        if self.roles:
+            table["roles"] = list(self.roles)
+        if self.on_error != "closed":
+            table["on-error"] = self.on_error
+        if self.settings:
+            table["settings"] = dict(self.settings)
+        if self.label:
+            table["label"] = self.label
+        return f"{self.name}:{json.dumps(table)}" if table else self.name
+
     def runs(self, direction: str) -> bool:
         return self.direction in (direction, "both")
 
@@ -137,7 +154,7 @@ class FilterArgument:
 
     def from_table(self, table: Mapping[str, Any], where: str) -> FilterSpec:
         try:
-            return parse_table(table, f"{where} [[filters]]")
+            return parse_table(table, where)
         except FilterConfigError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 

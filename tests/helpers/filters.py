@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from sluice.filters import PASS, Filter, Message, NoSettings, Reject, Replace, Verdict
@@ -49,3 +50,11 @@ class Suffix(Filter[NoSettings]):
 
     def on_produce(self, message: Message) -> Verdict:
         return Replace(payload=message.payload + b"+")
+
+
+class Grow(Filter[NoSettings]):
+    """Makes every produced payload 6 MiB that do not compress: past
+    Pulsar's default frame limit."""
+
+    def on_produce(self, message: Message) -> Verdict:
+        return Replace(payload=random.Random(0).randbytes(6 * 1024 * 1024))
