@@ -8,14 +8,13 @@ it for the topics, directions and roles its configuration names
 (``sluice.filters.schema``). See docs/filters.md.
 """
 
-from sluice.filters.api import (
+from sluice.filters.api import Filter, NoSettings
+from sluice.protocols.filtering import (
     DELIVER,
     PASS,
     PRODUCE,
     Direction,
-    Filter,
     Message,
-    NoSettings,
     Pass,
     Reject,
     Replace,

@@ -15,33 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from sluice.protocols.filtering import (
-    DELIVER,
-    PASS,
-    PRODUCE,
-    Direction,
-    Message,
-    Pass,
-    Reject,
-    Replace,
-    Schema,
-    Verdict,
-)
-
-__all__ = [
-    "DELIVER",
-    "PASS",
-    "PRODUCE",
-    "Direction",
-    "Filter",
-    "Message",
-    "NoSettings",
-    "Pass",
-    "Reject",
-    "Replace",
-    "Schema",
-    "Verdict",
-]
+from sluice.protocols.filtering import PASS, Message, Verdict
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sluice.filters.api import PASS, Filter, Message, Reject, Verdict
+from sluice.filters.api import Filter
 from sluice.filters.schemas import SchemaUnsupported, Validator, validator
-from sluice.protocols.filtering import Schema
+from sluice.protocols.filtering import PASS, Message, Reject, Schema, Verdict
 
 log = logging.getLogger("sluice.filters")
 
