@@ -12,6 +12,29 @@ pins) and, in front of it, every path at once:
   sluice          `sluice proxy` with validation and metrics, no recording
   sluice-record   the same with --record (payloads hashed), as in production
   sluice-workers  the same as `sluice` with --workers 2
+  sluice-filter-noop  `sluice` plus --filter bench.peers:Noop on the bench's topics,
+                  produce direction: every produced message unpacked and passed
+  sluice-schema   `sluice` plus --filter schema on the bench's topics, produce
+                  direction: every produced message checked against the topic's
+                  JSON schema (fetched from the broker with GET_SCHEMA)
+
+The default --paths are the first five; the two filter paths are asked for
+by name (--paths direct,sluice,sluice-filter-noop,sluice-schema). When
+either is asked for, every produce workload on every path of that run sends
+JSON records (``{"id": N, "name": "peers", "blob": "xx..."}``, each line
+exactly the row's size: pulsar-perf --payload-file, the Python client the
+same lines) instead of pulsar-perf's own payload and the Python x's,
+and each of its topics is given a JSON schema through the admin API before
+its first client: the rows of a run compare, byte for byte, and the schema
+filter has something real to check. A run without the filter paths sends
+what it always has, so its rows compare with earlier runs'. After the
+rounds every Sluice path's /metrics is read: a message a filter refused
+(sluice_filter_rejected_total) or raised on ends the run with an error.
+With `sluice` in the run too, a second table sets each filter path's rows
+beside `sluice`'s: msg/s and proxy CPU per message, each as the ratio of
+the filter row to the `sluice` row of the same round, median (min-max) of
+the rounds. The filters are produce-only, so the consume rows of the filter
+paths are connections no filter wants, on the compiled path.
 
 Workloads, each on a fresh topic, every path in turn, the order of the paths
 rotated from round to round:
@@ -64,6 +87,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -79,11 +103,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run as a script, this file's folder is first on sys.path; imported as
+# bench.peers (the no-op filter, in the proxy), it is found last.
+sys.path.append(str(Path(__file__).resolve().parent))
 
-# Beside this file (run as a script, its folder is first on sys.path).
 from fleet import cpu_seconds as tree_cpu_seconds
 from fleet import process_tree, rss_bytes
 
@@ -95,9 +121,31 @@ from sluice.brokers.apache_pulsar import (
     jvm_flags,
 )
 from sluice.brokers.embedded import BrokerError
-from tests.helpers.support import ProxyProcess, client, start_proxy
+from sluice.filters import PASS, Filter, Message, NoSettings, Verdict
+
+if TYPE_CHECKING:
+    # Imported where used: the proxy imports this module for Noop, and
+    # tests.helpers.support brings the Pulsar client library along.
+    from tests.helpers.support import ProxyProcess
 
 PATHS = ["direct", "apache-proxy", "sluice", "sluice-record", "sluice-workers"]
+FILTER_PATHS = ["sluice-filter-noop", "sluice-schema"]  # asked for by name
+KNOWN = PATHS + FILTER_PATHS
+# The topics the filter paths' filters apply to: every topic of the bench.
+FILTER_TOPICS = ["public/default/peers-*"]
+# The JSON schema of the filter runs' topics: an Avro record definition, as
+# Pulsar's JSON schemas are; every payload is one such record.
+RECORD = {
+    "type": "record",
+    "name": "PeersRecord",
+    "namespace": "sluice.bench",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "name", "type": "string"},
+        {"name": "blob", "type": "string"},
+    ],
+}
+JSON_LINES = 100  # distinct payloads of each size (pulsar-perf picks one at random)
 RATES = [100, 1000, 10_000]  # msg/s of the fixed-rate workloads
 SAMPLE = 0.2  # seconds between samples of the broker's counters and the proxy's CPU
 PROBE = 2000  # 1 KiB messages sent through the Apache Pulsar Proxy under strace
@@ -105,6 +153,80 @@ PROBE = 2000  # 1 KiB messages sent through the Apache Pulsar Proxy under strace
 
 def log(text: str) -> None:
     print(f"[peers] {text}", file=sys.stderr, flush=True)
+
+
+# --- the filters ----------------------------------------------------------------
+
+
+class Noop(Filter[NoSettings]):
+    """Passes every produced message: what unpacking each message and
+    calling a filter costs, the filter doing nothing."""
+
+    def on_produce(self, message: Message) -> Verdict:
+        return PASS
+
+
+def filter_flag(name: str) -> str:
+    """``--filter`` for ``name``, on the bench's topics, produce direction."""
+    return f"{name}:" + json.dumps({"topics": FILTER_TOPICS, "direction": "produce"})
+
+
+def json_lines(size: int) -> list[bytes]:
+    """JSON_LINES records of RECORD, each exactly ``size`` bytes."""
+    lines = []
+    for i in range(JSON_LINES):
+        head = json.dumps({"id": i, "name": "peers", "blob": ""})[:-2]  # up to the blob's text
+        pad = size - len(head) - 2
+        if pad < 0:
+            raise SystemExit(f"a JSON record does not fit in {size} bytes")
+        line = (head + "x" * pad + '"}').encode()
+        assert len(line) == size and json.loads(line)["id"] == i
+        lines.append(line)
+    return lines
+
+
+@dataclass
+class Payloads:
+    """JSON records of RECORD as the produce workloads' payloads, in files
+    for pulsar-perf (--payload-file, one a line) and lists for the Python client."""
+
+    folder: Path
+    files: dict[int, Path] = field(default_factory=dict)
+
+    def lines(self, size: int) -> list[bytes]:
+        return json_lines(size)
+
+    def file(self, size: int) -> Path:
+        if size not in self.files:
+            path = self.folder / f"payloads-{size}.jsonl"
+            path.write_bytes(b"\n".join(self.lines(size)) + b"\n")
+            self.files[size] = path
+        return self.files[size]
+
+
+def give_schema(broker: ApachePulsar, name: str) -> None:
+    """Topic ``name`` (not yet used) given RECORD as its JSON schema."""
+    local = name.removeprefix("persistent://")
+    body = {"type": "JSON", "schema": json.dumps(RECORD), "properties": {}}
+    status, text = broker.admin("POST", f"/admin/v2/schemas/{local}/schema", body)
+    if status != 200:
+        raise SystemExit(f"POST the schema of {name}: HTTP {status} {text[:300]}")
+
+
+def filter_counts(admin: int) -> dict[str, float]:
+    """sluice_filter_rejected_total and sluice_filter_errors_total, summed
+    over their labels, from the /metrics of the proxy whose admin endpoint
+    is on loopback port ``admin``."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    counts = {"sluice_filter_rejected_total": 0.0, "sluice_filter_errors_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in counts:
+            counts[name] += float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 # --- the paths -------------------------------------------------------------------
@@ -119,14 +241,27 @@ class Path_:
     pid: int | None  # the proxy's process, None when direct
     start_seconds: float | None
     stop: Callable[[], None]
+    admin: int | None = None  # Sluice's admin port (/metrics)
+
+
+ADMIN = re.compile(r"listening \(admin\) on [\d.]+:(\d+)")  # the proxy's log, at start
 
 
 def start_sluice(broker: ApachePulsar, tmp: Path, name: str, *extra: str) -> Path_:
+    from tests.helpers.support import start_proxy
+
     started = time.monotonic()
     proxy: ProxyProcess = start_proxy(broker.url, tmp, "--admin", "127.0.0.1:0", *extra,
                                       wait=False)  # fmt: skip
-    answered_connect(("127.0.0.1", proxy.port), started + 60)
-    return Path_(name, proxy.url, proxy.pid, time.monotonic() - started, proxy.kill)
+    try:
+        answered_connect(("127.0.0.1", proxy.port), started + 60)
+    except BrokerError as exc:
+        proxy.kill()
+        raise SystemExit(f"{name} did not start: {exc}\n{proxy.log()[-3000:]}") from None
+    seconds = time.monotonic() - started
+    admin = ADMIN.search(proxy.log())
+    return Path_(name, proxy.url, proxy.pid, seconds, proxy.kill,
+                 int(admin.group(1)) if admin else None)  # fmt: skip
 
 
 def start_path(name: str, broker: ApachePulsar, tmp: Path) -> Path_:
@@ -144,7 +279,14 @@ def start_path(name: str, broker: ApachePulsar, tmp: Path) -> Path_:
                             "--record-payloads", "hash")  # fmt: skip
     if name == "sluice-workers":
         return start_sluice(broker, tmp, name, "--workers", "2")
-    raise SystemExit(f"unknown path {name!r}; known: {', '.join(PATHS)}")
+    if name == "sluice-filter-noop":
+        # Imported by the proxy as bench.peers: the checkout is on its
+        # sys.path wherever its sluice package is (python -m sluice from
+        # the checkout, or the editable install's .pth).
+        return start_sluice(broker, tmp, name, "--filter", filter_flag("bench.peers:Noop"))
+    if name == "sluice-schema":
+        return start_sluice(broker, tmp, name, "--filter", filter_flag("schema"))
+    raise SystemExit(f"unknown path {name!r}; known: {', '.join(KNOWN)}")
 
 
 # --- measuring -------------------------------------------------------------------------
@@ -350,6 +492,29 @@ class Run:
     broker: ApachePulsar
     path: Path_
     topics: Topics
+    payloads: Payloads | None = None  # JSON records, or pulsar-perf's and the x's
+
+
+def produce_topic(r: Run) -> str:
+    """A fresh topic to produce to; given RECORD as its schema when the run
+    sends JSON records."""
+    name = topic()
+    if r.payloads is not None:
+        give_schema(r.broker, name)
+    return name
+
+
+def perf_payload(r: Run, size: int) -> list[str]:
+    """pulsar-perf produce's payload flags: ``size`` bytes of its own, or
+    the run's JSON records of that size."""
+    if r.payloads is None:
+        return ["-s", str(size)]
+    return ["--payload-file", str(r.payloads.file(size))]
+
+
+def bodies(r: Run, size: int) -> list[bytes] | None:
+    """The Python client's payloads: the run's JSON records, or None (x's)."""
+    return None if r.payloads is None else r.payloads.lines(size)
 
 
 @dataclass
@@ -362,12 +527,12 @@ def wl_perf_max(
     size: int, seconds: int, batched: bool, keep: str | None = None
 ) -> Callable[[Run], Figures]:
     def run(r: Run) -> Figures:
-        name = topic()
+        name = produce_topic(r)
         # -r 0 sends nothing: a rate no path reaches is "no limit"; at most
         # 1000 messages wait for their receipts (pulsar-perf's own default
         # lets hundreds of thousands pile up, and latency is then queueing).
-        args = ["produce", "-u", r.path.url, "-s", str(size), "-r", "10000000", "-o", "1000",
-                "-time", str(seconds)]  # fmt: skip
+        args = ["produce", "-u", r.path.url, *perf_payload(r, size), "-r", "10000000",
+                "-o", "1000", "-time", str(seconds)]  # fmt: skip
         if not batched:
             args.append("-db")
         with Meter(r.path.pid, topic_counter(r.broker, name, "msgInCounter")) as meter:
@@ -383,7 +548,7 @@ def wl_perf_max(
 
 def wl_perf_rate(size: int, rate: int, seconds: int) -> Callable[[Run], Figures]:
     def run(r: Run) -> Figures:
-        name = topic()
+        name = produce_topic(r)
         count = rate * seconds
         reader = subprocess.Popen(
             r.runtime.perf("consume", "-u", r.path.url, "-ss", "e2e", "-m", str(count), name),
@@ -393,8 +558,8 @@ def wl_perf_rate(size: int, rate: int, seconds: int) -> Callable[[Run], Figures]
             wait_subscribed(r.broker, name, "e2e", reader)
             with Meter(r.path.pid, topic_counter(r.broker, name, "msgInCounter")) as meter:
                 _, latency = perf(
-                    r.runtime, "produce", "-u", r.path.url, "-s", str(size), "-r", str(rate),
-                    "-m", str(count), "-db", name,
+                    r.runtime, "produce", "-u", r.path.url, *perf_payload(r, size),
+                    "-r", str(rate), "-m", str(count), "-db", name,
                 )  # fmt: skip
             out, _ = reader.communicate(timeout=120)
         finally:
@@ -423,11 +588,22 @@ def wl_perf_consume(source: str) -> Callable[[Run], Figures]:
     return run
 
 
-def py_produce(url: str, name: str, count: int, size: int, batched: bool, meter: Meter) -> None:
-    """bench/e2e.py's produce, marked from the first send to the last receipt."""
+def py_produce(
+    url: str,
+    name: str,
+    count: int,
+    size: int,
+    batched: bool,
+    meter: Meter,
+    payloads: list[bytes] | None = None,
+) -> None:
+    """bench/e2e.py's produce, marked from the first send to the last receipt;
+    ``payloads``: sent in turn instead of ``size`` x's."""
     import pulsar
 
-    body = b"x" * size
+    from tests.helpers.support import client
+
+    sent = itertools.islice(itertools.cycle(payloads or [b"x" * size]), count)
     with client(url) as c:
         producer = c.create_producer(
             name,
@@ -446,7 +622,7 @@ def py_produce(url: str, name: str, count: int, size: int, batched: bool, meter:
             done.release()
 
         meter.mark()
-        for _ in range(count):
+        for body in sent:
             producer.send_async(body, on_receipt)
         producer.flush()
         for _ in range(count):
@@ -460,6 +636,8 @@ def py_produce(url: str, name: str, count: int, size: int, batched: bool, meter:
 def py_consume(url: str, name: str, count: int, meter: Meter) -> None:
     """bench/e2e.py's consume, marked from the subscription to the last message."""
     import pulsar
+
+    from tests.helpers.support import client
 
     with client(url) as c:
         consumer = c.subscribe(
@@ -478,11 +656,11 @@ def wl_py_produce(
     size: int, count: int, batched: bool, keep: str | None = None
 ) -> Callable[[Run], Figures]:
     def run(r: Run) -> Figures:
-        name = topic()
+        name = produce_topic(r)
         if keep:
             r.topics[keep] = (name, count)
         with Meter(r.path.pid) as meter:
-            py_produce(r.path.url, name, count, size, batched, meter)
+            py_produce(r.path.url, name, count, size, batched, meter, bodies(r, size))
         return figures(meter.marked(count), r.path.pid, meter)
 
     return run
@@ -782,6 +960,8 @@ class Results:
     starts: dict[str, list[float]]  # proxy: seconds from start to first answered CONNECT
     transport: str | None
     version: str
+    # Each Sluice path's filter counters after the rounds (filter_counts).
+    filtered: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def start_times(
@@ -808,8 +988,11 @@ def measure(args: argparse.Namespace) -> Results:
     cells: dict[tuple[str, str], Cell] = {}
     starts: dict[str, list[float]] = {}
     transport = None
+    filtered: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp_name:
         tmp = Path(tmp_name)
+        # Any filter path: JSON records on every path (the module's docstring).
+        payloads = Payloads(tmp) if set(names) & set(FILTER_PATHS) else None
         with ApachePulsar(log_path=tmp / "broker.log", say=log) as broker:
             assert broker.runtime is not None
             runtime = broker.runtime
@@ -821,7 +1004,7 @@ def measure(args: argparse.Namespace) -> Results:
                     order = names[round_ % len(names) :] + names[: round_ % len(names)]
                     log(f"round {round_ + 1}/{args.rounds}: {', '.join(order)}")
                     for name in order:
-                        run = Run(runtime, broker, paths[name], {})
+                        run = Run(runtime, broker, paths[name], {}, payloads)
                         for load in loads:
                             result = load.run(run)
                             cells.setdefault((name, load.name), Cell()).runs.append(result)
@@ -830,6 +1013,14 @@ def measure(args: argparse.Namespace) -> Results:
                                 cpu = f", {result.idle_cpu * 1e3:.2f} ms CPU/s idle"
                             log(f"  {name:15} {load.name:18} {result.rate:9,.0f} msg/s "
                                 f"over {result.window:5.2f} s{cpu}")  # fmt: skip
+                for name, path in paths.items():
+                    if path.admin is not None:
+                        filtered[name] = filter_counts(path.admin)
+                    elif name in FILTER_PATHS:
+                        raise SystemExit(f"{name}: its admin port is not in its log")
+                refused = {n: c for n, c in filtered.items() if any(c.values())}
+                if refused:
+                    raise SystemExit(f"filters refused or raised on messages: {refused}")
                 if "apache-proxy" in paths:
                     transport = peer_transport(paths["apache-proxy"], broker, tmp)
                     log(f"apache-proxy: {transport}")
@@ -838,7 +1029,7 @@ def measure(args: argparse.Namespace) -> Results:
                 for name, seconds in start_times(names, broker, tmp, args.starts - 1).items():
                     starts.setdefault(name, []).extend(seconds)
             version = runtime.version
-    return Results(cells, starts, transport, version)
+    return Results(cells, starts, transport, version, filtered)
 
 
 # --- the report ------------------------------------------------------------------------
@@ -905,6 +1096,37 @@ def table(
     return "\n".join(lines)
 
 
+def spread(values: list[float]) -> str:
+    """Median (min-max), two decimals."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def filter_table(cells: dict[tuple[str, str], Cell], names: list[str], loads: list[str]) -> str:
+    """The filter paths beside `sluice`: msg/s and proxy CPU per message, and
+    each as a ratio to `sluice`'s in the same round (median, min-max of the
+    rounds)."""
+    shown = ["sluice", *(n for n in names if n in FILTER_PATHS)]
+    lines = ["| workload | path | msg/s | vs sluice | proxy CPU µs/msg | vs sluice |",
+             "|" + "---|" * 6]  # fmt: skip
+    for load in loads:
+        if load == IDLE:
+            continue
+        base = cells[("sluice", load)].runs
+        for name in shown:
+            cell = cells[(name, load)]
+            f = cell.median()
+            rates = [a.rate / b.rate for a, b in zip(cell.runs, base, strict=False) if b.rate]
+            cpus = [a.cpu_us / b.cpu_us for a, b in zip(cell.runs, base, strict=False)
+                    if a.cpu_us is not None and b.cpu_us]  # fmt: skip
+            row = [load, name, f"{f.rate:,.0f}", spread(rates) if name != "sluice" else "",
+                   "-" if f.cpu_us is None else f"{f.cpu_us:.1f}",
+                   spread(cpus) if name != "sluice" else ""]  # fmt: skip
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def picture(cells: dict[tuple[str, str], Cell], names: list[str], out: Path) -> None:
     """Publish and end-to-end latency percentiles per path, at each fixed rate."""
     import matplotlib
@@ -940,7 +1162,8 @@ def main() -> int:
         "--scale", type=float, default=1.0, help="multiply message counts and run lengths"
     )
     parser.add_argument("--paths", type=lambda s: s.split(","), default=PATHS,
-                        help=f"comma-separated, from {','.join(PATHS)} (default: all)")  # fmt: skip
+                        help=f"comma-separated, from {','.join(KNOWN)} "
+                        f"(default: {','.join(PATHS)})")  # fmt: skip
     parser.add_argument(
         "--starts", type=int, default=3, help="timed starts of each proxy (default: 3)"
     )
@@ -948,7 +1171,7 @@ def main() -> int:
                         help="latency picture (default: bench/peers.png)")  # fmt: skip
     parser.add_argument("--markdown", type=Path, help="also write the table here (default: no)")
     args = parser.parse_args()
-    unknown = set(args.paths) - set(PATHS)
+    unknown = set(args.paths) - set(KNOWN)
     if unknown or args.rounds < 1 or args.scale <= 0 or args.starts < 1:
         parser.error(
             f"bad --paths {sorted(unknown)}"
@@ -991,6 +1214,16 @@ def main() -> int:
             for n, t in results.starts.items()
         ),
     ]
+    if "sluice" in args.paths and set(args.paths) & set(FILTER_PATHS):
+        lines += ["", "Filters beside `sluice` (JSON records on every path; ratios: each "
+                  "round's row over the same round's `sluice` row, median (min-max) of "
+                  f"{args.rounds} rounds):",
+                  "", filter_table(cells, args.paths, loads)]  # fmt: skip
+    if any(n in FILTER_PATHS for n in results.filtered):
+        lines += ["", "Filters after the rounds (/metrics): " + ", ".join(
+            f"{n} refused {c['sluice_filter_rejected_total']:.0f}, "
+            f"raised on {c['sluice_filter_errors_total']:.0f}"
+            for n, c in results.filtered.items() if n in FILTER_PATHS)]  # fmt: skip
     if floors is not None:
         lines += ["", "Floor: the compiled path alone over frames like the row's, no sockets "
                   "(the scanner, CRC32-C included, and the read's accounting, 256 KiB reads, "
