@@ -486,7 +486,7 @@ class PulsarConnection:
         """Whether this side's reads go through the message filters."""
         assert self._gate is not None
         correlator = self.correlator
-        return self._gate.wants(correlator.producers, correlator.consumers)[not from_client]
+        return self._gate.wants(from_client, correlator.producers, correlator.consumers)
 
     def _compiled_step(self) -> QuickStep | None:
         quick = getattr(self.tap, "quick", None)
@@ -767,7 +767,7 @@ class PulsarConnection:
                 if answered or topics:
                     self._report(from_client, answered, topics)
                 return [Send(Peer.BROKER if from_client else Peer.CLIENT, data)]
-        return self._relay_frames(from_client, data, now, whole and not filtered, batch)
+        return self._relay_frames(from_client, data, now, whole and not filtered, batch, filtered)
 
     def _relay_frames(
         self,
@@ -776,6 +776,7 @@ class PulsarConnection:
         now: float,
         whole: bool,
         batch: ScannedBatch | None,
+        filtered: bool = False,
     ) -> list[Action]:
         """``_relay`` for a read that is not one whole batch: what a batch
         took (if any), then the rest frame by frame."""
@@ -791,7 +792,7 @@ class PulsarConnection:
         payload_type = T.SEND if from_client else T.MESSAGE
         faulty = bool(self.faults.rules)
         # Message filters, when a producer or consumer of this side has any.
-        gate = self._gate if self._gate is not None and self._filtered(from_client) else None
+        gate = self._gate if filtered else None
         direction: Direction = PRODUCE if from_client else DELIVER
         producers = self.correlator.producers
         # Proxy mode: AUTH_CHALLENGE from the broker and AUTH_RESPONSE from

@@ -150,14 +150,20 @@ class FilterGate:
             return None
         return self.filtering.chain(topic, direction, self.role)
 
-    def wants(self, producers: dict[int, str], consumers: dict[int, str]) -> tuple[bool, bool]:
-        """Whether reads from the client, and from the broker, need filtering."""
-        client = self.waiting is not None or any(
-            self.chain(t, PRODUCE) is not None for t in producers.values()
-        )
-        # A filtered producer's receipts are read too: a refusal waits for them.
-        broker = client or any(self.chain(t, DELIVER) is not None for t in consumers.values())
-        return client, broker
+    def wants(
+        self, from_client: bool, producers: dict[int, str], consumers: dict[int, str]
+    ) -> bool:
+        """Whether reads from the client (or from the broker) need filtering."""
+        chain, role = self.filtering.chain, self.role
+        if self.waiting is not None:
+            return True
+        for topic in producers.values():
+            if chain(topic, PRODUCE, role) is not None:
+                # Its receipts are read too: a refusal waits for them.
+                return True
+        if from_client:
+            return False
+        return any(chain(topic, DELIVER, role) is not None for topic in consumers.values())
 
     def named(self, frame: Frame) -> None:
         """A PRODUCER or SUBSCRIBE the client sent: the name its messages
@@ -387,28 +393,20 @@ class FilterGate:
         meta = frame.metadata
         assert meta is not None
         version = bytes(meta.schema_version) if meta.HasField("schema_version") else None
-        common: dict[str, Any] = {
-            "direction": direction, "topic": topic, "role": self.role,
-            "client": self.conn.client, "name": name, "schema_version": version,
-            "schema": schema,
-        }  # fmt: skip
+        role, client = self.role, self.conn.client
         if meta.encryption_keys:
-            return [Message(payload=bytes(frame.payload), encrypted=True, metadata=meta,
-                            **_facts(meta), **common)]  # fmt: skip
+            ciphertext = bytes(frame.payload)
+            return [_message(meta, ciphertext, direction, topic, role, client, name, 0, 1,
+                             version, schema, True)]  # fmt: skip
         data = payload_bytes(frame)
         if not is_batch(meta):
-            return [Message(payload=data, metadata=meta, **_facts(meta), **common)]
+            return [_message(meta, data, direction, topic, role, client, name, 0, 1, version,
+                             schema)]  # fmt: skip
         entries = split_batch(data, meta.num_messages_in_batch)
         count = len(entries)
+        facts = (direction, topic, role, client, name)
         return [
-            Message(
-                payload=entry.payload,
-                index=i,
-                count=count,
-                metadata=entry.metadata,
-                **_facts(entry.metadata),
-                **common,
-            )
+            _message(entry.metadata, entry.payload, *facts, i, count, version, schema)
             for i, entry in enumerate(entries)
         ]
 
@@ -449,15 +447,29 @@ def _chunked(meta: pb.MessageMetadata) -> bool:
     return meta.HasField("chunk_id") or meta.num_chunks_from_msg > 1
 
 
-def _facts(meta: Any) -> dict[str, Any]:
-    """The facts a message's metadata (whole or one entry of a batch) gives."""
-    return {
-        "properties": {kv.key: kv.value for kv in meta.properties},
-        "key": meta.partition_key if meta.HasField("partition_key") else None,
-        "key_is_base64": bool(meta.partition_key_b64_encoded),
-        "event_time": meta.event_time or None,
-        "null": bool(meta.null_value),
-    }
+def _message(
+    meta: Any,
+    payload: bytes,
+    direction: Direction,
+    topic: str,
+    role: str | None,
+    client: str,
+    name: str | None,
+    index: int,
+    count: int,
+    version: bytes | None,
+    schema: Schema | None,
+    encrypted: bool = False,
+) -> Message:
+    """A ``Message`` with the facts its metadata (whole, or one entry of a
+    batch) gives; made per message, so by position."""
+    return Message(
+        direction, topic, payload,
+        {kv.key: kv.value for kv in meta.properties} if meta.properties else {},
+        meta.partition_key if meta.HasField("partition_key") else None,
+        meta.partition_key_b64_encoded, meta.event_time or None, role, client, name, index,
+        count, version, schema, encrypted, meta.null_value, meta,
+    )  # fmt: skip
 
 
 def _entry_id(message_id: pb.MessageIdData) -> pb.MessageIdData:
