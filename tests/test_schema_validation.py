@@ -555,3 +555,31 @@ def test_key_value_broken_definitions() -> None:
 def test_schema_unsupported(schema: Schema, why: str) -> None:
     with pytest.raises(SchemaUnsupported, match=why):
         validator(schema)
+
+
+@pytest.mark.parametrize(
+    "definition",
+    [
+        {"type": "array", "items": "null"},
+        {"type": "record", "name": "R", "fields": [
+            {"name": "a", "type": {"type": "array", "items": {
+                "type": "record", "name": "E", "fields": [{"name": "n", "type": "null"}]}}},
+        ]},
+        {"type": "map", "values": {"type": "array", "items": {"type": "fixed", "name": "F",
+                                                              "size": 0}}},
+    ],
+)  # fmt: skip
+def test_arrays_of_items_that_take_no_bytes_are_not_checked(definition: Any) -> None:
+    # A payload of a few bytes could claim billions of such items, each read
+    # one by one: the proxy's thread would be held by one message.
+    with pytest.raises(SchemaUnsupported, match="items that take no bytes"):
+        validator(Schema("AVRO", json.dumps(definition).encode()))
+
+
+def test_maps_and_arrays_of_real_items_are_checked() -> None:
+    definition = {"type": "record", "name": "R", "fields": [
+        {"name": "m", "type": {"type": "map", "values": "null"}},
+        {"name": "a", "type": {"type": "array", "items": "int"}},
+    ]}  # fmt: skip
+    check = validator(Schema("AVRO", json.dumps(definition).encode()))
+    assert check(b"\x00\x00", None) is None

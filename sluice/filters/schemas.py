@@ -247,6 +247,58 @@ def _avro_definition(data: bytes, kind: str, *, logical: bool) -> tuple[AvroSche
     return parsed, named
 
 
+def _empty_items(node: AvroSchema, named: NamedSchemas, seen: set[str]) -> str | None:
+    """The first array in ``node`` whose items can encode in no bytes
+    (described), or None."""
+    if isinstance(node, str):
+        if node in named and node not in seen:
+            return _empty_items(named[node], named, seen | {node})
+        return None
+    if isinstance(node, list):
+        for branch in node:
+            found = _empty_items(branch, named, seen)
+            if found is not None:
+                return found
+        return None
+    if not isinstance(node, dict):
+        return None
+    kind = node.get("type")
+    if kind == "array":  # (a map's every entry has a key: one byte at least)
+        if _takes_no_bytes(node["items"], named, set()):
+            return "an array"
+        return _empty_items(node["items"], named, seen)
+    if kind == "map":
+        return _empty_items(node["values"], named, seen)
+    if kind == "record":
+        name = node.get("name", "")
+        for field in node.get("fields", []):
+            found = _empty_items(field["type"], named, seen | {name})
+            if found is not None:
+                return found
+        return None
+    return _empty_items(kind, named, seen) if isinstance(kind, str | list | dict) else None
+
+
+def _takes_no_bytes(node: AvroSchema, named: NamedSchemas, seen: set[str]) -> bool:
+    """Whether a value of ``node`` can encode in no bytes at all."""
+    if isinstance(node, str):
+        if node == "null":
+            return True
+        if node in named and node not in seen:
+            return _takes_no_bytes(named[node], named, seen | {node})
+        return False
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if kind == "record":
+            inner = seen | {node.get("name", "")}
+            return all(_takes_no_bytes(f["type"], named, inner) for f in node.get("fields", []))
+        if kind == "fixed":
+            return int(node.get("size", 1)) == 0
+        if isinstance(kind, str) and kind not in ("array", "map", "enum"):
+            return _takes_no_bytes(kind, named, seen)
+    return False  # unions, arrays, maps and enums write at least one byte
+
+
 def _describe(node: AvroSchema) -> str:
     """An Avro type's name for a message: ``int``, ``record ex.User``, ..."""
     if isinstance(node, str):
@@ -275,6 +327,15 @@ class _AvroValidator:
     def __init__(self, data: bytes) -> None:
         self._schema, self._named = _avro_definition(data, "AVRO", logical=False)
         self._probes: dict[int, AvroSchema] = {}
+        # An array of items that take no bytes is read item by item
+        # for as many as its block count says, which a few payload bytes can
+        # put in the billions: one message would hold the proxy's thread.
+        empty = _empty_items(self._schema, self._named, set())
+        if empty is not None:
+            raise SchemaUnsupported(
+                f"{empty} holds items that take no bytes, which a payload could "
+                "claim billions of: not checked"
+            )
 
     def check(self, payload: bytes, key: bytes | None) -> Mismatch | None:
         stream = io.BytesIO(payload)
