@@ -17,6 +17,7 @@ from sluice.brokers.embedded import EmbeddedBroker
 from sluice.recording.format import read_records, recording_files
 from sluice.view.index import Index
 from tests.helpers.support import SLUICE, client, start_proxy
+from tests.test_analyze import analyze, rows_of
 
 WORDS = 'tests.helpers.filters:Words:{"topics": ["*filtered-*"], "direction": "produce"}'
 
@@ -92,3 +93,18 @@ def test_view_marks_the_frames_and_analyze_counts_them(recorded: Path) -> None:
         ("rejected", "word", 1, "client_to_broker"),
     ]
     assert {json.loads(r["extra"])["filter"] for r in filtered} == {"tests.helpers.filters:Words"}
+
+
+def test_analyze_writes_the_filtered_table_and_the_report_section(
+    recorded: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    analyze(str(recorded), out, "local[1]")
+    rows = rows_of(out / "filtered")
+    assert sorted((r["action"], r["reason"], r["messages"], r["filter"]) for r in rows) == [
+        ("rejected", "word", 1, "tests.helpers.filters:Words"),
+        ("replaced", None, 1, "tests.helpers.filters:Words"),
+    ]
+    assert {r["topic"] for r in rows} == {"persistent://public/default/filtered-rec"}
+    report = (out / "report.html").read_text()
+    assert "Message filters" in report and "no message filter acted" not in report

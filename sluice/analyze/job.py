@@ -14,8 +14,9 @@ the driver.
 Tables (Parquet, under DIR): ``frames``, ``connections``, ``topic_minute``,
 ``latency``, ``errors``, ``files`` (every segment read),
 ``bad_segments``, ``http`` (the HTTP listener's exchanges, one row each) and
-``filtered`` (what message filters did, by connection, topic, filter, action
-and reason); and ``report.html``.
+``filtered`` (what message filters did: one row per filter record, with its
+connection, topic, filter, action, reason and messages; only when the
+recordings hold any); and ``report.html``.
 """
 
 from __future__ import annotations
@@ -339,18 +340,23 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         "errors",
     )
 
-    filtered = write(
-        decoded.filter(F.col("record") == "filter")
-        .select(
-            "capture", "conn", "direction", "topic",
-            F.get_json_object("extra", "$.filter").alias("filter"),
-            F.col("command").alias("action"), F.col("error").alias("reason"), "messages",
-            "wall_ns",
-        )
-        .groupBy("capture", "conn", "direction", "topic", "filter", "action", "reason")
-        .agg(F.sum("messages").alias("messages"), F.min("wall_ns").alias("first_ns")),
-        "filtered",
-    )  # fmt: skip
+    # One row per filter record, as recorded: few, so no shuffle. Written
+    # only when the recordings hold some (a capture made with --filter), so
+    # that the job's others cost no Spark job more.
+    acted: dict[tuple[str, str, str, str], int] = {}
+    if rows("filter"):
+        filtered = write(
+            decoded.filter(F.col("record") == "filter").select(
+                "capture", "conn", "direction", "topic",
+                F.get_json_object("extra", "$.filter").alias("filter"),
+                F.col("command").alias("action"), F.col("error").alias("reason"), "messages",
+                "wall_ns",
+            ),
+            "filtered",
+        )  # fmt: skip
+        for r in filtered.select("filter", "action", "reason", "topic", "messages").collect():
+            acted_on = (r["filter"], r["action"], r["reason"] or "", r["topic"] or "")
+            acted[acted_on] = acted.get(acted_on, 0) + int(r["messages"] or 0)
 
     say("building the report")
     first_ns = counts["frame"]["first_ns"] if "frame" in counts else None
@@ -426,12 +432,8 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         ],
         "top_topics": top_topics,
         "filtered": [
-            r.asDict()
-            for r in filtered.groupBy("filter", "action", "reason", "topic")
-            .agg(F.sum("messages").alias("messages"))
-            .orderBy(F.desc("messages"), "filter", "topic")
-            .limit(50)
-            .collect()
+            {"filter": f, "action": a, "reason": r, "topic": t, "messages": n}
+            for (f, a, r, t), n in sorted(acted.items(), key=lambda kv: (-kv[1], kv[0]))[:50]
         ],
         "errors": [
             r.asDict()
