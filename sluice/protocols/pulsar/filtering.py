@@ -97,11 +97,13 @@ def schema_of(answer: Frame) -> Schema | None:
     )
 
 
+def _java(client_version: str) -> bool:
+    return client_version.startswith("Pulsar-Java")
+
+
 def default_error(client_version: str) -> int:
     """The SEND_ERROR code this client fails one send on (module docstring)."""
-    if client_version.startswith("Pulsar-Java"):
-        return pb.NotAllowedError
-    return pb.ChecksumError
+    return pb.NotAllowedError if _java(client_version) else pb.ChecksumError
 
 
 def _error_code(reject: Reject, client_version: str) -> int:
@@ -143,7 +145,6 @@ class FilterGate:
         self._producers: dict[int, _Producer] = {}
         self._names: dict[int, str] = {}  # producer and consumer names by id
         self.waiting: Wait | None = None
-        self.deferred = 0  # SEND_ERRORs waiting for a receipt
 
     def chain(self, topic: str | None, direction: Direction) -> Chain | None:
         if topic is None:
@@ -218,7 +219,7 @@ class FilterGate:
         reject = outcome.verdict
         assert isinstance(reject, Reject)
         body: Any = frame.body
-        java = self.client_version.startswith("Pulsar-Java")
+        java = _java(self.client_version)
         error = pb.CommandSendError(
             producer_id=body.producer_id,
             # Java matches an error to its send by the batch's highest id, C++ by the first.
@@ -233,7 +234,6 @@ class FilterGate:
             if state.errors is None:
                 state.errors = deque()
             state.errors.append((state.forwarded, reply))
-            self.deferred += 1
             return None
         return reply
 
@@ -264,7 +264,6 @@ class FilterGate:
         out: list[Frame] = []
         while errors and errors[0][0] <= state.answered:
             out.append(errors.popleft()[1])
-            self.deferred -= 1
         return out
 
     # --- deliver -------------------------------------------------------------------
