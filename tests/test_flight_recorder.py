@@ -23,10 +23,19 @@ from sluice.recording.format import read_records, recording_files
 from sluice.recording.reader import load
 from sluice.recording.retention import Retention, enforce, hold
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotBusy
-from tests.helpers.support import QUIET, SLUICE, ProxyProcess, client, start_proxy, wait_ready
+from tests.helpers.support import (
+    QUIET,
+    SLUICE,
+    ProxyProcess,
+    client,
+    holds_a_client,
+    one_client_per_worker,
+    start_proxy,
+    wait_ready,
+    worker_pids,
+)
 from tests.test_dashboards import scrape, value
 from tests.test_retention_bound import SizeSampler
-from tests.test_workers import holds_a_client, worker_pids
 
 MiB = 1024 * 1024
 
@@ -347,12 +356,13 @@ def test_a_snapshot_with_two_workers_holds_both_workers_connections(
     try:
         wait_ready(admin)
         pids = worker_pids(proxy, 2)
-        for n in range(12):  # until each worker serves one (the kernel picks)
+
+        def connect() -> None:
             c = pulsar.Client(proxy.url, operation_timeout_seconds=15, logger=QUIET)
+            c.create_producer(topic, batching_enabled=False).send(f"w-{len(clients)}".encode())
             clients.append(c)
-            c.create_producer(topic, batching_enabled=False).send(f"w-{n}".encode())
-            if all(holds_a_client(pid, proxy.port) for pid in pids.values()):
-                break
+
+        one_client_per_worker(pids, connect)
         assert all(holds_a_client(pid, proxy.port) for pid in pids.values())
         taken = snapshot_cli(admin, tmp_path, "--reason", "both", "--json")
         assert taken.returncode == 0, taken.stderr

@@ -53,10 +53,9 @@ from sluice.protocols.http import (
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
-from tests.helpers.support import ProxyProcess, client, start_proxy, tcp_connections
+from tests.helpers.support import ProxyProcess, client, start_proxy, tcp_connections, worker_pids
 from tests.test_apache_pulsar import sluice, tls_broker  # noqa: F401 (a fixture)
 from tests.test_dashboards import scrape
-from tests.test_workers import worker_pids
 
 MAX_BODY = 64 * 1024
 MAX_HEADER = 8 * 1024

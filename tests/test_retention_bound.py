@@ -31,9 +31,16 @@ from sluice.recording.format import (
     recordings_below,
 )
 from sluice.recording.writer import Recorder, RecorderConfig, SnapshotError
-from tests.helpers.support import QUIET, SLUICE, start_proxy, wait_ready
+from tests.helpers.support import (
+    QUIET,
+    SLUICE,
+    holds_a_client,
+    one_client_per_worker,
+    start_proxy,
+    wait_ready,
+    worker_pids,
+)
 from tests.test_dashboards import scrape, value
-from tests.test_workers import holds_a_client, worker_pids
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -239,11 +246,15 @@ def test_through_the_proxy_at_full_rate_with_small_files(
     try:
         wait_ready(admin)
         pids = worker_pids(proxy, workers) if workers > 1 else {}
-        for _ in range(12):  # one client per worker at least (the kernel picks)
+
+        def connect() -> None:
             clients.append(pulsar.Client(proxy.url, operation_timeout_seconds=30, logger=QUIET))
             clients[-1].create_producer(topic).flush()
-            if len(clients) >= 2 and all(holds_a_client(p, proxy.port) for p in pids.values()):
-                break
+
+        one_client_per_worker(pids, connect)
+        while len(clients) < 2:
+            connect()
+        assert all(holds_a_client(p, proxy.port) for p in pids.values())
         producers = [c.create_producer(topic, batching_enabled=False, block_if_queue_full=True,
                                        max_pending_messages=500) for c in clients]  # fmt: skip
         payload = os.urandom(20 * KiB)

@@ -55,10 +55,13 @@ from tests.helpers.support import (
     QUIET,
     ProxyProcess,
     client,
+    holds_a_client,
     http_get,
+    one_client_per_worker,
     start_proxy,
     tcp_connections,
     wait_ready,
+    worker_pids,
 )
 from tests.test_cursus_broker import collect_all, in_thread, produce
 from tests.test_dashboards import scrape, value
@@ -200,17 +203,6 @@ def test_readiness_of_workers_at_start_and_after() -> None:
 
 
 # --- the real thing --------------------------------------------------------------------
-
-
-def worker_pids(proxy: ProxyProcess, count: int, timeout: float = 30) -> dict[int, int]:
-    """Worker index -> pid, from the supervisor's log."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = {int(i): int(p) for i, p in re.findall(r"worker (\d+) \(pid (\d+)\) ready",
-                                                       proxy.log())}  # fmt: skip
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -542,11 +534,6 @@ def gone_by_end_of_file(log: str, supervisor: int) -> list[int]:
     return sorted(int(w) for w in re.findall(said, log))
 
 
-def holds_a_client(pid: int, port: int) -> bool:
-    """Whether process ``pid`` serves a connection accepted on ``port``."""
-    return any(local[1] == port and remote[1] for local, remote in tcp_connections(pid))
-
-
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -611,17 +598,14 @@ def kill_a_supervisor_under_load(
     clients: list[pulsar.Client] = []
     try:
         wait_ready(admin)
-        # Clients until both workers hold one (the kernel picks the worker).
-        producers = []
-        for _ in range(12):
+
+        def connect() -> pulsar.Producer:
             c = pulsar.Client(proxy.url, operation_timeout_seconds=30, logger=QUIET)
             clients.append(c)
-            producers.append(c.create_producer(topic, batching_enabled=False,
-                                               send_timeout_millis=60_000))  # fmt: skip
-            serving = [pid for pid in pids.values() if holds_a_client(pid, port)]
-            if len(serving) == 2 and len(producers) >= 2:
-                break
-        assert len(serving) == 2, "the kernel gave every connection to one worker"
+            return c.create_producer(topic, batching_enabled=False, send_timeout_millis=60_000)
+
+        producers = one_client_per_worker(pids, connect)
+        assert all(holds_a_client(pid, port) for pid in pids.values())
         acked: set[bytes] = set()
         failures: list[BaseException] = []
         progress = threading.Event()

@@ -7,6 +7,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import socket
@@ -193,6 +194,59 @@ def tcp_connections(pid: int) -> list[tuple[tuple[str, int], tuple[str, int]]]:
         if fields[9] in inodes:
             out.append((_addr(fields[1]), _addr(fields[2])))
     return out
+
+
+def holds_a_client(pid: int, port: int) -> bool:
+    """Whether process ``pid`` serves a connection accepted on ``port``."""
+    return any(local[1] == port and remote[1] for local, remote in tcp_connections(pid))
+
+
+def worker_pids(proxy: ProxyProcess, count: int, timeout: float = 30) -> dict[int, int]:
+    """Worker index -> pid, from the supervisor's log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {int(i): int(p) for i, p in re.findall(r"worker (\d+) \(pid (\d+)\) ready",
+                                                       proxy.log())}  # fmt: skip
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def stopped(pids: list[int], timeout: float = 10) -> Iterator[None]:
+    """Processes ``pids`` stopped (SIGSTOP) for the block, continued after."""
+    sent: list[int] = []
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            sent.append(pid)
+        deadline = time.monotonic() + timeout
+        while not all(_state(pid) in ("T", "t") for pid in pids):
+            assert time.monotonic() < deadline, "a process did not stop"
+            time.sleep(0.01)
+        yield
+    finally:
+        for pid in sent:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def one_client_per_worker(pids: dict[int, int], connect: Callable[[], Any]) -> list[Any]:
+    """One client from ``connect()`` (which must leave its connections open)
+    on each worker in ``pids``, in their order.
+
+    The workers share one listening socket, and which waiting worker the
+    kernel wakes is its choice: on some machines the same one wins every
+    time. So all other workers are stopped while a worker's client
+    connects, which leaves every accept to that one."""
+    made = []
+    for pid in pids.values():
+        with stopped([other for other in pids.values() if other != pid]):
+            made.append(connect())
+    return made
 
 
 def _addr(text: str) -> tuple[str, int]:
