@@ -857,15 +857,28 @@ def test_lookup_rewrite() -> None:
     }).encode()  # fmt: skip
     assert lookup_broker_urls(answer) == ("pulsar://b1:6650", "pulsar+ssl://b1:6651", "x")
     done = rewrite_lookup(answer, http="http://sluice:8080", https=None,
-                          routes={"pulsar://b1:6650": "pulsar://sluice:7001",
-                                  "pulsar+ssl://b1:6651": None})  # fmt: skip
+                          broker="pulsar://sluice:7001", broker_tls=None)  # fmt: skip
     assert done.body is not None
     assert json.loads(done.body) == {
         "brokerUrl": "pulsar://sluice:7001", "brokerUrlTls": None,
-        "httpUrl": "http://sluice:8080", "httpUrlTls": None, "nativeUrl": "x",
+        "httpUrl": "http://sluice:8080", "httpUrlTls": None, "nativeUrl": "pulsar://sluice:7001",
     }  # fmt: skip
     assert [str(u) for u in done.named] == ["http://b1:8080", "https://b1:8443"]
-    assert len(done.kept) == 1 and "nativeUrl x" in done.kept[0]
+    assert done.kept == ()
+    # A broker without a TLS port still gets Sluice's TLS listener named,
+    # and no nativeUrl where it wrote none.
+    plain_only = json.dumps({"brokerUrl": "pulsar://b1:6650", "httpUrl": "http://b1:8080"})
+    done = rewrite_lookup(plain_only.encode(), http=None, https="https://sluice:8443",
+                          broker=None, broker_tls="pulsar+ssl://sluice:7002")  # fmt: skip
+    assert done.body is not None
+    assert json.loads(done.body) == {
+        "brokerUrl": None, "brokerUrlTls": "pulsar+ssl://sluice:7002",
+        "httpUrl": None, "httpUrlTls": "https://sluice:8443",
+    }  # fmt: skip
+    # No listener of Sluice's for the broker: its URLs stay, and kept says why.
+    done = rewrite_lookup(answer, http="h", https=None, broker=None, broker_tls=None)
+    assert done.body is not None and json.loads(done.body)["brokerUrl"] == "pulsar://b1:6650"
+    assert len(done.kept) == 3 and "nativeUrl x" in done.kept[2]
     assert lookup_broker_urls(b"<html>") == ()
-    assert rewrite_lookup(b"<html>", http="h", https=None, routes={}).body is None
-    assert rewrite_lookup(b"[1]", http="h", https=None, routes={}).body is None
+    assert rewrite_lookup(b"<html>", http="h", https=None, broker="p", broker_tls=None).body is None
+    assert rewrite_lookup(b"[1]", http="h", https=None, broker="p", broker_tls=None).body is None

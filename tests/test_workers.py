@@ -42,7 +42,9 @@ from sluice.proxy.pulsar import FrameStream, SharedRouting
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     LIMITS_FILE,
+    PLAIN,
     ROUTES_FILE,
+    TLS,
     SharedBrokerPorts,
     SharedLimits,
     create_state,
@@ -113,24 +115,31 @@ def test_a_broker_port_is_given_once_whichever_worker_asks(tmp_path: Path) -> No
     create_state(tmp_path, 2)
     first = SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE)
     second = SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE)
-    pool = [19001, 19002]
+    pool = [19001, 19002, 19003]
     x, y = Address("Node-1", 9000), Address("node-2", 9000)
     assert first.assign(x, pool) == 19001
     assert second.assign(Address("node-1", 9000), pool) == 19001  # hosts compared lowercased
     assert second.assign(y, pool) == 19002
-    assert first.broker_for(19002) == y
+    assert first.broker_for(19002) == (y, PLAIN)
+    # A broker's TLS port is another port, given once too.
+    assert first.assign(y, pool, TLS) == 19003
+    assert second.assign(y, pool, TLS) == 19003 and second.broker_for(19003) == (y, TLS)
+    assert second.port_of(y, TLS) == 19003 and second.port_of(x, TLS) is None
     assert first.assign(Address("node-3", 9000), pool) is None  # every port has a broker
     assert first.assign(y, pool) == 19002
     # A name the journal cannot hold is refused, not given a port; a line
     # not written by assign() is never read as one.
     for bad in ("", "a b", "bad\udcff"):
         with pytest.raises(ValueError, match="cannot be given a port"):
-            first.assign(Address(bad, 9000), [19003])
+            first.assign(Address(bad, 9000), [19004])
     with open(tmp_path / BROKER_PORTS_FILE, "a") as journal:
-        journal.write("19003 node-9\nx node-9 9000\n")
+        journal.write("19004 node-9\nx node-9 9000\n19005 node-9 9000 quic\n")
+        journal.write("19006 node-7 9000\n")  # before TLS ports: the main listener's kind
     assert SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE).by_port == {}  # nothing read yet
-    third = SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE)
-    assert third.broker_for(19003) is None and third.broker_for(19001) == Address("node-1", 9000)
+    third = SharedBrokerPorts(tmp_path / BROKER_PORTS_FILE, main_kind=TLS)
+    assert third.broker_for(19004) is None and third.broker_for(19005) is None
+    assert third.broker_for(19001) == (Address("node-1", 9000), PLAIN)
+    assert third.broker_for(19006) == (Address("node-7", 9000), TLS)
 
 
 def test_cursus_workers_need_listener_ports() -> None:

@@ -102,7 +102,8 @@ class ProtocolSpec:
     # Clients find brokers by addresses inside answers, each broker reached
     # through a listener of its own (port-per-broker, sluice/proxy/ports.py),
     # which speaks what the main listener (the first of --listen,
-    # --listen-tls) speaks; --listener-ports and --broker-ports-file apply.
+    # --listen-tls) speaks unless the backend asks for the other kind;
+    # --listener-ports and --broker-ports-file apply.
     port_per_broker: bool = False
     # With port_per_broker: the main listener stands for the configured
     # broker, so the proxy listens one way only (plain or TLS), as the
@@ -119,6 +120,9 @@ class ProtocolSpec:
     # Its cores run message filters (--filter, sluice/filters/) on the
     # messages its frames carry; otherwise a proxy with filters refuses to start.
     filters: bool = False
+    # Why its cores refuse connections, besides the reasons every core has
+    # (labels of sluice_connections_rejected_total, present from the start).
+    rejections: tuple[str, ...] = ()
     # A recorded frame's bytes decoded for sluice view's frame detail.
     detail: Callable[[bytes, dict[str, Any]], Any] | None = None
     # sluice replay: (args, say) -> (Outcome, transcript lines), async;

@@ -58,10 +58,10 @@ class Backend(Protocol):
     Per connection: ``new_core`` makes the sans-I/O core the relay drives
     (``upstream``: the broker the connection's listener or TLS server name
     stands for) and ``ask`` carries out the core's ``Ask`` actions.
-    ``listener_urls`` serves the HTTP listener (``http.py``): the binary
-    URLs of one broker an HTTP lookup answer names, each as the URL of
-    Sluice's listener for that broker (None: Sluice has no listener of that
-    URL's kind, plain or TLS; a URL left out stays as it is);
+    ``listener_urls`` serves the HTTP listener (``http.py``): from the
+    binary URLs of one broker an HTTP lookup answer names, the URLs of
+    Sluice's listeners for that broker, by kind (``PLAIN``, ``TLS``; empty:
+    none, and the answer's URLs stay as they are);
     ``web_credentials`` the client of a web request: None to pass its
     credentials on as they are, or the headers that replace them (the
     protocol's proxy-mode authentication), or ``Unauthorized``. The proxy
@@ -82,7 +82,7 @@ class Backend(Protocol):
 
     async def ask(self, address: Address, request: Any) -> Any: ...
 
-    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]: ...
+    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str]: ...
     def web_credentials(
         self, authorization: str | None, peer_role: str | None
     ) -> list[tuple[bytes, bytes]] | None: ...
@@ -147,7 +147,7 @@ class DirectBackend:
         """Web requests' credentials pass on as they are."""
         return None
 
-    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]:
+    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str]:
         """No web port with lookups: every URL stays as it is."""
         return {}
 

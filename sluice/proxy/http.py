@@ -77,7 +77,7 @@ from sluice.proxy.dial import (
 from sluice.proxy.http_recording import HttpWatch
 from sluice.proxy.inbound import ProxyProtocolIn, peer_address
 from sluice.proxy.metrics import HttpMetrics
-from sluice.proxy.shared import LocalLimits
+from sluice.proxy.shared import PLAIN, TLS, LocalLimits
 from sluice.proxy.websocket import Session
 
 log = logging.getLogger("sluice.http")
@@ -91,8 +91,9 @@ HTTPS = "https"
 _BROKEN = (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
-# The backend's ``listener_urls``: a lookup answer's binary URLs -> Sluice's.
-Routes = Callable[[Sequence[str]], Awaitable[dict[str, str | None]]]
+# The backend's ``listener_urls``: a lookup answer's binary URLs -> Sluice's
+# URL for that broker by kind of listener (PLAIN, TLS).
+Routes = Callable[[Sequence[str]], Awaitable[dict[str, str]]]
 # The backend's ``web_credentials``: (Authorization, client certificate's
 # role) -> the headers that replace the client's credentials (None: kept).
 Credentials = Callable[[str | None, str | None], Headers | None]
@@ -736,9 +737,13 @@ class HttpRelay:
                 502, "upstream_error", f"the broker's lookup answer broke off: {exc}"
             ) from None
         await self._keep(upstreams, upstream)
-        routes = await self.listener_urls(lookup_broker_urls(body))
+        ours = await self.listener_urls(lookup_broker_urls(body))
         done = rewrite_lookup(
-            body, http=self.own_url or None, https=self.own_tls_url or None, routes=routes
+            body,
+            http=self.own_url or None,
+            https=self.own_tls_url or None,
+            broker=ours.get(PLAIN),
+            broker_tls=ours.get(TLS),
         )
         for url in done.named:
             self.allowlist.learn(url.address)

@@ -418,6 +418,7 @@ class Metrics:
         for reason in (
             "limit", "relay_refused", "untrusted_broker", "handshake_timeout", "handshake", "tls",
             "sni_unknown", "sni_invalid", *(f"proxy_header_{r}" for r in HEADER_REFUSALS),
+            *spec.rejections,
         ):  # fmt: skip
             self.connections_rejected.labels(reason)
         for outcome in ("answered", "redirected", "failed", "rejected"):

@@ -7,8 +7,11 @@ listener stands for the configured broker (unless it serves clients
 otherwise, ``ProtocolSpec.main_is_broker_listener``: Pulsar's serves
 lookups), and every other broker an answer names gets one when its backend
 first asks (``BrokerPorts.open``), on a port from
-``--listener-ports`` (or any free port). Each client connection is relayed
-to the broker its listener stands for. Which port stands for which broker
+``--listener-ports`` (or any free port). A listener speaks TLS or not; a
+broker gets one of each kind the proxy listens with (``--listen``,
+``--listen-tls``) that an answer asks for, so that a client told a TLS
+broker URL reaches the broker through Sluice over TLS. Each client
+connection is relayed to the broker its listener stands for. Which port stands for which broker
 can be kept in a journal (``--broker-ports-file``) so a restarted proxy
 gives every broker the port its clients know.
 
@@ -34,7 +37,7 @@ import trio
 
 from sluice.addresses import Address, advertised
 from sluice.proxy.dial import bind_all, listen_targets, open_listeners
-from sluice.proxy.shared import SharedBrokerPorts
+from sluice.proxy.shared import PLAIN, TLS, SharedBrokerPorts
 
 log = logging.getLogger("sluice.proxy")
 
@@ -64,8 +67,10 @@ class Listeners(dict[Address, Address]):
         self[upstream] = proxy
 
 
-# Starts serving a new listener for a broker: (listener, its broker).
-Serve = Callable[[trio.abc.Listener[Any], Address], None]
+# Starts serving a new listener for a broker: (listener, its broker, its kind).
+Serve = Callable[[trio.abc.Listener[Any], Address, str], None]
+# Makes a TCP listener speak a kind (PLAIN: as it is; TLS: wrapped).
+Wrap = Callable[[trio.SocketListener, str], trio.abc.Listener[Any]]
 
 
 class BrokerPorts:
@@ -76,9 +81,12 @@ class BrokerPorts:
     ``--listener-ports`` range (None: any free port), ``journal``: which
     port stands for which broker (shared by workers, kept by
     ``--broker-ports-file``), ``pool``: a worker's ports, bound by the
-    supervisor (None: a lone proxy, which binds them itself). ``serve``
-    starts a new listener; ``wrap`` makes a TCP listener speak what the main
-    one speaks (TLS or not)."""
+    supervisor (None: a lone proxy, which binds them itself). ``kinds``:
+    the kinds of listener the proxy has (``PLAIN``, ``TLS``), the main
+    listener's first: a broker's listener is of the main kind unless asked
+    otherwise. ``serve`` starts a new listener; ``wrap`` makes a TCP
+    listener speak a kind. The backend sets ``map``, where the main kind's
+    listeners are kept (its cores read it); the other kind's are kept here."""
 
     def __init__(
         self,
@@ -87,7 +95,8 @@ class BrokerPorts:
         span: tuple[int, int] | None,
         journal: SharedBrokerPorts | None,
         pool: list[int] | None,
-        wrap: Callable[[trio.SocketListener], trio.abc.Listener[Any]],
+        wrap: Wrap,
+        kinds: tuple[str, ...] = (PLAIN,),
     ) -> None:
         self.host = host
         self.advertise = advertise
@@ -95,41 +104,51 @@ class BrokerPorts:
         self.journal = journal
         self.pool = pool
         self.wrap = wrap
+        self.kinds = kinds
         self.map: ListenerMap | None = None  # the backend's, set by it
+        self._other: dict[str, Listeners] = {kind: Listeners() for kind in kinds[1:]}
         self.serve: Serve | None = None  # the proxy's, once it accepts
         self._used: set[int] = set()
+
+    def _map(self, kind: str) -> ListenerMap:
+        if kind == self.kinds[0]:
+            assert self.map is not None
+            return self.map
+        return self._other[kind]
 
     def advertised(self, port: int) -> Address:
         """The address clients are told to dial for a listener on ``port``."""
         return advertised(self.host, port, self.advertise)
 
-    def stands_for(self, upstream: Address, port: int) -> None:
-        """The proxy's listener on ``port`` relays to ``upstream``."""
-        assert self.map is not None
-        self.map.add_listener(upstream, self.advertised(port))
+    def stands_for(self, upstream: Address, port: int, kind: str | None = None) -> None:
+        """The proxy's listener on ``port`` (of ``kind``; None: the main
+        kind) relays to ``upstream``."""
+        self._map(kind or self.kinds[0]).add_listener(upstream, self.advertised(port))
 
-    async def open(self, upstream: Address) -> Address:
-        """The listener relaying to ``upstream``, opened if need be; its
-        advertised address. Raises NoListener or OSError."""
-        assert self.map is not None
-        existing = self.map.listener_for(upstream)
+    async def open(self, upstream: Address, kind: str | None = None) -> Address:
+        """The listener of ``kind`` (None: the main kind) relaying to
+        ``upstream``, opened if need be; its advertised address. Raises
+        NoListener or OSError."""
+        kind = kind or self.kinds[0]
+        existing = self._map(kind).listener_for(upstream)
         if existing is not None:
             return existing
+        what = f"{'TLS ' if kind == TLS else ''}broker {upstream}"
         if self.pool is not None:  # a worker: the port is the supervisor's
             assert self.journal is not None
             try:
-                port = self.journal.assign(upstream, self.pool)
+                port = self.journal.assign(upstream, self.pool, kind)
             except ValueError as exc:
                 raise NoListener(str(exc)) from None
             if port is None:
                 low, high = self.span or (0, 0)
                 raise NoListener(f"every port of --listener-ports {low}-{high} has a broker")
-            self.stands_for(upstream, port)
-            log.info("port %d stands for broker %s", port, upstream)
+            self.stands_for(upstream, port, kind)
+            log.info("port %d stands for %s", port, what)
             return self.advertised(port)
         assert self.serve is not None
         span, journal = self.span, self.journal
-        known = journal.port_of(upstream) if journal is not None else None
+        known = journal.port_of(upstream, kind) if journal is not None else None
         if known is not None:  # given before, maybe by an earlier run: clients know it
             candidates: Iterable[int] = [known]
         elif span is not None:
@@ -146,7 +165,7 @@ class BrokerPorts:
                 if known is not None:
                     where = journal.path if journal is not None else "the journal"
                     raise NoListener(
-                        f"port {port}, which {where} gives broker {upstream}, is taken: {exc}"
+                        f"port {port}, which {where} gives {what}, is taken: {exc}"
                     ) from None
                 if span is None:
                     raise
@@ -155,13 +174,13 @@ class BrokerPorts:
             self._used.add(bound_port)
             if journal is not None and known is None:
                 try:
-                    journal.assign(upstream, [bound_port])
+                    journal.assign(upstream, [bound_port], kind)
                 except ValueError as exc:  # a host name no line can hold: this run only
                     log.warning("%s: %s", journal.path, exc)
             for listener in listeners:  # one per address the host resolves to
-                self.serve(self.wrap(listener), upstream)
-            self.stands_for(upstream, bound_port)
-            log.info("listening on %s:%d for broker %s", self.host, bound_port, upstream)
+                self.serve(self.wrap(listener, kind), upstream, kind)
+            self.stands_for(upstream, bound_port, kind)
+            log.info("listening on %s:%d for %s", self.host, bound_port, what)
             return self.advertised(bound_port)
         raise NoListener(f"no free port in --listener-ports {span[0]}-{span[1]}" if span else "")
 
@@ -172,22 +191,34 @@ class BrokerPorts:
         if self.pool is not None or self.journal is None:
             return
         self.journal.refresh()
-        for broker in list(self.journal.by_broker):
+        for broker, kind in list(self.journal.by_broker):
+            if kind not in self.kinds:
+                port = self.journal.by_broker[broker, kind]
+                log.warning("broker %s: no listener on its earlier port %d: this proxy has "
+                            "no %s listener", broker, port, kind)  # fmt: skip
+                continue
             try:
-                await self.open(broker)
+                await self.open(broker, kind)
             except (NoListener, OSError) as exc:
                 log.warning("broker %s: no listener on its earlier port: %s", broker, exc)
 
-    def broker_of(self, port: int) -> Address | None:
+    def broker_of(self, port: int) -> tuple[Address, str] | None:
         """The broker a worker's ``--listener-ports`` port stands for (given
-        by whichever worker first needed it), learned here on first use."""
-        assert self.journal is not None and self.map is not None
-        upstream = self.journal.broker_for(port)
-        if upstream is None:
+        by whichever worker first needed it) and the port's kind, learned
+        here on first use."""
+        assert self.journal is not None
+        found = self.journal.broker_for(port)
+        if found is None:
             log.warning("connection on port %d, which stands for no broker yet: closed", port)
-        elif self.map.listener_for(upstream) is None:
-            self.stands_for(upstream, port)
-        return upstream
+            return None
+        upstream, kind = found
+        if kind not in self.kinds:
+            log.warning("connection on port %d, a %s port, which this proxy does not "
+                        "serve: closed", port, kind)  # fmt: skip
+            return None
+        if self._map(kind).listener_for(upstream) is None:
+            self.stands_for(upstream, port, kind)
+        return found
 
 
 def bind_range(host: str, low: int, high: int) -> list[socket.socket]:

@@ -52,7 +52,7 @@ from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.ports import BrokerPorts, Listeners, NoListener
 from sluice.proxy.relay import READ_SIZE
-from sluice.proxy.shared import ROUTES_FILE, Journal
+from sluice.proxy.shared import ROUTES_FILE, TLS, Journal
 
 log = logging.getLogger("sluice.upstream")
 
@@ -381,13 +381,11 @@ class PulsarBackend:
         faults: Faults | None = None,
         max_upstream_connections: int = 1_000,
         ports: BrokerPorts | None = None,
-        listens_tls: bool = False,
     ) -> None:
         self.broker = broker
-        # Port-per-broker: Sluice's listener for each broker HTTP lookups
-        # named, speaking TLS or not as the main listener does.
+        # Port-per-broker: Sluice's listeners (plain, TLS) for each broker
+        # HTTP lookups named.
         self.ports = ports
-        self.listens_tls = listens_tls
         if ports is not None:
             ports.map = Listeners()
         self.max_upstream_connections = max_upstream_connections
@@ -440,37 +438,41 @@ class PulsarBackend:
             raise Unauthorized(str(exc)) from None
         return headers
 
-    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str | None]:
+    async def listener_urls(self, urls: Sequence[str]) -> dict[str, str]:
         """An HTTP lookup's answer (``sluice/proxy/http.py``) names one
         broker by its binary URLs, plain and TLS: the one Sluice dials (TLS
-        as for the configured broker, else whichever is named) gets a
-        listener of Sluice's, opened now if need be, and is learned (allowed,
-        dialled as its URL says). Each URL of the kind Sluice listens with
-        becomes that listener's URL, the other kind None (Sluice serves none:
-        a client must not be sent around it). Empty when no listener can be
-        opened: the answer stays as the broker wrote it, which the HTTP
-        listener logs."""
+        as for the configured broker, else whichever is named) is learned
+        (allowed, dialled as its URL says) and gets a listener of Sluice's of
+        each kind Sluice listens with (``--listen``: plain, ``--listen-tls``:
+        TLS), opened now if need be, whichever kinds the broker named: a
+        client's TLS to Sluice does not depend on the broker's. Sluice's URL
+        for that broker by kind (``PLAIN``, ``TLS``); empty when no listener
+        can be opened: the answer stays as the broker wrote it, which the
+        HTTP listener logs."""
         if self.ports is None:
             return {}
-        named: dict[str, BrokerUrl] = {}
+        named: list[BrokerUrl] = []
         for text in urls:
             with contextlib.suppress(ConfigError):
-                named[text] = parse_broker_url(text, what="an HTTP lookup's broker URL")
+                named.append(parse_broker_url(text, what="an HTTP lookup's broker URL"))
         if not named:
             return {}
-        dialled = [u for u in named.values() if u.tls == self.broker.tls] or [*named.values()]
-        target = dialled[0]
+        target = next((u for u in named if u.tls == self.broker.tls), named[0])
         if target.address not in self.routing.routes:  # (a chained route is kept)
             self.routing.learn(target)
-        try:
-            own = await self.ports.open(target.address)
-        except (NoListener, OSError) as exc:
-            level = self.routing.warned.level(("listener", target.address), trio.current_time())
-            log.log(level, "no listener for broker %s, which an HTTP lookup named: %s",
-                    target.address, exc or "the port range is used up")  # fmt: skip
-            return {}
-        ours = str(BrokerUrl(own.host, own.port, self.listens_tls, SCHEMES[self.listens_tls]))
-        return {text: ours if url.tls == self.listens_tls else None for text, url in named.items()}
+        ours: dict[str, str] = {}
+        for kind in self.ports.kinds:
+            try:
+                own = await self.ports.open(target.address, kind)
+            except (NoListener, OSError) as exc:
+                level = self.routing.warned.level(("listener", target.address, kind),
+                                                  trio.current_time())  # fmt: skip
+                log.log(level, "no %s listener for broker %s, which an HTTP lookup named: %s",
+                        kind, target.address, exc or "the port range is used up")  # fmt: skip
+                return {}
+            tls = kind == TLS
+            ours[kind] = str(BrokerUrl(own.host, own.port, tls, SCHEMES[tls]))
+        return ours
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
         """``upstream``: the broker SNI routing chose (``route_name``), or
@@ -615,7 +617,6 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
         faults=services.faults,
         max_upstream_connections=config.max_upstream_connections,
         ports=services.ports,
-        listens_tls=config.listen is None,  # the per-broker listeners speak the main one's
     )
 
 

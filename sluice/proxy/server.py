@@ -62,6 +62,8 @@ from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     HTTP_LIMITS_FILE,
     LIMITS_FILE,
+    PLAIN,
+    TLS,
     LocalLimits,
     SharedBrokerPorts,
     SharedLimits,
@@ -201,10 +203,10 @@ class Proxy:
         journal = None
         if worker is not None and config.listener_ports is not None:
             journal = SharedBrokerPorts(
-                config.broker_ports_file or worker.state / BROKER_PORTS_FILE
+                config.broker_ports_file or worker.state / BROKER_PORTS_FILE, self._kind
             )
         elif config.broker_ports_file is not None:
-            journal = SharedBrokerPorts(config.broker_ports_file)
+            journal = SharedBrokerPorts(config.broker_ports_file, self._kind)
         return BrokerPorts(
             config.main_listen.host,
             config.advertise_host,
@@ -212,6 +214,7 @@ class Proxy:
             journal,
             [] if worker is not None and config.listener_ports is not None else None,
             self._broker_listener,
+            self._kinds,
         )
 
     # --- lifecycle ---------------------------------------------------------
@@ -256,7 +259,7 @@ class Proxy:
                     handlers.start_soon(self._accept_loop, listener, kind, None)
                 if self.ports is not None:
                     self.ports.serve = self._serve_broker_listener
-                main = self.addresses.get("plain") or self.addresses.get("tls")
+                main = self.addresses.get(PLAIN) or self.addresses.get(TLS)
                 await self.backend.listening(main.port if main is not None else None)
                 self.listening = True
                 # Everything made while starting (modules, schema, config)
@@ -330,19 +333,25 @@ class Proxy:
         return limits
 
     @property
+    def _kinds(self) -> tuple[str, ...]:
+        """The kinds of listener the proxy has, the main one's (the first of
+        --listen, --listen-tls) first; port-per-broker listeners are of these."""
+        config = self.config
+        return tuple(k for k, a in ((PLAIN, config.listen), (TLS, config.listen_tls)) if a)
+
+    @property
     def _kind(self) -> str:
-        """Port-per-broker: the kind of the per-broker listeners, the main
-        listener's (the first of --listen, --listen-tls)."""
-        return "plain" if self.config.listen is not None else "tls"
+        """The main listener's kind."""
+        return self._kinds[0]
 
     def _tls_listener(self, tcp: trio.SocketListener) -> trio.SSLListener[trio.SocketStream]:
         context = self._server_context()
         assert context is not None  # ProxyConfig: --listen-tls needs --tls-cert
         return trio.SSLListener(tcp, context, https_compatible=False)
 
-    def _broker_listener(self, tcp: trio.SocketListener) -> trio.abc.Listener[Any]:
-        """A port-per-broker listener, speaking what the main one does."""
-        return tcp if self._kind == "plain" else self._tls_listener(tcp)
+    def _broker_listener(self, tcp: trio.SocketListener, kind: str) -> trio.abc.Listener[Any]:
+        """A port-per-broker listener, speaking ``kind``."""
+        return tcp if kind == PLAIN else self._tls_listener(tcp)
 
     @property
     def active(self) -> int:
@@ -354,24 +363,24 @@ class Proxy:
         if self.worker is not None:
             for kind, sock in self.worker.sockets:
                 tcp = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-                if kind == BROKER:
+                if kind == BROKER:  # its kind (TLS or not) is known once a broker has it
                     assert self.ports is not None and self.ports.pool is not None
                     self.ports.pool.append(sock.getsockname()[1])
-                    self._listeners.append((kind, self._broker_listener(tcp)))
+                    self._listeners.append((kind, tcp))
                 elif kind in (HTTP, HTTPS):
                     assert self.http is not None
                     self.http.adopt(tcp, tls=kind == HTTPS)
-                elif kind == "tls":
+                elif kind == TLS:
                     self._add_listener(kind, self._tls_listener(tcp), tcp)
                 else:
                     self._add_listener(kind, tcp, tcp)
             return
         if config.listen is not None:
             for listener in await open_listeners(config.listen):
-                self._add_listener("plain", listener, listener)
+                self._add_listener(PLAIN, listener, listener)
         if config.listen_tls is not None:
             for listener in await open_listeners(config.listen_tls):
-                self._add_listener("tls", self._tls_listener(listener), listener)
+                self._add_listener(TLS, self._tls_listener(listener), listener)
 
     def _add_listener(
         self, kind: str, listener: trio.abc.Listener[Any], tcp: trio.SocketListener
@@ -380,11 +389,13 @@ class Proxy:
         self.addresses.setdefault(kind, Address(host, port))
         self._listeners.append((kind, listener))
 
-    def _serve_broker_listener(self, listener: trio.abc.Listener[Any], upstream: Address) -> None:
-        """Port-per-broker: accept on a new listener, relaying to ``upstream``."""
+    def _serve_broker_listener(
+        self, listener: trio.abc.Listener[Any], upstream: Address, kind: str
+    ) -> None:
+        """Port-per-broker: accept on a new listener of ``kind``, relaying to ``upstream``."""
         assert self._handlers is not None
         self._listeners.append((f"broker {upstream}", listener))
-        self._handlers.start_soon(self._accept_loop, listener, self._kind, upstream)
+        self._handlers.start_soon(self._accept_loop, listener, kind, upstream)
 
     async def _accept_loop(
         self, listener: trio.abc.Listener[Any], kind: str, upstream: Address | None
@@ -393,11 +404,16 @@ class Proxy:
         async for stream in accepted(listener, f"{kind} listener"):
             if kind == BROKER:  # a worker's port-per-broker port
                 assert self.ports is not None
-                upstream = self.ports.broker_of(_port(listener))
-                if upstream is None:
+                found = self.ports.broker_of(_port(listener))
+                if found is None:
                     await _close(stream)
                     continue
-                self._handlers.start_soon(self.handle, stream, self._kind, upstream)
+                upstream, speaks = found
+                if speaks == TLS:  # as a TLS listener would wrap it
+                    context = self._server_context()
+                    assert context is not None
+                    stream = trio.SSLStream(stream, context, server_side=True)
+                self._handlers.start_soon(self.handle, stream, speaks, upstream)
                 continue
             self._handlers.start_soon(self.handle, stream, kind, upstream)
 

@@ -21,9 +21,10 @@ creates (in a private temporary directory) carry that:
   its count (4,096 buckets), which only ever makes the limit stricter.
 - ``SharedBrokerPorts`` (port-per-broker): the supervisor binds every
   port of ``--listener-ports`` and every worker accepts on all of them; a
-  journal says which broker each port stands for. A port is given to a
-  broker under an exclusive lock on the journal, so no two workers give one
-  port to two brokers or two ports to one broker.
+  journal says which broker each port stands for, and whether the port
+  speaks TLS (a broker has a plain and a TLS port when Sluice listens both
+  ways). A port is given under an exclusive lock on the journal, so no two
+  workers give one port twice or one broker two ports of one kind.
 """
 
 from __future__ import annotations
@@ -74,60 +75,76 @@ class Journal:
         os.close(self.fd)
 
 
+# The kinds of listener: plain TCP, TLS. A per-broker port is of one kind.
+PLAIN = "plain"
+TLS = "tls"
+KINDS = (PLAIN, TLS)
+
+
 class SharedBrokerPorts:
     """Which of the supervisor's ``--listener-ports`` stands for which broker,
-    for every worker (port-per-broker, ``sluice/proxy/ports.py``; see the
-    module's notes)."""
+    and speaks which kind (``PLAIN``, ``TLS``), for every worker
+    (port-per-broker, ``sluice/proxy/ports.py``; see the module's notes).
 
-    def __init__(self, journal: Path) -> None:
+    A journal line is ``PORT HOST BROKER_PORT KIND``; a line without the
+    kind (written before per-broker TLS listeners existed) is of
+    ``main_kind``, the kind the per-broker listeners had then: the first of
+    ``--listen``, ``--listen-tls``."""
+
+    def __init__(self, journal: Path, main_kind: str = PLAIN) -> None:
         self.path = journal
+        self.main_kind = main_kind
         self._journal = Journal(journal)
-        self.by_port: dict[int, Address] = {}
-        self.by_broker: dict[Address, int] = {}
+        self.by_port: dict[int, tuple[Address, str]] = {}
+        self.by_broker: dict[tuple[Address, str], int] = {}
 
-    def assign(self, broker: Address, ports: Iterable[int]) -> int | None:
-        """The port that stands for ``broker``: the one some worker gave it,
-        or else the first of ``ports`` no broker has (None: all are taken).
-        ValueError: a host name the journal cannot hold (empty, spaces,
-        not text), which no reply from a working broker has."""
+    def assign(self, broker: Address, ports: Iterable[int], kind: str = PLAIN) -> int | None:
+        """The port of kind ``kind`` that stands for ``broker``: the one some
+        worker gave it, or else the first of ``ports`` no broker has (None:
+        all are taken). ValueError: a host name the journal cannot hold
+        (empty, spaces, not text), which no reply from a working broker has."""
         host = broker.host.lower()
         if not host or host.split() != [host] or not host.isprintable():
             raise ValueError(f"broker host {broker.host!r} cannot be given a port")
-        broker = Address(host, broker.port)
+        key = (Address(host, broker.port), kind)
         fcntl.flock(self._journal.fd, fcntl.LOCK_EX)
         try:
             self.refresh()
-            port = self.by_broker.get(broker)
+            port = self.by_broker.get(key)
             if port is None:
                 port = next((p for p in ports if p not in self.by_port), None)
                 if port is not None:
-                    self._journal.append(f"{port} {broker.host} {broker.port}")
+                    self._journal.append(f"{port} {host} {broker.port} {kind}")
                     self.refresh()
-                    if self.by_broker.get(broker) != port:  # the journal did not take it
+                    if self.by_broker.get(key) != port:  # the journal did not take it
                         raise ValueError(f"broker {broker} could not be given port {port}")
             return port
         finally:
             fcntl.flock(self._journal.fd, fcntl.LOCK_UN)
 
-    def port_of(self, broker: Address) -> int | None:
-        """The port ``broker`` was given, if any (by anyone, so far)."""
+    def port_of(self, broker: Address, kind: str = PLAIN) -> int | None:
+        """The port of kind ``kind`` ``broker`` was given, if any (by anyone, so far)."""
         self.refresh()
-        return self.by_broker.get(Address(broker.host.lower(), broker.port))
+        return self.by_broker.get((Address(broker.host.lower(), broker.port), kind))
 
-    def broker_for(self, port: int) -> Address | None:
-        """The broker ``port`` stands for, if any worker has given it one."""
+    def broker_for(self, port: int) -> tuple[Address, str] | None:
+        """The broker ``port`` stands for and the port's kind, if any worker
+        has given it one."""
         if port not in self.by_port:
             self.refresh()
         return self.by_port.get(port)
 
     def refresh(self) -> None:
         for parts in self._journal.new_lines():
-            if len(parts) != 3 or not (parts[0].isdigit() and parts[2].isdigit()):
+            if len(parts) == 3:
+                parts = [*parts, self.main_kind]
+            if len(parts) != 4 or not (parts[0].isdigit() and parts[2].isdigit()):
                 continue  # not written by assign(): never trusted
-            port, host, broker_port = int(parts[0]), parts[1], int(parts[2])
-            broker = Address(host, broker_port)
-            self.by_port[port] = broker
-            self.by_broker[broker] = port
+            if parts[3] not in KINDS:
+                continue
+            port, broker, kind = int(parts[0]), Address(parts[1], int(parts[2])), parts[3]
+            self.by_port[port] = (broker, kind)
+            self.by_broker[(broker, kind)] = port
 
     def close(self) -> None:
         self._journal.close()

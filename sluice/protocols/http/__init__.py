@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sluice.addresses import Address, parse_address
@@ -315,18 +315,22 @@ def rewrite_lookup(
     *,
     http: str | None,
     https: str | None,
-    routes: Mapping[str, str | None],
+    broker: str | None,
+    broker_tls: str | None,
 ) -> LookupRewrite:
     """An HTTP lookup answer (JSON: brokerUrl, brokerUrlTls, nativeUrl,
     httpUrl, httpUrlTls) rewritten to keep the client on Sluice.
 
     The web URLs become Sluice's HTTP listener, ``http``, and its TLS one,
     ``https`` (None: Sluice has no such listener, and the field is emptied
-    rather than left naming the broker).
-    A binary URL becomes ``routes[url]``, the Sluice listener that relays a
-    plain CONNECT to that broker (port per broker); None there: Sluice has
-    no listener of that kind (plain or TLS), and the field is emptied. A URL
-    ``routes`` does not hold is left as it is, and ``kept`` says so.
+    rather than left naming the broker). The binary URLs become Sluice's
+    listeners that relay a plain CONNECT to the broker the answer names
+    (port per broker): ``broker`` its plain one (brokerUrl, and nativeUrl
+    where the answer has it), ``broker_tls`` its TLS one (brokerUrlTls,
+    written whether or not the broker has a TLS port); None: Sluice has no
+    listener of that kind, and the field is emptied. Both None: Sluice
+    relays to that broker nowhere, the fields are left as they are, and
+    ``kept`` says so.
     """
     answer = _answer(body)
     if isinstance(answer, str):
@@ -346,16 +350,19 @@ def rewrite_lookup(
     elif answer.get("httpUrlTls"):
         answer["httpUrlTls"] = None
     kept: list[str] = []
-    for name in BINARY_FIELDS:
-        value = answer.get(name)
-        if not isinstance(value, str) or not value:
-            continue
-        if value in routes:
-            answer[name] = routes[value]
-        else:
-            kept.append(
-                f"{name} {value} left as the broker gave it: no Sluice listener relays a "
-                "plain CONNECT to that broker"
-            )
+    if broker is None and broker_tls is None:
+        for name in BINARY_FIELDS:
+            value = answer.get(name)
+            if isinstance(value, str) and value:
+                kept.append(f"{name} {value} left as the broker gave it: no Sluice listener "
+                            "relays a plain CONNECT to that broker")  # fmt: skip
+    else:
+        ours = {"brokerUrl": broker, "nativeUrl": broker, "brokerUrlTls": broker_tls}
+        for name in BINARY_FIELDS:
+            value = ours[name]
+            if value is not None and (name != "nativeUrl" or answer.get(name)):
+                answer[name] = value
+            elif answer.get(name):
+                answer[name] = None
     rewritten = json.dumps(answer, separators=(",", ":")).encode()
     return LookupRewrite(rewritten, tuple(named), tuple(kept))

@@ -278,6 +278,20 @@ class _Pending:
     upstream: float = 0.0
 
 
+# The auth method of a client that logs in with its TLS certificate.
+TLS_AUTH = "tls"
+# Why such a client is refused in passthrough mode (a rejection reason),
+# and what it is told.
+TLS_PASSTHROUGH = "tls_passthrough"
+CERTIFICATE_NOT_PASSED = (
+    "Sluice: authentication by TLS client certificate (auth method tls) cannot pass through a "
+    "proxy that ends the TLS session, as Sluice does: the broker never sees the certificate. "
+    "Run Sluice with --auth-mode proxy --tls-client-ca CA_FILE: Sluice then checks the "
+    "certificate and names its common name to the broker as the client's role (Sluice's own "
+    "role must be one of the broker's proxyRoles)"
+)
+
+
 def connect_error(error: int, message: str) -> Frame:
     return own_frame(
         T.ERROR,
@@ -553,6 +567,8 @@ class PulsarConnection:
             refused = self._authenticate(auth, body.auth_method_name, bytes(body.auth_data), now)
             if refused is not None:
                 return refused
+        elif body.auth_method_name == TLS_AUTH:
+            return self._refuse_certificate(now)
         if relayed:
             return self._open_relay(body, now)
         if routed is not None:
@@ -644,6 +660,18 @@ class PulsarConnection:
         self.state = State.CONNECTING
         self._dial_started = now
         return [OpenUpstream(address, tls, encode(command(T.CONNECT, ours)))]
+
+    def _refuse_certificate(self, now: float) -> list[Action]:
+        """Passthrough: a client that logs in with its TLS certificate. Its
+        TLS session ends at Sluice, so the broker would see no certificate
+        and answer a bare AuthenticationError; Sluice says why, and what
+        works, itself."""
+        self.tap.event(self.conn, Rejected(TLS_PASSTHROUGH))
+        level = self.routing.warned.level(TLS_PASSTHROUGH, now)
+        return [
+            *self._own(connect_error(pb.AuthenticationError, CERTIFICATE_NOT_PASSED)),
+            self._close("auth", f"refusing CONNECT: {CERTIFICATE_NOT_PASSED}", level),
+        ]
 
     def _trusts(self, address: Address) -> bool:
         """Proxy mode: whether Sluice may log in to ``address`` as itself."""

@@ -174,6 +174,8 @@ PROTOCOL = ProtocolSpec(
     port_per_broker=True,
     main_is_broker_listener=False,
     filters=True,
+    # A client certificate login in passthrough mode (connection.py).
+    rejections=("tls_passthrough",),
     pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
     "for other ports use Decode As... > TCP port > PULSAR",
     options=OPTIONS,
