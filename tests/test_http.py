@@ -53,7 +53,14 @@ from sluice.protocols.http import (
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
-from tests.helpers.support import ProxyProcess, client, start_proxy, tcp_connections, worker_pids
+from tests.helpers.support import (
+    ProxyProcess,
+    client,
+    start_proxy,
+    tcp_connections,
+    tls_files,
+    worker_pids,
+)
 from tests.test_apache_pulsar import sluice, tls_broker  # noqa: F401 (a fixture)
 from tests.test_dashboards import scrape
 
@@ -228,8 +235,13 @@ def test_http_lookups_with_workers_share_the_per_broker_listener(
     lookup names the same port for the broker, and a connection on it is
     relayed by whichever worker takes it."""
     low = free_port()
+    ca, served, _ = tls_files(tmp_path, "127.0.0.1", "localhost")
+    https = free_port()
     web = start_web_proxy(apache_pulsar, tmp_path, apache_pulsar.http_url,
-                          "--workers", "2", "--listener-ports", f"{low}-{low + 9}")  # fmt: skip
+                          "--workers", "2", "--listener-ports", f"{low}-{low + 9}",
+                          "--listen-tls", f"127.0.0.1:{free_port()}", "--tls-cert", str(served),
+                          "--tls-key", str(served),
+                          "--http-listen-tls", f"127.0.0.1:{https}")  # fmt: skip
     try:
         pids = worker_pids(web.proxy, 2)
         assert len(pids) == 2, web.proxy.log()
@@ -238,11 +250,27 @@ def test_http_lookups_with_workers_share_the_per_broker_listener(
         for _ in range(8):  # each a new connection, taken by either worker
             status, text = apache_pulsar.admin("GET", path, base=web.url)
             assert status == 200, text
-            urls.add(json.loads(text)["brokerUrl"])
+            answer = json.loads(text)
+            urls.add((answer["brokerUrl"], answer["brokerUrlTls"]))
         assert len(urls) == 1, urls
-        port = int(urls.pop().rpartition(":")[2])
-        assert low <= port <= low + 9
+        plain, tls = urls.pop()
+        assert plain.startswith("pulsar://") and tls.startswith("pulsar+ssl://")
+        ports = {int(url.rpartition(":")[2]) for url in (plain, tls)}
+        assert len(ports) == 2 and all(low <= p <= low + 9 for p in ports), ports
         produce_and_consume_over_http(apache_pulsar, web, 3, [*pids.values()])
+        # A client with an https:// service URL is served on the broker's
+        # TLS port, whichever worker takes its connection.
+        topic = f"persistent://public/default/w-tls-{uuid.uuid4().hex[:8]}"
+        wait_for_port("127.0.0.1", https, 20, web.proxy.process)
+        with client(f"https://127.0.0.1:{https}", tls_trust_certs_file_path=str(ca)) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            c.create_producer(topic).send(b"over tls")
+            assert consumer.receive(timeout_millis=15_000).data() == b"over tls"
+            tls_port = int(tls.rpartition(":")[2])
+            served_tls = [pid for pid in pids.values()
+                          if any(local[1] == tls_port for local, remote in tcp_connections(pid)
+                                 if remote[1])]  # fmt: skip
+            assert served_tls, "no worker holds a connection on the TLS port"
     finally:
         web.proxy.kill()
     assert "Traceback" not in web.proxy.log(), web.proxy.log()

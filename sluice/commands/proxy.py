@@ -236,7 +236,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listener-ports",
         metavar="LOW-HIGH",
         help="ports for the listener opened for each further broker answers name "
-        "(port-per-broker: Cursus replies, Pulsar HTTP lookups; default: any free port; "
+        "(port-per-broker: Cursus replies, Pulsar HTTP lookups, which get a plain and a TLS "
+        "one with --listen and --listen-tls; default: any free port; "
         "needed with --workers, whose supervisor binds the whole range at start)",
     )
     cur.add_argument(
