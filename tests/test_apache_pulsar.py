@@ -575,12 +575,17 @@ def broker_certificate(ca: trustme.CA, tmp: Path) -> tuple[Path, Path]:
     issued = ca.issue_cert("127.0.0.1", "localhost")
     cert, key = tmp / "broker.pem", tmp / "broker.key"
     issued.cert_chain_pems[0].write_to_path(str(cert))
-    # Pulsar reads PKCS#8 keys only; trustme writes its EC keys as SEC1.
-    private = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None)
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))  # fmt: skip
+    write_pkcs8(issued, key)
     return cert, key
+
+
+def write_pkcs8(issued: trustme.LeafCert, path: Path) -> None:
+    """``issued``'s private key, as PKCS#8 PEM: Pulsar and its Java client
+    read no other form, and trustme writes its EC keys as SEC1."""
+    private = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None)
+    path.write_bytes(private.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))  # fmt: skip
 
 
 @pytest.fixture(scope="module")

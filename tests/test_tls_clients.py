@@ -24,7 +24,6 @@ from pathlib import Path
 import pulsar
 import pytest
 import trustme
-from cryptography.hazmat.primitives import serialization
 
 from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles
 from sluice.brokers.embedded import free_port, wait_for_port
@@ -50,6 +49,7 @@ from tests.test_apache_pulsar import (
     rest_path,
     topic_stats,
     unique,
+    write_pkcs8,
 )
 from tests.test_dashboards import scrape, value
 
@@ -74,11 +74,7 @@ class Pki:
         if not cert.exists():
             issued = self.authority.issue_cert(f"{role}.clients.test", common_name=role)
             issued.cert_chain_pems[0].write_to_path(str(cert))
-            # The Java client reads PKCS#8 keys only; trustme writes SEC1.
-            private = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None)
-            key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
-                                                  serialization.PrivateFormat.PKCS8,
-                                                  serialization.NoEncryption()))  # fmt: skip
+            write_pkcs8(issued, key)  # for the Java client
         return cert, key
 
     def context(self, role: str | None = None) -> ssl.SSLContext:
