@@ -210,6 +210,103 @@ def test_a_link_with_a_filter_opens_that_view(viewer: Viewer, browser: Browser) 
     assert errors == []
 
 
+# The sequence diagram's arrows, in order: [frame, command (from the
+# title), from lane, to lane, whether Sluice relays it (a dot on its lane)].
+ARROWS = """() => [...document.querySelectorAll('#sequence .arrow')].map((g) => [
+  Number(g.dataset.frame), g.querySelector('title').textContent.split(' ')[1],
+  g.querySelector('line').getAttribute('x1'), g.querySelector('line').getAttribute('x2'),
+  g.querySelector('circle') !== null, g.classList.contains('bad')])"""
+LANES = """() => [...document.querySelectorAll('#sequence text.lane')].map((t) =>
+  [t.textContent, t.getAttribute('x')])"""
+
+
+def test_the_sequence_diagram_tells_each_connection_as_its_frames_do(
+    viewer: Viewer, browser: Browser, tmp_path: Path
+) -> None:
+    """For every connection: one arrow per frame of the table, in the same
+    order with the same commands; a relayed connection's arrows run between
+    client and broker through Sluice, a lookup connection's between client
+    and Sluice, and the refused corrupt SEND and Sluice's answer to it stop
+    at Sluice, in red. An arrow shows its frame."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = console_errors(page)
+    page.goto(viewer.url)
+    wait_built(page)
+    for conn in viewer.api("connections"):
+        frames = viewer.api(f"frames?conn={conn['id']}&limit=400")["rows"]
+        page.goto(f"{viewer.url}#conn={conn['id']}")
+        page.wait_for_function(
+            f"document.querySelectorAll('#sequence .arrow').length === {len(frames)} && "
+            f"document.querySelector('#sequence .arrow')?.dataset.frame === '{frames[0]['i']}'"
+        )
+        arrows = page.evaluate(ARROWS)
+        assert [(a[0], a[1]) for a in arrows] == [(f["i"], f["cmd"]) for f in frames]
+        lanes = {name.split(" ")[0]: x for name, x in page.evaluate(LANES)}
+        client, sluice = lanes["client"], lanes["Sluice"]
+        for (i, cmd, x1, x2, through, bad), frame in zip(arrows, frames, strict=True):
+            toward = frame["dir"] == "C→B"
+            ends = (x1, x2) if toward else (x2, x1)  # (client's end, the other)
+            assert ends[0] == client, (i, cmd)
+            if conn["kind"] == "lookup":
+                assert ends[1] == sluice and not through, (i, cmd)
+            elif "invalid" in frame["flags"] or cmd == "SEND_ERROR":
+                assert ends[1] == sluice and not through and bad, (i, cmd)
+            else:
+                assert ends[1] == lanes["broker"] and through, (i, cmd)
+        assert len(lanes) == (2 if conn["kind"] == "lookup" else 3), lanes
+    # An arrow is a link to its frame: the detail, and the table's row.
+    arrow = page.locator("#sequence .arrow").nth(1)
+    frame = arrow.get_attribute("data-frame")
+    arrow.click()
+    page.wait_for_function(
+        f"document.querySelector('#detail dd')?.textContent.startsWith('#{frame} ')"
+    )
+    assert page.locator(f'#frames tbody tr.selected[data-frame="{frame}"]').count() == 1
+    assert page.locator(f'#sequence .arrow.selected[data-frame="{frame}"]').count() == 1
+    page.locator("#sequence").screenshot(path=str(tmp_path / "sequence.png"))
+    assert errors == []
+
+
+def test_the_plots_have_axes_units_values_and_a_time_range(
+    viewer: Viewer, browser: Browser
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = console_errors(page)
+    page.goto(viewer.url)
+    wait_built(page)
+    page.wait_for_selector("#rates")
+    summary = viewer.api("summary")
+    # Messages per second by topic: a line per topic and direction, with
+    # the counts the capture holds (30 orders each way, 10 payments plus the
+    # raw client's corrupt one).
+    legend = page.locator(".legend li").all_inner_texts()
+    assert "view-orders produced: 31 messages" in legend, legend
+    assert "view-orders delivered: 30 messages" in legend, legend
+    assert "view-payments produced: 10 messages" in legend, legend
+    series = {(s["topic"], s["direction"]): s for s in summary["rates"]["series"]}
+    orders = series[ORDERS, "produced"]
+    bin_seconds = summary["rates"]["bin_seconds"]
+    assert abs(sum(orders["per_second"]) * bin_seconds - 31) < 0.01
+    rates = page.text_content("#rates") or ""  # SVG text: the axes
+    assert "msg/s" in rates and " s" in rates and "time from the capture's start" in rates
+    hover = page.locator("#rates circle title").all_text_contents()
+    assert any(t.startswith(f"{ORDERS} produced: ") and "msg/s" in t for t in hover), hover[:3]
+    # Latency histograms: bucket bounds in ms on the axis, counts over bars,
+    # the count of answers; each bar says its bucket and count on hover.
+    send = page.locator("svg.latency").first
+    text = send.inner_html()
+    assert "latency, ms" in text and ">answers<" in text and ">0.5<" in text
+    bars = send.locator("rect title").all_text_contents()
+    assert bars[0].startswith("≤ 0.5 ms: ") and bars[-1].startswith("> 5000 ms: ")
+    answered = sum(int(t.rsplit(": ", 1)[1].split()[0]) for t in bars)
+    assert answered == sum(next(iter(summary["latency"]["by_command"].values())))
+    # The timeline's time axis, and the capture's time range.
+    ticks = page.locator("#timeline text.axis").all_text_contents()
+    assert "0 s" in ticks and len(ticks) >= 4, ticks
+    assert " UTC" in page.inner_text("#range")
+    assert errors == []
+
+
 def test_an_exported_file_opens_with_networking_off(
     capture: Path, browser: Browser, tmp_path: Path
 ) -> None:
@@ -236,6 +333,9 @@ def test_an_exported_file_opens_with_networking_off(
     page.locator("#frames tbody tr", has_text="SEND").first.click()
     page.wait_for_selector("#command")
     assert "order-" in page.inner_text("#detail")
+    # The sequence diagram of the exported frames, and the plots.
+    assert page.locator("#sequence .arrow").count() == min(len(topics), 400)
+    assert page.locator("#rates").count() == 1
     assert [url for url in asked if not url.startswith("file:")] == []  # nothing fetched
     assert errors == []
     context.close()

@@ -38,6 +38,12 @@ INVALID, ERROR, FAULT, GAP_BEFORE, REDACTED, FILTERED = 1, 2, 4, 8, 16, 32
 PROBLEMS = INVALID | ERROR | FAULT | GAP_BEFORE
 # Request/answer pairs: which id fields pair a frame with its answer.
 _PAIR_KEYS = ("rid", "seq")
+# The commands that carry messages (counted in the rates plot).
+_MESSAGES = ("SEND", "MESSAGE")
+# At most this many frames in a sequence diagram, and topics in the rates plot.
+SEQUENCE_LIMIT = 400
+RATE_TOPICS = 8
+RATE_BINS = 60
 # Latency histogram buckets, in seconds (upper bounds).
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -237,6 +243,7 @@ class Index:
         self.topic = array("I")
         self.size = array("I")
         self.flags = array("B")
+        self.msgs = array("H")  # messages a SEND or MESSAGE carries (a batch's count)
         self.error_id = array("H")
         self.pid = array("q")  # producer id, -1 none
         self.cid = array("q")  # consumer id, -1 none
@@ -421,6 +428,7 @@ class Index:
             self.topic.append(self.topics.id(summary.get("topic")))
             self.size.append(int(record.get("n", len(record.get("raw", b"")))))
             self.flags.append(flags)
+            self.msgs.append(min(0xFFFF, int(summary.get("msgs", cmd in _MESSAGES))))
             self.error_id.append(self.errors.id(summary.get("error") or summary.get("invalid")))
             self.pid.append(int(summary.get("pid", -1)))
             self.cid.append(int(summary.get("cid", -1)))
@@ -608,6 +616,8 @@ class Index:
         return {
             "frames": self.frames,
             "seconds": duration,
+            "started_wall": self.origin_wall_ns / 1e9,
+            "rates": self._rates(duration),
             "connections": len(self.connections),
             "topics": [
                 {"topic": k, "frames": v, "per_second": v / duration}
@@ -616,6 +626,85 @@ class Index:
             "latency": {"buckets": list(BUCKETS), "by_command": latency},
             "errors": [{"error": k, "count": v} for k, v in errors.most_common(20)],
         }
+
+    def _rates(self, duration: float) -> dict[str, Any]:
+        """Messages per second by topic over the capture (its busiest
+        ``RATE_TOPICS`` topics, produced and delivered apart), in
+        ``RATE_BINS`` equal bins."""
+        width = max(duration, 1e-3) / RATE_BINS
+        per: dict[tuple[int, int], list[int]] = {}
+        totals: collections.Counter[tuple[int, int]] = collections.Counter()
+        message_cmds = {self.commands._ids.get(c, -1) for c in _MESSAGES}
+        for i in range(self.frames):
+            if self.cmd[i] not in message_cmds or not self.topic[i]:
+                continue
+            key = (self.topic[i], self.direction[i])
+            counts = per.get(key)
+            if counts is None:
+                counts = per[key] = [0] * RATE_BINS
+            counts[min(RATE_BINS - 1, int(self.t[i] / 1e9 / width))] += self.msgs[i]
+            totals[key] += self.msgs[i]
+        series = []
+        for (topic, direction), total in totals.most_common(RATE_TOPICS):
+            series.append({
+                "topic": self.topics.names[topic],
+                "direction": "produced" if direction == 0 else "delivered",
+                "messages": total,
+                "per_second": [round(n / width, 3) for n in per[topic, direction]],
+            })  # fmt: skip
+        return {"bin_seconds": width, "series": series, "topics": len(totals)}
+
+    def sequence(self, f: Filter, offset: int = 0, limit: int = SEQUENCE_LIMIT) -> dict[str, Any]:
+        """The frames that pass ``f`` (a page of them) as a sequence
+        diagram's arrows between lanes: the clients (by host), Sluice, the
+        brokers. A frame on a relayed connection goes between client and
+        broker through Sluice, except an invalid frame (which Sluice refuses,
+        as ``--on-invalid`` does by default) and what Sluice wrote itself (a
+        fault rule's or a filter's answer, the answer to an invalid frame);
+        on a connection Sluice answers itself (lookups, a refused handshake)
+        it goes between client and Sluice."""
+        chosen = self.selection(f)
+        lanes: list[dict[str, str]] = []
+        where: dict[tuple[str, str], int] = {}
+
+        def lane(kind: str, name: str) -> int:
+            found = where.get((kind, name))
+            if found is None:
+                found = where[kind, name] = len(lanes)
+                lanes.append({"kind": kind, "name": name})
+            return found
+
+        arrows = []
+        shown = chosen[offset : offset + limit]
+        clients = {self.connections[self.conn[i]].client.rpartition(":")[0] for i in shown}
+        for host in sorted(clients):
+            lane("client", host or "client")
+        sluice = lane("sluice", "Sluice")
+        for i in shown:
+            connection = self.connections[self.conn[i]]
+            client = lane("client", connection.client.rpartition(":")[0] or "client")
+            relayed = connection.kind == "proxied"
+            asked = self.pair[i]
+            own = bool(self.flags[i] & (FAULT | FILTERED)) or (
+                asked >= 0 and bool(self.flags[asked] & INVALID)  # refused by Sluice
+            )
+            if self.direction[i] == 0:
+                source = client
+                stops = not relayed or self.flags[i] & INVALID  # (--on-invalid reject)
+                target = sluice if stops else lane("broker", connection.broker or "broker")
+            else:
+                source = lane("broker", connection.broker or "broker") if relayed and not own \
+                    else sluice  # fmt: skip
+                target = client
+            arrows.append({
+                **self.row(i),
+                "name": f"c{connection.conn}",
+                "from": source,
+                "to": target,
+                "via": sluice if relayed and source != sluice and target != sluice else None,
+            })  # fmt: skip
+        return {"lanes": lanes, "arrows": arrows, "total": len(chosen), "offset": offset,
+                "building": self.building}  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         return {

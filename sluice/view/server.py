@@ -72,6 +72,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(index.http_page(HttpFilter.from_query(query), offset, limit))
             elif url.path == "/api/summary":
                 self._json(index.summary())
+            elif url.path == "/api/sequence":
+                offset = max(0, int(query.get("offset", "0")))
+                self._json(index.sequence(Filter.from_query(query), offset))
             elif url.path == "/api/timeline":
                 self._json(index.timeline(Filter.from_query(query)))
             else:
@@ -117,6 +120,7 @@ def export(index: Index, f: Filter, limit: int, details: int) -> str:
         "connections": index.connections_json(),
         "summary": index.summary(),
         "timeline": index.timeline(f),
+        "sequence": index.sequence(f),
         "frames": rows,
         "total": page["total"],
         "http": index.http_page(HttpFilter(), 0, limit)["rows"],

@@ -157,6 +157,22 @@ async function refreshHttp(status) {
 function markSelected() {
   for (const row of $("frames").tBodies[0].rows)
     row.classList.toggle("selected", row.dataset.frame === String(state.selected));
+  for (const arrow of document.querySelectorAll("#sequence .arrow"))
+    arrow.classList.toggle("selected", arrow.dataset.frame === String(state.selected));
+}
+
+// Ticks for an axis from 0 to ``top``: about ``count`` round steps (1, 2, 5 × 10^k).
+function ticks(top, count) {
+  if (!(top > 0)) return [0];
+  const raw = top / count, power = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
+  const out = [];
+  for (let v = 0; v <= top * 1.0001; v += step) out.push(Number(v.toPrecision(12)));
+  return out;
+}
+
+function seconds(v) {
+  return v >= 100 ? v.toFixed(0) : v >= 1 ? String(Number(v.toFixed(2))) : String(Number(v.toFixed(4)));
 }
 
 function showTimeline(data) {
@@ -165,7 +181,7 @@ function showTimeline(data) {
   const http = data.http || [];
   const httpLane = state.connections.length;
   const lanes = httpLane + (http.length ? 1 : 0) || 1;
-  const width = 1000, lane = 14, height = lanes * lane + 20;
+  const width = 1000, lane = 14, height = lanes * lane + 30;
   const end = Math.max(1e-6, ...data.marks.map((m) => m[2]), ...http.map((e) => e[1] + e[2]));
   const x = (t) => 60 + (t / end) * (width - 70);
   const parts = [`<svg viewBox="0 0 ${width} ${height}" role="img" aria-label="timeline">`];
@@ -194,28 +210,32 @@ function showTimeline(data) {
     const lineAt = x(note.t);
     parts.push(`<line x1="${lineAt}" y1="0" x2="${lineAt}" y2="${height}" stroke="#d68910" stroke-dasharray="2,2"><title>${escape(note.text)}</title></line>`);
   }
-  parts.push(`<text class="lane" x="60" y="${height - 4}">0 s</text><text class="lane" x="${width - 60}" y="${height - 4}">${end.toFixed(2)} s</text>`);
+  // The time axis: seconds from the capture's start, with round ticks.
+  parts.push(`<line x1="60" y1="${height - 18}" x2="${width - 10}" y2="${height - 18}" stroke="#aab7b8"/>`);
+  for (const v of ticks(end, 8)) {
+    parts.push(`<line x1="${x(v)}" y1="${height - 18}" x2="${x(v)}" y2="${height - 14}" stroke="#aab7b8"/>` +
+               `<text class="axis" x="${x(v)}" y="${height - 5}" text-anchor="middle">${seconds(v)} s</text>`);
+  }
+  parts.push(`<text class="axis" x="2" y="${height - 5}">time →</text>`);
   parts.push("</svg>");
   $("timeline").innerHTML = parts.join("") + (data.sampled ? `<p class="hint">${data.frames} frames: a sample is drawn, every problem included.</p>` : "");
 }
 
 function showSummary(summary) {
-  const parts = [`<p>${summary.frames} frames over ${summary.seconds.toFixed(2)} s on ${summary.connections} connections.</p>`];
+  const from = summary.started_wall ? new Date(summary.started_wall * 1000) : null;
+  const to = from ? new Date(from.getTime() + summary.seconds * 1000) : null;
+  const utc = (d) => d.toISOString().replace("T", " ").slice(0, 19);
+  const range = from ? `, from ${utc(from)} to ${utc(to)} UTC` : "";
+  const parts = [`<p id="range">${summary.frames} frames over ${summary.seconds.toFixed(2)} s${range} on ${summary.connections} connections.</p>`];
   if (summary.topics.length) {
     parts.push("<table><thead><tr><th>topic</th><th>frames</th><th>per s</th></tr></thead><tbody>");
     for (const t of summary.topics) parts.push(`<tr><td class="topic">${escape(t.topic)}</td><td>${t.frames}</td><td>${t.per_second.toFixed(1)}</td></tr>`);
     parts.push("</tbody></table>");
   }
+  if (summary.rates && summary.rates.series.length) parts.push(ratesPlot(summary));
   const buckets = summary.latency.buckets;
   for (const [cmd, counts] of Object.entries(summary.latency.by_command)) {
-    const most = Math.max(...counts, 1);
-    parts.push(`<h3>${escape(cmd)} latency</h3><svg viewBox="0 0 ${counts.length * 24} 60" width="${counts.length * 24}" height="60">`);
-    counts.forEach((n, b) => {
-      const h = (50 * n) / most;
-      const label = b < buckets.length ? `≤ ${buckets[b] * 1000} ms` : `> ${buckets[buckets.length - 1] * 1000} ms`;
-      parts.push(`<rect class="bar" x="${b * 24 + 2}" y="${50 - h}" width="20" height="${h}"><title>${label}: ${n}</title></rect>`);
-    });
-    parts.push("</svg>");
+    parts.push(latencyPlot(cmd, counts, buckets));
   }
   if (summary.errors.length) {
     parts.push("<h3>Most frequent errors</h3><ul>");
@@ -225,6 +245,126 @@ function showSummary(summary) {
   $("summary").innerHTML = parts.join("");
   $("commands").innerHTML = [...new Set(Object.keys(summary.latency.by_command))]
     .map((c) => `<option value="${escape(c)}">`).join("");
+}
+
+const COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
+
+// Messages per second by topic over the capture: a line per topic and
+// direction, axes in seconds and msg/s, the value of each bin on hover.
+function ratesPlot(summary) {
+  const rates = summary.rates, bin = rates.bin_seconds;
+  const width = 460, height = 210, left = 48, bottom = 30, top = 22, right = 10;
+  const most = Math.max(1e-9, ...rates.series.flatMap((s) => s.per_second));
+  const yTicks = ticks(most, 4), yTop = yTicks[yTicks.length - 1] || most;
+  const span = bin * rates.series[0].per_second.length;
+  const x = (t) => left + (t / span) * (width - left - right);
+  const y = (v) => height - bottom - (v / yTop) * (height - bottom - top);
+  const parts = [`<h3>Messages per second by topic</h3>`,
+    `<svg class="plot" id="rates" viewBox="0 0 ${width} ${height}" width="${width}" height="${height}" role="img" aria-label="messages per second by topic">`];
+  for (const v of yTicks) {
+    parts.push(`<line class="grid" x1="${left}" y1="${y(v)}" x2="${width - right}" y2="${y(v)}"/>` +
+               `<text class="axis" x="${left - 4}" y="${y(v) + 3}" text-anchor="end">${seconds(v)}</text>`);
+  }
+  for (const v of ticks(span, 6)) {
+    parts.push(`<text class="axis" x="${x(v)}" y="${height - bottom + 12}" text-anchor="middle">${seconds(v)} s</text>`);
+  }
+  parts.push(`<text class="axis" x="${left}" y="${height - 4}">time from the capture's start (bins of ${seconds(bin)} s)</text>`);
+  parts.push(`<text class="axis" x="4" y="11">msg/s</text>`);
+  rates.series.forEach((s, n) => {
+    const colour = COLOURS[n % COLOURS.length];
+    const points = s.per_second.map((v, b) => [x((b + 0.5) * bin), y(v), v, b]);
+    parts.push(`<polyline fill="none" stroke="${colour}" stroke-width="1.5" points="${points.map((p) => p[0] + "," + p[1]).join(" ")}"/>`);
+    for (const [px, py, v, b] of points) {
+      parts.push(`<circle cx="${px}" cy="${py}" r="2.5" fill="${colour}"><title>${escape(s.topic)} ${s.direction}: ` +
+                 `${v} msg/s, ${seconds(b * bin)}–${seconds((b + 1) * bin)} s</title></circle>`);
+    }
+  });
+  parts.push("</svg><ul class=\"legend\">");
+  rates.series.forEach((s, n) => parts.push(
+    `<li title="${escape(s.topic)}"><span class="swatch" style="background:${COLOURS[n % COLOURS.length]}"></span>` +
+    `${escape(s.topic.split("/").pop())} ${s.direction}: ${s.messages} messages</li>`));
+  parts.push("</ul>");
+  if (rates.topics > rates.series.length) parts.push(`<p class="hint">the ${rates.series.length} busiest of ${rates.topics}</p>`);
+  return parts.join("");
+}
+
+// A latency histogram: answers per bucket (upper bounds, in ms), with axes,
+// the count over each bar, and bucket and count on hover.
+function latencyPlot(cmd, counts, buckets) {
+  const most = Math.max(...counts, 1), bar = 26, left = 36, height = 120, base = 80;
+  const width = left + counts.length * bar + 10;
+  const ms = (s) => String(Number((s * 1000).toPrecision(3)));
+  const parts = [`<h3>${escape(cmd)} latency</h3>`,
+    `<svg class="plot latency" viewBox="0 0 ${width} ${height}" width="${width}" height="${height}" role="img" aria-label="${escape(cmd)} latency">`,
+    `<line x1="${left}" y1="${base}" x2="${width - 6}" y2="${base}" stroke="#aab7b8"/>`,
+    `<text class="axis" x="${left - 4}" y="${base}" text-anchor="end">0</text>`,
+    `<text class="axis" x="${left - 4}" y="18" text-anchor="end">${most}</text>`,
+    `<text class="axis" x="2" y="10">answers</text>`];
+  counts.forEach((n, b) => {
+    const h = (60 * n) / most, x = left + b * bar + 2;
+    const label = b < buckets.length ? `≤ ${ms(buckets[b])} ms` : `> ${ms(buckets[buckets.length - 1])} ms`;
+    parts.push(`<rect class="bar" x="${x}" y="${base - h}" width="${bar - 4}" height="${h}"><title>${label}: ${n} answers</title></rect>`);
+    if (n) parts.push(`<text class="axis" x="${x + (bar - 4) / 2}" y="${base - h - 2}" text-anchor="middle">${n}</text>`);
+    const tick = b < buckets.length ? ms(buckets[b]) : ">" + ms(buckets[buckets.length - 1]);
+    parts.push(`<text class="axis" x="${x + (bar - 4) / 2}" y="${base + 11}" text-anchor="middle">${tick}</text>`);
+  });
+  parts.push(`<text class="axis" x="${left}" y="${height - 6}">latency, ms (each bar: up to its bound)</text></svg>`);
+  return parts.join("");
+}
+
+// The sequence diagram: lanes for the clients, Sluice and the brokers, one
+// arrow per frame in time order (through Sluice when it relays), problems
+// in red, Sluice's own answers dashed; an arrow shows its frame.
+async function getSequence(filter) {
+  if (!DATA) return api("sequence", filter);
+  return DATA.sequence;
+}
+
+function showSequence(data) {
+  const lanes = data.lanes, arrows = data.arrows;
+  if (!arrows.length) {
+    $("sequence").innerHTML = '<p class="hint">no frames match</p>';
+    $("sequence-count").textContent = "";
+    return;
+  }
+  const left = 130, column = 230, row = 24, head = 36;
+  const width = left + Math.max(1, lanes.length - 1) * column + 120;
+  const height = head + arrows.length * row + 10;
+  const x = (l) => left + l * column;
+  const parts = [`<svg viewBox="0 0 ${width} ${height}" width="${width}" height="${height}" role="img" aria-label="sequence diagram">`,
+    "<defs>" + [["head", "#1c2833"], ["head-answer", "#2e86c1"], ["head-bad", "#c0392b"]].map(([id, fill]) =>
+      `<marker id="${id}" viewBox="0 0 10 10" refX="10" refY="5" markerUnits="userSpaceOnUse" markerWidth="9" markerHeight="9" orient="auto-start-reverse">` +
+      `<path d="M 0 0 L 10 5 L 0 10 z" fill="${fill}"/></marker>`).join("") + "</defs>"];
+  lanes.forEach((l, n) => {
+    parts.push(`<text class="lane" data-lane="${n}" x="${x(n)}" y="16" text-anchor="middle">${escape(l.kind === "sluice" ? l.name : l.kind + " " + l.name)}</text>` +
+               `<line class="life" x1="${x(n)}" y1="24" x2="${x(n)}" y2="${height}"/>`);
+  });
+  arrows.forEach((a, k) => {
+    const y = head + k * row + 12;
+    const bad = a.flags.some((f) => f !== "redacted" && f !== "gap" && f !== "filtered");
+    const own = a.from === lanes.findIndex((l) => l.kind === "sluice") && a.dir === "B→C";
+    const cls = ["arrow", a.dir === "B→C" ? "answer" : "", bad ? "bad" : "", own ? "own" : "",
+                 String(state.selected) === String(a.i) ? "selected" : ""].join(" ");
+    const x1 = x(a.from), x2 = x(a.to), mid = (x1 + x2) / 2;
+    const topic = a.topic ? " " + a.topic.split("/").pop() : "";
+    const after = a.latency !== null ? ` (${(1000 * a.latency).toFixed(2)} ms)` : "";
+    const label = `${a.cmd}${topic}${after}${a.problem ? " — " + a.problem : ""}`;
+    parts.push(`<g class="${cls}" data-frame="${a.i}" data-seq="${k}">` +
+      `<title>#${a.i} ${escape(a.cmd)} on ${escape(a.name)} at ${a.t.toFixed(6)} s${a.problem ? ": " + escape(a.problem) : ""}</title>` +
+      `<rect class="hit" x="0" y="${y - row / 2 - 4}" width="${width}" height="${row}"/>` +
+      `<text class="time" x="4" y="${y + 3}">${a.t.toFixed(6)} s ${escape(a.name)}</text>` +
+      `<line x1="${x1}" y1="${y}" x2="${x2}" y2="${y}" marker-end="url(#${bad ? "head-bad" : a.dir === "B→C" ? "head-answer" : "head"})"/>` +
+      (a.via !== null ? `<circle cx="${x(a.via)}" cy="${y}" r="3" fill="#fff" stroke="#1c2833"/>` : "") +
+      `<text x="${mid}" y="${y - 4}" text-anchor="middle">${escape(label)}</text></g>`);
+  });
+  parts.push("</svg>");
+  let note = "";
+  if (data.total > arrows.length) {
+    note = `<p class="hint">frames ${data.offset + 1}–${data.offset + arrows.length} of ${data.total}: ` +
+           "filter by a connection, producer or consumer to see one story whole.</p>";
+  }
+  $("sequence").innerHTML = parts.join("") + note;
+  $("sequence-count").textContent = `(${arrows.length} of ${data.total} frames)`;
 }
 
 async function showDetail(i) {
@@ -266,6 +406,7 @@ async function refresh() {
     const page = await getFrames(filter, state.offset);
     showFrames(page);
     showTimeline(await getTimeline(filter));
+    showSequence(await getSequence(filter));
   } catch (error) {
     $("problem").hidden = false;
     $("problem").textContent = error.message;
