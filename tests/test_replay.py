@@ -16,7 +16,7 @@ from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
 from sluice.recording import format as fmt
 from sluice.recording.format import read_records, recording_files
-from tests.helpers.support import SLUICE, client, start_proxy
+from tests.helpers.support import SLUICE, client, recorded_session, start_proxy
 
 T = Type.Value
 TOPIC = "persistent://public/default/replayed"
@@ -53,15 +53,7 @@ def session(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("replay")
-    with EmbeddedBroker() as broker:
-        p = start_proxy(broker.url, tmp, "--record", str(tmp / "rec"), "--record-payloads", "full")
-        try:
-            session(p.url)
-            assert p.terminate() == 0
-        finally:
-            p.kill()
-    return tmp / "rec"
+    return recorded_session(tmp_path_factory.mktemp("replay"), session)
 
 
 def replay(

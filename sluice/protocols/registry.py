@@ -123,6 +123,12 @@ class ProtocolSpec:
     # Why its cores refuse connections, besides the reasons every core has
     # (labels of sluice_connections_rejected_total, present from the start).
     rejections: tuple[str, ...] = ()
+    # sluice record anonymize: "module:attr" of a pair (frame, summary): the
+    # frame's bytes with its names replaced, cut where its payload starts,
+    # and the payload it held ((raw, Pseudonyms) -> (bytes, payload | None)
+    # | None when it does not parse); a summary with its names replaced. None:
+    # its captures cannot be anonymized.
+    anonymize: str | None = None
     # A recorded frame's bytes decoded for sluice view's frame detail.
     detail: Callable[[bytes, dict[str, Any]], Any] | None = None
     # sluice replay: (args, say) -> (Outcome, transcript lines), async;

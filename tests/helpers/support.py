@@ -26,7 +26,7 @@ import pulsar
 import trustme
 
 from sluice.brokers import Broker
-from sluice.brokers.embedded import free_port, wait_for_port
+from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.protocols.pulsar import (
     CLOSED,
     NEED_DATA,
@@ -126,6 +126,19 @@ def start_proxy(
             proxy.kill()
             raise AssertionError(f"proxy did not start:\n{proxy.log()}") from None
     return proxy
+
+
+def recorded_session(tmp: Path, session: Callable[[str], object]) -> Path:
+    """``session(url)`` run through a recording proxy (payloads kept) in
+    front of a broker of its own; the recording's directory."""
+    with EmbeddedBroker() as broker:
+        p = start_proxy(broker.url, tmp, "--record", str(tmp / "rec"), "--record-payloads", "full")
+        try:
+            session(p.url)
+            assert p.terminate() == 0
+        finally:
+            p.kill()
+    return tmp / "rec"
 
 
 def run_from(source: Path) -> dict[str, Any]:

@@ -174,6 +174,7 @@ PROTOCOL = ProtocolSpec(
     port_per_broker=True,
     main_is_broker_listener=False,
     filters=True,
+    anonymize="sluice.protocols.pulsar.anonymize:ANONYMIZER",
     # A client certificate login in passthrough mode (connection.py).
     rejections=("tls_passthrough",),
     pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "

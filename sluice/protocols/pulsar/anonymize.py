@@ -1,0 +1,220 @@
+"""A recorded Pulsar frame with its names replaced (``sluice record anonymize``).
+
+The command and the message metadata are decoded, every string field is
+replaced as its field's name says what it holds (``FIELDS``: a topic, a
+producer name, a broker URL, …; a property by ``Pseudonyms.prop``), a
+string field this table does not name is scrubbed as free text, and the
+frame is encoded again. The application payload is never kept: either the
+frame comes back cut where its payload starts, its length prefix still
+counting the payload (as the recorder writes a frame whose payload it left
+out), and the payload is handed back for the caller to hash or drop; or
+(``filler``) the payload keeps its shape with zeros for contents, a batch's
+per-message metadata anonymized as the frame's. Bytes fields are kept
+(ids, schema versions, the encrypted data keys), except a schema's
+definition, scrubbed as text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from sluice.protocols.pseudonyms import Pseudonyms
+from sluice.protocols.pulsar import encode, encode_payload, pb
+from sluice.protocols.pulsar.decoder import decode_frame
+from sluice.protocols.pulsar.errors import RemoteProtocolError
+from sluice.protocols.pulsar.frame import PAYLOAD_TYPES
+from sluice.protocols.pulsar.payload import build_batch, compress, decompress, is_batch, split_batch
+
+# A string field's name -> what it holds. Names not here are free text.
+FIELDS: dict[str, str] = {
+    **dict.fromkeys(
+        ("topic", "topics", "partitions", "deleted_topics", "new_topics", "added", "removed",
+         "legacy_topic_name", "resolved_topic_name", "segment_topic"),
+        "topic",
+    ),
+    "namespace": "namespace",
+    **dict.fromkeys(
+        ("assignedBrokerServiceUrl", "assignedBrokerServiceUrlTls", "brokerServiceUrl",
+         "brokerServiceUrlTls", "broker_service_url", "broker_service_url_tls", "broker_url",
+         "broker_url_tls", "controller_broker_url", "controller_broker_url_tls",
+         "proxy_to_broker_url"),
+        "url",
+    ),
+    "address": "address",
+    "producer_name": "producer",
+    "producerName": "producer",
+    "subscription": "subscription",
+    "initial_subscription_name": "subscription",
+    "consumer_name": "consumer",
+    "consumerName": "consumer",
+    "original_principal": "role",
+    "partition_key": "key",
+    "replicate_to": "cluster",
+    "replicated_from": "cluster",
+    "advertised_listener_name": "name",
+    # Kept: versions, method names, hashes, times, kinds, and what the
+    # recorder has already replaced with <redacted>.
+    **dict.fromkeys(
+        ("client_version", "server_version", "proxy_version", "auth_method_name",
+         "original_auth_method", "original_auth_data", "encryption_algo", "topics_hash",
+         "current_hash", "connectedSince", "type"),
+        "keep",
+    ),
+}  # fmt: skip
+_STRING = FieldDescriptor.TYPE_STRING
+_BYTES = FieldDescriptor.TYPE_BYTES
+_MESSAGE = FieldDescriptor.TYPE_MESSAGE
+Meta = TypeVar("Meta", pb.MessageMetadata, pb.SingleMessageMetadata)
+# A number above any frame a broker allows: re-encoding is not limited.
+_NO_LIMIT = 2**31 - 1
+
+
+def anonymized_frame(
+    raw: bytes, names: Pseudonyms, filler: bool = False
+) -> tuple[bytes, bytes | None] | None:
+    """``raw`` (a whole frame, or one the recorder cut where its payload
+    starts) with its names replaced, and the payload it held (None: none).
+
+    Without ``filler`` the frame comes back cut where its payload starts.
+    With it, a whole frame comes back whole, its payload's contents replaced
+    by zero bytes and its shape kept: a batch's entries (their metadata's
+    names replaced, each payload zeros of its size) and the compression,
+    so that replay and serve can send it and clients take it; the payload
+    handed back is then None. None: the frame does not parse, so nothing of
+    it can be kept."""
+    total = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else -1
+    cut = total != len(raw) - 4  # the recorder left the payload out
+    whole = (len(raw) - 4).to_bytes(4, "big") + raw[4:] if cut else raw
+    frame = decode_frame(whole)
+    if frame.command is None:
+        return None
+    cmd = pb.BaseCommand()
+    cmd.CopyFrom(frame.command)
+    cmd.DiscardUnknownFields()  # fields this schema does not know: not vouched for
+    _replace(cmd, names)
+    if frame.type not in PAYLOAD_TYPES:
+        if frame.metadata is not None or len(whole) > 8 + int.from_bytes(whole[4:8], "big"):
+            return None  # bytes after the command that nothing says the shape of
+        try:
+            return encode(cmd, max_message_size=_NO_LIMIT), None
+        except Exception:  # a command missing required fields: nothing kept
+            return None
+    meta = frame.metadata
+    if meta is None:
+        return None
+    clean = _metadata(meta, names)
+    payload = bytes(frame.payload) if frame.payload_offset >= 0 else b""
+    shaped = filler and not cut
+    body = _filled(clean, payload, names) if shaped else b""
+    try:
+        out = encode_payload(cmd, clean, body, checksum=frame.checksum is not None,
+                             broker_entry_metadata=frame.broker_entry_metadata,
+                             max_message_size=_NO_LIMIT)  # fmt: skip
+    except Exception:
+        return None
+    if shaped:
+        return out, None
+    size = len(payload) if not cut else total - (len(raw) - 4)
+    # The length prefix counts the payload left out, as the recorder's does.
+    out = (len(out) - 4 + size).to_bytes(4, "big") + out[4:]
+    return out, (payload if not cut else None)
+
+
+def _filled(meta: pb.MessageMetadata, payload: bytes, names: Pseudonyms) -> bytes:
+    """``payload``'s shape with zeros for contents (``meta``'s sizes set to
+    match): a batch's entries with their names replaced, compressed as it
+    was. A payload that cannot be opened (encrypted, a chunk, damaged):
+    zeros of its size."""
+    if meta.encryption_keys or meta.num_chunks_from_msg > 1:
+        return bytes(len(payload))
+    try:
+        data = decompress(meta.compression, payload, meta.uncompressed_size)
+        if is_batch(meta):
+            entries = []
+            for entry in split_batch(data, meta.num_messages_in_batch):
+                assert entry.metadata is not None
+                entries.append((_metadata(entry.metadata, names), bytes(len(entry.payload))))
+            data = build_batch(entries)
+        else:
+            data = bytes(len(data))
+        meta.uncompressed_size = len(data)
+        return compress(meta.compression, data)
+    except (RemoteProtocolError, ValueError):
+        return bytes(len(payload))
+
+
+def _metadata(meta: Meta, names: Pseudonyms) -> Meta:
+    """A copy of a message's metadata (or a batch entry's) with its names
+    replaced, its ordering key too."""
+    clean = type(meta)()
+    clean.CopyFrom(meta)
+    clean.DiscardUnknownFields()
+    _replace(clean, names)
+    if clean.HasField("ordering_key"):
+        clean.ordering_key = names.name("key", clean.ordering_key.hex()).encode()
+    return clean
+
+
+def _replace(message: Message, names: Pseudonyms) -> None:
+    """Every string field of ``message`` and the messages in it, replaced."""
+    for field, value in message.ListFields():
+        if field.type == _MESSAGE:
+            kind = field.message_type.name if field.message_type is not None else ""
+            if kind == "KeyValue":
+                for kv in value if _repeated(field) else [value]:
+                    kv.key, kv.value = names.prop(kv.key, kv.value)
+                continue
+            if kind == "EncryptionKeys":  # the names of the keys a message is encrypted for
+                for keys in value:
+                    keys.key = names.name("name", keys.key)
+            for item in value if _repeated(field) else [value]:
+                _replace(item, names)
+        elif field.type == _STRING:
+            if _repeated(field):
+                value[:] = [_string(field.name, v, names) for v in value]
+            else:
+                setattr(message, field.name, _string(field.name, value, names))
+        elif field.type == _BYTES and field.name == "schema_data":
+            setattr(message, field.name, names.scrub_bytes(value))
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    return bool(field.is_repeated)
+
+
+def _string(field: str, value: str, names: Pseudonyms) -> str:
+    kind = FIELDS.get(field)
+    if kind == "keep":
+        return value
+    if kind == "topic":
+        return names.topic(value)
+    if kind == "namespace":
+        return names.namespace(value)
+    if kind == "url":
+        return names.url(value)
+    if kind == "address":
+        return names.address(value)
+    if kind is not None:
+        return names.name(kind, value)
+    return names.scrub(value)
+
+
+def anonymized_summary(summary: dict[str, Any], names: Pseudonyms) -> dict[str, Any]:
+    """A frame's summary (``s``) with its names replaced as the frame's."""
+    out = dict(summary)
+    if out.get("topic"):
+        out["topic"] = names.topic(out["topic"])
+    for key in ("why", "withheld"):
+        if isinstance(out.get(key), str):
+            out[key] = names.scrub(out[key])
+    chunk = out.get("chunk")
+    if isinstance(chunk, list) and chunk and isinstance(chunk[0], str):
+        out["chunk"] = [names.scrub(chunk[0]), *chunk[1:]]
+    return out
+
+
+# What ProtocolSpec.anonymize names: the frame's and the summary's rewriters.
+ANONYMIZER = (anonymized_frame, anonymized_summary)

@@ -1,0 +1,353 @@
+"""``sluice record anonymize IN OUT``: a copy of a capture that can leave the
+company.
+
+Every record is rewritten with deterministic pseudonyms
+(``sluice/protocols/pseudonyms.py``): tenants, namespaces, topics, producer,
+subscription and consumer names, roles, message keys, hosts and addresses,
+and the message properties chosen by pattern; frames through their
+protocol's anonymizer (``ProtocolSpec.anonymize``), the recording's own
+fields here (the header's host and addresses, connections' clients and
+brokers, the HTTP listener's paths and headers, free text). Payloads are
+never kept: a frame's (and an HTTP body's, a WebSocket frame's) is left out
+and only its size kept, with its SHA-256 under ``hash``.
+
+The capture is read twice: once to learn every original (free text can only
+be scrubbed of originals the table already holds), once to write. The
+result is an ordinary recording: ``inspect``, ``view``, ``replay`` and
+``serve`` read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.protocols import registry
+from sluice.protocols.pseudonyms import Pseudonyms
+from sluice.recording.format import (
+    PayloadPolicy,
+    ReadResult,
+    Record,
+    RecordingError,
+    pack,
+    read_records,
+    recording_files,
+)
+
+# Why a frame's bytes are not kept.
+UNPARSED = "anonymized: its bytes did not parse, so none of them could be kept"
+# The web API's paths that name a topic, a namespace or a tenant.
+_DOMAINS = ("persistent", "non-persistent")
+_WS_SUBSCRIBERS = ("consumer", "reader")
+# Header values that are an address.
+_ADDRESS_HEADERS = frozenset({"host", "x-forwarded-for", "x-forwarded-host", "x-real-ip"})
+# Record fields that are codes, never names.
+_CODES = frozenset({"k", "cmd", "kind", "action", "on", "op", "error", "method"})
+
+
+# What is kept of payloads: their shape with zeros for contents (a capture
+# with payloads), or their size and digest, or their size.
+FILLER = "filler"
+PAYLOAD_CHOICES = (FILLER, PayloadPolicy.HASH.value, PayloadPolicy.NONE.value)
+
+
+@dataclass
+class Options:
+    key: bytes
+    payloads: str = FILLER  # one of PAYLOAD_CHOICES
+    property_values: tuple[str, ...] = ("*",)
+    property_keys: tuple[str, ...] = ()
+
+    @property
+    def filler(self) -> bool:
+        return self.payloads == FILLER
+
+    @property
+    def digest(self) -> bool:
+        """Whether a payload left out keeps its SHA-256."""
+        return self.payloads != PayloadPolicy.NONE.value
+
+
+@dataclass
+class Report:
+    files: int = 0
+    records: int = 0
+    frames: int = 0
+    withheld: int = 0  # frames whose bytes did not parse: none kept
+    payloads: int = 0  # payloads (frames, bodies, WebSocket frames) left out
+    truncated: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "records": self.records,
+            "frames": self.frames,
+            "frames_withheld": self.withheld,
+            "payloads_left_out": self.payloads,
+            "truncated": self.truncated,
+        }
+
+
+class Anonymizer:
+    """One capture's records rewritten; ``names`` holds what was replaced."""
+
+    def __init__(self, options: Options, protocol: str) -> None:
+        self.options = options
+        self.names = Pseudonyms(options.key, options.property_values, options.property_keys)
+        spec = registry.get(protocol)
+        if spec.anonymize is None:
+            raise RecordingError(
+                f"{spec.title} captures cannot be anonymized by this Sluice: its frames' "
+                "names are not known to it"
+            )
+        self._frame: Callable[[bytes, Pseudonyms, bool], tuple[bytes, bytes | None] | None]
+        self._summary: Callable[[dict[str, Any], Pseudonyms], dict[str, Any]]
+        self._frame, self._summary = spec.load(spec.anonymize)
+        self.report = Report()
+        self._filler = False  # this file's payloads kept as shapes (set by its header)
+
+    def record(self, record: Record) -> Record:
+        kind = record.get("k")
+        self.report.records += 1
+        rewrite = _REWRITES.get(str(kind), Anonymizer._other)
+        return rewrite(self, dict(record))
+
+    # --- by kind ---------------------------------------------------------------------
+
+    def _header(self, r: Record) -> Record:
+        names = self.names
+        r["host"] = names.host(r.get("host", ""))
+        r["listen"] = [names.address(a) for a in r.get("listen", []) or []]
+        r["broker"] = names.url(r.get("broker", ""))
+        had = r.get("payloads")
+        if had == PayloadPolicy.FULL.value and not self.options.filler:
+            r["payloads"] = self.options.payloads
+        elif had == PayloadPolicy.HASH.value and not self.options.digest:
+            r["payloads"] = PayloadPolicy.NONE.value
+        r["anonymized"] = self.options.payloads
+        self._filler = self.options.filler and had == PayloadPolicy.FULL.value
+        return r
+
+    def _frame_record(self, r: Record) -> Record:
+        self.report.frames += 1
+        summary = self._summary(r.get("s") or {}, self.names)
+        raw = r.get("raw", b"")
+        if raw:
+            done = self._frame(raw, self.names, self._filler)
+            if done is None:
+                r["raw"] = b""
+                summary["withheld"] = UNPARSED
+                summary.pop("payload", None)
+                self.report.withheld += 1
+            else:
+                r["raw"], payload = done
+                if payload is not None:
+                    summary["payload"] = self._payload_summary(payload)
+        if isinstance(summary.get("payload"), dict) and not self.options.digest:
+            summary["payload"] = {"size": summary["payload"].get("size", 0)}
+        r["s"] = summary
+        for key in ("p", "invalid", "why", "redacted"):  # in the summary already
+            r.pop(key, None)
+        return r
+
+    def _conn(self, r: Record) -> Record:
+        names = self.names
+        r["client"] = names.address(r.get("client", ""))
+        if "via" in r:
+            r["via"] = names.address(r["via"])
+        r["broker"] = names.url(r.get("broker", ""))
+        for key in ("producers", "consumers"):
+            if isinstance(r.get(key), dict):
+                r[key] = {k: names.topic(v) for k, v in r[key].items()}
+        return self._scrubbed(r, skip=("client", "via", "broker", "producers", "consumers"))
+
+    def _annotation(self, r: Record) -> Record:
+        """fault, filter, trigger, snapshot: a topic, free text."""
+        if r.get("topic"):
+            r["topic"] = self.names.topic(r["topic"])
+        sent = r.get("sent")
+        if isinstance(sent, dict):  # a filter's changed frame, as it went on
+            r["sent"] = self._sent(dict(sent))
+        return self._scrubbed(r, skip=("topic", "sent"))
+
+    def _sent(self, sent: Record) -> Record:
+        raw = sent.get("raw", b"")
+        done = self._frame(raw, self.names, self._filler) if raw else None
+        sent["raw"] = done[0] if done is not None else b""
+        if done is not None and done[1] is not None:
+            sent["p"] = self._payload_list(done[1])
+        elif isinstance(sent.get("p"), list) and not self.options.digest:
+            sent["p"] = sent["p"][:1]
+        return sent
+
+    def _http(self, r: Record) -> Record:
+        names = self.names
+        r["client"] = names.address(r.get("client", ""))
+        r["path"] = self._path(r.get("path", ""))
+        r["hops"] = [[names.url(u), self._path(t)] for u, t in r.get("hops", []) or []]
+        for side in ("req", "res"):
+            part = r.get(side)
+            if not isinstance(part, dict):
+                continue
+            part = dict(part)
+            part["h"] = [[n, self._header_value(n, v)] for n, v in part.get("h", []) or []]
+            self._body(part)
+            r[side] = part
+        if isinstance(r.get("refused"), str):
+            r["refused"] = names.scrub(r["refused"])
+        return r
+
+    def _ws(self, r: Record) -> Record:
+        self._body(r)
+        return r
+
+    def _other(self, r: Record) -> Record:
+        """Kinds without names (close, gap, ws_end) and kinds this Sluice
+        does not know: every string scrubbed, bytes left out."""
+        return self._scrubbed(r, skip=(), drop_bytes=True)
+
+    # --- parts -----------------------------------------------------------------------
+
+    def _payload_summary(self, payload: bytes) -> dict[str, Any]:
+        self.report.payloads += 1
+        if not self.options.digest:
+            return {"size": len(payload)}
+        return {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+
+    def _payload_list(self, payload: bytes) -> list[Any]:
+        self.report.payloads += 1
+        if not self.options.digest:
+            return [len(payload)]
+        return [len(payload), hashlib.sha256(payload).digest()]
+
+    def _body(self, part: Record) -> None:
+        """A body or a WebSocket frame's payload: left out, its size (and
+        digest) kept, as ``p``."""
+        raw = part.pop("raw", None)
+        if isinstance(raw, bytes):
+            part["p"] = self._payload_list(raw)
+        elif isinstance(part.get("p"), list) and not self.options.digest:
+            part["p"] = part["p"][:1]
+
+    def _header_value(self, name: str, value: str) -> str:
+        if name.lower() in _ADDRESS_HEADERS:
+            return ",".join(self.names.address(v.strip()) for v in value.split(","))
+        if name.lower() in ("location", "referer", "origin"):
+            return self.names.url(value) if "://" in value else self._path(value)
+        return self.names.scrub(value)
+
+    def _path(self, path: str) -> str:
+        """A web API path: the topic, namespace, tenant and subscription its
+        segments name replaced, the rest (and the query) scrubbed."""
+        target, sep, query = path.partition("?")
+        parts = target.split("/")
+        names = self.names
+        i = 0
+        while i < len(parts):
+            segment = parts[i]
+            if segment in _DOMAINS and i + 3 < len(parts):
+                topic = names.topic(f"{segment}://{'/'.join(parts[i + 1 : i + 4])}")
+                parts[i + 1 : i + 4] = topic.split("://", 1)[1].split("/")
+                subscriber = i >= 1 and parts[i - 1] in _WS_SUBSCRIBERS
+                if subscriber and i + 4 < len(parts) and parts[i + 4]:
+                    parts[i + 4] = names.name("subscription", parts[i + 4])
+                i += 4
+                continue
+            if segment == "namespaces" and i + 2 < len(parts) and parts[i + 2]:
+                parts[i + 1 : i + 3] = names.namespace("/".join(parts[i + 1 : i + 3])).split("/")
+                i += 3
+                continue
+            if segment == "tenants" and i + 1 < len(parts) and parts[i + 1]:
+                parts[i + 1] = names.name("tenant", parts[i + 1])
+                i += 2
+                continue
+            i += 1
+        return names.scrub("/".join(parts)) + (sep + names.scrub(query) if sep else "")
+
+    def _scrubbed(self, r: Record, skip: tuple[str, ...], drop_bytes: bool = False) -> Record:
+        for key, value in list(r.items()):
+            if key in skip or key in _CODES:
+                continue
+            r[key] = self._scrub_value(value, drop_bytes)
+        return r
+
+    def _scrub_value(self, value: Any, drop_bytes: bool) -> Any:
+        if isinstance(value, str):
+            return self.names.scrub(value)
+        if isinstance(value, bytes):
+            return b"" if drop_bytes else value
+        if isinstance(value, list):
+            return [self._scrub_value(v, drop_bytes) for v in value]
+        if isinstance(value, dict):
+            return {k: self._scrub_value(v, drop_bytes) for k, v in value.items()}
+        return value
+
+
+_REWRITES: dict[str, Callable[[Anonymizer, Record], Record]] = {
+    "header": Anonymizer._header,
+    "frame": Anonymizer._frame_record,
+    "conn": Anonymizer._conn,
+    "fault": Anonymizer._annotation,
+    "filter": Anonymizer._annotation,
+    "trigger": Anonymizer._annotation,
+    "snapshot": Anonymizer._annotation,
+    "http": Anonymizer._http,
+    "ws": Anonymizer._ws,
+}
+
+
+def anonymize(
+    source: Path, out: Path, options: Options, progress: Callable[[str], None] = lambda _: None
+) -> tuple[Report, Pseudonyms]:
+    """Write an anonymized copy of the capture at ``source`` (a file or a
+    directory of them, kept in the same layout) into the new directory
+    ``out``. Raises RecordingError (bad input) and OSError (writing)."""
+    files = recording_files(source)
+    if not files:
+        raise RecordingError(f"{source}: no recordings (*.sluice) here")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RecordingError(f"{out}: exists and is not an empty directory")
+    if out.resolve().is_relative_to(source.resolve()) and source.is_dir():
+        raise RecordingError(f"{out}: inside {source}, which would then hold both")
+    protocols = {_protocol(path) for path in files}
+    if len(protocols) > 1:
+        raise RecordingError(f"{source}: captures of several protocols ({', '.join(protocols)})")
+    anonymizer = Anonymizer(options, protocols.pop())
+    for n, path in enumerate(files, 1):  # learn every original first
+        progress(f"reading {n}/{len(files)}: {path.name}")
+        for record in read_records(path):
+            anonymizer.record(record)
+    anonymizer.report = report = Report(files=len(files))
+    for n, path in enumerate(files, 1):
+        target = out / (path.relative_to(source) if source.is_dir() else path.name)
+        progress(f"writing {n}/{len(files)}: {target}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        result = ReadResult(path)
+        with open(partial, "wb") as handle:
+            for record in read_records(path, result):
+                handle.write(pack(anonymizer.record(record)))
+        os.replace(partial, target)
+        if result.truncated_bytes:
+            report.truncated.append(
+                f"{path.name}: its last {result.truncated_bytes} bytes, an incomplete record, "
+                "left out"
+            )
+    return report, anonymizer.names
+
+
+def _protocol(path: Path) -> str:
+    for record in read_records(path):
+        return str(record.get("protocol", registry.DEFAULT_PROTOCOL))
+    return registry.DEFAULT_PROTOCOL
+
+
+def originals_in(data: bytes, originals: list[str]) -> list[str]:
+    """Which of ``originals`` occur in ``data`` (a check, for the report)."""
+    text = data.decode("utf-8", errors="replace")
+    return [o for o in originals if len(o) >= 3 and re.search(re.escape(o), text)]
