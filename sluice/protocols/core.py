@@ -293,18 +293,29 @@ class Taps:
     taps: list[Tap] = field(default_factory=list)
     failures: int = 0
     _reported: set[int] = field(default_factory=set)
+    # Moves on whenever what ``quick`` answers may change (a tap added, one
+    # that was idle watching or one that watched going idle): a core that
+    # built a compiled step from ``quick`` builds it again.
+    generation: int = 0
 
     def add(self, tap: Tap) -> None:
         self.taps.append(tap)
+        self.changed()
+
+    def changed(self) -> None:
+        self.generation += 1
 
     def quick(self, conn: Conn) -> tuple[Any, Any] | None:
         """What a compiled relay step may stand in for the taps with, on
         ``conn``: the metrics' ``figures`` (where it counts), and a
         recorder's ``quick_records(conn)`` (where it queues frame records,
         and how it lays them out) or None without a recorder. None: some
-        tap must see every read."""
+        tap must see every read. A tap that says it is ``idle`` (a live
+        view nobody watches) is passed over: it wants no frames now."""
         figures = records = None
         for tap in self.taps:
+            if getattr(tap, "idle", False):
+                continue
             found = getattr(tap, "figures", None)
             if found is not None and figures is None:
                 figures = found

@@ -53,6 +53,7 @@ from sluice.proxy.dial import (
 from sluice.proxy.http import HTTP, HTTPS, HttpRelay
 from sluice.proxy.http_recording import HttpRecording
 from sluice.proxy.inbound import local_address, peer_address, transport
+from sluice.proxy.live import LiveEndpoint, LiveTap
 from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Relay, Timing
@@ -68,6 +69,7 @@ from sluice.proxy.shared import (
     SharedBrokerPorts,
     SharedLimits,
 )
+from sluice.recording.format import PayloadPolicy
 from sluice.recording.writer import Recorder
 
 log = logging.getLogger("sluice.proxy")
@@ -178,6 +180,14 @@ class Proxy:
                 self.http.watch = HttpRecording(
                     self.recorder, config.record.payloads, config.http_max_body
                 )
+        # The live view (POST /live on the admin endpoint): idle until watched.
+        self.live: LiveTap | None = None
+        if config.admin is not None:
+            listen = [str(a) for a in (config.listen, config.listen_tls) if a is not None]
+            payloads = config.record.payloads if config.record is not None else PayloadPolicy.HASH
+            self.live = LiveTap(self.taps, self.protocol.name, payloads, listen=listen,
+                                broker=str(config.broker))  # fmt: skip
+            self.taps.add(self.live)
         # None until the first probe answers (within connect_timeout of start).
         self.upstream_ok: bool | None = None
         self.listening = False
@@ -246,6 +256,7 @@ class Proxy:
                 endpoints: dict[str, Handler] = {
                     "/faults": FaultsEndpoint(self.faults, registry.all_faults(), token),
                     "/recording": SnapshotEndpoint(self.recorder, token),
+                    "/live": LiveEndpoint(self.live, token),
                 }
                 outer.start_soon(functools.partial(
                     serve_admin, admin, self.metrics.exposed, self.readiness, endpoints,

@@ -46,6 +46,7 @@ What must look like one proxy does:
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
@@ -89,6 +90,7 @@ from sluice.proxy.admin import (
 from sluice.proxy.config import ProxyConfig, proxy_protocol_in
 from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
+from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
 from sluice.proxy.shared import create_state
@@ -229,7 +231,8 @@ class Supervisor:
                     nursery.start_soon(self._keep_running, worker)
                 if admin is not None:
                     nursery.start_soon(self._watch_readiness)
-                    routes = {"/faults": self.faults, "/recording": self.snapshot}
+                    routes = {"/faults": self.faults, "/recording": self.snapshot,
+                              "/live": self.live}  # fmt: skip
                     nursery.start_soon(functools.partial(
                         serve_admin, admin, self.registry, self.readiness, routes, self.metrics,
                         inbound=proxy_protocol_in(self.config), refused=_admin_refused,
@@ -513,6 +516,43 @@ class Supervisor:
             "bytes": sum(t["bytes"] for t in taken),
             "workers": len(taken),
             "failed": [str(a).strip() for s, a in answers if s != 201],
+        }
+
+    async def live(self, request: AdminRequest) -> tuple[int, Any]:
+        """``POST /live`` over every worker: each asked after its own cursor
+        at once, the answers' records together (connection ids are unique
+        across workers), the cursor ``INDEX:N,…``."""
+        if request.target != "/live":
+            raise Refused(404, "try POST /live")
+        if request.method != "POST":
+            raise Refused(405, "POST /live", [("Allow", "POST")])
+        authorize(request, self.config.admin_token, "watching traffic live")
+        after = parse_after(request.body)
+        answers: dict[int, dict[str, Any]] = {}
+
+        async def ask(worker: Worker, admin: Address) -> None:
+            try:
+                cursor = after.get(worker.index)
+                status, text = await http(admin, "POST", "/live", self.token,
+                                          {"after": "" if cursor is None else str(cursor)})  # fmt: skip
+            except (OSError, trio.TooSlowError) as exc:
+                log.debug("worker %d: /live: %s", worker.index, exc)
+                return
+            if status == 200:
+                answers[worker.index] = json.loads(text)
+
+        async with trio.open_nursery() as nursery:
+            for worker in self.workers:
+                if worker.admin is not None:
+                    nursery.start_soon(ask, worker, worker.admin)
+        if not answers:
+            raise Refused(503, "no worker answered")
+        cursors = {**after, **{i: int(a["next"]) for i, a in answers.items()}}
+        records = b"".join(base64.b64decode(a["records"]) for a in answers.values())
+        return 200, {
+            "next": ",".join(f"{i}:{n}" for i, n in sorted(cursors.items())),
+            "dropped": sum(int(a["dropped"]) for a in answers.values()),
+            "records": base64.b64encode(records).decode(),
         }
 
     async def _to_workers(self, method: str, path: str, body: object = None) -> None:

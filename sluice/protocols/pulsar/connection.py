@@ -348,6 +348,7 @@ class PulsarConnection:
         self._tokens = itertools.count(1)
         # The compiled step that carries whole reads once relaying (quick()).
         self._step: QuickStep | None = None
+        self._step_generation = 0  # the taps' generation the step was built for
         # Message filters (--filter): what this connection's producers and
         # consumers go through; the broker it relays to (which answers the
         # schema questions), the SEND waiting for its topic's schema.
@@ -488,6 +489,9 @@ class PulsarConnection:
         the start of a frame it held from the read before is taken into the
         decoder by the next read that comes the usual way."""
         step = self._step
+        renew = self._step_generation != getattr(self.tap, "generation", 0)
+        if renew and self.state is State.RELAY:
+            step = self._renewed_step(step)
         if step is None or self.faults.rules or self._trace:
             return None
         if (self._client if from_client else self._broker).buffered:
@@ -502,7 +506,18 @@ class PulsarConnection:
         correlator = self.correlator
         return self._gate.wants(from_client, correlator.producers, correlator.consumers)
 
+    def _renewed_step(self, old: QuickStep | None) -> QuickStep | None:
+        """The taps changed (a live view began or ended): a step built for
+        them, the start of a frame the old one held taken into the decoders."""
+        for from_client in (True, False):
+            held = old.take_held(from_client) if old is not None else b""
+            if held:
+                (self._client if from_client else self._broker).receive_data(held)
+        self._step = self._compiled_step()
+        return self._step
+
     def _compiled_step(self) -> QuickStep | None:
+        self._step_generation = getattr(self.tap, "generation", 0)
         quick = getattr(self.tap, "quick", None)
         taps = quick(self.conn) if quick is not None else None
         sends = self.correlator.sends

@@ -1,0 +1,264 @@
+"""The live view's side in the proxy: traffic as recording records, held in
+memory for whoever watches (``POST /live`` on the admin endpoint,
+``sluice view --live``).
+
+A ``LiveTap`` is one of the proxy's taps, idle until someone watches: then
+``frames`` returns at once, ``Taps.quick`` passes it over, and the compiled
+relay steps carry every read as they do without it. So it costs nothing
+while nobody watches (a dict entry per connection opened, for the
+connections a new watcher is told of). Each poll keeps it watching for
+``WATCH_SECONDS``; the first poll after it went idle moves the taps'
+generation on, so every relayed connection's next read comes through
+Python (and the tap), and the first read after the last poll's time ran out
+moves it on again, giving the reads back to the compiled steps.
+
+While watched, each read's frames become frame records laid out as the
+recorder lays them out (the protocol's summarizer, under the proxy's
+``--record-payloads`` policy), connections their ``conn`` and ``close``
+records, fault rules' and filters' acts their annotations, and all of them
+go into a ring of at most ``MAX_BYTES`` numbered records. A watcher asks
+for the records after the last number it has; what the ring lost before it
+asked is counted (``dropped``), and the view says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from sluice.protocols import registry
+from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Filtered, Opened, Taps
+from sluice.proxy.admin import AdminRequest, Refused, authorize
+from sluice.recording.format import NamedFrames, PayloadPolicy, Record, header, packer
+
+# The ring: at most this many bytes of records (and of records).
+MAX_BYTES = 8 * 1024 * 1024
+MAX_RECORDS = 50_000
+# A watcher that stops polling for this long is gone.
+WATCH_SECONDS = 15.0
+# What one answer holds at most.
+BATCH_BYTES = 2 * 1024 * 1024
+
+
+@dataclass
+class Taken:
+    """An answer to a watcher: the records after its cursor, packed (a
+    header first when it had none), the cursor for the next ask, and how
+    many records the ring lost before this ask."""
+
+    records: list[bytes]
+    next: int
+    dropped: int
+
+
+class LiveTap:
+    """See the module's notes. ``taps``: the proxy's (their generation
+    moves on when this one starts or stops watching); ``listen`` and
+    ``broker`` for the header a watcher is given."""
+
+    def __init__(
+        self,
+        taps: Taps,
+        protocol: str,
+        payloads: PayloadPolicy,
+        *,
+        listen: list[str],
+        broker: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._taps = taps
+        spec = registry.get(protocol)
+        make = spec.load(spec.summarizer) if spec.summarizer is not None else NamedFrames
+        self._summarizer = make(payloads)
+        self._pack = packer()
+        self._header = header(
+            capture="live", segment=1, started_ns=time.time_ns(), payloads=payloads,
+            sluice_version=_version(), protocol=protocol, listen=listen, broker=broker,
+        )  # fmt: skip
+        self._clock = clock
+        self.idle = True  # read by Taps.quick: no frames wanted now
+        self._until = 0.0
+        self._ring: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._bytes = 0
+        self._next = 1  # the number the next record gets
+        self._open: dict[int, Conn] = {}  # connections open now, for a new watcher
+
+    # --- watching ------------------------------------------------------------------
+
+    def take(self, after: int | None) -> Taken:
+        """The records after number ``after`` (None: a new watcher, who is
+        given the header and told of every open connection first); keeps
+        the tap watching."""
+        now = self._clock()
+        if self.idle:
+            self.idle = False
+            self._taps.changed()
+            self._ring.clear()
+            self._bytes = 0
+            for conn in list(self._open.values()):
+                self._add(self._conn_record(conn))
+        self._until = now + WATCH_SECONDS
+        records: list[bytes] = []
+        dropped = 0
+        if after is None:
+            records.append(self._pack(self._header))
+            after = self._ring[0][0] - 1 if self._ring else self._next - 1
+        oldest = self._ring[0][0] if self._ring else self._next
+        if after + 1 < oldest:
+            dropped = oldest - after - 1
+        size = 0
+        last = max(after, oldest - 1)
+        for number, data in self._ring:
+            if number <= after:
+                continue
+            if size and size + len(data) > BATCH_BYTES:
+                break
+            records.append(data)
+            size += len(data)
+            last = number
+        return Taken(records, last, dropped)
+
+    def _expired(self) -> bool:
+        """Whether the watchers are gone (then idle from now on)."""
+        if self._clock() < self._until:
+            return False
+        self.idle = True
+        self._taps.changed()
+        self._ring.clear()
+        self._bytes = 0
+        self._summarizer = type(self._summarizer)(self._header["payloads"])
+        return True
+
+    def _add(self, record: Record | bytes) -> None:
+        data = record if isinstance(record, bytes) else self._pack(record)
+        self._ring.append((self._next, data))
+        self._next += 1
+        self._bytes += len(data)
+        while self._ring and (self._bytes > MAX_BYTES or len(self._ring) > MAX_RECORDS):
+            self._bytes -= len(self._ring.popleft()[1])
+
+    # --- the tap -------------------------------------------------------------------
+
+    def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:
+        if self.idle or not frames or self._expired():
+            return
+        for data in self._summarizer.packed(
+            conn.id, 0 if from_client else 1, time.monotonic_ns(), time.time_ns(), frames
+        ):
+            self._add(data)
+
+    def event(self, conn: Conn | None, event: Event) -> None:
+        if conn is None:
+            return
+        kind = type(event)
+        if kind is Opened:
+            self._open[conn.id] = conn
+            if not self.idle:
+                self._add(self._conn_record(conn))
+        elif kind is Closed:
+            self._open.pop(conn.id, None)
+            self._summarizer.forget(conn.id)
+            if not self.idle:
+                assert isinstance(event, Closed)
+                self._add(self._note(conn, "close", reason=event.reason))
+        elif self.idle:
+            return
+        elif kind is FaultInjected:
+            assert isinstance(event, FaultInjected)
+            self._add(self._note(conn, "fault", rule=event.rule, action=event.action,
+                                 cmd=event.command, d=0 if event.from_client else 1,
+                                 **({"topic": event.topic} if event.topic else {})))  # fmt: skip
+        elif kind is Filtered:
+            assert isinstance(event, Filtered)
+            self._add(self._note(conn, "filter", filter=event.filter, action=event.action,
+                                 d=0 if event.from_client else 1, n=event.messages,
+                                 **({"topic": event.topic} if event.topic else {}),
+                                 **({"reason": event.reason} if event.reason else {})))  # fmt: skip
+
+    def _conn_record(self, conn: Conn) -> Record:
+        record = self._note(conn, "conn", client=conn.client, broker=conn.broker,
+                            kind=conn.kind, listener=conn.listener)  # fmt: skip
+        if conn.via:
+            record["via"] = conn.via
+        state = conn.state
+        producers = getattr(state, "producers", None)
+        consumers = getattr(state, "consumers", None)
+        if producers or consumers:  # what it made before the watcher came
+            record["producers"] = dict(producers or {})
+            record["consumers"] = dict(consumers or {})
+        return record
+
+    @staticmethod
+    def _note(conn: Conn, record_kind: str, **fields: Any) -> Record:
+        return {"k": record_kind, "c": conn.id, "t": time.monotonic_ns(), "w": time.time_ns(),
+                **fields}  # fmt: skip
+
+
+def _version() -> str:
+    from sluice import __version__
+
+    return __version__
+
+
+# How long an ask with nothing new waits for something (long polling).
+POLL_SECONDS = 1.0
+
+
+def parse_after(body: bytes) -> dict[int, int]:
+    """The cursor a watcher sends, ``{"after": "N"}`` (one process) or
+    ``{"after": "0:N,1:M"}`` (workers, by index); a process it names no
+    number for has a new watcher."""
+    try:
+        data = json.loads(body) if body.strip() else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict) or set(data) - {"after"}:
+        raise Refused(400, 'the body is {"after": CURSOR}, CURSOR as the last answer gave it')
+    text = str(data.get("after", "") or "")
+    cursors: dict[int, int] = {}
+    try:
+        for part in filter(None, text.split(",")):
+            index, sep, number = part.rpartition(":")
+            cursors[int(index) if sep else 0] = int(number)
+    except ValueError:
+        raise Refused(400, f"after {text!r}: not a cursor an answer gave") from None
+    if any(n < 0 for n in cursors.values()):
+        raise Refused(400, f"after {text!r}: not a cursor an answer gave")
+    return cursors
+
+
+def answer(taken: Taken, cursor: str) -> dict[str, Any]:
+    return {"next": cursor, "dropped": taken.dropped,
+            "records": base64.b64encode(b"".join(taken.records)).decode()}  # fmt: skip
+
+
+@dataclass
+class LiveEndpoint:
+    """``POST /live`` of one proxy process: the records after the cursor
+    (needs the admin token: frames show what ``/metrics`` does not)."""
+
+    live: LiveTap | None
+    token: str | None = None
+
+    async def __call__(self, request: AdminRequest) -> tuple[int, Any]:
+        if request.target != "/live":
+            raise Refused(404, "try POST /live")
+        if request.method != "POST":
+            raise Refused(405, "POST /live", [("Allow", "POST")])
+        authorize(request, self.token, "watching traffic live")
+        after = parse_after(request.body).get(0)
+        if self.live is None:
+            raise Refused(409, "this proxy has no live view")
+        deadline = trio.current_time() + POLL_SECONDS
+        while True:
+            taken = self.live.take(after)
+            if taken.records or taken.dropped or trio.current_time() >= deadline:
+                return 200, answer(taken, str(taken.next))
+            await trio.sleep(0.05)
