@@ -2,7 +2,9 @@
 
 Serves a page over the capture on loopback (``--listen``, default
 127.0.0.1:8088; port 0 for any free one), or writes one self-contained
-HTML file (``--export``) to attach to a bug report.
+HTML file (``--export``) to attach to a bug report. ``--live ADMIN``
+serves the same page over a running proxy's traffic instead
+(``sluice.view.live``).
 """
 
 from __future__ import annotations
@@ -17,17 +19,40 @@ import webbrowser
 from pathlib import Path
 
 from sluice.addresses import parse_address
+from sluice.commands.proxy import read_token
 from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.recording.format import RecordingError, recording_files
 from sluice.view.index import Filter, Index
+from sluice.view.live import LiveIndex, live_url, watch
 from sluice.view.server import export, serve
 
 log = logging.getLogger("sluice.view")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("capture", type=Path, help="a recording file or a directory of them")
+    parser.add_argument(
+        "capture", type=Path, nargs="?", help="a recording file or a directory of them"
+    )
+    parser.add_argument(
+        "--live",
+        metavar="ADMIN",
+        help="instead of a capture, watch a running proxy: its admin endpoint (HOST:PORT or "
+        "URL, its --admin), with --admin-token-file",
+    )
+    parser.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="with --live: the proxy's admin token (watching needs it)",
+    )
+    parser.add_argument(
+        "--save-dir",
+        type=Path,
+        default=Path(),
+        metavar="DIR",
+        help="with --live: where the page's save button writes captures (default: here)",
+    )
     parser.add_argument(
         "--listen",
         default="127.0.0.1:8088",
@@ -65,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.live is not None:
+        return _live(args)
+    if args.capture is None:
+        print("sluice view: give a capture (a file or directory), or --live ADMIN",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
         if not recording_files(args.capture):
             raise RecordingError(f"{args.capture}: no recordings (*.sluice) here")
@@ -92,6 +123,48 @@ def run(args: argparse.Namespace) -> int:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
+def _live(args: argparse.Namespace) -> int:
+    def fail(message: str, status: int = 2) -> int:
+        print(f"sluice view: {message}", file=sys.stderr)
+        return status
+
+    if args.capture is not None or args.export is not None:
+        return fail("--live watches a proxy: give no capture and no --export")
+    if args.admin_token_file is None:
+        return fail("--live needs --admin-token-file: the proxy's admin token")
+    try:
+        token = read_token(args.admin_token_file)
+        address = parse_address(args.listen, what="--listen")
+    except ConfigError as exc:
+        return fail(str(exc))
+    if token is None:
+        return fail(f"--admin-token-file {args.admin_token_file}: empty")
+    if not args.save_dir.is_dir():
+        return fail(f"--save-dir {args.save_dir}: no such directory")
+    url = live_url(args.live)
+    index = LiveIndex(args.live)
+    registry.prepare_reading()
+    try:
+        server = serve(index, address.host, address.port, build=False, save_dir=args.save_dir)
+    except OSError as exc:
+        return fail(f"cannot listen on {address}: {exc.strerror or exc}", 1)
+    stop = threading.Event()
+    threading.Thread(target=watch, args=(index, url, token, stop), name="view-live",
+                     daemon=True).start()  # fmt: skip
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    page = f"http://{host}:{port}/"
+    print(f"sluice view: {page} watching {url}  (Ctrl-C to stop)", flush=True)
+    if args.open:
+        threading.Thread(target=webbrowser.open, args=(page,), daemon=True).start()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        stop.set()
         server.shutdown()
     return 0
 

@@ -533,8 +533,8 @@ class Supervisor:
         async def ask(worker: Worker, admin: Address) -> None:
             try:
                 cursor = after.get(worker.index)
-                status, text = await http(admin, "POST", "/live", self.token,
-                                          {"after": "" if cursor is None else str(cursor)})  # fmt: skip
+                wanted = {"after": "" if cursor is None else str(cursor)}
+                status, text = await http(admin, "POST", "/live", self.token, wanted)
             except (OSError, trio.TooSlowError) as exc:
                 log.debug("worker %d: /live: %s", worker.index, exc)
                 return

@@ -204,6 +204,19 @@ class Filter:
 
 
 @dataclass
+class Reading:
+    """Where reading one file (or one live stream) has got to: its number,
+    its capture, its connections by id, the requests waiting for answers,
+    whether a gap comes before the next frame."""
+
+    number: int
+    capture: str = ""
+    by_key: dict[int, Connection] = field(default_factory=dict)
+    waiting: dict[tuple[int, str, int, int], int] = field(default_factory=dict)
+    gap: bool = False
+
+
+@dataclass
 class Index:
     """A capture's frames, growing while ``building``."""
 
@@ -285,62 +298,65 @@ class Index:
     def _read(self, number: int, path: Path, before: int) -> None:
         """One file's records; ``before``: the bytes of the files read before it."""
         result = ReadResult(path)
-        by_key: dict[int, Connection] = {}
-        waiting: dict[tuple[int, str, int, int], int] = {}  # (conn, key, pid, id) -> frame
-        gap = False
-        capture = ""
+        reading = Reading(number)
         self.versions.append(0)
         if path.stat().st_size == 0:
             self.truncated.append(f"{path.name}: empty (the writer stopped before its first flush)")
             return
-        records = read_records(path, result)
-        for record in records:
-            kind = record.get("k")
-            if kind == "header":
+        for record in read_records(path, result):
+            if record.get("k") == "header":
                 self.versions[number] = result.version
-                capture = record.get("capture", "")
-                self.protocol = record.get("protocol", registry.DEFAULT_PROTOCOL)
-                self.payloads = record.get("payloads", "")
-                by_key = {c.conn: c for c in self.connections if c.capture == capture}
-                continue
-            if not self.origin_ns and "t" in record:
-                self.origin_ns = record["t"]
-                self.origin_wall_ns = record.get("w", 0)
-            if kind == "frame":
-                connection = by_key.get(record["c"])
-                if connection is None:  # its opening was in a file no longer there
-                    connection = self._connection(capture, record["c"], record["t"])
-                    by_key[record["c"]] = connection
-                self._frame(number, result.offset, record, connection, waiting, gap)
-                gap = False
-            elif kind == "conn":
-                connection = by_key.get(record["c"])
-                if connection is None:
-                    connection = self._connection(capture, record["c"], record["t"])
-                    by_key[record["c"]] = connection
-                connection.kind = record.get("kind", "")
-                connection.client = record.get("client", "")
-                connection.via = record.get("via", "")
-                connection.broker = record.get("broker", "")
-            elif kind == "close":
-                connection = by_key.get(record["c"])
-                if connection is not None:
-                    connection.closed = record.get("reason", "") or "closed"
-                    connection.end_ns = max(connection.end_ns, record["t"])
-            elif kind == "http":
-                self._exchange(capture, record)
-            elif kind == "ws":
-                self.ws_frames[(capture, record["h"])] += 1
-            elif kind == "ws_end":
-                self.ws_ended[(capture, record["h"])] = record.get("reason", "")
-            else:
-                self._note(kind, record, by_key)
-                gap = gap or kind == "gap"
+            self.take(record, reading, result.offset)
             self.read_bytes = before + result.offset
         if result.truncated_bytes:
             self.truncated.append(
                 f"{path.name}: ends with {result.truncated_bytes} bytes of an incomplete record"
             )
+
+    def take(self, record: dict[str, Any], reading: Reading, offset: int) -> None:
+        """One record (its summary filled in) of the file ``reading`` reads,
+        found at ``offset`` there (where ``detail`` reads it back)."""
+        kind = record.get("k")
+        by_key = reading.by_key
+        if kind == "header":
+            reading.capture = capture = record.get("capture", "")
+            self.protocol = record.get("protocol", registry.DEFAULT_PROTOCOL)
+            self.payloads = record.get("payloads", "")
+            reading.by_key = {c.conn: c for c in self.connections if c.capture == capture}
+            return
+        if not self.origin_ns and "t" in record:
+            self.origin_ns = record["t"]
+            self.origin_wall_ns = record.get("w", 0)
+        if kind == "frame":
+            connection = by_key.get(record["c"])
+            if connection is None:  # its opening was in a file no longer there
+                connection = self._connection(reading.capture, record["c"], record["t"])
+                by_key[record["c"]] = connection
+            self._frame(reading.number, offset, record, connection, reading.waiting, reading.gap)
+            reading.gap = False
+        elif kind == "conn":
+            connection = by_key.get(record["c"])
+            if connection is None:
+                connection = self._connection(reading.capture, record["c"], record["t"])
+                by_key[record["c"]] = connection
+            connection.kind = record.get("kind", "")
+            connection.client = record.get("client", "")
+            connection.via = record.get("via", "")
+            connection.broker = record.get("broker", "")
+        elif kind == "close":
+            connection = by_key.get(record["c"])
+            if connection is not None:
+                connection.closed = record.get("reason", "") or "closed"
+                connection.end_ns = max(connection.end_ns, record["t"])
+        elif kind == "http":
+            self._exchange(reading.capture, record)
+        elif kind == "ws":
+            self.ws_frames[(reading.capture, record["h"])] += 1
+        elif kind == "ws_end":
+            self.ws_ended[(reading.capture, record["h"])] = record.get("reason", "")
+        else:
+            self._note(kind, record, by_key)
+            reading.gap = reading.gap or kind == "gap"
 
     def _exchange(self, capture: str, record: dict[str, Any]) -> None:
         exchange = Exchange(
@@ -558,8 +574,7 @@ class Index:
     def detail(self, i: int) -> dict[str, Any]:
         if not 0 <= i < self.frames:
             raise KeyError(i)
-        path = self.files[self.file[i]]
-        record = record_at(path, self.offset[i], self.versions[self.file[i]])
+        record = self._record(self.file[i], self.offset[i])
         out = self.row(i)
         raw: bytes = record.get("raw", b"")
         out["raw_hex"] = raw[:4096].hex(" ")
@@ -568,11 +583,18 @@ class Index:
         if "p" in record:  # payload left out: its size (and digest)
             p = record["p"]
             out["payload"] = {"size": p[0], **({"sha256": p[1].hex()} if len(p) > 1 else {})}
-        out["file"] = path.name
+        out["file"] = self._file_name(self.file[i])
         out["time"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.get("w", 0) / 1e9))
         withheld = (record.get("s") or {}).get("withheld")  # credentials could not be ruled out
         out["command"] = {"bytes not recorded": withheld} if withheld else self._decoded(raw, out)
         return out
+
+    def _record(self, file: int, offset: int) -> dict[str, Any]:
+        """The record at ``offset`` of file number ``file``, read back."""
+        return record_at(self.files[file], offset, self.versions[file])
+
+    def _file_name(self, file: int) -> str:
+        return self.files[file].name
 
     def _decoded(self, raw: bytes, out: dict[str, Any]) -> Any:
         detail = registry.get(self.protocol).detail

@@ -15,6 +15,7 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from sluice.view.index import Filter, HttpFilter, Index
@@ -34,9 +35,10 @@ def static(name: str) -> bytes:
 class ViewServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], index: Index) -> None:
+    def __init__(self, address: tuple[str, int], index: Index, save_dir: Path = Path()) -> None:
         super().__init__(address, Handler)
         self.index = index
+        self.save_dir = save_dir  # where "save" writes (a live view's)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -89,6 +91,20 @@ class Handler(BaseHTTPRequestHandler):
             log.error("view: %s failed: %r", self.path, exc, exc_info=exc)
             self._json({"error": f"internal error: {exc!r}"}, 500)
 
+    def do_POST(self) -> None:
+        """``/api/save``: a live view's buffer written as a capture."""
+        save = getattr(self.server.index, "save", None)
+        if urllib.parse.urlsplit(self.path).path != "/api/save" or save is None:
+            self._json({"error": "only POST /api/save, in a live view"}, 404)
+            return
+        try:
+            directory = save(self.server.save_dir)
+        except OSError as exc:
+            self._json({"error": f"could not save: {exc.strerror or exc}"}, 500)
+            return
+        log.info("view: saved %s", directory)
+        self._json({"path": str(directory)}, 201)
+
     def _json(self, data: Any, status: int = 200) -> None:
         self._send(status, json.dumps(data).encode(), "application/json")
 
@@ -101,10 +117,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def serve(index: Index, host: str, port: int) -> ViewServer:
-    """Start serving (in a thread) and building the index (in another)."""
-    server = ViewServer((host, port), index)
-    threading.Thread(target=index.build, name="view-index", daemon=True).start()
+def serve(
+    index: Index, host: str, port: int, build: bool = True, save_dir: Path = Path()
+) -> ViewServer:
+    """Start serving (in a thread) and building the index (in another,
+    unless ``build`` is off: a live index is fed instead)."""
+    server = ViewServer((host, port), index, save_dir)
+    if build:
+        threading.Thread(target=index.build, name="view-index", daemon=True).start()
     threading.Thread(target=server.serve_forever, name="view-http", daemon=True).start()
     return server
 

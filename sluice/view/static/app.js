@@ -69,8 +69,13 @@ async function getTimeline(filter) {
 }
 
 function showStatus(status) {
-  const parts = [escape(status.target), `${status.frames} frames`, `${status.connections} connections`,
-                 `${status.files} file(s)`, escape(status.protocol)];
+  const parts = status.live
+    ? [`live: ${escape(status.source)}`, `${status.frames} frames`, `${status.connections} connections`,
+       escape(status.protocol)]
+    : [escape(status.target), `${status.frames} frames`, `${status.connections} connections`,
+       `${status.files} file(s)`, escape(status.protocol)];
+  if (status.live && status.dropped_upstream) parts.push(`${status.dropped_upstream} records dropped by the proxy before they were read`);
+  if (status.live && status.let_go) parts.push(`${status.let_go} oldest frames let go here (it holds at most ${status.max_frames})`);
   if (status.building) parts.push(`indexing ${(100 * status.progress).toFixed(0)}%`);
   if (DATA) parts.push(`exported: ${DATA.frames.length} of ${DATA.total} matching frames` +
                        (DATA.left_out ? `, ${DATA.left_out} left out` : ""));
@@ -415,9 +420,65 @@ async function refresh() {
   if (frame !== null && String(state.selected) !== frame) showDetail(Number(frame));
 }
 
+// A live view (sluice view --live): the status every second, and unless
+// paused the newest page of frames; "save" writes what the view holds.
+async function followLive() {
+  document.title = "Sluice live";
+  document.querySelector("header h1").textContent = "Sluice live";
+  $("live").hidden = false;
+  let rounds = 0;
+  for (;;) {
+    await new Promise((r) => setTimeout(r, 1000));
+    if (state.paused) continue;
+    try {
+      const status = await api("status");
+      showStatus(status);
+      const grew = status.frames !== state.seen;
+      state.seen = status.frames;
+      if (grew || rounds % 5 === 0) showConnections(await api("connections"));
+      if (grew) {
+        const page = await getFrames(currentFilter(), 0);
+        state.offset = Math.max(0, Math.floor((page.total - 1) / PAGE) * PAGE);
+        await refresh();
+      }
+      if (grew && rounds % 5 === 0) showSummary(await api("summary"));
+      rounds += 1;
+    } catch (error) {
+      $("problem").hidden = false;
+      $("problem").textContent = error.message;
+    }
+  }
+}
+
+$("pause").addEventListener("click", () => {
+  state.paused = !state.paused;
+  $("pause").textContent = state.paused ? "▶ resume" : "⏸ pause";
+  $("live").classList.toggle("paused", state.paused);
+  $("live-note").textContent = state.paused ? "paused: new frames are kept, not shown" : "";
+});
+
+$("save").addEventListener("click", async () => {
+  $("live-note").textContent = "saving…";
+  try {
+    const answer = await fetch("api/save", { method: "POST" });
+    const data = await answer.json();
+    if (!answer.ok) throw new Error(data.error || answer.statusText);
+    $("live-note").textContent = `saved: ${data.path}`;
+  } catch (error) {
+    $("live-note").textContent = `not saved: ${error.message}`;
+  }
+});
+
 async function start() {
   let status = DATA ? DATA.status : await api("status");
   showStatus(status);
+  if (status.live) {
+    showConnections(await api("connections"));
+    await refresh();
+    showSummary(await api("summary"));
+    state.status = status;
+    return followLive();
+  }
   showConnections(DATA ? DATA.connections : await api("connections"));
   await refresh();
   // While the index is being built: keep the counts and the first page current.

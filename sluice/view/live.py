@@ -1,0 +1,216 @@
+"""``sluice view --live ADMIN``: the page over a running proxy's traffic.
+
+A thread asks the proxy's admin endpoint (``POST /live``, with the admin
+token) for the records after the last it has, long polling, and feeds them
+to a ``LiveIndex``: the same index, filters, pages, details, timeline,
+sequence diagram and summary as for a capture, growing as traffic comes.
+The page polls the status and follows the newest frames unless paused.
+
+Both sides are bounded. The proxy holds at most 8 MiB (50,000 records) for
+its watchers (``sluice/proxy/live.py``); what it lost before this view
+asked is counted and shown (``dropped by the proxy``). This side holds at
+most ``MAX_FRAMES`` frames: past that the oldest half is let go, and the
+page says how many (``let go here``). "Save" writes what this side holds
+as a capture directory, the flight recorder's way (a header, the
+connections, a ``snapshot`` record, then the records), which every reader
+takes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from array import array
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from sluice.protocols import registry
+from sluice.recording.format import Record, pack, record_at
+from sluice.view.index import Index, Reading
+
+log = logging.getLogger("sluice.view")
+
+# Frames held here at most; past it the oldest half goes.
+MAX_FRAMES = 200_000
+# The file number of records held in memory (``Index.file``).
+LIVE = 0xFFFF
+
+
+class LiveIndex(Index):
+    """An index fed by ``feed`` rather than read from files. ``source``:
+    what it watches (for the page)."""
+
+    def __init__(self, source: str, max_frames: int = MAX_FRAMES) -> None:
+        super().__init__(Path(source))
+        self.source = source
+        self.max_frames = max_frames
+        self.building = False
+        self.live_error = ""
+        self.dropped_upstream = 0  # records the proxy lost before they were asked for
+        self.let_go = 0  # frames let go here (the oldest, past max_frames)
+        self.asks = 0
+        self._reading = Reading(LIVE)
+        self._records: list[bytes] = []  # every record held, packed, summaries filled in
+        self._first = 0  # the number of the first record held (for offsets)
+        self._header: Record | None = None
+        self._opened: dict[int, int] = {}  # connection -> the number of its conn record
+        self._summaries: Any = None  # the protocol's summary filler
+
+    def feed(self, records: list[Record], dropped: int = 0) -> None:
+        """Records from the proxy, in order; ``dropped``: how many it lost
+        just before them."""
+        with self.lock:
+            self.asks += 1
+            self.dropped_upstream += dropped
+        if dropped:
+            self._reading.gap = True
+        for record in records:
+            kind = record.get("k")
+            if kind == "header":
+                if self._header is None:
+                    self._header = record
+                    spec = registry.get(str(record.get("protocol", registry.DEFAULT_PROTOCOL)))
+                    self._summaries = spec.load(spec.summaries)() if spec.summaries else None
+                self.take(record, self._reading, 0)
+                continue
+            summaries = self._summaries
+            if summaries is not None:
+                if kind == "frame" and "s" not in record:
+                    summaries.fill(record)
+                elif kind == "conn":
+                    summaries.opened(record)
+                elif kind == "close":
+                    summaries.closed(record)
+            number = self._first + len(self._records)
+            if kind == "conn":
+                self._opened[record["c"]] = number
+            self._records.append(pack(record))
+            self.take(record, self._reading, number)
+        if self.frames > self.max_frames:
+            self._let_go(self.frames - self.max_frames // 2)
+
+    def _let_go(self, count: int) -> None:
+        """The oldest ``count`` frames (and the records before them) go."""
+        with self.lock:
+            first_kept = self.offset[count]
+            for name in ("conn", "direction", "t", "cmd", "topic", "size", "flags", "msgs",
+                         "error_id", "pid", "cid", "latency", "file", "offset"):  # fmt: skip
+                column = getattr(self, name)
+                setattr(self, name, column[count:])
+            pair = array("q", (p - count if p >= count else -1 for p in self.pair[count:]))
+            self.pair = pair
+            for waiting in (self._reading.waiting,):
+                for key, frame in list(waiting.items()):
+                    if frame < count:
+                        del waiting[key]
+                    else:
+                        waiting[key] = frame - count
+            del self._records[: first_kept - self._first]
+            self._first = first_kept
+            self.let_go += count
+            self._selections.clear()
+            self._timelines.clear()
+
+    def _record(self, file: int, offset: int) -> Record:
+        if file != LIVE:
+            return record_at(self.files[file], offset, self.versions[file])
+        data = self._records[offset - self._first]
+        record: Record = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        return record
+
+    def _file_name(self, file: int) -> str:
+        return "live" if file == LIVE else self.files[file].name
+
+    def status(self) -> dict[str, Any]:
+        out = super().status()
+        out.update(
+            live=True,
+            source=self.source,
+            error=self.live_error,
+            dropped_upstream=self.dropped_upstream,
+            let_go=self.let_go,
+            max_frames=self.max_frames,
+            files=0,
+        )
+        return out
+
+    def save(self, directory: Path) -> Path:
+        """What this side holds, written as a snapshot capture directory in
+        ``directory``; the capture's directory."""
+        with self.lock:
+            records = list(self._records)
+            header = dict(self._header or {})
+            held = {c for c, number in self._opened.items() if number >= self._first}
+            connections = [c for c in self.connections if c.conn not in held]
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        capture = secrets.token_hex(6)
+        out = directory / f"snapshot-{stamp}-live-{capture}"
+        out.mkdir(parents=True)
+        seconds = (self.t[-1] - self.t[0]) / 1e9 if self.frames else 0.0
+        header.update(capture=capture, segment=1, started=time.time_ns())
+        path = out / f"sluice-{stamp}-{capture}-0001.sluice"
+        partial = path.with_name(path.name + ".part")
+        with open(partial, "wb") as handle:
+            handle.write(pack(header))
+            # The connections whose opening is no longer held, before their frames.
+            for c in connections:
+                opened = {"k": "conn", "c": c.conn, "t": c.start_ns, "w": 0, "client": c.client,
+                          "broker": c.broker, "kind": c.kind, "listener": ""}  # fmt: skip
+                if c.via:
+                    opened["via"] = c.via
+                handle.write(pack(opened))
+            handle.write(pack({"k": "snapshot", "t": self.origin_ns, "w": self.origin_wall_ns,
+                               "reason": f"sluice view --live {self.source}",
+                               "seconds": seconds}))  # fmt: skip
+            for data in records:
+                handle.write(data)
+        partial.rename(path)
+        return out
+
+
+def watch(index: LiveIndex, url: str, token: str, stop: threading.Event) -> None:
+    """Feed ``index`` from the proxy's ``/live`` until ``stop`` (a thread's work)."""
+    after = ""
+    while not stop.is_set():
+        body = json.dumps({"after": after}).encode()
+        request = urllib.request.Request(
+            url, data=body, method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=15) as answer:
+                data = json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            said = exc.read().decode(errors="replace").strip()
+            index.live_error = f"{url}: {exc.code} {said}"
+            if exc.code in (401, 403, 404, 405):
+                return  # nothing will change by asking again
+            stop.wait(2)
+            continue
+        except (OSError, ValueError) as exc:
+            index.live_error = f"cannot reach {url}: {getattr(exc, 'reason', exc)}"
+            stop.wait(2)
+            continue
+        index.live_error = ""
+        records = list(msgpack.Unpacker(io.BytesIO(base64.b64decode(data["records"])),
+                                        raw=False, strict_map_key=False))  # fmt: skip
+        try:
+            index.feed(records, int(data.get("dropped", 0)))
+        except Exception as exc:  # a bad record must not stop the view
+            log.error("live view: could not take records: %r", exc, exc_info=exc)
+        after = str(data["next"])
+
+
+def live_url(text: str) -> str:
+    """The ``/live`` URL of an admin endpoint given as ``HOST:PORT`` or a URL."""
+    base = text if "://" in text else f"http://{text}"
+    return base.rstrip("/") + "/live"
