@@ -7,7 +7,7 @@ A ``LiveTap`` is one of the proxy's taps, idle until someone watches: then
 relay steps carry every read as they do without it. So it costs nothing
 while nobody watches (a dict entry per connection opened, for the
 connections a new watcher is told of). Each poll keeps it watching for
-``WATCH_SECONDS``; the first poll after it went idle moves the taps'
+``WATCH_SECONDS`` (15); the first poll after it went idle moves the taps'
 generation on, so every relayed connection's next read comes through
 Python (and the tap), and the first read after the last poll's time ran out
 moves it on again, giving the reads back to the compiled steps.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import collections
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,8 +42,17 @@ from sluice.recording.format import NamedFrames, PayloadPolicy, Record, header, 
 # The ring: at most this many bytes of records (and of records).
 MAX_BYTES = 8 * 1024 * 1024
 MAX_RECORDS = 50_000
-# A watcher that stops polling for this long is gone.
+# A watcher that stops polling for this long is gone (SLUICE_LIVE_IDLE_AFTER
+# in the proxy's environment sets another number of seconds).
 WATCH_SECONDS = 15.0
+
+
+def watch_seconds() -> float:
+    text = os.environ.get("SLUICE_LIVE_IDLE_AFTER", "")
+    try:
+        return max(0.1, float(text)) if text else WATCH_SECONDS
+    except ValueError:
+        return WATCH_SECONDS
 # What one answer holds at most.
 BATCH_BYTES = 2 * 1024 * 1024
 
@@ -83,6 +93,7 @@ class LiveTap:
             sluice_version=_version(), protocol=protocol, listen=listen, broker=broker,
         )  # fmt: skip
         self._clock = clock
+        self._watch = watch_seconds()
         self.idle = True  # read by Taps.quick: no frames wanted now
         self._until = 0.0
         self._ring: collections.deque[tuple[int, bytes]] = collections.deque()
@@ -104,7 +115,7 @@ class LiveTap:
             self._bytes = 0
             for conn in list(self._open.values()):
                 self._add(self._conn_record(conn))
-        self._until = now + WATCH_SECONDS
+        self._until = now + self._watch
         records: list[bytes] = []
         dropped = 0
         if after is None:

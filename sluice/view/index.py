@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from array import array
@@ -651,9 +652,10 @@ class Index:
 
     def _rates(self, duration: float) -> dict[str, Any]:
         """Messages per second by topic over the capture (its busiest
-        ``RATE_TOPICS`` topics, produced and delivered apart), in
-        ``RATE_BINS`` equal bins."""
-        width = max(duration, 1e-3) / RATE_BINS
+        ``RATE_TOPICS`` topics, produced and delivered apart), in bins of a
+        second, or ``RATE_BINS`` equal ones over a longer capture."""
+        bins = min(RATE_BINS, max(1, math.ceil(duration)))
+        width = duration / bins if duration > RATE_BINS else 1.0
         per: dict[tuple[int, int], list[int]] = {}
         totals: collections.Counter[tuple[int, int]] = collections.Counter()
         message_cmds = {self.commands._ids.get(c, -1) for c in _MESSAGES}
@@ -663,8 +665,8 @@ class Index:
             key = (self.topic[i], self.direction[i])
             counts = per.get(key)
             if counts is None:
-                counts = per[key] = [0] * RATE_BINS
-            counts[min(RATE_BINS - 1, int(self.t[i] / 1e9 / width))] += self.msgs[i]
+                counts = per[key] = [0] * bins
+            counts[min(bins - 1, int(self.t[i] / 1e9 / width))] += self.msgs[i]
             totals[key] += self.msgs[i]
         series = []
         for (topic, direction), total in totals.most_common(RATE_TOPICS):

@@ -97,6 +97,10 @@ class LiveIndex(Index):
             self.take(record, self._reading, number)
         if self.frames > self.max_frames:
             self._let_go(self.frames - self.max_frames // 2)
+        if records:  # answers worked out for fewer frames are stale now
+            self._selections.clear()
+            self._timelines.clear()
+            self._summary = None
 
     def _let_go(self, count: int) -> None:
         """The oldest ``count`` frames (and the records before them) go."""

@@ -105,15 +105,19 @@ def start_proxy(
     wait: bool = True,
     preexec: Callable[[], None] | None = None,
     source: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> ProxyProcess:
     """``sluice proxy`` on a free loopback port; ``source``: a directory
-    whose sluice package to run instead of this checkout's."""
+    whose sluice package to run instead of this checkout's; ``env``: more
+    of its environment."""
     port = port or free_port()
     log_path = tmp_path / f"proxy-{port}-{time.monotonic_ns()}.log"
     args = [*SLUICE, "proxy", "--listen", f"127.0.0.1:{port}", "--broker", broker_url, *extra]
     if tls_port is not None:
         args += ["--listen-tls", f"127.0.0.1:{tls_port}"]
     where = run_from(source) if source is not None else {}
+    if env:
+        where["env"] = {**where.get("env", os.environ), **env}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec, **where

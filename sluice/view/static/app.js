@@ -3,6 +3,7 @@
 "use strict";
 
 const PAGE = 200;
+const SEQUENCE = 400; // arrows in the sequence diagram at most (the server's limit)
 const embedded = document.getElementById("sluice-data");
 const DATA = embedded ? JSON.parse(embedded.textContent) : null;
 const $ = (id) => document.getElementById(id);
@@ -320,8 +321,8 @@ function latencyPlot(cmd, counts, buckets) {
 // The sequence diagram: lanes for the clients, Sluice and the brokers, one
 // arrow per frame in time order (through Sluice when it relays), problems
 // in red, Sluice's own answers dashed; an arrow shows its frame.
-async function getSequence(filter) {
-  if (!DATA) return api("sequence", filter);
+async function getSequence(filter, offset) {
+  if (!DATA) return api("sequence", { ...filter, offset: offset || 0 });
   return DATA.sequence;
 }
 
@@ -411,7 +412,7 @@ async function refresh() {
     const page = await getFrames(filter, state.offset);
     showFrames(page);
     showTimeline(await getTimeline(filter));
-    showSequence(await getSequence(filter));
+    showSequence(await getSequence(filter, state.sequenceFrom));
   } catch (error) {
     $("problem").hidden = false;
     $("problem").textContent = error.message;
@@ -439,6 +440,7 @@ async function followLive() {
       if (grew) {
         const page = await getFrames(currentFilter(), 0);
         state.offset = Math.max(0, Math.floor((page.total - 1) / PAGE) * PAGE);
+        state.sequenceFrom = Math.max(0, page.total - SEQUENCE);
         await refresh();
       }
       if (grew && rounds % 5 === 0) showSummary(await api("summary"));
@@ -452,7 +454,7 @@ async function followLive() {
 
 $("pause").addEventListener("click", () => {
   state.paused = !state.paused;
-  $("pause").textContent = state.paused ? "▶ resume" : "⏸ pause";
+  $("pause").textContent = state.paused ? "resume" : "pause";
   $("live").classList.toggle("paused", state.paused);
   $("live-note").textContent = state.paused ? "paused: new frames are kept, not shown" : "";
 });

@@ -1,0 +1,325 @@
+"""``sluice view --live``: the page open in real Chromium while traffic runs
+through ``sluice proxy`` in front of Apache Pulsar (frames arriving without
+a reload, pause and resume, save); the proxy's ``POST /live`` (its token,
+its cursor, its bound); one view over ``--workers``; and the compiled relay
+path handing reads to the tap and back with no message lost."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgpack
+import pulsar
+import pytest
+from playwright.sync_api import Browser
+
+from sluice.brokers.apache_pulsar import ApachePulsar
+from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
+from sluice.protocols.core import Conn, Opened, Taps
+from sluice.proxy import live as live_module
+from sluice.proxy.live import LiveTap
+from sluice.recording.format import PayloadPolicy, read_records, recording_files
+from tests.helpers.support import (
+    QUIET,
+    SLUICE,
+    ProxyProcess,
+    client,
+    one_client_per_worker,
+    start_proxy,
+    worker_pids,
+)
+from tests.test_view import browser, console_errors  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
+TOKEN = "live-view-token"
+
+
+@dataclass
+class Watched:
+    proxy: ProxyProcess
+    admin: int
+    view: subprocess.Popen[str]
+    url: str
+
+    def api(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + "api/" + path, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    def frames(self) -> int:
+        return int(self.api("status")["frames"])
+
+
+def watched(broker_url: str, tmp_path: Path, *extra: str) -> Watched:
+    """A proxy with an admin token, and ``sluice view --live`` on it."""
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    admin, port = free_port(), free_port()
+    proxy = start_proxy(broker_url, tmp_path, "--admin", f"127.0.0.1:{admin}",
+                        "--admin-token-file", str(tmp_path / "token"), *extra)  # fmt: skip
+    view = subprocess.Popen(
+        [*SLUICE, "view", "--live", f"127.0.0.1:{admin}", "--admin-token-file",
+         str(tmp_path / "token"), "--listen", f"127.0.0.1:{port}", "--save-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_for_port("127.0.0.1", port, 20, view)  # type: ignore[arg-type]
+    return Watched(proxy, admin, view, f"http://127.0.0.1:{port}/")
+
+
+def stop(w: Watched) -> None:
+    w.view.kill()
+    w.view.wait(10)
+    w.proxy.kill()
+    assert "Traceback" not in w.proxy.log(), w.proxy.log()
+
+
+def until(check: Any, timeout: float = 20, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        time.sleep(0.1)
+
+
+class Producing:
+    """A producer sending one message every ``every`` seconds in a thread
+    until stopped; what it sent (each acknowledged)."""
+
+    def __init__(self, url: str, topic: str, every: float = 0.05) -> None:
+        self.sent: list[bytes] = []
+        self.failures: list[BaseException] = []
+        self._stop = threading.Event()
+        self._client = pulsar.Client(url, operation_timeout_seconds=30, logger=QUIET)
+        self._producer = self._client.create_producer(topic, batching_enabled=False)
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        n = 0
+        while not self._stop.is_set():
+            body = f"live-{n}".encode()
+            try:
+                self._producer.send(body)
+                self.sent.append(body)
+            except Exception as exc:  # asserted by the test
+                self.failures.append(exc)
+            n += 1
+            time.sleep(every)
+
+    def stop(self) -> list[bytes]:
+        self._stop.set()
+        self._thread.join(30)
+        self._client.close()
+        return self.sent
+
+
+@pytest.fixture
+def live_on_apache(apache_pulsar: ApachePulsar, tmp_path: Path) -> Iterator[Watched]:
+    w = watched(apache_pulsar.url, tmp_path)
+    yield w
+    stop(w)
+
+
+def test_the_live_page_shows_frames_as_they_come_pauses_and_saves(
+    live_on_apache: Watched,
+    browser: Browser,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    w = live_on_apache
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = console_errors(page)
+    page.goto(w.url)
+    page.wait_for_function("document.querySelector('header h1').textContent === 'Sluice live'")
+    page.evaluate("window.sameDocument = true")  # gone if the page reloads
+    topic = f"persistent://public/default/live-{time.monotonic_ns()}"
+    producing = Producing(f"pulsar://127.0.0.1:{w.proxy.port}", topic)
+    try:
+        # SENDs arrive in the table without a reload, the newest page shown.
+        page.wait_for_function(
+            "[...document.querySelectorAll('#frames tbody td:nth-child(5)')]"
+            ".filter((c) => c.textContent === 'SEND').length >= 10",
+            timeout=30_000,
+        )
+        assert page.evaluate("window.sameDocument") is True
+        page.wait_for_selector("#sequence .arrow")
+        # Paused: the table stands still while frames keep coming.
+        page.click("#pause")
+        shown = page.inner_text("#count")
+        held = w.frames()
+        until(lambda: w.frames() >= held + 20, what="frames while paused")
+        time.sleep(1.5)  # more than the page's one-second round
+        assert page.inner_text("#count") == shown
+        page.click("#pause")  # resume
+        page.wait_for_function(f"document.getElementById('count').textContent !== {shown!r}")
+        # Save: a capture directory every reader takes, holding the sends.
+        page.click("#save")
+        page.wait_for_function("document.getElementById('live-note').textContent"
+                               ".startsWith('saved: ')")  # fmt: skip
+        saved = Path(page.inner_text("#live-note").removeprefix("saved: "))
+        assert saved.parent == tmp_path and saved.name.startswith("snapshot-")
+    finally:
+        sent = producing.stop()
+    assert producing.failures == []
+    frames = [r for p in recording_files(saved) for r in read_records(p) if r["k"] == "frame"]
+    sends = [f for f in frames if f["s"]["cmd"] == "SEND"]
+    assert len(sends) >= 10 and {f["s"]["topic"] for f in sends} == {topic}
+    assert len(sent) >= len(sends)
+    page.screenshot(path=str(tmp_path / "live.png"))
+    assert errors == []
+
+
+def ask(admin: int, after: str | None, token: str | None = TOKEN) -> dict[str, Any]:
+    body = json.dumps({} if after is None else {"after": after}).encode()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{admin}/live", data=body,
+                                     headers=headers, method="POST")  # fmt: skip
+    with urllib.request.urlopen(request, timeout=15) as answer:
+        data: dict[str, Any] = json.loads(answer.read())
+    data["unpacked"] = list(msgpack.Unpacker(io.BytesIO(base64.b64decode(data["records"])),
+                                             raw=False, strict_map_key=False))  # fmt: skip
+    return data
+
+
+def frames_after(admin: int, cursor: str) -> list[dict[str, Any]]:
+    return [r for r in ask(admin, cursor)["unpacked"] if r["k"] == "frame"]
+
+
+def test_watching_starts_and_stops_mid_stream_and_no_message_is_lost(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """Producers and a consumer at a steady rate while a watcher comes and
+    goes three times: every relayed connection hands its reads from the
+    compiled step to the tap and back; every message arrives once, in order."""
+    (tmp_path / "token").write_text(TOKEN)
+    admin = free_port()
+    idle_after = 1.0
+    proxy = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}",
+                        "--admin-token-file", str(tmp_path / "token"),
+                        env={"SLUICE_LIVE_IDLE_AFTER": str(idle_after)})  # fmt: skip
+    topic = f"persistent://public/default/handover-{time.monotonic_ns()}"
+    try:
+        with client(proxy.url) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            producing = Producing(proxy.url, topic, every=0.005)
+            try:
+                for _ in range(3):
+                    first = ask(admin, None)
+                    assert first["unpacked"][0]["k"] == "header"
+                    seen = until(partial(frames_after, admin, first["next"]), what="frames")
+                    assert seen
+                    time.sleep(idle_after + 0.5)  # nobody asks: idle again at the next read
+            finally:
+                sent = producing.stop()
+            got: list[bytes] = []
+            while len(got) < len(sent):
+                message = consumer.receive(timeout_millis=15_000)
+                got.append(message.data())
+                consumer.acknowledge(message)
+        assert producing.failures == []
+        assert got == sent  # each once, in order
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    assert "Traceback" not in proxy.log()
+
+
+def test_live_needs_the_token_and_a_cursor_it_gave(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    admin = free_port()
+    open_proxy = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}")
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            ask(admin, None, token=None)
+        assert refused.value.code == 403
+        assert "needs an admin token" in refused.value.read().decode()
+    finally:
+        open_proxy.kill()
+    (tmp_path / "token").write_text(TOKEN)
+    admin = free_port()
+    proxy = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}",
+                        "--admin-token-file", str(tmp_path / "token"))  # fmt: skip
+    try:
+        for token, code in (("wrong", 401), (None, 401)):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                ask(admin, None, token=token)
+            assert refused.value.code == code
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            ask(admin, "not-a-cursor")
+        assert refused.value.code == 400
+        assert ask(admin, None)["unpacked"][0]["k"] == "header"
+    finally:
+        proxy.kill()
+
+
+def test_one_live_view_over_workers(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    w = watched(broker.url, tmp_path, "--workers", "2")
+    clients: list[pulsar.Client] = []
+    try:
+        pids = worker_pids(w.proxy, 2)
+        topic = f"persistent://public/default/workers-live-{time.monotonic_ns()}"
+
+        def connect() -> None:
+            c = pulsar.Client(w.proxy.url, operation_timeout_seconds=15, logger=QUIET)
+            clients.append(c)
+            c.create_producer(topic, batching_enabled=False).send(b"before")
+
+        one_client_per_worker(pids, connect)
+        producers = [c.create_producer(topic, batching_enabled=False) for c in clients]
+
+        def both_workers_seen() -> bool:
+            for producer in producers:  # until the view is watching, some go unseen
+                producer.send(b"watched")
+            sends = w.api("frames?cmd=SEND&limit=1000")["rows"]
+            names = {c["id"]: c["name"] for c in w.api("connections")}
+            # Worker i numbers its connections i+1, i+1+2, …: odd on worker 0.
+            return {int(names[r["conn"]][1:]) % 2 for r in sends} == {0, 1}
+
+        until(both_workers_seen, what="SENDs through both workers")
+    finally:
+        for c in clients:
+            c.close()
+        stop(w)
+
+
+def test_the_tap_costs_nothing_idle_and_keeps_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a broker: idle, the tap is passed over by the compiled path
+    and takes no frames; watched, it is not; past its bound it drops the
+    oldest records and says how many; unwatched for its time, idle again."""
+    now = [0.0]
+    counts = SimpleNamespace(figures="compiled counts", frames=None, event=lambda *_: None)
+    taps = Taps([counts])
+    tap = LiveTap(taps, "pulsar", PayloadPolicy.HASH, listen=[], broker="pulsar://b:6650",
+                  clock=lambda: now[0])  # fmt: skip
+    taps.add(tap)
+    conn = Conn(1, "10.0.0.1:5000", "plain", "pulsar")
+    conn.kind = "proxied"
+    taps.event(conn, Opened())
+    assert tap.idle and taps.quick(conn) == ("compiled counts", None)  # passed over
+    generation = taps.generation
+    first = tap.take(None)
+    assert not tap.idle and taps.generation == generation + 1
+    assert taps.quick(conn) is None  # watched: every read comes through Python
+    kinds = [msgpack.unpackb(r, raw=False, strict_map_key=False)["k"] for r in first.records]
+    assert kinds == ["header", "conn"]  # the connection open before watching
+    monkeypatch.setattr(live_module, "MAX_RECORDS", 5)
+    for _ in range(12):
+        tap.event(conn, Opened())  # a record each
+    later = tap.take(first.next)
+    assert later.dropped == 12 + 1 - 5 - 1 and len(later.records) == 5
+    now[0] += live_module.WATCH_SECONDS + 1
+    tap.frames(conn, True, [])  # no frames: nothing to do, still watched
+    tap.frames(conn, True, [object()])  # a read: the watcher is gone
+    assert tap.idle and taps.generation == generation + 2
