@@ -17,9 +17,12 @@ pins) and, in front of it, every path at once:
   sluice-schema   `sluice` plus --filter schema on the bench's topics, produce
                   direction: every produced message checked against the topic's
                   JSON schema (fetched from the broker with GET_SCHEMA)
+  sluice-live     `sluice` with someone watching it live the whole run (a
+                  thread asking POST /live as `sluice view --live` does); every
+                  other sluice path has the same live tap, idle
 
-The default --paths are the first five; the two filter paths are asked for
-by name (--paths direct,sluice,sluice-filter-noop,sluice-schema). When
+The default --paths are the first five; the two filter paths and the live
+one are asked for by name (--paths direct,sluice,sluice-filter-noop,sluice-schema). When
 either is asked for, every produce workload on every path of that run sends
 JSON records (``{"id": N, "name": "peers", "blob": "xx..."}``, each line
 exactly the row's size: pulsar-perf --payload-file, the Python client the
@@ -91,6 +94,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import statistics
@@ -99,6 +103,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -130,7 +135,9 @@ if TYPE_CHECKING:
 
 PATHS = ["direct", "apache-proxy", "sluice", "sluice-record", "sluice-workers"]
 FILTER_PATHS = ["sluice-filter-noop", "sluice-schema"]  # asked for by name
-KNOWN = PATHS + FILTER_PATHS
+LIVE_PATH = "sluice-live"  # asked for by name
+BESIDE = [*FILTER_PATHS, LIVE_PATH]  # set beside `sluice` in a table of their own
+KNOWN = PATHS + BESIDE
 # The topics the filter paths' filters apply to: every topic of the bench.
 FILTER_TOPICS = ["public/default/peers-*"]
 # The JSON schema of the filter runs' topics: an Avro record definition, as
@@ -286,7 +293,56 @@ def start_path(name: str, broker: ApachePulsar, tmp: Path) -> Path_:
         return start_sluice(broker, tmp, name, "--filter", filter_flag("bench.peers:Noop"))
     if name == "sluice-schema":
         return start_sluice(broker, tmp, name, "--filter", filter_flag("schema"))
+    if name == LIVE_PATH:
+        token = tmp / "live-token"
+        token.write_text(secrets.token_hex(16))
+        path = start_sluice(broker, tmp, name, "--admin-token-file", str(token))
+        if path.admin is None:
+            raise SystemExit(f"{name}: its admin port is not in its log")
+        watcher = Watcher(path.admin, token.read_text())
+        stop = path.stop
+
+        def stopped() -> None:
+            watcher.stop()
+            stop()
+
+        path.stop = stopped
+        return path
     raise SystemExit(f"unknown path {name!r}; known: {', '.join(KNOWN)}")
+
+
+class Watcher:
+    """Someone watching a proxy live: a thread asking its ``POST /live`` for
+    the records after the last it has, as ``sluice view --live`` does, from
+    start to ``stop``; it keeps the answers' bytes and nothing else."""
+
+    def __init__(self, admin: int, token: str) -> None:
+        self.url = f"http://127.0.0.1:{admin}/live"
+        self.token = token
+        self.bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-watcher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        after = ""
+        while not self._stop.is_set():
+            request = urllib.request.Request(
+                self.url, data=json.dumps({"after": after}).encode(), method="POST",
+                headers={"Authorization": f"Bearer {self.token}"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=15) as answer:
+                    data = json.loads(answer.read())
+            except (OSError, ValueError):
+                self._stop.wait(0.5)
+                continue
+            self.bytes += len(data["records"])
+            after = data["next"]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(20)
 
 
 # --- measuring -------------------------------------------------------------------------
@@ -1104,10 +1160,10 @@ def spread(values: list[float]) -> str:
 
 
 def filter_table(cells: dict[tuple[str, str], Cell], names: list[str], loads: list[str]) -> str:
-    """The filter paths beside `sluice`: msg/s and proxy CPU per message, and
-    each as a ratio to `sluice`'s in the same round (median, min-max of the
-    rounds)."""
-    shown = ["sluice", *(n for n in names if n in FILTER_PATHS)]
+    """The filter paths and the live one beside `sluice`: msg/s and proxy CPU
+    per message, and each as a ratio to `sluice`'s in the same round
+    (median, min-max of the rounds)."""
+    shown = ["sluice", *(n for n in names if n in BESIDE)]
     lines = ["| workload | path | msg/s | vs sluice | proxy CPU µs/msg | vs sluice |",
              "|" + "---|" * 6]  # fmt: skip
     for load in loads:
@@ -1214,8 +1270,10 @@ def main() -> int:
             for n, t in results.starts.items()
         ),
     ]
-    if "sluice" in args.paths and set(args.paths) & set(FILTER_PATHS):
-        lines += ["", "Filters beside `sluice` (JSON records on every path; ratios: each "
+    if "sluice" in args.paths and set(args.paths) & set(BESIDE):
+        sent = "JSON records on every path" if set(args.paths) & set(FILTER_PATHS) else (
+            "the usual payloads")  # fmt: skip
+        lines += ["", f"Filters and live watching beside `sluice` ({sent}; ratios: each "
                   "round's row over the same round's `sluice` row, median (min-max) of "
                   f"{args.rounds} rounds):",
                   "", filter_table(cells, args.paths, loads)]  # fmt: skip

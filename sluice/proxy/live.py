@@ -53,6 +53,8 @@ def watch_seconds() -> float:
         return max(0.1, float(text)) if text else WATCH_SECONDS
     except ValueError:
         return WATCH_SECONDS
+
+
 # What one answer holds at most.
 BATCH_BYTES = 2 * 1024 * 1024
 

@@ -18,6 +18,7 @@ TOKEN = "admin-token-for-the-listed-requests"
 BODIES = {
     "POST /faults": {"match": {"command": "PING"}, "action": "delay", "delay_ms": 1},
     "POST /recording/snapshot": {"reason": "listed"},
+    "POST /live": {},
 }
 
 
@@ -56,7 +57,7 @@ def test_the_documented_list_is_what_the_endpoint_does(
     assert {(m, p) for m, p, _ in listed} >= {
         ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/faults"),
         ("POST", "/faults"), ("DELETE", "/faults"), ("DELETE", "/faults/ID"),
-        ("POST", "/recording/snapshot"),
+        ("POST", "/recording/snapshot"), ("POST", "/live"),
     }, listed  # fmt: skip
     token = tmp_path / "admin-token"
     token.write_text(TOKEN + "\n")
