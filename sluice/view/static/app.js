@@ -167,13 +167,15 @@ function markSelected() {
     arrow.classList.toggle("selected", arrow.dataset.frame === String(state.selected));
 }
 
-// Ticks for an axis from 0 to ``top``: about ``count`` round steps (1, 2, 5 × 10^k).
-function ticks(top, count) {
+// Ticks for an axis from 0 to ``top``: about ``count`` round steps (1, 2, 5 × 10^k);
+// with ``cover`` the last is at or above ``top`` (a value axis's top).
+function ticks(top, count, cover = false) {
   if (!(top > 0)) return [0];
   const raw = top / count, power = 10 ** Math.floor(Math.log10(raw));
   const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
   const out = [];
   for (let v = 0; v <= top * 1.0001; v += step) out.push(Number(v.toPrecision(12)));
+  if (cover && out[out.length - 1] < top) out.push(Number((out[out.length - 1] + step).toPrecision(12)));
   return out;
 }
 
@@ -261,7 +263,7 @@ function ratesPlot(summary) {
   const rates = summary.rates, bin = rates.bin_seconds;
   const width = 460, height = 210, left = 48, bottom = 30, top = 22, right = 10;
   const most = Math.max(1e-9, ...rates.series.flatMap((s) => s.per_second));
-  const yTicks = ticks(most, 4), yTop = yTicks[yTicks.length - 1] || most;
+  const yTicks = ticks(most, 4, true), yTop = yTicks[yTicks.length - 1] || most;
   const span = bin * rates.series[0].per_second.length;
   const x = (t) => left + (t / span) * (width - left - right);
   const y = (v) => height - bottom - (v / yTop) * (height - bottom - top);
@@ -279,7 +281,8 @@ function ratesPlot(summary) {
   rates.series.forEach((s, n) => {
     const colour = COLOURS[n % COLOURS.length];
     const points = s.per_second.map((v, b) => [x((b + 0.5) * bin), y(v), v, b]);
-    parts.push(`<polyline fill="none" stroke="${colour}" stroke-width="1.5" points="${points.map((p) => p[0] + "," + p[1]).join(" ")}"/>`);
+    const dashed = s.direction === "delivered" ? ' stroke-dasharray="5,3"' : "";  // over its produced line
+    parts.push(`<polyline fill="none" stroke="${colour}" stroke-width="1.5"${dashed} points="${points.map((p) => p[0] + "," + p[1]).join(" ")}"/>`);
     for (const [px, py, v, b] of points) {
       parts.push(`<circle cx="${px}" cy="${py}" r="2.5" fill="${colour}"><title>${escape(s.topic)} ${s.direction}: ` +
                  `${v} msg/s, ${seconds(b * bin)}–${seconds((b + 1) * bin)} s</title></circle>`);
