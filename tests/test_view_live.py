@@ -311,7 +311,16 @@ def test_the_tap_costs_nothing_idle_and_keeps_its_bounds(monkeypatch: pytest.Mon
     generation = taps.generation
     first = tap.take(None)
     assert not tap.idle and taps.generation == generation + 1
-    assert taps.quick(conn) is None  # watched: every read comes through Python
+    # Watched: the compiled step puts its records in the tap (where built),
+    # and with a second taker of records (a recorder) reads come through Python.
+    quick = taps.quick(conn)
+    if tap.quick_records(conn) is not None:
+        assert quick == ("compiled counts", (tap.carried, tap.quick_records(conn)[1]))
+    else:
+        assert quick is None
+    taps.add(SimpleNamespace(quick_records=lambda conn: (print, 0)))
+    assert taps.quick(conn) is None
+    generation = taps.generation - 1
     kinds = [msgpack.unpackb(r, raw=False, strict_map_key=False)["k"] for r in first.records]
     assert kinds == ["header", "conn"]  # the connection open before watching
     monkeypatch.setattr(live_module, "MAX_RECORDS", 5)

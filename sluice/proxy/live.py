@@ -7,10 +7,13 @@ A ``LiveTap`` is one of the proxy's taps, idle until someone watches: then
 relay steps carry every read as they do without it. So it costs nothing
 while nobody watches (a dict entry per connection opened, for the
 connections a new watcher is told of). Each poll keeps it watching for
-``WATCH_SECONDS`` (15); the first poll after it went idle moves the taps'
-generation on, so every relayed connection's next read comes through
-Python (and the tap), and the first read after the last poll's time ran out
-moves it on again, giving the reads back to the compiled steps.
+``WATCH_SECONDS`` (15). The first poll after it went idle moves the taps'
+generation on, so every relayed connection builds its compiled step again
+at its next read, now with the tap as where its frame records go
+(``quick_records``, as the recorder's; where the protocol lays its records
+out in Python, or a recorder takes them too, the reads come through Python
+and ``frames`` instead). The first read after the last poll's time ran out
+moves the generation on again, and the steps are built without the tap.
 
 While watched, each read's frames become frame records laid out as the
 recorder lays them out (the protocol's summarizer, under the proxy's
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import itertools
 import json
 import os
 import time
@@ -128,15 +132,19 @@ class LiveTap:
             dropped = oldest - after - 1
         size = 0
         last = max(after, oldest - 1)
-        for number, data in self._ring:
-            if number <= after:
-                continue
+        # Numbers are consecutive: the first wanted is found, not searched for.
+        for number, data in itertools.islice(self._ring, max(0, after + 1 - oldest), None):
             if size and size + len(data) > BATCH_BYTES:
                 break
             records.append(data)
             size += len(data)
             last = number
         return Taken(records, last, dropped)
+
+    @property
+    def newest(self) -> int:
+        """The number of the newest record (0: none yet)."""
+        return self._next - 1
 
     def _expired(self) -> bool:
         """Whether the watchers are gone (then idle from now on)."""
@@ -165,6 +173,23 @@ class LiveTap:
         for data in self._summarizer.packed(
             conn.id, 0 if from_client else 1, time.monotonic_ns(), time.time_ns(), frames
         ):
+            self._add(data)
+
+    def quick_records(self, conn: Conn) -> tuple[Callable[[list[bytes], int], None], int] | None:
+        """While watched: where a compiled relay step may put the frame
+        records of the reads it carries (laid out by the protocol's compiled
+        code, as the recorder's are), so that a watched connection stays on
+        the compiled path; None where the records are laid out in Python."""
+        code = getattr(self._summarizer, "compiled_code", None)
+        if code is None or conn.id > 0xFFFFFFFF:
+            return None
+        return self.carried, code
+
+    def carried(self, records: list[bytes], size: int) -> None:
+        """``frames`` for a read a compiled relay step carried."""
+        if self.idle or self._expired():
+            return
+        for data in records:
             self._add(data)
 
     def event(self, conn: Conn | None, event: Event) -> None:
@@ -269,9 +294,11 @@ class LiveEndpoint:
         after = parse_after(request.body).get(0)
         if self.live is None:
             raise Refused(409, "this proxy has no live view")
+        live = self.live
+        taken = live.take(after)  # (starts watching)
         deadline = trio.current_time() + POLL_SECONDS
-        while True:
-            taken = self.live.take(after)
-            if taken.records or taken.dropped or trio.current_time() >= deadline:
-                return 200, answer(taken, str(taken.next))
+        while not (taken.records or taken.dropped) and trio.current_time() < deadline:
             await trio.sleep(0.05)
+            if after is not None and live.newest > after:  # something new: take it
+                taken = live.take(after)
+        return 200, answer(taken, str(taken.next))
