@@ -245,8 +245,12 @@ def _version() -> str:
     return __version__
 
 
-# How long an ask with nothing new waits for something (long polling).
+# How long an ask with nothing new waits for something (long polling), and
+# how often it looks: a watcher gets at most 1 / POLL_STEP answers a second,
+# each holding what came meanwhile (an answer costs the proxy more than the
+# records in it, at low rates).
 POLL_SECONDS = 1.0
+POLL_STEP = 0.25
 
 
 def parse_after(body: bytes) -> dict[int, int]:
@@ -298,7 +302,7 @@ class LiveEndpoint:
         taken = live.take(after)  # (starts watching)
         deadline = trio.current_time() + POLL_SECONDS
         while not (taken.records or taken.dropped) and trio.current_time() < deadline:
-            await trio.sleep(0.05)
+            await trio.sleep(POLL_STEP)
             if after is not None and live.newest > after:  # something new: take it
                 taken = live.take(after)
         return 200, answer(taken, str(taken.next))
