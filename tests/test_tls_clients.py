@@ -37,6 +37,7 @@ from tests.helpers.support import (
     start_proxy,
     tcp_connections,
     tls_files,
+    wait_ready,
 )
 from tests.test_apache_pulsar import (
     TOKEN_CLIENT,
@@ -273,6 +274,8 @@ def test_passthrough_refuses_a_certificate_login_and_says_what_works(
     web = sluice_everywhere(tb, tmp_path)
     cert, key = tb.pki.client("app")
     try:
+        # Ready: Sluice's probe has found that the broker authenticates.
+        wait_ready(web.admin)
         with RawClient(web.proxy.port) as raw:
             body = pb.CommandConnect(client_version="sluice-tests", protocol_version=21,
                                      auth_method_name="tls")  # fmt: skip

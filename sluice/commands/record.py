@@ -113,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--report",
         type=Path,
         metavar="FILE",
-        help="write what was replaced (counts, and the pseudonyms) as JSON to FILE",
+        help="write what was replaced (counts, and the pseudonyms) as JSON to FILE (default: "
+        "none; a summary line goes to stderr either way)",
     )
     anon.add_argument(
         "--reveal",

@@ -38,13 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--live",
         metavar="ADMIN",
         help="instead of a capture, watch a running proxy: its admin endpoint (HOST:PORT or "
-        "URL, its --admin), with --admin-token-file",
+        "URL, its --admin), with --admin-token-file (default: none, a capture is read)",
     )
     parser.add_argument(
         "--admin-token-file",
         type=Path,
         metavar="FILE",
-        help="with --live: the proxy's admin token (watching needs it)",
+        help="with --live: the proxy's admin token, which watching needs (default: none)",
     )
     parser.add_argument(
         "--save-dir",

@@ -396,7 +396,6 @@ class PulsarBackend:
         self._tls = client_ssl_context(broker_tls) if broker.tls else None
         self._broker_tls = broker_tls
         self._pool: UpstreamPool | None = None
-        self._auth_required = False
 
     def tls_context(self, tls: bool) -> ssl.SSLContext | None:
         if not tls:
@@ -510,7 +509,7 @@ class PulsarBackend:
         lookups carry. From then on it is only dialled, so that it does not
         log a refused login every probe."""
         assert self._pool is not None
-        if self._auth_required:
+        if self.routing.broker_authenticates:
             try:
                 stream = await dial(
                     self.broker.address,
@@ -525,7 +524,7 @@ class PulsarBackend:
             await self._pool.get(self.broker.address)
         except UpstreamFailure as failure:
             if failure.error == pb.AuthenticationError:
-                self._auth_required = True
+                self.routing.broker_authenticates = True
                 return None
             return failure.message
         return None

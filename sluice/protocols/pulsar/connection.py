@@ -160,6 +160,10 @@ class Routing:
         self.max_lookups = max_lookups
         self.lookups = 0
         self.warned = LogLimit()
+        # The configured broker refused Sluice's own CONNECT, which carries no
+        # credential, with AuthenticationError: it authenticates its clients
+        # (learned by the backend's probe).
+        self.broker_authenticates = False
         self._lookup_auth: dict[tuple[object, ...], UpstreamAuth] = {}
         # --sni-route: TLS server names that stand for a broker, as configured.
         self.named: dict[str, BrokerUrl] = {}
@@ -582,7 +586,7 @@ class PulsarConnection:
             refused = self._authenticate(auth, body.auth_method_name, bytes(body.auth_data), now)
             if refused is not None:
                 return refused
-        elif body.auth_method_name == TLS_AUTH:
+        elif body.auth_method_name == TLS_AUTH and self.routing.broker_authenticates:
             return self._refuse_certificate(now)
         if relayed:
             return self._open_relay(body, now)
@@ -677,10 +681,11 @@ class PulsarConnection:
         return [OpenUpstream(address, tls, encode(command(T.CONNECT, ours)))]
 
     def _refuse_certificate(self, now: float) -> list[Action]:
-        """Passthrough: a client that logs in with its TLS certificate. Its
-        TLS session ends at Sluice, so the broker would see no certificate
-        and answer a bare AuthenticationError; Sluice says why, and what
-        works, itself."""
+        """Passthrough: a client that logs in with its TLS certificate to a
+        broker that authenticates. Its TLS session ends at Sluice, so the
+        broker would see no certificate and answer a bare
+        AuthenticationError; Sluice says why, and what works, itself. (A
+        broker that does not authenticate takes it as any other CONNECT.)"""
         self.tap.event(self.conn, Rejected(TLS_PASSTHROUGH))
         level = self.routing.warned.level(TLS_PASSTHROUGH, now)
         return [
