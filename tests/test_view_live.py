@@ -41,6 +41,7 @@ from tests.helpers.support import (
     start_proxy,
     worker_pids,
 )
+from tests.test_proxy_protocol import wait_for
 from tests.test_view import browser, console_errors  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.e2e  # every test here starts a process
@@ -86,13 +87,7 @@ def stop(w: Watched) -> None:
 
 
 def until(check: Any, timeout: float = 20, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
-        time.sleep(0.1)
+    return wait_for(what or str(check), check, timeout)
 
 
 class Producing:

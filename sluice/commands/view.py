@@ -25,7 +25,7 @@ from sluice.protocols import registry
 from sluice.recording.format import RecordingError, recording_files
 from sluice.view.index import Filter, Index
 from sluice.view.live import LiveIndex, live_url, watch
-from sluice.view.server import export, serve
+from sluice.view.server import ViewServer, export, serve
 
 log = logging.getLogger("sluice.view")
 
@@ -113,18 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sluice view: cannot listen on {address}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    host, port = str(server.server_address[0]), int(server.server_address[1])
-    url = f"http://{host}:{port}/"
-    print(f"sluice view: {url}  (Ctrl-C to stop)", flush=True)
-    if args.open:
-        threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
-
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        server.shutdown()
-    return 0
+    return _until_interrupted(server, "", args.open)
 
 
 def _live(args: argparse.Namespace) -> int:
@@ -155,16 +144,25 @@ def _live(args: argparse.Namespace) -> int:
     stop = threading.Event()
     threading.Thread(target=watch, args=(index, url, token, stop), name="view-live",
                      daemon=True).start()  # fmt: skip
+    return _until_interrupted(server, f" watching {url}", args.open, stop)
+
+
+def _until_interrupted(
+    server: ViewServer, what: str, open_page: bool, stop: threading.Event | None = None
+) -> int:
+    """Say where the page is (and ``what`` it shows), open it if asked, and
+    serve until Ctrl-C."""
     host, port = str(server.server_address[0]), int(server.server_address[1])
     page = f"http://{host}:{port}/"
-    print(f"sluice view: {page} watching {url}  (Ctrl-C to stop)", flush=True)
-    if args.open:
+    print(f"sluice view: {page}{what}  (Ctrl-C to stop)", flush=True)
+    if open_page:
         threading.Thread(target=webbrowser.open, args=(page,), daemon=True).start()
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        stop.set()
+        if stop is not None:
+            stop.set()
         server.shutdown()
     return 0
 
