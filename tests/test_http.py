@@ -628,7 +628,10 @@ def test_connection_cap_is_shared_by_the_workers(
 
 
 def test_broker_down_is_502(apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
-    nowhere = f"http://127.0.0.1:{free_port()}"
+    # A port bound and never listened on: refused, and nobody else's meanwhile.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    nowhere = f"http://127.0.0.1:{held.getsockname()[1]}"
     web = start_web_proxy(apache_pulsar, tmp_path, nowhere)
     try:
         status, text = apache_pulsar.admin("GET", "/admin/v2/clusters", base=web.url)
@@ -638,6 +641,7 @@ def test_broker_down_is_502(apache_pulsar: ApachePulsar, tmp_path: Path) -> None
         assert "cannot reach the broker's web service" in web.proxy.log()
     finally:
         web.proxy.kill()
+        held.close()
     assert "Traceback" not in web.proxy.log()
 
 
