@@ -672,7 +672,11 @@ def produce_across_a_broker_kill(
 
 
 def stored(broker: ApachePulsar, topic: str, count: int) -> list[bytes]:
-    with client(broker.url) as c:
+    # Straight to the broker. After a kill -9 the broker first recovers the
+    # topic's ledger left open by the crash; on a busy machine that alone has
+    # taken longer than the helper's usual 15 s operation timeout (a CI run
+    # timed out subscribing here, direct, with no proxy in the path).
+    with client(broker.url, operation_timeout_seconds=120) as c:
         consumer = c.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
         return consume_exactly(consumer, count)
 
