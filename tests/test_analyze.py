@@ -54,8 +54,8 @@ def traffic(proxy_url: str, port: int, broker: EmbeddedBroker, tag: str) -> None
         raw.receive_type("SEND_ERROR")
 
 
-def record(broker: EmbeddedBroker, tmp: Path, tag: str) -> Path:
-    p = start_proxy(broker.url, tmp, "--record", str(tmp / tag))
+def record(broker: EmbeddedBroker, tmp: Path, tag: str, *options: str) -> Path:
+    p = start_proxy(broker.url, tmp, "--record", str(tmp / tag), *options)
     try:
         traffic(p.url, p.port, broker, tag)
         assert p.terminate() == 0
@@ -64,27 +64,23 @@ def record(broker: EmbeddedBroker, tmp: Path, tag: str) -> Path:
     return tmp / tag
 
 
+GOLDEN = Path(__file__).parent / "golden" / "analyze"  # tests/golden/capture_analyze.py
+
+
 @pytest.fixture(scope="module")
 def analyzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The fixed recordings (two captures, one cut mid-record, and a file that
+    is no recording) analysed, and what ``sluice inspect`` shows of them."""
     tmp = tmp_path_factory.mktemp("pipeline")
-    with EmbeddedBroker() as broker:
-        clean = record(broker, tmp, "a")
-        other = record(broker, tmp, "b")  # a separate capture
     inputs = tmp / "inputs"
-    inputs.mkdir()
-    for path in recording_files(clean):
-        shutil.copy(path, inputs / path.name)
-    [b_file] = recording_files(other)
-    data = b_file.read_bytes()
-    truncated = inputs / b_file.name
-    truncated.write_bytes(data[: int(len(data) * 0.6)])  # cut mid-record
-    (inputs / "garbage.sluice").write_bytes(b"\x00\x01 this was never a recording \xc1" * 10)
+    shutil.copytree(GOLDEN / "inputs", inputs)
+    manifest = json.loads((GOLDEN / "manifest.json").read_text())
     out = tmp / "out"
     result = analyze(inputs.as_uri(), out, "local[2]")
     expected = []
-    for target in (clean, truncated):
+    for name in [*manifest["clean"], manifest["truncated"]]:
         shown = subprocess.run(
-            [*SLUICE, "inspect", str(target), "--json"],
+            [*SLUICE, "inspect", str(inputs / name), "--json"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -105,7 +101,9 @@ def analyzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments")
 
 
-def analyze(source: str, out: Path, master: str) -> subprocess.CompletedProcess[str]:
+def analyze(
+    source: str, out: Path, master: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`sluice analyze` as a user runs it, with Spark kept on 127.0.0.1."""
     result = subprocess.run(
         [*SLUICE, "analyze", source, "--out", str(out), "--master", master],
@@ -113,7 +111,7 @@ def analyze(source: str, out: Path, master: str) -> subprocess.CompletedProcess[
         text=True,
         timeout=600,
         check=False,
-        env=loopback_env(),
+        env={**loopback_env(), **(env or {})},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -125,6 +123,62 @@ def rows_of(table: Path) -> list[dict[str, Any]]:
 
     rows: list[dict[str, Any]] = pq.read_table(table).to_pylist()
     return rows
+
+
+def golden_tables(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every table ``sluice analyze`` wrote under ``out``, as JSON-able rows in
+    a fixed order; a segment's path as its file name (the inputs move)."""
+    tables = {}
+    for table in sorted(p for p in out.iterdir() if p.is_dir()):
+        rows = []
+        for row in rows_of(table):
+            where = row["file"].rsplit("/", 1)[0] + "/" if row.get("file") else None
+            rows.append({k: v.isoformat() if hasattr(v, "isoformat")
+                         else v.replace(where, "") if where and isinstance(v, str) else v
+                         for k, v in row.items()})  # fmt: skip
+        tables[table.name] = sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
+    return tables
+
+
+def test_every_table_is_the_golden_one_row_for_row(analyzed: dict[str, Any]) -> None:
+    """The tables of the fixed recordings as stored when they were made; a
+    change to the pipeline keeps every row (approximate percentiles: 1%)."""
+    golden = json.loads((GOLDEN / "tables.json").read_text())
+    got = golden_tables(analyzed["out"])
+    assert sorted(got) == sorted(golden)
+    for name, rows in golden.items():
+        assert len(got[name]) == len(rows), name
+        for mine, theirs in zip(got[name], rows, strict=True):
+            if name == "latency":
+                assert mine.keys() == theirs.keys()
+                for key, value in theirs.items():
+                    if isinstance(value, float):
+                        assert math.isclose(mine[key], value, rel_tol=0.01), (name, key)
+                    else:
+                        assert mine[key] == value, (name, key)
+            else:
+                assert mine == theirs, name
+    assert len(golden["frames"]) > 100 and golden["latency"] and golden["errors"]
+
+
+def test_sparks_own_writer_gives_the_same_tables(analyzed: dict[str, Any]) -> None:
+    """Where the executors cannot write the frames table themselves (a remote
+    output), Spark's writer does: the same rows."""
+    out = analyzed["tmp"] / "spark-writer-out"
+    result = analyze(
+        analyzed["inputs"].as_uri(), out, "local[2]", {"SLUICE_ANALYZE_FRAMES": "spark"}
+    )
+    assert "wrote frames" in result.stderr
+
+    def executors_files(where: Path) -> list[str]:  # part-<hash of the segment's path>.parquet
+        return [
+            p.name for p in where.iterdir() if re.fullmatch(r"part-[0-9a-f]{20}\.parquet", p.name)
+        ]
+
+    assert len(executors_files(analyzed["out"] / "frames")) == 4  # a segment with frames each
+    assert executors_files(out / "frames") == []
+    assert list((out / "frames").glob("part-0*.snappy.parquet"))  # Spark's own names
+    assert golden_tables(out) == golden_tables(analyzed["out"])
 
 
 def read_tables(out: Path) -> dict[str, list[tuple[Any, ...]]]:

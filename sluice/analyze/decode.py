@@ -60,7 +60,14 @@ _FIELDS: list[tuple[str, pa.DataType]] = [
 ]
 SCHEMA = pa.schema(_FIELDS)
 _SPARK_TYPES = {pa.string(): "string", pa.int64(): "bigint", pa.bool_(): "boolean"}
-SPARK_SCHEMA = ", ".join(f"{name} {_SPARK_TYPES[kind]}" for name, kind in _FIELDS)
+
+
+def spark_schema(fields: list[tuple[str, pa.DataType]]) -> str:
+    """Arrow fields as the DDL string ``mapInArrow`` takes."""
+    return ", ".join(f"{name} {_SPARK_TYPES[kind]}" for name, kind in fields)
+
+
+SPARK_SCHEMA = spark_schema(_FIELDS)
 FRAME_COLUMNS = [name for name, _ in _FIELDS[1:-1]]
 EXTRA_SCHEMA = (
     "protocol string, client string, broker string, kind string, listener string, "
@@ -97,14 +104,20 @@ def _http_extra(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: batches of (path, length, content) to decoded batches."""
+def segments(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, Any]]:
+    """Spark's ``binaryFile`` batches (path, length, content) as (path, bytes)."""
     for batch in batches:
         paths = batch.column("path").to_pylist()
         contents = batch.column("content")
         for i, path in enumerate(paths):
             content = contents[i].as_buffer()
-            yield from decode_segment(path, b"" if content is None else content)
+            yield path, b"" if content is None else content
+
+
+def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: batches of (path, length, content) to decoded batches."""
+    for path, content in segments(batches):
+        yield from decode_segment(path, content)
 
 
 def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:

@@ -25,8 +25,12 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 from sluice.protocols import registry
@@ -102,15 +106,8 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from sluice.analyze.decode import (
-        COUNTED,
-        EXTRA_SCHEMA,
-        FRAME_COLUMNS,
-        HTTP_COLUMNS,
-        HTTP_SCHEMA,
-        SPARK_SCHEMA,
-        decode_batches,
-    )
+    from sluice.analyze.decode import EXTRA_SCHEMA, FRAME_COLUMNS, HTTP_COLUMNS, HTTP_SCHEMA
+    from sluice.analyze.partials import SPARK_SCHEMA, reduce_batches, write_empty_frames
 
     started = time.monotonic()
 
@@ -127,15 +124,30 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     found = listing.inputFiles()  # the listing Spark made: no job, no content read
     say(f"found {len(found)} segments")
 
-    decoded = (
+    # The frames table's files are written by the executors, one per
+    # segment, where they reach the output (a local path, file://);
+    # elsewhere (s3a://, hdfs://, gs://) the frames go to Spark's writer.
+    frames_dir = None if os.environ.get("SLUICE_ANALYZE_FRAMES") == "spark" else local_dir(out)
+    if frames_dir is not None:
+        frames_dir = os.path.join(frames_dir, "frames")
+        shutil.rmtree(frames_dir, ignore_errors=True)
+        os.makedirs(frames_dir)
+
+    def reduce(batches: Any) -> Any:
+        return reduce_batches(batches, frames_dir)
+
+    # Every segment decoded and reduced to partial aggregates, once; the
+    # tables are these merged.
+    parts = (
         listing.filter(F.col("length") <= MAX_SEGMENT_BYTES)
         .select("path", "length", "content")
-        .mapInArrow(decode_batches, SPARK_SCHEMA)
+        .mapInArrow(reduce, SPARK_SCHEMA)
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
+    record = F.col("record")
     counts = {
         r["record"]: r
-        for r in decoded.groupBy("record")
+        for r in parts.groupBy("record")
         .agg(
             F.count("*").alias("rows"),
             F.sum(F.get_json_object("extra", "$.damaged").cast("boolean").cast("int")).alias(
@@ -144,10 +156,11 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
             F.sum(
                 F.when(F.get_json_object("extra", "$.truncated_bytes").cast("long") > 0, 1)
             ).alias("truncated"),
+            F.sum(F.get_json_object("extra", "$.frames").cast("long")).alias("frames"),
             F.min("wall_ns").alias("first_ns"),
-            F.max("wall_ns").alias("last_ns"),
+            F.max("last_ns").alias("last_ns"),
             F.sum(F.get_json_object("extra", "$.bytes").cast("long")).alias("bytes"),
-            F.collect_set(F.when(F.col("record") == "segment", F.col("file"))).alias("files"),
+            F.collect_set(F.when(record == "segment", F.col("file"))).alias("files"),
         )
         .collect()
     }
@@ -162,9 +175,10 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     # Listed but not decoded: filtered out above, over the binaryFile limit.
     too_large = sorted(f for f in found if _canonical(f) not in read)
     bad = rows("segment", "damaged") + rows("segment", "truncated") + len(too_large)
+    frames_total = rows("segment", "frames")
     say(
         f"decoded: {segments_read} segments read ({bad} bad, {total_bytes / 1e6:,.1f} MB), "
-        f"{rows('frame'):,} frames, "
+        f"{frames_total:,} frames, "
         f"{rows('conn'):,} connection records, {rows('close'):,} closes, "
         f"{rows('http'):,} HTTP exchanges"
     )
@@ -181,8 +195,17 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         schema = T.StructType([T.StructField(f.name, f.dataType) for f in df.schema.fields])
         return spark.read.schema(schema).parquet(path)
 
-    frames = decoded.filter(F.col("record") == "frame").select(*FRAME_COLUMNS)
-    write(frames, "frames")
+    if frames_dir is None:
+        write(parts.filter(record == "frame").select(*FRAME_COLUMNS), "frames")
+    else:
+        if not frames_total:
+            write_empty_frames(frames_dir)
+        Path(frames_dir, "_SUCCESS").touch()
+        written["frames"] = frames_total
+        say(f"wrote frames: {frames_total:,} rows")
+
+    def of(kind: str) -> Any:
+        return parts.filter(record == kind)
 
     def side(rows: Any) -> Any:
         """Rows that are not frames, their ``extra`` JSON as columns."""
@@ -190,7 +213,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
             "record", "capture", "file", "conn", "wall_ns", "x.*"
         )
 
-    segments = decoded.filter(F.col("record") == "segment")
+    segments = of("segment")
     if too_large:
         unread = [
             ("segment", path, json.dumps({"damaged": True, "why": f"{path}: not read, over "
@@ -207,23 +230,24 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         status.filter(F.col("damaged") | (F.col("truncated_bytes") > 0)), "bad_segments"
     )
 
-    # The connections table without joins: the frames counted per
-    # connection (a hash aggregation: fixed-width values only), then those
-    # few rows with the connection and close rows in one group-by. A
+    # The connections table without joins: the segments' counts per
+    # connection summed (a hash aggregation: fixed-width values only), then
+    # those few rows with the connection and close rows in one group-by. A
     # connection is a row where it has a ``conn`` record (re-stated
     # unchanged at the start of every segment); its frame counts are null
     # where it has no frames, its close null where it was not closed.
     key = ["capture", "conn"]
-    record = F.col("record")
-    counts_per_conn = frames.groupBy(*key).agg(
-        F.count("*").alias("frames"),
-        F.sum("size").alias("bytes"),
-        F.sum(F.when(F.col("direction") == "client_to_broker", 1).otherwise(0)).alias(
-            "frames_from_client"
-        ),
-        F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("broker_errors"),
-        F.sum(F.when(F.col("invalid").isNotNull(), 1).otherwise(0)).alias("invalid_frames"),
-        F.max("wall_ns").alias("last_ns"),
+    counts_per_conn = (
+        of("conn_frames")
+        .groupBy(*key)
+        .agg(
+            F.sum("frames").alias("frames"),
+            F.sum("bytes").alias("bytes"),
+            F.sum("from_client").alias("frames_from_client"),
+            F.sum("errors").alias("broker_errors"),
+            F.sum("invalids").alias("invalid_frames"),
+            F.max("last_ns").alias("last_ns"),
+        )
     )
     x = F.from_json("extra", EXTRA_SCHEMA)
     opened = F.when(
@@ -241,7 +265,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         record == "close",
         F.struct(F.col("wall_ns").alias("closed_ns"), x["reason"].alias("reason")),
     )
-    events = decoded.filter(record.isin("conn", "close")).select(
+    events = parts.filter(record.isin("conn", "close")).select(
         *key, opened.alias("o"), closed.alias("c")
     )
     stats = ["frames", "bytes", "frames_from_client", "broker_errors", "invalid_frames", "last_ns"]
@@ -282,14 +306,14 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     # its WebSocket session's frames (ws rows: per segment and connection).
     h = F.from_json("extra", HTTP_SCHEMA)
     sessions = (
-        decoded.filter(record == "ws")
+        of("ws")
         .select(*key, h["frames"].alias("frames"), h["bytes"].alias("bytes"))
         .groupBy(*key)
         .agg(F.sum("frames").alias("ws_frames"), F.sum("bytes").alias("ws_bytes"))
     )
     upgraded = F.col("status") == 101
     exchanges = write(
-        decoded.filter(record == "http")
+        of("http")
         .select(*key, "wall_ns", *(h[name].alias(name) for name in HTTP_COLUMNS))
         .join(sessions, key, "left")
         .select(
@@ -306,20 +330,18 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     )
 
     # Messages: the frames that carry them, in each protocol (both ways).
-    counted = F.col("command").isin(*sorted(COUNTED)) & F.col("topic").isNotNull()
     topic_minute = write(
-        frames.filter(counted)
-        .withColumn("minute", F.timestamp_seconds(F.floor(F.col("wall_ns") / 6e10) * 60))
-        .groupBy("topic", "minute", "direction")
+        of("topic_minute")
+        .groupBy("topic", F.timestamp_seconds("at").alias("minute"), "direction")
         .agg(
             F.sum("messages").alias("messages"),
-            F.sum("size").alias("bytes"),
-            F.count("*").alias("frames"),
+            F.sum("bytes").alias("bytes"),
+            F.sum("frames").alias("frames"),
         ),
         "topic_minute",
     )
 
-    samples = request_latencies(frames, F).persist(StorageLevel.MEMORY_AND_DISK)
+    samples = request_latencies(parts, F).persist(StorageLevel.MEMORY_AND_DISK)
     latency = write(
         samples.groupBy("command").agg(
             F.count("*").alias("count"),
@@ -331,12 +353,10 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         "latency",
     )
 
-    code = F.coalesce(F.col("error"), F.concat(F.lit("invalid:"), "invalid"))
     errors = write(
-        frames.filter(F.col("error").isNotNull() | F.col("invalid").isNotNull())
-        .withColumn("code", code)
+        of("error")
         .groupBy("code", "command", "topic", "capture", "conn")
-        .count(),
+        .agg(F.sum("frames").alias("count")),
         "errors",
     )
 
@@ -346,7 +366,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     acted: dict[tuple[str, str, str, str], int] = {}
     if rows("filter"):
         filtered = write(
-            decoded.filter(F.col("record") == "filter").select(
+            of("filter").select(
                 "capture", "conn", "direction", "topic",
                 F.get_json_object("extra", "$.filter").alias("filter"),
                 F.col("command").alias("action"), F.col("error").alias("reason"), "messages",
@@ -359,8 +379,8 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
             acted[acted_on] = acted.get(acted_on, 0) + int(r["messages"] or 0)
 
     say("building the report")
-    first_ns = counts["frame"]["first_ns"] if "frame" in counts else None
-    span = (rows("frame", "last_ns") - first_ns) / 1e9 if first_ns is not None else 0.0
+    first_ns = counts["conn_frames"]["first_ns"] if "conn_frames" in counts else None
+    span = (rows("conn_frames", "last_ns") - first_ns) / 1e9 if first_ns is not None else 0.0
     step = _bucket_seconds(span)
     top_topics = [
         r.asDict()
@@ -375,26 +395,27 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     # command, direction, topic (the busiest, or "other") and error code.
     over_time = [
         r.asDict()
-        for r in frames.groupBy(
-            F.floor(F.col("wall_ns") / F.lit(step * 10**9)).alias("step"),
+        for r in of("second")
+        .groupBy(
+            F.floor(F.col("at") / F.lit(step)).alias("step"),
             "command",
             "direction",
             F.when(F.col("topic").isin(shown), F.col("topic"))
             .when(F.col("topic").isNotNull(), "other")
             .alias("topic"),
-            F.when(F.col("error").isNotNull() | F.col("invalid").isNotNull(), code).alias("code"),
+            "code",
         )
         .agg(
-            F.count("*").alias("frames"),
+            F.sum("frames").alias("frames"),
             F.sum("messages").alias("messages"),
-            F.sum("size").alias("bytes"),
+            F.sum("bytes").alias("bytes"),
         )
         .collect()
     ]
     listed = [r.asDict() for r in bad_segments.collect()]
     status_class = F.concat((F.col("status") / 100).cast("int").cast("string"), F.lit("xx"))
     summary = {
-        "frames": rows("frame"),
+        "frames": frames_total,
         "http": {
             "exchanges": written["http"],
             "by_kind": [
@@ -482,7 +503,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         ],
     }
     samples.unpersist()
-    decoded.unpersist()
+    parts.unpersist()
     summary["seconds"] = time.monotonic() - started
     say(f"tables written: {', '.join(f'{n} {c:,}' for n, c in written.items())}")
     return summary
@@ -493,58 +514,43 @@ def _canonical(path: str) -> str:
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*):///", r"\1:/", path)
 
 
-def request_latencies(frames: Any, F: Any) -> Any:
+def local_dir(url: str) -> str | None:
+    """The local path of a ``file:`` URL or a plain path; None for any other scheme."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        return urllib.request.url2pathname(parsed.path)
+    return url if not parsed.scheme else None
+
+
+def request_latencies(parts: Any, F: Any) -> Any:
     """(command, seconds) for every request paired with its answer.
 
-    A request and its answer share (capture, conn, request id); a publish
-    and its answers (``ProtocolSpec.publish``: Pulsar's SEND and its
-    SEND_RECEIPT or SEND_ERROR) share (capture, conn, producer id, sequence
-    id). A group-by per kind of key pairs them (no join): the request's
-    time is the earliest asking frame, the answer's the earliest answering
-    one after it.
+    The segments' partials merged (``partials.py``): per publish (a
+    ``send_pair``: capture, connection, producer id, sequence id) and per
+    other request (a ``request_pair``: capture, connection, request id), the
+    earliest asking and the earliest answering time; a pair is a request
+    answered no earlier than asked. A publish's command is its position among
+    the publishing commands (a hash aggregation: fixed-width values only);
+    another request's, the earliest asking frame's (frames of one read share
+    a time, so a tie goes to the command's name), with the min of a struct
+    over these few rows.
     """
-    publishing, answering = registry.publishes()
+    publishing, _ = registry.publishes()
     names = F.array(*(F.lit(name) for name in publishing))
-    send = F.col("command").isin(*publishing)
-    receipt = F.col("command").isin(*answering)
-    outbound = F.col("direction") == "client_to_broker"
-    by_send = send | receipt
-    keyed = frames.filter(by_send | F.col("request_id").isNotNull()).select(
-        "capture",
-        "conn",
-        by_send.alias("by_send"),
-        F.when(by_send, F.col("producer_id")).otherwise(F.col("request_id")).alias("a"),
-        F.when(by_send, F.col("sequence_id")).otherwise(F.lit(0)).alias("b"),
-        "command",
-        "mono_ns",
-        F.when(by_send, send & outbound).otherwise(outbound).alias("asks"),
-        F.when(by_send, receipt).otherwise(~outbound).alias("answers"),
-    )
-    # Most pairs are a publish and its receipt: they pair in a hash
-    # aggregation (fixed-width values only: the asking command by its
-    # position among the publishing ones); the other requests, few, with
-    # the min of a struct (a sort-based aggregation).
-    asked = F.min(F.when(F.col("asks"), F.col("mono_ns"))).alias("asked")
-    answered = F.min(F.when(F.col("answers"), F.col("mono_ns"))).alias("answered")
     pair = ["capture", "conn", "a", "b"]
+    asked = F.min("asked").alias("asked")
+    answered = F.min("answered").alias("answered")
     sends = (
-        keyed.filter("by_send")
+        parts.filter(F.col("record") == "send_pair")
         .groupBy(*pair)
-        .agg(
-            F.min(F.when(F.col("asks"), F.array_position(names, F.col("command")))).alias("at"),
-            asked,
-            answered,
-        )
+        .agg(F.min("ask").alias("at"), asked, answered)
         .select(F.element_at(names, F.col("at").cast("int")).alias("command"), "asked", "answered")
     )
     requests = (
-        keyed.filter(~F.col("by_send"))
+        parts.filter(F.col("record") == "request_pair")
         .groupBy(*pair)
         .agg(
-            # The earliest asking frame's command; frames of one read share
-            # a time, so a tie goes to the command's name (min_by would
-            # pick by partition order, which differs between runs).
-            F.min(F.when(F.col("asks"), F.struct("mono_ns", "command"))).alias("first"),
+            F.min(F.when(F.col("asked").isNotNull(), F.struct("asked", "command"))).alias("first"),
             asked,
             answered,
         )
