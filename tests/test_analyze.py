@@ -166,7 +166,7 @@ def test_sparks_own_writer_gives_the_same_tables(analyzed: dict[str, Any]) -> No
     output), Spark's writer does: the same rows."""
     out = analyzed["tmp"] / "spark-writer-out"
     result = analyze(
-        analyzed["inputs"].as_uri(), out, "local[2]", {"SLUICE_ANALYZE_FRAMES": "spark"}
+        analyzed["inputs"].as_uri(), out, "local[2]", {"SLUICE_ANALYZE_IO": "spark"}
     )
     assert "wrote frames" in result.stderr
 

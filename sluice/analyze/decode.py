@@ -25,6 +25,8 @@ Arrow into the JVM several times faster.
 from __future__ import annotations
 
 import json
+import urllib.parse
+import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -105,11 +107,16 @@ def _http_extra(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def segments(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, Any]]:
-    """Spark's ``binaryFile`` batches (path, length, content) as (path, bytes)."""
+    """Spark's ``binaryFile`` batches as (path, bytes): the ``content`` column
+    where Spark read the files, or each ``file:`` path read here."""
     for batch in batches:
         paths = batch.column("path").to_pylist()
-        contents = batch.column("content")
+        contents = batch.column("content") if "content" in batch.schema.names else None
         for i, path in enumerate(paths):
+            if contents is None:
+                local = urllib.request.url2pathname(urllib.parse.urlparse(path).path)
+                yield path, Path(local).read_bytes()
+                continue
             content = contents[i].as_buffer()
             yield path, b"" if content is None else content
 

@@ -124,10 +124,14 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     found = listing.inputFiles()  # the listing Spark made: no job, no content read
     say(f"found {len(found)} segments")
 
-    # The frames table's files are written by the executors, one per
-    # segment, where they reach the output (a local path, file://);
-    # elsewhere (s3a://, hdfs://, gs://) the frames go to Spark's writer.
-    frames_dir = None if os.environ.get("SLUICE_ANALYZE_FRAMES") == "spark" else local_dir(out)
+    # Where the executors reach the files themselves (local paths, file://)
+    # they read the segments and write the frames table's files (one per
+    # segment) without Spark's reader and writer; elsewhere (s3a://,
+    # hdfs://, gs://) Spark's binaryFile source hands them the contents and
+    # Spark's writer writes the frames.
+    by_spark = os.environ.get("SLUICE_ANALYZE_IO") == "spark"
+    local_io = not by_spark and all(local_dir(p) is not None for p in paths)
+    frames_dir = None if by_spark else local_dir(out)
     if frames_dir is not None:
         frames_dir = os.path.join(frames_dir, "frames")
         shutil.rmtree(frames_dir, ignore_errors=True)
@@ -138,12 +142,14 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
 
     # Every segment decoded and reduced to partial aggregates, once; the
     # tables are these merged.
-    parts = (
-        listing.filter(F.col("length") <= MAX_SEGMENT_BYTES)
-        .select("path", "length", "content")
-        .mapInArrow(reduce, SPARK_SCHEMA)
-        .persist(StorageLevel.MEMORY_AND_DISK)
+    segments_in = (
+        listing.select("path", "length")
+        if local_io
+        else listing.filter(F.col("length") <= MAX_SEGMENT_BYTES).select(
+            "path", "length", "content"
+        )
     )
+    parts = segments_in.mapInArrow(reduce, SPARK_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
     record = F.col("record")
     counts = {
         r["record"]: r
