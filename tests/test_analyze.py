@@ -11,6 +11,7 @@ import base64
 import collections
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ import pulsar
 import pytest
 
 from sluice.analyze.decode import decode_segment
-from sluice.analyze.standalone import StandaloneCluster, loopback_env
+from sluice.analyze.standalone import ConnectServer, StandaloneCluster, loopback_env
 from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type
 from sluice.recording import format as recording
@@ -165,9 +166,7 @@ def test_sparks_own_writer_gives_the_same_tables(analyzed: dict[str, Any]) -> No
     """Where the executors cannot write the frames table themselves (a remote
     output), Spark's writer does: the same rows."""
     out = analyzed["tmp"] / "spark-writer-out"
-    result = analyze(
-        analyzed["inputs"].as_uri(), out, "local[2]", {"SLUICE_ANALYZE_IO": "spark"}
-    )
+    result = analyze(analyzed["inputs"].as_uri(), out, "local[2]", {"SLUICE_ANALYZE_IO": "spark"})
     assert "wrote frames" in result.stderr
 
     def executors_files(where: Path) -> list[str]:  # part-<hash of the segment's path>.parquet
@@ -179,6 +178,79 @@ def test_sparks_own_writer_gives_the_same_tables(analyzed: dict[str, Any]) -> No
     assert executors_files(out / "frames") == []
     assert list((out / "frames").glob("part-0*.snappy.parquet"))  # Spark's own names
     assert golden_tables(out) == golden_tables(analyzed["out"])
+
+
+def test_spark_connect_gives_the_golden_tables(analyzed: dict[str, Any]) -> None:
+    """`--remote sc://…` against a Spark Connect server started from PySpark's
+    own distribution on 127.0.0.1 (its own driver on local[2]), stopped by PID."""
+    out = analyzed["tmp"] / "connect-out"
+    with ConnectServer(analyzed["tmp"] / "connect", master="local[2]") as server:
+        assert server.process is not None
+        pid = server.process.pid
+        result = subprocess.run(
+            [*SLUICE, "analyze", str(analyzed["inputs"]), "--out", str(out),
+             "--remote", server.url],
+            capture_output=True, text=True, timeout=600, check=False, env=loopback_env(),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:] + server.logs()
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    assert golden_tables(out) == golden_tables(analyzed["out"])
+    assert "decoded: 5 segments read (2 bad" in result.stderr
+    assert (out / "report.html").exists()
+
+
+def run_on_a_terminal(args: list[str]) -> tuple[int, str]:
+    """``args`` with stderr on a pseudo-terminal (as a person runs it): exit code, stderr."""
+    import pty
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=follower, env=loopback_env()
+    )  # fmt: skip
+    os.close(follower)
+    seen = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal's other end closed: the process is done with it
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    return process.wait(timeout=600), seen.decode(errors="replace")
+
+
+def test_progress_line_on_a_terminal_and_not_with_quiet(analyzed: dict[str, Any]) -> None:
+    inputs = analyzed["inputs"]
+    total = sum(p.stat().st_size for p in inputs.iterdir())
+    out = analyzed["tmp"] / "progress-out"
+    code, shown = run_on_a_terminal(
+        [*SLUICE, "analyze", str(inputs), "--out", str(out), "--master", "local[2]"]
+    )
+    assert code == 0, shown[-3000:]
+    drawn = [part for line in shown.split("\n") for part in line.split("\r")]
+    tasks = [
+        p
+        for p in drawn
+        if re.search(r"decoding and reducing the segments: stage \d+, \d+/\d+ tasks", p)
+    ]
+    assert tasks, shown[-3000:]
+    assert any(f"{total / 1e3:,.1f} kB read" in p for p in drawn), shown[-3000:]  # every byte
+    assert "[analyze] wrote connections: 5 rows" in shown  # the stage lines stay
+    report = (out / "report.html").read_text()
+    assert "Where the analysis took its time" in report
+    for stage in ("decode and reduce every segment", "table connections", "queries for the report"):
+        assert stage in report, stage
+
+    code, shown = run_on_a_terminal(
+        [*SLUICE, "analyze", str(inputs), "--out", str(out), "--master", "local[2]", "--quiet"]
+    )
+    assert code == 0, shown[-3000:]
+    assert "\r" not in shown.replace("\r\n", "\n") and "tasks" not in shown
+    assert "wrote connections" not in shown and "131 frames, 5 connections" in shown
+    # Not a terminal (the fixture's run): the stage lines, no progress line.
+    assert "\r" not in analyzed["stderr"] and "[analyze] wrote connections" in analyzed["stderr"]
 
 
 def read_tables(out: Path) -> dict[str, list[tuple[Any, ...]]]:

@@ -53,10 +53,29 @@ def _bucket_seconds(span_s: float) -> int:
     return 86400 * math.ceil(span_s / 86400 / 120)
 
 
-def spark_session(master: str | None) -> Any:
+# Settings of the job's own session; with Spark Connect only these can be
+# set by the client (the server's static ones are the server's).
+SESSION_CONFIG = {
+    "spark.sql.shuffle.partitions": "8",
+    # The partials are cached once and scanned for every table: plain
+    # columns cost memory, compressing them costs CPU on every scan.
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    # One segment per Arrow batch into the decoder where Spark reads them: a
+    # batch holds whole files, and a few large ones must not add up past
+    # Arrow's limits.
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "1",
+}
+
+
+def spark_session(master: str | None, remote: str | None = None) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    if remote:
+        builder = SparkSession.builder.remote(remote).appName("sluice-analyze")
+        for key, value in SESSION_CONFIG.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
     builder = SparkSession.builder.appName("sluice-analyze")
     # The driver JVM lives for one job: C2's optimising compiles cost more
     # CPU than they win back over it (see docs/analyze.md). Takes effect
@@ -72,32 +91,41 @@ def spark_session(master: str | None) -> Any:
         # In local mode the driver JVM does the executors' work too.
         memory = os.environ.get("SLUICE_SPARK_DRIVER_MEMORY", "4g")
         builder = builder.config("spark.driver.memory", memory)
-    spark = (
-        builder.config("spark.ui.enabled", "false")
-        # Spark's own progress bar, where someone watches a terminal.
-        .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
-        .config("spark.sql.shuffle.partitions", "8")
-        # The decoded segments are cached once and scanned for every table:
-        # plain columns cost memory, compressing them costs CPU on every scan.
-        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
-        # One segment per Arrow batch into the decoder: a batch holds whole
-        # files, and a few large ones must not add up past Arrow's limits.
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1")
-        .getOrCreate()
+    # Our own progress line (progress.py) instead of Spark's bar.
+    builder = builder.config("spark.ui.enabled", "false").config(
+        "spark.ui.showConsoleProgress", "false"
     )
+    for key, value in SESSION_CONFIG.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
-def analyze(paths: list[str], out: str, master: str | None, say: Any) -> dict[str, Any]:
-    spark = spark_session(master)
+def analyze(
+    paths: list[str],
+    out: str,
+    master: str | None,
+    say: Any,
+    remote: str | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """The job on ``master`` (a local Spark or a cluster's), or through Spark
+    Connect at ``remote``; ``progress``: a :class:`progress.Progress` to feed."""
+    spark = spark_session(master, remote)
     try:
-        return _analyze(spark, paths, out, say)
+        if progress is not None:
+            progress.watch(spark)
+        return _analyze(spark, paths, out, say, remote is not None, progress)
     finally:
+        if progress is not None:
+            progress.stop()
         spark.stop()
 
 
-def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any]:
+def _analyze(
+    spark: Any, paths: list[str], out: str, tell: Any, connected: bool, progress: Any
+) -> dict[str, Any]:
     # Arrow (and numpy) are imported here, not with the module: every
     # ``sluice`` command builds its parser from this module, and a proxy
     # should not carry them.
@@ -111,10 +139,19 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
 
     started = time.monotonic()
 
-    def say(text: str) -> None:
-        tell(f"{text} [{time.monotonic() - started:.1f} s]")
+    stages: list[tuple[str, float]] = []  # (what was done, when it ended), for the report
 
-    say(f"reading recordings from {', '.join(paths)}")
+    def say(text: str, done: str | None = None, doing: str | None = None) -> None:
+        """A line on what was done (``done``: its name in the report's
+        timings), and what the progress line says is being done next."""
+        now = time.monotonic() - started
+        if done is not None:
+            stages.append((done, now))
+        tell(f"{text} [{now:.1f} s]")
+        if doing is not None and progress is not None:
+            progress.now(doing)
+
+    say(f"reading recordings from {', '.join(paths)}", doing="listing the segments")
     listing = (
         spark.read.format("binaryFile")
         .option("recursiveFileLookup", "true")
@@ -122,14 +159,16 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         .load(paths)
     )
     found = listing.inputFiles()  # the listing Spark made: no job, no content read
-    say(f"found {len(found)} segments")
+    say(f"found {len(found)} segments", "list the segments", "decoding and reducing the segments")
 
     # Where the executors reach the files themselves (local paths, file://)
     # they read the segments and write the frames table's files (one per
     # segment) without Spark's reader and writer; elsewhere (s3a://,
     # hdfs://, gs://) Spark's binaryFile source hands them the contents and
     # Spark's writer writes the frames.
-    by_spark = os.environ.get("SLUICE_ANALYZE_IO") == "spark"
+    # Through Spark Connect this process is not the driver: paths are the
+    # server's, and Spark does the reading and writing.
+    by_spark = connected or os.environ.get("SLUICE_ANALYZE_IO") == "spark"
     local_io = not by_spark and all(local_dir(p) is not None for p in paths)
     frames_dir = None if by_spark else local_dir(out)
     if frames_dir is not None:
@@ -137,8 +176,11 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         shutil.rmtree(frames_dir, ignore_errors=True)
         os.makedirs(frames_dir)
 
+    # Bytes read by the executors themselves, for the progress line.
+    read = progress.accumulator(spark) if progress is not None and local_io else None
+
     def reduce(batches: Any) -> Any:
-        return reduce_batches(batches, frames_dir)
+        return reduce_batches(batches, frames_dir, read)
 
     # Every segment decoded and reduced to partial aggregates, once; the
     # tables are these merged.
@@ -186,7 +228,9 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         f"decoded: {segments_read} segments read ({bad} bad, {total_bytes / 1e6:,.1f} MB), "
         f"{frames_total:,} frames, "
         f"{rows('conn'):,} connection records, {rows('close'):,} closes, "
-        f"{rows('http'):,} HTTP exchanges"
+        f"{rows('http'):,} HTTP exchanges",
+        "decode and reduce every segment",
+        "writing the tables",
     )
     written: dict[str, int] = {}
 
@@ -195,7 +239,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
         counted = Observation(name)  # counted while writing, not by another job
         df.observe(counted, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(path)
         written[name] = int(counted.get["rows"])
-        say(f"wrote {name}: {written[name]:,} rows")
+        say(f"wrote {name}: {written[name]:,} rows", f"table {name}", "writing the tables")
         # Read back with the schema it was written with (as Spark writes
         # files: every column nullable): inferring it is a job of its own.
         schema = T.StructType([T.StructField(f.name, f.dataType) for f in df.schema.fields])
@@ -208,7 +252,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
             write_empty_frames(frames_dir)
         Path(frames_dir, "_SUCCESS").touch()
         written["frames"] = frames_total
-        say(f"wrote frames: {frames_total:,} rows")
+        say(f"wrote frames: {frames_total:,} rows", "table frames (its files by the executors)")
 
     def of(kind: str) -> Any:
         return parts.filter(record == kind)
@@ -384,7 +428,7 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
             acted_on = (r["filter"], r["action"], r["reason"] or "", r["topic"] or "")
             acted[acted_on] = acted.get(acted_on, 0) + int(r["messages"] or 0)
 
-    say("building the report")
+    say("building the report", doing="queries for the report")
     first_ns = counts["conn_frames"]["first_ns"] if "conn_frames" in counts else None
     span = (rows("conn_frames", "last_ns") - first_ns) / 1e9 if first_ns is not None else 0.0
     step = _bucket_seconds(span)
@@ -511,7 +555,14 @@ def _analyze(spark: Any, paths: list[str], out: str, tell: Any) -> dict[str, Any
     samples.unpersist()
     parts.unpersist()
     summary["seconds"] = time.monotonic() - started
-    say(f"tables written: {', '.join(f'{n} {c:,}' for n, c in written.items())}")
+    say(
+        f"tables written: {', '.join(f'{n} {c:,}' for n, c in written.items())}",
+        "queries for the report",
+    )
+    ends = [0.0, *(end for _, end in stages)]
+    summary["stages"] = [
+        {"stage": name, "seconds": end - ends[i]} for i, (name, end) in enumerate(stages)
+    ]
     return summary
 
 

@@ -75,10 +75,13 @@ def frames_file(frames_dir: str, path: str) -> str:
 
 
 def reduce_batches(
-    batches: Iterable[pa.RecordBatch], frames_dir: str | None
+    batches: Iterable[pa.RecordBatch], frames_dir: str | None, read: Any = None
 ) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: batches of (path, length, content) to partials."""
+    """``mapInArrow`` body: batches of (path, length, content) to partials;
+    ``read``: an accumulator to add each segment's size to, or None."""
     for path, content in segments(batches):
+        if read is not None:
+            read.add(len(content))
         yield from reduce_segment(path, content, frames_dir)
 
 

@@ -348,6 +348,11 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
             if summary["truncated"]
             else ""
         ),
+        "<h2>Where the analysis took its time</h2>"
+        + _table(
+            [{**r, "seconds": f"{r['seconds']:.1f}"} for r in summary.get("stages", [])],
+            [("stage", "stage"), ("seconds", "seconds")],
+        ),
     ]
     page = (
         "<!doctype html><html lang=en><meta charset=utf-8><title>Sluice traffic report</title>"

@@ -1,4 +1,4 @@
-"""A Spark standalone cluster on 127.0.0.1, from PySpark's own distribution.
+"""Spark on 127.0.0.1 from PySpark's own distribution: a standalone cluster, a Spark Connect server.
 
 A master and N workers started with PySpark's ``bin/spark-class`` (the
 classes ``org.apache.spark.deploy.master.Master`` and ``…worker.Worker``),
@@ -8,6 +8,13 @@ process id (SIGTERM, then SIGKILL), executors included. The tests and
 against one; it is also a quick way to try a cluster by hand::
 
     python -m sluice.analyze.standalone --workers 2     # prints the URL, Ctrl-C stops it
+
+:class:`ConnectServer` is a Spark Connect server (the class
+``org.apache.spark.sql.connect.service.SparkConnectServer``, whose jar PySpark
+ships) started with ``bin/spark-submit`` the same way, listening for gRPC on
+127.0.0.1; ``sluice analyze --remote sc://127.0.0.1:PORT`` runs against it::
+
+    python -m sluice.analyze.standalone --connect       # prints sc://…, Ctrl-C stops it
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -171,6 +179,90 @@ class StandaloneCluster:
         self.stop()
 
 
+class ConnectServer:
+    """A Spark Connect server on 127.0.0.1 whose own driver runs ``master``."""
+
+    def __init__(self, workdir: Path, master: str = "local[2]", memory: str = "2g") -> None:
+        self.workdir = workdir
+        self.master = master
+        self.memory = memory
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://{LOOPBACK}:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> ConnectServer:
+        """Started, and answering on its port (a free one the OS picked)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as probe:
+            probe.bind((LOOPBACK, 0))
+            self.port = probe.getsockname()[1]
+        log = (self.workdir / "connect.log").open("wb")
+        with log:
+            self.process = subprocess.Popen(
+                [
+                    str(spark_home() / "bin" / "spark-submit"),
+                    "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+                    "--name", "sluice-connect", "--master", self.master,
+                    "--driver-memory", self.memory,
+                    "--conf", f"spark.connect.grpc.binding.address={LOOPBACK}",
+                    "--conf", f"spark.connect.grpc.binding.port={self.port}",
+                    "--conf", "spark.ui.enabled=false",
+                    "spark-internal",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=loopback_env(),
+                cwd=self.workdir,
+                start_new_session=True,  # its Python workers go with it
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"the Spark Connect server exited\n{self.logs()}")
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection((LOOPBACK, self.port), timeout=1),
+                ):
+                    return self
+                time.sleep(0.3)
+            raise RuntimeError(f"the Spark Connect server did not listen in time\n{self.logs()}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def logs(self, tail: int = 3000) -> str:
+        return (self.workdir / "connect.log").read_text(errors="replace")[-tail:]
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM to its process group, SIGKILL if need be."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        _signal_group(self.process.pid, signal.SIGKILL)  # what is left in its group
+        self.process = None
+
+    def __enter__(self) -> ConnectServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)  # the group this module created for that process
@@ -181,7 +273,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, default=1, help="cores per worker")
     parser.add_argument("--dir", type=Path, default=Path("spark-standalone"))
+    parser.add_argument(
+        "--connect", action="store_true", help="a Spark Connect server (local[2]) instead"
+    )
     args = parser.parse_args(argv)
+    if args.connect:
+        with ConnectServer(args.dir.resolve()) as server:
+            print(f"{server.url}; Ctrl-C stops it")
+            try:
+                while server.process is not None and server.process.poll() is None:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        return 0
     with StandaloneCluster(args.dir.resolve(), args.workers, args.cores) as cluster:
         print(f"{cluster.url} (web UI http://{LOOPBACK}:{cluster.ui_port}); Ctrl-C stops it")
         try:

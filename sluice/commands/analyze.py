@@ -1,6 +1,6 @@
 """``sluice analyze``: many recordings in, Parquet tables and a report out.
 
-    sluice analyze PATH... --out DIR [--master URL]
+    sluice analyze PATH... --out DIR [--master URL | --remote sc://HOST:PORT] [--quiet]
     spark-submit sluice/commands/analyze.py PATH... --out DIR      # same job
 
 The job itself is ``sluice/analyze/job.py``; this module is its options,
@@ -36,10 +36,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where tables and report go; required, no default",
     )
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--master",
         metavar="URL",
         help="Spark master (default: local[*], or what spark-submit says)",
+    )
+    where.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run the job through Spark Connect at this URL; PATH and --out are then as the "
+        "server sees them",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help="where report.html goes (default: in DIR when DIR is a directory here, else "
+        "./report.html)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line and no stage lines; errors and the last line still show "
+        "(the progress line shows only where stderr is a terminal)",
     )
 
 
@@ -53,31 +72,50 @@ def run(args: argparse.Namespace) -> int:
 
     if not need_extra("analyze", "pipeline"):
         return 2
+    from sluice.analyze.progress import Progress
     from sluice.analyze.report import write_report
 
-    def say(text: str) -> None:
+    if args.remote is not None and not args.remote.startswith("sc://"):
+        print(f"sluice analyze: --remote wants an sc://HOST:PORT URL, not {args.remote!r}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    progress = Progress() if sys.stderr.isatty() and not args.quiet else None
+
+    def say(text: str, always: bool = False) -> None:
+        if args.quiet and not always:
+            return
+        if progress is not None:
+            progress.clear()
         print(f"[analyze] {text}", file=sys.stderr, flush=True)
 
-    missing = [p for p in args.paths if "://" not in p and not Path(p).exists()]
+    local = args.remote is None  # through Spark Connect, paths are the server's
+    missing = [p for p in args.paths if local and "://" not in p and not Path(p).exists()]
     if missing:
         print(f"sluice analyze: no such file or directory: {missing[0]}", file=sys.stderr)
         return 2
     out = args.out
+    paths = [_spark_path(p) for p in args.paths]
     try:
-        summary = analyze([_spark_path(p) for p in args.paths], _spark_path(out), args.master, say)
+        summary = analyze(paths, _spark_path(out), args.master, say, args.remote, progress)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         print(f"sluice analyze: {first}", file=sys.stderr)
         return 1
     local_out = out.removeprefix("file://") if out.startswith("file://") else out
-    if "://" not in local_out:
-        write_report(summary, Path(local_out) / "report.html")
-        say(f"wrote report: {Path(local_out) / 'report.html'}")
+    if args.report:
+        report = Path(args.report)
+    elif "://" not in local_out and Path(local_out).is_dir():
+        report = Path(local_out) / "report.html"
+    else:
+        report = Path("report.html")
+    write_report(summary, report)
+    say(f"wrote report: {report}", always=True)
     say(
         f"{summary['frames']} frames, {summary['connections']} connections, "
         f"{summary['http']['exchanges']} HTTP exchanges from "
         f"{summary['files']} files ({len(summary['damaged'])} damaged, "
-        f"{len(summary['truncated'])} truncated) in {summary['seconds']:.1f} s"
+        f"{len(summary['truncated'])} truncated) in {summary['seconds']:.1f} s",
+        always=True,
     )
     return 0
 
