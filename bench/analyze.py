@@ -49,6 +49,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -258,7 +259,8 @@ def reads(tree: Path) -> int:
 
 @dataclass
 class Run:
-    seconds: float
+    seconds: float  # the whole process, Spark's start-up included
+    job: float  # the job's own clock (its last line: "... in N s")
     frames: int
     stderr: str
     jobs: int
@@ -399,8 +401,10 @@ def analyze(data: Path, out: Path, master: str, *, pythonpath: Path | None = Non
     elapsed = time.monotonic() - started
     if process.returncode != 0:
         raise SystemExit(f"analyze on {master} failed:\n{stderr[-3000:]}")
-    frames = int(stderr.rsplit("[analyze] ", 1)[1].split()[0])
-    return Run(elapsed, frames, stderr, spark_jobs(event_log), sampler.components())
+    last = stderr.rsplit("[analyze] ", 1)[1]
+    frames = int(last.split()[0])
+    job = float(re.search(r" in ([\d.]+) s", last).group(1))  # type: ignore[union-attr]
+    return Run(elapsed, job, frames, stderr, spark_jobs(event_log), sampler.components())
 
 
 def decode_alone(inputs: Path) -> tuple[float, int]:
@@ -436,6 +440,14 @@ def decode_floor(inputs: Path, total: int) -> list[str]:
     return rows
 
 
+def spread(values: list[float]) -> str:
+    """The median and, for more than one value, min-max."""
+    middle = statistics.median(values)
+    if len(values) == 1:
+        return f"{middle:.1f} s"
+    return f"{middle:.1f} s ({min(values):.1f}-{max(values):.1f})"
+
+
 def line(name: str, cores: int, total: int, frames: int, seconds: float) -> str:
     mbs = total / 1e6 / seconds
     fps = frames / seconds
@@ -454,8 +466,12 @@ def main() -> int:
     parser.add_argument("--baseline", default=BASELINE, help="git ref of the old pipeline")
     parser.add_argument("--no-baseline", action="store_true", help="skip the old pipeline")
     parser.add_argument(
-        "--repeat", type=int, default=1, help="runs of the baseline and local[2], alternated"
+        "--repeat", type=int, default=3, help="runs of the baseline and local[2], alternated"
     )
+    parser.add_argument(
+        "--scale", type=float, default=0.0, metavar="GB",
+        help="also run local[2] on this many GB of the same mix (made once, beside --data)",
+    )  # fmt: skip
     parser.add_argument("--cores", default="1,2,4", help="local[N] runs of the new pipeline")
     parser.add_argument("--no-cluster", action="store_true", help="skip the standalone cluster")
     parser.add_argument(
@@ -487,9 +503,11 @@ def main() -> int:
     frames = 0
     stderr = ""
     profiles: list[str] = []
+    runs: dict[tuple[str, int], list[Run]] = {}
 
-    def measured(name: str, cores: int, run: Run) -> None:
-        rows.append(line(name, cores, total, run.frames, run.seconds))
+    def measured(name: str, cores: int, run: Run, size: int = total) -> None:
+        runs.setdefault((name, cores), []).append(run)
+        rows.append(line(name, cores, size, run.frames, run.seconds) + f" {run.job:.1f} s |")
         print(rows[-1], file=sys.stderr)
         cpu = run.cpu
         profiles.append(
@@ -499,6 +517,7 @@ def main() -> int:
         )
         print(profiles[-1], file=sys.stderr)
 
+    same_as_before = "previous pipeline: not run"
     with tempfile.TemporaryDirectory() as tmp:
         tree = old = None
         if not args.no_baseline:
@@ -515,15 +534,35 @@ def main() -> int:
                 run = analyze(inputs, out, f"local[{cores}]")
                 stderr = run.stderr if cores == 2 or not stderr else stderr
                 frames = run.frames
-                measured("Arrow (mapInArrow)", cores, run)
+                measured("current", cores, run)
         local = args.out / "local2" if (args.out / "local2").exists() else out
+        if tree is not None and old == inputs:
+            differ = differences(Path(tmp) / "old", local)
+            same_as_before = f"previous pipeline ({args.baseline}): every table equal" + (
+                f", EXCEPT {differ}" if differ else ""
+            )
+            if differ:
+                print(same_as_before, file=sys.stderr)
+                return 1
+        elif tree is not None:
+            same_as_before = "previous pipeline: read a format 1 copy, tables not compared"
         stages = [s for s in stderr.splitlines() if s.startswith("[analyze]")]
+        if args.scale:  # the same mix, more of it: how time grows with size
+            bigger = args.data.parent / f"{args.data.name}-{args.scale:g}g"
+            bigger.mkdir(parents=True, exist_ok=True)
+            if size_of(bigger / "captures") < int(args.scale * 1e9):
+                print(f"making {args.scale} GB of recordings in {bigger} ...", file=sys.stderr)
+                make_data(bigger, int(args.scale * 1e9))
+            size = size_of(bigger / "captures")
+            for _ in range(max(1, args.repeat // 2)):
+                run = analyze(bigger / "captures", args.out / "scaled", "local[2]")
+                measured(f"current, {size / 1e9:.2f} GB", 2, run, size)
         cluster_note = "standalone cluster: skipped"
         if not args.no_cluster:
             with StandaloneCluster(Path(tmp) / "cluster", workers=2) as cluster:
                 out = args.out / "cluster"
                 run = analyze(inputs, out, cluster.url)
-                measured(f"Arrow on {cluster.url} (2 workers; driver's CPU only)", 2, run)
+                measured(f"current on {cluster.url} (2 workers; driver's CPU only)", 2, run)
             differ = differences(local, out)
             cluster_note = "standalone cluster: every table equal to the local run's" + (
                 f", EXCEPT {differ}" if differ else ""
@@ -539,10 +578,19 @@ def main() -> int:
     )
     print(
         "| pipeline | cores | wall | MB/s | frames/s | MB/s per core | frames/s per core "
-        "| host load after |"
+        "| host load after | job clock |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
+    print()
+    print("Medians, with the spread (min-max) of the runs:")
+    print("| pipeline | cores | runs | job clock | whole process | CPU |")
+    print("|---|---|---|---|---|---|")
+    for (name, cores), each in runs.items():
+        print(
+            f"| {name} | {cores} | {len(each)} | {spread([r.job for r in each])} | "
+            f"{spread([r.seconds for r in each])} | {spread([sum(r.cpu.values()) for r in each])} |"
+        )
     print()
     print(
         "| pipeline | cores | wall | Spark jobs | CPU | "
@@ -552,6 +600,7 @@ def main() -> int:
     print("|---" * (5 + len(COMPONENTS)) + "|")
     print("\n".join(profiles))
     print(cluster_note)
+    print(same_as_before)
     print("stages of the local[2] run:")
     print("\n".join(f"  {s}" for s in stages))
     print(f"report: {local / 'report.html'}, screenshot: {picture}")
