@@ -435,7 +435,7 @@ def decode_floor(inputs: Path, total: int) -> list[str]:
             capture_output=True, text=True, check=True, env=env, cwd=ROOT,
         )  # fmt: skip
         cpu, frames = json.loads(result.stdout.strip().splitlines()[-1])
-        rows.append(line(f"decode_segment alone, {name} (CPU s)", 1, total, frames, cpu))
+        rows.append(line(f"decode_segment alone, {name} (CPU s)", 1, total, frames, cpu) + " |")
         print(rows[-1], file=sys.stderr)
     return rows
 

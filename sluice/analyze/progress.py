@@ -26,6 +26,7 @@ import time
 from typing import Any, TextIO
 
 INTERVAL = 0.5  # seconds between two redraws at most
+POLL = 0.2  # seconds between two looks at the driver's status store
 
 
 class Progress:
@@ -67,7 +68,7 @@ class Progress:
         self._thread.start()
 
     def _poll(self, store: Any) -> None:
-        while not self._stopped.wait(INTERVAL):
+        while not self._stopped.wait(POLL):
             with contextlib.suppress(Exception):  # the JVM going away at the end
                 active = store.activeStages()
                 stages = [active.apply(i) for i in range(active.size())]
