@@ -1,7 +1,8 @@
 """Sluice beside the Apache Pulsar Proxy: one broker, the same clients, one run.
 
     python bench/peers.py [--rounds 3] [--scale 1.0] [--paths direct,apache-proxy,...]
-                          [--starts 3] [--png bench/peers.png] [--markdown FILE]
+                          [--starts 3] [--warmup-passes N] [--png bench/peers.png]
+                          [--markdown FILE]
 
 One Apache Pulsar standalone (the release sluice/brokers/apache-pulsar/pom.xml
 pins) and, in front of it, every path at once:
@@ -38,6 +39,15 @@ beside `sluice`'s: msg/s and proxy CPU per message, each as the ratio of
 the filter row to the `sluice` row of the same round, median (min-max) of
 the rounds. The filters are produce-only, so the consume rows of the filter
 paths are connections no filter wants, on the compiled path.
+
+Before the rounds, warm-up passes (``warm_up``): pulsar-perf at 1 KiB full
+rate and its consume through every path, pass after pass, until the Apache
+Pulsar Proxy's CPU per message moved by less than 10% on both from one pass
+to the next (2 to 8 passes; ``--warmup-passes N`` fixes the count). A JVM
+measured cold reads two to three times its warm CPU per message, and a
+production proxy runs for days: the rounds compare warm proxies. At least 3
+rounds are measured, and each cell shows its median with the min-max of the
+rounds, so a ratio is read with its noise.
 
 Workloads, each on a fresh topic, every path in turn, the order of the paths
 rotated from round to round:
@@ -1018,6 +1028,7 @@ class Results:
     version: str
     # Each Sluice path's filter counters after the rounds (filter_counts).
     filtered: dict[str, dict[str, float]] = field(default_factory=dict)
+    warm_passes: int = 0  # warm-up passes before the rounds (warm_up)
 
 
 def start_times(
@@ -1038,6 +1049,50 @@ def start_times(
     return times
 
 
+WARM_LOADS = ("perf 1K max", "perf consume")  # the JITs' and the caches' hot paths
+SETTLED = 0.10  # a warm-up pass changed the peer's CPU per message by less than this
+WARM_PASSES = (2, 8)  # at least, at most
+
+
+def warm_up(args: argparse.Namespace, names: list[str], loads: list[Workload], run_of: Any) -> int:
+    """Traffic through every path, in passes, before anything is measured.
+
+    The rule: each pass runs WARM_LOADS (pulsar-perf 1 KiB at full rate, then
+    consuming it) through every path; passes go on until the Apache Pulsar
+    Proxy's CPU per message (or, without it, the first path's) changed by
+    less than SETTLED on each of those workloads from one pass to the next,
+    at least WARM_PASSES[0] and at most WARM_PASSES[1] passes. The JVMs
+    (the peer's, the broker's, pulsar-perf's own start each time) have then
+    compiled their hot paths, and every Sluice path has run the same traffic.
+    The passes are logged, never counted."""
+    if args.warmup_passes == 0:
+        log("warm-up: none (--warmup-passes 0)")
+        return 0
+    watched = "apache-proxy" if "apache-proxy" in names else names[0]
+    warm = [load for load in loads if load.name in WARM_LOADS]
+    least, most = WARM_PASSES if args.warmup_passes is None else (args.warmup_passes,) * 2
+    before: dict[str, float] = {}
+    for done in range(1, most + 1):
+        now: dict[str, float] = {}
+        for name in names:
+            run = run_of(name)
+            for load in warm:
+                result = load.run(run)
+                cpu = "" if result.cpu_us is None else f", {result.cpu_us:8.1f} µs/msg"
+                log(f"  warm-up {done}: {name:15} {load.name:14} {result.rate:9,.0f} msg/s{cpu}")
+                if name == watched and result.cpu_us:
+                    now[load.name] = result.cpu_us
+        changes = [abs(now[k] - before[k]) / before[k] for k in now if before.get(k)]
+        settled = len(changes) == len(warm) and max(changes) < SETTLED
+        log(f"warm-up pass {done}: {watched} changed by "
+            + (", ".join(f"{c:.0%}" for c in changes) or "-"))  # fmt: skip
+        if done >= least and (settled or args.warmup_passes is not None):
+            return done
+        before = now
+    log(f"warm-up: {watched} had not settled after {most} passes; measuring anyway")
+    return most
+
+
 def measure(args: argparse.Namespace) -> Results:
     names = args.paths
     loads = workloads(args.scale)
@@ -1045,6 +1100,7 @@ def measure(args: argparse.Namespace) -> Results:
     starts: dict[str, list[float]] = {}
     transport = None
     filtered: dict[str, dict[str, float]] = {}
+    warm_passes = 0
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp_name:
         tmp = Path(tmp_name)
         # Any filter path: JSON records on every path (the module's docstring).
@@ -1056,6 +1112,8 @@ def measure(args: argparse.Namespace) -> Results:
                 for name, path in paths.items():
                     if path.start_seconds is not None:
                         starts[name] = [path.start_seconds]
+                warm_passes = warm_up(args, names, loads, lambda name: Run(
+                    runtime, broker, paths[name], {}, payloads))  # fmt: skip
                 for round_ in range(args.rounds):
                     order = names[round_ % len(names) :] + names[: round_ % len(names)]
                     log(f"round {round_ + 1}/{args.rounds}: {', '.join(order)}")
@@ -1085,7 +1143,7 @@ def measure(args: argparse.Namespace) -> Results:
                 for name, seconds in start_times(names, broker, tmp, args.starts - 1).items():
                     starts.setdefault(name, []).extend(seconds)
             version = runtime.version
-    return Results(cells, starts, transport, version, filtered)
+    return Results(cells, starts, transport, version, filtered, warm_passes)
 
 
 # --- the report ------------------------------------------------------------------------
@@ -1128,20 +1186,23 @@ def table(
             continue
         peer = cells[("apache-proxy", load)].median() if ("apache-proxy", load) in cells else None
         for name in names:
-            f = cells[(name, load)].median()
+            cell = cells[(name, load)]
+            f = cell.median()
             versus = name.startswith("sluice") and peer is not None
+            rates = [r.rate for r in cell.runs]
+            cpus = [r.cpu_us for r in cell.runs if r.cpu_us is not None]
             p99 = f.publish[1] if f.publish else None
             peer_p99 = peer.publish[1] if peer and peer.publish else None
             e2e99 = f.e2e[1] if f.e2e else None
             peer_e2e99 = peer.e2e[1] if peer and peer.e2e else None
             row = [
-                load, name, f"{f.rate:,.0f}",
+                load, name, f"{f.rate:,.0f} ({min(rates):,.0f}-{max(rates):,.0f})",
                 ratio(f.rate, peer.rate) if versus and peer else "",
                 fmt_lat(f.publish),
                 ratio(p99, peer_p99) if versus else "",
                 fmt_lat(f.e2e),
                 ratio(e2e99, peer_e2e99) if versus else "",
-                "-" if f.cpu_us is None else f"{f.cpu_us:.1f}",
+                "-" if f.cpu_us is None else f"{f.cpu_us:.1f} ({min(cpus):.1f}-{max(cpus):.1f})",
                 ratio(f.cpu_us, peer.cpu_us) if versus and peer else "",
                 f"{floor_of(load, floors):.2f}"
                 if name.startswith("sluice") and floor_of(load, floors) is not None else "",
@@ -1226,14 +1287,22 @@ def main() -> int:
     parser.add_argument("--png", type=Path, default=Path(__file__).with_name("peers.png"),
                         help="latency picture (default: bench/peers.png)")  # fmt: skip
     parser.add_argument("--markdown", type=Path, help="also write the table here (default: no)")
+    parser.add_argument(
+        "--warmup-passes", type=int, metavar="N",
+        help="exactly N warm-up passes (0: none, for a quick look only); default: until the "
+        f"peer's CPU per message settles within {SETTLED:.0%}, {WARM_PASSES[0]} to "
+        f"{WARM_PASSES[1]} passes",
+    )  # fmt: skip
     args = parser.parse_args()
     unknown = set(args.paths) - set(KNOWN)
-    if unknown or args.rounds < 1 or args.scale <= 0 or args.starts < 1:
+    if unknown or args.rounds < 3 or args.scale <= 0 or args.starts < 1:
         parser.error(
             f"bad --paths {sorted(unknown)}"
             if unknown
-            else "--rounds and --starts at least 1, --scale > 0"
+            else "--rounds at least 3 (a median needs its spread), --starts at least 1, --scale > 0"
         )
+    if args.warmup_passes is not None and args.warmup_passes < 0:
+        parser.error("--warmup-passes: 0 or more")
     started = time.monotonic()
     try:
         results = measure(args)
@@ -1256,7 +1325,13 @@ def main() -> int:
         f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs "
         f"({len(os.sched_getaffinity(0))} usable); Apache Pulsar {results.version} standalone; "
         f"pulsar-perf {results.version}; pulsar-client {pulsar.__version__}; "
-        f"{args.rounds} rounds, scale {args.scale}; medians",
+        f"{args.rounds} rounds, scale {args.scale}; medians (min-max of the rounds); "
+        + (
+            f"warmed by {results.warm_passes} passes of {' and '.join(WARM_LOADS)} through "
+            "every path first (rule: bench/peers.py warm_up)"
+            if results.warm_passes
+            else "NOT warmed up (--warmup-passes 0)"
+        ),
         "",
         table(cells, args.paths, loads, floors),
         "",
