@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--remote",
         metavar="sc://HOST:PORT",
         help="run the job through Spark Connect at this URL; PATH and --out are then as the "
-        "server sees them",
+        "server sees them (default: off, Spark runs in this process)",
     )
     parser.add_argument(
         "--report",
