@@ -33,6 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 LOOPBACK = "127.0.0.1"
 _MASTER_URL = re.compile(r"Starting Spark master at spark://[^:]+:(\d+)")
@@ -59,7 +60,45 @@ def loopback_env() -> dict[str, str]:
     return env
 
 
-class StandaloneCluster:
+class _Started:
+    """Started on entering a ``with`` block, stopped on leaving it."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 20.0) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def stop_groups(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """SIGTERM to each process's group (in this order), then wait for them
+    all until ``timeout``, SIGKILL to a group whose leader did not exit, and
+    to what is left in every group (executors, shells, Python workers)."""
+    for process in processes:
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+        _signal_group(process.pid, signal.SIGKILL)
+
+
+class StandaloneCluster(_Started):
     def __init__(self, workdir: Path, workers: int = 2, cores: int = 1, memory: str = "2g") -> None:
         self.workdir = workdir
         self.workers = workers
@@ -152,34 +191,12 @@ class StandaloneCluster:
         )
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Workers first, then the master: SIGTERM by process group id, SIGKILL if need be."""
-        for process in reversed(self.processes):
-            if process.poll() is None:
-                _signal_group(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in reversed(self.processes):
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(process.pid, signal.SIGKILL)
-                process.wait()
-            # Executors or shells left in the group after their parent exited.
-            _signal_group(process.pid, signal.SIGKILL)
+        """Workers first, then the master."""
+        stop_groups(list(reversed(self.processes)), timeout)
         self.processes.clear()
 
-    def __enter__(self) -> StandaloneCluster:
-        return self.start()
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class ConnectServer:
+class ConnectServer(_Started):
     """A Spark Connect server on 127.0.0.1 whose own driver runs ``master``."""
 
     def __init__(self, workdir: Path, master: str = "local[2]", memory: str = "2g") -> None:
@@ -238,29 +255,9 @@ class ConnectServer:
         return (self.workdir / "connect.log").read_text(errors="replace")[-tail:]
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM to its process group, SIGKILL if need be."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            _signal_group(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        _signal_group(self.process.pid, signal.SIGKILL)  # what is left in its group
-        self.process = None
-
-    def __enter__(self) -> ConnectServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
+        if self.process is not None:
+            stop_groups([self.process], timeout)
+            self.process = None
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
