@@ -106,6 +106,14 @@ def _http_extra(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def local_path(url: str) -> str | None:
+    """The local path of a ``file:`` URL or a plain path; None for any other scheme."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        return urllib.request.url2pathname(parsed.path)
+    return url if not parsed.scheme else None
+
+
 def segments(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, Any]]:
     """Spark's ``binaryFile`` batches as (path, bytes): the ``content`` column
     where Spark read the files, or each ``file:`` path read here."""
@@ -114,7 +122,9 @@ def segments(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, Any]]:
         contents = batch.column("content") if "content" in batch.schema.names else None
         for i, path in enumerate(paths):
             if contents is None:
-                local = urllib.request.url2pathname(urllib.parse.urlparse(path).path)
+                local = local_path(path)
+                if local is None:  # the job reads only local listings itself
+                    raise ValueError(f"{path}: not a local file")
                 yield path, Path(local).read_bytes()
                 continue
             content = contents[i].as_buffer()

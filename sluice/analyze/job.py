@@ -28,8 +28,6 @@ import re
 import shutil
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +132,13 @@ def _analyze(
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from sluice.analyze.decode import EXTRA_SCHEMA, FRAME_COLUMNS, HTTP_COLUMNS, HTTP_SCHEMA
+    from sluice.analyze.decode import (
+        EXTRA_SCHEMA,
+        FRAME_COLUMNS,
+        HTTP_COLUMNS,
+        HTTP_SCHEMA,
+        local_path,
+    )
     from sluice.analyze.partials import SPARK_SCHEMA, reduce_batches, write_empty_frames
 
     started = time.monotonic()
@@ -169,8 +173,8 @@ def _analyze(
     # Through Spark Connect this process is not the driver: paths are the
     # server's, and Spark does the reading and writing.
     by_spark = connected or os.environ.get("SLUICE_ANALYZE_IO") == "spark"
-    local_io = not by_spark and all(local_dir(p) is not None for p in paths)
-    frames_dir = None if by_spark else local_dir(out)
+    local_io = not by_spark and all(local_path(p) is not None for p in paths)
+    frames_dir = None if by_spark else local_path(out)
     if frames_dir is not None:
         frames_dir = os.path.join(frames_dir, "frames")
         shutil.rmtree(frames_dir, ignore_errors=True)
@@ -569,14 +573,6 @@ def _analyze(
 def _canonical(path: str) -> str:
     """``file:///x`` (a listing) and ``file:/x`` (a row's path) as one spelling."""
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*):///", r"\1:/", path)
-
-
-def local_dir(url: str) -> str | None:
-    """The local path of a ``file:`` URL or a plain path; None for any other scheme."""
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme == "file":
-        return urllib.request.url2pathname(parsed.path)
-    return url if not parsed.scheme else None
 
 
 def request_latencies(parts: Any, F: Any) -> Any:
