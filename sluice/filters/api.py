@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from sluice.protocols.filtering import PASS, Message, Verdict
+from sluice.protocols.filtering import PASS, Direction, Message, Sealer, Verdict
 
 
 @dataclass(frozen=True)
@@ -52,3 +52,9 @@ class Filter(Generic[S]):
     def on_deliver(self, message: Message) -> Verdict:
         """A message the broker delivers, before it reaches the consumer."""
         return PASS
+
+    def sealer(self, direction: Direction) -> Sealer | None:
+        """For a filter that encrypts whole entries end to end (the built-in
+        ``encrypt``): what encrypts produced entries (``produce``) or
+        decrypts delivered ones (``deliver``); None: it does not."""
+        return None

@@ -24,6 +24,7 @@ from sluice.errors import ConfigError
 from sluice.filters.api import Filter
 from sluice.filters.config import FilterConfigError, FilterSpec, Loaded, load
 from sluice.protocols.filtering import (
+    DELIVER,
     PASS,
     PRODUCE,
     UNKNOWN,
@@ -34,6 +35,7 @@ from sluice.protocols.filtering import (
     Reject,
     Replace,
     Schema,
+    Sealer,
     Unknown,
 )
 from sluice.protocols.registry import ProtocolSpec
@@ -62,9 +64,22 @@ class FilterChain:
                 f.filter.on_produce if direction == PRODUCE else f.filter.on_deliver,
             )
             for f in filters
+            if _hooks(f, direction)
         ]
         self._wants_schema = any(f.filter.wants_schema for f in filters)
         self._names = tuple(f.spec.id for f in filters)
+        # The first filter that seals entries in this direction (one at most
+        # acts: an entry is encrypted once).
+        sealers = [(f.spec.id, s) for f in filters if (s := f.filter.sealer(direction))]
+        self._sealer: tuple[str, Sealer] | None = sealers[0] if sealers else None
+
+    @property
+    def hooked(self) -> bool:
+        return bool(self._hooks)
+
+    @property
+    def sealer(self) -> tuple[str, Sealer] | None:
+        return self._sealer
 
     @property
     def wants_schema(self) -> bool:
@@ -161,7 +176,7 @@ class Filters:
         wanted = [
             f
             for f in self.loaded
-            if f.spec.runs(direction) and _hooks(f, direction) and _applies(f, topic, role)
+            if f.spec.runs(direction) and _acts(f, direction) and _applies(f, topic, role)
         ]
         chain = FilterChain(direction, wanted) if wanted else None
         if len(self._chains) > MAX_SCHEMAS:
@@ -203,6 +218,11 @@ def _hooks(loaded: Loaded, direction: Direction) -> bool:
     return getattr(type(loaded.filter), hook) is not getattr(Filter, hook)
 
 
+def _acts(loaded: Loaded, direction: Direction) -> bool:
+    """Whether the filter does anything to messages in ``direction``."""
+    return _hooks(loaded, direction) or loaded.filter.sealer(direction) is not None
+
+
 def _applies(loaded: Loaded, topic: str, role: str | None) -> bool:
     spec = loaded.spec
     if spec.roles and (role is None or not any(fnmatch.fnmatchcase(role, p) for p in spec.roles)):
@@ -223,6 +243,15 @@ def make_filters(
             "(see docs/filters.md)"
         )
     try:
-        return Filters(load(list(specs)))
+        loaded = load(list(specs))
     except FilterConfigError as exc:
         raise ConfigError(str(exc)) from None
+    idle = [
+        f"filter {f.spec.id!r}: does nothing with direction {f.spec.direction!r} "
+        "(it has no hook, or no keys, for it)"
+        for f in loaded
+        if not any(_acts(f, d) for d in (PRODUCE, DELIVER) if f.spec.runs(d))
+    ]
+    if idle:
+        raise ConfigError("\n".join(idle))
+    return Filters(loaded)

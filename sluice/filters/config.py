@@ -33,6 +33,7 @@ ENTRY_POINT_GROUP = "sluice.filters"
 # run in place); pyproject.toml names the same ones as entry points.
 BUILTIN = {
     "schema": "sluice.filters.schema:SchemaValidation",
+    "encrypt": "sluice.filters.encryption:Encryption",
 }
 DIRECTIONS = ("produce", "deliver", "both")
 ON_ERROR = ("closed", "open")
@@ -330,7 +331,10 @@ def load(specs: list[FilterSpec] | tuple[FilterSpec, ...]) -> list[Loaded]:
         except FilterConfigError as exc:
             problems += exc.problems
             continue
-        except Exception as exc:  # a filter's own constructor refusing its settings
+        except ValueError as exc:  # a filter's own constructor refusing its settings
+            problems.append(f"{where}: {exc}")
+            continue
+        except Exception as exc:  # or failing
             problems.append(f"{where}: {type(exc).__name__}: {exc}")
             continue
         loaded.append(Loaded(spec, instance))

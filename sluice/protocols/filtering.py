@@ -14,7 +14,7 @@ these types); this module is what the cores below it may import.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -134,6 +134,45 @@ class Outcome:
     changed: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class WrappedKey:
+    """An entry's data key wrapped with one public key: the key's name, the
+    wrapped bytes, and the metadata its owner gave the key."""
+
+    name: str
+    value: bytes
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A whole entry encrypted end to end: the ciphertext, and what a
+    consumer holding one of the private keys needs to decrypt it."""
+
+    data: bytes
+    keys: tuple[WrappedKey, ...]
+    param: bytes  # the cipher's parameter (Pulsar: the IV)
+
+
+class Sealer(Protocol):
+    """End-to-end encryption of whole entries, as the protocol's clients do
+    it (a filter's ``sealer``): entries are encrypted after every message
+    filter (produce) and decrypted before them (deliver)."""
+
+    # Bytes an entry grows by when sealed (Pulsar: the GCM tag).
+    overhead: int
+    # A delivery it cannot decrypt: "pass" (on as it came) or "skip" (refused).
+    undecryptable: str
+
+    def seal(self, topic: str, data: bytes) -> Sealed: ...
+
+    def open(
+        self, topic: str, keys: Sequence[WrappedKey], param: bytes, data: bytes
+    ) -> bytes | None:
+        """The plaintext, or None when no key held here opens it."""
+        ...
+
+
 class Chain(Protocol):
     """The filters one topic's messages in one direction go through, in order."""
 
@@ -142,6 +181,17 @@ class Chain(Protocol):
 
     @property
     def names(self) -> tuple[str, ...]: ...
+
+    @property
+    def hooked(self) -> bool:
+        """Whether any filter of the chain looks at single messages."""
+        ...
+
+    @property
+    def sealer(self) -> tuple[str, Sealer] | None:
+        """The filter that encrypts (produce) or decrypts (deliver) whole
+        entries, by name, if one applies."""
+        ...
 
     def run(self, message: Message) -> Outcome: ...
 

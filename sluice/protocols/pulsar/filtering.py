@@ -52,9 +52,12 @@ from sluice.protocols.filtering import (
     Reject,
     Replace,
     Schema,
+    Sealer,
     Unknown,
+    WrappedKey,
 )
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.decoder import decode_frame
 from sluice.protocols.pulsar.encoder import command, encode, encode_payload, own_frame
 from sluice.protocols.pulsar.errors import LocalProtocolError, RemoteProtocolError
 from sluice.protocols.pulsar.frame import Frame
@@ -199,18 +202,59 @@ class FilterGate:
                 return Wait(topic, version)
         assert not isinstance(schema, Unknown)
         name = self._names.get(body.producer_id) or meta.producer_name
-        outcome, changed, results = self._run(frame, topic, chain, PRODUCE, name, schema)
+        if chain.hooked:
+            outcome, parts, results = self._run(frame, topic, chain, PRODUCE, name, schema)
+        else:
+            outcome, parts, results = Outcome(PASS), None, []
         state = self._producers.setdefault(body.producer_id, _Producer())
         last = body.highest_sequence_id if body.HasField("highest_sequence_id") else 0
         last = max(last, body.sequence_id)
+        count = meta.num_messages_in_batch if is_batch(meta) else 1
+        sealer = chain.sealer
+        sealed = False
+        if sealer is not None and not isinstance(outcome.verdict, Reject):
+            if meta.encryption_keys:  # the client encrypted it: on as it is
+                pass
+            else:
+                parts, sealed = self._seal(frame, topic, sealer[1], parts), True
+        encoded: bytes | None = None
+        if parts is not None and not isinstance(outcome.verdict, Reject):
+            try:
+                encoded = _encoded(frame, *parts, self.max_message_size)
+            except LocalProtocolError as exc:  # changed past the frame limit
+                why = Reject("too_large", f"the changed message cannot be sent: {exc}")
+                last_filter = sealer[0] if sealed and sealer else _last_changed(results)
+                outcome = Outcome(why, last_filter)
         if isinstance(outcome.verdict, Reject):
-            count = meta.num_messages_in_batch if is_batch(meta) else 1
             return self._refuse(frame, topic, outcome, state, last, count)
         state.forwarded = max(state.forwarded, last)
-        if changed is None:
+        if encoded is None:
             return frame.raw
-        self._changes(results, True, topic, changed)
-        return changed
+        if any(isinstance(r.verdict, Replace) for r in results):
+            self._changes(results, True, topic, None if sealed else encoded)
+        if sealed:
+            assert sealer is not None
+            self._report(Outcome(PASS, sealer[0]), "encrypted", True, topic, encoded, "", count)
+        return encoded
+
+    def _seal(self, frame: Frame, topic: str, seal: Sealer, parts: Parts | None) -> Parts:
+        """A SEND's entry encrypted end to end: its parts, to encode."""
+        if parts is None:
+            assert frame.metadata is not None and frame.command is not None
+            meta = pb.MessageMetadata()
+            meta.CopyFrom(frame.metadata)
+            parts = (frame.command, meta, bytes(frame.payload))
+        cmd, meta, data = parts
+        # A chunk is sealed as any entry is: Pulsar's clients encrypt each
+        # chunk on its own (``total_chunk_msg_size`` counts plaintext).
+        sealed = seal.seal(topic, data)
+        ciphertext, keys, param = sealed.data, sealed.keys, sealed.param
+        for wrapped in keys:
+            entry = meta.encryption_keys.add(key=wrapped.name, value=wrapped.value)
+            for k, v in wrapped.metadata.items():
+                entry.metadata.add(key=k, value=v)
+        meta.encryption_param = param
+        return cmd, meta, ciphertext
 
     def _refuse(
         self, frame: Frame, topic: str, outcome: Outcome, state: _Producer, last: int,
@@ -278,7 +322,22 @@ class FilterGate:
         count = meta.num_messages_in_batch if is_batch(meta) else 1
         results: list[Outcome] = []
         refusal: Outcome | None = None
-        if _chunked(meta):
+        sealer = chain.sealer
+        if sealer is not None and meta.encryption_keys:
+            opened = None if _chunked(meta) else self._open(frame, topic, sealer[1])
+            if opened is not None:
+                frame, meta = opened, opened.metadata
+                assert meta is not None
+                self._report(Outcome(PASS, sealer[0]), "decrypted", False, topic, frame.raw, "",
+                             count)  # fmt: skip
+            elif sealer[1].undecryptable == "skip":
+                text = "no key Sluice holds decrypts it" + (" (chunked)" if _chunked(meta) else "")
+                refusal = Outcome(Reject("undecryptable", text), sealer[0])
+        if refusal is None and not chain.hooked:
+            return frame.raw, b""
+        if refusal is not None:
+            pass
+        elif _chunked(meta):
             refusal = Outcome(
                 Reject("chunked", "chunked messages are not filtered"), chain.names[0]
             )
@@ -300,7 +359,8 @@ class FilterGate:
         if kept and (len(kept) < count or replaced):
             try:
                 kept_outcomes = [(i, results[i]) for i in kept]
-                rebuilt = _rebuild(frame, kept_outcomes, body, self.max_message_size)
+                parts = _rebuild(frame, kept_outcomes, body)
+                rebuilt = _encoded(frame, *parts, self.max_message_size)
             except LocalProtocolError as exc:  # changed past the frame limit: not delivered
                 why = Reject("too_large", f"the changed message cannot be delivered: {exc}")
                 refusal, kept, replaced = Outcome(why, (replaced or results)[-1].filter), [], []
@@ -329,6 +389,28 @@ class FilterGate:
             self._changes(replaced, False, topic, rebuilt)
         return rebuilt, to_broker
 
+    def _open(self, frame: Frame, topic: str, sealer: Sealer) -> Frame | None:
+        """A delivery Sluice decrypted, as the frame the consumer gets (the
+        metadata's encryption fields gone), or None when it cannot."""
+        meta = frame.metadata
+        assert meta is not None and frame.command is not None
+        keys = [
+            WrappedKey(k.key, k.value, {kv.key: kv.value for kv in k.metadata})
+            for k in meta.encryption_keys
+        ]
+        plaintext = sealer.open(topic, keys, bytes(meta.encryption_param), bytes(frame.payload))
+        if plaintext is None:
+            return None
+        clear = pb.MessageMetadata()
+        clear.CopyFrom(meta)
+        for field in ("encryption_keys", "encryption_param", "encryption_algo"):
+            clear.ClearField(field)
+        try:
+            raw = _encoded(frame, frame.command, clear, plaintext, self.max_message_size)
+        except LocalProtocolError:
+            return None
+        return decode_frame(raw)
+
     # --- both ----------------------------------------------------------------------
 
     def _run(
@@ -339,9 +421,10 @@ class FilterGate:
         direction: Direction,
         name: str | None,
         schema: Schema | None,
-    ) -> tuple[Outcome, bytes | None, list[Outcome]]:
+    ) -> tuple[Outcome, Parts | None, list[Outcome]]:
         """The chain over a frame's messages: the first refusal, or what
-        changed (the frame rebuilt) or not (None); and each message's outcome."""
+        changed (the frame's parts rebuilt) or not (None); and each
+        message's outcome."""
         meta = frame.metadata
         assert meta is not None
         if _chunked(meta):
@@ -373,13 +456,7 @@ class FilterGate:
         if meta.encryption_keys:
             refused = Reject("encrypted", "an encrypted message cannot be changed")
             return Outcome(refused, replaced[0].filter), None, results
-        body: Any = frame.body
-        try:
-            rebuilt = _rebuild(frame, list(enumerate(results)), body, self.max_message_size)
-            return replaced[-1], rebuilt, results
-        except LocalProtocolError as exc:  # changed past the frame limit
-            refused = Reject("too_large", f"the changed message cannot be sent: {exc}")
-            return Outcome(refused, replaced[-1].filter), None, results
+        return replaced[-1], _rebuild(frame, list(enumerate(results)), frame.body), results
 
     def _messages(
         self,
@@ -415,7 +492,9 @@ class FilterGate:
             reason = "closed" if failed_closed else "open"
             self.tap.event(self.conn, Filtered(name, "error", from_client, topic, reason))
 
-    def _changes(self, outcomes: list[Outcome], from_client: bool, topic: str, sent: bytes) -> None:
+    def _changes(
+        self, outcomes: list[Outcome], from_client: bool, topic: str, sent: bytes | None
+    ) -> None:
         """One ``replaced`` event per filter that changed messages of a frame
         (how many), the frame as it went on with the last."""
         counted: dict[str, int] = {}
@@ -489,14 +568,20 @@ def _apply(meta: Any, replace: Replace) -> None:
         meta.partition_key_b64_encoded = False
 
 
-def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any, limit: int) -> bytes:
+Parts = tuple[pb.BaseCommand, pb.MessageMetadata, bytes]
+"""A payload frame taken apart to be encoded again: its command, its
+metadata and its payload as it goes on the wire (compressed, maybe encrypted)."""
+
+
+def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any) -> Parts:
     """``frame`` with the messages ``kept`` (by index), each as its outcome
-    says: compressed again with its codec, sizes, counts and the checksum
-    made anew; the command and broker entry metadata as they were."""
+    says: compressed again with its codec, sizes and counts made anew; the
+    command as it was (but a redelivered batch's ack set)."""
     old = frame.metadata
     assert old is not None and frame.command is not None
     meta = pb.MessageMetadata()
     meta.CopyFrom(old)
+    cmd = frame.command
     if not is_batch(old):
         ((index, outcome),) = kept
         data = payload_bytes(frame)
@@ -526,18 +611,24 @@ def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any, limit: in
             cmd = pb.BaseCommand()
             cmd.CopyFrom(frame.command)
             _keep_ack_set(cmd.message, [i for i, _ in kept])
-            return _encoded(frame, cmd, meta, data, limit)
-    return _encoded(frame, frame.command, meta, data, limit)
+    meta.uncompressed_size = len(data)
+    return cmd, meta, compress(meta.compression, data)
 
 
 def _encoded(
     frame: Frame, cmd: pb.BaseCommand, meta: pb.MessageMetadata, data: bytes, limit: int
 ) -> bytes:
-    meta.uncompressed_size = len(data)
+    """Parts encoded as a frame, the checksum made anew and any broker entry
+    metadata as it came."""
     return encode_payload(
-        cmd, meta, compress(meta.compression, data), checksum=True,
+        cmd, meta, data, checksum=True,
         broker_entry_metadata=frame.broker_entry_metadata, max_message_size=limit,
     )  # fmt: skip
+
+
+def _last_changed(results: list[Outcome]) -> str | None:
+    changed = [r.filter for r in results if isinstance(r.verdict, Replace)]
+    return changed[-1] if changed else None
 
 
 def _keep_ack_set(message: Any, kept: list[int]) -> None:
