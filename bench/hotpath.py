@@ -2,7 +2,7 @@
 
     python bench/hotpath.py [--messages 20000] [--per-read 128] [--repeat 5]
                             [--no-record] [--only produce|consume] [--gc on|freeze|off]
-                            [--profile] [--top 30]
+                            [--profile] [--top 30] [--filter SPEC]
 
 Drives one proxied ``PulsarConnection`` the way ``Relay`` does (a read in,
 its actions out, a ``Relayed`` event per read) with the proxy's taps:
@@ -25,6 +25,10 @@ changes. ``--profile`` runs one repeat under cProfile and prints the top
 functions by own time. ``--gc freeze`` freezes what exists before traffic
 starts (``gc.freeze()``, as a proxy could after starting up); ``--gc off``
 makes runs repeatable enough to count instructions with valgrind.
+``--filter SPEC`` (as ``sluice proxy --filter``, repeatable) runs the
+connection with message filters, e.g. ``--filter encrypt:{"settings":
+{"public_keys": {"k": "pub.pem"}}}``: what a filtered producer costs on the
+Python path.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sluice.filters.chain import make_filters
+from sluice.filters.config import FilterSpec, parse_flag
+from sluice.protocols import registry
 from sluice.protocols.core import Conn, OnInvalid, Relayed, Send, Taps
 from sluice.protocols.pulsar import Type, command, encode, encode_payload, pb
 from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
@@ -109,10 +116,14 @@ def consume_reads(messages: int, per_read: int) -> Iterator[tuple[bool, bytes, i
             yield True, flow(1000) + ack(start, len(seqs)), 0
 
 
+FILTERS: list[FilterSpec] = []  # --filter
+
+
 def connection(taps: Taps, conn_id: int) -> PulsarConnection:
     """A proxied connection past its handshake, with a producer and a consumer."""
     conn = Conn(conn_id, "127.0.0.1:50000", "127.0.0.1:6650", "pulsar")
-    settings = PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5)
+    filtering = make_filters(FILTERS, registry.get("pulsar")) if FILTERS else None
+    settings = PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5, filtering=filtering)
     core = PulsarConnection(conn, settings, Routing(parse_broker_url(BROKER)), taps)
     hello = pb.CommandConnect(client_version="bench", protocol_version=20,
                               proxy_to_broker_url="127.0.0.1:6650")  # fmt: skip
@@ -195,7 +206,10 @@ def main() -> int:
     parser.add_argument("--gc", choices=("on", "freeze", "off"), default="on")
     parser.add_argument("--profile", action="store_true", help="one repeat under cProfile")
     parser.add_argument("--top", type=int, default=30, help="functions --profile prints")
+    parser.add_argument("--filter", action="append", default=[], type=parse_flag,
+                        help="a message filter, as sluice proxy --filter (repeatable)")  # fmt: skip
     args = parser.parse_args()
+    FILTERS.extend(args.filter)
     record = not args.no_record
     workloads = {
         "produce": list(produce_reads(args.messages, args.per_read)),

@@ -101,14 +101,22 @@ def unwrap(key: rsa.RSAPrivateKey, wrapped: bytes) -> bytes | None:
     return data_key if len(data_key) in (16, 24, 32) else None
 
 
-def encrypt(data_key: bytes, iv: bytes, plaintext: bytes) -> bytes:
-    """The payload as a Pulsar client encrypts it: ciphertext, then the tag."""
-    return AESGCM(data_key).encrypt(iv, plaintext, None)
+class DataKey:
+    """A data key and its cipher, made once per key (not per payload)."""
 
+    __slots__ = ("_aead",)
 
-def decrypt(data_key: bytes, iv: bytes, ciphertext: bytes) -> bytes | None:
-    """The plaintext, or None when the tag does not match (not this key, or altered)."""
-    try:
-        return AESGCM(data_key).decrypt(iv, ciphertext, None)
-    except (InvalidTag, ValueError):
-        return None
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+
+    def encrypt(self, iv: bytes, plaintext: bytes) -> bytes:
+        """The payload as a Pulsar client encrypts it: ciphertext, then the tag."""
+        return self._aead.encrypt(iv, plaintext, None)
+
+    def decrypt(self, iv: bytes, ciphertext: bytes) -> bytes | None:
+        """The plaintext, or None when the tag does not match (not this
+        key, or altered)."""
+        try:
+            return self._aead.decrypt(iv, ciphertext, None)
+        except (InvalidTag, ValueError):
+            return None

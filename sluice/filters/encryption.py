@@ -130,12 +130,12 @@ class Encryption(Filter[EncryptionSettings]):
         }
         now = clock()
         self._checked = now
-        self._data_key = b""
+        self._data_key = crypto.DataKey(crypto.new_data_key())
         self._keys: tuple[WrappedKey, ...] = ()
         self._made = now
         if self._public:
             self._rotate(now)
-        self._opened: dict[bytes, bytes] = {}  # wrapped data key -> data key
+        self._opened: dict[bytes, crypto.DataKey] = {}  # by the wrapped data key
 
     def sealer(self, direction: Direction) -> Sealer | None:
         if direction == PRODUCE and self._public:
@@ -148,14 +148,15 @@ class Encryption(Filter[EncryptionSettings]):
 
     def _rotate(self, now: float) -> None:
         """A new data key, wrapped with every public key."""
-        self._data_key = crypto.new_data_key()
+        data_key = crypto.new_data_key()
+        self._data_key = crypto.DataKey(data_key)
         metadata = dict(self.settings.key_metadata)
         self._keys = tuple(
-            WrappedKey(f.name, crypto.wrap(f.key, self._data_key), metadata) for f in self._public
+            WrappedKey(f.name, crypto.wrap(f.key, data_key), metadata) for f in self._public
         )
         self._made = now
 
-    def _current(self) -> tuple[bytes, tuple[WrappedKey, ...]]:
+    def _current(self) -> tuple[crypto.DataKey, tuple[WrappedKey, ...]]:
         now = self._clock()
         if now - self._checked >= CHECK_EVERY:
             self._checked = now
@@ -174,7 +175,7 @@ class Encryption(Filter[EncryptionSettings]):
     def seal(self, topic: str, data: bytes) -> Sealed:
         data_key, keys = self._current()
         iv = crypto.new_iv()
-        return Sealed(crypto.encrypt(data_key, iv, data), keys, iv)
+        return Sealed(data_key.encrypt(iv, data), keys, iv)
 
     def open(
         self, topic: str, keys: Sequence[WrappedKey], param: bytes, data: bytes
@@ -183,19 +184,20 @@ class Encryption(Filter[EncryptionSettings]):
         for wrapped in keys:
             data_key = self._data_key_of(wrapped)
             if data_key is not None:
-                return crypto.decrypt(data_key, param, data)
+                return data_key.decrypt(param, data)
         return None
 
-    def _data_key_of(self, wrapped: WrappedKey) -> bytes | None:
+    def _data_key_of(self, wrapped: WrappedKey) -> crypto.DataKey | None:
         data_key = self._opened.get(wrapped.value)
         if data_key is not None:
             return data_key
         private = self._private.get(wrapped.name)
         if private is None:
             return None
-        data_key = crypto.unwrap(private.key, wrapped.value)
-        if data_key is not None:
-            if len(self._opened) >= DATA_KEYS_KEPT:
-                self._opened.clear()
-            self._opened[wrapped.value] = data_key
+        unwrapped = crypto.unwrap(private.key, wrapped.value)
+        if unwrapped is None:
+            return None
+        if len(self._opened) >= DATA_KEYS_KEPT:
+            self._opened.clear()
+        data_key = self._opened[wrapped.value] = crypto.DataKey(unwrapped)
         return data_key

@@ -393,9 +393,12 @@ class Metrics:
             ["filter", "topic", "reason", "direction"], registry=registry,
         )  # fmt: skip
         self.filter_replaced = Counter(
-            "sluice_filter_replaced", "Messages a filter changed, by filter and direction",
+            "sluice_filter_replaced",
+            "Messages a filter changed (encryption and decryption included), by filter "
+            "and direction",
             ["filter", "direction"], registry=registry,
         )  # fmt: skip
+        self._replaced: dict[tuple[str, bool], Any] = {}
         self.upstream_up = Gauge(
             "sluice_upstream_up", "1 when the configured broker answered the last probe",
             registry=registry,
@@ -531,9 +534,13 @@ class Metrics:
                 self.filter_rejected.labels(event.filter, topic, event.reason, direction).inc(
                     event.messages
                 )
-            else:
-                direction = DIRECTION[event.from_client]
-                self.filter_replaced.labels(event.filter, direction).inc(event.messages)
+            else:  # replaced, encrypted, decrypted: messages changed
+                key = (event.filter, event.from_client)
+                child = self._replaced.get(key)
+                if child is None:  # labels() once per filter and direction, not per frame
+                    child = self.filter_replaced.labels(event.filter, DIRECTION[event.from_client])
+                    self._replaced[key] = child
+                child.inc(event.messages)
         elif kind is Dialed:
             assert isinstance(event, Dialed)
             if event.seconds is None:

@@ -110,6 +110,28 @@ def encode_payload(
     return _framed(b"".join(parts), max_message_size)
 
 
+def with_payload(
+    frame: Frame, more_metadata: bytes, payload: bytes, max_message_size: int
+) -> bytes:
+    """``frame`` (a SEND or MESSAGE) with ``more_metadata`` (serialized
+    MessageMetadata fields) after its metadata's own bytes and ``payload``
+    in place of its payload; the checksum made anew. Fields a protobuf
+    message holds may come in any order, so nothing is parsed."""
+    raw = frame.raw
+    start = frame.metadata_offset
+    assert start >= 0 and frame.payload_offset >= 0
+    head = raw[4 : 8 + _U32.unpack_from(raw, 4)[0]]  # the command, with its size
+    if frame.broker_entry_metadata is not None:
+        bem = frame.broker_entry_metadata.SerializeToString()
+        head += MAGIC_BROKER_ENTRY_METADATA + _U32.pack(len(bem)) + bem
+    meta = raw[start + 4 : frame.payload_offset] + more_metadata
+    section = b"".join((_U32.pack(len(meta)), meta, payload))
+    return _framed(
+        b"".join((head, MAGIC_CHECKSUM, _U32.pack(_crc32c.crc32c(section)), section)),
+        max_message_size,
+    )
+
+
 def _framed(content: bytes, max_message_size: int) -> bytes:
     limit = max_message_size + FRAME_PADDING - 4
     if len(content) > limit:

@@ -52,13 +52,20 @@ from sluice.protocols.filtering import (
     Reject,
     Replace,
     Schema,
+    Sealed,
     Sealer,
     Unknown,
     WrappedKey,
 )
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.decoder import decode_frame
-from sluice.protocols.pulsar.encoder import command, encode, encode_payload, own_frame
+from sluice.protocols.pulsar.encoder import (
+    command,
+    encode,
+    encode_payload,
+    own_frame,
+    with_payload,
+)
 from sluice.protocols.pulsar.errors import LocalProtocolError, RemoteProtocolError
 from sluice.protocols.pulsar.frame import Frame
 from sluice.protocols.pulsar.payload import (
@@ -147,6 +154,9 @@ class FilterGate:
         self.role: str | None = None
         self._producers: dict[int, _Producer] = {}
         self._names: dict[int, str] = {}  # producer and consumer names by id
+        # The wrapped keys last sealed with, and their metadata field's bytes.
+        self._sealed_keys: tuple[WrappedKey, ...] = ()
+        self._keys_field = b""
         self.waiting: Wait | None = None
 
     def chain(self, topic: str | None, direction: Direction) -> Chain | None:
@@ -211,20 +221,27 @@ class FilterGate:
         last = max(last, body.sequence_id)
         count = meta.num_messages_in_batch if is_batch(meta) else 1
         sealer = chain.sealer
-        sealed = False
-        if sealer is not None and not isinstance(outcome.verdict, Reject):
-            if meta.encryption_keys:  # the client encrypted it: on as it is
-                pass
-            else:
-                parts, sealed = self._seal(frame, topic, sealer[1], parts), True
+        sealed: Sealed | None = None
+        if sealer is not None and not meta.encryption_keys and not _refused(outcome):
+            # After every message filter; a message the client encrypted goes on as it is.
+            sealed = sealer[1].seal(topic, parts[2] if parts else bytes(frame.payload))
         encoded: bytes | None = None
-        if parts is not None and not isinstance(outcome.verdict, Reject):
+        if (parts is not None or sealed is not None) and not _refused(outcome):
+            limit = self.max_message_size
             try:
-                encoded = _encoded(frame, *parts, self.max_message_size)
+                if parts is None:
+                    assert sealed is not None
+                    encoded = with_payload(frame, self._envelope(sealed), sealed.data, limit)
+                else:
+                    cmd, changed, data = parts
+                    if sealed is not None:
+                        changed.MergeFromString(self._envelope(sealed))
+                        data = sealed.data
+                    encoded = _encoded(frame, cmd, changed, data, limit)
             except LocalProtocolError as exc:  # changed past the frame limit
                 why = Reject("too_large", f"the changed message cannot be sent: {exc}")
-                last_filter = sealer[0] if sealed and sealer else _last_changed(results)
-                outcome = Outcome(why, last_filter)
+                by = sealer[0] if sealed is not None and sealer else _last_changed(results)
+                outcome = Outcome(why, by)
         if isinstance(outcome.verdict, Reject):
             return self._refuse(frame, topic, outcome, state, last, count)
         state.forwarded = max(state.forwarded, last)
@@ -232,29 +249,23 @@ class FilterGate:
             return frame.raw
         if any(isinstance(r.verdict, Replace) for r in results):
             self._changes(results, True, topic, None if sealed else encoded)
-        if sealed:
+        if sealed is not None:
             assert sealer is not None
             self._report(Outcome(PASS, sealer[0]), "encrypted", True, topic, encoded, "", count)
         return encoded
 
-    def _seal(self, frame: Frame, topic: str, seal: Sealer, parts: Parts | None) -> Parts:
-        """A SEND's entry encrypted end to end: its parts, to encode."""
-        if parts is None:
-            assert frame.metadata is not None and frame.command is not None
-            meta = pb.MessageMetadata()
-            meta.CopyFrom(frame.metadata)
-            parts = (frame.command, meta, bytes(frame.payload))
-        cmd, meta, data = parts
-        # A chunk is sealed as any entry is: Pulsar's clients encrypt each
-        # chunk on its own (``total_chunk_msg_size`` counts plaintext).
-        sealed = seal.seal(topic, data)
-        ciphertext, keys, param = sealed.data, sealed.keys, sealed.param
-        for wrapped in keys:
-            entry = meta.encryption_keys.add(key=wrapped.name, value=wrapped.value)
-            for k, v in wrapped.metadata.items():
-                entry.metadata.add(key=k, value=v)
-        meta.encryption_param = param
-        return cmd, meta, ciphertext
+    def _envelope(self, sealed: Sealed) -> bytes:
+        """The metadata fields that say how ``sealed`` was encrypted: the
+        wrapped keys (serialized once per data key) and the IV."""
+        if sealed.keys is not self._sealed_keys:
+            fields = pb.MessageMetadata()
+            for wrapped in sealed.keys:
+                entry = fields.encryption_keys.add(key=wrapped.name, value=wrapped.value)
+                for k, v in wrapped.metadata.items():
+                    entry.metadata.add(key=k, value=v)
+            self._sealed_keys, self._keys_field = sealed.keys, fields.SerializePartialToString()
+        param = pb.MessageMetadata(encryption_param=sealed.param).SerializePartialToString()
+        return self._keys_field + param
 
     def _refuse(
         self, frame: Frame, topic: str, outcome: Outcome, state: _Producer, last: int,
@@ -624,6 +635,10 @@ def _encoded(
         cmd, meta, data, checksum=True,
         broker_entry_metadata=frame.broker_entry_metadata, max_message_size=limit,
     )  # fmt: skip
+
+
+def _refused(outcome: Outcome) -> bool:
+    return isinstance(outcome.verdict, Reject)
 
 
 def _last_changed(results: list[Outcome]) -> str | None:
