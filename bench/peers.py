@@ -18,6 +18,10 @@ pins) and, in front of it, every path at once:
   sluice-schema   `sluice` plus --filter schema on the bench's topics, produce
                   direction: every produced message checked against the topic's
                   JSON schema (fetched from the broker with GET_SCHEMA)
+  sluice-encrypt  `sluice` plus --filter encrypt on the bench's topics, produce
+                  direction: every produced entry encrypted in Pulsar's
+                  end-to-end format (AES-256-GCM, the data key wrapped with a
+                  2048-bit RSA key)
   sluice-live     `sluice` with someone watching it live the whole run (a
                   thread asking POST /live as `sluice view --live` does); every
                   other sluice path has the same live tap, idle
@@ -120,6 +124,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # Run as a script, this file's folder is first on sys.path; imported as
 # bench.peers (the no-op filter, in the proxy), it is found last.
@@ -144,7 +151,7 @@ if TYPE_CHECKING:
     from tests.helpers.support import ProxyProcess
 
 PATHS = ["direct", "apache-proxy", "sluice", "sluice-record", "sluice-workers"]
-FILTER_PATHS = ["sluice-filter-noop", "sluice-schema"]  # asked for by name
+FILTER_PATHS = ["sluice-filter-noop", "sluice-schema", "sluice-encrypt"]  # asked for by name
 LIVE_PATH = "sluice-live"  # asked for by name
 BESIDE = [*FILTER_PATHS, LIVE_PATH]  # set beside `sluice` in a table of their own
 KNOWN = PATHS + BESIDE
@@ -183,9 +190,25 @@ class Noop(Filter[NoSettings]):
         return PASS
 
 
-def filter_flag(name: str) -> str:
+def filter_flag(name: str, settings: dict[str, Any] | None = None) -> str:
     """``--filter`` for ``name``, on the bench's topics, produce direction."""
-    return f"{name}:" + json.dumps({"topics": FILTER_TOPICS, "direction": "produce"})
+    table: dict[str, Any] = {"topics": FILTER_TOPICS, "direction": "produce"}
+    if settings:
+        table["settings"] = settings
+    return f"{name}:" + json.dumps(table)
+
+
+def bench_key_pair(tmp: Path) -> tuple[Path, Path]:
+    """An RSA key pair for the encrypt path: (public, private), PEM."""
+    public, private = tmp / "peers.pub.pem", tmp / "peers.pem"
+    if not public.exists():
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        traditional = serialization.PrivateFormat.TraditionalOpenSSL  # as the Java client reads
+        private.write_bytes(key.private_bytes(serialization.Encoding.PEM, traditional,
+                                              serialization.NoEncryption()))  # fmt: skip
+        spki = serialization.PublicFormat.SubjectPublicKeyInfo
+        public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, spki))
+    return public, private
 
 
 def json_lines(size: int) -> list[bytes]:
@@ -259,6 +282,13 @@ class Path_:
     start_seconds: float | None
     stop: Callable[[], None]
     admin: int | None = None  # Sluice's admin port (/metrics)
+    # The private key its consumers decrypt with (the encrypt path's topics
+    # hold ciphertext): pulsar-perf consume -v, the Python client's reader.
+    private_key: Path | None = None
+
+    @property
+    def perf_consume(self) -> tuple[str, ...]:
+        return ("-v", str(self.private_key)) if self.private_key else ()
 
 
 ADMIN = re.compile(r"listening \(admin\) on [\d.]+:(\d+)")  # the proxy's log, at start
@@ -303,6 +333,12 @@ def start_path(name: str, broker: ApachePulsar, tmp: Path) -> Path_:
         return start_sluice(broker, tmp, name, "--filter", filter_flag("bench.peers:Noop"))
     if name == "sluice-schema":
         return start_sluice(broker, tmp, name, "--filter", filter_flag("schema"))
+    if name == "sluice-encrypt":
+        public, private = bench_key_pair(tmp)
+        flag = filter_flag("encrypt", {"public_keys": {"peers": str(public)}})
+        started = start_sluice(broker, tmp, name, "--filter", flag)
+        started.private_key = private
+        return started
     if name == LIVE_PATH:
         token = tmp / "live-token"
         token.write_text(secrets.token_hex(16))
@@ -616,10 +652,11 @@ def wl_perf_rate(size: int, rate: int, seconds: int) -> Callable[[Run], Figures]
     def run(r: Run) -> Figures:
         name = produce_topic(r)
         count = rate * seconds
+        command = r.runtime.perf("consume", "-u", r.path.url, "-ss", "e2e", "-m", str(count),
+                                 *r.path.perf_consume, name)  # fmt: skip
         reader = subprocess.Popen(
-            r.runtime.perf("consume", "-u", r.path.url, "-ss", "e2e", "-m", str(count), name),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         try:
             wait_subscribed(r.broker, name, "e2e", reader)
             with Meter(r.path.pid, topic_counter(r.broker, name, "msgInCounter")) as meter:
@@ -648,7 +685,7 @@ def wl_perf_consume(source: str) -> Callable[[Run], Figures]:
         name, count = r.topics[source]
         with Meter(r.path.pid, topic_counter(r.broker, name, "msgOutCounter")) as meter:
             perf(r.runtime, "consume", "-u", r.path.url, "-ss", "all", "-sp", "Earliest",
-                 "-m", str(count), name)  # fmt: skip
+                 "-m", str(count), *r.path.perf_consume, name)  # fmt: skip
         return figures(meter.window(), r.path.pid, meter)
 
     return run
@@ -699,18 +736,24 @@ def py_produce(
             raise SystemExit(f"{len(failed)} sends failed: {failed[0]}")
 
 
-def py_consume(url: str, name: str, count: int, meter: Meter) -> None:
+def py_consume(
+    url: str, name: str, count: int, meter: Meter, private_key: Path | None = None
+) -> None:
     """bench/e2e.py's consume, marked from the subscription to the last message."""
     import pulsar
 
     from tests.helpers.support import client
 
+    crypto = {}
+    if private_key is not None:
+        crypto["crypto_key_reader"] = pulsar.CryptoKeyReader("", str(private_key))
     with client(url) as c:
         consumer = c.subscribe(
             name,
             f"bench-{uuid.uuid4().hex[:6]}",
             initial_position=pulsar.InitialPosition.Earliest,
             receiver_queue_size=2000,
+            **crypto,
         )
         meter.mark()
         for _ in range(count):
@@ -736,7 +779,7 @@ def wl_py_consume(source: str, count: int) -> Callable[[Run], Figures]:
     def run(r: Run) -> Figures:
         name, _ = r.topics[source]
         with Meter(r.path.pid) as meter:
-            py_consume(r.path.url, name, count, meter)
+            py_consume(r.path.url, name, count, meter, r.path.private_key)
         return figures(meter.marked(count), r.path.pid, meter)
 
     return run

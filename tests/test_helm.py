@@ -28,7 +28,7 @@ from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port, wait
 from sluice.commands.proxy import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
-from tests.helpers.support import SLUICE, client, http_get, wait_ready
+from tests.helpers.support import SLUICE, client, http_get, start_proxy, wait_ready
 
 pytestmark = pytest.mark.e2e  # every test here starts a process
 
@@ -634,6 +634,63 @@ def test_the_rendered_configuration_is_accepted_by_sluice(case: str, tmp_path: P
     )
     assert result.returncode == 0, result.stderr
     assert "# environment" in result.stdout and f"# file {path}" in result.stdout
+
+
+def test_filters_and_the_secrets_of_their_keys(tmp_path: Path) -> None:
+    """values.yaml's encryption example: the filters in sluice.toml, in
+    order, their key files mounted from the Secret, and Sluice starting on
+    it once the Secret's file is where the mount puts it."""
+    keys_dir = "/etc/sluice-filters/payments-keys"
+    values = {
+        "filters": [
+            {"name": "encrypt", "topics": ["persistent://acme/payments/*"],
+             "direction": "produce",
+             "settings": {"public_keys": {"payments-2026": f"{keys_dir}/payments-2026.pub.pem"},
+                          "rotate_every": 3600}},
+            {"name": "schema", "direction": "produce", "on-error": "open"},
+        ],
+        "filterSecrets": [{"name": "payments-keys", "secretName": "payments-keys"}],
+    }  # fmt: skip
+    file = tmp_path / "values.yaml"
+    file.write_text(json.dumps(values))
+    docs = render("gateway-default", "-f", str(file))
+    filters = settings(docs)["filters"]
+    assert [f["name"] for f in filters] == ["encrypt", "schema"]
+    assert filters[0]["settings"]["public_keys"] == {
+        "payments-2026": f"{keys_dir}/payments-2026.pub.pem"
+    }
+    assert filters[0]["settings"]["rotate_every"] == 3600
+    assert filters[1]["on-error"] == "open"
+    pod = pod_spec(docs)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mount = next(m for m in sluice_container(pod)["volumeMounts"] if m["mountPath"] == keys_dir)
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["secret"] == {"secretName": "payments-keys", "defaultMode": 0o440}
+    # The Secret's file, as kubectl create secret --from-file puts it.
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    public = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
+    (tmp_path / "payments-2026.pub.pem").write_bytes(public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    config = tmp_path / "sluice.toml"
+    text = config_map(docs)["data"]["sluice.toml"]
+    config.write_text(text.replace(keys_dir, str(tmp_path)))
+    proxy = start_proxy("pulsar://127.0.0.1:1", tmp_path, "--config", str(config),
+                        "--no-check-broker")  # fmt: skip
+    assert proxy.terminate() == 0, proxy.log()
+    # Without the file: exit 2, one line saying which key and where.
+    config.write_text(text)
+    result = subprocess.run(
+        [*SLUICE, "proxy", "--config", str(config), "--listen", "127.0.0.1:0",
+         "--no-check-broker"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().endswith(
+        f"filter 'encrypt': key 'payments-2026' ({keys_dir}/payments-2026.pub.pem): "
+        "cannot read it: No such file or directory"
+    ), result.stderr
 
 
 def materialize(docs: list[Doc], root: Path) -> tuple[Path, dict[str, str]]:

@@ -130,7 +130,7 @@ a quarter; refused when not above retainBytes. */}}
 {{- if not (regexMatch "^pulsar(\\+ssl)?://" .Values.broker) -}}
 {{- fail (printf "broker must start with pulsar:// or pulsar+ssl://, not %v" .Values.broker) -}}
 {{- end -}}
-{{- $reserved := list "broker" "workers" "listen" "listen-tls" "http-listen" "broker-http" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "config" -}}
+{{- $reserved := list "broker" "workers" "listen" "listen-tls" "http-listen" "broker-http" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "filters" "filter" "config" -}}
 {{- range $key, $_ := .Values.config -}}
 {{- if has $key $reserved -}}
 {{- fail (printf "config.%s is set by the chart's own values (see values.yaml), not under config" $key) -}}
@@ -224,6 +224,7 @@ brokerCert: /etc/sluice-broker-cert
 tokenSecretKey: /etc/pulsar-token-secret
 tokenPublicKey: /etc/pulsar-token-key
 brokerToken: /etc/pulsar-credentials
+filterSecrets: /etc/sluice-filters
 {{- end -}}
 
 {{- define "sluice.adminTokenSecret" -}}
@@ -324,6 +325,26 @@ also TOML. */}}
 {{- range $key := keys $s | sortAlpha }}
 {{ $key }} = {{ get $s $key | toJson }}
 {{- end }}
+{{- range .Values.filters }}
+
+[[proxy.filters]]
+{{- $filter := . }}
+{{- range $key := keys . | sortAlpha }}
+{{ $key | toJson }} = {{ include "sluice.tomlValue" (get $filter $key) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A value as TOML: tables inline, lists, and the rest as JSON writes
+them (strings, numbers and booleans read the same in TOML). */}}
+{{- define "sluice.tomlValue" -}}
+{{- if kindIs "map" . -}}
+{ {{- range $i, $k := keys . | sortAlpha }}{{ if $i }}, {{ end }}{{ $k | toJson }} = {{ include "sluice.tomlValue" (get $ $k) }}{{ end -}} }
+{{- else if kindIs "slice" . -}}
+[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "sluice.tomlValue" $v }}{{ end }}]
+{{- else -}}
+{{- toJson . -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The container's environment: where it listens. */}}
@@ -409,6 +430,12 @@ beside an application's own). */}}
     secretName: {{ . }}
     defaultMode: 0440
 {{- end }}
+{{- end }}
+{{- range .Values.filterSecrets }}
+- name: sluice-filter-{{ .name }}
+  secret:
+    secretName: {{ .secretName }}
+    defaultMode: 0440
 {{- end }}
 {{- if include "sluice.recording" . }}
 {{- if .Values.recording.volume.persistent }}
@@ -503,6 +530,9 @@ beside an application's own). */}}
     {{- if include "sluice.brokerTokenSecret" . }}
     - {name: sluice-broker-token, mountPath: {{ $p.brokerToken }}, readOnly: true}
     {{- end }}
+    {{- end }}
+    {{- range .Values.filterSecrets }}
+    - {name: sluice-filter-{{ .name }}, mountPath: {{ $p.filterSecrets }}/{{ .name }}, readOnly: true}
     {{- end }}
     {{- if include "sluice.recording" . }}
     - {name: sluice-recordings, mountPath: {{ .Values.recording.volume.mountPath }}}
