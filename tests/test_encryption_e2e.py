@@ -397,9 +397,18 @@ def test_sluice_decrypts_what_the_client_encrypted_for_one_role_only(
                 got.append(message)
             return got
 
+    # And a chunked one, each chunk encrypted by the client on its own.
+    big = secrets.token_bytes(6 * 1024 * 1024)
+    with client(apache_pulsar.url) as c:
+        producer = c.create_producer(
+            topic, chunking_enabled=True, batching_enabled=False, encryption_key=KEY_NAME,
+            crypto_key_reader=reader(keys),
+        )  # fmt: skip
+        producer.send(big)
+        producer.close()
     # legacy has no key: Sluice decrypts for it, so it reads plaintext.
-    legacy = as_role("legacy", len(sent))
-    assert [m.data() for m in legacy] == sent
+    legacy = as_role("legacy", len(sent) + 1)
+    assert [m.data() for m in legacy] == [*sent, big]
     assert all(m.encryption_context() is None for m in legacy)
     # app gets what the broker stores: it cannot decrypt without a key.
     # A batch it cannot decrypt reaches it whole, as one message.

@@ -33,7 +33,7 @@ import os
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 DATA_KEY_BYTES = 32
@@ -66,7 +66,7 @@ def public_key(pem: bytes, where: str) -> rsa.RSAPublicKey:
         except (ValueError, TypeError):
             raise BadKey(f"{where} holds no PEM public key") from None
     if not isinstance(key, rsa.RSAPublicKey):
-        raise BadKey(f"{where} holds a {_kind(key)} key; Pulsar's clients read RSA keys")
+        raise BadKey(f"{where} holds {_kind(key)} key; {RSA_ONLY}")
     return key
 
 
@@ -79,12 +79,17 @@ def private_key(pem: bytes, where: str) -> rsa.RSAPrivateKey:
     except ValueError:
         raise BadKey(f"{where} holds no PEM private key") from None
     if not isinstance(key, rsa.RSAPrivateKey):
-        raise BadKey(f"{where} holds a {_kind(key)} key; Pulsar's clients read RSA keys")
+        raise BadKey(f"{where} holds {_kind(key)} key; {RSA_ONLY}")
     return key
 
 
+RSA_ONLY = "Pulsar's C++-based clients read RSA keys only"
+
+
 def _kind(key: object) -> str:
-    return type(key).__name__.removeprefix("_").replace("PublicKey", "").replace("PrivateKey", "")
+    if isinstance(key, ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey):
+        return "an EC"
+    return f"a {type(key).__name__.removeprefix('_')}"
 
 
 def wrap(key: rsa.RSAPublicKey, data_key: bytes) -> bytes:

@@ -335,14 +335,15 @@ class FilterGate:
         refusal: Outcome | None = None
         sealer = chain.sealer
         if sealer is not None and meta.encryption_keys:
-            opened = None if _chunked(meta) else self._open(frame, topic, sealer[1])
+            # A chunk too: clients encrypt each chunk on its own.
+            opened = self._open(frame, topic, sealer[1])
             if opened is not None:
                 frame, meta = opened, opened.metadata
                 assert meta is not None
                 self._report(Outcome(PASS, sealer[0]), "decrypted", False, topic, frame.raw, "",
                              count)  # fmt: skip
             elif sealer[1].undecryptable == "skip":
-                text = "no key Sluice holds decrypts it" + (" (chunked)" if _chunked(meta) else "")
+                text = "no key Sluice holds decrypts it"
                 refusal = Outcome(Reject("undecryptable", text), sealer[0])
         if refusal is None and not chain.hooked:
             return frame.raw, b""

@@ -1,0 +1,234 @@
+"""The ``encrypt`` filter without a broker: the format checked with the
+primitives themselves, data keys rotated on time and on a changed key file,
+one line per mistake in its settings, and the Pulsar core sealing SENDs
+and opening deliveries (tests/test_encryption_e2e.py has the clients)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from sluice.errors import ConfigError
+from sluice.filters.chain import make_filters
+from sluice.filters.config import FilterSpec, parse_flag
+from sluice.filters.encryption import CHECK_EVERY, Encryption, EncryptionSettings
+from sluice.protocols import registry
+from sluice.protocols.core import Filtered, Peer
+from sluice.protocols.filtering import DELIVER, PRODUCE, WrappedKey
+from sluice.protocols.pulsar import pb
+from sluice.protocols.pulsar.decoder import decode_frame
+from sluice.protocols.pulsar.encoder import command, encode_payload
+from sluice.protocols.pulsar.payload import messages
+from tests.test_filters import TOPIC, WORDS, _core, _message_frame, _send
+from tests.test_pulsar_core import names, sent
+
+T = pb.BaseCommand
+OAEP = padding.OAEP(mgf=padding.MGF1(hashes.SHA1()), algorithm=hashes.SHA1(), label=None)
+
+
+def key_pair(directory: Path, name: str) -> tuple[Path, Path, rsa.RSAPrivateKey]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = directory / f"{name}.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.TraditionalOpenSSL,
+                                          serialization.NoEncryption()))  # fmt: skip
+    public = directory / f"{name}.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    return public, private, key
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_format_is_pulsars_read_with_the_primitives_alone(tmp_path: Path) -> None:
+    public, _, key = key_pair(tmp_path, "k")
+    f = Encryption(EncryptionSettings(public_keys={"k": str(public)},
+                                      key_metadata={"version": "7"}))  # fmt: skip
+    sealed = f.seal(TOPIC, b"hello, broker")
+    ((wrapped),) = sealed.keys
+    assert (wrapped.name, dict(wrapped.metadata)) == ("k", {"version": "7"})
+    data_key = key.decrypt(wrapped.value, OAEP)  # RSA-OAEP, SHA-1 and MGF1-SHA-1
+    assert len(data_key) == 32 and len(sealed.param) == 12  # AES-256, a 12-byte IV
+    assert len(sealed.data) == len(b"hello, broker") + 16  # the GCM tag after the ciphertext
+    assert AESGCM(data_key).decrypt(sealed.param, sealed.data, None) == b"hello, broker"
+    again = f.seal(TOPIC, b"hello, broker")
+    assert again.param != sealed.param and again.keys == sealed.keys  # a new IV, the same data key
+
+
+def test_what_is_sealed_opens_with_the_private_key_only(tmp_path: Path) -> None:
+    public, private, _ = key_pair(tmp_path, "k")
+    _, other, _ = key_pair(tmp_path, "other")
+    sealer = Encryption(EncryptionSettings(public_keys={"k": str(public)}))
+    opener = Encryption(EncryptionSettings(private_keys={"k": str(private)}))
+    stranger = Encryption(EncryptionSettings(private_keys={"k": str(other)}))
+    sealed = sealer.seal(TOPIC, b"x" * 5000)
+    assert opener.open(TOPIC, sealed.keys, sealed.param, sealed.data) == b"x" * 5000
+    assert stranger.open(TOPIC, sealed.keys, sealed.param, sealed.data) is None
+    altered = bytes([sealed.data[0] ^ 1]) + sealed.data[1:]
+    assert opener.open(TOPIC, sealed.keys, sealed.param, altered) is None
+    renamed = [WrappedKey("unknown", k.value) for k in sealed.keys]
+    fresh = Encryption(EncryptionSettings(private_keys={"k": str(private)}))
+    assert fresh.open(TOPIC, renamed, sealed.param, sealed.data) is None  # keys go by name
+    assert sealer.sealer(PRODUCE) is sealer and sealer.sealer(DELIVER) is None
+    assert opener.sealer(DELIVER) is opener and opener.sealer(PRODUCE) is None
+
+
+def test_data_keys_rotate_on_time_and_at_once_for_a_changed_key_file(tmp_path: Path) -> None:
+    public, _, _ = key_pair(tmp_path, "first")
+    current = tmp_path / "current.pub.pem"
+    current.write_bytes(public.read_bytes())
+    clock = Clock()
+    settings = EncryptionSettings(public_keys={"k": str(current)}, rotate_every=60)
+    f = Encryption(settings, clock=clock)
+    first = f.seal(TOPIC, b"a").keys
+    clock.now += 59
+    assert f.seal(TOPIC, b"a").keys is first
+    clock.now += 1
+    second = f.seal(TOPIC, b"a").keys
+    assert second != first
+    # A new key in the file: used from the next look at the files on.
+    new_public, _, new_key = key_pair(tmp_path, "second")
+    current.write_bytes(new_public.read_bytes())
+    assert f.seal(TOPIC, b"a").keys is second  # not looked at yet
+    clock.now += CHECK_EVERY
+    third = f.seal(TOPIC, b"b")
+    assert third.keys != second
+    data_key = new_key.decrypt(third.keys[0].value, OAEP)
+    assert AESGCM(data_key).decrypt(third.param, third.data, None) == b"b"
+    # A file that turns unreadable keeps the key read before it.
+    current.write_text("not a key")
+    clock.now += CHECK_EVERY
+    kept = f.seal(TOPIC, b"c")
+    assert kept.keys == third.keys
+
+
+def _flag(settings: Mapping[str, object], direction: str = "produce") -> FilterSpec:
+    return parse_flag("encrypt:" + json.dumps({"direction": direction, "settings": settings}))
+
+
+def _refusal(*specs: FilterSpec) -> str:
+    with pytest.raises(ConfigError) as caught:
+        make_filters(specs, registry.get("pulsar"))
+    return str(caught.value)
+
+
+def test_every_mistake_in_its_settings_is_one_line(tmp_path: Path) -> None:
+    public, private, _ = key_pair(tmp_path, "k")
+    ec_key = tmp_path / "ec.pub.pem"
+    ec_key.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    locked = tmp_path / "locked.pem"
+    locked.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048)
+                       .private_bytes(serialization.Encoding.PEM,
+                                      serialization.PrivateFormat.PKCS8,
+                                      serialization.BestAvailableEncryption(b"pw")))  # fmt: skip
+    assert _refusal(_flag({})) == (
+        "filter 'encrypt': give public_keys (to encrypt what producers send), private_keys "
+        "(to decrypt deliveries), or both"
+    )
+    assert _refusal(_flag({"public_keys": {"k": str(tmp_path / "nope.pem")}})) == (
+        f"filter 'encrypt': key 'k' ({tmp_path / 'nope.pem'}): cannot read it: "
+        "No such file or directory"
+    )
+    assert _refusal(_flag({"public_keys": {"k": str(ec_key)}})) == (
+        f"filter 'encrypt': key 'k' ({ec_key}) holds an EC key; "
+        "Pulsar's C++-based clients read RSA keys only"
+    )
+    assert _refusal(_flag({"private_keys": {"k": str(locked)}}, "deliver")) == (
+        f"filter 'encrypt': key 'k' ({locked}) holds a password-protected key; give it unencrypted"
+    )
+    assert _refusal(_flag({"public_keys": {"k": str(private)}, "rotate_every": 0})) == (
+        "filter 'encrypt': setting 'rotate_every' must be at least 1 (seconds)"
+    )
+    assert _refusal(_flag({"public_keys": {"k": str(public)}, "undecryptable": "x"})) == (
+        "filter 'encrypt': setting 'undecryptable' must be pass or skip"
+    )
+    assert _refusal(_flag({"public_keys": {"k": str(public)}}, "deliver")) == (
+        "filter 'encrypt': does nothing with direction 'deliver' (it has no hook, or no keys, "
+        "for it)"
+    )
+
+
+# --- the Pulsar core ----------------------------------------------------------------
+
+
+def test_a_send_goes_on_sealed_its_metadata_kept_and_a_client_encrypted_one_as_it_is(
+    tmp_path: Path,
+) -> None:
+    public, private, _ = key_pair(tmp_path, "k")
+    spec = _flag({"public_keys": {"k": str(public)}})
+    core, rec = _core(FilterSpec(WORDS, direction="produce"), spec)
+    out = core.receive_client(_send(0, [b"one", b"shout two", b"three"]), 1.0)
+    (frame,) = sent(out, Peer.BROKER)
+    assert frame.error is None  # the checksum made anew over the sealed section
+    meta = frame.metadata
+    assert meta is not None
+    assert [k.key for k in meta.encryption_keys] == ["k"] and len(meta.encryption_param) == 12
+    assert (meta.compression, meta.num_messages_in_batch, meta.producer_name) == (pb.LZ4, 3, "p")
+    assert not meta.HasField("encryption_algo")
+    # Encrypted after the message filter: its change is inside the ciphertext.
+    opener = Encryption(EncryptionSettings(private_keys={"k": str(private)}))
+    keys = [WrappedKey(k.key, k.value) for k in meta.encryption_keys]
+    plaintext = opener.open(TOPIC, keys, meta.encryption_param, bytes(frame.payload))
+    assert plaintext is not None
+    clear = pb.MessageMetadata()
+    clear.CopyFrom(meta)
+    clear.ClearField("encryption_keys")
+    clear.ClearField("encryption_param")
+    body = pb.CommandSend(producer_id=1, sequence_id=0, num_messages=3)
+    opened = encode_payload(command(T.SEND, body), clear, plaintext)
+    assert [m.payload for m in messages(decode_frame(opened))] == [b"one", b"SHOUT TWO", b"three"]
+    events = [(e.action, e.filter) for e in rec.of(Filtered)]
+    assert events == [("replaced", WORDS), ("encrypted", "encrypt")]
+    assert rec.of(Filtered)[-1].sent == frame.raw
+    # What the client encrypted itself goes on byte for byte.
+    meta_c = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1,
+                                encryption_param=b"\0" * 12)  # fmt: skip
+    meta_c.encryption_keys.add(key="theirs", value=b"wrapped")
+    raw = encode_payload(command(T.SEND, pb.CommandSend(producer_id=1, sequence_id=1)), meta_c,
+                         b"ciphertext")  # fmt: skip
+    out = core.receive_client(raw, 1.1)
+    assert b"".join(a.data for a in out if a.to is Peer.BROKER) == raw  # type: ignore[union-attr]
+
+
+def test_a_delivery_is_opened_for_the_consumer_or_skipped_as_configured(tmp_path: Path) -> None:
+    public, private, _ = key_pair(tmp_path, "k")
+    sealer = Encryption(EncryptionSettings(public_keys={"k": str(public)}))
+    plain = _message_frame([b"a", b"b"])
+    frame = decode_frame(plain)
+    assert frame.metadata is not None
+    sealed = sealer.seal(TOPIC, bytes(frame.payload))
+    meta = pb.MessageMetadata()
+    meta.CopyFrom(frame.metadata)
+    meta.encryption_keys.add(key="k", value=sealed.keys[0].value)
+    meta.encryption_param = sealed.param
+    assert frame.command is not None
+    delivered = encode_payload(frame.command, meta, sealed.data)
+
+    core, rec = _core(_flag({"private_keys": {"k": str(private)}}, "deliver"))
+    (got,) = sent(core.receive_broker(delivered, 1.0), Peer.CLIENT)
+    assert got.error is None and got.metadata is not None
+    assert not got.metadata.encryption_keys and not got.metadata.HasField("encryption_param")
+    assert [m.payload for m in messages(got)] == [b"a", b"b"]
+    assert [e.action for e in rec.of(Filtered)] == ["decrypted"]
+
+    _, wrong, _ = key_pair(tmp_path, "wrong")
+    for undecryptable, to_client, to_broker in (("pass", [delivered], []),
+                                                ("skip", [], ["ACK", "FLOW"])):  # fmt: skip
+        settings = {"private_keys": {"k": str(wrong)}, "undecryptable": undecryptable}
+        core, rec = _core(_flag(settings, "deliver"))
+        out = core.receive_broker(delivered, 1.0)
+        assert [f.raw for f in sent(out, Peer.CLIENT)] == to_client
+        assert names(out, Peer.BROKER) == to_broker
