@@ -107,10 +107,13 @@ def produce(url: str, topic: str, payloads: list[bytes], **options: Any) -> None
         producer = c.create_producer(topic, **options)
         if options.get("batching_enabled"):
             failed: list[Any] = []
+
+            def done(result: Any, _id: Any) -> None:
+                if result != pulsar.Result.Ok:
+                    failed.append(result)
+
             for body in payloads:
-                producer.send_async(
-                    body, lambda result, _id: result == pulsar.Result.Ok or failed.append(result)
-                )
+                producer.send_async(body, done)
             producer.flush()
             assert not failed, failed
         else:
@@ -135,6 +138,17 @@ def consume(url: str, topic: str, count: int, **options: Any) -> list[pulsar.Mes
             got.append(message)
         consumer.close()
     return got
+
+
+def received(consumer: pulsar.Consumer, wait_ms: int) -> list[pulsar.Message]:
+    """Every message until none comes for ``wait_ms``, each acknowledged."""
+    got: list[pulsar.Message] = []
+    try:
+        while True:
+            got.append(consumer.receive(timeout_millis=wait_ms))
+            consumer.acknowledge(got[-1])
+    except pulsar.Timeout:
+        return got
 
 
 def peek(broker: ApachePulsar, topic: str, subscription: str) -> str:
@@ -278,13 +292,7 @@ def test_data_keys_rotate_and_a_changed_key_file_is_used_without_a_restart(
             while not switched and time.monotonic() < deadline:
                 sent.append(f"probe-{len(sent)}".encode())
                 producer.send(sent[-1])
-                try:
-                    while True:
-                        message = probe.receive(timeout_millis=500)
-                        probe.acknowledge(message)
-                        switched = True
-                except pulsar.Timeout:
-                    pass
+                switched = bool(received(probe, 500))
             assert switched, "the changed key file was not used within 30 s"
             after = [f"after-{i}".encode() for i in range(3)]
             for body in after:
@@ -298,7 +306,7 @@ def test_data_keys_rotate_and_a_changed_key_file_is_used_without_a_restart(
         len(sent),
         crypto_failure_action=pulsar.ConsumerCryptoFailureAction.CONSUME,
     )
-    wrapped = [m.encryption_context().keys()[0].value for m in raw]  # type: ignore[union-attr]
+    wrapped = [m.encryption_context().keys()[0].value for m in raw]
     # rotate_every=1 over 2.4 s: more than one data key before the change.
     assert len(set(wrapped[:6])) >= 2
     # Each message decrypts with exactly the key its time had.
@@ -318,14 +326,7 @@ def test_data_keys_rotate_and_a_changed_key_file_is_used_without_a_restart(
             crypto_key_reader=reader(second),
             crypto_failure_action=pulsar.ConsumerCryptoFailureAction.DISCARD,
         )
-        read: list[bytes] = []
-        try:
-            while True:
-                message = consumer.receive(timeout_millis=3000)
-                consumer.acknowledge(message)
-                read.append(message.data())
-        except pulsar.Timeout:
-            pass
+        read = [m.data() for m in received(consumer, 3000)]
     assert read[-3:] == sent[-3:]
     assert not set(read) & set(sent[:6])
 
@@ -414,4 +415,4 @@ def test_sluice_decrypts_what_the_client_encrypted_for_one_role_only(
     # A batch it cannot decrypt reaches it whole, as one message.
     app = as_role("app", 3, crypto_failure_action=pulsar.ConsumerCryptoFailureAction.CONSUME)
     assert all(sent[0] not in m.data() for m in app)
-    assert all(m.encryption_context().is_decryption_failed() for m in app)  # type: ignore[union-attr]
+    assert all(m.encryption_context().is_decryption_failed() for m in app)
