@@ -232,3 +232,27 @@ def test_a_delivery_is_opened_for_the_consumer_or_skipped_as_configured(tmp_path
         out = core.receive_broker(delivered, 1.0)
         assert [f.raw for f in sent(out, Peer.CLIENT)] == to_client
         assert names(out, Peer.BROKER) == to_broker
+
+
+def test_a_seal_that_fails_refuses_the_send_never_sends_plaintext(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    public, _, _ = key_pair(tmp_path, "k")
+    spec = parse_flag(
+        "encrypt:" + json.dumps({"direction": "produce", "on-error": "open",
+                                 "settings": {"public_keys": {"k": str(public)}}})
+    )  # fmt: skip
+    core, rec = _core(spec)
+
+    def broken(self: Encryption, topic: str, data: bytes) -> None:
+        raise RuntimeError("no entropy")
+
+    monkeypatch.setattr(Encryption, "seal", broken)
+    out = core.receive_client(_send(0, [b"secret"]), 1.0)
+    assert not sent(out, Peer.BROKER)
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "SEND_ERROR" and "filter encrypt failed" in error.body.message
+    assert [(e.action, e.reason) for e in rec.of(Filtered)] == [
+        ("error", "closed"),
+        ("rejected", "filter_error"),
+    ]

@@ -135,7 +135,7 @@ class Encryption(Filter[EncryptionSettings]):
         self._made = now
         if self._public:
             self._rotate(now)
-        self._opened: dict[bytes, crypto.DataKey] = {}  # by the wrapped data key
+        self._opened: dict[bytes, crypto.DataKey | None] = {}  # by the wrapped data key
 
     def sealer(self, direction: Direction) -> Sealer | None:
         if direction == PRODUCE and self._public:
@@ -188,16 +188,18 @@ class Encryption(Filter[EncryptionSettings]):
         return None
 
     def _data_key_of(self, wrapped: WrappedKey) -> crypto.DataKey | None:
-        data_key = self._opened.get(wrapped.value)
-        if data_key is not None:
-            return data_key
+        """The data key ``wrapped`` holds, unwrapped once: what did not
+        unwrap is remembered too, so that a message with a bogus key costs
+        one RSA operation, not one per delivery."""
+        if wrapped.value in self._opened:
+            return self._opened[wrapped.value]
         private = self._private.get(wrapped.name)
         if private is None:
             return None
         unwrapped = crypto.unwrap(private.key, wrapped.value)
-        if unwrapped is None:
-            return None
         if len(self._opened) >= DATA_KEYS_KEPT:
             self._opened.clear()
-        data_key = self._opened[wrapped.value] = crypto.DataKey(unwrapped)
+        data_key = self._opened[wrapped.value] = (
+            None if unwrapped is None else crypto.DataKey(unwrapped)
+        )
         return data_key

@@ -34,6 +34,7 @@ its client's CONNECT names (``client_version``); see docs/filters.md.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,7 @@ from sluice.protocols.pulsar.payload import (
 )
 
 T = pb.BaseCommand
+log = logging.getLogger("sluice.filters")
 
 # Pulsar's Schema.Type names, as the filter API spells them (Java's SchemaType).
 SCHEMA_TYPES = {
@@ -224,7 +226,13 @@ class FilterGate:
         sealed: Sealed | None = None
         if sealer is not None and not meta.encryption_keys and not _refused(outcome):
             # After every message filter; a message the client encrypted goes on as it is.
-            sealed = sealer[1].seal(topic, parts[2] if parts else bytes(frame.payload))
+            try:
+                sealed = sealer[1].seal(topic, parts[2] if parts else bytes(frame.payload))
+            except Exception as exc:  # never plaintext instead: refused, whatever on-error says
+                _log_sealer(sealer[0], topic, exc)
+                self.tap.event(self.conn, Filtered(sealer[0], "error", True, topic, "closed"))
+                failed = Reject("filter_error", f"filter {sealer[0]} failed")
+                outcome = Outcome(failed, sealer[0], (sealer[0],))
         encoded: bytes | None = None
         if (parts is not None or sealed is not None) and not _refused(outcome):
             limit = self.max_message_size
@@ -410,7 +418,11 @@ class FilterGate:
             WrappedKey(k.key, k.value, {kv.key: kv.value for kv in k.metadata})
             for k in meta.encryption_keys
         ]
-        plaintext = sealer.open(topic, keys, bytes(meta.encryption_param), bytes(frame.payload))
+        try:
+            plaintext = sealer.open(topic, keys, bytes(meta.encryption_param), bytes(frame.payload))
+        except Exception as exc:  # a sealer's bug: the delivery is undecryptable
+            _log_sealer("encrypt", topic, exc)
+            return None
         if plaintext is None:
             return None
         clear = pb.MessageMetadata()
@@ -636,6 +648,11 @@ def _encoded(
         cmd, meta, data, checksum=True,
         broker_entry_metadata=frame.broker_entry_metadata, max_message_size=limit,
     )  # fmt: skip
+
+
+def _log_sealer(name: str, topic: str, exc: Exception) -> None:
+    log.warning("filter %s could not seal or open an entry of %s: %s: %s",
+                name, topic, type(exc).__name__, exc)  # fmt: skip
 
 
 def _refused(outcome: Outcome) -> bool:
