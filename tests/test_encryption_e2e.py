@@ -398,6 +398,15 @@ def test_sluice_decrypts_what_the_client_encrypted_for_one_role_only(
                 got.append(message)
             return got
 
+    # app gets what the broker stores: it cannot decrypt without a key.
+    # A batch it cannot decrypt reaches it whole, as one message. (Read
+    # before the chunked message below exists: in 1 of 10 runs the C++
+    # client aborted the process in close() with an undecryptable chunk in
+    # its queue under CONSUME; for this role Sluice relays the broker's
+    # frames byte for byte, so that is the client's own, not this test's.)
+    app = as_role("app", 3, crypto_failure_action=pulsar.ConsumerCryptoFailureAction.CONSUME)
+    assert all(sent[0] not in m.data() for m in app)
+    assert all(m.encryption_context().is_decryption_failed() for m in app)
     # And a chunked one, each chunk encrypted by the client on its own.
     big = secrets.token_bytes(6 * 1024 * 1024)
     with client(apache_pulsar.url) as c:
@@ -411,8 +420,3 @@ def test_sluice_decrypts_what_the_client_encrypted_for_one_role_only(
     legacy = as_role("legacy", len(sent) + 1)
     assert [m.data() for m in legacy] == [*sent, big]
     assert all(m.encryption_context() is None for m in legacy)
-    # app gets what the broker stores: it cannot decrypt without a key.
-    # A batch it cannot decrypt reaches it whole, as one message.
-    app = as_role("app", 3, crypto_failure_action=pulsar.ConsumerCryptoFailureAction.CONSUME)
-    assert all(sent[0] not in m.data() for m in app)
-    assert all(m.encryption_context().is_decryption_failed() for m in app)
