@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives import hashes, hmac, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.x963kdf import X963KDF
 
 from sluice.errors import ConfigError
 from sluice.filters.chain import make_filters
@@ -65,6 +66,43 @@ def test_the_format_is_pulsars_read_with_the_primitives_alone(tmp_path: Path) ->
     assert AESGCM(data_key).decrypt(sealed.param, sealed.data, None) == b"hello, broker"
     again = f.seal(TOPIC, b"hello, broker")
     assert again.param != sealed.param and again.keys == sealed.keys  # a new IV, the same data key
+
+
+@pytest.mark.parametrize("curve", [ec.SECP256R1(), ec.SECP384R1(), ec.SECP521R1(), ec.SECP256K1()])
+def test_an_ec_key_wraps_as_bouncy_castles_ecies(tmp_path: Path, curve: ec.EllipticCurve) -> None:
+    """V || C || T: the ephemeral point, the data key XOR the KDF2-SHA-1 stream
+    after a 16-byte MAC key, HMAC-SHA-1 over C and 8 zero bytes (checked
+    here with the primitives alone; the Java client reads it in
+    tests/test_encryption_e2e.py)."""
+    key = ec.generate_private_key(curve)
+    public = tmp_path / "ec.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    private = tmp_path / "ec.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.TraditionalOpenSSL,
+                                          serialization.NoEncryption()))  # fmt: skip
+    sealed = Encryption(EncryptionSettings(public_keys={"ec": str(public)})).seal(TOPIC, b"m")
+    wrapped = sealed.keys[0].value
+    size = (curve.key_size + 7) // 8
+    v, c, t = wrapped[: 1 + 2 * size], wrapped[1 + 2 * size : -20], wrapped[-20:]
+    assert v[0] == 4 and len(c) == 32  # an uncompressed point; the data key's length
+    shared = key.exchange(ec.ECDH(), ec.EllipticCurvePublicKey.from_encoded_point(curve, v))
+    stream = X963KDF(hashes.SHA1(), 16 + 32, None).derive(v + shared)
+    mac = hmac.HMAC(stream[:16], hashes.SHA1())
+    mac.update(c + bytes(8))
+    assert mac.finalize() == t
+    data_key = bytes(a ^ b for a, b in zip(c, stream[16:], strict=True))
+    assert AESGCM(data_key).decrypt(sealed.param, sealed.data, None) == b"m"
+    opener = Encryption(EncryptionSettings(private_keys={"ec": str(private)}))
+    assert opener.open(TOPIC, sealed.keys, sealed.param, sealed.data) == b"m"
+    tampered = [WrappedKey("ec", wrapped[:-1] + bytes([wrapped[-1] ^ 1]))]
+    assert (
+        Encryption(EncryptionSettings(private_keys={"ec": str(private)})).open(
+            TOPIC, tampered, sealed.param, sealed.data
+        )
+        is None
+    )
 
 
 def test_what_is_sealed_opens_with_the_private_key_only(tmp_path: Path) -> None:
@@ -126,8 +164,8 @@ def _refusal(*specs: FilterSpec) -> str:
 
 def test_every_mistake_in_its_settings_is_one_line(tmp_path: Path) -> None:
     public, private, _ = key_pair(tmp_path, "k")
-    ec_key = tmp_path / "ec.pub.pem"
-    ec_key.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+    ed_key = tmp_path / "ed25519.pub.pem"
+    ed_key.write_bytes(ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
     locked = tmp_path / "locked.pem"
     locked.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -142,9 +180,9 @@ def test_every_mistake_in_its_settings_is_one_line(tmp_path: Path) -> None:
         f"filter 'encrypt': key 'k' ({tmp_path / 'nope.pem'}): cannot read it: "
         "No such file or directory"
     )
-    assert _refusal(_flag({"public_keys": {"k": str(ec_key)}})) == (
-        f"filter 'encrypt': key 'k' ({ec_key}) holds an EC key; "
-        "Pulsar's C++-based clients read RSA keys only"
+    assert _refusal(_flag({"public_keys": {"k": str(ed_key)}})) == (
+        f"filter 'encrypt': key 'k' ({ed_key}) holds a Ed25519 key; "
+        "Pulsar's clients read RSA and EC keys"
     )
     assert _refusal(_flag({"private_keys": {"k": str(locked)}}, "deliver")) == (
         f"filter 'encrypt': key 'k' ({locked}) holds a password-protected key; give it unencrypted"

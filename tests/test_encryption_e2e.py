@@ -28,7 +28,7 @@ from urllib.parse import quote
 import pulsar
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from sluice.brokers.apache_pulsar import ApachePulsar, hs256_token
 from tests.helpers.support import ProxyProcess, client, start_proxy
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 
 PATTERN = "persistent://public/default/enc-*"
 KEY_NAME = "orders-2026"
+EC_KEY_NAME = "orders-2026-ec"
 CLIENT_TOOL = "org.apache.pulsar.client.cli.PulsarClientTool"
 
 
@@ -46,11 +47,15 @@ class KeyPair:
     private: Path
 
 
-def make_key_pair(directory: Path, name: str) -> KeyPair:
-    """An RSA key pair as the docs have operators make it: the private key
-    in the traditional PEM form the Java client reads, the public key as
-    ``openssl rsa -pubout`` writes it."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+def make_key_pair(directory: Path, name: str, curve: ec.EllipticCurve | None = None) -> KeyPair:
+    """An RSA (or, with ``curve``, EC) key pair as the docs have operators
+    make it: the private key in the traditional PEM form the Java client
+    reads, the public key as ``openssl rsa -pubout`` writes it."""
+    key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        if curve is None
+        else ec.generate_private_key(curve)
+    )
     private = directory / f"{name}.pem"
     private.write_bytes(
         key.private_bytes(
@@ -73,22 +78,34 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
     return make_key_pair(tmp_path_factory.mktemp("keys"), "orders")
 
 
+@pytest.fixture(scope="module")
+def ec_keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
+    """An EC key beside the RSA one: the Java client reads it (ECIES)."""
+    return make_key_pair(tmp_path_factory.mktemp("ec-keys"), "orders-ec", ec.SECP256R1())
+
+
 def encrypting_proxy(
-    broker: ApachePulsar, directory: Path, public: Path, **settings: Any
+    broker: ApachePulsar, directory: Path, public: Path, *more: tuple[str, Path], **settings: Any
 ) -> ProxyProcess:
+    named = {KEY_NAME: str(public), **{name: str(path) for name, path in more}}
     spec = {
         "topics": [PATTERN],
         "direction": "produce",
-        "settings": {"public_keys": {KEY_NAME: str(public)}, **settings},
+        "settings": {"public_keys": named, **settings},
     }
     return start_proxy(broker.url, directory, "--filter", f"encrypt:{json.dumps(spec)}")
 
 
 @pytest.fixture(scope="module")
 def proxy(
-    apache_pulsar: ApachePulsar, tmp_path_factory: pytest.TempPathFactory, keys: KeyPair
+    apache_pulsar: ApachePulsar,
+    tmp_path_factory: pytest.TempPathFactory,
+    keys: KeyPair,
+    ec_keys: KeyPair,
 ) -> Iterator[ProxyProcess]:
-    p = encrypting_proxy(apache_pulsar, tmp_path_factory.mktemp("enc-proxy"), keys.public)
+    """Each entry's data key wrapped twice: for the RSA key and the EC key."""
+    p = encrypting_proxy(apache_pulsar, tmp_path_factory.mktemp("enc-proxy"), keys.public,
+                         (EC_KEY_NAME, ec_keys.public))  # fmt: skip
     yield p
     p.terminate()
 
@@ -170,7 +187,7 @@ def java_consume(broker: ApachePulsar, topic: str, count: int, private: Path) ->
         broker.url,
         "consume",
         "-s",
-        "java",
+        f"java-{uuid.uuid4().hex[:6]}",
         "-p",
         "Earliest",
         "-n",
@@ -187,7 +204,7 @@ def java_consume(broker: ApachePulsar, topic: str, count: int, private: Path) ->
 
 
 def test_plain_producers_through_sluice_are_read_by_the_python_and_java_clients_with_the_key(
-    apache_pulsar: ApachePulsar, proxy: ProxyProcess, keys: KeyPair
+    apache_pulsar: ApachePulsar, proxy: ProxyProcess, keys: KeyPair, ec_keys: KeyPair
 ) -> None:
     topic = unique("plain")
     single = [f"order-{i}".encode() for i in range(5)]
@@ -208,12 +225,13 @@ def test_plain_producers_through_sluice_are_read_by_the_python_and_java_clients_
     assert [m.data() for m in got] == sent
     context = got[0].encryption_context()
     assert context is not None and not context.is_decryption_failed()
-    assert [k.key for k in context.keys()] == [KEY_NAME]  # noqa: SIM118 (not a dict)
+    assert [k.key for k in context.keys()] == [KEY_NAME, EC_KEY_NAME]  # noqa: SIM118 (not a dict)
 
-    # (ii) The Java client, direct, with the private key.
-    output = java_consume(apache_pulsar, topic, len(sent), keys.private)
-    contents = re.findall(r"content:(\S+)", output)
-    assert contents == [body.decode() for body in sent], output[-3000:]
+    # (ii) The Java client, direct, with the RSA private key, and with the EC one.
+    for private in (keys.private, ec_keys.private):
+        output = java_consume(apache_pulsar, topic, len(sent), private)
+        contents = re.findall(r"content:(\S+)", output)
+        assert contents == [body.decode() for body in sent], output[-3000:]
 
     # (iii) Without the key: ciphertext, and the client knows it could not decrypt.
     raw = consume(

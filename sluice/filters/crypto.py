@@ -19,9 +19,16 @@ place (facts of the format, as the Java and C++ clients write and read it):
   entry of its own (its own IV and tag); ``total_chunk_msg_size`` counts
   the plaintext, as consumers decrypt each chunk before joining them.
 
-EC keys: the Java client wraps with Bouncy Castle's ECIES, the C++ client
-(and the Python, Node.js and Go-on-C++ clients) reads RSA keys only; Sluice
-takes RSA keys (see docs/filters.md).
+- An **EC** key wraps with ECIES as the Java client's Bouncy Castle
+  ``ECIES`` cipher does it: an ephemeral key pair on the key's curve, its
+  public point V (uncompressed), the ECDH secret Z (the shared point's x,
+  fixed length), K = KDF2-SHA-1(V || Z) (ANSI X9.63, counter from 1), of
+  which the first 16 bytes key the MAC and the rest XOR the data key into
+  C; T = HMAC-SHA-1(K_mac, C || 8 zero bytes, the empty encoding vector's
+  length as Bouncy Castle 1.78 writes it; later versions write 4, which
+  Sluice reads too); the wrapped key is V || C || T. The C++ client (and the Python,
+  Node.js and Go-on-C++ clients) reads RSA keys only: EC-wrapped keys are
+  for Java consumers.
 
 Keys and data keys are never logged, recorded or counted: nothing here
 formats them.
@@ -29,12 +36,15 @@ formats them.
 
 from __future__ import annotations
 
+import hmac
 import os
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hmac as crypto_hmac
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.x963kdf import X963KDF
 
 DATA_KEY_BYTES = 32
 IV_BYTES = 12
@@ -55,9 +65,19 @@ def new_iv() -> bytes:
     return os.urandom(IV_BYTES)
 
 
-def public_key(pem: bytes, where: str) -> rsa.RSAPublicKey:
-    """An RSA public key from PEM (``BEGIN PUBLIC KEY``, as ``openssl rsa
-    -pubout`` writes it, or ``BEGIN RSA PUBLIC KEY``)."""
+PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
+PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+_EC_MAC_KEY_BYTES = 16  # Bouncy Castle's IESParameterSpec default: a 128-bit MAC key
+# After C, the MAC covers the encoding vector's length in bits (none: zeros):
+# 8 bytes in the Bouncy Castle Apache Pulsar 4.0 ships (1.78), 4 in later ones.
+_EC_MAC_PADDING = bytes(8)
+_EC_MAC_PADDINGS = (bytes(8), bytes(4))
+
+
+def public_key(pem: bytes, where: str) -> PublicKey:
+    """An RSA or EC public key from PEM (``BEGIN PUBLIC KEY``, as ``openssl
+    rsa -pubout`` or ``openssl ec -pubout`` write it; or a private key's
+    public half)."""
     try:
         key = serialization.load_pem_public_key(pem)
     except ValueError:
@@ -65,45 +85,84 @@ def public_key(pem: bytes, where: str) -> rsa.RSAPublicKey:
             key = serialization.load_pem_private_key(pem, password=None).public_key()
         except (ValueError, TypeError):
             raise BadKey(f"{where} holds no PEM public key") from None
-    if not isinstance(key, rsa.RSAPublicKey):
-        raise BadKey(f"{where} holds {_kind(key)} key; {RSA_ONLY}")
+    if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
+        raise BadKey(f"{where} holds {_kind(key)} key; Pulsar's clients read RSA and EC keys")
     return key
 
 
-def private_key(pem: bytes, where: str) -> rsa.RSAPrivateKey:
-    """An RSA private key from PEM (PKCS#1 or PKCS#8, unencrypted)."""
+def private_key(pem: bytes, where: str) -> PrivateKey:
+    """An RSA or EC private key from PEM (PKCS#1, SEC1 or PKCS#8, unencrypted)."""
     try:
         key = serialization.load_pem_private_key(pem, password=None)
     except TypeError:
         raise BadKey(f"{where} holds a password-protected key; give it unencrypted") from None
     except ValueError:
         raise BadKey(f"{where} holds no PEM private key") from None
-    if not isinstance(key, rsa.RSAPrivateKey):
-        raise BadKey(f"{where} holds {_kind(key)} key; {RSA_ONLY}")
+    if not isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
+        raise BadKey(f"{where} holds {_kind(key)} key; Pulsar's clients read RSA and EC keys")
     return key
 
 
-RSA_ONLY = "Pulsar's C++-based clients read RSA keys only"
-
-
 def _kind(key: object) -> str:
-    if isinstance(key, ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey):
-        return "an EC"
-    return f"a {type(key).__name__.removeprefix('_')}"
+    name = type(key).__name__.removeprefix("_").removesuffix("PublicKey")
+    return f"a {name.removesuffix('PrivateKey')}"
 
 
-def wrap(key: rsa.RSAPublicKey, data_key: bytes) -> bytes:
+def wrap(key: PublicKey, data_key: bytes) -> bytes:
     """``data_key`` wrapped for the holder of ``key``'s private half."""
-    return key.encrypt(data_key, _OAEP)
+    if isinstance(key, rsa.RSAPublicKey):
+        return key.encrypt(data_key, _OAEP)
+    ephemeral = ec.generate_private_key(key.curve)
+    v = ephemeral.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+    )
+    mac_key, stream = _ecies_keys(v, ephemeral.exchange(ec.ECDH(), key), len(data_key))
+    c = bytes(a ^ b for a, b in zip(data_key, stream, strict=True))
+    return v + c + _ecies_mac(mac_key, c)
 
 
-def unwrap(key: rsa.RSAPrivateKey, wrapped: bytes) -> bytes | None:
+def unwrap(key: PrivateKey, wrapped: bytes) -> bytes | None:
     """The data key ``wrapped`` holds, or None when ``key`` did not wrap it."""
+    data_key: bytes | None
+    if isinstance(key, rsa.RSAPrivateKey):
+        try:
+            data_key = key.decrypt(wrapped, _OAEP)
+        except ValueError:
+            return None
+    else:
+        data_key = _ecies_open(key, wrapped)
+    return data_key if data_key is not None and len(data_key) in (16, 24, 32) else None
+
+
+def _ecies_open(key: ec.EllipticCurvePrivateKey, wrapped: bytes) -> bytes | None:
+    size = (key.curve.key_size + 7) // 8
+    point = 1 + 2 * size  # V uncompressed
+    mac_size = hashes.SHA1.digest_size
+    if len(wrapped) <= point + mac_size or wrapped[0] != 4:
+        return None
+    v, c, t = wrapped[:point], wrapped[point:-mac_size], wrapped[-mac_size:]
     try:
-        data_key = key.decrypt(wrapped, _OAEP)
+        peer = ec.EllipticCurvePublicKey.from_encoded_point(key.curve, v)
+        shared = key.exchange(ec.ECDH(), peer)
     except ValueError:
         return None
-    return data_key if len(data_key) in (16, 24, 32) else None
+    mac_key, stream = _ecies_keys(v, shared, len(c))
+    if not any(hmac.compare_digest(_ecies_mac(mac_key, c, pad), t) for pad in _EC_MAC_PADDINGS):
+        return None
+    return bytes(a ^ b for a, b in zip(c, stream, strict=True))
+
+
+def _ecies_keys(v: bytes, shared: bytes, length: int) -> tuple[bytes, bytes]:
+    """The MAC key and the XOR stream for ``length`` bytes, from V || Z."""
+    kdf = X963KDF(algorithm=hashes.SHA1(), length=_EC_MAC_KEY_BYTES + length, sharedinfo=None)
+    k = kdf.derive(v + shared)
+    return k[:_EC_MAC_KEY_BYTES], k[_EC_MAC_KEY_BYTES:]
+
+
+def _ecies_mac(mac_key: bytes, c: bytes, padding: bytes = _EC_MAC_PADDING) -> bytes:
+    h = crypto_hmac.HMAC(mac_key, hashes.SHA1())
+    h.update(c + padding)
+    return h.finalize()
 
 
 class DataKey:
