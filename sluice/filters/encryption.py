@@ -42,10 +42,10 @@ _UNDECRYPTABLE = ("pass", "skip")
 
 @dataclass(frozen=True)
 class EncryptionSettings:
-    # Key name -> PEM file of an RSA public key. Every entry's data key is
+    # Key name -> PEM file of an RSA or EC public key. Every entry's data key is
     # wrapped with each of them; a consumer needs the private half of one.
     public_keys: dict[str, str] = field(default_factory=dict)
-    # Key name -> PEM file of an RSA private key Sluice decrypts deliveries
+    # Key name -> PEM file of an RSA or EC private key Sluice decrypts deliveries
     # with (the key names an entry's wrapped keys carry).
     private_keys: dict[str, str] = field(default_factory=dict)
     # Metadata given with every wrapped key (Pulsar's EncryptionKeys.metadata).
@@ -190,7 +190,7 @@ class Encryption(Filter[EncryptionSettings]):
     def _data_key_of(self, wrapped: WrappedKey) -> crypto.DataKey | None:
         """The data key ``wrapped`` holds, unwrapped once: what did not
         unwrap is remembered too, so that a message with a bogus key costs
-        one RSA operation, not one per delivery."""
+        one private-key operation, not one per delivery."""
         if wrapped.value in self._opened:
             return self._opened[wrapped.value]
         private = self._private.get(wrapped.name)
