@@ -75,6 +75,25 @@ class Figures:
         list[tuple[bool, list[int], float]],
     ]:
         """(frames, topics, answered, relay) added since the last take."""
+    def take_sealed(self) -> list[tuple[str, int]]:
+        """(filter, messages) the compiled path encrypted since the last take."""
+
+class Seal:
+    """One ``encrypt`` filter's data key as the compiled path uses it
+    (rust/src/seal.rs)."""
+
+    def __init__(self, name: str, fixed_iv: bytes | None = None) -> None: ...
+    def arm(self, data_key: bytes, keys_field: bytes, until: float) -> None: ...
+    @property
+    def until(self) -> float: ...
+    def seal(self, frame: bytes, now: float) -> bytes | None: ...
+
+class Sealing:
+    """One connection's producers whose SENDs the compiled step encrypts."""
+
+    def __init__(self) -> None: ...
+    def add(self, producer_id: int, seal: Seal) -> bool: ...
+    def __contains__(self, producer_id: int) -> bool: ...
 
 class Step:
     """One proxied connection's compiled step: a relayed read carried whole."""
@@ -91,6 +110,7 @@ class Step:
         payloads: int = 1,
         conn: int = 0,
         monotonic_ns: int = 0,
+        sealing: Sealing | None = None,
     ) -> None: ...
     def carry(
         self, source: int, sink: int, from_client: bool, now: float

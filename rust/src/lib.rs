@@ -26,6 +26,7 @@ pub const FLOW: u32 = 11;
 pub mod account;
 pub mod carrier;
 pub mod record;
+pub mod seal;
 pub mod step;
 pub mod summary;
 
@@ -751,6 +752,8 @@ pub mod python {
         m.add_class::<crate::account::python::SendTable>()?;
         m.add_class::<crate::step::python::Figures>()?;
         m.add_class::<crate::step::python::Step>()?;
+        m.add_class::<crate::seal::python::Seal>()?;
+        m.add_class::<crate::seal::python::Sealing>()?;
         m.add_class::<crate::carrier::python::Lane>()?;
         m.add_class::<crate::carrier::python::Carrier>()?;
         Ok(())

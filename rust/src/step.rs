@@ -119,6 +119,8 @@ pub mod python {
 
     use super::{accounted, carriable, Timer, HOLD_MAX, READ_SIZE};
     use crate::account::python::SendTable;
+    use crate::seal::python::Sealing;
+    use crate::seal::Sealed;
     use crate::{MESSAGE, SEND, SEND_RECEIPT};
 
     /// Command types are small numbers (metrics.py's TYPE_SLOTS).
@@ -145,6 +147,8 @@ pub mod python {
         answered: HashMap<String, Timer>,
         latency: Vec<f64>,
         relay: [Timer; 2],
+        /// Messages the compiled path encrypted, by filter.
+        sealed: HashMap<String, u64>,
     }
 
     /// (from_client, type, frames, bytes)
@@ -204,7 +208,14 @@ pub mod python {
                 answered: HashMap::new(),
                 latency: latency_bounds,
                 relay: [Timer::new(relay_bounds.clone()), Timer::new(relay_bounds)],
+                sealed: HashMap::new(),
             }
+        }
+
+        /// take_sealed() -> [(filter, messages)] the compiled path encrypted
+        /// since the last take.
+        fn take_sealed(&mut self) -> Vec<(String, u64)> {
+            self.sealed.drain().filter(|(_, n)| *n != 0).collect()
         }
 
         /// take() -> (frames, topics, answered, relay), each a list of what
@@ -265,6 +276,8 @@ pub mod python {
         max_total: u32,
         request: String,
         record: Option<Recording>,
+        /// The producers whose SENDs it encrypts (the `encrypt` filter), if any.
+        sealing: Option<Py<Sealing>>,
         /// By direction (from the client?): the start of a frame the last
         /// read ended in, carried with the next read. The core takes it
         /// (``take_held``) when a read goes its usual way.
@@ -349,7 +362,7 @@ pub mod python {
         /// size)``; ``monotonic_ns`` is time.monotonic_ns() now.
         #[new]
         #[pyo3(signature = (sends, producers, consumers, figures, max_total, request,
-                            record=None, payloads=1, conn=0, monotonic_ns=0))]
+                            record=None, payloads=1, conn=0, monotonic_ns=0, sealing=None))]
         #[allow(clippy::too_many_arguments)]
         fn new(
             sends: Py<SendTable>,
@@ -362,6 +375,7 @@ pub mod python {
             payloads: u8,
             conn: u32,
             monotonic_ns: u64,
+            sealing: Option<Py<Sealing>>,
         ) -> PyResult<Self> {
             let record = match record {
                 Some(queue) => Some(Recording {
@@ -380,6 +394,7 @@ pub mod python {
                 max_total,
                 request,
                 record,
+                sealing,
                 held: Mutex::new([Vec::new(), Vec::new()]),
             })
         }
@@ -451,6 +466,21 @@ pub mod python {
                 // recorder redacts them.
                 let found = found
                     .filter(|(f, _)| self.record.is_none() || f.iter().all(|s| s.properties == 0));
+                // SENDs to encrypt: sealed here into `sealed`, or the read
+                // goes the Python way (recording, no key good now, too large).
+                let mut sealed: Option<(Vec<u8>, String, i64)> = None;
+                let found = match (found, from_client, &self.sealing) {
+                    (Some((f, end)), true, Some(sealing)) => {
+                        match self.sealed_read(py, sealing, &data[..end], &f, now) {
+                            Ok(done) => {
+                                sealed = done;
+                                Some((f, end))
+                            }
+                            Err(()) => None,
+                        }
+                    }
+                    (found, _, _) => found,
+                };
                 let Some((found, end)) = found else {
                     // What was held stays for the core to take first.
                     return Ok(PyBytes::new(py, &data[h..]).into_any().unbind());
@@ -467,6 +497,14 @@ pub mod python {
                 if let Some(recording) = &self.record {
                     recording.queue(py, frames, &found, from_client);
                 }
+                let (frames, end) = match &sealed {
+                    Some((out, name, messages)) => {
+                        let mut figures = self.figures.bind(py).borrow_mut();
+                        *figures.sealed.entry(name.clone()).or_insert(0) += *messages as u64;
+                        (&out[..], out.len())
+                    }
+                    None => (frames, end),
+                };
                 let (written, failed) = write(sink, frames);
                 let seconds = started.elapsed().as_secs_f64();
                 if written == end {
@@ -488,6 +526,50 @@ pub mod python {
                 );
                 Ok(out.into_pyobject(py)?.into_any().unbind())
             })
+        }
+    }
+
+    impl Step {
+        /// The frames of a read with the SENDs of sealed producers encrypted:
+        /// Ok(None) when it has none, Ok((bytes, filter, messages sealed)),
+        /// or Err when the read must go the Python way (recorded, whose
+        /// filter records Python writes; no key good at `now`; a SEND that
+        /// sealed would be over the limit, which Python refuses).
+        fn sealed_read(
+            &self,
+            py: Python<'_>,
+            sealing: &Py<Sealing>,
+            frames: &[u8],
+            found: &[crate::Scanned],
+            now: f64,
+        ) -> Result<Option<(Vec<u8>, String, i64)>, ()> {
+            let state = sealing.get().state.lock().unwrap_or_else(|e| e.into_inner());
+            let (producers, seal) = (&state.0, &state.1);
+            let wanted = |s: &crate::Scanned| s.kind == SEND && producers.contains(&s.a);
+            if !found.iter().any(wanted) {
+                return Ok(None);
+            }
+            let Some(seal) = seal else { return Err(()) };
+            if self.record.is_some() {
+                return Err(());
+            }
+            let seal = seal.bind(py).get();
+            let mut out = Vec::with_capacity(frames.len() + frames.len() / 8);
+            let (mut from, mut messages) = (0, 0);
+            for s in found {
+                let frame = &frames[from..s.stop];
+                from = s.stop;
+                if !wanted(s) {
+                    out.extend_from_slice(frame);
+                    continue;
+                }
+                match seal.seal_into(frame, s, now, self.max_total, &mut out) {
+                    Some(Sealed::Done) => messages += s.c,
+                    Some(Sealed::AsIs) => out.extend_from_slice(frame),
+                    Some(Sealed::TooLarge) | None => return Err(()),
+                }
+            }
+            Ok(Some((out, seal.name.clone(), messages)))
         }
     }
 

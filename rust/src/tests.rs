@@ -216,3 +216,64 @@ fn no_input_panics_or_reads_past_its_buffer() {
         }
     }
 }
+
+mod sealing {
+    use super::*;
+    use crate::seal::{seal_frame, Sealed, IV_BYTES, TAG_BYTES};
+    use aes_gcm::aead::Aead;
+    use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
+
+    fn send_frame(meta: &[u8], payload: &[u8], with_checksum: bool) -> Vec<u8> {
+        let mut body = Vec::new();
+        field_varint(1, 3, &mut body); // producer_id
+        field_varint(2, 9, &mut body); // sequence_id
+        frame(&command(SEND, &body), Some((meta, payload, with_checksum)))
+    }
+
+    fn sealed(frame: &[u8], keys_field: &[u8], max_total: u32) -> (Option<Sealed>, Vec<u8>) {
+        let s = check_frame(frame).expect("a SEND the scanner takes");
+        let cipher = Aes256Gcm::new_from_slice(&[7; 32]).unwrap();
+        let mut out = b"before".to_vec();
+        let done = seal_frame(frame, &s, &cipher, keys_field, &[5; IV_BYTES], max_total, &mut out);
+        (done, out)
+    }
+
+    #[test]
+    fn a_sealed_send_is_a_valid_frame_whose_payload_decrypts() {
+        let mut keys_field = Vec::new();
+        field_bytes(13, b"\x0a\x01k\x12\x03abc", &mut keys_field);
+        for with_checksum in [true, false] {
+            let original = send_frame(&metadata(), b"hello", with_checksum);
+            let (done, out) = sealed(&original, &keys_field, u32::MAX);
+            assert_eq!(done, Some(Sealed::Done));
+            assert_eq!(&out[..6], b"before");
+            let frame = &out[6..];
+            let s = check_frame(frame).expect("sealed: still valid, checksum made anew");
+            assert!(s.checksum >= 0);
+            let meta = &frame[s.metadata_offset as usize + 4..s.payload_offset as usize];
+            let mut expected = metadata();
+            expected.extend_from_slice(&keys_field);
+            expected.extend_from_slice(&[0x7a, 12]);
+            expected.extend_from_slice(&[5; IV_BYTES]);
+            assert_eq!(meta, &expected[..]);
+            let ciphertext = &frame[s.payload_offset as usize..];
+            assert_eq!(ciphertext.len(), 5 + TAG_BYTES);
+            let cipher = Aes256Gcm::new_from_slice(&[7; 32]).unwrap();
+            let plain = cipher.decrypt(Nonce::from_slice(&[5; IV_BYTES]), ciphertext).unwrap();
+            assert_eq!(plain, b"hello");
+        }
+    }
+
+    #[test]
+    fn a_send_the_client_encrypted_goes_as_it_is_and_a_too_large_one_is_said() {
+        let mut meta = metadata();
+        field_bytes(13, b"\x0a\x01k\x12\x03abc", &mut meta);
+        let original = send_frame(&meta, b"ciphertext", true);
+        assert_eq!(sealed(&original, b"", u32::MAX), (Some(Sealed::AsIs), b"before".to_vec()));
+        let plain = send_frame(&metadata(), b"x", true);
+        let total = be32(&plain[..4]);
+        let (done, out) = sealed(&plain, b"", total + 2 + 12 + 15);
+        assert_eq!((done, out), (Some(Sealed::TooLarge), b"before".to_vec()));
+        assert_eq!(sealed(&plain, b"", total + 2 + 12 + 16).0, Some(Sealed::Done));
+    }
+}

@@ -130,7 +130,8 @@ class Encryption(Filter[EncryptionSettings]):
         }
         now = clock()
         self._checked = now
-        self._data_key = crypto.DataKey(crypto.new_data_key())
+        self._raw_key = crypto.new_data_key()
+        self._data_key = crypto.DataKey(self._raw_key)
         self._keys: tuple[WrappedKey, ...] = ()
         self._made = now
         if self._public:
@@ -148,7 +149,7 @@ class Encryption(Filter[EncryptionSettings]):
 
     def _rotate(self, now: float) -> None:
         """A new data key, wrapped with every public key."""
-        data_key = crypto.new_data_key()
+        data_key = self._raw_key = crypto.new_data_key()
         self._data_key = crypto.DataKey(data_key)
         metadata = dict(self.settings.key_metadata)
         self._keys = tuple(
@@ -176,6 +177,12 @@ class Encryption(Filter[EncryptionSettings]):
         data_key, keys = self._current()
         iv = crypto.new_iv()
         return Sealed(data_key.encrypt(iv, data), keys, iv)
+
+    def lease(self) -> tuple[bytes, tuple[WrappedKey, ...], float]:
+        _, keys = self._current()
+        now = self._clock()
+        left = min(self._checked + CHECK_EVERY, self._made + self.settings.rotate_every) - now
+        return self._raw_key, keys, max(0.0, left)
 
     def open(
         self, topic: str, keys: Sequence[WrappedKey], param: bytes, data: bytes

@@ -166,6 +166,12 @@ class Sealer(Protocol):
 
     def seal(self, topic: str, data: bytes) -> Sealed: ...
 
+    def lease(self) -> tuple[bytes, tuple[WrappedKey, ...], float]:
+        """For a core that seals on a compiled path: the data key itself,
+        its wrapped keys, and for how many seconds from now they may be
+        used (then ask again: keys rotate, key files change)."""
+        ...
+
     def open(
         self, topic: str, keys: Sequence[WrappedKey], param: bytes, data: bytes
     ) -> bytes | None:

@@ -500,7 +500,9 @@ class PulsarConnection:
             return None
         if (self._client if from_client else self._broker).buffered:
             return None
-        if self._gate is not None and self._filtered(from_client):
+        if self._gate is not None and self._gate.wants(
+            from_client, self.correlator.producers, self.correlator.consumers, compiled=True
+        ):
             return None
         return step
 
@@ -529,9 +531,11 @@ class PulsarConnection:
             return None
         figures, records = taps
         record, payloads = records if records is not None else (None, 0)
+        sealing = self._gate.sealing if self._gate is not None else None
         step: QuickStep = COMPILED.step(
             sends, self.correlator.producers, self.correlator.consumers, figures,
             self._client.max_total, "SEND", record, payloads, self.conn.id, time.monotonic_ns(),
+            sealing,
         )  # fmt: skip
         return step
 

@@ -62,6 +62,9 @@ class _Compiled(NamedTuple):
     summary: Callable[[bytes], Any]
     # A relayed read carried whole in one call (rust/src/step.rs).
     step: Any
+    # SENDs encrypted on the compiled path (rust/src/seal.rs): Seal, Sealing.
+    seal: Any
+    sealing: Any
 
 
 def _compiled() -> _Compiled | None:
@@ -71,10 +74,19 @@ def _compiled() -> _Compiled | None:
     if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
         return None
     try:
-        from sluice._frames import SendTable, Step, pack_frames, scan, scan_batch, summary
+        from sluice._frames import (
+            Seal,
+            Sealing,
+            SendTable,
+            Step,
+            pack_frames,
+            scan,
+            scan_batch,
+            summary,
+        )
     except ImportError:
         return None
-    return _Compiled(scan, pack_frames, scan_batch, SendTable, summary, Step)
+    return _Compiled(scan, pack_frames, scan_batch, SendTable, summary, Step, Seal, Sealing)
 
 
 COMPILED: Final = _compiled()

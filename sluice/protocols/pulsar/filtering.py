@@ -35,6 +35,7 @@ its client's CONNECT names (``client_version``); see docs/filters.md.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ from sluice.protocols.filtering import (
     WrappedKey,
 )
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
-from sluice.protocols.pulsar.decoder import decode_frame
+from sluice.protocols.pulsar.decoder import COMPILED, decode_frame
 from sluice.protocols.pulsar.encoder import (
     command,
     encode,
@@ -79,6 +80,9 @@ from sluice.protocols.pulsar.payload import (
 
 T = pb.BaseCommand
 log = logging.getLogger("sluice.filters")
+# Each sealer's key as the compiled path holds it (one per filter, shared
+# by the connections of a process).
+_SEALS: weakref.WeakKeyDictionary[Sealer, Any] = weakref.WeakKeyDictionary()
 
 # Pulsar's Schema.Type names, as the filter API spells them (Java's SchemaType).
 SCHEMA_TYPES = {
@@ -159,6 +163,10 @@ class FilterGate:
         # The wrapped keys last sealed with, and their metadata field's bytes.
         self._sealed_keys: tuple[WrappedKey, ...] = ()
         self._keys_field = b""
+        # Producers whose SENDs the compiled step seals (when there is one),
+        # with the sealer and its compiled key.
+        self.sealing = COMPILED.sealing() if COMPILED is not None else None
+        self.compiled: dict[int, tuple[Sealer, Any]] = {}
         self.waiting: Wait | None = None
 
     def chain(self, topic: str | None, direction: Direction) -> Chain | None:
@@ -167,14 +175,21 @@ class FilterGate:
         return self.filtering.chain(topic, direction, self.role)
 
     def wants(
-        self, from_client: bool, producers: dict[int, str], consumers: dict[int, str]
+        self,
+        from_client: bool,
+        producers: dict[int, str],
+        consumers: dict[int, str],
+        compiled: bool = False,
     ) -> bool:
-        """Whether reads from the client (or from the broker) need filtering."""
+        """Whether reads from the client (or from the broker) need filtering;
+        ``compiled``: on the compiled step, which seals the SENDs of the
+        producers in ``self.sealing`` itself (and gives back what it cannot)."""
         chain, role = self.filtering.chain, self.role
         if self.waiting is not None:
             return True
-        for topic in producers.values():
-            if chain(topic, PRODUCE, role) is not None:
+        sealed = self.compiled if compiled else ()
+        for producer, topic in producers.items():
+            if producer not in sealed and chain(topic, PRODUCE, role) is not None:
                 # Its receipts are read too: a refusal waits for them.
                 return True
         if from_client:
@@ -192,8 +207,34 @@ class FilterGate:
             if body.HasField("producer_name"):
                 self._names[body.producer_id] = body.producer_name
             self.filtering.forget_latest(body.topic)
+            self._seal_compiled(body.producer_id, body.topic)
         elif frame.type == T.SUBSCRIBE:
             self._names[-1 - body.consumer_id] = body.subscription
+
+    def _seal_compiled(self, producer_id: int, topic: str) -> None:
+        """A producer whose topic's chain only seals: its SENDs sealed on the
+        compiled path (``rust/src/seal.rs``), when there is one."""
+        if self.sealing is None:
+            return
+        chain = self.filtering.chain(topic, PRODUCE, self.role)
+        if chain is None or chain.hooked or chain.wants_schema or chain.sealer is None:
+            return
+        name, sealer = chain.sealer
+        seal = _SEALS.get(sealer)
+        if seal is None:
+            assert COMPILED is not None
+            seal = _SEALS[sealer] = COMPILED.seal(name)
+        if self.sealing.add(producer_id, seal):
+            self.compiled[producer_id] = (sealer, seal)
+
+    def _arm(self, producer_id: int, now: float) -> None:
+        """The compiled path's key for this producer made good from ``now``
+        (the Python path just sealed one of its SENDs: the key was due)."""
+        sealer, seal = self.compiled[producer_id]
+        if seal.until > now:
+            return
+        data_key, keys, seconds = sealer.lease()
+        seal.arm(data_key, self._keys_of(keys), now + seconds)
 
     # --- produce -------------------------------------------------------------------
 
@@ -260,20 +301,26 @@ class FilterGate:
         if sealed is not None:
             assert sealer is not None
             self._report(Outcome(PASS, sealer[0]), "encrypted", True, topic, encoded, "", count)
+            if body.producer_id in self.compiled:
+                self._arm(body.producer_id, now)
         return encoded
 
     def _envelope(self, sealed: Sealed) -> bytes:
         """The metadata fields that say how ``sealed`` was encrypted: the
-        wrapped keys (serialized once per data key) and the IV."""
-        if sealed.keys is not self._sealed_keys:
+        wrapped keys and the IV."""
+        param = pb.MessageMetadata(encryption_param=sealed.param).SerializePartialToString()
+        return self._keys_of(sealed.keys) + param
+
+    def _keys_of(self, keys: tuple[WrappedKey, ...]) -> bytes:
+        """The wrapped keys as metadata field 13 (serialized once per data key)."""
+        if keys is not self._sealed_keys:
             fields = pb.MessageMetadata()
-            for wrapped in sealed.keys:
+            for wrapped in keys:
                 entry = fields.encryption_keys.add(key=wrapped.name, value=wrapped.value)
                 for k, v in wrapped.metadata.items():
                     entry.metadata.add(key=k, value=v)
-            self._sealed_keys, self._keys_field = sealed.keys, fields.SerializePartialToString()
-        param = pb.MessageMetadata(encryption_param=sealed.param).SerializePartialToString()
-        return self._keys_field + param
+            self._sealed_keys, self._keys_field = keys, fields.SerializePartialToString()
+        return self._keys_field
 
     def _refuse(
         self, frame: Frame, topic: str, outcome: Outcome, state: _Producer, last: int,
@@ -293,7 +340,10 @@ class FilterGate:
         reply = own_frame(T.SEND_ERROR, error)
         # A batch is refused whole: every message of it counts.
         self._report(outcome, "rejected", True, topic, None, reject.reason, count)
-        if state.forwarded > state.answered:  # earlier sends still wait for receipts
+        # (A producer sealed on the compiled path has its receipts read
+        # there, not here: its refusals go at once.)
+        waits = body.producer_id not in self.compiled
+        if waits and state.forwarded > state.answered:  # earlier sends still wait for receipts
             if state.errors is None:
                 state.errors = deque()
             state.errors.append((state.forwarded, reply))
