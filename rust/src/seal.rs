@@ -17,8 +17,7 @@
 //! A SEND the client encrypted itself (its metadata has field 13) goes on
 //! as it is, as in Python.
 
-use aes_gcm::aead::AeadInPlace;
-use aes_gcm::{Aes256Gcm, Nonce};
+use ring::aead::{Aad, LessSafeKey, Nonce};
 
 use crate::Scanned;
 
@@ -51,7 +50,7 @@ fn sealed_total(frame_len: usize, s: &Scanned, keys_field: usize) -> Option<usiz
 pub fn seal_frame(
     frame: &[u8],
     s: &Scanned,
-    cipher: &Aes256Gcm,
+    cipher: &LessSafeKey,
     keys_field: &[u8],
     iv: &[u8; IV_BYTES],
     max_total: u32,
@@ -90,12 +89,12 @@ pub fn seal_frame(
     out.extend_from_slice(iv);
     let body_at = out.len();
     out.extend_from_slice(payload);
-    let Ok(tag) = cipher.encrypt_in_place_detached(Nonce::from_slice(iv), b"", &mut out[body_at..])
-    else {
+    let nonce = Nonce::assume_unique_for_key(*iv);
+    let Ok(tag) = cipher.seal_in_place_separate_tag(nonce, Aad::empty(), &mut out[body_at..]) else {
         out.truncate(start);
         return None;
     };
-    out.extend_from_slice(&tag);
+    out.extend_from_slice(tag.as_ref());
     let crc = crc32c::crc32c(&out[section_at..]);
     out[crc_at..crc_at + 4].copy_from_slice(&crc.to_be_bytes());
     debug_assert_eq!(out.len() - start, total + 4);
@@ -107,18 +106,34 @@ pub mod python {
     use std::collections::HashSet;
     use std::sync::Mutex;
 
-    use aes_gcm::{Aes256Gcm, KeyInit};
+    use ring::aead::{LessSafeKey, UnboundKey, AES_256_GCM};
     use pyo3::exceptions::PyValueError;
     use pyo3::prelude::*;
     use pyo3::types::PyBytes;
 
     use super::{seal_frame, Sealed, IV_BYTES};
 
-    /// The data key and its wrapped keys, good until a time.
+    /// The data key and its wrapped keys, good until a time, and the IVs
+    /// made under it: a random prefix drawn once per data key, then a
+    /// counter (NIST SP 800-38D's deterministic construction: an IV is never
+    /// used twice under one key, and no system call per SEND).
     struct Armed {
-        cipher: Aes256Gcm,
+        key: Vec<u8>,
+        cipher: LessSafeKey,
         keys_field: Vec<u8>,
         until: f64,
+        prefix: [u8; 4],
+        counter: u64,
+    }
+
+    impl Armed {
+        fn next_iv(&mut self) -> Option<[u8; IV_BYTES]> {
+            self.counter = self.counter.checked_add(1)?;
+            let mut iv = [0; IV_BYTES];
+            iv[..4].copy_from_slice(&self.prefix);
+            iv[4..].copy_from_slice(&self.counter.to_be_bytes());
+            Some(iv)
+        }
     }
 
     /// Seal(name, fixed_iv=None): one `encrypt` filter's key, as the
@@ -153,16 +168,29 @@ pub mod python {
         }
 
         /// arm(data_key, keys_field, until): seal with this key from now on,
-        /// until the monotonic time ``until``.
+        /// until the time ``until`` (the relay's clock). The same key again
+        /// keeps its IV counter.
         fn arm(&self, data_key: &[u8], keys_field: &[u8], until: f64) -> PyResult<()> {
-            let cipher = Aes256Gcm::new_from_slice(data_key)
+            let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(current) = armed.as_mut().filter(|a| a.key == data_key) {
+                current.keys_field = keys_field.to_vec();
+                current.until = until;
+                return Ok(());
+            }
+            let cipher = UnboundKey::new(&AES_256_GCM, data_key)
+                .map(LessSafeKey::new)
                 .map_err(|_| PyValueError::new_err("a data key is 32 bytes"))?;
-            let armed = Armed {
+            let mut prefix = [0; 4];
+            getrandom::fill(&mut prefix)
+                .map_err(|e| PyValueError::new_err(format!("no random bytes: {e}")))?;
+            *armed = Some(Armed {
+                key: data_key.to_vec(),
                 cipher,
                 keys_field: keys_field.to_vec(),
                 until,
-            };
-            *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(armed);
+                prefix,
+                counter: 0,
+            });
             Ok(())
         }
 
@@ -204,15 +232,11 @@ pub mod python {
             max_total: u32,
             out: &mut Vec<u8>,
         ) -> Option<Sealed> {
-            let armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-            let armed = armed.as_ref().filter(|a| now < a.until)?;
+            let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+            let armed = armed.as_mut().filter(|a| now < a.until)?;
             let iv = match self.fixed_iv {
                 Some(iv) => iv,
-                None => {
-                    let mut iv = [0; IV_BYTES];
-                    getrandom::fill(&mut iv).ok()?;
-                    iv
-                }
+                None => armed.next_iv()?,
             };
             seal_frame(frame, s, &armed.cipher, &armed.keys_field, &iv, max_total, out)
         }
