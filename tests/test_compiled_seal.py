@@ -20,7 +20,7 @@ from sluice.filters import crypto
 from sluice.filters.chain import Filters, make_filters
 from sluice.filters.config import parse_flag
 from sluice.protocols import registry
-from sluice.protocols.core import Conn, OnInvalid, Send, Taps
+from sluice.protocols.core import Conn, OnInvalid, Taps
 from sluice.protocols.filtering import PRODUCE
 from sluice.protocols.pulsar import command, encode, encode_payload, pb
 from sluice.protocols.pulsar import filtering as pulsar_filtering
@@ -30,7 +30,7 @@ from sluice.protocols.pulsar.payload import build_batch, compress
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.metrics import Metrics
 from sluice.recording.writer import Recorder, RecorderConfig
-from tests.test_quick_step import drain, scraped, wires
+from tests import test_quick_step as quick_step
 
 pytestmark = pytest.mark.skipif(COMPILED is None, reason="the compiled path is not built")
 
@@ -134,31 +134,10 @@ def relay(
     filters: Filters, reads: list[tuple[bool, bytes]], quick: bool, recorder: Recorder | None = None
 ) -> tuple[Any, int]:
     """``reads`` through the connection, by the step where it carries them
-    (``quick``), else by the core; what came out each way and the metrics,
-    and how many reads the step carried."""
-    metrics = Metrics()
-    c = core(filters, Taps([metrics] if recorder is None else [metrics, recorder]))
-    out: dict[bool, bytes] = {True: b"", False: b""}
-    carried = 0
-    with wires() as (ends, readers):
-        for from_client, data in reads:
-            writer, source, sink = ends[from_client]
-            writer.sendall(data)
-            step = c.quick(from_client) if quick else None
-            if step is not None:
-                got = step.carry(source.fileno(), sink.fileno(), from_client, 1.5)
-                if type(got) is int:
-                    carried += 1
-                    out[from_client] += drain(readers[from_client])
-                    continue
-                assert got == data, "a read not carried comes back as it was read"
-            else:
-                got = source.recv(1 << 20)
-            receive = c.receive_client if from_client else c.receive_broker
-            for action in receive(got, 1.5):
-                assert type(action) is Send
-                out[from_client] += action.data
-    return (out, scraped(metrics)), carried
+    (``quick``), else by the core (tests/test_quick_step.py's relay): what
+    came out each way, the metrics and the send table; and how many reads
+    the step carried."""
+    return quick_step.relay(reads, quick, recorder, lambda taps: core(filters, taps))
 
 
 def test_the_step_seals_sends_as_the_python_path_does(filters: Filters) -> None:
@@ -169,11 +148,11 @@ def test_the_step_seals_sends_as_the_python_path_does(filters: Filters) -> None:
     by_core, none = relay(filters, READS, quick=False)
     assert none == 0
     assert by_step == by_core
-    sent = by_core[0][True]
+    sent = by_core[0][True]  # what went to the broker
     assert b"first: the key" not in sent and b"x" * 64 not in sent and b"plain again" in sent
     assert b"ciphertext" in sent  # what the client encrypted, as it was
     assert 'sluice_filter_replaced_total{direction="client_to_broker",filter="encrypt"' in "".join(
-        by_step[1]
+        by_step[2]
     )
 
 

@@ -157,6 +157,16 @@ def consume(url: str, topic: str, count: int, **options: Any) -> list[pulsar.Mes
     return got
 
 
+def discarding(c: pulsar.Client, topic: str, name: str, pair: KeyPair) -> pulsar.Consumer:
+    """A consumer from the start with ``pair``'s key that drops (and
+    acknowledges) what that key does not decrypt."""
+    return c.subscribe(
+        topic, name, initial_position=pulsar.InitialPosition.Earliest,
+        crypto_key_reader=reader(pair),
+        crypto_failure_action=pulsar.ConsumerCryptoFailureAction.DISCARD,
+    )  # fmt: skip
+
+
 def received(consumer: pulsar.Consumer, wait_ms: int) -> list[pulsar.Message]:
     """Every message until none comes for ``wait_ms``, each acknowledged."""
     got: list[pulsar.Message] = []
@@ -298,13 +308,7 @@ def test_data_keys_rotate_and_a_changed_key_file_is_used_without_a_restart(
             current.write_bytes(second.public.read_bytes())
             # Sluice looks at its key files every few seconds: probe until a
             # message is wrapped for the second key.
-            probe = c.subscribe(
-                topic,
-                "probe",
-                initial_position=pulsar.InitialPosition.Earliest,
-                crypto_key_reader=reader(second),
-                crypto_failure_action=pulsar.ConsumerCryptoFailureAction.DISCARD,
-            )
+            probe = discarding(c, topic, "probe", second)
             deadline = time.monotonic() + 30
             switched = False
             while not switched and time.monotonic() < deadline:
@@ -337,14 +341,7 @@ def test_data_keys_rotate_and_a_changed_key_file_is_used_without_a_restart(
     )
     assert [m.data() for m in by_first] == sent[:6]
     with client(apache_pulsar.url) as c:
-        consumer = c.subscribe(
-            topic,
-            "second",
-            initial_position=pulsar.InitialPosition.Earliest,
-            crypto_key_reader=reader(second),
-            crypto_failure_action=pulsar.ConsumerCryptoFailureAction.DISCARD,
-        )
-        read = [m.data() for m in received(consumer, 3000)]
+        read = [m.data() for m in received(discarding(c, topic, "second", second), 3000)]
     assert read[-3:] == sent[-3:]
     assert not set(read) & set(sent[:6])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -81,13 +81,17 @@ def scraped(metrics: Metrics) -> list[str]:
 
 
 def relay(
-    reads: list[tuple[bool, bytes]], quick: bool, recorder: Recorder | None = None
+    reads: list[tuple[bool, bytes]],
+    quick: bool,
+    recorder: Recorder | None = None,
+    connection: Callable[[Taps], PulsarConnection] = proxied,
 ) -> tuple[Any, int]:
-    """``reads`` through a proxied core, each read by the step where it may
-    (``quick``), else by the core; what came out each way, the metrics and
-    the send table; and how many reads the step carried whole."""
+    """``reads`` through a proxied core (``connection`` makes it), each read
+    by the step where it may (``quick``), else by the core; what came out
+    each way, the metrics and the send table; and how many reads the step
+    carried whole."""
     metrics = Metrics()
-    core = proxied(Taps([metrics] if recorder is None else [metrics, recorder]))
+    core = connection(Taps([metrics] if recorder is None else [metrics, recorder]))
     out: dict[bool, bytes] = {True: b"", False: b""}
     ended: list[Any] = []
     carried = 0
