@@ -90,7 +90,8 @@ pub fn seal_frame(
     let body_at = out.len();
     out.extend_from_slice(payload);
     let nonce = Nonce::assume_unique_for_key(*iv);
-    let Ok(tag) = cipher.seal_in_place_separate_tag(nonce, Aad::empty(), &mut out[body_at..]) else {
+    let Ok(tag) = cipher.seal_in_place_separate_tag(nonce, Aad::empty(), &mut out[body_at..])
+    else {
         out.truncate(start);
         return None;
     };
@@ -106,10 +107,10 @@ pub mod python {
     use std::collections::HashSet;
     use std::sync::Mutex;
 
-    use ring::aead::{LessSafeKey, UnboundKey, AES_256_GCM};
     use pyo3::exceptions::PyValueError;
     use pyo3::prelude::*;
     use pyo3::types::PyBytes;
+    use ring::aead::{LessSafeKey, UnboundKey, AES_256_GCM};
 
     use super::{seal_frame, Sealed, IV_BYTES};
 
@@ -215,10 +216,12 @@ pub mod python {
                 return Err(PyValueError::new_err("not a SEND the scanner takes"));
             };
             let mut out = Vec::new();
-            Ok(match self.seal_into(frame, &s, now, u32::MAX >> 1, &mut out) {
-                Some(Sealed::Done) => Some(PyBytes::new(py, &out)),
-                _ => None,
-            })
+            Ok(
+                match self.seal_into(frame, &s, now, u32::MAX >> 1, &mut out) {
+                    Some(Sealed::Done) => Some(PyBytes::new(py, &out)),
+                    _ => None,
+                },
+            )
         }
     }
 
@@ -238,7 +241,15 @@ pub mod python {
                 Some(iv) => iv,
                 None => armed.next_iv()?,
             };
-            seal_frame(frame, s, &armed.cipher, &armed.keys_field, &iv, max_total, out)
+            seal_frame(
+                frame,
+                s,
+                &armed.cipher,
+                &armed.keys_field,
+                &iv,
+                max_total,
+                out,
+            )
         }
     }
 

@@ -543,7 +543,11 @@ pub mod python {
             found: &[crate::Scanned],
             now: f64,
         ) -> Result<Option<(Vec<u8>, String, i64)>, ()> {
-            let state = sealing.get().state.lock().unwrap_or_else(|e| e.into_inner());
+            let state = sealing
+                .get()
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             let (producers, seal) = (&state.0, &state.1);
             let wanted = |s: &crate::Scanned| s.kind == SEND && producers.contains(&s.a);
             if !found.iter().any(wanted) {

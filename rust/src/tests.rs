@@ -236,7 +236,15 @@ mod sealing {
     fn sealed(frame: &[u8], keys_field: &[u8], max_total: u32) -> (Option<Sealed>, Vec<u8>) {
         let s = check_frame(frame).expect("a SEND the scanner takes");
         let mut out = b"before".to_vec();
-        let done = seal_frame(frame, &s, &key(), keys_field, &[5; IV_BYTES], max_total, &mut out);
+        let done = seal_frame(
+            frame,
+            &s,
+            &key(),
+            keys_field,
+            &[5; IV_BYTES],
+            max_total,
+            &mut out,
+        );
         (done, out)
     }
 
@@ -262,7 +270,9 @@ mod sealing {
             assert_eq!(ciphertext.len(), 5 + TAG_BYTES);
             let mut opened = ciphertext.to_vec();
             let nonce = Nonce::assume_unique_for_key([5; IV_BYTES]);
-            let plain = key().open_in_place(nonce, Aad::empty(), &mut opened).unwrap();
+            let plain = key()
+                .open_in_place(nonce, Aad::empty(), &mut opened)
+                .unwrap();
             assert_eq!(plain, b"hello");
         }
     }
@@ -272,12 +282,18 @@ mod sealing {
         let mut meta = metadata();
         field_bytes(13, b"\x0a\x01k\x12\x03abc", &mut meta);
         let original = send_frame(&meta, b"ciphertext", true);
-        assert_eq!(sealed(&original, b"", u32::MAX), (Some(Sealed::AsIs), b"before".to_vec()));
+        assert_eq!(
+            sealed(&original, b"", u32::MAX),
+            (Some(Sealed::AsIs), b"before".to_vec())
+        );
         let plain = send_frame(&metadata(), b"x", true);
         let total = be32(&plain[..4]);
         let (done, out) = sealed(&plain, b"", total + 2 + 12 + 15);
         assert_eq!((done, out), (Some(Sealed::TooLarge), b"before".to_vec()));
-        assert_eq!(sealed(&plain, b"", total + 2 + 12 + 16).0, Some(Sealed::Done));
+        assert_eq!(
+            sealed(&plain, b"", total + 2 + 12 + 16).0,
+            Some(Sealed::Done)
+        );
     }
 }
 
@@ -291,7 +307,10 @@ fn seal_timing() {
     let mut body = Vec::new();
     field_varint(1, 3, &mut body);
     field_varint(2, 9, &mut body);
-    let original = frame(&command(SEND, &body), Some((&metadata(), &[7u8; 1024], true)));
+    let original = frame(
+        &command(SEND, &body),
+        Some((&metadata(), &[7u8; 1024], true)),
+    );
     let s = check_frame(&original).unwrap();
     let cipher = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[7; 32]).unwrap());
     let keys = vec![0u8; 270];
@@ -300,7 +319,16 @@ fn seal_timing() {
     let started = std::time::Instant::now();
     for _ in 0..n {
         out.clear();
-        seal_frame(&original, &s, &cipher, &keys, &[5; IV_BYTES], u32::MAX, &mut out).unwrap();
+        seal_frame(
+            &original,
+            &s,
+            &cipher,
+            &keys,
+            &[5; IV_BYTES],
+            u32::MAX,
+            &mut out,
+        )
+        .unwrap();
     }
     let whole = started.elapsed().as_secs_f64() / n as f64 * 1e9;
     let mut buf = vec![0u8; 1024];
