@@ -97,7 +97,7 @@ def encrypting_proxy(
 
 
 @pytest.fixture(scope="module")
-def proxy(
+def encrypting(
     apache_pulsar: ApachePulsar,
     tmp_path_factory: pytest.TempPathFactory,
     keys: KeyPair,
@@ -214,14 +214,14 @@ def java_consume(broker: ApachePulsar, topic: str, count: int, private: Path) ->
 
 
 def test_plain_producers_through_sluice_are_read_by_the_python_and_java_clients_with_the_key(
-    apache_pulsar: ApachePulsar, proxy: ProxyProcess, keys: KeyPair, ec_keys: KeyPair
+    apache_pulsar: ApachePulsar, encrypting: ProxyProcess, keys: KeyPair, ec_keys: KeyPair
 ) -> None:
     topic = unique("plain")
     single = [f"order-{i}".encode() for i in range(5)]
     batched = [f"batched-{i}".encode() for i in range(40)]
-    produce(proxy.url, topic, single)
+    produce(encrypting.url, topic, single)
     produce(
-        proxy.url,
+        encrypting.url,
         topic,
         batched,
         batching_enabled=True,
@@ -261,13 +261,13 @@ def test_plain_producers_through_sluice_are_read_by_the_python_and_java_clients_
 
 
 def test_a_compressed_chunked_message_is_encrypted_as_it_passes(
-    apache_pulsar: ApachePulsar, proxy: ProxyProcess, keys: KeyPair
+    apache_pulsar: ApachePulsar, encrypting: ProxyProcess, keys: KeyPair
 ) -> None:
     """Chunks are encrypted one by one as one payload, the tag after the last."""
     topic = unique("chunked")
     big = secrets.token_bytes(6 * 1024 * 1024)  # over the 5 MB limit even compressed
     small = b"after the chunks"
-    with client(proxy.url) as c:
+    with client(encrypting.url) as c:
         producer = c.create_producer(
             topic,
             chunking_enabled=True,
