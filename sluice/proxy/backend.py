@@ -83,7 +83,7 @@ class Backend(Protocol):
     async def ask(self, address: Address, request: Any) -> Any: ...
 
     async def listener_urls(self, urls: Sequence[str]) -> dict[str, str]: ...
-    def web_credentials(
+    async def web_credentials(
         self, authorization: str | None, peer_role: str | None
     ) -> list[tuple[bytes, bytes]] | None: ...
 
@@ -141,7 +141,7 @@ class DirectBackend:
         except (OSError, NoListener) as exc:
             return exc
 
-    def web_credentials(
+    async def web_credentials(
         self, authorization: str | None, peer_role: str | None
     ) -> list[tuple[bytes, bytes]] | None:
         """Web requests' credentials pass on as they are."""

@@ -86,6 +86,24 @@ class ProxyConfig:
     auth_token_audience: str | None = None
     broker_auth_token_file: Path | None = None
     forward_auth_data: bool = False
+    # OpenID Connect issuers whose tokens clients may present (proxy mode),
+    # checked as Apache Pulsar's provider does (protocols/pulsar/oidc.py).
+    auth_oidc_issuers: tuple[str, ...] = ()
+    auth_oidc_audiences: tuple[str, ...] = ()
+    auth_oidc_role_claim: str = "sub"
+    auth_oidc_leeway: float = 0.0
+    auth_oidc_allow_http: bool = False
+    auth_oidc_refresh: float = 18 * 3600.0
+    auth_oidc_miss_refresh: float = 300.0
+    # Trust for https issuers (theirs and Sluice's own OAuth2 issuer; None:
+    # the system's CAs).
+    auth_oidc_ca: Path | None = None
+    # Sluice's own token from an OAuth2 issuer (client credentials) instead
+    # of broker_auth_token_file.
+    broker_auth_oauth2_issuer: str | None = None
+    broker_auth_oauth2_credentials: Path | None = None
+    broker_auth_oauth2_audience: str | None = None
+    broker_auth_oauth2_scope: str | None = None
     # Worker processes serving the listeners (1: this process serves them).
     workers: int = 1
     # Cursus: the largest frame a client may send (the broker's own limit;
@@ -263,6 +281,11 @@ class ProxyConfig:
             "--forward-auth-data": self.forward_auth_data or None,
             "--auth-token-audience": self.auth_token_audience,
             "--trust-broker": self.trust_broker or None,
+            "--auth-oidc-issuers": self.auth_oidc_issuers or None,
+            "--auth-oidc-audiences": self.auth_oidc_audiences or None,
+            "--auth-oidc-ca": self.auth_oidc_ca,
+            "--broker-auth-oauth2-issuer": self.broker_auth_oauth2_issuer,
+            "--broker-auth-oauth2-credentials": self.broker_auth_oauth2_credentials,
         }
         if self.auth_mode == "passthrough":
             given = [name for name, value in proxy_only.items() if value is not None]
@@ -277,16 +300,24 @@ class ProxyConfig:
         if (
             self.auth_token_secret_key is None
             and self.auth_token_public_key is None
+            and not self.auth_oidc_issuers
             and not client_certificates
         ):
             raise ConfigError(
                 "--auth-mode proxy needs a way to check clients: --auth-token-secret-key, "
-                "--auth-token-public-key, or TLS client certificates (--tls-client-ca)"
+                "--auth-token-public-key, --auth-oidc-issuers, or TLS client certificates "
+                "(--tls-client-ca)"
             )
-        if self.broker_auth_token_file is None and self.broker_tls.cert is None:
+        oauth2 = self.broker_auth_oauth2_issuer or self.broker_auth_oauth2_credentials
+        if self.broker_auth_token_file is not None and oauth2:
+            raise ConfigError(
+                "--broker-auth-token-file or --broker-auth-oauth2-*: one own credential"
+            )
+        if self.broker_auth_token_file is None and not oauth2 and self.broker_tls.cert is None:
             raise ConfigError(
                 "--auth-mode proxy needs Sluice's own credentials at the broker: "
-                "--broker-auth-token-file, or --broker-tls-cert and --broker-tls-key"
+                "--broker-auth-token-file, --broker-auth-oauth2-issuer and "
+                "--broker-auth-oauth2-credentials, or --broker-tls-cert and --broker-tls-key"
             )
 
     @property

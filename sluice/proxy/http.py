@@ -96,7 +96,7 @@ _BROKEN = (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourc
 Routes = Callable[[Sequence[str]], Awaitable[dict[str, str]]]
 # The backend's ``web_credentials``: (Authorization, client certificate's
 # role) -> the headers that replace the client's credentials (None: kept).
-Credentials = Callable[[str | None, str | None], Headers | None]
+Credentials = Callable[[str | None, str | None], Awaitable[Headers | None]]
 
 
 class Refusal(Exception):
@@ -185,7 +185,7 @@ class HttpRelay:
         config: ProxyConfig,
         metrics: HttpMetrics,
         listener_urls: Routes,
-        credentials: Credentials = lambda authorization, role: None,
+        credentials: Credentials | None = None,
         faults: Faults | None = None,
         injected: Callable[[str, str], None] = lambda rule, action: None,
         limits: LocalLimits | None = None,
@@ -519,7 +519,7 @@ class HttpRelay:
                 f"Upgrade: {asked.decode(errors='replace')} is not relayed "
                 "(WebSocket is the one protocol Sluice switches to)",
             )
-        request = self._authenticated(request, stream)
+        request = await self._authenticated(request, stream)
         body = await self._read_body(conn, stream, request)
         if self.faults.active:
             await self._fault(stream, request)
@@ -617,7 +617,7 @@ class HttpRelay:
         else:  # drop, disconnect: no answer
             raise trio.BrokenResourceError(f"closed by fault rule {rule.id}")
 
-    def _authenticated(self, request: h11.Request, stream: trio.abc.Stream) -> h11.Request:
+    async def _authenticated(self, request: h11.Request, stream: trio.abc.Stream) -> h11.Request:
         """The request as it goes on: in proxy mode, its client checked
         (401 otherwise) and its credentials replaced by Sluice's own and the
         client's role. A WebSocket upgrade keeps the client's own credentials
@@ -625,8 +625,10 @@ class HttpRelay:
         session no more than the client's role."""
         authorization = header(request.headers, b"authorization")
         role = certificate_cn(stream) if isinstance(stream, trio.SSLStream) else None
+        if self.credentials is None:
+            return request
         try:
-            own = self.credentials(
+            own = await self.credentials(
                 None if authorization is None else authorization.decode("latin-1"), role
             )
         except Unauthorized as exc:

@@ -36,7 +36,7 @@ from sluice.protocols.pulsar import (
     encode,
     pb,
 )
-from sluice.protocols.pulsar.auth import AuthError, UpstreamAuth, proxy_auth
+from sluice.protocols.pulsar.auth import AuthError, ProxyAuth, UpstreamAuth, proxy_auth
 from sluice.protocols.pulsar.connection import (
     PROTOCOL_VERSION,
     SLUICE_VERSION,
@@ -46,10 +46,12 @@ from sluice.protocols.pulsar.connection import (
     Routing,
     UpstreamFailure,
 )
+from sluice.protocols.pulsar.oidc import ClientCredentials, KeysNeeded
 from sluice.protocols.pulsar.urls import SCHEMES, BrokerUrl, parse_broker_url
 from sluice.proxy.backend import Services, Unauthorized
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
+from sluice.proxy.oidc import Issuers, client_context, keep_own_token
 from sluice.proxy.ports import BrokerPorts, Listeners, NoListener
 from sluice.proxy.relay import READ_SIZE
 from sluice.proxy.shared import ROUTES_FILE, TLS, Journal
@@ -381,6 +383,7 @@ class PulsarBackend:
         faults: Faults | None = None,
         max_upstream_connections: int = 1_000,
         ports: BrokerPorts | None = None,
+        oidc_ca: Path | None = None,
     ) -> None:
         self.broker = broker
         # Port-per-broker: Sluice's listeners (plain, TLS) for each broker
@@ -396,6 +399,20 @@ class PulsarBackend:
         self._tls = client_ssl_context(broker_tls) if broker.tls else None
         self._broker_tls = broker_tls
         self._pool: UpstreamPool | None = None
+        self._nursery: trio.Nursery | None = None
+        # --auth-oidc-issuers: their keys, fetched; --broker-auth-oauth2-*:
+        # Sluice's own token, fetched and kept fresh.
+        auth = settings.auth
+        self._oidc_context = (
+            client_context(oidc_ca)
+            if auth is not None and (auth.oidc is not None or _oauth2(auth) is not None)
+            else None
+        )
+        self.issuers = (
+            Issuers(auth.oidc, self._oidc_context, connect_timeout)
+            if auth is not None and auth.oidc is not None and self._oidc_context is not None
+            else None
+        )
 
     def tls_context(self, tls: bool) -> ssl.SSLContext | None:
         if not tls:
@@ -414,15 +431,22 @@ class PulsarBackend:
             limit=self.max_upstream_connections,
         )
         nursery.start_soon(self._pool.keep_tidy)
+        self._nursery = nursery
+        if self.issuers is not None:
+            nursery.start_soon(self.issuers.run)
 
     async def listening(self, main: int | None) -> None:
         """The main listener serves lookups, so it stands for no broker; the
         ports an earlier run gave brokers (--broker-ports-file) are listened
-        on again."""
+        on again. Sluice's own OAuth2 token is asked for first (its first
+        answer, or failure, is waited for)."""
+        own = _oauth2(self.settings.auth)
+        if own is not None and self._nursery is not None and self._oidc_context is not None:
+            await self._nursery.start(keep_own_token, own, self._oidc_context, self.connect_timeout)
         if self.ports is not None:
             await self.ports.reopen_known()
 
-    def web_credentials(
+    async def web_credentials(
         self, authorization: str | None, peer_role: str | None
     ) -> list[tuple[bytes, bytes]] | None:
         """--auth-mode proxy on the web port: the client's token (or
@@ -431,11 +455,18 @@ class PulsarBackend:
         auth = self.settings.auth
         if auth is None:
             return None
-        try:
-            _, headers = auth.web_credentials(authorization, peer_role)
-        except AuthError as exc:
-            raise Unauthorized(str(exc)) from None
-        return headers
+        for last in (False, True):
+            try:
+                _, headers = auth.web_credentials(authorization, peer_role)
+            except AuthError as exc:
+                raise Unauthorized(str(exc)) from None
+            except KeysNeeded as needed:
+                if last or self.issuers is None:  # fetched, and still wanted: no loop
+                    raise Unauthorized(f"the keys of issuer {needed.issuer} are missing") from None
+                await self.issuers.fetch(needed.issuer)
+                continue
+            return headers
+        raise AssertionError("unreachable")
 
     async def listener_urls(self, urls: Sequence[str]) -> dict[str, str]:
         """An HTTP lookup's answer (``sluice/proxy/http.py``) names one
@@ -491,8 +522,13 @@ class PulsarBackend:
     def named(self, routes: dict[str, BrokerUrl]) -> None:
         self.routing.named = routes
 
-    async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure:
-        """Run a core's request on the shared connection to ``address``."""
+    async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure | None:
+        """Run a core's request on the shared connection to ``address``; or
+        fetch the keys of the issuer a client's token names."""
+        if isinstance(request, KeysNeeded):
+            if self.issuers is not None:
+                await self.issuers.fetch(request.issuer)
+            return None
         assert self._pool is not None
         type_, body, credentials = request
         try:
@@ -615,6 +651,7 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
         connect_timeout=config.connect_timeout,
         faults=services.faults,
         max_upstream_connections=config.max_upstream_connections,
+        oidc_ca=config.auth_oidc_ca,
         ports=services.ports,
     )
 
@@ -633,3 +670,9 @@ async def check_broker(config: ProxyConfig) -> str | None:
         return failure.message
     await stream.aclose()
     return None
+
+
+def _oauth2(auth: ProxyAuth | None) -> ClientCredentials | None:
+    """Sluice's own credential when an OAuth2 issuer hands it out."""
+    own = auth.own_token if auth is not None else None
+    return own if isinstance(own, ClientCredentials) else None

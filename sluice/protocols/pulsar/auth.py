@@ -18,6 +18,10 @@ What a client may authenticate with here:
   ``tokenPublicKey``: the public key, DER as Pulsar's tools write it, or
   PEM; RSA of at least 2048 bits). PyJWT checks the token; ``exp`` and
   ``nbf`` are honoured; the role is the ``sub`` claim or the one configured.
+  Or a JWT of an OpenID Connect issuer (``oidc.py``), checked against the
+  keys the issuer publishes, as Pulsar's OpenID Connect provider does; a
+  token naming an allowed issuer is checked that way, any other with the
+  key file.
 - ``tls``: the client's TLS certificate, verified against
   ``--tls-client-ca`` by the listener; the role is its subject's CN (the
   listener picks it as the broker does: the first CN of the subject as
@@ -33,7 +37,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jwt
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -43,6 +47,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from sluice.errors import ConfigError
 from sluice.logs import clipped
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from sluice.protocols.pulsar.oidc import OidcVerifier
 
 # What a broker answers a CONNECT that fails authentication (and what the
 # client gets from Sluice in proxy mode): ERROR AuthenticationError.
@@ -321,16 +328,24 @@ class OwnToken:
         return self.token
 
 
+class OwnCredential(Protocol):
+    """Sluice's own token at the broker: from a file (``OwnToken``) or from
+    an OAuth2 issuer (``oidc.ClientCredentials``)."""
+
+    def current(self) -> bytes: ...
+
+
 @dataclass(frozen=True)
 class ProxyAuth:
     """``--auth-mode proxy``: how clients are authenticated, and what Sluice
     tells the broker."""
 
     own_method: str  # Sluice's credentials (a proxy role at the broker): token | tls
-    own_token: OwnToken | None = None
+    own_token: OwnCredential | None = None
     tokens: TokenVerifier | None = None
     tls_roles: bool = False  # clients may authenticate with a TLS certificate
     forward_auth_data: bool = False
+    oidc: OidcVerifier | None = None  # tokens of OpenID Connect issuers
 
     @property
     def own(self) -> UpstreamAuth:
@@ -349,10 +364,13 @@ class ProxyAuth:
         audience: str | None = None,
         tls_roles: bool,
         forward_auth_data: bool,
+        oidc: OidcVerifier | None = None,
+        own_credential: OwnCredential | None = None,
     ) -> ProxyAuth:
         """From the key and token files (ConfigError: one line saying which
-        file is wrong). Without ``own_token``, Sluice's credential is the
-        TLS client certificate it presents to the broker."""
+        file is wrong). Without ``own_token`` (a file) or ``own_credential``
+        (an OAuth2 issuer's token), Sluice's credential is the TLS client
+        certificate it presents to the broker."""
         tokens = None
         if secret_key is not None:
             tokens = TokenVerifier.secret_key(secret_key, role_claim, audience)
@@ -360,16 +378,29 @@ class ProxyAuth:
             tokens = TokenVerifier.public_key(public_key, role_claim, audience)
         if own_token is not None:
             try:
-                return cls("token", OwnToken(own_token), tokens, tls_roles, forward_auth_data)
+                own_credential = OwnToken(own_token)
             except OSError as exc:
                 raise ConfigError(
                     f"--broker-auth-token-file {own_token}: {exc.strerror or exc}"
                 ) from None
-        return cls("tls", None, tokens, tls_roles, forward_auth_data)
+        method = "token" if own_credential is not None else "tls"
+        return cls(method, own_credential, tokens, tls_roles, forward_auth_data, oidc)
 
     @property
     def methods(self) -> list[str]:
-        return [m for m, on in (("token", self.tokens), ("tls", self.tls_roles)) if on]
+        token = self.tokens is not None or self.oidc is not None
+        return [m for m, on in (("token", token), ("tls", self.tls_roles)) if on]
+
+    def _verify_token(self, token: str, now: float) -> tuple[str, float | None]:
+        """A token naming an allowed OpenID Connect issuer is that issuer's
+        to check (KeysNeeded when its keys must be fetched first); any other,
+        the key file's."""
+        if self.oidc is not None and (
+            self.tokens is None or self.oidc.claims_issuer(token) is not None
+        ):
+            return self.oidc.verify(token, now)
+        assert self.tokens is not None
+        return self.tokens.verify(token, now)
 
     def authenticate(
         self, method: str, data: bytes, peer_role: str | None, now: float | None = None
@@ -378,11 +409,11 @@ class ProxyAuth:
         credentials; AuthError otherwise. ``peer_role``: the CN of a
         verified client certificate, if the client sent one."""
         now = time.time() if now is None else now
-        if method == "token" and self.tokens is not None:
+        if method == "token" and (self.tokens is not None or self.oidc is not None):
             text = data.decode(errors="replace")
             if text.startswith("token:"):  # the client's own prefix, as Pulsar allows
                 text = text[len("token:") :]
-            role, expires = self.tokens.verify(text, now)
+            role, expires = self._verify_token(text, now)
             # The token as verified, whatever its spelling: what is forwarded.
             return Identity(role, method, text.strip().encode(), expires)
         if method == "tls" and self.tls_roles:
@@ -429,6 +460,8 @@ def proxy_auth(config: Any) -> ProxyAuth | None:
     ``ProxyConfig`` (any object with its fields); None in passthrough mode."""
     if config.auth_mode != "proxy":
         return None
+    from sluice.protocols.pulsar.oidc import client_credentials, oidc_verifier
+
     return ProxyAuth.load(
         secret_key=config.auth_token_secret_key,
         public_key=config.auth_token_public_key,
@@ -437,6 +470,8 @@ def proxy_auth(config: Any) -> ProxyAuth | None:
         audience=config.auth_token_audience,
         tls_roles=config.tls is not None and config.tls.client_ca is not None,
         forward_auth_data=config.forward_auth_data,
+        oidc=oidc_verifier(config),
+        own_credential=client_credentials(config),
     )
 
 

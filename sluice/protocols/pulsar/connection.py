@@ -38,6 +38,7 @@ carry out. It is the whole of Pulsar's proxy behaviour:
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import logging
 import time
@@ -101,6 +102,7 @@ from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_re
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.filtering import FilterGate, Wait, schema_of
 from sluice.protocols.pulsar.frame import Frame, command_name
+from sluice.protocols.pulsar.oidc import KeysNeeded
 from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
 
@@ -350,6 +352,11 @@ class PulsarConnection:
         self._challenged = False
         self._asks: dict[int, _Pending] = {}
         self._tokens = itertools.count(1)
+        # --auth-oidc-issuers: what to do again once an issuer's keys are
+        # fetched (by the token of the Ask that fetches them); while the
+        # CONNECT waits, the client's next frames wait too.
+        self._key_asks: dict[int, Any] = {}
+        self._connect_waits = False
         # The compiled step that carries whole reads once relaying (quick()).
         self._step: QuickStep | None = None
         self._step_generation = 0  # the taps' generation the step was built for
@@ -391,7 +398,7 @@ class PulsarConnection:
         self._client.receive_data(data)
         try:
             if state is State.HANDSHAKE:
-                return self._handshake(now)
+                return [] if self._connect_waits else self._handshake(now)
             if state is State.LOOKUP:
                 return self._lookups(now)
             return self._while_connecting(now, client_closed=not data)
@@ -427,6 +434,10 @@ class PulsarConnection:
     def answered(self, token: int, answer: Frame | UpstreamFailure, now: float) -> list[Action]:
         """The upstream's answer to an ``Ask`` (or why there is none)."""
         self._now = now
+        retry = self._key_asks.pop(token, None)
+        if retry is not None:  # an issuer's keys fetched (or not): check again
+            self._connect_waits = False
+            return [] if self.state is State.CLOSED else retry(now)
         wait = self._schema_asks.pop(token, None)
         if wait is not None:
             return self._schema_answered(wait, answer, now)
@@ -547,6 +558,7 @@ class PulsarConnection:
         for _ in self._asks:
             self.routing.end_lookup()
         self._asks.clear()
+        self._key_asks.clear()
         self.tap.event(self.conn, Closed(reason))
 
     # --- handshake ---------------------------------------------------------------
@@ -585,9 +597,25 @@ class PulsarConnection:
                 *self._own(connect_error(pb.NotAllowedError, why)),
                 self._close("handshake", f"bad handshake: {why}", level),
             ]
+        return self._admit(first, relayed, routed, now)
+
+    def _admit(
+        self, first: Frame, relayed: bool, routed: Address | None, now: float
+    ) -> list[Action]:
+        """A valid CONNECT: the client authenticated (proxy mode), then
+        relayed, dialled or served lookups."""
+        body = first.body
         auth = self.settings.auth
         if auth is not None:
-            refused = self._authenticate(auth, body.auth_method_name, bytes(body.auth_data), now)
+            try:
+                refused = self._authenticate(
+                    auth, body.auth_method_name, bytes(body.auth_data), now
+                )
+            except KeysNeeded as needed:
+                self._connect_waits = True
+                return self._fetch_keys(
+                    needed, functools.partial(self._admit, first, relayed, routed)
+                )
             if refused is not None:
                 return refused
         elif body.auth_method_name == TLS_AUTH and self.routing.broker_authenticates:
@@ -1156,7 +1184,8 @@ class PulsarConnection:
     def _authenticate(
         self, auth: ProxyAuth, method: str, data: bytes, now: float
     ) -> list[Action] | None:
-        """Check the client's credentials; the refusal, or None (accepted)."""
+        """Check the client's credentials; the refusal, or None (accepted).
+        KeysNeeded: an issuer's keys must be fetched first."""
         try:
             identity = auth.authenticate(method, data, self.conn.peer_role())
         except AuthError as exc:
@@ -1169,6 +1198,12 @@ class PulsarConnection:
         self._accept_identity(identity, now)
         self.tap.event(self.conn, Authenticated(method, "ok"))
         return None
+
+    def _fetch_keys(self, needed: KeysNeeded, retry: Any) -> list[Action]:
+        """Ask the proxy to fetch an issuer's keys; ``retry(now)`` once it has."""
+        token = next(self._tokens)
+        self._key_asks[token] = retry
+        return [Ask(token, self.routing.broker.address, needed)]
 
     def _accept_identity(self, identity: Identity, now: float) -> None:
         self._identity = identity
@@ -1230,6 +1265,10 @@ class PulsarConnection:
             if identity.role != old.role:
                 raise AuthError(f"the refreshed credentials name role {identity.role!r}, "
                                 f"not {old.role!r}")  # fmt: skip
+        except KeysNeeded as needed:  # the client goes on meanwhile
+            return self._fetch_keys(
+                needed, functools.partial(self._auth_exchange, frame, from_client)
+            )
         except AuthError as exc:
             self.tap.event(self.conn, Authenticated(method, "failed"))
             return [

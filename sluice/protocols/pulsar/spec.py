@@ -43,6 +43,11 @@ TIMED_COMMANDS = (
 )
 
 
+def _words(text: str) -> tuple[str, ...]:
+    """A comma-separated list, as Pulsar's settings write one."""
+    return tuple(word.strip() for word in text.split(",") if word.strip())
+
+
 # --auth-mode proxy and what goes with it (ProxyConfig's fields of the same names).
 OPTIONS = (
     Option(
@@ -99,6 +104,123 @@ OPTIONS = (
             "metavar": "FILE",
             "help": "proxy mode: Sluice's own token at the broker (a role in its proxyRoles; "
             "default: none, the --broker-tls-cert certificate is Sluice's credential)",
+        },
+    ),
+    Option(
+        ("--auth-oidc-issuers",),
+        {
+            "dest": "auth_oidc_issuers",
+            "type": _words,
+            "metavar": "URL,...",
+            "help": "proxy mode: also accept tokens of these OpenID Connect issuers, checked "
+            "with the keys each publishes (discovery, JWKS) as the broker's "
+            "openIDAllowedTokenIssuers (default: none)",
+        },
+    ),
+    Option(
+        ("--auth-oidc-audiences",),
+        {
+            "dest": "auth_oidc_audiences",
+            "type": _words,
+            "metavar": "AUDIENCE,...",
+            "help": "proxy mode: an issuer's token must name one of these in aud, as the "
+            "broker's openIDAllowedAudiences (needed with --auth-oidc-issuers; default: none)",
+        },
+    ),
+    Option(
+        ("--auth-oidc-role-claim",),
+        {
+            "dest": "auth_oidc_role_claim",
+            "metavar": "CLAIM",
+            "help": "proxy mode: the claim of an issuer's token that names the role, a string "
+            "or a list whose first is taken (default: sub)",
+        },
+    ),
+    Option(
+        ("--auth-oidc-leeway",),
+        {
+            "dest": "auth_oidc_leeway",
+            "type": float,
+            "metavar": "SECONDS",
+            "help": "proxy mode: clock skew allowed on exp, nbf and iat, as the broker's "
+            "openIDAcceptedTimeLeewaySeconds (default: 0)",
+        },
+    ),
+    Option(
+        ("--auth-oidc-allow-http",),
+        {
+            "dest": "auth_oidc_allow_http",
+            "action": "store_true",
+            "help": "proxy mode: allow issuers and key sets over plain http, as the broker's "
+            "openIDRequireIssuersUseHttps=false (tests only; default: https required)",
+        },
+    ),
+    Option(
+        ("--auth-oidc-refresh",),
+        {
+            "dest": "auth_oidc_refresh",
+            "type": float,
+            "metavar": "SECONDS",
+            "help": "proxy mode: an issuer's keys are fetched again when this old, as the "
+            "broker's openIDCacheRefreshAfterWriteSeconds (default: 64800)",
+        },
+    ),
+    Option(
+        ("--auth-oidc-miss-refresh",),
+        {
+            "dest": "auth_oidc_miss_refresh",
+            "type": float,
+            "metavar": "SECONDS",
+            "help": "proxy mode: a token naming a key its issuer's set lacks fetches the set "
+            "again, at most this often, as the broker's openIDKeyIdCacheMissRefreshSeconds "
+            "(default: 300)",
+        },
+    ),
+    Option(
+        ("--auth-oidc-ca",),
+        {
+            "dest": "auth_oidc_ca",
+            "type": Path,
+            "metavar": "FILE",
+            "help": "proxy mode: CA certificates (PEM) for https issuers, Sluice's own OAuth2 "
+            "issuer too, as the broker's openIDTokenIssuerTrustCertsFilePath (default: the "
+            "system's)",
+        },
+    ),
+    Option(
+        ("--broker-auth-oauth2-issuer",),
+        {
+            "dest": "broker_auth_oauth2_issuer",
+            "metavar": "URL",
+            "help": "proxy mode: Sluice's own token at the broker from this OAuth2 issuer "
+            "(client credentials, fetched again before it expires), as the clients' "
+            "AuthenticationOAuth2 issuerUrl (default: none)",
+        },
+    ),
+    Option(
+        ("--broker-auth-oauth2-credentials",),
+        {
+            "dest": "broker_auth_oauth2_credentials",
+            "type": Path,
+            "metavar": "FILE",
+            "help": "proxy mode: the key file (JSON: client_id, client_secret) for "
+            "--broker-auth-oauth2-issuer, as the clients' privateKey (default: none)",
+        },
+    ),
+    Option(
+        ("--broker-auth-oauth2-audience",),
+        {
+            "dest": "broker_auth_oauth2_audience",
+            "metavar": "AUDIENCE",
+            "help": "proxy mode: the audience Sluice asks its own token for (default: none)",
+        },
+    ),
+    Option(
+        ("--broker-auth-oauth2-scope",),
+        {
+            "dest": "broker_auth_oauth2_scope",
+            "metavar": "SCOPE",
+            "help": "proxy mode: the scope Sluice asks its own token for (default: none)",
         },
     ),
     Option(

@@ -1,0 +1,450 @@
+"""OpenID Connect issuers at the proxy (``--auth-mode proxy``), sans-I/O.
+
+Clients of an identity provider present an access token (a JWT) the
+provider signed; Sluice checks it as Apache Pulsar's OpenID Connect provider
+(``AuthenticationProviderOpenID``) does:
+
+- the token's ``iss`` must be one of the allowed issuers, exactly;
+- the issuer's discovery document (``ISSUER/.well-known/openid-configuration``)
+  must name that same issuer, and its ``jwks_uri`` the key set;
+- the token's ``kid`` picks the key; its ``alg`` must be RS256/384/512 or
+  ES256/384/512 and fit the key;
+- ``exp`` is required, ``nbf`` and ``iat`` honoured, each with the accepted
+  leeway; the ``aud`` must name one of the allowed audiences;
+- the role is the configured claim (``sub`` by default): a string, or the
+  first of a list of strings.
+
+What is I/O (fetching the documents) lives above, in ``sluice/proxy/oidc.py``:
+this module holds what was fetched, says when a fetch is wanted
+(``KeysNeeded``: the first token of an issuer, keys older than
+``refresh_after``, or a ``kid`` the set lacks, at most once per
+``miss_refresh``), and takes the documents in (``discovered``, ``keys``,
+``failed``). Nothing here logs or returns a token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import jwt
+
+from sluice.errors import ConfigError
+from sluice.logs import clipped
+from sluice.protocols.pulsar.auth import MAX_TOKEN, AuthError
+
+# What Apache Pulsar's provider verifies (its JWT library's RSA and ECDSA
+# algorithms); HS* would need a shared secret, which an issuer's JWKS never holds.
+ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512")
+DISCOVERY_PATH = "/.well-known/openid-configuration"
+# Documents larger than this are refused (a key set is a few KiB).
+MAX_DOCUMENT = 1024 * 1024
+# A fetch that failed is tried again after this long at the earliest.
+RETRY_FAILED = 5.0
+
+
+class KeysNeeded(Exception):
+    """The token's issuer's keys must be fetched (again) before it can be
+    checked; the caller fetches them and asks again."""
+
+    def __init__(self, issuer: str) -> None:
+        super().__init__(f"keys of {issuer} wanted")
+        self.issuer = issuer
+
+
+@dataclass(frozen=True)
+class OidcSettings:
+    """The allowed issuers and what a token of theirs must say."""
+
+    issuers: tuple[str, ...]
+    audiences: tuple[str, ...]
+    role_claim: str = "sub"
+    leeway: float = 0.0  # seconds allowed on exp, nbf and iat
+    require_https: bool = True
+    refresh_after: float = 18 * 3600.0  # keys older than this are fetched again
+    miss_refresh: float = 300.0  # an unknown kid fetches the keys at most this often
+
+    def check(self) -> None:
+        """ConfigError (one line) for settings no token could pass."""
+        if not self.issuers:
+            raise ConfigError("--auth-oidc-issuers: no issuer given")
+        if not self.audiences:
+            raise ConfigError(
+                "--auth-oidc-audiences is needed with --auth-oidc-issuers: a token must "
+                "name Pulsar as its audience, as the broker's openIDAllowedAudiences requires"
+            )
+        for issuer in self.issuers:
+            parts = urlsplit(issuer)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError(f"--auth-oidc-issuers {issuer!r}: not an http(s) URL")
+            if parts.scheme != "https" and self.require_https:
+                raise ConfigError(
+                    f"--auth-oidc-issuers {issuer}: issuers must use https (as the broker's "
+                    "openIDRequireIssuersUseHttps); --auth-oidc-allow-http allows http"
+                )
+        if not self.role_claim.strip():
+            raise ConfigError("--auth-oidc-role-claim: empty")
+        for name, value in (("--auth-oidc-leeway", self.leeway),
+                            ("--auth-oidc-refresh", self.refresh_after),
+                            ("--auth-oidc-miss-refresh", self.miss_refresh)):  # fmt: skip
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name}: must be a number of seconds, at least 0")
+
+
+@dataclass
+class _Issuer:
+    """One issuer's keys as last fetched."""
+
+    jwks_uri: str | None = None
+    # By kid: the public key and the algorithm its JWK names (None: any of
+    # ALGORITHMS that fits the key's kind).
+    keys: dict[str, tuple[Any, str | None]] = field(default_factory=dict)
+    fetched: float | None = None  # when the keys were last taken in
+    tried: float | None = None  # when a fetch last began
+    failure: str | None = None  # why the last fetch failed (None: it did not)
+
+
+class OidcVerifier:
+    """Checks tokens of the allowed issuers against their published keys."""
+
+    def __init__(self, settings: OidcSettings) -> None:
+        settings.check()
+        self.settings = settings
+        self._issuers = {issuer: _Issuer() for issuer in settings.issuers}
+        self._options: jwt.types.Options = {
+            # exp, nbf and iat are checked here against the caller's clock;
+            # the issuer and audience by PyJWT.
+            "verify_exp": False,
+            "verify_nbf": False,
+            "verify_iat": False,
+            "verify_iss": True,
+            "verify_aud": True,
+            "verify_sub": False,
+            "verify_jti": False,
+            "require": ["iss", "aud"],
+        }
+
+    @property
+    def issuers(self) -> tuple[str, ...]:
+        return self.settings.issuers
+
+    def claims_issuer(self, token: str) -> str | None:
+        """The token's ``iss`` when it is one of ours, unverified (None:
+        not a JWT of an allowed issuer)."""
+        try:
+            claims = jwt.decode(token.strip(), options={"verify_signature": False})
+        except jwt.PyJWTError:
+            return None
+        issuer = claims.get("iss")
+        return issuer if isinstance(issuer, str) and issuer in self._issuers else None
+
+    # --- what the fetcher is told and asks ---------------------------------------
+
+    def due(self, issuer: str, now: float) -> bool:
+        """Whether the issuer's keys should be fetched now on schedule: never
+        fetched, or older than ``refresh_after`` (a failed fetch waits
+        ``RETRY_FAILED``)."""
+        state = self._issuers[issuer]
+        if state.tried is not None and now - state.tried < RETRY_FAILED:
+            return False
+        return state.fetched is None or now - state.fetched >= self.settings.refresh_after
+
+    def fetching(self, issuer: str, now: float) -> None:
+        self._issuers[issuer].tried = now
+
+    def discovered(self, issuer: str, document: bytes) -> str:
+        """The ``jwks_uri`` of the issuer's discovery document; AuthError
+        when the document does not stand for that issuer."""
+        data = _json_object(document, "discovery document")
+        named = data.get("issuer")
+        if named != issuer:
+            raise AuthError(
+                f"the discovery document of {issuer} names issuer {clipped(str(named))}"
+            )
+        uri = data.get("jwks_uri")
+        if not isinstance(uri, str) or urlsplit(uri).scheme not in ("http", "https"):
+            raise AuthError(f"the discovery document of {issuer} has no jwks_uri")
+        if self.settings.require_https and urlsplit(uri).scheme != "https":
+            raise AuthError(f"the jwks_uri of {issuer} is not https")
+        self._issuers[issuer].jwks_uri = uri
+        return uri
+
+    def keys(self, issuer: str, document: bytes, now: float) -> int:
+        """Take in the issuer's key set (JWKS); the number of signing keys
+        usable. AuthError when it holds none."""
+        data = _json_object(document, "key set")
+        found: dict[str, tuple[Any, str | None]] = {}
+        entries = data.get("keys")
+        for entry in entries if isinstance(entries, list) else ():
+            if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
+                continue
+            alg = entry.get("alg")
+            if entry.get("kty") not in ("RSA", "EC") or (alg is not None and alg not in ALGORITHMS):
+                continue
+            try:
+                key = jwt.PyJWK(entry)
+            except jwt.PyJWTError:
+                continue  # a key PyJWT cannot use, as a JWKS may hold
+            found[str(entry.get("kid", ""))] = (key.key, alg)
+        if not found:
+            raise AuthError(f"the key set of {issuer} holds no RSA or EC signing key")
+        state = self._issuers[issuer]
+        state.keys, state.fetched, state.failure = found, now, None
+        return len(found)
+
+    def failed(self, issuer: str, why: str) -> None:
+        """The fetch failed; known keys are kept."""
+        self._issuers[issuer].failure = why
+
+    # --- checking a token ------------------------------------------------------
+
+    def verify(self, token: str, now: float) -> tuple[str, float | None]:
+        """The token's role and expiry; AuthError when it is not valid at
+        ``now`` (wall clock), KeysNeeded when its issuer's keys must be
+        fetched first."""
+        if len(token) > MAX_TOKEN:
+            raise AuthError(f"token over {MAX_TOKEN} bytes")
+        token = token.strip()
+        try:
+            header = jwt.get_unverified_header(token)
+            unverified = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            raise AuthError("a JWT part does not decode") from None
+        alg = header.get("alg")
+        if alg not in ALGORITHMS:
+            shown = clipped(alg) if isinstance(alg, str) else "none"
+            raise AuthError(f"algorithm {shown} is not accepted (accepted: "
+                            f"{', '.join(ALGORITHMS)})")  # fmt: skip
+        issuer = unverified.get("iss")
+        if not isinstance(issuer, str) or issuer not in self._issuers:
+            shown = clipped(issuer) if isinstance(issuer, str) else "none"
+            raise AuthError(f"issuer {shown} is not allowed")
+        key, named = self._key(issuer, header.get("kid"), now)
+        if named is not None and named != alg:
+            raise AuthError(f"algorithm {alg} does not fit the issuer's key ({named})")
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[alg],
+                options=self._options,
+                audience=list(self.settings.audiences),
+                issuer=issuer,
+            )
+        except jwt.InvalidSignatureError:
+            raise AuthError("bad signature") from None
+        except (jwt.InvalidAudienceError, jwt.MissingRequiredClaimError):
+            raise AuthError("the token is not for an allowed audience") from None
+        except jwt.InvalidAlgorithmError:
+            raise AuthError(f"algorithm {alg} does not fit the issuer's key") from None
+        except jwt.PyJWTError as exc:
+            raise AuthError(f"not a valid JWT: {clipped(str(exc))}") from None
+        leeway = self.settings.leeway
+        exp = _time(claims, "exp")
+        if exp is None:
+            raise AuthError("the token has no expiry (exp)")
+        if now >= exp + leeway:
+            raise AuthError("the token has expired")
+        nbf, iat = _time(claims, "nbf"), _time(claims, "iat")
+        if nbf is not None and now + leeway < nbf:
+            raise AuthError("the token is not valid yet")
+        if iat is not None and now + leeway < iat:
+            raise AuthError("the token was issued in the future (iat)")
+        return _role(claims, self.settings.role_claim), exp + leeway
+
+    def _key(self, issuer: str, kid: object, now: float) -> tuple[Any, str | None]:
+        state = self._issuers[issuer]
+        if state.fetched is None or now - state.fetched >= self.settings.refresh_after:
+            if self.due(issuer, now):
+                raise KeysNeeded(issuer)
+            if state.fetched is None:
+                why = state.failure or "not fetched yet"
+                raise AuthError(f"the keys of issuer {issuer} could not be fetched: {why}")
+        if kid is None:
+            if len(state.keys) == 1:
+                return next(iter(state.keys.values()))
+            raise AuthError("the token names no key (kid) and the issuer has several")
+        if not isinstance(kid, str):
+            raise AuthError("the token's kid is not a string")
+        key = state.keys.get(kid)
+        if key is not None:
+            return key
+        # A key the set lacks: the issuer may have rotated its keys since.
+        tried = state.tried if state.tried is not None else -math.inf
+        if now - tried >= max(self.settings.miss_refresh, RETRY_FAILED):
+            raise KeysNeeded(issuer)
+        raise AuthError(f"issuer {issuer} has no key {clipped(kid)}")
+
+
+def _json_object(document: bytes, what: str) -> Mapping[str, Any]:
+    if len(document) > MAX_DOCUMENT:
+        raise AuthError(f"the {what} is over {MAX_DOCUMENT} bytes")
+    try:
+        data = json.loads(document)
+    except (ValueError, UnicodeDecodeError):
+        raise AuthError(f"the {what} is not JSON") from None
+    if not isinstance(data, dict):
+        raise AuthError(f"the {what} is not a JSON object")
+    return data
+
+
+def _time(claims: Mapping[str, Any], name: str) -> float | None:
+    value = claims.get(name)
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and abs(value) < 1e15):
+        raise AuthError(f"claim {name} is not a time")
+    return float(value)
+
+
+def _role(claims: Mapping[str, Any], claim: str) -> str:
+    value = claims.get(claim)
+    if isinstance(value, list) and value:
+        value = value[0]
+    if not isinstance(value, str) or not value.strip():
+        raise AuthError(f"no role in claim {clipped(claim)}")
+    return value
+
+
+class ClientCredentials:
+    """Sluice's own token at the broker from an OAuth2 issuer, by the
+    client-credentials flow Pulsar's clients use (``AuthenticationOAuth2``):
+    the issuer's discovery document names its ``token_endpoint``, to which
+    the client id and secret of a key file (``client_id``,
+    ``client_secret``: the JSON file Pulsar's clients read) are posted. The
+    token is fetched again before it expires (``refresh_at``); the proxy's
+    I/O does the posting (``sluice/proxy/oidc.py``), this holds the rest."""
+
+    # A token is fetched again once this share of its life has passed.
+    REFRESH_AT = 0.8
+
+    def __init__(
+        self,
+        issuer: str,
+        client_id: str,
+        client_secret: str,
+        audience: str | None = None,
+        scope: str | None = None,
+    ) -> None:
+        self.issuer = issuer
+        self.client_id = client_id
+        self._secret = client_secret
+        self.audience = audience
+        self.scope = scope
+        self.token_endpoint: str | None = None
+        self._token = b""
+        self.expires: float | None = None  # wall clock; None: none yet, or no expiry said
+        self._refresh_at = -math.inf
+
+    def __repr__(self) -> str:  # never the secret or the token
+        return f"ClientCredentials({self.issuer!r}, client_id={self.client_id!r})"
+
+    @classmethod
+    def load(
+        cls, issuer: str, path: Path, audience: str | None = None, scope: str | None = None
+    ) -> ClientCredentials:
+        """From the key file ``path``; ConfigError (one line) when it is not one."""
+        option = "--broker-auth-oauth2-credentials"
+        try:
+            data = json.loads(path.read_bytes())
+        except OSError as exc:
+            raise ConfigError(f"{option} {path}: {exc.strerror or exc}") from None
+        except (ValueError, UnicodeDecodeError):
+            raise ConfigError(f"{option} {path}: not JSON") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{option} {path}: not a JSON object")
+        for name in ("client_id", "client_secret"):
+            if not isinstance(data.get(name), str) or not data[name]:
+                raise ConfigError(f"{option} {path}: no {name}")
+        return cls(issuer, data["client_id"], data["client_secret"], audience, scope)
+
+    def current(self) -> bytes:
+        return self._token
+
+    @property
+    def discovery_url(self) -> str:
+        return self.issuer.rstrip("/") + DISCOVERY_PATH
+
+    def discovered(self, document: bytes) -> str:
+        """The issuer's token endpoint, from its discovery document."""
+        data = _json_object(document, "discovery document")
+        endpoint = data.get("token_endpoint")
+        if not isinstance(endpoint, str) or urlsplit(endpoint).scheme not in ("http", "https"):
+            raise AuthError(f"the discovery document of {self.issuer} has no token_endpoint")
+        self.token_endpoint = endpoint
+        return endpoint
+
+    def request(self) -> bytes:
+        """The token request's form body."""
+        fields = {
+            "grant_type": "client_credentials",
+            "client_id": self.client_id,
+            "client_secret": self._secret,
+        }
+        if self.audience:
+            fields["audience"] = self.audience
+        if self.scope:
+            fields["scope"] = self.scope
+        return urlencode(fields).encode()
+
+    def took(self, document: bytes, now: float) -> float | None:
+        """Take in the token endpoint's answer; the token's lifetime in
+        seconds (None: not said). AuthError when it holds no token."""
+        data = _json_object(document, "token response")
+        token = data.get("access_token")
+        if not isinstance(token, str) or not token:
+            error = data.get("error")
+            why = f": {clipped(str(error))}" if error else ""
+            raise AuthError(f"the token endpoint of {self.issuer} gave no access token{why}")
+        lifetime = data.get("expires_in")
+        if not isinstance(lifetime, int | float) or isinstance(lifetime, bool) or lifetime <= 0:
+            lifetime = None
+        self._token = token.encode()
+        self.expires = None if lifetime is None else now + lifetime
+        self._refresh_at = math.inf if lifetime is None else now + lifetime * self.REFRESH_AT
+        return lifetime
+
+    def refresh_at(self) -> float:
+        """When (wall clock) a new token should be fetched."""
+        return self._refresh_at
+
+
+def oidc_verifier(config: Any) -> OidcVerifier | None:
+    """``--auth-oidc-issuers`` and what goes with it, from a ``ProxyConfig``
+    (None: no issuers)."""
+    if not config.auth_oidc_issuers:
+        return None
+    return OidcVerifier(
+        OidcSettings(
+            issuers=tuple(config.auth_oidc_issuers),
+            audiences=tuple(config.auth_oidc_audiences),
+            role_claim=config.auth_oidc_role_claim,
+            leeway=config.auth_oidc_leeway,
+            require_https=not config.auth_oidc_allow_http,
+            refresh_after=config.auth_oidc_refresh,
+            miss_refresh=config.auth_oidc_miss_refresh,
+        )
+    )
+
+
+def client_credentials(config: Any) -> ClientCredentials | None:
+    """``--broker-auth-oauth2-*`` from a ``ProxyConfig`` (None: not given)."""
+    issuer, path = config.broker_auth_oauth2_issuer, config.broker_auth_oauth2_credentials
+    if issuer is None and path is None:
+        return None
+    if issuer is None or path is None:
+        raise ConfigError(
+            "--broker-auth-oauth2-issuer and --broker-auth-oauth2-credentials go together"
+        )
+    parts = urlsplit(issuer)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--broker-auth-oauth2-issuer {issuer!r}: not an http(s) URL")
+    return ClientCredentials.load(
+        issuer, path, config.broker_auth_oauth2_audience, config.broker_auth_oauth2_scope
+    )

@@ -1,0 +1,194 @@
+"""OpenID Connect's I/O in proxy mode: the issuers' keys and Sluice's own
+OAuth2 token, fetched over HTTP(S).
+
+What is fetched is judged by the sans-I/O halves in
+``sluice/protocols/pulsar/oidc.py`` (``OidcVerifier``, ``ClientCredentials``);
+this module only fetches: the standard library's HTTP client (urllib, with
+an ``ssl`` context of the system's CAs or ``--auth-oidc-ca``) in a worker
+thread, bounded in time and size.
+
+- ``Issuers`` fetches an issuer's discovery document and key set when a
+  token needs them (a core's ``Ask``; one fetch per issuer at a time, the
+  others wait for it) and again on schedule, so that keys the issuer
+  rotates in are known before tokens signed with them arrive.
+- ``keep_own_token`` fetches Sluice's own token and fetches it again
+  before it expires, keeping the last good one while the issuer is away.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import ssl
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import trio
+
+from sluice.errors import ConfigError
+from sluice.protocols.pulsar.auth import AuthError
+from sluice.protocols.pulsar.oidc import (
+    DISCOVERY_PATH,
+    MAX_DOCUMENT,
+    ClientCredentials,
+    OidcVerifier,
+)
+
+log = logging.getLogger("sluice.oidc")
+
+# How often the schedule looks at the issuers' keys.
+TICK = 30.0
+# A failed fetch of Sluice's own token is tried again after this, doubled
+# each time up to MAX_BACKOFF.
+BACKOFF = 1.0
+MAX_BACKOFF = 30.0
+
+
+class FetchError(Exception):
+    """Why a document could not be fetched (one line)."""
+
+
+def client_context(ca: Path | None) -> ssl.SSLContext:
+    """Trust for https issuers: the system's CAs, or ``ca``'s."""
+    try:
+        return ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"--auth-oidc-ca {ca}: {exc}") from None
+
+
+def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float) -> bytes:
+    """GET ``url`` (POST ``body`` as a form, when given); its body."""
+    request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
+    if body is not None:
+        request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
+            data: bytes = answer.read(MAX_DOCUMENT + 1)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read(MAX_DOCUMENT) if body is not None else b""  # an OAuth2 error says why
+        raise FetchError(f"{url}: HTTP {exc.code}{_oauth2_error(detail)}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise FetchError(f"{url}: {reason}") from None
+    if len(data) > MAX_DOCUMENT:
+        raise FetchError(f"{url}: over {MAX_DOCUMENT} bytes")
+    return data
+
+
+def _oauth2_error(detail: bytes) -> str:
+    """An OAuth2 error answer's ``error`` and description, if it is one."""
+    import json
+
+    try:
+        data = json.loads(detail)
+    except ValueError:
+        return ""
+    if not isinstance(data, dict) or not isinstance(data.get("error"), str):
+        return ""
+    said = data.get("error_description")
+    return f" ({data['error'][:100]}{': ' + said[:200] if isinstance(said, str) else ''})"
+
+
+async def fetch(
+    url: str, context: ssl.SSLContext, timeout: float, body: bytes | None = None
+) -> bytes:
+    """``_fetch`` in a worker thread; abandoned (not waited for) when cancelled."""
+    return await trio.to_thread.run_sync(
+        _fetch, url, body, context, timeout, abandon_on_cancel=True
+    )
+
+
+class Issuers:
+    """Fetches the allowed issuers' keys into ``verifier``."""
+
+    def __init__(self, verifier: OidcVerifier, context: ssl.SSLContext, timeout: float) -> None:
+        self.verifier = verifier
+        self.context = context
+        self.timeout = timeout
+        self._running: dict[str, trio.Event] = {}
+
+    async def fetch(self, issuer: str) -> None:
+        """Fetch ``issuer``'s keys, or wait for the fetch under way; failures
+        are logged and told to the verifier (which then refuses tokens it
+        cannot check, saying why)."""
+        running = self._running.get(issuer)
+        if running is not None:
+            await running.wait()
+            return
+        done = self._running[issuer] = trio.Event()
+        try:
+            await self._fetch(issuer)
+        finally:
+            del self._running[issuer]
+            done.set()
+
+    async def _fetch(self, issuer: str) -> None:
+        verifier = self.verifier
+        verifier.fetching(issuer, time.time())
+        try:
+            document = await fetch(issuer.rstrip("/") + DISCOVERY_PATH, self.context, self.timeout)
+            jwks_uri = verifier.discovered(issuer, document)
+            keys = await fetch(jwks_uri, self.context, self.timeout)
+            count = verifier.keys(issuer, keys, time.time())
+        except (FetchError, AuthError) as exc:
+            verifier.failed(issuer, str(exc))
+            log.warning("OpenID Connect issuer %s: keys not fetched: %s", issuer, exc)
+            return
+        log.info("OpenID Connect issuer %s: %d signing key(s)", issuer, count)
+
+    async def run(self) -> None:
+        """Fetch every issuer's keys now, then again when they are due."""
+        while True:
+            async with trio.open_nursery() as nursery:
+                for issuer in self.verifier.issuers:
+                    if self.verifier.due(issuer, time.time()):
+                        nursery.start_soon(self.fetch, issuer)
+            await trio.sleep(min(TICK, max(1.0, self.verifier.settings.refresh_after)))
+
+
+async def own_token_once(
+    credentials: ClientCredentials, context: ssl.SSLContext, timeout: float
+) -> float | None:
+    """Fetch Sluice's own token; its lifetime (None: not said). FetchError
+    or AuthError when there is none."""
+    if credentials.token_endpoint is None:
+        credentials.discovered(await fetch(credentials.discovery_url, context, timeout))
+    assert credentials.token_endpoint is not None
+    answer = await fetch(credentials.token_endpoint, context, timeout, body=credentials.request())
+    return credentials.took(answer, time.time())
+
+
+async def keep_own_token(
+    credentials: ClientCredentials,
+    context: ssl.SSLContext,
+    timeout: float,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Fetch Sluice's own token, report started (whether or not it came:
+    the broker refuses a missing one, saying so), and fetch it again before
+    it expires, forever."""
+    backoff = BACKOFF
+    started = False
+    while True:
+        try:
+            lifetime = await own_token_once(credentials, context, timeout)
+        except (FetchError, AuthError) as exc:
+            log.warning("own token from OAuth2 issuer %s not fetched (again in %gs): %s",
+                        credentials.issuer, backoff, exc)  # fmt: skip
+            if not started:
+                started = True
+                task_status.started()
+            await trio.sleep(backoff)
+            backoff = min(MAX_BACKOFF, backoff * 2)
+            continue
+        backoff = BACKOFF
+        log.info("own token from OAuth2 issuer %s (%s)", credentials.issuer,
+                 "no expiry" if lifetime is None else f"good for {lifetime:g}s")  # fmt: skip
+        if not started:
+            started = True
+            task_status.started()
+        wait = credentials.refresh_at() - time.time()
+        await trio.sleep(max(0.0, wait) if math.isfinite(wait) else math.inf)
