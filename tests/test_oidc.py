@@ -60,7 +60,8 @@ class Issuer:
     def token(self, kid: str = "rsa-1", alg: str | None = None, **claims: Any) -> str:
         key = self.keys[kid]
         alg = alg or ("RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256")
-        body = {"iss": ISSUER, "aud": ["pulsar"], "sub": "app", "exp": NOW + 300, "iat": NOW}
+        body = {"iss": ISSUER, "aud": ["pulsar"], "sub": "app", "exp": NOW + 300, "iat": NOW,
+                "nbf": NOW}  # fmt: skip
         body |= claims
         return jwt.encode({k: v for k, v in body.items() if v is not None}, key,
                           algorithm=alg, headers={"kid": kid})  # fmt: skip
@@ -99,9 +100,11 @@ def test_what_the_broker_refuses_is_refused_with_its_reason() -> None:
         v, idp.token(iss="https://else.example")
     )
     assert refused(v, idp.token(aud="other")) == "the token is not for an allowed audience"
-    assert refused(v, idp.token(aud=None)) == "the token is not for an allowed audience"
+    assert refused(v, idp.token(aud=None)) == "the token has no aud claim"
+    for claim in ("iat", "nbf", "sub"):  # required by the broker too
+        assert refused(v, idp.token(**{claim: None})) == f"the token has no {claim} claim"
     assert refused(v, idp.token(exp=NOW - 1)) == "the token has expired"
-    assert refused(v, idp.token(exp=None)) == "the token has no expiry (exp)"
+    assert refused(v, idp.token(exp=None)) == "the token has no exp claim"
     assert refused(v, idp.token(nbf=NOW + 60)) == "the token is not valid yet"
     assert "issued in the future" in refused(v, idp.token(iat=NOW + 60))
     # Signed by another key under the same kid.
@@ -111,9 +114,10 @@ def test_what_the_broker_refuses_is_refused_with_its_reason() -> None:
                     algorithm="HS256", headers={"kid": "rsa-1"})  # fmt: skip
     assert "algorithm 'HS256' is not accepted" in refused(v, hs)
     assert refused(v, "not.a.jwt") == "a JWT part does not decode"
-    # Leeway: an expired token within it passes, and its expiry moves with it.
+    # Leeway: an expired token within it passes (to be refreshed at once,
+    # as by the broker, whose refresh check allows none).
     lenient = verifier(idp, leeway=30)
-    assert lenient.verify(idp.token(exp=NOW - 10), NOW) == ("app", NOW + 20)
+    assert lenient.verify(idp.token(exp=NOW - 10), NOW) == ("app", NOW - 10)
 
 
 def test_keys_are_fetched_first_on_rotation_and_on_schedule_not_on_every_miss() -> None:
@@ -137,6 +141,15 @@ def test_keys_are_fetched_first_on_rotation_and_on_schedule_not_on_every_miss() 
     v.fetching(ISSUER, NOW + 61)
     v.keys(ISSUER, idp.jwks(), NOW + 61)
     assert v.verify(idp.token("rsa-2", exp=NOW + 400), NOW + 62)[0] == "app"
+    # With miss_refresh 0 (the broker's "at once"), every unknown kid asks,
+    # but the check after the fetch never asks again: it refuses.
+    eager = verifier(idp, miss_refresh=0)
+    idp.add("rsa-9", rsa.generate_private_key(public_exponent=65537, key_size=2048))
+    with pytest.raises(KeysNeeded):
+        eager.verify(idp.token("rsa-9"), NOW)
+    assert "has no key 'rsa-9'" in str(
+        pytest.raises(AuthError, eager.verify, idp.token("rsa-9"), NOW, fetched=True).value
+    )
     # Keys older than refresh_after are fetched again (on schedule: due()).
     assert not v.due(ISSUER, NOW + 62)
     assert v.due(ISSUER, NOW + 61 + v.settings.refresh_after)
@@ -148,7 +161,7 @@ def test_an_issuer_that_cannot_be_fetched_refuses_its_tokens_saying_why() -> Non
     v.fetching(ISSUER, NOW)
     with pytest.raises(AuthError, match="names issuer 'https://else'"):
         v.discovered(ISSUER, idp.discovery("https://else"))
-    v.failed(ISSUER, "https://idp.example/realm/.well-known/openid-configuration: refused")
+    v.failed(ISSUER, "https://idp.example/realm/.well-known/openid-configuration: refused", NOW)
     assert "could not be fetched: https://idp" in refused(v, idp.token(), NOW + 1)
     # Tried again, once RETRY_FAILED has passed.
     with pytest.raises(KeysNeeded):
@@ -246,7 +259,8 @@ def test_a_connect_waits_for_its_issuers_keys_then_is_answered() -> None:
     auth = ProxyAuth("token", OwnToken(), oidc=v)
     conn, rec = core(auth)
     now = time.monotonic()
-    actions = conn.receive_client(connect(idp.token(exp=time.time() + 60, iat=time.time())), now)
+    fresh = idp.token(exp=time.time() + 60, iat=time.time(), nbf=time.time())
+    actions = conn.receive_client(connect(fresh), now)
     asks = [a for a in actions if isinstance(a, Ask)]
     assert len(asks) == 1 and isinstance(asks[0].request, KeysNeeded)
     assert sent_types(actions) == []
@@ -268,7 +282,7 @@ def test_a_connect_whose_issuer_cannot_be_fetched_is_refused_as_by_the_broker() 
     now = time.monotonic()
     (ask,) = [a for a in conn.receive_client(connect(idp.token()), now) if isinstance(a, Ask)]
     v.fetching(ISSUER, time.time())
-    v.failed(ISSUER, "connection refused")
+    v.failed(ISSUER, "connection refused", time.time())
     answered = conn.answered(ask.token, None, now)  # type: ignore[arg-type]
     assert sent_types(answered) == ["ERROR"]
     error = next(iter(decode_stream(next(a for a in answered if isinstance(a, Send)).data)))

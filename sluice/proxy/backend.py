@@ -74,7 +74,7 @@ class Backend(Protocol):
     routing: Any
     named: dict[str, BrokerUrl]
 
-    def start(self, nursery: trio.Nursery, tap: Tap) -> None: ...
+    async def start(self, nursery: trio.Nursery, tap: Tap) -> None: ...
 
     async def listening(self, main: int | None) -> None: ...
 
@@ -121,7 +121,7 @@ class DirectBackend:
         # --sni-route: TLS server names that stand for a broker.
         self.named: dict[str, BrokerUrl] = {}
 
-    def start(self, nursery: trio.Nursery, tap: Tap) -> None:
+    async def start(self, nursery: trio.Nursery, tap: Tap) -> None:
         """Nothing of its own to run."""
 
     async def listening(self, main: int | None) -> None:

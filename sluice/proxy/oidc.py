@@ -9,7 +9,7 @@ thread, bounded in time and size.
 
 - ``Issuers`` fetches an issuer's discovery document and key set when a
   token needs them (a core's ``Ask``; one fetch per issuer at a time, the
-  others wait for it) and again on schedule, so that keys the issuer
+  others wait for it, or for the next one) and again on schedule, so that keys the issuer
   rotates in are known before tokens signed with them arrive.
 - ``keep_own_token`` fetches Sluice's own token and fetches it again
   before it expires, keeping the last good one while the issuer is away.
@@ -107,17 +107,23 @@ class Issuers:
         self.verifier = verifier
         self.context = context
         self.timeout = timeout
-        self._running: dict[str, trio.Event] = {}
+        # Per issuer, the fetch under way: when it began, and its end.
+        self._running: dict[str, tuple[float, trio.Event]] = {}
 
     async def fetch(self, issuer: str) -> None:
-        """Fetch ``issuer``'s keys, or wait for the fetch under way; failures
-        are logged and told to the verifier (which then refuses tokens it
-        cannot check, saying why)."""
-        running = self._running.get(issuer)
-        if running is not None:
-            await running.wait()
-            return
-        done = self._running[issuer] = trio.Event()
+        """Fetch ``issuer``'s keys, as they are from now on: a fetch under way
+        that began after this call is waited for, one that began before it
+        (it may miss a key the issuer made since) is waited out and then
+        followed by another. Failures are logged and told to the verifier
+        (which then refuses the tokens it cannot check, saying why)."""
+        wanted = trio.current_time()
+        while (running := self._running.get(issuer)) is not None:
+            began, done = running
+            await done.wait()
+            if began >= wanted:
+                return
+        done = trio.Event()
+        self._running[issuer] = (trio.current_time(), done)
         try:
             await self._fetch(issuer)
         finally:
@@ -133,7 +139,7 @@ class Issuers:
             keys = await fetch(jwks_uri, self.context, self.timeout)
             count = verifier.keys(issuer, keys, time.time())
         except (FetchError, AuthError) as exc:
-            verifier.failed(issuer, str(exc))
+            verifier.failed(issuer, str(exc), time.time())
             log.warning("OpenID Connect issuer %s: keys not fetched: %s", issuer, exc)
             return
         log.info("OpenID Connect issuer %s: %d signing key(s)", issuer, count)

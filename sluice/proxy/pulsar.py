@@ -291,6 +291,9 @@ class UpstreamPool:
 
     async def _open(self, key: _Key) -> BrokerConnection:
         address, credentials = key
+        if credentials is not None:  # its kind and size, never the credential
+            log.debug("upstream connection to %s as %r (%d-byte credential)",
+                      address, credentials, len(credentials.data))  # fmt: skip
         self._connections.pop(key, None)
         await self._make_room()
         self._opening += 1
@@ -399,7 +402,6 @@ class PulsarBackend:
         self._tls = client_ssl_context(broker_tls) if broker.tls else None
         self._broker_tls = broker_tls
         self._pool: UpstreamPool | None = None
-        self._nursery: trio.Nursery | None = None
         # --auth-oidc-issuers: their keys, fetched; --broker-auth-oauth2-*:
         # Sluice's own token, fetched and kept fresh.
         auth = settings.auth
@@ -421,8 +423,10 @@ class PulsarBackend:
             self._tls = client_ssl_context(self._broker_tls)
         return self._tls
 
-    def start(self, nursery: trio.Nursery, tap: Tap) -> None:
-        """Open for business: own-account connections live in ``nursery``."""
+    async def start(self, nursery: trio.Nursery, tap: Tap) -> None:
+        """Open for business: own-account connections live in ``nursery``.
+        Sluice's own OAuth2 token is asked for first (its first answer, or
+        failure, is waited for: no client is served before)."""
         self._pool = UpstreamPool(
             nursery,
             timeout=self.connect_timeout,
@@ -431,18 +435,16 @@ class PulsarBackend:
             limit=self.max_upstream_connections,
         )
         nursery.start_soon(self._pool.keep_tidy)
-        self._nursery = nursery
         if self.issuers is not None:
             nursery.start_soon(self.issuers.run)
+        own = _oauth2(self.settings.auth)
+        if own is not None and self._oidc_context is not None:
+            await nursery.start(keep_own_token, own, self._oidc_context, self.connect_timeout)
 
     async def listening(self, main: int | None) -> None:
         """The main listener serves lookups, so it stands for no broker; the
         ports an earlier run gave brokers (--broker-ports-file) are listened
-        on again. Sluice's own OAuth2 token is asked for first (its first
-        answer, or failure, is waited for)."""
-        own = _oauth2(self.settings.auth)
-        if own is not None and self._nursery is not None and self._oidc_context is not None:
-            await self._nursery.start(keep_own_token, own, self._oidc_context, self.connect_timeout)
+        on again."""
         if self.ports is not None:
             await self.ports.reopen_known()
 
@@ -455,18 +457,16 @@ class PulsarBackend:
         auth = self.settings.auth
         if auth is None:
             return None
-        for last in (False, True):
+        try:
             try:
                 _, headers = auth.web_credentials(authorization, peer_role)
-            except AuthError as exc:
-                raise Unauthorized(str(exc)) from None
-            except KeysNeeded as needed:
-                if last or self.issuers is None:  # fetched, and still wanted: no loop
-                    raise Unauthorized(f"the keys of issuer {needed.issuer} are missing") from None
-                await self.issuers.fetch(needed.issuer)
-                continue
-            return headers
-        raise AssertionError("unreachable")
+            except KeysNeeded as needed:  # fetched, then checked once more
+                if self.issuers is not None:
+                    await self.issuers.fetch(needed.issuer)
+                _, headers = auth.web_credentials(authorization, peer_role, fetched=True)
+        except AuthError as exc:
+            raise Unauthorized(str(exc)) from None
+        return headers
 
     async def listener_urls(self, urls: Sequence[str]) -> dict[str, str]:
         """An HTTP lookup's answer (``sluice/proxy/http.py``) names one

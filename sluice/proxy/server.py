@@ -245,7 +245,7 @@ class Proxy:
         async with trio.open_nursery() as outer:
             if self.http is not None:
                 outer.start_soon(self.http.serve)
-            self.backend.start(outer, self.taps)
+            await self.backend.start(outer, self.taps)
             outer.start_soon(self._probe_upstream)
             if self.certificates is not None:
                 outer.start_soon(self.certificates.run)

@@ -37,6 +37,7 @@ E2E_FIXTURES = frozenset(
         "recording",  # test_replay
         "session",  # test_compiled_summaries: a recorded session
         "ws_broker",  # conftest: Apache Pulsar with its WebSocket service
+        "oidc",  # test_oidc_e2e: Ory Hydra and Apache Pulsar with its OIDC provider
     }
 )
 

@@ -391,29 +391,36 @@ class ProxyAuth:
         token = self.tokens is not None or self.oidc is not None
         return [m for m, on in (("token", token), ("tls", self.tls_roles)) if on]
 
-    def _verify_token(self, token: str, now: float) -> tuple[str, float | None]:
+    def _verify_token(self, token: str, now: float, fetched: bool) -> tuple[str, float | None]:
         """A token naming an allowed OpenID Connect issuer is that issuer's
-        to check (KeysNeeded when its keys must be fetched first); any other,
-        the key file's."""
+        to check (KeysNeeded when its keys must be fetched first, unless
+        ``fetched``: they just were); any other, the key file's."""
         if self.oidc is not None and (
             self.tokens is None or self.oidc.claims_issuer(token) is not None
         ):
-            return self.oidc.verify(token, now)
+            return self.oidc.verify(token, now, fetched)
         assert self.tokens is not None
         return self.tokens.verify(token, now)
 
     def authenticate(
-        self, method: str, data: bytes, peer_role: str | None, now: float | None = None
+        self,
+        method: str,
+        data: bytes,
+        peer_role: str | None,
+        now: float | None = None,
+        fetched: bool = False,
     ) -> Identity:
         """The client's identity from its CONNECT (or AUTH_RESPONSE)
         credentials; AuthError otherwise. ``peer_role``: the CN of a
-        verified client certificate, if the client sent one."""
+        verified client certificate, if the client sent one. KeysNeeded: an
+        OpenID Connect issuer's keys must be fetched, then this asked again
+        with ``fetched``."""
         now = time.time() if now is None else now
         if method == "token" and (self.tokens is not None or self.oidc is not None):
             text = data.decode(errors="replace")
             if text.startswith("token:"):  # the client's own prefix, as Pulsar allows
                 text = text[len("token:") :]
-            role, expires = self._verify_token(text, now)
+            role, expires = self._verify_token(text, now, fetched)
             # The token as verified, whatever its spelling: what is forwarded.
             return Identity(role, method, text.strip().encode(), expires)
         if method == "tls" and self.tls_roles:
@@ -426,7 +433,11 @@ class ProxyAuth:
                         f"{', '.join(self.methods) or 'none'})")  # fmt: skip
 
     def web_credentials(
-        self, authorization: str | None, peer_role: str | None, now: float | None = None
+        self,
+        authorization: str | None,
+        peer_role: str | None,
+        now: float | None = None,
+        fetched: bool = False,
     ) -> tuple[Identity, list[tuple[bytes, bytes]]]:
         """A web request's client, from its ``Authorization: Bearer`` token
         (or, without one, a verified client certificate's CN), and the
@@ -439,7 +450,7 @@ class ProxyAuth:
             scheme, _, token = authorization.strip().partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
                 raise AuthError("the Authorization header is not a Bearer token")
-            client = self.authenticate("token", token.strip().encode(), None, now)
+            client = self.authenticate("token", token.strip().encode(), None, now, fetched)
         elif peer_role:
             client = self.authenticate("tls", b"", peer_role, now)
         else:

@@ -357,6 +357,7 @@ class PulsarConnection:
         # CONNECT waits, the client's next frames wait too.
         self._key_asks: dict[int, Any] = {}
         self._connect_waits = False
+        self._keys_fetched = False  # while checking again after a fetch
         # The compiled step that carries whole reads once relaying (quick()).
         self._step: QuickStep | None = None
         self._step_generation = 0  # the taps' generation the step was built for
@@ -435,9 +436,16 @@ class PulsarConnection:
         """The upstream's answer to an ``Ask`` (or why there is none)."""
         self._now = now
         retry = self._key_asks.pop(token, None)
-        if retry is not None:  # an issuer's keys fetched (or not): check again
+        if retry is not None:  # an issuer's keys fetched (or not): check again, once
             self._connect_waits = False
-            return [] if self.state is State.CLOSED else retry(now)
+            if self.state is State.CLOSED:
+                return []
+            self._keys_fetched = True
+            try:
+                actions: list[Action] = retry(now)
+            finally:
+                self._keys_fetched = False
+            return actions
         wait = self._schema_asks.pop(token, None)
         if wait is not None:
             return self._schema_answered(wait, answer, now)
@@ -1097,7 +1105,7 @@ class PulsarConnection:
         if wait.version is not None:
             body.schema_version = wait.version
         address = self._upstream or self.routing.broker.address
-        return Ask(token, address, (T.GET_SCHEMA, body, self._credentials))
+        return Ask(token, address, (T.GET_SCHEMA, body, self._lookup_credentials()))
 
     def _schema_answered(
         self, wait: Wait, answer: Frame | UpstreamFailure, now: float
@@ -1187,7 +1195,9 @@ class PulsarConnection:
         """Check the client's credentials; the refusal, or None (accepted).
         KeysNeeded: an issuer's keys must be fetched first."""
         try:
-            identity = auth.authenticate(method, data, self.conn.peer_role())
+            identity = auth.authenticate(
+                method, data, self.conn.peer_role(), fetched=self._keys_fetched
+            )
         except AuthError as exc:
             self.tap.event(self.conn, Authenticated(method or "none", "failed"))
             self.tap.event(self.conn, Rejected("auth"))
@@ -1198,6 +1208,17 @@ class PulsarConnection:
         self._accept_identity(identity, now)
         self.tap.event(self.conn, Authenticated(method, "ok"))
         return None
+
+    def _lookup_credentials(self) -> UpstreamAuth | None:
+        """What this connection's requests go upstream with. In proxy mode,
+        Sluice's credential as it is now (its token is renewed: a file
+        rewritten, an OAuth2 token fetched again), naming the client; the
+        shared connections are kept per value, so a renewed token opens new
+        ones and the old ones are left to close when idle."""
+        auth = self.settings.auth
+        if auth is not None and self._identity is not None:
+            return self.routing.upstream_auth(auth, self._identity)
+        return self._credentials
 
     def _fetch_keys(self, needed: KeysNeeded, retry: Any) -> list[Action]:
         """Ask the proxy to fetch an issuer's keys; ``retry(now)`` once it has."""
@@ -1261,7 +1282,10 @@ class PulsarConnection:
         response = frame.body.response
         method = response.auth_method_name or old.method
         try:
-            identity = auth.authenticate(method, bytes(response.auth_data), self.conn.peer_role())
+            identity = auth.authenticate(
+                method, bytes(response.auth_data), self.conn.peer_role(),
+                fetched=self._keys_fetched,
+            )  # fmt: skip
             if identity.role != old.role:
                 raise AuthError(f"the refreshed credentials name role {identity.role!r}, "
                                 f"not {old.role!r}")  # fmt: skip
@@ -1372,11 +1396,12 @@ class PulsarConnection:
             return self._own(reply)
         body: Any = type(frame.body)()
         body.CopyFrom(frame.body)
+        credentials = self._lookup_credentials()
         if self.settings.auth is not None:
-            _name_client(body, self._credentials)
+            _name_client(body, credentials)
         token = next(self._tokens)
         self._asks[token] = _Pending(frame, body, body.request_id, now, now)
-        return [Ask(token, self.routing.broker.address, (t, body, self._credentials))]
+        return [Ask(token, self.routing.broker.address, (t, body, credentials))]
 
     def _lookup_answer(
         self, token: int, pending: _Pending, answer: Frame, now: float
@@ -1400,7 +1425,8 @@ class PulsarConnection:
             pending.body.authoritative = result.authoritative
             pending.asked = now
             self._asks[token] = pending
-            return [Ask(token, url.address, (T.LOOKUP, pending.body, self._credentials))]
+            credentials = self._lookup_credentials()
+            return [Ask(token, url.address, (T.LOOKUP, pending.body, credentials))]
         # An upstream that is itself a proxy asks to be kept in the path.
         via = result.proxy_through_service_url
         for named in (result.brokerServiceUrl, result.brokerServiceUrlTls):

@@ -9,17 +9,22 @@ provider signed; Sluice checks it as Apache Pulsar's OpenID Connect provider
   must name that same issuer, and its ``jwks_uri`` the key set;
 - the token's ``kid`` picks the key; its ``alg`` must be RS256/384/512 or
   ES256/384/512 and fit the key;
-- ``exp`` is required, ``nbf`` and ``iat`` honoured, each with the accepted
-  leeway; the ``aud`` must name one of the allowed audiences;
+- ``exp``, ``nbf``, ``iat`` and ``sub`` are required (and the role claim),
+  the times checked with the accepted leeway; the ``aud`` must name one of
+  the allowed audiences;
 - the role is the configured claim (``sub`` by default): a string, or the
   first of a list of strings.
 
 What is I/O (fetching the documents) lives above, in ``sluice/proxy/oidc.py``:
 this module holds what was fetched, says when a fetch is wanted
-(``KeysNeeded``: the first token of an issuer, keys older than
-``refresh_after``, or a ``kid`` the set lacks, at most once per
-``miss_refresh``), and takes the documents in (``discovered``, ``keys``,
-``failed``). Nothing here logs or returns a token.
+(``KeysNeeded``: the first token of an issuer, or a ``kid`` the set lacks,
+at most once per ``miss_refresh`` as the broker's
+``openIDKeyIdCacheMissRefreshSeconds``; ``due``: keys older than
+``refresh_after``, fetched again in the background while the old ones
+serve), and takes the documents in (``discovered``, ``keys``, ``failed``).
+The caller checks a token again once after a fetch, saying so
+(``fetched``): then a key still missing refuses it, never another fetch.
+Nothing here logs or returns a token.
 """
 
 from __future__ import annotations
@@ -126,7 +131,7 @@ class OidcVerifier:
             "verify_aud": True,
             "verify_sub": False,
             "verify_jti": False,
-            "require": ["iss", "aud"],
+            "require": ["iss", "aud", "exp", "nbf", "iat", "sub"],
         }
 
     @property
@@ -148,7 +153,7 @@ class OidcVerifier:
     def due(self, issuer: str, now: float) -> bool:
         """Whether the issuer's keys should be fetched now on schedule: never
         fetched, or older than ``refresh_after`` (a failed fetch waits
-        ``RETRY_FAILED``)."""
+        ``RETRY_FAILED``); tokens go on being checked with the keys held."""
         state = self._issuers[issuer]
         if state.tried is not None and now - state.tried < RETRY_FAILED:
             return False
@@ -169,8 +174,6 @@ class OidcVerifier:
         uri = data.get("jwks_uri")
         if not isinstance(uri, str) or urlsplit(uri).scheme not in ("http", "https"):
             raise AuthError(f"the discovery document of {issuer} has no jwks_uri")
-        if self.settings.require_https and urlsplit(uri).scheme != "https":
-            raise AuthError(f"the jwks_uri of {issuer} is not https")
         self._issuers[issuer].jwks_uri = uri
         return uri
 
@@ -194,19 +197,21 @@ class OidcVerifier:
         if not found:
             raise AuthError(f"the key set of {issuer} holds no RSA or EC signing key")
         state = self._issuers[issuer]
-        state.keys, state.fetched, state.failure = found, now, None
+        state.keys, state.fetched, state.tried, state.failure = found, now, now, None
         return len(found)
 
-    def failed(self, issuer: str, why: str) -> None:
+    def failed(self, issuer: str, why: str, now: float) -> None:
         """The fetch failed; known keys are kept."""
-        self._issuers[issuer].failure = why
+        state = self._issuers[issuer]
+        state.failure, state.tried = why, now
 
     # --- checking a token ------------------------------------------------------
 
-    def verify(self, token: str, now: float) -> tuple[str, float | None]:
+    def verify(self, token: str, now: float, fetched: bool = False) -> tuple[str, float | None]:
         """The token's role and expiry; AuthError when it is not valid at
         ``now`` (wall clock), KeysNeeded when its issuer's keys must be
-        fetched first."""
+        fetched first (never when ``fetched``: the keys were just fetched
+        for this token)."""
         if len(token) > MAX_TOKEN:
             raise AuthError(f"token over {MAX_TOKEN} bytes")
         token = token.strip()
@@ -224,7 +229,7 @@ class OidcVerifier:
         if not isinstance(issuer, str) or issuer not in self._issuers:
             shown = clipped(issuer) if isinstance(issuer, str) else "none"
             raise AuthError(f"issuer {shown} is not allowed")
-        key, named = self._key(issuer, header.get("kid"), now)
+        key, named = self._key(issuer, header.get("kid"), now, fetched)
         if named is not None and named != alg:
             raise AuthError(f"algorithm {alg} does not fit the issuer's key ({named})")
         try:
@@ -238,16 +243,17 @@ class OidcVerifier:
             )
         except jwt.InvalidSignatureError:
             raise AuthError("bad signature") from None
-        except (jwt.InvalidAudienceError, jwt.MissingRequiredClaimError):
+        except jwt.InvalidAudienceError:
             raise AuthError("the token is not for an allowed audience") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise AuthError(f"the token has no {exc.claim} claim") from None
         except jwt.InvalidAlgorithmError:
             raise AuthError(f"algorithm {alg} does not fit the issuer's key") from None
         except jwt.PyJWTError as exc:
             raise AuthError(f"not a valid JWT: {clipped(str(exc))}") from None
         leeway = self.settings.leeway
         exp = _time(claims, "exp")
-        if exp is None:
-            raise AuthError("the token has no expiry (exp)")
+        assert exp is not None  # required above
         if now >= exp + leeway:
             raise AuthError("the token has expired")
         nbf, iat = _time(claims, "nbf"), _time(claims, "iat")
@@ -255,16 +261,18 @@ class OidcVerifier:
             raise AuthError("the token is not valid yet")
         if iat is not None and now + leeway < iat:
             raise AuthError("the token was issued in the future (iat)")
-        return _role(claims, self.settings.role_claim), exp + leeway
+        # The connection's credentials expire at exp itself, as the broker's
+        # do (its refresh check allows no leeway).
+        return _role(claims, self.settings.role_claim), exp
 
-    def _key(self, issuer: str, kid: object, now: float) -> tuple[Any, str | None]:
+    def _key(self, issuer: str, kid: object, now: float, fetched: bool) -> tuple[Any, str | None]:
         state = self._issuers[issuer]
-        if state.fetched is None or now - state.fetched >= self.settings.refresh_after:
-            if self.due(issuer, now):
-                raise KeysNeeded(issuer)
-            if state.fetched is None:
+        if state.fetched is None:  # never had any: fetch (or join the fetch under way)
+            failed_lately = state.tried is not None and now - state.tried < RETRY_FAILED
+            if fetched or (state.failure is not None and failed_lately):
                 why = state.failure or "not fetched yet"
                 raise AuthError(f"the keys of issuer {issuer} could not be fetched: {why}")
+            raise KeysNeeded(issuer)
         if kid is None:
             if len(state.keys) == 1:
                 return next(iter(state.keys.values()))
@@ -276,7 +284,7 @@ class OidcVerifier:
             return key
         # A key the set lacks: the issuer may have rotated its keys since.
         tried = state.tried if state.tried is not None else -math.inf
-        if now - tried >= max(self.settings.miss_refresh, RETRY_FAILED):
+        if not fetched and now - tried >= self.settings.miss_refresh:
             raise KeysNeeded(issuer)
         raise AuthError(f"issuer {issuer} has no key {clipped(kid)}")
 
