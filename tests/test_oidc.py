@@ -101,8 +101,10 @@ def test_what_the_broker_refuses_is_refused_with_its_reason() -> None:
     )
     assert refused(v, idp.token(aud="other")) == "the token is not for an allowed audience"
     assert refused(v, idp.token(aud=None)) == "the token has no aud claim"
-    for claim in ("iat", "nbf", "sub"):  # required by the broker too
-        assert refused(v, idp.token(**{claim: None})) == f"the token has no {claim} claim"
+    # Required by the broker too.
+    assert refused(v, idp.token(iat=None)) == "the token has no iat claim"
+    assert refused(v, idp.token(nbf=None)) == "the token has no nbf claim"
+    assert refused(v, idp.token(sub=None)) == "the token has no sub claim"
     assert refused(v, idp.token(exp=NOW - 1)) == "the token has expired"
     assert refused(v, idp.token(exp=None)) == "the token has no exp claim"
     assert refused(v, idp.token(nbf=NOW + 60)) == "the token is not valid yet"
@@ -147,9 +149,8 @@ def test_keys_are_fetched_first_on_rotation_and_on_schedule_not_on_every_miss() 
     idp.add("rsa-9", rsa.generate_private_key(public_exponent=65537, key_size=2048))
     with pytest.raises(KeysNeeded):
         eager.verify(idp.token("rsa-9"), NOW)
-    assert "has no key 'rsa-9'" in str(
-        pytest.raises(AuthError, eager.verify, idp.token("rsa-9"), NOW, fetched=True).value
-    )
+    with pytest.raises(AuthError, match="has no key 'rsa-9'"):
+        eager.verify(idp.token("rsa-9"), NOW, fetched=True)
     # Keys older than refresh_after are fetched again (on schedule: due()).
     assert not v.due(ISSUER, NOW + 62)
     assert v.due(ISSUER, NOW + 61 + v.settings.refresh_after)

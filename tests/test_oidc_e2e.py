@@ -218,10 +218,10 @@ def test_oauth2_clients_are_allowed_and_refused_through_sluice_as_at_the_broker(
             elsewhere.close()
         # The web port: the same token, the same answers.
         token = idp.token(json.loads(issuers.key_file(idp, "app").read_text()))
-        path = "/admin/v2/persistent/public/default"
+        topics = "/admin/v2/persistent/public/default"
         for bearer in (token, None, forged_token(idp.issuer, idp.signing_keys()[0])):
-            direct_status = http_status(f"{broker.http_url}{path}", bearer)
-            assert http_status(f"http://127.0.0.1:{http_port}{path}", bearer) == direct_status
+            direct_status = http_status(f"{broker.http_url}{topics}", bearer)
+            assert http_status(f"http://127.0.0.1:{http_port}{topics}", bearer) == direct_status
         metrics = scrape(proxy, admin)
         assert proxy.terminate() == 0
     finally:
@@ -230,7 +230,7 @@ def test_oauth2_clients_are_allowed_and_refused_through_sluice_as_at_the_broker(
     failed = metrics[("sluice_auth_total", (("method", "token"), ("outcome", "failed")))]
     assert ok >= 2 and failed >= 2, metrics
     assert_all_valid(record)
-    # Neither the clients' tokens nor Sluice's own are kept anywhere.
+    # The client's token is kept nowhere.
     for path in [proxy.log_path, *record.rglob("*")]:
         if path.is_file():
             assert token.encode() not in path.read_bytes(), path
@@ -299,7 +299,7 @@ def test_sluice_fetches_its_own_token_again_before_it_expires(
     norm; docs/proxy.md says so.)"""
     broker, issuers = oidc
     short = issuers.short
-    proxy, admin, _ = sluice_oidc(broker, issuers, short, tmp_path)
+    proxy, _, _ = sluice_oidc(broker, issuers, short, tmp_path)
     try:
         app = issuers.client_auth(issuers.idp, "app")
         c = client(proxy.url, app)

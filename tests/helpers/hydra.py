@@ -15,15 +15,14 @@ import os
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from sluice.brokers.embedded import free_port
 
-HYDRA = os.environ.get("SLUICE_HYDRA") or str(
-    Path.home() / ".cache/sluice/hydra-v2.3.0/bin/hydra"
-)
+HYDRA = os.environ.get("SLUICE_HYDRA") or str(Path.home() / ".cache/sluice/hydra-v2.3.0/bin/hydra")
 # The key set Hydra signs JWT access tokens with.
 ACCESS_TOKEN_KEYS = "hydra.jwt.access-token"
 
