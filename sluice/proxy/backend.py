@@ -14,14 +14,14 @@ no protocol.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
-from sluice.addresses import Address
+from sluice.addresses import Address, AllowList
 from sluice.protocols import registry
 from sluice.protocols.core import Conn, Tap
 from sluice.protocols.faults import Faults
@@ -78,6 +78,8 @@ class Backend(Protocol):
 
     async def listening(self, main: int | None) -> None: ...
 
+    async def prepare(self, config: Any, filters: Any) -> Callable[[], None]: ...
+
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> Core: ...
 
     async def ask(self, address: Address, request: Any) -> Any: ...
@@ -123,6 +125,16 @@ class DirectBackend:
 
     async def start(self, nursery: trio.Nursery, tap: Tap) -> None:
         """Nothing of its own to run."""
+
+    async def prepare(self, config: Any, filters: Any) -> Callable[[], None]:
+        """A reloaded configuration (a ``ProxyConfig``): its allow-list,
+        checked now (ConfigError), put in force by the function returned."""
+        rules = AllowList(config.allow_broker, "--allow-broker").rules
+
+        def apply() -> None:
+            self.routing.allowlist.rules = rules
+
+        return apply
 
     async def listening(self, main: int | None) -> None:
         """The main listener stands for the configured broker; the ports an

@@ -12,6 +12,7 @@ gives the proxy cores and answers their ``Ask`` actions.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import ssl
@@ -387,6 +388,7 @@ class PulsarBackend:
         max_upstream_connections: int = 1_000,
         ports: BrokerPorts | None = None,
         oidc_ca: Path | None = None,
+        oidc_fields: tuple[Any, ...] = (),
     ) -> None:
         self.broker = broker
         # Port-per-broker: Sluice's listeners (plain, TLS) for each broker
@@ -403,18 +405,13 @@ class PulsarBackend:
         self._broker_tls = broker_tls
         self._pool: UpstreamPool | None = None
         # --auth-oidc-issuers: their keys, fetched; --broker-auth-oauth2-*:
-        # Sluice's own token, fetched and kept fresh.
-        auth = settings.auth
-        self._oidc_context = (
-            client_context(oidc_ca)
-            if auth is not None and (auth.oidc is not None or _oauth2(auth) is not None)
-            else None
-        )
-        self.issuers = (
-            Issuers(auth.oidc, self._oidc_context, connect_timeout)
-            if auth is not None and auth.oidc is not None and self._oidc_context is not None
-            else None
-        )
+        # Sluice's own token, fetched and kept fresh. Both run in a scope of
+        # their own, replaced when a reload changes them.
+        self._oidc_ca = oidc_ca
+        self._oidc = oidc_fields  # the settings they were made from
+        self.issuers: Issuers | None = None
+        self._auth_tasks = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
 
     def tls_context(self, tls: bool) -> ssl.SSLContext | None:
         if not tls:
@@ -435,11 +432,68 @@ class PulsarBackend:
             limit=self.max_upstream_connections,
         )
         nursery.start_soon(self._pool.keep_tidy)
-        if self.issuers is not None:
-            nursery.start_soon(self.issuers.run)
-        own = _oauth2(self.settings.auth)
-        if own is not None and self._oidc_context is not None:
-            await nursery.start(keep_own_token, own, self._oidc_context, self.connect_timeout)
+        self._nursery = nursery
+        self.issuers, self._auth_tasks = await self._start_auth(self.settings.auth, self._oidc_ca)
+
+    async def _start_auth(
+        self, auth: ProxyAuth | None, ca: Path | None
+    ) -> tuple[Issuers | None, trio.CancelScope]:
+        """Proxy mode's background work for ``auth``: its issuers' keys
+        fetched on schedule, Sluice's own OAuth2 token fetched (the first
+        one waited for) and fetched again before it expires."""
+        scope = trio.CancelScope()
+        oidc = auth.oidc if auth is not None else None
+        own = _oauth2(auth)
+        if oidc is None and own is None:
+            return None, scope
+        context = client_context(ca)
+        issuers = Issuers(oidc, context, self.connect_timeout) if oidc is not None else None
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                async with trio.open_nursery() as tasks:
+                    if own is not None:
+                        await tasks.start(keep_own_token, own, context, self.connect_timeout)
+                    if issuers is not None:
+                        tasks.start_soon(issuers.run)
+                    task_status.started()
+
+        assert self._nursery is not None
+        await self._nursery.start(run)
+        return issuers, scope
+
+    async def prepare(self, config: ProxyConfig, filters: Any) -> Callable[[], None]:
+        """A reloaded configuration: its allow and trust lists, limits,
+        credentials (key files read again, a changed issuer's keys or own
+        token fetched before it is put in force) and filters, checked and
+        made now (ConfigError), put in force by the function returned. An
+        unchanged OpenID Connect or OAuth2 setting keeps what it fetched."""
+        auth = proxy_auth(config)
+        trusted = AllowList(config.trust_broker, "--trust-broker")
+        rules = AllowList(config.allow_broker + config.trust_broker, "--allow-broker").rules
+        old = self.settings.auth
+        same_oidc = old is not None and auth is not None and _oidc_fields(config) == self._oidc
+        if same_oidc and old is not None and auth is not None:
+            own = old.own_token if isinstance(old.own_token, ClientCredentials) else auth.own_token
+            auth = dataclasses.replace(auth, oidc=old.oidc, own_token=own)
+            issuers, tasks = self.issuers, self._auth_tasks
+        else:
+            issuers, tasks = await self._start_auth(auth, config.auth_oidc_ca)
+
+        def apply() -> None:
+            settings = self.settings
+            settings.auth, settings.trusted, settings.filtering = auth, trusted, filters
+            settings.max_redirects = config.max_redirects
+            self.routing.allowlist.rules = rules
+            self.routing.max_lookups = config.max_concurrent_lookups
+            if self._pool is not None:
+                self._pool.limit = config.max_upstream_connections
+            if tasks is not self._auth_tasks:
+                self._auth_tasks.cancel()
+            self.issuers, self._auth_tasks = issuers, tasks
+            self._oidc = _oidc_fields(config)
+
+        return apply
 
     async def listening(self, main: int | None) -> None:
         """The main listener serves lookups, so it stands for no broker; the
@@ -652,6 +706,7 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
         faults=services.faults,
         max_upstream_connections=config.max_upstream_connections,
         oidc_ca=config.auth_oidc_ca,
+        oidc_fields=_oidc_fields(config),
         ports=services.ports,
     )
 
@@ -670,6 +725,15 @@ async def check_broker(config: ProxyConfig) -> str | None:
         return failure.message
     await stream.aclose()
     return None
+
+
+def _oidc_fields(config: ProxyConfig) -> tuple[Any, ...]:
+    """The settings of the OpenID Connect issuers and of Sluice's OAuth2 token."""
+    return tuple(
+        getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if f.name.startswith(("auth_oidc_", "broker_auth_oauth2_"))
+    )
 
 
 def _oauth2(auth: ProxyAuth | None) -> ClientCredentials | None:

@@ -245,9 +245,11 @@ class Routing:
         self.lookups -= 1
 
 
-@dataclass(frozen=True)
+@dataclass
 class PulsarSettings:
-    """The proxy settings a Pulsar connection core acts on."""
+    """The proxy settings a Pulsar connection core acts on: one value the
+    proxy's cores share, changed in place by a configuration reload (every
+    core reads it when it acts)."""
 
     on_invalid: OnInvalid
     max_message_size: int
