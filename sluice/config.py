@@ -134,18 +134,18 @@ def apply(
     actions = {a.dest: a for a in _options(parser)}
     for dest in actions:
         settings.sources[dest] = "default"
-    config_path = _config_path(argv) or environ.get(f"{ENV_PREFIX}CONFIG")
+    file = config_path(argv) or environ.get(f"{ENV_PREFIX}CONFIG")
     layers: list[tuple[str, dict[str, Any]]] = []
-    if config_path:
-        file_values = load_file(Path(config_path), command)
+    if file:
+        file_values = load_file(Path(file), command)
         unknown = sorted(set(file_values) - set(actions))
         if unknown:
             known = ", ".join(sorted(k.replace("_", "-") for k in actions))
             raise SettingsError(
-                f"--config {config_path}: unknown setting {unknown[0].replace('_', '-')!r} "
+                f"--config {file}: unknown setting {unknown[0].replace('_', '-')!r} "
                 f"(known: {known})"
             )
-        layers.append((f"file {config_path}", file_values))
+        layers.append((f"file {file}", file_values))
     env_values = {
         dest: environ[f"{ENV_PREFIX}{dest.upper()}"]
         for dest in actions
@@ -175,7 +175,7 @@ def apply(
     return settings
 
 
-def _config_path(argv: Sequence[str]) -> str | None:
+def config_path(argv: Sequence[str]) -> str | None:
     for i, arg in enumerate(argv):
         if arg == "--config" and i + 1 < len(argv):
             return argv[i + 1]

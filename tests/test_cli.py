@@ -46,7 +46,7 @@ def _help_entries(text: str) -> dict[str, str]:
     for line in text.splitlines():
         if line.startswith("  -"):
             current = [line.strip()]
-            flags = re.findall(r"--?[a-z][a-z-]*", line.split("  ")[1])
+            flags = re.findall(r"--?[a-z][a-z0-9-]*", line.split("  ")[1])
             entries[max(flags, key=len)] = ""
             key = max(flags, key=len)
         elif current is not None and line.startswith("    "):

@@ -10,11 +10,14 @@ applies settings from the environment and TOML (``sluice/config.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 from sluice import __version__, config
+from sluice.errors import ConfigError
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -112,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"sluice {command}: {line}", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line as given: a proxy reads its settings again from it
     if args.command is None:
         parser.print_help()
         return 2
@@ -121,6 +125,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result: int = args.run(args)
     return result
+
+
+def parse_again(argv: list[str]) -> argparse.Namespace:
+    """The settings of command line ``argv`` read again as ``main`` read
+    them (the same flags and environment; the ``--config`` file as it is
+    now); ConfigError, one line a mistake, when they no longer parse."""
+    parser = build_parser()
+    command = next((a for a in argv if not a.startswith("-")), "")
+    subparser = _subparsers(parser).get(command)
+    if subparser is None:
+        raise ConfigError(f"not a command line of sluice: {' '.join(argv)}")
+    try:
+        config.apply(subparser, command, argv[argv.index(command) + 1 :])
+    except config.SettingsError as exc:
+        raise ConfigError(str(exc)) from None
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            args = parser.parse_args(argv)
+    except SystemExit:  # argparse's error: its last line says what
+        lines = said.getvalue().strip().splitlines()
+        raise ConfigError(lines[-1] if lines else "the settings do not parse") from None
+    args.argv = argv
+    return args
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import logging
+import os
 import sys
 from pathlib import Path
 
 import trio
 
 from sluice.addresses import parse_address, parse_host
-from sluice.config import default
+from sluice.config import ENV_PREFIX, config_path, default
 from sluice.errors import ConfigError
 from sluice.filters.chain import make_filters
 from sluice.filters.config import FilterArgument
@@ -26,7 +28,7 @@ from sluice.proxy.dial import (
     TlsServerConfig,
     server_ssl_context,
 )
-from sluice.proxy.server import Proxy, serve_until_signalled
+from sluice.proxy.server import Proxy, reload_when_asked, serve_until_signalled
 from sluice.proxy.workers import available_cpus, serve_workers
 from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
 from sluice.recording.retention import MIN_QUANTUM
@@ -693,17 +695,26 @@ async def check_broker(config: ProxyConfig) -> None:
 
 
 async def serve(
-    config: ProxyConfig, check: bool = True, logs: tuple[str, str] = ("info", "text")
+    config: ProxyConfig,
+    check: bool = True,
+    logs: tuple[str, str] = ("info", "text"),
+    argv: list[str] | None = None,
 ) -> None:
+    """Serve ``config``; with ``argv`` (the command line it came from), its
+    settings are read again on SIGHUP, a changed --config file, or the
+    admin endpoint's POST /config/reload."""
     if check:
         await check_broker(config)
+    load = functools.partial(settings_again, argv) if argv is not None else None
+    config_file = _config_file(argv)
     if config.workers > 1:
         try:
-            await serve_workers(config, config.workers, *logs)
+            await serve_workers(config, config.workers, *logs, load=load, config_file=config_file)
         except OSError as exc:
             raise StartupError(_listen_error(exc, config)) from None
         return
     proxy = Proxy(config)
+    proxy.load = load
     failure: OSError | ConfigError | None = None
     async with trio.open_nursery() as nursery:
         try:
@@ -716,6 +727,8 @@ async def serve(
         else:
             for kind, address in proxy.addresses.items():
                 log.info("listening (%s) on %s, upstream %s", kind, address, config.broker)
+            if load is not None:
+                nursery.start_soon(reload_when_asked, proxy, config_file)
             await serve_until_signalled(proxy)
             nursery.cancel_scope.cancel()
     if isinstance(failure, ConfigError):
@@ -723,6 +736,21 @@ async def serve(
     if failure is not None:
         raise StartupError(_listen_error(failure, config))
     log.info("stopped")
+
+
+def settings_again(argv: list[str]) -> ProxyConfig:
+    """The proxy's settings from its command line, read again."""
+    from sluice.commands import parse_again  # the command table imports this module
+
+    return config_from(parse_again(argv))
+
+
+def _config_file(argv: list[str] | None) -> Path | None:
+    """The --config file of a command line (or SLUICE_CONFIG), to watch."""
+    if argv is None:
+        return None
+    text = config_path(argv) or os.environ.get(f"{ENV_PREFIX}CONFIG")
+    return Path(text) if text else None
 
 
 def _listen_error(exc: OSError, config: ProxyConfig) -> str:
@@ -754,7 +782,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"sluice proxy: {line}", file=sys.stderr)
         return 2
     try:
-        trio.run(serve, config, not args.no_check_broker, (args.log_level, args.log_format))
+        trio.run(serve, config, not args.no_check_broker, (args.log_level, args.log_format),
+                 getattr(args, "argv", None))  # fmt: skip
     except StartupError as exc:
         log.error("%s", exc)
         return 1

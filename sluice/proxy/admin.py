@@ -360,6 +360,28 @@ class FaultsEndpoint:
         return 201, {"id": rule.id, "rule": rule.to_json()}
 
 
+@dataclass
+class ConfigEndpoint:
+    """``/config``: ``GET`` the configuration generation in force (its
+    number, when and how it was loaded); ``POST /config/reload`` (with the
+    admin token) reads the settings again and reloads them, answering what
+    was put in force, what needs a restart, or why it was refused (400).
+    ``current`` and ``reload`` give JSON."""
+
+    current: Callable[[], Any]
+    reload: Callable[[], Awaitable[Any]]
+    token: str | None = None
+
+    async def __call__(self, request: AdminRequest) -> tuple[int, Any]:
+        if request.method == "GET" and request.target in ("/config", "/config/"):
+            return 200, self.current()
+        if request.target != "/config/reload" or request.method != "POST":
+            raise Refused(405, "GET /config or POST /config/reload", [("Allow", "GET, POST")])
+        authorize(request, self.token, "reloading the configuration")
+        answer = await self.reload()
+        return (400 if answer.get("outcome") == "refused" else 200), answer
+
+
 def authorize(request: AdminRequest, token: str | None, what: str) -> None:
     """Refused unless the request carries the admin token (``what`` needs it)."""
     if token is None:

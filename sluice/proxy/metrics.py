@@ -399,6 +399,18 @@ class Metrics:
             ["filter", "direction"], registry=registry,
         )  # fmt: skip
         self._replaced: dict[tuple[str, bool], Any] = {}
+        self.reloads = Counter(
+            "sluice_config_reloads", "Configuration reloads, by outcome (applied, unchanged, "
+            "refused)", ["outcome"], registry=registry,
+        )  # fmt: skip
+        self._generation = Gauge(
+            "sluice_config_generation", "The configuration generation in force (1 at start)",
+            registry=registry,
+        )  # fmt: skip
+        self._loaded = Gauge(
+            "sluice_config_loaded_timestamp_seconds",
+            "When the configuration in force was loaded (Unix time)", registry=registry,
+        )  # fmt: skip
         self.upstream_up = Gauge(
             "sluice_upstream_up", "1 when the configured broker answered the last probe",
             registry=registry,
@@ -577,6 +589,11 @@ class Metrics:
             self._topic_tallies[(topic, direction)] = tally
         tally[0] += messages
         tally[1] += size
+
+    def generation(self, generation: Any) -> None:
+        """The configuration in force (a ``reload.Generation``)."""
+        self._generation.set(generation.number)
+        self._loaded.set(generation.loaded_at)
 
     def watch(self, recorder: Recorder) -> None:
         """Export the recorder's figures (read at scrape time)."""

@@ -18,6 +18,7 @@ import logging
 import signal
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,8 @@ from typing import Any, Protocol
 
 import trio
 
-from sluice.addresses import Address, server_name
+from sluice.addresses import Address, AllowList, server_name
+from sluice.errors import ConfigError
 from sluice.filters.chain import make_filters
 from sluice.logs import LogLimit
 from sluice.protocols import registry
@@ -33,6 +35,7 @@ from sluice.protocols.core import Accepted, Conn, Rejected, Taps
 from sluice.protocols.faults import Faults
 from sluice.protocols.haproxy import HeaderError, v2_header
 from sluice.proxy.admin import (
+    ConfigEndpoint,
     FaultsEndpoint,
     Handler,
     SnapshotEndpoint,
@@ -59,6 +62,7 @@ from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Relay, Timing
 from sluice.proxy.relay_thread import RelayThread, relay_thread
 from sluice.proxy.relay_thread import wanted as relay_thread_wanted
+from sluice.proxy.reload import Generation, Outcome, effective, flag, split
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     HTTP_LIMITS_FILE,
@@ -130,6 +134,13 @@ class Proxy:
         # that their hit counts start from zero with each proxy.
         self.faults = Faults()
         self.faults.extend(copy.deepcopy(config.faults))
+        # Configuration reloads: the generation in force, how to read the
+        # settings again (set by the command; None: no reloads), the fault
+        # rules that came with the configuration (a reload replaces those).
+        self.generation = Generation(1, time.time(), "start")
+        self.load: Callable[[], ProxyConfig] | None = None
+        self._config_rules = [rule.id for rule in self.faults.rules]
+        self._reloading = trio.Lock()
         self.ports = self._broker_ports() if self.protocol.port_per_broker else None
         self.filters = make_filters(config.filters, self.protocol) if config.filters else None
         make_backend = self.protocol.load(self.protocol.backend)
@@ -147,6 +158,7 @@ class Proxy:
             config.handshake_timeout, config.connect_timeout, config.keepalive_interval
         )
         self.metrics = Metrics(config.topic_metrics_limit, self.protocol)
+        self.metrics.generation(self.generation)
         self.taps = Taps([self.metrics])
         # --http-listen: the broker's web port, relayed (sluice/proxy/http.py).
         self.http: HttpRelay | None = None
@@ -257,6 +269,7 @@ class Proxy:
                     "/faults": FaultsEndpoint(self.faults, registry.all_faults(), token),
                     "/recording": SnapshotEndpoint(self.recorder, token),
                     "/live": LiveEndpoint(self.live, token),
+                    "/config": ConfigEndpoint(self.generation_json, self._reload_json, token),
                 }
                 outer.start_soon(functools.partial(
                     serve_admin, admin, self.metrics.exposed, self.readiness, endpoints,
@@ -282,6 +295,82 @@ class Proxy:
                 await self._stop.wait()
             await self.backend.aclose()
             outer.cancel_scope.cancel()
+
+    # --- configuration reload ------------------------------------------------------
+
+    def generation_json(self) -> dict[str, Any]:
+        return self.generation.to_json()
+
+    async def _reload_json(self) -> dict[str, Any]:
+        return (await self.reload_from_source("admin")).to_json()
+
+    async def reload_from_source(self, source: str) -> Outcome:
+        """Read the settings again (``self.load``) and reload them."""
+        if self.load is None:
+            return self._refused(source, ["this proxy was not started with reloadable settings"])
+        try:
+            new = await trio.to_thread.run_sync(self.load)
+        except ConfigError as exc:
+            return self._refused(source, str(exc).splitlines())
+        return await self.reload(new, source)
+
+    async def reload(self, new: ProxyConfig, source: str, number: int | None = None) -> Outcome:
+        """Put ``new`` in force where it may change live (``reload.LIVE``),
+        keeping the rest as it was; all of it or, when any part does not
+        check out, none. ``number``: the generation to call it (a worker
+        takes its supervisor's)."""
+        async with self._reloading:
+            old = self.config
+            live, kept = split(old, new)
+            kept_flags = [flag("snapshot_on") if f == "record" else flag(f) for f in kept]
+            if not live:
+                if number is not None:  # a supervisor's generation, whatever changed here
+                    self.generation = Generation(number, time.time(), source)
+                    self.metrics.generation(self.generation)
+                outcome = Outcome("unchanged", self.generation, kept=kept_flags)
+                self.metrics.reloads.labels("unchanged").inc()
+                log.info("%s", outcome.summary())
+                return outcome
+            config = effective(old, new, kept)
+            try:
+                filters = make_filters(config.filters, self.protocol) if config.filters else None
+                faults = copy.deepcopy(config.faults)
+                # Last: the backend may start tasks (an issuer's keys, Sluice's
+                # own token) for what it made, which nothing after may undo.
+                put_in_force = await self.backend.prepare(config, filters)
+            except ConfigError as exc:
+                return self._refused(source, str(exc).splitlines())
+            put_in_force()
+            for rule_id in self._config_rules:
+                self.faults.remove(rule_id)
+            added = [r for r in faults if not any(r.id == o.id for o in self.faults.rules)]
+            self.faults.extend(added)
+            self._config_rules = [rule.id for rule in added]
+            self.limits.total = config.max_connections
+            self.limits.per_ip = config.max_connections_per_ip
+            if self.http is not None:
+                self.http.limits.total = self.http.limits.per_ip = config.http_max_connections
+                self.http.allowlist.rules = AllowList(
+                    config.allow_broker + config.trust_broker
+                ).rules
+            if self.recorder is not None and config.record is not None:
+                self.recorder.set_triggers(config.record.triggers)
+            self.config, self.filters = config, filters
+            self.generation = Generation(
+                number if number is not None else self.generation.number + 1, time.time(), source
+            )
+            self.metrics.generation(self.generation)
+            self.metrics.reloads.labels("applied").inc()
+            outcome = Outcome("applied", self.generation, [flag(f) for f in live], kept_flags)
+            log.warning("%s", outcome.summary())
+            return outcome
+
+    def _refused(self, source: str, errors: list[str]) -> Outcome:
+        self.metrics.reloads.labels("refused").inc()
+        outcome = Outcome("refused", self.generation, errors=errors)
+        outcome.generation = Generation(self.generation.number, self.generation.loaded_at, source)
+        log.error("%s", outcome.summary())
+        return outcome
 
     def readiness(self) -> list[str]:
         """Why the proxy is not ready (empty: ready), for /readyz."""
@@ -602,6 +691,45 @@ class Drainable(Protocol):
     async def drain(self) -> None: ...
 
     def stop(self) -> None: ...
+
+
+class Reloadable(Protocol):
+    async def reload_from_source(self, source: str) -> Outcome: ...
+
+
+# How often the --config file is looked at for a change.
+CONFIG_CHECK_EVERY = 2.0
+
+
+async def reload_when_asked(server: Reloadable, config_file: Path | None) -> None:
+    """Reload ``server``'s configuration on SIGHUP and when ``config_file``
+    changes (its inode, time or size; a Kubernetes ConfigMap's mounted file
+    is a link the kubelet points at a new file), until cancelled."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async with trio.open_nursery() as nursery:
+            if config_file is not None:
+                nursery.start_soon(_watch_config, server, config_file)
+            async for _ in signals:
+                await server.reload_from_source("SIGHUP")
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()  # through links, to the file they name now
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+async def _watch_config(server: Reloadable, path: Path) -> None:
+    last = _stamp(path)
+    while True:
+        await trio.sleep(CONFIG_CHECK_EVERY)
+        stamp = _stamp(path)
+        if stamp is None or stamp == last:
+            continue  # a file that went away: the running configuration stays
+        last = stamp
+        await server.reload_from_source("file")
 
 
 async def serve_until_signalled(server: Drainable) -> None:

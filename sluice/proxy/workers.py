@@ -47,6 +47,7 @@ What must look like one proxy does:
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import logging
@@ -62,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,12 +76,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from sluice.addresses import Address
+from sluice.errors import ConfigError
 from sluice.logs import setup_logging
 from sluice.protocols import registry
 from sluice.protocols.faults import FaultError, parse_rule
 from sluice.protocols.haproxy import HeaderError
 from sluice.proxy.admin import (
     AdminRequest,
+    ConfigEndpoint,
+    Handler,
     Refused,
     SnapshotRequest,
     authorize,
@@ -92,7 +97,8 @@ from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
-from sluice.proxy.server import Proxy, WorkerRole, serve_until_signalled
+from sluice.proxy.reload import Generation, Outcome, effective, flag, split
+from sluice.proxy.server import Proxy, WorkerRole, reload_when_asked, serve_until_signalled
 from sluice.proxy.shared import create_state
 from sluice.recording.writer import snapshot_name
 
@@ -116,6 +122,18 @@ _SPEC_LENGTH = struct.Struct(">Q")
 # Gauges that are the same in every worker or whose sum means nothing.
 _GAUGE_MIN = {"sluice_upstream_up"}
 _GAUGE_MAX = {"sluice_build_info", "sluice_recorder_enabled"}
+# Families the supervisor serves for all: the workers' own are left out.
+_SUPERVISORS = {
+    "sluice_config_reloads",
+    "sluice_config_generation",
+    "sluice_config_loaded_timestamp_seconds",
+}
+# A reload: the configuration every worker takes (its generation, where it
+# came from, the ProxyConfig), and each worker's report of it.
+RELOAD_FILE = "reload.pickle"
+RELOAD_REPORT = "reload-{index}.json"
+# How long the supervisor waits for every worker to report a reload.
+RELOAD_TIMEOUT = 30.0
 
 
 def available_cpus() -> int:
@@ -158,6 +176,7 @@ class WorkerSpec:
     fds: list[int]
     log_level: str
     log_format: str
+    generation: int = 1  # the configuration generation ``config`` is
 
 
 @dataclass
@@ -192,6 +211,8 @@ class Supervisor:
     draining: bool = False
     # Every worker has been ready at once (the end of the start).
     started: bool = False
+    # Reading the settings again (None: no reloads).
+    load: Callable[[], ProxyConfig] | None = None
 
     def __post_init__(self) -> None:
         self.workers = [Worker(i) for i in range(self.count)]
@@ -216,6 +237,20 @@ class Supervisor:
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
         self._stopped = trio.Event()
         self._snapshotting = False
+        # Configuration reloads: the generation every worker runs.
+        self.generation = Generation(1, time.time(), "start")
+        self._reloading = trio.Lock()
+        self.reloads = Counter("sluice_config_reloads", "Configuration reloads, by outcome "
+                               "(applied, unchanged, refused)", ["outcome"],
+                               registry=self.registry)  # fmt: skip
+        self._generation = Gauge(
+            "sluice_config_generation", "The configuration generation every worker runs "
+            "(1 at start)", registry=self.registry,
+        )  # fmt: skip
+        self._loaded = Gauge("sluice_config_loaded_timestamp_seconds", "When the configuration "
+                             "in force was loaded (Unix time)", registry=self.registry)  # fmt: skip
+        self._generation.set(1)
+        self._loaded.set(self.generation.loaded_at)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -231,8 +266,15 @@ class Supervisor:
                     nursery.start_soon(self._keep_running, worker)
                 if admin is not None:
                     nursery.start_soon(self._watch_readiness)
-                    routes = {"/faults": self.faults, "/recording": self.snapshot,
-                              "/live": self.live}  # fmt: skip
+                    routes: dict[str, Handler] = {
+                        "/faults": self.faults,
+                        "/recording": self.snapshot,
+                        "/live": self.live,
+                        "/config": ConfigEndpoint(
+                            lambda: self.generation.to_json(), self._reload_json,
+                            self.config.admin_token,
+                        ),
+                    }  # fmt: skip
                     nursery.start_soon(functools.partial(
                         serve_admin, admin, self.registry, self.readiness, routes, self.metrics,
                         inbound=proxy_protocol_in(self.config), refused=_admin_refused,
@@ -316,20 +358,22 @@ class Supervisor:
                       _exit_text(code), ran, f" in {pause:g}s" if pause else "")  # fmt: skip
             await trio.sleep(pause)
 
+    def _worker_config(self, config: ProxyConfig) -> ProxyConfig:
+        """What a worker runs of ``config``. A private admin port (loopback,
+        any free port) only behind the supervisor's own: nothing else asks a
+        worker anything. Without one, the worker starts with the rules; with
+        one, it is given them (ids as the supervisor numbered them) once it
+        is ready."""
+        if config.admin is not None:
+            return config.replace(admin=Address("127.0.0.1", 0), admin_token=self.token,
+                                  faults=())  # fmt: skip
+        return config
+
     async def _run_worker(self, worker: Worker) -> int:
-        # A private admin port (loopback, any free port) only behind the
-        # supervisor's own: nothing else asks a worker anything. Without one,
-        # the worker starts with the rules; with one, it is given them
-        # (ids as the supervisor numbered them) once it is ready.
-        if self.config.admin is not None:
-            config = self.config.replace(admin=Address("127.0.0.1", 0), admin_token=self.token,
-                                         faults=())  # fmt: skip
-        else:
-            config = self.config
-        spec = WorkerSpec(config, worker.index, self.count, self._state,
-                          [kind for kind, _ in self._sockets],
+        spec = WorkerSpec(self._worker_config(self.config), worker.index, self.count,
+                          self._state, [kind for kind, _ in self._sockets],
                           [sock.fileno() for _, sock in self._sockets],
-                          self.log_level, self.log_format)  # fmt: skip
+                          self.log_level, self.log_format, self.generation.number)  # fmt: skip
         process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "sluice.proxy.workers"],
             stdin=subprocess.PIPE,
@@ -414,6 +458,102 @@ class Supervisor:
                 self.started = True
                 log.info("all %d workers ready", self.count)
             await trio.sleep(READINESS_INTERVAL if self.started else STARTING_READINESS_INTERVAL)
+
+    # --- configuration reload ------------------------------------------------------
+
+    async def _reload_json(self) -> dict[str, Any]:
+        return (await self.reload_from_source("admin")).to_json()
+
+    async def reload_from_source(self, source: str) -> Outcome:
+        """Read the settings again and have every worker put them in force
+        as one generation: the supervisor checks what it can (what
+        ``config_from`` checks), writes the configuration to the workers'
+        state and signals each (SIGHUP); each reloads it (checking the rest)
+        and reports. A worker started later starts with it."""
+        async with self._reloading:
+            if self.load is None:
+                return self._reload_refused(source, ["no reloadable settings"])
+            try:
+                new = await trio.to_thread.run_sync(self.load)
+            except ConfigError as exc:
+                return self._reload_refused(source, str(exc).splitlines())
+            live, kept = split(self.config, new)
+            kept_flags = [flag("snapshot_on") if f == "record" else flag(f) for f in kept]
+            if not live:
+                self.reloads.labels("unchanged").inc()
+                outcome = Outcome("unchanged", self.generation, kept=kept_flags)
+                log.info("%s", outcome.summary())
+                return outcome
+            config = effective(self.config, new, kept)
+            number = self.generation.number + 1
+            path = self._state / RELOAD_FILE
+            part = path.with_suffix(".part")
+            part.write_bytes(pickle.dumps((number, source, self._worker_config(config))))
+            part.replace(path)
+            reports = await self._signal_reload(number)
+            refused = [r for r in reports if r.get("outcome") == "refused"]
+            if refused:
+                errors = [f"worker {r['index']}: {e}" for r in refused for e in r["errors"]]
+                return self._reload_refused(source, errors)
+            old = self.config
+            self.config = config
+            self.generation = Generation(number, time.time(), source)
+            self._generation.set(number)
+            self._loaded.set(self.generation.loaded_at)
+            if "faults" in live and config.admin is not None:
+                await self._replace_config_rules(old, config)
+            self.reloads.labels("applied").inc()
+            outcome = Outcome("applied", self.generation, [flag(f) for f in live], kept_flags)
+            missing = self.count - len(reports)
+            if missing:
+                outcome.errors.append(
+                    f"{missing} worker(s) did not report within {RELOAD_TIMEOUT:g}s; "
+                    "they start with it when restarted"
+                )
+            log.warning("%s (all %d workers)", outcome.summary(), self.count)
+            return outcome
+
+    async def _signal_reload(self, number: int) -> list[dict[str, Any]]:
+        """SIGHUP to every running worker; their reports of generation
+        ``number``, as they come within RELOAD_TIMEOUT."""
+        running = [w for w in self.workers if w.running]
+        for worker in running:
+            assert worker.process is not None
+            with contextlib.suppress(ProcessLookupError):
+                worker.process.send_signal(signal.SIGHUP)
+        reports: dict[int, dict[str, Any]] = {}
+        with trio.move_on_after(RELOAD_TIMEOUT):
+            while len(reports) < len(running):
+                for worker in running:
+                    if worker.index in reports:
+                        continue
+                    report = _report(self._state, worker.index)
+                    if report is not None and report.get("generation") == number:
+                        reports[worker.index] = report | {"index": worker.index}
+                await trio.sleep(0.05)
+        return list(reports.values())
+
+    async def _replace_config_rules(self, old: ProxyConfig, new: ProxyConfig) -> None:
+        """The fault rules that came with the configuration replaced by the
+        new one's (rules added on /faults stay), on every worker."""
+        before = [{k: v for k, v in r.to_json().items() if k not in ("hits", "seen")}
+                  for r in old.faults]  # fmt: skip
+        after = [{k: v for k, v in r.to_json().items() if k not in ("hits", "seen")}
+                 for r in new.faults]  # fmt: skip
+        for rule in [r for r in self.rules if r in before]:
+            self.rules.remove(rule)
+            await self._to_workers("DELETE", f"/faults/{rule['id']}")
+        for rule in after:
+            if not any(r["id"] == rule["id"] for r in self.rules):
+                self.rules.append(rule)
+                await self._to_workers("POST", "/faults", rule)
+
+    def _reload_refused(self, source: str, errors: list[str]) -> Outcome:
+        self.reloads.labels("refused").inc()
+        now = Generation(self.generation.number, self.generation.loaded_at, source)
+        outcome = Outcome("refused", now, errors=errors)
+        log.error("%s", outcome.summary())
+        return outcome
 
     async def metrics(self) -> bytes:
         """The workers' metrics summed, plus the supervisor's own."""
@@ -605,7 +745,7 @@ class _Merged(Collector):
         values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
         for text in self.texts:
             for family in text_string_to_metric_families(text):
-                if family.name.endswith("_created"):
+                if family.name.endswith("_created") or family.name in _SUPERVISORS:
                     continue  # per-process creation times: not meaningful summed
                 families.setdefault(family.name, family)
                 merged = values.setdefault(family.name, {})
@@ -673,14 +813,24 @@ def _exit_text(code: int) -> str:
     return f"exit code {code}"
 
 
-async def serve_workers(config: ProxyConfig, count: int, log_level: str, log_format: str) -> None:
-    supervisor = Supervisor(config, count, log_level, log_format)
+async def serve_workers(
+    config: ProxyConfig,
+    count: int,
+    log_level: str,
+    log_format: str,
+    *,
+    load: Callable[[], ProxyConfig] | None = None,
+    config_file: Path | None = None,
+) -> None:
+    supervisor = Supervisor(config, count, log_level, log_format, load=load)
     await supervisor.open()
     async with trio.open_nursery() as nursery:
         await nursery.start(supervisor.run)
         for kind, address in supervisor.addresses.items():
             log.info("listening (%s) on %s with %d workers, upstream %s", kind, address, count,
                      config.broker)  # fmt: skip
+        if load is not None:
+            nursery.start_soon(reload_when_asked, supervisor, config_file)
         await serve_until_signalled(supervisor)
         nursery.cancel_scope.cancel()
     log.info("stopped")
@@ -689,9 +839,46 @@ async def serve_workers(config: ProxyConfig, count: int, log_level: str, log_for
 # --- the worker process ------------------------------------------------------------
 
 
+@dataclass
+class _Reloads:
+    """A worker's side of a reload: on SIGHUP, the configuration the
+    supervisor wrote (when it is newer than the one in force) put in force
+    as the supervisor's generation, and a report written back."""
+
+    proxy: Proxy
+    state: Path
+    index: int
+
+    async def reload_from_source(self, source: str) -> Outcome:
+        try:
+            number, said, config = pickle.loads((self.state / RELOAD_FILE).read_bytes())
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+            return self.proxy._refused(source, [f"no configuration to reload: {exc}"])
+        if number <= self.proxy.generation.number:
+            outcome = Outcome("unchanged", self.proxy.generation)
+        else:
+            outcome = await self.proxy.reload(config, said, number=number)
+        report = {"generation": number, "outcome": outcome.outcome, "errors": outcome.errors}
+        path = self.state / RELOAD_REPORT.format(index=self.index)
+        part = path.with_suffix(".part")
+        part.write_text(json.dumps(report))
+        part.replace(path)
+        return outcome
+
+
+def _report(state: Path, index: int) -> dict[str, Any] | None:
+    try:
+        report: dict[str, Any] = json.loads((state / RELOAD_REPORT.format(index=index)).read_text())
+    except (OSError, ValueError):
+        return None
+    return report
+
+
 async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
     """Serve until signalled or orphaned; whether the supervisor was gone."""
     proxy = Proxy(spec.config, role)
+    proxy.generation = Generation(spec.generation, time.time(), "start")
+    proxy.metrics.generation(proxy.generation)
     orphaned: list[bool] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)
@@ -699,6 +886,7 @@ async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
         # signal receiver (there is no checkpoint in between), so the
         # SIGTERM it may send itself always finds the receiver.
         nursery.start_soon(_watch_supervisor, proxy, supervisor, orphaned)
+        nursery.start_soon(reload_when_asked, _Reloads(proxy, spec.state, spec.index), None)
         admin = proxy.addresses.get("admin")
         print("ready" if admin is None else f"ready {admin.port}", flush=True)
         await serve_until_signalled(proxy)

@@ -306,6 +306,11 @@ class Recorder:
             return None
         return self.carried, code
 
+    def set_triggers(self, triggers: Sequence[Trigger]) -> None:
+        """A reloaded configuration's snapshot rules (the flight recorder's:
+        none without a ring)."""
+        self._triggers = list(triggers) if self._ring is not None else []
+
     def carried(self, records: list[bytes], size: int) -> None:
         """``frames`` for a read a compiled relay step carried: its frame
         records, laid out, and their bytes."""

@@ -1,0 +1,151 @@
+"""A configuration reloaded without a restart: what may change live, and
+the record of each reload.
+
+A reload reads the settings again as at start (the same flags and
+environment, the ``--config`` file as it is now), on ``SIGHUP``, when the
+``--config`` file changes, or on ``POST /config/reload`` at the admin
+endpoint. What it may change while connections stay open (``LIVE``) is
+put in force; a changed setting outside it (listeners, TLS files, the
+broker, the worker count, …) is named in one line and kept as it was,
+until a restart. A configuration that does not check out is refused as a
+whole, one line per mistake, and the one in force stays. Each configuration
+put in force is a *generation* (1 at start), shown by ``GET /config`` and
+the metrics ``sluice_config_generation`` and
+``sluice_config_reloads_total{outcome}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# ProxyConfig fields a reload puts in force; the rest need a restart.
+LIVE = frozenset(
+    {
+        # who may be dialled, and whose credential goes where
+        "allow_broker",
+        "trust_broker",
+        # fault rules of the configuration (those added on /faults stay)
+        "faults",
+        # limits
+        "max_connections",
+        "max_connections_per_ip",
+        "http_max_connections",
+        "max_concurrent_lookups",
+        "max_upstream_connections",
+        "max_redirects",
+        # authentication at the proxy: keys, issuers, Sluice's own credential
+        "auth_mode",
+        "auth_token_secret_key",
+        "auth_token_public_key",
+        "auth_token_role_claim",
+        "auth_token_audience",
+        "broker_auth_token_file",
+        "forward_auth_data",
+        "auth_oidc_issuers",
+        "auth_oidc_audiences",
+        "auth_oidc_role_claim",
+        "auth_oidc_leeway",
+        "auth_oidc_allow_http",
+        "auth_oidc_refresh",
+        "auth_oidc_miss_refresh",
+        "auth_oidc_ca",
+        "broker_auth_oauth2_issuer",
+        "broker_auth_oauth2_credentials",
+        "broker_auth_oauth2_audience",
+        "broker_auth_oauth2_scope",
+        # message filters (for connections opened from then on)
+        "filters",
+    }
+)
+# Of the recording settings, the snapshot rules (--snapshot-on) change live.
+RECORD = "record"
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a ProxyConfig field."""
+    return "--" + name.replace("_", "-")
+
+
+def split(old: Any, new: Any) -> tuple[list[str], list[str]]:
+    """The fields of ``new`` (a ProxyConfig) that differ from ``old``: those
+    a reload puts in force, and those it keeps as they were."""
+    live: list[str] = []
+    kept: list[str] = []
+    for f in dataclasses.fields(old):
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if before == after:
+            continue
+        if f.name in LIVE:
+            live.append(f.name)
+        elif f.name == RECORD and before is not None and after is not None:
+            # The snapshot rules change live; anything else of the recorder is kept.
+            if dataclasses.replace(after, triggers=before.triggers) != before:
+                kept.append(f.name)
+            if after.triggers != before.triggers:
+                live.append("snapshot_on")
+        else:
+            kept.append(f.name)
+    return live, kept
+
+
+def effective(old: Any, new: Any, kept: list[str]) -> Any:
+    """``new`` with the ``kept`` fields as they were in ``old``; the snapshot
+    rules of ``new`` kept in the recorder settings of ``old``."""
+    changes = {name: getattr(old, name) for name in kept if name != RECORD}
+    if RECORD in kept and old.record is not None and new.record is not None:
+        changes[RECORD] = dataclasses.replace(old.record, triggers=new.record.triggers)
+    elif RECORD in kept:
+        changes[RECORD] = old.record
+    return dataclasses.replace(new, **changes)
+
+
+@dataclass
+class Generation:
+    """One configuration put in force."""
+
+    number: int
+    loaded_at: float  # wall clock
+    source: str  # start, SIGHUP, file, admin
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "generation": self.number,
+            "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.loaded_at)),
+            "loaded_at_unix": round(self.loaded_at, 3),
+            "source": self.source,
+        }
+
+
+@dataclass
+class Outcome:
+    """What a reload did: ``applied`` (a new generation), ``unchanged``
+    (nothing live changed), or ``refused`` (``errors``, one line each)."""
+
+    outcome: str
+    generation: Generation
+    changed: list[str] = field(default_factory=list)  # flags put in force
+    kept: list[str] = field(default_factory=list)  # flags that need a restart
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            **self.generation.to_json(),
+            "changed": self.changed,
+            "kept": self.kept,
+            "errors": self.errors,
+        }
+
+    def summary(self) -> str:
+        """One line for the log."""
+        parts = [f"configuration reload ({self.generation.source}): {self.outcome}"]
+        if self.outcome == "applied":
+            parts.append(f"generation {self.generation.number}: {', '.join(self.changed)}")
+        if self.kept:
+            parts.append(f"needs a restart, kept as it was: {', '.join(self.kept)}")
+        if self.errors:
+            parts.append("; ".join(self.errors))
+        return "; ".join(parts)

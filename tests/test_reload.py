@@ -1,0 +1,159 @@
+"""Configuration reload, in process: the settings read again from the same
+command line and a changed --config file, what is put in force, what is
+kept (named), what is refused (as a whole, one line a mistake), and the
+admin endpoint's answer. Under load against Apache Pulsar, with workers
+and through the chart: tests/test_reload_e2e.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from sluice.commands.proxy import settings_again
+from sluice.protocols import registry
+from sluice.protocols.faults import parse_rule
+from sluice.proxy.admin import AdminRequest, ConfigEndpoint, Refused
+from sluice.proxy.reload import LIVE, effective, split
+from sluice.proxy.server import Proxy
+
+BROKER = "pulsar://127.0.0.1:6650"
+
+
+def write(path: Path, **settings: Any) -> Path:
+    lines = [f"{k.replace('_', '-')} = {json.dumps(v)}" for k, v in settings.items()]
+    path.write_text("\n".join(["[proxy]", *lines]) + "\n")
+    return path
+
+
+def argv(config: Path, *extra: str) -> list[str]:
+    return ["proxy", "--broker", BROKER, "--listen", "127.0.0.1:0", "--config", str(config),
+            *extra]  # fmt: skip
+
+
+def test_what_a_reload_may_change_and_what_it_keeps(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "sluice.toml", max_connections=100, allow_broker=["10.0.0.0/8"])
+    line = argv(cfg)
+    old = settings_again(line)
+    write(cfg, max_connections=50, allow_broker=["10.0.0.0/8", "*.brokers.test"],
+          listen="127.0.0.1:7000", keepalive_interval=5)  # fmt: skip
+    new = settings_again(line)
+    live, kept = split(old, new)
+    assert sorted(live) == ["allow_broker", "max_connections"]
+    # The command line wins over the file, so --listen is not changed by it;
+    # the keepalive interval needs a restart.
+    assert kept == ["keepalive_interval"]
+    now = effective(old, new, kept)
+    assert now.max_connections == 50 and now.keepalive_interval == old.keepalive_interval
+    assert {"allow_broker", "faults", "filters", "auth_oidc_issuers"} <= LIVE
+    assert "listen" not in LIVE and "workers" not in LIVE
+
+
+async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Path) -> None:
+    rules = tmp_path / "faults.json"
+    rules.write_text(json.dumps([{"id": "slow", "match": {"command": "SEND"},
+                                  "action": "delay", "delay_ms": 5}]))  # fmt: skip
+    cfg = write(tmp_path / "sluice.toml", max_connections=100, faults=str(rules))
+    line = argv(cfg)
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    assert proxy.generation.number == 1
+    assert [r.id for r in proxy.faults.rules] == ["slow"]
+    # A rule added at the admin endpoint stays through reloads.
+    proxy.faults.add(parse_rule({"id": "mine", "action": "drop"}, registry.all_faults()))
+
+    # Nothing changed: no new generation.
+    same = await proxy.reload_from_source("SIGHUP")
+    assert same.outcome == "unchanged" and same.generation.number == 1
+
+    # Limits and fault rules change live; a listener is named and kept.
+    rules.write_text(json.dumps([{"id": "slower", "match": {"command": "SEND"},
+                                  "action": "delay", "delay_ms": 50}]))  # fmt: skip
+    write(cfg, max_connections=7, faults=str(rules), handshake_timeout=3)
+    applied = await proxy.reload_from_source("file")
+    assert applied.outcome == "applied", applied
+    assert applied.generation.number == 2 and applied.generation.source == "file"
+    assert sorted(applied.changed) == ["--faults", "--max-connections"]
+    assert applied.kept == ["--handshake-timeout"]
+    assert proxy.limits.total == 7
+    assert sorted(r.id for r in proxy.faults.rules) == ["mine", "slower"]
+
+    # Refused as a whole: a bad value and an unreadable key file, one line
+    # each time; the configuration in force stays.
+    write(cfg, max_connections="lots", faults=str(rules))
+    refused = await proxy.reload_from_source("admin")
+    assert refused.outcome == "refused" and refused.generation.number == 2
+    assert len(refused.errors) == 1 and "max-connections" in refused.errors[0], refused.errors
+    write(cfg, max_connections=9, faults=str(rules), auth_mode="proxy",
+          auth_token_secret_key=str(tmp_path / "missing.key"),
+          broker_auth_token_file=str(tmp_path / "missing.token"))  # fmt: skip
+    refused = await proxy.reload_from_source("admin")
+    assert refused.outcome == "refused", refused
+    assert refused.errors == [f"--auth-token-secret-key {tmp_path / 'missing.key'}: "
+                              "No such file or directory"]  # fmt: skip
+    assert proxy.limits.total == 7 and proxy.config.auth_mode == "passthrough"
+    assert proxy.generation.number == 2
+
+    # The admin endpoint: the generation, and a reload behind the token.
+    endpoint = ConfigEndpoint(proxy.generation_json, proxy._reload_json, "t0ken")
+    status, body = await endpoint(AdminRequest("GET", "/config", {}, b""))
+    assert status == 200 and body["generation"] == 2 and body["source"] == "file"
+    with pytest.raises(Refused) as denied:
+        await endpoint(AdminRequest("POST", "/config/reload", {}, b""))
+    assert denied.value.status == 401
+    write(cfg, max_connections=9, faults=str(rules))
+    status, body = await endpoint(
+        AdminRequest("POST", "/config/reload", {"authorization": "Bearer t0ken"}, b"")
+    )
+    assert status == 200 and body["outcome"] == "applied" and body["generation"] == 3
+    write(cfg, max_connections=[], faults=str(rules))
+    status, body = await endpoint(
+        AdminRequest("POST", "/config/reload", {"authorization": "Bearer t0ken"}, b"")
+    )
+    assert status == 400 and body["outcome"] == "refused" and body["errors"]
+
+
+async def test_sighup_and_a_changed_file_reload(tmp_path: Path) -> None:
+    """The file is looked at every CONFIG_CHECK_EVERY; a ConfigMap's file is
+    a link the kubelet swaps to a new file."""
+    import os
+    import signal
+
+    from sluice.proxy import server
+
+    data = tmp_path / "..2026_11_29_01"
+    data.mkdir()
+    write(data / "sluice.toml", max_connections=100)
+    (tmp_path / "..data").symlink_to(data.name)
+    cfg = tmp_path / "sluice.toml"
+    cfg.symlink_to("..data/sluice.toml")
+    line = argv(cfg)
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    server.CONFIG_CHECK_EVERY, before = 0.05, server.CONFIG_CHECK_EVERY
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.reload_when_asked, proxy, cfg)
+            await trio.sleep(0.1)
+            # The kubelet's update: a new directory, the ..data link swapped.
+            fresh = tmp_path / "..2026_11_29_02"
+            fresh.mkdir()
+            write(fresh / "sluice.toml", max_connections=42)
+            (tmp_path / "..data.tmp").symlink_to(fresh.name)
+            os.replace(tmp_path / "..data.tmp", tmp_path / "..data")
+            with trio.fail_after(5):
+                while proxy.generation.number != 2:
+                    await trio.sleep(0.02)
+            assert proxy.limits.total == 42 and proxy.generation.source == "file"
+            write(fresh / "sluice.toml", max_connections=43)
+            os.utime(fresh / "sluice.toml", (1, 1))  # the file watch sees it too; SIGHUP first
+            os.kill(os.getpid(), signal.SIGHUP)
+            with trio.fail_after(5):
+                while proxy.limits.total != 43:
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+    finally:
+        server.CONFIG_CHECK_EVERY = before
