@@ -35,6 +35,7 @@ from sluice.protocols.http import with_credentials
 from sluice.protocols.pulsar import Type, command, decode_stream, encode, pb
 from sluice.protocols.pulsar.auth import (
     AuthError,
+    OwnToken,
     ProxyAuth,
     TokenVerifier,
     UpstreamAuth,
@@ -383,12 +384,13 @@ def test_sluices_own_token_is_read_again_when_its_file_changes(tmp_path: Path) -
     core, _ = proxy_core(tmp_path)
     auth = core.settings.auth
     assert auth is not None and auth.own.data == hs256_token(SECRET, "sluice").encode()
-    assert auth.own_token is not None
+    own = auth.own_token
+    assert isinstance(own, OwnToken)
     (tmp_path / "sluice.token").write_text(hs256_token(SECRET, "sluice-2") + "\n")
-    auth.own_token._checked = 0.0  # as if a second had passed
+    own._checked = 0.0  # as if a second had passed
     assert auth.own.data == hs256_token(SECRET, "sluice-2").encode()
     (tmp_path / "sluice.token").write_text("")  # a broken rotation keeps the last good one
-    auth.own_token._checked = 0.0
+    own._checked = 0.0
     assert auth.own.data == hs256_token(SECRET, "sluice-2").encode()
 
 
