@@ -240,15 +240,21 @@ class Supervisor:
         # Configuration reloads: the generation every worker runs.
         self.generation = Generation(1, time.time(), "start")
         self._reloading = trio.Lock()
-        self.reloads = Counter("sluice_config_reloads", "Configuration reloads, by outcome "
-                               "(applied, unchanged, refused)", ["outcome"],
-                               registry=self.registry)  # fmt: skip
+        # Its own, as a lone proxy serves them (with the protocol label):
+        # the workers' are left out of the sum.
+        protocol = self.config.protocol
+        self._reloads = Counter(
+            "sluice_config_reloads", "Configuration reloads, by outcome (applied, unchanged, "
+            "refused)", ["protocol", "outcome"], registry=self.registry,
+        )  # fmt: skip
         self._generation = Gauge(
             "sluice_config_generation", "The configuration generation every worker runs "
-            "(1 at start)", registry=self.registry,
-        )  # fmt: skip
-        self._loaded = Gauge("sluice_config_loaded_timestamp_seconds", "When the configuration "
-                             "in force was loaded (Unix time)", registry=self.registry)  # fmt: skip
+            "(1 at start)", ["protocol"], registry=self.registry,
+        ).labels(protocol)  # fmt: skip
+        self._loaded = Gauge(
+            "sluice_config_loaded_timestamp_seconds", "When the configuration in force was "
+            "loaded (Unix time)", ["protocol"], registry=self.registry,
+        ).labels(protocol)  # fmt: skip
         self._generation.set(1)
         self._loaded.set(self.generation.loaded_at)
 
@@ -480,7 +486,7 @@ class Supervisor:
             live, kept = split(self.config, new)
             kept_flags = [flag("snapshot_on") if f == "record" else flag(f) for f in kept]
             if not live:
-                self.reloads.labels("unchanged").inc()
+                self._reloads.labels(self.config.protocol, "unchanged").inc()
                 outcome = Outcome("unchanged", self.generation, kept=kept_flags)
                 log.info("%s", outcome.summary())
                 return outcome
@@ -502,7 +508,7 @@ class Supervisor:
             self._loaded.set(self.generation.loaded_at)
             if "faults" in live and config.admin is not None:
                 await self._replace_config_rules(old, config)
-            self.reloads.labels("applied").inc()
+            self._reloads.labels(self.config.protocol, "applied").inc()
             outcome = Outcome("applied", self.generation, [flag(f) for f in live], kept_flags)
             missing = self.count - len(reports)
             if missing:
@@ -549,7 +555,7 @@ class Supervisor:
                 await self._to_workers("POST", "/faults", rule)
 
     def _reload_refused(self, source: str, errors: list[str]) -> Outcome:
-        self.reloads.labels("refused").inc()
+        self._reloads.labels(self.config.protocol, "refused").inc()
         now = Generation(self.generation.number, self.generation.loaded_at, source)
         outcome = Outcome("refused", now, errors=errors)
         log.error("%s", outcome.summary())
