@@ -559,10 +559,32 @@ def test_the_sidecars_are_found_by_their_pod_label() -> None:
     service = one(docs, "Service")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"].items() <= labels.items()
-    # The configuration's checksum restarts the pods when a setting changes.
-    before = pod_spec(docs)["metadata"]["annotations"]["checksum/sluice-config"]
+    # A setting that needs a restart changes the pod template, so the pods
+    # roll; one Sluice reloads in place (an allow-list, fault rules, a limit
+    # given under config) leaves it as it is: the kubelet updates the mounted
+    # ConfigMap and Sluice reloads it.
+    key = "checksum/sluice-restart-settings"
+    before = pod_spec(docs)["metadata"]["annotations"][key]
     after = pod_spec(render("sidecar-default", "--set", "sluice.drainTimeout=30"))
-    assert after["metadata"]["annotations"]["checksum/sluice-config"] != before
+    assert after["metadata"]["annotations"][key] != before
+    for live in (("--set", "sluice.config.max-connections=10"),
+                 ("--set", "sluice.allowBroker[0]=*.brokers.test"),
+                 ("--set-json", 'sluice.faults=[{"action":"drop","match":{"command":"SEND"}}]')):  # fmt: skip
+        changed = render("sidecar-default", *live)
+        assert pod_spec(changed)["metadata"]["annotations"][key] == before, live
+        assert config_map(changed)["data"] != config_map(docs)["data"], live
+
+
+def test_the_charts_live_settings_are_the_ones_sluice_reloads() -> None:
+    """The chart keeps pods running for exactly the settings a reload puts
+    in force (sluice/proxy/reload.py)."""
+    from sluice.proxy.reload import LIVE, flag
+
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    (listed,) = re.findall(r'define "sluice.liveSettings".*?\n\{\{- list (.*?) \| toJson', helpers,
+                           re.S)  # fmt: skip
+    chart = set(re.findall(r'"([a-z0-9-]+)"', listed))
+    assert chart == {flag(f)[2:] for f in LIVE} | {"snapshot-on"}
 
 
 def test_a_native_sidecar_is_an_init_container_that_keeps_running() -> None:

@@ -243,10 +243,10 @@ filterSecrets: /etc/sluice-filters
 {{- end -}}
 {{- end -}}
 
-{{/* sluice.toml: every setting the chart writes, then config. Values are
-written with toJson: a JSON string, number, boolean or list of strings is
-also TOML. */}}
-{{- define "sluice.toml" -}}
+{{/* The settings of sluice.toml, as JSON: every setting the chart writes,
+then config. They are written with toJson: a JSON string, number, boolean
+or list of strings is also TOML. */}}
+{{- define "sluice.settings" -}}
 {{- $p := include "sluice.paths" . | fromYaml -}}
 {{- $s := dict "broker" .Values.broker "drain-timeout" .Values.drainTimeout -}}
 {{- if eq (toString .Values.workers) "auto" -}}
@@ -319,6 +319,30 @@ also TOML. */}}
 {{- $_ := set $s "faults" (printf "%s/faults.json" $p.config) -}}
 {{- end -}}
 {{- $s = merge $s .Values.config -}}
+{{- toJson $s -}}
+{{- end -}}
+
+{{/* The settings Sluice puts in force when the mounted sluice.toml changes
+(`sluice proxy` reloads it: the fields of sluice/proxy/reload.py's LIVE, as
+flags, and snapshot-on; tests/test_helm.py holds the two lists equal). A
+change to any other setting needs a restart: the pod template carries the
+checksum of those ("sluice.restartChecksum"), so it rolls the pods; a
+change to these alone (and to the filters and fault rules) reaches the
+running pods when the kubelet updates the ConfigMap. */}}
+{{- define "sluice.liveSettings" -}}
+{{- list "allow-broker" "trust-broker" "faults" "max-connections" "max-connections-per-ip" "http-max-connections" "max-concurrent-lookups" "max-upstream-connections" "max-redirects" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "auth-oidc-issuers" "auth-oidc-audiences" "auth-oidc-role-claim" "auth-oidc-leeway" "auth-oidc-allow-http" "auth-oidc-refresh" "auth-oidc-miss-refresh" "auth-oidc-ca" "broker-auth-oauth2-issuer" "broker-auth-oauth2-credentials" "broker-auth-oauth2-audience" "broker-auth-oauth2-scope" "filters" "snapshot-on" | toJson -}}
+{{- end -}}
+
+{{- define "sluice.restartChecksum" -}}
+{{- $s := include "sluice.settings" . | fromJson -}}
+{{- range include "sluice.liveSettings" . | fromJsonArray -}}
+{{- $_ := unset $s . -}}
+{{- end -}}
+{{- toJson $s | sha256sum -}}
+{{- end -}}
+
+{{- define "sluice.toml" -}}
+{{- $s := include "sluice.settings" . | fromJson -}}
 # Written by the sluice Helm chart from its values; `sluice proxy --help`
 # and docs/proxy.md say what each setting does.
 [proxy]
@@ -539,13 +563,14 @@ beside an application's own). */}}
     {{- end }}
 {{- end -}}
 
-{{/* The pod annotations: Prometheus' scrape annotations, and the
-configuration's checksum, so that pods restart when it changes. */}}
+{{/* The pod annotations: Prometheus' scrape annotations, and the checksum
+of the settings that need a restart, so that pods restart when one of them
+changes (the others are reloaded in place: "sluice.liveSettings"). */}}
 {{- define "sluice.podAnnotations" -}}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.admin.port | quote }}
 prometheus.io/path: /metrics
-checksum/sluice-config: {{ include "sluice.configData" . | sha256sum }}
+checksum/sluice-restart-settings: {{ include "sluice.restartChecksum" . }}
 {{- end -}}
 
 {{/* The ConfigMap's data. */}}
