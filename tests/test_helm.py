@@ -210,6 +210,32 @@ def test_the_chart_requires_the_broker() -> None:
         ({"recording": {"retain_bytes": "1G"}}, "additional properties 'retain_bytes' not allowed"),
         ({"workers": "many"}, "at '/workers'"),
         # the templates: what needs several values at once
+        (
+            {"auth": {"mode": "proxy", "oidc": {"issuers": ["https://idp"]}}},
+            "needs auth.oidc.audiences",
+        ),
+        (
+            {
+                "auth": {
+                    "mode": "proxy",
+                    "oidc": {"issuers": ["https://idp"], "audiences": ["p"]},
+                    "brokerOAuth2": {"issuer": "https://idp"},
+                }
+            },
+            "issuer and credentialsSecret go together",
+        ),
+        (
+            {
+                "auth": {
+                    "mode": "proxy",
+                    "oidc": {"issuers": ["https://idp"], "audiences": ["p"]},
+                    "brokerOAuth2": {"issuer": "https://idp", "credentialsSecret": "s"},
+                    "brokerToken": {"value": "t"},
+                }
+            },
+            "one own credential",
+        ),
+        ({"auth": {"oidc": {"issuers": ["https://idp"]}}}, "are for auth.mode proxy"),
         ({"broker": "http://broker:8080"}, "broker must start with pulsar://"),
         (
             {"recording": {"mode": "directory", "retainBytes": "2G", "volume": {"size": "2Gi"}}},
@@ -567,9 +593,10 @@ def test_the_sidecars_are_found_by_their_pod_label() -> None:
     before = pod_spec(docs)["metadata"]["annotations"][key]
     after = pod_spec(render("sidecar-default", "--set", "sluice.drainTimeout=30"))
     assert after["metadata"]["annotations"][key] != before
+    drop = '[{"action":"drop","match":{"command":"SEND"}}]'
     for live in (("--set", "sluice.config.max-connections=10"),
                  ("--set", "sluice.allowBroker[0]=*.brokers.test"),
-                 ("--set-json", 'sluice.faults=[{"action":"drop","match":{"command":"SEND"}}]')):  # fmt: skip
+                 ("--set-json", f"sluice.faults={drop}")):  # fmt: skip
         changed = render("sidecar-default", *live)
         assert pod_spec(changed)["metadata"]["annotations"][key] == before, live
         assert config_map(changed)["data"] != config_map(docs)["data"], live
@@ -713,6 +740,43 @@ def test_filters_and_the_secrets_of_their_keys(tmp_path: Path) -> None:
         f"filter 'encrypt': key 'payments-2026' ({keys_dir}/payments-2026.pub.pem): "
         "cannot read it: No such file or directory"
     ), result.stderr
+
+
+def test_openid_connect_issuers_and_sluices_oauth2_token(tmp_path: Path) -> None:
+    """auth.oidc and auth.brokerOAuth2: the settings in sluice.toml, the key
+    file mounted from its Secret, Sluice accepting the configuration."""
+    credentials = "/etc/pulsar-oauth2"
+    values = {
+        "auth": {
+            "mode": "proxy",
+            "oidc": {"issuers": ["https://idp.example/realms/pulsar"], "audiences": ["pulsar"],
+                     "roleClaim": "client_id"},
+            "brokerOAuth2": {"issuer": "https://idp.example/realms/pulsar",
+                             "credentialsSecret": "sluice-oauth2", "audience": "pulsar"},
+        }
+    }  # fmt: skip
+    file = tmp_path / "values.yaml"
+    file.write_text(json.dumps(values))
+    docs = render("gateway-default", "-f", str(file))
+    proxy = settings(docs)
+    assert proxy["auth-oidc-issuers"] == "https://idp.example/realms/pulsar"
+    assert proxy["auth-oidc-audiences"] == "pulsar"
+    assert proxy["auth-oidc-role-claim"] == "client_id"
+    assert proxy["broker-auth-oauth2-credentials"] == f"{credentials}/credentials.json"
+    assert proxy["broker-auth-oauth2-audience"] == "pulsar"
+    assert "broker-auth-token-file" not in proxy
+    pod = pod_spec(docs)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mount = next(m for m in sluice_container(pod)["volumeMounts"]
+                 if m["mountPath"] == credentials)  # fmt: skip
+    assert volumes[mount["name"]]["secret"] == {"secretName": "sluice-oauth2", "defaultMode": 0o440}
+    # Sluice takes it, the key file where the mount puts it.
+    (tmp_path / "credentials.json").write_text('{"client_id": "sluice", "client_secret": "s"}')
+    config = tmp_path / "sluice.toml"
+    config.write_text(config_map(docs)["data"]["sluice.toml"].replace(credentials, str(tmp_path)))
+    result = subprocess.run([*SLUICE, "proxy", "--config", str(config), "--print-config"],
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
 
 
 def materialize(docs: list[Doc], root: Path) -> tuple[Path, dict[str, str]]:

@@ -130,7 +130,7 @@ a quarter; refused when not above retainBytes. */}}
 {{- if not (regexMatch "^pulsar(\\+ssl)?://" .Values.broker) -}}
 {{- fail (printf "broker must start with pulsar:// or pulsar+ssl://, not %v" .Values.broker) -}}
 {{- end -}}
-{{- $reserved := list "broker" "workers" "listen" "listen-tls" "http-listen" "broker-http" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "filters" "filter" "config" -}}
+{{- $reserved := list "broker" "workers" "listen" "listen-tls" "http-listen" "broker-http" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "auth-oidc-issuers" "auth-oidc-audiences" "auth-oidc-role-claim" "broker-auth-oauth2-issuer" "broker-auth-oauth2-credentials" "broker-auth-oauth2-audience" "broker-auth-oauth2-scope" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "filters" "filter" "config" -}}
 {{- range $key, $_ := .Values.config -}}
 {{- if has $key $reserved -}}
 {{- fail (printf "config.%s is set by the chart's own values (see values.yaml), not under config" $key) -}}
@@ -160,14 +160,24 @@ a quarter; refused when not above retainBytes. */}}
 {{- fail (printf "auth.mode must be passthrough or proxy, not %v" .Values.auth.mode) -}}
 {{- end -}}
 {{- if eq .Values.auth.mode "proxy" -}}
-{{- if not (or .Values.auth.tokenSecretKey.secretName .Values.auth.tokenPublicKey.secretName .Values.auth.tokenPublicKey.configMapName .Values.tls.clientCA.secretName) -}}
-{{- fail "auth.mode proxy needs a way to check clients: auth.tokenSecretKey, auth.tokenPublicKey or tls.clientCA" -}}
+{{- if not (or .Values.auth.tokenSecretKey.secretName .Values.auth.tokenPublicKey.secretName .Values.auth.tokenPublicKey.configMapName .Values.tls.clientCA.secretName .Values.auth.oidc.issuers) -}}
+{{- fail "auth.mode proxy needs a way to check clients: auth.tokenSecretKey, auth.tokenPublicKey, auth.oidc.issuers or tls.clientCA" -}}
 {{- end -}}
-{{- if not (or .Values.auth.brokerToken.secretName .Values.auth.brokerToken.value .Values.brokerTLS.clientCertSecretName) -}}
-{{- fail "auth.mode proxy needs Sluice's own credential: auth.brokerToken or brokerTLS.clientCertSecretName" -}}
+{{- if and .Values.auth.oidc.issuers (not .Values.auth.oidc.audiences) -}}
+{{- fail "auth.oidc.issuers needs auth.oidc.audiences: a token must name Pulsar as its audience, as the brokers' openIDAllowedAudiences requires" -}}
 {{- end -}}
-{{- else if or .Values.trustBroker .Values.auth.forwardAuthData -}}
-{{- fail "trustBroker and auth.forwardAuthData are for auth.mode proxy" -}}
+{{- $oauth2 := .Values.auth.brokerOAuth2 -}}
+{{- if ne (empty $oauth2.issuer) (empty $oauth2.credentialsSecret) -}}
+{{- fail "auth.brokerOAuth2: issuer and credentialsSecret go together" -}}
+{{- end -}}
+{{- if and $oauth2.issuer (include "sluice.brokerTokenSecret" .) -}}
+{{- fail "auth.brokerOAuth2 or auth.brokerToken: one own credential" -}}
+{{- end -}}
+{{- if not (or .Values.auth.brokerToken.secretName .Values.auth.brokerToken.value .Values.brokerTLS.clientCertSecretName $oauth2.issuer) -}}
+{{- fail "auth.mode proxy needs Sluice's own credential: auth.brokerToken, auth.brokerOAuth2 or brokerTLS.clientCertSecretName" -}}
+{{- end -}}
+{{- else if or .Values.trustBroker .Values.auth.forwardAuthData .Values.auth.oidc.issuers .Values.auth.brokerOAuth2.issuer -}}
+{{- fail "trustBroker, auth.forwardAuthData, auth.oidc and auth.brokerOAuth2 are for auth.mode proxy" -}}
 {{- end -}}
 {{- if and .Values.admin.token.existingSecret .Values.admin.token.value -}}
 {{- fail "admin.token: give existingSecret or value, not both" -}}
@@ -224,6 +234,7 @@ brokerCert: /etc/sluice-broker-cert
 tokenSecretKey: /etc/pulsar-token-secret
 tokenPublicKey: /etc/pulsar-token-key
 brokerToken: /etc/pulsar-credentials
+brokerOAuth2: /etc/pulsar-oauth2
 filterSecrets: /etc/sluice-filters
 {{- end -}}
 
@@ -288,6 +299,17 @@ or list of strings is also TOML. */}}
 {{- $_ := set $s "broker-auth-token-file" (printf "%s/%s" $p.brokerToken (empty .Values.auth.brokerToken.secretName | ternary "token" .Values.auth.brokerToken.key)) -}}
 {{- end -}}
 {{- if .Values.auth.forwardAuthData }}{{ $_ := set $s "forward-auth-data" true }}{{ end -}}
+{{- with .Values.auth.oidc.issuers }}{{ $_ := set $s "auth-oidc-issuers" (join "," .) }}{{ end -}}
+{{- with .Values.auth.oidc.audiences }}{{ $_ := set $s "auth-oidc-audiences" (join "," .) }}{{ end -}}
+{{- with .Values.auth.oidc.roleClaim }}{{ $_ := set $s "auth-oidc-role-claim" . }}{{ end -}}
+{{- with .Values.auth.brokerOAuth2 -}}
+{{- if .issuer -}}
+{{- $_ := set $s "broker-auth-oauth2-issuer" .issuer -}}
+{{- $_ := set $s "broker-auth-oauth2-credentials" (printf "%s/%s" $p.brokerOAuth2 .key) -}}
+{{- with .audience }}{{ $_ := set $s "broker-auth-oauth2-audience" . }}{{ end -}}
+{{- with .scope }}{{ $_ := set $s "broker-auth-oauth2-scope" . }}{{ end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if include "sluice.adminTokenSecret" . -}}
 {{- $_ := set $s "admin-token-file" (printf "%s/%s" $p.adminToken (empty .Values.admin.token.existingSecret | ternary "token" .Values.admin.token.key)) -}}
@@ -454,6 +476,12 @@ beside an application's own). */}}
     secretName: {{ . }}
     defaultMode: 0440
 {{- end }}
+{{- with .Values.auth.brokerOAuth2.credentialsSecret }}
+- name: sluice-broker-oauth2
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
 {{- end }}
 {{- range .Values.filterSecrets }}
 - name: sluice-filter-{{ .name }}
@@ -553,6 +581,9 @@ beside an application's own). */}}
     {{- end }}
     {{- if include "sluice.brokerTokenSecret" . }}
     - {name: sluice-broker-token, mountPath: {{ $p.brokerToken }}, readOnly: true}
+    {{- end }}
+    {{- if .Values.auth.brokerOAuth2.credentialsSecret }}
+    - {name: sluice-broker-oauth2, mountPath: {{ $p.brokerOAuth2 }}, readOnly: true}
     {{- end }}
     {{- end }}
     {{- range .Values.filterSecrets }}
