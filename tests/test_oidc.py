@@ -17,15 +17,16 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from sluice.errors import ConfigError
 from sluice.protocols.core import Ask, Authenticated, Close, Conn, OnInvalid, Peer, Send
-from sluice.protocols.pulsar import Type, command, decode_stream, encode, pb
-from sluice.protocols.pulsar.auth import AuthError, ProxyAuth
-from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
-from sluice.protocols.pulsar.oidc import (
+from sluice.protocols.oidc import (
     ClientCredentials,
     KeysNeeded,
     OidcSettings,
     OidcVerifier,
+    TokenRefused,
 )
+from sluice.protocols.pulsar import Type, command, decode_stream, encode, pb
+from sluice.protocols.pulsar.auth import ProxyAuth
+from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from tests.test_pulsar_core import Recording, connect_body
@@ -76,7 +77,7 @@ def verifier(issuer: Issuer, **settings: Any) -> OidcVerifier:
 
 
 def refused(v: OidcVerifier, token: str, now: float = NOW) -> str:
-    with pytest.raises(AuthError) as caught:
+    with pytest.raises(TokenRefused) as caught:
         v.verify(token, now)
     return str(caught.value)
 
@@ -149,7 +150,7 @@ def test_keys_are_fetched_first_on_rotation_and_on_schedule_not_on_every_miss() 
     idp.add("rsa-9", rsa.generate_private_key(public_exponent=65537, key_size=2048))
     with pytest.raises(KeysNeeded):
         eager.verify(idp.token("rsa-9"), NOW)
-    with pytest.raises(AuthError, match="has no key 'rsa-9'"):
+    with pytest.raises(TokenRefused, match="has no key 'rsa-9'"):
         eager.verify(idp.token("rsa-9"), NOW, fetched=True)
     # Keys older than refresh_after are fetched again (on schedule: due()).
     assert not v.due(ISSUER, NOW + 62)
@@ -160,7 +161,7 @@ def test_an_issuer_that_cannot_be_fetched_refuses_its_tokens_saying_why() -> Non
     idp = Issuer()
     v = OidcVerifier(OidcSettings(issuers=(ISSUER,), audiences=("pulsar",)))
     v.fetching(ISSUER, NOW)
-    with pytest.raises(AuthError, match="names issuer 'https://else'"):
+    with pytest.raises(TokenRefused, match="names issuer 'https://else'"):
         v.discovered(ISSUER, idp.discovery("https://else"))
     v.failed(ISSUER, "https://idp.example/realm/.well-known/openid-configuration: refused", NOW)
     assert "could not be fetched: https://idp" in refused(v, idp.token(), NOW + 1)
@@ -168,7 +169,7 @@ def test_an_issuer_that_cannot_be_fetched_refuses_its_tokens_saying_why() -> Non
     with pytest.raises(KeysNeeded):
         v.verify(idp.token(), NOW + 10)
     for bad in (b"[]", b"{", json.dumps({"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}).encode()):
-        with pytest.raises(AuthError):
+        with pytest.raises(TokenRefused):
             v.keys(ISSUER, bad, NOW)
 
 
@@ -217,7 +218,7 @@ def test_client_credentials_ask_for_a_token_and_know_when_to_ask_again(tmp_path:
     assert own.took(json.dumps({"access_token": "T", "expires_in": 100}).encode(), NOW) == 100
     assert own.current() == b"T"
     assert own.refresh_at() == NOW + 80
-    with pytest.raises(AuthError, match="no access token: 'invalid_client'"):
+    with pytest.raises(TokenRefused, match="no access token: 'invalid_client'"):
         own.took(json.dumps({"error": "invalid_client"}).encode(), NOW)
     assert own.current() == b"T"  # the last good one is kept
     key_file.write_text("{}")

@@ -87,7 +87,7 @@ class ProxyConfig:
     broker_auth_token_file: Path | None = None
     forward_auth_data: bool = False
     # OpenID Connect issuers whose tokens clients may present (proxy mode),
-    # checked as Apache Pulsar's provider does (protocols/pulsar/oidc.py).
+    # checked as Apache Pulsar's provider does (protocols/oidc.py).
     auth_oidc_issuers: tuple[str, ...] = ()
     auth_oidc_audiences: tuple[str, ...] = ()
     auth_oidc_role_claim: str = "sub"

@@ -1,8 +1,8 @@
-"""OpenID Connect's I/O in proxy mode: the issuers' keys and Sluice's own
-OAuth2 token, fetched over HTTP(S).
+"""OpenID Connect's I/O, protocol-neutral: the issuers' keys and Sluice's own
+OAuth2 token, fetched over HTTP(S) (Pulsar's proxy mode uses it).
 
 What is fetched is judged by the sans-I/O halves in
-``sluice/protocols/pulsar/oidc.py`` (``OidcVerifier``, ``ClientCredentials``);
+``sluice/protocols/oidc.py`` (``OidcVerifier``, ``ClientCredentials``);
 this module only fetches: the standard library's HTTP client (urllib, with
 an ``ssl`` context of the system's CAs or ``--auth-oidc-ca``) in a worker
 thread, bounded in time and size.
@@ -28,12 +28,12 @@ from pathlib import Path
 import trio
 
 from sluice.errors import ConfigError
-from sluice.protocols.pulsar.auth import AuthError
-from sluice.protocols.pulsar.oidc import (
+from sluice.protocols.oidc import (
     DISCOVERY_PATH,
     MAX_DOCUMENT,
     ClientCredentials,
     OidcVerifier,
+    TokenRefused,
 )
 
 log = logging.getLogger("sluice.oidc")
@@ -138,7 +138,7 @@ class Issuers:
             jwks_uri = verifier.discovered(issuer, document)
             keys = await fetch(jwks_uri, self.context, self.timeout)
             count = verifier.keys(issuer, keys, time.time())
-        except (FetchError, AuthError) as exc:
+        except (FetchError, TokenRefused) as exc:
             verifier.failed(issuer, str(exc), time.time())
             log.warning("OpenID Connect issuer %s: keys not fetched: %s", issuer, exc)
             return
@@ -158,7 +158,7 @@ async def own_token_once(
     credentials: ClientCredentials, context: ssl.SSLContext, timeout: float
 ) -> float | None:
     """Fetch Sluice's own token; its lifetime (None: not said). FetchError
-    or AuthError when there is none."""
+    or TokenRefused when there is none."""
     if credentials.token_endpoint is None:
         credentials.discovered(await fetch(credentials.discovery_url, context, timeout))
     assert credentials.token_endpoint is not None
@@ -181,7 +181,7 @@ async def keep_own_token(
     while True:
         try:
             lifetime = await own_token_once(credentials, context, timeout)
-        except (FetchError, AuthError) as exc:
+        except (FetchError, TokenRefused) as exc:
             log.warning("own token from OAuth2 issuer %s not fetched (again in %gs): %s",
                         credentials.issuer, backoff, exc)  # fmt: skip
             if not started:

@@ -26,6 +26,7 @@ from sluice.addresses import Address, AllowList
 from sluice.errors import ConfigError
 from sluice.protocols.core import Conn, Dialed, Tap
 from sluice.protocols.faults import Faults
+from sluice.protocols.oidc import ClientCredentials, KeysNeeded
 from sluice.protocols.pulsar import (
     CLOSED,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -47,7 +48,6 @@ from sluice.protocols.pulsar.connection import (
     Routing,
     UpstreamFailure,
 )
-from sluice.protocols.pulsar.oidc import ClientCredentials, KeysNeeded
 from sluice.protocols.pulsar.urls import SCHEMES, BrokerUrl, parse_broker_url
 from sluice.proxy.backend import Services, Unauthorized
 from sluice.proxy.config import ProxyConfig

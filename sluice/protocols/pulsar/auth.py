@@ -18,7 +18,7 @@ What a client may authenticate with here:
   ``tokenPublicKey``: the public key, DER as Pulsar's tools write it, or
   PEM; RSA of at least 2048 bits). PyJWT checks the token; ``exp`` and
   ``nbf`` are honoured; the role is the ``sub`` claim or the one configured.
-  Or a JWT of an OpenID Connect issuer (``oidc.py``), checked against the
+  Or a JWT of an OpenID Connect issuer (``protocols/oidc.py``), checked against the
   keys the issuer publishes, as Pulsar's OpenID Connect provider does; a
   token naming an allowed issuer is checked that way, any other with the
   key file.
@@ -37,7 +37,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import jwt
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -46,10 +46,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from sluice.errors import ConfigError
 from sluice.logs import clipped
+from sluice.protocols.oidc import MAX_TOKEN, OidcVerifier, TokenRefused
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
-
-if TYPE_CHECKING:
-    from sluice.protocols.pulsar.oidc import OidcVerifier
 
 # What a broker answers a CONNECT that fails authentication (and what the
 # client gets from Sluice in proxy mode): ERROR AuthenticationError.
@@ -69,10 +67,6 @@ _EC_ALGORITHM: dict[type[ec.EllipticCurve], str] = {
 _KNOWN_ALGORITHMS = frozenset(
     f"{family}{bits}" for family in ("HS", "RS", "PS", "ES") for bits in ("256", "384", "512")
 )
-
-
-# Longer tokens are refused unread (a JWT is a few hundred bytes).
-MAX_TOKEN = 16 * 1024
 
 
 class AuthError(Exception):
@@ -398,7 +392,10 @@ class ProxyAuth:
         if self.oidc is not None and (
             self.tokens is None or self.oidc.claims_issuer(token) is not None
         ):
-            return self.oidc.verify(token, now, fetched)
+            try:
+                return self.oidc.verify(token, now, fetched)
+            except TokenRefused as exc:
+                raise AuthError(str(exc)) from None
         assert self.tokens is not None
         return self.tokens.verify(token, now)
 
@@ -471,7 +468,7 @@ def proxy_auth(config: Any) -> ProxyAuth | None:
     ``ProxyConfig`` (any object with its fields); None in passthrough mode."""
     if config.auth_mode != "proxy":
         return None
-    from sluice.protocols.pulsar.oidc import client_credentials, oidc_verifier
+    from sluice.protocols.oidc import client_credentials, oidc_verifier
 
     return ProxyAuth.load(
         secret_key=config.auth_token_secret_key,

@@ -77,6 +77,7 @@ from sluice.protocols.core import (
 )
 from sluice.protocols.faults import FaultAction, Faults, Pacer, Rule
 from sluice.protocols.filtering import DELIVER, PRODUCE, Chain, Direction, Filtering
+from sluice.protocols.oidc import KeysNeeded
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.auth import (
     FAILED,
@@ -102,7 +103,6 @@ from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_re
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.filtering import FilterGate, Wait, schema_of
 from sluice.protocols.pulsar.frame import Frame, command_name
-from sluice.protocols.pulsar.oidc import KeysNeeded
 from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
 

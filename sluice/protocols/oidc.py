@@ -1,4 +1,5 @@
-"""OpenID Connect issuers at the proxy (``--auth-mode proxy``), sans-I/O.
+"""OpenID Connect issuers' tokens, checked sans-I/O (protocol-neutral; Pulsar's
+``--auth-mode proxy`` uses them through ``protocols/pulsar/auth.py``).
 
 Clients of an identity provider present an access token (a JWT) the
 provider signed; Sluice checks it as Apache Pulsar's OpenID Connect provider
@@ -41,7 +42,6 @@ import jwt
 
 from sluice.errors import ConfigError
 from sluice.logs import clipped
-from sluice.protocols.pulsar.auth import MAX_TOKEN, AuthError
 
 # What Apache Pulsar's provider verifies (its JWT library's RSA and ECDSA
 # algorithms); HS* would need a shared secret, which an issuer's JWKS never holds.
@@ -51,6 +51,19 @@ DISCOVERY_PATH = "/.well-known/openid-configuration"
 MAX_DOCUMENT = 1024 * 1024
 # A fetch that failed is tried again after this long at the earliest.
 RETRY_FAILED = 5.0
+
+
+# Longer tokens are refused unread (a JWT is a few hundred bytes).
+MAX_TOKEN = 16 * 1024
+_MAX_REASON = 300
+
+
+class TokenRefused(Exception):
+    """Why a token, or an issuer's document, was refused (never holds a
+    token; values from outside in it are clipped, and the whole is bounded)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why if len(why) <= _MAX_REASON else f"{why[:_MAX_REASON]}...")
 
 
 class KeysNeeded(Exception):
@@ -163,23 +176,23 @@ class OidcVerifier:
         self._issuers[issuer].tried = now
 
     def discovered(self, issuer: str, document: bytes) -> str:
-        """The ``jwks_uri`` of the issuer's discovery document; AuthError
+        """The ``jwks_uri`` of the issuer's discovery document; TokenRefused
         when the document does not stand for that issuer."""
         data = _json_object(document, "discovery document")
         named = data.get("issuer")
         if named != issuer:
-            raise AuthError(
+            raise TokenRefused(
                 f"the discovery document of {issuer} names issuer {clipped(str(named))}"
             )
         uri = data.get("jwks_uri")
         if not isinstance(uri, str) or urlsplit(uri).scheme not in ("http", "https"):
-            raise AuthError(f"the discovery document of {issuer} has no jwks_uri")
+            raise TokenRefused(f"the discovery document of {issuer} has no jwks_uri")
         self._issuers[issuer].jwks_uri = uri
         return uri
 
     def keys(self, issuer: str, document: bytes, now: float) -> int:
         """Take in the issuer's key set (JWKS); the number of signing keys
-        usable. AuthError when it holds none."""
+        usable. TokenRefused when it holds none."""
         data = _json_object(document, "key set")
         found: dict[str, tuple[Any, str | None]] = {}
         entries = data.get("keys")
@@ -195,7 +208,7 @@ class OidcVerifier:
                 continue  # a key PyJWT cannot use, as a JWKS may hold
             found[str(entry.get("kid", ""))] = (key.key, alg)
         if not found:
-            raise AuthError(f"the key set of {issuer} holds no RSA or EC signing key")
+            raise TokenRefused(f"the key set of {issuer} holds no RSA or EC signing key")
         state = self._issuers[issuer]
         state.keys, state.fetched, state.tried, state.failure = found, now, now, None
         return len(found)
@@ -208,30 +221,30 @@ class OidcVerifier:
     # --- checking a token ------------------------------------------------------
 
     def verify(self, token: str, now: float, fetched: bool = False) -> tuple[str, float | None]:
-        """The token's role and expiry; AuthError when it is not valid at
+        """The token's role and expiry; TokenRefused when it is not valid at
         ``now`` (wall clock), KeysNeeded when its issuer's keys must be
         fetched first (never when ``fetched``: the keys were just fetched
         for this token)."""
         if len(token) > MAX_TOKEN:
-            raise AuthError(f"token over {MAX_TOKEN} bytes")
+            raise TokenRefused(f"token over {MAX_TOKEN} bytes")
         token = token.strip()
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError:
-            raise AuthError("a JWT part does not decode") from None
+            raise TokenRefused("a JWT part does not decode") from None
         alg = header.get("alg")
         if alg not in ALGORITHMS:
             shown = clipped(alg) if isinstance(alg, str) else "none"
-            raise AuthError(f"algorithm {shown} is not accepted (accepted: "
+            raise TokenRefused(f"algorithm {shown} is not accepted (accepted: "
                             f"{', '.join(ALGORITHMS)})")  # fmt: skip
         issuer = unverified.get("iss")
         if not isinstance(issuer, str) or issuer not in self._issuers:
             shown = clipped(issuer) if isinstance(issuer, str) else "none"
-            raise AuthError(f"issuer {shown} is not allowed")
+            raise TokenRefused(f"issuer {shown} is not allowed")
         key, named = self._key(issuer, header.get("kid"), now, fetched)
         if named is not None and named != alg:
-            raise AuthError(f"algorithm {alg} does not fit the issuer's key ({named})")
+            raise TokenRefused(f"algorithm {alg} does not fit the issuer's key ({named})")
         try:
             claims = jwt.decode(
                 token,
@@ -242,25 +255,25 @@ class OidcVerifier:
                 issuer=issuer,
             )
         except jwt.InvalidSignatureError:
-            raise AuthError("bad signature") from None
+            raise TokenRefused("bad signature") from None
         except jwt.InvalidAudienceError:
-            raise AuthError("the token is not for an allowed audience") from None
+            raise TokenRefused("the token is not for an allowed audience") from None
         except jwt.MissingRequiredClaimError as exc:
-            raise AuthError(f"the token has no {exc.claim} claim") from None
+            raise TokenRefused(f"the token has no {exc.claim} claim") from None
         except jwt.InvalidAlgorithmError:
-            raise AuthError(f"algorithm {alg} does not fit the issuer's key") from None
+            raise TokenRefused(f"algorithm {alg} does not fit the issuer's key") from None
         except jwt.PyJWTError as exc:
-            raise AuthError(f"not a valid JWT: {clipped(str(exc))}") from None
+            raise TokenRefused(f"not a valid JWT: {clipped(str(exc))}") from None
         leeway = self.settings.leeway
         exp = _time(claims, "exp")
         assert exp is not None  # required above
         if now >= exp + leeway:
-            raise AuthError("the token has expired")
+            raise TokenRefused("the token has expired")
         nbf, iat = _time(claims, "nbf"), _time(claims, "iat")
         if nbf is not None and now + leeway < nbf:
-            raise AuthError("the token is not valid yet")
+            raise TokenRefused("the token is not valid yet")
         if iat is not None and now + leeway < iat:
-            raise AuthError("the token was issued in the future (iat)")
+            raise TokenRefused("the token was issued in the future (iat)")
         # The connection's credentials expire at exp itself, as the broker's
         # do (its refresh check allows no leeway).
         return _role(claims, self.settings.role_claim), exp
@@ -271,14 +284,14 @@ class OidcVerifier:
             failed_lately = state.tried is not None and now - state.tried < RETRY_FAILED
             if fetched or (state.failure is not None and failed_lately):
                 why = state.failure or "not fetched yet"
-                raise AuthError(f"the keys of issuer {issuer} could not be fetched: {why}")
+                raise TokenRefused(f"the keys of issuer {issuer} could not be fetched: {why}")
             raise KeysNeeded(issuer)
         if kid is None:
             if len(state.keys) == 1:
                 return next(iter(state.keys.values()))
-            raise AuthError("the token names no key (kid) and the issuer has several")
+            raise TokenRefused("the token names no key (kid) and the issuer has several")
         if not isinstance(kid, str):
-            raise AuthError("the token's kid is not a string")
+            raise TokenRefused("the token's kid is not a string")
         key = state.keys.get(kid)
         if key is not None:
             return key
@@ -286,18 +299,18 @@ class OidcVerifier:
         tried = state.tried if state.tried is not None else -math.inf
         if not fetched and now - tried >= self.settings.miss_refresh:
             raise KeysNeeded(issuer)
-        raise AuthError(f"issuer {issuer} has no key {clipped(kid)}")
+        raise TokenRefused(f"issuer {issuer} has no key {clipped(kid)}")
 
 
 def _json_object(document: bytes, what: str) -> Mapping[str, Any]:
     if len(document) > MAX_DOCUMENT:
-        raise AuthError(f"the {what} is over {MAX_DOCUMENT} bytes")
+        raise TokenRefused(f"the {what} is over {MAX_DOCUMENT} bytes")
     try:
         data = json.loads(document)
     except (ValueError, UnicodeDecodeError):
-        raise AuthError(f"the {what} is not JSON") from None
+        raise TokenRefused(f"the {what} is not JSON") from None
     if not isinstance(data, dict):
-        raise AuthError(f"the {what} is not a JSON object")
+        raise TokenRefused(f"the {what} is not a JSON object")
     return data
 
 
@@ -307,7 +320,7 @@ def _time(claims: Mapping[str, Any], name: str) -> float | None:
         return None
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if not (number and math.isfinite(value) and abs(value) < 1e15):
-        raise AuthError(f"claim {name} is not a time")
+        raise TokenRefused(f"claim {name} is not a time")
     return float(value)
 
 
@@ -316,7 +329,7 @@ def _role(claims: Mapping[str, Any], claim: str) -> str:
     if isinstance(value, list) and value:
         value = value[0]
     if not isinstance(value, str) or not value.strip():
-        raise AuthError(f"no role in claim {clipped(claim)}")
+        raise TokenRefused(f"no role in claim {clipped(claim)}")
     return value
 
 
@@ -384,7 +397,7 @@ class ClientCredentials:
         data = _json_object(document, "discovery document")
         endpoint = data.get("token_endpoint")
         if not isinstance(endpoint, str) or urlsplit(endpoint).scheme not in ("http", "https"):
-            raise AuthError(f"the discovery document of {self.issuer} has no token_endpoint")
+            raise TokenRefused(f"the discovery document of {self.issuer} has no token_endpoint")
         self.token_endpoint = endpoint
         return endpoint
 
@@ -403,13 +416,13 @@ class ClientCredentials:
 
     def took(self, document: bytes, now: float) -> float | None:
         """Take in the token endpoint's answer; the token's lifetime in
-        seconds (None: not said). AuthError when it holds no token."""
+        seconds (None: not said). TokenRefused when it holds no token."""
         data = _json_object(document, "token response")
         token = data.get("access_token")
         if not isinstance(token, str) or not token:
             error = data.get("error")
             why = f": {clipped(str(error))}" if error else ""
-            raise AuthError(f"the token endpoint of {self.issuer} gave no access token{why}")
+            raise TokenRefused(f"the token endpoint of {self.issuer} gave no access token{why}")
         lifetime = data.get("expires_in")
         if not isinstance(lifetime, int | float) or isinstance(lifetime, bool) or lifetime <= 0:
             lifetime = None
