@@ -139,12 +139,11 @@ def apply(
     if file:
         file_values = load_file(Path(file), command)
         unknown = sorted(set(file_values) - set(actions))
-        if unknown:
+        if unknown:  # one line each, the known ones said once
             known = ", ".join(sorted(k.replace("_", "-") for k in actions))
-            raise SettingsError(
-                f"--config {file}: unknown setting {unknown[0].replace('_', '-')!r} "
-                f"(known: {known})"
-            )
+            lines = [f"--config {file}: unknown setting {u.replace('_', '-')!r}" for u in unknown]
+            lines[-1] += f" (known: {known})"
+            raise SettingsError("\n".join(lines))
         layers.append((f"file {file}", file_values))
     env_values = {
         dest: environ[f"{ENV_PREFIX}{dest.upper()}"]
@@ -153,6 +152,7 @@ def apply(
     }
     layers.append(("environment", env_values))
     defaults: dict[str, Any] = {}
+    mistakes: list[str] = []  # every value that does not convert, one line each
     given = {action.dest for action in actions.values() if _given(action, argv)}
     for origin, values in layers:
         for dest, raw in values.items():
@@ -166,9 +166,15 @@ def apply(
                 if origin == "environment"
                 else f"{origin}: {dest.replace('_', '-')}"
             )
-            defaults[dest] = _convert(action, raw, where)
+            try:
+                defaults[dest] = _convert(action, raw, where)
+            except SettingsError as exc:
+                mistakes.append(str(exc))
+                continue
             settings.sources[dest] = origin
             action.required = False
+    if mistakes:
+        raise SettingsError("\n".join(mistakes))
     parser.set_defaults(**defaults)
     for dest in given:
         settings.sources[dest] = "flag"

@@ -83,10 +83,11 @@ async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Pat
 
     # Refused as a whole: a bad value and an unreadable key file, one line
     # each time; the configuration in force stays.
-    write(cfg, max_connections="lots", faults=str(rules))
+    write(cfg, max_connections="lots", max_redirects="many", faults=str(rules))
     refused = await proxy.reload_from_source("admin")
     assert refused.outcome == "refused" and refused.generation.number == 2
-    assert len(refused.errors) == 1 and "max-connections" in refused.errors[0], refused.errors
+    assert len(refused.errors) == 2, refused.errors  # one line per mistake
+    assert "max-connections" in refused.errors[0] and "max-redirects" in refused.errors[1]
     write(cfg, max_connections=9, faults=str(rules), auth_mode="proxy",
           auth_token_secret_key=str(tmp_path / "missing.key"),
           broker_auth_token_file=str(tmp_path / "missing.token"))  # fmt: skip
