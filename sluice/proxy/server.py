@@ -701,11 +701,18 @@ class Reloadable(Protocol):
 CONFIG_CHECK_EVERY = 2.0
 
 
-async def reload_when_asked(server: Reloadable, config_file: Path | None) -> None:
+async def reload_when_asked(
+    server: Reloadable,
+    config_file: Path | None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Reload ``server``'s configuration on SIGHUP and when ``config_file``
     changes (its inode, time or size; a Kubernetes ConfigMap's mounted file
-    is a link the kubelet points at a new file), until cancelled."""
+    is a link the kubelet points at a new file), until cancelled; started
+    once SIGHUP is caught."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
         async with trio.open_nursery() as nursery:
             if config_file is not None:
                 nursery.start_soon(_watch_config, server, config_file)

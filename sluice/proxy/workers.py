@@ -855,6 +855,12 @@ class _Reloads:
     state: Path
     index: int
 
+    async def catch_up(self) -> None:
+        """Once the worker can take SIGHUP: a reload written while it started
+        (its spec predates it, or the signal came too early) is taken now."""
+        if (self.state / RELOAD_FILE).exists():
+            await self.reload_from_source("SIGHUP")
+
     async def reload_from_source(self, source: str) -> Outcome:
         try:
             number, said, config = pickle.loads((self.state / RELOAD_FILE).read_bytes())
@@ -888,11 +894,13 @@ async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
     orphaned: list[bool] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)
+        reloads = _Reloads(proxy, spec.state, spec.index)
+        await nursery.start(reload_when_asked, reloads, None)
+        nursery.start_soon(reloads.catch_up)
         # It first runs once serve_until_signalled below has opened its
         # signal receiver (there is no checkpoint in between), so the
         # SIGTERM it may send itself always finds the receiver.
         nursery.start_soon(_watch_supervisor, proxy, supervisor, orphaned)
-        nursery.start_soon(reload_when_asked, _Reloads(proxy, spec.state, spec.index), None)
         admin = proxy.addresses.get("admin")
         print("ready" if admin is None else f"ready {admin.port}", flush=True)
         await serve_until_signalled(proxy)
@@ -948,6 +956,9 @@ def main() -> int:
     except EOFError:
         return 1
     setup_logging(spec.log_level, spec.log_format, worker=spec.index)
+    # A reload's SIGHUP before the worker listens for it must not end it
+    # (the default action): ignored until then, and caught up with after.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sockets = [(kind, socket.socket(fileno=fd)) for kind, fd in zip(spec.kinds, spec.fds,
                                                                     strict=True)]  # fmt: skip
     role = WorkerRole(spec.index, spec.count, spec.state, sockets)
