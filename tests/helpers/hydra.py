@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from sluice.brokers.embedded import free_port
+from sluice.brokers.embedded import free_port, terminate
 
 HYDRA = os.environ.get("SLUICE_HYDRA") or str(Path.home() / ".cache/sluice/hydra-v2.3.0/bin/hydra")
 # The key set Hydra signs JWT access tokens with.
@@ -120,10 +120,4 @@ class Hydra:
                     {"alg": "RS256", "use": "sig", "kid": kid})  # fmt: skip
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 10)
