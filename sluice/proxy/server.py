@@ -307,11 +307,11 @@ class Proxy:
     async def reload_from_source(self, source: str) -> Outcome:
         """Read the settings again (``self.load``) and reload them."""
         if self.load is None:
-            return self._refused(source, ["this proxy was not started with reloadable settings"])
+            return self.refuse_reload(source, ["not started with reloadable settings"])
         try:
             new = await trio.to_thread.run_sync(self.load)
         except ConfigError as exc:
-            return self._refused(source, str(exc).splitlines())
+            return self.refuse_reload(source, str(exc).splitlines())
         return await self.reload(new, source)
 
     async def reload(self, new: ProxyConfig, source: str, number: int | None = None) -> Outcome:
@@ -339,7 +339,7 @@ class Proxy:
                 # own token) for what it made, which nothing after may undo.
                 put_in_force = await self.backend.prepare(config, filters)
             except ConfigError as exc:
-                return self._refused(source, str(exc).splitlines())
+                return self.refuse_reload(source, str(exc).splitlines())
             put_in_force()
             for rule_id in self._config_rules:
                 self.faults.remove(rule_id)
@@ -365,10 +365,12 @@ class Proxy:
             log.warning("%s", outcome.summary())
             return outcome
 
-    def _refused(self, source: str, errors: list[str]) -> Outcome:
+    def refuse_reload(self, source: str, errors: list[str]) -> Outcome:
+        """A reload refused for ``errors`` (one line each): counted, logged,
+        the generation in force kept."""
         self.metrics.reloads.labels("refused").inc()
-        outcome = Outcome("refused", self.generation, errors=errors)
-        outcome.generation = Generation(self.generation.number, self.generation.loaded_at, source)
+        now = Generation(self.generation.number, self.generation.loaded_at, source)
+        outcome = Outcome("refused", now, errors=errors)
         log.error("%s", outcome.summary())
         return outcome
 

@@ -865,7 +865,7 @@ class _Reloads:
         try:
             number, said, config = pickle.loads((self.state / RELOAD_FILE).read_bytes())
         except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
-            return self.proxy._refused(source, [f"no configuration to reload: {exc}"])
+            return self.proxy.refuse_reload(source, [f"no configuration to reload: {exc}"])
         if number <= self.proxy.generation.number:
             outcome = Outcome("unchanged", self.proxy.generation)
         else:
