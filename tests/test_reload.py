@@ -17,7 +17,7 @@ from sluice.commands.proxy import settings_again
 from sluice.protocols import registry
 from sluice.protocols.faults import parse_rule
 from sluice.proxy.admin import AdminRequest, ConfigEndpoint, Refused
-from sluice.proxy.reload import LIVE, effective, split
+from sluice.proxy.reload import LIVE, effective, flags, split
 from sluice.proxy.server import Proxy
 
 BROKER = "pulsar://127.0.0.1:6650"
@@ -50,6 +50,8 @@ def test_what_a_reload_may_change_and_what_it_keeps(tmp_path: Path) -> None:
     assert now.max_connections == 50 and now.keepalive_interval == old.keepalive_interval
     assert {"allow_broker", "faults", "filters", "auth_oidc_issuers"} <= LIVE
     assert "listen" not in LIVE and "workers" not in LIVE
+    # Recorder settings other than the snapshot rules are kept, named by --record.
+    assert flags(["record", "snapshot_on"]) == ["--record", "--snapshot-on"]
 
 
 async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Path) -> None:

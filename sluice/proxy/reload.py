@@ -69,6 +69,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def flags(names: list[str]) -> list[str]:
+    """The flags of ProxyConfig fields (``record``: the recorder's settings
+    other than its snapshot rules, which ``split`` names ``snapshot_on``)."""
+    return [flag(name) for name in names]
+
+
 def split(old: Any, new: Any) -> tuple[list[str], list[str]]:
     """The fields of ``new`` (a ProxyConfig) that differ from ``old``: those
     a reload puts in force, and those it keeps as they were."""
@@ -129,6 +135,12 @@ class Outcome:
     changed: list[str] = field(default_factory=list)  # flags put in force
     kept: list[str] = field(default_factory=list)  # flags that need a restart
     errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def refused(cls, generation: Generation, source: str, errors: list[str]) -> Outcome:
+        """A reload refused for ``errors`` (one line each); ``generation`` stays."""
+        kept = Generation(generation.number, generation.loaded_at, source)
+        return cls("refused", kept, errors=errors)
 
     def to_json(self) -> dict[str, Any]:
         return {

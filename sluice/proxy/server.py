@@ -62,7 +62,7 @@ from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Relay, Timing
 from sluice.proxy.relay_thread import RelayThread, relay_thread
 from sluice.proxy.relay_thread import wanted as relay_thread_wanted
-from sluice.proxy.reload import Generation, Outcome, effective, flag, split
+from sluice.proxy.reload import Generation, Outcome, effective, flags, split
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     HTTP_LIMITS_FILE,
@@ -322,7 +322,7 @@ class Proxy:
         async with self._reloading:
             old = self.config
             live, kept = split(old, new)
-            kept_flags = [flag("snapshot_on") if f == "record" else flag(f) for f in kept]
+            kept_flags = flags(kept)
             if not live:
                 if number is not None:  # a supervisor's generation, whatever changed here
                     self.generation = Generation(number, time.time(), source)
@@ -361,7 +361,7 @@ class Proxy:
             )
             self.metrics.generation(self.generation)
             self.metrics.reloads.labels("applied").inc()
-            outcome = Outcome("applied", self.generation, [flag(f) for f in live], kept_flags)
+            outcome = Outcome("applied", self.generation, flags(live), kept_flags)
             log.warning("%s", outcome.summary())
             return outcome
 
@@ -369,8 +369,7 @@ class Proxy:
         """A reload refused for ``errors`` (one line each): counted, logged,
         the generation in force kept."""
         self.metrics.reloads.labels("refused").inc()
-        now = Generation(self.generation.number, self.generation.loaded_at, source)
-        outcome = Outcome("refused", now, errors=errors)
+        outcome = Outcome.refused(self.generation, source, errors)
         log.error("%s", outcome.summary())
         return outcome
 

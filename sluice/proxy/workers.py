@@ -97,7 +97,7 @@ from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
-from sluice.proxy.reload import Generation, Outcome, effective, flag, split
+from sluice.proxy.reload import Generation, Outcome, effective, flags, split
 from sluice.proxy.server import Proxy, WorkerRole, reload_when_asked, serve_until_signalled
 from sluice.proxy.shared import create_state
 from sluice.recording.writer import snapshot_name
@@ -484,7 +484,7 @@ class Supervisor:
             except ConfigError as exc:
                 return self._reload_refused(source, str(exc).splitlines())
             live, kept = split(self.config, new)
-            kept_flags = [flag("snapshot_on") if f == "record" else flag(f) for f in kept]
+            kept_flags = flags(kept)
             if not live:
                 self._reloads.labels(self.config.protocol, "unchanged").inc()
                 outcome = Outcome("unchanged", self.generation, kept=kept_flags)
@@ -509,7 +509,7 @@ class Supervisor:
             if "faults" in live and config.admin is not None:
                 await self._replace_config_rules(old, config)
             self._reloads.labels(self.config.protocol, "applied").inc()
-            outcome = Outcome("applied", self.generation, [flag(f) for f in live], kept_flags)
+            outcome = Outcome("applied", self.generation, flags(live), kept_flags)
             missing = self.count - len(reports)
             if missing:
                 outcome.errors.append(
@@ -556,8 +556,7 @@ class Supervisor:
 
     def _reload_refused(self, source: str, errors: list[str]) -> Outcome:
         self._reloads.labels(self.config.protocol, "refused").inc()
-        now = Generation(self.generation.number, self.generation.loaded_at, source)
-        outcome = Outcome("refused", now, errors=errors)
+        outcome = Outcome.refused(self.generation, source, errors)
         log.error("%s", outcome.summary())
         return outcome
 
