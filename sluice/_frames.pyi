@@ -95,6 +95,25 @@ class Sealing:
     def add(self, producer_id: int, seal: Seal) -> bool: ...
     def __contains__(self, producer_id: int) -> bool: ...
 
+class RecordSink:
+    """Where compiled steps lay out their reads' frame records, in one buffer."""
+
+    def __init__(
+        self,
+        max_frames: int,
+        max_bytes: int,
+        wake_frames: int,
+        wake_bytes: int,
+        wake: Callable[[], None],
+    ) -> None: ...
+    def take(self, queued: int, queued_bytes: int) -> tuple[bytes, int]: ...
+    @property
+    def frames(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+
 class Step:
     """One proxied connection's compiled step: a relayed read carried whole."""
 
@@ -106,7 +125,7 @@ class Step:
         figures: Figures,
         max_total: int,
         request: str,
-        record: Callable[[list[bytes], int], None] | None = None,
+        record: RecordSink | Callable[[list[bytes], int], None] | None = None,
         payloads: int = 1,
         conn: int = 0,
         monotonic_ns: int = 0,
@@ -131,6 +150,9 @@ class Lane:
         after: Callable[[object], None],
     ) -> None: ...
     def arm(self, epoch: int) -> None: ...
+    def disarm(self) -> None: ...
+    @property
+    def runs(self) -> int: ...
     def __call__(self) -> None: ...
 
 class Carrier:

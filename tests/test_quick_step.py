@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from msgpack import unpackb
+import trio
+from msgpack import Unpacker
 from prometheus_client import generate_latest
 
 from sluice.protocols.core import Send, Taps
@@ -23,7 +24,7 @@ from sluice.protocols.faults import FaultAction, Match, Rule
 from sluice.protocols.pulsar import Type, command, encode, encode_payload, pb
 from sluice.protocols.pulsar.connection import PulsarConnection
 from sluice.proxy.metrics import Metrics
-from sluice.recording.format import PayloadPolicy
+from sluice.recording.format import PayloadPolicy, read_records, recording_files
 from sluice.recording.triggers import Trigger
 from sluice.recording.writer import Recorder, RecorderConfig
 from tests.test_compiled_frames import Watcher, proxied, traffic
@@ -250,8 +251,10 @@ def test_a_frame_longer_than_the_step_holds_goes_to_the_decoder() -> None:
 def records(recorder: Recorder) -> list[dict[str, Any]]:
     """The frame records queued, but for when each read was made (times)."""
     out = []
-    for packed in recorder._queue:
-        record = unpackb(packed)
+    recorder._take_queued()
+    unpacker = Unpacker()
+    unpacker.feed(b"".join(recorder._packed))
+    for record in unpacker:
         assert record.pop("t") > 0 and record.pop("w") > 0
         out.append(record)
     return out
@@ -283,9 +286,51 @@ def test_a_full_recorder_queue_drops_what_the_step_carried_and_counts_it(
     recorder = Recorder(RecorderConfig(tmp_path, PayloadPolicy.HASH, queue_frames=4))
     _, carried = relay(EVERYDAY, True, recorder)
     assert carried == len(EVERYDAY)
-    assert len(recorder._queue) >= 4 and recorder.dropped_total > 0
+    assert recorder.queued >= 4 and recorder.dropped_total > 0
     # Every frame, queued or counted as dropped.
-    assert len(recorder._queue) + recorder.dropped_total == len(roomy._queue)
+    assert recorder.queued + recorder.dropped_total == roomy.queued
+
+
+@pytest.mark.parametrize("cap", [1, 900, 6000])
+def test_carried_records_under_a_file_cap_are_written_whole_in_order(
+    cap: int, tmp_path: Path
+) -> None:
+    """The records of a carried read are one entry of the recorder's queue
+    (from its sink): a file cap takes such entries apart at the records'
+    boundaries. Every file holds whole records, no more than the cap (but
+    one record at least), each connection opened once, and the files
+    together hold the frames the Python path records, in its order."""
+    reads = EVERYDAY + traffic(2, True)
+    by = {}
+    for quick in (True, False):
+        directory = tmp_path / str(quick)
+        recorder = Recorder(RecorderConfig(directory, PayloadPolicy.FULL, max_file_bytes=cap))
+        _, carried = relay(reads, quick, recorder)
+        assert carried >= len(EVERYDAY) if quick else carried == 0
+
+        async def write(recorder: Recorder = recorder, directory: Path = directory) -> None:
+            directory.mkdir()
+            recorder._take_queued()
+            await recorder._write_packed()
+            await recorder._close_file()
+
+        trio.run(write)
+        frames = []
+        files = recording_files(directory)
+        for path in files:
+            records = list(read_records(path))  # raises on a record cut short
+            assert records[0]["k"] == "header"
+            opened = [r["c"] for r in records if r["k"] == "conn"]
+            assert len(opened) == len(set(opened)), path
+            if path.stat().st_size > cap:  # one record at least, beside restated openings
+                assert len([r for r in records[1:] if r["k"] != "conn"]) <= 1, path
+            frames += [(r["d"], r["raw"]) for r in records if r["k"] == "frame"]
+        by[quick] = (frames, len(files))
+        assert recorder.dropped_total == 0
+    assert by[True][0] == by[False][0]
+    assert len(by[True][0]) > 50
+    if cap < 1000:
+        assert by[True][1] > 20
 
 
 def test_each_carried_read_is_timed_as_the_relay_times_a_read() -> None:

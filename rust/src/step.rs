@@ -116,6 +116,7 @@ pub mod python {
     use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
     use crate::record::frame_record;
+    use crate::record::python::RecordSink;
 
     use super::{accounted, carriable, Timer, HOLD_MAX, READ_SIZE};
     use crate::account::python::SendTable;
@@ -286,13 +287,19 @@ pub mod python {
 
     /// Where a carried read's frame records go, when the proxy records.
     struct Recording {
-        /// Called with (records, their bytes) once per read: the recorder.
-        queue: Py<PyAny>,
+        queue: Target,
         payloads: crate::record::Payloads,
         conn: u32,
         /// The monotonic clock (ns, as time.monotonic_ns() reads it) at
         /// `since`: Instant is the same clock, read without Python.
         clock: (Instant, u64),
+    }
+
+    /// Where records go: laid out into the recorder's buffer, or given to
+    /// a callable once per read as (records, their bytes) (the live view).
+    enum Target {
+        Sink(Py<RecordSink>),
+        Call(Py<PyAny>),
     }
 
     impl Recording {
@@ -356,15 +363,17 @@ pub mod python {
 
     #[pymethods]
     impl Step {
-        /// With ``record`` (a callable), each carried read's frame records,
-        /// laid out as the recorder lays them out for connection ``conn``
-        /// (``payloads``: 0 full, 1 hash, 2 size), go to ``record(records,
-        /// size)``; ``monotonic_ns`` is time.monotonic_ns() now.
+        /// With ``record``, each carried read's frame records, laid out as
+        /// the recorder lays them out for connection ``conn`` (``payloads``:
+        /// 0 full, 1 hash, 2 size), go to it: a RecordSink (the recorder's
+        /// buffer), or a callable given ``(records, size)`` once per read;
+        /// ``monotonic_ns`` is time.monotonic_ns() now.
         #[new]
         #[pyo3(signature = (sends, producers, consumers, figures, max_total, request,
                             record=None, payloads=1, conn=0, monotonic_ns=0, sealing=None))]
         #[allow(clippy::too_many_arguments)]
         fn new(
+            py: Python<'_>,
             sends: Py<SendTable>,
             producers: Py<PyDict>,
             consumers: Py<PyDict>,
@@ -379,7 +388,10 @@ pub mod python {
         ) -> PyResult<Self> {
             let record = match record {
                 Some(queue) => Some(Recording {
-                    queue,
+                    queue: match queue.bind(py).cast::<RecordSink>() {
+                        Ok(sink) => Target::Sink(sink.clone().unbind()),
+                        Err(_) => Target::Call(queue),
+                    },
                     payloads: crate::python::payload_policy(payloads)?,
                     conn,
                     clock: (Instant::now(), monotonic_ns),
@@ -583,6 +595,12 @@ pub mod python {
         /// reported as unraisable and the read goes on.
         fn queue(&self, py: Python<'_>, data: &[u8], found: &[crate::Scanned], from_client: bool) {
             let prefix = self.prefix(from_client);
+            let call = match &self.queue {
+                Target::Sink(sink) => {
+                    return sink.get().append(py, &prefix, data, found, self.payloads);
+                }
+                Target::Call(call) => call.bind(py),
+            };
             let mut size = 0;
             let mut records = Vec::with_capacity(found.len());
             let mut from = 0;
@@ -594,9 +612,9 @@ pub mod python {
                 records.push(PyBytes::new(py, &record));
             }
             let done = PyList::new(py, records)
-                .and_then(|records| self.queue.bind(py).call1((records, size)).map(|_| ()));
+                .and_then(|records| call.call1((records, size)).map(|_| ()));
             if let Err(error) = done {
-                error.write_unraisable(py, Some(self.queue.bind(py)));
+                error.write_unraisable(py, Some(call));
             }
         }
     }

@@ -340,3 +340,30 @@ fn seal_timing() {
     let aes = started.elapsed().as_secs_f64() / n as f64 * 1e9;
     println!("seal_frame 1 KiB: {whole:.0} ns, of which AES-256-GCM about {aes:.0} ns");
 }
+
+/// Not a test: `cargo test --release -- --ignored --nocapture record_timing`
+/// prints what laying out a 1 KiB SEND's record costs here, by policy.
+#[test]
+#[ignore]
+fn record_timing() {
+    use crate::record::{frame_record, Payloads};
+    let mut body = Vec::new();
+    field_varint(1, 3, &mut body);
+    field_varint(2, 9, &mut body);
+    let original = frame(
+        &command(SEND, &body),
+        Some((&metadata(), &[7u8; 1024], true)),
+    );
+    let s = check_frame(&original).unwrap();
+    let prefix = [0x87u8; 40];
+    let n = 200_000;
+    for payloads in [Payloads::Full, Payloads::Hash, Payloads::Size] {
+        let started = std::time::Instant::now();
+        let mut kept = 0;
+        for _ in 0..n {
+            kept += frame_record(&prefix, &original, s.payload_offset, payloads).len();
+        }
+        let each = started.elapsed().as_secs_f64() / n as f64 * 1e9;
+        println!("{payloads:?}: {each:.0} ns a record ({} bytes)", kept / n);
+    }
+}

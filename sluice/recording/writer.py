@@ -4,7 +4,11 @@ On the hot path the frames of a read become their packed records as soon
 as the read is handled (redaction, payload policy), while they are still
 in the CPU's caches: done later, in the writer task, the same work took
 measurably longer and kept every frame alive until then (bench/README.md).
-The bytes go to a queue bounded in records and in bytes. The writer task
+The bytes go to a queue bounded in records and in bytes; the records of
+reads a compiled relay step carried are laid out in compiled code into one
+buffer (``RecordSink``, rust/src/record.rs) under the same bounds, with no
+Python object per record, and taken into the queue, in order, before
+anything else is queued and whenever the writer takes. The writer task
 takes them in batches and writes them from a worker thread, flushing every
 ``flush_interval`` seconds, and rotates files by size and age.
 
@@ -17,18 +21,19 @@ captures that must be complete.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
+import itertools
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+import msgpack
 import trio
 
 from sluice import __version__
@@ -47,6 +52,11 @@ from sluice.recording.format import (
 from sluice.recording.retention import Removed, Retention, enforce, hold
 from sluice.recording.ring import Ring, needed, newest_within, restate
 from sluice.recording.triggers import Trigger
+
+try:  # the compiled steps' record buffer (rust/src/record.rs)
+    from sluice._frames import RecordSink
+except ImportError:  # a source tree nobody built: every record is queued here
+    RecordSink = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("sluice.recorder")
 
@@ -177,11 +187,14 @@ class Recorder:
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
         self._broker = broker
-        # Packed records waiting for the writer task, and which of them are
-        # connection openings (by position), for a new file to skip.
+        # Packed records waiting for the writer task: each entry one record,
+        # or (taken from the sink) many; how many frames each holds (0: a
+        # record that is not a frame); which are connection openings (by
+        # position), for a new file to skip.
         self._queue: list[bytes] = []
+        self._queue_counts: list[int] = []
         self._queued_opens: list[tuple[int, int]] = []  # (position, connection)
-        self._queued_notes: list[int] = []  # positions of records that are not frames
+        self._queued_records = 0
         self._queued_frames = 0
         self._queued_bytes = 0
         self._lossless = config.lossless
@@ -203,13 +216,22 @@ class Recorder:
         self._summarizer: Summarizer = make(config.payloads)
         self._frame_records = self._summarizer.packed
         self._pack = packer()
-        # Records taken off the queue and waiting to be written: how many are
-        # frames, and which are connection openings (by position).
+        # Where compiled relay steps lay out their reads' records (None: the
+        # records are laid out here; lossless: every read waits for room).
+        self._sink: Any = None
+        self._sink_dropped = 0  # the sink's drops already counted in _dropped
+        compiled = self._summarizer.compiled_code is not None
+        if RecordSink is not None and compiled and not self._lossless:
+            self._sink = RecordSink(self._max_frames, self._max_bytes, self._wake_frames,
+                                    self._wake_bytes, self._wake)  # fmt: skip
+        # Records taken off the queue and waiting to be written, as queued:
+        # the frames of each entry, and which are connection openings (by
+        # position).
         self._packed: list[bytes] = []
+        self._packed_counts: list[int] = []
         self._packed_bytes = 0
         self._packed_frames = 0
         self._packed_opens: list[tuple[int, int]] = []  # (position, connection)
-        self._packed_notes: list[int] = []  # positions of records that are not frames
         self._open: dict[int, Record] = {}  # conn records, repeated in new segments
         self._conns: dict[int, Conn] = {}  # their connections, for what the core learned
         self._file: IO[bytes] | None = None
@@ -228,12 +250,18 @@ class Recorder:
         # Figures the proxy exports as sluice_recorder_* metrics.
         self.frames_written = 0
         self.bytes_written = 0
-        self.dropped_total = 0
+        self._dropped_total = 0  # by this class (the sink counts its own)
         self.failures_total = 0  # episodes of disk trouble
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Records queued for the writer (the sink's too)."""
+        return self._queued_records + (self._sink.frames if self._sink is not None else 0)
+
+    @property
+    def dropped_total(self) -> int:
+        """Frames not recorded since the start (the sink's too)."""
+        return self._dropped_total + (self._sink.dropped if self._sink is not None else 0)
 
     # --- the tap -------------------------------------------------------------
 
@@ -276,8 +304,9 @@ class Recorder:
         """
         if not frames:
             return
+        self._take_sink()
         if not self._lossless and (
-            len(self._queue) >= self._max_frames or self._queued_bytes >= self._max_bytes
+            self._queued_records >= self._max_frames or self._queued_bytes >= self._max_bytes
         ):
             self._drop(len(frames))
             return
@@ -291,47 +320,59 @@ class Recorder:
             return
         self._queue_frames(records, sum(map(len, records)))
 
-    def quick_records(self, conn: Conn) -> tuple[Callable[[list[bytes], int], None], int] | None:
-        """Where a compiled relay step may queue the frame records of the
-        reads it carries for ``conn`` (``carried``), and the payloads code
-        it lays them out with; None when every read must come through
+    def quick_records(self, conn: Conn) -> tuple[Any, int] | None:
+        """Where a compiled relay step may lay out the frame records of the
+        reads it carries for ``conn`` (the ``RecordSink``), and the payloads
+        code it lays them out with; None when every read must come through
         ``frames``: a protocol whose records are laid out in Python, a
         lossless recorder (the relay waits for room first), a connection id
         wider than the record's, or a snapshot rule on slow answers (it
         looks at each read's receipt times)."""
         code = self._summarizer.compiled_code
-        if code is None or self._lossless or conn.id > 0xFFFFFFFF:
+        if code is None or self._sink is None or conn.id > 0xFFFFFFFF:
             return None
         if any(trigger.on == "slow" for trigger in self._triggers):
             return None
-        return self.carried, code
+        return self._sink, code
 
     def set_triggers(self, triggers: Sequence[Trigger]) -> None:
         """A reloaded configuration's snapshot rules (the flight recorder's:
         none without a ring)."""
         self._triggers = list(triggers) if self._ring is not None else []
 
-    def carried(self, records: list[bytes], size: int) -> None:
-        """``frames`` for a read a compiled relay step carried: its frame
-        records, laid out, and their bytes."""
-        if not self._lossless and (
-            len(self._queue) >= self._max_frames or self._queued_bytes >= self._max_bytes
-        ):
-            self._drop(len(records))
-            return
-        self._queue_frames(records, size)
-
     def _queue_frames(self, records: list[bytes], size: int) -> None:
         self._queue += records
+        self._queue_counts += [1] * len(records)
+        self._queued_records += len(records)
         self._queued_frames += len(records)
         self._queued_bytes += size
         if self._queued_bytes >= self._wake_bytes or self._queued_frames >= self._wake_frames:
             self._wake()
 
+    def _take_sink(self) -> None:
+        """Queue what compiled steps laid out in the sink since it was last
+        taken, with the drops it counted: before anything else is queued,
+        so that records stay in the order they were made (a connection's
+        opening before its frames, its frames before its close)."""
+        sink = self._sink
+        if sink is None:
+            return
+        data, count = sink.take(self._queued_records, self._queued_bytes)
+        dropped = sink.dropped - self._sink_dropped
+        if dropped:
+            self._sink_dropped += dropped
+            self._dropped += dropped
+        if count:
+            self._queue.append(data)
+            self._queue_counts.append(count)
+            self._queued_records += count
+            self._queued_frames += count
+            self._queued_bytes += len(data)
+
     async def room(self) -> None:
         """In lossless mode, wait until the queue has space again."""
         while (
-            len(self._queue) >= self.config.queue_frames
+            self._queued_records >= self.config.queue_frames
             or self._queued_bytes >= self.config.queue_bytes
         ):
             self._space = trio.Event()
@@ -352,8 +393,7 @@ class Recorder:
         if via:  # a balancer's PROXY header named the client
             record["via"] = via
         self._open[conn] = record
-        self._queued_opens.append((len(self._queue), conn))
-        self._enqueue(record)
+        self._enqueue(record, opens=conn)
 
     def close_connection(self, conn: int, reason: str = "") -> None:
         self._summarizer.forget(conn)
@@ -402,8 +442,9 @@ class Recorder:
         frames (an HTTP exchange, a WebSocket frame: ``http``, ``ws``),
         counted and dropped as frames are (unless lossless: these callers
         cannot wait for room, so the queue may overshoot by their records)."""
+        self._take_sink()
         if not self._lossless and (
-            len(self._queue) >= self._max_frames or self._queued_bytes >= self._max_bytes
+            self._queued_records >= self._max_frames or self._queued_bytes >= self._max_bytes
         ):
             self._drop(1)
             return
@@ -413,17 +454,18 @@ class Recorder:
             self._bug(exc)
             self._drop(1)
             return
-        self._queue.append(data)
-        self._queued_frames += 1
-        self._queued_bytes += len(data)
-        if self._queued_bytes >= self._wake_bytes or self._queued_frames >= self._wake_frames:
-            self._wake()
+        self._queue_frames([data], len(data))
 
-    def _enqueue(self, record: Record) -> None:
-        """Queue a record that is not a frame's (never dropped: they are few)."""
+    def _enqueue(self, record: Record, opens: int | None = None) -> None:
+        """Queue a record that is not a frame's (never dropped: they are
+        few); ``opens``: it is the opening of that connection."""
         data = self._pack(record)
-        self._queued_notes.append(len(self._queue))
+        self._take_sink()
+        if opens is not None:
+            self._queued_opens.append((len(self._queue), opens))
         self._queue.append(data)
+        self._queue_counts.append(0)
+        self._queued_records += 1
         self._queued_bytes += len(data)
         self._wake()
 
@@ -442,7 +484,7 @@ class Recorder:
 
     def _drop(self, n: int) -> None:
         self._dropped += n
-        self.dropped_total += n
+        self._dropped_total += n
 
     # --- writer ------------------------------------------------------------
 
@@ -547,7 +589,7 @@ class Recorder:
             packed = [pack(gap), *packed]
             self._dropped = 0
         self.frames_written += self._packed_frames
-        self._packed, self._packed_opens, self._packed_notes = [], [], []
+        self._packed, self._packed_opens, self._packed_counts = [], [], []
         self._packed_bytes = self._packed_frames = 0
         now = time.monotonic_ns()
         self._ring.add(now, packed)
@@ -635,19 +677,21 @@ class Recorder:
 
     def _take_queued(self) -> None:
         """Take what is queued (records packed when they were made)."""
+        self._take_sink()
         queue = self._queue
         if not queue:
             return
         offset = len(self._packed)
         self._packed.extend(queue)
+        self._packed_counts.extend(self._queue_counts)
         self._packed_opens.extend((offset + at, conn) for at, conn in self._queued_opens)
-        self._packed_notes.extend(offset + at for at in self._queued_notes)
         self._packed_bytes += self._queued_bytes
         self._packed_frames += self._queued_frames
         self._queue = []
+        self._queue_counts = []
         self._queued_opens = []
-        self._queued_notes = []
-        self._queued_bytes = self._queued_frames = 0
+        self._queued_bytes = self._queued_frames = self._queued_records = 0
+        self._take_sink()  # nothing (one thread runs this code): the sink learns the queue is empty
         self._space.set()
 
     async def _write_packed(self) -> None:
@@ -656,14 +700,15 @@ class Recorder:
         once there is room for it under --record-retain-bytes."""
         if not self._packed:
             return
-        packed, notes = self._packed, self._packed_notes
-        opens = dict(self._packed_opens)
+        packed, counts, open_at = self._packed, self._packed_counts, dict(self._packed_opens)
         left = self._packed_bytes  # the bytes of packed[start:]
-        self._packed, self._packed_opens, self._packed_notes = [], [], []
+        self._packed, self._packed_opens, self._packed_counts = [], [], []
         self._packed_bytes = self._packed_frames = 0
+        sums = list(itertools.accumulate(counts, initial=0))
+        apart = False  # entries of many records (a sink's) taken apart
 
         def frames(start: int, end: int) -> int:  # the frame records among packed[start:end]
-            return end - start - (bisect.bisect_left(notes, end) - bisect.bisect_left(notes, start))
+            return sums[end] - sums[start]
 
         start = 0
         while start < len(packed):
@@ -672,6 +717,13 @@ class Recorder:
             if dropped:
                 gap = pack({"k": "gap", "t": time.monotonic_ns(), "w": time.time_ns(),
                             "dropped": dropped})  # fmt: skip
+            if not apart and left > self._file_cap - self._file_bytes * bool(self._file) - len(gap):
+                # Not all for this file, which takes whole records: an entry
+                # of many is taken apart (once a file's worth, not per read).
+                apart = True
+                packed, counts, open_at = one_record_each(packed, counts, open_at, start)
+                start = 0
+                sums = list(itertools.accumulate(counts, initial=0))
             restated = await self._ensure_file(len(gap) + len(packed[start]))
             if restated is None:
                 self._drop(frames(start, len(packed)))
@@ -680,6 +732,11 @@ class Recorder:
             if left <= room:  # nearly always: no walk through the records
                 end, size = len(packed), left
             else:
+                if not apart:  # as above (a new file's header took room)
+                    apart = True
+                    packed, counts, open_at = one_record_each(packed, counts, open_at, start)
+                    start = 0
+                    sums = list(itertools.accumulate(counts, initial=0))
                 end, size = start + 1, len(packed[start])
                 while end < len(packed) and size + len(packed[end]) <= room:
                     size += len(packed[end])
@@ -688,7 +745,7 @@ class Recorder:
             chunk = packed if start == 0 and end == len(packed) else packed[start:end]
             # A new file starts by re-stating open connections: skip their
             # records here so nobody reads a connection opening twice.
-            skip = {at for at, conn in opens.items() if start <= at < end and conn in restated}
+            skip = {at for at, conn in open_at.items() if start <= at < end and conn in restated}
             if skip:
                 chunk = [part for at, part in enumerate(chunk, start) if at not in skip]
             data = b"".join(chunk)
@@ -902,6 +959,34 @@ class Recorder:
     @staticmethod
     async def _io(fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def one_record_each(
+    packed: list[bytes], counts: list[int], opens: dict[int, int], start: int
+) -> tuple[list[bytes], list[int], dict[int, int]]:
+    """``packed[start:]`` (with the frames of each entry, and the openings
+    among them as position: connection) as entries of one record each:
+    those holding many (a sink's) split at their records' boundaries."""
+    out: list[bytes] = []
+    out_counts: list[int] = []
+    moved: dict[int, int] = {}
+    for at in range(start, len(packed)):
+        data, count = packed[at], counts[at]
+        moved[at] = len(out)
+        if count <= 1:
+            out.append(data)
+            out_counts.append(count)
+            continue
+        unpacker = msgpack.Unpacker()
+        unpacker.feed(data)
+        begin = 0
+        for _ in range(count):
+            unpacker.skip()
+            end = unpacker.tell()
+            out.append(data[begin:end])
+            out_counts.append(1)
+            begin = end
+    return out, out_counts, {moved[at]: conn for at, conn in opens.items() if at >= start}
 
 
 def pack_all(records: list[Record]) -> bytes:
