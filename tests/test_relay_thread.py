@@ -279,3 +279,72 @@ async def test_the_compiled_loop_reads_trios_own_clock_without_calling_it() -> N
         assert before - 1e-6 <= read <= after + 1e-6
     # Any other clock is called.
     assert relay_thread_module._monotonic_offset(trio.testing.MockClock()) is None
+
+
+async def test_a_python_read_step_disarms_its_own_connections_lanes_only() -> None:
+    """Two connections on one relay thread. Before each of A's SENDs, B's
+    client opens a producer: a read the compiled step leaves to the Python
+    way, whose code can change B's state and nothing of A's. A's lanes stay
+    armed across it, so the compiled loop carries most of A's reads by
+    itself (each lane counts the reads it carried alone); B's read steps
+    all ran in Python."""
+    rounds = 40
+    cores, relays, clients = [], [], []
+    broker_threads = []
+    taps = Taps([Metrics()])
+    for conn_id in (1, 2):
+        client_stream, client_sock = plain_pair()
+        broker_stream, broker_sock = plain_pair()
+        thread = threading.Thread(target=serve_broker, args=(broker_sock, []), daemon=True)
+        thread.start()
+        broker_threads.append(thread)
+        cores.append(PulsarConnection(
+            Conn(conn_id, f"127.0.0.1:{5000 + conn_id}", "plain", "pulsar"),
+            PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
+            Routing(parse_broker_url(BROKER_URL)),
+            taps,
+        ))  # fmt: skip
+        clients.append((client_stream, client_sock, broker_stream))
+
+    def client() -> int:
+        wires = [ThreadWire(sock) for _, sock, _ in clients]
+        for wire in wires:
+            wire.send(connect(BROKER_URL))
+            assert (answer := wire.receive(10)) is not None and answer.name == "CONNECTED"
+            wire.send(frame_bytes("PRODUCER", pb.CommandProducer(topic=TOPIC, producer_id=1,
+                                                                 request_id=1)))  # fmt: skip
+            assert (answer := wire.receive(10)) is not None and answer.name == "PRODUCER_SUCCESS"
+        a, b = wires
+        for sequence in range(rounds):
+            b.send(frame_bytes("PRODUCER", pb.CommandProducer(
+                topic=TOPIC, producer_id=10 + sequence, request_id=10 + sequence)))  # fmt: skip
+            assert (answer := b.receive(10)) is not None and answer.name == "PRODUCER_SUCCESS"
+            a.send(send_frame(sequence, b"x" * 100))
+            answer = a.receive(10)
+            assert answer is not None and answer.name == "SEND_RECEIPT", answer
+        for _, sock, _ in clients:
+            sock.close()
+        return rounds
+
+    async with relay_thread() as carrier, trio.open_nursery() as nursery:
+        assert carrier is not None
+        for core, (client_stream, _, broker_stream) in zip(cores, clients, strict=True):
+
+            async def dial(address: Address, tls: bool, timeout: float,
+                           stream: trio.abc.Stream = broker_stream) -> trio.abc.Stream:  # fmt: skip
+                return stream
+
+            relay = Relay(core, client_stream, timing=TIMING, dial=dial, ask=never_ask, tap=taps,
+                          thread=carrier)  # fmt: skip
+            relays.append(relay)
+            nursery.start_soon(relay.run)
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(client)
+        runs = [
+            sum(lane.runs for lane in relay._lanes.values() if lane is not None) for relay in relays
+        ]
+    for thread in broker_threads:
+        thread.join(10)
+    # A: its SENDs and receipts, 2 * rounds reads, nearly all carried alone.
+    assert runs[0] >= rounds, runs
+    assert runs[1] <= rounds // 4, runs

@@ -9,11 +9,15 @@
 //! the Python read step armed it, having found everything that lets the
 //! step run, and nothing that could change that has happened since. What
 //! could change it runs as Python code in the trio thread (a fault rule
-//! added, a write waiting, a drain, the end) or in a Python read step on
-//! this thread (a read the step gave back, a hand-back); `Carrier.epoch`
-//! is bumped before either runs, which disarms every lane. So a lane's
-//! first read after any Python code ran goes through the Python read step,
-//! which looks again and arms it again.
+//! added, a write waiting, a drain, the end), which bumps `Carrier.epoch`
+//! before it runs and so disarms every lane; or as a Python read step of
+//! the same connection on this thread (a read the step gave back, a
+//! hand-back), which disarms that connection's lanes only (`disarm`): a
+//! connection's Python read step touches no other connection's state, so
+//! one read the Python way (a Cursus connection, a read too large for the
+//! step) costs the other connections nothing. A lane's first read after
+//! such code ran goes through the Python read step, which looks again and
+//! arms it again.
 
 #[cfg(feature = "python")]
 pub mod python {
@@ -42,8 +46,11 @@ pub mod python {
         from_client: bool,
         slow: Py<PyAny>,
         after: Py<PyAny>,
-        /// The carrier's epoch when the Python read step last armed it.
+        /// The carrier's epoch when the Python read step last armed it
+        /// (0: disarmed; epochs start at 1).
         armed: AtomicU64,
+        /// Reads the compiled loop carried for it by the compiled step alone.
+        runs: AtomicU64,
     }
 
     #[pymethods]
@@ -65,6 +72,7 @@ pub mod python {
                 slow,
                 after,
                 armed: AtomicU64::new(0),
+                runs: AtomicU64::new(0),
             }
         }
 
@@ -72,6 +80,18 @@ pub mod python {
         /// itself until the carrier's epoch moves on.
         fn arm(&self, epoch: u64) {
             self.armed.store(epoch, Ordering::Relaxed);
+        }
+
+        /// disarm(): its next read goes through its Python read step, which
+        /// looks again (Python code of its connection ran).
+        fn disarm(&self) {
+            self.armed.store(0, Ordering::Relaxed);
+        }
+
+        /// Reads the compiled loop carried for it without Python.
+        #[getter]
+        fn runs(&self) -> u64 {
+            self.runs.load(Ordering::Relaxed)
         }
 
         fn __call__(&self, py: Python<'_>) -> PyResult<()> {
@@ -248,10 +268,8 @@ pub mod python {
                 self.steps_run.fetch_add(1, Ordering::Relaxed);
                 let ran = match entry.cast::<Lane>() {
                     Ok(lane) => self.lane(py, lane.get(), &mut clock, now),
-                    Err(_) => {
-                        self.bump_epoch();
-                        entry.call0().map(|_| ())
-                    }
+                    // A Python read step: it disarms its own connection's lanes.
+                    Err(_) => entry.call0().map(|_| ()),
                 };
                 if let Err(error) = ran {
                     self.bump_epoch();
@@ -272,8 +290,9 @@ pub mod python {
         ) -> PyResult<()> {
             let epoch = self.epoch.load(Ordering::Relaxed);
             if lane.armed.load(Ordering::Relaxed) != epoch {
-                // Its Python read step looks again (and bumps the epoch
-                // itself before running anything but the compiled step).
+                // Its Python read step looks again (and disarms its
+                // connection's lanes before running anything but the
+                // compiled step).
                 return lane.slow.bind(py).call0().map(|_| ());
             }
             let t = match *clock {
@@ -285,6 +304,7 @@ pub mod python {
                 }
             };
             self.compiled_runs.fetch_add(1, Ordering::Relaxed);
+            lane.runs.fetch_add(1, Ordering::Relaxed);
             let step = lane.step.get();
             let got = match step.carry_fds(py, lane.source, lane.sink, lane.from_client, t) {
                 Ok(got) => {
@@ -296,7 +316,9 @@ pub mod python {
                 }
                 Err(error) => error.into_value(py).into_any(),
             };
-            self.bump_epoch();
+            // Python code of this connection runs now (``after`` disarms
+            // the connection's other lane too).
+            lane.armed.store(0, Ordering::Relaxed);
             lane.after.bind(py).call1((got,)).map(|_| ())
         }
     }

@@ -350,7 +350,7 @@ class Relay:
         except BlockingIOError:
             return
         except OSError as exc:
-            thread.bump()
+            self._disarm()
             failed = functools.partial(self._read_failed, exc, from_client)
             self._hand_back(thread, fd, from_client, back, failed)
             return
@@ -379,6 +379,15 @@ class Relay:
             thread.swap(fd, lane)
         lane.arm(thread.epoch)
 
+    def _disarm(self) -> None:
+        """Python code of this connection runs on the relay thread: its
+        lanes go through their Python read step once more, which looks
+        again. Other connections' lanes stay armed: nothing of theirs
+        changes here (trio's turn disarms every lane)."""
+        for lane in self._lanes.values():
+            if lane is not None:
+                lane.disarm()
+
     def _after_carry(
         self,
         thread: RelayThread,
@@ -391,7 +400,7 @@ class Relay:
         """What the compiled step gave back for a read it did not carry
         whole: nothing read, the bytes read (for the usual way), a read
         accounted but not written whole, or what it raised."""
-        thread.bump()  # Python code that may change what lanes rely on runs now
+        self._disarm()  # Python code that may change what its lanes rely on runs now
         if got is None or isinstance(got, BlockingIOError):
             return
         if isinstance(got, OSError):
@@ -412,7 +421,7 @@ class Relay:
     ) -> None:
         """A read carried the usual way: the core, and the writes the
         sockets take whole; anything else is handed back."""
-        thread.bump()
+        self._disarm()
         if not data:  # the end: closed as usual, by trio
             ended = functools.partial(self._ended, from_client)
             self._hand_back(thread, fd, from_client, back, ended)
