@@ -8,10 +8,13 @@
 
 // aHash: fast, and seeded at random (keys come from clients).
 use ahash::AHashMap as HashMap;
+use std::collections::VecDeque;
 
 /// A SEND waiting for its receipt.
 #[derive(Debug)]
 pub struct Waiting<T> {
+    /// Its sequence id.
+    pub sequence: u64,
     /// When it was relayed (the proxy's clock, seconds).
     pub started: f64,
     /// Its producer's topic when it was relayed.
@@ -21,33 +24,91 @@ pub struct Waiting<T> {
     pub repeats: u32,
 }
 
-/// SENDs in flight by (producer_id, sequence_id).
+/// One producer's SENDs in flight, in the order they were relayed, one
+/// entry per sequence id. Clients number a producer's SENDs upwards and
+/// brokers answer them in that order, so a SEND joins the back and its
+/// receipt finds it at the front: one contiguous buffer per producer, no
+/// hashing per SEND. Out of order (a client that numbers otherwise, a
+/// receipt that overtakes) it is still exact, by search.
+#[derive(Debug)]
+pub struct Producer<T> {
+    pub sends: VecDeque<Waiting<T>>,
+    /// Whether the sequence ids rise from front to back (then searched by
+    /// halves; else one by one).
+    rising: bool,
+}
+
+impl<T> Producer<T> {
+    fn new() -> Self {
+        Producer {
+            sends: VecDeque::new(),
+            rising: true,
+        }
+    }
+
+    /// Where the SEND with this sequence id is, if in flight.
+    fn find(&self, sequence: u64) -> Option<usize> {
+        let sends = &self.sends;
+        if sends.front()?.sequence == sequence {
+            return Some(0);
+        }
+        if sends.back()?.sequence == sequence {
+            return Some(sends.len() - 1);
+        }
+        if self.rising {
+            return sends.binary_search_by_key(&sequence, |w| w.sequence).ok();
+        }
+        sends.iter().position(|w| w.sequence == sequence)
+    }
+}
+
+/// SENDs in flight by producer, then sequence id.
 #[derive(Debug, Default)]
 pub struct Table<T> {
-    pub waiting: HashMap<(u64, u64), Waiting<T>>,
+    pub producers: HashMap<u64, Producer<T>>,
     /// SENDs relayed and not answered yet, repeats included.
     pub in_flight: u64,
+    /// Distinct (producer, sequence) in flight.
+    pub len: usize,
 }
 
 impl<T> Table<T> {
     pub fn new() -> Self {
         Table {
-            waiting: HashMap::new(),
+            producers: HashMap::new(),
             in_flight: 0,
+            len: 0,
         }
     }
 
     /// A SEND, in flight from `now`.
     pub fn sending(&mut self, producer: u64, sequence: u64, now: f64, topic: impl FnOnce() -> T) {
-        self.waiting
-            .entry((producer, sequence))
-            .and_modify(|w| w.repeats += 1)
-            .or_insert_with(|| Waiting {
-                started: now,
-                topic: topic(),
-                repeats: 0,
-            });
         self.in_flight += 1;
+        let p = self.producers.entry(producer).or_insert_with(Producer::new);
+        let above = match p.sends.back() {
+            Some(last) if last.sequence == sequence => {
+                if let Some(last) = p.sends.back_mut() {
+                    last.repeats += 1;
+                }
+                return;
+            }
+            Some(last) => p.rising && sequence > last.sequence,
+            None => true,
+        };
+        if !above {
+            if let Some(at) = p.find(sequence) {
+                p.sends[at].repeats += 1;
+                return;
+            }
+            p.rising = false;
+        }
+        p.sends.push_back(Waiting {
+            sequence,
+            started: now,
+            topic: topic(),
+            repeats: 0,
+        });
+        self.len += 1;
     }
 
     /// The SEND a SEND_RECEIPT or SEND_ERROR answers, no longer in flight:
@@ -58,15 +119,35 @@ impl<T> Table<T> {
         sequence: u64,
         copy: impl FnOnce(&T) -> T,
     ) -> Option<(f64, T)> {
-        let key = (producer, sequence);
-        let waiting = self.waiting.get_mut(&key)?;
+        let p = self.producers.get_mut(&producer)?;
+        let at = p.find(sequence)?;
         self.in_flight -= 1;
+        let waiting = &mut p.sends[at];
         if waiting.repeats > 0 {
             waiting.repeats -= 1;
             return Some((waiting.started, copy(&waiting.topic)));
         }
-        let w = self.waiting.remove(&key)?;
+        let w = p.sends.remove(at)?;
+        self.len -= 1;
+        if p.sends.is_empty() {
+            // Nothing kept for a producer with nothing in flight (ids of
+            // closed producers are not reused, and they may be many).
+            self.producers.remove(&producer);
+        }
         Some((w.started, w.topic))
+    }
+
+    /// The SEND in flight with these ids, left in flight.
+    pub fn peek(&self, producer: u64, sequence: u64) -> Option<&Waiting<T>> {
+        let p = self.producers.get(&producer)?;
+        p.find(sequence).map(|at| &p.sends[at])
+    }
+
+    /// Every SEND in flight: (producer, its entry).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Waiting<T>)> {
+        self.producers
+            .iter()
+            .flat_map(|(id, p)| p.sends.iter().map(move |w| (*id, w)))
     }
 }
 
@@ -198,7 +279,7 @@ pub mod python {
         }
 
         fn __len__(&self) -> usize {
-            self.table.waiting.len()
+            self.table.len
         }
 
         /// sending(producer_id, sequence_id, now, topic): a SEND in flight.
@@ -227,7 +308,7 @@ pub mod python {
             producer_id: u64,
             sequence_id: u64,
         ) -> Option<(f64, Option<Py<PyAny>>, u32)> {
-            let w = self.table.waiting.get(&(producer_id, sequence_id))?;
+            let w = self.table.peek(producer_id, sequence_id)?;
             Some((
                 w.started,
                 w.topic.as_ref().map(|t| t.clone_ref(py)),
@@ -240,11 +321,10 @@ pub mod python {
         fn waiting(&self, py: Python<'_>) -> Vec<InFlight> {
             let mut out: Vec<_> = self
                 .table
-                .waiting
                 .iter()
-                .map(|(k, w)| {
+                .map(|(producer, w)| {
                     let topic = w.topic.as_ref().map(|t| t.clone_ref(py));
-                    (k.0, k.1, w.started, topic, w.repeats)
+                    (producer, w.sequence, w.started, topic, w.repeats)
                 })
                 .collect();
             out.sort_by_key(|a| (a.0, a.1));
@@ -336,13 +416,35 @@ mod tests {
         t.sending(2, 7, 1.0, || "c");
         assert_eq!(t.in_flight, 3);
         assert_eq!(t.sent(1, 7, |t| *t), Some((0.5, "a")));
-        assert_eq!(t.waiting.len(), 2);
+        assert_eq!(t.len, 2);
         assert_eq!(t.sent(1, 7, |t| *t), Some((0.5, "a")));
         assert_eq!(t.sent(1, 7, |t| *t), None);
         assert_eq!(t.sent(3, 7, |t| *t), None);
         assert_eq!(t.in_flight, 1);
         assert_eq!(t.sent(2, 7, |t| *t), Some((1.0, "c")));
         assert_eq!(t.in_flight, 0);
-        assert!(t.waiting.is_empty());
+        assert_eq!(t.len, 0);
+    }
+
+    #[test]
+    fn receipts_out_of_order_and_sequences_out_of_order_are_exact() {
+        let mut t: Table<u64> = Table::new();
+        for s in [1, 2, 3, 4, 5] {
+            t.sending(9, s, s as f64, || s * 10);
+        }
+        assert_eq!(t.sent(9, 3, |t| *t), Some((3.0, 30))); // from the middle
+        assert_eq!(t.sent(9, 5, |t| *t), Some((5.0, 50))); // from the back
+        assert_eq!(t.sent(9, 3, |t| *t), None);
+        // Numbered downwards, and again a repeat of one in the middle.
+        t.sending(9, 0, 6.0, || 0);
+        t.sending(9, 2, 7.0, || 99);
+        assert_eq!(t.peek(9, 2).map(|w| (w.started, w.repeats)), Some((2.0, 1)));
+        assert_eq!(t.len, 4);
+        assert_eq!(t.in_flight, 5);
+        for (s, started) in [(0, 6.0), (2, 2.0), (2, 2.0), (1, 1.0), (4, 4.0)] {
+            assert_eq!(t.sent(9, s, |t| *t).map(|w| w.0), Some(started), "{s}");
+        }
+        assert_eq!((t.len, t.in_flight), (0, 0));
+        assert_eq!(t.sent(8, 1, |t| *t), None); // a producer never seen
     }
 }
