@@ -1256,11 +1256,11 @@ def table(
     return "\n".join(lines)
 
 
-def spread(values: list[float]) -> str:
-    """Median (min-max), two decimals."""
+def spread(values: list[float], form: str = ".2f") -> str:
+    """Median (min-max), each formatted by ``form`` (two decimals)."""
     if not values:
         return "-"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+    return f"{statistics.median(values):{form}} ({min(values):{form}}-{max(values):{form}})"
 
 
 def filter_table(cells: dict[tuple[str, str], Cell], names: list[str], loads: list[str]) -> str:

@@ -1,0 +1,173 @@
+"""Sluice in front of Cursus: the real cursus-client producing and consuming
+through `sluice proxy` and directly, one run.
+
+    python bench/cursus_e2e.py [--messages 20000] [--size 1024] [--rounds 3]
+                           [--linger-ms 5]
+
+The Cursus test broker (tests/helpers/cursus_broker.py, standalone) runs in
+a process of its own, and `sluice proxy` (validation and metrics, no
+recording) in front of it. Each round, on a fresh topic per path, the
+official Python client (cursus-client) produces ``--messages`` payloads of
+``--size`` bytes (batched by its linger), then a consumer reads them back
+from the start; the paths, direct and sluice, take turns, their order
+swapped from round to round. A warm-up round through both paths comes
+first and is not counted.
+
+Printed per workload and path: msg/s over the client's send window (the
+first send to the last acknowledgement; consuming, from the subscription
+to the last message), and, through Sluice, the proxy's CPU per message
+(its process's CPU clock, every thread, over the same window), each as
+the median (min-max) of the rounds, and msg/s as a ratio to direct.
+
+Cursus is relayed by Sluice's Python core, frame by frame: these figures
+are what a compiled Cursus path is measured against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from peers import process_cpu, spread
+
+from sluice.brokers.embedded import free_port, terminate, wait_for_port
+from tests.helpers.support import start_proxy
+
+WORKLOADS = ("produce", "consume")
+
+
+def produce(address: str, topic: str, count: int, size: int, linger_ms: int) -> float:
+    """Seconds from the first send to the last acknowledgement."""
+    from cursus import Producer, ProducerConfig
+
+    producer = Producer(ProducerConfig(topic=topic, brokers=[address], partitions=1,
+                                       linger_ms=linger_ms, flush_timeout_ms=60_000,
+                                       buffer_size=count + 1))  # fmt: skip
+    payload = "x" * size
+    try:
+        started = time.perf_counter()
+        for _ in range(count):
+            producer.send(payload)
+        producer.flush()
+        seconds = time.perf_counter() - started
+        acked = producer.unique_ack_count
+    finally:
+        producer.close()
+    if acked != count:
+        raise SystemExit(f"bench/cursus_e2e.py: {acked} of {count} acknowledged via {address}")
+    return seconds
+
+
+def consume(address: str, topic: str, count: int) -> float:
+    """Seconds from the subscription to the last of ``count`` messages."""
+    from cursus import Consumer, ConsumerConfig, ConsumerMode
+
+    got = 0
+    done = threading.Event()
+
+    def handler(message: object) -> None:
+        nonlocal got
+        got += 1
+        if got >= count:
+            done.set()
+
+    consumer = Consumer(ConsumerConfig(topic=topic, brokers=[address], group_id=f"g-{topic}",
+                                       consumer_id="bench", mode=ConsumerMode.STREAMING,
+                                       batch_size=500))  # fmt: skip
+    started = time.perf_counter()
+    thread = threading.Thread(target=consumer.start, args=(handler,), daemon=True)
+    thread.start()
+    try:
+        if not done.wait(120):
+            raise SystemExit(f"bench/cursus_e2e.py: consumed {got} of {count} via {address}")
+        return time.perf_counter() - started
+    finally:
+        consumer.close()
+        thread.join(10)
+
+
+def measured(run: Callable[[], float], pid: int | None) -> tuple[float, float | None]:
+    """(seconds, proxy CPU seconds over them) of ``run``."""
+    before = process_cpu(pid) if pid is not None else 0.0
+    seconds = run()
+    cpu = process_cpu(pid) - before if pid is not None else None
+    return seconds, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=20_000, help="per round (default 20000)")
+    parser.add_argument("--size", type=int, default=1024, help="payload bytes (default 1024)")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds (default 3)")
+    parser.add_argument("--linger-ms", type=int, default=5,
+                        help="the producer's linger (default 5)")  # fmt: skip
+    args = parser.parse_args()
+    if args.rounds < 3:
+        parser.error("--rounds must be at least 3: each figure is a median with its spread")
+    tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-cursus-"))
+    port = free_port()
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.cursus_broker", "--port", str(port)],
+        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.DEVNULL,
+        stderr=(tmp / "broker.log").open("wb"),
+    )  # fmt: skip
+    proxy = None
+    try:
+        wait_for_port("127.0.0.1", port, 30, broker)
+        proxy = start_proxy(f"cursus://127.0.0.1:{port}", tmp)
+        addresses = {"direct": f"127.0.0.1:{port}", "sluice": f"127.0.0.1:{proxy.port}"}
+        pids = {"direct": None, "sluice": proxy.pid}
+        results: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
+        for number in range(args.rounds + 1):
+            paths = ["direct", "sluice"] if number % 2 else ["sluice", "direct"]
+            for path in paths:
+                topic = f"bench-{uuid.uuid4().hex[:8]}"
+                address, pid = addresses[path], pids[path]
+                for workload in WORKLOADS:
+                    run = (
+                        functools.partial(produce, address, topic, args.messages, args.size,
+                                          args.linger_ms)
+                        if workload == "produce"
+                        else functools.partial(consume, address, topic, args.messages)
+                    )  # fmt: skip
+                    seconds, cpu = measured(run, pid)
+                    rate = args.messages / seconds
+                    shown = f"{cpu / args.messages * 1e6:.1f} µs/msg" if cpu is not None else ""
+                    label = "warm-up" if number == 0 else f"round {number}"
+                    print(f"[cursus] {label}: {path:7} {workload:8} {rate:9,.0f} msg/s {shown}",
+                          flush=True)  # fmt: skip
+                    if number:
+                        results.setdefault((workload, path), []).append((rate, cpu))
+        print()
+        print("| workload | path | msg/s | vs direct | proxy CPU µs/msg |")
+        print("|---|---|---|---|---|")
+        for workload in WORKLOADS:
+            direct = [rate for rate, _ in results[(workload, "direct")]]
+            for path in ("direct", "sluice"):
+                rates = [rate for rate, _ in results[(workload, path)]]
+                ratios = [r / d for r, d in zip(rates, direct, strict=True)]
+                cpus = [c / args.messages * 1e6 for _, c in results[(workload, path)] if c]
+                versus = spread(ratios) if path != "direct" else ""
+                print(f"| {workload} | {path} | {spread(rates, ',.0f')} | {versus} | "
+                      f"{spread(cpus, '.1f')} |")  # fmt: skip
+        print(f"\n{args.messages} messages of {args.size} B a round, {args.rounds} rounds, "
+              f"linger {args.linger_ms} ms; medians (min-max)")  # fmt: skip
+    finally:
+        if proxy is not None:
+            proxy.kill()
+        terminate(broker, 10)
+
+
+if __name__ == "__main__":
+    main()
