@@ -220,7 +220,8 @@ class Recorder:
         # records are laid out here; lossless: every read waits for room).
         self._sink: Any = None
         self._sink_dropped = 0  # the sink's drops already counted in _dropped
-        compiled = self._summarizer.compiled_code is not None
+        # (a protocol's summarizer may say nothing of compiled code: none)
+        compiled = getattr(self._summarizer, "compiled_code", None) is not None
         if RecordSink is not None and compiled and not self._lossless:
             self._sink = RecordSink(self._max_frames, self._max_bytes, self._wake_frames,
                                     self._wake_bytes, self._wake)  # fmt: skip
@@ -328,7 +329,7 @@ class Recorder:
         lossless recorder (the relay waits for room first), a connection id
         wider than the record's, or a snapshot rule on slow answers (it
         looks at each read's receipt times)."""
-        code = self._summarizer.compiled_code
+        code = getattr(self._summarizer, "compiled_code", None)
         if code is None or self._sink is None or conn.id > 0xFFFFFFFF:
             return None
         if any(trigger.on == "slow" for trigger in self._triggers):
