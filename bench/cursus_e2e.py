@@ -5,22 +5,23 @@ through `sluice proxy` and directly, one run.
                            [--linger-ms 5]
 
 The Cursus test broker (tests/helpers/cursus_broker.py, standalone) runs in
-a process of its own, and `sluice proxy` (validation and metrics, no
-recording) in front of it. Each round, on a fresh topic per path, the
-official Python client (cursus-client) produces ``--messages`` payloads of
-``--size`` bytes (batched by its linger), then a consumer reads them back
-from the start; the paths, direct and sluice, take turns, their order
-swapped from round to round. A warm-up round through both paths comes
-first and is not counted.
+a process of its own, and in front of it two `sluice proxy` (validation
+and metrics, no recording): ``sluice``, with batches checked in compiled
+code (rust/src/cursus.rs), and ``sluice-python``, the same with
+SLUICE_FRAMES=python (the Python reference decodes every batch). Each
+round, on a fresh topic per path, the official Python client
+(cursus-client) produces ``--messages`` payloads of ``--size`` bytes
+(batched by its linger), then a consumer streams them back from the start
+(it commits after each delivery, on a connection of its own); the paths
+take turns, their order rotated from round to round. A warm-up round
+through every path comes first and is not counted.
 
-Printed per workload and path: msg/s over the client's send window (the
-first send to the last acknowledgement; consuming, from the subscription
-to the last message), and, through Sluice, the proxy's CPU per message
-(its process's CPU clock, every thread, over the same window), each as
-the median (min-max) of the rounds, and msg/s as a ratio to direct.
-
-Cursus is relayed by Sluice's Python core, frame by frame: these figures
-are what a compiled Cursus path is measured against.
+Printed per workload and path: msg/s over the client's window (the first
+send to the last acknowledgement; consuming, from the subscription to the
+last message) as the median (min-max) of the rounds and as a ratio to
+direct, and the proxy's CPU per message (its process's CPU clock, every
+thread, over the same window), with, for ``sluice``, its ratio to
+``sluice-python`` in the same round.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from sluice.brokers.embedded import free_port, terminate, wait_for_port
 from tests.helpers.support import start_proxy
 
 WORKLOADS = ("produce", "consume")
+PATHS = ("direct", "sluice", "sluice-python")
 
 
 def produce(address: str, topic: str, count: int, size: int, linger_ms: int) -> float:
@@ -122,15 +124,20 @@ def main() -> None:
         cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.DEVNULL,
         stderr=(tmp / "broker.log").open("wb"),
     )  # fmt: skip
-    proxy = None
+    proxies = []
     try:
         wait_for_port("127.0.0.1", port, 30, broker)
-        proxy = start_proxy(f"cursus://127.0.0.1:{port}", tmp)
-        addresses = {"direct": f"127.0.0.1:{port}", "sluice": f"127.0.0.1:{proxy.port}"}
-        pids = {"direct": None, "sluice": proxy.pid}
+        url = f"cursus://127.0.0.1:{port}"
+        proxies.append(start_proxy(url, tmp))
+        proxies.append(start_proxy(url, tmp, env={"SLUICE_FRAMES": "python"}))
+        addresses = {"direct": f"127.0.0.1:{port}"}
+        pids: dict[str, int | None] = {"direct": None}
+        for name, proxy in zip(PATHS[1:], proxies, strict=True):
+            addresses[name] = f"127.0.0.1:{proxy.port}"
+            pids[name] = proxy.pid
         results: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
         for number in range(args.rounds + 1):
-            paths = ["direct", "sluice"] if number % 2 else ["sluice", "direct"]
+            paths = PATHS[number % 3 :] + PATHS[: number % 3]
             for path in paths:
                 topic = f"bench-{uuid.uuid4().hex[:8]}"
                 address, pid = addresses[path], pids[path]
@@ -145,26 +152,30 @@ def main() -> None:
                     rate = args.messages / seconds
                     shown = f"{cpu / args.messages * 1e6:.1f} µs/msg" if cpu is not None else ""
                     label = "warm-up" if number == 0 else f"round {number}"
-                    print(f"[cursus] {label}: {path:7} {workload:8} {rate:9,.0f} msg/s {shown}",
+                    print(f"[cursus] {label}: {path:13} {workload:8} {rate:9,.0f} msg/s {shown}",
                           flush=True)  # fmt: skip
                     if number:
                         results.setdefault((workload, path), []).append((rate, cpu))
         print()
-        print("| workload | path | msg/s | vs direct | proxy CPU µs/msg |")
-        print("|---|---|---|---|---|")
+        print("| workload | path | msg/s | vs direct | proxy CPU µs/msg | vs sluice-python |")
+        print("|---|---|---|---|---|---|")
         for workload in WORKLOADS:
             direct = [rate for rate, _ in results[(workload, "direct")]]
-            for path in ("direct", "sluice"):
+            python = [c or 0.0 for _, c in results[(workload, "sluice-python")]]
+            for path in PATHS:
                 rates = [rate for rate, _ in results[(workload, path)]]
                 ratios = [r / d for r, d in zip(rates, direct, strict=True)]
-                cpus = [c / args.messages * 1e6 for _, c in results[(workload, path)] if c]
+                used = [c or 0.0 for _, c in results[(workload, path)]]
+                per = [c / args.messages * 1e6 for c in used] if path != "direct" else []
                 versus = spread(ratios) if path != "direct" else ""
+                against = [c / p for c, p in zip(used, python, strict=True)]
+                than = spread(against) if path == "sluice" else ""
                 print(f"| {workload} | {path} | {spread(rates, ',.0f')} | {versus} | "
-                      f"{spread(cpus, '.1f')} |")  # fmt: skip
+                      f"{spread(per, '.1f')} | {than} |")  # fmt: skip
         print(f"\n{args.messages} messages of {args.size} B a round, {args.rounds} rounds, "
               f"linger {args.linger_ms} ms; medians (min-max)")  # fmt: skip
     finally:
-        if proxy is not None:
+        for proxy in proxies:
             proxy.kill()
         terminate(broker, 10)
 

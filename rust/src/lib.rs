@@ -25,6 +25,7 @@ pub const FLOW: u32 = 11;
 
 pub mod account;
 pub mod carrier;
+pub mod cursus;
 pub mod record;
 pub mod seal;
 pub mod step;
@@ -745,6 +746,10 @@ pub mod python {
     #[pymodule]
     fn _frames(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(scan_batch, m)?)?;
+        m.add_function(wrap_pyfunction!(
+            crate::cursus::python::cursus_batch_head,
+            m
+        )?)?;
         m.add_class::<Batch>()?;
         m.add_function(wrap_pyfunction!(scan, m)?)?;
         m.add_function(wrap_pyfunction!(pack_frames, m)?)?;

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -373,3 +374,10 @@ class OnInvalid(enum.Enum):
 
     REJECT = "reject"  # answer it as the broker would, never pass it on
     FORWARD = "forward"  # count it, log it, pass it on
+
+
+def compiled_frames_wanted() -> bool:
+    """Whether a protocol may use its compiled frame code (``sluice._frames``,
+    where built): yes, unless ``SLUICE_FRAMES=python`` asks for the Python
+    reference alone (for comparing the two in benchmarks and tests)."""
+    return os.environ.get("SLUICE_FRAMES", "").lower() != "python"

@@ -24,7 +24,6 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.protocols.cursus.batch import Batch
 from sluice.protocols.cursus.frame import Frame
 from sluice.protocols.cursus.replies import BatchAck, ErrorReply
 from sluice.recording.format import PayloadPolicy, Record, packer
@@ -34,11 +33,12 @@ PROTOCOL = "cursus"
 
 def summarize(frame: Frame) -> dict[str, Any]:
     out: dict[str, Any] = {"cmd": frame.name}
-    message: Any = frame.message
-    if isinstance(message, Batch):
-        out["topic"] = message.topic
-        out["part"] = message.partition
-        out["msgs"] = len(message.messages)
+    head = frame.head  # a batch's messages are not needed (nor decoded) here
+    message: Any = frame.message if head is None else None
+    if head is not None:
+        out["topic"] = head.topic
+        out["part"] = head.partition
+        out["msgs"] = head.count
     else:
         topic = getattr(message, "topic", None) or frame.envelope
         if isinstance(topic, str) and topic and topic != "admin":
@@ -66,7 +66,7 @@ class CursusSummarizer:
     def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:
         summary = summarize(frame)
         raw = frame.raw
-        if isinstance(frame.message, Batch) and self.payloads is not PayloadPolicy.FULL:
+        if frame.head is not None and self.payloads is not PayloadPolicy.FULL:
             info: dict[str, Any] = {"size": len(frame.body)}
             if self.payloads is PayloadPolicy.HASH:
                 info["sha256"] = hashlib.sha256(frame.body).hexdigest()

@@ -78,6 +78,23 @@ class Batch:
     messages: tuple[Message, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class BatchHead:
+    """What the proxy's core and its recorder need of a batch: its topic and
+    partition, how many messages it holds and the last one's offset (None:
+    it holds none)."""
+
+    topic: str
+    partition: int
+    count: int
+    last_offset: int | None
+
+    @classmethod
+    def of(cls, batch: Batch) -> BatchHead:
+        last = batch.messages[-1].offset if batch.messages else None
+        return cls(batch.topic, batch.partition, len(batch.messages), last)
+
+
 def is_batch(body: bytes) -> bool:
     """The broker's test: the magic, then a topic length that is not zero and fits."""
     if len(body) < 4 or body[0] != 0xBA or body[1] != 0x7C:

@@ -57,7 +57,6 @@ from sluice.protocols.core import (
     Tap,
     TopicTraffic,
 )
-from sluice.protocols.cursus.batch import Batch
 from sluice.protocols.cursus.commands import Command, Stream
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.decoder import FrameDecoder
@@ -130,9 +129,10 @@ class _Rewritten:
 
 
 def _topic(frame: Frame) -> str | None:
+    head = frame.head
+    if head is not None:
+        return head.topic
     message = frame.message
-    if isinstance(message, Batch):
-        return message.topic
     topic = getattr(message, "topic", None)
     if isinstance(topic, str) and topic:
         return topic
@@ -371,14 +371,15 @@ class CursusConnection:
         return actions
 
     def _track(self, frame: Frame, now: float, topics: dict[str, list[int]]) -> None:
+        head = frame.head
+        if head is not None:
+            tally = topics.setdefault(head.topic, [0, 0])
+            tally[0] += head.count
+            tally[1] += len(frame.raw)
+            self._requests.append(_Request("BATCH", now, head.topic, True, False))
+            return
         message = frame.message
         if isinstance(message, Keepalive) or message is None:
-            return
-        if isinstance(message, Batch):
-            tally = topics.setdefault(message.topic, [0, 0])
-            tally[0] += len(message.messages)
-            tally[1] += len(frame.raw)
-            self._requests.append(_Request("BATCH", now, message.topic, True, False))
             return
         topic = getattr(message, "topic", None) if isinstance(message, Command) else None
         stream = isinstance(message, Stream)
@@ -432,8 +433,10 @@ class CursusConnection:
     def _rewritten(self, frame: Frame) -> bytes | None:
         """The bytes to send for ``frame``: rewritten when it names brokers,
         ``None`` when a listener has to be asked for first."""
-        if isinstance(frame.message, Batch | Keepalive | BatchAck | StreamControl):
-            return frame.raw  # the client routes by none of these
+        if frame.head is not None:
+            return frame.raw  # a batch: the client routes by none of these
+        if isinstance(frame.message, Keepalive | BatchAck | StreamControl):
+            return frame.raw
         named = addresses_in(frame.body)
         if not named:
             return frame.raw
@@ -460,16 +463,15 @@ class CursusConnection:
 
     def _answer(self, frame: Frame, now: float) -> None:
         """Pair a broker frame with the request it answers."""
-        message = frame.message
+        head = frame.head  # a batch: its messages are not needed (nor decoded) here
+        message = frame.message if head is None else None
         if isinstance(message, Keepalive):
             return
         if self._streaming is not None:
-            if isinstance(message, Batch) and message.messages:
-                self._stream_offset = message.messages[-1].offset + 1
+            if head is not None and head.last_offset is not None:
+                self._stream_offset = head.last_offset + 1
                 size = len(frame.raw)
-                self.tap.event(
-                    self.conn, TopicTraffic(message.topic, False, len(message.messages), size)
-                )
+                self.tap.event(self.conn, TopicTraffic(head.topic, False, head.count, size))
             return
         if not self._requests:
             return
@@ -479,20 +481,18 @@ class CursusConnection:
             error = message.code or "ERROR"
         elif isinstance(message, BatchAck) and message.status != "OK":
             error = message.status
-        elif message is None:
+        elif message is None and head is None:
             error = "INVALID"
         self.tap.event(
             self.conn, Answered(request.name, now - request.started, error, request.topic)
         )
-        if isinstance(message, Batch) and message.messages:
+        if head is not None and head.last_offset is not None:
             size = len(frame.raw)
-            self.tap.event(
-                self.conn, TopicTraffic(message.topic, False, len(message.messages), size)
-            )
+            self.tap.event(self.conn, TopicTraffic(head.topic, False, head.count, size))
         if request.stream and error is None and not isinstance(message, StreamControl):
             self._streaming = request
-            if isinstance(message, Batch) and message.messages:
-                self._stream_offset = message.messages[-1].offset + 1
+            if head is not None and head.last_offset is not None:
+                self._stream_offset = head.last_offset + 1
 
     # --- fault injection ------------------------------------------------------------
 

@@ -26,7 +26,8 @@ import struct
 from collections.abc import Iterator
 from typing import Final
 
-from sluice.protocols.cursus.batch import decode_batch, is_batch
+from sluice.protocols.core import compiled_frames_wanted
+from sluice.protocols.cursus.batch import BatchHead, decode_batch, is_batch
 from sluice.protocols.cursus.commands import KNOWN, OtherCommand, looks_like_command, parse_command
 from sluice.protocols.cursus.compression import Compression, decompress
 from sluice.protocols.cursus.errors import (
@@ -40,6 +41,7 @@ from sluice.protocols.cursus.frame import (
     BROKER_MAX_FRAME_SIZE,
     LENGTH_SIZE,
     SPEC_MAX_FRAME_SIZE,
+    BatchFrame,
     EnvelopeMessage,
     Frame,
 )
@@ -53,6 +55,14 @@ _KNOWN_BYTES = frozenset(name.encode() for name in KNOWN)
 _KEEPALIVE = Keepalive()
 # Decompressed bodies may be this many times the frame limit.
 DECOMPRESSED_FACTOR = 4
+
+try:  # batches checked in compiled code (rust/src/cursus.rs)
+    from sluice._frames import cursus_batch_head as _compiled_head
+except ImportError:  # a source tree nobody built: the reference decodes them
+    _compiled_head = None  # type: ignore[assignment]
+if not compiled_frames_wanted():  # SLUICE_FRAMES=python: the reference alone
+    _compiled_head = None  # type: ignore[assignment]
+COMPILED: Final = _compiled_head is not None
 
 
 class _Sentinel:
@@ -80,7 +90,9 @@ class FrameDecoder:
     """Turns one direction of a Cursus byte stream into ``Frame`` objects.
 
     ``from_client`` picks the classification (requests or replies);
-    ``compression`` is the broker-wide setting, applied to client frames only.
+    ``compression`` is the broker-wide setting, applied to client frames only;
+    ``compiled=False`` decodes every batch with the reference, never with
+    the compiled check (for comparing the two).
     """
 
     def __init__(
@@ -89,8 +101,10 @@ class FrameDecoder:
         from_client: bool,
         max_frame_size: int | None = None,
         compression: Compression = Compression.NONE,
+        compiled: bool = True,
     ) -> None:
         self.from_client = from_client
+        self.compiled = compiled
         self.compression = compression
         limit = default_max_frame_size(from_client) if max_frame_size is None else max_frame_size
         if limit <= 0:
@@ -150,6 +164,7 @@ class FrameDecoder:
             from_client=self.from_client,
             compression=self.compression,
             max_frame_size=self.max_frame_size,
+            compiled=self.compiled,
         )
 
     def frames(self) -> Iterator[Frame]:
@@ -176,16 +191,19 @@ def decode_frame(
     from_client: bool,
     compression: Compression = Compression.NONE,
     max_frame_size: int | None = None,
+    compiled: bool = True,
 ) -> Frame:
-    """Decode one complete frame (length prefix included). Never raises."""
+    """Decode one complete frame (length prefix included). Never raises.
+    A valid batch is checked in compiled code where built (a ``BatchFrame``,
+    its messages decoded when asked for), unless ``compiled`` is False."""
     if len(raw) < LENGTH_SIZE or _U32.unpack_from(raw)[0] != len(raw) - LENGTH_SIZE:
         error = RemoteProtocolError(Problem.FRAMING, "length prefix does not match the frame")
         return Frame(raw, b"", None, error)
     body = raw[LENGTH_SIZE:]
     if from_client:
         limit = default_max_frame_size(True) if max_frame_size is None else max_frame_size
-        return decode_request_body(raw, body, compression, limit * DECOMPRESSED_FACTOR)
-    return decode_reply_body(raw, body)
+        return decode_request_body(raw, body, compression, limit * DECOMPRESSED_FACTOR, compiled)
+    return decode_reply_body(raw, body, compiled)
 
 
 def decode_request_body(
@@ -193,6 +211,7 @@ def decode_request_body(
     body: bytes,
     compression: Compression = Compression.NONE,
     max_decompressed: int = BROKER_MAX_FRAME_SIZE * DECOMPRESSED_FACTOR,
+    compiled: bool = True,
 ) -> Frame:
     """Classify and decode what a client sent, as the broker would. Never raises."""
     if not body:
@@ -203,10 +222,7 @@ def decode_request_body(
         except RemoteProtocolError as exc:
             return Frame(raw, body, None, exc)
     if is_batch(body):
-        try:
-            return Frame(raw, body, decode_batch(body))
-        except RemoteProtocolError as exc:
-            return Frame(raw, body, None, exc)
+        return _batch(raw, body, compiled)
     if _first_word_known(body):
         return _command(raw, body, decode_text(body), None)
     return _envelope(raw, body)
@@ -274,26 +290,46 @@ def _bad_topic_length(message: str) -> RemoteProtocolError:
     )
 
 
-def decode_reply_body(raw: bytes, body: bytes) -> Frame:
+def _batch(raw: bytes, body: bytes, compiled: bool) -> Frame:
+    """A body the broker takes for a batch: checked in compiled code, or
+    decoded by the reference (which says what is wrong)."""
+    if compiled and _compiled_head is not None:
+        found = _compiled_head(body)
+        if found is not None:
+            start, end, partition, count, last = found
+            topic = decode_text(body[start:end])
+            head = BatchHead(topic, partition, count, None if last < 0 else last)
+            return BatchFrame(raw, body, head)
+    try:
+        return Frame(raw, body, decode_batch(body))
+    except RemoteProtocolError as exc:
+        return Frame(raw, body, None, exc)
+
+
+def decode_reply_body(raw: bytes, body: bytes, compiled: bool = True) -> Frame:
     """Decode what a broker sent. Never raises."""
     if not body:
         return Frame(raw, body, _KEEPALIVE)
+    if is_batch(body):
+        return _batch(raw, body, compiled)
     try:
-        if is_batch(body):
-            return Frame(raw, body, decode_batch(body))
         return Frame(raw, body, parse_reply_text(decode_text(body)))
     except RemoteProtocolError as exc:
         return Frame(raw, body, None, exc)
 
 
 def decode_stream(
-    data: bytes, *, from_client: bool, compression: Compression = Compression.NONE
+    data: bytes,
+    *,
+    from_client: bool,
+    compression: Compression = Compression.NONE,
+    compiled: bool = True,
 ) -> list[Frame]:
     """Every frame of a complete byte stream (e.g. one side of a capture).
 
     Raises a fatal ``RemoteProtocolError`` if the stream ends inside a frame.
     """
-    decoder = FrameDecoder(from_client=from_client, compression=compression)
+    decoder = FrameDecoder(from_client=from_client, compression=compression, compiled=compiled)
     decoder.receive_data(data)
     decoder.receive_data(b"")
     frames = list(decoder.frames())

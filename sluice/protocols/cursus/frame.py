@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.protocols.cursus.batch import Batch
+from sluice.protocols.cursus.batch import Batch, BatchHead, decode_batch
 from sluice.protocols.cursus.commands import Command
 from sluice.protocols.cursus.errors import RemoteProtocolError
 from sluice.protocols.cursus.replies import Keepalive, Reply
@@ -87,6 +87,13 @@ class Frame:
         return item_name(self.message)
 
     @property
+    def head(self) -> BatchHead | None:
+        """A batch's topic, partition, count and last offset; None for any
+        other frame."""
+        message = self.message
+        return BatchHead.of(message) if isinstance(message, Batch) else None
+
+    @property
     def size(self) -> int:
         return len(self.raw)
 
@@ -99,3 +106,40 @@ class Frame:
     def __repr__(self) -> str:
         state = "ok" if self.error is None else repr(self.error)
         return f"<Frame {self.name} {len(self.raw)}B {state}>"
+
+
+_MESSAGE = Frame.__dict__["message"]  # the slot, under BatchFrame's property
+
+
+class BatchFrame(Frame):
+    """A batch frame whose body the compiled check (rust/src/cursus.rs)
+    found valid, as the reference would: its head was read there, and its
+    messages are decoded by the reference (``decode_batch``) only when
+    ``message`` is asked for. The relay, the metrics and the recorder ask
+    for the head and the name only: no object per message."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, raw: bytes, body: bytes, head: BatchHead) -> None:
+        super().__init__(raw, body, None)
+        self._head = head
+
+    @property
+    def message(self) -> Item | None:
+        message = _MESSAGE.__get__(self, Frame)
+        if message is None:
+            message = decode_batch(self.body)
+            _MESSAGE.__set__(self, message)
+        return message  # type: ignore[no-any-return]
+
+    @message.setter
+    def message(self, value: Item | None) -> None:
+        _MESSAGE.__set__(self, value)
+
+    @property
+    def head(self) -> BatchHead:
+        return self._head
+
+    @property
+    def name(self) -> str:
+        return "BATCH"

@@ -17,7 +17,6 @@ the input bytes.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, overload
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, overload
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError, Message
 
+from sluice.protocols.core import compiled_frames_wanted
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.frame import (
@@ -71,7 +71,7 @@ def _compiled() -> _Compiled | None:
     """The compiled frame path (``sluice._frames``, built from rust/ into the
     wheel), unless ``SLUICE_FRAMES=python`` asks for the Python code alone.
     None in a source tree nobody built."""
-    if os.environ.get("SLUICE_FRAMES", "").lower() == "python":
+    if not compiled_frames_wanted():
         return None
     try:
         from sluice._frames import (
