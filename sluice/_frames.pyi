@@ -32,9 +32,10 @@ class Batch:
     def pack(self, prefix: bytes, data: bytes, payloads: int) -> list[bytes | None]:
         """``pack_frames`` over these frames of ``data``."""
 
-def cursus_batch_head(body: bytes) -> tuple[int, int, int, int, int] | None:
-    """(topic start, topic end, partition, count, last offset or -1) of a
-    Cursus batch body the reference decodes without an error; else None."""
+def cursus_batch_head(data: bytes, start: int = 0) -> tuple[int, int, int, int, int] | None:
+    """(topic start, topic end, partition, count, last offset or -1) of
+    ``data[start:]``, a Cursus batch body the reference decodes without an
+    error (offsets in ``data``); else None."""
 
 def scan_batch(data: bytes, pos: int, max_total: int) -> Batch | None:
     """Every complete frame from ``pos`` when the scanner took them all."""

@@ -122,15 +122,23 @@ pub mod python {
     /// (topic start, topic end, partition, count, last offset or -1)
     type Found = (usize, usize, i32, u32, i128);
 
-    /// cursus_batch_head(body) -> (topic_start, topic_end, partition,
-    /// count, last_offset) of a batch body the reference decodes without
-    /// an error (last_offset -1 when it holds no message); None for any
+    /// cursus_batch_head(data, start=0) -> (topic_start, topic_end,
+    /// partition, count, last_offset) of ``data[start:]``, a batch body
+    /// the reference decodes without an error (the topic's offsets are in
+    /// ``data``; last_offset -1 when it holds no message); None for any
     /// other body, left to the reference.
     #[pyfunction]
-    pub fn cursus_batch_head(body: &[u8]) -> Option<Found> {
-        super::batch_head(body).map(|h| {
+    #[pyo3(signature = (data, start=0))]
+    pub fn cursus_batch_head(data: &[u8], start: usize) -> Option<Found> {
+        super::batch_head(data.get(start..)?).map(|h| {
             let last = h.last_offset.map_or(-1, i128::from);
-            (h.topic.0, h.topic.1, h.partition, h.count, last)
+            (
+                start + h.topic.0,
+                start + h.topic.1,
+                h.partition,
+                h.count,
+                last,
+            )
         })
     }
 }

@@ -196,6 +196,11 @@ def decode_frame(
     """Decode one complete frame (length prefix included). Never raises.
     A valid batch is checked in compiled code where built (a ``BatchFrame``,
     its messages decoded when asked for), unless ``compiled`` is False."""
+    if compiled and (not from_client or compression is Compression.NONE):
+        # A valid batch is a batch whoever sent it: checked in place.
+        found = _scanned(raw, None)
+        if found is not None:
+            return found
     if len(raw) < LENGTH_SIZE or _U32.unpack_from(raw)[0] != len(raw) - LENGTH_SIZE:
         error = RemoteProtocolError(Problem.FRAMING, "length prefix does not match the frame")
         return Frame(raw, b"", None, error)
@@ -290,16 +295,32 @@ def _bad_topic_length(message: str) -> RemoteProtocolError:
     )
 
 
+def _scanned(raw: bytes, body: bytes | None) -> BatchFrame | None:
+    """``raw``'s frame when its body (``body``; None: ``raw`` past its
+    length prefix, which must then be right) is a batch the compiled check
+    vouches for; else None."""
+    if _compiled_head is None:
+        return None
+    if body is None:
+        if len(raw) < LENGTH_SIZE or _U32.unpack_from(raw)[0] != len(raw) - LENGTH_SIZE:
+            return None
+        data, found = raw, _compiled_head(raw, LENGTH_SIZE)
+    else:
+        data, found = body, _compiled_head(body)
+    if found is None:
+        return None
+    begin, end, partition, count, last = found
+    head = BatchHead(decode_text(data[begin:end]), partition, count, None if last < 0 else last)
+    return BatchFrame(raw, head, body)
+
+
 def _batch(raw: bytes, body: bytes, compiled: bool) -> Frame:
     """A body the broker takes for a batch: checked in compiled code, or
     decoded by the reference (which says what is wrong)."""
-    if compiled and _compiled_head is not None:
-        found = _compiled_head(body)
+    if compiled:
+        found = _scanned(raw, body)
         if found is not None:
-            start, end, partition, count, last = found
-            topic = decode_text(body[start:end])
-            head = BatchHead(topic, partition, count, None if last < 0 else last)
-            return BatchFrame(raw, body, head)
+            return found
     try:
         return Frame(raw, body, decode_batch(body))
     except RemoteProtocolError as exc:

@@ -108,7 +108,9 @@ class Frame:
         return f"<Frame {self.name} {len(self.raw)}B {state}>"
 
 
-_MESSAGE = Frame.__dict__["message"]  # the slot, under BatchFrame's property
+# The slots, under BatchFrame's properties.
+_MESSAGE = Frame.__dict__["message"]
+_BODY = Frame.__dict__["body"]
 
 
 class BatchFrame(Frame):
@@ -116,13 +118,27 @@ class BatchFrame(Frame):
     found valid, as the reference would: its head was read there, and its
     messages are decoded by the reference (``decode_batch``) only when
     ``message`` is asked for. The relay, the metrics and the recorder ask
-    for the head and the name only: no object per message."""
+    for the head and the name only: no object per message. ``body`` is
+    ``raw`` without its length prefix, copied out only when asked for
+    (unless given: a body the broker would decompress)."""
 
     __slots__ = ("_head",)
 
-    def __init__(self, raw: bytes, body: bytes, head: BatchHead) -> None:
-        super().__init__(raw, body, None)
+    def __init__(self, raw: bytes, head: BatchHead, body: bytes | None = None) -> None:
+        super().__init__(raw, body, None)  # type: ignore[arg-type]
         self._head = head
+
+    @property
+    def body(self) -> bytes:
+        body = _BODY.__get__(self, Frame)
+        if body is None:
+            body = self.raw[LENGTH_SIZE:]
+            _BODY.__set__(self, body)
+        return body  # type: ignore[no-any-return]
+
+    @body.setter
+    def body(self, value: bytes | None) -> None:
+        _BODY.__set__(self, value)
 
     @property
     def message(self) -> Item | None:
