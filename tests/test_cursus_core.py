@@ -26,6 +26,7 @@ from sluice.protocols.cursus import (
     KEEPALIVE,
     Batch,
     BatchAck,
+    CommitOffset,
     Consume,
     ErrorReply,
     Keepalive,
@@ -216,6 +217,21 @@ def test_drain_ends_a_stream_where_the_client_was() -> None:
     assert decode_stream(action.data, from_client=False)[0].message == StreamControl(
         "CLOSE", "stopped", 6
     )
+
+
+def test_requests_on_a_connection_that_streams_are_not_kept() -> None:
+    """A client that commits on its stream's connection (today's client
+    uses connections of their own): nothing is paired with the stream's
+    deliveries, so nothing is kept waiting, however long it streams."""
+    core, tap = relaying()
+    core.receive_client(encode_request(Stream(topic="t", partition=0, group="g", member="m")), 1.0)
+    core.receive_broker(encode_reply(Batch("t", 0, messages=(Message(offset=4),))), 1.1)
+    commit = encode_request(CommitOffset(topic="t", partition=0, group="g", offset=5))
+    batch = encode_request(Batch("t", 0, messages=(Message(payload=b"x"),)))
+    for _ in range(1000):
+        core.receive_client(commit + batch, 1.2)
+    assert len(core._requests) == 0 and core.in_flight_sends == 0
+    assert sum(e.messages for e in tap.of(TopicTraffic) if e.from_client) == 1000
 
 
 def test_an_upstream_not_allowed_is_refused() -> None:

@@ -371,15 +371,19 @@ class CursusConnection:
         return actions
 
     def _track(self, frame: Frame, now: float, topics: dict[str, list[int]]) -> None:
+        # Once a STREAM is answered, the broker's frames are deliveries, not
+        # answers (_answer pairs none): a request then would wait for ever.
+        pairing = self._streaming is None
         head = frame.head
         if head is not None:
             tally = topics.setdefault(head.topic, [0, 0])
             tally[0] += head.count
             tally[1] += len(frame.raw)
-            self._requests.append(_Request("BATCH", now, head.topic, True, False))
+            if pairing:
+                self._requests.append(_Request("BATCH", now, head.topic, True, False))
             return
         message = frame.message
-        if isinstance(message, Keepalive) or message is None:
+        if isinstance(message, Keepalive) or message is None or not pairing:
             return
         topic = getattr(message, "topic", None) if isinstance(message, Command) else None
         stream = isinstance(message, Stream)
