@@ -121,6 +121,35 @@ async def test_sends_cross_whole_and_in_order_through_hand_backs() -> None:
     assert results[True] == results[False]
 
 
+async def steps_for_sends_one_at_a_time(count: int) -> int:
+    """The relay thread's steps over a connection that opens a producer,
+    sends ``count`` messages, each after the last one's receipt (a read
+    each way per message), and hangs up."""
+    got: list[Frame] = []
+    async with relay_thread(True) as carrier, trio.open_nursery() as nursery:
+        assert carrier is not None
+        h = QuickDial(nursery, slow_broker(got), real_socket_pair, real_socket_pair, carrier)
+        h.start()
+        with trio.fail_after(30):
+            await open_producer(h)
+            for sequence in range(count):
+                await h.client.send(send_frame(sequence, b"x" * 100))
+                frame = await h.client.receive()
+                assert frame is not None and frame.name == "SEND_RECEIPT", frame
+            await h.client.stream.aclose()
+            await h.done.wait()
+        assert len(got) == count and h.reason == "closed"
+        return carrier.steps_run
+
+
+async def test_a_connection_that_relays_a_few_reads_stays_in_trio() -> None:
+    # Handing a direction to the thread and back costs more than the few
+    # reads of a short connection (relay.LEAVE_AFTER); one that keeps
+    # going is carried by the thread after them.
+    assert await steps_for_sends_one_at_a_time(2) == 0
+    assert await steps_for_sends_one_at_a_time(12) >= 12
+
+
 async def test_the_relay_threads_figures_are_exported() -> None:
     metrics = Metrics(10, registry.get("pulsar"))
     value = metrics.registry.get_sample_value

@@ -27,6 +27,7 @@ from sluice.protocols.core import Conn, Tap
 from sluice.protocols.faults import Faults
 from sluice.protocols.filtering import Filtering
 from sluice.protocols.urls import BrokerUrl
+from sluice.proxy.dial import open_tcp
 from sluice.proxy.ports import BrokerPorts, NoListener
 from sluice.proxy.relay import Core
 
@@ -190,7 +191,7 @@ async def reach(broker: Address, timeout: float) -> str | None:
     """None when ``broker`` accepts a TCP connection within ``timeout``; else why not."""
     try:
         with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(broker.host, broker.port)
+            stream = await open_tcp(broker)
     except (OSError, trio.TooSlowError) as exc:
         return f"cannot reach {broker}: {exc or 'timed out'}"
     await stream.aclose()

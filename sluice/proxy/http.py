@@ -70,6 +70,7 @@ from sluice.proxy.dial import (
     accepted,
     certificate_cn,
     client_ssl_context,
+    close_stream,
     dial,
     open_listeners,
     server_ssl_context,
@@ -307,7 +308,7 @@ class HttpRelay:
                 header = await self.inbound.read(stream, peer)
             except HeaderError as exc:
                 self.header_refused(peer, exc)
-                await _close(stream)
+                await close_stream(stream)
                 return
             if header is not None and header.source is not None:
                 client = header.source
@@ -343,8 +344,8 @@ class HttpRelay:
             self.watch.closed(conn)
             with trio.CancelScope(shield=True):
                 for upstream in upstreams.values():
-                    await _close(upstream.stream)
-                await _close(stream)
+                    await close_stream(upstream.stream)
+                await close_stream(stream)
 
     async def _serve(
         self,
@@ -668,7 +669,7 @@ class HttpRelay:
             if upstream is not None and not upstream.idle():
                 # Left mid-exchange by a request that failed (a timeout, a
                 # refusal): its state is unknown, it is not reused.
-                await _close(upstream.stream)
+                await close_stream(upstream.stream)
                 upstream = None
             reused = upstream is not None
             if upstream is None:
@@ -682,7 +683,7 @@ class HttpRelay:
                 await upstream.send(h11.EndOfMessage())
                 response = await upstream.response()
             except _BROKEN as exc:
-                await _close(upstream.stream)
+                await close_stream(upstream.stream)
                 if reused:
                     continue  # upstreams holds none for hop.url now: a new one
                 raise Refusal(
@@ -720,7 +721,7 @@ class HttpRelay:
 
     async def _drop(self, upstreams: dict[HttpUrl, Upstream], upstream: Upstream) -> None:
         upstreams.pop(upstream.url, None)
-        await _close(upstream.stream)
+        await close_stream(upstream.stream)
 
     async def _lookup_answer(
         self,
@@ -817,7 +818,7 @@ class HttpRelay:
         finally:
             self._sessions.discard(session)
             with trio.CancelScope(shield=True):
-                await _close(upstream.stream)
+                await close_stream(upstream.stream)
 
     def _closing(self) -> list[tuple[bytes, bytes]]:
         """While draining, each answer says it is the connection's last."""
@@ -857,8 +858,3 @@ class HttpRelay:
             )
             await self._send(conn, stream, h11.Data(data=text))
             await self._send(conn, stream, h11.EndOfMessage())
-
-
-async def _close(stream: trio.abc.Stream) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        await trio.aclose_forcefully(stream)

@@ -40,6 +40,7 @@ from sluice.protocols.core import (
     Send,
     Tap,
 )
+from sluice.proxy.dial import close_stream
 from sluice.proxy.relay_thread import RelayThread
 
 log = logging.getLogger("sluice.relay")
@@ -47,6 +48,13 @@ log = logging.getLogger("sluice.relay")
 # How much one read asks the socket for. The codec benchmark feeds the
 # decoder reads of this size too.
 READ_SIZE = 256 * 1024
+
+# How many reads with data a direction makes in trio, once the connection
+# relays, before the relay thread may carry it. Handing a direction to the
+# thread and back costs about as much as 3 Python reads: a connection
+# that makes a request or two and hangs up (a lookup, a Cursus commit) is
+# cheaper served where it is; one that streams goes over after these.
+LEAVE_AFTER = 4
 
 
 def _descriptor(stream: trio.abc.Stream) -> int | None:
@@ -171,18 +179,18 @@ class Relay:
         """Serve the connection until either side or the core ends it; the reason."""
         self._handshake.deadline = trio.current_time() + self.timing.handshake_timeout
         try:
-            with trio.CancelScope() as self._session:
-                async with trio.open_nursery() as nursery:
-                    self._nursery = nursery
-                    nursery.start_soon(self._watch_handshake)
-                    nursery.start_soon(self._pump_client)
-                    nursery.start_soon(self._keepalive)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._session = nursery.cancel_scope
+                nursery.start_soon(self._watch_handshake)
+                nursery.start_soon(self._pump_client)
+                nursery.start_soon(self._keepalive)
         except Exception as exc:  # one connection never takes the proxy down
             self.reason = self._failed(exc)
         finally:
             with trio.CancelScope(shield=True):
                 if self.broker is not None:
-                    await _close(self.broker)
+                    await close_stream(self.broker)
                 self.core.closed(self.reason)
         return self.reason
 
@@ -238,8 +246,14 @@ class Relay:
         fd = _descriptor(stream)
         thread = self._thread if fd is not None and room is None else None
         ready = False  # the last read filled the buffer: more is likely waiting
+        relayed = 0  # reads with data since the connection relays
         while True:
-            if thread is not None and fd is not None and self._may_leave(from_client):
+            if (
+                thread is not None
+                and fd is not None
+                and relayed >= LEAVE_AFTER
+                and self._may_leave(from_client)
+            ):
                 if not await self._away(thread, fd, from_client):
                     return
                 continue
@@ -271,6 +285,8 @@ class Relay:
                 return
             if from_client:
                 self.bytes_in += len(data)
+            if self.core.established:
+                relayed += 1
             started = perf_counter()
             now = trio.current_time()
             actions = receive(data, now)
@@ -729,8 +745,3 @@ def _reraise(exc: BaseException) -> Awaitable[bool]:
 
 def _tls_failure(exc: BaseException) -> bool:
     return isinstance(exc.__cause__, ssl.SSLError)
-
-
-async def _close(stream: trio.abc.Stream) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        await trio.aclose_forcefully(stream)

@@ -49,6 +49,7 @@ from sluice.proxy.dial import (
     CertificateReloader,
     accepted,
     certificate_cn,
+    close_stream,
     dial,
     open_listeners,
     server_ssl_context,
@@ -507,7 +508,7 @@ class Proxy:
                 assert self.ports is not None
                 found = self.ports.broker_of(_port(listener))
                 if found is None:
-                    await _close(stream)
+                    await close_stream(stream)
                     continue
                 upstream, speaks = found
                 if speaks == TLS:  # as a TLS listener would wrap it
@@ -592,7 +593,7 @@ class Proxy:
         finally:
             self.limits.release(ip)
             with trio.CancelScope(shield=True):
-                await _close(stream)
+                await close_stream(stream)
 
     async def _serve(
         self, stream: trio.abc.Stream, conn: Conn, upstream: Address | None, dialer: Dialer
@@ -672,7 +673,7 @@ class Proxy:
         self.taps.event(conn, Rejected(reason))
         level = self._refusals.level((reason, conn.client.rpartition(":")[0]), trio.current_time())
         log.log(level, "%s: rejected: %s", conn.name, why)
-        await _close(stream)
+        await close_stream(stream)
 
     def _header_refused(self, listener: str) -> Callable[[Address, HeaderError], None]:
         """How the admin endpoint or the HTTP listener reports a connection
@@ -764,8 +765,3 @@ def _port(listener: trio.abc.Listener[Any]) -> int:
     inner = listener.transport_listener if isinstance(listener, trio.SSLListener) else listener
     assert isinstance(inner, trio.SocketListener)
     return int(inner.socket.getsockname()[1])
-
-
-async def _close(stream: trio.abc.Stream) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        await trio.aclose_forcefully(stream)
