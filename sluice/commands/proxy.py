@@ -22,6 +22,7 @@ from sluice.protocols import registry
 from sluice.protocols.core import OnInvalid
 from sluice.protocols.faults import load_rules
 from sluice.protocols.http import parse_http_url
+from sluice.proxy.allocator import keep_big_buffers
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import (
     TlsClientConfig,
@@ -774,6 +775,7 @@ def _listen_error(exc: OSError, config: ProxyConfig) -> str:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
+    keep_big_buffers()
     ignore_file_size_signal()
     try:
         config = config_from(args)

@@ -92,6 +92,7 @@ from sluice.proxy.admin import (
     open_admin,
     serve_admin,
 )
+from sluice.proxy.allocator import keep_big_buffers
 from sluice.proxy.config import ProxyConfig, proxy_protocol_in
 from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
@@ -955,6 +956,7 @@ def main() -> int:
     except EOFError:
         return 1
     setup_logging(spec.log_level, spec.log_format, worker=spec.index)
+    keep_big_buffers()
     # A reload's SIGHUP before the worker listens for it must not end it
     # (the default action): ignored until then, and caught up with after.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
