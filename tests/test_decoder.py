@@ -210,6 +210,25 @@ def test_one_byte_at_a_time() -> None:
     assert decoder.buffered == 0
 
 
+def test_what_is_buffered_can_be_taken_and_given_back_at_any_cut() -> None:
+    data = send() + encode(command(T("PING"))) + send(seq=8)
+    for first in range(1, len(data)):
+        for second in range(first, len(data), 7):
+            decoder = FrameDecoder()
+            got = []
+            for chunk in (data[:first], data[first:second]):  # a head and a tail
+                if chunk:  # (b"" is the end of the stream)
+                    decoder.receive_data(chunk)
+                    got += list(decoder.frames())
+            done = sum(len(f.raw) for f in got)
+            start = decoder.take_buffered()
+            assert start == data[done:second] and decoder.buffered == 0
+            assert decoder.next_event() is NEED_DATA
+            decoder.receive_data(start + data[second:])
+            got += list(decoder.frames())
+            assert [f.name for f in got] == ["SEND", "PING", "SEND"], (first, second)
+
+
 def test_invalid_max_message_size() -> None:
     with pytest.raises(ValueError):
         FrameDecoder(max_message_size=0)

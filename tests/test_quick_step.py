@@ -237,6 +237,33 @@ def test_what_the_step_holds_goes_to_the_core_first_when_a_read_goes_its_way() -
             assert outs[0][0].startswith(first + second), then
 
 
+def test_a_frame_begun_in_a_read_the_core_took_goes_on_in_the_step() -> None:
+    # A read that came the usual way (a hand back; a connection's first
+    # reads) ended inside a frame. The step takes that start over, and the
+    # reads after it are carried: each of them ends inside a frame too, and
+    # with the start left in the decoder each would go the usual way.
+    frames = [send(1, s, 300) for s in range(6)]
+    stream = b"".join(frames)
+    edges = set(itertools.accumulate(map(len, frames)))
+    cuts = [0, 500, 1_100, 1_700, len(stream)]
+    assert not edges & set(cuts[1:-1]), "every read but the last ends inside a frame"
+    reads = [stream[a:b] for a, b in itertools.pairwise(cuts)]
+    by_core, _ = relay([(True, data) for data in reads], False)
+    core, metrics = relaying()
+    out = b"".join(a.data for a in core.receive_client(reads[0], 1.5) if isinstance(a, Send))
+    with wires() as (ends, readers):
+        writer, source, sink = ends[True]
+        for data in reads[1:]:
+            writer.sendall(data)
+            step = core.quick(True)
+            assert step is not None
+            assert step.carry(source.fileno(), sink.fileno(), True, 1.5) == len(data)
+            out += drain(readers[True])
+    assert out == stream == by_core[0][True]
+    assert scraped(metrics) == by_core[2]
+    assert (core.correlator.sends.waiting(), core.in_flight_sends) == by_core[3]
+
+
 def test_a_frame_longer_than_the_step_holds_goes_to_the_decoder() -> None:
     big = send(1, 1, 600_000)
     reads = [(True, big[i : i + 200_000]) for i in range(0, len(big), 200_000)]
@@ -411,9 +438,17 @@ def test_the_step_stands_aside_where_a_read_must_be_seen_frame_by_frame() -> Non
     error = Trigger("errors", "error")
     core, _ = relaying()
     assert core.quick(True) is not None and core.quick(False) is not None
-    # A frame half read waits in the decoder: the next read goes to it.
-    core.receive_client(send(1, 1, 10)[:7], 1.0)
+    # A frame half read waits in the decoder: the step takes it over...
+    half = send(1, 1, 10)[:7]
+    core.receive_client(half, 1.0)
+    step = core.quick(True)
+    assert step is not None and step.take_held(True) == half
+    # ... unless it holds the start of one itself.
+    core.receive_client(half, 1.0)
+    assert step.give_held(True, b"\0\0")
     assert core.quick(True) is None and core.quick(False) is not None
+    core.receive_client(half[2:], 1.0)  # what it held, then this: the frame whole
+    assert step.take_held(True) == b"" and core.quick(True) is step
     # A fault rule sees every frame.
     core, _ = relaying()
     core.faults.add(Rule(Match(command="SEND"), FaultAction.DROP, id="r"))

@@ -445,6 +445,22 @@ pub mod python {
             slot.clear();
             out
         }
+
+        /// give_held(from_client, start) -> bool: hold ``start``, the start
+        /// of a frame the core's decoder had buffered, as if this step's last
+        /// read of that direction had ended in it: the next carried read
+        /// goes on from it. False (nothing taken) when the step holds
+        /// something of that direction already, or ``start`` is longer than
+        /// a step holds.
+        fn give_held(&self, from_client: bool, start: &[u8]) -> bool {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = &mut held[usize::from(from_client)];
+            if !slot.is_empty() || start.len() > HOLD_MAX {
+                return false;
+            }
+            slot.extend_from_slice(start);
+            true
+        }
     }
 
     impl Step {

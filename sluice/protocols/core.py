@@ -368,6 +368,12 @@ class QuickStep(Protocol):
         when the next read takes the usual way."""
         ...
 
+    def give_held(self, from_client: bool, start: bytes) -> bool:
+        """Hold ``start``, the start of a frame the core's decoder had
+        buffered, for the next carried read of that direction; False when
+        the step cannot (it holds something already, or it is too long)."""
+        ...
+
 
 class OnInvalid(enum.Enum):
     """What a core does with an invalid frame from a client."""

@@ -53,8 +53,12 @@ READ_SIZE = 256 * 1024
 # relays, before the relay thread may carry it. Handing a direction to the
 # thread and back costs about as much as 3 Python reads: a connection
 # that makes a request or two and hangs up (a lookup, a Cursus commit) is
-# cheaper served where it is; one that streams goes over after these.
+# cheaper served where it is; one that streams goes over after these, or
+# at its first read of LEAVE_SIZE bytes or more (a backlog being
+# delivered: checked in Python, those first reads would cost more than
+# the thread saves a short connection).
 LEAVE_AFTER = 4
+LEAVE_SIZE = 16 * 1024
 
 
 def _descriptor(stream: trio.abc.Stream) -> int | None:
@@ -286,7 +290,7 @@ class Relay:
             if from_client:
                 self.bytes_in += len(data)
             if self.core.established:
-                relayed += 1
+                relayed += 1 if len(data) < LEAVE_SIZE else LEAVE_AFTER
             started = perf_counter()
             now = trio.current_time()
             actions = receive(data, now)

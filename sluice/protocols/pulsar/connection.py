@@ -519,12 +519,19 @@ class PulsarConnection:
             step = self._renewed_step(step)
         if step is None or self.faults.rules or self._trace:
             return None
-        if (self._client if from_client else self._broker).buffered:
-            return None
         if self._gate is not None and self._gate.wants(
             from_client, self.correlator.producers, self.correlator.consumers, compiled=True
         ):
             return None
+        decoder = self._client if from_client else self._broker
+        if decoder.buffered:
+            # A read that came the usual way ended in the start of a frame:
+            # the step goes on from it, or every read that ends inside a
+            # frame would keep this direction on the usual way.
+            start = decoder.take_buffered()
+            if not step.give_held(from_client, start):
+                decoder.receive_data(start)  # as it was
+                return None
         return step
 
     def _filtered(self, from_client: bool) -> bool:

@@ -178,6 +178,16 @@ class FrameDecoder:
         """Bytes received but not yet returned as frames."""
         return len(self._head) - self._pos + self._tail_len
 
+    def take_buffered(self) -> bytes:
+        """The bytes received but not yet returned as frames (the start of
+        a frame: frames are returned whole), given up; the decoder is as
+        new after, but for the end of the stream and a break, kept."""
+        if self._tail:
+            self._join()
+        rest = self._head[self._pos :]
+        self._head, self._pos = b"", 0
+        return rest
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add bytes from the peer. An empty ``data`` means the peer closed."""
         if not data:
