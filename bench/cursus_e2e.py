@@ -2,7 +2,7 @@
 through `sluice proxy` and directly, one run.
 
     python bench/cursus_e2e.py [--messages 20000] [--size 1024] [--rounds 3]
-                           [--linger-ms 5]
+                           [--linger-ms 5] [--connections 1000]
 
 The Cursus test broker (tests/helpers/cursus_broker.py, standalone) runs in
 a process of its own, and in front of it two `sluice proxy` (validation
@@ -22,6 +22,11 @@ last message) as the median (min-max) of the rounds and as a ratio to
 direct, and the proxy's CPU per message (its process's CPU clock, every
 thread, over the same window), with, for ``sluice``, its ratio to
 ``sluice-python`` in the same round.
+
+A third workload, ``connect``, is what the consumer does for each commit:
+``--connections`` connections one after another, each opened with the
+client's own connection class, one command (LIST) and its reply, closed.
+Its row gives connections a second and the proxy's CPU per connection.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from peers import process_cpu, spread
 from sluice.brokers.embedded import free_port, terminate, wait_for_port
 from tests.helpers.support import start_proxy
 
-WORKLOADS = ("produce", "consume")
+WORKLOADS = ("produce", "consume", "connect")
 PATHS = ("direct", "sluice", "sluice-python")
 
 
@@ -99,6 +104,27 @@ def consume(address: str, topic: str, count: int) -> float:
         thread.join(10)
 
 
+def connect(address: str, count: int) -> float:
+    """Seconds for ``count`` connections one after another, each a command
+    and its reply, as the consumer makes one per commit."""
+    from cursus.connection.sync_conn import SyncConnection
+    from cursus.protocol.encoder import encode_message
+
+    request = encode_message("", "LIST")
+    started = time.perf_counter()
+    for _ in range(count):
+        conn = SyncConnection(address)
+        conn.connect()
+        try:
+            conn.write_frame(request)
+            reply = conn.read_frame()
+        finally:
+            conn.close()
+        if not reply.startswith(b"OK"):
+            raise SystemExit(f"bench/cursus_e2e.py: LIST via {address} answered {reply[:80]!r}")
+    return time.perf_counter() - started
+
+
 def measured(run: Callable[[], float], pid: int | None) -> tuple[float, float | None]:
     """(seconds, proxy CPU seconds over them) of ``run``."""
     before = process_cpu(pid) if pid is not None else 0.0
@@ -114,9 +140,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds (default 3)")
     parser.add_argument("--linger-ms", type=int, default=5,
                         help="the producer's linger (default 5)")  # fmt: skip
+    parser.add_argument("--connections", type=int, default=1000,
+                        help="per round, for the connect workload (default 1000)")  # fmt: skip
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds must be at least 3: each figure is a median with its spread")
+    if args.messages < 1 or args.connections < 1:
+        parser.error("--messages and --connections must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-cursus-"))
     port = free_port()
     broker = subprocess.Popen(
@@ -142,17 +172,19 @@ def main() -> None:
                 topic = f"bench-{uuid.uuid4().hex[:8]}"
                 address, pid = addresses[path], pids[path]
                 for workload in WORKLOADS:
-                    run = (
-                        functools.partial(produce, address, topic, args.messages, args.size,
-                                          args.linger_ms)
-                        if workload == "produce"
-                        else functools.partial(consume, address, topic, args.messages)
-                    )  # fmt: skip
-                    seconds, cpu = measured(run, pid)
-                    rate = args.messages / seconds
-                    shown = f"{cpu / args.messages * 1e6:.1f} µs/msg" if cpu is not None else ""
+                    runs = {
+                        "produce": functools.partial(produce, address, topic, args.messages,
+                                                     args.size, args.linger_ms),
+                        "consume": functools.partial(consume, address, topic, args.messages),
+                        "connect": functools.partial(connect, address, args.connections),
+                    }  # fmt: skip
+                    count = args.connections if workload == "connect" else args.messages
+                    unit = "conn" if workload == "connect" else "msg"
+                    seconds, cpu = measured(runs[workload], pid)
+                    rate = count / seconds
+                    shown = f"{cpu / count * 1e6:.1f} µs/{unit}" if cpu is not None else ""
                     label = "warm-up" if number == 0 else f"round {number}"
-                    print(f"[cursus] {label}: {path:13} {workload:8} {rate:9,.0f} msg/s {shown}",
+                    print(f"[cursus] {label}: {path:13} {workload:8} {rate:9,.0f} {unit}/s {shown}",
                           flush=True)  # fmt: skip
                     if number:
                         results.setdefault((workload, path), []).append((rate, cpu))
@@ -166,14 +198,17 @@ def main() -> None:
                 rates = [rate for rate, _ in results[(workload, path)]]
                 ratios = [r / d for r, d in zip(rates, direct, strict=True)]
                 used = [c or 0.0 for _, c in results[(workload, path)]]
-                per = [c / args.messages * 1e6 for c in used] if path != "direct" else []
+                count = args.connections if workload == "connect" else args.messages
+                per = [c / count * 1e6 for c in used] if path != "direct" else []
                 versus = spread(ratios) if path != "direct" else ""
                 against = [c / p for c, p in zip(used, python, strict=True)]
                 than = spread(against) if path == "sluice" else ""
                 print(f"| {workload} | {path} | {spread(rates, ',.0f')} | {versus} | "
                       f"{spread(per, '.1f')} | {than} |")  # fmt: skip
         print(f"\n{args.messages} messages of {args.size} B a round, {args.rounds} rounds, "
-              f"linger {args.linger_ms} ms; medians (min-max)")  # fmt: skip
+              f"linger {args.linger_ms} ms; connect: {args.connections} connections a "
+              "round, its msg/s connections a second and its CPU per connection; "
+              "medians (min-max)")  # fmt: skip
     finally:
         for proxy in proxies:
             proxy.kill()

@@ -688,11 +688,15 @@ def test_a_broker_kill_loses_and_duplicates_nothing_through_sluice_as_direct(
     proxy: ProxyProcess | None = None
     try:
         direct_topic, proxied_topic = unique("crash-direct"), unique("crash-proxied")
+        # Each topic is read back right after its own crash. Read after a
+        # second kill -9 it was not always: subscribing straight to the
+        # broker then timed out at 120 s in 2 of 7 runs, at 20efc69 too.
         direct = produce_across_a_broker_kill(broker, broker.url, direct_topic)
+        assert len(direct) == 300
+        assert stored(broker, direct_topic, 300) == direct
         proxy = start_proxy(broker.url, tmp_path, "--record", str(tmp_path / "rec"))
         proxied = produce_across_a_broker_kill(broker, proxy.url, proxied_topic)
-        assert len(direct) == len(proxied) == 300
-        assert stored(broker, direct_topic, 300) == direct
+        assert len(proxied) == 300
         assert stored(broker, proxied_topic, 300) == proxied
         assert proxy.terminate() == 0
     finally:
