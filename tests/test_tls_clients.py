@@ -389,7 +389,9 @@ def test_transactions_through_proxy_mode_with_a_client_certificate(
             while reader.has_message_available():
                 reader.read_next(timeout_millis=10_000)
                 committed += 1
-        assert committed == sent  # committed, so readable
+        # pulsar-perf commits every 20 messages; past -m it may send a few
+        # more (102 once, broker-counted), whose transaction may stay open.
+        assert sent - sent % 20 <= committed <= sent  # committed, so readable
         assert web.proxy.terminate() == 0
     finally:
         web.proxy.kill()
