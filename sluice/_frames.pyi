@@ -119,6 +119,8 @@ class RecordSink:
     @property
     def dropped(self) -> int: ...
 
+STEP_HOLD_MAX: int  # the most of a frame's start a Step holds
+
 class Step:
     """One proxied connection's compiled step: a relayed read carried whole."""
 

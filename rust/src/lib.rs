@@ -745,6 +745,7 @@ pub mod python {
 
     #[pymodule]
     fn _frames(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("STEP_HOLD_MAX", crate::step::HOLD_MAX)?;
         m.add_function(wrap_pyfunction!(scan_batch, m)?)?;
         m.add_function(wrap_pyfunction!(
             crate::cursus::python::cursus_batch_head,

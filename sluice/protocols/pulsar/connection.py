@@ -99,6 +99,11 @@ from sluice.protocols.pulsar.correlation import (
     answer_error,
 )
 from sluice.protocols.pulsar.decoder import CLOSED, COMPILED, FrameDecoder, ScannedBatch
+
+try:  # the most of a frame's start a compiled step holds (no step without it)
+    from sluice._frames import STEP_HOLD_MAX
+except ImportError:
+    STEP_HOLD_MAX = 0
 from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_reply, own_frame
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.filtering import FilterGate, Wait, schema_of
@@ -527,7 +532,10 @@ class PulsarConnection:
         if decoder.buffered:
             # A read that came the usual way ended in the start of a frame:
             # the step goes on from it, or every read that ends inside a
-            # frame would keep this direction on the usual way.
+            # frame would keep this direction on the usual way. One longer
+            # than a step holds stays in the decoder, untouched.
+            if decoder.buffered > STEP_HOLD_MAX:
+                return None
             start = decoder.take_buffered()
             if not step.give_held(from_client, start):
                 decoder.receive_data(start)  # as it was
