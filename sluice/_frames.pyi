@@ -82,6 +82,9 @@ class Figures:
         """(frames, topics, answered, relay) added since the last take."""
     def take_sealed(self) -> list[tuple[str, int]]:
         """(filter, messages) the compiled path encrypted since the last take."""
+    def take_named(self) -> list[tuple[bool, str, int, int]]:
+        """(from_client, name, frames, bytes) counted by name (Cursus) since
+        the last take."""
 
 class Seal:
     """One ``encrypt`` filter's data key as the compiled path uses it
@@ -141,8 +144,13 @@ class Step:
     def carry(
         self, source: int, sink: int, from_client: bool, now: float
     ) -> bytes | int | tuple[int, bytes, OSError | None, float] | None: ...
+    @staticmethod
+    def cursus(figures: Figures, max_body: int) -> Step:
+        """A Cursus connection's step, for what its broker streams."""
     def take_held(self, from_client: bool) -> bytes: ...
     def give_held(self, from_client: bool, start: bytes) -> bool: ...
+    def take_offset(self) -> int | None:
+        """Where a Cursus stream goes on from, if carried reads moved it."""
 
 class Lane:
     """One carried direction the relay thread's compiled loop may read

@@ -289,3 +289,27 @@ def test_a_client_that_hangs_up_at_once_opens_nothing() -> None:
     core, _ = make()
     (action,) = core.receive_client(b"", 0.0)
     assert isinstance(action, Close) and action.reason == "closed"
+
+
+def test_a_topic_or_error_that_is_not_utf8_is_served_in_the_metrics() -> None:
+    """Cursus text is decoded with surrogateescape: such a topic (or a
+    broker's error code) must not make every later scrape fail."""
+    from prometheus_client import generate_latest
+
+    from sluice.protocols.core import Taps
+    from sluice.protocols.registry import get
+    from sluice.proxy.metrics import Metrics
+
+    metrics = Metrics(protocol=get("cursus"))
+    core = CursusConnection(
+        Conn(1, "127.0.0.1:5555", "127.0.0.1:19000", "cursus"),
+        CursusSettings(), CursusRouting(UPSTREAM), Taps([metrics]),
+    )  # fmt: skip
+    batch = encode_request(Batch("t", 0, messages=(Message(payload=b"x"),)))
+    batch = batch.replace(b"\x00\x01t", b"\x00\x01\xff", 1)
+    core.receive_client(batch, 0.0)
+    core.upstream_ready(0.1)
+    core.receive_broker(b"\x00\x00\x00\x0bERROR: \xfe\xfd\xfc\xfb", 0.2)
+    text = generate_latest(metrics.exposed).decode()
+    assert 'topic="\ufffd"' in text
+    assert 'error="\ufffd\ufffd\ufffd\ufffd"' in text

@@ -81,6 +81,32 @@ def scraped(metrics: Metrics) -> list[str]:
     )  # fmt: skip
 
 
+def one_read(
+    core: Any,
+    quick: bool,
+    from_client: bool,
+    ends: Ends,
+    readers: dict[bool, socket.socket],
+    data: bytes,
+) -> tuple[bool, bytes]:
+    """``data`` written to a direction and read once: by the core's step
+    where it may (``quick``): (True, what came out the other end) when it
+    carried the read whole; else (False, the read, for the core)."""
+    writer, source, sink = ends[from_client]
+    writer.sendall(data)
+    step = core.quick(from_client) if quick else None
+    if step is None:
+        got = source.recv(1 << 20)
+        assert got == data
+        return False, got
+    got = step.carry(source.fileno(), sink.fileno(), from_client, 1.5)
+    if type(got) is int:
+        assert got == len(data)
+        return True, drain(readers[from_client])
+    assert got == data, "a read not carried comes back as it was read"
+    return False, got
+
+
 def relay(
     reads: list[tuple[bool, bytes]],
     quick: bool,
@@ -100,20 +126,11 @@ def relay(
         for from_client, data in reads:
             if ended:  # the relay hangs up
                 break
-            writer, source, sink = ends[from_client]
-            writer.sendall(data)
-            step = core.quick(from_client) if quick else None
-            if step is not None:
-                got = step.carry(source.fileno(), sink.fileno(), from_client, 1.5)
-                if type(got) is int:
-                    assert got == len(data)
-                    carried += 1
-                    out[from_client] += drain(readers[from_client])
-                    continue
-                assert got == data, "a read not carried comes back as it was read"
-            else:
-                got = source.recv(1 << 20)
-                assert got == data
+            whole, got = one_read(core, quick, from_client, ends, readers, data)
+            if whole:
+                carried += 1
+                out[from_client] += got
+                continue
             receive = core.receive_client if from_client else core.receive_broker
             for action in receive(got, 1.5):
                 if type(action) is Send:

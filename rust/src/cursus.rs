@@ -115,6 +115,56 @@ pub fn batch_head(body: &[u8]) -> Option<Head> {
     })
 }
 
+/// One frame of a read a compiled step may carry from a broker that
+/// streams: a keepalive (no head) or a batch the reference decodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// Where the frame ends in the read.
+    pub stop: usize,
+    /// A batch's head, its topic's offsets counted from the read's start;
+    /// None for a keepalive (an empty body).
+    pub head: Option<Head>,
+}
+
+/// The frames of `data` (what a broker sent on a STREAM) when one call may
+/// carry the read, and where they end: every complete frame a keepalive or
+/// a batch `batch_head` vouches for, with a topic that is UTF-8 and a last
+/// offset that has a next; and what follows them the start of a frame that
+/// is only incomplete (its length not over `max_body`, and not longer than
+/// `hold_max`). None: the read goes the reference's way, which says what
+/// is wrong with it (or rewrites a reply, or ends the stream).
+pub fn carriable(data: &[u8], max_body: u32, hold_max: usize) -> Option<(Vec<Delivery>, usize)> {
+    let mut found = Vec::new();
+    let mut pos = 0;
+    while let Some(prefix) = data.get(pos..pos + 4) {
+        let length = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+        if length > max_body {
+            return None;
+        }
+        let start = pos + 4;
+        let stop = start.checked_add(length as usize)?;
+        let Some(body) = data.get(start..stop) else {
+            break; // the start of a frame: the next read has the rest
+        };
+        let head = if body.is_empty() {
+            None
+        } else {
+            let mut head = batch_head(body)?;
+            std::str::from_utf8(&body[head.topic.0..head.topic.1]).ok()?;
+            head.last_offset
+                .map_or(Some(0), |last| last.checked_add(1))?;
+            head.topic = (start + head.topic.0, start + head.topic.1);
+            Some(head)
+        };
+        found.push(Delivery { stop, head });
+        pos = stop;
+    }
+    if data.len() - pos > hold_max {
+        return None;
+    }
+    Some((found, pos))
+}
+
 #[cfg(feature = "python")]
 pub mod python {
     use pyo3::prelude::*;
@@ -197,5 +247,46 @@ mod tests {
         let at = negative.len() - 4;
         negative[at..].copy_from_slice(&(-1i32).to_be_bytes());
         assert_eq!(batch_head(&negative), None);
+    }
+
+    #[test]
+    fn a_stream_read_is_carried_up_to_the_start_of_a_frame() {
+        let body = batch(b"orders", &[(3, b"a"), (4, b"bc")]);
+        let mut stream = (body.len() as u32).to_be_bytes().to_vec();
+        stream.extend_from_slice(&body);
+        stream.extend_from_slice(&[0, 0, 0, 0]); // a keepalive
+        let whole = stream.len();
+        stream.extend_from_within(..9); // a frame begun
+        let (found, end) = carriable(&stream, 1 << 20, 1 << 20).unwrap();
+        assert_eq!(end, whole);
+        assert_eq!(found.len(), 2);
+        let head = found[0].head.unwrap();
+        assert_eq!(&stream[head.topic.0..head.topic.1], b"orders");
+        assert_eq!((head.count, head.last_offset), (2, Some(4)));
+        assert_eq!(
+            found[1],
+            Delivery {
+                stop: whole,
+                head: None
+            }
+        );
+        // Every cut: the frames before it, and the rest held.
+        for cut in 0..=stream.len() {
+            let (found, end) = carriable(&stream[..cut], 1 << 20, 1 << 20).unwrap();
+            assert!(end <= cut && found.last().map_or(0, |d| d.stop) == end);
+        }
+        // Held no longer than asked; a length over the limit; a reply.
+        assert!(carriable(&stream, 1 << 20, 8).is_none());
+        assert!(carriable(&stream, 4, 1 << 20).is_none());
+        assert!(carriable(b"\x00\x00\x00\x02OK", 1 << 20, 1 << 20).is_none());
+        // A topic that is not UTF-8, and a last offset with no next.
+        let bad = batch(b"\xff", &[(3, b"a")]);
+        let mut frame = (bad.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&bad);
+        assert!(carriable(&frame, 1 << 20, 1 << 20).is_none());
+        let last = batch(b"t", &[(u64::MAX, b"a")]);
+        let mut frame = (last.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&last);
+        assert!(carriable(&frame, 1 << 20, 1 << 20).is_none());
     }
 }

@@ -150,6 +150,9 @@ pub mod python {
         relay: [Timer; 2],
         /// Messages the compiled path encrypted, by filter.
         sealed: HashMap<String, u64>,
+        /// Frames and bytes by direction and name, for protocols whose
+        /// commands are names (Cursus): (from_client, name) -> [frames, bytes].
+        named: HashMap<(bool, &'static str), [u64; 2]>,
     }
 
     /// (from_client, type, frames, bytes)
@@ -166,6 +169,12 @@ pub mod python {
                 tally[0] += 1;
                 tally[1] += size;
             }
+        }
+
+        fn count_named(&mut self, from_client: bool, name: &'static str, size: u64) {
+            let tally = self.named.entry((from_client, name)).or_insert([0, 0]);
+            tally[0] += 1;
+            tally[1] += size;
         }
 
         fn traffic(&mut self, from_client: bool, topic: &str, messages: i64, size: u64) {
@@ -210,7 +219,19 @@ pub mod python {
                 latency: latency_bounds,
                 relay: [Timer::new(relay_bounds.clone()), Timer::new(relay_bounds)],
                 sealed: HashMap::new(),
+                named: HashMap::new(),
             }
+        }
+
+        /// take_named() -> [(from_client, name, frames, bytes)] counted by
+        /// name (protocols whose commands are names) since the last take.
+        fn take_named(&mut self) -> Vec<(bool, String, u64, u64)> {
+            self.named
+                .drain()
+                .map(|((from_client, name), [frames, size])| {
+                    (from_client, name.to_owned(), frames, size)
+                })
+                .collect()
         }
 
         /// take_sealed() -> [(filter, messages)] the compiled path encrypted
@@ -264,25 +285,53 @@ pub mod python {
     }
 
     /// Step(sends, producers, consumers, figures, max_total, request): one
-    /// proxied connection's way to carry a read in one call (``carry``).
-    /// ``sends`` is its send table, ``producers`` and ``consumers`` its
-    /// correlator's {id: topic} (read as they are at each read), ``request``
-    /// the name receipts are timed under.
+    /// proxied Pulsar connection's way to carry a read in one call
+    /// (``carry``). ``sends`` is its send table, ``producers`` and
+    /// ``consumers`` its correlator's {id: topic} (read as they are at each
+    /// read), ``request`` the name receipts are timed under.
+    /// ``Step.cursus(figures, max_body)``: a Cursus connection's, for what
+    /// its broker streams.
     #[pyclass(module = "sluice._frames", frozen)]
     pub struct Step {
-        sends: Py<SendTable>,
-        producers: Py<PyDict>,
-        consumers: Py<PyDict>,
         figures: Py<Figures>,
+        /// The longest frame (Pulsar: its total size; Cursus: its body).
         max_total: u32,
-        request: String,
-        record: Option<Recording>,
-        /// The producers whose SENDs it encrypts (the `encrypt` filter), if any.
-        sealing: Option<Py<Sealing>>,
         /// By direction (from the client?): the start of a frame the last
         /// read ended in, carried with the next read. The core takes it
         /// (``take_held``) when a read goes its usual way.
         held: Mutex<[Vec<u8>; 2]>,
+        kind: Kind,
+    }
+
+    /// What a step checks and accounts, by protocol.
+    enum Kind {
+        Pulsar(Pulsar),
+        Cursus(Cursus),
+    }
+
+    struct Pulsar {
+        sends: Py<SendTable>,
+        producers: Py<PyDict>,
+        consumers: Py<PyDict>,
+        request: String,
+        record: Option<Recording>,
+        /// The producers whose SENDs it encrypts (the `encrypt` filter), if any.
+        sealing: Option<Py<Sealing>>,
+    }
+
+    /// A Cursus connection whose broker streams (STREAM answered): its
+    /// deliveries, batches and keepalives, carried and tallied by topic.
+    struct Cursus {
+        /// Where the stream goes on from (the last delivered offset + 1),
+        /// as carried reads moved it since the core last took it.
+        offset: Mutex<Option<u64>>,
+    }
+
+    /// What a read the step carries holds, as its protocol checked it.
+    enum Found {
+        /// The frames, and the read with SENDs sealed (if any were).
+        Pulsar(Vec<crate::Scanned>, Option<(Vec<u8>, String, i64)>),
+        Cursus(Vec<crate::cursus::Delivery>),
     }
 
     /// Where a carried read's frame records go, when the proxy records.
@@ -399,16 +448,47 @@ pub mod python {
                 None => None,
             };
             Ok(Step {
-                sends,
-                producers,
-                consumers,
                 figures,
                 max_total,
-                request,
-                record,
-                sealing,
                 held: Mutex::new([Vec::new(), Vec::new()]),
+                kind: Kind::Pulsar(Pulsar {
+                    sends,
+                    producers,
+                    consumers,
+                    request,
+                    record,
+                    sealing,
+                }),
             })
+        }
+
+        /// Step.cursus(figures, max_body): a Cursus connection's step, for
+        /// the reads its broker sends once a STREAM is answered: each a run
+        /// of deliveries (batches, keepalives) counted by name and tallied
+        /// by topic, as the core does; anything else (a reply, a frame the
+        /// reference refuses, a read from the client) is given back.
+        /// ``max_body`` is the longest frame body taken.
+        #[staticmethod]
+        fn cursus(figures: Py<Figures>, max_body: u32) -> Self {
+            Step {
+                figures,
+                max_total: max_body,
+                held: Mutex::new([Vec::new(), Vec::new()]),
+                kind: Kind::Cursus(Cursus {
+                    offset: Mutex::new(None),
+                }),
+            }
+        }
+
+        /// take_offset() -> int | None: where a Cursus stream goes on from
+        /// (the last offset carried reads delivered, plus one) if they
+        /// delivered any since the last take; None otherwise, and always
+        /// for Pulsar.
+        fn take_offset(&self) -> Option<u64> {
+            match &self.kind {
+                Kind::Cursus(c) => c.offset.lock().unwrap_or_else(|e| e.into_inner()).take(),
+                Kind::Pulsar(_) => None,
+            }
         }
 
         /// carry(source, sink, from_client, now) -> what became of one read
@@ -489,25 +569,15 @@ pub mod python {
                 };
                 let data = &buffer[..h + n];
                 let started = Instant::now();
-                let found = (n > 0).then(|| carriable(data, self.max_total)).flatten();
-                // Metadata properties may hold credentials: the Python
-                // recorder redacts them.
-                let found = found
-                    .filter(|(f, _)| self.record.is_none() || f.iter().all(|s| s.properties == 0));
-                // SENDs to encrypt: sealed here into `sealed`, or the read
-                // goes the Python way (recording, no key good now, too large).
-                let mut sealed: Option<(Vec<u8>, String, i64)> = None;
-                let found = match (found, from_client, &self.sealing) {
-                    (Some((f, end)), true, Some(sealing)) => {
-                        match self.sealed_read(py, sealing, &data[..end], &f, now) {
-                            Ok(done) => {
-                                sealed = done;
-                                Some((f, end))
-                            }
-                            Err(()) => None,
-                        }
+                let found = if n == 0 {
+                    None // the end: the core closes
+                } else {
+                    match &self.kind {
+                        Kind::Pulsar(p) => self.pulsar_found(py, p, data, from_client, now),
+                        Kind::Cursus(_) if from_client => None,
+                        Kind::Cursus(_) => crate::cursus::carriable(data, self.max_total, HOLD_MAX)
+                            .map(|(d, end)| (Found::Cursus(d), end)),
                     }
-                    (found, _, _) => found,
                 };
                 let Some((found, end)) = found else {
                     // What was held stays for the core to take first.
@@ -521,9 +591,19 @@ pub mod python {
                     return Ok(n.into_pyobject(py)?.into_any().unbind());
                 }
                 let frames = &data[..end];
-                self.account(py, &found, from_client, now)?;
-                if let Some(recording) = &self.record {
-                    recording.queue(py, frames, &found, from_client);
+                let mut sealed = None;
+                match (&self.kind, found) {
+                    (Kind::Pulsar(p), Found::Pulsar(found, seal)) => {
+                        self.account(py, p, &found, from_client, now)?;
+                        if let Some(recording) = &p.record {
+                            recording.queue(py, frames, &found, from_client);
+                        }
+                        sealed = seal;
+                    }
+                    (Kind::Cursus(c), Found::Cursus(found)) => {
+                        self.account_cursus(py, c, frames, &found, from_client);
+                    }
+                    _ => unreachable!("a step finds what its own protocol finds"),
                 }
                 let (frames, end) = match &sealed {
                     Some((out, name, messages)) => {
@@ -558,6 +638,66 @@ pub mod python {
     }
 
     impl Step {
+        /// A Pulsar read's frames when the step may carry it (with the
+        /// SENDs of sealed producers encrypted), and where they end.
+        fn pulsar_found(
+            &self,
+            py: Python<'_>,
+            p: &Pulsar,
+            data: &[u8],
+            from_client: bool,
+            now: f64,
+        ) -> Option<(Found, usize)> {
+            let (found, end) = carriable(data, self.max_total)?;
+            // Metadata properties may hold credentials: the Python
+            // recorder redacts them.
+            if p.record.is_some() && found.iter().any(|s| s.properties != 0) {
+                return None;
+            }
+            // SENDs to encrypt: sealed here, or the read goes the Python way
+            // (recording, no key good now, too large).
+            let sealed = match (from_client, &p.sealing) {
+                (true, Some(sealing)) => self
+                    .sealed_read(py, p, sealing, &data[..end], &found, now)
+                    .ok()?,
+                _ => None,
+            };
+            Some((Found::Pulsar(found, sealed), end))
+        }
+
+        /// What ``CursusConnection`` and the metrics tap do for deliveries
+        /// on a stream: every frame counted by name, each batch's messages
+        /// and bytes tallied under its topic, and the stream's offset moved
+        /// past its last message.
+        fn account_cursus(
+            &self,
+            py: Python<'_>,
+            c: &Cursus,
+            frames: &[u8],
+            found: &[crate::cursus::Delivery],
+            from_client: bool,
+        ) {
+            let mut figures = self.figures.bind(py).borrow_mut();
+            let mut offset = c.offset.lock().unwrap_or_else(|e| e.into_inner());
+            let mut before = 0;
+            for d in found {
+                let size = (d.stop - before) as u64;
+                before = d.stop;
+                let Some(head) = &d.head else {
+                    figures.count_named(from_client, "KEEPALIVE", size);
+                    continue;
+                };
+                figures.count_named(from_client, "BATCH", size);
+                if let Some(last) = head.last_offset {
+                    // Checked by `carriable`: UTF-8, and a next offset.
+                    let topic = std::str::from_utf8(&frames[head.topic.0..head.topic.1])
+                        .unwrap_or_default();
+                    figures.traffic(from_client, topic, i64::from(head.count), size);
+                    *offset = last.checked_add(1);
+                }
+            }
+        }
+
         /// The frames of a read with the SENDs of sealed producers encrypted:
         /// Ok(None) when it has none, Ok((bytes, filter, messages sealed)),
         /// or Err when the read must go the Python way (recorded, whose
@@ -566,6 +706,7 @@ pub mod python {
         fn sealed_read(
             &self,
             py: Python<'_>,
+            p: &Pulsar,
             sealing: &Py<Sealing>,
             frames: &[u8],
             found: &[crate::Scanned],
@@ -582,7 +723,7 @@ pub mod python {
                 return Ok(None);
             }
             let Some(seal) = seal else { return Err(()) };
-            if self.record.is_some() {
+            if p.record.is_some() {
                 return Err(());
             }
             let seal = seal.bind(py).get();
@@ -644,16 +785,17 @@ pub mod python {
         fn account(
             &self,
             py: Python<'_>,
+            p: &Pulsar,
             found: &[crate::Scanned],
             from_client: bool,
             now: f64,
         ) -> PyResult<()> {
             let mut figures = self.figures.bind(py).borrow_mut();
-            let mut sends = self.sends.bind(py).borrow_mut();
+            let mut sends = p.sends.bind(py).borrow_mut();
             let ids = if from_client {
-                &self.producers
+                &p.producers
             } else {
-                &self.consumers
+                &p.consumers
             };
             let ids = ids.bind(py);
             // The frames of a read mostly share one producer or consumer:
@@ -673,7 +815,7 @@ pub mod python {
                     let copy = |t: &Option<Py<PyAny>>| t.as_ref().map(|t| t.clone_ref(py));
                     if let Some((started, _)) = sends.table.sent(s.a, s.b, copy) {
                         // (Timed by request: the metrics keep no topic for it.)
-                        figures.answered(&self.request, now - started);
+                        figures.answered(&p.request, now - started);
                     }
                     continue;
                 }

@@ -375,6 +375,42 @@ class QuickStep(Protocol):
         ...
 
 
+class Buffering(Protocol):
+    """A protocol's frame decoder, as far as handing a frame's start to a
+    compiled step goes."""
+
+    @property
+    def buffered(self) -> int: ...
+
+    def take_buffered(self) -> bytes: ...
+
+    def receive_data(self, data: bytes) -> None: ...
+
+
+try:  # the most of a frame's start a compiled step holds (no step without it)
+    from sluice._frames import STEP_HOLD_MAX
+except ImportError:
+    STEP_HOLD_MAX = 0
+
+
+def resumed_in_step(step: QuickStep, decoder: Buffering, from_client: bool) -> bool:
+    """Whether ``step`` may carry the next read of a direction: yes when the
+    direction's decoder buffers nothing, or the start of a frame (a read
+    that came the usual way ended in it) the step takes over, so that a
+    direction whose reads end inside frames does not stay on the usual way.
+    No when the step cannot hold it (longer than it holds, or it holds
+    something already): it stays in the decoder, as it was."""
+    if not decoder.buffered:
+        return True
+    if decoder.buffered > STEP_HOLD_MAX:
+        return False
+    start = decoder.take_buffered()
+    if step.give_held(from_client, start):
+        return True
+    decoder.receive_data(start)  # as it was
+    return False
+
+
 class OnInvalid(enum.Enum):
     """What a core does with an invalid frame from a client."""
 

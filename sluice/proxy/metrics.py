@@ -251,6 +251,20 @@ class Histograms(Collector):
         return []
 
 
+def label_text(text: str) -> str:
+    """``text`` as a label value Prometheus can serve: what a protocol
+    decoded with ``surrogateescape`` (bytes that were not UTF-8 on the
+    wire: a Cursus topic or error code) gets U+FFFD for those bytes, where
+    it would otherwise fail every scrape."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return text
+
+
 class TopicLabels:
     """At most ``limit`` topics get their own label; the rest share ``other``."""
 
@@ -261,7 +275,7 @@ class TopicLabels:
     def __call__(self, topic: str) -> str:
         label = self._known.get(topic)
         if label is None:
-            label = topic if len(self._known) < self.limit else OTHER_TOPIC
+            label = label_text(topic) if len(self._known) < self.limit else OTHER_TOPIC
             self._known[topic] = label
         return label
 
@@ -426,7 +440,7 @@ class Metrics:
         # What compiled relay steps count in place of this tap (Taps.figures),
         # with the same buckets; folded in by absorb().
         self.figures: Any = None
-        if _Figures is not None and spec.counted is None:
+        if _Figures is not None:
             self.figures = _Figures(
                 list(self.request_duration.bounds), list(self.relay_delay.bounds)
             )
@@ -493,7 +507,7 @@ class Metrics:
             if timer is not None:
                 timer.observe(event.seconds)
             if event.error is not None:
-                self.broker_errors.labels(event.request, event.error).inc()
+                self.broker_errors.labels(event.request, label_text(event.error)).inc()
         elif kind is AnsweredMany:
             assert isinstance(event, AnsweredMany)
             timer = self._request_timers.get(event.request)
@@ -580,6 +594,11 @@ class Metrics:
             self.relay_delay_by_direction[DIRECTION[from_client]].add(counts, total)
         for name, messages in self.figures.take_sealed():  # encrypted on the compiled path
             self.filter_replaced.labels(name, DIRECTION[True]).inc(messages)
+        named = self.traffic.named
+        for from_client, name, count, size in self.figures.take_named():  # Cursus
+            tally = named.setdefault((from_client, name), [0, 0])
+            tally[0] += count
+            tally[1] += size
 
     def topic_traffic(self, topic: str, direction: str, messages: int, size: int) -> None:
         tally = self._topic_tallies.get((topic, direction))

@@ -26,6 +26,10 @@ as the Pulsar core (``Send``, ``OpenUpstream``, ``Ask``, ``Close``):
   frames both ways; an ``error`` rule answers a request with the broker's
   own ``ERROR:`` forms (``NOT_LEADER LEADER_IS`` naming this listener, so the
   client asks for metadata again and comes back).
+- Once a STREAM is answered, what the broker streams (batches, keepalives)
+  may be carried read by read by a compiled step (``quick``,
+  rust/src/step.rs): counted, tallied by topic and the stream's offset
+  moved on as here, with no Python per read.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from sluice.addresses import Address, AllowList
 from sluice.protocols.core import (
@@ -52,10 +57,13 @@ from sluice.protocols.core import (
     Opened,
     OpenUpstream,
     Peer,
+    QuickStep,
     Rejected,
     Send,
     Tap,
     TopicTraffic,
+    compiled_frames_wanted,
+    resumed_in_step,
 )
 from sluice.protocols.cursus.commands import Command, Stream
 from sluice.protocols.cursus.compression import Compression
@@ -79,6 +87,13 @@ from sluice.protocols.faults import (
 )
 
 log = logging.getLogger("sluice.cursus")
+
+try:  # the compiled relay step (rust/src/step.rs)
+    from sluice._frames import Step as _Step
+except ImportError:  # a source tree nobody built: every read the usual way
+    _Step = None  # type: ignore[assignment,misc]
+if not compiled_frames_wanted():  # SLUICE_FRAMES=python: the reference alone
+    _Step = None  # type: ignore[assignment,misc]
 
 
 @dataclass(frozen=True)
@@ -200,6 +215,10 @@ class CursusConnection:
         self._dial_started = 0.0
         self._client_closed = False
         self._broker_closed = False
+        # The compiled step that carries a stream's deliveries (quick()), and
+        # the taps' generation it was built for.
+        self._step: Any = None
+        self._step_generation = -1
 
     # --- what the relay reads ------------------------------------------------------
 
@@ -252,6 +271,14 @@ class CursusConnection:
         """Bytes from the upstream broker."""
         if self.state is not State.RELAY:
             return []
+        step = self._step
+        if step is not None:
+            # Where the compiled step left the stream, and the start of a
+            # frame its last read ended in: before this read.
+            self._offset_from(step)
+            held = step.take_held(False)
+            if held:
+                self._broker.receive_data(held)
         self._broker.receive_data(data)
         out: list[Action] = []
         try:
@@ -293,12 +320,57 @@ class CursusConnection:
     def drain(self) -> list[Action]:
         """End an open STREAM the way a stopping broker does, so that the
         client resumes where it was; other connections just close."""
+        if self._step is not None:
+            self._offset_from(self._step)
         if self.conn.kind != "stream" or self._stream_offset is None:
             return []
         control = StreamControl("CLOSE", "stopped", self._stream_offset)
         return self._own(own_frame(control))
 
+    def quick(self, from_client: bool) -> QuickStep | None:
+        """The compiled step that may carry the next read of a direction:
+        from the broker, once a STREAM is answered, with no fault rule, no
+        reply waiting for a listener, and the metrics the only tap. None:
+        the read comes through ``receive_broker`` (or ``receive_client``).
+        The step gives back any read that is not deliveries it checked,
+        every one of them, and the start of one."""
+        if from_client or self._streaming is None or self.state is not State.RELAY:
+            return None
+        if self.faults.rules or self._held or self._asks or self._broker_closed:
+            return None
+        step = self._step
+        if self._step_generation != getattr(self.tap, "generation", 0):
+            step = self._renewed_step(step)
+        if step is None:
+            return None
+        return step if resumed_in_step(step, self._broker, False) else None
+
+    def _renewed_step(self, old: Any) -> Any:
+        """A step built for the taps as they are now (a live view began or
+        ended), what the old one held taken into the decoder."""
+        if old is not None:
+            self._offset_from(old)
+            held = old.take_held(False)
+            if held:
+                self._broker.receive_data(held)
+        self._step_generation = getattr(self.tap, "generation", 0)
+        quick = getattr(self.tap, "quick", None)
+        taps = quick(self.conn) if quick is not None else None
+        if _Step is None or taps is None or taps[1] is not None:
+            # (Cursus frames are recorded the Python way: no step then.)
+            self._step = None
+        else:
+            self._step = _Step.cursus(taps[0], self.settings.max_reply_size)
+        return self._step
+
+    def _offset_from(self, step: Any) -> None:
+        """Where the stream goes on from, as the step's carried reads left it."""
+        offset = step.take_offset()
+        if offset is not None:
+            self._stream_offset = offset
+
     def closed(self, reason: str) -> None:
+        self._step = None
         self.state = State.CLOSED
         self._asks.clear()
         self._held.clear()

@@ -120,6 +120,15 @@ class FrameDecoder:
         """Bytes received but not yet returned as frames."""
         return len(self._buf) - self._pos
 
+    def take_buffered(self) -> bytes:
+        """The bytes received but not yet returned as frames (the start of
+        a frame: frames are returned whole), given up; the decoder is as
+        new after, but for the end of the stream and a break, kept."""
+        rest = bytes(self._buf[self._pos :])
+        self._buf.clear()
+        self._pos = 0
+        return rest
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add bytes from the peer. An empty ``data`` means the peer closed."""
         if not data:

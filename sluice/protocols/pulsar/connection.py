@@ -74,6 +74,7 @@ from sluice.protocols.core import (
     Send,
     Tap,
     TopicTraffic,
+    resumed_in_step,
 )
 from sluice.protocols.faults import FaultAction, Faults, Pacer, Rule
 from sluice.protocols.filtering import DELIVER, PRODUCE, Chain, Direction, Filtering
@@ -99,11 +100,6 @@ from sluice.protocols.pulsar.correlation import (
     answer_error,
 )
 from sluice.protocols.pulsar.decoder import CLOSED, COMPILED, FrameDecoder, ScannedBatch
-
-try:  # the most of a frame's start a compiled step holds (no step without it)
-    from sluice._frames import STEP_HOLD_MAX
-except ImportError:
-    STEP_HOLD_MAX = 0
 from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_reply, own_frame
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.filtering import FilterGate, Wait, schema_of
@@ -529,18 +525,7 @@ class PulsarConnection:
         ):
             return None
         decoder = self._client if from_client else self._broker
-        if decoder.buffered:
-            # A read that came the usual way ended in the start of a frame:
-            # the step goes on from it, or every read that ends inside a
-            # frame would keep this direction on the usual way. One longer
-            # than a step holds stays in the decoder, untouched.
-            if decoder.buffered > STEP_HOLD_MAX:
-                return None
-            start = decoder.take_buffered()
-            if not step.give_held(from_client, start):
-                decoder.receive_data(start)  # as it was
-                return None
-        return step
+        return step if resumed_in_step(step, decoder, from_client) else None
 
     def _filtered(self, from_client: bool) -> bool:
         """Whether this side's reads go through the message filters."""
