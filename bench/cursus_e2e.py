@@ -23,10 +23,14 @@ direct, and the proxy's CPU per message (its process's CPU clock, every
 thread, over the same window), with, for ``sluice``, its ratio to
 ``sluice-python`` in the same round.
 
-A third workload, ``connect``, is what the consumer does for each commit:
-``--connections`` connections one after another, each opened with the
-client's own connection class, one command (LIST) and its reply, closed.
-Its row gives connections a second and the proxy's CPU per connection.
+Two more workloads take the consumer apart. ``stream`` is its deliveries
+alone: one connection that sends the same STREAM command the consumer
+sends (from the start of the round's topic) and reads the batches until it
+has every message, committing nothing. ``connect`` is what the consumer does
+for each commit: ``--connections`` connections one after another, each
+opened with the client's own connection class, one command (LIST) and its
+reply, closed. Its row gives connections a second and the proxy's CPU per
+connection.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from peers import process_cpu, spread
 from sluice.brokers.embedded import free_port, terminate, wait_for_port
 from tests.helpers.support import start_proxy
 
-WORKLOADS = ("produce", "consume", "connect")
+WORKLOADS = ("produce", "consume", "stream", "connect")
 PATHS = ("direct", "sluice", "sluice-python")
 
 
@@ -102,6 +106,36 @@ def consume(address: str, topic: str, count: int) -> float:
     finally:
         consumer.close()
         thread.join(10)
+
+
+def stream(address: str, topic: str, count: int) -> float:
+    """Seconds from the STREAM command to the last of ``count`` messages
+    (the batches' own counts), read off one connection."""
+    import socket
+
+    from sluice.protocols.cursus import FrameDecoder, encode_request
+    from sluice.protocols.cursus.commands import Stream
+
+    host, port = address.rsplit(":", 1)
+    decoder = FrameDecoder(from_client=False)
+    got = 0
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        started = time.perf_counter()
+        conn.sendall(encode_request(Stream(topic=topic, partition=0, group=f"s-{topic}",
+                                           offset=0)))  # fmt: skip
+        while got < count:
+            data = conn.recv(1 << 20)
+            if not data:
+                raise SystemExit(f"bench/cursus_e2e.py: the stream via {address} ended at {got}")
+            decoder.receive_data(data)
+            for frame in decoder.frames():
+                head = frame.head
+                if head is not None:
+                    got += head.count
+                elif frame.name != "KEEPALIVE":
+                    raise SystemExit(f"bench/cursus_e2e.py: the stream via {address} sent "
+                                     f"{frame.name}: {frame.raw[:80]!r}")  # fmt: skip
+        return time.perf_counter() - started
 
 
 def connect(address: str, count: int) -> float:
@@ -176,6 +210,7 @@ def main() -> None:
                         "produce": functools.partial(produce, address, topic, args.messages,
                                                      args.size, args.linger_ms),
                         "consume": functools.partial(consume, address, topic, args.messages),
+                        "stream": functools.partial(stream, address, topic, args.messages),
                         "connect": functools.partial(connect, address, args.connections),
                     }  # fmt: skip
                     count = args.connections if workload == "connect" else args.messages
