@@ -434,8 +434,11 @@ class Metrics:
         self._relay_figures = RelayThreadFigures()
         registry.register(self._relay_figures)
 
-        # Children bound once, for the per-request paths.
+        # Children bound once, for the per-request paths, and per connection.
         self._request_timers = self.request_duration.children
+        self._listeners: dict[str, tuple[Any, Any]] = {}
+        self._closed: dict[tuple[str, str], Any] = {}
+        self._sessions: dict[str, Any] = {}
         self.relay_delay_by_direction = self.relay_delay.children
         # What compiled relay steps count in place of this tap (Taps.figures),
         # with the same buckets; folded in by absorb().
@@ -520,17 +523,25 @@ class Metrics:
             )
         elif kind is Accepted:
             assert conn is not None
-            self.connections_opened.labels(conn.listener).inc()
-            self.connections_active.labels(conn.listener).inc()
+            opened, active = self._listener(conn.listener)
+            opened.inc()
+            active.inc()
         elif kind is Closed:
             assert conn is not None
             assert isinstance(event, Closed)
             reason = event.reason if event.reason in CLOSE_REASONS else "error"
-            self.connections_closed.labels(conn.listener, reason).inc()
-            self.connections_active.labels(conn.listener).dec()
+            closed = self._closed.get((conn.listener, reason))
+            if closed is None:
+                closed = self.connections_closed.labels(conn.listener, reason)
+                self._closed[(conn.listener, reason)] = closed
+            closed.inc()
+            self._listener(conn.listener)[1].dec()
         elif kind is Opened:
             assert conn is not None
-            self.sessions.labels(conn.kind).inc()
+            session = self._sessions.get(conn.kind)
+            if session is None:
+                session = self._sessions[conn.kind] = self.sessions.labels(conn.kind)
+            session.inc()
         elif kind is Rejected:
             assert isinstance(event, Rejected)
             self.connections_rejected.labels(event.reason).inc()
@@ -599,6 +610,16 @@ class Metrics:
             tally = named.setdefault((from_client, name), [0, 0])
             tally[0] += count
             tally[1] += size
+
+    def _listener(self, listener: str) -> tuple[Any, Any]:
+        """A listener's opened and active children, bound once: ``labels()``
+        costs more than the increment, and every connection needs them."""
+        found = self._listeners.get(listener)
+        if found is None:
+            found = (self.connections_opened.labels(listener),
+                     self.connections_active.labels(listener))  # fmt: skip
+            self._listeners[listener] = found
+        return found
 
     def topic_traffic(self, topic: str, direction: str, messages: int, size: int) -> None:
         tally = self._topic_tallies.get((topic, direction))
