@@ -151,7 +151,7 @@ pub fn check_frame(frame: &[u8]) -> Option<Scanned> {
     if magic == MAGIC_CHECKSUM {
         let checksum = be32(frame.get(cmd_end + 2..cmd_end + 6)?);
         offset = cmd_end + 6;
-        if crc32c::crc32c(frame.get(offset..)?) != checksum {
+        if crc32c(frame.get(offset..)?) != checksum {
             return None;
         }
         found.checksum = i64::from(checksum);
@@ -166,6 +166,12 @@ pub fn check_frame(frame: &[u8]) -> Option<Scanned> {
         found.c = in_batch;
     }
     Some(found)
+}
+
+/// CRC32-C (Castagnoli) of `data`, as Pulsar's checksum: the one place the
+/// compiled code computes it.
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
 }
 
 fn be32(bytes: &[u8]) -> u32 {

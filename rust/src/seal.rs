@@ -96,7 +96,7 @@ pub fn seal_frame(
         return None;
     };
     out.extend_from_slice(tag.as_ref());
-    let crc = crc32c::crc32c(&out[section_at..]);
+    let crc = crate::crc32c(&out[section_at..]);
     out[crc_at..crc_at + 4].copy_from_slice(&crc.to_be_bytes());
     debug_assert_eq!(out.len() - start, total + 4);
     Some(Sealed::Done)
