@@ -504,11 +504,14 @@ class Supervisor:
                 return self._reload_refused(source, errors)
             old = self.config
             self.config = config
+            if "faults" in live and config.admin is not None:
+                # Workers behind an admin port are given their rules (their
+                # configuration carries none): before the generation says
+                # they run it, or a client may meet a worker without them.
+                await self._replace_config_rules(old, config)
             self.generation = Generation(number, time.time(), source)
             self._generation.set(number)
             self._loaded.set(self.generation.loaded_at)
-            if "faults" in live and config.admin is not None:
-                await self._replace_config_rules(old, config)
             self._reloads.labels(self.config.protocol, "applied").inc()
             outcome = Outcome("applied", self.generation, flags(live), kept_flags)
             missing = self.count - len(reports)
