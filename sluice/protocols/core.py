@@ -411,6 +411,15 @@ def resumed_in_step(step: QuickStep, decoder: Buffering, from_client: bool) -> b
     return False
 
 
+def held_back(step: QuickStep, decoder: Buffering, from_client: bool) -> None:
+    """The start of a frame ``step``'s last read of a direction ended in,
+    taken into that direction's decoder: it comes before whatever the
+    decoder is given next (a read that goes the usual way, or a new step)."""
+    held = step.take_held(from_client)
+    if held:
+        decoder.receive_data(held)
+
+
 class OnInvalid(enum.Enum):
     """What a core does with an invalid frame from a client."""
 

@@ -63,6 +63,7 @@ from sluice.protocols.core import (
     Tap,
     TopicTraffic,
     compiled_frames_wanted,
+    held_back,
     resumed_in_step,
 )
 from sluice.protocols.cursus.commands import Command, Stream
@@ -271,14 +272,8 @@ class CursusConnection:
         """Bytes from the upstream broker."""
         if self.state is not State.RELAY:
             return []
-        step = self._step
-        if step is not None:
-            # Where the compiled step left the stream, and the start of a
-            # frame its last read ended in: before this read.
-            self._offset_from(step)
-            held = step.take_held(False)
-            if held:
-                self._broker.receive_data(held)
+        if self._step is not None:
+            self._taken_back(self._step)  # before this read
         self._broker.receive_data(data)
         out: list[Action] = []
         try:
@@ -349,10 +344,7 @@ class CursusConnection:
         """A step built for the taps as they are now (a live view began or
         ended), what the old one held taken into the decoder."""
         if old is not None:
-            self._offset_from(old)
-            held = old.take_held(False)
-            if held:
-                self._broker.receive_data(held)
+            self._taken_back(old)
         self._step_generation = getattr(self.tap, "generation", 0)
         quick = getattr(self.tap, "quick", None)
         taps = quick(self.conn) if quick is not None else None
@@ -368,6 +360,12 @@ class CursusConnection:
         offset = step.take_offset()
         if offset is not None:
             self._stream_offset = offset
+
+    def _taken_back(self, step: Any) -> None:
+        """What the step's carried reads left: the stream's offset, and the
+        start of a frame its last read ended in (into the decoder)."""
+        self._offset_from(step)
+        held_back(step, self._broker, False)
 
     def closed(self, reason: str) -> None:
         self._step = None

@@ -74,6 +74,7 @@ from sluice.protocols.core import (
     Send,
     Tap,
     TopicTraffic,
+    held_back,
     resumed_in_step,
 )
 from sluice.protocols.faults import FaultAction, Faults, Pacer, Rule
@@ -536,10 +537,9 @@ class PulsarConnection:
     def _renewed_step(self, old: QuickStep | None) -> QuickStep | None:
         """The taps changed (a live view began or ended): a step built for
         them, the start of a frame the old one held taken into the decoders."""
-        for from_client in (True, False):
-            held = old.take_held(from_client) if old is not None else b""
-            if held:
-                (self._client if from_client else self._broker).receive_data(held)
+        if old is not None:
+            held_back(old, self._client, True)
+            held_back(old, self._broker, False)
         self._step = self._compiled_step()
         return self._step
 
@@ -832,9 +832,7 @@ class PulsarConnection:
         if step is not None and data is not None:
             # The start of a frame the compiled step's last read ended in
             # comes before this read.
-            held = step.take_held(from_client)
-            if held:
-                decoder.receive_data(held)
+            held_back(step, decoder, from_client)
         # A read that starts on a frame boundary, ends on one, and holds only
         # frames forwarded unchanged is sent on as it came.
         whole = data is not None and decoder.buffered == 0
