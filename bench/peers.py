@@ -1333,7 +1333,7 @@ def main() -> int:
     parser.add_argument(
         "--warmup-passes", type=int, metavar="N",
         help="exactly N warm-up passes (0: none, for a quick look only); default: until the "
-        f"peer's CPU per message settles within {SETTLED:.0%}, {WARM_PASSES[0]} to "
+        f"peer's CPU per message settles within {SETTLED * 100:.0f}%%, {WARM_PASSES[0]} to "
         f"{WARM_PASSES[1]} passes",
     )  # fmt: skip
     args = parser.parse_args()
