@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.brokers.embedded import EmbeddedBroker
 from tests.helpers import support
-from tests.helpers.support import client, describe_source, start_proxy
+from tests.helpers.support import client, describe_source, source_error, start_proxy
 
 GOAL = 0.90
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -182,8 +182,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.against is not None:
         args.against = args.against.resolve()
-        if not (args.against / "sluice" / "cli.py").is_file():
-            parser.error(f"--against {args.against}: no sluice/commands/__init__.py there")
+        problem = source_error(args.against, "--against")
+        if problem is not None:
+            parser.error(problem)
         if args.profile is not None:
             parser.error("--profile and --against: profile one proxy at a time")
     if args.profile is not None:

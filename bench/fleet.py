@@ -65,6 +65,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port
+from tests.helpers.support import source_error
 
 _TICK = os.sysconf("SC_CLK_TCK")
 SAMPLE_INTERVAL = 0.2  # seconds between RSS samples
@@ -555,8 +556,9 @@ def parse_args() -> argparse.Namespace:
     )
     args = parser.parse_args()
     args.source = args.source.resolve()
-    if not (args.source / "sluice" / "cli.py").is_file():
-        parser.error(f"--source {args.source}: no sluice/commands/__init__.py there")
+    problem = source_error(args.source, "--source")
+    if problem is not None:
+        parser.error(problem)
     args.clients = args.clients or ("1,2" if args.quick else "1,4,8")
     args.messages = args.messages or (5000 if args.quick else 20000)
     args.batched_messages = args.batched_messages or 5 * args.messages

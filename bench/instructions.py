@@ -62,7 +62,7 @@ import e2e
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from tests.helpers import support
-from tests.helpers.support import describe_source, start_proxy
+from tests.helpers.support import describe_source, source_error, start_proxy
 
 START_TIMEOUT = 180.0  # seconds for a proxy under valgrind to listen
 SUMMARY = re.compile(rb"^summary: (\d+)$", re.M)
@@ -275,8 +275,9 @@ def main() -> int:
     sources = {"proxy": here}
     if args.against is not None:
         against = args.against.resolve()
-        if not (against / "sluice" / "commands" / "__init__.py").is_file():
-            parser.error(f"--against {against}: no sluice/commands/__init__.py there")
+        problem = source_error(against, "--against")
+        if problem is not None:
+            parser.error(problem)
         sources["against"] = against
     steps = [args.only] if args.only else ["produce", "consume"]
     record = not args.no_record

@@ -145,6 +145,14 @@ def recorded_session(tmp: Path, session: Callable[[str], object]) -> Path:
     return tmp / "rec"
 
 
+def source_error(source: Path, flag: str) -> str | None:
+    """Why ``source`` (given with ``flag``) holds no sluice package to run
+    with ``run_from``; None when it does."""
+    if (source / "sluice" / "commands" / "__init__.py").is_file():
+        return None
+    return f"{flag} {source}: no sluice/commands/__init__.py there"
+
+
 def run_from(source: Path) -> dict[str, Any]:
     """Popen options that make ``python -m sluice`` run the sluice
     package in ``source`` (e.g. a worktree of an older commit): ``-m`` puts
