@@ -217,6 +217,59 @@ fn no_input_panics_or_reads_past_its_buffer() {
     }
 }
 
+#[test]
+fn a_varint_read_with_its_one_byte_shortcut_is_read_as_byte_by_byte() {
+    // Every length from 1 to 10 bytes (values at each 7-bit boundary and
+    // between), every terminating byte, a run with no end, an 11th byte and a
+    // 10th byte too large, at every offset and cut of a padded buffer.
+    let mut values: Vec<u64> = vec![0, 1, u64::MAX, u64::MAX - 1, 0x0123_4567_89ab_cdef];
+    for bits in 1..64 {
+        values.extend([(1u64 << bits) - 1, 1u64 << bits, (1u64 << bits) | 0x55]);
+    }
+    let mut encodings: Vec<Vec<u8>> = values
+        .iter()
+        .map(|&v| {
+            let mut out = Vec::new();
+            varint(v, &mut out);
+            out
+        })
+        .collect();
+    encodings.push(vec![0xff; 11]);
+    encodings.push([vec![0x80; 9], vec![0x02]].concat());
+    encodings.push([vec![0x80; 9], vec![0x01]].concat());
+    encodings.push(vec![0x80, 0x00]); // non-minimal, still a varint
+    for encoding in &encodings {
+        for before in 0..3 {
+            for after in [0usize, 1, 7, 9] {
+                let mut buf = vec![0x81; before];
+                buf.extend_from_slice(encoding);
+                buf.extend(std::iter::repeat_n(0x80u8, after));
+                for cut in before..=buf.len() {
+                    let mut quick = Reader {
+                        buf: &buf[..cut],
+                        pos: before,
+                    };
+                    let mut bytewise = Reader {
+                        buf: &buf[..cut],
+                        pos: before,
+                    };
+                    let got = quick.varint();
+                    assert_eq!(got, bytewise.long_varint(), "{encoding:02x?} cut at {cut}");
+                    if got.is_some() {
+                        assert_eq!(quick.pos, bytewise.pos, "{encoding:02x?} cut at {cut}");
+                    }
+                }
+            }
+        }
+    }
+    for &v in &values {
+        let mut out = Vec::new();
+        varint(v, &mut out);
+        out.extend([0u8; 8]);
+        assert_eq!(Reader::new(&out).varint(), Some(v));
+    }
+}
+
 mod sealing {
     use super::*;
     use crate::seal::{seal_frame, Sealed, IV_BYTES, TAG_BYTES};
