@@ -194,6 +194,22 @@ def test_reads_carried_in_one_call_come_out_as_through_the_core(seed: int, whole
         assert a == b
 
 
+def test_an_ack_that_asks_for_an_answer_goes_to_the_core() -> None:
+    """An ACK with a request_id is a request the core's correlator keeps
+    until the broker answers it: the read holding one goes the core's way,
+    with the same output; the same ACK without one is carried."""
+    mid = pb.MessageIdData(ledgerId=1, entryId=7)
+    ack = pb.CommandAck(consumer_id=5, ack_type=pb.CommandAck.Individual, message_id=[mid])
+    plain = encode(command(T("ACK"), ack))
+    ack.request_id = 12
+    asking = encode(command(T("ACK"), ack))
+    for data, carries in ((plain, 1), (asking, 0), (plain + asking, 0), (asking + plain, 0)):
+        reads = [(True, data), (True, plain)]
+        by_step, carried = relay(reads, True)
+        assert carried == carries + 1, data
+        assert by_step == relay(reads, False)[0]
+
+
 def test_a_read_ending_in_a_frame_begun_is_carried_and_the_rest_waits_for_the_next() -> None:
     frames = [send(1, s, 300) for s in range(3)]
     stream = b"".join(frames)

@@ -58,6 +58,8 @@ pub struct Scanned {
     pub c: i64,
     /// How many properties the message metadata holds (they may hold secrets).
     pub properties: u32,
+    /// ACK: it carries a request_id, so its sender awaits an answer.
+    pub asks: bool,
 }
 
 impl Scanned {
@@ -72,6 +74,7 @@ impl Scanned {
             b: 0,
             c: 0,
             properties: 0,
+            asks: false,
         }
     }
 }
@@ -127,7 +130,7 @@ pub fn check_frame(frame: &[u8]) -> Option<Scanned> {
             found.b = sequence;
         }
         MESSAGE => found.a = message(body)?,
-        ACK => found.a = ack(body)?,
+        ACK => (found.a, found.asks) = ack(body)?,
         FLOW => {
             let (consumer, permits) = flow(body)?;
             found.a = consumer;
@@ -428,10 +431,11 @@ fn message(bytes: &[u8]) -> Option<u64> {
     consumer
 }
 
-/// CommandAck: consumer_id (ack_type required: a known AckType).
-fn ack(bytes: &[u8]) -> Option<u64> {
+/// CommandAck: (consumer_id, whether it carries a request_id); ack_type is
+/// required, a known AckType.
+fn ack(bytes: &[u8]) -> Option<(u64, bool)> {
     let mut r = Reader::new(bytes);
-    let (mut consumer, mut ack_type) = (None, false);
+    let (mut consumer, mut ack_type, mut asks) = (None, false, false);
     while !r.done() {
         let (field, wire) = r.key()?;
         match (field, wire) {
@@ -446,8 +450,12 @@ fn ack(bytes: &[u8]) -> Option<u64> {
             }
             (3, LEN) => message_id(r.bytes()?, 0)?,
             (5, LEN) => key_long_value(r.bytes()?)?,
-            (4 | 6 | 7 | 8, VARINT) => {
+            (4 | 6 | 7, VARINT) => {
                 r.varint()?;
+            }
+            (8, VARINT) => {
+                r.varint()?;
+                asks = true;
             }
             (1..=8, _) => return None,
             _ => r.skip(wire)?,
@@ -456,7 +464,7 @@ fn ack(bytes: &[u8]) -> Option<u64> {
     if !ack_type {
         return None;
     }
-    consumer
+    Some((consumer?, asks))
 }
 
 /// CommandFlow: (consumer_id, messagePermits).

@@ -15,7 +15,7 @@
 //! The tallies live here (`Figures`) and are folded into the proxy's
 //! metrics when Prometheus scrapes.
 
-use crate::{base_command, be32, scan, Scanned, ACK, MESSAGE, SEND, SEND_RECEIPT};
+use crate::{be32, scan, Scanned, MESSAGE, SEND, SEND_RECEIPT};
 
 /// How much one read asks the socket for (relay.py's READ_SIZE).
 pub const READ_SIZE: usize = 256 * 1024;
@@ -74,21 +74,10 @@ pub fn carriable(data: &[u8], max_total: u32) -> Option<(Vec<Scanned>, usize)> {
     if tail.len() > HOLD_MAX || (tail.len() >= 4 && be32(tail) > max_total) {
         return None;
     }
-    let mut start = 0;
-    for s in &found {
-        if s.kind == 0 || (s.kind == ACK && asks(&data[start..s.stop])?) {
-            return None;
-        }
-        start = s.stop;
+    if found.iter().any(|s| s.kind == 0 || s.asks) {
+        return None;
     }
     Some((found, end))
-}
-
-/// Whether an ACK the scanner accepted carries a request_id (field 8).
-fn asks(frame: &[u8]) -> Option<bool> {
-    let cmd_end = 8usize.checked_add(be32(frame.get(4..8)?) as usize)?;
-    let (_, body) = base_command(frame.get(8..cmd_end)?)?;
-    crate::summary::has_field(body, 8)
 }
 
 /// The frame kinds the accounting below looks at.

@@ -93,10 +93,11 @@ pub fn summary(raw: &[u8]) -> Option<Summary<'_>> {
         ACK => {
             // With a request_id the ACK is a request the correlator keeps
             // (the frame with it): left to Python.
-            if has_field(body, 8)? {
+            let (consumer, asks) = ack(body)?;
+            if asks {
                 return None;
             }
-            found.a = ack(body)?;
+            found.a = consumer;
         }
         FLOW => found.a = flow(body)?.0,
         _ => return None,

@@ -148,7 +148,11 @@ fn receipts_flow_and_ack() {
     field_varint(2, 0, &mut body);
     field_bytes(3, &id, &mut body);
     let s = check_frame(&frame(&command(ACK, &body), None)).unwrap();
-    assert_eq!((s.kind, s.a), (ACK, 9));
+    assert_eq!((s.kind, s.a, s.asks), (ACK, 9, false));
+    // With a request_id (field 8), its sender awaits an answer.
+    field_varint(8, 77, &mut body);
+    let s = check_frame(&frame(&command(ACK, &body), None)).unwrap();
+    assert_eq!((s.kind, s.a, s.asks), (ACK, 9, true));
     // An AckType outside the enum leaves the required field unset.
     let mut body = Vec::new();
     field_varint(1, 9, &mut body);
