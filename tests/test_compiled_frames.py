@@ -217,6 +217,26 @@ def test_edge_values_are_read_as_protobuf_reads_them(raw: bytes) -> None:
     assert isinstance(frame, ScannedFrame)
 
 
+def test_strings_are_utf8_as_protobuf_reads_them() -> None:
+    """A name that is not ASCII is taken when it is UTF-8, and left to the
+    reference when it is not (in the producer name and in a property's key
+    and value): proto2 does not check, so the reference decodes it as it
+    decodes the rest."""
+    meta = pb.MessageMetadata(producer_name="pé", sequence_id=1, publish_time=2,
+                              properties=[pb.KeyValue(key="ké", value="vé")])  # fmt: skip
+    good = _send(meta, checksum=False)
+    (frame,) = assert_equivalent([good])
+    assert isinstance(frame, ScannedFrame)
+    assert good.count("é".encode()) == 3
+    for n in range(3):  # each string in turn: é's second byte made a lone lead byte
+        at = -1
+        for _ in range(n + 1):
+            at = good.index("é".encode(), at + 1)
+        bad = good[: at + 1] + b"\xc3" + good[at + 2 :]
+        (frame,) = assert_equivalent([bad])
+        assert not isinstance(frame, ScannedFrame) and frame.ok, n
+
+
 def test_what_the_scanner_leaves_alone_is_still_decoded_by_the_reference() -> None:
     bem = pb.BrokerEntryMetadata(broker_timestamp=1, index=2)
     with_bem = encode_payload(

@@ -266,9 +266,14 @@ impl<'a> Reader<'a> {
         Some(out)
     }
 
+    /// A string field: its bytes, which must be UTF-8 (as protobuf's
+    /// parser insists). Names and keys are nearly always ASCII, checked a
+    /// word at a time before the full check.
     fn string(&mut self) -> Option<&'a [u8]> {
         let out = self.bytes()?;
-        std::str::from_utf8(out).ok()?;
+        if !out.is_ascii() {
+            std::str::from_utf8(out).ok()?;
+        }
         Some(out)
     }
 
