@@ -319,6 +319,26 @@ fn int32(value: u64) -> i64 {
 
 /// BaseCommand: `type` and the one body it names, nothing else.
 fn base_command(bytes: &[u8]) -> Option<(u32, &[u8])> {
+    // As clients and brokers lay it out: the type (one byte), then its body
+    // as the last field. Anything else is read field by field.
+    if let [0x08, kind, key, rest @ ..] = bytes {
+        let field = u32::from(*kind);
+        if matches!(field, SEND | SEND_RECEIPT | MESSAGE | ACK | FLOW)
+            && u32::from(*key) == field << 3 | u32::from(LEN)
+        {
+            let mut r = Reader::new(rest);
+            if let Some(body) = r.bytes() {
+                if r.done() {
+                    return Some((field, body));
+                }
+            }
+        }
+    }
+    base_command_fields(bytes)
+}
+
+/// `base_command`, field by field.
+fn base_command_fields(bytes: &[u8]) -> Option<(u32, &[u8])> {
     let mut r = Reader::new(bytes);
     let mut kind: Option<u64> = None;
     let mut body: Option<(u32, &[u8])> = None;

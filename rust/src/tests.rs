@@ -274,6 +274,47 @@ fn a_varint_read_with_its_one_byte_shortcut_is_read_as_byte_by_byte() {
     }
 }
 
+#[test]
+fn a_base_command_in_the_usual_layout_is_read_as_field_by_field() {
+    let mut bodies = Vec::new();
+    let mut body = Vec::new();
+    field_varint(1, 3, &mut body);
+    field_varint(2, 300, &mut body);
+    bodies.push(body);
+    bodies.push(Vec::new());
+    bodies.push(vec![0x55; 200]);
+    for kind in [SEND, SEND_RECEIPT, MESSAGE, ACK, FLOW, 2, 12, 200] {
+        for body in &bodies {
+            let usual = command(kind, body);
+            let mut other_order = Vec::new();
+            field_bytes(kind, body, &mut other_order);
+            field_varint(1, u64::from(kind), &mut other_order);
+            let mut twice = usual.clone();
+            field_bytes(kind, body, &mut twice);
+            for bytes in [usual, other_order, twice] {
+                for cut in 0..=bytes.len() {
+                    let cut = &bytes[..cut];
+                    assert_eq!(base_command(cut), base_command_fields(cut), "{cut:02x?}");
+                }
+                for i in 0..bytes.len().min(8) {
+                    for value in [0u8, 1, 0x08, 0x32, 0x7f, 0x80, 0xff] {
+                        let mut changed = bytes.clone();
+                        changed[i] = value;
+                        let changed = &changed[..];
+                        assert_eq!(
+                            base_command(changed),
+                            base_command_fields(changed),
+                            "{changed:02x?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let usual = command(SEND, &bodies[0]);
+    assert_eq!(base_command(&usual), Some((SEND, &bodies[0][..])));
+}
+
 mod sealing {
     use super::*;
     use crate::seal::{seal_frame, Sealed, IV_BYTES, TAG_BYTES};
