@@ -95,8 +95,10 @@ class ToyConnection:
             return self._flush(now)
         return [p.Close("no_listener", f"no listener for a redirect: {answer}")]
 
+    keeps_alive = False  # nothing to keep alive: the relay keeps no clock
+
     def keepalive(self, now: float, interval: float) -> list[p.Action]:
-        return []  # nothing to keep alive
+        return []
 
     def drain(self) -> list[p.Action]:
         return []  # a client's requests are answered before it closes

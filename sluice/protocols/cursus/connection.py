@@ -308,8 +308,10 @@ class CursusConnection:
         self.routing.add_listener(upstream, answer)
         return self._flush(now) + self._end_if_broker_closed()
 
+    # Cursus clients and brokers keep their own connections alive.
+    keeps_alive = False
+
     def keepalive(self, now: float, interval: float) -> list[Action]:
-        """Cursus clients and brokers keep their own connections alive."""
         return []
 
     def drain(self) -> list[Action]:

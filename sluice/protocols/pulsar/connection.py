@@ -474,6 +474,8 @@ class PulsarConnection:
         except UpstreamFailure as failure:
             return self._lookup_failed(pending, failure, now)
 
+    keeps_alive = True  # pings idle lookup clients, refreshes credentials
+
     def keepalive(self, now: float, interval: float) -> list[Action]:
         """Called every ``interval`` seconds: ping an idle lookup client, or
         hang up on one that stopped answering. Proxied connections are kept
