@@ -11,6 +11,7 @@ from functools import partial
 
 import pytest
 import trio
+import trio.testing
 
 from sluice.addresses import Address
 from sluice.brokers.embedded import free_port
@@ -33,6 +34,24 @@ async def test_an_ip_address_and_a_name_both_connect() -> None:
                 await stream.send_all(b"ping")
                 assert await stream.receive_some(100) == b"PING"
                 await close_stream(stream)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_loopback_connection_is_made_without_waiting() -> None:
+    # Over loopback the handshake is done when connect() returns: the dial
+    # then needs no pass of the scheduler (a proxied Cursus commit is a
+    # connection of its own, and each pass costs several microseconds).
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, echo_once, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        for _ in range(20):
+            with trio.testing.assert_no_checkpoints():
+                stream = await open_tcp(Address("127.0.0.1", port))
+            assert stream.socket.getpeername() == ("127.0.0.1", port)
+            await stream.send_all(b"ping")
+            with trio.fail_after(10):
+                assert await stream.receive_some(100) == b"PING"
+            await close_stream(stream)
         nursery.cancel_scope.cancel()
 
 
