@@ -323,13 +323,18 @@ def _ip_family(host: str) -> int | None:
 
 async def close_stream(stream: trio.abc.AsyncResource) -> None:
     """Close ``stream`` now, gracefully or not, whatever state it is in;
-    never raises. A plain TCP stream is closed where it stands: trio's
-    ``aclose_forcefully`` would pass through the scheduler twice and raise
-    and catch a ``Cancelled`` to do the same."""
+    never raises, and is not cut short by a cancellation (so a ``finally``
+    of a cancelled task may call it as it is). A plain TCP stream is closed
+    where it stands: trio's ``aclose_forcefully`` would pass through the
+    scheduler twice and raise and catch a ``Cancelled`` to do the same, and
+    a shielding scope around it would cost more than the close."""
     if type(stream) is trio.SocketStream:
         stream.socket.close()
         return
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+    with (
+        trio.CancelScope(shield=True),
+        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
+    ):
         await trio.aclose_forcefully(stream)
 
 

@@ -342,10 +342,9 @@ class HttpRelay:
             self.active -= 1
             self.metrics.active.dec()
             self.watch.closed(conn)
-            with trio.CancelScope(shield=True):
-                for upstream in upstreams.values():
-                    await close_stream(upstream.stream)
-                await close_stream(stream)
+            for upstream in upstreams.values():
+                await close_stream(upstream.stream)  # (shielded where it must wait)
+            await close_stream(stream)
 
     async def _serve(
         self,

@@ -200,10 +200,9 @@ class Relay:
         except Exception as exc:  # one connection never takes the proxy down
             self.reason = self._failed(exc)
         finally:
-            with trio.CancelScope(shield=True):
-                if self.broker is not None:
-                    await close_stream(self.broker)
-                self.core.closed(self.reason)
+            if self.broker is not None:
+                await close_stream(self.broker)  # (shielded where it must wait)
+            self.core.closed(self.reason)
         return self.reason
 
     async def drain(self, deadline: float) -> None:

@@ -592,8 +592,7 @@ class Proxy:
             await self._serve(stream, conn, upstream, self._dialer(client, destination))
         finally:
             self.limits.release(ip)
-            with trio.CancelScope(shield=True):
-                await close_stream(stream)
+            await close_stream(stream)  # (shielded where it must wait)
 
     async def _serve(
         self, stream: trio.abc.Stream, conn: Conn, upstream: Address | None, dialer: Dialer
