@@ -171,6 +171,12 @@ class Lane:
     def runs(self) -> int: ...
     def __call__(self) -> None: ...
 
+class Turn:
+    """Which of the relay thread and trio's thread runs Python code (fair)."""
+
+    def take(self) -> None: ...
+    def give(self) -> None: ...
+
 class Carrier:
     """The relay thread's compiled loop."""
 
@@ -188,8 +194,7 @@ class Carrier:
         epoll_fd: int,
         stop_fd: int,
         steps: dict[int, Callable[[], None]],
-        turn: Any,
-        gate: Any,
+        turn: Turn,
         now: Callable[[], float],
         failed: Callable[[int, BaseException], None],
         offset: float | None = None,

@@ -224,9 +224,10 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
     carries armed directions by itself; a fault rule added in trio while
     they are armed applies to the very next read, and once it is removed
     reads go through again. The Python loop (a tree without the compiled
-    module) relays the same."""
+    module, its turn two locks) relays the same."""
     if loop == "python":
         monkeypatch.setattr(relay_thread_module, "Carrier", None)
+        monkeypatch.setattr(relay_thread_module, "Turn", None)
     client_stream, client_sock = plain_pair()
     broker_stream, broker_sock = plain_pair()
     got: list[Frame] = []

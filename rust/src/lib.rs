@@ -824,6 +824,7 @@ pub mod python {
         m.add_class::<crate::seal::python::Sealing>()?;
         m.add_class::<crate::carrier::python::Lane>()?;
         m.add_class::<crate::carrier::python::Carrier>()?;
+        m.add_class::<crate::carrier::python::Turn>()?;
         m.add_class::<crate::record::python::RecordSink>()?;
         Ok(())
     }

@@ -15,14 +15,15 @@ connection, an error) hands the direction back to trio, which finishes it
 exactly as before and gives the socket back to the thread afterwards.
 
 One rule makes this safe: Python code of the proxy runs in one thread at a
-time. The trio thread holds ``turn`` whenever it runs, and lets go of it
+time. The trio thread holds the turn whenever it runs, and lets go of it
 only while it waits for I/O (a trio instrument's ``before_io_wait`` and
 ``after_io_wait``); the relay thread runs its read steps only while holding
 it. So the cores, taps, metrics and recorder never see two threads at once,
-and nothing in them needs a lock of its own. A second lock, ``gate``, keeps
-the turns fair: whichever thread is waiting for the turn gets it next, so a
+and nothing in them needs a lock of its own. The turn is fair: whichever
+thread is waiting for it gets it next (a taker passes a gate first), so a
 busy relay thread cannot starve trio's own work (handshakes, clocks, the
-recorder's writer, scrapes), nor trio the relayed traffic.
+recorder's writer, scrapes), nor trio the relayed traffic. Where built, it
+is compiled (``Turn``) and the relay thread waits for it without the GIL.
 
 Where built, the loop itself is compiled (rust/src/carrier.rs): it waits
 on epoll without the GIL and, for a direction whose ``Lane`` is armed,
@@ -52,9 +53,9 @@ from typing import Any
 import trio
 
 try:  # the loop in compiled code (rust/src/carrier.rs)
-    from sluice._frames import Carrier, Lane
+    from sluice._frames import Carrier, Lane, Turn
 except ImportError:  # a source tree nobody built: the loop below
-    Carrier = Lane = None  # type: ignore[assignment,misc]
+    Carrier = Lane = Turn = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("sluice.relay")
 
@@ -72,8 +73,7 @@ class RelayThread(trio.abc.Instrument):
         # The compiled loop, where built; this class's own otherwise.
         self._carrier = Carrier() if Carrier is not None else None
         self._steps_run = 0  # by the Python loop
-        self.turn = threading.Lock()
-        self.gate = threading.Lock()
+        self.turn: Turn | _Turn = Turn() if Turn is not None else _Turn()
         self._stopping = False
         self.handed_back = 0  # directions handed back to trio (counted by the relay)
         # Written once to stop the thread's wait.
@@ -151,11 +151,10 @@ class RelayThread(trio.abc.Instrument):
     # --- trio's instrument: the turn is trio's except while it waits for I/O --------
 
     def before_io_wait(self, timeout: float) -> None:
-        self.turn.release()
+        self.turn.give()
 
     def after_io_wait(self, timeout: float) -> None:
-        with self.gate:
-            self.turn.acquire()
+        self.turn.take()
         if self._carrier is not None:
             self._carrier.bump()  # trio's Python code runs now
 
@@ -163,19 +162,19 @@ class RelayThread(trio.abc.Instrument):
 
     def _run(self) -> None:
         if self._carrier is not None:
+            assert isinstance(self.turn, Turn)
             self._carrier.run(self._epoll.fileno(), self._stop_r, self._steps, self.turn,
-                              self.gate, self.now, self._failed, self._offset)  # fmt: skip
+                              self.now, self._failed, self._offset)  # fmt: skip
             return
         poll = self._epoll.poll
         steps = self._steps
-        turn, gate = self.turn, self.gate
+        turn = self.turn
         while True:
             try:
                 events = poll()
             except InterruptedError:
                 continue
-            with gate:
-                turn.acquire()
+            turn.take()
             try:
                 if self._stopping:
                     return
@@ -188,7 +187,7 @@ class RelayThread(trio.abc.Instrument):
                         except Exception as exc:  # a step hands its own errors back: a bug
                             self._failed(fd, exc)
             finally:
-                turn.release()
+                turn.give()
 
     def _failed(self, fd: int, exc: BaseException) -> None:
         log.error("relay thread: a read step failed", exc_info=exc)
@@ -196,7 +195,7 @@ class RelayThread(trio.abc.Instrument):
 
     def start(self) -> None:
         # The trio thread is running now, so it takes the turn first.
-        self.turn.acquire()
+        self.turn.take()
         trio.lowlevel.add_instrument(self)
         self._thread.start()
 
@@ -206,7 +205,7 @@ class RelayThread(trio.abc.Instrument):
             trio.lowlevel.remove_instrument(self)
         self._stopping = True
         os.write(self._stop_w, b"x")
-        self.turn.release()  # the thread may be waiting for it
+        self.turn.give()  # the thread may be waiting for it
         self._thread.join(timeout=5)
         if self._thread.is_alive():  # pragma: no cover - a step that never returns
             log.error("relay thread did not stop")
@@ -214,7 +213,22 @@ class RelayThread(trio.abc.Instrument):
             self._epoll.close()
             os.close(self._stop_r)
             os.close(self._stop_w)
-        self.turn.acquire()  # trio runs on, and the instrument is gone: nothing releases it
+        self.turn.take()  # trio runs on, and the instrument is gone: nothing gives it back
+
+
+class _Turn:
+    """The turn where nothing is compiled: two locks, the gate passed first."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Lock()
+        self._gate = threading.Lock()
+
+    def take(self) -> None:
+        with self._gate:
+            self._turn.acquire()
+
+    def give(self) -> None:
+        self._turn.release()
 
 
 def _monotonic_offset(clock: trio.abc.Clock) -> float | None:
