@@ -222,10 +222,12 @@ fn no_input_panics_or_reads_past_its_buffer() {
 }
 
 #[test]
-fn a_varint_read_with_its_one_byte_shortcut_is_read_as_byte_by_byte() {
+fn a_varint_read_or_skipped_with_its_shortcuts_is_read_as_byte_by_byte() {
     // Every length from 1 to 10 bytes (values at each 7-bit boundary and
     // between), every terminating byte, a run with no end, an 11th byte and a
-    // 10th byte too large, at every offset and cut of a padded buffer.
+    // 10th byte too large, at every offset and cut of a buffer padded with
+    // bytes that go on or end: the read's value and end, and the skip's
+    // end (skip_varint, which reads 8 bytes at once), as the loop's.
     let mut values: Vec<u64> = vec![0, 1, u64::MAX, u64::MAX - 1, 0x0123_4567_89ab_cdef];
     for bits in 1..64 {
         values.extend([(1u64 << bits) - 1, 1u64 << bits, (1u64 << bits) | 0x55]);
@@ -244,23 +246,26 @@ fn a_varint_read_with_its_one_byte_shortcut_is_read_as_byte_by_byte() {
     encodings.push(vec![0x80, 0x00]); // non-minimal, still a varint
     for encoding in &encodings {
         for before in 0..3 {
-            for after in [0usize, 1, 7, 9] {
+            for (after, fill) in [0usize, 1, 7, 9]
+                .into_iter()
+                .flat_map(|a| [(a, 0x80u8), (a, 0)])
+            {
                 let mut buf = vec![0x81; before];
                 buf.extend_from_slice(encoding);
-                buf.extend(std::iter::repeat_n(0x80u8, after));
+                buf.extend(std::iter::repeat_n(fill, after));
                 for cut in before..=buf.len() {
-                    let mut quick = Reader {
+                    let reader = || Reader {
                         buf: &buf[..cut],
                         pos: before,
                     };
-                    let mut bytewise = Reader {
-                        buf: &buf[..cut],
-                        pos: before,
-                    };
+                    let (mut quick, mut bytewise, mut skipping) = (reader(), reader(), reader());
                     let got = quick.varint();
                     assert_eq!(got, bytewise.long_varint(), "{encoding:02x?} cut at {cut}");
+                    let skipped = skipping.skip_varint();
+                    assert_eq!(skipped, got.map(|_| ()), "{encoding:02x?} cut at {cut}");
                     if got.is_some() {
                         assert_eq!(quick.pos, bytewise.pos, "{encoding:02x?} cut at {cut}");
+                        assert_eq!(skipping.pos, bytewise.pos, "{encoding:02x?} cut at {cut}");
                     }
                 }
             }
