@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.addresses import Address
 from sluice.protocols.core import OnInvalid
+from sluice.protocols.cursus import Stream, StreamControl, decode_stream, encode_request
 from sluice.protocols.cursus.batch import Batch, Message, encode_batch
 from sluice.protocols.cursus.encoder import frame
 from sluice.protocols.faults import FaultError, parse_rule
@@ -284,3 +285,39 @@ async def test_tls_from_the_client_to_every_broker(
             plain = 0
         assert plain == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_sigterm_ends_an_open_stream_where_the_client_was() -> None:
+    """A drain reaches Cursus connections too: an open STREAM gets the
+    CLOSE a stopping broker sends, at the offset after the last message the
+    client was given, and the drain ends once it is said, long before its
+    timeout."""
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster, drain_timeout=30.0)
+        assert await in_thread(produce, proxy.address, "drained", ["a", "b", "c"], 1) == 3
+        host, port = proxy.address.rsplit(":", 1)
+        client = await trio.open_tcp_stream(host, int(port))
+        await client.send_all(encode_request(Stream(topic="drained", partition=0, offset=0)))
+        got = bytearray()
+
+        def delivered() -> list[int]:
+            try:
+                frames = decode_stream(bytes(got), from_client=False)
+            except Exception:
+                return []  # the last frame is not whole yet
+            return [m.offset for f in frames if isinstance(f.message, Batch)
+                    for m in f.message.messages]  # fmt: skip
+
+        with trio.fail_after(20):
+            while len(delivered()) < 3:
+                got += await client.receive_some()
+        started = trio.current_time()
+        nursery.start_soon(proxy.proxy.drain)
+        with trio.fail_after(20):
+            while chunk := await client.receive_some():
+                got += chunk
+        assert trio.current_time() - started < 5  # not the 30 s drain timeout
+        frames = decode_stream(bytes(got), from_client=False)
+        assert delivered() == [0, 1, 2]
+        assert frames[-1].message == StreamControl("CLOSE", "stopped", 3)
+        await client.aclose()

@@ -401,6 +401,25 @@ def test_sigterm_drains_and_a_restarted_proxy_takes_over(
             second.kill()
 
 
+def test_sigterm_does_not_wait_for_a_client_s_lookup_connection(
+    broker: EmbeddedBroker, tmp_path: Path, topic: str
+) -> None:
+    """A client holds its lookup connection for as long as it runs: a drain
+    closes it at once (nothing on it to hand back) instead of waiting the
+    whole --drain-timeout for it to go away."""
+    p = start_proxy(broker.url, tmp_path, "--drain-timeout", "30")
+    try:
+        with client(p.url) as c:
+            producer = c.create_producer(topic, batching_enabled=False)
+            producer.send(b"before the drain")
+            started = time.monotonic()
+            assert p.terminate(timeout=40) == 0
+            assert time.monotonic() - started < 10
+        assert "draining 2 connections" in p.log()
+    finally:
+        p.kill()
+
+
 # --- command line ----------------------------------------------------------
 
 

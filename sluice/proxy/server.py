@@ -538,10 +538,12 @@ class Proxy:
             await listener.aclose()
         if self.http is not None:
             await self.http.drain()
+        # Every connection, whatever it carries: its core says what goodbye
+        # it owes (a Pulsar lookup connection owes none and closes at once,
+        # which its client takes as any lost connection and dials again).
         async with trio.open_nursery() as nursery:
             for relay in list(self.relays):
-                if relay.conn.kind == "proxied":
-                    nursery.start_soon(relay.drain, deadline)
+                nursery.start_soon(relay.drain, deadline)
         with trio.move_on_at(deadline):
             while self.active or (self.http is not None and self.http.active):
                 await trio.sleep(0.02)
