@@ -341,11 +341,8 @@ pub mod python {
             failed: &Bound<'_, PyAny>,
         ) -> PyResult<bool> {
             // select.epoll registers a descriptor as data.fd: the low 32 bits.
-            let fds: Vec<i32> = events
-                .iter()
-                .map(|e| (e.u64 & 0xffff_ffff) as u32 as i32)
-                .collect();
-            if fds.contains(&stop_fd) {
+            let fds = events.iter().map(|e| (e.u64 & 0xffff_ffff) as u32 as i32);
+            if fds.clone().any(|fd| fd == stop_fd) {
                 return Ok(true); // stopping: no more steps
             }
             let mut clock: Option<f64> = None;

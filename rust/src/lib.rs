@@ -82,8 +82,15 @@ impl Scanned {
 /// Every complete frame in `buf` from `pos` on, stopping before a frame that
 /// is incomplete or whose length prefix exceeds `max_total` (the Python
 /// decoder deals with both: it waits for more bytes or says what is wrong).
-pub fn scan(buf: &[u8], mut pos: usize, max_total: u32) -> Vec<Scanned> {
+pub fn scan(buf: &[u8], pos: usize, max_total: u32) -> Vec<Scanned> {
     let mut out = Vec::new();
+    scan_into(buf, pos, max_total, &mut out);
+    out
+}
+
+/// `scan`, appending to `out` (the relay thread reuses one Vec for every
+/// read instead of allocating one per read).
+pub fn scan_into(buf: &[u8], mut pos: usize, max_total: u32, out: &mut Vec<Scanned>) {
     while let Some(prefix) = buf.get(pos..pos.saturating_add(4)) {
         if prefix.len() < 4 {
             break;
@@ -101,7 +108,6 @@ pub fn scan(buf: &[u8], mut pos: usize, max_total: u32) -> Vec<Scanned> {
         out.push(found);
         pos = stop;
     }
-    out
 }
 
 /// A whole frame (length prefix included): its findings if it is a valid

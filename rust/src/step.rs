@@ -15,7 +15,7 @@
 //! The tallies live here (`Figures`) and are folded into the proxy's
 //! metrics when Prometheus scrapes.
 
-use crate::{be32, scan, Scanned, MESSAGE, SEND, SEND_RECEIPT};
+use crate::{be32, scan_into, Scanned, MESSAGE, SEND, SEND_RECEIPT};
 
 /// How much one read asks the socket for (relay.py's READ_SIZE).
 pub const READ_SIZE: usize = 256 * 1024;
@@ -66,9 +66,11 @@ pub const HOLD_MAX: usize = READ_SIZE;
 /// request_id is a request the correlator keeps, in Python), and what
 /// follows them the start of a frame that is only incomplete (not over
 /// `max_total`, not longer than `HOLD_MAX`): it waits for the next read.
-/// None: the read goes the usual way.
-pub fn carriable(data: &[u8], max_total: u32) -> Option<(Vec<Scanned>, usize)> {
-    let found = scan(data, 0, max_total);
+/// None: the read goes the usual way. The frames are put in `found`
+/// (emptied first).
+pub fn carriable(data: &[u8], max_total: u32, found: &mut Vec<Scanned>) -> Option<usize> {
+    found.clear();
+    scan_into(data, 0, max_total, found);
     let end = found.last().map_or(0, |s| s.stop);
     let tail = &data[end..];
     if tail.len() > HOLD_MAX || (tail.len() >= 4 && be32(tail) > max_total) {
@@ -77,7 +79,7 @@ pub fn carriable(data: &[u8], max_total: u32) -> Option<(Vec<Scanned>, usize)> {
     if found.iter().any(|s| s.kind == 0 || s.asks) {
         return None;
     }
-    Some((found, end))
+    Some(end)
 }
 
 /// The frame kinds the accounting below looks at.
@@ -120,6 +122,30 @@ pub mod python {
         // One read buffer per thread (the relay thread), not per connection:
         // what a step held of the last read, then the read.
         static BUFFER: RefCell<Vec<u8>> = RefCell::new(vec![0; HOLD_MAX + READ_SIZE]);
+        // The Vec a read's frames are scanned into, kept between reads.
+        static SPARE: RefCell<Vec<crate::Scanned>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// This thread's spare Vec of scanned frames, lent to one read and
+    /// given back when dropped: no allocation per read.
+    struct Spare(Vec<crate::Scanned>);
+
+    /// A spare grown past this many frames is let go rather than kept.
+    const SPARE_KEPT: usize = 1024;
+
+    impl Spare {
+        fn lend() -> Spare {
+            Spare(SPARE.with(|spare| std::mem::take(&mut *spare.borrow_mut())))
+        }
+    }
+
+    impl Drop for Spare {
+        fn drop(&mut self) {
+            if self.0.capacity() <= SPARE_KEPT {
+                let found = std::mem::take(&mut self.0);
+                SPARE.with(|spare| *spare.borrow_mut() = found);
+            }
+        }
     }
 
     /// What relayed reads added to the proxy's metrics since the last
@@ -319,7 +345,7 @@ pub mod python {
     /// What a read the step carries holds, as its protocol checked it.
     enum Found {
         /// The frames, and the read with SENDs sealed (if any were).
-        Pulsar(Vec<crate::Scanned>, Option<(Vec<u8>, String, i64)>),
+        Pulsar(Spare, Option<(Vec<u8>, String, i64)>),
         Cursus(Vec<crate::cursus::Delivery>),
     }
 
@@ -583,9 +609,9 @@ pub mod python {
                 let mut sealed = None;
                 match (&self.kind, found) {
                     (Kind::Pulsar(p), Found::Pulsar(found, seal)) => {
-                        self.account(py, p, &found, from_client, now)?;
+                        self.account(py, p, &found.0, from_client, now)?;
                         if let Some(recording) = &p.record {
-                            recording.queue(py, frames, &found, from_client);
+                            recording.queue(py, frames, &found.0, from_client);
                         }
                         sealed = seal;
                     }
@@ -637,17 +663,18 @@ pub mod python {
             from_client: bool,
             now: f64,
         ) -> Option<(Found, usize)> {
-            let (found, end) = carriable(data, self.max_total)?;
+            let mut found = Spare::lend();
+            let end = carriable(data, self.max_total, &mut found.0)?;
             // Metadata properties may hold credentials: the Python
             // recorder redacts them.
-            if p.record.is_some() && found.iter().any(|s| s.properties != 0) {
+            if p.record.is_some() && found.0.iter().any(|s| s.properties != 0) {
                 return None;
             }
             // SENDs to encrypt: sealed here, or the read goes the Python way
             // (recording, no key good now, too large).
             let sealed = match (from_client, &p.sealing) {
                 (true, Some(sealing)) => self
-                    .sealed_read(py, p, sealing, &data[..end], &found, now)
+                    .sealed_read(py, p, sealing, &data[..end], &found.0, now)
                     .ok()?,
                 _ => None,
             };
@@ -864,19 +891,25 @@ mod tests {
         assert_eq!(t.counts, vec![0, 0, 0]);
     }
 
+    fn carried(data: &[u8], max_total: u32) -> Option<(Vec<crate::Scanned>, usize)> {
+        // What was in the Vec before is not kept.
+        let mut found = vec![crate::Scanned::left(7); 3];
+        carriable(data, max_total, &mut found).map(|end| (found, end))
+    }
+
     #[test]
     fn only_checked_frames_and_the_start_of_one_are_carried() {
         // Nothing yet, or the start of a frame: held for the next read.
-        assert_eq!(carriable(b"", 1 << 20), Some((vec![], 0)));
-        assert_eq!(carriable(&[0, 0, 1], 1 << 20), Some((vec![], 0)));
-        assert_eq!(carriable(&[0, 0, 1, 0, 9], 1 << 20), Some((vec![], 0)));
+        assert_eq!(carried(b"", 1 << 20), Some((vec![], 0)));
+        assert_eq!(carried(&[0, 0, 1], 1 << 20), Some((vec![], 0)));
+        assert_eq!(carried(&[0, 0, 1, 0, 9], 1 << 20), Some((vec![], 0)));
         // A frame the scanner leaves to Python (an empty command).
-        assert!(carriable(&[0, 0, 0, 4, 0, 0, 0, 0], 1 << 20).is_none());
+        assert!(carried(&[0, 0, 0, 4, 0, 0, 0, 0], 1 << 20).is_none());
         // A length over the limit: the decoder says what is wrong.
-        assert!(carriable(&[0, 0, 1, 1, 0], 256).is_none());
+        assert!(carried(&[0, 0, 1, 1, 0], 256).is_none());
         // Longer than a step holds.
         let mut long = vec![0u8; HOLD_MAX + 1];
         long[1] = 0x10;
-        assert!(carriable(&long, 1 << 30).is_none());
+        assert!(carried(&long, 1 << 30).is_none());
     }
 }
