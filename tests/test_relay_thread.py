@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 import trio
@@ -378,3 +379,34 @@ async def test_a_python_read_step_disarms_its_own_connections_lanes_only() -> No
     # A: its SENDs and receipts, 2 * rounds reads, nearly all carried alone.
     assert runs[0] >= rounds, runs
     assert runs[1] <= rounds // 4, runs
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_the_turn_is_held_by_one_thread_at_a_time_and_always_passed_on(compiled: bool) -> None:
+    """Three threads take and give the turn in a tight loop, letting the GIL
+    go while they hold it. None finds another inside, and none sleeps on
+    after the turn was given (a lost wake-up would hang it past the join)."""
+    kind = relay_thread_module.Turn if compiled else relay_thread_module._Turn
+    assert kind is not None, "the compiled module is not built"
+    turn = kind()
+    inside: list[int] = []
+    overlaps: list[int] = []
+    rounds = 3000
+
+    def take_turns(me: int) -> None:
+        for _ in range(rounds):
+            turn.take()
+            inside.append(me)
+            time.sleep(0)  # the GIL goes to another thread, which must wait
+            if inside != [me]:
+                overlaps.append(me)
+            inside.remove(me)
+            turn.give()
+
+    threads = [threading.Thread(target=take_turns, args=(i,), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread never got the turn back"
+    assert overlaps == []

@@ -103,43 +103,60 @@ pub mod python {
     /// semaphore (std's Mutex is released by the guard of the thread that
     /// took it, and the turn is held across calls from Python).
     struct Semaphore {
-        held: Mutex<bool>,
+        state: Mutex<Held>,
         freed: Condvar,
+    }
+
+    struct Held {
+        held: bool,
+        /// Threads asleep in `acquire`: a release wakes one only if there
+        /// is one (std's Condvar makes a futex call for every notify).
+        waiting: u32,
     }
 
     impl Semaphore {
         fn new() -> Self {
             Semaphore {
-                held: Mutex::new(false),
+                state: Mutex::new(Held {
+                    held: false,
+                    waiting: 0,
+                }),
                 freed: Condvar::new(),
             }
         }
 
-        fn state(&self) -> MutexGuard<'_, bool> {
+        fn state(&self) -> MutexGuard<'_, Held> {
             // Nothing panics while holding it; a poisoned one is still right.
-            self.held.lock().unwrap_or_else(|e| e.into_inner())
+            self.state.lock().unwrap_or_else(|e| e.into_inner())
         }
 
         fn acquire(&self) {
-            let mut held = self.state();
-            while *held {
-                held = self.freed.wait(held).unwrap_or_else(|e| e.into_inner());
+            let mut state = self.state();
+            while state.held {
+                state.waiting += 1;
+                state = self.freed.wait(state).unwrap_or_else(|e| e.into_inner());
+                state.waiting -= 1;
             }
-            *held = true;
+            state.held = true;
         }
 
         fn try_acquire(&self) -> bool {
-            let mut held = self.state();
-            if *held {
+            let mut state = self.state();
+            if state.held {
                 return false;
             }
-            *held = true;
+            state.held = true;
             true
         }
 
         fn release(&self) {
-            *self.state() = false;
-            self.freed.notify_one();
+            let mut state = self.state();
+            state.held = false;
+            let wake = state.waiting > 0;
+            drop(state);
+            if wake {
+                self.freed.notify_one();
+            }
         }
     }
 
