@@ -2,7 +2,7 @@
 
     python bench/instructions.py [--against DIR] [--messages 2000,6000]
                                  [--only produce|consume|along|floor] [--no-record]
-                                 [--seconds 20]
+                                 [--seconds 20] [--syscalls]
 
 Seconds on a shared 2-core VM swing by a third between identical runs;
 instruction counts do not. This runs ``sluice proxy`` under
@@ -37,7 +37,15 @@ What it cannot show: the kernel's share (sockets, page faults) and what a
 busy machine's caches add per instruction. valgrind also runs SHA-256
 without the CPU's SHA extensions, so recorded payloads count high.
 ``--against DIR`` (a worktree of another commit) counts that proxy too, in
-the same run. Needs valgrind (``./dev bench`` installs it); about a minute
+the same run.
+
+``--syscalls`` counts the kernel calls of ``--only along`` instead: the
+proxy runs as it does in production (no valgrind) with ``strace -f -c``
+attached for the paced window only, and each call's count per message is
+the difference between the two message counts over the difference in
+messages (defaults 1000,3000 over the window). Instructions cannot show a
+call that does nothing for the message (a wake-up with nobody to wake):
+this can. Needs strace. Needs valgrind (``./dev bench`` installs it); about a minute
 per count.
 """
 
@@ -48,6 +56,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -126,6 +135,93 @@ def count(
     if found is None:
         raise SystemExit(f"{out}: no callgrind summary line")
     return int(found.group(1))
+
+
+STRACE_ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$")
+
+
+class StraceWindow:
+    """strace -f -c attached to a process from ``window(True)`` to
+    ``window(False)``; ``calls`` then holds each call's count."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self.pid = pid
+        self.out = out
+        self.tracer: subprocess.Popen[bytes] | None = None
+        self.calls: dict[str, int] = {}
+
+    def __call__(self, start: bool) -> None:
+        if start:
+            self.tracer = subprocess.Popen(
+                ["strace", "-f", "-c", "-o", str(self.out), "-p", str(self.pid)],
+                stderr=subprocess.PIPE,
+            )
+            # Attached once it names the process's threads on its stderr.
+            assert self.tracer.stderr is not None
+            attached = self.tracer.stderr.readline().decode()
+            if "attached" not in attached:
+                raise SystemExit(f"strace could not attach to {self.pid}: {attached.strip()}")
+            return
+        assert self.tracer is not None
+        self.tracer.send_signal(signal.SIGINT)
+        self.tracer.wait(timeout=60)
+        for line in self.out.read_text().splitlines():
+            row = STRACE_ROW.match(line)
+            if row and row.group(2) != "total":
+                self.calls[row.group(2)] = int(row.group(1))
+
+
+def calls(
+    broker: EmbeddedBroker, tmp: Path, source: Path, messages: int, seconds: float
+) -> dict[str, int]:
+    """Kernel calls of one proxy (no valgrind) in the paced window of
+    ``along``, by name."""
+    support.SLUICE = [sys.executable, "-m", "sluice"]
+    proxy = start_proxy(broker.url, tmp, source=source)
+    try:
+        window = StraceWindow(proxy.process.pid, tmp / f"strace-{time.monotonic_ns()}.out")
+        topic = f"persistent://public/default/syscalls-{time.monotonic_ns()}"
+        e2e.along(proxy.url, topic, messages, 1024, messages / seconds, window)
+        status = proxy.terminate(timeout=60)
+    finally:
+        proxy.kill()
+    if status != 0:
+        raise SystemExit(f"the proxy exited with {status}:\n{proxy.log()[-2000:]}")
+    return window.calls
+
+
+def syscalls_main(args: argparse.Namespace, sources: dict[str, Path], low: int, high: int) -> int:
+    found: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        for name, source in sources.items():
+            counts = []
+            for messages in (low, high):
+                counts.append(calls(broker, Path(tmp), source, messages, args.seconds))
+                print(f"{name} along {messages:,} messages: {sum(counts[-1].values()):,} calls",
+                      file=sys.stderr)  # fmt: skip
+            names = set(counts[0]) | set(counts[1])
+            found[name] = {n: (counts[1].get(n, 0) - counts[0].get(n, 0)) / (high - low)
+                           for n in names}  # fmt: skip
+    here = sources["proxy"]
+    print(f"proxy: sluice from {describe_source(here)}")
+    if "against" in sources:
+        print(f"against: sluice from {describe_source(sources['against'])}")
+    print(f"kernel calls per message (strace -f -c), 1 KiB unbatched, paced over "
+          f"{args.seconds:g} s with a consumer along, from {low:,} and {high:,} "
+          "messages")  # fmt: skip
+    mine, other = found["proxy"], found.get("against") or {}
+    shown = sorted(set(mine) | set(other), key=lambda n: -max(mine.get(n, 0), other.get(n, 0)))
+    against = "against" in sources
+    rows = [("total", sum(mine.values()), sum(other.values()) if against else None)]
+    rows += [(n, mine.get(n, 0.0), other.get(n, 0.0) if against else None) for n in shown]
+    for call, value, theirs in rows:
+        if abs(value) < 0.005 and (theirs is None or abs(theirs) < 0.005):
+            continue
+        line = f"{call:<16} {value:>8.2f}"
+        if theirs is not None:
+            line += f"   against {theirs:>8.2f}"
+        print(line)
+    return 0
 
 
 # What both minimal relays share: the two connections, and their start.
@@ -247,18 +343,32 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="the paced window of --only along (default 20)")  # fmt: skip
     parser.add_argument("--no-record", action="store_true", help="the proxy does not record")
+    parser.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="count kernel calls per message of --only along instead (strace)",
+    )
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="keep valgrind's files in DIR, for callgrind_annotate")  # fmt: skip
     args = parser.parse_args()
+    if args.syscalls and args.only not in (None, "along"):
+        parser.error("--syscalls counts --only along's calls")
+    if args.syscalls:
+        args.only = "along"
     if args.messages is None:
-        args.messages = "100,300" if args.only == "along" else "2000,6000"
+        if args.syscalls:
+            args.messages = "1000,3000"
+        else:
+            args.messages = "100,300" if args.only == "along" else "2000,6000"
     try:
         low, high = (int(n) for n in args.messages.split(","))
     except ValueError:
         parser.error(f"--messages {args.messages!r}: two whole numbers, e.g. 2000,6000")
     if not 0 < low < high:
         parser.error(f"--messages {args.messages}: need 0 < N1 < N2")
-    if shutil.which("valgrind") is None:
+    if args.syscalls and shutil.which("strace") is None:
+        parser.error("strace is not installed (apt-get install strace, or ./dev bench)")
+    if not args.syscalls and shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (apt-get install valgrind, or ./dev bench)")
     if args.only == "floor":
         with tempfile.TemporaryDirectory() as tmp:
@@ -279,6 +389,8 @@ def main() -> int:
         if problem is not None:
             parser.error(problem)
         sources["against"] = against
+    if args.syscalls:
+        return syscalls_main(args, sources, low, high)
     steps = [args.only] if args.only else ["produce", "consume"]
     record = not args.no_record
     found: dict[tuple[str, str], float] = {}

@@ -51,3 +51,11 @@ def test_a_checkout_is_taken_as_a_source_to_compare_with(tmp_path: Path) -> None
         refused = run_bench(script, flag, str(tmp_path))
         assert refused.returncode == 2, refused.stderr
         assert f"{flag} {tmp_path}: no sluice/commands/__init__.py there" in refused.stderr
+
+
+@pytest.mark.e2e
+def test_syscalls_are_counted_for_the_paced_step_only() -> None:
+    refused = run_bench("instructions.py", "--syscalls", "--only", "produce")
+    assert refused.returncode == 2, refused.stderr
+    assert "--syscalls counts --only along's calls" in refused.stderr
+    assert "Traceback" not in refused.stderr
