@@ -386,9 +386,12 @@ def test_the_turn_is_held_by_one_thread_at_a_time_and_always_passed_on(compiled:
     """Three threads take and give the turn in a tight loop, letting the GIL
     go while they hold it. None finds another inside, and none sleeps on
     after the turn was given (a lost wake-up would hang it past the join)."""
-    kind = relay_thread_module.Turn if compiled else relay_thread_module._Turn
-    assert kind is not None, "the compiled module is not built"
-    turn = kind()
+    if compiled:
+        from sluice._frames import Turn
+
+        turn: Turn | relay_thread_module._Turn = Turn()
+    else:
+        turn = relay_thread_module._Turn()
     inside: list[int] = []
     overlaps: list[int] = []
     rounds = 3000
