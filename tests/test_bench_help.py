@@ -59,3 +59,30 @@ def test_syscalls_are_counted_for_the_paced_step_only() -> None:
     assert refused.returncode == 2, refused.stderr
     assert "--syscalls counts --only along's calls" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.e2e
+def test_a_source_changed_in_python_or_rust_says_so(tmp_path: Path) -> None:
+    """What a bench prints of the tree it ran: the commit, and whether the
+    sources differ from it (an uncommitted Rust change is built into the
+    extension and counts as much as a Python one)."""
+    from tests.helpers.support import describe_source
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c",
+                        "user.email=t@t", *args], check=True, capture_output=True)  # fmt: skip
+
+    for name in ("sluice/a.py", "rust/src/a.rs", "docs/a.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    clean = describe_source(tmp_path)
+    assert clean.startswith(f"{tmp_path} at ") and "uncommitted" not in clean
+    (tmp_path / "docs/a.md").write_text("2\n")
+    assert describe_source(tmp_path) == clean  # not a source
+    for name in ("rust/src/a.rs", "sluice/a.py"):
+        (tmp_path / name).write_text("2\n")
+        assert describe_source(tmp_path) == clean + " + uncommitted changes"
+        git("checkout", "-q", "--", name)

@@ -162,7 +162,8 @@ def run_from(source: Path) -> dict[str, Any]:
 
 
 def describe_source(source: Path) -> str:
-    """The directory, with its git commit when it is a checkout."""
+    """The directory, with its git commit when it is a checkout, and whether
+    its Python or Rust sources differ from that commit."""
 
     def git(*args: str) -> str:
         run = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True,
@@ -171,12 +172,12 @@ def describe_source(source: Path) -> str:
 
     try:
         commit = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "sluice")
+        dirty = git("status", "--porcelain", "--", "sluice", "rust")
     except (OSError, subprocess.SubprocessError):
         return str(source)
     if not commit:
         return str(source)
-    return f"{source} at {commit}" + (" + uncommitted changes under sluice/" if dirty else "")
+    return f"{source} at {commit}" + (" + uncommitted changes" if dirty else "")
 
 
 def in_child(function: Callable[..., Any], *args: Any, timeout: float = 180) -> Any:
