@@ -68,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import e2e
+from peers import strace_counts
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from tests.helpers import support
@@ -137,9 +138,6 @@ def count(
     return int(found.group(1))
 
 
-STRACE_ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$")
-
-
 class StraceWindow:
     """strace -f -c attached to a process from ``window(True)`` to
     ``window(False)``; ``calls`` then holds each call's count."""
@@ -165,10 +163,7 @@ class StraceWindow:
         assert self.tracer is not None
         self.tracer.send_signal(signal.SIGINT)
         self.tracer.wait(timeout=60)
-        for line in self.out.read_text().splitlines():
-            row = STRACE_ROW.match(line)
-            if row and row.group(2) != "total":
-                self.calls[row.group(2)] = int(row.group(1))
+        self.calls = strace_counts(self.out.read_text())
 
 
 def calls(

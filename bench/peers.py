@@ -976,12 +976,18 @@ def syscalls_while(pid: int, traffic: Callable[[], None], out: Path) -> dict[str
         except subprocess.TimeoutExpired:
             tracer.kill()
             tracer.wait()
-    calls: dict[str, int] = {}
     with contextlib.suppress(OSError):
-        for line in out.read_text().splitlines():
-            row = STRACE_ROW.match(line)
-            if row and row.group(2) != "total":
-                calls[row.group(2)] = int(row.group(1))
+        return strace_counts(out.read_text())
+    return {}
+
+
+def strace_counts(summary: str) -> dict[str, int]:
+    """Each call's count from ``strace -c``'s summary table."""
+    calls: dict[str, int] = {}
+    for line in summary.splitlines():
+        row = STRACE_ROW.match(line)
+        if row and row.group(2) != "total":
+            calls[row.group(2)] = int(row.group(1))
     return calls
 
 
