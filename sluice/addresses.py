@@ -51,6 +51,8 @@ def parse_address(text: str, *, what: str = "address", default_port: int | None 
         host = host[1:-1]
     if not host:
         raise ConfigError(f"{what} {text!r}: missing host")
+    if any(c.isspace() or c in "/[]@" for c in host):  # a URL, say
+        raise ConfigError(f"{what} {text!r}: expected HOST:PORT")
     try:
         port = int(port_text)
     except ValueError:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,12 @@ def _one(action: argparse.Action, raw: Any, source: str) -> Any:
     return value
 
 
-def load_file(path: Path, command: str) -> dict[str, Any]:
+def load_file(path: Path, command: str, commands: Collection[str] = ()) -> dict[str, Any]:
+    """The settings of ``command`` in the TOML file: those at the top level,
+    then its own table's. The tables of other ``commands`` are theirs; any
+    other table is read as a setting (a misspelt ``[proxi]`` is an unknown
+    setting, ``connect-timeout = {...}`` a value of the wrong kind), never
+    left out without a word."""
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
@@ -109,10 +115,16 @@ def load_file(path: Path, command: str) -> dict[str, Any]:
         raise SettingsError(f"--config {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"--config {path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"--config {path}: not valid TOML: not UTF-8 ({exc.reason})") from None
     section = data.get(command, {})
     if not isinstance(section, dict):
         raise SettingsError(f"--config {path}: [{command}] must be a table")
-    flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    flat = {
+        k: v
+        for k, v in data.items()
+        if k != command and not (isinstance(v, dict) and k in commands)
+    }
     flat.update(section)
     return {key.replace("-", "_"): value for key, value in flat.items()}
 
@@ -122,6 +134,7 @@ def apply(
     command: str,
     argv: Sequence[str],
     environ: Mapping[str, str] | None = None,
+    commands: Collection[str] = (),
 ) -> Settings:
     """Set ``parser``'s defaults from the file and the environment.
 
@@ -137,7 +150,7 @@ def apply(
     file = config_path(argv) or environ.get(f"{ENV_PREFIX}CONFIG")
     layers: list[tuple[str, dict[str, Any]]] = []
     if file:
-        file_values = load_file(Path(file), command)
+        file_values = load_file(Path(file), command, commands)
         unknown = sorted(set(file_values) - set(actions))
         if unknown:  # one line each, the known ones said once
             known = ", ".join(sorted(k.replace("_", "-") for k in actions))
@@ -231,3 +244,59 @@ def default(record: type[Any], name: str) -> Any:
             if f.default_factory is not dataclasses.MISSING:
                 return f.default_factory()
     raise KeyError(f"{record.__name__} has no default for {name}")
+
+
+# --- option values ------------------------------------------------------------------
+# Types that commands' options share, checked as argparse reads them (flags,
+# the environment and the TOML file alike): a mistake is one usage line, not
+# a traceback or a proxy that fails at its first connection. Python's float
+# takes "nan" and "inf"; none of these does, as no timeout, offset or chance
+# means either.
+
+
+def _finite(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A length of time in seconds: a positive, finite number."""
+    value = _finite(text, "a number of seconds")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time must be positive")
+    return value
+
+
+def offset(text: str) -> float:
+    """Seconds from a start: a finite number, not negative."""
+    value = _finite(text, "a number of seconds")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: an offset must not be negative")
+    return value
+
+
+def count(text: str) -> int:
+    """How many of something: a whole number, not negative."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a count must not be negative")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port to listen on: 1 to 65535, or 0 for a free one."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is 1 to 65535 (0: a free one)")
+    return value

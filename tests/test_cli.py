@@ -152,3 +152,149 @@ def test_demo_runs_on_each_embedded_broker(embedded: str) -> None:
     recording = re.search(r"recording +(\S+)", done.stdout)
     assert recording and Path(recording.group(1)).is_dir()
     shutil.rmtree(recording.group(1))
+
+
+# --- bad input: one line and exit 2, never a traceback ---------------------------------
+
+RECORDING = ROOT / "tests" / "golden" / "analyze" / "inputs"
+CAPTURE = RECORDING / "sluice-20261128T172608-f2b453b65503-0001.sluice"
+
+
+def _seconds_options() -> list[tuple[str, argparse.Action]]:
+    return [
+        (command, action)
+        for command in SUBCOMMANDS
+        for action in _options(command)
+        if action.metavar == "SECONDS"
+    ]
+
+
+def _option_id(x: object) -> str:
+    return x if isinstance(x, str) else max(x.option_strings)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("command", "action"), _seconds_options(), ids=_option_id)
+def test_no_time_is_nan_or_infinite(command: str, action: argparse.Action) -> None:
+    # Python's float takes both: a proxy given --handshake-timeout nan
+    # failed at its first client, and replay --timeout -5 with a traceback.
+    assert callable(action.type)
+    for text in ("nan", "inf", "-inf", "-5"):
+        with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+            action.type(text)
+    assert action.type("2.5") == 2.5
+
+
+def test_faults_add_reads_its_options_without_command() -> None:
+    # `faults add --command NAME` shared its dest with the command table's,
+    # so without --command the whole line parsed as "no command given".
+    args = build_parser().parse_args(["faults", "add", "--admin", "127.0.0.1:1", "--drop"])
+    assert args.sluice_command == "faults"
+    from sluice.commands.faults import rule_from
+
+    assert rule_from(args) == {"match": {}, "action": "drop"}
+    named = build_parser().parse_args(["faults", "add", "--admin", "x:1", "--command", "SEND",
+                                        "--drop"])  # fmt: skip
+    assert rule_from(named)["match"] == {"command": "SEND"}
+
+
+@pytest.mark.parametrize(
+    ("toml", "said"),
+    [
+        ("[proxi]\nlisten = '127.0.0.1:1'\n", "unknown setting 'proxi'"),
+        ("connect-timeout = { a = 1 }\n", "connect-timeout: expected one value"),
+        ("[proxy]\nconnect-timeout = nan\n", "'nan' is not a number of seconds"),
+        (b"\xff\xfe", "not valid TOML: not UTF-8"),
+    ],
+)
+def test_a_config_file_is_never_read_in_part_without_a_word(
+    toml: str | bytes, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "sluice.toml"
+    if isinstance(toml, bytes):
+        path.write_bytes(toml)
+    else:
+        path.write_text(toml)
+    argv = ["proxy", "--config", str(path), "--broker", "pulsar://127.0.0.1:1", "--print-config"]
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_tables_of_other_commands_are_theirs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text("[proxy]\nconnect-timeout = 3\n[view]\nlisten = '127.0.0.1:1'\n")
+    argv = ["proxy", "--config", str(path), "--broker", "pulsar://127.0.0.1:1", "--print-config"]
+    assert main(argv) == 0
+    assert "connect-timeout = 3.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", "{capture}", "--pcap", "{capture}"],
+        ["view", "{capture}", "--export", "{capture}"],
+        ["replay", "{capture}", "--broker", "pulsar://127.0.0.1:1", "--transcript", "{capture}"],
+        ["record", "anonymize", "{capture}", "{tmp}/anon", "--report", "{capture}"],
+        ["inspect", "{tmp}", "--pcap", "{capture}"],
+    ],
+    ids=["inspect", "view", "replay", "anonymize", "in-directory"],
+)
+def test_no_output_overwrites_the_recording_being_read(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = tmp_path / CAPTURE.name
+    shutil.copy(CAPTURE, capture)
+    before = capture.read_bytes()
+    code = main([a.format(capture=capture, tmp=tmp_path) for a in argv])
+    assert code == 2
+    assert "that is the recording being read" in capsys.readouterr().err
+    assert capture.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["inspect", "{capture}", "--pcap", "{tmp}/none/x.pcapng"], "no directory"),
+        (["inspect", "{capture}", "--pcap", "{tmp}"], "is a directory"),
+        (["view", "{capture}", "--export", "{tmp}/none/x.html"], "no directory"),
+        (["replay", "{capture}", "--broker", "pulsar://127.0.0.1:1", "--transcript",
+          "{tmp}/none/t.txt"], "no directory"),
+        (["faults", "list", "--admin", "ftp://127.0.0.1:1"], "expected HOST:PORT"),
+        (["demo", "--port", "45678", "--admin-port", "45678"], "must differ"),
+        (["demo", "--record", "{capture}"], "exists and is not a directory"),
+        (["demo", "--port", "99999"], "a port is 1 to 65535"),
+        (["proxy", "--broker", "pulsar://127.0.0.1:1", "--listener-ports", "20000-20010",
+          "--broker-ports-file", "{tmp}"], "is a directory"),
+    ],
+)  # fmt: skip
+def test_bad_paths_and_addresses_are_one_line(
+    argv: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = tmp_path / CAPTURE.name
+    shutil.copy(CAPTURE, capture)
+    try:
+        code = main([a.format(capture=capture, tmp=tmp_path) for a in argv])
+    except SystemExit as exc:  # a usage error, from argparse
+        code = int(exc.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+def test_a_pcap_of_a_damaged_recording_leaves_no_part_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = tmp_path / CAPTURE.name
+    data = bytearray(CAPTURE.read_bytes())
+    capture.write_bytes(bytes(data[:-40]) + b"\xc1" * 40)  # 0xc1: never valid msgpack
+    out = tmp_path / "x.pcapng"
+    out.write_bytes(b"an earlier capture")
+    assert main(["inspect", str(capture), "--pcap", str(out)]) == 2
+    assert "damaged" in capsys.readouterr().err
+    assert out.read_bytes() == b"an earlier capture"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([capture.name, "x.pcapng"])
+    shutil.copy(CAPTURE, capture)
+    assert main(["inspect", str(capture), "--pcap", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x0a\x0d\x0d\x0a"  # a pcapng section header
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([capture.name, "x.pcapng"])

@@ -50,6 +50,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def output_problem(path: Path, flag: str, reading: Path) -> str | None:
+    """Why ``path`` (the file of option ``flag``) cannot take a command's
+    output, in one line; None if it can. Checked before any work: the
+    directory it goes in must exist, it must not be a directory, and it
+    must not be ``reading`` (or a file in it), which writing would destroy."""
+    if path.is_dir():
+        return f"{flag} {path}: is a directory"
+    if not path.parent.is_dir():
+        return f"{flag} {path}: no directory {path.parent}"
+    target = path.resolve()
+    source = reading.resolve()
+    if target == source or (source.is_dir() and source in target.parents and
+                            target.suffix == ".sluice"):  # fmt: skip
+        return f"{flag} {path}: that is the recording being read"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Each command is the module of its name here: add_arguments and run.
     from sluice.commands import analyze, demo, faults, inspect, proxy, record, replay, serve, view
@@ -59,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Protocol-aware TCP proxy and traffic recorder for Apache Pulsar and Cursus.",
     )
     parser.add_argument("--version", action="version", version=f"sluice {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    # (Not "command": `faults add --command NAME` has that dest, and a
+    # subparser's defaults overwrite the parent's.)
+    commands = parser.add_subparsers(dest="sluice_command", metavar="COMMAND", parser_class=Parser)
     # name, module (add_arguments + run), one-line help, description, settings from env/TOML
     table: list[tuple[str, Any, str, str, bool]] = [
         ("proxy", proxy, "run the proxy in front of a Pulsar broker",
@@ -109,14 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     settings = None
     if subparser is not None and command is not None:
         try:
-            settings = config.apply(subparser, command, argv[argv.index(command) + 1 :])
+            settings = config.apply(subparser, command, argv[argv.index(command) + 1 :],
+                                    commands=tuple(_subparsers(parser)))  # fmt: skip
         except config.SettingsError as exc:
             for line in str(exc).splitlines():  # one mistake a line
                 print(f"sluice {command}: {line}", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
     args.argv = argv  # the command line as given: a proxy reads its settings again from it
-    if args.command is None:
+    if args.sluice_command is None:
         parser.print_help()
         return 2
     if getattr(args, "print_config", False):
@@ -137,7 +157,8 @@ def parse_again(argv: list[str]) -> argparse.Namespace:
     if subparser is None:
         raise ConfigError(f"not a command line of sluice: {' '.join(argv)}")
     try:
-        config.apply(subparser, command, argv[argv.index(command) + 1 :])
+        config.apply(subparser, command, argv[argv.index(command) + 1 :],
+                     commands=tuple(_subparsers(parser)))  # fmt: skip
     except config.SettingsError as exc:
         raise ConfigError(str(exc)) from None
     said = io.StringIO()

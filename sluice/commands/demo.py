@@ -28,6 +28,9 @@ from sluice.addresses import Address
 from sluice.brokers import Broker
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port
+from sluice.commands.proxy import StartupError, listen_error
+from sluice.config import port
+from sluice.errors import leaves
 from sluice.extras import need_extra
 from sluice.logs import setup_logging
 from sluice.protocols.pulsar.urls import parse_broker_url
@@ -52,11 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to keep the recording (default: a new temporary directory)",
     )
     parser.add_argument(
-        "--port", type=int, default=0, metavar="PORT", help="proxy port (default: a free one)"
+        "--port", type=port, default=0, metavar="PORT", help="proxy port (default: a free one)"
     )
     parser.add_argument(
         "--admin-port",
-        type=int,
+        type=port,
         default=0,
         metavar="PORT",
         help="metrics port (default: a free one)",
@@ -152,7 +155,10 @@ async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
         drain_timeout=5.0,
     )
     async with trio.open_nursery() as nursery:
-        proxy: Proxy = await nursery.start(Proxy(config).run)
+        try:
+            proxy: Proxy = await nursery.start(Proxy(config).run)
+        except OSError as exc:
+            raise StartupError(listen_error(exc, config)) from None
         url = f"pulsar://127.0.0.1:{port}"
         say(f"broker  {broker.url}  (embedded {args.embedded}, pid {broker.pid})")
         say(f"proxy   {url}  (clients connect here)")
@@ -220,6 +226,13 @@ def run(args: argparse.Namespace) -> int:
     if args.messages < 2:
         print("sluice demo: --messages must be at least 2", file=sys.stderr)
         return 2
+    if args.port and args.port == args.admin_port:
+        print("sluice demo: --port and --admin-port must differ", file=sys.stderr)
+        return 2
+    if args.record is not None and args.record.exists() and not args.record.is_dir():
+        print(f"sluice demo: --record {args.record}: exists and is not a directory",
+              file=sys.stderr)  # fmt: skip
+        return 2
     record = args.record or Path(tempfile.mkdtemp(prefix="sluice-demo-"))
     _say(f"starting the embedded broker ({args.embedded}) ...")
     with contextlib.ExitStack() as stack:
@@ -235,6 +248,9 @@ def run(args: argparse.Namespace) -> int:
             return trio.run(demo, args, broker, record)
         except KeyboardInterrupt:
             return 130
-        except OSError as exc:
-            print(f"sluice demo: {exc}", file=sys.stderr)
+        except Exception as exc:  # trio wraps what its tasks raise in groups
+            found = [e for e in leaves(exc) if isinstance(e, OSError | StartupError)]
+            if not found:
+                raise
+            print(f"sluice demo: {found[0]}", file=sys.stderr)
             return 1

@@ -8,12 +8,15 @@ import collections
 import datetime as dt
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from sluice.commands import output_problem
+from sluice.config import offset
 from sluice.protocols import registry
 from sluice.recording.format import (
     ReadResult,
@@ -66,13 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sel.add_argument("--topic", help="only frames of this topic (default: all)")
     sel.add_argument(
         "--since",
-        type=float,
+        type=offset,
         metavar="SECONDS",
         help="only from this many seconds after the capture started (default: the start)",
     )
     sel.add_argument(
         "--until",
-        type=float,
+        type=offset,
         metavar="SECONDS",
         help="only up to this offset (default: the end)",
     )
@@ -420,13 +423,22 @@ def run(args: argparse.Namespace) -> int:
         since=args.since,
         until=args.until,
     )
+    if args.pcap is not None:
+        problem = output_problem(args.pcap, "--pcap", args.recording)
+        if problem is not None:
+            print(f"sluice inspect: {problem}", file=sys.stderr)
+            return 2
     summary = Summary()
     out = sys.stdout
-    pcap_file = open(args.pcap, "wb") if args.pcap else None  # noqa: SIM115
+    # Written next to its place and moved there once whole: a capture that
+    # turns out damaged leaves no partial file, and any earlier one as it was.
+    partial = args.pcap.with_name(f".{args.pcap.name}.partial") if args.pcap else None
+    pcap_file = open(partial, "wb") if partial is not None else None  # noqa: SIM115
     pcap: PcapngWriter | None = None
     port = 0  # where a connection that names no broker is drawn going: the protocol's port
     start_ns: int | None = None
     captures: set[str] = set()
+    read = False  # every record
     try:
         for capture, record in records(paths, summary):
             if record["k"] == "header":
@@ -460,6 +472,7 @@ def run(args: argparse.Namespace) -> int:
                     else f"{offset:+12.6f}"
                 )
                 out.write(timeline_line(record, when, conn) + "\n")
+        read = True
     except RecordingError as exc:
         print(f"sluice inspect: {exc}", file=sys.stderr)
         return 2
@@ -468,7 +481,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if pcap_file is not None:
             pcap_file.close()
+            if not read:
+                partial.unlink(missing_ok=True)  # type: ignore[union-attr]
+    if partial is not None and pcap is None:  # no capture read: nothing to write
+        partial.unlink(missing_ok=True)
     if pcap is not None:
+        os.replace(partial, args.pcap)  # type: ignore[arg-type]
         print(f"wrote {pcap.packets} packets to {args.pcap}", file=sys.stderr)
     elif args.json:
         for path, n in summary.truncated:

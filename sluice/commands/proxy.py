@@ -6,6 +6,7 @@ import argparse
 import errno
 import functools
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import trio
 
 from sluice.addresses import parse_address, parse_host
-from sluice.config import ENV_PREFIX, config_path, default
+from sluice.config import ENV_PREFIX, config_path, default, seconds
 from sluice.errors import ConfigError
 from sluice.filters.chain import make_filters
 from sluice.filters.config import FilterArgument
@@ -204,7 +205,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     web.add_argument(
         "--http-idle-timeout",
-        type=float,
+        type=seconds,
         default=default(ProxyConfig, "http_idle_timeout"),
         metavar="SECONDS",
         help="for a request's head to arrive whole (keep-alive connections idle this long "
@@ -212,7 +213,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     web.add_argument(
         "--http-request-timeout",
-        type=float,
+        type=seconds,
         default=default(ProxyConfig, "http_request_timeout"),
         metavar="SECONDS",
         help="for the rest of an exchange: the body, the brokers' answers, redirects "
@@ -305,28 +306,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     pol.add_argument(
         "--connect-timeout",
-        type=float,
+        type=seconds,
         default=default(ProxyConfig, "connect_timeout"),
         metavar="SECONDS",
         help="dialling a broker, TLS included",
     )
     pol.add_argument(
         "--handshake-timeout",
-        type=float,
+        type=seconds,
         default=default(ProxyConfig, "handshake_timeout"),
         metavar="SECONDS",
         help="for a client's CONNECT, and for a broker's CONNECTED",
     )
     pol.add_argument(
         "--keepalive-interval",
-        type=float,
+        type=seconds,
         default=default(ProxyConfig, "keepalive_interval"),
         metavar="SECONDS",
         help="ping idle lookup connections this often; close after twice this silent",
     )
     pol.add_argument(
         "--drain-timeout",
-        type=float,
+        type=seconds,
         default=default(ProxyConfig, "drain_timeout"),
         metavar="SECONDS",
         help="how long SIGTERM waits for connections to hand over",
@@ -372,14 +373,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rec.add_argument(
         "--record-max-age",
-        type=float,
+        type=seconds,
         default=default(RecorderConfig, "max_file_age"),
         metavar="SECONDS",
         help="start a new file after this long",
     )
     rec.add_argument(
         "--record-flush-interval",
-        type=float,
+        type=seconds,
         default=default(RecorderConfig, "flush_interval"),
         metavar="SECONDS",
         help="how often written records are flushed (what a crash can lose)",
@@ -409,7 +410,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rec.add_argument(
         "--record-retain-age",
-        type=float,
+        type=seconds,
         metavar="SECONDS",
         help="remove recording files last written more than SECONDS ago (default: never)",
     )
@@ -481,6 +482,8 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         tls = TlsServerConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
         server_ssl_context(tls)  # files that do not load: one line now, not at the first client
     ports_file = args.broker_ports_file
+    if ports_file is not None and ports_file.is_dir():
+        raise ConfigError(f"--broker-ports-file {ports_file}: is a directory")
     if ports_file is not None and not (ports_file.is_file() or ports_file.parent.is_dir()):
         raise ConfigError(f"--broker-ports-file: no such directory: {ports_file.parent}")
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
@@ -634,7 +637,7 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
     for name in ("record_max_bytes", "record_max_age", "record_flush_interval",
                  "record_retain_bytes", "record_retain_age"):  # fmt: skip
         value = getattr(args, name)
-        if value is not None and value <= 0:
+        if value is not None and not 0 < value < math.inf:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
     return RecorderConfig(
         directory=args.record,
@@ -662,7 +665,9 @@ def byte_size(text: str) -> int:
     try:
         size = float(number) * _UNITS[unit]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 800M, 2G)") from None
+        size = math.nan
+    if not math.isfinite(size):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 800M, 2G)")
     if size <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
     return int(size)
@@ -673,13 +678,11 @@ def ring_size(text: str) -> tuple[int | None, float | None]:
     value = text.strip().lower()
     if value.endswith("s") and not value.endswith("bs"):
         try:
-            seconds = float(value[:-1])
+            float(value[:-1])
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a size or a time "
                                              "(e.g. 64M, 300s)") from None  # fmt: skip
-        if seconds <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: a time must be positive")
-        return None, seconds
+        return None, seconds(value[:-1])
     return byte_size(text), None
 
 
@@ -712,7 +715,7 @@ async def serve(
         try:
             await serve_workers(config, config.workers, *logs, load=load, config_file=config_file)
         except OSError as exc:
-            raise StartupError(_listen_error(exc, config)) from None
+            raise StartupError(listen_error(exc, config)) from None
         return
     proxy = Proxy(config)
     proxy.load = load
@@ -735,7 +738,7 @@ async def serve(
     if isinstance(failure, ConfigError):
         raise StartupError(str(failure))
     if failure is not None:
-        raise StartupError(_listen_error(failure, config))
+        raise StartupError(listen_error(failure, config))
     log.info("stopped")
 
 
@@ -754,7 +757,7 @@ def _config_file(argv: list[str] | None) -> Path | None:
     return Path(text) if text else None
 
 
-def _listen_error(exc: OSError, config: ProxyConfig) -> str:
+def listen_error(exc: OSError, config: ProxyConfig) -> str:
     where = ", ".join(
         str(a)
         for a in (

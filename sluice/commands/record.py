@@ -20,8 +20,10 @@ import secrets
 import sys
 from pathlib import Path
 
+from sluice.commands import output_problem
 from sluice.commands.faults import AdminError, call
 from sluice.commands.proxy import read_token
+from sluice.config import seconds
 from sluice.errors import ConfigError
 from sluice.proxy.admin import MAX_SNAPSHOT_SECONDS
 from sluice.recording.anonymize import FILLER, PAYLOAD_CHOICES, Options, anonymize
@@ -54,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     snap.add_argument(
         "--last",
-        type=float,
+        type=seconds,
         metavar="SECONDS",
         help="only the last SECONDS of the ring (default: all of it)",
     )
@@ -157,6 +159,10 @@ def run_anonymize(args: argparse.Namespace) -> int:
 
     if args.reveal and args.report is None:
         return fail("--reveal needs --report FILE: the originals are not printed")
+    if args.report is not None:
+        problem = output_problem(args.report, "--report", args.input)
+        if problem is not None:
+            return fail(problem)
     try:
         key = _key(args.key_file)
     except ConfigError as exc:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import trio
 
+from sluice.commands import output_problem
+from sluice.config import seconds
 from sluice.errors import ConfigError, leaves
 from sluice.protocols import registry
 from sluice.recording.format import RecordingError, protocol_of
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=10.0,
         metavar="SECONDS",
         help="how long to wait for an expected broker frame",
@@ -61,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"[replay] {text}", file=sys.stderr, flush=True)
 
     try:
+        if args.transcript is not None:
+            problem = output_problem(args.transcript, "--transcript", args.recording)
+            if problem is not None:
+                raise ConfigError(problem)
         parse_speed(args.speed)
         spec = registry.get(protocol_of(args.recording))
         if spec.replay is None:
@@ -75,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice replay: {known[0]}", file=sys.stderr)
         return 2
     if args.transcript is not None:
-        args.transcript.write_text("\n".join(transcript) + "\n")
+        try:
+            args.transcript.write_text("\n".join(transcript) + "\n")
+        except OSError as exc:
+            print(f"sluice replay: --transcript {args.transcript}: {exc.strerror or exc}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     report(outcome, sys.stdout)
     return 0 if outcome.equivalent else 1

@@ -19,7 +19,9 @@ import webbrowser
 from pathlib import Path
 
 from sluice.addresses import parse_address
+from sluice.commands import output_problem
 from sluice.commands.proxy import read_token
+from sluice.config import count
 from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.recording.format import RecordingError, recording_files
@@ -75,14 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-frames",
-        type=int,
+        type=count,
         default=20_000,
         metavar="N",
         help="with --export: at most N frames (default: 20000); the file says what it left out",
     )
     parser.add_argument(
         "--details",
-        type=int,
+        type=count,
         default=2_000,
         metavar="N",
         help="with --export: the full detail of the first N of them (default: 2000)",
@@ -101,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
             raise RecordingError(f"{args.capture}: no recordings (*.sluice) here")
         index = Index(args.capture)
         if args.export is not None:
+            problem = output_problem(args.export, "--export", args.capture)
+            if problem is not None:
+                raise ConfigError(problem)
             return _export(index, args)
         address = parse_address(args.listen, what="--listen")
     except (RecordingError, ConfigError) as exc:

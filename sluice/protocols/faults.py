@@ -21,6 +21,7 @@ import enum
 import fnmatch
 import itertools
 import json
+import math
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -260,7 +261,7 @@ def _number(
     value = data.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise FaultError(f"{key} is a number")
     if integer and value != int(value):
         raise FaultError(f"{key} is a whole number")

@@ -8,6 +8,7 @@ the tests build it directly.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,7 +166,7 @@ class ProxyConfig:
             "keepalive_interval",
             "drain_timeout",
         ):
-            if getattr(self, name) <= 0:
+            if not 0 < getattr(self, name) < math.inf:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         for name in (
             "max_connections",
@@ -232,7 +233,7 @@ class ProxyConfig:
         if not spec.web:
             raise ConfigError(f"--http-listen relays a broker's web port: {spec.title} has none")
         for name in ("http_idle_timeout", "http_request_timeout"):
-            if getattr(self, name) <= 0:
+            if not 0 < getattr(self, name) < math.inf:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         for name in ("http_max_body", "http_max_header", "http_max_connections"):
             value = getattr(self, name)

@@ -228,14 +228,24 @@ class CertificateReloader:
 
 
 def client_ssl_context(config: TlsClientConfig) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(config.ca) if config.ca else None)
+    """A context for dialling brokers over TLS. Files that do not load are
+    a ``ConfigError`` naming them, as ``server_ssl_context``'s."""
+    try:
+        context = ssl.create_default_context(cafile=str(config.ca) if config.ca else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the broker CA {config.ca}: {_reason(exc)}") from None
     context.minimum_version = MINIMUM_TLS
     context.check_hostname = config.verify_hostname
     if not config.verify_hostname:
         # Hostname checks off means the operator trusts the network path.
         context.verify_mode = ssl.CERT_NONE if config.ca is None else ssl.CERT_REQUIRED
     if config.cert is not None:
-        context.load_cert_chain(str(config.cert), str(config.key) if config.key else None)
+        try:
+            context.load_cert_chain(str(config.cert), str(config.key) if config.key else None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cannot load the client certificate {config.cert}: {_reason(exc)}"
+            ) from None
     return context
 
 

@@ -9,6 +9,7 @@ commands themselves are ``sluice/commands/replay.py`` and ``serve.py``.
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import ssl
 import sys
@@ -39,8 +40,8 @@ def parse_speed(text: str) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"--speed {text!r}: use asap, realtime or a number") from None
-    if value <= 0:
-        raise ConfigError("--speed must be positive")
+    if not 0 < value < math.inf:
+        raise ConfigError("--speed must be a positive number")
     return value
 
 
