@@ -165,6 +165,50 @@ def read_records_from(data: bytes, name: str, result: ReadResult | None = None) 
     yield from _records(io.BytesIO(data), len(data), path, result)
 
 
+# What readers rely on in the records of each kind Sluice has always
+# written: the keys each must have, and each key's type wherever it is. A
+# record that breaks them is damage (a flipped byte that still unpacks), to
+# be said as such, not met as a KeyError in whichever command reads it.
+_REQUIRED = {
+    "frame": ("c", "d", "t", "w", "n"),
+    "conn": ("c", "t", "w", "client", "broker", "kind", "listener"),
+    "close": ("c", "t", "w"),
+    "gap": ("t", "dropped"),
+}
+_TYPES: dict[str, type] = {
+    **dict.fromkeys(("c", "d", "t", "w", "n", "dropped"), int),
+    **dict.fromkeys(("client", "broker", "kind", "listener", "reason", "via"), str),
+    "raw": bytes,
+    "s": dict,
+    "p": list,
+}
+_INT64 = range(-(2**63), 2**63)
+
+
+def _damage(record: Any) -> str | None:
+    """What is wrong with a record past the header, in words; None if nothing
+    readers rely on is."""
+    if not isinstance(record, dict):
+        return "not a record"
+    kind = record.get("k")
+    if not isinstance(kind, str):
+        return "a record of no kind"
+    required = _REQUIRED.get(kind)
+    if required is None:
+        return None  # a kind readers skip or check themselves
+    for key in required:
+        if key not in record:
+            return f"a {kind} record without {key!r}"
+    for key, value in record.items():
+        want = _TYPES.get(key)
+        if want is not None and not (isinstance(value, want) and
+                                     (want is not int or value in _INT64)):  # fmt: skip
+            return f"a {kind} record with {key!r} of the wrong type"
+    if kind == "frame" and record["d"] not in (0, 1):
+        return "a frame record of no direction"
+    return None
+
+
 def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Iterator[Record]:
     unpacker = msgpack.Unpacker(
         handle, raw=False, strict_map_key=False, max_buffer_size=256 * 1024 * 1024
@@ -178,12 +222,14 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
             record = unpacker.unpack()
         except msgpack.OutOfData:
             break
-        except (msgpack.UnpackException, ValueError) as exc:
+        except (msgpack.UnpackException, ValueError, TypeError) as exc:
+            # (TypeError: a map key that is a map, which msgpack cannot hash.)
             if first:
                 raise RecordingError(f"{path}: not a Sluice recording") from None
             raise RecordingError(
                 f"{path}: damaged after {result.records} records ({exc})"
             ) from None
+        header = first
         if first:
             upgrade = _check_header(path, record, result)
             spec = registry.get(str(record.get("protocol", registry.DEFAULT_PROTOCOL)))
@@ -194,6 +240,8 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
             raise RecordingError(f"{path}: damaged after {result.records} records")
         for step in upgrade:
             record = step(record)
+        if not header and (problem := _damage(record)) is not None:
+            raise RecordingError(f"{path}: damaged after {result.records} records ({problem})")
         kind = record.get("k")
         if kind == "frame":
             if "s" not in record:
@@ -215,6 +263,9 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
         result.records += 1
         yield record
     if first:
+        if size:
+            raise RecordingError(f"{path}: ends inside its header ({size} bytes), "
+                                 "not a readable recording")  # fmt: skip
         raise RecordingError(f"{path}: empty file, not a Sluice recording")
     result.truncated_bytes = size - result.offset  # where the unfinished record starts
 

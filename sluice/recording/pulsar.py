@@ -25,6 +25,7 @@ from sluice.protocols.pulsar.frame import (
     SEND,
     SEND_RECEIPT,
     command_name,
+    text,
 )
 from sluice.protocols.pulsar.redact import redacted, sensitive, withheld
 from sluice.recording.format import (
@@ -391,7 +392,7 @@ def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, A
         for field_name, short in shape.ids:
             if body.HasField(field_name):
                 out[short] = getattr(body, field_name)
-        topic = body.topic if shape.topic and body.HasField("topic") else None
+        topic = text(body.topic) if shape.topic and body.HasField("topic") else None
         _resolve_topic(out, topic, correlator)
         if shape.message_id and body.HasField("message_id"):
             mid = body.message_id
@@ -403,7 +404,7 @@ def summarize(frame: Frame, correlator: Correlator | None = None) -> dict[str, A
     meta = frame.metadata
     if meta is not None:
         _count_messages(out, meta.num_messages_in_batch, meta.num_chunks_from_msg,
-                        meta.chunk_id, meta.uuid, meta.total_chunk_msg_size)  # fmt: skip
+                        meta.chunk_id, text(meta.uuid), meta.total_chunk_msg_size)  # fmt: skip
     return out
 
 

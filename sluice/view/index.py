@@ -666,7 +666,7 @@ class Index:
             counts = per.get(key)
             if counts is None:
                 counts = per[key] = [0] * bins
-            counts[min(bins - 1, int(self.t[i] / 1e9 / width))] += self.msgs[i]
+            counts[min(bins - 1, max(0, int(self.t[i] / 1e9 / width)))] += self.msgs[i]
             totals[key] += self.msgs[i]
         series = []
         for (topic, direction), total in totals.most_common(RATE_TOPICS):

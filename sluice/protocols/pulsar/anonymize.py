@@ -25,7 +25,7 @@ from sluice.protocols.pseudonyms import Pseudonyms
 from sluice.protocols.pulsar import encode, encode_payload, pb
 from sluice.protocols.pulsar.decoder import decode_frame
 from sluice.protocols.pulsar.errors import RemoteProtocolError
-from sluice.protocols.pulsar.frame import PAYLOAD_TYPES
+from sluice.protocols.pulsar.frame import PAYLOAD_TYPES, text
 from sluice.protocols.pulsar.payload import build_batch, compress, decompress, is_batch, split_batch
 
 # A string field's name -> what it holds. Names not here are free text.
@@ -119,7 +119,10 @@ def anonymized_frame(
         return out, None
     size = len(payload) if not cut else total - (len(raw) - 4)
     # The length prefix counts the payload left out, as the recorder's does.
-    out = (len(out) - 4 + size).to_bytes(4, "big") + out[4:]
+    length = len(out) - 4 + size
+    if not 0 <= length < 2**32:  # sizes of a damaged record: nothing kept
+        return None
+    out = length.to_bytes(4, "big") + out[4:]
     return out, (payload if not cut else None)
 
 
@@ -165,18 +168,18 @@ def _replace(message: Message, names: Pseudonyms) -> None:
             kind = field.message_type.name if field.message_type is not None else ""
             if kind == "KeyValue":
                 for kv in value if _repeated(field) else [value]:
-                    kv.key, kv.value = names.prop(kv.key, kv.value)
+                    kv.key, kv.value = names.prop(text(kv.key), text(kv.value))
                 continue
             if kind == "EncryptionKeys":  # the names of the keys a message is encrypted for
                 for keys in value:
-                    keys.key = names.name("name", keys.key)
+                    keys.key = names.name("name", text(keys.key))
             for item in value if _repeated(field) else [value]:
                 _replace(item, names)
         elif field.type == _STRING:
             if _repeated(field):
-                value[:] = [_string(field.name, v, names) for v in value]
+                value[:] = [_string(field.name, text(v), names) for v in value]
             else:
-                setattr(message, field.name, _string(field.name, value, names))
+                setattr(message, field.name, _string(field.name, text(value), names))
         elif field.type == _BYTES and field.name == "schema_data":
             setattr(message, field.name, names.scrub_bytes(value))
 

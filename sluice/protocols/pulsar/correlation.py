@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.decoder import COMPILED
-from sluice.protocols.pulsar.frame import Frame
+from sluice.protocols.pulsar.frame import Frame, text
 
 if TYPE_CHECKING:
     from sluice._frames import Batch
@@ -354,7 +354,7 @@ class Correlator:
             return None
         fields = body.DESCRIPTOR.fields_by_name
         if "topic" in fields and body.topic:
-            return str(body.topic)
+            return text(body.topic)
         if "producer_id" in fields and body.producer_id in self.producers:
             return self.producers[body.producer_id]
         if "consumer_id" in fields and body.consumer_id in self.consumers:
@@ -383,11 +383,11 @@ class Correlator:
         rid: int = body.request_id
         pending = Pending(t, now, request=frame)
         if t == T.PRODUCER:
-            pending.topic, pending.resource_id = body.topic, body.producer_id
+            pending.topic, pending.resource_id = text(body.topic), body.producer_id
         elif t == T.SUBSCRIBE:
-            pending.topic, pending.resource_id = body.topic, body.consumer_id
+            pending.topic, pending.resource_id = text(body.topic), body.consumer_id
         elif t in (T.LOOKUP, T.PARTITIONED_METADATA, T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA):
-            pending.topic = body.topic
+            pending.topic = text(body.topic)
         elif t == T.CLOSE_PRODUCER:
             pending.topic = self.producers.pop(body.producer_id, None)
         elif t == T.CLOSE_CONSUMER:

@@ -62,6 +62,15 @@ def missing_fields(message: Message) -> str:
 COMMAND_NAMES: dict[int, str] = {value.number: value.name for value in Type.DESCRIPTOR.values}
 
 
+def text(value: str | bytes) -> str:
+    """A protobuf string field as text. Python's protobuf hands over a
+    string that is not UTF-8 as bytes (a damaged frame, or a client's bug);
+    Java's clients and brokers read such a string with replacement
+    characters, and so does Sluice wherever it keeps one (summaries, the
+    topics it correlates answers with)."""
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
 def command_name(type_: int) -> str:
     """``"SEND"`` for 6; ``"UNKNOWN(99)"`` for a type the schema does not know."""
     name = COMMAND_NAMES.get(type_)
