@@ -361,3 +361,13 @@ def test_messages_of_a_compressed_batch() -> None:
         compress(pb.ZSTD, plain),
     )
     assert [m.payload for m in messages(decode_frame(raw))] == bodies
+
+
+def test_a_stream_that_is_not_pulsar_says_how_it_starts() -> None:
+    # An HTTP answer read as a Pulsar frame: "HTTP" is a length of 1.2 GB.
+    decoder = FrameDecoder()
+    decoder.receive_data(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    with pytest.raises(RemoteProtocolError) as info:
+        decoder.next_event()
+    assert info.value.problem is Problem.TOO_LARGE and info.value.fatal
+    assert "not the Pulsar binary protocol: the stream starts 'HTTP'" in str(info.value)

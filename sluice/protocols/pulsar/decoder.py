@@ -219,6 +219,13 @@ class FrameDecoder:
             pos = 0
         (total,) = _U32.unpack_from(self._head, pos)
         if total > self._max_total:
+            start = bytes(self._head[pos : pos + 4])
+            if start.isascii() and start.decode().isprintable():  # "HTTP", "GET ", "SSH-"
+                return self._break(
+                    Problem.TOO_LARGE,
+                    f"not the Pulsar binary protocol: the stream starts {start.decode()!r} "
+                    "(an HTTP port, or another protocol's?)",
+                )
             return self._break(
                 Problem.TOO_LARGE,
                 f"frame of {total + 4} bytes exceeds the limit of {self._max_total + 4} "
