@@ -309,3 +309,39 @@ def test_usage_errors_exit_2(tmp_path: Path, recording: Path) -> None:
     for result in (no_payloads, missing, dead):
         errors = [ln for ln in result.stderr.splitlines() if not ln.startswith("[replay]")]
         assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_an_address_that_is_not_a_pulsar_broker_is_a_usage_error(recording: Path) -> None:
+    # A web port given for the binary one: what answers is not Pulsar, which
+    # is not a divergence of the broker (exit 1) but a mistake (exit 2).
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    done = threading.Event()
+
+    def answer_http() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # (a timeout: look at done again)
+                continue
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=answer_http, daemon=True)
+    thread.start()
+    try:
+        result = subprocess.run(
+            [*SLUICE, "replay", str(recording), "--broker", f"pulsar://127.0.0.1:{port}",
+             "--timeout", "3"], capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "does not speak the Pulsar protocol" in result.stderr
+    assert "Traceback" not in result.stderr and "DIVERGED" not in result.stdout

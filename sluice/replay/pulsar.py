@@ -319,8 +319,10 @@ class Live:
                         self.expected[key] = rf
 
     async def read(self, remap: Remap) -> None:
+        spoke = False  # a frame came: what answers is a Pulsar broker
         try:
             while (frame := await self.stream.receive_frame()) is not None:
+                spoke = True
                 if frame.type == T("PING"):
                     await self.stream.send(encode(command(T("PONG"))))
                     continue
@@ -337,7 +339,10 @@ class Live:
                     self.events[key].set()
                 else:
                     self.unexpected.append(frame)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
+        except ProtocolError as exc:
+            if not spoke:  # not a divergence: the address is not a Pulsar broker's
+                raise ReplayError(f"the broker does not speak the Pulsar protocol: {exc}") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             self.ended = True
