@@ -174,15 +174,22 @@ _REQUIRED = {
     "conn": ("c", "t", "w", "client", "broker", "kind", "listener"),
     "close": ("c", "t", "w"),
     "gap": ("t", "dropped"),
+    "fault": ("c", "d", "t", "w", "rule", "action", "cmd"),
+    "filter": ("c", "d", "t", "w", "filter", "action", "n"),
 }
 _TYPES: dict[str, type] = {
     **dict.fromkeys(("c", "d", "t", "w", "n", "dropped"), int),
-    **dict.fromkeys(("client", "broker", "kind", "listener", "reason", "via"), str),
+    **dict.fromkeys(
+        ("client", "broker", "kind", "listener", "reason", "via", "rule", "action", "cmd"), str
+    ),
+    "filter": str,
+    "topic": str,
     "raw": bytes,
     "s": dict,
     "p": list,
 }
 _INT64 = range(-(2**63), 2**63)
+_HEADER = ("capture", "started", "payloads")  # in every header Sluice has written
 
 
 def _damage(record: Any) -> str | None:
@@ -204,8 +211,8 @@ def _damage(record: Any) -> str | None:
         if want is not None and not (isinstance(value, want) and
                                      (want is not int or value in _INT64)):  # fmt: skip
             return f"a {kind} record with {key!r} of the wrong type"
-    if kind == "frame" and record["d"] not in (0, 1):
-        return "a frame record of no direction"
+    if "d" in required and record["d"] not in (0, 1):
+        return f"a {kind} record of no direction"
     return None
 
 
@@ -291,6 +298,10 @@ def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[
     version = record.get("version")
     if not isinstance(version, int):
         raise RecordingError(f"{path}: recording header has no version")
+    for key, want in (("capture", str), ("started", int), ("payloads", str), ("protocol", str)):
+        missing = key in _HEADER and key not in record
+        if missing or (key in record and not isinstance(record[key], want)):
+            raise RecordingError(f"{path}: damaged header ({key!r})")
     if version > VERSION:
         raise RecordingError(
             f"{path}: recording format {version} is newer than this Sluice reads "
