@@ -336,3 +336,24 @@ def test_serve_needs_payloads(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "--record-payloads full" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_recording_cut_off_mid_record_is_served_up_to_where_it_ends(
+    serve_recording: tuple[Path, list[bytes]], tmp_path: Path
+) -> None:
+    # A proxy killed mid-write leaves half a record: serve answers from the
+    # rest, and says so (as replay and inspect do), not silently.
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (source,) = sorted(serve_recording[0].glob("*.sluice"))
+    (cut / source.name).write_bytes(source.read_bytes() + b"\x87\xa1k\xa5frame")
+    port = free_port()
+    process = start_serve(cut, port, "--listen", f"127.0.0.1:{port}")
+    try:
+        process.send_signal(signal.SIGTERM)
+        report, err = process.communicate(timeout=20)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, report + err
+    assert f"{cut / source.name} ends with an incomplete record" in err, err

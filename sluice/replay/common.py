@@ -13,7 +13,7 @@ import math
 import signal
 import ssl
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +97,12 @@ class Listening:
         return listeners, bound[0], bound[1]
 
 
-def announce(what: str, recording: Path) -> None:
+def announce(what: str, recording: Path, truncated: Sequence[Path] = ()) -> None:
+    """What ``serve`` answers as, and the files of the recording cut off
+    mid-record (the writer was stopped): served up to where they end."""
+    for path in truncated:
+        print(f"[serve] note: {path} ends with an incomplete record (the writer was stopped): "
+              "served up to it", file=sys.stderr)  # fmt: skip
     print(f"[serve] answering as {what} from {recording}; Ctrl-C to stop",
           file=sys.stderr, flush=True)  # fmt: skip
 

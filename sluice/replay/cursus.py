@@ -304,6 +304,6 @@ async def serve(target: Path, listening: Listening) -> Report:
     here = plain or tls
     assert here is not None
     stub = CursusStub(recording, here)
-    announce(f"a Cursus broker on {here}{' (TLS)' if tls else ''}", target)
+    announce(f"a Cursus broker on {here}{' (TLS)' if tls else ''}", target, recording.truncated)
     await until_signalled(stub.handle, listeners)
     return stub.report

@@ -719,12 +719,13 @@ class StubBroker:
 
 async def serve(recording: Path, listening: Listening) -> Report:
     """Answer Pulsar clients from ``recording`` until SIGINT or SIGTERM."""
-    answers = Answers.of(load(recording))
+    recorded = load(recording)
+    answers = Answers.of(recorded)
     listeners, plain, tls = await listening.open()
     stub = StubBroker(
         answers, f"pulsar://{plain}" if plain else "", f"pulsar+ssl://{tls}" if tls else ""
     )
     urls = " and ".join(url for url in (stub.url, stub.url_tls) if url)
-    announce(f"a broker on {urls}", recording)
+    announce(f"a broker on {urls}", recording, recorded.truncated)
     await until_signalled(stub.handle, listeners)
     return stub.report
