@@ -266,6 +266,9 @@ def test_no_output_overwrites_the_recording_being_read(
         (["demo", "--port", "99999"], "a port is 1 to 65535"),
         (["proxy", "--broker", "pulsar://127.0.0.1:1", "--listener-ports", "20000-20010",
           "--broker-ports-file", "{tmp}"], "is a directory"),
+        (["proxy", "--broker", "pulsar://127.0.0.1:1", "--admin-token-file", "{tmp}/token"],
+         "give --admin too"),
+        (["inspect", "{capture}", "--with-bytes"], "--with-bytes goes with --json"),
     ],
 )  # fmt: skip
 def test_bad_paths_and_addresses_are_one_line(
@@ -273,6 +276,7 @@ def test_bad_paths_and_addresses_are_one_line(
 ) -> None:
     capture = tmp_path / CAPTURE.name
     shutil.copy(CAPTURE, capture)
+    (tmp_path / "token").write_text("a-token\n")
     try:
         code = main([a.format(capture=capture, tmp=tmp_path) for a in argv])
     except SystemExit as exc:  # a usage error, from argparse

@@ -70,6 +70,9 @@ def core_with(*rules: Any, seed: int = 7) -> tuple[Any, Any, Faults]:
         ({"action": "error", "error": "Oops"}, "unknown error code 'Oops'"),
         ({"action": "error", "match": {"direction": "to_client"}}, "direction is to_broker"),
         ({"action": "drop", "delay": 3}, "unknown rule field(s): delay"),
+        ({"action": "drop", "jitter_ms": 5}, "jitter_ms goes with a delay rule"),
+        ({"action": "drop", "probability": float("nan")}, "probability is a number"),
+        ({"action": "delay", "delay_ms": float("inf")}, "delay_ms is a number"),
         ([1, 2], "a rule is a JSON object"),
     ],
 )

@@ -408,6 +408,9 @@ _LONG_KEYS = {"k": "kind", "c": "conn", "d": "dir", "t": "mono_ns", "w": "wall_n
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.with_bytes and not args.json:
+        print("sluice inspect: --with-bytes goes with --json", file=sys.stderr)
+        return 2
     try:
         paths = recording_files(args.recording)
     except RecordingError as exc:

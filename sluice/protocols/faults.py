@@ -191,6 +191,8 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
         rule.times = int(_number(data, "times", 0, minimum=1, integer=True))
     if action is FaultAction.DELAY and rule.delay_ms <= 0:
         raise FaultError("a delay rule needs delay_ms > 0")
+    if action is not FaultAction.DELAY and rule.jitter_ms:
+        raise FaultError("jitter_ms goes with a delay rule")
     if action is FaultAction.THROTTLE:
         rule.rate = int(_number(data, "rate", 0, minimum=1, integer=True))
     if action is FaultAction.ERROR:

@@ -158,6 +158,8 @@ class ProxyConfig:
             raise ConfigError("nothing to listen on: give --listen or --listen-tls")
         if self.listen_tls is not None and self.tls is None:
             raise ConfigError("--listen-tls needs --tls-cert and --tls-key")
+        if self.admin_token is not None and self.admin is None:
+            raise ConfigError("--admin-token-file guards the admin endpoint: give --admin too")
         if not isinstance(self.on_invalid, OnInvalid):
             raise ConfigError(f"--on-invalid must be reject or forward, not {self.on_invalid!r}")
         for name in (
