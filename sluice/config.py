@@ -1,4 +1,5 @@
-"""Every command-line flag, also from the environment and a TOML file.
+"""Every command-line flag, also from the environment and a TOML file; and
+the value types options share (the end of this module).
 
 Precedence: command-line flag > ``SLUICE_<FLAG>`` environment variable >
 ``--config FILE`` (TOML) > built-in default. ``--max-connections`` is
