@@ -269,6 +269,8 @@ def test_no_output_overwrites_the_recording_being_read(
         (["proxy", "--broker", "pulsar://127.0.0.1:1", "--admin-token-file", "{tmp}/token"],
          "give --admin too"),
         (["inspect", "{capture}", "--with-bytes"], "--with-bytes goes with --json"),
+        (["analyze", "{capture}", "--out", "{tmp}/out", "--report", "{tmp}/none/r.html"],
+         "no directory"),
     ],
 )  # fmt: skip
 def test_bad_paths_and_addresses_are_one_line(

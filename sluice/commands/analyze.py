@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from sluice.analyze.job import analyze
+from sluice.commands import output_problem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"sluice analyze: no such file or directory: {missing[0]}", file=sys.stderr)
         return 2
+    if args.report:  # said now, not after the Spark run
+        problem = output_problem(Path(args.report), "--report", Path(args.paths[0]))
+        if problem is not None:
+            print(f"sluice analyze: {problem}", file=sys.stderr)
+            return 2
     out = args.out
     paths = [_spark_path(p) for p in args.paths]
     try:
@@ -108,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
         report = Path(local_out) / "report.html"
     else:
         report = Path("report.html")
-    write_report(summary, report)
+    try:
+        write_report(summary, report)
+    except OSError as exc:
+        print(f"sluice analyze: {report}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     say(f"wrote report: {report}", always=True)
     say(
         f"{summary['frames']} frames, {summary['connections']} connections, "
