@@ -273,11 +273,12 @@ def seconds(text: str) -> float:
     return value
 
 
-def offset(text: str) -> float:
-    """Seconds from a start: a finite number, not negative."""
+def seconds_or_zero(text: str) -> float:
+    """A time in seconds that may be none at all (an offset from a start, a
+    leeway): a finite number, not negative."""
     value = _finite(text, "a number of seconds")
     if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: an offset must not be negative")
+        raise argparse.ArgumentTypeError(f"{text!r}: a time must not be negative")
     return value
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sluice.commands import output_problem
-from sluice.config import offset
+from sluice.config import seconds_or_zero
 from sluice.protocols import registry
 from sluice.recording.format import (
     ReadResult,
@@ -69,13 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sel.add_argument("--topic", help="only frames of this topic (default: all)")
     sel.add_argument(
         "--since",
-        type=offset,
+        type=seconds_or_zero,
         metavar="SECONDS",
         help="only from this many seconds after the capture started (default: the start)",
     )
     sel.add_argument(
         "--until",
-        type=offset,
+        type=seconds_or_zero,
         metavar="SECONDS",
         help="only up to this offset (default: the end)",
     )

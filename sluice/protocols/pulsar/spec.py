@@ -9,7 +9,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from sluice.config import offset
+from sluice.config import seconds_or_zero
 from sluice.protocols.faults import ProtocolFaults
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.decoder import decode_frame
@@ -141,7 +141,7 @@ OPTIONS = (
         ("--auth-oidc-leeway",),
         {
             "dest": "auth_oidc_leeway",
-            "type": offset,
+            "type": seconds_or_zero,
             "metavar": "SECONDS",
             "help": "proxy mode: clock skew allowed on exp, nbf and iat, as the broker's "
             "openIDAcceptedTimeLeewaySeconds (default: 0)",
@@ -160,7 +160,7 @@ OPTIONS = (
         ("--auth-oidc-refresh",),
         {
             "dest": "auth_oidc_refresh",
-            "type": offset,
+            "type": seconds_or_zero,
             "metavar": "SECONDS",
             "help": "proxy mode: an issuer's keys are fetched again when this old, as the "
             "broker's openIDCacheRefreshAfterWriteSeconds (default: 64800)",
@@ -170,7 +170,7 @@ OPTIONS = (
         ("--auth-oidc-miss-refresh",),
         {
             "dest": "auth_oidc_miss_refresh",
-            "type": offset,
+            "type": seconds_or_zero,
             "metavar": "SECONDS",
             "help": "proxy mode: a token naming a key its issuer's set lacks fetches the set "
             "again, at most this often, as the broker's openIDKeyIdCacheMissRefreshSeconds "
