@@ -229,3 +229,18 @@ async def test_idle_upstream_connections_are_closed_and_reopened(broker: Embedde
         conn._waiting.clear()
         await pool.aclose()
         nursery.cancel_scope.cancel()
+
+
+def test_free_ports_come_from_below_the_outgoing_connections_range() -> None:
+    # Two test workers: a port handed to a process that binds it later must
+    # not be one the kernel may give the other worker's next connection.
+    from sluice.brokers.embedded import _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    assert low is not None  # Linux
+    ports = {free_port() for _ in range(20)}
+    assert all(10000 <= p < low for p in ports), ports
+    assert len(ports) > 1  # drawn, not the same one each time
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -9,6 +9,7 @@ each broker is ours to stop, by PID, when we are done.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,11 +38,39 @@ def broker_binary() -> Path:
     return path
 
 
+_LOWEST = 10000  # below: well-known and registered services
+_PICK = random.SystemRandom()  # not the module's generator, which tests seed alike
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
+    """A TCP port nobody uses right now, for a process that binds it later.
+
+    Drawn at random from below the range the kernel gives outgoing
+    connections their local ports from: a port in that range could be taken
+    meanwhile by any connection (another test worker's clients, a busy
+    host's), and the later bind would fail. The kernel picks one when that
+    range cannot be read or leaves no room below it."""
+    low = _ephemeral_low()
+    if low is not None and low - _LOWEST >= 1000:
+        for _ in range(64):
+            port = _PICK.randrange(_LOWEST, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue  # in use (or in TIME_WAIT): another
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int | None:
+    """The lowest local port the kernel gives outgoing connections (Linux)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
