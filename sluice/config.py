@@ -267,38 +267,39 @@ def _finite(text: str, what: str) -> float:
 
 def seconds(text: str) -> float:
     """A length of time in seconds: a positive, finite number."""
-    value = _finite(text, "a number of seconds")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a time must be positive")
-    return value
+    return _time(text, zero=False)
 
 
 def seconds_or_zero(text: str) -> float:
     """A time in seconds that may be none at all (an offset from a start, a
     leeway): a finite number, not negative."""
+    return _time(text, zero=True)
+
+
+def _time(text: str, *, zero: bool) -> float:
     value = _finite(text, "a number of seconds")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a time must not be negative")
+    if value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a time must {'not be negative' if zero else 'be positive'}"
+        )
     return value
 
 
 def count(text: str) -> int:
     """How many of something: a whole number, not negative."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a count must not be negative")
-    return value
+    return _whole(text, "a whole number", range(0, 2**63), "a count must not be negative")
 
 
 def port(text: str) -> int:
     """A TCP port to listen on: 1 to 65535, or 0 for a free one."""
+    return _whole(text, "a port number", range(0, 65536), "a port is 1 to 65535 (0: a free one)")
+
+
+def _whole(text: str, what: str, allowed: range, rule: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: a port is 1 to 65535 (0: a free one)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if value not in allowed:
+        raise argparse.ArgumentTypeError(f"{text!r}: {rule}")
     return value
