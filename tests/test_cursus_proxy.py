@@ -10,6 +10,8 @@ refuses it, without reaching the broker.
 
 from __future__ import annotations
 
+import dataclasses
+import socket
 import ssl
 import threading
 from collections.abc import AsyncIterator
@@ -65,7 +67,15 @@ class Watched:
         async def no_probe() -> str | None:
             return None  # readiness probes would be broker connections of their own
 
+        def noting_now(address: Address) -> tuple[socket.socket, bool] | None:
+            started = connect(address)  # a connection's dial on the relay thread
+            if started is not None:
+                self.dialled_from.add(started[0].getsockname()[1])
+            return started
+
         proxy._dial = noting  # type: ignore[method-assign]
+        connect = proxy._parking.connect
+        proxy._parking = dataclasses.replace(proxy._parking, connect=noting_now)
         proxy.backend.probe = no_probe  # type: ignore[method-assign]
 
     @property

@@ -74,6 +74,10 @@ class Backend(Protocol):
     # The state every connection of the proxy shares (the protocol's own).
     routing: Any
     named: dict[str, BrokerUrl]
+    # Whether its clients make a connection per request (Cursus: one per
+    # commit), which the proxy then serves on its relay thread from the
+    # first byte, without a trio task (``Relay.park``).
+    short_lived: bool
 
     async def start(self, nursery: trio.Nursery, tap: Tap) -> None: ...
 
@@ -110,6 +114,7 @@ class DirectBackend:
 
     name: str
     routing: Any
+    short_lived = False
 
     def __init__(
         self, broker: BrokerUrl, services: Services, connect_timeout: float, routing: Any

@@ -31,6 +31,8 @@ from sluice.proxy.dial import client_ssl_context
 class CursusBackend(DirectBackend):
     name = "cursus"
     routing: CursusRouting
+    # A Cursus consumer commits on a connection of its own, each time.
+    short_lived = True
 
     def __init__(self, config: ProxyConfig, services: Services) -> None:
         super().__init__(

@@ -280,7 +280,19 @@ async def dial(
             raise OSError(f"TLS handshake with {address} failed: {exc.__cause__ or exc}") from exc
         return stream
     assert scope.cancelled_caught
-    raise OSError(f"connecting to {address} timed out after {timeout:g}s")
+    raise _timed_out(address, timeout)
+
+
+async def finish_dial(sock: socket.socket, address: Address, timeout: float) -> trio.SocketStream:
+    """``dial`` for a plain TCP connection ``start_tcp`` began."""
+    with trio.move_on_after(timeout):
+        await finish_tcp(sock, address)
+        return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+    raise _timed_out(address, timeout)
+
+
+def _timed_out(address: Address, timeout: float) -> OSError:
+    return OSError(f"connecting to {address} timed out after {timeout:g}s")
 
 
 async def open_tcp(address: Address) -> trio.SocketStream:
@@ -289,27 +301,56 @@ async def open_tcp(address: Address) -> trio.SocketStream:
     happy eyeballs). For a single address, that machinery (a nursery, a
     task, a lookup and their cancel scopes) was a fifth of what a
     short-lived proxied connection cost in all."""
+    started = start_tcp(address)
+    if started is None:
+        return await trio.open_tcp_stream(address.host, address.port)
+    sock, connected = started
+    if not connected:
+        await finish_tcp(sock, address)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+
+
+def start_tcp(address: Address) -> tuple[socket.socket, bool] | None:
+    """Begin a TCP connection to an IP address without waiting: the socket
+    and whether it is connected already; None for a name (which needs a
+    lookup). Raises ``OSError`` where the connection fails at once (over
+    loopback, a port nobody listens on)."""
     family = _ip_family(address.host)
     if family is None:
-        return await trio.open_tcp_stream(address.host, address.port)
+        return None
     target = (address.host, address.port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setblocking(False)
         error = sock.connect_ex(target)
         # A connection over loopback (a sidecar's) is made before connect()
-        # returns, though it says "in progress": seen at once, that saves a
-        # pass of the scheduler waiting for the socket to be writable.
+        # returns, though it says "in progress": seen at once, that saves
+        # waiting for the socket to be writable.
         if error == errno.EINPROGRESS:
             if not _connected(sock):
-                await trio.lowlevel.wait_writable(sock)
+                return sock, False
             error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if error:
             raise OSError(error, f"Error connecting to {target!r}: {os.strerror(error)}")
     except BaseException:
         sock.close()
         raise
-    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+    return sock, True
+
+
+async def finish_tcp(sock: socket.socket, address: Address) -> None:
+    """Wait for a connection ``start_tcp`` began to be made (closing the
+    socket if it fails, or the wait is cancelled); raises ``OSError``."""
+    try:
+        await trio.lowlevel.wait_writable(sock)
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            target = (address.host, address.port)
+            raise OSError(error, f"Error connecting to {target!r}: {os.strerror(error)}")
+    except BaseException:
+        trio.lowlevel.notify_closing(sock)
+        sock.close()
+        raise
 
 
 def _connected(sock: socket.socket) -> bool:

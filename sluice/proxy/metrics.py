@@ -664,6 +664,16 @@ class RelayThreadFigures(Collector):
             "not take whole, an action other than a write, the end of a connection",
             value=t.handed_back if t else 0,
         )
+        parked = CounterMetricFamily(
+            "sluice_relay_thread_connections",
+            "Client connections the relay thread served from their first byte, with no trio "
+            "task (a protocol whose clients connect per request: Cursus), by where they ended: "
+            "thread (there), or trio (handed over: they lived on, or needed trio)",
+            labels=["ended"],
+        )
+        parked.add_metric(["thread"], t.parked_ended if t else 0)
+        parked.add_metric(["trio"], t.parked_adopted if t else 0)
+        yield parked
         yield from self._reads(t)
 
     @staticmethod

@@ -375,6 +375,7 @@ class PulsarBackend:
     serves lookups, as without them."""
 
     name = "pulsar"
+    short_lived = False  # clients keep their connections
 
     def __init__(
         self,

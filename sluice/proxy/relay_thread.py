@@ -76,6 +76,11 @@ class RelayThread(trio.abc.Instrument):
         self.turn: Turn | _Turn = Turn() if Turn is not None else _Turn()
         self._stopping = False
         self.handed_back = 0  # directions handed back to trio (counted by the relay)
+        # Connections served from their first byte (Relay.park), by where
+        # they ended: here, or in trio (counted by the proxy).
+        self.parked_ended = 0
+        self.parked_adopted = 0
+        self._listening: set[int] = set()  # listening sockets, among the carried
         # Written once to stop the thread's wait.
         self._stop_r, self._stop_w = os.pipe()
         self._epoll.register(self._stop_r, select.EPOLLIN)
@@ -88,8 +93,14 @@ class RelayThread(trio.abc.Instrument):
         self._steps[fd] = step
         self._epoll.register(fd, select.EPOLLIN)
 
+    def listen(self, fd: int, step: Callable[[], None]) -> None:
+        """``carry`` for a listening socket (``step`` accepts)."""
+        self.carry(fd, step)
+        self._listening.add(fd)
+
     def drop(self, fd: int) -> None:
         """Stop carrying ``fd`` (nothing if it is not carried)."""
+        self._listening.discard(fd)
         if self._steps.pop(fd, None) is not None:
             with contextlib.suppress(OSError):  # closed meanwhile: epoll forgot it
                 self._epoll.unregister(fd)
@@ -139,7 +150,8 @@ class RelayThread(trio.abc.Instrument):
         return self._carrier.compiled_runs if self._carrier is not None else 0
 
     def carried(self) -> int:
-        return len(self._steps)
+        """Connection directions carried now (listening sockets aside)."""
+        return len(self._steps) - len(self._listening)
 
     def soon(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` in the trio thread: at once there, soon from this one."""

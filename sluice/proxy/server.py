@@ -15,6 +15,7 @@ import functools
 import gc
 import itertools
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -53,6 +54,7 @@ from sluice.proxy.dial import (
     dial,
     open_listeners,
     server_ssl_context,
+    start_tcp,
 )
 from sluice.proxy.http import HTTP, HTTPS, HttpRelay
 from sluice.proxy.http_recording import HttpRecording
@@ -60,7 +62,7 @@ from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.live import LiveEndpoint, LiveTap
 from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
-from sluice.proxy.relay import Dialer, Relay, Timing
+from sluice.proxy.relay import Dialer, Parking, Relay, Timing
 from sluice.proxy.relay_thread import RelayThread, relay_thread
 from sluice.proxy.relay_thread import wanted as relay_thread_wanted
 from sluice.proxy.reload import Generation, Outcome, effective, flags, split
@@ -81,6 +83,13 @@ log = logging.getLogger("sluice.proxy")
 
 # How often the upstream broker is probed for /readyz and sluice_upstream_up.
 PROBE_INTERVAL = 5.0
+# How long a connection may stay parked on the relay thread (Relay.park)
+# before trio takes it over (sooner with short handshake or keepalive
+# settings): a commit's connection lives a millisecond or so.
+PARKED_FOR = 1.0
+# Connections the relay thread accepts at most per wake, before it serves
+# what else is ready.
+ACCEPT_BATCH = 32
 
 
 @dataclass
@@ -212,6 +221,15 @@ class Proxy:
         self.certificates: CertificateReloader | None = None
         self._tls_context: ssl.SSLContext | None = None  # the TLS listeners'
         self._thread: RelayThread | None = None  # while running, unless turned off
+        # Connections served by the relay thread alone (``Relay.park``): when
+        # each was accepted, and its client's IP (for the connection limits),
+        # oldest first; the sweep hands those that live on to trio.
+        self._parked: dict[Relay, tuple[float, str]] = {}
+        self._parking = Parking(self._adopt, self._ended_parked, self._connect)
+        self._stopping = False
+        # Plain listeners the relay thread accepts on (``_accept_parked``),
+        # by listener: the duplicate of its socket that the thread reads.
+        self._accepting: dict[trio.SocketListener, socket.socket] = {}
 
     @property
     def routing(self) -> Any:
@@ -280,8 +298,10 @@ class Proxy:
                     trio.open_nursery() as handlers:  # fmt: skip
                 self.metrics.watch_relay(self._thread)
                 self._handlers = handlers
+                if self._parks:
+                    handlers.start_soon(self._sweep_parked)
                 for kind, listener in self._listeners:
-                    handlers.start_soon(self._accept_loop, listener, kind, None)
+                    self._listen(listener, kind, None)
                 if self.ports is not None:
                     self.ports.serve = self._serve_broker_listener
                 main = self.addresses.get(PLAIN) or self.addresses.get(TLS)
@@ -294,6 +314,9 @@ class Proxy:
                 gc.freeze()
                 task_status.started(self)
                 await self._stop.wait()
+                self._stop_accepting()
+                for relay in list(self._parked):  # no task of theirs to cancel
+                    relay.abandon()
             await self.backend.aclose()
             outer.cancel_scope.cancel()
 
@@ -497,7 +520,85 @@ class Proxy:
         """Port-per-broker: accept on a new listener of ``kind``, relaying to ``upstream``."""
         assert self._handlers is not None
         self._listeners.append((f"broker {upstream}", listener))
-        self._handlers.start_soon(self._accept_loop, listener, kind, upstream)
+        self._listen(listener, kind, upstream)
+
+    @property
+    def _parks(self) -> bool:
+        """Whether this proxy's plain connections start parked on the relay
+        thread (``Relay.park``): its protocol's clients make a connection
+        per request, and nothing must be read or written before the
+        protocol's first bytes (a PROXY header) or waited for before a read
+        (lossless recording)."""
+        return (
+            self._thread is not None
+            and self.backend.short_lived
+            and self.inbound is None
+            and not self.config.proxy_protocol_out
+            and not (self.recorder is not None and self.recorder.config.lossless)
+        )
+
+    def _listen(
+        self, listener: trio.abc.Listener[Any], kind: str, upstream: Address | None
+    ) -> None:
+        """Accept on ``listener``: on the relay thread where connections
+        start parked and the listener is plain (not a worker's port-per-broker
+        port either, whose broker is looked up as it accepts), otherwise in a
+        task."""
+        assert self._handlers is not None
+        thread = self._thread
+        if (
+            thread is None
+            or not self._parks
+            or kind != PLAIN
+            or not isinstance(listener, trio.SocketListener)
+        ):
+            self._handlers.start_soon(self._accept_loop, listener, kind, upstream)
+            return
+        # A duplicate of its socket, for plain accept() calls on the thread
+        # (trio's socket accepts only in trio).
+        listening = listener.socket
+        raw = socket.socket(listening.family, listening.type, fileno=os.dup(listening.fileno()))
+        raw.setblocking(False)
+        self._accepting[listener] = raw
+        accept = functools.partial(self._accept_parked, thread, listener, raw, kind, upstream)
+        thread.listen(raw.fileno(), accept)
+
+    def _accept_parked(
+        self,
+        thread: RelayThread,
+        listener: trio.SocketListener,
+        raw: socket.socket,
+        kind: str,
+        upstream: Address | None,
+    ) -> None:
+        """On the relay thread: the connections waiting on a listener,
+        each started parked. A failed accept (out of file descriptors, say)
+        hands the listener to trio's accept loop, which logs and retries."""
+        for _ in range(ACCEPT_BATCH):
+            if self._stopping:
+                return
+            try:
+                sock, _ = raw.accept()
+            except BlockingIOError:
+                return
+            except OSError:
+                self._stop_accepting(listener)
+                assert self._handlers is not None
+                loop = functools.partial(self._handlers.start_soon, self._accept_loop, listener,
+                                         kind, upstream)  # fmt: skip
+                thread.soon(loop)
+                return
+            self._start(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), kind, upstream)
+
+    def _stop_accepting(self, listener: trio.SocketListener | None = None) -> None:
+        """Close the relay thread's duplicates of listeners' sockets (of
+        ``listener``, or of every one), so that they accept no more."""
+        for each in [listener] if listener is not None else list(self._accepting):
+            raw = self._accepting.pop(each, None)
+            if raw is not None:
+                if self._thread is not None:
+                    self._thread.drop(raw.fileno())
+                raw.close()
 
     async def _accept_loop(
         self, listener: trio.abc.Listener[Any], kind: str, upstream: Address | None
@@ -515,9 +616,77 @@ class Proxy:
                     context = self._server_context()
                     assert context is not None
                     stream = trio.SSLStream(stream, context, server_side=True)
-                self._handlers.start_soon(self.handle, stream, speaks, upstream)
+                self._start(stream, speaks, upstream)
                 continue
+            self._start(stream, kind, upstream)
+
+    def _start(self, stream: trio.abc.Stream, kind: str, upstream: Address | None) -> None:
+        """Serve an accepted connection: parked on the relay thread where
+        it may be (``Relay.park``), otherwise by a task of its own. In the
+        trio thread, or on the relay thread (``_accept_parked``)."""
+        assert self._handlers is not None
+        thread = self._thread
+        if thread is None or type(stream) is not trio.SocketStream or not self._parks:
             self._handlers.start_soon(self.handle, stream, kind, upstream)
+            return
+        if self._stopping:
+            os.close(stream.socket.detach())  # (trio never waited on it)
+            return
+        client = peer_address(stream)
+        conn = Conn(next(self._ids), str(client), kind, self.backend.name)
+        refused = self.limits.acquire(client.host)
+        if refused is not None:
+            thread.soon(functools.partial(self._handlers.start_soon, self._reject, stream, conn,
+                                          refused))  # fmt: skip
+            return
+        self.taps.event(conn, Accepted())
+        relay = self._relay(stream, conn, upstream, self._dial)
+        self.relays.add(relay)
+        self._parked[relay] = (thread.now(), client.host)
+        relay.park(thread, self._parking)
+
+    def _adopt(self, relay: Relay) -> None:
+        """A parked connection goes to trio (in the trio thread)."""
+        _, ip = self._parked.pop(relay)
+        if self._thread is not None:
+            self._thread.parked_adopted += 1
+        if self._stopping or self._handlers is None:
+            relay.abandon()
+            self._forget(relay, ip)
+            return
+        self._handlers.start_soon(self._run_adopted, relay, ip)
+
+    async def _run_adopted(self, relay: Relay, ip: str) -> None:
+        try:
+            await relay.run()
+        finally:
+            self._forget(relay, ip)
+            await close_stream(relay.client)
+
+    def _ended_parked(self, relay: Relay) -> None:
+        """A parked connection ended on the relay thread."""
+        _, ip = self._parked.pop(relay)
+        if self._thread is not None:
+            self._thread.parked_ended += 1
+        self._forget(relay, ip)
+
+    def _forget(self, relay: Relay, ip: str) -> None:
+        self.relays.discard(relay)
+        self.limits.release(ip)
+
+    async def _sweep_parked(self) -> None:
+        """Hand to trio each parked connection that lives on: its clocks
+        (the handshake's deadline, keepalive) are trio's. Idle while nothing
+        is parked."""
+        timing = self.timing
+        age = min(PARKED_FOR, timing.handshake_timeout / 2, timing.keepalive_interval / 2)
+        while True:
+            await trio.sleep(age / 2)
+            now = trio.current_time()
+            for relay, (since, _) in list(self._parked.items()):
+                if now - since < age:
+                    break
+                relay.adopt()
 
     async def _probe_upstream(self) -> None:
         """Keep sluice_upstream_up and /readyz current."""
@@ -534,6 +703,7 @@ class Proxy:
         deadline = trio.current_time() + self.config.drain_timeout
         log.info("draining %d connections (timeout %gs)", self.active, self.config.drain_timeout)
         self.listening = False
+        self._stop_accepting()
         for _, listener in self._listeners:
             await listener.aclose()
         if self.http is not None:
@@ -541,6 +711,8 @@ class Proxy:
         # Every connection, whatever it carries: its core says what goodbye
         # it owes (a Pulsar lookup connection owes none and closes at once,
         # which its client takes as any lost connection and dials again).
+        for relay in list(self._parked):  # a drain is trio's
+            relay.adopt()
         async with trio.open_nursery() as nursery:
             for relay in list(self.relays):
                 nursery.start_soon(relay.drain, deadline)
@@ -551,6 +723,7 @@ class Proxy:
 
     def stop(self) -> None:
         """Stop at once, closing every connection."""
+        self._stopping = True
         if self._handlers is not None:
             self._handlers.cancel_scope.cancel()
         self._stop.set()
@@ -600,8 +773,18 @@ class Proxy:
         self, stream: trio.abc.Stream, conn: Conn, upstream: Address | None, dialer: Dialer
     ) -> None:
         self.taps.event(conn, Accepted())
+        relay = self._relay(stream, conn, upstream, dialer)
+        self.relays.add(relay)
+        try:
+            await relay.run()
+        finally:
+            self.relays.discard(relay)
+
+    def _relay(
+        self, stream: trio.abc.Stream, conn: Conn, upstream: Address | None, dialer: Dialer
+    ) -> Relay:
         recorder = self.recorder
-        relay = Relay(
+        return Relay(
             self.backend.new_core(conn, self.taps, upstream),
             stream,
             timing=self.timing,
@@ -611,11 +794,6 @@ class Proxy:
             room=recorder.room if recorder is not None and recorder.config.lossless else None,
             thread=self._thread,
         )
-        self.relays.add(relay)
-        try:
-            await relay.run()
-        finally:
-            self.relays.discard(relay)
 
     async def _route_by_name(
         self, stream: trio.SSLStream[Any], conn: Conn
@@ -664,6 +842,10 @@ class Proxy:
                               preamble=preamble)  # fmt: skip
 
         return dial_with_header
+
+    def _connect(self, address: Address) -> tuple[socket.socket, bool] | None:
+        """How a parked connection dials its broker (``start_tcp``)."""
+        return start_tcp(address)
 
     async def _dial(self, address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
         return await dial(address, timeout=timeout, tls=self.backend.tls_context(tls))

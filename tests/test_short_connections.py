@@ -1,0 +1,168 @@
+"""Short connections (docs/proxy.md, "Short connections"): a Cursus
+consumer's commits, each on a connection of its own, are served by the
+relay thread from their first byte with no trio task (``Relay.park``), and
+whatever needs trio is handed to it where it stands: a connection that lives
+on, a drain, a dial not made at once. An in-process proxy, the real client
+and the Cursus test broker (or, for the slow dial, a broker of the test's
+own whose accept queue is full).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import trio
+from cursus.connection.sync_conn import SyncConnection
+from cursus.protocol.encoder import encode_message
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sluice.protocols.cursus import List, OkReply, encode_reply, encode_request
+from sluice.proxy.relay_thread import RelayThread
+from tests.helpers.cursus_broker import open_cluster
+from tests.test_cursus_broker import in_thread, until
+from tests.test_cursus_proxy import Watched, start_proxy
+
+LIST = encode_message("", "LIST")
+
+
+def one_command(address: str, request: bytes = LIST) -> bytes:
+    """What a consumer does for a commit: connect, one command, its reply, close."""
+    connection = SyncConnection(address)
+    connection.connect()
+    try:
+        connection.write_frame(request)
+        reply: bytes = connection.read_frame()
+        return reply
+    finally:
+        connection.close()
+
+
+def relay_thread(proxy: Watched) -> RelayThread:
+    thread = proxy.proxy._thread
+    assert thread is not None, "the proxy runs no relay thread"
+    return thread
+
+
+async def connect(proxy: Watched) -> trio.SocketStream:
+    host, port = proxy.address.rsplit(":", 1)
+    return await trio.open_tcp_stream(host, int(port))
+
+
+def metric(proxy: Watched, name: str, **labels: str) -> float:
+    exposed = generate_latest(proxy.proxy.metrics.exposed).decode()
+    for family in text_string_to_metric_families(exposed):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+async def test_commits_are_served_by_the_relay_thread_alone() -> None:
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster)
+        thread = relay_thread(proxy)
+        for _ in range(20):
+            assert (await in_thread(one_command, proxy.address)).startswith(b"OK")
+        await until(lambda: proxy.proxy.active == 0, "every connection ended")
+        # (One could outlive the second after which trio takes it over, on a
+        # machine busy enough: the count of both is exact.)
+        assert thread.parked_ended + thread.parked_adopted == 20
+        assert thread.parked_ended >= 15
+        assert thread.carried() == 0 and not proxy.proxy._parked
+        assert proxy.direct(cluster) == []  # each dialled by the proxy, on the thread
+        assert metric(proxy, "sluice_relay_thread_connections_total", ended="thread") >= 15
+        assert metric(proxy, "sluice_connections_closed_total", reason="closed") == 20
+        assert metric(proxy, "sluice_connections_opened_total") == 20
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_sends_nothing_is_timed_out_by_trio() -> None:
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster, handshake_timeout=0.6)
+        thread = relay_thread(proxy)
+        client = await connect(proxy)
+        started = trio.current_time()
+        with trio.fail_after(10):
+            assert await client.receive_some() == b""  # hung up on
+        assert 0.5 < trio.current_time() - started < 5
+        assert thread.parked_adopted == 1 and thread.parked_ended == 0
+        assert metric(proxy, "sluice_connections_rejected_total", reason="handshake_timeout") == 1
+        await until(lambda: proxy.proxy.active == 0, "the connection ended")
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_drain_hangs_up_a_parked_connection_at_once() -> None:
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster, drain_timeout=30.0)
+        thread = relay_thread(proxy)
+        client = await connect(proxy)
+        await client.send_all(encode_request(List())[:3])  # half a frame: nothing to send on
+        # (Cursus dials at the first bytes: the broker is read there too.)
+        await until(lambda: thread.carried() == 2, "both sides read on the relay thread")
+        assert proxy.proxy._parked
+        started = trio.current_time()
+        nursery.start_soon(proxy.proxy.drain)
+        with trio.fail_after(10):
+            assert await client.receive_some() == b""
+        assert trio.current_time() - started < 5  # not the drain's 30 s
+        await until(lambda: proxy.proxy.active == 0, "the connection ended")
+        assert thread.parked_adopted == 1 and thread.carried() == 0
+        await client.aclose()
+
+
+async def test_a_dial_not_made_at_once_is_finished_by_trio() -> None:
+    """A broker across a network answers a connect() later: the relay
+    thread begins the dial, trio waits for it and relays as usual. Here the
+    broker's accept queue is full (listen(0) and a connection waiting), so
+    the kernel drops the proxy's SYN until the broker accepts and the SYN
+    is sent again, about a second later."""
+    broker = socket.socket()
+    broker.bind(("127.0.0.1", 0))
+    broker.listen(0)
+    waiting = socket.create_connection(broker.getsockname())
+    reply = encode_reply(OkReply.of(count=0, topics=""))
+
+    def serve() -> bytes:
+        first, _ = broker.accept()  # the connection that filled the queue
+        first.close()
+        connection, _ = broker.accept()  # the proxy's, once its SYN came again
+        with connection:
+            connection.settimeout(10)
+            got = connection.recv(65536)
+            connection.sendall(reply)
+        return got
+
+    try:
+        async with trio.open_nursery() as nursery:
+            host, port = broker.getsockname()
+            options: dict[str, Any] = {"connect_timeout": 10.0}
+            where: Any = _Cluster(f"{host}:{port}")
+            proxy = await start_proxy(nursery, where, **options)
+            thread = relay_thread(proxy)
+            answers: list[bytes] = []
+
+            async def client() -> None:
+                answers.append(await in_thread(one_command, proxy.address, LIST))
+
+            nursery.start_soon(client)
+            await until(lambda: thread.parked_adopted == 1, "the dial handed to trio")
+            assert proxy.proxy.relays and not proxy.proxy._parked
+            got = await in_thread(serve)
+            await until(lambda: bool(answers), "the reply")
+            assert got == len(LIST).to_bytes(4, "big") + LIST  # the command, whole
+            assert len(answers) == 1 and answers[0].startswith(b"OK")
+            assert thread.parked_ended == 0
+            nursery.cancel_scope.cancel()
+    finally:
+        waiting.close()
+        broker.close()
+
+
+class _Cluster:
+    """Just enough of a Cluster for start_proxy: where the broker is."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
