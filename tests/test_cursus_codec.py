@@ -670,3 +670,26 @@ def test_mutated_frames_only_ever_give_typed_errors(item: object, data: st.DataO
         raw[at] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(raw)))
     _only_typed_errors([bytes(raw[:cut]), bytes(raw[cut:])], from_client, Compression.NONE)
+
+
+def test_the_word_split_matches_the_character_reading() -> None:
+    """``tokens`` splits plain lines with a regex and reads quoted ones a
+    character at a time: both give the same words, positions and keys on
+    lines built from every kind of word (keys, bare words, ``=`` first or
+    twice, Unicode spaces, a rest-of-line key, non-UTF-8 bytes kept by
+    surrogateescape)."""
+    import random
+
+    from sluice.protocols.cursus.text import _tokens_by_char, decode_text, tokens
+
+    pieces = ["OK", "topic=t1", "=x", "a=b=c", "=", "message=hello world", "k=", "p=0",
+              "\u00a0", "\u2003", " ", "  ", "\t", "\n", "offset=12345", "x\u3000y",
+              decode_text(b"t=\xff\xfe"), "LIST", "group=g"]  # fmt: skip
+    draw = random.Random(59)
+    rest = frozenset({"message"})
+    for _ in range(3000):
+        text = "".join(draw.choice(pieces) + draw.choice(["", " ", "\t"]) for _ in range(6))
+        for rest_of_line in (frozenset(), rest):
+            expected = _tokens_by_char(text, rest_of_line, False)
+            assert tokens(text, rest_of_line=rest_of_line) == expected, text
+            assert tokens(text, rest_of_line=rest_of_line, quoted=True) == expected, text

@@ -54,10 +54,11 @@ READ_SIZE = 256 * 1024
 # relays, before the relay thread may carry it. Handing a direction to the
 # thread and back costs about as much as 3 Python reads: a connection
 # that makes a request or two and hangs up (a Pulsar lookup) is cheaper
-# served where it is (a Cursus commit's is parked from the start: ``park``); one that streams goes over after these, or
-# at its first read of LEAVE_SIZE bytes or more (a backlog being
-# delivered: checked in Python, those first reads would cost more than
-# the thread saves a short connection).
+# served where it is (a Cursus commit's is parked from the start: ``park``);
+# one that streams goes over after these, or at its first read of
+# LEAVE_SIZE bytes or more (a backlog being delivered: checked in Python,
+# those first reads would cost more than the thread saves a short
+# connection).
 LEAVE_AFTER = 4
 LEAVE_SIZE = 16 * 1024
 

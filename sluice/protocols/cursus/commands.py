@@ -227,6 +227,10 @@ def _typed_fields(cls: type[Command]) -> list[tuple[str, str, bool]]:
 _FIELDS: dict[type[Command], list[tuple[str, str, bool]]] = {
     cls: _typed_fields(cls) for cls in TYPED.values()
 }
+# Each command's field types by name (parse_command looks every key up).
+_TYPES: dict[type[Command], dict[str, str]] = {
+    cls: {name: type_ for name, type_, _ in spec} for cls, spec in _FIELDS.items()
+}
 
 
 def first_word(text: str) -> str:
@@ -263,29 +267,22 @@ def parse_command(text: str) -> Command:
                 command=name, known=name in OTHER, extra=tuple(pairs), args=tuple(args)
             )
         raise RemoteProtocolError(Problem.UNKNOWN_TYPE, f"unknown command {name[:40]!r}")
-    spec = _FIELDS[cls]
-    names = {n for n, _, _ in spec}
+    types = _TYPES[cls]
     values: dict[str, object] = {}
     extra: list[tuple[str, str]] = []
     for key, value in pairs:
-        if key in names and key not in values:
-            values[key] = _convert(name, key, value, _type_of(spec, key))
+        type_ = types.get(key)
+        if type_ is not None and key not in values:
+            values[key] = _convert(name, key, value, type_)
         else:
             extra.append((key, value))
-    for key, _, required in spec:
+    for key, _, required in _FIELDS[cls]:
         if required and key not in values:
             raise _invalid(Problem.MISSING_FIELD, f"{name} needs {key}=")
     if cls is BatchCommit:
         offsets, args = _offsets(args)
         values["offsets"] = offsets
     return cls(extra=tuple(extra), args=tuple(args), **values)
-
-
-def _type_of(spec: list[tuple[str, str, bool]], key: str) -> str:
-    for n, t, _ in spec:
-        if n == key:
-            return t
-    raise KeyError(key)
 
 
 def _convert(command: str, key: str, value: str, type_: str) -> object:

@@ -13,6 +13,7 @@ and re-encode unchanged.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from sluice.protocols.cursus.errors import LocalProtocolError, Problem
@@ -59,6 +60,33 @@ def tokens(
     ``quoted``: read ``key="…"`` and ``key=[…]`` values as one word (replies).
     ``rest_of_line``: keys whose value is everything after the ``=`` (commands).
     """
+    if quoted and ('"' in text or "[" in text):
+        return _tokens_by_char(text, rest_of_line, quoted)
+    # Nearly every line: words are runs of non-space, found by the regex
+    # engine (a character at a time in Python, this was a fifth of what the
+    # proxy's core spent on a consumer's commit). The same split as below,
+    # which tests hold it to: \s and str.isspace() are one Unicode set.
+    out: list[Token] = []
+    for word in _WORD.finditer(text):
+        start, end = word.span()
+        equals = text.find("=", start + 1, end)
+        if equals < 0:
+            out.append(Token(start, end, None, start))
+            continue
+        key = text[start:equals]
+        if key in rest_of_line:
+            out.append(Token(start, len(text), key, equals + 1))
+            return out
+        out.append(Token(start, end, key, equals + 1))
+    return out
+
+
+_WORD = re.compile(r"\S+")
+
+
+def _tokens_by_char(text: str, rest_of_line: frozenset[str], quoted: bool) -> list[Token]:
+    """``tokens``, a character at a time: quoted and bracketed values
+    may hold spaces."""
     out: list[Token] = []
     n = len(text)
     i = 0
