@@ -660,9 +660,15 @@ class RelayThreadFigures(Collector):
         )
         yield CounterMetricFamily(
             "sluice_relay_thread_handbacks",
-            "Times the relay thread handed a direction back to trio: a write the socket did "
-            "not take whole, an action other than a write, the end of a connection",
+            "Times the relay thread handed a direction back to trio: an action other than a "
+            "write, the end of a connection, a write the Python read step could not finish",
             value=t.handed_back if t else 0,
+        )
+        yield CounterMetricFamily(
+            "sluice_relay_thread_write_waits",
+            "Writes the relay thread waited to finish itself, reading nothing more from "
+            "their source meanwhile: a socket that did not take a write whole (a slow reader)",
+            value=t.write_waits if t else 0,
         )
         parked = CounterMetricFamily(
             "sluice_relay_thread_connections",

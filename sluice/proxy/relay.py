@@ -138,6 +138,18 @@ class Parking:
     connect: Callable[[Address], tuple[socket.socket, bool] | None]
 
 
+class _ThreadWrite:
+    """A write the relay thread waits to finish (``Relay._write_later``):
+    the duplicate descriptor it watches for room, and the event it sets
+    when it is over, made by the first trio write that must wait for it."""
+
+    __slots__ = ("over", "watch")
+
+    def __init__(self, watch: int) -> None:
+        self.watch = watch
+        self.over: trio.Event | None = None
+
+
 Dialer = Callable[[Address, bool, float], Awaitable[trio.abc.Stream]]
 Asker = Callable[[Address, Any], Awaitable[Any]]
 
@@ -202,6 +214,8 @@ class Relay:
         # A dial a parked connection began that was not made at once.
         self._dialling: tuple[OpenUpstream, socket.socket] | None = None
         self._ended_here = False  # (by _end_parked: once)
+        # A write the relay thread waits to finish, by socket.
+        self._thread_writes: dict[Peer, _ThreadWrite] = {}
         self.bytes_in = 0
         self.reason = "closed"
         self._closing = False
@@ -231,6 +245,9 @@ class Relay:
             self.reason = self._failed(exc)
         finally:
             thread = self._thread
+            if thread is not None:
+                for to in list(self._thread_writes):  # (a dup would keep the socket open)
+                    self._end_thread_write(thread, to)
             for from_client in list(self._backs):  # parked directions never taken up
                 fd = self._descriptors[Peer.CLIENT if from_client else Peer.BROKER]
                 if thread is not None and fd is not None:
@@ -356,6 +373,8 @@ class Relay:
         if self._ended_here:
             return
         self._ended_here = True
+        for to in list(self._thread_writes):
+            self._end_thread_write(thread, to)
         for stream in (self.client, self.broker):
             if stream is None:
                 continue
@@ -684,9 +703,82 @@ class Relay:
             self._hand_back(thread, fd, from_client, back, lost)
             return
         started = perf_counter() - seconds
-        sends: list[Action] = [Send(to, rest)]
-        finish = functools.partial(self._finish_read, sends, 0, rest, from_client, started)
-        self._hand_back(thread, fd, from_client, back, finish)
+        sink = self._descriptors[to]
+        if sink is None or self._closing or self._waiting[to]:  # (not as the step runs)
+            sends: list[Action] = [Send(to, rest)]
+            finish = functools.partial(self._finish_read, sends, 0, rest, from_client, started)
+            self._hand_back(thread, fd, from_client, back, finish)
+            return
+        self._write_later(thread, fd, from_client, back, to, sink, rest, started)
+
+    def _write_later(
+        self,
+        thread: RelayThread,
+        fd: int,
+        from_client: bool,
+        back: trio.Event,
+        to: Peer,
+        sink: int,
+        rest: bytes,
+        started: float,
+    ) -> None:
+        """The rest of a write the socket did not take whole (a slow
+        reader), written by the relay thread when the socket has room: the
+        direction reads nothing meanwhile (backpressure, as in trio), and
+        no other write to that socket goes first (``_waiting``; trio's
+        ``_send`` waits for ``_thread_writes``). Handing this to trio cost
+        three passes of its scheduler each time: at a slow consumer's
+        pace, about a fifth of a Cursus stream's CPU."""
+        thread.drop(fd)  # its reads wait
+        thread.write_waits += 1
+        self._waiting[to] += 1
+        watch = os.dup(sink)  # registered for writability apart from the sink's reads
+        self._thread_writes[to] = _ThreadWrite(watch)
+        view = memoryview(rest)
+
+        def write() -> None:
+            nonlocal view
+            if self._closing:  # trio ends the connection (and closes ``watch``)
+                thread.drop(watch)
+                return
+            try:
+                view = view[os.write(sink, view) :]
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                done()
+                self._disarm()
+                lost = functools.partial(self._lost_later, to, exc)
+                self._hand_back(thread, fd, from_client, back, lost)
+                return
+            if view:
+                return
+            done()
+            self._disarm()
+            if self.core.established:
+                self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
+            lane = self._lanes.get(from_client)
+            carry = lane if lane is not None else functools.partial(
+                self._carry, thread, fd, from_client, back
+            )  # fmt: skip
+            thread.carry(fd, carry)  # read on
+
+        def done() -> None:
+            self._end_thread_write(thread, to)
+
+        thread.watch_writable(watch, write)
+
+    def _end_thread_write(self, thread: RelayThread, to: Peer) -> None:
+        """A write the relay thread waited for is over (or the connection
+        is): its watch closed, later writes free to go (trio's, if one
+        waits: told in trio's thread, the only wake of trio this costs)."""
+        pending = self._thread_writes.pop(to, None)
+        if pending is not None:
+            thread.drop(pending.watch)
+            os.close(pending.watch)
+            self._waiting[to] -= 1
+            if pending.over is not None:
+                thread.soon(pending.over.set)
 
     def _hand_back(
         self,
@@ -847,6 +939,11 @@ class Relay:
         lock = self._locks[to]
         self._waiting[to] += 1
         try:
+            pending = self._thread_writes.get(to)
+            if pending is not None:  # the relay thread's write of what came before
+                if pending.over is None:
+                    pending.over = trio.Event()
+                await pending.over.wait()
             # Uncontended (nearly always), the lock is taken without the
             # scheduler round trip trio's acquire() adds.
             try:

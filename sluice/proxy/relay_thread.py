@@ -80,7 +80,10 @@ class RelayThread(trio.abc.Instrument):
         # they ended: here, or in trio (counted by the proxy).
         self.parked_ended = 0
         self.parked_adopted = 0
-        self._listening: set[int] = set()  # listening sockets, among the carried
+        # Carried descriptors that are no connection's reads: listening
+        # sockets, and sockets watched for room to write (write_waits).
+        self._others: set[int] = set()
+        self.write_waits = 0  # writes the relay thread waited for itself
         # Written once to stop the thread's wait.
         self._stop_r, self._stop_w = os.pipe()
         self._epoll.register(self._stop_r, select.EPOLLIN)
@@ -96,11 +99,18 @@ class RelayThread(trio.abc.Instrument):
     def listen(self, fd: int, step: Callable[[], None]) -> None:
         """``carry`` for a listening socket (``step`` accepts)."""
         self.carry(fd, step)
-        self._listening.add(fd)
+        self._others.add(fd)
+
+    def watch_writable(self, fd: int, step: Callable[[], None]) -> None:
+        """Run ``step`` on this thread whenever ``fd`` has room to write
+        (or has failed), until ``drop``."""
+        self._steps[fd] = step
+        self._others.add(fd)
+        self._epoll.register(fd, select.EPOLLOUT)
 
     def drop(self, fd: int) -> None:
         """Stop carrying ``fd`` (nothing if it is not carried)."""
-        self._listening.discard(fd)
+        self._others.discard(fd)
         if self._steps.pop(fd, None) is not None:
             with contextlib.suppress(OSError):  # closed meanwhile: epoll forgot it
                 self._epoll.unregister(fd)
@@ -151,7 +161,7 @@ class RelayThread(trio.abc.Instrument):
 
     def carried(self) -> int:
         """Connection directions carried now (listening sockets aside)."""
-        return len(self._steps) - len(self._listening)
+        return len(self._steps) - len(self._others)
 
     def soon(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` in the trio thread: at once there, soon from this one."""
