@@ -166,3 +166,25 @@ class _Cluster:
 
     def __init__(self, address: str) -> None:
         self.address = address
+
+
+class _Exhausted:
+    """A listening socket out of file descriptors: its accept fails."""
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        raise OSError(24, "Too many open files")
+
+
+async def test_a_failed_accept_hands_the_listener_to_trio() -> None:
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster)
+        thread = relay_thread(proxy)
+        ((listener, _),) = proxy.proxy._accepting.items()
+        # (Called in trio's thread, holding the turn, as the relay thread would.)
+        proxy.proxy._accept_parked(thread, listener, _Exhausted(), "plain", None)  # type: ignore[arg-type]
+        assert not proxy.proxy._accepting  # the thread no longer accepts on it
+        for _ in range(3):  # trio's accept loop does, and connections still start parked
+            assert (await in_thread(one_command, proxy.address)).startswith(b"OK")
+        await until(lambda: proxy.proxy.active == 0, "every connection ended")
+        assert thread.parked_ended + thread.parked_adopted == 3
+        nursery.cancel_scope.cancel()

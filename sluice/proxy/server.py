@@ -581,6 +581,8 @@ class Proxy:
                 sock, _ = raw.accept()
             except BlockingIOError:
                 return
+            except ConnectionError:  # gone before it was accepted
+                continue
             except OSError:
                 self._stop_accepting(listener)
                 assert self._handlers is not None
@@ -676,8 +678,8 @@ class Proxy:
 
     async def _sweep_parked(self) -> None:
         """Hand to trio each parked connection that lives on: its clocks
-        (the handshake's deadline, keepalive) are trio's. Idle while nothing
-        is parked."""
+        (the handshake's deadline, keepalive) are trio's. (Twice a second:
+        a wake costs less than keeping count of the parked from the thread.)"""
         timing = self.timing
         age = min(PARKED_FOR, timing.handshake_timeout / 2, timing.keepalive_interval / 2)
         while True:
