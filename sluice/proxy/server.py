@@ -629,7 +629,12 @@ class Proxy:
         assert self._handlers is not None
         thread = self._thread
         if thread is None or type(stream) is not trio.SocketStream or not self._parks:
-            self._handlers.start_soon(self.handle, stream, kind, upstream)
+            handlers = self._handlers
+            spawn = functools.partial(handlers.start_soon, self.handle, stream, kind, upstream)
+            if thread is None:
+                spawn()
+            else:
+                thread.soon(spawn)  # (from either thread)
             return
         if self._stopping:
             os.close(stream.socket.detach())  # (trio never waited on it)
