@@ -309,10 +309,6 @@ class Relay:
         self._since = thread.now()
         self._backs[True] = self._carry_on(thread, fd, True)
 
-    @property
-    def parked(self) -> bool:
-        return self._parked is not None
-
     def adopt(self) -> None:
         """In the trio thread: trio takes a parked connection over now."""
         parking, self._parked = self._parked, None

@@ -578,7 +578,7 @@ class Proxy:
             if self._stopping:
                 return
             try:
-                sock, _ = raw.accept()
+                sock, peer = raw.accept()
             except BlockingIOError:
                 return
             except ConnectionError:  # gone before it was accepted
@@ -590,7 +590,8 @@ class Proxy:
                                          kind, upstream)  # fmt: skip
                 thread.soon(loop)
                 return
-            self._start(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), kind, upstream)
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+            self._start(stream, kind, upstream, Address(*peer[:2]))
 
     def _stop_accepting(self, listener: trio.SocketListener | None = None) -> None:
         """Close the relay thread's duplicates of listeners' sockets (of
@@ -622,10 +623,17 @@ class Proxy:
                 continue
             self._start(stream, kind, upstream)
 
-    def _start(self, stream: trio.abc.Stream, kind: str, upstream: Address | None) -> None:
+    def _start(
+        self,
+        stream: trio.abc.Stream,
+        kind: str,
+        upstream: Address | None,
+        peer: Address | None = None,
+    ) -> None:
         """Serve an accepted connection: parked on the relay thread where
         it may be (``Relay.park``), otherwise by a task of its own. In the
-        trio thread, or on the relay thread (``_accept_parked``)."""
+        trio thread, or on the relay thread (``_accept_parked``, which
+        knows the ``peer`` from accept())."""
         assert self._handlers is not None
         thread = self._thread
         if thread is None or type(stream) is not trio.SocketStream or not self._parks:
@@ -639,7 +647,7 @@ class Proxy:
         if self._stopping:
             os.close(stream.socket.detach())  # (trio never waited on it)
             return
-        client = peer_address(stream)
+        client = peer if peer is not None else peer_address(stream)
         conn = Conn(next(self._ids), str(client), kind, self.backend.name)
         refused = self.limits.acquire(client.host)
         if refused is not None:
