@@ -9,6 +9,7 @@ own whose accept queue is full).
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -18,6 +19,7 @@ from cursus.protocol.encoder import encode_message
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluice.protocols.core import Peer
 from sluice.protocols.cursus import List, OkReply, encode_reply, encode_request
 from sluice.proxy.relay_thread import RelayThread
 from tests.helpers.cursus_broker import open_cluster
@@ -111,6 +113,37 @@ async def test_a_drain_hangs_up_a_parked_connection_at_once() -> None:
         await until(lambda: proxy.proxy.active == 0, "the connection ended")
         assert thread.parked_adopted == 1 and thread.carried() == 0
         await client.aclose()
+
+
+async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream() -> None:
+    """Its sockets stay plain descriptors (no trio stream is made for
+    them), with the options trio's streams set: TCP_NODELAY on both, and
+    the client's TCP_NOTSENT_LOWAT, inherited from the listener."""
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster)
+        thread = relay_thread(proxy)
+        client = await connect(proxy)
+        await client.send_all(encode_request(List())[:3])  # half a frame: it stays parked
+        await until(lambda: thread.carried() == 2, "both sides read on the relay thread")
+        (relay,) = proxy.proxy._parked
+        assert relay._client is None and relay._broker is None  # no stream made
+        for peer in (Peer.CLIENT, Peer.BROKER):
+            fd = relay._descriptors[peer]
+            assert fd is not None
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1, peer
+                if peer is Peer.CLIENT:
+                    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == 2**14
+        await client.send_all(encode_request(List())[3:])
+        reply = b""
+        with trio.fail_after(10):
+            while len(reply) < 6:
+                reply += await client.receive_some()
+        assert reply[4:6] == b"OK"
+        await client.aclose()
+        await until(lambda: proxy.proxy.active == 0, "the connection ended")
+        assert thread.parked_ended + thread.parked_adopted == 1
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_dial_not_made_at_once_is_finished_by_trio() -> None:

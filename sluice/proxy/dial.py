@@ -287,7 +287,7 @@ async def finish_dial(sock: socket.socket, address: Address, timeout: float) -> 
     """``dial`` for a plain TCP connection ``start_tcp`` began."""
     with trio.move_on_after(timeout):
         await finish_tcp(sock, address)
-        return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        return socket_stream(sock)
     raise _timed_out(address, timeout)
 
 
@@ -307,7 +307,20 @@ async def open_tcp(address: Address) -> trio.SocketStream:
     sock, connected = started
     if not connected:
         await finish_tcp(sock, address)
+    return socket_stream(sock)
+
+
+def socket_stream(sock: socket.socket | int) -> trio.SocketStream:
+    """A trio stream for a connected TCP socket, or for its descriptor
+    (which the stream then owns: a connection parked on the relay thread
+    has only descriptors until trio takes it over)."""
+    if isinstance(sock, int):
+        sock = socket.socket(fileno=sock)
     return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+
+
+# Where the platform has it: a socket made non-blocking (one system call less).
+_NONBLOCK: int = getattr(socket, "SOCK_NONBLOCK", 0)
 
 
 def start_tcp(address: Address) -> tuple[socket.socket, bool] | None:
@@ -319,17 +332,22 @@ def start_tcp(address: Address) -> tuple[socket.socket, bool] | None:
     if family is None:
         return None
     target = (address.host, address.port)
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Non-blocking from the start, with trio's TCP_NODELAY (a connection
+    # that stays on the relay thread never becomes a trio stream).
+    sock = socket.socket(family, socket.SOCK_STREAM | _NONBLOCK)
     try:
-        sock.setblocking(False)
+        if not _NONBLOCK:
+            sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         error = sock.connect_ex(target)
         # A connection over loopback (a sidecar's) is made before connect()
         # returns, though it says "in progress": seen at once, that saves
-        # waiting for the socket to be writable.
+        # waiting for the socket to be writable. (Connected, it has no
+        # error to fetch: one that comes later comes with a read or write.)
         if error == errno.EINPROGRESS:
             if not _connected(sock):
                 return sock, False
-            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            error = 0
         if error:
             raise OSError(error, f"Error connecting to {target!r}: {os.strerror(error)}")
     except BaseException:

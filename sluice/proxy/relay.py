@@ -41,7 +41,7 @@ from sluice.protocols.core import (
     Send,
     Tap,
 )
-from sluice.proxy.dial import close_stream, finish_dial
+from sluice.proxy.dial import close_stream, finish_dial, socket_stream
 from sluice.proxy.relay_thread import RelayThread
 
 log = logging.getLogger("sluice.relay")
@@ -158,7 +158,7 @@ class Relay:
     def __init__(
         self,
         core: Core,
-        client: trio.abc.Stream,
+        client: trio.abc.Stream | int,
         *,
         timing: Timing,
         dial: Dialer,
@@ -172,8 +172,11 @@ class Relay:
         # A core may offer a compiled step for its reads (``quick(from_client)``:
         # the step, or None for this read); one that does not is read in Python.
         self._quick: Callable[[bool], QuickStep | None] | None = getattr(core, "quick", None)
-        self.client = client
-        self.broker: trio.abc.Stream | None = None
+        # The client's stream, or, for a connection the relay thread
+        # accepted (``park``), its socket's descriptor: its stream is made
+        # when trio first needs it (``client``), as is the broker's.
+        self._client = None if isinstance(client, int) else client
+        self._broker: trio.abc.Stream | None = None
         self.timing = timing
         self._dial = dial
         self._ask = ask
@@ -190,7 +193,7 @@ class Relay:
         # before any later one (a plain count, read on every write).
         self._waiting = {Peer.CLIENT: 0, Peer.BROKER: 0}
         self._descriptors: dict[Peer, int | None] = {
-            Peer.CLIENT: _descriptor(client),
+            Peer.CLIENT: client if isinstance(client, int) else _descriptor(client),
             Peer.BROKER: None,
         }
         self._session: trio.CancelScope | None = None
@@ -219,6 +222,24 @@ class Relay:
         self.bytes_in = 0
         self.reason = "closed"
         self._closing = False
+
+    @property
+    def client(self) -> trio.abc.Stream:
+        """The client's stream."""
+        if self._client is None:
+            fd = self._descriptors[Peer.CLIENT]
+            assert fd is not None
+            self._client = socket_stream(fd)
+        return self._client
+
+    @property
+    def broker(self) -> trio.abc.Stream | None:
+        """The broker's stream, once dialled."""
+        if self._broker is None:
+            fd = self._descriptors[Peer.BROKER]
+            if fd is not None:
+                self._broker = socket_stream(fd)
+        return self._broker
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -332,7 +353,7 @@ class Relay:
         if kind is Close:
             self._act(action)  # (logged and stopped: no task or scope to cancel yet)
             return []
-        if kind is not OpenUpstream or self.broker is not None:
+        if kind is not OpenUpstream or self._descriptors[Peer.BROKER] is not None:
             return None
         assert isinstance(action, OpenUpstream)
         if action.tls or self._parked is None:
@@ -354,9 +375,8 @@ class Relay:
 
     def _upstream_now(self, thread: RelayThread, sock: socket.socket) -> None:
         """The broker's connection made on the relay thread: its direction
-        is carried there too."""
-        self.broker = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        fd = sock.fileno()
+        is carried there too (by its descriptor alone, as the client's)."""
+        fd = sock.detach()
         self._descriptors[Peer.BROKER] = fd
         self._since = thread.now()
         self._backs[False] = self._carry_on(thread, fd, False)
@@ -371,14 +391,16 @@ class Relay:
         self._ended_here = True
         for to in list(self._thread_writes):
             self._end_thread_write(thread, to)
-        for stream in (self.client, self.broker):
-            if stream is None:
-                continue
-            assert isinstance(stream, trio.SocketStream)
-            fd = stream.socket.fileno()
-            if fd != -1:
+        for stream, fd in (
+            (self._client, self._descriptors[Peer.CLIENT]),
+            (self._broker, self._descriptors[Peer.BROKER]),
+        ):
+            if stream is not None:  # a stream trio never ran: its socket
+                assert isinstance(stream, trio.SocketStream)
+                fd = stream.socket.detach() if stream.socket.fileno() != -1 else None
+            if fd is not None:
                 thread.drop(fd)
-                os.close(stream.socket.detach())
+                os.close(fd)
         self._backs.clear()
         self.core.closed(self.reason)
         if parking is not None:
@@ -980,7 +1002,7 @@ class Relay:
             message = f"cannot reach broker {action.address}: {exc}"
             await self._do(self.core.upstream_failed(message, trio.current_time()))
             return
-        self.broker = stream
+        self._broker = stream
         self._descriptors[Peer.BROKER] = _descriptor(stream)
         self._handshake.deadline = trio.current_time() + self.timing.handshake_timeout
         if action.hello:

@@ -54,6 +54,7 @@ from sluice.proxy.dial import (
     dial,
     open_listeners,
     server_ssl_context,
+    socket_stream,
     start_tcp,
 )
 from sluice.proxy.http import HTTP, HTTPS, HttpRelay
@@ -559,6 +560,12 @@ class Proxy:
         listening = listener.socket
         raw = socket.socket(listening.family, listening.type, fileno=os.dup(listening.fileno()))
         raw.setblocking(False)
+        # The options trio's streams set, set once here: accepted sockets
+        # inherit them (a parked connection's socket never becomes a stream).
+        with contextlib.suppress(OSError):
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if hasattr(socket, "TCP_NOTSENT_LOWAT"):  # (where the platform has it)
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, 2**14)
         self._accepting[listener] = raw
         accept = functools.partial(self._accept_parked, thread, listener, raw, kind, upstream)
         thread.listen(raw.fileno(), accept)
@@ -579,6 +586,7 @@ class Proxy:
                 return
             try:
                 sock, peer = raw.accept()
+                sock.setblocking(False)
             except BlockingIOError:
                 return
             except ConnectionError:  # gone before it was accepted
@@ -590,8 +598,7 @@ class Proxy:
                                          kind, upstream)  # fmt: skip
                 thread.soon(loop)
                 return
-            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-            self._start(stream, kind, upstream, Address(*peer[:2]))
+            self._park(sock.detach(), kind, upstream, Address(*peer[:2]))
 
     def _stop_accepting(self, listener: trio.SocketListener | None = None) -> None:
         """Close the relay thread's duplicates of listeners' sockets (of
@@ -623,41 +630,36 @@ class Proxy:
                 continue
             self._start(stream, kind, upstream)
 
-    def _start(
-        self,
-        stream: trio.abc.Stream,
-        kind: str,
-        upstream: Address | None,
-        peer: Address | None = None,
-    ) -> None:
-        """Serve an accepted connection: parked on the relay thread where
-        it may be (``Relay.park``), otherwise by a task of its own. In the
-        trio thread, or on the relay thread (``_accept_parked``, which
-        knows the ``peer`` from accept())."""
+    def _start(self, stream: trio.abc.Stream, kind: str, upstream: Address | None) -> None:
+        """Serve a connection trio accepted: parked on the relay thread
+        where it may be, otherwise by a task of its own."""
         assert self._handlers is not None
-        thread = self._thread
-        if thread is None or type(stream) is not trio.SocketStream or not self._parks:
-            handlers = self._handlers
-            spawn = functools.partial(handlers.start_soon, self.handle, stream, kind, upstream)
-            if thread is None:
-                spawn()
-            else:
-                thread.soon(spawn)  # (from either thread)
+        if self._thread is None or type(stream) is not trio.SocketStream or not self._parks:
+            self._handlers.start_soon(self.handle, stream, kind, upstream)
             return
-        if self._stopping:
-            os.close(stream.socket.detach())  # (trio never waited on it)
+        self._park(stream, kind, upstream, peer_address(stream))
+
+    def _park(
+        self, client: trio.SocketStream | int, kind: str, upstream: Address | None, peer: Address
+    ) -> None:
+        """Serve an accepted connection parked on the relay thread
+        (``Relay.park``): a stream trio accepted, or, on the relay thread
+        (``_accept_parked``), the descriptor of a socket it accepted."""
+        thread, handlers = self._thread, self._handlers
+        assert thread is not None and handlers is not None
+        if self._stopping:  # (trio never waited on it)
+            os.close(client if isinstance(client, int) else client.socket.detach())
             return
-        client = peer if peer is not None else peer_address(stream)
-        conn = Conn(next(self._ids), str(client), kind, self.backend.name)
-        refused = self.limits.acquire(client.host)
+        conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
+        refused = self.limits.acquire(peer.host)
         if refused is not None:
-            thread.soon(functools.partial(self._handlers.start_soon, self._reject, stream, conn,
-                                          refused))  # fmt: skip
+            stream = socket_stream(client) if isinstance(client, int) else client
+            thread.soon(functools.partial(handlers.start_soon, self._reject, stream, conn, refused))
             return
         self.taps.event(conn, Accepted())
-        relay = self._relay(stream, conn, upstream, self._dial)
+        relay = self._relay(client, conn, upstream, self._dial)
         self.relays.add(relay)
-        self._parked[relay] = (thread.now(), client.host)
+        self._parked[relay] = (thread.now(), peer.host)
         relay.park(thread, self._parking)
 
     def _adopt(self, relay: Relay) -> None:
@@ -796,7 +798,7 @@ class Proxy:
             self.relays.discard(relay)
 
     def _relay(
-        self, stream: trio.abc.Stream, conn: Conn, upstream: Address | None, dialer: Dialer
+        self, stream: trio.abc.Stream | int, conn: Conn, upstream: Address | None, dialer: Dialer
     ) -> Relay:
         recorder = self.recorder
         return Relay(
