@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+from collections.abc import Callable
 
 import pytest
 from cursus.protocol import decoder as client_decoder
@@ -693,3 +694,60 @@ def test_the_word_split_matches_the_character_reading() -> None:
             expected = _tokens_by_char(text, rest_of_line, False)
             assert tokens(text, rest_of_line=rest_of_line) == expected, text
             assert tokens(text, rest_of_line=rest_of_line, quoted=True) == expected, text
+
+
+def test_a_command_line_is_split_as_its_tokens_say() -> None:
+    """``parse_command`` splits a line with no rest-of-line key with
+    str.split(): the same command word, ``key=value`` pairs and bare words,
+    in order, as the character reading gives, and the same refusal where
+    no command word comes first."""
+    import random
+
+    from sluice.protocols.cursus.commands import _fields
+    from sluice.protocols.cursus.text import REST_OF_LINE, _tokens_by_char, decode_text
+
+    def by_characters(text: str) -> tuple[str, list[tuple[str, str]], list[str]] | None:
+        words = _tokens_by_char(text, REST_OF_LINE, False)
+        if not words or words[0].key is not None:
+            return None
+        pairs = [(w.key, w.value(text)) for w in words[1:] if w.key is not None]
+        args = [w.raw(text) for w in words[1:] if w.key is None]
+        return words[0].raw(text), pairs, args
+
+    pieces = ["COMMIT_OFFSET", "topic=t1", "=x", "a=b=c", "=", "k=", "p=0", "\u00a0", "\u2003",
+              " ", "\t", "\n", "offset=12345", "x\u3000y", decode_text(b"t=\xff\xfe"), "LIST",
+              "group=g", "P0:5,P1:7", "message=hello world", "xmessage=1"]  # fmt: skip
+    draw = random.Random(5959)
+    for _ in range(3000):
+        text = "".join(draw.choice(pieces) + draw.choice(["", " ", "\t"]) for _ in range(6))
+        expected = by_characters(text)
+        try:
+            got: object = _fields(text)
+        except RemoteProtocolError:
+            got = None
+        assert got == expected, text
+
+
+def test_a_reply_line_is_split_as_its_tokens_say() -> None:
+    """``parse_reply_text`` splits a line with no quoted value with
+    str.split(): the reply made of the words the character reading gives."""
+    import random
+
+    from sluice.protocols.cursus.replies import _reply_of, parse_reply_text
+    from sluice.protocols.cursus.text import _tokens_by_char
+
+    def read(parse: Callable[..., object], *args: object) -> object:
+        try:
+            return parse(*args)
+        except RemoteProtocolError as exc:
+            return exc.problem
+
+    pieces = ["OK", "ERROR", "ERROR:", "ERROR:GEN_MISMATCH", "count=2", "=x", "a=b=c", "k=",
+              "\u00a0", "\u2003", " ", "\t", "\n", "topics=a,b", "x\u3000y", "host=h"]  # fmt: skip
+    draw = random.Random(595959)
+    for _ in range(3000):
+        text = "".join(draw.choice(pieces) + draw.choice(["", " ", "\t"]) for _ in range(5))
+        words = [w.raw(text) for w in _tokens_by_char(text, frozenset(), True)]
+        blank = Problem.UNKNOWN_TYPE
+        expected = read(_reply_of, words[0], tuple(words[1:])) if words else blank
+        assert read(parse_reply_text, text) == expected, text

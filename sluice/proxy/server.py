@@ -88,9 +88,6 @@ PROBE_INTERVAL = 5.0
 # before trio takes it over (sooner with short handshake or keepalive
 # settings): a commit's connection lives a millisecond or so.
 PARKED_FOR = 1.0
-# Connections the relay thread accepts at most per wake, before it serves
-# what else is ready.
-ACCEPT_BATCH = 32
 
 
 @dataclass
@@ -578,27 +575,27 @@ class Proxy:
         kind: str,
         upstream: Address | None,
     ) -> None:
-        """On the relay thread: the connections waiting on a listener,
-        each started parked. A failed accept (out of file descriptors, say)
-        hands the listener to trio's accept loop, which logs and retries."""
-        for _ in range(ACCEPT_BATCH):
-            if self._stopping:
-                return
-            try:
-                sock, peer = raw.accept()
-                sock.setblocking(False)
-            except BlockingIOError:
-                return
-            except ConnectionError:  # gone before it was accepted
-                continue
-            except OSError:
-                self._stop_accepting(listener)
-                assert self._handlers is not None
-                loop = functools.partial(self._handlers.start_soon, self._accept_loop, listener,
-                                         kind, upstream)  # fmt: skip
-                thread.soon(loop)
-                return
-            self._park(sock.detach(), kind, upstream, Address(*peer[:2]))
+        """On the relay thread: a connection waiting on a listener, started
+        parked. One a wake: the listener stays readable while more wait
+        (epoll is level-triggered), and a second accept() would usually find
+        none, a failed call and an exception per connection. A failed
+        accept (out of file descriptors, say) hands the listener to trio's
+        accept loop, which logs and retries."""
+        if self._stopping:
+            return
+        try:
+            sock, peer = raw.accept()
+        except (BlockingIOError, ConnectionError):  # (none, or gone before its accept)
+            return
+        except OSError:
+            self._stop_accepting(listener)
+            assert self._handlers is not None
+            loop = functools.partial(self._handlers.start_soon, self._accept_loop, listener,
+                                     kind, upstream)  # fmt: skip
+            thread.soon(loop)
+            return
+        sock.setblocking(False)
+        self._park(sock.detach(), kind, upstream, Address(*peer[:2]))
 
     def _stop_accepting(self, listener: trio.SocketListener | None = None) -> None:
         """Close the relay thread's duplicates of listeners' sockets (of

@@ -190,11 +190,23 @@ def parse_reply_text(text: str) -> Reply:
     """A text (or JSON) reply as a typed value. Raises ``RemoteProtocolError``."""
     if text.startswith("{"):
         return _parse_ack(text)
+    if '"' not in text and "[" not in text:
+        # Nearly every reply: its words are str.split()'s, as tokens'
+        # (no quoted value), taken without a Token each.
+        plain = text.split()
+        if plain and plain[0] != STREAM_CONTROL:
+            return _reply_of(plain[0], tuple(plain[1:]))
     words = tokens(text, quoted=True)
     if not words:
         raise RemoteProtocolError(Problem.UNKNOWN_TYPE, "blank reply")
     first = words[0].raw(text)
-    rest = tuple(w.raw(text) for w in words[1:])
+    if first == STREAM_CONTROL:
+        return _parse_stream_control(words[1:], text)
+    return _reply_of(first, tuple(w.raw(text) for w in words[1:]))
+
+
+def _reply_of(first: str, rest: tuple[str, ...]) -> Reply:
+    """A reply from its words: the first, and the rest (not STREAM_CONTROL's)."""
     if first == OK:
         return OkReply(rest)
     if first == ERROR:
@@ -204,8 +216,6 @@ def parse_reply_text(text: str) -> Reply:
     if first.startswith(ERROR):
         # "ERROR:code" with no space: the client still sees an error.
         return ErrorReply(first[len(ERROR) :], rest)
-    if first == STREAM_CONTROL:
-        return _parse_stream_control(words[1:], text)
     raise RemoteProtocolError(Problem.UNKNOWN_TYPE, f"unknown reply {first[:40]!r}")
 
 

@@ -61,6 +61,8 @@ class _Edit:
 
 def _edits(text: str) -> list[_Edit]:
     """Where the addresses of a text reply are."""
+    if "leaders=" not in text and "host=" not in text and _NOT_LEADER not in text:
+        return []  # (most replies: what every rule below looks for first is absent)
     words = [(m.start(), m.end(), m.group()) for m in _WORD.finditer(text)]
     if not words:
         return []
