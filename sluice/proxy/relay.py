@@ -398,8 +398,8 @@ class Relay:
             if stream is not None:  # a stream trio never ran: its socket
                 assert isinstance(stream, trio.SocketStream)
                 fd = stream.socket.detach() if stream.socket.fileno() != -1 else None
-            if fd is not None:
-                thread.drop(fd)
+            if fd is not None:  # (its only copy: the watch of a waiting write is closed)
+                thread.forget(fd)
                 os.close(fd)
         self._backs.clear()
         self.core.closed(self.reason)
