@@ -52,6 +52,16 @@ async def connect(proxy: Watched) -> trio.SocketStream:
     return await trio.open_tcp_stream(host, int(port))
 
 
+async def parked_with_half_a_frame(proxy: Watched, thread: RelayThread) -> trio.SocketStream:
+    """A client that sent half a LIST: its connection stays parked, with
+    nothing to send on, both sides read on the relay thread (Cursus dials
+    at the first bytes)."""
+    client = await connect(proxy)
+    await client.send_all(encode_request(List())[:3])
+    await until(lambda: thread.carried() == 2, "both sides read on the relay thread")
+    return client
+
+
 def metric(proxy: Watched, name: str, **labels: str) -> float:
     exposed = generate_latest(proxy.proxy.metrics.exposed).decode()
     for family in text_string_to_metric_families(exposed):
@@ -100,10 +110,7 @@ async def test_a_drain_hangs_up_a_parked_connection_at_once() -> None:
     async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
         proxy = await start_proxy(nursery, cluster, drain_timeout=30.0)
         thread = relay_thread(proxy)
-        client = await connect(proxy)
-        await client.send_all(encode_request(List())[:3])  # half a frame: nothing to send on
-        # (Cursus dials at the first bytes: the broker is read there too.)
-        await until(lambda: thread.carried() == 2, "both sides read on the relay thread")
+        client = await parked_with_half_a_frame(proxy, thread)
         assert proxy.proxy._parked
         started = trio.current_time()
         nursery.start_soon(proxy.proxy.drain)
@@ -122,9 +129,7 @@ async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream() -> 
     async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
         proxy = await start_proxy(nursery, cluster)
         thread = relay_thread(proxy)
-        client = await connect(proxy)
-        await client.send_all(encode_request(List())[:3])  # half a frame: it stays parked
-        await until(lambda: thread.carried() == 2, "both sides read on the relay thread")
+        client = await parked_with_half_a_frame(proxy, thread)
         (relay,) = proxy.proxy._parked
         assert relay._client is None and relay._broker is None  # no stream made
         for peer in (Peer.CLIENT, Peer.BROKER):
