@@ -67,10 +67,12 @@ class Watched:
         async def no_probe() -> str | None:
             return None  # readiness probes would be broker connections of their own
 
-        def noting_now(address: Address) -> tuple[socket.socket, bool] | None:
+        def noting_now(address: Address) -> tuple[int, bool] | None:
             started = connect(address)  # a connection's dial on the relay thread
             if started is not None:
-                self.dialled_from.add(started[0].getsockname()[1])
+                sock = socket.socket(fileno=started[0])  # (its descriptor: given back)
+                self.dialled_from.add(sock.getsockname()[1])
+                sock.detach()
             return started
 
         proxy._dial = noting  # type: ignore[method-assign]

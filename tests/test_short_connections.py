@@ -9,24 +9,46 @@ own whose accept queue is full).
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import struct
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import trio
 from cursus.connection.sync_conn import SyncConnection
 from cursus.protocol.encoder import encode_message
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluice import _frames
+from sluice.addresses import Address
 from sluice.protocols.core import Peer
 from sluice.protocols.cursus import List, OkReply, encode_reply, encode_request
+from sluice.proxy import dial, server
+from sluice.proxy import relay_thread as relay_thread_module
 from sluice.proxy.relay_thread import RelayThread
 from tests.helpers.cursus_broker import open_cluster
 from tests.test_cursus_broker import in_thread, until
 from tests.test_cursus_proxy import Watched, start_proxy
 
 LIST = encode_message("", "LIST")
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def plumbing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every test twice: with a parked connection's compiled plumbing
+    (rust/src/parked.rs: its read step, accept and dial), and with the
+    Python it stands in for."""
+    if request.param == "python":
+        monkeypatch.setattr(relay_thread_module, "Parked", None)
+        monkeypatch.setattr(server, "accept_now", None)
+        monkeypatch.setattr(dial, "_connect_now", None)
+    else:  # (built for every test run: never silently the Python one)
+        assert _frames.Parked is not None and _frames.accept_now is not None
+    yield request.param
 
 
 def one_command(address: str, request: bytes = LIST) -> bytes:
@@ -122,10 +144,29 @@ async def test_a_drain_hangs_up_a_parked_connection_at_once() -> None:
         await client.aclose()
 
 
-async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream() -> None:
+async def test_a_client_that_resets_a_parked_connection_is_lost() -> None:
+    """A read that fails on the relay thread (the client reset its
+    connection halfway through a command) hands the connection to trio,
+    which ends it as a lost one."""
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster)
+        thread = relay_thread(proxy)
+        client = await parked_with_half_a_frame(proxy, thread)
+        client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await client.aclose()  # a reset, with linger 0
+        await until(lambda: proxy.proxy.active == 0, "the connection ended")
+        assert metric(proxy, "sluice_connections_closed_total", reason="lost") == 1
+        assert thread.parked_adopted == 1 and thread.carried() == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream(
+    plumbing: str,
+) -> None:
     """Its sockets stay plain descriptors (no trio stream is made for
     them), with the options trio's streams set: TCP_NODELAY on both, and
-    the client's TCP_NOTSENT_LOWAT, inherited from the listener."""
+    the client's TCP_NOTSENT_LOWAT, inherited from the listener; each is
+    read by the read step the plumbing says."""
     async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
         proxy = await start_proxy(nursery, cluster)
         thread = relay_thread(proxy)
@@ -135,6 +176,8 @@ async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream() -> 
         for peer in (Peer.CLIENT, Peer.BROKER):
             fd = relay._descriptors[peer]
             assert fd is not None
+            step = thread._steps[fd]
+            assert isinstance(step, _frames.Parked) == (plumbing == "compiled"), step
             with socket.socket(fileno=os.dup(fd)) as sock:
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1, peer
                 if peer is Peer.CLIENT:
@@ -206,11 +249,12 @@ class _Cluster:
         self.address = address
 
 
-class _Exhausted:
-    """A listening socket out of file descriptors: its accept fails."""
-
-    def accept(self) -> tuple[socket.socket, Any]:
-        raise OSError(24, "Too many open files")
+def _not_listening() -> socket.socket:
+    """A socket whose accept() fails, as a listener's does out of file
+    descriptors: one that does not listen (EINVAL)."""
+    sock = socket.socket()
+    sock.setblocking(False)
+    return sock
 
 
 async def test_a_failed_accept_hands_the_listener_to_trio() -> None:
@@ -219,10 +263,86 @@ async def test_a_failed_accept_hands_the_listener_to_trio() -> None:
         thread = relay_thread(proxy)
         ((listener, _),) = proxy.proxy._accepting.items()
         # (Called in trio's thread, holding the turn, as the relay thread would.)
-        proxy.proxy._accept_parked(thread, listener, _Exhausted(), "plain", None)  # type: ignore[arg-type]
+        with _not_listening() as failing:
+            proxy.proxy._accept_parked(thread, listener, failing, "plain", None)
         assert not proxy.proxy._accepting  # the thread no longer accepts on it
         for _ in range(3):  # trio's accept loop does, and connections still start parked
             assert (await in_thread(one_command, proxy.address)).startswith(b"OK")
         await until(lambda: proxy.proxy.active == 0, "every connection ended")
         assert thread.parked_ended + thread.parked_adopted == 3
         nursery.cancel_scope.cancel()
+
+
+def test_a_compiled_accept_is_pythons_accept() -> None:
+    """``accept_now``: the peer's address as ``socket.accept()`` gives it
+    (IPv4 and IPv6), a descriptor that is non-blocking and not inherited,
+    None when nobody waits, and accept()'s error on a socket that does not
+    listen."""
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family) as listener:
+            listener.bind((host, 0))
+            listener.listen()
+            listener.setblocking(False)
+            assert _frames.accept_now(listener.fileno()) is None
+            with socket.create_connection(listener.getsockname()[:2]) as client:
+                accepted = _frames.accept_now(listener.fileno())
+                assert accepted is not None
+                fd, peer_host, peer_port = accepted
+                try:
+                    assert (peer_host, peer_port) == client.getsockname()[:2]
+                    assert not os.get_blocking(fd) and not os.get_inheritable(fd)
+                finally:
+                    os.close(fd)
+            with socket.create_connection(listener.getsockname()[:2]) as client:
+                sock, peer = listener.accept()  # Python's, for the same facts
+                with sock:
+                    assert peer[:2] == client.getsockname()[:2]
+    with socket.socket() as idle:
+        with pytest.raises(OSError) as raised:
+            _frames.accept_now(idle.fileno())
+        with pytest.raises(OSError) as pythons:
+            idle.accept()
+        assert raised.value.errno == pythons.value.errno == errno.EINVAL
+
+
+def test_a_compiled_dial_is_start_tcps_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dial.start_tcp`` with and without ``connect_now``: the same
+    connection (made at once over loopback, non-blocking, TCP_NODELAY), the
+    same error for a port nobody listens on, and None for a name."""
+
+    def start(address: Address, compiled: bool) -> tuple[int, bool] | None:
+        with monkeypatch.context() as patch:
+            if not compiled:
+                patch.setattr(dial, "_connect_now", None)
+            return dial.start_tcp(address)
+
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family) as listener:
+            listener.bind((host, 0))
+            listener.listen()
+            port = listener.getsockname()[1]
+            for compiled in (True, False):
+                started = start(Address(host, port), compiled)
+                assert started is not None and started[1], (host, compiled)
+                with socket.socket(fileno=started[0]) as sock:
+                    assert sock.getpeername()[:2] == (host, port)
+                    assert not os.get_blocking(started[0]) and not sock.get_inheritable()
+                    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+                    accepted, _ = listener.accept()
+                    accepted.close()
+        with socket.socket(family) as unused:
+            unused.bind((host, 0))
+            nobody = Address(host, unused.getsockname()[1])
+        outcomes: list[object] = []
+        for compiled in (True, False):
+            try:
+                started = start(nobody, compiled)
+            except OSError as exc:
+                outcomes.append((exc.errno, str(exc)))
+            else:  # (a kernel that says so later: the same for both)
+                assert started is not None
+                os.close(started[0])
+                outcomes.append(started[1:])
+        assert outcomes[0] == outcomes[1], outcomes
+    for compiled in (True, False):
+        assert start(Address("localhost", 80), compiled) is None

@@ -336,7 +336,7 @@ pub mod python {
         }
     }
 
-    fn monotonic_seconds() -> f64 {
+    pub(crate) fn monotonic_seconds() -> f64 {
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,

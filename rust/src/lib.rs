@@ -26,6 +26,7 @@ pub const FLOW: u32 = 11;
 pub mod account;
 pub mod carrier;
 pub mod cursus;
+pub mod parked;
 pub mod record;
 pub mod seal;
 pub mod step;
@@ -862,6 +863,9 @@ pub mod python {
         m.add_class::<crate::carrier::python::Lane>()?;
         m.add_class::<crate::carrier::python::Carrier>()?;
         m.add_class::<crate::carrier::python::Turn>()?;
+        m.add_class::<crate::parked::python::Parked>()?;
+        m.add_function(wrap_pyfunction!(crate::parked::python::accept_now, m)?)?;
+        m.add_function(wrap_pyfunction!(crate::parked::python::connect_now, m)?)?;
         m.add_class::<crate::record::python::RecordSink>()?;
         Ok(())
     }

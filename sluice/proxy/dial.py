@@ -283,11 +283,10 @@ async def dial(
     raise _timed_out(address, timeout)
 
 
-async def finish_dial(sock: socket.socket, address: Address, timeout: float) -> trio.SocketStream:
-    """``dial`` for a plain TCP connection ``start_tcp`` began."""
+async def finish_dial(fd: int, address: Address, timeout: float) -> trio.SocketStream:
+    """``dial`` for a plain TCP connection ``start_tcp`` began (its descriptor)."""
     with trio.move_on_after(timeout):
-        await finish_tcp(sock, address)
-        return socket_stream(sock)
+        return socket_stream(await finish_tcp(fd, address))
     raise _timed_out(address, timeout)
 
 
@@ -304,10 +303,8 @@ async def open_tcp(address: Address) -> trio.SocketStream:
     started = start_tcp(address)
     if started is None:
         return await trio.open_tcp_stream(address.host, address.port)
-    sock, connected = started
-    if not connected:
-        await finish_tcp(sock, address)
-    return socket_stream(sock)
+    fd, connected = started
+    return socket_stream(await finish_tcp(fd, address) if not connected else fd)
 
 
 def socket_stream(sock: socket.socket | int) -> trio.SocketStream:
@@ -322,18 +319,27 @@ def socket_stream(sock: socket.socket | int) -> trio.SocketStream:
 # Where the platform has it: a socket made non-blocking (one system call less).
 _NONBLOCK: int = getattr(socket, "SOCK_NONBLOCK", 0)
 
+try:  # the same, without a Python socket object (rust/src/parked.rs)
+    from sluice._frames import connect_now as _connect_now
+except ImportError:  # a source tree nobody built
+    _connect_now = None  # type: ignore[assignment]
 
-def start_tcp(address: Address) -> tuple[socket.socket, bool] | None:
-    """Begin a TCP connection to an IP address without waiting: the socket
+
+def start_tcp(address: Address) -> tuple[int, bool] | None:
+    """Begin a TCP connection to an IP address without waiting: the
+    socket's descriptor (non-blocking, with trio's TCP_NODELAY: a
+    connection that stays on the relay thread never becomes a trio stream)
     and whether it is connected already; None for a name (which needs a
     lookup). Raises ``OSError`` where the connection fails at once (over
     loopback, a port nobody listens on)."""
+    if _connect_now is not None:
+        started: tuple[int, bool] | None = _connect_now(address.host, address.port)
+        if started is not None:
+            return started
     family = _ip_family(address.host)
     if family is None:
         return None
     target = (address.host, address.port)
-    # Non-blocking from the start, with trio's TCP_NODELAY (a connection
-    # that stays on the relay thread never becomes a trio stream).
     sock = socket.socket(family, socket.SOCK_STREAM | _NONBLOCK)
     try:
         if not _NONBLOCK:
@@ -344,21 +350,22 @@ def start_tcp(address: Address) -> tuple[socket.socket, bool] | None:
         # returns, though it says "in progress": seen at once, that saves
         # waiting for the socket to be writable. (Connected, it has no
         # error to fetch: one that comes later comes with a read or write.)
+        connected = True
         if error == errno.EINPROGRESS:
-            if not _connected(sock):
-                return sock, False
-            error = 0
-        if error:
+            connected = _connected(sock)
+        elif error:
             raise OSError(error, f"Error connecting to {target!r}: {os.strerror(error)}")
     except BaseException:
         sock.close()
         raise
-    return sock, True
+    return sock.detach(), connected
 
 
-async def finish_tcp(sock: socket.socket, address: Address) -> None:
-    """Wait for a connection ``start_tcp`` began to be made (closing the
-    socket if it fails, or the wait is cancelled); raises ``OSError``."""
+async def finish_tcp(fd: int, address: Address) -> socket.socket:
+    """Wait for a connection ``start_tcp`` began (its descriptor) to be
+    made: its socket. Closes it if it fails (raising ``OSError``), or if
+    the wait is cancelled."""
+    sock = socket.socket(fileno=fd)
     try:
         await trio.lowlevel.wait_writable(sock)
         error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -369,6 +376,7 @@ async def finish_tcp(sock: socket.socket, address: Address) -> None:
         trio.lowlevel.notify_closing(sock)
         sock.close()
         raise
+    return sock
 
 
 def _connected(sock: socket.socket) -> bool:

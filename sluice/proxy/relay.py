@@ -16,7 +16,6 @@ import functools
 import logging
 import math
 import os
-import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -135,7 +134,7 @@ class Parking:
     adopt: Callable[[Relay], None]
     ended: Callable[[Relay], None]
     # How it dials a plain broker from the relay thread (``start_tcp``).
-    connect: Callable[[Address], tuple[socket.socket, bool] | None]
+    connect: Callable[[Address], tuple[int, bool] | None]
 
 
 class _ThreadWrite:
@@ -188,7 +187,8 @@ class Relay:
         self._returned: dict[bool, Callable[[], Awaitable[bool]]] = {}
         # Each carried direction's lane in the thread's compiled loop, once armed.
         self._lanes: dict[bool, Any] = {}
-        self._locks = {Peer.CLIENT: trio.StrictFIFOLock(), Peer.BROKER: trio.StrictFIFOLock()}
+        # One writer at a time per socket (made by the first write that must wait).
+        self._locks: dict[Peer, trio.StrictFIFOLock] = {}
         # Writes holding or awaiting each lock: a write that must wait goes
         # before any later one (a plain count, read on every write).
         self._waiting = {Peer.CLIENT: 0, Peer.BROKER: 0}
@@ -206,7 +206,7 @@ class Relay:
         self._reading: trio.CancelScope | None = None
         self._shields: set[trio.CancelScope] = set()
         self._draining = False
-        self._handshake = trio.CancelScope()
+        self._handshake_scope: trio.CancelScope | None = None  # (``_handshake``)
         # When the handshake's clock started (a parked connection's: before
         # trio ran it), and, while the connection is parked (``park``), what
         # hands it to trio and what says it ended on the relay thread.
@@ -215,13 +215,22 @@ class Relay:
         # Each parked direction's ``back`` event, for ``_read`` to wait on.
         self._backs: dict[bool, trio.Event] = {}
         # A dial a parked connection began that was not made at once.
-        self._dialling: tuple[OpenUpstream, socket.socket] | None = None
+        self._dialling: tuple[OpenUpstream, int] | None = None  # (its descriptor)
         self._ended_here = False  # (by _end_parked: once)
         # A write the relay thread waits to finish, by socket.
         self._thread_writes: dict[Peer, _ThreadWrite] = {}
         self.bytes_in = 0
         self.reason = "closed"
         self._closing = False
+
+    @property
+    def _handshake(self) -> trio.CancelScope:
+        """The handshake's clock, made when trio first needs it (a
+        connection served parked from start to end never does)."""
+        scope = self._handshake_scope
+        if scope is None:
+            scope = self._handshake_scope = trio.CancelScope()
+        return scope
 
     @property
     def client(self) -> trio.abc.Stream:
@@ -275,7 +284,7 @@ class Relay:
                     thread.drop(fd)
             self._backs.clear()
             if self._dialling is not None:
-                self._dialling[1].close()
+                os.close(self._dialling[1])
             if self.broker is not None:
                 await close_stream(self.broker)  # (shielded where it must wait)
             self.core.closed(self.reason)
@@ -342,7 +351,7 @@ class Relay:
         if self._thread is not None:
             self._stop("closed")
             if self._dialling is not None:
-                self._dialling[1].close()
+                os.close(self._dialling[1])
                 self._dialling = None
             self._end_parked(self._thread)
 
@@ -365,18 +374,17 @@ class Relay:
             return self.core.upstream_failed(message, thread.now())
         if started is None:
             return None  # a name, to look up: trio dials
-        sock, connected = started
+        fd, connected = started
         if not connected:
-            self._dialling = (action, sock)  # finished by trio
+            self._dialling = (action, fd)  # finished by trio
             return None
-        self._upstream_now(thread, sock)
+        self._upstream_now(thread, fd)
         hello: list[Action] = [Send(Peer.BROKER, action.hello)] if action.hello else []
         return hello + self.core.upstream_ready(thread.now())
 
-    def _upstream_now(self, thread: RelayThread, sock: socket.socket) -> None:
+    def _upstream_now(self, thread: RelayThread, fd: int) -> None:
         """The broker's connection made on the relay thread: its direction
         is carried there too (by its descriptor alone, as the client's)."""
-        fd = sock.detach()
         self._descriptors[Peer.BROKER] = fd
         self._since = thread.now()
         self._backs[False] = self._carry_on(thread, fd, False)
@@ -519,7 +527,10 @@ class Relay:
         """Let the relay thread carry a direction: the event its hand-back sets."""
         back = trio.Event()
         self._lanes[from_client] = None  # made again, for this stay
-        thread.carry(fd, functools.partial(self._carry, thread, fd, from_client, back))
+        step: Callable[[], None] = functools.partial(self._carry, thread, fd, from_client, back)
+        if self._parked is not None:
+            step = thread.parked(self, fd, from_client, back, step)
+        thread.carry(fd, step)
         return back
 
     async def _back(
@@ -576,11 +587,17 @@ class Relay:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._disarm()
-            failed = functools.partial(self._read_failed, exc, from_client)
-            self._hand_back(thread, fd, from_client, back, failed)
+            self._read_lost(thread, fd, from_client, back, exc)
             return
         self._carry_read(thread, fd, from_client, back, data)
+
+    def _read_lost(
+        self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event, exc: OSError
+    ) -> None:
+        """A carried read failed: trio ends the connection."""
+        self._disarm()
+        failed = functools.partial(self._read_failed, exc, from_client)
+        self._hand_back(thread, fd, from_client, back, failed)
 
     def _arm(
         self,
@@ -647,7 +664,9 @@ class Relay:
     ) -> None:
         """A read carried the usual way: the core, and the writes the
         sockets take whole (parked, its dialling and its end too); anything
-        else is handed back."""
+        else is handed back. (A parked connection's compiled read step,
+        ``Parked`` in rust/src/parked.rs, does the same, calling the
+        methods below for all but the reads and writes.)"""
         self._disarm()
         if not data and self._parked is None:  # the end: closed as usual, by trio
             ended = functools.partial(self._ended, from_client)
@@ -670,8 +689,7 @@ class Relay:
                     try:
                         rest = self._write_now(action.to, action.data)
                     except OSError as exc:
-                        lost = functools.partial(self._lost_later, action.to, exc)
-                        self._hand_back(thread, fd, from_client, back, lost)
+                        self._write_lost(thread, fd, from_client, back, action.to, exc)
                         return
                     if rest:
                         break
@@ -688,17 +706,64 @@ class Relay:
                 done += 1
             else:
                 if not data:  # parked: this direction ended, the connection goes on
-                    self._hand_back(thread, fd, from_client, back, _ends)
+                    self._direction_ended(thread, fd, from_client, back)
                 elif relayed and self.core.established:
-                    self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
+                    self._relayed(from_client, started)
                 return
-        except Exception as exc:  # raised in trio, where it ends the connection as usual
-            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
+        except Exception as exc:
+            self._raised(thread, fd, from_client, back, exc)
             return
+        self._stopped(thread, fd, from_client, back, data, actions, done, rest, started)
+
+    def _stopped(
+        self,
+        thread: RelayThread,
+        fd: int,
+        from_client: bool,
+        back: trio.Event,
+        data: bytes,
+        actions: list[Action],
+        done: int,
+        rest: bytes,
+        started: float,
+    ) -> None:
+        """A carried read's actions that stopped at ``done`` (a write the
+        socket did not take whole, ``rest`` being left of it; or an action
+        for trio): trio finishes them."""
         finish = functools.partial(self._finish_read, actions, done, rest, from_client, started)
         if not data:
             finish = functools.partial(self._finish_end, actions, done, rest)
         self._hand_back(thread, fd, from_client, back, finish)
+
+    def _write_lost(
+        self,
+        thread: RelayThread,
+        fd: int,
+        from_client: bool,
+        back: trio.Event,
+        to: Peer,
+        exc: OSError,
+    ) -> None:
+        """A carried read's write failed: trio ends the connection."""
+        self._hand_back(thread, fd, from_client, back, functools.partial(self._lost_later, to, exc))
+
+    def _raised(
+        self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event, exc: Exception
+    ) -> None:
+        """A carried read's core (or what it led to) raised: raised in
+        trio, where it ends the connection as usual."""
+        self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
+
+    def _direction_ended(
+        self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event
+    ) -> None:
+        """A parked direction ended, and the connection goes on (in trio)."""
+        self._hand_back(thread, fd, from_client, back, _ends)
+
+    def _relayed(self, from_client: bool, started: float) -> None:
+        """A carried read's writes are done (``started``: perf_counter()
+        when it was read)."""
+        self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
 
     def _carried_in_part(
         self,
@@ -954,7 +1019,9 @@ class Relay:
         if stream is None:
             return
         fd = self._descriptors[to]
-        lock = self._locks[to]
+        lock = self._locks.get(to)
+        if lock is None:
+            lock = self._locks[to] = trio.StrictFIFOLock()
         self._waiting[to] += 1
         try:
             pending = self._thread_writes.get(to)

@@ -80,6 +80,11 @@ from sluice.proxy.shared import (
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.writer import Recorder
 
+try:  # a parked connection's accept in compiled code (rust/src/parked.rs)
+    from sluice._frames import accept_now
+except ImportError:  # a source tree nobody built
+    accept_now = None  # type: ignore[assignment]
+
 log = logging.getLogger("sluice.proxy")
 
 # How often the upstream broker is probed for /readyz and sluice_upstream_up.
@@ -584,8 +589,8 @@ class Proxy:
         if self._stopping:
             return
         try:
-            sock, peer = raw.accept()
-        except (BlockingIOError, ConnectionError):  # (none, or gone before its accept)
+            accepted = _accept(raw)
+        except ConnectionError:  # (gone before its accept)
             return
         except OSError:
             self._stop_accepting(listener)
@@ -594,8 +599,9 @@ class Proxy:
                                      kind, upstream)  # fmt: skip
             thread.soon(loop)
             return
-        sock.setblocking(False)
-        self._park(sock.detach(), kind, upstream, Address(*peer[:2]))
+        if accepted is not None:
+            fd, host, port = accepted
+            self._park(fd, kind, upstream, Address(host, port))
 
     def _stop_accepting(self, listener: trio.SocketListener | None = None) -> None:
         """Close the relay thread's duplicates of listeners' sockets (of
@@ -857,7 +863,7 @@ class Proxy:
 
         return dial_with_header
 
-    def _connect(self, address: Address) -> tuple[socket.socket, bool] | None:
+    def _connect(self, address: Address) -> tuple[int, bool] | None:
         """How a parked connection dials its broker (``start_tcp``)."""
         return start_tcp(address)
 
@@ -955,6 +961,22 @@ async def _second_signal_stops(signals: Any, server: Drainable) -> None:
         log.warning("second signal: stopping now")
         server.stop()
         return
+
+
+def _accept(listening: socket.socket) -> tuple[int, str, int] | None:
+    """A connection waiting on a non-blocking listening socket: its
+    descriptor (non-blocking) and its peer's address; None when none is
+    waiting. In compiled code where built (``accept_now``: no socket
+    object, and non-blocking in the same call)."""
+    if accept_now is not None:
+        found: tuple[int, str, int] | None = accept_now(listening.fileno())
+        return found
+    try:
+        sock, peer = listening.accept()
+    except BlockingIOError:
+        return None
+    sock.setblocking(False)
+    return sock.detach(), peer[0], peer[1]
 
 
 def _port(listener: trio.abc.Listener[Any]) -> int:
