@@ -200,25 +200,6 @@ class Carrier:
         offset: float | None = None,
     ) -> None: ...
 
-class Parked:
-    """The read step of one direction of a parked relay (rust/src/parked.rs):
-    the read, the core and the writes the sockets take whole; the rest by
-    the relay's own methods, and any read it does not take by ``slow``."""
-
-    def __init__(
-        self,
-        relay: Any,
-        thread: Any,
-        fd: int,
-        from_client: bool,
-        back: Any,
-        slow: Callable[[], None],
-        send: type,
-        now: Callable[[], float],
-        offset: float | None = None,
-    ) -> None: ...
-    def __call__(self) -> None: ...
-
 def accept_now(fd: int) -> tuple[int, str, int] | None:
     """A connection waiting on a listening socket: its descriptor
     (non-blocking, close-on-exec) and its peer's host and port; None when

@@ -28,7 +28,6 @@ from sluice.addresses import Address
 from sluice.protocols.core import Peer
 from sluice.protocols.cursus import List, OkReply, encode_reply, encode_request
 from sluice.proxy import dial, server
-from sluice.proxy import relay_thread as relay_thread_module
 from sluice.proxy.relay_thread import RelayThread
 from tests.helpers.cursus_broker import open_cluster
 from tests.test_cursus_broker import in_thread, until
@@ -39,15 +38,15 @@ LIST = encode_message("", "LIST")
 
 @pytest.fixture(autouse=True, params=["compiled", "python"])
 def plumbing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Every test twice: with a parked connection's compiled plumbing
-    (rust/src/parked.rs: its read step, accept and dial), and with the
-    Python it stands in for."""
+    """Every test twice: with a parked connection's accept and dial in
+    compiled code (rust/src/sockets.rs), and with the Python they stand in
+    for."""
     if request.param == "python":
-        monkeypatch.setattr(relay_thread_module, "Parked", None)
         monkeypatch.setattr(server, "accept_now", None)
         monkeypatch.setattr(dial, "_connect_now", None)
-    else:  # (built for every test run: never silently the Python one)
-        assert _frames.Parked is not None and _frames.accept_now is not None
+    else:  # (built for every test run: never the Python ones unawares)
+        assert vars(server)["accept_now"] is _frames.accept_now
+        assert vars(dial)["_connect_now"] is _frames.connect_now
     yield request.param
 
 
@@ -160,13 +159,10 @@ async def test_a_client_that_resets_a_parked_connection_is_lost() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream(
-    plumbing: str,
-) -> None:
+async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream() -> None:
     """Its sockets stay plain descriptors (no trio stream is made for
     them), with the options trio's streams set: TCP_NODELAY on both, and
-    the client's TCP_NOTSENT_LOWAT, inherited from the listener; each is
-    read by the read step the plumbing says."""
+    the client's TCP_NOTSENT_LOWAT, inherited from the listener."""
     async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
         proxy = await start_proxy(nursery, cluster)
         thread = relay_thread(proxy)
@@ -176,8 +172,6 @@ async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream(
         for peer in (Peer.CLIENT, Peer.BROKER):
             fd = relay._descriptors[peer]
             assert fd is not None
-            step = thread._steps[fd]
-            assert isinstance(step, _frames.Parked) == (plumbing == "compiled"), step
             with socket.socket(fileno=os.dup(fd)) as sock:
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1, peer
                 if peer is Peer.CLIENT:

@@ -336,7 +336,7 @@ pub mod python {
         }
     }
 
-    pub(crate) fn monotonic_seconds() -> f64 {
+    fn monotonic_seconds() -> f64 {
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,

@@ -26,9 +26,9 @@ pub const FLOW: u32 = 11;
 pub mod account;
 pub mod carrier;
 pub mod cursus;
-pub mod parked;
 pub mod record;
 pub mod seal;
+pub mod sockets;
 pub mod step;
 pub mod summary;
 
@@ -863,9 +863,8 @@ pub mod python {
         m.add_class::<crate::carrier::python::Lane>()?;
         m.add_class::<crate::carrier::python::Carrier>()?;
         m.add_class::<crate::carrier::python::Turn>()?;
-        m.add_class::<crate::parked::python::Parked>()?;
-        m.add_function(wrap_pyfunction!(crate::parked::python::accept_now, m)?)?;
-        m.add_function(wrap_pyfunction!(crate::parked::python::connect_now, m)?)?;
+        m.add_function(wrap_pyfunction!(crate::sockets::python::accept_now, m)?)?;
+        m.add_function(wrap_pyfunction!(crate::sockets::python::connect_now, m)?)?;
         m.add_class::<crate::record::python::RecordSink>()?;
         Ok(())
     }

@@ -121,7 +121,7 @@ pub mod python {
     thread_local! {
         // One read buffer per thread (the relay thread), not per connection:
         // what a step held of the last read, then the read.
-        pub(crate) static BUFFER: RefCell<Vec<u8>> = RefCell::new(vec![0; HOLD_MAX + READ_SIZE]);
+        static BUFFER: RefCell<Vec<u8>> = RefCell::new(vec![0; HOLD_MAX + READ_SIZE]);
         // The Vec a read's frames are scanned into, kept between reads.
         static SPARE: RefCell<Vec<crate::Scanned>> = const { RefCell::new(Vec::new()) };
     }
@@ -398,7 +398,7 @@ pub mod python {
         f(&mut file)
     }
 
-    pub(crate) fn read(fd: i32, buf: &mut [u8]) -> std::io::Result<usize> {
+    fn read(fd: i32, buf: &mut [u8]) -> std::io::Result<usize> {
         with_fd(fd, |file| loop {
             match file.read(buf) {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -409,7 +409,7 @@ pub mod python {
 
     /// Write as much of `data` as the socket takes now: how much, and the
     /// error that stopped it (none when it would block).
-    pub(crate) fn write(fd: i32, data: &[u8]) -> (usize, Option<std::io::Error>) {
+    fn write(fd: i32, data: &[u8]) -> (usize, Option<std::io::Error>) {
         with_fd(fd, |file| {
             let mut written = 0;
             while written < data.len() {

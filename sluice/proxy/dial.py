@@ -319,7 +319,7 @@ def socket_stream(sock: socket.socket | int) -> trio.SocketStream:
 # Where the platform has it: a socket made non-blocking (one system call less).
 _NONBLOCK: int = getattr(socket, "SOCK_NONBLOCK", 0)
 
-try:  # the same, without a Python socket object (rust/src/parked.rs)
+try:  # the same, without a Python socket object (rust/src/sockets.rs)
     from sluice._frames import connect_now as _connect_now
 except ImportError:  # a source tree nobody built
     _connect_now = None  # type: ignore[assignment]

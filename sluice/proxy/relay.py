@@ -527,10 +527,7 @@ class Relay:
         """Let the relay thread carry a direction: the event its hand-back sets."""
         back = trio.Event()
         self._lanes[from_client] = None  # made again, for this stay
-        step: Callable[[], None] = functools.partial(self._carry, thread, fd, from_client, back)
-        if self._parked is not None:
-            step = thread.parked(self, fd, from_client, back, step)
-        thread.carry(fd, step)
+        thread.carry(fd, functools.partial(self._carry, thread, fd, from_client, back))
         return back
 
     async def _back(
@@ -587,17 +584,11 @@ class Relay:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._read_lost(thread, fd, from_client, back, exc)
+            self._disarm()
+            failed = functools.partial(self._read_failed, exc, from_client)
+            self._hand_back(thread, fd, from_client, back, failed)
             return
         self._carry_read(thread, fd, from_client, back, data)
-
-    def _read_lost(
-        self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event, exc: OSError
-    ) -> None:
-        """A carried read failed: trio ends the connection."""
-        self._disarm()
-        failed = functools.partial(self._read_failed, exc, from_client)
-        self._hand_back(thread, fd, from_client, back, failed)
 
     def _arm(
         self,
@@ -664,9 +655,7 @@ class Relay:
     ) -> None:
         """A read carried the usual way: the core, and the writes the
         sockets take whole (parked, its dialling and its end too); anything
-        else is handed back. (A parked connection's compiled read step,
-        ``Parked`` in rust/src/parked.rs, does the same, calling the
-        methods below for all but the reads and writes.)"""
+        else is handed back."""
         self._disarm()
         if not data and self._parked is None:  # the end: closed as usual, by trio
             ended = functools.partial(self._ended, from_client)
@@ -689,7 +678,8 @@ class Relay:
                     try:
                         rest = self._write_now(action.to, action.data)
                     except OSError as exc:
-                        self._write_lost(thread, fd, from_client, back, action.to, exc)
+                        lost = functools.partial(self._lost_later, action.to, exc)
+                        self._hand_back(thread, fd, from_client, back, lost)
                         return
                     if rest:
                         break
@@ -706,64 +696,17 @@ class Relay:
                 done += 1
             else:
                 if not data:  # parked: this direction ended, the connection goes on
-                    self._direction_ended(thread, fd, from_client, back)
+                    self._hand_back(thread, fd, from_client, back, _ends)
                 elif relayed and self.core.established:
-                    self._relayed(from_client, started)
+                    self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
                 return
-        except Exception as exc:
-            self._raised(thread, fd, from_client, back, exc)
+        except Exception as exc:  # raised in trio, where it ends the connection as usual
+            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
             return
-        self._stopped(thread, fd, from_client, back, data, actions, done, rest, started)
-
-    def _stopped(
-        self,
-        thread: RelayThread,
-        fd: int,
-        from_client: bool,
-        back: trio.Event,
-        data: bytes,
-        actions: list[Action],
-        done: int,
-        rest: bytes,
-        started: float,
-    ) -> None:
-        """A carried read's actions that stopped at ``done`` (a write the
-        socket did not take whole, ``rest`` being left of it; or an action
-        for trio): trio finishes them."""
         finish = functools.partial(self._finish_read, actions, done, rest, from_client, started)
         if not data:
             finish = functools.partial(self._finish_end, actions, done, rest)
         self._hand_back(thread, fd, from_client, back, finish)
-
-    def _write_lost(
-        self,
-        thread: RelayThread,
-        fd: int,
-        from_client: bool,
-        back: trio.Event,
-        to: Peer,
-        exc: OSError,
-    ) -> None:
-        """A carried read's write failed: trio ends the connection."""
-        self._hand_back(thread, fd, from_client, back, functools.partial(self._lost_later, to, exc))
-
-    def _raised(
-        self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event, exc: Exception
-    ) -> None:
-        """A carried read's core (or what it led to) raised: raised in
-        trio, where it ends the connection as usual."""
-        self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
-
-    def _direction_ended(
-        self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event
-    ) -> None:
-        """A parked direction ended, and the connection goes on (in trio)."""
-        self._hand_back(thread, fd, from_client, back, _ends)
-
-    def _relayed(self, from_client: bool, started: float) -> None:
-        """A carried read's writes are done (``started``: perf_counter()
-        when it was read)."""
-        self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
 
     def _carried_in_part(
         self,

@@ -52,12 +52,10 @@ from typing import Any
 
 import trio
 
-from sluice.protocols.core import Send, compiled_frames_wanted
-
-try:  # the loop in compiled code (rust/src/carrier.rs, rust/src/parked.rs)
-    from sluice._frames import Carrier, Lane, Parked, Turn
+try:  # the loop in compiled code (rust/src/carrier.rs)
+    from sluice._frames import Carrier, Lane, Turn
 except ImportError:  # a source tree nobody built: the loop below
-    Carrier = Lane = Parked = Turn = None  # type: ignore[assignment,misc]
+    Carrier = Lane = Turn = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("sluice.relay")
 
@@ -74,7 +72,6 @@ class RelayThread(trio.abc.Instrument):
         self._steps: dict[int, Callable[[], None]] = {}
         # The compiled loop, where built; this class's own otherwise.
         self._carrier = Carrier() if Carrier is not None else None
-        self._parked_compiled = Parked is not None and compiled_frames_wanted()
         self._steps_run = 0  # by the Python loop
         self.turn: Turn | _Turn = Turn() if Turn is not None else _Turn()
         self._stopping = False
@@ -145,20 +142,6 @@ class RelayThread(trio.abc.Instrument):
         if self._carrier is None:
             return None
         return Lane(step, source, sink, from_client, slow, after)
-
-    def parked(
-        self, relay: Any, fd: int, from_client: bool, back: trio.Event, slow: Callable[[], None]
-    ) -> Callable[[], None]:
-        """The read step of a parked relay's direction: compiled where
-        built (``Parked``: the read, the core, the writes the sockets take
-        whole, the rest by the relay's methods), else ``slow``, its Python
-        read step, which the compiled one calls for any read it does not
-        take. ``SLUICE_FRAMES=python`` keeps the Python one."""
-        if self._carrier is None or not self._parked_compiled:
-            return slow
-        step: Callable[[], None] = Parked(relay, self, fd, from_client, back, slow, Send,
-                                          self.now, self._offset)  # fmt: skip
-        return step
 
     def bump(self) -> None:
         """Disarm every lane: Python code that may change what they rely

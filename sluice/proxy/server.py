@@ -80,7 +80,7 @@ from sluice.proxy.shared import (
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.writer import Recorder
 
-try:  # a parked connection's accept in compiled code (rust/src/parked.rs)
+try:  # a parked connection's accept in compiled code (rust/src/sockets.rs)
     from sluice._frames import accept_now
 except ImportError:  # a source tree nobody built
     accept_now = None  # type: ignore[assignment]
