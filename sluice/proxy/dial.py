@@ -304,7 +304,9 @@ async def open_tcp(address: Address) -> trio.SocketStream:
     if started is None:
         return await trio.open_tcp_stream(address.host, address.port)
     fd, connected = started
-    return socket_stream(await finish_tcp(fd, address) if not connected else fd)
+    if not connected:
+        return socket_stream(await finish_tcp(fd, address))
+    return socket_stream(_tcp_socket(fd, address))
 
 
 def socket_stream(sock: socket.socket | int) -> trio.SocketStream:
@@ -365,7 +367,7 @@ async def finish_tcp(fd: int, address: Address) -> socket.socket:
     """Wait for a connection ``start_tcp`` began (its descriptor) to be
     made: its socket. Closes it if it fails (raising ``OSError``), or if
     the wait is cancelled."""
-    sock = socket.socket(fileno=fd)
+    sock = _tcp_socket(fd, address)
     try:
         await trio.lowlevel.wait_writable(sock)
         error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -377,6 +379,15 @@ async def finish_tcp(fd: int, address: Address) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _tcp_socket(fd: int, address: Address) -> socket.socket:
+    """The socket object for the descriptor ``start_tcp`` gave for
+    ``address``, told its family, type and protocol (else Python asks the
+    kernel for each)."""
+    family = _ip_family(address.host)
+    assert family is not None  # (start_tcp dials IP addresses only)
+    return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, fileno=fd)
 
 
 def _connected(sock: socket.socket) -> bool:
