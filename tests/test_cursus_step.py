@@ -1,10 +1,10 @@
-"""The compiled step for what a Cursus broker streams (rust/src/step.rs,
-``CursusConnection.quick``) against the core's usual path, the reference,
-on the same reads over real sockets: the same bytes reach the client, the
-metrics end the same, and a drain ends the stream at the same offset.
-Reads that are not deliveries the step checked (a reply, a batch the
-reference refuses, a cut frame too long to hold) come back untouched for
-the usual path."""
+"""The compiled step for what a Cursus broker streams, and for the plain
+OK a commit waits for (rust/src/step.rs, ``CursusConnection.quick``),
+against the core's usual path, the reference, on the same reads over real
+sockets: the same bytes reach the client, the metrics end the same, and a
+drain ends the stream at the same offset. Reads that are not what the
+step checked (a reply, a batch the reference refuses, a cut frame too long
+to hold) come back untouched for the usual path."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from sluice.addresses import Address
 from sluice.protocols.core import Conn, Send, Taps
 from sluice.protocols.cursus import Batch, Keepalive, Message, encode_reply, encode_request
-from sluice.protocols.cursus.commands import Stream
+from sluice.protocols.cursus.commands import CommitOffset, List, Stream
 from sluice.protocols.cursus.connection import CursusConnection, CursusRouting, CursusSettings
-from sluice.protocols.cursus.replies import ErrorReply, StreamControl
+from sluice.protocols.cursus.replies import ErrorReply, OkReply, StreamControl
 from sluice.protocols.faults import FaultAction, Match, Rule
 from sluice.protocols.registry import get
 from sluice.proxy.metrics import Metrics
@@ -192,3 +192,94 @@ def test_the_step_stands_aside_for_a_client_faults_and_a_recorder(tmp_path: Any)
     assert core.quick(False) is None
     recorder = Recorder(RecorderConfig(tmp_path / "rec"), protocol=get("cursus"))
     assert streaming([metrics, recorder]).quick(False) is None, "recorded the Python way"
+
+
+COMMIT = encode_request(
+    CommitOffset(topic="orders", partition=0, group="g", offset=41, generation=1, member="m")
+)
+OK = b"\x00\x00\x00\x02OK"
+
+
+def commit(reads: list[bytes], quick: bool, again: bool = False) -> tuple[Any, int]:
+    """A consumer's commit: its COMMIT_OFFSET sent on, then what the broker
+    answers, read by read (by the step where it may: ``quick``), a second
+    commit sent after the first read if ``again``, and the client's close.
+    What reached the client, the actions after, the metrics; and how many
+    reads the step carried whole."""
+    metrics = Metrics(protocol=get("cursus"))
+    core = CursusConnection(
+        Conn(1, "127.0.0.1:5000", "plain", "cursus"), CursusSettings(), CursusRouting(BROKER),
+        Taps([metrics]),
+    )  # fmt: skip
+    core.receive_client(COMMIT, 0.0)
+    sent = [a.data for a in core.upstream_ready(0.5) if type(a) is Send]
+    out = b""
+    carried = 0
+    with wires() as (ends, readers):
+        for n, data in enumerate(reads):
+            whole, got = one_read(core, quick, False, ends, readers, data)
+            if whole:
+                carried += 1
+                out += got
+            else:
+                out += b"".join(a.data for a in core.receive_broker(got, 1.5) if type(a) is Send)
+            if again and n == 0:
+                sent += [a.data for a in core.receive_client(COMMIT, 1.0) if type(a) is Send]
+    ended = core.receive_client(b"", 2.0)
+    return (sent, out, ended, scraped(metrics)), carried
+
+
+@pytest.mark.parametrize(
+    ("reads", "again", "carried"),
+    [
+        ([OK], False, 1),
+        ([OK[:3], OK[3:]], False, 1),  # the start held by the step, then carried
+        ([OK, OK], True, 2),  # a second commit on the same connection
+        ([OK + OK], False, 0),  # (two answers to one request: the reference's)
+        ([encode_reply(ErrorReply.of("OFFSET_REGRESSION"))], False, 0),
+        ([encode_reply(OkReply.of(batched=1))], False, 0),  # an OK with more to it
+    ],
+    ids=["ok", "cut", "twice", "two-answers", "error", "other"],
+)
+def test_a_commits_ok_carried_comes_out_as_through_the_core(
+    reads: list[bytes], again: bool, carried: int
+) -> None:
+    compiled, took = commit(reads, True, again)
+    assert compiled == commit(reads, False, again)[0]
+    assert took == carried
+    if carried:
+        assert any(
+            'command="COMMIT_OFFSET"' in line
+            and "_count" in line
+            and line.endswith(f" {float(carried)}")
+            for line in compiled[3]
+        ), compiled[3]
+
+
+def test_a_commits_ok_with_any_byte_flipped_comes_out_as_through_the_core() -> None:
+    for at in range(len(OK)):
+        mutated = bytearray(OK)
+        mutated[at] ^= 0x5A
+        reads = [bytes(mutated)]
+        assert commit(reads, True)[0] == commit(reads, False)[0], f"byte {at} flipped"
+
+
+def test_the_step_waits_for_a_commits_answer_alone() -> None:
+    """Only a commit is answered by a plain OK: the step is not offered
+    for another request (its answer carries fields), nor for two at once."""
+    metrics = Metrics(protocol=get("cursus"))
+
+    def waiting(*requests: bytes) -> CursusConnection:
+        core = CursusConnection(
+            Conn(1, "127.0.0.1:5000", "plain", "cursus"), CursusSettings(),
+            CursusRouting(BROKER), Taps([metrics]),
+        )  # fmt: skip
+        core.receive_client(requests[0], 0.0)
+        core.upstream_ready(0.5)
+        for request in requests[1:]:
+            core.receive_client(request, 0.6)
+        return core
+
+    assert waiting(COMMIT).quick(False) is not None
+    assert waiting(encode_request(List())).quick(False) is None
+    assert waiting(COMMIT, COMMIT).quick(False) is None

@@ -165,6 +165,17 @@ pub fn carriable(data: &[u8], max_body: u32, hold_max: usize) -> Option<(Vec<Del
     Some((found, pos))
 }
 
+/// The frame a broker answers a commit with (and most requests that
+/// succeed): its body the two letters OK.
+const PLAIN_OK: &[u8] = b"\x00\x00\x00\x02OK";
+
+/// Where the read ends when `data` is that frame whole and nothing else
+/// (the reference decodes it as an OK reply naming no broker); None for
+/// anything else, left to the reference.
+pub fn plain_ok(data: &[u8]) -> Option<usize> {
+    (data == PLAIN_OK).then_some(PLAIN_OK.len())
+}
+
 #[cfg(feature = "python")]
 pub mod python {
     use pyo3::prelude::*;
@@ -279,6 +290,16 @@ mod tests {
         assert!(carriable(&stream, 1 << 20, 8).is_none());
         assert!(carriable(&stream, 4, 1 << 20).is_none());
         assert!(carriable(b"\x00\x00\x00\x02OK", 1 << 20, 1 << 20).is_none());
+        // ... which plain_ok takes, whole and alone.
+        assert_eq!(plain_ok(b"\x00\x00\x00\x02OK"), Some(6));
+        for other in [
+            &b"\x00\x00\x00\x02OKx"[..],
+            b"\x00\x00\x00\x02O",
+            b"\x00\x00\x00\x03OK!",
+            b"",
+        ] {
+            assert_eq!(plain_ok(other), None);
+        }
         // A topic that is not UTF-8, and a last offset with no next.
         let bad = batch(b"\xff", &[(3, b"a")]);
         let mut frame = (bad.len() as u32).to_be_bytes().to_vec();

@@ -336,10 +336,27 @@ pub mod python {
 
     /// A Cursus connection whose broker streams (STREAM answered): its
     /// deliveries, batches and keepalives, carried and tallied by topic.
+    /// Or one that waits for the plain OK of its one request (a commit):
+    /// that reply alone, timed as the core times an answer.
     struct Cursus {
         /// Where the stream goes on from (the last delivered offset + 1),
         /// as carried reads moved it since the core last took it.
         offset: Mutex<Option<u64>>,
+        /// Whether the core waits for a reply (``expect_ok``), and whether
+        /// the step carried it.
+        reply: Mutex<Reply>,
+    }
+
+    /// What a Cursus step may carry of the broker's reads.
+    enum Reply {
+        /// A stream's deliveries (what the core offers the step for once a
+        /// STREAM is answered; and nothing is expected).
+        Stream,
+        /// The plain OK answering this request (its command, and when it
+        /// was sent by the core's clock), and nothing else.
+        Expect(String, f64),
+        /// That OK, carried: nothing more until the core takes it back.
+        Answered,
     }
 
     /// What a read the step carries holds, as its protocol checked it.
@@ -347,6 +364,8 @@ pub mod python {
         /// The frames, and the read with SENDs sealed (if any were).
         Pulsar(Spare, Option<(Vec<u8>, String, i64)>),
         Cursus(Vec<crate::cursus::Delivery>),
+        /// The plain OK a Cursus request waited for.
+        CursusOk,
     }
 
     /// Where a carried read's frame records go, when the proxy records.
@@ -491,6 +510,7 @@ pub mod python {
                 held: Mutex::new([Vec::new(), Vec::new()]),
                 kind: Kind::Cursus(Cursus {
                     offset: Mutex::new(None),
+                    reply: Mutex::new(Reply::Stream),
                 }),
             }
         }
@@ -503,6 +523,34 @@ pub mod python {
             match &self.kind {
                 Kind::Cursus(c) => c.offset.lock().unwrap_or_else(|e| e.into_inner()).take(),
                 Kind::Pulsar(_) => None,
+            }
+        }
+
+        /// expect_ok(request, sent): the next read of a Cursus broker that
+        /// is not streaming may be the plain OK answering ``request`` (its
+        /// command, sent at ``sent`` by the core's clock): that read alone,
+        /// the frame whole and nothing else, is carried, counted as an OK
+        /// and timed as that request's answer; after it, nothing is carried
+        /// until ``take_answered``. Any other read is given back, as
+        /// always. (A Pulsar step: nothing.)
+        fn expect_ok(&self, request: String, sent: f64) {
+            if let Kind::Cursus(c) = &self.kind {
+                *c.reply.lock().unwrap_or_else(|e| e.into_inner()) = Reply::Expect(request, sent);
+            }
+        }
+
+        /// take_answered() -> int: the requests carried reads answered
+        /// since the last take (0 or 1), for the core to pair; the step
+        /// goes back to carrying a stream's deliveries only.
+        fn take_answered(&self) -> u32 {
+            match &self.kind {
+                Kind::Cursus(c) => {
+                    let mut reply = c.reply.lock().unwrap_or_else(|e| e.into_inner());
+                    let answered = u32::from(matches!(*reply, Reply::Answered));
+                    *reply = Reply::Stream;
+                    answered
+                }
+                Kind::Pulsar(_) => 0,
             }
         }
 
@@ -590,8 +638,17 @@ pub mod python {
                     match &self.kind {
                         Kind::Pulsar(p) => self.pulsar_found(py, p, data, from_client, now),
                         Kind::Cursus(_) if from_client => None,
-                        Kind::Cursus(_) => crate::cursus::carriable(data, self.max_total, HOLD_MAX)
-                            .map(|(d, end)| (Found::Cursus(d), end)),
+                        Kind::Cursus(c) => match *c.reply.lock().unwrap_or_else(|e| e.into_inner())
+                        {
+                            Reply::Stream => {
+                                crate::cursus::carriable(data, self.max_total, HOLD_MAX)
+                                    .map(|(d, end)| (Found::Cursus(d), end))
+                            }
+                            Reply::Expect(..) => {
+                                crate::cursus::plain_ok(data).map(|end| (Found::CursusOk, end))
+                            }
+                            Reply::Answered => None,
+                        },
                     }
                 };
                 let Some((found, end)) = found else {
@@ -617,6 +674,9 @@ pub mod python {
                     }
                     (Kind::Cursus(c), Found::Cursus(found)) => {
                         self.account_cursus(py, c, frames, &found, from_client);
+                    }
+                    (Kind::Cursus(c), Found::CursusOk) => {
+                        self.account_ok(py, c, frames.len(), now);
                     }
                     _ => unreachable!("a step finds what its own protocol finds"),
                 }
@@ -712,6 +772,21 @@ pub mod python {
                     *offset = last.checked_add(1);
                 }
             }
+        }
+
+        /// What the core and the metrics tap do for the OK a request
+        /// waited for: the frame counted by name, the request's answer
+        /// timed, and the request answered (for ``take_answered``).
+        fn account_ok(&self, py: Python<'_>, c: &Cursus, size: usize, now: f64) {
+            let mut reply = c.reply.lock().unwrap_or_else(|e| e.into_inner());
+            let Reply::Expect(request, sent) = std::mem::replace(&mut *reply, Reply::Answered)
+            else {
+                return; // (found only while one is expected: the GIL is held throughout)
+            };
+            drop(reply);
+            let mut figures = self.figures.bind(py).borrow_mut();
+            figures.count_named(false, "OK", size as u64);
+            figures.answered(&request, now - sent);
         }
 
         /// The frames of a read with the SENDs of sealed producers encrypted:

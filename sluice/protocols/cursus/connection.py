@@ -175,6 +175,13 @@ class _Request:
     stream: bool
 
 
+# The requests a broker answers with the two letters OK and nothing more when
+# they succeed (a commit; every other command's OK carries fields): the
+# ones whose answer the compiled step may carry (``quick``). Offered for any
+# other request, it would read the answer only to give it back.
+_PLAIN_OK = frozenset({"COMMIT_OFFSET"})
+
+
 class CursusConnection:
     protocol = "cursus"
 
@@ -326,12 +333,14 @@ class CursusConnection:
 
     def quick(self, from_client: bool) -> QuickStep | None:
         """The compiled step that may carry the next read of a direction:
-        from the broker, once a STREAM is answered, with no fault rule, no
-        reply waiting for a listener, and the metrics the only tap. None:
-        the read comes through ``receive_broker`` (or ``receive_client``).
-        The step gives back any read that is not deliveries it checked,
-        every one of them, and the start of one."""
-        if from_client or self._streaming is None or self.state is not State.RELAY:
+        from the broker, with no fault rule, no reply waiting for a
+        listener, and the metrics the only tap; once a STREAM is answered,
+        or while the one request sent waits for its answer (a commit: the
+        step carries a plain OK, and nothing else, as ``_answer`` would
+        take it). None: the read comes through ``receive_broker`` (or
+        ``receive_client``). The step gives back any read that is not what
+        it checked, every byte of it, and the start of one."""
+        if from_client or self.state is not State.RELAY:
             return None
         if self.faults.rules or self._held or self._asks or self._broker_closed:
             return None
@@ -340,6 +349,12 @@ class CursusConnection:
             step = self._renewed_step(step)
         if step is None:
             return None
+        if self._streaming is None:
+            self._taken_back(step)  # (an answer it carried: paired first)
+            requests = self._requests
+            if len(requests) != 1 or requests[0].name not in _PLAIN_OK:
+                return None
+            step.expect_ok(requests[0].name, requests[0].started)
         return step if resumed_in_step(step, self._broker, False) else None
 
     def _renewed_step(self, old: Any) -> Any:
@@ -364,9 +379,12 @@ class CursusConnection:
             self._stream_offset = offset
 
     def _taken_back(self, step: Any) -> None:
-        """What the step's carried reads left: the stream's offset, and the
+        """What the step's carried reads left: the stream's offset, the
+        request it answered (paired here as ``_answer`` pairs one), and the
         start of a frame its last read ended in (into the decoder)."""
         self._offset_from(step)
+        for _ in range(step.take_answered()):
+            self._requests.popleft()
         held_back(step, self._broker, False)
 
     def closed(self, reason: str) -> None:
