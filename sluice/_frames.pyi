@@ -151,9 +151,10 @@ class Step:
     def give_held(self, from_client: bool, start: bytes) -> bool: ...
     def take_offset(self) -> int | None:
         """Where a Cursus stream goes on from, if carried reads moved it."""
-    def expect_ok(self, request: str, sent: float) -> None:
-        """The next read of a Cursus broker may be the plain OK answering
-        ``request``: carried alone, timed as its answer."""
+    def expect_ok(self, request: str, sent: float, batched: bool = False) -> None:
+        """The next read of a Cursus broker may be the OK answering the
+        commit ``request`` (``OK batched=N`` if ``batched``): carried
+        alone, timed as its answer."""
     def take_answered(self) -> int:
         """The requests carried reads answered since the last take; the
         expectation forgotten."""

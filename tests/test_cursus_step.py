@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sluice.addresses import Address
 from sluice.protocols.core import Conn, Send, Taps
 from sluice.protocols.cursus import Batch, Keepalive, Message, encode_reply, encode_request
-from sluice.protocols.cursus.commands import CommitOffset, List, Stream
+from sluice.protocols.cursus.commands import BatchCommit, CommitOffset, List, Stream
 from sluice.protocols.cursus.connection import CursusConnection, CursusRouting, CursusSettings
 from sluice.protocols.cursus.replies import ErrorReply, OkReply, StreamControl
 from sluice.protocols.faults import FaultAction, Match, Rule
@@ -198,9 +198,15 @@ COMMIT = encode_request(
     CommitOffset(topic="orders", partition=0, group="g", offset=41, generation=1, member="m")
 )
 OK = b"\x00\x00\x00\x02OK"
+BATCH_COMMIT = encode_request(
+    BatchCommit(topic="orders", group="g", member="m", generation=1, offsets=((0, 41), (1, 7)))
+)
+BATCHED = encode_reply(OkReply.of(batched=2))
 
 
-def commit(reads: list[bytes], quick: bool, again: bool = False) -> tuple[Any, int]:
+def commit(
+    reads: list[bytes], quick: bool, again: bool = False, request: bytes = COMMIT
+) -> tuple[Any, int]:
     """A consumer's commit: its COMMIT_OFFSET sent on, then what the broker
     answers, read by read (by the step where it may: ``quick``), a second
     commit sent after the first read if ``again``, and the client's close.
@@ -211,7 +217,7 @@ def commit(reads: list[bytes], quick: bool, again: bool = False) -> tuple[Any, i
         Conn(1, "127.0.0.1:5000", "plain", "cursus"), CursusSettings(), CursusRouting(BROKER),
         Taps([metrics]),
     )  # fmt: skip
-    core.receive_client(COMMIT, 0.0)
+    core.receive_client(request, 0.0)
     sent = [a.data for a in core.upstream_ready(0.5) if type(a) is Send]
     out = b""
     carried = 0
@@ -224,49 +230,68 @@ def commit(reads: list[bytes], quick: bool, again: bool = False) -> tuple[Any, i
             else:
                 out += b"".join(a.data for a in core.receive_broker(got, 1.5) if type(a) is Send)
             if again and n == 0:
-                sent += [a.data for a in core.receive_client(COMMIT, 1.0) if type(a) is Send]
+                sent += [a.data for a in core.receive_client(request, 1.0) if type(a) is Send]
     ended = core.receive_client(b"", 2.0)
     return (sent, out, ended, scraped(metrics)), carried
 
 
 @pytest.mark.parametrize(
-    ("reads", "again", "carried"),
+    ("request_", "reads", "again", "carried"),
     [
-        ([OK], False, 1),
-        ([OK[:3], OK[3:]], False, 1),  # the start held by the step, then carried
-        ([OK, OK], True, 2),  # a second commit on the same connection
-        ([OK + OK], False, 0),  # (two answers to one request: the reference's)
-        ([encode_reply(ErrorReply.of("OFFSET_REGRESSION"))], False, 0),
-        ([encode_reply(OkReply.of(batched=1))], False, 0),  # an OK with more to it
+        (COMMIT, [OK], False, 1),
+        (COMMIT, [OK[:3], OK[3:]], False, 1),  # the start held by the step, then carried
+        (COMMIT, [OK, OK], True, 2),  # a second commit on the same connection
+        (COMMIT, [OK + OK], False, 0),  # (two answers to one request: the reference's)
+        (COMMIT, [encode_reply(ErrorReply.of("OFFSET_REGRESSION"))], False, 0),
+        (COMMIT, [BATCHED], False, 0),  # an OK with more to it
+        (BATCH_COMMIT, [BATCHED], False, 1),
+        (BATCH_COMMIT, [BATCHED[:7], BATCHED[7:]], False, 1),
+        (BATCH_COMMIT, [BATCHED, BATCHED], True, 2),
+        (BATCH_COMMIT, [OK], False, 0),
+        (BATCH_COMMIT, [encode_reply(OkReply.of(batched="two"))], False, 0),
     ],
-    ids=["ok", "cut", "twice", "two-answers", "error", "other"],
+    ids=[
+        "ok",
+        "cut",
+        "twice",
+        "two-answers",
+        "error",
+        "other",
+        "batched",
+        "batched-cut",
+        "batched-twice",
+        "batched-plain",
+        "batched-word",
+    ],
 )
 def test_a_commits_ok_carried_comes_out_as_through_the_core(
-    reads: list[bytes], again: bool, carried: int
+    request_: bytes, reads: list[bytes], again: bool, carried: int
 ) -> None:
-    compiled, took = commit(reads, True, again)
-    assert compiled == commit(reads, False, again)[0]
+    compiled, took = commit(reads, True, again, request_)
+    assert compiled == commit(reads, False, again, request_)[0]
     assert took == carried
+    name = "COMMIT_OFFSET" if request_ is COMMIT else "BATCH_COMMIT"
     if carried:
         assert any(
-            'command="COMMIT_OFFSET"' in line
-            and "_count" in line
-            and line.endswith(f" {float(carried)}")
+            f'command="{name}"' in line and "_count" in line and line.endswith(f" {float(carried)}")
             for line in compiled[3]
         ), compiled[3]
 
 
 def test_a_commits_ok_with_any_byte_flipped_comes_out_as_through_the_core() -> None:
-    for at in range(len(OK)):
-        mutated = bytearray(OK)
-        mutated[at] ^= 0x5A
-        reads = [bytes(mutated)]
-        assert commit(reads, True)[0] == commit(reads, False)[0], f"byte {at} flipped"
+    for request, answer in ((COMMIT, OK), (BATCH_COMMIT, BATCHED)):
+        for at in range(len(answer)):
+            mutated = bytearray(answer)
+            mutated[at] ^= 0x5A
+            reads = [bytes(mutated)]
+            compiled = commit(reads, True, request=request)[0]
+            assert compiled == commit(reads, False, request=request)[0], f"byte {at} flipped"
 
 
 def test_the_step_waits_for_a_commits_answer_alone() -> None:
-    """Only a commit is answered by a plain OK: the step is not offered
-    for another request (its answer carries fields), nor for two at once."""
+    """Only a commit is answered by a bare OK (or OK batched=N): the step
+    is not offered for another request (its answer carries fields of its
+    own), nor for two at once."""
     metrics = Metrics(protocol=get("cursus"))
 
     def waiting(*requests: bytes) -> CursusConnection:
@@ -281,5 +306,6 @@ def test_the_step_waits_for_a_commits_answer_alone() -> None:
         return core
 
     assert waiting(COMMIT).quick(False) is not None
+    assert waiting(BATCH_COMMIT).quick(False) is not None
     assert waiting(encode_request(List())).quick(False) is None
     assert waiting(COMMIT, COMMIT).quick(False) is None

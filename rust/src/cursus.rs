@@ -165,15 +165,25 @@ pub fn carriable(data: &[u8], max_body: u32, hold_max: usize) -> Option<(Vec<Del
     Some((found, pos))
 }
 
-/// The frame a broker answers a commit with (and most requests that
-/// succeed): its body the two letters OK.
-const PLAIN_OK: &[u8] = b"\x00\x00\x00\x02OK";
-
-/// Where the read ends when `data` is that frame whole and nothing else
-/// (the reference decodes it as an OK reply naming no broker); None for
-/// anything else, left to the reference.
-pub fn plain_ok(data: &[u8]) -> Option<usize> {
-    (data == PLAIN_OK).then_some(PLAIN_OK.len())
+/// Where the read ends when `data` is, whole and alone, the OK a broker
+/// answers a commit with: the two letters `OK` (COMMIT_OFFSET), or, for a
+/// commit of several partitions (`batched`), `OK batched=N` with N a
+/// decimal count of at most ten digits (BATCH_COMMIT). The reference
+/// decodes either as an OK reply naming no broker. None for anything
+/// else, left to the reference.
+pub fn commit_ok(data: &[u8], batched: bool) -> Option<usize> {
+    let length = u32::from_be_bytes(data.get(..4)?.try_into().ok()?);
+    let body = data.get(4..)?;
+    if length as usize != body.len() {
+        return None;
+    }
+    let fits = if batched {
+        body.strip_prefix(b"OK batched=")
+            .is_some_and(|n| (1..=10).contains(&n.len()) && n.iter().all(u8::is_ascii_digit))
+    } else {
+        body == b"OK"
+    };
+    fits.then_some(data.len())
 }
 
 #[cfg(feature = "python")]
@@ -290,15 +300,28 @@ mod tests {
         assert!(carriable(&stream, 1 << 20, 8).is_none());
         assert!(carriable(&stream, 4, 1 << 20).is_none());
         assert!(carriable(b"\x00\x00\x00\x02OK", 1 << 20, 1 << 20).is_none());
-        // ... which plain_ok takes, whole and alone.
-        assert_eq!(plain_ok(b"\x00\x00\x00\x02OK"), Some(6));
+        // ... which commit_ok takes, whole and alone, as it answers a commit.
+        assert_eq!(commit_ok(b"\x00\x00\x00\x02OK", false), Some(6));
+        let batched = b"\x00\x00\x00\x0cOK batched=2";
+        assert_eq!(commit_ok(batched, true), Some(batched.len()));
+        assert_eq!(commit_ok(batched, false), None);
+        assert_eq!(commit_ok(b"\x00\x00\x00\x02OK", true), None);
         for other in [
             &b"\x00\x00\x00\x02OKx"[..],
             b"\x00\x00\x00\x02O",
             b"\x00\x00\x00\x03OK!",
+            b"\x00\x00\x00\x0bOK batched=",
+            b"\x00\x00\x00\x0cOK batched=x",
+            b"\x00\x00\x00\x0dOK batched=2 ",
+            b"\x00\x00\x00\x16OK batched=12345678901",
             b"",
         ] {
-            assert_eq!(plain_ok(other), None);
+            assert_eq!(commit_ok(other, false), None);
+            assert_eq!(commit_ok(other, true), None);
+        }
+        // Every cut of either is left alone.
+        for cut in 0..batched.len() {
+            assert_eq!(commit_ok(&batched[..cut], true), None);
         }
         // A topic that is not UTF-8, and a last offset with no next.
         let bad = batch(b"\xff", &[(3, b"a")]);

@@ -352,9 +352,10 @@ pub mod python {
         /// A stream's deliveries (what the core offers the step for once a
         /// STREAM is answered; and nothing is expected).
         Stream,
-        /// The plain OK answering this request (its command, and when it
-        /// was sent by the core's clock), and nothing else.
-        Expect(String, f64),
+        /// The OK answering this commit (its command, when it was sent by
+        /// the core's clock, and whether it commits several partitions:
+        /// `crate::cursus::commit_ok`), and nothing else.
+        Expect(String, f64, bool),
         /// That OK, carried: nothing more until the core takes it back.
         Answered,
     }
@@ -526,16 +527,19 @@ pub mod python {
             }
         }
 
-        /// expect_ok(request, sent): the next read of a Cursus broker that
-        /// is not streaming may be the plain OK answering ``request`` (its
-        /// command, sent at ``sent`` by the core's clock): that read alone,
-        /// the frame whole and nothing else, is carried, counted as an OK
-        /// and timed as that request's answer; after it, nothing is carried
-        /// until ``take_answered``. Any other read is given back, as
-        /// always. (A Pulsar step: nothing.)
-        fn expect_ok(&self, request: String, sent: f64) {
+        /// expect_ok(request, sent, batched=False): the next read of a
+        /// Cursus broker that is not streaming may be the OK answering the
+        /// commit ``request`` (its command, sent at ``sent`` by the core's
+        /// clock; ``batched``: one of several partitions, answered
+        /// ``OK batched=N``): that read alone, the frame whole and nothing
+        /// else, is carried, counted as an OK and timed as that request's
+        /// answer; after it, nothing is carried until ``take_answered``.
+        /// Any other read is given back, as always. (A Pulsar step: nothing.)
+        #[pyo3(signature = (request, sent, batched=false))]
+        fn expect_ok(&self, request: String, sent: f64, batched: bool) {
             if let Kind::Cursus(c) = &self.kind {
-                *c.reply.lock().unwrap_or_else(|e| e.into_inner()) = Reply::Expect(request, sent);
+                *c.reply.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Reply::Expect(request, sent, batched);
             }
         }
 
@@ -644,9 +648,8 @@ pub mod python {
                                 crate::cursus::carriable(data, self.max_total, HOLD_MAX)
                                     .map(|(d, end)| (Found::Cursus(d), end))
                             }
-                            Reply::Expect(..) => {
-                                crate::cursus::plain_ok(data).map(|end| (Found::CursusOk, end))
-                            }
+                            Reply::Expect(_, _, batched) => crate::cursus::commit_ok(data, batched)
+                                .map(|end| (Found::CursusOk, end)),
                             Reply::Answered => None,
                         },
                     }
@@ -779,7 +782,7 @@ pub mod python {
         /// timed, and the request answered (for ``take_answered``).
         fn account_ok(&self, py: Python<'_>, c: &Cursus, size: usize, now: f64) {
             let mut reply = c.reply.lock().unwrap_or_else(|e| e.into_inner());
-            let Reply::Expect(request, sent) = std::mem::replace(&mut *reply, Reply::Answered)
+            let Reply::Expect(request, sent, _) = std::mem::replace(&mut *reply, Reply::Answered)
             else {
                 return; // (found only while one is expected: the GIL is held throughout)
             };

@@ -175,11 +175,12 @@ class _Request:
     stream: bool
 
 
-# The requests a broker answers with the two letters OK and nothing more when
-# they succeed (a commit; every other command's OK carries fields): the
-# ones whose answer the compiled step may carry (``quick``). Offered for any
-# other request, it would read the answer only to give it back.
-_PLAIN_OK = frozenset({"COMMIT_OFFSET"})
+# The commits, whose answer the compiled step may carry (``quick``): a
+# broker answers a commit with the two letters OK, and one of several
+# partitions with ``OK batched=N`` (True here). Every other command's OK
+# carries fields of its own: offered for those, the step would read the
+# answer only to give it back.
+_COMMIT_OK = {"COMMIT_OFFSET": False, "BATCH_COMMIT": True}
 
 
 class CursusConnection:
@@ -336,8 +337,8 @@ class CursusConnection:
         from the broker, with no fault rule, no reply waiting for a
         listener, and the metrics the only tap; once a STREAM is answered,
         or while the one request sent waits for its answer (a commit: the
-        step carries a plain OK, and nothing else, as ``_answer`` would
-        take it). None: the read comes through ``receive_broker`` (or
+        step carries its OK, and nothing else, as ``_answer`` would take
+        it). None: the read comes through ``receive_broker`` (or
         ``receive_client``). The step gives back any read that is not what
         it checked, every byte of it, and the start of one."""
         if from_client or self.state is not State.RELAY:
@@ -352,9 +353,10 @@ class CursusConnection:
         if self._streaming is None:
             self._taken_back(step)  # (an answer it carried: paired first)
             requests = self._requests
-            if len(requests) != 1 or requests[0].name not in _PLAIN_OK:
+            batched = _COMMIT_OK.get(requests[0].name) if len(requests) == 1 else None
+            if batched is None:
                 return None
-            step.expect_ok(requests[0].name, requests[0].started)
+            step.expect_ok(requests[0].name, requests[0].started, batched)
         return step if resumed_in_step(step, self._broker, False) else None
 
     def _renewed_step(self, old: Any) -> Any:
