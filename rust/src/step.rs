@@ -336,8 +336,8 @@ pub mod python {
 
     /// A Cursus connection whose broker streams (STREAM answered): its
     /// deliveries, batches and keepalives, carried and tallied by topic.
-    /// Or one that waits for the plain OK of its one request (a commit):
-    /// that reply alone, timed as the core times an answer.
+    /// Or one that waits for the OK of its one request (a commit): that
+    /// reply alone, timed as the core times an answer.
     struct Cursus {
         /// Where the stream goes on from (the last delivered offset + 1),
         /// as carried reads moved it since the core last took it.
@@ -365,7 +365,7 @@ pub mod python {
         /// The frames, and the read with SENDs sealed (if any were).
         Pulsar(Spare, Option<(Vec<u8>, String, i64)>),
         Cursus(Vec<crate::cursus::Delivery>),
-        /// The plain OK a Cursus request waited for.
+        /// The OK a Cursus commit waited for.
         CursusOk,
     }
 
@@ -777,7 +777,7 @@ pub mod python {
             }
         }
 
-        /// What the core and the metrics tap do for the OK a request
+        /// What the core and the metrics tap do for the OK a commit
         /// waited for: the frame counted by name, the request's answer
         /// timed, and the request answered (for ``take_answered``).
         fn account_ok(&self, py: Python<'_>, c: &Cursus, size: usize, now: f64) {
