@@ -4,10 +4,11 @@ The client splits a message larger than the broker's limit into chunks sized
 by the ``max_message_size`` it was told. Sluice once told it 5 MiB on lookup
 connections, more than the broker accepts: every chunk was refused and the
 client reconnected forever. Each size is sent direct and through the proxy in
-the same run; ``pulsar-lite`` sometimes loses a chunk on its own, so there
-only sizes delivered direct are required through the proxy. Tests that take
-``any_broker`` run against Apache Pulsar too, where every size must arrive
-both ways.
+the same run. ``pulsar-lite`` 0.2.0 sometimes loses a chunked message on its
+own (it redelivers a chunk, and the client drops the message), direct too:
+there each side gets a few tries on fresh topics, and the proxy must deliver
+whenever the broker delivers direct. Tests that take ``any_broker`` run
+against Apache Pulsar too, where every size must arrive both ways at once.
 """
 
 from __future__ import annotations
@@ -66,6 +67,22 @@ def _send_and_receive(
     return got
 
 
+def delivered(url: str, name: str, size: int, tries: int, wait_ms: int = 30_000) -> int:
+    """The try (1 on) on which one chunked message of ``size`` bytes, sent
+    to a fresh topic, came back; 0 if none of ``tries`` did."""
+    for attempt in range(1, tries + 1):
+        topic = f"persistent://public/default/chunked-{name}-{uuid.uuid4().hex[:8]}"
+        if send_and_receive(url, topic, size, wait_ms=wait_ms) is not None:
+            return attempt
+    return 0
+
+
+def tries_on(broker: Broker) -> int:
+    """pulsar-lite loses chunked messages now and then, direct too (the
+    module's docstring): a few tries there; one on Apache Pulsar."""
+    return 3 if isinstance(broker, EmbeddedBroker) else 1
+
+
 @pytest.fixture(scope="module")
 def recording_proxy(
     any_broker: Broker, tmp_path_factory: pytest.TempPathFactory
@@ -86,12 +103,12 @@ def test_chunked_message_passes_as_direct(
     any_broker: Broker, recording_proxy: tuple[ProxyProcess, Path], mib: int
 ) -> None:
     proxy, _ = recording_proxy
-    base = f"persistent://public/default/chunked-{mib}-{uuid.uuid4().hex[:8]}"
-    direct = send_and_receive(any_broker.url, base + "-direct", mib * MiB)
-    if direct is None:
-        pytest.fail(f"{mib} MiB chunked message lost direct, no proxy in the path")
-    proxied = send_and_receive(proxy.url, base + "-proxied", mib * MiB)
-    assert proxied is not None, f"{mib} MiB chunked message lost through the proxy"
+    tries = tries_on(any_broker)
+    if not delivered(any_broker.url, f"{mib}-direct", mib * MiB, tries):
+        pytest.fail(f"{mib} MiB chunked message lost direct {tries} times, no proxy in the path")
+    assert delivered(proxy.url, f"{mib}-proxied", mib * MiB, tries), (
+        f"{mib} MiB chunked message lost through the proxy {tries} times"
+    )
     log = proxy.log()
     assert "unframeable" not in log and "NotAllowed" not in log, log[-3000:]
 
@@ -136,23 +153,17 @@ def test_recorded_chunks_hash_like_the_delivered_chunks(
 
 
 def test_partitioned_topic_carries_chunked_messages(tmp_path: Path) -> None:
-    """pulsar-lite loses chunked messages on partitioned topics now and then,
-    direct too: each side gets a few tries, and the proxy must deliver
+    """pulsar-lite loses chunked messages on partitioned topics more often,
+    direct too: each side gets five tries, and the proxy must deliver
     whenever the broker delivers direct."""
-
-    def delivered(url: str, name: str) -> int:
-        for attempt in range(1, 6):
-            topic = f"persistent://public/default/chunked-{name}-{uuid.uuid4().hex[:8]}"
-            if send_and_receive(url, topic, 6 * MiB, wait_ms=8_000) is not None:
-                return attempt
-        return 0
-
     with EmbeddedBroker(default_partitions=3) as partitioned:
         p = start_proxy(partitioned.url, tmp_path, "--record", str(tmp_path / "rec"))
         try:
-            if not delivered(partitioned.url, "direct"):
+            if not delivered(partitioned.url, "direct", 6 * MiB, 5, wait_ms=8_000):
                 pytest.fail("pulsar-lite lost 5 chunked messages in a row direct")
-            assert delivered(p.url, "proxied"), "5 chunked messages lost through the proxy"
+            assert delivered(p.url, "proxied", 6 * MiB, 5, wait_ms=8_000), (
+                "5 chunked messages lost through the proxy"
+            )
         finally:
             p.kill()
         assert "Traceback" not in p.log()
