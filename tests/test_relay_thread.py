@@ -18,7 +18,7 @@ from sluice.protocols.core import Conn, OnInvalid, Relayed, Taps
 from sluice.protocols.faults import FaultAction, Match, Rule
 from sluice.protocols.pulsar import Frame, pb
 from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
-from sluice.protocols.pulsar.decoder import FrameDecoder
+from sluice.protocols.pulsar.decoder import COMPILED, FrameDecoder
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy import relay_thread as relay_thread_module
 from sluice.proxy.metrics import Metrics
@@ -45,6 +45,15 @@ from tests.test_relay_clock import (
 # Varied sizes, several far over the 4 KiB socket buffers: writes that the
 # socket does not take whole, handed back to trio and finished there.
 SIZES = [10, 70_000, 1_000, 5, 33_000, 200, 65_536, 1, 9_000, 130_000] * 4
+
+
+def needs_the_compiled_step() -> None:
+    """For the tests that hold what the compiled step does: without it
+    (SLUICE_FRAMES=python, or a tree nobody built) they fail saying why."""
+    assert COMPILED is not None, (
+        "this test needs the compiled frame path: built (pip install -e .), "
+        "and not turned off by SLUICE_FRAMES=python"
+    )
 
 
 class QuickDial(Harness):
@@ -138,6 +147,7 @@ async def test_a_compiled_reads_write_that_must_wait_is_finished_on_the_thread(
     reading nothing more meanwhile, instead of going back to trio: every
     SEND arrives whole and in order, and the writes waited are counted.
     The same with the relay thread's Python loop."""
+    needs_the_compiled_step()
     if loop == "python":
         monkeypatch.setattr(relay_thread_module, "Carrier", None)
         monkeypatch.setattr(relay_thread_module, "Turn", None)
@@ -253,6 +263,8 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
     they are armed applies to the very next read, and once it is removed
     reads go through again. The Python loop (a tree without the compiled
     module, its turn two locks) relays the same."""
+    if loop == "compiled":
+        needs_the_compiled_step()
     if loop == "python":
         monkeypatch.setattr(relay_thread_module, "Carrier", None)
         monkeypatch.setattr(relay_thread_module, "Turn", None)
@@ -346,6 +358,7 @@ async def test_a_python_read_step_disarms_its_own_connections_lanes_only() -> No
     armed across it, so the compiled loop carries most of A's reads by
     itself (each lane counts the reads it carried alone); B's read steps
     all ran in Python."""
+    needs_the_compiled_step()
     rounds = 40
     cores, relays, clients = [], [], []
     broker_threads = []
