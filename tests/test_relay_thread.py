@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -419,6 +420,79 @@ async def test_a_python_read_step_disarms_its_own_connections_lanes_only() -> No
     # A: its SENDs and receipts, 2 * rounds reads, nearly all carried alone.
     assert runs[0] >= rounds, runs
     assert runs[1] <= rounds // 4, runs
+
+
+async def test_lanes_carry_with_the_step_the_core_renewed_when_the_taps_changed() -> None:
+    """The taps change while a connection's lanes are armed (a live view
+    begins: ``Taps.changed`` in trio), and the core builds a new compiled
+    step. From the next read on, each direction carries with that step:
+    a SEND whose start a carried read ends in and whose rest comes in a
+    read the step gives back (with a PRODUCER) arrives whole, and the
+    connection goes on. (A lane that kept the old step held that start
+    where the core never looked: the rest read as a frame of 800 MB, and
+    the connection was closed as unframeable.)"""
+    needs_the_compiled_step()
+    client_stream, client_sock = plain_pair()
+    broker_stream, broker_sock = plain_pair()
+    got: list[Frame] = []
+    broker = threading.Thread(target=serve_broker, args=(broker_sock, got), daemon=True)
+    broker.start()
+    taps = Taps([Metrics()])
+    core = PulsarConnection(
+        Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
+        PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
+        Routing(parse_broker_url(BROKER_URL)),
+        taps,
+    )
+
+    async def dial(address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
+        return broker_stream
+
+    def until(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline, "not within 10 s"
+            time.sleep(0.005)
+
+    def client(relay: Relay) -> tuple[list[str], list[bool], bool]:
+        wire = ThreadWire(client_sock)
+        with client_sock:
+            wire.send(connect(BROKER_URL))
+            assert (answer := wire.receive(10)) is not None and answer.name == "CONNECTED"
+            wire.send(frame_bytes("PRODUCER", pb.CommandProducer(topic=TOPIC, producer_id=1,
+                                                                 request_id=1)))  # fmt: skip
+            assert (answer := wire.receive(10)) is not None and answer.name == "PRODUCER_SUCCESS"
+            for sequence in range(14):
+                if sequence == 10:
+                    trio.from_thread.run_sync(taps.changed)  # as a live view's first poll
+                wire.send(send_frame(sequence, b"x" * 100))
+                answer = wire.receive(10)
+                assert answer is not None and answer.name == "SEND_RECEIPT", answer
+            lanes = [lane.step is core._step for lane in relay._lanes.values() if lane is not None]
+            split = send_frame(15, b"z" * 100)
+            wire.send(send_frame(14, b"y" * 100) + split[:10])
+            until(lambda: len(got) == 15)  # that read taken: the start of SEND 15 held
+            wire.send(split[10:] + frame_bytes("PRODUCER", pb.CommandProducer(
+                topic=TOPIC, producer_id=2, request_id=2)))  # fmt: skip
+            answers: list[str] = []
+            while len(answers) < 3 and (answer := wire.receive(10)) is not None:
+                answers.append(answer.name)
+            return answers, lanes, relay._closing
+
+    async with relay_thread() as carrier, trio.open_nursery() as nursery:
+        assert carrier is not None
+        relay = Relay(core, client_stream, timing=TIMING, dial=dial, ask=never_ask, tap=taps,
+                      thread=carrier)  # fmt: skip
+        nursery.start_soon(relay.run)
+        with trio.fail_after(30):
+            answers, lanes, closing = await trio.to_thread.run_sync(client, relay)
+        nursery.cancel_scope.cancel()
+    broker.join(10)
+    assert answers == ["SEND_RECEIPT", "SEND_RECEIPT", "PRODUCER_SUCCESS"]
+    assert [f.body.sequence_id for f in got] == list(range(16))
+    assert got[15].payload == b"z" * 100
+    assert not closing  # before the client left (it was closed: unframeable)
+    assert lanes == [True, True]  # both directions carry with the renewed step
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])

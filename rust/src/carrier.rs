@@ -88,6 +88,13 @@ pub mod python {
             self.armed.store(0, Ordering::Relaxed);
         }
 
+        /// The compiled step it carries reads with (the relay makes a new
+        /// lane when the core's step is another: the taps changed).
+        #[getter]
+        fn step(&self, py: Python<'_>) -> Py<Step> {
+            self.step.clone_ref(py)
+        }
+
         /// Reads the compiled loop carried for it without Python.
         #[getter]
         fn runs(&self) -> u64 {

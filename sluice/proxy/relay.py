@@ -601,9 +601,13 @@ class Relay:
         sink: int,
     ) -> None:
         """Let the relay thread's compiled loop carry this direction's next
-        reads itself, until Python code runs again (relay_thread.py)."""
+        reads itself, until Python code runs again (relay_thread.py). A
+        lane carries with the step it was made with: when the core's step
+        is another (it renewed it, the taps having changed: a live view
+        began or ended), the direction gets a new lane, or the old step,
+        which no longer holds what the core counts on, would carry on."""
         lane = self._lanes.get(from_client)
-        if lane is None:
+        if lane is None or lane.step is not step:
             slow = functools.partial(self._carry, thread, fd, from_client, back)
             after = functools.partial(self._after_carry, thread, fd, from_client, back, to)
             lane = thread.lane(step, fd, sink, from_client, slow, after)
