@@ -123,6 +123,46 @@ def test_what_the_broker_refuses_is_refused_with_its_reason() -> None:
     assert lenient.verify(idp.token(exp=NOW - 10), NOW) == ("app", NOW - 10)
 
 
+def test_a_token_whose_algorithm_does_not_fit_a_key_of_no_named_algorithm_is_refused() -> None:
+    """A key set may leave ``alg`` out (RFC 7517; some issuers do, as this
+    one): the key's type says which algorithms fit it (any RS* an RSA key,
+    the ES* of an EC key's curve), and a token naming another is refused
+    as any bad token, before its signature is checked. (Checked with the
+    key, such a token raised TypeError: anybody, with no valid token, made
+    each connection end with a traceback and no answer.)"""
+    idp = Issuer()
+    idp.add("ec-1", ec.generate_private_key(ec.SECP256R1()))
+    assert all("alg" not in entry for entry in json.loads(idp.jwks())["keys"])
+    v = verifier(idp)
+    body = {"iss": ISSUER, "aud": ["pulsar"], "sub": "app", "exp": NOW + 300, "iat": NOW,
+            "nbf": NOW}  # fmt: skip
+
+    def forged(alg: str, key: Any, kid: str) -> str:
+        return jwt.encode(body, key, algorithm=alg, headers={"kid": kid})
+
+    own_ec = ec.generate_private_key(ec.SECP256R1())
+    assert refused(v, forged("ES256", own_ec, "rsa-1")) == (
+        "algorithm ES256 does not fit the issuer's key (RS256, RS384, RS512)"
+    )
+    own_rsa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    assert refused(v, forged("RS256", own_rsa, "ec-1")) == (
+        "algorithm RS256 does not fit the issuer's key (ES256)"
+    )
+    p384 = ec.generate_private_key(ec.SECP384R1())
+    assert refused(v, forged("ES384", p384, "ec-1")) == (
+        "algorithm ES384 does not fit the issuer's key (ES256)"
+    )
+    # Those that fit still pass (RS384 with the RSA key too).
+    assert v.verify(idp.token("rsa-1", alg="RS384"), NOW)[0] == "app"
+    assert v.verify(idp.token("ec-1"), NOW)[0] == "app"
+    # A CONNECT carrying one is answered as the broker answers a bad token.
+    conn, _ = core(ProxyAuth("token", OwnToken(), oidc=v))
+    actions = conn.receive_client(connect(forged("ES256", own_ec, "rsa-1")), time.monotonic())
+    assert sent_types(actions) == ["ERROR"]
+    closed = actions[-1]
+    assert isinstance(closed, Close) and "does not fit" in closed.message
+
+
 def test_keys_are_fetched_first_on_rotation_and_on_schedule_not_on_every_miss() -> None:
     idp = Issuer()
     v = OidcVerifier(OidcSettings(issuers=(ISSUER,), audiences=("pulsar",), miss_refresh=60))

@@ -119,9 +119,9 @@ class _Issuer:
     """One issuer's keys as last fetched."""
 
     jwks_uri: str | None = None
-    # By kid: the public key and the algorithm its JWK names (None: any of
-    # ALGORITHMS that fits the key's kind).
-    keys: dict[str, tuple[Any, str | None]] = field(default_factory=dict)
+    # By kid: the public key and the algorithms a token may name for it
+    # (the one its JWK names; else those of its type and curve: _fitting).
+    keys: dict[str, tuple[Any, tuple[str, ...]]] = field(default_factory=dict)
     fetched: float | None = None  # when the keys were last taken in
     tried: float | None = None  # when a fetch last began
     failure: str | None = None  # why the last fetch failed (None: it did not)
@@ -194,7 +194,7 @@ class OidcVerifier:
         """Take in the issuer's key set (JWKS); the number of signing keys
         usable. TokenRefused when it holds none."""
         data = _json_object(document, "key set")
-        found: dict[str, tuple[Any, str | None]] = {}
+        found: dict[str, tuple[Any, tuple[str, ...]]] = {}
         entries = data.get("keys")
         for entry in entries if isinstance(entries, list) else ():
             if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
@@ -206,7 +206,9 @@ class OidcVerifier:
                 key = jwt.PyJWK(entry)
             except jwt.PyJWTError:
                 continue  # a key PyJWT cannot use, as a JWKS may hold
-            found[str(entry.get("kid", ""))] = (key.key, alg)
+            fits = (alg,) if alg is not None else _fitting(entry)
+            if fits:
+                found[str(entry.get("kid", ""))] = (key.key, fits)
         if not found:
             raise TokenRefused(f"the key set of {issuer} holds no RSA or EC signing key")
         state = self._issuers[issuer]
@@ -242,9 +244,9 @@ class OidcVerifier:
         if not isinstance(issuer, str) or issuer not in self._issuers:
             shown = clipped(issuer) if isinstance(issuer, str) else "none"
             raise TokenRefused(f"issuer {shown} is not allowed")
-        key, named = self._key(issuer, header.get("kid"), now, fetched)
-        if named is not None and named != alg:
-            raise TokenRefused(f"algorithm {alg} does not fit the issuer's key ({named})")
+        key, fits = self._key(issuer, header.get("kid"), now, fetched)
+        if alg not in fits:
+            raise TokenRefused(f"algorithm {alg} does not fit the issuer's key ({', '.join(fits)})")
         try:
             claims = jwt.decode(
                 token,
@@ -278,7 +280,10 @@ class OidcVerifier:
         # do (its refresh check allows no leeway).
         return _role(claims, self.settings.role_claim), exp
 
-    def _key(self, issuer: str, kid: object, now: float, fetched: bool) -> tuple[Any, str | None]:
+    def _key(
+        self, issuer: str, kid: object, now: float, fetched: bool
+    ) -> tuple[Any, tuple[str, ...]]:
+        """The key a token names and the algorithms it is used with."""
         state = self._issuers[issuer]
         if state.fetched is None:  # never had any: fetch (or join the fetch under way)
             failed_lately = state.tried is not None and now - state.tried < RETRY_FAILED
@@ -300,6 +305,22 @@ class OidcVerifier:
         if not fetched and now - tried >= self.settings.miss_refresh:
             raise KeysNeeded(issuer)
         raise TokenRefused(f"issuer {issuer} has no key {clipped(kid)}")
+
+
+# The algorithm an EC key is used with, by its curve (RFC 7518, 3.4).
+_EC_ALGORITHMS = {"P-256": "ES256", "P-384": "ES384", "P-521": "ES512"}
+
+
+def _fitting(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    """The accepted algorithms a key set's key fits when the set names
+    none for it (``alg`` is optional, RFC 7517, and some issuers leave it
+    out): any RS* for an RSA key, the one ES* of an EC key's curve. A
+    token's algorithm is held to these, as to a named one, before its
+    signature is checked with the key."""
+    if entry.get("kty") == "RSA":
+        return tuple(a for a in ALGORITHMS if a.startswith("RS"))
+    named = _EC_ALGORITHMS.get(str(entry.get("crv")))
+    return (named,) if named in ALGORITHMS else ()
 
 
 def _json_object(document: bytes, what: str) -> Mapping[str, Any]:
