@@ -47,7 +47,7 @@ from sluice.proxy.dial import TlsServerConfig
 from sluice.proxy.pulsar import FrameStream
 from sluice.proxy.server import Proxy
 from tests.helpers.support import SLUICE
-from tests.test_pulsar_core import Recording, connect_body, frame_bytes, sent
+from tests.test_pulsar_core import Recording, connect_body, frame_bytes, proxied_core, sent
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 # 512 bits: every HS algorithm reaches the claims.
@@ -474,6 +474,31 @@ def test_the_relayed_connect_is_sluices_naming_the_client(tmp_path: Path) -> Non
     (response,) = decode_stream(answer.data, 1 << 20)
     assert response.name == "AUTH_RESPONSE"
     assert response.body.response.auth_data == hs256_token(SECRET, "sluice").encode()
+
+
+def test_a_passthrough_connection_stays_so_when_a_reload_turns_proxy_mode_on(
+    tmp_path: Path,
+) -> None:
+    """Connections already open keep what they were accepted with
+    (docs/proxy.md, reload). One accepted in passthrough (its broker
+    authenticated the client) goes on passing the broker's refresh
+    challenge to the client and the client's answer to the broker once a
+    reload has put proxy mode in force (the shared settings' ``auth``):
+    Sluice neither answers with its own token (the broker may be one it
+    does not trust) nor fails (it did: an assertion, the connection closed
+    with a traceback)."""
+    core, _ = proxied_core()
+    core.settings.auth = proxy_core(tmp_path)[0].settings.auth  # what the reload puts in force
+    assert core.settings.auth is not None
+    refresh = pb.AuthData(auth_method_name="token", auth_data=b"PulsarAuthRefresh")
+    challenge = frame_bytes("AUTH_CHALLENGE", pb.CommandAuthChallenge(challenge=refresh))
+    out = core.receive_broker(challenge, 1.0)
+    assert [(a.to, a.data) for a in out if isinstance(a, Send)] == [(Peer.CLIENT, challenge)]
+    fresh = pb.AuthData(auth_method_name="token", auth_data=b"the client's token")
+    answer = frame_bytes("AUTH_RESPONSE", pb.CommandAuthResponse(response=fresh))
+    out = core.receive_client(answer, 2.0)
+    assert [(a.to, a.data) for a in out if isinstance(a, Send)] == [(Peer.BROKER, answer)]
+    assert not any(isinstance(a, Close) for a in out)
 
 
 def test_an_expired_token_is_challenged_and_a_silent_client_closed(tmp_path: Path) -> None:

@@ -800,7 +800,7 @@ class PulsarConnection:
                 # Whatever either side sent meanwhile is relayed now.
                 return out + self._relay(True, None, now) + self._relay(False, None, now)
             if t == T.AUTH_CHALLENGE:
-                if self.settings.auth is not None:  # Sluice's login: its own answer
+                if self._answers_auth():  # Sluice's login: its own answer
                     out.append(Send(Peer.BROKER, self._own_auth_response()))
                     continue
                 out.append(Send(Peer.CLIENT, frame.raw))
@@ -888,7 +888,7 @@ class PulsarConnection:
         # Proxy mode: AUTH_CHALLENGE from the broker and AUTH_RESPONSE from
         # the client are Sluice's to answer, not to pass on (and a client's
         # AUTH_CHALLENGE is Sluice's to refuse).
-        own_auth = self.settings.auth is not None
+        own_auth = self._answers_auth()
         trace = self._trace
         out: list[bytes] = []
         actions: list[Action] = []
@@ -1259,6 +1259,13 @@ class PulsarConnection:
         )
         return self._own(own_frame(T.AUTH_CHALLENGE, challenge))
 
+    def _answers_auth(self) -> bool:
+        """Proxy mode for this connection: in force, and the connection
+        accepted in it (it has an identity). One accepted in passthrough
+        stays passthrough when a reload turns proxy mode on: its client's
+        credentials, not Sluice's, are what its broker knows."""
+        return self.settings.auth is not None and self._identity is not None
+
     def _auth_exchange(self, frame: Frame, from_client: bool, now: float) -> list[Action]:
         """Proxy mode: the broker challenging Sluice's own credentials, or
         the client answering Sluice's challenge (anything else from the
@@ -1369,7 +1376,7 @@ class PulsarConnection:
             return self._own(own_frame(T.PONG))
         if t == T.PONG:
             return []
-        if t in _AUTH_EXCHANGE and self.settings.auth is not None and frame.error is None:
+        if t in _AUTH_EXCHANGE and self._answers_auth() and frame.error is None:
             return self._auth_exchange(frame, True, now)
         error = frame.error
         if error is not None:
@@ -1399,7 +1406,7 @@ class PulsarConnection:
         body: Any = type(frame.body)()
         body.CopyFrom(frame.body)
         credentials = self._lookup_credentials()
-        if self.settings.auth is not None:
+        if self._answers_auth():
             _name_client(body, credentials)
         token = next(self._tokens)
         self._asks[token] = _Pending(frame, body, body.request_id, now, now)
