@@ -11,6 +11,8 @@ refreshed (the client's and Sluice's own)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -322,3 +324,53 @@ def test_sluice_fetches_its_own_token_again_before_it_expires(
     assert fetched >= 4, log  # at start, then before each expiry
     assert "not fetched" not in log, log
     assert topics >= 10
+
+
+def test_a_reload_whose_own_token_does_not_come_is_refused_and_keeps_the_one_in_force(
+    oidc: tuple[ApachePulsar, Issuers], tmp_path: Path
+) -> None:
+    """Sluice's own client secret rewritten in place with one the issuer
+    refuses: the reload (SIGHUP) reads it again, fetches a token with it
+    before putting it in force, gets none, and is refused, one line
+    saying why; Sluice goes on logging in to the broker with the token it
+    had, so a client is still answered. The secret put back as it was:
+    unchanged. (A secret rewritten under its name went unnoticed; and an
+    OAuth2 setting whose token did not come was put in force with an
+    empty token.)"""
+    broker, issuers = oidc
+    own = tmp_path / "sluice.json"
+    good = issuers.key_file(issuers.idp, "sluice").read_text()
+    own.write_text(good)
+    proxy, _, _ = sluice_oidc(broker, issuers, issuers.idp, tmp_path,
+                              "--broker-auth-oauth2-credentials", str(own))  # fmt: skip
+
+    def reloaded(outcome: str) -> str:
+        """SIGHUP, and the log line of the reload it caused."""
+
+        def lines() -> list[str]:
+            return [x for x in proxy.log().splitlines() if "configuration reload (" in x]
+
+        before = len(lines())
+        os.kill(proxy.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while len(now := lines()) == before:
+            assert time.monotonic() < deadline, proxy.log()
+            time.sleep(0.1)
+        assert f"): {outcome}" in now[before], now[before]
+        return now[before]
+
+    try:
+        app = issuers.client_auth(issuers.idp, "app")
+        assert outcome(proxy.url, app) == "accepted"
+        own.write_text(json.dumps(json.loads(good) | {"client_secret": "not-the-secret"}))
+        line = reloaded("refused")
+        assert f"Sluice's own token from OAuth2 issuer {issuers.idp.issuer}" in line, line
+        assert "could not be fetched" in line
+        assert outcome(proxy.url, app) == "accepted"  # the token in force kept
+        own.write_text(good)
+        reloaded("unchanged")
+        assert outcome(proxy.url, app) == "accepted"
+        assert proxy.terminate() == 0
+    finally:
+        proxy.kill()
+    assert "Traceback" not in proxy.log()

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 import trio
 
+from sluice.brokers.apache_pulsar import hs256_token
 from sluice.commands.proxy import settings_again
 from sluice.protocols import registry
 from sluice.protocols.faults import parse_rule
+from sluice.protocols.pulsar.auth import AuthError
 from sluice.proxy.admin import AdminRequest, ConfigEndpoint, Refused
-from sluice.proxy.reload import LIVE, effective, flags, split
+from sluice.proxy.reload import LIVE, effective, flags, held, split
 from sluice.proxy.server import Proxy
 
 BROKER = "pulsar://127.0.0.1:6650"
@@ -117,6 +119,45 @@ async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Pat
         AdminRequest("POST", "/config/reload", {"authorization": "Bearer t0ken"}, b"")
     )
     assert status == 400 and body["outcome"] == "refused" and body["errors"]
+
+
+async def test_a_key_file_rewritten_under_its_name_is_read_again(tmp_path: Path) -> None:
+    """A key rotated in place (a Kubernetes Secret's file is replaced under
+    its name) is a change: the reload puts the new key in force, and a
+    token signed with the old one, perhaps leaked, is refused from then
+    on. (The settings compared equal, paths and all: "unchanged", and the
+    old key stayed in force.) Nothing rewritten: unchanged, as before."""
+    key, own = tmp_path / "secret.key", tmp_path / "own.token"
+    old_key, new_key = b"o" * 32, b"n" * 32
+    key.write_bytes(old_key)
+    own.write_text(hs256_token(old_key, "sluice"))
+    auth = ["--auth-mode", "proxy", "--auth-token-secret-key", str(key)]
+    line = argv(write(tmp_path / "sluice.toml"), *auth, "--broker-auth-token-file", str(own))
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+
+    def role(token: str) -> str:
+        auth = proxy.backend.settings.auth  # type: ignore[attr-defined]
+        try:
+            return str(auth.authenticate("token", token.encode(), None).role)
+        except AuthError as exc:
+            return f"refused: {exc}"
+
+    old, new = hs256_token(old_key, "mallory"), hs256_token(new_key, "alice")
+    assert (role(old), role(new)) == ("mallory", "refused: bad signature")
+    assert (await proxy.reload_from_source("SIGHUP")).outcome == "unchanged"
+    key.write_bytes(new_key)
+    rotated = await proxy.reload_from_source("SIGHUP")
+    assert rotated.outcome == "applied" and rotated.changed == ["--auth-token-secret-key"]
+    assert (role(old), role(new)) == ("refused: bad signature", "alice")
+    assert (await proxy.reload_from_source("SIGHUP")).outcome == "unchanged"
+    # What split is told the files held makes the difference.
+    config = proxy.config
+    assert split(config, config, held(config), held(config)) == ([], [])
+    assert split(config, config, {"auth_token_secret_key": "a"}, {}) == (
+        ["auth_token_secret_key"],
+        [],
+    )
 
 
 async def test_sighup_and_a_changed_file_reload(tmp_path: Path) -> None:

@@ -171,11 +171,11 @@ async def keep_own_token(
     context: ssl.SSLContext,
     timeout: float,
     *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Fetch Sluice's own token, report started (whether or not it came:
-    the broker refuses a missing one, saying so), and fetch it again before
-    it expires, forever."""
+    with None if it did, else why not; the broker refuses a missing one,
+    saying so), and fetch it again before it expires, forever."""
     backoff = BACKOFF
     started = False
     while True:
@@ -186,7 +186,7 @@ async def keep_own_token(
                         credentials.issuer, backoff, exc)  # fmt: skip
             if not started:
                 started = True
-                task_status.started()
+                task_status.started(str(exc))
             await trio.sleep(backoff)
             backoff = min(MAX_BACKOFF, backoff * 2)
             continue
@@ -195,6 +195,6 @@ async def keep_own_token(
                  "no expiry" if lifetime is None else f"good for {lifetime:g}s")  # fmt: skip
         if not started:
             started = True
-            task_status.started()
+            task_status.started(None)
         wait = credentials.refresh_at() - time.time()
         await trio.sleep(max(0.0, wait) if math.isfinite(wait) else math.inf)

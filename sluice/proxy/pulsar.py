@@ -55,6 +55,7 @@ from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.oidc import Issuers, client_context, keep_own_token
 from sluice.proxy.ports import BrokerPorts, Listeners, NoListener
 from sluice.proxy.relay import READ_SIZE
+from sluice.proxy.reload import FILES, held
 from sluice.proxy.shared import ROUTES_FILE, TLS, Journal
 
 log = logging.getLogger("sluice.upstream")
@@ -437,12 +438,15 @@ class PulsarBackend:
         self.issuers, self._auth_tasks = await self._start_auth(self.settings.auth, self._oidc_ca)
 
     async def _start_auth(
-        self, auth: ProxyAuth | None, ca: Path | None
+        self, auth: ProxyAuth | None, ca: Path | None, reloading: bool = False
     ) -> tuple[Issuers | None, trio.CancelScope]:
         """Proxy mode's background work for ``auth``: its issuers' keys
         fetched on schedule, Sluice's own OAuth2 token fetched (the first
-        one waited for) and fetched again before it expires."""
+        one waited for) and fetched again before it expires. ``reloading``:
+        a first token that did not come is a ConfigError (the reload is
+        refused, the token in force kept), not a start without one."""
         scope = trio.CancelScope()
+        failed: list[str] = []
         oidc = auth.oidc if auth is not None else None
         own = _oauth2(auth)
         if oidc is None and own is None:
@@ -454,13 +458,19 @@ class PulsarBackend:
             with scope:
                 async with trio.open_nursery() as tasks:
                     if own is not None:
-                        await tasks.start(keep_own_token, own, context, self.connect_timeout)
-                    if issuers is not None:
+                        why = await tasks.start(keep_own_token, own, context, self.connect_timeout)
+                        if why is not None and reloading:
+                            failed.append(f"Sluice's own token from OAuth2 issuer {own.issuer} "
+                                          f"could not be fetched: {why}")  # fmt: skip
+                            scope.cancel()  # (what it started too)
+                    if issuers is not None and not failed:
                         tasks.start_soon(issuers.run)
                     task_status.started()
 
         assert self._nursery is not None
         await self._nursery.start(run)
+        if failed:
+            raise ConfigError(failed[0])
         return issuers, scope
 
     async def prepare(self, config: ProxyConfig, filters: Any) -> Callable[[], None]:
@@ -479,7 +489,7 @@ class PulsarBackend:
             auth = dataclasses.replace(auth, oidc=old.oidc, own_token=own)
             issuers, tasks = self.issuers, self._auth_tasks
         else:
-            issuers, tasks = await self._start_auth(auth, config.auth_oidc_ca)
+            issuers, tasks = await self._start_auth(auth, config.auth_oidc_ca, reloading=True)
 
         def apply() -> None:
             settings = self.settings
@@ -729,12 +739,16 @@ async def check_broker(config: ProxyConfig) -> str | None:
 
 
 def _oidc_fields(config: ProxyConfig) -> tuple[Any, ...]:
-    """The settings of the OpenID Connect issuers and of Sluice's OAuth2 token."""
-    return tuple(
-        getattr(config, f.name)
+    """The settings of the OpenID Connect issuers and of Sluice's OAuth2
+    token, with what their files hold (a client secret or CA rotated in
+    place is a change: the token is fetched with it)."""
+    names = tuple(
+        f.name
         for f in dataclasses.fields(config)
         if f.name.startswith(("auth_oidc_", "broker_auth_oauth2_"))
     )
+    files = held(config, tuple(name for name in names if name in FILES))
+    return tuple(getattr(config, name) for name in names) + tuple(sorted(files.items()))
 
 
 def _oauth2(auth: ProxyAuth | None) -> ClientCredentials | None:

@@ -17,6 +17,7 @@ the metrics ``sluice_config_generation`` and
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,38 @@ LIVE = frozenset(
 RECORD = "record"
 
 
+# The LIVE settings that name a file a reload reads again. One whose file
+# holds something else under the same name is a change, put in force like
+# any other: a key rotated in place, or a Kubernetes Secret's file (which
+# the kubelet replaces under its name), would otherwise look unchanged and
+# leave the old key in force.
+FILES = (
+    "auth_token_secret_key",
+    "auth_token_public_key",
+    "broker_auth_token_file",
+    "auth_oidc_ca",
+    "broker_auth_oauth2_credentials",
+)
+
+
+def held(config: Any, names: tuple[str, ...] = FILES) -> dict[str, str | None]:
+    """What the files of settings ``names`` (of FILES) hold now: a SHA-256
+    of each by setting; None where unset, "unreadable" where it cannot be
+    read (loading it says why). Taken before the files are loaded, so that
+    a file rewritten between the two reads as changed at the next reload."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        path = getattr(config, name)
+        if path is None:
+            out[name] = None
+            continue
+        try:
+            out[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            out[name] = "unreadable"
+    return out
+
+
 def flag(name: str) -> str:
     """The command-line flag of a ProxyConfig field."""
     return "--" + name.replace("_", "-")
@@ -75,14 +108,22 @@ def flags(names: list[str]) -> list[str]:
     return [flag(name) for name in names]
 
 
-def split(old: Any, new: Any) -> tuple[list[str], list[str]]:
+def split(
+    old: Any,
+    new: Any,
+    was: dict[str, str | None] | None = None,
+    now: dict[str, str | None] | None = None,
+) -> tuple[list[str], list[str]]:
     """The fields of ``new`` (a ProxyConfig) that differ from ``old``: those
-    a reload puts in force, and those it keeps as they were."""
+    a reload puts in force, and those it keeps as they were. ``was`` and
+    ``now``: what the files of FILES held for ``old`` and hold for ``new``
+    (``held``); a file that holds something else is a changed field."""
     live: list[str] = []
     kept: list[str] = []
     for f in dataclasses.fields(old):
         before, after = getattr(old, f.name), getattr(new, f.name)
-        if before == after:
+        rewritten = was is not None and now is not None and was.get(f.name) != now.get(f.name)
+        if before == after and not rewritten:
             continue
         if f.name in LIVE:
             live.append(f.name)

@@ -66,7 +66,7 @@ from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Parking, Relay, Timing
 from sluice.proxy.relay_thread import RelayThread, relay_thread
 from sluice.proxy.relay_thread import wanted as relay_thread_wanted
-from sluice.proxy.reload import Generation, Outcome, effective, flags, split
+from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     HTTP_LIMITS_FILE,
@@ -156,6 +156,8 @@ class Proxy:
         self._reloading = trio.Lock()
         self.ports = self._broker_ports() if self.protocol.port_per_broker else None
         self.filters = make_filters(config.filters, self.protocol) if config.filters else None
+        # What the key files held when the backend below loaded them.
+        self._held = held(config)
         make_backend = self.protocol.load(self.protocol.backend)
         self.backend: Backend = make_backend(
             config,
@@ -348,7 +350,8 @@ class Proxy:
         takes its supervisor's)."""
         async with self._reloading:
             old = self.config
-            live, kept = split(old, new)
+            files = await trio.to_thread.run_sync(held, new)
+            live, kept = split(old, new, self._held, files)
             kept_flags = flags(kept)
             if not live:
                 if number is not None:  # a supervisor's generation, whatever changed here
@@ -382,7 +385,7 @@ class Proxy:
                 ).rules
             if self.recorder is not None and config.record is not None:
                 self.recorder.set_triggers(config.record.triggers)
-            self.config, self.filters = config, filters
+            self.config, self.filters, self._held = config, filters, files
             self.generation = Generation(
                 number if number is not None else self.generation.number + 1, time.time(), source
             )

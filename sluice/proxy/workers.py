@@ -98,7 +98,7 @@ from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
-from sluice.proxy.reload import Generation, Outcome, effective, flags, split
+from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split
 from sluice.proxy.server import Proxy, WorkerRole, reload_when_asked, serve_until_signalled
 from sluice.proxy.shared import create_state
 from sluice.recording.writer import snapshot_name
@@ -216,6 +216,7 @@ class Supervisor:
     load: Callable[[], ProxyConfig] | None = None
 
     def __post_init__(self) -> None:
+        self._held = held(self.config)  # what the key files held at start (reload.FILES)
         self.workers = [Worker(i) for i in range(self.count)]
         self.registry = CollectorRegistry()
         self.restarts = Counter("sluice_worker_restarts", "Worker processes restarted after dying",
@@ -484,7 +485,8 @@ class Supervisor:
                 new = await trio.to_thread.run_sync(self.load)
             except ConfigError as exc:
                 return self._reload_refused(source, str(exc).splitlines())
-            live, kept = split(self.config, new)
+            files = await trio.to_thread.run_sync(held, new)
+            live, kept = split(self.config, new, self._held, files)
             kept_flags = flags(kept)
             if not live:
                 self._reloads.labels(self.config.protocol, "unchanged").inc()
@@ -503,7 +505,7 @@ class Supervisor:
                 errors = [f"worker {r['index']}: {e}" for r in refused for e in r["errors"]]
                 return self._reload_refused(source, errors)
             old = self.config
-            self.config = config
+            self.config, self._held = config, files
             if "faults" in live and config.admin is not None:
                 # Workers behind an admin port are given their rules (their
                 # configuration carries none): before the generation says
