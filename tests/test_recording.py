@@ -334,6 +334,43 @@ async def test_lossless_mode_waits_for_the_writer_instead_of_dropping(tmp_path: 
     assert not [r for p in recording_files(tmp_path) for r in read_records(p) if r["k"] == "gap"]
 
 
+async def test_every_reader_waiting_for_room_goes_on_once_there_is_some(tmp_path: Path) -> None:
+    """Lossless mode: both directions of a connection (and others') may
+    wait for room at once; once the writer takes the queue, every one of
+    them goes on. (Each waiter made its own event and the writer set only
+    the last one: the others waited for good, a direction never read
+    again.)"""
+    import trio
+    import trio.testing
+
+    from sluice.protocols.pulsar import Type, command, decode_frame, encode
+    from sluice.recording.writer import Recorder, RecorderConfig
+
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    config = RecorderConfig(tmp_path, lossless=True, queue_frames=2, flush_interval=0.05)
+    recorder = Recorder(config)
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    recorder.frames(CONN_1, True, [ping, ping])  # full
+    went_on: list[int] = []
+
+    async def reader(number: int, *, task_status: trio.TaskStatus[None]) -> None:
+        task_status.started()
+        await recorder.room()
+        went_on.append(number)
+
+    async with trio.open_nursery() as nursery:
+        for number in range(3):
+            await nursery.start(reader, number)
+        await trio.testing.wait_all_tasks_blocked()
+        assert went_on == []  # all three wait: no writer yet
+        await nursery.start(recorder.run)
+        with trio.fail_after(10):
+            while len(went_on) < 3:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert sorted(went_on) == [0, 1, 2]
+
+
 async def test_a_full_queue_drops_whole_reads_and_says_so(tmp_path: Path) -> None:
     """Without lossless, a read that finds the queue full is dropped, counted,
     and a gap record says how many frames are missing; the frames of one

@@ -371,12 +371,15 @@ class Recorder:
             self._queued_bytes += len(data)
 
     async def room(self) -> None:
-        """In lossless mode, wait until the queue has space again."""
+        """In lossless mode, wait until the queue has space again. Every
+        reader waiting (both directions of every connection may) waits for
+        the one event the writer sets next, made anew only once set."""
         while (
             self._queued_records >= self.config.queue_frames
             or self._queued_bytes >= self.config.queue_bytes
         ):
-            self._space = trio.Event()
+            if self._space.is_set():
+                self._space = trio.Event()
             await self._space.wait()
 
     def open_connection(self, conn: int, *, client: str, kind: str, listener: str,
