@@ -308,6 +308,52 @@ def test_a_later_segment_names_the_topics_of_producers_made_before_it(tmp_path: 
     assert conns and "producers" not in conns[0]  # taken in by the reader
 
 
+async def test_segments_a_closing_connections_last_records_fall_in_re_state_it(
+    tmp_path: Path,
+) -> None:
+    """A connection's last frames and its close, written in one batch that
+    the file cap cuts into segments: each segment re-states the connection
+    (with its producers: its SENDs name their topic), although it had
+    closed by the time they were written. (Re-stated from the connections
+    still open then, it was in none: its frames there had no connection.)"""
+    topic = "persistent://t/n/a"
+    opening = pb.CommandProducer(topic=topic, producer_id=3, request_id=1)
+    producer = decode_frame(encode(command(T("PRODUCER"), opening)))
+    ok = pb.CommandProducerSuccess(request_id=1, producer_name="p")
+    success = decode_frame(encode(command(T("PRODUCER_SUCCESS"), ok)))
+
+    def send(sequence: int) -> Frame:
+        body = pb.CommandSend(producer_id=3, sequence_id=sequence, num_messages=1)
+        meta = pb.MessageMetadata(producer_name="p", sequence_id=sequence, publish_time=1)
+        return decode_frame(encode_payload(command(T("SEND"), body), meta, b"x" * 200))
+
+    recorder = Recorder(RecorderConfig(tmp_path, PayloadPolicy.FULL, max_file_bytes=1500))
+    conn = Conn(1, "127.0.0.1:1", "plain", "pulsar", kind="proxied")
+    correlator = Correlator()
+    conn.state = correlator
+    recorder.event(conn, Opened())
+    read = [(True, producer), (False, success), *((True, send(i)) for i in range(12))]
+    for from_client, frame in read:
+        correlator.observe(frame, from_client, 0.0)
+        recorder.frames(conn, from_client, [frame])
+    recorder.close_connection(1, "bye")
+    recorder._take_queued()  # one batch, as the writer takes it
+    await recorder._write_packed()
+    await recorder._close_file()
+    files = recording_files(tmp_path)
+    assert len(files) >= 3
+    sends = 0
+    for path in files:
+        records = [r for r in read_records(path) if r["k"] != "header"]
+        assert records[0]["k"] == "conn" and records[0]["c"] == 1, (path.name, records[0])
+        for r in records:
+            if r["k"] == "frame" and r["s"]["cmd"] == "SEND":
+                assert r["s"]["topic"] == topic, path.name
+                sends += 1
+    assert sends == 12
+    assert [r["k"] for r in read_records(files[-1])][-1] == "close"
+
+
 def test_version_1_records_keep_their_summary() -> None:
     """A version-1 file's frames carry their summary; it is read as written."""
     v1 = header(capture="c", segment=1, started_ns=0, payloads=PayloadPolicy.HASH,

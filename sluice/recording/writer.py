@@ -194,6 +194,7 @@ class Recorder:
         self._queue: list[bytes] = []
         self._queue_counts: list[int] = []
         self._queued_opens: list[tuple[int, int]] = []  # (position, connection)
+        self._queued_closes: list[tuple[int, int]] = []  # (position, connection)
         self._queued_records = 0
         self._queued_frames = 0
         self._queued_bytes = 0
@@ -233,7 +234,12 @@ class Recorder:
         self._packed_bytes = 0
         self._packed_frames = 0
         self._packed_opens: list[tuple[int, int]] = []  # (position, connection)
+        self._packed_closes: list[tuple[int, int]] = []  # (position, connection)
         self._open: dict[int, Record] = {}  # conn records, repeated in new segments
+        # Connections closed whose close record no file holds yet, as a new
+        # segment re-states them (as at the close): their last frames and
+        # their close may be written to a file started after the close.
+        self._closing: dict[int, Record] = {}
         self._conns: dict[int, Conn] = {}  # their connections, for what the core learned
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
@@ -404,12 +410,14 @@ class Recorder:
         opened = self._open.get(conn)
         if opened is not None and self._ring is not None:
             self._closed[conn] = (self._restated(opened), time.monotonic_ns())
+        elif opened is not None:
+            self._closing[conn] = self._restated(opened)
         self._conns.pop(conn, None)
         if self._open.pop(conn, None) is None:
             return
         record = {"k": "close", "c": conn, "t": time.monotonic_ns(), "w": time.time_ns(),
                   "reason": reason}  # fmt: skip
-        self._enqueue(record)
+        self._enqueue(record, closes=conn)
 
     def note_fault(self, conn: int, fault: FaultInjected) -> None:
         """An annotation: a fault rule acted on the frame recorded just before
@@ -460,13 +468,16 @@ class Recorder:
             return
         self._queue_frames([data], len(data))
 
-    def _enqueue(self, record: Record, opens: int | None = None) -> None:
+    def _enqueue(self, record: Record, opens: int | None = None, closes: int | None = None) -> None:
         """Queue a record that is not a frame's (never dropped: they are
-        few); ``opens``: it is the opening of that connection."""
+        few); ``opens``, ``closes``: it is the opening, the close of that
+        connection."""
         data = self._pack(record)
         self._take_sink()
         if opens is not None:
             self._queued_opens.append((len(self._queue), opens))
+        if closes is not None:
+            self._queued_closes.append((len(self._queue), closes))
         self._queue.append(data)
         self._queue_counts.append(0)
         self._queued_records += 1
@@ -594,6 +605,7 @@ class Recorder:
             self._dropped = 0
         self.frames_written += self._packed_frames
         self._packed, self._packed_opens, self._packed_counts = [], [], []
+        self._packed_closes = []
         self._packed_bytes = self._packed_frames = 0
         now = time.monotonic_ns()
         self._ring.add(now, packed)
@@ -689,11 +701,13 @@ class Recorder:
         self._packed.extend(queue)
         self._packed_counts.extend(self._queue_counts)
         self._packed_opens.extend((offset + at, conn) for at, conn in self._queued_opens)
+        self._packed_closes.extend((offset + at, conn) for at, conn in self._queued_closes)
         self._packed_bytes += self._queued_bytes
         self._packed_frames += self._queued_frames
         self._queue = []
         self._queue_counts = []
         self._queued_opens = []
+        self._queued_closes = []
         self._queued_bytes = self._queued_frames = self._queued_records = 0
         self._take_sink()  # nothing (one thread runs this code): the sink learns the queue is empty
         self._space.set()
@@ -705,14 +719,21 @@ class Recorder:
         if not self._packed:
             return
         packed, counts, open_at = self._packed, self._packed_counts, dict(self._packed_opens)
+        close_at = dict(self._packed_closes)
         left = self._packed_bytes  # the bytes of packed[start:]
         self._packed, self._packed_opens, self._packed_counts = [], [], []
+        self._packed_closes = []
         self._packed_bytes = self._packed_frames = 0
         sums = list(itertools.accumulate(counts, initial=0))
         apart = False  # entries of many records (a sink's) taken apart
 
         def frames(start: int, end: int) -> int:  # the frame records among packed[start:end]
             return sums[end] - sums[start]
+
+        def done(end: int) -> None:  # packed[:end] written (or dropped): their closes too
+            for at, conn in close_at.items():
+                if at < end:
+                    self._closing.pop(conn, None)
 
         start = 0
         while start < len(packed):
@@ -725,12 +746,15 @@ class Recorder:
                 # Not all for this file, which takes whole records: an entry
                 # of many is taken apart (once a file's worth, not per read).
                 apart = True
-                packed, counts, open_at = one_record_each(packed, counts, open_at, start)
+                packed, counts, (open_at, close_at) = one_record_each(
+                    packed, counts, (open_at, close_at), start
+                )
                 start = 0
                 sums = list(itertools.accumulate(counts, initial=0))
             restated = await self._ensure_file(len(gap) + len(packed[start]))
             if restated is None:
                 self._drop(frames(start, len(packed)))
+                done(len(packed))
                 return
             room = self._file_cap - self._file_bytes - len(gap)
             if left <= room:  # nearly always: no walk through the records
@@ -738,7 +762,9 @@ class Recorder:
             else:
                 if not apart:  # as above (a new file's header took room)
                     apart = True
-                    packed, counts, open_at = one_record_each(packed, counts, open_at, start)
+                    packed, counts, (open_at, close_at) = one_record_each(
+                        packed, counts, (open_at, close_at), start
+                    )
                     start = 0
                     sums = list(itertools.accumulate(counts, initial=0))
                 end, size = start + 1, len(packed[start])
@@ -757,6 +783,7 @@ class Recorder:
                 data = gap + data
             count = frames(start, end)
             start = end
+            done(end)
             if not await self._reserve(len(data)):
                 self._drop(count)
                 continue
@@ -766,6 +793,7 @@ class Recorder:
             except OSError as exc:
                 self._failed(exc)
                 self._drop(count + frames(start, len(packed)))
+                done(len(packed))
                 await self._close_file()
                 return
             self._dropped -= dropped
@@ -794,7 +822,8 @@ class Recorder:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.config.directory / f"sluice-{stamp}-{self.capture}-{segment:04d}{SUFFIX}"
         first = pack(self._header(segment)) + b"".join(
-            pack(self._restated(record)) for record in self._open.values()
+            [pack(self._restated(record)) for record in self._open.values()]
+            + [pack(record) for record in self._closing.values()]
         )
         if not await self._reserve(len(first)):
             return None
@@ -811,7 +840,7 @@ class Recorder:
         self._file_started = now
         self.files.append(path)
         log.info("recording to %s", path)
-        return set(self._open)
+        return set(self._open) | set(self._closing)
 
     async def _reserve(self, size: int) -> bool:
         """Whether this writer may write ``size`` more bytes now under
@@ -966,11 +995,15 @@ class Recorder:
 
 
 def one_record_each(
-    packed: list[bytes], counts: list[int], opens: dict[int, int], start: int
-) -> tuple[list[bytes], list[int], dict[int, int]]:
-    """``packed[start:]`` (with the frames of each entry, and the openings
-    among them as position: connection) as entries of one record each:
-    those holding many (a sink's) split at their records' boundaries."""
+    packed: list[bytes],
+    counts: list[int],
+    marks: tuple[dict[int, int], dict[int, int]],
+    start: int,
+) -> tuple[list[bytes], list[int], tuple[dict[int, int], dict[int, int]]]:
+    """``packed[start:]`` (with the frames of each entry, and records
+    marked by position, the openings and the closes: position:
+    connection) as entries of one record each: those holding many (a
+    sink's) split at their records' boundaries."""
     out: list[bytes] = []
     out_counts: list[int] = []
     moved: dict[int, int] = {}
@@ -990,7 +1023,8 @@ def one_record_each(
             out.append(data[begin:end])
             out_counts.append(1)
             begin = end
-    return out, out_counts, {moved[at]: conn for at, conn in opens.items() if at >= start}
+    opens, closes = ({moved[at]: conn for at, conn in m.items() if at >= start} for m in marks)
+    return out, out_counts, (opens, closes)
 
 
 def pack_all(records: list[Record]) -> bytes:
