@@ -505,6 +505,56 @@ async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
     assert metrics.registry.get_sample_value("sluice_recorder_dropped_frames_total") == 5
 
 
+async def test_a_gap_record_lost_with_a_failing_flush_is_said_again(tmp_path: Path) -> None:
+    """Frames dropped (a full queue), then the gap record saying so handed to
+    a file whose flush fails: the next gap record says those drops as well
+    as the frames the failure lost, so the recording says everything it
+    lacks. (The gap's count was gone with it: 7 dropped, 4 said.)"""
+    import errno
+
+    from sluice.protocols.pulsar import Type, command, decode_frame, encode
+    from sluice.recording.writer import Recorder, RecorderConfig
+
+    class FullDisk:
+        """A file that accepts writes and then cannot flush them."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.name = inner.name
+
+        def write(self, data: bytes) -> int:
+            return len(data)
+
+        def flush(self) -> None:
+            raise OSError(errno.EFBIG, "File too large")
+
+        def close(self) -> None:
+            self.inner.close()
+            raise OSError(errno.EFBIG, "File too large")
+
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    recorder = Recorder(RecorderConfig(tmp_path, queue_frames=4))
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    recorder._take_queued()  # as the writer does, one step at a time
+    await recorder._write_packed()
+    await recorder._flush()
+    recorder.frames(CONN_1, True, [ping] * 4)
+    recorder.frames(CONN_1, True, [ping] * 3)  # the queue is full: 3 dropped
+    recorder._file = FullDisk(recorder._file)  # type: ignore[assignment]
+    recorder._take_queued()
+    await recorder._write_packed()  # a gap of 3 and 4 frames, buffered
+    await recorder._flush()  # fails: the 4 frames are lost, and the gap record
+    recorder._retry_at = 0.0  # the disk is back
+    recorder.frames(CONN_1, True, [ping])
+    recorder._take_queued()
+    await recorder._write_packed()
+    await recorder._close_file()
+    records = [r for p in recording_files(tmp_path) for r in read_records(p)]
+    assert [r["dropped"] for r in records if r["k"] == "gap"] == [7]
+    assert recorder.dropped_total == 7
+    assert sum(1 for r in records if r["k"] == "frame") == 1
+
+
 def test_a_directory_pruned_while_it_is_listed_lists_without_error(tmp_path: Path) -> None:
     """Retention removes snapshot directories as they empty, while readers
     (inspect, view, analyze) list the recording directory: what is gone

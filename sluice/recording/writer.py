@@ -254,6 +254,9 @@ class Recorder:
         # Frames handed to the file since it was last flushed: lost, and
         # counted as dropped, if the flush or close fails (a full disk).
         self._unflushed = 0
+        # Drops that gap records handed to the file since then say: said
+        # again by the next gap record if the flush or close fails.
+        self._unflushed_gaps = 0
         # Figures the proxy exports as sluice_recorder_* metrics.
         self.frames_written = 0
         self.bytes_written = 0
@@ -797,6 +800,7 @@ class Recorder:
                 await self._close_file()
                 return
             self._dropped -= dropped
+            self._unflushed_gaps += dropped
             self._unflushed += count
             self._file_bytes += len(data)
             self.frames_written += count
@@ -967,7 +971,7 @@ class Recorder:
             self._failed(exc)
             await self._close_file()
             return
-        self._unflushed = 0
+        self._unflushed = self._unflushed_gaps = 0
         if self._failing:
             self._failing = False
             log.warning(
@@ -984,10 +988,11 @@ class Recorder:
         except OSError as exc:
             self._failed(exc)
             self._drop(self._unflushed)  # what was still buffered is gone
+            self._dropped += self._unflushed_gaps  # (counted when dropped)
             with contextlib.suppress(OSError):  # a file the failing disk left empty
                 if os.stat(handle.name).st_size == 0:
                     os.unlink(handle.name)
-        self._unflushed = 0
+        self._unflushed = self._unflushed_gaps = 0
 
     @staticmethod
     async def _io(fn: Any, *args: Any) -> Any:
