@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import resource
 import shutil
@@ -455,30 +456,30 @@ def test_inspect_time_filters(tmp_path: Path) -> None:
     assert json_records(tmp_path, "--since", "100") == []
 
 
-async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
-    import errno
+class FullDisk:
+    """A file that accepts writes and then cannot flush them."""
 
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+    def flush(self) -> None:
+        raise OSError(errno.EFBIG, "File too large")
+
+    def close(self) -> None:
+        self.inner.close()
+        raise OSError(errno.EFBIG, "File too large")
+
+
+async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
     import trio
 
     from sluice.protocols.pulsar import Type, command, decode_frame, encode
     from sluice.proxy.metrics import Metrics
     from sluice.recording.writer import Recorder, RecorderConfig
-
-    class FullDisk:
-        """A file that accepts writes and then cannot flush them."""
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def write(self, data: bytes) -> int:
-            return len(data)
-
-        def flush(self) -> None:
-            raise OSError(errno.EFBIG, "File too large")
-
-        def close(self) -> None:
-            self.inner.close()
-            raise OSError(errno.EFBIG, "File too large")
 
     ping = decode_frame(encode(command(Type.Value("PING"))))
     metrics = Metrics()
@@ -510,27 +511,8 @@ async def test_a_gap_record_lost_with_a_failing_flush_is_said_again(tmp_path: Pa
     a file whose flush fails: the next gap record says those drops as well
     as the frames the failure lost, so the recording says everything it
     lacks. (The gap's count was gone with it: 7 dropped, 4 said.)"""
-    import errno
-
     from sluice.protocols.pulsar import Type, command, decode_frame, encode
     from sluice.recording.writer import Recorder, RecorderConfig
-
-    class FullDisk:
-        """A file that accepts writes and then cannot flush them."""
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-            self.name = inner.name
-
-        def write(self, data: bytes) -> int:
-            return len(data)
-
-        def flush(self) -> None:
-            raise OSError(errno.EFBIG, "File too large")
-
-        def close(self) -> None:
-            self.inner.close()
-            raise OSError(errno.EFBIG, "File too large")
 
     ping = decode_frame(encode(command(Type.Value("PING"))))
     recorder = Recorder(RecorderConfig(tmp_path, queue_frames=4))

@@ -24,7 +24,7 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy import relay_thread as relay_thread_module
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.relay import Relay
-from sluice.proxy.relay_thread import relay_thread
+from sluice.proxy.relay_thread import RelayThread, relay_thread
 from tests.test_relay_clock import (
     BROKER_URL,
     TIMING,
@@ -231,6 +231,15 @@ class ThreadWire:
         return event
 
 
+def wire_producer(wire: ThreadWire) -> None:
+    """A client's CONNECT, then its producer 1 on TOPIC, each answered."""
+    wire.send(connect(BROKER_URL))
+    assert (answer := wire.receive(10)) is not None and answer.name == "CONNECTED"
+    wire.send(frame_bytes("PRODUCER", pb.CommandProducer(topic=TOPIC, producer_id=1,
+                                                         request_id=1)))  # fmt: skip
+    assert (answer := wire.receive(10)) is not None and answer.name == "PRODUCER_SUCCESS"
+
+
 def serve_broker(sock: socket.socket, got: list[Frame]) -> None:
     """A broker that accepts a producer and receipts each SEND."""
     wire = ThreadWire(sock)
@@ -252,6 +261,35 @@ def plain_pair() -> tuple[trio.SocketStream, socket.socket]:
     return trio.SocketStream(trio.socket.from_stdlib_socket(ours)), theirs
 
 
+class OverSockets:
+    """One connection over kernel socket pairs: its core (``taps`` its
+    taps), the client's end for a thread of its own (``client_sock``), a
+    broker in a thread that receipts each SEND (into ``got``), and the
+    relay that dials it."""
+
+    def __init__(self, taps: Taps) -> None:
+        self.taps = taps
+        self.client_stream, self.client_sock = plain_pair()
+        self.broker_stream, broker_sock = plain_pair()
+        self.got: list[Frame] = []
+        self.broker = threading.Thread(target=serve_broker, args=(broker_sock, self.got),
+                                       daemon=True)  # fmt: skip
+        self.broker.start()
+        self.core = PulsarConnection(
+            Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
+            PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
+            Routing(parse_broker_url(BROKER_URL)),
+            taps,
+        )
+
+    async def dial(self, address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
+        return self.broker_stream
+
+    def relay(self, carrier: RelayThread) -> Relay:
+        return Relay(self.core, self.client_stream, timing=TIMING, dial=self.dial,
+                     ask=never_ask, tap=self.taps, thread=carrier)  # fmt: skip
+
+
 CYCLE = [10, 1000, 300, 70_000, 50]  # 70 KB: read in parts, the Python way
 
 
@@ -269,31 +307,14 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
     if loop == "python":
         monkeypatch.setattr(relay_thread_module, "Carrier", None)
         monkeypatch.setattr(relay_thread_module, "Turn", None)
-    client_stream, client_sock = plain_pair()
-    broker_stream, broker_sock = plain_pair()
-    got: list[Frame] = []
-    broker = threading.Thread(target=serve_broker, args=(broker_sock, got), daemon=True)
-    broker.start()
     metrics = Metrics()
-    taps = Taps([metrics])
-    core = PulsarConnection(
-        Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
-        PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
-        Routing(parse_broker_url(BROKER_URL)),
-        taps,
-    )
-
-    async def dial(address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
-        return broker_stream
+    c = OverSockets(Taps([metrics]))
+    core = c.core
 
     def client() -> tuple[list[int], bool, int | None]:
-        wire = ThreadWire(client_sock)
-        with client_sock:
-            wire.send(connect(BROKER_URL))
-            assert (answer := wire.receive(10)) is not None and answer.name == "CONNECTED"
-            wire.send(frame_bytes("PRODUCER", pb.CommandProducer(topic=TOPIC, producer_id=1,
-                                                                 request_id=1)))  # fmt: skip
-            assert (answer := wire.receive(10)) is not None and answer.name == "PRODUCER_SUCCESS"
+        wire = ThreadWire(c.client_sock)
+        with c.client_sock:
+            wire_producer(wire)
             answered = []
             for sequence in range(30):
                 wire.send(send_frame(sequence, bytes([sequence]) * CYCLE[sequence % 5]))
@@ -311,9 +332,7 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
 
     async with relay_thread() as carrier, trio.open_nursery() as nursery:
         assert carrier is not None
-        relay = Relay(core, client_stream, timing=TIMING, dial=dial, ask=never_ask, tap=taps,
-                      thread=carrier)  # fmt: skip
-        nursery.start_soon(relay.run)
+        nursery.start_soon(c.relay(carrier).run)
         with trio.fail_after(30):
             answered, dropped, last = await trio.to_thread.run_sync(client)
         native = carrier.compiled_runs
@@ -323,11 +342,11 @@ async def test_the_compiled_loop_carries_reads_itself_and_python_state_still_rul
             value("sluice_relay_thread_reads_total", {"path": path})
             for path in ("compiled", "python")
         ]
-    broker.join(10)
+    c.broker.join(10)
     assert exported[0] == native and exported[1] is not None and exported[1] > 0
     assert answered == list(range(30)) and dropped and last == 101
-    assert [f.body.sequence_id for f in got] == [*range(30), 101]
-    assert [len(f.payload) for f in got[:30]] == [CYCLE[i % 5] for i in range(30)]
+    assert [f.body.sequence_id for f in c.got] == [*range(30), 101]
+    assert [len(f.payload) for f in c.got[:30]] == [CYCLE[i % 5] for i in range(30)]
     if loop == "compiled":
         assert native >= 20, native  # most reads, not only the first after a Python step
     else:
@@ -381,11 +400,7 @@ async def test_a_python_read_step_disarms_its_own_connections_lanes_only() -> No
     def client() -> int:
         wires = [ThreadWire(sock) for _, sock, _ in clients]
         for wire in wires:
-            wire.send(connect(BROKER_URL))
-            assert (answer := wire.receive(10)) is not None and answer.name == "CONNECTED"
-            wire.send(frame_bytes("PRODUCER", pb.CommandProducer(topic=TOPIC, producer_id=1,
-                                                                 request_id=1)))  # fmt: skip
-            assert (answer := wire.receive(10)) is not None and answer.name == "PRODUCER_SUCCESS"
+            wire_producer(wire)
         a, b = wires
         for sequence in range(rounds):
             b.send(frame_bytes("PRODUCER", pb.CommandProducer(
@@ -432,21 +447,9 @@ async def test_lanes_carry_with_the_step_the_core_renewed_when_the_taps_changed(
     where the core never looked: the rest read as a frame of 800 MB, and
     the connection was closed as unframeable.)"""
     needs_the_compiled_step()
-    client_stream, client_sock = plain_pair()
-    broker_stream, broker_sock = plain_pair()
-    got: list[Frame] = []
-    broker = threading.Thread(target=serve_broker, args=(broker_sock, got), daemon=True)
-    broker.start()
     taps = Taps([Metrics()])
-    core = PulsarConnection(
-        Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
-        PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
-        Routing(parse_broker_url(BROKER_URL)),
-        taps,
-    )
-
-    async def dial(address: Address, tls: bool, timeout: float) -> trio.abc.Stream:
-        return broker_stream
+    c = OverSockets(taps)
+    core, got = c.core, c.got
 
     def until(done: Callable[[], bool]) -> None:
         deadline = time.monotonic() + 10
@@ -455,13 +458,9 @@ async def test_lanes_carry_with_the_step_the_core_renewed_when_the_taps_changed(
             time.sleep(0.005)
 
     def client(relay: Relay) -> tuple[list[str], list[bool], bool]:
-        wire = ThreadWire(client_sock)
-        with client_sock:
-            wire.send(connect(BROKER_URL))
-            assert (answer := wire.receive(10)) is not None and answer.name == "CONNECTED"
-            wire.send(frame_bytes("PRODUCER", pb.CommandProducer(topic=TOPIC, producer_id=1,
-                                                                 request_id=1)))  # fmt: skip
-            assert (answer := wire.receive(10)) is not None and answer.name == "PRODUCER_SUCCESS"
+        wire = ThreadWire(c.client_sock)
+        with c.client_sock:
+            wire_producer(wire)
             for sequence in range(14):
                 if sequence == 10:
                     trio.from_thread.run_sync(taps.changed)  # as a live view's first poll
@@ -481,13 +480,12 @@ async def test_lanes_carry_with_the_step_the_core_renewed_when_the_taps_changed(
 
     async with relay_thread() as carrier, trio.open_nursery() as nursery:
         assert carrier is not None
-        relay = Relay(core, client_stream, timing=TIMING, dial=dial, ask=never_ask, tap=taps,
-                      thread=carrier)  # fmt: skip
+        relay = c.relay(carrier)
         nursery.start_soon(relay.run)
         with trio.fail_after(30):
             answers, lanes, closing = await trio.to_thread.run_sync(client, relay)
         nursery.cancel_scope.cancel()
-    broker.join(10)
+    c.broker.join(10)
     assert answers == ["SEND_RECEIPT", "SEND_RECEIPT", "PRODUCER_SUCCESS"]
     assert [f.body.sequence_id for f in got] == list(range(16))
     assert got[15].payload == b"z" * 100
