@@ -163,6 +163,22 @@ def test_a_token_whose_algorithm_does_not_fit_a_key_of_no_named_algorithm_is_ref
     assert isinstance(closed, Close) and "does not fit" in closed.message
 
 
+def test_an_issuer_over_https_must_name_its_keys_over_https() -> None:
+    """The issuer's keys are what every token is checked with: one whose
+    discovery document names a key set over http, when https is required
+    (without --auth-oidc-allow-http), is refused, as an http issuer is
+    (it was taken: keys fetched in the clear, open to being replaced)."""
+    v = OidcVerifier(OidcSettings(issuers=(ISSUER,), audiences=("pulsar",)))
+    v.fetching(ISSUER, NOW)
+    document = json.dumps({"issuer": ISSUER, "jwks_uri": "http://idp.example/jwks"}).encode()
+    with pytest.raises(TokenRefused, match=r"names a jwks_uri over http .* https is required"):
+        v.discovered(ISSUER, document)
+    lenient = OidcVerifier(OidcSettings(issuers=(ISSUER,), audiences=("pulsar",),
+                                        require_https=False))  # fmt: skip
+    lenient.fetching(ISSUER, NOW)
+    assert lenient.discovered(ISSUER, document) == "http://idp.example/jwks"
+
+
 def test_keys_are_fetched_first_on_rotation_and_on_schedule_not_on_every_miss() -> None:
     idp = Issuer()
     v = OidcVerifier(OidcSettings(issuers=(ISSUER,), audiences=("pulsar",), miss_refresh=60))

@@ -187,6 +187,10 @@ class OidcVerifier:
         uri = data.get("jwks_uri")
         if not isinstance(uri, str) or urlsplit(uri).scheme not in ("http", "https"):
             raise TokenRefused(f"the discovery document of {issuer} has no jwks_uri")
+        if urlsplit(uri).scheme != "https" and self.settings.require_https:
+            # Keys fetched in the clear could be anybody's: tokens forged.
+            raise TokenRefused(f"the discovery document of {issuer} names a jwks_uri over "
+                               f"http ({clipped(uri)}); https is required")  # fmt: skip
         self._issuers[issuer].jwks_uri = uri
         return uri
 
