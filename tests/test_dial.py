@@ -37,6 +37,17 @@ async def test_an_ip_address_and_a_name_both_connect() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_a_name_that_cannot_be_looked_up_is_a_failed_dial() -> None:
+    """A name an allow-list glob admits (``broker-*.pulsar.svc``) that
+    IDNA cannot encode (an empty label, one over 63 characters) fails the
+    dial as an unreachable broker does: OSError, which the relay answers
+    as the broker would. (It raised UnicodeError: an "internal error"
+    traceback for each such CONNECT, and no answer.)"""
+    for host in ("broker-..pulsar.svc", "broker-" + "a" * 70 + ".pulsar.svc"):
+        with trio.fail_after(10), pytest.raises(OSError, match="not a name that can be looked up"):
+            await open_tcp(Address(host, 6651))
+
+
 async def test_a_loopback_connection_is_made_without_waiting() -> None:
     # Over loopback the handshake is done when connect() returns: the dial
     # then needs no pass of the scheduler (a proxied Cursus commit is a

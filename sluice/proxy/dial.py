@@ -302,7 +302,10 @@ async def open_tcp(address: Address) -> trio.SocketStream:
     short-lived proxied connection cost in all."""
     started = start_tcp(address)
     if started is None:
-        return await trio.open_tcp_stream(address.host, address.port)
+        try:
+            return await trio.open_tcp_stream(address.host, address.port)
+        except UnicodeError as exc:  # a name IDNA cannot encode: an empty or a long label
+            raise OSError(f"{address.host}: not a name that can be looked up ({exc})") from None
     fd, connected = started
     if not connected:
         return socket_stream(await finish_tcp(fd, address))
