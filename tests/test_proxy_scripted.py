@@ -174,6 +174,43 @@ async def test_lookups_over_the_limit_get_too_many_requests(
     assert lookups(proxy, "rejected") == 2
 
 
+async def test_a_clients_tls_url_for_the_plain_broker_leaves_lookups_plain(
+    nursery: trio.Nursery,
+) -> None:
+    """A client's CONNECT naming the configured plain broker as pulsar+ssl://
+    (a client on TLS taking brokerServiceUrlTls, or anybody) fails its own
+    dial and nothing else: Sluice's own connections to that broker, opened
+    for lookups with other credentials, stay plain. (The first TLS dial
+    made every own connection try TLS from then on: lookups failed until a
+    restart.)"""
+
+    async def script(request: Any) -> Any:
+        return connect_to("pulsar://127.0.0.1:6650")
+
+    upstream = ScriptedBroker(script)
+    await nursery.start(upstream.serve)
+    proxy = await start(nursery, upstream.url, connect_timeout=5.0)
+    address = proxy.addresses["plain"]
+
+    async def connected(**fields: Any) -> tuple[FrameStream, Any]:
+        conn = FrameStream(await trio.open_tcp_stream(address.host, address.port))
+        hello = pb.CommandConnect(client_version="tests", protocol_version=21, **fields)
+        await conn.send(encode(command(Type.Value("CONNECT"), hello)))
+        with trio.fail_after(20):
+            return conn, await conn.receive_frame()
+
+    conn, frame = await connected(proxy_to_broker_url=f"pulsar+ssl://127.0.0.1:{upstream.port}")
+    assert frame is not None and frame.name == "ERROR", frame  # its own dial failed
+    await conn.aclose()
+    for token in (b"b", b"c"):  # credentials of their own: new own connections
+        conn, frame = await connected(auth_method_name="token", auth_data=token)
+        assert frame is not None and frame.name == "CONNECTED", frame
+        await lookup(conn, "persistent://public/default/x", 1)
+        result = await answer(conn)
+        assert result.response == LookupResponse.Connect, result
+        await conn.aclose()
+
+
 async def test_unreachable_upstream_fails_the_lookup_not_the_proxy(nursery: trio.Nursery) -> None:
     from sluice.brokers.embedded import free_port
 

@@ -239,6 +239,25 @@ def test_redirect_is_followed_and_its_target_learned() -> None:
     assert names(out, Peer.CLIENT) == []  # the client hears nothing yet
 
 
+def test_a_redirect_is_followed_as_sluice_speaks_to_its_brokers() -> None:
+    """A redirect names the broker both ways, plain and TLS: it is asked
+    again the way Sluice speaks to its configured broker, and learned as
+    that URL says. (The plain URL was taken first, whatever the broker:
+    with --broker pulsar+ssl:// the lookup went to the plain port.)"""
+    body = pb.CommandLookupTopicResponse(
+        request_id=1, response=LookupResponse.Redirect,
+        brokerServiceUrl="pulsar://10.1.2.3:6650", brokerServiceUrlTls="pulsar+ssl://10.1.2.3:6651",
+    )  # fmt: skip
+    for configured, port, tls in (("pulsar+ssl://127.0.0.1:6651", 6651, True),
+                                  ("pulsar://127.0.0.1:6650", 6650, False)):  # fmt: skip
+        core, _ = lookup_core(routing=Routing(parse_broker_url(configured)))
+        (ask,) = core.receive_client(lookup_request(), 1.0)
+        assert isinstance(ask, Ask)
+        (again,) = core.answered(ask.token, decode_frame(frame_bytes("LOOKUP_RESPONSE", body)), 1.5)
+        assert isinstance(again, Ask) and again.address == Address("10.1.2.3", port)
+        assert core.routing.routes[again.address].tls is tls
+
+
 def test_connect_answer_is_rewritten_to_come_back_through_the_proxy() -> None:
     core, rec = lookup_core()
     (ask,) = core.receive_client(lookup_request(request_id=42), 1.0)

@@ -422,6 +422,16 @@ class PulsarBackend:
             self._tls = client_ssl_context(self._broker_tls)
         return self._tls
 
+    def _own_tls(self, address: Address) -> ssl.SSLContext | None:
+        """How Sluice's own connection to ``address`` (lookups, redirects,
+        the probe) speaks: as the broker there does, by the scheme of the
+        URL it was learned from, else as the configured broker does. (Not
+        by whether any connection ever needed TLS: one client's CONNECT to
+        a pulsar+ssl:// URL made every later own connection to a plain
+        broker try TLS, and fail.)"""
+        route = self.routing.routes.get(address)
+        return self.tls_context(route.tls if route is not None else self.broker.tls)
+
     async def start(self, nursery: trio.Nursery, tap: Tap) -> None:
         """Open for business: own-account connections live in ``nursery``.
         Sluice's own OAuth2 token is asked for first (its first answer, or
@@ -429,7 +439,7 @@ class PulsarBackend:
         self._pool = UpstreamPool(
             nursery,
             timeout=self.connect_timeout,
-            tls_for=lambda address: self._tls,
+            tls_for=self._own_tls,
             dialed=lambda seconds: tap.event(None, Dialed(seconds)),
             limit=self.max_upstream_connections,
         )

@@ -1419,7 +1419,12 @@ class PulsarConnection:
         if answer.type != T.LOOKUP_RESPONSE or result.response == LookupResponse.Failed:
             reply = _with_request_id(answer, pending.client_rid)
             return self._finish(pending, reply, answer_error(answer.type, result), now, "failed")
-        url_text = result.brokerServiceUrl or result.brokerServiceUrlTls
+        # A redirect is followed as Sluice speaks to its brokers (the
+        # configured broker's scheme): the answer names the broker both ways.
+        if self.routing.broker.tls:
+            url_text = result.brokerServiceUrlTls or result.brokerServiceUrl
+        else:
+            url_text = result.brokerServiceUrl or result.brokerServiceUrlTls
         url = _url(url_text)
         if result.response == LookupResponse.Redirect:
             pending.hops += 1
