@@ -258,6 +258,39 @@ def test_a_redirect_is_followed_as_sluice_speaks_to_its_brokers() -> None:
         assert core.routing.routes[again.address].tls is tls
 
 
+def test_only_a_broker_the_upstream_named_teaches_brokers() -> None:
+    """A relayed broker's CLOSE_PRODUCER (assignedBrokerServiceUrl) and
+    lookup answers name brokers the client is sent to next: learned from
+    the configured broker, or one the upstream named. Not from a broker the
+    client chose that only --allow-broker admits (its own pod in an allowed
+    range): that one could name any host and port (cloud metadata, ssh)
+    for any client to be relayed to. (It did.)"""
+    routing = Routing(parse_broker_url("pulsar://broker.pulsar.svc:6650"), ("10.0.0.0/8:6650",))
+    connected = pb.CommandConnected(server_version="b", protocol_version=21)
+    metadata = "pulsar://169.254.169.254:80"
+    moved = pb.CommandCloseProducer(producer_id=1, request_id=2, assignedBrokerServiceUrl=metadata)
+    answer = pb.CommandLookupTopicResponse(request_id=9, response=LookupResponse.Connect,
+                                           brokerServiceUrl="pulsar://127.0.0.1:22")  # fmt: skip
+
+    def relayed_to(url: str) -> PulsarConnection:
+        core, _ = make(routing=routing)
+        out = core.receive_client(
+            frame_bytes("CONNECT", connect_body(proxy_to_broker_url=url)), 0.0
+        )
+        assert [type(a) for a in out] == [OpenUpstream]
+        core.receive_broker(frame_bytes("CONNECTED", connected), 0.1)
+        return core
+
+    chosen = relayed_to("10.9.9.9:6650")
+    chosen.receive_broker(frame_bytes("CLOSE_PRODUCER", moved), 0.2)
+    chosen.receive_broker(frame_bytes("LOOKUP_RESPONSE", answer), 0.3)
+    for taught in (Address("169.254.169.254", 80), Address("127.0.0.1", 22)):
+        assert not routing.allowlist.allows(taught)
+    named = relayed_to("broker.pulsar.svc:6650")
+    named.receive_broker(frame_bytes("CLOSE_PRODUCER", moved), 0.2)
+    assert routing.allowlist.allows(Address("169.254.169.254", 80))  # the upstream's word
+
+
 def test_connect_answer_is_rewritten_to_come_back_through_the_proxy() -> None:
     core, rec = lookup_core()
     (ask,) = core.receive_client(lookup_request(request_id=42), 1.0)

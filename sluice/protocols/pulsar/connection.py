@@ -374,6 +374,11 @@ class PulsarConnection:
             else None
         )
         self._upstream: Address | None = None
+        # Whether that broker is one the upstream named (or configured: the
+        # broker, an --sni-route): only such a broker's answers teach Sluice
+        # brokers. One a client chose, that only --allow-broker admits,
+        # could otherwise widen the allow-list to any host and port.
+        self._upstream_named = False
         self._held: Frame | None = None
         self._schema_asks: dict[int, Wait] = {}
 
@@ -635,7 +640,7 @@ class PulsarConnection:
         if relayed:
             return self._open_relay(body, now)
         if routed is not None:
-            return self._dial(body, routed, self.routing.tls_of(routed), now)
+            return self._dial(body, routed, self.routing.tls_of(routed), now, named=True)
         self.state = State.LOOKUP
         self.last_heard = now
         # Lookups go upstream with the client's own credentials: a broker
@@ -678,11 +683,12 @@ class PulsarConnection:
             # Chained: the upstream is a proxy too; go through it, naming the
             # broker the same way the client named it to us.
             address, tls = self.routing.broker.address, self.routing.broker.tls
-            return self._dial(connect, address, tls, now, chained=True)
+            return self._dial(connect, address, tls, now, chained=True, named=True)
         # proxy_to_broker_url has no scheme: the lookup answer that named
         # the broker says whether it speaks TLS.
         tls = route.tls if route is not None else (target.tls or self.routing.broker.tls)
-        return self._dial(connect, target.address, tls, now)
+        named = self.routing.knows(target.address)
+        return self._dial(connect, target.address, tls, now, named=named)
 
     def _dial(
         self,
@@ -692,9 +698,11 @@ class PulsarConnection:
         now: float,
         *,
         chained: bool = False,
+        named: bool = False,
     ) -> list[Action]:
-        """Relay the client to the broker at ``address``: dial it and send it
-        the client's CONNECT, as the client wrote it. No proxy_version: a
+        """Relay the client to the broker at ``address`` (``named``: one the
+        upstream named, or configured): dial it and send it the client's
+        CONNECT, as the client wrote it. No proxy_version: a
         broker with authentication on refuses a CONNECT that names one
         unless the connecting role is one of its proxyRoles ("Must not set
         proxyVersion without connecting as a ProxyRole"), and here the
@@ -710,7 +718,7 @@ class PulsarConnection:
             auth.upstream(self._identity).apply(ours)
         if not chained:
             ours.ClearField("proxy_to_broker_url")
-        self._upstream = address
+        self._upstream, self._upstream_named = address, named
         gate = self._gate
         if gate is not None:
             gate.client_version = connect.client_version
@@ -1320,6 +1328,8 @@ class PulsarConnection:
         return encode(command(T.AUTH_RESPONSE, self.settings.auth.own.response()))
 
     def _learn_brokers(self, frame: Frame) -> None:
+        if not self._upstream_named:
+            return  # a broker only --allow-broker admits names none for Sluice
         body: Any = frame.body
         if frame.type in (T.TOPIC_MIGRATED, T.LOOKUP_RESPONSE):
             # A lookup answered on a relayed connection (SNI routing: the
