@@ -46,9 +46,11 @@ from sluice.protocols.http import (
     forwarded_for,
     is_topic_lookup,
     lookup_broker_urls,
+    origin_form,
     parse_http_url,
     request_kind,
     rewrite_lookup,
+    with_credentials,
 )
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
@@ -199,8 +201,20 @@ def test_http_lookup_names_sluice(apache_pulsar: ApachePulsar, web: WebProxy) ->
         assert answer.get("nativeUrl") in (None, answer["brokerUrl"])
         urls.add(answer["brokerUrl"])
     assert len(urls) == 1  # the broker keeps its listener
+    # Asked in the absolute form, or a letter percent-encoded, it is the same
+    # lookup, rewritten the same (it went to the client as the broker wrote it).
+    host, port = web.url.split("//", 1)[1].rsplit(":", 1)
+    for target in (web.url + path, path.replace("/persistent/", "/%70ersistent/")):
+        asked = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            asked.request("GET", target)
+            answered = asked.getresponse()
+            assert answered.status == 200
+            assert json.loads(answered.read())["brokerUrl"] in urls, target
+        finally:
+            asked.close()
     assert "left as the broker gave it" not in web.proxy.log()
-    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") == 2
+    assert web.metric("sluice_http_requests_total", kind="lookup", status="2xx") == 4
 
 
 def _addresses(stats: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -812,6 +826,41 @@ def test_request_kinds() -> None:
     assert is_topic_lookup(b"GET", b"/lookup/v2/topic/non-persistent/a/b/c?authoritative=false")
     assert not is_topic_lookup(b"PUT", b"/lookup/v2/topic/persistent/a/b/c")
     assert not is_topic_lookup(b"GET", b"/lookup/v2/namespace/a/b")
+
+
+def test_a_target_is_read_as_the_broker_serves_it() -> None:
+    """The absolute form (which an HTTP/1.1 server must take) and
+    percent-encoded unreserved characters name the same resource as the
+    plain path: Sluice reads (and forwards) them as that path, so a lookup
+    asked that way is still rewritten to name Sluice. (Both went to the
+    broker as sent and its answer reached the client unchanged: the client
+    left the proxy.)"""
+    lookup = b"/lookup/v2/topic/persistent/t/n/x"
+    encoded = (b"/lookup/v2/topic/%70ersistent/t/n/x", b"/lookup/v2/topic/%70%65rsistent/t/n/x")
+    for asked in (lookup, b"http://sluice:8080" + lookup, b"HTTPS://sluice" + lookup, *encoded):
+        assert origin_form(asked) == lookup, asked
+        assert is_topic_lookup(b"GET", origin_form(asked))
+    assert origin_form(b"http://sluice:8080" + lookup + b"?a=%2F") == lookup + b"?a=%2F"
+    assert origin_form(b"http://sluice:8080") == b"/"
+    assert origin_form(b"http://sluice:8080?x=1") == b"/?x=1"
+    # Reserved characters stay encoded (%2F is not a path separator), as does a stray %.
+    assert origin_form(b"/admin/v2/a%2Fb/%zz/%4") == b"/admin/v2/a%2Fb/%zz/%4"
+    assert origin_form(b"*") == b"*"
+
+
+def test_a_websocket_upgrade_keeps_the_clients_credentials_but_no_principal() -> None:
+    """Proxy mode: a request goes on with Sluice's credentials naming the
+    client's role; a WebSocket upgrade with the client's own, checked, but
+    never an X-Original-Principal the client wrote itself (it went on:
+    "superuser", taken by a broker from a proxy role)."""
+    own = [(b"authorization", b"Bearer OWN"), (b"x-original-principal", b"app")]
+    sent = [(b"Authorization", b"Bearer theirs"), (b"X-Original-Principal", b"superuser"),
+            (b"upgrade", b"websocket")]  # fmt: skip
+    assert with_credentials(sent, own) == [(b"upgrade", b"websocket"), *own]
+    assert with_credentials(sent, own, upgrade=True) == [
+        (b"Authorization", b"Bearer theirs"), (b"upgrade", b"websocket")
+    ]  # fmt: skip
+    assert with_credentials(sent, None, upgrade=True) == sent  # passthrough: as sent
 
 
 def test_hop_by_hop_headers_stay_behind() -> None:

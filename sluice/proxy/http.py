@@ -51,6 +51,7 @@ from sluice.protocols.http import (
     header,
     is_topic_lookup,
     lookup_broker_urls,
+    origin_form,
     request_kind,
     rewrite_lookup,
     status_class,
@@ -395,7 +396,7 @@ class HttpRelay:
                 return
             event = h11.Request(
                 method=event.method,
-                target=event.target,
+                target=origin_form(event.target),
                 headers=forwarded_for(event.headers, client),
                 http_version=event.http_version,
             )
@@ -633,12 +634,13 @@ class HttpRelay:
             )
         except Unauthorized as exc:
             raise Refusal(401, "unauthorized", f"authentication failed: {exc}") from None
-        if own is None or is_websocket_upgrade(request.headers):
+        if own is None:
             return request
+        upgrade = is_websocket_upgrade(request.headers)
         return h11.Request(
             method=request.method,
             target=request.target,
-            headers=with_credentials(request.headers, own),
+            headers=with_credentials(request.headers, own, upgrade=upgrade),
             http_version=request.http_version,
         )
 

@@ -59,6 +59,44 @@ _HOP_BY_HOP = frozenset({
 Headers = list[tuple[bytes, bytes]]
 
 
+# Characters RFC 3986 calls unreserved: the same percent-encoded or not.
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def origin_form(target: bytes) -> bytes:
+    """A request target as Sluice reads it and asks the broker for it: the
+    absolute form (``http://host/path?q``, which an HTTP/1.1 server must
+    take) made the origin form (``/path?q``), and percent-encoded
+    unreserved characters of the path decoded (``%70ersistent`` is
+    ``persistent``), so that what Sluice recognizes (a topic lookup whose
+    answer it rewrites, the kind, a fault rule's path) is what the broker
+    serves. Anything else is left as it is."""
+    if target[:7].lower() == b"http://" or target[:8].lower() == b"https://":
+        rest = target.split(b"//", 1)[1]
+        cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+        target = rest[cut:]
+        target = target if target.startswith(b"/") else b"/" + target
+    path, mark, query = target.partition(b"?")
+    if b"%" not in path:
+        return target
+    out = bytearray()
+    i = 0
+    while i < len(path):
+        if path[i] == 0x25 and i + 2 < len(path) and _is_hex(path[i + 1 : i + 3]):
+            byte = int(path[i + 1 : i + 3], 16)
+            if byte in _UNRESERVED:
+                out.append(byte)
+                i += 3
+                continue
+        out.append(path[i])
+        i += 1
+    return bytes(out) + mark + query
+
+
+def _is_hex(two: bytes) -> bool:
+    return len(two) == 2 and all(c in b"0123456789abcdefABCDEF" for c in two)
+
+
 def request_kind(target: bytes) -> str:
     """admin, lookup, websocket or other, by the request's path."""
     path = target.split(b"?", 1)[0]
@@ -113,14 +151,23 @@ def forward_headers(
 
 # A client's own credentials, which proxy-mode authentication replaces
 # (a client naming a principal itself must not reach the broker).
-CREDENTIALS = frozenset({b"authorization", b"x-original-principal"})
+PRINCIPAL = b"x-original-principal"
+CREDENTIALS = frozenset({b"authorization", PRINCIPAL})
 
 
-def with_credentials(headers: Iterable[tuple[bytes, bytes]], own: Headers | None) -> Headers:
+def with_credentials(
+    headers: Iterable[tuple[bytes, bytes]], own: Headers | None, *, upgrade: bool = False
+) -> Headers:
     """``headers`` with the client's credentials replaced by ``own`` (None:
-    passthrough, unchanged)."""
+    passthrough, unchanged). ``upgrade``: a WebSocket upgrade, which keeps
+    the client's own credentials, checked, so that the broker's WebSocket
+    service grants the session no more than the client's role; less any
+    principal the client names itself (a broker takes one from a proxy
+    role, which Sluice's own TLS certificate may be on that hop)."""
     if own is None:
         return list(headers)
+    if upgrade:
+        return [(n, v) for n, v in headers if n.lower() != PRINCIPAL]
     return [*((n, v) for n, v in headers if n.lower() not in CREDENTIALS), *own]
 
 
