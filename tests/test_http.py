@@ -918,6 +918,8 @@ def test_redirects_followed_and_refused() -> None:
     assert chain.follow(302, [(b"location", b"http://b:8080/y")]) is None  # method may change
     assert chain.follow(307, []) is None
     assert chain.follow(307, [(b"location", b"http://elsewhere:8080/y")]) is None
+    # A Location that is no URL goes to the client as it is (it was an internal error).
+    assert chain.follow(307, [(b"location", b"http://[x/y")]) is None
     hop = chain.follow(307, [(b"Location", b"http://b:8080/admin/v2/x?authoritative=true")])
     assert hop == Hop(parse_http_url("http://b:8080"), b"/admin/v2/x?authoritative=true")
     relative = chain.follow(308, [(b"location", b"/admin/v2/z")])

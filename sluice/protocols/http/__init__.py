@@ -307,11 +307,10 @@ class Redirects:
         except UnicodeDecodeError:
             return None
         here = f"{current.url}{current.target.decode('latin-1')}"
-        absolute = urllib.parse.urljoin(here, text)
-        parts = urllib.parse.urlsplit(absolute)
         try:
+            parts = urllib.parse.urlsplit(urllib.parse.urljoin(here, text))
             url = parse_http_url(f"{parts.scheme}://{parts.netloc}")
-        except ConfigError:
+        except (ConfigError, ValueError):  # ValueError: an IPv6 host that is not one
             return None
         target = parts.path or "/"
         if parts.query:
