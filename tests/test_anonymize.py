@@ -195,6 +195,20 @@ def test_free_text_and_web_paths_lose_their_names() -> None:
     for original in ("acme", "billing", "invoices", "10.9.8.7", "broker.acme"):
         assert original not in text, (original, text)
     assert http["res"]["p"][0] == 5 and "raw" not in http["res"]
+    # Every forwarding header's address goes, and a Referer that is no URL
+    # (a client may send any) is replaced whole (it stopped anonymize with
+    # a traceback; Forwarded, X-Client-IP and True-Client-IP were kept).
+    forwarded = anonymizer.record({
+        "k": "http", "h": 1, "x": 2, "client": "10.9.8.7:5000", "t": 0, "w": 0,
+        "method": "GET", "path": "/admin/v2/clusters", "kind": "admin", "status": 200,
+        "req": {"h": [["forwarded", "for=192.0.2.60;proto=http, for=198.51.100.17"],
+                      ["x-client-ip", "192.0.2.61"], ["true-client-ip", "192.0.2.62"],
+                      ["referer", "http://[192.0.2.63/acme"]], "n": 0},
+        "res": {"h": [], "n": 0},
+    })  # fmt: skip
+    text = json.dumps(forwarded, default=str)
+    for original in ("192.0.2.", "198.51.100.17", "acme"):
+        assert original not in text, (original, text)
     slow = "Topic persistent://acme/billing/invoices is slow"
     note = anonymizer.record({"k": "snapshot", "t": 0, "w": 0, "reason": slow})
     assert "acme" not in note["reason"] and "tenant-" in note["reason"]

@@ -172,7 +172,10 @@ class Pseudonyms:
             return ",".join(self.url(u.strip()) for u in original.split(","))
         if "://" not in original:
             return self.address(original)
-        parts = urllib.parse.urlsplit(original)
+        try:
+            parts = urllib.parse.urlsplit(original)
+        except ValueError:  # not a URL (a bracketed host that is no IPv6 address): all of it
+            return self.name("host", original)
         netloc = parts.netloc.rpartition("@")[2]  # no user information is kept
         path = self.scrub(parts.path) if parts.path else ""
         return urllib.parse.urlunsplit((parts.scheme, self.address(netloc), path, "", ""))

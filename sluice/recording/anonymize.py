@@ -44,8 +44,13 @@ UNPARSED = "anonymized: its bytes did not parse, so none of them could be kept"
 # The web API's paths that name a topic, a namespace or a tenant.
 _DOMAINS = ("persistent", "non-persistent")
 _WS_SUBSCRIBERS = ("consumer", "reader")
-# Header values that are an address.
-_ADDRESS_HEADERS = frozenset({"host", "x-forwarded-for", "x-forwarded-host", "x-real-ip"})
+# Header values that are an address (or a list of them: each replaced;
+# Forwarded's elements, "for=...;proto=...", whole).
+_ADDRESS_HEADERS = frozenset({
+    "host", "x-forwarded-for", "x-forwarded-host", "x-real-ip", "forwarded", "x-client-ip",
+    "true-client-ip", "x-cluster-client-ip", "cf-connecting-ip", "fastly-client-ip",
+    "x-original-forwarded-for",
+})  # fmt: skip
 # Record fields that are codes, never names.
 _CODES = frozenset({"k", "cmd", "kind", "action", "on", "op", "error", "method"})
 
