@@ -209,6 +209,18 @@ def test_free_text_and_web_paths_lose_their_names() -> None:
     text = json.dumps(forwarded, default=str)
     for original in ("192.0.2.", "198.51.100.17", "acme"):
         assert original not in text, (original, text)
+    # A name that is also in its own pseudonym ("tenant" in "tenant-..."), or
+    # a number in another's, does not change a pseudonym once it is written:
+    # a web path names the topic as its frames do.
+    named = names.topic("persistent://tenant/ns/orders")
+    names.name("value", "973")
+    names.name("value", "100")
+    path = anonymizer.record({
+        "k": "http", "h": 1, "x": 3, "client": "10.9.8.7:5000", "t": 0, "w": 0,
+        "method": "GET", "path": "/admin/v2/persistent/tenant/ns/orders/stats", "kind": "admin",
+        "status": 200, "req": {"h": [], "n": 0}, "res": {"h": [], "n": 0},
+    })["path"]  # fmt: skip
+    assert path == "/admin/v2/" + named.replace("://", "/") + "/stats", (path, named)
     slow = "Topic persistent://acme/billing/invoices is slow"
     note = anonymizer.record({"k": "snapshot", "t": 0, "w": 0, "reason": slow})
     assert "acme" not in note["reason"] and "tenant-" in note["reason"]

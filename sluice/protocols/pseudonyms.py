@@ -220,6 +220,13 @@ class Pseudonyms:
                 for original, pseudonym in entries.items():
                     if len(original) >= SCRUB_MIN:
                         pairs.setdefault(original, pseudonym)
+            # A pseudonym already in the text stays as it is: matched as
+            # itself (the longest alternative first), it is never searched
+            # for originals (a tenant "tenant" in "tenant-84b4aa79", or a
+            # value "973" in "ns-d7b973a2", made it another name).
+            for entries in self.table.values():
+                for pseudonym in entries.values():
+                    pairs.setdefault(pseudonym, pseudonym)
             self._scrubbed = pairs
             ordered = sorted(pairs, key=len, reverse=True)
             self._scrub = re.compile("|".join(map(re.escape, ordered))) if ordered else None
