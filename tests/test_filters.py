@@ -184,8 +184,10 @@ def test_schemas_are_kept_the_latest_for_a_while() -> None:
     assert filters.schema(TOPIC, None, 1000.0) is UNKNOWN  # the latest is asked again
     filters.learn_schema(TOPIC, None, None, 0.0)
     assert filters.schema(TOPIC, None, 1.0) is None  # the topic has none
-    filters.forget_latest(TOPIC)
+    filters.learn_schema(TOPIC, b"\0" * 8, avro, 0.0)
+    filters.forget_schemas(TOPIC + "-partition-1")  # a producer opens: the topic made again?
     assert filters.schema(TOPIC, None, 1.0) is UNKNOWN
+    assert filters.schema(TOPIC, b"\0" * 8, 1.0) is UNKNOWN  # its numbers may stand for others
 
 
 # --- the Pulsar core --------------------------------------------------------------
@@ -378,6 +380,25 @@ def test_a_topic_without_a_schema_passes_and_a_failed_question_is_retried() -> N
     (error,) = sent(out, Peer.CLIENT)
     # A code on which clients reconnect and send again, not one that fails the send.
     assert error.body.error == pb.ServiceNotReady
+
+
+def test_a_send_naming_a_version_the_topic_lacks_is_refused_not_passed() -> None:
+    """The broker answers GET_SCHEMA for a version the topic lacks as for a
+    topic without a schema (TopicNotFound). For a SEND that named a version
+    that says only that the version is unknown: the SEND is refused, not
+    passed unchecked (garbage went through to readers, and the topic was
+    taken for one without a schema from then on)."""
+    core, _ = _core(FilterSpec("schema"))
+    meta, data = _batch([b"garbage, not avro"])
+    meta.schema_version = (99).to_bytes(8, "big")
+    body = pb.CommandSend(producer_id=1, sequence_id=0, num_messages=1)
+    (ask,) = core.receive_client(encode_payload(command(T.SEND, body), meta, data), 1.0)
+    assert isinstance(ask, Ask) and ask.request[1].schema_version == meta.schema_version
+    none = pb.CommandGetSchemaResponse(request_id=1, error_code=pb.TopicNotFound)
+    out = core.answered(ask.token, decode_frame(frame_bytes("GET_SCHEMA_RESPONSE", none)), 1.1)
+    assert names(out, Peer.BROKER) == []
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "SEND_ERROR" and "no schema version 0000000000000063" in error.body.message
 
 
 def _chunk(chunk_id: int, chunks: int = 2) -> bytes:

@@ -43,9 +43,11 @@ from sluice.protocols.registry import ProtocolSpec
 log = logging.getLogger("sluice.filters")
 
 LOG_EVERY = 10.0  # seconds between two logged failures of one filter
-# Schemas: the latest of a topic is asked for again after this long (a
-# producer registering a new version also makes it asked for again); a
-# numbered version never changes. Bounded: past the limit, the cache starts over.
+# Schemas: the latest of a topic is asked for again after this long; a
+# numbered version is kept until a producer opens on the topic (which may
+# register a new version, or follow the topic's deletion, after which its
+# numbers stand for other schemas). Bounded: past the limit, the cache
+# starts over.
 LATEST_FOR = 30.0
 MAX_SCHEMAS = 10_000
 _PARTITION = re.compile(r"-partition-\d+$")
@@ -202,8 +204,10 @@ class Filters:
         if version is None and schema is not None and schema.version is not None:
             self._schemas[(_base(topic), schema.version)] = (schema, now)
 
-    def forget_latest(self, topic: str) -> None:
-        self._schemas.pop((_base(topic), None), None)
+    def forget_schemas(self, topic: str) -> None:
+        base = _base(topic)
+        for key in [key for key in self._schemas if key[0] == base]:
+            del self._schemas[key]
 
 
 def _base(topic: str) -> str:

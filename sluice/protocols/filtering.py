@@ -220,8 +220,10 @@ class Filtering(Protocol):
         self, topic: str, version: bytes | None, schema: Schema | None, now: float
     ) -> None: ...
 
-    def forget_latest(self, topic: str) -> None:
-        """A producer may have registered a new version: ask again."""
+    def forget_schemas(self, topic: str) -> None:
+        """A producer opens on ``topic``: it may register a new version, or
+        the topic may have been deleted and made again, its version numbers
+        now standing for other schemas. Every schema of it is asked again."""
         ...
 
 

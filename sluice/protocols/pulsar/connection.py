@@ -1132,6 +1132,11 @@ class PulsarConnection:
             failure = answer.message
         elif body is None or (body.HasField("error_code") and body.error_code != pb.TopicNotFound):
             failure = f"broker answered GET_SCHEMA with {answer.name}: {_brief(answer)}"
+        elif body.HasField("error_code") and wait.version:
+            # "Topic not found or no-schema" for a version the SEND named:
+            # not that the topic has no schema (its messages would pass
+            # unchecked), only that it lacks this version.
+            failure = f"the topic has no schema version {wait.version.hex()}"
         else:  # TopicNotFound: "Topic not found or no-schema"
             gate.filtering.learn_schema(wait.topic, wait.version, schema_of(answer), now)
         actions: list[Action] = []

@@ -206,7 +206,7 @@ class FilterGate:
         if frame.type == T.PRODUCER:
             if body.HasField("producer_name"):
                 self._names[body.producer_id] = body.producer_name
-            self.filtering.forget_latest(body.topic)
+            self.filtering.forget_schemas(body.topic)
             self._seal_compiled(body.producer_id, body.topic)
         elif frame.type == T.SUBSCRIBE:
             self._names[-1 - body.consumer_id] = body.subscription
