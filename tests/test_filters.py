@@ -193,13 +193,15 @@ def test_schemas_are_kept_the_latest_for_a_while() -> None:
 # --- the Pulsar core --------------------------------------------------------------
 
 
-def _core(*specs: FilterSpec, client_version: str = "Pulsar-CPP-v3.7.0") -> tuple[
-    PulsarConnection, Recording
-]:  # fmt: skip
+def _core(
+    *specs: FilterSpec,
+    client_version: str = "Pulsar-CPP-v3.7.0",
+    on_invalid: OnInvalid = OnInvalid.REJECT,
+) -> tuple[PulsarConnection, Recording]:
     recording = Recording()
     core = PulsarConnection(
         Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
-        PulsarSettings(OnInvalid.REJECT, 5 * MiB, 5, filtering=_filters(*specs)),
+        PulsarSettings(on_invalid, 5 * MiB, 5, filtering=_filters(*specs)),
         Routing(parse_broker_url("pulsar://127.0.0.1:6650")),
         recording,
     )
@@ -399,6 +401,23 @@ def test_a_send_naming_a_version_the_topic_lacks_is_refused_not_passed() -> None
     assert names(out, Peer.BROKER) == []
     (error,) = sent(out, Peer.CLIENT)
     assert error.name == "SEND_ERROR" and "no schema version 0000000000000063" in error.body.message
+
+
+def test_an_invalid_send_filters_act_on_is_refused_even_when_invalid_frames_go_on() -> None:
+    """--on-invalid forward passes frames Sluice finds invalid on as they
+    came; not a SEND that filters act on (encryption fails closed: such a
+    SEND went to the broker in plaintext). It is refused; elsewhere the
+    invalid SEND still goes on."""
+    partial = pb.MessageMetadata(producer_name="p", sequence_id=5).SerializePartialToString()
+    body = pb.CommandSend(producer_id=1, sequence_id=5, num_messages=1)
+    invalid = encode_payload(command(T.SEND, body), partial, b"SECRET")  # no publish_time
+    core, _ = _core(FilterSpec("schema"), on_invalid=OnInvalid.FORWARD)
+    out = core.receive_client(invalid, 1.0)
+    assert names(out, Peer.BROKER) == []
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "SEND_ERROR" and "publish_time" in error.body.message
+    plain, _ = _core(on_invalid=OnInvalid.FORWARD)  # no filter: as it came
+    assert names(plain.receive_client(invalid, 1.0), Peer.BROKER) == ["SEND"]
 
 
 def _chunk(chunk_id: int, chunks: int = 2) -> bytes:

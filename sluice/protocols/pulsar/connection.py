@@ -1034,7 +1034,13 @@ class PulsarConnection:
                 side = "client" if from_client else "broker"
                 message = error.message
                 log.warning("%s: invalid %s from %s: %s", conn.name, frame.name, side, message)
-                if not self._reject or not from_client or error.problem is Problem.UNKNOWN_TYPE:
+                forward = not self._reject or not from_client
+                if gate is not None and from_client and frame.type == T.SEND:
+                    # Filters act on this side's sends (encryption among
+                    # them, which fails closed): one they cannot read is
+                    # refused, never forwarded as it came (in plaintext).
+                    forward = False
+                if forward or error.problem is Problem.UNKNOWN_TYPE:
                     out.append(frame.raw)
                     observe(frame, from_client, now)
                     continue
