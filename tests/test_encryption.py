@@ -187,9 +187,10 @@ def test_every_mistake_in_its_settings_is_one_line(tmp_path: Path) -> None:
     assert _refusal(_flag({"private_keys": {"k": str(locked)}}, "deliver")) == (
         f"filter 'encrypt': key 'k' ({locked}) holds a password-protected key; give it unencrypted"
     )
-    assert _refusal(_flag({"public_keys": {"k": str(private)}, "rotate_every": 0})) == (
-        "filter 'encrypt': setting 'rotate_every' must be at least 1 (seconds)"
-    )
+    for never in (0, float("nan"), float("inf")):  # (nan and inf: never rotated, but taken)
+        assert _refusal(_flag({"public_keys": {"k": str(private)}, "rotate_every": never})) == (
+            "filter 'encrypt': setting 'rotate_every' must be a number of seconds, at least 1"
+        )
     assert _refusal(_flag({"public_keys": {"k": str(public)}, "undecryptable": "x"})) == (
         "filter 'encrypt': setting 'undecryptable' must be pass or skip"
     )

@@ -23,6 +23,7 @@ Nothing here logs, records or counts a key.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -62,8 +63,8 @@ class EncryptionSettings:
                 "give public_keys (to encrypt what producers send), private_keys "
                 "(to decrypt deliveries), or both"
             )
-        if self.rotate_every < 1:
-            raise ValueError("setting 'rotate_every' must be at least 1 (seconds)")
+        if not 1 <= self.rotate_every < math.inf:  # (nan compares false)
+            raise ValueError("setting 'rotate_every' must be a number of seconds, at least 1")
         if self.undecryptable not in _UNDECRYPTABLE:
             raise ValueError("setting 'undecryptable' must be pass or skip")
 
