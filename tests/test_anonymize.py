@@ -221,6 +221,35 @@ def test_free_text_and_web_paths_lose_their_names() -> None:
         "status": 200, "req": {"h": [], "n": 0}, "res": {"h": [], "n": 0},
     })["path"]  # fmt: skip
     assert path == "/admin/v2/" + named.replace("://", "/") + "/stats", (path, named)
+
+    # Every web path that names a tenant, namespace, topic (percent-encoded
+    # too) or subscription, and the names a WebSocket session goes by (they
+    # were kept unless frames had named them).
+    def web(path: str) -> str:
+        return str(anonymizer.record({
+            "k": "http", "h": 1, "x": 4, "client": "10.9.8.7:5000", "t": 0, "w": 0,
+            "method": "GET", "path": path, "kind": "admin", "status": 200,
+            "req": {"h": [], "n": 0}, "res": {"h": [], "n": 0},
+        })["path"])  # fmt: skip
+
+    paths = (
+        "/admin/v2/persistent/initech/labs/orders/subscription/audit-sub/skip_all",
+        "/admin/v2/schemas/initech/labs/salaries/schema",
+        "/admin/v2/namespaces/initech",
+        "/admin/v2/persistent/initech/labs",
+        "/lookup/v2/namespace/initech/labs/x",
+        "/ws/v2/consumer/persistent/initech/labs/orders/audit-sub?consumerName=initech-c&x=1",
+        "/ws/v2/producer/persistent/initech/labs/orders?producerName=initech-p",
+        "/ws/v2/reader/persistent/t/n/x?readerName=initech-r",
+    )
+    for path in paths:
+        for original in ("initech", "labs", "orders", "salaries", "audit-sub"):
+            assert original not in web(path), (path, web(path))
+    # A percent-encoded topic takes the pseudonym the topic has in frames.
+    encoded = web("/admin/v2/persistent/initech/labs/my%20orders")
+    assert encoded == "/admin/v2/" + names.topic("persistent://initech/labs/my orders").replace(
+        "://", "/"
+    )
     slow = "Topic persistent://acme/billing/invoices is slow"
     note = anonymizer.record({"k": "snapshot", "t": 0, "w": 0, "reason": slow})
     assert "acme" not in note["reason"] and "tenant-" in note["reason"]

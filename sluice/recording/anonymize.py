@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from sluice.protocols import registry
 from sluice.protocols.pseudonyms import Pseudonyms
@@ -44,6 +45,8 @@ UNPARSED = "anonymized: its bytes did not parse, so none of them could be kept"
 # The web API's paths that name a topic, a namespace or a tenant.
 _DOMAINS = ("persistent", "non-persistent")
 _WS_SUBSCRIBERS = ("consumer", "reader")
+# Query keys of the WebSocket API that carry a name, and the kind of it.
+_QUERY_NAMES = {"producerName": "producer", "consumerName": "consumer", "readerName": "consumer"}
 # Header values that are an address (or a list of them: each replaced;
 # Forwarded's elements, "for=...;proto=...", whole).
 _ADDRESS_HEADERS = frozenset({
@@ -248,31 +251,52 @@ class Anonymizer:
 
     def _path(self, path: str) -> str:
         """A web API path: the topic, namespace, tenant and subscription its
-        segments name replaced, the rest (and the query) scrubbed."""
+        segments name replaced (percent-decoded first, as the broker reads
+        them, so that they take the names' pseudonyms in frames), and the
+        names a WebSocket session goes by in the query; the rest scrubbed."""
         target, sep, query = path.partition("?")
         parts = target.split("/")
         names = self.names
         i = 0
         while i < len(parts):
             segment = parts[i]
-            if segment in _DOMAINS and i + 3 < len(parts):
-                topic = names.topic(f"{segment}://{'/'.join(parts[i + 1 : i + 4])}")
+            named = _named(parts, i + 1)  # the segments after this one, up to 3
+            if (segment in _DOMAINS or segment == "schemas") and len(named) == 3:
+                domain = segment if segment in _DOMAINS else _DOMAINS[0]
+                topic = names.topic(f"{domain}://{'/'.join(named)}")
                 parts[i + 1 : i + 4] = topic.split("://", 1)[1].split("/")
                 subscriber = i >= 1 and parts[i - 1] in _WS_SUBSCRIBERS
                 if subscriber and i + 4 < len(parts) and parts[i + 4]:
-                    parts[i + 4] = names.name("subscription", parts[i + 4])
+                    parts[i + 4] = names.name("subscription", unquote(parts[i + 4]))
                 i += 4
                 continue
-            if segment == "namespaces" and i + 2 < len(parts) and parts[i + 2]:
-                parts[i + 1 : i + 3] = names.namespace("/".join(parts[i + 1 : i + 3])).split("/")
+            if segment in (*_DOMAINS, "namespaces", "namespace", "schemas") and len(named) >= 2:
+                parts[i + 1 : i + 3] = names.namespace("/".join(named[:2])).split("/")
                 i += 3
                 continue
-            if segment == "tenants" and i + 1 < len(parts) and parts[i + 1]:
-                parts[i + 1] = names.name("tenant", parts[i + 1])
+            if segment in (*_DOMAINS, "namespaces", "namespace", "tenants") and named:
+                parts[i + 1] = names.name("tenant", named[0])
+                i += 2
+                continue
+            if segment == "subscription" and named:
+                parts[i + 1] = names.name("subscription", named[0])
                 i += 2
                 continue
             i += 1
-        return names.scrub("/".join(parts)) + (sep + names.scrub(query) if sep else "")
+        return names.scrub("/".join(parts)) + (sep + self._query(query) if sep else "")
+
+    def _query(self, query: str) -> str:
+        """A web request's query: the producer, consumer and reader names a
+        WebSocket session goes by replaced, the rest scrubbed."""
+        out = []
+        for item in query.split("&"):
+            key, eq, value = item.partition("=")
+            kind = _QUERY_NAMES.get(key)
+            if kind is not None and value:
+                out.append(f"{key}{eq}{quote(self.names.name(kind, unquote(value)), safe='')}")
+            else:
+                out.append(self.names.scrub(item))
+        return "&".join(out)
 
     def _scrubbed(self, r: Record, skip: tuple[str, ...], drop_bytes: bool = False) -> Record:
         for key, value in list(r.items()):
@@ -291,6 +315,17 @@ class Anonymizer:
         if isinstance(value, dict):
             return {k: self._scrub_value(v, drop_bytes) for k, v in value.items()}
         return value
+
+
+def _named(parts: list[str], start: int) -> list[str]:
+    """Up to three path segments from ``start`` on that are not empty,
+    percent-decoded: the tenant, namespace and topic a path may name."""
+    named: list[str] = []
+    for part in parts[start : start + 3]:
+        if not part:
+            break
+        named.append(unquote(part))
+    return named
 
 
 _REWRITES: dict[str, Callable[[Anonymizer, Record], Record]] = {
