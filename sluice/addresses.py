@@ -59,7 +59,10 @@ def parse_address(text: str, *, what: str = "address", default_port: int | None 
         raise ConfigError(f"{what} {text!r}: port {port_text!r} is not a number") from None
     if not 0 <= port <= 65535:
         raise ConfigError(f"{what} {text!r}: port {port} is out of range")
-    return Address(host, port)
+    # Host names are the same in any case (DNS): one spelling, so that a
+    # broker named Broker-1 by a client and broker-1 by a lookup answer is
+    # one broker, its route (TLS, via the upstream) found either way.
+    return Address(host.lower(), port)
 
 
 def parse_host(text: str, *, what: str = "host") -> str:
