@@ -414,6 +414,35 @@ def test_sigterm_drains_every_worker(workers_proxy: tuple[ProxyProcess, int], to
     assert proxy.log().count("SIGTERM: draining") == 3  # the supervisor and both workers
 
 
+def test_a_draining_proxy_with_workers_refuses_new_clients_at_once(
+    workers_proxy: tuple[ProxyProcess, int], topic: str
+) -> None:
+    """SIGTERM stops accepting at once, workers or not: while a send waits
+    for its receipt (delayed by a fault rule, so the drain lasts), a new
+    client is refused and the port is free for a new proxy. (The
+    supervisor kept its copy of the listener: the kernel took connections
+    that nobody would accept until the drain ended.)"""
+    proxy, admin = workers_proxy
+    port = int(proxy.url.rsplit(":", 1)[1])
+    rule = {"match": {"command": "SEND_RECEIPT"}, "action": "delay", "delay_ms": 4000}
+    call(f"127.0.0.1:{admin}", "POST", "/faults", TOKEN, rule)
+    with client(proxy.url) as c:
+        producer = c.create_producer(topic, batching_enabled=False)
+        producer.send_async(b"waits", lambda result, message_id: None)
+        time.sleep(0.5)  # (the send is on its way: the drain waits for its receipt)
+        os.kill(proxy.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < deadline, "still accepting after SIGTERM"
+            time.sleep(0.05)
+        assert proxy.process.poll() is None  # still draining, no longer accepting
+    assert proxy.process.wait(timeout=30) == 0
+
+
 def test_fault_rules_reach_every_worker_and_their_hits_add_up(
     workers_proxy: tuple[ProxyProcess, int], topic: str
 ) -> None:

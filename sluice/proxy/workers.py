@@ -338,6 +338,11 @@ class Supervisor:
             if worker.running:
                 assert worker.process is not None
                 worker.process.send_signal(signal.SIGTERM)
+        # Stop accepting: a worker's drain closes only its copy of each
+        # listener, and this one kept the port bound and taking connections
+        # that nobody would accept (until the end of the drain).
+        for _, sock in self._sockets:
+            sock.close()
         with trio.move_on_at(deadline):
             while any(w.running for w in self.workers):
                 await trio.sleep(0.05)
