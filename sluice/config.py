@@ -118,6 +118,8 @@ def load_file(path: Path, command: str, commands: Collection[str] = ()) -> dict[
         raise SettingsError(f"--config {path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise SettingsError(f"--config {path}: not valid TOML: not UTF-8 ({exc.reason})") from None
+    except RecursionError:
+        raise SettingsError(f"--config {path}: not valid TOML: nested too deep") from None
     section = data.get(command, {})
     if not isinstance(section, dict):
         raise SettingsError(f"--config {path}: [{command}] must be a table")

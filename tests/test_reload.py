@@ -160,6 +160,26 @@ async def test_a_key_file_rewritten_under_its_name_is_read_again(tmp_path: Path)
     )
 
 
+async def test_a_setting_its_checks_let_through_is_refused_not_raised(tmp_path: Path) -> None:
+    """A URL with a stray bracket (urlsplit's ValueError) or TOML nested past
+    Python's limit is refused as a whole, in one line, as any mistake is.
+    (It ended the running proxy: the file watcher's reload raised.)"""
+    cfg = write(tmp_path / "sluice.toml", max_connections=100)
+    line = argv(cfg)
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    write(cfg, max_connections=100, broker_http="http://[::1:8080")
+    refused = await proxy.reload_from_source("file")
+    assert refused.outcome == "refused" and len(refused.errors) == 1, refused.errors
+    assert "does not check out" in refused.errors[0]
+    cfg.write_text("[proxy]\nx = " + "{a = " * 2000 + "1" + "}" * 2000 + "\n")
+    refused = await proxy.reload_from_source("file")
+    assert refused.outcome == "refused" and refused.errors == [
+        f"--config {cfg}: not valid TOML: nested too deep"
+    ]
+    assert proxy.generation.number == 1 and proxy.config.max_connections == 100
+
+
 async def test_sighup_and_a_changed_file_reload(tmp_path: Path) -> None:
     """The file is looked at every CONFIG_CHECK_EVERY; a ConfigMap's file is
     a link the kubelet swaps to a new file."""

@@ -463,6 +463,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_logging_arguments(parser)
 
 
+def checked_config(args: argparse.Namespace) -> ProxyConfig:
+    """``config_from``, with what slips past its checks (a URL with a stray
+    bracket, JSON nested past Python's limit) refused in one line too:
+    never a traceback at start, never a running proxy ended by a reload."""
+    try:
+        return config_from(args)
+    except ConfigError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        problem = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(f"a setting does not check out: {problem}") from None
+
+
 def config_from(args: argparse.Namespace) -> ProxyConfig:
     spec = registry.get(args.protocol) if args.protocol else registry.by_url(args.broker)
     listen_tls = parse_address(args.listen_tls, what="--listen-tls") if args.listen_tls else None
@@ -746,7 +759,7 @@ def settings_again(argv: list[str]) -> ProxyConfig:
     """The proxy's settings from its command line, read again."""
     from sluice.commands import parse_again  # the command table imports this module
 
-    return config_from(parse_again(argv))
+    return checked_config(parse_again(argv))
 
 
 def _config_file(argv: list[str] | None) -> Path | None:
@@ -781,7 +794,7 @@ def run(args: argparse.Namespace) -> int:
     keep_big_buffers()
     ignore_file_size_signal()
     try:
-        config = config_from(args)
+        config = checked_config(args)
     except ConfigError as exc:
         for line in str(exc).splitlines():
             print(f"sluice proxy: {line}", file=sys.stderr)
