@@ -342,6 +342,10 @@ async def test_admin_api_adds_lists_and_removes_rules() -> None:
         assert status == 401
         status, text = await http(address, "POST", "/faults", b"{nope", token=TOKEN)
         assert status == 400 and "not JSON" in text
+        # Nested past what Python reads: a 400 too (it was a 500 and a traceback).
+        deep = b"[" * 20_000 + b"]" * 20_000
+        status, text = await http(address, "POST", "/faults", deep, token=TOKEN)
+        assert status == 400 and "nested too deep" in text
         bad = json.dumps({"match": {"command": "SENDD"}, "action": "drop"}).encode()
         status, text = await http(address, "POST", "/faults", bad, token=TOKEN)
         assert status == 400 and "unknown command 'SENDD'" in text

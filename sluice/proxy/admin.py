@@ -105,6 +105,20 @@ class Refused(Exception):
         self.extra = extra or []
 
 
+def json_body(body: bytes, empty: Any = None) -> Any:
+    """A request's JSON body (``empty`` for one with nothing in it, when
+    given); a 400 when it is not JSON, or is nested past what Python reads
+    (RecursionError: it was a 500 and a logged traceback)."""
+    if empty is not None and not body.strip():
+        return empty
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(400, f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise Refused(400, "the body is not JSON: nested too deep") from None
+
+
 @dataclass(eq=False)
 class _Held:
     """One admin connection inside the cap."""
@@ -348,10 +362,7 @@ class FaultsEndpoint:
                 raise Refused(404, f"no fault rule {rule_id!r}")
             log.warning("fault injection: rule %s removed", rule_id)
             return 200, {"deleted": 1}
-        try:
-            data = json.loads(request.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Refused(400, f"the body is not JSON: {exc}") from None
+        data = json_body(request.body)
         try:
             rule = rules.add(parse_rule(data, self.protocols))
         except FaultError as exc:
@@ -406,10 +417,7 @@ class SnapshotRequest:
 
     @classmethod
     def parse(cls, body: bytes) -> SnapshotRequest:
-        try:
-            data = json.loads(body) if body.strip() else {}
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Refused(400, f"the body is not JSON: {exc}") from None
+        data = json_body(body, empty={})
         if not isinstance(data, dict):
             raise Refused(400, 'the body is a JSON object, e.g. {"last": 30, "reason": "…"}')
         unknown = set(data) - {"last", "reason", "name"}

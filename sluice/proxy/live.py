@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import collections
 import itertools
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +39,7 @@ import trio
 
 from sluice.protocols import registry
 from sluice.protocols.core import Closed, Conn, Event, FaultInjected, Filtered, Opened, Taps
-from sluice.proxy.admin import AdminRequest, Refused, authorize
+from sluice.proxy.admin import AdminRequest, Refused, authorize, json_body
 from sluice.recording.format import NamedFrames, PayloadPolicy, Record, header, packer
 
 # The ring: at most this many bytes of records (and of records).
@@ -257,10 +256,7 @@ def parse_after(body: bytes) -> dict[int, int]:
     """The cursor a watcher sends, ``{"after": "N"}`` (one process) or
     ``{"after": "0:N,1:M"}`` (workers, by index); a process it names no
     number for has a new watcher."""
-    try:
-        data = json.loads(body) if body.strip() else {}
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Refused(400, f"the body is not JSON: {exc}") from None
+    data = json_body(body, empty={})
     if not isinstance(data, dict) or set(data) - {"after"}:
         raise Refused(400, 'the body is {"after": CURSOR}, CURSOR as the last answer gave it')
     text = str(data.get("after", "") or "")

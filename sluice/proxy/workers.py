@@ -89,6 +89,7 @@ from sluice.proxy.admin import (
     SnapshotRequest,
     authorize,
     bound,
+    json_body,
     open_admin,
     serve_admin,
 )
@@ -607,11 +608,9 @@ class Supervisor:
                 "fault injection: %s removed", f"rule {rule_id}" if rule_id else "all rules"
             )
             return 200, {"deleted": before - len(self.rules)}
+        data = json_body(request.body)
         try:
-            data = json.loads(request.body)
             rule = parse_rule(data, registry.all_faults())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Refused(400, f"the body is not JSON: {exc}") from None
         except FaultError as exc:
             raise Refused(400, str(exc)) from None
         if not rule.id:
