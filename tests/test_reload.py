@@ -180,6 +180,34 @@ async def test_a_setting_its_checks_let_through_is_refused_not_raised(tmp_path: 
     assert proxy.generation.number == 1 and proxy.config.max_connections == 100
 
 
+async def test_a_reload_that_takes_a_while_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload may take longer than a request may to arrive (an issuer's
+    keys fetched, every worker waited for): POST /config/reload is answered
+    when it is done. (It was cut off at the request's limit: no answer.)"""
+    from prometheus_client import CollectorRegistry
+
+    from sluice.addresses import Address
+    from sluice.proxy import admin
+    from tests.test_faults import http
+
+    monkeypatch.setattr(admin, "TIMEOUT", 0.3)  # a request's limit, made short
+
+    async def slow_reload() -> dict[str, Any]:
+        await trio.sleep(1.0)
+        return {"outcome": "applied"}
+
+    endpoint = ConfigEndpoint(dict, slow_reload, "t0ken")
+    listeners = await admin.open_admin(Address("127.0.0.1", 0))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(admin.serve_admin, listeners, CollectorRegistry(), list,
+                           {"/config": endpoint})  # fmt: skip
+        with trio.fail_after(10):
+            status, text = await http(admin.bound(listeners), "POST", "/config/reload", b"",
+                                      token="t0ken")  # fmt: skip
+        nursery.cancel_scope.cancel()
+    assert status == 200 and json.loads(text)["outcome"] == "applied"
+
+
 async def test_sighup_and_a_changed_file_reload(tmp_path: Path) -> None:
     """The file is looked at every CONFIG_CHECK_EVERY; a ConfigMap's file is
     a link the kubelet swaps to a new file."""

@@ -50,6 +50,9 @@ log = logging.getLogger("sluice.admin")
 MAX_HEAD = 8 * 1024
 MAX_BODY = 64 * 1024
 TIMEOUT = 10.0
+# What a reload may take, answered (an issuer's keys or Sluice's own token
+# fetched, every worker waited for): past TIMEOUT, the caller got no answer.
+RELOAD_TIME = 90.0
 # Admin connections held at once (each for at most TIMEOUT), per endpoint.
 MAX_CONNECTIONS = 64
 # How long a connection answered 503 at the cap is given to send its request
@@ -211,9 +214,9 @@ async def serve_admin(
             if held is None:
                 await refuse(stream)
                 return
-            with held.scope, trio.move_on_after(TIMEOUT):
+            with held.scope, trio.move_on_after(TIMEOUT) as limit:
                 await _respond(stream, registry, readiness, routes, metrics,
-                               lambda: gate.working(held))  # fmt: skip
+                               lambda: gate.working(held), limit)  # fmt: skip
             if held.evicted:
                 with trio.CancelScope(shield=True) as shielded:
                     shielded.deadline = trio.current_time() + REFUSE_WAIT
@@ -282,6 +285,7 @@ async def _respond(
     routes: Mapping[str, Handler],
     metrics: MetricsSource | None = None,
     received: Callable[[], None] | None = None,
+    limit: trio.CancelScope | None = None,
 ) -> None:
     try:
         request = await _read_request(stream)
@@ -294,6 +298,9 @@ async def _respond(
                 handler = routes.get(prefix)
                 if handler is None:
                     raise Refused(404, _UNSERVED[prefix])
+                own = getattr(handler, "time_limit", 0.0)  # a handler that may take longer
+                if limit is not None and own:
+                    limit.deadline = max(limit.deadline, trio.current_time() + own)
                 try:
                     status, answer = await handler(request)
                 except Refused:
@@ -382,6 +389,7 @@ class ConfigEndpoint:
     current: Callable[[], Any]
     reload: Callable[[], Awaitable[Any]]
     token: str | None = None
+    time_limit: float = RELOAD_TIME  # (longer than a request's: see _respond)
 
     async def __call__(self, request: AdminRequest) -> tuple[int, Any]:
         if request.method == "GET" and request.target in ("/config", "/config/"):
