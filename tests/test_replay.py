@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -83,6 +84,47 @@ def test_replay_against_fresh_brokers_is_equivalent_and_repeatable(
     # The transcript covers the whole session, credentials-free and normalised.
     for needed in ("LOOKUP", "PRODUCER_SUCCESS", "SEND_RECEIPT", "MESSAGE", "ACK", "SEEK"):
         assert needed in text
+
+
+@pytest.mark.e2e
+def test_a_connection_closed_in_the_recording_is_closed_in_the_replay(tmp_path: Path) -> None:
+    """A consumer whose client goes away (its connection closed, no
+    CLOSE_CONSUMER), then another on the same exclusive subscription: the
+    replay closes the first connection where the recording does, so the
+    second subscribes and gets the messages, as recorded. (Every connection
+    was kept open to the end: the broker refused the second consumer and
+    gave the messages to the dead one; and a session of many short
+    connections ran out of file descriptors.)"""
+    topic = "persistent://public/default/replay-restart"
+    # The first client subscribes, then its process ends at once: its
+    # connection closes with no CLOSE_CONSUMER, so the broker keeps the
+    # consumer until the connection is gone.
+    dies = (
+        "import os, sys, pulsar\n"
+        "c = pulsar.Client(sys.argv[1], logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))\n"
+        "c.subscribe(sys.argv[2], 'ex', consumer_type=pulsar.ConsumerType.Exclusive)\n"
+        "os._exit(0)\n"
+    )
+
+    def restart(url: str) -> None:
+        subprocess.run([sys.executable, "-c", dies, url, topic], check=True, timeout=60)
+        with client(url) as again:
+            producer = again.create_producer(topic, batching_enabled=False)
+            for i in range(3):
+                producer.send(f"m-{i}".encode())
+            earliest = pulsar.InitialPosition.Earliest
+            consumer = again.subscribe(topic, "ex", consumer_type=pulsar.ConsumerType.Exclusive,
+                                       initial_position=earliest)  # fmt: skip
+            for _ in range(3):
+                consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+
+    recorded = recorded_session(tmp_path, restart)
+    closes = [r for p in recording_files(recorded) for r in read_records(p) if r["k"] == "close"]
+    assert closes  # the first client's connections ended before the second's began
+    with EmbeddedBroker() as fresh:
+        result = replay(recorded, fresh)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 diverged, 0 missing, 0 unexpected" in result.stdout, result.stdout
 
 
 def tamper(recording: Path, tmp_path: Path, change: Any) -> Path:

@@ -45,6 +45,9 @@ class RecordedConnection:
     broker: str
     frames: list[RecordedFrame] = field(default_factory=list)
     faults: list[RecordedFault] = field(default_factory=list)
+    # Closed (by either side) before the frame of this index was recorded:
+    # replay closes it there too. None: open to the end of the recording.
+    closed_at: int | None = None
 
     @property
     def name(self) -> str:
@@ -106,6 +109,10 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                     )
                 )
                 index += 1
+            elif kind == "close":
+                conn = connections.get((capture, record["c"]))
+                if conn is not None:
+                    conn.closed_at = index
             elif kind == "fault":
                 conn = connections.get((capture, record["c"]))
                 if conn is not None:

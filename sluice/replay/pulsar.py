@@ -391,11 +391,23 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         f"replaying {len(recording.connections)} connections, {len(client_frames)} client frames "
         f"against {broker}"
     )
+    # Connections the recording shows closed, in the order they were: each
+    # is closed when the replay gets there (a client that went away, a
+    # broker that hung up), not kept open to the end.
+    closes = sorted(
+        ((conn.closed_at, conn.key) for conn in recording.connections if conn.closed_at),
+    )
     started = time.monotonic()
     async with trio.open_nursery() as nursery:
         waited = 0
+        closed = 0
         previous_ns: int | None = None
         for done, (conn, rf) in enumerate(client_frames, start=1):
+            while closed < len(closes) and closes[closed][0] <= rf.index:
+                ending = lives.get(closes[closed][1])
+                closed += 1
+                if ending is not None:
+                    await _close_as_recorded(ending, args.timeout)
             live = lives.get(conn.key)
             if live is None:
                 try:
@@ -440,6 +452,16 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
             await live.stream.aclose()
         nursery.cancel_scope.cancel()
     return outcome, compare(recording.connections, lives, outcome)
+
+
+async def _close_as_recorded(live: Live, timeout: float) -> None:
+    """Close a connection where the recording shows it closed, once what it
+    was answered before it (all that was recorded on it) has come, or a wait
+    for it ran out."""
+    for key in live.expected:
+        if live.ended or not await live.wait(key, timeout):
+            break
+    await live.stream.aclose()
 
 
 async def _the_rest(lives: list[Live], timeout: float) -> None:
