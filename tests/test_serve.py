@@ -23,7 +23,14 @@ from sluice.addresses import Address
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.proxy.dial import bind_all
 from sluice.replay.common import Listening
-from tests.helpers.support import SLUICE, client, start_proxy, tcp_connections, tls_files
+from tests.helpers.support import (
+    SLUICE,
+    client,
+    recorded_session,
+    start_proxy,
+    tcp_connections,
+    tls_files,
+)
 
 TOPIC = "persistent://public/default/served"
 
@@ -111,6 +118,57 @@ def stop(process: subprocess.Popen[str]) -> tuple[int, str]:
     process.send_signal(signal.SIGTERM)
     out, _ = process.communicate(timeout=20)
     return process.returncode, out
+
+
+@pytest.mark.e2e
+def test_readers_and_a_shared_subscriptions_consumers_are_served_as_recorded(
+    tmp_path: Path,
+) -> None:
+    """A reader (its subscription named afresh each run) gets what the
+    recorded reader got; two consumers of a shared subscription get, between
+    them, each recorded message once (each what its recorded consumer got),
+    and so again when the client runs again. (Readers got nothing, and every
+    consumer of a subscription got all its messages.)"""
+    topic = "persistent://public/default/served-readers"
+
+    def session(url: str, produce: bool = True) -> list[bytes]:
+        with client(url) as c:
+            if produce:  # (recorded receipts are given once: a run again only reads)
+                producer = c.create_producer(topic, batching_enabled=False)
+                for i in range(4):
+                    producer.send(f"m-{i}".encode())
+            reader = c.create_reader(topic, pulsar.MessageId.earliest)
+            got = [reader.read_next(timeout_millis=10_000).data() for _ in range(4)]
+            shared = [c.subscribe(topic, "sh", consumer_type=pulsar.ConsumerType.Shared,
+                                  initial_position=pulsar.InitialPosition.Earliest)
+                      for _ in range(2)]  # fmt: skip
+            both: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(both) < 4 and time.monotonic() < deadline:
+                for consumer in shared:
+                    try:
+                        message = consumer.receive(timeout_millis=500)
+                    except pulsar.Timeout:
+                        continue
+                    both.append(message.data())
+                    consumer.acknowledge(message)
+            for consumer in shared:  # each message once, to one of them
+                with pytest.raises(pulsar.Timeout):
+                    consumer.receive(timeout_millis=1_000)
+            return sorted(got) + sorted(both)
+
+    recorded: list[list[bytes]] = []
+    recording = recorded_session(tmp_path, lambda url: recorded.append(session(url)))
+    port = free_port()
+    process = start_serve(recording, port, "--listen", f"127.0.0.1:{port}")
+    try:
+        assert session(f"pulsar://127.0.0.1:{port}") == recorded[0]
+        # A client run again is served again.
+        assert session(f"pulsar://127.0.0.1:{port}", produce=False) == recorded[0]
+        code, report = stop(process)
+    finally:
+        process.kill()
+    assert code == 0, report
 
 
 def test_the_real_client_runs_against_serve_with_no_broker(

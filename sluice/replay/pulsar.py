@@ -536,8 +536,15 @@ class Answers:
     receipts: dict[str, collections.deque[Frame]] = field(
         default_factory=lambda: collections.defaultdict(collections.deque)
     )
-    messages: dict[tuple[str, str], list[Frame]] = field(
-        default_factory=lambda: collections.defaultdict(list)
+    # The messages each recorded consumer got, by (topic, subscription), in
+    # the order the consumers subscribed: one live consumer each (a shared
+    # subscription's consumers do not all get every message).
+    messages: dict[tuple[str, str], collections.deque[list[Frame]]] = field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    # Readers' (non-durable subscriptions, named afresh each run), by topic.
+    readers: dict[str, collections.deque[list[Frame]]] = field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
     )
 
     @classmethod
@@ -547,20 +554,25 @@ class Answers:
         index = cls()
         for conn in recording.connections:
             correlator = Correlator()
-            subscriptions: dict[int, tuple[str, str]] = {}
+            subscriptions: dict[int, list[Frame]] = {}
             for rf in conn.frames:
                 frame = rf.frame
                 body: Any = frame.body
                 if body is None:
                     continue
                 if rf.from_client and frame.type == T("SUBSCRIBE"):
-                    subscriptions[body.consumer_id] = (body.topic, body.subscription)
+                    got: list[Frame] = []
+                    subscriptions[body.consumer_id] = got
+                    if body.durable:
+                        index.messages[(body.topic, body.subscription)].append(got)
+                    else:
+                        index.readers[body.topic].append(got)
                 done = correlator.observe(frame, rf.from_client, 0.0)
                 if rf.from_client:
                     continue
                 if frame.type == T("MESSAGE"):
                     if body.consumer_id in subscriptions:
-                        index.messages[subscriptions[body.consumer_id]].append(frame)
+                        subscriptions[body.consumer_id].append(frame)
                     continue
                 if done is None:
                     continue
@@ -573,6 +585,21 @@ class Answers:
                 index.by_request[asked].append(frame)
                 index.last[asked] = frame
         return index
+
+    def delivered(self, subscribe: Any) -> list[Frame]:
+        """What a live SUBSCRIBE is given: the messages of the next recorded
+        consumer of its subscription in turn (a reader: of the next recorded
+        reader of its topic, whatever it was named), round and round, so
+        that a client run again is served again."""
+        if subscribe.durable:
+            queue = self.messages.get((subscribe.topic, subscribe.subscription))
+        else:
+            queue = self.readers.get(subscribe.topic)
+        if not queue:
+            return []
+        got = queue[0]
+        queue.rotate(-1)
+        return got
 
     def answer(self, asked: tuple[int, str]) -> Frame | None:
         """The next recorded answer to this kind of request (the last one again when used up)."""
@@ -701,8 +728,7 @@ class StubBroker:
         if t == T("PRODUCER"):
             producers[body.producer_id] = body.topic
         elif t == T("SUBSCRIBE") and recorded.type == T("SUCCESS"):
-            recorded_messages = self.answers.messages.get((body.topic, body.subscription), [])
-            consumers[body.consumer_id] = Consumer(body.topic, recorded_messages)
+            consumers[body.consumer_id] = Consumer(body.topic, self.answers.delivered(body))
         changes: dict[str, Any] = {"request_id": body.request_id}
         if t == T("ACK"):
             changes["consumer_id"] = body.consumer_id
