@@ -537,7 +537,11 @@ def test_a_broker_another_worker_learned_is_trusted_here(tmp_path: Path) -> None
     other = SharedRouting(url, journal, ("127.0.0.0/8",))
     named = Address("127.0.0.2", 7777)
     assert other.allowlist.allows(named) and not other.knows(named)
-    one.learn(parse_broker_url("pulsar://127.0.0.2:7777"))
+    one.learn(parse_broker_url("pulsar+ssl://127.0.0.2:7777"))
+    # Its route (TLS) too, asked for before anything else on a first CONNECT
+    # (it was missed: the journal was read only after, and the dial was plain).
+    route = other.route(named)
+    assert route is not None and route.tls
     assert other.knows(named)  # read from the journal, though a rule already allowed it
     one.close()
     other.close()

@@ -429,7 +429,7 @@ class PulsarBackend:
         by whether any connection ever needed TLS: one client's CONNECT to
         a pulsar+ssl:// URL made every later own connection to a plain
         broker try TLS, and fail.)"""
-        route = self.routing.routes.get(address)
+        route = self.routing.route(address)
         return self.tls_context(route.tls if route is not None else self.broker.tls)
 
     async def start(self, nursery: trio.Nursery, tap: Tap) -> None:

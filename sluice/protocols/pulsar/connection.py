@@ -200,6 +200,17 @@ class Routing:
             kept = self._lookup_auth[key] = fresh
         return kept
 
+    def route(self, address: Address) -> Route | None:
+        """How to reach a broker the upstream named (None: none did), what
+        other workers learned taken in first when it is not known here (a
+        lookup one answered, the CONNECT on another: its TLS, or going
+        through the upstream, was lost on that first CONNECT)."""
+        route = self.routes.get(address)
+        if route is None and address != self.broker.address:
+            self.refresh()
+            route = self.routes.get(address)
+        return route
+
     def learn(self, url: BrokerUrl, *, via_upstream: bool = False) -> None:
         """A broker the upstream named: allow it, and remember how to reach it."""
         self.allowlist.learn(url.address)
@@ -232,7 +243,7 @@ class Routing:
         for url in self.named.values():
             if url.address == address:
                 return url.tls
-        route = self.routes.get(address)
+        route = self.route(address)
         if route is not None:
             return route.tls
         return self.broker.tls
@@ -669,7 +680,7 @@ class PulsarConnection:
             return self._refuse(str(exc), now=now)
         if not self.routing.allowlist.allows(target.address):
             return self._refuse(f"broker {target.address} is not in the allow-list", now=now)
-        route = self.routing.routes.get(target.address)
+        route = self.routing.route(target.address)
         auth = self.settings.auth
         chained = route is not None and route.via_upstream
         if auth is not None and not chained and not self._trusts(target.address):
