@@ -174,6 +174,24 @@ def test_merged_metrics_sum_counters_and_keep_the_worst_up() -> None:
     assert up.value == 0.0
 
 
+async def test_a_start_that_cannot_bind_leaves_nothing_behind() -> None:
+    """A port in use: the start fails (the error plain), and the state
+    directory the supervisor made is gone (one was left per failed start)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        listen = Address("127.0.0.1", taken.getsockname()[1])
+        config = ProxyConfig(broker=parse_broker_url("pulsar://127.0.0.1:6650"), listen=listen)
+        supervisor = Supervisor(config, 2)
+        assert supervisor._state.is_dir()
+        with pytest.raises(OSError):
+            await supervisor.open()
+        assert not supervisor._state.exists()
+    finally:
+        taken.close()
+
+
 def test_readiness_of_workers_at_start_and_after() -> None:
     """/readyz: at start, ready once every worker is; afterwards, ready while
     one worker runs and reaches the broker (a restart or one worker's failed

@@ -300,11 +300,21 @@ class Supervisor:
 
     async def open(self) -> None:
         """Bind the admin endpoint and the listeners (OSError: e.g. a port in
-        use), before anything starts, so that the error is plain."""
-        if self.config.admin is not None:
-            self._admin = await open_admin(self.config.admin)
-            self.addresses["admin"] = bound(self._admin)
-        self._bind()
+        use), before anything starts, so that the error is plain; what was
+        bound, and the state directory, are let go then (nothing runs)."""
+        try:
+            if self.config.admin is not None:
+                self._admin = await open_admin(self.config.admin)
+                self.addresses["admin"] = bound(self._admin)
+            self._bind()
+        except BaseException:
+            for _, sock in self._sockets:
+                sock.close()
+            if self._admin is not None:
+                for listener in self._admin:
+                    await listener.aclose()
+            shutil.rmtree(self._state, ignore_errors=True)
+            raise
 
     def _bind(self) -> None:
         config = self.config
