@@ -37,12 +37,17 @@ class Address:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+_IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.")
+
+
 def parse_address(text: str, *, what: str = "address", default_port: int | None = None) -> Address:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) into an Address."""
     value = text.strip()
     if value.startswith("[") and "]:" not in value:
         raise ConfigError(f"{what} {text!r}: expected [HOST]:PORT")
     host, sep, port_text = value.rpartition(":")
+    if ":" in host and set(host) <= _IPV6_CHARS:  # ::1, or ::1:6650: which part is the port?
+        raise ConfigError(f"{what} {text!r}: an IPv6 address goes in brackets: [HOST]:PORT")
     if not sep:
         if default_port is None:
             raise ConfigError(f"{what} {text!r}: expected HOST:PORT")

@@ -95,6 +95,11 @@ def test_addresses() -> None:
         parse_address("localhost")
     with pytest.raises(ConfigError, match=r"expected \[HOST\]:PORT"):
         parse_address("[::1]")
+    # Unbracketed, an IPv6 address has no telling port (::1 was host ":", port 1).
+    for bare in ("::1", "::1:6650", "fe80::2:8080"):
+        with pytest.raises(ConfigError, match="goes in brackets"):
+            parse_address(bare, default_port=6650)
+    assert parse_address("Broker-1.Pulsar.svc:6650") == Address("broker-1.pulsar.svc", 6650)
 
 
 def test_advertised_hosts() -> None:
