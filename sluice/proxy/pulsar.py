@@ -424,13 +424,11 @@ class PulsarBackend:
 
     def _own_tls(self, address: Address) -> ssl.SSLContext | None:
         """How Sluice's own connection to ``address`` (lookups, redirects,
-        the probe) speaks: as the broker there does, by the scheme of the
-        URL it was learned from, else as the configured broker does. (Not
-        by whether any connection ever needed TLS: one client's CONNECT to
-        a pulsar+ssl:// URL made every later own connection to a plain
-        broker try TLS, and fail.)"""
-        route = self.routing.route(address)
-        return self.tls_context(route.tls if route is not None else self.broker.tls)
+        the probe) speaks: as a relay to that broker does (Routing.tls_of).
+        (Not by whether any connection ever needed TLS: one client's
+        CONNECT to a pulsar+ssl:// URL made every later own connection to a
+        plain broker try TLS, and fail.)"""
+        return self.tls_context(self.routing.tls_of(address))
 
     async def start(self, nursery: trio.Nursery, tap: Tap) -> None:
         """Open for business: own-account connections live in ``nursery``.
