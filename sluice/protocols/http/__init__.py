@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -79,22 +80,16 @@ def origin_form(target: bytes) -> bytes:
     path, mark, query = target.partition(b"?")
     if b"%" not in path:
         return target
-    out = bytearray()
-    i = 0
-    while i < len(path):
-        if path[i] == 0x25 and i + 2 < len(path) and _is_hex(path[i + 1 : i + 3]):
-            byte = int(path[i + 1 : i + 3], 16)
-            if byte in _UNRESERVED:
-                out.append(byte)
-                i += 3
-                continue
-        out.append(path[i])
-        i += 1
-    return bytes(out) + mark + query
+    return _ESCAPED.sub(_unreserved, path) + mark + query
 
 
-def _is_hex(two: bytes) -> bool:
-    return len(two) == 2 and all(c in b"0123456789abcdefABCDEF" for c in two)
+_ESCAPED = re.compile(rb"%([0-9A-Fa-f]{2})")
+
+
+def _unreserved(escaped: re.Match[bytes]) -> bytes:
+    """A %XX escape decoded when it stands for an unreserved character."""
+    byte = int(escaped[1], 16)
+    return bytes([byte]) if byte in _UNRESERVED else escaped[0]
 
 
 def request_kind(target: bytes) -> str:
