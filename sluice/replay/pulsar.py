@@ -395,7 +395,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
     # is closed when the replay gets there (a client that went away, a
     # broker that hung up), not kept open to the end.
     closes = sorted(
-        ((conn.closed_at, conn.key) for conn in recording.connections if conn.closed_at),
+        (conn.closed_at, conn.key) for conn in recording.connections if conn.closed_at is not None
     )
     started = time.monotonic()
     async with trio.open_nursery() as nursery:
