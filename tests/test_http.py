@@ -526,6 +526,32 @@ def test_malformed_request_is_400(web: WebProxy) -> None:
     assert status == 200
 
 
+def test_a_request_framed_both_ways_is_answered_then_the_connection_closed(
+    web: WebProxy,
+) -> None:
+    """Transfer-Encoding and Content-Length together: h11 reads the chunked
+    body, but a hop in front may have read the length, so nothing after the
+    answer is taken as a request (RFC 9112 6.3)."""
+    head = (b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")  # fmt: skip
+    with socket.create_connection(("127.0.0.1", web.http_port), timeout=15) as sock:
+        sock.sendall(head)
+        answer = http.client.HTTPResponse(sock)
+        answer.begin()
+        assert (answer.status, json.loads(answer.read())) == (200, ["standalone"])
+        sock.settimeout(10)  # a connection kept open would block here until then
+        assert sock.recv(1024) == b""
+    # A request framed one way keeps its connection.
+    connection = http.client.HTTPConnection("127.0.0.1", web.http_port, timeout=15)
+    try:
+        for _ in range(2):
+            connection.request("GET", "/admin/v2/clusters", headers={"Content-Length": "0"})
+            assert connection.getresponse().read() == b'["standalone"]'
+        assert web.metric("sluice_http_connections_active") == 1
+    finally:
+        connection.close()
+
+
 def test_an_upgrade_to_other_than_websocket_is_501(web: WebProxy) -> None:
     """WebSocket is relayed (tests/test_websocket.py); other protocols are not."""
     status, text = raw_exchange(

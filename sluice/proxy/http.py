@@ -47,6 +47,7 @@ from sluice.protocols.http import (
     forward_headers,
     forwarded_client,
     forwarded_for,
+    framed_twice,
     head_size,
     header,
     is_topic_lookup,
@@ -404,7 +405,7 @@ class HttpRelay:
             if conn.our_state is h11.SWITCHED_PROTOCOL:
                 await self._websocket(conn, stream, event, upstreams)
                 return
-            if self._draining:
+            if self._draining or framed_twice(event.headers):
                 return
             try:
                 conn.start_next_cycle()

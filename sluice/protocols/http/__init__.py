@@ -3,7 +3,8 @@
 h11 parses and writes HTTP on both sides (``sluice/proxy/http.py`` runs it
 on trio streams); what is decided here takes values and returns values:
 
-- ``request_kind``: what a request is for (a metric label); ``head_size``.
+- ``request_kind``: what a request is for (a metric label); ``head_size``;
+  ``framed_twice``: a request after which the connection is closed.
 - ``forward_headers`` / ``answer_headers``: the headers passed on, less the
   hop-by-hop ones (each hop frames its own message); ``with_credentials``:
   the client's credentials replaced (proxy-mode authentication).
@@ -62,6 +63,15 @@ Headers = list[tuple[bytes, bytes]]
 
 # Characters RFC 3986 calls unreserved: the same percent-encoded or not.
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def framed_twice(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a request carried both Transfer-Encoding and Content-Length.
+    h11 frames it by the former, but a hop before Sluice may have read the
+    latter, so the connection is closed after the answer (RFC 9112 6.3):
+    what follows on it is not trusted to be where a request begins."""
+    names = {name for name, _ in headers}
+    return b"transfer-encoding" in names and b"content-length" in names
 
 
 def origin_form(target: bytes) -> bytes:
