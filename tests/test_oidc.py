@@ -6,7 +6,10 @@ Pulsar: tests/test_oidc_e2e.py."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import ssl
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,8 @@ from sluice.protocols.pulsar.auth import ProxyAuth
 from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
+from sluice.proxy.oidc import FetchError, _fetch, client_context
+from tests.helpers.support import tls_files
 from tests.test_pulsar_core import Recording, connect_body
 
 ISSUER = "https://idp.example/realm"
@@ -347,3 +352,48 @@ def test_a_connect_whose_issuer_cannot_be_fetched_is_refused_as_by_the_broker() 
     assert error.body.error == pb.AuthenticationError
     assert error.body.message == "Failed to authenticate"
     assert isinstance(answered[-1], Close)
+
+
+def test_keys_fetched_over_https_are_not_taken_from_a_redirect_to_http(tmp_path: Path) -> None:
+    """An https issuer whose answer redirects to plain HTTP: refused, and
+    the plain server never asked; a redirect to https is followed."""
+    asked: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(f"{self.headers['Host']}{self.path}")
+            if self.path.startswith("/to-"):
+                self.send_response(302)
+                self.send_header("Location", self.path.removeprefix("/to-").replace("|", "/"))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ca_file, cert_file, _ = tls_files(tmp_path, "localhost")
+    secure = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(cert_file)
+    secure.socket = server_side.wrap_socket(secure.socket, server_side=True)
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    for server in (secure, plain):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        context = client_context(ca_file)
+        https, http_ = (f"localhost:{s.server_port}" for s in (secure, plain))
+        down = f"https://{https}/to-http:||{http_}|jwks"
+        with pytest.raises(FetchError, match=r"redirected to 'http://.*', not https"):
+            _fetch(down, None, context, 10)
+        assert not any(a.startswith(http_) for a in asked), asked
+        assert _fetch(f"https://{https}/to-https:||{https}|jwks", None, context, 10) == b"{}"
+        assert asked[-1] == f"{https}/jwks"
+    finally:
+        for server in (secure, plain):
+            server.shutdown()
+            server.server_close()

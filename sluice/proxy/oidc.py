@@ -17,17 +17,21 @@ thread, bounded in time and size.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import math
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 import trio
 
 from sluice.errors import ConfigError
+from sluice.logs import clipped
 from sluice.protocols.oidc import (
     DISCOVERY_PATH,
     MAX_DOCUMENT,
@@ -58,13 +62,34 @@ def client_context(ca: Path | None) -> ssl.SSLContext:
         raise ConfigError(f"--auth-oidc-ca {ca}: {exc}") from None
 
 
+class _NoDowngrade(urllib.request.HTTPRedirectHandler):
+    """Redirects followed as urllib does, except from https to http: keys and
+    tokens fetched over https are not to come over plain HTTP instead."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if req.type == "https" and urllib.parse.urlsplit(newurl).scheme != "https":
+            raise urllib.error.URLError(f"redirected to {clipped(newurl)}, not https")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float) -> bytes:
     """GET ``url`` (POST ``body`` as a form, when given); its body."""
     request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
     if body is not None:
         request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPSHandler(context=context), _NoDowngrade()
+    )
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
+        with opener.open(request, timeout=timeout) as answer:
             data: bytes = answer.read(MAX_DOCUMENT + 1)
     except urllib.error.HTTPError as exc:
         detail = exc.read(MAX_DOCUMENT) if body is not None else b""  # an OAuth2 error says why
