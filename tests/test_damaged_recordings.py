@@ -139,3 +139,26 @@ def test_a_header_readers_cannot_rely_on_is_damage(tmp_path: Path) -> None:
         path.write_bytes(dumps([broken]))
         with pytest.raises(RecordingError, match=f"damaged header \\('{key}'\\)"):
             list(read_records(path))
+
+
+@pytest.mark.parametrize("command", ["replay", "serve"])
+def test_a_directory_of_two_protocols_is_one_line(command: str, tmp_path: Path) -> None:
+    """Replay and serve speak one protocol per run: a directory holding a
+    Pulsar capture and a Cursus one is refused, naming a file of each."""
+    shutil.copy(CAPTURE, tmp_path / CAPTURE.name)
+    head = header(capture="c", segment=1, started_ns=0, payloads=PayloadPolicy.FULL,
+                  sluice_version="test", protocol="cursus")  # fmt: skip
+    conn = {"k": "conn", "c": 1, "t": 1, "w": 1, "client": "127.0.0.1:1",
+            "broker": "127.0.0.1:2", "kind": "proxied", "listener": "127.0.0.1:3"}  # fmt: skip
+    cursus = tmp_path / "a-cursus.sluice"  # read first: files go in name order
+    cursus.write_bytes(dumps([head, conn, _frame(raw=b"\x00\x00\x00\x01x")]))
+    argv = [command, str(tmp_path)]
+    argv += (
+        ["--broker", "pulsar://127.0.0.1:1"] if command == "replay" else ["--listen", "127.0.0.1:0"]
+    )
+    code, err = _run(argv)
+    assert code == 2 and "Traceback" not in err, err
+    assert (
+        "more than one protocol: cursus (" in err and f"pulsar ({tmp_path / CAPTURE.name})" in err
+    )
+    assert len(err.strip().splitlines()) == 1, err

@@ -344,10 +344,18 @@ def dumps(records: list[Record]) -> bytes:
 
 
 def protocol_of(target: Path) -> str:
-    """The protocol of the recording(s) at ``target`` (from the first header)."""
+    """The protocol of the recording(s) at ``target``, from their headers;
+    RecordingError when they name more than one."""
+    found: dict[str, Path] = {}
     for path in recording_files(target):
         for record in read_records(path, ReadResult(path)):
             if record["k"] == "header":
-                return str(record.get("protocol", registry.DEFAULT_PROTOCOL))
+                found.setdefault(str(record.get("protocol", registry.DEFAULT_PROTOCOL)), path)
             break
-    return registry.DEFAULT_PROTOCOL
+    if len(found) > 1:
+        named = ", ".join(f"{name} ({path})" for name, path in sorted(found.items()))
+        raise RecordingError(
+            f"{target}: recordings of more than one protocol: {named}; "
+            "give the files of one protocol at a time"
+        )
+    return next(iter(found), registry.DEFAULT_PROTOCOL)
