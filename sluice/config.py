@@ -6,7 +6,8 @@ Precedence: command-line flag > ``SLUICE_<FLAG>`` environment variable >
 ``SLUICE_MAX_CONNECTIONS`` in the environment and ``max-connections`` (or
 ``max_connections``) in the file, at the top level or in a table named after
 the command (``[proxy]``). Repeatable flags take a TOML list, or a
-comma-separated environment value. Switches take true/false, yes/no, 1/0.
+comma-separated environment value (a comma inside an item's JSON, braces or
+brackets, is the item's own). Switches take true/false, yes/no, 1/0.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
             raise SettingsError(f"{source}: expected true or false, not {raw!r}")
         return value if isinstance(action, argparse._StoreTrueAction) else not value
     if isinstance(action, argparse._AppendAction):
-        items = raw if isinstance(raw, list) else [x for x in str(raw).split(",") if x.strip()]
+        items = raw if isinstance(raw, list) else [x for x in _items(str(raw)) if x.strip()]
         values, problems = [], []
         for item in items:  # every item's mistakes, not only the first's
             try:
@@ -77,6 +78,32 @@ def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
             raise SettingsError("\n".join(problems))
         return values
     return _one(action, raw, source)
+
+
+def _items(text: str) -> list[str]:
+    """A comma-separated environment value's items; a comma inside JSON (a
+    filter's ``NAME:{...}``: braces, brackets, a quoted string) is the
+    item's own."""
+    items, start, depth, quoted, escaped = [], 0, 0, False, False
+    for i, char in enumerate(text):
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"' and depth:
+            quoted = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]" and depth:
+            depth -= 1
+        elif char == "," and not depth:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
 
 
 def _one(action: argparse.Action, raw: Any, source: str) -> Any:

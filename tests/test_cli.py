@@ -304,3 +304,36 @@ def test_a_pcap_of_a_damaged_recording_leaves_no_part_behind(
     assert main(["inspect", str(capture), "--pcap", str(out)]) == 0
     assert out.read_bytes()[:4] == b"\x0a\x0d\x0d\x0a"  # a pcapng section header
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([capture.name, "x.pcapng"])
+
+
+def test_a_filter_list_in_the_environment_keeps_the_commas_of_its_json(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(
+        "SLUICE_FILTERS",
+        'schema:{"topics": ["persistent://a/b/x*", "persistent://a/b/y*"], "direction": '
+        '"produce"},tests.helpers.filters:Words:{"settings": {"word": "a,b"}}',
+    )
+    assert main(["proxy", "--broker", "pulsar://127.0.0.1:6650", "--print-config"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("filters = ")]
+    assert line == (
+        'filters = ["schema:{\\"topics\\": [\\"persistent://a/b/x*\\", \\"persistent://a/b/y*\\"]'
+        ', \\"direction\\": \\"produce\\"}", "tests.helpers.filters:Words:{\\"settings\\": '
+        '{\\"word\\": \\"a,b\\"}}"]  # environment'
+    )
+
+
+def test_an_abbreviated_flag_is_refused_not_merged_with_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flag replaces the environment's list; an abbreviation would not be
+    seen as that flag and would extend it, so flags are spelt whole."""
+    monkeypatch.setenv("SLUICE_ALLOW_BROKER", "10.0.0.0/8")
+    argv = ["proxy", "--broker", "pulsar://127.0.0.1:6650", "--print-config"]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--allow-b", "127.0.0.1"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: --allow-b 127.0.0.1" in capsys.readouterr().err
+    assert main([*argv, "--allow-broker", "127.0.0.1"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("allow-broker")]
+    assert line == 'allow-broker = ["127.0.0.1"]  # flag'

@@ -40,10 +40,14 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors as one line (and exit 2), not a usage block; help with defaults."""
+    """Usage errors as one line (and exit 2), not a usage block; help with
+    defaults. Flags are spelt whole: an abbreviation would pass unseen by
+    the settings' layers (``config.apply`` asks which flags were given), so a
+    list from the environment would be extended by it, not replaced."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
