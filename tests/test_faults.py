@@ -19,10 +19,23 @@ from prometheus_client import CollectorRegistry
 from sluice.addresses import Address
 from sluice.brokers.embedded import free_port
 from sluice.protocols.core import Close, FaultInjected, Hold, Peer, Send
-from sluice.protocols.faults import FaultError, Faults, load_rules, parse_rule, topic_matches
+from sluice.protocols.cursus import Batch, Message, encode_batch
+from sluice.protocols.cursus import frame as cursus_frame
+from sluice.protocols.faults import (
+    FaultAction,
+    FaultError,
+    Faults,
+    Match,
+    Rule,
+    load_rules,
+    parse_rule,
+    topic_matches,
+)
 from sluice.protocols.pulsar import Problem, pb
 from sluice.proxy.admin import FaultsEndpoint, bound, open_admin, serve_admin
 from sluice.proxy.config import PROTOCOL_FAULTS
+from tests.test_cursus_core import relaying as cursus_relaying
+from tests.test_cursus_core import sent as cursus_sent
 from tests.test_pulsar_core import (
     closes,
     frame_bytes,
@@ -248,6 +261,58 @@ def test_error_on_send_is_a_send_error() -> None:
     assert answer.name == "SEND_ERROR"
     assert (answer.body.sequence_id, answer.body.error) == (5, pb.PersistenceError)
     assert core.in_flight_sends == 0
+
+
+def test_error_rules_naming_no_protocol_keep_to_codes_their_protocols_know() -> None:
+    # A Cursus code for a Pulsar command: refused, not a crash per PRODUCER.
+    with pytest.raises(FaultError, match="unknown error code 'NOT_LEADER' for pulsar"):
+        rule(match={"command": "PRODUCER"}, action="error", error="NOT_LEADER")
+    # A code one protocol knows on a rule both may act on: name the protocol.
+    with pytest.raises(FaultError, match=r"'NOT_LEADER' is cursus's, not pulsar's: name the"):
+        rule(action="error", error="NOT_LEADER")
+    with pytest.raises(FaultError, match=r"'ServiceNotReady' is pulsar's, not cursus's"):
+        rule(match={"command": "ACK"}, action="error", error="ServiceNotReady")
+    assert rule(match={"command": "BATCH"}, action="error", error="NOT_LEADER").error
+    # The default is that of the protocol the command belongs to...
+    assert rule(match={"command": "BATCH"}, action="error").error == "NOT_LEADER"
+    assert rule(match={"command": "LOOKUP"}, action="error").error == "ServiceNotReady"
+    # ... or, where both may answer, each protocol's own (and it round-trips).
+    either = rule(action="error")
+    assert either.error == "" and either.to_json()["error"] is None
+    again = rule(**{k: v for k, v in either.to_json().items() if k not in ("hits", "seen")})
+    assert again.to_json() == either.to_json()
+
+
+def test_error_rules_answer_with_the_frames_own_protocols_code() -> None:
+    # Pulsar: a rule for both protocols answers ServiceNotReady.
+    core, _, _ = core_with(rule(action="error", times=1))
+    producer = pb.CommandProducer(topic="persistent://t/n/p", producer_id=1, request_id=1)
+    (answer,) = sent(core.receive_client(frame_bytes("PRODUCER", producer), 1.0), Peer.CLIENT)
+    assert (answer.name, answer.body.error) == ("ERROR", pb.ServiceNotReady)
+    # Cursus: the same rule answers NOT_LEADER, never a Pulsar name.
+    cursus, _ = cursus_relaying()
+    cursus.faults = Faults()
+    cursus.faults.add(rule(action="error"))
+    batch = cursus_frame(encode_batch(Batch("t", 0, messages=(Message(payload=b"x"),))))
+    answered = cursus_sent(cursus.receive_client(batch, 0.3), Peer.CLIENT)
+    assert answered.startswith(b"ERROR: NOT_LEADER", 4), answered
+
+
+def test_a_core_passes_by_an_error_rule_with_a_code_it_does_not_know() -> None:
+    # Rules made in code (or by a newer supervisor) skip validation: a code
+    # the protocol lacks lets the frame through instead of failing it.
+    alien = Rule(Match(command="PRODUCER"), FaultAction.ERROR, id="alien", error="NOT_LEADER")
+    core, _, faults = core_with()
+    faults.add(alien)
+    producer = pb.CommandProducer(topic="persistent://t/n/p", producer_id=1, request_id=1)
+    out = core.receive_client(frame_bytes("PRODUCER", producer), 1.0)
+    assert names(out, Peer.BROKER) == ["PRODUCER"] and not closes(out)
+    assert (alien.hits, alien.seen) == (0, 0)
+    cursus, _ = cursus_relaying()
+    cursus.faults = Faults()
+    cursus.faults.add(Rule(Match(command="BATCH"), FaultAction.ERROR, error="ServiceNotReady"))
+    batch = cursus_frame(encode_batch(Batch("t", 0, messages=(Message(payload=b"x"),))))
+    assert cursus_sent(cursus.receive_client(batch, 0.3), Peer.BROKER) == batch
 
 
 def test_throttle_paces_frames_at_the_rate() -> None:

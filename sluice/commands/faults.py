@@ -79,8 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CODE",
         nargs="?",
         const="",
-        help="answer the request in the broker's place with this error "
-        "(Pulsar ServerError name, default ServiceNotReady; for http, a status, default 503)",
+        help="answer the request in the broker's place with this error code of the "
+        "protocol (default: the protocol's own, Pulsar ServiceNotReady, Cursus NOT_LEADER; "
+        "for http, a status, default 503); a code only one protocol knows needs --protocol",
     )
     one.add_argument(
         "--throttle",
@@ -255,7 +256,7 @@ def describe(rule: dict[str, Any]) -> str:
     elif action == "throttle":
         action = f"throttle {rule.get('rate')} B/s"
     elif action == "error":
-        action = f"error {rule.get('error')}"
+        action = f"error {rule.get('error') or '(the protocol default)'}"
     return f"{action} on {match}"
 
 

@@ -23,7 +23,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -105,17 +105,24 @@ class Rule:
         elif self.action is FaultAction.THROTTLE:
             out["rate"] = self.rate
         elif self.action is FaultAction.ERROR:
-            out["error"] = self.error
+            out["error"] = self.error or None  # None: each protocol's default
             out["message"] = self.message
         out.update(probability=self.probability, after=self.after, times=self.times,
                    hits=self.hits, seen=self.seen)  # fmt: skip
         return out
 
+    def code(self, errors: Sequence[str]) -> str | None:
+        """The error code an ``error`` rule answers with on a protocol whose
+        codes are ``errors`` (its default first); None: one it does not know."""
+        if not self.error:
+            return errors[0] if errors else None
+        return self.error if self.error in errors else None
+
     def describe(self) -> str:
         what = {
             FaultAction.DELAY: f"delay {self.delay_ms:g}ms",
             FaultAction.THROTTLE: f"throttle {self.rate} B/s",
-            FaultAction.ERROR: f"error {self.error}",
+            FaultAction.ERROR: f"error {self.error or '(the protocol default)'}",
         }.get(self.action, str(self.action))
         where = " ".join(f"{k}={v}" for k, v in self.match.to_json().items()) or "every frame"
         return f"{self.id}: {what} on {where}"
@@ -200,11 +207,28 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
             raise FaultError("an error rule answers requests: its direction is to_broker")
         rule.match = Match(protocol, command, rule.match.topic, Direction.TO_BROKER,
                            rule.match.client)  # fmt: skip
-        codes = [c for p in candidates for c in p.errors]
-        rule.error = _text(data, "error", candidates[0].errors[0])
-        if rule.error not in codes:
-            raise FaultError(f"unknown error code {rule.error!r} (known: {', '.join(codes)})")
+        rule.error = _error_code(_text(data, "error", ""), command, candidates)
     return rule
+
+
+def _error_code(given: str, command: str | None, candidates: list[ProtocolFaults]) -> str:
+    """The code an ``error`` rule answers with: ``given`` (every protocol the
+    rule can act on must know it), or the default of the protocols it acts
+    on; "" when they differ (each answers with its own, ``Rule.code``)."""
+    acting = [p for p in candidates if command is None or command in p.commands] or candidates
+    if not given:
+        defaults = {p.errors[0] for p in acting if p.errors}
+        return defaults.pop() if len(defaults) == 1 else ""
+    knowing = [p for p in acting if given in p.errors]
+    if not knowing:
+        codes = [c for p in acting for c in p.errors]
+        where = f" for {acting[0].name}" if len(acting) == 1 else ""
+        raise FaultError(f"unknown error code {given!r}{where} (known: {', '.join(codes)})")
+    if len(knowing) < len(acting):
+        others = ", ".join(p.name for p in acting if p not in knowing)
+        raise FaultError(f"error code {given!r} is {knowing[0].name}'s, not {others}'s: "
+                         f"name the protocol (match.protocol: {knowing[0].name})")  # fmt: skip
+    return given
 
 
 def _unnamed(protocols: Mapping[str, ProtocolFaults]) -> list[ProtocolFaults]:
@@ -322,12 +346,15 @@ class Faults:
         topic: Callable[[], str | None],
         answerable: bool = True,
         named_only: bool = False,
+        errors: Sequence[str] | None = None,
     ) -> Rule | None:
         """The rule that fires on this frame, if any (its hit is counted).
 
         ``topic`` is called only when a rule asks for one. ``answerable``
         says whether the frame is a request an ``error`` rule can answer.
-        ``named_only``: only rules that name ``protocol`` apply.
+        ``named_only``: only rules that name ``protocol`` apply. ``errors``:
+        the protocol's error codes (default first); an ``error`` rule with a
+        code not among them never fires here (``Rule.code``).
         """
         direction = Direction.TO_BROKER if from_client else Direction.TO_CLIENT
         for rule in self.rules:
@@ -338,7 +365,9 @@ class Faults:
                 continue
             if m.protocol != protocol and (m.protocol is not None or named_only):
                 continue
-            if rule.action is FaultAction.ERROR and not answerable:
+            if rule.action is FaultAction.ERROR and (
+                not answerable or (errors is not None and rule.code(errors) is None)
+            ):
                 continue
             if m.client is not None and not _client_matches(m.client, client):
                 continue

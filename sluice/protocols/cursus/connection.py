@@ -79,6 +79,7 @@ from sluice.protocols.cursus.replies import (
     StreamControl,
 )
 from sluice.protocols.cursus.rewrite import addresses_in, rewrite_addresses
+from sluice.protocols.cursus.spec import CURSUS_FAULTS
 from sluice.protocols.faults import (
     FaultAction,
     Faults,
@@ -606,6 +607,7 @@ class CursusConnection:
             self.conn.client,
             lambda: _topic(frame),
             answerable,
+            errors=CURSUS_FAULTS.errors,
         )
 
     def _apply(
@@ -644,17 +646,20 @@ class CursusConnection:
             )
             return True
         # ERROR: answer the request in the broker's place.
+        code = rule.code(CURSUS_FAULTS.errors)
+        if code is None:  # not a Cursus code (``check`` passes such rules by)
+            return None
         words: tuple[str, ...] = ()
-        if rule.error == "NOT_LEADER":
+        if code == "NOT_LEADER":
             here = self.routing.listener_for(self.upstream)
             if here is not None:
                 words = ("LEADER_IS", str(here))
-        elif rule.error == "NOT_COORDINATOR":
+        elif code == "NOT_COORDINATOR":
             here = self.routing.listener_for(self.upstream)
             if here is not None:
                 words = (f"host={here.host}", f"port={here.port}")
         words += (f'reason="{rule.message}"',) if rule.message else ()
-        actions += self._own(own_frame(ErrorReply(rule.error, words)))
+        actions += self._own(own_frame(ErrorReply(code, words)))
         return False
 
     # --- helpers -------------------------------------------------------------------

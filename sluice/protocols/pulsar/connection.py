@@ -106,6 +106,7 @@ from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.filtering import FilterGate, Wait, schema_of
 from sluice.protocols.pulsar.frame import Frame, command_name
 from sluice.protocols.pulsar.redact import loggable
+from sluice.protocols.pulsar.spec import PULSAR_FAULTS
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
 
 log = logging.getLogger("sluice.pulsar")
@@ -1542,6 +1543,7 @@ class PulsarConnection:
             self.conn.client,
             lambda: self.correlator.topic_of(frame),
             answerable,
+            errors=PULSAR_FAULTS.errors,
         )
 
     def _apply(
@@ -1589,8 +1591,10 @@ class PulsarConnection:
                 self.correlator.observe(frame, from_client, now)
             return False
         # ERROR: answer the request in the broker's place.
-        code = pb.ServerError.Value(rule.error)
-        reply = error_reply(frame, code, rule.message)
+        name = rule.code(PULSAR_FAULTS.errors)
+        if name is None:  # not a ServerError (``check`` passes such rules by)
+            return None
+        reply = error_reply(frame, pb.ServerError.Value(name), rule.message)
         if reply is None:
             return None
         if not own:
