@@ -407,3 +407,48 @@ async def test_a_cursus_capture_reads_too(cursus_session: Path) -> None:  # noqa
     assert {"CREATE", "METADATA", "BATCH", "ACK", "JOIN_GROUP", "STREAM"} <= commands, commands
     assert streams["total"] >= 1 and all(r["cmd"] == "STREAM" for r in streams["rows"])
     assert "text" in detail["command"] and detail["raw_size"] > 0
+
+
+def crafted_capture(directory: Path, topic: str = ORDERS, extra: list[Any] | None = None) -> Path:
+    """A small written-by-hand Pulsar capture (as a bug report may carry):
+    one connection, three SENDs on ``topic`` and their receipts, then ``extra``
+    records."""
+    t0, w0 = time.monotonic_ns(), time.time_ns()
+    records: list[Any] = [
+        fmt.header(capture="c1", segment=1, started_ns=w0, payloads=fmt.PayloadPolicy.HASH,
+                   sluice_version="x", protocol="pulsar"),
+        {"k": "conn", "c": 1, "t": t0, "w": w0, "client": "127.0.0.1:5000",
+         "broker": "pulsar://127.0.0.1:6650", "kind": "proxied", "listener": "plain"},
+    ]  # fmt: skip
+    for i in range(3):
+        records.append({"k": "frame", "c": 1, "d": 0, "t": t0 + 1000 * i, "w": w0, "n": 10,
+                        "raw": b"", "p": [10], "s": {"cmd": "SEND", "topic": topic, "pid": 0,
+                                                     "seq": i}})  # fmt: skip
+        records.append({"k": "frame", "c": 1, "d": 1, "t": t0 + 1000 * i + 500, "w": w0, "n": 10,
+                        "raw": b"", "p": [10], "s": {"cmd": "SEND_RECEIPT", "pid": 0,
+                                                     "seq": i}})  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "a.sluice").write_bytes(fmt.dumps(records + (extra or [])))
+    return directory
+
+
+def test_an_exported_file_shows_a_topic_that_looks_like_markup(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A topic name is the client's to choose: ``<!--<script>`` in it must
+    not swallow the page's own script in the exported file."""
+    topic = "persistent://public/default/<!--<script>"
+    capture = crafted_capture(tmp_path / "capture", topic)
+    out = tmp_path / "bug.html"
+    done = subprocess.run([*SLUICE, "view", str(capture), "--export", str(out)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = browser.new_page()
+    errors = console_errors(page)
+    page.goto(out.as_uri())
+    page.wait_for_function(
+        "document.querySelectorAll('#frames tbody tr').length === 6", timeout=10_000
+    )
+    assert set(page.locator("#frames tbody td.topic").all_inner_texts()) == {topic, ""}
+    assert "exported:" in page.inner_text("#status")
+    assert errors == []

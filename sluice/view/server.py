@@ -129,6 +129,12 @@ def serve(
     return server
 
 
+def script_safe(text: str) -> str:
+    """JSON text made safe inside a ``<script>`` element: no ``<``, ``>`` or
+    ``&`` is left to open a comment or a tag (JSON reads the escapes back)."""
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
 def export(index: Index, f: Filter, limit: int, details: int) -> str:
     """One self-contained HTML file: the page, and the (filtered) capture's
     data in it, at most ``limit`` frames and the detail of the first
@@ -148,7 +154,7 @@ def export(index: Index, f: Filter, limit: int, details: int) -> str:
         "filter": {k: v for k, v in vars(f).items() if v not in (None, "", False)},
         "left_out": max(0, page["total"] - len(rows)),
     }
-    text = json.dumps(data).replace("</", "<\\/")  # safe inside <script>
+    text = script_safe(json.dumps(data))
     html = static("index.html").decode()
     html = html.replace('<link rel="stylesheet" href="app.css">',
                         f"<style>\n{static('app.css').decode()}\n</style>")  # fmt: skip
