@@ -430,6 +430,9 @@ async def test_admin_api_adds_lists_and_removes_rules() -> None:
         assert status == 200 and not faults.rules
         await http(address, "POST", "/faults", good, token=TOKEN)
         await http(address, "POST", "/faults", good, token=TOKEN)
+        # /faults/ names no rule: refused, not taken for every rule.
+        status, text = await http(address, "DELETE", "/faults/", token=TOKEN)
+        assert status == 400 and "no rule id" in text and len(faults.rules) == 2
         status, text = await http(address, "DELETE", "/faults", token=TOKEN)
         assert status == 200 and json.loads(text) == {"deleted": 2}
         status, text = await http(address, "PUT", "/faults", good, token=TOKEN)
@@ -467,6 +470,8 @@ def test_faults_cli_usage_errors(tmp_path: Path) -> None:
     assert done.returncode == 2 and "not a duration: 'soon'" in done.stderr
     done = sluice("add", "--admin", f"127.0.0.1:{port}")
     assert done.returncode == 2 and "one of the arguments" in done.stderr
+    done = sluice("remove", "--admin", f"127.0.0.1:{port}", "")  # not "every rule"
+    assert done.returncode == 2 and "remove needs a rule id" in done.stderr
     empty = tmp_path / "token"
     empty.write_text("")
     done = sluice("clear", "--admin", f"127.0.0.1:{port}", "--admin-token-file", str(empty))

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -37,6 +38,7 @@ from sluice.commands.proxy import parse_workers
 from sluice.errors import ConfigError
 from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.admin import AdminRequest, Refused
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.pulsar import FrameStream, SharedRouting
 from sluice.proxy.shared import (
@@ -172,6 +174,24 @@ def test_merged_metrics_sum_counters_and_keep_the_worst_up() -> None:
     assert frames.value == 7.0
     (up,) = merged["sluice_upstream_up"].samples
     assert up.value == 0.0
+
+
+async def test_the_supervisor_takes_faults_slash_for_no_rule() -> None:
+    """DELETE /faults/ (``sluice faults remove ""``) names no rule: a 400,
+    and the supervisor's rule set (every worker's) stays whole."""
+    config = ProxyConfig(broker=parse_broker_url("pulsar://127.0.0.1:6650"),
+                         admin=Address("127.0.0.1", 0), admin_token=TOKEN)  # fmt: skip
+    supervisor = Supervisor(config, 2)  # no worker running: nothing to tell
+    try:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        rule = json.dumps({"match": {"command": "SEND"}, "action": "drop"}).encode()
+        assert (await supervisor.faults(AdminRequest("POST", "/faults", auth, rule)))[0] == 201
+        with pytest.raises(Refused) as refused:
+            await supervisor.faults(AdminRequest("DELETE", "/faults/", auth, b""))
+        assert refused.value.status == 400 and "no rule id" in refused.value.message
+        assert [r["id"] for r in supervisor.rules] == ["f1"]
+    finally:
+        shutil.rmtree(supervisor._state, ignore_errors=True)
 
 
 async def test_a_start_that_cannot_bind_leaves_nothing_behind() -> None:

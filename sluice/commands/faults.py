@@ -278,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
                 for rule in answer["rules"]:
                     print(f"{rule['id']:<8} {rule['hits']:>8}  {describe(rule)}")
         elif command == "remove":
+            if not args.id:
+                raise ConfigError("remove needs a rule id (clear removes every rule)")
             call(args.admin, "DELETE", f"/faults/{args.id}", token)
             print(f"removed {args.id}")
         else:

@@ -335,6 +335,17 @@ async def _respond(
                     b"/recording/snapshot\n", body_wanted=body_wanted)  # fmt: skip
 
 
+def fault_id(target: str) -> str | None:
+    """The rule id ``/faults/ID`` names; None for ``/faults`` itself (every
+    rule). ``/faults/`` names no rule: refused, never taken for every rule."""
+    if not target.startswith("/faults/"):
+        return None
+    rule_id = target[len("/faults/") :]
+    if not rule_id:
+        raise Refused(400, "no rule id after /faults/ (DELETE /faults removes every rule)")
+    return rule_id
+
+
 @dataclass
 class FaultsEndpoint:
     """``/faults`` of one proxy process: its rule set, the protocols rules
@@ -346,22 +357,21 @@ class FaultsEndpoint:
 
     async def __call__(self, request: AdminRequest) -> tuple[int, Any]:
         method = request.method
-        prefix = "/faults/"
-        rule_id = request.target[len(prefix) :] if request.target.startswith(prefix) else ""
+        rule_id = fault_id(request.target)
         rules = self.faults
-        if method == "GET" and not rule_id:
+        if method == "GET" and rule_id is None:
             return 200, {"rules": [rule.to_json() for rule in rules.rules]}
         if method == "GET":
             for rule in rules.rules:
                 if rule.id == rule_id:
                     return 200, rule.to_json()
             raise Refused(404, f"no fault rule {rule_id!r}")
-        if method not in ("POST", "DELETE") or (method == "POST" and rule_id):
+        if method not in ("POST", "DELETE") or (method == "POST" and rule_id is not None):
             raise Refused(405, "GET, POST /faults or DELETE /faults[/ID]",
                           [("Allow", "GET, POST, DELETE")])  # fmt: skip
         authorize(request, self.token, "changing fault rules")
         if method == "DELETE":
-            if not rule_id:
+            if rule_id is None:
                 count = rules.clear()
                 log.warning("fault injection: all %d rules removed", count)
                 return 200, {"deleted": count}

@@ -89,6 +89,7 @@ from sluice.proxy.admin import (
     SnapshotRequest,
     authorize,
     bound,
+    fault_id,
     json_body,
     open_admin,
     serve_admin,
@@ -601,17 +602,17 @@ class Supervisor:
     async def faults(self, request: AdminRequest) -> tuple[int, Any]:
         """/faults for every worker at once; the supervisor keeps the rule set."""
         method = request.method
-        rule_id = request.target[len("/faults/") :] if request.target.startswith("/faults/") else ""
+        rule_id = fault_id(request.target)
         if method == "GET":
             return 200, await self._merged_rules(rule_id)
-        if method not in ("POST", "DELETE") or (method == "POST" and rule_id):
+        if method not in ("POST", "DELETE") or (method == "POST" and rule_id is not None):
             raise Refused(405, "GET, POST /faults or DELETE /faults[/ID]",
                           [("Allow", "GET, POST, DELETE")])  # fmt: skip
         authorize(request, self.config.admin_token, "changing fault rules")
         if method == "DELETE":
             before = len(self.rules)
-            self.rules = [r for r in self.rules if rule_id and r["id"] != rule_id]
-            if rule_id and len(self.rules) == before:
+            self.rules = [r for r in self.rules if rule_id is not None and r["id"] != rule_id]
+            if rule_id is not None and len(self.rules) == before:
                 raise Refused(404, f"no fault rule {rule_id!r}")
             await self._to_workers("DELETE", request.target)
             log.warning(
@@ -731,7 +732,7 @@ class Supervisor:
                     except OSError as exc:
                         log.warning("worker %d: %s %s failed: %s", worker.index, method, path, exc)
 
-    async def _merged_rules(self, rule_id: str) -> Any:
+    async def _merged_rules(self, rule_id: str | None) -> Any:
         counts: dict[str, list[int]] = {}
         for worker in self.workers:
             if worker.admin is None:
@@ -750,7 +751,7 @@ class Supervisor:
         for rule in self.rules:
             hits, seen = counts.get(rule["id"], [0, 0])
             out.append({**rule, "hits": hits, "seen": seen})
-        if not rule_id:
+        if rule_id is None:
             return {"rules": out}
         for rule in out:
             if rule["id"] == rule_id:
