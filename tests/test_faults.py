@@ -115,6 +115,30 @@ def test_a_rule_from_the_issue_parses_and_round_trips() -> None:
     assert parsed.to_json()["match"] == data["match"]
 
 
+@pytest.mark.parametrize(
+    "bad", ["my rule", "a?b", "a#b", "100%", "caf\u00e9", "x\u0000y", "two\nlines", "x" * 65]
+)
+def test_rule_ids_are_names_a_url_and_a_log_line_take_as_they_are(bad: str) -> None:
+    with pytest.raises(FaultError) as info:
+        rule(action="drop", id=bad)
+    message = str(info.value)
+    assert "an id is 1 to 64 letters, digits" in message
+    assert message.isprintable() and message.isascii()  # one line, nothing raw
+
+
+def test_good_rule_ids_pass() -> None:
+    for good in ("f1", "slow-receipts", "a.b_C-9", "x" * 64):
+        assert rule(action="drop", id=good).id == good
+
+
+def test_the_cli_quotes_an_id_and_says_why_a_call_cannot_be_made() -> None:
+    from sluice.commands.faults import AdminError, call
+
+    # An id http.client refuses in a URL: one line, not a traceback.
+    with pytest.raises(AdminError, match="cannot call"):
+        call(f"127.0.0.1:{free_port()}", "DELETE", "/faults/my rule")
+
+
 def test_topic_globs() -> None:
     assert topic_matches("orders-*", "persistent://public/default/orders-1")
     assert not topic_matches("orders-*", "persistent://public/default/invoices")
@@ -428,6 +452,11 @@ async def test_admin_api_adds_lists_and_removes_rules() -> None:
         assert status == 401 and faults.rules
         status, text = await http(address, "DELETE", "/faults/f1", token=TOKEN)
         assert status == 200 and not faults.rules
+        # Ids come percent-encoded (as the CLI sends them).
+        named = json.dumps({"action": "drop", "id": "r.1"}).encode()
+        assert (await http(address, "POST", "/faults", named, token=TOKEN))[0] == 201
+        status, text = await http(address, "DELETE", "/faults/r%2E1", token=TOKEN)
+        assert status == 200 and not faults.rules
         await http(address, "POST", "/faults", good, token=TOKEN)
         await http(address, "POST", "/faults", good, token=TOKEN)
         # /faults/ names no rule: refused, not taken for every rule.
@@ -472,6 +501,9 @@ def test_faults_cli_usage_errors(tmp_path: Path) -> None:
     assert done.returncode == 2 and "one of the arguments" in done.stderr
     done = sluice("remove", "--admin", f"127.0.0.1:{port}", "")  # not "every rule"
     assert done.returncode == 2 and "remove needs a rule id" in done.stderr
+    done = sluice("remove", "--admin", f"127.0.0.1:{port}", "my rule")  # quoted, then sent
+    assert done.returncode == 1 and "cannot reach the admin endpoint" in done.stderr
+    assert "Traceback" not in done.stderr
     empty = tmp_path / "token"
     empty.write_text("")
     done = sluice("clear", "--admin", f"127.0.0.1:{port}", "--admin-token-file", str(empty))

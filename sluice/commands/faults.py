@@ -8,10 +8,12 @@ A thin client of the admin endpoint's ``/faults`` (see
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import re
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -239,6 +241,8 @@ def call(admin: str, method: str, path: str, token: str | None = None, body: obj
     except urllib.error.HTTPError as exc:
         message = exc.read().decode(errors="replace").strip()
         raise AdminError(f"{exc.code} {exc.reason}: {message}") from None
+    except http.client.HTTPException as exc:  # e.g. InvalidURL: nothing was sent
+        raise AdminError(f"cannot call {address}{path}: {exc}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise AdminError(f"cannot reach the admin endpoint at {address}: {reason}") from None
@@ -280,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         elif command == "remove":
             if not args.id:
                 raise ConfigError("remove needs a rule id (clear removes every rule)")
-            call(args.admin, "DELETE", f"/faults/{args.id}", token)
+            call(args.admin, "DELETE", "/faults/" + urllib.parse.quote(args.id, safe=""), token)
             print(f"removed {args.id}")
         else:
             answer = call(args.admin, "DELETE", "/faults", token)

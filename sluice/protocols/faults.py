@@ -23,6 +23,7 @@ import itertools
 import json
 import math
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,7 +186,7 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
     rule = Rule(
         match,
         action,
-        id=_text(data, "id", ""),
+        id=_rule_id(data),
         delay_ms=_number(data, "delay_ms", 0.0, minimum=0),
         jitter_ms=_number(data, "jitter_ms", 0.0, minimum=0),
         probability=_number(data, "probability", 1.0, minimum=0),
@@ -229,6 +230,21 @@ def _error_code(given: str, command: str | None, candidates: list[ProtocolFaults
         raise FaultError(f"error code {given!r} is {knowing[0].name}'s, not {others}'s: "
                          f"name the protocol (match.protocol: {knowing[0].name})")  # fmt: skip
     return given
+
+
+# What a rule's id may hold: it goes into URLs (DELETE /faults/ID), metric
+# labels and log lines as it is.
+_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _rule_id(data: Mapping[str, object]) -> str:
+    """The rule's id ("": one is assigned); FaultError for one that could
+    not be named in a URL or a log line as it is."""
+    rule_id = _text(data, "id", "")
+    if rule_id and not _ID.fullmatch(rule_id):
+        shown = ascii(rule_id[:40]) + ("..." if len(rule_id) > 40 else "")
+        raise FaultError(f"id {shown}: an id is 1 to 64 letters, digits, '.', '_' or '-'")
+    return rule_id
 
 
 def _unnamed(protocols: Mapping[str, ProtocolFaults]) -> list[ProtocolFaults]:

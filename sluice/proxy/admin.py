@@ -30,6 +30,7 @@ import hmac
 import json
 import logging
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -336,14 +337,20 @@ async def _respond(
 
 
 def fault_id(target: str) -> str | None:
-    """The rule id ``/faults/ID`` names; None for ``/faults`` itself (every
-    rule). ``/faults/`` names no rule: refused, never taken for every rule."""
+    """The rule id ``/faults/ID`` names (percent-decoded); None for
+    ``/faults`` itself (every rule). ``/faults/`` names no rule: refused,
+    never taken for every rule."""
     if not target.startswith("/faults/"):
         return None
-    rule_id = target[len("/faults/") :]
+    rule_id = urllib.parse.unquote(target[len("/faults/") :])
     if not rule_id:
         raise Refused(400, "no rule id after /faults/ (DELETE /faults removes every rule)")
     return rule_id
+
+
+def rule_path(rule_id: str) -> str:
+    """``/faults/ID``, the id percent-encoded (``fault_id`` reads it back)."""
+    return "/faults/" + urllib.parse.quote(rule_id, safe="")
 
 
 @dataclass

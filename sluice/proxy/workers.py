@@ -92,6 +92,7 @@ from sluice.proxy.admin import (
     fault_id,
     json_body,
     open_admin,
+    rule_path,
     serve_admin,
 )
 from sluice.proxy.allocator import keep_big_buffers
@@ -571,7 +572,7 @@ class Supervisor:
                  for r in new.faults]  # fmt: skip
         for rule in [r for r in self.rules if r in before]:
             self.rules.remove(rule)
-            await self._to_workers("DELETE", f"/faults/{rule['id']}")
+            await self._to_workers("DELETE", rule_path(rule["id"]))
         for rule in after:
             if not any(r["id"] == rule["id"] for r in self.rules):
                 self.rules.append(rule)
@@ -614,7 +615,9 @@ class Supervisor:
             self.rules = [r for r in self.rules if rule_id is not None and r["id"] != rule_id]
             if rule_id is not None and len(self.rules) == before:
                 raise Refused(404, f"no fault rule {rule_id!r}")
-            await self._to_workers("DELETE", request.target)
+            await self._to_workers(
+                "DELETE", request.target if rule_id is None else rule_path(rule_id)
+            )
             log.warning(
                 "fault injection: %s removed", f"rule {rule_id}" if rule_id else "all rules"
             )
