@@ -17,7 +17,16 @@ import msgpack
 import pytest
 
 from sluice.commands import main
-from sluice.recording.format import PayloadPolicy, RecordingError, dumps, header, read_records
+from sluice.commands.inspect import Summary, records
+from sluice.recording.format import (
+    Gone,
+    PayloadPolicy,
+    RecordingError,
+    dumps,
+    header,
+    read_records,
+)
+from sluice.recording.reader import load
 
 INPUTS = Path(__file__).parent / "golden" / "analyze" / "inputs"
 CAPTURE = INPUTS / "sluice-20261128T172608-f2b453b65503-0001.sluice"
@@ -31,6 +40,13 @@ COMMANDS = {
     "view --export": ["view", "{file}", "--export", "{out}/x.html"],
     "record anonymize": ["record", "anonymize", "{file}", "{out}/anon", "--payloads", "hash"],
 }
+
+
+def _run_out(argv: list[str]) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return out.getvalue()
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
@@ -162,3 +178,75 @@ def test_a_directory_of_two_protocols_is_one_line(command: str, tmp_path: Path) 
         "more than one protocol: cursus (" in err and f"pulsar ({tmp_path / CAPTURE.name})" in err
     )
     assert len(err.strip().splitlines()) == 1, err
+
+
+def _cursus_file(path: Path, *records: dict[str, object], protocol: str = "cursus") -> Path:
+    head = header(capture="c", segment=1, started_ns=0, payloads=PayloadPolicy.FULL,
+                  sluice_version="test", protocol=protocol)  # fmt: skip
+    conn = {"k": "conn", "c": 1, "t": 1, "w": 1, "client": "127.0.0.1:1",
+            "broker": "127.0.0.1:2", "kind": "proxied", "listener": "plain"}  # fmt: skip
+    path.write_bytes(dumps([head, conn, *records]))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("record", "said"),
+    [
+        (_frame(s={}), "whose summary names no command"),
+        (_frame(s={"cmd": "PING", "topic": 7}), "summary has 'topic' of the wrong type"),
+        (_frame(s={"cmd": "PING", "invalid": {"a": 1}}), "summary has 'invalid' of the wrong"),
+        (_frame(s={"cmd": "SEND", "chunk": 7}), "summary has 'chunk' of the wrong type"),
+        (_frame(s={"cmd": "SEND", "chunk": ["u", "1", 2, 0]}), "'chunk' of the wrong shape"),
+        (_frame(w=-5), "a frame record from before 1970"),
+        ({"k": "gap", "t": 1, "dropped": 2, "w": "x"}, "a gap record with 'w' of the wrong"),
+        ({"k": "http", "h": 1, "t": 1, "w": 1}, "a http record without 'x'"),
+        ({"k": "ws", "h": "1", "d": 0, "t": 1, "w": 1, "n": 1, "op": "text"}, "'h' of the wrong"),
+    ],
+)  # fmt: skip
+def test_a_stored_summary_or_web_record_readers_cannot_rely_on_is_damage(
+    record: dict[str, object], said: str, tmp_path: Path
+) -> None:
+    """Cursus captures (and frames whose bytes were withheld) keep their
+    summaries on disk: damage there is said as such by every reader."""
+    path = _cursus_file(tmp_path / "x.sluice", record)
+    with pytest.raises(RecordingError, match="damaged after 2 records") as caught:
+        list(read_records(path))
+    assert said in str(caught.value)
+    for argv in (["inspect", str(path)], ["inspect", str(path), "--summary"],
+                 ["inspect", str(path), "--pcap", str(tmp_path / "x.pcapng")]):  # fmt: skip
+        code, err = _run(argv)
+        assert code == 2 and said in err and "Traceback" not in err, (argv, err)
+
+
+def test_a_recording_of_a_protocol_this_sluice_lacks_is_one_line(tmp_path: Path) -> None:
+    path = _cursus_file(tmp_path / "x.sluice", protocol="kafka")
+    for argv in (["inspect", str(path)], ["replay", str(path), "--broker", "pulsar://127.0.0.1:1"],
+                 ["view", str(path), "--export", str(tmp_path / "x.html")]):  # fmt: skip
+        code, err = _run(argv)
+        assert code == 2 and "Traceback" not in err, (argv, err)
+        assert "a recording of protocol 'kafka', which this Sluice does not have" in err, err
+
+
+def test_a_segment_cut_in_its_header_or_removed_is_skipped_among_others(tmp_path: Path) -> None:
+    """A writer stopped inside its first flush leaves a segment cut in its
+    header; among a capture's other segments it holds nothing yet, as an
+    empty one, and the rest is read. Alone, it is an error."""
+    shutil.copy(CAPTURE, tmp_path / CAPTURE.name)
+    cut = tmp_path / "sluice-29991231T000000-ffffffffffff-0009.sluice"
+    cut.write_bytes(CAPTURE.read_bytes()[:30])
+    code, err = _run(["inspect", str(tmp_path), "--summary"])
+    assert code == 0, err
+    assert f"{cut}: ends with 30 bytes of an incomplete record" in _run_out(
+        ["inspect", str(tmp_path), "--summary"]
+    )
+    recording = load(tmp_path, need_payloads=False)  # replay's and serve's reader
+    assert recording.truncated[-1] == cut and recording.frames > 0
+    code, err = _run(["inspect", str(cut)])
+    assert code == 2 and "ends inside its header (30 bytes)" in err, err
+    # Removed between the listing and its reading (retention): said, skipped.
+    gone = tmp_path / "sluice-29991231T000000-ffffffffffff-0010.sluice"
+    summary = Summary()
+    kinds = [r["k"] for _, r in records([tmp_path / CAPTURE.name, gone], summary)]
+    assert "frame" in kinds and summary.gone == [gone]
+    with pytest.raises(Gone, match="removed while being read"):
+        list(read_records(gone))

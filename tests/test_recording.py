@@ -17,11 +17,16 @@ from typing import Any
 import msgpack
 import pulsar
 import pytest
+import trio
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.protocols.core import Conn
+from sluice.protocols.pulsar import Type, command, decode_frame, encode, pb
+from sluice.protocols.pulsar.encoder import encode_payload
+from sluice.protocols.pulsar.frame import command_name
 from sluice.recording import format as fmt
 from sluice.recording.format import RecordingError, read_records, recording_files
+from sluice.recording.writer import Recorder, RecorderConfig
 from tests.helpers.support import SLUICE, client, start_proxy
 from tests.test_dashboards import scrape, value
 
@@ -558,3 +563,68 @@ def test_a_directory_pruned_while_it_is_listed_lists_without_error(tmp_path: Pat
             listings += 1
         pruning.join()
         assert listings > 0 and recording_files(tmp_path) == []
+
+
+async def _segmented_capture(directory: Path) -> None:
+    """One connection over several segments of the default payload policy
+    (hash: a SEND's bytes recorded up to its payload): SENDs of 100 bytes
+    and PINGs from the client, PONGs from the broker."""
+    conn = Conn(1, "127.0.0.1:5555", "plain", "pulsar")
+    ping, pong = (decode_frame(encode(command(Type.Value(n)))) for n in ("PING", "PONG"))
+    recorder = Recorder(RecorderConfig(directory, max_file_bytes=600, flush_interval=0.01))
+    recorder.open_connection(1, client="127.0.0.1:5555", kind="proxied", listener="plain",
+                             broker="127.0.0.1:6650")  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        for seq in range(12):
+            body = pb.CommandSend(producer_id=1, sequence_id=seq)
+            meta = pb.MessageMetadata(producer_name="p", sequence_id=seq, publish_time=1)
+            send = decode_frame(encode_payload(command(Type.SEND, body), meta, b"x" * 100))
+            recorder.frames(conn, True, [send, ping])
+            recorder.frames(conn, False, [pong])
+            await trio.sleep(0.02)
+        recorder.close_connection(1, "client closed")
+        nursery.cancel_scope.cancel()  # what is queued is written on the way out
+
+
+@pytest.mark.e2e  # runs tshark
+async def test_pcap_of_a_connection_over_segments_is_one_framed_conversation(
+    tmp_path: Path,
+) -> None:
+    """The conn record each segment opens with is the same connection, not
+    a new one; frames recorded without their payload still frame the stream;
+    a --command filter keeps the connection the kept frames travel on."""
+    tshark = shutil.which("tshark")
+    assert tshark, "tshark is not installed (./dev setup installs it)"
+    rec = tmp_path / "rec"
+    await _segmented_capture(rec)
+    assert len(recording_files(rec)) >= 3
+    out = tmp_path / "out.pcapng"
+    exported = inspect(str(rec), "--pcap", str(out))
+    assert exported.returncode == 0, exported.stderr
+
+    def tcp(*fields: str, where: str = "") -> list[list[str]]:
+        args = [tshark, "-r", str(out), "-T", "fields", "-E", "separator=;"]
+        args += [a for f in fields for a in ("-e", f)] + (["-Y", where] if where else [])
+        lines = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True)
+        return [line.split(";") for line in lines.stdout.splitlines()]
+
+    assert len(tcp("frame.number", where="tcp.flags.syn == 1 && tcp.flags.ack == 0")) == 1
+    assert tcp("frame.number", where="tcp.analysis.flags && !tcp.analysis.window_update") == []
+    stream = b"".join(
+        bytes.fromhex(payload.replace(":", ""))
+        for port, payload in tcp("tcp.srcport", "tcp.payload")
+        if port == "5555" and payload
+    )
+    names = []
+    while stream:  # each length prefix says where the next frame starts
+        size = int.from_bytes(stream[:4], "big")
+        assert 4 + size <= len(stream), (size, len(stream))
+        names.append(command_name(decode_frame(stream[: 4 + size]).type))
+        stream = stream[4 + size :]
+    assert names == ["SEND", "PING"] * 12
+    timeline = inspect(str(rec)).stdout.splitlines()
+    assert len([line for line in timeline if line.split()[1:3] == ["c1", "open"]]) == 1
+    pings = inspect(str(rec), "--command", "PING", "--pcap", str(out))
+    assert pings.returncode == 0, pings.stderr
+    assert [p for (p,) in tcp("tcp.len", where="tcp.len > 0")] == ["13"] * 12

@@ -19,9 +19,11 @@ from sluice.commands import output_problem
 from sluice.config import seconds_or_zero
 from sluice.protocols import registry
 from sluice.recording.format import (
+    Gone,
     ReadResult,
     Record,
     RecordingError,
+    Unfinished,
     read_records,
     recording_files,
 )
@@ -32,6 +34,9 @@ ARROWS = {0: "C→B", 1: "B→C"}
 DIRECTIONS = {0: "client_to_broker", 1: "broker_to_client"}
 # The HTTP listener's records (docs/recording-format.md), by what --command names them.
 WEB_KINDS = {"http": "HTTP", "ws": "WS", "ws_end": "WS"}
+GONE = "removed while being read (retention), skipped"
+# The records that open and close a connection.
+FLOW_KINDS = ("conn", "close")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,8 +95,12 @@ class Filters:
     since: float | None = None
     until: float | None = None
 
+    def keeps_conn(self, record: Record) -> bool:
+        """Whether ``record``'s connection is one of those asked for."""
+        return self.connections is None or record.get("c") in self.connections
+
     def keep(self, record: Record, offset: float) -> bool:
-        if self.connections is not None and record.get("c") not in self.connections:
+        if not self.keeps_conn(record):
             return False
         if self.since is not None and offset < self.since:
             return False
@@ -129,6 +138,7 @@ class Summary:
     dropped: int = 0
     files: int = 0
     truncated: list[tuple[Path, int]] = field(default_factory=list)
+    gone: list[Path] = field(default_factory=list)  # removed while being read
 
     def add(self, capture: str, record: Record) -> None:
         kind = record["k"]
@@ -210,6 +220,8 @@ class Summary:
             )
         if self.dropped:
             out.write(f"NOT RECORDED: {self.dropped} frames (the recorder fell behind)\n")
+        for path in self.gone:
+            out.write(f"{path}: {GONE}\n")
         for path, n in self.truncated:
             if n == 0:
                 out.write(f"{path}: empty, an incomplete record (writer stopped before a flush)\n")
@@ -218,7 +230,10 @@ class Summary:
 
 
 def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]:
-    """(capture id, record) for every record in the files, in file order."""
+    """(capture id, record) for every record in the files, in file order. A
+    connection's ``conn`` record comes once: the copies that later segments
+    of its capture open with (so that each reads on its own) are left out."""
+    opened: set[tuple[str, int]] = set()
     for path in paths:
         result = ReadResult(path)
         capture = ""
@@ -226,10 +241,26 @@ def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]
             summary.files += 1
             summary.truncated.append((path, 0))
             continue
-        for record in read_records(path, result):
-            if record["k"] == "header":
-                capture = record["capture"]
-            yield capture, record
+        try:
+            for record in read_records(path, result):
+                kind = record["k"]
+                if kind == "header":
+                    capture = record["capture"]
+                elif kind == "conn":
+                    key = (capture, record["c"])
+                    if key in opened:
+                        continue
+                    opened.add(key)
+                yield capture, record
+        except (Unfinished, Gone) as exc:  # (raised before any record of the file)
+            if len(paths) == 1:
+                raise
+            if isinstance(exc, Gone):
+                summary.gone.append(path)
+            else:
+                summary.files += 1
+                summary.truncated.append((path, exc.size))
+            continue
         summary.files += 1
         if result.truncated_bytes:
             summary.truncated.append((path, result.truncated_bytes))
@@ -438,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
     partial = args.pcap.with_name(f".{args.pcap.name}.partial") if args.pcap else None
     pcap_file = open(partial, "wb") if partial is not None else None  # noqa: SIM115
     pcap: PcapngWriter | None = None
-    port = 0  # where a connection that names no broker is drawn going: the protocol's port
+    spec = registry.get(registry.DEFAULT_PROTOCOL)  # the protocol of the file being read
     start_ns: int | None = None
     captures: set[str] = set()
     read = False  # every record
@@ -449,7 +480,6 @@ def run(args: argparse.Namespace) -> int:
                 if start_ns is None:
                     start_ns = record["started"]
                 spec = registry.get(str(record.get("protocol", registry.DEFAULT_PROTOCOL)))
-                port = spec.default_port
                 if pcap_file is not None and pcap is None:
                     pcap = PcapngWriter(pcap_file, spec.pcap_note)
                 continue
@@ -457,6 +487,10 @@ def run(args: argparse.Namespace) -> int:
             start = start_ns if start_ns is not None else wall
             offset = (wall - start) / 1e9
             if not filters.keep(record, offset):
+                # A capture's connections open and close whatever frames the
+                # filters keep: without them the kept frames have no flow.
+                if pcap is not None and record["k"] in FLOW_KINDS and filters.keeps_conn(record):
+                    _to_pcap(pcap, (capture, record.get("c")), record, spec)
                 continue
             summary.add(capture, record)
             conn = f"c{record['c']}" if "c" in record else ""
@@ -465,7 +499,7 @@ def run(args: argparse.Namespace) -> int:
             if len(captures) > 1 and conn:
                 conn = f"{capture[:4]}:{conn}"
             if pcap is not None:
-                _to_pcap(pcap, (capture, record.get("c")), record, port)
+                _to_pcap(pcap, (capture, record.get("c")), record, spec)
             elif args.json:
                 out.write(json_line(capture, record, args.with_bytes) + "\n")
             elif not args.summary:
@@ -488,6 +522,12 @@ def run(args: argparse.Namespace) -> int:
                 partial.unlink(missing_ok=True)  # type: ignore[union-attr]
     if partial is not None and pcap is None:  # no capture read: nothing to write
         partial.unlink(missing_ok=True)
+        print(f"sluice inspect: no recording with a header in {args.recording}: "
+              f"{args.pcap} not written", file=sys.stderr)  # fmt: skip
+        return 2
+    if pcap is not None or args.json:
+        for path in summary.gone:
+            print(f"sluice inspect: {path}: {GONE}", file=sys.stderr)
     if pcap is not None:
         os.replace(partial, args.pcap)  # type: ignore[arg-type]
         print(f"wrote {pcap.packets} packets to {args.pcap}", file=sys.stderr)
@@ -502,11 +542,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _to_pcap(pcap: PcapngWriter, key: object, record: Record, port: int) -> None:
+def _to_pcap(pcap: PcapngWriter, key: object, record: Record, spec: registry.ProtocolSpec) -> None:
     kind = record["k"]
     if kind == "conn":
-        pcap.open(key, record["client"], record["broker"] or f"0.0.0.0:{port}", record["w"])
+        broker = record["broker"] or f"0.0.0.0:{spec.default_port}"
+        pcap.open(key, record["client"], broker, record["w"])
     elif kind == "frame":
-        pcap.data(key, record["d"] == 0, record["raw"], record["w"])
+        raw = record.get("raw", b"")
+        wire = spec.standalone(raw) if spec.standalone is not None else raw
+        pcap.data(key, record["d"] == 0, wire, record["w"])
     elif kind == "close":
         pcap.close(key, record["w"])

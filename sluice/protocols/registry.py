@@ -117,6 +117,10 @@ class ProtocolSpec:
     web: bool = False
     # How a capture of this protocol reads in Wireshark (its pcapng comment).
     pcap_note: str = ""
+    # A recorded frame's bytes as they stand alone on the wire, for the
+    # pcapng export: a frame recorded cut where its payload starts has its
+    # framing made to say so. None: recorded bytes always stand alone.
+    standalone: Callable[[bytes], bytes] | None = None
     # Its cores run message filters (--filter, sluice/filters/) on the
     # messages its frames carry; otherwise a proxy with filters refuses to start.
     filters: bool = False

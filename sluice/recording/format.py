@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, cast
 
 import msgpack
 
+from sluice.logs import clipped
 from sluice.protocols import registry
 
 MAGIC = "sluice-recording"
@@ -57,6 +58,21 @@ UPGRADERS[1] = _from_version_1
 
 class RecordingError(Exception):
     """A file that is not a readable recording. The message is for users."""
+
+
+class Unfinished(RecordingError):
+    """A file with no whole record: empty or cut inside its header (a writer
+    stopped before its first flush, or during it). Among other files of a capture it is
+    a segment that holds nothing yet, as an empty one is."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
+class Gone(RecordingError):
+    """A file removed since it was listed (retention deletes the oldest
+    segments while a capture is being read)."""
 
 
 def header(
@@ -150,6 +166,8 @@ def read_records(path: Path, result: ReadResult | None = None) -> Iterator[Recor
     result = result if result is not None else ReadResult(path)
     try:
         handle: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in finally
+    except FileNotFoundError:
+        raise Gone(f"{path}: removed while being read") from None
     except OSError as exc:
         raise RecordingError(f"{path}: {exc.strerror or exc}") from None
     try:
@@ -176,13 +194,22 @@ _REQUIRED = {
     "gap": ("t", "dropped"),
     "fault": ("c", "d", "t", "w", "rule", "action", "cmd"),
     "filter": ("c", "d", "t", "w", "filter", "action", "n"),
+    "http": ("h", "x", "t", "w", "te", "status", "client", "method", "path", "kind"),
+    "ws": ("h", "d", "t", "w", "n", "op"),
+    "ws_end": ("h", "t", "w"),
 }
 _TYPES: dict[str, type] = {
-    **dict.fromkeys(("c", "d", "t", "w", "n", "dropped"), int),
-    **dict.fromkeys(
-        ("client", "broker", "kind", "listener", "rule", "action", "cmd", "filter"), str
-    ),
-}
+    **dict.fromkeys(("c", "d", "t", "w", "n", "dropped", "h", "x", "te", "status"), int),
+    **dict.fromkeys(("client", "broker", "kind", "listener", "rule", "action", "cmd", "filter",
+                     "method", "path", "op"), str),
+}  # fmt: skip
+# A stored frame summary's keys readers rely on, with their types (checked
+# where present; ``cmd`` always is).
+_SUMMARY: dict[str, type] = {
+    "cmd": str, "topic": str, "invalid": str, "why": str, "error": str, "withheld": str,
+    **dict.fromkeys(("rid", "pid", "seq", "cid", "msgs"), int),
+    "chunk": list, "payload": dict,
+}  # fmt: skip
 # Each kind's required keys with their types, and the optional keys readers
 # take as they are, with theirs (checked where present).
 _CHECKS = {kind: tuple((key, _TYPES[key]) for key in keys) for kind, keys in _REQUIRED.items()}
@@ -213,6 +240,21 @@ def _damage(record: Any) -> str | None:
             return f"a {kind} record with {key!r} of the wrong type"
     if "d" in record and kind != "gap" and record["d"] not in (0, 1):
         return f"a {kind} record of no direction"
+    if kind == "gap" and "w" in record and type(record["w"]) is not int:
+        return "a gap record with 'w' of the wrong type"
+    summary = record.get("s")
+    if summary is not None:
+        if type(summary.get("cmd")) is not str:
+            return f"a {kind} record whose summary names no command"
+        for key, value in summary.items():
+            expected = _SUMMARY.get(key)
+            if expected is not None and not isinstance(value, expected):
+                return f"a {kind} record whose summary has {key!r} of the wrong type"
+        chunk = summary.get("chunk")
+        if chunk is not None and (len(chunk) != 4 or not all(type(x) is int for x in chunk[1:3])):
+            return f"a {kind} record whose summary has 'chunk' of the wrong shape"
+    if type(record.get("w")) is int and record["w"] < 0:
+        return f"a {kind} record from before 1970"
     return None
 
 
@@ -239,7 +281,7 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
         header = first
         if first:
             upgrade = _check_header(path, record, result)
-            spec = registry.get(str(record.get("protocol", registry.DEFAULT_PROTOCOL)))
+            spec = _spec_of(path, record)
             if spec.summaries is not None:
                 summaries = spec.load(spec.summaries)()
             first = False
@@ -271,10 +313,21 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
         yield record
     if first:
         if size:
-            raise RecordingError(f"{path}: ends inside its header ({size} bytes), "
-                                 "not a readable recording")  # fmt: skip
-        raise RecordingError(f"{path}: empty file, not a Sluice recording")
+            raise Unfinished(f"{path}: ends inside its header ({size} bytes), "
+                             "not a readable recording", size)  # fmt: skip
+        raise Unfinished(f"{path}: empty file, not a Sluice recording", 0)
     result.truncated_bytes = size - result.offset  # where the unfinished record starts
+
+
+def _spec_of(path: Path, header: Record) -> registry.ProtocolSpec:
+    """The protocol a file's header names, if this Sluice has it."""
+    name = str(header.get("protocol", registry.DEFAULT_PROTOCOL))
+    if name not in registry.names():
+        raise RecordingError(
+            f"{path}: a recording of protocol {clipped(name)}, which this Sluice does not "
+            f"have (it has {', '.join(registry.names())}; a protocol's plugin adds it)"
+        )
+    return registry.get(name)
 
 
 def record_at(path: Path, offset: int, version: int) -> Record:
@@ -347,11 +400,16 @@ def protocol_of(target: Path) -> str:
     """The protocol of the recording(s) at ``target``, from their headers;
     RecordingError when they name more than one."""
     found: dict[str, Path] = {}
-    for path in recording_files(target):
-        for record in read_records(path, ReadResult(path)):
-            if record["k"] == "header":
-                found.setdefault(str(record.get("protocol", registry.DEFAULT_PROTOCOL)), path)
-            break
+    paths = recording_files(target)
+    for path in paths:
+        try:
+            for record in read_records(path, ReadResult(path)):
+                if record["k"] == "header":
+                    found.setdefault(str(record.get("protocol", registry.DEFAULT_PROTOCOL)), path)
+                break
+        except (Unfinished, Gone):
+            if len(paths) == 1:
+                raise
     if len(found) > 1:
         named = ", ".join(f"{name} ({path})" for name, path in sorted(found.items()))
         raise RecordingError(

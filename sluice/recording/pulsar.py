@@ -25,6 +25,7 @@ from sluice.protocols.pulsar.frame import (
     SEND,
     SEND_RECEIPT,
     command_name,
+    standalone,
     text,
 )
 from sluice.protocols.pulsar.redact import redacted, sensitive, withheld
@@ -279,7 +280,7 @@ class FrameSummaries:
         # still has its topic), then let answers borrow their request's topic.
         topic: str | None = None
         if hot is None:
-            frame = decode_frame(_whole_prefix(raw))
+            frame = decode_frame(standalone(raw))
             summary = summarize(frame, correlator)
             if frame.type in (CLIENT_TYPES if from_client else SERVER_TYPES):  # the rest: no-ops
                 done = correlator.observe(frame, from_client, record["t"] / 1e9)
@@ -334,15 +335,6 @@ def _observe_hot(hot: HotSummary, correlator: Correlator, now: float) -> str | N
     # An ACK without a request_id (with one it is not the compiled reader's):
     # nothing to keep.
     return None
-
-
-def _whole_prefix(raw: bytes) -> bytes:
-    """A recorded frame whose payload was left out, as a frame that ends
-    where the payload would start (its length prefix made to say so), so it
-    decodes up to its metadata. Whole frames come back as they are."""
-    if len(raw) >= 4 and int.from_bytes(raw[:4], "big") != len(raw) - 4:
-        return (len(raw) - 4).to_bytes(4, "big") + raw[4:]
-    return raw
 
 
 _ID_FIELDS = (

@@ -4,12 +4,20 @@ header names (``ProtocolSpec.decode``)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sluice.protocols import registry
-from sluice.recording.format import ReadResult, RecordingError, read_records, recording_files
+from sluice.recording.format import (
+    Gone,
+    ReadResult,
+    RecordingError,
+    Unfinished,
+    read_records,
+    recording_files,
+)
 
 
 @dataclass
@@ -79,10 +87,15 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     decode = registry.get(registry.DEFAULT_PROTOCOL).decode
     for path in paths:
         result = ReadResult(path)
-        if path.stat().st_size == 0:  # a writer killed before its first flush
-            truncated.append(path)
+        records = read_records(path, result)
+        try:
+            first = next(records, None)  # what makes a file unreadable as a whole is met here
+        except (Unfinished, Gone) as exc:
+            if len(paths) == 1 and not (isinstance(exc, Unfinished) and exc.size == 0):
+                raise
+            truncated.append(path)  # a segment with nothing yet, or pruned since listed
             continue
-        for record in read_records(path, result):
+        for record in itertools.chain([first] if first is not None else [], records):
             kind = record["k"]
             if kind == "header":
                 capture = record["capture"]

@@ -41,6 +41,16 @@ BODY_FIELD: dict[int, str] = {
 }
 
 
+def standalone(raw: bytes) -> bytes:
+    """A recorded frame whose payload was left out (``--record-payloads hash``
+    or ``none``), as a frame that ends where the payload would start: its
+    length prefix made to say so, so it decodes up to its metadata and a
+    stream of such frames stays framed. Whole frames come back as they are."""
+    if len(raw) >= 4 and int.from_bytes(raw[:4], "big") != len(raw) - 4:
+        return (len(raw) - 4).to_bytes(4, "big") + raw[4:]
+    return raw
+
+
 # Bodies with no required field: IsInitialized() is true even when they are
 # absent, so presence has to be asked for explicitly.
 def _has_required(number: int) -> bool:

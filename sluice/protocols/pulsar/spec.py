@@ -13,7 +13,7 @@ from sluice.config import seconds_or_zero
 from sluice.protocols.faults import ProtocolFaults
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 from sluice.protocols.pulsar.decoder import decode_frame
-from sluice.protocols.pulsar.frame import Frame, command_name
+from sluice.protocols.pulsar.frame import Frame, command_name, standalone
 from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.urls import DEFAULT_PORTS, SCHEMES, parse_broker_url
 from sluice.protocols.registry import Option, ProtocolSpec
@@ -238,15 +238,16 @@ OPTIONS = (
 
 
 def decode(raw: bytes, from_client: bool) -> Frame:
-    """A recorded frame, decoded again."""
-    return decode_frame(raw)
+    """A recorded frame, decoded again (one recorded without its payload: up
+    to its metadata)."""
+    return decode_frame(standalone(raw))
 
 
 def detail(raw: bytes, out: dict[str, Any]) -> Any:
     """A recorded frame decoded for sluice view: its command (credentials
     out), and its message metadata and payload in ``out``."""
     try:
-        frame = decode_frame(raw)
+        frame = decode_frame(standalone(raw))
     except Exception as exc:  # a recorded invalid frame: its bytes say the rest
         return {"undecodable": str(exc)}
     body = loggable(frame)
@@ -300,6 +301,7 @@ PROTOCOL = ProtocolSpec(
     anonymize="sluice.protocols.pulsar.anonymize:ANONYMIZER",
     # A client certificate login in passthrough mode (connection.py).
     rejections=("tls_passthrough",),
+    standalone=standalone,
     pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
     "for other ports use Decode As... > TCP port > PULSAR",
     options=OPTIONS,
