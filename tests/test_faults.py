@@ -139,6 +139,16 @@ def test_the_cli_quotes_an_id_and_says_why_a_call_cannot_be_made() -> None:
         call(f"127.0.0.1:{free_port()}", "DELETE", "/faults/my rule")
 
 
+def test_assigned_ids_skip_those_rules_hold() -> None:
+    """Rules saved from GET /faults and loaded with --faults keep f1, f2:
+    the next rule without an id gets f3, not a 'f1 exists already'."""
+    faults = Faults()
+    faults.extend([rule(action="drop", id="f1"), rule(action="drop", id="f2")])
+    assert faults.add(rule(action="drop")).id == "f3"
+    faults.add(rule(action="drop", id="f5"))
+    assert [faults.add(rule(action="drop")).id for _ in range(2)] == ["f4", "f6"]
+
+
 def test_topic_globs() -> None:
     assert topic_matches("orders-*", "persistent://public/default/orders-1")
     assert not topic_matches("orders-*", "persistent://public/default/invoices")

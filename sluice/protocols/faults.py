@@ -332,8 +332,9 @@ class Faults:
         return bool(self.rules)
 
     def add(self, rule: Rule) -> Rule:
-        if not rule.id:
-            rule.id = f"f{next(self._ids)}"
+        if not rule.id:  # the next f{n} no rule holds (rules loaded with --faults keep theirs)
+            taken = {r.id for r in self.rules}
+            rule.id = next(i for n in self._ids if (i := f"f{n}") not in taken)
         if any(r.id == rule.id for r in self.rules):
             raise FaultError(f"a rule with id {rule.id!r} exists already")
         self.rules.append(rule)
