@@ -452,3 +452,59 @@ def test_an_exported_file_shows_a_topic_that_looks_like_markup(
     assert set(page.locator("#frames tbody td.topic").all_inner_texts()) == {topic, ""}
     assert "exported:" in page.inner_text("#status")
     assert errors == []
+
+
+def test_a_crafted_capture_runs_no_script_in_the_page(browser: Browser, tmp_path: Path) -> None:
+    """A capture attached to a bug report is anyone's to write: a payload
+    size that is markup, not a number, is not shown as markup (nor at all),
+    and whatever the page shows is escaped."""
+    evil = '<img class="injected" src="x" onerror="document.title += \x27XSS\x27">'
+    t0, w0 = time.monotonic_ns(), time.time_ns()
+    capture = crafted_capture(tmp_path / "capture", extra=[
+        {"k": "frame", "c": 1, "d": 0, "t": t0 + 10_000, "w": w0, "n": 3, "raw": b"",
+         "p": [evil], "s": {"cmd": "SEND", "topic": evil}},
+    ])  # fmt: skip
+    v = Viewer(capture)
+    try:
+        deadline = time.monotonic() + 20
+        while v.api("status")["building"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        page = browser.new_page()
+        errors = console_errors(page)
+        page.goto(f"{v.url}#frame=6")
+        page.wait_for_function(
+            "document.querySelector('#detail dd')?.textContent.startsWith('#6 ')"
+        )
+        page.wait_for_function("document.querySelectorAll('#frames tbody tr').length === 7")
+        assert page.locator("img.injected").count() == 0
+        assert evil in page.inner_text("#frames")  # shown as text
+        assert "XSS" not in page.title()
+        assert "payload" not in v.api("frame/6")
+        assert v.api("frame/0")["payload"] == {"size": 10}
+    finally:
+        v.stop()
+    assert errors == []
+
+
+def test_a_record_the_index_cannot_hold_is_said_not_a_traceback(tmp_path: Path) -> None:
+    """A frame whose size does not fit the index (a crafted capture): the
+    page says the file is damaged there; the frames before it are shown."""
+    t0, w0 = time.monotonic_ns(), time.time_ns()
+    capture = crafted_capture(tmp_path / "capture", extra=[
+        {"k": "frame", "c": 1, "d": 0, "t": t0 + 10_000, "w": w0, "n": 2**40, "raw": b"",
+         "s": {"cmd": "SEND", "pid": 0, "seq": 9}},
+    ])  # fmt: skip
+    v = Viewer(capture)
+    try:
+        deadline = time.monotonic() + 20
+        while (status := v.api("status"))["building"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        frames = v.api("frames")
+    finally:
+        v.stop()
+    assert "damaged after" in status["error"] and "cannot take" in status["error"], status
+    assert frames["total"] == 6 and frames["rows"][-1]["cmd"] == "SEND_RECEIPT"
+    output = v.process.communicate()[0]
+    assert "cannot take" in output and "Traceback" not in output

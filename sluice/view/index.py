@@ -307,7 +307,13 @@ class Index:
         for record in read_records(path, result):
             if record.get("k") == "header":
                 self.versions[number] = result.version
-            self.take(record, reading, result.offset)
+            try:
+                self.take(record, reading, result.offset)
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:  # crafted, not written
+                raise RecordingError(
+                    f"{path.name}: damaged after {result.records} records (a {record.get('k')} "
+                    f"record this view cannot take: {exc!r})"
+                ) from None
             self.read_bytes = before + result.offset
         if result.truncated_bytes:
             self.truncated.append(
@@ -352,9 +358,9 @@ class Index:
         elif kind == "http":
             self._exchange(reading.capture, record)
         elif kind == "ws":
-            self.ws_frames[(reading.capture, record["h"])] += 1
+            self.ws_frames[(reading.capture, int(record["h"]))] += 1
         elif kind == "ws_end":
-            self.ws_ended[(reading.capture, record["h"])] = record.get("reason", "")
+            self.ws_ended[(reading.capture, int(record["h"]))] = str(record.get("reason", ""))
         else:
             self._note(kind, record, by_key)
             reading.gap = reading.gap or kind == "gap"
@@ -363,7 +369,7 @@ class Index:
         exchange = Exchange(
             i=len(self.exchanges),
             capture=capture,
-            conn=record["h"],
+            conn=int(record["h"]),
             t=(record["t"] - self.origin_ns) / 1e9,
             client=record.get("client", ""),
             method=record.get("method", ""),
@@ -420,39 +426,56 @@ class Index:
         if summary.get("redacted") or record.get("redacted"):
             flags |= REDACTED
         index = len(self.t)
-        t = record["t"]
+        t = int(record["t"])
         direction = 0 if record["d"] == 0 else 1
-        pair, latency = -1, 0.0
+        pid = int(summary.get("pid", -1))
+        pair, latency, slot = -1, 0.0, None
         for key in _PAIR_KEYS:
             if key in summary and not (
                 key == "seq" and cmd not in ("SEND", "SEND_RECEIPT", "SEND_ERROR")
             ):
-                slot = (connection.index, key, int(summary.get("pid", -1)), int(summary[key]))
+                slot = (connection.index, key, pid, int(summary[key]))
+                if direction == 1:
+                    pair = waiting.get(slot, -1)
+                    if pair >= 0:
+                        latency = (t - self.t[pair] - self.origin_ns) / 1e9
+                break
+        # Every value worked out (and checked) first, and the columns grown
+        # together: a record that does not fit them leaves them as they were.
+        values = (
+            (self.conn, connection.index),
+            (self.direction, direction),
+            (self.t, t - self.origin_ns),
+            (self.cmd, self.commands.id(cmd)),
+            (self.topic, self.topics.id(str(summary.get("topic") or ""))),
+            (self.size, int(record.get("n", len(record.get("raw", b""))))),
+            (self.flags, flags),
+            (self.msgs, min(0xFFFF, int(summary.get("msgs", cmd in _MESSAGES)))),
+            (
+                self.error_id,
+                self.errors.id(str(summary.get("error") or summary.get("invalid") or "")),
+            ),
+            (self.pid, pid),
+            (self.cid, int(summary.get("cid", -1))),
+            (self.pair, pair),
+            (self.latency, max(0.0, latency)),
+            (self.file, number),
+            (self.offset, offset),
+        )
+        with self.lock:
+            try:
+                for column, value in values:
+                    column.append(value)  # type: ignore[arg-type]
+            except (OverflowError, TypeError) as exc:
+                for column, _ in values:
+                    del column[index:]
+                raise ValueError(f"a frame record that does not fit the index: {exc}") from None
+            if slot is not None:
                 if direction == 0:
                     waiting[slot] = index
-                else:
-                    asked = waiting.pop(slot, None)
-                    if asked is not None:
-                        pair = asked
-                        latency = (t - self.t[asked] - self.origin_ns) / 1e9
-                        self.pair[asked] = index
-                break
-        with self.lock:
-            self.conn.append(connection.index)
-            self.direction.append(direction)
-            self.t.append(t - self.origin_ns)
-            self.cmd.append(self.commands.id(cmd))
-            self.topic.append(self.topics.id(summary.get("topic")))
-            self.size.append(int(record.get("n", len(record.get("raw", b"")))))
-            self.flags.append(flags)
-            self.msgs.append(min(0xFFFF, int(summary.get("msgs", cmd in _MESSAGES))))
-            self.error_id.append(self.errors.id(summary.get("error") or summary.get("invalid")))
-            self.pid.append(int(summary.get("pid", -1)))
-            self.cid.append(int(summary.get("cid", -1)))
-            self.pair.append(pair)
-            self.latency.append(max(0.0, latency))
-            self.file.append(number)
-            self.offset.append(offset)
+                elif pair >= 0:
+                    del waiting[slot]
+                    self.pair[pair] = index
         connection.frames += 1
         connection.problems += bool(flags & PROBLEMS)
         connection.end_ns = max(connection.end_ns, t)
@@ -581,9 +604,10 @@ class Index:
         out["raw_hex"] = raw[:4096].hex(" ")
         out["raw_size"] = len(raw)
         out["raw_cut"] = len(raw) > 4096
-        if "p" in record:  # payload left out: its size (and digest)
-            p = record["p"]
-            out["payload"] = {"size": p[0], **({"sha256": p[1].hex()} if len(p) > 1 else {})}
+        p = record.get("p")
+        if isinstance(p, list) and p and type(p[0]) is int:  # payload left out: its size
+            digest = p[1] if len(p) > 1 and isinstance(p[1], bytes) else None  # (and digest)
+            out["payload"] = {"size": p[0], **({"sha256": digest.hex()} if digest else {})}
         out["file"] = self._file_name(self.file[i])
         out["time"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.get("w", 0) / 1e9))
         withheld = (record.get("s") or {}).get("withheld")  # credentials could not be ruled out

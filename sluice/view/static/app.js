@@ -71,15 +71,15 @@ async function getTimeline(filter) {
 
 function showStatus(status) {
   const parts = status.live
-    ? [`live: ${escape(status.source)}`, `${status.frames} frames`, `${status.connections} connections`,
+    ? [`live: ${escape(status.source)}`, `${escape(status.frames)} frames`, `${escape(status.connections)} connections`,
        escape(status.protocol)]
-    : [escape(status.target), `${status.frames} frames`, `${status.connections} connections`,
-       `${status.files} file(s)`, escape(status.protocol)];
-  if (status.live && status.dropped_upstream) parts.push(`${status.dropped_upstream} records dropped by the proxy before they were read`);
-  if (status.live && status.let_go) parts.push(`${status.let_go} oldest frames let go here (it holds at most ${status.max_frames})`);
+    : [escape(status.target), `${escape(status.frames)} frames`, `${escape(status.connections)} connections`,
+       `${escape(status.files)} file(s)`, escape(status.protocol)];
+  if (status.live && status.dropped_upstream) parts.push(`${escape(status.dropped_upstream)} records dropped by the proxy before they were read`);
+  if (status.live && status.let_go) parts.push(`${escape(status.let_go)} oldest frames let go here (it holds at most ${escape(status.max_frames)})`);
   if (status.building) parts.push(`indexing ${(100 * status.progress).toFixed(0)}%`);
-  if (DATA) parts.push(`exported: ${DATA.frames.length} of ${DATA.total} matching frames` +
-                       (DATA.left_out ? `, ${DATA.left_out} left out` : ""));
+  if (DATA) parts.push(`exported: ${escape(DATA.frames.length)} of ${escape(DATA.total)} matching frames` +
+                       (DATA.left_out ? `, ${escape(DATA.left_out)} left out` : ""));
   $("status").innerHTML = parts.join(" · ");
   const problems = [];
   if (status.error) problems.push(escape(status.error));
@@ -92,14 +92,14 @@ function showConnections(connections) {
   state.connections = connections;
   const body = $("connections").tBodies[0];
   body.innerHTML = connections.map((c) =>
-    `<tr class="${c.problems ? "bad" : ""}" data-conn="${c.id}"><td>${escape(c.name)}</td><td>${escape(c.kind)}</td>` +
+    `<tr class="${c.problems ? "bad" : ""}" data-conn="${escape(c.id)}"><td>${escape(c.name)}</td><td>${escape(c.kind)}</td>` +
     `<td title="${c.via ? "via " + escape(c.via) : ""}">${escape(c.client)}</td>` +
     `<td>${escape(c.broker)}</td><td>${c.start.toFixed(3)}</td>` +
-    `<td>${c.duration.toFixed(3)}</td><td>${c.frames}</td><td>${c.problems}</td></tr>`).join("");
+    `<td>${c.duration.toFixed(3)}</td><td>${escape(c.frames)}</td><td>${escape(c.problems)}</td></tr>`).join("");
   const select = document.querySelector("select[name=conn]");
   const chosen = currentFilter().conn || "";
   select.innerHTML = '<option value="">any</option>' + connections.map((c) =>
-    `<option value="${c.id}">${escape(c.name)} ${escape(c.client)}</option>`).join("");
+    `<option value="${escape(c.id)}">${escape(c.name)} ${escape(c.client)}</option>`).join("");
   select.value = chosen;
 }
 
@@ -107,12 +107,12 @@ function showFrames(page) {
   state.total = page.total;
   const body = $("frames").tBodies[0];
   body.innerHTML = page.rows.map((r) => {
-    const flags = r.flags.map((f) => `<span class="flag ${f}">${f}</span>`).join("");
+    const flags = r.flags.map((f) => `<span class="flag ${escape(f)}">${escape(f)}</span>`).join("");
     const bad = r.flags.some((f) => f !== "redacted" && f !== "gap" && f !== "filtered");
-    return `<tr data-frame="${r.i}" class="${bad ? "bad" : ""} ${r.flags.includes("gap") ? "gap" : ""}">` +
-      `<td>${r.i}</td><td>${r.t.toFixed(6)}</td><td>${escape(state.connections[r.conn]?.name ?? r.conn)}</td>` +
-      `<td>${r.dir}</td><td>${escape(r.cmd)}</td><td class="topic" title="${escape(r.topic)}">${escape(r.topic)}</td>` +
-      `<td>${r.size}</td><td>${r.latency === null ? "" : (1000 * r.latency).toFixed(2) + " ms"}</td>` +
+    return `<tr data-frame="${escape(r.i)}" class="${bad ? "bad" : ""} ${r.flags.includes("gap") ? "gap" : ""}">` +
+      `<td>${escape(r.i)}</td><td>${r.t.toFixed(6)}</td><td>${escape(state.connections[r.conn]?.name ?? r.conn)}</td>` +
+      `<td>${escape(r.dir)}</td><td>${escape(r.cmd)}</td><td class="topic" title="${escape(r.topic)}">${escape(r.topic)}</td>` +
+      `<td>${escape(r.size)}</td><td>${r.latency === null ? "" : (1000 * r.latency).toFixed(2) + " ms"}</td>` +
       `<td>${flags}${escape(r.problem)}</td></tr>`;
   }).join("");
   $("count").textContent = `(${page.total} match${page.building ? ", still indexing" : ""})`;
@@ -150,10 +150,10 @@ async function refreshHttp(status) {
       if (e.ended) notes.push(`ended: ${e.ended}`);
       if (e.frames) notes.push(`${e.frames} WebSocket frames` + (e.session ? ` (${e.session})` : ""));
       if (e.redacted) notes.push("credentials redacted");
-      return `<tr class="${e.status >= 500 || !e.status ? "bad" : ""}"><td>${e.i}</td><td>${e.t.toFixed(6)}</td>` +
-        `<td>h${e.conn}</td><td>${escape(e.method)}</td><td class="topic" title="${escape(e.path)}">${escape(e.path)}</td>` +
-        `<td>${e.status || ""}</td><td>${escape(e.kind)}</td><td>${(1000 * e.seconds).toFixed(1)}</td>` +
-        `<td>${e.request_bytes}</td><td>${e.response_bytes}</td><td>${escape(notes.join(", "))}</td></tr>`;
+      return `<tr class="${e.status >= 500 || !e.status ? "bad" : ""}"><td>${escape(e.i)}</td><td>${e.t.toFixed(6)}</td>` +
+        `<td>h${escape(e.conn)}</td><td>${escape(e.method)}</td><td class="topic" title="${escape(e.path)}">${escape(e.path)}</td>` +
+        `<td>${escape(e.status || "")}</td><td>${escape(e.kind)}</td><td>${(1000 * e.seconds).toFixed(1)}</td>` +
+        `<td>${escape(e.request_bytes)}</td><td>${escape(e.response_bytes)}</td><td>${escape(notes.join(", "))}</td></tr>`;
     }).join("");
   } catch (error) {
     $("http-count").textContent = error.message;
@@ -201,8 +201,8 @@ function showTimeline(data) {
       const other = data.marks.find((m) => m[0] === pair);
       if (other) parts.push(`<line x1="${x(t)}" y1="${y + 2}" x2="${x(other[2])}" y2="${y + 8}" stroke="#aab7b8"/>`);
     }
-    parts.push(`<rect data-frame="${i}" x="${x(t)}" y="${y}" width="${bad ? 3 : 1.5}" height="4" ` +
-               `fill="${bad ? "#c0392b" : dir ? "#2e86c1" : "#1e8449"}"><title>#${i}</title></rect>`);
+    parts.push(`<rect data-frame="${escape(i)}" x="${x(t)}" y="${y}" width="${bad ? 3 : 1.5}" height="4" ` +
+               `fill="${bad ? "#c0392b" : dir ? "#2e86c1" : "#1e8449"}"><title>#${escape(i)}</title></rect>`);
   }
   if (http.length) {
     const y = httpLane * lane;
@@ -210,8 +210,8 @@ function showTimeline(data) {
     for (const [i, t, seconds, status] of http) {
       const fill = status >= 500 || !status ? "#c0392b" : status >= 400 ? "#d68910" : "#7d3c98";
       const w = Math.max(1.5, x(t + seconds) - x(t));
-      parts.push(`<rect data-exchange="${i}" x="${x(t)}" y="${y + 4}" width="${w}" height="6" ` +
-                 `fill="${fill}"><title>exchange #${i}: ${status || "no answer"}</title></rect>`);
+      parts.push(`<rect data-exchange="${escape(i)}" x="${x(t)}" y="${y + 4}" width="${w}" height="6" ` +
+                 `fill="${fill}"><title>exchange #${escape(i)}: ${escape(status || "no answer")}</title></rect>`);
     }
   }
   for (const note of data.notes || []) {
@@ -226,7 +226,7 @@ function showTimeline(data) {
   }
   parts.push(`<text class="axis" x="2" y="${height - 5}">time →</text>`);
   parts.push("</svg>");
-  $("timeline").innerHTML = parts.join("") + (data.sampled ? `<p class="hint">${data.frames} frames: a sample is drawn, every problem included.</p>` : "");
+  $("timeline").innerHTML = parts.join("") + (data.sampled ? `<p class="hint">${escape(data.frames)} frames: a sample is drawn, every problem included.</p>` : "");
 }
 
 function showSummary(summary) {
@@ -234,10 +234,10 @@ function showSummary(summary) {
   const to = from ? new Date(from.getTime() + summary.seconds * 1000) : null;
   const utc = (d) => d.toISOString().replace("T", " ").slice(0, 19);
   const range = from ? `, from ${utc(from)} to ${utc(to)} UTC` : "";
-  const parts = [`<p id="range">${summary.frames} frames over ${summary.seconds.toFixed(2)} s${range} on ${summary.connections} connections.</p>`];
+  const parts = [`<p id="range">${escape(summary.frames)} frames over ${summary.seconds.toFixed(2)} s${range} on ${escape(summary.connections)} connections.</p>`];
   if (summary.topics.length) {
     parts.push("<table><thead><tr><th>topic</th><th>frames</th><th>per s</th></tr></thead><tbody>");
-    for (const t of summary.topics) parts.push(`<tr><td class="topic">${escape(t.topic)}</td><td>${t.frames}</td><td>${t.per_second.toFixed(1)}</td></tr>`);
+    for (const t of summary.topics) parts.push(`<tr><td class="topic">${escape(t.topic)}</td><td>${escape(t.frames)}</td><td>${t.per_second.toFixed(1)}</td></tr>`);
     parts.push("</tbody></table>");
   }
   if (summary.rates && summary.rates.series.length) parts.push(ratesPlot(summary));
@@ -247,7 +247,7 @@ function showSummary(summary) {
   }
   if (summary.errors.length) {
     parts.push("<h3>Most frequent errors</h3><ul>");
-    for (const e of summary.errors) parts.push(`<li>${escape(e.error)} × ${e.count}</li>`);
+    for (const e of summary.errors) parts.push(`<li>${escape(e.error)} × ${escape(e.count)}</li>`);
     parts.push("</ul>");
   }
   $("summary").innerHTML = parts.join("");
@@ -284,16 +284,16 @@ function ratesPlot(summary) {
     const dashed = s.direction === "delivered" ? ' stroke-dasharray="5,3"' : "";  // over its produced line
     parts.push(`<polyline fill="none" stroke="${colour}" stroke-width="1.5"${dashed} points="${points.map((p) => p[0] + "," + p[1]).join(" ")}"/>`);
     for (const [px, py, v, b] of points) {
-      parts.push(`<circle cx="${px}" cy="${py}" r="2.5" fill="${colour}"><title>${escape(s.topic)} ${s.direction}: ` +
-                 `${v} msg/s, ${seconds(b * bin)}–${seconds((b + 1) * bin)} s</title></circle>`);
+      parts.push(`<circle cx="${px}" cy="${py}" r="2.5" fill="${colour}"><title>${escape(s.topic)} ${escape(s.direction)}: ` +
+                 `${escape(v)} msg/s, ${seconds(b * bin)}–${seconds((b + 1) * bin)} s</title></circle>`);
     }
   });
   parts.push("</svg><ul class=\"legend\">");
   rates.series.forEach((s, n) => parts.push(
     `<li title="${escape(s.topic)}"><span class="swatch" style="background:${COLOURS[n % COLOURS.length]}"></span>` +
-    `${escape(s.topic.split("/").pop())} ${s.direction}: ${s.messages} messages</li>`));
+    `${escape(s.topic.split("/").pop())} ${escape(s.direction)}: ${escape(s.messages)} messages</li>`));
   parts.push("</ul>");
-  if (rates.topics > rates.series.length) parts.push(`<p class="hint">the ${rates.series.length} busiest of ${rates.topics}</p>`);
+  if (rates.topics > rates.series.length) parts.push(`<p class="hint">the ${escape(rates.series.length)} busiest of ${escape(rates.topics)}</p>`);
   return parts.join("");
 }
 
@@ -307,13 +307,13 @@ function latencyPlot(cmd, counts, buckets) {
     `<svg class="plot latency" viewBox="0 0 ${width} ${height}" width="${width}" height="${height}" role="img" aria-label="${escape(cmd)} latency">`,
     `<line x1="${left}" y1="${base}" x2="${width - 6}" y2="${base}" stroke="#aab7b8"/>`,
     `<text class="axis" x="${left - 4}" y="${base}" text-anchor="end">0</text>`,
-    `<text class="axis" x="${left - 4}" y="18" text-anchor="end">${most}</text>`,
+    `<text class="axis" x="${left - 4}" y="18" text-anchor="end">${escape(most)}</text>`,
     `<text class="axis" x="2" y="10">answers</text>`];
   counts.forEach((n, b) => {
     const h = (60 * n) / most, x = left + b * bar + 2;
     const label = b < buckets.length ? `≤ ${ms(buckets[b])} ms` : `> ${ms(buckets[buckets.length - 1])} ms`;
-    parts.push(`<rect class="bar" x="${x}" y="${base - h}" width="${bar - 4}" height="${h}"><title>${label}: ${n} answers</title></rect>`);
-    if (n) parts.push(`<text class="axis" x="${x + (bar - 4) / 2}" y="${base - h - 2}" text-anchor="middle">${n}</text>`);
+    parts.push(`<rect class="bar" x="${x}" y="${base - h}" width="${bar - 4}" height="${h}"><title>${label}: ${escape(n)} answers</title></rect>`);
+    if (n) parts.push(`<text class="axis" x="${x + (bar - 4) / 2}" y="${base - h - 2}" text-anchor="middle">${escape(n)}</text>`);
     const tick = b < buckets.length ? ms(buckets[b]) : ">" + ms(buckets[buckets.length - 1]);
     parts.push(`<text class="axis" x="${x + (bar - 4) / 2}" y="${base + 11}" text-anchor="middle">${tick}</text>`);
   });
@@ -358,8 +358,8 @@ function showSequence(data) {
     const topic = a.topic ? " " + a.topic.split("/").pop() : "";
     const after = a.latency !== null ? ` (${(1000 * a.latency).toFixed(2)} ms)` : "";
     const label = `${a.cmd}${topic}${after}${a.problem ? " — " + a.problem : ""}`;
-    parts.push(`<g class="${cls}" data-frame="${a.i}" data-seq="${k}">` +
-      `<title>#${a.i} ${escape(a.cmd)} on ${escape(a.name)} at ${a.t.toFixed(6)} s${a.problem ? ": " + escape(a.problem) : ""}</title>` +
+    parts.push(`<g class="${cls}" data-frame="${escape(a.i)}" data-seq="${k}">` +
+      `<title>#${escape(a.i)} ${escape(a.cmd)} on ${escape(a.name)} at ${a.t.toFixed(6)} s${a.problem ? ": " + escape(a.problem) : ""}</title>` +
       `<rect class="hit" x="0" y="${y - row / 2 - 4}" width="${width}" height="${row}"/>` +
       `<text class="time" x="4" y="${y + 3}">${a.t.toFixed(6)} s ${escape(a.name)}</text>` +
       `<line x1="${x1}" y1="${y}" x2="${x2}" y2="${y}" marker-end="url(#${bad ? "head-bad" : a.dir === "B→C" ? "head-answer" : "head"})"/>` +
@@ -369,7 +369,7 @@ function showSequence(data) {
   parts.push("</svg>");
   let note = "";
   if (data.total > arrows.length) {
-    note = `<p class="hint">frames ${data.offset + 1}–${data.offset + arrows.length} of ${data.total}: ` +
+    note = `<p class="hint">frames ${escape(data.offset + 1)}–${escape(data.offset + arrows.length)} of ${escape(data.total)}: ` +
            "filter by a connection, producer or consumer to see one story whole.</p>";
   }
   $("sequence").innerHTML = parts.join("") + note;
@@ -382,19 +382,19 @@ async function showDetail(i) {
   setFilter(currentFilter(), i);
   try {
     const d = await getDetail(i);
-    const rows = [["frame", `#${d.i} ${escape(d.cmd)} ${d.dir}`], ["time", `${d.t.toFixed(6)} s (${escape(d.time)} UTC)`],
-                  ["connection", escape(state.connections[d.conn]?.name ?? d.conn)], ["topic", escape(d.topic)], ["size", `${d.size} bytes`],
+    const rows = [["frame", `#${escape(d.i)} ${escape(d.cmd)} ${escape(d.dir)}`], ["time", `${d.t.toFixed(6)} s (${escape(d.time)} UTC)`],
+                  ["connection", escape(state.connections[d.conn]?.name ?? d.conn)], ["topic", escape(d.topic)], ["size", `${escape(d.size)} bytes`],
                   ["file", escape(d.file)]];
     if (d.problem) rows.push(["problem", escape(d.problem)]);
     if (d.flags.length) rows.push(["marks", escape(d.flags.join(", "))]);
     if (d.pair !== null) rows.push([d.dir === "C→B" ? "answered by" : "answers",
-      `<a href="#" data-frame="${d.pair}">#${d.pair}</a>` + (d.latency !== null ? ` after ${(1000 * d.latency).toFixed(3)} ms` : "")]);
-    if (d.payload) rows.push(["payload", `${d.payload.size} bytes` + (d.payload.sha256 ? `, sha256 ${escape(d.payload.sha256)}` : "")]);
+      `<a href="#" data-frame="${escape(d.pair)}">#${escape(d.pair)}</a>` + (d.latency !== null ? ` after ${(1000 * d.latency).toFixed(3)} ms` : "")]);
+    if (d.payload) rows.push(["payload", `${escape(d.payload.size)} bytes` + (d.payload.sha256 ? `, sha256 ${escape(d.payload.sha256)}` : "")]);
     let html = "<dl>" + rows.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("") + "</dl>";
     html += `<h3>Command</h3><pre id="command">${escape(JSON.stringify(d.command, null, 2))}</pre>`;
     if (d.metadata) html += `<h3>Message metadata</h3><pre>${escape(JSON.stringify(d.metadata, null, 2))}</pre>`;
     if (d.payload && d.payload.text !== undefined) html += `<h3>Payload as text${d.payload.cut ? " (start)" : ""}</h3><pre>${escape(d.payload.text)}</pre>`;
-    html += `<h3>Raw bytes (${d.raw_size}${d.raw_cut ? ", first 4096 shown" : ""})</h3><pre>${escape(d.raw_hex)}</pre>`;
+    html += `<h3>Raw bytes (${escape(d.raw_size)}${d.raw_cut ? ", first 4096 shown" : ""})</h3><pre>${escape(d.raw_hex)}</pre>`;
     $("detail").innerHTML = html;
   } catch (error) {
     $("detail").innerHTML = `<p class="problem">${escape(error.message)}</p>`;
