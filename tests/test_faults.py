@@ -149,6 +149,23 @@ def test_assigned_ids_skip_those_rules_hold() -> None:
     assert [faults.add(rule(action="drop")).id for _ in range(2)] == ["f4", "f6"]
 
 
+def test_client_globs_match_ipv4_and_ipv6_clients() -> None:
+    def fires(pattern: str, client: str) -> bool:
+        faults = Faults()
+        faults.add(rule(match={"client": pattern}, action="drop"))
+        return faults.check("pulsar", "SEND", True, client, lambda: None) is not None
+
+    for pattern in ("::1", "::*", "[::1]:*", "[::1]:5000", "*"):
+        assert fires(pattern, "[::1]:5000"), pattern
+    assert fires("fe80::*", "[fe80::1%eth0]:6650")
+    for pattern in ("127.*", "[::1]:6000", "::2"):
+        assert not fires(pattern, "[::1]:5000"), pattern
+    for pattern in ("127.*", "127.0.0.1", "127.0.0.1:5555", "[12]27.0.0.1"):
+        assert fires(pattern, "127.0.0.1:5555"), pattern
+    assert not fires("10.*", "127.0.0.1:5555")
+    assert fires("::1", "::1")  # an IP alone
+
+
 def test_topic_globs() -> None:
     assert topic_matches("orders-*", "persistent://public/default/orders-1")
     assert not topic_matches("orders-*", "persistent://public/default/invoices")

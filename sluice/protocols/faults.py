@@ -443,8 +443,21 @@ def topic_matches(pattern: str, topic: str | None) -> bool:
 
 
 def _client_matches(pattern: str, client: str) -> bool:
-    host = client.rsplit(":", 1)[0]
-    return fnmatch.fnmatchcase(client, pattern) or fnmatch.fnmatchcase(host, pattern)
+    """``pattern`` (a glob) against the client's ``IP:PORT`` and its bare IP.
+    An IPv6 client (``[::1]:5000``) matches ``::1``, ``fe80::*`` or, with the
+    brackets taken as they are, ``[::1]:*``."""
+    if client.startswith("["):
+        host, _, port = client[1:].partition("]")
+        port = port.removeprefix(":")
+    elif client.count(":") == 1:
+        host, port = client.split(":")
+    else:  # an IP alone (IPv6 without a port, too)
+        host, port = client, ""
+    whole = f"[{host}]:{port}" if ":" in host and port else client
+    inside, bracket, rest = pattern[1:].partition("]")
+    if pattern.startswith("[") and bracket and ":" in inside:  # [IPv6]...: literal brackets
+        pattern = f"[[]{inside}[]]{rest}"
+    return fnmatch.fnmatchcase(whole, pattern) or fnmatch.fnmatchcase(host, pattern)
 
 
 def flip_last_byte(raw: bytes) -> bytes:
