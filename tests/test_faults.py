@@ -86,6 +86,9 @@ def core_with(*rules: Any, seed: int = 7) -> tuple[Any, Any, Faults]:
         ({"action": "drop", "jitter_ms": 5}, "jitter_ms goes with a delay rule"),
         ({"action": "drop", "probability": float("nan")}, "probability is a number"),
         ({"action": "delay", "delay_ms": float("inf")}, "delay_ms is a number"),
+        ({"action": "delay", "delay_ms": 1e308}, "delay_ms must be at most 3600000"),
+        ({"action": "delay", "delay_ms": 3_600_001}, "delay_ms must be at most 3600000"),
+        ({"action": "delay", "delay_ms": 5, "jitter_ms": 4e6}, "jitter_ms must be at most"),
         ([1, 2], "a rule is a JSON object"),
     ],
 )
@@ -124,6 +127,10 @@ def test_rule_ids_are_names_a_url_and_a_log_line_take_as_they_are(bad: str) -> N
     message = str(info.value)
     assert "an id is 1 to 64 letters, digits" in message
     assert message.isprintable() and message.isascii()  # one line, nothing raw
+
+
+def test_a_delay_of_an_hour_is_the_longest() -> None:
+    assert rule(action="delay", delay_ms=3_600_000).delay_ms == 3_600_000
 
 
 def test_good_rule_ids_pass() -> None:

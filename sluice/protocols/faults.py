@@ -34,6 +34,11 @@ from sluice.errors import ConfigError
 E = TypeVar("E", bound=enum.StrEnum)
 
 
+# The longest a delay rule holds a frame (delay_ms, and jitter_ms): one hour.
+# A frame held when its rule is removed still goes only at its time.
+MAX_DELAY_MS = 3_600_000.0
+
+
 class FaultError(ConfigError):
     """A rule that cannot be used; the message says why, for users."""
 
@@ -187,8 +192,8 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
         match,
         action,
         id=_rule_id(data),
-        delay_ms=_number(data, "delay_ms", 0.0, minimum=0),
-        jitter_ms=_number(data, "jitter_ms", 0.0, minimum=0),
+        delay_ms=_number(data, "delay_ms", 0.0, minimum=0, maximum=MAX_DELAY_MS),
+        jitter_ms=_number(data, "jitter_ms", 0.0, minimum=0, maximum=MAX_DELAY_MS),
         probability=_number(data, "probability", 1.0, minimum=0),
         after=int(_number(data, "after", 0, minimum=0, integer=True)),
         message=_text(data, "message", "injected by sluice"),
@@ -298,7 +303,13 @@ def _text(data: Mapping[str, object], key: str, default: str) -> str:
 
 
 def _number(
-    data: Mapping[str, object], key: str, default: float, *, minimum: float, integer: bool = False
+    data: Mapping[str, object],
+    key: str,
+    default: float,
+    *,
+    minimum: float,
+    maximum: float | None = None,
+    integer: bool = False,
 ) -> float:
     value = data.get(key, default)
     if value is None:
@@ -309,6 +320,8 @@ def _number(
         raise FaultError(f"{key} is a whole number")
     if value < minimum:
         raise FaultError(f"{key} must be at least {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise FaultError(f"{key} must be at most {maximum:.0f}")
     return value
 
 
