@@ -19,6 +19,8 @@ import trio
 import trio.testing
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port
+from sluice.protocols.core import Conn
+from sluice.protocols.pulsar import Type, command, decode_frame, encode
 from sluice.recording.format import read_records, recording_files
 from sluice.recording.reader import load
 from sluice.recording.retention import Retention, enforce, hold
@@ -376,3 +378,30 @@ def test_a_snapshot_with_two_workers_holds_both_workers_connections(
     recording = load(capture)
     assert len({conn.key[0] for conn in recording.connections}) == 2  # both workers' captures
     assert sorted(sent_payloads(capture)) == sorted(f"w-{n}".encode() for n in range(len(clients)))
+
+
+@pytest.mark.e2e  # runs sluice inspect
+async def test_a_snapshot_starts_where_its_oldest_record_does(tmp_path: Path) -> None:
+    """Offsets in a snapshot (sluice inspect --since) count from its oldest
+    record, not from when the snapshot was taken."""
+    conn = Conn(1, "127.0.0.1:5555", "plain", "pulsar")
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    recorder = Recorder(RecorderConfig(tmp_path, ring_bytes=MiB, flush_interval=0.02))
+    recorder.open_connection(1, client="127.0.0.1:5555", kind="proxied", listener="plain",
+                             broker="127.0.0.1:6650")  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        for _ in range(8):
+            recorder.frames(conn, True, [ping])
+            await trio.sleep(0.1)
+        snap = await recorder.snapshot(reason="test")
+        nursery.cancel_scope.cancel()
+    records = list(read_records(snap.file))
+    walls = [r["w"] for r in records if r["k"] == "frame"]
+    assert len(walls) == 8
+    assert records[0]["started"] <= walls[0] < records[0]["started"] + 50_000_000
+    later = subprocess.run([*SLUICE, "inspect", str(snap.file), "--since", "0.35", "--summary"],
+                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    expected = sum(w - records[0]["started"] >= 350_000_000 for w in walls)
+    assert expected >= 1
+    assert f"{expected} frames on 1 connections" in later.stdout, later.stdout

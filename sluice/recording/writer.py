@@ -667,6 +667,11 @@ class Recorder:
                     longest = len(pack_all([*first, *restate(most, open_records, closed), marker]))
                     chosen = newest_within(parts, share - longest)
                 need = needed(chosen)
+                # It starts where its oldest record does, so offsets from
+                # the header's start (sluice inspect --since) read from 0.
+                began = _first_wall(chosen[0].data) if chosen else None
+                if began is not None:
+                    first[0] = self._header(self._snapshot_seq, min(began, first[0]["started"]))
                 head = pack_all([*first, *restate(need.connections, open_records, closed), marker])
                 size = len(head) + sum(len(p.data) for p in chosen)
                 removed = Removed()
@@ -922,12 +927,13 @@ class Recorder:
         self.removed_files_total += removed.files
         self.removed_bytes_total += removed.bytes
 
-    def _header(self, segment: int) -> Record:
-        """The first record of a file this recorder writes (segment or snapshot)."""
+    def _header(self, segment: int, started_ns: int | None = None) -> Record:
+        """The first record of a file this recorder writes (segment or
+        snapshot); ``started_ns``: when what it holds began (default: now)."""
         return header(
             capture=self.capture,
             segment=segment,
-            started_ns=time.time_ns(),
+            started_ns=time.time_ns() if started_ns is None else started_ns,
             payloads=self.config.payloads,
             sluice_version=__version__,
             protocol=self.protocol,
@@ -1034,6 +1040,17 @@ def one_record_each(
 
 def pack_all(records: list[Record]) -> bytes:
     return b"".join(pack(record) for record in records)
+
+
+def _first_wall(data: bytes) -> int | None:
+    """The wall time of the first record in ``data`` (packed records) that has one."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(data)
+    for record in unpacker:
+        wall = record.get("w") if isinstance(record, dict) else None
+        if isinstance(wall, int):
+            return wall
+    return None
 
 
 def snapshot_name(stamp: str, reason: str) -> str:
