@@ -7,6 +7,7 @@ path handing reads to the tap and back with no message lost."""
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import subprocess
@@ -31,7 +32,9 @@ from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.protocols.core import Conn, Opened, Taps
 from sluice.proxy import live as live_module
 from sluice.proxy.live import LiveTap
-from sluice.recording.format import PayloadPolicy, read_records, recording_files
+from sluice.recording.format import PayloadPolicy, header, read_records, recording_files
+from sluice.view.live import LiveIndex
+from sluice.view.server import serve
 from tests.helpers.support import (
     QUIET,
     SLUICE,
@@ -327,3 +330,55 @@ def test_the_tap_costs_nothing_idle_and_keeps_its_bounds(monkeypatch: pytest.Mon
     tap.frames(conn, True, [])  # no frames: nothing to do, still watched
     tap.frames(conn, True, [object()])  # a read: the watcher is gone
     assert tap.idle and taps.generation == generation + 2
+
+
+def test_the_view_answers_only_its_own_page(tmp_path: Path) -> None:
+    """Another site's page can neither save (a POST from its origin, or
+    without the header the page's own script sends) nor read frames by
+    DNS rebinding (a Host that is a name other than the view's)."""
+    index = LiveIndex("127.0.0.1:9")
+    index.feed([
+        header(capture="live", segment=1, started_ns=0, payloads=PayloadPolicy.FULL,
+               sluice_version="x", protocol="pulsar"),
+        {"k": "conn", "c": 1, "t": 1, "w": 0, "client": "10.0.0.1:1", "broker": "b",
+         "kind": "proxied", "listener": ""},
+        {"k": "frame", "c": 1, "d": 0, "t": 5, "w": 0, "n": 6, "raw": b"secret",
+         "s": {"cmd": "SEND", "topic": "t"}},
+    ])  # fmt: skip
+    server = serve(index, "127.0.0.1", 0, build=False, save_dir=tmp_path)
+    port = int(server.server_address[1])
+
+    def call(method: str, path: str, **headers: str) -> tuple[int, Any]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            connection.request(method, path, headers=headers)
+            answer = connection.getresponse()
+            return answer.status, json.loads(answer.read())
+        finally:
+            connection.close()
+
+    own = f"127.0.0.1:{port}"
+    try:
+        for host in (f"rebound.evil.example:{port}", f"evil.example:{port}", "127.0.0.1:1"):
+            status, said = call("GET", "/api/frame/0", Host=host)
+            assert status == 403 and "raw_hex" not in said, (host, said)
+        for host in (own, f"localhost:{port}", f"[::1]:{port}"):
+            assert call("GET", "/api/frame/0", Host=host)[0] == 200, host
+        refused = (
+            {"Host": own, "Origin": "http://evil.example", "X-Sluice": "save"},
+            {"Host": own, "Origin": f"http://{own}"},  # not from the page's script
+            {"Host": own, "Content-Type": "text/plain"},  # a form, say
+            {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}",
+             "X-Sluice": "save"},
+        )  # fmt: skip
+        for headers in refused:
+            status, said = call("POST", "/api/save", **headers)
+            assert status == 403 and "error" in said, (headers, said)
+        assert list(tmp_path.iterdir()) == []
+        status, said = call(
+            "POST", "/api/save", Host=own, Origin=f"http://{own}", **{"X-Sluice": "save"}
+        )
+        assert status == 201 and Path(said["path"]).parent == tmp_path, said
+    finally:
+        server.shutdown()
+        server.server_close()

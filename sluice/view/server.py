@@ -9,6 +9,7 @@ the data inside.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import threading
@@ -39,6 +40,35 @@ class ViewServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.index = index
         self.save_dir = save_dir  # where "save" writes (a live view's)
+        self.listen_host = address[0]  # as given (a name, where one was)
+
+
+# What the page's own script sends with a POST: a header no other site's
+# page can send without asking first (a CORS preflight, which this server
+# never allows).
+SAVE_HEADER = "X-Sluice"
+
+
+def _is_own_host(host: str, port: int, listen: str) -> bool:
+    """Whether a request's ``Host`` names this server: an IP address (no
+    name another site's DNS can point here: DNS rebinding), ``localhost``,
+    or the host it was told to listen on, with its port."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, sep, rest = host[1:].partition("]")
+        if not sep or rest != f":{port}":
+            return False
+    else:
+        name, sep, given = host.rpartition(":")
+        if not sep or given != str(port) or ":" in name:
+            return False
+    if name in ("localhost", listen.lower()):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -48,7 +78,29 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
+    def _refused(self) -> bool:
+        """Refuse (403) a request that is not the page's own: for a name
+        other than this server's (another site's page, by DNS rebinding) or,
+        a POST, from another origin or without ``SAVE_HEADER``."""
+        host = self.headers.get("Host", "")
+        port = int(self.server.server_address[1])
+        if not _is_own_host(host, port, self.server.listen_host):
+            self._json({"error": f"not served to Host {host!r}: open the page by its address"}, 403)
+            return True
+        if self.command == "POST":
+            origin = self.headers.get("Origin")
+            if origin is not None and origin.lower() != f"http://{host.strip().lower()}":
+                self._json({"error": f"not saved for a page from {origin!r}"}, 403)
+                return True
+            if SAVE_HEADER not in self.headers:
+                self._json({"error": f"a POST needs the {SAVE_HEADER} header (the page sends it)"},
+                           403)  # fmt: skip
+                return True
+        return False
+
     def do_GET(self) -> None:
+        if self._refused():
+            return
         url = urllib.parse.urlsplit(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
         index = self.server.index
@@ -93,6 +145,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         """``/api/save``: a live view's buffer written as a capture."""
+        if self._refused():
+            return
         save = getattr(self.server.index, "save", None)
         if urllib.parse.urlsplit(self.path).path != "/api/save" or save is None:
             self._json({"error": "only POST /api/save, in a live view"}, 404)

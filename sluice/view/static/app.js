@@ -465,7 +465,7 @@ $("pause").addEventListener("click", () => {
 $("save").addEventListener("click", async () => {
   $("live-note").textContent = "saving…";
   try {
-    const answer = await fetch("api/save", { method: "POST" });
+    const answer = await fetch("api/save", { method: "POST", headers: { "X-Sluice": "save" } });
     const data = await answer.json();
     if (!answer.ok) throw new Error(data.error || answer.statusText);
     $("live-note").textContent = `saved: ${data.path}`;
