@@ -51,18 +51,27 @@ from sluice.proxy.shared import (
     SharedLimits,
     create_state,
 )
-from sluice.proxy.workers import Supervisor, Worker, _Merged, available_cpus, http
+from sluice.proxy.workers import (
+    SCRAPE_TIMEOUT,
+    Supervisor,
+    Worker,
+    _Merged,
+    available_cpus,
+    http,
+)
 from sluice.recording.reader import load
 from tests.helpers.cursus_broker import open_cluster
 from tests.helpers.scripted_broker import ScriptedBroker, redirect_to
 from tests.helpers.support import (
     QUIET,
     ProxyProcess,
+    RawClient,
     client,
     holds_a_client,
     http_get,
     one_client_per_worker,
     start_proxy,
+    stopped,
     tcp_connections,
     wait_ready,
     worker_pids,
@@ -413,6 +422,38 @@ def test_a_killed_worker_is_restarted_and_no_send_fails(
     assert value(samples, "sluice_worker_restarts_total") == 2
     assert value(samples, "sluice_workers", state="ready") == 2
     assert "worker 0 exited (killed by SIGKILL)" in proxy.log()
+
+
+def test_a_stuck_worker_leaves_the_others_metrics_scraped(
+    workers_proxy: tuple[ProxyProcess, int],
+) -> None:
+    """A worker that does not answer (stopped here) is left out of the
+    scrape after SCRAPE_TIMEOUT; the scrape answered nothing at all (the
+    supervisor waited 10 s per worker, the admin request gave up first)."""
+    proxy, admin = workers_proxy
+    pids = worker_pids(proxy, 2)
+
+    def connect() -> RawClient:
+        made = RawClient(proxy.port)
+        made.connect()
+        return made
+
+    clients = one_client_per_worker(pids, connect)
+    try:
+        deadline = time.monotonic() + 30
+        while value(scrape(proxy, admin), "sluice_connections_opened_total", listener="plain") < 2:
+            assert time.monotonic() < deadline, "the two connections were not counted"
+            time.sleep(0.1)
+        with stopped([pids[0]]):
+            started = time.monotonic()
+            samples = scrape(proxy, admin)
+            took = time.monotonic() - started
+        assert took < SCRAPE_TIMEOUT + 3, took
+        assert value(samples, "sluice_connections_opened_total", listener="plain") >= 1
+        assert value(samples, "sluice_workers", state="configured") == 2
+    finally:
+        for made in clients:
+            made.close()
 
 
 def test_merged_metrics_match_the_clients_counts(

@@ -108,6 +108,8 @@ from sluice.recording.writer import snapshot_name
 
 log = logging.getLogger("sluice.workers")
 
+# How long a scrape of the supervisor's /metrics waits for each worker's.
+SCRAPE_TIMEOUT = 2.0
 # How long a worker may take to start listening before it counts as failed.
 START_TIMEOUT = 60.0
 # A worker that dies sooner than this after starting is restarted after a
@@ -585,17 +587,26 @@ class Supervisor:
         return outcome
 
     async def metrics(self) -> bytes:
-        """The workers' metrics summed, plus the supervisor's own."""
-        texts: list[str] = []
-        for worker in self.workers:
-            if worker.admin is None:
-                continue
-            try:
-                status, body = await http(worker.admin, "GET", "/metrics")
-            except (OSError, trio.TooSlowError):
-                continue
-            if status == 200:
-                texts.append(body.decode())
+        """The workers' metrics summed, plus the supervisor's own. Every
+        worker is asked at once, each for at most SCRAPE_TIMEOUT: one that
+        is stuck is left out rather than holding the whole answer past the
+        admin endpoint's time (which answered nothing at all)."""
+        answers: dict[int, str] = {}
+
+        async def ask(worker: Worker, admin: Address) -> None:
+            with trio.move_on_after(SCRAPE_TIMEOUT):
+                try:
+                    status, body = await http(admin, "GET", "/metrics")
+                except (OSError, trio.TooSlowError):
+                    return
+                if status == 200:
+                    answers[worker.index] = body.decode()
+
+        async with trio.open_nursery() as nursery:
+            for worker in self.workers:
+                if worker.admin is not None:
+                    nursery.start_soon(ask, worker, worker.admin)
+        texts = [answers[index] for index in sorted(answers)]
         merged = CollectorRegistry()
         merged.register(_Merged(texts))
         return generate_latest(merged) + generate_latest(self.registry)
