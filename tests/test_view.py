@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -508,3 +509,25 @@ def test_a_record_the_index_cannot_hold_is_said_not_a_traceback(tmp_path: Path) 
     assert frames["total"] == 6 and frames["rows"][-1]["cmd"] == "SEND_RECEIPT"
     output = v.process.communicate()[0]
     assert "cannot take" in output and "Traceback" not in output
+
+
+def test_an_infinite_filter_value_is_one_clear_line(tmp_path: Path) -> None:
+    capture = crafted_capture(tmp_path / "capture")
+    out = tmp_path / "x.html"
+    for query in ("conn=inf", "from=1e400", "producer=-inf", "to=nan"):
+        done = subprocess.run(
+            [*SLUICE, "view", str(capture), "--export", str(out), "--filter", query],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, (query, done.stderr)
+        assert "finite number" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    v = Viewer(capture)
+    try:
+        for query in ("frames?conn=inf", "frames?from=inf", "timeline?producer=-inf",
+                      "sequence?to=-inf", "frames?conn=nan"):  # fmt: skip
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                v.api(query)
+            assert refused.value.code == 400, query
+            assert "finite number" in json.loads(refused.value.read())["error"], query
+    finally:
+        v.stop()

@@ -180,9 +180,12 @@ class Filter:
             if not text:
                 return None
             try:
-                return float(text)
+                value = float(text)
             except ValueError:
                 raise ValueError(f"{key} must be a number, not {text!r}") from None
+            if not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, not {text!r}")
+            return value
 
         def whole(key: str) -> int | None:
             value = number(key)
