@@ -56,6 +56,7 @@ from sluice.proxy.workers import (
     Supervisor,
     Worker,
     _Merged,
+    _Totals,
     available_cpus,
     http,
 )
@@ -201,6 +202,30 @@ async def test_the_supervisor_takes_faults_slash_for_no_rule() -> None:
         assert [r["id"] for r in supervisor.rules] == ["f1"]
     finally:
         shutil.rmtree(supervisor._state, ignore_errors=True)
+
+
+def test_summed_counters_never_go_down_when_a_worker_is_stuck_or_restarted() -> None:
+    def text(opened: int, active: int) -> str:
+        return ("# TYPE sluice_connections_opened_total counter\n"
+                f'sluice_connections_opened_total{{listener="plain"}} {opened}\n'
+                "# TYPE sluice_connections_active gauge\n"
+                f'sluice_connections_active{{listener="plain"}} {active}\n')  # fmt: skip
+
+    totals = _Totals()
+
+    def summed(answers: dict[int, tuple[int, str]]) -> tuple[float, float]:
+        found = {s.name: s.value for f in _Merged(*totals.scraped(answers)).collect()
+                 for s in f.samples}  # fmt: skip
+        return found["sluice_connections_opened_total"], found["sluice_connections_active"]
+
+    assert summed({0: (10, text(5, 2)), 1: (11, text(7, 3))}) == (12, 5)
+    # Worker 1 stuck: its count stays in (its gauge does not).
+    assert summed({0: (10, text(6, 2))}) == (13, 2)
+    # Worker 1 restarted (a new pid): what the old one said is kept.
+    assert summed({0: (10, text(6, 2)), 1: (12, text(1, 1))}) == (14, 3)
+    assert summed({0: (13, text(0, 0)), 1: (12, text(2, 1))}) == (15, 1)
+    # Gone before it ever answered again: still counted.
+    assert summed({1: (12, text(2, 1))}) == (15, 1)
 
 
 async def test_a_start_that_cannot_bind_leaves_nothing_behind() -> None:
@@ -424,12 +449,14 @@ def test_a_killed_worker_is_restarted_and_no_send_fails(
     assert "worker 0 exited (killed by SIGKILL)" in proxy.log()
 
 
-def test_a_stuck_worker_leaves_the_others_metrics_scraped(
+def test_a_stuck_or_restarted_worker_keeps_the_scrape_and_its_counts(
     workers_proxy: tuple[ProxyProcess, int],
 ) -> None:
     """A worker that does not answer (stopped here) is left out of the
     scrape after SCRAPE_TIMEOUT; the scrape answered nothing at all (the
-    supervisor waited 10 s per worker, the admin request gave up first)."""
+    supervisor waited 10 s per worker, the admin request gave up first).
+    Its counters count with what it said last, and a restarted worker's
+    are kept: summed counters never go down (Prometheus saw a reset)."""
     proxy, admin = workers_proxy
     pids = worker_pids(proxy, 2)
 
@@ -444,13 +471,25 @@ def test_a_stuck_worker_leaves_the_others_metrics_scraped(
         while value(scrape(proxy, admin), "sluice_connections_opened_total", listener="plain") < 2:
             assert time.monotonic() < deadline, "the two connections were not counted"
             time.sleep(0.1)
+        before = value(scrape(proxy, admin), "sluice_connections_opened_total", listener="plain")
         with stopped([pids[0]]):
             started = time.monotonic()
             samples = scrape(proxy, admin)
             took = time.monotonic() - started
         assert took < SCRAPE_TIMEOUT + 3, took
-        assert value(samples, "sluice_connections_opened_total", listener="plain") >= 1
+        # ... and counts with what it said last: the sum does not go down.
+        assert value(samples, "sluice_connections_opened_total", listener="plain") >= before
         assert value(samples, "sluice_workers", state="configured") == 2
+        # A worker restarted leaves its counts behind (no counter reset).
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while worker_pids(proxy, 2, timeout=0).get(0) == pids[0] or (
+            value(samples := scrape(proxy, admin), "sluice_workers", state="ready") < 2
+        ):
+            assert time.monotonic() < deadline, "worker 0 was not restarted"
+            assert value(samples, "sluice_connections_opened_total", listener="plain") >= before
+            time.sleep(0.1)
+        assert value(samples, "sluice_connections_opened_total", listener="plain") >= before
     finally:
         for made in clients:
             made.close()

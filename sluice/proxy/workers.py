@@ -239,6 +239,7 @@ class Supervisor:
             for r in self.config.faults
         ]
         self._rule_ids = 0
+        self._totals = _Totals()
         self._sockets: list[tuple[str, socket.socket]] = []
         self._admin: list[trio.SocketListener] | None = None
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
@@ -591,24 +592,24 @@ class Supervisor:
         worker is asked at once, each for at most SCRAPE_TIMEOUT: one that
         is stuck is left out rather than holding the whole answer past the
         admin endpoint's time (which answered nothing at all)."""
-        answers: dict[int, str] = {}
+        answers: dict[int, tuple[int, str]] = {}
 
-        async def ask(worker: Worker, admin: Address) -> None:
+        async def ask(worker: Worker, admin: Address, pid: int) -> None:
             with trio.move_on_after(SCRAPE_TIMEOUT):
                 try:
                     status, body = await http(admin, "GET", "/metrics")
                 except (OSError, trio.TooSlowError):
                     return
                 if status == 200:
-                    answers[worker.index] = body.decode()
+                    answers[worker.index] = (pid, body.decode())
 
         async with trio.open_nursery() as nursery:
             for worker in self.workers:
-                if worker.admin is not None:
-                    nursery.start_soon(ask, worker, worker.admin)
-        texts = [answers[index] for index in sorted(answers)]
+                if worker.admin is not None and worker.process is not None:
+                    nursery.start_soon(ask, worker, worker.admin, worker.process.pid)
+        texts, carried = self._totals.scraped(answers)
         merged = CollectorRegistry()
-        merged.register(_Merged(texts))
+        merged.register(_Merged(texts, carried))
         return generate_latest(merged) + generate_latest(self.registry)
 
     async def faults(self, request: AdminRequest) -> tuple[int, Any]:
@@ -773,12 +774,65 @@ class Supervisor:
         raise Refused(404, f"no fault rule {rule_id!r}")
 
 
+# Counter samples of some workers: family -> (help, type, sample -> value).
+_Counts = dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]]
+_MONOTONIC = {"counter", "histogram", "summary"}
+
+
+def _counters(text: str) -> _Counts:
+    """The samples of a worker's /metrics that only ever grow."""
+    out: _Counts = {}
+    for family in text_string_to_metric_families(text):
+        if family.type not in _MONOTONIC or family.name in _SUPERVISORS:
+            continue
+        values = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                  for sample in family.samples if not sample.name.endswith("_created")}  # fmt: skip
+        out[family.name] = (family.documentation, family.type, values)
+    return out
+
+
+def _add(into: _Counts, counts: _Counts) -> None:
+    for name, (documentation, kind, values) in counts.items():
+        mine = into.setdefault(name, (documentation, kind, {}))[2]
+        for key, value in values.items():
+            mine[key] = mine.get(key, 0.0) + value
+
+
+class _Totals:
+    """What keeps the workers' summed counters from going down, which
+    Prometheus takes for a reset: a worker that did not answer a scrape
+    counts with what it said last, and one that was replaced (restarted)
+    leaves what it said last behind for good. (What a worker counted after
+    its last scrape and before it died is not known.)"""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, _Counts]] = {}  # worker index -> (pid, counts)
+        self._gone: _Counts = {}  # of processes that were replaced
+
+    def scraped(self, answers: dict[int, tuple[int, str]]) -> tuple[list[str], _Counts]:
+        """From the answers of a scrape (worker index -> (pid, text)): the
+        texts to sum, and the counts to add to them."""
+        for index, (pid, text) in answers.items():
+            last = self._last.get(index)
+            if last is not None and last[0] != pid:
+                _add(self._gone, last[1])
+            self._last[index] = (pid, _counters(text))
+        carried: _Counts = {}
+        _add(carried, self._gone)
+        for index, (_, counts) in self._last.items():
+            if index not in answers:
+                _add(carried, counts)
+        return [answers[index][1] for index in sorted(answers)], carried
+
+
 class _Merged(Collector):
     """Prometheus text from several workers as one set of metrics: counters,
-    histograms and most gauges summed; ``*_up`` the worst, build info once."""
+    histograms and most gauges summed; ``*_up`` the worst, build info once.
+    ``carried``: counts of workers that did not answer or are gone, added."""
 
-    def __init__(self, texts: list[str]) -> None:
+    def __init__(self, texts: list[str], carried: _Counts | None = None) -> None:
         self.texts = texts
+        self.carried = carried or {}
 
     def collect(self) -> Any:
         families: dict[str, Metric] = {}
@@ -799,6 +853,11 @@ class _Merged(Collector):
                         merged[key] = max(merged[key], sample.value)
                     else:
                         merged[key] += sample.value
+        for name, (documentation, kind, carried) in self.carried.items():
+            families.setdefault(name, Metric(name, documentation, kind))
+            merged = values.setdefault(name, {})
+            for key, value in carried.items():
+                merged[key] = merged.get(key, 0.0) + value
         for name, family in families.items():
             out = Metric(name, family.documentation, family.type)
             for (sample_name, labels), value in values[name].items():
