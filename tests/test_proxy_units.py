@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 import trio
@@ -249,3 +254,36 @@ def test_free_ports_come_from_below_the_outgoing_connections_range() -> None:
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.e2e  # starts processes
+def test_a_port_another_process_took_meanwhile_is_not_taken_for_readiness() -> None:
+    """free_port's port is drawn before the process binds it: if another
+    process listens there first, wait_for_port keeps waiting for the one it
+    was given (or its children), rather than returning on the other's
+    listener."""
+    from sluice.brokers.embedded import BrokerError, free_port, wait_for_port
+
+    port = free_port()
+    listen = ("import socket, sys, time; s = socket.socket(); "
+              "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(60)")  # fmt: skip
+    other = subprocess.Popen([sys.executable, "-c", listen, str(port)])
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    second = free_port()
+    parent = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', *sys.argv[1:]]);"
+              " print(p.pid, flush=True); p.wait()")  # fmt: skip
+    below = subprocess.Popen([sys.executable, "-c", parent, listen, str(second)],
+                             stdout=subprocess.PIPE)  # fmt: skip
+    assert below.stdout is not None
+    child = int(below.stdout.readline())
+    try:
+        wait_for_port("127.0.0.1", port, 20, other)  # the other one is ready
+        with pytest.raises(BrokerError, match="did not listen"):
+            wait_for_port("127.0.0.1", port, 1, ours)
+        wait_for_port("127.0.0.1", second, 20, below)  # a child's listener counts
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        for process in (other, ours, below):
+            process.kill()
+            process.wait()

@@ -8,6 +8,7 @@ each broker is ours to stop, by PID, when we are done.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -73,6 +74,42 @@ def _ephemeral_low() -> int | None:
         return None
 
 
+def _listens(pid: int, port: int) -> bool | None:
+    """Whether ``pid`` or a process below it holds a listening TCP socket on
+    ``port``; None where /proc cannot tell."""
+    try:
+        children: dict[int, list[int]] = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = Path(entry.path, "stat").read_text()
+                    children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(
+                        int(entry.name)
+                    )
+        inodes: set[str] = set()
+        tree = [pid]
+        while tree:
+            here = tree.pop()
+            tree.extend(children.get(here, ()))
+            with contextlib.suppress(OSError):
+                for fd in os.scandir(f"/proc/{here}/fd"):
+                    with contextlib.suppress(OSError):
+                        target = os.readlink(fd.path)
+                        if target.startswith("socket:["):
+                            inodes.add(target[8:-1])
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(FileNotFoundError), open(table) as rows:
+                next(rows)  # the column names
+                for row in rows:
+                    fields = row.split()  # sl, local, remote, state, ..., inode (10th)
+                    if (fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port
+                            and fields[9] in inodes):  # fmt: skip
+                        return True
+    except OSError:
+        return None
+    return False
+
+
 def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
     """SIGTERM, then SIGKILL if it has not exited within ``timeout``; reaped."""
     if process.poll() is not None:
@@ -86,13 +123,19 @@ def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Popen[bytes]) -> None:
+    """Until ``process`` listens on ``port``: a connection there succeeds and,
+    where /proc tells (Linux), the listening socket is the process's or one
+    of its children's, not another's that took the port ``free_port`` drew
+    before ``process`` could bind it."""
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
             raise BrokerError(f"broker exited with status {process.returncode} before listening")
         try:
             with socket.create_connection((host, port), timeout=0.2):
-                return
+                if _listens(process.pid, port) is not False:
+                    return
+            raise OSError("the port is another process's")
         except OSError:
             if time.monotonic() > deadline:
                 raise BrokerError(
