@@ -382,3 +382,23 @@ def test_the_view_answers_only_its_own_page(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_save_before_the_proxy_answered_is_refused(tmp_path: Path) -> None:
+    """Nothing received yet (the proxy unreachable, say): save writes no
+    capture that no reader takes, and says why."""
+    index = LiveIndex("127.0.0.1:9")
+    server = serve(index, "127.0.0.1", 0, build=False, save_dir=tmp_path)
+    own = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", int(server.server_address[1]))
+        connection.request("POST", "/api/save", headers={"Origin": f"http://{own}",
+                                                         "X-Sluice": "save"})  # fmt: skip
+        answer = connection.getresponse()
+        said = json.loads(answer.read())
+        connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answer.status == 409 and said == {"error": "nothing received from the proxy yet"}
+    assert list(tmp_path.iterdir()) == []

@@ -45,6 +45,10 @@ MAX_FRAMES = 200_000
 LIVE = 0xFFFF
 
 
+class NothingReceived(Exception):
+    """Save asked for before the proxy has answered (no header to write)."""
+
+
 class LiveIndex(Index):
     """An index fed by ``feed`` rather than read from files. ``source``:
     what it watches (for the page)."""
@@ -151,8 +155,10 @@ class LiveIndex(Index):
         """What this side holds, written as a snapshot capture directory in
         ``directory``; the capture's directory."""
         with self.lock:
+            if self._header is None:
+                raise NothingReceived("nothing received from the proxy yet")
             records = list(self._records)
-            header = dict(self._header or {})
+            header = dict(self._header)
             held = {c for c, number in self._opened.items() if number >= self._first}
             connections = [c for c in self.connections if c.conn not in held]
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.view.index import Filter, HttpFilter, Index
+from sluice.view.live import NothingReceived
 
 log = logging.getLogger("sluice.view")
 
@@ -153,6 +154,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             directory = save(self.server.save_dir)
+        except NothingReceived as exc:
+            self._json({"error": str(exc)}, 409)
+            return
         except OSError as exc:
             self._json({"error": f"could not save: {exc.strerror or exc}"}, 500)
             return
