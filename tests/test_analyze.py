@@ -520,3 +520,54 @@ def test_decoder_reads_through_the_format_upgraders(
     newer = recording.dumps([{**records[0], "version": recording.VERSION + 1}, *records[1:]])
     refused = segment_row(list(decode_segment("new", newer)))
     assert refused["damaged"] and "newer than this Sluice reads" in refused["why"]
+
+
+def test_local_paths_are_taken_literally_not_url_decoded() -> None:
+    """Spark (Hadoop's ``Path``) takes ``#``, ``%`` and spaces in a path as
+    they are: so do the executors opening what it listed, and the command."""
+    from sluice.analyze.decode import local_path
+    from sluice.commands.analyze import _spark_path
+
+    assert local_path("file:/x/run#1/a.sluice") == "/x/run#1/a.sluice"
+    assert local_path("file:///x/pct%41/with space/ü.sluice") == "/x/pct%41/with space/ü.sluice"
+    assert local_path("file://localhost/x/a%20b") == "/x/a%20b"
+    assert local_path("/x/run#1") == "/x/run#1" and local_path("rel/a%41") == "rel/a%41"
+    assert local_path("s3a://bucket/key") is None and local_path("hdfs:/x") is None
+    here = Path.cwd()
+    assert _spark_path("a dir/run#1 %41") == str(here / "a dir" / "run#1 %41")
+    assert _spark_path("file:/tmp/x") == "file:/tmp/x"  # a URL, not ./file:/tmp/x
+    assert _spark_path("s3a://b/k%20") == "s3a://b/k%20"
+
+
+SMALL = GOLDEN / "inputs" / "sluice-20261128T172608-f2b453b65503-0001.sluice"
+
+
+@pytest.fixture(scope="module")
+def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One `sluice analyze` run over inputs and an output named with a
+    space, ``#``, ``%`` and a non-ASCII letter."""
+    tmp = tmp_path_factory.mktemp("awkward")
+    inputs = tmp / "run#1 pct%41 ü"
+    inputs.mkdir()
+    shutil.copy(SMALL, inputs / SMALL.name)
+    out = tmp / "out dir#2 %20"
+    result = subprocess.run(
+        [*SLUICE, "analyze", str(inputs), "--out", str(out), "--master", "local[1]"],
+        capture_output=True, text=True, timeout=600, check=False, env=loopback_env(),
+    )  # fmt: skip
+    return {"result": result, "inputs": inputs, "out": out, "tmp": tmp}
+
+
+@pytest.mark.e2e
+def test_paths_with_odd_characters_are_read_and_written_in_place(awkward: dict[str, Any]) -> None:
+    result, out = awkward["result"], awkward["out"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    made = sorted([awkward["inputs"].name, out.name])
+    assert sorted(p.name for p in awkward["tmp"].iterdir()) == made
+    for table in ("frames", "files", "connections", "topic_minute"):
+        assert (out / table / "_SUCCESS").exists(), table
+    assert (out / "report.html").exists()
+    files = rows_of(out / "files")
+    assert [Path(f["file"]).name for f in files] == [SMALL.name] and not files[0]["damaged"]
+    assert files[0]["file"] == f"file:{awkward['inputs'] / SMALL.name}"
+    assert len(rows_of(out / "frames")) == files[0]["frames"] > 0

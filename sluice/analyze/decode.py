@@ -25,8 +25,7 @@ Arrow into the JVM several times faster.
 from __future__ import annotations
 
 import json
-import urllib.parse
-import urllib.request
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,12 +105,23 @@ def _http_extra(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
 def local_path(url: str) -> str | None:
-    """The local path of a ``file:`` URL or a plain path; None for any other scheme."""
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme == "file":
-        return urllib.request.url2pathname(parsed.path)
-    return url if not parsed.scheme else None
+    """The local path of a ``file:`` path (``file:/x`` as Hadoop spells a
+    listed file, ``file:///x`` or ``file://host/x`` as people write it) or of
+    a plain path; None for any other scheme.
+
+    Taken as it is, never URL-decoded: Spark (Hadoop's ``Path``) takes
+    ``%``, ``#`` and spaces in such a path literally, and so must the
+    executors, or they open another file than the one Spark listed."""
+    if url.startswith("file:"):
+        rest = url[len("file:") :]
+        if rest.startswith("//"):  # an authority (empty, or a host: this machine)
+            return "/" + rest[2:].partition("/")[2]
+        return rest
+    return None if _SCHEME.match(url) else url
 
 
 def segments(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, Any]]:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -223,9 +223,9 @@ def _analyze(
 
     segments_read = rows("segment")
     total_bytes = rows("segment", "bytes")
-    read = {_canonical(f) for f in counts["segment"]["files"]} if "segment" in counts else set()
+    read = set(counts["segment"]["files"]) if "segment" in counts else set()
     # Listed but not decoded: filtered out above, over the binaryFile limit.
-    too_large = sorted(f for f in found if _canonical(f) not in read)
+    too_large = sorted(f for f in map(_as_listed, found) if f not in read)
     bad = rows("segment", "damaged") + rows("segment", "truncated") + len(too_large)
     frames_total = rows("segment", "frames")
     say(
@@ -570,9 +570,14 @@ def _analyze(
     return summary
 
 
-def _canonical(path: str) -> str:
-    """``file:///x`` (a listing) and ``file:/x`` (a row's path) as one spelling."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*):///", r"\1:/", path)
+def _as_listed(uri: str) -> str:
+    """A file of ``inputFiles()``, a URI (``file:///x/run%231``), as the
+    listing's rows spell it (Hadoop's ``Path``: ``file:/x/run#1``)."""
+    parsed = urllib.parse.urlsplit(uri)
+    if not parsed.scheme:
+        return uri
+    authority = f"//{parsed.netloc}" if parsed.netloc else ""
+    return f"{parsed.scheme}:{authority}{urllib.parse.unquote(parsed.path)}"
 
 
 def request_latencies(parts: Any, F: Any) -> Any:

@@ -10,6 +10,8 @@ its checks and its output, and the ``spark-submit`` entry point.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -64,8 +66,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _spark_path(path: str) -> str:
-    """Local paths as absolute file:// URLs; anything with a scheme unchanged."""
-    return path if "://" in path else Path(path).resolve().as_uri()
+    """Local paths as plain absolute paths, anything with a scheme unchanged.
+
+    Not as ``file://`` URLs: Spark (Hadoop's ``Path``) does not URL-decode a
+    path, so a ``%20`` or ``%23`` in one names another file than the one
+    with a space or ``#`` meant."""
+    return path if _has_scheme(path) else str(Path(path).resolve())
+
+
+def _has_scheme(path: str) -> bool:
+    """``file:/x``, ``file:///x``, ``s3a://b/k``: a URL, not a local path."""
+    return re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", path) is not None
+
+
+def _exists(local: str | None) -> bool:
+    """Whether a local PATH is there (a URL of another scheme: Spark will say)."""
+    return local is None or os.path.exists(local)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not need_extra("analyze", "pipeline"):
         return 2
+    from sluice.analyze.decode import local_path
     from sluice.analyze.progress import Progress
     from sluice.analyze.report import write_report
 
@@ -90,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[analyze] {text}", file=sys.stderr, flush=True)
 
     local = args.remote is None  # through Spark Connect, paths are the server's
-    missing = [p for p in args.paths if local and "://" not in p and not Path(p).exists()]
+    missing = [p for p in args.paths if local and not _exists(local_path(p))]
     if missing:
         print(f"sluice analyze: no such file or directory: {missing[0]}", file=sys.stderr)
         return 2
@@ -107,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         print(f"sluice analyze: {first}", file=sys.stderr)
         return 1
-    local_out = out.removeprefix("file://") if out.startswith("file://") else out
+    local_out = local_path(out)
     if args.report:
         report = Path(args.report)
-    elif "://" not in local_out and Path(local_out).is_dir():
+    elif local_out is not None and Path(local_out).is_dir():
         report = Path(local_out) / "report.html"
     else:
         report = Path("report.html")
