@@ -29,7 +29,7 @@ from playwright.sync_api import Browser
 
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
-from sluice.protocols.core import Conn, Opened, Taps
+from sluice.protocols.core import Closed, Conn, Opened, Taps
 from sluice.proxy import live as live_module
 from sluice.proxy.live import LiveTap
 from sluice.recording.format import PayloadPolicy, header, read_records, recording_files
@@ -402,3 +402,34 @@ def test_save_before_the_proxy_answered_is_refused(tmp_path: Path) -> None:
         server.server_close()
     assert answer.status == 409 and said == {"error": "nothing received from the proxy yet"}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_watcher_who_comes_later_is_told_of_the_open_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second watcher (or the first restarted) while the tap is already
+    watched: every open connection's ``conn`` record comes first, also once
+    it has left the ring, and none twice."""
+    counts = SimpleNamespace(figures=None, frames=None, event=lambda *_: None)
+    taps = Taps([counts])
+    tap = LiveTap(taps, "pulsar", PayloadPolicy.HASH, listen=[], broker="pulsar://b:6650")
+    taps.add(tap)
+    monkeypatch.setattr(live_module, "MAX_RECORDS", 5)
+
+    def kinds(taken: live_module.Taken) -> list[tuple[str, int]]:
+        unpacked = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in taken.records]
+        return [(r["k"], r.get("c", 0)) for r in unpacked]
+
+    tap.take(None)  # the first watcher
+    long_lived = Conn(7, "10.9.8.7:5555", "plain", "pulsar")
+    long_lived.kind, long_lived.broker = "proxied", "pulsar://broker-3:6650"
+    taps.event(long_lived, Opened())
+    # A second watcher while its record is in the ring: told of it once.
+    assert kinds(tap.take(None)) == [("header", 0), ("conn", 7)]
+    for n in range(100, 110):  # short connections push it out of the ring
+        short = Conn(n, "10.0.0.1:1", "plain", "pulsar")
+        taps.event(short, Opened())
+        taps.event(short, Closed("done"))
+    later = kinds(tap.take(None))
+    assert later[:2] == [("header", 0), ("conn", 7)], later
+    assert later.count(("conn", 7)) == 1 and len(later) == 2 + 5, later

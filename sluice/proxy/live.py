@@ -105,6 +105,7 @@ class LiveTap:
         self._bytes = 0
         self._next = 1  # the number the next record gets
         self._open: dict[int, Conn] = {}  # connections open now, for a new watcher
+        self._conn_at: dict[int, int] = {}  # an open connection -> its conn record's number
 
     # --- watching ------------------------------------------------------------------
 
@@ -119,14 +120,19 @@ class LiveTap:
             self._ring.clear()
             self._bytes = 0
             for conn in list(self._open.values()):
-                self._add(self._conn_record(conn))
+                self._add_conn(conn)
         self._until = now + self._watch
         records: list[bytes] = []
         dropped = 0
+        oldest = self._ring[0][0] if self._ring else self._next
         if after is None:
             records.append(self._pack(self._header))
-            after = self._ring[0][0] - 1 if self._ring else self._next - 1
-        oldest = self._ring[0][0] if self._ring else self._next
+            # Told of every open connection: in the ring, or (its record
+            # gone from it: a watcher who came later) here, before the ring.
+            for conn in list(self._open.values()):
+                if self._conn_at.get(conn.id, 0) < oldest:
+                    records.append(self._pack(self._conn_record(conn)))
+            after = oldest - 1
         if after + 1 < oldest:
             dropped = oldest - after - 1
         size = 0
@@ -155,6 +161,10 @@ class LiveTap:
         self._bytes = 0
         self._summarizer = type(self._summarizer)(self._header["payloads"])
         return True
+
+    def _add_conn(self, conn: Conn) -> None:
+        self._conn_at[conn.id] = self._next
+        self._add(self._conn_record(conn))
 
     def _add(self, record: Record | bytes) -> None:
         data = record if isinstance(record, bytes) else self._pack(record)
@@ -198,9 +208,10 @@ class LiveTap:
         if kind is Opened:
             self._open[conn.id] = conn
             if not self.idle:
-                self._add(self._conn_record(conn))
+                self._add_conn(conn)
         elif kind is Closed:
             self._open.pop(conn.id, None)
+            self._conn_at.pop(conn.id, None)
             self._summarizer.forget(conn.id)
             if not self.idle:
                 assert isinstance(event, Closed)
