@@ -18,6 +18,7 @@ import pytest
 
 from sluice.commands import main
 from sluice.commands.inspect import Summary, records
+from sluice.protocols.pulsar import Type, command, encode
 from sluice.recording.format import (
     Gone,
     PayloadPolicy,
@@ -250,3 +251,31 @@ def test_a_segment_cut_in_its_header_or_removed_is_skipped_among_others(tmp_path
     assert "frame" in kinds and summary.gone == [gone]
     with pytest.raises(Gone, match="removed while being read"):
         list(read_records(gone))
+
+
+def test_several_writers_captures_are_replayed_in_the_order_of_time(tmp_path: Path) -> None:
+    """--workers records a capture per worker; read one file after another,
+    each worker's traffic would be replayed after the one before it. The
+    frames, closes and faults are put in wall-clock order instead."""
+    ping = encode(command(Type.PING))
+
+    def capture(name: str, *records: dict[str, object]) -> None:
+        head = header(capture=name, segment=1, started_ns=0, payloads=PayloadPolicy.FULL,
+                      sluice_version="test")  # fmt: skip
+        conn = {"k": "conn", "c": 1, "t": 1, "w": 1, "client": f"127.0.0.1:{len(name)}",
+                "broker": "127.0.0.1:2", "kind": "proxied", "listener": "plain"}  # fmt: skip
+        (tmp_path / f"sluice-{name}.sluice").write_bytes(dumps([head, conn, *records]))
+
+    def frame(wall: int) -> dict[str, object]:
+        return {"k": "frame", "c": 1, "d": 0, "t": wall, "w": wall, "n": len(ping), "raw": ping}
+
+    capture("a", frame(10), frame(30), {"k": "close", "c": 1, "t": 35, "w": 35})
+    fault = {"k": "fault", "c": 1, "d": 0, "t": 25, "w": 25, "rule": "r", "action": "drop",
+             "cmd": "PING"}  # fmt: skip
+    capture("bb", frame(20), fault, frame(40))
+    recording = load(tmp_path)
+    first, second = recording.connections
+    assert [(f.wall_ns, f.index) for f in first.frames] == [(10, 0), (30, 2)]
+    assert [(f.wall_ns, f.index) for f in second.frames] == [(20, 1), (40, 3)]
+    assert first.closed_at == 3  # after the three frames recorded before the close
+    assert [f.index for f in second.faults] == [2]

@@ -4,6 +4,8 @@ header names (``ProtocolSpec.decode``)."""
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +87,9 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     index = 0
     capture = ""
     decode = registry.get(registry.DEFAULT_PROTOCOL).decode
+    # When each close and fault was recorded (wall clock, and frames before it).
+    closed: dict[tuple[str, int], tuple[int, int]] = {}
+    faulted: dict[int, int] = {}  # id(RecordedFault) -> wall clock
     for path in paths:
         result = ReadResult(path)
         records = read_records(path, result)
@@ -126,6 +131,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                 conn = connections.get((capture, record["c"]))
                 if conn is not None:
                     conn.closed_at = index
+                    closed[conn.key] = (record["w"], index)
             elif kind == "fault":
                 conn = connections.get((capture, record["c"]))
                 if conn is not None:
@@ -133,6 +139,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                         record["rule"], record["action"], record["cmd"], record["d"] == 0, index
                     )
                     conn.faults.append(fault)
+                    faulted[id(fault)] = record["w"]
         if result.truncated_bytes:
             truncated.append(path)
     if need_payloads and policies - {"full"}:
@@ -141,6 +148,32 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
             f"{'/'.join(sorted(policies - {'full'}))}); replaying and serving need a recording "
             "made with --record-payloads full"
         )
+    if len({key[0] for key in connections}) > 1:
+        _in_time_order(list(connections.values()), closed, faulted)
     ordered = sorted(connections.values(), key=lambda c: c.frames[0].index if c.frames else 0)
     return Recording([c for c in ordered if c.frames], policies.pop() if policies else "", index,
                      truncated)  # fmt: skip
+
+
+def _in_time_order(
+    connections: list[RecordedConnection],
+    closed: dict[tuple[str, int], tuple[int, int]],
+    faulted: dict[int, int],
+) -> None:
+    """Frames of several captures (``--workers``: a writer each, their files
+    read one after another) numbered again in the order they were recorded
+    by the wall clock, the closes and faults placed among them so: replay
+    then goes through the traffic as it happened, not a worker at a time."""
+    frames = sorted((f for c in connections for f in c.frames), key=lambda f: (f.wall_ns, f.index))
+    at = [(f.wall_ns, f.index) for f in frames]  # as read: ties keep file order
+    for number, frame in enumerate(frames):
+        frame.index = number
+    for conn in connections:
+        conn.frames.sort(key=lambda f: f.index)
+        if conn.key in closed:
+            conn.closed_at = bisect.bisect_left(at, closed[conn.key])
+        conn.faults = sorted(
+            (dataclasses.replace(f, index=bisect.bisect_left(at, (faulted[id(f)], f.index)))
+             for f in conn.faults),
+            key=lambda f: f.index,
+        )  # fmt: skip
