@@ -219,6 +219,17 @@ def test_drain_ends_a_stream_where_the_client_was() -> None:
     )
 
 
+def test_a_refused_stream_is_no_stream_to_end_on_drain() -> None:
+    """A STREAM the broker answers with an error opened nothing: the
+    connection is not a stream's, and a drain sends the client no CLOSE
+    of a stream it never had."""
+    core, _ = relaying()
+    core.receive_client(encode_request(Stream(topic="t", partition=0, group="g", member="m")), 1.0)
+    core.receive_broker(encode_reply(ErrorReply.of("NOT_LEADER")), 1.1)
+    assert core.conn.kind == "relay"
+    assert core.drain() == []
+
+
 def test_requests_on_a_connection_that_streams_are_not_kept() -> None:
     """A client that commits on its stream's connection (today's client
     uses connections of their own): nothing is paired with the stream's

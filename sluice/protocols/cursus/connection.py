@@ -594,6 +594,10 @@ class CursusConnection:
             self._streaming = request
             if head is not None and head.last_offset is not None:
                 self._stream_offset = head.last_offset + 1
+        elif request.stream and isinstance(message, ErrorReply):
+            # Refused: no stream opened, the connection relays as before.
+            self.conn.kind = "relay"
+            self._stream_offset = None
 
     # --- fault injection ------------------------------------------------------------
 
