@@ -539,7 +539,8 @@ def test_local_paths_are_taken_literally_not_url_decoded() -> None:
     assert _spark_path("s3a://b/k%20") == "s3a://b/k%20"
 
 
-SMALL = GOLDEN / "inputs" / "sluice-20261128T172608-f2b453b65503-0001.sluice"
+SMALL = GOLDEN / "inputs" / "sluice-20261128T172607-bf2cfe0d70e7-0001.sluice"
+FLIPPED = GOLDEN / "inputs" / "sluice-20261128T172607-bf2cfe0d70e7-0003.sluice"
 
 
 @pytest.fixture(scope="module")
@@ -550,6 +551,9 @@ def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     inputs = tmp / "run#1 pct%41 ü"
     inputs.mkdir()
     shutil.copy(SMALL, inputs / SMALL.name)
+    flipped = bytearray(FLIPPED.read_bytes())
+    flipped[1869] = 40  # a frame's summary: 'invalid' becomes the number 40
+    (inputs / "flipped.sluice").write_bytes(flipped)
     out = tmp / "out dir#2 %20"
     result = subprocess.run(
         [*SLUICE, "analyze", str(inputs), "--out", str(out), "--master", "local[1]"],
@@ -567,7 +571,57 @@ def test_paths_with_odd_characters_are_read_and_written_in_place(awkward: dict[s
     for table in ("frames", "files", "connections", "topic_minute"):
         assert (out / table / "_SUCCESS").exists(), table
     assert (out / "report.html").exists()
-    files = rows_of(out / "files")
-    assert [Path(f["file"]).name for f in files] == [SMALL.name] and not files[0]["damaged"]
-    assert files[0]["file"] == f"file:{awkward['inputs'] / SMALL.name}"
-    assert len(rows_of(out / "frames")) == files[0]["frames"] > 0
+    files = {Path(f["file"]).name: f for f in rows_of(out / "files")}
+    assert not files[SMALL.name]["damaged"]
+    assert files[SMALL.name]["file"] == f"file:{awkward['inputs'] / SMALL.name}"
+    frames = collections.Counter(Path(f["file"]).name for f in rows_of(out / "frames"))
+    assert frames[SMALL.name] == files[SMALL.name]["frames"] > 0
+
+
+@pytest.mark.e2e
+def test_a_changed_byte_is_a_damaged_segment_not_a_failed_job(awkward: dict[str, Any]) -> None:
+    result, out = awkward["result"], awkward["out"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = {Path(f["file"]).name: f for f in rows_of(out / "files")}
+    flipped = files["flipped.sluice"]
+    assert flipped["damaged"] and "of the wrong type" in flipped["why"], flipped
+    assert flipped["frames"] > 0  # what it held up to the damage is kept
+    assert [Path(b["file"]).name for b in rows_of(out / "bad_segments")] == ["flipped.sluice"]
+
+
+def _segment_of(content: bytes) -> tuple[dict[str, Any], list[Any]]:
+    """What the decoder says about a segment, and its frame rows."""
+    from sluice.analyze.decode import parse_file
+
+    rows = list(parse_file("x.sluice", content))
+    [segment] = [row[4] for tag, row in rows if tag == "S"]
+    return segment, [row for tag, row in rows if tag == "F"]
+
+
+def test_values_of_the_wrong_type_make_a_damaged_segment() -> None:
+    """Values the format's reader lets through but that fit no column end
+    the segment there as damage: under Spark, an exception here would fail
+    the whole job."""
+    flipped = bytearray(FLIPPED.read_bytes())
+    flipped[1869] = 40
+    segment, frames = _segment_of(bytes(flipped))
+    assert segment["damaged"] and frames and len(frames) == segment["frames"]
+
+    records = list(recording.read_records(SMALL))
+    conn = next(r for r in records if r["k"] == "conn")
+    at = records.index(conn) + 1
+    frame = {"k": "frame", "c": conn["c"], "d": 0, "t": conn["t"], "w": conn["w"], "n": 10,
+             "raw": b"", "s": {"cmd": "PING", "rid": -5}}  # fmt: skip
+    segment, frames = _segment_of(recording.dumps([*records[:at], frame, *records[at:]]))
+    assert segment["damaged"] and "damaged at frame 1 (a frame record with 'rid'" in segment["why"]
+    assert frames == []
+
+    acted = {"k": "filter", "c": conn["c"], "d": 0, "t": conn["t"], "w": conn["w"],
+             "filter": "schema", "action": "rejected", "n": 1, "topic": 7,
+             "reason": "bad"}  # fmt: skip
+    segment, frames = _segment_of(recording.dumps([*records[:at], acted, *records[at:]]))
+    assert segment["damaged"] and "a filter record with 'topic' of the wrong type" in segment["why"]
+    segment, _ = _segment_of(
+        recording.dumps([*records[:at], {**acted, "topic": "t", "reason": 3}, *records[at:]])
+    )
+    assert "a filter record with 'reason' of the wrong type" in segment["why"]

@@ -158,9 +158,18 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
     websocket: dict[int, list[int]] = {}  # HTTP connection -> [frames, bytes, first wall_ns]
 
     def other(name: str, record: dict[str, Any], **extra: Any) -> None:
-        others.append({"record": name, "capture": capture, "file": path, "conn": record["c"],
-                       "wall_ns": record["w"], "mono_ns": record["t"],
-                       "extra": json.dumps(extra)})  # fmt: skip
+        side({"record": name, "capture": capture, "file": path, "conn": record["c"],
+              "wall_ns": record["w"], "mono_ns": record["t"],
+              "extra": json.dumps(extra)})  # fmt: skip
+
+    def side(row: dict[str, Any]) -> None:
+        """A row that is not a frame, its values checked: one of the wrong
+        type is the segment's damage here, not a failed job later."""
+        for name, value in row.items():
+            if value is not None and not _fits(value, SCHEMA.field(name).type):
+                key = _KEYS.get((row["record"], name), name)
+                raise _Damaged(f"a {row['record']} record with {key!r} of the wrong type")
+        others.append(row)
 
     try:
         for record in read_records_from(content, path, result):
@@ -189,6 +198,8 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
             elif kind == "header":
                 capture = record["capture"]
                 protocol = record.get("protocol", "")
+                if not _fits(record.get("segment"), pa.int64()):
+                    raise _Damaged("a header with 'segment' of the wrong type")
                 segment.update(protocol=protocol, segment=record.get("segment"))
             elif kind == "conn":
                 other("conn", record, protocol=protocol, client=record["client"],
@@ -197,41 +208,101 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
             elif kind == "close":
                 other("close", record, reason=record.get("reason", ""))
             elif kind == "http":
-                others.append({"record": "http", "capture": capture, "file": path,
-                               "conn": record["h"], "wall_ns": record["w"], "mono_ns": record["t"],
-                               "extra": json.dumps(_http_extra(record))})  # fmt: skip
+                side({"record": "http", "capture": capture, "file": path, "conn": record["h"],
+                      "wall_ns": record["w"], "mono_ns": record["t"],
+                      "extra": json.dumps(_http_extra(record))})  # fmt: skip
             elif kind == "filter":  # a message filter acted: its action and reason as columns
-                others.append({"record": "filter", "capture": capture, "file": path,
-                               "conn": record["c"], "wall_ns": record["w"],
-                               "mono_ns": record["t"], "direction": DIRECTIONS[record["d"]],
-                               "topic": record.get("topic"), "command": record["action"],
-                               "error": record.get("reason"), "messages": record.get("n", 1),
-                               "extra": json.dumps({"filter": record["filter"]})})  # fmt: skip
+                side({"record": "filter", "capture": capture, "file": path, "conn": record["c"],
+                      "wall_ns": record["w"], "mono_ns": record["t"],
+                      "direction": DIRECTIONS[record["d"]], "topic": record.get("topic"),
+                      "command": record["action"], "error": record.get("reason"),
+                      "messages": record.get("n", 1),
+                      "extra": json.dumps({"filter": record["filter"]})})  # fmt: skip
             elif kind == "ws":
                 counted = websocket.setdefault(record["h"], [0, 0, record["w"]])
                 counted[0] += 1
                 counted[1] += record["n"]
     except RecordingError as exc:
         segment["why"] = str(exc)
+    except _Damaged as exc:
+        segment["why"] = f"{path}: damaged after {result.records} records ({exc})"
     except Exception as exc:  # a record that reads but is not what the format says
         segment["why"] = f"{path}: damaged after {result.records} records ({exc!r})"
+    batch = None
+    if frames:
+        # Built at once (fast); a value of the wrong type that the reader let
+        # through ends the segment's frames there, as damage.
+        try:
+            batch = _frame_batch(capture, path, frames)
+        except Exception:
+            at, problem = _first_bad_frame(capture, path, frames)
+            segment["why"] = f"{path}: damaged at frame {at + 1} ({problem})"
+            del frames[at:]
+            batch = _frame_batch(capture, path, frames) if frames else None
     for conn, (n, size, first) in websocket.items():
         extra = json.dumps({"frames": n, "bytes": size})
         others.append({"record": "ws", "capture": capture, "file": path, "conn": conn,
                        "wall_ns": first, "extra": extra})  # fmt: skip
-    count = len(frames)
     segment.update(
         version=result.version,
         records=result.records,
-        frames=count,
+        frames=len(frames),
         truncated_bytes=result.truncated_bytes,
         damaged="why" in segment,
     )
-    if count:
-        yield _frame_batch(capture, path, frames)
+    if batch is not None:
+        yield batch
     last = {"record": "segment", "capture": capture or None, "file": path,
             "extra": json.dumps(segment)}  # fmt: skip
     yield pa.RecordBatch.from_pylist([*others, last], schema=SCHEMA)
+
+
+class _Damaged(ValueError):
+    """A record the format's reader let through with a value that does not fit its column."""
+
+
+# A side row's column and the record's key it comes from, where they differ.
+_KEYS = {("filter", "error"): "reason", ("filter", "command"): "action",
+         ("filter", "messages"): "n"}  # fmt: skip
+# A frame row's values (``decode_segment``), by the record's keys, and their Arrow types.
+_FRAME_VALUES = (("c", pa.int64()), ("d", pa.bool_()), ("t", pa.int64()), ("w", pa.int64()),
+                 ("cmd", pa.string()), ("n", pa.int64()), ("rid", pa.uint64()),
+                 ("pid", pa.uint64()), ("seq", pa.uint64()), ("cid", pa.uint64()),
+                 ("topic", pa.string()), ("msgs", pa.int64()), ("invalid", pa.string()),
+                 ("error", pa.string()))  # fmt: skip
+
+
+def _fits(value: Any, kind: pa.DataType) -> bool:
+    """Whether ``value`` goes into a column of ``kind`` (None does)."""
+    if value is None:
+        return True
+    if kind == pa.string():
+        return type(value) is str
+    if kind == pa.int64():
+        return type(value) is int and -(2**63) <= value < 2**63
+    if kind == pa.uint64():
+        return type(value) is int and 0 <= value < 2**64
+    return type(value) is bool
+
+
+def _first_bad_frame(capture: str, path: str, rows: list[tuple[Any, ...]]) -> tuple[int, str]:
+    """Where the first frame that does not build into a batch is, and what is wrong with it."""
+    step = 4096
+    for start in range(0, len(rows), step):
+        try:
+            _frame_batch(capture, path, rows[start : start + step])
+            continue
+        except Exception:
+            pass
+        for at in range(start, min(start + step, len(rows))):
+            for (key, kind), value in zip(_FRAME_VALUES, rows[at], strict=True):
+                if not _fits(value, kind):
+                    return at, f"a frame record with {key!r} of the wrong type"
+            try:
+                _frame_batch(capture, path, rows[at : at + 1])
+            except Exception as exc:
+                return at, f"a frame record that does not fit a row: {exc}"
+    return len(rows), "a frame batch that does not build"
 
 
 def _frame_batch(capture: str, path: str, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
