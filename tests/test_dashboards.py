@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from sluice.protocols.pulsar import Type, command, encode, pb
+from sluice.proxy.metrics import Metrics
 from tests.helpers.support import (
     PrometheusProcess,
     ProxyProcess,
@@ -338,6 +339,23 @@ def test_metric_values_match_the_traffic(admin_proxy: tuple[ProxyProcess, int], 
         samples, "sluice_topic_bytes_total", topic=topic + "-batched", direction=c2b
     )
     assert sent_bytes == topic_bytes > 0
+
+
+def test_topics_past_the_label_limit_are_not_remembered() -> None:
+    """The label limit caps memory too: a proxy that sees many short-lived
+    topics (reply topics) kept every one it ever saw (300k: 92 MB)."""
+    metrics = Metrics(topic_limit=3)
+    for i in range(2000):
+        for direction in ("client_to_broker", "broker_to_client"):
+            metrics.topic_traffic(f"persistent://public/default/reply-{i}", direction, 1, 10)
+    assert len(metrics.topic_label._known) == 3
+    assert len(metrics._topic_tallies) == 6
+    counts = {(s.labels["topic"], s.labels["direction"]): s.value
+              for f in metrics.topics.collect() if f.name == "sluice_topic_messages"
+              for s in f.samples}  # fmt: skip
+    assert counts[("other", "client_to_broker")] == 1997
+    assert counts[("persistent://public/default/reply-0", "broker_to_client")] == 1
+    assert sum(counts.values()) == 4000
 
 
 def test_topic_label_limit(broker: EmbeddedBroker, tmp_path: Path, topic: str) -> None:

@@ -266,7 +266,8 @@ def label_text(text: str) -> str:
 
 
 class TopicLabels:
-    """At most ``limit`` topics get their own label; the rest share ``other``."""
+    """At most ``limit`` topics get their own label; the rest share ``other``,
+    and are not remembered (a proxy sees any number of topics in its life)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -275,8 +276,9 @@ class TopicLabels:
     def __call__(self, topic: str) -> str:
         label = self._known.get(topic)
         if label is None:
-            label = label_text(topic) if len(self._known) < self.limit else OTHER_TOPIC
-            self._known[topic] = label
+            if len(self._known) >= self.limit:
+                return OTHER_TOPIC
+            label = self._known[topic] = label_text(topic)
         return label
 
 
@@ -624,9 +626,12 @@ class Metrics:
     def topic_traffic(self, topic: str, direction: str, messages: int, size: int) -> None:
         tally = self._topic_tallies.get((topic, direction))
         if tally is None:
-            # Its label's tally: a topic past the label limit adds to "other".
-            tally = self.topics.tally(self.topic_label(topic), direction)
-            self._topic_tallies[(topic, direction)] = tally
+            # Its label's tally: a topic past the label limit adds to "other",
+            # and is not kept here (only topics with their own label are).
+            label = self.topic_label(topic)
+            tally = self.topics.tally(label, direction)
+            if label != OTHER_TOPIC:
+                self._topic_tallies[(topic, direction)] = tally
         tally[0] += messages
         tally[1] += size
 
