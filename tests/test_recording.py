@@ -542,6 +542,27 @@ async def test_a_gap_record_lost_with_a_failing_flush_is_said_again(tmp_path: Pa
     assert sum(1 for r in records if r["k"] == "frame") == 1
 
 
+async def test_drops_no_record_followed_are_said_at_shutdown(tmp_path: Path) -> None:
+    """The last flush fails (the frames it held are lost), the disk comes
+    back, and the proxy stops before another record: the gap record saying
+    so is still written."""
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    recorder = Recorder(RecorderConfig(tmp_path))
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    recorder.frames(CONN_1, True, [ping] * 3)
+    recorder._take_queued()  # as the writer does, one step at a time
+    await recorder._write_packed()
+    recorder._file = FullDisk(recorder._file)  # type: ignore[assignment]
+    await recorder._flush()  # fails: the conn record and 3 frames are lost
+    recorder._retry_at = 0.0  # the disk is back
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        nursery.cancel_scope.cancel()  # shutdown
+    records = [r for p in recording_files(tmp_path) for r in read_records(p)]
+    assert [r["dropped"] for r in records if r["k"] == "gap"] == [3]
+    assert recorder.dropped_total == 3
+
+
 def test_a_directory_pruned_while_it_is_listed_lists_without_error(tmp_path: Path) -> None:
     """Retention removes snapshot directories as they empty, while readers
     (inspect, view, analyze) list the recording directory: what is gone

@@ -545,6 +545,15 @@ class Recorder:
             with trio.CancelScope(shield=True):
                 self._take_queued()
                 if self._ring is None:
+                    if self._dropped and not self._packed:
+                        # Drops no record followed (a flush that failed last):
+                        # their gap record goes on its own.
+                        gap = pack({"k": "gap", "t": time.monotonic_ns(), "w": time.time_ns(),
+                                    "dropped": self._dropped})  # fmt: skip
+                        self._dropped = 0
+                        self._packed.append(gap)
+                        self._packed_counts.append(0)
+                        self._packed_bytes += len(gap)
                     await self._write_packed()
                 await self._close_file()
 
