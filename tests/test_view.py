@@ -462,7 +462,7 @@ def test_a_crafted_capture_runs_no_script_in_the_page(browser: Browser, tmp_path
     evil = '<img class="injected" src="x" onerror="document.title += \x27XSS\x27">'
     t0, w0 = time.monotonic_ns(), time.time_ns()
     capture = crafted_capture(tmp_path / "capture", extra=[
-        {"k": "frame", "c": 1, "d": 0, "t": t0 + 10_000, "w": w0, "n": 3, "raw": b"",
+        {"k": "frame", "c": 1, "d": 0, "t": t0 + 10**9, "w": w0, "n": 3, "raw": b"",
          "p": [evil], "s": {"cmd": "SEND", "topic": evil}},
     ])  # fmt: skip
     v = Viewer(capture)
@@ -493,7 +493,7 @@ def test_a_record_the_index_cannot_hold_is_said_not_a_traceback(tmp_path: Path) 
     page says the file is damaged there; the frames before it are shown."""
     t0, w0 = time.monotonic_ns(), time.time_ns()
     capture = crafted_capture(tmp_path / "capture", extra=[
-        {"k": "frame", "c": 1, "d": 0, "t": t0 + 10_000, "w": w0, "n": 2**40, "raw": b"",
+        {"k": "frame", "c": 1, "d": 0, "t": t0 + 10**9, "w": w0, "n": 2**40, "raw": b"",
          "s": {"cmd": "SEND", "pid": 0, "seq": 9}},
     ])  # fmt: skip
     v = Viewer(capture)
@@ -531,3 +531,48 @@ def test_an_infinite_filter_value_is_one_clear_line(tmp_path: Path) -> None:
             assert "finite number" in json.loads(refused.value.read())["error"], query
     finally:
         v.stop()
+
+
+def test_several_writers_files_are_one_capture_in_time_order(tmp_path: Path) -> None:
+    """A ``--workers`` capture: one file per worker over the same time, read
+    one after the other. The frames are in time order (each receipt still
+    paired with its send), the capture's length is the whole span, and time
+    starts at the earliest frame."""
+    t0, w0, second = time.monotonic_ns(), time.time_ns(), 1_000_000_000
+
+    def worker(name: str, conn: int, start: int, seconds: int) -> None:
+        records: list[Any] = [
+            fmt.header(capture=name, segment=1, started_ns=w0, payloads=fmt.PayloadPolicy.HASH,
+                       sluice_version="x", protocol="pulsar"),
+            {"k": "conn", "c": conn, "t": start, "w": w0, "client": f"10.0.0.{conn}:5000",
+             "broker": "pulsar://b:6650", "kind": "proxied", "listener": "plain"},
+        ]  # fmt: skip
+        for s in range(seconds):
+            for d, cmd in ((0, "SEND"), (1, "SEND_RECEIPT")):
+                summary = {"cmd": cmd, "topic": f"w{conn}", "pid": 0, "seq": s}
+                records.append({"k": "frame", "c": conn, "d": d, "t": start + s * second + d,
+                                "w": w0, "n": 10, "raw": b"", "p": [10], "s": summary})  # fmt: skip
+        (tmp_path / f"sluice-20250101T000000-{name}-0001.sluice").write_bytes(fmt.dumps(records))
+
+    worker("aaaa", 1, t0, 60)  # worker 0: a minute
+    worker("bbbb", 2, t0 - 5 * second, 10)  # worker 1: from 5 s before it, 10 s
+    v = Viewer(tmp_path)
+    try:
+        deadline = time.monotonic() + 20
+        while v.api("status")["building"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        summary = v.api("summary")
+        rows = v.api("frames?limit=1000")["rows"]
+        connections = v.api("connections")
+    finally:
+        v.stop()
+    assert abs(summary["seconds"] - 64) < 0.01, summary["seconds"]
+    assert len(rows) == 140 and rows[0]["t"] == 0
+    assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+    assert [r["i"] for r in rows] == list(range(140))
+    for r in rows:
+        asked = rows[r["pair"]]
+        assert asked["pair"] == r["i"] and asked["conn"] == r["conn"], r
+        assert (asked["cmd"], r["cmd"]) in (("SEND", "SEND_RECEIPT"), ("SEND_RECEIPT", "SEND"))
+    assert sorted(c["start"] for c in connections) == [0, 5]

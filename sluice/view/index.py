@@ -49,6 +49,11 @@ RATE_BINS = 60
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
+# The index's columns, one value per frame (``Index.__post_init__``).
+COLUMNS = ("conn", "direction", "t", "cmd", "topic", "size", "flags", "msgs", "error_id", "pid",
+           "cid", "pair", "latency", "file", "offset")  # fmt: skip
+
+
 class Interned:
     def __init__(self) -> None:
         self.names: list[str] = [""]
@@ -294,10 +299,39 @@ class Index:
         except OSError as exc:
             self.error = f"{exc.filename or self.target}: {exc.strerror or exc}"
         finally:
+            self._in_time_order()
             self.built_in = time.monotonic() - self.started
             if self.on_built is not None:
                 self.on_built(self)
             self.building = False
+
+    def _in_time_order(self) -> None:
+        """Several writers' files over the same time (``--workers``) are read
+        one after another: their frames, put in time order (a stable sort,
+        each file's own order kept), and the origin moved to the earliest."""
+        t = self.t
+        if all(t[i] <= t[i + 1] for i in range(len(t) - 1)) and (not t or t[0] >= 0):
+            return
+        order = sorted(range(len(t)), key=t.__getitem__)
+        where = array("q", bytes(8 * len(order)))
+        for new, old in enumerate(order):
+            where[old] = new
+        shift = min(0, t[order[0]])
+        with self.lock:
+            for name in COLUMNS:
+                column = getattr(self, name)
+                setattr(self, name, array(column.typecode, (column[i] for i in order)))
+            self.pair = array("q", (where[p] if p >= 0 else -1 for p in self.pair))
+            if shift:
+                self.t = array("q", (v - shift for v in self.t))
+                self.origin_ns += shift
+                self.origin_wall_ns += shift
+                for note in self.notes:
+                    note.t -= shift / 1e9
+                for exchange in self.exchanges:
+                    exchange.t -= shift / 1e9
+            self._selections.clear()
+            self._timelines.clear()
 
     def _read(self, number: int, path: Path, before: int) -> None:
         """One file's records; ``before``: the bytes of the files read before it."""
@@ -643,7 +677,7 @@ class Index:
         return found
 
     def _summarize(self) -> dict[str, Any]:
-        duration = max(1e-9, (self.t[-1] if self.frames else 0) / 1e9)
+        duration = max(1e-9, (max(self.t) if self.frames else 0) / 1e9)
         topics: collections.Counter[str] = collections.Counter()
         topic_bytes: collections.Counter[str] = collections.Counter()
         latency: dict[str, list[int]] = {}
