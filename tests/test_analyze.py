@@ -554,9 +554,12 @@ def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     flipped = bytearray(FLIPPED.read_bytes())
     flipped[1869] = 40  # a frame's summary: 'invalid' becomes the number 40
     (inputs / "flipped.sluice").write_bytes(flipped)
+    (inputs / "gone.sluice").symlink_to(tmp / "nowhere.sluice")
+    named = tmp / "capture.rec"  # named on the command line: read whatever its name
+    shutil.copy(GOLDEN / "inputs" / "sluice-20261128T172607-bf2cfe0d70e7-0002.sluice", named)
     out = tmp / "out dir#2 %20"
     result = subprocess.run(
-        [*SLUICE, "analyze", str(inputs), "--out", str(out), "--master", "local[1]"],
+        [*SLUICE, "analyze", str(inputs), str(named), "--out", str(out), "--master", "local[1]"],
         capture_output=True, text=True, timeout=600, check=False, env=loopback_env(),
     )  # fmt: skip
     return {"result": result, "inputs": inputs, "out": out, "tmp": tmp}
@@ -566,7 +569,7 @@ def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_paths_with_odd_characters_are_read_and_written_in_place(awkward: dict[str, Any]) -> None:
     result, out = awkward["result"], awkward["out"]
     assert result.returncode == 0, result.stderr[-3000:]
-    made = sorted([awkward["inputs"].name, out.name])
+    made = sorted([awkward["inputs"].name, out.name, "capture.rec"])
     assert sorted(p.name for p in awkward["tmp"].iterdir()) == made
     for table in ("frames", "files", "connections", "topic_minute"):
         assert (out / table / "_SUCCESS").exists(), table
@@ -625,3 +628,29 @@ def test_values_of_the_wrong_type_make_a_damaged_segment() -> None:
         recording.dumps([*records[:at], {**acted, "topic": "t", "reason": 3}, *records[at:]])
     )
     assert "a filter record with 'reason' of the wrong type" in segment["why"]
+
+
+@pytest.mark.e2e
+def test_a_file_named_is_read_whatever_its_name(awkward: dict[str, Any]) -> None:
+    result, out = awkward["result"], awkward["out"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = {Path(f["file"]).name: f for f in rows_of(out / "files")}
+    assert files["capture.rec"]["frames"] > 0 and not files["capture.rec"]["damaged"]
+    assert f"sluice analyze: {awkward['inputs'] / 'gone.sluice'}: a link to nothing, skipped" in (
+        result.stderr
+    )
+
+
+@pytest.mark.e2e
+def test_nothing_to_analyse_is_an_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a recording")
+    result = subprocess.run(
+        [*SLUICE, "analyze", str(empty), "--out", str(tmp_path / "out"), "--master", "local[1]"],
+        capture_output=True, text=True, timeout=600, check=False, env=loopback_env(),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"sluice analyze: {empty}: no recordings (*.sluice) here"
+    )

@@ -156,13 +156,24 @@ def _analyze(
             progress.now(doing)
 
     say(f"reading recordings from {', '.join(paths)}", doing="listing the segments")
-    listing = (
-        spark.read.format("binaryFile")
-        .option("recursiveFileLookup", "true")
-        .option("pathGlobFilter", "*.sluice")
-        .load(paths)
-    )
+    # A file named on the command line is read whatever its name; folders
+    # are searched for *.sluice. (Through Spark Connect the paths are the
+    # server's: all are searched.)
+    named, searched = ([], paths) if connected else split_paths(paths)
+    listings = []
+    if named:
+        listings.append(spark.read.format("binaryFile").load(named))
+    if searched:
+        listings.append(
+            spark.read.format("binaryFile")
+            .option("recursiveFileLookup", "true")
+            .option("pathGlobFilter", "*.sluice")
+            .load(searched)
+        )
+    listing = listings[0] if len(listings) == 1 else listings[0].unionByName(listings[1])
     found = listing.inputFiles()  # the listing Spark made: no job, no content read
+    if not found:
+        raise NoRecordings(paths)
     say(f"found {len(found)} segments", "list the segments", "decoding and reducing the segments")
 
     # Where the executors reach the files themselves (local paths, file://)
@@ -568,6 +579,39 @@ def _analyze(
         {"stage": name, "seconds": end - ends[i]} for i, (name, end) in enumerate(stages)
     ]
     return summary
+
+
+class NoRecordings(Exception):
+    """Nothing to analyse: no PATH holds a recording."""
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__(f"{', '.join(paths)}: no recordings (*.sluice) here")
+        self.paths = paths
+
+
+def split_paths(paths: list[str]) -> tuple[list[str], list[str]]:
+    """The PATHs that are local files, to be read whatever their name, and
+    the rest, to be searched for ``*.sluice`` (folders, other schemes).
+
+    A file inside a folder given too is left to the folder's search, so
+    that it is read once, not twice."""
+    from sluice.analyze.decode import local_path
+
+    local = {p: local_path(p) for p in paths}
+    folders = [os.path.realpath(f) for f in local.values() if f is not None and os.path.isdir(f)]
+    named: list[str] = []
+    searched: list[str] = []
+    for path, file in local.items():
+        if file is None or not os.path.isfile(file):
+            searched.append(path)
+            continue
+        real = os.path.realpath(file)
+        inside = any(os.path.commonpath([real, folder]) == folder for folder in folders)
+        if inside and file.endswith(".sluice"):
+            continue  # the folder's search reads it
+        if path not in named:
+            named.append(path)
+    return named, searched
 
 
 def _as_listed(uri: str) -> str:

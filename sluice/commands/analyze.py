@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from sluice.analyze.job import analyze
+from sluice.analyze.job import NoRecordings, analyze
 from sluice.commands import output_problem
 
 
@@ -84,6 +84,20 @@ def _exists(local: str | None) -> bool:
     return local is None or os.path.exists(local)
 
 
+def _links_to_nothing(folder: str | None) -> list[str]:
+    """The ``*.sluice`` links under a local folder that lead nowhere (Spark
+    skips them without a word)."""
+    if folder is None or not os.path.isdir(folder):
+        return []
+    found = []
+    for where, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(where, name)
+            if name.endswith(".sluice") and os.path.islink(path) and not os.path.exists(path):
+                found.append(path)
+    return sorted(found)
+
+
 def run(args: argparse.Namespace) -> int:
     from sluice.extras import need_extra
 
@@ -111,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"sluice analyze: no such file or directory: {missing[0]}", file=sys.stderr)
         return 2
+    for path in args.paths if local else ():
+        for link in _links_to_nothing(local_path(path)):
+            print(f"sluice analyze: {link}: a link to nothing, skipped", file=sys.stderr)
     if args.report:  # said now, not after the Spark run
         problem = output_problem(Path(args.report), "--report", Path(args.paths[0]))
         if problem is not None:
@@ -120,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
     paths = [_spark_path(p) for p in args.paths]
     try:
         summary = analyze(paths, _spark_path(out), args.master, say, args.remote, progress)
+    except NoRecordings:
+        print(f"sluice analyze: {', '.join(args.paths)}: no recordings (*.sluice) here",
+              file=sys.stderr)  # fmt: skip
+        return 2
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         print(f"sluice analyze: {first}", file=sys.stderr)
