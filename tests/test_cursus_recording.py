@@ -22,6 +22,7 @@ from sluice.protocols.pulsar.urls import BrokerUrl
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
 from sluice.recording.format import PayloadPolicy, dumps, read_records, recording_files
+from sluice.recording.reader import load
 from sluice.recording.writer import RecorderConfig
 from tests.helpers.cursus_broker import open_cluster
 from tests.helpers.support import SLUICE, tls_files
@@ -102,6 +103,44 @@ async def test_replay_against_a_fresh_broker_is_equivalent(recorded: Path, tmp_p
         assert "BATCH rec[" in transcript.read_text()
         stored = sum(len(p.log) for p in fresh.topics["rec"].partitions)
         assert stored == 9
+
+
+async def test_replay_paces_closes_and_waits_as_recorded(recorded: Path, tmp_path: Path) -> None:
+    """--speed paces client frames by the recorded time between them; a
+    connection the recording shows closed (the producer's, before the
+    consumer's opened) is closed there, not at the end; a truncated file is
+    said."""
+    # The session as if each record had come 10 ms after the one before.
+    slowed = tmp_path / "slowed"
+    slowed.mkdir()
+    at = 0
+    for path in recording_files(recorded):
+        records = []
+        for record in read_records(path):
+            if "w" in record:
+                at += 10_000_000
+                record = {**record, "w": record["w"] + at}
+            records.append(record)
+        (slowed / path.name).write_bytes(dumps(records))
+    client_walls = [f.wall_ns for c in load(slowed).connections for f in c.frames
+                    if f.from_client]  # fmt: skip
+    span = (max(client_walls) - min(client_walls)) / 1e9
+    assert span > 0.1
+    last = recording_files(slowed)[-1]
+    last.write_bytes(last.read_bytes() + b"\x92")  # a record the writer did not finish
+    async with open_cluster(1, keepalive=0.3) as fresh:
+        started = trio.current_time()
+        done = await in_thread(sluice, "replay", str(slowed), "--broker",
+                               f"cursus://{fresh.address}", "--timeout", "5",
+                               "--speed", "0.5")  # fmt: skip
+        elapsed = trio.current_time() - started
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "equivalent" in done.stdout
+        assert elapsed >= span / 0.5 * 0.9, (elapsed, span)
+        assert last.name in done.stdout + done.stderr  # the truncation is said
+        events = fresh.lifetimes
+        last_open = max(i for i, (event, _) in enumerate(events) if event == "open")
+        assert any(event == "close" for event, _ in events[:last_open]), events
 
 
 async def test_replay_against_a_tls_broker(recorded: Path, tmp_path: Path) -> None:

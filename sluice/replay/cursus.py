@@ -57,7 +57,7 @@ from sluice.protocols.cursus.rewrite import rewrite_addresses
 from sluice.protocols.cursus.urls import parse_cursus_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
-from sluice.replay.common import Listening, announce, until_signalled
+from sluice.replay.common import Listening, announce, parse_speed, until_signalled
 from sluice.replay.outcome import Outcome, Report
 
 READ_SIZE = 256 * 1024
@@ -132,8 +132,11 @@ class _Live:
 
 
 async def replay(recording: Recording, broker: Address, *, timeout: float, say: Any,
-                 tls: ssl.SSLContext | None = None) -> tuple[Outcome, list[str]]:  # fmt: skip
-    outcome = Outcome()
+                 tls: ssl.SSLContext | None = None,
+                 speed: float = 0.0) -> tuple[Outcome, list[str]]:  # fmt: skip
+    """``speed``: 0 as fast as the broker answers, else client frames paced
+    by the time between them when recorded, divided by it."""
+    outcome = Outcome(truncated=recording.truncated)
     lives: dict[tuple[str, int], _Live] = {}
     # How many answers each connection had before each of its client frames.
     expected_before: dict[int, int] = {}
@@ -148,8 +151,21 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
                             if rf.from_client), key=lambda item: item[1].index)  # fmt: skip
     say(f"replaying {len(recording.connections)} Cursus connections, {len(client_frames)} "
         f"client frames against {broker}")  # fmt: skip
+    # Connections the recording shows closed, closed where it does, once
+    # what was answered on them before has come (or a wait for it ran out).
+    closes = sorted(
+        (conn.closed_at, conn.key) for conn in recording.connections if conn.closed_at is not None
+    )
+    closed = 0
+    previous_ns: int | None = None
     async with trio.open_nursery() as nursery:
         for conn, rf in client_frames:
+            while closed < len(closes) and closes[closed][0] <= rf.index:
+                ending = lives.get(closes[closed][1])
+                closed += 1
+                if ending is not None:
+                    await ending.wait_for(len(_answers(ending.recorded.frames)), timeout)
+                    await ending.stream.aclose()
             live = lives.get(conn.key)
             if live is None:
                 try:
@@ -160,13 +176,19 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
                 nursery.start_soon(live.read)
             if not await live.wait_for(expected_before[rf.index], timeout) and not live.ended:
                 outcome.waits_timed_out += 1
+            if speed and previous_ns is not None:
+                await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
+            previous_ns = rf.wall_ns
             try:
                 await live.stream.send_all(rf.frame.raw)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 say(f"{conn.name}: the broker closed the connection")
             outcome.sent += 1
-        for live in lives.values():
-            await live.wait_for(len(_answers(live.recorded.frames)), timeout)
+        # What is still to come on each connection, waited for side by side:
+        # answers that never come cost one timeout in all, not one each.
+        async with trio.open_nursery() as waits:
+            for live in lives.values():
+                waits.start_soon(live.wait_for, len(_answers(live.recorded.frames)), timeout)
         await trio.sleep(0.2)
         for live in lives.values():
             await live.stream.aclose()
@@ -179,7 +201,8 @@ async def replay_run(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[
     url = parse_cursus_url(args.broker, what="--broker")
     tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if url.tls else None
     recording = load(args.recording)
-    return await replay(recording, url.address, timeout=args.timeout, say=say, tls=tls)
+    return await replay(recording, url.address, timeout=args.timeout, say=say, tls=tls,
+                        speed=parse_speed(args.speed))  # fmt: skip
 
 
 def compare(recording: Recording, lives: dict[tuple[str, int], _Live],

@@ -187,6 +187,8 @@ class Cluster:
         # and connections accepted per node with the peer address.
         self.sent: Counter[str] = Counter()
         self.connections: list[tuple[int, str]] = []
+        # Connections opened and closed, in the order they were: (event, peer).
+        self.lifetimes: list[tuple[str, str]] = []
         self._streams: list[_OpenStream] = []
         self._changed = trio.Event()
         self._stopping = False
@@ -278,6 +280,7 @@ class Cluster:
         assert isinstance(tcp, trio.SocketStream)
         peer = tcp.socket.getpeername()
         self.connections.append((node.index, f"{peer[0]}:{peer[1]}"))
+        self.lifetimes.append(("open", f"{peer[0]}:{peer[1]}"))
         decoder = FrameDecoder(
             from_client=True, max_frame_size=self.max_frame_size, compression=self.compression
         )
@@ -301,6 +304,7 @@ class Cluster:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            self.lifetimes.append(("close", f"{peer[0]}:{peer[1]}"))
             await stream.aclose()
 
     def _encode(self, answer: Answer | Keepalive) -> bytes:
