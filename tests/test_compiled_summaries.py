@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
 from sluice.protocols.pulsar.correlation import CLIENT_TYPES, SERVER_TYPES, Correlator
-from sluice.protocols.pulsar.frame import HOT_TYPES
+from sluice.protocols.pulsar.frame import HOT_TYPES, standalone
 from sluice.recording import pulsar as fmt
 from sluice.recording.format import (
     PayloadPolicy,
@@ -121,7 +121,7 @@ def recorded(policy: PayloadPolicy) -> Iterator[Record]:
 def test_real_frames_as_recorded_are_summarized_alike(policy: PayloadPolicy) -> None:
     records = list(recorded(policy))
     taken = assert_summarized_alike(records)
-    hot = sum(decode_frame(fmt._whole_prefix(r["raw"])).type in HOT_TYPES for r in records)
+    hot = sum(decode_frame(standalone(r["raw"])).type in HOT_TYPES for r in records)
     # Every hot frame of the real client and broker is the compiled reader's,
     # payload or not (a few odd ones, and ACKs asking for receipts, are not).
     assert taken > 0.9 * hot > 100, (taken, hot)
@@ -159,7 +159,7 @@ def test_a_recording_made_by_the_proxy_is_summarized_alike(session: list[Path]) 
             records = list(msgpack.Unpacker(handle, raw=False, strict_map_key=False))
         taken += assert_summarized_alike(records[1:])
         hot += sum(
-            decode_frame(fmt._whole_prefix(r["raw"])).type in HOT_TYPES
+            decode_frame(standalone(r["raw"])).type in HOT_TYPES
             for r in records
             if r["k"] == "frame"
         )
