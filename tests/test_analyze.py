@@ -555,6 +555,7 @@ def awkward(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     flipped[1869] = 40  # a frame's summary: 'invalid' becomes the number 40
     (inputs / "flipped.sluice").write_bytes(flipped)
     (inputs / "gone.sluice").symlink_to(tmp / "nowhere.sluice")
+    (inputs / "empty.sluice").write_bytes(b"")
     named = tmp / "capture.rec"  # named on the command line: read whatever its name
     shutil.copy(GOLDEN / "inputs" / "sluice-20261128T172607-bf2cfe0d70e7-0002.sluice", named)
     out = tmp / "out dir#2 %20"
@@ -589,7 +590,8 @@ def test_a_changed_byte_is_a_damaged_segment_not_a_failed_job(awkward: dict[str,
     flipped = files["flipped.sluice"]
     assert flipped["damaged"] and "of the wrong type" in flipped["why"], flipped
     assert flipped["frames"] > 0  # what it held up to the damage is kept
-    assert [Path(b["file"]).name for b in rows_of(out / "bad_segments")] == ["flipped.sluice"]
+    bad = sorted(Path(b["file"]).name for b in rows_of(out / "bad_segments"))
+    assert bad == ["empty.sluice", "flipped.sluice"]
 
 
 def _segment_of(content: bytes) -> tuple[dict[str, Any], list[Any]]:
@@ -654,3 +656,16 @@ def test_nothing_to_analyse_is_an_error(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines()[-1] == (
         f"sluice analyze: {empty}: no recordings (*.sluice) here"
     )
+
+
+@pytest.mark.e2e
+def test_an_empty_segment_is_said_to_be_empty(awkward: dict[str, Any]) -> None:
+    """Spark's scan skips empty files: not 'over the binaryFile limit', and
+    its path spelled as every other row's."""
+    result, out = awkward["result"], awkward["out"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = {Path(f["file"]).name: f for f in rows_of(out / "files")}
+    empty = files["empty.sluice"]
+    assert empty["file"] == f"file:{awkward['inputs'] / 'empty.sluice'}"
+    assert empty["why"] == f"{empty['file']}: empty file, not a Sluice recording", empty
+    assert empty["damaged"] and empty["bytes"] == 0 and empty["frames"] == 0

@@ -235,9 +235,19 @@ def _analyze(
     segments_read = rows("segment")
     total_bytes = rows("segment", "bytes")
     read = set(counts["segment"]["files"]) if "segment" in counts else set()
-    # Listed but not decoded: filtered out above, over the binaryFile limit.
-    too_large = sorted(f for f in map(_as_listed, found) if f not in read)
-    bad = rows("segment", "damaged") + rows("segment", "truncated") + len(too_large)
+    # Listed but not decoded: empty files (Spark's scan skips them), and
+    # where Spark reads the segments, those over its binaryFile limit
+    # (filtered out above; asked for only when some file is missing).
+    unread = sorted(f for f in map(_as_listed, found) if f not in read)
+    too_large: dict[str, int] = {}
+    if unread and not local_io:
+        too_large = {
+            r["path"]: r["length"]
+            for r in listing.filter(F.col("length") > MAX_SEGMENT_BYTES)
+            .select("path", "length")
+            .collect()
+        }
+    bad = rows("segment", "damaged") + rows("segment", "truncated") + len(unread)
     frames_total = rows("segment", "frames")
     say(
         f"decoded: {segments_read} segments read ({bad} bad, {total_bytes / 1e6:,.1f} MB), "
@@ -279,14 +289,17 @@ def _analyze(
         )
 
     segments = of("segment")
-    if too_large:
-        unread = [
-            ("segment", path, json.dumps({"damaged": True, "why": f"{path}: not read, over "
-                                          "Spark's binaryFile limit"}))
-            for path in too_large
+    if unread:
+        rows_unread = [
+            ("segment", path, json.dumps({"bytes": too_large[path], "damaged": True,
+                                          "why": f"{path}: not read, over Spark's binaryFile "
+                                          "limit"}))
+            if path in too_large
+            else _empty_segment(path)
+            for path in unread
         ]  # fmt: skip
         segments = segments.unionByName(
-            spark.createDataFrame(unread, "record string, file string, extra string"),
+            spark.createDataFrame(rows_unread, "record string, file string, extra string"),
             allowMissingColumns=True,
         )
     files = side(segments).select(*SEGMENT_COLUMNS)
@@ -579,6 +592,14 @@ def _analyze(
         {"stage": name, "seconds": end - ends[i]} for i, (name, end) in enumerate(stages)
     ]
     return summary
+
+
+def _empty_segment(path: str) -> tuple[str, str, str]:
+    """The segment row of an empty file, as the executors would make it."""
+    from sluice.analyze.decode import decode_segment
+
+    row = list(decode_segment(path, b""))[-1].to_pylist()[-1]
+    return row["record"], row["file"], row["extra"]
 
 
 class NoRecordings(Exception):
