@@ -249,3 +249,74 @@ async def test_sighup_and_a_changed_file_reload(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
     finally:
         server.CONFIG_CHECK_EVERY = before
+
+
+async def test_an_issuer_whose_keys_cannot_be_fetched_is_refused_by_a_reload(
+    tmp_path: Path,
+) -> None:
+    """A reload naming a new OpenID Connect issuer fetches its keys before
+    putting it in force: one whose keys cannot be fetched (here its
+    discovery document is a 404) refuses the reload, saying why, and the
+    issuer in force stays; one that can is applied. (The new issuer was
+    put in force first, and every client of it refused after.)"""
+    import http.server
+    import ssl
+    import threading
+
+    from tests.helpers.support import tls_files
+    from tests.test_oidc import Issuer
+
+    idp = Issuer()
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            base = f"https://{self.headers['Host']}"
+            body = {
+                "/good/.well-known/openid-configuration": json.dumps(
+                    {"issuer": f"{base}/good", "jwks_uri": f"{base}/good/jwks.json"}
+                ).encode(),
+                "/also/.well-known/openid-configuration": json.dumps(
+                    {"issuer": f"{base}/also", "jwks_uri": f"{base}/good/jwks.json"}
+                ).encode(),
+                "/good/jwks.json": idp.jwks(),
+            }.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ca, cert, _ = tls_files(tmp_path, "localhost")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    side.load_cert_chain(cert)
+    server.socket = side.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"https://localhost:{server.server_address[1]}"
+    own = tmp_path / "own.token"
+    own.write_text(hs256_token(b"k" * 32, "sluice"))
+    cfg = write(tmp_path / "sluice.toml", auth_oidc_issuers=f"{base}/good")
+    line = argv(cfg, "--auth-mode", "proxy", "--auth-oidc-ca", str(ca),
+                "--auth-oidc-audiences", "pulsar", "--broker-auth-token-file", str(own),
+                "--no-check-broker")  # fmt: skip
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run)
+            write(cfg, auth_oidc_issuers=f"{base}/gone")
+            refused = await proxy.reload_from_source("file")
+            assert refused.outcome == "refused", refused.to_json()
+            (error,) = refused.errors
+            assert f"OpenID Connect issuer {base}/gone: keys could not be fetched" in error
+            assert "HTTP 404" in error
+            assert proxy.config.auth_oidc_issuers == (f"{base}/good",)
+            write(cfg, auth_oidc_issuers=f"{base}/also")
+            applied = await proxy.reload_from_source("file")
+            assert applied.outcome == "applied", applied.to_json()
+            nursery.cancel_scope.cancel()
+    finally:
+        server.shutdown()
+        server.server_close()

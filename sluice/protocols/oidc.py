@@ -224,6 +224,10 @@ class OidcVerifier:
         state = self._issuers[issuer]
         state.failure, state.tried = why, now
 
+    def failure(self, issuer: str) -> str | None:
+        """Why the issuer's last fetch failed (None: it did not)."""
+        return self._issuers[issuer].failure
+
     # --- checking a token ------------------------------------------------------
 
     def verify(self, token: str, now: float, fetched: bool = False) -> tuple[str, float | None]:

@@ -451,8 +451,9 @@ class PulsarBackend:
         """Proxy mode's background work for ``auth``: its issuers' keys
         fetched on schedule, Sluice's own OAuth2 token fetched (the first
         one waited for) and fetched again before it expires. ``reloading``:
-        a first token that did not come is a ConfigError (the reload is
-        refused, the token in force kept), not a start without one."""
+        a first token that did not come, or an issuer whose keys cannot be
+        fetched, is a ConfigError (the reload is refused, what is in force
+        kept), not a start without them."""
         scope = trio.CancelScope()
         failed: list[str] = []
         oidc = auth.oidc if auth is not None else None
@@ -471,6 +472,19 @@ class PulsarBackend:
                             failed.append(f"Sluice's own token from OAuth2 issuer {own.issuer} "
                                           f"could not be fetched: {why}")  # fmt: skip
                             scope.cancel()  # (what it started too)
+                    if issuers is not None and not failed and reloading:
+                        # A changed issuer's keys come before it is put in
+                        # force: one that cannot be fetched refuses the reload.
+                        verifier = issuers.verifier
+                        async with trio.open_nursery() as first:
+                            for issuer in verifier.issuers:
+                                first.start_soon(issuers.fetch, issuer)
+                        for issuer in verifier.issuers:
+                            if (why := verifier.failure(issuer)) is not None:
+                                failed.append(f"OpenID Connect issuer {issuer}: keys could "
+                                              f"not be fetched: {why}")  # fmt: skip
+                                scope.cancel()
+                                break
                     if issuers is not None and not failed:
                         tasks.start_soon(issuers.run)
                     task_status.started()
