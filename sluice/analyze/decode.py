@@ -17,7 +17,8 @@ is its HTTP connection, the columns of :data:`HTTP_SCHEMA` in ``extra``) or
 why, ``messages`` how many, the filter's name in ``extra``).
 The few rows that are not frames keep what only they have as a JSON object
 in ``extra`` (the columns of :data:`EXTRA_SCHEMA`: for a segment, ``damaged``
-and ``why`` say what was wrong), so that the millions of frame rows do not
+and ``why`` say what was wrong, ``dropped_frames`` what its gap records say
+the recorder could not write), so that the millions of frame rows do not
 carry a dozen always-empty columns through Spark: narrow rows cross from
 Arrow into the JVM several times faster.
 """
@@ -73,7 +74,7 @@ FRAME_COLUMNS = [name for name, _ in _FIELDS[1:-1]]
 EXTRA_SCHEMA = (
     "protocol string, client string, broker string, kind string, listener string, "
     "reason string, segment bigint, version bigint, records bigint, frames bigint, "
-    "bytes bigint, truncated_bytes bigint, damaged boolean, why string"
+    "bytes bigint, truncated_bytes bigint, dropped_frames bigint, damaged boolean, why string"
 )
 # The ``extra`` of ``http`` rows (and, ``frames`` and ``bytes``, of ``ws`` rows).
 HTTP_SCHEMA = (
@@ -156,6 +157,7 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
     result = ReadResult(Path(path))
     capture = protocol = ""
     websocket: dict[int, list[int]] = {}  # HTTP connection -> [frames, bytes, first wall_ns]
+    dropped = 0  # frames the recorder could not write (gap records)
 
     def other(name: str, record: dict[str, Any], **extra: Any) -> None:
         side({"record": name, "capture": capture, "file": path, "conn": record["c"],
@@ -218,6 +220,8 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
                       "command": record["action"], "error": record.get("reason"),
                       "messages": record.get("n", 1),
                       "extra": json.dumps({"filter": record["filter"]})})  # fmt: skip
+            elif kind == "gap":  # the recorder's writer fell behind: frames not recorded
+                dropped += record["dropped"]
             elif kind == "ws":
                 counted = websocket.setdefault(record["h"], [0, 0, record["w"]])
                 counted[0] += 1
@@ -248,6 +252,7 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
         records=result.records,
         frames=len(frames),
         truncated_bytes=result.truncated_bytes,
+        dropped_frames=dropped,
         damaged="why" in segment,
     )
     if batch is not None:

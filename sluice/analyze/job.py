@@ -38,7 +38,7 @@ TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files",
 # Spark's binaryFile source cannot hold a file of 2 GiB or more in a row.
 MAX_SEGMENT_BYTES = 2**31 - 1
 SEGMENT_COLUMNS = ["file", "capture", "segment", "protocol", "version", "records", "frames",
-                   "bytes", "truncated_bytes", "damaged", "why"]  # fmt: skip
+                   "bytes", "truncated_bytes", "dropped_frames", "damaged", "why"]  # fmt: skip
 DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
 TOP_TOPICS = 8  # series in the throughput picture; the rest are "other"
 
@@ -223,6 +223,7 @@ def _analyze(
             F.min("wall_ns").alias("first_ns"),
             F.max("last_ns").alias("last_ns"),
             F.sum(F.get_json_object("extra", "$.bytes").cast("long")).alias("bytes"),
+            F.sum(F.get_json_object("extra", "$.dropped_frames").cast("long")).alias("dropped"),
             F.collect_set(F.when(record == "segment", F.col("file"))).alias("files"),
         )
         .collect()
@@ -249,11 +250,12 @@ def _analyze(
         }
     bad = rows("segment", "damaged") + rows("segment", "truncated") + len(unread)
     frames_total = rows("segment", "frames")
+    dropped = rows("segment", "dropped")
     say(
         f"decoded: {segments_read} segments read ({bad} bad, {total_bytes / 1e6:,.1f} MB), "
         f"{frames_total:,} frames, "
         f"{rows('conn'):,} connection records, {rows('close'):,} closes, "
-        f"{rows('http'):,} HTTP exchanges",
+        f"{rows('http'):,} HTTP exchanges, {dropped:,} frames dropped while recording",
         "decode and reduce every segment",
         "writing the tables",
     )
@@ -494,6 +496,7 @@ def _analyze(
     status_class = F.concat((F.col("status") / 100).cast("int").cast("string"), F.lit("xx"))
     summary = {
         "frames": frames_total,
+        "dropped_frames": dropped,
         "http": {
             "exchanges": written["http"],
             "by_kind": [

@@ -269,6 +269,15 @@ def talkers_picture(summary: dict[str, Any]) -> str:
     return _picture("Top talkers", draw, 0.35 * len(talkers) + 1.2)
 
 
+def _dropped(frames: int) -> str:
+    """What the recordings' gap records say: frames the recorder could not write."""
+    if not frames:
+        return ""
+    return (f'<p class="bad">{frames:,} frames were dropped while recording (the recorder\'s '
+            "writer fell behind): these recordings, and the tables, miss them; the "
+            "<code>files</code> table's <code>dropped_frames</code> says where.</p>")  # fmt: skip
+
+
 def write_report(summary: dict[str, Any], path: Path) -> None:
     damaged = summary["damaged"]
     protocols = ", ".join(f"{r['protocol']} {r['count']}" for r in summary["protocols"])
@@ -276,7 +285,7 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
         f"<h1>Sluice traffic report</h1><p>{summary['frames']:,} frames on "
         f"{summary['connections']:,} connections ({html.escape(protocols or 'none')}), from "
         f"{summary['files']} recording segments ({summary['bytes'] / 1e6:,.1f} MB), analysed "
-        f"in {summary['seconds']:.1f} s.</p>",
+        f"in {summary['seconds']:.1f} s.</p>" + _dropped(summary.get("dropped_frames", 0)),
         "<h2>Throughput over time per topic</h2>" + throughput_picture(summary),
         "<h2>Latency (request to answer, at the proxy)</h2>"
         + latency_picture(summary)

@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         f"{summary['frames']} frames, {summary['connections']} connections, "
         f"{summary['http']['exchanges']} HTTP exchanges from "
         f"{summary['files']} files ({len(summary['damaged'])} damaged, "
-        f"{len(summary['truncated'])} truncated) in {summary['seconds']:.1f} s",
+        f"{len(summary['truncated'])} truncated, {summary['dropped_frames']} frames dropped "
+        f"while recording) in {summary['seconds']:.1f} s",
         always=True,
     )
     return 0
