@@ -54,6 +54,10 @@ COLUMNS = ("conn", "direction", "t", "cmd", "topic", "size", "flags", "msgs", "e
            "cid", "pair", "latency", "file", "offset")  # fmt: skip
 
 
+class LetGo(LookupError):
+    """A frame asked for by an id that a live view has let go."""
+
+
 class Interned:
     def __init__(self) -> None:
         self.names: list[str] = [""]
@@ -273,7 +277,12 @@ class Index:
         self.latency = array("f")  # seconds, for answers; 0 otherwise
         self.file = array("H")
         self.offset = array("Q")
-        self.lock = threading.Lock()
+        # Held by whoever changes the columns, and by every question asked
+        # of them (a live view's are changed while the page asks).
+        self.lock = threading.RLock()
+        # Frames let go before the first held (a live view's): a frame's id
+        # is this plus its position, the same for as long as it is held.
+        self.base = 0
         self._selections: dict[tuple[Any, ...], array[int]] = {}
         self._summary: dict[str, Any] | None = None
         self._timelines: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -583,9 +592,10 @@ class Index:
             yield i
 
     def row(self, i: int) -> dict[str, Any]:
+        """The frame at position ``i`` (its id: ``base + i``)."""
         flags = self.flags[i]
         return {
-            "i": i,
+            "i": self.base + i,
             "t": self.t[i] / 1e9,
             "conn": self.conn[i],
             "dir": "C→B" if self.direction[i] == 0 else "B→C",
@@ -605,7 +615,7 @@ class Index:
                 )
                 if flags & bit
             ],
-            "pair": self.pair[i] if self.pair[i] >= 0 else None,
+            "pair": self.base + self.pair[i] if self.pair[i] >= 0 else None,
             "latency": round(self.latency[i], 6)
             if self.pair[i] >= 0 and self.direction[i]
             else None,
@@ -628,15 +638,27 @@ class Index:
         return found
 
     def page(self, f: Filter, offset: int, limit: int) -> dict[str, Any]:
-        chosen = self.selection(f)
-        rows = [self.row(i) for i in chosen[offset : offset + limit]]
-        return {"total": len(chosen), "offset": offset, "rows": rows, "building": self.building}
+        with self.lock:
+            chosen = self.selection(f)
+            rows = [self.row(i) for i in chosen[offset : offset + limit]]
+            return {"total": len(chosen), "offset": offset, "rows": rows,
+                    "building": self.building}  # fmt: skip
 
-    def detail(self, i: int) -> dict[str, Any]:
-        if not 0 <= i < self.frames:
-            raise KeyError(i)
-        record = self._record(self.file[i], self.offset[i])
-        out = self.row(i)
+    def detail(self, frame: int) -> dict[str, Any]:
+        """The frame whose id is ``frame``: KeyError where there is none
+        (yet), ``LetGo`` where a live view no longer holds it."""
+        with self.lock:
+            i = frame - self.base
+            if i < 0 and frame >= 0:
+                raise LetGo(
+                    f"frame {frame} was let go: this view holds frames {self.base} to "
+                    f"{self.base + self.frames - 1}"
+                )
+            if not 0 <= i < self.frames:
+                raise KeyError(frame)
+            record = self._record(self.file[i], self.offset[i])
+            out = self.row(i)
+            out["file"] = self._file_name(self.file[i])
         raw: bytes = record.get("raw", b"")
         out["raw_hex"] = raw[:4096].hex(" ")
         out["raw_size"] = len(raw)
@@ -645,7 +667,6 @@ class Index:
         if isinstance(p, list) and p and type(p[0]) is int:  # payload left out: its size
             digest = p[1] if len(p) > 1 and isinstance(p[1], bytes) else None  # (and digest)
             out["payload"] = {"size": p[0], **({"sha256": digest.hex()} if digest else {})}
-        out["file"] = self._file_name(self.file[i])
         out["time"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.get("w", 0) / 1e9))
         withheld = (record.get("s") or {}).get("withheld")  # credentials could not be ruled out
         out["command"] = {"bytes not recorded": withheld} if withheld else self._decoded(raw, out)
@@ -668,13 +689,14 @@ class Index:
     def summary(self) -> dict[str, Any]:
         """Rates per topic, latency histograms per command, the most
         frequent errors (worked out once the index is built)."""
-        if self._summary is not None:
-            return self._summary
-        building = self.building
-        found = self._summarize()
-        if not building:
-            self._summary = found
-        return found
+        with self.lock:
+            if self._summary is not None:
+                return self._summary
+            building = self.building
+            found = self._summarize()
+            if not building:
+                self._summary = found
+            return found
 
     def _summarize(self) -> dict[str, Any]:
         duration = max(1e-9, (max(self.t) if self.frames else 0) / 1e9)
@@ -740,6 +762,10 @@ class Index:
         return {"bin_seconds": width, "series": series, "topics": len(totals)}
 
     def sequence(self, f: Filter, offset: int = 0, limit: int = SEQUENCE_LIMIT) -> dict[str, Any]:
+        with self.lock:
+            return self._sequence(f, offset, limit)
+
+    def _sequence(self, f: Filter, offset: int, limit: int) -> dict[str, Any]:
         """The frames that pass ``f`` (a page of them) as a sequence
         diagram's arrows between lanes: the clients (by host), Sluice, the
         brokers. A frame on a relayed connection goes between client and
@@ -792,6 +818,10 @@ class Index:
                 "building": self.building}  # fmt: skip
 
     def status(self) -> dict[str, Any]:
+        with self.lock:
+            return self._status()
+
+    def _status(self) -> dict[str, Any]:
         return {
             "target": str(self.target),
             "protocol": self.protocol,
@@ -812,9 +842,14 @@ class Index:
         }
 
     def connections_json(self) -> list[dict[str, Any]]:
-        return [c.to_json(self.origin_ns) for c in self.connections]
+        with self.lock:
+            return [c.to_json(self.origin_ns) for c in self.connections]
 
     def timeline(self, f: Filter, marks: int = 4000) -> dict[str, Any]:
+        with self.lock:
+            return self._timeline(f, marks)
+
+    def _timeline(self, f: Filter, marks: int) -> dict[str, Any]:
         """Marks per connection lane: every problem, and frames sampled so
         that at most ``marks`` are drawn; answers joined to requests."""
         key = (*vars(f).values(), marks)
@@ -827,14 +862,15 @@ class Index:
             problem = self.flags[i] & PROBLEMS
             if n % step and not problem:
                 continue
+            pair = self.pair[i]
             shown.append(
                 [
-                    i,
+                    self.base + i,
                     self.conn[i],
                     self.t[i] / 1e9,
                     self.direction[i],
                     int(bool(problem)),
-                    self.pair[i],
+                    self.base + pair if pair >= 0 else -1,
                     self.commands.names[self.cmd[i]],
                 ]
             )

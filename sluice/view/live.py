@@ -35,7 +35,7 @@ import msgpack
 
 from sluice.protocols import registry
 from sluice.recording.format import Record, pack, record_at
-from sluice.view.index import Index, Reading
+from sluice.view.index import COLUMNS, Index, Reading
 
 log = logging.getLogger("sluice.view")
 
@@ -102,31 +102,35 @@ class LiveIndex(Index):
         if self.frames > self.max_frames:
             self._let_go(self.frames - self.max_frames // 2)
         if records:  # answers worked out for fewer frames are stale now
-            self._selections.clear()
-            self._timelines.clear()
-            self._summary = None
+            with self.lock:
+                self._selections.clear()
+                self._timelines.clear()
+                self._summary = None
 
     def _let_go(self, count: int) -> None:
-        """The oldest ``count`` frames (and the records before them) go."""
+        """The oldest ``count`` frames (and the records before them) go:
+        the columns are cut first and put in place together, under the lock
+        every question takes, so that a question sees them all before or
+        all after; the frames held keep their ids (``base`` moves on)."""
+        kept = {name: getattr(self, name)[count:] for name in COLUMNS if name != "pair"}
+        kept["pair"] = array("q", (p - count if p >= count else -1 for p in self.pair[count:]))
         with self.lock:
             first_kept = self.offset[count]
-            for name in ("conn", "direction", "t", "cmd", "topic", "size", "flags", "msgs",
-                         "error_id", "pid", "cid", "latency", "file", "offset"):  # fmt: skip
-                column = getattr(self, name)
-                setattr(self, name, column[count:])
-            pair = array("q", (p - count if p >= count else -1 for p in self.pair[count:]))
-            self.pair = pair
-            for waiting in (self._reading.waiting,):
-                for key, frame in list(waiting.items()):
-                    if frame < count:
-                        del waiting[key]
-                    else:
-                        waiting[key] = frame - count
+            for name, column in kept.items():
+                setattr(self, name, column)
+            waiting = self._reading.waiting
+            for key, frame in list(waiting.items()):
+                if frame < count:
+                    del waiting[key]
+                else:
+                    waiting[key] = frame - count
             del self._records[: first_kept - self._first]
             self._first = first_kept
+            self.base += count
             self.let_go += count
             self._selections.clear()
             self._timelines.clear()
+            self._summary = None
 
     def _record(self, file: int, offset: int) -> Record:
         if file != LIVE:
@@ -138,8 +142,8 @@ class LiveIndex(Index):
     def _file_name(self, file: int) -> str:
         return "live" if file == LIVE else self.files[file].name
 
-    def status(self) -> dict[str, Any]:
-        out = super().status()
+    def _status(self) -> dict[str, Any]:
+        out = super()._status()
         out.update(
             live=True,
             source=self.source,

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sluice.view.index import Filter, HttpFilter, Index
+from sluice.view.index import Filter, HttpFilter, Index, LetGo
 from sluice.view.live import NothingReceived
 
 log = logging.getLogger("sluice.view")
@@ -134,6 +134,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(index.timeline(Filter.from_query(query)))
             else:
                 self._json({"error": f"no such page: {url.path}"}, 404)
+        except LetGo as exc:
+            self._json({"error": str(exc)}, 410)
         except KeyError:
             self._json({"error": "no such frame"}, 404)
         except ValueError as exc:
