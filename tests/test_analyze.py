@@ -700,3 +700,36 @@ def test_frames_dropped_while_recording_are_said(awkward: dict[str, Any]) -> Non
     assert re.search(r"\(2 damaged, 0 truncated, 5000 frames dropped while recording\) in",
                      result.stderr.splitlines()[-1])  # fmt: skip
     assert "5,000 frames were dropped while recording" in (out / "report.html").read_text()
+
+
+def test_a_segment_that_fails_on_an_executor_is_named(tmp_path: Path) -> None:
+    """An error reducing a segment (here: its frames file cannot be written)
+    names the segment, in one line."""
+    import pyarrow as pa
+
+    from sluice.analyze.partials import SegmentFailed, frames_file, reduce_batches
+
+    path = f"file:{SMALL}"
+    Path(frames_file(str(tmp_path), path)).mkdir()  # a folder where the file goes
+    listed = pa.RecordBatch.from_pylist([{"path": path, "length": SMALL.stat().st_size}])
+    with pytest.raises(SegmentFailed) as failed:
+        list(reduce_batches([listed], str(tmp_path)))
+    assert str(failed.value).startswith(f"{path}: IsADirectoryError: ")
+    assert "\n" not in str(failed.value)
+
+
+def test_an_executor_failure_is_said_in_one_line() -> None:
+    """A Python worker's exception as Spark raises it in the driver: its
+    first line says only that there was one; the last is the error."""
+    from pyspark.errors import PythonException
+
+    from sluice.commands.analyze import failure
+
+    worker = ("An exception was thrown from the Python worker:\nTraceback (most recent call "
+              'last):\n  File "/x/partials.py", line 90, in reduce_batches\n{}\n')  # fmt: skip
+    named = "sluice.analyze.partials.SegmentFailed: file:/r/a.sluice: ArrowTypeError: bad"
+    assert failure(PythonException(worker.format(named))) == "file:/r/a.sluice: ArrowTypeError: bad"
+    other = "pyarrow.lib.ArrowInvalid: Could not convert"
+    assert failure(PythonException(worker.format(other) + "\n\n")) == other
+    assert failure(ValueError("first line\nsecond")) == "first line"
+    assert failure(ValueError()) == "ValueError()"

@@ -82,7 +82,15 @@ def reduce_batches(
     for path, content in segments(batches):
         if read is not None:
             read.add(len(content))
-        yield from reduce_segment(path, content, frames_dir)
+        try:
+            yield from reduce_segment(path, content, frames_dir)
+        except Exception as exc:  # a fault of ours, not the segment's damage: say which one
+            raise SegmentFailed(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+
+class SegmentFailed(Exception):
+    """A segment whose reduction failed (not damage, which is a row): its
+    path and the error, one line, as the job's error says it."""
 
 
 def reduce_segment(path: str, content: Any, frames_dir: str | None) -> Iterator[pa.RecordBatch]:

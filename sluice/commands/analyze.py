@@ -98,6 +98,25 @@ def _links_to_nothing(folder: str | None) -> list[str]:
     return sorted(found)
 
 
+def failure(exc: BaseException) -> str:
+    """A failed job's error in one line.
+
+    An executor's (a Python worker's) says first only that there was one,
+    then its traceback: its last line is the error itself, a segment's path
+    first where one was being reduced (``partials.SegmentFailed``)."""
+    from pyspark.errors import PythonException
+
+    text = str(exc).strip()
+    if not text:
+        return repr(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not isinstance(exc, PythonException):
+        return lines[0]
+    last = lines[-1]
+    said = re.match(r"(?:[\w.]+\.)?SegmentFailed: (.*)", last)
+    return said.group(1) if said else last
+
+
 def run(args: argparse.Namespace) -> int:
     from sluice.extras import need_extra
 
@@ -142,8 +161,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        print(f"sluice analyze: {first}", file=sys.stderr)
+        print(f"sluice analyze: {failure(exc)}", file=sys.stderr)
         return 1
     local_out = local_path(out)
     if args.report:
