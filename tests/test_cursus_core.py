@@ -324,3 +324,22 @@ def test_a_topic_or_error_that_is_not_utf8_is_served_in_the_metrics() -> None:
     text = generate_latest(metrics.exposed).decode()
     assert 'topic="\ufffd"' in text
     assert 'error="\ufffd\ufffd\ufffd\ufffd"' in text
+
+
+def test_a_fault_errors_reason_is_quoted_as_the_broker_quotes_it() -> None:
+    """An error rule's message with a quote or a backslash reaches the
+    client as one quoted word that reads back as written."""
+    from sluice.protocols import registry
+    from sluice.protocols.faults import Faults, parse_rule
+
+    core, _ = relaying()
+    faults = Faults()
+    faults.add(parse_rule({"match": {"protocol": "cursus", "command": "BATCH"}, "action": "error",
+                           "error": "NOT_LEADER", "message": 'say "hi" \\ there'},
+                          registry.all_faults()))  # fmt: skip
+    core.faults = faults
+    batch = encode_request(Batch("t", 0, messages=(Message(payload=b"x"),)))
+    answer = sent(core.receive_client(batch, 1.0), Peer.CLIENT)
+    (reply,) = decode_stream(answer, from_client=False)
+    assert isinstance(reply.message, ErrorReply)
+    assert reply.message.fields["reason"] == 'say "hi" \\ there'

@@ -70,7 +70,7 @@ from sluice.protocols.cursus.commands import Command, Stream
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.decoder import FrameDecoder
 from sluice.protocols.cursus.encoder import own_frame, refusal_reply
-from sluice.protocols.cursus.errors import Problem, RemoteProtocolError
+from sluice.protocols.cursus.errors import Problem, RemoteProtocolError, quote
 from sluice.protocols.cursus.frame import BROKER_MAX_FRAME_SIZE, SPEC_MAX_FRAME_SIZE, Frame
 from sluice.protocols.cursus.replies import (
     BatchAck,
@@ -662,7 +662,7 @@ class CursusConnection:
             here = self.routing.listener_for(self.upstream)
             if here is not None:
                 words = (f"host={here.host}", f"port={here.port}")
-        words += (f'reason="{rule.message}"',) if rule.message else ()
+        words += (f"reason={quote(rule.message)}",) if rule.message else ()
         actions += self._own(own_frame(ErrorReply(code, words)))
         return False
 
