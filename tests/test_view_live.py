@@ -541,3 +541,53 @@ def test_the_live_views_questions_while_frames_come_and_go() -> None:
         thread.join(120)
     assert done.is_set() and index.let_go > 30_000
     assert not problems, problems.most_common(5)
+
+
+def test_a_live_view_of_many_short_connections_holds_a_bounded_window() -> None:
+    """Hours of short connections (each a frame, a fault rule's note and a
+    close): the view holds the connections, notes and records of the frames
+    it holds, not every one since it started; the page is given the newest
+    notes; a frame's connection is found by its id, also once older
+    connections have gone."""
+    index = live_index(max_frames=100)
+    t = 1
+    for hour in range(3):
+        batch: list[dict[str, Any]] = []
+        for k in range(1000):
+            c = 2 + hour * 1000 + k
+            t += 1_000_000
+            batch += [
+                {"k": "conn", "c": c, "t": t, "w": 0, "client": f"10.1.0.1:{c}",
+                 "broker": "b", "kind": "proxied", "listener": "plain"},
+                {"k": "frame", "c": c, "d": 0, "t": t + 1, "w": 0, "n": 20, "raw": b"",
+                 "p": [20], "s": {"cmd": "CONNECT", "topic": f"t{c}"}},
+                {"k": "fault", "c": c, "d": 0, "t": t + 2, "w": 0, "rule": "r1",
+                 "action": "delay", "cmd": "CONNECT"},
+                {"k": "close", "c": c, "t": t + 3, "w": 0, "reason": "client closed"},
+            ]  # fmt: skip
+        index.feed(batch)
+    assert index.frames <= 100 and index.let_go >= 2900
+    assert len(index.connections) <= 101  # (the one still open, c1, included)
+    assert len(index.notes) <= 100 and len(index._opened) <= 100
+    assert len(index._reading.by_key) <= 101 and len(index._records) <= 400
+    server = serve(index, "127.0.0.1", 0, build=False)
+    base = f"http://127.0.0.1:{server.server_address[1]}/api/"
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(base + path, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    try:
+        status, timeline = get("status"), get("timeline")
+        rows = get("frames?limit=1000")["rows"]
+        names = {c["id"]: c["name"] for c in get("connections")}
+    finally:
+        server.shutdown()
+        server.server_close()
+    first = rows[0]["t"]
+    for notes in (status["notes"], timeline["notes"]):
+        assert notes and all(n["t"] >= first for n in notes)
+        assert notes[-1]["t"] == index.notes[-1].t > rows[-1]["t"]  # the newest
+    assert len(rows) == index.frames
+    assert all(names[r["conn"]] == "c" + r["topic"][1:] for r in rows), rows[:3]
+    assert "c1" in names.values()  # open: kept, though it has no frame

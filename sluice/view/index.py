@@ -75,7 +75,7 @@ class Interned:
 
 @dataclass
 class Connection:
-    index: int
+    index: int  # its id: never another's, also once a live view has let it go
     capture: str
     conn: int
     kind: str = ""
@@ -283,6 +283,8 @@ class Index:
         # Frames let go before the first held (a live view's): a frame's id
         # is this plus its position, the same for as long as it is held.
         self.base = 0
+        self.by_id: dict[int, Connection] = {}  # ``connections`` by id (the ``conn`` column)
+        self._next_connection = 0
         self._selections: dict[tuple[Any, ...], array[int]] = {}
         self._summary: dict[str, Any] | None = None
         self._timelines: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -448,9 +450,12 @@ class Index:
 
     def _connection(self, capture: str, conn: int, t: int) -> Connection:
         connection = Connection(
-            len(self.connections), capture, conn, protocol=self.protocol, start_ns=t, end_ns=t
+            self._next_connection, capture, conn, protocol=self.protocol, start_ns=t, end_ns=t
         )
-        self.connections.append(connection)
+        self._next_connection += 1
+        with self.lock:
+            self.connections.append(connection)
+            self.by_id[connection.index] = connection
         return connection
 
     def _frame(
@@ -787,12 +792,12 @@ class Index:
 
         arrows = []
         shown = chosen[offset : offset + limit]
-        clients = {self.connections[self.conn[i]].client.rpartition(":")[0] for i in shown}
+        clients = {self.by_id[self.conn[i]].client.rpartition(":")[0] for i in shown}
         for host in sorted(clients):
             lane("client", host or "client")
         sluice = lane("sluice", "Sluice")
         for i in shown:
-            connection = self.connections[self.conn[i]]
+            connection = self.by_id[self.conn[i]]
             client = lane("client", connection.client.rpartition(":")[0] or "client")
             relayed = connection.kind == "proxied"
             asked = self.pair[i]
@@ -836,10 +841,14 @@ class Index:
             ),
             "error": self.error,
             "truncated": self.truncated,
-            "notes": [vars(n) for n in self.notes[:500]],
+            "notes": [vars(n) for n in self.notes_shown()],
             "started_wall": self.origin_wall_ns / 1e9,
             "built_in": round(self.built_in, 3),
         }
+
+    def notes_shown(self) -> list[Note]:
+        """The notes the page is given: a capture's first 500."""
+        return self.notes[:500]
 
     def connections_json(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -878,7 +887,7 @@ class Index:
             "marks": shown,
             "sampled": step > 1,
             "frames": len(chosen),
-            "notes": [vars(n) for n in self.notes[:500]],
+            "notes": [vars(n) for n in self.notes_shown()],
             # The HTTP listener's exchanges, a lane of their own: [i, start,
             # seconds, status], at most ``marks`` of them.
             "http": [[e.i, e.t, e.seconds, e.status] for e in self.exchanges[:marks]],

@@ -35,7 +35,7 @@ import msgpack
 
 from sluice.protocols import registry
 from sluice.recording.format import Record, pack, record_at
-from sluice.view.index import COLUMNS, Index, Reading
+from sluice.view.index import COLUMNS, Index, Note, Reading
 
 log = logging.getLogger("sluice.view")
 
@@ -68,6 +68,9 @@ class LiveIndex(Index):
         self._header: Record | None = None
         self._opened: dict[int, int] = {}  # connection -> the number of its conn record
         self._summaries: Any = None  # the protocol's summary filler
+        # Connections, notes or records past this many (frames or not):
+        # those no frame held needs go (``_tidy``).
+        self._tidy_at = max_frames
 
     def feed(self, records: list[Record], dropped: int = 0) -> None:
         """Records from the proxy, in order; ``dropped``: how many it lost
@@ -101,6 +104,11 @@ class LiveIndex(Index):
             self.take(record, self._reading, number)
         if self.frames > self.max_frames:
             self._let_go(self.frames - self.max_frames // 2)
+        elif max(len(self.connections), len(self.notes), len(self._records) - self.frames) > (
+            self._tidy_at
+        ):
+            with self.lock:
+                self._tidy()
         if records:  # answers worked out for fewer frames are stale now
             with self.lock:
                 self._selections.clear()
@@ -128,9 +136,47 @@ class LiveIndex(Index):
             self._first = first_kept
             self.base += count
             self.let_go += count
-            self._selections.clear()
-            self._timelines.clear()
-            self._summary = None
+            self._tidy()
+
+    def _tidy(self) -> None:
+        """What no frame held needs goes (under the lock): the notes before
+        the first frame held, closed connections no frame held is on (and
+        that ended before the first, or all of them when there are too
+        many), the records before the first frame's; past the bound still,
+        the oldest notes and records. Connections keep their ids."""
+        half = self.max_frames // 2
+        first = self.t[0] if self.frames else None
+        if first is not None:
+            self.notes = [n for n in self.notes if n.t * 1e9 >= first]
+        if len(self.notes) > self.max_frames:
+            self.notes = self.notes[-half:]
+        on = set(self.conn)
+        kept = [c for c in self.connections if not c.closed or c.index in on
+                or (first is not None and c.end_ns - self.origin_ns >= first)]  # fmt: skip
+        if len(kept) > self.max_frames:
+            kept = [c for c in kept if not c.closed or c.index in on]
+        if len(kept) < len(self.connections):
+            self.connections = kept
+            self.by_id = {c.index: c for c in kept}
+            reading = self._reading
+            reading.by_key = {k: c for k, c in reading.by_key.items() if c.index in self.by_id}
+        if self.frames:
+            first_kept = self.offset[0]
+        else:  # (connections and notes only: the newest half of them, past the bound)
+            over = len(self._records) > self.max_frames
+            first_kept = self._first + (len(self._records) - half if over else 0)
+        if first_kept > self._first:
+            del self._records[: first_kept - self._first]
+            self._first = first_kept
+        self._opened = {c: n for c, n in self._opened.items() if n >= self._first}
+        self._tidy_at = max(self.max_frames, 2 * max(len(self.connections), len(self.notes)))
+        self._selections.clear()
+        self._timelines.clear()
+        self._summary = None
+
+    def notes_shown(self) -> list[Note]:
+        """The newest 500 notes (those of the frames coming in)."""
+        return self.notes[-500:]
 
     def _record(self, file: int, offset: int) -> Record:
         if file != LIVE:

@@ -7,7 +7,7 @@ const SEQUENCE = 400; // arrows in the sequence diagram at most (the server's li
 const embedded = document.getElementById("sluice-data");
 const DATA = embedded ? JSON.parse(embedded.textContent) : null;
 const $ = (id) => document.getElementById(id);
-const state = { offset: 0, total: 0, selected: null, connections: [] };
+const state = { offset: 0, total: 0, selected: null, connections: [], lanes: new Map() };
 const FIELDS = ["cmd", "topic", "producer", "consumer", "conn", "from", "to", "problems"];
 
 function escape(text) {
@@ -88,8 +88,14 @@ function showStatus(status) {
   $("problem").innerHTML = problems.join("<br>");
 }
 
+// A connection's name by its id (a live view lets old ones go: ids are not positions).
+function connectionName(id) {
+  return state.lanes.has(id) ? state.connections[state.lanes.get(id)].name : id;
+}
+
 function showConnections(connections) {
   state.connections = connections;
+  state.lanes = new Map(connections.map((c, n) => [c.id, n]));
   const body = $("connections").tBodies[0];
   body.innerHTML = connections.map((c) =>
     `<tr class="${c.problems ? "bad" : ""}" data-conn="${escape(c.id)}"><td>${escape(c.name)}</td><td>${escape(c.kind)}</td>` +
@@ -110,7 +116,7 @@ function showFrames(page) {
     const flags = r.flags.map((f) => `<span class="flag ${escape(f)}">${escape(f)}</span>`).join("");
     const bad = r.flags.some((f) => f !== "redacted" && f !== "gap" && f !== "filtered");
     return `<tr data-frame="${escape(r.i)}" class="${bad ? "bad" : ""} ${r.flags.includes("gap") ? "gap" : ""}">` +
-      `<td>${escape(r.i)}</td><td>${r.t.toFixed(6)}</td><td>${escape(state.connections[r.conn]?.name ?? r.conn)}</td>` +
+      `<td>${escape(r.i)}</td><td>${r.t.toFixed(6)}</td><td>${escape(connectionName(r.conn))}</td>` +
       `<td>${escape(r.dir)}</td><td>${escape(r.cmd)}</td><td class="topic" title="${escape(r.topic)}">${escape(r.topic)}</td>` +
       `<td>${escape(r.size)}</td><td>${r.latency === null ? "" : (1000 * r.latency).toFixed(2) + " ms"}</td>` +
       `<td>${flags}${escape(r.problem)}</td></tr>`;
@@ -196,7 +202,8 @@ function showTimeline(data) {
   state.connections.forEach((c, n) =>
     parts.push(`<text class="lane" x="2" y="${n * lane + 11}">${escape(c.name)}</text>`));
   for (const [i, conn, t, dir, bad, pair] of data.marks) {
-    const y = conn * lane + (dir ? 8 : 2);
+    if (!state.lanes.has(conn)) continue;  // (a connection the page has not been given yet)
+    const y = state.lanes.get(conn) * lane + (dir ? 8 : 2);
     if (pair >= 0 && dir === 0) {
       const other = data.marks.find((m) => m[0] === pair);
       if (other) parts.push(`<line x1="${x(t)}" y1="${y + 2}" x2="${x(other[2])}" y2="${y + 8}" stroke="#aab7b8"/>`);
@@ -383,7 +390,7 @@ async function showDetail(i) {
   try {
     const d = await getDetail(i);
     const rows = [["frame", `#${escape(d.i)} ${escape(d.cmd)} ${escape(d.dir)}`], ["time", `${d.t.toFixed(6)} s (${escape(d.time)} UTC)`],
-                  ["connection", escape(state.connections[d.conn]?.name ?? d.conn)], ["topic", escape(d.topic)], ["size", `${escape(d.size)} bytes`],
+                  ["connection", escape(connectionName(d.conn))], ["topic", escape(d.topic)], ["size", `${escape(d.size)} bytes`],
                   ["file", escape(d.file)]];
     if (d.problem) rows.push(["problem", escape(d.problem)]);
     if (d.flags.length) rows.push(["marks", escape(d.flags.join(", "))]);
