@@ -240,6 +240,7 @@ class Supervisor:
         ]
         self._rule_ids = 0
         self._totals = _Totals()
+        self._rule_totals = _Totals()  # the fault rules' hits and seen, alike
         self._sockets: list[tuple[str, socket.socket]] = []
         self._admin: list[trio.SocketListener] | None = None
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
@@ -592,25 +593,35 @@ class Supervisor:
         worker is asked at once, each for at most SCRAPE_TIMEOUT: one that
         is stuck is left out rather than holding the whole answer past the
         admin endpoint's time (which answered nothing at all)."""
-        answers: dict[int, tuple[int, str]] = {}
+        asked = await self._ask("/metrics")
+        answers = {i: (pid, body.decode()) for i, (pid, body) in asked.items()}
+        carried = self._totals.scraped(
+            {i: (pid, _counters(text)) for i, (pid, text) in answers.items()}
+        )
+        merged = CollectorRegistry()
+        merged.register(_Merged([answers[i][1] for i in sorted(answers)], carried))
+        return generate_latest(merged) + generate_latest(self.registry)
+
+    async def _ask(self, path: str) -> dict[int, tuple[int, bytes]]:
+        """GET ``path`` of every worker at once, each for at most
+        SCRAPE_TIMEOUT: worker index -> (its pid, the body), of those that
+        answered 200 in time."""
+        answers: dict[int, tuple[int, bytes]] = {}
 
         async def ask(worker: Worker, admin: Address, pid: int) -> None:
             with trio.move_on_after(SCRAPE_TIMEOUT):
                 try:
-                    status, body = await http(admin, "GET", "/metrics")
+                    status, body = await http(admin, "GET", path)
                 except (OSError, trio.TooSlowError):
                     return
                 if status == 200:
-                    answers[worker.index] = (pid, body.decode())
+                    answers[worker.index] = (pid, body)
 
         async with trio.open_nursery() as nursery:
             for worker in self.workers:
                 if worker.admin is not None and worker.process is not None:
                     nursery.start_soon(ask, worker, worker.admin, worker.process.pid)
-        texts, carried = self._totals.scraped(answers)
-        merged = CollectorRegistry()
-        merged.register(_Merged(texts, carried))
-        return generate_latest(merged) + generate_latest(self.registry)
+        return answers
 
     async def faults(self, request: AdminRequest) -> tuple[int, Any]:
         """/faults for every worker at once; the supervisor keeps the rule set."""
@@ -748,24 +759,26 @@ class Supervisor:
                         log.warning("worker %d: %s %s failed: %s", worker.index, method, path, exc)
 
     async def _merged_rules(self, rule_id: str | None) -> Any:
-        counts: dict[str, list[int]] = {}
-        for worker in self.workers:
-            if worker.admin is None:
-                continue
-            try:
-                status, body = await http(worker.admin, "GET", "/faults")
-            except (OSError, trio.TooSlowError):
-                continue  # gone: its counts go with it, as its metrics do
-            if status != 200:
-                continue
+        """The rule set, each rule's hits and seen summed over the workers
+        (asked at once; one that does not answer, or was replaced, counts
+        with what it said last, as for /metrics)."""
+        answers: dict[int, tuple[int, _Counts]] = {}
+        for index, (pid, body) in (await self._ask("/faults")).items():
+            samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
             for rule in json.loads(body)["rules"]:
-                tally = counts.setdefault(rule["id"], [0, 0])
-                tally[0] += rule["hits"]
-                tally[1] += rule["seen"]
+                samples[("hits", (("id", rule["id"]),))] = float(rule["hits"])
+                samples[("seen", (("id", rule["id"]),))] = float(rule["seen"])
+            answers[index] = (pid, {"faults": ("", "counter", samples)})
+        counts: _Counts = {}
+        for _, answered in answers.values():
+            _add(counts, answered)
+        _add(counts, self._rule_totals.scraped(answers))
+        summed = counts.get("faults", ("", "", {}))[2]
         out = []
         for rule in self.rules:
-            hits, seen = counts.get(rule["id"], [0, 0])
-            out.append({**rule, "hits": hits, "seen": seen})
+            key = (("id", rule["id"]),)
+            hits, seen = summed.get(("hits", key), 0.0), summed.get(("seen", key), 0.0)
+            out.append({**rule, "hits": int(hits), "seen": int(seen)})
         if rule_id is None:
             return {"rules": out}
         for rule in out:
@@ -809,20 +822,20 @@ class _Totals:
         self._last: dict[int, tuple[int, _Counts]] = {}  # worker index -> (pid, counts)
         self._gone: _Counts = {}  # of processes that were replaced
 
-    def scraped(self, answers: dict[int, tuple[int, str]]) -> tuple[list[str], _Counts]:
-        """From the answers of a scrape (worker index -> (pid, text)): the
-        texts to sum, and the counts to add to them."""
-        for index, (pid, text) in answers.items():
+    def scraped(self, answers: dict[int, tuple[int, _Counts]]) -> _Counts:
+        """From the answers of a scrape (worker index -> (pid, its counts)):
+        the counts to add to theirs."""
+        for index, (pid, counts) in answers.items():
             last = self._last.get(index)
             if last is not None and last[0] != pid:
                 _add(self._gone, last[1])
-            self._last[index] = (pid, _counters(text))
+            self._last[index] = (pid, counts)
         carried: _Counts = {}
         _add(carried, self._gone)
         for index, (_, counts) in self._last.items():
             if index not in answers:
                 _add(carried, counts)
-        return [answers[index][1] for index in sorted(answers)], carried
+        return carried
 
 
 class _Merged(Collector):
