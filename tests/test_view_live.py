@@ -591,3 +591,63 @@ def test_a_live_view_of_many_short_connections_holds_a_bounded_window() -> None:
     assert len(rows) == index.frames
     assert all(names[r["conn"]] == "c" + r["topic"][1:] for r in rows), rows[:3]
     assert "c1" in names.values()  # open: kept, though it has no frame
+
+
+def test_a_live_view_goes_on_after_the_proxy_restarts() -> None:
+    """The proxy restarts under a watching view (same admin address): the
+    view's cursor is the last process's, above anything the new one has
+    numbered. It is answered as a new watcher (the header, the open
+    connections), and the view reads the new process's connections as new
+    ones, not as the old ones with the same ids. An ask with a cursor while
+    the tap is idle is a new watcher's too."""
+    now = [0.0]
+
+    def proxy() -> tuple[Taps, LiveTap]:
+        taps = Taps([SimpleNamespace(figures=None, frames=None, event=lambda *_: None)])
+        tap = LiveTap(taps, "pulsar", PayloadPolicy.HASH, listen=[], broker="pulsar://b:6650",
+                      clock=lambda: now[0])  # fmt: skip
+        taps.add(tap)
+        return taps, tap
+
+    def unpacked(taken: live_module.Taken) -> list[dict[str, Any]]:
+        return [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in taken.records]
+
+    def opened(taps: Taps, n: int, client: str) -> Conn:
+        conn = Conn(n, client, "plain", "pulsar")
+        conn.kind = "proxied"
+        taps.event(conn, Opened())
+        return conn
+
+    index = LiveIndex("127.0.0.1:9")
+    taps, tap = proxy()
+    taken = tap.take(None)
+    index.feed(unpacked(taken))
+    for n in range(1, 301):
+        taps.event(opened(taps, n, f"10.0.0.1:{5000 + n}"), Closed("client closed"))
+    taken = tap.take(taken.next)
+    index.feed(unpacked(taken))
+    cursor = taken.next
+    assert cursor == 600 and len(index.connections) == 300
+    taps, tap = proxy()  # restarted
+    opened(taps, 1, "192.168.9.9:4444")
+    taken = tap.take(cursor)
+    assert [r["k"] for r in unpacked(taken)] == ["header", "conn"]
+    index.feed(unpacked(taken), taken.dropped)
+    tap._add({"k": "frame", "c": 1, "d": 0, "t": time.monotonic_ns(), "w": time.time_ns(),
+              "n": 10, "raw": b"", "p": [10], "s": {"cmd": "SEND", "topic": "t"}})  # fmt: skip
+    taken = tap.take(taken.next)
+    index.feed(unpacked(taken), taken.dropped)
+    row = index.page(Filter(), 0, 10)["rows"][-1]
+    connection = index.by_id[row["conn"]]
+    assert (connection.client, connection.closed) == ("192.168.9.9:4444", "")
+    old = [c for c in index.connections if c.conn == 1 and c is not connection]
+    assert [(c.client, c.closed) for c in old] == [("10.0.0.1:5001", "client closed")]
+    assert index.status()["restarts"] == 1
+    # Idle (nobody asked for its time): a cursor it gave is a new watcher's.
+    now[0] += live_module.WATCH_SECONDS + 1
+    tap.frames(Conn(1, "", "plain", "pulsar"), True, [object()])  # a read: idle now
+    assert tap.idle
+    again = unpacked(tap.take(taken.next))
+    assert [r["k"] for r in again] == ["header", "conn"] and again[1]["c"] == 1
+    index.feed(again)
+    assert index.restarts == 1  # the same process: no restart

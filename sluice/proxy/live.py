@@ -112,8 +112,13 @@ class LiveTap:
     def take(self, after: int | None) -> Taken:
         """The records after number ``after`` (None: a new watcher, who is
         given the header and told of every open connection first); keeps
-        the tap watching."""
+        the tap watching. A cursor this tap never gave (above its newest:
+        the watcher's was another process's, before a restart) or one
+        asked with while idle (what happened meanwhile was not kept) is a
+        new watcher's too."""
         now = self._clock()
+        if after is not None and (self.idle or after > self.newest):
+            after = None
         if self.idle:
             self.idle = False
             self._taps.changed()

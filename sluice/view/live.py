@@ -71,6 +71,12 @@ class LiveIndex(Index):
         # Connections, notes or records past this many (frames or not):
         # those no frame held needs go (``_tidy``).
         self._tidy_at = max_frames
+        # The proxy processes seen (by their header's ``started``), how many
+        # answered the first ask (more than one: ``--workers``), and how
+        # many times the proxy was restarted under this view.
+        self._starts: set[Any] = set()
+        self._processes = 0
+        self.restarts = 0
 
     def feed(self, records: list[Record], dropped: int = 0) -> None:
         """Records from the proxy, in order; ``dropped``: how many it lost
@@ -83,10 +89,17 @@ class LiveIndex(Index):
         for record in records:
             kind = record.get("k")
             if kind == "header":
+                started = record.get("started")
                 if self._header is None:
                     self._header = record
                     spec = registry.get(str(record.get("protocol", registry.DEFAULT_PROTOCOL)))
                     self._summaries = spec.load(spec.summaries)() if spec.summaries else None
+                    self._processes = sum(r.get("k") == "header" for r in records)
+                elif started not in self._starts and self._processes == 1:
+                    self._restarted(record)
+                self._starts.add(started)
+                if self.restarts:  # (its connections are not the last process's)
+                    record = {**record, "capture": f"{record.get('capture', '')}-{self.restarts}"}
                 self.take(record, self._reading, 0)
                 continue
             summaries = self._summaries
@@ -114,6 +127,20 @@ class LiveIndex(Index):
                 self._selections.clear()
                 self._timelines.clear()
                 self._summary = None
+
+    def _restarted(self, record: Record) -> None:
+        """A header from a proxy process not seen before, where one process
+        was watched: the proxy restarted (its cursor was the last one's, and
+        it numbers its connections from 1 again). The last one's connections
+        are closed, and the new one's read as a capture of its own."""
+        with self.lock:
+            self.restarts += 1
+            for connection in self.connections:
+                if not connection.closed:
+                    connection.closed = "the proxy restarted"
+            self._reading = Reading(LIVE, gap=True)
+        self.notes.append(Note("restart", self.t[-1] / 1e9 if self.frames else 0.0, None,
+                               "the proxy restarted: a new process from here on"))  # fmt: skip
 
     def _let_go(self, count: int) -> None:
         """The oldest ``count`` frames (and the records before them) go:
@@ -196,6 +223,7 @@ class LiveIndex(Index):
             error=self.live_error,
             dropped_upstream=self.dropped_upstream,
             let_go=self.let_go,
+            restarts=self.restarts,
             max_frames=self.max_frames,
             files=0,
         )
