@@ -48,6 +48,7 @@ from sluice.protocols.http import (
     forwarded_client,
     forwarded_for,
     framed_twice,
+    h11_reason,
     head_size,
     header,
     is_topic_lookup,
@@ -371,7 +372,7 @@ class HttpRelay:
                 refusal = (
                     self._header_too_large()
                     if exc.error_status_hint == 431
-                    else Refusal(400, "malformed", f"malformed HTTP request: {exc}")
+                    else Refusal(400, "malformed", f"malformed HTTP request: {h11_reason(exc)}")
                 )
                 await self._refuse(conn, stream, refusal)
                 return
@@ -493,7 +494,9 @@ class HttpRelay:
             try:
                 event = await self._next(conn, stream)
             except h11.RemoteProtocolError as exc:
-                raise Refusal(400, "malformed", f"malformed HTTP request body: {exc}") from None
+                raise Refusal(
+                    400, "malformed", f"malformed HTTP request body: {h11_reason(exc)}"
+                ) from None
             if isinstance(event, h11.Data):
                 size += len(event.data)
                 if size > limit:
@@ -552,7 +555,7 @@ class HttpRelay:
                 raise Refusal(
                     502,
                     "upstream_error",
-                    f"the broker's web service at {hop.url} answered badly: {exc}",
+                    f"the broker's web service at {hop.url} answered badly: {h11_reason(exc)}",
                 ) from None
             await self._keep(upstreams, upstream)
             self.metrics.redirects.inc()

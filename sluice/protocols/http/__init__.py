@@ -4,7 +4,8 @@ h11 parses and writes HTTP on both sides (``sluice/proxy/http.py`` runs it
 on trio streams); what is decided here takes values and returns values:
 
 - ``request_kind``: what a request is for (a metric label); ``head_size``;
-  ``framed_twice``: a request after which the connection is closed.
+  ``framed_twice``: a request after which the connection is closed;
+  ``h11_reason``: why h11 refused a message, its bytes left out.
 - ``forward_headers`` / ``answer_headers``: the headers passed on, less the
   hop-by-hop ones (each hop frames its own message); ``with_credentials``:
   the client's credentials replaced (proxy-mode authentication).
@@ -63,6 +64,18 @@ Headers = list[tuple[bytes, bytes]]
 
 # Characters RFC 3986 calls unreserved: the same percent-encoded or not.
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+# Where h11's reason for refusing a message starts quoting its bytes ("illegal
+# request line: bytearray(b'GET ...')", "Illegal header value b'...'").
+_QUOTED = re.compile(r":? ?(?:bytearray\(|b['\"]).*", re.S)
+
+
+def h11_reason(exc: Exception) -> str:
+    """Why h11 refused a message, without the bytes it quotes: a request
+    line's query or a header's value may hold a credential, and the reason
+    goes to the log, the client's answer and the capture."""
+    return _QUOTED.sub("", str(exc)).rstrip(": ") or "malformed"
 
 
 def framed_twice(headers: Iterable[tuple[bytes, bytes]]) -> bool:
