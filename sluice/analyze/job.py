@@ -16,7 +16,7 @@ Tables (Parquet, under DIR): ``frames``, ``connections``, ``topic_minute``,
 ``bad_segments``, ``http`` (the HTTP listener's exchanges, one row each) and
 ``filtered`` (what message filters did: one row per filter record, with its
 connection, topic, filter, action, reason and messages; only when the
-recordings hold any); and ``report.html``.
+recordings hold any, an earlier run's removed otherwise); and ``report.html``.
 """
 
 from __future__ import annotations
@@ -442,18 +442,22 @@ def _analyze(
 
     # One row per filter record, as recorded: few, so no shuffle. Written
     # only when the recordings hold some (a capture made with --filter), so
-    # that the job's others cost no Spark job more.
+    # that the job's others cost no Spark job more; otherwise a table left
+    # by an earlier run into the same DIR is removed (where this process
+    # reaches it; elsewhere an empty one replaces it).
     acted: dict[tuple[str, str, str, str], int] = {}
-    if rows("filter"):
-        filtered = write(
-            of("filter").select(
-                "capture", "conn", "direction", "topic",
-                F.get_json_object("extra", "$.filter").alias("filter"),
-                F.col("command").alias("action"), F.col("error").alias("reason"), "messages",
-                "wall_ns",
-            ),
-            "filtered",
-        )  # fmt: skip
+    out_here = None if connected else local_path(out)
+    acts = of("filter").select(
+        "capture", "conn", "direction", "topic",
+        F.get_json_object("extra", "$.filter").alias("filter"),
+        F.col("command").alias("action"), F.col("error").alias("reason"), "messages", "wall_ns",
+    )  # fmt: skip
+    if not rows("filter") and out_here is not None:
+        shutil.rmtree(os.path.join(out_here, "filtered"), ignore_errors=True)
+    elif not rows("filter"):
+        write(acts, "filtered")
+    else:
+        filtered = write(acts, "filtered")
         for r in filtered.select("filter", "action", "reason", "topic", "messages").collect():
             acted_on = (r["filter"], r["action"], r["reason"] or "", r["topic"] or "")
             acted[acted_on] = acted.get(acted_on, 0) + int(r["messages"] or 0)
