@@ -21,19 +21,23 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
+import trio
 import websocket
 from playwright.sync_api import Browser
 
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.protocols.http import Hop, RedirectError, Redirects, parse_http_url
 from sluice.protocols.http.recorded import redact_body, redact_headers, redact_target
-from sluice.proxy.http_recording import Body
+from sluice.proxy.http_recording import Body, HttpRecording
 from sluice.recording import format as fmt
+from sluice.recording.writer import Recorder, RecorderConfig
 from tests.helpers.support import SLUICE
 from tests.test_analyze import analyze, rows_of
 from tests.test_http import Redirector, start_web_proxy
@@ -372,3 +376,61 @@ def test_a_redirect_loop_is_told_without_credentials() -> None:
     with pytest.raises(RedirectError) as loop:
         redirects.follow(307, [(b"location", b"http://127.0.0.1:8080" + target)])
     assert "redirect loop" in str(loop.value) and QUERY_TOKEN not in str(loop.value)
+
+
+# --- what a recording keeps, through the real HttpRecording and Recorder -----------
+
+
+def captured(
+    tmp_path: Path,
+    drive: Callable[[HttpRecording], None],
+    payloads: fmt.PayloadPolicy = fmt.PayloadPolicy.FULL,
+) -> list[dict[str, Any]]:
+    """The records a real ``Recorder`` wrote of what ``drive`` told a real
+    ``HttpRecording`` (``--record-payloads full``, a 1 MiB body limit)."""
+    directory = tmp_path / "rec"
+
+    async def main() -> None:
+        recorder = Recorder(RecorderConfig(directory, payloads=payloads))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            drive(HttpRecording(recorder, payloads, 1 << 20))
+            nursery.cancel_scope.cancel()  # the writer writes what is queued
+
+    trio.run(main)
+    files = fmt.recording_files(directory)
+    return [r for path in files for r in fmt.read_records(path) if r["k"] in ("http", "ws")]
+
+
+def posted(body: bytes, content_type: bytes, target: bytes = b"/admin/v3/sinks/p/d/s"
+           ) -> Callable[[HttpRecording], None]:  # fmt: skip
+    """One POST with ``body``, answered 204, as the HTTP relay tells its watch."""
+
+    def drive(recording: HttpRecording) -> None:
+        conn = h11.Connection(h11.SERVER)
+        recording.opened(conn, "127.0.0.1:1")
+        headers = [(b"host", b"x"), (b"content-type", content_type),
+                   (b"content-length", str(len(body)).encode())]  # fmt: skip
+        recording.received(conn, h11.Request(method="POST", target=target, headers=headers))
+        recording.received(conn, h11.Data(data=body))
+        recording.sent(conn, h11.Response(status_code=204, headers=[]))
+        recording.sent(conn, h11.EndOfMessage())
+        recording.closed(conn)
+
+    return drive
+
+
+def test_a_deeply_nested_json_body_is_recorded_by_its_digest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JSON nested past what ``json`` (or the redaction) recurses into:
+    the exchange is recorded, its body by size and digest, nothing logged
+    as an error."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    shallow_enough = b'{"a":' * 500 + b'{"token":"t"}' + b"}" * 500  # parses; too deep to scrub
+    for i, body in enumerate((deep, shallow_enough)):
+        (record,) = captured(tmp_path / str(i), posted(body, b"application/json", b"/a?token=t"))
+        assert record["req"]["n"] == len(body) and "raw" not in record["req"]
+        assert record["req"]["p"] == [len(body), hashlib.sha256(body).digest()]
+        assert record["path"] == "/a?token=<redacted>"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -66,8 +66,8 @@ class HttpWatch:
 
 class Body:
     """One body as a recording keeps it: its size, and its bytes (``full``,
-    up to ``limit``; past it, as ``hash``), its SHA-256 (``hash``) or its
-    size alone (``none``)."""
+    up to ``limit``; past it, or where it cannot be checked for credentials,
+    as ``hash``), its SHA-256 (``hash``) or its size alone (``none``)."""
 
     def __init__(self, payloads: PayloadPolicy, limit: int) -> None:
         self.payloads = payloads
@@ -96,8 +96,10 @@ class Body:
             return out, redacted
         if self.parts is not None:
             raw, replaced = redact_body(b"".join(self.parts), content_type(headers))
-            out["raw"] = raw
-            return out, redacted or replaced
+            if raw is not None:
+                out["raw"] = raw
+                return out, redacted or replaced
+            # Not to be checked for credentials: its digest, as past the limit.
         out["p"] = [self.size, *([self.digest.digest()] if self.digest is not None else [])]
         return out, redacted
 
@@ -280,11 +282,14 @@ class WebSocketRecording:
             if opcode == "close" and seen.close is not None:
                 record["close"] = seen.close[0]
             if payload:
-                if self.payloads is PayloadPolicy.FULL:
-                    record["raw"], redacted = redact_body(payload)
+                raw, redacted = (
+                    redact_body(payload) if self.payloads is PayloadPolicy.FULL else (None, False)
+                )
+                if raw is not None:
+                    record["raw"] = raw
                     if redacted:
                         record["redacted"] = True
-                elif self.payloads is PayloadPolicy.HASH:
+                elif self.payloads is not PayloadPolicy.NONE:  # (or not to be checked)
                     record["p"] = [len(payload), hashlib.sha256(payload).digest()]
                 else:
                     record["p"] = [len(payload)]

@@ -15,7 +15,8 @@ target, headers and bodies is decided here, on values:
   and ``Referer`` redacted as targets.
 - ``redact_body``: a JSON or form body (kept whole with ``--record-payloads
   full``) with the values of credential-like keys replaced; any other body
-  as it came.
+  as it came; None for one that cannot be checked (JSON nested too deep):
+  a recording keeps its digest instead.
 
 Nothing here imports trio.
 """
@@ -101,8 +102,19 @@ def redact_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[list[str]]:
     return out
 
 
-def _scrub(value: Any) -> tuple[Any, bool]:
-    """A JSON value with credential-like keys' values replaced; whether any were."""
+# JSON nested deeper than this is not looked into (nor kept: its digest is).
+MAX_DEPTH = 100
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _scrub(value: Any, depth: int = 0) -> tuple[Any, bool]:
+    """A JSON value with credential-like keys' values replaced; whether any
+    were. ``_TooDeep`` past ``MAX_DEPTH`` levels."""
+    if depth > MAX_DEPTH:
+        raise _TooDeep
     if isinstance(value, dict):
         changed = False
         out: dict[str, Any] = {}
@@ -110,26 +122,29 @@ def _scrub(value: Any) -> tuple[Any, bool]:
             if isinstance(key, str) and sensitive(key) and item not in (None, "", MARKER):
                 out[key], changed = MARKER, True
             else:
-                out[key], inner = _scrub(item)
+                out[key], inner = _scrub(item, depth + 1)
                 changed = changed or inner
         return out, changed
     if isinstance(value, list):
-        items = [_scrub(item) for item in value]
+        items = [_scrub(item, depth + 1) for item in value]
         return [i for i, _ in items], any(c for _, c in items)
     return value, False
 
 
-def redact_body(body: bytes, content_type: str = "") -> tuple[bytes, bool]:
+def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool]:
     """A body to keep whole, and whether credentials were replaced in it: a
     JSON document's credential-like keys, a form's credential-like fields.
-    Another body is kept as it came."""
+    Another body is kept as it came. None: a body that cannot be checked for
+    credentials (JSON nested too deep), not to be kept (its digest is)."""
     start = body.lstrip()[:1]
     if start in (b"{", b"["):
         try:
             document = json.loads(body)
+            scrubbed, changed = _scrub(document)
+        except (RecursionError, _TooDeep):
+            return None, False
         except (ValueError, UnicodeDecodeError):
             return body, False
-        scrubbed, changed = _scrub(document)
         if not changed:
             return body, False
         return json.dumps(scrubbed, separators=(",", ":")).encode(), True
