@@ -577,12 +577,22 @@ def test_server_names_that_route_nowhere_get_a_tls_alert(
         for odd in ("odd_name!.example", "-leading.example", "odd name.example"):
             assert tls_hello(tls_port, ca, odd) == "TLS: TLSV1_UNRECOGNIZED_NAME", odd
         wait_for("sni_invalid", lambda: rejected(proxy, admin, "sni_invalid") == 3)
+        # A name that is not ASCII (Python's ssl cannot decode it, so it
+        # never reaches Sluice's callback): refused alike, no traceback.
+        hello = subprocess.run(
+            ["openssl", "s_client", "-connect", f"127.0.0.1:{tls_port}", "-servername",
+             "été.example", "-CAfile", str(ca)],
+            input=b"", capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert b"unrecognized name" in hello.stdout + hello.stderr, hello.stderr
+        wait_for("sni_invalid", lambda: rejected(proxy, admin, "sni_invalid") == 4)
         assert proxy.terminate() == 0
     finally:
         proxy.kill()
     log = proxy.log()
     assert "TLS server name 'elsewhere.example' names no broker" in log
     assert "is not a DNS name" in log and "Traceback" not in log
+    assert "Exception ignored" not in log
 
 
 # --- the HTTP listener -------------------------------------------------------------------

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import ssl
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,6 +109,26 @@ class _ServerName:
 # A TLS alert record: fatal (2), unrecognized_name (112), before any
 # encryption (the server-name callback runs before the ServerHello).
 _UNRECOGNIZED_NAME = bytes([21, 3, 3, 0, 2, 2, ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME])
+
+
+def _callback_failed(exc: BaseException) -> bool:
+    """Whether a failed handshake is OpenSSL's server-name callback failing."""
+    cause = exc.__cause__
+    return isinstance(cause, ssl.SSLError) and cause.reason == "CALLBACK_FAILED"
+
+
+def _quiet_undecodable_names(unraisable: Any) -> None:
+    """Python's ssl reports a server name it cannot decode as an exception
+    "ignored" on stderr, a traceback any client could have printed at will;
+    the handshake's failure is counted and logged (``sni_invalid``) instead."""
+    if isinstance(unraisable.exc_value, UnicodeDecodeError) and isinstance(
+        unraisable.object, bytes
+    ):
+        return
+    _UNRAISABLE(unraisable)
+
+
+_UNRAISABLE = sys.unraisablehook
 
 # The handshake the callback belongs to: OpenSSL calls it synchronously
 # inside do_handshake(), in the task that handles the connection.
@@ -423,6 +444,7 @@ class Proxy:
             self.certificates = CertificateReloader(self.config.tls, self._tls_context)
             if self.config.sni_on:
                 self._tls_context.sni_callback = self._server_name
+                sys.unraisablehook = _quiet_undecodable_names
         return self._tls_context
 
     def _server_name(self, _: Any, name: str | None, __: Any) -> int | None:
@@ -831,6 +853,10 @@ class Proxy:
             with trio.fail_after(self.timing.handshake_timeout):
                 await stream.do_handshake()
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+            if handshake.name is None and _callback_failed(exc):
+                # A server name Python's ssl cannot decode (not ASCII): the
+                # callback was never called with it. No DNS name either.
+                handshake.name, handshake.refused = "(not ASCII)", "sni_invalid"
             if handshake.refused is not None:
                 # OpenSSL wrote the alert, but trio drops what is unsent when
                 # a handshake fails: the same record, sent here.
