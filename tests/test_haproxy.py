@@ -103,6 +103,8 @@ def test_v2_ipv6_local_unspec_and_unix() -> None:
     mapped = bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 9])
     header, _ = read(v2(1, 0x21, mapped + six + struct.pack("!HH", 7, 8)))
     assert header.source == Address("10.0.0.9", 7)  # one client however it is written
+    header, _ = read(b"PROXY TCP6 ::ffff:10.0.0.9 ::1 7 8\r\n")
+    assert header.source == Address("10.0.0.9", 7)  # in v1 too
     for raw in (v2(0, 0x00, b""), v2(0, 0x11, b"ignored"), v2(1, 0x00, b""),
                 v2(1, 0x31, bytes(216))):  # fmt: skip
         header, rest = read(raw + FOLLOWS)
@@ -146,6 +148,7 @@ def test_a_crc32c_tlv_is_checked() -> None:
         (b"PROXY UDP4 127.0.0.23 127.0.0.1 1 2\r\n", "malformed"),
         (b"PROXY TCP4 127.0.0.23\n127.0.0.1 1 2\r\n", "malformed"),
         (b"PROXY TCP4 \xff\xfe.0.0.1 127.0.0.1 1 2\r\n", "malformed"),
+        (b"PROXY TCP6 fe80::1%eth0 ::1 1 2\r\n", "malformed"),  # a zone: no address elsewhere
         (b"PROXY X\r\n" + bytes(20), "malformed"),
         (V2_SIGNATURE + b"\x11\x11\x00\x0c" + bytes(12), "malformed"),  # version 1 in a v2
         (V2_SIGNATURE + b"\x22\x11\x00\x0c" + bytes(12), "malformed"),  # command 2

@@ -212,7 +212,9 @@ def _v1_ip(field: bytes, version: int) -> str:
         raise HeaderError("malformed", f"PROXY v1 address {field[:40]!r} is not an IP") from None
     if ip.version != version:
         raise HeaderError("malformed", f"PROXY v1 address {ip} is not IPv{version}")
-    return str(ip)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
+        raise HeaderError("malformed", f"PROXY v1 address {ip} names a zone")
+    return str(_unmapped(ip))
 
 
 def _v1_port(field: bytes) -> int:
