@@ -434,3 +434,42 @@ def test_a_deeply_nested_json_body_is_recorded_by_its_digest(
         assert record["req"]["p"] == [len(body), hashlib.sha256(body).digest()]
         assert record["path"] == "/a?token=<redacted>"
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_multipart_body_is_recorded_without_its_parts_credentials(tmp_path: Path) -> None:
+    """``pulsar-admin sinks create`` sends its config as a JSON part of a
+    ``multipart/form-data`` body: each part is redacted as its own type
+    says, the rest (a package's bytes) kept as it came."""
+    boundary = b"sluice-" + uuid.uuid4().hex.encode()
+    package = bytes(range(256)) * 4 + b"\r\n--not-the-boundary\r\n"
+    config = {"configs": {"jdbcUrl": "jdbc:postgresql://db/x", "password": QUERY_TOKEN}}
+
+    def part(headers: bytes, payload: bytes) -> bytes:
+        return b"--" + boundary + b"\r\nContent-Disposition: form-data; " + headers + payload
+
+    body = (
+        part(b'name="data"; filename="sink.nar"\r\n'
+             b"Content-Type: application/octet-stream\r\n\r\n", package) + b"\r\n"
+        + part(b'name="sinkConfig"\r\nContent-Type: application/json\r\n\r\n',
+               json.dumps(config).encode()) + b"\r\n"
+        + part(b'name="password"\r\n\r\n', BEARER.encode()) + b"\r\n"
+        + b"--" + boundary + b"--\r\n"
+    )  # fmt: skip
+    kind = b"multipart/form-data; boundary=" + boundary
+    (record,) = captured(tmp_path / "ok", posted(body, kind))
+    raw = record["req"]["raw"]
+    assert QUERY_TOKEN.encode() not in raw and BEARER.encode() not in raw
+    assert record["redacted"] is True and record["req"]["n"] == len(body)
+    kept = (
+        part(b'name="data"; filename="sink.nar"\r\n'
+             b"Content-Type: application/octet-stream\r\n\r\n", package) + b"\r\n"
+        + part(b'name="sinkConfig"\r\nContent-Type: application/json\r\n\r\n',
+               b'{"configs":{"jdbcUrl":"jdbc:postgresql://db/x","password":"<redacted>"}}')
+        + b"\r\n" + part(b'name="password"\r\n\r\n', b"<redacted>") + b"\r\n"
+        + b"--" + boundary + b"--\r\n"
+    )  # fmt: skip
+    assert raw == kept
+    # One that does not parse as multipart: its digest, not its bytes.
+    broken = body.replace(b"--" + boundary, b"--other")
+    (record,) = captured(tmp_path / "broken", posted(broken, kind))
+    assert record["req"]["p"] == [len(broken), hashlib.sha256(broken).digest()]

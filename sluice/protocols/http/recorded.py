@@ -13,16 +13,20 @@ target, headers and bodies is decided here, on values:
   ``Cookie``, ``Set-Cookie``, ``X-Original-Principal``, anything named like
   a token, key, secret or password) replaced, and URLs in ``Location``
   and ``Referer`` redacted as targets.
-- ``redact_body``: a JSON or form body (kept whole with ``--record-payloads
-  full``) with the values of credential-like keys replaced; any other body
-  as it came; None for one that cannot be checked (JSON nested too deep):
-  a recording keeps its digest instead.
+- ``redact_body``: a JSON, form or ``multipart/form-data`` body (kept
+  whole with ``--record-payloads full``) with the values of credential-like
+  keys replaced (each part of a multipart body as its own content type
+  says); any other body as it came; None for one that cannot be checked
+  (JSON nested too deep, a multipart body that does not parse): a
+  recording keeps its digest instead.
 
 Nothing here imports trio.
 """
 
 from __future__ import annotations
 
+import email.parser
+import email.policy
 import json
 import re
 import urllib.parse
@@ -133,9 +137,14 @@ def _scrub(value: Any, depth: int = 0) -> tuple[Any, bool]:
 
 def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool]:
     """A body to keep whole, and whether credentials were replaced in it: a
-    JSON document's credential-like keys, a form's credential-like fields.
-    Another body is kept as it came. None: a body that cannot be checked for
-    credentials (JSON nested too deep), not to be kept (its digest is)."""
+    JSON document's credential-like keys, a form's credential-like fields,
+    each part of a ``multipart/form-data`` body as its own type says (and
+    the whole value of a part named like a credential). Another body is
+    kept as it came. None: a body that cannot be checked for credentials
+    (JSON nested too deep, a multipart body that does not parse), not to be
+    kept (its digest is)."""
+    if content_type.lower().lstrip().startswith("multipart/"):
+        return _redact_multipart(body, content_type)
     start = body.lstrip()[:1]
     if start in (b"{", b"["):
         try:
@@ -156,6 +165,49 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
         redacted = _redact_query(text)
         return redacted.encode(), redacted != text
     return body, False
+
+
+def _redact_multipart(body: bytes, content_type: str) -> tuple[bytes | None, bool]:
+    """A multipart body (``pulsar-admin`` sends functions', sources' and
+    sinks' configs as ``multipart/form-data``), parsed by the stdlib's
+    ``email`` parser, each part redacted as its own content type says and
+    written back in its place; the rest of the body as it came. None where
+    the body does not parse whole or a part's bytes cannot be found again
+    (a transfer encoding, a nested multipart)."""
+    head = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
+    try:
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+        boundary = message.get_boundary()
+        if message.defects or not message.is_multipart() or not boundary:
+            return None, False
+        delimiter = b"\n--" + boundary.encode("latin-1")
+        out: list[bytes] = []
+        at = 0  # how much of the body is in ``out`` already
+        changed = False
+        for part in message.iter_parts():
+            payload = part.get_payload(decode=True)
+            if part.defects or part.is_multipart() or not isinstance(payload, bytes):
+                return None, False
+            name = part.get_param("name", header="content-disposition")
+            if isinstance(name, str) and sensitive(name) and payload:
+                redacted: bytes | None = MARKER.encode()
+            else:
+                redacted, _ = redact_body(payload, part.get_content_type())
+            if redacted is None:
+                return None, False
+            end = body.find(payload + b"\r" + delimiter, at)
+            if end < 0:
+                end = body.find(payload + delimiter, at)
+            if end < 0:
+                return None, False
+            out += [body[at:end], redacted]
+            at = end + len(payload)
+            changed = changed or redacted != payload
+    except Exception:  # the stdlib's parser on any bytes: not checked, so not kept
+        return None, False
+    if not changed:
+        return body, False
+    return b"".join([*out, body[at:]]), True
 
 
 def content_type(headers: Iterable[tuple[bytes, bytes]]) -> str:
