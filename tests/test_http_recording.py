@@ -473,3 +473,26 @@ def test_a_multipart_body_is_recorded_without_its_parts_credentials(tmp_path: Pa
     broken = body.replace(b"--" + boundary, b"--other")
     (record,) = captured(tmp_path / "broken", posted(broken, kind))
     assert record["req"]["p"] == [len(broken), hashlib.sha256(broken).digest()]
+
+
+def test_a_brokers_credential_in_its_dynamic_config_is_left_out(tmp_path: Path) -> None:
+    """``pulsar-admin brokers update-dynamic-config`` sets the broker's own
+    client credential by path; ``…/configuration/values`` answers it as a
+    JSON key."""
+    names = ("brokerClientAuthenticationParameters", "clientAuthenticationParameters",
+             "bookkeeperClientAuthenticationParameters", "bookkeeperClientAuthParams")  # fmt: skip
+    for name in names:
+        target = f"/admin/v2/brokers/configuration/{name}/token%3A{BEARER}".encode()
+        assert redact_target(target) == f"/admin/v2/brokers/configuration/{name}/<redacted>"
+        answer = json.dumps({name: f"token:{BEARER}", "superUserRoles": "admin"}).encode()
+        assert redact_body(answer, "application/json") == (
+            f'{{"{name}":"<redacted>","superUserRoles":"admin"}}'.encode(),
+            True,
+        )
+    kept = "/admin/v2/brokers/configuration/loadBalancerEnabled/false"
+    assert redact_target(kept) == kept
+    target = (
+        b"/admin/v2/brokers/configuration/brokerClientAuthenticationParameters/" + BEARER.encode()
+    )
+    (record,) = captured(tmp_path, posted(b"", b"text/plain", target))
+    assert BEARER not in record["path"] and record["redacted"] is True

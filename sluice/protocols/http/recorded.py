@@ -7,7 +7,8 @@ target, headers and bodies is decided here, on values:
 
 - ``redact_target``: a request target (or a URL) with the values of
   credential-like query parameters (``token=``, ``jwt=``, ``api_key=`` …)
-  replaced by ``<redacted>``.
+  replaced by ``<redacted>``, and a credential set as a broker's dynamic
+  config in the path.
 - ``redact_headers``: headers as text pairs, the values of those that
   carry credentials (``Authorization``, ``Proxy-Authorization``,
   ``Cookie``, ``Set-Cookie``, ``X-Original-Principal``, anything named like
@@ -43,10 +44,16 @@ _SENSITIVE_HEADER = re.compile(
 # for headers, as Pulsar's own names (``authoritative``, a message's ``key``,
 # ``keySharedMode``) are no secrets.
 _SENSITIVE_NAME = re.compile(
-    r"token|passw|secret|credential|cookie|session|jwt|signature|bearer|"
-    r"api[-_]?key|private[-_]?key|access[-_]?key|^auth(?!oritative)|authdata|authorization",
+    r"token|passw|passphrase|pwd|secret|credential|cookie|session|jwt|signature|bearer|"
+    r"api[-_]?key|private[-_]?key|access[-_]?key|^auth(?!oritative)|authdata|authorization|"
+    # Pulsar's client credentials in a broker's config (dynamic config:
+    # brokerClientAuthenticationParameters, bookkeeperClientAuthParams …)
+    r"authenticationparam|authparam",
     re.IGNORECASE,
 )
+# ``pulsar-admin brokers update-dynamic-config`` puts the value in the path:
+# ``/admin/v2/brokers/configuration/{name}/{value}``.
+_DYNAMIC_CONFIG = re.compile(r"(/admin(?:/v2)?/brokers/configuration/)([^/]+)/(.+)", re.IGNORECASE)
 # Headers whose value is a URL: its query is redacted like a target's.
 _URL_HEADERS = frozenset({"location", "content-location", "referer", "origin"})
 
@@ -76,7 +83,9 @@ def _redact_query(query: str) -> str:
 def redact_target(target: bytes | str) -> str:
     """A request target or URL as text, credential-like query values
     replaced (the rest of it as it came); user information in an absolute
-    URL is replaced too."""
+    URL is replaced too, and the value a broker's dynamic config is set to
+    in the path (``/admin/v2/brokers/configuration/{name}/{value}``) where
+    the name is a credential's."""
     text = target.decode("latin-1") if isinstance(target, bytes) else target
     text, hash_, fragment = text.partition("#")
     base, q, query = text.partition("?")
@@ -86,6 +95,9 @@ def redact_target(target: bytes | str) -> str:
         if "@" in authority:
             authority = f"{MARKER}@{authority.rpartition('@')[2]}"
         base = f"{scheme}://{authority}{slash}{path}"
+    config = _DYNAMIC_CONFIG.search(base)
+    if config is not None and sensitive(urllib.parse.unquote(config.group(2))):
+        base = f"{base[: config.start(3)]}{MARKER}"
     if q:
         base += "?" + _redact_query(query)
     return base + (hash_ + _redact_query(fragment) if hash_ else "")
