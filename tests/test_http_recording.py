@@ -35,6 +35,7 @@ from playwright.sync_api import Browser
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.protocols.http import Hop, RedirectError, Redirects, parse_http_url
 from sluice.protocols.http.recorded import redact_body, redact_headers, redact_target
+from sluice.protocols.http.websocket import FrameReader
 from sluice.proxy.http_recording import Body, HttpRecording
 from sluice.recording import format as fmt
 from sluice.recording.writer import Recorder, RecorderConfig
@@ -496,3 +497,43 @@ def test_a_brokers_credential_in_its_dynamic_config_is_left_out(tmp_path: Path) 
     )
     (record,) = captured(tmp_path, posted(b"", b"text/plain", target))
     assert BEARER not in record["path"] and record["redacted"] is True
+
+
+def client_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    """A client's (masked) frame, payload under 126 bytes."""
+    assert len(payload) < 126
+    key = b"\x01\x02\x03\x04"
+    masked = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return bytes([(0x80 if fin else 0) | opcode, 0x80 | len(payload)]) + key + masked
+
+
+def test_a_fragmented_websocket_message_is_redacted_whole(tmp_path: Path) -> None:
+    """A JSON message in two fragments (a ping between them) holds a
+    credential only as a whole: its fragments are kept by their digests;
+    one without a credential is kept as it came."""
+    secret = json.dumps({"payload": "aGk=", "properties": {"password": BEARER}}).encode()
+    plain = json.dumps({"payload": "aGk=", "properties": {"colour": "blue"}}).encode()
+
+    def drive(recording: HttpRecording) -> None:
+        conn = h11.Connection(h11.SERVER)
+        recording.opened(conn, "127.0.0.1:1")
+        tap = recording.session(conn)
+        assert tap is not None
+        reader = FrameReader(from_client=True, max_message=1 << 20, keep=True)
+        for message in (secret, plain):
+            tap.frames(False, reader.feed(client_frame(1, message[:20], fin=False)))
+            tap.frames(False, reader.feed(client_frame(9, b"ping")))
+            tap.frames(False, reader.feed(client_frame(0, message[20:])))
+        # A message its last fragment never ended: its digest.
+        tap.frames(False, reader.feed(client_frame(1, secret[:30], fin=False)))
+        tap.ended("hangup")
+
+    records = captured(tmp_path, drive)
+    assert BEARER.encode() not in b"".join(r.get("raw", b"") for r in records)
+    assert [r["op"] for r in records] == ["text", "ping", "text"] * 2 + ["text"]
+    first, ping, last = records[:3]
+    assert ping["raw"] == b"ping"
+    for record, part in ((first, secret[:20]), (last, secret[20:])):
+        assert record["p"] == [len(part), hashlib.sha256(part).digest()] and record["redacted"]
+    assert [r["raw"] for r in records[3:6]] == [plain[:20], b"ping", plain[20:]]
+    assert records[6]["p"] == [30, hashlib.sha256(secret[:30]).digest()]

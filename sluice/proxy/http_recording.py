@@ -260,12 +260,22 @@ class HttpRecording(HttpWatch):
 
 class WebSocketRecording:
     """One WebSocket session's frames, as ``ws`` records of HTTP connection
-    ``conn``; its end as a ``ws_end`` record."""
+    ``conn``; its end as a ``ws_end`` record.
+
+    With ``full`` payloads a data message is redacted whole: the records of
+    a message sent in fragments (and of control frames between them) wait
+    until its last fragment came; then its fragments are kept as they came
+    if the whole held no credential, else by their digests (as a message
+    that ended before its last fragment, or grew past the body limit)."""
 
     def __init__(self, recording: HttpRecording, conn: int) -> None:
         self.recorder = recording.recorder
         self.payloads = recording.payloads
+        self.limit = recording.body_limit
         self.conn = conn
+        # By direction: the records of a message not yet whole, each data
+        # fragment's with its payload (None for a control frame's, done).
+        self._pending: dict[int, list[tuple[Record, bytes | None]]] = {}
 
     def frames(self, to_client: bool, seen: Seen) -> None:
         try:
@@ -276,26 +286,67 @@ class WebSocketRecording:
     def _frames(self, to_client: bool, seen: Seen) -> None:
         mono, wall = time.monotonic_ns(), time.time_ns()
         direction = BROKER_TO_CLIENT if to_client else CLIENT_TO_BROKER
-        for opcode, payload in zip(seen.frames, seen.payloads, strict=True):
+        for opcode, payload, final in zip(seen.frames, seen.payloads, seen.finals, strict=True):
             record: Record = {"k": "ws", "h": self.conn, "d": direction, "t": mono, "w": wall,
                               "op": opcode, "n": len(payload)}  # fmt: skip
             if opcode == "close" and seen.close is not None:
                 record["close"] = seen.close[0]
+            pending = self._pending.get(direction)
+            data = opcode in ("text", "binary")
+            if self.payloads is PayloadPolicy.FULL and data and (pending is not None or not final):
+                pending = self._pending.setdefault(direction, [])
+                pending.append((record, payload))
+                if final:
+                    self._message_done(direction, whole=True)
+                continue
             if payload:
-                raw, redacted = (
-                    redact_body(payload) if self.payloads is PayloadPolicy.FULL else (None, False)
-                )
-                if raw is not None:
-                    record["raw"] = raw
-                    if redacted:
-                        record["redacted"] = True
-                elif self.payloads is not PayloadPolicy.NONE:  # (or not to be checked)
-                    record["p"] = [len(payload), hashlib.sha256(payload).digest()]
-                else:
-                    record["p"] = [len(payload)]
+                self._payload(record, payload)
+            if pending is not None:  # a control frame amid a message's fragments
+                pending.append((record, None))
+            else:
+                self.recorder.note(record)
+
+    def _payload(self, record: Record, payload: bytes) -> None:
+        """A frame's payload in its record under the policy (with ``full``,
+        redacted)."""
+        raw, redacted = (
+            redact_body(payload) if self.payloads is PayloadPolicy.FULL else (None, False)
+        )
+        if raw is not None:
+            record["raw"] = raw
+            if redacted:
+                record["redacted"] = True
+        elif self.payloads is not PayloadPolicy.NONE:  # (or not to be checked)
+            record["p"] = [len(payload), hashlib.sha256(payload).digest()]
+        else:
+            record["p"] = [len(payload)]
+
+    def _message_done(self, direction: int, *, whole: bool) -> None:
+        """The fragments of ``direction``'s message (and the control frames
+        between them) written: as they came if the message, ``whole`` and
+        within the body limit, holds no credential; by their digests
+        otherwise."""
+        pending = self._pending.pop(direction, [])
+        parts = [payload for _, payload in pending if payload is not None]
+        kept, redacted = False, False
+        if whole and sum(map(len, parts)) <= self.limit:
+            raw, redacted = redact_body(b"".join(parts))
+            kept = raw is not None and not redacted
+        for record, payload in pending:
+            if payload and kept:
+                record["raw"] = payload
+            elif payload:
+                record["p"] = [len(payload), hashlib.sha256(payload).digest()]
+                if redacted:
+                    record["redacted"] = True
             self.recorder.note(record)
 
     def ended(self, how: str) -> None:
+        try:
+            for direction in list(self._pending):  # a message its last fragment never ended
+                self._message_done(direction, whole=False)
+        except Exception as exc:  # a recording bug must never break traffic
+            _bug(exc)
         self.recorder.note({"k": "ws_end", "h": self.conn, "t": time.monotonic_ns(),
                             "w": time.time_ns(), "reason": how})  # fmt: skip
 

@@ -107,12 +107,15 @@ class Seen:
     """What one read held: frames completed (by opcode), data messages
     completed, and the CLOSE frame's code and reason if one came; with a
     reader that ``keeps`` them, each completed frame's payload too
-    (``payloads``, in the order of ``frames``)."""
+    (``payloads``, in the order of ``frames``), and whether it ended its
+    message (``finals``: False for a data message's fragment but its last;
+    True for a control frame)."""
 
     frames: list[str] = field(default_factory=list)
     messages: int = 0
     close: tuple[int, str] | None = None
     payloads: list[bytes] = field(default_factory=list)
+    finals: list[bool] = field(default_factory=list)
 
 
 class FrameReader:
@@ -153,6 +156,7 @@ class FrameReader:
                     seen.frames.append("close")
                     if self.keep:  # as on the wire: the code, then the reason
                         code = int(parsed[0])  # 1005: the frame had none
+                        seen.finals.append(True)
                         seen.payloads.append(
                             b""
                             if code == NO_STATUS
@@ -180,6 +184,7 @@ class FrameReader:
                     seen.frames.append(_OPCODE_NAMES[frame.opcode])
                     if self.keep:
                         seen.payloads.append(b"".join(self._parts))
+                        seen.finals.append(frame.message_finished)
                         self._parts = []
         except WebSocketError:
             self._failed_between = before
