@@ -743,3 +743,18 @@ def test_no_filtered_table_is_left_from_an_earlier_run(awkward: dict[str, Any]) 
     result, out = awkward["result"], awkward["out"]
     assert result.returncode == 0, result.stderr[-3000:]
     assert (out / "files").is_dir() and not (out / "filtered").exists()
+
+
+def test_a_segment_gone_since_the_listing_is_a_damaged_row(tmp_path: Path) -> None:
+    """A segment pruned (or unreadable) between Spark's listing and its
+    reading is a bad segment, not a failed job."""
+    import pyarrow as pa
+
+    from sluice.analyze.partials import reduce_batches
+
+    gone = f"file:{tmp_path / 'pruned.sluice'}"
+    listed = pa.RecordBatch.from_pylist([{"path": gone, "length": 4061}])
+    batches = list(reduce_batches([listed], str(tmp_path)))
+    segment = json.loads(batches[-1].to_pylist()[-1]["extra"])
+    assert segment["damaged"] and segment["bytes"] == 0
+    assert segment["why"] == f"{gone}: not readable (No such file or directory)"

@@ -136,10 +136,24 @@ def segments(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, Any]]:
                 local = local_path(path)
                 if local is None:  # the job reads only local listings itself
                     raise ValueError(f"{path}: not a local file")
-                yield path, Path(local).read_bytes()
+                try:
+                    yield path, Path(local).read_bytes()
+                except OSError as exc:  # gone since the listing (pruned), unreadable
+                    yield path, Unreadable(f"{path}: not readable ({exc.strerror or exc})")
                 continue
             content = contents[i].as_buffer()
             yield path, b"" if content is None else content
+
+
+class Unreadable(bytes):
+    """A listed segment that could not be read (no bytes), and why."""
+
+    why: str
+
+    def __new__(cls, why: str) -> Unreadable:
+        unread = super().__new__(cls, b"")
+        unread.why = why
+        return unread
 
 
 def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -173,8 +187,11 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
                 raise _Damaged(f"a {row['record']} record with {key!r} of the wrong type")
         others.append(row)
 
+    unread = isinstance(content, Unreadable)
+    if unread:
+        segment["why"] = content.why
     try:
-        for record in read_records_from(content, path, result):
+        for record in () if unread else read_records_from(content, path, result):
             kind = record["k"]
             if kind == "frame":
                 s = record["s"]
