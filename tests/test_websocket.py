@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import socket
 import struct
 import threading
 import time
@@ -19,7 +20,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
 import websocket
+from prometheus_client import CollectorRegistry
 
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.protocols.http.websocket import (
@@ -33,6 +36,8 @@ from sluice.protocols.http.websocket import (
     switched_headers,
     upgrade_headers,
 )
+from sluice.proxy.metrics import HttpMetrics
+from sluice.proxy.websocket import Session
 from tests.test_http import MAX_BODY, Redirector, WebProxy, raw_exchange, start_web_proxy
 
 N = 100
@@ -420,3 +425,68 @@ def test_upgrade_headers() -> None:
     ]  # fmt: skip
     assert "extension" in (switch_problem([*answer, (b"Sec-WebSocket-Extensions", b"x")]) or "")
     assert "other than WebSocket" in (switch_problem([(b"Upgrade", b"h2c")]) or "")
+
+
+# --- a Session over real socket pairs ---------------------------------------------
+
+
+def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    a, b = socket.socketpair()
+    return (trio.SocketStream(trio.socket.from_stdlib_socket(a)),
+            trio.SocketStream(trio.socket.from_stdlib_socket(b)))  # fmt: skip
+
+
+class Between:
+    """A ``Session`` between a client and a broker, each the far end of a
+    socket pair (``client``, ``broker``: what they send and receive)."""
+
+    def __init__(self, *, max_message: int = 1 << 20, idle_timeout: float = 30.0) -> None:
+        self.client, client_side = socket_pair()
+        self.broker, broker_side = socket_pair()
+        self.sides = (client_side, broker_side)
+        self.registry = CollectorRegistry()
+        self.metrics = HttpMetrics(self.registry)
+        self.session = Session(client_side, broker_side, self.metrics, max_message=max_message,
+                               idle_timeout=idle_timeout, what="/ws/v2/test")  # fmt: skip
+        self.done = trio.Event()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(f"sluice_http_websocket_{name}", labels)
+
+    async def run(self) -> None:
+        """The session, then both of Sluice's connections closed (as the
+        HTTP relay does)."""
+        try:
+            await self.session.run(b"", b"")
+        finally:
+            for side in self.sides:
+                await side.aclose()
+            self.done.set()
+
+
+async def read_to_eof(stream: trio.SocketStream) -> bytes:
+    got = bytearray()
+    with trio.fail_after(TIMEOUT):
+        while data := await stream.receive_some(65536):
+            got += data
+    return bytes(got)
+
+
+def test_nothing_a_side_sends_after_its_close_is_relayed() -> None:
+    """After its CLOSE a client's bytes (an unmasked frame past the size
+    limit, garbage) are neither relayed nor counted."""
+    close = masked(b"\x88\x04\x03\xe8ok")
+    after = b"\x82\x7e\x4e\x20" + b"x" * 20000 + b"\xff\xff garbage"
+
+    async def main() -> bytes:
+        between = Between(max_message=1000)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(between.run)
+            await between.client.send_all(close + after)
+            await between.client.aclose()
+            got = await read_to_eof(between.broker)
+        assert between.session.ending == "closed"
+        assert between.metric("bytes_total", direction="client_to_broker") == len(close)
+        return got
+
+    assert trio.run(main) == close

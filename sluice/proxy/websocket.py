@@ -13,7 +13,7 @@ frame either way within ``--http-request-timeout`` (1001), or shutdown
 (1001): a CLOSE frame with that code goes to each side whose direction is
 between frames (a frame of Sluice's cannot be put in the middle of one),
 then both connections are closed. The read that held a bad frame is not
-passed on.
+passed on, nor is anything a side sends after its own CLOSE frame.
 """
 
 from __future__ import annotations
@@ -126,9 +126,12 @@ class Session:
                     log.info("WebSocket %s: the %s's %s; session closed", self.what, side, exc)
                     self._end(exc.ending, exc.code, f"Sluice: {exc}")
                     return
+                if seen.passed is not None:  # nothing past this side's CLOSE frame
+                    data = data[: seen.passed]
                 self._count(direction, data, seen.frames, seen.messages, read_here)
                 if self.tap is not None and seen.frames:
                     self.tap.frames(direction == BROKER_TO_CLIENT, seen)
+            if data:
                 self._sending[direction] = True
                 try:
                     await sink.send_all(data)

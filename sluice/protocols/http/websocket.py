@@ -8,8 +8,9 @@ wsproto's frame parser, here, so that Sluice validates and counts frames:
 - ``is_websocket_upgrade``, ``upgrade_headers``, ``switched_headers``,
   ``switch_problem``: the handshake's headers, both ways.
 - ``FrameReader``: one direction's frames (``feed`` bytes, get what they
-  held), a malformed frame or a message over the size limit raising
-  ``WebSocketError`` with the close code to send.
+  held and how much of them to pass on), a malformed frame or a message
+  over the size limit raising ``WebSocketError`` with the close code to
+  send.
 - ``close_frame``: the CLOSE frame Sluice writes itself when it ends a
   session.
 
@@ -116,6 +117,9 @@ class Seen:
     close: tuple[int, str] | None = None
     payloads: list[bytes] = field(default_factory=list)
     finals: list[bool] = field(default_factory=list)
+    # How many of the read's bytes to pass on (None: all of them): none
+    # past the direction's CLOSE frame.
+    passed: int | None = None
 
 
 class FrameReader:
@@ -123,7 +127,8 @@ class FrameReader:
     frames must be masked, the broker's must not. A data message larger
     than ``max_message`` bytes (its frames' payloads together) is an error
     (1009), as is anything wsproto finds wrong (1002; 1007 for text that is
-    not UTF-8). After a CLOSE frame nothing more is parsed."""
+    not UTF-8). After a CLOSE frame nothing more is parsed, nor passed on
+    (``Seen.passed``)."""
 
     def __init__(self, *, from_client: bool, max_message: int, keep: bool = False) -> None:
         # FrameProtocol(client=True) reads what a server sends.
@@ -142,7 +147,10 @@ class FrameReader:
 
     def feed(self, data: bytes) -> Seen:
         seen = Seen()
-        if self.closed is not None or self._failed_between is not None:
+        if self.closed is not None:
+            seen.passed = 0  # a side says nothing after its CLOSE
+            return seen
+        if self._failed_between is not None:
             return seen
         before = self.between_frames
         self._protocol.receive_bytes(data)
@@ -154,6 +162,8 @@ class FrameReader:
                     assert isinstance(parsed, tuple)
                     self.closed = seen.close = (int(parsed[0]), str(parsed[1]))
                     seen.frames.append("close")
+                    # What followed the CLOSE frame is still in wsproto's buffer.
+                    seen.passed = len(data) - len(self._protocol._frame_decoder.buffer)
                     if self.keep:  # as on the wire: the code, then the reason
                         code = int(parsed[0])  # 1005: the frame had none
                         seen.finals.append(True)
