@@ -127,6 +127,28 @@ def test_delayed_receipts_slow_the_client_down_and_back(
     assert f"injected faults: f1 delay x{int(hits)}" in summary.stdout
 
 
+def test_clearing_a_delay_lets_go_of_what_it_held(faulty: FaultyProxy, topic: str) -> None:
+    """A receipt held by a 60 s delay, and the rule cleared: the receipt
+    goes at once (it stayed held for its whole minute, and everything after
+    it on that connection with it)."""
+    with client(faulty.proxy.url) as c:
+        producer = c.create_producer(topic, batching_enabled=False, send_timeout_millis=90_000)
+        send_latencies(producer, 3, "warm")
+        faulty.add(match={"command": "SEND_RECEIPT"}, action="delay", delay_ms=60_000)
+        sent: list[float] = []
+        started = time.monotonic()
+        producer.send_async(b"held", lambda result, _: sent.append(time.monotonic()))
+        deadline = time.monotonic() + 30
+        while not faulty.rules()[0]["hits"]:  # the receipt is held now
+            assert time.monotonic() < deadline, "the receipt was never held"
+            time.sleep(0.05)
+        assert not sent
+        faulty.cli("clear")
+        producer.flush()
+        assert sent and sent[0] - started < 15, sent
+        assert statistics.median(send_latencies(producer, 10, "after")) < 0.05
+
+
 def test_disconnect_after_the_hundredth_send_loses_no_acknowledged_message(
     any_broker: Broker, tmp_path: Path, topic: str
 ) -> None:

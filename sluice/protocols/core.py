@@ -85,12 +85,18 @@ class Close:
     level: int = logging.INFO
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class Hold:
     """Carry out nothing after this before ``until`` (the relay's clock):
-    an injected delay or a throttle, keeping the order of what follows."""
+    an injected delay or a throttle, keeping the order of what follows;
+    sooner once ``released()`` (the rule that held it was removed)."""
 
     until: float
+    released: Callable[[], bool] = field(default=_never, compare=False)
 
 
 Action = Send | OpenUpstream | Ask | Close | Hold

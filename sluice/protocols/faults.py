@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sluice.errors import ConfigError
+from sluice.protocols.core import Hold
 
 E = TypeVar("E", bound=enum.StrEnum)
 
@@ -335,6 +336,9 @@ class Faults:
 
     seed: int | None = None
     rules: list[Rule] = field(default_factory=list)
+    # Counts removals: frames held by a rule made under an earlier epoch go
+    # at once (a delay or throttle removed stops holding what it held).
+    epoch: int = 0
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -360,11 +364,15 @@ class Faults:
     def remove(self, rule_id: str) -> bool:
         before = len(self.rules)
         self.rules = [r for r in self.rules if r.id != rule_id]
+        if len(self.rules) != before:
+            self.epoch += 1
         return len(self.rules) != before
 
     def clear(self) -> int:
         count = len(self.rules)
         self.rules = []
+        if count:
+            self.epoch += 1
         return count
 
     def check(
@@ -431,9 +439,12 @@ class Pacer:
     def __init__(self, faults: Faults) -> None:
         self.faults = faults
         self._free = [0.0, 0.0]  # by direction (0: from the client)
+        self._epoch = faults.epoch
 
     def until(self, rule: Rule, from_client: bool, now: float, size: int) -> float:
         """The time (the caller's clock) to hold a frame of ``size`` bytes until."""
+        if self._epoch != self.faults.epoch:  # rules removed: what they held has gone
+            self._free, self._epoch = [0.0, 0.0], self.faults.epoch
         side = 0 if from_client else 1
         if rule.action is FaultAction.DELAY:
             until = max(now + self.faults.delay(rule), self._free[side])
@@ -442,6 +453,13 @@ class Pacer:
             until = max(now, self._free[side])
             self._free[side] = until + size / rule.rate
         return until
+
+    def hold(self, rule: Rule, from_client: bool, now: float, size: int) -> Hold:
+        """The Hold of a frame of ``size`` bytes: until its time, or until
+        rules are removed."""
+        until = self.until(rule, from_client, now, size)
+        epoch, faults = self.faults.epoch, self.faults
+        return Hold(until, lambda: faults.epoch != epoch)
 
 
 def topic_matches(pattern: str, topic: str | None) -> bool:

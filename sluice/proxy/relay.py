@@ -60,6 +60,8 @@ READ_SIZE = 256 * 1024
 # connection).
 LEAVE_AFTER = 4
 LEAVE_SIZE = 16 * 1024
+# How often a frame held by a fault rule looks whether the rule is gone.
+RELEASE_CHECK = 0.1
 
 
 def _descriptor(stream: trio.abc.Stream) -> int | None:
@@ -915,7 +917,9 @@ class Relay:
                 await self._send(action.to, rest or action.data)
             elif kind is Hold:
                 assert isinstance(action, Hold)
-                await trio.sleep_until(action.until)
+                while not action.released() and trio.current_time() < action.until:
+                    # Looked at every RELEASE_CHECK: a rule removed lets go.
+                    await trio.sleep_until(min(action.until, trio.current_time() + RELEASE_CHECK))
             elif not self._act(action):
                 return
             rest = b""

@@ -51,7 +51,6 @@ from sluice.protocols.core import (
     Conn,
     Dialed,
     FaultInjected,
-    Hold,
     Invalid,
     OnInvalid,
     Opened,
@@ -634,7 +633,7 @@ class CursusConnection:
         )
         to = Peer.BROKER if from_client else Peer.CLIENT
         if action is FaultAction.DELAY or action is FaultAction.THROTTLE:
-            actions.append(Hold(self._pacer.until(rule, from_client, now, len(data))))
+            actions.append(self._pacer.hold(rule, from_client, now, len(data)))
             return None
         if action is FaultAction.DROP:
             return False

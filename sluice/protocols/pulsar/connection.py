@@ -62,7 +62,6 @@ from sluice.protocols.core import (
     Conn,
     Dialed,
     FaultInjected,
-    Hold,
     Invalid,
     LookupDone,
     OnInvalid,
@@ -1570,7 +1569,7 @@ class PulsarConnection:
         )
         to = Peer.BROKER if from_client else Peer.CLIENT
         if action is FaultAction.DELAY or action is FaultAction.THROTTLE:
-            actions.append(Hold(self._pacer.until(rule, from_client, now, len(frame.raw))))
+            actions.append(self._pacer.hold(rule, from_client, now, len(frame.raw)))
             return None
         if action is FaultAction.DROP:
             if not from_client and not own:
