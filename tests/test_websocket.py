@@ -430,8 +430,12 @@ def test_upgrade_headers() -> None:
 # --- a Session over real socket pairs ---------------------------------------------
 
 
-def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+def socket_pair(buffer: int | None = None) -> tuple[trio.SocketStream, trio.SocketStream]:
     a, b = socket.socketpair()
+    if buffer is not None:  # small buffers: a side that does not read holds up its sender
+        for end in (a, b):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
     return (trio.SocketStream(trio.socket.from_stdlib_socket(a)),
             trio.SocketStream(trio.socket.from_stdlib_socket(b)))  # fmt: skip
 
@@ -440,8 +444,9 @@ class Between:
     """A ``Session`` between a client and a broker, each the far end of a
     socket pair (``client``, ``broker``: what they send and receive)."""
 
-    def __init__(self, *, max_message: int = 1 << 20, idle_timeout: float = 30.0) -> None:
-        self.client, client_side = socket_pair()
+    def __init__(self, *, max_message: int = 1 << 20, idle_timeout: float = 30.0,
+                 client_buffer: int | None = None) -> None:  # fmt: skip
+        self.client, client_side = socket_pair(client_buffer)
         self.broker, broker_side = socket_pair()
         self.sides = (client_side, broker_side)
         self.registry = CollectorRegistry()
@@ -485,8 +490,49 @@ def test_nothing_a_side_sends_after_its_close_is_relayed() -> None:
             await between.client.send_all(close + after)
             await between.client.aclose()
             got = await read_to_eof(between.broker)
+            await between.broker.aclose()  # the broker hangs up in turn
         assert between.session.ending == "closed"
         assert between.metric("bytes_total", direction="client_to_broker") == len(close)
         return got
 
     assert trio.run(main) == close
+
+
+def broker_frame(opcode: int, payload: bytes) -> bytes:
+    """A broker's (unmasked) frame."""
+    n = len(payload)
+    length = bytes([n]) if n < 126 else b"\x7e" + struct.pack("!H", n)
+    return bytes([0x80 | opcode]) + length + payload
+
+
+async def eventually_in_trio(check: Callable[[], bool], what: str) -> None:
+    with trio.fail_after(TIMEOUT):
+        while not check():
+            await trio.sleep(0.01)
+
+
+def test_a_brokers_last_frames_reach_a_slow_client_after_it_hung_up() -> None:
+    """The broker sends its last frames and a CLOSE, then hangs up; the
+    client, not reading yet, sends a ping, which cannot reach the broker:
+    the client still gets every frame and the CLOSE, then the end."""
+    frames = b"".join(broker_frame(2, bytes([i]) * 10000) for i in range(10))
+    sent = frames + broker_frame(8, struct.pack("!H", 1011) + b"topic deleted")
+
+    async def main() -> bytes:
+        between = Between(client_buffer=4096)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(between.run)
+            await between.broker.send_all(sent)
+            await between.broker.aclose()
+            await between.client.send_all(masked(b"\x89\x04ping"))
+            await eventually_in_trio(
+                lambda: between.metric("frames_total", direction="client_to_broker",
+                                       opcode="ping") == 1,
+                "the ping read",
+            )  # fmt: skip
+            got = await read_to_eof(between.client)
+        assert between.session.ending == "closed"
+        return got
+
+    got = trio.run(main)
+    assert len(got) == len(sent) and got == sent

@@ -14,6 +14,11 @@ frame either way within ``--http-request-timeout`` (1001), or shutdown
 between frames (a frame of Sluice's cannot be put in the middle of one),
 then both connections are closed. The read that held a bad frame is not
 passed on, nor is anything a side sends after its own CLOSE frame.
+
+When a side hangs up (or can take nothing more), the other direction
+still passes on what its source sends, up to its end, for ``CLOSE_GRACE``
+at most: a broker's last frames and CLOSE reach a client that reads slowly
+although the broker has gone.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, HttpMetrics
 log = logging.getLogger("sluice.http")
 
 CHUNK = 65536
-# Time for Sluice's own CLOSE frames to go out before the connections close.
+# Time for Sluice's own CLOSE frames to go out before the connections close;
+# and for a direction to pass on what its source still sends once the other
+# direction is over.
 CLOSE_GRACE = 2.0
 _LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
@@ -79,6 +86,7 @@ class Session:
         self.closing: tuple[int, str] | None = None
         self._last = trio.current_time()
         self._sending = {CLIENT_TO_BROKER: False, BROKER_TO_CLIENT: False}
+        self._finished: set[str] = set()  # the directions over
         self._scope = trio.CancelScope()
 
     def shut_down(self) -> None:
@@ -103,6 +111,11 @@ class Session:
                     nursery.start_soon(self._watch_idle)
             if self.closing is not None:
                 await self._send_closes(*self.closing)
+            elif self.ending is None:
+                # A side hung up: after a CLOSE frame either way, the
+                # session's normal end; before, a hang-up.
+                said = any(r.closed is not None for r in self.readers.values())
+                self.ending = "closed" if said else "hangup"
         finally:
             self.metrics.ws_active.dec()
             self.metrics.ws_ended.labels(self.ending or "hangup").inc()
@@ -136,7 +149,7 @@ class Session:
                 try:
                     await sink.send_all(data)
                 except _LOST:
-                    self._hung_up()
+                    self._over(direction)  # nowhere to pass it on: at once
                     return
                 self._sending[direction] = False
             read_here = True
@@ -145,14 +158,25 @@ class Session:
             except _LOST:
                 data = b""
             if not data:
-                self._hung_up()
+                # The source hung up: its sink is told (where a stream can
+                # be half-closed), so that it hangs up too.
+                if isinstance(sink, trio.abc.HalfCloseableStream):
+                    try:
+                        await sink.send_eof()
+                    except (*_LOST, trio.BusyResourceError):
+                        pass
+                self._over(direction)
                 return
 
-    def _hung_up(self) -> None:
-        """A side closed its connection: after a CLOSE frame either way, the
-        session's normal end; before, a hang-up."""
-        said = any(r.closed is not None for r in self.readers.values())
-        self._end("closed" if said else "hangup")
+    def _over(self, direction: str) -> None:
+        """A direction is over (its source hung up, or its sink can take
+        nothing more): the other one passes on what its source still sends,
+        up to its end, for ``CLOSE_GRACE`` at most; then the session ends."""
+        self._finished.add(direction)
+        if len(self._finished) == len(self.streams):
+            self._scope.cancel()
+        else:
+            self._scope.deadline = min(self._scope.deadline, trio.current_time() + CLOSE_GRACE)
 
     def _count(
         self, direction: str, data: bytes, frames: list[str], messages: int, http: bool
