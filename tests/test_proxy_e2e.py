@@ -613,6 +613,11 @@ def test_broker_certificate_hostname_is_verified(broker: EmbeddedBroker, tmp_pat
         )
         assert result.returncode == 1
         assert "TLS handshake" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        # Not checking the name is not trusting any certificate: without
+        # --broker-tls-ca, one of a CA the system does not trust is refused.
+        result = run_cli("proxy", "--listen", f"127.0.0.1:{free_port()}", "--broker", upstream,
+                         "--broker-tls-no-verify-hostname")  # fmt: skip
+        assert result.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in result.stderr, result
         b = start_proxy(
             upstream, tmp_path, "--broker-tls-ca", str(ca), "--broker-tls-no-verify-hostname"
         )

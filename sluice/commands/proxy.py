@@ -121,7 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--broker-tls-no-verify-hostname",
         action="store_true",
-        help="do not check broker certificates' host names",
+        help="do not check broker certificates' host names (the certificates are still "
+        "checked against --broker-tls-ca or the system's CAs)",
     )
     up.add_argument(
         "--broker-tls-cert",

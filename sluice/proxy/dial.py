@@ -235,10 +235,11 @@ def client_ssl_context(config: TlsClientConfig) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the broker CA {config.ca}: {_reason(exc)}") from None
     context.minimum_version = MINIMUM_TLS
+    # Without hostname checks the certificate is still checked against the
+    # CA (as Pulsar's tlsHostnameVerificationEnable=false leaves it): only
+    # the name it was issued for may differ from the address dialled.
     context.check_hostname = config.verify_hostname
-    if not config.verify_hostname:
-        # Hostname checks off means the operator trusts the network path.
-        context.verify_mode = ssl.CERT_NONE if config.ca is None else ssl.CERT_REQUIRED
+    context.verify_mode = ssl.CERT_REQUIRED
     if config.cert is not None:
         try:
             context.load_cert_chain(str(config.cert), str(config.key) if config.key else None)
