@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sluice.addresses import Address
+from sluice.errors import ConfigError
 
 ROUTES_FILE = "routes"
 LIMITS_FILE = "limits"
@@ -51,8 +52,9 @@ class Journal:
     """An append-only file of short lines that several processes write and
     read: one ``O_APPEND`` write of a line is atomic."""
 
-    def __init__(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    def __init__(self, path: Path, fd: int | None = None) -> None:
+        """``fd``: ``path`` opened already (read-write, appending)."""
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600) if fd is None else fd
         self._read = 0
         self._partial = b""
 
@@ -81,6 +83,25 @@ TLS = "tls"
 KINDS = (PLAIN, TLS)
 
 
+def open_ports_file(path: Path) -> int:
+    """``--broker-ports-file``, opened (created if missing) for reading and
+    appending: its descriptor. ConfigError, one line naming the file, if it
+    cannot be (read-only, a mounted ConfigMap, ``chattr +i``, a directory)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise ConfigError(
+            f"--broker-ports-file {path}: cannot open it for reading and writing: "
+            f"{exc.strerror or exc}"
+        ) from None
+
+
+def check_ports_file(path: Path) -> None:
+    """Where the configuration is checked (before any worker is started):
+    ``--broker-ports-file`` can be kept, or ConfigError naming it."""
+    os.close(open_ports_file(path))
+
+
 class SharedBrokerPorts:
     """Which of the supervisor's ``--listener-ports`` stands for which broker,
     and speaks which kind (``PLAIN``, ``TLS``), for every worker
@@ -94,7 +115,7 @@ class SharedBrokerPorts:
     def __init__(self, journal: Path, main_kind: str = PLAIN) -> None:
         self.path = journal
         self.main_kind = main_kind
-        self._journal = Journal(journal)
+        self._journal = Journal(journal, open_ports_file(journal))
         self.by_port: dict[int, tuple[Address, str]] = {}
         self.by_broker: dict[tuple[Address, str], int] = {}
 

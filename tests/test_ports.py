@@ -1,0 +1,63 @@
+"""Port-per-broker's journal (``--broker-ports-file``) against what a file
+on disk can hold: one that cannot be written, damaged lines, ports the
+proxy does not listen on."""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sluice.errors import ConfigError
+from sluice.proxy.shared import SharedBrokerPorts, check_ports_file
+
+# linux/fs.h: the inode flags (chattr's), and the immutable one.
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+def _set_immutable(path: Path, on: bool) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        flags = array.array("l", [0])
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+        flags[0] = flags[0] | FS_IMMUTABLE_FL if on else flags[0] & ~FS_IMMUTABLE_FL
+        fcntl.ioctl(fd, FS_IOC_SETFLAGS, flags, True)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def unwritable(path: Path) -> Iterator[Path]:
+    """``path``, a file nobody may open for writing: read-only, or for root
+    immutable (``chattr +i``, as a file on a read-only mount)."""
+    path.write_text("")
+    if os.geteuid() != 0:
+        path.chmod(0o400)
+        yield path
+        return
+    try:
+        _set_immutable(path, True)
+    except OSError as exc:
+        pytest.skip(f"root, and no immutable files here ({exc}): no file root cannot write")
+    try:
+        yield path
+    finally:
+        _set_immutable(path, False)
+
+
+def test_a_ports_file_that_cannot_be_written_is_one_line_naming_it(tmp_path: Path) -> None:
+    with unwritable(tmp_path / "broker-ports") as path:
+        with pytest.raises(ConfigError, match=f"--broker-ports-file {path}: cannot open it"):
+            check_ports_file(path)
+        # Opened by a proxy (a worker) all the same: the same line, not a traceback.
+        with pytest.raises(ConfigError, match=f"--broker-ports-file {path}") as caught:
+            SharedBrokerPorts(path)
+        assert "\n" not in str(caught.value)
+    missing = tmp_path / "new-ports"  # a file that is not there yet is created
+    check_ports_file(missing)
+    assert missing.is_file()
