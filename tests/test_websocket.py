@@ -536,3 +536,30 @@ def test_a_brokers_last_frames_reach_a_slow_client_after_it_hung_up() -> None:
 
     got = trio.run(main)
     assert len(got) == len(sent) and got == sent
+
+
+def test_a_frame_sent_a_byte_at_a_time_does_not_hold_an_idle_session() -> None:
+    """Bytes of a frame that never ends are not frames: the session ends
+    after the idle timeout (1001 to the client, whose direction is between
+    frames) although a byte came in every tenth of a second."""
+    frame = masked(b"\x81\x7d" + b"x" * 125)
+
+    async def main() -> bytes:
+        between = Between(idle_timeout=0.5)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(between.run)
+            sent = 0
+            while not between.done.is_set() and sent < len(frame) - 1:
+                await between.client.send_all(frame[sent : sent + 1])
+                sent += 1
+                await trio.sleep(0.1)  # a byte each tenth of a second, never a whole frame
+            got = await read_to_eof(between.client)
+        assert sent < len(frame) - 1, "the session outlived the frame's bytes"
+        assert between.session.ending == "idle_timeout"
+        return got
+
+    got = trio.run(main)
+    assert FrameReader(from_client=False, max_message=100).feed(got).close == (
+        1001,
+        "Sluice: no frame within 0.5s (--http-request-timeout)",
+    )

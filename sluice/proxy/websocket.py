@@ -131,7 +131,6 @@ class Session:
         read_here = direction == BROKER_TO_CLIENT
         while True:
             if data:
-                self._last = trio.current_time()
                 try:
                     seen = reader.feed(data)
                 except WebSocketError as exc:
@@ -139,6 +138,8 @@ class Session:
                     log.info("WebSocket %s: the %s's %s; session closed", self.what, side, exc)
                     self._end(exc.ending, exc.code, f"Sluice: {exc}")
                     return
+                if seen.frames:  # idle: no whole frame either way (bytes of one are not)
+                    self._last = trio.current_time()
                 if seen.passed is not None:  # nothing past this side's CLOSE frame
                     data = data[: seen.passed]
                 self._count(direction, data, seen.frames, seen.messages, read_here)
