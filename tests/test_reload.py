@@ -320,3 +320,20 @@ async def test_an_issuer_whose_keys_cannot_be_fetched_is_refused_by_a_reload(
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_a_broker_ca_rewritten_under_its_name_is_named_as_kept(tmp_path: Path) -> None:
+    """The broker CA (or Sluice's client certificate) rotated in place is
+    read at start only: a reload names it as kept until a restart, rather
+    than answering "unchanged" while dials go on failing against the new
+    broker certificate."""
+    from tests.helpers.support import tls_files
+
+    ca, _, _ = tls_files(tmp_path, "localhost")
+    line = argv(write(tmp_path / "sluice.toml"), "--broker-tls-ca", str(ca))
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    assert (await proxy.reload_from_source("SIGHUP")).outcome == "unchanged"
+    tls_files(tmp_path, "localhost")  # a new CA, written under the same name
+    rotated = await proxy.reload_from_source("SIGHUP")
+    assert rotated.kept == ["--broker-tls"], rotated.to_json()  # "needs a restart"

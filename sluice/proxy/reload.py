@@ -76,17 +76,28 @@ FILES = (
     "broker_auth_token_file",
     "auth_oidc_ca",
     "broker_auth_oauth2_credentials",
+    # Outside LIVE, read at start only: one rewritten is named as kept (a
+    # restart puts it in force) rather than passing for unchanged. (The
+    # listeners' own certificate and key are watched and taken as they
+    # change: dial.CertificateReloader.)
+    "broker_tls.ca",
+    "broker_tls.cert",
+    "broker_tls.key",
+    "tls.client_ca",
 )
 
 
 def held(config: Any, names: tuple[str, ...] = FILES) -> dict[str, str | None]:
-    """What the files of settings ``names`` (of FILES) hold now: a SHA-256
-    of each by setting; None where unset, "unreadable" where it cannot be
-    read (loading it says why). Taken before the files are loaded, so that
-    a file rewritten between the two reads as changed at the next reload."""
+    """What the files of settings ``names`` (of FILES; ``a.b``: field ``b``
+    of field ``a``) hold now: a SHA-256 of each by setting; None where
+    unset, "unreadable" where it cannot be read (loading it says why).
+    Taken before the files are loaded, so that a file rewritten between the
+    two reads as changed at the next reload."""
     out: dict[str, str | None] = {}
     for name in names:
-        path = getattr(config, name)
+        path = config
+        for part in name.split("."):
+            path = getattr(path, part, None)
         if path is None:
             out[name] = None
             continue
@@ -122,7 +133,15 @@ def split(
     kept: list[str] = []
     for f in dataclasses.fields(old):
         before, after = getattr(old, f.name), getattr(new, f.name)
-        rewritten = was is not None and now is not None and was.get(f.name) != now.get(f.name)
+        rewritten = (
+            was is not None
+            and now is not None
+            and any(
+                was.get(name) != now.get(name)
+                for name in FILES
+                if name == f.name or name.startswith(f.name + ".")
+            )
+        )
         if before == after and not rewritten:
             continue
         if f.name in LIVE:
