@@ -333,6 +333,12 @@ def test_credentials_are_left_out_of_targets_headers_and_bodies() -> None:
         ["X-Original-Principal", "<redacted>"], ["Accept", "*/*"],
         ["Location", "http://h/x?token=<redacted>"],
     ]  # fmt: skip
+    # A browser's token as a WebSocket subprotocol; the handshake's nonces kept.
+    assert redact_headers([(b"Sec-WebSocket-Protocol", f"access_token, {BEARER}".encode()),
+                           (b"Sec-WebSocket-Key", b"dGhlIHNhbXBsZSBub25jZQ==")]) == [
+        ["Sec-WebSocket-Protocol", "<redacted>"],
+        ["Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="],
+    ]  # fmt: skip
     assert redact_body(b'{"a": [{"password": "p", "key": "k"}]}') == (
         b'{"a":[{"password":"<redacted>","key":"k"}]}',
         True,

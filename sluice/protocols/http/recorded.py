@@ -65,8 +65,12 @@ def sensitive(name: str) -> bool:
 
 def sensitive_header(name: str) -> bool:
     """A header whose value is not recorded (a WebSocket handshake's key
-    and accept values are nonces, not credentials)."""
+    and accept values are nonces, not credentials; its subprotocols may
+    be one, as browsers, which cannot set ``Authorization`` on a WebSocket,
+    send a token there)."""
     lower = name.lower()
+    if lower == "sec-websocket-protocol":
+        return True
     return not lower.startswith("sec-websocket-") and bool(_SENSITIVE_HEADER.search(lower))
 
 
