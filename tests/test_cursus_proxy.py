@@ -10,7 +10,9 @@ refuses it, without reaching the broker.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import socket
 import ssl
 import threading
@@ -28,8 +30,16 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.addresses import Address
+from sluice.brokers.embedded import free_port
 from sluice.protocols.core import OnInvalid
-from sluice.protocols.cursus import Stream, StreamControl, decode_stream, encode_request
+from sluice.protocols.cursus import (
+    Create,
+    Metadata,
+    Stream,
+    StreamControl,
+    decode_stream,
+    encode_request,
+)
 from sluice.protocols.cursus.batch import Batch, Message, encode_batch
 from sluice.protocols.cursus.encoder import frame
 from sluice.protocols.faults import FaultError, parse_rule
@@ -40,6 +50,7 @@ from sluice.proxy.server import Proxy
 from tests.helpers.cursus_broker import Cluster, open_cluster
 from tests.test_cursus_broker import (
     Collector,
+    Wire,
     client_speaks_tls,
     collect_all,
     in_thread,
@@ -333,3 +344,63 @@ async def test_sigterm_ends_an_open_stream_where_the_client_was() -> None:
         assert delivered() == [0, 1, 2]
         assert frames[-1].message == StreamControl("CLOSE", "stopped", 3)
         await client.aclose()
+
+
+# --- port-per-broker: --listener-ports and --broker-ports-file ----------------------
+
+
+def free_range(size: int) -> tuple[int, int]:
+    """``size`` consecutive ports nobody listens on now."""
+    for _ in range(50):
+        low = free_port()
+        if low + size > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(low, low + size):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return low, low + size - 1
+    raise AssertionError(f"no {size} free ports in a row")
+
+
+async def leaders_through(proxy: Watched, topic: str) -> list[int]:
+    """The ports the proxy's METADATA answer for a new 3-partition ``topic`` names."""
+    wire = await Wire.open(proxy.address)
+    try:
+        assert (await wire.ask(Create(topic=topic, partitions=3))).ok
+        reply = await wire.text(Metadata(topic=topic))
+    finally:
+        await wire.stream.aclose()
+    leaders = next(word for word in reply.split() if word.startswith("leaders="))
+    return [int(a.rsplit(":", 1)[1]) for a in leaders.removeprefix("leaders=").split(",")]
+
+
+async def test_damaged_lines_of_the_ports_file_are_ignored_with_a_warning(
+    cluster3: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line with a port no socket can have (a bit flip, a bad edit), one
+    outside today's --listener-ports, one that does not parse: each is
+    named in a warning and ignored; the proxy starts, and the brokers get
+    ports of the range."""
+    low, high = free_range(6)
+    second, third = (int(a.rsplit(":", 1)[1]) for a in cluster3.addresses[1:])
+    journal = tmp_path / "broker-ports"
+    journal.write_text(f"99999 127.0.0.1 {second} plain\n"
+                       f"{high + 40} 127.0.0.1 {third} plain\n"
+                       f"{low} 127.0.0.1 not-a-port plain\n")  # fmt: skip
+    caplog.set_level(logging.WARNING, "sluice.proxy")
+    async with trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster3, listener_ports=(low, high),
+                                  broker_ports_file=journal)  # fmt: skip
+        main = int(proxy.address.rsplit(":", 1)[1])
+        ports = await leaders_through(proxy, "damaged")
+        assert sorted(ports) == sorted([main, low, low + 1]), ports
+        warned = "\n".join(r.getMessage() for r in caplog.records)
+        assert f"{journal}, line 1 (99999 127.0.0.1 {second} plain): ignored: port 99999" in warned
+        assert f"line 2 ({high + 40} 127.0.0.1 {third} plain): ignored: port {high + 40} is " \
+            f"outside --listener-ports {low}-{high}" in warned  # fmt: skip
+        assert "line 3" in warned
+        nursery.cancel_scope.cancel()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.addresses import Address
 from sluice.errors import ConfigError
 from sluice.proxy.shared import SharedBrokerPorts, check_ports_file
 
@@ -61,3 +62,16 @@ def test_a_ports_file_that_cannot_be_written_is_one_line_naming_it(tmp_path: Pat
     missing = tmp_path / "new-ports"  # a file that is not there yet is created
     check_ports_file(missing)
     assert missing.is_file()
+
+
+def test_workers_give_no_port_from_a_line_outside_the_range(tmp_path: Path) -> None:
+    """A worker's journal ignores a damaged line (a port over 65535) and one
+    outside --listener-ports: the broker is given a port of the pool, never
+    the line's."""
+    path = tmp_path / "broker-ports"
+    path.write_text("99999 node-1 9000 plain\n19050 node-2 9000 plain\n")
+    ports = SharedBrokerPorts(path, span=(19000, 19005))
+    pool = [19000, 19001, 19002]
+    assert ports.assign(Address("node-1", 9000), pool) == 19000
+    assert ports.assign(Address("node-2", 9000), pool) == 19001
+    assert ports.broker_for(19050) is None and ports.broker_for(99999) is None

@@ -102,6 +102,8 @@ class BrokerPorts:
         self.advertise = advertise
         self.span = span
         self.journal = journal
+        if journal is not None and journal.span is None:
+            journal.span = span  # its lines for ports outside the range are ignored
         self.pool = pool
         self.wrap = wrap
         self.kinds = kinds

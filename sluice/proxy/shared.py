@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import logging
 import mmap
 import os
 import zlib
@@ -39,6 +40,8 @@ from pathlib import Path
 
 from sluice.addresses import Address
 from sluice.errors import ConfigError
+
+log = logging.getLogger("sluice.proxy")
 
 ROUTES_FILE = "routes"
 LIMITS_FILE = "limits"
@@ -110,12 +113,19 @@ class SharedBrokerPorts:
     A journal line is ``PORT HOST BROKER_PORT KIND``; a line without the
     kind (written before per-broker TLS listeners existed) is of
     ``main_kind``, the kind the per-broker listeners had then: the first of
-    ``--listen``, ``--listen-tls``."""
+    ``--listen``, ``--listen-tls``. ``span``: the ``--listener-ports``
+    range; a line whose port is outside it (the range was another when it
+    was written) or that does not parse (a damaged file) is ignored, with a
+    warning naming the file and the line."""
 
-    def __init__(self, journal: Path, main_kind: str = PLAIN) -> None:
+    def __init__(
+        self, journal: Path, main_kind: str = PLAIN, span: tuple[int, int] | None = None
+    ) -> None:
         self.path = journal
         self.main_kind = main_kind
+        self.span = span
         self._journal = Journal(journal, open_ports_file(journal))
+        self._lines = 0  # read so far
         self.by_port: dict[int, tuple[Address, str]] = {}
         self.by_broker: dict[tuple[Address, str], int] = {}
 
@@ -157,15 +167,37 @@ class SharedBrokerPorts:
 
     def refresh(self) -> None:
         for parts in self._journal.new_lines():
+            self._lines += 1
+            if not parts:
+                continue
+            problem = self._problem(parts)
+            if problem is not None:  # not written by assign(): never trusted
+                log.warning("%s, line %d (%s): ignored: %s", self.path, self._lines,
+                            " ".join(parts)[:80], problem)  # fmt: skip
+                continue
             if len(parts) == 3:
                 parts = [*parts, self.main_kind]
-            if len(parts) != 4 or not (parts[0].isdigit() and parts[2].isdigit()):
-                continue  # not written by assign(): never trusted
-            if parts[3] not in KINDS:
-                continue
             port, broker, kind = int(parts[0]), Address(parts[1], int(parts[2])), parts[3]
+            earlier = self.by_port.get(port)
+            if earlier is not None and self.by_broker.get(earlier) == port:
+                del self.by_broker[earlier]  # a port stands for one broker: the latest
             self.by_port[port] = (broker, kind)
             self.by_broker[(broker, kind)] = port
+
+    def _problem(self, parts: list[str]) -> str | None:
+        """Why a journal line (split into words) is not one ``assign`` writes."""
+        if len(parts) not in (3, 4) or not (parts[0].isdigit() and parts[2].isdigit()):
+            return "not PORT HOST BROKER_PORT KIND"
+        if len(parts) == 4 and parts[3] not in KINDS:
+            return f"kind {parts[3]!r} is not one of {', '.join(KINDS)}"
+        port, broker_port = int(parts[0]), int(parts[2])
+        if not 0 < broker_port < 65536:
+            return f"broker port {broker_port} is not 1-65535"
+        if not 0 < port < 65536:
+            return f"port {port} is not 1-65535"
+        if self.span is not None and not self.span[0] <= port <= self.span[1]:
+            return f"port {port} is outside --listener-ports {self.span[0]}-{self.span[1]}"
+        return None
 
     def close(self) -> None:
         self._journal.close()
