@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import signal
 import socket
 import ssl
 import threading
@@ -48,6 +50,8 @@ from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.proxy.server import Proxy
 from tests.helpers.cursus_broker import Cluster, open_cluster
+from tests.helpers.support import start_proxy as start_process
+from tests.helpers.support import worker_pids
 from tests.test_cursus_broker import (
     Collector,
     Wire,
@@ -366,9 +370,10 @@ def free_range(size: int) -> tuple[int, int]:
     raise AssertionError(f"no {size} free ports in a row")
 
 
-async def leaders_through(proxy: Watched, topic: str) -> list[int]:
-    """The ports the proxy's METADATA answer for a new 3-partition ``topic`` names."""
-    wire = await Wire.open(proxy.address)
+async def leaders_through(address: str, topic: str) -> list[int]:
+    """The ports the METADATA answer of the proxy at ``address`` for a new
+    3-partition ``topic`` names."""
+    wire = await Wire.open(address)
     try:
         assert (await wire.ask(Create(topic=topic, partitions=3))).ok
         reply = await wire.text(Metadata(topic=topic))
@@ -396,7 +401,7 @@ async def test_damaged_lines_of_the_ports_file_are_ignored_with_a_warning(
         proxy = await start_proxy(nursery, cluster3, listener_ports=(low, high),
                                   broker_ports_file=journal)  # fmt: skip
         main = int(proxy.address.rsplit(":", 1)[1])
-        ports = await leaders_through(proxy, "damaged")
+        ports = await leaders_through(proxy.address, "damaged")
         assert sorted(ports) == sorted([main, low, low + 1]), ports
         warned = "\n".join(r.getMessage() for r in caplog.records)
         assert f"{journal}, line 1 (99999 127.0.0.1 {second} plain): ignored: port 99999" in warned
@@ -404,3 +409,38 @@ async def test_damaged_lines_of_the_ports_file_are_ignored_with_a_warning(
             f"outside --listener-ports {low}-{high}" in warned  # fmt: skip
         assert "line 3" in warned
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.e2e
+async def test_workers_never_advertise_a_ports_file_port_nobody_listens_on(
+    cluster3: Cluster, tmp_path: Path
+) -> None:
+    """--workers: the ports file gives a broker a port another program took
+    before the proxy started (so the supervisor could not bind it). The
+    broker is given another port of the range, never the one nobody of
+    Sluice's listens on, and the start says so."""
+    low, high = free_range(6)
+    second = int(cluster3.addresses[1].rsplit(":", 1)[1])
+    journal = tmp_path / "broker-ports"
+    journal.write_text(f"{low + 1} 127.0.0.1 {second} plain\n")
+    with socket.socket() as other:  # another program, holding the port
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.bind(("127.0.0.1", low + 1))
+        other.listen()
+        proxy = await in_thread(start_process, f"cursus://{cluster3.address}", tmp_path,
+                                "--workers", "2", "--listener-ports", f"{low}-{high}",
+                                "--broker-ports-file", str(journal))  # fmt: skip
+        pids: dict[int, int] = {}
+        try:
+            pids = await in_thread(worker_pids, proxy, 2)
+            assert len(pids) == 2, proxy.log()
+            ports = await leaders_through(f"127.0.0.1:{proxy.port}", "stale")
+            assert low + 1 not in ports, proxy.log()
+            assert all(p == proxy.port or low <= p <= high for p in ports), ports
+            assert f"--listener-ports: {low + 1} in use" in proxy.log()
+        finally:
+            proxy.kill()
+            for pid in pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in proxy.log(), proxy.log()

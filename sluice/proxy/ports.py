@@ -189,10 +189,19 @@ class BrokerPorts:
     async def reopen_known(self) -> None:
         """Listen at once on every port the journal (an earlier run) gave a
         broker, for clients that still dial it. (Workers need not: the
-        supervisor has bound the whole range.)"""
-        if self.pool is not None or self.journal is None:
+        supervisor has bound the whole range: a port of the journal it
+        could not bind is only warned about.)"""
+        if self.journal is None:
             return
         self.journal.refresh()
+        if self.pool is not None:
+            for (broker, _kind), port in self.journal.by_broker.items():
+                if port not in self.pool:
+                    log.warning("broker %s: port %d, which %s gives it, was in use at "
+                                "start (by another program): the broker "
+                                "is given another port when a reply names it", broker, port,
+                                self.journal.path)  # fmt: skip
+            return
         for broker, kind in list(self.journal.by_broker):
             if kind not in self.kinds:
                 port = self.journal.by_broker[broker, kind]
@@ -241,11 +250,13 @@ def bind_range(host: str, low: int, high: int) -> list[socket.socket]:
         )
     bound: list[socket.socket] = []
     bound_ports = 0
+    busy: list[int] = []
     for port in range(low, high + 1):
         try:
             sockets = bind_all(Address(host, port), targets=targets)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
+                busy.append(port)
                 continue  # the main listener, say: a lone proxy would skip it too
             raise OSError(f"--listener-ports: cannot listen on {host}:{port}: "
                           f"{exc.strerror or exc}") from None  # fmt: skip
@@ -253,6 +264,12 @@ def bind_range(host: str, low: int, high: int) -> list[socket.socket]:
         bound_ports += 1
     if not bound_ports:
         raise OSError(f"no free port in --listener-ports {low}-{high}")
+    if busy:
+        shown = ", ".join(map(str, busy[:10])) + (
+            f" and {len(busy) - 10} more" if busy[10:] else ""
+        )
+        log.warning("--listener-ports: %s in use by another listener: no broker is given "
+                    "%s", shown, "them" if len(busy) > 1 else "it")  # fmt: skip
     log.info("%d of --listener-ports %d-%d bound for the brokers replies name", bound_ports,
              low, high)  # fmt: skip
     return bound

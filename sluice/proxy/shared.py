@@ -131,17 +131,23 @@ class SharedBrokerPorts:
 
     def assign(self, broker: Address, ports: Iterable[int], kind: str = PLAIN) -> int | None:
         """The port of kind ``kind`` that stands for ``broker``: the one some
-        worker gave it, or else the first of ``ports`` no broker has (None:
+        worker gave it, if it is one of ``ports`` (the ports this proxy
+        listens on), or else the first of ``ports`` no broker has (None:
         all are taken). ValueError: a host name the journal cannot hold
         (empty, spaces, not text), which no reply from a working broker has."""
         host = broker.host.lower()
         if not host or host.split() != [host] or not host.isprintable():
             raise ValueError(f"broker host {broker.host!r} cannot be given a port")
         key = (Address(host, broker.port), kind)
+        ports = list(ports)
         fcntl.flock(self._journal.fd, fcntl.LOCK_EX)
         try:
             self.refresh()
             port = self.by_broker.get(key)
+            if port is not None and port not in ports:  # bound by another program at start
+                log.warning("broker %s: port %d, which %s gives it, is not one this proxy "
+                            "listens on: it is given another", broker, port, self.path)  # fmt: skip
+                port = None
             if port is None:
                 port = next((p for p in ports if p not in self.by_port), None)
                 if port is not None:
