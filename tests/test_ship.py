@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.brokers.embedded import EmbeddedBroker, free_port
+from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port
 from sluice.commands.proxy import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
@@ -52,6 +53,21 @@ def test_demo_runs_and_reports(tmp_path: Path) -> None:
     summary = sluice("inspect", str(record), "--summary")
     assert summary.returncode == 0
     assert "SEND" in summary.stdout and "MESSAGE" in summary.stdout
+
+
+@pytest.mark.e2e
+def test_a_broker_that_fails_to_start_says_why(tmp_path: Path) -> None:
+    """The embedded broker (demo's) exits at start, its port taken: the
+    error carries the last lines of its log, read before its scratch
+    directory (which holds the log) is removed."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        broker = EmbeddedBroker(port=taken.getsockname()[1], start_timeout=10)
+        with pytest.raises(BrokerError) as caught:
+            broker.start()
+    assert "Address already in use" in str(caught.value), str(caught.value)
+    assert not broker.data_dir.exists()  # still cleaned up
 
 
 # --- configuration ------------------------------------------------------------

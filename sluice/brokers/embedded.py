@@ -236,8 +236,8 @@ class EmbeddedBroker:
         try:
             wait_for_port(self.host, self.port, self.start_timeout, self.process)
         except BrokerError as exc:
+            tail = self.log_tail()  # before stop(), which removes a data dir of its own
             self.stop()
-            tail = self.log_tail()
             raise BrokerError(f"{exc}\n{tail}" if tail else str(exc)) from None
         return self
 
