@@ -199,6 +199,7 @@ def _cursus_file(path: Path, *records: dict[str, object], protocol: str = "cursu
         (_frame(s={"cmd": "SEND", "chunk": 7}), "summary has 'chunk' of the wrong type"),
         (_frame(s={"cmd": "SEND", "chunk": ["u", "1", 2, 0]}), "'chunk' of the wrong shape"),
         (_frame(w=-5), "a frame record from before 1970"),
+        (_frame(invalid=40), "a frame record with 'invalid' of the wrong type"),
         ({"k": "gap", "t": 1, "dropped": 2, "w": "x"}, "a gap record with 'w' of the wrong"),
         ({"k": "http", "h": 1, "t": 1, "w": 1}, "a http record without 'x'"),
         ({"k": "ws", "h": "1", "d": 0, "t": 1, "w": 1, "n": 1, "op": "text"}, "'h' of the wrong"),

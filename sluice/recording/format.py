@@ -213,7 +213,7 @@ _SUMMARY: dict[str, type] = {
 # Each kind's required keys with their types, and the optional keys readers
 # take as they are, with theirs (checked where present).
 _CHECKS = {kind: tuple((key, _TYPES[key]) for key in keys) for kind, keys in _REQUIRED.items()}
-_OPTIONAL = (("raw", bytes), ("s", dict), ("p", list))
+_OPTIONAL = (("raw", bytes), ("s", dict), ("p", list), ("invalid", str), ("why", str))
 _HEADER = ("capture", "started", "payloads")  # in every header Sluice has written
 
 
