@@ -87,6 +87,8 @@ class Session:
         self._last = trio.current_time()
         self._sending = {CLIENT_TO_BROKER: False, BROKER_TO_CLIENT: False}
         self._finished: set[str] = set()  # the directions over
+        # When a side first hung up: whether a CLOSE frame had gone by.
+        self._hung_up: bool | None = None
         self._scope = trio.CancelScope()
 
     def shut_down(self) -> None:
@@ -114,7 +116,9 @@ class Session:
             elif self.ending is None:
                 # A side hung up: after a CLOSE frame either way, the
                 # session's normal end; before, a hang-up.
-                said = any(r.closed is not None for r in self.readers.values())
+                said = self._hung_up
+                if said is None:  # no side hung up, only sends failed
+                    said = any(r.closed is not None for r in self.readers.values())
                 self.ending = "closed" if said else "hangup"
         finally:
             self.metrics.ws_active.dec()
@@ -159,6 +163,8 @@ class Session:
             except _LOST:
                 data = b""
             if not data:
+                if self._hung_up is None:  # the first side to hang up decides
+                    self._hung_up = any(r.closed is not None for r in self.readers.values())
                 # The source hung up: its sink is told (where a stream can
                 # be half-closed), so that it hangs up too.
                 if isinstance(sink, trio.abc.HalfCloseableStream):
