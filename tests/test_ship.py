@@ -7,9 +7,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,77 @@ def test_a_broker_that_fails_to_start_says_why(tmp_path: Path) -> None:
             broker.start()
     assert "Address already in use" in str(caught.value), str(caught.value)
     assert not broker.data_dir.exists()  # still cleaned up
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def until(check: Any, what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return found
+
+
+class RunningDemo:
+    """``sluice demo`` with a long workload, its scratch directories in
+    ``tmp``; ``broker``: its broker's pid once it is sending."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp / "tmp"
+        self.tmp.mkdir()
+        self.err = tmp / "demo.err"
+        with open(self.err, "wb") as err:
+            self.process = subprocess.Popen(
+                [*SLUICE, "demo", "--messages", "200000"],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, "TMPDIR": str(self.tmp)},
+            )
+        self.broker = 0
+        try:
+            found = until(lambda: re.search(r"pid (\d+)\).*\n.*\n.*sending", self.output()),
+                          "the demo never started sending\n" + self.output())  # fmt: skip
+        except BaseException:
+            self.kill()
+            raise
+        self.broker = int(found.group(1))
+
+    def output(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def kill(self) -> None:
+        for pid in (self.process.pid, self.broker):
+            if pid and alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signalled_demo_stops_at_once_with_its_broker(tmp_path: Path, signum: int) -> None:
+    """SIGTERM and SIGHUP end the demo as Ctrl-C does, and none of them
+    waits for the workload to finish: the workload stops where it is, the
+    broker is stopped and its data removed, and no report pretends the run
+    was whole."""
+    demo = RunningDemo(tmp_path)
+    try:
+        demo.process.send_signal(signum)
+        code = demo.process.wait(15)  # the whole workload takes minutes
+        assert code == 128 + signum, demo.output()
+        until(lambda: not alive(demo.broker), "the broker was left running")
+        assert not list(demo.tmp.glob("sluice-broker-*")), list(demo.tmp.iterdir())
+        assert f"{signal.Signals(signum).name}: stopped after sending" in demo.output()
+        assert "Traceback" not in demo.output()
+    finally:
+        demo.kill()
 
 
 # --- configuration ------------------------------------------------------------

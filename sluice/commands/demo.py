@@ -92,10 +92,18 @@ class Workload:
     error: str = ""
 
 
-def run_workload(url: str, count: int, say: Any) -> Workload:
-    """Produce and consume through the proxy with the official client."""
+# How long a blocking call of the workload waits before it looks whether it
+# should stop (Ctrl-C, SIGTERM, SIGHUP).
+POLL = 0.25
+
+
+def run_workload(url: str, count: int, say: Any, stop: threading.Event | None = None) -> Workload:
+    """Produce and consume through the proxy with the official client;
+    ``stop``, once set, ends it between two sends or receives (the client
+    closed)."""
     import pulsar
 
+    stop = stop or threading.Event()
     result = Workload()
     topic = f"persistent://public/default/sluice-demo-{int(time.time())}"
     client = pulsar.Client(
@@ -106,6 +114,8 @@ def run_workload(url: str, count: int, say: Any) -> Workload:
         producer = client.create_producer(topic, batching_enabled=False)
         say(f"sending {single} messages one by one ...")
         for i in range(single):
+            if stop.is_set():
+                return result
             started = time.perf_counter()
             producer.send(f"demo message {i}".encode())
             result.latencies.append(time.perf_counter() - started)
@@ -114,23 +124,38 @@ def run_workload(url: str, count: int, say: Any) -> Workload:
         say(f"sending {count - single} messages in batches ...")
         done = threading.Semaphore(0)
         for i in range(single, count):
+            if stop.is_set():
+                return result
             batched.send_async(f"demo message {i}".encode(), lambda res, mid: done.release())
         batched.flush()
         for _ in range(single, count):
-            done.acquire(timeout=30)
+            deadline = time.monotonic() + 30
+            while not done.acquire(timeout=POLL) and time.monotonic() < deadline:
+                if stop.is_set():
+                    return result
             result.sent += 1
         say(f"receiving {count} messages ...")
         consumer = client.subscribe(topic, "demo", initial_position=pulsar.InitialPosition.Earliest)
         seen: set[str] = set()
         expected = 0
         while len(seen) < count:
-            msg = consumer.receive(timeout_millis=15_000)
+            deadline = time.monotonic() + 15
+            while True:
+                if stop.is_set():
+                    return result
+                try:
+                    msg = consumer.receive(timeout_millis=int(POLL * 1000))
+                    break
+                except pulsar.Timeout:
+                    if time.monotonic() >= deadline:
+                        raise
             consumer.acknowledge(msg)
             if str(msg.message_id()) in seen:
                 continue  # pulsar-lite may deliver an entry twice
             seen.add(str(msg.message_id()))
             result.in_order &= msg.data() == f"demo message {expected}".encode()
             expected += 1
+            result.received = len(seen)
         result.received = len(seen)
     except Exception as exc:
         result.error = str(exc)
@@ -141,6 +166,11 @@ def run_workload(url: str, count: int, say: Any) -> Workload:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
+
+
+# The signals that end the demo as Ctrl-C does: the broker stopped and its
+# data removed however the demo is ended (a terminal closed, a service stop).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
@@ -154,24 +184,50 @@ async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
         record=RecorderConfig(record, payloads=PayloadPolicy.FULL, flush_interval=0.2),
         drain_timeout=5.0,
     )
+    stop = threading.Event()  # the workload's thread looks at it between calls
+    stopped = trio.Event()
+    received: list[int] = []
+    workload = trio.CancelScope()
+
+    async def until_signalled(signals: Any) -> None:
+        async for signum in signals:
+            received.append(signum)
+            stop.set()
+            stopped.set()
+            # The workload stops within POLL; one stuck in the client is left behind.
+            workload.deadline = min(workload.deadline, trio.current_time() + 5)
+            return
+
     async with trio.open_nursery() as nursery:
-        try:
-            proxy: Proxy = await nursery.start(Proxy(config).run)
-        except OSError as exc:
-            raise StartupError(listen_error(exc, config)) from None
-        url = f"pulsar://127.0.0.1:{port}"
-        say(f"broker  {broker.url}  (embedded {args.embedded}, pid {broker.pid})")
-        say(f"proxy   {url}  (clients connect here)")
-        work = await trio.to_thread.run_sync(run_workload, url, args.messages, say)
-        await trio.sleep(0.5)  # let the recorder flush
-        report(work, proxy, record, url, admin, args.keep_running)
-        if args.keep_running:
-            say("broker and proxy are up; press Ctrl-C to stop")
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    break
-        await proxy.drain()
-        nursery.cancel_scope.cancel()
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            nursery.start_soon(until_signalled, signals)
+            try:
+                proxy: Proxy = await nursery.start(Proxy(config).run)
+            except OSError as exc:
+                raise StartupError(listen_error(exc, config)) from None
+            url = f"pulsar://127.0.0.1:{port}"
+            say(f"broker  {broker.url}  (embedded {args.embedded}, pid {broker.pid})")
+            say(f"proxy   {url}  (clients connect here)")
+            work = Workload(error="stopped")
+            with workload:
+                work = await trio.to_thread.run_sync(
+                    run_workload, url, args.messages, say, stop, abandon_on_cancel=True
+                )
+            interrupted = bool(received)  # before the report: the workload was cut short
+            if not interrupted:
+                await trio.sleep(0.5)  # let the recorder flush
+                report(work, proxy, record, url, admin, args.keep_running)
+                if args.keep_running:
+                    say("broker and proxy are up; press Ctrl-C to stop")
+                    await stopped.wait()
+            else:
+                name = signal.Signals(received[0]).name
+                say(f"{name}: stopped after sending {work.sent} and receiving {work.received}; "
+                    f"the recording so far is in {record}")  # fmt: skip
+            await proxy.drain()
+            nursery.cancel_scope.cancel()
+    if interrupted:
+        return 128 + received[0]
     return 0 if not work.error and work.received == work.sent == args.messages else 1
 
 
@@ -233,17 +289,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice demo: --record {args.record}: exists and is not a directory",
               file=sys.stderr)  # fmt: skip
         return 2
-    record = args.record or Path(tempfile.mkdtemp(prefix="sluice-demo-"))
     _say(f"starting the embedded broker ({args.embedded}) ...")
     with contextlib.ExitStack() as stack:
         stack.callback(logging.shutdown)
-        broker = BROKERS[args.embedded]()
-        stack.push(broker)  # stopped (and its data removed) however we leave
+        # SIGTERM and SIGHUP end the demo as Ctrl-C does, before trio runs
+        # too (while the broker starts): the stack below is unwound, so the
+        # broker is stopped and its data removed. (trio's signal receiver
+        # takes them over while the demo runs.)
+        for signum in STOP_SIGNALS[1:]:
+            stack.callback(signal.signal, signum, signal.signal(signum, _interrupt))
         try:
+            broker = BROKERS[args.embedded]()
+            stack.push(broker)  # stopped (and its data removed) however we leave
             broker.start()
         except BrokerError as exc:
             print(f"sluice demo: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            return 130
+        record = args.record
+        if record is None:  # a new directory, removed again if nothing is recorded in it
+            record = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
+            stack.callback(_remove_if_empty, record)
         try:
             return trio.run(demo, args, broker, record)
         except KeyboardInterrupt:
@@ -254,3 +321,12 @@ def run(args: argparse.Namespace) -> int:
                 raise
             print(f"sluice demo: {found[0]}", file=sys.stderr)
             return 1
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _remove_if_empty(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        directory.rmdir()
