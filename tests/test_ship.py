@@ -143,6 +143,19 @@ def test_a_signalled_demo_stops_at_once_with_its_broker(tmp_path: Path, signum: 
         demo.kill()
 
 
+@pytest.mark.e2e
+def test_the_demos_broker_ends_when_the_demo_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves the demo no time to stop its broker: the broker ends
+    on its own (the kernel signals it when the demo goes)."""
+    demo = RunningDemo(tmp_path)
+    try:
+        demo.process.kill()
+        demo.process.wait(10)
+        until(lambda: not alive(demo.broker), "the broker outlived the demo", timeout=15)
+    finally:
+        demo.kill()
+
+
 # --- configuration ------------------------------------------------------------
 
 

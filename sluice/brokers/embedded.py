@@ -9,6 +9,7 @@ each broker is ours to stop, by PID, when we are done.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import random
 import shutil
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -163,7 +165,12 @@ class EmbeddedBroker:
         log_path: str | Path | None = None,
         start_timeout: float = 15.0,
         settings: dict[str, int | str | bool] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
+        """``die_with_parent``: the broker is sent SIGTERM by the kernel when
+        the thread that started it ends (Linux), should this process die
+        without stopping it (SIGKILL): for a command's broker (``sluice
+        demo``), not for one a thread starts and leaves to others."""
         self.host = host
         self.port = port or free_port(host)
         self._own_dir = data_dir is None
@@ -176,6 +183,7 @@ class EmbeddedBroker:
         self.start_timeout = start_timeout
         # Any other pulsar-lite setting, e.g. {"keep_alive_interval_secs": 300}.
         self.settings = dict(settings or {})
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -229,6 +237,7 @@ class EmbeddedBroker:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.data_dir,
+                preexec_fn=_die_with(os.getpid()) if self.die_with_parent else None,
                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
             )
         finally:
@@ -264,3 +273,22 @@ class EmbeddedBroker:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn``: the child is sent SIGTERM when ``parent`` (the
+    thread that forked it) ends; None where there is no prctl (not Linux)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arrange() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arrange

@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 BROKERS: dict[str, Callable[[], EmbeddedBroker | ApachePulsar]] = {
-    "pulsar-lite": lambda: EmbeddedBroker(port=None),
+    "pulsar-lite": lambda: EmbeddedBroker(port=None, die_with_parent=True),
     "apache-pulsar": lambda: ApachePulsar(say=_say),
 }
 
