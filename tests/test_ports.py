@@ -8,6 +8,7 @@ import array
 import contextlib
 import fcntl
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from sluice.addresses import Address
 from sluice.errors import ConfigError
 from sluice.proxy.shared import SharedBrokerPorts, check_ports_file
+from tests.helpers.support import SLUICE
 
 # linux/fs.h: the inode flags (chattr's), and the immutable one.
 FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
@@ -75,3 +77,21 @@ def test_workers_give_no_port_from_a_line_outside_the_range(tmp_path: Path) -> N
     assert ports.assign(Address("node-1", 9000), pool) == 19000
     assert ports.assign(Address("node-2", 9000), pool) == 19001
     assert ports.broker_for(19050) is None and ports.broker_for(99999) is None
+
+
+@pytest.mark.e2e  # runs the command
+def test_sluice_proxy_says_a_ports_file_it_cannot_write_before_it_starts(tmp_path: Path) -> None:
+    """Said where the configuration is checked: one line, exit 2, before any
+    listener or worker (each worker failed on it, restarted, failed again)."""
+    with unwritable(tmp_path / "broker-ports") as path:
+        done = subprocess.run(
+            [*SLUICE, "proxy", "--broker", "cursus://127.0.0.1:1", "--listen", "127.0.0.1:0",
+             "--listener-ports", "20000-20010", "--broker-ports-file", str(path),
+             "--no-check-broker"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"sluice proxy: --broker-ports-file {path}: cannot open it for reading and writing: "
+        "Operation not permitted"
+    ], done.stderr

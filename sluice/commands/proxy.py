@@ -31,6 +31,7 @@ from sluice.proxy.dial import (
     server_ssl_context,
 )
 from sluice.proxy.server import Proxy, reload_when_asked, serve_until_signalled
+from sluice.proxy.shared import check_ports_file
 from sluice.proxy.workers import available_cpus, serve_workers
 from sluice.recording.format import PAYLOAD_POLICIES, PayloadPolicy
 from sluice.recording.retention import MIN_QUANTUM
@@ -500,6 +501,8 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         raise ConfigError(f"--broker-ports-file {ports_file}: is a directory")
     if ports_file is not None and not (ports_file.is_file() or ports_file.parent.is_dir()):
         raise ConfigError(f"--broker-ports-file: no such directory: {ports_file.parent}")
+    if ports_file is not None:
+        check_ports_file(ports_file)  # one that cannot be written: said now, not by each worker
     if args.broker_tls_ca is not None and not args.broker_tls_ca.is_file():
         raise ConfigError(f"no such file: {args.broker_tls_ca}")
     config = ProxyConfig(
