@@ -135,13 +135,18 @@ def test_replies_naming_brokers_wait_for_a_listener_then_are_rewritten() -> None
     )
 
 
-def test_no_listener_means_no_reply_and_a_close() -> None:
+def test_no_listener_means_an_error_reply_not_the_brokers_and_a_close() -> None:
+    """The broker's reply would send the client around the proxy: it is
+    not passed on; the client is told why in an ERROR: line, then closed."""
     core, _ = relaying()
     core.receive_client(encode_request(Metadata(topic="t")), 1.0)
     reply = encode_reply(ErrorReply.of("NOT_COORDINATOR", host="b3", port=9003))
     (ask,) = [a for a in core.receive_broker(reply, 1.1) if isinstance(a, Ask)]
     actions = core.answered(ask.token, OSError("port range exhausted"), 1.2)
-    assert sent(actions, Peer.CLIENT) == b""
+    (told,) = decode_stream(sent(actions, Peer.CLIENT), from_client=False)
+    assert isinstance(told.message, ErrorReply) and told.message.code == "unavailable"
+    assert "port range exhausted" in told.message.fields["reason"]
+    assert b"host=" not in sent(actions, Peer.CLIENT)  # nothing the client would follow
     assert isinstance(actions[-1], Close) and actions[-1].reason == "no_listener"
 
 

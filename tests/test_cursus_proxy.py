@@ -444,3 +444,26 @@ async def test_workers_never_advertise_a_ports_file_port_nobody_listens_on(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     assert "Traceback" not in proxy.log(), proxy.log()
+
+
+async def test_a_broker_left_without_a_port_is_an_error_reply_not_a_hang_up(
+    cluster3: Cluster,
+) -> None:
+    """--listener-ports with a single port, three leaders: the main port
+    stands for the first, the range's port for the second, and none is left
+    for the third. The client is answered with an ERROR: line saying so
+    (cursus-client reads it as a failed request) rather than a connection
+    closed without a word."""
+    low, high = free_range(1)
+    async with trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster3, listener_ports=(low, high))
+        wire = await Wire.open(proxy.address)
+        try:
+            assert (await wire.ask(Create(topic="crowded", partitions=3))).ok
+            reply = await wire.ask(Metadata(topic="crowded"))
+        finally:
+            await wire.stream.aclose()
+        text = reply.body.decode()
+        assert text.startswith("ERROR: unavailable reason="), text
+        assert f"--listener-ports {low}-{high}" in text, text
+        nursery.cancel_scope.cancel()

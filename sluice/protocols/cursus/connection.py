@@ -311,8 +311,12 @@ class CursusConnection:
         if not isinstance(answer, Address):
             message = f"no proxy listener for broker {upstream}: {answer}"
             self.tap.event(self.conn, Rejected("no_listener"))
-            # Passing the reply on would send the client around the proxy.
-            return [self._close("no_listener", message, logging.WARNING)]
+            # Passing the reply on would send the client around the proxy:
+            # it is told why instead, as an error reply it reads as a
+            # failed request (not a bare hang-up), and the connection closed.
+            refusal = ErrorReply("unavailable", (f"reason={quote(message)}",))
+            return [*self._own(own_frame(refusal)),
+                    self._close("no_listener", message, logging.WARNING)]  # fmt: skip
         self.routing.add_listener(upstream, answer)
         return self._flush(now) + self._end_if_broker_closed()
 
