@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
-import signal
 import socket
 import ssl
 import threading
@@ -50,8 +48,8 @@ from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.proxy.server import Proxy
 from tests.helpers.cursus_broker import Cluster, open_cluster
+from tests.helpers.support import kill_with_workers, worker_pids
 from tests.helpers.support import start_proxy as start_process
-from tests.helpers.support import worker_pids
 from tests.test_cursus_broker import (
     Collector,
     Wire,
@@ -439,10 +437,7 @@ async def test_workers_never_advertise_a_ports_file_port_nobody_listens_on(
             assert all(p == proxy.port or low <= p <= high for p in ports), ports
             assert f"--listener-ports: {low + 1} in use" in proxy.log()
         finally:
-            proxy.kill()
-            for pid in pids.values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_with_workers(proxy, pids)
     assert "Traceback" not in proxy.log(), proxy.log()
 
 

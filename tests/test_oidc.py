@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import ssl
 import threading
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings,
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.oidc import FetchError, _fetch, client_context
-from tests.helpers.support import tls_files
+from tests.helpers.support import https_server
 from tests.test_pulsar_core import Recording, connect_body
 
 ISSUER = "https://idp.example/realm"
@@ -376,24 +375,18 @@ def test_keys_fetched_over_https_are_not_taken_from_a_redirect_to_http(tmp_path:
         def log_message(self, *args: object) -> None:
             pass
 
-    ca_file, cert_file, _ = tls_files(tmp_path, "localhost")
-    secure = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_side.load_cert_chain(cert_file)
-    secure.socket = server_side.wrap_socket(secure.socket, server_side=True)
     plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    for server in (secure, plain):
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        context = client_context(ca_file)
-        https, http_ = (f"localhost:{s.server_port}" for s in (secure, plain))
-        down = f"https://{https}/to-http:||{http_}|jwks"
-        with pytest.raises(FetchError, match=r"redirected to 'http://.*', not https"):
-            _fetch(down, None, context, 10)
-        assert not any(a.startswith(http_) for a in asked), asked
-        assert _fetch(f"https://{https}/to-https:||{https}|jwks", None, context, 10) == b"{}"
-        assert asked[-1] == f"{https}/jwks"
-    finally:
-        for server in (secure, plain):
-            server.shutdown()
-            server.server_close()
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    with https_server(tmp_path, Answer) as (secure, ca_file):
+        try:
+            context = client_context(ca_file)
+            https, http_ = (f"localhost:{s.server_port}" for s in (secure, plain))
+            down = f"https://{https}/to-http:||{http_}|jwks"
+            with pytest.raises(FetchError, match=r"redirected to 'http://.*', not https"):
+                _fetch(down, None, context, 10)
+            assert not any(a.startswith(http_) for a in asked), asked
+            assert _fetch(f"https://{https}/to-https:||{https}|jwks", None, context, 10) == b"{}"
+            assert asked[-1] == f"{https}/jwks"
+        finally:
+            plain.shutdown()
+            plain.server_close()

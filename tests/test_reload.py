@@ -260,10 +260,8 @@ async def test_an_issuer_whose_keys_cannot_be_fetched_is_refused_by_a_reload(
     issuer in force stays; one that can is applied. (The new issuer was
     put in force first, and every client of it refused after.)"""
     import http.server
-    import ssl
-    import threading
 
-    from tests.helpers.support import tls_files
+    from tests.helpers.support import https_server
     from tests.test_oidc import Issuer
 
     idp = Issuer()
@@ -288,13 +286,12 @@ async def test_an_issuer_whose_keys_cannot_be_fetched_is_refused_by_a_reload(
         def log_message(self, *args: object) -> None:
             pass
 
-    ca, cert, _ = tls_files(tmp_path, "localhost")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    side.load_cert_chain(cert)
-    server.socket = side.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"https://localhost:{server.server_address[1]}"
+    with https_server(tmp_path, Answer) as (server, ca):
+        await _an_issuer_refused_then_one_applied(tmp_path, server.server_address[1], ca)
+
+
+async def _an_issuer_refused_then_one_applied(tmp_path: Path, port: int, ca: Path) -> None:
+    base = f"https://localhost:{port}"
     own = tmp_path / "own.token"
     own.write_text(hs256_token(b"k" * 32, "sluice"))
     cfg = write(tmp_path / "sluice.toml", auth_oidc_issuers=f"{base}/good")
@@ -303,23 +300,19 @@ async def test_an_issuer_whose_keys_cannot_be_fetched_is_refused_by_a_reload(
                 "--no-check-broker")  # fmt: skip
     proxy = Proxy(settings_again(line))
     proxy.load = lambda: settings_again(line)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(proxy.run)
-            write(cfg, auth_oidc_issuers=f"{base}/gone")
-            refused = await proxy.reload_from_source("file")
-            assert refused.outcome == "refused", refused.to_json()
-            (error,) = refused.errors
-            assert f"OpenID Connect issuer {base}/gone: keys could not be fetched" in error
-            assert "HTTP 404" in error
-            assert proxy.config.auth_oidc_issuers == (f"{base}/good",)
-            write(cfg, auth_oidc_issuers=f"{base}/also")
-            applied = await proxy.reload_from_source("file")
-            assert applied.outcome == "applied", applied.to_json()
-            nursery.cancel_scope.cancel()
-    finally:
-        server.shutdown()
-        server.server_close()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        write(cfg, auth_oidc_issuers=f"{base}/gone")
+        refused = await proxy.reload_from_source("file")
+        assert refused.outcome == "refused", refused.to_json()
+        (error,) = refused.errors
+        assert f"OpenID Connect issuer {base}/gone: keys could not be fetched" in error
+        assert "HTTP 404" in error
+        assert proxy.config.auth_oidc_issuers == (f"{base}/good",)
+        write(cfg, auth_oidc_issuers=f"{base}/also")
+        applied = await proxy.reload_from_source("file")
+        assert applied.outcome == "applied", applied.to_json()
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_broker_ca_rewritten_under_its_name_is_named_as_kept(tmp_path: Path) -> None:

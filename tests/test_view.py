@@ -85,6 +85,13 @@ class Viewer:
         with urllib.request.urlopen(self.url + "api/" + path, timeout=10) as answer:
             return json.loads(answer.read())
 
+    def built(self, timeout: float = 20) -> None:
+        """Until the view has indexed the whole capture."""
+        deadline = time.monotonic() + timeout
+        while self.api("status")["building"]:
+            assert time.monotonic() < deadline, "the view did not finish indexing"
+            time.sleep(0.05)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -467,10 +474,7 @@ def test_a_crafted_capture_runs_no_script_in_the_page(browser: Browser, tmp_path
     ])  # fmt: skip
     v = Viewer(capture)
     try:
-        deadline = time.monotonic() + 20
-        while v.api("status")["building"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        v.built()
         page = browser.new_page()
         errors = console_errors(page)
         page.goto(f"{v.url}#frame=6")
@@ -558,10 +562,7 @@ def test_several_writers_files_are_one_capture_in_time_order(tmp_path: Path) -> 
     worker("bbbb", 2, t0 - 5 * second, 10)  # worker 1: from 5 s before it, 10 s
     v = Viewer(tmp_path)
     try:
-        deadline = time.monotonic() + 20
-        while v.api("status")["building"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        v.built()
         summary = v.api("summary")
         rows = v.api("frames?limit=1000")["rows"]
         connections = v.api("connections")

@@ -71,6 +71,7 @@ from tests.helpers.support import (
     client,
     holds_a_client,
     http_get,
+    kill_with_workers,
     one_client_per_worker,
     start_proxy,
     stopped,
@@ -664,10 +665,7 @@ async def test_cursus_workers_share_the_per_broker_ports(tmp_path: Path) -> None
             assert len(given) == 2, given  # one port for each of the two other nodes
             assert all(low <= int(port) <= low + 15 for port, _ in given)
         finally:
-            proxy.kill()
-            for pid in pids.values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_with_workers(proxy, pids)
         assert "Traceback" not in proxy.log(), proxy.log()
 
 
@@ -809,10 +807,7 @@ def kill_a_supervisor_under_load(
     finally:
         for c in clients:
             c.close()
-        proxy.kill()
-        for pid in pids.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_with_workers(proxy, pids)
         if successor is not None:
             successor.kill()
 
@@ -898,10 +893,7 @@ async def test_a_killed_cursus_supervisor_frees_every_per_broker_port(tmp_path: 
             await collect_all(address, "spread", "g", ConsumerMode.STREAMING, first + second,
                               "312 messages streamed")  # fmt: skip
         finally:
-            proxy.kill()
-            for pid in pids.values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_with_workers(proxy, pids)
             if successor is not None:
                 successor.kill()
         assert sorted(pids) == [0, 1] and len(set(pids.values())) == 2, pids

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import http.server
 import json
 import multiprocessing
 import os
@@ -11,8 +12,10 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -487,3 +490,31 @@ def tls_files(tmp_path: Path, *names: str) -> tuple[Path, Path, trustme.CA]:
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     ca.issue_cert(*names).private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "srv.pem"))
     return tmp_path / "ca.pem", tmp_path / "srv.pem", ca
+
+
+@contextlib.contextmanager
+def https_server(
+    tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler]
+) -> Iterator[tuple[http.server.ThreadingHTTPServer, Path]]:
+    """The stdlib's HTTP server on a loopback port, over TLS with a
+    certificate for ``localhost``: (the server, the CA file to trust it
+    with). Shut down on exit."""
+    ca, cert, _ = tls_files(tmp_path, "localhost")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    side.load_cert_chain(cert)
+    server.socket = side.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server, ca
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def kill_with_workers(proxy: ProxyProcess, pids: dict[int, int]) -> None:
+    """SIGKILL a ``--workers`` proxy and its workers (``worker_pids``), by PID."""
+    proxy.kill()
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
