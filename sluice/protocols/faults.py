@@ -36,7 +36,7 @@ E = TypeVar("E", bound=enum.StrEnum)
 
 
 # The longest a delay rule holds a frame (delay_ms, and jitter_ms): one hour.
-# A frame held when its rule is removed still goes only at its time.
+# (Removing rules lets go of what they hold: Faults.epoch.)
 MAX_DELAY_MS = 3_600_000.0
 
 
@@ -219,8 +219,9 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
 
 
 def _error_code(given: str, command: str | None, candidates: list[ProtocolFaults]) -> str:
-    """The code an ``error`` rule answers with: ``given`` (every protocol the
-    rule can act on must know it), or the default of the protocols it acts
+    """The code an ``error`` rule answers with: ``given`` (a protocol the
+    rule can act on must know it; the cores of the others pass the rule by,
+    ``Faults.check(errors=...)``), or the default of the protocols it acts
     on; "" when they differ (each answers with its own, ``Rule.code``)."""
     acting = [p for p in candidates if command is None or command in p.commands] or candidates
     if not given:
@@ -231,10 +232,6 @@ def _error_code(given: str, command: str | None, candidates: list[ProtocolFaults
         codes = [c for p in acting for c in p.errors]
         where = f" for {acting[0].name}" if len(acting) == 1 else ""
         raise FaultError(f"unknown error code {given!r}{where} (known: {', '.join(codes)})")
-    if len(knowing) < len(acting):
-        others = ", ".join(p.name for p in acting if p not in knowing)
-        raise FaultError(f"error code {given!r} is {knowing[0].name}'s, not {others}'s: "
-                         f"name the protocol (match.protocol: {knowing[0].name})")  # fmt: skip
     return given
 
 
