@@ -336,6 +336,8 @@ class Faults:
     # Counts removals: frames held by a rule made under an earlier epoch go
     # at once (a delay or throttle removed stops holding what it held).
     epoch: int = 0
+    # Told of each removal (the relay's waits on held frames: RuleRemovals).
+    _on_removal: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -362,15 +364,24 @@ class Faults:
         before = len(self.rules)
         self.rules = [r for r in self.rules if r.id != rule_id]
         if len(self.rules) != before:
-            self.epoch += 1
+            self._removed()
         return len(self.rules) != before
 
     def clear(self) -> int:
         count = len(self.rules)
         self.rules = []
         if count:
-            self.epoch += 1
+            self._removed()
         return count
+
+    def on_removal(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever rules are removed."""
+        self._on_removal.append(callback)
+
+    def _removed(self) -> None:
+        self.epoch += 1
+        for callback in self._on_removal:
+            callback()
 
     def check(
         self,

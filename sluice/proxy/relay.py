@@ -40,6 +40,7 @@ from sluice.protocols.core import (
     Send,
     Tap,
 )
+from sluice.protocols.faults import Faults
 from sluice.proxy.dial import close_stream, finish_dial, socket_stream
 from sluice.proxy.relay_thread import RelayThread
 
@@ -60,8 +61,6 @@ READ_SIZE = 256 * 1024
 # connection).
 LEAVE_AFTER = 4
 LEAVE_SIZE = 16 * 1024
-# How often a frame held by a fault rule looks whether the rule is gone.
-RELEASE_CHECK = 0.1
 
 
 def _descriptor(stream: trio.abc.Stream) -> int | None:
@@ -155,6 +154,23 @@ Dialer = Callable[[Address, bool, float], Awaitable[trio.abc.Stream]]
 Asker = Callable[[Address, Any], Awaitable[Any]]
 
 
+class RuleRemovals:
+    """Wakes the frames fault rules hold when rules are removed (the rule
+    set's ``on_removal``): each waits for its time or for this, then looks
+    whether it was let go (``Hold.released``)."""
+
+    def __init__(self, faults: Faults) -> None:
+        self._event = trio.Event()
+        faults.on_removal(self._removed)
+
+    def _removed(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
 class Relay:
     def __init__(
         self,
@@ -167,8 +183,12 @@ class Relay:
         tap: Tap,
         room: Callable[[], Awaitable[None]] | None = None,
         thread: RelayThread | None = None,
+        removals: RuleRemovals | None = None,
     ) -> None:
         self.core = core
+        # Wakes frames held by fault rules when rules are removed (None:
+        # they go at their time).
+        self._removals = removals
         self.conn = core.conn
         # A core may offer a compiled step for its reads (``quick(from_client)``:
         # the step, or None for this read); one that does not is read in Python.
@@ -917,9 +937,11 @@ class Relay:
                 await self._send(action.to, rest or action.data)
             elif kind is Hold:
                 assert isinstance(action, Hold)
-                while not action.released() and trio.current_time() < action.until:
-                    # Looked at every RELEASE_CHECK: a rule removed lets go.
-                    await trio.sleep_until(min(action.until, trio.current_time() + RELEASE_CHECK))
+                with trio.move_on_at(action.until):
+                    while not action.released():  # a rule removed lets go
+                        if self._removals is None:
+                            await trio.sleep_forever()
+                        await self._removals.wait()
             elif not self._act(action):
                 return
             rest = b""

@@ -64,7 +64,7 @@ from sluice.proxy.inbound import local_address, peer_address, transport
 from sluice.proxy.live import LiveEndpoint, LiveTap
 from sluice.proxy.metrics import HttpMetrics, Metrics
 from sluice.proxy.ports import BROKER, BrokerPorts
-from sluice.proxy.relay import Dialer, Parking, Relay, Timing
+from sluice.proxy.relay import Dialer, Parking, Relay, RuleRemovals, Timing
 from sluice.proxy.relay_thread import RelayThread, relay_thread
 from sluice.proxy.relay_thread import wanted as relay_thread_wanted
 from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split
@@ -167,6 +167,7 @@ class Proxy:
         # One rule set for every connection; the config's rules are copied so
         # that their hit counts start from zero with each proxy.
         self.faults = Faults()
+        self._removals = RuleRemovals(self.faults)
         self.faults.extend(copy.deepcopy(config.faults))
         # Configuration reloads: the generation in force, how to read the
         # settings again (set by the command; None: no reloads), the fault
@@ -838,6 +839,7 @@ class Proxy:
             tap=self.taps,
             room=recorder.room if recorder is not None and recorder.config.lossless else None,
             thread=self._thread,
+            removals=self._removals,
         )
 
     async def _route_by_name(
