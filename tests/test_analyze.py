@@ -540,6 +540,36 @@ def test_local_paths_are_taken_literally_not_url_decoded() -> None:
     assert _spark_path("s3a://b/k%20") == "s3a://b/k%20"
 
 
+def test_a_local_path_with_a_colon_is_a_local_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run-12:30`` is a folder here, not a URL of scheme ``run-12``: made
+    absolute for Spark, and said missing (exit 2) when it is not there."""
+    import sluice.commands.analyze as command
+    from sluice.analyze.decode import local_path
+    from sluice.analyze.job import NoRecordings
+
+    for path in ("run-12:30", "backup:2025", "a/b:c"):
+        assert local_path(path) == path
+    for url in ("file:/x", "file:///x", "s3a://b/k", "hdfs://nn/x", "hdfs:/x", "gs://b/k",
+                "abfs://c@a.dfs.core.windows.net/x"):  # fmt: skip
+        assert command._spark_path(url) == url
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run-12:30").mkdir()
+    handed: list[list[str]] = []
+
+    def spark(paths: list[str], *_: Any) -> Any:  # what would go to Spark, without it
+        handed.append(paths)
+        raise NoRecordings(paths)
+
+    monkeypatch.setattr(command, "analyze", spark)
+    assert command.main(["backup:2025", "--out", "out"]) == 2
+    assert capsys.readouterr().err == "sluice analyze: no such file or directory: backup:2025\n"
+    assert handed == []
+    assert command.main(["run-12:30", "--out", "out"]) == 2  # no recordings in it
+    assert handed == [[str(tmp_path / "run-12:30")]]
+
+
 SMALL = GOLDEN / "inputs" / "sluice-20261128T172607-bf2cfe0d70e7-0001.sluice"
 FLIPPED = GOLDEN / "inputs" / "sluice-20261128T172607-bf2cfe0d70e7-0003.sluice"
 

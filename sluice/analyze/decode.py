@@ -106,13 +106,21 @@ def _http_extra(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+# A scheme and a slash: ``s3a://b/k``, ``hdfs://nn/x``, ``hdfs:/x``, ``gs://``,
+# ``abfs://``. A colon anywhere else is part of a local name (``run-12:30``).
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def is_url(path: str) -> bool:
+    """Whether a PATH is a URL (``scheme:/…``, or ``file:`` anything), not a
+    local path: ``run-12:30`` and ``backup:2025`` are local names."""
+    return path.startswith("file:") or _URL.match(path) is not None
 
 
 def local_path(url: str) -> str | None:
     """The local path of a ``file:`` path (``file:/x`` as Hadoop spells a
     listed file, ``file:///x`` or ``file://host/x`` as people write it) or of
-    a plain path; None for any other scheme.
+    a plain path (a colon in it or not); None for any other scheme.
 
     Taken as it is, never URL-decoded: Spark (Hadoop's ``Path``) takes
     ``%``, ``#`` and spaces in such a path literally, and so must the
@@ -122,7 +130,7 @@ def local_path(url: str) -> str | None:
         if rest.startswith("//"):  # an authority (empty, or a host: this machine)
             return "/" + rest[2:].partition("/")[2]
         return rest
-    return None if _SCHEME.match(url) else url
+    return None if is_url(url) else url
 
 
 def segments(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, Any]]:

@@ -66,17 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _spark_path(path: str) -> str:
-    """Local paths as plain absolute paths, anything with a scheme unchanged.
+    """Local paths (``run-12:30`` too) as plain absolute paths, URLs
+    (``file:/x``, ``s3a://b/k``) unchanged.
 
     Not as ``file://`` URLs: Spark (Hadoop's ``Path``) does not URL-decode a
     path, so a ``%20`` or ``%23`` in one names another file than the one
     with a space or ``#`` meant."""
-    return path if _has_scheme(path) else str(Path(path).resolve())
+    from sluice.analyze.decode import is_url
 
-
-def _has_scheme(path: str) -> bool:
-    """``file:/x``, ``file:///x``, ``s3a://b/k``: a URL, not a local path."""
-    return re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", path) is not None
+    return path if is_url(path) else str(Path(path).resolve())
 
 
 def _exists(local: str | None) -> bool:
