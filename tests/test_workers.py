@@ -56,6 +56,7 @@ from sluice.proxy.workers import (
     Supervisor,
     Worker,
     _counters,
+    _Counts,
     _Merged,
     _Totals,
     available_cpus,
@@ -230,6 +231,25 @@ def test_summed_counters_never_go_down_when_a_worker_is_stuck_or_restarted() -> 
     assert summed({0: (13, text(0, 0)), 1: (12, text(2, 1))}) == (15, 1)
     # Gone before it ever answered again: still counted.
     assert summed({1: (12, text(2, 1))}) == (15, 1)
+
+
+def test_a_removed_rules_carried_hits_are_forgotten() -> None:
+    """Hits a replaced worker counted for rule x are carried in the sums,
+    until x is removed: a new rule x starts at 0 (it showed the old hits)."""
+
+    def rules(**hits: int) -> _Counts:
+        return {"faults": ("", "counter", {("hits", (("id", k),)): float(v)
+                                          for k, v in hits.items()})}  # fmt: skip
+
+    totals = _Totals()
+    totals.scraped({0: (100, rules(x=50, y=1))})
+    carried = totals.scraped({0: (200, rules(x=2, y=0))})  # replaced: pid 100's kept
+    assert carried["faults"][2] == {("hits", (("id", "x"),)): 50.0, ("hits", (("id", "y"),)): 1.0}
+    totals.forget(("id", "x"))
+    carried = totals.scraped({0: (200, rules(x=0, y=0))})
+    assert carried["faults"][2] == {("hits", (("id", "y"),)): 1.0}
+    totals.forget(None)
+    assert totals.scraped({0: (200, rules(y=0))}) == {"faults": ("", "counter", {})}
 
 
 async def test_a_start_that_cannot_bind_leaves_nothing_behind() -> None:

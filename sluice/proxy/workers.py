@@ -241,6 +241,11 @@ class Supervisor:
         self._rule_ids = 0
         self._totals = _Totals()
         self._rule_totals = _Totals()  # the fault rules' hits and seen, alike
+        # One scrape of each at a time: answers are taken in the order they
+        # were asked for (two at once could take an old pid's after its
+        # successor's, and count the worker as replaced twice).
+        self._scraping = trio.Lock()
+        self._rules_scraping = trio.Lock()
         self._sockets: list[tuple[str, socket.socket]] = []
         self._admin: list[trio.SocketListener] | None = None
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
@@ -593,11 +598,12 @@ class Supervisor:
         worker is asked at once, each for at most SCRAPE_TIMEOUT: one that
         is stuck is left out rather than holding the whole answer past the
         admin endpoint's time (which answered nothing at all)."""
-        asked = await self._ask("/metrics")
-        answers = {i: (pid, body.decode()) for i, (pid, body) in asked.items()}
-        carried = self._totals.scraped(
-            {i: (pid, _counters(text)) for i, (pid, text) in answers.items()}
-        )
+        async with self._scraping:
+            asked = await self._ask("/metrics")
+            answers = {i: (pid, body.decode()) for i, (pid, body) in asked.items()}
+            carried = self._totals.scraped(
+                {i: (pid, _counters(text)) for i, (pid, text) in answers.items()}
+            )
         merged = CollectorRegistry()
         merged.register(_Merged([answers[i][1] for i in sorted(answers)], carried))
         return generate_latest(merged) + generate_latest(self.registry)
@@ -641,6 +647,8 @@ class Supervisor:
             await self._to_workers(
                 "DELETE", request.target if rule_id is None else rule_path(rule_id)
             )
+            async with self._rules_scraping:  # a rule added again under its id starts at 0
+                self._rule_totals.forget(None if rule_id is None else ("id", rule_id))
             log.warning(
                 "fault injection: %s removed", f"rule {rule_id}" if rule_id else "all rules"
             )
@@ -763,16 +771,17 @@ class Supervisor:
         (asked at once; one that does not answer, or was replaced, counts
         with what it said last, as for /metrics)."""
         answers: dict[int, tuple[int, _Counts]] = {}
-        for index, (pid, body) in (await self._ask("/faults")).items():
-            samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-            for rule in json.loads(body)["rules"]:
-                samples[("hits", (("id", rule["id"]),))] = float(rule["hits"])
-                samples[("seen", (("id", rule["id"]),))] = float(rule["seen"])
-            answers[index] = (pid, {"faults": ("", "counter", samples)})
         counts: _Counts = {}
-        for _, answered in answers.values():
-            _add(counts, answered)
-        _add(counts, self._rule_totals.scraped(answers))
+        async with self._rules_scraping:
+            for index, (pid, body) in (await self._ask("/faults")).items():
+                samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+                for rule in json.loads(body)["rules"]:
+                    samples[("hits", (("id", rule["id"]),))] = float(rule["hits"])
+                    samples[("seen", (("id", rule["id"]),))] = float(rule["seen"])
+                answers[index] = (pid, {"faults": ("", "counter", samples)})
+            for _, answered in answers.values():
+                _add(counts, answered)
+            _add(counts, self._rule_totals.scraped(answers))
         summed = counts.get("faults", ("", "", {}))[2]
         out = []
         for rule in self.rules:
@@ -821,6 +830,14 @@ class _Totals:
     def __init__(self) -> None:
         self._last: dict[int, tuple[int, _Counts]] = {}  # worker index -> (pid, counts)
         self._gone: _Counts = {}  # of processes that were replaced
+
+    def forget(self, label: tuple[str, str] | None) -> None:
+        """Leave out, from now on, the samples with ``label`` (None: all):
+        what they counted is gone with them (a fault rule removed)."""
+        for counts in (self._gone, *(c for _, c in self._last.values())):
+            for _, _, values in counts.values():
+                for key in [k for k in values if label is None or label in k[1]]:
+                    del values[key]
 
     def scraped(self, answers: dict[int, tuple[int, _Counts]]) -> _Counts:
         """From the answers of a scrape (worker index -> (pid, its counts)):
