@@ -71,11 +71,16 @@ def test_workers_give_no_port_from_a_line_outside_the_range(tmp_path: Path) -> N
     outside --listener-ports: the broker is given a port of the pool, never
     the line's."""
     path = tmp_path / "broker-ports"
-    path.write_text("99999 node-1 9000 plain\n19050 node-2 9000 plain\n")
+    path.write_text("99999 node-1 9000 plain\n19050 node-2 9000 plain\n"
+                    "1900² node-3 9000 plain\n19004 node-4 9000 plain\n")  # fmt: skip
     ports = SharedBrokerPorts(path, span=(19000, 19005))
     pool = [19000, 19001, 19002]
     assert ports.assign(Address("node-1", 9000), pool) == 19000
     assert ports.assign(Address("node-2", 9000), pool) == 19001
+    # A digit int() refuses is a damaged line too, and the lines after it
+    # are still read: node-4 keeps its port, nobody else gets it.
+    assert ports.assign(Address("node-3", 9000), pool) == 19002
+    assert ports.broker_for(19004) == (Address("node-4", 9000), "plain")
     assert ports.broker_for(19050) is None and ports.broker_for(99999) is None
 
 

@@ -34,6 +34,7 @@ import fcntl
 import logging
 import mmap
 import os
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -192,7 +193,9 @@ class SharedBrokerPorts:
 
     def _problem(self, parts: list[str]) -> str | None:
         """Why a journal line (split into words) is not one ``assign`` writes."""
-        if len(parts) not in (3, 4) or not (parts[0].isdigit() and parts[2].isdigit()):
+        if len(parts) not in (3, 4) or not (
+            _PORT.fullmatch(parts[0]) and _PORT.fullmatch(parts[2])
+        ):
             return "not PORT HOST BROKER_PORT KIND"
         if len(parts) == 4 and parts[3] not in KINDS:
             return f"kind {parts[3]!r} is not one of {', '.join(KINDS)}"
@@ -207,6 +210,11 @@ class SharedBrokerPorts:
 
     def close(self) -> None:
         self._journal.close()
+
+
+# A port as a journal line writes it (str.isdigit would take "4000²",
+# which int() refuses).
+_PORT = re.compile(r"[0-9]{1,5}")
 
 
 class LocalLimits:
