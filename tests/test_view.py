@@ -23,6 +23,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.recording import format as fmt
+from sluice.view.index import Filter
 from tests.helpers.support import SLUICE, RawClient, client, start_proxy
 from tests.test_cursus_recording import recorded as cursus_session  # noqa: F401 - a fixture
 
@@ -533,6 +534,32 @@ def test_an_infinite_filter_value_is_one_clear_line(tmp_path: Path) -> None:
                 v.api(query)
             assert refused.value.code == 400, query
             assert "finite number" in json.loads(refused.value.read())["error"], query
+    finally:
+        v.stop()
+
+
+def test_a_huge_time_filter_is_one_clear_line(tmp_path: Path) -> None:
+    """A finite time too large for nanoseconds in 64 bits (``from=1e300``)
+    is refused in one line, as an infinite one is: not a traceback from
+    ``--export``, not a 500 from the server."""
+    capture = crafted_capture(tmp_path / "capture")
+    out = tmp_path / "x.html"
+    for query in ("from=1e300", "to=-1e300", "from=1e10"):
+        done = subprocess.run(
+            [*SLUICE, "view", str(capture), "--export", str(out), "--filter", query],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, (query, done.stderr)
+        assert "between -9e9 and 9e9" in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert Filter.from_query({"from": "-9e9", "to": "9e9"}).end == 9e9
+    v = Viewer(capture)
+    try:
+        for query in ("frames?from=1e300", "timeline?to=1e300", "sequence?from=-1e300"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                v.api(query)
+            assert refused.value.code == 400, query
+            assert "between -9e9" in json.loads(refused.value.read())["error"], query
     finally:
         v.stop()
 

@@ -43,6 +43,8 @@ _PAIR_KEYS = ("rid", "seq")
 _MESSAGES = ("SEND", "MESSAGE")
 # At most this many frames in a sequence diagram, and topics in the rates plot.
 SEQUENCE_LIMIT = 400
+# A time filter's bound, in seconds: its nanoseconds are a 64-bit integer.
+MAX_SECONDS = 9e9
 RATE_TOPICS = 8
 RATE_BINS = 60
 # Latency histogram buckets, in seconds (upper bounds).
@@ -196,6 +198,14 @@ class Filter:
                 raise ValueError(f"{key} must be a finite number, not {text!r}")
             return value
 
+        def seconds(key: str) -> float | None:
+            value = number(key)
+            # (matched in nanoseconds, as the 64-bit integers frame times are)
+            if value is not None and not -MAX_SECONDS <= value <= MAX_SECONDS:
+                text = query[key].strip()
+                raise ValueError(f"{key} must be seconds between -9e9 and 9e9, not {text!r}")
+            return value
+
         def whole(key: str) -> int | None:
             value = number(key)
             return None if value is None else int(value)
@@ -206,8 +216,8 @@ class Filter:
             producer=whole("producer"),
             consumer=whole("consumer"),
             connection=whole("conn"),
-            start=number("from"),
-            end=number("to"),
+            start=seconds("from"),
+            end=seconds("to"),
             problems=query.get("problems", "") in ("1", "true", "yes", "on"),
         )
 
