@@ -274,9 +274,12 @@ def test_several_writers_captures_are_replayed_in_the_order_of_time(tmp_path: Pa
     fault = {"k": "fault", "c": 1, "d": 0, "t": 25, "w": 25, "rule": "r", "action": "drop",
              "cmd": "PING"}  # fmt: skip
     capture("bb", frame(20), fault, frame(40))
+    # A wall clock stepped back inside a capture: its own order is kept.
+    capture("ccc", frame(100), frame(50))
     recording = load(tmp_path)
-    first, second = recording.connections
+    first, second, third = recording.connections
     assert [(f.wall_ns, f.index) for f in first.frames] == [(10, 0), (30, 2)]
     assert [(f.wall_ns, f.index) for f in second.frames] == [(20, 1), (40, 3)]
+    assert [(f.wall_ns, f.index) for f in third.frames] == [(100, 4), (50, 5)]
     assert first.closed_at == 3  # after the three frames recorded before the close
     assert [f.index for f in second.faults] == [2]

@@ -4,8 +4,8 @@ header names (``ProtocolSpec.decode``)."""
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,19 +161,36 @@ def _in_time_order(
     faulted: dict[int, int],
 ) -> None:
     """Frames of several captures (``--workers``: a writer each, their files
-    read one after another) numbered again in the order they were recorded
-    by the wall clock, the closes and faults placed among them so: replay
-    then goes through the traffic as it happened, not a worker at a time."""
-    frames = sorted((f for c in connections for f in c.frames), key=lambda f: (f.wall_ns, f.index))
-    at = [(f.wall_ns, f.index) for f in frames]  # as read: ties keep file order
-    for number, frame in enumerate(frames):
-        frame.index = number
+    read one after another) numbered again in the order they were recorded:
+    each capture's records keep their own order, and the captures are
+    interleaved by the wall clock, the closes and faults going along in
+    their places. Replay then goes through the traffic as it happened, not
+    a worker at a time. (Interleaved, not sorted: a wall clock stepped back
+    must not put a connection's answer before its request.)"""
+    # Per capture, its frames, closes and faults as read: (wall, position,
+    # 0 for a close or fault recorded before the frame of that position, 1
+    # for the frame, the connection, the frame or fault; None: the close).
+    Item = tuple[int, int, int, RecordedConnection, RecordedFrame | RecordedFault | None]
+    streams: dict[str, list[Item]] = {}
+    for conn in connections:
+        stream = streams.setdefault(conn.key[0], [])
+        stream.extend((f.wall_ns, f.index, 1, conn, f) for f in conn.frames)
+        if conn.key in closed:
+            wall, position = closed[conn.key]
+            stream.append((wall, position, 0, conn, None))
+        stream.extend((faulted[id(f)], f.index, 0, conn, f) for f in conn.faults)
+    for stream in streams.values():
+        stream.sort(key=lambda item: (item[1], item[2]))
+    number = 0
+    faults: dict[tuple[str, int], list[RecordedFault]] = {c.key: [] for c in connections}
+    for _, _, _, conn, what in heapq.merge(*streams.values(), key=lambda item: item[0]):
+        if isinstance(what, RecordedFrame):
+            what.index = number
+            number += 1
+        elif what is None:
+            conn.closed_at = number
+        else:
+            faults[conn.key].append(dataclasses.replace(what, index=number))
     for conn in connections:
         conn.frames.sort(key=lambda f: f.index)
-        if conn.key in closed:
-            conn.closed_at = bisect.bisect_left(at, closed[conn.key])
-        conn.faults = sorted(
-            (dataclasses.replace(f, index=bisect.bisect_left(at, (faulted[id(f)], f.index)))
-             for f in conn.faults),
-            key=lambda f: f.index,
-        )  # fmt: skip
+        conn.faults = faults[conn.key]
