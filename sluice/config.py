@@ -102,6 +102,8 @@ def _items(text: str) -> list[str]:
         elif char == "," and not depth:
             items.append(text[start:i])
             start = i + 1
+    if depth or quoted:  # unbalanced: no JSON to keep whole, every comma splits
+        return text.split(",")
     items.append(text[start:])
     return items
 

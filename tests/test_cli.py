@@ -337,3 +337,13 @@ def test_an_abbreviated_flag_is_refused_not_merged_with_the_environment(
     assert main([*argv, "--allow-broker", "127.0.0.1"]) == 0
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("allow-broker")]
     assert line == 'allow-broker = ["127.0.0.1"]  # flag'
+
+
+def test_an_environment_list_with_unbalanced_brackets_splits_at_every_comma() -> None:
+    """Only balanced JSON keeps its commas: an item with a stray '{' does not
+    swallow the items after it into one."""
+    from sluice.config import _items
+
+    assert _items('a:{"x": [1, 2]},b') == ['a:{"x": [1, 2]}', "b"]
+    assert _items("10.0.0.0/8,{oops,*.svc") == ["10.0.0.0/8", "{oops", "*.svc"]
+    assert _items('a:{"x": "1,2},b') == ['a:{"x": "1', "2}", "b"]
