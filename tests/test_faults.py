@@ -119,7 +119,8 @@ def test_a_rule_from_the_issue_parses_and_round_trips() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["my rule", "a?b", "a#b", "100%", "caf\u00e9", "x\u0000y", "two\nlines", "x" * 65]
+    "bad",
+    ["my rule", "a?b", "a#b", "100%", "caf\u00e9", "x\u0000y", "two\nlines", "x" * 65, ".", ".."],
 )
 def test_rule_ids_are_names_a_url_and_a_log_line_take_as_they_are(bad: str) -> None:
     with pytest.raises(FaultError) as info:
@@ -134,7 +135,7 @@ def test_a_delay_of_an_hour_is_the_longest() -> None:
 
 
 def test_good_rule_ids_pass() -> None:
-    for good in ("f1", "slow-receipts", "a.b_C-9", "x" * 64):
+    for good in ("f1", "slow-receipts", "a.b_C-9", "x" * 64, "...a", ".5"):
         assert rule(action="drop", id=good).id == good
 
 

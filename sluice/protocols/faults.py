@@ -237,7 +237,7 @@ def _error_code(given: str, command: str | None, candidates: list[ProtocolFaults
 
 # What a rule's id may hold: it goes into URLs (DELETE /faults/ID), metric
 # labels and log lines as it is.
-_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_ID = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,64}")  # not "." or "..": URLs drop those
 
 
 def _rule_id(data: Mapping[str, object]) -> str:
@@ -246,7 +246,8 @@ def _rule_id(data: Mapping[str, object]) -> str:
     rule_id = _text(data, "id", "")
     if rule_id and not _ID.fullmatch(rule_id):
         shown = ascii(rule_id[:40]) + ("..." if len(rule_id) > 40 else "")
-        raise FaultError(f"id {shown}: an id is 1 to 64 letters, digits, '.', '_' or '-'")
+        raise FaultError(f"id {shown}: an id is 1 to 64 letters, digits, '.', '_' or '-', "
+                         "not dots alone")
     return rule_id
 
 
