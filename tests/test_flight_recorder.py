@@ -405,3 +405,14 @@ async def test_a_snapshot_starts_where_its_oldest_record_does(tmp_path: Path) ->
     expected = sum(w - records[0]["started"] >= 350_000_000 for w in walls)
     assert expected >= 1
     assert f"{expected} frames on 1 connections" in later.stdout, later.stdout
+
+
+def test_a_snapshot_starts_at_its_earliest_record_not_its_first() -> None:
+    """An HTTP exchange is written when it ends, with the time it began: it
+    can follow records later than it in the part."""
+    from sluice.recording.format import pack
+    from sluice.recording.writer import _first_wall
+
+    part = b"".join(pack(r) for r in ({"k": "frame", "w": 20}, {"k": "http", "w": 10}, {"k": "x"}))
+    assert _first_wall(part) == 10
+    assert _first_wall(pack({"k": "gap"})) is None

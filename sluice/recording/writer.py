@@ -1052,14 +1052,13 @@ def pack_all(records: list[Record]) -> bytes:
 
 
 def _first_wall(data: bytes) -> int | None:
-    """The wall time of the first record in ``data`` (packed records) that has one."""
+    """The earliest wall time of the records in ``data`` (packed records):
+    not always the first's (an HTTP exchange is written when it ends, with
+    the time it began)."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
     unpacker.feed(data)
-    for record in unpacker:
-        wall = record.get("w") if isinstance(record, dict) else None
-        if isinstance(wall, int):
-            return wall
-    return None
+    walls = [r.get("w") for r in unpacker if isinstance(r, dict)]
+    return min((w for w in walls if isinstance(w, int)), default=None)
 
 
 def snapshot_name(stamp: str, reason: str) -> str:
