@@ -121,6 +121,26 @@ async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Pat
     assert status == 400 and body["outcome"] == "refused" and body["errors"]
 
 
+async def test_a_reload_that_leaves_the_fault_rules_as_they_are_leaves_them_alone(
+    tmp_path: Path,
+) -> None:
+    """Another live setting changed: the configuration's rules keep their
+    counts, and what their delays hold is not let go (they were removed and
+    added again, at every reload)."""
+    rules = tmp_path / "faults.json"
+    rules.write_text(json.dumps([{"id": "slow", "match": {"command": "SEND"},
+                                  "action": "delay", "delay_ms": 5}]))  # fmt: skip
+    cfg = write(tmp_path / "sluice.toml", max_connections=100, faults=str(rules))
+    line = argv(cfg)
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    (slow,) = proxy.faults.rules
+    slow.hits, epoch = 3, proxy.faults.epoch
+    write(cfg, max_connections=8, faults=str(rules))
+    assert (await proxy.reload_from_source("file")).changed == ["--max-connections"]
+    assert [r.hits for r in proxy.faults.rules] == [3] and proxy.faults.epoch == epoch
+
+
 async def test_a_key_file_rewritten_under_its_name_is_read_again(tmp_path: Path) -> None:
     """A key rotated in place (a Kubernetes Secret's file is replaced under
     its name) is a change: the reload puts the new key in force, and a

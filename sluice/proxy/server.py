@@ -393,11 +393,12 @@ class Proxy:
             except ConfigError as exc:
                 return self.refuse_reload(source, str(exc).splitlines())
             put_in_force()
-            for rule_id in self._config_rules:
-                self.faults.remove(rule_id)
-            added = [r for r in faults if not any(r.id == o.id for o in self.faults.rules)]
-            self.faults.extend(added)
-            self._config_rules = [rule.id for rule in added]
+            if "faults" in live:  # (rules kept as they were keep their counts and holds)
+                for rule_id in self._config_rules:
+                    self.faults.remove(rule_id)
+                added = [r for r in faults if not any(r.id == o.id for o in self.faults.rules)]
+                self.faults.extend(added)
+                self._config_rules = [rule.id for rule in added]
             self.limits.total = config.max_connections
             self.limits.per_ip = config.max_connections_per_ip
             if self.http is not None:
