@@ -172,6 +172,10 @@ def test_client_globs_match_ipv4_and_ipv6_clients() -> None:
         assert fires(pattern, "127.0.0.1:5555"), pattern
     assert not fires("10.*", "127.0.0.1:5555")
     assert fires("::1", "::1")  # an IP alone
+    # An IPv4 client on a dual-stack listener is matched as the IPv4 client.
+    for pattern in ("127.*", "127.0.0.1:5555", "::ffff:127.0.0.1"):
+        assert fires(pattern, "[::ffff:127.0.0.1]:5555"), pattern
+    assert not fires("10.*", "[::ffff:127.0.0.1]:5555")
 
 
 def test_topic_globs() -> None:

@@ -497,7 +497,13 @@ def _client_matches(pattern: str, client: str) -> bool:
     inside, bracket, rest = pattern[1:].partition("]")
     if pattern.startswith("[") and bracket and ":" in inside:  # [IPv6]...: literal brackets
         pattern = f"[[]{inside}[]]{rest}"
-    return fnmatch.fnmatchcase(whole, pattern) or fnmatch.fnmatchcase(host, pattern)
+    if fnmatch.fnmatchcase(whole, pattern) or fnmatch.fnmatchcase(host, pattern):
+        return True
+    # An IPv4 client on a dual-stack listener (::ffff:10.0.0.9) is that IPv4 client.
+    if host.lower().startswith("::ffff:") and "." in host:
+        v4 = host[7:]
+        return fnmatch.fnmatchcase(f"{v4}:{port}", pattern) or fnmatch.fnmatchcase(v4, pattern)
+    return False
 
 
 def flip_last_byte(raw: bytes) -> bytes:
