@@ -437,6 +437,39 @@ def test_a_watcher_who_comes_later_is_told_of_the_open_connections(
     assert later.count(("conn", 7)) == 1 and len(later) == 2 + 5, later
 
 
+def test_a_watcher_who_comes_later_sees_no_frame_before_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ``conn`` record a later watcher is told of an open connection
+    with (its own gone from the ring) is stamped no later than the ring's
+    oldest record: the view counts its times from the first record, and no
+    frame, connection or rate comes out negative."""
+    monkeypatch.setattr(live_module, "MAX_RECORDS", 5)
+    taps = Taps([SimpleNamespace(figures=None, frames=None, event=lambda *_: None)])
+    tap = LiveTap(taps, "pulsar", PayloadPolicy.HASH, listen=[], broker="pulsar://b:6650")
+    taps.add(tap)
+    tap.take(None)  # a first watcher
+    conn = Conn(7, "10.9.8.7:5555", "plain", "pulsar")
+    conn.kind, conn.broker = "proxied", "pulsar://b:6650"
+    taps.event(conn, Opened())
+    start = time.monotonic_ns() - 10 * 10**9  # sent in the last ten seconds
+    for n in range(6):  # its conn record leaves the ring
+        tap._add({"k": "frame", "c": 7, "d": 0, "t": start + n * 10**9, "w": time.time_ns(),
+                  "n": 10, "raw": b"", "p": [10],
+                  "s": {"cmd": "SEND", "topic": "t", "seq": n}})  # fmt: skip
+    taken = tap.take(None)  # a second watcher, later
+    records = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in taken.records]
+    assert [r["k"] for r in records] == ["header", "conn"] + ["frame"] * 5
+    assert records[1]["t"] <= records[2]["t"], records[:3]
+    index = LiveIndex("127.0.0.1:9")
+    index.feed(records)
+    times = [r["t"] for r in index.page(Filter(), 0, 10)["rows"]]
+    assert times == [0.0, 1.0, 2.0, 3.0, 4.0], times
+    shown = index.connections_json()[0]
+    assert shown["start"] == 0.0 and shown["duration"] == 4.0, shown
+    assert index.summary()["seconds"] == 4.0
+
+
 def live_frame(n: int, c: int = 1) -> dict[str, Any]:
     """Frame ``n`` of a live stream: at ``n`` µs, ``n`` bytes, on topic ``t<n>``
     (a row or a detail mixing two frames' columns shows)."""

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import trio
 
 from sluice.protocols import registry
@@ -133,10 +134,14 @@ class LiveTap:
         if after is None:
             records.append(self._pack(self._header))
             # Told of every open connection: in the ring, or (its record
-            # gone from it: a watcher who came later) here, before the ring.
+            # gone from it: a watcher who came later) here, before the ring,
+            # stamped with the time of the ring's oldest record: none of the
+            # answer's records is older (the view's times count from the
+            # first), and the view starts where the ring does.
+            at = self._oldest_times()
             for conn in list(self._open.values()):
                 if self._conn_at.get(conn.id, 0) < oldest:
-                    records.append(self._pack(self._conn_record(conn)))
+                    records.append(self._pack(self._conn_record(conn, at)))
             after = oldest - 1
         if after + 1 < oldest:
             dropped = oldest - after - 1
@@ -150,6 +155,14 @@ class LiveTap:
             size += len(data)
             last = number
         return Taken(records, last, dropped)
+
+    def _oldest_times(self) -> tuple[int, int] | None:
+        """The monotonic and wall times of the ring's oldest record (None:
+        the ring is empty)."""
+        if not self._ring:
+            return None
+        oldest = msgpack.unpackb(self._ring[0][1], raw=False, strict_map_key=False)
+        return int(oldest["t"]), int(oldest.get("w", 0))
 
     @property
     def newest(self) -> int:
@@ -235,9 +248,12 @@ class LiveTap:
                                  **({"topic": event.topic} if event.topic else {}),
                                  **({"reason": event.reason} if event.reason else {})))  # fmt: skip
 
-    def _conn_record(self, conn: Conn) -> Record:
+    def _conn_record(self, conn: Conn, at: tuple[int, int] | None = None) -> Record:
+        """``conn``'s record, stamped now or ``at`` (monotonic and wall)."""
         record = self._note(conn, "conn", client=conn.client, broker=conn.broker,
                             kind=conn.kind, listener=conn.listener)  # fmt: skip
+        if at is not None:
+            record["t"], record["w"] = at
         if conn.via:
             record["via"] = conn.via
         state = conn.state
