@@ -674,6 +674,50 @@ def test_values_of_the_wrong_type_make_a_damaged_segment() -> None:
     assert "a filter record with 'reason' of the wrong type" in segment["why"]
 
 
+def test_side_rows_are_checked_with_a_table_worked_out_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A segment of short connections holds two side rows (conn, close) per
+    frame: each row's values from its record are checked with the column's
+    check, worked out once, not by looking up the column's type for every
+    value of every row (that made such a segment's decode twice as slow)."""
+    from sluice.analyze import decode
+
+    records = list(recording.read_records(SMALL))
+    conn = next(r for r in records if r["k"] == "conn")
+    at = {"t": conn["t"], "w": conn["w"]}
+    short: list[dict[str, Any]] = []
+    for c in range(500):
+        short += [{**conn, "c": c},
+                  {"k": "frame", "c": c, "d": 0, **at, "n": 10, "raw": b"", "s": {"cmd": "PING"}},
+                  {"k": "close", "c": c, **at, "reason": "closed"}]  # fmt: skip
+    looked_up: list[Any] = []
+    fits = decode._fits
+
+    def looking_up(value: Any, kind: Any) -> bool:
+        looked_up.append(kind)
+        return fits(value, kind)
+
+    monkeypatch.setattr(decode, "_fits", looking_up)
+    segment = recording.dumps([records[0], *short])
+    rows = list(decode.parse_file("x.sluice", segment))
+    assert looked_up == []  # no column's type looked up per value
+    tags = collections.Counter(tag for tag, _ in rows)
+    assert tags == {"F": 500, "C": 500, "X": 500, "S": 1} and not rows[-1][1][4]["damaged"]
+    checked: collections.Counter[str] = collections.Counter()
+
+    def counted(name: str, check: Any) -> tuple[str, Any]:
+        def counting(value: Any) -> bool:
+            checked[name] += 1
+            return bool(check(value))
+
+        return name, counting
+
+    monkeypatch.setattr(decode, "_FROM_RECORD", tuple(counted(*c) for c in decode._FROM_RECORD))
+    assert list(decode.parse_file("x.sluice", segment)) == rows
+    assert checked == {"conn": 1000, "wall_ns": 1000, "mono_ns": 1000}  # constants are not
+
+
 @pytest.mark.e2e
 def test_a_file_named_is_read_whatever_its_name(awkward: dict[str, Any]) -> None:
     result, out = awkward["result"], awkward["out"]

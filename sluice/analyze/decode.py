@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,13 +184,14 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
     def other(name: str, record: dict[str, Any], **extra: Any) -> None:
         side({"record": name, "capture": capture, "file": path, "conn": record["c"],
               "wall_ns": record["w"], "mono_ns": record["t"],
-              "extra": json.dumps(extra)})  # fmt: skip
+              "extra": json.dumps(extra)}, _FROM_RECORD)  # fmt: skip
 
-    def side(row: dict[str, Any]) -> None:
-        """A row that is not a frame, its values checked: one of the wrong
-        type is the segment's damage here, not a failed job later."""
-        for name, value in row.items():
-            if value is not None and not _fits(value, SCHEMA.field(name).type):
+    def side(row: dict[str, Any], checked: tuple[tuple[str, _Check], ...]) -> None:
+        """A row that is not a frame, the values it took from its record
+        checked: one of the wrong type is the segment's damage here, not a
+        failed job later."""
+        for name, fits in checked:
+            if not fits(row[name]):
                 key = _KEYS.get((row["record"], name), name)
                 raise _Damaged(f"a {row['record']} record with {key!r} of the wrong type")
         others.append(row)
@@ -223,10 +224,11 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
                     )
                 )
             elif kind == "header":
+                for key, fits in (("capture", _is_string), ("segment", _is_int64)):
+                    if not fits(record.get(key)):  # capture: on every row, unchecked there
+                        raise _Damaged(f"a header with {key!r} of the wrong type")
                 capture = record["capture"]
                 protocol = record.get("protocol", "")
-                if not _fits(record.get("segment"), pa.int64()):
-                    raise _Damaged("a header with 'segment' of the wrong type")
                 segment.update(protocol=protocol, segment=record.get("segment"))
             elif kind == "conn":
                 other("conn", record, protocol=protocol, client=record["client"],
@@ -237,14 +239,15 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
             elif kind == "http":
                 side({"record": "http", "capture": capture, "file": path, "conn": record["h"],
                       "wall_ns": record["w"], "mono_ns": record["t"],
-                      "extra": json.dumps(_http_extra(record))})  # fmt: skip
+                      "extra": json.dumps(_http_extra(record))}, _FROM_RECORD)  # fmt: skip
             elif kind == "filter":  # a message filter acted: its action and reason as columns
                 side({"record": "filter", "capture": capture, "file": path, "conn": record["c"],
                       "wall_ns": record["w"], "mono_ns": record["t"],
                       "direction": DIRECTIONS[record["d"]], "topic": record.get("topic"),
                       "command": record["action"], "error": record.get("reason"),
                       "messages": record.get("n", 1),
-                      "extra": json.dumps({"filter": record["filter"]})})  # fmt: skip
+                      "extra": json.dumps({"filter": record["filter"]})},
+                     _FROM_FILTER)  # fmt: skip
             elif kind == "gap":  # the recorder's writer fell behind: frames not recorded
                 dropped += record["dropped"]
             elif kind == "ws":
@@ -302,17 +305,43 @@ _FRAME_VALUES = (("c", pa.int64()), ("d", pa.bool_()), ("t", pa.int64()), ("w", 
                  ("error", pa.string()))  # fmt: skip
 
 
+_Check = Callable[[Any], bool]
+
+
+def _is_string(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
+def _is_int64(value: Any) -> bool:
+    return value is None or (type(value) is int and -(2**63) <= value < 2**63)
+
+
+def _is_uint64(value: Any) -> bool:
+    return value is None or (type(value) is int and 0 <= value < 2**64)
+
+
+def _is_bool(value: Any) -> bool:
+    return value is None or type(value) is bool
+
+
+# Whether a value goes into a column of an Arrow type (None does), and into
+# each column of SCHEMA: worked out once, not per value (side rows can be
+# half a segment's records: one conn and one close per short connection).
+_FITS: dict[pa.DataType, _Check] = {pa.string(): _is_string, pa.int64(): _is_int64,
+                                   pa.uint64(): _is_uint64, pa.bool_(): _is_bool}  # fmt: skip
+_CHECKS = {name: _FITS[kind] for name, kind in _FIELDS}
+# The columns of a side row that come from its record (``record``, ``file``
+# and ``extra`` are made here, ``direction`` is one of DIRECTIONS, the
+# header's ``capture`` is checked once).
+_FROM_RECORD = tuple((name, _CHECKS[name]) for name in ("conn", "wall_ns", "mono_ns"))
+_FROM_FILTER = _FROM_RECORD + tuple(
+    (name, _CHECKS[name]) for name in ("topic", "command", "error", "messages")
+)
+
+
 def _fits(value: Any, kind: pa.DataType) -> bool:
     """Whether ``value`` goes into a column of ``kind`` (None does)."""
-    if value is None:
-        return True
-    if kind == pa.string():
-        return type(value) is str
-    if kind == pa.int64():
-        return type(value) is int and -(2**63) <= value < 2**63
-    if kind == pa.uint64():
-        return type(value) is int and 0 <= value < 2**64
-    return type(value) is bool
+    return _FITS[kind](value)
 
 
 def _first_bad_frame(capture: str, path: str, rows: list[tuple[Any, ...]]) -> tuple[int, str]:
