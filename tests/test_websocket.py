@@ -12,6 +12,7 @@ import base64
 import json
 import signal
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -21,9 +22,11 @@ from pathlib import Path
 
 import pytest
 import trio
+import trustme
 import websocket
 from prometheus_client import CollectorRegistry
 
+import sluice.proxy.websocket as session_module
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.protocols.http.websocket import (
     MESSAGE_TOO_BIG,
@@ -430,8 +433,18 @@ def test_upgrade_headers() -> None:
 # --- a Session over real socket pairs ---------------------------------------------
 
 
-def socket_pair(buffer: int | None = None) -> tuple[trio.SocketStream, trio.SocketStream]:
-    a, b = socket.socketpair()
+def socket_pair(
+    buffer: int | None = None, *, tcp: bool = False
+) -> tuple[trio.SocketStream, trio.SocketStream]:
+    """Two connected sockets: a socket pair, or a TCP connection over
+    loopback with ``tcp`` (where a send to a peer that has closed still
+    succeeds, as between hosts; a socket pair's fails at once)."""
+    if tcp:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            a = socket.create_connection(listener.getsockname())
+            b, _ = listener.accept()
+    else:
+        a, b = socket.socketpair()
     if buffer is not None:  # small buffers: a side that does not read holds up its sender
         for end in (a, b):
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
@@ -440,14 +453,34 @@ def socket_pair(buffer: int | None = None) -> tuple[trio.SocketStream, trio.Sock
             trio.SocketStream(trio.socket.from_stdlib_socket(b)))  # fmt: skip
 
 
+def tls_pair() -> tuple[trio.SSLStream[trio.SocketStream], trio.SSLStream[trio.SocketStream]]:
+    """A client's TLS stream and the server's end of it (trustme's CA), not
+    yet shaken hands: ``(client, server)``."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    client, server = socket_pair()
+    return (trio.SSLStream(client, client_context, server_hostname="localhost"),
+            trio.SSLStream(server, server_context, server_side=True))  # fmt: skip
+
+
 class Between:
     """A ``Session`` between a client and a broker, each the far end of a
-    socket pair (``client``, ``broker``: what they send and receive)."""
+    socket pair (``client``, ``broker``: what they send and receive); with
+    ``tls``, the client's over TLS (as to a TLS ``--http-listen``) and the
+    broker's over TCP."""
 
     def __init__(self, *, max_message: int = 1 << 20, idle_timeout: float = 30.0,
-                 client_buffer: int | None = None) -> None:  # fmt: skip
-        self.client, client_side = socket_pair(client_buffer)
-        self.broker, broker_side = socket_pair()
+                 client_buffer: int | None = None, tls: bool = False) -> None:  # fmt: skip
+        self.client: trio.abc.Stream
+        client_side: trio.abc.Stream
+        if tls:
+            self.client, client_side = tls_pair()
+        else:
+            self.client, client_side = socket_pair(client_buffer)
+        self.broker, broker_side = socket_pair(tcp=tls)
         self.sides = (client_side, broker_side)
         self.registry = CollectorRegistry()
         self.metrics = HttpMetrics(self.registry)
@@ -459,9 +492,15 @@ class Between:
         return self.registry.get_sample_value(f"sluice_http_websocket_{name}", labels)
 
     async def run(self) -> None:
-        """The session, then both of Sluice's connections closed (as the
-        HTTP relay does)."""
+        """The TLS handshake (with ``tls``), the session, then both of
+        Sluice's connections closed (as the HTTP relay does)."""
         try:
+            client_side = self.sides[0]
+            if isinstance(client_side, trio.SSLStream):
+                assert isinstance(self.client, trio.SSLStream)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.client.do_handshake)
+                    nursery.start_soon(client_side.do_handshake)
             await self.session.run(b"", b"")
         finally:
             for side in self.sides:
@@ -469,7 +508,7 @@ class Between:
             self.done.set()
 
 
-async def read_to_eof(stream: trio.SocketStream, *, reset: bool = False) -> bytes:
+async def read_to_eof(stream: trio.abc.ReceiveStream, *, reset: bool = False) -> bytes:
     """What ``stream`` receives up to its end; with ``reset``, a connection
     reset ends it too (as closing a socket with bytes still unread does)."""
     got = bytearray()
@@ -542,6 +581,50 @@ def test_a_brokers_last_frames_reach_a_slow_client_after_it_hung_up() -> None:
 
     got = trio.run(main)
     assert len(got) == len(sent) and got == sent
+
+
+@pytest.mark.parametrize("broker_first", [True, False], ids=["broker-first", "client-first"])
+def test_a_tls_client_sees_the_end_once_the_close_handshake_is_done(
+    monkeypatch: pytest.MonkeyPatch, broker_first: bool
+) -> None:
+    """Over TLS, which cannot be half-closed, the broker sends its CLOSE
+    (first, or in answer to the client's) and hangs up; the client, which
+    has sent its own CLOSE (or answers with it), waits for the end: its
+    connection is closed at once, not after ``CLOSE_GRACE`` (made 5 s
+    here, so that the two cannot be mistaken on a busy machine)."""
+    monkeypatch.setattr(session_module, "CLOSE_GRACE", 5.0)
+    broker_close = broker_frame(8, struct.pack("!H", 1000) + b"bye")
+    client_close = masked(b"\x88\x02\x03\xe8")
+
+    async def read_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
+        got = b""
+        with trio.fail_after(TIMEOUT):
+            while len(got) < n:
+                got += await stream.receive_some(n - len(got))
+        return got
+
+    async def main() -> float:
+        between = Between(tls=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(between.run)
+            if not broker_first:
+                await between.client.send_all(client_close)
+                assert await read_exactly(between.broker, len(client_close)) == client_close
+            await between.broker.send_all(broker_close)
+            await between.broker.aclose()
+            assert await read_exactly(between.client, len(broker_close)) == broker_close
+            if broker_first:
+                await between.client.send_all(client_close)
+            closed = trio.current_time()  # the close handshake is done
+            assert await read_to_eof(between.client) == b""
+            ended = trio.current_time() - closed
+        assert between.session.ending == "closed"
+        for direction in ("client_to_broker", "broker_to_client"):
+            assert between.metric("frames_total", direction=direction, opcode="close") == 1
+        return ended
+
+    ended = trio.run(main)
+    assert ended < 2.0, f"the client saw the end {ended:.2f}s after the close handshake"
 
 
 def test_a_frame_sent_a_byte_at_a_time_does_not_hold_an_idle_session() -> None:

@@ -18,7 +18,10 @@ passed on, nor is anything a side sends after its own CLOSE frame.
 When a side hangs up (or can take nothing more), the other direction
 still passes on what its source sends, up to its end, for ``CLOSE_GRACE``
 at most: a broker's last frames and CLOSE reach a client that reads slowly
-although the broker has gone.
+although the broker has gone. A direction that has carried its side's
+CLOSE frame has nothing more to pass on: once the other is over too, the
+session ends at once (over TLS, which cannot be half-closed, the side
+still there learns of the end only when its connection is closed).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class Session:
         self._last = trio.current_time()
         self._sending = {CLIENT_TO_BROKER: False, BROKER_TO_CLIENT: False}
         self._finished: set[str] = set()  # the directions over
+        self._said: set[str] = set()  # the directions that carried their side's CLOSE
         # When a side first hung up: whether a CLOSE frame had gone by.
         self._hung_up: bool | None = None
         self._scope = trio.CancelScope()
@@ -157,6 +161,12 @@ class Session:
                     self._over(direction)  # nowhere to pass it on: at once
                     return
                 self._sending[direction] = False
+                if reader.closed is not None and direction not in self._said:
+                    # Its CLOSE went on: nothing more goes this way.
+                    self._said.add(direction)
+                    if self._other(direction) in self._finished:
+                        self._scope.cancel()  # nor the other way: the end
+                        return
             read_here = True
             try:
                 data = bytes(await source.receive_some(CHUNK))
@@ -175,12 +185,19 @@ class Session:
                 self._over(direction)
                 return
 
+    @staticmethod
+    def _other(direction: str) -> str:
+        return BROKER_TO_CLIENT if direction == CLIENT_TO_BROKER else CLIENT_TO_BROKER
+
     def _over(self, direction: str) -> None:
         """A direction is over (its source hung up, or its sink can take
         nothing more): the other one passes on what its source still sends,
-        up to its end, for ``CLOSE_GRACE`` at most; then the session ends."""
+        up to its end, for ``CLOSE_GRACE`` at most; then the session ends.
+        At once where the other has carried its side's CLOSE already (all
+        it could still pass on)."""
         self._finished.add(direction)
-        if len(self._finished) == len(self.streams):
+        other = self._other(direction)
+        if other in self._finished or other in self._said:
             self._scope.cancel()
         else:
             self._scope.deadline = min(self._scope.deadline, trio.current_time() + CLOSE_GRACE)
