@@ -327,7 +327,7 @@ def test_the_tap_costs_nothing_idle_and_keeps_its_bounds(monkeypatch: pytest.Mon
     for _ in range(12):
         tap.event(conn, Opened())  # a record each
     later = tap.take(first.next)
-    assert later.dropped == 12 + 1 - 5 - 1 and len(later.records) == 5
+    assert later.dropped == 12 + 1 - 5 - 1 and len(later.records) == 1 + 5  # (the header first)
     now[0] += live_module.WATCH_SECONDS + 1
     tap.frames(conn, True, [])  # no frames: nothing to do, still watched
     tap.frames(conn, True, [object()])  # a read: the watcher is gone
@@ -658,18 +658,19 @@ def test_a_live_view_goes_on_after_the_proxy_restarts() -> None:
     for n in range(1, 301):
         taps.event(opened(taps, n, f"10.0.0.1:{5000 + n}"), Closed("client closed"))
     taken = tap.take(taken.next)
-    index.feed(unpacked(taken))
+    index.feed(unpacked(taken), 0, str(taken.next))
     cursor = taken.next
-    assert cursor == 600 and len(index.connections) == 300
+    assert cursor - (tap.process << live_module.PROCESS_SHIFT) == 600
+    assert len(index.connections) == 300
     taps, tap = proxy()  # restarted
     opened(taps, 1, "192.168.9.9:4444")
     taken = tap.take(cursor)
     assert [r["k"] for r in unpacked(taken)] == ["header", "conn"]
-    index.feed(unpacked(taken), taken.dropped)
+    index.feed(unpacked(taken), taken.dropped, str(taken.next))
     tap._add({"k": "frame", "c": 1, "d": 0, "t": time.monotonic_ns(), "w": time.time_ns(),
               "n": 10, "raw": b"", "p": [10], "s": {"cmd": "SEND", "topic": "t"}})  # fmt: skip
     taken = tap.take(taken.next)
-    index.feed(unpacked(taken), taken.dropped)
+    index.feed(unpacked(taken), taken.dropped, str(taken.next))
     row = index.page(Filter(), 0, 10)["rows"][-1]
     connection = index.by_id[row["conn"]]
     assert (connection.client, connection.closed) == ("192.168.9.9:4444", "")
@@ -680,7 +681,115 @@ def test_a_live_view_goes_on_after_the_proxy_restarts() -> None:
     now[0] += live_module.WATCH_SECONDS + 1
     tap.frames(Conn(1, "", "plain", "pulsar"), True, [object()])  # a read: idle now
     assert tap.idle
-    again = unpacked(tap.take(taken.next))
+    taken = tap.take(taken.next)
+    again = unpacked(taken)
     assert [r["k"] for r in again] == ["header", "conn"] and again[1]["c"] == 1
-    index.feed(again)
+    index.feed(again, 0, str(taken.next))
     assert index.restarts == 1  # the same process: no restart
+
+
+def restartable_proxy() -> tuple[Taps, LiveTap]:
+    """A proxy process's taps and live tap (a new one: a restarted proxy)."""
+    taps = Taps([SimpleNamespace(figures=None, frames=None, event=lambda *_: None)])
+    tap = LiveTap(taps, "pulsar", PayloadPolicy.HASH, listen=[], broker="pulsar://b:6650")
+    taps.add(tap)
+    return taps, tap
+
+
+def open_conn(taps: Taps, n: int, client: str) -> Conn:
+    conn = Conn(n, client, "plain", "pulsar")
+    conn.kind, conn.broker = "proxied", "pulsar://b:6650"
+    taps.event(conn, Opened())
+    return conn
+
+
+def send_on(tap: LiveTap, c: int, topic: str) -> None:
+    tap._add({"k": "frame", "c": c, "d": 0, "t": time.monotonic_ns(), "w": time.time_ns(),
+              "n": 10, "raw": b"", "p": [10], "s": {"cmd": "SEND", "topic": topic}})  # fmt: skip
+
+
+def supervisor_ask(index: LiveIndex, workers: dict[int, LiveTap], cursor: str) -> str:
+    """What a supervisor's ``/live`` does (``sluice/proxy/workers.py``): each
+    worker that answers asked after its own number, their records together,
+    the cursor ``INDEX:N,…`` (a worker not answering keeps its number)."""
+    after = live_module.parse_after(json.dumps({"after": cursor}).encode())
+    records: list[bytes] = []
+    cursors = dict(after)
+    for i, tap in workers.items():
+        taken = tap.take(after.get(i))
+        records += taken.records
+        cursors[i] = taken.next
+    unpacked = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
+    cursor = ",".join(f"{i}:{n}" for i, n in sorted(cursors.items()))
+    index.feed(unpacked, 0, cursor)
+    return cursor
+
+
+def test_a_restarted_proxy_is_told_from_its_cursor_though_others_watch_it() -> None:
+    """The proxy restarts under the view, and someone else watches the new
+    process already (its numbers have passed the view's cursor): the
+    cursor names the last process, so the new one answers it as a new
+    watcher's; the view closes the last process's connections only."""
+    index = LiveIndex("127.0.0.1:9")
+    taps, tap = restartable_proxy()
+    taken = tap.take(None)
+    index.feed(unpack(taken), 0, str(taken.next))
+    open_conn(taps, 1, "10.0.0.1:5001")
+    send_on(tap, 1, "old-topic")
+    taken = tap.take(taken.next)
+    index.feed(unpack(taken), 0, str(taken.next))
+    cursor = taken.next
+    taps, tap = restartable_proxy()  # restarted ...
+    tap.take(None)  # ... and watched by someone else
+    open_conn(taps, 1, "192.168.9.9:4444")
+    for _ in range(3):
+        send_on(tap, 1, "new-topic")
+    taken = tap.take(cursor)
+    assert [r["k"] for r in unpack(taken)] == ["header", "conn", "frame", "frame", "frame"]
+    index.feed(unpack(taken), taken.dropped, str(taken.next))
+    assert index.restarts == 1
+    rows = [(index.by_id[r["conn"]].client, index.by_id[r["conn"]].closed, r["topic"])
+            for r in index.page(Filter(), 0, 10)["rows"]]  # fmt: skip
+    assert (
+        rows
+        == [("10.0.0.1:5001", "the proxy restarted", "old-topic")]
+        + [("192.168.9.9:4444", "", "new-topic")] * 3
+    ), rows
+
+
+def test_workers_coming_late_or_replaced_under_the_view() -> None:
+    """``--workers 2``: a worker the supervisor's first answer left out is
+    a new process, not a restart (nothing closed); a worker the supervisor
+    replaced (numbering its connections as the last one did) closes the
+    last one's connections only, and its own are new ones."""
+    index = LiveIndex("127.0.0.1:9")
+    (taps0, tap0), (taps1, tap1) = restartable_proxy(), restartable_proxy()
+    open_conn(taps0, 1, "10.0.0.1:5001")
+    open_conn(taps1, 2, "10.0.0.2:6002")
+    cursor = supervisor_ask(index, {0: tap0}, "")  # worker 1 slow to answer
+    send_on(tap0, 1, "zero")
+    cursor = supervisor_ask(index, {0: tap0, 1: tap1}, cursor)
+    send_on(tap1, 2, "one")
+    cursor = supervisor_ask(index, {0: tap0, 1: tap1}, cursor)
+    assert index.restarts == 0
+    assert [(c.conn, c.client, c.closed) for c in index.connections] == [
+        (1, "10.0.0.1:5001", ""), (2, "10.0.0.2:6002", "")]  # fmt: skip
+    taps1, tap1 = restartable_proxy()  # worker 1 replaced (killed: no close told)
+    open_conn(taps1, 2, "172.16.0.9:7777")
+    send_on(tap0, 1, "zero")
+    cursor = supervisor_ask(index, {0: tap0, 1: tap1}, cursor)
+    send_on(tap1, 2, "replaced")
+    supervisor_ask(index, {0: tap0, 1: tap1}, cursor)
+    assert index.restarts == 1
+    assert [(c.conn, c.client, c.closed) for c in index.connections] == [
+        (1, "10.0.0.1:5001", ""), (2, "10.0.0.2:6002", "worker 1 was replaced"),
+        (2, "172.16.0.9:7777", "")]  # fmt: skip
+    rows = [
+        (index.by_id[r["conn"]].client, r["topic"]) for r in index.page(Filter(), 0, 10)["rows"]
+    ]
+    assert rows == [("10.0.0.1:5001", "zero"), ("10.0.0.2:6002", "one"),
+                    ("10.0.0.1:5001", "zero"), ("172.16.0.9:7777", "replaced")], rows  # fmt: skip
+
+
+def unpack(taken: live_module.Taken) -> list[dict[str, Any]]:
+    return [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in taken.records]

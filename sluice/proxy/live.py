@@ -22,6 +22,15 @@ records, fault rules' and filters' acts their annotations, and all of them
 go into a ring of at most ``MAX_BYTES`` numbered records. A watcher asks
 for the records after the last number it has; what the ring lost before it
 asked is counted (``dropped``), and the view says so.
+
+The numbers say which process gave them: a tap numbers its records from
+``process << PROCESS_SHIFT``, ``process`` drawn at random when the proxy
+starts (and named in the header, ``"process"``). A cursor another process
+gave (the proxy restarted, or a worker was replaced, under the watcher) is
+outside this one's numbers and is answered as a new watcher's; a cursor
+stays a plain number, which a supervisor passes to its workers as it is.
+Every answer starts with the header, so that the view can tell whose
+records follow where a supervisor puts several workers' answers together.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import base64
 import collections
 import itertools
 import os
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,17 +71,27 @@ def watch_seconds() -> float:
 
 # What one answer holds at most.
 BATCH_BYTES = 2 * 1024 * 1024
+# A tap's record numbers: its process (1 to 2**22, at random) above these
+# bits, its records' count below them (a cursor stays within int64).
+PROCESS_SHIFT = 40
+
+
+def process_of(cursor: int) -> int:
+    """The process (as its header names it) that gave a record number."""
+    return cursor >> PROCESS_SHIFT
 
 
 @dataclass
 class Taken:
-    """An answer to a watcher: the records after its cursor, packed (a
-    header first when it had none), the cursor for the next ask, and how
-    many records the ring lost before this ask."""
+    """An answer to a watcher: the header, then the records after its
+    cursor, packed (for a new watcher, first the open connections), the
+    cursor for the next ask, how many records the ring lost before this
+    ask, and whether it is a new watcher's answer."""
 
     records: list[bytes]
     next: int
     dropped: int
+    fresh: bool = False
 
 
 class LiveTap:
@@ -94,31 +114,34 @@ class LiveTap:
         make = spec.load(spec.summarizer) if spec.summarizer is not None else NamedFrames
         self._summarizer = make(payloads)
         self._pack = packer()
+        self.process = secrets.randbelow(2**22) + 1
         self._header = header(
             capture="live", segment=1, started_ns=time.time_ns(), payloads=payloads,
             sluice_version=_version(), protocol=protocol, listen=listen, broker=broker,
         )  # fmt: skip
+        self._header["process"] = self.process
+        self._packed_header = self._pack(self._header)
         self._clock = clock
         self._watch = watch_seconds()
         self.idle = True  # read by Taps.quick: no frames wanted now
         self._until = 0.0
         self._ring: collections.deque[tuple[int, bytes]] = collections.deque()
         self._bytes = 0
-        self._next = 1  # the number the next record gets
+        self._next = (self.process << PROCESS_SHIFT) + 1  # the number the next record gets
         self._open: dict[int, Conn] = {}  # connections open now, for a new watcher
         self._conn_at: dict[int, int] = {}  # an open connection -> its conn record's number
 
     # --- watching ------------------------------------------------------------------
 
     def take(self, after: int | None) -> Taken:
-        """The records after number ``after`` (None: a new watcher, who is
-        given the header and told of every open connection first); keeps
-        the tap watching. A cursor this tap never gave (above its newest:
-        the watcher's was another process's, before a restart) or one
-        asked with while idle (what happened meanwhile was not kept) is a
-        new watcher's too."""
+        """The header and the records after number ``after`` (None: a new
+        watcher, who is told of every open connection first); keeps the tap
+        watching. A cursor this tap never gave (another process's: the
+        proxy restarted, or a worker was replaced) or one asked with while
+        idle (what happened meanwhile was not kept) is a new watcher's too."""
         now = self._clock()
-        if after is not None and (self.idle or after > self.newest):
+        first = self.process << PROCESS_SHIFT  # (a cursor before any record)
+        if after is not None and (self.idle or not first <= after <= self.newest):
             after = None
         if self.idle:
             self.idle = False
@@ -128,11 +151,11 @@ class LiveTap:
             for conn in list(self._open.values()):
                 self._add_conn(conn)
         self._until = now + self._watch
-        records: list[bytes] = []
+        records = [self._packed_header]
         dropped = 0
         oldest = self._ring[0][0] if self._ring else self._next
+        fresh = after is None
         if after is None:
-            records.append(self._pack(self._header))
             # Told of every open connection: in the ring, or (its record
             # gone from it: a watcher who came later) here, before the ring,
             # stamped with the time of the ring's oldest record: none of the
@@ -154,7 +177,7 @@ class LiveTap:
             records.append(data)
             size += len(data)
             last = number
-        return Taken(records, last, dropped)
+        return Taken(records, last, dropped, fresh)
 
     def _oldest_times(self) -> tuple[int, int] | None:
         """The monotonic and wall times of the ring's oldest record (None:
@@ -166,7 +189,7 @@ class LiveTap:
 
     @property
     def newest(self) -> int:
-        """The number of the newest record (0: none yet)."""
+        """The number of the newest record (``process << PROCESS_SHIFT``: none yet)."""
         return self._next - 1
 
     def _expired(self) -> bool:
@@ -329,7 +352,9 @@ class LiveEndpoint:
         live = self.live
         taken = live.take(after)  # (starts watching)
         deadline = trio.current_time() + POLL_SECONDS
-        while not (taken.records or taken.dropped) and trio.current_time() < deadline:
+        while not (taken.fresh or len(taken.records) > 1 or taken.dropped) and (
+            trio.current_time() < deadline
+        ):
             await trio.sleep(POLL_STEP)
             if after is not None and live.newest > after:  # something new: take it
                 taken = live.take(after)

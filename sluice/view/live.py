@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,44 @@ log = logging.getLogger("sluice.view")
 MAX_FRAMES = 200_000
 # The file number of records held in memory (``Index.file``).
 LIVE = 0xFFFF
+# The bits of a record number below its process's (``sluice/proxy/live.py``).
+PROCESS_SHIFT = 40
 
 
 class NothingReceived(Exception):
     """Save asked for before the proxy has answered (no header to write)."""
+
+
+@dataclass
+class Process:
+    """A proxy process this view was told of (by its header): its header,
+    the reading of its records (a capture of its own: its connection ids
+    are its own), and its protocol's summary filler."""
+
+    identity: Any
+    header: Record
+    reading: Reading
+    summaries: Any = None
+
+
+def identity_of(header: Record) -> Any:
+    """Which proxy process a header is of: the ``process`` it names (the
+    high bits of the numbers it gives, ``sluice/proxy/live.py``), or, from
+    a Sluice before it, its start time."""
+    return header.get("process", ("started", header.get("started")))
+
+
+def slots_of(cursor: str) -> dict[int, int]:
+    """The process answering in each slot (a worker's index; 0 for a lone
+    proxy), from the cursor an answer gave: ``N`` or ``0:N,1:M``."""
+    slots: dict[int, int] = {}
+    for part in filter(None, cursor.split(",")):
+        index, sep, number = part.rpartition(":")
+        try:
+            slots[int(index) if sep else 0] = int(number) >> PROCESS_SHIFT
+        except ValueError:
+            continue
+    return slots
 
 
 class LiveIndex(Index):
@@ -62,47 +97,47 @@ class LiveIndex(Index):
         self.dropped_upstream = 0  # records the proxy lost before they were asked for
         self.let_go = 0  # frames let go here (the oldest, past max_frames)
         self.asks = 0
-        self._reading = Reading(LIVE)
+        self._reading = Reading(LIVE)  # the reading of the process whose records come now
         self._records: list[bytes] = []  # every record held, packed, summaries filled in
+        self._owners: list[str] = []  # each record's process (its reading's capture)
         self._first = 0  # the number of the first record held (for offsets)
-        self._header: Record | None = None
-        self._opened: dict[int, int] = {}  # connection -> the number of its conn record
-        self._summaries: Any = None  # the protocol's summary filler
+        self._header: Record | None = None  # the first process's
+        # (capture, connection) -> the number of its conn record
+        self._opened: dict[tuple[str, int], int] = {}
+        # The proxy processes told of, by identity; the one whose records
+        # come now; which answers in each slot (a worker's index, 0 for a
+        # lone proxy); how many were replaced under this view (a restart).
+        self._processes: dict[Any, Process] = {}
+        self._process: Process | None = None
+        self._slots: dict[int, int] = {}
+        self._replacing: set[Any] = set()  # (processes that replaced another)
+        self.restarts = 0
         # Connections, notes or records past this many (frames or not):
         # those no frame held needs go (``_tidy``).
         self._tidy_at = max_frames
-        # The proxy processes seen (by their header's ``started``), how many
-        # answered the first ask (more than one: ``--workers``), and how
-        # many times the proxy was restarted under this view.
-        self._starts: set[Any] = set()
-        self._processes = 0
-        self.restarts = 0
 
-    def feed(self, records: list[Record], dropped: int = 0) -> None:
+    def feed(self, records: list[Record], dropped: int = 0, cursor: str = "") -> None:
         """Records from the proxy, in order; ``dropped``: how many it lost
-        just before them."""
+        just before them; ``cursor``: the answer's (which process answers
+        in each slot: one that replaced another closes the other's
+        connections)."""
         with self.lock:
             self.asks += 1
             self.dropped_upstream += dropped
         if dropped:
-            self._reading.gap = True
+            for held in self._processes.values():
+                held.reading.gap = True
+        told = {identity_of(r) for r in records if r.get("k") == "header"}
+        self._replaced(cursor, told)
         for record in records:
             kind = record.get("k")
             if kind == "header":
-                started = record.get("started")
-                if self._header is None:
-                    self._header = record
-                    spec = registry.get(str(record.get("protocol", registry.DEFAULT_PROTOCOL)))
-                    self._summaries = spec.load(spec.summaries)() if spec.summaries else None
-                    self._processes = sum(r.get("k") == "header" for r in records)
-                elif started not in self._starts and self._processes == 1:
-                    self._restarted(record)
-                self._starts.add(started)
-                if self.restarts:  # (its connections are not the last process's)
-                    record = {**record, "capture": f"{record.get('capture', '')}-{self.restarts}"}
-                self.take(record, self._reading, 0)
+                self._told_of(record)
                 continue
-            summaries = self._summaries
+            process = self._process
+            if process is None:
+                continue  # (no header yet: not from a proxy's /live)
+            summaries = process.summaries
             if summaries is not None:
                 if kind == "frame" and "s" not in record:
                     summaries.fill(record)
@@ -110,11 +145,13 @@ class LiveIndex(Index):
                     summaries.opened(record)
                 elif kind == "close":
                     summaries.closed(record)
+            reading = process.reading
             number = self._first + len(self._records)
             if kind == "conn":
-                self._opened[record["c"]] = number
+                self._opened[(reading.capture, record["c"])] = number
             self._records.append(pack(record))
-            self.take(record, self._reading, number)
+            self._owners.append(reading.capture)
+            self.take(record, reading, number)
         if self.frames > self.max_frames:
             self._let_go(self.frames - self.max_frames // 2)
         elif max(len(self.connections), len(self.notes), len(self._records) - self.frames) > (
@@ -128,19 +165,57 @@ class LiveIndex(Index):
                 self._timelines.clear()
                 self._summary = None
 
-    def _restarted(self, record: Record) -> None:
-        """A header from a proxy process not seen before, where one process
-        was watched: the proxy restarted (its cursor was the last one's, and
-        it numbers its connections from 1 again). The last one's connections
-        are closed, and the new one's read as a capture of its own."""
-        with self.lock:
-            self.restarts += 1
-            for connection in self.connections:
-                if not connection.closed:
-                    connection.closed = "the proxy restarted"
-            self._reading = Reading(LIVE, gap=True)
-        self.notes.append(Note("restart", self.t[-1] / 1e9 if self.frames else 0.0, None,
-                               "the proxy restarted: a new process from here on"))  # fmt: skip
+    def _told_of(self, header: Record) -> None:
+        """A header: the records after it are its process's. One not seen
+        before starts a reading of its own (a capture of its own), and
+        closes nothing: whether it replaced another the answer's cursor
+        says (``_replaced``)."""
+        identity = identity_of(header)
+        process = self._processes.get(identity)
+        if process is None:
+            capture = str(header.get("capture", ""))
+            if self._processes:  # (its connection ids are its own)
+                capture = f"{capture}-{len(self._processes) + 1}"
+            header = {**header, "capture": capture}
+            spec = registry.get(str(header.get("protocol", registry.DEFAULT_PROTOCOL)))
+            reading = Reading(LIVE, gap=identity in self._replacing)
+            process = Process(identity, header, reading,
+                              spec.load(spec.summaries)() if spec.summaries else None)  # fmt: skip
+            with self.lock:
+                self._processes[identity] = process
+                if self._header is None:
+                    self._header = header
+            self.take(header, process.reading, 0)
+        self._process = process
+        self._reading = process.reading
+
+    def _replaced(self, cursor: str, told: set[Any]) -> None:
+        """Where an answer's ``cursor`` names another process in a slot than
+        the last one did (both told of by their headers: ``told``, this
+        answer's), the last one is gone (the proxy restarted, or the
+        supervisor replaced a worker): its open connections are closed, and
+        the page says so. A slot not seen before closes nothing."""
+        lone = ":" not in cursor
+        for slot, identity in slots_of(cursor).items():
+            gone = self._slots.get(slot)
+            self._slots[slot] = identity
+            if gone is None or gone == identity:
+                continue
+            if identity not in told and identity not in self._processes:
+                continue  # (not told of: an answer from a Sluice before process numbers)
+            old = self._processes.get(gone)
+            if old is None:
+                continue
+            self._replacing.add(identity)
+            said = "the proxy restarted" if lone else f"worker {slot} was replaced"
+            capture = old.reading.capture
+            with self.lock:
+                self.restarts += 1
+                for connection in self.connections:
+                    if connection.capture == capture and not connection.closed:
+                        connection.closed = said
+            t = self.t[-1] / 1e9 if self.frames else 0.0
+            self.notes.append(Note("restart", t, None, f"{said}: a new process from here on"))
 
     def _let_go(self, count: int) -> None:
         """The oldest ``count`` frames (and the records before them) go:
@@ -153,13 +228,15 @@ class LiveIndex(Index):
             first_kept = self.offset[count]
             for name, column in kept.items():
                 setattr(self, name, column)
-            waiting = self._reading.waiting
-            for key, frame in list(waiting.items()):
-                if frame < count:
-                    del waiting[key]
-                else:
-                    waiting[key] = frame - count
+            for process in self._processes.values():
+                waiting = process.reading.waiting
+                for key, frame in list(waiting.items()):
+                    if frame < count:
+                        del waiting[key]
+                    else:
+                        waiting[key] = frame - count
             del self._records[: first_kept - self._first]
+            del self._owners[: first_kept - self._first]
             self._first = first_kept
             self.base += count
             self.let_go += count
@@ -185,8 +262,9 @@ class LiveIndex(Index):
         if len(kept) < len(self.connections):
             self.connections = kept
             self.by_id = {c.index: c for c in kept}
-            reading = self._reading
-            reading.by_key = {k: c for k, c in reading.by_key.items() if c.index in self.by_id}
+            for process in self._processes.values():
+                reading = process.reading
+                reading.by_key = {k: c for k, c in reading.by_key.items() if c.index in self.by_id}
         if self.frames:
             first_kept = self.offset[0]
         else:  # (connections and notes only: the newest half of them, past the bound)
@@ -194,6 +272,7 @@ class LiveIndex(Index):
             first_kept = self._first + (len(self._records) - half if over else 0)
         if first_kept > self._first:
             del self._records[: first_kept - self._first]
+            del self._owners[: first_kept - self._first]
             self._first = first_kept
         self._opened = {c: n for c, n in self._opened.items() if n >= self._first}
         self._tidy_at = max(self.max_frames, 2 * max(len(self.connections), len(self.notes)))
@@ -237,8 +316,8 @@ class LiveIndex(Index):
                 raise NothingReceived("nothing received from the proxy yet")
             records = list(self._records)
             header = dict(self._header)
-            held = {c for c, number in self._opened.items() if number >= self._first}
-            connections = [c for c in self.connections if c.conn not in held]
+            held = {key for key, number in self._opened.items() if number >= self._first}
+            connections = [c for c in self.connections if (c.capture, c.conn) not in held]
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         capture = secrets.token_hex(6)
         out = directory / f"snapshot-{stamp}-live-{capture}"
@@ -292,7 +371,7 @@ def watch(index: LiveIndex, url: str, token: str, stop: threading.Event) -> None
         records = list(msgpack.Unpacker(io.BytesIO(base64.b64decode(data["records"])),
                                         raw=False, strict_map_key=False))  # fmt: skip
         try:
-            index.feed(records, int(data.get("dropped", 0)))
+            index.feed(records, int(data.get("dropped", 0)), str(data["next"]))
         except Exception as exc:  # a bad record must not stop the view
             log.error("live view: could not take records: %r", exc, exc_info=exc)
         after = str(data["next"])
