@@ -34,7 +34,7 @@ from sluice.protocols.core import Closed, Conn, Opened, Taps
 from sluice.proxy import live as live_module
 from sluice.proxy.live import LiveTap
 from sluice.recording.format import PayloadPolicy, header, read_records, recording_files
-from sluice.view.index import Filter
+from sluice.view.index import Filter, Index
 from sluice.view.live import LiveIndex
 from sluice.view.server import serve
 from tests.helpers.support import (
@@ -793,3 +793,33 @@ def test_workers_coming_late_or_replaced_under_the_view() -> None:
 
 def unpack(taken: live_module.Taken) -> list[dict[str, Any]]:
     return [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in taken.records]
+
+
+def test_save_after_a_restart_keeps_each_process_its_own(tmp_path: Path) -> None:
+    """Saved after the proxy restarted under the view: each process's
+    records in a file of their own, with its own header, so the capture
+    holds two connections 1 with their own frames, not one with both."""
+    index = LiveIndex("127.0.0.1:9")
+    taps, tap = restartable_proxy()
+    taken = tap.take(None)
+    index.feed(unpack(taken), 0, str(taken.next))
+    open_conn(taps, 1, "10.0.0.1:5001")
+    send_on(tap, 1, "old-topic")
+    taken = tap.take(taken.next)
+    index.feed(unpack(taken), 0, str(taken.next))
+    taps, tap = restartable_proxy()  # restarted
+    open_conn(taps, 1, "192.168.9.9:4444")
+    taken = tap.take(taken.next)
+    index.feed(unpack(taken), taken.dropped, str(taken.next))
+    send_on(tap, 1, "new-topic")
+    taken = tap.take(taken.next)
+    index.feed(unpack(taken), taken.dropped, str(taken.next))
+    saved = Index(index.save(tmp_path))
+    saved.build()
+    assert saved.error == "" and len(recording_files(saved.target)) == 2
+    assert sorted((c.conn, c.client) for c in saved.connections) == [
+        (1, "10.0.0.1:5001"), (1, "192.168.9.9:4444")]  # fmt: skip
+    rows = [
+        (saved.by_id[r["conn"]].client, r["topic"]) for r in saved.page(Filter(), 0, 10)["rows"]
+    ]
+    assert rows == [("10.0.0.1:5001", "old-topic"), ("192.168.9.9:4444", "new-topic")], rows

@@ -11,9 +11,9 @@ its watchers (``sluice/proxy/live.py``); what it lost before this view
 asked is counted and shown (``dropped by the proxy``). This side holds at
 most ``MAX_FRAMES`` frames: past that the oldest half is let go, and the
 page says how many (``let go here``). "Save" writes what this side holds
-as a capture directory, the flight recorder's way (a header, the
-connections, a ``snapshot`` record, then the records), which every reader
-takes.
+as a capture directory, the flight recorder's way (a file per proxy
+process: a header, the connections, a ``snapshot`` record, then the
+records), which every reader takes.
 """
 
 from __future__ import annotations
@@ -310,37 +310,46 @@ class LiveIndex(Index):
 
     def save(self, directory: Path) -> Path:
         """What this side holds, written as a snapshot capture directory in
-        ``directory``; the capture's directory."""
+        ``directory``: a file per proxy process (its own header, its own
+        connection ids); the capture's directory."""
         with self.lock:
             if self._header is None:
                 raise NothingReceived("nothing received from the proxy yet")
-            records = list(self._records)
-            header = dict(self._header)
+            processes = list(self._processes.values())
+            records = list(zip(self._owners, self._records, strict=True))
             held = {key for key, number in self._opened.items() if number >= self._first}
             connections = [c for c in self.connections if (c.capture, c.conn) not in held]
+            seconds = (self.t[-1] - self.t[0]) / 1e9 if self.frames else 0.0
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         capture = secrets.token_hex(6)
         out = directory / f"snapshot-{stamp}-live-{capture}"
         out.mkdir(parents=True)
-        seconds = (self.t[-1] - self.t[0]) / 1e9 if self.frames else 0.0
-        header.update(capture=capture, segment=1, started=time.time_ns())
-        path = out / f"sluice-{stamp}-{capture}-0001.sluice"
-        partial = path.with_name(path.name + ".part")
-        with open(partial, "wb") as handle:
-            handle.write(pack(header))
-            # The connections whose opening is no longer held, before their frames.
-            for c in connections:
-                opened = {"k": "conn", "c": c.conn, "t": c.start_ns, "w": 0, "client": c.client,
-                          "broker": c.broker, "kind": c.kind, "listener": ""}  # fmt: skip
-                if c.via:
-                    opened["via"] = c.via
-                handle.write(pack(opened))
-            handle.write(pack({"k": "snapshot", "t": self.origin_ns, "w": self.origin_wall_ns,
-                               "reason": f"sluice view --live {self.source}",
-                               "seconds": seconds}))  # fmt: skip
-            for data in records:
-                handle.write(data)
-        partial.rename(path)
+        for n, process in enumerate(processes, 1):
+            key = process.reading.capture
+            own = [data for owner, data in records if owner == key]
+            opened = [c for c in connections if c.capture == key]
+            if n > 1 and not own and not opened:
+                continue  # (a process nothing held is of)
+            name = capture if len(processes) == 1 else f"{capture}-{n}"
+            header = {**process.header, "capture": name, "segment": 1, "started": time.time_ns()}
+            path = out / f"sluice-{stamp}-{name}-0001.sluice"
+            partial = path.with_name(path.name + ".part")
+            with open(partial, "wb") as handle:
+                handle.write(pack(header))
+                # The connections whose opening is no longer held, before their frames.
+                for c in opened:
+                    record = {"k": "conn", "c": c.conn, "t": c.start_ns, "w": 0,
+                              "client": c.client, "broker": c.broker, "kind": c.kind,
+                              "listener": ""}  # fmt: skip
+                    if c.via:
+                        record["via"] = c.via
+                    handle.write(pack(record))
+                handle.write(pack({"k": "snapshot", "t": self.origin_ns, "w": self.origin_wall_ns,
+                                   "reason": f"sluice view --live {self.source}",
+                                   "seconds": seconds}))  # fmt: skip
+                for data in own:
+                    handle.write(data)
+            partial.rename(path)
         return out
 
 
