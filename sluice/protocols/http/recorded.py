@@ -17,7 +17,8 @@ target, headers and bodies is decided here, on values:
 - ``redact_body``: a JSON, form or ``multipart/form-data`` body (kept
   whole with ``--record-payloads full``) with the values of credential-like
   keys replaced (each part of a multipart body as its own content type
-  says); any other body as it came; None for one that cannot be checked
+  says, found by its boundary; a package's binary part kept unparsed);
+  any other body as it came; None for one that cannot be checked
   (JSON nested too deep, a multipart body that does not parse): a
   recording keeps its digest instead.
 
@@ -26,8 +27,8 @@ Nothing here imports trio.
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
+import email.message
+import email.utils
 import json
 import re
 import urllib.parse
@@ -155,7 +156,8 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
     """A body to keep whole, and whether credentials were replaced in it: a
     JSON document's credential-like keys, a form's credential-like fields,
     each part of a ``multipart/form-data`` body as its own type says (and
-    the whole value of a part named like a credential). Another body is
+    the whole value of a part named like a credential; a binary part is
+    not looked into). Another body is
     kept as it came. None: a body that cannot be checked for credentials
     (JSON nested too deep, a multipart body that does not parse), not to be
     kept (its digest is)."""
@@ -183,47 +185,164 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
     return body, False
 
 
+# A multipart part whose bytes are not looked into for credentials, by its
+# type: a well-formed one other than text, JSON or a form (a function's
+# jar, a connector's nar, a package), unless its bytes start like JSON. A
+# part without a type is ``text/plain``.
+_BINARY_TYPE = re.compile(r"(?!text/)[\w!#$&^.+-]+/[\w!#$&^.+-]+")
+_TEXT_LIKE = re.compile(r"json|x-www-form-urlencoded")
+# A parameter of a part's Content-Disposition that gives its name
+# (``name="…"`` or ``name=…``); ``name*=`` (RFC 2231) is left to the stdlib.
+_NAME_PARAM = re.compile(r';\s*name\s*=\s*(?:"((?:[^"\\]|\\.)*)(?:"|$)|([^;\s]*))', re.IGNORECASE)
+_EXTENDED_NAME = re.compile(r";\s*name\*", re.IGNORECASE)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header's name
+_NOT_BLANK = re.compile(rb"[^ \t\r\n]")
+_LINE_END = re.compile(rb"[ \t]*(\r?\n|\Z)")
+
+
+def _param_names(disposition: str) -> list[str]:
+    """The names a part's Content-Disposition gives it (more than one where
+    it is odd: all are checked)."""
+    names = [
+        re.sub(r"\\(.)", r"\1", quoted) if quoted or not bare else bare
+        for quoted, bare in _NAME_PARAM.findall(disposition)
+    ]
+    extended = _EXTENDED_NAME.search(disposition)
+    if extended:  # RFC 2231: charset, percent-escapes, continuations
+        names.append(disposition[extended.end() :].replace("%", ""))  # where escapes are odd
+        message = email.message.Message()
+        message["content-disposition"] = disposition
+        value = message.get_param("name", header="content-disposition")
+        if value is not None and not isinstance(value, str):
+            value = email.utils.collapse_rfc2231_value(value)
+        if isinstance(value, str):
+            names.append(value)
+    return names
+
+
+def _like_json(body: bytes, start: int, end: int) -> bool:
+    """Whether ``body[start:end]`` starts like a JSON document or array."""
+    first = _NOT_BLANK.search(body, start, end)
+    return first is not None and first.group() in (b"{", b"[")
+
+
+def _delimiter(body: bytes, marker: bytes, at: int) -> tuple[int, int, bool] | None:
+    """The next delimiter line of a multipart body from ``at``: where it
+    begins (with the line break before it, which belongs to it), where the
+    line after it begins, and whether it is the close delimiter. None if
+    there is none, or the boundary is next found where no delimiter can be
+    (inside a line, or followed by more than blanks): RFC 2046 allows it
+    nowhere else, and where a reader would split the body is unsure."""
+    found = body.find(marker, at)
+    if found < 0 or (found > 0 and body[found - 1] != 0x0A):
+        return None
+    end = found + len(marker)
+    closing = body.startswith(b"--", end)
+    rest = _LINE_END.match(body, end + 2 if closing else end)
+    if rest is None or not (closing or rest.group(1)):
+        return None
+    begins = max(found - 1, 0)
+    if begins > at and body[begins - 1] == 0x0D:
+        begins -= 1
+    return begins, rest.end(), closing
+
+
+def _part_headers(body: bytes, at: int, end: int) -> tuple[dict[str, str], int] | None:
+    """A part's headers (by lower-case name, the first of each) and where
+    its payload begins; None where they do not end with a blank line or a
+    line is no header."""
+    if body.startswith(b"\r\n", at, end):
+        return {}, at + 2
+    if body.startswith(b"\n", at, end):
+        return {}, at + 1
+    blank = body.find(b"\n\r\n", at, end)
+    bare = body.find(b"\n\n", at, blank if blank >= 0 else end)
+    if bare >= 0:
+        block, payload = bare + 1, bare + 2
+    elif blank >= 0:
+        block, payload = blank + 1, blank + 3
+    else:
+        return None
+    headers: dict[str, str] = {}
+    last = ""
+    for line in body[at:block].decode("latin-1").splitlines():
+        if line[:1] in (" ", "\t") and last:  # folded onto the line before
+            headers[last] += " " + line.strip()
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not _TOKEN.fullmatch(name):
+            return None
+        last = name.lower()
+        headers.setdefault(last, value.strip())
+    return headers, payload
+
+
 def _redact_multipart(body: bytes, content_type: str) -> tuple[bytes | None, bool]:
     """A multipart body (``pulsar-admin`` sends functions', sources' and
-    sinks' configs as ``multipart/form-data``), parsed by the stdlib's
-    ``email`` parser, each part redacted as its own content type says and
-    written back in its place; the rest of the body as it came. None where
-    the body does not parse whole or a part's bytes cannot be found again
-    (a transfer encoding, a nested multipart)."""
-    head = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
-    try:
-        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-        boundary = message.get_boundary()
-        if message.defects or not message.is_multipart() or not boundary:
+    sinks' configs as ``multipart/form-data``), its parts found by their
+    boundary: a part named like a credential replaced whole; one that may
+    hold credentials (JSON, a form, text, or bytes that start like JSON)
+    redacted as its own content type says; any other (a package's bytes)
+    kept as it came, not looked into. Each written back in its place, the
+    rest of the body as it came. None where the body is not multipart
+    with that boundary up to its close delimiter (the boundary anywhere
+    else, a part's headers without their blank line), or a part that may
+    hold credentials cannot be checked (a transfer encoding, a nested
+    multipart)."""
+    header = email.message.Message()
+    header["content-type"] = content_type
+    boundary = header.get_boundary()
+    if not boundary:
+        return None, False
+    marker = b"--" + boundary.encode("latin-1", "replace")
+    found = _delimiter(body, marker, 0)
+    if found is None:
+        return None, False
+    out: list[bytes] = []
+    kept = 0  # how much of the body is in ``out`` already
+    changed = False
+    _, at, closing = found
+    if closing:  # no part at all: not what a client sends (the rest may be anything)
+        return None, False
+    while not closing:
+        found = _delimiter(body, marker, at)
+        if found is None:  # no close delimiter
             return None, False
-        delimiter = b"\n--" + boundary.encode("latin-1")
-        out: list[bytes] = []
-        at = 0  # how much of the body is in ``out`` already
-        changed = False
-        for part in message.iter_parts():
-            payload = part.get_payload(decode=True)
-            if part.defects or part.is_multipart() or not isinstance(payload, bytes):
+        end, after, closing = found
+        parsed = _part_headers(body, at, end)
+        if parsed is None:
+            return None, False
+        headers, start = parsed
+        at = after
+        kind = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind.startswith("multipart/"):
+            return None, False
+        names = _param_names(headers.get("content-disposition", ""))
+        if any(sensitive(name) for name in names):
+            redacted: bytes | None = MARKER.encode() if end > start else b""
+        elif (
+            not _BINARY_TYPE.fullmatch(kind or "text/plain")
+            or _TEXT_LIKE.search(kind)
+            or _like_json(body, start, end)
+        ):
+            if headers.get("content-transfer-encoding", "").lower() not in (
+                "", "7bit", "8bit", "binary",
+            ):  # fmt: skip
                 return None, False
-            name = part.get_param("name", header="content-disposition")
-            if isinstance(name, str) and sensitive(name) and payload:
-                redacted: bytes | None = MARKER.encode()
-            else:
-                redacted, _ = redact_body(payload, part.get_content_type())
-            if redacted is None:
-                return None, False
-            end = body.find(payload + b"\r" + delimiter, at)
-            if end < 0:
-                end = body.find(payload + delimiter, at)
-            if end < 0:
-                return None, False
-            out += [body[at:end], redacted]
-            at = end + len(payload)
-            changed = changed or redacted != payload
-    except Exception:  # the stdlib's parser on any bytes: not checked, so not kept
+            redacted, _ = redact_body(body[start:end], kind or "text/plain")
+        else:
+            continue  # nothing to look into: kept as it came
+        if redacted is None:
+            return None, False
+        if redacted != body[start:end]:
+            out += [body[kept:start], redacted]
+            kept = end
+            changed = True
+    if body.find(marker, at) >= 0:  # past the close delimiter: as in a line
         return None, False
     if not changed:
         return body, False
-    return b"".join([*out, body[at:]]), True
+    return b"".join([*out, body[kept:]]), True
 
 
 def content_type(headers: Iterable[tuple[bytes, bytes]]) -> str:
