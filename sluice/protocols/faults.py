@@ -246,8 +246,9 @@ def _rule_id(data: Mapping[str, object]) -> str:
     rule_id = _text(data, "id", "")
     if rule_id and not _ID.fullmatch(rule_id):
         shown = ascii(rule_id[:40]) + ("..." if len(rule_id) > 40 else "")
-        raise FaultError(f"id {shown}: an id is 1 to 64 letters, digits, '.', '_' or '-', "
-                         "not dots alone")
+        raise FaultError(
+            f"id {shown}: an id is 1 to 64 letters, digits, '.', '_' or '-', not dots alone"
+        )
     return rule_id
 
 
