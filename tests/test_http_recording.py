@@ -481,6 +481,19 @@ def test_a_multipart_body_is_recorded_without_its_parts_credentials(tmp_path: Pa
     broken = body.replace(b"--" + boundary, b"--other")
     (record,) = captured(tmp_path / "broken", posted(broken, kind))
     assert record["req"]["p"] == [len(broken), hashlib.sha256(broken).digest()]
+    # A part whose bytes are encoded (base64) holds what they do not show,
+    # whatever its type: the body's digest; a name in RFC 2047 words is
+    # read decoded.
+    encoded = base64.b64encode(json.dumps(config).encode())
+    hidden = (part(b'name="cfg"\r\nContent-Type: application/octet-stream\r\n'
+                   b"Content-Transfer-Encoding: base64\r\n\r\n", encoded)
+              + b"\r\n--" + boundary + b"--\r\n")  # fmt: skip
+    (record,) = captured(tmp_path / "encoded", posted(hidden, kind))
+    assert "raw" not in record["req"] and record["req"]["p"][0] == len(hidden)
+    worded = (part(b'name="=?UTF-8?B?cGFzc3dvcmQ=?="\r\n\r\n', BEARER.encode())
+              + b"\r\n--" + boundary + b"--\r\n")  # fmt: skip
+    (record,) = captured(tmp_path / "worded", posted(worded, kind))
+    assert BEARER.encode() not in record["req"]["raw"] and record["redacted"] is True
 
 
 def test_a_multipart_upload_is_redacted_without_looking_into_its_package(
@@ -489,8 +502,8 @@ def test_a_multipart_upload_is_redacted_without_looking_into_its_package(
     """``pulsar-admin functions create`` sends a function's jar with its
     JSON config: the jar's bytes are kept without being looked into, so
     redacting a 5 MiB upload takes a few milliseconds on the event loop
-    (the stdlib's parser took some 200, every part decoded); the config's credential is still
-    replaced, in its own part (not in a preamble that repeats its value)."""
+    (the stdlib's parser took some 200, every part decoded); the config's
+    credential is still replaced, in its own part (not in a preamble that repeats its value)."""
     boundary = b"Boundary_1_" + uuid.uuid4().hex.encode()
     jar = random.Random(0).randbytes(5 << 20) + b"\r\n--not-the-boundary\r\n"
     config = json.dumps({"className": "F", "userConfig": {"password": QUERY_TOKEN}}).encode()

@@ -27,6 +27,9 @@ Nothing here imports trio.
 
 from __future__ import annotations
 
+import contextlib
+import email.errors
+import email.header
 import email.message
 import email.utils
 import json
@@ -207,6 +210,10 @@ def _param_names(disposition: str) -> list[str]:
         re.sub(r"\\(.)", r"\1", quoted) if quoted or not bare else bare
         for quoted, bare in _NAME_PARAM.findall(disposition)
     ]
+    for name in list(names):  # RFC 2047 encoded words (=?UTF-8?B?...?=), decoded too
+        if "=?" in name:
+            with contextlib.suppress(ValueError, LookupError, email.errors.HeaderParseError):
+                names.append(str(email.header.make_header(email.header.decode_header(name))))
     extended = _EXTENDED_NAME.search(disposition)
     if extended:  # RFC 2231: charset, percent-escapes, continuations
         names.append(disposition[extended.end() :].replace("%", ""))  # where escapes are odd
@@ -320,15 +327,17 @@ def _redact_multipart(body: bytes, content_type: str) -> tuple[bytes | None, boo
         names = _param_names(headers.get("content-disposition", ""))
         if any(sensitive(name) for name in names):
             redacted: bytes | None = MARKER.encode() if end > start else b""
+        elif headers.get("content-transfer-encoding", "").lower() not in (
+            "", "7bit", "8bit", "binary",
+        ):  # fmt: skip
+            # Encoded (base64, quoted-printable): what it holds is not what
+            # its bytes show, whatever its type says. Not looked into here.
+            return None, False
         elif (
             not _BINARY_TYPE.fullmatch(kind or "text/plain")
             or _TEXT_LIKE.search(kind)
             or _like_json(body, start, end)
         ):
-            if headers.get("content-transfer-encoding", "").lower() not in (
-                "", "7bit", "8bit", "binary",
-            ):  # fmt: skip
-                return None, False
             redacted, _ = redact_body(body[start:end], kind or "text/plain")
         else:
             continue  # nothing to look into: kept as it came
