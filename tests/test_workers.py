@@ -215,13 +215,15 @@ def test_summed_counters_never_go_down_when_a_worker_is_stuck_or_restarted() -> 
                 f'sluice_connections_active{{listener="plain"}} {active}\n')  # fmt: skip
 
     totals = _Totals()
+    numbers = iter(range(100))
 
-    def summed(answers: dict[int, tuple[int, str]]) -> tuple[float, float]:
+    def summed(answers: dict[int, tuple[int, str]], number: int = -1) -> tuple[float, float]:
         counts = {i: (pid, _counters(t)) for i, (pid, t) in answers.items()}
-        texts = [answers[i][1] for i in sorted(answers)]
-        found = {s.name: s.value for f in _Merged(texts, totals.scraped(counts)).collect()
+        used, carried = totals.scraped(counts, next(numbers) if number < 0 else number)
+        texts = [answers[i][1] for i in sorted(used)]
+        found = {s.name: s.value for f in _Merged(texts, carried).collect()
                  for s in f.samples}  # fmt: skip
-        return found["sluice_connections_opened_total"], found["sluice_connections_active"]
+        return found["sluice_connections_opened_total"], found.get("sluice_connections_active", 0)
 
     assert summed({0: (10, text(5, 2)), 1: (11, text(7, 3))}) == (12, 5)
     # Worker 1 stuck: its count stays in (its gauge does not).
@@ -231,6 +233,12 @@ def test_summed_counters_never_go_down_when_a_worker_is_stuck_or_restarted() -> 
     assert summed({0: (13, text(0, 0)), 1: (12, text(2, 1))}) == (15, 1)
     # Gone before it ever answered again: still counted.
     assert summed({1: (12, text(2, 1))}) == (15, 1)
+    # Two scrapes at once, the one asked first ending last with the old pid's
+    # answer: left out (it counted the worker as replaced twice).
+    asked_first = next(numbers)
+    assert summed({0: (20, text(4, 0)), 1: (12, text(2, 1))}) == (19, 1)  # asked second
+    assert summed({0: (13, text(1, 0))}, asked_first) == (19, 0)  # (no gauge answered)
+    assert summed({0: (20, text(4, 0)), 1: (12, text(2, 1))}) == (19, 1)
 
 
 def test_a_removed_rules_carried_hits_are_forgotten() -> None:
@@ -242,14 +250,14 @@ def test_a_removed_rules_carried_hits_are_forgotten() -> None:
                                           for k, v in hits.items()})}  # fmt: skip
 
     totals = _Totals()
-    totals.scraped({0: (100, rules(x=50, y=1))})
-    carried = totals.scraped({0: (200, rules(x=2, y=0))})  # replaced: pid 100's kept
+    totals.scraped({0: (100, rules(x=50, y=1))}, 0)
+    _, carried = totals.scraped({0: (200, rules(x=2, y=0))}, 1)  # replaced: pid 100's kept
     assert carried["faults"][2] == {("hits", (("id", "x"),)): 50.0, ("hits", (("id", "y"),)): 1.0}
     totals.forget(("id", "x"))
-    carried = totals.scraped({0: (200, rules(x=0, y=0))})
+    _, carried = totals.scraped({0: (200, rules(x=0, y=0))}, 2)
     assert carried["faults"][2] == {("hits", (("id", "y"),)): 1.0}
     totals.forget(None)
-    assert totals.scraped({0: (200, rules(y=0))}) == {"faults": ("", "counter", {})}
+    assert totals.scraped({0: (200, rules(y=0))}, 3)[1] == {"faults": ("", "counter", {})}
 
 
 async def test_a_start_that_cannot_bind_leaves_nothing_behind() -> None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import math
@@ -241,11 +242,9 @@ class Supervisor:
         self._rule_ids = 0
         self._totals = _Totals()
         self._rule_totals = _Totals()  # the fault rules' hits and seen, alike
-        # One scrape of each at a time: answers are taken in the order they
-        # were asked for (two at once could take an old pid's after its
-        # successor's, and count the worker as replaced twice).
-        self._scraping = trio.Lock()
-        self._rules_scraping = trio.Lock()
+        # Scrapes numbered as they are asked for: of two at once, the one
+        # asked first may end last (_Totals.scraped leaves its answers out).
+        self._scrapes = itertools.count()
         self._sockets: list[tuple[str, socket.socket]] = []
         self._admin: list[trio.SocketListener] | None = None
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
@@ -598,14 +597,14 @@ class Supervisor:
         worker is asked at once, each for at most SCRAPE_TIMEOUT: one that
         is stuck is left out rather than holding the whole answer past the
         admin endpoint's time (which answered nothing at all)."""
-        async with self._scraping:
-            asked = await self._ask("/metrics")
-            answers = {i: (pid, body.decode()) for i, (pid, body) in asked.items()}
-            carried = self._totals.scraped(
-                {i: (pid, _counters(text)) for i, (pid, text) in answers.items()}
-            )
+        number = next(self._scrapes)
+        asked = await self._ask("/metrics")
+        answers = {i: (pid, body.decode()) for i, (pid, body) in asked.items()}
+        used, carried = self._totals.scraped(
+            {i: (pid, _counters(text)) for i, (pid, text) in answers.items()}, number
+        )
         merged = CollectorRegistry()
-        merged.register(_Merged([answers[i][1] for i in sorted(answers)], carried))
+        merged.register(_Merged([answers[i][1] for i in sorted(used)], carried))
         return generate_latest(merged) + generate_latest(self.registry)
 
     async def _ask(self, path: str) -> dict[int, tuple[int, bytes]]:
@@ -647,8 +646,8 @@ class Supervisor:
             await self._to_workers(
                 "DELETE", request.target if rule_id is None else rule_path(rule_id)
             )
-            async with self._rules_scraping:  # a rule added again under its id starts at 0
-                self._rule_totals.forget(None if rule_id is None else ("id", rule_id))
+            # A rule added again under its id starts at 0.
+            self._rule_totals.forget(None if rule_id is None else ("id", rule_id))
             log.warning(
                 "fault injection: %s removed", f"rule {rule_id}" if rule_id else "all rules"
             )
@@ -771,17 +770,16 @@ class Supervisor:
         (asked at once; one that does not answer, or was replaced, counts
         with what it said last, as for /metrics)."""
         answers: dict[int, tuple[int, _Counts]] = {}
-        counts: _Counts = {}
-        async with self._rules_scraping:
-            for index, (pid, body) in (await self._ask("/faults")).items():
-                samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-                for rule in json.loads(body)["rules"]:
-                    samples[("hits", (("id", rule["id"]),))] = float(rule["hits"])
-                    samples[("seen", (("id", rule["id"]),))] = float(rule["seen"])
-                answers[index] = (pid, {"faults": ("", "counter", samples)})
-            for _, answered in answers.values():
-                _add(counts, answered)
-            _add(counts, self._rule_totals.scraped(answers))
+        number = next(self._scrapes)
+        for index, (pid, body) in (await self._ask("/faults")).items():
+            samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for rule in json.loads(body)["rules"]:
+                samples[("hits", (("id", rule["id"]),))] = float(rule["hits"])
+                samples[("seen", (("id", rule["id"]),))] = float(rule["seen"])
+            answers[index] = (pid, {"faults": ("", "counter", samples)})
+        used, counts = self._rule_totals.scraped(answers, number)
+        for index in used:
+            _add(counts, answers[index][1])
         summed = counts.get("faults", ("", "", {}))[2]
         out = []
         for rule in self.rules:
@@ -829,6 +827,7 @@ class _Totals:
 
     def __init__(self) -> None:
         self._last: dict[int, tuple[int, _Counts]] = {}  # worker index -> (pid, counts)
+        self._taken: dict[int, int] = {}  # worker index -> the scrape _last is from
         self._gone: _Counts = {}  # of processes that were replaced
 
     def forget(self, label: tuple[str, str] | None) -> None:
@@ -839,20 +838,29 @@ class _Totals:
                 for key in [k for k in values if label is None or label in k[1]]:
                     del values[key]
 
-    def scraped(self, answers: dict[int, tuple[int, _Counts]]) -> _Counts:
-        """From the answers of a scrape (worker index -> (pid, its counts)):
-        the counts to add to theirs."""
+    def scraped(
+        self, answers: dict[int, tuple[int, _Counts]], number: int
+    ) -> tuple[set[int], _Counts]:
+        """From the answers of scrape ``number`` (worker index -> (pid, its
+        counts)): the workers whose answers to sum, and the counts to add to
+        them. Scrapes are numbered as they are asked for; an answer older
+        than one taken already (two scrapes at once, the earlier ending
+        last) is left out, its worker counting with the newer one."""
+        used: set[int] = set()
         for index, (pid, counts) in answers.items():
+            if self._taken.get(index, -1) > number:
+                continue
             last = self._last.get(index)
             if last is not None and last[0] != pid:
                 _add(self._gone, last[1])
-            self._last[index] = (pid, counts)
+            self._last[index], self._taken[index] = (pid, counts), number
+            used.add(index)
         carried: _Counts = {}
         _add(carried, self._gone)
         for index, (_, counts) in self._last.items():
-            if index not in answers:
+            if index not in used:
                 _add(carried, counts)
-        return carried
+        return used, carried
 
 
 class _Merged(Collector):
