@@ -56,7 +56,10 @@ def test_what_a_reload_may_change_and_what_it_keeps(tmp_path: Path) -> None:
     assert flags(["record", "snapshot_on"]) == ["--record", "--snapshot-on"]
 
 
-async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Path) -> None:
+def with_a_delay_rule(tmp_path: Path) -> tuple[Proxy, Path, Path]:
+    """A proxy whose configuration (100 connections) names a rules file of
+    one delay rule, "slow", reloaded from them: it, the config file, the
+    rules file."""
     rules = tmp_path / "faults.json"
     rules.write_text(json.dumps([{"id": "slow", "match": {"command": "SEND"},
                                   "action": "delay", "delay_ms": 5}]))  # fmt: skip
@@ -64,6 +67,11 @@ async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Pat
     line = argv(cfg)
     proxy = Proxy(settings_again(line))
     proxy.load = lambda: settings_again(line)
+    return proxy, cfg, rules
+
+
+async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Path) -> None:
+    proxy, cfg, rules = with_a_delay_rule(tmp_path)
     assert proxy.generation.number == 1
     assert [r.id for r in proxy.faults.rules] == ["slow"]
     # A rule added at the admin endpoint stays through reloads.
@@ -127,13 +135,7 @@ async def test_a_reload_that_leaves_the_fault_rules_as_they_are_leaves_them_alon
     """Another live setting changed: the configuration's rules keep their
     counts, and what their delays hold is not let go (they were removed and
     added again, at every reload)."""
-    rules = tmp_path / "faults.json"
-    rules.write_text(json.dumps([{"id": "slow", "match": {"command": "SEND"},
-                                  "action": "delay", "delay_ms": 5}]))  # fmt: skip
-    cfg = write(tmp_path / "sluice.toml", max_connections=100, faults=str(rules))
-    line = argv(cfg)
-    proxy = Proxy(settings_again(line))
-    proxy.load = lambda: settings_again(line)
+    proxy, cfg, rules = with_a_delay_rule(tmp_path)
     (slow,) = proxy.faults.rules
     slow.hits, epoch = 3, proxy.faults.epoch
     write(cfg, max_connections=8, faults=str(rules))

@@ -729,11 +729,9 @@ def supervisor_ask(index: LiveIndex, workers: dict[int, LiveTap], cursor: str) -
     return cursor
 
 
-def test_a_restarted_proxy_is_told_from_its_cursor_though_others_watch_it() -> None:
-    """The proxy restarts under the view, and someone else watches the new
-    process already (its numbers have passed the view's cursor): the
-    cursor names the last process, so the new one answers it as a new
-    watcher's; the view closes the last process's connections only."""
+def watched_before_a_restart() -> tuple[LiveIndex, live_module.Taken]:
+    """A view of a proxy with connection 1 (10.0.0.1:5001) and a SEND on
+    "old-topic": the view, and the proxy's last answer (its cursor)."""
     index = LiveIndex("127.0.0.1:9")
     taps, tap = restartable_proxy()
     taken = tap.take(None)
@@ -742,6 +740,15 @@ def test_a_restarted_proxy_is_told_from_its_cursor_though_others_watch_it() -> N
     send_on(tap, 1, "old-topic")
     taken = tap.take(taken.next)
     index.feed(unpack(taken), 0, str(taken.next))
+    return index, taken
+
+
+def test_a_restarted_proxy_is_told_from_its_cursor_though_others_watch_it() -> None:
+    """The proxy restarts under the view, and someone else watches the new
+    process already (its numbers have passed the view's cursor): the
+    cursor names the last process, so the new one answers it as a new
+    watcher's; the view closes the last process's connections only."""
+    index, taken = watched_before_a_restart()
     cursor = taken.next
     taps, tap = restartable_proxy()  # restarted ...
     tap.take(None)  # ... and watched by someone else
@@ -803,14 +810,7 @@ def test_save_after_a_restart_keeps_each_process_its_own(tmp_path: Path) -> None
     """Saved after the proxy restarted under the view: each process's
     records in a file of their own, with its own header, so the capture
     holds two connections 1 with their own frames, not one with both."""
-    index = LiveIndex("127.0.0.1:9")
-    taps, tap = restartable_proxy()
-    taken = tap.take(None)
-    index.feed(unpack(taken), 0, str(taken.next))
-    open_conn(taps, 1, "10.0.0.1:5001")
-    send_on(tap, 1, "old-topic")
-    taken = tap.take(taken.next)
-    index.feed(unpack(taken), 0, str(taken.next))
+    index, taken = watched_before_a_restart()
     taps, tap = restartable_proxy()  # restarted
     open_conn(taps, 1, "192.168.9.9:4444")
     taken = tap.take(taken.next)
