@@ -676,9 +676,12 @@ class Recorder:
                     longest = len(pack_all([*first, *restate(most, open_records, closed), marker]))
                     chosen = newest_within(parts, share - longest)
                 need = needed(chosen)
-                # It starts where its oldest record does, so offsets from
-                # the header's start (sluice inspect --since) read from 0.
-                began = _first_wall(chosen[0].data) if chosen else None
+                # It starts where its earliest record does, so offsets from
+                # the header's start (sluice inspect --since) read from 0: in
+                # any part (an HTTP exchange is written when it ends, with the
+                # time it began, in a part later than records after that).
+                walls = [w for w in map(_first_wall, (p.data for p in chosen)) if w is not None]
+                began = min(walls, default=None)
                 if began is not None:
                     first[0] = self._header(self._snapshot_seq, min(began, first[0]["started"]))
                 head = pack_all([*first, *restate(need.connections, open_records, closed), marker])
