@@ -21,7 +21,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -370,12 +370,31 @@ class Proxy:
         keeping the rest as it was; all of it or, when any part does not
         check out, none. ``number``: the generation to call it (a worker
         takes its supervisor's)."""
+        async with self.preparing(new, source, number) as prepared:
+            return prepared if isinstance(prepared, Outcome) else prepared()
+
+    @contextlib.asynccontextmanager
+    async def preparing(
+        self, new: ProxyConfig, source: str, number: int | None = None
+    ) -> AsyncIterator[Outcome | Callable[[], Outcome]]:
+        """``new`` checked and made ready to be put in force, no other
+        reload meanwhile: a refused Outcome (nothing changed), or the
+        function that puts it in force and says how it went. Left uncalled,
+        nothing changes: so a worker puts a reload in force only once every
+        worker could (``workers._Reloads``)."""
         async with self._reloading:
-            old = self.config
-            files = await trio.to_thread.run_sync(held, new)
-            live, kept = split(old, new, self._held, files)
-            kept_flags = flags(kept)
-            if not live:
+            yield await self._prepare(new, source, number)
+
+    async def _prepare(
+        self, new: ProxyConfig, source: str, number: int | None
+    ) -> Outcome | Callable[[], Outcome]:
+        old = self.config
+        files = await trio.to_thread.run_sync(held, new)
+        live, kept = split(old, new, self._held, files)
+        kept_flags = flags(kept)
+        if not live:
+
+            def unchanged() -> Outcome:
                 if number is not None:  # a supervisor's generation, whatever changed here
                     self.generation = Generation(number, time.time(), source)
                     self.metrics.generation(self.generation)
@@ -383,15 +402,19 @@ class Proxy:
                 self.metrics.reloads.labels("unchanged").inc()
                 log.info("%s", outcome.summary())
                 return outcome
-            config = effective(old, new, kept)
-            try:
-                filters = make_filters(config.filters, self.protocol) if config.filters else None
-                faults = copy.deepcopy(config.faults)
-                # Last: the backend may start tasks (an issuer's keys, Sluice's
-                # own token) for what it made, which nothing after may undo.
-                put_in_force = await self.backend.prepare(config, filters)
-            except ConfigError as exc:
-                return self.refuse_reload(source, str(exc).splitlines())
+
+            return unchanged
+        config = effective(old, new, kept)
+        try:
+            filters = make_filters(config.filters, self.protocol) if config.filters else None
+            faults = copy.deepcopy(config.faults)
+            # Last: the backend may start tasks (an issuer's keys, Sluice's
+            # own token) for what it made, which nothing after may undo.
+            put_in_force = await self.backend.prepare(config, filters)
+        except ConfigError as exc:
+            return self.refuse_reload(source, str(exc).splitlines())
+
+        def applied() -> Outcome:
             put_in_force()
             if "faults" in live:  # (rules kept as they were keep their counts and holds)
                 for rule_id in self._config_rules:
@@ -417,6 +440,8 @@ class Proxy:
             outcome = Outcome("applied", self.generation, flags(live), kept_flags)
             log.warning("%s", outcome.summary())
             return outcome
+
+        return applied
 
     def refuse_reload(self, source: str, errors: list[str]) -> Outcome:
         """A reload refused for ``errors`` (one line each): counted, logged,

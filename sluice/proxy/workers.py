@@ -104,7 +104,7 @@ from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split
 from sluice.proxy.server import Proxy, WorkerRole, reload_when_asked, serve_until_signalled
-from sluice.proxy.shared import create_state
+from sluice.proxy.shared import Journal, create_state
 from sluice.recording.writer import snapshot_name
 
 log = logging.getLogger("sluice.workers")
@@ -135,12 +135,19 @@ _SUPERVISORS = {
     "sluice_config_generation",
     "sluice_config_loaded_timestamp_seconds",
 }
-# A reload: the configuration every worker takes (its generation, where it
-# came from, the ProxyConfig), and each worker's report of it.
+# A reload, in two steps: the configuration every worker is to take (the
+# attempt's number, its generation, where it came from, the ProxyConfig);
+# each worker's report of it (made ready or refused, then put in force);
+# and the supervisor's decision, a line per attempt ("N commit" or "N
+# abort"), put in force by every worker only once every worker could.
 RELOAD_FILE = "reload.pickle"
 RELOAD_REPORT = "reload-{index}.json"
-# How long the supervisor waits for every worker to report a reload.
+RELOAD_DECISIONS = "reload-decisions"
+COMMIT, ABORT = "commit", "abort"
+# How long the supervisor waits for every worker to report a reload step.
 RELOAD_TIMEOUT = 30.0
+# How long a worker that has made a reload ready waits for the decision.
+DECISION_TIMEOUT = 2 * RELOAD_TIMEOUT + 10
 
 
 def available_cpus() -> int:
@@ -253,6 +260,7 @@ class Supervisor:
         # Configuration reloads: the generation every worker runs.
         self.generation = Generation(1, time.time(), "start")
         self._reloading = trio.Lock()
+        self._attempts = itertools.count(1)  # reloads tried, numbered for the workers
         # Its own, as a lone proxy serves them (with the protocol label):
         # the workers' are left out of the sum.
         protocol = self.config.protocol
@@ -500,10 +508,13 @@ class Supervisor:
 
     async def reload_from_source(self, source: str) -> Outcome:
         """Read the settings again and have every worker put them in force
-        as one generation: the supervisor checks what it can (what
+        as one generation, or none: the supervisor checks what it can (what
         ``config_from`` checks), writes the configuration to the workers'
-        state and signals each (SIGHUP); each reloads it (checking the rest)
-        and reports. A worker started later starts with it."""
+        state and signals each (SIGHUP); each checks and makes ready the rest
+        (a key file read, an issuer's keys fetched) and reports. Only when
+        none refused is it put in force, by every worker; when one refused,
+        by none, and the answer names the workers that refused. A worker
+        started later starts with the configuration in force."""
         async with self._reloading:
             if self.load is None:
                 return self._reload_refused(source, ["no reloadable settings"])
@@ -521,15 +532,25 @@ class Supervisor:
                 return outcome
             config = effective(self.config, new, kept)
             number = self.generation.number + 1
+            attempt = next(self._attempts)
             path = self._state / RELOAD_FILE
             part = path.with_suffix(".part")
-            part.write_bytes(pickle.dumps((number, source, self._worker_config(config))))
+            part.write_bytes(pickle.dumps((attempt, number, source, self._worker_config(config))))
             part.replace(path)
-            reports = await self._signal_reload(number)
-            refused = [r for r in reports if r.get("outcome") == "refused"]
+            running = [w for w in self.workers if w.running]
+            for worker in running:
+                assert worker.process is not None
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.send_signal(signal.SIGHUP)
+            reports = await self._reports(attempt, running, "ready")
+            refused = [r for r in reports if r["outcome"] == "refused"]
             if refused:
+                self._decide(attempt, ABORT)
                 errors = [f"worker {r['index']}: {e}" for r in refused for e in r["errors"]]
                 return self._reload_refused(source, errors)
+            self._decide(attempt, COMMIT)
+            ready = [w for w in running if any(r["index"] == w.index for r in reports)]
+            done = await self._reports(attempt, ready, "done")
             old = self.config
             self.config, self._held = config, files
             if "faults" in live and config.admin is not None:
@@ -542,34 +563,37 @@ class Supervisor:
             self._loaded.set(self.generation.loaded_at)
             self._reloads.labels(self.config.protocol, "applied").inc()
             outcome = Outcome("applied", self.generation, flags(live), kept_flags)
-            missing = self.count - len(reports)
+            missing = self.count - len(done)
             if missing:
                 outcome.errors.append(
                     f"{missing} worker(s) did not report within {RELOAD_TIMEOUT:g}s; "
-                    "they start with it when restarted"
+                    "they put it in force when they get to it, or restart with it"
                 )
             log.warning("%s (all %d workers)", outcome.summary(), self.count)
             return outcome
 
-    async def _signal_reload(self, number: int) -> list[dict[str, Any]]:
-        """SIGHUP to every running worker; their reports of generation
-        ``number``, as they come within RELOAD_TIMEOUT."""
-        running = [w for w in self.workers if w.running]
-        for worker in running:
-            assert worker.process is not None
-            with contextlib.suppress(ProcessLookupError):
-                worker.process.send_signal(signal.SIGHUP)
+    async def _reports(
+        self, attempt: int, workers: list[Worker], step: str
+    ) -> list[dict[str, Any]]:
+        """The reports of ``workers`` on step ``step`` (``ready``, ``done``)
+        of reload ``attempt``, as they come within RELOAD_TIMEOUT."""
         reports: dict[int, dict[str, Any]] = {}
         with trio.move_on_after(RELOAD_TIMEOUT):
-            while len(reports) < len(running):
-                for worker in running:
+            while len(reports) < len(workers):
+                for worker in workers:
                     if worker.index in reports:
                         continue
                     report = _report(self._state, worker.index)
-                    if report is not None and report.get("generation") == number:
+                    if (report is not None and report.get("attempt") == attempt
+                            and report.get("step") == step):  # fmt: skip
                         reports[worker.index] = report | {"index": worker.index}
                 await trio.sleep(0.05)
         return list(reports.values())
+
+    def _decide(self, attempt: int, decision: str) -> None:
+        """Reload ``attempt`` put in force by every worker, or by none."""
+        with open(self._state / RELOAD_DECISIONS, "a") as decisions:
+            decisions.write(f"{attempt} {decision}\n")
 
     async def _replace_config_rules(self, old: ProxyConfig, new: ProxyConfig) -> None:
         """The fault rules that came with the configuration replaced by the
@@ -979,12 +1003,17 @@ async def serve_workers(
 @dataclass
 class _Reloads:
     """A worker's side of a reload: on SIGHUP, the configuration the
-    supervisor wrote (when it is newer than the one in force) put in force
-    as the supervisor's generation, and a report written back."""
+    supervisor wrote (when it is newer than the one in force) checked and
+    made ready, reported, and put in force as the supervisor's generation
+    once the supervisor says every worker could (or dropped when one
+    could not), reported again."""
 
     proxy: Proxy
     state: Path
     index: int
+    # The supervisor's decisions so far, by attempt, and where they are read.
+    _decided: dict[int, str] = field(default_factory=dict)
+    _decisions: Journal | None = None
 
     async def catch_up(self) -> None:
         """Once the worker can take SIGHUP: a reload written while it started
@@ -994,19 +1023,64 @@ class _Reloads:
 
     async def reload_from_source(self, source: str) -> Outcome:
         try:
-            number, said, config = pickle.loads((self.state / RELOAD_FILE).read_bytes())
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+            attempt, number, said, config = pickle.loads((self.state / RELOAD_FILE).read_bytes())
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
             return self.proxy.refuse_reload(source, [f"no configuration to reload: {exc}"])
+        if self._decision(attempt) == ABORT:  # refused by a worker before this one came to it
+            return Outcome("unchanged", self.proxy.generation)
         if number <= self.proxy.generation.number:
+            self._write(attempt, "ready", "unchanged")
             outcome = Outcome("unchanged", self.proxy.generation)
-        else:
-            outcome = await self.proxy.reload(config, said, number=number)
-        report = {"generation": number, "outcome": outcome.outcome, "errors": outcome.errors}
+            self._write(attempt, "done", outcome.outcome)
+            return outcome
+        async with self.proxy.preparing(config, said, number) as prepared:
+            if isinstance(prepared, Outcome):  # refused here
+                self._write(attempt, "ready", "refused", prepared.errors)
+                if await self._decided_on(attempt) == COMMIT:
+                    # Put in force by the others, this one's refusal too late
+                    # to stop it: this one restarts, and starts with it.
+                    log.error("generation %d is in force in the other workers, and this one "
+                              "cannot put it in force: restarting with it", number)  # fmt: skip
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return prepared
+            self._write(attempt, "ready", "ready")
+            decision = await self._decided_on(attempt)
+            if decision != COMMIT:
+                why = (
+                    "another worker refused it"
+                    if decision == ABORT
+                    else "no word from the supervisor"
+                )
+                return self.proxy.refuse_reload(said, [f"not put in force: {why}"])
+            outcome = prepared()
+        self._write(attempt, "done", outcome.outcome, outcome.errors)
+        return outcome
+
+    def _write(
+        self, attempt: int, step: str, outcome: str, errors: list[str] | None = None
+    ) -> None:
+        report = {"attempt": attempt, "step": step, "outcome": outcome, "errors": errors or []}
         path = self.state / RELOAD_REPORT.format(index=self.index)
         part = path.with_suffix(".part")
         part.write_text(json.dumps(report))
         part.replace(path)
-        return outcome
+
+    def _decision(self, attempt: int) -> str | None:
+        """The supervisor's decision on reload ``attempt``, if made."""
+        if self._decisions is None:
+            self._decisions = Journal(self.state / RELOAD_DECISIONS)
+        for words in self._decisions.new_lines():
+            if len(words) == 2 and words[0].isdigit():
+                self._decided[int(words[0])] = words[1]
+        return self._decided.get(attempt)
+
+    async def _decided_on(self, attempt: int) -> str | None:
+        """The decision on reload ``attempt``, waited for (None: none came)."""
+        with trio.move_on_after(DECISION_TIMEOUT):
+            while (decision := self._decision(attempt)) is None:
+                await trio.sleep(0.02)
+            return decision
+        return None
 
 
 def _report(state: Path, index: int) -> dict[str, Any] | None:
