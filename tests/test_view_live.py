@@ -827,3 +827,65 @@ def test_save_after_a_restart_keeps_each_process_its_own(tmp_path: Path) -> None
         (saved.by_id[r["conn"]].client, r["topic"]) for r in saved.page(Filter(), 0, 10)["rows"]
     ]
     assert rows == [("10.0.0.1:5001", "old-topic"), ("192.168.9.9:4444", "new-topic")], rows
+
+
+def test_connections_closed_while_nobody_watched_are_closed_in_the_view(tmp_path: Path) -> None:
+    """The view stops asking for longer than the proxy keeps watching (so
+    the tap goes idle and keeps nothing), and a connection closes
+    meanwhile: when the view asks again it is told which are open, and
+    closes the other one, on the page and in a save; the one still open
+    stays open, and one closed in the answer itself is closed once."""
+    now = [0.0]
+    taps = Taps([SimpleNamespace(figures=None, frames=None, event=lambda *_: None)])
+    tap = LiveTap(taps, "pulsar", PayloadPolicy.HASH, listen=[], broker="pulsar://b:6650",
+                  clock=lambda: now[0])  # fmt: skip
+    taps.add(tap)
+    index = LiveIndex("127.0.0.1:9")
+    taken = tap.take(None)
+    index.feed(unpack(taken), 0, str(taken.next))
+    gone, stays, later = (open_conn(taps, n, f"10.0.0.{n}:500{n}") for n in (1, 2, 3))
+    send_on(tap, 1, "t")
+    taken = tap.take(taken.next)
+    index.feed(unpack(taken), 0, str(taken.next))
+    now[0] += live_module.WATCH_SECONDS + 1
+    tap.frames(stays, True, [object()])  # a read after the watch ran out: idle now
+    assert tap.idle
+    taps.event(gone, Closed("client closed"))  # while nobody watches
+    taken = tap.take(taken.next)  # the view asks again: a new watcher's answer
+    taps.event(later, Closed("broker closed"))  # after it: the next answer says so
+    index.feed(unpack(taken), taken.dropped, str(taken.next))
+    taken = tap.take(taken.next)
+    index.feed(unpack(taken), taken.dropped, str(taken.next))
+    shown = [(c.conn, c.closed) for c in index.connections]
+    assert shown == [(1, "closed while this view was not told"), (2, ""),
+                     (3, "broker closed")], shown  # fmt: skip
+    saved = index.save(tmp_path)
+    closes = [(r["c"], r["reason"]) for path in recording_files(saved)
+              for r in read_records(path) if r["k"] == "close"]  # fmt: skip
+    assert closes == [(1, "closed while this view was not told"), (3, "broker closed")], closes
+
+
+def test_a_save_after_a_restart_closes_the_last_process_connections(tmp_path: Path) -> None:
+    """The connections a restart ended (the view closed them when the new
+    process answered) end in a save too: a ``close`` record in the last
+    process's file, so that inspect and replay do not see them open."""
+    index, taken = watched_before_a_restart()
+    taps, tap = restartable_proxy()  # restarted
+    open_conn(taps, 1, "192.168.9.9:4444")
+    taken = tap.take(taken.next)
+    index.feed(unpack(taken), taken.dropped, str(taken.next))
+    saved = index.save(tmp_path)
+    ended = {}
+    for path in recording_files(saved):
+        records = list(read_records(path))
+        clients = {r["c"]: r["client"] for r in records if r["k"] == "conn"}
+        for r in records:
+            if r["k"] == "close":
+                ended[clients[r["c"]]] = r["reason"]
+        times = [r["t"] for r in records if r["k"] in ("frame", "close")]
+        assert times == sorted(times), times
+    assert ended == {"10.0.0.1:5001": "the proxy restarted"}, ended
+    again = Index(saved)
+    again.build()
+    assert sorted((c.client, c.closed) for c in again.connections) == [
+        ("10.0.0.1:5001", "the proxy restarted"), ("192.168.9.9:4444", "")]  # fmt: skip

@@ -30,7 +30,10 @@ gave (the proxy restarted, or a worker was replaced, under the watcher) is
 outside this one's numbers and is answered as a new watcher's; a cursor
 stays a plain number, which a supervisor passes to its workers as it is.
 Every answer starts with the header, so that the view can tell whose
-records follow where a supervisor puts several workers' answers together.
+records follow where a supervisor puts several workers' answers together;
+where the watcher may have missed records (a new watcher's answer, or one
+after records the ring lost), the header names the connections open then
+(``open``), so that the view closes those it holds that closed unseen.
 """
 
 from __future__ import annotations
@@ -177,7 +180,17 @@ class LiveTap:
             records.append(data)
             size += len(data)
             last = number
+        if fresh or dropped:
+            records[0] = self._header_saying(dropped)
         return Taken(records, last, dropped, fresh)
+
+    def _header_saying(self, dropped: int) -> bytes:
+        """The header of an answer after which the watcher may have missed
+        records (a new watcher's: what happened while nobody watched was
+        not kept; or one after records the ring lost), naming the
+        connections open now (``open``): one the watcher holds open that is
+        not among them, and has no ``close`` in the answer, closed unseen."""
+        return self._pack({**self._header, "open": sorted(self._open)})
 
     def _oldest_times(self) -> tuple[int, int] | None:
         """The monotonic and wall times of the ring's oldest record (None:

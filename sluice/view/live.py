@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from array import array
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ class LiveIndex(Index):
         self._records: list[bytes] = []  # every record held, packed, summaries filled in
         self._owners: list[str] = []  # each record's process (its reading's capture)
         self._first = 0  # the number of the first record held (for offsets)
+        self._newest: tuple[int, int] = (0, 0)  # the newest record's times (monotonic, wall)
         self._header: Record | None = None  # the first process's
         # (capture, connection) -> the number of its conn record
         self._opened: dict[tuple[str, int], int] = {}
@@ -129,29 +131,15 @@ class LiveIndex(Index):
                 held.reading.gap = True
         told = {identity_of(r) for r in records if r.get("k") == "header"}
         self._replaced(cursor, told)
-        for record in records:
+        for at, record in enumerate(records):
             kind = record.get("k")
             if kind == "header":
                 self._told_of(record)
+                if "open" in record and self._process is not None:
+                    self._closed_unseen(self._process, record["open"], records[at + 1 :])
                 continue
-            process = self._process
-            if process is None:
-                continue  # (no header yet: not from a proxy's /live)
-            summaries = process.summaries
-            if summaries is not None:
-                if kind == "frame" and "s" not in record:
-                    summaries.fill(record)
-                elif kind == "conn":
-                    summaries.opened(record)
-                elif kind == "close":
-                    summaries.closed(record)
-            reading = process.reading
-            number = self._first + len(self._records)
-            if kind == "conn":
-                self._opened[(reading.capture, record["c"])] = number
-            self._records.append(pack(record))
-            self._owners.append(reading.capture)
-            self.take(record, reading, number)
+            if self._process is not None:  # (None: no header yet, not from a proxy's /live)
+                self._keep(self._process, record)
         if self.frames > self.max_frames:
             self._let_go(self.frames - self.max_frames // 2)
         elif max(len(self.connections), len(self.notes), len(self._records) - self.frames) > (
@@ -165,6 +153,53 @@ class LiveIndex(Index):
                 self._timelines.clear()
                 self._summary = None
 
+    def _keep(self, process: Process, record: Record) -> None:
+        """One of ``process``'s records: held (for details and a save) and taken."""
+        kind = record.get("k")
+        summaries = process.summaries
+        if summaries is not None:
+            if kind == "frame" and "s" not in record:
+                summaries.fill(record)
+            elif kind == "conn":
+                summaries.opened(record)
+            elif kind == "close":
+                summaries.closed(record)
+        reading = process.reading
+        number = self._first + len(self._records)
+        if kind == "conn":
+            self._opened[(reading.capture, record["c"])] = number
+        if "t" in record and record["t"] >= self._newest[0]:
+            self._newest = (int(record["t"]), int(record.get("w", 0)))
+        self._records.append(pack(record))
+        self._owners.append(reading.capture)
+        self.take(record, reading, number)
+
+    def _close(self, process: Process, reason: str, keep: Collection[int] = ()) -> None:
+        """A ``close`` record for each of ``process``'s connections this view
+        holds open (but those in ``keep``), stamped with the newest time
+        held: the proxy's went unseen (it restarted, or the records were
+        not kept for this view), and a save must not leave them open."""
+        capture = process.reading.capture
+        t, w = self._newest
+        for connection in [c for c in self.connections if c.capture == capture]:
+            if not connection.closed and connection.conn not in keep:
+                self._keep(process, {"k": "close", "c": connection.conn, "t": t, "w": w,
+                                     "reason": reason})  # fmt: skip
+
+    def _closed_unseen(self, process: Process, open_now: list[int], after: list[Record]) -> None:
+        """A header naming the connections open now (where the view may have
+        missed records: a new watcher's answer, or one after records the
+        proxy dropped): the others this view holds open closed unseen, but
+        those whose ``close`` comes in the answer (``after``, up to the next
+        header)."""
+        keep = set(open_now)
+        for record in after:
+            if record.get("k") == "header":
+                break
+            if record.get("k") == "close":
+                keep.add(record["c"])
+        self._close(process, "closed while this view was not told", keep)
+
     def _told_of(self, header: Record) -> None:
         """A header: the records after it are its process's. One not seen
         before starts a reading of its own (a capture of its own), and
@@ -176,7 +211,8 @@ class LiveIndex(Index):
             capture = str(header.get("capture", ""))
             if self._processes:  # (its connection ids are its own)
                 capture = f"{capture}-{len(self._processes) + 1}"
-            header = {**header, "capture": capture}
+            # (not what one answer said: the connections open then)
+            header = {k: v for k, v in header.items() if k != "open"} | {"capture": capture}
             spec = registry.get(str(header.get("protocol", registry.DEFAULT_PROTOCOL)))
             reading = Reading(LIVE, gap=identity in self._replacing)
             process = Process(identity, header, reading,
@@ -208,12 +244,9 @@ class LiveIndex(Index):
                 continue
             self._replacing.add(identity)
             said = "the proxy restarted" if lone else f"worker {slot} was replaced"
-            capture = old.reading.capture
             with self.lock:
                 self.restarts += 1
-                for connection in self.connections:
-                    if connection.capture == capture and not connection.closed:
-                        connection.closed = said
+            self._close(old, said)
             t = self.t[-1] / 1e9 if self.frames else 0.0
             self.notes.append(Note("restart", t, None, f"{said}: a new process from here on"))
 
