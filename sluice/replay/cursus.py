@@ -122,6 +122,12 @@ class _Live:
             self.ended = True
             self.changed.set()
 
+    async def close_when_answered(self, timeout: float) -> None:
+        """Close it where the recording shows it closed, once what it was
+        answered has come (or a wait for it ran out)."""
+        await self.wait_for(len(_answers(self.recorded.frames)), timeout)
+        await self.stream.aclose()
+
     async def wait_for(self, count: int, timeout: float) -> bool:
         """Wait up to ``timeout`` until ``count`` answers have come, less if
         the connection ends first; whether they have."""
@@ -160,12 +166,17 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
     previous_ns: int | None = None
     async with trio.open_nursery() as nursery:
         for conn, rf in client_frames:
+            ending = []
             while closed < len(closes) and closes[closed][0] <= rf.index:
-                ending = lives.get(closes[closed][1])
+                if (live := lives.get(closes[closed][1])) is not None:
+                    ending.append(live)
                 closed += 1
-                if ending is not None:
-                    await ending.wait_for(len(_answers(ending.recorded.frames)), timeout)
-                    await ending.stream.aclose()
+            # The closes recorded before this frame, side by side: each as
+            # soon as its answers are in, answers that never come costing
+            # one timeout for them all, not one each, one after another.
+            async with trio.open_nursery() as closing:
+                for live in ending:
+                    closing.start_soon(live.close_when_answered, timeout)
             live = lives.get(conn.key)
             if live is None:
                 try:

@@ -1,0 +1,90 @@
+"""Cursus replay of recordings whose answers do not all come live."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from sluice.addresses import Address
+from sluice.protocols.pulsar.urls import BrokerUrl
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.server import Proxy
+from sluice.recording.format import PayloadPolicy, dumps, read_records, recording_files
+from sluice.recording.reader import load
+from sluice.recording.writer import RecorderConfig
+from tests.helpers.cursus_broker import open_cluster
+from tests.helpers.support import SLUICE
+from tests.test_cursus_recording import produce_and_stream
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
+
+@pytest.fixture
+async def recorded(tmp_path: Path) -> AsyncIterator[Path]:
+    """One Cursus session through the proxy: 9 messages produced on 3
+    partitions (a connection each, closed before the consumer's open), then
+    streamed back by a consumer group."""
+    directory = tmp_path / "rec"
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        host, port = cluster.address.rsplit(":", 1)
+        config = ProxyConfig(
+            broker=BrokerUrl(host, int(port), False, "cursus"),
+            protocol="cursus",
+            listen=Address("127.0.0.1", 0),
+            record=RecorderConfig(directory, payloads=PayloadPolicy.FULL, flush_interval=0.1),
+        )
+        proxy: Proxy = await nursery.start(Proxy(config).run)
+        await produce_and_stream(str(proxy.addresses["plain"]), "9 messages streamed")
+        proxy.stop()
+    yield directory
+
+
+async def test_closes_due_together_wait_side_by_side(recorded: Path, tmp_path: Path) -> None:
+    """The producers' connections close one after another when recorded. One
+    of them is made to expect an answer no broker sends: its close waits for
+    it (up to a --timeout far longer than the test), and the closes recorded
+    with it are made meanwhile, each as soon as its own answers are in (they
+    waited behind it, a timeout each, one after another)."""
+    connections = load(recorded).connections
+    due: dict[int, list[int]] = {}
+    for conn in connections:
+        if conn.closed_at is not None:
+            due.setdefault(conn.closed_at, []).append(conn.key[1])
+    together = next(ids for ids in due.values() if len(ids) >= 3)
+    stuck, others = together[0], together[1:]
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    for path in recording_files(recorded):
+        records = []
+        for record in read_records(path):
+            records.append(record)
+            if record["k"] == "frame" and record["c"] == stuck and record["d"] == 1:
+                records.append(record)  # an answer the live broker will not send
+        (tampered / path.name).write_bytes(dumps(records))
+    # Which live connection stands for which recorded one: dialled in the
+    # order of their first client frames.
+    dialled = [c.key[1] for c in sorted(connections, key=lambda c: c.frames[0].index)]
+    async with open_cluster(1, keepalive=0.3) as fresh:
+        process = await trio.lowlevel.open_process(
+            [*SLUICE, "replay", str(tampered), "--broker", f"cursus://{fresh.address}",
+             "--timeout", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+
+            def closed() -> set[int]:
+                peers = [peer for event, peer in fresh.lifetimes if event == "open"]
+                ended = {peer for event, peer in fresh.lifetimes if event == "close"}
+                return {c for c, peer in zip(dialled, peers, strict=False) if peer in ended}
+
+            with trio.move_on_after(30):
+                while not set(others) <= closed():
+                    await trio.sleep(0.05)
+            assert set(others) <= closed(), fresh.lifetimes
+            assert stuck not in closed()  # still waiting for what will not come
+        finally:
+            process.kill()
+            await process.wait()
