@@ -719,13 +719,15 @@ def supervisor_ask(index: LiveIndex, workers: dict[int, LiveTap], cursor: str) -
     after = live_module.parse_after(json.dumps({"after": cursor}).encode())
     records: list[bytes] = []
     cursors = dict(after)
+    dropped = 0
     for i, tap in workers.items():
         taken = tap.take(after.get(i))
         records += taken.records
         cursors[i] = taken.next
+        dropped += taken.dropped  # (summed: the answer has one count)
     unpacked = [msgpack.unpackb(r, raw=False, strict_map_key=False) for r in records]
     cursor = ",".join(f"{i}:{n}" for i, n in sorted(cursors.items()))
-    index.feed(unpacked, 0, cursor)
+    index.feed(unpacked, dropped, cursor)
     return cursor
 
 
@@ -889,3 +891,24 @@ def test_a_save_after_a_restart_closes_the_last_process_connections(tmp_path: Pa
     again.build()
     assert sorted((c.client, c.closed) for c in again.connections) == [
         ("10.0.0.1:5001", "the proxy restarted"), ("192.168.9.9:4444", "")]  # fmt: skip
+
+
+def test_records_a_worker_dropped_mark_a_gap_in_its_frames_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--workers 2``: worker 0's ring loses records before the view asks,
+    worker 1's does not. The view counts what was dropped, and marks the
+    gap before worker 0's next frame only, not worker 1's."""
+    index = LiveIndex("127.0.0.1:9")
+    (taps0, tap0), (taps1, tap1) = restartable_proxy(), restartable_proxy()
+    open_conn(taps0, 1, "10.0.0.1:5001")
+    open_conn(taps1, 2, "10.0.0.2:6002")
+    cursor = supervisor_ask(index, {0: tap0, 1: tap1}, "")
+    monkeypatch.setattr(live_module, "MAX_RECORDS", 5)
+    for _ in range(8):
+        send_on(tap0, 1, "zero")  # 3 of them lost
+    send_on(tap1, 2, "one")
+    supervisor_ask(index, {0: tap0, 1: tap1}, cursor)
+    assert index.dropped_upstream == 3
+    rows = [(r["topic"], r["flags"]) for r in index.page(Filter(), 0, 10)["rows"]]
+    assert rows == [("zero", ["gap"])] + [("zero", [])] * 4 + [("one", [])], rows

@@ -188,9 +188,15 @@ class LiveTap:
         """The header of an answer after which the watcher may have missed
         records (a new watcher's: what happened while nobody watched was
         not kept; or one after records the ring lost), naming the
-        connections open now (``open``): one the watcher holds open that is
-        not among them, and has no ``close`` in the answer, closed unseen."""
-        return self._pack({**self._header, "open": sorted(self._open)})
+        connections open now (``open``: one the watcher holds open that is
+        not among them, and has no ``close`` in the answer, closed unseen)
+        and how many records this process lost (``dropped``: its next frame
+        has a gap before it, not another process's where a supervisor puts
+        several answers together and sums their counts)."""
+        said: dict[str, Any] = {**self._header, "open": sorted(self._open)}
+        if dropped:
+            said["dropped"] = dropped
+        return self._pack(said)
 
     def _oldest_times(self) -> tuple[int, int] | None:
         """The monotonic and wall times of the ring's oldest record (None:

@@ -126,15 +126,18 @@ class LiveIndex(Index):
         with self.lock:
             self.asks += 1
             self.dropped_upstream += dropped
-        if dropped:
+        headers = [r for r in records if r.get("k") == "header"]
+        if dropped and not any("dropped" in r for r in headers):
+            # (a Sluice before headers said whose records were dropped: all may be)
             for held in self._processes.values():
                 held.reading.gap = True
-        told = {identity_of(r) for r in records if r.get("k") == "header"}
-        self._replaced(cursor, told)
+        self._replaced(cursor, {identity_of(r) for r in headers})
         for at, record in enumerate(records):
             kind = record.get("k")
             if kind == "header":
                 self._told_of(record)
+                if record.get("dropped") and self._process is not None:
+                    self._process.reading.gap = True  # (before this process's next frame)
                 if "open" in record and self._process is not None:
                     self._closed_unseen(self._process, record["open"], records[at + 1 :])
                 continue
@@ -211,8 +214,9 @@ class LiveIndex(Index):
             capture = str(header.get("capture", ""))
             if self._processes:  # (its connection ids are its own)
                 capture = f"{capture}-{len(self._processes) + 1}"
-            # (not what one answer said: the connections open then)
-            header = {k: v for k, v in header.items() if k != "open"} | {"capture": capture}
+            # (not what one answer said: the connections open then, records dropped)
+            said = ("open", "dropped")
+            header = {k: v for k, v in header.items() if k not in said} | {"capture": capture}
             spec = registry.get(str(header.get("protocol", registry.DEFAULT_PROTOCOL)))
             reading = Reading(LIVE, gap=identity in self._replacing)
             process = Process(identity, header, reading,
