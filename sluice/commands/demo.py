@@ -171,6 +171,8 @@ def _ms(seconds: float) -> str:
 # The signals that end the demo as Ctrl-C does: the broker stopped and its
 # data removed however the demo is ended (a terminal closed, a service stop).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The demo's flags for the proxy's ports, for a port that cannot be listened on.
+DEMO_FLAGS = {"--listen": "--port", "--admin": "--admin-port"}
 
 
 async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
@@ -204,7 +206,7 @@ async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
             try:
                 proxy: Proxy = await nursery.start(Proxy(config).run)
             except OSError as exc:
-                raise StartupError(listen_error(exc, config)) from None
+                raise StartupError(listen_error(exc, config, DEMO_FLAGS)) from None
             url = f"pulsar://127.0.0.1:{port}"
             say(f"broker  {broker.url}  (embedded {args.embedded}, pid {broker.pid})")
             say(f"proxy   {url}  (clients connect here)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import functools
 import logging
 import math
@@ -24,7 +23,7 @@ from sluice.protocols.core import OnInvalid
 from sluice.protocols.faults import load_rules
 from sluice.protocols.http import parse_http_url
 from sluice.proxy.allocator import keep_big_buffers
-from sluice.proxy.config import ProxyConfig
+from sluice.proxy.config import ListenError, ProxyConfig
 from sluice.proxy.dial import (
     TlsClientConfig,
     TlsServerConfig,
@@ -774,7 +773,15 @@ def _config_file(argv: list[str] | None) -> Path | None:
     return Path(text) if text else None
 
 
-def listen_error(exc: OSError, config: ProxyConfig) -> str:
+def listen_error(exc: OSError, config: ProxyConfig, names: dict[str, str] | None = None) -> str:
+    """One line for a port Sluice cannot listen on: the address and the flag
+    that asked for it (``names``: a command's own name for a flag, as
+    ``sluice demo``'s ``--port`` for ``--listen``)."""
+    if isinstance(exc, ListenError):
+        flag = (names or {}).get(exc.flag, exc.flag)
+        return str(ListenError(flag, exc.address, exc.cause))
+    if exc.errno is None:  # a message of its own, naming what it is about
+        return str(exc)
     where = ", ".join(
         str(a)
         for a in (
@@ -786,11 +793,7 @@ def listen_error(exc: OSError, config: ProxyConfig) -> str:
         )
         if a is not None
     )
-    if exc.errno == errno.EADDRINUSE:
-        return f"cannot listen on {where}: address already in use"
-    if exc.errno == errno.EACCES:
-        return f"cannot listen on {where}: permission denied"
-    return f"cannot listen on {where}: {exc.strerror or exc}"
+    return str(ListenError("", where, exc))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,8 +7,11 @@ the tests build it directly.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -340,3 +343,35 @@ def proxy_protocol_in(config: ProxyConfig) -> ProxyProtocolIn | None:
     if not config.proxy_protocol_in:
         return None
     return ProxyProtocolIn(parse_sources(config.proxy_protocol_from), config.handshake_timeout)
+
+
+class ListenError(OSError):
+    """A port that cannot be listened on, with the flag that asked for it
+    (``--listen``, ``--admin``, ...; "" when not known), so that the one
+    line a user reads says which of their ports is taken."""
+
+    def __init__(self, flag: str, address: object, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.flag, self.address, self.cause = flag, address, cause
+
+    def __str__(self) -> str:
+        if self.errno == errno.EADDRINUSE:
+            why = "address already in use"
+        elif self.errno == errno.EACCES:
+            why = "permission denied"
+        else:
+            why = self.strerror or str(self.cause)
+        flag = f" ({self.flag})" if self.flag else ""
+        return f"cannot listen on {self.address}{flag}: {why}"
+
+
+@contextlib.contextmanager
+def listening_for(flag: str, address: object) -> Iterator[None]:
+    """An OSError in the block (binding ``address`` for ``flag``) raised
+    as a ListenError naming both."""
+    try:
+        yield
+    except ListenError:
+        raise
+    except OSError as exc:
+        raise ListenError(flag, address, exc) from None

@@ -67,7 +67,7 @@ from sluice.protocols.http.websocket import (
     upgrade_headers,
 )
 from sluice.proxy.backend import Unauthorized
-from sluice.proxy.config import ProxyConfig
+from sluice.proxy.config import ProxyConfig, listening_for
 from sluice.proxy.dial import (
     CertificateReloader,
     accepted,
@@ -251,7 +251,8 @@ class HttpRelay:
             for address, tls in ((self.config.http_listen, False),
                                  (self.config.http_listen_tls, True)):  # fmt: skip
                 if address is not None:
-                    self._listeners += [(s, tls) for s in await open_listeners(address)]
+                    with listening_for("--http-listen-tls" if tls else "--http-listen", address):
+                        self._listeners += [(s, tls) for s in await open_listeners(address)]
         addresses: dict[str, Address] = {}
         for listener, tls in self._listeners:
             address = self.config.http_listen_tls if tls else self.config.http_listen

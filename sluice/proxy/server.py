@@ -46,7 +46,7 @@ from sluice.proxy.admin import (
     serve_admin,
 )
 from sluice.proxy.backend import Backend, Services
-from sluice.proxy.config import ProxyConfig, proxy_protocol_in
+from sluice.proxy.config import ProxyConfig, listening_for, proxy_protocol_in
 from sluice.proxy.dial import (
     CertificateReloader,
     accepted,
@@ -295,7 +295,8 @@ class Proxy:
         # endpoint is already there.
         admin = None
         if self.config.admin is not None:
-            admin = await open_admin(self.config.admin)
+            with listening_for("--admin", self.config.admin):
+                admin = await open_admin(self.config.admin)
             self.addresses["admin"] = bound(admin)
         await self._open_listeners()
         if self.http is not None:
@@ -556,10 +557,14 @@ class Proxy:
                     self._add_listener(kind, tcp, tcp)
             return
         if config.listen is not None:
-            for listener in await open_listeners(config.listen):
+            with listening_for("--listen", config.listen):
+                listeners = await open_listeners(config.listen)
+            for listener in listeners:
                 self._add_listener(PLAIN, listener, listener)
         if config.listen_tls is not None:
-            for listener in await open_listeners(config.listen_tls):
+            with listening_for("--listen-tls", config.listen_tls):
+                listeners = await open_listeners(config.listen_tls)
+            for listener in listeners:
                 self._add_listener(TLS, self._tls_listener(listener), listener)
 
     def _add_listener(

@@ -97,7 +97,7 @@ from sluice.proxy.admin import (
     serve_admin,
 )
 from sluice.proxy.allocator import keep_big_buffers
-from sluice.proxy.config import ProxyConfig, proxy_protocol_in
+from sluice.proxy.config import ProxyConfig, listening_for, proxy_protocol_in
 from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
@@ -322,7 +322,8 @@ class Supervisor:
         bound, and the state directory, are let go then (nothing runs)."""
         try:
             if self.config.admin is not None:
-                self._admin = await open_admin(self.config.admin)
+                with listening_for("--admin", self.config.admin):
+                    self._admin = await open_admin(self.config.admin)
                 self.addresses["admin"] = bound(self._admin)
             self._bind()
         except BaseException:
@@ -336,18 +337,25 @@ class Supervisor:
 
     def _bind(self) -> None:
         config = self.config
-        for kind, address in (("plain", config.listen), ("tls", config.listen_tls)):
+        for kind, flag, address in (("plain", "--listen", config.listen),
+                                    ("tls", "--listen-tls", config.listen_tls)):  # fmt: skip
             if address is None:
                 continue
-            for sock in bind_all(address):
+            with listening_for(flag, address):
+                sockets = bind_all(address)
+            for sock in sockets:
                 sock.set_inheritable(True)
                 self._sockets.append((kind, sock))
                 host, port = sock.getsockname()[:2]
                 self.addresses.setdefault(kind, Address(host, port))
-        for kind, address in ((HTTP, config.http_listen), (HTTPS, config.http_listen_tls)):
+        http = config.http_listen, config.http_listen_tls
+        for kind, flag, address in ((HTTP, "--http-listen", http[0]),
+                                    (HTTPS, "--http-listen-tls", http[1])):  # fmt: skip
             if address is None:
                 continue
-            for sock in bind_all(address):
+            with listening_for(flag, address):
+                sockets = bind_all(address)
+            for sock in sockets:
                 sock.set_inheritable(True)
                 self._sockets.append((kind, sock))
                 host, port = sock.getsockname()[:2]
