@@ -829,3 +829,23 @@ def test_a_segment_gone_since_the_listing_is_a_damaged_row(tmp_path: Path) -> No
     segment = json.loads(batches[-1].to_pylist()[-1]["extra"])
     assert segment["damaged"] and segment["bytes"] == 0
     assert segment["why"] == f"{gone}: not readable (No such file or directory)"
+
+
+@pytest.mark.e2e
+def test_nothing_to_analyse_is_said_before_spark_starts(tmp_path: Path) -> None:
+    """Folders with no recording in them (nothing, other files, a folder
+    within, a ``file:`` URL): the one line at once, before the JVM starts
+    and says anything of its own."""
+    empty, other = tmp_path / "empty", tmp_path / "other"
+    (other / "deeper").mkdir(parents=True)
+    empty.mkdir()
+    (other / "notes.txt").write_text("not a recording")
+    (other / "deeper" / "old.sluice.bak").write_bytes(b"")
+    paths = [str(empty), other.as_uri()]
+    result = subprocess.run(
+        [*SLUICE, "analyze", *paths, "--out", str(tmp_path / "out"), "--master", "local[1]"],
+        capture_output=True, text=True, timeout=600, check=False, env=loopback_env(),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr == f"sluice analyze: {', '.join(paths)}: no recordings (*.sluice) here\n"
+    assert not (tmp_path / "out").exists()

@@ -110,6 +110,8 @@ def analyze(
 ) -> dict[str, Any]:
     """The job on ``master`` (a local Spark or a cluster's), or through Spark
     Connect at ``remote``; ``progress``: a :class:`progress.Progress` to feed."""
+    if remote is None and nothing_to_read(paths):  # said before Spark starts
+        raise NoRecordings(paths)
     spark = spark_session(master, remote)
     try:
         if progress is not None:
@@ -615,6 +617,34 @@ class NoRecordings(Exception):
     def __init__(self, paths: list[str]) -> None:
         super().__init__(f"{', '.join(paths)}: no recordings (*.sluice) here")
         self.paths = paths
+
+
+def nothing_to_read(paths: list[str]) -> bool:
+    """Whether the PATHs are known, before Spark starts, to hold no
+    recording: each a local folder (a plain path or ``file:``) in which no
+    ``*.sluice`` leads anywhere (searched as Spark will, links followed).
+    A file, a URL of another scheme, a path not there or a folder not read
+    whole is not known to: Spark's listing says."""
+    from sluice.analyze.decode import local_path
+
+    for path in paths:
+        local = local_path(path)
+        if local is None or not os.path.isdir(local):
+            return False
+        seen: set[str] = set()
+        unread: list[OSError] = []
+        for where, folders, names in os.walk(local, onerror=unread.append, followlinks=True):
+            real = os.path.realpath(where)
+            if real in seen:  # (a link to a folder above it)
+                folders.clear()
+                continue
+            seen.add(real)
+            for name in names:
+                if name.endswith(".sluice") and os.path.exists(os.path.join(where, name)):
+                    return False
+        if unread:
+            return False
+    return True
 
 
 def split_paths(paths: list[str]) -> tuple[list[str], list[str]]:
