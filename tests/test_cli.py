@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -347,3 +349,36 @@ def test_an_environment_list_with_unbalanced_brackets_splits_at_every_comma() ->
     assert _items('a:{"x": [1, 2]},b') == ['a:{"x": [1, 2]}', "b"]
     assert _items("10.0.0.0/8,{oops,*.svc") == ["10.0.0.0/8", "{oops", "*.svc"]
     assert _items('a:{"x": "1,2},b') == ['a:{"x": "1', "2}", "b"]
+
+
+def test_only_the_proxy_reads_settings_from_the_environment_and_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SLUICE_* variables and SLUICE_CONFIG are the proxy's settings (a
+    container sets them for it); `inspect` takes none of them, and must not
+    fail on a file written for the proxy or read a flag from the environment."""
+    flat = tmp_path / "flat.toml"
+    flat.write_text("broker = 'pulsar://127.0.0.1:1'\n")
+    monkeypatch.setenv("SLUICE_CONFIG", str(flat))
+    monkeypatch.setenv("SLUICE_COMMAND", "NO_SUCH_COMMAND")  # would leave nothing shown
+    assert main(["inspect", str(CAPTURE), "--summary"]) == 0
+    out = capsys.readouterr().out
+    assert "PRODUCER" in out
+    # the proxy still reads both
+    assert main(["proxy", "--print-config"]) == 0
+    assert 'broker = "pulsar://127.0.0.1:1"  # file' in capsys.readouterr().out
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sluice inspect DIR | head` : the command stops with a shell's SIGPIPE
+    status, not a BrokenPipeError traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before a line is written
+    with os.fdopen(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert main(["inspect", str(CAPTURE)]) == 141
+        out.write("later output goes nowhere, quietly\n")
+        out.flush()
+    assert "Traceback" not in capsys.readouterr().err

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
+import select
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     subparser = _subparsers(parser).get(command or "")
     settings = None
-    if subparser is not None and command is not None:
+    if subparser is not None and command is not None and takes_settings(subparser):
         try:
             settings = config.apply(subparser, command, argv[argv.index(command) + 1 :],
                                     commands=tuple(_subparsers(parser)))  # fmt: skip
@@ -147,8 +149,32 @@ def main(argv: list[str] | None = None) -> int:
         assert subparser is not None and settings is not None
         sys.stdout.write(config.render(subparser, args, settings))
         return 0
-    result: int = args.run(args)
+    try:
+        result: int = args.run(args)
+        sys.stdout.flush()  # here, not at exit, where a closed reader is a traceback
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        # Whoever read our output stopped (`sluice inspect DIR | head`): stop
+        # quietly with the status a shell gives a command SIGPIPE ended.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        os.close(devnull)
+        return 128 + 13
     return result
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output's reader is gone (a pipe or socket whose other
+    end closed reads as an error when polled), so a BrokenPipeError was ours
+    to write to it, not a socket's the command should have handled."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
 
 
 def parse_again(argv: list[str]) -> argparse.Namespace:
@@ -160,11 +186,12 @@ def parse_again(argv: list[str]) -> argparse.Namespace:
     subparser = _subparsers(parser).get(command)
     if subparser is None:
         raise ConfigError(f"not a command line of sluice: {' '.join(argv)}")
-    try:
-        config.apply(subparser, command, argv[argv.index(command) + 1 :],
-                     commands=tuple(_subparsers(parser)))  # fmt: skip
-    except config.SettingsError as exc:
-        raise ConfigError(str(exc)) from None
+    if takes_settings(subparser):
+        try:
+            config.apply(subparser, command, argv[argv.index(command) + 1 :],
+                         commands=tuple(_subparsers(parser)))  # fmt: skip
+        except config.SettingsError as exc:
+            raise ConfigError(str(exc)) from None
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
@@ -181,6 +208,14 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
     return {}
+
+
+def takes_settings(parser: argparse.ArgumentParser) -> bool:
+    """Whether a command reads its flags' values from SLUICE_* variables and
+    a TOML file too (the commands given --config); the others read only
+    their command line, so a container's SLUICE_LISTEN, set for the proxy,
+    is not also where `sluice view` listens."""
+    return "--config" in parser._option_string_actions  # argparse keeps no public map
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
