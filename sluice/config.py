@@ -250,10 +250,14 @@ def render(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: 
         value = getattr(args, action.dest, None)
         if value is None:
             continue
-        if _SECRET.search(action.dest):
+        if _SECRET.search(action.dest.rsplit("_", 1)[-1]) and not isinstance(value, Path):
+            # A value that is the secret itself; a path only says where one
+            # is, and a token's claim or audience is not one.
             shown = '"***"'
         elif isinstance(value, bool | int | float):
             shown = str(value).lower() if isinstance(value, bool) else str(value)
+        elif isinstance(value, tuple):  # a comma list's value (URL,...): its text again
+            shown = _quote(",".join(str(v) for v in value))
         elif isinstance(value, list):
             shown = "[" + ", ".join(_quote(str(v)) for v in value) + "]"
         else:

@@ -382,3 +382,28 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(
         out.write("later output goes nowhere, quietly\n")
         out.flush()
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_printed_settings_read_back_as_the_same_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--print-config's output is a config file: fed back with --config it
+    gives every value again (lists stay lists; a token's claim or a key
+    file's path is not a secret to mask)."""
+    argv = ["proxy", "--broker", "pulsar://127.0.0.1:1", "--auth-token-role-claim", "role",
+            "--auth-token-public-key", str(tmp_path / "k.pem"),
+            "--auth-oidc-audiences", "a,b", "--print-config"]  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    settings = tmp_path / "printed.toml"
+    settings.write_text(first)
+    assert main(["proxy", "--config", str(settings), "--print-config"]) == 0
+    again = capsys.readouterr().out
+
+    def values(text: str) -> list[str]:
+        return [line.rsplit("  # ", 1)[0] for line in text.splitlines()[1:]]
+
+    assert values(again) == values(first)
+    assert 'auth-token-role-claim = "role"' in values(first)
+    assert 'auth-oidc-issuers = ""' in values(first)
+    assert 'auth-oidc-audiences = "a,b"' in values(first)
