@@ -732,8 +732,13 @@ async def serve(
             await serve_workers(config, config.workers, *logs, load=load, config_file=config_file)
         except OSError as exc:
             raise StartupError(listen_error(exc, config)) from None
+        except ConfigError as exc:  # --broker-ports-file another proxy holds
+            raise StartupError(str(exc)) from None
         return
-    proxy = Proxy(config)
+    try:
+        proxy = Proxy(config)
+    except ConfigError as exc:  # --broker-ports-file another proxy holds
+        raise StartupError(str(exc)) from None
     proxy.load = load
     failure: OSError | ConfigError | None = None
     async with trio.open_nursery() as nursery:

@@ -70,6 +70,7 @@ from sluice.proxy.relay_thread import wanted as relay_thread_wanted
 from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
+    BROKER_PORTS_LOCK,
     HTTP_LIMITS_FILE,
     LIMITS_FILE,
     PLAIN,
@@ -269,12 +270,15 @@ class Proxy:
         workers' state; and a worker's ports, the supervisor's."""
         config, worker = self.config, self.worker
         journal = None
-        if worker is not None and config.listener_ports is not None:
+        if worker is not None and (config.listener_ports or config.broker_ports_file):
+            # (--broker-ports-file is held by the supervisor for its life.)
             journal = SharedBrokerPorts(
-                config.broker_ports_file or worker.state / BROKER_PORTS_FILE, self._kind
+                config.broker_ports_file or worker.state / BROKER_PORTS_FILE,
+                self._kind,
+                lock=worker.state / BROKER_PORTS_LOCK,
             )
         elif config.broker_ports_file is not None:
-            journal = SharedBrokerPorts(config.broker_ports_file, self._kind)
+            journal = SharedBrokerPorts(config.broker_ports_file, self._kind, held=True)
         return BrokerPorts(
             config.main_listen.host,
             config.advertise_host,

@@ -48,6 +48,7 @@ ROUTES_FILE = "routes"
 LIMITS_FILE = "limits"
 HTTP_LIMITS_FILE = "http-limits"  # the HTTP listener's, --http-max-connections
 BROKER_PORTS_FILE = "broker-ports"
+BROKER_PORTS_LOCK = "broker-ports.lock"  # the workers' lock while one gives a port
 BUCKETS = 4096
 _SLOT = 8  # bytes per counter (int64)
 
@@ -100,6 +101,24 @@ def open_ports_file(path: Path) -> int:
         ) from None
 
 
+def hold_ports_file(path: Path) -> int:
+    """``--broker-ports-file``, opened and locked for the life of the proxy
+    (a lone one, or a supervisor and its workers): its descriptor. Two
+    proxies that shared one would each give brokers ports the other does
+    not listen on, and rewrite each other's lines; the second is refused,
+    in one line naming the file (ConfigError)."""
+    fd = open_ports_file(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"--broker-ports-file {path}: another sluice proxy is using it "
+            "(each proxy needs a file of its own)"
+        ) from None
+    return fd
+
+
 def check_ports_file(path: Path) -> None:
     """Where the configuration is checked (before any worker is started):
     ``--broker-ports-file`` can be kept, or ConfigError naming it."""
@@ -120,12 +139,30 @@ class SharedBrokerPorts:
     warning naming the file and the line."""
 
     def __init__(
-        self, journal: Path, main_kind: str = PLAIN, span: tuple[int, int] | None = None
+        self,
+        journal: Path,
+        main_kind: str = PLAIN,
+        span: tuple[int, int] | None = None,
+        *,
+        held: bool = False,
+        lock: Path | None = None,
     ) -> None:
+        """``held``: the journal is this process's alone, locked for its
+        life (``hold_ports_file``: a lone proxy's ``--broker-ports-file``).
+        Otherwise each ``assign`` locks ``lock`` (a worker's: a file of the
+        supervisor's state, which holds ``--broker-ports-file`` for life),
+        or else the journal itself."""
         self.path = journal
         self.main_kind = main_kind
         self.span = span
-        self._journal = Journal(journal, open_ports_file(journal))
+        self._journal = Journal(
+            journal, hold_ports_file(journal) if held else open_ports_file(journal)
+        )
+        self._lock: int | None = None
+        if not held:
+            self._lock = (
+                self._journal.fd if lock is None else os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+            )
         self._lines = 0  # read so far
         self.by_port: dict[int, tuple[Address, str]] = {}
         self.by_broker: dict[tuple[Address, str], int] = {}
@@ -141,7 +178,8 @@ class SharedBrokerPorts:
             raise ValueError(f"broker host {broker.host!r} cannot be given a port")
         key = (Address(host, broker.port), kind)
         ports = list(ports)
-        fcntl.flock(self._journal.fd, fcntl.LOCK_EX)
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
             self.refresh()
             port = self.by_broker.get(key)
@@ -158,7 +196,8 @@ class SharedBrokerPorts:
                         raise ValueError(f"broker {broker} could not be given port {port}")
             return port
         finally:
-            fcntl.flock(self._journal.fd, fcntl.LOCK_UN)
+            if self._lock is not None:
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
 
     def port_of(self, broker: Address, kind: str = PLAIN) -> int | None:
         """The port of kind ``kind`` ``broker`` was given, if any (by anyone, so far)."""
@@ -209,6 +248,8 @@ class SharedBrokerPorts:
         return None
 
     def close(self) -> None:
+        if self._lock is not None and self._lock != self._journal.fd:
+            os.close(self._lock)
         self._journal.close()
 
 

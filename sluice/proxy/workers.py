@@ -104,7 +104,7 @@ from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split
 from sluice.proxy.server import Proxy, WorkerRole, reload_when_asked, serve_until_signalled
-from sluice.proxy.shared import Journal, create_state
+from sluice.proxy.shared import Journal, create_state, hold_ports_file
 from sluice.recording.writer import snapshot_name
 
 log = logging.getLogger("sluice.workers")
@@ -254,6 +254,7 @@ class Supervisor:
         self._scrapes = itertools.count()
         self._sockets: list[tuple[str, socket.socket]] = []
         self._admin: list[trio.SocketListener] | None = None
+        self._ports_file: int | None = None  # --broker-ports-file, locked (hold_ports_file)
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
         self._stopped = trio.Event()
         self._snapshotting = False
@@ -321,12 +322,16 @@ class Supervisor:
         use), before anything starts, so that the error is plain; what was
         bound, and the state directory, are let go then (nothing runs)."""
         try:
+            if self.config.broker_ports_file is not None:  # this proxy's alone, for its life
+                self._ports_file = hold_ports_file(self.config.broker_ports_file)
             if self.config.admin is not None:
                 with listening_for("--admin", self.config.admin):
                     self._admin = await open_admin(self.config.admin)
                 self.addresses["admin"] = bound(self._admin)
             self._bind()
         except BaseException:
+            if self._ports_file is not None:
+                os.close(self._ports_file)
             for _, sock in self._sockets:
                 sock.close()
             if self._admin is not None:
