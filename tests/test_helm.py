@@ -685,6 +685,28 @@ def test_the_rendered_configuration_is_accepted_by_sluice(case: str, tmp_path: P
     assert "# environment" in result.stdout and f"# file {path}" in result.stdout
 
 
+def test_a_pod_starts_while_the_broker_cannot_be_reached(tmp_path: Path) -> None:
+    """A broker outage or DNS not there yet at the pod's start: Sluice comes
+    up not ready (the probe holds clients back) instead of exiting into
+    CrashLoopBackOff; config.no-check-broker: false asks for the check."""
+    unreachable = f"pulsar://127.0.0.1:{free_port()}"
+    docs = render("gateway-default", "--set", f"broker={unreachable}")
+    assert settings(docs)["no-check-broker"] is True
+    strict = render("gateway-default", "--set", "config.no-check-broker=false")
+    assert settings(strict)["no-check-broker"] is False
+    config = tmp_path / "sluice.toml"
+    config.write_text(config_map(docs)["data"]["sluice.toml"])
+    admin = free_port()
+    proxy = start_proxy(unreachable, tmp_path, "--config", str(config),
+                        "--admin", f"127.0.0.1:{admin}")  # fmt: skip
+    try:
+        wait_for_port("127.0.0.1", admin, 20, proxy.process)
+        status, text = http_get(f"http://127.0.0.1:{admin}/readyz")
+        assert status == 503, text
+    finally:
+        assert proxy.terminate() == 0, proxy.log()
+
+
 def test_filters_and_the_secrets_of_their_keys(tmp_path: Path) -> None:
     """values.yaml's encryption example: the filters in sluice.toml, in
     order, their key files mounted from the Secret, and Sluice starting on

@@ -260,6 +260,13 @@ or list of strings is also TOML. */}}
 {{- define "sluice.settings" -}}
 {{- $p := include "sluice.paths" . | fromYaml -}}
 {{- $s := dict "broker" .Values.broker "drain-timeout" .Values.drainTimeout -}}
+{{- /* Start while the broker cannot be reached yet (an outage, DNS not there
+yet): /readyz stays 503 until it answers, where a refusal to start would be
+CrashLoopBackOff (and a native sidecar would hold the application back).
+config.no-check-broker: false restores the check. */ -}}
+{{- if not (hasKey .Values.config "no-check-broker") -}}
+{{- $_ := set $s "no-check-broker" true -}}
+{{- end -}}
 {{- if eq (toString .Values.workers) "auto" -}}
 {{- $_ := set $s "workers" "auto" -}}
 {{- else if ne (include "sluice.workerCount" .) "1" -}}
