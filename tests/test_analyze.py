@@ -849,3 +849,31 @@ def test_nothing_to_analyse_is_said_before_spark_starts(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr == f"sluice analyze: {', '.join(paths)}: no recordings (*.sluice) here\n"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.e2e
+def test_a_file_named_by_another_scheme_is_read_whatever_its_name(tmp_path: Path) -> None:
+    """A URL of a scheme other than ``file:`` (here Hadoop's ``viewfs://``
+    over a local folder: the path Spark's file systems take for s3a://,
+    hdfs:// or gs://) naming a file is read whatever its name, as a local
+    file named is; a folder of that scheme is searched for ``*.sluice``."""
+    store = tmp_path / "store"
+    (store / "folder").mkdir(parents=True)
+    shutil.copy(SMALL, store / "capture.rec")
+    shutil.copy(SMALL, store / "folder" / SMALL.name)
+    (store / "folder" / "notes.rec").write_bytes(SMALL.read_bytes())  # in a folder: not read
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text(
+        f"spark.hadoop.fs.viewfs.mounttable.t.link./r {store.as_uri()}\n"
+    )
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [*SLUICE, "analyze", "viewfs://t/r/capture.rec", "viewfs://t/r/folder", "--out", str(out),
+         "--master", "local[1]", "--quiet"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**loopback_env(), "SPARK_CONF_DIR": str(conf)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = sorted(f["file"] for f in rows_of(out / "files"))
+    assert files == ["viewfs://t/r/capture.rec", f"viewfs://t/r/folder/{SMALL.name}"], files

@@ -28,6 +28,7 @@ import shutil
 import sys
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +161,8 @@ def _analyze(
     say(f"reading recordings from {', '.join(paths)}", doing="listing the segments")
     # A file named on the command line is read whatever its name; folders
     # are searched for *.sluice. (Through Spark Connect the paths are the
-    # server's: all are searched.)
-    named, searched = ([], paths) if connected else split_paths(paths)
+    # server's, and this process cannot ask what they are: all are searched.)
+    named, searched = ([], paths) if connected else split_paths(paths, _is_file_in(spark))
     listings = []
     if named:
         listings.append(spark.read.format("binaryFile").load(named))
@@ -647,12 +648,17 @@ def nothing_to_read(paths: list[str]) -> bool:
     return True
 
 
-def split_paths(paths: list[str]) -> tuple[list[str], list[str]]:
-    """The PATHs that are local files, to be read whatever their name, and
-    the rest, to be searched for ``*.sluice`` (folders, other schemes).
+def split_paths(
+    paths: list[str], is_file: Callable[[str], bool] | None = None
+) -> tuple[list[str], list[str]]:
+    """The PATHs that are files, to be read whatever their name, and the
+    rest, to be searched for ``*.sluice`` (folders). ``is_file`` says
+    whether a URL of another scheme than ``file:`` names a file (without
+    it: none does); one whose name ends in ``.sluice`` is searched for
+    (its folder's search, given too, reads it once, not twice).
 
-    A file inside a folder given too is left to the folder's search, so
-    that it is read once, not twice."""
+    A local file inside a folder given too is left to the folder's search,
+    so that it is read once, not twice."""
     from sluice.analyze.decode import local_path
 
     local = {p: local_path(p) for p in paths}
@@ -660,7 +666,11 @@ def split_paths(paths: list[str]) -> tuple[list[str], list[str]]:
     named: list[str] = []
     searched: list[str] = []
     for path, file in local.items():
-        if file is None or not os.path.isfile(file):
+        if file is None:
+            remote_file = not path.endswith(".sluice") and is_file is not None and is_file(path)
+            (named if remote_file else searched).append(path)
+            continue
+        if not os.path.isfile(file):
             searched.append(path)
             continue
         real = os.path.realpath(file)
@@ -670,6 +680,26 @@ def split_paths(paths: list[str]) -> tuple[list[str], list[str]]:
         if path not in named:
             named.append(path)
     return named, searched
+
+
+def _is_file_in(spark: Any) -> Callable[[str], bool]:
+    """Whether a URL names a file, as the Hadoop file system that ``spark``
+    has for its scheme says (one status asked, no job); not where it cannot
+    say (no such path, no file system for the scheme): Spark's listing
+    says why then."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    context = spark.sparkContext
+
+    def is_file(url: str) -> bool:
+        try:
+            path = context._jvm.org.apache.hadoop.fs.Path(url)
+            system = path.getFileSystem(context._jsc.hadoopConfiguration())
+            return bool(system.getFileStatus(path).isFile())
+        except Py4JError:
+            return False
+
+    return is_file
 
 
 def _as_listed(uri: str) -> str:
