@@ -380,7 +380,9 @@ class PulsarConnection:
         # consumers go through; the broker it relays to (which answers the
         # schema questions), the SEND waiting for its topic's schema.
         self._gate = (
-            FilterGate(settings.filtering, conn, tap, settings.max_message_size)
+            FilterGate(
+                settings.filtering, conn, tap, settings.max_message_size, self.correlator.sends
+            )
             if settings.filtering is not None
             else None
         )

@@ -60,6 +60,7 @@ from sluice.protocols.filtering import (
     WrappedKey,
 )
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
+from sluice.protocols.pulsar.correlation import Sends
 from sluice.protocols.pulsar.decoder import COMPILED, decode_frame
 from sluice.protocols.pulsar.encoder import (
     command,
@@ -150,7 +151,9 @@ class _Producer:
 class FilterGate:
     """One proxied connection's filtering (module docstring)."""
 
-    def __init__(self, filtering: Filtering, conn: Conn, tap: Tap, max_message_size: int) -> None:
+    def __init__(
+        self, filtering: Filtering, conn: Conn, tap: Tap, max_message_size: int, sends: Sends
+    ) -> None:
         self.filtering = filtering
         # A rebuilt frame's limit: the broker's, once its CONNECTED says it.
         self.max_message_size = max_message_size
@@ -159,6 +162,11 @@ class FilterGate:
         self.client_version = ""
         self.role: str | None = None
         self._producers: dict[int, _Producer] = {}
+        # The connection's SENDs in flight (the compiled step's too), and
+        # the producers with SEND_ERRORs waiting for receipts: while there
+        # are any, the broker's reads come the Python way (``answered``).
+        self._sends = sends
+        self._holding: set[int] = set()
         self._names: dict[int, str] = {}  # producer and consumer names by id
         # The wrapped keys last sealed with, and their metadata field's bytes.
         self._sealed_keys: tuple[WrappedKey, ...] = ()
@@ -185,7 +193,7 @@ class FilterGate:
         ``compiled``: on the compiled step, which seals the SENDs of the
         producers in ``self.sealing`` itself (and gives back what it cannot)."""
         chain, role = self.filtering.chain, self.role
-        if self.waiting is not None:
+        if self.waiting is not None or (self._holding and not from_client):
             return True
         sealed = self.compiled if compiled else ()
         for producer, topic in producers.items():
@@ -340,15 +348,23 @@ class FilterGate:
         reply = own_frame(T.SEND_ERROR, error)
         # A batch is refused whole: every message of it counts.
         self._report(outcome, "rejected", True, topic, None, reject.reason, count)
-        # (A producer sealed on the compiled path has its receipts read
-        # there, not here: its refusals go at once.)
-        waits = body.producer_id not in self.compiled
-        if waits and state.forwarded > state.answered:  # earlier sends still wait for receipts
+        after = self._in_flight(body.producer_id, state)
+        if after > state.answered:  # earlier sends still wait for receipts
             if state.errors is None:
                 state.errors = deque()
-            state.errors.append((state.forwarded, reply))
+            state.errors.append((after, reply))
+            self._holding.add(body.producer_id)
             return None
         return reply
+
+    def _in_flight(self, producer_id: int, state: _Producer) -> int:
+        """The highest sequence id of a producer's sends on the way (-1:
+        none). A producer sealed on the compiled path has its SENDs
+        forwarded there too: the send table knows them all."""
+        if producer_id not in self.compiled:
+            return state.forwarded
+        waiting = self._sends.waiting()
+        return max((s[1] for s in waiting if s[0] == producer_id), default=-1)
 
     def unavailable(self, frame: Frame, topic: str, why: str) -> Frame | None:
         """Refuse a SEND whose schema could not be had, with an error on
@@ -377,6 +393,8 @@ class FilterGate:
         out: list[Frame] = []
         while errors and errors[0][0] <= state.answered:
             out.append(errors.popleft()[1])
+        if not errors:
+            self._holding.discard(body.producer_id)
         return out
 
     # --- deliver -------------------------------------------------------------------
