@@ -602,6 +602,29 @@ def test_the_sidecars_are_found_by_their_pod_label() -> None:
         assert config_map(changed)["data"] != config_map(docs)["data"], live
 
 
+def test_a_changed_admin_token_rolls_the_pods() -> None:
+    """Sluice reads the admin token at start only: a new token in the
+    Secret the chart makes, or admin.token.rotation beside an existing
+    Secret (whose content the chart cannot see), changes the pod template;
+    the same values render the same checksum, and the token is not in it."""
+    key = "checksum/sluice-restart-settings"
+
+    def checksum(*values: str) -> str:
+        args = [a for v in values for a in ("--set", v)]
+        annotation: str = pod_spec(render("gateway-default", *args))["metadata"]["annotations"][key]
+        return annotation
+
+    made = {checksum(f"admin.token.value={token}") for token in ("aaaa", "bbbb")}
+    assert len(made) == 2
+    assert checksum("admin.token.value=aaaa") in made
+    existing = "admin.token.existingSecret=sluice-admin"
+    rotations = [checksum(existing), checksum(existing, "admin.token.rotation=2026-12-01")]
+    assert rotations[0] != rotations[1]
+    assert checksum(existing, "admin.token.rotation=2026-12-01") == rotations[1]
+    # Without a token nothing reads the rotation.
+    assert checksum("admin.token.rotation=1") == checksum()
+
+
 def test_the_charts_live_settings_are_the_ones_sluice_reloads() -> None:
     """The chart keeps pods running for exactly the settings a reload puts
     in force (sluice/proxy/reload.py)."""

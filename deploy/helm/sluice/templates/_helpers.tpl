@@ -367,6 +367,14 @@ running pods when the kubelet updates the ConfigMap. */}}
 {{- range include "sluice.liveSettings" . | fromJsonArray -}}
 {{- $_ := unset $s . -}}
 {{- end -}}
+{{- /* The admin token is read at start only: the settings name its file,
+not its content, so the checksum also covers the token of the Secret the
+chart makes (its hash) and admin.token.rotation (for an existing Secret,
+whose content the chart cannot see). */ -}}
+{{- if include "sluice.adminTokenSecret" . -}}
+{{- $token := .Values.admin.token -}}
+{{- $_ := set $s "admin-token" (dict "value" ($token.value | sha256sum) "rotation" (toString ($token.rotation | default ""))) -}}
+{{- end -}}
 {{- toJson $s | sha256sum -}}
 {{- end -}}
 
