@@ -407,3 +407,18 @@ def test_printed_settings_read_back_as_the_same_settings(
     assert 'auth-token-role-claim = "role"' in values(first)
     assert 'auth-oidc-issuers = ""' in values(first)
     assert 'auth-oidc-audiences = "a,b"' in values(first)
+
+
+@pytest.mark.parametrize("flag", ["--max-message-size", "--max-frame-size"])
+def test_a_frame_size_past_32_bits_is_refused_up_front(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """4 GiB used to pass, and then the compiled frame path (32-bit sizes)
+    failed every client's CONNECT with an OverflowError."""
+    argv = ["proxy", "--broker", "pulsar://127.0.0.1:1", flag]
+    assert main([*argv, "4294967296"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} must be at most 2147483647" in err, err
+    assert "Traceback" not in err
+    assert main([*argv, "2147483647"]) == 1  # accepted; then the broker is not there
+    assert "cannot reach broker" in capsys.readouterr().err

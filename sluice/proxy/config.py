@@ -27,6 +27,10 @@ from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.proxy.inbound import ProxyProtocolIn, parse_sources
 from sluice.recording.writer import RecorderConfig
 
+# The largest message or frame size a setting may name: a Pulsar broker says
+# its own limit as a signed 32-bit int, and a frame's length prefix is 32 bits.
+_LARGEST_FRAME = 2**31 - 1
+
 
 def __getattr__(name: str) -> dict[str, ProtocolFaults]:
     """``PROTOCOL_FAULTS``: what fault rules may name, by protocol (the
@@ -186,6 +190,14 @@ class ProxyConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("max_message_size", "max_frame_size"):
+            value = getattr(self, name)
+            if value is not None and value > _LARGEST_FRAME:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be at most {_LARGEST_FRAME} "
+                    "(a frame's length is a 32-bit field, and brokers say theirs as a "
+                    "signed one)"
+                )
         spec = registry.get(self.protocol)
         both = self.listen is not None and self.listen_tls is not None
         if spec.port_per_broker and spec.main_is_broker_listener and both:
@@ -244,6 +256,14 @@ class ProxyConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("max_message_size", "max_frame_size"):
+            value = getattr(self, name)
+            if value is not None and value > _LARGEST_FRAME:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be at most {_LARGEST_FRAME} "
+                    "(a frame's length is a 32-bit field, and brokers say theirs as a "
+                    "signed one)"
+                )
 
     def _check_proxy_protocol(self) -> None:
         sources = parse_sources(self.proxy_protocol_from)
