@@ -249,6 +249,17 @@ def test_the_chart_requires_the_broker() -> None:
             {"workers": 8, "recording": {"mode": "ring", "ring": "128M", "retainBytes": "8G"}},
             "leaves no room for the ring",
         ),
+        # auto without a CPU limit is every CPU of the node: nothing to size.
+        ({"workers": "auto"}, "workers auto needs gateway.resources.limits.cpu"),
+        # auto under a 1.5-CPU limit is 2 workers (the quota rounded up).
+        (
+            {
+                "workers": "auto",
+                "gateway": {"resources": {"limits": {"cpu": "1500m", "memory": "2Gi"}}},
+                "recording": {"mode": "ring", "ring": "512M", "retainBytes": "800M"},
+            },
+            "per worker (2 workers, auto: ceil of the CPU limit) is more than three quarters",
+        ),
         ({"drainTimeout": 30, "terminationGracePeriodSeconds": 32}, "at least drainTimeout + 5"),
         ({"config": {"admin-token-file": "/token"}}, "config.admin-token-file is set by the chart"),
         (

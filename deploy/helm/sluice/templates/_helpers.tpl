@@ -111,10 +111,32 @@ a quarter; refused when not above retainBytes. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* The number of workers for the sizing checks (auto counts as 1). */}}
+{{/* The container's resources (the gateway's or the sidecar's). */}}
+{{- define "sluice.resources" -}}
+{{- toJson (eq .Values.mode "gateway" | ternary .Values.gateway.resources .Values.sidecar.resources) -}}
+{{- end -}}
+
+{{/* The number of workers for the sizing checks. auto is one per CPU the
+process may use, capped by the cgroup quota rounded up
+(sluice/proxy/workers.py available_cpus): ceil(limits.cpu). Without a CPU
+limit it would be every CPU of whatever node the pod lands on, which no
+check here can size: refused. */}}
 {{- define "sluice.workerCount" -}}
 {{- $w := toString .Values.workers -}}
-{{- if eq $w "auto" -}}1{{- else if regexMatch "^[1-9][0-9]*$" $w -}}{{ $w }}{{- else -}}
+{{- if eq $w "auto" -}}
+{{- $where := printf "%s.resources.limits.cpu" .Values.mode -}}
+{{- $cpu := dig "limits" "cpu" "" (include "sluice.resources" . | fromJson) | toString -}}
+{{- if not $cpu -}}
+{{- fail (printf "workers auto needs %s: without a CPU limit auto starts a worker per CPU of the node, which the ring and memory checks cannot size (set the limit, or a number of workers)" $where) -}}
+{{- end -}}
+{{- if regexMatch "^[0-9]+m$" $cpu -}}
+{{- max 1 (div (add (trimSuffix "m" $cpu | int64) 999) 1000) -}}
+{{- else if regexMatch "^[0-9]+(\\.[0-9]+)?$" $cpu -}}
+{{- max 1 (ceil (float64 $cpu) | int64) -}}
+{{- else -}}
+{{- fail (printf "%s %v is not a CPU quantity (e.g. 2, 1500m)" $where $cpu) -}}
+{{- end -}}
+{{- else if regexMatch "^[1-9][0-9]*$" $w -}}{{ $w }}{{- else -}}
 {{- fail (printf "workers must be a positive number or auto, not %v" .Values.workers) -}}
 {{- end -}}
 {{- end -}}
@@ -198,9 +220,9 @@ a quarter; refused when not above retainBytes. */}}
 {{- if and (eq .Values.recording.mode "ring") (not (regexMatch "(?i)s$" (toString .Values.recording.ring))) -}}
 {{- $ring := include "sluice.sizeBytes" .Values.recording.ring | int64 -}}
 {{- if gt (mul $ring $workers 4) (mul $retain 3) -}}
-{{- fail (printf "recording.ring %v per worker (%d workers) is more than three quarters of recording.retainBytes %v: the snapshots would not fit" .Values.recording.ring $workers .Values.recording.retainBytes) -}}
+{{- fail (printf "recording.ring %v per worker (%d workers%s) is more than three quarters of recording.retainBytes %v: the snapshots would not fit" .Values.recording.ring $workers (eq (toString .Values.workers) "auto" | ternary ", auto: ceil of the CPU limit" "") .Values.recording.retainBytes) -}}
 {{- end -}}
-{{- $resources := eq .Values.mode "gateway" | ternary .Values.gateway.resources .Values.sidecar.resources -}}
+{{- $resources := include "sluice.resources" . | fromJson -}}
 {{- $limit := dig "limits" "memory" "" $resources -}}
 {{- if $limit -}}
 {{- $need := mul $workers (add $ring 67108864) -}}
