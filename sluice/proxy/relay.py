@@ -533,11 +533,15 @@ class Relay:
         ending it."""
         return (
             self.core.established
-            and not self._closing
-            and not (from_client and self._draining)
+            and self._reads_on(from_client)
             and self._descriptors[Peer.BROKER] is not None
             and self._descriptors[Peer.CLIENT] is not None
         )
+
+    def _reads_on(self, from_client: bool) -> bool:
+        """Whether a direction is still read: not once the connection
+        ends, nor the client once a drain began."""
+        return not (self._closing or (from_client and self._draining))
 
     async def _away(self, thread: RelayThread, fd: int, from_client: bool) -> bool:
         """Let the relay thread carry a direction until it hands it back;
@@ -579,7 +583,7 @@ class Relay:
         """One read of a carried direction, on the relay thread: what
         ``_read`` does for it, as long as that is reading, the core and
         writes the sockets take whole. Anything else is handed back."""
-        if self._closing or (from_client and self._draining):
+        if not self._reads_on(from_client):
             # Ended or draining in trio, whose cancellation of this direction
             # has not arrived yet: nothing more is read, as it would not be.
             thread.drop(fd)
@@ -809,6 +813,8 @@ class Relay:
             self._disarm()
             if self.core.established:
                 self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
+            if not self._reads_on(from_client):  # a drain began: trio read no more either
+                return
             lane = self._lanes.get(from_client)
             carry = lane if lane is not None else functools.partial(
                 self._carry, thread, fd, from_client, back

@@ -1,0 +1,81 @@
+"""A drain of a connection whose relay thread is finishing a write itself
+(a slow reader: ``Relay._write_later``): once the write is done, the client's
+reads are not taken up again, so the thread carries nothing of the
+connection after it ends (``sluice_relay_thread_carried``)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from sluice.protocols.core import Taps
+from sluice.protocols.pulsar import Frame
+from sluice.proxy import relay_thread as relay_thread_module
+from sluice.proxy.metrics import Metrics
+from sluice.proxy.relay_thread import relay_thread
+from tests.test_relay_clock import (
+    BrokerScript,
+    Wire,
+    open_producer,
+    open_producers,
+    real_socket_pair,
+    receipt,
+    send_frame,
+)
+from tests.test_relay_thread import QuickDial, needs_the_compiled_step
+
+WARM = 8  # SENDs one at a time first: past relay.LEAVE_AFTER, on the relay thread
+
+
+def pausing_broker(got: list[Frame], reading: trio.Event) -> BrokerScript:
+    """Accepts a producer and receipts each SEND; after WARM of them, reads
+    nothing more until ``reading`` is set."""
+
+    async def broker(wire: Wire) -> None:
+        while (frame := await wire.receive()) is not None:
+            if not await open_producers(wire, frame) and frame.name == "SEND":
+                got.append(frame)
+                await wire.send(receipt(frame))
+                if len(got) == WARM:
+                    await reading.wait()
+
+    return broker
+
+
+@pytest.mark.parametrize("loop", ["compiled", "python"])
+async def test_a_drain_during_a_write_the_thread_waits_on_leaves_nothing_carried(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    needs_the_compiled_step()
+    if loop == "python":
+        monkeypatch.setattr(relay_thread_module, "Carrier", None)
+        monkeypatch.setattr(relay_thread_module, "Turn", None)
+    got: list[Frame] = []
+    reading = trio.Event()
+    async with relay_thread(True) as carrier, trio.open_nursery() as nursery:
+        assert carrier is not None
+        h = QuickDial(nursery, pausing_broker(got, reading), real_socket_pair, real_socket_pair,
+                      carrier, Taps([Metrics()]))  # fmt: skip
+        h.start()
+        with trio.fail_after(30):
+            await open_producer(h)
+            for sequence in range(WARM):
+                await h.client.send(send_frame(sequence, b"x" * 100))
+                answer = await h.client.receive()
+                assert answer is not None and answer.name == "SEND_RECEIPT", answer
+            # Far over the broker's 4 KiB socket buffers, which it does not
+            # read now: the relay thread waits to write the rest itself.
+            nursery.start_soon(h.client.send, send_frame(WARM, b"y" * 200_000))
+            while carrier.write_waits == 0:
+                await trio.sleep(0.01)
+            nursery.start_soon(h.relay.drain, trio.current_time() + 20)
+            while h.relay._reading is not None:  # the drain stops reading the client
+                await trio.sleep(0.01)
+            reading.set()  # the write ends: its receipt, then the drain's CLOSE_PRODUCER
+            names = []
+            while (frame := await h.client.receive()) is not None:
+                names.append(frame.name)
+            await h.done.wait()
+        assert names == ["SEND_RECEIPT", "CLOSE_PRODUCER"]
+        assert h.reason == "drained" and len(got) == WARM + 1
+        assert carrier.carried() == 0
