@@ -877,3 +877,26 @@ def test_a_file_named_by_another_scheme_is_read_whatever_its_name(tmp_path: Path
     assert result.returncode == 0, result.stderr[-3000:]
     files = sorted(f["file"] for f in rows_of(out / "files"))
     assert files == ["viewfs://t/r/capture.rec", f"viewfs://t/r/folder/{SMALL.name}"], files
+
+
+@pytest.mark.e2e
+def test_a_failed_task_is_said_once_without_sparks_own_lines(tmp_path: Path) -> None:
+    """A job that fails on its input (here an ``--out`` too deep for a
+    segment's frames file: the executor's write fails) ends with Sluice's
+    one line naming the segment, without Spark's own lines about the
+    failed task (its trace and the Python worker's) before it."""
+    out = tmp_path / "out"
+    while len(str(out)) < 4050 - 201:
+        out /= "d" * 200
+    out /= "d" * (4050 - len(str(out)) - 1)
+    out.mkdir(parents=True)
+    result = subprocess.run(
+        [*SLUICE, "analyze", str(SMALL), "--out", str(out), "--master", "local[1]", "--quiet"],
+        capture_output=True, text=True, timeout=600, check=False, env=loopback_env(),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    assert re.match(rf"sluice analyze: file:{SMALL}: OSError: \[Errno 36\] ", lines[-1]), lines[-1]
+    task = re.compile(r" (ERROR|WARN) (Executor|TaskSetManager|BlockManager):|Traceback|^\s+at ")
+    spark_said = [line for line in lines[:-1] if task.search(line)]
+    assert not spark_said, "\n".join(spark_said[:5])

@@ -98,7 +98,33 @@ def spark_session(master: str | None, remote: str | None = None) -> Any:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    quiet_task_failures(spark)
     return spark
+
+
+# The driver's loggers that fill the terminal with a failed task's error
+# (its trace, and the Python worker's, several times over) before the one
+# line ``sluice analyze`` says it in, and their levels here.
+TASK_FAILURE_LOGGERS = {
+    "org.apache.spark.executor.Executor": "OFF",  # Exception in task (local mode)
+    "org.apache.spark.scheduler.TaskSetManager": "OFF",  # Lost task, aborting job
+    "org.apache.spark.storage.BlockManager": "ERROR",  # Putting block failed due to exception
+    "org.apache.spark.sql.execution.datasources.FileFormatWriter": "OFF",  # Aborting job
+}
+
+
+def quiet_task_failures(spark: Any) -> None:
+    """Spark's own lines about a failed task turned off, through its
+    logging's configuration (log4j 2): the job's error says it, once, in
+    one line. A driver logging some other way keeps them."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+        for name, level in TASK_FAILURE_LOGGERS.items():
+            log4j.core.config.Configurator.setLevel(name, log4j.Level.getLevel(level))
+    except Py4JError:
+        return
 
 
 def analyze(
@@ -687,7 +713,7 @@ def _is_file_in(spark: Any) -> Callable[[str], bool]:
     has for its scheme says (one status asked, no job); not where it cannot
     say (no such path, no file system for the scheme): Spark's listing
     says why then."""
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+    from py4j.protocol import Py4JError
 
     context = spark.sparkContext
 
