@@ -260,7 +260,19 @@ def test_the_chart_requires_the_broker() -> None:
             },
             "per worker (2 workers, auto: ceil of the CPU limit) is more than three quarters",
         ),
-        ({"drainTimeout": 30, "terminationGracePeriodSeconds": 32}, "at least drainTimeout + 5"),
+        (
+            {"drainTimeout": 30, "terminationGracePeriodSeconds": 32},
+            "at least the pre-stop pause + drainTimeout + 5 (5 + 30 + 5 = 40)",
+        ),
+        # The grace period counts from before the pre-stop pause.
+        (
+            {
+                "drainTimeout": 20,
+                "gateway": {"preStopSleep": 5},
+                "terminationGracePeriodSeconds": 27,
+            },
+            "must be at least the pre-stop pause + drainTimeout + 5",
+        ),
         ({"config": {"admin-token-file": "/token"}}, "config.admin-token-file is set by the chart"),
         (
             {"recording": {"mode": "ring", "snapshotOn": [{"id": "x", True: "error"}]}},

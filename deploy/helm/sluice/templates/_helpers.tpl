@@ -210,8 +210,9 @@ check here can size: refused. */}}
 {{- $workers := include "sluice.workerCount" . | int64 -}}
 {{- $drain := .Values.drainTimeout | int64 -}}
 {{- if .Values.terminationGracePeriodSeconds -}}
-{{- if lt (.Values.terminationGracePeriodSeconds | int64) (add $drain 5) -}}
-{{- fail (printf "terminationGracePeriodSeconds %v must be at least drainTimeout + 5 (%d): workers still running 5 s after the drain are killed" .Values.terminationGracePeriodSeconds (add $drain 5)) -}}
+{{- $pause := include "sluice.preStopSleep" . | int64 -}}
+{{- if lt (.Values.terminationGracePeriodSeconds | int64) (add $pause $drain 5) -}}
+{{- fail (printf "terminationGracePeriodSeconds %v must be at least the pre-stop pause + drainTimeout + 5 (%d + %d + 5 = %d): the grace period starts before the pause, and workers still running 5 s after the drain are killed" .Values.terminationGracePeriodSeconds $pause $drain (add $pause $drain 5)) -}}
 {{- end -}}
 {{- end -}}
 {{- if include "sluice.recording" . -}}
@@ -239,9 +240,15 @@ check here can size: refused. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* terminationGracePeriodSeconds: the value, or pause + drain + 10. */}}
+{{/* The preStop sleep before SIGTERM, in seconds (0: none). */}}
+{{- define "sluice.preStopSleep" -}}
+{{- eq .Values.mode "gateway" | ternary (.Values.gateway.preStopSleep | int64) 0 -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: the value, or pause + drain + 10. The
+kubelet counts the grace period from before the preStop hook. */}}
 {{- define "sluice.gracePeriod" -}}
-{{- $pause := eq .Values.mode "gateway" | ternary (.Values.gateway.preStopSleep | int64) 0 -}}
+{{- $pause := include "sluice.preStopSleep" . | int64 -}}
 {{- .Values.terminationGracePeriodSeconds | default (add $pause (.Values.drainTimeout | int64) 10) -}}
 {{- end -}}
 
@@ -576,7 +583,7 @@ beside an application's own). */}}
     httpGet: {path: /readyz, port: sluice-admin}
     {{- toYaml .Values.probes.readiness | nindent 4 }}
   {{- if not $sidecar }}
-  {{- with .Values.gateway.preStopSleep }}
+  {{- with include "sluice.preStopSleep" . | int }}
   lifecycle:
     # Leave the Service's endpoints before SIGTERM starts the drain.
     preStop:
