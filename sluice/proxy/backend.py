@@ -50,6 +50,18 @@ class Services:
     filters: Filtering | None = None
 
 
+@dataclass
+class Prepared:
+    """A reloaded configuration a backend made ready (``Backend.prepare``):
+    ``apply`` puts it in force; ``drop`` lets it go when the reload is not
+    put in force after all (another worker refused it), stopping what was
+    started for it (an issuer's keys, Sluice's own token, fetched on
+    schedule). One of the two is called, once."""
+
+    apply: Callable[[], None]
+    drop: Callable[[], None] = lambda: None
+
+
 class Backend(Protocol):
     """One protocol's side of a proxy.
 
@@ -83,7 +95,7 @@ class Backend(Protocol):
 
     async def listening(self, main: int | None) -> None: ...
 
-    async def prepare(self, config: Any, filters: Any) -> Callable[[], None]: ...
+    async def prepare(self, config: Any, filters: Any) -> Prepared: ...
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> Core: ...
 
@@ -132,15 +144,15 @@ class DirectBackend:
     async def start(self, nursery: trio.Nursery, tap: Tap) -> None:
         """Nothing of its own to run."""
 
-    async def prepare(self, config: Any, filters: Any) -> Callable[[], None]:
+    async def prepare(self, config: Any, filters: Any) -> Prepared:
         """A reloaded configuration (a ``ProxyConfig``): its allow-list,
-        checked now (ConfigError), put in force by the function returned."""
+        checked now (ConfigError), put in force by ``apply`` (nothing to drop)."""
         rules = AllowList(config.allow_broker, "--allow-broker").rules
 
         def apply() -> None:
             self.routing.allowlist.rules = rules
 
-        return apply
+        return Prepared(apply)
 
     async def listening(self, main: int | None) -> None:
         """The main listener stands for the configured broker; the ports an

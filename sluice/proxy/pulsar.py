@@ -49,7 +49,7 @@ from sluice.protocols.pulsar.connection import (
     UpstreamFailure,
 )
 from sluice.protocols.pulsar.urls import SCHEMES, BrokerUrl, parse_broker_url
-from sluice.proxy.backend import Services, Unauthorized
+from sluice.proxy.backend import Prepared, Services, Unauthorized
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.proxy.oidc import Issuers, client_context, keep_own_token
@@ -495,12 +495,14 @@ class PulsarBackend:
             raise ConfigError(failed[0])
         return issuers, scope
 
-    async def prepare(self, config: ProxyConfig, filters: Any) -> Callable[[], None]:
+    async def prepare(self, config: ProxyConfig, filters: Any) -> Prepared:
         """A reloaded configuration: its allow and trust lists, limits,
         credentials (key files read again, a changed issuer's keys or own
         token fetched before it is put in force) and filters, checked and
-        made now (ConfigError), put in force by the function returned. An
-        unchanged OpenID Connect or OAuth2 setting keeps what it fetched."""
+        made now (ConfigError), put in force by ``apply``. An unchanged
+        OpenID Connect or OAuth2 setting keeps what it fetched; ``drop``
+        stops what a changed one started (its keys or token fetched on
+        schedule), for a reload not put in force after all."""
         auth = proxy_auth(config)
         trusted = AllowList(config.trust_broker, "--trust-broker")
         rules = AllowList(config.allow_broker + config.trust_broker, "--allow-broker").rules
@@ -526,7 +528,11 @@ class PulsarBackend:
             self.issuers, self._auth_tasks = issuers, tasks
             self._oidc = _oidc_fields(config)
 
-        return apply
+        def drop() -> None:
+            if tasks is not self._auth_tasks:
+                tasks.cancel()
+
+        return Prepared(apply, drop)
 
     async def listening(self, main: int | None) -> None:
         """The main listener serves lookups, so it stands for no broker; the

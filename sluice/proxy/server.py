@@ -385,14 +385,33 @@ class Proxy:
         """``new`` checked and made ready to be put in force, no other
         reload meanwhile: a refused Outcome (nothing changed), or the
         function that puts it in force and says how it went. Left uncalled,
-        nothing changes: so a worker puts a reload in force only once every
-        worker could (``workers._Reloads``)."""
+        nothing changes, and what was made for it is dropped on leaving
+        (the background tasks the backend started for it stopped): so a
+        worker puts a reload in force only once every worker could, and
+        one aborted leaves nothing running (``workers._Reloads``)."""
         async with self._reloading:
-            yield await self._prepare(new, source, number)
+            prepared = await self._prepare(new, source, number)
+            if isinstance(prepared, Outcome):
+                yield prepared
+                return
+            put_in_force, drop = prepared
+            called = False
+
+            def put() -> Outcome:
+                nonlocal called
+                called = True
+                return put_in_force()
+
+            try:
+                yield put
+            finally:
+                if not called:
+                    drop()
 
     async def _prepare(
         self, new: ProxyConfig, source: str, number: int | None
-    ) -> Outcome | Callable[[], Outcome]:
+    ) -> Outcome | tuple[Callable[[], Outcome], Callable[[], None]]:
+        """What ``preparing`` yields, and how to drop it when left uncalled."""
         old = self.config
         files = await trio.to_thread.run_sync(held, new)
         live, kept = split(old, new, self._held, files)
@@ -408,19 +427,19 @@ class Proxy:
                 log.info("%s", outcome.summary())
                 return outcome
 
-            return unchanged
+            return unchanged, lambda: None
         config = effective(old, new, kept)
         try:
             filters = make_filters(config.filters, self.protocol) if config.filters else None
             faults = copy.deepcopy(config.faults)
             # Last: the backend may start tasks (an issuer's keys, Sluice's
             # own token) for what it made, which nothing after may undo.
-            put_in_force = await self.backend.prepare(config, filters)
+            made = await self.backend.prepare(config, filters)
         except ConfigError as exc:
             return self.refuse_reload(source, str(exc).splitlines())
 
         def applied() -> Outcome:
-            put_in_force()
+            made.apply()
             if "faults" in live:  # (rules kept as they were keep their counts and holds)
                 for rule_id in self._config_rules:
                     self.faults.remove(rule_id)
@@ -446,7 +465,7 @@ class Proxy:
             log.warning("%s", outcome.summary())
             return outcome
 
-        return applied
+        return applied, made.drop
 
     def refuse_reload(self, source: str, errors: list[str]) -> Outcome:
         """A reload refused for ``errors`` (one line each): counted, logged,
