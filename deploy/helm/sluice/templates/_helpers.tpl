@@ -240,9 +240,21 @@ check here can size: refused. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* The preStop sleep before SIGTERM, in seconds (0: none). */}}
+{{/* The preStop sleep before SIGTERM, in seconds (0: none). A gateway's
+lets the Service's endpoints drop the pod first. A sidecar in the pod's
+containers gets SIGTERM together with the application, and Sluice's drain
+hands the connections back and exits at once, so the application's last
+flush and reconnects would find nothing listening: its sleep keeps Sluice
+serving while the application stops. A native sidecar is stopped only
+after the application has exited: no sleep. */}}
 {{- define "sluice.preStopSleep" -}}
-{{- eq .Values.mode "gateway" | ternary (.Values.gateway.preStopSleep | int64) 0 -}}
+{{- if eq .Values.mode "gateway" -}}
+{{- .Values.gateway.preStopSleep | int64 -}}
+{{- else if .Values.sidecar.native -}}
+0
+{{- else -}}
+{{- .Values.sidecar.preStopSleep | int64 -}}
+{{- end -}}
 {{- end -}}
 
 {{/* terminationGracePeriodSeconds: the value, or pause + drain + 10. The
@@ -582,13 +594,16 @@ beside an application's own). */}}
   readinessProbe:
     httpGet: {path: /readyz, port: sluice-admin}
     {{- toYaml .Values.probes.readiness | nindent 4 }}
-  {{- if not $sidecar }}
   {{- with include "sluice.preStopSleep" . | int }}
   lifecycle:
+    {{- if $sidecar }}
+    # Keep serving while the application, stopped at the same time, shuts
+    # down (its last sends, its reconnects); then SIGTERM starts the drain.
+    {{- else }}
     # Leave the Service's endpoints before SIGTERM starts the drain.
+    {{- end }}
     preStop:
       sleep: {seconds: {{ . }}}
-  {{- end }}
   {{- end }}
   resources:
     {{- toYaml ($sidecar | ternary .Values.sidecar.resources .Values.gateway.resources) | nindent 4 }}
