@@ -2,7 +2,8 @@
 
 How is the protocol's (``ProtocolSpec.replay``, picked by the recording's
 header): Pulsar's in ``replay/pulsar.py``, Cursus's in ``replay/cursus.py``.
-Exit status: 0 equivalent, 1 diverged, 2 usage or connection errors.
+Exit status: 0 equivalent (differences an incomplete recording explains,
+``EXPECTED`` in the report, aside), 1 diverged, 2 usage or connection errors.
 """
 
 from __future__ import annotations

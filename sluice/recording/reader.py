@@ -47,6 +47,17 @@ class RecordedFault:
         return f"FAULT {self.action} by rule {self.rule} on {arrow} {self.command}"
 
 
+@dataclass(frozen=True)
+class Gap:
+    """Frames the recorder could not record (a ``gap`` record): ``dropped``
+    of them, on connections among ``open`` (those open then; which is not
+    recorded), just before the frame of ``index``."""
+
+    index: int
+    dropped: int
+    open: frozenset[tuple[str, int]]
+
+
 @dataclass
 class RecordedConnection:
     key: tuple[str, int]  # (capture, connection id)
@@ -58,6 +69,10 @@ class RecordedConnection:
     # Closed (by either side) before the frame of this index was recorded:
     # replay closes it there too. None: open to the end of the recording.
     closed_at: int | None = None
+    # Recorded from mid-stream: the recording starts after it opened (a
+    # snapshot, or a segment whose predecessors are gone), so what it said
+    # before is not in it.
+    late: bool = False
 
     @property
     def name(self) -> str:
@@ -70,6 +85,20 @@ class Recording:
     payloads: str
     frames: int
     truncated: list[Path]
+    gaps: list[Gap] = field(default_factory=list)
+
+    def incomplete(self, conn: RecordedConnection, index: int | None = None) -> str | None:
+        """Why the recording may not hold all that led to ``conn``'s frame
+        at ``index`` (None: to anything on it), or None when it does: what
+        replay tells apart from a broker's divergence."""
+        if conn.late:
+            return "recorded from mid-stream"
+        dropped = sum(
+            gap.dropped
+            for gap in self.gaps
+            if conn.key in gap.open and (index is None or gap.index <= index)
+        )
+        return f"after {dropped} frames not recorded" if dropped else None
 
 
 def load(target: Path, *, need_payloads: bool = True) -> Recording:
@@ -90,6 +119,16 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     # When each close and fault was recorded (wall clock, and frames before it).
     closed: dict[tuple[str, int], tuple[int, int]] = {}
     faulted: dict[int, int] = {}  # id(RecordedFault) -> wall clock
+    gaps: list[tuple[str, int, Gap]] = []  # with their capture and wall clock
+    open_now: set[tuple[str, int]] = set()
+    # Connections recorded from mid-stream: those a file restates (its
+    # first records after the header) that no file read before opened, in
+    # a snapshot (all of them: a ``snapshot`` record follows them) or in a
+    # segment read without the one before it (those marked ``restated``:
+    # the others opened as it started).
+    segments: dict[str, int] = {}  # capture -> the last segment read
+    heading: list[tuple[RecordedConnection, bool]] | None = None  # (connection, marked)
+    joined = False  # the file read now is a segment read without the one before it
     for path in paths:
         result = ReadResult(path)
         records = read_records(path, result)
@@ -102,16 +141,30 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
             continue
         for record in itertools.chain([first] if first is not None else [], records):
             kind = record["k"]
+            if kind not in ("conn", "header") and heading is not None:
+                for restated, marked in heading:
+                    restated.late = kind == "snapshot" or (joined and marked)
+                heading = None  # past the file's first records
             if kind == "header":
                 capture = record["capture"]
                 policies.add(record["payloads"])
                 decode = registry.get(record.get("protocol", registry.DEFAULT_PROTOCOL)).decode
+                segment = record.get("segment", 1)
+                joined = segment > 1 and segments.get(capture) != segment - 1
+                segments[capture] = segment
+                heading = []
             elif kind == "conn":
                 key = (capture, record["c"])
+                open_now.add(key)
                 if key not in connections:
                     connections[key] = RecordedConnection(
                         key, record["kind"], record["client"], record["broker"]
                     )
+                    if heading is not None:
+                        heading.append((connections[key], bool(record.get("restated"))))
+            elif kind == "gap":
+                ours = frozenset(key for key in open_now if key[0] == capture)
+                gaps.append((capture, record.get("w", 0), Gap(index, record["dropped"], ours)))
             elif kind == "frame":
                 conn = connections.get((capture, record["c"]))
                 if conn is None:
@@ -129,6 +182,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                 index += 1
             elif kind == "close":
                 conn = connections.get((capture, record["c"]))
+                open_now.discard((capture, record["c"]))
                 if conn is not None:
                     conn.closed_at = index
                     closed[conn.key] = (record["w"], index)
@@ -148,30 +202,38 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
             f"{'/'.join(sorted(policies - {'full'}))}); replaying and serving need a recording "
             "made with --record-payloads full"
         )
+    found = [gap for *_, gap in gaps]
     if len({key[0] for key in connections}) > 1:
-        _in_time_order(list(connections.values()), closed, faulted)
+        found = _in_time_order(list(connections.values()), closed, faulted, gaps)
     ordered = sorted(connections.values(), key=lambda c: c.frames[0].index if c.frames else 0)
     return Recording([c for c in ordered if c.frames], policies.pop() if policies else "", index,
-                     truncated)  # fmt: skip
+                     truncated, found)  # fmt: skip
 
 
 def _in_time_order(
     connections: list[RecordedConnection],
     closed: dict[tuple[str, int], tuple[int, int]],
     faulted: dict[int, int],
-) -> None:
+    gaps: list[tuple[str, int, Gap]],
+) -> list[Gap]:
     """Frames of several captures (``--workers``: a writer each, their files
     read one after another) numbered again in the order they were recorded:
     each capture's records keep their own order, and the captures are
-    interleaved by the wall clock, the closes and faults going along in
-    their places. Replay then goes through the traffic as it happened, not
-    a worker at a time. (Interleaved, not sorted: a wall clock stepped back
-    must not put a connection's answer before its request.)"""
-    # Per capture, its frames, closes and faults as read: (wall, position,
-    # 0 for a close or fault recorded before the frame of that position, 1
-    # for the frame, the connection, the frame or fault; None: the close).
-    Item = tuple[int, int, int, RecordedConnection, RecordedFrame | RecordedFault | None]
+    interleaved by the wall clock, the closes, faults and gaps going along
+    in their places (the gaps are returned). Replay then goes through the
+    traffic as it happened, not a worker at a time. (Interleaved, not
+    sorted: a wall clock stepped back must not put a connection's answer
+    before its request.)"""
+    # Per capture, its frames, closes, faults and gaps as read: (wall,
+    # position, 0 for a close, fault or gap recorded before the frame of that
+    # position, 1 for the frame, the connection (None for a gap), the frame,
+    # fault or gap; None: the close).
+    Item = tuple[
+        int, int, int, RecordedConnection | None, RecordedFrame | RecordedFault | Gap | None
+    ]
     streams: dict[str, list[Item]] = {}
+    for capture, wall, gap in gaps:
+        streams.setdefault(capture, []).append((wall, gap.index, 0, None, gap))
     for conn in connections:
         stream = streams.setdefault(conn.key[0], [])
         stream.extend((f.wall_ns, f.index, 1, conn, f) for f in conn.frames)
@@ -183,14 +245,20 @@ def _in_time_order(
         stream.sort(key=lambda item: (item[1], item[2]))
     number = 0
     faults: dict[tuple[str, int], list[RecordedFault]] = {c.key: [] for c in connections}
-    for _, _, _, conn, what in heapq.merge(*streams.values(), key=lambda item: item[0]):
+    found: list[Gap] = []
+    for _, _, _, whose, what in heapq.merge(*streams.values(), key=lambda item: item[0]):
         if isinstance(what, RecordedFrame):
             what.index = number
             number += 1
+        elif isinstance(what, Gap):
+            found.append(dataclasses.replace(what, index=number))
+        elif whose is None:
+            continue
         elif what is None:
-            conn.closed_at = number
+            whose.closed_at = number
         else:
-            faults[conn.key].append(dataclasses.replace(what, index=number))
+            faults[whose.key].append(dataclasses.replace(what, index=number))
     for conn in connections:
         conn.frames.sort(key=lambda f: f.index)
         conn.faults = faults[conn.key]
+    return found

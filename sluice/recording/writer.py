@@ -955,16 +955,18 @@ class Recorder:
         )
 
     def _restated(self, record: Record) -> Record:
-        """A connection's record as a new segment re-states it: with the
-        producers and consumers (and their topics) the core knows of, so a
-        reader starting at this segment can name the topics of its frames."""
+        """A connection's record as a new segment (or a snapshot) re-states
+        it: marked ``restated``, so a reader starting there knows it joins
+        the connection mid-stream, and with the producers and consumers (and
+        their topics) the core knows of, so it can name its frames' topics."""
         conn = self._conns.get(record["c"])
         state = conn.state if conn is not None else None
         producers = getattr(state, "producers", None)
         consumers = getattr(state, "consumers", None)
         if not producers and not consumers:
-            return record
-        return {**record, "producers": dict(producers or {}), "consumers": dict(consumers or {})}
+            return {**record, "restated": True}
+        return {**record, "restated": True, "producers": dict(producers or {}),
+                "consumers": dict(consumers or {})}  # fmt: skip
 
     def _bug(self, exc: Exception) -> None:
         if not self._reported_bug:

@@ -58,7 +58,7 @@ from sluice.protocols.cursus.urls import parse_cursus_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
 from sluice.replay.common import Listening, announce, parse_speed, until_signalled
-from sluice.replay.outcome import Outcome, Report
+from sluice.replay.outcome import Outcome, Report, incomplete_notes
 
 READ_SIZE = 256 * 1024
 
@@ -142,7 +142,7 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
                  speed: float = 0.0) -> tuple[Outcome, list[str]]:  # fmt: skip
     """``speed``: 0 as fast as the broker answers, else client frames paced
     by the time between them when recorded, divided by it."""
-    outcome = Outcome(truncated=recording.truncated)
+    outcome = Outcome.of(recording)
     lives: dict[tuple[str, int], _Live] = {}
     # How many answers each connection had before each of its client frames.
     expected_before: dict[int, int] = {}
@@ -224,7 +224,10 @@ def compare(recording: Recording, lives: dict[tuple[str, int], _Live],
         got = live.got if live is not None else []
         outcome.faults += len(conn.faults)
         answers = iter(got)
+        notes = incomplete_notes(recording, conn)
         for rf in conn.frames:
+            while notes and notes[0][0] <= rf.index:
+                transcript.append(notes.pop(0)[1])
             if rf.from_client:
                 transcript.append(f"{conn.name} C→B {normalise(rf.frame)}")
                 continue
@@ -232,8 +235,9 @@ def compare(recording: Recording, lives: dict[tuple[str, int], _Live],
                 continue
             live_frame = next(answers, None)
             recorded_text = normalise(rf.frame)
+            why = recording.incomplete(conn, rf.index)
             if live_frame is None:
-                outcome.missing.append((conn.name, recorded_text))
+                outcome.differs(why, conn.name, recorded_text, None)
                 transcript.append(f"{conn.name} B→C MISSING {recorded_text}")
                 continue
             live_text = normalise(live_frame)
@@ -241,9 +245,11 @@ def compare(recording: Recording, lives: dict[tuple[str, int], _Live],
             if live_text == recorded_text:
                 outcome.matched += 1
             else:
-                outcome.diverged.append((conn.name, rf.frame.name, recorded_text, live_text))
+                outcome.differs(why, conn.name, recorded_text, live_text, rf.frame.name)
+        transcript += [line for _, line in notes]
+        why = recording.incomplete(conn)
         for extra in answers:
-            outcome.unexpected.append((conn.name, normalise(extra)))
+            outcome.differs(why, conn.name, None, normalise(extra))
             transcript.append(f"{conn.name} B→C UNEXPECTED {normalise(extra)}")
     return transcript
 

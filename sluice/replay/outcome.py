@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sluice.recording.reader import RecordedConnection, Recording
 
 
 @dataclass
@@ -20,10 +23,56 @@ class Outcome:
     redelivered_live: int = 0
     faults: int = 0  # fault annotations in the recording
     truncated: list[Path] = field(default_factory=list)  # files cut mid-record (writer killed)
+    # Where the recording is incomplete: frames the recorder dropped (gap
+    # records), connections recorded from mid-stream; and the differences
+    # these explain (conn, the difference, why), not counted as divergence.
+    dropped: int = 0
+    late: list[str] = field(default_factory=list)
+    expected: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, recording: Recording) -> Outcome:
+        """An outcome to fill, knowing what the recording lacks."""
+        return cls(truncated=recording.truncated,
+                   dropped=sum(gap.dropped for gap in recording.gaps),
+                   late=[conn.name for conn in recording.connections if conn.late])  # fmt: skip
 
     @property
     def equivalent(self) -> bool:
         return not (self.diverged or self.missing or self.unexpected)
+
+    def differs(self, why: str | None, conn: str, recorded: str | None, live: str | None,
+                name: str = "") -> None:  # fmt: skip
+        """A broker frame that does not match its recorded counterpart:
+        diverged (both), missing (no live one) or unexpected (no recorded
+        one); expected instead when ``why`` says the recording is
+        incomplete there."""
+        if why is not None:
+            what = (f"DIVERGED {name}\n  recorded: {recorded}\n  live:     {live}"
+                    if recorded is not None and live is not None
+                    else f"MISSING {recorded}" if recorded is not None
+                    else f"UNEXPECTED {live}")  # fmt: skip
+            self.expected.append((conn, what, why))
+        elif recorded is not None and live is not None:
+            self.diverged.append((conn, name, recorded, live))
+        elif recorded is not None:
+            self.missing.append((conn, recorded))
+        elif live is not None:
+            self.unexpected.append((conn, live))
+
+
+def incomplete_notes(recording: Recording, conn: RecordedConnection) -> list[tuple[int, str]]:
+    """Where the recording of ``conn`` is incomplete, for the transcript:
+    (the index of the frame the line goes before, the line), in order."""
+    notes = [(-1, f"{conn.name} ~~~ RECORDED FROM MID-STREAM (what came before is not in "
+                  "the recording)")] if conn.late else []  # fmt: skip
+    notes += [
+        (gap.index, f"{conn.name} ~~~ GAP {gap.dropped} frames not recorded here "
+                    "(on this or another open connection)")
+        for gap in recording.gaps
+        if conn.key in gap.open
+    ]  # fmt: skip
+    return notes
 
 
 def report(outcome: Outcome, out: Any) -> None:
@@ -33,6 +82,20 @@ def report(outcome: Outcome, out: Any) -> None:
         out.write(f"MISSING  {conn} {recorded}\n")
     for conn, live in outcome.unexpected:
         out.write(f"UNEXPECTED {conn} {live}\n")
+    for conn, what, why in outcome.expected:
+        out.write(f"EXPECTED {conn} ({why}) {what}\n")
+    if outcome.dropped or outcome.late:
+        parts = []
+        if outcome.dropped:
+            parts.append(f"{outcome.dropped} frames were not recorded (gap records)")
+        if outcome.late:
+            parts.append(f"{', '.join(outcome.late)} recorded from mid-stream (opened before "
+                         "the recording starts)")  # fmt: skip
+        out.write(
+            f"note: the recording is incomplete: {'; '.join(parts)}. Differences on those "
+            f"connections after that point ({len(outcome.expected)}) are listed as EXPECTED, "
+            "not counted as divergence; other connections may differ because of it too\n"
+        )
     if outcome.faults:
         out.write(
             f"note: the recording holds {outcome.faults} faults injected while recording "
@@ -57,10 +120,14 @@ def report(outcome: Outcome, out: Any) -> None:
             "replayed up to it\n"
         )
     verdict = "equivalent" if outcome.equivalent else "DIVERGED"
+    if outcome.equivalent and outcome.expected:
+        verdict = "equivalent where the recording is complete"
     out.write(
         f"\n{verdict}: {outcome.sent} client frames sent; broker frames: {outcome.matched} "
         f"matched, {len(outcome.diverged)} diverged, {len(outcome.missing)} missing, "
-        f"{len(outcome.unexpected)} unexpected\n"
+        f"{len(outcome.unexpected)} unexpected"
+        + (f", {len(outcome.expected)} expected (recording incomplete)" if outcome.expected else "")
+        + "\n"
     )
 
 

@@ -70,7 +70,7 @@ from sluice.proxy.dial import (
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
 from sluice.replay.common import Listening, ReplayError, announce, parse_speed, until_signalled
-from sluice.replay.outcome import Outcome, Report
+from sluice.replay.outcome import Outcome, Report, incomplete_notes
 
 T = Type.Value
 Key = tuple[Any, ...]
@@ -376,7 +376,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
     tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if broker.tls else None
     speed = parse_speed(args.speed)
     remap = Remap()
-    outcome = Outcome(truncated=recording.truncated)
+    outcome = Outcome.of(recording)
     lives: dict[tuple[str, int], Live] = {}
     client_frames = sorted(
         ((conn, rf) for conn in recording.connections for rf in conn.frames if rf.from_client),
@@ -451,7 +451,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         for live in lives.values():
             await live.stream.aclose()
         nursery.cancel_scope.cancel()
-    return outcome, compare(recording.connections, lives, outcome)
+    return outcome, compare(recording, lives, outcome)
 
 
 async def _close_as_recorded(live: Live, timeout: float) -> None:
@@ -479,18 +479,21 @@ async def _the_rest(lives: list[Live], timeout: float) -> None:
 
 
 def compare(
-    connections: list[RecordedConnection], lives: dict[tuple[str, int], Live], outcome: Outcome
+    recording: Recording, lives: dict[tuple[str, int], Live], outcome: Outcome
 ) -> list[str]:
     transcript: list[str] = []
-    for conn in connections:
+    for conn in recording.connections:
         live = lives.get(conn.key)
         faults = list(conn.faults)
+        notes = incomplete_notes(recording, conn)
         for rf in conn.frames:
             # Injected when recorded: kept in the transcript next to the frames
             # they touched, so their anomalies are not taken for the broker's.
             while faults and faults[0].index <= rf.index + 1:
                 transcript.append(f"{conn.name} ~~~ {faults.pop(0).describe()} (when recorded)")
                 outcome.faults += 1
+            while notes and notes[0][0] <= rf.index:
+                transcript.append(notes.pop(0)[1])
             arrow = "C→B" if rf.from_client else "B→C"
             if rf.from_client:
                 transcript.append(f"{conn.name} {arrow} {normalise(rf.frame)}")
@@ -505,8 +508,9 @@ def compare(
                 )
                 continue
             got = live.arrived.get(key) if live else None
+            why = recording.incomplete(conn, rf.index)
             if got is None:
-                outcome.missing.append((conn.name, normalise(rf.frame)))
+                outcome.differs(why, conn.name, normalise(rf.frame), None)
                 transcript.append(f"{conn.name} {arrow} MISSING {normalise(rf.frame)}")
                 continue
             recorded_text, live_text = normalise(rf.frame), normalise(got)
@@ -514,10 +518,12 @@ def compare(
             if recorded_text == live_text:
                 outcome.matched += 1
             else:
-                outcome.diverged.append((conn.name, rf.frame.name, recorded_text, live_text))
+                outcome.differs(why, conn.name, recorded_text, live_text, rf.frame.name)
+        transcript += [line for _, line in notes]
         outcome.redelivered_live += live.redelivered if live else 0
+        why = recording.incomplete(conn)
         for frame in live.unexpected if live else []:
-            outcome.unexpected.append((conn.name, normalise(frame)))
+            outcome.differs(why, conn.name, None, normalise(frame))
             transcript.append(f"{conn.name} B→C UNEXPECTED {normalise(frame)}")
     return transcript
 
