@@ -3,15 +3,15 @@ the record of each reload.
 
 A reload reads the settings again as at start (the same flags and
 environment, the ``--config`` file as it is now), on ``SIGHUP``, when the
-``--config`` file changes, or on ``POST /config/reload`` at the admin
-endpoint. What it may change while connections stay open (``LIVE``) is
-put in force; a changed setting outside it (listeners, TLS files, the
-broker, the worker count, …) is named in one line and kept as it was,
-until a restart. A configuration that does not check out is refused as a
-whole, one line per mistake, and the one in force stays. Each configuration
-put in force is a *generation* (1 at start), shown by ``GET /config`` and
-the metrics ``sluice_config_generation`` and
-``sluice_config_reloads_total{outcome}``.
+``--config`` file or a file of FILES changes (``server.reload_when_asked``),
+or on ``POST /config/reload`` at the admin endpoint. What it may change
+while connections stay open (``LIVE``) is put in force; a changed setting
+outside it (listeners, TLS files, the broker, the worker count, …) is named
+in one line and kept as it was, until a restart. A configuration that does
+not check out is refused as a whole, one line per mistake, and the one in
+force stays. Each configuration put in force is a *generation* (1 at
+start), shown by ``GET /config`` and the metrics
+``sluice_config_generation`` and ``sluice_config_reloads_total{outcome}``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # ProxyConfig fields a reload puts in force; the rest need a restart.
@@ -87,17 +88,30 @@ FILES = (
 )
 
 
-def held(config: Any, names: tuple[str, ...] = FILES) -> dict[str, str | None]:
-    """What the files of settings ``names`` (of FILES; ``a.b``: field ``b``
-    of field ``a``) hold now: a SHA-256 of each by setting; None where
-    unset, "unreadable" where it cannot be read (loading it says why).
-    Taken before the files are loaded, so that a file rewritten between the
-    two reads as changed at the next reload."""
-    out: dict[str, str | None] = {}
+def files(config: Any, names: tuple[str, ...] = FILES) -> dict[str, Path | None]:
+    """The files of settings ``names`` (of FILES; ``a.b``: field ``b`` of
+    field ``a``) by setting; None where unset."""
+    out: dict[str, Path | None] = {}
     for name in names:
         path = config
         for part in name.split("."):
             path = getattr(path, part, None)
+        out[name] = path
+    return out
+
+
+def watched(config: Any) -> list[Path]:
+    """The files of FILES that ``config`` names, each once."""
+    return list(dict.fromkeys(path for path in files(config).values() if path is not None))
+
+
+def held(config: Any, names: tuple[str, ...] = FILES) -> dict[str, str | None]:
+    """What the files of settings ``names`` (of FILES) hold now: a SHA-256
+    of each by setting; None where unset, "unreadable" where it cannot be
+    read (loading it says why). Taken before the files are loaded, so that
+    a file rewritten between the two reads as changed at the next reload."""
+    out: dict[str, str | None] = {}
+    for name, path in files(config, names).items():
         if path is None:
             out[name] = None
             continue

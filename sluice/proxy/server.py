@@ -67,7 +67,7 @@ from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Parking, Relay, RuleRemovals, Timing
 from sluice.proxy.relay_thread import RelayThread, relay_thread
 from sluice.proxy.relay_thread import wanted as relay_thread_wanted
-from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split
+from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split, watched
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     BROKER_PORTS_LOCK,
@@ -466,6 +466,11 @@ class Proxy:
             return outcome
 
         return applied, made.drop
+
+    def watched(self) -> list[Path]:
+        """The key and certificate files of the configuration in force,
+        whose change is a reload (``reload_when_asked``)."""
+        return watched(self.config)
 
     def refuse_reload(self, source: str, errors: list[str]) -> Outcome:
         """A reload refused for ``errors`` (one line each): counted, logged,
@@ -986,8 +991,13 @@ class Drainable(Protocol):
 class Reloadable(Protocol):
     async def reload_from_source(self, source: str) -> Outcome: ...
 
+    def watched(self) -> list[Path]:
+        """The files of the configuration in force whose change is a reload
+        (its key and certificate files, ``reload.FILES``)."""
+        ...
 
-# How often the --config file is looked at for a change.
+
+# How often the --config file and the key files are looked at for a change.
 CONFIG_CHECK_EVERY = 2.0
 
 
@@ -997,15 +1007,14 @@ async def reload_when_asked(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Reload ``server``'s configuration on SIGHUP and when ``config_file``
-    changes (its inode, time or size; a Kubernetes ConfigMap's mounted file
-    is a link the kubelet points at a new file), until cancelled; started
+    """Reload ``server``'s configuration on SIGHUP and when a file it is
+    read from changes: ``config_file``, or a key or certificate file of the
+    configuration in force (``server.watched()``); until cancelled; started
     once SIGHUP is caught."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()
         async with trio.open_nursery() as nursery:
-            if config_file is not None:
-                nursery.start_soon(_watch_config, server, config_file)
+            nursery.start_soon(_watch_files, server, config_file)
             async for _ in signals:
                 await server.reload_from_source("SIGHUP")
 
@@ -1018,15 +1027,29 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-async def _watch_config(server: Reloadable, path: Path) -> None:
-    last = _stamp(path)
+async def _watch_files(server: Reloadable, config_file: Path | None) -> None:
+    """Reload when ``config_file`` or a file ``server.watched()`` names
+    changes: its inode, time or size, through links (a Kubernetes
+    ConfigMap's or Secret's mounted file is a link the kubelet points at a
+    new file, swapping the ``..data`` link). A file that went away is no
+    change (the running configuration stays); one that comes back changed
+    is. A file newly named by a reload was read by it."""
+
+    def stamps() -> dict[Path, tuple[int, int, int] | None]:
+        paths = ([config_file] if config_file is not None else []) + server.watched()
+        return {path: _stamp(path) for path in paths}
+
+    last = stamps()
     while True:
         await trio.sleep(CONFIG_CHECK_EVERY)
-        stamp = _stamp(path)
-        if stamp is None or stamp == last:
-            continue  # a file that went away: the running configuration stays
-        last = stamp
-        await server.reload_from_source("file")
+        now = stamps()
+        changed = any(
+            path in last and stamp is not None and stamp != last[path]
+            for path, stamp in now.items()
+        )
+        last = {path: stamp if stamp is not None else last.get(path) for path, stamp in now.items()}
+        if changed:
+            await server.reload_from_source("file")
 
 
 async def serve_until_signalled(server: Drainable) -> None:

@@ -102,7 +102,7 @@ from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
-from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split
+from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split, watched
 from sluice.proxy.server import Proxy, WorkerRole, reload_when_asked, serve_until_signalled
 from sluice.proxy.shared import Journal, create_state, hold_ports_file
 from sluice.recording.writer import snapshot_name
@@ -623,6 +623,11 @@ class Supervisor:
                 self.rules.append(rule)
                 await self._to_workers("POST", "/faults", rule)
 
+    def watched(self) -> list[Path]:
+        """The key and certificate files of the configuration in force:
+        the supervisor watches them for every worker."""
+        return watched(self.config)
+
     def _reload_refused(self, source: str, errors: list[str]) -> Outcome:
         self._reloads.labels(self.config.protocol, "refused").inc()
         outcome = Outcome.refused(self.generation, source, errors)
@@ -1027,6 +1032,10 @@ class _Reloads:
     # The supervisor's decisions so far, by attempt, and where they are read.
     _decided: dict[int, str] = field(default_factory=dict)
     _decisions: Journal | None = None
+
+    def watched(self) -> list[Path]:
+        """None: the supervisor watches the files and hands reloads on."""
+        return []
 
     async def catch_up(self) -> None:
         """Once the worker can take SIGHUP: a reload written while it started
