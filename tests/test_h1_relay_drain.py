@@ -1,7 +1,13 @@
-"""A drain of a connection whose relay thread is finishing a write itself
-(a slow reader: ``Relay._write_later``): once the write is done, the client's
-reads are not taken up again, so the thread carries nothing of the
-connection after it ends (``sluice_relay_thread_carried``)."""
+"""Drains of connections the relay thread carries, while a write waits.
+
+A drain during a write the relay thread finishes itself (a slow reader:
+``Relay._write_later``): once the write is done, the client's reads are
+not taken up again, so the thread carries nothing of the connection after
+it ends (``sluice_relay_thread_carried``).
+
+A drain right after the relay thread handed back a frame it wrote in part
+(its Python read step), before trio took it up: the drain's CLOSE_PRODUCER
+goes after the rest of that frame, never into it."""
 
 from __future__ import annotations
 
@@ -9,7 +15,8 @@ import pytest
 import trio
 
 from sluice.protocols.core import Taps
-from sluice.protocols.pulsar import Frame
+from sluice.protocols.pulsar import Frame, command, encode_payload, pb
+from sluice.protocols.pulsar.errors import RemoteProtocolError
 from sluice.proxy import relay_thread as relay_thread_module
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.relay_thread import relay_thread
@@ -79,3 +86,76 @@ async def test_a_drain_during_a_write_the_thread_waits_on_leaves_nothing_carried
         assert names == ["SEND_RECEIPT", "CLOSE_PRODUCER"]
         assert h.reason == "drained" and len(got) == WARM + 1
         assert carrier.carried() == 0
+
+
+BIG = 100_000  # a delivery far over the client's 4 KiB socket buffers
+
+
+def delivering_broker(deliver: trio.Event) -> BrokerScript:
+    """Accepts a producer and receipts each SEND; once ``deliver`` is set,
+    sends the client a MESSAGE of BIG bytes."""
+
+    async def broker(wire: Wire) -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def later() -> None:
+                await deliver.wait()
+                entry = pb.MessageIdData(ledgerId=1, entryId=1)
+                body = pb.CommandMessage(consumer_id=1, message_id=entry)
+                meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+                await wire.send(encode_payload(command(pb.BaseCommand.MESSAGE, body), meta,
+                                               b"m" * BIG))  # fmt: skip
+
+            nursery.start_soon(later)
+            while (frame := await wire.receive()) is not None:
+                if not await open_producers(wire, frame) and frame.name == "SEND":
+                    await wire.send(receipt(frame))
+            nursery.cancel_scope.cancel()
+
+    return broker
+
+
+async def test_a_drain_never_writes_into_a_frame_the_thread_handed_back_half_written() -> None:
+    deliver = trio.Event()
+    async with relay_thread(True) as carrier, trio.open_nursery() as nursery:
+        assert carrier is not None
+        # No compiled step (a tap other than the metrics): the broker's
+        # reads go through the thread's Python read step.
+        h = QuickDial(nursery, delivering_broker(deliver), real_socket_pair, real_socket_pair,
+                      carrier)  # fmt: skip
+        h.start()
+        with trio.fail_after(30):
+            await open_producer(h)
+            for sequence in range(WARM):  # both directions go to the relay thread
+                await h.client.send(send_frame(sequence, b"x" * 100))
+                answer = await h.client.receive()
+                assert answer is not None and answer.name == "SEND_RECEIPT", answer
+            handed = carrier.handed_back
+            deliver.set()
+            # The thread writes what the client's socket takes of the MESSAGE
+            # and hands the rest back to trio; the drain starts before trio
+            # has taken it up (no scheduling point in between).
+            while carrier.handed_back == handed:
+                await trio.lowlevel.checkpoint()
+            frames: list[Frame | str] = []
+            read = trio.Event()
+
+            async def read_all() -> None:
+                try:
+                    while (frame := await h.client.receive()) is not None:
+                        frames.append(frame)
+                except RemoteProtocolError as exc:  # what a client's decoder makes of it
+                    frames.append(str(exc))
+                read.set()
+
+            nursery.start_soon(read_all)
+            await h.relay.drain(trio.current_time() + 20)
+            await h.done.wait()
+            await read.wait()
+        assert [f if isinstance(f, str) else f.name for f in frames] == [
+            "MESSAGE", "CLOSE_PRODUCER",
+        ]  # fmt: skip
+        message = frames[0]
+        assert isinstance(message, Frame) and message.error is None
+        assert message.payload == b"m" * BIG
+        assert h.reason == "drained"

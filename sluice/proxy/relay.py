@@ -141,11 +141,13 @@ class Parking:
 class _ThreadWrite:
     """A write the relay thread waits to finish (``Relay._write_later``):
     the duplicate descriptor it watches for room, and the event it sets
-    when it is over, made by the first trio write that must wait for it."""
+    when it is over, made by the first trio write that must wait for it.
+    With no descriptor, a write the thread began and handed back to trio
+    (``Relay._hold_place``): over when trio takes it up."""
 
     __slots__ = ("over", "watch")
 
-    def __init__(self, watch: int) -> None:
+    def __init__(self, watch: int | None) -> None:
         self.watch = watch
         self.over: trio.Event | None = None
 
@@ -733,10 +735,33 @@ class Relay:
         except Exception as exc:  # raised in trio, where it ends the connection as usual
             self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
             return
-        finish = functools.partial(self._finish_read, actions, done, rest, from_client, started)
+        held = self._hold_place(actions[done], rest)
+        finish = functools.partial(self._finish_read, actions, done, rest, from_client, started,
+                                   held)  # fmt: skip
         if not data:
-            finish = functools.partial(self._finish_end, actions, done, rest)
+            finish = functools.partial(self._finish_end, actions, done, rest, held)
         self._hand_back(thread, fd, from_client, back, finish)
+
+    def _hold_place(self, action: Action, rest: bytes) -> Peer | None:
+        """A write the relay thread began and hands back to trio with
+        ``rest`` left of it: until trio takes it up (``_take_up``), every
+        other write to that socket waits, as for a thread write, or it
+        could land inside the frame (a drain's CLOSE_PRODUCER, say). The
+        socket, or None for anything else."""
+        if type(action) is not Send or not rest:
+            return None
+        assert isinstance(action, Send)
+        if len(rest) == len(action.data):  # nothing written: no frame in part
+            return None
+        self._waiting[action.to] += 1
+        self._thread_writes[action.to] = _ThreadWrite(None)
+        return action.to
+
+    def _take_up(self, held: Peer | None) -> None:
+        """In trio, taking up a write handed back: the writes that waited
+        for it go after it (the lock is taken in the same step)."""
+        if held is not None and self._thread is not None:
+            self._end_thread_write(self._thread, held)
 
     def _carried_in_part(
         self,
@@ -832,8 +857,9 @@ class Relay:
         waits: told in trio's thread, the only wake of trio this costs)."""
         pending = self._thread_writes.pop(to, None)
         if pending is not None:
-            thread.drop(pending.watch)
-            os.close(pending.watch)
+            if pending.watch is not None:
+                thread.drop(pending.watch)
+                os.close(pending.watch)
             self._waiting[to] -= 1
             if pending.over is not None:
                 thread.soon(pending.over.set)
@@ -855,16 +881,26 @@ class Relay:
             thread.soon(functools.partial(adopt, self))
 
     async def _finish_read(
-        self, actions: list[Action], done: int, rest: bytes, from_client: bool, started: float
+        self,
+        actions: list[Action],
+        done: int,
+        rest: bytes,
+        from_client: bool,
+        started: float,
+        held: Peer | None = None,
     ) -> bool:
+        self._take_up(held)
         await self._finish(actions, done, rest, from_client)
         if type(actions[-1]) is Send and self.core.established:
             self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
         return True
 
-    async def _finish_end(self, actions: list[Action], done: int, rest: bytes) -> bool:
+    async def _finish_end(
+        self, actions: list[Action], done: int, rest: bytes, held: Peer | None
+    ) -> bool:
         """What a parked direction's end asked for that needs trio; the
         direction has ended."""
+        self._take_up(held)
         await self._finish(actions, done, rest, False)
         return False
 
