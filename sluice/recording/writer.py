@@ -776,7 +776,7 @@ class Recorder:
                 self._drop(frames(start, len(packed)))
                 done(len(packed))
                 return
-            room = self._file_cap - self._file_bytes - len(gap)
+            room = self._cap() - self._file_bytes - len(gap)
             if left <= room:  # nearly always: no walk through the records
                 end, size = len(packed), left
             else:
@@ -829,9 +829,10 @@ class Recorder:
         or no room in the directory); otherwise the connections a freshly
         started file re-stated."""
         now = trio.current_time()
+        cap = self._cap()
         if self._file is not None and (
-            (self._file_bytes + upcoming > self._file_cap and self._file_bytes > self._file_header)
-            or self._file_bytes >= self._file_cap
+            (self._file_bytes + upcoming > cap and self._file_bytes > self._file_header)
+            or self._file_bytes >= cap
             or now - self._file_started >= self.config.max_file_age
         ):
             await self._close_file()
@@ -842,10 +843,13 @@ class Recorder:
         segment = self._segment + 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.config.directory / f"sluice-{stamp}-{self.capture}-{segment:04d}{SUFFIX}"
-        first = pack(self._header(segment)) + b"".join(
-            [pack(self._restated(record)) for record in self._open.values()]
-            + [pack(record) for record in self._closing.values()]
-        )
+        head = [pack(self._header(segment))]
+        head += [pack(self._restated(record)) for record in self._open.values()]
+        head += [pack(record) for record in self._closing.values()]
+        # Many connections to restate can make the head larger than this
+        # writer may write between two retention passes: it is written in
+        # pieces of whole records, each reserved as records are.
+        first, *more = pieces(head, self._quantum)
         if not await self._reserve(len(first)):
             return None
         self._segment = segment
@@ -860,8 +864,27 @@ class Recorder:
         self._file_bytes = self._file_header = len(first)
         self._file_started = now
         self.files.append(path)
+        for piece in more:
+            if not await self._reserve(len(piece)):  # the file is flushed for the pass
+                await self._close_file()  # its head cut short: a new file tries again
+                return None
+            try:
+                await self._io(handle.write, piece)
+            except OSError as exc:
+                self._failed(exc)
+                await self._close_file()
+                return None
+            self._file_bytes = self._file_header = self._file_bytes + len(piece)
         log.info("recording to %s", path)
         return set(self._open) | set(self._closing)
+
+    def _cap(self) -> int:
+        """Where the open file rotates: at the file cap, or, when its head
+        alone fills that, a cap's worth of records after its head (not a
+        new file, and a new head, for every write)."""
+        if self._file_header < self._file_cap:
+            return self._file_cap
+        return self._file_header + self._file_cap
 
     async def _reserve(self, size: int) -> bool:
         """Whether this writer may write ``size`` more bytes now under
@@ -1050,6 +1073,24 @@ def one_record_each(
             begin = end
     opens, closes = ({moved[at]: conn for at, conn in m.items() if at >= start} for m in marks)
     return out, out_counts, (opens, closes)
+
+
+def pieces(packed: list[bytes], most: int | None) -> list[bytes]:
+    """``packed`` records joined in order into pieces of at most ``most``
+    bytes (None: one piece), a record larger than that alone."""
+    if most is None:
+        return [b"".join(packed)]
+    out: list[bytes] = []
+    piece: list[bytes] = []
+    size = 0
+    for record in packed:
+        if piece and size + len(record) > most:
+            out.append(b"".join(piece))
+            piece, size = [], 0
+        piece.append(record)
+        size += len(record)
+    out.append(b"".join(piece))
+    return out
 
 
 def pack_all(records: list[Record]) -> bytes:
