@@ -5,6 +5,7 @@ header names (``ProtocolSpec.decode``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 from dataclasses import dataclass, field
@@ -93,12 +94,19 @@ class Recording:
         replay tells apart from a broker's divergence."""
         if conn.late:
             return "recorded from mid-stream"
-        dropped = sum(
-            gap.dropped
-            for gap in self.gaps
-            if conn.key in gap.open and (index is None or gap.index <= index)
-        )
-        return f"after {dropped} frames not recorded" if dropped else None
+        gap = self._first_gaps.get(conn.key)
+        if gap is None or (index is not None and index < gap.index):
+            return None
+        return f"after a gap: {gap.dropped} frames not recorded"
+
+    @functools.cached_property
+    def _first_gaps(self) -> dict[tuple[str, int], Gap]:
+        """The first gap each connection was open at."""
+        first: dict[tuple[str, int], Gap] = {}
+        for gap in sorted(self.gaps, key=lambda gap: gap.index):
+            for key in gap.open:
+                first.setdefault(key, gap)
+        return first
 
 
 def load(target: Path, *, need_payloads: bool = True) -> Recording:
