@@ -152,7 +152,18 @@ def sluice_container(pod: Doc) -> Doc:
 
 
 def env(container: Doc) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container["env"]}
+    """The container's plain environment (those from the downward API:
+    downward_env)."""
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def downward_env(container: Doc) -> dict[str, str]:
+    """The container's variables the kubelet fills from the pod's fields."""
+    return {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "fieldRef" in e.get("valueFrom", {})
+    }
 
 
 def quantity(text: str) -> int:
@@ -291,8 +302,23 @@ def test_the_chart_requires_the_broker() -> None:
             {"workers": 2, "http": {"enabled": True, "broker": HTTP_BROKER}},
             "needs config.listener-ports",
         ),
+        # A gateway's HTTP lookups name a per-broker listener on the pod's IP.
         (
-            {"http": {"enabled": True, "broker": HTTP_BROKER, "port": 9090}},
+            {"http": {"enabled": True, "broker": HTTP_BROKER}},
+            "http.enabled in gateway mode needs config.listener-ports",
+        ),
+        (
+            {
+                "http": {"enabled": True, "broker": HTTP_BROKER},
+                "config": {"listener-ports": "7099-7000"},
+            },
+            "expected LOW-HIGH with 1 <= LOW <= HIGH <= 65535",
+        ),
+        (
+            {
+                "http": {"enabled": True, "broker": HTTP_BROKER, "port": 9090},
+                "config": {"listener-ports": "7000-7099"},
+            },
             "http.port 9090 is taken",
         ),
         ({"config": {"broker-http": HTTP_BROKER}}, "config.broker-http is set by the chart"),
@@ -475,6 +501,14 @@ def test_the_http_port_only_when_enabled(case: str) -> None:
     assert container["http"] == 8080
     assert services["http"]["port"] == 8080 and services["http"]["targetPort"] == "http"
     assert 8080 in admitted
+    # HTTP lookups name a listener of the pod: its IP (its host name resolves
+    # for nobody else) and a port of config.listener-ports, which the
+    # policy admits from the same clients as the HTTP port.
+    assert downward_env(proxy)["SLUICE_ADVERTISE_HOST"] == "status.podIP"
+    low, _, high = str(config["listener-ports"]).partition("-")
+    (client_rule,) = [r for pol in kind(docs, "NetworkPolicy") for r in pol["spec"]["ingress"]
+                      if {"port": 8080, "protocol": "TCP"} in r["ports"]]  # fmt: skip
+    assert {"port": int(low), "endPort": int(high), "protocol": "TCP"} in client_rule["ports"]
     # The admin REST API stays inside the cluster unless http.external says so.
     assert [s["spec"]["type"] for s in http_services(docs)] == ["ClusterIP"]
 
@@ -1022,21 +1056,29 @@ def test_the_gateway_examples_http_port_relays_to_the_brokers_web_port(
 ) -> None:
     """deploy/helm/examples/gateway.yaml's files as the pod would see them,
     with the brokers' URLs pointed at Apache Pulsar: pulsar-admin's REST
-    calls through the HTTP port reach the broker."""
-    docs = render(
-        "gateway-example",
-        "--set", f"broker={apache_pulsar.url}", "--set", f"http.broker={apache_pulsar.http_url}",
-    )  # fmt: skip
+    calls through the HTTP port reach the broker, and an HTTP lookup names
+    a listener clients can dial: the pod's IP, a port of listener-ports."""
+    # The per-broker listener on a free port of this machine (the example's
+    # range may be taken here); Apache Pulsar standalone is one broker.
+    lookup_port = free_port()
+    docs = render("gateway-example", "--set", f"broker={apache_pulsar.url}",
+                  "--set", f"http.broker={apache_pulsar.http_url}",
+                  "--set", f"config.listener-ports={lookup_port}-{lookup_port}")  # fmt: skip
     config, _ = materialize(docs, tmp_path)
-    container_env = env(sluice_container(pod_spec(docs)))
-    assert container_env["SLUICE_HTTP_LISTEN"] == "0.0.0.0:8080"
+    proxy = sluice_container(pod_spec(docs))
+    assert env(proxy)["SLUICE_HTTP_LISTEN"] == "0.0.0.0:8080"
+    assert downward_env(proxy) == {"SLUICE_ADVERTISE_HOST": "status.podIP"}
     port, http_port, admin = free_port(), free_port(), free_port()
+    # What the kubelet puts in the downward API's variables: the pod's IP
+    # (here loopback).
+    pod = {"status.podIP": "127.0.0.1"}
     log = tmp_path / "proxy.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [*SLUICE, "proxy", "--config", str(config)],
             env={
                 **os.environ,
+                **{name: pod[field] for name, field in downward_env(proxy).items()},
                 "SLUICE_LISTEN": f"127.0.0.1:{port}",
                 "SLUICE_HTTP_LISTEN": f"127.0.0.1:{http_port}",
                 "SLUICE_ADMIN": f"127.0.0.1:{admin}",
@@ -1062,6 +1104,17 @@ def test_the_gateway_examples_http_port_relays_to_the_brokers_web_port(
             if sample.name == "sluice_http_requests_total"
         }
         assert answered[("admin", "2xx")] == 1
+        # An HTTP lookup names the pod's IP and a port of listener-ports, and
+        # a client whose service URL is the HTTP port produces through it.
+        topic = f"persistent://public/default/helm-http-lookup-{free_port()}"
+        status, text = apache_pulsar.admin(
+            "GET", f"/lookup/v2/topic/{topic.replace('://', '/')}",
+            base=f"http://127.0.0.1:{http_port}",
+        )  # fmt: skip
+        assert status == 200, text
+        assert json.loads(text)["brokerUrl"] == f"pulsar://127.0.0.1:{lookup_port}", text
+        with client(f"http://127.0.0.1:{http_port}") as c:
+            c.create_producer(topic).send(b"looked up over HTTP, through the pod's listener")
     finally:
         process.terminate()
         process.wait(30)

@@ -168,9 +168,13 @@ check here can size: refused. */}}
 {{- if not (regexMatch "^https?://" .Values.http.broker) -}}
 {{- fail (printf "http.enabled needs http.broker: the brokers' web service, http://HOST:PORT or https://HOST:PORT (e.g. http://pulsar-broker.pulsar.svc.cluster.local:8080), not %q" .Values.http.broker) -}}
 {{- end -}}
+{{- if and (eq .Values.mode "gateway") (not (hasKey .Values.config "listener-ports")) -}}
+{{- fail "http.enabled in gateway mode needs config.listener-ports (LOW-HIGH, e.g. 7000-7099): an HTTP lookup answers with a listener Sluice opens per broker, on the pod's IP and a port of that range, which the NetworkPolicy admits" -}}
+{{- end -}}
 {{- if and (ne (toString .Values.workers) "1") (not (hasKey .Values.config "listener-ports")) -}}
 {{- fail "http.enabled with workers other than 1 needs config.listener-ports (LOW-HIGH): the ports Sluice opens per broker for HTTP lookups, bound by the supervisor and shared by the workers" -}}
 {{- end -}}
+{{- $_ := include "sluice.listenerPorts" . -}}
 {{- $taken := list (int .Values.admin.port) (.Values.listen.plain | ternary (int .Values.listen.port) 0) (.Values.tls.enabled | ternary (int .Values.tls.port) 0) -}}
 {{- if has (int .Values.http.port) $taken -}}
 {{- fail (printf "http.port %v is taken by another of Sluice's listeners (listen.port, tls.port, admin.port)" .Values.http.port) -}}
@@ -449,6 +453,23 @@ them (strings, numbers and booleans read the same in TOML). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* config.listener-ports as JSON [LOW, HIGH] ("" when not set): the
+per-broker listeners' ports (sluice/commands/proxy.py port_range). */}}
+{{- define "sluice.listenerPorts" -}}
+{{- with (get .Values.config "listener-ports") -}}
+{{- $text := toString . -}}
+{{- if not (regexMatch "^[0-9]+(-[0-9]+)?$" $text) -}}
+{{- fail (printf "config.listener-ports %q: expected LOW-HIGH, e.g. 7000-7099" $text) -}}
+{{- end -}}
+{{- $low := regexFind "^[0-9]+" $text | int -}}
+{{- $high := regexFind "[0-9]+$" $text | int -}}
+{{- if or (lt $low 1) (gt $high 65535) (gt $low $high) -}}
+{{- fail (printf "config.listener-ports %q: expected LOW-HIGH with 1 <= LOW <= HIGH <= 65535" $text) -}}
+{{- end -}}
+{{- list $low $high | toJson -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The container's environment: where it listens. */}}
 {{- define "sluice.env" -}}
 {{- $host := eq .Values.mode "sidecar" | ternary "127.0.0.1" "0.0.0.0" -}}
@@ -461,6 +482,14 @@ them (strings, numbers and booleans read the same in TOML). */}}
 {{- if .Values.http.enabled }}
 - name: SLUICE_HTTP_LISTEN
   value: {{ printf "%s:%v" $host .Values.http.port | quote }}
+{{- if and (eq .Values.mode "gateway") (not (hasKey .Values.config "advertise-host")) }}
+# HTTP lookups name a listener of this pod (config.listener-ports) for the
+# client to dial: on the pod's IP, which every pod of the cluster reaches
+# (the pod's host name does not resolve for them).
+- name: SLUICE_ADVERTISE_HOST
+  valueFrom:
+    fieldRef: {fieldPath: status.podIP}
+{{- end }}
 {{- end }}
 # The kubelet's probes and Prometheus reach the admin endpoint on the pod's
 # IP; changes there need the admin token.
