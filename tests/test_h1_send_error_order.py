@@ -1,6 +1,13 @@
 """A SEND that Sluice refuses is answered after the receipts of the sends
-before it, also for a producer whose SENDs the compiled step seals (the
-``encrypt`` filter alone on its topic), with many sends in flight.
+before it, with many sends in flight (the broker paused meanwhile, so
+that none of them has its receipt yet when Sluice refuses one):
+
+- for a producer whose SENDs the compiled step seals (the ``encrypt``
+  filter alone on its topic), refused when sealing takes it past the frame
+  limit;
+- on Apache Pulsar, whose receipts of sends that are no batch carry a
+  highest_sequence_id of -1 (2**64 - 1 unsigned), with the ``schema``
+  filter.
 
 The official client (C++) fails the oldest send it waits for on a
 SEND_ERROR: one that overtook the receipt of an earlier send is taken for
@@ -22,44 +29,102 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from pulsar.schema import AvroSchema
 
+from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import EmbeddedBroker, free_port
-from tests.helpers.support import ProxyProcess, start_proxy
+from tests.helpers.support import ProxyProcess, client, start_proxy
 from tests.test_dashboards import scrape, value
 from tests.test_encryption_e2e import make_key_pair
+from tests.test_filters_e2e import Order, _avro
 
 pytestmark = pytest.mark.e2e
 
-MAX = 1024 * 1024  # the broker's message size limit, and Sluice's
+MAX = 1024 * 1024  # pulsar-lite's message size limit here, and Sluice's
 IN_FLIGHT = 30
 AFTER = 5
+EXPECTED = [
+    *[(i, "Ok") for i in range(IN_FLIGHT)],
+    (IN_FLIGHT, "ChecksumError"),
+    *[(IN_FLIGHT + 1 + i, "Ok") for i in range(AFTER)],
+]
 
-# The client: a producer, 20 sends one at a time (both directions go to the
-# relay thread), "ready"; on "go", IN_FLIGHT small sends, one that is just
-# under Sluice's frame limit as sent (encrypted, past it: Sluice refuses it,
-# too_large, and sends none of it on), AFTER small ones, all at once; then
-# each answer as it comes, a JSON line (index, result).
+# The client: its payloads on its first line in; a producer, 20 good sends
+# one at a time (a connection's directions go to the relay thread),
+# "ready"; on "go", IN_FLIGHT good sends, the bad one, AFTER good ones, all
+# at once; then each answer as it comes, a JSON line (index, result).
 CLIENT = """
 import json, logging, sys, pulsar
-url, topic, in_flight, after, size = sys.argv[1:]
-in_flight, after, size = int(in_flight), int(after), int(size)
 logging.basicConfig(level=logging.WARNING)  # (on stderr: stdout is for the answers)
+url, topic, in_flight, after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+good, bad, properties = json.loads(sys.stdin.readline())
+good, bad = bytes.fromhex(good), bytes.fromhex(bad)
 client = pulsar.Client(url, operation_timeout_seconds=10, logger=logging.getLogger("client"))
 producer = client.create_producer(topic, batching_enabled=False)
 for i in range(20):
-    producer.send(b"warm %d" % i)
+    producer.send(good)
 print("ready", flush=True)
 sys.stdin.readline()
 def answered(i):
     return lambda result, _: print(json.dumps([i, result.name]), flush=True)
 for i in range(in_flight):
-    producer.send_async(b"x" * 1000, answered(i))
-producer.send_async(b"y" * (size - 64), answered(in_flight), properties={"p": "z" * 10190})
+    producer.send_async(good, answered(i))
+producer.send_async(bad, answered(in_flight), properties=properties)
 for i in range(after):
-    producer.send_async(b"after %d" % i, answered(in_flight + 1 + i))
+    producer.send_async(good, answered(in_flight + 1 + i))
 producer.flush()
 sys.stdin.readline()
 """
+
+
+def refused_among_in_flight(
+    broker_pid: int | None,
+    proxy: ProxyProcess,
+    admin: int,
+    topic: str,
+    good: bytes,
+    bad: bytes,
+    properties: dict[str, str] | None = None,
+) -> tuple[list[tuple[int, str]], dict[str, float]]:
+    """The client's answers, in the order it got them, and the sends Sluice
+    refused by reason while the broker was paused."""
+    url = f"pulsar://127.0.0.1:{proxy.port}"
+    process = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, url, topic, str(IN_FLIGHT), str(AFTER)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None and broker_pid is not None
+    try:
+        process.stdin.write(json.dumps([good.hex(), bad.hex(), properties or {}]) + "\n")
+        process.stdin.flush()
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
+        assert lines.get(timeout=60) == "ready\n"
+        os.kill(broker_pid, signal.SIGSTOP)
+        try:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            deadline = time.monotonic() + 20
+            while not _rejected(proxy, admin) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            refused = _rejected(proxy, admin)
+        finally:
+            os.kill(broker_pid, signal.SIGCONT)
+        answers: list[tuple[int, str]] = []
+        deadline = time.monotonic() + 20
+        while len(answers) < len(EXPECTED):
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if not line:  # the client ended (it may crash)
+                break
+            index, result = json.loads(line)
+            answers.append((index, result))
+        return answers, refused
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_a_refused_send_of_a_compiled_sealed_producer_waits_for_earlier_receipts(
@@ -75,51 +140,44 @@ def test_a_refused_send_of_a_compiled_sealed_producer_waits_for_earlier_receipts
             broker.url, tmp_path, "--filter", f"encrypt:{json.dumps(spec)}",
             "--max-message-size", str(MAX), "--admin", f"127.0.0.1:{admin}",
         )  # fmt: skip
-        url = f"pulsar://127.0.0.1:{proxy.port}"
-        client = subprocess.Popen(
-            [sys.executable, "-c", CLIENT, url, topic, str(IN_FLIGHT), str(AFTER), str(MAX)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        assert client.stdin is not None and client.stdout is not None
         try:
-            lines: queue.Queue[str] = queue.Queue()
-            threading.Thread(target=_read_lines, args=(client.stdout, lines), daemon=True).start()
-            assert lines.get(timeout=30) == "ready\n"
-            # The broker answers nothing for a while: every send before the
-            # refused one is still in flight when Sluice refuses it.
-            assert broker.pid is not None
-            os.kill(broker.pid, signal.SIGSTOP)
-            try:
-                client.stdin.write("go\n")
-                client.stdin.flush()
-                deadline = time.monotonic() + 20
-                while not _rejected(proxy, admin) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert _rejected(proxy, admin) == {"too_large": 1.0}
-            finally:
-                os.kill(broker.pid, signal.SIGCONT)
-            answers: list[tuple[int, str]] = []
-            deadline = time.monotonic() + 20
-            while len(answers) < IN_FLIGHT + 1 + AFTER:
-                try:
-                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if not line:  # the client ended (it may crash)
-                    break
-                index, result = json.loads(line)
-                answers.append((index, result))
-            expected = [(i, "Ok") for i in range(IN_FLIGHT)] + [(IN_FLIGHT, "ChecksumError")]
-            expected += [(IN_FLIGHT + 1 + i, "Ok") for i in range(AFTER)]
-            assert answers == expected
-            metrics = scrape(proxy, admin)
-            assert _rejected(proxy, admin) == {"too_large": 1.0}
+            # The bad one is just under Sluice's frame limit as sent;
+            # encrypted, past it: Sluice refuses it (too_large), and sends
+            # none of it on.
+            answers, refused = refused_among_in_flight(
+                broker.pid, proxy, admin, topic, b"x" * 1000, b"y" * (MAX - 64),
+                {"p": "z" * 10_190},
+            )  # fmt: skip
+            assert refused == {"too_large": 1.0}
+            assert answers == EXPECTED
             # The compiled loop carried reads of this connection by itself.
+            metrics = scrape(proxy, admin)
             assert value(metrics, "sluice_relay_thread_reads_total", path="compiled") > 0
         finally:
-            client.kill()
-            client.wait()
             proxy.kill()
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+def test_a_refused_send_waits_for_apache_pulsars_receipts(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    spec = json.dumps({"topics": ["persistent://public/default/h1-*"], "direction": "produce"})
+    admin = free_port()
+    proxy = start_proxy(apache_pulsar.url, tmp_path, "--filter", f"schema:{spec}",
+                        "--admin", f"127.0.0.1:{admin}")  # fmt: skip
+    try:
+        topic = f"persistent://public/default/h1-{uuid.uuid4().hex[:8]}"
+        schema = AvroSchema(Order)
+        with client(apache_pulsar.url) as c:  # a typed producer gives the topic its schema
+            c.create_producer(topic, schema=schema).send(Order(id=1, item="typed"))
+        good = _avro({"id": 2, "item": "raw"}, json.loads(schema.schema_info().schema()))
+        answers, refused = refused_among_in_flight(
+            apache_pulsar.pid, proxy, admin, topic, good, b"not avro at all"
+        )
+        assert refused == {"not_avro": 1.0}
+        assert answers == EXPECTED
+    finally:
+        proxy.kill()
     assert "Traceback" not in proxy.log(), proxy.log()
 
 

@@ -268,8 +268,7 @@ class FilterGate:
         else:
             outcome, parts, results = Outcome(PASS), None, []
         state = self._producers.setdefault(body.producer_id, _Producer())
-        last = body.highest_sequence_id if body.HasField("highest_sequence_id") else 0
-        last = max(last, body.sequence_id)
+        last = _last_sequence(body)
         count = meta.num_messages_in_batch if is_batch(meta) else 1
         sealer = chain.sealer
         sealed: Sealed | None = None
@@ -371,7 +370,7 @@ class FilterGate:
         which clients reconnect and send it again (ServiceNotReady)."""
         body: Any = frame.body
         state = self._producers.setdefault(body.producer_id, _Producer())
-        last = max(body.highest_sequence_id, body.sequence_id)
+        last = _last_sequence(body)
         reject = Reject("schema_unavailable", f"Sluice cannot learn the schema of {topic}: {why}",
                         "ServiceNotReady")  # fmt: skip
         return self._refuse(frame, topic, Outcome(reject, "schema"), state, last)
@@ -385,9 +384,7 @@ class FilterGate:
         state = self._producers.get(body.producer_id)
         if state is None:
             return []
-        seq = body.sequence_id
-        if frame.type == T.SEND_RECEIPT and body.HasField("highest_sequence_id"):
-            seq = max(seq, body.highest_sequence_id)
+        seq = _last_sequence(body) if frame.type == T.SEND_RECEIPT else body.sequence_id
         state.answered = max(state.answered, seq)
         errors = state.errors
         out: list[Frame] = []
@@ -611,6 +608,17 @@ class FilterGate:
     ) -> None:
         event = Filtered(outcome.filter or "?", action, from_client, topic, reason, messages, sent)
         self.tap.event(self.conn, event)
+
+
+def _last_sequence(body: Any) -> int:
+    """The last sequence id a SEND or SEND_RECEIPT covers: a batch's
+    highest, else its own. Apache Pulsar answers a SEND that is no batch
+    with a highest_sequence_id of -1 (2**64 - 1 as the field's unsigned
+    type): none, not past every sequence id."""
+    seq: int = body.sequence_id
+    if body.HasField("highest_sequence_id") and seq < body.highest_sequence_id < 1 << 63:
+        return int(body.highest_sequence_id)
+    return seq
 
 
 def _chunked(meta: pb.MessageMetadata) -> bool:
