@@ -403,11 +403,17 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         closed = 0
         previous_ns: int | None = None
         for done, (conn, rf) in enumerate(client_frames, start=1):
+            ending = []
             while closed < len(closes) and closes[closed][0] <= rf.index:
-                ending = lives.get(closes[closed][1])
+                if (live := lives.get(closes[closed][1])) is not None:
+                    ending.append(live)
                 closed += 1
-                if ending is not None:
-                    await _close_as_recorded(ending, args.timeout)
+            # The closes recorded before this frame, side by side: each as
+            # soon as its answers are in, answers that never come costing
+            # one timeout for them all, not one each, one after another.
+            async with trio.open_nursery() as closing:
+                for live in ending:
+                    closing.start_soon(_close_as_recorded, live, args.timeout)
             live = lives.get(conn.key)
             if live is None:
                 try:
