@@ -337,11 +337,12 @@ async def _an_issuer_refused_then_one_applied(tmp_path: Path, port: int, ca: Pat
         nursery.cancel_scope.cancel()
 
 
-async def test_a_broker_ca_rewritten_under_its_name_is_named_as_kept(tmp_path: Path) -> None:
+async def test_a_broker_ca_rewritten_under_its_name_is_put_in_force(tmp_path: Path) -> None:
     """The broker CA (or Sluice's client certificate) rotated in place is
-    read at start only: a reload names it as kept until a restart, rather
-    than answering "unchanged" while dials go on failing against the new
-    broker certificate."""
+    a change: a reload makes Sluice's TLS toward brokers anew from the
+    files, for the connections it opens from then on, rather than
+    answering "unchanged" while dials go on failing against the new broker
+    certificate."""
     from tests.helpers.support import tls_files
 
     ca, _, _ = tls_files(tmp_path, "localhost")
@@ -349,6 +350,11 @@ async def test_a_broker_ca_rewritten_under_its_name_is_named_as_kept(tmp_path: P
     proxy = Proxy(settings_again(line))
     proxy.load = lambda: settings_again(line)
     assert (await proxy.reload_from_source("SIGHUP")).outcome == "unchanged"
+    before = proxy.backend.tls_context(True)
+    assert before is not None
     tls_files(tmp_path, "localhost")  # a new CA, written under the same name
     rotated = await proxy.reload_from_source("SIGHUP")
-    assert rotated.kept == ["--broker-tls"], rotated.to_json()  # "needs a restart"
+    assert rotated.outcome == "applied", rotated.to_json()
+    assert rotated.changed == ["--broker-tls"] and not rotated.kept, rotated.to_json()
+    after = proxy.backend.tls_context(True)
+    assert after is not None and after.get_ca_certs() != before.get_ca_certs()

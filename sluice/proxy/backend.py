@@ -27,7 +27,7 @@ from sluice.protocols.core import Conn, Tap
 from sluice.protocols.faults import Faults
 from sluice.protocols.filtering import Filtering
 from sluice.protocols.urls import BrokerUrl
-from sluice.proxy.dial import open_tcp
+from sluice.proxy.dial import client_ssl_context, open_tcp
 from sluice.proxy.ports import BrokerPorts, NoListener
 from sluice.proxy.relay import Core
 
@@ -122,11 +122,14 @@ class DirectBackend:
     port-per-broker (``ports``) the main listener stands for the configured
     broker and a core's ``Ask`` for a broker gets that broker's listener.
     A subclass sets ``name`` and ``routing`` (a ``ListenerMap`` with
-    ``listeners`` when it uses ``ports``) and makes its cores."""
+    ``listeners`` when it uses ``ports``) and makes its cores; one that
+    dials its brokers with TLS, ``_tls_context`` (``dial.client_ssl_context``
+    of the config's ``broker_tls``), which a reload makes anew."""
 
     name: str
     routing: Any
     short_lived = False
+    _tls_context: ssl.SSLContext | None = None
 
     def __init__(
         self, broker: BrokerUrl, services: Services, connect_timeout: float, routing: Any
@@ -145,12 +148,16 @@ class DirectBackend:
         """Nothing of its own to run."""
 
     async def prepare(self, config: Any, filters: Any) -> Prepared:
-        """A reloaded configuration (a ``ProxyConfig``): its allow-list,
-        checked now (ConfigError), put in force by ``apply`` (nothing to drop)."""
+        """A reloaded configuration (a ``ProxyConfig``): its allow-list and
+        TLS toward brokers (its files read again), checked and made now
+        (ConfigError), put in force by ``apply`` (nothing to drop)."""
         rules = AllowList(config.allow_broker, "--allow-broker").rules
+        tls = client_ssl_context(config.broker_tls) if self._tls_context is not None else None
 
         def apply() -> None:
             self.routing.allowlist.rules = rules
+            if tls is not None:
+                self._tls_context = tls
 
         return Prepared(apply)
 
@@ -194,7 +201,7 @@ class DirectBackend:
         return None
 
     def tls_context(self, tls: bool) -> ssl.SSLContext | None:
-        return None
+        return self._tls_context if tls else None
 
     async def probe(self) -> str | None:
         """None when the configured broker accepts a connection; otherwise why not."""

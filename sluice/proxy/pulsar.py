@@ -506,6 +506,9 @@ class PulsarBackend:
         auth = proxy_auth(config)
         trusted = AllowList(config.trust_broker, "--trust-broker")
         rules = AllowList(config.allow_broker + config.trust_broker, "--allow-broker").rules
+        # Sluice's TLS toward brokers made anew from its files (a renewed
+        # client certificate): the connections opened from then on use it.
+        tls = client_ssl_context(config.broker_tls) if self._tls is not None else None
         old = self.settings.auth
         same_oidc = old is not None and auth is not None and _oidc_fields(config) == self._oidc
         if same_oidc and old is not None and auth is not None:
@@ -527,6 +530,7 @@ class PulsarBackend:
                 self._auth_tasks.cancel()
             self.issuers, self._auth_tasks = issuers, tasks
             self._oidc = _oidc_fields(config)
+            self._tls, self._broker_tls = tls, config.broker_tls
 
         def drop() -> None:
             if tasks is not self._auth_tasks:

@@ -6,7 +6,7 @@ environment, the ``--config`` file as it is now), on ``SIGHUP``, when the
 ``--config`` file or a file of FILES changes (``server.reload_when_asked``),
 or on ``POST /config/reload`` at the admin endpoint. What it may change
 while connections stay open (``LIVE``) is put in force; a changed setting
-outside it (listeners, TLS files, the broker, the worker count, …) is named
+outside it (listeners, the broker, the worker count, …) is named
 in one line and kept as it was, until a restart. A configuration that does
 not check out is refused as a whole, one line per mistake, and the one in
 force stays. Each configuration put in force is a *generation* (1 at
@@ -60,6 +60,11 @@ LIVE = frozenset(
         "broker_auth_oauth2_scope",
         # message filters (for connections opened from then on)
         "filters",
+        # TLS: the listeners' (a client CA, for the connections accepted
+        # from then on) and Sluice's toward brokers (its client certificate,
+        # for the connections it opens from then on)
+        "tls",
+        "broker_tls",
     }
 )
 # Of the recording settings, the snapshot rules (--snapshot-on) change live.
@@ -77,10 +82,8 @@ FILES = (
     "broker_auth_token_file",
     "auth_oidc_ca",
     "broker_auth_oauth2_credentials",
-    # Outside LIVE, read at start only: one rewritten is named as kept (a
-    # restart puts it in force) rather than passing for unchanged. (The
-    # listeners' own certificate and key are watched and taken as they
-    # change: dial.CertificateReloader.)
+    # (The listeners' own certificate and key are watched and taken as they
+    # change, without a reload: dial.CertificateReloader.)
     "broker_tls.ca",
     "broker_tls.cert",
     "broker_tls.key",

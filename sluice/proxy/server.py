@@ -432,6 +432,11 @@ class Proxy:
         try:
             filters = make_filters(config.filters, self.protocol) if config.filters else None
             faults = copy.deepcopy(config.faults)
+            # The TLS listeners' context anew (a changed --tls-client-ca,
+            # say): the connections accepted from then on are wrapped with it.
+            context = None
+            if "tls" in live and config.tls is not None and self._tls_context is not None:
+                context = self._new_server_context(config)
             # Last: the backend may start tasks (an issuer's keys, Sluice's
             # own token) for what it made, which nothing after may undo.
             made = await self.backend.prepare(config, filters)
@@ -440,6 +445,10 @@ class Proxy:
 
         def applied() -> Outcome:
             made.apply()
+            if context is not None and config.tls is not None:
+                self._tls_context = context
+                if self.certificates is not None:  # its certificate and key, re-read there
+                    self.certificates.config, self.certificates.context = config.tls, context
             if "faults" in live:  # (rules kept as they were keep their counts and holds)
                 for rule_id in self._config_rules:
                     self.faults.remove(rule_id)
@@ -492,16 +501,31 @@ class Proxy:
         return problems
 
     def _server_context(self) -> ssl.SSLContext | None:
-        """The TLS listeners' context (one for all), re-read when its files change."""
+        """The TLS listeners' context (one for all), re-read when its
+        certificate and key change (``certificates``), made anew when a
+        reload changes the TLS settings (``_new_server_context``): each
+        connection is wrapped with the one in force when it is accepted."""
         if self.config.tls is None:
             return None
         if self._tls_context is None:
-            self._tls_context = server_ssl_context(self.config.tls)
+            self._tls_context = self._new_server_context(self.config)
             self.certificates = CertificateReloader(self.config.tls, self._tls_context)
-            if self.config.sni_on:
-                self._tls_context.sni_callback = self._server_name
-                sys.unraisablehook = _quiet_undecodable_names
         return self._tls_context
+
+    def _new_server_context(self, config: ProxyConfig) -> ssl.SSLContext:
+        """A TLS listeners' context for ``config`` (ConfigError: files that do not load)."""
+        assert config.tls is not None
+        context = server_ssl_context(config.tls)
+        if config.sni_on:
+            context.sni_callback = self._server_name
+            sys.unraisablehook = _quiet_undecodable_names
+        return context
+
+    def _tls_stream(self, tcp: trio.abc.Stream) -> trio.SSLStream[Any]:
+        """An accepted connection of a TLS listener, with the context in force."""
+        context = self._server_context()
+        assert context is not None  # ProxyConfig: --listen-tls needs --tls-cert
+        return trio.SSLStream(tcp, context, server_side=True, https_compatible=False)
 
     def _server_name(self, _: Any, name: str | None, __: Any) -> int | None:
         """SNI routing, inside the TLS handshake: the broker the client's
@@ -553,14 +577,10 @@ class Proxy:
         """The main listener's kind."""
         return self._kinds[0]
 
-    def _tls_listener(self, tcp: trio.SocketListener) -> trio.SSLListener[trio.SocketStream]:
-        context = self._server_context()
-        assert context is not None  # ProxyConfig: --listen-tls needs --tls-cert
-        return trio.SSLListener(tcp, context, https_compatible=False)
-
     def _broker_listener(self, tcp: trio.SocketListener, kind: str) -> trio.abc.Listener[Any]:
-        """A port-per-broker listener, speaking ``kind``."""
-        return tcp if kind == PLAIN else self._tls_listener(tcp)
+        """A port-per-broker listener, speaking ``kind`` (its connections
+        are wrapped in TLS as they are accepted: ``_accept_loop``)."""
+        return tcp
 
     @property
     def active(self) -> int:
@@ -579,26 +599,26 @@ class Proxy:
                 elif kind in (HTTP, HTTPS):
                     assert self.http is not None
                     self.http.adopt(tcp, tls=kind == HTTPS)
-                elif kind == TLS:
-                    self._add_listener(kind, self._tls_listener(tcp), tcp)
                 else:
-                    self._add_listener(kind, tcp, tcp)
+                    self._add_listener(kind, tcp)
             return
         if config.listen is not None:
             with listening_for("--listen", config.listen):
                 listeners = await open_listeners(config.listen)
             for listener in listeners:
-                self._add_listener(PLAIN, listener, listener)
+                self._add_listener(PLAIN, listener)
         if config.listen_tls is not None:
             with listening_for("--listen-tls", config.listen_tls):
                 listeners = await open_listeners(config.listen_tls)
             for listener in listeners:
-                self._add_listener(TLS, self._tls_listener(listener), listener)
+                self._add_listener(TLS, listener)
 
-    def _add_listener(
-        self, kind: str, listener: trio.abc.Listener[Any], tcp: trio.SocketListener
-    ) -> None:
-        host, port = tcp.socket.getsockname()[:2]
+    def _add_listener(self, kind: str, listener: trio.SocketListener) -> None:
+        """A listener of ``kind`` (a TLS one's connections are wrapped in
+        TLS as they are accepted: ``_accept_loop``)."""
+        if kind == TLS:
+            self._server_context()  # files that stopped loading: said now, not per client
+        host, port = listener.socket.getsockname()[:2]
         self.addresses.setdefault(kind, Address(host, port))
         self._listeners.append((kind, listener))
 
@@ -710,13 +730,10 @@ class Proxy:
                     await close_stream(stream)
                     continue
                 upstream, speaks = found
-                if speaks == TLS:  # as a TLS listener would wrap it
-                    context = self._server_context()
-                    assert context is not None
-                    stream = trio.SSLStream(stream, context, server_side=True)
-                self._start(stream, speaks, upstream)
+                self._start(self._tls_stream(stream) if speaks == TLS else stream, speaks,
+                            upstream)  # fmt: skip
                 continue
-            self._start(stream, kind, upstream)
+            self._start(self._tls_stream(stream) if kind == TLS else stream, kind, upstream)
 
     def _start(self, stream: trio.abc.Stream, kind: str, upstream: Address | None) -> None:
         """Serve a connection trio accepted: parked on the relay thread
@@ -1088,7 +1105,6 @@ def _accept(listening: socket.socket) -> tuple[int, str, int] | None:
 
 
 def _port(listener: trio.abc.Listener[Any]) -> int:
-    """The port a (TLS-wrapped or plain) TCP listener is bound to."""
-    inner = listener.transport_listener if isinstance(listener, trio.SSLListener) else listener
-    assert isinstance(inner, trio.SocketListener)
-    return int(inner.socket.getsockname()[1])
+    """The port a TCP listener is bound to."""
+    assert isinstance(listener, trio.SocketListener)
+    return int(listener.socket.getsockname()[1])
