@@ -202,9 +202,9 @@ async def serve_admin(
     retry = [("Retry-After", "1")]
 
     async def handle(stream: trio.SocketStream) -> None:
-        if inbound is not None:
+        if inbound is not None:  # a listed source's probe may come without a header
             try:
-                await inbound.read(stream, peer_address(stream))
+                await inbound.read(stream, peer_address(stream), optional=True)
             except HeaderError as exc:
                 if refused is not None:
                     refused(peer_address(stream), exc)

@@ -4,7 +4,10 @@ on the socket, on every listener (the protocol's, TLS or not, and admin).
 
 Sources in ``--proxy-protocol-from`` must send a header (v1 or v2); anyone
 else must not: their first bytes are peeked at, never taken, so a client
-dialling Sluice directly is served as before. Either way the header is read
+dialling Sluice directly is served as before. On the admin endpoint a
+listed source may send none (``optional``: a kubelet's probe from a listed
+address): an HTTP request never begins like a header, so its first bytes,
+peeked at, say whether one comes. Either way the header is read
 to its last byte and no further (``HeaderReader``), so that a TLS
 ClientHello or the protocol's first frame stays for the reader after it.
 """
@@ -21,6 +24,7 @@ import trio
 from sluice.addresses import Address
 from sluice.errors import ConfigError
 from sluice.protocols.haproxy import (
+    V1_SIGNATURE,
     V2_SIGNATURE,
     HeaderError,
     HeaderReader,
@@ -29,6 +33,10 @@ from sluice.protocols.haproxy import (
 )
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# How soon the first bytes of a connection are looked at again while they
+# are only a part of a PROXY signature (``ProxyProtocolIn._header_comes``).
+PEEK_AGAIN = 0.01
 
 
 def parse_sources(rules: Iterable[str], what: str = "--proxy-protocol-from") -> tuple[Network, ...]:
@@ -63,13 +71,18 @@ class ProxyProtocolIn:
             ip = ip.ipv4_mapped
         return any(ip in network for network in self.sources)
 
-    async def read(self, stream: trio.abc.Stream, peer: Address) -> ProxyHeader | None:
+    async def read(
+        self, stream: trio.abc.Stream, peer: Address, *, optional: bool = False
+    ) -> ProxyHeader | None:
         """The header of a connection from ``peer`` (a listed source), or None
         for anyone else who sent none. Raises HeaderError: a header from an
-        unlisted source, none from a listed one, a bad or late one."""
+        unlisted source, none from a listed one (unless ``optional``), a bad
+        or late one."""
         raw = transport(stream)
         if not self.trusts(peer.host):
             await self._refuse_headers(raw, peer)
+            return None
+        if optional and not await self._header_comes(raw):
             return None
         reader = HeaderReader()
         with trio.move_on_after(self.timeout):
@@ -83,6 +96,27 @@ class ProxyProtocolIn:
                 reader.end()
             return reader.header
         raise HeaderError("timeout", f"no whole PROXY header within {self.timeout:g}s")
+
+    async def _header_comes(self, raw: trio.abc.Stream) -> bool:
+        """Whether a connection begins with a header: its first bytes looked
+        at without being taken, as many as it takes to tell (``POST`` and
+        ``PROXY`` begin alike). Undecided within the timeout, or nothing to
+        look at: as if one came (its reader then says what is wrong)."""
+        sock = getattr(raw, "socket", None)
+        if sock is None:
+            return True
+        with trio.move_on_after(self.timeout):
+            while True:
+                try:
+                    first = await sock.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
+                except OSError:
+                    return False
+                if not starts_like_a_header(first):  # (nothing at all: closed)
+                    return False
+                if first.startswith((V1_SIGNATURE, V2_SIGNATURE)):
+                    return True
+                await trio.sleep(PEEK_AGAIN)  # a part of a signature so far
+        return True
 
     async def _refuse_headers(self, raw: trio.abc.Stream, peer: Address) -> None:
         """A source that may not send a header: look at its first bytes
