@@ -2,7 +2,8 @@
 
 ``ReplayError`` (a replay that cannot go on), ``parse_speed`` (the value of
 ``--speed``), ``Listening`` (where ``sluice serve`` listens, plain and TLS),
-``announce`` and ``until_signalled`` (how serve starts and stops). The
+``announce`` and ``until_signalled`` (how serve starts and stops),
+``close_due`` (how replay closes what the recording shows closed). The
 commands themselves are ``sluice/commands/replay.py`` and ``serve.py``.
 """
 
@@ -13,10 +14,10 @@ import math
 import signal
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -25,6 +26,9 @@ from sluice.errors import ConfigError
 from sluice.proxy.dial import TlsServerConfig, open_listeners, server_ssl_context
 
 DEFAULT_LISTEN = "127.0.0.1:6650"
+
+K = TypeVar("K")
+L = TypeVar("L")
 
 
 class ReplayError(Exception):
@@ -116,3 +120,28 @@ async def until_signalled(
             async for _ in signals:
                 break
         nursery.cancel_scope.cancel()
+
+
+async def close_due(
+    closes: Sequence[tuple[int, K]],
+    done: int,
+    index: int,
+    lives: Mapping[K, L],
+    close: Callable[[L], Awaitable[None]],
+) -> int:
+    """Close the live connections the recording shows closed before the
+    frame of ``index`` (``closes``: (where, connection) in order, the first
+    ``done`` of them closed already), side by side: ``close`` waits for a
+    connection's answers and closes it, so answers that never come cost
+    one timeout for them all, not one each, one after another. How many of
+    ``closes`` are done now."""
+    ending = []
+    while done < len(closes) and closes[done][0] <= index:
+        live = lives.get(closes[done][1])
+        if live is not None:
+            ending.append(live)
+        done += 1
+    async with trio.open_nursery() as closing:
+        for live in ending:
+            closing.start_soon(close, live)
+    return done

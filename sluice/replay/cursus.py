@@ -32,6 +32,7 @@ import argparse
 import collections
 import hashlib
 import ssl
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ from sluice.protocols.cursus.rewrite import rewrite_addresses
 from sluice.protocols.cursus.urls import parse_cursus_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
-from sluice.replay.common import Listening, announce, parse_speed, until_signalled
+from sluice.replay.common import Listening, announce, close_due, parse_speed, until_signalled
 from sluice.replay.outcome import Outcome, Report, incomplete_notes
 
 READ_SIZE = 256 * 1024
@@ -163,20 +164,11 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
         (conn.closed_at, conn.key) for conn in recording.connections if conn.closed_at is not None
     )
     closed = 0
+    closing = partial(_Live.close_when_answered, timeout=timeout)
     previous_ns: int | None = None
     async with trio.open_nursery() as nursery:
         for conn, rf in client_frames:
-            ending = []
-            while closed < len(closes) and closes[closed][0] <= rf.index:
-                if (live := lives.get(closes[closed][1])) is not None:
-                    ending.append(live)
-                closed += 1
-            # The closes recorded before this frame, side by side: each as
-            # soon as its answers are in, answers that never come costing
-            # one timeout for them all, not one each, one after another.
-            async with trio.open_nursery() as closing:
-                for live in ending:
-                    closing.start_soon(live.close_when_answered, timeout)
+            closed = await close_due(closes, closed, rf.index, lives, closing)
             live = lives.get(conn.key)
             if live is None:
                 try:

@@ -41,6 +41,7 @@ import collections.abc
 import hashlib
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,14 @@ from sluice.proxy.dial import (
 )
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
-from sluice.replay.common import Listening, ReplayError, announce, parse_speed, until_signalled
+from sluice.replay.common import (
+    Listening,
+    ReplayError,
+    announce,
+    close_due,
+    parse_speed,
+    until_signalled,
+)
 from sluice.replay.outcome import Outcome, Report, incomplete_notes
 
 T = Type.Value
@@ -403,17 +411,8 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         closed = 0
         previous_ns: int | None = None
         for done, (conn, rf) in enumerate(client_frames, start=1):
-            ending = []
-            while closed < len(closes) and closes[closed][0] <= rf.index:
-                if (live := lives.get(closes[closed][1])) is not None:
-                    ending.append(live)
-                closed += 1
-            # The closes recorded before this frame, side by side: each as
-            # soon as its answers are in, answers that never come costing
-            # one timeout for them all, not one each, one after another.
-            async with trio.open_nursery() as closing:
-                for live in ending:
-                    closing.start_soon(_close_as_recorded, live, args.timeout)
+            closed = await close_due(closes, closed, rf.index, lives,
+                                     partial(_close_as_recorded, timeout=args.timeout))  # fmt: skip
             live = lives.get(conn.key)
             if live is None:
                 try:
