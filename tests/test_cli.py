@@ -422,3 +422,18 @@ def test_a_frame_size_past_32_bits_is_refused_up_front(
     assert "Traceback" not in err
     assert main([*argv, "2147483647"]) == 1  # accepted; then the broker is not there
     assert "cannot reach broker" in capsys.readouterr().err
+
+
+def test_a_file_cap_smaller_than_a_file_head_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--record-max-bytes 10 used to start, then write a file per write,
+    each over the cap."""
+    argv = ["proxy", "--broker", "pulsar://127.0.0.1:1", "--record", str(tmp_path / "r")]
+    assert main([*argv, "--record-max-bytes", "10"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--record-max-bytes 10 cannot hold a file's header and a record; give at least 4096" in err
+    )
+    assert main([*argv, "--record-max-bytes", "4096"]) == 1  # accepted; no broker there
+    assert "cannot reach broker" in capsys.readouterr().err

@@ -655,6 +655,11 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
         value = getattr(args, name)
         if value is not None and not 0 < value < math.inf:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    if args.record_max_bytes is not None and args.record_max_bytes < MIN_FILE_BYTES:
+        # A file starts with its header and the open connections restated, so
+        # a smaller cap made one file per write, each over the cap anyway.
+        raise ConfigError(f"--record-max-bytes {args.record_max_bytes} cannot hold a file's "
+                          f"header and a record; give at least {MIN_FILE_BYTES}")  # fmt: skip
     return RecorderConfig(
         directory=args.record,
         payloads=PayloadPolicy(args.record_payloads),
@@ -669,6 +674,10 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
         triggers=tuple(triggers),
     )
 
+
+# The smallest --record-max-bytes: a file's header, its restated connections
+# and a record fit (the golden captures use this much to get many files).
+MIN_FILE_BYTES = 4096
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
