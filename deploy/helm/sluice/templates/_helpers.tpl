@@ -404,7 +404,7 @@ checksum of those ("sluice.restartChecksum"), so it rolls the pods; a
 change to these alone (and to the filters and fault rules) reaches the
 running pods when the kubelet updates the ConfigMap. */}}
 {{- define "sluice.liveSettings" -}}
-{{- list "allow-broker" "trust-broker" "faults" "max-connections" "max-connections-per-ip" "http-max-connections" "max-concurrent-lookups" "max-upstream-connections" "max-redirects" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "auth-oidc-issuers" "auth-oidc-audiences" "auth-oidc-role-claim" "auth-oidc-leeway" "auth-oidc-allow-http" "auth-oidc-refresh" "auth-oidc-miss-refresh" "auth-oidc-ca" "broker-auth-oauth2-issuer" "broker-auth-oauth2-credentials" "broker-auth-oauth2-audience" "broker-auth-oauth2-scope" "filters" "snapshot-on" | toJson -}}
+{{- list "allow-broker" "trust-broker" "faults" "max-connections" "max-connections-per-ip" "http-max-connections" "max-concurrent-lookups" "max-upstream-connections" "max-redirects" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "auth-oidc-issuers" "auth-oidc-audiences" "auth-oidc-role-claim" "auth-oidc-leeway" "auth-oidc-allow-http" "auth-oidc-refresh" "auth-oidc-miss-refresh" "auth-oidc-ca" "broker-auth-oauth2-issuer" "broker-auth-oauth2-credentials" "broker-auth-oauth2-audience" "broker-auth-oauth2-scope" "filters" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "snapshot-on" | toJson -}}
 {{- end -}}
 
 {{- define "sluice.restartChecksum" -}}
