@@ -74,15 +74,17 @@ def listen_targets(address: Address) -> list[ListenTarget]:
 
 
 def _listening(
-    family: socket.AddressFamily, sockaddr: tuple[Any, ...], backlog: int
+    family: socket.AddressFamily, sockaddr: tuple[Any, ...], backlog: int, v6only: bool = True
 ) -> socket.socket:
     """One listening socket (errors as the OS gives them: socket.create_server
-    adds its own words to strerror, which our one-line messages print)."""
+    adds its own words to strerror, which our one-line messages print).
+    ``v6only``: an IPv6 socket takes IPv6 clients only (else IPv4 ones too,
+    as IPv4-mapped addresses)."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:  # each family its own socket, as listed
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
         sock.bind(sockaddr)
         sock.listen(backlog)
     except BaseException:
@@ -102,15 +104,24 @@ def bind_all(
     get a port of its own, and a client trying the other family would be
     refused. So the rest take the port the first one got. Raises OSError
     (a port in use, a name that does not resolve).
+
+    Each family has a socket of its own, as listed, except for the IPv6
+    wildcard alone (``[::]:PORT``): it takes IPv4 clients too (dual stack,
+    as IPv6-only and dual-stack Kubernetes pods are reached), unless an
+    IPv4 address is bound on the same port as well.
     """
     targets = list(targets if targets is not None else listen_targets(address))
     for _ in range(3):
         sockets: list[socket.socket] = []
         port = address.port
         try:
+            v4 = any(family == socket.AF_INET for family, _ in targets)
             for family, sockaddr in list(targets):
+                dual = family == socket.AF_INET6 and sockaddr[0] == "::" and not v4
                 try:
-                    sock = _listening(family, (sockaddr[0], port, *sockaddr[2:]), backlog)
+                    sock = _listening(
+                        family, (sockaddr[0], port, *sockaddr[2:]), backlog, v6only=not dual
+                    )
                 except OSError as exc:
                     # A family this kernel has no support for (IPv6 compiled
                     # out, say): the others serve, as trio's listeners do.
