@@ -513,8 +513,6 @@ def run(args: argparse.Namespace) -> int:
     except RecordingError as exc:
         print(f"sluice inspect: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `| head`
-        return 0
     finally:
         if pcap_file is not None:
             pcap_file.close()
