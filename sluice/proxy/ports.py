@@ -111,6 +111,14 @@ class BrokerPorts:
         self._other: dict[str, Listeners] = {kind: Listeners() for kind in kinds[1:]}
         self.serve: Serve | None = None  # the proxy's, once it accepts
         self._used: set[int] = set()
+        self.draining = False  # (``let_go``)
+
+    def let_go(self) -> None:
+        """Draining: no new broker is given a port (a proxy started in this
+        one's place gives them), and the journal is let go to that proxy."""
+        self.draining = True
+        if self.journal is not None:
+            self.journal.let_go()
 
     def _map(self, kind: str) -> ListenerMap:
         if kind == self.kinds[0]:
@@ -149,6 +157,8 @@ class BrokerPorts:
             log.info("port %d stands for %s", port, what)
             return self.advertised(port)
         assert self.serve is not None
+        if self.draining:  # (a worker's journal says so itself)
+            raise NoListener(f"draining: no listener is opened for {what}")
         span, journal = self.span, self.journal
         known = journal.port_of(upstream, kind) if journal is not None else None
         if known is not None:  # given before, maybe by an earlier run: clients know it

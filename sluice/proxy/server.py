@@ -828,6 +828,8 @@ class Proxy:
         self._stop_accepting()
         for _, listener in self._listeners:
             await listener.aclose()
+        if self.ports is not None:  # a proxy started in this one's place takes them
+            self.ports.let_go()
         if self.http is not None:
             await self.http.drain()
         # Every connection, whatever it carries: its core says what goodbye

@@ -116,7 +116,30 @@ def hold_ports_file(path: Path) -> int:
             f"--broker-ports-file {path}: another sluice proxy is using it "
             "(each proxy needs a file of its own)"
         ) from None
+    except OSError as exc:  # ENOLCK: a file system without locks (some NFS mounts)
+        os.close(fd)
+        raise ConfigError(
+            f"--broker-ports-file {path}: cannot lock it: {exc.strerror or exc} "
+            "(put it on a file system that supports locks)"
+        ) from None
     return fd
+
+
+# What a draining supervisor writes in its workers' lock (BROKER_PORTS_LOCK).
+_DRAINING = b"draining\n"
+
+
+def stop_giving_ports(lock: Path) -> None:
+    """A draining supervisor's: no worker gives a broker a port from now on
+    (the mark is written under ``lock``, the workers' lock while one gives
+    a port, so none is half way through one), and ``--broker-ports-file``
+    may be let go to a proxy started in this one's place."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, _DRAINING, 0)
+    finally:
+        os.close(fd)  # (the lock goes with it)
 
 
 def check_ports_file(path: Path) -> None:
@@ -164,15 +187,35 @@ class SharedBrokerPorts:
                 self._journal.fd if lock is None else os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
             )
         self._lines = 0  # read so far
+        self._let_go = False  # draining: the file is another proxy's to take
         self.by_port: dict[int, tuple[Address, str]] = {}
         self.by_broker: dict[tuple[Address, str], int] = {}
+
+    def let_go(self) -> None:
+        """Draining: give no broker a port from now on, and let a held
+        journal go (unlocked), for a proxy started in this one's place."""
+        self._let_go = True
+        if self._lock is None:  # held: this process's alone until now
+            fcntl.flock(self._journal.fd, fcntl.LOCK_UN)
+            log.info("--broker-ports-file %s let go: no broker is given a port while "
+                     "draining", self.path)  # fmt: skip
+
+    def _draining(self) -> bool:
+        """Whether this proxy drains (``let_go``, or a worker's supervisor
+        said so: ``stop_giving_ports``); asked under the lock."""
+        if self._let_go:
+            return True
+        if self._lock is None or self._lock == self._journal.fd:
+            return False
+        return os.pread(self._lock, len(_DRAINING), 0) == _DRAINING
 
     def assign(self, broker: Address, ports: Iterable[int], kind: str = PLAIN) -> int | None:
         """The port of kind ``kind`` that stands for ``broker``: the one some
         worker gave it, if it is one of ``ports`` (the ports this proxy
         listens on), or else the first of ``ports`` no broker has (None:
         all are taken). ValueError: a host name the journal cannot hold
-        (empty, spaces, not text), which no reply from a working broker has."""
+        (empty, spaces, not text), which no reply from a working broker has,
+        or a proxy that drains (``let_go``, ``stop_giving_ports``)."""
         host = broker.host.lower()
         if not host or host.split() != [host] or not host.isprintable():
             raise ValueError(f"broker host {broker.host!r} cannot be given a port")
@@ -187,6 +230,8 @@ class SharedBrokerPorts:
                 log.warning("broker %s: port %d, which %s gives it, is not one this proxy "
                             "listens on: it is given another", broker, port, self.path)  # fmt: skip
                 port = None
+            if port is None and self._draining():
+                raise ValueError(f"broker {broker}: draining, so no broker is given a new port")
             if port is None:
                 port = next((p for p in ports if p not in self.by_port), None)
                 if port is not None:

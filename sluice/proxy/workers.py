@@ -104,7 +104,13 @@ from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split, watched
 from sluice.proxy.server import Proxy, WorkerRole, reload_when_asked, serve_until_signalled
-from sluice.proxy.shared import Journal, create_state, hold_ports_file
+from sluice.proxy.shared import (
+    BROKER_PORTS_LOCK,
+    Journal,
+    create_state,
+    hold_ports_file,
+    stop_giving_ports,
+)
 from sluice.recording.writer import snapshot_name
 
 log = logging.getLogger("sluice.workers")
@@ -385,6 +391,12 @@ class Supervisor:
         # that nobody would accept (until the end of the drain).
         for _, sock in self._sockets:
             sock.close()
+        if self._ports_file is not None:  # for a proxy started in this one's place
+            stop_giving_ports(self._state / BROKER_PORTS_LOCK)
+            os.close(self._ports_file)
+            self._ports_file = None
+            log.info("--broker-ports-file %s let go: no broker is given a port while "
+                     "draining", self.config.broker_ports_file)  # fmt: skip
         with trio.move_on_at(deadline):
             while any(w.running for w in self.workers):
                 await trio.sleep(0.05)
