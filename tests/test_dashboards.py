@@ -421,3 +421,16 @@ def test_health_and_readiness(admin_proxy: tuple[ProxyProcess, int], tmp_path: P
         assert value(samples, "sluice_upstream_dial_failures_total") >= 1
     finally:
         dead.kill()
+
+
+def test_a_refused_reload_is_a_series_from_the_start() -> None:
+    """SluiceConfigReloadRefused is increase(...{outcome="refused"}) > 0:
+    increase() needs a sample before the first refusal, so the series is
+    there at zero from start, or a pod's first refused reload never alerts."""
+    from prometheus_client import generate_latest
+
+    text = generate_latest(Metrics().exposed).decode()
+    for outcome in ("applied", "unchanged", "refused"):
+        assert (
+            f'sluice_config_reloads_total{{outcome="{outcome}",protocol="pulsar"}} 0.0' in text
+        ), text

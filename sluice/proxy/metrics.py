@@ -308,6 +308,10 @@ class WithProtocol(Collector):
         return []
 
 
+# What a configuration reload came to (sluice_config_reloads_total{outcome}).
+RELOAD_OUTCOMES = ("applied", "unchanged", "refused")
+
+
 class Metrics:
     def __init__(self, topic_limit: int = 100, protocol: ProtocolSpec | None = None) -> None:
         spec = protocol if protocol is not None else get(DEFAULT_PROTOCOL)
@@ -464,6 +468,8 @@ class Metrics:
                 self.validation_failures.labels(problem.value, direction)
         for part in ("total", "upstream"):
             self.lookup_duration.labels(part)
+        for outcome in RELOAD_OUTCOMES:  # SluiceConfigReloadRefused's first refusal
+            self.reloads.labels(outcome)
 
     # --- the tap -------------------------------------------------------------
 
