@@ -189,3 +189,46 @@ def test_reads_go_the_python_way_when_recorded_or_the_key_is_due(
     seal.arm(b"\0" * 32, b"", 0.0)
     by_step, carried = relay(filters, READS[1:2], quick=True)
     assert carried == 0 and seal.until > 1.5
+
+
+def counted_send(sequence: int, num_messages: int | None, in_batch: int | None) -> bytes:
+    """A SEND of producer 1 with these counts (None: the field left out)."""
+    body = pb.CommandSend(producer_id=1, sequence_id=sequence)
+    if num_messages is not None:
+        body.num_messages = num_messages
+    meta = pb.MessageMetadata(producer_name="p1", sequence_id=sequence, publish_time=1)
+    if in_batch is not None:
+        meta.num_messages_in_batch = in_batch
+    return encode_payload(command(T.SEND, body), meta, b"payload")
+
+
+@pytest.mark.parametrize(
+    ("num_messages", "in_batch", "counted"),
+    [
+        (None, 5, 5),  # the batch's count, not the command's absent num_messages (1)
+        (0, 3, 3),
+        (-1, None, 1),  # a negative num_messages wrapped the compiled counter to 2**64 - 1
+        (2, -1, 0),  # a negative batch count made the Python path's Counter.inc raise
+    ],
+)
+def test_sealed_sends_count_their_batch_messages_on_both_paths(
+    filters: Filters,
+    caplog: pytest.LogCaptureFixture,
+    num_messages: int | None,
+    in_batch: int | None,
+    counted: int,
+) -> None:
+    """sluice_filter_replaced_total counts what the Python path counts: the
+    metadata's num_messages_in_batch (1 without one, none below zero),
+    whichever path sealed the SEND."""
+    reads = [(True, send(1, 0, [b"first"])), (True, counted_send(1, num_messages, in_batch))]
+    by_step, carried = relay(filters, reads, quick=True)
+    assert carried == 1  # the second SEND sealed by the step
+    by_core, _ = relay(filters, reads, quick=False)
+    assert by_step == by_core
+    replaced = [line for line in by_core[2] if line.startswith("sluice_filter_replaced_total{")]
+    assert replaced == [
+        'sluice_filter_replaced_total{direction="client_to_broker",filter="encrypt",'
+        f'protocol="pulsar"}} {1.0 + counted}'
+    ]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

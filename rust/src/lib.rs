@@ -57,6 +57,9 @@ pub struct Scanned {
     pub b: u64,
     /// SEND: num_messages. MESSAGE: the metadata's num_messages_in_batch.
     pub c: i64,
+    /// SEND, MESSAGE: the metadata's num_messages_in_batch (1 when absent):
+    /// what the filter metrics count a SEND's messages by, not `c`.
+    pub in_batch: i64,
     /// How many properties the message metadata holds (they may hold secrets).
     pub properties: u32,
     /// ACK: it carries a request_id, so its sender awaits an answer.
@@ -74,6 +77,7 @@ impl Scanned {
             a: 0,
             b: 0,
             c: 0,
+            in_batch: 0,
             properties: 0,
             asks: false,
         }
@@ -172,6 +176,7 @@ pub fn check_frame(frame: &[u8]) -> Option<Scanned> {
     found.metadata_offset = offset as i64;
     found.payload_offset = payload as i64;
     found.properties = properties;
+    found.in_batch = in_batch;
     if kind == MESSAGE {
         found.c = in_batch;
     }

@@ -363,7 +363,7 @@ pub mod python {
     /// What a read the step carries holds, as its protocol checked it.
     enum Found {
         /// The frames, and the read with SENDs sealed (if any were).
-        Pulsar(Spare, Option<(Vec<u8>, String, i64)>),
+        Pulsar(Spare, Option<(Vec<u8>, String, u64)>),
         Cursus(Vec<crate::cursus::Delivery>),
         /// The OK a Cursus commit waited for.
         CursusOk,
@@ -686,7 +686,7 @@ pub mod python {
                 let (frames, end) = match &sealed {
                     Some((out, name, messages)) => {
                         let mut figures = self.figures.bind(py).borrow_mut();
-                        *figures.sealed.entry(name.clone()).or_insert(0) += *messages as u64;
+                        *figures.sealed.entry(name.clone()).or_insert(0) += *messages;
                         (&out[..], out.len())
                     }
                     None => (frames, end),
@@ -805,7 +805,7 @@ pub mod python {
             frames: &[u8],
             found: &[crate::Scanned],
             now: f64,
-        ) -> Result<Option<(Vec<u8>, String, i64)>, ()> {
+        ) -> Result<Option<(Vec<u8>, String, u64)>, ()> {
             let state = sealing
                 .get()
                 .state
@@ -831,7 +831,9 @@ pub mod python {
                     continue;
                 }
                 match seal.seal_into(frame, s, now, self.max_total, &mut out) {
-                    Some(Sealed::Done) => messages += s.c,
+                    // As the Python path counts them (filtering.message_count):
+                    // the batch's messages, none for a count below zero.
+                    Some(Sealed::Done) => messages += s.in_batch.max(0) as u64,
                     Some(Sealed::AsIs) => out.extend_from_slice(frame),
                     Some(Sealed::TooLarge) | None => return Err(()),
                 }

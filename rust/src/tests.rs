@@ -179,6 +179,26 @@ fn message_counts_its_batch_and_properties() {
 }
 
 #[test]
+fn a_send_reads_its_batch_count_from_the_metadata_not_num_messages() {
+    // What the filter metrics count a sealed SEND by (filtering.message_count):
+    // the metadata's num_messages_in_batch, 1 without one, as sent (negatives too).
+    let mut body = Vec::new();
+    field_varint(1, 3, &mut body);
+    field_varint(2, 41, &mut body);
+    let s = check_frame(&frame(
+        &command(SEND, &body),
+        Some((&metadata(), b"x", true)),
+    ))
+    .unwrap();
+    assert_eq!((s.c, s.in_batch), (1, 1));
+    field_varint(3, 2, &mut body);
+    let mut meta = metadata();
+    field_varint(11, u64::MAX, &mut meta); // -1 as an int32 is sent
+    let s = check_frame(&frame(&command(SEND, &body), Some((&meta, b"x", true)))).unwrap();
+    assert_eq!((s.c, s.in_batch), (2, -1));
+}
+
+#[test]
 fn other_commands_and_trailing_bytes_are_left_to_python() {
     let mut body = Vec::new();
     field_varint(1, 1, &mut body);

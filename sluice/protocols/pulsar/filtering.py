@@ -269,7 +269,7 @@ class FilterGate:
             outcome, parts, results = Outcome(PASS), None, []
         state = self._producers.setdefault(body.producer_id, _Producer())
         last = _last_sequence(body)
-        count = meta.num_messages_in_batch if is_batch(meta) else 1
+        count = message_count(meta)
         sealer = chain.sealer
         sealed: Sealed | None = None
         if sealer is not None and not meta.encryption_keys and not _refused(outcome):
@@ -403,7 +403,7 @@ class FilterGate:
         meta = frame.metadata
         assert body is not None and meta is not None
         name = self._names.get(-1 - body.consumer_id)
-        count = meta.num_messages_in_batch if is_batch(meta) else 1
+        count = message_count(meta)
         results: list[Outcome] = []
         refusal: Outcome | None = None
         sealer = chain.sealer
@@ -608,6 +608,14 @@ class FilterGate:
     ) -> None:
         event = Filtered(outcome.filter or "?", action, from_client, topic, reason, messages, sent)
         self.tap.event(self.conn, event)
+
+
+def message_count(meta: pb.MessageMetadata) -> int:
+    """The messages a SEND or MESSAGE holds, as the filter metrics count
+    them: a batch's num_messages_in_batch, else 1. A count below zero (an
+    int32 as sent) counts none: a metric's counter only goes up. The
+    compiled step counts a sealed SEND the same way (rust/src/step.rs)."""
+    return max(meta.num_messages_in_batch, 0) if is_batch(meta) else 1
 
 
 def _last_sequence(body: Any) -> int:
