@@ -327,8 +327,8 @@ class Watcher:
         self.events.append(event)
 
 
-def proxied(taps: Taps) -> PulsarConnection:
-    conn = Conn(1, "127.0.0.1:50000", "127.0.0.1:6650", "pulsar")
+def proxied(taps: Taps, conn_id: int = 1) -> PulsarConnection:
+    conn = Conn(conn_id, "127.0.0.1:50000", "127.0.0.1:6650", "pulsar")
     settings = PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5)
     core = PulsarConnection(conn, settings, Routing(parse_broker_url(BROKER_URL)), taps)
     hello = pb.CommandConnect(client_version="t", protocol_version=20,

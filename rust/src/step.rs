@@ -451,7 +451,9 @@ pub mod python {
         /// the recorder lays them out for connection ``conn`` (``payloads``:
         /// 0 full, 1 hash, 2 size), go to it: a RecordSink (the recorder's
         /// buffer), or a callable given ``(records, size)`` once per read;
-        /// ``monotonic_ns`` is time.monotonic_ns() now.
+        /// ``monotonic_ns`` is time.monotonic_ns() now. ``conn`` is any
+        /// connection id; one recorded must fit the record's uint32 (a
+        /// recorder lays out the records of a wider one in Python).
         #[new]
         #[pyo3(signature = (sends, producers, consumers, figures, max_total, request,
                             record=None, payloads=1, conn=0, monotonic_ns=0, sealing=None))]
@@ -466,18 +468,20 @@ pub mod python {
             request: String,
             record: Option<Py<PyAny>>,
             payloads: u8,
-            conn: u32,
+            conn: u64,
             monotonic_ns: u64,
             sealing: Option<Py<Sealing>>,
         ) -> PyResult<Self> {
             let record = match record {
                 Some(queue) => Some(Recording {
+                    conn: u32::try_from(conn).map_err(|_| {
+                        PyValueError::new_err("a recorded connection id fits in 32 bits")
+                    })?,
                     queue: match queue.bind(py).cast::<RecordSink>() {
                         Ok(sink) => Target::Sink(sink.clone().unbind()),
                         Err(_) => Target::Call(queue),
                     },
                     payloads: crate::python::payload_policy(payloads)?,
-                    conn,
                     clock: (Instant::now(), monotonic_ns),
                 }),
                 None => None,
