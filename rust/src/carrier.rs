@@ -19,15 +19,85 @@
 //! such code ran goes through the Python read step, which looks again and
 //! arms it again.
 
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// A lock that one thread takes and another may give back: a binary
+/// semaphore (std's Mutex is released by the guard of the thread that
+/// took it, and the turn is held across calls from Python).
+#[derive(Default)]
+pub struct Semaphore {
+    state: Mutex<Held>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct Held {
+    held: bool,
+    /// Threads asleep in `acquire`: a release wakes one only if there
+    /// is one (std's Condvar makes a futex call for every notify).
+    waiting: u32,
+}
+
+impl Semaphore {
+    fn state(&self) -> MutexGuard<'_, Held> {
+        // Nothing panics while holding it; a poisoned one is still right.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn acquire(&self) {
+        let mut state = self.state();
+        while state.held {
+            state.waiting += 1;
+            state = self.freed.wait(state).unwrap_or_else(|e| e.into_inner());
+            state.waiting -= 1;
+        }
+        state.held = true;
+    }
+
+    pub fn try_acquire(&self) -> bool {
+        let mut state = self.state();
+        if state.held {
+            return false;
+        }
+        state.held = true;
+        true
+    }
+
+    pub fn release(&self) {
+        let mut state = self.state();
+        state.held = false;
+        let wake = state.waiting > 0;
+        drop(state);
+        if wake {
+            self.freed.notify_one();
+        }
+    }
+}
+
+/// `steps()` run with `turn` held (the caller took it), and the turn given
+/// back after, however they end: a panic unwinding through them included.
+/// Given back only after them, a panic left it held, and trio's thread,
+/// waiting for it without the GIL, hung the whole proxy.
+pub fn holding<T>(turn: &Semaphore, steps: impl FnOnce() -> T) -> T {
+    struct Given<'a>(&'a Semaphore);
+    impl Drop for Given<'_> {
+        fn drop(&mut self) {
+            self.0.release();
+        }
+    }
+    let _given = Given(turn);
+    steps()
+}
+
 #[cfg(feature = "python")]
 pub mod python {
     use std::io;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Condvar, Mutex, MutexGuard};
 
     use pyo3::prelude::*;
     use pyo3::types::PyDict;
 
+    use super::{holding, Semaphore};
     use crate::step::python::Step;
 
     /// How many events one wait takes at most.
@@ -106,67 +176,6 @@ pub mod python {
         }
     }
 
-    /// A lock that one thread takes and another may give back: a binary
-    /// semaphore (std's Mutex is released by the guard of the thread that
-    /// took it, and the turn is held across calls from Python).
-    struct Semaphore {
-        state: Mutex<Held>,
-        freed: Condvar,
-    }
-
-    struct Held {
-        held: bool,
-        /// Threads asleep in `acquire`: a release wakes one only if there
-        /// is one (std's Condvar makes a futex call for every notify).
-        waiting: u32,
-    }
-
-    impl Semaphore {
-        fn new() -> Self {
-            Semaphore {
-                state: Mutex::new(Held {
-                    held: false,
-                    waiting: 0,
-                }),
-                freed: Condvar::new(),
-            }
-        }
-
-        fn state(&self) -> MutexGuard<'_, Held> {
-            // Nothing panics while holding it; a poisoned one is still right.
-            self.state.lock().unwrap_or_else(|e| e.into_inner())
-        }
-
-        fn acquire(&self) {
-            let mut state = self.state();
-            while state.held {
-                state.waiting += 1;
-                state = self.freed.wait(state).unwrap_or_else(|e| e.into_inner());
-                state.waiting -= 1;
-            }
-            state.held = true;
-        }
-
-        fn try_acquire(&self) -> bool {
-            let mut state = self.state();
-            if state.held {
-                return false;
-            }
-            state.held = true;
-            true
-        }
-
-        fn release(&self) {
-            let mut state = self.state();
-            state.held = false;
-            let wake = state.waiting > 0;
-            drop(state);
-            if wake {
-                self.freed.notify_one();
-            }
-        }
-    }
-
     /// Turn(): which of the relay thread and trio's thread runs the proxy's
     /// Python code (relay_thread.py). ``take()`` waits for it, the GIL let
     /// go meanwhile; ``give()`` lets it go. Whoever waits gets it next: a
@@ -195,8 +204,8 @@ pub mod python {
         #[new]
         fn new() -> Self {
             Turn {
-                turn: Semaphore::new(),
-                gate: Semaphore::new(),
+                turn: Semaphore::default(),
+                gate: Semaphore::default(),
             }
         }
 
@@ -318,8 +327,9 @@ pub mod python {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(e.into()),
                 };
-                let done = self.serve(py, &events[..n], stop_fd, steps, &clock, failed);
-                turn.give();
+                let done = holding(&turn.turn, || {
+                    self.serve(py, &events[..n], stop_fd, steps, &clock, failed)
+                });
                 if done? {
                     return Ok(());
                 }

@@ -199,6 +199,22 @@ fn a_send_reads_its_batch_count_from_the_metadata_not_num_messages() {
 }
 
 #[test]
+fn the_turn_is_given_back_when_the_steps_holding_it_panic() {
+    use crate::carrier::{holding, Semaphore};
+    let turn = Semaphore::default();
+    turn.acquire();
+    assert_eq!(holding(&turn, || 7), 7);
+    assert!(turn.try_acquire(), "given back after steps that return");
+    // Held again. A step's panic unwinds out of the compiled loop: trio's
+    // thread, which waits for the turn (without the GIL), must still get it.
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        holding(&turn, || panic!("a bug in a step"))
+    }));
+    assert!(unwound.is_err());
+    assert!(turn.try_acquire(), "given back after a panic");
+}
+
+#[test]
 fn other_commands_and_trailing_bytes_are_left_to_python() {
     let mut body = Vec::new();
     field_varint(1, 1, &mut body);

@@ -34,6 +34,11 @@ on (disarming every lane) whenever Python code that could change that is
 about to run: trio's turn (``after_io_wait``), or a read step here doing
 more than calling the compiled step (``bump``).
 
+Should the loop itself end other than by ``stop`` (a bug: a panic in the
+compiled step, an error of the loop's own), the thread logs it and the
+proxy stops with an error (``RelayThreadDied``): its carried connections
+would otherwise hang with nobody reading them.
+
 What a read step may not do from this thread is touch trio's scheduler
 (setting an event, cancelling a scope): ``soon`` runs such a call in the
 trio thread. Code that may run in either thread tells which by
@@ -58,6 +63,10 @@ except ImportError:  # a source tree nobody built: the loop below
     Carrier = Lane = Turn = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("sluice.relay")
+
+
+class RelayThreadDied(RuntimeError):
+    """The relay thread's loop ended other than by ``stop``: a bug."""
 
 
 class RelayThread(trio.abc.Instrument):
@@ -88,6 +97,10 @@ class RelayThread(trio.abc.Instrument):
         self._stop_r, self._stop_w = os.pipe()
         self._epoll.register(self._stop_r, select.EPOLLIN)
         self._thread = threading.Thread(target=self._run, name="sluice-relay", daemon=True)
+        # What ended the loop other than ``stop`` (None: nothing), and what
+        # the trio thread is told with when it does (``relay_thread``).
+        self.died: BaseException | None = None
+        self.on_death: Callable[[], object] | None = None
 
     # --- what the relay asks of it (from the trio thread, or a read step) -----------
 
@@ -189,6 +202,23 @@ class RelayThread(trio.abc.Instrument):
     # --- the thread -------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a compiled step's panic is no Exception
+            # The turn is given back (the loops give it back however they
+            # end); trio's thread goes on, and is told to stop the proxy.
+            self.died = exc
+            log.error("relay thread died, the proxy stops: %r", exc)
+            log.debug("relay thread died", exc_info=exc)
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self._dead)
+
+    def _dead(self) -> None:
+        """In the trio thread: the loop died."""
+        if self.on_death is not None:
+            self.on_death()
+
+    def _loop(self) -> None:
         if self._carrier is not None:
             assert isinstance(self.turn, Turn)
             self._carrier.run(self._epoll.fileno(), self._stop_r, self._steps, self.turn,
@@ -212,7 +242,9 @@ class RelayThread(trio.abc.Instrument):
                         self._steps_run += 1
                         try:
                             step()
-                        except Exception as exc:  # a step hands its own errors back: a bug
+                        # A step hands its own errors back: a bug (a compiled
+                        # step's panic too, as the compiled loop takes it).
+                        except BaseException as exc:
                             self._failed(fd, exc)
             finally:
                 turn.give()
@@ -281,9 +313,13 @@ async def relay_thread(on: bool = True) -> AsyncIterator[RelayThread | None]:
     thread = RelayThread(trio.lowlevel.current_trio_token(), trio.lowlevel.current_clock())
     thread.start()
     try:
-        yield thread
+        with trio.CancelScope() as scope:  # the block ends if the thread dies
+            thread.on_death = scope.cancel
+            yield thread
     finally:
         thread.stop()
+    if thread.died is not None:
+        raise RelayThreadDied(f"the relay thread died: {thread.died!r}") from thread.died
 
 
 def wanted() -> bool:
