@@ -287,6 +287,19 @@ def test_the_chart_requires_the_broker() -> None:
             },
             "must be at least the pre-stop pause + drainTimeout + 5",
         ),
+        # A sidecar's pause the user gave is checked as given; the message
+        # names what would make it fit.
+        (
+            {
+                "mode": "sidecar",
+                "sidecar": {"preStopSleep": 10},
+                "terminationGracePeriodSeconds": 30,
+            },
+            "(10 + 20 + 5 = 35): the grace period starts before the pause, and workers still "
+            "running 5 s after the drain are killed; give a shorter sidecar.preStopSleep (left "
+            "unset, it shrinks to what the grace period leaves) or drainTimeout, sidecar.native: "
+            "true (no pause), or a longer terminationGracePeriodSeconds",
+        ),
         ({"config": {"admin-token-file": "/token"}}, "config.admin-token-file is set by the chart"),
         (
             {"recording": {"mode": "ring", "snapshotOn": [{"id": "x", True: "error"}]}},
@@ -672,6 +685,27 @@ def test_the_grace_period_covers_the_drain(case: str) -> None:
     # it while it stops (Sluice's drain hands connections back at once); a
     # native sidecar is only stopped once the application has exited.
     assert (pause > 0) == (not native), case
+
+
+@pytest.mark.parametrize(
+    ("grace", "pause"),
+    # Kubernetes' own default (30), which applications commonly write, and
+    # shorter ones that covered the drain before the sidecar paused.
+    [(None, 10), (60, 10), (35, 10), (30, 5), (25, 0)],
+)
+def test_a_sidecars_default_pause_fits_the_grace_period_it_is_given(
+    grace: int | None, pause: int
+) -> None:
+    """sidecar.preStopSleep left unset is 10 s, or what the application's
+    terminationGracePeriodSeconds leaves after the drain and its 5 s: values
+    written before the sidecar paused still render, and their pods still
+    drain within the grace period."""
+    more = [] if grace is None else ["--set", f"sluice.terminationGracePeriodSeconds={grace}"]
+    docs = documents(rendered(ORDERS, "orders", *more))
+    pod = pod_spec(docs)
+    proxy = sluice_container(pod)
+    assert proxy.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0) == pause
+    assert pod["spec"]["terminationGracePeriodSeconds"] == (grace or pause + 20 + 10)
 
 
 @pytest.mark.parametrize("case", ["gateway-default", "gateway-full"])

@@ -216,7 +216,13 @@ check here can size: refused. */}}
 {{- if .Values.terminationGracePeriodSeconds -}}
 {{- $pause := include "sluice.preStopSleep" . | int64 -}}
 {{- if lt (.Values.terminationGracePeriodSeconds | int64) (add $pause $drain 5) -}}
-{{- fail (printf "terminationGracePeriodSeconds %v must be at least the pre-stop pause + drainTimeout + 5 (%d + %d + 5 = %d): the grace period starts before the pause, and workers still running 5 s after the drain are killed" .Values.terminationGracePeriodSeconds $pause $drain (add $pause $drain 5)) -}}
+{{- $shorter := "a shorter drainTimeout" -}}
+{{- if eq .Values.mode "gateway" -}}
+{{- $shorter = "a shorter gateway.preStopSleep or drainTimeout" -}}
+{{- else if not .Values.sidecar.native -}}
+{{- $shorter = "a shorter sidecar.preStopSleep (left unset, it shrinks to what the grace period leaves) or drainTimeout, sidecar.native: true (no pause)" -}}
+{{- end -}}
+{{- fail (printf "terminationGracePeriodSeconds %v must be at least the pre-stop pause + drainTimeout + 5 (%d + %d + 5 = %d): the grace period starts before the pause, and workers still running 5 s after the drain are killed; give %s, or a longer terminationGracePeriodSeconds" .Values.terminationGracePeriodSeconds $pause $drain (add $pause $drain 5) $shorter) -}}
 {{- end -}}
 {{- end -}}
 {{- if include "sluice.recording" . -}}
@@ -250,14 +256,21 @@ containers gets SIGTERM together with the application, and Sluice's drain
 hands the connections back and exits at once, so the application's last
 flush and reconnects would find nothing listening: its sleep keeps Sluice
 serving while the application stops. A native sidecar is stopped only
-after the application has exited: no sleep. */}}
+after the application has exited: no sleep. Not set, a sidecar's is 10 s,
+or what a terminationGracePeriodSeconds of the user's leaves after the
+drain and its 5 s (down to none): a grace period that worked before the
+sleep existed still does; a sleep the user asked for is checked as given. */}}
 {{- define "sluice.preStopSleep" -}}
 {{- if eq .Values.mode "gateway" -}}
 {{- .Values.gateway.preStopSleep | int64 -}}
 {{- else if .Values.sidecar.native -}}
 0
-{{- else -}}
+{{- else if not (kindIs "invalid" .Values.sidecar.preStopSleep) -}}
 {{- .Values.sidecar.preStopSleep | int64 -}}
+{{- else if .Values.terminationGracePeriodSeconds -}}
+{{- sub (.Values.terminationGracePeriodSeconds | int64) (add (.Values.drainTimeout | int64) 5) | max 0 | min 10 -}}
+{{- else -}}
+10
 {{- end -}}
 {{- end -}}
 
