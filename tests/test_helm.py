@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -315,11 +316,6 @@ def test_the_chart_requires_the_broker() -> None:
             {"workers": 2, "http": {"enabled": True, "broker": HTTP_BROKER}},
             "needs config.listener-ports",
         ),
-        # A gateway's HTTP lookups name a per-broker listener on the pod's IP.
-        (
-            {"http": {"enabled": True, "broker": HTTP_BROKER}},
-            "http.enabled in gateway mode needs config.listener-ports",
-        ),
         (
             {
                 "http": {"enabled": True, "broker": HTTP_BROKER},
@@ -524,6 +520,45 @@ def test_the_http_port_only_when_enabled(case: str) -> None:
     assert {"port": int(low), "endPort": int(high), "protocol": "TCP"} in client_rule["ports"]
     # The admin REST API stays inside the cluster unless http.external says so.
     assert [s["spec"]["type"] for s in http_services(docs)] == ["ClusterIP"]
+
+
+def install_notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it (`helm template` leaves it
+    out): helm renders it, in a copy of the chart, into a ConfigMap."""
+    chart = tmp_path / "sluice"
+    shutil.copytree(CHART, chart)  # its links (alerts, dashboards) as files
+    (chart / "notes").mkdir()
+    (chart / "templates" / "NOTES.txt").rename(chart / "notes" / "NOTES.txt")
+    (chart / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ tpl (.Files.Get "notes/NOTES.txt") . | toJson }}}\n'
+    )
+    text = helm("template", "sluice", str(chart), "--show-only", "templates/notes.yaml", *args)
+    notes: str = documents(text.stdout)[0]["data"]["notes"]
+    return notes
+
+
+def test_a_gateways_http_port_without_listener_ports_serves_the_admin_api(
+    tmp_path: Path,
+) -> None:
+    """http.enabled without config.listener-ports renders: the admin REST API
+    through the HTTP port needs no per-broker listeners. The NetworkPolicy
+    admits the HTTP port alone, and the install notes say what HTTP
+    lookups through it need; with listener-ports they do not."""
+    args = ["--set", f"broker={BROKER}", "--set", "http.enabled=true",
+            "--set", f"http.broker={HTTP_BROKER}"]  # fmt: skip
+    docs = documents(rendered(CHART, "sluice", *args))
+    assert settings(docs)["broker-http"] == HTTP_BROKER and "listener-ports" not in settings(docs)
+    assert env(sluice_container(pod_spec(docs)))["SLUICE_HTTP_LISTEN"] == "0.0.0.0:8080"
+    (client_rule,) = [r for pol in kind(docs, "NetworkPolicy") for r in pol["spec"]["ingress"]
+                      if {"port": 8080, "protocol": "TCP"} in r["ports"]]  # fmt: skip
+    assert not [p for p in client_rule["ports"] if "endPort" in p], client_rule
+    warning = "HTTP lookups through this port (clients whose service URL is the\nhttp:// above) "
+    warning += "need config.listener-ports (LOW-HIGH, e.g. 7000-7099), which\nis not set"
+    assert warning in install_notes(tmp_path / "without", *args)
+    ranged = install_notes(tmp_path / "with", *args, "--set", "config.listener-ports=7000-7099")
+    assert "http://sluice.default.svc.cluster.local:8080" in ranged
+    assert "listener-ports" not in ranged
 
 
 def http_services(docs: list[Doc]) -> list[Doc]:

@@ -168,9 +168,6 @@ check here can size: refused. */}}
 {{- if not (regexMatch "^https?://" .Values.http.broker) -}}
 {{- fail (printf "http.enabled needs http.broker: the brokers' web service, http://HOST:PORT or https://HOST:PORT (e.g. http://pulsar-broker.pulsar.svc.cluster.local:8080), not %q" .Values.http.broker) -}}
 {{- end -}}
-{{- if and (eq .Values.mode "gateway") (not (hasKey .Values.config "listener-ports")) -}}
-{{- fail "http.enabled in gateway mode needs config.listener-ports (LOW-HIGH, e.g. 7000-7099): an HTTP lookup answers with a listener Sluice opens per broker, on the pod's IP and a port of that range, which the NetworkPolicy admits" -}}
-{{- end -}}
 {{- if and (ne (toString .Values.workers) "1") (not (hasKey .Values.config "listener-ports")) -}}
 {{- fail "http.enabled with workers other than 1 needs config.listener-ports (LOW-HIGH): the ports Sluice opens per broker for HTTP lookups, bound by the supervisor and shared by the workers" -}}
 {{- end -}}
