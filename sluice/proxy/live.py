@@ -32,8 +32,11 @@ stays a plain number, which a supervisor passes to its workers as it is.
 Every answer starts with the header, so that the view can tell whose
 records follow where a supervisor puts several workers' answers together;
 where the watcher may have missed records (a new watcher's answer, or one
-after records the ring lost), the header names the connections open then
-(``open``), so that the view closes those it holds that closed unseen.
+after records the ring lost), the header names the connections open as of
+the answer's last record (``open``: an answer holds at most
+``BATCH_BYTES`` of the ring, so the connections open now may have opened
+or closed in records it leaves to the next), so that the view closes
+those it holds that closed unseen, and no other.
 """
 
 from __future__ import annotations
@@ -133,6 +136,9 @@ class LiveTap:
         self._next = (self.process << PROCESS_SHIFT) + 1  # the number the next record gets
         self._open: dict[int, Conn] = {}  # connections open now, for a new watcher
         self._conn_at: dict[int, int] = {}  # an open connection -> its conn record's number
+        # The close records in the ring, oldest first: (its number, the
+        # connection, the number of the connection's conn record).
+        self._closes: collections.deque[tuple[int, int, int]] = collections.deque()
 
     # --- watching ------------------------------------------------------------------
 
@@ -150,6 +156,7 @@ class LiveTap:
             self.idle = False
             self._taps.changed()
             self._ring.clear()
+            self._closes.clear()
             self._bytes = 0
             for conn in list(self._open.values()):
                 self._add_conn(conn)
@@ -181,22 +188,33 @@ class LiveTap:
             size += len(data)
             last = number
         if fresh or dropped:
-            records[0] = self._header_saying(dropped)
+            records[0] = self._header_saying(dropped, last)
         return Taken(records, last, dropped, fresh)
 
-    def _header_saying(self, dropped: int) -> bytes:
+    def _header_saying(self, dropped: int, last: int) -> bytes:
         """The header of an answer after which the watcher may have missed
         records (a new watcher's: what happened while nobody watched was
         not kept; or one after records the ring lost), naming the
-        connections open now (``open``: one the watcher holds open that is
-        not among them, and has no ``close`` in the answer, closed unseen)
-        and how many records this process lost (``dropped``: its next frame
-        has a gap before it, not another process's where a supervisor puts
-        several answers together and sums their counts)."""
-        said: dict[str, Any] = {**self._header, "open": sorted(self._open)}
+        connections open as of the answer's ``last`` record (``open``: one
+        the watcher holds open that is not among them, and has no ``close``
+        in the answer, closed unseen) and how many records this process
+        lost (``dropped``: its next frame has a gap before it, not another
+        process's where a supervisor puts several answers together and sums
+        their counts)."""
+        said: dict[str, Any] = {**self._header, "open": self._open_at(last)}
         if dropped:
             said["dropped"] = dropped
         return self._pack(said)
+
+    def _open_at(self, last: int) -> list[int]:
+        """The connections open as of record number ``last``: those open
+        now but for those opened after it, and those closed after it that
+        were open then (their ``close`` is still to come to the watcher),
+        told apart by the numbers of their ``conn`` and ``close`` records."""
+        conn_at = self._conn_at
+        open_then = {c for c in self._open if conn_at.get(c, 0) <= last}
+        open_then.update(c for number, c, opened in self._closes if number > last >= opened)
+        return sorted(open_then)
 
     def _oldest_times(self) -> tuple[int, int] | None:
         """The monotonic and wall times of the ring's oldest record (None:
@@ -218,6 +236,7 @@ class LiveTap:
         self.idle = True
         self._taps.changed()
         self._ring.clear()
+        self._closes.clear()
         self._bytes = 0
         self._summarizer = type(self._summarizer)(self._header["payloads"])
         return True
@@ -232,7 +251,10 @@ class LiveTap:
         self._next += 1
         self._bytes += len(data)
         while self._ring and (self._bytes > MAX_BYTES or len(self._ring) > MAX_RECORDS):
-            self._bytes -= len(self._ring.popleft()[1])
+            number, gone = self._ring.popleft()
+            self._bytes -= len(gone)
+            if self._closes and self._closes[0][0] == number:
+                self._closes.popleft()
 
     # --- the tap -------------------------------------------------------------------
 
@@ -271,10 +293,11 @@ class LiveTap:
                 self._add_conn(conn)
         elif kind is Closed:
             self._open.pop(conn.id, None)
-            self._conn_at.pop(conn.id, None)
+            opened = self._conn_at.pop(conn.id, 0)
             self._summarizer.forget(conn.id)
             if not self.idle:
                 assert isinstance(event, Closed)
+                self._closes.append((self._next, conn.id, opened))
                 self._add(self._note(conn, "close", reason=event.reason))
         elif self.idle:
             return

@@ -189,13 +189,15 @@ class LiveIndex(Index):
                 self._keep(process, {"k": "close", "c": connection.conn, "t": t, "w": w,
                                      "reason": reason})  # fmt: skip
 
-    def _closed_unseen(self, process: Process, open_now: list[int], after: list[Record]) -> None:
-        """A header naming the connections open now (where the view may have
-        missed records: a new watcher's answer, or one after records the
-        proxy dropped): the others this view holds open closed unseen, but
-        those whose ``close`` comes in the answer (``after``, up to the next
-        header)."""
-        keep = set(open_now)
+    def _closed_unseen(self, process: Process, open_then: list[int], after: list[Record]) -> None:
+        """A header naming the connections open as of the answer's last
+        record (where the view may have missed records: a new watcher's
+        answer, or one after records the proxy dropped; not those open
+        when it answered, which may have opened or closed in records left
+        to the next answers): the others this view holds open closed
+        unseen, but those whose ``close`` comes in the answer (``after``,
+        up to the next header)."""
+        keep = set(open_then)
         for record in after:
             if record.get("k") == "header":
                 break
