@@ -153,8 +153,9 @@ check here can size: refused. */}}
 {{- fail (printf "broker must start with pulsar:// or pulsar+ssl://, not %v" .Values.broker) -}}
 {{- end -}}
 {{- $reserved := list "broker" "workers" "listen" "listen-tls" "http-listen" "broker-http" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "auth-oidc-issuers" "auth-oidc-audiences" "auth-oidc-role-claim" "broker-auth-oauth2-issuer" "broker-auth-oauth2-credentials" "broker-auth-oauth2-audience" "broker-auth-oauth2-scope" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "filters" "filter" "config" -}}
+{{- $_ := include "sluice.config" . -}}
 {{- range $key, $_ := .Values.config -}}
-{{- if has $key $reserved -}}
+{{- if has (replace "_" "-" $key) $reserved -}}
 {{- fail (printf "config.%s is set by the chart's own values (see values.yaml), not under config" $key) -}}
 {{- end -}}
 {{- end -}}
@@ -168,7 +169,7 @@ check here can size: refused. */}}
 {{- if not (regexMatch "^https?://" .Values.http.broker) -}}
 {{- fail (printf "http.enabled needs http.broker: the brokers' web service, http://HOST:PORT or https://HOST:PORT (e.g. http://pulsar-broker.pulsar.svc.cluster.local:8080), not %q" .Values.http.broker) -}}
 {{- end -}}
-{{- if and (ne (toString .Values.workers) "1") (not (hasKey .Values.config "listener-ports")) -}}
+{{- if and (ne (toString .Values.workers) "1") (not (hasKey (include "sluice.config" . | fromJson) "listener-ports")) -}}
 {{- fail "http.enabled with workers other than 1 needs config.listener-ports (LOW-HIGH): the ports Sluice opens per broker for HTTP lookups, bound by the supervisor and shared by the workers" -}}
 {{- end -}}
 {{- $_ := include "sluice.listenerPorts" . -}}
@@ -319,7 +320,8 @@ or list of strings is also TOML. */}}
 yet): /readyz stays 503 until it answers, where a refusal to start would be
 CrashLoopBackOff (and a native sidecar would hold the application back).
 config.no-check-broker: false restores the check. */ -}}
-{{- if not (hasKey .Values.config "no-check-broker") -}}
+{{- $config := include "sluice.config" . | fromJson -}}
+{{- if not (hasKey $config "no-check-broker") -}}
 {{- $_ := set $s "no-check-broker" true -}}
 {{- end -}}
 {{- if eq (toString .Values.workers) "auto" -}}
@@ -402,7 +404,7 @@ config.no-check-broker: false restores the check. */ -}}
 {{- if .Values.faults -}}
 {{- $_ := set $s "faults" (printf "%s/faults.json" $p.config) -}}
 {{- end -}}
-{{- $s = merge $s .Values.config -}}
+{{- $s = merge $s $config -}}
 {{- toJson $s -}}
 {{- end -}}
 
@@ -463,10 +465,26 @@ them (strings, numbers and booleans read the same in TOML). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* config as JSON, each name as `sluice proxy --help` writes it: a
+--config file takes max_connections for max-connections too
+(sluice/config.py load_file), and so does config. Both spellings of one
+setting: refused, as one would silently win over the other. */}}
+{{- define "sluice.config" -}}
+{{- $config := dict -}}
+{{- range $key, $value := .Values.config -}}
+{{- $name := replace "_" "-" $key -}}
+{{- if hasKey $config $name -}}
+{{- fail (printf "config.%s and config.%s are one setting: give one" $name $key) -}}
+{{- end -}}
+{{- $_ := set $config $name $value -}}
+{{- end -}}
+{{- toJson $config -}}
+{{- end -}}
+
 {{/* config.listener-ports as JSON [LOW, HIGH] ("" when not set): the
 per-broker listeners' ports (sluice/commands/proxy.py port_range). */}}
 {{- define "sluice.listenerPorts" -}}
-{{- with (get .Values.config "listener-ports") -}}
+{{- with (get (include "sluice.config" . | fromJson) "listener-ports") -}}
 {{- $text := toString . -}}
 {{- if not (regexMatch "^[0-9]+(-[0-9]+)?$" $text) -}}
 {{- fail (printf "config.listener-ports %q: expected LOW-HIGH, e.g. 7000-7099" $text) -}}
@@ -492,7 +510,7 @@ per-broker listeners' ports (sluice/commands/proxy.py port_range). */}}
 {{- if .Values.http.enabled }}
 - name: SLUICE_HTTP_LISTEN
   value: {{ printf "%s:%v" $host .Values.http.port | quote }}
-{{- if and (eq .Values.mode "gateway") (not (hasKey .Values.config "advertise-host")) }}
+{{- if and (eq .Values.mode "gateway") (not (hasKey (include "sluice.config" . | fromJson) "advertise-host")) }}
 # HTTP lookups name a listener of this pod (config.listener-ports) for the
 # client to dial: on the pod's IP, which every pod of the cluster reaches
 # (the pod's host name does not resolve for them).
