@@ -37,6 +37,7 @@ from sluice.protocols.core import Accepted, Conn, Rejected, Taps
 from sluice.protocols.faults import Faults
 from sluice.protocols.haproxy import HeaderError, v2_header
 from sluice.proxy.admin import (
+    RELOAD_TIME,
     ConfigEndpoint,
     FaultsEndpoint,
     Handler,
@@ -151,6 +152,21 @@ class WorkerRole:
     count: int
     state: Path
     sockets: list[tuple[str, socket.socket]]
+
+
+# A reload's fetches before it can be put in force (Backend.prepare), one
+# after another, each given --connect-timeout: Sluice's own OAuth2 token
+# (its issuer's discovery document, then the token endpoint), then a changed
+# OpenID Connect issuer's discovery document and its keys (issuers side by
+# side). Besides: key files read, filters made.
+RELOAD_FETCHES = 4
+RELOAD_SLACK = 10.0
+
+
+def prepare_time(config: ProxyConfig) -> float:
+    """The longest a reload may take to be made ready (``Proxy.preparing``)
+    under ``config`` (--connect-timeout is kept by a reload)."""
+    return RELOAD_FETCHES * config.connect_timeout + RELOAD_SLACK
 
 
 class Proxy:
@@ -320,7 +336,12 @@ class Proxy:
                     "/faults": FaultsEndpoint(self.faults, registry.all_faults(), token),
                     "/recording": SnapshotEndpoint(self.recorder, token),
                     "/live": LiveEndpoint(self.live, token),
-                    "/config": ConfigEndpoint(self.generation_json, self._reload_json, token),
+                    "/config": ConfigEndpoint(
+                        self.generation_json,
+                        self._reload_json,
+                        token,
+                        time_limit=max(RELOAD_TIME, prepare_time(self.config)),
+                    ),
                 }
                 outer.start_soon(functools.partial(
                     serve_admin, admin, self.metrics.exposed, self.readiness, endpoints,

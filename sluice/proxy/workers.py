@@ -83,6 +83,7 @@ from sluice.protocols import registry
 from sluice.protocols.faults import FaultError, parse_rule
 from sluice.protocols.haproxy import HeaderError
 from sluice.proxy.admin import (
+    RELOAD_TIME,
     AdminRequest,
     ConfigEndpoint,
     Handler,
@@ -103,7 +104,13 @@ from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
 from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split, watched
-from sluice.proxy.server import Proxy, WorkerRole, reload_when_asked, serve_until_signalled
+from sluice.proxy.server import (
+    Proxy,
+    WorkerRole,
+    prepare_time,
+    reload_when_asked,
+    serve_until_signalled,
+)
 from sluice.proxy.shared import (
     BROKER_PORTS_LOCK,
     Journal,
@@ -150,10 +157,26 @@ RELOAD_FILE = "reload.pickle"
 RELOAD_REPORT = "reload-{index}.json"
 RELOAD_DECISIONS = "reload-decisions"
 COMMIT, ABORT = "commit", "abort"
-# How long the supervisor waits for every worker to report a reload step.
-RELOAD_TIMEOUT = 30.0
-# How long a worker that has made a reload ready waits for the decision.
-DECISION_TIMEOUT = 2 * RELOAD_TIMEOUT + 10
+# How long the supervisor waits, once every worker made a reload ready
+# (which takes at most ``prepare_time``), for each to report it in force:
+# a worker puts it in force as it reads the decision, nothing fetched.
+DONE_TIMEOUT = 10.0
+# Besides a reload's steps: the fault rules handed to the workers.
+RULES_TIME = 20.0
+
+
+def ready_timeout(config: ProxyConfig) -> float:
+    """How long the supervisor waits for every worker to report a reload
+    made ready (or refused) before aborting it: the worst case of making
+    one ready, and the signal and reports besides."""
+    return prepare_time(config) + DONE_TIMEOUT
+
+
+def decision_timeout(config: ProxyConfig) -> float:
+    """How long a worker that made a reload ready waits for the decision:
+    longer than the supervisor waits for the reports, so that the decision,
+    commit or abort, always reaches it."""
+    return ready_timeout(config) + DONE_TIMEOUT
 
 
 def available_cpus() -> int:
@@ -266,6 +289,9 @@ class Supervisor:
         self._snapshotting = False
         # Configuration reloads: the generation every worker runs.
         self.generation = Generation(1, time.time(), "start")
+        # What a worker started now starts with: the configuration and its
+        # generation's number, set as a reload is committed.
+        self._in_force = (self.config, 1)
         self._reloading = trio.Lock()
         self._attempts = itertools.count(1)  # reloads tried, numbered for the workers
         # Its own, as a lone proxy serves them (with the protocol label):
@@ -307,6 +333,8 @@ class Supervisor:
                         "/config": ConfigEndpoint(
                             lambda: self.generation.to_json(), self._reload_json,
                             self.config.admin_token,
+                            time_limit=max(RELOAD_TIME, ready_timeout(self.config)
+                                           + DONE_TIMEOUT + RULES_TIME),
                         ),
                     }  # fmt: skip
                     nursery.start_soon(functools.partial(
@@ -437,17 +465,21 @@ class Supervisor:
         return config
 
     async def _run_worker(self, worker: Worker) -> int:
-        spec = WorkerSpec(self._worker_config(self.config), worker.index, self.count,
-                          self._state, [kind for kind, _ in self._sockets],
-                          [sock.fileno() for _, sock in self._sockets],
-                          self.log_level, self.log_format, self.generation.number)  # fmt: skip
+        fds = [sock.fileno() for _, sock in self._sockets]
         process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "sluice.proxy.workers"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            pass_fds=spec.fds,
+            pass_fds=fds,
         )
         worker.process, worker.admin, worker.problem = process, None, None
+        # The configuration in force as the process is known (no checkpoint
+        # between): a reload decided before this starts with what it
+        # decided; one decided after sees a new process, and is aborted.
+        config, number = self._in_force
+        spec = WorkerSpec(self._worker_config(config), worker.index, self.count, self._state,
+                          [kind for kind, _ in self._sockets], fds, self.log_level,
+                          self.log_format, number)  # fmt: skip
         try:
             assert process.stdin is not None and process.stdout is not None
             data = pickle.dumps(spec)
@@ -562,20 +594,43 @@ class Supervisor:
             part = path.with_suffix(".part")
             part.write_bytes(pickle.dumps((attempt, number, source, self._worker_config(config))))
             part.replace(path)
-            running = [w for w in self.workers if w.running]
-            for worker in running:
-                assert worker.process is not None
-                with contextlib.suppress(ProcessLookupError):
-                    worker.process.send_signal(signal.SIGHUP)
-            reports = await self._reports(attempt, running, "ready")
-            refused = [r for r in reports if r["outcome"] == "refused"]
-            if refused:
-                self._decide(attempt, ABORT)
-                errors = [f"worker {r['index']}: {e}" for r in refused for e in r["errors"]]
-                return self._reload_refused(source, errors)
-            self._decide(attempt, COMMIT)
-            ready = [w for w in running if any(r["index"] == w.index for r in reports)]
-            done = await self._reports(attempt, ready, "done")
+            decided = False
+            try:
+                asked = {w.index: w.process for w in self.workers}
+                running = [w for w in self.workers if w.running]
+                for worker in running:
+                    assert worker.process is not None
+                    with contextlib.suppress(ProcessLookupError):
+                        worker.process.send_signal(signal.SIGHUP)
+                wait = ready_timeout(self.config)
+                reports = await self._reports(attempt, running, "ready", wait)
+                # All or none: a worker that refused, or said nothing in time
+                # (it may yet refuse), or one started or gone meanwhile (it
+                # runs the configuration in force), stops it for every one.
+                errors = [f"worker {r['index']}: {e}" for r in reports
+                          if r["outcome"] == "refused" for e in r["errors"]]  # fmt: skip
+                told = {r["index"] for r in reports}
+                for worker in self.workers:
+                    if worker.process is not asked[worker.index] or (
+                        worker in running and not worker.running
+                    ):
+                        errors.append(f"worker {worker.index}: restarted while it was being "
+                                      "made ready")  # fmt: skip
+                    elif worker in running and worker.index not in told:
+                        errors.append(f"worker {worker.index}: did not report it made ready "
+                                      f"within {wait:g}s")  # fmt: skip
+                if errors:
+                    self._decide(attempt, ABORT)
+                    decided = True
+                    return self._reload_refused(source, errors)
+                self._decide(attempt, COMMIT)
+                decided = True
+                # From here, a worker (re)started starts with it.
+                self._in_force = (config, number)
+            finally:
+                if not decided:  # cancelled: no worker waits for a decision in vain
+                    self._decide(attempt, ABORT)
+            done = await self._reports(attempt, running, "done", DONE_TIMEOUT)
             old = self.config
             self.config, self._held = config, files
             if "faults" in live and config.admin is not None:
@@ -588,22 +643,30 @@ class Supervisor:
             self._loaded.set(self.generation.loaded_at)
             self._reloads.labels(self.config.protocol, "applied").inc()
             outcome = Outcome("applied", self.generation, flags(live), kept_flags)
-            missing = self.count - len(done)
-            if missing:
+            outcome.errors += [
+                f"worker {r['index']}: could not put it in force: {e}; restarted, and "
+                "started with it" for r in done if r["outcome"] == "refused"
+                for e in r["errors"]
+            ]  # fmt: skip
+            late = [w for w in running if w.index not in {r["index"] for r in done}]
+            for worker in late:  # it made it ready, but is not running it: stuck
                 outcome.errors.append(
-                    f"{missing} worker(s) did not report within {RELOAD_TIMEOUT:g}s; "
-                    "they put it in force when they get to it, or restart with it"
+                    f"worker {worker.index}: did not report it in force within "
+                    f"{DONE_TIMEOUT:g}s; restarted, to start with it"
                 )
+                process = worker.process
+                if process is asked[worker.index] and process is not None and worker.running:
+                    process.send_signal(signal.SIGTERM)
             log.warning("%s (all %d workers)", outcome.summary(), self.count)
             return outcome
 
     async def _reports(
-        self, attempt: int, workers: list[Worker], step: str
+        self, attempt: int, workers: list[Worker], step: str, timeout: float
     ) -> list[dict[str, Any]]:
         """The reports of ``workers`` on step ``step`` (``ready``, ``done``)
-        of reload ``attempt``, as they come within RELOAD_TIMEOUT."""
+        of reload ``attempt``, as they come within ``timeout``."""
         reports: dict[int, dict[str, Any]] = {}
-        with trio.move_on_after(RELOAD_TIMEOUT):
+        with trio.move_on_after(timeout):
             while len(reports) < len(workers):
                 for worker in workers:
                     if worker.index in reports:
@@ -1060,7 +1123,9 @@ class _Reloads:
             attempt, number, said, config = pickle.loads((self.state / RELOAD_FILE).read_bytes())
         except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
             return self.proxy.refuse_reload(source, [f"no configuration to reload: {exc}"])
-        if self._decision(attempt) == ABORT:  # refused by a worker before this one came to it
+        if self._decision(attempt) == ABORT:  # aborted before this worker came to it
+            log.warning("configuration reload (%s): not put in force: aborted before this "
+                        "worker came to it", said)  # fmt: skip
             return Outcome("unchanged", self.proxy.generation)
         if number <= self.proxy.generation.number:
             self._write(attempt, "ready", "unchanged")
@@ -1071,17 +1136,22 @@ class _Reloads:
             if isinstance(prepared, Outcome):  # refused here
                 self._write(attempt, "ready", "refused", prepared.errors)
                 if await self._decided_on(attempt) == COMMIT:
-                    # Put in force by the others, this one's refusal too late
-                    # to stop it: this one restarts, and starts with it.
-                    log.error("generation %d is in force in the other workers, and this one "
-                              "cannot put it in force: restarting with it", number)  # fmt: skip
+                    # Not to be: the supervisor commits only what every
+                    # worker made ready. Should it come, this worker does not
+                    # serve another configuration than the others: it says
+                    # so (in the log and the reload's answer) and restarts,
+                    # starting with what they run, or failing to start.
+                    self._write(attempt, "done", "refused", prepared.errors)
+                    log.error("generation %d was put in force by the other workers although "
+                              "this one refused it (%s): restarting, to run what they run",
+                              number, "; ".join(prepared.errors))  # fmt: skip
                     os.kill(os.getpid(), signal.SIGTERM)
                 return prepared
             self._write(attempt, "ready", "ready")
             decision = await self._decided_on(attempt)
             if decision != COMMIT:
                 why = (
-                    "another worker refused it"
+                    "another worker refused it, or did not answer in time"
                     if decision == ABORT
                     else "no word from the supervisor"
                 )
@@ -1110,7 +1180,7 @@ class _Reloads:
 
     async def _decided_on(self, attempt: int) -> str | None:
         """The decision on reload ``attempt``, waited for (None: none came)."""
-        with trio.move_on_after(DECISION_TIMEOUT):
+        with trio.move_on_after(decision_timeout(self.proxy.config)):
             while (decision := self._decision(attempt)) is None:
                 await trio.sleep(0.02)
             return decision
