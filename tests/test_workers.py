@@ -967,3 +967,14 @@ def test_with_admin_the_workers_admin_ports_are_private(
         ports = listening(pid) - {("127.0.0.1", proxy.port)}
         assert len(ports) == 1 and {host for host, _ in ports} == {"127.0.0.1"}, ports
         assert admin not in {port for _, port in ports}
+
+
+def test_the_supervisors_reload_outcomes_are_series_at_zero_from_the_start() -> None:
+    """With --workers the supervisor counts reloads; its refused series must
+    be there before the first refusal, or SluiceConfigReloadRefused's
+    increase() misses a pod's first refused reload."""
+    from prometheus_client import generate_latest
+
+    supervisor = Supervisor(ProxyConfig(broker=parse_broker_url("pulsar://127.0.0.1:6650")), 2)
+    text = generate_latest(supervisor.registry).decode()
+    assert 'sluice_config_reloads_total{outcome="refused",protocol="pulsar"} 0.0' in text, text

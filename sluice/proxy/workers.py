@@ -102,6 +102,7 @@ from sluice.proxy.config import ProxyConfig, listening_for, proxy_protocol_in
 from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
+from sluice.proxy.metrics import RELOAD_OUTCOMES
 from sluice.proxy.ports import BROKER, bind_range
 from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split, watched
 from sluice.proxy.server import (
@@ -301,6 +302,8 @@ class Supervisor:
             "sluice_config_reloads", "Configuration reloads, by outcome (applied, unchanged, "
             "refused)", ["protocol", "outcome"], registry=self.registry,
         )  # fmt: skip
+        for outcome in RELOAD_OUTCOMES:  # at zero, so the first refusal alerts
+            self._reloads.labels(protocol, outcome)
         self._generation = Gauge(
             "sluice_config_generation", "The configuration generation every worker runs "
             "(1 at start)", ["protocol"], registry=self.registry,
