@@ -30,8 +30,8 @@ from tests.helpers.support import (
     stopped,
     worker_pids,
 )
-from tests.test_h3_reload_workers import TOKEN, accepted, admin_reload, write
 from tests.test_oidc import Issuer
+from tests.test_reload_workers import TOKEN, accepted, admin_reload, write
 
 
 def rewrite_unseen(path: Path, issuers: list[str]) -> None:

@@ -21,7 +21,7 @@ from tests.helpers.support import (
     start_proxy,
     worker_pids,
 )
-from tests.test_h3_reload_workers import accepted
+from tests.test_reload_workers import accepted
 
 
 def mount(secret: Path, version: str, files: dict[str, bytes]) -> None:

@@ -19,7 +19,7 @@ import trustme
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port
 from tests.helpers.support import RawClient, start_proxy, tls_files
-from tests.test_h6_key_rotation import mount
+from tests.test_key_rotation import mount
 
 
 class ClientCertRecorder:

@@ -14,8 +14,8 @@ import pytest
 
 from sluice.brokers.embedded import EmbeddedBroker
 from tests.helpers.support import https_server, kill_with_workers, start_proxy, worker_pids
-from tests.test_h3_reload_workers import write
 from tests.test_oidc import Issuer
+from tests.test_reload_workers import write
 
 
 @pytest.mark.e2e
