@@ -314,6 +314,22 @@ def sluice_settings(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return settings
 
 
+POD_IP = "10.0.0.7"  # what the kubelet would put where a variable names status.podIP
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    """A container's environment as the kubelet would set it: its values,
+    and the pod's IP (a stand-in) where one names ``status.podIP``."""
+    env = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            assert e["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}, e
+            env[e["name"]] = POD_IP
+    return env
+
+
 def test_sidecar_example_fits_together(tmp_path: Path) -> None:
     docs = documents("sidecar.yaml")
     deployment = next(d for d in docs if d["kind"] == "Deployment")
@@ -321,7 +337,7 @@ def test_sidecar_example_fits_together(tmp_path: Path) -> None:
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     app, proxy = containers["app"], containers["sluice"]
     assert {"name": "PULSAR_SERVICE_URL", "value": "pulsar://localhost:6650"} in app["env"]
-    env = {e["name"]: e["value"] for e in proxy["env"]}
+    env = container_env(proxy)
     assert env["SLUICE_LISTEN"] == "127.0.0.1:6650"
     assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -364,12 +380,9 @@ def test_example_configs_are_accepted_by_sluice(tmp_path: Path) -> None:
         path = tmp_path / f"{name}.toml"
         path.write_text(config_map["data"]["sluice.toml"])
         deployment = next(d for d in docs if d["kind"] == "Deployment")
-        env = {
-            e["name"]: e["value"]
-            for c in deployment["spec"]["template"]["spec"]["containers"]
-            if c["name"] == "sluice"
-            for e in c.get("env", [])
-        }
+        (proxy,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "sluice"]  # fmt: skip
+        env = container_env(proxy)
         result = sluice("proxy", "--config", str(path), "--print-config", env=env)
         assert result.returncode == 0, (name, result.stderr)
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -387,7 +400,7 @@ def test_the_admin_endpoint_is_loopback_in_the_image_and_token_guarded_in_the_ex
         docs = documents(name)
         pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
         proxy = next(c for c in pod["containers"] if c["name"] == "sluice")
-        env = {e["name"]: e["value"] for e in proxy["env"]}
+        env = container_env(proxy)
         host = env["SLUICE_ADMIN"].rpartition(":")[0]
         if ipaddress.ip_address(host).is_loopback:
             continue
