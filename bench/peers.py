@@ -144,6 +144,7 @@ from sluice.brokers.apache_pulsar import (
 )
 from sluice.brokers.embedded import BrokerError
 from sluice.filters import PASS, Filter, Message, NoSettings, Verdict
+from sluice.recording.writer import pieces
 
 if TYPE_CHECKING:
     # Imported where used: the proxy imports this module for Noop, and
@@ -878,20 +879,6 @@ def _floor_frames(kind: str, count: int) -> tuple[list[bytes], list[bytes]]:
     return client, broker
 
 
-def _reads(frames: list[bytes]) -> list[bytes]:
-    """The frames in reads of up to FLOOR_READ bytes, cut between frames."""
-    reads: list[bytes] = []
-    part: list[bytes] = []
-    size = 0
-    for frame in frames:
-        if part and size + len(frame) > FLOOR_READ:
-            reads.append(b"".join(part))
-            part, size = [], 0
-        part.append(frame)
-        size += len(frame)
-    return [*reads, b"".join(part)] if part else reads
-
-
 def floor() -> dict[str, float] | None:
     """CPU µs per message of the compiled path alone over frames like each
     workload's, no sockets: the scanner (boundaries, sizes, CRC32-C, the
@@ -909,7 +896,8 @@ def floor() -> dict[str, float] | None:
     count = 20_000
     out = {}
     for kind in ("produce", "consume", "batch"):
-        client, broker = (_reads(side) for side in _floor_frames(kind, count))
+        # the frames in reads of up to FLOOR_READ bytes, cut between frames
+        client, broker = (pieces(side, FLOOR_READ) for side in _floor_frames(kind, count))
         best = float("inf")
         for _ in range(5):
             table = SendTable()

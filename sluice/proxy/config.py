@@ -256,14 +256,6 @@ class ProxyConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("max_message_size", "max_frame_size"):
-            value = getattr(self, name)
-            if value is not None and value > _LARGEST_FRAME:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} must be at most {_LARGEST_FRAME} "
-                    "(a frame's length is a 32-bit field, and brokers say theirs as a "
-                    "signed one)"
-                )
 
     def _check_proxy_protocol(self) -> None:
         sources = parse_sources(self.proxy_protocol_from)
