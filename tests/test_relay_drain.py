@@ -29,7 +29,7 @@ from tests.test_relay_clock import (
     receipt,
     send_frame,
 )
-from tests.test_relay_thread import QuickDial, needs_the_compiled_step
+from tests.test_relay_thread import QuickDial, needs_the_compiled_step, sends_one_at_a_time
 
 WARM = 8  # SENDs one at a time first: past relay.LEAVE_AFTER, on the relay thread
 
@@ -66,10 +66,7 @@ async def test_a_drain_during_a_write_the_thread_waits_on_leaves_nothing_carried
         h.start()
         with trio.fail_after(30):
             await open_producer(h)
-            for sequence in range(WARM):
-                await h.client.send(send_frame(sequence, b"x" * 100))
-                answer = await h.client.receive()
-                assert answer is not None and answer.name == "SEND_RECEIPT", answer
+            await sends_one_at_a_time(h, WARM)
             # Far over the broker's 4 KiB socket buffers, which it does not
             # read now: the relay thread waits to write the rest itself.
             nursery.start_soon(h.client.send, send_frame(WARM, b"y" * 200_000))

@@ -160,6 +160,15 @@ async def test_a_compiled_reads_write_that_must_wait_is_finished_on_the_thread(
     assert h.write_waits > 1, (h.write_waits, handed)
 
 
+async def sends_one_at_a_time(h: QuickDial, count: int) -> None:
+    """``count`` SENDs of 100 bytes from ``h``'s client, each after the
+    last one's receipt."""
+    for sequence in range(count):
+        await h.client.send(send_frame(sequence, b"x" * 100))
+        answer = await h.client.receive()
+        assert answer is not None and answer.name == "SEND_RECEIPT", answer
+
+
 async def steps_for_sends_one_at_a_time(count: int) -> int:
     """The relay thread's steps over a connection that opens a producer,
     sends ``count`` messages, each after the last one's receipt (a read
@@ -171,10 +180,7 @@ async def steps_for_sends_one_at_a_time(count: int) -> int:
         h.start()
         with trio.fail_after(30):
             await open_producer(h)
-            for sequence in range(count):
-                await h.client.send(send_frame(sequence, b"x" * 100))
-                frame = await h.client.receive()
-                assert frame is not None and frame.name == "SEND_RECEIPT", frame
+            await sends_one_at_a_time(h, count)
             await h.client.stream.aclose()
             await h.done.wait()
         assert len(got) == count and h.reason == "closed"
