@@ -11,53 +11,38 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trustme
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port
-from tests.helpers.support import RawClient, start_proxy, tls_files
+from tests.helpers.support import (
+    ClientCertListener,
+    RawClient,
+    common_name,
+    start_proxy,
+    tls_files,
+)
 from tests.test_key_rotation import mount
 
 
-class ClientCertRecorder:
+class ClientCertRecorder(ClientCertListener):
     """A TLS front for a broker on loopback: requires a client certificate
     of ``ca``, keeps the common name each connection came with (``seen``),
     and relays the connection to the broker at ``upstream``."""
 
     def __init__(self, ca: trustme.CA, upstream: int) -> None:
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("127.0.0.1").configure_cert(self.context)
-        ca.configure_trust(self.context)
-        self.context.verify_mode = ssl.CERT_REQUIRED
         self.upstream = upstream
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.seen: list[str] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                raw, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(raw,), daemon=True).start()
+        super().__init__(ca, "127.0.0.1")
 
     def _one(self, raw: socket.socket) -> None:
         with contextlib.suppress(OSError), \
                 self.context.wrap_socket(raw, server_side=True) as conn, \
                 socket.create_connection(("127.0.0.1", self.upstream)) as broker:  # fmt: skip
-            cert = conn.getpeercert() or {}
-            names = [tuple(n) for rdn in cert.get("subject", ()) for n in rdn]
-            self.seen.append(next((str(n[1]) for n in names if n[0] == "commonName"), ""))
+            self.seen.append(common_name(conn))
             threading.Thread(target=_pump, args=(broker, conn), daemon=True).start()
             _pump(conn, broker)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
@@ -66,15 +51,6 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
             sink.sendall(data)
     with contextlib.suppress(OSError):
         sink.shutdown(socket.SHUT_WR)
-
-
-@contextlib.contextmanager
-def recorder(ca: trustme.CA, upstream: int) -> Iterator[ClientCertRecorder]:
-    front = ClientCertRecorder(ca, upstream)
-    try:
-        yield front
-    finally:
-        front.close()
 
 
 def client_pair(ca: trustme.CA, name: str) -> dict[str, bytes]:
@@ -93,7 +69,7 @@ def test_a_renewed_broker_client_certificate_is_used_for_new_connections(
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     secret = tmp_path / "secret"
     mount(secret, "2026_12_01", client_pair(ca, "sluice-one"))
-    with recorder(ca, broker.port) as front:
+    with ClientCertRecorder(ca, broker.port) as front:
         address = f"127.0.0.1:{front.port}"
         proxy = start_proxy(
             f"pulsar+ssl://{address}", tmp_path, "--broker-tls-ca", str(tmp_path / "ca.pem"),

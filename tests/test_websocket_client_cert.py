@@ -7,60 +7,37 @@ upgrade, and the client gets the broker's ``101``."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import socket
 import ssl
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import trustme
 
 from sluice.brokers.apache_pulsar import hs256_token
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
-from tests.helpers.support import start_proxy
+from tests.helpers.support import ClientCertListener, common_name, start_proxy
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
 SECRET = b"0123456789abcdef0123456789abcdef"
 
 
-class ClientCertServer:
+class ClientCertServer(ClientCertListener):
     """A TLS web service on loopback that requires a client certificate of
     ``ca`` and answers a WebSocket upgrade with ``101``; the subject of the
     certificate each upgrade came with, in ``seen``."""
 
     def __init__(self, ca: trustme.CA) -> None:
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("localhost").configure_cert(self.context)
-        ca.configure_trust(self.context)
-        self.context.verify_mode = ssl.CERT_REQUIRED
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.seen: list[str] = []
         self.failed: list[str] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                raw, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(raw,), daemon=True).start()
+        super().__init__(ca, "localhost")
 
     def _one(self, raw: socket.socket) -> None:
         try:
             with self.context.wrap_socket(raw, server_side=True) as conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        return
-                    head += chunk
-                cert = conn.getpeercert() or {}
-                names = [tuple(n) for rdn in cert.get("subject", ()) for n in rdn]
-                self.seen.append(next((str(n[1]) for n in names if n[0] == "commonName"), ""))
+                head = read_head(conn)
+                if b"\r\n\r\n" not in head:
+                    return
+                self.seen.append(common_name(conn))
                 key = next(line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")
                            if line.lower().startswith(b"sec-websocket-key:"))  # fmt: skip
                 accept = base64.b64encode(hashlib.sha1(key + GUID).digest())
@@ -71,17 +48,17 @@ class ClientCertServer:
         except (OSError, ssl.SSLError, StopIteration) as exc:
             self.failed.append(repr(exc))
 
-    def close(self) -> None:
-        self.sock.close()
 
-
-@contextlib.contextmanager
-def client_cert_server(ca: trustme.CA) -> Iterator[ClientCertServer]:
-    server = ClientCertServer(ca)
-    try:
-        yield server
-    finally:
-        server.close()
+def read_head(sock: socket.socket) -> bytes:
+    """What ``sock`` reads up to the end of an HTTP head, or up to its end
+    if it ends first."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return head
 
 
 def upgrade(port: int, token: str) -> bytes:
@@ -94,13 +71,7 @@ def upgrade(port: int, token: str) -> bytes:
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
             b"Authorization: Bearer " + token.encode() + b"\r\n\r\n"
         )
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            head += chunk
-        return head
+        return read_head(sock)
 
 
 def test_a_websocket_upgrade_presents_sluices_client_certificate(
@@ -115,7 +86,7 @@ def test_a_websocket_upgrade_presents_sluices_client_certificate(
     key = tmp_path / "clients.key"
     key.write_bytes(SECRET)
     http_port = free_port()
-    with client_cert_server(ca) as web:
+    with ClientCertServer(ca) as web:
         proxy = start_proxy(
             broker.url, tmp_path, "--http-listen", f"127.0.0.1:{http_port}",
             "--broker-http", f"https://localhost:{web.port}", "--broker-tls-ca", str(ca_file),

@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pulsar
 import trustme
@@ -510,6 +510,52 @@ def https_server(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def common_name(conn: ssl.SSLSocket) -> str:
+    """The common name of the certificate the peer of ``conn`` presented
+    ("" for none)."""
+    cert = conn.getpeercert() or {}
+    names = [tuple(n) for rdn in cert.get("subject", ()) for n in rdn]
+    return next((str(n[1]) for n in names if n[0] == "commonName"), "")
+
+
+class ClientCertListener:
+    """A TLS listener on loopback, with a certificate of ``ca`` for
+    ``host``, that requires a client certificate of ``ca``. Each connection
+    it accepts goes to ``_one`` (a subclass's), in a thread of its own, its
+    handshake not yet made; ``seen``, for the subclass to keep the common
+    name each came with in. Closed when its ``with`` block ends."""
+
+    def __init__(self, ca: trustme.CA, host: str) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert(host).configure_cert(self.context)
+        ca.configure_trust(self.context)
+        self.context.verify_mode = ssl.CERT_REQUIRED
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.seen: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(raw,), daemon=True).start()
+
+    def _one(self, raw: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def kill_with_workers(proxy: ProxyProcess, pids: dict[int, int]) -> None:
