@@ -281,39 +281,27 @@ async def test_an_issuer_whose_keys_cannot_be_fetched_is_refused_by_a_reload(
     discovery document is a 404) refuses the reload, saying why, and the
     issuer in force stays; one that can is applied. (The new issuer was
     put in force first, and every client of it refused after.)"""
-    import http.server
-
-    from tests.helpers.support import https_server
+    from tests.helpers.support import https_answers
     from tests.test_oidc import Issuer
 
     idp = Issuer()
 
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            base = f"https://{self.headers['Host']}"
-            body = {
-                "/good/.well-known/openid-configuration": json.dumps(
-                    {"issuer": f"{base}/good", "jwks_uri": f"{base}/good/jwks.json"}
-                ).encode(),
-                "/also/.well-known/openid-configuration": json.dumps(
-                    {"issuer": f"{base}/also", "jwks_uri": f"{base}/good/jwks.json"}
-                ).encode(),
-                "/good/jwks.json": idp.jwks(),
-            }.get(self.path)
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Length", str(len(body or b"")))
-            self.end_headers()
-            self.wfile.write(body or b"")
+    def answer(base: str, path: str) -> bytes | None:
+        return {
+            "/good/.well-known/openid-configuration": json.dumps(
+                {"issuer": f"{base}/good", "jwks_uri": f"{base}/good/jwks.json"}
+            ).encode(),
+            "/also/.well-known/openid-configuration": json.dumps(
+                {"issuer": f"{base}/also", "jwks_uri": f"{base}/good/jwks.json"}
+            ).encode(),
+            "/good/jwks.json": idp.jwks(),
+        }.get(path)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    with https_server(tmp_path, Answer) as (server, ca):
-        await _an_issuer_refused_then_one_applied(tmp_path, server.server_address[1], ca)
+    with https_answers(tmp_path, answer) as (base, ca):
+        await _an_issuer_refused_then_one_applied(tmp_path, base, ca)
 
 
-async def _an_issuer_refused_then_one_applied(tmp_path: Path, port: int, ca: Path) -> None:
-    base = f"https://localhost:{port}"
+async def _an_issuer_refused_then_one_applied(tmp_path: Path, base: str, ca: Path) -> None:
     own = tmp_path / "own.token"
     own.write_text(hs256_token(b"k" * 32, "sluice"))
     cfg = write(tmp_path / "sluice.toml", auth_oidc_issuers=f"{base}/good")

@@ -9,7 +9,6 @@ making a reload ready: each of its fetches one after another, each given
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import time
@@ -22,16 +21,8 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import RELOAD_FETCHES, prepare_time
 from sluice.proxy.workers import decision_timeout, ready_timeout
-from tests.helpers.support import (
-    https_server,
-    kill_with_workers,
-    one_client_per_worker,
-    start_proxy,
-    stopped,
-    worker_pids,
-)
-from tests.test_oidc import Issuer
-from tests.test_reload_workers import TOKEN, accepted, admin_reload, write
+from tests.helpers.support import https_answers, one_client_per_worker, stopped, worker_pids
+from tests.test_reload_workers import Issuers, accepted, admin_reload, oidc_workers
 
 
 def rewrite_unseen(path: Path, issuers: list[str]) -> None:
@@ -63,74 +54,38 @@ def test_the_wait_for_workers_covers_the_slowest_reload() -> None:
 def test_a_worker_silent_past_the_wait_stops_the_reload_for_all(
     broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
-    idp = Issuer()
+    issuers = Issuers()
+    admin = free_port()
+    with (
+        https_answers(tmp_path, issuers.answer) as (base, ca),
+        oidc_workers(broker, tmp_path, ca, [f"{base}/good", f"{base}/old"],
+                     "--connect-timeout", "1", admin=admin) as (proxy, config, pids),
+    ):  # fmt: skip
 
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            base = f"https://{self.headers['Host']}"
-            name = self.path.split("/")[1]
-            if self.path.endswith("/.well-known/openid-configuration"):
-                document = {"issuer": f"{base}/{name}", "jwks_uri": f"{base}/keys/jwks.json"}
-                body: bytes | None = json.dumps(document).encode()
-            else:
-                body = idp.jwks() if self.path == "/keys/jwks.json" else None
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Length", str(len(body or b"")))
-            self.end_headers()
-            self.wfile.write(body or b"")
+        def everywhere(issuer: str) -> list[bool]:
+            url = f"{base}/{issuer}"
+            return one_client_per_worker(pids, lambda: accepted(proxy.port, issuers.token(url)))
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    with https_server(tmp_path, Answer) as (server, ca):
-        base = f"https://localhost:{server.server_address[1]}"
-
-        def token(issuer: str) -> str:
-            now = int(time.time())
-            return idp.token(iss=f"{base}/{issuer}", iat=now, nbf=now, exp=now + 600)
-
-        config = tmp_path / "sluice.toml"
-        write(config, [f"{base}/good", f"{base}/old"])
-        (tmp_path / "admin.token").write_text(TOKEN + "\n")
-        (tmp_path / "own.token").write_text("sluice-own-token\n")
-        admin = free_port()
-        proxy = start_proxy(
-            broker.url, tmp_path, "--workers", "2", "--config", str(config),
-            "--connect-timeout", "1",
-            "--admin", f"127.0.0.1:{admin}", "--admin-token-file", str(tmp_path / "admin.token"),
-            "--auth-mode", "proxy", "--auth-oidc-ca", str(ca), "--auth-oidc-audiences", "pulsar",
-            "--broker-auth-token-file", str(tmp_path / "own.token"),
-        )  # fmt: skip
-        pids: dict[int, int] = {}
-        try:
-            pids = worker_pids(proxy, 2)
-            assert len(pids) == 2, proxy.log()
-
-            def everywhere(issuer: str) -> list[bool]:
-                return one_client_per_worker(pids, lambda: accepted(proxy.port, token(issuer)))
-
-            assert everywhere("good") == [True, True]
-            rewrite_unseen(config, [f"{base}/good", f"{base}/new"])
-            with stopped([pids[1]]):  # worker 1 says nothing
-                answer = admin_reload(admin)
-            assert answer["outcome"] == "refused" and answer["generation"] == 1, answer
-            assert answer["errors"] == ["worker 1: did not report it made ready within 24s"], answer
-            # Worker 1, continued, comes to the reload: it was aborted, so
-            # it keeps what is in force, as worker 0 does; nobody restarts.
-            deadline = time.monotonic() + 30
-            while "aborted before this worker came to it" not in proxy.log():
-                assert time.monotonic() < deadline, proxy.log()
-                time.sleep(0.1)
-            assert everywhere("new") == [False, False], proxy.log()
-            assert everywhere("good") == [True, True]
-            assert "restarting" not in proxy.log(), proxy.log()
-            assert worker_pids(proxy, 2) == pids, proxy.log()
-            # Asked again, with every worker there: put in force by both.
+        assert everywhere("good") == [True, True]
+        rewrite_unseen(config, [f"{base}/good", f"{base}/new"])
+        with stopped([pids[1]]):  # worker 1 says nothing
             answer = admin_reload(admin)
-            assert answer["outcome"] == "applied" and answer["generation"] == 2, answer
-            assert not answer["errors"], answer
-            assert everywhere("new") == [True, True], proxy.log()
-            assert proxy.terminate() == 0
-        finally:
-            kill_with_workers(proxy, pids)
+        assert answer["outcome"] == "refused" and answer["generation"] == 1, answer
+        assert answer["errors"] == ["worker 1: did not report it made ready within 24s"], answer
+        # Worker 1, continued, comes to the reload: it was aborted, so
+        # it keeps what is in force, as worker 0 does; nobody restarts.
+        deadline = time.monotonic() + 30
+        while "aborted before this worker came to it" not in proxy.log():
+            assert time.monotonic() < deadline, proxy.log()
+            time.sleep(0.1)
+        assert everywhere("new") == [False, False], proxy.log()
+        assert everywhere("good") == [True, True]
+        assert "restarting" not in proxy.log(), proxy.log()
+        assert worker_pids(proxy, 2) == pids, proxy.log()
+        # Asked again, with every worker there: put in force by both.
+        answer = admin_reload(admin)
+        assert answer["outcome"] == "applied" and answer["generation"] == 2, answer
+        assert not answer["errors"], answer
+        assert everywhere("new") == [True, True], proxy.log()
+        assert proxy.terminate() == 0
     assert "Traceback" not in proxy.log()

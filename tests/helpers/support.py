@@ -512,6 +512,30 @@ def https_server(
         server.server_close()
 
 
+@contextlib.contextmanager
+def https_answers(
+    tmp_path: Path, answer: Callable[[str, str], bytes | None]
+) -> Iterator[tuple[str, Path]]:
+    """An HTTPS server (``https_server``) that answers each GET with what
+    ``answer(base, path)`` gives, ``base`` being ``https://`` and the host
+    the request named: 200 with those bytes, or 404 for None. Yields (its
+    base URL on ``localhost``, the CA file to trust it with)."""
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = answer(f"https://{self.headers['Host']}", self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with https_server(tmp_path, Answer) as (server, ca):
+        yield f"https://localhost:{server.server_address[1]}", ca
+
+
 def common_name(conn: ssl.SSLSocket) -> str:
     """The common name of the certificate the peer of ``conn`` presented
     ("" for none)."""
