@@ -41,24 +41,33 @@ async def produce_and_stream(address: str, waiting_for: str) -> None:
     await collect_all(address, "rec", "g", ConsumerMode.STREAMING, PAYLOADS, waiting_for)
 
 
-@pytest.fixture
-async def recorded(tmp_path: Path) -> AsyncIterator[Path]:
-    """A directory holding one Cursus session: produce 9 messages on 3
-    partitions, then stream them with a consumer group, through the proxy."""
-    directory = tmp_path / "rec"
+def recording_proxy(cluster: str, directory: Path) -> ProxyConfig:
+    """A Cursus proxy on a loopback port in front of the cluster at
+    ``cluster`` (host:port), recording into ``directory``, payloads in full."""
+    host, port = cluster.rsplit(":", 1)
+    return ProxyConfig(
+        broker=BrokerUrl(host, int(port), False, "cursus"),
+        protocol="cursus",
+        listen=Address("127.0.0.1", 0),
+        record=RecorderConfig(directory, payloads=PayloadPolicy.FULL, flush_interval=0.1),
+    )
+
+
+async def record_a_session(directory: Path) -> Path:
+    """``directory``, holding one Cursus session recorded through the proxy:
+    9 messages produced on 3 partitions (a connection each, closed before
+    the consumer's open), then streamed back by a consumer group."""
     async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
-        host, port = cluster.address.rsplit(":", 1)
-        config = ProxyConfig(
-            broker=BrokerUrl(host, int(port), False, "cursus"),
-            protocol="cursus",
-            listen=Address("127.0.0.1", 0),
-            record=RecorderConfig(directory, payloads=PayloadPolicy.FULL, flush_interval=0.1),
-        )
-        proxy: Proxy = await nursery.start(Proxy(config).run)
-        address = str(proxy.addresses["plain"])
-        await produce_and_stream(address, "9 messages streamed")
+        proxy: Proxy = await nursery.start(Proxy(recording_proxy(cluster.address, directory)).run)
+        await produce_and_stream(str(proxy.addresses["plain"]), "9 messages streamed")
         proxy.stop()
-    yield directory
+    return directory
+
+
+@pytest.fixture
+async def recorded(tmp_path: Path) -> Path:
+    """A directory holding one Cursus session (``record_a_session``)."""
+    return await record_a_session(tmp_path / "rec")
 
 
 def sluice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -3,44 +3,24 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from sluice.addresses import Address
-from sluice.protocols.pulsar.urls import BrokerUrl
-from sluice.proxy.config import ProxyConfig
-from sluice.proxy.server import Proxy
-from sluice.recording.format import PayloadPolicy, dumps, read_records, recording_files
+from sluice.recording.format import dumps, read_records, recording_files
 from sluice.recording.reader import load
-from sluice.recording.writer import RecorderConfig
 from tests.helpers.cursus_broker import open_cluster
 from tests.helpers.support import SLUICE
-from tests.test_cursus_recording import produce_and_stream
+from tests.test_cursus_recording import record_a_session
 
 pytestmark = pytest.mark.e2e  # every test here starts a process
 
 
 @pytest.fixture
-async def recorded(tmp_path: Path) -> AsyncIterator[Path]:
-    """One Cursus session through the proxy: 9 messages produced on 3
-    partitions (a connection each, closed before the consumer's open), then
-    streamed back by a consumer group."""
-    directory = tmp_path / "rec"
-    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
-        host, port = cluster.address.rsplit(":", 1)
-        config = ProxyConfig(
-            broker=BrokerUrl(host, int(port), False, "cursus"),
-            protocol="cursus",
-            listen=Address("127.0.0.1", 0),
-            record=RecorderConfig(directory, payloads=PayloadPolicy.FULL, flush_interval=0.1),
-        )
-        proxy: Proxy = await nursery.start(Proxy(config).run)
-        await produce_and_stream(str(proxy.addresses["plain"]), "9 messages streamed")
-        proxy.stop()
-    yield directory
+async def recorded(tmp_path: Path) -> Path:
+    """A directory holding one Cursus session (``record_a_session``)."""
+    return await record_a_session(tmp_path / "rec")
 
 
 async def test_closes_due_together_wait_side_by_side(recorded: Path, tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ from sluice.protocols.cursus import decode_stream as cursus_stream
 from sluice.protocols.cursus import frame as cursus_frame
 from sluice.protocols.haproxy import V2_SIGNATURE, v2_header
 from sluice.protocols.pulsar import Frame, command, decode_stream, encode, pb
-from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
+from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
 from sluice.recording.format import PayloadPolicy, read_records, recording_files
@@ -55,6 +55,7 @@ from tests.fuzz.common import CORPUS, HARNESSES
 from tests.helpers.cursus_broker import open_cluster
 from tests.helpers.support import QUIET
 from tests.test_cursus_broker import collect_all, in_thread, produce
+from tests.test_cursus_recording import recording_proxy
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "data"
 T = pb.BaseCommand
@@ -150,13 +151,7 @@ def record_pulsar(directory: Path) -> list[Session]:
 def record_cursus(directory: Path) -> list[Session]:
     async def main() -> None:
         async with open_cluster(1, keepalive=0.3) as cluster:
-            host, port = cluster.address.rsplit(":", 1)
-            config = ProxyConfig(
-                broker=BrokerUrl(host, int(port), False, "cursus"),
-                protocol="cursus",
-                listen=Address("127.0.0.1", 0),
-                record=RecorderConfig(directory, payloads=PayloadPolicy.FULL, flush_interval=0.1),
-            )
+            config = recording_proxy(cluster.address, directory)
             payloads = [f"seed {i}" for i in range(5)]
 
             async def session(address: str) -> None:
