@@ -9,9 +9,8 @@ import contextlib
 import socket
 from pathlib import Path
 
-from sluice.brokers.embedded import EmbeddedBroker, free_port
-from tests.helpers.support import start_proxy
-from tests.test_proxy_protocol import BALANCER, INET, dial, v2_with
+from sluice.brokers.embedded import EmbeddedBroker
+from tests.test_proxy_protocol import INET, dial, header_reading_proxy, v2_with
 
 GET = b"GET /healthz HTTP/1.1\r\nHost: sluice\r\n\r\n"
 
@@ -33,12 +32,7 @@ def status(sock: socket.socket) -> str:
 def test_a_listed_source_may_send_a_header_to_the_admin_endpoint_or_not(
     broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
-    admin = free_port()
-    proxy = start_proxy(
-        broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", "--proxy-protocol-in",
-        "--proxy-protocol-from", BALANCER, "--handshake-timeout", "2",
-    )  # fmt: skip
-    try:
+    with header_reading_proxy(broker, tmp_path) as (proxy, admin):
         ok = "HTTP/1.1 200 OK"
         # A listed source: a probe with no header, with a v1 or a v2 one.
         assert status(dial(admin, GET)) == ok, proxy.log()
@@ -56,6 +50,4 @@ def test_a_listed_source_may_send_a_header_to_the_admin_endpoint_or_not(
         assert status(dial(admin, b"PROXY TCP4 203.0.113.9 127.0.0.1 1 2\r\n" + GET,
                            source="127.0.0.1")) == "closed"  # fmt: skip
         assert proxy.terminate() == 0
-    finally:
-        proxy.kill()
     assert "Traceback" not in proxy.log()

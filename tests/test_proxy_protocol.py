@@ -11,6 +11,7 @@ The client's second address is a second loopback address (127.0.0.23).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -366,15 +367,28 @@ BAD_HEADERS = {
 }
 
 
-def test_bad_headers_are_refused_counted_and_logged_in_a_line(
+@contextlib.contextmanager
+def header_reading_proxy(
     broker: EmbeddedBroker, tmp_path: Path
-) -> None:
+) -> Iterator[tuple[ProxyProcess, int]]:
+    """``sluice proxy --proxy-protocol-in`` in front of ``broker``, taking
+    headers from BALANCER, a handshake's timeout 2s, with an admin
+    endpoint: (the proxy, its admin port). Killed on exit."""
     admin = free_port()
     proxy = start_proxy(
         broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}", "--proxy-protocol-in",
         "--proxy-protocol-from", BALANCER, "--handshake-timeout", "2",
     )  # fmt: skip
     try:
+        yield proxy, admin
+    finally:
+        proxy.kill()
+
+
+def test_bad_headers_are_refused_counted_and_logged_in_a_line(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    with header_reading_proxy(broker, tmp_path) as (proxy, admin):
         for name, (data, reason) in BAD_HEADERS.items():
             before = rejected(proxy, admin, reason)
             sock = dial(proxy.port, data)
@@ -405,8 +419,6 @@ def test_bad_headers_are_refused_counted_and_logged_in_a_line(
         assert bare.recv(100).startswith(b"HTTP/1.1 200"), "no header, the admin endpoint"
         bare.close()
         assert proxy.terminate() == 0
-    finally:
-        proxy.kill()
     assert "Traceback" not in proxy.log()
 
 
