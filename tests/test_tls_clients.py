@@ -26,7 +26,7 @@ import pytest
 import trustme
 
 from sluice.brokers.apache_pulsar import ApachePulsar, TlsFiles
-from sluice.brokers.embedded import free_port, wait_for_port
+from sluice.brokers.embedded import BrokerError, free_port, wait_for_port
 from sluice.protocols.pulsar import Type, command, encode, pb
 from tests.conftest import start_apache_pulsar
 from tests.helpers.support import (
@@ -163,8 +163,11 @@ def sluice_everywhere(tb: TlsBroker, tmp_path: Path, *extra: str) -> Everywhere:
         "--broker-http", f"https://127.0.0.1:{broker.web_tls_port}",
         "--admin", f"127.0.0.1:{admin}", *extra,
     )  # fmt: skip
-    for port in (tls, http, https):
-        wait_for_port("127.0.0.1", port, 20, proxy.process)
+    try:
+        for port in (tls, http, https):
+            wait_for_port("127.0.0.1", port, 20, proxy.process)
+    except BrokerError as exc:  # the proxy's own words on why it did not listen
+        raise AssertionError(f"{exc}: {proxy.log()[-2000:]}") from None
     return Everywhere(proxy, tls, http, https, admin)
 
 
