@@ -35,7 +35,7 @@ def test_a_draining_holder_lets_the_file_go_and_gives_no_port(tmp_path: Path) ->
     lone.close()
     # A supervisor's drain: its workers give no port either.
     lock = tmp_path / BROKER_PORTS_LOCK
-    worker = SharedBrokerPorts(tmp_path / "shared", lock=lock)
+    worker = SharedBrokerPorts(tmp_path / "workers-ports", lock=lock)
     assert worker.assign(Address("b1", 6650), [7000, 7001]) == 7000
     stop_giving_ports(lock)
     with pytest.raises(ValueError, match="draining"):
