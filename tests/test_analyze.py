@@ -568,6 +568,13 @@ def test_a_local_path_with_a_colon_is_a_local_path(
     assert handed == []
     assert command.main(["run-12:30", "--out", "out"]) == 2  # no recordings in it
     assert handed == [[str(tmp_path / "run-12:30")]]
+    capsys.readouterr()
+    (tmp_path / "taken").write_text("a file")  # said before Spark is started
+    assert command.main(["run-12:30", "--out", "taken"]) == 2
+    assert capsys.readouterr().err == (
+        "sluice analyze: --out taken: not a directory (the tables are a folder)\n"
+    )
+    assert len(handed) == 1
 
 
 SMALL = GOLDEN / "inputs" / "sluice-20261128T172607-bf2cfe0d70e7-0001.sluice"
@@ -806,6 +813,14 @@ def test_an_executor_failure_is_said_in_one_line() -> None:
     other = "pyarrow.lib.ArrowInvalid: Could not convert"
     assert failure(PythonException(worker.format(other) + "\n\n")) == other
     assert failure(ValueError("first line\nsecond")) == "first line"
+    # A JVM error as Py4J words it: the Java exception's message, not the call.
+    java = (
+        "An error occurred while calling o185.parquet.\n: org.apache.hadoop.fs.ParentNot"
+        "DirectoryException: Parent path is not a directory: file:/o\n\tat org.x(X.java:1)"
+    )
+    assert failure(ValueError(java)) == "Parent path is not a directory: file:/o"
+    bare = "An error occurred while calling o9.load.\n: java.lang.NullPointerException\n\tat a"
+    assert failure(ValueError(bare)) == "NullPointerException"
     assert failure(ValueError()) == "ValueError()"
 
 

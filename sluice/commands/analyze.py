@@ -109,6 +109,11 @@ def failure(exc: BaseException) -> str:
         return repr(exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not isinstance(exc, PythonException):
+        # A JVM error through Py4J says first which call it was ("An error
+        # occurred while calling o185.parquet."), then ": CLASS: MESSAGE".
+        java = re.match(r": ([\w.$]+)(?:: (.*))?$", lines[1]) if len(lines) > 1 else None
+        if lines[0].startswith("An error occurred while calling") and java:
+            return java.group(2) or java.group(1).rpartition(".")[2]
         return lines[0]
     last = lines[-1]
     said = re.match(r"(?:[\w.]+\.)?SegmentFailed: (.*)", last)
@@ -151,6 +156,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"sluice analyze: {problem}", file=sys.stderr)
             return 2
     out = args.out
+    local_out = local_path(out) if local else None
+    if local_out is not None and os.path.exists(local_out) and not os.path.isdir(local_out):
+        print(f"sluice analyze: --out {out}: not a directory (the tables are a folder)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     paths = [_spark_path(p) for p in args.paths]
     try:
         summary = analyze(paths, _spark_path(out), args.master, say, args.remote, progress)
@@ -161,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"sluice analyze: {failure(exc)}", file=sys.stderr)
         return 1
-    local_out = local_path(out)
+    local_out = local_path(out)  # the report goes beside the tables, wherever they are
     if args.report:
         report = Path(args.report)
     elif local_out is not None and Path(local_out).is_dir():
