@@ -1,11 +1,15 @@
 """The HTTP listener over TLS (``--http-listen-tls``), against Apache Pulsar
-4.0.8: the admin API and HTTP lookups through it, and in ``--auth-mode
-proxy`` the client's role taken from its certificate."""
+4.0.8: the admin API and HTTP lookups through it, in ``--auth-mode proxy``
+the client's role taken from its certificate, and the TLS settings a
+reload puts in force there (a rotated client CA; Sluice's renewed client
+certificate toward a broker's web service over TLS)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -18,6 +22,8 @@ from sluice.brokers.embedded import free_port, wait_for_port
 from tests.helpers.support import ProxyProcess, start_proxy, tls_files
 from tests.test_apache_pulsar import Tokens, auth_broker  # noqa: F401 (a fixture)
 from tests.test_http_auth import stats
+from tests.test_key_rotation import mount
+from tests.test_tls_reload import ClientCertRecorder, client_pair
 
 
 def https_proxy(
@@ -104,4 +110,80 @@ def test_proxy_mode_takes_the_role_from_a_client_certificate(
         assert get(base + allowed, contexts["stranger"])[0] == direct
     finally:
         proxy.kill()
+    assert "Traceback" not in proxy.log()
+
+
+def clusters(port: int, server_ca: Path, pair: dict[str, bytes], where: Path) -> int | str:
+    """The status of GET /admin/v2/clusters at Sluice's HTTPS listener,
+    presenting client certificate ``pair``; "refused": the handshake or the
+    connection ended."""
+    (where / "client.pem").write_bytes(pair["tls.key"] + pair["tls.crt"])
+    context = ssl.create_default_context(cafile=str(server_ca))
+    context.load_cert_chain(str(where / "client.pem"))
+    try:
+        return get(f"https://127.0.0.1:{port}/admin/v2/clusters", context)[0]
+    except (OSError, http.client.HTTPException):
+        return "refused"
+
+
+def test_a_rotated_client_ca_decides_for_new_https_clients(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    old_ca, new_ca = trustme.CA(), trustme.CA()
+    old_client, new_client = client_pair(old_ca, "old-client"), client_pair(new_ca, "new-client")
+    secret = tmp_path / "secret"
+    mount(secret, "2026_12_01", {"ca.crt": old_ca.cert_pem.bytes()})
+    port, proxy, _ = https_proxy(apache_pulsar, tmp_path, "--tls-client-ca", str(secret / "ca.crt"))
+    server_ca = tmp_path / "ca.pem"
+    try:
+        assert clusters(port, server_ca, old_client, tmp_path) == 200, proxy.log()
+        assert clusters(port, server_ca, new_client, tmp_path) == "refused"
+        mount(secret, "2026_12_02", {"ca.crt": new_ca.cert_pem.bytes()})
+        deadline = time.monotonic() + 30
+        while clusters(port, server_ca, new_client, tmp_path) != 200:
+            assert time.monotonic() < deadline, proxy.log()
+            time.sleep(0.1)
+        assert clusters(port, server_ca, old_client, tmp_path) == "refused"
+        assert "generation 2: --tls" in proxy.log()
+    finally:
+        proxy.kill()
+    assert "Traceback" not in proxy.log()
+
+
+def test_a_renewed_client_certificate_is_used_toward_the_brokers_web_service(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    """The broker's web service behind a TLS front that requires a client
+    certificate: the renewed one is presented from the reload on."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    secret = tmp_path / "secret"
+    mount(secret, "2026_12_01", client_pair(ca, "sluice-one"))
+    web = int(apache_pulsar.http_url.rsplit(":", 1)[1])
+    port = free_port()
+    with ClientCertRecorder(ca, web) as front:
+        proxy = start_proxy(
+            apache_pulsar.url, tmp_path, "--http-listen", f"127.0.0.1:{port}",
+            "--broker-http", f"https://127.0.0.1:{front.port}",
+            "--broker-tls-ca", str(tmp_path / "ca.pem"),
+            "--broker-tls-cert", str(secret / "tls.crt"),
+            "--broker-tls-key", str(secret / "tls.key"),
+        )  # fmt: skip
+        try:
+            wait_for_port("127.0.0.1", port, 20, proxy.process)
+            plain = ssl.create_default_context()  # (get() takes one; unused over http)
+            url = f"http://127.0.0.1:{port}/admin/v2/clusters"
+            assert get(url, plain) == (200, '["standalone"]'), proxy.log()
+            assert front.seen[-1] == "sluice-one"
+            mount(secret, "2026_12_02", client_pair(ca, "sluice-two"))
+            deadline = time.monotonic() + 30
+            while True:
+                assert get(url, plain) == (200, '["standalone"]'), proxy.log()
+                if front.seen[-1] == "sluice-two":
+                    break
+                assert time.monotonic() < deadline, (front.seen, proxy.log())
+                time.sleep(0.1)
+            assert "generation 2: --broker-tls" in proxy.log()
+        finally:
+            proxy.kill()
     assert "Traceback" not in proxy.log()

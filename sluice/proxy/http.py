@@ -27,7 +27,6 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import h11
 import trio
@@ -220,7 +219,10 @@ class HttpRelay:
         # bad one is counted.
         self.inbound = inbound
         self.header_refused = header_refused
-        # --http-listen-tls: its certificate, re-read when the files change.
+        # --http-listen-tls: the context each accepted connection is wrapped
+        # with (a reload may replace it), and its certificate, re-read when
+        # the files change.
+        self._server_tls: ssl.SSLContext | None = None
         self.certificates: CertificateReloader | None = None
         # Sluice's own web URLs, plain and TLS, for lookup answers ("": none).
         self.own_url = ""
@@ -269,22 +271,44 @@ class HttpRelay:
         return addresses
 
     async def serve(self) -> None:
-        context = None
         if any(tls for _, tls in self._listeners):
             assert self.config.tls is not None  # ProxyConfig: --http-listen-tls needs it
-            context = server_ssl_context(self.config.tls)
             # A context of its own (the binary listeners' may route by SNI),
             # re-read when the files change as theirs is.
-            self.certificates = CertificateReloader(self.config.tls, context)
+            self._server_tls = server_ssl_context(self.config.tls)
+            self.certificates = CertificateReloader(self.config.tls, self._server_tls)
         async with trio.open_nursery() as nursery:
             if self.certificates is not None:
                 nursery.start_soon(self.certificates.run)
             for tcp, tls in self._listeners:
-                listener: trio.abc.Listener[Any] = tcp
-                if tls:
-                    assert context is not None
-                    listener = trio.SSLListener(tcp, context, https_compatible=True)
-                nursery.start_soon(self._accept_loop, listener, nursery)
+                nursery.start_soon(self._accept_loop, tcp, tls, nursery)
+
+    def prepare(self, config: ProxyConfig) -> Callable[[], None]:
+        """What a reload to ``config`` changes here, made now (ConfigError:
+        TLS files that do not load); calling what it returns puts it in
+        force. The TLS listener's context (a new --tls-client-ca) wraps the
+        connections accepted from then on, and Sluice's own (--broker-tls-*)
+        the broker connections opened from then on; the limits, the brokers
+        redirects may go to and --max-redirects apply to what comes next."""
+        server = None
+        if self._server_tls is not None and config.tls is not None:
+            server = server_ssl_context(config.tls)
+        # Made now, where one is in use, so that files that do not load
+        # refuse the reload; else made at the first TLS dial, as at start.
+        client = client_ssl_context(config.broker_tls) if self._tls is not None else None
+        rules = AllowList(config.allow_broker + config.trust_broker).rules
+
+        def apply() -> None:
+            self.config = config
+            self.limits.total = self.limits.per_ip = config.http_max_connections
+            self.allowlist.rules = rules  # (the brokers it learned stay)
+            self._tls = client
+            if server is not None and config.tls is not None:
+                self._server_tls = server
+                if self.certificates is not None:  # its certificate and key, re-read there
+                    self.certificates.config, self.certificates.context = config.tls, server
+
+        return apply
 
     async def drain(self) -> None:
         """Stop accepting; connections close once their exchange in
@@ -297,8 +321,14 @@ class HttpRelay:
         for session in self._sessions:
             session.shut_down()
 
-    async def _accept_loop(self, listener: trio.abc.Listener[Any], nursery: trio.Nursery) -> None:
+    async def _accept_loop(
+        self, listener: trio.SocketListener, tls: bool, nursery: trio.Nursery
+    ) -> None:
         async for stream in accepted(listener, "the HTTP listener"):
+            if tls:  # with the context in force when it is accepted
+                assert self._server_tls is not None
+                stream = trio.SSLStream(stream, self._server_tls, server_side=True,
+                                        https_compatible=True)  # fmt: skip
             nursery.start_soon(self.handle, stream)
 
     # --- one client connection --------------------------------------------------

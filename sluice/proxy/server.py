@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import trio
 
-from sluice.addresses import Address, AllowList, server_name
+from sluice.addresses import Address, server_name
 from sluice.errors import ConfigError
 from sluice.filters.chain import make_filters
 from sluice.logs import LogLimit
@@ -458,6 +458,7 @@ class Proxy:
             context = None
             if "tls" in live and config.tls is not None and self._tls_context is not None:
                 context = self._new_server_context(config)
+            http = self.http.prepare(config) if self.http is not None else lambda: None
             # Last: the backend may start tasks (an issuer's keys, Sluice's
             # own token) for what it made, which nothing after may undo.
             made = await self.backend.prepare(config, filters)
@@ -478,11 +479,7 @@ class Proxy:
                 self._config_rules = [rule.id for rule in added]
             self.limits.total = config.max_connections
             self.limits.per_ip = config.max_connections_per_ip
-            if self.http is not None:
-                self.http.limits.total = self.http.limits.per_ip = config.http_max_connections
-                self.http.allowlist.rules = AllowList(
-                    config.allow_broker + config.trust_broker
-                ).rules
+            http()
             if self.recorder is not None and config.record is not None:
                 self.recorder.set_triggers(config.record.triggers)
             self.config, self.filters, self._held = config, filters, files
