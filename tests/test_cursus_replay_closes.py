@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -68,3 +69,56 @@ async def test_closes_due_together_wait_side_by_side(recorded: Path, tmp_path: P
         finally:
             process.kill()
             await process.wait()
+
+
+async def test_a_silent_broker_costs_one_timeout_per_connection(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """The producers' connections alone, each made to send its batch and be
+    answered four times. Against a broker that accepts and never answers,
+    each one's first wait runs out and it is not waited on again until it
+    speaks: one --timeout per connection, not one per client frame (three
+    each, and its close's)."""
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    producers: set[int] = set()
+    for path in recording_files(recorded):
+        records = list(read_records(path))
+        for record in records:
+            if record["k"] == "frame" and record["d"] == 0 and record["s"]["cmd"] == "BATCH":
+                producers.add(record["c"])
+        kept: list[dict[str, Any]] = []
+        for record in records:
+            if "c" in record and record["c"] not in producers:
+                continue
+            if record["k"] == "close":
+                pair = [r for r in records if r["k"] == "frame" and r["c"] == record["c"]]
+                kept += pair * 3  # the batch and its ack, three times more
+            kept.append(record)
+        (tampered / path.name).write_bytes(dumps(kept))
+    assert len(producers) == 3
+
+    async def hold(stream: trio.SocketStream) -> None:
+        async with stream:
+            while await stream.receive_some():
+                pass  # read, answer nothing
+
+    timeout = 2
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        nursery.start_soon(trio.serve_listeners, hold, listeners)
+        started = trio.current_time()
+        with trio.fail_after(120):
+            done = await trio.run_process(
+                [*SLUICE, "replay", str(tampered), "--broker", f"cursus://127.0.0.1:{port}",
+                 "--timeout", str(timeout)], capture_stdout=True, capture_stderr=True, check=False,
+            )  # fmt: skip
+        elapsed = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    out = done.stdout.decode()
+    assert done.returncode == 1, out + done.stderr.decode()
+    assert "note: 3 waits for a broker frame ran out" in out, out
+    # One timeout per producer; one per client frame was nine, then three
+    # more for the closes.
+    assert elapsed < 9 * timeout, f"{elapsed:.1f} s"

@@ -6,7 +6,9 @@ with the Cursus codec and grouped per connection.
 
 Replay sends every recorded client frame to ``--broker``, on one live
 connection per recorded one, in recorded order across connections (a frame
-waits until its connection has had the answers it had when recorded), and
+waits until its connection has had the answers it had when recorded; once
+such a wait has run out, the connection is not waited on again until it
+speaks: answers that never come cost one timeout, not one per frame), and
 compares the broker's frames with the recorded ones connection by
 connection, in order. Keepalives are left out (their number depends on
 time); addresses are compared as ``<addr>`` (a live broker advertises its
@@ -103,6 +105,9 @@ class _Live:
         self.got: list[Frame] = []
         self.changed = trio.Event()
         self.ended = False  # the broker closed it (or it broke): nothing more will come
+        # A wait on it ran out, and it has said nothing since: what it owes
+        # is not waited for again (one timeout, not one per client frame).
+        self.quiet = False
 
     async def read(self) -> None:
         decoder = FrameDecoder(from_client=False)
@@ -113,6 +118,7 @@ class _Live:
                 for frame in decoder.frames():
                     if not isinstance(frame.message, Keepalive):
                         self.got.append(frame)
+                        self.quiet = False
                 if not data:
                     return
                 self.changed.set()
@@ -131,10 +137,13 @@ class _Live:
 
     async def wait_for(self, count: int, timeout: float) -> bool:
         """Wait up to ``timeout`` until ``count`` answers have come, less if
-        the connection ends first; whether they have."""
-        with trio.move_on_after(timeout):
-            while len(self.got) < count and not self.ended:
-                await self.changed.wait()
+        the connection ends first, not at all while it is quiet; whether
+        they have. A wait that runs out makes it quiet."""
+        if not self.quiet:
+            with trio.move_on_after(timeout):
+                while len(self.got) < count and not self.ended:
+                    await self.changed.wait()
+            self.quiet = len(self.got) < count and not self.ended
         return len(self.got) >= count
 
 
@@ -177,7 +186,9 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
                     raise ConfigError(f"cannot reach broker {broker}: {exc}") from None
                 live = lives[conn.key] = _Live(conn, stream)
                 nursery.start_soon(live.read)
-            if not await live.wait_for(expected_before[rf.index], timeout) and not live.ended:
+            was_quiet = live.quiet
+            await live.wait_for(expected_before[rf.index], timeout)
+            if live.quiet and not was_quiet:  # this wait ran out
                 outcome.waits_timed_out += 1
             if speed and previous_ns is not None:
                 await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
