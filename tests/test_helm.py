@@ -462,7 +462,19 @@ def test_probes_point_at_the_admin_port(case: str) -> None:
     port = admin_port(proxy)
     ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
     assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # A gateway's readiness follows the broker; a sidecar's does not (its pod
+    # is the application's: a Pulsar outage must not take it out of its
+    # Service), unless asked.
+    ready = "/readyz?exclude=upstream" if case.startswith("sidecar") else "/readyz"
+    assert proxy["readinessProbe"]["httpGet"]["path"] == ready
+    key = (
+        "sluice.probes.readinessFollowsBroker"
+        if case.startswith("sidecar")
+        else "probes.readinessFollowsBroker"
+    )
+    for follows, path in (("true", "/readyz"), ("false", "/readyz?exclude=upstream")):
+        asked = sluice_container(pod_spec(render(case, "--set", f"{key}={follows}")))
+        assert asked["readinessProbe"]["httpGet"]["path"] == path
     for probe in ("livenessProbe", "readinessProbe"):
         assert ports[proxy[probe]["httpGet"]["port"]] == port, probe
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
@@ -965,6 +977,11 @@ def test_a_pod_starts_while_the_broker_cannot_be_reached(tmp_path: Path) -> None
         wait_for_port("127.0.0.1", admin, 20, proxy.process)
         status, text = http_get(f"http://127.0.0.1:{admin}/readyz")
         assert status == 503, text
+        # A sidecar's probe (rendered above): ready once listening, whatever
+        # the broker.
+        sidecar = sluice_container(pod_spec(render("sidecar-default")))
+        path = sidecar["readinessProbe"]["httpGet"]["path"]
+        assert http_get(f"http://127.0.0.1:{admin}{path}") == (200, "ready\n")
     finally:
         assert proxy.terminate() == 0, proxy.log()
 

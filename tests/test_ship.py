@@ -340,7 +340,9 @@ def test_sidecar_example_fits_together(tmp_path: Path) -> None:
     env = container_env(proxy)
     assert env["SLUICE_LISTEN"] == "127.0.0.1:6650"
     assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # A sidecar's readiness leaves the broker out: a Pulsar outage must not
+    # take the application's pod out of its Service.
+    assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz?exclude=upstream"
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     settings = sluice_settings(docs)
     assert pod["spec"]["terminationGracePeriodSeconds"] > settings["drain-timeout"]

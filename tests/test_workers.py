@@ -290,12 +290,15 @@ def test_readiness_of_workers_at_start_and_after() -> None:
         worker.process = SimpleNamespace(returncode=None)  # type: ignore[assignment]
         worker.admin, worker.problem = Address("127.0.0.1", 1), problem
 
+    upstream = frozenset({"upstream"})  # /readyz?exclude=upstream: listening is enough
     assert supervisor.readiness() == ["worker 0 starting", "worker 1 starting"]
+    assert supervisor.readiness(upstream) == ["worker 0 starting", "worker 1 starting"]
     run(first, "")
     run(second, None)  # listening, not yet asked
     assert supervisor.readiness() == ["worker 1 starting"]
     run(second, "upstream pulsar://127.0.0.1:6650 not checked yet")
     assert supervisor.readiness() == ["worker 1: upstream pulsar://127.0.0.1:6650 not checked yet"]
+    assert supervisor.readiness(upstream) == []
     run(second, "")
     supervisor.started = True  # as _watch_readiness sets it on seeing this
     assert supervisor.readiness() == []
@@ -308,11 +311,14 @@ def test_readiness_of_workers_at_start_and_after() -> None:
         "worker 0: upstream pulsar://127.0.0.1:6650 unreachable",
         "worker 1: upstream pulsar://127.0.0.1:6650 unreachable",
     ]
+    assert supervisor.readiness(upstream) == []
     first.process = second.process = None
     assert supervisor.readiness() == ["no worker running"]
+    assert supervisor.readiness(upstream) == ["no worker running"]
     run(first, "")
     supervisor.draining = True
     assert supervisor.readiness() == ["draining"]
+    assert supervisor.readiness(upstream) == ["draining"]
 
 
 # --- the real thing --------------------------------------------------------------------

@@ -15,6 +15,9 @@ request and is being answered is the newcomer answered 503 itself.
 - ``/healthz``: 200 while the process runs its event loop.
 - ``/readyz``: 200 when the proxy is listening and its upstream broker
   answered the last probe; 503 with the reason otherwise.
+  ``/readyz?exclude=upstream`` leaves the broker out: 200 while the proxy
+  is listening (not draining), whatever the broker (a sidecar's probe: a
+  broker outage must not take the application's pod out of its Service).
 - ``/metrics``: the Prometheus text format.
 - ``/faults``: the fault rules (JSON). ``GET`` lists them with their hit
   counts; ``POST`` adds one (201 and its id); ``DELETE /faults/ID`` removes
@@ -76,8 +79,11 @@ def bound(listeners: list[trio.SocketListener]) -> Address:
     return Address(host, port)
 
 
-# What /readyz reports: the reasons the proxy is not ready (none: ready).
-Readiness = Callable[[], list[str]]
+# What /readyz reports: the reasons the proxy is not ready (none: ready),
+# leaving out the checks named (``?exclude=``, of READINESS_CHECKS).
+Readiness = Callable[[frozenset[str]], list[str]]
+# The checks /readyz?exclude= may leave out.
+READINESS_CHECKS = frozenset({"upstream"})
 
 
 @dataclass
@@ -86,6 +92,7 @@ class AdminRequest:
     target: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""  # after the target's '?', as sent
 
 
 # Serves a path and those under it (/faults, /recording): (status, JSON
@@ -276,7 +283,8 @@ async def _read_request(stream: trio.SocketStream) -> AdminRequest | None:
         if not chunk:
             raise Refused(400, "request body cut short")
         body += chunk
-    return AdminRequest(parts[0], parts[1].split("?", 1)[0], headers, body[:length])
+    path, _, query = parts[1].partition("?")
+    return AdminRequest(parts[0], path, headers, body[:length], query)
 
 
 async def _respond(
@@ -326,7 +334,11 @@ async def _respond(
     elif target == "/healthz":
         await _send(stream, 200, b"ok\n", body_wanted=body_wanted)
     elif target == "/readyz":
-        problems = readiness()
+        excluded = _excluded(request.query)
+        if isinstance(excluded, str):
+            await _send(stream, 400, excluded.encode(), body_wanted=body_wanted)
+            return
+        problems = readiness(excluded)
         if problems:
             await _send(stream, 503, ("; ".join(problems) + "\n").encode(), body_wanted=body_wanted)
         else:
@@ -334,6 +346,22 @@ async def _respond(
     else:
         await _send(stream, 404, b"not found: try /metrics, /healthz, /readyz, /faults or "
                     b"/recording/snapshot\n", body_wanted=body_wanted)  # fmt: skip
+
+
+def _excluded(query: str) -> frozenset[str] | str:
+    """The checks ``/readyz?exclude=NAME[&exclude=NAME]`` leaves out, or
+    why the query is refused (a name that is no check: a probe with a typo
+    must fail at once, not pass for ever)."""
+    names = set()
+    for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if key != "exclude":
+            return f"/readyz takes only exclude=CHECK, not {key!r}\n"
+        for name in value.split(","):
+            if name not in READINESS_CHECKS:
+                known = ", ".join(sorted(READINESS_CHECKS))
+                return f"/readyz: no check named {name!r} to exclude (checks: {known})\n"
+            names.add(name)
+    return frozenset(names)
 
 
 def fault_id(target: str) -> str | None:

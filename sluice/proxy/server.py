@@ -507,15 +507,17 @@ class Proxy:
         log.error("%s", outcome.summary())
         return outcome
 
-    def readiness(self) -> list[str]:
-        """Why the proxy is not ready (empty: ready), for /readyz."""
+    def readiness(self, exclude: frozenset[str] = frozenset()) -> list[str]:
+        """Why the proxy is not ready (empty: ready), for /readyz; the
+        broker left out if ``exclude`` names ``upstream``."""
         problems = []
         if not self.listening:
             problems.append("not listening")
-        if self.upstream_ok is None:
-            problems.append(f"upstream {self.config.broker} not checked yet")
-        elif not self.upstream_ok:
-            problems.append(f"upstream {self.config.broker} unreachable")
+        if "upstream" not in exclude:
+            if self.upstream_ok is None:
+                problems.append(f"upstream {self.config.broker} not checked yet")
+            elif not self.upstream_ok:
+                problems.append(f"upstream {self.config.broker} unreachable")
         return problems
 
     def _server_context(self) -> ssl.SSLContext | None:

@@ -523,7 +523,7 @@ class Supervisor:
 
     # --- the admin endpoint ---------------------------------------------------
 
-    def readiness(self) -> list[str]:
+    def readiness(self, exclude: frozenset[str] = frozenset()) -> list[str]:
         """Why the proxy is not ready (empty: ready), for /readyz.
 
         At start, ready once every worker is (each listening, and its first
@@ -531,9 +531,15 @@ class Supervisor:
         one worker is running and reports ready: the workers share the
         listening sockets, so one serves every client, and a worker being
         restarted, or one probe that failed on one worker, must not take a
-        sidecar's pod out of its Service. Not ready while draining."""
+        sidecar's pod out of its Service. Not ready while draining.
+        ``exclude`` naming ``upstream``: the same without the broker (a
+        worker that has said it is ready listens on the shared sockets)."""
         if self.draining:
             return ["draining"]
+        if "upstream" in exclude:
+            if not self.started:
+                return [f"worker {w.index} starting" for w in self.workers if not w.ready]
+            return [] if any(w.ready for w in self.workers) else ["no worker running"]
         looked = [w for w in self.workers if w.ready and w.problem is not None]
         failing = [f"worker {w.index}: {w.problem}" for w in looked if w.problem]
         if not self.started:

@@ -649,7 +649,9 @@ beside an application's own). */}}
     httpGet: {path: /healthz, port: sluice-admin}
     {{- toYaml .Values.probes.liveness | nindent 4 }}
   readinessProbe:
-    httpGet: {path: /readyz, port: sluice-admin}
+    {{- $follows := .Values.probes.readinessFollowsBroker }}
+    {{- if kindIs "invalid" $follows }}{{ $follows = not $sidecar }}{{ end }}
+    httpGet: {path: {{ $follows | ternary "/readyz" "/readyz?exclude=upstream" | quote }}, port: sluice-admin}
     {{- toYaml .Values.probes.readiness | nindent 4 }}
   {{- with include "sluice.preStopSleep" . | int }}
   lifecycle:
