@@ -283,15 +283,16 @@ class HttpRelay:
             for tcp, tls in self._listeners:
                 nursery.start_soon(self._accept_loop, tcp, tls, nursery)
 
-    def prepare(self, config: ProxyConfig) -> Callable[[], None]:
+    def prepare(self, config: ProxyConfig, tls_changed: bool) -> Callable[[], None]:
         """What a reload to ``config`` changes here, made now (ConfigError:
         TLS files that do not load); calling what it returns puts it in
-        force. The TLS listener's context (a new --tls-client-ca) wraps the
+        force. The TLS listener's context, made anew if the listeners' TLS
+        settings changed (``tls_changed``: a new --tls-client-ca), wraps the
         connections accepted from then on, and Sluice's own (--broker-tls-*)
         the broker connections opened from then on; the limits, the brokers
         redirects may go to and --max-redirects apply to what comes next."""
         server = None
-        if self._server_tls is not None and config.tls is not None:
+        if tls_changed and self._server_tls is not None and config.tls is not None:
             server = server_ssl_context(config.tls)
         # Made now, where one is in use, so that files that do not load
         # refuse the reload; else made at the first TLS dial, as at start.

@@ -458,7 +458,11 @@ class Proxy:
             context = None
             if "tls" in live and config.tls is not None and self._tls_context is not None:
                 context = self._new_server_context(config)
-            http = self.http.prepare(config) if self.http is not None else lambda: None
+            http = (
+                self.http.prepare(config, "tls" in live)
+                if self.http is not None
+                else (lambda: None)
+            )
             # Last: the backend may start tasks (an issuer's keys, Sluice's
             # own token) for what it made, which nothing after may undo.
             made = await self.backend.prepare(config, filters)
