@@ -31,6 +31,7 @@ from urllib.parse import quote, unquote
 from sluice.protocols import registry
 from sluice.protocols.pseudonyms import Pseudonyms
 from sluice.recording.format import (
+    SUFFIX,
     PayloadPolicy,
     ReadResult,
     Record,
@@ -358,13 +359,15 @@ def anonymize(
     if len(protocols) > 1:
         raise RecordingError(f"{source}: captures of several protocols ({', '.join(protocols)})")
     anonymizer = Anonymizer(options, protocols.pop())
+    targets = []
     for n, path in enumerate(files, 1):  # learn every original first
         progress(f"reading {n}/{len(files)}: {path.name}")
+        relative = path.relative_to(source) if source.is_dir() else Path(path.name)
+        targets.append(out / _renamed(relative, anonymizer.names))
         for record in read_records(path):
             anonymizer.record(record)
     anonymizer.report = report = Report(files=len(files))
-    for n, path in enumerate(files, 1):
-        target = out / (path.relative_to(source) if source.is_dir() else path.name)
+    for n, (path, target) in enumerate(zip(files, targets, strict=True), 1):
         progress(f"writing {n}/{len(files)}: {target}")
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
@@ -379,6 +382,31 @@ def anonymize(
                 "left out"
             )
     return report, anonymizer.names
+
+
+# The names Sluice gives what it writes: a snapshot's directory (its reason
+# as a slug between the time and the id) and a segment's file.
+_SNAPSHOT_DIR = re.compile(r"^snapshot-(\d{8}T\d{6})(?:-.*)?-([0-9a-f]{6}|[0-9a-f]{12})$")
+_SEGMENT_FILE = re.compile(r"^sluice-\d{8}T\d{6}-[0-9a-f]{12}(?:-\d+)+" + re.escape(SUFFIX) + "$")
+
+
+def _renamed(relative: Path, names: Pseudonyms) -> Path:
+    """A recording's path below the capture, as the copy has it: a
+    snapshot's directory without its reason, Sluice's file names as they
+    are, any other name (its owner's choice: a customer, an incident) a
+    pseudonym."""
+    parts = []
+    for n, part in enumerate(relative.parts):
+        last = n == len(relative.parts) - 1
+        snapshot = _SNAPSHOT_DIR.match(part)
+        if snapshot and not last:
+            parts.append(f"snapshot-{snapshot.group(1)}-{snapshot.group(2)}")
+        elif last and _SEGMENT_FILE.match(part):
+            parts.append(part)
+        else:
+            stem = part[: -len(SUFFIX)] if last and part.endswith(SUFFIX) else part
+            parts.append(names.name("name", stem) + (SUFFIX if last else ""))
+    return Path(*parts)
 
 
 def _protocol(path: Path) -> str:
