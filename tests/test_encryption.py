@@ -295,3 +295,38 @@ def test_a_seal_that_fails_refuses_the_send_never_sends_plaintext(
         ("error", "closed"),
         ("rejected", "filter_error"),
     ]
+
+
+def _tiny_rsa_public_key(path: Path) -> None:
+    """A 512-bit RSA public key: too small for OAEP to wrap a 32-byte data
+    key (SHA-1 OAEP takes 42 bytes of the modulus for itself)."""
+    tiny = rsa.RSAPublicNumbers(65537, (1 << 511) | 0x1234567).public_key()
+    pem = tiny.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    path.write_bytes(pem)
+
+
+def test_a_key_file_replaced_by_a_key_too_small_to_wrap_keeps_every_entry_decryptable(
+    tmp_path: Path,
+) -> None:
+    public, _, key = key_pair(tmp_path, "k")
+    current = tmp_path / "current.pub.pem"
+    current.write_bytes(public.read_bytes())
+    clock = Clock()
+    f = Encryption(EncryptionSettings(public_keys={"k": str(current)}), clock=clock)
+    before = f.seal(TOPIC, b"a").keys
+    _tiny_rsa_public_key(current)
+    clock.now += CHECK_EVERY
+    for n in range(3):  # each entry opens with the key its metadata carries
+        sealed = f.seal(TOPIC, b"entry %d" % n)
+        assert sealed.keys == before  # the key read before stays in use
+        data_key = key.decrypt(sealed.keys[0].value, OAEP)
+        assert AESGCM(data_key).decrypt(sealed.param, sealed.data, None) == b"entry %d" % n
+    raw, keys, _ = f.lease()  # and so does the compiled path's lease
+    assert key.decrypt(keys[0].value, OAEP) == raw
+    # At start, it is refused in one line.
+    assert _refusal(_flag({"public_keys": {"k": str(current)}})) == (
+        f"filter 'encrypt': key 'k' ({current}) holds a 512-bit RSA key, too small to wrap "
+        "a data key (Pulsar's clients wrap with OAEP: at least 592 bits)"
+    )

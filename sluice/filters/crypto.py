@@ -51,6 +51,9 @@ IV_BYTES = 12
 TAG_BYTES = 16
 
 _OAEP = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(), label=None)
+# The smallest RSA modulus OAEP (SHA-1) wraps a data key with: the key, two
+# digests and two bytes.
+_RSA_MIN_BITS = 8 * (DATA_KEY_BYTES + 2 * hashes.SHA1.digest_size + 2)
 
 
 class BadKey(ValueError):
@@ -87,6 +90,11 @@ def public_key(pem: bytes, where: str) -> PublicKey:
             raise BadKey(f"{where} holds no PEM public key") from None
     if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
         raise BadKey(f"{where} holds {_kind(key)} key; Pulsar's clients read RSA and EC keys")
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < _RSA_MIN_BITS:
+        raise BadKey(
+            f"{where} holds a {key.key_size}-bit RSA key, too small to wrap a data key "
+            f"(Pulsar's clients wrap with OAEP: at least {_RSA_MIN_BITS} bits)"
+        )
     return key
 
 

@@ -149,13 +149,16 @@ class Encryption(Filter[EncryptionSettings]):
     # --- keys ----------------------------------------------------------------------
 
     def _rotate(self, now: float) -> None:
-        """A new data key, wrapped with every public key."""
-        data_key = self._raw_key = crypto.new_data_key()
-        self._data_key = crypto.DataKey(data_key)
+        """A new data key, wrapped with every public key. Taken into use
+        only once all is made: a wrap that fails leaves the current data key
+        and its wrapped keys together (an entry is never sealed with a data
+        key its metadata does not carry)."""
+        data_key = crypto.new_data_key()
         metadata = dict(self.settings.key_metadata)
-        self._keys = tuple(
+        keys = tuple(
             WrappedKey(f.name, crypto.wrap(f.key, data_key), metadata) for f in self._public
         )
+        self._raw_key, self._data_key, self._keys = data_key, crypto.DataKey(data_key), keys
         self._made = now
 
     def _current(self) -> tuple[crypto.DataKey, tuple[WrappedKey, ...]]:
