@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import enum
 import io
 import json
 import re
@@ -583,3 +584,28 @@ def test_maps_and_arrays_of_real_items_are_checked() -> None:
     ]}  # fmt: skip
     check = validator(Schema("AVRO", json.dumps(definition).encode()))
     assert check(b"\x00\x00", None) is None
+
+
+def test_json_enum_as_the_python_client_writes_it() -> None:
+    """Pulsar's Python client writes an enum field as its member's value (a
+    number for ``class Color(Enum): red = 1``), and reads that back; Jackson
+    reads a number as the symbol's position. Both pass; other types do not."""
+    from pulsar.schema import CustomEnum, JsonSchema, Record
+
+    class Color(enum.Enum):
+        red = 1
+        green = 2
+
+    class Paint(Record):  # type: ignore[misc]  # pulsar ships no types
+        color = CustomEnum(Color, required=True)
+
+    schema = JsonSchema(Paint)
+    check_paint = validator(Schema("JSON", schema.schema_info().schema().encode()))
+    written = schema.encode(Paint(color=Color.green))
+    assert json.loads(written) == {"color": 2}
+    assert check_paint(written, None) is None
+    assert check_paint(b'{"color": "red"}', None) is None
+    for wrong in (b'{"color": "blue"}', b'{"color": 1.5}', b'{"color": true}'):
+        found = check_paint(wrong, None)
+        assert found is not None and found.reason == "wrong_type", wrong
+        assert found.message.startswith("field 'color': expected one of 'red', 'green'")

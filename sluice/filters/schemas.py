@@ -21,7 +21,10 @@ what Pulsar's own clients write and read, per schema type:
   defaulted (Pulsar's JSON writer leaves nulls out); fields the schema does
   not name are allowed (Pulsar's JSON reader ignores them). Types are
   checked strictly: int and long take JSON integers in range, float and
-  double any number, bytes and fixed a (base64) string, enums a symbol.
+  double any number, bytes and fixed a (base64) string, enums a symbol or
+  an integer (Pulsar's Python client writes an enum member's value, a
+  number for most Python enums, and reads it back; Jackson reads a number
+  as the symbol's position).
 * PROTOBUF_NATIVE: the schema is a JSON document holding a serialized
   ``FileDescriptorSet`` (base64), the root file's name and the root
   message's full name. The payload must parse as that message, have no
@@ -496,7 +499,7 @@ class _JsonValidator:
                 return "number or string"
             return "string (base64)"
         if kind == "enum" and isinstance(node, dict):
-            return "one of " + ", ".join(repr(s) for s in node["symbols"])
+            return "one of " + ", ".join(repr(s) for s in node["symbols"]) + " (or a number)"
         return kind
 
     def _resolve(self, node: AvroSchema) -> AvroSchema:
@@ -540,7 +543,9 @@ class _JsonValidator:
                 and not isinstance(value, bool)
             )
         elif kind == "enum" and isinstance(node, dict):
-            ok = isinstance(value, str) and value in node["symbols"]
+            ok = (isinstance(value, str) and value in node["symbols"]) or (
+                isinstance(value, int) and not isinstance(value, bool)
+            )
         elif kind == "array" and isinstance(node, dict):
             if not isinstance(value, list):
                 return self._wrong(node, value, path)
