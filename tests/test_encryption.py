@@ -6,6 +6,7 @@ and opening deliveries (tests/test_encryption_e2e.py has the clients)."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -330,3 +331,24 @@ def test_a_key_file_replaced_by_a_key_too_small_to_wrap_keeps_every_entry_decryp
         f"filter 'encrypt': key 'k' ({current}) holds a 512-bit RSA key, too small to wrap "
         "a data key (Pulsar's clients wrap with OAEP: at least 592 bits)"
     )
+
+
+def test_bogus_wrapped_keys_in_deliveries_are_not_kept_whole(tmp_path: Path) -> None:
+    """What did not unwrap is remembered (one private-key operation per
+    bogus key), but not the bytes themselves: a producer writing large
+    junk under a key name Sluice holds cannot fill its memory."""
+    public, private, _ = key_pair(tmp_path, "k")
+    sealed = Encryption(EncryptionSettings(public_keys={"k": str(public)})).seal(TOPIC, b"m")
+    opener = Encryption(EncryptionSettings(private_keys={"k": str(private)}))
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for n in range(40):
+            junk = [WrappedKey("k", bytes([n]) * 1_000_000)]
+            assert opener.open(TOPIC, junk, sealed.param, sealed.data) is None
+        del junk
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 1_000_000  # 40 MB of junk came through
+    assert opener.open(TOPIC, sealed.keys, sealed.param, sealed.data) == b"m"

@@ -22,6 +22,7 @@ Nothing here logs, records or counts a key.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -137,7 +138,9 @@ class Encryption(Filter[EncryptionSettings]):
         self._made = now
         if self._public:
             self._rotate(now)
-        self._opened: dict[bytes, crypto.DataKey | None] = {}  # by the wrapped data key
+        # Unwrapped data keys, by the SHA-256 of their wrapped form (not the
+        # form itself: a delivery may carry megabytes under a key's name).
+        self._opened: dict[bytes, crypto.DataKey | None] = {}
 
     def sealer(self, direction: Direction) -> Sealer | None:
         if direction == PRODUCE and self._public:
@@ -202,15 +205,14 @@ class Encryption(Filter[EncryptionSettings]):
         """The data key ``wrapped`` holds, unwrapped once: what did not
         unwrap is remembered too, so that a message with a bogus key costs
         one private-key operation, not one per delivery."""
-        if wrapped.value in self._opened:
-            return self._opened[wrapped.value]
         private = self._private.get(wrapped.name)
         if private is None:
             return None
+        digest = hashlib.sha256(wrapped.value).digest()
+        if digest in self._opened:
+            return self._opened[digest]
         unwrapped = crypto.unwrap(private.key, wrapped.value)
         if len(self._opened) >= DATA_KEYS_KEPT:
             self._opened.clear()
-        data_key = self._opened[wrapped.value] = (
-            None if unwrapped is None else crypto.DataKey(unwrapped)
-        )
+        data_key = self._opened[digest] = None if unwrapped is None else crypto.DataKey(unwrapped)
         return data_key
