@@ -18,7 +18,14 @@ import logging
 from dataclasses import dataclass
 
 from sluice.filters.api import Filter
-from sluice.filters.schemas import SchemaUnsupported, Validator, validator
+from sluice.filters.schemas import (
+    Mismatch,
+    SchemaUnsupported,
+    Validator,
+    base64_key,
+    reads_key,
+    validator,
+)
 from sluice.protocols.filtering import PASS, Message, Reject, Schema, Verdict
 
 log = logging.getLogger("sluice.filters")
@@ -75,7 +82,8 @@ class SchemaValidation(Filter[SchemaSettings]):
             if settings.unsupported == "pass":
                 return PASS
             return Reject("schema_unsupported", check, error)
-        mismatch = check(message.payload, message.key_bytes)
+        key = _key(message) if reads_key(schema) else None
+        mismatch = key if isinstance(key, Mismatch) else check(message.payload, key)
         if mismatch is None:
             return PASS
         version = _version(schema.version)
@@ -99,6 +107,15 @@ class SchemaValidation(Filter[SchemaSettings]):
                 self._validators.clear()
             self._validators[key] = known
         return known
+
+
+def _key(message: Message) -> bytes | Mismatch | None:
+    """The message key's bytes, as a consumer reads them (None: no key)."""
+    if message.key is None:
+        return None
+    if message.key_is_base64:
+        return base64_key(message.key)
+    return message.key.encode()
 
 
 def _version(version: bytes | None) -> str:

@@ -44,7 +44,10 @@ what Pulsar's own clients write and read, per schema type:
   SEPARATED puts the key in the message key and the value in the payload.
   Each part is checked by its own schema, its messages prefixed ``key: ``
   or ``value: ``. A SEPARATED message without a key passes the key check:
-  Pulsar's client sends a null key that way.
+  Pulsar's client sends a null key that way. The key is the message key's
+  bytes: base64-decoded when the message marks it so (``base64_key``, as
+  Pulsar's Java client reads it), else its UTF-8. Only a SEPARATED
+  key/value reads the key (``reads_key``): other schemas leave it alone.
 * NONE, BYTES, AUTO_CONSUME: anything passes.
 
 Not checkable, so ``SchemaUnsupported``: PROTOBUF (its schema data is an
@@ -66,7 +69,8 @@ payload to check; callers skip it.
 ``unknown_field``   a protobuf field number the descriptor does not have
 ``wrong_size``      a fixed-width value of the wrong size
 ``not_utf8``        STRING bytes that are not text in the schema's charset
-``not_key_value``   an INLINE key/value payload whose lengths do not fit
+``not_key_value``   an INLINE key/value payload whose lengths do not fit, or a
+                    SEPARATED key marked base64 that is not
 
 ``Mismatch.message`` is one line for the client: it names the field (or
 the part: ``key``, ``value``) and says what was wrong with it.
@@ -94,7 +98,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from sluice.protocols.filtering import Schema
 
-__all__ = ["Mismatch", "SchemaUnsupported", "Validator", "validator"]
+__all__ = ["Mismatch", "SchemaUnsupported", "Validator", "base64_key", "reads_key", "validator"]
 
 NOT_AVRO: Final = "not_avro"
 TRAILING_BYTES: Final = "trailing_bytes"
@@ -724,6 +728,27 @@ def _messages_in(field: FieldDescriptor, value: Any) -> list[tuple[str, ProtoMes
 
 
 # -- KEY_VALUE ---------------------------------------------------------------
+
+
+def reads_key(schema: Schema) -> bool:
+    """Whether ``schema``'s check reads the message key (KEY_VALUE, SEPARATED)."""
+    if schema.type.upper() != "KEY_VALUE":
+        return False
+    return (schema.properties.get("kv.encoding.type") or "INLINE") == "SEPARATED"
+
+
+def base64_key(text: str) -> bytes | Mismatch:
+    """The bytes of a message key marked base64, as Pulsar's Java consumer
+    decodes them (java.util.Base64: the standard alphabet; padding optional,
+    but whole where present), or why it is not base64."""
+    try:
+        data = text.encode("ascii")
+        if b"=" not in data:
+            data += b"=" * (-len(data) % 4)
+        return base64.b64decode(data, validate=True)
+    except (UnicodeEncodeError, binascii.Error):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        return Mismatch(NOT_KEY_VALUE, f"key: not base64 ({shown!r}), as the message says it is")
 
 
 def _split(data: bytes) -> tuple[bytes | None, bytes | None, int] | str:
