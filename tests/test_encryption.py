@@ -352,3 +352,37 @@ def test_bogus_wrapped_keys_in_deliveries_are_not_kept_whole(tmp_path: Path) -> 
         tracemalloc.stop()
     assert kept < 1_000_000  # 40 MB of junk came through
     assert opener.open(TOPIC, sealed.keys, sealed.param, sealed.data) == b"m"
+
+
+# An EC public key on secp112r1, a curve the cryptography library does not take.
+UNSUPPORTED_CURVE_KEY = b"""-----BEGIN PUBLIC KEY-----
+MDIwEAYHKoZIzj0CAQYFK4EEAAYDHgAErOLeJcxOoVtZZHrYiT9guLoKck7KD6ia
+ha3+3Q==
+-----END PUBLIC KEY-----
+"""
+
+
+def test_a_key_file_replaced_by_a_key_on_an_unsupported_curve_keeps_the_key_before(
+    tmp_path: Path,
+) -> None:
+    first, _, first_key = key_pair(tmp_path, "first")
+    second, _, _ = key_pair(tmp_path, "second")
+    third, _, third_key = key_pair(tmp_path, "third")
+    one, two = tmp_path / "one.pub.pem", tmp_path / "two.pub.pem"
+    one.write_bytes(first.read_bytes())
+    two.write_bytes(second.read_bytes())
+    clock = Clock()
+    settings = EncryptionSettings(public_keys={"one": str(one), "two": str(two)})
+    f = Encryption(settings, clock=clock)
+    f.seal(TOPIC, b"a")
+    one.write_bytes(UNSUPPORTED_CURVE_KEY)  # unusable: the key before stays in use
+    two.write_bytes(third.read_bytes())  # changed in the same look: taken
+    clock.now += CHECK_EVERY
+    sealed = f.seal(TOPIC, b"b")
+    for wrapped, key in zip(sealed.keys, (first_key, third_key), strict=True):
+        data_key = key.decrypt(wrapped.value, OAEP)
+        assert AESGCM(data_key).decrypt(sealed.param, sealed.data, None) == b"b"
+    assert _refusal(_flag({"public_keys": {"k": str(one)}})) == (
+        f"filter 'encrypt': key 'k' ({one}) holds a key that cannot be used: "
+        "Curve 1.3.132.0.6 is not supported"
+    )

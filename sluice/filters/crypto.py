@@ -39,7 +39,7 @@ from __future__ import annotations
 import hmac
 import os
 
-from cryptography.exceptions import InvalidTag
+from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives import hmac as crypto_hmac
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
@@ -83,9 +83,13 @@ def public_key(pem: bytes, where: str) -> PublicKey:
     public half)."""
     try:
         key = serialization.load_pem_public_key(pem)
+    except UnsupportedAlgorithm as exc:
+        raise BadKey(f"{where} holds a key that cannot be used: {exc}") from None
     except ValueError:
         try:
             key = serialization.load_pem_private_key(pem, password=None).public_key()
+        except UnsupportedAlgorithm as exc:
+            raise BadKey(f"{where} holds a key that cannot be used: {exc}") from None
         except (ValueError, TypeError):
             raise BadKey(f"{where} holds no PEM public key") from None
     if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
@@ -104,6 +108,8 @@ def private_key(pem: bytes, where: str) -> PrivateKey:
         key = serialization.load_pem_private_key(pem, password=None)
     except TypeError:
         raise BadKey(f"{where} holds a password-protected key; give it unencrypted") from None
+    except UnsupportedAlgorithm as exc:
+        raise BadKey(f"{where} holds a key that cannot be used: {exc}") from None
     except ValueError:
         raise BadKey(f"{where} holds no PEM private key") from None
     if not isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
