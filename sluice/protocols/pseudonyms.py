@@ -115,7 +115,7 @@ class Pseudonyms:
         if len(parts) >= 2:
             new.insert(0, self.name("namespace", parts[-2]))
         if len(parts) >= 3:
-            new.insert(0, self.name("tenant", parts[-3]))
+            new.insert(0, self.name("tenant", parts[0]))
             if len(parts) > 3:  # an old topic name with its cluster
                 new[1:1] = [self.name("cluster", p) for p in parts[1:-2]]
         text = "/".join(new)
@@ -124,12 +124,15 @@ class Pseudonyms:
         return self._keep("topic", original, text)
 
     def namespace(self, original: str) -> str:
-        """``tenant/namespace`` (or a bare namespace) with each part replaced."""
+        """``tenant/namespace`` (or a bare namespace, or the v1 API's
+        ``property/cluster/namespace``) with each part replaced, as in a
+        topic's name."""
         if not original:
             return original
         *tenants, namespace = original.split("/")
-        parts = [self.name("tenant", t) for t in tenants[-1:]] + [self.name("namespace", namespace)]
-        return "/".join(parts)
+        parts = [self.name("tenant", t) for t in tenants[:1]]
+        parts += [self.name("cluster", c) for c in tenants[1:]]
+        return "/".join([*parts, self.name("namespace", namespace)])
 
     def host(self, original: str) -> str:
         """An IP address as another of its family (IPv4 in 10.0.0.0/8,
