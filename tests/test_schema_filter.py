@@ -60,3 +60,22 @@ def test_a_key_is_read_only_where_the_schema_puts_a_value_in_it() -> None:
     got = produce(separated, b"v", b64(b"\0\0\7"), key_is_base64=True)
     assert isinstance(got, Reject) and got.reason == "wrong_size"
     assert got.message.endswith("key: INT32 value: expected 4 bytes, got 3")
+
+
+def test_a_separated_key_value_tombstone_has_its_key_checked() -> None:
+    """Pulsar's Java client sends KeyValue(key, null) on a SEPARATED topic as
+    null_value with the key in the message key: the key is still checked,
+    and nothing else (the empty payload is no value)."""
+    separated = key_value("SEPARATED")
+    good, bad = b64(b"\0\0\0\7"), b64(b"\0\0\7")
+    assert produce(separated, b"", good, key_is_base64=True, null=True) is PASS
+    got = produce(separated, b"", bad, key_is_base64=True, null=True)
+    assert isinstance(got, Reject) and got.reason == "wrong_size"
+    assert got.message.endswith("key: INT32 value: expected 4 bytes, got 3")
+    got = produce(separated, b"", "abc!", key_is_base64=True, null=True)
+    assert isinstance(got, Reject) and got.reason == "not_key_value"
+    # No key (null_partition_key) and no value: nothing to check.
+    assert produce(separated, b"", None, null=True) is PASS
+    # Where the key is no part of the value, a tombstone passes whatever its key.
+    assert produce(key_value("INLINE"), b"", bad, key_is_base64=True, null=True) is PASS
+    assert produce(Schema("INT32", b""), b"", bad, key_is_base64=True, null=True) is PASS

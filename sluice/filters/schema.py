@@ -23,6 +23,7 @@ from sluice.filters.schemas import (
     SchemaUnsupported,
     Validator,
     base64_key,
+    key_validator,
     reads_key,
     validator,
 )
@@ -60,7 +61,10 @@ class SchemaValidation(Filter[SchemaSettings]):
 
     def __init__(self, settings: SchemaSettings) -> None:
         super().__init__(settings)
-        self._validators: dict[tuple[str, bytes, tuple[tuple[str, str], ...]], Validator | str] = {}
+        # By schema, and whether it checks a tombstone's key alone.
+        self._validators: dict[
+            tuple[str, bytes, tuple[tuple[str, str], ...], bool], Validator | str
+        ] = {}
 
     def on_produce(self, message: Message) -> Verdict:
         settings = self.settings
@@ -71,13 +75,16 @@ class SchemaValidation(Filter[SchemaSettings]):
             return Reject("encrypted", "an encrypted message cannot be checked against the "
                           f"schema of {message.topic}", error)  # fmt: skip
         schema = message.schema
-        if message.null:  # a tombstone: no value to check
+        # A tombstone has no value to check; a SEPARATED key/value's still
+        # has its key, which consumers read.
+        tombstone = message.null
+        if tombstone and (schema is None or not reads_key(schema) or message.key is None):
             return PASS
         if schema is None:
             if settings.without_schema == "pass":
                 return PASS
             return Reject("no_schema", f"{message.topic} has no schema", error)
-        check = self._validator(schema)
+        check = self._validator(schema, tombstone)
         if isinstance(check, str):
             if settings.unsupported == "pass":
                 return PASS
@@ -94,12 +101,12 @@ class SchemaValidation(Filter[SchemaSettings]):
             error,
         )
 
-    def _validator(self, schema: Schema) -> Validator | str:
-        key = (schema.type, schema.data, tuple(sorted(schema.properties.items())))
+    def _validator(self, schema: Schema, key_only: bool = False) -> Validator | str:
+        key = (schema.type, schema.data, tuple(sorted(schema.properties.items())), key_only)
         known = self._validators.get(key)
         if known is None:
             try:
-                known = validator(schema)
+                known = key_validator(schema) if key_only else validator(schema)
             except SchemaUnsupported as exc:
                 known = f"the {schema.type} schema cannot be checked: {exc}"
                 log.warning("schema filter: %s", known)

@@ -56,7 +56,8 @@ wire layout to check against), EXTERNAL (kept by another registry), any
 other type, and any schema definition that does not read.
 
 A message whose value is null (``null_value`` in its metadata) carries no
-payload to check; callers skip it.
+payload to check; callers skip it, but for a SEPARATED key/value, whose
+tombstones still carry a key, check that key with ``key_validator``.
 
 ``Mismatch.reason`` is one of these stable labels (metrics use them):
 
@@ -98,7 +99,15 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from sluice.protocols.filtering import Schema
 
-__all__ = ["Mismatch", "SchemaUnsupported", "Validator", "base64_key", "reads_key", "validator"]
+__all__ = [
+    "Mismatch",
+    "SchemaUnsupported",
+    "Validator",
+    "base64_key",
+    "key_validator",
+    "reads_key",
+    "validator",
+]
 
 NOT_AVRO: Final = "not_avro"
 TRAILING_BYTES: Final = "trailing_bytes"
@@ -791,15 +800,35 @@ def _prefixed(part: str, found: Mismatch | None) -> Mismatch | None:
     return None if found is None else Mismatch(found.reason, f"{part}: {found.message}")
 
 
-def _key_value(schema: Schema) -> Validator:
+def _parts(schema: Schema) -> tuple[Validator, Validator]:
+    """A KEY_VALUE schema's key and value checks."""
     split = _split(schema.data)
     if isinstance(split, str):
         raise SchemaUnsupported(f"KEY_VALUE schema definition: {split}")
     key_data, value_data, end = split
     if end != len(schema.data):
         raise SchemaUnsupported("KEY_VALUE schema definition has bytes after the value schema")
-    check_key = _part(schema, "key", key_data or b"")
-    check_value = _part(schema, "value", value_data or b"")
+    return _part(schema, "key", key_data or b""), _part(schema, "value", value_data or b"")
+
+
+def key_validator(schema: Schema) -> Validator:
+    """For a message without a value (a tombstone): the check of its key
+    alone, which a SEPARATED key/value carries in the message key (the
+    payload is not looked at). Schemas that keep no key there pass it.
+
+    Raises ``SchemaUnsupported`` as ``validator`` does."""
+    if not reads_key(schema):
+        return _accept
+    check_key, _ = _parts(schema)
+
+    def key_only(payload: bytes, key: bytes | None) -> Mismatch | None:
+        return None if key is None else _prefixed("key", check_key(key, None))
+
+    return key_only
+
+
+def _key_value(schema: Schema) -> Validator:
+    check_key, check_value = _parts(schema)
     encoding = schema.properties.get("kv.encoding.type") or "INLINE"  # Pulsar's default
     if encoding == "SEPARATED":
 
