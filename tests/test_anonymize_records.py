@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sluice.recording import format as fmt
-from sluice.recording.anonymize import Options, anonymize
+from sluice.recording.anonymize import Anonymizer, Options, anonymize
 from sluice.recording.format import PayloadPolicy, read_records, recording_files
 
 KEY = b"k" * 32
@@ -48,3 +48,57 @@ def test_directory_and_file_names_carry_no_reason_or_name(tmp_path: Path) -> Non
     for path in recording_files(tmp_path / "out"):
         kinds = [r["k"] for r in read_records(path)]
         assert kinds == ["header", "snapshot"], kinds
+
+
+def web_path(anonymizer: Anonymizer, path: str) -> str:
+    """An HTTP exchange's path, as the copy has it."""
+    return str(anonymizer.record({
+        "k": "http", "h": 1, "x": 1, "client": "10.9.8.7:5000", "t": 0, "w": 0,
+        "method": "GET", "path": path, "kind": "admin", "status": 200,
+        "req": {"h": [], "n": 0}, "res": {"h": [], "n": 0},
+    })["path"])  # fmt: skip
+
+
+def test_web_paths_lose_roles_clusters_brokers_functions_and_subscriptions() -> None:
+    """Admin API paths name more than tenants, namespaces and topics: a role
+    granted permissions, a cluster, a broker's address, a function (source,
+    sink, package), a subscription a namespace is cleared of; and the v1 API
+    names a topic in four parts. Each was kept unless a frame had named it
+    (a frame rarely does: the names were in the copy)."""
+    paths = {
+        "/admin/v2/namespaces/initech/labs/permissions/alice-admin": ["alice-admin"],
+        "/admin/v2/persistent/initech/labs/orders/permissions/bob-reader": ["bob-reader"],
+        "/admin/v2/clusters/uswest-prod": ["uswest-prod"],
+        "/admin/v2/clusters/uswest-prod/failureDomains/rack-seven": ["uswest-prod", "rack-seven"],
+        "/admin/v2/brokers/uswest-prod": ["uswest-prod"],
+        "/admin/v2/brokers/uswest-prod/broker-3.initech.corp:8080/ownedNamespaces":
+            ["uswest-prod", "broker-3", "initech.corp"],
+        "/admin/v3/functions/initech/labs/payroll-fn/status": ["initech", "labs", "payroll-fn"],
+        "/admin/v3/sinks/initech/labs/ledger-sink": ["initech", "labs", "ledger-sink"],
+        "/admin/v3/sources/initech/labs/hr-source": ["initech", "labs", "hr-source"],
+        "/admin/v3/packages/function/initech/labs/payroll-pkg/v1": ["initech", "payroll-pkg"],
+        "/admin/v2/namespaces/initech/labs/unsubscribe/audit-sub": ["audit-sub"],
+        "/admin/v2/namespaces/initech/labs/0x0_0x8/clearBacklog/audit-sub": ["audit-sub"],
+        "/admin/v2/bookies/racks-info/bookie-1.initech.corp:3181": ["bookie-1", "initech.corp"],
+        "/admin/persistent/initech/uswest-prod/labs/orders/stats":
+            ["initech", "uswest-prod", "labs", "orders"],
+        "/admin/namespaces/initech/uswest-prod/labs": ["initech", "uswest-prod", "labs"],
+        "/ws/consumer/persistent/initech/uswest-prod/labs/orders/audit-sub":
+            ["initech", "uswest-prod", "labs", "orders", "audit-sub"],
+        "/lookup/v2/destination/persistent/initech/uswest-prod/labs/orders":
+            ["initech", "uswest-prod", "labs", "orders"],
+    }  # fmt: skip
+    for path, originals in paths.items():
+        anonymizer = Anonymizer(Options(KEY, "hash"), "pulsar")  # nothing learnt elsewhere
+        done = web_path(anonymizer, path)
+        assert [o for o in originals if o in done] == [], (path, done)
+    # The words of the API itself stay, and a v1 path names a topic as its
+    # frames do (tenant, cluster, namespace, topic).
+    anonymizer = Anonymizer(Options(KEY, "hash"), "pulsar")
+    assert web_path(anonymizer, "/admin/v3/functions/builtins") == "/admin/v3/functions/builtins"
+    assert web_path(anonymizer, "/admin/v2/brokers/health") == "/admin/v2/brokers/health"
+    topic = anonymizer.names.topic("persistent://initech/uswest-prod/labs/orders")
+    done = web_path(anonymizer, "/admin/persistent/initech/uswest-prod/labs/orders/stats")
+    assert done == "/admin/" + topic.replace("://", "/") + "/stats", (done, topic)
+    namespace = anonymizer.names.namespace("initech/uswest-prod/labs")
+    assert namespace == "/".join(topic.split("://")[1].split("/")[:3]), (namespace, topic)

@@ -46,6 +46,25 @@ UNPARSED = "anonymized: its bytes did not parse, so none of them could be kept"
 # The web API's paths that name a topic, a namespace or a tenant.
 _DOMAINS = ("persistent", "non-persistent")
 _WS_SUBSCRIBERS = ("consumer", "reader")
+# Segments a namespace follows (a function's, source's, sink's: its name after).
+_FUNCTIONS = ("functions", "sources", "sinks")
+_NAMESPACED = (*_DOMAINS, "namespaces", "namespace", "schemas", "resource-quotas", *_FUNCTIONS)
+# Segments the next one of which is a name, and its kind: a role granted
+# permissions, a cluster (a broker's address after it under brokers), a
+# subscription, a failure domain or isolation policy, a bookie.
+_NEXT = {
+    "permissions": "role", "clusters": "cluster", "brokers": "cluster",
+    "subscription": "subscription", "unsubscribe": "subscription",
+    "clearBacklog": "subscription", "failureDomains": "name",
+    "namespaceIsolationPolicies": "name", "racks-info": "address",
+}  # fmt: skip
+# The API's own words where a name could be: never replaced.
+_API_WORDS = frozenset({
+    "subscription", "builtins", "connectors", "builtinsources", "builtinsinks",
+    "reloadBuiltInFunctions", "reloadBuiltInSources", "reloadBuiltInSinks", "configuration",
+    "health", "ready", "leaderBroker", "internal-configuration", "runtime", "backlog-quota-check",
+    "version", "shutdown", "cluster", "allocator", "brokers",
+})  # fmt: skip
 # Query keys of the WebSocket API that carry a name, and the kind of it.
 _QUERY_NAMES = {"producerName": "producer", "consumerName": "consumer", "readerName": "consumer"}
 # Header values that are an address (or a list of them: each replaced;
@@ -251,37 +270,56 @@ class Anonymizer:
         return self.names.scrub(value)
 
     def _path(self, path: str) -> str:
-        """A web API path: the topic, namespace, tenant and subscription its
-        segments name replaced (percent-decoded first, as the broker reads
-        them, so that they take the names' pseudonyms in frames), and the
-        names a WebSocket session goes by in the query; the rest scrubbed."""
+        """A web API path: the topic, namespace, tenant, subscription, role,
+        cluster, broker and function its segments name replaced
+        (percent-decoded first, as the broker reads them, so that they take
+        the names' pseudonyms in frames; the v1 API's names, with their
+        cluster, as v1 topics in frames), and the names a WebSocket session
+        goes by in the query; the rest scrubbed."""
         target, sep, query = path.partition("?")
         parts = target.split("/")
         names = self.names
+        # The v1 API names a topic property/cluster/namespace/topic.
+        v1 = "destination" in parts or not ({"v2", "v3"} & set(parts))
+        topic_size = 4 if v1 else 3
         i = 0
         while i < len(parts):
             segment = parts[i]
-            named = _named(parts, i + 1)  # the segments after this one, up to 3
-            if (segment in _DOMAINS or segment == "schemas") and len(named) == 3:
+            named = _named(parts, i + 1, topic_size)  # the segments after this one
+            after = named[0] if named and named[0] not in _API_WORDS else ""
+            if (segment in _DOMAINS or segment == "schemas") and len(named) == topic_size:
                 domain = segment if segment in _DOMAINS else _DOMAINS[0]
                 topic = names.topic(f"{domain}://{'/'.join(named)}")
-                parts[i + 1 : i + 4] = topic.split("://", 1)[1].split("/")
+                parts[i + 1 : i + 1 + topic_size] = topic.split("://", 1)[1].split("/")
                 subscriber = i >= 1 and parts[i - 1] in _WS_SUBSCRIBERS
-                if subscriber and i + 4 < len(parts) and parts[i + 4]:
-                    parts[i + 4] = names.name("subscription", unquote(parts[i + 4]))
-                i += 4
+                at = i + 1 + topic_size
+                if subscriber and at < len(parts) and parts[at]:
+                    parts[at] = names.name("subscription", unquote(parts[at]))
+                i = at
                 continue
-            if segment in (*_DOMAINS, "namespaces", "namespace", "schemas") and len(named) >= 2:
-                parts[i + 1 : i + 3] = names.namespace("/".join(named[:2])).split("/")
-                i += 3
+            if i >= 1 and parts[i - 1] == "packages":  # packages/{type}/{namespace}/{name}
+                segment = "functions"  # the type: read on as a function's
+            if segment in _NAMESPACED and len(named) >= topic_size - 1:
+                namespace = names.namespace("/".join(named[: topic_size - 1]))
+                parts[i + 1 : i + topic_size] = namespace.split("/")
+                i += topic_size
+                if segment in _FUNCTIONS and i < len(parts) and parts[i]:
+                    parts[i] = names.name("name", unquote(parts[i]))
+                    i += 1
                 continue
-            if segment in (*_DOMAINS, "namespaces", "namespace", "tenants") and named:
-                parts[i + 1] = names.name("tenant", named[0])
+            if segment in (*_NAMESPACED, "tenants", "properties") and after:
+                parts[i + 1] = names.name("tenant", after)
                 i += 2
                 continue
-            if segment == "subscription" and named:
-                parts[i + 1] = names.name("subscription", named[0])
+            if segment in _NEXT and after:
+                kind = _NEXT[segment]
+                parts[i + 1] = (
+                    names.address(after) if kind == "address" else names.name(kind, after)
+                )
                 i += 2
+                if segment == "brokers" and i < len(parts) and parts[i]:  # then a broker
+                    parts[i] = names.address(unquote(parts[i]))
+                    i += 1
                 continue
             i += 1
         return names.scrub("/".join(parts)) + (sep + self._query(query) if sep else "")
@@ -318,11 +356,12 @@ class Anonymizer:
         return value
 
 
-def _named(parts: list[str], start: int) -> list[str]:
-    """Up to three path segments from ``start`` on that are not empty,
-    percent-decoded: the tenant, namespace and topic a path may name."""
+def _named(parts: list[str], start: int, count: int) -> list[str]:
+    """Up to ``count`` path segments from ``start`` on that are not empty,
+    percent-decoded: the tenant (cluster), namespace and topic a path may
+    name."""
     named: list[str] = []
-    for part in parts[start : start + 3]:
+    for part in parts[start : start + count]:
         if not part:
             break
         named.append(unquote(part))
