@@ -102,3 +102,21 @@ def test_web_paths_lose_roles_clusters_brokers_functions_and_subscriptions() -> 
     assert done == "/admin/" + topic.replace("://", "/") + "/stats", (done, topic)
     namespace = anonymizer.names.namespace("initech/uswest-prod/labs")
     assert namespace == "/".join(topic.split("://")[1].split("/")[:3]), (namespace, topic)
+
+
+def test_a_filters_sent_frame_that_does_not_parse_is_said_to_be_withheld() -> None:
+    """A filter's changed frame (``sent``) whose bytes do not parse lost
+    them without a word: no ``withheld`` on it, not counted in the report,
+    unlike a frame record's."""
+    anonymizer = Anonymizer(Options(KEY), "pulsar")
+    junk = b"\x00\x00\x00\x09\x00\x00\x00\x05junk!"
+    done = anonymizer.record({"k": "filter", "c": 1, "t": 0, "w": 0, "filter": "mask",
+                              "action": "replaced", "d": 0, "n": 1,
+                              "sent": {"n": len(junk), "raw": junk}})  # fmt: skip
+    assert done["sent"]["raw"] == b""
+    assert "did not parse" in done["sent"].get("withheld", ""), done
+    assert anonymizer.report.withheld == 1
+    frame = anonymizer.record({"k": "frame", "c": 1, "d": 0, "t": 0, "w": 0, "n": len(junk),
+                               "raw": junk, "s": {"cmd": "UNKNOWN(5)"}})  # fmt: skip
+    assert frame["raw"] == b"" and frame["s"]["withheld"] == done["sent"]["withheld"]
+    assert anonymizer.report.withheld == 2

@@ -207,6 +207,9 @@ class Anonymizer:
         raw = sent.get("raw", b"")
         done = self._frame(raw, self.names, self._filler) if raw else None
         sent["raw"] = done[0] if done is not None else b""
+        if raw and done is None:  # as a frame record's: said, and counted
+            sent["withheld"] = UNPARSED
+            self.report.withheld += 1
         if done is not None and done[1] is not None:
             sent["p"] = self._payload_list(done[1])
         elif isinstance(sent.get("p"), list) and not self.options.digest:
