@@ -568,6 +568,12 @@ def test_schema_unsupported(schema: Schema, why: str) -> None:
         ]},
         {"type": "map", "values": {"type": "array", "items": {"type": "fixed", "name": "F",
                                                               "size": 0}}},
+        # An Avro error is a record by another name.
+        {"type": "array", "items": {"type": "error", "name": "E", "fields": []}},
+        {"type": "array", "items": {"type": "record", "name": "R", "fields": [
+            {"name": "e", "type": {"type": "error", "name": "E", "fields": []}}]}},
+        {"type": "error", "name": "W", "fields": [
+            {"name": "a", "type": {"type": "array", "items": "null"}}]},
     ],
 )  # fmt: skip
 def test_arrays_of_items_that_take_no_bytes_are_not_checked(definition: Any) -> None:

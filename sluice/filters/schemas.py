@@ -285,7 +285,7 @@ def _empty_items(node: AvroSchema, named: NamedSchemas, seen: set[str]) -> str |
         return _empty_items(node["items"], named, seen)
     if kind == "map":
         return _empty_items(node["values"], named, seen)
-    if kind == "record":
+    if kind in ("record", "error"):
         name = node.get("name", "")
         for field in node.get("fields", []):
             found = _empty_items(field["type"], named, seen | {name})
@@ -305,7 +305,7 @@ def _takes_no_bytes(node: AvroSchema, named: NamedSchemas, seen: set[str]) -> bo
         return False
     if isinstance(node, dict):
         kind = node.get("type")
-        if kind == "record":
+        if kind in ("record", "error"):  # an error is a record
             inner = seen | {node.get("name", "")}
             return all(_takes_no_bytes(f["type"], named, inner) for f in node.get("fields", []))
         if kind == "fixed":
