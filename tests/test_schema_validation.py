@@ -615,3 +615,25 @@ def test_json_enum_as_the_python_client_writes_it() -> None:
         found = check_paint(wrong, None)
         assert found is not None and found.reason == "wrong_type", wrong
         assert found.message.startswith("field 'color': expected one of 'red', 'green'")
+
+
+def test_json_non_finite_numbers_as_jackson_writes_them() -> None:
+    """Pulsar's Java JSON writer (Jackson, WRITE_NAN_AS_STRINGS on by
+    default) writes a double that is NaN or infinite as text, and reads that
+    text back; bare NaN is still no JSON, and other text no number."""
+    definition = {"type": "record", "name": "Reading", "fields": [
+        {"name": "celsius", "type": "double"},
+        {"name": "ratio", "type": ["null", "float"], "default": None},
+    ]}  # fmt: skip
+    check_reading = validator(Schema("JSON", json.dumps(definition).encode()))
+    for text in ("NaN", "Infinity", "-Infinity"):
+        assert check_reading(encoded({"celsius": text, "ratio": text}), None) is None
+    for wrong in ("nan", "inf", "12.5", ""):
+        found = check_reading(encoded({"celsius": wrong}), None)
+        assert found is not None and found.reason == "wrong_type", wrong
+        assert found.message.startswith("field 'celsius': expected double, got string")
+    for other in ({"x": 1}, [1], True, None):
+        found = check_reading(encoded({"celsius": other}), None)
+        assert found is not None and found.reason == "wrong_type", other
+    found = check_reading(b'{"celsius": NaN}', None)
+    assert found is not None and found.reason == "not_json"

@@ -21,7 +21,8 @@ what Pulsar's own clients write and read, per schema type:
   defaulted (Pulsar's JSON writer leaves nulls out); fields the schema does
   not name are allowed (Pulsar's JSON reader ignores them). Types are
   checked strictly: int and long take JSON integers in range, float and
-  double any number, bytes and fixed a (base64) string, enums a symbol or
+  double any number (or ``"NaN"``, ``"Infinity"``, ``"-Infinity"``: Jackson
+  writes them as text), bytes and fixed a (base64) string, enums a symbol or
   an integer (Pulsar's Python client writes an enum member's value, a
   number for most Python enums, and reads it back; Jackson reads a number
   as the symbol's position).
@@ -445,6 +446,10 @@ def _bytes(n: int) -> str:
 # -- JSON --------------------------------------------------------------------
 
 _INT_RANGE: Final = (-(2**31), 2**31 - 1)
+# How Jackson (Pulsar's Java JSON writer) writes a float or double that is
+# not a finite number: as text, by default (WRITE_NAN_AS_STRINGS); it reads
+# the text back as that number.
+_NON_FINITE: Final = frozenset({"NaN", "Infinity", "-Infinity"})
 _LONG_RANGE: Final = (-(2**63), 2**63 - 1)
 
 
@@ -545,7 +550,9 @@ class _JsonValidator:
                 return None
             ok = False
         elif kind in ("float", "double"):
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            ok = (isinstance(value, int | float) and not isinstance(value, bool)) or (
+                isinstance(value, str) and value in _NON_FINITE
+            )
         elif kind == "string":
             ok = isinstance(value, str)
         elif kind in ("bytes", "fixed"):
