@@ -386,3 +386,36 @@ def test_a_key_file_replaced_by_a_key_on_an_unsupported_curve_keeps_the_key_befo
         f"filter 'encrypt': key 'k' ({one}) holds a key that cannot be used: "
         "Curve 1.3.132.0.6 is not supported"
     )
+
+
+def test_two_encrypt_filters_on_one_topic_are_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the first of two encrypt filters naming a topic acts on it (an
+    entry is encrypted once): the second's recipients could not decrypt, so
+    the proxy says so, once, naming both; disjoint topics say nothing."""
+    one, _, _ = key_pair(tmp_path, "one")
+    two, _, _ = key_pair(tmp_path, "two")
+
+    def spec(topics: list[str], public: Path, name: str) -> FilterSpec:
+        return parse_flag("encrypt:" + json.dumps(
+            {"label": name, "topics": topics, "settings": {"public_keys": {name: str(public)}}}
+        ))  # fmt: skip
+
+    filters = make_filters(
+        [spec(["persistent://acme/pay/*"], one, "all-pay"),
+         spec(["persistent://acme/pay/cards"], two, "cards"),
+         spec(["persistent://acme/other/*"], two, "other")],
+        registry.get("pulsar"),
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="sluice.filters"):
+        chain = filters.chain("persistent://acme/pay/cards", PRODUCE, None)
+        assert chain is not None and chain.sealer is not None and chain.sealer[0] == "all-pay"
+        filters.chain("persistent://acme/pay/cards", PRODUCE, None)  # made once
+        filters.chain("persistent://acme/pay/loans", PRODUCE, None)
+        filters.chain("persistent://acme/other/x", PRODUCE, None)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "filters 'all-pay', 'cards' all encrypt what is produced to "
+        "persistent://acme/pay/cards; only 'all-pay' acts on it: put every key in one filter"
+    ], said

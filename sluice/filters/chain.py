@@ -56,7 +56,7 @@ _PARTITION = re.compile(r"-partition-\d+$")
 class FilterChain:
     """The filters one topic's messages go through in one direction."""
 
-    def __init__(self, direction: Direction, filters: list[Loaded]) -> None:
+    def __init__(self, direction: Direction, filters: list[Loaded], topic: str = "") -> None:
         self.direction = direction
         self._filters = filters
         self._hooks = [
@@ -74,6 +74,12 @@ class FilterChain:
         # acts: an entry is encrypted once).
         sealers = [(f.spec.id, s) for f in filters if (s := f.filter.sealer(direction))]
         self._sealer: tuple[str, Sealer] | None = sealers[0] if sealers else None
+        if len(sealers) > 1:  # said once per chain (chains are made once per topic)
+            what = "encrypt what is produced to" if direction == PRODUCE else "decrypt on"
+            log.warning(
+                "filters %s all %s %s; only %r acts on it: put every key in one filter",
+                ", ".join(repr(name) for name, _ in sealers), what, topic, sealers[0][0],
+            )  # fmt: skip
 
     @property
     def hooked(self) -> bool:
@@ -180,7 +186,7 @@ class Filters:
             for f in self.loaded
             if f.spec.runs(direction) and _acts(f, direction) and _applies(f, topic, role)
         ]
-        chain = FilterChain(direction, wanted) if wanted else None
+        chain = FilterChain(direction, wanted, topic) if wanted else None
         if len(self._chains) > MAX_SCHEMAS:
             self._chains.clear()
         self._chains[key] = chain
