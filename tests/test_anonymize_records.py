@@ -4,8 +4,10 @@ and file names, web API paths) and what it cannot parse."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+from sluice.protocols.pulsar import encode_payload, pb
 from sluice.recording import format as fmt
 from sluice.recording.anonymize import Anonymizer, Options, anonymize
 from sluice.recording.format import PayloadPolicy, read_records, recording_files
@@ -13,10 +15,12 @@ from sluice.recording.format import PayloadPolicy, read_records, recording_files
 KEY = b"k" * 32
 
 
-def capture_file(path: Path, *records: fmt.Record) -> Path:
+def capture_file(
+    path: Path, *records: fmt.Record, payloads: PayloadPolicy = PayloadPolicy.HASH
+) -> Path:
     """A recording of ``records`` after a header, at ``path``."""
     head = fmt.header(capture="0123456789ab", segment=1, started_ns=1,
-                      payloads=PayloadPolicy.HASH, sluice_version="0")  # fmt: skip
+                      payloads=payloads, sluice_version="0")  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(fmt.dumps([head, *records]))
     return path
@@ -120,3 +124,39 @@ def test_a_filters_sent_frame_that_does_not_parse_is_said_to_be_withheld() -> No
                                "raw": junk, "s": {"cmd": "UNKNOWN(5)"}})  # fmt: skip
     assert frame["raw"] == b"" and frame["s"]["withheld"] == done["sent"]["withheld"]
     assert anonymizer.report.withheld == 2
+
+
+def send(sequence: int, properties: dict[str, str]) -> bytes:
+    """A SEND frame of producer 1 with ``properties``."""
+    cmd = pb.BaseCommand(type=pb.BaseCommand.SEND)
+    cmd.send.producer_id, cmd.send.sequence_id = 1, sequence
+    meta = pb.MessageMetadata(producer_name="initech-producer", sequence_id=sequence,
+                              publish_time=1)  # fmt: skip
+    meta.properties.extend(pb.KeyValue(key=k, value=v) for k, v in properties.items())
+    return encode_payload(cmd, meta, b"payload")
+
+
+def test_many_names_and_connections_take_time_in_proportion(tmp_path: Path) -> None:
+    """Every new original made the free-text pattern be built again at the
+    next scrub, and reading the capture to learn the originals scrubbed each
+    connection's and close's text: a capture of a few thousand connections,
+    each with a message of its own property value (an order id), took
+    minutes, growing with the square of its size."""
+    records: list[fmt.Record] = []
+    for c in range(3000):
+        raw = send(c, {"order": f"order-{c:08d}"})
+        records += [
+            {"k": "conn", "c": c, "t": c, "w": c, "client": "192.0.2.7:4000",
+             "broker": "pulsar://broker.initech.corp:6650", "kind": "proxied",
+             "listener": "plain"},
+            {"k": "frame", "c": c, "d": 0, "t": c, "w": c, "n": len(raw), "raw": raw},
+            {"k": "close", "c": c, "t": c, "w": c, "reason": "closed"},
+        ]  # fmt: skip
+    source = capture_file(tmp_path / "in.sluice", *records, payloads=PayloadPolicy.FULL)
+    started = time.monotonic()
+    report, names = anonymize(source, tmp_path / "out", Options(KEY))
+    took = time.monotonic() - started
+    assert report.frames == 3000 and len(names.table["value"]) == 3000
+    assert took < 20, f"{took:.1f} s"
+    data = b"".join(p.read_bytes() for p in recording_files(tmp_path / "out"))
+    assert b"order-00002999" not in data and b"initech" not in data

@@ -71,6 +71,10 @@ class Pseudonyms:
         self.property_values = tuple(property_values)
         self.property_keys = tuple(property_keys)
         self.table: dict[str, dict[str, str]] = {}  # kind -> original -> pseudonym
+        # While the caller only learns the originals (its first read), free
+        # text is not scrubbed: the pattern would be built again for every
+        # original added, the square of a capture's names in all.
+        self.learning = False
         self._scrub: re.Pattern[str] | None = None
         self._scrubbed: dict[str, str] = {}
         self._scrub_size = -1
@@ -199,7 +203,7 @@ class Pseudonyms:
         """``text`` with every original the table holds (of at least
         ``SCRUB_MIN`` characters) replaced by its pseudonym, longest first:
         for text no field says the kind of."""
-        if not text:
+        if not text or self.learning:
             return text
         pattern = self._pattern()
         if pattern is None:

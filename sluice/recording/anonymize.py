@@ -402,12 +402,14 @@ def anonymize(
         raise RecordingError(f"{source}: captures of several protocols ({', '.join(protocols)})")
     anonymizer = Anonymizer(options, protocols.pop())
     targets = []
+    anonymizer.names.learning = True  # nothing written yet: free text left as it is
     for n, path in enumerate(files, 1):  # learn every original first
         progress(f"reading {n}/{len(files)}: {path.name}")
         relative = path.relative_to(source) if source.is_dir() else Path(path.name)
         targets.append(out / _renamed(relative, anonymizer.names))
         for record in read_records(path):
             anonymizer.record(record)
+    anonymizer.names.learning = False
     anonymizer.report = report = Report(files=len(files))
     for n, (path, target) in enumerate(zip(files, targets, strict=True), 1):
         progress(f"writing {n}/{len(files)}: {target}")
