@@ -160,3 +160,26 @@ def test_many_names_and_connections_take_time_in_proportion(tmp_path: Path) -> N
     assert took < 20, f"{took:.1f} s"
     data = b"".join(p.read_bytes() for p in recording_files(tmp_path / "out"))
     assert b"order-00002999" not in data and b"initech" not in data
+
+
+def test_headers_that_name_intermediaries_lose_their_hosts() -> None:
+    """A proxy between the client and Sluice names itself in ``Via`` and
+    ``X-Forwarded-Server`` (and the host asked for in ``X-Original-Host``,
+    ``X-Host``): these were scrubbed as free text only, so a host no other
+    record named stayed as it was."""
+    anonymizer = Anonymizer(Options(KEY, "hash"), "pulsar")
+    headers = [["via", "1.1 squid.initech.corp:3128 (squid/5.7), 1.0 gw-2.initech.corp"],
+               ["x-forwarded-server", "edge-1.initech.corp"],
+               ["x-original-host", "pulsar-admin.initech.corp"],
+               ["x-host", "pulsar.initech.corp:8443"]]  # fmt: skip
+    done = anonymizer.record({
+        "k": "http", "h": 1, "x": 1, "client": "10.9.8.7:5000", "t": 0, "w": 0,
+        "method": "GET", "path": "/admin/v2/clusters", "kind": "admin", "status": 200,
+        "req": {"h": headers, "n": 0}, "res": {"h": [], "n": 0},
+    })  # fmt: skip
+    values = dict(done["req"]["h"])
+    assert not any("initech" in v for v in values.values()), values
+    # Via keeps its protocols, ports and comments; every host is a pseudonym.
+    hosts = [anonymizer.names.host(h) for h in ("squid.initech.corp", "gw-2.initech.corp")]
+    assert values["via"] == f"1.1 {hosts[0]}:3128 (squid/5.7), 1.0 {hosts[1]}", values
+    assert values["x-host"] == anonymizer.names.address("pulsar.initech.corp:8443")

@@ -72,7 +72,7 @@ _QUERY_NAMES = {"producerName": "producer", "consumerName": "consumer", "readerN
 _ADDRESS_HEADERS = frozenset({
     "host", "x-forwarded-for", "x-forwarded-host", "x-real-ip", "forwarded", "x-client-ip",
     "true-client-ip", "x-cluster-client-ip", "cf-connecting-ip", "fastly-client-ip",
-    "x-original-forwarded-for",
+    "x-original-forwarded-for", "x-forwarded-server", "x-original-host", "x-host",
 })  # fmt: skip
 # Record fields that are codes, never names.
 _CODES = frozenset({"k", "cmd", "kind", "action", "on", "op", "error", "method"})
@@ -268,9 +268,20 @@ class Anonymizer:
     def _header_value(self, name: str, value: str) -> str:
         if name.lower() in _ADDRESS_HEADERS:
             return ",".join(self.names.address(v.strip()) for v in value.split(","))
+        if name.lower() == "via":
+            return ", ".join(self._via(v.strip()) for v in value.split(","))
         if name.lower() in ("location", "referer", "origin"):
             return self.names.url(value) if "://" in value else self._path(value)
         return self.names.scrub(value)
+
+    def _via(self, element: str) -> str:
+        """One of ``Via``'s elements, ``protocol received-by [(comment)]``:
+        the intermediary's host replaced, the comment scrubbed."""
+        protocol, _, rest = element.partition(" ")
+        by, _, comment = rest.strip().partition(" ")
+        if not by:
+            return self.names.scrub(element)
+        return " ".join(filter(None, (protocol, self.names.address(by), self.names.scrub(comment))))
 
     def _path(self, path: str) -> str:
         """A web API path: the topic, namespace, tenant, subscription, role,
