@@ -183,3 +183,26 @@ def test_headers_that_name_intermediaries_lose_their_hosts() -> None:
     hosts = [anonymizer.names.host(h) for h in ("squid.initech.corp", "gw-2.initech.corp")]
     assert values["via"] == f"1.1 {hosts[0]}:3128 (squid/5.7), 1.0 {hosts[1]}", values
     assert values["x-host"] == anonymizer.names.address("pulsar.initech.corp:8443")
+
+
+def test_an_absolute_location_or_referer_path_is_read_as_a_web_path() -> None:
+    """A relative ``Location`` went through the web path's names, an
+    absolute one (or a ``Referer``, an ``Origin``) only had its path
+    scrubbed: a cluster, role or percent-encoded topic it named stayed."""
+    anonymizer = Anonymizer(Options(KEY, "hash"), "pulsar")
+    headers = [
+        ["referer", "https://console.initech.corp/admin/v2/clusters/uswest-prod?q=1"],
+        ["location", "http://[2001:db8::5]:8080/admin/v2/persistent/t/n/my%20orders"],
+    ]
+    done = anonymizer.record({
+        "k": "http", "h": 1, "x": 1, "client": "10.9.8.7:5000", "t": 0, "w": 0,
+        "method": "GET", "path": "/", "kind": "admin", "status": 200,
+        "req": {"h": headers, "n": 0}, "res": {"h": [], "n": 0},
+    })  # fmt: skip
+    values = dict(done["req"]["h"])
+    names = anonymizer.names
+    cluster = names.name("cluster", "uswest-prod")
+    host = names.host("console.initech.corp")
+    assert values["referer"] == f"https://{host}/admin/v2/clusters/{cluster}", values
+    topic = names.topic("persistent://t/n/my orders").replace("://", "/")
+    assert values["location"] == f"http://{names.address('[2001:db8::5]:8080')}/admin/v2/{topic}"

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from sluice.protocols import registry
 from sluice.protocols.pseudonyms import Pseudonyms
@@ -220,7 +220,7 @@ class Anonymizer:
         names = self.names
         r["client"] = names.address(r.get("client", ""))
         r["path"] = self._path(r.get("path", ""))
-        r["hops"] = [[names.url(u), self._path(t)] for u, t in r.get("hops", []) or []]
+        r["hops"] = [[self._url(u), self._path(t)] for u, t in r.get("hops", []) or []]
         for side in ("req", "res"):
             part = r.get(side)
             if not isinstance(part, dict):
@@ -271,8 +271,19 @@ class Anonymizer:
         if name.lower() == "via":
             return ", ".join(self._via(v.strip()) for v in value.split(","))
         if name.lower() in ("location", "referer", "origin"):
-            return self.names.url(value) if "://" in value else self._path(value)
+            return self._url(value) if "://" in value else self._path(value)
         return self.names.scrub(value)
+
+    def _url(self, url: str) -> str:
+        """A URL of the web side: its host replaced (user information, query
+        and fragment left out, as ``Pseudonyms.url`` leaves them), its path
+        read as a web API path."""
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # not a URL: all of it, as Pseudonyms.url
+            return self.names.url(url)
+        base = self.names.url(urlunsplit((parts.scheme, parts.netloc, "", "", "")))
+        return base + (self._path(parts.path) if parts.path else "")
 
     def _via(self, element: str) -> str:
         """One of ``Via``'s elements, ``protocol received-by [(comment)]``:
