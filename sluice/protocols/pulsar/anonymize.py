@@ -181,7 +181,28 @@ def _replace(message: Message, names: Pseudonyms) -> None:
             else:
                 setattr(message, field.name, _string(field.name, text(value), names))
         elif field.type == _BYTES and field.name == "schema_data":
-            setattr(message, field.name, names.scrub_bytes(value))
+            assert isinstance(message, pb.Schema)
+            setattr(message, field.name, _schema_data(message, value, names))
+
+
+def _schema_data(schema: pb.Schema, data: bytes, names: Pseudonyms) -> bytes:
+    """A schema's definition scrubbed as text; a KEY_VALUE schema's two
+    definitions each, behind their 4-byte lengths made again (as one text
+    the lengths would no longer fit, and one that is not UTF-8 would not be
+    scrubbed at all). Data of another shape: scrubbed as one text."""
+    if schema.type == pb.Schema.KeyValue:
+        parts, at = [], 0
+        while at + 4 <= len(data) and len(parts) < 2:
+            size = int.from_bytes(data[at : at + 4], "big")
+            if size > len(data) - at - 4:
+                break
+            parts.append(data[at + 4 : at + 4 + size])
+            at += 4 + size
+        if len(parts) == 2 and at == len(data):
+            return b"".join(
+                len(p).to_bytes(4, "big") + p for p in (names.scrub_bytes(p) for p in parts)
+            )
+    return names.scrub_bytes(data)
 
 
 def _repeated(field: FieldDescriptor) -> bool:
