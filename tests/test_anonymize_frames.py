@@ -45,7 +45,9 @@ def test_a_key_value_schemas_parts_are_scrubbed_each_and_keep_their_lengths() ->
         cmd.producer.schema.schema_data = key_value(key, value)
         done = anonymized_frame(encode(cmd), names)
         assert done is not None
-        data = decode_frame(done[0]).command.producer.schema.schema_data
+        command = decode_frame(done[0]).command
+        assert command is not None
+        data = command.producer.schema.schema_data
         for original in (b"initech", b"payroll", b"salaries"):
             assert original not in data, (padding, original, data)
         key_part, value_part = parts(data)

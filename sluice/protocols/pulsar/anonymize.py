@@ -191,7 +191,8 @@ def _schema_data(schema: pb.Schema, data: bytes, names: Pseudonyms) -> bytes:
     the lengths would no longer fit, and one that is not UTF-8 would not be
     scrubbed at all). Data of another shape: scrubbed as one text."""
     if schema.type == pb.Schema.KeyValue:
-        parts, at = [], 0
+        parts: list[bytes] = []
+        at = 0
         while at + 4 <= len(data) and len(parts) < 2:
             size = int.from_bytes(data[at : at + 4], "big")
             if size > len(data) - at - 4:
