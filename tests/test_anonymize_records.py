@@ -206,3 +206,30 @@ def test_an_absolute_location_or_referer_path_is_read_as_a_web_path() -> None:
     assert values["referer"] == f"https://{host}/admin/v2/clusters/{cluster}", values
     topic = names.topic("persistent://t/n/my orders").replace("://", "/")
     assert values["location"] == f"http://{names.address('[2001:db8::5]:8080')}/admin/v2/{topic}"
+
+
+def test_ip_addresses_in_free_text_are_replaced_wherever_they_are(tmp_path: Path) -> None:
+    """An IPv4 address in text no field says the kind of (a header Sluice
+    does not know, Envoy's X-Envoy-External-Address; an error message; a
+    reason) was kept unless a field had named it: it now takes the
+    pseudonym the address has everywhere."""
+    http = {
+        "k": "http", "h": 1, "x": 1, "client": "192.0.2.7:5000", "t": 0, "w": 0, "te": 0,
+        "method": "GET", "path": "/admin/v2/clusters", "kind": "admin", "status": 200,
+        "req": {"h": [["x-envoy-external-address", "203.0.113.45"],
+                      ["x-note", "from 192.0.2.7 via 198.51.100.9:8080; v1.2.3"]], "n": 0},
+        "res": {"h": [], "n": 0},
+    }  # fmt: skip
+    snapshot = {"k": "snapshot", "t": 1, "w": 1, "seconds": 3,
+                "reason": "broker 198.51.100.9 stalled"}  # fmt: skip
+    source = capture_file(tmp_path / "in.sluice", http, snapshot)
+    _, names = anonymize(source, tmp_path / "out", Options(KEY))
+    data = b"".join(p.read_bytes() for p in recording_files(tmp_path / "out"))
+    for original in (b"203.0.113.45", b"192.0.2.7", b"198.51.100.9"):
+        assert original not in data, original
+    records = [r for p in recording_files(tmp_path / "out") for r in read_records(p)]
+    headers = dict(records[1]["req"]["h"])
+    client = records[1]["client"].split(":")[0]
+    assert headers["x-note"] == f"from {client} via {names.host('198.51.100.9')}:8080; v1.2.3"
+    assert headers["x-envoy-external-address"] == names.host("203.0.113.45")
+    assert records[2]["reason"] == f"broker {names.host('198.51.100.9')} stalled"

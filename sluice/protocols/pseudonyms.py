@@ -52,6 +52,8 @@ PREFIXES = {
 # would take letters out of every other word.
 SCRUB_MIN = 3
 _PARTITION = re.compile(r"^(.*)(-partition-\d+)$")
+# An IPv4 address in free text (not a piece of a longer dotted number).
+_IPV4 = r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?!\d|\.\d)"
 
 
 class Pseudonyms:
@@ -203,12 +205,22 @@ class Pseudonyms:
         """``text`` with every original the table holds (of at least
         ``SCRUB_MIN`` characters) replaced by its pseudonym, longest first:
         for text no field says the kind of."""
-        if not text or self.learning:
+        if not text:
             return text
-        pattern = self._pattern()
-        if pattern is None:
+        if self.learning:  # only the addresses it holds, to be in the table
+            for found in re.finditer(_IPV4, text):
+                if _is_ip(found.group(0)):
+                    self.host(found.group(0))
             return text
-        return pattern.sub(lambda m: self._scrubbed[m.group(0)], text)
+        return self._pattern().sub(self._replacement, text)
+
+    def _replacement(self, found: re.Match[str]) -> str:
+        text = found.group(0)
+        known = self._scrubbed.get(text)
+        if known is not None:
+            return known
+        # An IPv4 address no field named (a header's, an error message's).
+        return self.host(text) if _is_ip(text) else text
 
     def scrub_bytes(self, data: bytes) -> bytes:
         """Text in bytes scrubbed; bytes that are not UTF-8 stay as they are."""
@@ -218,7 +230,7 @@ class Pseudonyms:
             return data
         return self.scrub(text).encode()
 
-    def _pattern(self) -> re.Pattern[str] | None:
+    def _pattern(self) -> re.Pattern[str]:
         size = sum(len(t) for t in self.table.values())
         if size != self._scrub_size:
             self._scrub_size = size
@@ -236,7 +248,11 @@ class Pseudonyms:
                     pairs.setdefault(pseudonym, pseudonym)
             self._scrubbed = pairs
             ordered = sorted(pairs, key=len, reverse=True)
-            self._scrub = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+            # Any IPv4 address first (one in the table takes its pseudonym,
+            # a pseudonym stays), so that an original address is never
+            # taken out of a longer one.
+            self._scrub = re.compile("|".join([_IPV4, *map(re.escape, ordered)]))
+        assert self._scrub is not None
         return self._scrub
 
     def originals(self) -> list[str]:
@@ -255,3 +271,11 @@ class Pseudonyms:
         if reveal:
             out["originals"] = {kind: dict(entries) for kind, entries in sorted(self.table.items())}
         return out
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
