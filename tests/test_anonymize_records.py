@@ -233,3 +233,15 @@ def test_ip_addresses_in_free_text_are_replaced_wherever_they_are(tmp_path: Path
     assert headers["x-note"] == f"from {client} via {names.host('198.51.100.9')}:8080; v1.2.3"
     assert headers["x-envoy-external-address"] == names.host("203.0.113.45")
     assert records[2]["reason"] == f"broker {names.host('198.51.100.9')} stalled"
+
+
+def test_the_report_names_a_truncated_file_by_its_copy(tmp_path: Path) -> None:
+    """The report (shareable: it holds no originals) named a file cut short
+    by its original name, which the copy had replaced."""
+    snapshot = {"k": "snapshot", "t": 1, "w": 1, "seconds": 3, "reason": "x"}
+    path = capture_file(tmp_path / "in" / "initech-payroll.sluice", snapshot, snapshot)
+    path.write_bytes(path.read_bytes()[:-3])  # its last record cut short
+    report, _ = anonymize(tmp_path / "in", tmp_path / "out", Options(KEY))
+    assert len(report.truncated) == 1, report.truncated
+    (copy,) = recording_files(tmp_path / "out")
+    assert "initech" not in report.truncated[0] and copy.name in report.truncated[0], report

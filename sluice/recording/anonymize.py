@@ -444,8 +444,8 @@ def anonymize(
         os.replace(partial, target)
         if result.truncated_bytes:
             report.truncated.append(
-                f"{path.name}: its last {result.truncated_bytes} bytes, an incomplete record, "
-                "left out"
+                f"{target.relative_to(out)}: its last {result.truncated_bytes} bytes, an "
+                "incomplete record, left out"
             )
     return report, anonymizer.names
 
