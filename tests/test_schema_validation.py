@@ -592,6 +592,17 @@ def test_maps_and_arrays_of_real_items_are_checked() -> None:
     assert check(b"\x00\x00", None) is None
 
 
+def test_a_long_map_key_is_cut_short_in_the_message() -> None:
+    """The key is the producer's data: a rejection names where, briefly."""
+    definition = {"type": "record", "name": "R", "fields": [
+        {"name": "m", "type": {"type": "map", "values": "int"}},
+    ]}  # fmt: skip
+    check = validator(Schema("JSON", json.dumps(definition).encode()))
+    found = check(json.dumps({"m": {"k" * 100_000: "not an int"}}).encode(), None)
+    assert found is not None and found.reason == "wrong_type"
+    assert found.message == f"field 'm[{'k' * 37}...]': expected int, got string 'not an int'"
+
+
 def test_json_enum_as_the_python_client_writes_it() -> None:
     """Pulsar's Python client writes an enum field as its member's value (a
     number for ``class Color(Enum): red = 1``), and reads that back; Jackson

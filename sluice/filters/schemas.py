@@ -458,6 +458,13 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _map_key(key: object) -> str:
+    """A map key in a field's path, at most 40 characters (a key is the
+    producer's data: a long one must not make a long message)."""
+    text = str(key)
+    return f"[{text if len(text) <= 40 else text[:37] + '...'}]"
+
+
 def _shown(value: Any) -> str:
     """A JSON value as a message shows it: ``string 'abc'``, ``object``, ..."""
     if value is None:
@@ -578,7 +585,7 @@ class _JsonValidator:
             if not isinstance(value, dict):
                 return self._wrong(node, value, path)
             for k, item in value.items():
-                found = self._walk(node["values"], item, f"{path}[{k}]")
+                found = self._walk(node["values"], item, path + _map_key(k))
                 if found is not None:
                     return found
             return None
@@ -737,7 +744,7 @@ def _messages_in(field: FieldDescriptor, value: Any) -> list[tuple[str, ProtoMes
         value_field = entry.fields_by_name["value"]
         if value_field.type != FieldDescriptor.TYPE_MESSAGE:
             return []
-        return [(f"[{k}]", v) for k, v in value.items()]
+        return [(_map_key(k), v) for k, v in value.items()]
     if field.is_repeated:
         return [(f"[{i}]", v) for i, v in enumerate(value)]
     return [("", value)]
