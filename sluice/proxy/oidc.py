@@ -88,9 +88,22 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
     opener = urllib.request.build_opener(
         urllib.request.HTTPSHandler(context=context), _NoDowngrade()
     )
+    # The socket's timeout bounds each read; this, the whole (a document
+    # trickling in a byte at a time is cut off too).
+    deadline = time.monotonic() + timeout
     try:
         with opener.open(request, timeout=timeout) as answer:
-            data: bytes = answer.read(MAX_DOCUMENT + 1)
+            chunks: list[bytes] = []
+            size = 0
+            while size <= MAX_DOCUMENT:
+                if time.monotonic() > deadline:
+                    raise FetchError(f"{url}: no answer within {timeout:g}s")
+                chunk: bytes = answer.read1(64 * 1024)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
     except urllib.error.HTTPError as exc:
         detail = exc.read(MAX_DOCUMENT) if body is not None else b""  # an OAuth2 error says why
         raise FetchError(f"{url}: HTTP {exc.code}{_oauth2_error(detail)}") from None
@@ -119,10 +132,15 @@ def _oauth2_error(detail: bytes) -> str:
 async def fetch(
     url: str, context: ssl.SSLContext, timeout: float, body: bytes | None = None
 ) -> bytes:
-    """``_fetch`` in a worker thread; abandoned (not waited for) when cancelled."""
-    return await trio.to_thread.run_sync(
-        _fetch, url, body, context, timeout, abandon_on_cancel=True
-    )
+    """``_fetch`` in a worker thread, FetchError when it takes longer than
+    ``timeout`` in all (connecting, TLS, the answer); the thread is then
+    abandoned (not waited for: it ends at its own deadline, within a read's
+    timeout), as it is when cancelled."""
+    with trio.move_on_after(timeout):
+        return await trio.to_thread.run_sync(
+            _fetch, url, body, context, timeout, abandon_on_cancel=True
+        )
+    raise FetchError(f"{url}: no answer within {timeout:g}s")
 
 
 class Issuers:

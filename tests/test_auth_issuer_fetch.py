@@ -1,0 +1,74 @@
+"""Fetching an OpenID Connect issuer's documents (``sluice/proxy/oidc.py``):
+bounded in time as a whole, not per read, and Sluice's own OAuth2 secret
+never posted in the clear. Tiny HTTPS servers of the test's own, in threads."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from sluice.proxy.oidc import FetchError, client_context, fetch
+from tests.helpers.support import https_server
+
+
+class Drip(http.server.BaseHTTPRequestHandler):
+    """Answers 200 with a 100-byte body, one byte every 0.1 s (10 s in
+    all): each read is quick, the whole is not."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        try:
+            for _ in range(100):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass  # the client gave up
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_document_that_trickles_in_fails_within_the_timeout(tmp_path: Path) -> None:
+    """An issuer (or whatever answers in its name) that sends its key set a
+    byte at a time, each within the socket timeout, held the fetch for as
+    long as it liked: every CONNECT waiting for that issuer's keys waited
+    with it, and the scheduled refresh of every issuer stopped behind it.
+    As docs/proxy.md says, a fetch slower than --connect-timeout fails."""
+    with https_server(tmp_path, Drip) as (server, ca):
+        url = f"https://localhost:{server.server_address[1]}/jwks"
+        context = client_context(ca)
+
+        async def main() -> float:
+            began = time.monotonic()
+            with pytest.raises(FetchError, match="within 1s"):
+                await fetch(url, context, 1.0)
+            return time.monotonic() - began
+
+        took = trio.run(main)
+    assert took < 3.0, took
+
+
+def test_a_quick_document_is_fetched_whole(tmp_path: Path) -> None:
+    body = json.dumps({"keys": [{"kid": str(i)} for i in range(5000)]}).encode()
+
+    class Quick(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with https_server(tmp_path, Quick) as (server, ca):
+        url = f"https://localhost:{server.server_address[1]}/jwks"
+        assert trio.run(fetch, url, client_context(ca), 5.0) == body
