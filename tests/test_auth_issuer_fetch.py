@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import http.server
 import json
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import trio
 
-from sluice.proxy.oidc import FetchError, client_context, fetch
-from tests.helpers.support import https_server
+from sluice.protocols.oidc import ClientCredentials
+from sluice.proxy.oidc import FetchError, client_context, fetch, own_token_once
+from tests.helpers.support import https_answers, https_server
 
 
 class Drip(http.server.BaseHTTPRequestHandler):
@@ -72,3 +74,43 @@ def test_a_quick_document_is_fetched_whole(tmp_path: Path) -> None:
     with https_server(tmp_path, Quick) as (server, ca):
         url = f"https://localhost:{server.server_address[1]}/jwks"
         assert trio.run(fetch, url, client_context(ca), 5.0) == body
+
+
+def test_own_secret_is_not_posted_in_the_clear_for_an_https_issuer(tmp_path: Path) -> None:
+    """Sluice's OAuth2 issuer given as https, whose discovery document names
+    a token endpoint over plain http: the client secret is not posted there
+    (it was: anyone on the path read it, and could then log in as Sluice,
+    a proxy role that may name any role). A redirect there is refused
+    already; a named endpoint is no different."""
+    posted: list[bytes] = []
+
+    class Plain(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append(self.rfile.read(int(self.headers["Content-Length"])))
+            answer = json.dumps({"access_token": "T", "expires_in": 3600}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{plain.server_address[1]}/token"
+    try:
+        with https_answers(
+            tmp_path,
+            lambda base, path: json.dumps({"issuer": base, "token_endpoint": endpoint}).encode(),
+        ) as (issuer, ca):
+            key_file = tmp_path / "credentials.json"
+            key_file.write_text(json.dumps({"client_id": "sluice", "client_secret": "s3cret"}))
+            own = ClientCredentials.load(issuer, key_file)
+            with pytest.raises(FetchError, match="not https"):
+                trio.run(own_token_once, own, client_context(ca), 5.0)
+    finally:
+        plain.shutdown()
+        plain.server_close()
+    assert posted == []
+    assert own.current() == b""

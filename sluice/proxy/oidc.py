@@ -204,9 +204,19 @@ async def own_token_once(
     or TokenRefused when there is none."""
     if credentials.token_endpoint is None:
         credentials.discovered(await fetch(credentials.discovery_url, context, timeout))
-    assert credentials.token_endpoint is not None
-    answer = await fetch(credentials.token_endpoint, context, timeout, body=credentials.request())
+    endpoint = credentials.token_endpoint
+    assert endpoint is not None
+    if _scheme(credentials.issuer) == "https" and _scheme(endpoint) != "https":
+        # The client secret goes in the request: an https issuer's is not
+        # sent in the clear, as a redirect to http is not followed either.
+        raise FetchError(f"the token endpoint of {credentials.issuer} is "
+                         f"{clipped(endpoint)}, not https")  # fmt: skip
+    answer = await fetch(endpoint, context, timeout, body=credentials.request())
     return credentials.took(answer, time.time())
+
+
+def _scheme(url: str) -> str:
+    return urllib.parse.urlsplit(url).scheme.lower()
 
 
 async def keep_own_token(
