@@ -34,6 +34,7 @@ never the token.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,9 @@ _EC_ALGORITHM: dict[type[ec.EllipticCurve], str] = {
     ec.SECP384R1: "ES384",
     ec.SECP521R1: "ES512",
 }
+# What an HTTP header value may be (RFC 9110, 5.5: visible characters,
+# obs-text, and spaces or tabs between them), as h11 writes it.
+_HEADER_VALUE = re.compile(rb"[\x21-\x7e\x80-\xff]([\x20-\x7e\x80-\xff\t]*[\x21-\x7e\x80-\xff])?")
 _KNOWN_ALGORITHMS = frozenset(
     f"{family}{bits}" for family in ("HS", "RS", "PS", "ES") for bits in ("256", "384", "512")
 )
@@ -452,9 +456,14 @@ class ProxyAuth:
             client = self.authenticate("tls", b"", peer_role, now)
         else:
             raise AuthError(f"no credentials (accepted: {', '.join(self.methods) or 'none'})")
+        role = client.role.encode()
+        if not _HEADER_VALUE.fullmatch(role):
+            # A header of its own (CR LF), or one HTTP cannot write.
+            raise AuthError(f"the role {clipped(client.role)} cannot be sent as a header "
+                            "(control characters, or whitespace at an end)")  # fmt: skip
         own = self.own
         headers = [(b"authorization", b"Bearer " + own.data)] if own.method == "token" else []
-        return client, [*headers, (b"x-original-principal", client.role.encode())]
+        return client, [*headers, (b"x-original-principal", role)]
 
     def upstream(self, client: Identity) -> UpstreamAuth:
         """Sluice's credentials, naming ``client`` as the original principal."""

@@ -1,0 +1,63 @@
+"""The role a client's credential names, as Sluice passes it on in proxy
+mode: on the web port it becomes a header (``X-Original-Principal``), so a
+role no header can carry is refused there as a bad credential (401), not
+left to break the request."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import h11
+import pytest
+
+from sluice.brokers.apache_pulsar import hs256_token
+from sluice.protocols.pulsar.auth import AuthError, ProxyAuth
+
+SECRET = b"s" * 32
+
+
+def proxy_auth(tmp_path: Path) -> ProxyAuth:
+    key, own = tmp_path / "secret.key", tmp_path / "own.token"
+    key.write_bytes(SECRET)
+    own.write_text("OWN\n")
+    return ProxyAuth.load(secret_key=key, public_key=None, role_claim="sub", own_token=own,
+                          tls_roles=True, forward_auth_data=False)  # fmt: skip
+
+
+def request(headers: list[tuple[bytes, bytes]]) -> h11.Request:
+    """The request as Sluice's HTTP listener builds it for the broker."""
+    return h11.Request(method="GET", target="/admin/v2/clusters",
+                       headers=[(b"host", b"broker"), *headers])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "role",
+    [
+        "app\r\nX-Original-Principal: admin",  # a header of its own
+        "app\nadmin",
+        "app\x00",
+        " admin",  # whitespace a header value cannot start or end with
+        "admin\t",
+    ],
+)
+def test_a_role_no_header_can_carry_is_refused_on_the_web_port(role: str, tmp_path: Path) -> None:
+    """Before, such a role (signed into a token by the key or an issuer:
+    ``sub`` or a role claim some identity providers let users choose)
+    reached h11, which refused to write the request: the connection ended
+    with an internal error and no answer, and the log called it a bug."""
+    auth = proxy_auth(tmp_path)
+    token = hs256_token(SECRET, role, time.time() + 60)
+    assert auth.authenticate("token", token.encode(), None).role == role  # the binary port's
+    with pytest.raises(AuthError, match="cannot be sent as a header"):
+        auth.web_credentials(f"Bearer {token}", None)
+
+
+@pytest.mark.parametrize("role", ["app", "team/app", "app@example.com", "r\u00f4le", "a b"])
+def test_roles_a_header_carries_go_on_as_they_are(role: str, tmp_path: Path) -> None:
+    auth = proxy_auth(tmp_path)
+    token = hs256_token(SECRET, role, time.time() + 60)
+    client, headers = auth.web_credentials(f"Bearer {token}", None)
+    assert client.role == role
+    assert (b"x-original-principal", role.encode()) in headers
+    request(headers)  # h11 writes it
