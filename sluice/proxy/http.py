@@ -56,6 +56,7 @@ from sluice.protocols.http import (
     request_kind,
     rewrite_lookup,
     status_class,
+    unlisted,
     with_credentials,
 )
 from sluice.protocols.http.recorded import redact_target
@@ -428,13 +429,18 @@ class HttpRelay:
                 # read is measured here.
                 await self._refuse(conn, stream, self._header_too_large())
                 return
+            # Read before the headers the Connection header names go: one
+            # naming Authorization says it is for Sluice's hop.
+            authorization = header(event.headers, b"authorization")
             event = h11.Request(
                 method=event.method,
                 target=origin_form(event.target),
-                headers=forwarded_for(event.headers, client),
+                # The headers the client's Connection header names go
+                # before Sluice adds its own, which it must not take away.
+                headers=forwarded_for(unlisted(event.headers), client),
                 http_version=event.http_version,
             )
-            await self._exchange(conn, stream, event, upstreams)
+            await self._exchange(conn, stream, event, upstreams, authorization)
             if conn.our_state is h11.SWITCHED_PROTOCOL:
                 await self._websocket(conn, stream, event, upstreams)
                 return
@@ -482,13 +488,14 @@ class HttpRelay:
         stream: trio.abc.Stream,
         request: h11.Request,
         upstreams: dict[HttpUrl, Upstream],
+        authorization: bytes | None,
     ) -> None:
         kind = request_kind(request.target)
         started = trio.current_time()
         status = 0
         try:
             with trio.fail_after(self.config.http_request_timeout):
-                status = await self._relay(conn, stream, request, upstreams)
+                status = await self._relay(conn, stream, request, upstreams, authorization)
         except Refusal as refusal:
             status = refusal.status
             await self._refuse(conn, stream, refusal, request)
@@ -545,6 +552,7 @@ class HttpRelay:
         stream: trio.abc.Stream,
         request: h11.Request,
         upstreams: dict[HttpUrl, Upstream],
+        authorization: bytes | None,
     ) -> int:
         """One request to the broker (and on to the brokers its redirects
         name), the answer to the client; the status the client got."""
@@ -556,7 +564,7 @@ class HttpRelay:
                 f"Upgrade: {asked.decode(errors='replace')} is not relayed "
                 "(WebSocket is the one protocol Sluice switches to)",
             )
-        request = await self._authenticated(request, stream)
+        request = await self._authenticated(request, stream, authorization)
         body = await self._read_body(conn, stream, request)
         if self.faults.active:
             await self._fault(stream, request)
@@ -654,13 +662,15 @@ class HttpRelay:
         else:  # drop, disconnect: no answer
             raise trio.BrokenResourceError(f"closed by fault rule {rule.id}")
 
-    async def _authenticated(self, request: h11.Request, stream: trio.abc.Stream) -> h11.Request:
-        """The request as it goes on: in proxy mode, its client checked
-        (401 otherwise) and its credentials replaced by Sluice's own and the
+    async def _authenticated(
+        self, request: h11.Request, stream: trio.abc.Stream, authorization: bytes | None
+    ) -> h11.Request:
+        """The request as it goes on: in proxy mode, its client checked by
+        ``authorization`` (the client's, as it came) or its certificate (401
+        otherwise) and its credentials replaced by Sluice's own and the
         client's role. A WebSocket upgrade keeps the client's own credentials
         once checked, so that the broker's WebSocket service grants the
         session no more than the client's role."""
-        authorization = header(request.headers, b"authorization")
         role = certificate_cn(stream) if isinstance(stream, trio.SSLStream) else None
         if self.credentials is None:
             return request

@@ -7,7 +7,8 @@ on trio streams); what is decided here takes values and returns values:
   ``framed_twice``: a request after which the connection is closed;
   ``h11_reason``: why h11 refused a message, its bytes left out.
 - ``forward_headers`` / ``answer_headers``: the headers passed on, less the
-  hop-by-hop ones (each hop frames its own message); ``with_credentials``:
+  hop-by-hop ones (each hop frames its own message); ``unlisted``: a
+  request's own before Sluice adds any; ``with_credentials``:
   the client's credentials replaced (proxy-mode authentication).
 - ``parse_http_url``: ``--broker-http`` and the URLs brokers name.
 - ``Redirects``: which 307/308 answers Sluice follows itself, and when a
@@ -153,6 +154,39 @@ def _end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
     headers = list(headers)
     dropped = _HOP_BY_HOP | _connection_tokens(headers)
     return [(n, v) for n, v in headers if n.lower() not in dropped]
+
+
+# Headers Sluice frames, reads or writes itself for each hop: a client's
+# Connection header naming one does not take it away (``unlisted``).
+_OWN_FRAMING = _HOP_BY_HOP | {b"host", b"content-length"}
+
+
+def unlisted(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """A client's request headers less those its ``Connection`` header
+    names (hop-by-hop, for the client's hop only), and that header naming
+    no others: done before Sluice adds headers of its own
+    (``X-Forwarded-For``; in proxy mode, its ``Authorization`` and the
+    client's role in ``X-Original-Principal``), so that a client's
+    ``Connection: X-Original-Principal`` cannot take away what Sluice
+    asserts (``forward_headers`` drops what the Connection header names,
+    then). The names Sluice frames and reads itself stay (``Upgrade``,
+    ``Content-Length``, ...)."""
+    headers = list(headers)
+    listed = _connection_tokens(headers) - _OWN_FRAMING
+    if not listed:
+        return headers
+    kept: Headers = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower in listed:
+            continue
+        if lower == b"connection":
+            tokens = [t.strip() for t in value.split(b",") if t.strip()]
+            value = b", ".join(t for t in tokens if t.lower() not in listed)
+            if not value:
+                continue
+        kept.append((name, value))
+    return kept
 
 
 def forward_headers(

@@ -1,0 +1,187 @@
+"""The HTTP listener (``sluice/proxy/http.py``) in process, in front of a
+small web service of the test's own on loopback (raw bytes both ways), so
+that what reaches the "broker" and what the client gets back can be read
+exactly: headers Sluice passes on or asserts, the requests it makes.
+
+The upstream is the test's: what is tested is Sluice's relay, not a
+broker's behaviour.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from sluice.addresses import Address
+from sluice.brokers.apache_pulsar import hs256_token
+from sluice.protocols.http import Headers, parse_http_url, unlisted
+from sluice.protocols.pulsar.auth import AuthError, ProxyAuth
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.backend import Unauthorized
+from sluice.proxy.config import ProxyConfig
+from sluice.proxy.http import HttpRelay
+from sluice.proxy.metrics import HttpMetrics
+
+
+@dataclass
+class Upstream:
+    """A web service on loopback: each request's head (and body by its
+    Content-Length) kept, each answered with ``answer`` (raw bytes)."""
+
+    answer: Callable[[bytes], bytes]
+    port: int = 0
+    heads: list[bytes] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._one, listeners)
+
+    async def _one(self, stream: trio.SocketStream) -> None:
+        buffer = b""
+        with trio.move_on_after(10):
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(buffer) < length:
+                    buffer += await stream.receive_some(65536)
+                self.heads.append(head)
+                self.bodies.append(buffer[:length])
+                buffer = buffer[length:]
+                await stream.send_all(self.answer(head))
+
+    def headers(self, index: int = -1) -> Headers:
+        """The ``index``th request's headers, names lower-cased."""
+        lines = self.heads[index].split(b"\r\n")[1:]
+        return [
+            (n.strip().lower(), v.strip()) for n, _, v in (line.partition(b":") for line in lines)
+        ]
+
+
+def ok(body: bytes = b"ok", *extra: bytes) -> Callable[[bytes], bytes]:
+    def answer(head: bytes) -> bytes:
+        more = b"".join(h + b"\r\n" for h in extra)
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), more, body)
+
+    return answer
+
+
+Credentials = Callable[[str | None, str | None], Awaitable[Headers | None]]
+
+
+@asynccontextmanager
+async def relay(
+    upstream: Upstream,
+    credentials: Credentials | None = None,
+    routes: dict[str, str] | None = None,
+    **settings: object,
+) -> AsyncIterator[tuple[HttpRelay, int]]:
+    """Sluice's HTTP listener in front of ``upstream``; it and its port."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(upstream.serve)
+        config = ProxyConfig(
+            broker=parse_broker_url("pulsar://127.0.0.1:6650"),
+            http_listen=Address("127.0.0.1", 0),
+            broker_http=parse_http_url(f"http://127.0.0.1:{upstream.port}"),
+            **settings,  # type: ignore[arg-type]
+        )
+
+        async def listener_urls(urls: object) -> dict[str, str]:
+            return dict(routes or {})
+
+        web = HttpRelay(config, HttpMetrics(CollectorRegistry()), listener_urls, credentials)
+        addresses = await web.open()
+        nursery.start_soon(web.serve)
+        yield web, addresses["http"].port
+        nursery.cancel_scope.cancel()
+
+
+async def exchange(port: int, data: bytes) -> bytes:
+    """``data`` written to Sluice's listener; all it answers until it closes
+    (or goes quiet for a second)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(data)
+        got = b""
+        with trio.move_on_after(5):
+            while True:
+                with trio.move_on_after(1) as quiet:
+                    chunk = await stream.receive_some(65536)
+                if quiet.cancelled_caught or not chunk:
+                    break
+                got += chunk
+        return got
+
+
+def proxy_auth(directory: Path) -> tuple[Credentials, str]:
+    """``--auth-mode proxy``'s checks (Sluice's key, its own token "SLUICE"),
+    as the web port calls them; and a client token for role ``app``."""
+    secret = secrets.token_bytes(32)
+    (directory / "clients.key").write_bytes(secret)
+    (directory / "sluice.token").write_text("SLUICE\n")
+    auth = ProxyAuth.load(
+        secret_key=directory / "clients.key",
+        public_key=None,
+        role_claim="sub",
+        own_token=directory / "sluice.token",
+        tls_roles=False,
+        forward_auth_data=False,
+    )
+
+    async def credentials(authorization: str | None, role: str | None) -> Headers | None:
+        try:
+            return auth.web_credentials(authorization, role)[1]
+        except AuthError as exc:
+            raise Unauthorized(str(exc)) from None
+
+    return credentials, hs256_token(secret, "app")
+
+
+async def test_a_connection_header_cannot_take_away_what_sluice_asserts(tmp_path: Path) -> None:
+    """Headers a client's Connection header names are its hop's only, and
+    stay behind; but Sluice's own are added after: a client naming
+    X-Original-Principal (or Authorization, X-Forwarded-For) there used to
+    have Sluice drop its own, and in proxy mode the broker got Sluice's
+    token with no principal: Sluice's role, not the client's."""
+    upstream = Upstream(ok())
+    credentials, token = proxy_auth(tmp_path)
+    async with relay(upstream, credentials) as (_, port):
+        answer = await exchange(
+            port,
+            b"GET /admin/v2/tenants HTTP/1.1\r\nHost: sluice\r\n"
+            b"Authorization: Bearer " + token.encode() + b"\r\n"
+            b"Connection: keep-alive, X-Original-Principal, Authorization, X-Forwarded-For, "
+            b"X-Hop\r\nX-Original-Principal: admin\r\nX-Hop: 1\r\nX-Forwarded-For: 10.9.9.9\r\n"
+            b"Connection: close\r\n\r\n",
+        )
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    sent = upstream.headers()
+    assert (b"authorization", b"Bearer SLUICE") in sent
+    assert [v for n, v in sent if n == b"x-original-principal"] == [b"app"]
+    assert [v for n, v in sent if n == b"x-forwarded-for"] == [b"127.0.0.1"]
+    assert not [n for n, _ in sent if n in (b"x-hop", b"connection")], sent
+
+
+def test_connection_named_headers_go_before_sluices_own() -> None:
+    sent = [(b"Connection", b"Upgrade, X-Hop, close"), (b"X-Hop", b"1"),
+            (b"Upgrade", b"websocket"), (b"Content-Length", b"0")]  # fmt: skip
+    assert unlisted(sent) == [(b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
+                              (b"Content-Length", b"0")]  # fmt: skip
+    assert unlisted([(b"Connection", b"x-hop"), (b"X-Hop", b"1")]) == []
