@@ -451,3 +451,42 @@ def test_connections_recorded_from_mid_stream_are_said(broker: EmbeddedBroker,
     assert late and f"{', '.join(late)} recorded from mid-stream" in report, report
     assert "EXPECTED" in report, report
     assert "RECORDED FROM MID-STREAM" in transcript.read_text()
+
+
+@pytest.mark.e2e
+def test_a_connection_the_recording_proxy_refused_is_not_replayed(
+    recording: Path, tmp_path: Path
+) -> None:
+    """A client whose first frame was no CONNECT (a PING here) was refused by
+    the recording proxy itself, answered with the proxy's own ERROR: the
+    broker never saw it, so replay neither sends it nor waits for that
+    ERROR (it was reported MISSING, after a --timeout, and DIVERGED)."""
+    out = tmp_path / "refused"
+    out.mkdir()
+    ping = encode(command(T("PING")))
+    refusal = pb.CommandError(request_id=2**64 - 1, error=pb.NotAllowedError,
+                              message="expected CONNECT, got PING")  # fmt: skip
+    error = encode(command(T("ERROR"), refusal))
+    for n, path in enumerate(recording_files(recording)):
+        records = list(read_records(path))
+        if n == 0:
+            first = next(r for r in records if r["k"] == "conn")
+            t, w = first["t"], first["w"]
+            refused = [
+                {**first, "c": 9999, "kind": "invalid"},
+                {"k": "frame", "c": 9999, "d": 0, "t": t, "w": w, "n": len(ping), "raw": ping,
+                 "s": {"cmd": "PING"}},
+                {"k": "frame", "c": 9999, "d": 1, "t": t, "w": w, "n": len(error), "raw": error,
+                 "s": {"cmd": "ERROR"}},
+                {"k": "close", "c": 9999, "t": t, "w": w, "reason": "handshake"},
+            ]  # fmt: skip
+            records[1:1] = refused
+        (out / path.name).write_bytes(fmt.dumps(records))
+    transcript = tmp_path / "t.txt"
+    with EmbeddedBroker() as fresh:
+        result = replay(out, fresh, "--transcript", str(transcript))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 diverged, 0 missing, 0 unexpected" in result.stdout, result.stdout
+    assert "c9999 were refused by the recording proxy" in result.stdout, result.stdout
+    assert "ran out" not in result.stdout, result.stdout
+    assert "c9999 ~~~ REFUSED BY THE RECORDING PROXY" in transcript.read_text()

@@ -29,6 +29,9 @@ class Outcome:
     dropped: int = 0
     late: list[str] = field(default_factory=list)
     expected: list[tuple[str, str, str]] = field(default_factory=list)
+    # Connections the recording proxy refused at the handshake (no valid
+    # CONNECT first): they never reached a broker, so they are not replayed.
+    refused: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, recording: Recording) -> Outcome:
@@ -95,6 +98,12 @@ def report(outcome: Outcome, out: Any) -> None:
             f"note: the recording is incomplete: {'; '.join(parts)}. Differences on those "
             f"connections after that point ({len(outcome.expected)}) are listed as EXPECTED, "
             "not counted as divergence; other connections may differ because of it too\n"
+        )
+    if outcome.refused:
+        out.write(
+            f"note: {', '.join(outcome.refused)} were refused by the recording proxy at the "
+            "handshake (their first frame was no valid CONNECT): they never reached a broker, "
+            "so they are not replayed\n"
         )
     if outcome.faults:
         out.write(

@@ -134,6 +134,8 @@ class Keyer:
 
 
 AGAIN = "again"  # the first element of a redelivered MESSAGE's key
+# The kind of a connection the recording proxy refused at the handshake.
+REFUSED = "invalid"
 
 
 def is_answer(key: Key) -> bool:
@@ -385,26 +387,27 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
     speed = parse_speed(args.speed)
     remap = Remap()
     outcome = Outcome.of(recording)
+    # Connections the recording proxy refused at the handshake (their first
+    # frame was no valid CONNECT) never reached a broker: what they were
+    # answered was the proxy's, so they are not replayed nor compared.
+    replayed = [conn for conn in recording.connections if conn.kind != REFUSED]
+    outcome.refused = [conn.name for conn in recording.connections if conn.kind == REFUSED]
     lives: dict[tuple[str, int], Live] = {}
     client_frames = sorted(
-        ((conn, rf) for conn in recording.connections for rf in conn.frames if rf.from_client),
+        ((conn, rf) for conn in replayed for rf in conn.frames if rf.from_client),
         key=lambda item: item[1].index,
     )
     # Every broker frame, by capture position, to know what preceded a client frame.
     broker_frames = sorted(
-        ((conn, rf) for conn in recording.connections for rf in conn.frames if not rf.from_client),
+        ((conn, rf) for conn in replayed for rf in conn.frames if not rf.from_client),
         key=lambda item: item[1].index,
     )
-    say(
-        f"replaying {len(recording.connections)} connections, {len(client_frames)} client frames "
-        f"against {broker}"
-    )
+    say(f"replaying {len(replayed)} connections, {len(client_frames)} client frames "
+        f"against {broker}")  # fmt: skip
     # Connections the recording shows closed, in the order they were: each
     # is closed when the replay gets there (a client that went away, a
     # broker that hung up), not kept open to the end.
-    closes = sorted(
-        (conn.closed_at, conn.key) for conn in recording.connections if conn.closed_at is not None
-    )
+    closes = sorted((conn.closed_at, conn.key) for conn in replayed if conn.closed_at is not None)
     started = time.monotonic()
     async with trio.open_nursery() as nursery:
         waited = 0
@@ -488,6 +491,12 @@ def compare(
 ) -> list[str]:
     transcript: list[str] = []
     for conn in recording.connections:
+        if conn.kind == REFUSED:
+            transcript.append(f"{conn.name} ~~~ REFUSED BY THE RECORDING PROXY AT THE HANDSHAKE "
+                              "(never reached a broker): not replayed")  # fmt: skip
+            transcript += [f"{conn.name} {'C→B' if rf.from_client else 'B→C'} NOT REPLAYED "
+                           f"{normalise(rf.frame)}" for rf in conn.frames]  # fmt: skip
+            continue
         live = lives.get(conn.key)
         faults = list(conn.faults)
         notes = incomplete_notes(recording, conn)
