@@ -9,6 +9,7 @@ broker's behaviour.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from sluice.proxy.backend import Unauthorized
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.http import HttpRelay
 from sluice.proxy.metrics import HttpMetrics
+from sluice.proxy.shared import PLAIN
 
 
 @dataclass
@@ -185,3 +187,40 @@ def test_connection_named_headers_go_before_sluices_own() -> None:
     assert unlisted(sent) == [(b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
                               (b"Content-Length", b"0")]  # fmt: skip
     assert unlisted([(b"Connection", b"x-hop"), (b"X-Hop", b"1")]) == []
+
+
+LOOKUP_ANSWER = json.dumps({
+    "brokerUrl": "pulsar://b1:6650", "brokerUrlTls": "pulsar+ssl://b1:6651",
+    "httpUrl": "http://b1:8080", "httpUrlTls": "https://b1:8443", "nativeUrl": "pulsar://b1:6650",
+}).encode()  # fmt: skip
+
+
+async def lookup(port: int, target: bytes) -> dict[str, object]:
+    """A GET's answer, as JSON."""
+    answer = await exchange(
+        port, b"GET " + target + b" HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n"
+    )
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), answer
+    parsed = json.loads(body)
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+async def test_lookups_of_v1_topic_names_name_sluice_too() -> None:
+    """The Java and C++ clients look a v1 topic name
+    (persistent://property/cluster/namespace/topic) up under
+    /lookup/v2/destination/: its answer names the owner as a v2 lookup's
+    does, and used to reach the client unchanged (its producers and
+    consumers then went to the broker around Sluice)."""
+    upstream = Upstream(ok(LOOKUP_ANSWER, b"Content-Type: application/json"))
+    async with relay(upstream, routes={PLAIN: "pulsar://sluice:7000"}) as (web, port):
+        for target in (
+            b"/lookup/v2/topic/persistent/t/n/x",
+            b"/lookup/v2/destination/persistent/p/c/n/x",
+            b"/lookup/v2/destination/non-persistent/p/c/n/x?authoritative=false",
+        ):
+            answer = await lookup(port, target)
+            assert answer["brokerUrl"] == answer["nativeUrl"] == "pulsar://sluice:7000", target
+            assert answer["brokerUrlTls"] is None
+            assert answer["httpUrl"] == web.own_url and answer["httpUrlTls"] is None

@@ -132,13 +132,22 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status < 600 else "5xx"
 
 
+# Where a broker answers a topic lookup with the owner's URLs: v2 topic
+# names (tenant/namespace/topic), and v1 ones (property/cluster/namespace/
+# topic), which the Java and C++ clients look up under /lookup/v2/destination/.
+_LOOKUPS = tuple(
+    b"/lookup/v2/%s/%s/" % (kind, domain)
+    for kind in (b"topic", b"destination")
+    for domain in (b"persistent", b"non-persistent")
+)
+
+
 def is_topic_lookup(method: bytes, target: bytes) -> bool:
-    """``GET /lookup/v2/topic/{persistent|non-persistent}/…``: answered with
-    the owner's URLs, which Sluice rewrites."""
+    """``GET /lookup/v2/topic/{persistent|non-persistent}/…`` (and the v1
+    names' ``/lookup/v2/destination/…``): answered with the owner's URLs,
+    which Sluice rewrites."""
     path = target.split(b"?", 1)[0]
-    return method == b"GET" and path.startswith(
-        (b"/lookup/v2/topic/persistent/", b"/lookup/v2/topic/non-persistent/")
-    )
+    return method == b"GET" and path.startswith(_LOOKUPS)
 
 
 def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
