@@ -10,11 +10,12 @@ import threading
 import time
 from pathlib import Path
 
+import jwt
 import pytest
 import trio
 
 from sluice.protocols.oidc import ClientCredentials
-from sluice.proxy.oidc import FetchError, client_context, fetch, own_token_once
+from sluice.proxy.oidc import FetchError, client_context, fetch, keep_own_token, own_token_once
 from tests.helpers.support import https_answers, https_server
 
 
@@ -114,3 +115,54 @@ def test_own_secret_is_not_posted_in_the_clear_for_an_https_issuer(tmp_path: Pat
         plain.server_close()
     assert posted == []
     assert own.current() == b""
+
+
+@pytest.mark.parametrize("expires_in", ["", ', "expires_in": NaN', ', "expires_in": "3600"'])
+def test_own_token_without_a_usable_expires_in_is_fetched_again_before_its_exp(
+    expires_in: str, tmp_path: Path
+) -> None:
+    """An issuer's token answer without ``expires_in`` (RFC 6749 only
+    recommends it), with one that is not a number (some issuers write a
+    string) or not finite (NaN, which JSON readers take): Sluice's own
+    token was never fetched again, so when it expired the broker closed
+    every relayed connection and refused every lookup until a restart.
+    The access token's own ``exp`` says when it expires: it is fetched
+    again at 80% of that, as with ``expires_in``."""
+    posts: list[float] = []
+
+    class Issuer(http.server.BaseHTTPRequestHandler):
+        def answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            base = f"https://{self.headers['Host']}"
+            self.answer(json.dumps({"issuer": base, "token_endpoint": f"{base}/token"}).encode())
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(time.time())
+            token = jwt.encode({"sub": "sluice", "exp": time.time() + 2}, "k" * 32)
+            self.answer(f'{{"access_token": "{token}"{expires_in}}}'.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with https_server(tmp_path, Issuer) as (server, ca):
+        key_file = tmp_path / "credentials.json"
+        key_file.write_text(json.dumps({"client_id": "sluice", "client_secret": "s3cret"}))
+        own = ClientCredentials.load(f"https://localhost:{server.server_address[1]}", key_file)
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                assert await nursery.start(keep_own_token, own, client_context(ca), 5.0) is None
+                with trio.move_on_after(4):
+                    while len(posts) < 2:
+                        await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+    assert len(posts) >= 2, "fetched once, never again"
+    assert 1.0 < posts[1] - posts[0] < 2.0

@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
+import jwt
 import trio
 
 from sluice.errors import ConfigError
@@ -48,6 +49,9 @@ TICK = 30.0
 # each time up to MAX_BACKOFF.
 BACKOFF = 1.0
 MAX_BACKOFF = 30.0
+# Sluice's own token is fetched again at most this often, however short
+# its life (an issuer saying 0.01 s is not asked a hundred times a second).
+MIN_REFRESH = 1.0
 
 
 class FetchError(Exception):
@@ -244,10 +248,32 @@ async def keep_own_token(
             backoff = min(MAX_BACKOFF, backoff * 2)
             continue
         backoff = BACKOFF
+        now = time.time()
+        at = credentials.refresh_at()
+        if not math.isfinite(at):
+            # No usable expires_in (missing, not a number, not finite): the
+            # token's own exp, if it is a JWT that has one.
+            exp = _token_exp(credentials.current())
+            if exp is not None:
+                lifetime = exp - now
+                at = now + max(0.0, lifetime) * credentials.REFRESH_AT
         log.info("own token from OAuth2 issuer %s (%s)", credentials.issuer,
-                 "no expiry" if lifetime is None else f"good for {lifetime:g}s")  # fmt: skip
+                 "no expiry" if not math.isfinite(at) else f"good for {lifetime:g}s")  # fmt: skip
         if not started:
             started = True
             task_status.started(None)
-        wait = credentials.refresh_at() - time.time()
-        await trio.sleep(max(0.0, wait) if math.isfinite(wait) else math.inf)
+        wait = at - now
+        await trio.sleep(max(MIN_REFRESH, wait) if math.isfinite(wait) else math.inf)
+
+
+def _token_exp(token: bytes) -> float | None:
+    """The ``exp`` of a JWT (unverified: Sluice's own token, as its issuer
+    handed it over); None when it is none, or has none."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    exp = claims.get("exp")
+    if not isinstance(exp, int | float) or isinstance(exp, bool) or not math.isfinite(exp):
+        return None
+    return float(exp)
