@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from sluice.addresses import Address
 from sluice.brokers.apache_pulsar import hs256_token
-from sluice.protocols.http import Headers, parse_http_url, unlisted
+from sluice.protocols.http import Headers, origin_form, parse_http_url, unlisted
 from sluice.protocols.pulsar.auth import AuthError, ProxyAuth
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.backend import Unauthorized
@@ -93,9 +93,12 @@ async def relay(
     upstream: Upstream,
     credentials: Credentials | None = None,
     routes: dict[str, str] | None = None,
+    asked: list[object] | None = None,
     **settings: object,
 ) -> AsyncIterator[tuple[HttpRelay, int]]:
-    """Sluice's HTTP listener in front of ``upstream``; it and its port."""
+    """Sluice's HTTP listener in front of ``upstream``; it and its port.
+    ``routes``: Sluice's listeners for any broker a lookup answer names
+    (which ``asked`` collects)."""
     async with trio.open_nursery() as nursery:
         await nursery.start(upstream.serve)
         config = ProxyConfig(
@@ -106,6 +109,8 @@ async def relay(
         )
 
         async def listener_urls(urls: object) -> dict[str, str]:
+            if asked is not None:
+                asked.append(urls)
             return dict(routes or {})
 
         web = HttpRelay(config, HttpMetrics(CollectorRegistry()), listener_urls, credentials)
@@ -224,3 +229,37 @@ async def test_lookups_of_v1_topic_names_name_sluice_too() -> None:
             assert answer["brokerUrl"] == answer["nativeUrl"] == "pulsar://sluice:7000", target
             assert answer["brokerUrlTls"] is None
             assert answer["httpUrl"] == web.own_url and answer["httpUrlTls"] is None
+
+
+def test_dot_segments_are_resolved_as_the_broker_resolves_them() -> None:
+    assert origin_form(b"/lookup/v2/topic/persistent/../../../../admin/v2/x?a=..") == (
+        b"/admin/v2/x?a=.."
+    )
+    assert origin_form(b"/lookup/v2/topic/%2e%2E/%2e/a/b") == b"/lookup/v2/a/b"
+    assert origin_form(b"/a/..;x/b/.") == b"/b/"
+    assert origin_form(b"/a/b/..") == b"/a/"
+    assert origin_form(b"/../..") == b"/"
+    # No dot segment: as it came (empty segments, dots inside names, a query's).
+    for kept in (b"/a//b/", b"/a/.b/c../x.y", b"/a?b=/../c", b"*"):
+        assert origin_form(kept) == kept
+
+
+async def test_an_admin_answer_reached_by_dot_segments_is_not_read_as_a_lookup() -> None:
+    """A lookup's path with ``..`` segments is whatever path they lead to at
+    the broker: an admin call's answer, which a client may have written (a
+    namespace's properties: {"brokerUrl": "pulsar://10.0.0.5:22", ...}),
+    was read as a lookup answer: Sluice opened a listener relaying to the
+    broker it named and took its web URL for one it may be redirected to."""
+    planted = json.dumps({
+        "brokerUrl": "pulsar://10.0.0.5:22", "httpUrl": "http://169.254.169.254:80",
+    }).encode()  # fmt: skip
+    upstream = Upstream(ok(planted, b"Content-Type: application/json"))
+    asked: list[object] = []
+    async with relay(upstream, routes={PLAIN: "pulsar://sluice:7000"}, asked=asked) as (web, port):
+        answer = await lookup(
+            port, b"/lookup/v2/topic/persistent/%2e%2e/../../../admin/v2/namespaces/t/n/properties"
+        )
+        assert upstream.heads[-1].startswith(b"GET /admin/v2/namespaces/t/n/properties HTTP/1.1")
+        assert answer == json.loads(planted)
+        assert asked == []
+        assert not web.allowlist.allows(Address("169.254.169.254", 80))

@@ -93,21 +93,45 @@ def origin_form(target: bytes) -> bytes:
     absolute form (``http://host/path?q``, which an HTTP/1.1 server must
     take) made the origin form (``/path?q``), and percent-encoded
     unreserved characters of the path decoded (``%70ersistent`` is
-    ``persistent``), so that what Sluice recognizes (a topic lookup whose
-    answer it rewrites, the kind, a fault rule's path) is what the broker
-    serves. Anything else is left as it is."""
+    ``persistent``) and its ``.`` and ``..`` segments resolved, so that
+    what Sluice recognizes (a topic lookup whose answer it rewrites, the
+    kind, a fault rule's path) is what the broker serves. Anything else is
+    left as it is."""
     if target[:7].lower() == b"http://" or target[:8].lower() == b"https://":
         rest = target.split(b"//", 1)[1]
         cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
         target = rest[cut:]
         target = target if target.startswith(b"/") else b"/" + target
     path, mark, query = target.partition(b"?")
-    if b"%" not in path:
-        return target
-    return _ESCAPED.sub(_unreserved, path) + mark + query
+    if b"%" in path:
+        path = _ESCAPED.sub(_unreserved, path)
+    if path.startswith(b"/") and b"." in path:
+        path = _without_dot_segments(path)
+    return path + mark + query
 
 
 _ESCAPED = re.compile(rb"%([0-9A-Fa-f]{2})")
+
+
+def _without_dot_segments(path: bytes) -> bytes:
+    """``path`` with its ``.`` and ``..`` segments resolved (RFC 3986
+    5.2.4), as the broker's web server (Jetty) resolves them before it
+    routes: ``/lookup/v2/topic/persistent/../../../admin/…`` is an admin
+    request, whose answer (which a client may have written) Sluice must not
+    read as a lookup's. A segment's ``;parameters`` do not make a dot
+    segment another one (``..;x`` is ``..``, as Jetty reads it)."""
+    segments = path.split(b"/")[1:]
+    kept: list[bytes] = []
+    for i, segment in enumerate(segments):
+        name = segment.split(b";", 1)[0]
+        if name in (b".", b".."):
+            if name == b".." and kept:
+                kept.pop()
+            if i == len(segments) - 1:
+                kept.append(b"")  # "/a/.." is "/a/", a directory
+        else:
+            kept.append(segment)
+    return b"/" + b"/".join(kept)
 
 
 def _unreserved(escaped: re.Match[bytes]) -> bytes:
