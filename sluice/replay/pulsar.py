@@ -163,6 +163,24 @@ _MEASURED = ("msgRateOut", "msgThroughputOut", "msgRateRedeliver", "msgRateExpir
              "messageAckRate", "address", "connectedSince")  # fmt: skip
 
 
+_TXN = ("txnid_most_bits", "txnid_least_bits")  # a transaction's id, chosen by the broker
+
+
+def _txn_of(message: Any) -> tuple[int, int] | None:
+    """The transaction id ``message`` (a command body or metadata) names, if any."""
+    fields = message.DESCRIPTOR.fields_by_name
+    if "txnid_least_bits" not in fields or not message.HasField("txnid_least_bits"):
+        return None
+    return message.txnid_most_bits, message.txnid_least_bits  # most bits: 0 when left out
+
+
+def _clear_txn(message: Any) -> None:
+    """Blank the transaction id in ``message`` (the coordinator numbers them)."""
+    if message is not None and _txn_of(message) is not None:
+        for name in _TXN:
+            message.ClearField(name)
+
+
 def normalise(frame: Frame) -> str:
     """A frame as comparable text: broker-chosen values blanked."""
     if frame.command is None:
@@ -202,6 +220,7 @@ def normalise(frame: Frame) -> str:
         # address (its port is new each run) and when it connected.
         for name in _MEASURED:
             body.ClearField(name)
+    _clear_txn(body)
     text = text_format.MessageToString(cmd, as_one_line=True)
     meta = frame.metadata
     if meta is not None:
@@ -209,6 +228,7 @@ def normalise(frame: Frame) -> str:
         m.CopyFrom(meta)
         m.producer_name = "<producer>"
         m.ClearField("schema_version")
+        _clear_txn(m)
         text += " | " + text_format.MessageToString(m, as_one_line=True)
         text += f" | payload sha256:{hashlib.sha256(frame.payload).hexdigest()[:16]}"
     return text
@@ -222,6 +242,8 @@ class Remap:
     message_ids: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     producer_names: dict[str, str] = field(default_factory=dict)
     schema_versions: dict[bytes, bytes] = field(default_factory=dict)
+    # Transaction ids (most, least bits) the coordinator gave, recorded -> live.
+    txn_ids: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     # Recorded broker address -> the live one, from lookup answers that said
     # ``proxy_through_service_url``: --broker is a proxy (Pulsar's or Sluice).
     proxied_brokers: dict[Address, Address] = field(default_factory=dict)
@@ -239,6 +261,10 @@ class Remap:
             for name in ("brokerServiceUrl", "brokerServiceUrlTls"):
                 if r.HasField(name) and l_.HasField(name):
                     self.proxied_brokers[_address(getattr(r, name))] = _address(getattr(l_, name))
+        if recorded.type == T("NEW_TXN_RESPONSE"):
+            was, now = _txn_of(r), _txn_of(l_)
+            if was is not None and now is not None:
+                self.txn_ids[was] = now
         if recorded.type == T("PRODUCER_SUCCESS"):
             self.producer_names[r.producer_name] = l_.producer_name
             if r.HasField("schema_version"):
@@ -258,6 +284,15 @@ class Remap:
                 changed |= self._ids(item)
         return changed
 
+    def _txn(self, message: Any) -> bool:
+        """Put the live transaction id in ``message`` for a recorded one."""
+        was = _txn_of(message)
+        now = self.txn_ids.get(was) if was is not None else None
+        if now is None or now == was:
+            return False
+        message.txnid_most_bits, message.txnid_least_bits = now
+        return True
+
     def client_frame(self, frame: Frame) -> bytes:
         """The bytes to send for a recorded client frame, with live values."""
         if frame.command is None:
@@ -266,6 +301,8 @@ class Remap:
         cmd.CopyFrom(frame.command)
         changed = self._ids(cmd)
         body: Any = frame.body and getattr(cmd, cmd.DESCRIPTOR.fields_by_number[frame.type].name)
+        if body is not None:
+            changed |= self._txn(body)
         if frame.type == T("CONNECT") and body.HasField("proxy_to_broker_url"):
             # Through a proxy: the broker its lookups named live. Straight to
             # a broker: none (a broker would take it for a proxy's CONNECT).
@@ -286,6 +323,7 @@ class Remap:
                 new_meta.producer_name = self.producer_names[meta.producer_name]
             if meta.HasField("schema_version") and meta.schema_version in self.schema_versions:
                 new_meta.schema_version = self.schema_versions[meta.schema_version]
+            self._txn(new_meta)
             if changed or new_meta != meta:
                 return encode_payload(
                     cmd,
