@@ -33,7 +33,7 @@ def test_client_frames_name_the_transaction_the_live_coordinator_gave() -> None:
     remap.learn(new_txn_response(5), new_txn_response(12))  # recorded 5, live 12
     sent = decode_frame(remap.client_frame(transactional_send(5)))
     body: Any = sent.body
-    assert sent.metadata is not None and sent.payload == b"in a txn"
+    assert sent.metadata is not None and bytes(sent.payload) == b"in a txn"
     assert (body.txnid_most_bits, body.txnid_least_bits) == (0, 12)
     assert sent.metadata.txnid_least_bits == 12
     for name, request in (
