@@ -33,6 +33,7 @@ never the token.
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 import time
@@ -180,6 +181,8 @@ class TokenVerifier:
         hs256 = jwt.get_algorithm_by_name("HS256")
         try:
             hs256.prepare_key(data)
+            if _is_key(data):  # what PyJWT does not see: DER private keys, base64
+                raise jwt.InvalidKeyError
         except jwt.InvalidKeyError:
             raise ConfigError(
                 f"{option} {path}: this is a public or private key (PEM, DER or SSH), not a "
@@ -280,6 +283,36 @@ class TokenVerifier:
             accepted = ", ".join(self.algorithms)
             return f"algorithm {alg} does not match the {kind} (accepted: {accepted})"
         return f"algorithm {clipped(alg)} is not accepted"
+
+
+def _is_key(data: bytes) -> bool:
+    """Whether ``data`` is a public or private key, as DER or as the base64
+    of DER or PEM (the broker's ``data:;base64,`` form written to a file)."""
+    candidates = [data]
+    text = b"".join(data.split())  # base64 as tools write it, in lines
+    if text and len(text) <= 64 * 1024:
+        for alphabet in (b"+/", b"-_"):
+            try:
+                padded = text + b"=" * (-len(text) % 4) if b"=" not in text else text
+                candidates.append(base64.b64decode(padded, altchars=alphabet, validate=True))
+            except ValueError:
+                pass
+    for candidate in candidates:
+        if candidate.lstrip().startswith(b"-----BEGIN"):
+            return True
+        for load in (serialization.load_der_public_key, _load_der_private_key):
+            try:
+                load(candidate)
+            except TypeError:  # an encrypted private key
+                return True
+            except (ValueError, UnsupportedAlgorithm):
+                continue
+            return True
+    return False
+
+
+def _load_der_private_key(data: bytes) -> object:
+    return serialization.load_der_private_key(data, password=None)
 
 
 def _algorithms(key: bytes | rsa.RSAPublicKey | ec.EllipticCurvePublicKey) -> list[str]:
