@@ -263,3 +263,15 @@ async def test_an_admin_answer_reached_by_dot_segments_is_not_read_as_a_lookup()
         assert answer == json.loads(planted)
         assert asked == []
         assert not web.allowlist.allows(Address("169.254.169.254", 80))
+
+
+async def test_a_lookup_names_sluices_web_port_as_advertised() -> None:
+    """With --advertise-host, a lookup answer's brokerUrl names that host,
+    and so must its httpUrl: it named the listener's own host (this
+    machine's name for a wildcard, which a gateway pod's clients cannot
+    resolve)."""
+    upstream = Upstream(ok(LOOKUP_ANSWER))
+    routes = {PLAIN: "pulsar://sluice.example:7000"}
+    async with relay(upstream, routes=routes, advertise_host="sluice.example") as (_, port):
+        answer = await lookup(port, b"/lookup/v2/topic/persistent/t/n/x")
+    assert answer["httpUrl"] == f"http://sluice.example:{port}"

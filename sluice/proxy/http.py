@@ -264,7 +264,10 @@ class HttpRelay:
             kind = HTTPS if tls else HTTP
             if kind not in addresses:
                 addresses[kind] = Address(address.host, port)
-                url = f"{kind}://{advertised(address.host, port)}"
+                # As the per-broker listeners a lookup answer names are
+                # advertised: --advertise-host where given.
+                host = advertised(address.host, port, self.config.advertise_host)
+                url = f"{kind}://{host}"
                 if tls:
                     self.own_tls_url = url
                 else:
