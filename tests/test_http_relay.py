@@ -275,3 +275,17 @@ async def test_a_lookup_names_sluices_web_port_as_advertised() -> None:
     async with relay(upstream, routes=routes, advertise_host="sluice.example") as (_, port):
         answer = await lookup(port, b"/lookup/v2/topic/persistent/t/n/x")
     assert answer["httpUrl"] == f"http://sluice.example:{port}"
+
+
+async def test_a_redirect_to_no_request_target_goes_to_the_client() -> None:
+    """A 307 whose Location is no request target (a space in its path) is
+    not followed but passed on, as one Sluice may not follow is: Sluice
+    used to fail writing the request and closed the connection unanswered."""
+
+    def answer(head: bytes) -> bytes:
+        return b"HTTP/1.1 307 Temporary Redirect\r\nLocation: /a b\r\nContent-Length: 0\r\n\r\n"
+
+    async with relay(Upstream(answer)) as (_, port):
+        got = await exchange(port, b"GET /x HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 307 "), got
+    assert b"\r\nlocation: /a b\r\n" in got

@@ -337,6 +337,10 @@ class Hop:
     target: bytes
 
 
+# What a request target may hold (RFC 9112 3.2: visible ASCII), as h11 writes one.
+_TARGET = re.compile(r"[\x21-\x7e]+")
+
+
 class RedirectError(Exception):
     """A chain of redirects Sluice will not follow further: a 502 for the client."""
 
@@ -400,6 +404,8 @@ class Redirects:
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
+        if not _TARGET.fullmatch(target):
+            return None  # no request target (a space, a control character): not followed
         return Hop(url, target.encode())
 
 
