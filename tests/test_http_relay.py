@@ -289,3 +289,16 @@ async def test_a_redirect_to_no_request_target_goes_to_the_client() -> None:
         got = await exchange(port, b"GET /x HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 307 "), got
     assert b"\r\nlocation: /a b\r\n" in got
+
+
+async def test_connect_is_refused_not_relayed() -> None:
+    """CONNECT asks for a tunnel: it went to the broker with its authority
+    form target, and a 2xx switched both connections to the tunnel, which
+    Sluice then failed on (an internal error, the client's connection
+    closed). It is answered 501, the broker never asked."""
+    upstream = Upstream(lambda head: b"HTTP/1.1 200 OK\r\n\r\n")
+    async with relay(upstream) as (_, port):
+        got = await exchange(port, b"CONNECT 10.0.0.5:22 HTTP/1.1\r\nHost: 10.0.0.5:22\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 501 "), got
+    assert b"Sluice: CONNECT is not relayed" in got
+    assert upstream.heads == []

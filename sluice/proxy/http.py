@@ -559,6 +559,10 @@ class HttpRelay:
     ) -> int:
         """One request to the broker (and on to the brokers its redirects
         name), the answer to the client; the status the client got."""
+        if request.method == b"CONNECT":
+            # A tunnel (h11 would switch both connections to it on a 2xx):
+            # Sluice relays a web service, it opens no tunnels.
+            raise Refusal(501, "upgrade", "CONNECT is not relayed (Sluice opens no tunnels)")
         asked = header(request.headers, b"upgrade")
         if asked is not None and not is_websocket_upgrade(request.headers):
             raise Refusal(
