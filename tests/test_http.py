@@ -969,6 +969,11 @@ def test_redirects_followed_and_refused() -> None:
     loop.follow(307, [(b"location", b"http://b:8080/q")])
     with pytest.raises(RedirectError, match="redirect loop"):
         loop.follow(307, [(b"location", b"http://a:8080/admin/v2/x")])
+    # From TLS to plain HTTP is not followed: the request's credentials
+    # (Sluice's own, in proxy mode) would go in the clear.
+    secure = Redirects(Hop(parse_http_url("https://a:8443"), b"/x"), 5, lambda url: True)
+    assert secure.follow(307, [(b"location", b"http://b:8080/x")]) is None
+    assert secure.follow(307, [(b"location", b"https://b:8443/x")]) is not None
 
 
 def test_lookup_rewrite() -> None:

@@ -351,7 +351,9 @@ class Redirects:
 
     ``follow`` says where a 307/308 goes when Sluice should follow it
     itself (None: the answer goes to the client as it is: another status,
-    no usable Location, or a web service ``allowed`` does not admit), and
+    no usable Location, a web service ``allowed`` does not admit, or one
+    over plain HTTP after a hop over TLS, where the request's credentials
+    would go in the clear), and
     raises ``RedirectError`` for a loop or more than ``limit`` hops.
     """
 
@@ -375,6 +377,8 @@ class Redirects:
             return None
         hop = self._resolve(location)
         if hop is None or not self.allowed(hop.url):
+            return None
+        if self.hops[-1].url.tls and not hop.url.tls:
             return None
         if hop in self.hops:
             # Targets without their credential-like query values: this goes
