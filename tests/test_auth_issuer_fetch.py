@@ -13,9 +13,17 @@ from pathlib import Path
 import jwt
 import pytest
 import trio
+from cryptography.hazmat.primitives.asymmetric import rsa
 
-from sluice.protocols.oidc import ClientCredentials
-from sluice.proxy.oidc import FetchError, client_context, fetch, keep_own_token, own_token_once
+from sluice.protocols.oidc import ClientCredentials, OidcSettings, OidcVerifier, TokenRefused
+from sluice.proxy.oidc import (
+    FetchError,
+    Issuers,
+    client_context,
+    fetch,
+    keep_own_token,
+    own_token_once,
+)
 from tests.helpers.support import https_answers, https_server
 
 
@@ -166,3 +174,63 @@ def test_own_token_without_a_usable_expires_in_is_fetched_again_before_its_exp(
         trio.run(main)
     assert len(posts) >= 2, "fetched once, never again"
     assert 1.0 < posts[1] - posts[0] < 2.0
+
+
+def test_a_key_fetch_outlives_the_connection_that_asked_for_it(tmp_path: Path) -> None:
+    """A token naming a key the set lacks makes its connection ask for the
+    issuer's keys (at most once per --auth-oidc-miss-refresh). The fetch
+    ran in that connection's task: a client that sent such a CONNECT and
+    hung up at once cancelled it, for the clients waiting on it too, and
+    the issuer counted as just tried, so a key the issuer had rotated in
+    was not fetched for another miss-refresh period (300 s by default), its
+    clients refused meanwhile; again and again, for one CONNECT each time.
+    Now the fetch runs on in the background and the key is taken in."""
+    old, new = (rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in "ab")
+    published = {"kid-1": old}
+
+    def jwks() -> bytes:
+        algorithm = jwt.get_algorithm_by_name("RS256")
+        return json.dumps({"keys": [
+            json.loads(algorithm.to_jwk(key.public_key())) | {"kid": kid, "use": "sig"}
+            for kid, key in published.items()
+        ]}).encode()  # fmt: skip
+
+    def answer(base: str, path: str) -> bytes | None:
+        if path.endswith("/openid-configuration"):
+            return json.dumps({"issuer": base, "jwks_uri": f"{base}/jwks"}).encode()
+        time.sleep(0.3)  # a key set that takes a moment
+        return jwks()
+
+    with https_answers(tmp_path, answer) as (issuer, ca):
+        verifier = OidcVerifier(OidcSettings((issuer,), ("pulsar",), miss_refresh=0))
+        issuers = Issuers(verifier, client_context(ca), 5.0)
+
+        def token(kid: str) -> str:
+            now = time.time()
+            claims = {"iss": issuer, "aud": "pulsar", "sub": "app", "exp": now + 60,
+                      "iat": now, "nbf": now}  # fmt: skip
+            key = published[kid]
+            return jwt.encode(claims, key, algorithm="RS256", headers={"kid": kid})
+
+        def held(kid: str) -> bool:
+            try:
+                return verifier.verify(token(kid), time.time(), fetched=True)[0] == "app"
+            except TokenRefused:
+                return False
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(issuers.run)
+                with trio.fail_after(5):  # the keys at start
+                    while not held("kid-1"):
+                        await trio.sleep(0.05)
+                published["kid-2"] = new  # the issuer rotates a key in
+                with trio.move_on_after(0.1):  # the asking client hangs up
+                    await issuers.fetch(issuer)
+                with trio.move_on_after(3):
+                    while not held("kid-2"):
+                        await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+        assert verifier.verify(token("kid-2"), time.time(), fetched=True)[0] == "app"

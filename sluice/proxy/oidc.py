@@ -156,6 +156,10 @@ class Issuers:
         self.timeout = timeout
         # Per issuer, the fetch under way: when it began, and its end.
         self._running: dict[str, tuple[float, trio.Event]] = {}
+        # While ``run`` runs: where fetches run, so that one a client asked
+        # for goes on when that client hangs up (it would have counted as
+        # tried, its keys not taken in, for --auth-oidc-miss-refresh).
+        self._nursery: trio.Nursery | None = None
 
     async def fetch(self, issuer: str) -> None:
         """Fetch ``issuer``'s keys, as they are from now on: a fetch under way
@@ -171,6 +175,13 @@ class Issuers:
                 return
         done = trio.Event()
         self._running[issuer] = (trio.current_time(), done)
+        if self._nursery is None:
+            await self._fetch_then(issuer, done)
+        else:
+            self._nursery.start_soon(self._fetch_then, issuer, done)
+            await done.wait()
+
+    async def _fetch_then(self, issuer: str, done: trio.Event) -> None:
         try:
             await self._fetch(issuer)
         finally:
@@ -192,13 +203,19 @@ class Issuers:
         log.info("OpenID Connect issuer %s: %d signing key(s)", issuer, count)
 
     async def run(self) -> None:
-        """Fetch every issuer's keys now, then again when they are due."""
-        while True:
-            async with trio.open_nursery() as nursery:
-                for issuer in self.verifier.issuers:
-                    if self.verifier.due(issuer, time.time()):
-                        nursery.start_soon(self.fetch, issuer)
-            await trio.sleep(min(TICK, max(1.0, self.verifier.settings.refresh_after)))
+        """Fetch every issuer's keys now, then again when they are due; and
+        the fetches clients ask for meanwhile."""
+        async with trio.open_nursery() as background:
+            self._nursery = background
+            try:
+                while True:
+                    async with trio.open_nursery() as nursery:
+                        for issuer in self.verifier.issuers:
+                            if self.verifier.due(issuer, time.time()):
+                                nursery.start_soon(self.fetch, issuer)
+                    await trio.sleep(min(TICK, max(1.0, self.verifier.settings.refresh_after)))
+            finally:
+                self._nursery = None
 
 
 async def own_token_once(
