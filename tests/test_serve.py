@@ -415,3 +415,52 @@ def test_a_recording_cut_off_mid_record_is_served_up_to_where_it_ends(
         process.wait()
     assert process.returncode == 0, report + err
     assert f"{cut / source.name} ends with an incomplete record" in err, err
+
+
+@pytest.mark.e2e
+def test_a_consumer_let_in_after_a_refusal_gets_the_recorded_messages(
+    serve_recording: tuple[Path, list[bytes]], tmp_path: Path
+) -> None:
+    """The recording holds a SUBSCRIBE the broker refused before the one it
+    let in (a client that tried again). Serve answers the live client in
+    that order, and the consumer it lets in gets the messages the recorded
+    one got (it was given the refused one's: none)."""
+    from sluice.protocols.pulsar import Type, command, decode_frame, encode, pb
+    from sluice.recording import format as fmt
+    from sluice.recording.format import read_records, recording_files
+
+    recording, messages = serve_recording
+    out = tmp_path / "refused-first"
+    out.mkdir()
+    planted = False
+    for path in recording_files(recording):
+        records: list[dict[str, Any]] = []
+        for r in read_records(path):
+            if not planted and r["k"] == "frame" and r["s"]["cmd"] == "SUBSCRIBE":
+                planted = True
+                asked: Any = decode_frame(r["raw"])
+                again = pb.BaseCommand()
+                again.CopyFrom(asked.command)
+                again.subscribe.consumer_id, again.subscribe.request_id = 99, 99
+                raw = encode(again)
+                refusal = encode(command(Type.Value("ERROR"), pb.CommandError(
+                    request_id=99, error=pb.AuthorizationError, message="not yet")))  # fmt: skip
+                records += [{**r, "raw": raw, "n": len(raw)},
+                            {**r, "d": 1, "raw": refusal, "n": len(refusal),
+                             "s": {"cmd": "ERROR"}}]  # fmt: skip
+            records.append(r)
+        (out / path.name).write_bytes(fmt.dumps(records))
+    assert planted
+    port = free_port()
+    process = start_serve(out, port, "--listen", f"127.0.0.1:{port}")
+    try:
+        with client(f"pulsar://127.0.0.1:{port}") as c:
+            earliest = pulsar.InitialPosition.Earliest
+            with pytest.raises(pulsar.PulsarException):
+                c.subscribe(TOPIC, "s", initial_position=earliest)
+            consumer = c.subscribe(TOPIC, "s", initial_position=earliest)
+            got = [consumer.receive(timeout_millis=2_000).data() for _ in messages]
+    finally:
+        process.kill()
+        process.wait()
+    assert got == messages

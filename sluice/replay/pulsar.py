@@ -629,15 +629,20 @@ class Answers:
                 if body is None:
                     continue
                 if rf.from_client and frame.type == T("SUBSCRIBE"):
-                    got: list[Frame] = []
-                    subscriptions[body.consumer_id] = got
-                    if body.durable:
-                        index.messages[(body.topic, body.subscription)].append(got)
-                    else:
-                        index.readers[body.topic].append(got)
+                    subscriptions[body.consumer_id] = []
                 done = correlator.observe(frame, rf.from_client, 0.0)
                 if rf.from_client:
                     continue
+                if done is not None and done.request_type == T("SUBSCRIBE") and done.request:
+                    # A consumer that was let in: its messages are what a live
+                    # one is given (a refused SUBSCRIBE, retried, gets none).
+                    asked: Any = done.request.body
+                    got = subscriptions.get(asked.consumer_id)
+                    if done.error is None and got is not None:
+                        if asked.durable:
+                            index.messages[(asked.topic, asked.subscription)].append(got)
+                        else:
+                            index.readers[asked.topic].append(got)
                 if frame.type == T("MESSAGE"):
                     if body.consumer_id in subscriptions:
                         subscriptions[body.consumer_id].append(frame)
@@ -649,9 +654,9 @@ class Answers:
                     continue
                 if done.request is None:
                     continue
-                asked = (done.request_type, done.topic or _namespace(done.request))
-                index.by_request[asked].append(frame)
-                index.last[asked] = frame
+                what = (done.request_type, done.topic or _namespace(done.request))
+                index.by_request[what].append(frame)
+                index.last[what] = frame
         return index
 
     def delivered(self, subscribe: Any) -> list[Frame]:
