@@ -33,3 +33,28 @@ def test_consumer_stats_compare_state_not_rates_addresses_or_times() -> None:
     # What the broker's state decides is still compared.
     for changed in ({"msgBacklog": 11}, {"unackedMessages": 0}, {"availablePermits": 1000}):
         assert normalise(frame(name, stats(**changed))) != normalise(frame(name, stats()))
+
+
+def test_schema_answers_compare_the_schema_not_the_version_the_registry_gave() -> None:
+    from sluice.replay.pulsar import Remap
+
+    schema = pb.Schema(name="s", schema_data=b'{"type":"string"}', type=pb.Schema.Json)
+    versions = (b"\x00" * 8, b"\x00" * 7 + b"\x03")
+    created = [frame("GET_OR_CREATE_SCHEMA_RESPONSE", pb.CommandGetOrCreateSchemaResponse(
+        request_id=4, schema_version=version)) for version in versions]  # fmt: skip
+    assert normalise(created[0]) == normalise(created[1])
+    got = [frame("GET_SCHEMA_RESPONSE", pb.CommandGetSchemaResponse(
+        request_id=5, schema=schema, schema_version=version))
+        for version in versions]  # fmt: skip
+    assert normalise(got[0]) == normalise(got[1])
+    other = pb.Schema(name="s", schema_data=b'{"type":"int"}', type=pb.Schema.Json)
+    changed = frame("GET_SCHEMA_RESPONSE", pb.CommandGetSchemaResponse(
+        request_id=5, schema=other, schema_version=b"\x00" * 8))  # fmt: skip
+    assert normalise(changed) != normalise(got[0])
+    # The version the live registry gave is the one asked for afterwards.
+    remap = Remap()
+    remap.learn(created[0], created[1])
+    asked = frame("GET_SCHEMA", pb.CommandGetSchema(request_id=5, topic="t",
+                                                     schema_version=b"\x00" * 8))  # fmt: skip
+    sent: Any = decode_frame(remap.client_frame(asked)).body
+    assert sent.schema_version == b"\x00" * 7 + b"\x03"

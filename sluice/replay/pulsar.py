@@ -215,6 +215,8 @@ def normalise(frame: Frame) -> str:
         body.ClearField("authoritative")
     elif t == T("PRODUCER") and not body.user_provided_producer_name:
         body.ClearField("producer_name")
+    elif t in (T("GET_SCHEMA_RESPONSE"), T("GET_OR_CREATE_SCHEMA_RESPONSE")):
+        body.ClearField("schema_version")  # the registry numbers versions
     elif t == T("CONSUMER_STATS_RESPONSE"):
         # Rates measured over the broker's last interval, the client's
         # address (its port is new each run) and when it connected.
@@ -261,6 +263,8 @@ class Remap:
             for name in ("brokerServiceUrl", "brokerServiceUrlTls"):
                 if r.HasField(name) and l_.HasField(name):
                     self.proxied_brokers[_address(getattr(r, name))] = _address(getattr(l_, name))
+        if recorded.type == T("GET_OR_CREATE_SCHEMA_RESPONSE") and r.HasField("schema_version"):
+            self.schema_versions[r.schema_version] = l_.schema_version
         if recorded.type == T("NEW_TXN_RESPONSE"):
             was, now = _txn_of(r), _txn_of(l_)
             if was is not None and now is not None:
@@ -311,6 +315,9 @@ class Remap:
                 body.ClearField("proxy_to_broker_url")
             else:
                 body.proxy_to_broker_url = str(live)  # host:port, as clients send it
+            changed = True
+        if frame.type == T("GET_SCHEMA") and body.schema_version in self.schema_versions:
+            body.schema_version = self.schema_versions[body.schema_version]
             changed = True
         if frame.type == T("PRODUCER") and body.producer_name in self.producer_names:
             body.producer_name = self.producer_names[body.producer_name]
