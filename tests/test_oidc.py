@@ -261,6 +261,17 @@ def test_settings_mistakes_are_one_line_each() -> None:
     assert "only with --auth-mode proxy" in proxy_mistake(
         auth_mode="passthrough", auth_oidc_issuers=(ISSUER,)
     )
+    # Sluice's own client secret goes to its issuer: https unless allowed.
+    secret = Path(__file__)  # (any file: the scheme is refused before it is read)
+    plain = "http://idp.example/realm"
+    own: dict[str, Any] = {
+        "auth_oidc_issuers": (ISSUER,), "auth_oidc_audiences": ("pulsar",),
+        "broker_auth_oauth2_issuer": plain, "broker_auth_oauth2_credentials": secret,
+    }  # fmt: skip
+    assert "must use https (Sluice's client secret goes to it)" in proxy_mistake(**own)
+    # Allowed: on to reading the file, which is no credentials file.
+    allowed = proxy_mistake(**own, auth_oidc_allow_http=True)
+    assert "must use https" not in allowed and str(secret) in allowed, allowed
 
 
 def test_client_credentials_ask_for_a_token_and_know_when_to_ask_again(tmp_path: Path) -> None:

@@ -495,6 +495,11 @@ def client_credentials(config: Any) -> ClientCredentials | None:
     parts = urlsplit(issuer)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"--broker-auth-oauth2-issuer {issuer!r}: not an http(s) URL")
+    if parts.scheme != "https" and not config.auth_oidc_allow_http:
+        raise ConfigError(
+            f"--broker-auth-oauth2-issuer {issuer}: must use https (Sluice's client secret "
+            "goes to it); --auth-oidc-allow-http allows http"
+        )
     return ClientCredentials.load(
         issuer, path, config.broker_auth_oauth2_audience, config.broker_auth_oauth2_scope
     )
