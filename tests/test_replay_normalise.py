@@ -58,3 +58,14 @@ def test_schema_answers_compare_the_schema_not_the_version_the_registry_gave() -
                                                      schema_version=b"\x00" * 8))  # fmt: skip
     sent: Any = decode_frame(remap.client_frame(asked)).body
     assert sent.schema_version == b"\x00" * 7 + b"\x03"
+
+
+def test_a_migrated_topic_compares_who_moved_not_the_brokers_url() -> None:
+    def migrated(url: str, resource: int = 1) -> str:
+        return normalise(frame("TOPIC_MIGRATED", pb.CommandTopicMigrated(
+            resource_id=resource, resource_type=pb.CommandTopicMigrated.Producer,
+            brokerServiceUrl=url, brokerServiceUrlTls=url.replace("pulsar:", "pulsar+ssl:"),
+        )))  # fmt: skip
+
+    assert migrated("pulsar://green-1:6650") == migrated("pulsar://127.0.0.1:40001")
+    assert migrated("pulsar://green-1:6650") != migrated("pulsar://green-1:6650", resource=2)

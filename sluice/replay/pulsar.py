@@ -204,15 +204,16 @@ def normalise(frame: Frame) -> str:
     elif t == T("PRODUCER_SUCCESS"):
         body.producer_name = "<producer>"
         body.ClearField("schema_version")
-    elif t == T("LOOKUP_RESPONSE"):
+    elif t in (T("LOOKUP_RESPONSE"), T("TOPIC_MIGRATED")):
         # Which URL fields are set is a proxy's choice (Sluice sets both).
         named = body.HasField("brokerServiceUrl") or body.HasField("brokerServiceUrlTls")
         body.ClearField("brokerServiceUrlTls")
         body.ClearField("brokerServiceUrl")
         if named:
             body.brokerServiceUrl = "<broker>"
-        body.ClearField("proxy_through_service_url")
-        body.ClearField("authoritative")
+        if t == T("LOOKUP_RESPONSE"):
+            body.ClearField("proxy_through_service_url")
+            body.ClearField("authoritative")
     elif t == T("PRODUCER") and not body.user_provided_producer_name:
         body.ClearField("producer_name")
     elif t in (T("GET_SCHEMA_RESPONSE"), T("GET_OR_CREATE_SCHEMA_RESPONSE")):
