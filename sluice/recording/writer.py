@@ -246,6 +246,7 @@ class Recorder:
         self._file_header = 0  # the header and restated connections of the open file
         self._file_started = 0.0
         self._segment = 0
+        self._last_stamp = ""  # the newest time a file name of this capture holds
         self._retry_at = 0.0
         self._failing = False  # in an episode of disk trouble
         self._dropped_at_failure = 0
@@ -655,7 +656,7 @@ class Recorder:
             parts = ring.since(start)
             oldest = parts[0].mono_ns if parts else now_ns
             seconds = (now_ns - oldest) / 1e9 if last is None else last
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            stamp = self._stamp()
             directory = self.config.directory / (name or snapshot_name(stamp, reason))
             self._snapshot_seq += 1
             path = directory / f"sluice-{stamp}-{self.capture}-{self._snapshot_seq:04d}{SUFFIX}"
@@ -841,7 +842,7 @@ class Recorder:
         if now < self._retry_at:
             return None
         segment = self._segment + 1
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        stamp = self._stamp()
         path = self.config.directory / f"sluice-{stamp}-{self.capture}-{segment:04d}{SUFFIX}"
         head = [pack(self._header(segment))]
         head += [pack(self._restated(record)) for record in self._open.values()]
@@ -877,6 +878,15 @@ class Recorder:
             self._file_bytes = self._file_header = self._file_bytes + len(piece)
         log.info("recording to %s", path)
         return set(self._open) | set(self._closing)
+
+    def _stamp(self) -> str:
+        """The UTC time for a new file's name, never earlier than the last
+        one's: readers take a directory's files in name order, so a wall
+        clock set back must not put a capture's later files before its
+        earlier ones."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self._last_stamp = max(stamp, self._last_stamp)
+        return self._last_stamp
 
     def _cap(self) -> int:
         """Where the open file rotates: at the file cap, or, when its head
