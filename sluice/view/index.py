@@ -275,12 +275,14 @@ class Index:
         self.conn = array("I")
         self.direction = array("B")  # 0 client to broker, 1 broker to client
         self.t = array("q")  # ns from origin
-        self.cmd = array("H")
+        # (names the wire chose, a Cursus client's commands, a broker's
+        # error codes: more than 16 bits can number)
+        self.cmd = array("I")
         self.topic = array("I")
         self.size = array("I")
         self.flags = array("B")
         self.msgs = array("H")  # messages a SEND or MESSAGE carries (a batch's count)
-        self.error_id = array("H")
+        self.error_id = array("I")
         self.pid = array("q")  # producer id, -1 none
         self.cid = array("q")  # consumer id, -1 none
         self.pair = array("q")  # the frame it answers or is answered by, -1 none

@@ -1,0 +1,48 @@
+"""``sluice view``'s index over crafted captures, in-process (no server, no
+browser): what a capture full of names the wire chose, or a damaged record,
+does to it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from sluice.recording import format as fmt
+from sluice.view.index import Filter, Index, Reading
+
+
+def capture(directory: Path, records: list[Any], protocol: str = "pulsar") -> Path:
+    """A capture of one proxied connection and then ``records``."""
+    t0, w0 = time.monotonic_ns(), time.time_ns()
+    head: list[Any] = [
+        fmt.header(capture="c1", segment=1, started_ns=w0, payloads=fmt.PayloadPolicy.HASH,
+                   sluice_version="x", protocol=protocol),
+        {"k": "conn", "c": 1, "t": t0, "w": w0, "client": "10.0.0.1:5000",
+         "broker": "b:6650", "kind": "proxied", "listener": "plain"},
+    ]  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "a.sluice").write_bytes(fmt.dumps(head + records))
+    return directory
+
+
+def frame(n: int, cmd: str, **summary: Any) -> dict[str, Any]:
+    t0 = time.monotonic_ns()
+    return {"k": "frame", "c": 1, "d": n % 2, "t": t0 + 1000 + n, "w": time.time_ns(), "n": 10,
+            "raw": b"", "p": [10], "s": {"cmd": cmd, **summary}}  # fmt: skip
+
+
+def test_more_distinct_commands_and_errors_than_16_bits_hold(tmp_path: Path) -> None:
+    """A Cursus client names its commands (any upper-case word in an
+    envelope) and a broker its error codes: 70,000 different ones are a
+    capture the view reads whole, not one it calls damaged at the 65,536th."""
+    many = 70_000
+    index = Index(tmp_path)
+    reading = Reading(0, "c1")
+    index.take({"k": "conn", "c": 1, "t": 1, "w": 0, "client": "10.0.0.1:5000"}, reading, 0)
+    for n in range(many):
+        index.take(frame(n, f"CMD{n}", error=f"E{n}"), reading, n)
+    assert index.frames == many
+    last = index.page(Filter(), many - 1, 1)["rows"][0]
+    assert last["cmd"] == f"CMD{many - 1}" and last["problem"] == f"E{many - 1}"
+    assert index.page(Filter(cmd=f"CMD{many - 2}"), 0, 10)["total"] == 1
