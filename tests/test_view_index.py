@@ -46,3 +46,22 @@ def test_more_distinct_commands_and_errors_than_16_bits_hold(tmp_path: Path) -> 
     last = index.page(Filter(), many - 1, 1)["rows"][0]
     assert last["cmd"] == f"CMD{many - 1}" and last["problem"] == f"E{many - 1}"
     assert index.page(Filter(cmd=f"CMD{many - 2}"), 0, 10)["total"] == 1
+
+
+def test_an_http_record_of_the_wrong_shape_is_said_damaged(tmp_path: Path) -> None:
+    """An ``http`` record whose request is not a map (a crafted capture):
+    the view says the file is damaged there and shows what came before, as
+    for any other record it cannot take, rather than stopping the reading
+    with an exception and nothing said."""
+    t0, w0 = time.monotonic_ns(), time.time_ns()
+    records = [
+        frame(0, "SEND", topic="t", pid=0, seq=0),
+        {"k": "http", "h": 1, "x": 1, "t": t0, "w": w0, "te": t0 + 10, "status": 200,
+         "client": "10.0.0.1:1", "method": "GET", "path": "/admin", "kind": "admin",
+         "req": [1, 2]},
+        frame(1, "SEND_RECEIPT", pid=0, seq=0),
+    ]  # fmt: skip
+    index = Index(capture(tmp_path / "c", records))
+    index.build()
+    assert "damaged after" in index.error and "cannot take" in index.error, index.error
+    assert index.frames == 1 and not index.building

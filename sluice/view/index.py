@@ -369,7 +369,8 @@ class Index:
                 self.versions[number] = result.version
             try:
                 self.take(record, reading, result.offset)
-            except (KeyError, TypeError, ValueError, OverflowError) as exc:  # crafted, not written
+            except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+                # (crafted, not written: a map where a value was, or the other way)
                 raise RecordingError(
                     f"{path.name}: damaged after {result.records} records (a {record.get('k')} "
                     f"record this view cannot take: {exc!r})"
