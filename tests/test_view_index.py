@@ -4,12 +4,17 @@ does to it."""
 
 from __future__ import annotations
 
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sluice.recording import format as fmt
 from sluice.view.index import Filter, Index, Reading
+from sluice.view.live import LiveIndex, live_url, watch
 
 
 def capture(directory: Path, records: list[Any], protocol: str = "pulsar") -> Path:
@@ -65,3 +70,66 @@ def test_an_http_record_of_the_wrong_shape_is_said_damaged(tmp_path: Path) -> No
     index.build()
     assert "damaged after" in index.error and "cannot take" in index.error, index.error
     assert index.frames == 1 and not index.building
+
+
+class Recorder(ThreadingHTTPServer):
+    """An HTTP server that notes each request's path and Authorization, and
+    answers ``status`` (with ``location``, if given)."""
+
+    def __init__(self, status: int, location: str = "") -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.status, self.location = status, location
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def answer(self) -> None:
+                server = self.server
+                assert isinstance(server, Recorder)
+                server.seen.append((self.path, self.headers.get("Authorization", "")))
+                self.send_response(server.status)
+                if server.location:
+                    self.send_header("Location", server.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = answer
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+def test_the_admin_token_goes_to_the_admin_endpoint_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sluice view --live`` sends the proxy's admin token to the admin
+    address it was given, and nowhere else: not through the HTTP proxy the
+    environment names (``http_proxy``, set for the user's browsing), and not
+    to where an answer redirects it."""
+    elsewhere = Recorder(403)  # a host a redirect names, or the environment's HTTP proxy
+    admin = Recorder(302, f"http://{elsewhere.address}/stolen")
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", f"http://{elsewhere.address}")
+    monkeypatch.setenv("HTTP_PROXY", f"http://{elsewhere.address}")
+    stop = threading.Event()
+    index = LiveIndex(admin.address)
+    watcher = threading.Thread(target=watch, args=(index, live_url(admin.address), "s3cret", stop))
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 4
+        while not index.live_error:  # (an answer taken: followed, or not, by now)
+            assert time.monotonic() < deadline, "the view got no answer"
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        watcher.join(5)
+        for server in (admin, elsewhere):
+            server.shutdown()
+            server.server_close()
+    assert admin.seen[:1] == [("/live", "Bearer s3cret")], admin.seen
+    assert elsewhere.seen == []
+    assert "302" in index.live_error and "s3cret" not in index.live_error

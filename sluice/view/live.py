@@ -392,6 +392,19 @@ class LiveIndex(Index):
         return out
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed: it would carry the admin token elsewhere."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+# The admin endpoint is asked directly: not through the HTTP proxy the
+# environment names (``http_proxy``, which would be given the token), and
+# not where an answer redirects.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+
+
 def watch(index: LiveIndex, url: str, token: str, stop: threading.Event) -> None:
     """Feed ``index`` from the proxy's ``/live`` until ``stop`` (a thread's work)."""
     after = ""
@@ -402,7 +415,7 @@ def watch(index: LiveIndex, url: str, token: str, stop: threading.Event) -> None
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )  # fmt: skip
         try:
-            with urllib.request.urlopen(request, timeout=15) as answer:
+            with _OPENER.open(request, timeout=15) as answer:
                 data = json.loads(answer.read())
         except urllib.error.HTTPError as exc:
             said = exc.read().decode(errors="replace").strip()
