@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
+import trio
 
 from sluice.protocols.core import Conn
 from sluice.protocols.pulsar import Type, command, decode_frame, encode
@@ -44,3 +46,27 @@ async def test_segments_read_in_order_after_the_wall_clock_steps_back(
     segments = [next(iter(read_records(p)))["segment"] for p in recording_files(tmp_path)]
     assert len(segments) > 3
     assert segments == sorted(segments)
+
+
+async def test_recordings_are_not_readable_by_other_users(tmp_path: Path) -> None:
+    """Recordings hold payloads, topics and clients' addresses: neither a
+    segment, a snapshot nor the directories Sluice makes for them are open
+    to every user of the host (the usual umask 022 would let them read)."""
+    old = os.umask(0o022)
+    try:
+        recorder = Recorder(RecorderConfig(tmp_path / "rec"))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+            await _write(recorder, 10)
+            nursery.cancel_scope.cancel()
+        ring = Recorder(RecorderConfig(tmp_path / "rec", ring_bytes=1 << 20))
+        ring.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+        ring.frames(CONN, True, [PING] * 10)
+        snapshot = await ring.snapshot(reason="bug")
+    finally:
+        os.umask(old)
+    files = recording_files(tmp_path / "rec")
+    assert snapshot.file in files and len(files) == 2
+    for path in [*files, tmp_path / "rec", snapshot.directory]:
+        assert path.stat().st_mode & 0o007 == 0, f"{path}: {oct(path.stat().st_mode)}"

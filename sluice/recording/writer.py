@@ -22,6 +22,7 @@ captures that must be complete.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -72,6 +73,12 @@ _mono_ns, _wall_ns = time.monotonic_ns, time.time_ns  # read for every frame
 # that are not frames, and by its clock: never once per read, which at low
 # rates would be a wake-up, timers and cancel scopes for every frame.
 WRITE_BYTES = 1024 * 1024
+
+# Recordings hold payloads, topics and clients' addresses: their files and
+# the directories made for them are the proxy's user's (and group's), never
+# every user's (the umask may take more away).
+FILE_MODE = 0o640
+DIRECTORY_MODE = 0o750
 
 
 class Summarizer(Protocol):
@@ -508,7 +515,7 @@ class Recorder:
     # --- writer ------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.config.directory.mkdir(parents=True, exist_ok=True)
+        self.config.directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
         self._token = trio.lowlevel.current_trio_token()
         task_status.started()
         last_flush = trio.current_time()
@@ -695,8 +702,8 @@ class Recorder:
                             f"--record-retain-bytes ({share} bytes)"
                         )
                     removed = self._make_room(size + share * (self._writers - 1))
-                directory.mkdir(parents=True, exist_ok=True)
-                with open(path, "wb") as handle:
+                directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
+                with open(path, "wb", opener=_create) as handle:
                     hold(handle.fileno())
                     for data in (head, *(p.data for p in chosen)):
                         handle.write(data)
@@ -855,7 +862,7 @@ class Recorder:
             return None
         self._segment = segment
         try:
-            handle = await self._io(open, path, "wb")
+            handle = await self._io(functools.partial(open, path, "wb", opener=_create))
             await self._io(hold, handle.fileno())  # being written: retention leaves it alone
             await self._io(handle.write, first)
         except OSError as exc:
@@ -1050,6 +1057,11 @@ class Recorder:
     @staticmethod
     async def _io(fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def _create(path: str, flags: int) -> int:
+    """Open a recording file (``open``'s opener) with ``FILE_MODE``."""
+    return os.open(path, flags, FILE_MODE)
 
 
 def one_record_each(
