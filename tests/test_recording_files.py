@@ -12,7 +12,7 @@ import trio
 from sluice.protocols.core import Conn
 from sluice.protocols.pulsar import Type, command, decode_frame, encode
 from sluice.recording.format import read_records, recording_files
-from sluice.recording.writer import Recorder, RecorderConfig
+from sluice.recording.writer import Recorder, RecorderConfig, SnapshotError
 
 CONN = Conn(1, "127.0.0.1:1", "plain", "pulsar")
 PING = decode_frame(encode(command(Type.Value("PING"))))
@@ -70,3 +70,52 @@ async def test_recordings_are_not_readable_by_other_users(tmp_path: Path) -> Non
     assert snapshot.file in files and len(files) == 2
     for path in [*files, tmp_path / "rec", snapshot.directory]:
         assert path.stat().st_mode & 0o007 == 0, f"{path}: {oct(path.stat().st_mode)}"
+
+
+async def test_a_link_planted_at_a_files_name_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone who can write in the recording directory plants a symlink
+    where the next segment will be written (its name is predictable: the
+    time and the capture id of the files before it): Sluice must neither
+    write the recording through it nor truncate what it points at. The
+    frames that could not go there are counted and said by a gap record in
+    the next file."""
+    monkeypatch.setattr(time, "gmtime", lambda *_: time.struct_time((2030, 1, 1, 0, 0, 0, 1, 1, 0)))
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    recorder = Recorder(RecorderConfig(rec))
+    name = f"sluice-20300101T000000-{recorder.capture}-0001.sluice"
+    (rec / name).symlink_to(victim)
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    await _write(recorder, 3)
+    recorder._retry_at = 0.0  # as 2 s later
+    await _write(recorder, 2)
+    await recorder._close_file()
+    assert victim.read_bytes() == b"precious"
+    assert (rec / name).is_symlink()
+    written = [p for p in recording_files(rec) if not p.is_symlink()]
+    records = [r for p in written for r in read_records(p)]
+    assert [r["dropped"] for r in records if r["k"] == "gap"] == [3]
+    assert sum(r["k"] == "frame" for r in records) == 2
+    assert recorder.dropped_total == 3
+
+
+async def test_a_snapshot_is_not_written_through_a_planted_directory_link(
+    tmp_path: Path,
+) -> None:
+    """A symlink where a snapshot's directory goes: refused, nothing written
+    where it points."""
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (rec / "snap").symlink_to(elsewhere)
+    ring = Recorder(RecorderConfig(rec, ring_bytes=1 << 20))
+    ring.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    ring.frames(CONN, True, [PING] * 10)
+    with pytest.raises(SnapshotError, match="symbolic link"):
+        await ring.snapshot(name="snap")
+    assert list(elsewhere.iterdir()) == []

@@ -703,6 +703,8 @@ class Recorder:
                         )
                     removed = self._make_room(size + share * (self._writers - 1))
                 directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
+                if directory.is_symlink():  # planted: what it points at is not ours
+                    raise SnapshotError(f"{directory} is a symbolic link: not written through")
                 with open(path, "wb", opener=_create) as handle:
                     hold(handle.fileno())
                     for data in (head, *(p.data for p in chosen)):
@@ -1060,8 +1062,11 @@ class Recorder:
 
 
 def _create(path: str, flags: int) -> int:
-    """Open a recording file (``open``'s opener) with ``FILE_MODE``."""
-    return os.open(path, flags, FILE_MODE)
+    """Open a new recording file (``open``'s opener) with ``FILE_MODE``:
+    never one already there (FileExistsError), nor through a symlink
+    planted at its name, which would write the recording where it points
+    and truncate what is there."""
+    return os.open(path, flags | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
 
 
 def one_record_each(
