@@ -63,13 +63,19 @@ class ProxyProtocolIn:
     timeout: float
 
     def trusts(self, host: str) -> bool:
+        """Whether ``host`` is a listed source. An IPv4 client is one client
+        however it is written: 10.0.0.9, or ::ffff:10.0.0.9 as a dual-stack
+        listener sees it (and logs it, so a rule may be written so too)."""
         try:
             ip = ipaddress.ip_address(host.split("%", 1)[0])
         except ValueError:
             return False
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
-        return any(ip in network for network in self.sources)
+        forms: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = (ip,)
+        if isinstance(ip, ipaddress.IPv4Address):
+            forms = (ip, ipaddress.IPv6Address(f"::ffff:{ip}"))
+        return any(form in network for form in forms for network in self.sources)
 
     async def read(
         self, stream: trio.abc.Stream, peer: Address, *, optional: bool = False
