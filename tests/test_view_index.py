@@ -4,6 +4,7 @@ does to it."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +16,7 @@ import pytest
 from sluice.recording import format as fmt
 from sluice.view.index import Filter, Index, Reading
 from sluice.view.live import LiveIndex, live_url, watch
+from sluice.view.server import serve
 
 
 def capture(directory: Path, records: list[Any], protocol: str = "pulsar") -> Path:
@@ -133,3 +135,28 @@ def test_the_admin_token_goes_to_the_admin_endpoint_only(monkeypatch: pytest.Mon
     assert admin.seen[:1] == [("/live", "Bearer s3cret")], admin.seen
     assert elsewhere.seen == []
     assert "302" in index.live_error and "s3cret" not in index.live_error
+
+
+def test_the_page_is_not_framed_by_another_site_nor_its_answers_sniffed(tmp_path: Path) -> None:
+    """Another site's page may load the view's address in a frame (it is
+    the page's own Host) and have the user click "save" under its own
+    content; the page says no browser may frame it, and no answer is read
+    as another type than it says."""
+    index = Index(capture(tmp_path / "c", [frame(0, "SEND", topic="t")]))
+    index.build()
+    server = serve(index, "127.0.0.1", 0, build=False)
+    port = int(server.server_address[1])
+    try:
+        for path in ("/", "/app.js", "/api/frames"):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", path)
+            answer = connection.getresponse()
+            answer.read()
+            connection.close()
+            assert answer.status == 200, path
+            assert answer.getheader("X-Frame-Options") == "DENY", path
+            assert answer.getheader("X-Content-Type-Options") == "nosniff", path
+            assert answer.getheader("Content-Security-Policy") == "frame-ancestors 'none'", path
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -72,6 +72,16 @@ def _is_own_host(host: str, port: int, listen: str) -> bool:
     return True
 
 
+# Sent with every answer: no other site's page may frame this one (and have
+# the user click "save" under its own content), and no answer is read as
+# another type than it says.
+_HARDENING = (
+    ("X-Frame-Options", "DENY"),
+    ("Content-Security-Policy", "frame-ancestors 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+)
+
+
 class Handler(BaseHTTPRequestHandler):
     server: ViewServer
     protocol_version = "HTTP/1.1"
@@ -173,6 +183,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        for name, value in _HARDENING:
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
