@@ -58,6 +58,23 @@ def test_other_addresses_are_not_listed(rule: str) -> None:
     assert isinstance(listed.sources[0], ipaddress.IPv4Network | ipaddress.IPv6Network)
 
 
+async def test_an_unlisted_client_whose_first_byte_only_begins_like_a_header_is_served() -> None:
+    # An HTTP request that arrives a byte at a time begins with "P", as
+    # "PROXY " does: that is no header, and nothing of it may be taken.
+    ours, theirs = pair()
+    request = b"POST /admin/v2/clusters HTTP/1.1\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        result: list[object] = []
+
+        nursery.start_soon(outcome, result, inbound("10.0.100.0/24"), ours, STRANGER)
+        await theirs.send(request[:1])
+        await trio.sleep(0.05)
+        await theirs.send(request[1:])
+    assert result == [None]
+    assert await ours.receive_some(len(request)) == request
+    theirs.close()
+
+
 async def test_an_unlisted_client_sending_a_header_is_refused_however_it_is_cut() -> None:
     for header in (
         b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\n",

@@ -126,20 +126,28 @@ class ProxyProtocolIn:
 
     async def _refuse_headers(self, raw: trio.abc.Stream, peer: Address) -> None:
         """A source that may not send a header: look at its first bytes
-        (waiting for them at most the timeout) without taking them."""
+        (waiting for them at most the timeout) without taking them, as many
+        as it takes to tell: a request that comes a byte at a time begins
+        with ``P`` as ``PROXY `` does. Undecided within the timeout: served
+        as before (the protocol says what is wrong with its bytes)."""
         sock = getattr(raw, "socket", None)
         if sock is None:
             return
         with trio.move_on_after(self.timeout):
-            try:
-                first = await sock.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
-            except OSError:
-                return
-            if starts_like_a_header(first):
-                raise HeaderError(
-                    "unlisted", f"a PROXY header from {peer.host}, which --proxy-protocol-from "
-                    "does not list"
-                )  # fmt: skip
+            while True:
+                try:
+                    first = await sock.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
+                except OSError:
+                    return
+                if not starts_like_a_header(first):  # (nothing at all: closed)
+                    return
+                if first.startswith((V1_SIGNATURE, V2_SIGNATURE)):
+                    break
+                await trio.sleep(PEEK_AGAIN)  # a part of a signature so far
+            raise HeaderError(
+                "unlisted", f"a PROXY header from {peer.host}, which --proxy-protocol-from "
+                "does not list"
+            )  # fmt: skip
 
 
 def transport(stream: trio.abc.Stream) -> trio.abc.Stream:
