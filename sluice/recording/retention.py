@@ -3,7 +3,8 @@
 
 The oldest whole recording files go first (by their last write, then by
 name), snapshots' files included; a snapshot directory left empty goes with
-its last file. A file being written is never removed: every writer holds a
+its last file; what is not a regular file (a symlink, a FIFO) is neither
+counted nor removed. A file being written is never removed: every writer holds a
 shared ``flock`` on its open file, and a file whose exclusive lock cannot be
 taken here is skipped (its writer may be another worker of the same proxy,
 or another proxy on the same volume).
@@ -24,6 +25,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,8 +81,13 @@ def enforce(
     entries: list[tuple[float, str, Path, int]] = []
     for path in recordings_below(directory):
         try:
-            st = path.stat()
+            st = path.lstat()
         except OSError:  # removed meanwhile
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            # Not a file a recorder wrote (a symlink, a FIFO): it takes no
+            # room that removing it would make, and opening it to test its
+            # lock could follow it or block.
             continue
         entries.append((st.st_mtime, path.name, path, st.st_size))
     entries.sort()
@@ -122,7 +129,7 @@ def hold(fd: int) -> None:
 
 def _held(path: Path) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return True  # cannot tell: keep it
     try:
