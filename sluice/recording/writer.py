@@ -128,6 +128,10 @@ class RecorderConfig:
         return self.ring_bytes is not None or self.ring_seconds is not None
 
 
+# A snapshot a rule asked for, due while another is being written, is
+# tried again this much later.
+BUSY_RETRY = 0.1
+
 # A ring given in seconds alone is still bounded in memory by this.
 RING_BYTES_WITH_SECONDS = 256 * 1024 * 1024
 
@@ -608,7 +612,12 @@ class Recorder:
                 await self.snapshot(last=now - fired_at + trigger.before, reason=trigger.id,
                                     note=note)  # fmt: skip
             except SnapshotBusy:
-                continue  # an on-demand one is being written: next time round
+                # An on-demand one is being written: again a little later
+                # (not at once: the writer would go round without a pause
+                # for as long as that write lasts). What it covers is from
+                # when the rule fired, whenever it is written.
+                self._pending[self._pending.index(item)] = (now + BUSY_RETRY, *item[1:])
+                continue
             except Exception as exc:  # given up, never retried in a loop
                 log.error("snapshot for rule %s failed: %s", trigger.id, exc)
             self._pending.remove(item)
