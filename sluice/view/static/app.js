@@ -518,17 +518,18 @@ $("filters").addEventListener("submit", (event) => {
   const filter = {};
   for (const key of FIELDS) if (form.get(key)) filter[key] = form.get(key);
   state.offset = 0;
+  state.sequenceFrom = 0;  // (a live view's last, for another filter's frames)
   setFilter(filter);
   refresh();
 });
-$("clear").addEventListener("click", () => { state.offset = 0; setFilter({}); refresh(); });
+$("clear").addEventListener("click", () => { state.offset = state.sequenceFrom = 0; setFilter({}); refresh(); });
 $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); refresh(); });
 $("next").addEventListener("click", () => { state.offset += PAGE; refresh(); });
 document.addEventListener("click", (event) => {
   const target = event.target.closest("[data-frame]");
   if (target) { event.preventDefault(); showDetail(Number(target.dataset.frame)); }
   const conn = event.target.closest("tr[data-conn]");
-  if (conn) { state.offset = 0; setFilter({ ...currentFilter(), conn: conn.dataset.conn }); refresh(); }
+  if (conn) { state.offset = state.sequenceFrom = 0; setFilter({ ...currentFilter(), conn: conn.dataset.conn }); refresh(); }
 });
-window.addEventListener("popstate", () => { state.offset = 0; refresh(); });
+window.addEventListener("popstate", () => { state.offset = state.sequenceFrom = 0; refresh(); });
 start().catch((error) => { $("problem").hidden = false; $("problem").textContent = error.message; });
