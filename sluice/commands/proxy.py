@@ -477,6 +477,19 @@ def checked_config(args: argparse.Namespace) -> ProxyConfig:
         raise ConfigError(f"a setting does not check out: {problem}") from None
 
 
+def _cannot_hold(directory: Path) -> str | None:
+    """Why ``directory`` (made at start if missing) cannot hold recordings,
+    in words; None if it can. Nothing is made here (``--print-config``)."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} cannot be written (permission denied)"
+    return None
+
+
 def config_from(args: argparse.Namespace) -> ProxyConfig:
     spec = registry.get(args.protocol) if args.protocol else registry.by_url(args.broker)
     listen_tls = parse_address(args.listen_tls, what="--listen-tls") if args.listen_tls else None
@@ -650,6 +663,9 @@ def _recorder_config(args: argparse.Namespace) -> RecorderConfig | None:
             raise ConfigError(f"--snapshot-on: {exc}") from None
     if args.record.exists() and not args.record.is_dir():
         raise ConfigError(f"--record {args.record}: exists and is not a directory")
+    problem = _cannot_hold(args.record)
+    if problem is not None:  # said now, not as the writer's failure once serving
+        raise ConfigError(f"--record {args.record}: {problem}")
     for name in ("record_max_bytes", "record_max_age", "record_flush_interval",
                  "record_retain_bytes", "record_retain_age"):  # fmt: skip
         value = getattr(args, name)
