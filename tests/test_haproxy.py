@@ -120,6 +120,17 @@ def test_a_crc32c_tlv_is_checked() -> None:
     assert refused(bytes(raw)).reason == "checksum"
 
 
+def test_a_crc32c_is_checked_over_the_tlvs_as_sent() -> None:
+    """The specification sets no order for TLVs: a CRC32C written before
+    the TLVs of lower types (ALPN, here) checks out."""
+    crc_then_alpn = bytes([0x03, 0, 4, 0, 0, 0, 0, 0x01, 0, 2]) + b"h2"
+    raw = bytearray(v2(1, 0x11, inet("10.1.2.3", "10.0.0.1", 1000, 6650) + crc_then_alpn))
+    raw[31:35] = crc32c.crc32c(bytes(raw)).to_bytes(4, "big")
+    assert read(bytes(raw))[0].source == Address("10.1.2.3", 1000)
+    raw[-1] ^= 1
+    assert refused(bytes(raw)).reason == "checksum"
+
+
 @pytest.mark.parametrize(
     ("stream", "reason"),
     [
@@ -197,13 +208,18 @@ def test_what_sluice_writes_reads_back(source: Address, destination: Address, fa
     assert header.source == source
     if family == 0x11 or destination.host == "::1":
         assert header.destination == destination
+    # It carries a CRC32C: a byte changed on the way is refused.
+    changed = bytearray(raw)
+    changed[16] ^= 1  # the first byte of the source address
+    assert refused(bytes(changed)).reason == "checksum"
 
 
 def test_without_an_ip_sluice_writes_local() -> None:
     for source in (None, Address("?", 0), Address("broker.example", 1)):
         raw = v2_header(source, Address("127.0.0.1", 6650))
-        assert raw == V2_SIGNATURE + b"\x20\x00\x00\x00"
-        assert read(raw)[0].source is None
+        assert raw[:14] == V2_SIGNATURE + b"\x20\x00"  # LOCAL, AF_UNSPEC
+        header, rest = read(raw + FOLLOWS)
+        assert (header.source, header.size, rest) == (None, len(raw), FOLLOWS)
 
 
 def test_signatures_are_recognised_from_their_first_bytes() -> None:

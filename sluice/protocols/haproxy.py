@@ -9,17 +9,39 @@ for whoever reads next; ``feed`` returns the ``ProxyHeader`` once it is
 whole and raises ``HeaderError`` (with a short ``reason``, a metric label)
 as soon as the bytes cannot be a header. ``v2_header`` writes one.
 
-The specification: haproxy.org, doc/proxy-protocol.txt. Protocol-neutral:
-nothing here knows Pulsar or Cursus.
+The header's fields are read and written by PyPI's ``proxy-protocol``
+(``proxyprotocol``); what is ours is the framing (how much to read, when a
+header is whole or cannot be one), the limits, the reasons a header is
+refused, a few checks the library does not make, and the CRC32C check (see
+``_check_tlvs``). The specification: haproxy.org, doc/proxy-protocol.txt.
+Protocol-neutral: nothing here knows Pulsar or Cursus.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 from dataclasses import dataclass
 
 import crc32c as _crc32c
+from proxyprotocol import (
+    ProxyProtocolChecksumError,
+    ProxyProtocolIncompleteError,
+    ProxyProtocolSyntaxError,
+)
+from proxyprotocol.result import (
+    ProxyResult,
+    ProxyResultIPv4,
+    ProxyResultIPv6,
+    ProxyResultLocal,
+    ProxyResultType,
+    is_ipv4,
+    is_ipv6,
+    is_unknown,
+)
+from proxyprotocol.v1 import ProxyProtocolV1
+from proxyprotocol.v2 import ProxyProtocolV2, ProxyProtocolV2Header
 
 from sluice.addresses import Address
 
@@ -39,12 +61,12 @@ V2_MAX_LENGTH = 2048
 # Why a header was refused: each is a metric label (proxy_header_<reason>).
 REASONS = ("missing", "malformed", "truncated", "oversized", "checksum", "unlisted", "timeout")
 
-_V2_LOCAL, _V2_PROXY = 0x0, 0x1
-_AF_UNSPEC, _AF_INET, _AF_INET6, _AF_UNIX = 0x0, 0x1, 0x2, 0x3
-_STREAM = 0x1
-_ADDRESS_SIZE = {_AF_INET: 12, _AF_INET6: 36, _AF_UNIX: 216}
+# The address block's size per family (the specification's), where the TLVs start.
+_ADDRESS_SIZE = {ProxyResultType.IPv4: 12, ProxyResultType.IPv6: 36, ProxyResultType.UNIX: 216}
 _PP2_TYPE_CRC32C = 0x03
-_V2_HEAD = struct.Struct("!12sBBH")
+
+_V1 = ProxyProtocolV1()
+_V2 = ProxyProtocolV2()
 
 
 class HeaderError(Exception):
@@ -77,6 +99,7 @@ class HeaderReader:
 
     def __init__(self) -> None:
         self._buffer = bytearray()
+        self._v2_head: ProxyProtocolV2Header | None = None
         self.header: ProxyHeader | None = None
 
     @property
@@ -89,9 +112,9 @@ class HeaderReader:
         if len(data) < _FIRST_READ:
             return _FIRST_READ - len(data)
         if data[0] == V2_SIGNATURE[0]:
-            if len(data) < _V2_FIXED:
+            if self._v2_head is None:
                 return _V2_FIXED - len(data)
-            return _V2_FIXED + int.from_bytes(data[14:16], "big") - len(data)
+            return _V2_FIXED + self._v2_head.data_len - len(data)
         return min(_v1_wanted(bytes(data)), V1_MAX - len(data))
 
     def feed(self, data: bytes) -> ProxyHeader | None:
@@ -120,6 +143,8 @@ class HeaderReader:
     # --- v1 ------------------------------------------------------------------------
 
     def _v1(self, data: bytes) -> ProxyHeader | None:
+        """Framing: the line ends at its first CRLF, within ``V1_MAX``; the
+        library reads the fields of a whole line."""
         if not data.startswith(V1_SIGNATURE[: len(data)]):
             raise _missing(data)
         end = data.find(b"\r\n")
@@ -131,7 +156,19 @@ class HeaderReader:
             return None
         if end != len(data) - 2:
             raise HeaderError("malformed", "PROXY v1 line shorter than its first read")
-        return ProxyHeader(1, *_v1_addresses(data[len(V1_SIGNATURE) : end]), len(data))
+        try:
+            result = _V1.unpack(data)
+        except ProxyProtocolIncompleteError:  # cannot be: the line ends in CRLF
+            raise HeaderError("malformed", "PROXY v1 line not whole at its CRLF") from None
+        except ValueError as error:  # ProxyProtocolSyntaxError, a bad address or port
+            raise HeaderError("malformed", _v1_refusal(error)) from None
+        if is_unknown(result):
+            return ProxyHeader(1, None, None, len(data))
+        if not (is_ipv4(result) or is_ipv6(result)):
+            raise HeaderError("malformed", f"PROXY v1 line read as {result.type.name}")
+        _check_v1_ports(data)
+        source, destination = (_address(ip, port) for ip, port in (result.source, result.dest))
+        return ProxyHeader(1, source, destination, len(data))
 
     # --- v2 ------------------------------------------------------------------------
 
@@ -140,44 +177,44 @@ class HeaderReader:
             raise _missing(data)
         if len(data) < _V2_FIXED:
             return None
-        _, version_command, family_protocol, length = _V2_HEAD.unpack_from(data)
-        if version_command >> 4 != 2:
-            raise HeaderError("malformed", f"PROXY v2 header of version {version_command >> 4}")
-        command = version_command & 0xF
-        if command not in (_V2_LOCAL, _V2_PROXY):
-            raise HeaderError("malformed", f"PROXY v2 header with command {command}")
-        if length > V2_MAX_LENGTH:
-            raise HeaderError(
-                "oversized", f"PROXY v2 header announces {length} bytes, over {V2_MAX_LENGTH}"
-            )
-        if len(data) < _V2_FIXED + length:
+        if self._v2_head is None:
+            self._v2_head = _v2_head(data[:_V2_FIXED])
+        head = self._v2_head
+        if len(data) < _V2_FIXED + head.data_len:
             return None
-        body = data[_V2_FIXED:]
-        if command == _V2_LOCAL:  # the balancer's own connection: the body is ignored
+        if head.command == "local":  # the balancer's own connection: the body is ignored
             return ProxyHeader(2, None, None, len(data))
-        family, protocol = family_protocol >> 4, family_protocol & 0xF
-        if family == _AF_UNSPEC:  # addresses of a kind the sender could not say
+        if head.type is ProxyResultType.UNKNOWN:  # AF_UNSPEC: addresses the sender could not say
             return ProxyHeader(2, None, None, len(data))
-        if family not in _ADDRESS_SIZE or protocol != _STREAM:
+        if head.type is None or head.protocol is not socket.SOCK_STREAM:
             raise HeaderError(
-                "malformed", f"PROXY v2 header for family/protocol {family_protocol:#04x}, not TCP"
+                "malformed", f"PROXY v2 header for family/protocol {data[13]:#04x}, not TCP"
             )
-        size = _ADDRESS_SIZE[family]
-        if length < size:
+        size = _ADDRESS_SIZE[head.type]
+        if head.data_len < size:
             raise HeaderError(
-                "malformed", f"PROXY v2 header of {length} bytes cannot hold its addresses ({size})"
+                "malformed",
+                f"PROXY v2 header of {head.data_len} bytes cannot hold its addresses ({size})",
             )
+        try:
+            result: ProxyResult = _V2.unpack(data)
+        except ProxyProtocolChecksumError as error:
+            result = error.result  # _check_tlvs decides: see there
+        except (ValueError, struct.error) as error:  # a syntax error, a path not ASCII
+            raise HeaderError("malformed", f"PROXY v2 header: {_said(error)}") from None
         _check_tlvs(data, _V2_FIXED + size)
-        if family == _AF_UNIX:
-            return ProxyHeader(2, None, None, len(data))
-        width = 4 if family == _AF_INET else 16
-        src, dst = (_unmapped(ipaddress.ip_address(body[at : at + width])) for at in (0, width))
-        sport, dport = struct.unpack_from("!HH", body, 2 * width)
-        return ProxyHeader(2, Address(str(src), sport), Address(str(dst), dport), len(data))
+        if is_ipv4(result) or is_ipv6(result):
+            source, destination = (_address(ip, port) for ip, port in (result.source, result.dest))
+            return ProxyHeader(2, source, destination, len(data))
+        return ProxyHeader(2, None, None, len(data))  # AF_UNIX: the socket's own addresses
 
 
 def _missing(data: bytes) -> HeaderError:
     return HeaderError("missing", f"no PROXY header: the connection starts with {data[:8]!r}")
+
+
+def _said(error: Exception) -> str:
+    return (str(error) or type(error).__name__)[:100]
 
 
 def _v1_wanted(data: bytes) -> int:
@@ -191,41 +228,52 @@ def _v1_wanted(data: bytes) -> int:
     return (5 - len(fields)) * 2 + 2 + (1 if fields[-1] == b"" else 0)
 
 
-def _v1_addresses(line: bytes) -> tuple[Address | None, Address | None]:
-    fields = line.split(b" ")
-    if fields[0] == b"UNKNOWN":
-        return None, None
-    if fields[0] not in (b"TCP4", b"TCP6"):
-        raise HeaderError("malformed", f"PROXY v1 line with protocol {fields[0][:8]!r}")
-    if len(fields) != 5:
-        raise HeaderError("malformed", f"PROXY v1 line with {len(fields)} fields, not 5")
-    version = 4 if fields[0] == b"TCP4" else 6
-    src, dst = (_v1_ip(field, version) for field in fields[1:3])
-    sport, dport = (_v1_port(field) for field in fields[3:5])
-    return Address(src, sport), Address(dst, dport)
+def _v1_refusal(error: ValueError) -> str:
+    if isinstance(error, ProxyProtocolSyntaxError):
+        return f"PROXY v1 line: {_said(error)}"
+    return f"PROXY v1 line with an address or port out of place: {_said(error)}"
 
 
-def _v1_ip(field: bytes, version: int) -> str:
+def _check_v1_ports(line: bytes) -> None:
+    """The library reads a v1 port with ``int()``, which also takes ``+80``,
+    ``8_0``, ``\\t80`` and ``000080``: only up to five digits are a port."""
+    for field in line[len(V1_SIGNATURE) : -2].split(b" ")[3:5]:
+        if not (field.isdigit() and len(field) <= 5):
+            raise HeaderError("malformed", f"PROXY v1 port {field[:8]!r} is not 0 to 65535")
+
+
+def _v2_head(fixed: bytes) -> ProxyProtocolV2Header:
+    """The fixed 16 bytes, read by the library; refused here if they cannot
+    start a header Sluice takes, before the body is read."""
     try:
-        ip = ipaddress.ip_address(field.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        raise HeaderError("malformed", f"PROXY v1 address {field[:40]!r} is not an IP") from None
-    if ip.version != version:
-        raise HeaderError("malformed", f"PROXY v1 address {ip} is not IPv{version}")
+        head = _V2.unpack_header(fixed)
+    except ProxyProtocolSyntaxError:
+        raise HeaderError("malformed", f"PROXY v2 header of version {fixed[12] >> 4}") from None
+    if head.command is None:
+        raise HeaderError("malformed", f"PROXY v2 header with command {fixed[12] & 0xF}")
+    if head.data_len > V2_MAX_LENGTH:
+        raise HeaderError(
+            "oversized", f"PROXY v2 header announces {head.data_len} bytes, over {V2_MAX_LENGTH}"
+        )
+    return head
+
+
+def _address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> Address:
     if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
-        raise HeaderError("malformed", f"PROXY v1 address {ip} names a zone")
-    return str(_unmapped(ip))
-
-
-def _v1_port(field: bytes) -> int:
-    if not (field.isdigit() and len(field) <= 5 and int(field) <= 65535):
-        raise HeaderError("malformed", f"PROXY v1 port {field[:8]!r} is not 0 to 65535")
-    return int(field)
+        raise HeaderError("malformed", f"PROXY header address {ip} names a zone")
+    return Address(str(_unmapped(ip)), port)
 
 
 def _check_tlvs(header: bytes, start: int) -> None:
     """The TLVs after the addresses fit exactly; a CRC32C one matches.
-    Types Sluice does not know are skipped, as the specification asks."""
+    Types Sluice does not know are skipped, as the specification asks.
+
+    Kept here rather than left to the library, which reads TLVs leniently
+    (one cut short or running past the header is dropped or shortened
+    without a word) and checks a CRC32C over its own copy of the TLVs,
+    sorted by type and with repeats merged, rather than over the bytes
+    sent: a valid header whose TLVs come in another order (the
+    specification sets none) fails its check there."""
     at = start
     while at < len(header):
         if at + 3 > len(header):
@@ -247,18 +295,23 @@ def v2_header(source: Address | None, destination: Address | None) -> bytes:
     """A v2 header naming ``source`` as the client and ``destination`` as
     the address it dialled; LOCAL (the sender's own connection) when either
     is not an IP address. An IPv4 address beside an IPv6 one is written as
-    IPv4-mapped IPv6."""
+    IPv4-mapped IPv6. The library adds a CRC32C TLV to every header."""
     ips = [_ip(a) for a in (source, destination)]
+    result: ProxyResult
     if source is None or destination is None or ips[0] is None or ips[1] is None:
-        return V2_SIGNATURE + bytes([0x20 | _V2_LOCAL, 0]) + b"\0\0"
-    src, dst = ips[0], ips[1]
-    if src.version != dst.version:
-        src, dst = (ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip
-                    for ip in (src, dst))  # fmt: skip
-    family = _AF_INET if src.version == 4 else _AF_INET6
-    body = src.packed + dst.packed + struct.pack("!HH", source.port, destination.port)
-    head = bytes([0x20 | _V2_PROXY, family << 4 | _STREAM]) + len(body).to_bytes(2, "big")
-    return V2_SIGNATURE + head + body
+        result = ProxyResultLocal()
+    else:
+        src, dst = ips[0], ips[1]
+        if isinstance(src, ipaddress.IPv4Address) and isinstance(dst, ipaddress.IPv4Address):
+            result = ProxyResultIPv4(
+                (src, source.port), (dst, destination.port), protocol=socket.SOCK_STREAM
+            )
+        else:
+            src6, dst6 = (_mapped(ip) for ip in (src, dst))
+            result = ProxyResultIPv6(
+                (src6, source.port), (dst6, destination.port), protocol=socket.SOCK_STREAM
+            )
+    return bytes(_V2.pack(result))
 
 
 def _ip(address: Address | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -269,6 +322,12 @@ def _ip(address: Address | None) -> ipaddress.IPv4Address | ipaddress.IPv6Addres
     except ValueError:
         return None
     return _unmapped(ip)
+
+
+def _mapped(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv6Address:
+    if isinstance(ip, ipaddress.IPv4Address):
+        return ipaddress.IPv6Address(f"::ffff:{ip}")
+    return ip
 
 
 def _unmapped(
