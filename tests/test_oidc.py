@@ -233,6 +233,20 @@ def test_an_issuer_that_cannot_be_fetched_refuses_its_tokens_saying_why() -> Non
             v.keys(ISSUER, bad, NOW)
 
 
+def test_rsa_keys_under_2048_bits_in_a_key_set_are_not_used() -> None:
+    """As in a key file: a token signed by a 1024-bit key is refused, and a
+    key set holding only such keys says so."""
+    idp = Issuer()
+    idp.add("weak", rsa.generate_private_key(public_exponent=65537, key_size=1024))
+    v = verifier(idp)
+    assert v.keys(ISSUER, idp.jwks(), NOW) == 1  # rsa-1 only
+    assert refused(v, idp.token("weak"), NOW)
+    assert v.verify(idp.token(), NOW)[0] == "app"
+    del idp.keys["rsa-1"]
+    with pytest.raises(TokenRefused, match=r"no RSA or EC signing key \(1 RSA under 2048 bits"):
+        v.keys(ISSUER, idp.jwks(), NOW)
+
+
 def test_settings_mistakes_are_one_line_each() -> None:
     def mistake(**changes: Any) -> str:
         base: dict[str, Any] = {"issuers": (ISSUER,), "audiences": ("pulsar",)}

@@ -39,6 +39,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import jwt
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from sluice.errors import ConfigError
 from sluice.logs import clipped
@@ -46,6 +47,9 @@ from sluice.logs import clipped
 # What Apache Pulsar's provider verifies (its JWT library's RSA and ECDSA
 # algorithms); HS* would need a shared secret, which an issuer's JWKS never holds.
 ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512")
+# The shortest RSA key taken, in a key set as in a key file (Pulsar's token
+# library, jjwt, refuses shorter ones; factoring 1024 bits is within reach).
+MIN_RSA_BITS = 2048
 DISCOVERY_PATH = "/.well-known/openid-configuration"
 # Documents larger than this are refused (a key set is a few KiB).
 MAX_DOCUMENT = 1024 * 1024
@@ -199,6 +203,7 @@ class OidcVerifier:
         usable. TokenRefused when it holds none."""
         data = _json_object(document, "key set")
         found: dict[str, tuple[Any, tuple[str, ...]]] = {}
+        weak = 0
         entries = data.get("keys")
         for entry in entries if isinstance(entries, list) else ():
             if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
@@ -210,11 +215,15 @@ class OidcVerifier:
                 key = jwt.PyJWK(entry)
             except jwt.PyJWTError:
                 continue  # a key PyJWT cannot use, as a JWKS may hold
+            if isinstance(key.key, rsa.RSAPublicKey) and key.key.key_size < MIN_RSA_BITS:
+                weak += 1  # as for a key file: anyone may forge what such a key signs
+                continue
             fits = (alg,) if alg is not None else _fitting(entry)
             if fits:
                 found[str(entry.get("kid", ""))] = (key.key, fits)
         if not found:
-            raise TokenRefused(f"the key set of {issuer} holds no RSA or EC signing key")
+            short = f" ({weak} RSA under {MIN_RSA_BITS} bits, not used)" if weak else ""
+            raise TokenRefused(f"the key set of {issuer} holds no RSA or EC signing key{short}")
         state = self._issuers[issuer]
         state.keys, state.fetched, state.tried, state.failure = found, now, now, None
         return len(found)

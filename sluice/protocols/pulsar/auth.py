@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from sluice.errors import ConfigError
 from sluice.logs import clipped
-from sluice.protocols.oidc import MAX_TOKEN, OidcVerifier, TokenRefused
+from sluice.protocols.oidc import MAX_TOKEN, MIN_RSA_BITS, OidcVerifier, TokenRefused
 from sluice.protocols.pulsar import pulsar_api_pb2 as pb
 
 # What a broker answers a CONNECT that fails authentication (and what the
@@ -58,9 +58,9 @@ FAILED = "Failed to authenticate"
 REFRESH = b"PulsarAuthRefresh"
 
 # Pulsar's token library (jjwt) refuses shorter keys: a secret under 256
-# bits (HS384 and HS512 need 384 and 512), an RSA key under 2048 bits.
+# bits (HS384 and HS512 need 384 and 512), an RSA key under 2048 bits
+# (MIN_RSA_BITS, also for an issuer's key set).
 _MIN_SECRET_BYTES = 32
-_MIN_RSA_BITS = 2048
 _EC_ALGORITHM: dict[type[ec.EllipticCurve], str] = {
     ec.SECP256R1: "ES256",
     ec.SECP384R1: "ES384",
@@ -216,7 +216,7 @@ class TokenVerifier:
             if jwt.get_algorithm_by_name("RS256").check_key_length(key) is not None:
                 raise ConfigError(
                     f"{option} {path}: the RSA key is {key.key_size} bits; at least "
-                    f"{_MIN_RSA_BITS} are needed, as Pulsar's token library requires"
+                    f"{MIN_RSA_BITS} are needed, as Pulsar's token library requires"
                 )
         elif isinstance(key, ec.EllipticCurvePublicKey):
             if type(key.curve) not in _EC_ALGORITHM:
