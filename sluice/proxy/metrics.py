@@ -660,6 +660,8 @@ class RelayThreadFigures(Collector):
 
     def __init__(self) -> None:
         self.thread: RelayThread | None = None  # zero while there is none
+        # The most python reads a scrape has said: see _reads.
+        self._python_said = 0
 
     def collect(self) -> Iterator[Any]:
         t = self.thread
@@ -693,8 +695,7 @@ class RelayThreadFigures(Collector):
         yield parked
         yield from self._reads(t)
 
-    @staticmethod
-    def _reads(t: RelayThread | None) -> Iterator[CounterMetricFamily]:
+    def _reads(self, t: RelayThread | None) -> Iterator[CounterMetricFamily]:
         reads = CounterMetricFamily(
             "sluice_relay_thread_reads",
             "Reads the relay thread carried, by how: compiled (by its compiled loop alone, "
@@ -702,8 +703,15 @@ class RelayThreadFigures(Collector):
             labels=["path"],
         )
         compiled = t.compiled_runs if t else 0
+        # All reads less the compiled ones, both counted by the relay thread
+        # while this runs: a read counted between the two (or in all reads
+        # before it is counted as compiled) makes this one too high and the
+        # next lower, and Prometheus takes a counter that goes down for a
+        # restart (an increase of its whole value). Never less than said.
+        python = max(self._python_said, (t.steps_run - compiled) if t else 0)
+        self._python_said = python
         reads.add_metric(["compiled"], compiled)
-        reads.add_metric(["python"], (t.steps_run - compiled) if t else 0)
+        reads.add_metric(["python"], python)
         yield reads
 
     def describe(self) -> Iterable[Any]:
