@@ -206,11 +206,12 @@ def topics() -> dict[str, Any]:
             (f"sum by (topic, direction) (rate(sluice_topic_bytes_total{{{sel}}}[{RATE}]))",
              "{{topic}} {{direction}}"),
         ], "Bps"),
-        Panel("Average frame size", [
+        Panel("Average message size", [
             (f"sum by (topic, direction) (rate(sluice_topic_bytes_total{{{sel}}}[{RATE}])) / "
              f"sum by (topic, direction) (rate(sluice_topic_messages_total{{{sel}}}[{RATE}]))",
              "{{topic}} {{direction}}"),
-        ], "bytes"),
+        ], "bytes", description="Bytes of SEND and MESSAGE frames per message: a batch's "
+           "frame shared among the messages it carries."),
         Panel("Busiest topics", [
             (f"topk(10, sum by (topic) (rate(sluice_topic_messages_total{{{SEL}}}[{RATE}])))",
              "{{topic}}"),
