@@ -71,3 +71,12 @@ def test_close_reasons_listed_are_the_ones_counted() -> None:
 def test_http_refusal_reasons_listed_are_the_ones_counted() -> None:
     labels = rows()["sluice_http_refused_total"][1]
     assert listed(labels, "reason") == set(HTTP_REFUSALS)
+
+
+def test_the_latency_alert_row_names_the_commands_the_rule_watches() -> None:
+    rules = (DOC.parent.parent / "dashboards" / "prometheus" / "alerts.yml").read_text()
+    match = re.search(r'sluice_request_duration_seconds_bucket\{command=~"([^"]+)"', rules)
+    assert match
+    row = next(line for line in DOC.read_text().splitlines() if "| SluiceLatencyP99High |" in line)
+    named = set(re.findall(r"\b[A-Z][A-Z_]+\b", row.split("|")[2]))
+    assert named == set(match[1].split("|"))
