@@ -38,6 +38,9 @@ E = TypeVar("E", bound=enum.StrEnum)
 # The longest a delay rule holds a frame (delay_ms, and jitter_ms): one hour.
 # (Removing rules lets go of what they hold: Faults.epoch.)
 MAX_DELAY_MS = 3_600_000.0
+# The largest count (after, times) or rate a rule may give: past a float's
+# range, a number could not be compared with the others (OverflowError).
+MAX_COUNT = 10**18
 
 
 class FaultError(ConfigError):
@@ -314,10 +317,14 @@ def _number(
     value = data.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FaultError(f"{key} is a number")
+    if isinstance(value, float) and not math.isfinite(value):
         raise FaultError(f"{key} is a number")
     if integer and value != int(value):
         raise FaultError(f"{key} is a whole number")
+    if integer and maximum is None:
+        maximum = MAX_COUNT
     if value < minimum:
         raise FaultError(f"{key} must be at least {minimum:g}")
     if maximum is not None and value > maximum:
