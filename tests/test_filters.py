@@ -500,3 +500,17 @@ on-error = "maybe"
     unknown = _proxy_config(tmp_path, '[[filters]]\nname = "nonesuch"\n')
     assert unknown.returncode == 2
     assert unknown.stderr.startswith("sluice proxy: filter 'nonesuch': no such filter (known: ")
+
+
+def test_each_configured_filter_has_its_error_count_at_zero_from_the_start() -> None:
+    """SluiceFilterRaising takes increase() of it: without a sample before the
+    first error, the first error is missed."""
+    from sluice.proxy.config import ProxyConfig
+    from sluice.proxy.server import Proxy
+
+    config = ProxyConfig(
+        broker=parse_broker_url("pulsar://127.0.0.1:6650"),
+        filters=(parse_flag('schema:{"label": "guard"}'),),
+    )
+    registry = Proxy(config).metrics.registry
+    assert registry.get_sample_value("sluice_filter_errors_total", {"filter": "guard"}) == 0

@@ -471,6 +471,13 @@ class Metrics:
         for outcome in RELOAD_OUTCOMES:  # SluiceConfigReloadRefused's first refusal
             self.reloads.labels(outcome)
 
+    def filters_configured(self, names: Iterable[str]) -> None:
+        """Each configured filter's error count, present at zero from the
+        start (or the reload that adds it): SluiceFilterRaising's increase()
+        needs a sample before the first error, or it misses it."""
+        for name in names:
+            self.filter_errors.labels(name)
+
     # --- the tap -------------------------------------------------------------
 
     def frames(self, conn: Conn, from_client: bool, frames: Sequence[Any]) -> None:

@@ -213,6 +213,8 @@ class Proxy:
         )
         self.metrics = Metrics(config.topic_metrics_limit, self.protocol)
         self.metrics.generation(self.generation)
+        if self.filters is not None:
+            self.metrics.filters_configured(f.spec.id for f in self.filters.loaded)
         self.taps = Taps([self.metrics])
         # --http-listen: the broker's web port, relayed (sluice/proxy/http.py).
         self.http: HttpRelay | None = None
@@ -487,6 +489,8 @@ class Proxy:
             if self.recorder is not None and config.record is not None:
                 self.recorder.set_triggers(config.record.triggers)
             self.config, self.filters, self._held = config, filters, files
+            if filters is not None:
+                self.metrics.filters_configured(f.spec.id for f in filters.loaded)
             self.generation = Generation(
                 number if number is not None else self.generation.number + 1, time.time(), source
             )
