@@ -4,12 +4,13 @@ range, globs whose compiling would stall the event loop."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sluice.protocols.faults import FaultError, load_rules, parse_rule
+from sluice.protocols.faults import MAX_GLOB, FaultError, Faults, load_rules, parse_rule
 from sluice.proxy.config import PROTOCOL_FAULTS
 
 HUGE = 10**400  # JSON reads it as an int; no float holds it
@@ -48,3 +49,21 @@ def test_large_but_usable_counts_still_pass() -> None:
     rule = parse_rule({"action": "drop", "after": 10**15, "times": 10**15}, PROTOCOL_FAULTS)
     assert (rule.after, rule.times) == (10**15, 10**15)
     assert json.loads(json.dumps(rule.to_json()))["after"] == 10**15
+
+
+@pytest.mark.parametrize("key", ["topic", "client"])
+def test_a_glob_too_long_to_compile_quickly_is_refused(key: str) -> None:
+    # fnmatch compiles a glob on first use, on the event loop, in a time
+    # that grows with the square of its unclosed '[': 60 KiB of them (one
+    # POST /faults) held every connection of the proxy for about a minute.
+    with pytest.raises(FaultError) as info:
+        parse_rule({"match": {key: "[" * 5000}, "action": "drop"}, PROTOCOL_FAULTS)
+    assert f"match.{key} is at most {MAX_GLOB} characters" in str(info.value)
+
+
+def test_the_longest_glob_allowed_is_matched_without_a_stall() -> None:
+    faults = Faults()
+    faults.add(parse_rule({"match": {"topic": "[" * MAX_GLOB}, "action": "drop"}, PROTOCOL_FAULTS))
+    started = time.perf_counter()
+    assert faults.check("pulsar", "SEND", True, "10.0.0.1:5000", lambda: "t") is None
+    assert time.perf_counter() - started < 1.0

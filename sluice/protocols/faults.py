@@ -41,6 +41,11 @@ MAX_DELAY_MS = 3_600_000.0
 # The largest count (after, times) or rate a rule may give: past a float's
 # range, a number could not be compared with the others (OverflowError).
 MAX_COUNT = 10**18
+# The longest glob (match.topic, match.client): fnmatch compiles one on its
+# first use, on the event loop, in a time growing with the square of its
+# length at worst (unclosed '['): 1024 characters take a few hundredths of
+# a second, 60 KiB a minute.
+MAX_GLOB = 1024
 
 
 class FaultError(ConfigError):
@@ -157,6 +162,8 @@ def parse_match(
     for key, value in raw.items():
         if value is not None and not isinstance(value, str):
             raise FaultError(f"match.{key} is a string")
+        if value is not None and len(value) > MAX_GLOB:
+            raise FaultError(f"match.{key} is at most {MAX_GLOB} characters")
     protocol = raw.get("protocol")
     if protocol is not None and protocol not in protocols:
         raise FaultError(f"unknown protocol {protocol!r} (known: {', '.join(sorted(protocols))})")
