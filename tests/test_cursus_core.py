@@ -348,3 +348,19 @@ def test_a_fault_errors_reason_is_quoted_as_the_broker_quotes_it() -> None:
     (reply,) = decode_stream(answer, from_client=False)
     assert isinstance(reply.message, ErrorReply)
     assert reply.message.fields["reason"] == 'say "hi" \\ there'
+
+
+def test_taps_see_a_rewritten_reply_as_the_client_got_it() -> None:
+    """Recordings and live views hold the frame as the client saw it: the
+    proxy's listener, not the upstream address the client never got."""
+    routing = CursusRouting(UPSTREAM)
+    routing.add_listener(UPSTREAM, Address("127.0.0.1", 19000))
+    core, tap = relaying(routing=routing)
+    core.receive_client(encode_request(Metadata(topic="t")), 1.0)
+    meta = encode_reply(OkReply.of(topic="t", partitions=1, leaders="localhost:9000"))
+    actions = core.receive_broker(meta, 1.1)
+    to_client = sent(actions, Peer.CLIENT)
+    assert b"127.0.0.1:19000" in to_client
+    (_, seen) = tap.seen[-1]
+    assert seen.raw == to_client
+    assert isinstance(seen.message, OkReply) and seen.message.get("leaders") == "127.0.0.1:19000"

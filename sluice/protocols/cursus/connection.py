@@ -67,7 +67,7 @@ from sluice.protocols.core import (
 )
 from sluice.protocols.cursus.commands import Command, Stream
 from sluice.protocols.cursus.compression import Compression
-from sluice.protocols.cursus.decoder import FrameDecoder
+from sluice.protocols.cursus.decoder import FrameDecoder, decode_frame
 from sluice.protocols.cursus.encoder import own_frame, refusal_reply
 from sluice.protocols.cursus.errors import Problem, RemoteProtocolError, quote
 from sluice.protocols.cursus.frame import BROKER_MAX_FRAME_SIZE, SPEC_MAX_FRAME_SIZE, Frame
@@ -506,7 +506,9 @@ class CursusConnection:
             if data is None:
                 break  # asked for a listener; the rest waits
             self._held.popleft()
-            self.tap.frames(self.conn, False, (frame,))
+            # Taps (a recording, a live view) see what the client gets.
+            shown = frame if data is frame.raw else decode_frame(data, from_client=False)
+            self.tap.frames(self.conn, False, (shown,))
             if self.faults.rules:
                 rule = self._fault(frame, False)
                 if rule is not None:
