@@ -364,3 +364,16 @@ def test_taps_see_a_rewritten_reply_as_the_client_got_it() -> None:
     (_, seen) = tap.seen[-1]
     assert seen.raw == to_client
     assert isinstance(seen.message, OkReply) and seen.message.get("leaders") == "127.0.0.1:19000"
+
+
+def test_unknown_commands_answered_with_errors_share_one_metrics_label() -> None:
+    """A request's name labels sluice_broker_errors_total: words a client
+    makes up (passed on for the broker to judge) must not each add a label,
+    as they do not in sluice_frames_total (UNKNOWN)."""
+    core, tap = relaying()
+    for i in range(3):
+        core.receive_client(frame(f"\x00\x00MADE_UP_{i} id=1".encode()), 1.0)
+        core.receive_broker(encode_reply(ErrorReply.of("unknown_command")), 1.1)
+    assert [(e.request, e.error) for e in tap.of(Answered)][1:] == [
+        ("UNKNOWN", "unknown_command")
+    ] * 3

@@ -65,7 +65,7 @@ from sluice.protocols.core import (
     held_back,
     resumed_in_step,
 )
-from sluice.protocols.cursus.commands import Command, Stream
+from sluice.protocols.cursus.commands import Command, OtherCommand, Stream
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.decoder import FrameDecoder, decode_frame
 from sluice.protocols.cursus.encoder import own_frame, refusal_reply
@@ -491,7 +491,10 @@ class CursusConnection:
             assert isinstance(message, Stream)
             self.conn.kind = "stream"
             self._stream_offset = message.offset
-        self._requests.append(_Request(frame.name, now, topic, False, stream))
+        # A word only the broker knows (or none does) names no request of
+        # its own: metrics label it UNKNOWN, as they count its frames.
+        name = "UNKNOWN" if isinstance(message, OtherCommand) and not message.known else frame.name
+        self._requests.append(_Request(name, now, topic, False, stream))
 
     # --- broker side -------------------------------------------------------------------
 
