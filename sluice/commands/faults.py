@@ -25,6 +25,8 @@ from sluice.protocols import registry
 from sluice.protocols.faults import Direction
 
 TIMEOUT = 10.0
+# The most of a refusal's text shown (the admin endpoint's are one short line).
+MAX_MESSAGE = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -239,7 +241,9 @@ def call(admin: str, method: str, path: str, token: str | None = None, body: obj
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        message = exc.read().decode(errors="replace").strip()
+        message = " ".join(exc.read().decode(errors="replace").split())  # one line
+        if len(message) > MAX_MESSAGE:  # e.g. a web server's error page
+            message = message[:MAX_MESSAGE] + "…"
         raise AdminError(f"{exc.code} {exc.reason}: {message}") from None
     except http.client.HTTPException as exc:  # e.g. InvalidURL: nothing was sent
         raise AdminError(f"cannot call {address}{path}: {exc}") from None
@@ -294,5 +298,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except AdminError as exc:
         print(f"sluice faults {args.faults_command}: {exc}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError, AttributeError, ValueError):
+        # JSON, but not a Sluice admin endpoint's answer (another service on
+        # that port): one line, as for every other failure.
+        print(f"sluice faults {args.faults_command}: {args.admin} answered JSON that is not "
+              "what a Sluice admin endpoint answers (is --admin the proxy's --admin?)",
+              file=sys.stderr)  # fmt: skip
         return 1
     return 0

@@ -1,0 +1,91 @@
+"""``sluice faults`` against endpoints that answer something unexpected:
+one line saying so, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sluice.commands import faults
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    status = 200
+    body = b"[]"
+
+    def _answer(self) -> None:
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json" if self.status == 200 else "text/html")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    do_GET = do_POST = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _serve(handler: type[_Answer]) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def elsewhere() -> Iterator[str]:
+    """An HTTP server that answers every call 200 with JSON that is no
+    admin endpoint's (another service on the port --admin names)."""
+    yield from _serve(_Answer)
+
+
+class _Page(_Answer):
+    status = 404
+    body = (
+        b"<html>\n<head><title>404 Not Found</title></head>\n<body>\n"
+        + b"x" * 5000
+        + b"\n</html>\n"
+    )
+
+
+def test_a_refusal_in_many_lines_is_told_in_one(capsys: pytest.CaptureFixture[str]) -> None:
+    # A web server's HTML error page (--admin naming its port): it was
+    # printed whole, every line of it.
+    for address in _serve(_Page):
+        code = faults.run(_args("list", "--admin", address))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and err.startswith("sluice faults list: 404 Not Found: <html>")
+    assert len(err) < 1100
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sluice faults")
+    faults.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("list",),
+        ("add", "--drop"),
+        ("clear",),
+    ],
+)
+def test_an_answer_that_is_no_admin_endpoints_is_one_line(
+    elsewhere: str, argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = faults.run(_args(argv[0], "--admin", elsewhere, *argv[1:]))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and "not what a Sluice admin endpoint answers" in err
