@@ -447,8 +447,9 @@ class ConfigEndpoint:
 
 
 def authorize(request: AdminRequest, token: str | None, what: str) -> None:
-    """Refused unless the request carries the admin token (``what`` needs it)."""
-    if token is None:
+    """Refused unless the request carries the admin token (``what`` needs it).
+    An empty or blank token is none: no one may change state with it."""
+    if token is None or not token.strip():
         extra = " (or load rules at start with --faults)" if "fault" in what else ""
         raise Refused(
             403, f"{what} needs an admin token: start the proxy with --admin-token-file FILE{extra}"
