@@ -7,6 +7,7 @@ import argparse
 import http.server
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,17 @@ def test_an_answer_that_is_no_admin_endpoints_is_one_line(
     err = capsys.readouterr().err
     assert code == 1
     assert err.count("\n") == 1 and "not what a Sluice admin endpoint answers" in err
+
+
+def test_a_token_no_http_header_can_carry_is_said_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was 'answered something that is not JSON' (the UnicodeEncodeError
+    # http.client raised before anything was sent).
+    token = tmp_path / "token"
+    token.write_text("s3cret-€\n", encoding="utf-8")
+    code = faults.run(_args("clear", "--admin", "127.0.0.1:1", "--admin-token-file", str(token)))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "not JSON" not in err
+    assert f"--admin-token-file {token}: " in err and "HTTP header" in err

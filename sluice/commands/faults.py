@@ -268,9 +268,23 @@ def describe(rule: dict[str, Any]) -> str:
     return f"{action} on {match}"
 
 
+def _header_safe(token: str) -> bool:
+    """Whether ``token`` can go in ``Authorization`` (http.client writes
+    headers in Latin-1)."""
+    try:
+        token.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         token = read_token(args.admin_token_file)
+        if token is not None and not _header_safe(token):
+            raise ConfigError(f"--admin-token-file {args.admin_token_file}: the token holds "
+                              "characters an HTTP header cannot carry (make one of ASCII: "
+                              "openssl rand -hex 16)")  # fmt: skip
         command = args.faults_command
         if command == "add":
             answer = call(args.admin, "POST", "/faults", token, rule_from(args))
