@@ -67,3 +67,16 @@ def test_the_longest_glob_allowed_is_matched_without_a_stall() -> None:
     started = time.perf_counter()
     assert faults.check("pulsar", "SEND", True, "10.0.0.1:5000", lambda: "t") is None
     assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize("key", ["topic", "client"])
+@pytest.mark.parametrize(
+    "bad", ["orders-*\nWARNING sluice.admin: forged line", "a\rb", "x\x1b[2J", "\x7f"]
+)
+def test_a_glob_with_a_control_character_is_refused(key: str, bad: str) -> None:
+    # Globs are logged (at WARNING, as the rule is added) as they are: a
+    # newline in one wrote a line of the caller's choosing into the log.
+    # No topic, path or client address holds one.
+    with pytest.raises(FaultError) as info:
+        parse_rule({"match": {key: bad}, "action": "drop"}, PROTOCOL_FAULTS)
+    assert f"match.{key} holds a control character" in str(info.value)

@@ -46,6 +46,8 @@ MAX_COUNT = 10**18
 # length at worst (unclosed '['): 1024 characters take a few hundredths of
 # a second, 60 KiB a minute.
 MAX_GLOB = 1024
+# What no topic, path or address holds, and a log line must not.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class FaultError(ConfigError):
@@ -164,6 +166,8 @@ def parse_match(
             raise FaultError(f"match.{key} is a string")
         if value is not None and len(value) > MAX_GLOB:
             raise FaultError(f"match.{key} is at most {MAX_GLOB} characters")
+        if value is not None and _CONTROL.search(value):  # (logged as it is)
+            raise FaultError(f"match.{key} holds a control character")
     protocol = raw.get("protocol")
     if protocol is not None and protocol not in protocols:
         raise FaultError(f"unknown protocol {protocol!r} (known: {', '.join(sorted(protocols))})")
