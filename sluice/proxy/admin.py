@@ -489,6 +489,8 @@ class SnapshotRequest:
         reason, name = data.get("reason", ""), data.get("name", "")
         if not isinstance(reason, str) or len(reason) > 200:
             raise Refused(400, "reason is a string of at most 200 characters")
+        if _CONTROL.search(reason):  # it is logged as it is
+            raise Refused(400, "reason holds a control character (a newline, ...)")
         if not isinstance(name, str) or (name and not _NAME.fullmatch(name)):
             raise Refused(400, "name is a directory name: letters, digits, '.', '_', '-'")
         return cls(None if last is None else float(last), reason, name)
@@ -500,6 +502,7 @@ class SnapshotRequest:
 # How far back a snapshot may reach (a ring in seconds is capped lower anyway).
 MAX_SNAPSHOT_SECONDS = 7 * 24 * 3600
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,120}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass
