@@ -272,6 +272,9 @@ async def _read_request(stream: trio.SocketStream) -> AdminRequest | None:
         name, sep, value = line.partition(":")
         if sep:
             headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "identity").lower() != "identity":
+        # Not read here: taken for no body, its fields would be ignored.
+        raise Refused(400, "send the body with Content-Length (a chunked body is not read)")
     try:
         length = int(headers.get("content-length", "0"))
     except ValueError:
