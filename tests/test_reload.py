@@ -54,6 +54,8 @@ def test_what_a_reload_may_change_and_what_it_keeps(tmp_path: Path) -> None:
     assert "listen" not in LIVE and "workers" not in LIVE
     # Recorder settings other than the snapshot rules are kept, named by --record.
     assert flags(["record", "snapshot_on"]) == ["--record", "--snapshot-on"]
+    # A rotated admin token needs a restart: said by the flag that names it.
+    assert flags(["admin_token"]) == ["--admin-token-file"]
 
 
 def with_a_delay_rule(tmp_path: Path) -> tuple[Proxy, Path, Path]:

@@ -125,9 +125,14 @@ def held(config: Any, names: tuple[str, ...] = FILES) -> dict[str, str | None]:
     return out
 
 
+# ProxyConfig fields not named as their flag (``tls`` and ``broker_tls``
+# stand for their flags by that prefix: --tls-cert, --broker-tls-ca, ...).
+_FLAGS = {"admin_token": "--admin-token-file"}
+
+
 def flag(name: str) -> str:
     """The command-line flag of a ProxyConfig field."""
-    return "--" + name.replace("_", "-")
+    return _FLAGS.get(name) or "--" + name.replace("_", "-")
 
 
 def flags(names: list[str]) -> list[str]:
