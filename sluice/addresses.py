@@ -167,7 +167,7 @@ def parse_rule(text: str, option: str = "--allow-broker") -> Rule:
     ports = _ports(ports_text, text, option)
     network: Network | None = None
     hosts: str | None = None
-    if "/" in host or _is_ip(host):
+    if "/" in host or is_ip(host):
         try:
             network = ipaddress.ip_network(host, strict=False)
         except ValueError as exc:
@@ -179,7 +179,8 @@ def parse_rule(text: str, option: str = "--allow-broker") -> Rule:
     return Rule(text, hosts, network, ports)
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
+    """Whether ``host`` is an IPv4 or IPv6 address (not a name)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:

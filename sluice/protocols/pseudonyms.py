@@ -32,6 +32,8 @@ import re
 import urllib.parse
 from collections.abc import Iterable
 
+from sluice.addresses import is_ip
+
 # What a pseudonym stands for, and the word its pseudonym starts with.
 PREFIXES = {
     "tenant": "tenant",
@@ -209,7 +211,7 @@ class Pseudonyms:
             return text
         if self.learning:  # only the addresses it holds, to be in the table
             for found in re.finditer(_IPV4, text):
-                if _is_ip(found.group(0)):
+                if is_ip(found.group(0)):
                     self.host(found.group(0))
             return text
         return self._pattern().sub(self._replacement, text)
@@ -220,7 +222,7 @@ class Pseudonyms:
         if known is not None:
             return known
         # An IPv4 address no field named (a header's, an error message's).
-        return self.host(text) if _is_ip(text) else text
+        return self.host(text) if is_ip(text) else text
 
     def scrub_bytes(self, data: bytes) -> bytes:
         """Text in bytes scrubbed; bytes that are not UTF-8 stay as they are."""
@@ -271,11 +273,3 @@ class Pseudonyms:
         if reveal:
             out["originals"] = {kind: dict(entries) for kind, entries in sorted(self.table.items())}
         return out
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
