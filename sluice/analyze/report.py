@@ -74,6 +74,13 @@ def _picture(title: str, draw: Callable[[Figure], None], height: float = 3.2) ->
     return f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{data}"></figure>'
 
 
+def _literal(text: str) -> str:
+    """Wire data (a topic, an error code, a command) as matplotlib text drawn
+    as it is: text between two ``$`` would be parsed as math (and a bad
+    formula fails the whole report)."""
+    return text.replace("$", r"\$")
+
+
 def _when(step: int, index: int) -> float:
     """Step ``index`` as a matplotlib date number (days since 1970-01-01 UTC)."""
     return index * step / 86400
@@ -121,7 +128,7 @@ def throughput_picture(summary: dict[str, Any]) -> str:
                 ax.plot(
                     [_when(step, s) for s in steps],
                     [points.get(s, 0.0) / step for s in steps],
-                    label=topic.removeprefix("persistent://"),
+                    label=_literal(topic.removeprefix("persistent://")),
                     marker="." if len(steps) < 30 else None,
                 )
             ax.set_title(title)
@@ -168,7 +175,7 @@ def latency_picture(summary: dict[str, Any]) -> str:
                         linestyle="--",
                         label=f"{name} {row[name] * 1000:.2f} ms",
                     )
-            ax.set_title(f"{row['command']} ({row['count']:,})", fontsize=10)
+            ax.set_title(_literal(f"{row['command']} ({row['count']:,})"), fontsize=10)
             ax.set_xlabel("seconds")
             ax.legend(fontsize=7)
 
@@ -200,7 +207,7 @@ def errors_picture(summary: dict[str, Any]) -> str:
                 heights,
                 width=width,
                 bottom=base,
-                label=code,
+                label=_literal(code),
                 align="edge",
             )
             base = [b + h for b, h in zip(base, heights, strict=True)]
@@ -261,7 +268,8 @@ def talkers_picture(summary: dict[str, Any]) -> str:
 
     def draw(figure: Figure) -> None:
         ax = figure.subplots()
-        names = [f"{r['host'] or '?'} ({r['connections']} conn)" for r in talkers][::-1]
+        names = [_literal(f"{r['host'] or '?'} ({r['connections']} conn)") for r in talkers]
+        names = names[::-1]
         ax.barh(names, [(r["bytes"] or 0) / 1e6 for r in talkers][::-1], color="#9467bd")
         ax.set_xlabel("MB on the wire, both directions")
         ax.grid(True, axis="x", alpha=0.3)

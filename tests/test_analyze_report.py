@@ -1,0 +1,40 @@
+"""``report.html`` from a summary, without Spark: wire data drawn and shown as it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sluice.analyze.report import write_report
+
+
+def _summary(topic: str, code: str, command: str) -> dict[str, Any]:
+    return {
+        "frames": 3, "dropped_frames": 0, "connections": 1, "files": 1, "bytes": 30,
+        "seconds": 1.0, "step": 1, "protocols": [{"protocol": "pulsar", "count": 1}],
+        "over_time": [
+            {"step": 5, "command": "SEND", "direction": "client_to_broker", "topic": topic,
+             "code": None, "frames": 3, "messages": 3, "bytes": 9},
+            {"step": 6, "command": "SEND_ERROR", "direction": "broker_to_client", "topic": topic,
+             "code": code, "frames": 1, "messages": 0, "bytes": 9},
+        ],
+        "latency": [{"command": command, "count": 1, "p50": 0.001, "p90": 0.001, "p99": 0.001,
+                     "max": 0.001}],
+        "latency_histogram": [{"command": command, "bin": -30, "count": 1}],
+        "errors": [{"code": code, "count": 1}], "filtered": [], "churn": [],
+        "top_talkers": [{"host": "10.0.0.$1$", "connections": 1, "frames": 3, "bytes": 30}],
+        "top_topics": [{"topic": topic, "messages": 3, "bytes": 9}],
+        "invalid_sessions": [], "damaged": [], "truncated": [], "http": None, "stages": [],
+    }  # fmt: skip
+
+
+def test_dollar_signs_in_wire_names_do_not_break_the_report(tmp_path: Path) -> None:
+    """matplotlib takes text between two ``$`` for math: a topic, error code
+    or command name from the wire with ``$\\frac$`` in it failed the whole
+    report (a parse error) before labels were drawn literally."""
+    topic = "persistent://t/n/a$\\frac$b<script>"
+    page = tmp_path / "report.html"
+    write_report(_summary(topic, "Err$\\sqrt$x", "GET$\\frac$"), page)
+    text = page.read_text()
+    assert "persistent://t/n/a$\\frac$b&lt;script&gt;" in text
+    assert "<script>" not in text
