@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sluice.analyze.report import write_report
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from sluice.analyze.report import _time_axis, write_report
 
 
 def _summary(topic: str, code: str, command: str) -> dict[str, Any]:
@@ -38,3 +42,18 @@ def test_dollar_signs_in_wire_names_do_not_break_the_report(tmp_path: Path) -> N
     text = page.read_text()
     assert "persistent://t/n/a$\\frac$b&lt;script&gt;" in text
     assert "<script>" not in text
+
+
+def test_time_axes_are_utc_whatever_matplotlibrc_says() -> None:
+    """The pictures' time axes say "time (UTC)": their ticks were in
+    matplotlib's configured ``timezone`` (a user's matplotlibrc), hours off."""
+    with matplotlib.rc_context({"timezone": "Asia/Tokyo"}):
+        figure = Figure()
+        FigureCanvasAgg(figure)
+        ax = figure.subplots()
+        ax.plot([0.0, 1 / 24], [1, 2])  # 1970-01-01 00:00 to 01:00 UTC
+        _time_axis(ax, 60)
+        figure.canvas.draw()
+        ticks = [label.get_text() for label in ax.get_xticklabels()]
+    assert "time (UTC)" in ax.get_xlabel()
+    assert ticks[0] == "01 00:00" and ticks[-1] == "01 01:00", ticks

@@ -87,7 +87,7 @@ def _when(step: int, index: int) -> float:
 
 
 def _time_axis(ax: Axes, step: int) -> None:
-    ax.xaxis_date()
+    ax.xaxis_date(tz=dt.UTC)  # not matplotlibrc's timezone: the label says UTC
     ax.set_xlabel(f"time (UTC), {step} s steps")
     ax.grid(True, alpha=0.3)
     for label in ax.get_xticklabels():
