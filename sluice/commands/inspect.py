@@ -430,6 +430,8 @@ def json_line(capture: str, record: Record, with_bytes: bool) -> str:
         out["direction"] = DIRECTIONS[record["d"]]
     if record["k"] == "http":
         out["kind"], out["request_kind"] = "http", record["kind"]
+    elif record["k"] == "conn":  # the connection's kind beside the record's
+        out["kind"], out["connection_kind"] = "conn", record["kind"]
     return json.dumps(out, default=str)
 
 
