@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -39,3 +40,17 @@ def test_a_connection_record_keeps_both_its_kind_and_the_connections(tmp_path: P
     shown = _inspect_json(_capture(tmp_path / "r.sluice", conns))
     assert [r["kind"] for r in shown] == ["conn", "conn"]
     assert [r["connection_kind"] for r in shown] == ["proxied", "lookup"]
+
+
+def test_the_digest_of_a_payload_left_out_is_hex_not_a_python_repr(tmp_path: Path) -> None:
+    """A frame recorded by its name alone (``NamedFrames``: a protocol
+    without a summarizer of its own) keeps its payload's size and digest in
+    ``p``: shown as ``payload`` with the digest in hex, as a Pulsar frame's."""
+    digest = hashlib.sha256(b"hello").digest()
+    frames = [
+        {"k": "frame", "c": 1, "d": 0, "t": 0, "w": T0, "n": 5, "raw": b"",
+         "s": {"cmd": "PUBLISH"}, "p": p}
+        for p in ([5, digest], [5])
+    ]  # fmt: skip
+    shown = _inspect_json(_capture(tmp_path / "r.sluice", frames, protocol="cursus"))
+    assert [r["payload"] for r in shown] == [{"size": 5, "sha256": digest.hex()}, {"size": 5}]

@@ -404,7 +404,7 @@ def json_line(capture: str, record: Record, with_bytes: bool) -> str:
         if key in ("req", "res") and record["k"] == "http":
             out["request" if key == "req" else "response"] = _message(value, with_bytes)
             continue
-        if key == "p" and record["k"] == "ws":
+        if key == "p" and record["k"] in ("ws", "frame"):  # (a frame's: recorded by name)
             out["payload"] = _payload(value)
             continue
         if record["k"] == "filter" and key in ("n", "sent"):
