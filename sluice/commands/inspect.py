@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ WEB_KINDS = {"http": "HTTP", "ws": "WS", "ws_end": "WS"}
 GONE = "removed while being read (retention), skipped"
 # The records that open and close a connection.
 FLOW_KINDS = ("conn", "close")
+_PARTITION = re.compile(r"-partition-\d+$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only these commands, e.g. SEND, or HTTP (the HTTP listener's exchanges), WS "
         "(WebSocket frames) (repeatable; default: all)",
     )
-    sel.add_argument("--topic", help="only frames of this topic (default: all)")
+    sel.add_argument(
+        "--topic", help="only frames of this topic, or of its partitions (default: all)"
+    )
     sel.add_argument(
         "--since",
         type=seconds_or_zero,
@@ -114,7 +118,15 @@ class Filters:
         summary = record["s"]
         if self.commands is not None and summary.get("cmd") not in self.commands:
             return False
-        return self.topic is None or summary.get("topic") == self.topic
+        return self.topic is None or _of_topic(summary.get("topic"), self.topic)
+
+
+def _of_topic(name: object, topic: str) -> bool:
+    """Whether a frame's topic ``name`` is ``topic`` or one of its partitions
+    (a partitioned topic's frames name its partitions only)."""
+    if not isinstance(name, str):
+        return False
+    return name == topic or _PARTITION.sub("", name) == topic
 
 
 @dataclass

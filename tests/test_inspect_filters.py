@@ -1,0 +1,67 @@
+"""``sluice inspect``'s filters: what they keep and what they leave out."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from sluice.commands import main
+from sluice.protocols.pulsar import Type, command, encode, pb
+from sluice.protocols.pulsar.encoder import encode_payload
+from sluice.recording import format as fmt
+
+T0 = 10**18
+TOPIC = "persistent://public/default/orders"
+
+
+def _inspect_json(path: Path, *extra: str) -> list[dict[str, Any]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["inspect", str(path), "--json", *extra]) == 0
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def _frame(d: int, second: int, raw: bytes) -> dict[str, Any]:
+    return {"k": "frame", "c": 1, "d": d, "t": second, "w": T0 + second * 10**9, "n": len(raw),
+            "raw": raw}  # fmt: skip
+
+
+def _producing(path: Path, topic: str) -> Path:
+    """A producer on ``topic`` sending one message (its SEND and receipt
+    name the topic through the producer id only)."""
+    head = fmt.header(capture="abc", segment=1, started_ns=T0, payloads=fmt.PayloadPolicy.FULL,
+                      sluice_version="t")  # fmt: skip
+    producer = pb.CommandProducer(topic=topic, producer_id=7, request_id=1)
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    receipt = pb.CommandSendReceipt(producer_id=7, sequence_id=0,
+                                    message_id=pb.MessageIdData(ledgerId=3, entryId=0))  # fmt: skip
+    records = [
+        head,
+        {"k": "conn", "c": 1, "t": 0, "w": T0, "client": "127.0.0.1:5555",
+         "broker": "pulsar://127.0.0.1:6650", "kind": "proxied", "listener": "plain"},
+        _frame(0, 1, encode(command(Type.PRODUCER, producer))),
+        _frame(1, 1, encode(command(Type.PRODUCER_SUCCESS,
+                                    pb.CommandProducerSuccess(request_id=1, producer_name="p")))),
+        _frame(0, 2, encode_payload(command(Type.SEND, pb.CommandSend(producer_id=7,
+                                                                      sequence_id=0)), meta, b"x")),
+        _frame(1, 2, encode(command(Type.SEND_RECEIPT, receipt))),
+    ]  # fmt: skip
+    path.write_bytes(fmt.dumps(records))
+    return path
+
+
+def test_a_partitioned_topic_keeps_the_frames_of_its_partitions(tmp_path: Path) -> None:
+    """``--topic`` naming a partitioned topic keeps its partitions' frames
+    (a client produces to each partition: no frame names the topic itself),
+    as message filters' topics do; a partition named keeps that one only."""
+    capture = _producing(tmp_path / "r.sluice", f"{TOPIC}-partition-1")
+    kept = [(r["cmd"], r["topic"]) for r in _inspect_json(capture, "--topic", TOPIC)]
+    assert kept == [(cmd, f"{TOPIC}-partition-1") for cmd in
+                    ("PRODUCER", "PRODUCER_SUCCESS", "SEND", "SEND_RECEIPT")]  # fmt: skip
+    assert len(_inspect_json(capture, "--topic", f"{TOPIC}-partition-1")) == 4
+    assert _inspect_json(capture, "--topic", f"{TOPIC}-partition-2") == []
+    assert _inspect_json(capture, "--topic", f"{TOPIC}-partition") == []
+    assert _inspect_json(capture, "--topic", "persistent://public/default/order") == []
