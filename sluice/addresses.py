@@ -58,6 +58,8 @@ def parse_address(text: str, *, what: str = "address", default_port: int | None 
         raise ConfigError(f"{what} {text!r}: missing host")
     if any(c.isspace() or c in "/[]@" for c in host):  # a URL, say
         raise ConfigError(f"{what} {text!r}: expected HOST:PORT")
+    if not host.isprintable():  # the resolver stops at a NUL: not the host checked
+        raise ConfigError(f"{what} {text!r}: a control character in the host")
     try:
         port = int(port_text)
     except ValueError:
@@ -77,7 +79,7 @@ def parse_host(text: str, *, what: str = "host") -> str:
         host = host[1:-1]
     if not host:
         raise ConfigError(f"{what} is empty")
-    if any(c.isspace() or c in "/[]@" for c in host):
+    if any(c.isspace() or c in "/[]@" for c in host) or not host.isprintable():
         raise ConfigError(f"{what} {text!r}: not a host name or IP address")
     if ":" in host:
         try:
