@@ -249,6 +249,11 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
                       "extra": json.dumps({"filter": record["filter"]})},
                      _FROM_FILTER)  # fmt: skip
             elif kind == "gap":  # the recorder's writer fell behind: frames not recorded
+                # A count, summed into a bigint column: one below zero, or a
+                # sum past 2**63, is a damaged record, not a column Spark
+                # cannot read (null, or a failed cast) or a negative count.
+                if record["dropped"] < 0 or dropped + record["dropped"] >= 2**63:
+                    raise _Damaged("a gap record with 'dropped' out of range")
                 dropped += record["dropped"]
             elif kind == "ws":
                 counted = websocket.setdefault(record["h"], [0, 0, record["w"]])
