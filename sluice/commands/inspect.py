@@ -328,8 +328,11 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
         skip = {"k", "t", "w", "c", "rule", "on", "reason", "seconds"}
         facts = " ".join(f"{k}={v}" for k, v in record.items() if k not in skip)
         if kind == "trigger":
-            return f"{when}  {conn:<6} !! SNAPSHOT RULE {record['rule']} ({record['on']}) {facts}"
-        return (f"{when}  !! SNAPSHOT of {record.get('seconds', 0):.1f} s, "
+            return (f"{when}  {conn:<6} !! SNAPSHOT RULE {record.get('rule', '?')} "
+                    f"({record.get('on', '?')}) {facts}")  # fmt: skip
+        seconds = record.get("seconds", 0)
+        span = f"{seconds:.1f}" if isinstance(seconds, int | float) else "?"
+        return (f"{when}  !! SNAPSHOT of {span} s, "
                 f"{record.get('reason', '')} {facts}".rstrip())  # fmt: skip
     if kind == "http":
         return http_line(record, when, conn)
@@ -372,7 +375,7 @@ def timeline_line(record: Record, when: str, conn: str) -> str:
 def http_line(record: Record, when: str, conn: str) -> str:
     """An HTTP exchange: the request, the status the client got, how long."""
     took = (record["te"] - record["t"]) / 1e6
-    extras = [f"{took:.1f} ms", f"req {record['req']['n']}B", f"res {record['res']['n']}B"]
+    extras = [f"{took:.1f} ms", f"req {_size(record, 'req')}B", f"res {_size(record, 'res')}B"]
     if record.get("hops"):
         extras.append(f"redirected {len(record['hops'])}")
     if "refused" in record:
@@ -388,6 +391,13 @@ def http_line(record: Record, when: str, conn: str) -> str:
     )
 
 
+def _size(record: Record, key: str) -> object:
+    """The size of an HTTP exchange's request or answer (``?``: a damaged
+    record has none)."""
+    part = record.get(key)
+    return part.get("n", "?") if isinstance(part, dict) else "?"
+
+
 def status_class(status: int) -> str:
     return f"{status // 100}xx" if status else "none"
 
@@ -400,12 +410,14 @@ def _payload(p: list[Any]) -> dict[str, Any]:
 def _message(part: Record, with_bytes: bool) -> dict[str, Any]:
     """An HTTP exchange's request or response as JSON."""
     headers: dict[str, str] = {}
-    for name, value in part["h"]:
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    out: dict[str, Any] = {"headers": headers, "size": part["n"]}
-    if "raw" in part and with_bytes:
+    for pair in part.get("h", ()):
+        if isinstance(pair, list | tuple) and len(pair) == 2:  # (a damaged one: left out)
+            name, value = str(pair[0]), str(pair[1])
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    out: dict[str, Any] = {"headers": headers, "size": part.get("n")}
+    if isinstance(part.get("raw"), bytes) and with_bytes:
         out["raw"] = base64.b64encode(part["raw"]).decode()
-    if "p" in part:
+    if isinstance(part.get("p"), list) and part["p"]:
         out["payload"] = _payload(part["p"])
     return out
 
@@ -413,7 +425,7 @@ def _message(part: Record, with_bytes: bool) -> dict[str, Any]:
 def json_line(capture: str, record: Record, with_bytes: bool) -> str:
     out: dict[str, Any] = {"capture": capture}
     for key, value in record.items():
-        if key in ("req", "res") and record["k"] == "http":
+        if key in ("req", "res") and record["k"] == "http" and isinstance(value, dict):
             out["request" if key == "req" else "response"] = _message(value, with_bytes)
             continue
         if key == "p" and record["k"] in ("ws", "frame"):  # (a frame's: recorded by name)
