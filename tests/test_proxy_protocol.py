@@ -550,7 +550,7 @@ def test_pulsar_perf_in_sni_proxy_mode_through_sluice(pp_broker: SniBroker, tmp_
     frames = recorded_frames(record)
     assert sum(f.get("msgs", 1) for f in frames if f["cmd"] == "SEND") == sent
     assert not [f for f in frames if "invalid" in f]
-    kinds = {r["kind"] for r in conn_records(record)}
+    kinds = {r["connection_kind"] for r in conn_records(record)}
     assert kinds == {"proxied"}, kinds  # relayed to the broker, lookups and all
 
 
