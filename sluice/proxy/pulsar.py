@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from sluice.addresses import Address, AllowList
+from sluice.addresses import Address, AllowList, is_wildcard
 from sluice.errors import ConfigError
 from sluice.protocols.core import Conn, Dialed, Tap
 from sluice.protocols.faults import Faults
@@ -585,6 +585,11 @@ class PulsarBackend:
         if not named:
             return {}
         target = next((u for u in named if u.tls == self.broker.tls), named[0])
+        if self._own_listener(target.address):
+            level = self.routing.warned.level(("own", target.address), trio.current_time())
+            log.log(level, "an HTTP lookup named %s, a port of Sluice's own listeners: no "
+                    "listener stands for it (it would dial itself)", target.address)  # fmt: skip
+            return {}
         if target.address not in self.routing.routes:  # (a chained route is kept)
             self.routing.learn(target)
         ours: dict[str, str] = {}
@@ -600,6 +605,24 @@ class PulsarBackend:
             tls = kind == TLS
             ours[kind] = str(BrokerUrl(own.host, own.port, tls, SCHEMES[tls]))
         return ours
+
+    def _own_listener(self, address: Address) -> bool:
+        """Whether ``address`` is one of Sluice's own per-broker ports (its
+        ``--listener-ports`` range, or a port it listens on for a broker)
+        by the host Sluice listens on or advertises: a listener standing
+        for it would dial itself, every connection another one."""
+        assert self.ports is not None
+        ports = self.ports
+        hosts = {ports.host, ports.advertised(address.port).host}
+        if is_wildcard(ports.host):
+            hosts |= {"localhost", "127.0.0.1", "::1"}
+        if address.host.lower().removesuffix(".") not in {h.lower() for h in hosts}:
+            return False
+        span = ports.span
+        if span is not None and span[0] <= address.port <= span[1]:
+            return True
+        map_ = ports.map
+        return isinstance(map_, Listeners) and address in map_.values()
 
     def new_core(self, conn: Conn, tap: Tap, upstream: Address | None = None) -> PulsarConnection:
         """``upstream``: the broker SNI routing chose (``route_name``), or
