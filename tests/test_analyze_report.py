@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -57,3 +62,24 @@ def test_time_axes_are_utc_whatever_matplotlibrc_says() -> None:
         ticks = [label.get_text() for label in ax.get_xticklabels()]
     assert "time (UTC)" in ax.get_xlabel()
     assert ticks[0] == "01 00:00" and ticks[-1] == "01 01:00", ticks
+
+
+@pytest.mark.e2e
+def test_the_report_is_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """The page says ``charset=utf-8``; it was written in the locale's
+    encoding, so a topic named in Chinese failed the report under an ASCII
+    (or Latin-1) locale, or came out as other letters. One short Python
+    process under the C locale without UTF-8 mode."""
+    topic = "persistent://t/n/主题-ü"
+    page = tmp_path / "report.html"
+    summary = json.dumps(_summary(topic, "Err", "GET"))
+    script = (
+        "import json, sys; from pathlib import Path; "
+        "from sluice.analyze.report import write_report; "
+        "write_report(json.loads(sys.argv[1]), Path(sys.argv[2]))"
+    )
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    done = subprocess.run([sys.executable, "-c", script, summary, str(page)], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert topic in page.read_bytes().decode("utf-8")

@@ -376,7 +376,7 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
         f"<link rel=icon href='data:,'><style>{_STYLE}</style><body>" + "".join(sections)
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
+    path.write_text(page, encoding="utf-8")  # as the page says, whatever the locale
 
 
 def http_section(http: dict[str, Any] | None) -> str:
