@@ -302,8 +302,9 @@ PROTOCOL = ProtocolSpec(
     # A client certificate login in passthrough mode (connection.py).
     rejections=("tls_passthrough",),
     standalone=standalone,
-    pcap_note="Sluice recording of Pulsar traffic: Wireshark decodes TCP port 6650 as Pulsar; "
-    "for other ports use Decode As... > TCP port > PULSAR",
+    pcap_note="Sluice recording of Pulsar traffic (TCP, the broker's port 6650). Wireshark has "
+    "no Pulsar dissector of its own: add a Pulsar Lua dissector, or read the decoded frames "
+    "with `sluice inspect`",
     options=OPTIONS,
     options_title="authentication (Pulsar)",
     options_help="passthrough (the default): the broker authenticates each client with the "
