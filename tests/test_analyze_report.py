@@ -14,7 +14,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from sluice.analyze.report import _time_axis, write_report
+from sluice.analyze.report import _time_axis, throughput_lines, write_report
 
 
 def _summary(topic: str, code: str, command: str) -> dict[str, Any]:
@@ -83,3 +83,21 @@ def test_the_report_is_utf8_whatever_the_locale(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert topic in page.read_bytes().decode("utf-8")
+
+
+def test_a_topic_named_other_is_not_the_rest_of_the_topics() -> None:
+    """The throughput picture draws the busiest topics and the rest as one
+    more line; the job named the rest "other", so a topic named "other" (a
+    Cursus topic may well be) was summed into it and drawn last. The rest
+    comes as ``other_topic`` rows now, a line of its own."""
+    over_time = [
+        {"step": 0, "command": "BATCH", "direction": "client_to_broker", "topic": topic,
+         "other_topic": rest, "code": None, "frames": 1, "messages": n, "bytes": 1}
+        for topic, rest, n in (("orders", False, 9), ("other", False, 5), (None, True, 7),
+                               (None, False, 100))
+    ]  # fmt: skip
+    summary = {"step": 1, "over_time": over_time}
+    steps, lines = throughput_lines(summary, "client_to_broker")
+    assert steps == [0]
+    assert lines == [("orders", {0: 9.0}), ("other", {0: 5.0}), ("(others)", {0: 7.0})]
+    assert throughput_lines(summary, "broker_to_client") == ([], [])

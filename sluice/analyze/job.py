@@ -505,7 +505,8 @@ def _analyze(
     ]
     shown = [t["topic"] for t in top_topics[:TOP_TOPICS]]
     # One pass over the frames for every picture over time: per time step,
-    # command, direction, topic (the busiest, or "other") and error code.
+    # command, direction, topic (one of the busiest; for the rest null, and
+    # ``other_topic`` true: a topic may well be named "other") and error code.
     over_time = [
         r.asDict()
         for r in of("second")
@@ -513,9 +514,8 @@ def _analyze(
             F.floor(F.col("at") / F.lit(step)).alias("step"),
             "command",
             "direction",
-            F.when(F.col("topic").isin(shown), F.col("topic"))
-            .when(F.col("topic").isNotNull(), "other")
-            .alias("topic"),
+            F.when(F.col("topic").isin(shown), F.col("topic")).alias("topic"),
+            (F.col("topic").isNotNull() & ~F.col("topic").isin(shown)).alias("other_topic"),
             "code",
         )
         .agg(

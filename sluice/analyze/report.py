@@ -34,6 +34,7 @@ td:first-child,th:first-child{text-align:left} .bad{color:#b00020} .muted{color:
 figure{margin:1em 0} img{max-width:100%;height:auto}
 """
 WIDTH = 10.0  # inches, at 100 dpi
+_OTHER = "(others)"  # the legend's line for the rest (a line of its own whatever it is named)
 MAX_SERIES = 8
 
 
@@ -96,22 +97,46 @@ def _time_axis(ax: Axes, step: int) -> None:
 
 
 def _series(
-    rows: list[dict[str, Any]], name: str, value: str
-) -> tuple[list[int], dict[str, dict[int, float]]]:
-    """Steps in order, and {series name: {step: summed value}}."""
-    out: dict[str, dict[int, float]] = {}
+    rows: list[dict[str, Any]], name: Callable[[dict[str, Any]], str | None], value: str
+) -> tuple[list[int], dict[str | None, dict[int, float]]]:
+    """Steps in order, and {series name: {step: summed value}}; the name
+    None is the rest ("other"), kept apart from a series named "other"."""
+    out: dict[str | None, dict[int, float]] = {}
     for row in rows:
-        points = out.setdefault(str(row[name]), collections.defaultdict(float))
+        points = out.setdefault(name(row), collections.defaultdict(float))
         points[int(row["step"])] += float(row[value] or 0)
     steps = sorted({step for points in out.values() for step in points})
     return steps, out
 
 
+def _counted(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows over time of frames that carry messages, with a topic: one
+    of the busiest, or the rest (``other_topic``: a topic may be named "other")."""
+    messages = registry.message_commands()
+    return [
+        r
+        for r in summary["over_time"]
+        if r["command"] in messages and (r["topic"] or r.get("other_topic"))
+    ]
+
+
+def throughput_lines(
+    summary: dict[str, Any], direction: str
+) -> tuple[list[int], list[tuple[str, dict[int, float]]]]:
+    """The throughput picture's steps and its lines one way (legend label,
+    messages per step), busiest first, the rest last as ``(others)``."""
+    rows = [r for r in _counted(summary) if r["direction"] == direction]
+    steps, series = _series(rows, lambda r: r["topic"] or None, "messages")
+    order = sorted(series, key=lambda t: (t is None, -sum(series[t].values()), t or ""))
+    return steps, [
+        (_OTHER if topic is None else _literal(topic.removeprefix("persistent://")), series[topic])
+        for topic in order
+    ]
+
+
 def throughput_picture(summary: dict[str, Any]) -> str:
     step = int(summary["step"])
-    messages = registry.message_commands()
-    counted = [r for r in summary["over_time"] if r["command"] in messages and r["topic"]]
-    if not counted:
+    if not _counted(summary):
         return '<p class="muted">no messages</p>'
 
     def draw(figure: Figure) -> None:
@@ -120,21 +145,18 @@ def throughput_picture(summary: dict[str, Any]) -> str:
             (axes[0], "client_to_broker", "published"),
             (axes[1], "broker_to_client", "delivered"),
         ):
-            rows = [r for r in counted if r["direction"] == direction]
-            steps, series = _series(rows, "topic", "messages")
-            order = sorted(series, key=lambda t: (t == "other", -sum(series[t].values()), t))
-            for topic in order:
-                points = series[topic]
+            steps, lines = throughput_lines(summary, direction)
+            for label, points in lines:
                 ax.plot(
                     [_when(step, s) for s in steps],
                     [points.get(s, 0.0) / step for s in steps],
-                    label=_literal(topic.removeprefix("persistent://")),
+                    label=label,
                     marker="." if len(steps) < 30 else None,
                 )
             ax.set_title(title)
             ax.set_ylabel("messages/s")
             _time_axis(ax, step)
-            if order:
+            if lines:
                 ax.legend(fontsize=7, loc="upper left")
 
     return _picture("Throughput over time per topic", draw, 3.6)
@@ -192,22 +214,20 @@ def errors_picture(summary: dict[str, Any]) -> str:
     for row in rows:
         totals[row["code"]] += int(row["frames"])
     top = {code for code, _ in totals.most_common(MAX_SERIES)}
-    steps, series = _series(
-        [r if r["code"] in top else {**r, "code": "other"} for r in rows], "code", "frames"
-    )
+    steps, series = _series(rows, lambda r: r["code"] if r["code"] in top else "other", "frames")
 
     def draw(figure: Figure) -> None:
         ax = figure.subplots()
         width = step * 0.9 / 86400
         base = [0.0] * len(steps)
-        for code in sorted(series, key=lambda c: -totals.get(c, 0)):
+        for code in sorted(series, key=lambda c: -totals.get(c or "", 0)):
             heights = [series[code].get(s, 0.0) for s in steps]
             ax.bar(
                 [_when(step, s) for s in steps],
                 heights,
                 width=width,
                 bottom=base,
-                label=_literal(code),
+                label=_literal(code or ""),
                 align="edge",
             )
             base = [b + h for b, h in zip(base, heights, strict=True)]
