@@ -101,3 +101,15 @@ def test_a_topic_named_other_is_not_the_rest_of_the_topics() -> None:
     assert steps == [0]
     assert lines == [("orders", {0: 9.0}), ("other", {0: 5.0}), ("(others)", {0: 7.0})]
     assert throughput_lines(summary, "broker_to_client") == ([], [])
+
+
+def test_latencies_of_ten_seconds_or_more_say_their_unit(tmp_path: Path) -> None:
+    """The latency table showed 12.5 s as a bare "12.5" next to "9500.00 ms"
+    (9.5 s): a reader took it for 12.5 ms."""
+    summary = _summary("persistent://t/n/a", "Err", "LOOKUP")
+    summary["latency"] = [{"command": "LOOKUP", "count": 2, "p50": 0.0125, "p90": 9.5,
+                           "p99": 12.5, "max": 12.5}]  # fmt: skip
+    page = tmp_path / "report.html"
+    write_report(summary, page)
+    text = page.read_text(encoding="utf-8")
+    assert "<td>12.50 ms</td><td>9500.00 ms</td><td>12.5 s</td><td>12.5 s</td>" in text

@@ -58,7 +58,8 @@ def _fmt(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value * 1000:.2f} ms" if value < 10 else f"{value:.1f}"
+        # Every float in these tables is seconds (latencies, HTTP exchanges).
+        return f"{value * 1000:.2f} ms" if value < 10 else f"{value:.1f} s"
     if isinstance(value, dt.datetime):
         return value.strftime("%Y-%m-%d %H:%M")
     return str(value)
