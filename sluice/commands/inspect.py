@@ -9,7 +9,6 @@ import datetime as dt
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, TextIO
 from sluice.commands import output_problem
 from sluice.config import seconds_or_zero
 from sluice.protocols import registry
+from sluice.protocols.filtering import topic_of
 from sluice.recording.format import (
     Gone,
     ReadResult,
@@ -38,7 +38,6 @@ WEB_KINDS = {"http": "HTTP", "ws": "WS", "ws_end": "WS"}
 GONE = "removed while being read (retention), skipped"
 # The records that open and close a connection.
 FLOW_KINDS = ("conn", "close")
-_PARTITION = re.compile(r"-partition-\d+$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +125,7 @@ def _of_topic(name: object, topic: str) -> bool:
     (a partitioned topic's frames name its partitions only)."""
     if not isinstance(name, str):
         return False
-    return name == topic or _PARTITION.sub("", name) == topic
+    return name == topic or topic_of(name) == topic
 
 
 @dataclass

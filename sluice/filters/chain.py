@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
-import re
 import time
 
 from sluice.errors import ConfigError
@@ -37,6 +36,7 @@ from sluice.protocols.filtering import (
     Schema,
     Sealer,
     Unknown,
+    topic_of,
 )
 from sluice.protocols.registry import ProtocolSpec
 
@@ -50,7 +50,6 @@ LOG_EVERY = 10.0  # seconds between two logged failures of one filter
 # starts over.
 LATEST_FOR = 30.0
 MAX_SCHEMAS = 10_000
-_PARTITION = re.compile(r"-partition-\d+$")
 
 
 class FilterChain:
@@ -193,7 +192,7 @@ class Filters:
         return chain
 
     def schema(self, topic: str, version: bytes | None, now: float) -> Schema | Unknown | None:
-        known = self._schemas.get((_base(topic), version))
+        known = self._schemas.get((topic_of(topic), version))
         if known is None:
             return UNKNOWN
         schema, since = known
@@ -206,19 +205,14 @@ class Filters:
     ) -> None:
         if len(self._schemas) >= MAX_SCHEMAS:
             self._schemas.clear()
-        self._schemas[(_base(topic), version)] = (schema, now)
+        self._schemas[(topic_of(topic), version)] = (schema, now)
         if version is None and schema is not None and schema.version is not None:
-            self._schemas[(_base(topic), schema.version)] = (schema, now)
+            self._schemas[(topic_of(topic), schema.version)] = (schema, now)
 
     def forget_schemas(self, topic: str) -> None:
-        base = _base(topic)
+        base = topic_of(topic)
         for key in [key for key in self._schemas if key[0] == base]:
             del self._schemas[key]
-
-
-def _base(topic: str) -> str:
-    """A partition's schema is its topic's."""
-    return _PARTITION.sub("", topic)
 
 
 def _hooks(loaded: Loaded, direction: Direction) -> bool:
@@ -237,7 +231,7 @@ def _applies(loaded: Loaded, topic: str, role: str | None) -> bool:
     spec = loaded.spec
     if spec.roles and (role is None or not any(fnmatch.fnmatchcase(role, p) for p in spec.roles)):
         return False
-    names = {topic, _base(topic)}
+    names = {topic, topic_of(topic)}
     names |= {name.partition("://")[2] for name in list(names) if "://" in name}
     return any(fnmatch.fnmatchcase(name, p) for name in names for p in spec.topics)
 

@@ -14,6 +14,7 @@ these types); this module is what the cores below it may import.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -235,3 +236,13 @@ class Unknown:
 
 
 UNKNOWN = Unknown()
+
+
+_PARTITION = re.compile(r"-partition-\d+$")
+
+
+def topic_of(name: str) -> str:
+    """The topic a partition's name belongs to (``orders-partition-2``:
+    ``orders``); any other name as it is. A partition's schema, filters and
+    frames are its topic's."""
+    return _PARTITION.sub("", name)
