@@ -104,3 +104,15 @@ def test_a_token_no_http_header_can_carry_is_said_so(
     assert code == 2
     assert err.count("\n") == 1 and "not JSON" not in err
     assert f"--admin-token-file {token}: " in err and "HTTP header" in err
+
+
+def test_options_beside_a_whole_rule_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--rule` is the whole rule: a --topic or --times beside it was
+    # dropped without a word, and the rule fired on every topic.
+    code = faults.run(_args("add", "--admin", "127.0.0.1:1", "--rule", '{"action": "drop"}',
+                            "--topic", "orders-*", "--times", "3"))  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "--topic, --times" in err and "in its JSON" in err
+    alone = _args("add", "--admin", "127.0.0.1:1", "--rule", '{"action": "drop"}')
+    assert faults.rule_from(alone) == {"action": "drop"}

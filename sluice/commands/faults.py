@@ -183,19 +183,29 @@ def _rate(text: str) -> int:
     return int(float(found.group(1)) * scale)
 
 
+_MATCH = ("protocol", "command", "topic", "direction", "client")
+
+
 def rule_from(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON rule ``sluice faults add``'s options describe."""
     if args.rule is not None:
+        # The JSON is the whole rule: an option beside it would be dropped
+        # without a word (a --topic meant to narrow it, an --id to name it).
+        beside = [
+            "--" + key.replace("_", "-")
+            for key in (*_MATCH, "jitter", "probability", "after", "times", "message", "id")
+            if getattr(args, key) is not None
+        ]
+        if beside:
+            raise ConfigError(
+                f"--rule is the whole rule: put {', '.join(beside)} in its JSON instead"
+            )
         try:
             rule: dict[str, Any] = json.loads(args.rule)
         except ValueError as exc:
             raise ConfigError(f"--rule is not JSON: {exc}") from None
         return rule
-    match = {
-        key: getattr(args, key)
-        for key in ("protocol", "command", "topic", "direction", "client")
-        if getattr(args, key)
-    }
+    match = {key: getattr(args, key) for key in _MATCH if getattr(args, key)}
     rule = {"match": match}
     if args.delay is not None:
         rule.update(action="delay", delay_ms=args.delay)
