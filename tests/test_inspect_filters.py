@@ -65,3 +65,17 @@ def test_a_partitioned_topic_keeps_the_frames_of_its_partitions(tmp_path: Path) 
     assert _inspect_json(capture, "--topic", f"{TOPIC}-partition-2") == []
     assert _inspect_json(capture, "--topic", f"{TOPIC}-partition") == []
     assert _inspect_json(capture, "--topic", "persistent://public/default/order") == []
+
+
+def test_a_gap_is_shown_whatever_the_filters(tmp_path: Path) -> None:
+    """A gap's frames may be of any connection and topic: under --topic,
+    --command or --connection it was left out, so the filtered view said
+    nothing was missing where frames were."""
+    capture = _producing(tmp_path / "r.sluice", TOPIC)
+    records = list(fmt.read_records_from(capture.read_bytes(), capture.name))
+    records.insert(4, {"k": "gap", "t": 2, "w": T0 + 2 * 10**9, "dropped": 12})
+    capture.write_bytes(fmt.dumps(records))
+    for extra in ([], ["--topic", TOPIC], ["--command", "SEND"], ["--connection", "1"]):
+        gaps = [r for r in _inspect_json(capture, *extra) if r["kind"] == "gap"]
+        assert [g["dropped"] for g in gaps] == [12], extra
+    assert not [r for r in _inspect_json(capture, "--until", "1") if r["kind"] == "gap"]
