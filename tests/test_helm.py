@@ -744,6 +744,29 @@ def test_security_context(case: str) -> None:
     if case.startswith("gateway"):
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
         assert pod["spec"]["automountServiceAccountToken"] is False
+        assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    else:
+        # The pod's securityContext is the application's, which need not set
+        # a seccomp profile (docs/kubernetes.md's pod template does not): the
+        # container carries its own, as the restricted Pod Security Standard
+        # requires one.
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_a_sidecars_seccomp_profile_follows_the_values() -> None:
+    """podSecurityContext.seccompProfile (the gateway's pod-level profile)
+    is the sidecar container's; securityContext.seccompProfile wins."""
+    profile = "sluice.podSecurityContext.seccompProfile"
+    local = ["--set", f"{profile}.type=Localhost",
+             "--set", f"{profile}.localhostProfile=sluice.json"]  # fmt: skip
+    context = sluice_container(pod_spec(documents(rendered(ORDERS, "orders", *local))))
+    assert context["securityContext"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "sluice.json",
+    }
+    own = ["--set", "sluice.securityContext.seccompProfile.type=Unconfined"]
+    context = sluice_container(pod_spec(documents(rendered(ORDERS, "orders", *local, *own))))
+    assert context["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
 
 
 @pytest.mark.parametrize("case", CASES)

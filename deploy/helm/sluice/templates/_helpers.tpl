@@ -666,8 +666,15 @@ beside an application's own). */}}
   {{- end }}
   resources:
     {{- toYaml ($sidecar | ternary .Values.sidecar.resources .Values.gateway.resources) | nindent 4 }}
+  {{- $context := deepCopy .Values.securityContext }}
+  {{- if and $sidecar .Values.podSecurityContext.seccompProfile (not (hasKey $context "seccompProfile")) }}
+  {{- /* The pod's securityContext is the application's (the include gives
+  it fsGroup only): podSecurityContext's seccomp profile goes on the
+  container, as the restricted Pod Security Standard wants it somewhere. */}}
+  {{- $_ := set $context "seccompProfile" .Values.podSecurityContext.seccompProfile }}
+  {{- end }}
   securityContext:
-    {{- toYaml .Values.securityContext | nindent 4 }}
+    {{- toYaml $context | nindent 4 }}
     {{- if $sidecar }}
     # The group the pod's fsGroup gives the mounted Secrets.
     runAsGroup: {{ .Values.podSecurityContext.fsGroup }}
