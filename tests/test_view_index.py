@@ -160,3 +160,22 @@ def test_the_page_is_not_framed_by_another_site_nor_its_answers_sniffed(tmp_path
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_capture_of_many_problems_draws_a_bounded_timeline(tmp_path: Path) -> None:
+    """Every problem was a mark: 20,000 failed sends were 20,000 marks to
+    send and draw, however few ``marks`` asked for. Now problems are sampled
+    too, past that many, and the answer says so."""
+    index = Index(tmp_path)
+    reading = Reading(0, "c1")
+    index.take({"k": "conn", "c": 1, "t": 1, "w": 0, "client": "10.0.0.1:5000"}, reading, 0)
+    for n in range(20_000):
+        index.take(frame(n, "SEND_ERROR", error="ServiceNotReady"), reading, n)
+    for n in range(20_000, 20_100):
+        index.take(frame(n, "SEND"), reading, n)
+    timeline = index.timeline(Filter(), marks=500)
+    assert 400 <= len(timeline["marks"]) <= 1000
+    assert timeline["sampled"] and timeline["problems_sampled"]
+    assert timeline["problems"] == 20_000 and timeline["frames"] == 20_100
+    few = index.timeline(Filter(cmd="SEND"), marks=500)
+    assert len(few["marks"]) == 100 and not few["sampled"] and few["problems"] == 0

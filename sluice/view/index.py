@@ -872,17 +872,27 @@ class Index:
             return self._timeline(f, marks)
 
     def _timeline(self, f: Filter, marks: int) -> dict[str, Any]:
-        """Marks per connection lane: every problem, and frames sampled so
-        that at most ``marks`` are drawn; answers joined to requests."""
+        """Marks per connection lane: problems and frames each sampled so
+        that at most ``marks`` of each are drawn (every problem up to that:
+        a capture of a million failures is not a million marks to send and
+        draw); answers joined to requests."""
         key = (*vars(f).values(), marks)
         if not self.building and key in self._timelines:
             return self._timelines[key]
         chosen = self.selection(f)
+        flags = self.flags
+        problems = sum(1 for i in chosen if flags[i] & PROBLEMS)
         step = max(1, len(chosen) // marks)
+        problem_step = max(1, problems // marks)
         shown = []
+        seen_problems = 0
         for n, i in enumerate(chosen):
-            problem = self.flags[i] & PROBLEMS
-            if n % step and not problem:
+            problem = flags[i] & PROBLEMS
+            if problem:
+                seen_problems += 1
+                if (seen_problems - 1) % problem_step:
+                    continue
+            elif n % step:
                 continue
             pair = self.pair[i]
             shown.append(
@@ -898,7 +908,9 @@ class Index:
             )
         found = {
             "marks": shown,
-            "sampled": step > 1,
+            "sampled": step > 1 or problem_step > 1,
+            "problems": problems,
+            "problems_sampled": problem_step > 1,
             "frames": len(chosen),
             "notes": [vars(n) for n in self.notes_shown()],
             # The HTTP listener's exchanges, a lane of their own: [i, start,

@@ -234,7 +234,7 @@ function showTimeline(data) {
   }
   parts.push(`<text class="axis" x="2" y="${height - 5}">time →</text>`);
   parts.push("</svg>");
-  $("timeline").innerHTML = parts.join("") + (data.sampled ? `<p class="hint">${escape(data.frames)} frames: a sample is drawn, every problem included.</p>` : "");
+  $("timeline").innerHTML = parts.join("") + (data.sampled ? `<p class="hint">${escape(data.frames)} frames: a sample is drawn, ${data.problems_sampled ? `and of the ${escape(data.problems)} problems a sample too` : "every problem included"}.</p>` : "");
 }
 
 function showSummary(summary) {
