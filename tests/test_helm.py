@@ -753,6 +753,19 @@ def test_security_context(case: str) -> None:
         assert context["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
+def test_a_sidecars_own_run_as_group_is_written_once() -> None:
+    """The sidecar runs with the pod's fsGroup as its group unless
+    securityContext.runAsGroup names another: that one, and the key once
+    (a duplicate key is refused by strict YAML readers, or silently drops
+    the value given)."""
+    text = rendered(ORDERS, "orders", "--set", "sluice.securityContext.runAsGroup=2000")
+    container = sluice_container(pod_spec(documents(text)))
+    assert container["securityContext"]["runAsGroup"] == 2000
+    assert len(re.findall(r"^ +runAsGroup:", text, re.MULTILINE)) == 1
+    default = sluice_container(pod_spec(render("sidecar-default")))
+    assert default["securityContext"]["runAsGroup"] == 10001
+
+
 def test_a_sidecars_seccomp_profile_follows_the_values() -> None:
     """podSecurityContext.seccompProfile (the gateway's pod-level profile)
     is the sidecar container's; securityContext.seccompProfile wins."""

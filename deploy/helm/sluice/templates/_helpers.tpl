@@ -673,12 +673,13 @@ beside an application's own). */}}
   container, as the restricted Pod Security Standard wants it somewhere. */}}
   {{- $_ := set $context "seccompProfile" .Values.podSecurityContext.seccompProfile }}
   {{- end }}
+  {{- if and $sidecar (not (hasKey $context "runAsGroup")) }}
+  {{- /* Written once: a runAsGroup of securityContext's own is kept. */}}
+  {{- $_ := set $context "runAsGroup" .Values.podSecurityContext.fsGroup }}
+  # runAsGroup: the group the pod's fsGroup gives the mounted Secrets.
+  {{- end }}
   securityContext:
     {{- toYaml $context | nindent 4 }}
-    {{- if $sidecar }}
-    # The group the pod's fsGroup gives the mounted Secrets.
-    runAsGroup: {{ .Values.podSecurityContext.fsGroup }}
-    {{- end }}
   volumeMounts:
     - {name: sluice-config, mountPath: {{ $p.config }}, readOnly: true}
     - {name: sluice-tmp, mountPath: /tmp}
