@@ -882,6 +882,21 @@ def test_the_sidecars_are_found_by_their_pod_label() -> None:
         assert config_map(changed)["data"] != config_map(docs)["data"], live
 
 
+@pytest.mark.parametrize("case", ["sidecar-default", "sidecar-full"])
+def test_the_metrics_service_reaches_a_native_sidecars_admin_port(case: str) -> None:
+    """A native sidecar's ports are an init container's: Services resolve a
+    named targetPort only among the pod's containers before Kubernetes 1.32
+    (kubernetes/kubernetes#127958), above the chart's floor of 1.30, so the
+    metrics Service (headless: targetPort as its port) names the number."""
+    docs = render(case)
+    pod = pod_spec(docs)
+    proxy = sluice_container(pod)
+    assert (proxy in pod["spec"].get("initContainers", [])) == case.endswith("full")
+    (service,) = [s for s in kind(docs, "Service") if s["metadata"]["name"].endswith("-metrics")]
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == port["port"] == admin_port(proxy), port
+
+
 def test_a_changed_admin_token_rolls_the_pods() -> None:
     """Sluice reads the admin token at start only: a new token in the
     Secret the chart makes, or admin.token.rotation beside an existing
