@@ -22,6 +22,7 @@ from sluice.protocols.core import Close, FaultInjected, Hold, Peer, Send
 from sluice.protocols.cursus import Batch, Message, encode_batch
 from sluice.protocols.cursus import frame as cursus_frame
 from sluice.protocols.faults import (
+    MAX_RULES,
     FaultAction,
     FaultError,
     Faults,
@@ -507,6 +508,32 @@ async def test_admin_api_adds_lists_and_removes_rules() -> None:
         status, text = await http(address, "PUT", "/faults", good, token=TOKEN)
         assert status == 405
         nursery.cancel_scope.cancel()
+
+
+async def test_the_admin_endpoint_holds_at_most_a_thousand_rules(tmp_path: Path) -> None:
+    """Every frame is checked against every rule: rules added in a loop
+    (no bound before) would slow each connection without end."""
+    faults = Faults()
+    faults.extend(rule(action="drop") for _ in range(MAX_RULES))
+    listeners = await open_admin(Address("127.0.0.1", 0))
+    address = bound(listeners)
+    endpoint = FaultsEndpoint(faults, PROTOCOL_FAULTS, TOKEN)
+    drop = json.dumps({"action": "drop"}).encode()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_admin, listeners, CollectorRegistry(), list, {"/faults": endpoint})
+        status, text = await http(address, "POST", "/faults", drop, token=TOKEN)
+        assert status == 400 and "at most 1000 fault rules" in text
+        assert len(faults.rules) == MAX_RULES == 1000
+        assert (await http(address, "DELETE", "/faults/f1", token=TOKEN))[0] == 200
+        status, text = await http(address, "POST", "/faults", drop, token=TOKEN)
+        assert status == 201 and len(faults.rules) == 1000
+        nursery.cancel_scope.cancel()
+    many = tmp_path / "rules.json"
+    many.write_text(json.dumps([{"action": "drop"}] * (MAX_RULES + 1)))
+    with pytest.raises(FaultError, match="1001 rules, at most 1000"):
+        load_rules(many, PROTOCOL_FAULTS)
+    many.write_text(json.dumps([{"action": "drop"}] * MAX_RULES))
+    assert len(load_rules(many, PROTOCOL_FAULTS)) == MAX_RULES
 
 
 async def test_without_a_token_file_rules_cannot_be_changed() -> None:

@@ -46,6 +46,10 @@ MAX_COUNT = 10**18
 # length at worst (unclosed '['): 1024 characters take a few hundredths of
 # a second, 60 KiB a minute.
 MAX_GLOB = 1024
+# The most rules the admin endpoint lets a proxy hold, and a --faults file
+# give: every frame is checked against each (a script adding rules in a
+# loop would slow every connection without end).
+MAX_RULES = 1000
 # What no topic, path or address holds, and a log line must not.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -271,6 +275,12 @@ def _unnamed(protocols: Mapping[str, ProtocolFaults]) -> list[ProtocolFaults]:
     return [p for p in protocols.values() if not p.named_only]
 
 
+def check_room(held: int) -> None:
+    """Refuse a rule past ``MAX_RULES`` (``held``: the rules there are)."""
+    if held >= MAX_RULES:
+        raise FaultError(f"at most {MAX_RULES} fault rules: remove some first")
+
+
 def load_rules(path: Path, protocols: Mapping[str, ProtocolFaults]) -> list[Rule]:
     """The rules in a JSON file: a list of rules, or ``{"rules": [...]}``
     (what ``GET /faults`` answers, so a rule set can be saved and loaded)."""
@@ -284,6 +294,8 @@ def load_rules(path: Path, protocols: Mapping[str, ProtocolFaults]) -> list[Rule
         data = data["rules"]
     if not isinstance(data, list):
         raise FaultError(f'{path}: expected a list of rules or {{"rules": [...]}}')
+    if len(data) > MAX_RULES:
+        raise FaultError(f"{path}: {len(data)} rules, at most {MAX_RULES}")
     rules = []
     for number, item in enumerate(data, 1):
         if isinstance(item, dict):

@@ -43,7 +43,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sluice.addresses import Address
-from sluice.protocols.faults import FaultError, Faults, ProtocolFaults, parse_rule
+from sluice.protocols.faults import FaultError, Faults, ProtocolFaults, check_room, parse_rule
 from sluice.protocols.haproxy import HeaderError
 from sluice.proxy.dial import open_listeners
 from sluice.proxy.inbound import ProxyProtocolIn, peer_address
@@ -419,6 +419,7 @@ class FaultsEndpoint:
             return 200, {"deleted": 1}
         data = json_body(request.body)
         try:
+            check_room(len(rules.rules))
             rule = rules.add(parse_rule(data, self.protocols))
         except FaultError as exc:
             raise Refused(400, str(exc)) from None
