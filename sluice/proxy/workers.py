@@ -234,6 +234,9 @@ class Worker:
     # The worker's own /readyz at the supervisor's last look: None before
     # the first look since it (re)started, "" ready, else why not.
     problem: str | None = None
+    # The process said it is ready: it takes SIGHUP from then on (before,
+    # while Python starts, SIGHUP's default action would end it).
+    said_ready: bool = False
 
     @property
     def running(self) -> bool:
@@ -294,6 +297,9 @@ class Supervisor:
         # generation's number, set as a reload is committed.
         self._in_force = (self.config, 1)
         self._reloading = trio.Lock()
+        # A reload waits for the workers to make it ready: a worker that says
+        # it is ready meanwhile is sent its SIGHUP then.
+        self._hup_pending = False
         self._attempts = itertools.count(1)  # reloads tried, numbered for the workers
         # Its own, as a lone proxy serves them (with the protocol label):
         # the workers' are left out of the sum.
@@ -476,6 +482,7 @@ class Supervisor:
             pass_fds=fds,
         )
         worker.process, worker.admin, worker.problem = process, None, None
+        worker.said_ready = False
         # The configuration in force as the process is known (no checkpoint
         # between): a reload decided before this starts with what it
         # decided; one decided after sees a new process, and is aborted.
@@ -493,6 +500,11 @@ class Supervisor:
                 line = await _read_line(process.stdout)
                 words = line.split()
                 if words[:1] == ["ready"]:
+                    # It takes SIGHUP now: a reload sent none while it started.
+                    worker.said_ready = True
+                    if self._hup_pending:
+                        with contextlib.suppress(ProcessLookupError):
+                            process.send_signal(signal.SIGHUP)
                     if len(words) > 1:
                         admin = Address("127.0.0.1", int(words[1]))
                         await self._give_rules(admin)
@@ -503,7 +515,7 @@ class Supervisor:
                 process.kill()
             return await process.wait()
         finally:
-            worker.admin, worker.problem = None, None
+            worker.admin, worker.problem, worker.said_ready = None, None, False
             with trio.CancelScope(shield=True):
                 if process.returncode is None:
                     process.kill()
@@ -607,12 +619,20 @@ class Supervisor:
             try:
                 asked = {w.index: w.process for w in self.workers}
                 running = [w for w in self.workers if w.running]
+                # A worker still starting would be ended by SIGHUP (its
+                # default action, until the worker takes it): it is sent
+                # one once it says it is ready (_run_worker).
+                self._hup_pending = True
                 for worker in running:
                     assert worker.process is not None
-                    with contextlib.suppress(ProcessLookupError):
-                        worker.process.send_signal(signal.SIGHUP)
+                    if worker.said_ready:
+                        with contextlib.suppress(ProcessLookupError):
+                            worker.process.send_signal(signal.SIGHUP)
                 wait = ready_timeout(self.config)
-                reports = await self._reports(attempt, running, "ready", wait)
+                try:
+                    reports = await self._reports(attempt, running, "ready", wait)
+                finally:
+                    self._hup_pending = False
                 # All or none: a worker that refused, or said nothing in time
                 # (it may yet refuse), or one started or gone meanwhile (it
                 # runs the configuration in force), stops it for every one.
