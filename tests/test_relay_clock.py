@@ -487,14 +487,13 @@ async def test_drain_waits_for_a_send_that_was_still_being_written(
 async def test_drain_does_not_cut_a_send_to_the_broker_in_half(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """KNOWN BUG (sluice/proxy/relay.py, Relay.drain): the drain cancels the
-    client's reading task with ``_client_reads.cancel()``, and that task may
-    be in the middle of writing a frame it read to the broker (backpressure:
-    a busy broker, full socket buffers). On a socket the cancelled
-    ``send_all`` leaves part of the frame on the broker connection, and the
-    core has already counted the SEND in flight, so the drain waits out its
-    whole deadline for a receipt that can never come, then (past its
-    deadline) sends the client no CLOSE_PRODUCER either.
+    """A drain stops reading the client while its reading task may be in
+    the middle of writing a frame it read to the broker (backpressure: a
+    busy broker, full socket buffers). That write is finished (it runs
+    shielded, ``Relay._do``): a write cut short would leave part of the
+    frame on the broker connection, with the SEND counted in flight, and
+    the drain would wait out its whole deadline for a receipt that could
+    never come, then send the client no CLOSE_PRODUCER either.
     """
     h, took, rest, got, problems = await drain_with_a_send_stuck_in_the_write(socket_pair)
     assert h.reason == "drained"
