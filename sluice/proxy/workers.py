@@ -286,6 +286,7 @@ class Supervisor:
         # asked first may end last (_Totals.scraped leaves its answers out).
         self._scrapes = itertools.count()
         self._sockets: list[tuple[str, socket.socket]] = []
+        self._spawning = 0  # workers' processes being made (in threads)
         self._admin: list[trio.SocketListener] | None = None
         self._ports_file: int | None = None  # --broker-ports-file, locked (hold_ports_file)
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
@@ -425,7 +426,10 @@ class Supervisor:
                 worker.process.send_signal(signal.SIGTERM)
         # Stop accepting: a worker's drain closes only its copy of each
         # listener, and this one kept the port bound and taking connections
-        # that nobody would accept (until the end of the drain).
+        # that nobody would accept (until the end of the drain). Not under a
+        # worker's process being made (it is stopped once made: _run_worker).
+        while self._spawning:
+            await trio.sleep(0.005)
         for _, sock in self._sockets:
             sock.close()
         if self._ports_file is not None:  # for a proxy started in this one's place
@@ -475,12 +479,18 @@ class Supervisor:
 
     async def _run_worker(self, worker: Worker) -> int:
         fds = [sock.fileno() for _, sock in self._sockets]
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "sluice.proxy.workers"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            pass_fds=fds,
-        )
+        # The process is made in a thread: the drain closes the listeners
+        # only once it is made (they are its to inherit), then stops it.
+        self._spawning += 1
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "sluice.proxy.workers"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=fds,
+            )
+        finally:
+            self._spawning -= 1
         worker.process, worker.admin, worker.problem = process, None, None
         worker.said_ready = False
         # The configuration in force as the process is known (no checkpoint
@@ -492,6 +502,9 @@ class Supervisor:
                           self.log_format, number)  # fmt: skip
         try:
             assert process.stdin is not None and process.stdout is not None
+            if self.draining:  # SIGTERM came while it was being made: it serves nothing
+                process.kill()
+                return await process.wait()
             data = pickle.dumps(spec)
             # stdin then stays open, unwritten, for the worker's life: its
             # end-of-file tells the worker that this process is gone.

@@ -1,7 +1,10 @@
-"""A reload with ``--workers`` while workers are starting (at the proxy's
-start, or a worker restarted after it died)."""
+"""``--workers``: what happens while a worker is being started (at the
+proxy's start, or restarted after it died): a reload, a drain."""
 
 from __future__ import annotations
+
+import shutil
+import signal
 
 import pytest
 import trio
@@ -10,6 +13,7 @@ from sluice.addresses import Address
 from sluice.brokers.embedded import free_port
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
+from sluice.proxy.shared import create_state
 from sluice.proxy.workers import Supervisor
 
 pytestmark = pytest.mark.e2e
@@ -38,3 +42,34 @@ async def test_a_reload_while_the_workers_start_kills_none() -> None:
             supervisor.stop()
     finally:
         supervisor.stop()
+
+
+async def test_a_worker_being_started_when_the_drain_begins_is_stopped_at_once() -> None:
+    """SIGTERM while a worker is being (re)started, its process being made
+    in a thread: the process never serves (it served the inherited
+    listeners, never told to drain, until killed at the drain's end)."""
+    broker = parse_broker_url(f"pulsar://127.0.0.1:{free_port()}")
+    config = ProxyConfig(broker=broker, listen=Address("127.0.0.1", 0), drain_timeout=1)
+    supervisor = Supervisor(config, 1, log_level="warning")
+    await supervisor.open()
+    worker = supervisor.workers[0]
+    codes: list[int] = []
+    try:
+        create_state(supervisor._state, 1)
+
+        async def start() -> None:
+            codes.append(await supervisor._run_worker(worker))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start)
+            await trio.sleep(0)  # it is making the process
+            assert worker.process is None
+            await supervisor.drain()
+            with trio.fail_after(3):
+                while not codes:
+                    await trio.sleep(0.01)
+        assert codes == [-signal.SIGKILL]
+    finally:
+        if worker.process is not None and worker.process.returncode is None:
+            worker.process.kill()
+        shutil.rmtree(supervisor._state, ignore_errors=True)
