@@ -788,12 +788,23 @@ class Relay:
             return
         started = perf_counter() - seconds
         sink = self._descriptors[to]
+        sends: list[Action] = [Send(to, rest)]
         if sink is None or self._closing or self._waiting[to]:  # (not as the step runs)
-            sends: list[Action] = [Send(to, rest)]
             finish = functools.partial(self._finish_read, sends, 0, rest, from_client, started)
             self._hand_back(thread, fd, from_client, back, finish)
             return
-        self._write_later(thread, fd, from_client, back, to, sink, rest, started)
+        try:  # a duplicate, registered for writability apart from the sink's reads
+            watch = os.dup(sink)
+        except OSError:
+            # Out of descriptors (EMFILE): trio writes the rest, waiting for
+            # room with none of its own; until it takes it up, no other
+            # write to the socket goes first (as for ``_hold_place``).
+            self._waiting[to] += 1
+            self._thread_writes[to] = _ThreadWrite(None)
+            finish = functools.partial(self._finish_read, sends, 0, rest, from_client, started, to)
+            self._hand_back(thread, fd, from_client, back, finish)
+            return
+        self._write_later(thread, fd, from_client, back, to, sink, watch, rest, started)
 
     def _write_later(
         self,
@@ -803,11 +814,13 @@ class Relay:
         back: trio.Event,
         to: Peer,
         sink: int,
+        watch: int,
         rest: bytes,
         started: float,
     ) -> None:
         """The rest of a write the socket did not take whole (a slow
-        reader), written by the relay thread when the socket has room: the
+        reader), written by the relay thread when ``watch`` (a duplicate of
+        ``sink``, which this closes) says the socket has room: the
         direction reads nothing meanwhile (backpressure, as in trio), and
         no other write to that socket goes first (``_waiting``; trio's
         ``_send`` waits for ``_thread_writes``). Handing this to trio cost
@@ -816,7 +829,6 @@ class Relay:
         thread.drop(fd)  # its reads wait
         thread.write_waits += 1
         self._waiting[to] += 1
-        watch = os.dup(sink)  # registered for writability apart from the sink's reads
         self._thread_writes[to] = _ThreadWrite(watch)
         view = memoryview(rest)
 
