@@ -6,8 +6,10 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -441,3 +443,44 @@ def test_a_file_cap_smaller_than_a_file_head_is_refused(
     )
     assert main([*argv, "--record-max-bytes", "4096"]) == 1  # accepted; no broker there
     assert "cannot reach broker" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "{fifo}", "--broker", "pulsar://127.0.0.1:1"],
+        ["record", "anonymize", "{fifo}", "{tmp}/anon"],
+    ],
+    ids=["replay", "anonymize"],
+)
+def test_ctrl_c_in_the_middle_of_work_is_one_line_and_status_130(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while a command reads (a capture that is slow to come: here a
+    named pipe whose writer sends nothing) ends it with a shell's status for
+    SIGINT and one line, not a KeyboardInterrupt traceback."""
+    fifo = tmp_path / "slow.sluice"
+    os.mkfifo(fifo)
+    writers: list[int] = []
+
+    def interrupt_once_read() -> None:
+        writers.append(os.open(fifo, os.O_WRONLY))  # returns once the command opened it
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    thread = threading.Thread(target=interrupt_once_read, daemon=True)
+    thread.start()
+    try:
+        code = main([a.format(fifo=fifo, tmp=tmp_path) for a in argv])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left main as a KeyboardInterrupt (a traceback)")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        thread.join(5)
+        for fd in writers:
+            os.close(fd)
+    assert code == 130
+    err = capsys.readouterr().err
+    assert err.endswith(f"sluice {' '.join(argv[:2] if argv[0] == 'record' else argv[:1])}: "
+                        "interrupted\n"), err  # fmt: skip
+    assert "Traceback" not in err

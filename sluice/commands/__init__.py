@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sluice import __version__, config
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, leaves
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The exit status of a command stopped by Ctrl-C (a shell's for SIGINT).
+INTERRUPTED = 128 + 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -161,7 +165,25 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush goes nowhere
         os.close(devnull)
         return 128 + 13
+    except BaseException as exc:
+        # Ctrl-C in the middle of long work (reading a capture, a replay,
+        # where trio may hand it over in a group): one line and a shell's
+        # status for SIGINT, not a traceback.
+        if not any(isinstance(e, KeyboardInterrupt) for e in leaves(exc)):
+            raise
+        print(f"{_name(args)}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     return result
+
+
+def _name(args: argparse.Namespace) -> str:
+    """The command's name as its messages start: ``sluice record snapshot``."""
+    words = ["sluice", args.sluice_command]
+    action = next((getattr(args, dest) for dest in vars(args)
+                   if dest.endswith("_command") and dest != "sluice_command"), None)  # fmt: skip
+    if isinstance(action, str):
+        words.append(action)
+    return " ".join(words)
 
 
 def _stdout_gone() -> bool:
