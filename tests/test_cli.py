@@ -484,3 +484,17 @@ def test_ctrl_c_in_the_middle_of_work_is_one_line_and_status_130(
     assert err.endswith(f"sluice {' '.join(argv[:2] if argv[0] == 'record' else argv[:1])}: "
                         "interrupted\n"), err  # fmt: skip
     assert "Traceback" not in err
+
+
+def test_a_closed_standard_output_is_said_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sluice inspect CAPTURE >&-` starts with no sys.stdout: the summary
+    it cannot show is said to be lost, in one line, with status 2."""
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["inspect", str(CAPTURE), "--summary"]) == 2
+    err = capsys.readouterr().err
+    assert err == "sluice inspect: standard output is closed: what it would show is lost\n"
+    # a command whose output goes to a file still works
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["inspect", str(CAPTURE), "--pcap", os.devnull]) == 0

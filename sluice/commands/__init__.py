@@ -126,12 +126,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The exit status of a command stopped by Ctrl-C (a shell's for SIGINT).
+# The exit status of a command stopped by Ctrl-C (a shell's for SIGINT),
+# and of one whose standard output was closed when it started (`>&-`).
 INTERRUPTED = 128 + 2
+NO_STDOUT = 2
+
+
+class ClosedOutput(OSError):
+    """What writing to a standard output that was closed at start raises."""
+
+
+class _Closed(io.TextIOBase):
+    """Standard output when it was closed at start (``sluice ... >&-``):
+    what is written there raises ClosedOutput, so a command that writes
+    output ends with one line saying it was lost, not a traceback, nor
+    success with nothing written; one that writes none works."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise ClosedOutput(9, "standard output is closed")
+
+    def flush(self) -> None:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with descriptor 1 closed
+        _hold_descriptor(1)
+        sys.stdout = _Closed()
     parser = build_parser()
     command = next((a for a in argv if not a.startswith("-")), None)
     subparser = _subparsers(parser).get(command or "")
@@ -156,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result: int = args.run(args)
         sys.stdout.flush()  # here, not at exit, where a closed reader is a traceback
+    except ClosedOutput:
+        print(f"{_name(args)}: standard output is closed: what it would show is lost",
+              file=sys.stderr)  # fmt: skip
+        return NO_STDOUT
     except BrokenPipeError:
         if not _stdout_gone():
             raise
@@ -174,6 +203,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{_name(args)}: interrupted", file=sys.stderr)
         return INTERRUPTED
     return result
+
+
+def _hold_descriptor(fd: int) -> None:
+    """Open /dev/null as ``fd`` if it is closed, so that no file opened
+    later (a recording, a pcapng) gets it, nor a process started as its
+    standard output."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        opened = os.open(os.devnull, os.O_WRONLY)
+        if opened != fd:
+            os.close(opened)
 
 
 def _name(args: argparse.Namespace) -> str:
