@@ -8,6 +8,7 @@ import signal
 
 import pytest
 import trio
+import trio.testing
 
 from sluice.addresses import Address
 from sluice.brokers.embedded import free_port
@@ -32,7 +33,7 @@ async def test_a_reload_while_the_workers_start_kills_none() -> None:
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
-            with trio.fail_after(4):
+            with trio.fail_after(15):  # (a few seconds unloaded)
                 while not all(w.running for w in supervisor.workers):
                     await trio.sleep(0.001)
                 outcome = await supervisor.reload_from_source("SIGHUP")
@@ -62,7 +63,7 @@ async def test_a_worker_being_started_when_the_drain_begins_is_stopped_at_once()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(start)
-            await trio.sleep(0)  # it is making the process
+            await trio.testing.wait_all_tasks_blocked()  # making the process, in a thread
             assert worker.process is None
             await supervisor.drain()
             with trio.fail_after(3):
