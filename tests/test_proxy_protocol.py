@@ -333,12 +333,18 @@ def test_per_ip_limits_count_the_address_the_header_names(
         wait_for("the refusal counted", lambda: rejected(proxy, admin, "limit") == 1)
         other = dial(proxy.port, header("198.51.100.2") + connect_frame())
         assert first_answer(other) == "CONNECTED"
-        # A source not listed is served as it is, and may not send a header.
-        direct = dial(proxy.port, connect_frame(), source=SECOND)
-        assert first_answer(direct) == "CONNECTED"
+        # A source not listed may not send a header, and is served as it is.
+        # (Its place is taken as it connects, before its first bytes are
+        # looked at: the header first, while SECOND has its place free.)
         forged = dial(proxy.port, header("198.51.100.3") + connect_frame(), source=SECOND)
         assert first_answer(forged) == "closed"
         wait_for("unlisted counted", lambda: rejected(proxy, admin, "proxy_header_unlisted") == 1)
+        direct = dial(proxy.port, connect_frame(), source=SECOND)
+        assert first_answer(direct) == "CONNECTED"
+        again = dial(proxy.port, connect_frame(), source=SECOND)  # its one place is taken
+        assert first_answer(again) == "closed"
+        wait_for("the second refusal counted", lambda: rejected(proxy, admin, "limit") == 2)
+        again.close()
         for sock in (first, second, other, direct, forged):
             sock.close()
         assert proxy.terminate() == 0

@@ -339,20 +339,38 @@ class HttpRelay:
     # --- one client connection --------------------------------------------------
 
     async def handle(self, stream: trio.abc.Stream) -> None:
+        peer = client = peer_address(stream)
+        # A client that is the peer is counted before anything is read (not
+        # left uncounted while its first bytes are awaited); a listed
+        # balancer's connection, as the client its header names.
+        early = self.inbound is None or not self.inbound.trusts(peer.host)
+        refused = self.limits.acquire(peer.host) if early else None
+        held = peer.host if early and refused is None else None
+        try:
+            if self.inbound is not None and refused is None:  # before anything else is read
+                try:
+                    header = await self.inbound.read(stream, peer)
+                except HeaderError as exc:
+                    self.header_refused(peer, exc)
+                    return
+                if header is not None and header.source is not None:
+                    client = header.source
+            if not early:
+                refused = self.limits.acquire(client.host)
+                held = client.host if refused is None else None
+            await self._connection(stream, client, refused)
+        finally:
+            if held is not None:
+                self.limits.release(held)
+            await close_stream(stream)
+
+    async def _connection(
+        self, stream: trio.abc.Stream, client: Address, refused: str | None
+    ) -> None:
+        """One client connection's requests, or its refusal (``refused``:
+        why, when over a connection limit)."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.config.http_max_header)
         upstreams: dict[HttpUrl, Upstream] = {}
-        peer = client = peer_address(stream)
-        if self.inbound is not None:  # --proxy-protocol-in: before anything else is read
-            try:
-                header = await self.inbound.read(stream, peer)
-            except HeaderError as exc:
-                self.header_refused(peer, exc)
-                await close_stream(stream)
-                return
-            if header is not None and header.source is not None:
-                client = header.source
-        ip = client.host
-        refused = self.limits.acquire(ip)
         self.watch.opened(conn, str(client))
         self.active += 1
         self.metrics.active.inc()
@@ -369,15 +387,13 @@ class HttpRelay:
                     ),
                 )
                 return
-            await self._serve(conn, stream, upstreams, ip)
+            await self._serve(conn, stream, upstreams, client.host)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("HTTP client connection lost: %r", exc)
         except Exception as exc:  # a bug of ours: this connection ends, the listener serves on
             log.error("HTTP connection: internal error: %r (--log-level debug for details)", exc)
             log.debug("HTTP connection: internal error", exc_info=exc)
         finally:
-            if refused is None:
-                self.limits.release(ip)
             self.active -= 1
             self.metrics.active.dec()
             self.watch.closed(conn)

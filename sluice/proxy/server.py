@@ -890,27 +890,39 @@ class Proxy:
         peer = client = peer_address(stream)
         destination = local_address(stream)
         via = ""
-        if self.inbound is not None:  # --proxy-protocol-in: before anything else is read
-            try:
-                header = await self.inbound.read(stream, peer)
-            except HeaderError as exc:
+        counted: str | None = None  # the address whose place this connection holds
+        if self.inbound is None or not self.inbound.trusts(peer.host):
+            # The peer is the client: counted before anything is read, so
+            # that connections sending nothing hold places from the start
+            # (not uncounted for the PROXY header's timeout).
+            refused = self.limits.acquire(peer.host)
+            if refused is not None:
                 conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
-                await self._reject(stream, conn, f"PROXY header: {exc.message}",
-                                   f"proxy_header_{exc.reason}")  # fmt: skip
+                await self._reject(stream, conn, refused)
                 return
-            if header is not None and header.source is not None:
-                client, via = header.source, str(peer)
-                destination = header.destination or destination
-                log.debug("conn from %s via %s (PROXY v%d)", client, peer, header.version)
-        conn = Conn(next(self._ids), str(client), kind, self.backend.name, via=via)
-        if isinstance(stream, trio.SSLStream):
-            conn.peer_role = lambda: certificate_cn(stream)
-        ip = client.host
-        refused = self.limits.acquire(ip)
-        if refused is not None:
-            await self._reject(stream, conn, refused)
-            return
+            counted = peer.host
         try:
+            if self.inbound is not None:  # --proxy-protocol-in: before anything else is read
+                try:
+                    header = await self.inbound.read(stream, peer)
+                except HeaderError as exc:
+                    conn = Conn(next(self._ids), str(peer), kind, self.backend.name)
+                    await self._reject(stream, conn, f"PROXY header: {exc.message}",
+                                       f"proxy_header_{exc.reason}")  # fmt: skip
+                    return
+                if header is not None and header.source is not None:
+                    client, via = header.source, str(peer)
+                    destination = header.destination or destination
+                    log.debug("conn from %s via %s (PROXY v%d)", client, peer, header.version)
+            conn = Conn(next(self._ids), str(client), kind, self.backend.name, via=via)
+            if isinstance(stream, trio.SSLStream):
+                conn.peer_role = lambda: certificate_cn(stream)
+            if counted is None:  # a listed balancer's: the client its header names
+                refused = self.limits.acquire(client.host)
+                if refused is not None:
+                    await self._reject(stream, conn, refused)
+                    return
+                counted = client.host
             if self.config.sni_on and isinstance(stream, trio.SSLStream):
                 handshaken, routed = await self._route_by_name(stream, conn)
                 if not handshaken:
@@ -918,7 +930,8 @@ class Proxy:
                 upstream = routed or upstream
             await self._serve(stream, conn, upstream, self._dialer(client, destination))
         finally:
-            self.limits.release(ip)
+            if counted is not None:
+                self.limits.release(counted)
             await close_stream(stream)  # (shielded where it must wait)
 
     async def _serve(
