@@ -602,6 +602,28 @@ def test_a_gateways_http_port_without_listener_ports_serves_the_admin_api(
     assert "listener-ports" not in ranged
 
 
+def test_the_install_notes_name_the_listeners_there_are(tmp_path: Path) -> None:
+    """With listen.plain false (TLS only) the notes and the Service give
+    clients the pulsar+ssl:// URL, not a plain one nothing listens on."""
+    base = ["--set", f"broker={BROKER}"]
+    tls = [*base, "--set", "tls.enabled=true", "--set", "tls.secretName=sluice-tls"]
+    plain = "pulsar://sluice.default.svc.cluster.local:6650"
+    secure = "pulsar+ssl://sluice.default.svc.cluster.local:6651"
+    both = install_notes(tmp_path / "both", *tls)
+    assert f"Clients: {plain}\n         {secure}\n" in both, both
+    only = install_notes(tmp_path / "only", *tls, "--set", "listen.plain=false")
+    assert f"Clients: {secure}\n" in only and "pulsar://" not in only.replace(BROKER, ""), only
+    (service,) = [s for s in kind(render("gateway-default", *tls[2:], "--set",
+                  "listen.plain=false"), "Service")]  # fmt: skip
+    assert [p["name"] for p in service["spec"]["ports"]] == ["pulsar-tls", "admin"]
+    text = rendered(CHART, "sluice", *tls, "--set", "listen.plain=false")
+    assert f"# Clients use {secure}." in text and f"# Clients use {plain}" not in text
+    sidecar = [*tls, "--set", "mode=sidecar"]
+    assert "talks to pulsar://localhost:6650." in install_notes(tmp_path / "sc", *sidecar)
+    sidecar_tls = install_notes(tmp_path / "sc-tls", *sidecar, "--set", "listen.plain=false")
+    assert "talks to pulsar+ssl://localhost:6651." in sidecar_tls, sidecar_tls
+
+
 def http_services(docs: list[Doc]) -> list[Doc]:
     return [s for s in kind(docs, "Service") if "http" in {p["name"] for p in s["spec"]["ports"]}]
 
