@@ -61,6 +61,7 @@ class QuickDial(Harness):
     """The clock harness, dialling at once (these tests run on the real clock)."""
 
     write_waits = 0  # the relay thread's, once the connection is over
+    compiled_runs = 0  # (the same)
 
     async def dial(self, address: Address, tls: bool, timeout: float) -> Stream:
         assert self.broker_script is not None
@@ -111,6 +112,7 @@ async def relay_sends(
         steps = carrier.steps_run if carrier is not None else 0
         handed = carrier.handed_back if carrier is not None else 0
         h.write_waits = carrier.write_waits if carrier is not None else 0
+        h.compiled_runs = carrier.compiled_runs if carrier is not None else 0
         if carrier is not None:
             assert carrier.carried() == 0
     return got, receipts, h, steps, handed
