@@ -442,6 +442,20 @@ def test_every_setting_the_schema_admits_is_one_sluice_takes(tmp_path: Path) -> 
     assert result.returncode == 2 and "unknown setting 'lisen'" in result.stderr, result.stderr
 
 
+def test_the_image_by_digest() -> None:
+    """image.digest pins the image (REPOSITORY@DIGEST, the tag left out), in
+    both modes; a digest that is not sha256:HEX is refused."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    gateway = pod_spec(render("gateway-default", "--set", f"image.digest={digest}"))
+    assert sluice_container(gateway)["image"] == f"sluice@{digest}"
+    sidecar = pod_spec(render("sidecar-default", "--set", f"sluice.image.digest={digest}"))
+    assert sluice_container(sidecar)["image"] == f"sluice@{digest}"
+    assert sluice_container(pod_spec(render("gateway-default")))["image"] == "sluice:0.1.0"
+    refused = helm("template", "sluice", str(CHART), "--set", f"broker={BROKER}",
+                   "--set", "image.digest=0.1.0", check=False)  # fmt: skip
+    assert refused.returncode != 0 and "/image/digest" in refused.stderr, refused.stderr
+
+
 def test_the_sidecar_template_needs_sidecar_mode_and_known_values() -> None:
     result = helm("template", "orders", str(ORDERS), "--set", "sluice.mode=gateway", check=False)
     assert result.returncode != 0

@@ -55,8 +55,13 @@ metrics Service and the NetworkPolicy select on it. */}}
 sluice/sidecar: {{ include "sluice.fullname" . }}
 {{- end -}}
 
+{{/* REPOSITORY@DIGEST when image.digest is set, else REPOSITORY:TAG. */}}
 {{- define "sluice.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A sluice size (800M, 2G, 1048576, 1.5G; binary units, KiB/MiB too) in
