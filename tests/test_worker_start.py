@@ -3,6 +3,8 @@ proxy's start, or restarted after it died): a reload, a drain."""
 
 from __future__ import annotations
 
+import os
+import pickle
 import shutil
 import signal
 
@@ -74,3 +76,33 @@ async def test_a_worker_being_started_when_the_drain_begins_is_stopped_at_once()
         if worker.process is not None and worker.process.returncode is None:
             worker.process.kill()
         shutil.rmtree(supervisor._state, ignore_errors=True)
+
+
+async def test_a_worker_killed_before_it_reads_its_settings_is_restarted() -> None:
+    """A worker killed (by the OOM killer, say) while the supervisor still
+    writes it its settings (more than a pipe holds: a long --allow-broker)
+    is restarted, as any worker that dies. (The supervisor failed, with a
+    traceback, and its other workers with it.)"""
+    broker = parse_broker_url(f"pulsar://127.0.0.1:{free_port()}")
+    allow = tuple(f"broker-{i}.example.com:6650" for i in range(4000))
+    config = ProxyConfig(
+        broker=broker, listen=Address("127.0.0.1", 0), drain_timeout=1, allow_broker=allow
+    )
+    assert len(pickle.dumps(config)) > 65536  # Linux's pipe holds 64 KiB
+    supervisor = Supervisor(config, 1, log_level="warning")
+    await supervisor.open()
+    worker = supervisor.workers[0]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+            with trio.fail_after(15):  # (a few seconds unloaded)
+                while worker.process is None:
+                    await trio.sleep(0.001)
+                first = worker.process
+                os.kill(first.pid, signal.SIGKILL)  # still starting Python
+                while worker.process is first or not worker.said_ready:
+                    await trio.sleep(0.01)
+            assert worker.restarts == 1
+            supervisor.stop()
+    finally:
+        supervisor.stop()

@@ -508,7 +508,10 @@ class Supervisor:
             data = pickle.dumps(spec)
             # stdin then stays open, unwritten, for the worker's life: its
             # end-of-file tells the worker that this process is gone.
-            await process.stdin.send_all(_SPEC_LENGTH.pack(len(data)) + data)
+            try:
+                await process.stdin.send_all(_SPEC_LENGTH.pack(len(data)) + data)
+            except trio.BrokenResourceError:  # it died before it read it all: restarted
+                return await process.wait()
             with trio.move_on_after(START_TIMEOUT) as starting:
                 line = await _read_line(process.stdout)
                 words = line.split()
