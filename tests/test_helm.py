@@ -333,6 +333,11 @@ def test_the_chart_requires_the_broker() -> None:
         ({"config": {"broker-http": HTTP_BROKER}}, "config.broker-http is set by the chart"),
         # The chart's own settings in either spelling; two spellings at once.
         ({"config": {"drain_timeout": 30}}, "config.drain_timeout is set by the chart"),
+        # A drainTimeout with a fraction is covered in full (5 + 20.5 + 5 > 30).
+        (
+            {"drainTimeout": 20.5, "terminationGracePeriodSeconds": 30},
+            "terminationGracePeriodSeconds 30 must be at least",
+        ),
         (
             {"config": {"max-connections": 10, "max_connections": 20}},
             "config.max-connections and config.max_connections are one setting: give one",
@@ -833,6 +838,18 @@ def test_the_grace_period_covers_the_drain(case: str) -> None:
     # it while it stops (Sluice's drain hands connections back at once); a
     # native sidecar is only stopped once the application has exited.
     assert (pause > 0) == (not native), case
+
+
+def test_a_fractional_drain_is_covered_in_full() -> None:
+    """drainTimeout 20.5: the sidecar's default pause, and the grace period
+    left to the chart, cover all of it (not 20 s of it)."""
+    given = ["--set-json", "sluice.drainTimeout=20.5"]
+    for more in ([], ["--set", "sluice.terminationGracePeriodSeconds=30"]):
+        docs = documents(rendered(ORDERS, "orders", *given, *more))
+        pod = pod_spec(docs)
+        pause = sluice_container(pod)["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert settings(docs)["drain-timeout"] == 20.5
+        assert pod["spec"]["terminationGracePeriodSeconds"] >= pause + 20.5 + 5, (more, pause)
 
 
 @pytest.mark.parametrize(

@@ -215,7 +215,7 @@ check here can size: refused. */}}
 {{- fail "auth.brokerToken: give secretName or value, not both" -}}
 {{- end -}}
 {{- $workers := include "sluice.workerCount" . | int64 -}}
-{{- $drain := .Values.drainTimeout | int64 -}}
+{{- $drain := include "sluice.drainSeconds" . | int64 -}}
 {{- if .Values.terminationGracePeriodSeconds -}}
 {{- $pause := include "sluice.preStopSleep" . | int64 -}}
 {{- if lt (.Values.terminationGracePeriodSeconds | int64) (add $pause $drain 5) -}}
@@ -271,17 +271,23 @@ sleep existed still does; a sleep the user asked for is checked as given. */}}
 {{- else if not (kindIs "invalid" .Values.sidecar.preStopSleep) -}}
 {{- .Values.sidecar.preStopSleep | int64 -}}
 {{- else if .Values.terminationGracePeriodSeconds -}}
-{{- sub (.Values.terminationGracePeriodSeconds | int64) (add (.Values.drainTimeout | int64) 5) | max 0 | min 10 -}}
+{{- sub (.Values.terminationGracePeriodSeconds | int64) (add (include "sluice.drainSeconds" . | int64) 5) | max 0 | min 10 -}}
 {{- else -}}
 10
 {{- end -}}
+{{- end -}}
+
+{{/* drainTimeout in whole seconds, rounded up (it may be 2.5): what the
+grace period must cover. */}}
+{{- define "sluice.drainSeconds" -}}
+{{- .Values.drainTimeout | float64 | ceil | int64 -}}
 {{- end -}}
 
 {{/* terminationGracePeriodSeconds: the value, or pause + drain + 10. The
 kubelet counts the grace period from before the preStop hook. */}}
 {{- define "sluice.gracePeriod" -}}
 {{- $pause := include "sluice.preStopSleep" . | int64 -}}
-{{- .Values.terminationGracePeriodSeconds | default (add $pause (.Values.drainTimeout | int64) 10) -}}
+{{- .Values.terminationGracePeriodSeconds | default (add $pause (include "sluice.drainSeconds" . | int64) 10) -}}
 {{- end -}}
 
 {{/* Where each mounted file lives in the container. */}}
