@@ -498,3 +498,31 @@ def test_a_closed_standard_output_is_said_not_a_traceback(
     # a command whose output goes to a file still works
     monkeypatch.setattr(sys, "stdout", None)
     assert main(["inspect", str(CAPTURE), "--pcap", os.devnull]) == 0
+
+
+@pytest.mark.e2e
+def test_demo_sends_more_messages_than_the_clients_queue_holds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The batched half was sent without waiting for room in the client's
+    queue (1000 messages): past it sends failed unseen, were counted as
+    sent, and the demo waited for them, then said 'Pulsar error: TimeOut'."""
+    assert main(["demo", "--messages", "5000"]) == 0
+    out = capsys.readouterr().out
+    assert "sent 5000, received 5000, in order" in out, out
+    recording = re.search(r"recording +(\S+)", out)
+    assert recording is not None
+    shutil.rmtree(recording.group(1))
+
+
+def test_demo_counts_a_batched_send_the_client_failed_as_not_sent() -> None:
+    import pulsar
+
+    from sluice.commands.demo import Receipts
+
+    receipts = Receipts()
+    receipts.answered(pulsar.Result.Ok, None)
+    receipts.answered(pulsar.Result.ProducerQueueIsFull, None)
+    assert receipts.failed == ["Result.ProducerQueueIsFull"]
+    assert receipts.problem() == "1 batched sends failed (Result.ProducerQueueIsFull)"
+    assert receipts.done.acquire(timeout=0) and receipts.done.acquire(timeout=0)

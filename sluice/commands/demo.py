@@ -97,6 +97,26 @@ class Workload:
 POLL = 0.25
 
 
+class Receipts:
+    """What the client answers for each batched send: a send is sent only
+    once the broker confirmed it; a failed one (a full queue, a timeout) is
+    said, not counted."""
+
+    def __init__(self) -> None:
+        self.done = threading.Semaphore(0)  # released once per answer
+        self.failed: list[str] = []
+
+    def answered(self, result: Any, message_id: Any) -> None:
+        import pulsar
+
+        if result != pulsar.Result.Ok:
+            self.failed.append(str(result))
+        self.done.release()
+
+    def problem(self) -> str:
+        return f"{len(self.failed)} batched sends failed ({self.failed[0]})"
+
+
 def run_workload(url: str, count: int, say: Any, stop: threading.Event | None = None) -> Workload:
     """Produce and consume through the proxy with the official client;
     ``stop``, once set, ends it between two sends or receives (the client
@@ -120,20 +140,30 @@ def run_workload(url: str, count: int, say: Any, stop: threading.Event | None = 
             producer.send(f"demo message {i}".encode())
             result.latencies.append(time.perf_counter() - started)
             result.sent += 1
-        batched = client.create_producer(topic, batching_enabled=True, batching_max_messages=50)
+        # Waits for room in the client's queue (1000 messages) rather than
+        # failing the sends past it.
+        batched = client.create_producer(
+            topic, batching_enabled=True, batching_max_messages=50, block_if_queue_full=True
+        )
         say(f"sending {count - single} messages in batches ...")
-        done = threading.Semaphore(0)
+        receipts = Receipts()
         for i in range(single, count):
             if stop.is_set():
                 return result
-            batched.send_async(f"demo message {i}".encode(), lambda res, mid: done.release())
+            batched.send_async(f"demo message {i}".encode(), receipts.answered)
         batched.flush()
         for _ in range(single, count):
             deadline = time.monotonic() + 30
-            while not done.acquire(timeout=POLL) and time.monotonic() < deadline:
+            while not receipts.done.acquire(timeout=POLL):
                 if stop.is_set():
                     return result
-            result.sent += 1
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("a batched send was not confirmed within 30 s")
+        result.sent += count - single - len(receipts.failed)
+        if receipts.failed:
+            # Only what was sent can be received: say so, rather than wait for the rest.
+            result.error = receipts.problem()
+            return result
         say(f"receiving {count} messages ...")
         consumer = client.subscribe(topic, "demo", initial_position=pulsar.InitialPosition.Earliest)
         seen: set[str] = set()
