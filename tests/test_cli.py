@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -526,3 +527,22 @@ def test_demo_counts_a_batched_send_the_client_failed_as_not_sent() -> None:
     assert receipts.failed == ["Result.ProducerQueueIsFull"]
     assert receipts.problem() == "1 batched sends failed (Result.ProducerQueueIsFull)"
     assert receipts.done.acquire(timeout=0) and receipts.done.acquire(timeout=0)
+
+
+@pytest.mark.e2e
+def test_demo_whose_reader_stops_early_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sluice demo | head -2`: the status a shell gives a command SIGPIPE
+    ended, as inspect's, not 'sluice demo: [Errno 32] Broken pipe' and 1."""
+    record = Path(tempfile.mkdtemp(prefix="sluice-demo-test-"))
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        try:
+            assert main(["demo", "--messages", "4", "--record", str(record)]) == 141
+        finally:
+            shutil.rmtree(record)
+    err = capsys.readouterr().err
+    assert "Broken pipe" not in err and "Traceback" not in err, err

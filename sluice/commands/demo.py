@@ -351,6 +351,8 @@ def run(args: argparse.Namespace) -> int:
             found = [e for e in leaves(exc) if isinstance(e, OSError | StartupError)]
             if not found:
                 raise
+            if isinstance(found[0], BrokenPipeError):
+                raise found[0] from None  # the report's reader left (`| head`): main's to say
             print(f"sluice demo: {found[0]}", file=sys.stderr)
             return 1
 
