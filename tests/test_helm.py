@@ -643,6 +643,20 @@ def test_the_install_notes_name_the_listeners_there_are(tmp_path: Path) -> None:
     assert "talks to pulsar+ssl://localhost:6651." in sidecar_tls, sidecar_tls
 
 
+def test_the_install_notes_say_when_the_policy_keeps_prometheus_out(tmp_path: Path) -> None:
+    """A ServiceMonitor with the NetworkPolicy's default admin rule (this
+    namespace only): the notes say that a Prometheus elsewhere is refused,
+    and what admits it; with adminFrom, or no ServiceMonitor, they do not."""
+    base = ["--set", f"broker={BROKER}"]
+    warning = "A\nPrometheus in another namespace needs networkPolicy.adminFrom"
+    assert warning in install_notes(tmp_path / "refused", *base, *OPERATOR)
+    admitted = ["--set-json", 'networkPolicy.adminFrom=[{"namespaceSelector": {}}]']
+    assert warning not in install_notes(tmp_path / "admitted", *base, *OPERATOR, *admitted)
+    assert warning not in install_notes(tmp_path / "no-operator", *base)
+    no_policy = ["--set", "networkPolicy.enabled=false"]
+    assert warning not in install_notes(tmp_path / "no-policy", *base, *OPERATOR, *no_policy)
+
+
 def http_services(docs: list[Doc]) -> list[Doc]:
     return [s for s in kind(docs, "Service") if "http" in {p["name"] for p in s["spec"]["ports"]}]
 
