@@ -57,22 +57,35 @@ async def test_a_worker_being_started_when_the_drain_begins_is_stopped_at_once()
     await supervisor.open()
     worker = supervisor.workers[0]
     codes: list[int] = []
+    # The process is made in one of trio's threads: with every thread
+    # taken, it waits for one, to be made once the drain has begun.
+    threads = trio.to_thread.current_default_thread_limiter()
+    holders: list[object] = []
     try:
         create_state(supervisor._state, 1)
 
         async def start() -> None:
             codes.append(await supervisor._run_worker(worker))
 
+        for _ in range(int(threads.total_tokens)):
+            holders.append(object())
+            await threads.acquire_on_behalf_of(holders[-1])
         async with trio.open_nursery() as nursery:
             nursery.start_soon(start)
-            await trio.testing.wait_all_tasks_blocked()  # making the process, in a thread
+            await trio.testing.wait_all_tasks_blocked()
             assert worker.process is None
-            await supervisor.drain()
-            with trio.fail_after(3):
+            nursery.start_soon(supervisor.drain)
+            await trio.testing.wait_all_tasks_blocked()
+            for holder in holders:
+                threads.release_on_behalf_of(holder)
+            holders = []
+            with trio.fail_after(15):  # (well under a second unloaded)
                 while not codes:
                     await trio.sleep(0.01)
         assert codes == [-signal.SIGKILL]
     finally:
+        for holder in holders:
+            threads.release_on_behalf_of(holder)
         if worker.process is not None and worker.process.returncode is None:
             worker.process.kill()
         shutil.rmtree(supervisor._state, ignore_errors=True)
