@@ -106,6 +106,18 @@ def server_name(text: str) -> str | None:
     return name
 
 
+# The names of this machine that need no resolving.
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine by a loopback address or ``localhost``."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.lower().removesuffix(".") == "localhost"
+
+
 def is_wildcard(host: str) -> bool:
     """Whether ``host`` means every interface (0.0.0.0, ::), which no client can dial."""
     if host == "":

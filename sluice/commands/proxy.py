@@ -585,6 +585,7 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         workers=parse_workers(args.workers),
         filters=tuple(args.filters or ()),
     )
+    config.check_not_itself()
     if config.filters:  # every mistake said now, not in each worker
         make_filters(config.filters, spec)
     return config

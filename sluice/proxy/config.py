@@ -15,7 +15,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.addresses import Address, AllowList, server_name
+from sluice.addresses import (
+    LOOPBACK_NAMES,
+    Address,
+    AllowList,
+    is_loopback,
+    is_wildcard,
+    server_name,
+)
 from sluice.errors import ConfigError
 from sluice.filters.config import FilterSpec
 from sluice.protocols import registry
@@ -256,6 +263,31 @@ class ProxyConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+
+    def check_not_itself(self) -> None:
+        """--broker or --broker-http naming a listener of Sluice's own: every
+        connection would dial Sluice again, until no descriptor is left.
+        Said for what can be told without resolving a name: the same host,
+        a loopback name for a loopback or wildcard listener, or the
+        advertised host. (Asked by the command line, which binds what it
+        names; a configuration built in code keeps the default listener.)"""
+        checks = [("--broker", self.broker.address, (self.listen, self.listen_tls))]
+        if self.broker_http is not None:
+            own_web = (self.http_listen, self.http_listen_tls)
+            checks.append(("--broker-http", self.broker_http.address, own_web))
+        for option, target, listeners in checks:
+            for listen in listeners:
+                if listen is not None and listen.port == target.port:
+                    hosts = {listen.host.lower()}
+                    if is_wildcard(listen.host) or is_loopback(listen.host):
+                        hosts |= LOOPBACK_NAMES
+                    if self.advertise_host is not None:
+                        hosts.add(self.advertise_host.lower())
+                    if target.host.lower().removesuffix(".") in hosts:
+                        raise ConfigError(
+                            f"{option} {target} is Sluice's own listener ({listen}): it "
+                            "would dial itself; name the broker's address"
+                        )
 
     def _check_proxy_protocol(self) -> None:
         sources = parse_sources(self.proxy_protocol_from)

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from sluice.addresses import Address, AllowList, is_wildcard
+from sluice.addresses import LOOPBACK_NAMES, Address, AllowList, is_wildcard
 from sluice.errors import ConfigError
 from sluice.protocols.core import Conn, Dialed, Tap
 from sluice.protocols.faults import Faults
@@ -615,7 +615,7 @@ class PulsarBackend:
         ports = self.ports
         hosts = {ports.host, ports.advertised(address.port).host}
         if is_wildcard(ports.host):
-            hosts |= {"localhost", "127.0.0.1", "::1"}
+            hosts |= LOOPBACK_NAMES
         if address.host.lower().removesuffix(".") not in {h.lower() for h in hosts}:
             return False
         span = ports.span
