@@ -81,12 +81,15 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"sluice replay: {known[0]}", file=sys.stderr)
         return 2
+    # The report first: a transcript that cannot be written must not take
+    # the replay's outcome with it.
+    report(outcome, sys.stdout)
     if args.transcript is not None:
         try:
             args.transcript.write_text("\n".join(transcript) + "\n")
         except OSError as exc:
-            print(f"sluice replay: --transcript {args.transcript}: {exc.strerror or exc}",
-                  file=sys.stderr)  # fmt: skip
+            sys.stdout.flush()  # the report above this line
+            print(f"sluice replay: --transcript {args.transcript}: {exc.strerror or exc} "
+                  "(the report above is the replay's)", file=sys.stderr)  # fmt: skip
             return 2
-    report(outcome, sys.stdout)
     return 0 if outcome.equivalent else 1
