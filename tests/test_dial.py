@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 from functools import partial
 
 import pytest
@@ -112,4 +113,31 @@ async def test_closing_ends_the_connection_for_the_peer_and_never_raises() -> No
         await close_stream(stream)  # again: nothing to do, nothing raised
         with pytest.raises(trio.ClosedResourceError):
             await stream.send_all(b"more")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_tls_handshake_that_times_out_leaves_no_socket_open() -> None:
+    """A broker that accepts and never answers the ClientHello: the dial
+    times out, and its socket was left open until garbage collection (the
+    failure's traceback keeps it alive where the error is kept)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    address = Address("127.0.0.1", listeners[0].socket.getsockname()[1])
+    failures = []
+    async with trio.open_nursery() as nursery:
+        held: list[trio.abc.Stream] = []
+
+        async def silent(stream: trio.abc.Stream) -> None:
+            held.append(stream)
+            await trio.sleep_forever()
+
+        nursery.start_soon(trio.serve_listeners, silent, listeners)
+        before = open_descriptors()
+        for _ in range(5):
+            try:
+                await dial(address, timeout=0.2, tls=ssl.create_default_context())
+            except OSError as exc:
+                failures.append(exc)  # kept, as a caller that logs it later would
+        assert len(failures) == 5 and "timed out" in str(failures[0])
+        # Our ends are closed (the accepted ends, held by the server, are not).
+        assert open_descriptors() == before + len(held)
         nursery.cancel_scope.cancel()

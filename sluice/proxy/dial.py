@@ -276,21 +276,28 @@ async def dial(
     stream: trio.abc.Stream
     with trio.move_on_after(timeout) as scope:
         tcp = await open_tcp(address)
-        if preamble:
-            try:
-                await tcp.send_all(preamble)
-            except trio.BrokenResourceError as exc:
-                await tcp.aclose()
-                raise OSError(f"{address} closed the connection: {exc.__cause__ or exc}") from exc
-        if tls is None:
-            return tcp
-        stream = trio.SSLStream(tcp, tls, server_hostname=address.host, https_compatible=False)
         try:
-            await stream.do_handshake()
-        except trio.BrokenResourceError as exc:
-            await tcp.aclose()
-            raise OSError(f"TLS handshake with {address} failed: {exc.__cause__ or exc}") from exc
-        return stream
+            if preamble:
+                try:
+                    await tcp.send_all(preamble)
+                except trio.BrokenResourceError as exc:
+                    raise OSError(
+                        f"{address} closed the connection: {exc.__cause__ or exc}"
+                    ) from exc
+            if tls is None:
+                return tcp
+            stream = trio.SSLStream(tcp, tls, server_hostname=address.host,
+                                    https_compatible=False)  # fmt: skip
+            try:
+                await stream.do_handshake()
+            except trio.BrokenResourceError as exc:
+                raise OSError(
+                    f"TLS handshake with {address} failed: {exc.__cause__ or exc}"
+                ) from exc
+            return stream
+        except BaseException:  # failed, timed out or cancelled: closed now, not when collected
+            tcp.socket.close()
+            raise
     assert scope.cancelled_caught
     raise _timed_out(address, timeout)
 
