@@ -25,6 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluice.addresses import parse_address
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port, wait_for_port
 from sluice.commands.proxy import add_arguments, byte_size
@@ -503,6 +504,28 @@ def test_probes_point_at_the_admin_port(case: str) -> None:
     )
     admin = next(p for p in service["spec"]["ports"] if p["name"] == "admin")
     assert ports.get(admin["targetPort"], admin["targetPort"]) == port
+
+
+@pytest.mark.parametrize("case", ["gateway-full", "gateway-http", "sidecar-full"])
+def test_an_ipv6_cluster_reaches_the_pods_listeners(case: str) -> None:
+    """0.0.0.0 is IPv4 only: in an IPv6-only cluster the probes (to the pod's
+    IPv6 address) and the clients would be refused. bindAddress "::" puts
+    the admin port and a gateway's client ports on the IPv6 wildcard, which
+    Sluice opens dual stack (IPv4 clients too); a sidecar's Pulsar and HTTP
+    listeners stay on 127.0.0.1."""
+    key = "sluice.bindAddress" if case.startswith("sidecar") else "bindAddress"
+    proxy = sluice_container(pod_spec(render(case, "--set", f"{key}=::")))
+    listeners = {name: value for name, value in env(proxy).items()
+                 if name in {"SLUICE_LISTEN", "SLUICE_LISTEN_TLS", "SLUICE_HTTP_LISTEN",
+                             "SLUICE_ADMIN"}}  # fmt: skip
+    assert listeners["SLUICE_ADMIN"] == f"[::]:{admin_port(proxy)}"
+    for name, value in listeners.items():
+        address = parse_address(value)  # as Sluice reads it
+        local = case.startswith("sidecar") and name != "SLUICE_ADMIN"
+        assert address.host == ("127.0.0.1" if local else "::"), (name, value)
+    assert len(listeners) >= (2 if case.startswith("sidecar") else 3), listeners
+    # Unset, IPv4 as before.
+    assert env(sluice_container(pod_spec(render(case))))["SLUICE_ADMIN"].startswith("0.0.0.0:")
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -509,9 +509,16 @@ per-broker listeners' ports (sluice/commands/proxy.py port_range). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* bindAddress as a listener's host: an IPv6 address in brackets. */}}
+{{- define "sluice.bindHost" -}}
+{{- $address := toString .Values.bindAddress -}}
+{{- contains ":" $address | ternary (printf "[%s]" $address) $address -}}
+{{- end -}}
+
 {{/* The container's environment: where it listens. */}}
 {{- define "sluice.env" -}}
-{{- $host := eq .Values.mode "sidecar" | ternary "127.0.0.1" "0.0.0.0" -}}
+{{- $bind := include "sluice.bindHost" . -}}
+{{- $host := eq .Values.mode "sidecar" | ternary "127.0.0.1" $bind -}}
 - name: SLUICE_LISTEN
   value: {{ .Values.listen.plain | ternary (printf "%s:%v" $host .Values.listen.port) "none" | quote }}
 {{- if .Values.tls.enabled }}
@@ -533,7 +540,7 @@ per-broker listeners' ports (sluice/commands/proxy.py port_range). */}}
 # The kubelet's probes and Prometheus reach the admin endpoint on the pod's
 # IP; changes there need the admin token.
 - name: SLUICE_ADMIN
-  value: {{ printf "0.0.0.0:%v" .Values.admin.port | quote }}
+  value: {{ printf "%s:%v" $bind .Values.admin.port | quote }}
 {{- end -}}
 
 {{/* The volumes the container mounts (names prefixed, so that they sit
