@@ -209,20 +209,23 @@ async def serve_admin(
     retry = [("Retry-After", "1")]
 
     async def handle(stream: trio.SocketStream) -> None:
-        if inbound is not None:  # a listed source's probe may come without a header
-            try:
-                await inbound.read(stream, peer_address(stream), optional=True)
-            except HeaderError as exc:
-                if refused is not None:
-                    refused(peer_address(stream), exc)
-                await trio.aclose_forcefully(stream)
-                return
+        # A place first, the PROXY header after: a connection waiting to
+        # show whether it sends one holds a place (the oldest idle one goes
+        # to a newer connection), not an uncounted descriptor for the
+        # header's whole timeout.
         held = gate.admit()
         try:
             if held is None:
                 await refuse(stream)
                 return
             with held.scope, trio.move_on_after(TIMEOUT) as limit:
+                if inbound is not None:  # a listed source's probe may come without a header
+                    try:
+                        await inbound.read(stream, peer_address(stream), optional=True)
+                    except HeaderError as exc:
+                        if refused is not None:
+                            refused(peer_address(stream), exc)
+                        return
                 await _respond(stream, registry, readiness, routes, metrics,
                                lambda: gate.working(held), limit)  # fmt: skip
             if held.evicted:
