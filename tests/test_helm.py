@@ -225,6 +225,10 @@ def test_the_chart_requires_the_broker() -> None:
         ({"mode": "gatway"}, "at '/mode': value must be one of 'gateway', 'sidecar'"),
         ({"recording": {"retain_bytes": "1G"}}, "additional properties 'retain_bytes' not allowed"),
         ({"workers": "many"}, "at '/workers'"),
+        # A disruption budget that blocks every node drain, or is no quantity.
+        ({"gateway": {"pdb": {"maxUnavailable": 0}}}, "at '/gateway/pdb/maxUnavailable'"),
+        ({"gateway": {"pdb": {"maxUnavailable": "0%"}}}, "at '/gateway/pdb/maxUnavailable'"),
+        ({"gateway": {"pdb": {"maxUnavailable": "one"}}}, "at '/gateway/pdb/maxUnavailable'"),
         # the templates: what needs several values at once
         (
             {"auth": {"mode": "proxy", "oidc": {"issuers": ["https://idp"]}}},
@@ -917,6 +921,8 @@ def test_the_disruption_budget_selects_the_gateway(case: str) -> None:
     labels = pod_spec(docs)["metadata"]["labels"]
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert budget["spec"]["maxUnavailable"] == 1
+    share = one(render(case, "--set", "gateway.pdb.maxUnavailable=50%"), "PodDisruptionBudget")
+    assert share["spec"]["maxUnavailable"] == "50%"
     # One replica: no budget, which would block every node drain.
     assert not kind(render(case, "--set", "gateway.replicas=1"), "PodDisruptionBudget")
 
