@@ -7,10 +7,13 @@ import os
 import pickle
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from sluice.addresses import Address
 from sluice.brokers.embedded import free_port
@@ -119,3 +122,39 @@ async def test_a_worker_killed_before_it_reads_its_settings_is_restarted() -> No
             supervisor.stop()
     finally:
         supervisor.stop()
+
+
+async def test_a_worker_that_cannot_start_says_why_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A key file gone since the supervisor checked it (a Secret deleted,
+    say): each start of the worker fails with one line naming the file
+    (it was a Python traceback each time), and it is restarted after a
+    pause."""
+    key = tmp_path / "public.pem"
+    private = ec.generate_private_key(ec.SECP256R1())
+    key.write_bytes(
+        private.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    )
+    (tmp_path / "token").write_text("sluice-token")
+    broker = parse_broker_url(f"pulsar://127.0.0.1:{free_port()}")
+    config = ProxyConfig(
+        broker=broker, listen=Address("127.0.0.1", 0), drain_timeout=1, auth_mode="proxy",
+        auth_token_public_key=key, broker_auth_token_file=tmp_path / "token",
+    )  # fmt: skip
+    key.unlink()
+    supervisor = Supervisor(config, 1, log_level="warning")
+    await supervisor.open()
+    worker = supervisor.workers[0]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+            with trio.fail_after(15):  # (a few seconds unloaded)
+                while worker.restarts < 1:
+                    await trio.sleep(0.01)
+            supervisor.stop()
+    finally:
+        supervisor.stop()
+    err = capfd.readouterr().err
+    assert f"worker 0 cannot start: --auth-token-public-key {key}: No such file" in err, err
+    assert "Traceback" not in err, err

@@ -1303,6 +1303,22 @@ def _read_exactly(fd: int, size: int) -> bytes:
     return data
 
 
+def _config_errors(exc: BaseException) -> list[ConfigError] | None:
+    """The ConfigErrors ``exc`` is (through exception groups); None when it
+    holds anything else."""
+    if isinstance(exc, ConfigError):
+        return [exc]
+    if not isinstance(exc, BaseExceptionGroup):
+        return None
+    found: list[ConfigError] = []
+    for inner in exc.exceptions:
+        errors = _config_errors(inner)
+        if errors is None:
+            return None
+        found += errors
+    return found
+
+
 def main() -> int:
     supervisor = os.getppid()
     try:
@@ -1321,6 +1337,15 @@ def main() -> int:
         orphaned = trio.run(_work, spec, role, supervisor)
     except KeyboardInterrupt:
         return 130
+    except (ConfigError, BaseExceptionGroup) as exc:
+        # A key file gone since the supervisor checked it, say: one line
+        # each start (the supervisor says it exited, and restarts it).
+        errors = _config_errors(exc)
+        if errors is None:
+            raise
+        for error in errors:
+            log.error("worker %d cannot start: %s", spec.index, error)
+        return 1
     if orphaned:  # nobody else is left to remove the shared state
         shutil.rmtree(spec.state, ignore_errors=True)
     return 0
