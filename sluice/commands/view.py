@@ -10,11 +10,13 @@ serves the same page over a running proxy's traffic instead
 from __future__ import annotations
 
 import argparse
+import http.client
 import logging
 import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 import webbrowser
 from pathlib import Path
 
@@ -131,6 +133,7 @@ def _live(args: argparse.Namespace) -> int:
     if args.admin_token_file is None:
         return fail("--live needs --admin-token-file: the proxy's admin token")
     try:
+        _check_live(args.live)
         token = read_token(args.admin_token_file)
         address = parse_address(args.listen, what="--listen")
     except ConfigError as exc:
@@ -150,6 +153,27 @@ def _live(args: argparse.Namespace) -> int:
     threading.Thread(target=watch, args=(index, url, token, stop), name="view-live",
                      daemon=True).start()  # fmt: skip
     return _until_interrupted(server, f" watching {url}", args.open, stop)
+
+
+def _check_live(text: str) -> None:
+    """``--live``: an admin endpoint as HOST:PORT or an http(s) URL; a
+    ConfigError, before anything listens, for anything else (the watching
+    would otherwise fail on the page only, the command line saying nothing)."""
+    if "://" not in text:
+        parse_address(text, what="--live")
+        return
+    parts = urllib.parse.urlsplit(text)
+    try:
+        parts.port  # noqa: B018 (a port that is not one raises)
+    except ValueError:
+        parts = parts._replace(scheme="")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigError(f"--live {text!r}: expected HOST:PORT or http://HOST:PORT, the "
+                          "proxy's --admin")  # fmt: skip
+    try:  # what the watcher's requests will make of it (a host urllib unquotes, say)
+        http.client.HTTPConnection(urllib.request.Request(live_url(text)).host)
+    except (http.client.HTTPException, ValueError) as exc:
+        raise ConfigError(f"--live {text!r}: {exc}") from None
 
 
 def _until_interrupted(
