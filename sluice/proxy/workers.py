@@ -237,6 +237,8 @@ class Worker:
     # The process said it is ready: it takes SIGHUP from then on (before,
     # while Python starts, SIGHUP's default action would end it).
     said_ready: bool = False
+    # Writing to its stdin: its settings, then the word to drain (_DRAIN).
+    writing: trio.Lock = field(default_factory=trio.Lock)
 
     @property
     def running(self) -> bool:
@@ -420,10 +422,15 @@ class Supervisor:
         self.draining = True
         deadline = trio.current_time() + self.config.drain_timeout + 5
         log.info("draining %d workers (timeout %gs)", self.count, self.config.drain_timeout)
-        for worker in self.workers:
-            if worker.running:
-                assert worker.process is not None
-                worker.process.send_signal(signal.SIGTERM)
+        # Told on stdin, not by a signal: a service manager or terminal that
+        # signals every process of the proxy at once (systemd's stop, Ctrl-C)
+        # has signalled them already, and a second signal stops at once.
+        with trio.move_on_at(deadline):  # (one still reading its settings waits)
+            async with trio.open_nursery() as nursery:
+                for worker in self.workers:
+                    if worker.running:
+                        assert worker.process is not None
+                        nursery.start_soon(_tell_drain, worker, worker.process)
         # Stop accepting: a worker's drain closes only its copy of each
         # listener, and this one kept the port bound and taking connections
         # that nobody would accept (until the end of the drain). Not under a
@@ -509,7 +516,8 @@ class Supervisor:
             # stdin then stays open, unwritten, for the worker's life: its
             # end-of-file tells the worker that this process is gone.
             try:
-                await process.stdin.send_all(_SPEC_LENGTH.pack(len(data)) + data)
+                async with worker.writing:
+                    await process.stdin.send_all(_SPEC_LENGTH.pack(len(data)) + data)
             except trio.BrokenResourceError:  # it died before it read it all: restarted
                 return await process.wait()
             with trio.move_on_after(START_TIMEOUT) as starting:
@@ -1093,6 +1101,16 @@ async def http(
     return int(parts[1]), rest.split(b"\r\n\r\n", 1)[-1]
 
 
+async def _tell_drain(worker: Worker, process: trio.Process) -> None:
+    """Tell ``worker`` (``process``) to drain, as SIGTERM would: a word on
+    its stdin, after its settings."""
+    async with worker.writing:
+        if process.stdin is None or process.returncode is not None:
+            return
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await process.stdin.send_all(_DRAIN)
+
+
 async def _read_line(stream: trio.abc.ReceiveStream) -> str:
     data = b""
     while b"\n" not in data:
@@ -1246,45 +1264,96 @@ async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
     proxy.generation = Generation(spec.generation, time.time(), "start")
     proxy.metrics.generation(proxy.generation)
     orphaned: list[bool] = []
+    told = _Told()
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)
         reloads = _Reloads(proxy, spec.state, spec.index)
         await nursery.start(reload_when_asked, reloads, None)
         nursery.start_soon(reloads.catch_up)
-        # It first runs once serve_until_signalled below has opened its
-        # signal receiver (there is no checkpoint in between), so the
-        # SIGTERM it may send itself always finds the receiver.
-        nursery.start_soon(_watch_supervisor, proxy, supervisor, orphaned)
+        nursery.start_soon(_watch_supervisor, proxy, supervisor, orphaned, told)
         admin = proxy.addresses.get("admin")
         print("ready" if admin is None else f"ready {admin.port}", flush=True)
-        await serve_until_signalled(proxy)
+        await _serve(proxy, told)
         nursery.cancel_scope.cancel()
     return bool(orphaned)
 
 
-async def _watch_supervisor(proxy: Proxy, supervisor: int, orphaned: list[bool]) -> None:
-    """Once the supervisor is gone (end-of-file on stdin, or a new parent),
-    drain as SIGTERM would: the listeners close at once, freeing the port
-    for a new ``sluice proxy``, and connections are handed back within
+@dataclass
+class _Told:
+    """The supervisor's word to drain (or its absence: it is gone), and why."""
+
+    why: str = ""
+    event: trio.Event = field(default_factory=trio.Event)
+
+    def set(self, why: str) -> None:
+        if not self.event.is_set():
+            self.why = why
+            self.event.set()
+
+
+async def _serve(proxy: Proxy, told: _Told) -> None:
+    """Serve until SIGTERM, SIGINT or the supervisor's word (``told``), then
+    drain; a second signal stops at once. The supervisor's word counts as
+    no signal: a service manager or a terminal that signals every process
+    of the proxy at once (systemd's stop, Ctrl-C, dumb-init) tells each
+    worker twice, by its signal and by the supervisor, in either order."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        first = _Told()
+
+        async def signalled() -> None:
+            seen = 0
+            async for signum in signals:
+                seen += 1
+                if seen > 1:
+                    log.warning("second signal: stopping now")
+                    proxy.stop()
+                    return
+                first.set(signal.Signals(signum).name)
+
+        async def worded() -> None:
+            await told.event.wait()
+            first.set(told.why)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(signalled)
+            nursery.start_soon(worded)
+            await first.event.wait()
+            log.info("%s: draining", first.why)
+            await proxy.drain()
+            nursery.cancel_scope.cancel()
+
+
+async def _watch_supervisor(
+    proxy: Proxy, supervisor: int, orphaned: list[bool], told: _Told
+) -> None:
+    """The supervisor's word to drain (``_DRAIN`` on stdin), and once the
+    supervisor is gone (end-of-file on stdin, or a new parent), drain as
+    SIGTERM would: the listeners close at once, freeing the port for a new
+    ``sluice proxy``, and connections are handed back within
     ``--drain-timeout``."""
     while True:
         with trio.move_on_after(SUPERVISOR_CHECK):
             await trio.lowlevel.wait_readable(_LIFELINE)
-            if not os.read(_LIFELINE, 1):
+            word = os.read(_LIFELINE, 1)
+            if not word:
                 seen = "end of file on stdin"
                 break
+            if word == _DRAIN:
+                told.set("the supervisor drains")
         if os.getppid() != supervisor:
             seen = "a new parent"
             break
-    if not proxy.listening:
+    if not proxy.listening or told.event.is_set():
         return  # draining already, on the supervisor's word
     log.warning("the supervisor (pid %d) is gone (%s): draining, then exiting", supervisor, seen)
     orphaned.append(True)
-    os.kill(os.getpid(), signal.SIGTERM)
+    told.set("the supervisor is gone")
 
 
-# The worker's stdin: the spec, then nothing until the supervisor is gone.
+# The worker's stdin: the spec, then the supervisor's word to drain, then
+# nothing until the supervisor is gone.
 _LIFELINE = 0
+_DRAIN = b"d"
 
 
 def _read_spec() -> WorkerSpec:
