@@ -601,6 +601,35 @@ def test_send_and_receipt_are_correlated_with_the_topic() -> None:
     assert [a.request for a in rec.of(Answered)] == ["PRODUCER"]  # none for a SEND
 
 
+def test_sends_of_a_producer_the_broker_closed_are_not_waited_for() -> None:
+    # A broker unloading a topic closes the producer and answers none of
+    # its SENDs in flight; the client sends them again once it has the
+    # producer back. The drain waits for none of the first tries, and the
+    # receipts time the second.
+    core, rec = proxied_core()
+    with_producer(core, "persistent://t/n/orders")
+    core.receive_client(send_frame(sequence_id=5) + send_frame(sequence_id=6), 2.0)
+    assert core.in_flight_sends == 2
+    close = pb.CommandCloseProducer(producer_id=1, request_id=2**64 - 1)
+    out = core.receive_broker(frame_bytes("CLOSE_PRODUCER", close), 3.0)
+    assert names(out, Peer.CLIENT) == ["CLOSE_PRODUCER"]
+    assert core.in_flight_sends == 0
+    assert core.drain() == []  # nothing left to close
+    producer = pb.CommandProducer(topic="persistent://t/n/orders", producer_id=1, request_id=3)
+    core.receive_client(frame_bytes("PRODUCER", producer), 4.0)
+    ok = pb.CommandProducerSuccess(request_id=3, producer_name="p")
+    core.receive_broker(frame_bytes("PRODUCER_SUCCESS", ok), 4.1)
+    core.receive_client(send_frame(sequence_id=5) + send_frame(sequence_id=6), 5.0)
+    receipts = b"".join(
+        frame_bytes("SEND_RECEIPT", pb.CommandSendReceipt(producer_id=1, sequence_id=seq))
+        for seq in (5, 6)
+    )
+    core.receive_broker(receipts, 5.5)
+    (times,) = rec.of(AnsweredMany)
+    assert times.seconds == [pytest.approx(0.5)] * 2
+    assert core.in_flight_sends == 0
+
+
 def test_drain_closes_the_clients_producers_and_consumers() -> None:
     core, _ = proxied_core()
     assert core.drain() == []

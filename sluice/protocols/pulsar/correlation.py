@@ -339,6 +339,19 @@ class Correlator:
         sent = self.sends.sent(producer_id, sequence_id)
         return None if sent is None else Pending(_SEND, sent[0], sent[1])
 
+    def forget_sends(self, producer_id: int) -> int:
+        """A closed producer's SENDs in flight, no longer in flight: none
+        will be answered on this connection. How many were. (Rare: a scan of
+        the table, through ``sent``, which both send tables have.)"""
+        sends = self.sends
+        forgotten = 0
+        for pid, seq, _, _, repeats in sends.waiting():
+            if pid == producer_id:
+                for _ in range(repeats + 1):
+                    sends.sent(pid, seq)
+                forgotten += repeats + 1
+        return forgotten
+
     def topic_of_producer(self, producer_id: int) -> str | None:
         return self.producers.get(producer_id)
 
@@ -390,6 +403,8 @@ class Correlator:
             pending.topic = text(body.topic)
         elif t == T.CLOSE_PRODUCER:
             pending.topic = self.producers.pop(body.producer_id, None)
+            # Its SENDs in flight are forgotten once the close is answered.
+            pending.resource_id = body.producer_id
         elif t == T.CLOSE_CONSUMER:
             pending.topic = self.consumers.pop(body.consumer_id, None)
         elif t in (T.SEEK, T.UNSUBSCRIBE, T.GET_LAST_MESSAGE_ID, T.ACK, T.CONSUMER_STATS):
@@ -401,6 +416,8 @@ class Correlator:
     def _server_frame(self, t: int, body: Any, now: float) -> Completion | None:
         if t == T.CLOSE_PRODUCER:  # the broker closed it: the client will re-create it
             self.producers.pop(body.producer_id, None)
+            # Its SENDs in flight get no answer (the client sends them again).
+            self.forget_sends(body.producer_id)
             return None
         if t == T.CLOSE_CONSUMER:
             self.consumers.pop(body.consumer_id, None)
@@ -411,7 +428,11 @@ class Correlator:
         if pending is None:
             return None
         error = answer_error(t, body)
-        if error is None and pending.resource_id is not None and pending.topic is not None:
+        if pending.type == T.CLOSE_PRODUCER and pending.resource_id is not None:
+            # A broker answers the close once the producer's SENDs in flight
+            # are answered; any left now (failed meanwhile) never will be.
+            self.forget_sends(pending.resource_id)
+        elif error is None and pending.resource_id is not None and pending.topic is not None:
             if pending.type == T.PRODUCER:
                 # producer_ready=false means "queued for exclusive access";
                 # the producer exists either way for closing purposes.

@@ -1,0 +1,96 @@
+"""What a connection's correlator keeps, and when it lets go of it: the
+producers, consumers, SENDs in flight and requests waiting for answers, fed
+frames as bytes (both send tables: the Python reference and the compiled one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message
+
+from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
+from sluice.protocols.pulsar.correlation import SEND_TABLE, Correlator, Sends, SendTable
+
+T = Type.Value
+NO_REQUEST = 2**64 - 1
+TOPIC = "persistent://t/n/orders"
+TABLES = sorted({SendTable, SEND_TABLE}, key=lambda table: table.__module__)
+
+
+def frame(name: str, body: Message) -> Any:
+    return decode_frame(encode(command(T(name), body)))
+
+
+def send(producer_id: int, sequence_id: int) -> Any:
+    cmd = command(T("SEND"), pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id))
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1)
+    return decode_frame(encode_payload(cmd, meta, b"hello"))
+
+
+def receipt(producer_id: int, sequence_id: int) -> Any:
+    body = pb.CommandSendReceipt(producer_id=producer_id, sequence_id=sequence_id)
+    return frame("SEND_RECEIPT", body)
+
+
+def with_producer(table: type[Sends], producer_id: int = 1) -> Correlator:
+    c = Correlator(sends=table())
+    body = pb.CommandProducer(topic=TOPIC, producer_id=producer_id, request_id=100 + producer_id)
+    c.observe(frame("PRODUCER", body), True, 0.0)
+    ok = pb.CommandProducerSuccess(request_id=100 + producer_id, producer_name="p")
+    assert c.observe(frame("PRODUCER_SUCCESS", ok), False, 0.1) is not None
+    assert c.producers == {producer_id: TOPIC}
+    return c
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda table: table.__module__)
+def test_a_producer_the_broker_closes_leaves_no_send_in_flight(table: type[Sends]) -> None:
+    # A broker unloading a topic closes its producers and sends no receipt,
+    # nor error, for their SENDs in flight ("the client will retry"): the
+    # client sends them again after it re-creates the producer, here or on
+    # another connection. Kept, they would hold the drain until its timeout
+    # and time the resent SENDs from the first try.
+    c = with_producer(table)
+    body = pb.CommandProducer(topic="persistent://t/n/other", producer_id=2, request_id=7)
+    c.observe(frame("PRODUCER", body), True, 0.0)
+    c.observe(frame("PRODUCER_SUCCESS", pb.CommandProducerSuccess(request_id=7, producer_name="q")),
+              False, 0.1)  # fmt: skip
+    for seq in (5, 6, 6):  # 6 twice: two chunks of one message
+        c.observe(send(1, seq), True, 1.0)
+    c.observe(send(2, 5), True, 1.0)
+    assert c.in_flight_sends == 4
+    close = pb.CommandCloseProducer(producer_id=1, request_id=NO_REQUEST)
+    assert c.observe(frame("CLOSE_PRODUCER", close), False, 2.0) is None
+    assert c.producers == {2: "persistent://t/n/other"}
+    assert c.in_flight_sends == 1  # producer 2's SEND only
+    assert [w[:2] for w in c.sends.waiting()] == [(2, 5)]
+    # The client re-creates producer 1 and sends 5 and 6 again: timed from now.
+    body = pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=8)
+    c.observe(frame("PRODUCER", body), True, 3.0)
+    c.observe(frame("PRODUCER_SUCCESS", pb.CommandProducerSuccess(request_id=8, producer_name="p")),
+              False, 3.1)  # fmt: skip
+    c.observe(send(1, 5), True, 4.0)
+    c.observe(send(1, 6), True, 4.0)
+    done = [c.observe(receipt(1, seq), False, 4.5) for seq in (5, 6)]
+    assert [d.seconds if d else None for d in done] == [pytest.approx(0.5)] * 2
+    assert c.in_flight_sends == 1
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda table: table.__module__)
+def test_a_producer_the_client_closed_leaves_no_send_in_flight_once_answered(
+    table: type[Sends],
+) -> None:
+    # A broker answers CLOSE_PRODUCER once the producer's SENDs in flight
+    # are answered; one that it failed meanwhile is never answered.
+    c = with_producer(table)
+    for seq in (5, 6):
+        c.observe(send(1, seq), True, 1.0)
+    close = pb.CommandCloseProducer(producer_id=1, request_id=9)
+    c.observe(frame("CLOSE_PRODUCER", close), True, 2.0)
+    assert c.in_flight_sends == 2  # receipts may still come, before the answer
+    done = c.observe(receipt(1, 5), False, 2.5)
+    assert done is not None and done.topic == TOPIC
+    answer = c.observe(frame("SUCCESS", pb.CommandSuccess(request_id=9)), False, 3.0)
+    assert answer is not None and answer.request_type == T("CLOSE_PRODUCER")
+    assert c.in_flight_sends == 0
+    assert c.sends.waiting() == []
