@@ -225,6 +225,32 @@ def test_the_chart_requires_the_broker() -> None:
         ({"mode": "gatway"}, "at '/mode': value must be one of 'gateway', 'sidecar'"),
         ({"recording": {"retain_bytes": "1G"}}, "additional properties 'retain_bytes' not allowed"),
         ({"workers": "many"}, "at '/workers'"),
+        # Two listeners on one port: Sluice could not bind the second.
+        ({"admin": {"port": 6650}}, "listen.port 6650 is also admin.port"),
+        (
+            {"tls": {"enabled": True, "secretName": "t", "port": 6650}},
+            "tls.port 6650 is also listen.port",
+        ),
+        (
+            {"mode": "sidecar", "tls": {"enabled": True, "secretName": "t", "port": 9090}},
+            "tls.port 9090 is also admin.port",
+        ),
+        # The per-broker range over the admin port: the NetworkPolicy's client
+        # rule would admit the admin port from anywhere.
+        (
+            {
+                "http": {"enabled": True, "broker": HTTP_BROKER},
+                "config": {"listener-ports": "9000-9100"},
+            },
+            "config.listener-ports 9000-9100 includes admin.port 9090",
+        ),
+        (
+            {
+                "http": {"enabled": True, "broker": HTTP_BROKER},
+                "config": {"listener-ports": "8000-8080"},
+            },
+            "config.listener-ports 8000-8080 includes http.port 8080",
+        ),
         # A disruption budget that blocks every node drain, or is no quantity.
         ({"gateway": {"pdb": {"maxUnavailable": 0}}}, "at '/gateway/pdb/maxUnavailable'"),
         ({"gateway": {"pdb": {"maxUnavailable": "0%"}}}, "at '/gateway/pdb/maxUnavailable'"),

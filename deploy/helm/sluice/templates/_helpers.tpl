@@ -170,6 +170,31 @@ check here can size: refused. */}}
 {{- if and (not .Values.listen.plain) (not .Values.tls.enabled) -}}
 {{- fail "listen.plain false needs tls.enabled: Sluice would listen nowhere" -}}
 {{- end -}}
+{{- /* Each listener a port of its own: two on one port fail to bind at
+start (the admin port, on the wildcard, takes a sidecar's 127.0.0.1 one
+too), and the pods crash-loop. */ -}}
+{{- $taken := dict (toString .Values.admin.port) "admin.port" -}}
+{{- $own := list -}}
+{{- if .Values.listen.plain }}{{ $own = append $own (list "listen.port" .Values.listen.port) }}{{ end -}}
+{{- if .Values.tls.enabled }}{{ $own = append $own (list "tls.port" .Values.tls.port) }}{{ end -}}
+{{- range $own -}}
+{{- $port := toString (index . 1) -}}
+{{- if hasKey $taken $port -}}
+{{- fail (printf "%s %s is also %s: each of Sluice's listeners needs a port of its own" (index . 0) $port (get $taken $port)) -}}
+{{- end -}}
+{{- $_ := set $taken $port (index . 0) -}}
+{{- end -}}
+{{- with include "sluice.listenerPorts" . -}}
+{{- $range := fromJsonArray . -}}
+{{- if and $.Values.http.enabled (not (hasKey $taken (toString $.Values.http.port))) -}}
+{{- $_ := set $taken (toString $.Values.http.port) "http.port" -}}
+{{- end -}}
+{{- range $port, $name := $taken -}}
+{{- if and (ge (int $port) (int (index $range 0))) (le (int $port) (int (index $range 1))) -}}
+{{- fail (printf "config.listener-ports %v-%v includes %s %s: the per-broker listeners need ports of their own (and the NetworkPolicy admits the range from anywhere)" (index $range 0) (index $range 1) $name $port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if .Values.http.enabled -}}
 {{- if not (regexMatch "^https?://" .Values.http.broker) -}}
 {{- fail (printf "http.enabled needs http.broker: the brokers' web service, http://HOST:PORT or https://HOST:PORT (e.g. http://pulsar-broker.pulsar.svc.cluster.local:8080), not %q" .Values.http.broker) -}}
