@@ -457,7 +457,9 @@ def test_a_change_past_the_frame_limit_is_refused_not_raised() -> None:
 
 def _proxy_config(tmp_path: Path, toml: str, *args: str) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "sluice.toml"
-    path.write_text('broker = "pulsar://127.0.0.1:6650"\n' + toml)
+    # Not 6650, the default listener's port: a broker that is Sluice's own
+    # listener is refused before the filters are looked at.
+    path.write_text('broker = "pulsar://127.0.0.1:6659"\n' + toml)
     return subprocess.run([*SLUICE, "proxy", "--config", str(path), *args],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
