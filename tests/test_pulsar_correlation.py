@@ -10,7 +10,14 @@ import pytest
 from google.protobuf.message import Message
 
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, encode_payload, pb
-from sluice.protocols.pulsar.correlation import SEND_TABLE, Correlator, Sends, SendTable
+from sluice.protocols.pulsar.correlation import (
+    MAX_PENDING_REQUEST_BYTES,
+    MAX_PENDING_REQUESTS,
+    SEND_TABLE,
+    Correlator,
+    Sends,
+    SendTable,
+)
 
 T = Type.Value
 NO_REQUEST = 2**64 - 1
@@ -94,3 +101,47 @@ def test_a_producer_the_client_closed_leaves_no_send_in_flight_once_answered(
     assert answer is not None and answer.request_type == T("CLOSE_PRODUCER")
     assert c.in_flight_sends == 0
     assert c.sends.waiting() == []
+
+
+def get_schema(request_id: int, topic: str = TOPIC) -> Any:
+    return frame("GET_SCHEMA", pb.CommandGetSchema(request_id=request_id, topic=topic))
+
+
+def test_requests_never_answered_are_kept_up_to_a_bound() -> None:
+    # pulsar-lite never answers GET_SCHEMA, a hung broker nothing: a client
+    # that keeps asking (a new request id each time, as clients do after a
+    # timeout) must not grow the connection's memory without end.
+    c = Correlator()
+    asked = MAX_PENDING_REQUESTS + 500
+    for rid in range(asked):
+        c.observe(get_schema(rid), True, float(rid))
+    assert len(c.requests) == MAX_PENDING_REQUESTS
+    # The oldest went first; the latest are still answered and timed.
+    assert 0 not in c.requests and asked - 1 in c.requests
+    answer = pb.CommandGetSchemaResponse(request_id=asked - 1)
+    done = c.observe(frame("GET_SCHEMA_RESPONSE", answer), False, asked + 1.0)
+    assert done is not None and done.seconds == pytest.approx(2.0) and done.topic == TOPIC
+
+
+def test_requests_holding_large_frames_are_kept_up_to_a_size() -> None:
+    c = Correlator()
+    topic = "persistent://t/n/" + "x" * 100_000  # about 100 kB per request
+    count = MAX_PENDING_REQUEST_BYTES // 100_000 + 50
+    for rid in range(count):
+        c.observe(get_schema(rid, topic), True, 0.0)
+    held = sum(len(p.request.raw) for p in c.requests.values() if p.request is not None)
+    assert held <= MAX_PENDING_REQUEST_BYTES
+    assert count - 1 in c.requests and 0 not in c.requests
+
+
+def test_a_request_id_used_again_replaces_the_request_and_is_kept_as_new() -> None:
+    c = Correlator()
+    c.observe(get_schema(1, "persistent://t/n/first"), True, 0.0)
+    for rid in range(2, MAX_PENDING_REQUESTS + 1):
+        c.observe(get_schema(rid), True, 1.0)
+    c.observe(get_schema(1, "persistent://t/n/again"), True, 2.0)  # the newest now
+    c.observe(get_schema(MAX_PENDING_REQUESTS + 1), True, 3.0)  # evicts rid 2, not 1
+    assert 1 in c.requests and 2 not in c.requests
+    answer = pb.CommandGetSchemaResponse(request_id=1)
+    done = c.observe(frame("GET_SCHEMA_RESPONSE", answer), False, 4.0)
+    assert done is not None and done.topic == "persistent://t/n/again"

@@ -254,6 +254,15 @@ SEND_TABLE: type[Sends] = SendTable if COMPILED is None else COMPILED.send_table
 """The send table correlators use."""
 
 
+# Requests waiting for an answer, at most, per connection (and their frames'
+# bytes): a broker that never answers one kind (pulsar-lite and GET_SCHEMA)
+# or at all, and a client that goes on asking, must not grow memory without
+# end. Past either, the oldest is forgotten (its answer, if it ever comes,
+# is then not timed): clients have given up on such a request long since.
+MAX_PENDING_REQUESTS = 10_000
+MAX_PENDING_REQUEST_BYTES = 64 * 1024 * 1024
+
+
 @dataclass(slots=True)
 class Pending:
     type: int
@@ -289,6 +298,8 @@ class Correlator:
     sends: Sends = field(default_factory=lambda: SEND_TABLE())
     producers: dict[int, str] = field(default_factory=dict)  # producer_id -> topic
     consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> topic
+    # The bytes of the request frames in ``requests``.
+    request_bytes: int = 0
 
     def observe(self, frame: Frame, from_client: bool, now: float) -> Completion | None:
         t = frame.type
@@ -409,7 +420,22 @@ class Correlator:
             pending.topic = self.consumers.pop(body.consumer_id, None)
         elif t in (T.SEEK, T.UNSUBSCRIBE, T.GET_LAST_MESSAGE_ID, T.ACK, T.CONSUMER_STATS):
             pending.topic = self.consumers.get(body.consumer_id)
-        self.requests[rid] = pending
+        self._remember(rid, pending)
+
+    def _remember(self, rid: int, pending: Pending) -> None:
+        """Keep a request until its answer, within the bounds (oldest out)."""
+        requests = self.requests
+        # A request id used again: the answer that comes is the new one's,
+        # and it is the newest (dicts keep a replaced key where it was).
+        replaced = requests.pop(rid, None)
+        if replaced is not None:
+            self.request_bytes -= _size(replaced)
+        requests[rid] = pending
+        self.request_bytes += _size(pending)
+        while len(requests) > 1 and (
+            len(requests) > MAX_PENDING_REQUESTS or self.request_bytes > MAX_PENDING_REQUEST_BYTES
+        ):
+            self.request_bytes -= _size(requests.pop(next(iter(requests))))
 
     # --- broker to client ---------------------------------------------------
 
@@ -427,6 +453,7 @@ class Correlator:
         pending = self.requests.pop(body.request_id, None)
         if pending is None:
             return None
+        self.request_bytes -= _size(pending)
         error = answer_error(t, body)
         if pending.type == T.CLOSE_PRODUCER and pending.resource_id is not None:
             # A broker answers the close once the producer's SENDs in flight
@@ -442,6 +469,11 @@ class Correlator:
         return Completion(
             pending.type, t, pending.started, now, pending.topic, error, pending.request
         )
+
+
+def _size(pending: Pending) -> int:
+    request = pending.request
+    return 0 if request is None else len(request.raw)
 
 
 def answer_key(frame: Frame) -> tuple[str, int] | tuple[str, int, int] | None:
