@@ -151,7 +151,7 @@ def test_a_chain_runs_in_order_and_stops_at_a_refusal() -> None:
     outcome = chain.run(_message(b"shout"))
     assert outcome.verdict == Replace(b"SHOUT+", {"loud": "1"}, None)
     assert outcome.filter == WORDS
-    assert chain.run(_message(b"calm")).verdict == Replace(b"calm+", {}, None)
+    assert chain.run(_message(b"calm")).verdict == Replace(b"calm+", None, None)
     refused = _filters(FilterSpec(WORDS), FilterSpec("tests.helpers.filters:Suffix"))
     chain = refused.chain(TOPIC, "produce", None)
     assert chain is not None

@@ -100,6 +100,10 @@ class FilterChain:
         current = message
         changed_by: list[str] = []
         errors: list[str] = []
+        # The parts some filter set (payload, properties, key): only those go
+        # on changed. The others stay None, so that what the client sent of
+        # them stays as it was (a tombstone's missing value, a key of bytes).
+        touched = [False, False, False]
         for name, fails_open, hook in self._hooks:
             try:
                 verdict = hook(current)
@@ -119,9 +123,15 @@ class FilterChain:
             if isinstance(verdict, Replace):
                 current = changed
                 changed_by.append(name)
+                for i, part in enumerate((verdict.payload, verdict.properties, verdict.key)):
+                    touched[i] = touched[i] or part is not None
         if not changed_by:
             return Outcome(PASS, None, tuple(errors))
-        replaced = Replace(current.payload, current.properties, current.key)
+        replaced = Replace(
+            current.payload if touched[0] else None,
+            current.properties if touched[1] else None,
+            current.key if touched[2] else None,
+        )
         return Outcome(replaced, changed_by[-1], tuple(errors), tuple(changed_by))
 
 

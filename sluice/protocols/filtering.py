@@ -127,7 +127,9 @@ Verdict = Pass | Replace | Reject
 class Outcome:
     """A chain's answer for one message: the verdict, the filter that
     refused it (or changed it last), the filters that raised, and those
-    that changed it, in order."""
+    that changed it, in order. A ``Replace`` here holds the parts as the
+    last filter left them, and None for each part no filter set: the core
+    keeps those as the client sent them."""
 
     verdict: Verdict
     filter: str | None = None
