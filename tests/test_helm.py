@@ -225,6 +225,11 @@ def test_the_chart_requires_the_broker() -> None:
         ({"mode": "gatway"}, "at '/mode': value must be one of 'gateway', 'sidecar'"),
         ({"recording": {"retain_bytes": "1G"}}, "additional properties 'retain_bytes' not allowed"),
         ({"workers": "many"}, "at '/workers'"),
+        # Source ranges on a Service the API refuses them on.
+        (
+            {"gateway": {"service": {"loadBalancerSourceRanges": ["10.0.0.0/8"]}}},
+            "loadBalancerSourceRanges is for gateway.service.type LoadBalancer, not ClusterIP",
+        ),
         # Two listeners on one port: Sluice could not bind the second.
         ({"admin": {"port": 6650}}, "listen.port 6650 is also admin.port"),
         (

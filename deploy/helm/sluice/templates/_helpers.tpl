@@ -164,6 +164,9 @@ check here can size: refused. */}}
 {{- fail (printf "config.%s is set by the chart's own values (see values.yaml), not under config" $key) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.gateway.service.loadBalancerSourceRanges (ne .Values.gateway.service.type "LoadBalancer") -}}
+{{- fail (printf "gateway.service.loadBalancerSourceRanges is for gateway.service.type LoadBalancer, not %s (the API refuses the Service)" .Values.gateway.service.type) -}}
+{{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
 {{- fail "tls.enabled needs tls.secretName: a kubernetes.io/tls Secret" -}}
 {{- end -}}
