@@ -441,6 +441,30 @@ def test_broker_connected_establishes_and_releases_what_the_client_sent_early() 
     assert [d.seconds for d in rec.of(Dialed)] == [pytest.approx(0.5)]
 
 
+def test_a_client_that_sends_on_and_on_before_connected_is_told_and_closed() -> None:
+    # Clients wait for CONNECTED; what one sends before it waits in the
+    # decoder until the broker answers (which a hung broker never does
+    # before the handshake timeout). That wait is bounded.
+    core, rec = make()
+    core.receive_client(
+        frame_bytes("CONNECT", connect_body(proxy_to_broker_url="127.0.0.1:6650")), 0.0
+    )
+    chunk = send_frame(payload=b"x" * (4 * MiB))
+    out: list[Action] = []
+    sent_bytes = 0
+    while not closes(out) and sent_bytes < 256 * MiB:
+        out = core.receive_client(chunk, 0.1)
+        sent_bytes += len(chunk)
+    assert closes(out) == ["handshake"]
+    assert 64 * MiB < sent_bytes <= 64 * MiB + len(chunk)
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "ERROR" and "before its CONNECT was answered" in error.body.message
+    assert [r.reason for r in rec.of(Rejected)] == ["handshake"]
+    # The broker's late CONNECTED finds the connection closed.
+    connected = frame_bytes("CONNECTED", pb.CommandConnected(server_version="b"))
+    assert core.receive_broker(connected, 0.5) == []
+
+
 def test_broker_max_message_size_raises_the_frame_limit() -> None:
     big = send_frame(payload=b"x" * (6 * MiB), max_message_size=16 * MiB)
     connected = pb.CommandConnected(server_version="b", max_message_size=8 * MiB)

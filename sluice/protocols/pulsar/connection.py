@@ -118,6 +118,9 @@ NO_REQUEST = 2**64 - 1
 T = pb.BaseCommand
 # Bytes a client may send while one of its SENDs waits for a schema.
 _MAX_HELD = 64 * 1024 * 1024
+# Bytes a client may send past its CONNECT before the handshake is done
+# (the broker's CONNECTED, an issuer's keys): clients wait for CONNECTED.
+_MAX_EARLY = 64 * 1024 * 1024
 _NAMED = frozenset({T.PRODUCER, T.SUBSCRIBE})
 _FORWARDED = frozenset({T.LOOKUP, T.PARTITIONED_METADATA, T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA})
 _NAMES_BROKERS = frozenset(
@@ -419,6 +422,10 @@ class PulsarConnection:
         if state is State.CLOSED:
             return []
         self._client.receive_data(data)
+        if self._client.buffered > _MAX_EARLY and (
+            state is State.CONNECTING or self._connect_waits
+        ):
+            return self._too_early(now)
         try:
             if state is State.HANDSHAKE:
                 return [] if self._connect_waits else self._handshake(now)
@@ -771,6 +778,20 @@ class PulsarConnection:
         return [
             *self._own(connect_error(pb.ServiceNotReady, reason)),
             self._close("relay_refused", f"refusing relay: {reason}", level),
+        ]
+
+    def _too_early(self, now: float) -> list[Action]:
+        """A client that sent more than ``_MAX_EARLY`` bytes while its
+        handshake was not done: they would wait in memory until it is."""
+        why = (
+            f"client sent over {_MAX_EARLY} bytes before its CONNECT was answered; "
+            "clients wait for CONNECTED"
+        )
+        self.tap.event(self.conn, Rejected("handshake"))
+        level = self.routing.warned.level(("handshake", why), now)
+        return [
+            *self._own(connect_error(pb.NotAllowedError, why)),
+            self._close("handshake", f"closing: {why}", level),
         ]
 
     def _while_connecting(self, now: float, *, client_closed: bool) -> list[Action]:
