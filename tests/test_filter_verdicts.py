@@ -1,16 +1,17 @@
-"""What a filter's verdict changes of a message, and no more.
+"""What a filter's verdict changes of a message, and no more; and what a
+malformed verdict does (the filter failed: its connection goes on).
 
 Run through the Pulsar core without a process, as tests/test_filters.py does."""
 
 from __future__ import annotations
 
-from sluice.filters import Filter, Message, NoSettings, Replace, Verdict
+from sluice.filters import Filter, Message, NoSettings, Reject, Replace, Verdict
 from sluice.filters.config import FilterSpec
-from sluice.protocols.core import Peer
+from sluice.protocols.core import Filtered, Peer
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.encoder import command, encode_payload
 from sluice.protocols.pulsar.payload import build_batch, compress, messages
-from tests.test_filters import WORDS, _core
+from tests.test_filters import WORDS, _core, _send
 from tests.test_pulsar_core import sent
 
 T = pb.BaseCommand
@@ -22,6 +23,13 @@ class Tags(Filter[NoSettings]):
 
     def on_produce(self, message: Message) -> Verdict:
         return Replace(properties={**message.properties, "tagged": "yes"})
+
+
+class RejectsBadly(Filter[NoSettings]):
+    """Refuses every produced message with a Reject whose message is not text."""
+
+    def on_produce(self, message: Message) -> Verdict:
+        return Reject("bad", 5)  # type: ignore[arg-type]
 
 
 def _batch_send(entries: list[tuple[pb.SingleMessageMetadata, bytes]]) -> bytes:
@@ -65,6 +73,24 @@ def test_a_key_of_bytes_stays_one_when_only_the_properties_change() -> None:
         assert message.metadata is not None
         assert message.metadata.partition_key == "AAEC"
         assert message.metadata.partition_key_b64_encoded
+
+
+def test_a_reject_that_is_not_well_formed_fails_the_filter_not_the_connection() -> None:
+    """A Reject whose message was not text raised in the core, which ended
+    the connection: every producer and consumer on it, not the one message."""
+    core, rec = _core(FilterSpec(f"{HERE}:RejectsBadly"))
+    out = core.receive_client(_send(0, [b"x"]), 1.0)
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "SEND_ERROR" and not sent(out, Peer.BROKER)
+    assert error.body.message == f"filter {HERE}:RejectsBadly failed"
+    assert [(e.action, e.reason) for e in rec.of(Filtered)] == [
+        ("error", "closed"), ("rejected", "filter_error"),
+    ]  # fmt: skip
+    # Open: the message goes on as the filter got it.
+    core, _ = _core(FilterSpec(f"{HERE}:RejectsBadly", on_error="open"))
+    assert [f.name for f in sent(core.receive_client(_send(1, [b"y"]), 1.0), Peer.BROKER)] == [
+        "SEND"
+    ]
 
 
 def test_the_words_filter_still_tags_deliveries() -> None:

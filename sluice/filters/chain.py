@@ -109,7 +109,9 @@ class FilterChain:
                 verdict = hook(current)
                 if isinstance(verdict, Replace):
                     changed = _replaced(current, verdict)
-                elif not isinstance(verdict, Pass | Reject):
+                elif isinstance(verdict, Reject):
+                    _check_reject(verdict)
+                elif not isinstance(verdict, Pass):
                     raise TypeError(f"returned {verdict!r}, not PASS, Replace or Reject")
             except Exception as exc:  # a filter's bug must not break traffic
                 errors.append(name)
@@ -153,6 +155,17 @@ def _replaced(message: Message, replace: Replace) -> Message:
         key=message.key if key is None else key,
         key_is_base64=message.key_is_base64 if key is None else False,
     )
+
+
+def _check_reject(reject: Reject) -> None:
+    """TypeError for a ``Reject`` whose parts are not text (the core puts
+    them in the client's error and in metric labels)."""
+    if not isinstance(reject.reason, str):
+        raise TypeError(f"Reject(reason=...) must be a str, not {reject.reason!r}")
+    if not isinstance(reject.message, str):
+        raise TypeError(f"Reject(message=...) must be a str, not {type(reject.message).__name__}")
+    if reject.error is not None and not isinstance(reject.error, str):
+        raise TypeError(f"Reject(error=...) must be a str or None, not {reject.error!r}")
 
 
 _last_logged: dict[str, tuple[float, int]] = {}
