@@ -366,6 +366,22 @@ class SharedLimits(LocalLimits):
         self._counts[self._row : self._row + stride] = memoryview(bytes(stride * _SLOT)).cast("q")
 
 
+def clear_row(table: Path, worker: int) -> None:
+    """A dead worker's row of ``table`` set to zero, by its supervisor: its
+    connections are gone with it, and until a worker starting in its place
+    resets the row (``SharedLimits.reset_row``; after a pause when workers
+    keep dying) they would count against the limits of the others."""
+    stride = (BUCKETS + 1) * _SLOT
+    try:
+        fd = os.open(table, os.O_WRONLY)
+    except FileNotFoundError:  # not made yet, or the state let go
+        return
+    try:
+        os.pwrite(fd, bytes(stride), worker * stride)
+    finally:
+        os.close(fd)
+
+
 def table_size(workers: int) -> int:
     return workers * (BUCKETS + 1) * _SLOT
 

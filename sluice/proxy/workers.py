@@ -114,7 +114,10 @@ from sluice.proxy.server import (
 )
 from sluice.proxy.shared import (
     BROKER_PORTS_LOCK,
+    HTTP_LIMITS_FILE,
+    LIMITS_FILE,
     Journal,
+    clear_row,
     create_state,
     hold_ports_file,
     stop_giving_ports,
@@ -462,6 +465,8 @@ class Supervisor:
         while not self.draining:
             started = trio.current_time()
             code = await self._run_worker(worker)
+            for table in (LIMITS_FILE, HTTP_LIMITS_FILE):  # its connections are gone
+                clear_row(self._state / table, worker.index)
             if self.draining:
                 return
             ran = trio.current_time() - started
