@@ -145,3 +145,31 @@ def test_a_request_id_used_again_replaces_the_request_and_is_kept_as_new() -> No
     answer = pb.CommandGetSchemaResponse(request_id=1)
     done = c.observe(frame("GET_SCHEMA_RESPONSE", answer), False, 4.0)
     assert done is not None and done.topic == "persistent://t/n/again"
+
+
+def subscribe(c: Correlator, consumer_id: int, request_id: int) -> None:
+    body = pb.CommandSubscribe(
+        topic=TOPIC, subscription="s", subType=pb.CommandSubscribe.Shared,
+        consumer_id=consumer_id, request_id=request_id,
+    )  # fmt: skip
+    c.observe(frame("SUBSCRIBE", body), True, 0.0)
+    c.observe(frame("SUCCESS", pb.CommandSuccess(request_id=request_id)), False, 0.1)
+
+
+def test_a_consumer_unsubscribed_is_gone() -> None:
+    # A consumer that unsubscribed is closed with its subscription: the
+    # client sends no CLOSE_CONSUMER for it, and a drain must not close it.
+    c = Correlator()
+    subscribe(c, 3, 1)
+    subscribe(c, 4, 2)
+    unsubscribe = pb.CommandUnsubscribe(consumer_id=3, request_id=5)
+    c.observe(frame("UNSUBSCRIBE", unsubscribe), True, 1.0)
+    assert 3 in c.consumers  # until the broker says so
+    done = c.observe(frame("SUCCESS", pb.CommandSuccess(request_id=5)), False, 1.5)
+    assert done is not None and done.topic == TOPIC
+    assert c.consumers == {4: TOPIC}
+    # One the broker refused to unsubscribe stays.
+    c.observe(frame("UNSUBSCRIBE", pb.CommandUnsubscribe(consumer_id=4, request_id=6)), True, 2.0)
+    refused = pb.CommandError(request_id=6, error=pb.MetadataError, message="no")
+    c.observe(frame("ERROR", refused), False, 2.5)
+    assert c.consumers == {4: TOPIC}

@@ -420,6 +420,8 @@ class Correlator:
             pending.topic = self.consumers.pop(body.consumer_id, None)
         elif t in (T.SEEK, T.UNSUBSCRIBE, T.GET_LAST_MESSAGE_ID, T.ACK, T.CONSUMER_STATS):
             pending.topic = self.consumers.get(body.consumer_id)
+            if t == T.UNSUBSCRIBE:  # gone once the broker agrees
+                pending.resource_id = body.consumer_id
         self._remember(rid, pending)
 
     def _remember(self, rid: int, pending: Pending) -> None:
@@ -459,6 +461,10 @@ class Correlator:
             # A broker answers the close once the producer's SENDs in flight
             # are answered; any left now (failed meanwhile) never will be.
             self.forget_sends(pending.resource_id)
+        elif error is None and pending.type == T.UNSUBSCRIBE and pending.resource_id is not None:
+            # The consumer is closed with its subscription; its client sends
+            # no CLOSE_CONSUMER for it.
+            self.consumers.pop(pending.resource_id, None)
         elif error is None and pending.resource_id is not None and pending.topic is not None:
             if pending.type == T.PRODUCER:
                 # producer_ready=false means "queued for exclusive access";
