@@ -104,3 +104,20 @@ def test_the_words_filter_still_tags_deliveries() -> None:
     assert frame.metadata is not None
     assert {kv.key: kv.value for kv in frame.metadata.properties} == {"seen-by": "sluice"}
     assert bytes(frame.payload) == b"hi"
+
+
+class Exits(Filter[NoSettings]):
+    """Calls sys.exit on every produced message, as argparse does on input
+    it does not like."""
+
+    def on_produce(self, message: Message) -> Verdict:
+        raise SystemExit(2)
+
+
+def test_a_filter_that_exits_fails_like_one_that_raises() -> None:
+    """SystemExit is no Exception: it went through the chain and the
+    relay, and ended the proxy with every connection."""
+    core, rec = _core(FilterSpec(f"{HERE}:Exits"))
+    (error,) = sent(core.receive_client(_send(0, [b"x"]), 1.0), Peer.CLIENT)
+    assert error.name == "SEND_ERROR" and error.body.message == f"filter {HERE}:Exits failed"
+    assert ("error", "closed") in [(e.action, e.reason) for e in rec.of(Filtered)]

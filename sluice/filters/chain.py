@@ -113,7 +113,9 @@ class FilterChain:
                     _check_reject(verdict)
                 elif not isinstance(verdict, Pass):
                     raise TypeError(f"returned {verdict!r}, not PASS, Replace or Reject")
-            except Exception as exc:  # a filter's bug must not break traffic
+            # A filter's bug must not break traffic; nor its sys.exit (argparse
+            # calls it on input it refuses), which would end the process.
+            except (Exception, SystemExit) as exc:
                 errors.append(name)
                 _log_failure(name, message, exc)
                 if fails_open:
@@ -171,7 +173,7 @@ def _check_reject(reject: Reject) -> None:
 _last_logged: dict[str, tuple[float, int]] = {}
 
 
-def _log_failure(name: str, message: Message, exc: Exception) -> None:
+def _log_failure(name: str, message: Message, exc: BaseException) -> None:
     now = time.monotonic()
     last, hidden = _last_logged.get(name, (-LOG_EVERY, 0))
     if now - last < LOG_EVERY:

@@ -193,7 +193,7 @@ def load_class(name: str) -> type[Filter[Any]]:
     module_name, _, attr = reference.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # anything an import can raise, said in one line
+    except (Exception, SystemExit) as exc:  # anything an import can raise, said in one line
         raise FilterConfigError(
             [f"filter {name!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"]
         ) from None
@@ -334,7 +334,7 @@ def load(specs: list[FilterSpec] | tuple[FilterSpec, ...]) -> list[Loaded]:
         except ValueError as exc:  # a filter's own constructor refusing its settings
             problems.append(f"{where}: {exc}")
             continue
-        except Exception as exc:  # or failing
+        except (Exception, SystemExit) as exc:  # or failing (or calling sys.exit)
             problems.append(f"{where}: {type(exc).__name__}: {exc}")
             continue
         loaded.append(Loaded(spec, instance))

@@ -1,0 +1,70 @@
+"""Loading a user's filter by module path (``--filter module:attr``): what
+the operator is told when the module cannot be had. Each mistake is one
+line (a ``FilterConfigError``), never the end of the process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sluice.filters.config import FilterConfigError, FilterSpec, load
+
+GOOD = """
+from sluice.filters import Filter, NoSettings
+
+class Mine(Filter[NoSettings]):
+    def on_produce(self, message):
+        return None
+"""
+
+
+def _module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> None:
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_a_missing_module_and_a_syntax_error_are_one_line_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _module(tmp_path, monkeypatch, "sluice_test_broken_filter", GOOD.replace("):", ")", 1))
+    with pytest.raises(FilterConfigError) as caught:
+        load([FilterSpec("sluice_test_no_such_filter:Mine"),
+              FilterSpec("sluice_test_broken_filter:Mine")])  # fmt: skip
+    first, second = caught.value.problems
+    assert first == (
+        "filter 'sluice_test_no_such_filter:Mine': cannot import sluice_test_no_such_filter: "
+        "ModuleNotFoundError: No module named 'sluice_test_no_such_filter'"
+    )
+    assert second.startswith(
+        "filter 'sluice_test_broken_filter:Mine': cannot import sluice_test_broken_filter: "
+        "SyntaxError: "
+    )
+    assert "\n" not in second
+
+
+def test_a_module_that_exits_on_import_is_a_mistake_said_not_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module calling sys.exit when imported (a script made a module, a
+    library giving up) ended ``sluice proxy`` with its status and not a
+    word of why."""
+    _module(tmp_path, monkeypatch, "sluice_test_exiting_filter", "import sys\nsys.exit(4)\n")
+    with pytest.raises(FilterConfigError) as caught:
+        load([FilterSpec("sluice_test_exiting_filter:Mine")])
+    assert caught.value.problems == [
+        "filter 'sluice_test_exiting_filter:Mine': cannot import sluice_test_exiting_filter: "
+        "SystemExit: 4"
+    ]
+
+
+def test_a_constructor_that_exits_is_a_mistake_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = GOOD + "\n    def __init__(self, settings):\n        raise SystemExit('no config')\n"
+    _module(tmp_path, monkeypatch, "sluice_test_exiting_init", text)
+    with pytest.raises(FilterConfigError) as caught:
+        load([FilterSpec("sluice_test_exiting_init:Mine")])
+    assert caught.value.problems == [
+        "filter 'sluice_test_exiting_init:Mine': SystemExit: no config"
+    ]
