@@ -546,3 +546,29 @@ def test_demo_whose_reader_stops_early_ends_quietly(
             shutil.rmtree(record)
     err = capsys.readouterr().err
     assert "Broken pipe" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "empty"])
+def test_an_anonymize_that_fails_half_way_leaves_no_half_copy(
+    existing: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy that fails after its first file (here: the second's name in
+    OUT is past the system's longest path; a full disk or Ctrl-C alike)
+    left the first file in OUT, and a second try was refused ('exists and
+    is not an empty directory'). OUT is now as it was before the run."""
+    source = tmp_path / "src"
+    deep = source.joinpath(*["z" * 8] * 12)  # read second; each a longer pseudonym in the copy
+    deep.mkdir(parents=True)
+    shutil.copy(CAPTURE, source / CAPTURE.name)
+    shutil.copy(CAPTURE, deep / CAPTURE.name)
+    out = tmp_path.joinpath(*["o" * 200] * 19)
+    out = out / ("o" * (4000 - len(str(out))))  # the first copy's path fits, the second's not
+    if existing:
+        out.mkdir(parents=True)
+    code = main(["record", "anonymize", str(source), str(out)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sluice record anonymize: ") and "File name too long" in err, err
+    assert err.count("\n") == 1
+    assert out.exists() == existing
+    assert not existing or not any(out.iterdir())

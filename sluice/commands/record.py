@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import sys
 from pathlib import Path
 
@@ -174,12 +175,21 @@ def run_anonymize(args: argparse.Namespace) -> int:
         tuple(args.property_keys),
     )
     progress = (lambda line: print(line, file=sys.stderr)) if sys.stderr.isatty() else None
+    made = not args.output.exists()
+    # New or empty: what is in it, if this run fails, is this run's.
+    fresh = made or (args.output.is_dir() and not any(args.output.iterdir()))
     try:
         report, names = anonymize(args.input, args.output, options, progress or (lambda _: None))
-    except RecordingError as exc:
-        return fail(str(exc))
-    except OSError as exc:
-        return fail(f"{exc.filename or args.output}: {exc.strerror or exc}", 1)
+    except BaseException as exc:
+        if fresh:
+            # No half copy left (a file without its .part's rest, the files
+            # after it missing), nor one that a second try is refused for.
+            _empty(args.output, remove=made)
+        if isinstance(exc, RecordingError):
+            return fail(str(exc))
+        if isinstance(exc, OSError):
+            return fail(f"{exc.filename or args.output}: {exc.strerror or exc}", 1)
+        raise  # Ctrl-C: main says it
     summary = report.to_json()
     replaced = names.report(args.reveal)
     if args.report is not None:
@@ -195,6 +205,21 @@ def run_anonymize(args: argparse.Namespace) -> int:
     for line in report.truncated:
         print(f"sluice record anonymize: {line}", file=sys.stderr)
     return 0
+
+
+def _empty(directory: Path, *, remove: bool) -> None:
+    """Take away what this run wrote in ``directory`` (new or empty before
+    it), and the directory itself with ``remove`` (this run made it)."""
+    if not directory.is_dir():
+        return
+    if remove:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _key(path: Path | None) -> bytes:
