@@ -346,6 +346,23 @@ def test_lookup_slots_exhausted_answer_too_many_requests() -> None:
     assert [d.outcome for d in rec.of(LookupDone)] == ["rejected"]
 
 
+def test_a_lookup_answered_after_its_connection_closed_gives_its_slot_back() -> None:
+    # The client hangs up while its lookup is upstream, and the answer comes
+    # before the proxy has released the connection: the proxy-wide slot the
+    # lookup held is given back either way, or lookups run out for everyone.
+    routing = Routing(parse_broker_url("pulsar://127.0.0.1:6650"), (), 1)
+    core, _ = lookup_core(routing=routing)
+    (ask,) = core.receive_client(lookup_request(request_id=1), 1.0)
+    assert isinstance(ask, Ask) and routing.lookups == 1
+    assert closes(core.receive_client(b"", 1.5)) == ["closed"]
+    answer = lookup_answer(LookupResponse.Connect, "pulsar://127.0.0.1:6650")
+    assert core.answered(ask.token, answer, 2.0) == []
+    core.closed("closed")
+    assert routing.lookups == 0
+    other, _ = lookup_core(routing=routing)
+    assert [type(a) for a in other.receive_client(lookup_request(request_id=1), 3.0)] == [Ask]
+
+
 def test_upstream_failure_answers_with_its_error_code() -> None:
     core, rec = lookup_core()
     (ask,) = core.receive_client(lookup_request(request_id=3), 1.0)

@@ -479,7 +479,10 @@ class PulsarConnection:
         if wait is not None:
             return self._schema_answered(wait, answer, now)
         pending = self._asks.pop(token, None)
-        if pending is None or self.state is State.CLOSED:
+        if pending is None:
+            return []
+        if self.state is State.CLOSED:  # nobody to tell; the slot goes back
+            self.routing.end_lookup()
             return []
         pending.upstream += now - pending.asked
         if isinstance(answer, UpstreamFailure):
