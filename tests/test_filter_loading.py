@@ -68,3 +68,41 @@ def test_a_constructor_that_exits_is_a_mistake_said(
     assert caught.value.problems == [
         "filter 'sluice_test_exiting_init:Mine': SystemExit: no config"
     ]
+
+
+CHOICE = """
+from dataclasses import dataclass
+from typing import Literal
+
+from sluice.filters import Filter, PASS
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: Literal["pass", "reject"] = "pass"
+    level: Literal[1, 2] | None = None
+
+
+class Choosy(Filter[Settings]):
+    Settings = Settings
+
+    def on_produce(self, message):
+        return PASS
+"""
+
+
+def test_a_setting_typed_as_a_choice_takes_its_choices_and_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Literal field refused every value, the one it named too:
+    "setting 'mode' must be typing.Literal['pass', 'reject'], not 'pass'"."""
+    _module(tmp_path, monkeypatch, "sluice_test_choosy_filter", CHOICE)
+    name = "sluice_test_choosy_filter:Choosy"
+    (loaded,) = load([FilterSpec(name, settings={"mode": "reject", "level": 2})])
+    assert (loaded.filter.settings.mode, loaded.filter.settings.level) == ("reject", 2)
+    with pytest.raises(FilterConfigError) as caught:
+        load([FilterSpec(name, settings={"mode": "maybe", "level": True})])
+    assert caught.value.problems == [
+        f"filter {name!r}: setting 'mode' must be one of 'pass', 'reject', not 'maybe'",
+        f"filter {name!r}: setting 'level' must be one of 1, 2 or nothing, not True",
+    ]

@@ -263,6 +263,8 @@ def _typed(value: Any, hint: Any) -> Any:
             if converted is not _WRONG:
                 return converted
         return _WRONG
+    if origin is typing.Literal:  # one of the values named (True is not 1)
+        return value if any(type(value) is type(a) and value == a for a in args) else _WRONG
     if hint is bool:
         return value if isinstance(value, bool) else _WRONG
     if hint is int:
@@ -300,6 +302,8 @@ def _describe(hint: Any) -> str:
     if hint in names:
         return names[hint]
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
     if origin in (typing.Union, types.UnionType):
         return " or ".join("nothing" if a is type(None) else _describe(a) for a in args)
     if origin in (list, tuple):
