@@ -561,8 +561,11 @@ def test_an_ipv6_cluster_reaches_the_pods_listeners(case: str) -> None:
         local = case.startswith("sidecar") and name != "SLUICE_ADMIN"
         assert address.host == ("127.0.0.1" if local else "::"), (name, value)
     assert len(listeners) >= (2 if case.startswith("sidecar") else 3), listeners
-    # Unset, IPv4 as before.
+    # Unset, IPv4 as before; removed (null, or values from an older chart
+    # reused), the same.
     assert env(sluice_container(pod_spec(render(case))))["SLUICE_ADMIN"].startswith("0.0.0.0:")
+    removed = sluice_container(pod_spec(render(case, "--set", f"{key}=null")))
+    assert env(removed)["SLUICE_ADMIN"] == f"0.0.0.0:{admin_port(removed)}"
 
 
 @pytest.mark.parametrize("case", CASES)

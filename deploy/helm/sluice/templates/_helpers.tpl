@@ -539,7 +539,9 @@ per-broker listeners' ports (sluice/commands/proxy.py port_range). */}}
 
 {{/* bindAddress as a listener's host: an IPv6 address in brackets. */}}
 {{- define "sluice.bindHost" -}}
-{{- $address := toString .Values.bindAddress -}}
+{{- /* Unset (a release upgraded with --reuse-values from a chart without
+it, or bindAddress: null): IPv4, as before it existed. */ -}}
+{{- $address := .Values.bindAddress | default "0.0.0.0" | toString -}}
 {{- contains ":" $address | ternary (printf "[%s]" $address) $address -}}
 {{- end -}}
 
