@@ -168,6 +168,15 @@ class SendTable:
         self.in_flight -= 1
         return waiting[0], waiting[1]
 
+    def forget(self, producer_id: int) -> int:
+        """A closed producer's SENDs, no longer in flight; how many were."""
+        keys = [key for key in self._waiting if key[0] == producer_id]
+        forgotten = 0
+        for key in keys:
+            forgotten += self._waiting.pop(key)[2] + 1
+        self.in_flight -= forgotten
+        return forgotten
+
     def peek(self, producer_id: int, sequence_id: int) -> tuple[float, str | None, int] | None:
         """(started, topic, repeats) of a SEND in flight, left in flight."""
         waiting = self._waiting.get((producer_id, sequence_id))
@@ -352,9 +361,17 @@ class Correlator:
 
     def forget_sends(self, producer_id: int) -> int:
         """A closed producer's SENDs in flight, no longer in flight: none
-        will be answered on this connection. How many were. (Rare: a scan of
-        the table, through ``sent``, which both send tables have.)"""
+        will be answered on this connection. How many were. A table with a
+        ``forget`` of its own (the Python one) does it; the compiled one is
+        scanned (``waiting``, ``sent``): rare, and only when SENDs are in
+        flight at all."""
         sends = self.sends
+        forget = getattr(sends, "forget", None)
+        if forget is not None:
+            forgotten: int = forget(producer_id)
+            return forgotten
+        if not sends.in_flight:
+            return 0
         forgotten = 0
         for pid, seq, _, _, repeats in sends.waiting():
             if pid == producer_id:
