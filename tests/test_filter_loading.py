@@ -106,3 +106,49 @@ def test_a_setting_typed_as_a_choice_takes_its_choices_and_names_them(
         f"filter {name!r}: setting 'mode' must be one of 'pass', 'reject', not 'maybe'",
         f"filter {name!r}: setting 'level' must be one of 1, 2 or nothing, not True",
     ]
+
+
+LONG_WINDED = """
+from dataclasses import dataclass
+
+from sluice.filters import Filter, PASS
+
+
+@dataclass(frozen=True)
+class Settings:
+    x: int = 0
+
+    def __post_init__(self):
+        raise ValueError("2 validation errors for Settings\\nx\\n  too small")
+
+
+class Checks(Filter[Settings]):
+    Settings = Settings
+
+    def on_produce(self, message):
+        return PASS
+
+
+class Fails(Filter):
+    def __init__(self, settings):
+        raise RuntimeError("cannot open\\n  /etc/x: denied")
+
+    def on_produce(self, message):
+        return PASS
+"""
+
+
+def test_a_mistake_said_on_several_lines_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception's text over several lines (a validation library's)
+    came out as several mistakes, the later ones without the filter's name:
+    "sluice proxy: x", "sluice proxy:   too small"."""
+    _module(tmp_path, monkeypatch, "sluice_test_long_winded", LONG_WINDED)
+    with pytest.raises(FilterConfigError) as caught:
+        load([FilterSpec("sluice_test_long_winded:Checks"),
+              FilterSpec("sluice_test_long_winded:Fails")])  # fmt: skip
+    assert caught.value.problems == [
+        "filter 'sluice_test_long_winded:Checks': 2 validation errors for Settings x too small",
+        "filter 'sluice_test_long_winded:Fails': RuntimeError: cannot open /etc/x: denied",
+    ]

@@ -195,7 +195,7 @@ def load_class(name: str) -> type[Filter[Any]]:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # anything an import can raise, said in one line
         raise FilterConfigError(
-            [f"filter {name!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"]
+            [f"filter {name!r}: cannot import {module_name}: {type(exc).__name__}: {_line(exc)}"]
         ) from None
     target: Any = module
     for part in attr.split(".") if attr else []:
@@ -241,7 +241,13 @@ def build_settings(cls: type[Filter[Any]], given: Mapping[str, Any], where: str)
     try:
         return record(**values)
     except (TypeError, ValueError) as exc:  # the record's own __post_init__ checks
-        raise FilterConfigError([f"{where}: {exc}"]) from None
+        raise FilterConfigError([f"{where}: {_line(exc)}"]) from None
+
+
+def _line(exc: BaseException) -> str:
+    """An exception's text as one line (a mistake is one line, whatever
+    the filter's code or its libraries wrote)."""
+    return " ".join(str(exc).split())
 
 
 _WRONG = object()
@@ -336,10 +342,10 @@ def load(specs: list[FilterSpec] | tuple[FilterSpec, ...]) -> list[Loaded]:
             problems += exc.problems
             continue
         except ValueError as exc:  # a filter's own constructor refusing its settings
-            problems.append(f"{where}: {exc}")
+            problems.append(f"{where}: {_line(exc)}")
             continue
         except (Exception, SystemExit) as exc:  # or failing (or calling sys.exit)
-            problems.append(f"{where}: {type(exc).__name__}: {exc}")
+            problems.append(f"{where}: {type(exc).__name__}: {_line(exc)}")
             continue
         loaded.append(Loaded(spec, instance))
     if problems:
