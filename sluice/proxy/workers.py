@@ -593,20 +593,30 @@ class Supervisor:
 
     async def _watch_readiness(self) -> None:
         while True:
-            for worker in self.workers:
-                admin = worker.admin
-                if admin is None:
-                    continue
-                try:
-                    status, why = await http(admin, "GET", "/readyz")
-                except (OSError, trio.TooSlowError):
-                    continue  # dying: _run_worker resets it
-                if worker.admin == admin:  # still the process asked
-                    worker.problem = "" if status == 200 else why.decode().strip()
+            # Every worker at once, each for at most SCRAPE_TIMEOUT: one that
+            # is stuck neither holds the others' answers back nor stays
+            # ready on the answer it gave before.
+            async with trio.open_nursery() as nursery:
+                for worker in self.workers:
+                    if worker.admin is not None:
+                        nursery.start_soon(self._look, worker, worker.admin)
             if not self.started and all(w.ready and w.problem == "" for w in self.workers):
                 self.started = True
                 log.info("all %d workers ready", self.count)
             await trio.sleep(READINESS_INTERVAL if self.started else STARTING_READINESS_INTERVAL)
+
+    async def _look(self, worker: Worker, admin: Address) -> None:
+        """Ask ``worker`` (at ``admin``) whether it is ready."""
+        problem = f"did not answer its readiness check within {SCRAPE_TIMEOUT:g}s"
+        with trio.move_on_after(SCRAPE_TIMEOUT):
+            try:
+                status, why = await http(admin, "GET", "/readyz")
+            except (OSError, trio.TooSlowError) as exc:
+                problem = f"its readiness check failed: {exc}"
+            else:
+                problem = "" if status == 200 else why.decode().strip()
+        if worker.admin == admin:  # still the process asked (a dead one's is reset)
+            worker.problem = problem
 
     # --- configuration reload ------------------------------------------------------
 
