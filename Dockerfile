@@ -6,10 +6,13 @@
 #
 # BASE is the Python image both stages start from. It must provide python, pip
 # and useradd on PATH; `./dev image` passes a local Debian bookworm image with
-# Debian's Python 3.11 where no registry can be reached.
+# Debian's Python 3.11 where no registry can be reached. The default names
+# the Debian release too: python:3.11-slim alone follows Debian's newest
+# (trixie since 2025), so the same Dockerfile would build on a release
+# nobody tested.
 # `--target demo` adds the extra that `sluice demo` needs (the official client
 # and the embedded broker) on top of the default image; the default stays lean.
-ARG BASE=python:3.11-slim
+ARG BASE=python:3.11-slim-bookworm
 
 # The wheel is built as `python -m build` builds it anywhere: its backend
 # (pyproject.toml's [build-system]) compiles the frame path in rust/ into
