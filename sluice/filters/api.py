@@ -36,8 +36,9 @@ class Filter(Generic[S]):
     at start: ``str``, ``int``, ``float``, ``bool``, ``list[str]`` (or
     ``tuple[str, ...]``), ``dict[str, str]``, a ``Literal`` of choices, and
     any of these ``| None``.
-    ``wants_schema``: Sluice gives each message the topic's schema
-    (``message.schema``), asking the broker for it when it has not yet.
+    ``wants_schema``: Sluice gives each produced message the topic's schema
+    (``message.schema``), asking the broker for it when it has not yet
+    (deliveries get None).
     """
 
     Settings: ClassVar[type[Any]] = NoSettings
