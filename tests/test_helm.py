@@ -684,6 +684,36 @@ def test_a_gateways_http_port_without_listener_ports_serves_the_admin_api(
     assert "listener-ports" not in ranged
 
 
+def test_a_long_release_name_makes_valid_distinct_names() -> None:
+    """A release name as long as helm takes (53 characters): every object's
+    name a valid one of at most 63 characters, distinct within its kind
+    (the suffixes -admin, -http, -pods, -metrics and the dashboards' kept
+    whole), and a StatefulSet's at most 52 (its pods' controller-revision-hash
+    label is NAME-HASH, a label value of at most 63)."""
+    release = "payments-settlement-reconciliation-eu-west-1-prod-abc"
+    assert len(release) == 53
+    gateway = ["--set", f"broker={BROKER}", "--set", "gateway.service.type=LoadBalancer",
+               "--set", "http.enabled=true", "--set", f"http.broker={HTTP_BROKER}",
+               "--set", "recording.mode=directory", "--set", "recording.volume.persistent=true",
+               "--set", "admin.token.value=t", "--set", "auth.mode=proxy",
+               "--set", "auth.tokenPublicKey.configMapName=k", "--set", "auth.brokerToken.value=t",
+               *OPERATOR]  # fmt: skip
+    sidecar = ["--set", "sluice.admin.token.value=t", *OPERATOR]
+    for chart, args in ((CHART, gateway), (ORDERS, sidecar)):
+        docs = documents(rendered(chart, release, *args))
+        names: dict[str, list[str]] = {}
+        for doc in docs:
+            names.setdefault(doc["kind"], []).append(doc["metadata"]["name"])
+        for kind_name, found in names.items():
+            assert len(set(found)) == len(found), (kind_name, found)
+            for name in found:
+                assert len(name) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+        assert all(len(name) <= 52 for name in names.get("StatefulSet", []))
+        for workload in kind(docs, "StatefulSet"):
+            assert workload["spec"]["serviceName"] in names["Service"]
+    assert "StatefulSet" in {d["kind"] for d in documents(rendered(CHART, release, *gateway))}
+
+
 def test_the_install_notes_name_the_listeners_there_are(tmp_path: Path) -> None:
     """With listen.plain false (TLS only) the notes and the Service give
     clients the pulsar+ssl:// URL, not a plain one nothing listens on."""

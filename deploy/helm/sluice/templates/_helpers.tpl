@@ -21,6 +21,15 @@ context, so that the sidecar templates name the same objects as this chart.
 {{- end -}}
 {{- end -}}
 
+{{/* fullname with a suffix (list CONTEXT SUFFIX): fullname shortened so
+that the whole stays a valid name (63 characters), the suffix kept whole
+so that names stay distinct. */}}
+{{- define "sluice.suffixed" -}}
+{{- $suffix := index . 1 -}}
+{{- include "sluice.fullname" (index . 0) | trunc (sub 63 (len $suffix) | int) | trimSuffix "-" -}}
+{{- $suffix -}}
+{{- end -}}
+
 {{/* This chart's values and the release, as YAML: from this chart's own
 context, or from an application chart that has this chart as the
 dependency "sluice". Read with fromYaml. */}}
@@ -337,7 +346,7 @@ filterSecrets: /etc/sluice-filters
 {{- if .Values.admin.token.existingSecret -}}
 {{- .Values.admin.token.existingSecret -}}
 {{- else if .Values.admin.token.value -}}
-{{- printf "%s-admin" (include "sluice.fullname" .) -}}
+{{- include "sluice.suffixed" (list . "-admin") -}}
 {{- end -}}
 {{- end -}}
 
@@ -345,7 +354,7 @@ filterSecrets: /etc/sluice-filters
 {{- if .Values.auth.brokerToken.secretName -}}
 {{- .Values.auth.brokerToken.secretName -}}
 {{- else if .Values.auth.brokerToken.value -}}
-{{- printf "%s-credentials" (include "sluice.fullname" .) -}}
+{{- include "sluice.suffixed" (list . "-credentials") -}}
 {{- end -}}
 {{- end -}}
 
