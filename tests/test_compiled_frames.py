@@ -217,6 +217,29 @@ def test_edge_values_are_read_as_protobuf_reads_them(raw: bytes) -> None:
     assert isinstance(frame, ScannedFrame)
 
 
+def _chunk(chunk_id: int, chunks: int = 3) -> pb.MessageMetadata:
+    return pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, uuid="p-1",
+                              num_chunks_from_msg=chunks, total_chunk_msg_size=3,
+                              chunk_id=chunk_id)  # fmt: skip
+
+
+def test_a_chunked_message_counts_once_on_its_last_chunk_on_both_paths() -> None:
+    """Each chunk counted as a message in sluice_topic_messages_total (a
+    3-chunk message was 3), where recordings count it once, on its last."""
+    for chunk_id, counted in ((0, 0), (1, 0), (2, 1)):
+        (send,) = assert_equivalent([_send(_chunk(chunk_id))])
+        assert isinstance(send, ScannedFrame) and send.ids is not None
+        assert send.ids[2] == counted, chunk_id
+        message = encode_payload(command(T("MESSAGE"), pb.CommandMessage(
+            consumer_id=4, message_id=pb.MessageIdData(ledgerId=1, entryId=chunk_id))),
+            _chunk(chunk_id), b"p")  # fmt: skip
+        (delivered,) = assert_equivalent([message])
+        assert isinstance(delivered, ScannedFrame) and delivered.ids is not None
+        assert delivered.ids[2] == counted, chunk_id
+    (whole,) = assert_equivalent([_send(_chunk(0, chunks=1))])
+    assert whole.ids is not None and whole.ids[2] == 1
+
+
 def test_strings_are_utf8_as_protobuf_reads_them() -> None:
     """A name that is not ASCII is taken when it is UTF-8, and left to the
     reference when it is not (in the producer name and in a property's key

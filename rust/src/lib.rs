@@ -172,13 +172,16 @@ pub fn check_frame(frame: &[u8]) -> Option<Scanned> {
     }
     let meta_size = be32(frame.get(offset..offset + 4)?) as usize;
     let payload = (offset + 4).checked_add(meta_size)?;
-    let (properties, in_batch) = metadata(frame.get(offset + 4..payload)?)?;
+    let (properties, in_batch, counted) = metadata(frame.get(offset + 4..payload)?)?;
     found.metadata_offset = offset as i64;
     found.payload_offset = payload as i64;
     found.properties = properties;
     found.in_batch = in_batch;
     if kind == MESSAGE {
         found.c = in_batch;
+    }
+    if !counted {
+        found.c = 0; // a chunk before the last: its message is counted on the last
     }
     Some(found)
 }
@@ -615,12 +618,15 @@ fn encryption_keys(bytes: &[u8]) -> Option<()> {
     (key && value).then_some(())
 }
 
-/// MessageMetadata: (number of properties, num_messages_in_batch).
-fn metadata(bytes: &[u8]) -> Option<(u32, i64)> {
+/// MessageMetadata: (number of properties, num_messages_in_batch, whether
+/// the frame's messages count: false for a chunk before a chunked message's
+/// last, which counts the message once).
+fn metadata(bytes: &[u8]) -> Option<(u32, i64, bool)> {
     let mut r = Reader::new(bytes);
     let (mut producer, mut sequence, mut published) = (false, false, false);
     let mut properties: u32 = 0;
     let mut in_batch: i64 = 1;
+    let (mut chunk_id, mut chunks): (i64, i64) = (0, 0);
     while !r.done() {
         let (field, wire) = r.key()?;
         match (field, wire) {
@@ -649,10 +655,9 @@ fn metadata(bytes: &[u8]) -> Option<(u32, i64)> {
                 r.bytes()?;
             }
             (11, VARINT) => in_batch = int32(r.varint()?),
-            (
-                8 | 9 | 12 | 17 | 19 | 20 | 22 | 23 | 24 | 25 | 27 | 28 | 29 | 30 | 33 | 34,
-                VARINT,
-            ) => {
+            (27, VARINT) => chunks = int32(r.varint()?),
+            (29, VARINT) => chunk_id = int32(r.varint()?),
+            (8 | 9 | 12 | 17 | 19 | 20 | 22 | 23 | 24 | 25 | 28 | 30 | 33 | 34, VARINT) => {
                 r.skip_varint()?;
             }
             (13, LEN) => encryption_keys(r.bytes()?)?,
@@ -661,7 +666,8 @@ fn metadata(bytes: &[u8]) -> Option<(u32, i64)> {
             _ => r.skip(wire)?,
         }
     }
-    (producer && sequence && published).then_some((properties, in_batch))
+    let counted = chunks <= 1 || chunk_id == chunks - 1;
+    (producer && sequence && published).then_some((properties, in_batch, counted))
 }
 
 #[cfg(feature = "python")]

@@ -591,3 +591,23 @@ fn scan_timing() {
         println!("{name}: {best:.1} ns a frame");
     }
 }
+
+#[test]
+fn a_chunked_message_counts_once_on_its_last_chunk() {
+    // num_chunks_from_msg = 27, chunk_id = 29: chunks 0 and 1 of 3 count no
+    // message, the last counts the SEND's num_messages (a MESSAGE's batch).
+    let mut body = Vec::new();
+    field_varint(1, 3, &mut body);
+    field_varint(2, 5, &mut body);
+    for (chunk, counted) in [(0u64, 0i64), (1, 0), (2, 1)] {
+        let mut meta = metadata();
+        field_varint(27, 3, &mut meta);
+        field_varint(29, chunk, &mut meta);
+        let s = check_frame(&frame(&command(SEND, &body), Some((&meta, b"x", true)))).unwrap();
+        assert_eq!((s.kind, s.c), (SEND, counted), "chunk {chunk}");
+    }
+    let mut meta = metadata();
+    field_varint(27, 1, &mut meta); // one chunk: a whole message
+    let s = check_frame(&frame(&command(SEND, &body), Some((&meta, b"x", true)))).unwrap();
+    assert_eq!(s.c, 1);
+}

@@ -107,16 +107,25 @@ def hot_ids(type_: int, body: Any, metadata: pb.MessageMetadata | None) -> Ids |
     """``Frame.ids`` worked out from a parsed command: the reference for the
     compiled scanner's."""
     if type_ == SEND:
-        return (body.producer_id, body.sequence_id, body.num_messages)
+        return (body.producer_id, body.sequence_id, _counted(body.num_messages, metadata))
     if type_ == SEND_RECEIPT:
         return (body.producer_id, body.sequence_id, 0)
     if type_ == MESSAGE:
-        return (body.consumer_id, 0, metadata.num_messages_in_batch if metadata else 1)
+        in_batch = metadata.num_messages_in_batch if metadata else 1
+        return (body.consumer_id, 0, _counted(in_batch, metadata))
     if type_ == ACK:
         return (body.consumer_id, 0, 0)
     if type_ == FLOW:
         return (body.consumer_id, body.messagePermits, 0)
     return None
+
+
+def _counted(messages: int, metadata: pb.MessageMetadata | None) -> int:
+    """The messages a SEND or MESSAGE counts for: a chunked message's
+    frames count it once, on its last chunk (as recordings do)."""
+    if metadata is not None and metadata.num_chunks_from_msg > 1:
+        return messages if metadata.chunk_id == metadata.num_chunks_from_msg - 1 else 0
+    return messages
 
 
 class Frame:
