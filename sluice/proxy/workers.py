@@ -1192,8 +1192,16 @@ class _Reloads:
 
     async def catch_up(self) -> None:
         """Once the worker can take SIGHUP: a reload written while it started
-        (its spec predates it, or the signal came too early) is taken now."""
-        if (self.state / RELOAD_FILE).exists():
+        (its spec predates it, or the signal came too early) is taken now.
+        One aborted already is none of its business: it runs the
+        configuration in force, and has nothing to leave or to say."""
+        try:
+            attempt = pickle.loads((self.state / RELOAD_FILE).read_bytes())[0]
+        except FileNotFoundError:
+            return
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError):
+            attempt = None  # (reload_from_source says what is wrong with it)
+        if attempt is None or self._decision(attempt) != ABORT:
             await self.reload_from_source("SIGHUP")
 
     async def reload_from_source(self, source: str) -> Outcome:
