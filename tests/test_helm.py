@@ -1059,6 +1059,20 @@ def test_the_metrics_service_reaches_a_native_sidecars_admin_port(case: str) -> 
     assert port["targetPort"] == port["port"] == admin_port(proxy), port
 
 
+def test_an_application_may_keep_its_own_scrape_annotations() -> None:
+    """A pod has one set of prometheus.io annotations: with
+    sidecar.scrapeAnnotations false the include gives only the checksum,
+    and the application's own (its metrics port) stay the pod's."""
+    key = "checksum/sluice-restart-settings"
+    default = pod_spec(render("sidecar-default"))["metadata"]["annotations"]
+    assert default["prometheus.io/port"] == "9090" and key in default
+    kept = pod_spec(render("sidecar-default", "--set", "sluice.sidecar.scrapeAnnotations=false"))
+    assert kept["metadata"]["annotations"] == {key: default[key]}
+    # The ServiceMonitor's Service still finds the sidecars.
+    assert kind(render("sidecar-full", "--set", "sluice.sidecar.scrapeAnnotations=false"),
+                "ServiceMonitor")  # fmt: skip
+
+
 def test_a_changed_admin_token_rolls_the_pods() -> None:
     """Sluice reads the admin token at start only: a new token in the
     Secret the chart makes, or admin.token.rotation beside an existing

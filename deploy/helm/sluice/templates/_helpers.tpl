@@ -781,9 +781,14 @@ beside an application's own). */}}
 of the settings that need a restart, so that pods restart when one of them
 changes (the others are reloaded in place: "sluice.liveSettings"). */}}
 {{- define "sluice.podAnnotations" -}}
+{{- /* A pod has one set of scrape annotations: a sidecar's application may
+keep its own (sidecar.scrapeAnnotations: false; Sluice is then scraped
+through the ServiceMonitor). */ -}}
+{{- if or (eq .Values.mode "gateway") (ne (toString .Values.sidecar.scrapeAnnotations) "false") -}}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.admin.port | quote }}
 prometheus.io/path: /metrics
+{{ end -}}
 checksum/sluice-restart-settings: {{ include "sluice.restartChecksum" . }}
 {{- end -}}
 
