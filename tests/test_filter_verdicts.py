@@ -121,3 +121,82 @@ def test_a_filter_that_exits_fails_like_one_that_raises() -> None:
     (error,) = sent(core.receive_client(_send(0, [b"x"]), 1.0), Peer.CLIENT)
     assert error.name == "SEND_ERROR" and error.body.message == f"filter {HERE}:Exits failed"
     assert ("error", "closed") in [(e.action, e.reason) for e in rec.of(Filtered)]
+
+
+class Rewrites(Filter[NoSettings]):
+    """Gives every delivery a new payload."""
+
+    def on_deliver(self, message: Message) -> Verdict:
+        return Replace(payload=b"new")
+
+
+def _encrypted_message(batch: int = 0) -> bytes:
+    """A delivery the client encrypted (LZ4, then AES: the payload is
+    ciphertext that does not decompress), of ``batch`` messages or none."""
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                              compression=pb.LZ4, uncompressed_size=100,
+                              encryption_keys=[pb.EncryptionKeys(key="k", value=b"wrapped")],
+                              encryption_param=b"\x01" * 12, encryption_algo="RSA")  # fmt: skip
+    if batch:
+        meta.num_messages_in_batch = batch
+    body = pb.CommandMessage(consumer_id=2, message_id=pb.MessageIdData(ledgerId=1, entryId=1))
+    return encode_payload(command(T.MESSAGE, body), meta, bytes(range(7, 57)))
+
+
+def test_an_encrypted_delivery_takes_a_property_and_keeps_its_ciphertext() -> None:
+    """A deliver filter that tags (docs/filters.md's example) on a message
+    the client encrypted and compressed: the core tried to decompress the
+    ciphertext and ended the connection ("unframeable"), every producer and
+    consumer on it, and the consumer got the same message again, for ever.
+    Its properties travel in the clear: they change; the payload stays."""
+    core, _ = _core(FilterSpec(WORDS))
+    raw = _encrypted_message()
+    out = core.receive_broker(raw, 1.0)
+    (frame,) = sent(out, Peer.CLIENT)
+    assert frame.name == "MESSAGE" and frame.error is None and frame.metadata is not None
+    assert {kv.key: kv.value for kv in frame.metadata.properties} == {"seen-by": "sluice"}
+    assert bytes(frame.payload) == bytes(range(7, 57))
+    assert [k.key for k in frame.metadata.encryption_keys] == ["k"]
+    assert frame.metadata.compression == pb.LZ4 and frame.metadata.uncompressed_size == 100
+
+
+def test_an_encrypted_delivery_given_a_payload_or_a_batch_changed_is_refused() -> None:
+    """What cannot be changed (a new payload would reach consumers as
+    ciphertext that is not; a batch's properties are in the ciphertext) is
+    refused, reason encrypted, as on produce; a skipped batch gives back
+    its messages' permits."""
+    for spec, batch in ((f"{HERE}:Rewrites", 0), (WORDS, 3)):
+        core, rec = _core(FilterSpec(spec))
+        out = core.receive_broker(_encrypted_message(batch), 1.0)
+        assert not sent(out, Peer.CLIENT)
+        to_broker = sent(out, Peer.BROKER)
+        assert [f.name for f in to_broker] == ["ACK", "FLOW"]
+        assert to_broker[1].body.messagePermits == max(batch, 1)
+        assert [(e.action, e.reason) for e in rec.of(Filtered)] == [("rejected", "encrypted")]
+
+
+def test_an_unbatched_tombstone_given_a_payload_is_a_tombstone_no_more() -> None:
+    """The batch rebuild cleared null_value for an entry given a payload;
+    an unbatched message kept it, and the broker got a value flagged as
+    none."""
+    core, _ = _core(FilterSpec(f"{HERE}:Rewrites"))
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, null_value=True)
+    body = pb.CommandMessage(consumer_id=2, message_id=pb.MessageIdData(ledgerId=1, entryId=1))
+    out = core.receive_broker(encode_payload(command(T.MESSAGE, body), meta, b""), 1.0)
+    (frame,) = sent(out, Peer.CLIENT)
+    assert frame.metadata is not None and not frame.metadata.null_value
+    assert bytes(frame.payload) == b"new"
+
+
+def test_an_encrypted_send_takes_a_property_as_a_delivery_does() -> None:
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                              compression=pb.LZ4, uncompressed_size=100,
+                              encryption_keys=[pb.EncryptionKeys(key="k", value=b"wrapped")],
+                              encryption_param=b"\x01" * 12)  # fmt: skip
+    body = pb.CommandSend(producer_id=1, sequence_id=0, num_messages=1)
+    core, _ = _core(FilterSpec(f"{HERE}:Tags"))
+    out = core.receive_client(encode_payload(command(T.SEND, body), meta, b"\x09" * 40), 1.0)
+    (frame,) = sent(out, Peer.BROKER)
+    assert frame.name == "SEND" and frame.metadata is not None
+    assert {kv.key: kv.value for kv in frame.metadata.properties} == {"tagged": "yes"}
+    assert bytes(frame.payload) == b"\x09" * 40 and frame.metadata.encryption_keys

@@ -433,15 +433,19 @@ class FilterGate:
                 refusal = Outcome(Reject("unreadable", str(exc)), chain.names[0])
             else:
                 results = [chain.run(m) for m in messages]
-                count = len(messages)
+                if not meta.encryption_keys:  # (an encrypted batch is one message to filters)
+                    count = len(messages)
                 for r in results:
                     self._errors(r, False, topic)
                 refused = [r for r in results if isinstance(r.verdict, Reject)]
                 refusal = refused[0] if refused else None
+                replacing = [r for r in results if isinstance(r.verdict, Replace)]
+                if refusal is None and (unchangeable := _unchangeable(meta, replacing)):
+                    refusal, results = unchangeable, [unchangeable]
         kept = [i for i, r in enumerate(results) if not isinstance(r.verdict, Reject)]
         replaced = [r for r in results if isinstance(r.verdict, Replace)]
         rebuilt: bytes | None = None
-        if kept and (len(kept) < count or replaced):
+        if kept and (len(kept) < len(results) or replaced):
             try:
                 kept_outcomes = [(i, results[i]) for i in kept]
                 parts = _rebuild(frame, kept_outcomes, body)
@@ -542,9 +546,9 @@ class FilterGate:
         replaced = [r for r in results if isinstance(r.verdict, Replace)]
         if not replaced:
             return Outcome(PASS), None, results
-        if meta.encryption_keys:
-            refused = Reject("encrypted", "an encrypted message cannot be changed")
-            return Outcome(refused, replaced[0].filter), None, results
+        unchangeable = _unchangeable(meta, replaced)
+        if unchangeable is not None:
+            return unchangeable, None, results
         return replaced[-1], _rebuild(frame, list(enumerate(results)), frame.body), results
 
     def _messages(
@@ -629,6 +633,22 @@ def _last_sequence(body: Any) -> int:
     return seq
 
 
+def _unchangeable(meta: pb.MessageMetadata, replaced: list[Outcome]) -> Outcome | None:
+    """The refusal of changes a message the client encrypted cannot take:
+    a new payload (it would reach consumers as ciphertext that is not), or
+    anything in a batch (its messages' properties are in the ciphertext).
+    An unbatched one's properties and key travel in the clear: they may
+    change. None when the changes can be made."""
+    if not meta.encryption_keys or not replaced:
+        return None
+    if is_batch(meta) or any(
+        isinstance(r.verdict, Replace) and r.verdict.payload is not None for r in replaced
+    ):
+        why = "an encrypted message's payload, or an encrypted batch, cannot be changed"
+        return Outcome(Reject("encrypted", why), replaced[0].filter)
+    return None
+
+
 def _chunked(meta: pb.MessageMetadata) -> bool:
     return meta.HasField("chunk_id") or meta.num_chunks_from_msg > 1
 
@@ -690,6 +710,11 @@ def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any) -> Parts:
     meta = pb.MessageMetadata()
     meta.CopyFrom(old)
     cmd = frame.command
+    if old.encryption_keys:  # its properties and key only (_unchangeable): the payload as it came
+        ((index, outcome),) = kept
+        if isinstance(outcome.verdict, Replace):
+            _apply(meta, outcome.verdict)
+        return cmd, meta, bytes(frame.payload)
     if not is_batch(old):
         ((index, outcome),) = kept
         data = payload_bytes(frame)
@@ -697,6 +722,7 @@ def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any) -> Parts:
             _apply(meta, outcome.verdict)
             if outcome.verdict.payload is not None:
                 data = outcome.verdict.payload
+                meta.ClearField("null_value")  # a tombstone given a value is one no more
     else:
         entries = split_batch(payload_bytes(frame), old.num_messages_in_batch)
         parts: list[tuple[pb.SingleMessageMetadata, bytes]] = []
