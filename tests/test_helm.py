@@ -1115,6 +1115,27 @@ def test_the_charts_live_settings_are_the_ones_sluice_reloads() -> None:
     assert chart == {n for f in LIVE for n in made_of.get(f, {flag(f)[2:]})} | {"snapshot-on"}
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_a_native_sidecar_holds_the_application_until_it_listens(case: str) -> None:
+    """The kubelet starts the containers after a native sidecar once it has
+    started: when its process runs, or, with a startupProbe, once that
+    passes. A native sidecar's probe asks whether Sluice listens (not the
+    broker: an outage must not hold the application back); the others have
+    none."""
+    pod = pod_spec(render(case))
+    proxy = sluice_container(pod)
+    native = proxy in pod["spec"].get("initContainers", [])
+    assert native == (case == "sidecar-full")
+    if not native:
+        assert "startupProbe" not in proxy
+        return
+    probe = proxy["startupProbe"]
+    ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    assert probe["httpGet"] == {"path": "/readyz?exclude=upstream", "port": "sluice-admin"}
+    assert ports[probe["httpGet"]["port"]] == admin_port(proxy)
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 30, probe
+
+
 def test_a_native_sidecar_is_an_init_container_that_keeps_running() -> None:
     pod = pod_spec(render("sidecar-full"))
     (proxy,) = pod["spec"]["initContainers"]

@@ -710,6 +710,13 @@ beside an application's own). */}}
     {{- if kindIs "invalid" $follows }}{{ $follows = not $sidecar }}{{ end }}
     httpGet: {path: {{ $follows | ternary "/readyz" "/readyz?exclude=upstream" | quote }}, port: sluice-admin}
     {{- toYaml .Values.probes.readiness | nindent 4 }}
+  {{- if and $sidecar .Values.sidecar.native }}
+  # The application's containers start once this passes: once Sluice
+  # listens (a native sidecar counts as started when its startupProbe does).
+  startupProbe:
+    httpGet: {path: "/readyz?exclude=upstream", port: sluice-admin}
+    {{- toYaml .Values.probes.startup | nindent 4 }}
+  {{- end }}
   {{- with include "sluice.preStopSleep" . | int }}
   lifecycle:
     {{- if $sidecar }}
