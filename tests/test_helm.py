@@ -993,6 +993,33 @@ def test_the_disruption_budget_selects_the_gateway(case: str) -> None:
     assert not kind(render(case, "--set", "gateway.replicas=1"), "PodDisruptionBudget")
 
 
+def test_the_gateways_replicas_are_spread_across_nodes() -> None:
+    """A node that fails takes every replica it holds: by default the
+    scheduler is asked (softly) to put them on different nodes, beside the
+    user's own constraints; one of theirs over kubernetes.io/hostname, or
+    spreadAcrossNodes false, is left as given."""
+    host = "kubernetes.io/hostname"
+
+    def constraints(*more: str) -> list[Doc]:
+        found: list[Doc] = pod_spec(render("gateway-default", *more))["spec"].get(
+            "topologySpreadConstraints", []
+        )
+        return found
+
+    pod = pod_spec(render("gateway-default"))
+    (spread,) = constraints()
+    assert spread["topologyKey"] == host and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    full = pod_spec(render("gateway-full"))["spec"]["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in full] == ["topology.kubernetes.io/zone", host]
+    assert constraints("--set", "gateway.spreadAcrossNodes=false") == []
+    own = {"maxSkew": 2, "topologyKey": host, "whenUnsatisfiable": "DoNotSchedule",
+           "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "sluice"}}}  # fmt: skip
+    assert constraints("--set-json", f"gateway.topologySpreadConstraints=[{json.dumps(own)}]") == [
+        own
+    ]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_the_network_policy_keeps_the_admin_port_inside_the_namespace(case: str) -> None:
     docs = render(case)
