@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,56 @@ async def test_a_worker_that_cannot_start_says_why_in_one_line(
     err = capfd.readouterr().err
     assert f"worker 0 cannot start: --auth-token-public-key {key}: No such file" in err, err
     assert "Traceback" not in err, err
+
+
+async def test_a_reload_after_one_cut_short_once_committed_is_put_in_force() -> None:
+    """A reload cut short once every worker was told to put it in force
+    (the admin endpoint's time limit, say): the next reload is put in force
+    by the workers. (It was numbered as the one cut short, which the
+    workers ran already: they left it alone, the supervisor waited a
+    minute for them and refused it, and every later reload alike.)"""
+    broker = parse_broker_url(f"pulsar://127.0.0.1:{free_port()}")
+    config = ProxyConfig(broker=broker, listen=Address("127.0.0.1", 0), drain_timeout=1)
+    settings = [config.replace(max_connections=50)]
+    supervisor = Supervisor(config, 1, log_level="warning", load=lambda: settings[0])
+    await supervisor.open()
+    address = supervisor.addresses["plain"]
+    decisions = supervisor._state / "reload-decisions"
+    clients = [socket.socket(), socket.socket()]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+            with trio.fail_after(15):  # (a few seconds unloaded)
+                while not supervisor.workers[0].said_ready:
+                    await trio.sleep(0.01)
+                cut = trio.CancelScope()
+
+                async def reload() -> None:
+                    with cut:
+                        await supervisor.reload_from_source("admin")
+
+                nursery.start_soon(reload)
+                while not decisions.exists() or "commit" not in decisions.read_text():
+                    await trio.sleep(0.002)
+                cut.cancel()
+                settings[0] = config.replace(max_connections=1)
+                outcome = await supervisor.reload_from_source("admin")
+                assert outcome.outcome == "applied", outcome.summary()
+                # In force in the worker: one connection, and the next refused.
+                clients[0].connect((address.host, address.port))
+                clients[1].connect((address.host, address.port))
+                clients[1].setblocking(False)
+                while True:
+                    try:
+                        if clients[1].recv(1) == b"":
+                            break
+                    except BlockingIOError:
+                        pass
+                    except ConnectionResetError:
+                        break
+                    await trio.sleep(0.01)
+            supervisor.stop()
+    finally:
+        for c in clients:
+            c.close()
+        supervisor.stop()

@@ -648,7 +648,11 @@ class Supervisor:
                 log.info("%s", outcome.summary())
                 return outcome
             config = effective(self.config, new, kept)
-            number = self.generation.number + 1
+            # After the one committed last, published or not: a reload cut
+            # short once committed (the admin endpoint's time limit) was
+            # put in force by the workers, and they leave one numbered as
+            # it alone (they run it already).
+            number = self._in_force[1] + 1
             attempt = next(self._attempts)
             path = self._state / RELOAD_FILE
             part = path.with_suffix(".part")
@@ -693,14 +697,15 @@ class Supervisor:
                     return self._reload_refused(source, errors)
                 self._decide(attempt, COMMIT)
                 decided = True
-                # From here, a worker (re)started starts with it.
+                # From here, a worker (re)started starts with it, and the
+                # next reload is weighed against it.
                 self._in_force = (config, number)
+                old = self.config
+                self.config, self._held = config, files
             finally:
                 if not decided:  # cancelled: no worker waits for a decision in vain
                     self._decide(attempt, ABORT)
             done = await self._reports(attempt, running, "done", DONE_TIMEOUT)
-            old = self.config
-            self.config, self._held = config, files
             if "faults" in live and config.admin is not None:
                 # Workers behind an admin port are given their rules (their
                 # configuration carries none): before the generation says
