@@ -993,6 +993,31 @@ def test_the_disruption_budget_selects_the_gateway(case: str) -> None:
     assert not kind(render(case, "--set", "gateway.replicas=1"), "PodDisruptionBudget")
 
 
+def test_pod_labels_and_annotations_are_each_written_once() -> None:
+    """gateway.podLabels and podAnnotations over the chart's own: a key the
+    chart also writes is written once, with the user's value
+    (prometheus.io/scrape "false" where the ServiceMonitor scrapes); the
+    selector's labels and the restart checksum stay the chart's (a selector
+    label given is refused: the Deployment would not select its pods)."""
+    text = rendered(CHART, "sluice", "--set", f"broker={BROKER}",
+                    "--set-string", "gateway.podAnnotations.prometheus\\.io/scrape=false",
+                    "--set", "gateway.podLabels.app\\.kubernetes\\.io/component=edge",
+                    "--set", "gateway.podLabels.team=payments")  # fmt: skip
+    assert len(re.findall(r"^ +prometheus\.io/scrape:", text, re.MULTILINE)) == 1
+    # Once in each object's labels, and once in the pod template's.
+    components = re.findall(r"^ +app\.kubernetes\.io/component:", text, re.MULTILINE)
+    assert len(components) == len(documents(text)) + 1
+    pod = pod_spec(documents(text))["metadata"]
+    assert pod["annotations"]["prometheus.io/scrape"] == "false"
+    assert pod["labels"]["app.kubernetes.io/component"] == "edge"
+    assert pod["labels"]["team"] == "payments"
+    assert pod["annotations"]["checksum/sluice-restart-settings"]
+    refused = helm("template", "sluice", str(CHART), "--set", f"broker={BROKER}",
+                   "--set", "gateway.podLabels.app\\.kubernetes\\.io/name=other",
+                   check=False)  # fmt: skip
+    assert "gateway.podLabels.app.kubernetes.io/name is the Deployment's selector" in refused.stderr
+
+
 def test_the_gateways_replicas_are_spread_across_nodes() -> None:
     """A node that fails takes every replica it holds: by default the
     scheduler is asked (softly) to put them on different nodes, beside the
