@@ -3,6 +3,7 @@ proxy's start, or restarted after it died): a reload, a drain."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -18,10 +19,12 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from sluice.addresses import Address
 from sluice.brokers.embedded import free_port
+from sluice.protocols import registry
+from sluice.protocols.faults import parse_rule
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.shared import create_state
-from sluice.proxy.workers import Supervisor
+from sluice.proxy.workers import Supervisor, http
 
 pytestmark = pytest.mark.e2e
 
@@ -211,4 +214,48 @@ async def test_a_reload_after_one_cut_short_once_committed_is_put_in_force() -> 
     finally:
         for c in clients:
             c.close()
+        supervisor.stop()
+
+
+async def test_fault_rules_of_a_reload_cut_short_reach_the_workers_with_the_next() -> None:
+    """With --admin the supervisor gives the workers the rules of the
+    configuration: a reload cut short once committed, before it had given
+    them, has the next reload give them. (They were never given: the next
+    reload saw no change of rules.)"""
+    broker = parse_broker_url(f"pulsar://127.0.0.1:{free_port()}")
+    config = ProxyConfig(broker=broker, listen=Address("127.0.0.1", 0),
+                         admin=Address("127.0.0.1", 0), drain_timeout=1)  # fmt: skip
+    rule = parse_rule({"id": "r1", "match": {"command": "SEND_RECEIPT"}, "action": "delay",
+                       "delay_ms": 10}, registry.all_faults())  # fmt: skip
+    settings = [config.replace(faults=(rule,))]
+    supervisor = Supervisor(config, 1, log_level="warning", load=lambda: settings[0])
+    await supervisor.open()
+    decisions = supervisor._state / "reload-decisions"
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+            with trio.fail_after(15):  # (a few seconds unloaded)
+                while not supervisor.workers[0].admin:
+                    await trio.sleep(0.01)
+                cut = trio.CancelScope()
+
+                async def reload() -> None:
+                    with cut:
+                        await supervisor.reload_from_source("admin")
+
+                nursery.start_soon(reload)
+                while not decisions.exists() or "commit" not in decisions.read_text():
+                    await trio.sleep(0.002)
+                cut.cancel()
+                settings[0] = settings[0].replace(max_connections=7)
+                outcome = await supervisor.reload_from_source("admin")
+                assert outcome.outcome == "applied", outcome.summary()
+                admin = supervisor.workers[0].admin
+                assert admin is not None
+                status, body = await http(admin, "GET", "/faults")
+            assert status == 200
+            assert [r["id"] for r in json.loads(body)["rules"]] == ["r1"]
+            assert [r["id"] for r in supervisor.rules] == ["r1"]
+            supervisor.stop()
+    finally:
         supervisor.stop()

@@ -302,6 +302,9 @@ class Supervisor:
         # What a worker started now starts with: the configuration and its
         # generation's number, set as a reload is committed.
         self._in_force = (self.config, 1)
+        # The configuration whose fault rules the workers were given last
+        # (with --admin: theirs carries none).
+        self._ruled = self.config
         self._reloading = trio.Lock()
         # A reload waits for the workers to make it ready: a worker that says
         # it is ready meanwhile is sent its SIGHUP then.
@@ -700,17 +703,19 @@ class Supervisor:
                 # From here, a worker (re)started starts with it, and the
                 # next reload is weighed against it.
                 self._in_force = (config, number)
-                old = self.config
                 self.config, self._held = config, files
             finally:
                 if not decided:  # cancelled: no worker waits for a decision in vain
                     self._decide(attempt, ABORT)
             done = await self._reports(attempt, running, "done", DONE_TIMEOUT)
-            if "faults" in live and config.admin is not None:
+            if config.admin is not None and self._ruled.faults != config.faults:
                 # Workers behind an admin port are given their rules (their
                 # configuration carries none): before the generation says
                 # they run it, or a client may meet a worker without them.
-                await self._replace_config_rules(old, config)
+                # (Against the configuration whose rules they were given
+                # last: a reload cut short may not have given its own.)
+                await self._replace_config_rules(self._ruled, config)
+                self._ruled = config
             self.generation = Generation(number, time.time(), source)
             self._generation.set(number)
             self._loaded.set(self.generation.loaded_at)
