@@ -225,6 +225,9 @@ def test_the_chart_requires_the_broker() -> None:
         ({"mode": "gatway"}, "at '/mode': value must be one of 'gateway', 'sidecar'"),
         ({"recording": {"retain_bytes": "1G"}}, "additional properties 'retain_bytes' not allowed"),
         ({"workers": "many"}, "at '/workers'"),
+        # A scrape interval the ServiceMonitor's CRD would refuse at install.
+        ({"serviceMonitor": {"interval": "15"}}, "at '/serviceMonitor/interval'"),
+        ({"serviceMonitor": {"interval": "15 seconds"}}, "at '/serviceMonitor/interval'"),
         # The pod's imagePullSecrets are references ({name: ...}), not names.
         ({"imagePullSecrets": ["regcred"]}, "at '/imagePullSecrets/0': got string, want object"),
         # Source ranges on a Service the API refuses them on.
