@@ -268,6 +268,7 @@ def test_no_output_overwrites_the_recording_being_read(
         (["faults", "list", "--admin", "ftp://127.0.0.1:1"], "expected HOST:PORT"),
         (["demo", "--port", "45678", "--admin-port", "45678"], "must differ"),
         (["demo", "--record", "{capture}"], "exists and is not a directory"),
+        (["demo", "--record", "{capture}/rec"], "rec: Not a directory"),
         (["proxy", "--broker", "pulsar://127.0.0.1:1", "--record", "{capture}/rec"],
          "is not a directory"),
         (["demo", "--port", "99999"], "a port is 1 to 65535"),

@@ -321,6 +321,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice demo: --record {args.record}: exists and is not a directory",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.record is not None:
+        try:  # before the broker starts: a --record that cannot be is a mistake, said as one
+            args.record.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"sluice demo: --record {args.record}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     _say(f"starting the embedded broker ({args.embedded}) ...")
     with contextlib.ExitStack() as stack:
         stack.callback(logging.shutdown)
