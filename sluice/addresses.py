@@ -106,6 +106,28 @@ def server_name(text: str) -> str | None:
     return name
 
 
+def unmapped(
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IPv4-mapped IPv6 address as the IPv4 address it stands for: one
+    client however it is written (10.0.0.9, or ::ffff:10.0.0.9 as a
+    dual-stack listener or a balancer writes it)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def client_host(host: str) -> str:
+    """``host`` as connection limits count it: an IPv4-mapped address as
+    its IPv4 address (``unmapped``), anything else as it is."""
+    if "." not in host or ":" not in host:  # (no mapped address is either)
+        return host
+    try:
+        return str(unmapped(ipaddress.ip_address(host)))
+    except ValueError:
+        return host
+
+
 # The names of this machine that need no resolving.
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 

@@ -43,7 +43,7 @@ from proxyprotocol.result import (
 from proxyprotocol.v1 import ProxyProtocolV1
 from proxyprotocol.v2 import ProxyProtocolV2, ProxyProtocolV2Header
 
-from sluice.addresses import Address
+from sluice.addresses import Address, unmapped
 
 V1_SIGNATURE = b"PROXY "
 V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
@@ -261,7 +261,7 @@ def _v2_head(fixed: bytes) -> ProxyProtocolV2Header:
 def _address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> Address:
     if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
         raise HeaderError("malformed", f"PROXY header address {ip} names a zone")
-    return Address(str(_unmapped(ip)), port)
+    return Address(str(unmapped(ip)), port)
 
 
 def _check_tlvs(header: bytes, start: int) -> None:
@@ -321,22 +321,12 @@ def _ip(address: Address | None) -> ipaddress.IPv4Address | ipaddress.IPv6Addres
         ip = ipaddress.ip_address(address.host.split("%", 1)[0])
     except ValueError:
         return None
-    return _unmapped(ip)
+    return unmapped(ip)
 
 
 def _mapped(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv6Address:
     if isinstance(ip, ipaddress.IPv4Address):
         return ipaddress.IPv6Address(f"::ffff:{ip}")
-    return ip
-
-
-def _unmapped(
-    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
-) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """An IPv4-mapped IPv6 address as the IPv4 address it stands for (one
-    client, one per-IP count, however its balancer wrote it)."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
     return ip
 
 

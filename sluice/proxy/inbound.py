@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from sluice.addresses import Address
+from sluice.addresses import Address, unmapped
 from sluice.errors import ConfigError
 from sluice.protocols.haproxy import (
     V1_SIGNATURE,
@@ -67,11 +67,9 @@ class ProxyProtocolIn:
         however it is written: 10.0.0.9, or ::ffff:10.0.0.9 as a dual-stack
         listener sees it (and logs it, so a rule may be written so too)."""
         try:
-            ip = ipaddress.ip_address(host.split("%", 1)[0])
+            ip = unmapped(ipaddress.ip_address(host.split("%", 1)[0]))
         except ValueError:
             return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
         forms: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = (ip,)
         if isinstance(ip, ipaddress.IPv4Address):
             forms = (ip, ipaddress.IPv6Address(f"::ffff:{ip}"))

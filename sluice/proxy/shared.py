@@ -39,7 +39,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from sluice.addresses import Address
+from sluice.addresses import Address, client_host
 from sluice.errors import ConfigError
 
 log = logging.getLogger("sluice.proxy")
@@ -313,7 +313,10 @@ class LocalLimits:
         self._per_ip: collections.Counter[str] = collections.Counter()
 
     def acquire(self, ip: str) -> str | None:
-        """Count a new connection from ``ip``; why not, when over a limit."""
+        """Count a new connection from ``ip``; why not, when over a limit.
+        (An IPv4 client is counted as one however its address is written:
+        ``client_host``.)"""
+        ip = client_host(ip)
         if self.active >= self.total:
             return "too many connections"
         if self._per_ip[ip] >= self.per_ip:
@@ -323,6 +326,7 @@ class LocalLimits:
         return None
 
     def release(self, ip: str) -> None:
+        ip = client_host(ip)
         self.active -= 1
         self._per_ip[ip] -= 1
         if not self._per_ip[ip]:
@@ -341,6 +345,7 @@ class SharedLimits(LocalLimits):
         self._row = worker * (BUCKETS + 1)
 
     def acquire(self, ip: str) -> str | None:
+        ip = client_host(ip)
         bucket = 1 + zlib.crc32(ip.encode()) % BUCKETS
         counts = self._counts
         stride = BUCKETS + 1
@@ -355,7 +360,7 @@ class SharedLimits(LocalLimits):
         return None
 
     def release(self, ip: str) -> None:
-        bucket = 1 + zlib.crc32(ip.encode()) % BUCKETS
+        bucket = 1 + zlib.crc32(client_host(ip).encode()) % BUCKETS
         self._counts[self._row] -= 1
         self._counts[self._row + bucket] -= 1
         self.active -= 1
