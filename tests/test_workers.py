@@ -207,6 +207,24 @@ async def test_the_supervisor_takes_faults_slash_for_no_rule() -> None:
         shutil.rmtree(supervisor._state, ignore_errors=True)
 
 
+async def test_the_supervisor_holds_at_most_a_thousand_rules() -> None:
+    """As one process does (POST /faults past MAX_RULES: 400): the
+    supervisor's rule set, which every worker is given, had no bound."""
+    config = ProxyConfig(broker=parse_broker_url("pulsar://127.0.0.1:6650"),
+                         admin=Address("127.0.0.1", 0), admin_token=TOKEN)  # fmt: skip
+    supervisor = Supervisor(config, 2)  # no worker running: nothing to tell
+    try:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        supervisor.rules = [{"id": f"r{n}", "action": "drop", "match": {}} for n in range(1000)]
+        rule = json.dumps({"action": "drop"}).encode()
+        with pytest.raises(Refused) as refused:
+            await supervisor.faults(AdminRequest("POST", "/faults", auth, rule))
+        assert refused.value.status == 400 and "at most 1000 fault rules" in refused.value.message
+        assert len(supervisor.rules) == 1000
+    finally:
+        shutil.rmtree(supervisor._state, ignore_errors=True)
+
+
 def test_summed_counters_never_go_down_when_a_worker_is_stuck_or_restarted() -> None:
     def text(opened: int, active: int) -> str:
         return ("# TYPE sluice_connections_opened_total counter\n"

@@ -80,7 +80,7 @@ from sluice.addresses import Address
 from sluice.errors import ConfigError
 from sluice.logs import setup_logging
 from sluice.protocols import registry
-from sluice.protocols.faults import FaultError, parse_rule
+from sluice.protocols.faults import FaultError, check_room, parse_rule
 from sluice.protocols.haproxy import HeaderError
 from sluice.proxy.admin import (
     RELOAD_TIME,
@@ -849,6 +849,7 @@ class Supervisor:
             return 200, {"deleted": before - len(self.rules)}
         data = json_body(request.body)
         try:
+            check_room(len(self.rules))
             rule = parse_rule(data, registry.all_faults())
         except FaultError as exc:
             raise Refused(400, str(exc)) from None
