@@ -68,8 +68,9 @@ ENV SLUICE_LISTEN=0.0.0.0:6650 \
     PYTHONUNBUFFERED=1
 EXPOSE 6650 6651 8080 9090
 VOLUME ["/recordings"]
+# (asked where SLUICE_ADMIN listens: a wildcard by its loopback address)
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:9090/healthz', timeout=2).status != 200)"]
+  CMD ["python", "-c", "import os,sys,urllib.request as u; h,_,p=os.environ.get('SLUICE_ADMIN','127.0.0.1:9090').rpartition(':'); h=h.strip('[]'); h={'':'127.0.0.1','0.0.0.0':'127.0.0.1','::':'::1'}.get(h,h); h='['+h+']' if ':' in h else h; sys.exit(u.urlopen('http://'+h+':'+p+'/healthz',timeout=2).status!=200)"]
 ENTRYPOINT ["sluice"]
 CMD ["proxy"]
 

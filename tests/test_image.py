@@ -3,8 +3,14 @@ container engine: `./dev image`)."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import re
+import socket
+import threading
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -18,3 +24,51 @@ def test_the_default_base_is_the_debian_release_dev_image_builds_on() -> None:
     (tested,) = re.findall(r'^BASE_IMAGE="[^"]*:(\w+)"$', (ROOT / "dev").read_text(), re.MULTILINE)
     assert tested == "bookworm"
     assert re.fullmatch(rf"python:3\.11(\.\d+)?-slim-{tested}(@sha256:[0-9a-f]{{64}})?", base), base
+
+
+def _healthy(monkeypatch: pytest.MonkeyPatch, admin: str) -> bool:
+    """Whether the Dockerfile's HEALTHCHECK command, run here (in-process:
+    its ``python -c`` code) with SLUICE_ADMIN=``admin``, says healthy."""
+    (line,) = re.findall(r'^\s*CMD (\["python", "-c", .*\])$', DOCKERFILE.read_text(), re.M)
+    _, flag, code = json.loads(line)
+    assert flag == "-c"
+    monkeypatch.setenv("SLUICE_ADMIN", admin)
+    try:
+        exec(code, {})
+    except SystemExit as end:
+        return not end.code
+    except OSError:  # (as the process would: a traceback and status 1)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1"])
+def test_the_healthcheck_asks_where_sluice_admin_listens(
+    monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    """The HEALTHCHECK asked 127.0.0.1:9090 whatever SLUICE_ADMIN said:
+    another port (or an address that is not loopback) made a healthy
+    container 'unhealthy', and Docker's restart policies act on that."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = family
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = Server((host, 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert _healthy(monkeypatch, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not _healthy(monkeypatch, f"127.0.0.1:{port}")  # nothing there now

@@ -397,7 +397,7 @@ def test_the_admin_endpoint_is_loopback_in_the_image_and_token_guarded_in_the_ex
     Prometheus) keeps changes behind an admin token mounted from a Secret."""
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^\s*SLUICE_ADMIN=127\.0\.0\.1:9090\b", dockerfile, re.M), "SLUICE_ADMIN"
-    assert "http://127.0.0.1:9090/healthz" in dockerfile
+    assert "'SLUICE_ADMIN','127.0.0.1:9090'" in dockerfile  # the HEALTHCHECK's default
     for name in ("sidecar.yaml", "gateway.yaml"):
         docs = documents(name)
         pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
