@@ -164,6 +164,21 @@ async def test_a_worker_that_cannot_start_says_why_in_one_line(
     assert "Traceback" not in err, err
 
 
+async def _cut_after_commit(nursery: trio.Nursery, supervisor: Supervisor, decisions: Path) -> None:
+    """Start a reload and cut it short (as the admin endpoint's time limit
+    does) once the workers were told to commit it."""
+    cut = trio.CancelScope()
+
+    async def reload() -> None:
+        with cut:
+            await supervisor.reload_from_source("admin")
+
+    nursery.start_soon(reload)
+    while not decisions.exists() or "commit" not in decisions.read_text():
+        await trio.sleep(0.002)
+    cut.cancel()
+
+
 async def test_a_reload_after_one_cut_short_once_committed_is_put_in_force() -> None:
     """A reload cut short once every worker was told to put it in force
     (the admin endpoint's time limit, say): the next reload is put in force
@@ -184,16 +199,7 @@ async def test_a_reload_after_one_cut_short_once_committed_is_put_in_force() -> 
             with trio.fail_after(15):  # (a few seconds unloaded)
                 while not supervisor.workers[0].said_ready:
                     await trio.sleep(0.01)
-                cut = trio.CancelScope()
-
-                async def reload() -> None:
-                    with cut:
-                        await supervisor.reload_from_source("admin")
-
-                nursery.start_soon(reload)
-                while not decisions.exists() or "commit" not in decisions.read_text():
-                    await trio.sleep(0.002)
-                cut.cancel()
+                await _cut_after_commit(nursery, supervisor, decisions)
                 settings[0] = config.replace(max_connections=1)
                 outcome = await supervisor.reload_from_source("admin")
                 assert outcome.outcome == "applied", outcome.summary()
@@ -237,16 +243,7 @@ async def test_fault_rules_of_a_reload_cut_short_reach_the_workers_with_the_next
             with trio.fail_after(15):  # (a few seconds unloaded)
                 while not supervisor.workers[0].admin:
                     await trio.sleep(0.01)
-                cut = trio.CancelScope()
-
-                async def reload() -> None:
-                    with cut:
-                        await supervisor.reload_from_source("admin")
-
-                nursery.start_soon(reload)
-                while not decisions.exists() or "commit" not in decisions.read_text():
-                    await trio.sleep(0.002)
-                cut.cancel()
+                await _cut_after_commit(nursery, supervisor, decisions)
                 settings[0] = settings[0].replace(max_connections=7)
                 outcome = await supervisor.reload_from_source("admin")
                 assert outcome.outcome == "applied", outcome.summary()
