@@ -40,3 +40,19 @@ def test_a_live_address_that_is_not_one_is_refused_before_serving(
     err = capsys.readouterr().err
     assert err.startswith(f"sluice view: --live {live!r}: ") and said in err, err
     assert err.count("\n") == 1, err
+
+
+CAPTURE = (Path(__file__).resolve().parent / "golden" / "analyze" / "inputs"
+           / "sluice-20261128T172608-f2b453b65503-0001.sluice")  # fmt: skip
+
+
+def test_an_export_of_no_frames_is_refused_not_misreported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-frames 0 wrote the first frame and said 'wrote ...: 0 of 50'."""
+    out = tmp_path / "x.html"
+    assert main(["view", str(CAPTURE), "--export", str(out), "--max-frames", "0"]) == 2
+    assert capsys.readouterr().err == "sluice view: --max-frames must be at least 1\n"
+    assert not out.exists()
+    assert main(["view", str(CAPTURE), "--export", str(out), "--max-frames", "1"]) == 0
+    assert "wrote " + str(out) + ": 1 of 50 matching frames" in capsys.readouterr().err

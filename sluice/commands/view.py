@@ -206,6 +206,9 @@ def _report(index: Index) -> None:
 
 
 def _export(index: Index, args: argparse.Namespace) -> int:
+    if args.max_frames < 1:  # a file of no frame is no export: one was written, and 0 said
+        print("sluice view: --max-frames must be at least 1", file=sys.stderr)
+        return 2
     query = {k: v[-1] for k, v in urllib.parse.parse_qs(args.filter.lstrip("#?")).items()}
     try:
         chosen = Filter.from_query(query)
@@ -218,7 +221,7 @@ def _export(index: Index, args: argparse.Namespace) -> int:
     if index.error:
         print(f"sluice view: {index.error}", file=sys.stderr)
         return 2
-    html = export(index, chosen, max(1, args.max_frames), max(0, args.details))
+    html = export(index, chosen, args.max_frames, args.details)
     try:
         args.export.write_text(html)
     except OSError as exc:
