@@ -1091,23 +1091,35 @@ SETTLED = 0.10  # a warm-up pass changed the peer's CPU per message by less than
 WARM_PASSES = (2, 8)  # at least, at most
 
 
+def watched_path(names: list[str]) -> str | None:
+    """The path whose CPU per message decides when the warm-up is done: the
+    Apache Pulsar Proxy, or without it the first path with a proxy process
+    (``direct`` has none); None when there is none."""
+    if "apache-proxy" in names:
+        return "apache-proxy"
+    return next((name for name in names if name != "direct"), None)
+
+
 def warm_up(args: argparse.Namespace, names: list[str], loads: list[Workload], run_of: Any) -> int:
     """Traffic through every path, in passes, before anything is measured.
 
     The rule: each pass runs WARM_LOADS (pulsar-perf 1 KiB at full rate, then
     consuming it) through every path; passes go on until the Apache Pulsar
-    Proxy's CPU per message (or, without it, the first path's) changed by
-    less than SETTLED on each of those workloads from one pass to the next,
-    at least WARM_PASSES[0] and at most WARM_PASSES[1] passes. The JVMs
-    (the peer's, the broker's, pulsar-perf's own start each time) have then
-    compiled their hot paths, and every Sluice path has run the same traffic.
-    The passes are logged, never counted."""
+    Proxy's CPU per message (or, without it, the first proxy path's: direct
+    has no proxy CPU to watch) changed by less than SETTLED on each of those
+    workloads from one pass to the next, at least WARM_PASSES[0] and at most
+    WARM_PASSES[1] passes (with no proxy path at all, WARM_PASSES[0]). The
+    JVMs (the peer's, the broker's, pulsar-perf's own start each time) have
+    then compiled their hot paths, and every Sluice path has run the same
+    traffic. The passes are logged, never counted."""
     if args.warmup_passes == 0:
         log("warm-up: none (--warmup-passes 0)")
         return 0
-    watched = "apache-proxy" if "apache-proxy" in names else names[0]
+    watched = watched_path(names)
     warm = [load for load in loads if load.name in WARM_LOADS]
     least, most = WARM_PASSES if args.warmup_passes is None else (args.warmup_passes,) * 2
+    if watched is None:  # nothing whose CPU settles: the least passes
+        most = least
     before: dict[str, float] = {}
     for done in range(1, most + 1):
         now: dict[str, float] = {}
@@ -1126,7 +1138,10 @@ def warm_up(args: argparse.Namespace, names: list[str], loads: list[Workload], r
         if done >= least and (settled or args.warmup_passes is not None):
             return done
         before = now
-    log(f"warm-up: {watched} had not settled after {most} passes; measuring anyway")
+    if watched is None:
+        log(f"warm-up: {most} passes (no proxy path whose CPU could settle)")
+    else:
+        log(f"warm-up: {watched} had not settled after {most} passes; measuring anyway")
     return most
 
 
