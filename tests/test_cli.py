@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import shutil
@@ -573,3 +574,20 @@ def test_an_anonymize_that_fails_half_way_leaves_no_half_copy(
     assert err.count("\n") == 1
     assert out.exists() == existing
     assert not existing or not any(out.iterdir())
+
+
+def test_a_path_that_is_not_utf8_is_written_as_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a UTF-8 locale (whose stdout is strict, unlike C.UTF-8's), a
+    capture in a directory named in Latin-1 made the summary, once read,
+    fail with a UnicodeEncodeError traceback where it names the file."""
+    directory = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    directory.mkdir()
+    (directory / "a.sluice").write_bytes(CAPTURE.read_bytes()[:3000])  # its last record cut
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["inspect", str(directory), "--summary"]) == 0
+    out.flush()
+    assert bytes(tmp_path) + b"/caf\xe9/a.sluice: ends with " in raw.getvalue()

@@ -157,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stdout is None:  # started with descriptor 1 closed
         _hold_descriptor(1)
         sys.stdout = _Closed()
+    elif isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        # A path that is not UTF-8 (a directory named in Latin-1) is held
+        # with its bytes escaped: written back as those bytes, as a shell
+        # shows and takes the name, not a UnicodeEncodeError once the work
+        # is done.
+        sys.stdout.reconfigure(errors="surrogateescape")
     parser = build_parser()
     command = next((a for a in argv if not a.startswith("-")), None)
     subparser = _subparsers(parser).get(command or "")
