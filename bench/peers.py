@@ -174,6 +174,7 @@ JSON_LINES = 100  # distinct payloads of each size (pulsar-perf picks one at ran
 RATES = [100, 1000, 10_000]  # msg/s of the fixed-rate workloads
 SAMPLE = 0.2  # seconds between samples of the broker's counters and the proxy's CPU
 PROBE = 2000  # 1 KiB messages sent through the Apache Pulsar Proxy under strace
+WATCH_TIMEOUT = 15.0  # seconds a live watcher's request may take
 
 
 def log(text: str) -> None:
@@ -286,6 +287,7 @@ class Path_:
     # The private key its consumers decrypt with (the encrypt path's topics
     # hold ciphertext): pulsar-perf consume -v, the Python client's reader.
     private_key: Path | None = None
+    watcher: Watcher | None = None  # sluice-live's: someone watching it
 
     @property
     def perf_consume(self) -> tuple[str, ...]:
@@ -347,6 +349,13 @@ def start_path(name: str, broker: ApachePulsar, tmp: Path) -> Path_:
         if path.admin is None:
             raise SystemExit(f"{name}: its admin port is not in its log")
         watcher = Watcher(path.admin, token.read_text())
+        try:
+            watcher.answered(WATCH_TIMEOUT)
+        except SystemExit:
+            watcher.stop()
+            path.stop()
+            raise
+        path.watcher = watcher
         stop = path.stop
 
         def stopped() -> None:
@@ -361,15 +370,39 @@ def start_path(name: str, broker: ApachePulsar, tmp: Path) -> Path_:
 class Watcher:
     """Someone watching a proxy live: a thread asking its ``POST /live`` for
     the records after the last it has, as ``sluice view --live`` does, from
-    start to ``stop``; it keeps the answers' bytes and nothing else."""
+    start to ``stop``; it keeps the answers' bytes and nothing else. A
+    request that fails is tried again; ``answered`` and ``still_answered``
+    say whether it is watching at all (a refused token or a closed port
+    would otherwise leave `sluice-live` an unwatched `sluice`)."""
 
     def __init__(self, admin: int, token: str) -> None:
         self.url = f"http://127.0.0.1:{admin}/live"
         self.token = token
         self.bytes = 0
+        self.answers = 0
+        self.failures = 0
+        self.last_answer: float | None = None  # time.monotonic()
+        self.error = ""  # the last request's failure
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="live-watcher", daemon=True)
         self._thread.start()
+
+    def answered(self, timeout: float) -> None:
+        """Until the first answer; SystemExit with the failure after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while self.answers == 0:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise SystemExit(f"sluice-live: {self.url} gave no answer in {timeout:g} s "
+                                 f"({self.failures} tries; last: {self.error or '-'})")  # fmt: skip
+            time.sleep(0.05)
+
+    def still_answered(self, within: float) -> None:
+        """SystemExit unless an answer came in the last ``within`` seconds."""
+        last = self.last_answer
+        if last is None or time.monotonic() - last > within:
+            ago = "never" if last is None else f"{time.monotonic() - last:.0f} s ago"
+            tries = f"{self.failures} failed tries; last: {self.error or '-'}"
+            raise SystemExit(f"sluice-live: {self.url} last answered {ago} ({tries})")
 
     def _run(self) -> None:
         after = ""
@@ -379,13 +412,17 @@ class Watcher:
                 headers={"Authorization": f"Bearer {self.token}"},
             )  # fmt: skip
             try:
-                with urllib.request.urlopen(request, timeout=15) as answer:
+                with urllib.request.urlopen(request, timeout=WATCH_TIMEOUT) as answer:
                     data = json.loads(answer.read())
-            except (OSError, ValueError):
+                records, after = data["records"], data["next"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                self.failures += 1
+                self.error = f"{type(exc).__name__}: {exc}"
                 self._stop.wait(0.5)
                 continue
-            self.bytes += len(data["records"])
-            after = data["next"]
+            self.bytes += len(records)
+            self.answers += 1
+            self.last_answer = time.monotonic()
 
     def stop(self) -> None:
         self._stop.set()
@@ -1180,6 +1217,8 @@ def measure(args: argparse.Namespace) -> Results:
                             log(f"  {name:15} {load.name:18} {result.rate:9,.0f} msg/s "
                                 f"over {result.window:5.2f} s{cpu}")  # fmt: skip
                 for name, path in paths.items():
+                    if path.watcher is not None:  # watched to the end, or the row is not live
+                        path.watcher.still_answered(2 * WATCH_TIMEOUT)
                     if path.admin is not None:
                         filtered[name] = filter_counts(path.admin)
                     elif name in FILTER_PATHS:
