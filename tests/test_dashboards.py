@@ -313,9 +313,22 @@ def test_metric_values_match_the_traffic(admin_proxy: tuple[ProxyProcess, int], 
         consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
         for _ in range(sends):
             consumer.acknowledge(consumer.receive(timeout_millis=10_000))
-        time.sleep(0.3)
-    samples = scrape(proxy, admin)
     c2b, b2c = "client_to_broker", "broker_to_client"
+
+    def counted(samples: dict[Any, float]) -> bool:
+        """The proxy has counted every frame the client has seen answered."""
+        send_frames = value(samples, "sluice_frames_total", command="SEND", direction=c2b)
+        return send_frames > 0 and (
+            value(samples, "sluice_frames_total", command="SEND_RECEIPT", direction=b2c),
+            value(samples, "sluice_request_duration_seconds_count", command="SEND"),
+            value(samples, "sluice_frames_total", command="MESSAGE", direction=b2c),
+        ) == (send_frames, send_frames, sends)
+
+    # The client has its answers once the proxy has relayed them, which may
+    # be a moment before the proxy's counters say so: wait for them.
+    deadline = time.monotonic() + 10
+    while not counted(samples := scrape(proxy, admin)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     send_frames = value(samples, "sluice_frames_total", command="SEND", direction=c2b)
     batches = send_frames - sends
     assert 4 <= batches < batched_messages  # batching really batched
