@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,16 @@ def test_inspect_shows_every_frame_and_counts_match_the_traffic(
             consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
             for _ in range(sends):
                 consumer.acknowledge(consumer.receive(timeout_millis=10_000))
-        time.sleep(0.5)
-        metrics = scrape(p, admin)
+        # The client's last frames (its acks, its closes) are counted once
+        # the proxy has read them: by the time their connections are closed.
+        deadline = time.monotonic() + 10
+        while True:
+            metrics = scrape(p, admin)
+            active = [v for (name, _), v in metrics.items() if name == "sluice_connections_active"]
+            if active and not any(active):
+                break
+            assert time.monotonic() < deadline, f"connections still open: {active}"
+            time.sleep(0.05)
         assert p.terminate() == 0  # graceful: the writer flushes everything
     finally:
         p.kill()
@@ -123,6 +132,21 @@ def test_credentials_never_reach_files_or_logs(
         assert b"payload" in data and b"blue" in data
 
 
+def frames_on_disk(rec: Path, *, live: bool = False) -> int:
+    """The frames a reader finds in the recording now (a torn last record
+    is left out, not an error); ``live``: beside its writer, where a file
+    just started may not have its header yet."""
+    total = 0
+    for path in recording_files(rec):
+        result = fmt.ReadResult(path)
+        try:
+            total += sum(1 for r in read_records(path, result) if r["k"] == "frame")
+        except fmt.Unfinished:
+            if not live:
+                raise
+    return total
+
+
 def test_kill_9_leaves_readable_files(broker: EmbeddedBroker, tmp_path: Path, topic: str) -> None:
     rec = tmp_path / "rec"
     p = start_proxy(broker.url, tmp_path, "--record", str(rec), "--record-flush-interval", "0.2")
@@ -147,20 +171,18 @@ def test_kill_9_leaves_readable_files(broker: EmbeddedBroker, tmp_path: Path, to
         while sent < 200:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(0.5)  # more than two flush intervals
+        # Flushed (every 0.2 s), as a reader beside the writer sees them.
+        while (flushed := frames_on_disk(rec, live=True)) < 200:
+            assert time.monotonic() < deadline, f"{flushed} frames on disk"
+            time.sleep(0.05)
         p.process.send_signal(signal.SIGKILL)
         p.process.wait(10)
     finally:
         stop.set()
         thread.join(30)
         p.kill()
-    files = recording_files(rec)
-    assert files
-    total = 0
-    for path in files:
-        result = fmt.ReadResult(path)
-        total += sum(1 for r in read_records(path, result) if r["k"] == "frame")
-    assert total >= 200  # everything flushed before the kill reads back
+    assert recording_files(rec)
+    assert frames_on_disk(rec) >= flushed  # everything flushed before the kill reads back
     summary = inspect(str(rec), "--summary")
     assert summary.returncode == 0, summary.stderr
     assert "Traceback" not in summary.stderr
@@ -491,18 +513,26 @@ async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
     recorder = Recorder(RecorderConfig(tmp_path, flush_interval=0.05))
     metrics.watch(recorder)
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+
+    async def until(check: Callable[[], bool]) -> None:
+        with trio.fail_after(10):
+            while not check():
+                await trio.sleep(0.01)
+
     async with trio.open_nursery() as nursery:
         await nursery.start(recorder.run)
         recorder.frames(CONN_1, True, [ping])
-        await trio.sleep(0.2)  # written for real, flushed
+        # Written for real, flushed.
+        await until(lambda: recorder.frames_written == 1 and recorder._unflushed == 0)
         assert recorder._file is not None
         recorder._file = FullDisk(recorder._file)  # type: ignore[assignment]
         for _ in range(5):
             recorder.frames(CONN_1, True, [ping])
-        await trio.sleep(0.3)  # the flush fails: those 5 are lost, and counted
+        # The flush fails: those 5 are lost, and counted.
+        await until(lambda: recorder.dropped_total == 5)
         recorder._retry_at = 0.0  # the disk is back
         recorder.frames(CONN_1, True, [ping])
-        await trio.sleep(0.3)
+        await until(lambda: recorder.frames_written == 7 and recorder._unflushed == 0)
         nursery.cancel_scope.cancel()
     records = [r for p in recording_files(tmp_path) for r in read_records(p)]
     assert sum(1 for r in records if r["k"] == "frame") == 2
