@@ -132,6 +132,13 @@ def along(
             raise Stalled(f"{received[0]:,} of {count:,} received, then none for 60 s")
 
 
+def same_rounds(runs: list[dict[int, float]]) -> list[int]:
+    """The rounds (keys of each mode's round: figure) that every mode
+    completed, in order: a round the broker stalled on one mode is left out
+    of every mode's medians, so medians and ratios are of the same rounds."""
+    return sorted(set.intersection(*(set(rounds) for rounds in runs))) if runs else []
+
+
 class Stalled(Exception):
     """Nothing arrived for a minute: pulsar-lite 0.2.0 sometimes stops
     dispatching to a subscription, with or without a proxy in the path."""
@@ -199,8 +206,9 @@ def main() -> int:
     ]
     if args.only is not None:
         workloads = [workloads[0 if args.only == "unbatched" else 1]]
-    results: dict[tuple[str, str, str], list[float]] = {}
-    cpu: dict[tuple[str, str, str], list[float]] = {}  # proxy CPU µs per message
+    # (workload, step, mode): {round: figure}
+    results: dict[tuple[str, str, str], dict[int, float]] = {}
+    cpu: dict[tuple[str, str, str], dict[int, float]] = {}  # proxy CPU µs per message
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         extra = ["--record", str(Path(tmp) / "rec"), "--record-payloads", "hash"]
         recording = extra if args.record else []
@@ -232,10 +240,10 @@ def main() -> int:
                                           f"broker stalled ({exc}); left out of the medians",
                                           file=sys.stderr)  # fmt: skip
                                     continue
-                            results.setdefault((name, step, mode), []).append(rate)
+                            results.setdefault((name, step, mode), {})[round_] = rate
                             if pid is not None:
                                 per = (cpu_seconds(pid) - used) / count * 1e6
-                                cpu.setdefault((name, step, mode), []).append(per)
+                                cpu.setdefault((name, step, mode), {})[round_] = per
                 print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
         finally:
             for p in proxies.values():
@@ -256,23 +264,29 @@ def main() -> int:
     worst = 1.0
     for name, *_ in workloads:
         for step in ("produce", "consume"):
-            if any((name, step, mode) not in results for mode in modes):
-                print(f"{name:<22} {step:<8} n/a: the broker stalled in every round")
+            kept = same_rounds([results.get((name, step, mode), {}) for mode in modes])
+            if not kept:
+                print(f"{name:<22} {step:<8} n/a: no round completed on every path "
+                      "(the broker stalled)")  # fmt: skip
                 continue
-            direct = statistics.median(results[(name, step, "direct")])
-            proxied = statistics.median(results[(name, step, "proxy")])
+            rates = {mode: [results[(name, step, mode)][n] for n in kept] for mode in modes}
+            cpus = {mode: [cpu[(name, step, mode)][n] for n in kept] for mode in proxies}
+            direct = statistics.median(rates["direct"])
+            proxied = statistics.median(rates["proxy"])
             ratio = proxied / direct
             worst = min(worst, ratio)
-            per = statistics.median(cpu[(name, step, "proxy")])
+            per = statistics.median(cpus["proxy"])
             line = (
                 f"{name:<22} {step:<8} {direct:>13,.0f} {proxied:>12,.0f} {ratio:>6.2f} "
                 f"{per:>17.1f}"
             )
             if args.against is not None:
-                other = statistics.median(results[(name, step, "against")])
-                other_per = statistics.median(cpu[(name, step, "against")])
+                other = statistics.median(rates["against"])
+                other_per = statistics.median(cpus["against"])
                 change = f"{(per / other_per - 1) * 100:+.0f} %" if other_per else "n/a"
                 line += f" {other:>14,.0f} {other_per:>15.1f} {change:>11}"
+            if len(kept) < args.rounds:
+                line += f"  ({len(kept)} of {args.rounds} rounds: the others stalled)"
             print(line)
     print(f"lowest ratio {worst:.2f} (goal {GOAL:.2f}: {'met' if worst >= GOAL else 'NOT met'})")
     return 0
