@@ -1,12 +1,15 @@
 """bench/e2e.py's medians and ratios come from the same rounds on every
 path, when the broker stalled on one of them (no broker here: the rounds'
-figures are given)."""
+figures are given), and the proxy's CPU is read finely enough for the few
+milliseconds a round costs it."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
 
-from bench.e2e import same_rounds
+from bench.e2e import cpu_seconds, same_rounds
 
 
 def test_a_round_stalled_on_one_path_leaves_every_path_s_median() -> None:
@@ -23,3 +26,15 @@ def test_rounds_are_kept_in_order_and_none_when_no_round_is_complete() -> None:
     assert same_rounds([{2: 1.0, 0: 1.0, 1: 1.0}, {1: 1.0, 2: 1.0, 0: 1.0}]) == [0, 1, 2]
     assert same_rounds([{0: 1.0}, {1: 1.0}]) == []
     assert same_rounds([]) == []
+
+
+def test_a_process_s_cpu_is_read_finer_than_a_clock_tick() -> None:
+    """5,000 messages at 10 us are 50 ms of the proxy's CPU: read in /proc's
+    10 ms ticks, a round's CPU per message was off by up to a fifth."""
+    pid = os.getpid()
+    before = cpu_seconds(pid)
+    start = time.process_time()
+    while time.process_time() - start < 0.003:  # 3 ms of this process's CPU
+        pass
+    used = cpu_seconds(pid) - before
+    assert 0.0025 < used < 0.008, used  # ticks read 0 or 10 ms
