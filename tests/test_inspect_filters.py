@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +82,20 @@ def test_a_gap_is_shown_whatever_the_filters(tmp_path: Path) -> None:
         gaps = [r for r in _inspect_json(capture, *extra) if r["kind"] == "gap"]
         assert [g["dropped"] for g in gaps] == [12], extra
     assert not [r for r in _inspect_json(capture, "--until", "1") if r["kind"] == "gap"]
+
+
+def test_a_pcap_target_that_is_no_regular_file_is_written_in_place(tmp_path: Path) -> None:
+    """--pcap wrote a file beside its target and moved it there: a FIFO, a
+    device or /dev/stdout was replaced by a regular file (as root,
+    /dev/full became one). Such a target is now written in place."""
+    capture = _producing(tmp_path / "r.sluice", TOPIC)
+    fifo = tmp_path / "out.pcapng"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["inspect", str(capture), "--pcap", str(fifo)]) == 0
+    reader.join(10)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert got and got[0][:4] == b"\x0a\x0d\x0d\x0a"  # a pcapng section header block
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.pcapng", "r.sluice"]

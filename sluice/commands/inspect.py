@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -496,7 +497,12 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     # Written next to its place and moved there once whole: a capture that
     # turns out damaged leaves no partial file, and any earlier one as it was.
+    # What is no regular file (a pipe, /dev/stdout, a device) is written in
+    # place: a file moved there would take the place of the device or link.
+    in_place = args.pcap is not None and args.pcap.exists() and not args.pcap.is_file()
     partial = args.pcap.with_name(f".{args.pcap.name}.partial") if args.pcap else None
+    if in_place:
+        partial = args.pcap
     pcap_file = open(partial, "wb") if partial is not None else None  # noqa: SIM115
     pcap: PcapngWriter | None = None
     spec = registry.get(registry.DEFAULT_PROTOCOL)  # the protocol of the file being read
@@ -543,20 +549,27 @@ def run(args: argparse.Namespace) -> int:
     except RecordingError as exc:
         print(f"sluice inspect: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if pcap_file is None:
+            raise
+        print(f"sluice inspect: --pcap {args.pcap}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     finally:
         if pcap_file is not None:
-            pcap_file.close()
-            if not read:
+            with contextlib.suppress(OSError):  # (what did not go out: said above)
+                pcap_file.close()
+            if not read and not in_place:
                 partial.unlink(missing_ok=True)  # type: ignore[union-attr]
     if partial is not None and pcap is None:  # no capture read: nothing to write
-        partial.unlink(missing_ok=True)
+        if not in_place:
+            partial.unlink(missing_ok=True)
         print(f"sluice inspect: no recording with a header in {args.recording}: "
               f"{args.pcap} not written", file=sys.stderr)  # fmt: skip
         return 2
     if pcap is not None or args.json:
         for path in summary.gone:
             print(f"sluice inspect: {path}: {GONE}", file=sys.stderr)
-    if pcap is not None:
+    if pcap is not None and not in_place:
         os.replace(partial, args.pcap)  # type: ignore[arg-type]
         print(f"wrote {pcap.packets} packets to {args.pcap}", file=sys.stderr)
     elif args.json:
