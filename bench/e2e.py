@@ -15,7 +15,8 @@ the official pulsar-client in this process. Producing uses send_async with a
 bounded queue and waits for every receipt; consuming subscribes from the
 earliest message of a topic filled beforehand and receives them all. Direct
 and proxied runs alternate, each on a fresh topic, and each figure is the
-median of the rounds. The broker, the proxy and the client share the
+median of the rounds; the ratio's min-max is that of each round's own
+proxy / direct. The broker, the proxy and the client share the
 machine's cores, as they would in a sidecar.
 
 ``--against DIR`` also starts a second proxy from the sluice package in DIR
@@ -157,6 +158,13 @@ def same_rounds(runs: list[dict[int, float]]) -> list[int]:
     return sorted(set.intersection(*(set(rounds) for rounds in runs))) if runs else []
 
 
+def ratio_range(mine: list[float], theirs: list[float]) -> str:
+    """min-max of the rounds' own ratios (``mine[i] / theirs[i]``, round i
+    of each): the noise a ratio of medians is read with."""
+    each = [m / t for m, t in zip(mine, theirs, strict=True) if t]
+    return f"{min(each):.2f}-{max(each):.2f}" if each else "-"
+
+
 class Stalled(Exception):
     """Nothing arrived for a minute: pulsar-lite 0.2.0 sometimes stops
     dispatching to a subscription, with or without a proxy in the path."""
@@ -282,7 +290,7 @@ def main() -> int:
     print(f"proxy recording: {'on (payloads hashed)' if args.record else 'off'}")
     header = (
         f"{'workload':<22} {'step':<8} {'direct msg/s':>13} {'proxy msg/s':>12} {'ratio':>6} "
-        f"{'proxy CPU µs/msg':>17}"
+        f"{'min-max':>9} {'proxy CPU µs/msg':>17}"
     )
     if args.against is not None:
         print(f"against: sluice from {describe_source(args.against)}")
@@ -303,9 +311,10 @@ def main() -> int:
             ratio = proxied / direct
             worst = min(worst, ratio)
             per = statistics.median(cpus["proxy"])
+            spread = ratio_range(rates["proxy"], rates["direct"])
             line = (
                 f"{name:<22} {step:<8} {direct:>13,.0f} {proxied:>12,.0f} {ratio:>6.2f} "
-                f"{per:>17.1f}"
+                f"{spread:>9} {per:>17.1f}"
             )
             if args.against is not None:
                 other = statistics.median(rates["against"])

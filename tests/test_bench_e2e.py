@@ -9,7 +9,7 @@ import os
 import statistics
 import time
 
-from bench.e2e import cpu_seconds, same_rounds
+from bench.e2e import cpu_seconds, ratio_range, same_rounds
 
 
 def test_a_round_stalled_on_one_path_leaves_every_path_s_median() -> None:
@@ -38,3 +38,10 @@ def test_a_process_s_cpu_is_read_finer_than_a_clock_tick() -> None:
         pass
     used = cpu_seconds(pid) - before
     assert 0.0025 < used < 0.008, used  # ticks read 0 or 10 ms
+
+
+def test_a_ratio_s_spread_is_of_each_round_s_own_ratio() -> None:
+    """Round by round (1.125 and 0.917), not the lowest over the lowest
+    (90 / 80) and the highest over the highest (110 / 120)."""
+    assert ratio_range([90.0, 110.0], [80.0, 120.0]) == "0.92-1.12"
+    assert ratio_range([90.0], [0.0]) == "-"
