@@ -86,3 +86,17 @@ def test_a_source_changed_in_python_or_rust_says_so(tmp_path: Path) -> None:
         (tmp_path / name).write_text("2\n")
         assert describe_source(tmp_path) == clean + " + uncommitted changes"
         git("checkout", "-q", "--", name)
+
+
+@pytest.mark.e2e
+def test_the_readme_names_every_option_of_peers() -> None:
+    """bench/README.md's usage of peers.py (the headline bench) lists every
+    option its --help prints (it lacked --starts, and --png, whose default
+    is the committed picture)."""
+    import re
+
+    usage = run_bench("peers.py", "--help").stdout
+    options = set(re.findall(r"(--[a-z][a-z-]+)", usage)) - {"--help"}
+    readme = (BENCH / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if "bench/peers.py [" in ln)
+    assert options and options <= set(re.findall(r"(--[a-z][a-z-]+)", line)), (options, line)
