@@ -555,11 +555,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice inspect: --pcap {args.pcap}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     finally:
-        if pcap_file is not None:
+        if pcap_file is not None and not read:
             with contextlib.suppress(OSError):  # (what did not go out: said above)
                 pcap_file.close()
-            if not read and not in_place:
+            if not in_place:
                 partial.unlink(missing_ok=True)  # type: ignore[union-attr]
+    if pcap_file is not None:
+        try:
+            pcap_file.close()  # (its last writes may fail only now)
+        except OSError as exc:
+            if not in_place:
+                partial.unlink(missing_ok=True)  # type: ignore[union-attr]
+            print(f"sluice inspect: --pcap {args.pcap}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     if partial is not None and pcap is None:  # no capture read: nothing to write
         if not in_place:
             partial.unlink(missing_ok=True)
@@ -569,8 +577,9 @@ def run(args: argparse.Namespace) -> int:
     if pcap is not None or args.json:
         for path in summary.gone:
             print(f"sluice inspect: {path}: {GONE}", file=sys.stderr)
-    if pcap is not None and not in_place:
-        os.replace(partial, args.pcap)  # type: ignore[arg-type]
+    if pcap is not None:
+        if not in_place:
+            os.replace(partial, args.pcap)  # type: ignore[arg-type]
         print(f"wrote {pcap.packets} packets to {args.pcap}", file=sys.stderr)
     elif args.json:
         for path, n in summary.truncated:
