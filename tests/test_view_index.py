@@ -179,3 +179,45 @@ def test_a_capture_of_many_problems_draws_a_bounded_timeline(tmp_path: Path) -> 
     assert timeline["problems"] == 20_000 and timeline["frames"] == 20_100
     few = index.timeline(Filter(cmd="SEND"), marks=500)
     assert len(few["marks"]) == 100 and not few["sampled"] and few["problems"] == 0
+
+
+def test_an_answer_that_is_no_admin_endpoints_is_said_and_the_watch_goes_on() -> None:
+    """Another service on the admin port answering JSON of its own: the
+    watching thread died (TypeError) and the page showed a live view that
+    never changed, with nothing said. Now the page says so, and the view
+    asks again."""
+
+    class Elsewhere(ThreadingHTTPServer):
+        def __init__(self) -> None:
+            class Handler(BaseHTTPRequestHandler):
+                def log_message(self, format: str, *args: Any) -> None:
+                    pass
+
+                def do_POST(self) -> None:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"[]")
+
+            super().__init__(("127.0.0.1", 0), Handler)
+            threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    server = Elsewhere()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    stop = threading.Event()
+    index = LiveIndex(address)
+    watcher = threading.Thread(target=watch, args=(index, live_url(address), "t", stop))
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 4
+        while not index.live_error:
+            assert time.monotonic() < deadline, "nothing said"
+            time.sleep(0.01)
+        assert "not what a Sluice admin endpoint answers" in index.live_error
+        assert watcher.is_alive()
+    finally:
+        stop.set()
+        watcher.join(5)
+        server.shutdown()
+        server.server_close()

@@ -19,6 +19,7 @@ records), which every reader takes.
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import logging
@@ -424,18 +425,26 @@ def watch(index: LiveIndex, url: str, token: str, stop: threading.Event) -> None
                 return  # nothing will change by asking again
             stop.wait(2)
             continue
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             index.live_error = f"cannot reach {url}: {getattr(exc, 'reason', exc)}"
             stop.wait(2)
             continue
-        index.live_error = ""
-        records = list(msgpack.Unpacker(io.BytesIO(base64.b64decode(data["records"])),
-                                        raw=False, strict_map_key=False))  # fmt: skip
         try:
-            index.feed(records, int(data.get("dropped", 0)), str(data["next"]))
+            records = list(msgpack.Unpacker(io.BytesIO(base64.b64decode(data["records"])),
+                                            raw=False, strict_map_key=False))  # fmt: skip
+            next_ = str(data["next"])
+        except (TypeError, KeyError, ValueError, msgpack.UnpackException) as exc:
+            # Another service on the port (a JSON answer of its own): said on
+            # the page, and asked again, as for an endpoint that is away.
+            index.live_error = f"{url}: not what a Sluice admin endpoint answers ({exc!r})"
+            stop.wait(2)
+            continue
+        index.live_error = ""
+        try:
+            index.feed(records, int(data.get("dropped", 0)), next_)
         except Exception as exc:  # a bad record must not stop the view
             log.error("live view: could not take records: %r", exc, exc_info=exc)
-        after = str(data["next"])
+        after = next_
 
 
 def live_url(text: str) -> str:
