@@ -179,7 +179,11 @@ def apply(
     actions = {a.dest: a for a in _options(parser)}
     for dest in actions:
         settings.sources[dest] = "default"
-    file = config_path(argv) or environ.get(f"{ENV_PREFIX}CONFIG")
+    file = config_path(argv)
+    if file == "":  # (not taken for none given: SLUICE_CONFIG would win over the flag)
+        raise SettingsError("--config names no file: give --config FILE")
+    if file is None:
+        file = environ.get(f"{ENV_PREFIX}CONFIG")
     layers: list[tuple[str, dict[str, Any]]] = []
     if file:
         file_values = load_file(Path(file), command, commands)

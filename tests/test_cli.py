@@ -376,6 +376,19 @@ def test_only_the_proxy_reads_settings_from_the_environment_and_a_file(
     assert 'broker = "pulsar://127.0.0.1:1"  # file' in capsys.readouterr().out
 
 
+def test_an_empty_config_flag_is_refused_not_taken_for_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--config=` (a variable that expanded to nothing) was taken for no
+    flag at all, and SLUICE_CONFIG's file was read in its place."""
+    flat = tmp_path / "flat.toml"
+    flat.write_text("broker = 'pulsar://127.0.0.1:1'\n")
+    monkeypatch.setenv("SLUICE_CONFIG", str(flat))
+    assert main(["proxy", "--config=", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert err == "sluice proxy: --config names no file: give --config FILE\n"
+
+
 @pytest.mark.parametrize("mode", [[], ["--summary"], ["--json", "--with-bytes"]])
 def test_a_reader_that_stops_early_ends_the_command_quietly(
     mode: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
