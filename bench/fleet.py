@@ -2,7 +2,7 @@
 
     python bench/fleet.py [--clients 1,4,8] [--messages N] [--quick]
                           [--kind direct,proxy] [--workers 1,auto] [--record off,on]
-                          [--workloads unbatched,batched] [--rounds 1]
+                          [--workloads unbatched,batched] [--rounds 3]
 
 One embedded pulsar-lite broker; K client processes (the official
 pulsar-client, one `pulsar.Client` each), each producing to its own topic and
@@ -27,10 +27,15 @@ shared by clients, broker and proxy), and a delivery check: consumed messages
 are deduplicated by content (pulsar-lite 0.2.0 may redeliver under load) and
 compared with those produced.
 
-``--rounds N`` runs the whole sweep N times, each round starting at another
-configuration, so that none is always measured first (the broker's state
-changes as a run goes on). Rows are labelled with their round, and the
-summary's comparisons pair configurations of the same round.
+``--rounds N`` (3; 1 with ``--quick``) runs the whole sweep N times, each
+round starting at another configuration, so that none is always measured
+first (the broker's state changes as a run goes on). Rows are labelled with
+their round, and the summary's comparisons pair configurations of the same
+round. The table at the end gives, per configuration, workload, step and
+client count, the median of the rounds' own ratios to direct (each round's
+proxy msg/s over that same round's direct msg/s) with their min-max, and
+how many rounds it is of: a round the broker stalled (``*``) on either side,
+or that failed, is left out of the ratio.
 
 Loopback only; every process started here is stopped by PID on exit, Ctrl-C
 and errors included. Progress goes to stderr, the table to stdout.
@@ -529,8 +534,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=1,
-        help="repeat the sweep, each round in another order of configurations (default 1)",
+        help="repeat the sweep, each round in another order of configurations (default 3; quick 1)",
     )
     parser.add_argument(
         "--step-timeout", type=float, default=300.0, help="seconds one step may take"
@@ -562,6 +566,8 @@ def parse_args() -> argparse.Namespace:
     args.clients = args.clients or ("1,2" if args.quick else "1,4,8")
     args.messages = args.messages or (5000 if args.quick else 20000)
     args.batched_messages = args.batched_messages or 5 * args.messages
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     return args
@@ -781,6 +787,99 @@ def print_summary(rows: list[Row], configs: list[Config]) -> None:
                   f"({low[1]} clients, {low[2]}, {low[3]})")  # fmt: skip
 
 
+Key = tuple[Config, int, str, str]  # configuration, clients, workload name, step
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A configuration's msg/s over direct's, round by round."""
+
+    ratios: tuple[float, ...]  # each round's own ratio, of the rounds used, in round order
+    rounds: int  # rounds the configuration's step was measured in
+
+    def text(self) -> str:
+        """``median (min-max) used/rounds``: ``1.02 (0.95-1.10) 3/3``."""
+        used = f"{len(self.ratios)}/{self.rounds}"
+        if not self.ratios:
+            return f"- {used}"
+        if len(self.ratios) == 1:
+            return f"{self.ratios[0]:.2f} {used}"
+        low, high = min(self.ratios), max(self.ratios)
+        return f"{statistics.median(self.ratios):.2f} ({low:.2f}-{high:.2f}) {used}"
+
+
+def _usable(row: Row) -> bool:
+    """Measured whole: not failed, and the broker did not stall (``*``)."""
+    return not row.failed and not row.lost and row.rate > 0
+
+
+def ratios_to_direct(rows: list[Row]) -> dict[Key, Versus]:
+    """Each proxy configuration's msg/s over direct's, per clients, workload
+    and step: every round's proxy msg/s over the same round's direct msg/s.
+    A round the broker stalled (``*``) or that failed, on either side, is
+    left out of both (never the lowest over the lowest)."""
+    direct = {(r.clients, r.workload.name, r.step, r.round): r.rate
+              for r in rows if r.config.workers is None and _usable(r)}  # fmt: skip
+    measured: dict[Key, set[int]] = {}
+    ratios: dict[Key, list[float]] = {}
+    for r in sorted(rows, key=lambda r: r.round):
+        if r.config.workers is None:
+            continue
+        key = (r.config, r.clients, r.workload.name, r.step)
+        measured.setdefault(key, set()).add(r.round)
+        kept = ratios.setdefault(key, [])
+        base = direct.get((r.clients, r.workload.name, r.step, r.round))
+        if base and _usable(r):
+            kept.append(r.rate / base)
+    return {key: Versus(tuple(ratios[key]), len(measured[key])) for key in measured}
+
+
+def ratio_table(rows: list[Row], configs: list[Config], workloads: list[Workload]) -> str:
+    """Per workload and step, a row per configuration and a column per client
+    count: direct's msg/s, and each proxy configuration's ratio to it, as
+    median (min-max) of the rounds' own ratios and the rounds used of those
+    measured."""
+    versus = ratios_to_direct(rows)
+    clients = sorted({r.clients for r in rows})
+    lines = [
+        "msg/s over direct's, round by round (a round's proxy msg/s over the same round's "
+        "direct msg/s):",
+        "median (min-max) of the rounds used / measured; a round stalled (*) or failed on "
+        "either side is left out of both",
+    ]
+    width = max(19, *(len(c.label) for c in configs))
+    for workload in workloads:
+        for step in ("produce", "consume"):
+            if not any(r.workload.name == workload.name and r.step == step for r in rows):
+                continue
+            table: list[list[str]] = [
+                [f"{workload.label}, {step}"]
+                + [f"{k} client{'s' if k > 1 else ''}" for k in clients]
+            ]
+            for config in configs:
+                cells = [config.label if config.workers is not None else "direct (msg/s)"]
+                for k in clients:
+                    if config.workers is not None:
+                        got = versus.get((config, k, workload.name, step))
+                        cells.append("" if got is None else got.text())
+                        continue
+                    mine = [r for r in rows if r.config == config and r.clients == k
+                            and r.workload.name == workload.name and r.step == step]  # fmt: skip
+                    rates = [r.rate for r in mine if _usable(r)]
+                    used = f"{len(rates)}/{len({r.round for r in mine})}"
+                    cells.append("" if not mine else f"- {used}" if not rates else
+                                 f"{statistics.median(rates):,.0f} ({min(rates):,.0f}-"
+                                 f"{max(rates):,.0f}) {used}")  # fmt: skip
+                table.append(cells)
+            widths = [max(width, *(len(t[0]) for t in table))]
+            widths += [max(len(t[i]) for t in table) for i in range(1, len(clients) + 1)]
+            lines.append("")
+            for cells in table:
+                lines.append("  ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True))
+                             .rstrip())  # fmt: skip
+    return "\n".join(lines)
+
+
 def _loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -869,6 +968,8 @@ def main() -> int:
           f"{args.idle_timeout:g}s): msg/s of those that were, no ratio")  # fmt: skip
     print()
     print_summary(rows, configs)
+    print()
+    print(ratio_table(rows, configs, workloads))
     return 130 if interrupted else 0
 
 
