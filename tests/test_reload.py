@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from sluice.brokers.apache_pulsar import hs256_token
 from sluice.commands.proxy import settings_again
@@ -252,8 +253,10 @@ async def test_sighup_and_a_changed_file_reload(tmp_path: Path) -> None:
     server.CONFIG_CHECK_EVERY, before = 0.05, server.CONFIG_CHECK_EVERY
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(server.reload_when_asked, proxy, cfg)
-            await trio.sleep(0.1)
+            await nursery.start(server.reload_when_asked, proxy, cfg)  # SIGHUP caught
+            # The file watch has taken its first look (what a change is from)
+            # once every task waits: a fixed sleep may end before it has.
+            await trio.testing.wait_all_tasks_blocked()
             # The kubelet's update: a new directory, the ..data link swapped.
             fresh = tmp_path / "..2026_11_29_02"
             fresh.mkdir()
