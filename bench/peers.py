@@ -90,7 +90,10 @@ library loaded or not), and whether it relays with splice(2) from an strace
 count of its syscalls while 2,000 1 KiB messages cross it, after the timed
 rounds. Start time (process start to the first answered CONNECT) is the
 median of --starts starts of each proxy. Every Sluice row is also given as a
-ratio to the Apache Pulsar Proxy row. The broker, the proxy and the clients
+ratio to the Apache Pulsar Proxy row ("vs peer": msg/s, publish and
+end-to-end p99, proxy CPU per message): the ratio of the two medians, then
+in brackets the min-max of the rounds' own ratios (each round's value over
+the peer's in the same round), e.g. ``1.18 (0.95-1.31)``. The broker, the proxy and the clients
 share the machine's cores.
 
 The floor beside each Sluice row is what the compiled frame path alone
@@ -1250,6 +1253,48 @@ def ratio(mine: float | None, theirs: float | None) -> str:
     return f"{mine / theirs:.2f}"
 
 
+def ratio_spread(
+    mine: float | None,
+    theirs: float | None,
+    mine_each: list[float | None],
+    theirs_each: list[float | None],
+) -> str:
+    """The ratio of the medians, then the min-max of the rounds' own ratios
+    (round i's value over the peer's in round i): ``1.18 (0.95-1.31)``;
+    never the lowest over the lowest."""
+    text = ratio(mine, theirs)
+    each = [m / t for m, t in zip(mine_each, theirs_each, strict=False) if m is not None and t]
+    if text == "-" or not each:
+        return text
+    return f"{text} ({min(each):.2f}-{max(each):.2f})"
+
+
+def _rate(f: Figures) -> float | None:
+    return f.rate
+
+
+def _cpu(f: Figures) -> float | None:
+    return f.cpu_us
+
+
+def _publish_p99(f: Figures) -> float | None:
+    return f.publish[1] if f.publish else None
+
+
+def _e2e_p99(f: Figures) -> float | None:
+    return f.e2e[1] if f.e2e else None
+
+
+def versus_peer(figure: Callable[[Figures], float | None], cell: Cell, peer: Cell | None) -> str:
+    """A "vs peer" column: ``figure`` of ``cell`` over the peer's, the ratio
+    of the medians with the min-max of the rounds' own ratios; empty without
+    a peer (its own row, direct)."""
+    if peer is None:
+        return ""
+    return ratio_spread(figure(cell.median()), figure(peer.median()),
+                        [figure(r) for r in cell.runs], [figure(r) for r in peer.runs])  # fmt: skip
+
+
 def idle_rates(cells: dict[tuple[str, str], Cell], names: list[str]) -> dict[str, float]:
     """Each proxy's CPU seconds per second with no client (the idle row)."""
     rates = {}
@@ -1275,26 +1320,22 @@ def table(
     for load in loads:
         if load == IDLE:
             continue
-        peer = cells[("apache-proxy", load)].median() if ("apache-proxy", load) in cells else None
+        peer_cell = cells.get(("apache-proxy", load))
         for name in names:
             cell = cells[(name, load)]
             f = cell.median()
-            versus = name.startswith("sluice") and peer is not None
+            versus = peer_cell if name.startswith("sluice") else None
             rates = [r.rate for r in cell.runs]
             cpus = [r.cpu_us for r in cell.runs if r.cpu_us is not None]
-            p99 = f.publish[1] if f.publish else None
-            peer_p99 = peer.publish[1] if peer and peer.publish else None
-            e2e99 = f.e2e[1] if f.e2e else None
-            peer_e2e99 = peer.e2e[1] if peer and peer.e2e else None
             row = [
                 load, name, f"{f.rate:,.0f} ({min(rates):,.0f}-{max(rates):,.0f})",
-                ratio(f.rate, peer.rate) if versus and peer else "",
+                versus_peer(_rate, cell, versus),
                 fmt_lat(f.publish),
-                ratio(p99, peer_p99) if versus else "",
+                versus_peer(_publish_p99, cell, versus),
                 fmt_lat(f.e2e),
-                ratio(e2e99, peer_e2e99) if versus else "",
+                versus_peer(_e2e_p99, cell, versus),
                 "-" if f.cpu_us is None else f"{f.cpu_us:.1f} ({min(cpus):.1f}-{max(cpus):.1f})",
-                ratio(f.cpu_us, peer.cpu_us) if versus and peer else "",
+                versus_peer(_cpu, cell, versus),
                 f"{floor_of(load, floors):.2f}"
                 if name.startswith("sluice") and floor_of(load, floors) is not None else "",
                 f"{idle[name] / f.rate * 1e6:.1f}" if name in idle and f.rate else "-",
@@ -1416,7 +1457,8 @@ def main() -> int:
         f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs "
         f"({len(os.sched_getaffinity(0))} usable); Apache Pulsar {results.version} standalone; "
         f"pulsar-perf {results.version}; pulsar-client {pulsar.__version__}; "
-        f"{args.rounds} rounds, scale {args.scale}; medians (min-max of the rounds); "
+        f"{args.rounds} rounds, scale {args.scale}; medians (min-max of the rounds); vs peer: "
+        "ratio of medians (min-max of each round's own ratio); "
         + (
             f"warmed by {results.warm_passes} passes of {' and '.join(WARM_LOADS)} through "
             "every path first (rule: bench/peers.py warm_up)"

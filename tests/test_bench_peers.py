@@ -1,6 +1,7 @@
 """bench/peers.py's rules on figures given to them (the warm-up's stop
-condition), and the live path's watcher, which must say when nobody is
-watching (one test beside a real `sluice proxy`, no broker)."""
+condition, the "vs peer" columns' spread), and the live path's watcher,
+which must say when nobody is watching (one test beside a real `sluice
+proxy`, no broker)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ from typing import Any
 
 import pytest
 
-from bench.peers import ADMIN, WARM_LOADS, WARM_PASSES, Figures, Watcher, Workload, warm_up
+from bench.peers import (
+    ADMIN,
+    WARM_LOADS,
+    WARM_PASSES,
+    Cell,
+    Figures,
+    Watcher,
+    Workload,
+    table,
+    warm_up,
+)
 from sluice.brokers.embedded import free_port
 from tests.helpers.support import start_proxy
 
@@ -72,6 +83,33 @@ def test_without_the_peer_the_first_proxy_path_is_watched_not_direct() -> None:
     assert passes_until_warm(cpus) == 3
     # with no proxy path at all, nothing can settle: the least passes
     assert passes_until_warm({"direct": NEVER}) == WARM_PASSES[0]
+
+
+def test_vs_peer_is_the_ratio_of_medians_with_each_round_s_own_ratio_s_spread() -> None:
+    """Three rounds, the peer's and sluice's figures of the same round side
+    by side. msg/s: medians 160 / 150 = 1.07, and each round's own 1.20,
+    0.80, 1.20 (the lowest over the lowest would read 1.20, the highest over
+    the highest 0.90); publish p99 18 / 20 with 1.20, 0.90, 1.50; CPU 0.6 /
+    0.5 with 1.40, 1.50, 1.00. No end-to-end latency: "-" as before."""
+    peer = [(100.0, 10.0, 0.5), (200.0, 20.0, 0.4), (150.0, 40.0, 0.6)]
+    mine = [(120.0, 12.0, 0.7), (160.0, 18.0, 0.6), (180.0, 60.0, 0.6)]
+
+    def cell(rounds: list[tuple[float, float, float]]) -> Cell:
+        return Cell([Figures(rate=rate, publish=(1.0, p99, p99 + 5), cpu_us=cpu)
+                     for rate, p99, cpu in rounds])  # fmt: skip
+
+    load = "perf 1K max"
+    cells = {("apache-proxy", load): cell(peer), ("sluice", load): cell(mine)}
+    lines = table(cells, ["apache-proxy", "sluice"], [load]).splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {r[1]: r for r in ([c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:])}
+    assert len(head) == len(rows["sluice"]) == 13
+    sluice = dict(zip(head, rows["sluice"], strict=True))
+    assert sluice["msg/s"] == "160 (120-180)"  # the cell's own spread, unchanged
+    vs = [c for h, c in zip(head, rows["sluice"], strict=True) if h.startswith("vs peer")]
+    assert vs == ["1.07 (0.80-1.20)", "0.90 (0.90-1.50)", "-", "1.20 (1.00-1.50)"]
+    assert [c for h, c in zip(head, rows["apache-proxy"], strict=True)
+            if h.startswith("vs peer")] == ["", "", "", ""]  # fmt: skip
 
 
 def test_a_watcher_that_gets_no_answer_says_so() -> None:
