@@ -111,6 +111,8 @@ class BrokerPorts:
         self._other: dict[str, Listeners] = {kind: Listeners() for kind in kinds[1:]}
         self.serve: Serve | None = None  # the proxy's, once it accepts
         self._used: set[int] = set()
+        # The brokers whose listener is being opened (``open``), by kind.
+        self._opening: dict[tuple[Address, str], trio.Event] = {}
         self.draining = False  # (``let_go``)
 
     def let_go(self) -> None:
@@ -143,6 +145,24 @@ class BrokerPorts:
         existing = self._map(kind).listener_for(upstream)
         if existing is not None:
             return existing
+        # Lookups naming a new broker at the same moment (clients that
+        # reconnect together): the first opens its listener, the others
+        # wait for it and are told the same one (opening it again would
+        # leave a listener, and a journal line, for nobody).
+        key = (upstream, kind)
+        while (opening := self._opening.get(key)) is not None:
+            await opening.wait()
+            existing = self._map(kind).listener_for(upstream)
+            if existing is not None:
+                return existing
+        self._opening[key] = trio.Event()
+        try:
+            return await self._open(upstream, kind)
+        finally:
+            self._opening.pop(key).set()
+
+    async def _open(self, upstream: Address, kind: str) -> Address:
+        """``open``'s listener, not yet opened."""
         what = f"{'TLS ' if kind == TLS else ''}broker {upstream}"
         if self.pool is not None:  # a worker: the port is the supervisor's
             assert self.journal is not None

@@ -1,0 +1,66 @@
+"""A lone proxy's per-broker listeners (``BrokerPorts``) as lookups ask for
+them: one listener per broker, however many ask at once, and a port range
+that cannot be used for another reason than its brokers said as that
+reason. In-process: real sockets on loopback, no broker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sluice.addresses import Address
+from sluice.proxy.ports import BrokerPorts, Listeners
+from sluice.proxy.shared import SharedBrokerPorts
+
+
+def _ports(
+    served: list[tuple[trio.abc.Listener[Any], Address]],
+    span: tuple[int, int] | None = None,
+    journal: SharedBrokerPorts | None = None,
+) -> BrokerPorts:
+    ports = BrokerPorts("127.0.0.1", None, span, journal, None, lambda listener, kind: listener)
+    ports.map = Listeners()
+    ports.serve = lambda listener, upstream, kind: served.append((listener, upstream))
+    return ports
+
+
+def _run(test: Callable[[], Any]) -> None:
+    trio.run(test)
+
+
+async def _close(served: list[tuple[trio.abc.Listener[Any], Address]]) -> None:
+    for listener, _ in served:
+        await listener.aclose()
+
+
+def test_lookups_asking_at_once_for_one_broker_get_one_listener(tmp_path: Path) -> None:
+    """Clients reconnecting together (a restart) look the same broker up at
+    the same moment: one listener, one journal line, every lookup told it."""
+    journal = SharedBrokerPorts(tmp_path / "ports", held=True)
+    served: list[tuple[trio.abc.Listener[Any], Address]] = []
+
+    async def test() -> None:
+        ports = _ports(served, journal=journal)
+        told: list[Address] = []
+
+        async def ask() -> None:
+            told.append(await ports.open(Address("broker-1", 6650)))
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(ask)
+            assert len(served) == 1, [listener for listener, _ in served]
+            assert len(set(told)) == 1 and len(told) == 5
+            lines = (tmp_path / "ports").read_text().splitlines()
+            assert len(lines) == 1, lines
+        finally:
+            await _close(served)
+
+    try:
+        _run(test)
+    finally:
+        journal.close()
