@@ -69,12 +69,13 @@ def test_closes_due_together_wait_side_by_side(broker: EmbeddedBroker, tmp_path:
     assert planted
     admin = free_port()
     proxy = start_proxy(broker.url, tmp_path, "--admin", f"127.0.0.1:{admin}")
-    before = value(scrape(proxy, admin), "sluice_connections_opened_total", listener="plain")
-    replay = subprocess.Popen(
-        [*SLUICE, "replay", str(tampered), "--broker", proxy.url, "--timeout", "600"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    replay: subprocess.Popen[bytes] | None = None
     try:
+        before = value(scrape(proxy, admin), "sluice_connections_opened_total", listener="plain")
+        replay = subprocess.Popen(
+            [*SLUICE, "replay", str(tampered), "--broker", proxy.url, "--timeout", "600"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
 
         def state() -> tuple[float, float]:
             samples = scrape(proxy, admin)
@@ -89,6 +90,7 @@ def test_closes_due_together_wait_side_by_side(broker: EmbeddedBroker, tmp_path:
         # its answers closed while the other still waits.
         assert state() == (2, 1), state()
     finally:
-        replay.kill()
-        replay.wait()
+        if replay is not None:
+            replay.kill()
+            replay.wait(10)
         proxy.kill()

@@ -73,14 +73,18 @@ class Viewer:
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}/"
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    break
-            except OSError:
-                assert self.process.poll() is None, self.process.communicate()[0]
-                assert time.monotonic() < deadline, "sluice view did not listen"
-                time.sleep(0.05)
+        try:
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                        break
+                except OSError:
+                    assert self.process.poll() is None, self.process.communicate(timeout=10)[0]
+                    assert time.monotonic() < deadline, "sluice view did not listen"
+                    time.sleep(0.05)
+        except BaseException:
+            self.stop()  # no test holds it yet to stop it
+            raise
 
     def api(self, path: str) -> Any:
         with urllib.request.urlopen(self.url + "api/" + path, timeout=10) as answer:
@@ -384,7 +388,7 @@ def test_bad_input_is_one_clear_line(capture: Path, tmp_path: Path) -> None:
         finally:
             v.stop()
         assert said in json.dumps(status), status
-        assert said in v.process.communicate()[0]  # and on the command line
+        assert said in v.process.communicate(timeout=10)[0]  # and on the command line
 
 
 def test_python_dash_m_help() -> None:
@@ -512,7 +516,7 @@ def test_a_record_the_index_cannot_hold_is_said_not_a_traceback(tmp_path: Path) 
         v.stop()
     assert "damaged after" in status["error"] and "cannot take" in status["error"], status
     assert frames["total"] == 6 and frames["rows"][-1]["cmd"] == "SEND_RECEIPT"
-    output = v.process.communicate()[0]
+    output = v.process.communicate(timeout=10)[0]
     assert "cannot take" in output and "Traceback" not in output
 
 
