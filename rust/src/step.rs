@@ -113,6 +113,7 @@ pub mod python {
     use crate::account::python::SendTable;
     use crate::seal::python::Sealing;
     use crate::seal::Sealed;
+    use crate::sockets::python::os_error;
     use crate::{MESSAGE, SEND, SEND_RECEIPT};
 
     /// Command types are small numbers (metrics.py's TYPE_SLOTS).
@@ -636,7 +637,8 @@ pub mod python {
                 let n = match read(source, &mut buffer[h..h + READ_SIZE]) {
                     Ok(n) => n,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(py.None()),
-                    Err(e) => return Err(e.into()),
+                    // As os.read raises it: its errno and words (the relay logs them).
+                    Err(e) => return Err(os_error(e)),
                 };
                 let data = &buffer[..h + n];
                 let started = Instant::now();
@@ -702,7 +704,7 @@ pub mod python {
                     figures.relay[usize::from(from_client)].observe(seconds);
                     return Ok(n.into_pyobject(py)?.into_any().unbind());
                 }
-                let error: Option<PyErr> = failed.map(PyErr::from);
+                let error: Option<PyErr> = failed.map(os_error);
                 let rest = if error.is_some() {
                     &[][..]
                 } else {
