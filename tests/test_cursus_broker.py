@@ -531,7 +531,11 @@ async def test_streams_push_keep_alive_and_end(cluster3: Cluster) -> None:
     await s4.send(
         encode_request(Stream(topic="s", partition=0, group="g", member=member, offset=2))
     )
-    await trio.sleep(0.1)
+    # Open on the broker before the member leaves (a fixed sleep could be
+    # too short: the leave came first, and no stream was there to close).
+    with trio.fail_after(10):
+        while not any(o.member == member and o.ending is None for o in cluster3._streams):
+            await trio.sleep(0.01)
     await w.text(LeaveGroup(topic="s", group="g", member=member))
     assert await _skip_keepalives(s4) == StreamControl("CLOSE", "removed", 2)
     for wire in (w, producer, s1, s2, s3, s4):
