@@ -64,3 +64,36 @@ def test_lookups_asking_at_once_for_one_broker_get_one_listener(tmp_path: Path) 
         _run(test)
     finally:
         journal.close()
+
+
+def test_one_broker_spelled_several_ways_has_one_listener(tmp_path: Path) -> None:
+    """Host names are the same in any case and with a trailing dot (DNS);
+    an IPv6 address is one however it is written. A broker answers name
+    it either way: one listener (and journal line) each, and the main
+    listener's broker is not given a second."""
+    journal = SharedBrokerPorts(tmp_path / "ports", held=True)
+    served: list[tuple[trio.abc.Listener[Any], Address]] = []
+    spellings = {
+        "broker-1": ["broker-1", "Broker-1", "broker-1.", "BROKER-1."],
+        "::1": ["::1", "[::1]", "0:0::1", "0000:0000:0000:0000:0000:0000:0000:0001"],
+    }
+
+    async def test() -> None:
+        ports = _ports(served, journal=journal)
+        ports.stands_for(Address("main.example", 6650), 7777)  # the main listener
+        try:
+            for names in spellings.values():
+                told = {await ports.open(Address(name, 6650)) for name in names}
+                assert len(told) == 1, told
+            assert len(served) == 2, [upstream for _, upstream in served]
+            assert await ports.open(Address("Main.Example.", 6650)) == Address("127.0.0.1", 7777)
+            assert len(served) == 2
+            lines = (tmp_path / "ports").read_text().splitlines()
+            assert len(lines) == 2, lines
+        finally:
+            await _close(served)
+
+    try:
+        _run(test)
+    finally:
+        journal.close()

@@ -27,6 +27,7 @@ protocol. The backend keeps the map of listeners its cores read
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import resource
 import socket
@@ -43,6 +44,20 @@ log = logging.getLogger("sluice.proxy")
 
 # The socket kind of a worker's --listener-ports port (the supervisor's).
 BROKER = "broker"
+
+
+def broker_key(upstream: Address) -> Address:
+    """One spelling of a broker's address, for telling brokers apart: a
+    host name in lower case without a trailing dot (the same name to DNS),
+    an IP address as ``ipaddress`` writes it (``0:0::1``, ``[::1]``: ``::1``)."""
+    host = upstream.host
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        host = host.lower().removesuffix(".")
+    return Address(host, upstream.port)
 
 
 class NoListener(Exception):
@@ -111,7 +126,10 @@ class BrokerPorts:
         self._other: dict[str, Listeners] = {kind: Listeners() for kind in kinds[1:]}
         self.serve: Serve | None = None  # the proxy's, once it accepts
         self._used: set[int] = set()
-        # The brokers whose listener is being opened (``open``), by kind.
+        # The port of each broker (``broker_key``) and kind that has a
+        # listener, however answers spell the broker; and those whose
+        # listener is being opened (``open``).
+        self._given: dict[tuple[Address, str], int] = {}
         self._opening: dict[tuple[Address, str], trio.Event] = {}
         self.draining = False  # (``let_go``)
 
@@ -135,7 +153,9 @@ class BrokerPorts:
     def stands_for(self, upstream: Address, port: int, kind: str | None = None) -> None:
         """The proxy's listener on ``port`` (of ``kind``; None: the main
         kind) relays to ``upstream``."""
-        self._map(kind or self.kinds[0]).add_listener(upstream, self.advertised(port))
+        kind = kind or self.kinds[0]
+        self._given[broker_key(upstream), kind] = port
+        self._map(kind).add_listener(upstream, self.advertised(port))
 
     async def open(self, upstream: Address, kind: str | None = None) -> Address:
         """The listener of ``kind`` (None: the main kind) relaying to
@@ -149,25 +169,27 @@ class BrokerPorts:
         # reconnect together): the first opens its listener, the others
         # wait for it and are told the same one (opening it again would
         # leave a listener, and a journal line, for nobody).
-        key = (upstream, kind)
+        key = (broker_key(upstream), kind)
         while (opening := self._opening.get(key)) is not None:
             await opening.wait()
-            existing = self._map(kind).listener_for(upstream)
-            if existing is not None:
-                return existing
+        port = self._given.get(key)
+        if port is not None:  # the broker as another answer spelled it
+            self.stands_for(upstream, port, kind)
+            return self.advertised(port)
         self._opening[key] = trio.Event()
         try:
-            return await self._open(upstream, kind)
+            return await self._open(upstream, key[0], kind)
         finally:
             self._opening.pop(key).set()
 
-    async def _open(self, upstream: Address, kind: str) -> Address:
-        """``open``'s listener, not yet opened."""
+    async def _open(self, upstream: Address, broker: Address, kind: str) -> Address:
+        """``open``'s listener, not yet opened; ``broker``: ``upstream`` as
+        the journal keeps it (``broker_key``)."""
         what = f"{'TLS ' if kind == TLS else ''}broker {upstream}"
         if self.pool is not None:  # a worker: the port is the supervisor's
             assert self.journal is not None
             try:
-                port = self.journal.assign(upstream, self.pool, kind)
+                port = self.journal.assign(broker, self.pool, kind)
             except ValueError as exc:
                 raise NoListener(str(exc)) from None
             if port is None:
@@ -180,7 +202,7 @@ class BrokerPorts:
         if self.draining:  # (a worker's journal says so itself)
             raise NoListener(f"draining: no listener is opened for {what}")
         span, journal = self.span, self.journal
-        known = journal.port_of(upstream, kind) if journal is not None else None
+        known = journal.port_of(broker, kind) if journal is not None else None
         if known is not None:  # given before, maybe by an earlier run: clients know it
             candidates: Iterable[int] = [known]
         elif span is not None:
@@ -206,7 +228,7 @@ class BrokerPorts:
             self._used.add(bound_port)
             if journal is not None and known is None:
                 try:
-                    journal.assign(upstream, [bound_port], kind)
+                    journal.assign(broker, [bound_port], kind)
                 except ValueError as exc:  # a host name no line can hold: this run only
                     log.warning("%s: %s", journal.path, exc)
             for listener in listeners:  # one per address the host resolves to
