@@ -763,7 +763,12 @@ def test_serve_of_an_apache_pulsar_session_answers_the_real_client(
         assert len(got) == 12
     finally:
         served.send_signal(signal.SIGTERM)
-        out, err = served.communicate(timeout=20)
+        try:
+            out, err = served.communicate(timeout=20)
+        except subprocess.TimeoutExpired:  # ignored SIGTERM: killed, not left running
+            served.kill()
+            out, err = served.communicate(timeout=10)
+            raise AssertionError(f"sluice serve did not stop on SIGTERM: {err}") from None
     assert "0 without a recorded answer" in out, out + err
 
 
