@@ -5,14 +5,18 @@ reason. In-process: real sockets on loopback, no broker."""
 
 from __future__ import annotations
 
+import errno
+import os
+import resource
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from sluice.addresses import Address
-from sluice.proxy.ports import BrokerPorts, Listeners
+from sluice.proxy.ports import BrokerPorts, Listeners, NoListener
 from sluice.proxy.shared import SharedBrokerPorts
 
 
@@ -97,3 +101,34 @@ def test_one_broker_spelled_several_ways_has_one_listener(tmp_path: Path) -> Non
         _run(test)
     finally:
         journal.close()
+
+
+def test_a_range_that_cannot_be_listened_on_says_why_not_that_it_is_full() -> None:
+    """Out of file descriptors (a proxy over its ulimit -n), no port of
+    --listener-ports can be bound: the lookup is told that, not that every
+    port has a broker (which would have the range widened, in vain)."""
+    served: list[tuple[trio.abc.Listener[Any], Address]] = []
+
+    async def test() -> None:
+        ports = _ports(served, span=(20000, 20009))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        filler: list[int] = []
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+        try:
+            with pytest.raises((NoListener, OSError)) as caught:
+                while True:  # every descriptor taken
+                    try:
+                        filler.append(os.open(os.devnull, os.O_RDONLY))
+                    except OSError as exc:
+                        assert exc.errno == errno.EMFILE
+                        break
+                await ports.open(Address("broker-1", 6650))
+        finally:
+            for fd in filler:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            await _close(served)
+        assert "no free port" not in str(caught.value)
+        assert os.strerror(errno.EMFILE) in str(caught.value)
+
+    _run(test)

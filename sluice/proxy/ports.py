@@ -216,6 +216,11 @@ class BrokerPorts:
             try:
                 listeners = await open_listeners(Address(self.host, port))
             except OSError as exc:
+                if port and exc.errno != errno.EADDRINUSE:  # (out of descriptors, say)
+                    # Not this port's doing: no other would do, and "no free
+                    # port" would have the range widened, in vain.
+                    raise NoListener(f"cannot listen on {self.host}:{port} for {what}: "
+                                     f"{exc.strerror or exc}") from None  # fmt: skip
                 if known is not None:
                     where = journal.path if journal is not None else "the journal"
                     raise NoListener(
