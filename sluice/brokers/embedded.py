@@ -216,8 +216,18 @@ class EmbeddedBroker:
         return path
 
     def start(self) -> EmbeddedBroker:
+        """Start the broker and wait until it listens. However that ends
+        otherwise (BrokerError, Ctrl-C while it comes up), the broker is
+        stopped and a data directory of its own removed."""
         if self.process is not None:
             raise BrokerError("broker already started")
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> EmbeddedBroker:
         binary = broker_binary()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self._config()
@@ -246,7 +256,6 @@ class EmbeddedBroker:
             wait_for_port(self.host, self.port, self.start_timeout, self.process)
         except BrokerError as exc:
             tail = self.log_tail()  # before stop(), which removes a data dir of its own
-            self.stop()
             raise BrokerError(f"{exc}\n{tail}" if tail else str(exc)) from None
         return self
 

@@ -1,0 +1,75 @@
+"""The embedded pulsar-lite broker (``EmbeddedBroker``) as ``sluice demo``
+and the tests start it: a port drawn free and taken before the broker
+binds it, and a start interrupted (Ctrl-C) while the broker comes up."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+
+from sluice.brokers.embedded import EmbeddedBroker
+
+pytestmark = pytest.mark.e2e  # each starts a broker
+
+
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    """Whether ``pid`` has exited (and been reaped) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@contextlib.contextmanager
+def _kill_after(broker: EmbeddedBroker) -> Iterator[None]:
+    """Whatever happens, the broker's process is killed by its PID."""
+    try:
+        yield
+    finally:
+        process = broker.process
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def test_a_port_asked_for_and_taken_is_an_error_naming_it() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        broker = EmbeddedBroker(port=port)
+        with _kill_after(broker), pytest.raises(Exception, match="before listening"):
+            broker.start()
+    assert broker.port == port and broker.process is None
+
+
+def test_ctrl_c_while_the_broker_starts_stops_it_and_removes_its_data() -> None:
+    broker = EmbeddedBroker()
+    started: list[int] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        if broker.process is not None:  # launched, not yet listening (or just)
+            started.append(broker.process.pid)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+    with _kill_after(broker):  # (after the checks)
+        try:
+            with pytest.raises(KeyboardInterrupt), broker:
+                pytest.fail("started before the interrupt")  # pragma: no cover
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert started and _gone(started[0]), "the broker was left running"
+        assert not broker.data_dir.exists()
