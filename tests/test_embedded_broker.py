@@ -43,6 +43,16 @@ def _kill_after(broker: EmbeddedBroker) -> Iterator[None]:
             process.wait()
 
 
+def test_a_drawn_port_taken_before_the_broker_binds_it_is_drawn_again() -> None:
+    broker = EmbeddedBroker()
+    taken = broker.port
+    with socket.create_server(("127.0.0.1", taken)), _kill_after(broker), broker:
+        assert broker.port != taken
+        with socket.create_connection(broker.address, timeout=5):
+            pass
+    assert not broker.data_dir.exists()
+
+
 def test_a_port_asked_for_and_taken_is_an_error_naming_it() -> None:
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]

@@ -112,6 +112,21 @@ def _listens(pid: int, port: int) -> bool | None:
     return False
 
 
+def _in_use(host: str, port: int) -> bool:
+    """Whether another socket holds ``port`` on ``host`` (bound now)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+# How many ports a broker is started on before its start is given up, when
+# each drawn port is taken before the broker binds it.
+_DRAWS = 3
+
+
 def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
     """SIGTERM, then SIGKILL if it has not exited within ``timeout``; reaped."""
     if process.poll() is not None:
@@ -172,6 +187,7 @@ class EmbeddedBroker:
         without stopping it (SIGKILL): for a command's broker (``sluice
         demo``), not for one a thread starts and leaves to others."""
         self.host = host
+        self._own_port = not port  # drawn here: drawn again if taken meanwhile
         self.port = port or free_port(host)
         self._own_dir = data_dir is None
         self.data_dir = (
@@ -222,7 +238,17 @@ class EmbeddedBroker:
         if self.process is not None:
             raise BrokerError("broker already started")
         try:
-            return self._start()
+            for draws in range(_DRAWS, 0, -1):
+                try:
+                    return self._start()
+                except BrokerError:
+                    # The port drawn free was bound by another process before
+                    # the broker could: another one (a port asked for is
+                    # the caller's, and said taken).
+                    if not self._own_port or draws == 1 or not _in_use(self.host, self.port):
+                        raise
+                    self.port = free_port(self.host)
+            raise AssertionError("unreachable")
         except BaseException:
             self.stop()
             raise
@@ -256,6 +282,8 @@ class EmbeddedBroker:
             wait_for_port(self.host, self.port, self.start_timeout, self.process)
         except BrokerError as exc:
             tail = self.log_tail()  # before stop(), which removes a data dir of its own
+            process, self.process = self.process, None
+            terminate(process, 5.0)
             raise BrokerError(f"{exc}\n{tail}" if tail else str(exc)) from None
         return self
 
