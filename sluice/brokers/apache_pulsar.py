@@ -486,6 +486,9 @@ class ApachePulsar(JavaServer):
             self.stop()
             tail = self.log_tail()
             raise BrokerError(f"Apache Pulsar did not start: {exc}\n{tail}") from None
+        except BaseException:  # Ctrl-C while it comes up, say: not left running
+            self.stop()
+            raise
         self.start_seconds = time.monotonic() - started
         self.say(
             f"Apache Pulsar {self.version} ready on {self.url} (HTTP {self.http_url}) "
@@ -652,6 +655,9 @@ class ApachePulsarProxy(JavaServer):
             raise BrokerError(
                 f"Apache Pulsar Proxy did not start: {exc}\n{self.log_tail()}"
             ) from None
+        except BaseException:  # Ctrl-C while it comes up, say: not left running
+            self.stop()
+            raise
         self.start_seconds = time.monotonic() - started
         self.say(
             f"Apache Pulsar Proxy {self.version} ready on {self.url} "
