@@ -84,6 +84,21 @@ def test_workers_give_no_port_from_a_line_outside_the_range(tmp_path: Path) -> N
     assert ports.broker_for(19050) is None and ports.broker_for(99999) is None
 
 
+def test_a_line_a_crash_tore_does_not_take_the_next_line_with_it(tmp_path: Path) -> None:
+    """A crash (or a full disk) left the last line without its newline: the
+    next broker's line was written onto it, and the whole was ignored as
+    damaged, so that broker's port was kept by nobody, and a restart could
+    give it to another broker while clients still dialled it for this one."""
+    path = tmp_path / "broker-ports"
+    path.write_text("19000 node-1 9000 plain\n19003 node-2 9000 pl")  # torn
+    ports = SharedBrokerPorts(path, span=(19000, 19005))
+    assert ports.assign(Address("node-3", 9000), [19001, 19002]) == 19001
+    again = SharedBrokerPorts(path, span=(19000, 19005))  # a restart reads the file
+    assert again.broker_for(19001) == (Address("node-3", 9000), "plain")
+    assert again.broker_for(19000) == (Address("node-1", 9000), "plain")
+    assert again.broker_for(19003) is None  # the torn line, ignored on its own
+
+
 @pytest.mark.e2e  # runs the command
 def test_sluice_proxy_says_a_ports_file_it_cannot_write_before_it_starts(tmp_path: Path) -> None:
     """Said where the configuration is checked: one line, exit 2, before any

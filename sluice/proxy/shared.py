@@ -62,6 +62,12 @@ class Journal:
         self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600) if fd is None else fd
         self._read = 0
         self._partial = b""
+        # A line a crash (or a full disk) left without its end: ended now, so
+        # that the next line is not joined to it and lost with it. (Lines
+        # are written whole: only a torn one ends without a newline.)
+        size = os.fstat(self.fd).st_size
+        if size and os.pread(self.fd, 1, size - 1) != b"\n":
+            os.write(self.fd, b"\n")
 
     def append(self, line: str) -> None:
         os.write(self.fd, f"{line}\n".encode())
