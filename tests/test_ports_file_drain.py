@@ -18,6 +18,7 @@ from sluice.addresses import Address
 from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.proxy.shared import BROKER_PORTS_LOCK, SharedBrokerPorts, stop_giving_ports
 from tests.helpers.support import QUIET, kill_with_workers, start_proxy, worker_pids
+from tests.test_dashboards import scrape
 
 
 def test_a_draining_holder_lets_the_file_go_and_gives_no_port(tmp_path: Path) -> None:
@@ -44,6 +45,13 @@ def test_a_draining_holder_lets_the_file_go_and_gives_no_port(tmp_path: Path) ->
     worker.close()
 
 
+def all_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (SIGSTOP)."""
+    tasks = Path(f"/proc/{pid}/task")
+    states = [(task / "stat").read_text().rpartition(")")[2].split()[0] for task in tasks.iterdir()]
+    return all(state in ("T", "t") for state in states)
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_proxy_restarted_while_the_old_one_drains_takes_the_ports_file(
@@ -58,8 +66,9 @@ def test_a_proxy_restarted_while_the_old_one_drains_takes_the_ports_file(
     with EmbeddedBroker() as broker:
         stop = broker.pid
         assert stop is not None
-        listen = free_port()
-        old = start_proxy(broker.url, tmp_path, *keep, "--drain-timeout", "60", port=listen)
+        listen, admin = free_port(), free_port()
+        old = start_proxy(broker.url, tmp_path, *keep, "--drain-timeout", "60",
+                          "--admin", f"127.0.0.1:{admin}", port=listen)  # fmt: skip
         new = None
         pids: dict[int, int] = {}
         client = pulsar.Client(f"pulsar://127.0.0.1:{listen}", operation_timeout_seconds=60,
@@ -72,7 +81,23 @@ def test_a_proxy_restarted_while_the_old_one_drains_takes_the_ports_file(
             producer.send(b"before")
             os.kill(stop, signal.SIGSTOP)
             try:
+                # Stopped before the send goes, every thread of it: a signal
+                # takes effect a moment after kill() returns, and a broker
+                # still running then answered it (the drain then had
+                # nothing to wait for).
+                deadline = time.monotonic() + 10
+                while not all_stopped(stop):
+                    assert time.monotonic() < deadline, "the broker did not stop"
+                    time.sleep(0.01)
                 producer.send_async(b"in flight", lambda result, message: None)
+                # On its way to the stopped broker before SIGTERM (else the
+                # drain has nothing to wait for, and may be over at once).
+                sends = ("sluice_frames_total",
+                         (("command", "SEND"), ("direction", "client_to_broker")))  # fmt: skip
+                deadline = time.monotonic() + 30
+                while scrape(old, admin).get(sends, 0) < 2:
+                    assert time.monotonic() < deadline, old.log()
+                    time.sleep(0.05)
                 old.process.send_signal(signal.SIGTERM)
                 deadline = time.monotonic() + 30
                 while "draining" not in old.log():
