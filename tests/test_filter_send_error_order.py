@@ -33,7 +33,7 @@ from pulsar.schema import AvroSchema
 
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import EmbeddedBroker, free_port
-from tests.helpers.support import ProxyProcess, client, start_proxy
+from tests.helpers.support import ProxyProcess, client, start_proxy, wait_stopped
 from tests.test_dashboards import scrape, value
 from tests.test_encryption_e2e import make_key_pair
 from tests.test_filters_e2e import Order, _avro
@@ -102,6 +102,7 @@ def refused_among_in_flight(
         assert lines.get(timeout=60) == "ready\n"
         os.kill(broker_pid, signal.SIGSTOP)
         try:
+            wait_stopped(broker_pid)
             process.stdin.write("go\n")
             process.stdin.flush()
             deadline = time.monotonic() + 20

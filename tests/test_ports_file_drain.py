@@ -17,7 +17,13 @@ import pytest
 from sluice.addresses import Address
 from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.proxy.shared import BROKER_PORTS_LOCK, SharedBrokerPorts, stop_giving_ports
-from tests.helpers.support import QUIET, kill_with_workers, start_proxy, worker_pids
+from tests.helpers.support import (
+    QUIET,
+    kill_with_workers,
+    start_proxy,
+    wait_stopped,
+    worker_pids,
+)
 from tests.test_dashboards import scrape
 
 
@@ -43,13 +49,6 @@ def test_a_draining_holder_lets_the_file_go_and_gives_no_port(tmp_path: Path) ->
         worker.assign(Address("b2", 6650), [7000, 7001])
     assert worker.assign(Address("b1", 6650), [7000, 7001]) == 7000  # known: kept
     worker.close()
-
-
-def all_stopped(pid: int) -> bool:
-    """Whether every thread of process ``pid`` is stopped (SIGSTOP)."""
-    tasks = Path(f"/proc/{pid}/task")
-    states = [(task / "stat").read_text().rpartition(")")[2].split()[0] for task in tasks.iterdir()]
-    return all(state in ("T", "t") for state in states)
 
 
 @pytest.mark.e2e
@@ -81,14 +80,9 @@ def test_a_proxy_restarted_while_the_old_one_drains_takes_the_ports_file(
             producer.send(b"before")
             os.kill(stop, signal.SIGSTOP)
             try:
-                # Stopped before the send goes, every thread of it: a signal
-                # takes effect a moment after kill() returns, and a broker
-                # still running then answered it (the drain then had
-                # nothing to wait for).
-                deadline = time.monotonic() + 10
-                while not all_stopped(stop):
-                    assert time.monotonic() < deadline, "the broker did not stop"
-                    time.sleep(0.01)
+                # Stopped before the send goes (a broker still running then
+                # answered it, and the drain had nothing to wait for).
+                wait_stopped(stop)
                 producer.send_async(b"in flight", lambda result, message: None)
                 # On its way to the stopped broker before SIGTERM (else the
                 # drain has nothing to wait for, and may be over at once).

@@ -78,6 +78,7 @@ from tests.helpers.support import (
     stopped,
     tcp_connections,
     wait_ready,
+    wait_stopped,
     worker_pids,
 )
 from tests.test_cursus_broker import collect_all, in_thread, produce
@@ -372,6 +373,7 @@ async def test_lookup_on_one_worker_connect_on_another(
         # Only worker 0 accepts: the lookup is answered there (and learns the broker).
         os.kill(pids[1], signal.SIGSTOP)
         try:
+            wait_stopped(pids[1])
             looking = FrameStream(await trio.open_tcp_stream(address.host, address.port))
             hello = pb.CommandConnect(client_version="tests", protocol_version=21)
             await looking.send(encode(command(Type.Value("CONNECT"), hello)))
@@ -385,6 +387,7 @@ async def test_lookup_on_one_worker_connect_on_another(
         # Only worker 1 accepts: it serves the CONNECT naming the learned broker.
         os.kill(pids[0], signal.SIGSTOP)
         try:
+            wait_stopped(pids[0])
             relayed = FrameStream(await trio.open_tcp_stream(address.host, address.port))
             hello.proxy_to_broker_url = f"127.0.0.1:{broker.port}"
             await relayed.send(encode(command(Type.Value("CONNECT"), hello)))
@@ -647,6 +650,7 @@ def test_fault_rules_reach_every_worker_and_their_hits_add_up(
     new_pid = worker_pids(proxy, 2, timeout=0)[0]
     os.kill(pids[1], signal.SIGSTOP)  # only the new worker 0 accepts now
     try:
+        wait_stopped(pids[1])
         with client(proxy.url) as c:
             c.create_producer(topic, batching_enabled=False).send(b"after restart")
         # Worker 1 stopped: left out after SCRAPE_TIMEOUT, counting with

@@ -249,18 +249,29 @@ def stopped(pids: list[int], timeout: float = 10) -> Iterator[None]:
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
             sent.append(pid)
-        deadline = time.monotonic() + timeout
-        while not all(_state(pid) in ("T", "t") for pid in pids):
-            assert time.monotonic() < deadline, "a process did not stop"
-            time.sleep(0.01)
+        for pid in pids:
+            wait_stopped(pid, timeout)
         yield
     finally:
         for pid in sent:
             os.kill(pid, signal.SIGCONT)
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+def wait_stopped(pid: int, timeout: float = 10) -> None:
+    """Wait until process ``pid``, sent SIGSTOP, is stopped (``all_stopped``)."""
+    deadline = time.monotonic() + timeout
+    while not all_stopped(pid):
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.01)
+
+
+def all_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped: a SIGSTOP takes
+    effect a moment after kill() returns, thread by thread, and a process
+    still running then may yet answer what the test meant it to miss."""
+    tasks = Path(f"/proc/{pid}/task")
+    states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+    return all(state in ("T", "t") for state in states)
 
 
 def one_client_per_worker(pids: dict[int, int], connect: Callable[[], Any]) -> list[Any]:
