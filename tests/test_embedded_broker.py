@@ -10,6 +10,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import pytest
@@ -83,3 +84,36 @@ def test_ctrl_c_while_the_broker_starts_stops_it_and_removes_its_data() -> None:
             signal.signal(signal.SIGALRM, previous)
         assert started and _gone(started[0]), "the broker was left running"
         assert not broker.data_dir.exists()
+
+
+def _listening_ports(pid: int) -> set[tuple[str, int]]:
+    """The TCP addresses process ``pid`` listens on (from /proc: its
+    sockets' inodes, looked up in /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address, port = fields[1].rsplit(":", 1)
+                found.add((address, int(port, 16)))
+    return found
+
+
+def test_the_broker_listens_on_its_loopback_port_only() -> None:
+    """pulsar-lite's own metrics endpoint listened on 0.0.0.0:8080 for
+    every demo's and test's broker: a port on every interface, which
+    nobody here reads, and one the user's own services may want."""
+    with EmbeddedBroker() as broker:
+        assert broker.pid is not None
+        deadline = time.monotonic() + 5
+        while not (ports := _listening_ports(broker.pid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert {port for _, port in ports} == {broker.port}, ports
+        assert all(address == "0100007F" for address, _ in ports), ports  # 127.0.0.1

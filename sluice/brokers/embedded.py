@@ -227,6 +227,10 @@ class EmbeddedBroker:
                 lines.append(f"{key} = {value}")
             else:
                 lines.append(f'{key} = "{value}"')
+        # Its own metrics endpoint, on 0.0.0.0:8080 unless told: nobody here
+        # reads it, and a demo's or a test's broker listens on loopback only
+        # (and leaves a port 8080 the user's own services may want).
+        lines += ["[metrics]", "enabled = false"]
         path = self.data_dir / "pulsar-lite.toml"
         path.write_text("\n".join(lines) + "\n")
         return path
