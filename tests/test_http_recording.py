@@ -37,7 +37,7 @@ from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.protocols.http import Hop, RedirectError, Redirects, parse_http_url, recorded
 from sluice.protocols.http.recorded import redact_body, redact_headers, redact_target
 from sluice.protocols.http.websocket import FrameReader
-from sluice.proxy.http_recording import Body, HttpRecording
+from sluice.proxy.http_recording import MAX_PENDING, Body, HttpRecording
 from sluice.recording import format as fmt
 from sluice.recording.writer import Recorder, RecorderConfig
 from tests.helpers.support import SLUICE
@@ -613,3 +613,39 @@ def test_a_fragmented_websocket_message_is_redacted_whole(tmp_path: Path) -> Non
         assert record["p"] == [len(part), hashlib.sha256(part).digest()] and record["redacted"]
     assert [r["raw"] for r in records[3:6]] == [plain[:20], b"ping", plain[20:]]
     assert records[6]["p"] == [30, hashlib.sha256(secret[:30]).digest()]
+
+
+def test_an_endless_fragmented_message_does_not_grow_the_recording(tmp_path: Path) -> None:
+    """With ``full`` payloads, a message whose fragments never end (empty
+    ones, with pings between them: within any size limit, so the relay
+    lets them through) is not held back whole: past ``MAX_PENDING``
+    records its fragments are written as they come, by their digests,
+    before the message ends; and every frame is recorded, in order."""
+    rounds = 3 * MAX_PENDING // 11  # of ten empty fragments and a ping
+    queued: list[int] = []
+
+    def drive(recording: HttpRecording) -> None:
+        conn = h11.Connection(h11.SERVER)
+        recording.opened(conn, "127.0.0.1:1")
+        tap = recording.session(conn)
+        assert tap is not None
+        reader = FrameReader(from_client=True, max_message=1 << 20, keep=True)
+        tap.frames(False, reader.feed(client_frame(2, b"first", fin=False)))
+        empty = client_frame(0, b"", fin=False) * 10 + client_frame(9, b"ping")
+        for _ in range(rounds):
+            tap.frames(False, reader.feed(empty))
+        recorder = recording.recorder
+        queued.append(recorder.queued + recorder.dropped_total)
+        tap.frames(False, reader.feed(client_frame(0, b"last")))
+        tap.frames(False, reader.feed(client_frame(2, b"next")))
+        tap.ended("closed")
+
+    records = captured(tmp_path, drive)
+    total = 3 + 11 * rounds  # first, the rounds, last, next
+    # Held back: no more than MAX_PENDING records of the message unwritten.
+    assert queued[0] >= total - 1 - MAX_PENDING, queued
+    assert len(records) == total
+    assert [r["op"] for r in records[:12]] == ["binary"] * 11 + ["ping"]
+    assert records[0]["p"] == [5, hashlib.sha256(b"first").digest()]
+    assert records[-2]["p"] == [4, hashlib.sha256(b"last").digest()]
+    assert records[-1]["raw"] == b"next"  # the next message is kept whole again

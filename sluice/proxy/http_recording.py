@@ -36,6 +36,12 @@ from sluice.recording.writer import Recorder
 
 log = logging.getLogger("sluice.recorder")
 
+# With ``full`` payloads, the most records of a fragmented WebSocket message
+# (its fragments and the control frames between them) held back until it
+# ends: past them, its records are written by their digests as they come.
+# Fragments may be empty, so the body limit alone does not bound them.
+MAX_PENDING = 1024
+
 
 class HttpWatch:
     """What the HTTP listener says about its traffic, here ignored (no
@@ -266,7 +272,9 @@ class WebSocketRecording:
     a message sent in fragments (and of control frames between them) wait
     until its last fragment came; then its fragments are kept as they came
     if the whole held no credential, else by their digests (as a message
-    that ended before its last fragment, or grew past the body limit)."""
+    that ended before its last fragment, or grew past the body limit, or
+    came in more than ``MAX_PENDING`` records: those are written as they
+    come from there on)."""
 
     def __init__(self, recording: HttpRecording, conn: int) -> None:
         self.recorder = recording.recorder
@@ -276,6 +284,9 @@ class WebSocketRecording:
         # By direction: the records of a message not yet whole, each data
         # fragment's with its payload (None for a control frame's, done).
         self._pending: dict[int, list[tuple[Record, bytes | None]]] = {}
+        # The directions whose message in progress went past MAX_PENDING
+        # records: the rest of it is written as it comes, by digests.
+        self._spilled: set[int] = set()
 
     def frames(self, to_client: bool, seen: Seen) -> None:
         try:
@@ -293,16 +304,30 @@ class WebSocketRecording:
                 record["close"] = seen.close[0]
             pending = self._pending.get(direction)
             data = opcode in ("text", "binary")
+            if direction in self._spilled and data:
+                # A message past MAX_PENDING records: the rest by digests.
+                if payload:
+                    record["p"] = [len(payload), hashlib.sha256(payload).digest()]
+                self.recorder.note(record)
+                if final:
+                    self._spilled.discard(direction)
+                continue
             if self.payloads is PayloadPolicy.FULL and data and (pending is not None or not final):
                 pending = self._pending.setdefault(direction, [])
                 pending.append((record, payload))
                 if final:
                     self._message_done(direction, whole=True)
+                elif len(pending) >= MAX_PENDING:
+                    self._message_done(direction, whole=False)
+                    self._spilled.add(direction)
                 continue
             if payload:
                 self._payload(record, payload)
             if pending is not None:  # a control frame amid a message's fragments
                 pending.append((record, None))
+                if len(pending) >= MAX_PENDING:
+                    self._message_done(direction, whole=False)
+                    self._spilled.add(direction)
             else:
                 self.recorder.note(record)
 
