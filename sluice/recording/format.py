@@ -215,6 +215,10 @@ _SUMMARY: dict[str, type] = {
 _CHECKS = {kind: tuple((key, _TYPES[key]) for key in keys) for kind, keys in _REQUIRED.items()}
 _OPTIONAL = (("raw", bytes), ("s", dict), ("p", list), ("invalid", str), ("why", str))
 _HEADER = ("capture", "started", "payloads")  # in every header Sluice has written
+# A header's keys readers rely on, with their types (checked where present).
+_HEADER_TYPES = (("capture", str), ("started", int), ("payloads", str), ("protocol", str),
+                 ("segment", int), ("host", str), ("listen", list), ("broker", str),
+                 ("sluice", str))  # fmt: skip
 
 
 def _damage(record: Any) -> str | None:
@@ -225,6 +229,12 @@ def _damage(record: Any) -> str | None:
     kind = record.get("k")
     if type(kind) is not str:
         return "a record of no kind"
+    for key in ("t", "w"):  # every reader places any record in time by them
+        value = record.get(key)
+        if value is not None and (type(value) is not int or not -(2**63) <= value < 2**63):
+            return f"a {kind} record with {key!r} of the wrong type"
+    if type(record.get("w")) is int and record["w"] < 0:
+        return f"a {kind} record from before 1970"
     checks = _CHECKS.get(kind)
     if checks is None:
         return None  # a kind readers skip or check themselves
@@ -240,8 +250,6 @@ def _damage(record: Any) -> str | None:
             return f"a {kind} record with {key!r} of the wrong type"
     if "d" in record and kind != "gap" and record["d"] not in (0, 1):
         return f"a {kind} record of no direction"
-    if kind == "gap" and "w" in record and type(record["w"]) is not int:
-        return "a gap record with 'w' of the wrong type"
     summary = record.get("s")
     if summary is not None:
         if type(summary.get("cmd")) is not str:
@@ -253,8 +261,6 @@ def _damage(record: Any) -> str | None:
         chunk = summary.get("chunk")
         if chunk is not None and (len(chunk) != 4 or not all(type(x) is int for x in chunk[1:3])):
             return f"a {kind} record whose summary has 'chunk' of the wrong shape"
-    if type(record.get("w")) is int and record["w"] < 0:
-        return f"a {kind} record from before 1970"
     return None
 
 
@@ -278,12 +284,17 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
             raise RecordingError(
                 f"{path}: damaged after {result.records} records ({exc})"
             ) from None
-        header = first
-        if first:
+        header = first or (isinstance(record, dict) and record.get("k") == "header")
+        if header:
+            # A header further on (files joined with cat) starts a file of
+            # its own: checked, and its version and protocol read, as the first.
+            if not first and record.get("format") != MAGIC:
+                raise RecordingError(
+                    f"{path}: damaged after {result.records} records (a header of no recording)"
+                )
             upgrade = _check_header(path, record, result)
             spec = _spec_of(path, record)
-            if spec.summaries is not None:
-                summaries = spec.load(spec.summaries)()
+            summaries = None if spec.summaries is None else spec.load(spec.summaries)()
             first = False
         elif not isinstance(record, dict):
             raise RecordingError(f"{path}: damaged after {result.records} records")
@@ -351,10 +362,14 @@ def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[
     version = record.get("version")
     if not isinstance(version, int):
         raise RecordingError(f"{path}: recording header has no version")
-    for key, want in (("capture", str), ("started", int), ("payloads", str), ("protocol", str)):
+    for key, want in _HEADER_TYPES:
         missing = key in _HEADER and key not in record
-        if missing or (key in record and not isinstance(record[key], want)):
+        if missing or (key in record and type(record[key]) is not want):
             raise RecordingError(f"{path}: damaged header ({key!r})")
+    if not all(type(address) is str for address in record.get("listen", ())):
+        raise RecordingError(f"{path}: damaged header ('listen')")
+    if not all(-(2**63) <= record[key] < 2**63 for key in ("started", "segment") if key in record):
+        raise RecordingError(f"{path}: damaged header (a number out of range)")
     if version > VERSION:
         raise RecordingError(
             f"{path}: recording format {version} is newer than this Sluice reads "
