@@ -14,7 +14,9 @@ A rule is JSON, with the match fields of fault rules::
   connection).
 - ``match``: ``protocol``, ``command``, ``topic`` (glob), ``direction``, as
   in fault rules; each optional. ``error`` and ``slow`` match the request's
-  command (SEND for a SEND_ERROR).
+  command (SEND for a SEND_ERROR). ``invalid`` matches by protocol and
+  direction only, ``broker_closed`` by protocol only: other fields are
+  refused at start.
 - ``before``/``after``: seconds of traffic before the trigger and after it
   (default 30 and 5); the snapshot is written ``after`` seconds after it.
 - ``interval``: at most one snapshot per rule this often (default 60 s);
@@ -54,6 +56,17 @@ MAX_SECONDS = 24 * 3600.0
 KINDS = ("error", "invalid", "fault", "slow", "broker_closed")
 _KEYS = {"id", "on", "match", "codes", "slower_than_ms", "before", "after", "interval"}
 _MATCH_KEYS = frozenset({"protocol", "command", "topic", "direction"})
+# The match fields each kind of event can be told apart by: an invalid
+# frame has no trustworthy command or topic, a broker hanging up neither
+# nor a direction. A field outside these would make a rule that never fires
+# (or, ignored, one that fires on everything): refused at start.
+_MATCH_BY_KIND = {
+    "error": _MATCH_KEYS,
+    "slow": _MATCH_KEYS,
+    "fault": _MATCH_KEYS,
+    "invalid": frozenset({"protocol", "direction"}),
+    "broker_closed": frozenset({"protocol"}),
+}
 
 
 class TriggerError(ValueError):
@@ -157,6 +170,14 @@ def parse_trigger(data: object, protocols: Mapping[str, ProtocolFaults], number:
     if on not in KINDS:
         raise TriggerError(f"'on' is one of {', '.join(KINDS)}")
     match = parse_match(data.get("match", {}), protocols, _MATCH_KEYS)
+    usable = _MATCH_BY_KIND[on]
+    if unusable := sorted(
+        k for k, v in data.get("match", {}).items() if v is not None and k not in usable
+    ):
+        raise TriggerError(f"match.{unusable[0]} cannot be told for 'on': '{on}' "
+                           f"(it matches by {', '.join(sorted(usable))})")  # fmt: skip
+    if on in ("error", "slow") and match.direction is Direction.TO_CLIENT:
+        raise TriggerError(f"'on': '{on}' matches the request, which goes to_broker")
     trigger = Trigger(
         id=str(data.get("id") or f"t{number}"),
         on=on,
