@@ -13,6 +13,7 @@ anywhere in its bytes), ``sluice inspect``, ``sluice view``'s JSON and
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 import random
@@ -22,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -649,3 +651,61 @@ def test_an_endless_fragmented_message_does_not_grow_the_recording(tmp_path: Pat
     assert records[0]["p"] == [5, hashlib.sha256(b"first").digest()]
     assert records[-2]["p"] == [4, hashlib.sha256(b"last").digest()]
     assert records[-1]["raw"] == b"next"  # the next message is kept whole again
+
+
+def test_a_compressed_body_is_checked_for_credentials() -> None:
+    """Pulsar's web service gzips its answers for a client that accepts
+    it (``httpServerGzipCompression``, on by default), and Sluice passes
+    ``Accept-Encoding`` on: a source's config with a password, gzipped, is
+    kept by its digest (marked ``redacted``), not as bytes anyone can
+    gunzip; a gzipped (or deflated) body without a credential is kept as
+    it came; one that does not decompress, or in a coding Sluice does not
+    read, by its digest."""
+    secret = json.dumps({"configs": {"password": BEARER}, "parallelism": 1}).encode()
+    plain = json.dumps({"parallelism": 1, "key": "k"}).encode()
+    deflated = zlib.compress(plain)
+    # body, its Content-Encoding, whether it is kept as it came, whether redacted
+    cases: list[tuple[bytes, bytes, bool, bool]] = [
+        (gzip.compress(secret), b"gzip", False, True),
+        (zlib.compress(secret), b"deflate", False, True),
+        (gzip.compress(gzip.compress(secret)), b"gzip, gzip", False, True),
+        (gzip.compress(plain), b"gzip", True, False),
+        (deflated, b"deflate", True, False),
+        (deflated[2:-4], b"deflate", True, False),  # raw deflate, as some servers send it
+        (gzip.compress(plain), b"identity, x-gzip", True, False),
+        (b"\x1f\x8b not gzip", b"gzip", False, False),
+        (gzip.compress(plain), b"br", False, False),
+        (gzip.compress(b"[" * 1000), b"gzip", False, False),  # past the limit decompressed
+    ]
+    for body, coding, kept, redacted in cases:
+        headers = [(b"content-type", b"application/json"), (b"content-encoding", coding)]
+        recorded = Body(fmt.PayloadPolicy.FULL, limit=200)
+        recorded.add(body)
+        out, marked = recorded.record(headers)
+        if kept:
+            assert out.get("raw") == body, (body, coding, out)
+        else:
+            assert "raw" not in out, (body, coding, out)
+            assert out["p"] == [len(body), hashlib.sha256(body).digest()], (body, coding)
+        assert marked == redacted, (body, coding)
+
+
+def test_no_record_of_the_first_segment_is_older_than_its_header(tmp_path: Path) -> None:
+    """The first segment's header said recording started when its file was
+    made, a moment after its first records were taken: sluice inspect
+    showed them at negative offsets, and --since 0 left them out."""
+    directory = tmp_path / "rec"
+
+    async def main() -> None:
+        recorder = Recorder(RecorderConfig(directory, payloads=fmt.PayloadPolicy.HASH))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            posted(b"{}", b"application/json")(
+                HttpRecording(recorder, fmt.PayloadPolicy.HASH, 1 << 20)
+            )
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    (path,) = fmt.recording_files(directory)
+    header, *records = fmt.read_records(path)
+    assert records and all(r["w"] >= header["started"] for r in records if "w" in r)

@@ -25,7 +25,9 @@ import h11
 from sluice.protocols.http import Hop, request_kind
 from sluice.protocols.http.recorded import (
     MARKER,
+    content_encoding,
     content_type,
+    decoded,
     redact_body,
     redact_headers,
     redact_target,
@@ -73,7 +75,9 @@ class HttpWatch:
 class Body:
     """One body as a recording keeps it: its size, and its bytes (``full``,
     up to ``limit``; past it, or where it cannot be checked for credentials,
-    as ``hash``), its SHA-256 (``hash``) or its size alone (``none``)."""
+    as ``hash``), its SHA-256 (``hash``) or its size alone (``none``). A
+    compressed body (``Content-Encoding``) is checked decompressed: kept as
+    it came without credentials, by its digest with them."""
 
     def __init__(self, payloads: PayloadPolicy, limit: int) -> None:
         self.payloads = payloads
@@ -101,11 +105,25 @@ class Body:
         if not self.size:
             return out, redacted
         if self.parts is not None:
-            raw, replaced = redact_body(b"".join(self.parts), content_type(headers))
-            if raw is not None:
+            whole = b"".join(self.parts)
+            codings = content_encoding(headers)
+            # A compressed body (gzip …) is checked decompressed: kept as it
+            # came if it holds no credential, else by its digest.
+            checked = decoded(whole, codings, self.limit) if codings else whole
+            raw, replaced = (
+                redact_body(checked, content_type(headers))
+                if checked is not None
+                else (None, False)
+            )
+            if raw is not None and not codings:
                 out["raw"] = raw
                 return out, redacted or replaced
-            # Not to be checked for credentials: its digest, as past the limit.
+            if raw is not None and not replaced:
+                out["raw"] = whole
+                return out, redacted
+            redacted = redacted or replaced
+            # Not to be checked for credentials (or compressed with one):
+            # its digest, as past the limit.
         out["p"] = [self.size, *([self.digest.digest()] if self.digest is not None else [])]
         return out, redacted
 

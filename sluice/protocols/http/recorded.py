@@ -21,6 +21,9 @@ target, headers and bodies is decided here, on values:
   any other body as it came; None for one that cannot be checked
   (JSON nested too deep, a multipart body that does not parse): a
   recording keeps its digest instead.
+- ``decoded``: a body with a ``Content-Encoding`` (gzip, deflate: Pulsar's
+  web service gzips its answers for clients that accept it) as it is to be
+  checked for credentials; None where it cannot be.
 
 Nothing here imports trio.
 """
@@ -35,6 +38,7 @@ import email.utils
 import json
 import re
 import urllib.parse
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -359,3 +363,43 @@ def content_type(headers: Iterable[tuple[bytes, bytes]]) -> str:
         if name.lower() == b"content-type":
             return value.decode("latin-1")
     return ""
+
+
+def content_encoding(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
+    """The codings a body's ``Content-Encoding`` headers name, in the order
+    they were applied (``identity`` left out)."""
+    return [
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"content-encoding"
+        for token in value.decode("latin-1").split(",")
+        if token.strip() and token.strip().lower() != "identity"
+    ]
+
+
+# zlib's wbits by coding: gzip's header and trailer, zlib's (RFC 9110's
+# "deflate"); raw deflate too, which some servers send as "deflate".
+_CODINGS = {"gzip": (31,), "x-gzip": (31,), "deflate": (15, -15)}
+
+
+def decoded(body: bytes, codings: list[str], limit: int) -> bytes | None:
+    """``body`` with its content codings (``content_encoding``) undone, to
+    be checked for credentials: None where a coding is not gzip or deflate,
+    the bytes do not decompress whole, or they would grow past ``limit``
+    (a small body may decompress to a huge one)."""
+    for coding in reversed(codings):
+        wbits = _CODINGS.get(coding)
+        if wbits is None:
+            return None
+        for bits in wbits:
+            decoder = zlib.decompressobj(bits)
+            try:
+                out = decoder.decompress(body, limit + 1)
+            except zlib.error:
+                continue
+            if decoder.eof and len(out) <= limit and not decoder.unused_data:
+                body = out
+                break
+        else:
+            return None
+    return body
