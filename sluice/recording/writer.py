@@ -164,6 +164,10 @@ class Recorder:
         writers: int = 1,
     ) -> None:
         self.config = config
+        # When recording began: the first segment's ``started``, so that no
+        # record in it is older than its header (the file is made when the
+        # first records are written, a moment after they were taken).
+        self._began_ns = time.time_ns()
         # Bounded space (sluice.recording.retention): this writer writes a
         # quantum after a pass that left room for every writer's quantum, and
         # files rotate at the retention's cap. A snapshot is written after a
@@ -862,7 +866,7 @@ class Recorder:
         segment = self._segment + 1
         stamp = self._stamp()
         path = self.config.directory / f"sluice-{stamp}-{self.capture}-{segment:04d}{SUFFIX}"
-        head = [pack(self._header(segment))]
+        head = [pack(self._header(segment, self._began_ns if segment == 1 else None))]
         head += [pack(self._restated(record)) for record in self._open.values()]
         head += [pack(record) for record in self._closing.values()]
         # Many connections to restate can make the head larger than this
