@@ -49,9 +49,13 @@ class Ring:
         self.evict(mono_ns)
 
     def evict(self, now_ns: int) -> None:
+        """Drop the oldest parts: while the others alone reach the byte
+        bound (the newest part stays, however large), and every part older
+        than the time bound (the newest too: after a quiet spell a ring of
+        60 s holds nothing from an hour ago)."""
         parts = self.parts
-        while len(parts) > 1 and (
-            self.bytes - len(parts[0].data) >= self.max_bytes
+        while parts and (
+            (len(parts) > 1 and self.bytes - len(parts[0].data) >= self.max_bytes)
             or (self.max_ns is not None and parts[0].mono_ns < now_ns - self.max_ns)
         ):
             part = parts.popleft()
