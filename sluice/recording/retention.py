@@ -2,7 +2,9 @@
 ``--record-retain-age``.
 
 The oldest whole recording files go first (by their last write, then by
-name), snapshots' files included; a snapshot directory left empty goes with
+name; a capture's files in a directory in the order of their numbers, as a
+wall clock set back can make their last-write times lie), snapshots' files
+included; a snapshot directory left empty goes with
 its last file; what is not a regular file (a symlink, a FIFO) is neither
 counted nor removed. A file being written is never removed: every writer holds a
 shared ``flock`` on its open file, and a file whose exclusive lock cannot be
@@ -25,6 +27,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +93,7 @@ def enforce(
             # lock could follow it or block.
             continue
         entries.append((st.st_mtime, path.name, path, st.st_size))
-    entries.sort()
+    entries = _in_writing_order(entries)
     total = sum(size for *_, size in entries)
     budget = None if retention.max_bytes is None else max(0, retention.max_bytes - headroom)
     for mtime, _, path, size in entries:
@@ -117,6 +120,34 @@ def enforce(
                 parent.rmdir()
     removed.left = total
     return removed
+
+
+_NAME = re.compile(r"sluice-\d{8}T\d{6}-(?P<capture>[0-9a-f]+)-(?P<number>\d+)\.sluice")
+
+
+def _in_writing_order(
+    entries: list[tuple[float, str, Path, int]],
+) -> list[tuple[float, str, Path, int]]:
+    """The files oldest first, by their last write; but a writer's files in
+    one directory (a capture's segments, a snapshot's files) in the order
+    their numbers say it wrote them, taking their last-write times in that
+    order: a wall clock set back must not make a capture's older segments
+    look newer than those written since (kept while the newer go, or kept
+    past --record-retain-age until the clock catches up)."""
+    groups: dict[tuple[Path, str], list[tuple[int, int]]] = {}  # -> (number, position)
+    for at, (_, name, path, _) in enumerate(entries):
+        if (match := _NAME.fullmatch(name)) is not None:
+            groups.setdefault((path.parent, match["capture"]), []).append(
+                (int(match["number"]), at)
+            )
+    ordered = list(entries)
+    for members in groups.values():
+        times = sorted(entries[at][0] for _, at in members)
+        for mtime, (_, at) in zip(times, sorted(members), strict=True):
+            _, name, path, size = entries[at]
+            ordered[at] = (mtime, name, path, size)
+    ordered.sort()
+    return ordered
 
 
 def hold(fd: int) -> None:
