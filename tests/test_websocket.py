@@ -657,3 +657,30 @@ def test_a_frame_sent_a_byte_at_a_time_does_not_hold_an_idle_session() -> None:
         1001,
         "Sluice: no frame within 0.5s (--http-request-timeout)",
     )
+
+
+def test_a_character_split_between_fragments_is_kept_in_each_as_sent() -> None:
+    """A text message in fragments that split a UTF-8 character (as a
+    client that fragments by bytes does): each fragment's payload, as a
+    recording keeps it (size, bytes, digest), is the bytes that fragment
+    carried, not what a decoder had made of the message so far; and text
+    that is not UTF-8 is still refused (1007)."""
+    text = "prix: 10 €".encode()  # the euro sign: three bytes
+    cut = text.index(b"\xe2") + 1  # inside it
+    fragments = masked(b"\x01" + bytes([cut]) + text[:cut])
+    fragments += masked(b"\x80" + bytes([len(text) - cut]) + text[cut:])
+    reader = FrameReader(from_client=True, max_message=100, keep=True)
+    seen = reader.feed(fragments)
+    assert (seen.frames, seen.messages) == (["text", "text"], 1)
+    assert seen.payloads == [text[:cut], text[cut:]] and seen.finals == [False, True]
+    # Read a byte at a time: the same.
+    reader = FrameReader(from_client=True, max_message=100, keep=True)
+    payloads = [
+        p for i in range(len(fragments)) for p in reader.feed(fragments[i : i + 1]).payloads
+    ]
+    assert payloads == [text[:cut], text[cut:]]
+    with pytest.raises(WebSocketError) as caught:  # a character that never ends
+        FrameReader(from_client=True, max_message=100).feed(
+            masked(b"\x01" + bytes([cut]) + text[:cut]) + masked(b"\x80\x01x")
+        )
+    assert caught.value.code == 1007

@@ -23,7 +23,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from wsproto.frame_protocol import CloseReason, FrameProtocol, Opcode, ParseFailed
+from wsproto.frame_protocol import (
+    CloseReason,
+    Frame,
+    FrameProtocol,
+    MessageDecoder,
+    Opcode,
+    ParseFailed,
+)
 
 from sluice.protocols.http import Headers, answer_headers, forward_headers
 
@@ -122,6 +129,21 @@ class Seen:
     passed: int | None = None
 
 
+class _WireText(MessageDecoder):
+    """wsproto's message decoder, whose text frames' payloads are the
+    bytes each carried: checked as UTF-8 (a ``ParseFailed``, 1007,
+    otherwise) but not decoded, since a character split between two
+    fragments would be handed out whole with the second."""
+
+    def process_frame(self, frame: Frame) -> Frame:
+        checked = super().process_frame(frame)
+        payload = frame.payload  # a data frame's: its bytes, unmasked
+        assert isinstance(payload, bytes | bytearray)
+        return Frame(
+            checked.opcode, bytes(payload), checked.frame_finished, checked.message_finished
+        )
+
+
 class FrameReader:
     """One direction of a session, parsed by wsproto: ``from_client``
     frames must be masked, the broker's must not. A data message larger
@@ -133,6 +155,8 @@ class FrameReader:
     def __init__(self, *, from_client: bool, max_message: int, keep: bool = False) -> None:
         # FrameProtocol(client=True) reads what a server sends.
         self._protocol = FrameProtocol(client=not from_client, extensions=[])
+        # Text frames' payloads as they came (wsproto 1.x's message decoder).
+        self._protocol._message_decoder = _WireText()
         self.max_message = max_message
         # Whether frames' payloads are handed out (a recording keeps them),
         # and the parts of the frame being read.
