@@ -684,3 +684,26 @@ def test_a_character_split_between_fragments_is_kept_in_each_as_sent() -> None:
             masked(b"\x01" + bytes([cut]) + text[:cut]) + masked(b"\x80\x01x")
         )
     assert caught.value.code == 1007
+
+
+def test_registered_close_codes_are_relayed() -> None:
+    """The close codes IANA's registry assigns (1012 Service Restart, 1013
+    Try Again Later, 1014 Bad Gateway: Jetty, the broker's web server,
+    sends each) end a session as its side said; a code reserved and not
+    assigned (1016) is still malformed (1002)."""
+    for code in (1012, 1013, 1014):
+        frame = broker_frame(8, struct.pack("!H", code) + b"upstream gone")
+        reader = FrameReader(from_client=False, max_message=100, keep=True)
+        seen = reader.feed(frame)
+        assert seen.close == (code, "upstream gone") and seen.frames == ["close"], code
+        assert seen.payloads == [frame[2:]] and seen.passed == len(frame)
+    with pytest.raises(WebSocketError, match="Error decoding CLOSE reason") as caught:
+        FrameReader(from_client=False, max_message=100).feed(
+            broker_frame(8, struct.pack("!H", 1014) + b"\xff")
+        )
+    assert caught.value.code == 1007
+    with pytest.raises(WebSocketError, match="reserved") as caught:
+        FrameReader(from_client=False, max_message=100).feed(
+            broker_frame(8, struct.pack("!H", 1016))
+        )
+    assert caught.value.code == PROTOCOL_ERROR

@@ -20,6 +20,7 @@ frames are plain and the parser reads them whole. Nothing here imports trio.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -144,6 +145,30 @@ class _WireText(MessageDecoder):
         )
 
 
+# A close code IANA's registry assigns that wsproto 1.x takes for a reserved
+# one: 1014 (Bad Gateway), which Jetty, the broker's web server, sends.
+_ASSIGNED = frozenset({1014})
+
+
+class _Frames(FrameProtocol):
+    """wsproto's frame protocol, taking the close codes in ``_ASSIGNED``
+    as any other it knows."""
+
+    def _process_close(self, frame: Frame) -> Frame:
+        data = frame.payload
+        assert isinstance(data, bytes | bytearray)
+        if len(data) < 2 or struct.unpack("!H", data[:2])[0] not in _ASSIGNED:
+            return super()._process_close(frame)
+        try:
+            reason = bytes(data[2:]).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ParseFailed(
+                f"Error decoding CLOSE reason: {exc}", CloseReason.INVALID_FRAME_PAYLOAD_DATA
+            ) from None
+        code = struct.unpack("!H", data[:2])[0]
+        return Frame(frame.opcode, (code, reason), frame.frame_finished, frame.message_finished)
+
+
 class FrameReader:
     """One direction of a session, parsed by wsproto: ``from_client``
     frames must be masked, the broker's must not. A data message larger
@@ -154,7 +179,7 @@ class FrameReader:
 
     def __init__(self, *, from_client: bool, max_message: int, keep: bool = False) -> None:
         # FrameProtocol(client=True) reads what a server sends.
-        self._protocol = FrameProtocol(client=not from_client, extensions=[])
+        self._protocol = _Frames(client=not from_client, extensions=[])
         # Text frames' payloads as they came (wsproto 1.x's message decoder).
         self._protocol._message_decoder = _WireText()
         self.max_message = max_message
