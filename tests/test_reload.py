@@ -83,6 +83,13 @@ async def test_a_reload_is_put_in_force_kept_or_refused_as_a_whole(tmp_path: Pat
     # Nothing changed: no new generation.
     same = await proxy.reload_from_source("SIGHUP")
     assert same.outcome == "unchanged" and same.generation.number == 1
+    # Said as this reload's trigger, not the one of the generation in force
+    # (an unchanged SIGHUP was logged as "configuration reload (admin)").
+    in_force = proxy.generation.source
+    assert same.summary().startswith("configuration reload (SIGHUP): unchanged")
+    watched = await proxy.reload_from_source("file")
+    assert watched.summary().startswith("configuration reload (file): unchanged")
+    assert proxy.generation.source == in_force != "file"
 
     # Limits and fault rules change live; a listener is named and kept.
     rules.write_text(json.dumps([{"id": "slower", "match": {"command": "SEND"},

@@ -224,6 +224,13 @@ class Outcome:
         kept = Generation(generation.number, generation.loaded_at, source)
         return cls("refused", kept, errors=errors)
 
+    @classmethod
+    def unchanged(cls, generation: Generation, source: str, kept: list[str]) -> Outcome:
+        """A reload that changed nothing live (``kept``: what needs a
+        restart); ``generation`` stays, told as this reload's ``source``."""
+        told = Generation(generation.number, generation.loaded_at, source)
+        return cls("unchanged", told, kept=kept)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "outcome": self.outcome,

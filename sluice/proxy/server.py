@@ -445,7 +445,7 @@ class Proxy:
                 if number is not None:  # a supervisor's generation, whatever changed here
                     self.generation = Generation(number, time.time(), source)
                     self.metrics.generation(self.generation)
-                outcome = Outcome("unchanged", self.generation, kept=kept_flags)
+                outcome = Outcome.unchanged(self.generation, source, kept_flags)
                 self.metrics.reloads.labels("unchanged").inc()
                 log.info("%s", outcome.summary())
                 return outcome

@@ -647,7 +647,7 @@ class Supervisor:
             kept_flags = flags(kept)
             if not live:
                 self._reloads.labels(self.config.protocol, "unchanged").inc()
-                outcome = Outcome("unchanged", self.generation, kept=kept_flags)
+                outcome = Outcome.unchanged(self.generation, source, kept_flags)
                 log.info("%s", outcome.summary())
                 return outcome
             config = effective(self.config, new, kept)
