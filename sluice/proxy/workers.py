@@ -145,7 +145,7 @@ STARTING_READINESS_INTERVAL = 0.2
 _SPEC_LENGTH = struct.Struct(">Q")
 # Gauges that are the same in every worker or whose sum means nothing.
 _GAUGE_MIN = {"sluice_upstream_up"}
-_GAUGE_MAX = {"sluice_build_info", "sluice_recorder_enabled"}
+_GAUGE_MAX = {"sluice_build_info"}
 # Families the supervisor serves for all: the workers' own are left out.
 _SUPERVISORS = {
     "sluice_config_reloads",
