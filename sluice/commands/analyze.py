@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet",
         action="store_true",
-        help="no progress line and no stage lines; errors and the last line still show "
+        help="no progress line and no stage lines; errors and the last two lines still show "
         "(the progress line shows only where stderr is a terminal)",
     )
 
