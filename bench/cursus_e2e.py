@@ -47,10 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.append(str(Path(__file__).resolve().parent))
 
-from peers import process_cpu, spread
-
+from bench.peers import process_cpu, spread
 from sluice.brokers.embedded import free_port, terminate, wait_for_port
 from tests.helpers.support import start_proxy
 

@@ -65,11 +65,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import e2e
-from peers import strace_counts
-
+from bench import e2e
+from bench.peers import strace_counts
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
 from tests.helpers import support
 from tests.helpers.support import describe_source, source_error, start_proxy

@@ -131,13 +131,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-# Run as a script, this file's folder is first on sys.path; imported as
-# bench.peers (the no-op filter, in the proxy), it is found last.
-sys.path.append(str(Path(__file__).resolve().parent))
 
-from fleet import cpu_seconds as tree_cpu_seconds
-from fleet import process_tree, rss_bytes
-
+from bench.fleet import cpu_seconds as tree_cpu_seconds
+from bench.fleet import process_tree, rss_bytes
 from sluice.brokers.apache_pulsar import (
     ApachePulsar,
     ApachePulsarProxy,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-SCRIPTS = sorted(path.name for path in BENCH.glob("*.py"))
+SCRIPTS = sorted(path.name for path in BENCH.glob("*.py") if path.name != "__init__.py")
 
 
 def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
