@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from types import FrameType
 
 import pytest
 
 from sluice.brokers.apache_pulsar import ApachePulsar
+from tests.helpers.support import gone
 
 pytestmark = pytest.mark.e2e  # starts a JVM (and stops it within a second)
-
-
-def _gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_ctrl_c_while_the_broker_starts_stops_the_jvm(tmp_path: Path) -> None:
@@ -47,7 +36,7 @@ def test_ctrl_c_while_the_broker_starts_stops_the_jvm(tmp_path: Path) -> None:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-        assert started and _gone(started[0]), "the JVM was left running"
+        assert started and gone(started[0]), "the JVM was left running"
         assert broker.process is None
     finally:
         process = broker.process

@@ -16,20 +16,9 @@ from types import FrameType
 import pytest
 
 from sluice.brokers.embedded import EmbeddedBroker
+from tests.helpers.support import gone
 
 pytestmark = pytest.mark.e2e  # each starts a broker
-
-
-def _gone(pid: int, timeout: float = 5.0) -> bool:
-    """Whether ``pid`` has exited (and been reaped) within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @contextlib.contextmanager
@@ -82,7 +71,7 @@ def test_ctrl_c_while_the_broker_starts_stops_it_and_removes_its_data() -> None:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-        assert started and _gone(started[0]), "the broker was left running"
+        assert started and gone(started[0]), "the broker was left running"
         assert not broker.data_dir.exists()
 
 

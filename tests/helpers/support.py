@@ -257,6 +257,18 @@ def stopped(pids: list[int], timeout: float = 10) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
+def gone(pid: int, timeout: float = 10.0) -> bool:
+    """Whether process ``pid`` has exited (and been reaped) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def wait_stopped(pid: int, timeout: float = 10) -> None:
     """Wait until process ``pid``, sent SIGSTOP, is stopped (``all_stopped``)."""
     deadline = time.monotonic() + timeout
