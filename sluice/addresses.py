@@ -140,6 +140,19 @@ def is_loopback(host: str) -> bool:
         return host.lower().removesuffix(".") == "localhost"
 
 
+def is_own_host(host: str, listen_host: str, advertised: str | None = None) -> bool:
+    """Whether ``host`` names this machine's listener bound to ``listen_host``,
+    as far as can be told without resolving: the same host, a loopback
+    name for a loopback or wildcard listener, or the ``advertised`` host.
+    (A broker address that does would make Sluice dial itself.)"""
+    hosts = {listen_host.lower()}
+    if is_wildcard(listen_host) or is_loopback(listen_host):
+        hosts |= LOOPBACK_NAMES
+    if advertised:
+        hosts.add(advertised.lower())
+    return host.lower().removesuffix(".") in hosts
+
+
 def is_wildcard(host: str) -> bool:
     """Whether ``host`` means every interface (0.0.0.0, ::), which no client can dial."""
     if host == "":

@@ -15,14 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.addresses import (
-    LOOPBACK_NAMES,
-    Address,
-    AllowList,
-    is_loopback,
-    is_wildcard,
-    server_name,
-)
+from sluice.addresses import Address, AllowList, is_own_host, server_name
 from sluice.errors import ConfigError
 from sluice.filters.config import FilterSpec
 from sluice.protocols import registry
@@ -277,17 +270,15 @@ class ProxyConfig:
             checks.append(("--broker-http", self.broker_http.address, own_web))
         for option, target, listeners in checks:
             for listen in listeners:
-                if listen is not None and listen.port == target.port:
-                    hosts = {listen.host.lower()}
-                    if is_wildcard(listen.host) or is_loopback(listen.host):
-                        hosts |= LOOPBACK_NAMES
-                    if self.advertise_host is not None:
-                        hosts.add(self.advertise_host.lower())
-                    if target.host.lower().removesuffix(".") in hosts:
-                        raise ConfigError(
-                            f"{option} {target} is Sluice's own listener ({listen}): it "
-                            "would dial itself; name the broker's address"
-                        )
+                if (
+                    listen is not None
+                    and listen.port == target.port
+                    and is_own_host(target.host, listen.host, self.advertise_host)
+                ):
+                    raise ConfigError(
+                        f"{option} {target} is Sluice's own listener ({listen}): it "
+                        "would dial itself; name the broker's address"
+                    )
 
     def _check_proxy_protocol(self) -> None:
         sources = parse_sources(self.proxy_protocol_from)

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from sluice.addresses import LOOPBACK_NAMES, Address, AllowList, is_wildcard
+from sluice.addresses import Address, AllowList, is_own_host
 from sluice.errors import ConfigError
 from sluice.protocols.core import Conn, Dialed, Tap
 from sluice.protocols.faults import Faults
@@ -613,10 +613,7 @@ class PulsarBackend:
         for it would dial itself, every connection another one."""
         assert self.ports is not None
         ports = self.ports
-        hosts = {ports.host, ports.advertised(address.port).host}
-        if is_wildcard(ports.host):
-            hosts |= LOOPBACK_NAMES
-        if address.host.lower().removesuffix(".") not in {h.lower() for h in hosts}:
+        if not is_own_host(address.host, ports.host, ports.advertised(address.port).host):
             return False
         span = ports.span
         if span is not None and span[0] <= address.port <= span[1]:
