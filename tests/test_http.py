@@ -912,9 +912,14 @@ def test_hop_by_hop_headers_stay_behind() -> None:
                     (b"Accept", b"*/*")]  # fmt: skip
     assert forward_headers([(b"Accept-Encoding", b"gzip"), (b"Accept", b"*/*")], b"b:1",
                            identity=True) == [(b"host", b"b:1"), (b"Accept", b"*/*")]  # fmt: skip
-    assert forwarded_for([(b"X-Forwarded-For", b"10.0.0.1"), (b"Accept", b"*/*")], "10.1.1.1") == [
+    sent = [(b"X-Forwarded-For", b"10.0.0.1"), (b"Accept", b"*/*")]
+    assert forwarded_for(sent, "10.1.1.1", trusted=True) == [
         (b"Accept", b"*/*"), (b"x-forwarded-for", b"10.0.0.1, 10.1.1.1")
     ]  # fmt: skip
+    assert forwarded_for(sent, "10.1.1.1") == [
+        (b"Accept", b"*/*"),
+        (b"x-forwarded-for", b"10.1.1.1"),
+    ]
     assert forwarded_for([], "::1") == [(b"x-forwarded-for", b"::1")]
     answered = answer_headers([(b"Content-Length", b"10"), (b"Keep-Alive", b"timeout=5"),
                                (b"Content-Type", b"application/json")], length=4)  # fmt: skip

@@ -358,17 +358,22 @@ class HttpRelay:
             if not early:
                 refused = self.limits.acquire(client.host)
                 held = client.host if refused is None else None
-            await self._connection(stream, client, refused)
+            # Only a listed source's forwarding headers are believed (the
+            # client a balancer's header names is listed only when it is a
+            # proxy of the operator's own, in front of the balancer).
+            trusted = self.inbound is not None and self.inbound.trusts(client.host)
+            await self._connection(stream, client, refused, trusted=trusted)
         finally:
             if held is not None:
                 self.limits.release(held)
             await close_stream(stream)
 
     async def _connection(
-        self, stream: trio.abc.Stream, client: Address, refused: str | None
+        self, stream: trio.abc.Stream, client: Address, refused: str | None, *, trusted: bool
     ) -> None:
         """One client connection's requests, or its refusal (``refused``:
-        why, when over a connection limit)."""
+        why, when over a connection limit); ``trusted``: the client is a
+        source --proxy-protocol-from lists, whose forwarding headers stay."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.config.http_max_header)
         upstreams: dict[HttpUrl, Upstream] = {}
         self.watch.opened(conn, str(client))
@@ -387,7 +392,7 @@ class HttpRelay:
                     ),
                 )
                 return
-            await self._serve(conn, stream, upstreams, client.host)
+            await self._serve(conn, stream, upstreams, client.host, trusted)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("HTTP client connection lost: %r", exc)
         except Exception as exc:  # a bug of ours: this connection ends, the listener serves on
@@ -407,9 +412,11 @@ class HttpRelay:
         stream: trio.abc.Stream,
         upstreams: dict[HttpUrl, Upstream],
         client: str,
+        trusted: bool,
     ) -> None:
         """The connection's requests, one after another; ``client``: its
-        address (a PROXY header's, or the peer's)."""
+        address (a PROXY header's, or the peer's); ``trusted``: whether the
+        forwarding headers it writes are kept (``forwarded_for``)."""
         while True:
             try:
                 with trio.move_on_after(self.config.http_idle_timeout) as idle:
@@ -456,7 +463,7 @@ class HttpRelay:
                 target=origin_form(event.target),
                 # The headers the client's Connection header names go
                 # before Sluice adds its own, which it must not take away.
-                headers=forwarded_for(unlisted(event.headers), client),
+                headers=forwarded_for(unlisted(event.headers), client, trusted=trusted),
                 http_version=event.http_version,
             )
             await self._exchange(conn, stream, event, upstreams, authorization)

@@ -256,13 +256,34 @@ def with_credentials(
     return [*((n, v) for n, v in headers if n.lower() not in CREDENTIALS), *own]
 
 
-def forwarded_for(headers: Iterable[tuple[bytes, bytes]], client: str) -> Headers:
-    """``X-Forwarded-For`` with ``client`` (the address Sluice's listener
-    saw) added after whatever proxies before it wrote, as the Apache Pulsar
-    Proxy's web side does; a broker with ``webServiceTrustXForwardedFor``
-    takes the client's address from it."""
-    before = [v.strip() for n, v in headers if n.lower() == b"x-forwarded-for" and v.strip()]
-    rest = [(n, v) for n, v in headers if n.lower() != b"x-forwarded-for"]
+# Headers that say whom a request is from, or how it reached the first
+# proxy: a broker with ``webServiceTrustXForwardedFor`` (Jetty's
+# ForwardedRequestCustomizer) believes them, the leftmost address first.
+_FORWARDING = frozenset({b"forwarded", b"x-real-ip"})
+
+
+def _forwarding(name: bytes) -> bool:
+    lower = name.lower()
+    return lower in _FORWARDING or lower.startswith(b"x-forwarded-")
+
+
+def forwarded_for(
+    headers: Iterable[tuple[bytes, bytes]], client: str, *, trusted: bool = False
+) -> Headers:
+    """The request's forwarding headers as they go on: ``X-Forwarded-For``
+    naming ``client`` (the address Sluice's listener served: the one a
+    PROXY header named, or the peer's). A ``trusted`` client (a source
+    ``--proxy-protocol-from`` lists: a proxy of the operator's own) has its
+    chain kept and ``client`` added after it, as the Apache Pulsar Proxy's
+    web side does. Anyone else's ``X-Forwarded-*``, ``Forwarded`` and
+    ``X-Real-IP`` are dropped and ``X-Forwarded-For`` is ``client`` alone:
+    a broker that trusts the header takes its leftmost address, which a
+    client must not be able to write itself."""
+    if trusted:
+        before = [v.strip() for n, v in headers if n.lower() == b"x-forwarded-for" and v.strip()]
+        rest = [(n, v) for n, v in headers if n.lower() != b"x-forwarded-for"]
+    else:
+        before, rest = [], [(n, v) for n, v in headers if not _forwarding(n)]
     return [*rest, (b"x-forwarded-for", b", ".join([*before, client.encode()]))]
 
 
