@@ -170,8 +170,7 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
     kept (its digest is)."""
     if content_type.lower().lstrip().startswith("multipart/"):
         return _redact_multipart(body, content_type)
-    start = body.lstrip()[:1]
-    if start in (b"{", b"["):
+    if _like_json(body, 0, len(body)):
         try:
             document = json.loads(body)
             scrubbed, changed = _scrub(document)
@@ -183,12 +182,11 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
             return body, False
         return json.dumps(scrubbed, separators=(",", ":")).encode(), True
     if "x-www-form-urlencoded" in content_type.lower():
-        try:
-            text = body.decode("ascii")
-        except UnicodeDecodeError:
-            return body, False
+        # Byte for byte (a byte order mark or raw UTF-8 before a
+        # credential's name does not keep it from being looked at).
+        text = body.decode("latin-1")
         redacted = _redact_query(text)
-        return redacted.encode(), redacted != text
+        return redacted.encode("latin-1"), redacted != text
     return body, False
 
 
@@ -232,9 +230,18 @@ def _param_names(disposition: str) -> list[str]:
 
 
 def _like_json(body: bytes, start: int, end: int) -> bool:
-    """Whether ``body[start:end]`` starts like a JSON document or array."""
-    first = _NOT_BLANK.search(body, start, end)
-    return first is not None and first.group() in (b"{", b"[")
+    """Whether ``body[start:end]`` starts like a JSON document or array, in
+    any encoding a JSON reader tells from its first bytes: UTF-8 with or
+    without a byte order mark (RFC 8259 lets a reader ignore one, and the
+    broker's Jackson does), UTF-16 or UTF-32 (which Jackson reads too, as
+    ``json.loads`` does)."""
+    encoding = json.detect_encoding(body[start : min(start + 4, end)])
+    if encoding in ("utf-8", "utf-8-sig"):
+        skip = 3 if encoding == "utf-8-sig" else 0
+        first = _NOT_BLANK.search(body, start + skip, end)
+        return first is not None and first.group() in (b"{", b"[")
+    text = body[start:end].decode(encoding, "replace")
+    return text.lstrip("\ufeff \t\r\n")[:1] in ("{", "[")
 
 
 def _delimiter(body: bytes, marker: bytes, at: int) -> tuple[int, int, bool] | None:
