@@ -254,7 +254,10 @@ def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]
     for path in paths:
         result = ReadResult(path)
         capture = ""
-        if _empty(path):  # a writer killed before its first flush: counted, not an error
+        if len(paths) > 1 and _empty(path):
+            # A segment whose writer was killed before its first flush:
+            # counted, not an error. Alone, it holds no recording: read, it
+            # says so (Unfinished), as replay does.
             summary.files += 1
             summary.truncated.append((path, 0))
             continue

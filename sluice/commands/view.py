@@ -26,7 +26,7 @@ from sluice.commands.proxy import read_token
 from sluice.config import count
 from sluice.errors import ConfigError
 from sluice.protocols import registry
-from sluice.recording.format import RecordingError, recording_files
+from sluice.recording.format import RecordingError, Unfinished, read_records, recording_files
 from sluice.view.index import Filter, Index
 from sluice.view.live import LiveIndex, live_url, watch
 from sluice.view.server import ViewServer, export, serve
@@ -101,8 +101,11 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     try:
-        if not recording_files(args.capture):
+        files = recording_files(args.capture)
+        if not files:
             raise RecordingError(f"{args.capture}: no recordings (*.sluice) here")
+        if len(files) == 1:
+            _check_lone(files[0])
         index = Index(args.capture)
         if args.export is not None:
             problem = output_problem(args.export, "--export", args.capture)
@@ -121,6 +124,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice view: cannot listen on {address}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return _until_interrupted(server, "", args.open)
+
+
+def _check_lone(path: Path) -> None:
+    """A lone file with no whole record (empty: its writer killed before
+    the first flush; or cut inside its header) holds no recording: refused
+    here, in one line (as replay does), not served as a page of nothing.
+    Any other fault of it the page says."""
+    try:
+        for _ in read_records(path):
+            break  # a whole record: the page reads the rest
+    except Unfinished:
+        raise
+    except RecordingError:
+        pass
 
 
 def _live(args: argparse.Namespace) -> int:

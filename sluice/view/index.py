@@ -361,7 +361,7 @@ class Index:
         result = ReadResult(path)
         reading = Reading(number)
         self.versions.append(0)
-        if path.stat().st_size == 0:
+        if path.stat().st_size == 0 and len(self.files) > 1:  # alone: read, it is refused
             self.truncated.append(f"{path.name}: empty (the writer stopped before its first flush)")
             return
         for record in read_records(path, result):
