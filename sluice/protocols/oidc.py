@@ -14,7 +14,7 @@ provider signed; Sluice checks it as Apache Pulsar's OpenID Connect provider
   the times checked with the accepted leeway; the ``aud`` must name one of
   the allowed audiences;
 - the role is the configured claim (``sub`` by default): a string, or the
-  first of a list of strings.
+  first of a list, its elements read as the broker reads them (``_role``).
 
 What is I/O (fetching the documents) lives above, in ``sluice/proxy/oidc.py``:
 this module holds what was fetched, says when a fetch is wanted
@@ -34,6 +34,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -363,12 +364,68 @@ def _time(claims: Mapping[str, Any], name: str) -> float | None:
 
 
 def _role(claims: Mapping[str, Any], claim: str) -> str:
+    """The role claim as the broker's provider reads it: a string, or a list
+    whose first element is the role (``_list_role``). A blank role is
+    refused: Sluice's own rule (the broker's provider takes ``""``), so that
+    no client is named by an empty ``original_principal``."""
     value = claims.get(claim)
-    if isinstance(value, list) and value:
-        value = value[0]
+    if isinstance(value, list):
+        value = _list_role(value)
     if not isinstance(value, str) or not value.strip():
         raise TokenRefused(f"no role in claim {clipped(claim)}")
     return value
+
+
+def _list_role(values: list[Any]) -> str | None:
+    """A list role claim, read as Apache Pulsar's provider reads it (each
+    element mapped to a string, the first taken): a string is itself, a
+    number or true/false its JSON text as Java writes it, null none; one
+    object or list among the elements, anywhere, and the claim names no
+    role (None), as an empty list does. (NaN and Infinity are not JSON:
+    the broker cannot read such a token at all.)"""
+    texts = []
+    for value in values:
+        if isinstance(value, dict | list) or (
+            isinstance(value, float) and not math.isfinite(value)
+        ):
+            return None
+        texts.append(_scalar_text(value))
+    return texts[0] if texts else None
+
+
+def _scalar_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _java_double(value)
+    return None
+
+
+def _java_double(value: float) -> str:
+    """A double as Java's ``Double.toString`` writes it: plain from 10^-3 up
+    to 10^7 (``1234.5``, ``100.0``), else ``1.5E-5``, ``1.0E20``; the
+    shortest digits that read back as the same double (Python's ``repr``)."""
+    if value == 0:
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    sign = "-" if value < 0 else ""
+    _, numerals, exponent = Decimal(repr(abs(value))).normalize().as_tuple()
+    significant = "".join(map(str, numerals))
+    assert isinstance(exponent, int)  # finite
+    power = exponent + len(significant) - 1  # value = d.ddd x 10^power
+    if 1e-3 <= abs(value) < 1e7:
+        whole = power + 1  # digits before the point
+        if whole <= 0:
+            text = "0." + "0" * -whole + significant
+        elif whole >= len(significant):
+            text = significant + "0" * (whole - len(significant)) + ".0"
+        else:
+            text = significant[:whole] + "." + significant[whole:]
+        return sign + text
+    return f"{sign}{significant[0]}.{significant[1:] or '0'}E{power}"
 
 
 class ClientCredentials:
