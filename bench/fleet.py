@@ -120,12 +120,24 @@ def process_tree(pid: int) -> list[int]:
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU of these processes, with that of children they have
     reaped (a worker that died and was restarted still counts)."""
+    return _ticks(pids, 11, 15) / _TICK  # utime stime cutime cstime
+
+
+def reaped_cpu_seconds(pids: list[int]) -> float:
+    """The CPU of the children these processes have reaped (cutime and
+    cstime): what a per-process clock of the live ones no longer counts
+    once a worker died and was restarted."""
+    return _ticks(pids, 13, 15) / _TICK
+
+
+def _ticks(pids: list[int], first: int, stop: int) -> int:
+    """The sum of /proc/PID/stat's fields ``first`` to ``stop`` (from
+    _stat_fields) over ``pids``, those gone since skipped."""
     ticks = 0
     for pid in pids:
         with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = _stat_fields(pid)
-            ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    return ticks / _TICK
+            ticks += sum(int(f) for f in _stat_fields(pid)[first:stop])
+    return ticks
 
 
 def rss_bytes(pids: list[int]) -> int:

@@ -37,7 +37,11 @@ its first client: the rows of a run compare, byte for byte, and the schema
 filter has something real to check. A run without the filter paths sends
 what it always has, so its rows compare with earlier runs'. After the
 rounds every Sluice path's /metrics is read: a message a filter refused
-(sluice_filter_rejected_total) or raised on ends the run with an error.
+(sluice_filter_rejected_total) or raised on ends the run with an error, as
+does a filter path whose filter saw fewer messages than its produce rows
+counted in their windows (sluice_filter_messages_total; for the encrypt
+path, sealed on the compiled path, sluice_filter_replaced_total): it would
+measure plain Sluice.
 With `sluice` in the run too, a second table sets each filter path's rows
 beside `sluice`'s: msg/s and proxy CPU per message, each as the ratio of
 the filter row to the `sluice` row of the same round, median (min-max) of
@@ -133,7 +137,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.fleet import cpu_seconds as tree_cpu_seconds
-from bench.fleet import process_tree, rss_bytes
+from bench.fleet import process_tree, reaped_cpu_seconds, rss_bytes
 from sluice.brokers.apache_pulsar import (
     ApachePulsar,
     ApachePulsarProxy,
@@ -254,15 +258,26 @@ def give_schema(broker: ApachePulsar, name: str) -> None:
         raise SystemExit(f"POST the schema of {name}: HTTP {status} {text[:300]}")
 
 
+# What a filter path's filter did: refused, raised on (either ends the run),
+# ran its hook on, changed (the encrypt path's sealing counts there).
+REFUSED = ("sluice_filter_rejected_total", "sluice_filter_errors_total")
+SEEN = ("sluice_filter_messages_total", "sluice_filter_replaced_total")
+# Which of SEEN says that a filter path's filter saw its messages.
+SEEN_BY = {
+    "sluice-filter-noop": "sluice_filter_messages_total",
+    "sluice-schema": "sluice_filter_messages_total",
+    "sluice-encrypt": "sluice_filter_replaced_total",
+}
+
+
 def filter_counts(admin: int) -> dict[str, float]:
-    """sluice_filter_rejected_total and sluice_filter_errors_total, summed
-    over their labels, from the /metrics of the proxy whose admin endpoint
-    is on loopback port ``admin``."""
+    """REFUSED and SEEN, each summed over its labels, from the /metrics of
+    the proxy whose admin endpoint is on loopback port ``admin``."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10) as answer:
         text = answer.read().decode()
-    counts = {"sluice_filter_rejected_total": 0.0, "sluice_filter_errors_total": 0.0}
+    counts = dict.fromkeys(REFUSED + SEEN, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in counts:
@@ -477,7 +492,11 @@ class Meter:
         return [] if self.pid is None else process_tree(self.pid)
 
     def cpu(self) -> float:
-        return sum(process_cpu(pid) for pid in self._pids())
+        """The tree's CPU seconds: each live process's clock, plus what the
+        processes reaped (a `--workers` worker that died and was restarted;
+        10 ms ticks, as the kernel keeps them)."""
+        pids = self._pids()
+        return sum(process_cpu(pid) for pid in pids) + reaped_cpu_seconds(pids)
 
     def sample(self) -> Sample:
         """The counter and the CPU, both at the middle of the counter's read."""
@@ -581,6 +600,7 @@ class Figures:
     peak_rss: int = 0
     window: float = 0.0  # seconds
     idle_cpu: float | None = None  # CPU seconds per second, the idle row only
+    messages: int = 0  # the broker's count over the send window
 
 
 def figures(span: Span, pid: int | None, meter: Meter) -> Figures:
@@ -589,6 +609,7 @@ def figures(span: Span, pid: int | None, meter: Meter) -> Figures:
         cpu_us=None if pid is None else span.cpu / span.messages * 1e6,
         peak_rss=meter.peak,
         window=span.seconds,
+        messages=span.messages,
     )
 
 
@@ -660,6 +681,7 @@ def bodies(r: Run, size: int) -> list[bytes] | None:
 class Workload:
     name: str
     run: Callable[[Run], Figures]
+    produces: bool = True  # its messages go through a produce filter
 
 
 def wl_perf_max(
@@ -854,13 +876,13 @@ def workloads(scale: float) -> list[Workload]:
         # Consumed right after it is written: the broker deletes a topic
         # with no producer and no subscription after 60 s (its default).
         Workload("perf 1K max", wl_perf_max(1024, seconds, False, keep="perf-1k")),
-        Workload("perf consume", wl_perf_consume("perf-1k")),
+        Workload("perf consume", wl_perf_consume("perf-1k"), produces=False),
         Workload("perf 100B batch", wl_perf_max(100, seconds, True)),
         *at_rate,
         Workload("py 1K", wl_py_produce(1024, n(10_000), False, keep="py-1k")),
         Workload("py 100B batch", wl_py_produce(100, n(50_000), True)),
-        Workload("py consume", wl_py_consume("py-1k", n(10_000))),
-        Workload(IDLE, wl_idle(seconds)),
+        Workload("py consume", wl_py_consume("py-1k", n(10_000)), produces=False),
+        Workload(IDLE, wl_idle(seconds), produces=False),
     ]
 
 
@@ -1188,6 +1210,7 @@ def measure(args: argparse.Namespace) -> Results:
     starts: dict[str, list[float]] = {}
     transport = None
     filtered: dict[str, dict[str, float]] = {}
+    produced: dict[str, int] = {}  # per path: the produce rows' windows' messages
     warm_passes = 0
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp_name:
         tmp = Path(tmp_name)
@@ -1210,6 +1233,8 @@ def measure(args: argparse.Namespace) -> Results:
                         for load in loads:
                             result = load.run(run)
                             cells.setdefault((name, load.name), Cell()).runs.append(result)
+                            if load.produces:
+                                produced[name] = produced.get(name, 0) + result.messages
                             cpu = "" if result.cpu_us is None else f", {result.cpu_us:8.1f} µs/msg"
                             if result.idle_cpu is not None:
                                 cpu = f", {result.idle_cpu * 1e3:.2f} ms CPU/s idle"
@@ -1222,9 +1247,11 @@ def measure(args: argparse.Namespace) -> Results:
                         filtered[name] = filter_counts(path.admin)
                     elif name in FILTER_PATHS:
                         raise SystemExit(f"{name}: its admin port is not in its log")
-                refused = {n: c for n, c in filtered.items() if any(c.values())}
+                refused = {n: c for n, c in filtered.items() if any(c[key] for key in REFUSED)}
                 if refused:
                     raise SystemExit(f"filters refused or raised on messages: {refused}")
+                if unseen := unfiltered(filtered, produced):
+                    raise SystemExit(unseen)
                 if "apache-proxy" in paths:
                     transport = peer_transport(paths["apache-proxy"], broker, tmp)
                     log(f"apache-proxy: {transport}")
@@ -1234,6 +1261,20 @@ def measure(args: argparse.Namespace) -> Results:
                     starts.setdefault(name, []).extend(seconds)
             version = runtime.version
     return Results(cells, starts, transport, version, filtered, warm_passes)
+
+
+def unfiltered(filtered: dict[str, dict[str, float]], produced: dict[str, int]) -> str | None:
+    """What is wrong when a filter path's filter saw fewer messages than
+    its produce rows counted in their windows (a lower bound: the windows
+    leave start-up, tail and the warm-up out), else None: a filter path
+    whose filter matched none of the bench's topics measures plain Sluice."""
+    short = [
+        f"{name}: its filter saw {counts[SEEN_BY[name]]:,.0f} messages "
+        f"({SEEN_BY[name]}), of at least {produced.get(name, 0):,} produced through it"
+        for name, counts in filtered.items()
+        if name in SEEN_BY and counts[SEEN_BY[name]] < produced.get(name, 0)
+    ]
+    return "; ".join(short) or None
 
 
 # --- the report ------------------------------------------------------------------------
@@ -1484,7 +1525,8 @@ def main() -> int:
     if any(n in FILTER_PATHS for n in results.filtered):
         lines += ["", "Filters after the rounds (/metrics): " + ", ".join(
             f"{n} refused {c['sluice_filter_rejected_total']:.0f}, "
-            f"raised on {c['sluice_filter_errors_total']:.0f}"
+            f"raised on {c['sluice_filter_errors_total']:.0f}, "
+            f"saw {c[SEEN_BY[n]]:,.0f}"
             for n, c in results.filtered.items() if n in FILTER_PATHS)]  # fmt: skip
     if floors is not None:
         lines += ["", "Floor: the compiled path alone over frames like the row's, no sockets "

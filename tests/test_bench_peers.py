@@ -153,3 +153,52 @@ def test_a_watcher_is_answered_by_a_proxy_with_its_token(tmp_path: Path) -> None
             refused.stop()
     finally:
         proxy.kill()
+
+
+BURN_IN_A_CHILD = """
+import subprocess, sys
+burn = "import time\\nend = time.process_time() + 0.4\\nwhile time.process_time() < end: pass"
+subprocess.run([sys.executable, "-c", burn], check=True)  # run, ended and reaped
+print("reaped", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.e2e
+def test_the_meter_keeps_the_cpu_of_a_child_that_ended_and_was_reaped() -> None:
+    # A `--workers` worker that dies and is restarted: its CPU must stay in
+    # the proxy tree's total, where a clock per live process loses it.
+    import subprocess
+    import sys
+
+    from bench.peers import Meter
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", BURN_IN_A_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == "reaped\n"
+        assert Meter(parent.pid).cpu() >= 0.35
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_filter_path_whose_filter_missed_its_messages_ends_the_run() -> None:
+    from bench.peers import REFUSED, SEEN, unfiltered
+
+    def counts(messages: float, replaced: float = 0.0) -> dict[str, float]:
+        return dict.fromkeys(REFUSED, 0.0) | dict(zip(SEEN, (messages, replaced), strict=True))
+
+    produced = {"sluice": 9_000, "sluice-schema": 9_000, "sluice-encrypt": 9_000}
+    assert unfiltered({"sluice": counts(0), "sluice-schema": counts(9_500)}, produced) is None
+    assert unfiltered({"sluice-encrypt": counts(0, 9_000)}, produced) is None
+    assert unfiltered({"sluice-schema": counts(0)}, produced) == (
+        "sluice-schema: its filter saw 0 messages (sluice_filter_messages_total), "
+        "of at least 9,000 produced through it"
+    )
+    assert unfiltered({"sluice-encrypt": counts(9_000, 10)}, produced) is not None
