@@ -156,6 +156,7 @@ class Summary:
     files: int = 0
     truncated: list[tuple[Path, int]] = field(default_factory=list)
     gone: list[Path] = field(default_factory=list)  # removed while being read
+    reading: Path | None = None  # the file whose records come now
 
     def add(self, capture: str, record: Record) -> None:
         kind = record["k"]
@@ -254,6 +255,7 @@ def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]
     for path in paths:
         result = ReadResult(path)
         capture = ""
+        summary.reading = path
         if len(paths) > 1 and _empty(path):
             # A segment whose writer was killed before its first flush:
             # counted, not an error. Alone, it holds no recording: read, it
@@ -507,7 +509,7 @@ def run(args: argparse.Namespace) -> int:
     if in_place:
         partial = args.pcap
     pcap_file = open(partial, "wb") if partial is not None else None  # noqa: SIM115
-    pcap: PcapngWriter | None = None
+    pcap: _Pcap | None = None
     spec = registry.get(registry.DEFAULT_PROTOCOL)  # the protocol of the file being read
     start_ns: int | None = None
     captures: set[str] = set()
@@ -520,7 +522,9 @@ def run(args: argparse.Namespace) -> int:
                     start_ns = record["started"]
                 spec = registry.get(str(record.get("protocol", registry.DEFAULT_PROTOCOL)))
                 if pcap_file is not None and pcap is None:
-                    pcap = PcapngWriter(pcap_file, spec.pcap_note)
+                    pcap = _Pcap(PcapngWriter(pcap_file, spec.pcap_note), paths)
+                if pcap is not None:
+                    pcap.header(record, summary.reading, spec)
                 continue
             wall = record.get("w", start_ns or 0)
             start = start_ns if start_ns is not None else wall
@@ -529,7 +533,7 @@ def run(args: argparse.Namespace) -> int:
                 # A capture's connections open and close whatever frames the
                 # filters keep: without them the kept frames have no flow.
                 if pcap is not None and record["k"] in FLOW_KINDS and filters.keeps_conn(record):
-                    _to_pcap(pcap, (capture, record.get("c")), record, spec)
+                    pcap.add(capture, record)
                 continue
             summary.add(capture, record)
             conn = f"c{record['c']}" if "c" in record else ""
@@ -538,7 +542,7 @@ def run(args: argparse.Namespace) -> int:
             if len(captures) > 1 and conn:
                 conn = f"{capture[:4]}:{conn}"
             if pcap is not None:
-                _to_pcap(pcap, (capture, record.get("c")), record, spec)
+                pcap.add(capture, record)
             elif args.json:
                 out.write(json_line(capture, record, args.with_bytes) + "\n")
             elif not args.summary:
@@ -583,7 +587,14 @@ def run(args: argparse.Namespace) -> int:
     if pcap is not None:
         if not in_place:
             os.replace(partial, args.pcap)  # type: ignore[arg-type]
-        print(f"wrote {pcap.packets} packets to {args.pcap}", file=sys.stderr)
+        if pcap.placeheld:
+            named = ", ".join(f"c{conn}" for _, conn in pcap.placeheld[:10])
+            more = f" and {len(pcap.placeheld) - 10} more" if len(pcap.placeheld) > 10 else ""
+            print(f"sluice inspect: --pcap: {len(pcap.placeheld)} connection(s) opened before "
+                  f"the files read, their opening not found in earlier segments of their "
+                  f"capture ({named}{more}): their packets have placeholder addresses (client "
+                  f"{PLACEHOLDER_HOST}, the recording's broker)", file=sys.stderr)  # fmt: skip
+        print(f"wrote {pcap.writer.packets} packets to {args.pcap}", file=sys.stderr)
     elif args.json:
         for path, n in summary.truncated:
             print(
@@ -595,14 +606,93 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _to_pcap(pcap: PcapngWriter, key: object, record: Record, spec: registry.ProtocolSpec) -> None:
-    kind = record["k"]
-    if kind == "conn":
-        broker = record["broker"] or f"0.0.0.0:{spec.default_port}"
-        pcap.open(key, record["client"], broker, record["w"])
-    elif kind == "frame":
-        raw = record.get("raw", b"")
-        wire = spec.standalone(raw) if spec.standalone is not None else raw
-        pcap.data(key, record["d"] == 0, wire, record["w"])
-    elif kind == "close":
-        pcap.close(key, record["w"])
+# The client address given a connection whose ``conn`` record is nowhere
+# to be found (TEST-NET-1, RFC 5737: no real host); its port is the
+# connection id's, so that each is its own conversation.
+PLACEHOLDER_HOST = "192.0.2.1"
+
+
+class _Pcap:
+    """What ``--pcap`` writes: each connection a TCP conversation, opened
+    by its ``conn`` record. A connection opened before the files read (one
+    segment of a capture given alone, its opening in an earlier one) is
+    opened by its record in the earlier segments of the same capture beside
+    the file, or, failing that, with placeholder addresses (``placeheld``,
+    said once): its frames are never left out."""
+
+    def __init__(self, writer: PcapngWriter, paths: list[Path]) -> None:
+        self.writer = writer
+        self.placeheld: list[tuple[str, int]] = []
+        self._reading = set(paths)
+        self._opened: set[tuple[str, Any]] = set()
+        self._spec = registry.get(registry.DEFAULT_PROTOCOL)
+        self._broker = ""  # the upstream broker the file's header names
+        self._file: Path | None = None
+        self._segment = 1
+        # (directory, capture, segment) -> connection id -> its conn record
+        self._earlier: dict[tuple[Path, str, int], dict[int, Record]] = {}
+
+    def header(self, record: Record, path: Path | None, spec: registry.ProtocolSpec) -> None:
+        self._spec, self._file = spec, path
+        self._broker = str(record.get("broker") or "")
+        segment = record.get("segment", 1)
+        self._segment = segment if isinstance(segment, int) else 1
+
+    def add(self, capture: str, record: Record) -> None:
+        kind = record["k"]
+        key = (capture, record.get("c"))
+        if kind == "conn":
+            self._open(key, record)
+        elif kind == "frame":
+            if key not in self._opened:
+                self._open_late(capture, record)
+            raw = record.get("raw", b"")
+            wire = self._spec.standalone(raw) if self._spec.standalone is not None else raw
+            self.writer.data(key, record["d"] == 0, wire, record["w"])
+        elif kind == "close":
+            self.writer.close(key, record["w"])
+
+    def _open(self, key: tuple[str, Any], record: Record) -> None:
+        self._opened.add(key)
+        broker = record["broker"] or f"0.0.0.0:{self._spec.default_port}"
+        self.writer.open(key, record["client"], broker, record["w"])
+
+    def _open_late(self, capture: str, frame: Record) -> None:
+        conn: int = frame["c"]
+        found = self._earlier_openings(capture).get(conn)
+        if found is not None:
+            self._open((capture, conn), {**found, "w": frame["w"]})
+            return
+        self.placeheld.append((capture, conn))
+        client = f"{PLACEHOLDER_HOST}:{1024 + conn % 64000}"
+        self._open((capture, conn), {"client": client, "broker": self._broker, "w": frame["w"]})
+
+    def _earlier_openings(self, capture: str) -> dict[int, Record]:
+        """The ``conn`` records of the capture's segments before the one
+        read now, in its directory and not read here (read once)."""
+        if self._file is None:
+            return {}
+        where = (self._file.parent, capture, self._segment)
+        if where in self._earlier:
+            return self._earlier[where]
+        found: dict[int, Record] = {}
+        self._earlier[where] = found
+        if self._segment <= 1:
+            return found
+        for path in sorted(self._file.parent.glob(f"*-{capture}-*.sluice")):
+            if path in self._reading:
+                continue
+            try:
+                for record in read_records(path):
+                    kind = record["k"]
+                    if kind == "header" and (
+                        record.get("capture") != capture
+                        or not isinstance(record.get("segment"), int)
+                        or record["segment"] >= self._segment
+                    ):
+                        break  # another capture's, or not earlier
+                    if kind == "conn":
+                        found.setdefault(record["c"], record)
+            except (RecordingError, OSError) as exc:
+                log.debug("%s: not read for the connections it opened: %s", path, exc)
+        return found
