@@ -135,6 +135,33 @@ def test_roles_narrow_a_filter_to_verified_clients() -> None:
     assert filters.chain(TOPIC, "produce", None) is None  # passthrough: no verified role
 
 
+def test_each_filter_counts_the_messages_its_hook_ran_on_for_the_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from sluice.proxy.metrics import Metrics
+
+    metrics = Metrics()
+    words = FilterSpec(WORDS, direction="produce", settings={"word": "no"})
+    elsewhere = FilterSpec("tests.helpers.filters:Suffix", topics=("persistent://x/y/*",))
+    filters = Filters(load([words, elsewhere]), metrics.filter_seen)
+    chain = filters.chain(TOPIC, "produce", None)
+    assert chain is not None
+    for payload in (b"fine", b"no thanks", b"shout"):  # passed, refused, changed
+        chain.run(_message(payload))
+    # A reload's filters count into the same tally.
+    again = Filters(load([words]), metrics.filter_seen).chain(TOPIC, "produce", None)
+    assert again is not None
+    again.run(_message(b"fine"))
+    lines = generate_latest(metrics.exposed).decode().splitlines()
+    seen = sorted(line for line in lines if line.startswith("sluice_filter_messages_total{"))
+    assert seen == [
+        'sluice_filter_messages_total{direction="client_to_broker",filter="'
+        'tests.helpers.filters:Suffix",protocol="pulsar"} 0.0',  # its topics matched nothing
+        'sluice_filter_messages_total{direction="client_to_broker",filter="'
+        'tests.helpers.filters:Words",protocol="pulsar"} 4.0',
+    ]
+
+
 def test_a_direction_no_filter_has_a_hook_for_is_not_filtered() -> None:
     filters = _filters(FilterSpec("tests.helpers.filters:Suffix"))
     assert filters.chain(TOPIC, "produce", None) is not None

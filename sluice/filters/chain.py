@@ -51,22 +51,38 @@ LOG_EVERY = 10.0  # seconds between two logged failures of one filter
 LATEST_FOR = 30.0
 MAX_SCHEMAS = 10_000
 
+# Messages each filter's hook ran on (passed, changed or refused), by filter
+# id and direction: one tally for every ``Filters`` a process makes (a
+# reload's too), which the metrics read (sluice_filter_messages_total). A
+# filter whose topics or roles match nothing stays at zero there.
+Seen = dict[tuple[str, str], int]
+
 
 class FilterChain:
     """The filters one topic's messages go through in one direction."""
 
-    def __init__(self, direction: Direction, filters: list[Loaded], topic: str = "") -> None:
+    def __init__(
+        self,
+        direction: Direction,
+        filters: list[Loaded],
+        topic: str = "",
+        seen: Seen | None = None,
+    ) -> None:
         self.direction = direction
         self._filters = filters
+        self._seen: Seen = {} if seen is None else seen
         self._hooks = [
             (
                 f.spec.id,
                 f.spec.on_error == "open",
                 f.filter.on_produce if direction == PRODUCE else f.filter.on_deliver,
+                (f.spec.id, direction),
             )
             for f in filters
             if _hooks(f, direction)
         ]
+        for *_, key in self._hooks:
+            self._seen.setdefault(key, 0)
         self._wants_schema = any(f.filter.wants_schema for f in filters)
         self._names = tuple(f.spec.id for f in filters)
         # The first filter that seals entries in this direction (one at most
@@ -104,7 +120,9 @@ class FilterChain:
         # on changed. The others stay None, so that what the client sent of
         # them stays as it was (a tombstone's missing value, a key of bytes).
         touched = [False, False, False]
-        for name, fails_open, hook in self._hooks:
+        seen = self._seen
+        for name, fails_open, hook, key in self._hooks:
+            seen[key] += 1
             try:
                 verdict = hook(current)
                 if isinstance(verdict, Replace):
@@ -191,8 +209,13 @@ def _log_failure(name: str, message: Message, exc: BaseException) -> None:
 class Filters:
     """Every configured filter of one proxy process (``Filtering``)."""
 
-    def __init__(self, loaded: list[Loaded]) -> None:
+    def __init__(self, loaded: list[Loaded], seen: Seen | None = None) -> None:
         self.loaded = loaded
+        self.seen: Seen = {} if seen is None else seen
+        for f in loaded:  # present at zero from the start: a filter that sees nothing shows
+            for direction in (PRODUCE, DELIVER):
+                if f.spec.runs(direction) and _hooks(f, direction):
+                    self.seen.setdefault((f.spec.id, direction), 0)
         self._chains: dict[tuple[str, str, str | None], FilterChain | None] = {}
         self._schemas: dict[tuple[str, bytes | None], tuple[Schema | None, float]] = {}
 
@@ -210,7 +233,7 @@ class Filters:
             for f in self.loaded
             if f.spec.runs(direction) and _acts(f, direction) and _applies(f, topic, role)
         ]
-        chain = FilterChain(direction, wanted, topic) if wanted else None
+        chain = FilterChain(direction, wanted, topic, self.seen) if wanted else None
         if len(self._chains) > MAX_SCHEMAS:
             self._chains.clear()
         self._chains[key] = chain
@@ -262,10 +285,13 @@ def _applies(loaded: Loaded, topic: str, role: str | None) -> bool:
 
 
 def make_filters(
-    specs: tuple[FilterSpec, ...] | list[FilterSpec], protocol: ProtocolSpec
+    specs: tuple[FilterSpec, ...] | list[FilterSpec],
+    protocol: ProtocolSpec,
+    seen: Seen | None = None,
 ) -> Filters:
     """The configured filters made for a proxy of ``protocol``, or a
-    ``ConfigError`` with one line per mistake."""
+    ``ConfigError`` with one line per mistake; their hooks counted into
+    ``seen`` (``Seen``)."""
     if not protocol.filters:
         raise ConfigError(
             f"--filter: {protocol.title} connections do not run message filters "
@@ -283,4 +309,4 @@ def make_filters(
     ]
     if idle:
         raise ConfigError("\n".join(idle))
-    return Filters(loaded)
+    return Filters(loaded, seen)

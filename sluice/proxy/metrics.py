@@ -139,6 +139,29 @@ class TrafficCounts(Collector):
         return []
 
 
+class FilterMessages(Collector):
+    """Messages each filter's hook ran on, from the tally the filters keep
+    themselves (``seen``: (filter id, "produce" or "deliver") -> messages,
+    ``Seen`` in filters/chain.py), read at each scrape."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, str], int] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "sluice_filter_messages",
+            "Messages a filter's hook ran on (passed, changed or refused), by filter and direction",
+            labels=["filter", "direction"],
+        )
+        for (name, direction), count in list(self.seen.items()):
+            way = CLIENT_TO_BROKER if direction == "produce" else BROKER_TO_CLIENT
+            family.add_metric([name, way], count)
+        yield family
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        return []
+
+
 # Up to this many times at once, each is put in its bucket by a search of
 # its own; more are sorted first.
 _ONE_BY_ONE = 8
@@ -419,6 +442,10 @@ class Metrics:
             ["filter", "direction"], registry=registry,
         )  # fmt: skip
         self._replaced: dict[tuple[str, bool], Any] = {}
+        # sluice_filter_messages_total: the filters count into filter_seen.
+        self._filter_messages = FilterMessages()
+        registry.register(self._filter_messages)
+        self.filter_seen = self._filter_messages.seen
         self.reloads = Counter(
             "sluice_config_reloads", "Configuration reloads, by outcome (applied, unchanged, "
             "refused)", ["outcome"], registry=registry,
