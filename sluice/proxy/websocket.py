@@ -21,7 +21,11 @@ at most: a broker's last frames and CLOSE reach a client that reads slowly
 although the broker has gone. A direction that has carried its side's
 CLOSE frame has nothing more to pass on: once the other is over too, the
 session ends at once (over TLS, which cannot be half-closed, the side
-still there learns of the end only when its connection is closed).
+still there learns of the end only when its connection is closed). Once
+a CLOSE frame has gone each way (the closing handshake is done) and
+neither side hangs up, the session ends ``CLOSE_GRACE`` later: RFC 6455
+has the server close the TCP connection then, and a peer that does not
+is not left holding it until the idle timeout.
 """
 
 from __future__ import annotations
@@ -95,12 +99,20 @@ class Session:
         self._hung_up: bool | None = None
         self._scope = trio.CancelScope()
 
+    @property
+    def handshake_done(self) -> bool:
+        """The closing handshake is done: a CLOSE frame has gone each way."""
+        return len(self._said) == 2
+
     def shut_down(self) -> None:
         """Sluice is stopping: the session ends with 1001 (going away)."""
         self._end("shutdown", GOING_AWAY, "Sluice is shutting down")
 
     def _end(self, ending: str, code: int | None = None, why: str = "") -> None:
-        if self.ending is None:
+        # After the closing handshake (a CLOSE each way) the session has
+        # ended by itself, whatever ends its grace (a short idle timeout,
+        # shutdown): nothing more is to be said either way.
+        if self.ending is None and not self.handshake_done:
             self.ending = ending
             if code is not None:
                 self.closing = (code, why)
@@ -164,9 +176,18 @@ class Session:
                 if reader.closed is not None and direction not in self._said:
                     # Its CLOSE went on: nothing more goes this way.
                     self._said.add(direction)
-                    if self._other(direction) in self._finished:
+                    other = self._other(direction)
+                    if other in self._finished:
                         self._scope.cancel()  # nor the other way: the end
                         return
+                    if other in self._said:
+                        # The closing handshake is done: the peers may
+                        # hang up themselves (the broker first, as RFC 6455
+                        # has a server do) within the grace; then Sluice
+                        # closes both connections.
+                        self._scope.deadline = min(
+                            self._scope.deadline, trio.current_time() + CLOSE_GRACE
+                        )
             read_here = True
             try:
                 data = bytes(await source.receive_some(CHUNK))
