@@ -27,9 +27,9 @@ from sluice.recording.format import (
     RecordingError,
     Unfinished,
     read_records,
-    recording_files,
 )
 from sluice.recording.pcapng import PcapngWriter
+from sluice.recording.reader import listed
 
 log = logging.getLogger("sluice.inspect")
 ARROWS = {0: "C→B", 1: "B→C"}
@@ -479,7 +479,7 @@ def run(args: argparse.Namespace) -> int:
         print("sluice inspect: --with-bytes goes with --json", file=sys.stderr)
         return 2
     try:
-        paths = recording_files(args.recording)
+        paths = listed(args.recording)
     except RecordingError as exc:
         print(f"sluice inspect: {exc}", file=sys.stderr)
         return 2

@@ -26,7 +26,8 @@ from sluice.commands.proxy import read_token
 from sluice.config import count
 from sluice.errors import ConfigError
 from sluice.protocols import registry
-from sluice.recording.format import RecordingError, Unfinished, read_records, recording_files
+from sluice.recording.format import RecordingError, Unfinished, read_records
+from sluice.recording.reader import listed
 from sluice.view.index import Filter, Index
 from sluice.view.live import LiveIndex, live_url, watch
 from sluice.view.server import ViewServer, export, serve
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     try:
-        files = recording_files(args.capture)
+        files = listed(args.capture)
         if not files:
             raise RecordingError(f"{args.capture}: no recordings (*.sluice) here")
         if len(files) == 1:

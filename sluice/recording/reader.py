@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import heapq
 import itertools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,13 +110,38 @@ class Recording:
         return first
 
 
+def listed(target: Path) -> list[Path]:
+    """The recording files at ``target`` (``recording_files``), with a file
+    or directory this user may not read said so (a RecordingError naming
+    it) rather than found empty: os.walk passes over a directory it cannot
+    list, and the listing would be "no recordings"."""
+    try:
+        paths = recording_files(target)
+    except PermissionError as exc:  # (a path inside a directory we may not enter)
+        raise RecordingError(_denied(exc, target)) from None
+    if paths or not target.is_dir():
+        return paths
+    denied: list[OSError] = []
+    for _ in os.walk(target, onerror=denied.append):
+        if any(isinstance(exc, PermissionError) for exc in denied):
+            break
+    for problem in denied:
+        if isinstance(problem, PermissionError):
+            raise RecordingError(_denied(problem, target))
+    return paths
+
+
+def _denied(exc: OSError, target: Path) -> str:
+    return f"{exc.filename or target}: cannot be read (permission denied)"
+
+
 def load(target: Path, *, need_payloads: bool = True) -> Recording:
     """Every connection of the recording(s) at ``target``, in order of opening.
 
     Raises RecordingError (with a message for users) when the files cannot be
     used, e.g. recorded without payloads when ``need_payloads``.
     """
-    paths = recording_files(target)
+    paths = listed(target)
     if not paths:
         raise RecordingError(f"{target}: no recordings (*.sluice) here")
     connections: dict[tuple[str, int], RecordedConnection] = {}

@@ -29,8 +29,8 @@ from sluice.recording.format import (
     RecordingError,
     read_records,
     record_at,
-    recording_files,
 )
+from sluice.recording.reader import listed
 
 log = logging.getLogger("sluice.view")
 
@@ -310,7 +310,7 @@ class Index:
     def build(self) -> None:
         """Read every file (in a thread: the server answers meanwhile)."""
         try:
-            self.files = recording_files(self.target)
+            self.files = listed(self.target)
             if not self.files:
                 raise RecordingError(f"{self.target}: no recordings (*.sluice) here")
             sizes = [p.stat().st_size for p in self.files]
