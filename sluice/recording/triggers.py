@@ -20,7 +20,10 @@ A rule is JSON, with the match fields of fault rules::
 - ``before``/``after``: seconds of traffic before the trigger and after it
   (default 30 and 5); the snapshot is written ``after`` seconds after it.
 - ``interval``: at most one snapshot per rule this often (default 60 s);
-  triggers meanwhile are counted, not saved.
+  triggers meanwhile are counted, not saved, and said in the log at most
+  once per ``STORM_LOG_EVERY`` seconds (``Trigger.fire``, ``Trigger.summary``):
+  a rule firing many times a second logs its first firing, then a line
+  such as ``snapshot rule X fired again 250 times in the last 10 s``.
 
 Each snapshot holds a ``snapshot`` record naming the rule and the frame
 that fired it, and is logged.
@@ -53,6 +56,9 @@ from sluice.protocols.faults import (
 
 # The longest before/after/interval a rule may ask for (a day).
 MAX_SECONDS = 24 * 3600.0
+# A rule's firings within its interval (not saved) are summed up in the log
+# at most once this often (seconds), rather than a line each.
+STORM_LOG_EVERY = 10.0
 KINDS = ("error", "invalid", "fault", "slow", "broker_closed")
 _KEYS = {"id", "on", "match", "codes", "slower_than_ms", "before", "after", "interval"}
 _MATCH_KEYS = frozenset({"protocol", "command", "topic", "direction"})
@@ -89,6 +95,49 @@ class Trigger:
     fired: int = 0  # times its condition held
     saved: int = 0  # snapshots it caused
     last_saved: float | None = field(default=None, repr=False)
+    # Firings within the interval (not saved) that no log line has said yet,
+    # and when the last line about this rule was logged (monotonic seconds).
+    unsaid: int = field(default=0, repr=False)
+    said_at: float | None = field(default=None, repr=False)
+
+    def fire(self, now: float) -> tuple[bool, str | None]:
+        """Count a firing at ``now`` (monotonic seconds): whether to save a
+        snapshot for it (at most one per ``interval``; its caller logs that
+        one), and a line to log, when one is due, summing up the firings
+        before it that were not saved: at most one per ``STORM_LOG_EVERY``
+        seconds (``summary`` says the rest later; no firing goes uncounted)."""
+        self.fired += 1
+        if self.last_saved is None or now - self.last_saved >= self.interval:
+            line = self.summary(now, force=True)  # the storm before it, said first
+            self.last_saved = self.said_at = now
+            return True, line
+        self.unsaid += 1
+        return False, self.summary(now)
+
+    def summary(self, now: float, *, force: bool = False) -> str | None:
+        """The line summing up the firings not saved and not said yet, if
+        there are any and one is due (``STORM_LOG_EVERY`` seconds after the
+        last line about this rule; ``force``: at once, e.g. on closing).
+        Whoever fires the rule asks this now and then (``summary_due``),
+        so that a storm's last firings are said once it is over."""
+        if not self.unsaid:
+            return None
+        since = self.said_at if self.said_at is not None else now
+        if not force and now - since < STORM_LOG_EVERY:
+            return None
+        count, self.unsaid, self.said_at = self.unsaid, 0, now
+        times = "once" if count == 1 else f"{count} times"
+        return (
+            f"snapshot rule {self.id} fired again {times} in the last {now - since:.0f} s: "
+            f"not saved (at most one snapshot per {self.interval:g} s)"
+        )
+
+    def summary_due(self) -> float | None:
+        """When (monotonic seconds) ``summary`` has a line to give; None:
+        nothing unsaid."""
+        if not self.unsaid:
+            return None
+        return (self.said_at or 0.0) + STORM_LOG_EVERY
 
     def fires(self, protocol: str, event: Event) -> dict[str, Any] | None:
         """What fired, if this event fires the rule (a dict for the record)."""
