@@ -36,6 +36,7 @@ from sluice.protocols import registry
 from sluice.protocols.core import Accepted, Conn, Rejected, Taps
 from sluice.protocols.faults import Faults
 from sluice.protocols.haproxy import HeaderError, v2_header
+from sluice.proxy import hangup
 from sluice.proxy.admin import (
     RELOAD_TIME,
     ConfigEndpoint,
@@ -1070,11 +1071,16 @@ async def reload_when_asked(
     """Reload ``server``'s configuration on SIGHUP and when a file it is
     read from changes: ``config_file``, or a key or certificate file of the
     configuration in force (``server.watched()``); until cancelled; started
-    once SIGHUP is caught."""
+    once SIGHUP is caught. A SIGHUP that came while the process started
+    (noted by ``hangup.hold``) is taken first: one reload for all of them."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_files, server, config_file)
+            # Asked after the receiver took SIGHUP over: none is lost between.
+            if hangup.take():
+                log.info("SIGHUP came while starting: reloading now")
+                await server.reload_from_source("SIGHUP")
             async for _ in signals:
                 await server.reload_from_source("SIGHUP")
 

@@ -2,7 +2,8 @@
 
 One Python process saturates one core, so a busy proxy runs several. The
 *supervisor* (the process the user started) binds the listening sockets and
-starts N *workers* (``python -m sluice.proxy.workers``), each a complete
+starts N *workers* (this module's ``main`` in a new Python, started by
+``hangup.WORKER_COMMAND``, which ignores SIGHUP first), each a complete
 shared-nothing trio proxy (``Proxy`` with a ``WorkerRole``) that inherits the
 listening sockets and accepts from them: the kernel hands each new
 connection to a worker that is waiting in ``accept``, so busy workers take
@@ -82,6 +83,7 @@ from sluice.logs import setup_logging
 from sluice.protocols import registry
 from sluice.protocols.faults import FaultError, check_room, parse_rule
 from sluice.protocols.haproxy import HeaderError
+from sluice.proxy import hangup
 from sluice.proxy.admin import (
     RELOAD_TIME,
     AdminRequest,
@@ -499,7 +501,7 @@ class Supervisor:
         self._spawning += 1
         try:
             process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "sluice.proxy.workers"],
+                hangup.WORKER_COMMAND,  # (SIGHUP ignored from its first line)
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 pass_fds=fds,
@@ -1432,6 +1434,8 @@ def main() -> int:
     keep_big_buffers()
     # A reload's SIGHUP before the worker listens for it must not end it
     # (the default action): ignored until then, and caught up with after.
+    # (Ignored already by hangup.WORKER_COMMAND's first line; here for a
+    # worker started otherwise: python -m sluice.proxy.workers.)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sockets = [(kind, socket.socket(fileno=fd)) for kind, fd in zip(spec.kinds, spec.fds,
                                                                     strict=True)]  # fmt: skip
