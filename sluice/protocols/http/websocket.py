@@ -46,8 +46,10 @@ _OPCODE_NAMES = {
     Opcode.PONG: "pong",
 }
 # How a session ended: a metric label. ``closed``: a CLOSE frame went by and
-# a side hung up; ``hangup``: a side hung up without one; the others: Sluice
-# ended it (a CLOSE frame with the code to each side it could send one to).
+# a side hung up, or a CLOSE frame went each way and Sluice closed both
+# connections after a grace; ``hangup``: a side hung up without one; the
+# others: Sluice ended it (a CLOSE frame with the code to each side it could
+# send one to).
 ENDINGS = ("closed", "hangup", "protocol_error", "message_too_large", "idle_timeout", "shutdown")
 
 PROTOCOL_ERROR = int(CloseReason.PROTOCOL_ERROR)  # 1002
