@@ -416,3 +416,25 @@ def test_a_snapshot_starts_at_its_earliest_record_not_its_first() -> None:
     part = b"".join(pack(r) for r in ({"k": "frame", "w": 20}, {"k": "http", "w": 10}, {"k": "x"}))
     assert _first_wall(part) == 10
     assert _first_wall(pack({"k": "gap"})) is None
+
+
+async def test_a_trigger_storm_through_the_recorder_logs_a_line_not_one_per_firing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sluice.protocols.core import Answered
+    from sluice.recording.triggers import Trigger
+
+    caplog.set_level("INFO", logger="sluice")
+    conn = Conn(1, "127.0.0.1:5555", "plain", "pulsar")
+    rule = Trigger(id="errors", on="error", before=1.0, after=0.0, interval=60.0)
+    recorder = Recorder(RecorderConfig(tmp_path, ring_bytes=MiB, triggers=(rule,)))
+    recorder.open_connection(1, client="127.0.0.1:5555", kind="proxied", listener="plain")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        for _ in range(500):  # one saved, 499 counted
+            recorder.event(conn, Answered("SEND", 0.001, error="PersistenceError"))
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    said = [r.getMessage() for r in caplog.records if "snapshot rule errors" in r.getMessage()]
+    assert 2 <= len(said) <= 3, said  # fired (saving); the storm summed up, at close at the latest
+    assert said[-1].startswith("snapshot rule errors fired again 499 times"), said

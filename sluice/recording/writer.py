@@ -543,6 +543,7 @@ class Recorder:
                             self._to_ring()
                             if self._pending:
                                 await self._save_due()
+                            self._say_storms(force=False)
                         elif now - last_flush >= self.config.flush_interval:
                             await self._write_packed()
                             if self._file is not None:
@@ -558,6 +559,7 @@ class Recorder:
                         self._bug(exc)
                         await self._close_file()
         finally:
+            self._say_storms(force=True)
             with trio.CancelScope(shield=True):
                 self._take_queued()
                 if self._ring is None:
@@ -584,18 +586,25 @@ class Recorder:
 
     # --- the flight recorder's ring ----------------------------------------
 
+    def _say_storms(self, *, force: bool) -> None:
+        """Log what each rule's storm of unsaved firings left unsaid, once
+        due (``Trigger.summary``); ``force``: all of it, on closing."""
+        now = time.monotonic()
+        for trigger in self._triggers:
+            if (line := trigger.summary(now, force=force)) is not None:
+                log.info("%s", line)
+
     def _check_triggers(self, conn: Conn, event: Event) -> None:
         for trigger in self._triggers:
             found = trigger.fires(self.protocol, event)
             if found is None:
                 continue
-            trigger.fired += 1
             now = time.monotonic()
-            if trigger.last_saved is not None and now - trigger.last_saved < trigger.interval:
-                log.info("snapshot rule %s fired again on conn %d within %gs: not saved",
-                         trigger.id, conn.id, trigger.interval)  # fmt: skip
+            save, storm = trigger.fire(now)  # a storm: one line per STORM_LOG_EVERY
+            if storm is not None:
+                log.info("%s", storm)
+            if not save:
                 continue
-            trigger.last_saved = now
             note: Record = {"rule": trigger.id, "on": trigger.on, "c": conn.id, **found}
             # Where it happened, in the stream itself.
             self._enqueue({"k": "trigger", "t": time.monotonic_ns(), "w": time.time_ns(),
