@@ -166,14 +166,17 @@ def overview() -> dict[str, Any]:
         ], "ops", description="Frames fault rules acted on (sluice faults list shows the "
            "rules). Anything here was done on purpose, not by the broker."),
         Panel("Message filters", [
+            (f"sum by (filter) (rate(sluice_filter_messages_total{{{SEL}}}[{RATE}]))",
+             "{{filter}} ran on"),
             (f"sum by (filter, reason) (rate(sluice_filter_rejected_total{{{SEL}}}[{RATE}]))",
              "{{filter}} refused: {{reason}}"),
             (f"sum by (filter) (rate(sluice_filter_replaced_total{{{SEL}}}[{RATE}]))",
              "{{filter}} changed"),
             (f"sum by (filter) (rate(sluice_filter_errors_total{{{SEL}}}[{RATE}]))",
              "{{filter}} raised"),
-        ], "ops", description="Messages --filter filters refused (a SEND answered with "
-           "SEND_ERROR, a delivery skipped), changed, or raised on (docs/filters.md)."),
+        ], "ops", description="Messages --filter filters ran on, refused (a SEND answered "
+           "with SEND_ERROR, a delivery skipped), changed, or raised on (docs/filters.md). "
+           "A filter that never runs matches none of the traffic's topics or roles."),
         Panel("Lookups", [
             (f"sum by (outcome) (rate(sluice_lookups_total{{{SEL}}}[{RATE}]))", "{{outcome}}"),
         ], "ops"),

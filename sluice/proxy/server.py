@@ -195,7 +195,13 @@ class Proxy:
         self._config_rules = [rule.id for rule in self.faults.rules]
         self._reloading = trio.Lock()
         self.ports = self._broker_ports() if self.protocol.port_per_broker else None
-        self.filters = make_filters(config.filters, self.protocol) if config.filters else None
+        # Made before the filters, which count into it (sluice_filter_messages_total).
+        self.metrics = Metrics(config.topic_metrics_limit, self.protocol)
+        self.filters = (
+            make_filters(config.filters, self.protocol, self.metrics.filter_seen)
+            if config.filters
+            else None
+        )
         # What the key files held when the backend below loaded them.
         self._held = held(config)
         make_backend = self.protocol.load(self.protocol.backend)
@@ -212,7 +218,6 @@ class Proxy:
         self.timing = Timing(
             config.handshake_timeout, config.connect_timeout, config.keepalive_interval
         )
-        self.metrics = Metrics(config.topic_metrics_limit, self.protocol)
         self.metrics.generation(self.generation)
         if self.filters is not None:
             self.metrics.filters_configured(f.spec.id for f in self.filters.loaded)
@@ -454,7 +459,11 @@ class Proxy:
             return unchanged, lambda: None
         config = effective(old, new, kept)
         try:
-            filters = make_filters(config.filters, self.protocol) if config.filters else None
+            filters = (
+                make_filters(config.filters, self.protocol, self.metrics.filter_seen)
+                if config.filters
+                else None
+            )
             faults = copy.deepcopy(config.faults)
             # The TLS listeners' context anew (a changed --tls-client-ca,
             # say): the connections accepted from then on are wrapped with it.
