@@ -351,6 +351,11 @@ class PulsarConnection:
         self._identity: Identity | None = None
         self._expires_at: float | None = None
         self._refresh_asked: float | None = None
+        # --forward-auth-data on a relayed connection: the client's token the
+        # broker holds (its original_auth_data, which a broker that checks it
+        # refreshes), and whether the broker asked for a fresh one and waits.
+        self._broker_holds: bytes | None = None
+        self._broker_waits = False
         self.settings = settings
         self.routing = routing
         self.tap = tap
@@ -738,7 +743,10 @@ class PulsarConnection:
             assert self._identity is not None
             for name in _AUTH_FIELDS:
                 ours.ClearField(name)
-            auth.upstream(self._identity).apply(ours)
+            upstream = auth.upstream(self._identity)
+            upstream.apply(ours)
+            if upstream.original_data is not None:
+                self._broker_holds = self._identity.data
         if not chained:
             ours.ClearField("proxy_to_broker_url")
         self._upstream, self._upstream_named = address, named
@@ -1038,10 +1046,11 @@ class PulsarConnection:
                         out.pop()
                         whole = False
                         exchanged = self._auth_exchange(frame, from_client, now)
+                        if exchanged and out:  # what came before goes first
+                            to = Peer.BROKER if from_client else Peer.CLIENT
+                            actions.append(Send(to, b"".join(out)))
+                            out.clear()
                         if exchanged and isinstance(exchanged[-1], Close):
-                            if out:
-                                to = Peer.BROKER if from_client else Peer.CLIENT
-                                actions.append(Send(to, b"".join(out)))
                             return actions + exchanged
                         actions += exchanged
                         continue
@@ -1308,9 +1317,14 @@ class PulsarConnection:
             ]  # fmt: skip
         if now < self._expires_at:  # type: ignore[operator]
             return []
+        return self._challenge_client(now)
+
+    def _challenge_client(self, now: float) -> list[Action]:
+        """Ask the client for fresh credentials, as a broker does."""
+        assert self._identity is not None
         self._refresh_asked = now
         challenge = pb.CommandAuthChallenge(
-            challenge=pb.AuthData(auth_method_name=method, auth_data=REFRESH),
+            challenge=pb.AuthData(auth_method_name=self._identity.method, auth_data=REFRESH),
             protocol_version=PROTOCOL_VERSION,
         )
         return self._own(own_frame(T.AUTH_CHALLENGE, challenge))
@@ -1329,7 +1343,10 @@ class PulsarConnection:
         for, each of which would otherwise be new credentials at any time)."""
         auth = self.settings.auth
         assert auth is not None and self._identity is not None
-        if not from_client:  # AUTH_CHALLENGE on Sluice's login
+        if not from_client:
+            if self._broker_holds is not None and frame.body.challenge.auth_data == REFRESH:
+                return self._broker_refresh(now)
+            # On Sluice's login: its own answer.
             return [Send(Peer.BROKER, self._own_auth_response())]
         old = self._identity
         if frame.type != T.AUTH_RESPONSE or self._refresh_asked is None:
@@ -1368,7 +1385,39 @@ class PulsarConnection:
         if self.state is State.LOOKUP:  # lookups go on with the fresh credentials
             self._credentials = self.routing.upstream_auth(auth, identity)
         self.tap.event(self.conn, Authenticated(method, "refreshed"))
+        if self._broker_waits:  # verified: now the broker's answer
+            return [self._forward_identity()]
         return []
+
+    def _broker_refresh(self, now: float) -> list[Action]:
+        """``--forward-auth-data``: the broker's refresh challenge is about
+        the client's token it holds (a broker that checks
+        ``original_auth_data`` refreshes that one, and refuses a refresh to
+        another role, so Sluice's own would end the connection). As Apache
+        Pulsar's proxy does, it gets the client's token: a newer one Sluice
+        verified since, at once; else Sluice challenges the client and
+        answers once the client's answer is verified as at CONNECT
+        (``_auth_exchange``); what the client sends is never passed on
+        unchecked."""
+        assert self._identity is not None
+        expired = self._expires_at is not None and now >= self._expires_at
+        newer = self._identity.data != self._broker_holds or self._expires_at is None
+        self._broker_waits = True
+        if newer and not expired:
+            return [self._forward_identity()]
+        if self._refresh_asked is not None:  # asked already: its answer goes on
+            return []
+        return self._challenge_client(now)
+
+    def _forward_identity(self) -> Send:
+        """AUTH_RESPONSE to the broker with the client's verified token (as
+        verified, whatever its spelling; never recorded, as Sluice's own)."""
+        assert self._identity is not None
+        self._broker_waits = False
+        self._broker_holds = self._identity.data
+        data = pb.AuthData(auth_method_name=self._identity.method, auth_data=self._identity.data)
+        response = pb.CommandAuthResponse(response=data, protocol_version=PROTOCOL_VERSION)
+        return Send(Peer.BROKER, encode(command(T.AUTH_RESPONSE, response)))
 
     def _own_auth_response(self) -> bytes:
         """AUTH_RESPONSE with Sluice's own credentials (never recorded)."""
