@@ -38,7 +38,11 @@ open('/tmp/rustup-init', 'wb').write(data)" \
  && /tmp/rustup-init -y --no-modify-path --profile minimal --default-toolchain "${RUST_VERSION}" \
  && rm /tmp/rustup-init \
  && cargo --version
-RUN pip install --no-cache-dir build==1.2.2
+# Every pip install takes its versions from image-constraints.txt (-c): the
+# ones the test suite ran with, not whatever is newest on the day of the
+# build (the file says how to regenerate it).
+COPY image-constraints.txt /wheels/
+RUN pip install --no-cache-dir -c /wheels/image-constraints.txt build==1.2.2
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY rust ./rust
@@ -51,7 +55,7 @@ LABEL org.opencontainers.image.title="sluice" \
       org.opencontainers.image.licenses="Apache-2.0"
 # Runtime dependencies only: no test tools, no broker, no client.
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl \
+RUN pip install --no-cache-dir -c /wheels/image-constraints.txt /wheels/*.whl \
  && rm -rf /wheels \
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin sluice \
  && mkdir -p /recordings \
@@ -78,7 +82,7 @@ FROM runtime AS demo
 USER 0
 COPY --from=build /wheels /wheels
 RUN whl=$(basename /wheels/*.whl) \
- && pip install --no-cache-dir "/wheels/${whl}[demo]" \
+ && pip install --no-cache-dir -c /wheels/image-constraints.txt "/wheels/${whl}[demo]" \
  && rm -rf /wheels
 USER 10001
 
