@@ -13,6 +13,7 @@ of a page become dicts.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import math
 import threading
@@ -25,8 +26,10 @@ from typing import Any
 
 from sluice.protocols import registry
 from sluice.recording.format import (
+    Gone,
     ReadResult,
     RecordingError,
+    Unfinished,
     read_records,
     record_at,
 )
@@ -226,6 +229,26 @@ class Filter:
         return self == Filter()
 
 
+def _size(path: Path) -> int:
+    """A file's size; 0 for one removed since listed (reading it says so)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _skipped(path: Path, exc: Unfinished | Gone) -> str:
+    """What the page says of a segment skipped among others."""
+    if isinstance(exc, Gone):
+        return f"{path.name}: removed while being read (retention), skipped"
+    if exc.size == 0:
+        return f"{path.name}: empty (the writer stopped before its first flush)"
+    return (
+        f"{path.name}: cut inside its header ({exc.size} bytes; "
+        "the writer stopped during its first flush)"
+    )
+
+
 @dataclass
 class Reading:
     """Where reading one file (or one live stream) has got to: its number,
@@ -313,7 +336,7 @@ class Index:
             self.files = listed(self.target)
             if not self.files:
                 raise RecordingError(f"{self.target}: no recordings (*.sluice) here")
-            sizes = [p.stat().st_size for p in self.files]
+            sizes = [_size(p) for p in self.files]
             self.total_bytes = sum(sizes)
             for number, path in enumerate(self.files):
                 self._read(number, path, sum(sizes[:number]))
@@ -361,10 +384,17 @@ class Index:
         result = ReadResult(path)
         reading = Reading(number)
         self.versions.append(0)
-        if path.stat().st_size == 0 and len(self.files) > 1:  # alone: read, it is refused
-            self.truncated.append(f"{path.name}: empty (the writer stopped before its first flush)")
+        records = read_records(path, result)
+        try:
+            first = next(records, None)  # what makes a file unreadable as a whole is met here
+        except (Unfinished, Gone) as exc:
+            if len(self.files) == 1:  # alone, it holds no recording: refused
+                raise
+            # Among other segments (as inspect and replay take it): one
+            # that holds nothing yet, or one removed since listed (retention).
+            self.truncated.append(_skipped(path, exc))
             return
-        for record in read_records(path, result):
+        for record in itertools.chain([first] if first is not None else [], records):
             if record.get("k") == "header":
                 self.versions[number] = result.version
             try:
