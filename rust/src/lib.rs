@@ -271,7 +271,12 @@ impl<'a> Reader<'a> {
             self.pos += 10;
             return Some(());
         }
-        self.long_varint().map(|_| ())
+        // Fewer than 8 bytes left (a field at the end of its message, such
+        // as a MessageIdData's entry id): the first byte below 0x80 ends it,
+        // and a varint of at most 7 bytes cannot overflow.
+        let end = rest.iter().position(|&byte| byte < 0x80)?;
+        self.pos += end + 1;
+        Some(())
     }
 
     /// `varint`, of two bytes or more.
