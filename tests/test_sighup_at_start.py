@@ -112,12 +112,18 @@ def _wait_for(what: str, ready: object, deadline: float, proxy: subprocess.Popen
         time.sleep(0.01)
 
 
-def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+# The installed script, beside the interpreter (hold_for_script: its name).
+SCRIPT = [str(Path(sys.executable).with_name("sluice"))]
+
+
+def _start(
+    tmp_path: Path, *extra: str, launcher: list[str] = SLUICE
+) -> tuple[subprocess.Popen[bytes], int, Path]:
     port = free_port()
     log = tmp_path / "proxy.log"
     with log.open("wb") as out:
         proxy = subprocess.Popen(
-            [*SLUICE, "proxy", "--listen", f"127.0.0.1:{port}", "--no-check-broker",
+            [*launcher, "proxy", "--listen", f"127.0.0.1:{port}", "--no-check-broker",
              "--broker", f"pulsar://127.0.0.1:{free_port()}",
              "--drain-timeout", "1", *extra],
             stdout=out, stderr=subprocess.STDOUT,
@@ -136,9 +142,12 @@ def _sighup_at_once(proxy: subprocess.Popen[bytes], port: int, deadline: float, 
 
 
 @pytest.mark.e2e
-def test_a_sighup_while_the_proxy_starts_is_a_reload_once_it_serves(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", [SLUICE, SCRIPT], ids=["python -m sluice", "sluice"])
+def test_a_sighup_while_the_proxy_starts_is_a_reload_once_it_serves(
+    tmp_path: Path, launcher: list[str]
+) -> None:
     deadline = time.monotonic() + TIMEOUT
-    proxy, port, log = _start(tmp_path)
+    proxy, port, log = _start(tmp_path, launcher=launcher)
     try:
         _sighup_at_once(proxy, port, deadline, log)
         _wait_for("listener", lambda: _serving(port), deadline, proxy)

@@ -7,7 +7,14 @@ package that does the work (``proxy/``, ``recording/``, ``replay/``,
 applies settings from the environment and TOML (``sluice/config.py``).
 """
 
+# ruff: noqa: E402 (SIGHUP is held before the imports, which take most of the start)
 from __future__ import annotations
+
+from sluice.proxy import hangup
+
+# The `sluice` script imports this module first: from now on `sluice proxy`
+# takes a SIGHUP as a reload once it serves, not as its end.
+hangup.hold_for_script()
 
 import argparse
 import contextlib

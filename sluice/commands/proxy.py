@@ -1,13 +1,6 @@
 """``sluice proxy``: options, startup checks, signals."""
 
-# ruff: noqa: E402 (SIGHUP is held before the imports, which take most of the start)
 from __future__ import annotations
-
-from sluice.proxy import hangup
-
-# The `sluice` script imports this module before it reads its command line:
-# a SIGHUP from now on is a reload taken once the proxy serves, not its end.
-hangup.hold_for_script()
 
 import argparse
 import functools

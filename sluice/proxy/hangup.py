@@ -6,7 +6,8 @@ default action would end the process, and a configuration-management tool
 that sends a reload right after it started the proxy (or a terminal's
 hangup while it starts) would kill it. So the process notes a SIGHUP from
 as early as it can (``hold``, before the heavy imports: ``python -m
-sluice``, ``sluice/commands/proxy.py``), and the reload handler, once it
+sluice``, and the ``sluice`` script's first import,
+``sluice/commands/__init__.py``), and the reload handler, once it
 takes over, carries out one reload for whatever came before (``take``):
 the settings read at start may predate the change the signal was sent for.
 
