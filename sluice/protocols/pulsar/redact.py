@@ -5,7 +5,8 @@ CONNECT ``auth_data`` and ``original_auth_data``; ``original_auth_data`` on
 lookups and partition-metadata requests; the data inside AUTH_CHALLENGE and
 AUTH_RESPONSE; and the value of any property (command metadata, message
 properties) whose key looks like a credential (token, password, secret,
-auth, key, credential); and, in CONNECT and AUTH_* commands, fields this
+auth, key, credential, cookie, session; a subscription's own properties
+too); and, in CONNECT and AUTH_* commands, fields this
 Sluice does not know, which are left out. A frame that needed redacting is
 re-encoded, so its recorded bytes differ from the wire; the record says so.
 
@@ -41,12 +42,13 @@ _ORIGINAL_AUTH = frozenset({Type.Value("LOOKUP"), Type.Value("PARTITIONED_METADA
 # does not know (a newer client's, or bytes of the wrong wire type where a
 # token belongs) are left out of what is recorded or logged.
 _HANDSHAKE = frozenset({_CONNECT, *_AUTH_TYPES})
-# Commands carrying KeyValue lists that clients fill with arbitrary properties.
-_PROPERTY_FIELDS: dict[int, str] = {
-    Type.Value("PRODUCER"): "metadata",
-    Type.Value("SUBSCRIBE"): "metadata",
-    Type.Value("LOOKUP"): "properties",
-    Type.Value("GET_TOPICS_OF_NAMESPACE"): "properties",
+# Commands carrying KeyValue lists that clients fill with arbitrary
+# properties (a subscription's own properties as well as its consumer's).
+_PROPERTY_FIELDS: dict[int, tuple[str, ...]] = {
+    Type.Value("PRODUCER"): ("metadata",),
+    Type.Value("SUBSCRIBE"): ("metadata", "subscription_properties"),
+    Type.Value("LOOKUP"): ("properties",),
+    Type.Value("GET_TOPICS_OF_NAMESPACE"): ("properties",),
 }
 
 
@@ -72,8 +74,8 @@ def sensitive(frame: Frame) -> bool:
         if t in _AUTH_TYPES:
             data = body.response if t == Type.Value("AUTH_RESPONSE") else body.challenge
             return bool(data.HasField("auth_data"))
-        field = _PROPERTY_FIELDS.get(t)
-        if field is not None and _has_sensitive(getattr(body, field)):
+        fields = _PROPERTY_FIELDS.get(t, ())
+        if any(_has_sensitive(getattr(body, field)) for field in fields):
             return True
     if frame.properties == 0:  # counted by the compiled scanner: nothing to parse
         return False
@@ -122,8 +124,7 @@ def redacted_command(frame: Frame) -> pb.BaseCommand:
         data = body.response if t == Type.Value("AUTH_RESPONSE") else body.challenge
         if data.HasField("auth_data"):
             data.auth_data = MARKER_BYTES
-    field = _PROPERTY_FIELDS.get(t)
-    if field is not None:
+    for field in _PROPERTY_FIELDS.get(t, ()):
         _scrub(getattr(body, field))
     return cmd
 
