@@ -256,11 +256,32 @@ class AllowList:
         self, rules: tuple[str, ...] | list[str] = (), option: str = "--allow-broker"
     ) -> None:
         self.rules = [parse_rule(r, option) for r in rules]
-        self._learned: set[Address] = set()
+        # Brokers the upstream named, each with when it was last named (on
+        # the caller's clock; None: not said, taken as the next ``stale``).
+        self._learned: dict[Address, float | None] = {}
 
-    def learn(self, address: Address) -> None:
-        """Allow a broker the upstream itself named."""
-        self._learned.add(Address(address.host.lower(), address.port))
+    def learn(self, address: Address, now: float | None = None) -> None:
+        """Allow a broker the upstream itself named (``now``: when)."""
+        self._learned[Address(address.host.lower(), address.port)] = now
+
+    def forget(self, address: Address) -> bool:
+        """Stop allowing a learned broker (rules still admit what they
+        admit); whether it was learned."""
+        key = Address(address.host.lower(), address.port)
+        if key not in self._learned:
+            return False
+        del self._learned[key]
+        return True
+
+    def stale(self, before: float, now: float) -> list[Address]:
+        """The learned brokers last named before ``before``. One learned
+        without a time (another worker's, read from the journal) is taken
+        as named ``now``."""
+        learned = self._learned
+        for address, when in learned.items():
+            if when is None:
+                learned[address] = now
+        return [address for address, when in learned.items() if when is not None and when < before]
 
     @property
     def learned(self) -> frozenset[Address]:

@@ -26,6 +26,7 @@ protocol. The backend keeps the map of listeners its cores read
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -81,6 +82,12 @@ class Listeners(dict[Address, Address]):
     def add_listener(self, upstream: Address, proxy: Address) -> None:
         self[upstream] = proxy
 
+    def drop_listener(self, upstream: Address) -> None:
+        """``upstream`` (however an answer spelled it) has no listener now."""
+        key = broker_key(upstream)
+        for spelled in [u for u in self if broker_key(u) == key]:
+            del self[spelled]
+
 
 # Starts serving a new listener for a broker: (listener, its broker, its kind).
 Serve = Callable[[trio.abc.Listener[Any], Address, str], None]
@@ -131,6 +138,12 @@ class BrokerPorts:
         # listener is being opened (``open``).
         self._given: dict[tuple[Address, str], int] = {}
         self._opening: dict[tuple[Address, str], trio.Event] = {}
+        # The listeners this proxy opened for each broker and kind (a lone
+        # proxy's: a worker's ports are the supervisor's), and when an
+        # answer last asked for each broker's (``open``, on ``clock``).
+        self._opened: dict[tuple[Address, str], list[trio.abc.Listener[Any]]] = {}
+        self._asked: dict[Address, float] = {}
+        self.clock: Callable[[], float] = trio.current_time
         self.draining = False  # (``let_go``)
 
     def let_go(self) -> None:
@@ -162,6 +175,7 @@ class BrokerPorts:
         ``upstream``, opened if need be; its advertised address. Raises
         NoListener or OSError."""
         kind = kind or self.kinds[0]
+        self._asked[broker_key(upstream)] = self.clock()
         existing = self._map(kind).listener_for(upstream)
         if existing is not None:
             return existing
@@ -236,12 +250,49 @@ class BrokerPorts:
                     journal.assign(broker, [bound_port], kind)
                 except ValueError as exc:  # a host name no line can hold: this run only
                     log.warning("%s: %s", journal.path, exc)
+            opened = self._opened.setdefault((broker, kind), [])
             for listener in listeners:  # one per address the host resolves to
-                self.serve(self.wrap(listener, kind), upstream, kind)
+                wrapped = self.wrap(listener, kind)
+                opened.append(wrapped)
+                self.serve(wrapped, upstream, kind)
             self.stands_for(upstream, bound_port, kind)
             log.info("listening on %s:%d for %s", self.host, bound_port, what)
             return self.advertised(bound_port)
         raise NoListener(f"no free port in --listener-ports {span[0]}-{span[1]}" if span else "")
+
+    def asked_since(self, upstream: Address, since: float) -> bool:
+        """Whether an answer asked for ``upstream``'s listener (``open``) at
+        ``since`` or later, on ``clock``."""
+        asked = self._asked.get(broker_key(upstream))
+        return asked is not None and asked >= since
+
+    async def forget(self, upstream: Address) -> bool:
+        """A broker no answer names any more: its listeners (of every kind)
+        closed, so that nothing relays to its address again. Its port stays
+        its own in the journal (``--broker-ports-file``: a broker that
+        comes back is given it again); without one it may be given to
+        another broker. A worker's ports are the supervisor's and stay
+        bound: only what this worker knew of it is dropped (the journal
+        still names it). Whether a listener was closed."""
+        broker = broker_key(upstream)
+        self._asked.pop(broker, None)
+        closed = False
+        for kind in self.kinds:
+            key = (broker, kind)
+            port = self._given.pop(key, None)
+            map_ = self._map(kind)
+            if isinstance(map_, Listeners):
+                map_.drop_listener(upstream)
+            listeners = self._opened.pop(key, [])
+            for listener in listeners:
+                with contextlib.suppress(trio.ClosedResourceError, OSError):
+                    await listener.aclose()
+            if port is not None and listeners:
+                # (The journal, if any, keeps it from other brokers.)
+                self._used.discard(port)
+                closed = True
+                log.debug("closed the %s listener on port %d for broker %s", kind, port, upstream)
+        return closed
 
     async def reopen_known(self) -> None:
         """Listen at once on every port the journal (an earlier run) gave a

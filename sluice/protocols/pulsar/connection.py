@@ -37,11 +37,13 @@ carry out. It is the whole of Pulsar's proxy behaviour:
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -152,10 +154,39 @@ class Route:
 MAX_IDENTITIES = 4_096
 
 
+# A learned broker no answer has named for this long, to which no
+# connection is open, is forgotten (``Routing.expire``). An hour: brokers in
+# use are named far more often (every lookup, every reconnect of every
+# client: the official clients look a topic up again before they
+# reconnect) or kept by their open connections, so forgetting one costs at
+# most a lookup that learns it again; and an address a broker left (a
+# Kubernetes pod replaced) stops being one Sluice dials for clients within
+# the hour.
+FORGET_AFTER = 3600.0
+# How often, at most, learned brokers are looked over (on the cores' clock).
+SWEEP_EVERY = 60.0
+
+
+def _keep_none(address: Address) -> bool:
+    return False
+
+
+def _key(address: Address) -> Address:
+    """A learned broker's address as the allow-list keeps it."""
+    return Address(address.host.lower(), address.port)
+
+
 class Routing:
     """What every connection of one proxy shares: the broker it fronts, the
     allow-list with the brokers learned from answers, the lookup limit, and
-    which warnings were logged lately."""
+    which warnings were logged lately.
+
+    Learned brokers are forgotten (``expire``) when no answer has named
+    them for ``forget_after`` seconds and no connection to them is open
+    (``hold``, ``release``); the configured broker, one ``--trust-broker``
+    admits and one ``keep`` says to keep never are. What was forgotten is
+    queued in ``forgotten`` for the backend (a listener of Sluice's that
+    stands for it, port-per-broker, is closed)."""
 
     def __init__(
         self, broker: BrokerUrl, allow_rules: tuple[str, ...] = (), max_lookups: int = 1_000
@@ -174,6 +205,15 @@ class Routing:
         self._lookup_auth: dict[tuple[object, ...], UpstreamAuth] = {}
         # --sni-route: TLS server names that stand for a broker, as configured.
         self.named: dict[str, BrokerUrl] = {}
+        # Forgetting learned brokers (``expire``).
+        self.forget_after = FORGET_AFTER
+        self.keep: Callable[[Address], bool] = _keep_none  # the backend's say
+        self.forgotten: list[Address] = []  # for the backend to take
+        self._open: collections.Counter[Address] = collections.Counter()
+        self._next_sweep: float | None = None
+        # When each learned broker was last learned afresh (``seen``): with
+        # workers, what tells the others it is still named.
+        self._told: dict[Address, float] = {}
 
     def refresh(self) -> None:
         """Take in brokers learned elsewhere (``SharedRouting``: by other
@@ -218,6 +258,76 @@ class Routing:
         """A broker the upstream named: allow it, and remember how to reach it."""
         self.allowlist.learn(url.address)
         self.routes[url.address] = Route(url.tls, via_upstream)
+
+    def seen(self, address: Address, now: float) -> None:
+        """An answer named ``address`` (learned already) at ``now``: it is
+        not forgotten for ``forget_after`` from now. Every half of that, it
+        is learned afresh, which a routing shared by workers
+        (``SharedRouting``) tells the others, so none of them forgets a
+        broker another still sees named."""
+        key = _key(address)
+        if not self.allowlist.knows(key):
+            return
+        told = self._told.get(key)
+        if told is None:
+            self._told[key] = now
+        elif now - told >= self.forget_after / 2:
+            self._told[key] = now
+            for spelled, route in list(self.routes.items()):
+                if _key(spelled) == key:
+                    del self.routes[spelled]
+                    url = BrokerUrl(spelled.host, spelled.port, route.tls)
+                    self.learn(url, via_upstream=route.via_upstream)
+        # What this learning wrote (and others) read now, not taken as
+        # named when it is read later.
+        self.refresh()
+        self.allowlist.learn(key, now)
+
+    def hold(self, address: Address) -> None:
+        """A connection to ``address`` is open: it is not forgotten."""
+        self._open[_key(address)] += 1
+
+    def release(self, address: Address) -> None:
+        """A connection ``hold`` counted is closed."""
+        key = _key(address)
+        self._open[key] -= 1
+        if self._open[key] <= 0:
+            del self._open[key]
+
+    def expire(self, now: float, trusted: AllowList | None = None) -> list[Address]:
+        """Forget the learned brokers no answer has named for
+        ``forget_after`` (on the cores' clock), to which no connection is
+        open, that neither ``trusted`` (--trust-broker) admits nor ``keep``
+        keeps: no longer allowed, nor routed; each is logged and queued in
+        ``forgotten``. Looked over every ``SWEEP_EVERY`` at most (what
+        other workers named is taken in first); what was forgotten now."""
+        if self._next_sweep is not None and now < self._next_sweep:
+            return []
+        self._next_sweep = now + min(SWEEP_EVERY, self.forget_after / 4)
+        self.refresh()
+        configured = _key(self.broker.address)
+        gone: list[Address] = []
+        for address in self.allowlist.stale(now - self.forget_after, now):
+            if address == configured or self._open.get(address):
+                continue
+            if (trusted is not None and trusted.allows(address)) or self.keep(address):
+                continue
+            self.forget(address)
+            gone.append(address)
+            log.info("broker %s forgotten: no answer named it for %gs and no connection to "
+                     "it is open (a lookup that names it learns it again)", address,
+                     self.forget_after)  # fmt: skip
+        self.forgotten.extend(gone)
+        return gone
+
+    def forget(self, address: Address) -> None:
+        """``address`` is no longer a learned broker: not allowed (unless a
+        rule admits it), nor routed."""
+        key = _key(address)
+        self.allowlist.forget(key)
+        self._told.pop(key, None)
+        for spelled in [a for a in self.routes if _key(a) == key]:
+            del self.routes[spelled]
 
     def route_name(self, name: str) -> Address | None:
         """SNI routing: the broker a TLS server name (lower-case) stands for:
@@ -400,6 +510,8 @@ class PulsarConnection:
         # brokers. One a client chose, that only --allow-broker admits,
         # could otherwise widen the allow-list to any host and port.
         self._upstream_named = False
+        # The broker this connection keeps from being forgotten (``_dial``).
+        self._holding: Address | None = None
         self._held: Frame | None = None
         self._schema_asks: dict[int, Wait] = {}
 
@@ -604,6 +716,9 @@ class PulsarConnection:
             self.routing.end_lookup()
         self._asks.clear()
         self._key_asks.clear()
+        if self._holding is not None:
+            self.routing.release(self._holding)
+            self._holding = None
         self.tap.event(self.conn, Closed(reason))
 
     # --- handshake ---------------------------------------------------------------
@@ -650,6 +765,9 @@ class PulsarConnection:
         """A valid CONNECT: the client authenticated (proxy mode), then
         relayed, dialled or served lookups."""
         body = first.body
+        # Learned brokers no answer named lately are forgotten before this
+        # client may name one.
+        self.routing.expire(now, self.settings.trusted)
         auth = self.settings.auth
         if auth is not None:
             try:
@@ -750,6 +868,9 @@ class PulsarConnection:
         if not chained:
             ours.ClearField("proxy_to_broker_url")
         self._upstream, self._upstream_named = address, named
+        if self._holding is None:
+            self._holding = address
+            self.routing.hold(address)
         gate = self._gate
         if gate is not None:
             gate.client_version = connect.client_version
@@ -1070,7 +1191,7 @@ class PulsarConnection:
                             seen = []
                             tap.event(conn, _answered(done))
                         if not from_client and t in _NAMES_BROKERS:
-                            self._learn_brokers(frame)
+                            self._learn_brokers(frame, now)
                     continue
                 if seen:
                     tap.frames(conn, from_client, seen)
@@ -1424,7 +1545,12 @@ class PulsarConnection:
         assert self.settings.auth is not None
         return encode(command(T.AUTH_RESPONSE, self.settings.auth.own.response()))
 
-    def _learn_brokers(self, frame: Frame) -> None:
+    def _learn(self, url: BrokerUrl, now: float, via_upstream: bool = False) -> None:
+        """A broker an answer named at ``now``: learned (or kept known)."""
+        self.routing.learn(url, via_upstream=via_upstream)
+        self.routing.seen(url.address, now)
+
+    def _learn_brokers(self, frame: Frame, now: float) -> None:
         if not self._upstream_named:
             return  # a broker only --allow-broker admits names none for Sluice
         body: Any = frame.body
@@ -1439,7 +1565,7 @@ class PulsarConnection:
                 try:
                     if not isinstance(url, str):  # not UTF-8: protobuf gives bytes
                         raise ConfigError("not UTF-8")
-                    self.routing.learn(parse_broker_url(url))
+                    self._learn(parse_broker_url(url), now)
                 except ConfigError:
                     log.warning("%s: broker named an unusable URL %s", self.conn.name, clipped(url))
 
@@ -1542,7 +1668,7 @@ class PulsarConnection:
                     pb.ServiceNotReady,
                 )
             self.tap.event(self.conn, LookupDone("redirected"))
-            self.routing.learn(url)
+            self._learn(url, now)
             pending.body.authoritative = result.authoritative
             pending.asked = now
             self._asks[token] = pending
@@ -1552,7 +1678,7 @@ class PulsarConnection:
         via = result.proxy_through_service_url
         for named in (result.brokerServiceUrl, result.brokerServiceUrlTls):
             if named:
-                self.routing.learn(_url(named), via_upstream=via)
+                self._learn(_url(named), now, via)
         rewritten = LookupResponse(
             request_id=pending.client_rid,
             response=LookupResponse.Connect,

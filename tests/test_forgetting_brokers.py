@@ -1,0 +1,198 @@
+"""Learned brokers are forgotten when no answer has named them for a while
+and no connection to them is open: not allowed, nor routed, and their
+per-broker listeners closed (a broker's address, once it left the cluster,
+may be another program's). Sans-I/O on the cores' clock, and real sockets
+on loopback for the listeners; no process is started."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from sluice.addresses import Address, AllowList
+from sluice.protocols.core import Ask, Close, Conn, OnInvalid, OpenUpstream
+from sluice.protocols.pulsar import command, decode_frame, decode_stream, encode, pb
+from sluice.protocols.pulsar.connection import (
+    FORGET_AFTER,
+    PulsarConnection,
+    PulsarSettings,
+    Routing,
+)
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.ports import BrokerPorts, Listeners
+from sluice.proxy.pulsar import SharedRouting
+from sluice.proxy.shared import SharedBrokerPorts
+from tests.test_pulsar_core import Recording
+
+T = pb.BaseCommand
+LookupResponse = pb.CommandLookupTopicResponse
+BROKER = "pulsar://127.0.0.1:6650"
+GONE = Address("10.1.2.3", 6650)
+
+
+def _core(routing: Routing, trusted: tuple[str, ...] = ()) -> PulsarConnection:
+    settings = PulsarSettings(OnInvalid.REJECT, 5 << 20, 5)
+    settings.trusted = AllowList(trusted, "--trust-broker")
+    return PulsarConnection(Conn(1, "127.0.0.1:5000", "plain", "pulsar"), settings, routing,
+                            Recording())  # fmt: skip
+
+
+def _connect(proxy_to: str | None = None) -> bytes:
+    body = pb.CommandConnect(client_version="test", protocol_version=21)
+    if proxy_to is not None:
+        body.proxy_to_broker_url = proxy_to
+    return encode(command(T.CONNECT, body))
+
+
+def _lookup(routing: Routing, named: str, now: float) -> None:
+    """A lookup connection whose lookup the upstream answers naming ``named``."""
+    core = _core(routing)
+    core.receive_client(_connect(), now)
+    lookup = pb.CommandLookupTopic(topic="persistent://t/n/a", request_id=7)
+    (ask,) = core.receive_client(encode(command(T.LOOKUP, lookup)), now)
+    assert isinstance(ask, Ask)
+    answer = LookupResponse(request_id=1, response=LookupResponse.Connect, brokerServiceUrl=named)
+    core.answered(ask.token, decode_frame(encode(command(T.LOOKUP_RESPONSE, answer))), now)
+    core.closed("done")
+
+
+def _relay(routing: Routing, now: float) -> tuple[PulsarConnection, list[Any]]:
+    """A client's CONNECT naming GONE: its core and what it did."""
+    core = _core(routing)
+    return core, core.receive_client(_connect(str(GONE)), now)
+
+
+def _dialled(actions: list[Any]) -> bool:
+    return any(isinstance(a, OpenUpstream) for a in actions)
+
+
+def test_a_broker_no_answer_names_any_more_is_forgotten_and_not_dialled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    routing = Routing(parse_broker_url(BROKER))
+    _lookup(routing, f"pulsar://{GONE}", 0.0)
+    assert routing.allowlist.allows(GONE) and GONE in routing.routes
+    # Named again within the hour: kept an hour from then.
+    _lookup(routing, f"pulsar://{GONE}", 1800.0)
+    core, out = _relay(routing, FORGET_AFTER + 100.0)
+    assert _dialled(out)
+    core.closed("done")
+    caplog.set_level(logging.INFO, "sluice.pulsar")
+    late = 1800.0 + FORGET_AFTER + 1.0
+    core, out = _relay(routing, late)
+    assert not _dialled(out)  # the address may be anybody's now
+    (error,) = decode_stream(b"".join(a.data for a in out if hasattr(a, "data")), 1 << 20)
+    assert error.body.error == pb.ServiceNotReady
+    assert isinstance(out[-1], Close)
+    assert not routing.allowlist.allows(GONE) and GONE not in routing.routes
+    assert routing.forgotten == [GONE]
+    lines = [r.getMessage() for r in caplog.records if "forgotten" in r.getMessage()]
+    assert len(lines) == 1 and str(GONE) in lines[0], lines
+    # A lookup naming it again learns it again.
+    _lookup(routing, f"pulsar://{GONE}", late + 10)
+    assert _dialled(_relay(routing, late + 20)[1])
+
+
+def test_a_broker_with_a_connection_open_the_configured_and_trusted_ones_are_kept() -> None:
+    routing = Routing(parse_broker_url(BROKER))
+    _lookup(routing, f"pulsar://{GONE}", 0.0)
+    _lookup(routing, "pulsar://10.1.2.4:6650", 0.0)
+    core, out = _relay(routing, 1.0)
+    assert _dialled(out)  # open, and held open past the hour
+    later = 3 * FORGET_AFTER
+    assert routing.expire(later, AllowList(("10.1.2.4",), "--trust-broker")) == []
+    assert routing.allowlist.allows(GONE)
+    assert routing.allowlist.allows(Address("127.0.0.1", 6650))
+    core.closed("done")
+    assert set(routing.expire(later + 60, AllowList())) == {Address("10.1.2.4", 6650), GONE}
+    assert routing.allowlist.allows(Address("127.0.0.1", 6650))  # --broker: never
+
+
+def test_workers_keep_a_broker_that_any_of_them_sees_named(tmp_path: Path) -> None:
+    """With --workers a lookup answered by one worker and the CONNECT on
+    another work: a worker that is never asked about a broker keeps it as
+    long as another sees it named (it learns it afresh in the journal)."""
+    journal = tmp_path / "routes"
+    journal.touch()
+    one = SharedRouting(parse_broker_url(BROKER), journal)
+    two = SharedRouting(parse_broker_url(BROKER), journal)
+    try:
+        _lookup(one, f"pulsar://{GONE}", 0.0)
+        core, out = _relay(two, 1.0)  # the lookup on one, the CONNECT on two
+        assert _dialled(out)
+        core.closed("done")
+        now = 0.0
+        while now < 3 * FORGET_AFTER:
+            now += 600.0
+            _lookup(one, f"pulsar://{GONE}", now)
+            assert one.expire(now) == two.expire(now) == []
+            assert two.allowlist.knows(GONE), now
+        # Nobody names it any more: both forget it.
+        late = now + FORGET_AFTER + 1
+        assert one.expire(late) == two.expire(late) == [GONE]
+        assert not two.allowlist.allows(GONE)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_forgotten_brokers_listener_is_closed_and_its_port_kept(tmp_path: Path) -> None:
+    """Port-per-broker: a forgotten broker's listener is closed (a client
+    dialling it is refused, and looks its topic up again); with
+    --broker-ports-file, the broker gets the same port when it is named
+    again."""
+    journal = SharedBrokerPorts(tmp_path / "ports", held=True)
+    served: list[tuple[trio.abc.Listener[Any], Address]] = []
+
+    async def test() -> None:
+        ports = BrokerPorts("127.0.0.1", None, None, journal, None, lambda lis, kind: lis)
+        ports.map = Listeners()
+        ports.serve = lambda listener, upstream, kind: served.append((listener, upstream))
+        clock = [100.0]
+        ports.clock = lambda: clock[0]
+        told = await ports.open(GONE)
+        stream = await trio.open_tcp_stream("127.0.0.1", told.port)
+        await stream.aclose()
+        assert ports.asked_since(GONE, 100.0) and not ports.asked_since(GONE, 101.0)
+        assert await ports.forget(GONE)
+        with pytest.raises(OSError):
+            await trio.open_tcp_stream("127.0.0.1", told.port)
+        assert ports.map is not None and ports.map.listener_for(GONE) is None
+        clock[0] = 200.0
+        again = await ports.open(GONE)
+        assert again == told and len(served) == 2
+        await trio.open_tcp_stream("127.0.0.1", told.port)
+        assert not await ports.forget(Address("10.9.9.9", 1))
+        for listener, _ in served:
+            await listener.aclose()
+
+    try:
+        trio.run(test)
+    finally:
+        journal.close()
+
+
+def test_without_a_ports_file_a_forgotten_brokers_port_is_given_again(tmp_path: Path) -> None:
+    """Without --broker-ports-file, --listener-ports does not fill up with
+    brokers that left: a forgotten broker's port is free for the next."""
+    served: list[tuple[trio.abc.Listener[Any], Address]] = []
+
+    async def test() -> None:
+        probe = trio.socket.socket()
+        await probe.bind(("127.0.0.1", 0))
+        low = probe.getsockname()[1]
+        probe.close()
+        ports = BrokerPorts("127.0.0.1", None, (low, low), None, None, lambda lis, kind: lis)
+        ports.map = Listeners()
+        ports.serve = lambda listener, upstream, kind: served.append((listener, upstream))
+        assert (await ports.open(GONE)).port == low
+        assert await ports.forget(GONE)
+        assert (await ports.open(Address("10.1.2.9", 6650))).port == low
+        for listener, _ in served:
+            await listener.aclose()
+
+    trio.run(test)
