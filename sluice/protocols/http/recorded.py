@@ -19,8 +19,9 @@ target, headers and bodies is decided here, on values:
   keys replaced (each part of a multipart body as its own content type
   says, found by its boundary; a package's binary part kept unparsed);
   any other body as it came; None for one that cannot be checked
-  (JSON nested too deep, a multipart body that does not parse): a
-  recording keeps its digest instead.
+  (one that starts like JSON but does not parse whole, JSON nested too
+  deep, a multipart body that does not parse): a recording keeps its
+  digest instead.
 - ``decoded``: a body with a ``Content-Encoding`` (gzip, deflate: Pulsar's
   web service gzips its answers for clients that accept it) as it is to be
   checked for credentials; None where it cannot be.
@@ -166,18 +167,21 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
     the whole value of a part named like a credential; a binary part is
     not looked into). Another body is
     kept as it came. None: a body that cannot be checked for credentials
-    (JSON nested too deep, a multipart body that does not parse), not to be
-    kept (its digest is)."""
+    (one that starts like JSON but does not parse whole, JSON nested too
+    deep, a multipart body that does not parse), not to be kept (its digest
+    is)."""
     if content_type.lower().lstrip().startswith("multipart/"):
         return _redact_multipart(body, content_type)
     if _like_json(body, 0, len(body)):
         try:
             document = json.loads(body)
             scrubbed, changed = _scrub(document)
-        except (RecursionError, _TooDeep):
+        except (RecursionError, _TooDeep, ValueError, UnicodeDecodeError):
+            # Starts like JSON but is no JSON document: a lenient reader
+            # (the broker's Jackson reads the first value and ignores what
+            # follows, and may allow comments) takes credentials from it
+            # that this one cannot find. Not kept.
             return None, False
-        except (ValueError, UnicodeDecodeError):
-            return body, False
         if not changed:
             return body, False
         return json.dumps(scrubbed, separators=(",", ":")).encode(), True
