@@ -96,18 +96,21 @@ def _redact_query(query: str) -> str:
 def redact_target(target: bytes | str) -> str:
     """A request target or URL as text, credential-like query values
     replaced (the rest of it as it came); user information in an absolute
-    URL is replaced too, and the value a broker's dynamic config is set to
-    in the path (``/admin/v2/brokers/configuration/{name}/{value}``) where
-    the name is a credential's."""
+    or scheme-relative URL is replaced too, and the value a broker's
+    dynamic config is set to in the path
+    (``/admin/v2/brokers/configuration/{name}/{value}``) where the name is
+    a credential's."""
     text = target.decode("latin-1") if isinstance(target, bytes) else target
     text, hash_, fragment = text.partition("#")
     base, q, query = text.partition("?")
-    if "://" in base:
-        scheme, _, rest = base.partition("://")
+    # An absolute URL, or a scheme-relative one (``//user:pass@host/…``).
+    opening = "//" if base.startswith("//") else "://" if "://" in base else ""
+    if opening:
+        scheme, _, rest = base.partition(opening)
         authority, slash, path = rest.partition("/")
         if "@" in authority:
             authority = f"{MARKER}@{authority.rpartition('@')[2]}"
-        base = f"{scheme}://{authority}{slash}{path}"
+        base = f"{scheme}{opening}{authority}{slash}{path}"
     config = _DYNAMIC_CONFIG.search(base)
     if config is not None and sensitive(urllib.parse.unquote(config.group(2))):
         base = f"{base[: config.start(3)]}{MARKER}"
