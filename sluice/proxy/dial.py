@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import ipaddress
 import logging
 import os
 import socket
 import ssl
+import sys
 import tempfile
+import termios
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -446,6 +449,109 @@ async def close_stream(stream: trio.abc.AsyncResource) -> None:
         contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
     ):
         await trio.aclose_forcefully(stream)
+
+
+# How long a connection Sluice hangs up on is given to take in the last
+# frames written to it, and how much of what it sends meanwhile is read
+# and dropped (``hang_up``).
+LINGER = 1.0
+LINGER_BYTES = 1 << 20
+# How long a peer that has everything Sluice wrote must stay silent for
+# its socket to be closed before the peer hangs up itself.
+QUIET = 0.02
+
+
+def stream_descriptor(stream: trio.abc.Stream) -> int | None:
+    """The TCP socket's descriptor under ``stream`` (plain or TLS); None
+    for anything else, or a socket closed already."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    if isinstance(stream, trio.SocketStream):
+        fd = stream.socket.fileno()
+        return fd if fd != -1 else None
+    return None
+
+
+def shut_write(fd: int) -> None:
+    """Send the peer a FIN after what was written to ``fd`` (nothing if
+    the socket is no longer connected)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
+
+
+def discard(fd: int, budget: int = LINGER_BYTES) -> int | None:
+    """Read and drop what the peer sent that is there now (``fd`` is
+    non-blocking), up to ``budget`` bytes: what is left of the budget, or
+    None when there is nothing more to wait for (the peer hung up, the
+    socket failed, or the budget is spent).
+
+    A TCP socket closed with bytes it has not read sends a reset instead
+    of a FIN, and the peer's kernel throws away what it has not yet handed
+    to its application, the last frames written to it included."""
+    while budget > 0:
+        try:
+            data = os.read(fd, min(budget, 64 * 1024))
+        except BlockingIOError:
+            return budget
+        except OSError:
+            return None
+        if not data:
+            return None
+        budget -= len(data)
+    return None
+
+
+def unsent(fd: int) -> int | None:
+    """Bytes written to the TCP socket ``fd`` that its peer has not
+    acknowledged yet (Linux's SIOCOUTQ); None where that cannot be told."""
+    try:
+        got = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return None
+    return int.from_bytes(got, sys.byteorder, signed=True)
+
+
+async def hang_up(streams: list[trio.abc.Stream], until: float) -> None:
+    """Close ``streams`` so that the last frames written to them reach
+    their peers, as proxies hang up: a FIN goes after the data
+    (``shut_write``), then what each peer still sends is read and dropped
+    (``discard``: closing at once would reset a connection whose peer is
+    still sending, and the peer would lose what had not reached it). A
+    socket is closed when its peer hangs up too, or when its peer has
+    acknowledged everything written to it and has sent nothing for
+    ``QUIET`` seconds (a reset from then on loses nothing of ours), or at
+    ``until`` (trio's clock), or after ``LINGER_BYTES``. Bounded: a peer
+    that never stops is cut at ``until``, and a cancellation closes every
+    stream at once. Never raises anything but ``trio.Cancelled``; a stream
+    with no TCP socket under it is just closed."""
+    try:
+        waiting: list[tuple[int, int]] = []
+        for stream in streams:
+            fd = stream_descriptor(stream)
+            if fd is None:
+                continue
+            shut_write(fd)
+            left = discard(fd)
+            if left is not None:
+                waiting.append((fd, left))
+        with trio.move_on_at(until):
+            for fd, left in waiting:  # one after the other: each waits for the same end
+                budget: int | None = left
+                while budget is not None:
+                    with trio.move_on_after(QUIET) as quiet:
+                        await trio.lowlevel.wait_readable(fd)
+                    if not quiet.cancelled_caught:
+                        budget = discard(fd, budget)
+                    elif unsent(fd) == 0:
+                        break
+    finally:
+        for stream in streams:
+            await close_stream(stream)
 
 
 async def accepted(listener: trio.abc.Listener[Any], what: str) -> AsyncIterator[trio.abc.Stream]:

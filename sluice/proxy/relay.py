@@ -41,7 +41,7 @@ from sluice.protocols.core import (
     Tap,
 )
 from sluice.protocols.faults import Faults
-from sluice.proxy.dial import close_stream, finish_dial, socket_stream
+from sluice.proxy.dial import LINGER, discard, finish_dial, hang_up, socket_stream
 from sluice.proxy.relay_thread import RelayThread
 
 log = logging.getLogger("sluice.relay")
@@ -230,6 +230,7 @@ class Relay:
         self._reading: trio.CancelScope | None = None
         self._shields: set[trio.CancelScope] = set()
         self._draining = False
+        self._drain_deadline: float | None = None
         self._handshake_scope: trio.CancelScope | None = None  # (``_handshake``)
         # When the handshake's clock started (a parked connection's: before
         # trio ran it), and, while the connection is parked (``park``), what
@@ -309,9 +310,19 @@ class Relay:
             self._backs.clear()
             if self._dialling is not None:
                 os.close(self._dialling[1])
+            # Both sides are hung up on so that the last frames written to
+            # them arrive (a drain's goodbyes, an ERROR): a FIN after them,
+            # then what the peers still send is dropped for a moment before
+            # the sockets close (``hang_up``). The client's stream is the
+            # proxy's to close too; closing it again there does nothing.
+            ends = [self.client]
             if self.broker is not None:
-                await close_stream(self.broker)  # (shielded where it must wait)
+                ends.append(self.broker)
             self.core.closed(self.reason)
+            until = trio.current_time() + LINGER
+            if self._drain_deadline is not None:  # never past the drain's end
+                until = min(until, self._drain_deadline)
+            await hang_up(ends, until)  # (closes them, cancelled or not)
         return self.reason
 
     async def drain(self, deadline: float) -> None:
@@ -322,6 +333,7 @@ class Relay:
         get their receipts, then let the core say goodbye and hang up.
         """
         self._draining = True
+        self._drain_deadline = deadline
         if self._reading is not None:
             self._reading.cancel()
         # A connection that ends meanwhile (a side hung up) gets no more
@@ -382,11 +394,18 @@ class Relay:
                 self._dialling = None
             self._end_parked(self._thread)
 
-    def _act_parked(self, thread: RelayThread, action: Action) -> list[Action] | None:
+    def _act_parked(self, thread: RelayThread, action: Action, ended: bool) -> list[Action] | None:
         """An action other than Send for a parked connection, on the relay
-        thread: what it led to (to do next), or None for trio to do it."""
+        thread: what it led to (to do next), or None for trio to do it.
+        ``ended``: the read was the end of the side's stream."""
         kind = type(action)
         if kind is Close:
+            if not ended:
+                # The core hangs up on a side still talking (a protocol
+                # error, after its ERROR): trio does, waiting a moment for
+                # what was written to arrive (``hang_up``), as this thread
+                # may not.
+                return None
             self._act(action)  # (logged and stopped: no task or scope to cancel yet)
             return []
         if kind is not OpenUpstream or self._descriptors[Peer.BROKER] is not None:
@@ -435,6 +454,12 @@ class Relay:
                 fd = stream.socket.detach() if stream.socket.fileno() != -1 else None
             if fd is not None:  # (its only copy: the watch of a waiting write is closed)
                 thread.forget(fd)
+                # What the peer sent that nobody read is dropped first: a
+                # socket closed with unread bytes resets the connection, and
+                # the peer loses what it had not read yet (``discard``).
+                # (Nothing is waited for here: a side still talking when the
+                # core hangs up on it goes to trio, ``_act_parked``.)
+                discard(fd)
                 os.close(fd)
         self._backs.clear()
         self.core.closed(self.reason)
@@ -721,7 +746,7 @@ class Relay:
                 elif self._parked is None:
                     break
                 else:
-                    more = self._act_parked(thread, action)
+                    more = self._act_parked(thread, action, not data)
                     if more is None:
                         break
                     if self._closing:
