@@ -4,9 +4,26 @@ frame makes, bounded whatever a client (or broker) sends."""
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
-from sluice.protocols.pulsar import Frame, FrameDecoder
-from sluice.protocols.pulsar.decoder import NEED_DATA
+import pytest
+
+from sluice.filters.config import FilterSpec
+from sluice.protocols.core import Filtered, Peer
+from sluice.protocols.pulsar import Frame, FrameDecoder, Problem, RemoteProtocolError, pb
+from sluice.protocols.pulsar.decoder import NEED_DATA, decode_frame
+from sluice.protocols.pulsar.encoder import command, encode_payload
+from sluice.protocols.pulsar.payload import (
+    MAX_BATCH_MESSAGES,
+    build_batch,
+    compress,
+    messages,
+    split_batch,
+)
+from tests.test_filters import WORDS, _core, _receipt, _send
+from tests.test_pulsar_core import names, sent
+
+T = pb.BaseCommand
 
 
 def test_a_large_frame_in_small_reads_is_joined_once_not_at_every_read() -> None:
@@ -36,3 +53,67 @@ def test_a_large_frame_in_small_reads_is_joined_once_not_at_every_read() -> None
     # first read's bytes at every read, then the frame once, joined whole).
     assert reads == 4195
     assert held < reads * 1000 + 2 * size, held
+
+
+def _empty_entries(count: int) -> tuple[pb.MessageMetadata, bytes]:
+    """A ZSTD batch of ``count`` empty messages: six bytes each unpacked,
+    next to nothing packed."""
+    data = build_batch([(pb.SingleMessageMetadata(payload_size=0), b"")]) * count
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                              compression=pb.ZSTD, uncompressed_size=len(data),
+                              num_messages_in_batch=count)  # fmt: skip
+    return meta, compress(pb.ZSTD, data)
+
+
+def _bomb(sequence_id: int, count: int) -> bytes:
+    meta, data = _empty_entries(count)
+    body = pb.CommandSend(producer_id=1, sequence_id=sequence_id, num_messages=count)
+    return encode_payload(command(T.SEND, body), meta, data)
+
+
+def test_a_batch_of_more_messages_than_a_filter_takes_is_refused_unopened() -> None:
+    """A SEND on a filtered topic is taken apart message by message. A
+    batch of 2.8 million empty messages is 1.4 KB of ZSTD; taken apart it
+    held the proxy's Python thread 24 s and 1.3 GB. Past
+    ``MAX_BATCH_MESSAGES`` it is refused before it is decompressed."""
+    core, rec = _core(FilterSpec(WORDS))
+    assert names(core.receive_client(_send(0, [b"fine"] * 1000), 1.0), Peer.BROKER) == ["SEND"]
+    core.receive_broker(_receipt(0), 1.1)
+    over = core.receive_client(_bomb(1, MAX_BATCH_MESSAGES + 1), 1.2)
+    assert not sent(over, Peer.BROKER)
+    (error,) = sent(over, Peer.CLIENT)
+    assert error.type == T.SEND_ERROR
+    assert f"at most {MAX_BATCH_MESSAGES}" in error.body.message
+    (event,) = rec.of(Filtered)
+    assert (event.action, event.reason, event.messages) == (
+        "rejected",
+        "unreadable",
+        MAX_BATCH_MESSAGES + 1,
+    )
+    bomb = _bomb(2, 16 * 1024 * 1024 // 6)
+    assert len(bomb) < 4096
+    tracemalloc.start()
+    try:
+        out = core.receive_client(bomb, 1.3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert names(out, Peer.CLIENT) == ["SEND_ERROR"]
+    assert peak < 1024 * 1024, peak
+
+
+def test_a_batch_says_its_count_before_it_is_decompressed() -> None:
+    meta, _ = _empty_entries(3)
+    meta.num_messages_in_batch = MAX_BATCH_MESSAGES + 1
+    body = pb.CommandSend(producer_id=1, sequence_id=0, num_messages=3)
+    # Not ZSTD at all: the count is refused first.
+    frame = decode_frame(encode_payload(command(T.SEND, body), meta, b"not zstd"))
+    with pytest.raises(RemoteProtocolError) as raised:
+        messages(frame)
+    assert raised.value.problem is Problem.TOO_LARGE
+    with pytest.raises(RemoteProtocolError):
+        split_batch(b"", MAX_BATCH_MESSAGES + 1)
+    # At the bound, a batch is taken apart.
+    meta, data = _empty_entries(MAX_BATCH_MESSAGES)
+    frame = decode_frame(encode_payload(command(T.SEND, body), meta, data))
+    assert len(messages(frame)) == MAX_BATCH_MESSAGES
