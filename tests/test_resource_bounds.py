@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from sluice.filters.config import FilterSpec
-from sluice.protocols.core import Filtered, Peer
+from sluice.protocols.core import Answered, Conn, Filtered, Peer
 from sluice.protocols.pulsar import Frame, FrameDecoder, Problem, RemoteProtocolError, pb
 from sluice.protocols.pulsar.decoder import NEED_DATA, decode_frame
 from sluice.protocols.pulsar.encoder import command, encode_payload
@@ -20,6 +20,8 @@ from sluice.protocols.pulsar.payload import (
     messages,
     split_batch,
 )
+from sluice.protocols.registry import get
+from sluice.proxy.metrics import MAX_ERROR_LABELS, OTHER_TOPIC, Metrics
 from tests.test_filters import WORDS, _core, _receipt, _send
 from tests.test_pulsar_core import names, sent
 
@@ -117,3 +119,22 @@ def test_a_batch_says_its_count_before_it_is_decompressed() -> None:
     meta, data = _empty_entries(MAX_BATCH_MESSAGES)
     frame = decode_frame(encode_payload(command(T.SEND, body), meta, data))
     assert len(messages(frame)) == MAX_BATCH_MESSAGES
+
+
+def test_error_codes_a_broker_makes_up_get_a_bounded_number_of_labels() -> None:
+    """A Cursus broker's error code is a string off the wire: each new one
+    was a new ``sluice_broker_errors_total`` series, kept for the life of
+    the process (10,000 codes: 10,000 series on every scrape)."""
+    metrics = Metrics(protocol=get("cursus"))
+    conn = Conn(1, "127.0.0.1:5000", "plain", "cursus")
+    for i in range(10_000):
+        metrics.event(conn, Answered("PUBLISH", 0.001, f"CODE_{i}"))
+    samples = [
+        s
+        for family in metrics.broker_errors.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    ]
+    assert len(samples) <= MAX_ERROR_LABELS + 1
+    assert sum(s.value for s in samples) == 10_000
+    assert {"CODE_0", OTHER_TOPIC} <= {s.labels["error"] for s in samples}

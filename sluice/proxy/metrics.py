@@ -80,6 +80,10 @@ DIRECTION = (BROKER_TO_CLIENT, CLIENT_TO_BROKER)
 # Command types are small numbers; anything else counts as UNKNOWN (slot 0).
 TYPE_SLOTS = 256
 OTHER_TOPIC = "other"
+# Error codes with a label of their own in sluice_broker_errors_total; later
+# ones share OTHER_TOPIC. Pulsar's are an enum; a Cursus broker's a string
+# off the wire, any number of them.
+MAX_ERROR_LABELS = 100
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -349,6 +353,7 @@ class Metrics:
         self.traffic = TrafficCounts(spec.command_name)
         registry.register(self.traffic)
         self.topic_label = TopicLabels(topic_limit)
+        self.error_label = TopicLabels(MAX_ERROR_LABELS)
 
         info = Gauge(
             "sluice_build_info", "Always 1; labels say what is running",
@@ -552,7 +557,7 @@ class Metrics:
             if timer is not None:
                 timer.observe(event.seconds)
             if event.error is not None:
-                self.broker_errors.labels(event.request, label_text(event.error)).inc()
+                self.broker_errors.labels(event.request, self.error_label(event.error)).inc()
         elif kind is AnsweredMany:
             assert isinstance(event, AnsweredMany)
             timer = self._request_timers.get(event.request)
