@@ -29,7 +29,7 @@ from sluice.recording.format import (
     read_records,
 )
 from sluice.recording.pcapng import PcapngWriter
-from sluice.recording.reader import listed
+from sluice.recording.reader import holds_nothing, listed
 
 log = logging.getLogger("sluice.inspect")
 ARROWS = {0: "C→B", 1: "B→C"}
@@ -247,11 +247,16 @@ class Summary:
                 out.write(f"{path}: ends with {n} bytes of an incomplete record (writer stopped)\n")
 
 
-def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]:
+def records(
+    paths: list[Path], summary: Summary, target: Path | None = None
+) -> Iterator[tuple[str, Record]]:
     """(capture id, record) for every record in the files, in file order. A
     connection's ``conn`` record comes once: the copies that later segments
-    of its capture open with (so that each reads on its own) are left out."""
+    of its capture open with (so that each reads on its own) are left out.
+    Several files none of which holds a whole record are a RecordingError
+    naming ``target`` (default: their first's directory), once all are read."""
     opened: set[tuple[str, int]] = set()
+    skipped: list[Unfinished | Gone] = []  # files of no whole record, or removed
     for path in paths:
         result = ReadResult(path)
         capture = ""
@@ -262,6 +267,7 @@ def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]
             # says so (Unfinished), as replay does.
             summary.files += 1
             summary.truncated.append((path, 0))
+            skipped.append(Unfinished(f"{path}: empty file, not a Sluice recording", 0))
             continue
         try:
             for record in read_records(path, result):
@@ -277,6 +283,7 @@ def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]
         except (Unfinished, Gone) as exc:  # (raised before any record of the file)
             if len(paths) == 1:
                 raise
+            skipped.append(exc)
             if isinstance(exc, Gone):
                 summary.gone.append(path)
             else:
@@ -286,6 +293,8 @@ def records(paths: list[Path], summary: Summary) -> Iterator[tuple[str, Record]]
         summary.files += 1
         if result.truncated_bytes:
             summary.truncated.append((path, result.truncated_bytes))
+    if paths and len(skipped) == len(paths):  # (a lone one is refused as it is read)
+        raise holds_nothing(target if target is not None else paths[0].parent, skipped)
 
 
 def _empty(path: Path) -> bool:
@@ -515,7 +524,7 @@ def run(args: argparse.Namespace) -> int:
     captures: set[str] = set()
     read = False  # every record
     try:
-        for capture, record in records(paths, summary):
+        for capture, record in records(paths, summary, args.recording):
             if record["k"] == "header":
                 captures.add(capture)
                 if start_ns is None:

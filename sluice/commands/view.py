@@ -26,8 +26,8 @@ from sluice.commands.proxy import read_token
 from sluice.config import count
 from sluice.errors import ConfigError
 from sluice.protocols import registry
-from sluice.recording.format import RecordingError, Unfinished, read_records
-from sluice.recording.reader import listed
+from sluice.recording.format import Gone, RecordingError, Unfinished, read_records
+from sluice.recording.reader import holds_nothing, listed
 from sluice.view.index import Filter, Index
 from sluice.view.live import LiveIndex, live_url, watch
 from sluice.view.server import ViewServer, export, serve
@@ -105,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
         files = listed(args.capture)
         if not files:
             raise RecordingError(f"{args.capture}: no recordings (*.sluice) here")
-        if len(files) == 1:
-            _check_lone(files[0])
+        _check_something(args.capture, files)
         index = Index(args.capture)
         if args.export is not None:
             problem = output_problem(args.export, "--export", args.capture)
@@ -127,18 +126,26 @@ def run(args: argparse.Namespace) -> int:
     return _until_interrupted(server, "", args.open)
 
 
-def _check_lone(path: Path) -> None:
-    """A lone file with no whole record (empty: its writer killed before
-    the first flush; or cut inside its header) holds no recording: refused
-    here, in one line (as replay does), not served as a page of nothing.
-    Any other fault of it the page says."""
-    try:
-        for _ in read_records(path):
-            break  # a whole record: the page reads the rest
-    except Unfinished:
-        raise
-    except RecordingError:
-        pass
+def _check_something(target: Path, files: list[Path]) -> None:
+    """Files none of which holds a whole record (each empty: its writer
+    killed before the first flush; or cut inside its header) hold no
+    recording: refused here, in one line (as replay does), not served as a
+    page of nothing. Any other fault the page says. (Reads up to the first
+    file that holds a record: one, as a rule.)"""
+    skipped: list[Unfinished | Gone] = []
+    for path in files:
+        try:
+            for _ in read_records(path):
+                return  # a whole record: the page reads the rest
+        except (Unfinished, Gone) as exc:
+            if len(files) == 1:
+                if isinstance(exc, Unfinished):
+                    raise
+                return  # the page says it
+            skipped.append(exc)
+        except RecordingError:
+            return
+    raise holds_nothing(target, skipped)
 
 
 def _live(args: argparse.Namespace) -> int:

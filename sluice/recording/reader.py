@@ -135,6 +135,23 @@ def _denied(exc: OSError, target: Path) -> str:
     return f"{exc.filename or target}: cannot be read (permission denied)"
 
 
+def holds_nothing(target: Path, skipped: list[Unfinished | Gone]) -> RecordingError:
+    """The refusal of several files at ``target`` none of which holds a whole
+    record (``skipped``: why each was, every writer stopped before or during
+    its first flush): no recording, said as a lone such file is, not read as
+    a capture of 0 frames."""
+    n = len(skipped)
+    empty = sum(isinstance(e, Unfinished) and e.size == 0 for e in skipped)
+    if empty == n:
+        return RecordingError(f"{target}: all {n} files are empty, not a Sluice recording")
+    cut = sum(isinstance(e, Unfinished) and e.size > 0 for e in skipped)
+    kinds = ((empty, "empty"), (cut, "cut inside its header"), (n - empty - cut, "removed"))
+    found = ", ".join(f"{count} {what}" for count, what in kinds if count)
+    return RecordingError(
+        f"{target}: none of its {n} files holds a whole record ({found}), not a Sluice recording"
+    )
+
+
 def load(target: Path, *, need_payloads: bool = True) -> Recording:
     """Every connection of the recording(s) at ``target``, in order of opening.
 
@@ -163,6 +180,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     segments: dict[str, int] = {}  # capture -> the last segment read
     heading: list[tuple[RecordedConnection, bool]] | None = None  # (connection, marked)
     joined = False  # the file read now is a segment read without the one before it
+    skipped: list[Unfinished | Gone] = []  # files of no whole record, or removed
     for path in paths:
         result = ReadResult(path)
         records = read_records(path, result)
@@ -172,6 +190,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
             if len(paths) == 1 and not (isinstance(exc, Unfinished) and exc.size == 0):
                 raise
             truncated.append(path)  # a segment with nothing yet, or pruned since listed
+            skipped.append(exc)
             continue
         for record in itertools.chain([first] if first is not None else [], records):
             kind = record["k"]
@@ -230,6 +249,8 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                     faulted[id(fault)] = record["w"]
         if result.truncated_bytes:
             truncated.append(path)
+    if len(skipped) == len(paths):  # (several: a lone one is refused as it is read)
+        raise holds_nothing(target, skipped)
     if need_payloads and policies - {"full"}:
         raise RecordingError(
             f"{target}: recorded without message payloads (--record-payloads "

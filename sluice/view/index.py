@@ -33,7 +33,7 @@ from sluice.recording.format import (
     read_records,
     record_at,
 )
-from sluice.recording.reader import listed
+from sluice.recording.reader import holds_nothing, listed
 
 log = logging.getLogger("sluice.view")
 
@@ -338,8 +338,13 @@ class Index:
                 raise RecordingError(f"{self.target}: no recordings (*.sluice) here")
             sizes = [_size(p) for p in self.files]
             self.total_bytes = sum(sizes)
+            skipped: list[Unfinished | Gone] = []
             for number, path in enumerate(self.files):
-                self._read(number, path, sum(sizes[:number]))
+                problem = self._read(number, path, sum(sizes[:number]))
+                if problem is not None:
+                    skipped.append(problem)
+            if len(skipped) == len(self.files):  # (a lone one is refused as it is read)
+                raise holds_nothing(self.target, skipped)
         except RecordingError as exc:
             self.error = str(exc)
         except OSError as exc:
@@ -379,8 +384,10 @@ class Index:
             self._selections.clear()
             self._timelines.clear()
 
-    def _read(self, number: int, path: Path, before: int) -> None:
-        """One file's records; ``before``: the bytes of the files read before it."""
+    def _read(self, number: int, path: Path, before: int) -> Unfinished | Gone | None:
+        """One file's records; ``before``: the bytes of the files read before it.
+        Returns why it was skipped, if it was (among others: no whole record
+        in it, or removed since listed)."""
         result = ReadResult(path)
         reading = Reading(number)
         self.versions.append(0)
@@ -393,7 +400,7 @@ class Index:
             # Among other segments (as inspect and replay take it): one
             # that holds nothing yet, or one removed since listed (retention).
             self.truncated.append(_skipped(path, exc))
-            return
+            return exc
         for record in itertools.chain([first] if first is not None else [], records):
             if record.get("k") == "header":
                 self.versions[number] = result.version
@@ -410,6 +417,7 @@ class Index:
             self.truncated.append(
                 f"{path.name}: ends with {result.truncated_bytes} bytes of an incomplete record"
             )
+        return None
 
     def take(self, record: dict[str, Any], reading: Reading, offset: int) -> None:
         """One record (its summary filled in) of the file ``reading`` reads,
