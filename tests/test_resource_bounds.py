@@ -114,11 +114,15 @@ def test_a_batch_says_its_count_before_it_is_decompressed() -> None:
         messages(frame)
     assert raised.value.problem is Problem.TOO_LARGE
     with pytest.raises(RemoteProtocolError):
-        split_batch(b"", MAX_BATCH_MESSAGES + 1)
+        split_batch(b"", MAX_BATCH_MESSAGES + 1, MAX_BATCH_MESSAGES)
     # At the bound, a batch is taken apart.
     meta, data = _empty_entries(MAX_BATCH_MESSAGES)
     frame = decode_frame(encode_payload(command(T.SEND, body), meta, data))
     assert len(messages(frame)) == MAX_BATCH_MESSAGES
+    # Offline (sluice record anonymize) a recording's batch of any size is read.
+    entries = build_batch([(pb.SingleMessageMetadata(payload_size=0), b"")])
+    over = MAX_BATCH_MESSAGES + 1
+    assert len(split_batch(entries * over, over)) == over
 
 
 def test_error_codes_a_broker_makes_up_get_a_bounded_number_of_labels() -> None:

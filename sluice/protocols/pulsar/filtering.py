@@ -72,6 +72,7 @@ from sluice.protocols.pulsar.encoder import (
 from sluice.protocols.pulsar.errors import LocalProtocolError, RemoteProtocolError
 from sluice.protocols.pulsar.frame import Frame
 from sluice.protocols.pulsar.payload import (
+    MAX_BATCH_MESSAGES,
     build_batch,
     compress,
     is_batch,
@@ -571,7 +572,7 @@ class FilterGate:
         if not is_batch(meta):
             return [_message(meta, data, direction, topic, role, client, name, 0, 1, version,
                              schema)]  # fmt: skip
-        entries = split_batch(data, meta.num_messages_in_batch)
+        entries = split_batch(data, meta.num_messages_in_batch, MAX_BATCH_MESSAGES)
         count = len(entries)
         facts = (direction, topic, role, client, name)
         return [
@@ -724,7 +725,7 @@ def _rebuild(frame: Frame, kept: list[tuple[int, Outcome]], body: Any) -> Parts:
                 data = outcome.verdict.payload
                 meta.ClearField("null_value")  # a tombstone given a value is one no more
     else:
-        entries = split_batch(payload_bytes(frame), old.num_messages_in_batch)
+        entries = split_batch(payload_bytes(frame), old.num_messages_in_batch, MAX_BATCH_MESSAGES)
         parts: list[tuple[pb.SingleMessageMetadata, bytes]] = []
         for index, outcome in kept:
             entry = entries[index]

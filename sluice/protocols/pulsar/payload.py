@@ -25,12 +25,15 @@ _U32 = struct.Struct(">I")
 # uncompressed_size comes from the peer and sizes an allocation; refuse absurd
 # values instead of trusting them.
 MAX_UNCOMPRESSED_SIZE = 256 * 1024 * 1024
-# Messages in one batch, at most, when a batch is taken apart (filters,
-# anonymizing). Each costs Python objects and a filter's run, and a batch
-# of empty entries compresses to almost nothing: 1.4 KB of ZSTD held
-# 2.8 million of them, 24 s of the proxy's one Python thread and 1.3 GB.
-# Ten times the official clients' default batchingMaxMessages (1,000).
-MAX_BATCH_MESSAGES = 10_000
+# Messages in one batch, at most, when the proxy takes a batch apart for
+# filters. Each costs Python objects and a filter's run, and a batch of
+# empty entries compresses to almost nothing: 1.4 KB of ZSTD held 2.8
+# million of them, 24 s of the proxy's one Python thread and 1.3 GB. A
+# hundred times the official clients' default batchingMaxMessages (1,000),
+# so that a producer that raised it for tiny messages is not refused: such
+# a batch costs the thread under a second and some 50 MB. (Offline tools,
+# sluice record anonymize, take apart what a recording holds.)
+MAX_BATCH_MESSAGES = 100_000
 
 CODEC_NAMES: dict[int, str] = {
     value: pb.CompressionType.Name(value) for value in pb.CompressionType.values()
@@ -141,10 +144,11 @@ class Message:
     payload: bytes
 
 
-def split_batch(data: bytes, count: int) -> list[Message]:
+def split_batch(data: bytes, count: int, limit: int | None = None) -> list[Message]:
     """Parse ``count`` entries of ``[size][SingleMessageMetadata][payload]``
-    (at most ``MAX_BATCH_MESSAGES``)."""
-    _check_batch_count(count)
+    (at most ``limit``: the proxy's filters give ``MAX_BATCH_MESSAGES``)."""
+    if limit is not None:
+        _check_batch_count(count, limit)
     view = memoryview(data)
     out: list[Message] = []
     pos = 0
@@ -180,11 +184,10 @@ def split_batch(data: bytes, count: int) -> list[Message]:
     return out
 
 
-def _check_batch_count(count: int) -> None:
-    if count > MAX_BATCH_MESSAGES:
+def _check_batch_count(count: int, limit: int = MAX_BATCH_MESSAGES) -> None:
+    if count > limit:
         raise RemoteProtocolError(
-            Problem.TOO_LARGE,
-            f"batch of {count} messages: at most {MAX_BATCH_MESSAGES} are taken apart",
+            Problem.TOO_LARGE, f"batch of {count} messages: at most {limit} are taken apart"
         )
 
 
@@ -194,7 +197,7 @@ def messages(frame: Frame) -> list[Message]:
     data = payload_bytes(frame)
     if meta is None or not is_batch(meta):
         return [Message(None, data)]
-    return split_batch(data, meta.num_messages_in_batch)
+    return split_batch(data, meta.num_messages_in_batch, MAX_BATCH_MESSAGES)
 
 
 def build_batch(entries: list[tuple[pb.SingleMessageMetadata, bytes]]) -> bytes:
