@@ -384,20 +384,41 @@ def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[
     return steps
 
 
-def recordings_below(directory: Path) -> Iterator[Path]:
+def recordings_below(
+    directory: Path, onerror: Callable[[OSError], None] | None = None
+) -> Iterator[Path]:
     """The recording files in ``directory`` and below (none if it is gone).
     With os.walk, not rglob: a directory removed meanwhile (retention
-    removes emptied snapshot directories) is skipped, not an error."""
-    for root, _, names in os.walk(directory):
+    removes emptied snapshot directories) is skipped, not an error; so is
+    one that cannot be listed, unless ``onerror`` (os.walk's) raises."""
+    for root, _, names in os.walk(directory, onerror=onerror):
         for name in names:
             if name.endswith(SUFFIX):
                 yield Path(root, name)
 
 
+def denied(exc: OSError, target: Path) -> RecordingError:
+    """A file or directory this user may not read, said so."""
+    return RecordingError(f"{exc.filename or target}: cannot be read (permission denied)")
+
+
+def _refuse_unreadable(exc: OSError) -> None:
+    """os.walk's ``onerror`` for readers: a folder that cannot be listed
+    stops the listing (a capture read without it would be taken for the
+    whole); one removed meanwhile is passed over."""
+    if isinstance(exc, PermissionError):
+        raise exc
+
+
 def recording_files(target: Path) -> list[Path]:
-    """A file, or every recording in a directory (recursively), in name order."""
+    """A file, or every recording in a directory (recursively), in name
+    order. A directory in it that this user may not list is a
+    RecordingError naming it: what its files hold would be missing."""
     if target.is_dir():
-        return sorted(p for p in recordings_below(target) if p.is_file())
+        try:
+            return sorted(p for p in recordings_below(target, _refuse_unreadable) if p.is_file())
+        except PermissionError as exc:
+            raise denied(exc, target) from None
     if not target.exists():
         raise RecordingError(f"{target}: no such file or directory")
     return [target]

@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import heapq
 import itertools
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from sluice.recording.format import (
     ReadResult,
     RecordingError,
     Unfinished,
+    denied,
     read_records,
     recording_files,
 )
@@ -113,26 +113,13 @@ class Recording:
 def listed(target: Path) -> list[Path]:
     """The recording files at ``target`` (``recording_files``), with a file
     or directory this user may not read said so (a RecordingError naming
-    it) rather than found empty: os.walk passes over a directory it cannot
-    list, and the listing would be "no recordings"."""
+    it) rather than passed over: a directory that cannot be listed, at
+    ``target`` or anywhere below it (``recording_files``), or a path
+    inside a directory that cannot be entered."""
     try:
-        paths = recording_files(target)
+        return recording_files(target)
     except PermissionError as exc:  # (a path inside a directory we may not enter)
-        raise RecordingError(_denied(exc, target)) from None
-    if paths or not target.is_dir():
-        return paths
-    denied: list[OSError] = []
-    for _ in os.walk(target, onerror=denied.append):
-        if any(isinstance(exc, PermissionError) for exc in denied):
-            break
-    for problem in denied:
-        if isinstance(problem, PermissionError):
-            raise RecordingError(_denied(problem, target))
-    return paths
-
-
-def _denied(exc: OSError, target: Path) -> str:
-    return f"{exc.filename or target}: cannot be read (permission denied)"
+        raise denied(exc, target) from None
 
 
 def holds_nothing(target: Path, skipped: list[Unfinished | Gone]) -> RecordingError:
