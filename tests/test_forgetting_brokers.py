@@ -196,3 +196,54 @@ def test_without_a_ports_file_a_forgotten_brokers_port_is_given_again(tmp_path: 
             await listener.aclose()
 
     trio.run(test)
+
+
+def test_the_backend_forgets_a_broker_http_lookups_stopped_naming_and_closes_its_listener() -> None:
+    """proxy/pulsar.py's wiring: a broker an HTTP lookup named is kept while
+    such lookups name it (their answers are rewritten, not learned afresh),
+    then, an hour after the last, forgotten by the backend's sweep with no
+    client connecting: no longer allowed, its listener closed."""
+    from trio.testing import MockClock, wait_all_tasks_blocked
+
+    from sluice.proxy.dial import TlsClientConfig
+    from sluice.proxy.pulsar import PulsarBackend
+    from sluice.proxy.server import closed_listener
+
+    served: list[trio.abc.Listener[Any]] = []
+    # Moved by hand: a clock that jumps whenever all tasks wait would jump
+    # past the hour while a listener's socket is being opened.
+    clock = MockClock()
+
+    async def advance(seconds: float) -> None:
+        for _ in range(int(seconds // 30)):
+            clock.jump(30)
+            await wait_all_tasks_blocked()
+
+    async def test() -> None:
+        ports = BrokerPorts("127.0.0.1", None, None, None, None, lambda lis, kind: lis)
+        ports.serve = lambda listener, upstream, kind: served.append(listener)
+        routing = Routing(parse_broker_url(BROKER))
+        settings = PulsarSettings(OnInvalid.REJECT, 5 << 20, 5)
+        backend = PulsarBackend(
+            parse_broker_url(BROKER),
+            settings,
+            routing,
+            broker_tls=TlsClientConfig(),
+            connect_timeout=5,
+            ports=ports,
+        )
+        named = ["pulsar://10.1.2.3:6650"]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(backend._forget_brokers)
+            first = await backend.listener_urls(named)
+            assert routing.allowlist.allows(GONE) and len(served) == 1
+            await advance(FORGET_AFTER * 0.75)
+            assert await backend.listener_urls(named) == first  # named again: kept
+            await advance(FORGET_AFTER * 0.75)
+            assert routing.allowlist.allows(GONE) and not closed_listener(served[0])
+            await advance(FORGET_AFTER * 0.5)  # an hour and a quarter since
+            assert not routing.allowlist.allows(GONE)
+            assert closed_listener(served[0]) and routing.forgotten == []
+            nursery.cancel_scope.cancel()
+
+    trio.run(test, clock=clock)

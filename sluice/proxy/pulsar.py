@@ -42,6 +42,7 @@ from sluice.protocols.pulsar.auth import AuthError, ProxyAuth, UpstreamAuth, pro
 from sluice.protocols.pulsar.connection import (
     PROTOCOL_VERSION,
     SLUICE_VERSION,
+    SWEEP_EVERY,
     PulsarConnection,
     PulsarSettings,
     Route,
@@ -398,6 +399,11 @@ class PulsarBackend:
         self.ports = ports
         if ports is not None:
             ports.map = Listeners()
+            # A broker only HTTP lookups name (whose answers Sluice rewrites
+            # to its listener, not learning it afresh) is kept while they do.
+            routing.keep = lambda address: ports.asked_since(
+                address, ports.clock() - routing.forget_after
+            )
         self.max_upstream_connections = max_upstream_connections
         self.faults = faults if faults is not None else Faults()
         self.settings = settings
@@ -442,8 +448,22 @@ class PulsarBackend:
             limit=self.max_upstream_connections,
         )
         nursery.start_soon(self._pool.keep_tidy)
+        nursery.start_soon(self._forget_brokers)
         self._nursery = nursery
         self.issuers, self._auth_tasks = await self._start_auth(self.settings.auth, self._oidc_ca)
+
+    async def _forget_brokers(self) -> None:
+        """Learned brokers no answer named lately are forgotten
+        (``Routing.expire``) even when no client connects; the listeners of
+        those forgotten, here or by a core at CONNECT, are closed
+        (port-per-broker)."""
+        while True:
+            await trio.sleep(SWEEP_EVERY)
+            self.routing.expire(trio.current_time(), self.settings.trusted)
+            forgotten, self.routing.forgotten = self.routing.forgotten, []
+            if self.ports is not None:
+                for address in forgotten:
+                    await self.ports.forget(address)
 
     async def _start_auth(
         self, auth: ProxyAuth | None, ca: Path | None, reloading: bool = False
@@ -592,6 +612,7 @@ class PulsarBackend:
             return {}
         if target.address not in self.routing.routes:  # (a chained route is kept)
             self.routing.learn(target)
+        self.routing.seen(target.address, trio.current_time())
         ours: dict[str, str] = {}
         for kind in self.ports.kinds:
             try:

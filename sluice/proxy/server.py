@@ -663,8 +663,10 @@ class Proxy:
     def _serve_broker_listener(
         self, listener: trio.abc.Listener[Any], upstream: Address, kind: str
     ) -> None:
-        """Port-per-broker: accept on a new listener of ``kind``, relaying to ``upstream``."""
+        """Port-per-broker: accept on a new listener of ``kind``, relaying to
+        ``upstream``. (Those of brokers forgotten since, closed, are let go.)"""
         assert self._handlers is not None
+        self._listeners = [entry for entry in self._listeners if not closed_listener(entry[1])]
         self._listeners.append((f"broker {upstream}", listener))
         self._listen(listener, kind, upstream)
 
@@ -1125,6 +1127,13 @@ async def _watch_files(server: Reloadable, config_file: Path | None) -> None:
         last = {path: stamp if stamp is not None else last.get(path) for path, stamp in now.items()}
         if changed:
             await server.reload_from_source("file")
+
+
+def closed_listener(listener: trio.abc.Listener[Any]) -> bool:
+    """Whether ``listener`` (a socket listener, or a TLS one around it) was closed."""
+    inner = getattr(listener, "transport_listener", listener)
+    sock = getattr(inner, "socket", None)
+    return sock is not None and sock.fileno() == -1
 
 
 async def serve_until_signalled(server: Drainable) -> None:
