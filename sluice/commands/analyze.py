@@ -78,8 +78,33 @@ def _spark_path(path: str) -> str:
 
 
 def _exists(local: str | None) -> bool:
-    """Whether a local PATH is there (a URL of another scheme: Spark will say)."""
-    return local is None or os.path.exists(local)
+    """Whether a local PATH is there (a URL of another scheme: Spark will
+    say); one in a directory that may not be entered is (``_unreadable`` says so)."""
+    if local is None:
+        return True
+    try:
+        os.stat(local)
+    except PermissionError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _unreadable(local: str | None) -> str | None:
+    """A local PATH, or a folder in it, that this user may not read, said
+    as the other readers say it (``reader.listed``), before Spark starts:
+    Spark's own listing passes over a folder it cannot list."""
+    from sluice.recording.format import RecordingError
+    from sluice.recording.reader import listed
+
+    if local is None:
+        return None
+    try:
+        listed(Path(local))
+    except RecordingError as exc:
+        return str(exc)
+    return None
 
 
 def _links_to_nothing(folder: str | None) -> list[str]:
@@ -147,6 +172,11 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"sluice analyze: no such file or directory: {missing[0]}", file=sys.stderr)
         return 2
+    for path in args.paths if local else ():
+        problem = _unreadable(local_path(path))
+        if problem is not None:
+            print(f"sluice analyze: {problem}", file=sys.stderr)
+            return 2
     for path in args.paths if local else ():
         for link in _links_to_nothing(local_path(path)):
             print(f"sluice analyze: {link}: a link to nothing, skipped", file=sys.stderr)
