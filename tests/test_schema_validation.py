@@ -648,3 +648,28 @@ def test_json_non_finite_numbers_as_jackson_writes_them() -> None:
         assert found is not None and found.reason == "wrong_type", other
     found = check_reading(b'{"celsius": NaN}', None)
     assert found is not None and found.reason == "not_json"
+
+
+def test_a_refusal_names_a_credential_field_but_never_shows_its_value() -> None:
+    # The refusal is the client's SEND_ERROR, which Sluice records and logs.
+    avro = {"type": "record", "name": "Login", "fields": [
+        {"name": "user", "type": "string"},
+        {"name": "password", "type": "int"},
+        {"name": "apiKey", "type": "int"},
+        {"name": "tokens", "type": {"type": "map", "values": "int"}},
+    ]}  # fmt: skip
+    check = validator(Schema("JSON", json.dumps(avro).encode()))
+    base = {"user": "u", "password": 1, "apiKey": 2, "tokens": {}}
+
+    def refused(**fields: Any) -> str:
+        found = check(json.dumps(base | fields).encode(), None)
+        assert found is not None
+        return found.message
+
+    assert refused(password="hunter2-SECRET") == ("field 'password': expected int, got a string")
+    assert refused(apiKey=2**40) == "field 'apiKey': its value is out of range for int"
+    assert refused(tokens={"session": "s3cr3t"}) == (
+        "field 'tokens[session]': expected int, got a string"
+    )
+    # Other fields still show what came, to help the producer's author.
+    assert refused(user=5) == "field 'user': expected string, got number 5"

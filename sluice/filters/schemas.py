@@ -85,6 +85,7 @@ import binascii
 import codecs
 import io
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn, TypeAlias
@@ -98,6 +99,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from sluice.protocols.credentials import names_a_credential
 from sluice.protocols.filtering import Schema
 
 __all__ = [
@@ -465,8 +467,26 @@ def _map_key(key: object) -> str:
     return f"[{text if len(text) <= 40 else text[:37] + '...'}]"
 
 
-def _shown(value: Any) -> str:
-    """A JSON value as a message shows it: ``string 'abc'``, ``object``, ..."""
+def _secret(path: str) -> bool:
+    """Whether the field at ``path`` (``a.b[2][key]``) is named like a
+    credential: a refusal names it, never its value (the refusal goes to
+    the client, the recording and the log)."""
+    last = re.split(r"[.\[\]]", path.rstrip("]"))[-1]
+    return bool(last) and names_a_credential(last)
+
+
+def _shown(value: Any, path: str = "") -> str:
+    """A JSON value as a message shows it: ``string 'abc'``, ``object``, ...;
+    at a credential's ``path``, its type alone (``a string``)."""
+    if _secret(path) and value is not None and not isinstance(value, list | dict):
+        kind = (
+            "boolean"
+            if isinstance(value, bool)
+            else "string"
+            if isinstance(value, str)
+            else "number"
+        )
+        return f"a {kind}"
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -509,7 +529,8 @@ class _JsonValidator:
 
     def _wrong(self, node: AvroSchema, value: Any, path: str) -> Mismatch:
         return Mismatch(
-            WRONG_TYPE, f"{_where(path)}: expected {self._expected(node)}, got {_shown(value)}"
+            WRONG_TYPE,
+            f"{_where(path)}: expected {self._expected(node)}, got {_shown(value, path)}",
         )
 
     def _expected(self, node: AvroSchema) -> str:
@@ -551,8 +572,9 @@ class _JsonValidator:
             low, high = _INT_RANGE if kind == "int" else _LONG_RANGE
             if isinstance(value, int) and not isinstance(value, bool):
                 if not low <= value <= high:
+                    shown = "its value" if _secret(path) else str(value)
                     return Mismatch(
-                        WRONG_TYPE, f"{_where(path)}: {value} is out of range for {kind}"
+                        WRONG_TYPE, f"{_where(path)}: {shown} is out of range for {kind}"
                     )
                 return None
             ok = False

@@ -43,21 +43,12 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
+from sluice.protocols.credentials import names_a_credential
+
 MARKER = "<redacted>"
 # A header whose value is a credential (or names who holds one).
 _SENSITIVE_HEADER = re.compile(
     r"auth|token|passw|secret|credential|key|cookie|session|jwt|signature|principal",
-    re.IGNORECASE,
-)
-# A query parameter or JSON key whose value is a credential: narrower than
-# for headers, as Pulsar's own names (``authoritative``, a message's ``key``,
-# ``keySharedMode``) are no secrets.
-_SENSITIVE_NAME = re.compile(
-    r"token|passw|passphrase|pwd|secret|credential|cookie|session|jwt|signature|bearer|"
-    r"api[-_]?key|private[-_]?key|access[-_]?key|^auth(?!oritative)|authdata|authorization|"
-    # Pulsar's client credentials in a broker's config (dynamic config:
-    # brokerClientAuthenticationParameters, bookkeeperClientAuthParams …)
-    r"authenticationparam|authparam",
     re.IGNORECASE,
 )
 # ``pulsar-admin brokers update-dynamic-config`` puts the value in the path:
@@ -65,11 +56,6 @@ _SENSITIVE_NAME = re.compile(
 _DYNAMIC_CONFIG = re.compile(r"(/admin(?:/v2)?/brokers/configuration/)([^/]+)/(.+)", re.IGNORECASE)
 # Headers whose value is a URL: its query is redacted like a target's.
 _URL_HEADERS = frozenset({"location", "content-location", "referer", "origin"})
-
-
-def sensitive(name: str) -> bool:
-    """A query parameter or JSON key whose value is not recorded."""
-    return bool(_SENSITIVE_NAME.search(name))
 
 
 def sensitive_header(name: str) -> bool:
@@ -87,7 +73,7 @@ def _redact_query(query: str) -> str:
     parts = []
     for part in query.split("&"):
         name, eq, _ = part.partition("=")
-        if eq and sensitive(urllib.parse.unquote_plus(name)):
+        if eq and names_a_credential(urllib.parse.unquote_plus(name)):
             part = f"{name}={MARKER}"
         parts.append(part)
     return "&".join(parts)
@@ -112,7 +98,7 @@ def redact_target(target: bytes | str) -> str:
             authority = f"{MARKER}@{authority.rpartition('@')[2]}"
         base = f"{scheme}{opening}{authority}{slash}{path}"
     config = _DYNAMIC_CONFIG.search(base)
-    if config is not None and sensitive(urllib.parse.unquote(config.group(2))):
+    if config is not None and names_a_credential(urllib.parse.unquote(config.group(2))):
         base = f"{base[: config.start(3)]}{MARKER}"
     if q:
         base += "?" + _redact_query(query)
@@ -151,7 +137,7 @@ def _scrub(value: Any, depth: int = 0) -> tuple[Any, bool]:
         changed = False
         out: dict[str, Any] = {}
         for key, item in value.items():
-            if isinstance(key, str) and sensitive(key) and item not in (None, "", MARKER):
+            if isinstance(key, str) and names_a_credential(key) and item not in (None, "", MARKER):
                 out[key], changed = MARKER, True
             else:
                 out[key], inner = _scrub(item, depth + 1)
@@ -343,7 +329,7 @@ def _redact_multipart(body: bytes, content_type: str) -> tuple[bytes | None, boo
         if kind.startswith("multipart/"):
             return None, False
         names = _param_names(headers.get("content-disposition", ""))
-        if any(sensitive(name) for name in names):
+        if any(names_a_credential(name) for name in names):
             redacted: bytes | None = MARKER.encode() if end > start else b""
         elif headers.get("content-transfer-encoding", "").lower() not in (
             "", "7bit", "8bit", "binary",
