@@ -10,9 +10,6 @@ reached: the job is replaced by one that notes it was started."""
 
 from __future__ import annotations
 
-import errno
-import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +17,14 @@ import pytest
 
 import sluice.commands.analyze as command
 from sluice.analyze.job import NoRecordings
+from tests.helpers.cli import refuse
 
 INPUTS = Path(__file__).parent / "golden" / "analyze" / "inputs"
 SEGMENT = INPUTS / "sluice-20261128T172608-f2b453b65503-0001.sluice"
 
 
 def _refuse(monkeypatch: pytest.MonkeyPatch, name: str, denied: Path) -> None:
-    real: Callable[..., Any] = getattr(os, name)
-
-    def refusing(path: Any = ".", *args: Any, **kwargs: Any) -> Any:
-        if isinstance(path, str | os.PathLike) and Path(path) == denied:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, name, refusing)
+    refuse(monkeypatch, name, denied)
 
 
 @pytest.fixture

@@ -4,23 +4,14 @@ replay`` does, rather than showing an empty capture."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from sluice.commands import main
 from sluice.view.index import Index
+from tests.helpers.cli import run_main
 from tests.helpers.support import SLUICE
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
@@ -46,7 +37,7 @@ def test_a_lone_empty_file_is_refused_in_one_line(
 ) -> None:
     target = empty if alone == "file" else empty.parent
     out = tmp_path / "x.html"
-    code, stdout, stderr = _run([a.format(path=target, out=out) for a in argv])
+    code, stdout, stderr = run_main([a.format(path=target, out=out) for a in argv])
     command = argv[0]
     assert code == 2, (stdout, stderr)
     # Worded as replay words it (the reader's own message).
@@ -70,7 +61,7 @@ def test_an_empty_segment_among_others_is_still_one_counted_item(
     golden = Path(__file__).parent / "golden" / "analyze" / "inputs"
     segment = golden / "sluice-20261128T172608-f2b453b65503-0001.sluice"
     (tmp_path / segment.name).write_bytes(segment.read_bytes())
-    code, stdout, _ = _run(["inspect", str(tmp_path), "--summary"])
+    code, stdout, _ = run_main(["inspect", str(tmp_path), "--summary"])
     assert code == 0 and f"{empty}: empty, an incomplete record" in stdout
     index = Index(tmp_path)
     index.build()

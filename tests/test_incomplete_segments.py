@@ -6,25 +6,16 @@ in one line."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
 import pytest
 
-from sluice.commands import main
 from sluice.recording.reader import listed
 from sluice.view.index import Index
+from tests.helpers.cli import run_main
 
 INPUTS = Path(__file__).parent / "golden" / "analyze" / "inputs"
 CAPTURE = INPUTS / "sluice-20261128T172608-f2b453b65503-0001.sluice"
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
@@ -50,7 +41,7 @@ def test_view_export_of_a_capture_with_a_segment_cut_in_its_header(
     cut: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "x.html"
-    code, _, err = _run(["view", str(cut.parent), "--export", str(out)])
+    code, _, err = run_main(["view", str(cut.parent), "--export", str(out)])
     assert code == 0, err
     assert out.exists()
     alone = Index(cut.parent / CAPTURE.name)  # the readable segment's frames, all of them

@@ -5,17 +5,15 @@ is, not read as a capture of 0 frames."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from sluice.commands import main
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import load
 from sluice.view.index import Index
+from tests.helpers.cli import run_main
 from tests.helpers.support import SLUICE
 
 INPUTS = Path(__file__).parent / "golden" / "analyze" / "inputs"
@@ -30,13 +28,6 @@ COMMANDS = {
     "replay": ["replay", "{target}", "--broker", "pulsar://127.0.0.1:1"],
     "serve": ["serve", "{target}", "--listen", "127.0.0.1:0"],
 }
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
@@ -60,7 +51,7 @@ def test_a_directory_of_empty_files_only_is_refused_in_one_line(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    code, stdout, stderr = _run([a.format(target=empties, out=out) for a in COMMANDS[name]])
+    code, stdout, stderr = run_main([a.format(target=empties, out=out) for a in COMMANDS[name]])
     command = COMMANDS[name][0]
     assert code == 2, (stdout, stderr)
     assert stderr.splitlines()[-1] == (
@@ -87,7 +78,7 @@ def test_empty_and_cut_files_only_are_refused_naming_each_kind(empties: Path) ->
         f"{empties}: none of its 4 files holds a whole record (3 empty, 1 cut inside its "
         "header), not a Sluice recording"
     )
-    code, _, stderr = _run(["inspect", str(empties)])
+    code, _, stderr = run_main(["inspect", str(empties)])
     assert code == 2 and stderr.splitlines() == [f"sluice inspect: {expected}"]
     with pytest.raises(RecordingError) as raised:
         load(empties, need_payloads=False)
@@ -99,7 +90,7 @@ def test_empty_and_cut_files_only_are_refused_naming_each_kind(empties: Path) ->
 
 def test_one_readable_segment_among_empty_ones_is_read(empties: Path) -> None:
     (empties / CAPTURE.name).write_bytes(CAPTURE.read_bytes())
-    code, stdout, stderr = _run(["inspect", str(empties), "--summary"])
+    code, stdout, stderr = run_main(["inspect", str(empties), "--summary"])
     assert code == 0, stderr
     assert "in 4 file(s)" in stdout and stdout.count("empty, an incomplete record") == 3
     assert load(empties, need_payloads=False).frames > 0

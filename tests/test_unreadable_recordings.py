@@ -7,43 +7,26 @@ as it does for another user, by the OS call the reader lists with
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import io
-import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from sluice.commands import main
 from sluice.recording.format import RecordingError
 from sluice.recording.reader import load
 from sluice.view.index import Index
+from tests.helpers.cli import refuse, run_main
 
 GOLDEN = Path(__file__).parent / "golden" / "analyze" / "inputs"
 SEGMENT = GOLDEN / "sluice-20261128T172608-f2b453b65503-0001.sluice"
 
 
 def _refuse(monkeypatch: pytest.MonkeyPatch, name: str, denied: Path) -> None:
-    """``os.<name>`` raises PermissionError for ``denied``, as for a user
-    without the right to it."""
-    real: Callable[..., Any] = getattr(os, name)
-
-    def refusing(path: Any = ".", *args: Any, **kwargs: Any) -> Any:
-        if isinstance(path, str | os.PathLike) and Path(path) == denied:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, name, refusing)
+    refuse(monkeypatch, name, denied)
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, err.getvalue()
+    code, _, err = run_main(argv)
+    return code, err
 
 
 COMMANDS = {

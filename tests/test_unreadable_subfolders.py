@@ -9,43 +9,23 @@ as it does for another user, by the OS call os.walk lists with
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import io
-import os
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from sluice.commands import main
 from sluice.recording.format import RecordingError, protocol_of, recording_files
 from sluice.recording.reader import load
 from sluice.recording.retention import Retention, enforce
 from sluice.view.index import Index
+from tests.helpers.cli import refuse, run_main
 
 INPUTS = Path(__file__).parent / "golden" / "analyze" / "inputs"
 SEGMENT = INPUTS / "sluice-20261128T172608-f2b453b65503-0001.sluice"
 
 
 def _refuse(monkeypatch: pytest.MonkeyPatch, denied: Path) -> None:
-    real: Callable[..., Any] = os.scandir
-
-    def refusing(path: Any = ".", *args: Any, **kwargs: Any) -> Any:
-        if isinstance(path, str | os.PathLike) and Path(path) == denied:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "scandir", refusing)
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
+    refuse(monkeypatch, "scandir", denied)
 
 
 @pytest.fixture
@@ -79,7 +59,7 @@ def test_an_unreadable_folder_among_readable_segments_is_refused(
     out = tmp_path / "out"
     out.mkdir()
     argv = [a.format(target=denied.parent, out=out) for a in COMMANDS[name]]
-    code, stdout, stderr = _run(argv)
+    code, stdout, stderr = run_main(argv)
     command = " ".join(COMMANDS[name][:2]) if name == "record anonymize" else COMMANDS[name][0]
     assert code == 2, (stdout, stderr)
     assert (
