@@ -17,7 +17,7 @@ import socket
 import trio
 
 from sluice.addresses import Address
-from sluice.protocols.pulsar import CLOSED, Frame, FrameDecoder, command, encode_payload, pb
+from sluice.protocols.pulsar import CLOSED, Frame, FrameDecoder, pb
 from sluice.protocols.pulsar.errors import RemoteProtocolError
 from sluice.proxy import dial as dial_module
 from tests.test_relay_clock import (
@@ -29,6 +29,7 @@ from tests.test_relay_clock import (
     connect,
     frame_bytes,
 )
+from tests.test_relay_drain import message_once
 
 BACKLOG = 60_000  # a MESSAGE far over the client's receive window
 TOPIC = "persistent://t/n/hang-up"
@@ -68,16 +69,7 @@ def backlogged_broker(deliver: trio.Event) -> BrokerScript:
 
     async def broker(wire: Wire) -> None:
         async with trio.open_nursery() as nursery:
-
-            async def later() -> None:
-                await deliver.wait()
-                entry = pb.MessageIdData(ledgerId=1, entryId=1)
-                body = pb.CommandMessage(consumer_id=1, message_id=entry)
-                meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
-                await wire.send(encode_payload(command(pb.BaseCommand.MESSAGE, body), meta,
-                                               b"m" * BACKLOG))  # fmt: skip
-
-            nursery.start_soon(later)
+            nursery.start_soon(message_once, wire, deliver, BACKLOG)
             while (frame := await wire.receive()) is not None:
                 if frame.name == "CONNECT":
                     connected = pb.CommandConnected(server_version="b")

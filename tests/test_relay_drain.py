@@ -88,22 +88,22 @@ async def test_a_drain_during_a_write_the_thread_waits_on_leaves_nothing_carried
 BIG = 100_000  # a delivery far over the client's 4 KiB socket buffers
 
 
+async def message_once(wire: Wire, deliver: trio.Event, size: int) -> None:
+    """A MESSAGE of ``size`` bytes to consumer 1 once ``deliver`` is set."""
+    await deliver.wait()
+    entry = pb.MessageIdData(ledgerId=1, entryId=1)
+    body = pb.CommandMessage(consumer_id=1, message_id=entry)
+    meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    await wire.send(encode_payload(command(pb.BaseCommand.MESSAGE, body), meta, b"m" * size))
+
+
 def delivering_broker(deliver: trio.Event) -> BrokerScript:
     """Accepts a producer and receipts each SEND; once ``deliver`` is set,
     sends the client a MESSAGE of BIG bytes."""
 
     async def broker(wire: Wire) -> None:
         async with trio.open_nursery() as nursery:
-
-            async def later() -> None:
-                await deliver.wait()
-                entry = pb.MessageIdData(ledgerId=1, entryId=1)
-                body = pb.CommandMessage(consumer_id=1, message_id=entry)
-                meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
-                await wire.send(encode_payload(command(pb.BaseCommand.MESSAGE, body), meta,
-                                               b"m" * BIG))  # fmt: skip
-
-            nursery.start_soon(later)
+            nursery.start_soon(message_once, wire, deliver, BIG)
             while (frame := await wire.receive()) is not None:
                 if not await open_producers(wire, frame) and frame.name == "SEND":
                     await wire.send(receipt(frame))
