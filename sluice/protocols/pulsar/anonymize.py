@@ -12,6 +12,17 @@ out), and the payload is handed back for the caller to hash or drop; or
 per-message metadata anonymized as the frame's. Bytes fields are kept
 (ids, schema versions, the encrypted data keys), except a schema's
 definition, scrubbed as text.
+
+Credentials are replaced by ``<redacted>`` whatever recorded the frame (an
+older Sluice wrote them as they came; today's leaves a batch's entries'
+properties as they are): first as the recorder replaces them
+(``redact.redacted_command``), then, at any depth of any command, every
+``auth_data`` and ``original_auth_data``, and the value of every property
+(command metadata, a subscription's properties, a message's and a batch
+entry's properties) whose key looks like a credential to the recorder
+(``redact``) or to the HTTP side (``credentials.names_a_credential``),
+whatever ``--property-values`` says. A credential never enters the
+pseudonym table, so no report holds it.
 """
 
 from __future__ import annotations
@@ -21,12 +32,19 @@ from typing import Any, TypeVar
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from sluice.protocols.credentials import names_a_credential
 from sluice.protocols.pseudonyms import Pseudonyms
 from sluice.protocols.pulsar import encode, encode_payload, pb
 from sluice.protocols.pulsar.decoder import decode_frame
 from sluice.protocols.pulsar.errors import RemoteProtocolError
-from sluice.protocols.pulsar.frame import PAYLOAD_TYPES, text
+from sluice.protocols.pulsar.frame import BODY_FIELD, PAYLOAD_TYPES, text
 from sluice.protocols.pulsar.payload import build_batch, compress, decompress, is_batch, split_batch
+from sluice.protocols.pulsar.redact import (
+    _SENSITIVE_KEY,
+    MARKER,
+    MARKER_BYTES,
+    redacted_command,
+)
 
 # A string field's name -> what it holds. Names not here are free text.
 FIELDS: dict[str, str] = {
@@ -55,15 +73,17 @@ FIELDS: dict[str, str] = {
     "replicate_to": "cluster",
     "replicated_from": "cluster",
     "advertised_listener_name": "name",
-    # Kept: versions, method names, hashes, times, kinds, and what the
-    # recorder has already replaced with <redacted>.
+    # Kept: versions, method names, hashes, times, kinds.
     **dict.fromkeys(
         ("client_version", "server_version", "proxy_version", "auth_method_name",
-         "original_auth_method", "original_auth_data", "encryption_algo", "topics_hash",
-         "current_hash", "connectedSince", "type"),
+         "original_auth_method", "encryption_algo", "topics_hash", "current_hash",
+         "connectedSince", "type"),
         "keep",
     ),
 }  # fmt: skip
+# Fields that hold a credential, in whichever command (string or bytes):
+# replaced by the marker wherever they are set.
+CREDENTIAL_FIELDS = frozenset({"auth_data", "original_auth_data"})
 _STRING = FieldDescriptor.TYPE_STRING
 _BYTES = FieldDescriptor.TYPE_BYTES
 _MESSAGE = FieldDescriptor.TYPE_MESSAGE
@@ -91,8 +111,11 @@ def anonymized_frame(
     frame = decode_frame(whole)
     if frame.command is None:
         return None
-    cmd = pb.BaseCommand()
-    cmd.CopyFrom(frame.command)
+    if frame.type in BODY_FIELD:  # credentials out, as the recorder takes them out
+        cmd = redacted_command(frame)
+    else:
+        cmd = pb.BaseCommand()
+        cmd.CopyFrom(frame.command)
     cmd.DiscardUnknownFields()  # fields this schema does not know: not vouched for
     _replace(cmd, names)
     if frame.type not in PAYLOAD_TYPES:
@@ -164,11 +187,14 @@ def _metadata(meta: Meta, names: Pseudonyms) -> Meta:
 def _replace(message: Message, names: Pseudonyms) -> None:
     """Every string field of ``message`` and the messages in it, replaced."""
     for field, value in message.ListFields():
+        if field.name in CREDENTIAL_FIELDS and field.type in (_STRING, _BYTES):
+            setattr(message, field.name, MARKER if field.type == _STRING else MARKER_BYTES)
+            continue
         if field.type == _MESSAGE:
             kind = field.message_type.name if field.message_type is not None else ""
             if kind == "KeyValue":
                 for kv in value if _repeated(field) else [value]:
-                    kv.key, kv.value = names.prop(text(kv.key), text(kv.value))
+                    kv.key, kv.value = _property(text(kv.key), text(kv.value), names)
                 continue
             if kind == "EncryptionKeys":  # the names of the keys a message is encrypted for
                 for keys in value:
@@ -183,6 +209,22 @@ def _replace(message: Message, names: Pseudonyms) -> None:
         elif field.type == _BYTES and field.name == "schema_data":
             assert isinstance(message, pb.Schema)
             setattr(message, field.name, _schema_data(message, value, names))
+
+
+def credential_key(key: str) -> bool:
+    """Whether a property called ``key`` holds a credential: as the recorder
+    reads a Pulsar property's key, or as the web side reads a field's."""
+    return _SENSITIVE_KEY.search(key) is not None or names_a_credential(key)
+
+
+def _property(key: str, value: str, names: Pseudonyms) -> tuple[str, str]:
+    """A property as ``Pseudonyms.prop`` replaces it, a credential's value
+    by the marker (never learned: the table, and so a report, holds no
+    credential)."""
+    if not credential_key(key):
+        return names.prop(key, value)
+    new_key, _ = names.prop(key, "")  # its key replaced if asked, nothing of its value
+    return new_key, MARKER if value else value
 
 
 def _schema_data(schema: pb.Schema, data: bytes, names: Pseudonyms) -> bytes:
