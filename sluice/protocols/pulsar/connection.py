@@ -828,8 +828,12 @@ class PulsarConnection:
         if chained:
             # Chained: the upstream is a proxy too; go through it, naming the
             # broker the same way the client named it to us.
+            # The connection holds the broker it is chained to (not the
+            # configured one, never forgotten): it is not forgotten while open.
             address, tls = self.routing.broker.address, self.routing.broker.tls
-            return self._dial(connect, address, tls, now, chained=True, named=True)
+            return self._dial(
+                connect, address, tls, now, chained=True, named=True, holds=target.address
+            )
         # proxy_to_broker_url has no scheme: the lookup answer that named
         # the broker says whether it speaks TLS.
         tls = route.tls if route is not None else (target.tls or self.routing.broker.tls)
@@ -845,6 +849,7 @@ class PulsarConnection:
         *,
         chained: bool = False,
         named: bool = False,
+        holds: Address | None = None,
     ) -> list[Action]:
         """Relay the client to the broker at ``address`` (``named``: one the
         upstream named, or configured): dial it and send it the client's
@@ -852,7 +857,9 @@ class PulsarConnection:
         broker with authentication on refuses a CONNECT that names one
         unless the connecting role is one of its proxyRoles ("Must not set
         proxyVersion without connecting as a ProxyRole"), and here the
-        credentials are the client's own."""
+        credentials are the client's own. ``holds``: the broker the
+        connection keeps from being forgotten while it is open (None:
+        ``address``; a chained one's: the broker behind the upstream)."""
         ours = pb.CommandConnect()
         ours.CopyFrom(connect)
         auth = self.settings.auth
@@ -869,8 +876,8 @@ class PulsarConnection:
             ours.ClearField("proxy_to_broker_url")
         self._upstream, self._upstream_named = address, named
         if self._holding is None:
-            self._holding = address
-            self.routing.hold(address)
+            self._holding = address if holds is None else holds
+            self.routing.hold(self._holding)
         gate = self._gate
         if gate is not None:
             gate.client_version = connect.client_version
