@@ -380,13 +380,21 @@ def content_encoding(headers: Iterable[tuple[bytes, bytes]]) -> list[str]:
 # zlib's wbits by coding: gzip's header and trailer, zlib's (RFC 9110's
 # "deflate"); raw deflate too, which some servers send as "deflate".
 _CODINGS = {"gzip": (31,), "x-gzip": (31,), "deflate": (15, -15)}
+# The most content codings undone: a server applies one. Each costs up to
+# ``limit`` bytes decompressed, and a client's head may name thousands
+# (gzip over stored blocks barely grows a layer): more are not checked, and
+# the body is kept by its digest.
+MAX_CODINGS = 4
 
 
 def decoded(body: bytes, codings: list[str], limit: int) -> bytes | None:
     """``body`` with its content codings (``content_encoding``) undone, to
     be checked for credentials: None where a coding is not gzip or deflate,
     the bytes do not decompress whole, or they would grow past ``limit``
-    (a small body may decompress to a huge one)."""
+    (a small body may decompress to a huge one), or there are more than
+    ``MAX_CODINGS`` codings (each could cost ``limit`` bytes of work)."""
+    if len(codings) > MAX_CODINGS:
+        return None
     for coding in reversed(codings):
         wbits = _CODINGS.get(coding)
         if wbits is None:
