@@ -101,6 +101,30 @@ def pulsar_frames() -> tuple[list[fmt.Record], list[str]]:
     return records, secrets
 
 
+def http_records() -> tuple[list[fmt.Record], list[str]]:
+    """HTTP exchanges and WebSocket frames as an older recorder (which did
+    not redact them) wrote them."""
+    secrets = [f"SECRET{n:02d}web" for n in range(11)]
+    exchange: fmt.Record = {
+        "k": "http", "h": 1, "x": 1, "client": "10.9.8.7:5000", "t": 0, "w": 0,
+        "te": 0, "method": "GET", "path": f"/admin/v2/tenants?token={secrets[0]}&x=1",
+        "kind": "admin",
+        "status": 307,
+        "req": {"h": [["Authorization", f"Bearer {secrets[1]}"], ["Cookie", f"s={secrets[2]}"],
+                      ["X-Api-Key", secrets[3]],
+                      ["Referer", f"http://user:{secrets[4]}@console.example/p?jwt={secrets[5]}"]],
+                "n": 0},
+        "res": {"h": [["Location", f"/admin/v2/tenants?access_token={secrets[6]}"],
+                      ["Set-Cookie", f"id={secrets[7]}"],
+                      ["Content-Type", "application/json"]],
+                "n": 32, "raw": f'{{"token":"{secrets[8]}"}}'.encode()},
+        "hops": [["http://broker-2.example:8080", f"/admin/v2/tenants?token={secrets[9]}"]],
+    }  # fmt: skip
+    ws: fmt.Record = {"k": "ws", "h": 1, "d": 0, "t": 0, "w": 0, "op": "text", "n": 30,
+                      "raw": f'{{"password":"{secrets[10]}"}}'.encode()}  # fmt: skip
+    return [exchange, ws], secrets
+
+
 def capture(path: Path, records: list[fmt.Record], payloads: PayloadPolicy) -> Path:
     head = fmt.header(capture="0123456789ab", segment=1, started_ns=1,
                       payloads=payloads, sluice_version="0.1")  # fmt: skip
@@ -142,3 +166,21 @@ def test_no_pulsar_credential_reaches_the_copy(
     # stays, a property that is no credential takes its pseudonym (if asked).
     assert b"token" in data and (b"region" in data)
     assert (b"value-" in data) == bool(values)
+
+
+def test_no_http_credential_reaches_the_copy(tmp_path: Path) -> None:
+    """Headers (Authorization, cookies, any named like a key), query
+    parameters of the path, of redirects and of Location and Referer URLs,
+    user information in a URL, and credential fields of JSON bodies and
+    WebSocket frames: none in the copy."""
+    records, secrets = http_records()
+    source = capture(tmp_path / "in.sluice", records, PayloadPolicy.FULL)
+    out = tmp_path / "out"
+    anonymize(source, out, Options(KEY))
+    data = copied(out)
+    for secret in secrets:
+        assert secret.encode() not in data, secret
+    http = next(r for p in recording_files(out) for r in read_records(p) if r["k"] == "http")
+    headers = dict(http["req"]["h"])
+    assert headers["Authorization"] == "<redacted>", headers
+    assert "token=<redacted>" in http["path"] and "x=1" in http["path"], http["path"]

@@ -74,6 +74,11 @@ _ADDRESS_HEADERS = frozenset({
     "true-client-ip", "x-cluster-client-ip", "cf-connecting-ip", "fastly-client-ip",
     "x-original-forwarded-for", "x-forwarded-server", "x-original-host", "x-host",
 })  # fmt: skip
+# What takes the credentials out of an ``http`` record (an older Sluice
+# recorded them as they came) before its names are replaced: the web port's
+# own redaction, reached through the registry as a protocol's parts are (it
+# is a protocol package: never imported here).
+WEB_REDACTION = "sluice.protocols.http.anonymize:redacted_record"
 # Record fields that are codes, never names.
 _CODES = frozenset({"k", "cmd", "kind", "action", "on", "op", "error", "method"})
 
@@ -136,6 +141,7 @@ class Anonymizer:
         self._frame: Callable[[bytes, Pseudonyms, bool], tuple[bytes, bytes | None] | None]
         self._summary: Callable[[dict[str, Any], Pseudonyms], dict[str, Any]]
         self._frame, self._summary = spec.load(spec.anonymize)
+        self._web_redacted: Callable[[Record], Record] = registry.load(WEB_REDACTION)
         self.report = Report()
         self._filler = False  # this file's payloads kept as shapes (set by its header)
 
@@ -217,6 +223,7 @@ class Anonymizer:
         return sent
 
     def _http(self, r: Record) -> Record:
+        r = self._web_redacted(r)  # credentials first, as today's recorder leaves them out
         names = self.names
         r["client"] = names.address(r.get("client", ""))
         r["path"] = self._path(r.get("path", ""))
