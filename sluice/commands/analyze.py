@@ -107,6 +107,33 @@ def _unreadable(local: str | None) -> str | None:
     return None
 
 
+def _holds_nothing(paths: list[str], local: list[str]) -> str | None:
+    """Why inputs none of whose files holds a whole record (each empty, its
+    writer killed before the first flush, or cut inside its header) are no
+    recording, said as inspect, view and replay say it, before Spark
+    starts (which would count each as a truncated, bad segment); None when
+    one holds a record, or cannot be read here (Spark says). Reads up to
+    the first file that holds a record: one, as a rule."""
+    from sluice.recording.format import Gone, RecordingError, Unfinished, read_records
+    from sluice.recording.reader import holds_nothing, listed
+
+    files = [file for path in local for file in listed(Path(path))]
+    skipped: list[Unfinished | Gone] = []
+    for file in files:
+        try:
+            for _ in read_records(file):
+                return None  # a whole record: the job reads the rest
+        except (Unfinished, Gone) as exc:
+            if len(files) == 1:
+                return str(exc) if isinstance(exc, Unfinished) else None
+            skipped.append(exc)
+        except RecordingError:
+            return None  # damaged: the job says so
+    if not skipped:
+        return None  # no recordings at all: the job says so
+    return str(holds_nothing(Path(", ".join(paths)), skipped))
+
+
 def _links_to_nothing(folder: str | None) -> list[str]:
     """The ``*.sluice`` links under a local folder that lead nowhere (Spark
     skips them without a word)."""
@@ -174,6 +201,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for path in args.paths if local else ():
         problem = _unreadable(local_path(path))
+        if problem is not None:
+            print(f"sluice analyze: {problem}", file=sys.stderr)
+            return 2
+    locals_ = [local_path(p) for p in args.paths] if local else []
+    if locals_ and all(p is not None for p in locals_):  # (a URL's files are Spark's to list)
+        problem = _holds_nothing(args.paths, [p for p in locals_ if p is not None])
         if problem is not None:
             print(f"sluice analyze: {problem}", file=sys.stderr)
             return 2
