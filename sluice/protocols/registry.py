@@ -232,3 +232,13 @@ def all_faults() -> dict[str, ProtocolFaults]:
 
         found[HTTP_FAULTS.name] = HTTP_FAULTS
     return found
+
+
+def web_redaction() -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """What takes the credentials out of a recorded web exchange (an ``http``
+    record), for the protocols that have a web port; None without one."""
+    if not any(spec.web for spec in protocols().values()):
+        return None
+    from sluice.protocols.http.anonymize import redacted_record  # the web port's own
+
+    return redacted_record

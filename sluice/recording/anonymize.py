@@ -74,11 +74,6 @@ _ADDRESS_HEADERS = frozenset({
     "true-client-ip", "x-cluster-client-ip", "cf-connecting-ip", "fastly-client-ip",
     "x-original-forwarded-for", "x-forwarded-server", "x-original-host", "x-host",
 })  # fmt: skip
-# What takes the credentials out of an ``http`` record (an older Sluice
-# recorded them as they came) before its names are replaced: the web port's
-# own redaction, reached through the registry as a protocol's parts are (it
-# is a protocol package: never imported here).
-WEB_REDACTION = "sluice.protocols.http.anonymize:redacted_record"
 # Record fields that are codes, never names.
 _CODES = frozenset({"k", "cmd", "kind", "action", "on", "op", "error", "method"})
 
@@ -141,7 +136,10 @@ class Anonymizer:
         self._frame: Callable[[bytes, Pseudonyms, bool], tuple[bytes, bytes | None] | None]
         self._summary: Callable[[dict[str, Any], Pseudonyms], dict[str, Any]]
         self._frame, self._summary = spec.load(spec.anonymize)
-        self._web_redacted: Callable[[Record], Record] = registry.load(WEB_REDACTION)
+        # What takes the credentials out of an ``http`` record (an older
+        # Sluice recorded them as they came) before its names are replaced:
+        # the web port's own redaction, which the registry gives.
+        self._web_redacted = registry.web_redaction()
         self.report = Report()
         self._filler = False  # this file's payloads kept as shapes (set by its header)
 
@@ -223,7 +221,8 @@ class Anonymizer:
         return sent
 
     def _http(self, r: Record) -> Record:
-        r = self._web_redacted(r)  # credentials first, as today's recorder leaves them out
+        if self._web_redacted is not None:  # credentials first, as today's recorder leaves them out
+            r = self._web_redacted(r)
         names = self.names
         r["client"] = names.address(r.get("client", ""))
         r["path"] = self._path(r.get("path", ""))

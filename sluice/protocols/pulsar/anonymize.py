@@ -40,10 +40,10 @@ from sluice.protocols.pulsar.errors import RemoteProtocolError
 from sluice.protocols.pulsar.frame import BODY_FIELD, PAYLOAD_TYPES, text
 from sluice.protocols.pulsar.payload import build_batch, compress, decompress, is_batch, split_batch
 from sluice.protocols.pulsar.redact import (
-    _SENSITIVE_KEY,
     MARKER,
     MARKER_BYTES,
     redacted_command,
+    sensitive_key,
 )
 
 # A string field's name -> what it holds. Names not here are free text.
@@ -214,7 +214,7 @@ def _replace(message: Message, names: Pseudonyms) -> None:
 def credential_key(key: str) -> bool:
     """Whether a property called ``key`` holds a credential: as the recorder
     reads a Pulsar property's key, or as the web side reads a field's."""
-    return _SENSITIVE_KEY.search(key) is not None or names_a_credential(key)
+    return sensitive_key(key) or names_a_credential(key)
 
 
 def _property(key: str, value: str, names: Pseudonyms) -> tuple[str, str]:

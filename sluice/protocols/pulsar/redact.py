@@ -35,6 +35,13 @@ MARKER_BYTES = MARKER.encode()
 _NO_LIMIT = 2**31 - 1
 _SENSITIVE_KEY = re.compile(r"token|passw|secret|auth|credential|key|cookie|session", re.I)
 
+
+def sensitive_key(key: str) -> bool:
+    """Whether a property (command metadata, a message's) called ``key``
+    holds a credential, as the recorder reads it."""
+    return _SENSITIVE_KEY.search(key) is not None
+
+
 _CONNECT = Type.Value("CONNECT")
 _AUTH_TYPES = frozenset({Type.Value("AUTH_CHALLENGE"), Type.Value("AUTH_RESPONSE")})
 _ORIGINAL_AUTH = frozenset({Type.Value("LOOKUP"), Type.Value("PARTITIONED_METADATA"), _CONNECT})
@@ -88,7 +95,7 @@ def sensitive(frame: Frame) -> bool:
 
 
 def _has_sensitive(properties: Any) -> bool:
-    return any(_SENSITIVE_KEY.search(kv.key) for kv in properties)
+    return any(sensitive_key(kv.key) for kv in properties)
 
 
 def _has_unknown(cmd: pb.BaseCommand) -> bool:
@@ -103,7 +110,7 @@ def _has_unknown(cmd: pb.BaseCommand) -> bool:
 
 def _scrub(properties: Any) -> None:
     for kv in properties:
-        if _SENSITIVE_KEY.search(kv.key):
+        if sensitive_key(kv.key):
             kv.value = MARKER
 
 
