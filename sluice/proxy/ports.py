@@ -145,6 +145,9 @@ class BrokerPorts:
         self._asked: dict[Address, float] = {}
         self.clock: Callable[[], float] = trio.current_time
         self.draining = False  # (``let_go``)
+        # A worker's ports whose forgotten broker a connection was refused
+        # for (``broker_of``): said once.
+        self._said_forgotten: set[int] = set()
 
     def let_go(self) -> None:
         """Draining: no new broker is given a port (a proxy started in this
@@ -245,7 +248,9 @@ class BrokerPorts:
                 continue
             bound_port = listeners[0].socket.getsockname()[1]
             self._used.add(bound_port)
-            if journal is not None and known is None:
+            # (A known port is given again too: one whose broker was
+            # forgotten is its own once more.)
+            if journal is not None:
                 try:
                     journal.assign(broker, [bound_port], kind)
                 except ValueError as exc:  # a host name no line can hold: this run only
@@ -270,16 +275,20 @@ class BrokerPorts:
         """A broker no answer names any more: its listeners (of every kind)
         closed, so that nothing relays to its address again. Its port stays
         its own in the journal (``--broker-ports-file``: a broker that
-        comes back is given it again); without one it may be given to
+        comes back is given it again), marked forgotten there, so that a
+        restart does not listen for it again; without one it may be given to
         another broker. A worker's ports are the supervisor's and stay
-        bound: only what this worker knew of it is dropped (the journal
-        still names it). Whether a listener was closed."""
+        bound: what this worker knew of it is dropped, and the journal marks
+        it forgotten once every worker has forgotten it (a connection to its
+        port is closed then, ``broker_of``). Whether a listener was closed."""
         broker = broker_key(upstream)
         self._asked.pop(broker, None)
         closed = False
         for kind in self.kinds:
             key = (broker, kind)
             port = self._given.pop(key, None)
+            if self.journal is not None:
+                self.journal.forget(broker, kind)
             map_ = self._map(kind)
             if isinstance(map_, Listeners):
                 map_.drop_listener(upstream)
@@ -310,9 +319,10 @@ class BrokerPorts:
                                 "is given another port when a reply names it", broker, port,
                                 self.journal.path)  # fmt: skip
             return
-        for broker, kind in list(self.journal.by_broker):
+        for (broker, kind), port in list(self.journal.by_broker.items()):
+            if port in self.journal.forgotten:  # until a lookup names it again
+                continue
             if kind not in self.kinds:
-                port = self.journal.by_broker[broker, kind]
                 log.warning("broker %s: no listener on its earlier port %d: this proxy has "
                             "no %s listener", broker, port, kind)  # fmt: skip
                 continue
@@ -328,14 +338,23 @@ class BrokerPorts:
         assert self.journal is not None
         found = self.journal.broker_for(port)
         if found is None:
-            log.warning("connection on port %d, which stands for no broker yet: closed", port)
+            if port not in self.journal.forgotten:
+                log.warning("connection on port %d, which stands for no broker yet: closed", port)
+            elif port not in self._said_forgotten:  # (once: its clients look up again)
+                self._said_forgotten.add(port)
+                log.info("connection on port %d, whose broker %s was forgotten: closed (a "
+                         "lookup naming the broker again gives it its port back)", port,
+                         self.journal.by_port[port][0])  # fmt: skip
             return None
+        self._said_forgotten.discard(port)
         upstream, kind = found
         if kind not in self.kinds:
             log.warning("connection on port %d, a %s port, which this proxy does not "
                         "serve: closed", port, kind)  # fmt: skip
             return None
-        if self._map(kind).listener_for(upstream) is None:
+        # (Not where this worker forgot the broker: a lookup naming it here
+        # must give the port again, taking this worker's forgetting back.)
+        if self._map(kind).listener_for(upstream) is None and not self.journal.has_voted(port):
             self.stands_for(upstream, port, kind)
         return found
 

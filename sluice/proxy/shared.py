@@ -24,7 +24,10 @@ creates (in a private temporary directory) carry that:
   journal says which broker each port stands for, and whether the port
   speaks TLS (a broker has a plain and a TLS port when Sluice listens both
   ways). A port is given under an exclusive lock on the journal, so no two
-  workers give one port twice or one broker two ports of one kind.
+  workers give one port twice or one broker two ports of one kind. A
+  broker every worker has forgotten (``SharedBrokerPorts.forget``: each
+  says so in a journal of votes) is marked forgotten there: its port relays
+  no more, until a lookup names the broker again, which gives it back.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ LIMITS_FILE = "limits"
 HTTP_LIMITS_FILE = "http-limits"  # the HTTP listener's, --http-max-connections
 BROKER_PORTS_FILE = "broker-ports"
 BROKER_PORTS_LOCK = "broker-ports.lock"  # the workers' lock while one gives a port
+# Which workers have forgotten the broker of which port (this run's only).
+BROKER_PORTS_VOTES = "broker-ports-forgotten"
 BUCKETS = 4096
 _SLOT = 8  # bytes per counter (int64)
 
@@ -162,7 +167,10 @@ class SharedBrokerPorts:
     A journal line is ``PORT HOST BROKER_PORT KIND``; a line without the
     kind (written before per-broker TLS listeners existed) is of
     ``main_kind``, the kind the per-broker listeners had then: the first of
-    ``--listen``, ``--listen-tls``. ``span``: the ``--listener-ports``
+    ``--listen``, ``--listen-tls``. ``PORT HOST BROKER_PORT KIND forgotten``:
+    that broker, forgotten (by every worker), is relayed to on that port no
+    more (``broker_for``) until a line giving it the port again; the port
+    stays its own. ``span``: the ``--listener-ports``
     range; a line whose port is outside it (the range was another when it
     was written) or that does not parse (a damaged file) is ignored, with a
     warning naming the file and the line."""
@@ -182,6 +190,7 @@ class SharedBrokerPorts:
         supervisor's state, which holds ``--broker-ports-file`` for life),
         or else the journal itself."""
         self.path = journal
+        self.held = held
         self.main_kind = main_kind
         self.span = span
         self._journal = Journal(
@@ -196,6 +205,22 @@ class SharedBrokerPorts:
         self._let_go = False  # draining: the file is another proxy's to take
         self.by_port: dict[int, tuple[Address, str]] = {}
         self.by_broker: dict[tuple[Address, str], int] = {}
+        # Ports whose broker was forgotten (``forget``): relayed from no more.
+        self.forgotten: set[int] = set()
+        # A worker's (``share_forgetting``): which one it is, of how many,
+        # and which workers have forgotten the broker of each port.
+        self._worker = 0
+        self._workers = 0
+        self._votes: Journal | None = None
+        self.voted: dict[int, set[int]] = {}
+
+    def share_forgetting(self, worker: int, workers: int, votes: Path) -> None:
+        """A worker's, ``worker`` of ``workers``: a broker is marked
+        forgotten once every worker has forgotten it, each saying so in
+        ``votes`` (a journal of this run's, ``BROKER_PORTS_VOTES``), so
+        that a worker that still sees it named keeps its port relaying."""
+        self._worker, self._workers = worker, workers
+        self._votes = Journal(votes)
 
     def let_go(self) -> None:
         """Draining: give no broker a port from now on, and let a held
@@ -236,6 +261,8 @@ class SharedBrokerPorts:
                 log.warning("broker %s: port %d, which %s gives it, is not one this proxy "
                             "listens on: it is given another", broker, port, self.path)  # fmt: skip
                 port = None
+            if port is not None and self._unforget(broker, port, kind):
+                self.refresh()
             if port is None and self._draining():
                 raise ValueError(f"broker {broker}: draining, so no broker is given a new port")
             if port is None:
@@ -250,6 +277,56 @@ class SharedBrokerPorts:
             if self._lock is not None:
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
 
+    def _unforget(self, broker: Address, port: int, kind: str) -> bool:
+        """Under the lock: ``broker``, named again, keeps ``port`` and is
+        relayed to on it again (this worker's vote taken back; the port's
+        forgetting undone, unless draining: the file may be another
+        proxy's). Whether anything was written."""
+        wrote = False
+        if self._votes is not None and self._worker in self.voted.get(port, ()):
+            self._votes.append(f"{port} -{self._worker}")
+            wrote = True
+        if port in self.forgotten and not self._draining():
+            self._journal.append(f"{port} {broker.host.lower()} {broker.port} {kind}")
+            wrote = True
+        return wrote
+
+    def has_voted(self, port: int) -> bool:
+        """Whether this worker has forgotten the broker of ``port`` (and
+        not been asked for it since)."""
+        return self._votes is not None and self._worker in self.voted.get(port, ())
+
+    def forget(self, broker: Address, kind: str = PLAIN) -> bool:
+        """``broker`` was forgotten here: its port of ``kind`` (kept its
+        own) is marked forgotten, relaying no more, when every worker has
+        forgotten it (``share_forgetting``), or at once in a journal this
+        process holds alone (``held``: a lone proxy's, so that a restart
+        does not listen for it again). A worker's journal without
+        ``share_forgetting`` is left as it is, as one that drains is.
+        Whether the port is forgotten now."""
+        key = (Address(broker.host.lower(), broker.port), kind)
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+        try:
+            self.refresh()
+            port = self.by_broker.get(key)
+            if port is None or port in self.forgotten or self._draining():
+                return False
+            if self._votes is not None:
+                if self._worker not in self.voted.get(port, ()):
+                    self._votes.append(f"{port} {self._worker}")
+                    self.refresh()
+                if not set(range(self._workers)) <= self.voted.get(port, set()):
+                    return False  # another worker still has it
+            elif not self.held:
+                return False
+            self._journal.append(f"{port} {key[0].host} {key[0].port} {kind} forgotten")
+            self.refresh()
+            return port in self.forgotten
+        finally:
+            if self._lock is not None:
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+
     def port_of(self, broker: Address, kind: str = PLAIN) -> int | None:
         """The port of kind ``kind`` ``broker`` was given, if any (by anyone, so far)."""
         self.refresh()
@@ -257,12 +334,23 @@ class SharedBrokerPorts:
 
     def broker_for(self, port: int) -> tuple[Address, str] | None:
         """The broker ``port`` stands for and the port's kind, if any worker
-        has given it one."""
-        if port not in self.by_port:
-            self.refresh()
+        has given it one and it is not forgotten (what others wrote read
+        first: a read of the journal's end, for each connection)."""
+        self.refresh()
+        if port in self.forgotten:
+            return None
         return self.by_port.get(port)
 
     def refresh(self) -> None:
+        if self._votes is not None:
+            for words in self._votes.new_lines():
+                if len(words) != 2 or not _PORT.fullmatch(words[0]):
+                    continue
+                port, who = int(words[0]), words[1]
+                if who.isdigit():
+                    self.voted.setdefault(port, set()).add(int(who))
+                elif who[:1] == "-" and who[1:].isdigit():
+                    self.voted.get(port, set()).discard(int(who[1:]))
         for parts in self._journal.new_lines():
             self._lines += 1
             if not parts:
@@ -275,6 +363,11 @@ class SharedBrokerPorts:
             if len(parts) == 3:
                 parts = [*parts, self.main_kind]
             port, broker, kind = int(parts[0]), Address(parts[1], int(parts[2])), parts[3]
+            if len(parts) == 5:  # forgotten: only if it still stands for that broker
+                if self.by_port.get(port) == (broker, kind):
+                    self.forgotten.add(port)
+                continue
+            self.forgotten.discard(port)
             earlier = self.by_port.get(port)
             if earlier is not None and self.by_broker.get(earlier) == port:
                 del self.by_broker[earlier]  # a port stands for one broker: the latest
@@ -283,11 +376,13 @@ class SharedBrokerPorts:
 
     def _problem(self, parts: list[str]) -> str | None:
         """Why a journal line (split into words) is not one ``assign`` writes."""
-        if len(parts) not in (3, 4) or not (
+        if len(parts) not in (3, 4, 5) or not (
             _PORT.fullmatch(parts[0]) and _PORT.fullmatch(parts[2])
         ):
             return "not PORT HOST BROKER_PORT KIND"
-        if len(parts) == 4 and parts[3] not in KINDS:
+        if len(parts) == 5 and parts[4] != "forgotten":
+            return f"{parts[4]!r} is not 'forgotten'"
+        if len(parts) >= 4 and parts[3] not in KINDS:
             return f"kind {parts[3]!r} is not one of {', '.join(KINDS)}"
         port, broker_port = int(parts[0]), int(parts[2])
         if not 0 < broker_port < 65536:
@@ -301,6 +396,8 @@ class SharedBrokerPorts:
     def close(self) -> None:
         if self._lock is not None and self._lock != self._journal.fd:
             os.close(self._lock)
+        if self._votes is not None:
+            self._votes.close()
         self._journal.close()
 
 
@@ -401,6 +498,7 @@ def create_state(directory: Path, workers: int) -> None:
     """The files a supervisor creates for its workers."""
     (directory / ROUTES_FILE).touch(mode=0o600)
     (directory / BROKER_PORTS_FILE).touch(mode=0o600)
+    (directory / BROKER_PORTS_VOTES).touch(mode=0o600)
     for name in (LIMITS_FILE, HTTP_LIMITS_FILE):
         with open(directory / name, "wb") as handle:
             handle.truncate(table_size(workers))

@@ -116,6 +116,7 @@ from sluice.proxy.server import (
 )
 from sluice.proxy.shared import (
     BROKER_PORTS_LOCK,
+    BROKER_PORTS_VOTES,
     HTTP_LIMITS_FILE,
     LIMITS_FILE,
     Journal,
@@ -1297,6 +1298,10 @@ def _report(state: Path, index: int) -> dict[str, Any] | None:
 async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
     """Serve until signalled or orphaned; whether the supervisor was gone."""
     proxy = Proxy(spec.config, role)
+    if proxy.ports is not None and proxy.ports.journal is not None:
+        # A broker's port relays no more once every worker forgot the broker.
+        proxy.ports.journal.share_forgetting(spec.index, spec.count,
+                                             spec.state / BROKER_PORTS_VOTES)  # fmt: skip
     proxy.generation = Generation(spec.generation, time.time(), "start")
     proxy.metrics.generation(proxy.generation)
     orphaned: list[bool] = []
