@@ -87,6 +87,11 @@ from sluice.proxy.websocket import Session
 log = logging.getLogger("sluice.http")
 
 CHUNK = 65536
+# How long a connection that comes at the --http-max-connections cap waits
+# for the place of the oldest one waiting for a request head, which it takes
+# (that one is closed: at once when idle, after a 503 when a head had begun);
+# and how long that 503 is given to go out.
+EVICT_WAIT = 1.0
 # The socket kinds of the HTTP listeners a worker gets from the supervisor,
 # and the names of their addresses: plain, TLS.
 HTTP = "http"
@@ -237,6 +242,13 @@ class HttpRelay:
         self._draining = False
         # Connections waiting for a request's head: drain() ends the wait.
         self._waiting: set[trio.CancelScope] = set()
+        # Those of them that have sent no whole request yet, oldest first: a
+        # connection that comes at the cap takes the place of the oldest
+        # (``_evicted``: those whose place went).
+        self._unserved: dict[trio.CancelScope, None] = {}
+        self._evicted: set[trio.CancelScope] = set()
+        # Set when a connection's place is given back (a new Event each time).
+        self._released = trio.Event()
         # WebSocket sessions relayed now: drain() ends them (1001).
         self._sessions: set[Session] = set()
         # --record: what the client connections read and write, into the
@@ -344,7 +356,7 @@ class HttpRelay:
         # left uncounted while its first bytes are awaited); a listed
         # balancer's connection, as the client its header names.
         early = self.inbound is None or not self.inbound.trusts(peer.host)
-        refused = self.limits.acquire(peer.host) if early else None
+        refused = await self._acquire(peer.host) if early else None
         held = peer.host if early and refused is None else None
         try:
             if self.inbound is not None and refused is None:  # before anything else is read
@@ -356,7 +368,7 @@ class HttpRelay:
                 if header is not None and header.source is not None:
                     client = header.source
             if not early:
-                refused = self.limits.acquire(client.host)
+                refused = await self._acquire(client.host)
                 held = client.host if refused is None else None
             # Only a listed source's forwarding headers are believed (the
             # client a balancer's header names is listed only when it is a
@@ -366,7 +378,26 @@ class HttpRelay:
         finally:
             if held is not None:
                 self.limits.release(held)
+                self._released.set()
+                self._released = trio.Event()
             await close_stream(stream)
+
+    async def _acquire(self, host: str) -> str | None:
+        """A place for a connection from ``host`` (None), or why there is
+        none. At the cap, the oldest connection that has sent no whole
+        request yet (silent, or its head still coming) gives its place up:
+        connections that send nothing cannot keep other clients out."""
+        refused = self.limits.acquire(host)
+        if refused is None or not self._unserved:
+            return refused
+        oldest = next(iter(self._unserved))
+        del self._unserved[oldest]
+        self._evicted.add(oldest)
+        oldest.cancel()
+        with trio.move_on_after(EVICT_WAIT):
+            while (refused := self.limits.acquire(host)) is not None:
+                await self._released.wait()
+        return refused
 
     async def _connection(
         self, stream: trio.abc.Stream, client: Address, refused: str | None, *, trusted: bool
@@ -417,16 +448,22 @@ class HttpRelay:
         """The connection's requests, one after another; ``client``: its
         address (a PROXY header's, or the peer's); ``trusted``: whether the
         forwarding headers it writes are kept (``forwarded_for``)."""
+        first = True  # no request served yet on this connection
         while True:
             try:
                 with trio.move_on_after(self.config.http_idle_timeout) as idle:
                     if self._draining:
                         idle.cancel()
                     self._waiting.add(idle)
+                    if first:
+                        self._unserved[idle] = None
                     try:
                         event = await self._next(conn, stream)
                     finally:
                         self._waiting.discard(idle)
+                        self._unserved.pop(idle, None)
+                        evicted = idle in self._evicted  # (its head may have come meanwhile)
+                        self._evicted.discard(idle)
             except h11.RemoteProtocolError as exc:
                 refusal = (
                     self._header_too_large()
@@ -438,6 +475,20 @@ class HttpRelay:
             if idle.cancelled_caught:
                 if conn.their_state is h11.IDLE and not conn.trailing_data[0]:
                     return  # an idle keep-alive connection: closed quietly
+                if evicted:  # its place went to a newer connection
+                    with trio.move_on_after(EVICT_WAIT):
+                        await self._refuse(
+                            conn,
+                            stream,
+                            Refusal(
+                                503,
+                                "connection_limit",
+                                f"{self.config.http_max_connections} HTTP connections open "
+                                "(--http-max-connections): this one, sending no whole request, "
+                                "gave its place to a newer one",
+                            ),
+                        )
+                    return
                 await self._refuse(
                     conn,
                     stream,
@@ -466,6 +517,7 @@ class HttpRelay:
                 headers=forwarded_for(unlisted(event.headers), client, trusted=trusted),
                 http_version=event.http_version,
             )
+            first = False
             await self._exchange(conn, stream, event, upstreams, authorization)
             if conn.our_state is h11.SWITCHED_PROTOCOL:
                 await self._websocket(conn, stream, event, upstreams)
