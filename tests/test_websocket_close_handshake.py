@@ -112,3 +112,29 @@ def test_a_shutdown_after_the_closing_handshake_is_no_ending_of_sluices(
         return after
 
     assert trio.run(main) == (b"", b"")
+
+
+def test_sessions_ended_for_broken_frames_are_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Anyone may open session after session with a broken frame each.
+    caplog.set_level("DEBUG", logger="sluice.http")
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(session_module, "_broken", session_module.LogLimit())
+
+    async def five() -> None:
+        for _ in range(5):
+            between = Between()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(between.run)
+                await between.client.send_all(b"\x81\x05hello")  # unmasked: a client must mask
+                await between.done.wait()
+            assert between.session.ending == "protocol_error"
+
+    try:
+        trio.run(five)
+    finally:
+        monkey.undo()
+    said = [r for r in caplog.records if "session closed" in r.getMessage()]
+    assert len(said) == 5
+    assert [r.levelname for r in said] == ["INFO"] + ["DEBUG"] * 4

@@ -35,6 +35,7 @@ from typing import Protocol
 
 import trio
 
+from sluice.logs import LogLimit
 from sluice.protocols.http.websocket import (
     GOING_AWAY,
     FrameReader,
@@ -45,6 +46,9 @@ from sluice.protocols.http.websocket import (
 from sluice.proxy.metrics import BROKER_TO_CLIENT, CLIENT_TO_BROKER, HttpMetrics
 
 log = logging.getLogger("sluice.http")
+# Sessions ended for a peer's broken frames: anyone may open one after
+# another, so each kind is logged once a minute, the rest at debug.
+_broken = LogLimit()
 
 CHUNK = 65536
 # Time for Sluice's own CLOSE frames to go out before the connections close;
@@ -155,7 +159,9 @@ class Session:
                     seen = reader.feed(data)
                 except WebSocketError as exc:
                     side = "client" if direction == CLIENT_TO_BROKER else "broker"
-                    log.info("WebSocket %s: the %s's %s; session closed", self.what, side, exc)
+                    said = _broken.level((side, exc.ending), trio.current_time())
+                    log.log(min(said, logging.INFO), "WebSocket %s: the %s's %s; session closed",
+                            self.what, side, exc)  # fmt: skip
                     self._end(exc.ending, exc.code, f"Sluice: {exc}")
                     return
                 if seen.frames:  # idle: no whole frame either way (bytes of one are not)
