@@ -12,6 +12,7 @@ import pytest
 import trio
 
 import sluice.proxy.websocket as session_module
+from sluice.logs import LogLimit
 from tests.test_websocket import Between, broker_frame, eventually_in_trio, masked, read_to_eof
 
 CLIENT_CLOSE = masked(b"\x88\x02\x03\xe8")  # 1000
@@ -120,7 +121,7 @@ def test_sessions_ended_for_broken_frames_are_logged_once_a_minute(
     # Anyone may open session after session with a broken frame each.
     caplog.set_level("DEBUG", logger="sluice.http")
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(session_module, "_broken", session_module.LogLimit())
+    monkey.setattr(session_module, "_broken", LogLimit())
 
     async def five() -> None:
         for _ in range(5):
