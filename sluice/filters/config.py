@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import difflib
 import importlib
 import json
 import re
 import types
 import typing
+from collections import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -39,6 +42,8 @@ DIRECTIONS = ("produce", "deliver", "both")
 ON_ERROR = ("closed", "open")
 _FLAG = re.compile(r"(.*?):\s*(\{.*)\Z", re.S)
 _KEYS = ("name", "topics", "direction", "roles", "on-error", "settings", "label")
+# What no filter name holds: a name (entry point, or module:attr) is a word.
+_NOT_A_NAME = re.compile(r"[\s{}\[\]\"']")
 
 
 class FilterConfigError(ValueError):
@@ -126,13 +131,25 @@ def parse_flag(text: str) -> FilterSpec:
     ``module:attr``: the settings start at the first colon before a brace)."""
     found = _FLAG.match(text)
     name, rest = (found[1], found[2]) if found else (text, "")
+    if _NOT_A_NAME.search(name):
+        # 'mod:Cls {"settings": …}' (no colon before the brace) or 'mod:Cls:[…]'
+        # would otherwise be taken for a name and fail later as no such class.
+        raise FilterConfigError(
+            [
+                f"--filter {text.strip()[:60]!r}: {name.strip()[:40]!r} is not a filter name; "
+                "write NAME or NAME:{JSON object}, a colon between the name and the object"
+            ]
+        )
     table: dict[str, Any] = {}
     if rest:
         try:
             loaded = json.loads(rest)
         except json.JSONDecodeError as exc:
             raise FilterConfigError(
-                [f"--filter {name}: settings are not a JSON object: {exc.msg} (column {exc.colno})"]
+                [
+                    f"--filter {name}: what follows {name + ':'!r} is not a JSON object: "
+                    f"{exc.msg} (at character {exc.pos + 1} of it, {_near(rest, exc.pos)})"
+                ]
             ) from None
         if not isinstance(loaded, dict):
             raise FilterConfigError([f"--filter {name}: settings must be a JSON object"])
@@ -158,6 +175,14 @@ class FilterArgument:
             return parse_table(table, where)
         except FilterConfigError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _near(text: str, pos: int) -> str:
+    """Where in ``text`` a JSON mistake is, said by what comes before it."""
+    if pos == 0:
+        return "at its start"
+    start = max(0, pos - 24)
+    return f"after {('...' if start else '') + text[start:pos]!r}"
 
 
 def _strings(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
@@ -191,6 +216,10 @@ def load_class(name: str) -> type[Filter[Any]]:
                 ]
             )
     module_name, _, attr = reference.partition(":")
+    if not module_name.strip() or not attr.strip():
+        raise FilterConfigError(
+            [f"filter {name!r}: give module:attr, the module and the class in it both named"]
+        )
     try:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # anything an import can raise, said in one line
@@ -198,15 +227,32 @@ def load_class(name: str) -> type[Filter[Any]]:
             [f"filter {name!r}: cannot import {module_name}: {type(exc).__name__}: {_line(exc)}"]
         ) from None
     target: Any = module
-    for part in attr.split(".") if attr else []:
-        target = getattr(target, part, None)
+    for part in attr.split("."):
+        inside = target
+        target = getattr(inside, part, None)
         if target is None:
-            raise FilterConfigError([f"filter {name!r}: {module_name} has no {attr!r}"])
+            raise FilterConfigError(
+                [f"filter {name!r}: {module_name} has no {attr!r}{_did_you_mean(part, inside)}"]
+            )
     if not (isinstance(target, type) and issubclass(target, Filter)):
         raise FilterConfigError(
             [f"filter {name!r}: {reference} is not a sluice.filters.Filter subclass"]
         )
     return target
+
+
+def _did_you_mean(wanted: str, inside: Any) -> str:
+    """`` (did you mean 'X'?)`` for the Filter subclass in ``inside`` named
+    most like ``wanted`` (a typo in a class name), or nothing."""
+    classes = [
+        k
+        for k, v in getattr(inside, "__dict__", {}).items()
+        if isinstance(v, type) and issubclass(v, Filter) and v is not Filter
+    ]
+    close = difflib.get_close_matches(wanted, classes, n=1)
+    if not close:
+        close = [k for k in classes if k.lower() == wanted.lower()]
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def build_settings(cls: type[Filter[Any]], given: Mapping[str, Any], where: str) -> Any:
@@ -228,7 +274,16 @@ def build_settings(cls: type[Filter[Any]], given: Mapping[str, Any], where: str)
                 problems.append(f"{where}: setting {name!r} is required")
             continue
         value = normalized[name]
-        converted = _typed(value, hints.get(name, Any))
+        hint = hints.get(name, Any)
+        if not _fillable(hint):
+            # The filter's own mistake, not the user's: no value would do.
+            problems.append(
+                f"{where}: setting {name!r} cannot be given: {cls.__name__}.Settings types it "
+                f"{_spelt(hint)}, which is no type a setting has (str, int, float, bool, "
+                f"list[...], tuple[..., ...], dict[str, ...], Literal[...], and these | None)"
+            )
+            continue
+        converted = _typed(value, hint)
         if converted is _WRONG:
             problems.append(
                 f"{where}: setting {name!r} must be {_describe(hints.get(name, Any))}, "
@@ -251,6 +306,32 @@ def _line(exc: BaseException) -> str:
 
 
 _WRONG = object()
+# What TOML and JSON values are (TOML's dates and times included): a field
+# typed as one of these takes it as it is.
+_VALUE_TYPES = (str, int, float, bool, list, tuple, dict, datetime.datetime, datetime.date,
+                datetime.time, type(None))  # fmt: skip
+_CONTAINERS = (list, tuple, dict, set, frozenset, abc.Sequence, abc.Mapping, abc.Set)
+
+
+def _fillable(hint: Any) -> bool:
+    """Whether a setting typed ``hint`` can be given at all (``set[str]``,
+    ``Path`` or a dataclass of its own cannot: TOML and JSON have no such
+    values, and Sluice converts none)."""
+    if hint is Any or hint is object or typing.get_origin(hint) is typing.Literal:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return all(_fillable(a) for a in args)
+    if origin in _CONTAINERS:
+        return all(_fillable(a) for a in args if a is not Ellipsis)
+    return isinstance(hint, type) and issubclass(hint, _VALUE_TYPES + _CONTAINERS)
+
+
+def _spelt(hint: Any) -> str:
+    """A type as its code writes it (``set[str]``, ``Path | None``)."""
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    return str(hint).replace("typing.", "").replace("collections.abc.", "")
 
 
 def _typed(value: Any, hint: Any) -> Any:
@@ -280,15 +361,17 @@ def _typed(value: Any, hint: Any) -> Any:
         return float(value) if ok else _WRONG
     if hint is str:
         return value if isinstance(value, str) else _WRONG
-    if origin in (list, tuple):
+    if origin in (list, tuple, abc.Sequence, set, frozenset, abc.Set):
         item = args[0] if args else Any
         if not isinstance(value, list | tuple):
             return _WRONG
         items = [_typed(v, item) for v in value]
         if any(i is _WRONG for i in items):
             return _WRONG
+        if origin in (set, frozenset, abc.Set):  # a TOML or JSON list, made a set
+            return set(items) if origin is set else frozenset(items)
         return tuple(items) if origin is tuple else items
-    if origin is dict:
+    if origin in (dict, abc.Mapping):
         key_hint, value_hint = args if args else (Any, Any)
         if not isinstance(value, Mapping):
             return _WRONG
@@ -312,12 +395,23 @@ def _describe(hint: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin in (typing.Union, types.UnionType):
         return " or ".join("nothing" if a is type(None) else _describe(a) for a in args)
-    if origin in (list, tuple):
+    if origin in (list, tuple, abc.Sequence, set, frozenset, abc.Set):
         item = _describe(args[0]) if args else "anything"
-        return f"a list of {item.removeprefix('a ').removeprefix('an ')}s"
-    if origin is dict:
-        return "a table"
+        return f"a list of {_plural(item)}"
+    if origin in (dict, abc.Mapping):
+        value = args[1] if len(args) == 2 else Any
+        return "a table" if value is Any else f"a table of {_plural(_describe(value))}"
     return str(getattr(hint, "__name__", hint))
+
+
+def _plural(described: str) -> str:
+    """``a string`` as ``strings``, ``a list of integers`` as ``lists of
+    integers``; other descriptions (``true or false``) as they are."""
+    article, _, rest = described.partition(" ")
+    noun, space, tail = rest.partition(" ")
+    if article in ("a", "an") and noun in ("string", "integer", "number", "list", "table"):
+        return f"{noun}s{space}{tail}"
+    return described
 
 
 @dataclass(frozen=True)
