@@ -5,7 +5,8 @@ finds it by entry point group ``sluice.filters`` or as ``module:attr``, runs
 it for the topics, directions and roles its configuration names
 (``sluice.filters.config``) and carries out what it answers
 (``sluice.filters.chain``). Built in: schema validation
-(``sluice.filters.schema``). See docs/filters.md.
+(``sluice.filters.schema``) and encryption in Pulsar's end-to-end format
+(``sluice.filters.encryption``). See docs/filters.md.
 """
 
 from sluice.filters.api import Filter, NoSettings

@@ -33,9 +33,10 @@ class Filter(Generic[S]):
 
     ``Settings`` is a dataclass of the filter's own settings (the
     ``settings`` table of its configuration); its fields' types are checked
-    at start: ``str``, ``int``, ``float``, ``bool``, ``list[str]`` (or
-    ``tuple[str, ...]``), ``dict[str, str]``, a ``Literal`` of choices, and
-    any of these ``| None``.
+    at start: ``str``, ``int``, ``float``, ``bool``, lists of them
+    (``list[str]``, ``tuple[str, ...]``, ``Sequence[str]``, ``set[str]``),
+    tables (``dict[str, str]``, ``Mapping[str, int]``), a ``Literal`` of
+    choices, and any of these ``| None``.
     ``wants_schema``: Sluice gives each produced message the topic's schema
     (``message.schema``), asking the broker for it when it has not yet
     (deliveries get None).
