@@ -69,8 +69,8 @@ def test_every_mistake_in_a_table_is_one_line() -> None:
             "file x.toml",
         )
     assert caught.value.problems == [
-        "file x.toml: unknown key 'colour' (known: name, topics, direction, roles, on-error, "
-        "settings, label)",
+        "file x.toml (schema): unknown key 'colour' (known: name, topics, direction, roles, "
+        "on-error, settings, label)",
         "file x.toml (schema): topics: expected a list of patterns, not 5",
         "file x.toml (schema): direction must be one of produce, deliver, both, not 'sideways'",
         "file x.toml (schema): on-error must be one of closed, open, not 'maybe'",
@@ -160,6 +160,17 @@ def test_each_filter_counts_the_messages_its_hook_ran_on_for_the_metrics() -> No
         'sluice_filter_messages_total{direction="client_to_broker",filter="'
         'tests.helpers.filters:Words",protocol="pulsar"} 4.0',
     ]
+
+
+def test_a_hook_that_forgets_to_return_pass_is_told_so_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    filters = _filters(FilterSpec("tests.helpers.filters:Forgets", on_error="open"))
+    chain = filters.chain(TOPIC, "produce", None)
+    assert chain is not None
+    outcome = chain.run(_message(b"x"))
+    assert outcome.verdict is PASS and outcome.errors == ("tests.helpers.filters:Forgets",)
+    assert "a hook must return PASS when it lets a message by" in caplog.text
 
 
 def test_a_direction_no_filter_has_a_hook_for_is_not_filtered() -> None:

@@ -438,7 +438,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     filters = parser.add_argument_group(
         "message filters",
         "filters act on the messages producers send and brokers deliver: pass, change or "
-        "refuse each one; built in: schema (validation against the topic's schema). "
+        "refuse each one; built in: schema (validation against the topic's schema), "
+        "encrypt (Pulsar's end-to-end encryption at the edge). "
         "See docs/filters.md",
     )
     filters.add_argument(

@@ -130,7 +130,11 @@ class FilterChain:
                 elif isinstance(verdict, Reject):
                     _check_reject(verdict)
                 elif not isinstance(verdict, Pass):
-                    raise TypeError(f"returned {verdict!r}, not PASS, Replace or Reject")
+                    hint = " (a hook must return PASS when it lets a message by)"
+                    raise TypeError(
+                        f"returned {verdict!r}, not PASS, Replace or Reject"
+                        + (hint if verdict is None else "")
+                    )
             # A filter's bug must not break traffic; nor its sys.exit (argparse
             # calls it on input it refuses), which would end the process.
             except (Exception, SystemExit) as exc:

@@ -96,13 +96,14 @@ def parse_table(table: Mapping[str, Any], where: str) -> FilterSpec:
     """A ``[[filters]]`` table (or ``--filter``'s JSON) as a ``FilterSpec``."""
     problems: list[str] = []
     table = {str(k).replace("_", "-"): v for k, v in table.items()}
-    for key in sorted(set(table) - set(_KEYS)):
-        problems.append(f"{where}: unknown key {key!r} (known: {', '.join(_KEYS)})")
     name = table.get("name")
     if not isinstance(name, str) or not name:
         problems.append(f"{where}: 'name' must name the filter (entry point or module:attr)")
         name = "?"
     where = f"{where} ({name})" if name != "?" else where
+    for key in sorted(set(table) - set(_KEYS)):
+        # (In TOML, a key written below a [[filters]] header is that table's.)
+        problems.append(f"{where}: unknown key {key!r} (known: {', '.join(_KEYS)})")
     topics = _strings(table.get("topics", ["*"]), f"{where}: topics", problems)
     roles = _strings(table.get("roles", []), f"{where}: roles", problems)
     direction = table.get("direction", "both")

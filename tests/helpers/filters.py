@@ -58,3 +58,10 @@ class Grow(Filter[NoSettings]):
 
     def on_produce(self, message: Message) -> Verdict:
         return Replace(payload=random.Random(0).randbytes(6 * 1024 * 1024))
+
+
+class Forgets(Filter[NoSettings]):
+    """Forgets to return PASS (returns None), as hooks new to the API do."""
+
+    def on_produce(self, message: Message) -> Verdict:
+        return None  # type: ignore[return-value]
