@@ -554,3 +554,23 @@ def test_each_configured_filter_has_its_error_count_at_zero_from_the_start() -> 
     )
     registry = Proxy(config).metrics.registry
     assert registry.get_sample_value("sluice_filter_errors_total", {"filter": "guard"}) == 0
+
+
+def test_a_filter_with_roles_is_refused_in_passthrough_mode_where_no_client_has_one() -> None:
+    from sluice.addresses import Address
+    from sluice.proxy.config import ProxyConfig
+
+    def config(auth_mode: str, **more: object) -> ProxyConfig:
+        return ProxyConfig(
+            broker=parse_broker_url("pulsar://127.0.0.1:6650"),
+            listen=Address("127.0.0.1", 0),
+            auth_mode=auth_mode,
+            filters=(FilterSpec(WORDS, roles=("app-*",), label="apps"),),
+            **more,  # type: ignore[arg-type]
+        )
+
+    with pytest.raises(ConfigError, match="filter 'apps': roles need --auth-mode proxy"):
+        config("passthrough")
+    with pytest.raises(ConfigError) as caught:  # proxy mode: refused for another reason
+        config("proxy")
+    assert "roles" not in str(caught.value)

@@ -332,6 +332,12 @@ class ProxyConfig:
             given = [name for name, value in proxy_only.items() if value is not None]
             if given:
                 raise ConfigError(f"{', '.join(given)}: only with --auth-mode proxy")
+            roled = [spec.id for spec in self.filters if spec.roles]
+            if roled:  # no client has a verified role: such a filter would run for nobody
+                raise ConfigError(
+                    f"filter {', '.join(repr(name) for name in roled)}: roles need "
+                    "--auth-mode proxy (in passthrough no client has a verified role)"
+                )
             return
         if self.auth_token_secret_key is not None and self.auth_token_public_key is not None:
             raise ConfigError(
