@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice.errors import ConfigError
+
 # ProxyConfig fields a reload puts in force; the rest need a restart.
 LIVE = frozenset(
     {
@@ -181,13 +183,20 @@ def split(
 
 def effective(old: Any, new: Any, kept: list[str]) -> Any:
     """``new`` with the ``kept`` fields as they were in ``old``; the snapshot
-    rules of ``new`` kept in the recorder settings of ``old``."""
+    rules of ``new`` kept in the recorder settings of ``old``. ConfigError
+    when that does not check out (a TLS listener kept whose certificate
+    ``new`` drops), one line a mistake, naming what was kept."""
     changes = {name: getattr(old, name) for name in kept if name != RECORD}
     if RECORD in kept and old.record is not None and new.record is not None:
         changes[RECORD] = dataclasses.replace(old.record, triggers=new.record.triggers)
     elif RECORD in kept:
         changes[RECORD] = old.record
-    return dataclasses.replace(new, **changes)
+    try:
+        return dataclasses.replace(new, **changes)
+    except ConfigError as exc:
+        why = f"(kept as it was until a restart: {', '.join(flags(kept))})"
+        lines = [f"{line} {why}" for line in str(exc).splitlines()]
+        raise ConfigError("\n".join(lines)) from None
 
 
 @dataclass

@@ -457,8 +457,8 @@ class Proxy:
                 return outcome
 
             return unchanged, lambda: None
-        config = effective(old, new, kept)
         try:
+            config = effective(old, new, kept)
             filters = (
                 make_filters(config.filters, self.protocol, self.metrics.filter_seen)
                 if config.filters

@@ -653,7 +653,10 @@ class Supervisor:
                 outcome = Outcome.unchanged(self.generation, source, kept_flags)
                 log.info("%s", outcome.summary())
                 return outcome
-            config = effective(self.config, new, kept)
+            try:
+                config = effective(self.config, new, kept)
+            except ConfigError as exc:  # a change that a kept setting refuses
+                return self._reload_refused(source, str(exc).splitlines())
             # After the one committed last, published or not: a reload cut
             # short once committed (the admin endpoint's time limit) was
             # put in force by the workers, and they leave one numbered as

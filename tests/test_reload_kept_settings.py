@@ -1,0 +1,65 @@
+"""A reload whose changes meet the settings it keeps until a restart: the
+configuration put in force is the new one with the kept settings as they
+were, and it must check out as a whole, or the reload is refused (one line
+a mistake, naming what was kept), never raised out of the proxy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sluice.commands.proxy import settings_again
+from sluice.proxy.server import Proxy
+from sluice.proxy.workers import Supervisor
+from tests.helpers.support import tls_files
+from tests.test_reload import argv, write
+
+
+def tls_listener_config(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A --config file with a TLS listener and its certificate, and the
+    command line that names it."""
+    _, pem, _ = tls_files(tmp_path, "localhost")
+    cfg = write(tmp_path / "sluice.toml", listen_tls="127.0.0.1:0", tls_cert=str(pem),
+                tls_key=str(pem), max_connections=100)  # fmt: skip
+    return cfg, argv(cfg)
+
+
+DROPPED = ("--listen-tls needs --tls-cert and --tls-key "
+           "(kept as it was until a restart: --listen-tls)")  # fmt: skip
+
+
+async def test_a_tls_listener_kept_with_its_certificate_dropped_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The TLS listener and its certificate taken out of the file: the
+    listener stays until a restart, so its certificate must stay too.
+    (The reload raised ConfigError out of the proxy: SIGHUP and the file
+    watch ended it.)"""
+    cfg, line = tls_listener_config(tmp_path)
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    write(cfg, max_connections=5)
+    refused = await proxy.reload_from_source("SIGHUP")
+    assert refused.outcome == "refused" and refused.errors == [DROPPED], refused
+    assert proxy.generation.number == 1
+    assert proxy.config.tls is not None and proxy.limits.total == 100
+    registry = proxy.metrics.registry
+    assert registry.get_sample_value("sluice_config_reloads_total", {"outcome": "refused"}) == 1
+    # Put back, the next change is put in force.
+    write(cfg, listen_tls="127.0.0.1:0", tls_cert=str(proxy.config.tls.cert),
+          tls_key=str(proxy.config.tls.key), max_connections=5)  # fmt: skip
+    applied = await proxy.reload_from_source("SIGHUP")
+    assert applied.outcome == "applied" and proxy.limits.total == 5, applied
+
+
+async def test_with_workers_the_supervisor_refuses_it_too(tmp_path: Path) -> None:
+    cfg, line = tls_listener_config(tmp_path)
+    supervisor = Supervisor(settings_again(line), 2)
+    supervisor.load = lambda: settings_again(line)
+    write(cfg, max_connections=5)
+    refused = await supervisor.reload_from_source("SIGHUP")
+    assert refused.outcome == "refused" and refused.errors == [DROPPED], refused
+    assert supervisor.generation.number == 1 and supervisor.config.tls is not None
+    value = supervisor.registry.get_sample_value(
+        "sluice_config_reloads_total", {"outcome": "refused", "protocol": "pulsar"}
+    )
+    assert value == 1
