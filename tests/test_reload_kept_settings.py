@@ -63,3 +63,31 @@ async def test_with_workers_the_supervisor_refuses_it_too(tmp_path: Path) -> Non
         "sluice_config_reloads_total", {"outcome": "refused", "protocol": "pulsar"}
     )
     assert value == 1
+
+
+async def test_snapshot_rules_need_the_flight_recorder_in_force(tmp_path: Path) -> None:
+    """--snapshot-on changes live where the flight recorder runs; added with
+    the ring it needs (--record-ring, a restart), it is kept with it. (It
+    was said to be put in force, and the recorder, ringless, dropped it.)"""
+    records = str(tmp_path / "records")
+    cfg = write(tmp_path / "sluice.toml", record=records)
+    line = argv(cfg)
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    write(cfg, record=records, record_ring="8M", snapshot_on='[{"on": "error"}]')
+    outcome = await proxy.reload_from_source("file")
+    assert outcome.outcome == "unchanged" and outcome.kept == ["--record"], outcome
+    assert proxy.config.record is not None and proxy.config.record.triggers == ()
+
+    # With the ring running, the rules change live.
+    ringed = tmp_path / "ringed"
+    ringed.mkdir()
+    cfg = write(ringed / "sluice.toml", record=records, record_ring="8M")
+    line = argv(cfg)
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    write(cfg, record=records, record_ring="8M", snapshot_on='[{"on": "error"}]')
+    outcome = await proxy.reload_from_source("file")
+    assert outcome.outcome == "applied" and outcome.changed == ["--snapshot-on"], outcome
+    assert outcome.kept == [] and proxy.recorder is not None
+    assert [t.on for t in proxy.recorder._triggers] == ["error"]

@@ -171,10 +171,15 @@ def split(
         if f.name in LIVE:
             live.append(f.name)
         elif f.name == RECORD and before is not None and after is not None:
-            # The snapshot rules change live; anything else of the recorder is kept.
-            if dataclasses.replace(after, triggers=before.triggers) != before:
+            # The snapshot rules change live where the flight recorder runs
+            # (a ring: without one, they are kept with it, until a restart);
+            # anything else of the recorder is kept.
+            rules = after.triggers != before.triggers
+            if dataclasses.replace(after, triggers=before.triggers) != before or (
+                rules and not before.ring
+            ):
                 kept.append(f.name)
-            if after.triggers != before.triggers:
+            if rules and before.ring:
                 live.append("snapshot_on")
         else:
             kept.append(f.name)
@@ -183,11 +188,12 @@ def split(
 
 def effective(old: Any, new: Any, kept: list[str]) -> Any:
     """``new`` with the ``kept`` fields as they were in ``old``; the snapshot
-    rules of ``new`` kept in the recorder settings of ``old``. ConfigError
+    rules of ``new`` kept in the recorder settings of ``old`` where it has
+    the ring they need (else they are kept as they were). ConfigError
     when that does not check out (a TLS listener kept whose certificate
     ``new`` drops), one line a mistake, naming what was kept."""
     changes = {name: getattr(old, name) for name in kept if name != RECORD}
-    if RECORD in kept and old.record is not None and new.record is not None:
+    if RECORD in kept and old.record is not None and new.record is not None and old.record.ring:
         changes[RECORD] = dataclasses.replace(old.record, triggers=new.record.triggers)
     elif RECORD in kept:
         changes[RECORD] = old.record
