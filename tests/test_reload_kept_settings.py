@@ -5,6 +5,7 @@ a mistake, naming what was kept), never raised out of the proxy."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from sluice.commands.proxy import settings_again
@@ -57,6 +58,7 @@ async def test_with_workers_the_supervisor_refuses_it_too(tmp_path: Path) -> Non
     supervisor.load = lambda: settings_again(line)
     write(cfg, max_connections=5)
     refused = await supervisor.reload_from_source("SIGHUP")
+    shutil.rmtree(supervisor._state)
     assert refused.outcome == "refused" and refused.errors == [DROPPED], refused
     assert supervisor.generation.number == 1 and supervisor.config.tls is not None
     value = supervisor.registry.get_sample_value(
@@ -91,3 +93,23 @@ async def test_snapshot_rules_need_the_flight_recorder_in_force(tmp_path: Path) 
     assert outcome.outcome == "applied" and outcome.changed == ["--snapshot-on"], outcome
     assert outcome.kept == [] and proxy.recorder is not None
     assert [t.on for t in proxy.recorder._triggers] == ["error"]
+
+
+async def test_a_reload_the_supervisor_cannot_hand_on_is_refused(tmp_path: Path) -> None:
+    """The workers' state cannot be written (a full disk; here, gone): the
+    reload is refused, said in one line, and the supervisor serves on.
+    (The OSError was raised out of the reload: SIGHUP ended the proxy.)"""
+    cfg = write(tmp_path / "sluice.toml", max_connections=100)
+    line = argv(cfg)
+    supervisor = Supervisor(settings_again(line), 2)
+    supervisor.load = lambda: settings_again(line)
+    gone = tmp_path / "gone"
+    shutil.rmtree(supervisor._state)
+    supervisor._state = gone
+    write(cfg, max_connections=5)
+    refused = await supervisor.reload_from_source("SIGHUP")
+    assert refused.outcome == "refused", refused
+    assert refused.errors == [
+        f"cannot hand it to the workers ({gone / 'reload.pickle'}): No such file or directory"
+    ]
+    assert supervisor.generation.number == 1 and supervisor.config.max_connections == 100

@@ -665,8 +665,15 @@ class Supervisor:
             attempt = next(self._attempts)
             path = self._state / RELOAD_FILE
             part = path.with_suffix(".part")
-            part.write_bytes(pickle.dumps((attempt, number, source, self._worker_config(config))))
-            part.replace(path)
+            try:
+                part.write_bytes(
+                    pickle.dumps((attempt, number, source, self._worker_config(config)))
+                )
+                part.replace(path)
+            except OSError as exc:  # (a full disk): no worker was asked, none changes
+                return self._reload_refused(
+                    source, [f"cannot hand it to the workers ({path}): {exc.strerror or exc}"]
+                )
             decided = False
             try:
                 asked = {w.index: w.process for w in self.workers}
