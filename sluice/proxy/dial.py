@@ -151,14 +151,33 @@ async def open_listeners(address: Address) -> list[trio.SocketListener]:
     return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
 
 
+class EncryptedKey(Exception):
+    """A key file that asks for a password (which Sluice has no option for)."""
+
+
+def _no_password() -> bytes:
+    """The password callback of every key Sluice loads. Without one,
+    OpenSSL asks for an encrypted key's password on the terminal,
+    blocking the process (the event loop, when a listener's certificate is
+    reloaded) until someone types it; with none there, it failed with
+    "Invalid argument", which named nothing."""
+    raise EncryptedKey("the key is encrypted (password-protected); give it unencrypted")
+
+
+def load_pair(context: ssl.SSLContext, cert: Path | str, key: Path | str | None) -> None:
+    """``context.load_cert_chain``, never asking for a password (``EncryptedKey``)."""
+    context.load_cert_chain(str(cert), str(key) if key is not None else None,
+                            password=_no_password)  # fmt: skip
+
+
 def server_ssl_context(config: TlsServerConfig) -> ssl.SSLContext:
     """A TLS listener's context. Files that do not load are a ``ConfigError``
     naming them (the ssl module's own message is "[SSL] PEM lib")."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = MINIMUM_TLS
     try:
-        context.load_cert_chain(str(config.cert), str(config.key))
-    except (OSError, ssl.SSLError) as exc:
+        load_pair(context, config.cert, config.key)
+    except (OSError, ssl.SSLError, EncryptedKey) as exc:
         raise ConfigError(
             f"cannot load the TLS certificate {config.cert} with the key {config.key}: "
             f"{_reason(exc)}"
@@ -174,8 +193,10 @@ def server_ssl_context(config: TlsServerConfig) -> ssl.SSLContext:
     return context
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError | EncryptedKey) -> str:
     """Why a PEM file did not load, in words ("no certificate or key in it")."""
+    if isinstance(exc, EncryptedKey):
+        return str(exc)
     if isinstance(exc, ssl.SSLError):
         if exc.reason:  # "KEY_VALUES_MISMATCH"
             return str(exc.reason).replace("_", " ").lower()
@@ -225,12 +246,13 @@ class CertificateReloader:
                 path.write_bytes(pem)
             try:
                 trial = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-                trial.load_cert_chain(str(cert), str(key))
-            except (OSError, ssl.SSLError) as exc:
-                log.error("TLS certificate %s changed but does not load (keeping the old one): "
-                          "%s", self.config.cert, exc)  # fmt: skip
+                load_pair(trial, cert, key)
+            except (OSError, ssl.SSLError, EncryptedKey) as exc:
+                log.error("TLS certificate %s with the key %s changed but does not load "
+                          "(keeping the old pair): %s", self.config.cert, self.config.key,
+                          _reason(exc))  # fmt: skip
                 return False
-            self.context.load_cert_chain(str(cert), str(key))
+            load_pair(self.context, cert, key)
         self.reloads += 1
         log.info("TLS certificate %s reloaded", self.config.cert)
         return True
@@ -256,8 +278,8 @@ def client_ssl_context(config: TlsClientConfig) -> ssl.SSLContext:
     context.verify_mode = ssl.CERT_REQUIRED
     if config.cert is not None:
         try:
-            context.load_cert_chain(str(config.cert), str(config.key) if config.key else None)
-        except (OSError, ssl.SSLError) as exc:
+            load_pair(context, config.cert, config.key)
+        except (OSError, ssl.SSLError, EncryptedKey) as exc:
             raise ConfigError(
                 f"cannot load the client certificate {config.cert}: {_reason(exc)}"
             ) from None
