@@ -29,6 +29,7 @@ from cryptography.x509.oid import NameOID
 
 from sluice.addresses import Address
 from sluice.errors import ConfigError
+from sluice.proxy import dial as dial_module
 from sluice.proxy.dial import (
     CertificateReloader,
     TlsClientConfig,
@@ -301,6 +302,33 @@ async def test_a_broker_must_show_a_certificate_for_the_host_dialled(tmp_path: P
     # The system's trust store (no --broker-tls-ca) does not know a private CA.
     system = client_ssl_context(TlsClientConfig())
     assert "certificate verify failed" in await dialled("localhost", *by_name, system)
+
+
+async def test_without_hostname_checks_the_ca_still_decides_and_it_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--broker-tls-no-verify-hostname takes a certificate of the CA for
+    any broker: said in the log, as a warning, when such a context is made
+    (it was said nowhere). A certificate of another CA is still refused."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    if hasattr(dial_module, "_said_no_hostname_check"):  # (said once a process)
+        dial_module._said_no_hostname_check.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="sluice.tls"):
+        checking = client_ssl_context(TlsClientConfig(ca=tmp_path / "ca.pem"))
+        assert not caplog.records
+        lax = client_ssl_context(TlsClientConfig(ca=tmp_path / "ca.pem", verify_hostname=False))
+    assert checking.check_hostname and not lax.check_hostname
+    assert lax.verify_mode == ssl.CERT_REQUIRED
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "--broker-tls-no-verify-hostname" in caplog.records[0].message
+    for issuer, expected in ((ca, "ok"), (trustme.CA(), "refused")):
+        cert, key = pair(issuer, tmp_path, "srv", "other.example")
+        server = Listener(server_ssl_context(TlsServerConfig(cert, key)))
+        try:
+            assert (await trio.to_thread.run_sync(handshake, server.port, lax)).startswith(expected)
+        finally:
+            server.close()
 
 
 def test_an_encrypted_key_is_refused_naming_it(tmp_path: Path) -> None:

@@ -276,6 +276,8 @@ def client_ssl_context(config: TlsClientConfig) -> ssl.SSLContext:
     # the name it was issued for may differ from the address dialled.
     context.check_hostname = config.verify_hostname
     context.verify_mode = ssl.CERT_REQUIRED
+    if not config.verify_hostname:
+        _said_no_hostname_check()
     if config.cert is not None:
         try:
             load_pair(context, config.cert, config.key)
@@ -284,6 +286,14 @@ def client_ssl_context(config: TlsClientConfig) -> ssl.SSLContext:
                 f"cannot load the client certificate {config.cert}: {_reason(exc)}"
             ) from None
     return context
+
+
+@functools.cache
+def _said_no_hostname_check() -> None:
+    """Said once a process, when a context that checks no host name is made."""
+    log.warning("--broker-tls-no-verify-hostname: brokers' certificates are not checked "
+                "against the host dialled; any certificate the CA signed is taken for any "
+                "broker, so whoever holds one can stand in for every broker")  # fmt: skip
 
 
 async def dial(
