@@ -113,3 +113,16 @@ async def test_a_reload_the_supervisor_cannot_hand_on_is_refused(tmp_path: Path)
         f"cannot hand it to the workers ({gone / 'reload.pickle'}): No such file or directory"
     ]
     assert supervisor.generation.number == 1 and supervisor.config.max_connections == 100
+
+
+async def test_a_changed_log_level_is_said_to_wait_for_a_restart(tmp_path: Path) -> None:
+    """--log-level and --log-format are set up once, at start: a reload that
+    changes them says so (it answered 'unchanged', as if nothing was)."""
+    cfg = write(tmp_path / "sluice.toml", max_connections=100)
+    line = argv(cfg)
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    write(cfg, max_connections=100, log_level="debug", log_format="json")
+    outcome = await proxy.reload_from_source("SIGHUP")
+    assert outcome.outcome == "unchanged", outcome
+    assert outcome.kept == ["--log-level", "--log-format"], outcome

@@ -584,6 +584,8 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         admin_token=read_token(args.admin_token_file),
         faults=tuple(load_rules(args.faults, registry.all_faults())) if args.faults else (),
         workers=parse_workers(args.workers),
+        log_level=getattr(args, "log_level", "info"),
+        log_format=getattr(args, "log_format", "text"),
         filters=tuple(args.filters or ()),
     )
     config.check_not_itself()

@@ -159,6 +159,10 @@ class ProxyConfig:
     # --filter / [[filters]]: message filters, in the order they run
     # (sluice/filters/; checked and made when the proxy starts).
     filters: tuple[FilterSpec, ...] = ()
+    # Logging as the command set it up at start (--log-level, --log-format):
+    # here so that a reload that changes them says they wait for a restart.
+    log_level: str = "info"
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         if self.listen is None and self.listen_tls is None:
