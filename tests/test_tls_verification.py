@@ -39,6 +39,9 @@ from sluice.proxy.dial import (
     dial,
     server_ssl_context,
 )
+from sluice.proxy.oidc import FetchError, client_context
+from sluice.proxy.oidc import fetch as oidc_fetch
+from tests.helpers.support import https_answers
 
 
 def pair(ca: trustme.CA, tmp_path: Path, stem: str, *names: str, **kw: object) -> tuple[Path, Path]:
@@ -441,3 +444,21 @@ def test_a_changed_pair_that_does_not_load_keeps_the_old_one_said_once(
         assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 3
     finally:
         server.close()
+
+
+async def test_identity_providers_are_checked_as_brokers_are(tmp_path: Path) -> None:
+    """OpenID Connect issuers and the OAuth2 token endpoint are fetched over
+    https with --auth-oidc-ca (else the system's CAs), the host name checked
+    and TLS 1.2 at least: a certificate of a CA not trusted, or for another
+    host (the same server reached by its IP address), is refused."""
+    with https_answers(tmp_path, lambda base, path: b'{"ok": true}') as (base, ca):
+        port = base.rsplit(":", 1)[1]
+        trusted = client_context(ca)
+        assert trusted.minimum_version >= ssl.TLSVersion.TLSv1_2
+        assert await oidc_fetch(f"{base}/x", trusted, 5) == b'{"ok": true}'
+        for url, context, why in (
+            (f"{base}/x", client_context(None), "certificate verify failed"),
+            (f"https://127.0.0.1:{port}/x", trusted, "IP address mismatch"),
+        ):
+            with pytest.raises(FetchError, match=why):
+                await oidc_fetch(url, context, 5)
