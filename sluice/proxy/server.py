@@ -1071,6 +1071,16 @@ class Reloadable(Protocol):
 
 # How often the --config file and the key files are looked at for a change.
 CONFIG_CHECK_EVERY = 2.0
+# A changed file is read once it has stayed the same this long (an editor
+# that writes in place: the empty or half-written file in between would
+# reload as defaults, proxy-mode authentication off among them), at most
+# SETTLE_TRIES times over.
+SETTLE = 0.5
+SETTLE_TRIES = 10
+# A reload the files' change brought that was refused is tried again after
+# these pauses (a Kubernetes Secret the new ConfigMap names is mounted up to
+# a minute or so after it): then not until the files change again.
+RETRY_REFUSED = (2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 
 
 async def reload_when_asked(
@@ -1108,15 +1118,19 @@ async def _watch_files(server: Reloadable, config_file: Path | None) -> None:
     """Reload when ``config_file`` or a file ``server.watched()`` names
     changes: its inode, time or size, through links (a Kubernetes
     ConfigMap's or Secret's mounted file is a link the kubelet points at a
-    new file, swapping the ``..data`` link). A file that went away is no
-    change (the running configuration stays); one that comes back changed
-    is. A file newly named by a reload was read by it."""
+    new file, swapping the ``..data`` link), once the files have stayed
+    the same for ``SETTLE``. A file that went away is no change (the
+    running configuration stays); one that comes back changed is. A file
+    newly named by a reload was read by it. A refused reload is tried again
+    after each of ``RETRY_REFUSED``'s pauses, then not until a change."""
 
     def stamps() -> dict[Path, tuple[int, int, int] | None]:
         paths = ([config_file] if config_file is not None else []) + server.watched()
         return {path: _stamp(path) for path in paths}
 
     last = stamps()
+    pauses: list[float] = []  # before the next tries of a refused reload
+    retry_at: float | None = None
     while True:
         await trio.sleep(CONFIG_CHECK_EVERY)
         now = stamps()
@@ -1124,9 +1138,21 @@ async def _watch_files(server: Reloadable, config_file: Path | None) -> None:
             path in last and stamp is not None and stamp != last[path]
             for path, stamp in now.items()
         )
+        for _ in range(SETTLE_TRIES if changed else 0):  # until the writing is over
+            await trio.sleep(SETTLE)
+            if (settled := stamps()) == now:
+                break
+            now = settled
         last = {path: stamp if stamp is not None else last.get(path) for path, stamp in now.items()}
+        if not changed and (retry_at is None or trio.current_time() < retry_at):
+            continue
+        outcome = await server.reload_from_source("file")
+        if outcome.outcome != "refused":
+            pauses, retry_at = [], None
+            continue
         if changed:
-            await server.reload_from_source("file")
+            pauses = list(RETRY_REFUSED)
+        retry_at = trio.current_time() + pauses.pop(0) if pauses else None
 
 
 def closed_listener(listener: trio.abc.Listener[Any]) -> bool:
