@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from sluice.commands.proxy import settings_again
 from sluice.proxy.server import Proxy
@@ -126,3 +127,33 @@ async def test_a_changed_log_level_is_said_to_wait_for_a_restart(tmp_path: Path)
     outcome = await proxy.reload_from_source("SIGHUP")
     assert outcome.outcome == "unchanged", outcome
     assert outcome.kept == ["--log-level", "--log-format"], outcome
+
+
+async def test_a_bug_in_reading_the_settings_again_refuses_the_reload(tmp_path: Path) -> None:
+    """Anything reading them raises is a refused reload, not the end of a
+    running proxy (SIGHUP and the file watch call this)."""
+    cfg = write(tmp_path / "sluice.toml", max_connections=100)
+    line = argv(cfg)
+    proxy = Proxy(settings_again(line))
+
+    def broken() -> Any:
+        raise RuntimeError("a bug")
+
+    proxy.load = broken
+    outcome = await proxy.reload_from_source("SIGHUP")
+    assert outcome.outcome == "refused", outcome
+    assert outcome.errors == ["the settings could not be read again: RuntimeError: a bug"]
+    assert proxy.generation.number == 1
+
+
+async def test_with_workers_a_bug_in_reading_the_settings_refuses_it_too(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "sluice.toml", max_connections=100)
+    supervisor = Supervisor(settings_again(argv(cfg)), 2)
+
+    def broken() -> Any:
+        raise RuntimeError("a bug")
+
+    supervisor.load = broken
+    outcome = await supervisor.reload_from_source("SIGHUP")
+    assert outcome.outcome == "refused", outcome
+    assert outcome.errors == ["the settings could not be read again: RuntimeError: a bug"]

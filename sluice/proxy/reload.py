@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from sluice.errors import ConfigError
 
@@ -265,3 +269,18 @@ class Outcome:
         if self.errors:
             parts.append("; ".join(self.errors))
         return "; ".join(parts)
+
+
+async def read_again(load: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """The settings read again by ``load`` (in a thread: it reads files),
+    or, when they cannot be, the lines that say why: a ConfigError's, or
+    one for anything else reading them raised (a bug must refuse the
+    reload, not end a running proxy)."""
+    try:
+        return await trio.to_thread.run_sync(load), []
+    except ConfigError as exc:
+        return None, str(exc).splitlines()
+    except Exception as exc:
+        logging.getLogger("sluice.proxy").debug("reading the settings again failed",
+                                                exc_info=True)  # fmt: skip
+        return None, [f"the settings could not be read again: {type(exc).__name__}: {exc}"]

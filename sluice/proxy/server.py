@@ -69,7 +69,16 @@ from sluice.proxy.ports import BROKER, BrokerPorts
 from sluice.proxy.relay import Dialer, Parking, Relay, RuleRemovals, Timing
 from sluice.proxy.relay_thread import RelayThread, relay_thread
 from sluice.proxy.relay_thread import wanted as relay_thread_wanted
-from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split, watched
+from sluice.proxy.reload import (
+    Generation,
+    Outcome,
+    effective,
+    flags,
+    held,
+    read_again,
+    split,
+    watched,
+)
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     BROKER_PORTS_LOCK,
@@ -393,10 +402,9 @@ class Proxy:
         """Read the settings again (``self.load``) and reload them."""
         if self.load is None:
             return self.refuse_reload(source, ["not started with reloadable settings"])
-        try:
-            new = await trio.to_thread.run_sync(self.load)
-        except ConfigError as exc:
-            return self.refuse_reload(source, str(exc).splitlines())
+        new, errors = await read_again(self.load)
+        if errors:
+            return self.refuse_reload(source, errors)
         return await self.reload(new, source)
 
     async def reload(self, new: ProxyConfig, source: str, number: int | None = None) -> Outcome:

@@ -106,7 +106,16 @@ from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
 from sluice.proxy.metrics import RELOAD_OUTCOMES
 from sluice.proxy.ports import BROKER, bind_range
-from sluice.proxy.reload import Generation, Outcome, effective, flags, held, split, watched
+from sluice.proxy.reload import (
+    Generation,
+    Outcome,
+    effective,
+    flags,
+    held,
+    read_again,
+    split,
+    watched,
+)
 from sluice.proxy.server import (
     Proxy,
     WorkerRole,
@@ -641,10 +650,9 @@ class Supervisor:
         async with self._reloading:
             if self.load is None:
                 return self._reload_refused(source, ["no reloadable settings"])
-            try:
-                new = await trio.to_thread.run_sync(self.load)
-            except ConfigError as exc:
-                return self._reload_refused(source, str(exc).splitlines())
+            new, errors = await read_again(self.load)
+            if errors:
+                return self._reload_refused(source, errors)
             files = await trio.to_thread.run_sync(held, new)
             live, kept = split(self.config, new, self._held, files)
             kept_flags = flags(kept)
