@@ -605,6 +605,12 @@ class PulsarBackend:
         if not named:
             return {}
         target = next((u for u in named if u.tls == self.broker.tls), named[0])
+        if self.broker.tls and not target.tls:  # never in the clear what Sluice speaks TLS for
+            level = self.routing.warned.level(("plain", target.address), trio.current_time())
+            log.log(level, "an HTTP lookup named broker %s by its plain URL only, and "
+                    "Sluice speaks TLS to its brokers: no listener stands for it",
+                    target.address)  # fmt: skip
+            return {}
         if self._own_listener(target.address):
             level = self.routing.warned.level(("own", target.address), trio.current_time())
             log.log(level, "an HTTP lookup named %s, a port of Sluice's own listeners: no "

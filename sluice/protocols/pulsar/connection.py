@@ -1662,7 +1662,17 @@ class PulsarConnection:
         # A redirect is followed as Sluice speaks to its brokers (the
         # configured broker's scheme): the answer names the broker both ways.
         if self.routing.broker.tls:
-            url_text = result.brokerServiceUrlTls or result.brokerServiceUrl
+            if not result.brokerServiceUrlTls:
+                # Never in the clear what Sluice speaks TLS for (its own
+                # credential, the clients' messages); a Java client on TLS
+                # does not follow such an answer either.
+                raise UpstreamFailure(
+                    f"lookup of {pending.body.topic}: the answer names no TLS URL for its "
+                    f"broker ({clipped(result.brokerServiceUrl)}), and Sluice speaks TLS to "
+                    "its brokers",
+                    pb.ServiceNotReady,
+                )
+            url_text = result.brokerServiceUrlTls
         else:
             url_text = result.brokerServiceUrl or result.brokerServiceUrlTls
         url = _url(url_text)
