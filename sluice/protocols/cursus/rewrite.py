@@ -13,7 +13,8 @@ Words are found the way the client finds them (split on whitespace, last
 ``host=``/``port=`` wins), and only the address bytes change: everything
 else in the reply stays as the broker wrote it. The JSON ack's ``"leader"``
 is a Raft address the client never dials; it is left alone. Batches and
-keepalives hold no addresses.
+keepalives hold no addresses, and neither does a snapshot (``OK
+snapshot=<json>``, READ_SNAPSHOT's answer): its words are the application's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ AddressMap = Callable[[str, int], tuple[str, int]]
 
 _WORD = re.compile(r"\S+")
 _NOT_LEADER = "NOT_LEADER LEADER_IS"
+_SNAPSHOT = "snapshot="
 
 
 def parse_address(text: str) -> tuple[str, int] | None:
@@ -69,6 +71,15 @@ def _edits(text: str) -> list[_Edit]:
     first = words[0][2]
     out: list[_Edit] = []
     is_ok = first == "OK"
+    if is_ok:
+        # READ_SNAPSHOT's answer: what follows ``snapshot=`` is the
+        # application's snapshot (JSON, spaces and all), which the client
+        # takes whole. Words in it are data, not brokers.
+        for i, (start, _, word) in enumerate(words):
+            if word.startswith(_SNAPSHOT):
+                words = words[:i]
+                text = text[:start]
+                break
     if is_ok:
         for start, _, word in words:
             if word.startswith("leaders="):
