@@ -68,3 +68,41 @@ def test_a_read_snapshot_answer_reaches_the_client_unchanged_and_opens_nothing()
     core.receive_client(encode_request(Metadata(topic="t")), 0.3)
     actions = core.receive_broker(encode_reply(OkReply.of(leaders="b2:9001")), 0.4)
     assert [a.request.upstream for a in actions if isinstance(a, Ask)] == [Address("b2", 9001)]
+
+
+def test_every_request_the_client_sends_is_timed_under_its_name() -> None:
+    """sluice_request_duration_seconds has a series for each command the
+    real client sends, the event store's and the admin ones included: each
+    request below, answered, is one sample under its own name."""
+    from prometheus_client import generate_latest
+
+    from sluice.protocols.core import Taps as Tapping
+    from sluice.protocols.registry import get
+    from sluice.proxy.metrics import Metrics
+
+    metrics = Metrics(protocol=get("cursus"))
+    core = CursusConnection(
+        Conn(1, "127.0.0.1:5555", "127.0.0.1:19000", "cursus"),
+        CursusSettings(), CursusRouting(UPSTREAM), Tapping([metrics]),
+    )  # fmt: skip
+    requests = {
+        "LIST": "LIST",
+        "DELETE": "DELETE topic=t",
+        "PUBLISH": "PUBLISH topic=t message=hello",
+        "APPEND_STREAM": "APPEND_STREAM topic=t key=k version=0 event_type=e "
+        "schema_version=1 producerId=p message=x",
+        "READ_SNAPSHOT": "READ_SNAPSHOT topic=t key=k",
+        "SAVE_SNAPSHOT": "SAVE_SNAPSHOT topic=t key=k version=1 message={}",
+        "STREAM_VERSION": "STREAM_VERSION topic=t key=k",
+    }
+    now = 0.0
+    for text in requests.values():
+        core.receive_client(frame(b"\x00\x00" + text.encode()), now)
+        if now == 0.0:
+            core.upstream_ready(0.0)
+        core.receive_broker(frame(b"OK"), now + 0.001)
+        now += 1.0
+    exposed = generate_latest(metrics.exposed).decode()
+    for name in requests:
+        series = f'sluice_request_duration_seconds_count{{command="{name}",protocol="cursus"}} 1.0'
+        assert series in exposed, name

@@ -23,9 +23,14 @@ CURSUS_FAULTS = ProtocolFaults(
      "malformed_input", "topic_not_found", "topic_not_assigned_to_group"),
 )  # fmt: skip
 
-# Requests whose latency is tracked (replies come in request order).
+# Requests whose latency is tracked (replies come in request order): every
+# command the broker knows, so that each request the client sends (the
+# event store's and the admin ones too) has its series.
 TIMED_COMMANDS = (
     "CREATE",
+    "DELETE",
+    "LIST",
+    "PUBLISH",
     "METADATA",
     "FIND_COORDINATOR",
     "BATCH",
@@ -38,6 +43,11 @@ TIMED_COMMANDS = (
     "COMMIT_OFFSET",
     "BATCH_COMMIT",
     "FETCH_OFFSET",
+    "APPEND_STREAM",
+    "READ_STREAM",
+    "SAVE_SNAPSHOT",
+    "READ_SNAPSHOT",
+    "STREAM_VERSION",
 )
 
 OPTIONS = (
