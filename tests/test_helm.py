@@ -383,6 +383,12 @@ def test_the_chart_requires_the_broker() -> None:
             {"config": {"max-connections": 10, "max_connections": 20}},
             "config.max-connections and config.max_connections are one setting: give one",
         ),
+        # A filter naming roles in passthrough mode, where no client has a
+        # verified role: Sluice refuses it at start and on reload.
+        (
+            {"filters": [{"name": "schema", "label": "orders", "roles": ["app-*"]}]},
+            "filters: 'orders' names roles, which need auth.mode proxy",
+        ),
     ],
 )
 def test_values_that_cannot_work_are_refused(
@@ -1344,6 +1350,19 @@ def test_filters_and_the_secrets_of_their_keys(tmp_path: Path) -> None:
         f"filter 'encrypt': key 'payments-2026' ({keys_dir}/payments-2026.pub.pem): "
         "cannot read it: No such file or directory"
     ), result.stderr
+
+
+def test_a_filter_naming_roles_renders_in_proxy_mode() -> None:
+    """Roles are verified in auth.mode proxy only: there a filter naming
+    them is written as given (passthrough refuses it: above)."""
+    roled = json.dumps([{"name": "schema", "roles": ["app-*"], "direction": "produce"}])
+    docs = render("gateway-default", "--set", "auth.mode=proxy",
+                  "--set", "auth.tokenPublicKey.secretName=keys",
+                  "--set", "auth.brokerToken.secretName=token",
+                  "--set-json", f"filters={roled}")  # fmt: skip
+    assert settings(docs)["filters"] == [
+        {"name": "schema", "roles": ["app-*"], "direction": "produce"}
+    ]
 
 
 def test_openid_connect_issuers_and_sluices_oauth2_token(tmp_path: Path) -> None:

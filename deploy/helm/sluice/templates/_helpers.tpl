@@ -245,6 +245,16 @@ too), and the pods crash-loop. */ -}}
 {{- else if or .Values.trustBroker .Values.auth.forwardAuthData .Values.auth.oidc.issuers .Values.auth.brokerOAuth2.issuer -}}
 {{- fail "trustBroker, auth.forwardAuthData, auth.oidc and auth.brokerOAuth2 are for auth.mode proxy" -}}
 {{- end -}}
+{{- if ne .Values.auth.mode "proxy" -}}
+{{- /* Sluice refuses such a filter at start (CrashLoopBackOff) and on
+reload (the running pods keep the filters before): no client has a
+verified role in passthrough, so it would run for nobody. */ -}}
+{{- range .Values.filters -}}
+{{- if .roles -}}
+{{- fail (printf "filters: %s names roles, which need auth.mode proxy (in passthrough no client has a verified role, and Sluice refuses the filter)" (.label | default .name | squote)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.admin.token.existingSecret .Values.admin.token.value -}}
 {{- fail "admin.token: give existingSecret or value, not both" -}}
 {{- end -}}
