@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sluice.errors import ConfigError
+from sluice.protocols.cursus.batch import Batch
 from sluice.protocols.cursus.commands import KNOWN
 from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.decoder import decode_frame
@@ -86,10 +88,53 @@ def decode(raw: bytes, from_client: bool) -> Frame:
 
 
 def detail(raw: bytes, out: dict[str, Any]) -> Any:
-    """A recorded frame for sluice view: its body as text (frames are
-    ``[u32 length][text command or reply]``)."""
-    text = raw[4:].decode("utf-8", errors="replace")
-    return {"text": "".join(c if c.isprintable() else "·" for c in text[:2000])}
+    """A recorded frame for sluice view: its text (a command without its
+    envelope's topic bytes), and what it decodes to: a command's or a
+    reply's fields, a batch's header and messages (payloads cut at 2000
+    bytes, shown as text). ``out["dir"]`` says who sent it."""
+    if not raw:
+        return {"text": ""}
+    frame = decode_frame(raw, from_client=out.get("dir") != "B→C")
+    shown: dict[str, Any] = {}
+    message: Any = frame.message if frame.error is None or frame.head is None else None
+    if isinstance(message, Batch):
+        shown["batch"] = _fields(message, messages=False)
+        shown["batch"]["messages"] = [_fields(m) for m in message.messages[:_MESSAGES]]
+        if len(message.messages) > _MESSAGES:
+            shown["batch"]["messages_cut"] = len(message.messages)
+        return shown
+    body = frame.body
+    if frame.envelope is not None:  # [u16 length][topic][command]: the command
+        shown["envelope"] = frame.envelope
+        body = body[2 + len(frame.envelope.encode("utf-8", "surrogateescape")) :]
+    text = body[:2000].decode("utf-8", errors="replace")
+    shown["text"] = "".join(c if c.isprintable() else "·" for c in text)
+    if dataclasses.is_dataclass(message) and not isinstance(message, type):
+        shown["fields"] = _fields(message)
+    if frame.error is not None:
+        shown["invalid"] = frame.error.message
+    return shown
+
+
+_MESSAGES = 100
+
+
+def _fields(value: Any, messages: bool = True) -> dict[str, Any]:
+    """A decoded command, reply, batch or message as JSON can show it."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(value):
+        item = getattr(value, field.name)
+        if field.name == "messages" and not messages:
+            continue
+        if isinstance(item, bytes):
+            text = item[:2000].decode("utf-8", errors="replace")
+            item = {"size": len(item), "text": text, "cut": len(item) > 2000}
+        elif isinstance(item, tuple):
+            item = [list(i) if isinstance(i, tuple) else i for i in item]
+        elif not isinstance(item, str | int | float | bool | None):
+            item = str(item)
+        out[field.name] = item
+    return out
 
 
 PROTOCOL = ProtocolSpec(
