@@ -22,6 +22,9 @@ class Outcome:
     redelivered_recorded: int = 0  # MESSAGEs the consumer had been sent before
     redelivered_live: int = 0
     faults: int = 0  # fault annotations in the recording
+    # Client frames not sent: a fault rule dropped them or answered them in
+    # the broker's place when recorded, so the broker never got them.
+    withheld: int = 0
     truncated: list[Path] = field(default_factory=list)  # files cut mid-record (writer killed)
     # Where the recording is incomplete: frames the recorder dropped (gap
     # records), connections recorded from mid-stream; and the differences
@@ -110,6 +113,13 @@ def report(outcome: Outcome, out: Any) -> None:
             f"note: the recording holds {outcome.faults} faults injected while recording "
             "(see the transcript's FAULT lines): differences next to them were made on "
             "purpose, not by the broker\n"
+        )
+    if outcome.withheld:
+        out.write(
+            f"note: {outcome.withheld} client frames were not sent: a fault rule dropped them "
+            "or answered them in the broker's place when recorded, so the broker never got "
+            "them (their injected answers are not expected: the transcript's NOT SENT and "
+            "INJECTED WHEN RECORDED lines)\n"
         )
     if outcome.redelivered_recorded or outcome.redelivered_live:
         out.write(

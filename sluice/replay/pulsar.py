@@ -142,6 +142,62 @@ def is_answer(key: Key) -> bool:
     return key[0] in ("rid", "send", "CONNECTED")
 
 
+def _request_key(frame: Frame) -> tuple[Any, ...] | None:
+    """What the answer to a client frame is keyed by (``answer_key``'s rule)."""
+    body: Any = frame.body
+    if body is None:
+        return None
+    if frame.type == T("SEND"):
+        return ("send", body.producer_id, body.sequence_id)
+    if "request_id" in body.DESCRIPTOR.fields_by_name and body.HasField("request_id"):
+        return ("rid", body.request_id)
+    return None
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """What a fault rule kept from the broker when ``conn`` was recorded:
+    client frames it dropped or answered itself (``held``: the broker never
+    got them, so replay does not send them) and the answers it wrote in the
+    broker's place (``injected``: no broker is expected to send them)."""
+
+    held: frozenset[int] = frozenset()
+    injected: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, conn: RecordedConnection) -> Withheld:
+        held: set[int] = set()
+        injected: set[int] = set()
+        for fault in conn.faults:
+            if not fault.from_client or fault.action not in ("drop", "error"):
+                continue
+            # The frame it acted on was recorded before it (with the rest of
+            # its read, up to 32 frames): the latest of its command not yet
+            # claimed, preferring, for an error, the one the injected answer
+            # that follows the fault answers, and for a drop, one never answered.
+            before = [rf for rf in reversed(conn.frames)
+                      if rf.from_client and rf.index < fault.index and rf.index not in held
+                      and rf.frame.name == fault.command]  # fmt: skip
+            if not before:
+                continue
+            chosen = before[0]
+            for rf in before:
+                want = _request_key(rf.frame)
+                answer = next((b for b in conn.frames if not b.from_client
+                               and b.index >= (fault.index if fault.action == "error" else rf.index)
+                               and b.index not in injected and want is not None
+                               and answer_key(b.frame) == want), None)  # fmt: skip
+                if fault.action == "error" and answer is not None:
+                    chosen = rf
+                    injected.add(answer.index)
+                    break
+                if fault.action == "drop" and answer is None and want is not None:
+                    chosen = rf
+                    break
+            held.add(chosen.index)
+        return cls(frozenset(held), frozenset(injected))
+
+
 # --- normalisation -------------------------------------------------------------
 
 
@@ -374,10 +430,11 @@ class Live:
         self.quiet = False
         self._waiting: trio.CancelScope | None = None
         self.expected: dict[Key, RecordedFrame] = {}
+        self.withheld = Withheld.of(recorded)
         keyer = Keyer()
         self.keys: dict[int, Key] = {}  # recorded frame index -> key
         for rf in recorded.frames:
-            if not rf.from_client:
+            if not rf.from_client and rf.index not in self.withheld.injected:
                 key = keyer(rf.frame)
                 if key is not None:
                     self.keys[rf.index] = key
@@ -499,6 +556,9 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
             if speed and previous_ns is not None:
                 await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
             previous_ns = rf.wall_ns
+            if rf.index in live.withheld.held:
+                outcome.withheld += 1  # a fault rule kept it from the broker when recorded
+                continue
             try:
                 await live.stream.send(remap.client_frame(rf.frame))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -565,8 +625,17 @@ def compare(
             while notes and notes[0][0] <= rf.index:
                 transcript.append(notes.pop(0)[1])
             arrow = "C→B" if rf.from_client else "B→C"
+            withheld = live.withheld if live else Withheld.of(conn)
+            if rf.index in withheld.held:
+                transcript.append(f"{conn.name} {arrow} NOT SENT (a fault rule kept it from the "
+                                  f"broker when recorded) {normalise(rf.frame)}")  # fmt: skip
+                continue
             if rf.from_client:
                 transcript.append(f"{conn.name} {arrow} {normalise(rf.frame)}")
+                continue
+            if rf.index in withheld.injected:
+                transcript.append(f"{conn.name} {arrow} INJECTED WHEN RECORDED (not expected "
+                                  f"from the broker) {normalise(rf.frame)}")  # fmt: skip
                 continue
             key = live.keys.get(rf.index) if live else None
             if key is None:
