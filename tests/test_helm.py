@@ -383,6 +383,29 @@ def test_the_chart_requires_the_broker() -> None:
             {"config": {"max-connections": 10, "max_connections": 20}},
             "config.max-connections and config.max_connections are one setting: give one",
         ),
+        # Two keys that check tokens: Sluice refuses both at once.
+        (
+            {
+                "auth": {
+                    "mode": "proxy",
+                    "tokenSecretKey": {"secretName": "hs256"},
+                    "tokenPublicKey": {"configMapName": "rs256"},
+                    "brokerToken": {"secretName": "token"},
+                }
+            },
+            "auth.tokenSecretKey or auth.tokenPublicKey: one key checks tokens",
+        ),
+        # The public key from a Secret and a ConfigMap: one would silently win.
+        (
+            {
+                "auth": {
+                    "mode": "proxy",
+                    "tokenPublicKey": {"secretName": "a", "configMapName": "b"},
+                    "brokerToken": {"secretName": "token"},
+                }
+            },
+            "auth.tokenPublicKey: give secretName or configMapName, not both",
+        ),
         # A filter naming roles in passthrough mode, where no client has a
         # verified role: Sluice refuses it at start and on reload.
         (

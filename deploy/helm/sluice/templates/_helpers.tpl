@@ -229,6 +229,12 @@ too), and the pods crash-loop. */ -}}
 {{- if not (or .Values.auth.tokenSecretKey.secretName .Values.auth.tokenPublicKey.secretName .Values.auth.tokenPublicKey.configMapName .Values.tls.clientCA.secretName .Values.auth.oidc.issuers) -}}
 {{- fail "auth.mode proxy needs a way to check clients: auth.tokenSecretKey, auth.tokenPublicKey, auth.oidc.issuers or tls.clientCA" -}}
 {{- end -}}
+{{- if and .Values.auth.tokenSecretKey.secretName (or .Values.auth.tokenPublicKey.secretName .Values.auth.tokenPublicKey.configMapName) -}}
+{{- fail "auth.tokenSecretKey or auth.tokenPublicKey: one key checks tokens (the brokers' tokenSecretKey or tokenPublicKey; Sluice refuses both)" -}}
+{{- end -}}
+{{- if and .Values.auth.tokenPublicKey.secretName .Values.auth.tokenPublicKey.configMapName -}}
+{{- fail "auth.tokenPublicKey: give secretName or configMapName, not both" -}}
+{{- end -}}
 {{- if and .Values.auth.oidc.issuers (not .Values.auth.oidc.audiences) -}}
 {{- fail "auth.oidc.issuers needs auth.oidc.audiences: a token must name Pulsar as its audience, as the brokers' openIDAllowedAudiences requires" -}}
 {{- end -}}
