@@ -406,6 +406,8 @@ def test_the_chart_requires_the_broker() -> None:
             },
             "auth.tokenPublicKey: give secretName or configMapName, not both",
         ),
+        # A proxy-mode setting under config, in passthrough: Sluice refuses it.
+        ({"config": {"auth_oidc_ca": "/etc/ca.pem"}}, "config.auth_oidc_ca is for auth.mode proxy"),
         # A filter naming roles in passthrough mode, where no client has a
         # verified role: Sluice refuses it at start and on reload.
         (

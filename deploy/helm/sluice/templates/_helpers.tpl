@@ -255,6 +255,11 @@ too), and the pods crash-loop. */ -}}
 {{- /* Sluice refuses such a filter at start (CrashLoopBackOff) and on
 reload (the running pods keep the filters before): no client has a
 verified role in passthrough, so it would run for nobody. */ -}}
+{{- range $key, $_ := .Values.config -}}
+{{- if eq (replace "_" "-" $key) "auth-oidc-ca" -}}
+{{- fail (printf "config.%s is for auth.mode proxy (Sluice refuses it in passthrough)" $key) -}}
+{{- end -}}
+{{- end -}}
 {{- range .Values.filters -}}
 {{- if .roles -}}
 {{- fail (printf "filters: %s names roles, which need auth.mode proxy (in passthrough no client has a verified role, and Sluice refuses the filter)" (.label | default .name | squote)) -}}
