@@ -408,6 +408,8 @@ def test_the_chart_requires_the_broker() -> None:
         ),
         # A proxy-mode setting under config, in passthrough: Sluice refuses it.
         ({"config": {"auth_oidc_ca": "/etc/ca.pem"}}, "config.auth_oidc_ca is for auth.mode proxy"),
+        # More fault rules than Sluice takes.
+        ({"faults": [{"id": f"r{i}", "fault": "close"} for i in range(1001)]}, "at '/faults'"),
         # A filter naming roles in passthrough mode, where no client has a
         # verified role: Sluice refuses it at start and on reload.
         (
