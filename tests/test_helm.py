@@ -1184,6 +1184,26 @@ def test_a_changed_admin_token_rolls_the_pods() -> None:
     assert checksum("admin.token.rotation=1") == checksum()
 
 
+def test_only_settings_that_need_a_restart_roll_the_pods() -> None:
+    """docs/kubernetes.md, "A changed configuration": a setting Sluice keeps
+    until a restart (log level and format: de64f4f) changes the pod
+    template; the filters and the allow list, which a reload puts in force,
+    leave it as it was."""
+    key = "checksum/sluice-restart-settings"
+
+    def template(*args: str) -> Doc:
+        pod: Doc = pod_spec(render("gateway-default", *args))
+        return pod
+
+    before = template()
+    for restart in ("config.log-level=debug", "config.log-format=text", "workers=2"):
+        assert template("--set", restart)["metadata"]["annotations"][key] != \
+            before["metadata"]["annotations"][key], restart  # fmt: skip
+    live = template("--set-json", 'filters=[{"name": "schema", "direction": "produce"}]',
+                    "--set-json", 'allowBroker=["*.pulsar:6650"]')  # fmt: skip
+    assert live == before
+
+
 def test_the_charts_live_settings_are_the_ones_sluice_reloads() -> None:
     """The chart keeps pods running for exactly the settings a reload puts
     in force (sluice/proxy/reload.py)."""
