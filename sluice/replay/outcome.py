@@ -22,8 +22,9 @@ class Outcome:
     redelivered_recorded: int = 0  # MESSAGEs the consumer had been sent before
     redelivered_live: int = 0
     faults: int = 0  # fault annotations in the recording
-    # Client frames not sent: a fault rule dropped them or answered them in
-    # the broker's place when recorded, so the broker never got them.
+    # Client frames not sent: a fault rule dropped them, or a fault rule or a
+    # filter answered them in the broker's place when recorded: the broker
+    # never got them.
     withheld: int = 0
     truncated: list[Path] = field(default_factory=list)  # files cut mid-record (writer killed)
     # Where the recording is incomplete: frames the recorder dropped (gap
@@ -116,10 +117,10 @@ def report(outcome: Outcome, out: Any) -> None:
         )
     if outcome.withheld:
         out.write(
-            f"note: {outcome.withheld} client frames were not sent: a fault rule dropped them "
-            "or answered them in the broker's place when recorded, so the broker never got "
-            "them (their injected answers are not expected: the transcript's NOT SENT and "
-            "INJECTED WHEN RECORDED lines)\n"
+            f"note: {outcome.withheld} client frames were not sent: a fault rule dropped them, "
+            "or a fault rule or filter answered them in the broker's place when recorded, so "
+            "the broker never got them (their injected answers are not expected: the "
+            "transcript's NOT SENT and INJECTED WHEN RECORDED lines)\n"
         )
     if outcome.redelivered_recorded or outcome.redelivered_live:
         out.write(

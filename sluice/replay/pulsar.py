@@ -55,6 +55,7 @@ from sluice.protocols.pulsar import (
     ProtocolError,
     Type,
     command,
+    decode_frame,
     encode,
     encode_payload,
     error_reply,
@@ -69,7 +70,8 @@ from sluice.proxy.dial import (
     dial,
 )
 from sluice.proxy.pulsar import FrameStream
-from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
+from sluice.recording.format import Gone, Unfinished, read_records
+from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, listed, load
 from sluice.replay.common import (
     Listening,
     ReplayError,
@@ -155,19 +157,77 @@ def _request_key(frame: Frame) -> tuple[Any, ...] | None:
 
 
 @dataclass(frozen=True)
+class FilterNote:
+    """A message filter's ``filter`` annotation on a client frame of a
+    connection, which the reader leaves out: ``position``, how many frames of
+    the connection were recorded before it; ``sent``, the frame as the
+    filter sent it on (replaced or encrypted), if it changed it."""
+
+    position: int
+    action: str
+    reason: str
+    sent: bytes | None
+
+
+def filter_notes(target: Path) -> dict[tuple[str, int], list[FilterNote]]:
+    """The filter annotations on client frames in the recording at
+    ``target``, by connection, counting frames as ``load`` does (those of
+    connections it knows: a ``conn`` record came first)."""
+    notes: dict[tuple[str, int], list[FilterNote]] = {}
+    counts: dict[tuple[str, int], int] = {}
+    capture = ""
+    for path in listed(target):
+        try:
+            for record in read_records(path):
+                kind = record["k"]
+                if kind == "header":
+                    capture = record["capture"]
+                elif kind == "conn":
+                    counts.setdefault((capture, record["c"]), 0)
+                elif kind == "frame" and (capture, record["c"]) in counts:
+                    counts[(capture, record["c"])] += 1
+                elif kind == "filter" and record.get("d") == 0:
+                    key = (capture, record["c"])
+                    if key not in counts:
+                        continue
+                    sent = record.get("sent") or {}
+                    raw = sent.get("raw") or None
+                    notes.setdefault(key, []).append(
+                        FilterNote(counts[key], record.get("action", ""),
+                                   record.get("reason", ""), bytes(raw) if raw else None)
+                    )  # fmt: skip
+        except (Unfinished, Gone):
+            continue  # ``load`` passed over it too (or refused the recording)
+    return notes
+
+
+@dataclass(frozen=True)
 class Withheld:
-    """What a fault rule kept from the broker when ``conn`` was recorded:
-    client frames it dropped or answered itself (``held``: the broker never
-    got them, so replay does not send them) and the answers it wrote in the
-    broker's place (``injected``: no broker is expected to send them)."""
+    """What the recording proxy kept from the broker or changed on the way
+    when ``conn`` was recorded: client frames a fault rule dropped or
+    answered itself, or a message filter refused (``held``: the broker never
+    got them, so replay does not send them); the answers Sluice wrote in the
+    broker's place (``injected``: no broker is expected to send them); and
+    client frames a filter changed (``sent``: replay sends them as the
+    broker got them)."""
 
     held: frozenset[int] = frozenset()
     injected: frozenset[int] = frozenset()
+    sent: dict[int, Frame] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, conn: RecordedConnection) -> Withheld:
+    def of(cls, conn: RecordedConnection, notes: collections.abc.Sequence[FilterNote] = ()
+           ) -> Withheld:  # fmt: skip
         held: set[int] = set()
         injected: set[int] = set()
+        sent: dict[int, Frame] = {}
+
+        def answer_after(rf: RecordedFrame, start: int) -> RecordedFrame | None:
+            want = _request_key(rf.frame)
+            return next((b for b in conn.frames if not b.from_client and b.index >= start
+                         and b.index not in injected and want is not None
+                         and answer_key(b.frame) == want), None)  # fmt: skip
+
         for fault in conn.faults:
             if not fault.from_client or fault.action not in ("drop", "error"):
                 continue
@@ -182,20 +242,38 @@ class Withheld:
                 continue
             chosen = before[0]
             for rf in before:
-                want = _request_key(rf.frame)
-                answer = next((b for b in conn.frames if not b.from_client
-                               and b.index >= (fault.index if fault.action == "error" else rf.index)
-                               and b.index not in injected and want is not None
-                               and answer_key(b.frame) == want), None)  # fmt: skip
-                if fault.action == "error" and answer is not None:
-                    chosen = rf
-                    injected.add(answer.index)
-                    break
-                if fault.action == "drop" and answer is None and want is not None:
+                if fault.action == "error":
+                    answer = answer_after(rf, fault.index)
+                    if answer is not None:
+                        chosen = rf
+                        injected.add(answer.index)
+                        break
+                elif answer_after(rf, rf.index) is None and _request_key(rf.frame) is not None:
                     chosen = rf
                     break
             held.add(chosen.index)
-        return cls(frozenset(held), frozenset(injected))
+        for note in notes:
+            # The SEND it acted on was recorded before it, with its read.
+            sends = [rf for rf in reversed(conn.frames[: note.position])
+                     if rf.from_client and rf.frame.type == T("SEND")]  # fmt: skip
+            if note.sent is not None:
+                frame = decode_frame(note.sent)
+                want = _request_key(frame)
+                changed = next((rf for rf in sends if _request_key(rf.frame) == want), None)
+                if changed is not None:
+                    sent[changed.index] = frame
+            elif note.action == "rejected" or (note.action, note.reason) == ("error", "closed"):
+                # Refused: answered by Sluice (SEND_ERROR), never sent on.
+                after = conn.frames[note.position].index if note.position < len(conn.frames) else 0
+                for rf in sends:
+                    if rf.index in held:
+                        continue
+                    answer = answer_after(rf, after)
+                    if answer is not None and answer.frame.type == T("SEND_ERROR"):
+                        held.add(rf.index)
+                        injected.add(answer.index)
+                        break
+        return cls(frozenset(held), frozenset(injected), sent)
 
 
 # --- normalisation -------------------------------------------------------------
@@ -415,7 +493,9 @@ def _address(url: str) -> Address:
 class Live:
     """One live connection standing in for a recorded one."""
 
-    def __init__(self, recorded: RecordedConnection, stream: FrameStream) -> None:
+    def __init__(
+        self, recorded: RecordedConnection, stream: FrameStream, withheld: Withheld
+    ) -> None:
         self.recorded = recorded
         self.stream = stream
         self.keyer = Keyer()
@@ -430,7 +510,7 @@ class Live:
         self.quiet = False
         self._waiting: trio.CancelScope | None = None
         self.expected: dict[Key, RecordedFrame] = {}
-        self.withheld = Withheld.of(recorded)
+        self.withheld = withheld
         keyer = Keyer()
         self.keys: dict[int, Key] = {}  # recorded frame index -> key
         for rf in recorded.frames:
@@ -505,6 +585,8 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
     # answered was the proxy's, so they are not replayed nor compared.
     replayed = [conn for conn in recording.connections if conn.kind != REFUSED]
     outcome.refused = [conn.name for conn in recording.connections if conn.kind == REFUSED]
+    notes = filter_notes(args.recording)
+    withheld = {conn.key: Withheld.of(conn, notes.get(conn.key, ())) for conn in replayed}
     lives: dict[tuple[str, int], Live] = {}
     client_frames = sorted(
         ((conn, rf) for conn in replayed for rf in conn.frames if rf.from_client),
@@ -535,7 +617,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                     raw = await dial(broker.address, timeout=args.timeout, tls=tls)
                 except OSError as exc:
                     raise ReplayError(f"cannot reach broker {broker.address}: {exc}") from None
-                live = Live(conn, FrameStream(raw, 2**31 - 1))
+                live = Live(conn, FrameStream(raw, 2**31 - 1), withheld[conn.key])
                 lives[conn.key] = live
                 nursery.start_soon(live.read, remap)
             # Wait for what this frame could have depended on.
@@ -560,7 +642,9 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                 outcome.withheld += 1  # a fault rule kept it from the broker when recorded
                 continue
             try:
-                await live.stream.send(remap.client_frame(rf.frame))
+                await live.stream.send(
+                    remap.client_frame(live.withheld.sent.get(rf.index, rf.frame))
+                )
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 say(f"{conn.name}: the broker closed the connection")
             stir(lives.values(), rf.frame)
@@ -575,7 +659,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         for live in lives.values():
             await live.stream.aclose()
         nursery.cancel_scope.cancel()
-    return outcome, compare(recording, lives, outcome)
+    return outcome, compare(recording, lives, outcome, withheld)
 
 
 async def _close_as_recorded(live: Live, timeout: float) -> None:
@@ -603,7 +687,10 @@ async def _the_rest(lives: list[Live], timeout: float) -> None:
 
 
 def compare(
-    recording: Recording, lives: dict[tuple[str, int], Live], outcome: Outcome
+    recording: Recording,
+    lives: dict[tuple[str, int], Live],
+    outcome: Outcome,
+    withheld: dict[tuple[str, int], Withheld] | None = None,
 ) -> list[str]:
     transcript: list[str] = []
     for conn in recording.connections:
@@ -625,15 +712,19 @@ def compare(
             while notes and notes[0][0] <= rf.index:
                 transcript.append(notes.pop(0)[1])
             arrow = "C→B" if rf.from_client else "B→C"
-            withheld = live.withheld if live else Withheld.of(conn)
-            if rf.index in withheld.held:
-                transcript.append(f"{conn.name} {arrow} NOT SENT (a fault rule kept it from the "
-                                  f"broker when recorded) {normalise(rf.frame)}")  # fmt: skip
+            kept = (withheld or {}).get(conn.key) or Withheld()
+            if rf.index in kept.held:
+                held = "a fault rule or filter kept it from the broker when recorded"
+                transcript.append(f"{conn.name} {arrow} NOT SENT ({held}) {normalise(rf.frame)}")
+                continue
+            if rf.index in kept.sent:
+                transcript.append(f"{conn.name} {arrow} SENT AS FILTERED WHEN RECORDED "
+                                  f"{normalise(kept.sent[rf.index])}")  # fmt: skip
                 continue
             if rf.from_client:
                 transcript.append(f"{conn.name} {arrow} {normalise(rf.frame)}")
                 continue
-            if rf.index in withheld.injected:
+            if rf.index in kept.injected:
                 transcript.append(f"{conn.name} {arrow} INJECTED WHEN RECORDED (not expected "
                                   f"from the broker) {normalise(rf.frame)}")  # fmt: skip
                 continue
