@@ -50,6 +50,19 @@ class RecordedFault:
 
 
 @dataclass(frozen=True)
+class RecordedFilter:
+    """A message filter's verdict on a client frame (a ``filter``
+    annotation): ``position``, how many frames of the connection were
+    recorded before it; ``sent``, the frame as the filter sent it on
+    (replaced or encrypted), if it changed it."""
+
+    position: int
+    action: str
+    reason: str
+    sent: bytes | None
+
+
+@dataclass(frozen=True)
 class Gap:
     """Frames the recorder could not record (a ``gap`` record): ``dropped``
     of them, on connections among ``open`` (those open then; which is not
@@ -68,6 +81,7 @@ class RecordedConnection:
     broker: str
     frames: list[RecordedFrame] = field(default_factory=list)
     faults: list[RecordedFault] = field(default_factory=list)
+    filters: list[RecordedFilter] = field(default_factory=list)  # on client frames
     # Closed (by either side) before the frame of this index was recorded:
     # replay closes it there too. None: open to the end of the recording.
     closed_at: int | None = None
@@ -234,6 +248,14 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                     )
                     conn.faults.append(fault)
                     faulted[id(fault)] = record["w"]
+            elif kind == "filter" and record.get("d") == 0:
+                conn = connections.get((capture, record["c"]))
+                if conn is not None:
+                    raw = (record.get("sent") or {}).get("raw") or None
+                    conn.filters.append(
+                        RecordedFilter(len(conn.frames), record.get("action", ""),
+                                       record.get("reason", ""), bytes(raw) if raw else None)
+                    )  # fmt: skip
         if result.truncated_bytes:
             truncated.append(path)
     if len(skipped) == len(paths):  # (several: a lone one is refused as it is read)

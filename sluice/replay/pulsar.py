@@ -70,8 +70,7 @@ from sluice.proxy.dial import (
     dial,
 )
 from sluice.proxy.pulsar import FrameStream
-from sluice.recording.format import Gone, Unfinished, read_records
-from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, listed, load
+from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
 from sluice.replay.common import (
     Listening,
     ReplayError,
@@ -157,51 +156,6 @@ def _request_key(frame: Frame) -> tuple[Any, ...] | None:
 
 
 @dataclass(frozen=True)
-class FilterNote:
-    """A message filter's ``filter`` annotation on a client frame of a
-    connection, which the reader leaves out: ``position``, how many frames of
-    the connection were recorded before it; ``sent``, the frame as the
-    filter sent it on (replaced or encrypted), if it changed it."""
-
-    position: int
-    action: str
-    reason: str
-    sent: bytes | None
-
-
-def filter_notes(target: Path) -> dict[tuple[str, int], list[FilterNote]]:
-    """The filter annotations on client frames in the recording at
-    ``target``, by connection, counting frames as ``load`` does (those of
-    connections it knows: a ``conn`` record came first)."""
-    notes: dict[tuple[str, int], list[FilterNote]] = {}
-    counts: dict[tuple[str, int], int] = {}
-    capture = ""
-    for path in listed(target):
-        try:
-            for record in read_records(path):
-                kind = record["k"]
-                if kind == "header":
-                    capture = record["capture"]
-                elif kind == "conn":
-                    counts.setdefault((capture, record["c"]), 0)
-                elif kind == "frame" and (capture, record["c"]) in counts:
-                    counts[(capture, record["c"])] += 1
-                elif kind == "filter" and record.get("d") == 0:
-                    key = (capture, record["c"])
-                    if key not in counts:
-                        continue
-                    sent = record.get("sent") or {}
-                    raw = sent.get("raw") or None
-                    notes.setdefault(key, []).append(
-                        FilterNote(counts[key], record.get("action", ""),
-                                   record.get("reason", ""), bytes(raw) if raw else None)
-                    )  # fmt: skip
-        except (Unfinished, Gone):
-            continue  # ``load`` passed over it too (or refused the recording)
-    return notes
-
-
-@dataclass(frozen=True)
 class Withheld:
     """What the recording proxy kept from the broker or changed on the way
     when ``conn`` was recorded: client frames a fault rule dropped or
@@ -216,8 +170,7 @@ class Withheld:
     sent: dict[int, Frame] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, conn: RecordedConnection, notes: collections.abc.Sequence[FilterNote] = ()
-           ) -> Withheld:  # fmt: skip
+    def of(cls, conn: RecordedConnection) -> Withheld:
         held: set[int] = set()
         injected: set[int] = set()
         sent: dict[int, Frame] = {}
@@ -252,7 +205,7 @@ class Withheld:
                     chosen = rf
                     break
             held.add(chosen.index)
-        for note in notes:
+        for note in conn.filters:
             # The SEND it acted on was recorded before it, with its read.
             sends = [rf for rf in reversed(conn.frames[: note.position])
                      if rf.from_client and rf.frame.type == T("SEND")]  # fmt: skip
@@ -585,8 +538,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
     # answered was the proxy's, so they are not replayed nor compared.
     replayed = [conn for conn in recording.connections if conn.kind != REFUSED]
     outcome.refused = [conn.name for conn in recording.connections if conn.kind == REFUSED]
-    notes = filter_notes(args.recording)
-    withheld = {conn.key: Withheld.of(conn, notes.get(conn.key, ())) for conn in replayed}
+    withheld = {conn.key: Withheld.of(conn) for conn in replayed}
     lives: dict[tuple[str, int], Live] = {}
     client_frames = sorted(
         ((conn, rf) for conn in replayed for rf in conn.frames if rf.from_client),
