@@ -510,6 +510,15 @@ def test_every_address_a_client_routes_by_is_rewritten(reply: str, rewritten: st
     assert all(host == "127.0.0.1" for host, _ in addresses_in(rewritten.encode()))
 
 
+def test_a_coordinator_in_brackets_is_an_ipv6_address_written_back_in_them() -> None:
+    reply = b"OK coordinator_id=c host=[fd00::7] port=9000"
+    assert addresses_in(reply) == [("fd00::7", 9000)]  # dialled without its brackets
+    assert rewrite_addresses(reply, lambda host, port: ("::1", port + 1)) == (
+        b"OK coordinator_id=c host=[::1] port=9001"
+    )
+    assert rewrite_addresses(reply, _to_proxy) == b"OK coordinator_id=c host=127.0.0.1 port=19000"
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -141,6 +141,8 @@ def _coordinator(text: str, edits: list[_Edit]) -> tuple[str, int] | None:
         return None
     host = text[hosts[-1].start : hosts[-1].end]
     port = text[ports[-1].start : ports[-1].end]
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as URLs write it
+        host = host[1:-1]
     if not port.isascii() or not port.isdigit() or int(port) > 65535 or not host:
         return None
     return host, int(port)
@@ -170,6 +172,8 @@ def rewrite_addresses(body: bytes, mapping: AddressMap) -> bytes | None:
             continue
         elif edit.kind == "host":
             new = new_coordinator[0]
+            if old.startswith("[") and ":" in new:  # written as the broker wrote it
+                new = f"[{new}]"
         else:
             new = str(new_coordinator[1])
         parts.append(text[pos : edit.start])
