@@ -3,7 +3,9 @@
 ``ReplayError`` (a replay that cannot go on), ``parse_speed`` (the value of
 ``--speed``), ``Listening`` (where ``sluice serve`` listens, plain and TLS),
 ``announce`` and ``until_signalled`` (how serve starts and stops),
-``close_due`` (how replay closes what the recording shows closed). The
+``close_due`` (how replay closes what the recording shows closed),
+``Withheld`` and ``Withholding`` (which recorded frames the recording proxy
+kept from the broker: not sent, their injected answers not expected). The
 commands themselves are ``sluice/commands/replay.py`` and ``serve.py``.
 """
 
@@ -15,7 +17,7 @@ import signal
 import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +26,7 @@ import trio
 from sluice.addresses import Address, advertised, parse_address, parse_host
 from sluice.errors import ConfigError
 from sluice.proxy.dial import TlsServerConfig, open_listeners, server_ssl_context
+from sluice.recording.reader import RecordedConnection, RecordedFrame
 
 DEFAULT_LISTEN = "127.0.0.1:6650"
 
@@ -145,3 +148,84 @@ async def close_due(
         for live in ending:
             closing.start_soon(close, live)
     return done
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """What the recording proxy kept from the broker or changed on the way
+    when a connection was recorded: client frames a fault rule dropped or
+    answered itself, or a message filter refused (``held``: the broker never
+    got them, so replay does not send them); the answers Sluice wrote in the
+    broker's place (``injected``: no broker is expected to send them); and
+    client frames a filter changed (``sent``: replay sends them as the
+    broker got them, the protocol's decoded frame)."""
+
+    held: frozenset[int] = frozenset()
+    injected: frozenset[int] = frozenset()
+    sent: Mapping[int, Any] = field(default_factory=dict)
+
+
+class Withholding:
+    """Works out one connection's ``Withheld`` from its fault annotations
+    (``faults``), whatever the protocol: ``answers(request, reply)`` says
+    whether the broker frame ``reply`` may be the answer to the client frame
+    ``request`` (Pulsar: by request id or producer and sequence id; Cursus,
+    whose replies carry no ids: any reply), ``answerable(request)`` whether
+    a client frame is answered at all. A protocol adds what else its proxy
+    holds back (Pulsar: filters' verdicts) with ``answer_after`` and
+    ``held``/``injected``, then takes ``done``."""
+
+    def __init__(
+        self,
+        conn: RecordedConnection,
+        answers: Callable[[Any, Any], bool],
+        answerable: Callable[[Any], bool],
+    ) -> None:
+        self.conn = conn
+        self.answers = answers
+        self.answerable = answerable
+        self.held: set[int] = set()
+        self.injected: set[int] = set()
+
+    def answer_after(self, rf: RecordedFrame, start: int) -> RecordedFrame | None:
+        """The first broker frame from capture position ``start`` on that
+        may answer ``rf``, not claimed as injected already."""
+        if not self.answerable(rf.frame):
+            return None
+        return next((b for b in self.conn.frames if not b.from_client and b.index >= start
+                     and b.index not in self.injected
+                     and self.answers(rf.frame, b.frame)), None)  # fmt: skip
+
+    def faults(self) -> Withholding:
+        """Claim the client frames fault rules dropped (``drop``) or answered
+        in the broker's place (``error``), and those answers."""
+        conn = self.conn
+        for fault in conn.faults:
+            if not fault.from_client or fault.action not in ("drop", "error"):
+                continue
+            # The frame it acted on was recorded before it (with the rest of
+            # its read: up to 32 Pulsar frames, one Cursus frame): the latest
+            # of its command not yet claimed, preferring, for an error, the
+            # one the injected answer that follows the fault answers, and for
+            # a drop, one never answered.
+            before = [rf for rf in reversed(conn.frames)
+                      if rf.from_client and rf.index < fault.index and rf.index not in self.held
+                      and rf.frame.name == fault.command]  # fmt: skip
+            if not before:
+                continue
+            chosen = before[0]
+            for rf in before:
+                if fault.action == "error":
+                    answer = self.answer_after(rf, fault.index)
+                    if answer is not None:
+                        chosen = rf
+                        self.injected.add(answer.index)
+                        break
+                elif self.answerable(rf.frame) and self.answer_after(rf, rf.index) is None:
+                    chosen = rf
+                    break
+            self.held.add(chosen.index)
+        return self
+
+    def done(self, sent: Mapping[int, Any] | None = None) -> Withheld:
+        return Withheld(frozenset(self.held), frozenset(self.injected), dict(sent or {}))

@@ -16,7 +16,9 @@ own); batches by topic, partition and their payloads' digests, acks by
 status. Cursus replies carry no request ids, so order is the pairing.
 Replaying a multi-node recording against one broker diverges where
 leadership mattered (NOT_LEADER); replay against a broker like the one
-recorded.
+recorded. A request a fault rule dropped or answered in the broker's place
+when recorded is not sent, and the answer Sluice wrote is not expected
+(``Withholding``, shared with Pulsar's replay).
 
 Serve answers a live client from the recording: each request (normalised
 as above) gets the broker frames that followed the same request when
@@ -60,7 +62,15 @@ from sluice.protocols.cursus.rewrite import rewrite_addresses
 from sluice.protocols.cursus.urls import parse_cursus_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
-from sluice.replay.common import Listening, announce, close_due, parse_speed, until_signalled
+from sluice.replay.common import (
+    Listening,
+    Withheld,
+    Withholding,
+    announce,
+    close_due,
+    parse_speed,
+    until_signalled,
+)
 from sluice.replay.outcome import Outcome, Report, incomplete_notes
 
 READ_SIZE = 256 * 1024
@@ -91,16 +101,37 @@ def normalise(frame: Frame) -> str:
     return f"{frame.name} {bytes(frame.body)[:200]!r}"
 
 
-def _answers(frames: list[RecordedFrame]) -> list[RecordedFrame]:
-    return [f for f in frames if not f.from_client and not isinstance(f.frame.message, Keepalive)]
+def _is_reply(frame: Frame) -> bool:
+    return not isinstance(frame.message, Keepalive)
+
+
+def _answers(frames: list[RecordedFrame], withheld: Withheld) -> list[RecordedFrame]:
+    """The broker frames a live broker is expected to send: keepalives (their
+    number depends on time) and answers Sluice injected when recorded aside."""
+    return [
+        f
+        for f in frames
+        if not f.from_client and _is_reply(f.frame) and f.index not in withheld.injected
+    ]
+
+
+def withheld_of(conn: RecordedConnection) -> Withheld:
+    """The requests fault rules kept from the broker on ``conn``, and the
+    answers they wrote (Cursus replies carry no ids: a rule's answer is
+    the reply recorded right after it)."""
+    return Withholding(conn, lambda request, reply: _is_reply(reply), _is_reply).faults().done()
 
 
 # --- replay ---------------------------------------------------------------------------
 
 
 class _Live:
-    def __init__(self, recorded: RecordedConnection, stream: trio.abc.Stream) -> None:
+    def __init__(
+        self, recorded: RecordedConnection, stream: trio.abc.Stream, withheld: Withheld
+    ) -> None:
         self.recorded = recorded
+        self.withheld = withheld
+        self.expected = len(_answers(recorded.frames, withheld))
         self.stream = stream
         self.got: list[Frame] = []
         self.changed = trio.Event()
@@ -132,7 +163,7 @@ class _Live:
     async def close_when_answered(self, timeout: float) -> None:
         """Close it where the recording shows it closed, once what it was
         answered has come (or a wait for it ran out)."""
-        await self.wait_for(len(_answers(self.recorded.frames)), timeout)
+        await self.wait_for(self.expected, timeout)
         await self.stream.aclose()
 
     async def wait_for(self, count: int, timeout: float) -> bool:
@@ -154,14 +185,16 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
     by the time between them when recorded, divided by it."""
     outcome = Outcome.of(recording)
     lives: dict[tuple[str, int], _Live] = {}
-    # How many answers each connection had before each of its client frames.
+    withheld = {conn.key: withheld_of(conn) for conn in recording.connections}
+    # How many answers each connection had from the broker before each of
+    # its client frames.
     expected_before: dict[int, int] = {}
     for conn in recording.connections:
         answered = 0
         for rf in conn.frames:
             if rf.from_client:
                 expected_before[rf.index] = answered
-            elif not isinstance(rf.frame.message, Keepalive):
+            elif _is_reply(rf.frame) and rf.index not in withheld[conn.key].injected:
                 answered += 1
     client_frames = sorted(((c, rf) for c in recording.connections for rf in c.frames
                             if rf.from_client), key=lambda item: item[1].index)  # fmt: skip
@@ -184,7 +217,7 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
                     stream = await dial(broker, timeout=timeout, tls=tls)
                 except OSError as exc:
                     raise ConfigError(f"cannot reach broker {broker}: {exc}") from None
-                live = lives[conn.key] = _Live(conn, stream)
+                live = lives[conn.key] = _Live(conn, stream, withheld[conn.key])
                 nursery.start_soon(live.read)
             was_quiet = live.quiet
             await live.wait_for(expected_before[rf.index], timeout)
@@ -193,6 +226,9 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
             if speed and previous_ns is not None:
                 await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
             previous_ns = rf.wall_ns
+            if rf.index in live.withheld.held:
+                outcome.withheld += 1  # a fault rule kept it from the broker when recorded
+                continue
             try:
                 await live.stream.send_all(rf.frame.raw)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -202,12 +238,12 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
         # answers that never come cost one timeout in all, not one each.
         async with trio.open_nursery() as waits:
             for live in lives.values():
-                waits.start_soon(live.wait_for, len(_answers(live.recorded.frames)), timeout)
+                waits.start_soon(live.wait_for, live.expected, timeout)
         await trio.sleep(0.2)
         for live in lives.values():
             await live.stream.aclose()
         nursery.cancel_scope.cancel()
-    return outcome, compare(recording, lives, outcome)
+    return outcome, compare(recording, lives, outcome, withheld)
 
 
 async def replay_run(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]]:
@@ -219,22 +255,36 @@ async def replay_run(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[
                         speed=parse_speed(args.speed))  # fmt: skip
 
 
-def compare(recording: Recording, lives: dict[tuple[str, int], _Live],
-            outcome: Outcome) -> list[str]:  # fmt: skip
+def compare(recording: Recording, lives: dict[tuple[str, int], _Live], outcome: Outcome,
+            withheld: dict[tuple[str, int], Withheld] | None = None) -> list[str]:  # fmt: skip
     transcript: list[str] = []
     for conn in recording.connections:
         live = lives.get(conn.key)
         got = live.got if live is not None else []
+        kept = (withheld or {}).get(conn.key) or Withheld()
         outcome.faults += len(conn.faults)
+        faults = list(conn.faults)
         answers = iter(got)
         notes = incomplete_notes(recording, conn)
         for rf in conn.frames:
+            # Injected when recorded: next to the frames they touched, so
+            # their anomalies are not taken for the broker's.
+            while faults and faults[0].index <= rf.index + 1:
+                transcript.append(f"{conn.name} ~~~ {faults.pop(0).describe()} (when recorded)")
             while notes and notes[0][0] <= rf.index:
                 transcript.append(notes.pop(0)[1])
+            if rf.index in kept.held:
+                transcript.append(f"{conn.name} C→B NOT SENT (a fault rule kept it from the "
+                                  f"broker when recorded) {normalise(rf.frame)}")  # fmt: skip
+                continue
             if rf.from_client:
                 transcript.append(f"{conn.name} C→B {normalise(rf.frame)}")
                 continue
-            if isinstance(rf.frame.message, Keepalive):
+            if not _is_reply(rf.frame):
+                continue
+            if rf.index in kept.injected:
+                transcript.append(f"{conn.name} B→C INJECTED WHEN RECORDED (not expected from "
+                                  f"the broker) {normalise(rf.frame)}")  # fmt: skip
                 continue
             live_frame = next(answers, None)
             recorded_text = normalise(rf.frame)
@@ -249,6 +299,7 @@ def compare(recording: Recording, lives: dict[tuple[str, int], _Live],
                 outcome.matched += 1
             else:
                 outcome.differs(why, conn.name, recorded_text, live_text, rf.frame.name)
+        transcript += [f"{conn.name} ~~~ {fault.describe()} (when recorded)" for fault in faults]
         transcript += [line for _, line in notes]
         why = recording.incomplete(conn)
         for extra in answers:

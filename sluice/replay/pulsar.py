@@ -74,6 +74,8 @@ from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording
 from sluice.replay.common import (
     Listening,
     ReplayError,
+    Withheld,
+    Withholding,
     announce,
     close_due,
     parse_speed,
@@ -155,78 +157,45 @@ def _request_key(frame: Frame) -> tuple[Any, ...] | None:
     return None
 
 
-@dataclass(frozen=True)
-class Withheld:
-    """What the recording proxy kept from the broker or changed on the way
-    when ``conn`` was recorded: client frames a fault rule dropped or
-    answered itself, or a message filter refused (``held``: the broker never
-    got them, so replay does not send them); the answers Sluice wrote in the
-    broker's place (``injected``: no broker is expected to send them); and
-    client frames a filter changed (``sent``: replay sends them as the
-    broker got them)."""
+def _answers(request: Frame, reply: Frame) -> bool:
+    """Whether ``reply`` answers ``request`` (the correlator's matching rule)."""
+    want = _request_key(request)
+    return want is not None and answer_key(reply) == want
 
-    held: frozenset[int] = frozenset()
-    injected: frozenset[int] = frozenset()
-    sent: dict[int, Frame] = field(default_factory=dict)
 
-    @classmethod
-    def of(cls, conn: RecordedConnection) -> Withheld:
-        held: set[int] = set()
-        injected: set[int] = set()
-        sent: dict[int, Frame] = {}
+def _answerable(request: Frame) -> bool:
+    return _request_key(request) is not None
 
-        def answer_after(rf: RecordedFrame, start: int) -> RecordedFrame | None:
-            want = _request_key(rf.frame)
-            return next((b for b in conn.frames if not b.from_client and b.index >= start
-                         and b.index not in injected and want is not None
-                         and answer_key(b.frame) == want), None)  # fmt: skip
 
-        for fault in conn.faults:
-            if not fault.from_client or fault.action not in ("drop", "error"):
-                continue
-            # The frame it acted on was recorded before it (with the rest of
-            # its read, up to 32 frames): the latest of its command not yet
-            # claimed, preferring, for an error, the one the injected answer
-            # that follows the fault answers, and for a drop, one never answered.
-            before = [rf for rf in reversed(conn.frames)
-                      if rf.from_client and rf.index < fault.index and rf.index not in held
-                      and rf.frame.name == fault.command]  # fmt: skip
-            if not before:
-                continue
-            chosen = before[0]
-            for rf in before:
-                if fault.action == "error":
-                    answer = answer_after(rf, fault.index)
-                    if answer is not None:
-                        chosen = rf
-                        injected.add(answer.index)
-                        break
-                elif answer_after(rf, rf.index) is None and _request_key(rf.frame) is not None:
-                    chosen = rf
+def withheld_of(conn: RecordedConnection) -> Withheld:
+    """What the recording proxy kept from the broker on ``conn``
+    (``Withheld``): what fault rules dropped or answered, what message
+    filters refused (answered SEND_ERROR by Sluice), and the SENDs a filter
+    changed, as the broker got them."""
+    claims = Withholding(conn, _answers, _answerable).faults()
+    sent: dict[int, Frame] = {}
+    for note in conn.filters:
+        # The SEND it acted on was recorded before it, with its read.
+        sends = [rf for rf in reversed(conn.frames[: note.position])
+                 if rf.from_client and rf.frame.type == T("SEND")]  # fmt: skip
+        if note.sent is not None:
+            frame = decode_frame(note.sent)
+            want = _request_key(frame)
+            changed = next((rf for rf in sends if _request_key(rf.frame) == want), None)
+            if changed is not None:
+                sent[changed.index] = frame
+        elif note.action == "rejected" or (note.action, note.reason) == ("error", "closed"):
+            # Refused: answered by Sluice (SEND_ERROR), never sent on.
+            after = conn.frames[note.position].index if note.position < len(conn.frames) else 0
+            for rf in sends:
+                if rf.index in claims.held:
+                    continue
+                answer = claims.answer_after(rf, after)
+                if answer is not None and answer.frame.type == T("SEND_ERROR"):
+                    claims.held.add(rf.index)
+                    claims.injected.add(answer.index)
                     break
-            held.add(chosen.index)
-        for note in conn.filters:
-            # The SEND it acted on was recorded before it, with its read.
-            sends = [rf for rf in reversed(conn.frames[: note.position])
-                     if rf.from_client and rf.frame.type == T("SEND")]  # fmt: skip
-            if note.sent is not None:
-                frame = decode_frame(note.sent)
-                want = _request_key(frame)
-                changed = next((rf for rf in sends if _request_key(rf.frame) == want), None)
-                if changed is not None:
-                    sent[changed.index] = frame
-            elif note.action == "rejected" or (note.action, note.reason) == ("error", "closed"):
-                # Refused: answered by Sluice (SEND_ERROR), never sent on.
-                after = conn.frames[note.position].index if note.position < len(conn.frames) else 0
-                for rf in sends:
-                    if rf.index in held:
-                        continue
-                    answer = answer_after(rf, after)
-                    if answer is not None and answer.frame.type == T("SEND_ERROR"):
-                        held.add(rf.index)
-                        injected.add(answer.index)
-                        break
-        return cls(frozenset(held), frozenset(injected), sent)
+    return claims.done(sent)
 
 
 # --- normalisation -------------------------------------------------------------
@@ -538,7 +507,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
     # answered was the proxy's, so they are not replayed nor compared.
     replayed = [conn for conn in recording.connections if conn.kind != REFUSED]
     outcome.refused = [conn.name for conn in recording.connections if conn.kind == REFUSED]
-    withheld = {conn.key: Withheld.of(conn) for conn in replayed}
+    withheld = {conn.key: withheld_of(conn) for conn in replayed}
     lives: dict[tuple[str, int], Live] = {}
     client_frames = sorted(
         ((conn, rf) for conn in replayed for rf in conn.frames if rf.from_client),
