@@ -4,6 +4,7 @@ header names (``ProtocolSpec.decode``)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import heapq
@@ -102,6 +103,11 @@ class Recording:
     frames: int
     truncated: list[Path]
     gaps: list[Gap] = field(default_factory=list)
+    # What the HTTP listener recorded beside the binary protocol (``http``
+    # exchanges, ``ws`` frames): not loaded, counted so that replay and
+    # serve can say they left it out.
+    http: int = 0
+    ws: int = 0
 
     def incomplete(self, conn: RecordedConnection, index: int | None = None) -> str | None:
         """Why the recording may not hold all that led to ``conn``'s frame
@@ -182,6 +188,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     heading: list[tuple[RecordedConnection, bool]] | None = None  # (connection, marked)
     joined = False  # the file read now is a segment read without the one before it
     skipped: list[Unfinished | Gone] = []  # files of no whole record, or removed
+    web: collections.Counter[str] = collections.Counter()  # http and ws records
     for path in paths:
         result = ReadResult(path)
         records = read_records(path, result)
@@ -248,6 +255,8 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                     )
                     conn.faults.append(fault)
                     faulted[id(fault)] = record["w"]
+            elif kind in ("http", "ws"):
+                web[kind] += 1
             elif kind == "filter" and record.get("d") == 0:
                 conn = connections.get((capture, record["c"]))
                 if conn is not None:
@@ -271,7 +280,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
         found = _in_time_order(list(connections.values()), closed, faulted, gaps)
     ordered = sorted(connections.values(), key=lambda c: c.frames[0].index if c.frames else 0)
     return Recording([c for c in ordered if c.frames], policies.pop() if policies else "", index,
-                     truncated, found)  # fmt: skip
+                     truncated, found, web["http"], web["ws"])  # fmt: skip
 
 
 def _in_time_order(

@@ -36,13 +36,18 @@ class Outcome:
     # Connections the recording proxy refused at the handshake (no valid
     # CONNECT first): they never reached a broker, so they are not replayed.
     refused: list[str] = field(default_factory=list)
+    # What the HTTP listener recorded in the capture (exchanges, WebSocket
+    # frames): replay covers the binary protocol only.
+    http: int = 0
+    ws: int = 0
 
     @classmethod
     def of(cls, recording: Recording) -> Outcome:
         """An outcome to fill, knowing what the recording lacks."""
         return cls(truncated=recording.truncated,
                    dropped=sum(gap.dropped for gap in recording.gaps),
-                   late=[conn.name for conn in recording.connections if conn.late])  # fmt: skip
+                   late=[conn.name for conn in recording.connections if conn.late],
+                   http=recording.http, ws=recording.ws)  # fmt: skip
 
     @property
     def equivalent(self) -> bool:
@@ -82,6 +87,16 @@ def incomplete_notes(recording: Recording, conn: RecordedConnection) -> list[tup
     return notes
 
 
+def web_left_out(http: int, ws: int) -> str:
+    """``2 HTTP exchanges and 3 WebSocket frames``, leaving out a kind of none."""
+    parts = []
+    if http:
+        parts.append(f"{http} HTTP exchange{'s' if http != 1 else ''}")
+    if ws:
+        parts.append(f"{ws} WebSocket frame{'s' if ws != 1 else ''}")
+    return " and ".join(parts)
+
+
 def report(outcome: Outcome, out: Any) -> None:
     for conn, name, recorded, live in outcome.diverged:
         out.write(f"DIVERGED {conn} {name}\n  recorded: {recorded}\n  live:     {live}\n")
@@ -109,6 +124,11 @@ def report(outcome: Outcome, out: Any) -> None:
             "handshake (their first frame was no valid CONNECT): they never reached a broker, "
             "so they are not replayed\n"
         )
+    if outcome.http or outcome.ws:
+        verb = "was" if outcome.http + outcome.ws == 1 else "were"
+        out.write(f"note: {web_left_out(outcome.http, outcome.ws)} in the capture {verb} not "
+                  "replayed: replay covers the binary protocol (Pulsar's or Cursus's), not the "
+                  "HTTP listener's traffic\n")  # fmt: skip
     if outcome.faults:
         out.write(
             f"note: the recording holds {outcome.faults} faults injected while recording "
