@@ -69,10 +69,6 @@ def run(args: argparse.Namespace) -> int:
         where = " and ".join(str(a) for a in (listening.plain, listening.tls) if a is not None)
         print(f"sluice serve: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(
-        f"served {report.requests} requests, pushed {report.pushed} messages, "
-        f"{len(report.unmatched)} without a recorded answer"
-    )
-    for what in report.unmatched:
-        print(f"  no recorded answer: {what}")
+    for line in report.lines():
+        print(line)
     return 0 if not report.unmatched else 1

@@ -3,6 +3,7 @@ a replay's ``Outcome`` (and its ``report``), a serve's ``Report``."""
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,3 +177,13 @@ class Report:
     requests: int = 0
     unmatched: list[str] = field(default_factory=list)
     pushed: int = 0
+
+    def lines(self) -> list[str]:
+        """What serve prints when it stops: the totals, then each request
+        without a recorded answer once, in the order first asked, with how
+        many times it was (a client retrying one request is one line)."""
+        out = [f"served {self.requests} requests, pushed {self.pushed} messages, "
+               f"{len(self.unmatched)} without a recorded answer"]  # fmt: skip
+        for what, times in collections.Counter(self.unmatched).items():
+            out.append(f"  no recorded answer: {what}" + (f" ({times} times)" if times > 1 else ""))
+        return out
