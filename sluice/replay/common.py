@@ -1,7 +1,8 @@
 """What the replay and serve of every protocol share.
 
 ``ReplayError`` (a replay that cannot go on), ``parse_speed`` (the value of
-``--speed``), ``Listening`` (where ``sluice serve`` listens, plain and TLS),
+``--speed``) and ``Pace`` (keeping to it), ``Listening`` (where ``sluice
+serve`` listens, plain and TLS),
 ``announce`` and ``until_signalled`` (how serve starts and stops),
 ``close_due`` (how replay closes what the recording shows closed),
 ``Withheld`` and ``Withholding`` (which recorded frames the recording proxy
@@ -50,6 +51,29 @@ def parse_speed(text: str) -> float:
     if not 0 < value < math.inf:
         raise ConfigError("--speed must be a positive number")
     return value
+
+
+class Pace:
+    """``--speed``: each client frame goes out no sooner than the time
+    between it and the one before it when recorded (divided by ``speed``)
+    after the one before it went out; 0 (asap): as soon as it may. The wait
+    for the answers it depends on counts toward that time, as the broker's
+    answering did when recorded (it is inside the recorded gap), rather than
+    coming on top of it."""
+
+    def __init__(self, speed: float) -> None:
+        self.speed = speed
+        self._recorded_ns: int | None = None  # the frame before, when recorded
+        self._sent = 0.0  # and when it went out (trio's clock)
+
+    async def next(self, recorded_ns: int) -> None:
+        """Wait until the frame recorded at ``recorded_ns`` is due; it goes
+        out now."""
+        if self.speed and self._recorded_ns is not None:
+            gap = max(0, recorded_ns - self._recorded_ns) / 1e9 / self.speed
+            await trio.sleep_until(self._sent + gap)
+        self._recorded_ns = recorded_ns
+        self._sent = trio.current_time()
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
 from sluice.replay.common import (
     Listening,
+    Pace,
     Withheld,
     Withholding,
     announce,
@@ -207,7 +208,7 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
     )
     closed = 0
     closing = partial(_Live.close_when_answered, timeout=timeout)
-    previous_ns: int | None = None
+    pace = Pace(speed)
     async with trio.open_nursery() as nursery:
         for conn, rf in client_frames:
             closed = await close_due(closes, closed, rf.index, lives, closing)
@@ -223,9 +224,7 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
             await live.wait_for(expected_before[rf.index], timeout)
             if live.quiet and not was_quiet:  # this wait ran out
                 outcome.waits_timed_out += 1
-            if speed and previous_ns is not None:
-                await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
-            previous_ns = rf.wall_ns
+            await pace.next(rf.wall_ns)
             if rf.index in live.withheld.held:
                 outcome.withheld += 1  # a fault rule kept it from the broker when recorded
                 continue

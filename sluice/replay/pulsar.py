@@ -73,6 +73,7 @@ from sluice.proxy.pulsar import FrameStream
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
 from sluice.replay.common import (
     Listening,
+    Pace,
     ReplayError,
     Withheld,
     Withholding,
@@ -528,7 +529,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
     async with trio.open_nursery() as nursery:
         waited = 0
         closed = 0
-        previous_ns: int | None = None
+        pace = Pace(speed)
         for done, (conn, rf) in enumerate(client_frames, start=1):
             closed = await close_due(closes, closed, rf.index, lives,
                                      partial(_close_as_recorded, timeout=args.timeout))  # fmt: skip
@@ -556,9 +557,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                 if not await dep_live.wait(key, args.timeout) and not dep_live.ended:
                     outcome.waits_timed_out += 1
                     dep_live.quiet = True
-            if speed and previous_ns is not None:
-                await trio.sleep(max(0.0, (rf.wall_ns - previous_ns) / 1e9 / speed))
-            previous_ns = rf.wall_ns
+            await pace.next(rf.wall_ns)
             if rf.index in live.withheld.held:
                 outcome.withheld += 1  # a fault rule kept it from the broker when recorded
                 continue
