@@ -15,13 +15,17 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -63,6 +67,9 @@ GATEWAY_HTTP = [
     "--set", f"http.broker={HTTP_BROKER}", "--set", "workers=2",
     "--set", "config.listener-ports=7000-7099",
 ]  # fmt: skip
+# The web port over TLS too (http.tls), with the certificate of tls.secretName.
+HTTPS = ["--set", "tls.enabled=true", "--set", "tls.secretName=sluice-tls",
+         "--set", "http.tls.enabled=true"]  # fmt: skip
 # Each case: (chart, release, helm arguments).
 CASES: dict[str, tuple[Path, str, list[str]]] = {
     "gateway-default": (CHART, "sluice", ["--set", f"broker={BROKER}"]),
@@ -73,6 +80,8 @@ CASES: dict[str, tuple[Path, str, list[str]]] = {
     ),
     # The HTTP listener on, with workers (which need the per-broker port range).
     "gateway-http": (CHART, "sluice", GATEWAY_HTTP),
+    # And over TLS (--http-listen-tls).
+    "gateway-https": (CHART, "sluice", [*GATEWAY_HTTP, *HTTPS]),
     "sidecar-default": (ORDERS, "orders", []),
     "sidecar-full": (ORDERS, "orders", ["-f", str(ORDERS / "ci/full-values.yaml"), *OPERATOR]),
 }
@@ -372,6 +381,75 @@ def test_the_chart_requires_the_broker() -> None:
             "http.port 9090 is taken",
         ),
         ({"config": {"broker-http": HTTP_BROKER}}, "config.broker-http is set by the chart"),
+        # The web port over TLS is http.tls: under config it had no port.
+        ({"config": {"http-listen-tls": "0.0.0.0:8443"}}, "config.http-listen-tls is set by the"),
+        ({"config": {"http_listen_tls": "0.0.0.0:8443"}}, "config.http_listen_tls is set by the"),
+        (
+            {"http": {"enabled": True, "broker": HTTP_BROKER, "tls": {"enabled": True}}},
+            "http.tls.enabled needs tls.secretName",
+        ),
+        (
+            {"tls": {"secretName": "t"}, "http": {"tls": {"enabled": True}}},
+            "http.tls.enabled needs http.enabled and http.broker",
+        ),
+        (
+            {"http": {"enabled": True, "broker": HTTP_BROKER, "plain": False}},
+            "http.plain false needs http.tls.enabled",
+        ),
+        (
+            {
+                "tls": {"secretName": "t"},
+                "http": {
+                    "enabled": True,
+                    "broker": HTTP_BROKER,
+                    "tls": {"enabled": True, "port": 8080},
+                },
+            },
+            "http.tls.port 8080 is taken",
+        ),
+        (
+            {
+                "tls": {"enabled": True, "secretName": "t"},
+                "http": {
+                    "enabled": True,
+                    "broker": HTTP_BROKER,
+                    "tls": {"enabled": True, "port": 6651},
+                },
+            },
+            "http.tls.port 6651 is taken",
+        ),
+        (
+            {
+                "tls": {"secretName": "t"},
+                "http": {
+                    "enabled": True,
+                    "broker": HTTP_BROKER,
+                    "tls": {"enabled": True, "port": 9090},
+                },
+            },
+            "http.tls.port 9090 is taken",
+        ),
+        (
+            {
+                "mode": "sidecar",
+                "tls": {"secretName": "t"},
+                "http": {
+                    "enabled": True,
+                    "broker": HTTP_BROKER,
+                    "tls": {"enabled": True, "port": 9090},
+                },
+            },
+            "http.tls.port 9090 is taken",
+        ),
+        (
+            {
+                "tls": {"secretName": "t"},
+                "http": {"enabled": True, "broker": HTTP_BROKER, "tls": {"enabled": True}},
+                "config": {"listener-ports": "8400-8499"},
+            },
+            "config.listener-ports 8400-8499 includes http.tls.port 8443",
+        ),
+        ({"http": {"tls": {"enabled": True, "prot": 8443}}}, "'prot' not allowed"),
         # The chart's own settings in either spelling; two spellings at once.
         ({"config": {"drain_timeout": 30}}, "config.drain_timeout is set by the chart"),
         # A drainTimeout with a fraction is covered in full (5 + 20.5 + 5 > 30).
@@ -579,7 +657,7 @@ def test_probes_point_at_the_admin_port(case: str) -> None:
     assert ports.get(admin["targetPort"], admin["targetPort"]) == port
 
 
-@pytest.mark.parametrize("case", ["gateway-full", "gateway-http", "sidecar-full"])
+@pytest.mark.parametrize("case", ["gateway-full", "gateway-http", "gateway-https", "sidecar-full"])
 def test_an_ipv6_cluster_reaches_the_pods_listeners(case: str) -> None:
     """0.0.0.0 is IPv4 only: in an IPv6-only cluster the probes (to the pod's
     IPv6 address) and the clients would be refused. bindAddress "::" puts
@@ -590,7 +668,7 @@ def test_an_ipv6_cluster_reaches_the_pods_listeners(case: str) -> None:
     proxy = sluice_container(pod_spec(render(case, "--set", f"{key}=::")))
     listeners = {name: value for name, value in env(proxy).items()
                  if name in {"SLUICE_LISTEN", "SLUICE_LISTEN_TLS", "SLUICE_HTTP_LISTEN",
-                             "SLUICE_ADMIN"}}  # fmt: skip
+                             "SLUICE_HTTP_LISTEN_TLS", "SLUICE_ADMIN"}}  # fmt: skip
     assert listeners["SLUICE_ADMIN"] == f"[::]:{admin_port(proxy)}"
     for name, value in listeners.items():
         address = parse_address(value)  # as Sluice reads it
@@ -632,7 +710,7 @@ def test_listeners_match_the_mode(case: str) -> None:
 
 
 # Cases with the HTTP listener on; in every other the chart renders no HTTP port.
-HTTP_CASES = {"gateway-http", "gateway-example"}
+HTTP_CASES = {"gateway-http", "gateway-https", "gateway-example"}
 
 
 @pytest.mark.parametrize("case", [*CASES, "gateway-example", "sidecar-example"])
@@ -652,6 +730,11 @@ def test_the_http_port_only_when_enabled(case: str) -> None:
     # The probes stay on the admin port either way.
     for probe in ("livenessProbe", "readinessProbe"):
         assert proxy[probe]["httpGet"]["port"] == "sluice-admin"
+    # The HTTPS listener only with http.tls (test_the_https_port_is_reachable).
+    if case != "gateway-https":
+        assert "SLUICE_HTTP_LISTEN_TLS" not in env(proxy) and "http-listen-tls" not in config
+        assert "https" not in container and "https" not in services
+        assert 8443 not in admitted
     if case == "sidecar-example":  # on, for the application in its pod only
         assert env(proxy)["SLUICE_HTTP_LISTEN"] == "127.0.0.1:8080"
         assert config["broker-http"] == "http://pulsar-broker.pulsar.svc.cluster.local:8080"
@@ -772,6 +855,25 @@ def test_the_install_notes_name_the_listeners_there_are(tmp_path: Path) -> None:
     assert "talks to pulsar+ssl://localhost:6651." in sidecar_tls, sidecar_tls
 
 
+def test_the_install_notes_name_the_https_port(tmp_path: Path) -> None:
+    """With http.tls the notes give the https:// URL of the web port beside
+    the http:// one (alone with http.plain false), and a sidecar's
+    application its https://localhost one."""
+    web = ["--set", f"broker={BROKER}", "--set", "http.enabled=true",
+           "--set", f"http.broker={HTTP_BROKER}", "--set", "config.listener-ports=7000-7099",
+           *HTTPS]  # fmt: skip
+    both = install_notes(tmp_path / "both", *web)
+    assert (
+        "         http://sluice.default.svc.cluster.local:8080\n"
+        "         https://sluice.default.svc.cluster.local:8443\n"
+    ) in both, both
+    only = install_notes(tmp_path / "only", *web, "--set", "http.plain=false")
+    assert "https://sluice.default.svc.cluster.local:8443" in only
+    assert "http://sluice.default.svc.cluster.local" not in only, only
+    sidecar = install_notes(tmp_path / "sidecar", *web, "--set", "mode=sidecar")
+    assert "http://localhost:8080 and https://localhost:8443." in sidecar, sidecar
+
+
 def test_the_install_notes_say_when_the_policy_keeps_prometheus_out(tmp_path: Path) -> None:
     """A ServiceMonitor with the NetworkPolicy's default admin rule (this
     namespace only): the notes say that a Prometheus elsewhere is refused,
@@ -797,6 +899,107 @@ def test_http_external_puts_the_port_on_the_balancers_service() -> None:
     assert [(s["metadata"]["name"], s["spec"]["type"]) for s in http_services(outside)] == [
         ("sluice-gateway", "LoadBalancer")
     ]
+
+
+def client_rule_ports(docs: list[Doc]) -> list[Doc]:
+    """The ports of the gateway NetworkPolicy's client rule (the one rule
+    that does not admit the admin port)."""
+    admin = {"port": admin_port(sluice_container(pod_spec(docs))), "protocol": "TCP"}
+    rules = one(docs, "NetworkPolicy")["spec"]["ingress"]
+    (rule,) = [r for r in rules if admin not in r["ports"]]
+    ports: list[Doc] = rule["ports"]
+    return ports
+
+
+@pytest.mark.parametrize("service_type", ["ClusterIP", "LoadBalancer"])
+def test_the_https_port_is_reachable_through_a_gateway(service_type: str) -> None:
+    """http.tls: --http-listen-tls on every interface, with the certificate
+    of tls.secretName, and, as the HTTP port, a container port, a Service
+    port (on the ClusterIP Service of its own, RELEASE-http, when the
+    gateway's Service is a balancer) and the NetworkPolicy's client rule.
+    (config.http-listen-tls, before, reached none of the three.)"""
+    docs = render("gateway-https", "--set", f"gateway.service.type={service_type}")
+    proxy = sluice_container(pod_spec(docs))
+    config = settings(docs)
+    assert env(proxy)["SLUICE_HTTP_LISTEN_TLS"] == "0.0.0.0:8443"
+    assert env(proxy)["SLUICE_HTTP_LISTEN"] == "0.0.0.0:8080"
+    assert "http-listen-tls" not in config  # the chart's, from the environment
+    assert config["tls-cert"] == "/etc/sluice-tls/tls.crt"
+    assert config["tls-key"] == "/etc/sluice-tls/tls.key"
+    mounts = {m["name"]: m["mountPath"] for m in proxy["volumeMounts"]}
+    assert mounts["sluice-tls"] == "/etc/sluice-tls"
+    volumes = {v["name"]: v for v in pod_spec(docs)["spec"]["volumes"]}
+    assert volumes["sluice-tls"]["secret"]["secretName"] == "sluice-tls"
+    container = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    assert container["https"] == 8443 and container["http"] == 8080
+    https = [(s["metadata"]["name"], s["spec"]["type"], p) for s in kind(docs, "Service")
+             for p in s["spec"]["ports"] if p["name"] == "https"]  # fmt: skip
+    where = ("sluice", "ClusterIP") if service_type == "ClusterIP" else ("sluice-http", "ClusterIP")
+    assert https == [(*where, {"name": "https", "port": 8443, "targetPort": "https",
+                               "protocol": "TCP"})]  # fmt: skip
+    # Beside the HTTP port, on the same Service.
+    assert [s["metadata"]["name"] for s in http_services(docs)] == [where[0]]
+    ports = client_rule_ports(docs)
+    assert {"port": 8443, "protocol": "TCP"} in ports
+    assert {"port": 8080, "protocol": "TCP"} in ports
+    # http.external: on the balancer's Service too.
+    if service_type == "LoadBalancer":
+        outside = render("gateway-https", "--set", "gateway.service.type=LoadBalancer",
+                         "--set", "http.external=true")  # fmt: skip
+        (service,) = [s for s in kind(outside, "Service") if s["metadata"]["name"] == "sluice"]
+        names = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+        assert names["https"] == 8443 and names["http"] == 8080
+
+
+def test_https_alone_and_on_a_port_of_ones_choice() -> None:
+    """http.plain false: the HTTPS listener only (no plain web port anywhere);
+    http.tls.port moves it everywhere; the certificate needs tls.secretName,
+    not the binary TLS listener."""
+    docs = render("gateway-http", "--set", "tls.secretName=web-tls",
+                  "--set", "http.tls.enabled=true", "--set", "http.tls.port=9443",
+                  "--set", "http.plain=false")  # fmt: skip
+    proxy = sluice_container(pod_spec(docs))
+    variables = env(proxy)
+    assert variables["SLUICE_HTTP_LISTEN_TLS"] == "0.0.0.0:9443"
+    assert "SLUICE_HTTP_LISTEN" not in variables and "SLUICE_LISTEN_TLS" not in variables
+    container = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    assert container["https"] == 9443 and "http" not in container and "pulsar-tls" not in container
+    services = {p["name"]: p["port"] for s in kind(docs, "Service") for p in s["spec"]["ports"]}
+    assert services["https"] == 9443 and "http" not in services
+    ports = client_rule_ports(docs)
+    assert {"port": 9443, "protocol": "TCP"} in ports
+    assert {"port": 8080, "protocol": "TCP"} not in ports
+    assert settings(docs)["tls-cert"] == "/etc/sluice-tls/tls.crt"
+    volumes = {v["name"]: v for v in pod_spec(docs)["spec"]["volumes"]}
+    assert volumes["sluice-tls"]["secret"]["secretName"] == "web-tls"
+    # A release upgraded with --reuse-values from a chart without http.plain
+    # and http.tls: the plain HTTP listener, as before, and no HTTPS.
+    old = render("gateway-http", "--set", "http.plain=null", "--set", "http.tls=null")
+    assert env(sluice_container(pod_spec(old)))["SLUICE_HTTP_LISTEN"] == "0.0.0.0:8080"
+    assert "SLUICE_HTTP_LISTEN_TLS" not in env(sluice_container(pod_spec(old)))
+
+
+def test_a_sidecars_https_port_is_for_its_pod_only() -> None:
+    """A sidecar's HTTPS listener is on 127.0.0.1, for the application in its
+    pod, like its HTTP port: no container port, no Service port."""
+    https = ["--set", "sluice.http.enabled=true", "--set", f"sluice.http.broker={HTTP_BROKER}",
+             "--set", "sluice.tls.secretName=orders-tls",
+             "--set", "sluice.http.tls.enabled=true"]  # fmt: skip
+    docs = render("sidecar-default", *https)
+    proxy = sluice_container(pod_spec(docs))
+    assert env(proxy)["SLUICE_HTTP_LISTEN_TLS"] == "127.0.0.1:8443"
+    assert env(proxy)["SLUICE_HTTP_LISTEN"] == "127.0.0.1:8080"
+    assert settings(docs)["tls-cert"] == "/etc/sluice-tls/tls.crt"
+    assert {"name": "sluice-tls", "mountPath": "/etc/sluice-tls", "readOnly": True} in proxy[
+        "volumeMounts"
+    ]
+    assert [p["name"] for p in proxy["ports"]] == ["sluice-admin"]
+    assert all(p["name"] == "admin" for s in kind(docs, "Service") for p in s["spec"]["ports"])
+    # IPv6: the admin port moves, the application's listeners stay local.
+    v6 = sluice_container(
+        pod_spec(render("sidecar-default", *https, "--set", "sluice.bindAddress=::"))
+    )
+    assert env(v6)["SLUICE_HTTP_LISTEN_TLS"] == "127.0.0.1:8443"
 
 
 def test_a_sidecars_http_port_is_for_its_pod_only() -> None:
@@ -1449,9 +1652,12 @@ def test_openid_connect_issuers_and_sluices_oauth2_token(tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr
 
 
-def materialize(docs: list[Doc], root: Path) -> tuple[Path, dict[str, str]]:
+def materialize(
+    docs: list[Doc], root: Path, secrets: dict[str, dict[str, bytes]] | None = None
+) -> tuple[Path, dict[str, str]]:
     """The sluice container's volumes as directories under root, filled from
-    the rendered ConfigMaps and Secrets; its config with paths moved there."""
+    the rendered ConfigMaps and Secrets (and from secrets, by name, those the
+    chart names but does not make); its config with paths moved there."""
     pod = pod_spec(docs)
     proxy = sluice_container(pod)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -1466,8 +1672,13 @@ def materialize(docs: list[Doc], root: Path) -> tuple[Path, dict[str, str]]:
             for name, text in objects["ConfigMap", volume["configMap"]["name"]]["data"].items():
                 (where / name).write_text(text)
         elif "secret" in volume:
-            for name, data in objects["Secret", volume["secret"]["secretName"]]["data"].items():
-                (where / name).write_bytes(base64.b64decode(data))
+            secret = volume["secret"]["secretName"]
+            if ("Secret", secret) in objects:
+                for name, data in objects["Secret", secret]["data"].items():
+                    (where / name).write_bytes(base64.b64decode(data))
+            else:
+                for name, content in (secrets or {})[secret].items():
+                    (where / name).write_bytes(content)
     config = (Path(moved["/etc/sluice"]) / "sluice.toml").read_text()
     longest_first = "|".join(map(re.escape, sorted(moved, key=len, reverse=True)))
     config = re.sub(f'"({longest_first})(?=[/"])', lambda m: f'"{moved[m[1]]}', config)
@@ -1537,6 +1748,54 @@ def test_a_snapshot_from_a_running_gateway_as_the_docs_take_it(
         )  # fmt: skip
         assert view.returncode == 0, view.stderr
         assert "SEND" in page.read_text()
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_a_gateways_https_port_serves_the_certificate_of_its_secret(tmp_path: Path) -> None:
+    """http.tls's files and environment as the pod would see them (the
+    kubernetes.io/tls Secret's tls.crt and tls.key): Sluice opens the HTTPS
+    port the container port names, serves that certificate, and relays
+    there (here to a web service that is down: Sluice's own 502)."""
+    down = free_port()
+    docs = render("gateway-default", "--set", f"broker=pulsar://127.0.0.1:{down}",
+                  "--set", "http.enabled=true", "--set", f"http.broker=http://127.0.0.1:{down}",
+                  *HTTPS)  # fmt: skip
+    ca = trustme.CA()
+    served = ca.issue_cert("127.0.0.1")
+    tls = {"tls.crt": served.cert_chain_pems[0].bytes(), "tls.key": served.private_key_pem.bytes()}
+    config, _ = materialize(docs, tmp_path, {"sluice-tls": tls})
+    proxy = sluice_container(pod_spec(docs))
+    # Each listener the container's environment names, on a loopback port of
+    # this machine.
+    ports = {name: free_port() for name in env(proxy) if name.startswith("SLUICE_")}
+    assert set(ports) == {"SLUICE_LISTEN", "SLUICE_LISTEN_TLS", "SLUICE_HTTP_LISTEN",
+                          "SLUICE_HTTP_LISTEN_TLS", "SLUICE_ADMIN"}  # fmt: skip
+    https_port = {p["name"]: p["containerPort"] for p in proxy["ports"]}["https"]
+    assert env(proxy)["SLUICE_HTTP_LISTEN_TLS"].endswith(f":{https_port}")
+    log = tmp_path / "proxy.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [*SLUICE, "proxy", "--config", str(config)],
+            env={**os.environ, **{name: f"127.0.0.1:{port}" for name, port in ports.items()}},
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        try:
+            wait_for_port("127.0.0.1", ports["SLUICE_HTTP_LISTEN_TLS"], 20, process)
+        except BrokerError:
+            raise AssertionError(log.read_text()) from None
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        url = f"https://127.0.0.1:{ports['SLUICE_HTTP_LISTEN_TLS']}/admin/v2/clusters"
+        try:
+            with urllib.request.urlopen(url, timeout=10, context=context) as answer:
+                raise AssertionError(f"answered {answer.status}: the web service is down")
+        except urllib.error.HTTPError as error:
+            status, text = error.code, error.read().decode()
+        assert status == 502 and "cannot reach the broker's web service" in text, text
     finally:
         process.terminate()
         process.wait(30)

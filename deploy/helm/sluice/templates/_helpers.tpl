@@ -166,7 +166,7 @@ check here can size: refused. */}}
 {{- if not (regexMatch "^pulsar(\\+ssl)?://" .Values.broker) -}}
 {{- fail (printf "broker must start with pulsar:// or pulsar+ssl://, not %v" .Values.broker) -}}
 {{- end -}}
-{{- $reserved := list "broker" "workers" "listen" "listen-tls" "http-listen" "broker-http" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "auth-oidc-issuers" "auth-oidc-audiences" "auth-oidc-role-claim" "broker-auth-oauth2-issuer" "broker-auth-oauth2-credentials" "broker-auth-oauth2-audience" "broker-auth-oauth2-scope" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "filters" "filter" "config" -}}
+{{- $reserved := list "broker" "workers" "listen" "listen-tls" "http-listen" "http-listen-tls" "broker-http" "tls-cert" "tls-key" "tls-client-ca" "broker-tls-ca" "broker-tls-cert" "broker-tls-key" "broker-tls-no-verify-hostname" "allow-broker" "trust-broker" "auth-mode" "auth-token-secret-key" "auth-token-public-key" "auth-token-role-claim" "auth-token-audience" "broker-auth-token-file" "forward-auth-data" "auth-oidc-issuers" "auth-oidc-audiences" "auth-oidc-role-claim" "broker-auth-oauth2-issuer" "broker-auth-oauth2-credentials" "broker-auth-oauth2-audience" "broker-auth-oauth2-scope" "drain-timeout" "record" "record-payloads" "record-ring" "snapshot-on" "record-retain-bytes" "record-retain-age" "record-lossless" "admin" "admin-token-file" "faults" "filters" "filter" "config" -}}
 {{- $_ := include "sluice.config" . -}}
 {{- range $key, $_ := .Values.config -}}
 {{- if has (replace "_" "-" $key) $reserved -}}
@@ -178,6 +178,9 @@ check here can size: refused. */}}
 {{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
 {{- fail "tls.enabled needs tls.secretName: a kubernetes.io/tls Secret" -}}
+{{- end -}}
+{{- if and (include "sluice.httpsPort" .) (not .Values.tls.secretName) -}}
+{{- fail "http.tls.enabled needs tls.secretName: the kubernetes.io/tls Secret whose certificate the HTTPS listener serves (the binary TLS listener's too, with tls.enabled)" -}}
 {{- end -}}
 {{- if and (not .Values.listen.plain) (not .Values.tls.enabled) -}}
 {{- fail "listen.plain false needs tls.enabled: Sluice would listen nowhere" -}}
@@ -198,8 +201,13 @@ too), and the pods crash-loop. */ -}}
 {{- end -}}
 {{- with include "sluice.listenerPorts" . -}}
 {{- $range := fromJsonArray . -}}
-{{- if and $.Values.http.enabled (not (hasKey $taken (toString $.Values.http.port))) -}}
+{{- if and (include "sluice.httpPlain" $) (not (hasKey $taken (toString $.Values.http.port))) -}}
 {{- $_ := set $taken (toString $.Values.http.port) "http.port" -}}
+{{- end -}}
+{{- with include "sluice.httpsPort" $ -}}
+{{- if not (hasKey $taken .) -}}
+{{- $_ := set $taken . "http.tls.port" -}}
+{{- end -}}
 {{- end -}}
 {{- range $port, $name := $taken -}}
 {{- if and (ge (int $port) (int (index $range 0))) (le (int $port) (int (index $range 1))) -}}
@@ -216,11 +224,22 @@ too), and the pods crash-loop. */ -}}
 {{- end -}}
 {{- $_ := include "sluice.listenerPorts" . -}}
 {{- $taken := list (int .Values.admin.port) (.Values.listen.plain | ternary (int .Values.listen.port) 0) (.Values.tls.enabled | ternary (int .Values.tls.port) 0) -}}
-{{- if has (int .Values.http.port) $taken -}}
+{{- if and (include "sluice.httpPlain" .) (has (int .Values.http.port) $taken) -}}
 {{- fail (printf "http.port %v is taken by another of Sluice's listeners (listen.port, tls.port, admin.port)" .Values.http.port) -}}
+{{- end -}}
+{{- with include "sluice.httpsPort" . -}}
+{{- if has (int .) (append $taken (eq (include "sluice.httpPlain" $) "true" | ternary (int $.Values.http.port) 0)) -}}
+{{- fail (printf "http.tls.port %v is taken by another of Sluice's listeners (listen.port, tls.port, admin.port, http.port)" .) -}}
+{{- end -}}
+{{- else -}}
+{{- if not (include "sluice.httpPlain" .) -}}
+{{- fail "http.plain false needs http.tls.enabled: Sluice would have no web listener" -}}
+{{- end -}}
 {{- end -}}
 {{- else if .Values.http.broker -}}
 {{- fail "http.broker is for http.enabled: true" -}}
+{{- else if dig "tls" "enabled" false .Values.http -}}
+{{- fail "http.tls.enabled needs http.enabled and http.broker: the HTTPS listener relays to the brokers' web service as the HTTP one does" -}}
 {{- end -}}
 {{- if not (has .Values.auth.mode (list "passthrough" "proxy")) -}}
 {{- fail (printf "auth.mode must be passthrough or proxy, not %v" .Values.auth.mode) -}}
@@ -401,7 +420,7 @@ config.no-check-broker: false restores the check. */ -}}
 {{- with .Values.allowBroker }}{{ $_ := set $s "allow-broker" . }}{{ end -}}
 {{- if .Values.http.enabled }}{{ $_ := set $s "broker-http" .Values.http.broker }}{{ end -}}
 {{- with .Values.trustBroker }}{{ $_ := set $s "trust-broker" . }}{{ end -}}
-{{- if .Values.tls.enabled -}}
+{{- if include "sluice.serverCert" . -}}
 {{- $_ := set $s "tls-cert" (printf "%s/tls.crt" $p.tls) -}}
 {{- $_ := set $s "tls-key" (printf "%s/tls.key" $p.tls) -}}
 {{- end -}}
@@ -567,6 +586,32 @@ per-broker listeners' ports (sluice/commands/proxy.py port_range). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when the plain HTTP listener (--http-listen) is on: http.enabled
+and http.plain not false (unset, a release upgraded with --reuse-values
+from a chart without it: on, as before it existed). */}}
+{{- define "sluice.httpPlain" -}}
+{{- if and .Values.http.enabled (ne (toString (dig "plain" true .Values.http)) "false") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The HTTPS listener's port (--http-listen-tls), "" when off: http.enabled
+and http.tls.enabled (unset with --reuse-values from an older chart: off). */}}
+{{- define "sluice.httpsPort" -}}
+{{- if and .Values.http.enabled (dig "tls" "enabled" false .Values.http) -}}
+{{- dig "tls" "port" 8443 .Values.http | int -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when a listener serves the certificate of tls.secretName: the
+binary TLS listener (tls.enabled), the HTTPS one (http.tls.enabled), or
+both. */}}
+{{- define "sluice.serverCert" -}}
+{{- if or .Values.tls.enabled (include "sluice.httpsPort" .) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* bindAddress as a listener's host: an IPv6 address in brackets. */}}
 {{- define "sluice.bindHost" -}}
 {{- /* Unset (a release upgraded with --reuse-values from a chart without
@@ -586,8 +631,15 @@ it, or bindAddress: null): IPv4, as before it existed. */ -}}
   value: {{ printf "%s:%v" $host .Values.tls.port | quote }}
 {{- end }}
 {{- if .Values.http.enabled }}
+{{- if include "sluice.httpPlain" . }}
 - name: SLUICE_HTTP_LISTEN
   value: {{ printf "%s:%v" $host .Values.http.port | quote }}
+{{- end }}
+{{- with include "sluice.httpsPort" . }}
+# HTTPS (http.tls), with the certificate of tls.secretName.
+- name: SLUICE_HTTP_LISTEN_TLS
+  value: {{ printf "%s:%v" $host . | quote }}
+{{- end }}
 {{- if and (eq .Values.mode "gateway") (not (hasKey (include "sluice.config" . | fromJson) "advertise-host")) }}
 # HTTP lookups name a listener of this pod (config.listener-ports) for the
 # client to dial: on the pod's IP, which every pod of the cluster reaches
@@ -619,7 +671,7 @@ beside an application's own). */}}
     secretName: {{ . }}
     defaultMode: 0440
 {{- end }}
-{{- if .Values.tls.enabled }}
+{{- if include "sluice.serverCert" . }}
 - name: sluice-tls
   secret:
     secretName: {{ .Values.tls.secretName }}
@@ -719,8 +771,11 @@ beside an application's own). */}}
     {{- if and .Values.tls.enabled (not $sidecar) }}
     - {name: pulsar-tls, containerPort: {{ .Values.tls.port }}, protocol: TCP}
     {{- end }}
-    {{- if and .Values.http.enabled (not $sidecar) }}
+    {{- if and (include "sluice.httpPlain" .) (not $sidecar) }}
     - {name: http, containerPort: {{ .Values.http.port }}, protocol: TCP}
+    {{- end }}
+    {{- with and (not $sidecar) (include "sluice.httpsPort" .) }}
+    - {name: https, containerPort: {{ . }}, protocol: TCP}
     {{- end }}
     - {name: sluice-admin, containerPort: {{ .Values.admin.port }}, protocol: TCP}
   livenessProbe:
@@ -771,7 +826,7 @@ beside an application's own). */}}
     {{- if include "sluice.adminTokenSecret" . }}
     - {name: sluice-admin-token, mountPath: {{ $p.adminToken }}, readOnly: true}
     {{- end }}
-    {{- if .Values.tls.enabled }}
+    {{- if include "sluice.serverCert" . }}
     - {name: sluice-tls, mountPath: {{ $p.tls }}, readOnly: true}
     {{- end }}
     {{- if .Values.tls.clientCA.secretName }}
