@@ -66,8 +66,53 @@ SESSION_CONFIG = {
 }
 
 
+# How long the Spark Connect server may take to accept a connection.
+CONNECT_TIMEOUT_S = 10.0
+# Environment variables that send gRPC through a proxy: then the server's
+# address is the proxy's to reach, not this process's.
+GRPC_PROXY_VARIABLES = ("grpc_proxy", "https_proxy", "http_proxy", "GRPC_PROXY", "HTTPS_PROXY",
+                        "HTTP_PROXY")  # fmt: skip
+
+
+class Unreachable(Exception):
+    """The Spark Connect server of ``--remote`` does not accept connections."""
+
+
+def check_reachable(remote: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise :class:`Unreachable` (one line) unless the host and port of an
+    ``sc://HOST:PORT`` URL accept a TCP connection within ``timeout``.
+
+    Spark Connect's client retries an unanswered call for ten minutes and
+    more before it gives up; a server that is not there is said at once.
+    Through a gRPC proxy (its variables set) nothing is checked here."""
+    import socket
+
+    if any(os.environ.get(name) for name in GRPC_PROXY_VARIABLES):
+        return
+    parsed = urllib.parse.urlsplit(remote)
+    try:
+        host, port = parsed.hostname, parsed.port or 15002  # Spark Connect's default port
+    except ValueError as exc:  # a port that is not a number
+        raise Unreachable(f"--remote {remote}: {exc}") from None
+    if not host:
+        raise Unreachable(f"--remote {remote}: no host in it (sc://HOST:PORT)")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except TimeoutError:
+        raise Unreachable(
+            f"--remote {remote}: no Spark Connect server answered at {host}:{port} "
+            f"within {timeout:g} s"
+        ) from None
+    except OSError as exc:
+        raise Unreachable(
+            f"--remote {remote}: cannot connect to {host}:{port} ({exc.strerror or exc})"
+        ) from None
+
+
 def spark_session(master: str | None, remote: str | None = None) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if remote:
+        check_reachable(remote)
     from pyspark.sql import SparkSession
 
     if remote:

@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from sluice.analyze.job import NoRecordings, analyze
+from sluice.analyze.job import NoRecordings, Unreachable, analyze
 from sluice.commands import output_problem
 
 
@@ -227,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
     paths = [_spark_path(p) for p in args.paths]
     try:
         summary = analyze(paths, _spark_path(out), args.master, say, args.remote, progress)
+    except Unreachable as exc:
+        print(f"sluice analyze: {exc}", file=sys.stderr)
+        return 2
     except NoRecordings:
         print(f"sluice analyze: {', '.join(args.paths)}: no recordings (*.sluice) here",
               file=sys.stderr)  # fmt: skip
