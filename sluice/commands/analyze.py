@@ -148,6 +148,21 @@ def _links_to_nothing(folder: str | None) -> list[str]:
     return sorted(found)
 
 
+def _out_problem(out: str, local: str | None) -> str | None:
+    """Why a local ``--out`` cannot take the tables, in one line, said
+    before Spark starts (which would fail on it only after the work): it
+    is made here if it is not there yet, and must be writable."""
+    if local is None:
+        return None
+    try:
+        os.makedirs(local, exist_ok=True)
+    except OSError as exc:
+        return f"--out {out}: cannot be made ({exc.strerror or exc})"
+    if not os.access(local, os.W_OK | os.X_OK):
+        return f"--out {out}: cannot be written (permission denied)"
+    return None
+
+
 def failure(exc: BaseException) -> str:
     """A failed job's error in one line.
 
@@ -223,6 +238,10 @@ def run(args: argparse.Namespace) -> int:
     if local_out is not None and os.path.exists(local_out) and not os.path.isdir(local_out):
         print(f"sluice analyze: --out {out}: not a directory (the tables are a folder)",
               file=sys.stderr)  # fmt: skip
+        return 2
+    problem = _out_problem(out, local_out)
+    if problem is not None:
+        print(f"sluice analyze: {problem}", file=sys.stderr)
         return 2
     paths = [_spark_path(p) for p in args.paths]
     try:
