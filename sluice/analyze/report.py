@@ -14,6 +14,7 @@ import collections
 import datetime as dt
 import html
 import io
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,26 @@ def throughput_lines(
     ]
 
 
+def throughput_values(
+    summary: dict[str, Any], direction: str
+) -> tuple[list[int], list[tuple[str, list[float | None]]]]:
+    """The throughput picture's lines one way, as drawn: every step from the
+    recordings' first frame to their last, and per line (``throughput_lines``)
+    its messages per second at each, 0 where frames were recorded but none
+    carried its messages, None (the line broken) where no frame at all was:
+    a night the recorder was off is not drawn as traffic going on."""
+    _, lines = throughput_lines(summary, direction)
+    recorded = {int(r["step"]) for r in summary["over_time"]}
+    if not lines or not recorded:
+        return [], []
+    step = int(summary["step"])
+    steps = list(range(min(recorded), max(recorded) + 1))
+    return steps, [
+        (label, [points.get(s, 0.0) / step if s in recorded else None for s in steps])
+        for label, points in lines
+    ]
+
+
 def throughput_picture(summary: dict[str, Any]) -> str:
     step = int(summary["step"])
     if not _counted(summary):
@@ -146,11 +167,11 @@ def throughput_picture(summary: dict[str, Any]) -> str:
             (axes[0], "client_to_broker", "published"),
             (axes[1], "broker_to_client", "delivered"),
         ):
-            steps, lines = throughput_lines(summary, direction)
-            for label, points in lines:
+            steps, lines = throughput_values(summary, direction)
+            for label, values in lines:
                 ax.plot(
                     [_when(step, s) for s in steps],
-                    [points.get(s, 0.0) / step for s in steps],
+                    [math.nan if v is None else v for v in values],
                     label=label,
                     marker="." if len(steps) < 30 else None,
                 )
