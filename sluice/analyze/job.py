@@ -309,11 +309,15 @@ def _analyze(
 
     segments_read = rows("segment")
     total_bytes = rows("segment", "bytes")
-    read = set(counts["segment"]["files"]) if "segment" in counts else set()
+    # (Not ``read``: the decoder below is a closure over that name, and
+    # through Spark Connect it is pickled again with every query: a new
+    # value there is another plan, not the cached one, and every segment
+    # would be decoded again for every table.)
+    decoded = set(counts["segment"]["files"]) if "segment" in counts else set()
     # Listed but not decoded: empty files (Spark's scan skips them), and
     # where Spark reads the segments, those over its binaryFile limit
     # (filtered out above; asked for only when some file is missing).
-    unread = sorted(f for f in map(_as_listed, found) if f not in read)
+    unread = sorted(f for f in map(_as_listed, found) if f not in decoded)
     too_large: dict[str, int] = {}
     if unread and not local_io:
         too_large = {
