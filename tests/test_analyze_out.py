@@ -28,6 +28,8 @@ def test_an_out_folder_that_cannot_be_made_is_said_at_once(tmp_path: Path) -> No
         [*SLUICE, "analyze", str(inputs), "--out", str(out), "--master", "local[1]"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
-    assert result.stderr == f"sluice analyze: --out {out}: cannot be made (Not a directory)\n"
+    assert result.stderr == (
+        f"sluice analyze: --out {out}: cannot be made (Not a directory: {blocker})\n"
+    )
     assert result.returncode == 2
     assert time.monotonic() - started < 5  # no Spark started

@@ -10,6 +10,7 @@ its checks and its output, and the ``spark-submit`` entry point.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -150,16 +151,19 @@ def _links_to_nothing(folder: str | None) -> list[str]:
 
 def _out_problem(out: str, local: str | None) -> str | None:
     """Why a local ``--out`` cannot take the tables, in one line, said
-    before Spark starts (which would fail on it only after the work): it
-    is made here if it is not there yet, and must be writable."""
+    before Spark starts (which would fail on it only after the work): the
+    nearest folder of it that is there must be a folder this user may
+    write in. Nothing is made here (a run with nothing to read leaves no
+    ``--out`` behind)."""
     if local is None:
         return None
-    try:
-        os.makedirs(local, exist_ok=True)
-    except OSError as exc:
-        return f"--out {out}: cannot be made ({exc.strerror or exc})"
-    if not os.access(local, os.W_OK | os.X_OK):
-        return f"--out {out}: cannot be written (permission denied)"
+    there = os.path.abspath(local)
+    while not os.path.lexists(there) and os.path.dirname(there) != there:
+        there = os.path.dirname(there)
+    if not os.path.isdir(there):
+        return f"--out {out}: cannot be made ({os.strerror(errno.ENOTDIR)}: {there})"
+    if not os.access(there, os.W_OK | os.X_OK):
+        return f"--out {out}: cannot be written ({os.strerror(errno.EACCES)}: {there})"
     return None
 
 
