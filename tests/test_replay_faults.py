@@ -5,13 +5,13 @@ the live broker, and the answer Sluice wrote in its place is not expected."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from sluice.brokers.embedded import EmbeddedBroker
-from tests.helpers.support import SLUICE, client, start_proxy
+from tests.helpers.support import client, start_proxy
+from tests.test_replay import replay
 
 pytestmark = pytest.mark.e2e  # brokers, a proxy and replay run as processes
 
@@ -40,11 +40,7 @@ def test_a_send_a_fault_rule_answered_is_not_sent_again(tmp_path: Path) -> None:
             proxy.kill()
     transcript = tmp_path / "transcript.txt"
     with EmbeddedBroker() as fresh:
-        result = subprocess.run(
-            [*SLUICE, "replay", str(tmp_path / "rec"), "--broker", fresh.url, "--timeout", "3",
-             "--transcript", str(transcript)],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        result = replay(tmp_path / "rec", fresh, "--transcript", str(transcript))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "\nequivalent: " in result.stdout, result.stdout
     assert "note: 1 client frames were not sent" in result.stdout, result.stdout

@@ -4,14 +4,14 @@ not at all)."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pulsar
 import pytest
 
 from sluice.brokers.embedded import EmbeddedBroker
-from tests.helpers.support import SLUICE, client, start_proxy
+from tests.helpers.support import client, start_proxy
+from tests.test_replay import replay
 
 pytestmark = pytest.mark.e2e  # brokers, a proxy and replay run as processes
 
@@ -43,11 +43,7 @@ def test_a_filtered_session_replays_as_the_broker_saw_it(tmp_path: Path) -> None
             proxy.kill()
     transcript = tmp_path / "transcript.txt"
     with EmbeddedBroker() as fresh:
-        result = subprocess.run(
-            [*SLUICE, "replay", str(tmp_path / "rec"), "--broker", fresh.url, "--timeout", "3",
-             "--transcript", str(transcript)],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        result = replay(tmp_path / "rec", fresh, "--transcript", str(transcript))
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 diverged, 0 missing, 0 unexpected" in result.stdout, result.stdout
     lines = transcript.read_text().splitlines()
