@@ -347,6 +347,18 @@ def test_a_filter_can_name_the_error_code() -> None:
     assert [f.body.error for f in sent(out, Peer.CLIENT)] == [pb.NotAllowedError]
 
 
+def test_an_error_name_that_is_no_server_error_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    core, _ = _core(FilterSpec(WORDS, settings={"error": "NotAllowed"}))  # a typo
+    for sequence in range(3):
+        out = core.receive_client(_send(sequence, [b"bad"]), 1.0 + sequence)
+        (error,) = sent(out, Peer.CLIENT)
+        assert error.body.error != pb.NotAllowedError  # the default for the client
+    said = [r for r in caplog.records if "names no Pulsar ServerError" in r.getMessage()]
+    assert len(said) == 1 and "'NotAllowed'" in said[0].getMessage()
+
+
 def test_refused_deliveries_are_skipped_acked_and_their_permits_given_back() -> None:
     core, rec = _core(FilterSpec(WORDS))
     out = core.receive_broker(_message_frame([b"a", b"skip me", b"c"]), 1.0)

@@ -40,6 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.logs import clipped
 from sluice.protocols.core import Conn, Filtered, Tap
 from sluice.protocols.filtering import (
     DELIVER,
@@ -124,12 +125,22 @@ def default_error(client_version: str) -> int:
     return pb.NotAllowedError if _java(client_version) else pb.ChecksumError
 
 
-def _error_code(reject: Reject, client_version: str) -> int:
+# Reject.error names that are no ServerError, said once each (a typo in a
+# filter's code, which would otherwise go unseen), at most this many.
+_UNKNOWN_ERRORS: set[str] = set()
+_SAY_UNKNOWN = 100
+
+
+def _error_code(reject: Reject, client_version: str, by: str | None = None) -> int:
     if reject.error:
         try:
             return pb.ServerError.Value(reject.error)
-        except ValueError:
-            pass  # not a ServerError name: the client's own, as with none
+        except ValueError:  # not a ServerError name: the client's own, as with none
+            if reject.error not in _UNKNOWN_ERRORS and len(_UNKNOWN_ERRORS) < _SAY_UNKNOWN:
+                _UNKNOWN_ERRORS.add(reject.error)
+                log.warning("filter %s: Reject(error=%r) names no Pulsar ServerError; the "
+                            "client is sent the default for its version", by,
+                            clipped(reject.error))  # fmt: skip
     return default_error(client_version)
 
 
@@ -342,7 +353,7 @@ class FilterGate:
             producer_id=body.producer_id,
             # Java matches an error to its send by the batch's highest id, C++ by the first.
             sequence_id=last if java else body.sequence_id,
-            error=_error_code(reject, self.client_version),  # type: ignore[arg-type]
+            error=_error_code(reject, self.client_version, outcome.filter),  # type: ignore[arg-type]
             message=reject.message or f"refused by filter {outcome.filter}: {reject.reason}",
         )
         reply = own_frame(T.SEND_ERROR, error)
