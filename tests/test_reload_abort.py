@@ -40,6 +40,14 @@ def test_an_aborted_reload_stops_what_a_worker_started_for_it(
             assert time.monotonic() < deadline, proxy.log()
             time.sleep(0.05)
         assert fetched("once") == 1, issuers.asked  # one worker made it ready
+        # A refused file reload is tried again for a while (each try fetches
+        # "fresh" anew, and is dropped as well): the file put back as in
+        # force ends the tries.
+        write(config, [f"{base}/good"])
+        deadline = time.monotonic() + 60
+        while "sluice.workers: configuration reload (file): unchanged" not in proxy.log():
+            assert time.monotonic() < deadline, proxy.log()
+            time.sleep(0.05)
         after = fetched("fresh")
         # Both workers fetch the issuer in force every second: six
         # fetches are three rounds, in which a task still running for
