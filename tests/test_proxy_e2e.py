@@ -180,8 +180,22 @@ def scenario_seek_and_reader(url: str, topic: str) -> Scenario:
 def test_acks_seek_and_reader_behave_as_direct(
     any_proxy: ProxyProcess, any_broker: Broker, topic: str
 ) -> None:
-    through = scenario_seek_and_reader(any_proxy.url, topic + "-proxy")
-    direct = scenario_seek_and_reader(any_broker.url, topic + "-direct")
+    def run(url: str, name: str) -> Scenario:
+        done = scenario_seek_and_reader(url, f"{topic}-{name}")
+        # pulsar-lite 0.2.0 redelivers under load, direct too (CI once saw
+        # m3, m4 and m5 twice with no proxy): a run on it that did is run
+        # again on a fresh topic, at most twice, either way alike, so that
+        # what is compared is its behaviour, not its flake. (A redelivery
+        # through Sluice every time would still fail.)
+        for attempt in range(2):
+            if not isinstance(any_broker, EmbeddedBroker) or done[0] == expected:
+                break
+            done = scenario_seek_and_reader(url, f"{topic}-{name}-{attempt + 2}")
+        return done
+
+    expected = [f"m{i}".encode() for i in range(10)]
+    through = run(any_proxy.url, "proxy")
+    direct = run(any_broker.url, "direct")
     assert through == direct
     first, again, read, after = through
     assert first == read == [f"m{i}".encode() for i in range(10)]
