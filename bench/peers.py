@@ -2,7 +2,7 @@
 
     python bench/peers.py [--rounds 3] [--scale 1.0] [--paths direct,apache-proxy,...]
                           [--starts 3] [--warmup-passes N] [--png bench/peers.png]
-                          [--markdown FILE]
+                          [--markdown FILE] [--workloads 'py 1K,py consume']
 
 One Apache Pulsar standalone (the release sluice/brokers/apache-pulsar/pom.xml
 pins) and, in front of it, every path at once:
@@ -126,7 +126,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -682,6 +682,7 @@ class Workload:
     name: str
     run: Callable[[Run], Figures]
     produces: bool = True  # its messages go through a produce filter
+    reads: str | None = None  # the row whose messages it consumes (run before it)
 
 
 def wl_perf_max(
@@ -860,7 +861,10 @@ def wl_idle(seconds: float) -> Callable[[Run], Figures]:
 IDLE = "idle"
 
 
-def workloads(scale: float) -> list[Workload]:
+def workloads(scale: float, only: Sequence[str] = ()) -> list[Workload]:
+    """The rows, in the order they run; ``only``: these (by name) and the
+    rows they read, with the idle row always (its rate is every row's)."""
+
     def n(count: int) -> int:
         return max(100, int(count * scale))
 
@@ -872,18 +876,27 @@ def workloads(scale: float) -> list[Workload]:
         )
         for rate in RATES
     ]
-    return [
+    rows = [
         # Consumed right after it is written: the broker deletes a topic
         # with no producer and no subscription after 60 s (its default).
         Workload("perf 1K max", wl_perf_max(1024, seconds, False, keep="perf-1k")),
-        Workload("perf consume", wl_perf_consume("perf-1k"), produces=False),
+        Workload("perf consume", wl_perf_consume("perf-1k"), produces=False, reads="perf 1K max"),
         Workload("perf 100B batch", wl_perf_max(100, seconds, True)),
         *at_rate,
         Workload("py 1K", wl_py_produce(1024, n(10_000), False, keep="py-1k")),
         Workload("py 100B batch", wl_py_produce(100, n(50_000), True)),
-        Workload("py consume", wl_py_consume("py-1k", n(10_000)), produces=False),
+        Workload("py consume", wl_py_consume("py-1k", n(10_000)), produces=False, reads="py 1K"),
         Workload(IDLE, wl_idle(seconds), produces=False),
     ]
+    if not only:
+        return rows
+    unknown = set(only) - {w.name for w in rows}
+    if unknown:
+        names = ", ".join(repr(w.name) for w in rows)
+        raise ValueError(f"no workload {sorted(unknown)[0]!r}: the workloads are {names}")
+    wanted = set(only) | {IDLE}
+    wanted |= {w.reads for w in rows if w.name in wanted and w.reads is not None}
+    return [w for w in rows if w.name in wanted]
 
 
 # --- the floor: the compiled path alone -------------------------------------------
@@ -1205,7 +1218,7 @@ def warm_up(args: argparse.Namespace, names: list[str], loads: list[Workload], r
 
 def measure(args: argparse.Namespace) -> Results:
     names = args.paths
-    loads = workloads(args.scale)
+    loads = workloads(args.scale, args.workloads)
     cells: dict[tuple[str, str], Cell] = {}
     starts: dict[str, list[float]] = {}
     transport = None
@@ -1223,7 +1236,8 @@ def measure(args: argparse.Namespace) -> Results:
                 for name, path in paths.items():
                     if path.start_seconds is not None:
                         starts[name] = [path.start_seconds]
-                warm_passes = warm_up(args, names, loads, lambda name: Run(
+                # (Warmed by its own rows, whichever rows are measured.)
+                warm_passes = warm_up(args, names, workloads(args.scale), lambda name: Run(
                     runtime, broker, paths[name], {}, payloads))  # fmt: skip
                 for round_ in range(args.rounds):
                     order = names[round_ % len(names) :] + names[: round_ % len(names)]
@@ -1451,6 +1465,11 @@ def main() -> int:
                         help=f"comma-separated, from {','.join(KNOWN)} "
                         f"(default: {','.join(PATHS)})")  # fmt: skip
     parser.add_argument(
+        "--workloads", type=lambda s: [w.strip() for w in s.split(",") if w.strip()], default=[],
+        metavar="NAMES", help="comma-separated rows by name, e.g. 'py 1K,py consume' (a consume "
+        "row brings the row it reads; default: every row)",
+    )  # fmt: skip
+    parser.add_argument(
         "--starts", type=int, default=3, help="timed starts of each proxy (default: 3)"
     )
     parser.add_argument("--png", type=Path, default=Path(__file__).with_name("peers.png"),
@@ -1472,13 +1491,17 @@ def main() -> int:
         )
     if args.warmup_passes is not None and args.warmup_passes < 0:
         parser.error("--warmup-passes: 0 or more")
+    try:
+        workloads(args.scale, args.workloads)
+    except ValueError as exc:
+        parser.error(f"--workloads: {exc}")
     started = time.monotonic()
     try:
         results = measure(args)
     except BrokerError as exc:
         print(f"peers: {exc}", file=sys.stderr)
         return 1
-    loads = [w.name for w in workloads(args.scale)]
+    loads = [w.name for w in workloads(args.scale, args.workloads)]
     import platform
 
     import pulsar
@@ -1538,7 +1561,7 @@ def main() -> int:
     print(text)
     if args.markdown:
         args.markdown.write_text(text + "\n")
-    if "direct" in args.paths or len(args.paths) > 1:
+    if ("direct" in args.paths or len(args.paths) > 1) and any("@" in n for n in loads):
         picture(cells, args.paths, args.png)
         log(f"picture: {args.png}")
     log(f"done in {time.monotonic() - started:.0f} s")

@@ -24,6 +24,7 @@ from bench.peers import (
     Workload,
     table,
     warm_up,
+    workloads,
 )
 from sluice.brokers.embedded import free_port
 from tests.helpers.support import start_proxy
@@ -202,3 +203,11 @@ def test_a_filter_path_whose_filter_missed_its_messages_ends_the_run() -> None:
         "of at least 9,000 produced through it"
     )
     assert unfiltered({"sluice-encrypt": counts(9_000, 10)}, produced) is not None
+
+
+def test_chosen_workloads_bring_the_rows_they_read_and_the_idle_row() -> None:
+    assert [w.name for w in workloads(1.0, ["py consume"])] == ["py 1K", "py consume", "idle"]
+    assert [w.name for w in workloads(1.0, ["perf 1K @100/s"])] == ["perf 1K @100/s", "idle"]
+    assert len(workloads(1.0)) == 10
+    with pytest.raises(ValueError, match="no workload 'py 2K': the workloads are 'perf 1K max'"):
+        workloads(1.0, ["py 2K"])
