@@ -9,8 +9,8 @@ The page polls the status and follows the newest frames unless paused.
 Both sides are bounded. The proxy holds at most 8 MiB (50,000 records) for
 its watchers (``sluice/proxy/live.py``); what it lost before this view
 asked is counted and shown (``dropped by the proxy``). This side holds at
-most ``MAX_FRAMES`` frames: past that the oldest half is let go, and the
-page says how many (``let go here``). "Save" writes what this side holds
+most ``MAX_FRAMES`` frames and ``MAX_BYTES`` of records: past that the
+oldest are let go, and the page says how many (``let go here``). "Save" writes what this side holds
 as a capture directory, the flight recorder's way (a file per proxy
 process: a header, the connections, a ``snapshot`` record, then the
 records), which every reader takes.
@@ -19,6 +19,7 @@ records), which every reader takes.
 from __future__ import annotations
 
 import base64
+import bisect
 import http.client
 import io
 import json
@@ -42,8 +43,12 @@ from sluice.view.index import COLUMNS, Index, Note, Reading
 
 log = logging.getLogger("sluice.view")
 
-# Frames held here at most; past it the oldest half goes.
+# Frames held here at most; past it the oldest half goes. And bytes of
+# records held at most (a proxy under --record-payloads full sends whole
+# payloads: 200,000 frames of 1 MiB would be 200 GiB); past it, the oldest
+# frames go until the records held are half of it.
 MAX_FRAMES = 200_000
+MAX_BYTES = 512 * 1024 * 1024
 # The file number of records held in memory (``Index.file``).
 LIVE = 0xFFFF
 # The bits of a record number below its process's (``sluice/proxy/live.py``).
@@ -90,10 +95,14 @@ class LiveIndex(Index):
     """An index fed by ``feed`` rather than read from files. ``source``:
     what it watches (for the page)."""
 
-    def __init__(self, source: str, max_frames: int = MAX_FRAMES) -> None:
+    def __init__(
+        self, source: str, max_frames: int = MAX_FRAMES, max_bytes: int = MAX_BYTES
+    ) -> None:
         super().__init__(Path(source))
         self.source = source
         self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self.held_bytes = 0  # the bytes of the records held (``_records``)
         self.building = False
         self.live_error = ""
         self.dropped_upstream = 0  # records the proxy lost before they were asked for
@@ -146,6 +155,8 @@ class LiveIndex(Index):
                 self._keep(self._process, record)
         if self.frames > self.max_frames:
             self._let_go(self.frames - self.max_frames // 2)
+        if self.held_bytes > self.max_bytes and self.frames > 1:
+            self._let_go(self._frames_over_bytes())
         elif max(len(self.connections), len(self.notes), len(self._records) - self.frames) > (
             self._tidy_at
         ):
@@ -174,7 +185,9 @@ class LiveIndex(Index):
             self._opened[(reading.capture, record["c"])] = number
         if "t" in record and record["t"] >= self._newest[0]:
             self._newest = (int(record["t"]), int(record.get("w", 0)))
-        self._records.append(pack(record))
+        data = pack(record)
+        self._records.append(data)
+        self.held_bytes += len(data)
         self._owners.append(reading.capture)
         self.take(record, reading, number)
 
@@ -275,12 +288,32 @@ class LiveIndex(Index):
                         del waiting[key]
                     else:
                         waiting[key] = frame - count
-            del self._records[: first_kept - self._first]
-            del self._owners[: first_kept - self._first]
-            self._first = first_kept
+            self._forget_records(first_kept)
             self.base += count
             self.let_go += count
             self._tidy()
+
+    def _forget_records(self, first_kept: int) -> None:
+        """The records before number ``first_kept`` go (under the lock)."""
+        cut = first_kept - self._first
+        self.held_bytes -= sum(map(len, self._records[:cut]))
+        del self._records[:cut]
+        del self._owners[:cut]
+        self._first = first_kept
+
+    def _frames_over_bytes(self) -> int:
+        """How many of the oldest frames go for the records held to be half
+        of ``max_bytes`` at most (the newest frame stays, however large)."""
+        excess = self.held_bytes - self.max_bytes // 2
+        gone = cut = 0
+        for cut, data in enumerate(self._records):  # noqa: B007 - (where it stopped)
+            if gone >= excess:
+                break
+            gone += len(data)
+        else:
+            cut += 1
+        # (a frame's offset is its record's number, in order)
+        return max(1, min(self.frames - 1, bisect.bisect_left(self.offset, self._first + cut)))
 
     def _tidy(self) -> None:
         """What no frame held needs goes (under the lock): the notes before
@@ -311,9 +344,7 @@ class LiveIndex(Index):
             over = len(self._records) > self.max_frames
             first_kept = self._first + (len(self._records) - half if over else 0)
         if first_kept > self._first:
-            del self._records[: first_kept - self._first]
-            del self._owners[: first_kept - self._first]
-            self._first = first_kept
+            self._forget_records(first_kept)
         self._opened = {c: n for c, n in self._opened.items() if n >= self._first}
         self._tidy_at = max(self.max_frames, 2 * max(len(self.connections), len(self.notes)))
         self._selections.clear()
@@ -344,6 +375,7 @@ class LiveIndex(Index):
             let_go=self.let_go,
             restarts=self.restarts,
             max_frames=self.max_frames,
+            max_mib=self.max_bytes // (1024 * 1024),
             files=0,
         )
         return out

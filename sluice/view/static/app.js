@@ -77,7 +77,7 @@ function showStatus(status) {
        `${escape(status.files)} file(s)`, escape(status.protocol)];
   if (status.live && status.dropped_upstream) parts.push(`${escape(status.dropped_upstream)} records dropped by the proxy before they were read`);
   if (status.live && status.restarts) parts.push(`the proxy restarted ${escape(status.restarts)} time(s) while watched`);
-  if (status.live && status.let_go) parts.push(`${escape(status.let_go)} oldest frames let go here (it holds at most ${escape(status.max_frames)})`);
+  if (status.live && status.let_go) parts.push(`${escape(status.let_go)} oldest frames let go here (it holds at most ${escape(status.max_frames)} frames, ${escape(status.max_mib)} MiB)`);
   if (status.building) parts.push(`indexing ${(100 * status.progress).toFixed(0)}%`);
   if (DATA) parts.push(`exported: ${escape(DATA.frames.length)} of ${escape(DATA.total)} matching frames` +
                        (DATA.left_out ? `, ${escape(DATA.left_out)} left out` : ""));
