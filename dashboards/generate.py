@@ -34,6 +34,9 @@ class Panel:
     width: int = 12
     height: int = 8
     extra: dict[str, Any] = field(default_factory=dict)
+    # Queries whose unit is not the panel's: their index -> unit (a stat
+    # panel that shows a gauge, a latency and a rate side by side).
+    units: dict[int, str] = field(default_factory=dict)
 
 
 def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
@@ -44,7 +47,16 @@ def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         "description": panel.description,
         "datasource": DATASOURCE,
         "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "fieldConfig": {
+            "defaults": {"unit": panel.unit},
+            "overrides": [
+                {
+                    "matcher": {"id": "byFrameRefID", "options": chr(65 + i)},
+                    "properties": [{"id": "unit", "value": unit}],
+                }
+                for i, unit in sorted(panel.units.items())
+            ],
+        },
         "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
         "targets": [
             {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": chr(65 + i)}
@@ -185,9 +197,9 @@ def overview() -> dict[str, Any]:
         ], "s"),
         Panel("Upstream", [
             (f"min(sluice_upstream_up{{{SEL}}})", "up"),
-            (_quantile(0.99, "sluice_upstream_dial_seconds"), "dial p99 (s)"),
-            (f"sum(rate(sluice_upstream_dial_failures_total{{{SEL}}}[{RATE}]))", "dial failures/s"),
-        ], kind="stat", width=8, height=5),
+            (_quantile(0.99, "sluice_upstream_dial_seconds"), "dial p99"),
+            (f"sum(rate(sluice_upstream_dial_failures_total{{{SEL}}}[{RATE}]))", "dial failures"),
+        ], kind="stat", width=8, height=5, units={1: "s", 2: "ops"}),
         Panel("Running versions", [
             (f"count by (version) (sluice_build_info{{{SEL}}})", "{{version}}"),
         ], kind="stat", width=8, height=5),
