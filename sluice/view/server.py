@@ -9,6 +9,7 @@ the data inside.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.view.index import Filter, HttpFilter, Index, LetGo
-from sluice.view.live import NothingReceived
+from sluice.view.live import LiveIndex, NothingReceived
 
 log = logging.getLogger("sluice.view")
 
@@ -189,11 +190,30 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (as ``--listen`` gives it) is this machine's alone."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def serve(
     index: Index, host: str, port: int, build: bool = True, save_dir: Path = Path()
 ) -> ViewServer:
     """Start serving (in a thread) and building the index (in another,
-    unless ``build`` is off: a live index is fed instead)."""
+    unless ``build`` is off: a live index is fed instead). A live view is
+    served on loopback only: what it shows needs the proxy's admin token,
+    which a page open to the network would hand to anyone who asks."""
+    if isinstance(index, LiveIndex) and not is_loopback(host):
+        raise PermissionError(
+            errno.EACCES,
+            f"a live view is served on loopback only (127.0.0.1, ::1, localhost), not "
+            f"{host}: what it shows needs the proxy's admin token, which this page does not "
+            "ask for",
+        )
     server = ViewServer((host, port), index, save_dir)
     if build:
         threading.Thread(target=index.build, name="view-index", daemon=True).start()
