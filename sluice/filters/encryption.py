@@ -195,10 +195,19 @@ class Encryption(Filter[EncryptionSettings]):
         self, topic: str, keys: Sequence[WrappedKey], param: bytes, data: bytes
     ) -> bytes | None:
         self._current()  # private key files looked at as public ones are
+        # Pulsar's clients write one entry per key name: the first under
+        # each name held here is tried, no other (a message with thousands
+        # under that name would cost a private-key operation each).
+        tried: set[str] = set()
         for wrapped in keys:
+            if wrapped.name in tried or wrapped.name not in self._private:
+                continue
+            tried.add(wrapped.name)
             data_key = self._data_key_of(wrapped)
             if data_key is not None:
                 return data_key.decrypt(param, data)
+            if len(tried) == len(self._private):
+                break
         return None
 
     def _data_key_of(self, wrapped: WrappedKey) -> crypto.DataKey | None:

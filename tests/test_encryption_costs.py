@@ -1,0 +1,33 @@
+"""What a delivery a hostile producer shapes can cost the ``encrypt``
+filter that decrypts for a role: the proxy's one Python thread spends at
+most one private-key operation per key name Sluice holds on a message,
+however many wrapped keys its metadata carries, and no more than that
+operation's own cost on a wrapped key of any size."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from sluice.filters.encryption import Encryption, EncryptionSettings
+from sluice.protocols.filtering import WrappedKey
+from tests.test_encryption import key_pair
+from tests.test_filters import TOPIC
+
+
+def test_many_wrapped_keys_under_a_held_name_cost_one_unwrap(tmp_path: Path) -> None:
+    """Pulsar's clients write one entry per key name; a message with
+    thousands under the name Sluice holds (each a 2048-bit RSA block, one
+    private-key operation apiece if each were tried: seconds) is tried once."""
+    public, private, _ = key_pair(tmp_path, "k")
+    sealed = Encryption(EncryptionSettings(public_keys={"k": str(public)})).seal(TOPIC, b"m")
+    opener = Encryption(EncryptionSettings(private_keys={"k": str(private)}))
+    junk = [WrappedKey("k", os.urandom(256)) for _ in range(3000)]
+    started = time.perf_counter()
+    assert opener.open(TOPIC, junk, sealed.param, sealed.data) is None
+    took = time.perf_counter() - started
+    assert took < 0.3, f"{took:.2f} s for one delivery"
+    # The real entry still opens, first under its name, after a name Sluice does not hold.
+    keys = [WrappedKey("other", os.urandom(256)), *sealed.keys]
+    assert opener.open(TOPIC, keys, sealed.param, sealed.data) == b"m"
