@@ -10,6 +10,10 @@ import os
 import time
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from sluice.filters import crypto
 from sluice.filters.encryption import Encryption, EncryptionSettings
 from sluice.protocols.filtering import WrappedKey
 from tests.test_encryption import key_pair
@@ -31,3 +35,22 @@ def test_many_wrapped_keys_under_a_held_name_cost_one_unwrap(tmp_path: Path) -> 
     # The real entry still opens, first under its name, after a name Sluice does not hold.
     keys = [WrappedKey("other", os.urandom(256)), *sealed.keys]
     assert opener.open(TOPIC, keys, sealed.param, sealed.data) == b"m"
+
+
+def test_a_huge_ec_wrapped_key_is_refused_before_any_key_derivation(tmp_path: Path) -> None:
+    """An EC-wrapped data key is V, then as many bytes as the data key (16,
+    24 or 32), then a 20-byte MAC: anything longer is no data key, refused
+    without deriving a key stream as long as it (a 4 MB one, under the broker's 5 MB frame
+    limit: about half a second)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    v = key.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+    )
+    started = time.perf_counter()
+    for _ in range(4):
+        assert crypto.unwrap(key, v + os.urandom(4 << 20)) is None
+    took = time.perf_counter() - started
+    assert took < 0.3, f"{took:.2f} s for four wrapped keys"
+    # A data key wrapped for it still opens.
+    data_key = crypto.new_data_key()
+    assert crypto.unwrap(key, crypto.wrap(key.public_key(), data_key)) == data_key

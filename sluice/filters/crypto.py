@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.kdf.x963kdf import X963KDF
 DATA_KEY_BYTES = 32
 IV_BYTES = 12
 TAG_BYTES = 16
+_DATA_KEY_SIZES = (16, 24, 32)  # AES-128, -192, -256: what a wrapped data key may hold
 
 _OAEP = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(), label=None)
 # The smallest RSA modulus OAEP (SHA-1) wraps a data key with: the key, two
@@ -145,14 +146,16 @@ def unwrap(key: PrivateKey, wrapped: bytes) -> bytes | None:
             return None
     else:
         data_key = _ecies_open(key, wrapped)
-    return data_key if data_key is not None and len(data_key) in (16, 24, 32) else None
+    return data_key if data_key is not None and len(data_key) in _DATA_KEY_SIZES else None
 
 
 def _ecies_open(key: ec.EllipticCurvePrivateKey, wrapped: bytes) -> bytes | None:
     size = (key.curve.key_size + 7) // 8
     point = 1 + 2 * size  # V uncompressed
     mac_size = hashes.SHA1.digest_size
-    if len(wrapped) <= point + mac_size or wrapped[0] != 4:
+    # C is as long as the data key: anything else is refused before the key
+    # stream is derived (as long as C: megabytes of junk would cost as much).
+    if len(wrapped) - point - mac_size not in _DATA_KEY_SIZES or wrapped[0] != 4:
         return None
     v, c, t = wrapped[:point], wrapped[point:-mac_size], wrapped[-mac_size:]
     try:
