@@ -85,10 +85,18 @@ OTHER_TOPIC = "other"
 # off the wire, any number of them.
 MAX_ERROR_LABELS = 100
 
+# Up to 30 s: Pulsar's clients give up on a request (operation and send
+# timeouts) after 30 s by default; slower answers than the highest bound
+# read as that bound in a quantile.
 _LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
-_RELAY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+# The proxy's own time runs to the write's end, a slow reader's socket
+# included (backpressure): up to a second, so that a wait shows as one.
+_RELAY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0,
+)  # fmt: skip
 # Why connections close (recordings' close reasons); anything else, an
 # exception's name, is counted as "error" so that the label stays bounded.
 CLOSE_REASONS = frozenset({
@@ -814,8 +822,11 @@ class RecorderFigures(Collector):
 
 
 # The HTTP listener's latency buckets: admin calls (topic creation, policies
-# written to the metadata store) take longer than frames.
-_HTTP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# written to the metadata store) take longer than frames; up to the default
+# --http-request-timeout (300 s), when Sluice answers 504.
+_HTTP_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
 # Why the HTTP listener answered a request itself, or refused a connection.
 HTTP_REFUSALS = (
     "malformed", "header_too_large", "body_too_large", "connection_limit", "timeout",
