@@ -77,8 +77,10 @@ BROKER_TO_CLIENT = "broker_to_client"
 DIRECTIONS = (CLIENT_TO_BROKER, BROKER_TO_CLIENT)
 # Indexed by "from the client".
 DIRECTION = (BROKER_TO_CLIENT, CLIENT_TO_BROKER)
-# Command types are small numbers; anything else counts as UNKNOWN (slot 0).
+# Command types are small numbers; anything else counts as UNKNOWN (slot 0),
+# as do the types a protocol does not name.
 TYPE_SLOTS = 256
+UNKNOWN = "UNKNOWN"
 OTHER_TOPIC = "other"
 # Error codes with a label of their own in sluice_broker_errors_total; later
 # ones share OTHER_TOPIC. Pulsar's are an enum; a Cursus broker's a string
@@ -136,11 +138,20 @@ class TrafficCounts(Collector):
         command_name = self.command_name
         for index, direction in enumerate(DIRECTION):
             counts, volume = self.frames[index], self.bytes[index]
+            # A type the protocol does not know ("UNKNOWN(99)") is counted
+            # as UNKNOWN: a client picks it, and would add series at will.
+            tallies: dict[str, list[int]] = {}
             for slot in range(TYPE_SLOTS):
                 if counts[slot]:
-                    name = command_name(slot) if slot else "UNKNOWN"
-                    frames.add_metric([name, direction], counts[slot])
-                    sizes.add_metric([name, direction], volume[slot])
+                    name = command_name(slot) if slot else UNKNOWN
+                    if name.startswith(UNKNOWN):
+                        name = UNKNOWN
+                    tally = tallies.setdefault(name, [0, 0])
+                    tally[0] += counts[slot]
+                    tally[1] += volume[slot]
+            for name, (count, size) in tallies.items():
+                frames.add_metric([name, direction], count)
+                sizes.add_metric([name, direction], size)
         for (from_client, name), (count, size) in self.named.items():
             frames.add_metric([name, DIRECTION[from_client]], count)
             sizes.add_metric([name, DIRECTION[from_client]], size)
