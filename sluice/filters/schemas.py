@@ -91,6 +91,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn, TypeAlias
 
 import fastavro
+from fastavro._read_py import schemaless_reader as _python_reader
 from fastavro.types import NamedSchemas
 from fastavro.types import Schema as AvroSchema
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -256,6 +257,8 @@ def _avro_definition(data: bytes, kind: str, *, logical: bool) -> tuple[AvroSche
         raw = json.loads(data)
     except (UnicodeDecodeError, ValueError) as e:
         raise SchemaUnsupported(f"{kind} schema definition is not JSON: {e}") from None
+    except RecursionError:
+        raise SchemaUnsupported(f"{kind} schema definition is nested too deep to read") from None
     named: NamedSchemas = {}
     try:
         parsed = fastavro.parse_schema(
@@ -318,6 +321,56 @@ def _takes_no_bytes(node: AvroSchema, named: NamedSchemas, seen: set[str]) -> bo
     return False  # unions, arrays, maps and enums write at least one byte
 
 
+def _refers_to(node: AvroSchema, named: NamedSchemas, out: set[str]) -> None:
+    """The named types ``node`` refers to (or defines inside it), into ``out``."""
+    if isinstance(node, str):
+        if node in named:
+            out.add(node)
+    elif isinstance(node, list):
+        for branch in node:
+            _refers_to(branch, named, out)
+    elif isinstance(node, dict):
+        kind = node.get("type")
+        name = node.get("name")
+        if kind in ("record", "error", "enum", "fixed") and isinstance(name, str) and name in named:
+            out.add(name)  # defined here: its own parts are its named entry's
+            return
+        for part in ("type", "items", "values"):
+            if part in node:
+                _refers_to(node[part], named, out)
+
+
+def _recursive(named: NamedSchemas) -> bool:
+    """Whether a named type holds itself (at any remove): then a value may
+    nest as deep as its bytes allow."""
+    refers: dict[str, set[str]] = {}
+    for name, node in named.items():
+        found: set[str] = set()
+        if isinstance(node, dict):
+            for f in node.get("fields", ()):
+                if isinstance(f, dict) and "type" in f:
+                    _refers_to(f["type"], named, found)
+        refers[name] = found
+    done: set[str] = set()
+    for start in refers:  # depth first, without recursion: a cycle is a name met on the path
+        if start in done:
+            continue
+        path, on_path = [(start, iter(refers[start]))], {start}
+        while path:
+            name, rest = path[-1]
+            step = next(rest, None)
+            if step is None:
+                path.pop()
+                on_path.discard(name)
+                done.add(name)
+            elif step in on_path:
+                return True
+            elif step not in done:
+                path.append((step, iter(refers.get(step, ()))))
+                on_path.add(step)
+    return False
+
+
 def _describe(node: AvroSchema) -> str:
     """An Avro type's name for a message: ``int``, ``record ex.User``, ..."""
     if isinstance(node, str):
@@ -338,6 +391,10 @@ def _where(path: str) -> str:
     return f"field '{path}'" if path else "value"
 
 
+# What a refusal for nesting says of the bound.
+_DEPTH: Final = "a schema that holds itself is read to some hundred levels"
+
+
 class _AvroValidator:
     # The name of the one-field record that wraps a part of the schema to read
     # it alone: a record of one field encodes exactly as that field.
@@ -355,13 +412,25 @@ class _AvroValidator:
                 f"{empty} holds items that take no bytes, which a payload could "
                 "claim billions of: not checked"
             )
+        # A schema that holds itself lets a payload nest a level per two
+        # bytes: fastavro's compiled reader would follow it until the C
+        # stack overflows and the process dies. Such schemas are read by its
+        # Python reader, whose depth Python bounds (RecursionError).
+        self._read: Callable[..., Any] = (
+            _python_reader if _recursive(self._named) else fastavro.schemaless_reader
+        )
 
     def check(self, payload: bytes, key: bytes | None) -> Mismatch | None:
         stream = io.BytesIO(payload)
         try:
-            fastavro.schemaless_reader(stream, self._schema, None)
+            self._read(stream, self._schema, None)
+        except RecursionError:
+            return Mismatch(NOT_AVRO, f"value: nested deeper than can be checked ({_DEPTH})")
         except Exception:  # any decoding failure; _locate says where and why
-            path, why = self._locate(self._schema, io.BytesIO(payload), "")
+            try:
+                path, why = self._locate(self._schema, io.BytesIO(payload), "")
+            except RecursionError:
+                return Mismatch(NOT_AVRO, f"value: nested deeper than can be checked ({_DEPTH})")
             return Mismatch(NOT_AVRO, f"{_where(path)}: {why}")
         left = len(payload) - stream.tell()
         if left:
@@ -400,7 +469,9 @@ class _AvroValidator:
             for f in node["fields"]:
                 start = stream.tell()
                 try:
-                    fastavro.schemaless_reader(stream, self._probe(f["type"]), None)
+                    self._read(stream, self._probe(f["type"]), None)
+                except RecursionError:
+                    raise
                 except Exception:
                     stream.seek(start)
                     inner = f"{path}.{f['name']}" if path else str(f["name"])
@@ -421,7 +492,9 @@ class _AvroValidator:
             return path, f"symbol {index!r} does not exist in {_describe(node)}"
         else:
             try:
-                fastavro.schemaless_reader(stream, self._probe(node), None)
+                self._read(stream, self._probe(node), None)
+            except RecursionError:
+                raise
             except Exception as e:
                 return path, f"cannot read {_describe(node)}: {_why(e, node)}"
         # Every part read alone although the whole did not: say so plainly.
@@ -663,7 +736,7 @@ class _ProtobufNativeValidator:
             encoded = doc["fileDescriptorSet"]
             root_file = doc["rootFileDescriptorName"]
             root_message = doc["rootMessageTypeName"]
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise SchemaUnsupported(
                 f"PROTOBUF_NATIVE schema definition is not the expected JSON document ({e!r})"
             ) from None
@@ -821,7 +894,7 @@ def _part(schema: Schema, part: str, data: bytes) -> Validator:
     raw = props.get(f"{part}.schema.properties") or "{}"
     try:
         properties = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise SchemaUnsupported(f"KEY_VALUE {part}.schema.properties is not JSON") from None
     if not isinstance(properties, dict):
         raise SchemaUnsupported(f"KEY_VALUE {part}.schema.properties is not a JSON object")
