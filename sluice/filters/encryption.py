@@ -138,9 +138,11 @@ class Encryption(Filter[EncryptionSettings]):
         self._made = now
         if self._public:
             self._rotate(now)
-        # Unwrapped data keys, by the SHA-256 of their wrapped form (not the
-        # form itself: a delivery may carry megabytes under a key's name).
-        self._opened: dict[bytes, crypto.DataKey | None] = {}
+        # Unwrapped data keys, by key name and the SHA-256 of their wrapped
+        # form (not the form itself: a delivery may carry megabytes under a
+        # key's name). By name too: a wrapped key that one private key does
+        # not open (a real one copied under another name) may open with its own.
+        self._opened: dict[tuple[str, bytes], crypto.DataKey | None] = {}
 
     def sealer(self, direction: Direction) -> Sealer | None:
         if direction == PRODUCE and self._public:
@@ -217,11 +219,11 @@ class Encryption(Filter[EncryptionSettings]):
         private = self._private.get(wrapped.name)
         if private is None:
             return None
-        digest = hashlib.sha256(wrapped.value).digest()
-        if digest in self._opened:
-            return self._opened[digest]
+        seen = (wrapped.name, hashlib.sha256(wrapped.value).digest())
+        if seen in self._opened:
+            return self._opened[seen]
         unwrapped = crypto.unwrap(private.key, wrapped.value)
         if len(self._opened) >= DATA_KEYS_KEPT:
             self._opened.clear()
-        data_key = self._opened[digest] = None if unwrapped is None else crypto.DataKey(unwrapped)
+        data_key = self._opened[seen] = None if unwrapped is None else crypto.DataKey(unwrapped)
         return data_key
