@@ -25,7 +25,12 @@ what Pulsar's own clients write and read, per schema type:
   writes them as text), bytes and fixed a (base64) string, enums a symbol or
   an integer (Pulsar's Python client writes an enum member's value, a
   number for most Python enums, and reads it back; Jackson reads a number
-  as the symbol's position).
+  as the symbol's position). Where Avro's ReflectData (which makes a Java
+  client's definition) and Jackson (which writes its payloads) part, what
+  Jackson writes passes: a BigDecimal or BigInteger (text with a
+  ``java-class``) as a number, a map with keys that are not text (an array
+  of key/value records with a ``java-class``) as an object, a char (an int
+  with ``java-class`` java.lang.Character) as one character of text.
 * PROTOBUF_NATIVE: the schema is a JSON document holding a serialized
   ``FileDescriptorSet`` (base64), the root file's name and the root
   message's full name. The payload must parse as that message, have no
@@ -526,6 +531,11 @@ _INT_RANGE: Final = (-(2**31), 2**31 - 1)
 # the text back as that number.
 _NON_FINITE: Final = frozenset({"NaN", "Infinity", "-Infinity"})
 _LONG_RANGE: Final = (-(2**63), 2**63 - 1)
+# Java classes Avro's ReflectData makes text of (``java-class`` on a string)
+# that Jackson writes as JSON numbers; and the class of a char, an int there
+# that Jackson writes as one character of text.
+_JAVA_NUMBERS: Final = frozenset({"java.math.BigDecimal", "java.math.BigInteger"})
+_JAVA_CHAR: Final = "java.lang.Character"
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -632,15 +642,18 @@ class _JsonValidator:
         if isinstance(node, list):
             return self._union(node, value, path)
         if isinstance(node, str):
-            kind, logical = node, None
+            kind, logical, java = node, None, None
         else:
             kind, logical = str(node.get("type")), node.get("logicalType")
+            java = node.get("java-class")
         if kind in ("record", "error") and isinstance(node, dict):
             return self._record(node, value, path)
         if kind == "null":
             ok = value is None
         elif kind == "boolean":
             ok = isinstance(value, bool)
+        elif kind == "int" and java == _JAVA_CHAR and isinstance(value, str):
+            ok = len(value) == 1  # Jackson writes a char as one character of text
         elif kind in ("int", "long"):
             low, high = _INT_RANGE if kind == "int" else _LONG_RANGE
             if isinstance(value, int) and not isinstance(value, bool):
@@ -656,7 +669,12 @@ class _JsonValidator:
                 isinstance(value, str) and value in _NON_FINITE
             )
         elif kind == "string":
-            ok = isinstance(value, str)
+            # Jackson writes the big numbers Avro's ReflectData calls text as numbers.
+            ok = isinstance(value, str) or (
+                java in _JAVA_NUMBERS
+                and isinstance(value, int | float)
+                and not isinstance(value, bool)
+            )
         elif kind in ("bytes", "fixed"):
             # Jackson writes byte arrays as base64 text, and big decimals as numbers.
             ok = isinstance(value, str) or (
@@ -669,6 +687,15 @@ class _JsonValidator:
                 isinstance(value, int) and not isinstance(value, bool)
             )
         elif kind == "array" and isinstance(node, dict):
+            pair = self._map_pair(node)
+            if pair is not None and isinstance(value, dict):
+                # A Java map with keys that are not text: ReflectData's array of
+                # key/value records, which Jackson writes as an object.
+                for k, item in value.items():
+                    found = self._walk(pair, item, path + _map_key(k))
+                    if found is not None:
+                        return found
+                return None
             if not isinstance(value, list):
                 return self._wrong(node, value, path)
             for i, item in enumerate(value):
@@ -687,6 +714,20 @@ class _JsonValidator:
         else:
             ok = True  # a type fastavro accepted that JSON cannot be held to
         return None if ok else self._wrong(node, value, path)
+
+    def _map_pair(self, node: Mapping[str, Any]) -> AvroSchema | None:
+        """For an array that stands for a Java map (``java-class``) of key/value
+        records, the value's type; else None."""
+        if not isinstance(node.get("java-class"), str):
+            return None
+        items = self._resolve(node["items"])
+        if not isinstance(items, dict) or items.get("type") != "record":
+            return None
+        fields = items.get("fields", [])
+        if [f.get("name") for f in fields] != ["key", "value"]:
+            return None
+        value_type: AvroSchema = fields[1]["type"]
+        return value_type
 
     def _record(self, node: Mapping[str, Any], value: Any, path: str) -> Mismatch | None:
         if not isinstance(value, dict):
