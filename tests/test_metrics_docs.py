@@ -5,9 +5,18 @@ the label values the rows list are the ones the proxy uses."""
 from __future__ import annotations
 
 import re
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from sluice.addresses import Address
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.protocols.registry import protocols
+from sluice.proxy.config import ProxyConfig
 from sluice.proxy.metrics import CLOSE_REASONS, HTTP_REFUSALS, HttpMetrics, Metrics
+from sluice.proxy.workers import Supervisor
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 
@@ -48,8 +57,11 @@ def test_every_metric_has_a_row_with_its_name_and_type() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_every_row_names_a_metric_the_proxy_serves() -> None:
-    served = exposed()
+def test_every_row_names_a_metric_the_proxy_serves(supervisor: Supervisor) -> None:
+    served = exposed() | {
+        family.name + ("_total" if family.type == "counter" else ""): family.type
+        for family in supervisor.registry.collect()
+    }
     assert sorted(name for name in rows() if name not in served) == []
 
 
@@ -80,3 +92,82 @@ def test_the_latency_alert_row_names_the_commands_the_rule_watches() -> None:
     row = next(line for line in DOC.read_text().splitlines() if "| SluiceLatencyP99High |" in line)
     named = set(re.findall(r"\b[A-Z][A-Z_]+\b", row.split("|")[2]))
     assert named == set(match[1].split("|"))
+
+
+SOURCE = DOC.parent.parent / "sluice"
+
+
+def literal_arguments(pattern: str) -> set[str]:
+    """The string literals the source passes where ``pattern`` (a regex with
+    one group) matches, over every module of the package."""
+    found: set[str] = set()
+    for path in SOURCE.rglob("*.py"):
+        found.update(re.findall(pattern, path.read_text()))
+    return found
+
+
+def listed_values(cell: str, after: str) -> set[str]:
+    """``listed``, a value's protocol (``Pulsar: x``) left out."""
+    return {word.rpartition(":")[2].strip() for word in listed(cell, after)}
+
+
+def test_rejection_reasons_listed_are_the_ones_counted() -> None:
+    """Every reason a connection is refused for, in any protocol, is in the
+    row (Cursus's ``no_listener``, a reply naming a broker Sluice has no
+    listener for, was counted but not listed)."""
+    counted = literal_arguments(r'\bRejected\("(\w+)"\)')
+    for spec in protocols().values():
+        metrics = Metrics(protocol=spec)
+        for family in metrics.exposed.collect():
+            if family.name == "sluice_connections_rejected":
+                counted.update(sample.labels["reason"] for sample in family.samples)
+    assert {"no_listener", "relay_refused", "tls_passthrough", "limit"} <= counted
+    labels = rows()["sluice_connections_rejected_total"][1]
+    assert listed_values(labels, "reason") == counted
+
+
+def test_session_kinds_listed_are_the_ones_counted() -> None:
+    """sluice_sessions_total counts a connection by ``conn.kind`` when its
+    core says it opened: Cursus's are ``relay``, which the row did not list."""
+    kinds = {
+        word
+        for assigned in literal_arguments(r"\bconn\.kind = ([^\n]+)")
+        for word in re.findall(r'"(\w+)"', assigned)
+    }
+    assert {"lookup", "proxied", "relay"} <= kinds
+    labels = rows()["sluice_sessions_total"][1]
+    documented = listed_values(labels, "kind")
+    # "stream": a Cursus relay that asked for a stream, after it opened as
+    # a relay (Opened is told once): never a session's kind.
+    assert documented == kinds - {"stream"}
+
+
+@pytest.fixture(scope="module")
+def supervisor() -> Iterator[Supervisor]:
+    """A --workers supervisor of two workers, not started (for its registry)."""
+    config = ProxyConfig(
+        broker=parse_broker_url("pulsar://127.0.0.1:6650"), listen=Address("127.0.0.1", 0)
+    )
+    made = Supervisor(config, 2)
+    yield made
+    shutil.rmtree(made._state, ignore_errors=True)  # the workers' state it made, unused
+
+
+def test_the_supervisors_own_metrics_have_rows(supervisor: Supervisor) -> None:
+    """With --workers the supervisor serves its own metrics besides the
+    workers' sum: sluice_workers and sluice_worker_restarts_total had no row."""
+    table = rows()
+    wrong = []
+    for family in supervisor.registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        if name not in table:
+            wrong.append(f"{name}: no row")
+        elif table[name][0] != family.type:
+            wrong.append(f"{name}: the row says {table[name][0]!r}, it is a {family.type}")
+        if name == "sluice_workers":
+            states = {sample.labels["state"] for sample in family.samples}
+            assert listed_values(table[name][1], "state") == states
+    assert {"sluice_workers", "sluice_worker_restarts_total"} <= {
+        f.name + ("_total" if f.type == "counter" else "") for f in supervisor.registry.collect()
+    }
+    assert not wrong, "\n".join(wrong)
