@@ -32,6 +32,8 @@ from sluice.protocols.filtering import PASS, Message, Reject, Schema, Verdict
 log = logging.getLogger("sluice.filters")
 
 _CHOICES = ("pass", "reject")
+# Characters of why a schema cannot be checked, at most (refusals and the log).
+_SAID = 300
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,11 @@ class SchemaValidation(Filter[SchemaSettings]):
             try:
                 known = key_validator(schema) if key_only else validator(schema)
             except SchemaUnsupported as exc:
-                known = f"the {schema.type} schema cannot be checked: {exc}"
+                # The definition is a producer's: what is said of it is one short line.
+                why = " ".join(str(exc).split())
+                if len(why) > _SAID:
+                    why = why[: _SAID - 3] + "..."
+                known = f"the {schema.type} schema cannot be checked: {why}"
                 log.warning("schema filter: %s", known)
             if len(self._validators) > 1_000:
                 self._validators.clear()
