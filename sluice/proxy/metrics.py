@@ -311,9 +311,17 @@ def label_text(text: str) -> str:
     return text
 
 
+# The longest name (a topic, an error code) a label is given: longer ones,
+# which only a client or broker making them up has (a Cursus batch names
+# its topic in up to 65,535 bytes), share OTHER_TOPIC, or a hundred of them
+# would make every scrape megabytes.
+MAX_LABEL_LENGTH = 512
+
+
 class TopicLabels:
     """At most ``limit`` topics get their own label; the rest share ``other``,
-    and are not remembered (a proxy sees any number of topics in its life)."""
+    and are not remembered (a proxy sees any number of topics in its life);
+    so do names longer than ``MAX_LABEL_LENGTH``."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -322,7 +330,7 @@ class TopicLabels:
     def __call__(self, topic: str) -> str:
         label = self._known.get(topic)
         if label is None:
-            if len(self._known) >= self.limit:
+            if len(self._known) >= self.limit or len(topic) > MAX_LABEL_LENGTH:
                 return OTHER_TOPIC
             label = self._known[topic] = label_text(topic)
         return label
