@@ -50,6 +50,12 @@ SEQUENCE_LIMIT = 400
 MAX_SECONDS = 9e9
 RATE_TOPICS = 8
 RATE_BINS = 60
+# At most this many connections in the page's table (of a capture: the
+# first; of a live view: the newest), and lanes in the timeline: a capture
+# of 100,000 connections (a day of lookups) drew a lane and a row for each,
+# and the page took minutes to show.
+CONNECTIONS_SHOWN = 500
+TIMELINE_LANES = 200
 # Latency histogram buckets, in seconds (upper bounds).
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -654,6 +660,7 @@ class Index:
             "i": self.base + i,
             "t": self.t[i] / 1e9,
             "conn": self.conn[i],
+            "name": self._name(self.conn[i]),
             "dir": "C→B" if self.direction[i] == 0 else "B→C",
             "cmd": self.commands.names[self.cmd[i]],
             "topic": self.topics.names[self.topic[i]],
@@ -676,6 +683,11 @@ class Index:
             if self.pair[i] >= 0 and self.direction[i]
             else None,
         }
+
+    def _name(self, connection: int) -> str:
+        """A connection's name on the page (``c`` and its number in its capture)."""
+        found = self.by_id.get(connection)
+        return f"c{found.conn}" if found is not None else str(connection)
 
     def selection(self, f: Filter) -> Sequence[int]:
         """The frames that pass ``f``: all of them without a filter; once
@@ -901,9 +913,18 @@ class Index:
         """The notes the page is given: a capture's first 500."""
         return self.notes[:500]
 
-    def connections_json(self) -> list[dict[str, Any]]:
+    def connections_json(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The connections, or ``limit`` of them at most (``shown``)."""
         with self.lock:
-            return [c.to_json(self.origin_ns) for c in self.connections]
+            chosen = self.connections
+            if limit is not None and len(chosen) > limit:
+                chosen = self.shown(chosen, limit)
+            return [c.to_json(self.origin_ns) for c in chosen]
+
+    def shown(self, items: list[Any], limit: int) -> list[Any]:
+        """Which ``limit`` of ``items`` (in order) the page shows: a
+        capture's first (a live view's are its newest)."""
+        return items[:limit]
 
     def timeline(self, f: Filter, marks: int = 4000) -> dict[str, Any]:
         with self.lock:
@@ -944,8 +965,17 @@ class Index:
                     self.commands.names[self.cmd[i]],
                 ]
             )
+        # A lane per connection a mark is on (at most TIMELINE_LANES: the
+        # marks on others are left out, and the page says so).
+        on = sorted({mark[1] for mark in shown})
+        lanes = self.shown(on, TIMELINE_LANES)
+        if len(lanes) < len(on):
+            kept = set(lanes)
+            shown = [mark for mark in shown if mark[1] in kept]
         found = {
             "marks": shown,
+            "lanes": [[c, self._name(c)] for c in lanes],
+            "lanes_total": len(on),
             "sampled": step > 1 or problem_step > 1,
             "problems": problems,
             "problems_sampled": problem_step > 1,

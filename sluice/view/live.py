@@ -351,6 +351,10 @@ class LiveIndex(Index):
         self._timelines.clear()
         self._summary = None
 
+    def shown(self, items: list[Any], limit: int) -> list[Any]:
+        """The newest ``limit`` of ``items``."""
+        return items[-limit:]
+
     def notes_shown(self) -> list[Note]:
         """The newest 500 notes (those of the frames coming in)."""
         return self.notes[-500:]

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sluice.view.index import Filter, HttpFilter, Index, LetGo
+from sluice.view.index import CONNECTIONS_SHOWN, Filter, HttpFilter, Index, LetGo
 from sluice.view.live import LiveIndex, NothingReceived
 
 log = logging.getLogger("sluice.view")
@@ -125,7 +125,8 @@ class Handler(BaseHTTPRequestHandler):
             elif url.path == "/api/status":
                 self._json(index.status())
             elif url.path == "/api/connections":
-                self._json(index.connections_json())
+                shown = query.get("limit")
+                self._json(index.connections_json(None if shown is None else max(1, int(shown))))
             elif url.path == "/api/frames":
                 offset = max(0, int(query.get("offset", "0")))
                 limit = min(PAGE_LIMIT, max(1, int(query.get("limit", "200"))))
@@ -235,7 +236,7 @@ def export(index: Index, f: Filter, limit: int, details: int) -> str:
     rows = page["rows"]
     data = {
         "status": index.status(),
-        "connections": index.connections_json(),
+        "connections": index.connections_json(CONNECTIONS_SHOWN),
         "summary": index.summary(),
         "timeline": index.timeline(f),
         "sequence": index.sequence(f),

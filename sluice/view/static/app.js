@@ -4,10 +4,11 @@
 
 const PAGE = 200;
 const SEQUENCE = 400; // arrows in the sequence diagram at most (the server's limit)
+const CONNECTIONS = 500; // rows in the connections table at most (a capture's first, a live view's newest)
 const embedded = document.getElementById("sluice-data");
 const DATA = embedded ? JSON.parse(embedded.textContent) : null;
 const $ = (id) => document.getElementById(id);
-const state = { offset: 0, total: 0, selected: null, connections: [], lanes: new Map() };
+const state = { offset: 0, total: 0, selected: null, connections: [] };
 const FIELDS = ["cmd", "topic", "producer", "consumer", "conn", "from", "to", "problems"];
 
 function escape(text) {
@@ -89,24 +90,27 @@ function showStatus(status) {
   $("problem").innerHTML = problems.join("<br>");
 }
 
-// A connection's name by its id (a live view lets old ones go: ids are not positions).
-function connectionName(id) {
-  return state.lanes.has(id) ? state.connections[state.lanes.get(id)].name : id;
+async function getConnections() {
+  return DATA ? DATA.connections : api("connections", { limit: CONNECTIONS });
 }
 
-function showConnections(connections) {
+// At most CONNECTIONS of them (the page took minutes over a capture of
+// 100,000 connections); frames and the timeline carry their connections' names.
+function showConnections(connections, total) {
   state.connections = connections;
-  state.lanes = new Map(connections.map((c, n) => [c.id, n]));
   const body = $("connections").tBodies[0];
   body.innerHTML = connections.map((c) =>
     `<tr class="${c.problems ? "bad" : ""}" data-conn="${escape(c.id)}"><td>${escape(c.name)}</td><td>${escape(c.kind)}</td>` +
     `<td title="${c.via ? "via " + escape(c.via) : ""}">${escape(c.client)}</td>` +
     `<td>${escape(c.broker)}</td><td>${c.start.toFixed(3)}</td>` +
     `<td>${c.duration.toFixed(3)}</td><td>${escape(c.frames)}</td><td>${escape(c.problems)}</td></tr>`).join("");
+  $("connections-count").textContent = total > connections.length ? `(${connections.length} of ${total})` : "";
   const select = document.querySelector("select[name=conn]");
   const chosen = currentFilter().conn || "";
+  const listed = connections.some((c) => String(c.id) === chosen);
   select.innerHTML = '<option value="">any</option>' + connections.map((c) =>
-    `<option value="${escape(c.id)}">${escape(c.name)} ${escape(c.client)}</option>`).join("");
+    `<option value="${escape(c.id)}">${escape(c.name)} ${escape(c.client)}</option>`).join("") +
+    (chosen && !listed ? `<option value="${escape(chosen)}">connection ${escape(chosen)}</option>` : "");
   select.value = chosen;
 }
 
@@ -117,7 +121,7 @@ function showFrames(page) {
     const flags = r.flags.map((f) => `<span class="flag ${escape(f)}">${escape(f)}</span>`).join("");
     const bad = r.flags.some((f) => f !== "redacted" && f !== "gap" && f !== "filtered");
     return `<tr data-frame="${escape(r.i)}" class="${bad ? "bad" : ""} ${r.flags.includes("gap") ? "gap" : ""}">` +
-      `<td>${escape(r.i)}</td><td>${r.t.toFixed(6)}</td><td>${escape(connectionName(r.conn))}</td>` +
+      `<td>${escape(r.i)}</td><td>${r.t.toFixed(6)}</td><td>${escape(r.name)}</td>` +
       `<td>${escape(r.dir)}</td><td>${escape(r.cmd)}</td><td class="topic" title="${escape(r.topic)}">${escape(r.topic)}</td>` +
       `<td>${escape(r.size)}</td><td>${r.latency === null ? "" : (1000 * r.latency).toFixed(2) + " ms"}</td>` +
       `<td>${flags}${escape(r.problem)}</td></tr>`;
@@ -194,17 +198,19 @@ function showTimeline(data) {
   // A lane per connection, and one for the HTTP listener's exchanges when
   // the capture has any (a bar from request to answer, coloured by status).
   const http = data.http || [];
-  const httpLane = state.connections.length;
+  const names = data.lanes || [];  // [id, name] of each connection a mark is on
+  const laneOf = new Map(names.map(([id], n) => [id, n]));
+  const httpLane = names.length;
   const lanes = httpLane + (http.length ? 1 : 0) || 1;
   const width = 1000, lane = 14, height = lanes * lane + 30;
   const end = Math.max(1e-6, ...data.marks.map((m) => m[2]), ...http.map((e) => e[1] + e[2]));
   const x = (t) => 60 + (t / end) * (width - 70);
   const parts = [`<svg viewBox="0 0 ${width} ${height}" role="img" aria-label="timeline">`];
-  state.connections.forEach((c, n) =>
-    parts.push(`<text class="lane" x="2" y="${n * lane + 11}">${escape(c.name)}</text>`));
+  names.forEach(([, name], n) =>
+    parts.push(`<text class="lane" x="2" y="${n * lane + 11}">${escape(name)}</text>`));
   for (const [i, conn, t, dir, bad, pair] of data.marks) {
-    if (!state.lanes.has(conn)) continue;  // (a connection the page has not been given yet)
-    const y = state.lanes.get(conn) * lane + (dir ? 8 : 2);
+    if (!laneOf.has(conn)) continue;
+    const y = laneOf.get(conn) * lane + (dir ? 8 : 2);
     if (pair >= 0 && dir === 0) {
       const other = data.marks.find((m) => m[0] === pair);
       if (other) parts.push(`<line x1="${x(t)}" y1="${y + 2}" x2="${x(other[2])}" y2="${y + 8}" stroke="#aab7b8"/>`);
@@ -234,7 +240,9 @@ function showTimeline(data) {
   }
   parts.push(`<text class="axis" x="2" y="${height - 5}">time →</text>`);
   parts.push("</svg>");
-  $("timeline").innerHTML = parts.join("") + (data.sampled ? `<p class="hint">${escape(data.frames)} frames: a sample is drawn, ${data.problems_sampled ? `and of the ${escape(data.problems)} problems a sample too` : "every problem included"}.</p>` : "");
+  const left = data.lanes_total > names.length
+    ? `<p class="hint">lanes for ${escape(names.length)} of the ${escape(data.lanes_total)} connections with frames: filter by a connection to see another.</p>` : "";
+  $("timeline").innerHTML = parts.join("") + left + (data.sampled ? `<p class="hint">${escape(data.frames)} frames: a sample is drawn, ${data.problems_sampled ? `and of the ${escape(data.problems)} problems a sample too` : "every problem included"}.</p>` : "");
 }
 
 function showSummary(summary) {
@@ -391,7 +399,7 @@ async function showDetail(i) {
   try {
     const d = await getDetail(i);
     const rows = [["frame", `#${escape(d.i)} ${escape(d.cmd)} ${escape(d.dir)}`], ["time", `${d.t.toFixed(6)} s (${escape(d.time)} UTC)`],
-                  ["connection", escape(connectionName(d.conn))], ["topic", escape(d.topic)], ["size", `${escape(d.size)} bytes`],
+                  ["connection", escape(d.name)], ["topic", escape(d.topic)], ["size", `${escape(d.size)} bytes`],
                   ["file", escape(d.file)]];
     if (d.problem) rows.push(["problem", escape(d.problem)]);
     if (d.flags.length) rows.push(["marks", escape(d.flags.join(", "))]);
@@ -447,7 +455,7 @@ async function followLive() {
       showStatus(status);
       const grew = status.frames !== state.seen;
       state.seen = status.frames;
-      if (grew || rounds % 5 === 0) showConnections(await api("connections"));
+      if (grew || rounds % 5 === 0) showConnections(await getConnections(), status.connections);
       if (grew) {
         const page = await getFrames(currentFilter(), 0);
         state.offset = Math.max(0, Math.floor((page.total - 1) / PAGE) * PAGE);
@@ -486,20 +494,20 @@ async function start() {
   let status = DATA ? DATA.status : await api("status");
   showStatus(status);
   if (status.live) {
-    showConnections(await api("connections"));
+    showConnections(await getConnections(), status.connections);
     await refresh();
     showSummary(await api("summary"));
     state.status = status;
     return followLive();
   }
-  showConnections(DATA ? DATA.connections : await api("connections"));
+  showConnections(await getConnections(), status.connections);
   await refresh();
   // While the index is being built: keep the counts and the first page current.
   while (!DATA && status.building) {
     await new Promise((r) => setTimeout(r, 500));
     status = await api("status");
     showStatus(status);
-    showConnections(await api("connections"));
+    showConnections(await getConnections(), status.connections);
     if (state.total < PAGE || !status.building) await refresh();
   }
   showSummary(DATA ? DATA.summary : await api("summary"));
