@@ -14,14 +14,20 @@ from typing import Any
 import trio
 
 from sluice.addresses import Address
+from sluice.protocols.pulsar.connection import FORGET_AFTER, PulsarConnection
+from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.ports import BrokerPorts, Listeners
+from sluice.proxy.pulsar import SharedRouting
 from sluice.proxy.shared import (
     BROKER_PORTS_FILE,
     BROKER_PORTS_LOCK,
     BROKER_PORTS_VOTES,
+    ROUTES_FILE,
     SharedBrokerPorts,
     create_state,
 )
+from sluice.proxy.workers import share_forgetting
+from tests.test_forgetting_brokers import BROKER, _connect, _core, _dialled, _lookup
 
 GONE = Address("10.1.2.3", 6650)
 POOL = [41000, 41001, 41002]
@@ -162,3 +168,110 @@ def test_a_lone_proxy_restarted_does_not_listen_for_a_forgotten_broker(tmp_path:
             second.journal.close()
 
     trio.run(test)
+
+
+# --- the routes journal: what a worker started in a dead one's place trusts ------
+
+
+def _routing_worker(state: Path, index: int) -> tuple[SharedRouting, BrokerPorts]:
+    """Worker ``index`` of two as ``sluice.proxy.workers`` starts one (also
+    in a dead one's place): its routing and its port-per-broker listeners
+    (no --listener-ports), what it forgets shared (``share_forgetting``)."""
+    routing = SharedRouting(parse_broker_url(BROKER), state / ROUTES_FILE)
+    ports = BrokerPorts("127.0.0.1", None, None, None, None, lambda listener, kind: listener)
+    ports.map = Listeners()
+    share_forgetting(ports, routing, state, index, 2)
+    return routing, ports
+
+
+async def _sweep(routing: SharedRouting, ports: BrokerPorts, now: float) -> list[Address]:
+    """The backend's sweep (``PulsarBackend._forget_brokers``) at ``now``."""
+    routing.expire(now)
+    forgotten, routing.forgotten = routing.forgotten, []
+    for address in forgotten:
+        await ports.forget(address)
+    return forgotten
+
+
+def _connects(routing: SharedRouting, address: Address, now: float) -> PulsarConnection | None:
+    """A client's CONNECT naming ``address``: its core if it was dialled."""
+    core = _core(routing)
+    return core if _dialled(core.receive_client(_connect(str(address)), now)) else None
+
+
+def test_a_restarted_worker_does_not_trust_what_every_other_worker_forgot(
+    tmp_path: Path,
+) -> None:
+    """A worker started in a dead one's place reads every broker ever
+    learned from the routes journal: one every other worker has forgotten
+    since it was last named is not trusted again (it stayed allowed for
+    another hour, at every restart); one named again since, or kept by a
+    worker with a connection to it open, is."""
+    create_state(tmp_path, 2)
+    kept, back = Address("10.1.2.4", 6650), Address("10.1.2.5", 6650)
+    one, two = _routing_worker(tmp_path, 0), _routing_worker(tmp_path, 1)
+    started: list[SharedRouting] = []
+
+    async def test() -> None:
+        for named in (GONE, kept, back):
+            _lookup(one[0], f"pulsar://{named}", 0.0)
+        held = _connects(two[0], kept, 1.0)  # open on worker two past the hour
+        assert held is not None
+        assert await _sweep(*two, 1.0) == []
+        late = FORGET_AFTER + 10.0
+        assert set(await _sweep(*one, late)) == {GONE, kept, back}
+        assert set(await _sweep(*two, late)) == {GONE, back}
+        _lookup(one[0], f"pulsar://{back}", late + 1)  # named again
+        # Worker one starting again: two has forgotten GONE, and still has
+        # kept (a connection open); back was named since.
+        fresh, _ = _routing_worker(tmp_path, 0)
+        started.append(fresh)
+        assert not fresh.allowlist.allows(GONE) and GONE not in fresh.routes
+        assert _connects(fresh, GONE, late + 2) is None
+        assert fresh.allowlist.allows(kept) and fresh.allowlist.allows(back)
+        # Worker two dies (its connection with it) and starts again: worker
+        # one had forgotten GONE and kept.
+        again, again_ports = _routing_worker(tmp_path, 1)
+        started.append(again)
+        assert not again.allowlist.allows(GONE) and not again.allowlist.allows(kept)
+        assert _connects(again, back, late + 2) is not None
+        # Queued for its backend, which forgets their ports too.
+        assert set(await _sweep(again, again_ports, late + 3)) == {GONE, kept}
+
+    try:
+        trio.run(test)
+    finally:
+        for routing in (one[0], two[0], *started):
+            routing.close()
+
+
+def test_a_broker_learned_again_before_the_sweep_is_not_written_forgotten(
+    tmp_path: Path,
+) -> None:
+    """A core forgets a broker at a client's CONNECT; a lookup names it
+    again before the backend's sweep reports the forgetting: the sweep
+    writes no forgetting after the line learning it again, and a worker
+    started in the other's place trusts it, as this one does."""
+    create_state(tmp_path, 2)
+    one, two = _routing_worker(tmp_path, 0), _routing_worker(tmp_path, 1)
+    started: list[SharedRouting] = []
+
+    async def test() -> None:
+        _lookup(one[0], f"pulsar://{GONE}", 0.0)
+        assert await _sweep(*two, 1.0) == []
+        late = FORGET_AFTER + 10.0
+        assert await _sweep(*two, late) == [GONE]
+        # At a CONNECT on worker one: forgotten there, queued for the sweep.
+        assert _connects(one[0], GONE, late) is None and one[0].forgotten == [GONE]
+        _lookup(one[0], f"pulsar://{GONE}", late + 1)  # named again, on one
+        assert await _sweep(*one, late + 2) == [GONE]  # (the one queued)
+        assert one[0].allowlist.allows(GONE)
+        again, _ = _routing_worker(tmp_path, 1)
+        started.append(again)
+        assert again.allowlist.allows(GONE)
+
+    try:
+        trio.run(test)
+    finally:
+        for routing in (one[0], two[0], *started):
+            routing.close()

@@ -148,6 +148,9 @@ class BrokerPorts:
         # A worker's ports whose forgotten broker a connection was refused
         # for (``broker_of``): said once.
         self._said_forgotten: set[int] = set()
+        # Told of each broker forgotten (``forget``): a worker's, so that
+        # workers started later know (``shared.ForgottenRoutes``).
+        self.forgetting: Callable[[Address], None] | None = None
 
     def let_go(self) -> None:
         """Draining: no new broker is given a port (a proxy started in this
@@ -283,6 +286,8 @@ class BrokerPorts:
         port is closed then, ``broker_of``). Whether a listener was closed."""
         broker = broker_key(upstream)
         self._asked.pop(broker, None)
+        if self.forgetting is not None:
+            self.forgetting(upstream)
         closed = False
         for kind in self.kinds:
             key = (broker, kind)

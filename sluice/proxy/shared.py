@@ -28,6 +28,11 @@ creates (in a private temporary directory) carry that:
   broker every worker has forgotten (``SharedBrokerPorts.forget``: each
   says so in a journal of votes) is marked forgotten there: its port relays
   no more, until a lookup names the broker again, which gives it back.
+- ``ForgottenRoutes``: which learned brokers each worker has forgotten,
+  written in the routes journal itself (in order with the lines learning
+  them), so that a worker started in a dead one's place, which reads the
+  journal from its start, does not trust again a broker every other worker
+  had forgotten.
 """
 
 from __future__ import annotations
@@ -404,6 +409,60 @@ class SharedBrokerPorts:
 # A port as a journal line writes it (str.isdigit would take "4000²",
 # which int() refuses).
 _PORT = re.compile(r"[0-9]{1,5}")
+
+
+# A worker's forgetting in the routes journal: HOST PORT forgotten by W.
+_FORGOTTEN_BY = ["forgotten", "by"]
+
+
+def _route_key(host: str, port: str) -> Address:
+    """A broker of the routes journal, as routing tells brokers apart."""
+    return Address(host.lower(), int(port))
+
+
+class ForgottenRoutes:
+    """With ``--workers``: which brokers learned in the routes journal
+    (``ROUTES_FILE``: lines ``HOST PORT TLS VIA``, Pulsar's
+    ``SharedRouting``) each worker has forgotten, written in that journal as
+    ``HOST PORT forgotten by W`` (five words: a routing, which reads lines
+    of four, passes over them). A line learning the broker again (named
+    again, anywhere, which every worker takes in) takes back the
+    forgetting written before it. A worker started in a dead one's place
+    reads the journal from its start: a broker every other worker has
+    forgotten since it was last learned (``everywhere``) is not trusted
+    again (``sluice/proxy/workers.py``, ``share_forgetting``)."""
+
+    def __init__(self, journal: Path, worker: int, workers: int) -> None:
+        self.path = journal
+        self.worker = worker
+        self.workers = workers
+        self._journal = Journal(journal)
+
+    def forgot(self, broker: Address) -> None:
+        """This worker has forgotten ``broker``."""
+        host = broker.host.lower()
+        if host and host.split() == [host]:  # (what a line can hold)
+            self._journal.append(f"{host} {broker.port} {' '.join(_FORGOTTEN_BY)} {self.worker}")
+
+    def everywhere(self) -> list[Address]:
+        """The brokers every other worker has forgotten since a line last
+        learned them (read from the journal's start)."""
+        votes: dict[Address, set[int]] = {}
+        with open(self.path, "rb") as handle:
+            for raw in handle:
+                words = raw.decode(errors="replace").split()
+                if len(words) < 4 or not _PORT.fullmatch(words[1]):
+                    continue
+                key = _route_key(words[0], words[1])
+                if len(words) == 4:  # learned (again): trusted by every worker
+                    votes.pop(key, None)
+                elif words[2:4] == _FORGOTTEN_BY and len(words) == 5 and words[4].isdigit():
+                    votes.setdefault(key, set()).add(int(words[4]))
+        others = set(range(self.workers)) - {self.worker}
+        return [broker for broker, who in votes.items() if who and others <= who]
+
+    def close(self) -> None:
+        self._journal.close()
 
 
 class LocalLimits:

@@ -105,7 +105,7 @@ from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
 from sluice.proxy.metrics import RELOAD_OUTCOMES
-from sluice.proxy.ports import BROKER, bind_range
+from sluice.proxy.ports import BROKER, BrokerPorts, bind_range
 from sluice.proxy.reload import (
     Generation,
     Outcome,
@@ -128,6 +128,8 @@ from sluice.proxy.shared import (
     BROKER_PORTS_VOTES,
     HTTP_LIMITS_FILE,
     LIMITS_FILE,
+    ROUTES_FILE,
+    ForgottenRoutes,
     Journal,
     clear_row,
     create_state,
@@ -1316,10 +1318,8 @@ def _report(state: Path, index: int) -> dict[str, Any] | None:
 async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
     """Serve until signalled or orphaned; whether the supervisor was gone."""
     proxy = Proxy(spec.config, role)
-    if proxy.ports is not None and proxy.ports.journal is not None:
-        # A broker's port relays no more once every worker forgot the broker.
-        proxy.ports.journal.share_forgetting(spec.index, spec.count,
-                                             spec.state / BROKER_PORTS_VOTES)  # fmt: skip
+    routing = getattr(proxy.backend, "routing", None)
+    share_forgetting(proxy.ports, routing, spec.state, spec.index, spec.count)
     proxy.generation = Generation(spec.generation, time.time(), "start")
     proxy.metrics.generation(proxy.generation)
     orphaned: list[bool] = []
@@ -1335,6 +1335,42 @@ async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
         await _serve(proxy, told)
         nursery.cancel_scope.cancel()
     return bool(orphaned)
+
+
+def share_forgetting(
+    ports: BrokerPorts | None, routing: Any, state: Path, index: int, count: int
+) -> None:
+    """Worker ``index`` of ``count``, before it serves: what it forgets is
+    shared. A broker's port relays no more once every worker forgot the
+    broker (``SharedBrokerPorts.share_forgetting``). Each broker its routing
+    forgets is written in the routes journal (``ForgottenRoutes``), unless
+    learned again meanwhile (a lookup between the forgetting and the
+    backend's sweep that reports it), and a worker started in a dead one's
+    place, whose routing reads every broker ever learned from the
+    journal, forgets at once those every other worker has forgotten since
+    (queued for the backend like any it forgets: their ports' forgetting
+    voted for too)."""
+    if ports is None:
+        return
+    if ports.journal is not None:
+        ports.journal.share_forgetting(index, count, state / BROKER_PORTS_VOTES)
+    forget = getattr(routing, "forget", None)
+    if routing is None or forget is None:  # a backend that forgets no broker
+        return
+    forgotten = ForgottenRoutes(state / ROUTES_FILE, index, count)
+
+    def forgot(broker: Address) -> None:
+        if not routing.knows(broker):
+            forgotten.forgot(broker)
+
+    ports.forgetting = forgot
+    routing.refresh()  # (first: what it learns from the journal, then forgotten)
+    for broker in forgotten.everywhere():
+        if routing.allowlist.knows(broker):
+            forget(broker)
+            routing.forgotten.append(broker)
+            log.info("broker %s forgotten: every other worker had forgotten it before this "
+                     "one started (a lookup that names it learns it again)", broker)  # fmt: skip
 
 
 @dataclass
