@@ -944,6 +944,7 @@ class Index:
         step = max(1, len(chosen) // marks)
         problem_step = max(1, problems // marks)
         shown = []
+        connections: set[int] = set()  # those the marks are on
         seen_problems = 0
         for n, i in enumerate(chosen):
             problem = flags[i] & PROBLEMS
@@ -954,6 +955,7 @@ class Index:
             elif n % step:
                 continue
             pair = self.pair[i]
+            connections.add(self.conn[i])
             shown.append(
                 [
                     self.base + i,
@@ -967,7 +969,7 @@ class Index:
             )
         # A lane per connection a mark is on (at most TIMELINE_LANES: the
         # marks on others are left out, and the page says so).
-        on = sorted({mark[1] for mark in shown})
+        on = sorted(connections)
         lanes = self.shown(on, TIMELINE_LANES)
         if len(lanes) < len(on):
             kept = set(lanes)
