@@ -308,13 +308,16 @@ class BrokerPorts:
                 log.debug("closed the %s listener on port %d for broker %s", kind, port, upstream)
         return closed
 
-    async def reopen_known(self) -> None:
+    async def reopen_known(self) -> list[Address]:
         """Listen at once on every port the journal (an earlier run) gave a
         broker, for clients that still dial it. (Workers need not: the
         supervisor has bound the whole range: a port of the journal it
-        could not bind is only warned about.)"""
+        could not bind is only warned about.) The brokers listened for so
+        (none for a worker), for a backend that forgets brokers to count
+        as learned: no answer of this run may ever name them."""
+        reopened: list[Address] = []
         if self.journal is None:
-            return
+            return reopened
         self.journal.refresh()
         if self.pool is not None:
             for (broker, _kind), port in self.journal.by_broker.items():
@@ -323,7 +326,7 @@ class BrokerPorts:
                                 "start (by another program): the broker "
                                 "is given another port when a reply names it", broker, port,
                                 self.journal.path)  # fmt: skip
-            return
+            return reopened
         for (broker, kind), port in list(self.journal.by_broker.items()):
             if port in self.journal.forgotten:  # until a lookup names it again
                 continue
@@ -335,6 +338,10 @@ class BrokerPorts:
                 await self.open(broker, kind)
             except (NoListener, OSError) as exc:
                 log.warning("broker %s: no listener on its earlier port: %s", broker, exc)
+                continue
+            if broker not in reopened:
+                reopened.append(broker)
+        return reopened
 
     def broker_of(self, port: int) -> tuple[Address, str] | None:
         """The broker a worker's ``--listener-ports`` port stands for (given

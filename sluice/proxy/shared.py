@@ -32,7 +32,9 @@ creates (in a private temporary directory) carry that:
   written in the routes journal itself (in order with the lines learning
   them), so that a worker started in a dead one's place, which reads the
   journal from its start, does not trust again a broker every other worker
-  had forgotten.
+  had forgotten. ``learned_from_ports_file``: the brokers an earlier run's
+  ``--broker-ports-file`` names, written there by the supervisor at start
+  as learned, so that they are forgotten as any learned broker is.
 """
 
 from __future__ import annotations
@@ -188,13 +190,16 @@ class SharedBrokerPorts:
         *,
         held: bool = False,
         lock: Path | None = None,
+        warn: bool = True,
     ) -> None:
         """``held``: the journal is this process's alone, locked for its
         life (``hold_ports_file``: a lone proxy's ``--broker-ports-file``).
         Otherwise each ``assign`` locks ``lock`` (a worker's: a file of the
         supervisor's state, which holds ``--broker-ports-file`` for life),
-        or else the journal itself."""
+        or else the journal itself. ``warn``: lines ignored are warned
+        about (not by a reader whose workers warn anyway)."""
         self.path = journal
+        self.warn = warn
         self.held = held
         self.main_kind = main_kind
         self.span = span
@@ -362,8 +367,9 @@ class SharedBrokerPorts:
                 continue
             problem = self._problem(parts)
             if problem is not None:  # not written by assign(): never trusted
-                log.warning("%s, line %d (%s): ignored: %s", self.path, self._lines,
-                            " ".join(parts)[:80], problem)  # fmt: skip
+                if self.warn:
+                    log.warning("%s, line %d (%s): ignored: %s", self.path, self._lines,
+                                " ".join(parts)[:80], problem)  # fmt: skip
                 continue
             if len(parts) == 3:
                 parts = [*parts, self.main_kind]
@@ -463,6 +469,32 @@ class ForgottenRoutes:
 
     def close(self) -> None:
         self._journal.close()
+
+
+def learned_from_ports_file(
+    directory: Path, ports_file: Path, span: tuple[int, int] | None, tls: bool
+) -> list[Address]:
+    """The supervisor's, at start: the brokers ``ports_file`` (an earlier
+    run's ``--broker-ports-file``) gives a port and has not marked
+    forgotten, written in the routes journal of ``directory`` as learned
+    (dialled with TLS as ``tls`` says, not chained), so that every worker
+    forgets them as it forgets a broker it learned, once no answer has
+    named them for as long, and no connection to them is open: without
+    this no routing ever learned them, and their ports relayed to them for
+    ever. Those written."""
+    kept = SharedBrokerPorts(ports_file, span=span, warn=False)
+    try:
+        kept.refresh()
+        brokers = sorted(
+            {broker for (broker, _), port in kept.by_broker.items() if port not in kept.forgotten},
+            key=str,
+        )
+    finally:
+        kept.close()
+    if brokers:
+        with open(directory / ROUTES_FILE, "a") as routes:
+            routes.writelines(f"{b.host} {b.port} {int(tls)} 0\n" for b in brokers)
+    return brokers
 
 
 class LocalLimits:

@@ -134,6 +134,7 @@ from sluice.proxy.shared import (
     clear_row,
     create_state,
     hold_ports_file,
+    learned_from_ports_file,
     stop_giving_ports,
 )
 from sluice.recording.writer import snapshot_name
@@ -353,6 +354,12 @@ class Supervisor:
         try:
             admin = self._admin
             create_state(self._state, self.count)
+            config = self.config
+            if config.broker_ports_file is not None:
+                # Learned, so forgotten unless named again (or never, as
+                # no lookup of this run named them).
+                learned_from_ports_file(self._state, config.broker_ports_file,
+                                        config.listener_ports, config.broker.tls)  # fmt: skip
             async with trio.open_nursery() as nursery:
                 for worker in self.workers:
                     nursery.start_soon(self._keep_running, worker)
