@@ -16,6 +16,9 @@ what Pulsar's own clients write and read, per schema type:
   read again a field at a time to name the field the bytes stop fitting:
   nested records are followed (``address.city``), and so are unions with a
   record branch; inside an array or a map the array or map field is named.
+  A schema whose named type holds itself is read by fastavro's Python
+  reader (the compiled one would follow a payload's nesting until the C
+  stack overflows): past some hundred levels a payload is refused.
 * JSON: the schema is an Avro record definition, the payload one UTF-8 JSON
   document, walked against it. Missing fields are allowed when nullable or
   defaulted (Pulsar's JSON writer leaves nulls out); fields the schema does
