@@ -247,3 +247,52 @@ def test_the_backend_forgets_a_broker_http_lookups_stopped_naming_and_closes_its
             nursery.cancel_scope.cancel()
 
     trio.run(test, clock=clock)
+
+
+def test_a_broker_named_again_before_the_sweep_keeps_its_listener() -> None:
+    """A core forgets a broker at a client's CONNECT (no answer named it
+    for an hour) and an HTTP lookup names it again before the backend's
+    sweep comes to it: that lookup's client is told the listener it had,
+    which the sweep leaves open (it closed it, and the client's dial was
+    refused)."""
+    from trio.testing import MockClock, wait_all_tasks_blocked
+
+    from sluice.protocols.pulsar.connection import SWEEP_EVERY
+    from sluice.proxy.dial import TlsClientConfig
+    from sluice.proxy.pulsar import PulsarBackend
+    from sluice.proxy.server import closed_listener
+
+    served: list[trio.abc.Listener[Any]] = []
+    clock = MockClock()
+
+    async def test() -> None:
+        ports = BrokerPorts("127.0.0.1", None, None, None, None, lambda lis, kind: lis)
+        ports.serve = lambda listener, upstream, kind: served.append(listener)
+        routing = Routing(parse_broker_url(BROKER))
+        backend = PulsarBackend(
+            parse_broker_url(BROKER),
+            PulsarSettings(OnInvalid.REJECT, 5 << 20, 5),
+            routing,
+            broker_tls=TlsClientConfig(),
+            connect_timeout=5,
+            ports=ports,
+        )
+        named = [f"pulsar://{GONE}"]
+        async with trio.open_nursery() as nursery:
+            first = await backend.listener_urls(named)
+            clock.jump(FORGET_AFTER + 1)
+            _, out = _relay(routing, trio.current_time())  # its core looks brokers over
+            assert not _dialled(out) and routing.forgotten == [GONE]
+            assert await backend.listener_urls(named) == first  # named again
+            nursery.start_soon(backend._forget_brokers)
+            for _ in range(int(SWEEP_EVERY // 30) + 1):
+                clock.jump(30)
+                await wait_all_tasks_blocked()
+            assert routing.forgotten == []  # the sweep came
+            assert routing.allowlist.allows(GONE) and not closed_listener(served[0])
+            assert len(served) == 1
+            nursery.cancel_scope.cancel()
+        for listener in served:
+            await listener.aclose()
+
+    trio.run(test, clock=clock)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import itertools
 import logging
 import resource
 import socket
@@ -143,6 +144,13 @@ class BrokerPorts:
         # answer last asked for each broker's (``open``, on ``clock``).
         self._opened: dict[tuple[Address, str], list[trio.abc.Listener[Any]]] = {}
         self._asked: dict[Address, float] = {}
+        # Asks (``open``) and let-gos (``asked_since`` saying no, on which
+        # the backend forgets the broker) in the order they came, by
+        # broker: a ``forget`` whose broker was asked for after its let-go
+        # (named again before the backend's sweep came to it) is stale.
+        self._order = itertools.count()
+        self._asked_at: dict[Address, int] = {}
+        self._let_go_at: dict[Address, int] = {}
         self.clock: Callable[[], float] = trio.current_time
         self.draining = False  # (``let_go``)
         # A worker's ports whose forgotten broker a connection was refused
@@ -182,6 +190,7 @@ class BrokerPorts:
         NoListener or OSError."""
         kind = kind or self.kinds[0]
         self._asked[broker_key(upstream)] = self.clock()
+        self._asked_at[broker_key(upstream)] = next(self._order)
         existing = self._map(kind).listener_for(upstream)
         if existing is not None:
             return existing
@@ -270,9 +279,14 @@ class BrokerPorts:
 
     def asked_since(self, upstream: Address, since: float) -> bool:
         """Whether an answer asked for ``upstream``'s listener (``open``) at
-        ``since`` or later, on ``clock``."""
-        asked = self._asked.get(broker_key(upstream))
-        return asked is not None and asked >= since
+        ``since`` or later, on ``clock``. (No: the backend lets the
+        broker go, and ``forget`` follows, unless it is asked for first.)"""
+        broker = broker_key(upstream)
+        asked = self._asked.get(broker)
+        if asked is not None and asked >= since:
+            return True
+        self._let_go_at[broker] = next(self._order)
+        return False
 
     async def forget(self, upstream: Address) -> bool:
         """A broker no answer names any more: its listeners (of every kind)
@@ -283,9 +297,16 @@ class BrokerPorts:
         another broker. A worker's ports are the supervisor's and stay
         bound: what this worker knew of it is dropped, and the journal marks
         it forgotten once every worker has forgotten it (a connection to its
-        port is closed then, ``broker_of``). Whether a listener was closed."""
+        port is closed then, ``broker_of``). Whether a listener was closed.
+        Nothing is done for a broker asked for (``open``) since the backend
+        let it go (``asked_since``): an answer named it again meanwhile,
+        whose client is told its listener (the backend learned it again)."""
         broker = broker_key(upstream)
+        let_go = self._let_go_at.pop(broker, None)
+        if let_go is not None and self._asked_at.get(broker, -1) > let_go:
+            return False
         self._asked.pop(broker, None)
+        self._asked_at.pop(broker, None)
         if self.forgetting is not None:
             self.forgetting(upstream)
         closed = False
