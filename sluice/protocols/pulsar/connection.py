@@ -105,7 +105,7 @@ from sluice.protocols.pulsar.decoder import CLOSED, COMPILED, FrameDecoder, Scan
 from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_reply, own_frame
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
 from sluice.protocols.pulsar.filtering import FilterGate, Wait, schema_of
-from sluice.protocols.pulsar.frame import Frame, command_name
+from sluice.protocols.pulsar.frame import Frame, command_name, text
 from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.spec import PULSAR_FAULTS
 from sluice.protocols.pulsar.urls import BrokerUrl, parse_broker_url
@@ -1143,6 +1143,12 @@ class PulsarConnection:
                                 out.append(to_client)
                             topics = add_traffic(topics, topic, ids[2], len(frame.raw))
                             continue
+                    if from_client and t in _NAMED:
+                        elsewhere = self.correlator.open_elsewhere(frame)
+                        if elsewhere is not None:
+                            whole = False
+                            actions += self._open_elsewhere(frame, elsewhere)
+                            continue
                     out.append(frame.raw)
                     if t == payload_type:
                         # Tallied by topic, for one TopicTraffic event per read.
@@ -1821,6 +1827,22 @@ class PulsarConnection:
                 self.tap.event(self.conn, _answered(done))
         actions += self._own(reply)
         return False
+
+    def _open_elsewhere(self, frame: Frame, topic: str) -> list[Action]:
+        """A PRODUCER or SUBSCRIBE for an id open on another topic
+        (``Correlator.open_elsewhere``): answered by Sluice, not relayed."""
+        body: Any = frame.body
+        what, ident = (
+            ("producer", body.producer_id)
+            if frame.type == T.PRODUCER
+            else ("consumer", body.consumer_id)
+        )
+        why = f"{what} id {ident} is open on {clipped(topic)} on this connection: close it first"
+        log.warning("%s: refusing %s for %s: %s", self.conn.name, frame.name,
+                    clipped(text(body.topic)), why)  # fmt: skip
+        reply = error_reply(frame, pb.NotAllowedError, why)
+        assert reply is not None  # both carry a request id
+        return self._own(reply)
 
     def _close(self, reason: str, message: str = "", level: int = logging.INFO) -> Close:
         self.state = State.CLOSED

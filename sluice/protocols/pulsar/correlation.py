@@ -305,10 +305,22 @@ class Correlator:
 
     requests: dict[int, Pending] = field(default_factory=dict)
     sends: Sends = field(default_factory=lambda: SEND_TABLE())
-    producers: dict[int, str] = field(default_factory=dict)  # producer_id -> topic
-    consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> topic
+    # producer_id -> topic, consumer_id -> topic: from the client's PRODUCER
+    # or SUBSCRIBE on, not from the broker's answer. What a client's SENDs
+    # (and its deliveries) are filtered and counted under must not hang on
+    # pairing an answer with its request, which a client can defeat: a
+    # request id used again, a PRODUCER pushed past MAX_PENDING_REQUESTS.
+    # The broker created it either way; a client that then sent SENDs
+    # unfiltered (in plaintext, on a topic that encrypts) would have got
+    # round the filters.
+    producers: dict[int, str] = field(default_factory=dict)
+    consumers: dict[int, str] = field(default_factory=dict)
     # The bytes of the request frames in ``requests``.
     request_bytes: int = 0
+    # Ids the broker said it created (until closed): an error answering
+    # another request for one of them (a client's repeated PRODUCER) does
+    # not make it forgotten.
+    made: set[tuple[int, int]] = field(default_factory=set)
 
     def observe(self, frame: Frame, from_client: bool, now: float) -> Completion | None:
         t = frame.type
@@ -425,16 +437,20 @@ class Correlator:
         pending = Pending(t, now, request=frame)
         if t == T.PRODUCER:
             pending.topic, pending.resource_id = text(body.topic), body.producer_id
+            self.producers.setdefault(body.producer_id, pending.topic)
         elif t == T.SUBSCRIBE:
             pending.topic, pending.resource_id = text(body.topic), body.consumer_id
+            self.consumers.setdefault(body.consumer_id, pending.topic)
         elif t in (T.LOOKUP, T.PARTITIONED_METADATA, T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA):
             pending.topic = text(body.topic)
         elif t == T.CLOSE_PRODUCER:
             pending.topic = self.producers.pop(body.producer_id, None)
+            self.made.discard((T.PRODUCER, body.producer_id))
             # Its SENDs in flight are forgotten once the close is answered.
             pending.resource_id = body.producer_id
         elif t == T.CLOSE_CONSUMER:
             pending.topic = self.consumers.pop(body.consumer_id, None)
+            self.made.discard((T.SUBSCRIBE, body.consumer_id))
         elif t in (T.SEEK, T.UNSUBSCRIBE, T.GET_LAST_MESSAGE_ID, T.ACK, T.CONSUMER_STATS):
             pending.topic = self.consumers.get(body.consumer_id)
             if t == T.UNSUBSCRIBE:  # gone once the broker agrees
@@ -461,11 +477,13 @@ class Correlator:
     def _server_frame(self, t: int, body: Any, now: float) -> Completion | None:
         if t == T.CLOSE_PRODUCER:  # the broker closed it: the client will re-create it
             self.producers.pop(body.producer_id, None)
+            self.made.discard((T.PRODUCER, body.producer_id))
             # Its SENDs in flight get no answer (the client sends them again).
             self.forget_sends(body.producer_id)
             return None
         if t == T.CLOSE_CONSUMER:
             self.consumers.pop(body.consumer_id, None)
+            self.made.discard((T.SUBSCRIBE, body.consumer_id))
             return None
         if t not in _ANSWERS_WITH_REQUEST_ID or not _has_request_id(body):
             return None
@@ -482,16 +500,47 @@ class Correlator:
             # The consumer is closed with its subscription; its client sends
             # no CLOSE_CONSUMER for it.
             self.consumers.pop(pending.resource_id, None)
-        elif error is None and pending.resource_id is not None and pending.topic is not None:
-            if pending.type == T.PRODUCER:
+            self.made.discard((T.SUBSCRIBE, pending.resource_id))
+        elif pending.type in _CREATES and pending.resource_id is not None:
+            made = (pending.type, pending.resource_id)
+            if error is None:
                 # producer_ready=false means "queued for exclusive access";
                 # the producer exists either way for closing purposes.
-                self.producers[pending.resource_id] = pending.topic
-            elif pending.type == T.SUBSCRIBE:
-                self.consumers[pending.resource_id] = pending.topic
+                self.made.add(made)
+            elif made not in self.made and not self._asked(made):
+                # Refused, and nothing else made it: forgotten (a client
+                # that goes on asking in vain leaves nothing behind).
+                table = self.producers if pending.type == T.PRODUCER else self.consumers
+                if table.get(pending.resource_id) == pending.topic:
+                    del table[pending.resource_id]
         return Completion(
             pending.type, t, pending.started, now, pending.topic, error, pending.request
         )
+
+    def _asked(self, made: tuple[int, int]) -> bool:
+        """Whether another PRODUCER (SUBSCRIBE) for this id waits for its
+        answer (rare: a client asking again; looked for only on a refusal)."""
+        kind, resource = made
+        return any(p.type == kind and p.resource_id == resource for p in self.requests.values())
+
+    def open_elsewhere(self, frame: Frame) -> str | None:
+        """For a PRODUCER or SUBSCRIBE from the client, before it is
+        observed: the other topic its id is open on, on this connection (or
+        None). Official clients never do this. Such a request is not
+        relayed: a broker that has the producer keeps it on its own topic,
+        but one that does not (its creation failed unseen) would make it on
+        the new one, where its messages would go filtered as the old one's."""
+        body: Any = frame.body
+        if body is None or frame.type not in _CREATES:
+            return None
+        if frame.type == T.PRODUCER:
+            known = self.producers.get(body.producer_id)
+        else:
+            known = self.consumers.get(body.consumer_id)
+        return known if known is not None and known != text(body.topic) else None
+
+
+_CREATES = frozenset({T.PRODUCER, T.SUBSCRIBE})
 
 
 def _size(pending: Pending) -> int:
