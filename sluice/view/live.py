@@ -49,6 +49,10 @@ log = logging.getLogger("sluice.view")
 # frames go until the records held are half of it.
 MAX_FRAMES = 200_000
 MAX_BYTES = 512 * 1024 * 1024
+# With no page asking anything for this long, the view stops asking the
+# proxy (which then stops watching, as it does 15 s after its last ask);
+# a page that asks again starts it again.
+PAGE_GONE_SECONDS = 60.0
 # The file number of records held in memory (``Index.file``).
 LIVE = 0xFFFF
 # The bits of a record number below its process's (``sluice/proxy/live.py``).
@@ -108,6 +112,8 @@ class LiveIndex(Index):
         self.dropped_upstream = 0  # records the proxy lost before they were asked for
         self.let_go = 0  # frames let go here (the oldest, past max_frames)
         self.asks = 0
+        self.asked = time.monotonic()  # when a page last asked (``asked_now``), or started
+        self.resting = False  # not asking the proxy: no page asks (``watch``)
         self._reading = Reading(LIVE)  # the reading of the process whose records come now
         self._records: list[bytes] = []  # every record held, packed, summaries filled in
         self._owners: list[str] = []  # each record's process (its reading's capture)
@@ -355,6 +361,10 @@ class LiveIndex(Index):
         """The newest ``limit`` of ``items``."""
         return items[-limit:]
 
+    def asked_now(self) -> None:
+        """A page asked something: watching goes on (or starts again)."""
+        self.asked = time.monotonic()
+
     def notes_shown(self) -> list[Note]:
         """The newest 500 notes (those of the frames coming in)."""
         return self.notes[-500:]
@@ -378,6 +388,7 @@ class LiveIndex(Index):
             dropped_upstream=self.dropped_upstream,
             let_go=self.let_go,
             restarts=self.restarts,
+            resting=self.resting,
             max_frames=self.max_frames,
             max_mib=self.max_bytes // (1024 * 1024),
             files=0,
@@ -442,10 +453,28 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
 
 
-def watch(index: LiveIndex, url: str, token: str, stop: threading.Event) -> None:
-    """Feed ``index`` from the proxy's ``/live`` until ``stop`` (a thread's work)."""
+def watch(
+    index: LiveIndex,
+    url: str,
+    token: str,
+    stop: threading.Event,
+    page_gone: float = PAGE_GONE_SECONDS,
+) -> None:
+    """Feed ``index`` from the proxy's ``/live`` until ``stop`` (a thread's
+    work), while a page asks: with none asking for ``page_gone`` seconds,
+    the proxy is not asked (it stops watching: it costs nothing then) until
+    one asks again; what came meanwhile was not kept (a gap)."""
     after = ""
+    resumed = False  # the first ask after resting
     while not stop.is_set():
+        if time.monotonic() - index.asked > page_gone:
+            if not index.resting:
+                log.info("live view: no page has asked for %.0f s: not watching", page_gone)
+                index.resting = True
+            stop.wait(0.25)
+            continue
+        if index.resting:
+            index.resting, resumed = False, True
         body = json.dumps({"after": after}).encode()
         request = urllib.request.Request(
             url, data=body, method="POST",
@@ -476,6 +505,12 @@ def watch(index: LiveIndex, url: str, token: str, stop: threading.Event) -> None
             stop.wait(2)
             continue
         index.live_error = ""
+        if resumed and any(r.get("k") == "header" and "open" in r for r in records):
+            # The proxy stopped watching meanwhile: what came then was not kept.
+            with index.lock:
+                for process in index._processes.values():
+                    process.reading.gap = True
+        resumed = False
         try:
             index.feed(records, int(data.get("dropped", 0)), next_)
         except Exception as exc:  # a bad record must not stop the view

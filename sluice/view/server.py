@@ -116,6 +116,8 @@ class Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
         index = self.server.index
+        if isinstance(index, LiveIndex) and url.path.startswith("/api/"):
+            index.asked_now()  # (a page is open: watching goes on)
         try:
             if url.path in ("/", "/index.html"):
                 self._send(200, static("index.html"), _TYPES[".html"])

@@ -449,9 +449,9 @@ async function followLive() {
   let rounds = 0;
   for (;;) {
     await new Promise((r) => setTimeout(r, 1000));
-    if (state.paused) continue;
     try {
-      const status = await api("status");
+      const status = await api("status");  // (also while paused: the view goes on watching)
+      if (state.paused) continue;
       showStatus(status);
       const grew = status.frames !== state.seen;
       state.seen = status.frames;
