@@ -5,7 +5,7 @@ pairing the broker's answer with the request."""
 from __future__ import annotations
 
 from sluice.filters.config import FilterSpec
-from sluice.protocols.core import Peer
+from sluice.protocols.core import Action, Peer
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.correlation import MAX_PENDING_REQUESTS
 from sluice.protocols.pulsar.encoder import command, encode_payload
@@ -33,7 +33,7 @@ def _send(producer_id: int, payloads: list[bytes]) -> bytes:
     return encode_payload(command(T.SEND, body), meta, data)
 
 
-def _filtered(out: list, producer_id: int) -> bool:
+def _filtered(out: list[Action], producer_id: int) -> bool:
     """Whether the SEND the broker got went through the filter (upper-cased)."""
     (frame,) = [f for f in sent(out, Peer.BROKER) if f.type == T.SEND]
     assert frame.body.producer_id == producer_id
