@@ -586,3 +586,33 @@ def test_a_filter_with_roles_is_refused_in_passthrough_mode_where_no_client_has_
     with pytest.raises(ConfigError) as caught:  # proxy mode: refused for another reason
         config("proxy")
     assert "roles" not in str(caught.value)
+
+
+def test_an_empty_schema_version_is_none_the_latest_schema_checks_it() -> None:
+    """Apache Pulsar answers a schemaless producer's PRODUCER with the empty
+    schema version, which the Java client puts on every message. Sluice
+    asked the broker for that version ("Empty schema version") and refused
+    the valid messages of every such producer."""
+    core, _ = _core(FilterSpec("schema"), client_version="Pulsar-Java-v4.0.8")
+    meta, data = _batch([b"\x02\x06abc"])
+    meta.schema_version = b""
+    body = pb.CommandSend(producer_id=1, sequence_id=0, num_messages=1)
+    (ask,) = core.receive_client(encode_payload(command(T.SEND, body), meta, data), 1.0)
+    assert isinstance(ask, Ask) and not ask.request[1].HasField("schema_version")
+    definition = (b'{"type": "record", "name": "R", "fields": [{"name": "id", "type": "int"}, '
+                  b'{"name": "s", "type": "string"}]}')  # fmt: skip
+    answer = pb.CommandGetSchemaResponse(
+        request_id=1, schema_version=b"\0" * 8,
+        schema=pb.Schema(name="R", schema_data=definition, type=pb.Schema.Avro),
+    )  # fmt: skip
+    out = core.answered(ask.token, decode_frame(frame_bytes("GET_SCHEMA_RESPONSE", answer)), 1.1)
+    assert names(out, Peer.BROKER) == ["SEND"]
+    # Known now, and checked: garbage with the empty version is refused.
+    meta, data = _batch([b"garbage, not avro"])
+    meta.schema_version = b""
+    second = pb.CommandSend(producer_id=1, sequence_id=1, num_messages=1)
+    core.receive_broker(_receipt(0), 1.2)
+    out = core.receive_client(encode_payload(command(T.SEND, second), meta, data), 1.3)
+    (error,) = sent(out, Peer.CLIENT)
+    assert error.name == "SEND_ERROR"
+    assert "field 'id'" in error.body.message or "field 's'" in error.body.message

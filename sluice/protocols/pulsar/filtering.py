@@ -116,6 +116,15 @@ def schema_of(answer: Frame) -> Schema | None:
     )
 
 
+def _schema_version(meta: pb.MessageMetadata) -> bytes | None:
+    """The schema version a message names; None for none. An empty one is
+    none: Apache Pulsar gives a producer without a schema the empty version
+    in PRODUCER_SUCCESS, and the Java client puts it on each message (asked
+    for, the broker answers "Empty schema version", and the valid message
+    of a schemaless producer was refused)."""
+    return (bytes(meta.schema_version) or None) if meta.HasField("schema_version") else None
+
+
 def _java(client_version: str) -> bool:
     return client_version.startswith("Pulsar-Java")
 
@@ -268,7 +277,7 @@ class FilterGate:
         meta = frame.metadata
         assert meta is not None and body is not None
         schema: Schema | Unknown | None = None
-        version = bytes(meta.schema_version) if meta.HasField("schema_version") else None
+        version = _schema_version(meta)
         if chain.wants_schema:
             schema = self.filtering.schema(topic, version, now)
             if schema is UNKNOWN:
@@ -573,7 +582,7 @@ class FilterGate:
     ) -> list[Message]:
         meta = frame.metadata
         assert meta is not None
-        version = bytes(meta.schema_version) if meta.HasField("schema_version") else None
+        version = _schema_version(meta)
         role, client = self.role, self.conn.client
         if meta.encryption_keys:
             ciphertext = bytes(frame.payload)
