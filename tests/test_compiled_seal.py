@@ -232,3 +232,30 @@ def test_sealed_sends_count_their_batch_messages_on_both_paths(
         f'protocol="pulsar"}} {1.0 + counted}'
     ]
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_closed_producers_id_on_another_topic_is_not_sealed_by_the_step(
+    filters: Filters,
+) -> None:
+    """A client that closes a sealed producer and gives its id to one on a
+    topic without the filter: the compiled step went on sealing that id's
+    SENDs with the old topic's key (and would skip the new topic's other
+    filters, a schema's among them)."""
+    again = pb.CommandProducer(topic=PLAIN_TOPIC, producer_id=1, request_id=11)
+    reads = [
+        (True, send(1, 0, [b"sealed: the key is made here"])),
+        (True, send(1, 1, [b"sealed by the step"])),
+        (False, receipt(1, 0) + receipt(1, 1)),
+        (True, encode(command(T.CLOSE_PRODUCER, pb.CommandCloseProducer(producer_id=1,
+                                                                        request_id=10)))),
+        (False, encode(command(T.SUCCESS, pb.CommandSuccess(request_id=10)))),
+        (True, encode(command(T.PRODUCER, again))),
+        (False, encode(command(T.PRODUCER_SUCCESS,
+                               pb.CommandProducerSuccess(request_id=11, producer_name="p1")))),
+        (True, send(1, 0, [b"plain from now on"])),
+    ]  # fmt: skip
+    by_step, _ = relay(filters, reads, quick=True)
+    sent = by_step[0][True]
+    assert b"sealed by the step" not in sent and b"plain from now on" in sent
+    by_core, _ = relay(filters, reads, quick=False)
+    assert by_step == by_core

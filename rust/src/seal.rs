@@ -284,6 +284,13 @@ pub mod python {
             true
         }
 
+        /// discard(producer_id): that producer's SENDs no longer sealed here
+        /// (closed: a client may give its id to a producer on another topic).
+        fn discard(&self, producer_id: u64) {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.0.remove(&producer_id);
+        }
+
         fn __contains__(&self, producer_id: u64) -> bool {
             let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.0.contains(&producer_id)

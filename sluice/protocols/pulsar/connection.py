@@ -1192,6 +1192,8 @@ class PulsarConnection:
                         if self._gate is not None:
                             if from_client and t in _NAMED:
                                 self._gate.named(frame)
+                            elif t == T.CLOSE_PRODUCER and frame.body is not None:
+                                self._gate.closed(frame.body.producer_id)
                             elif gate is not None and t == T.SEND_ERROR:
                                 released = gate.answered(frame)
                                 if released:

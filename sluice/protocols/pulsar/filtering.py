@@ -236,9 +236,24 @@ class FilterGate:
             if body.HasField("producer_name"):
                 self._names[body.producer_id] = body.producer_name
             self.filtering.forget_schemas(body.topic)
-            self._seal_compiled(body.producer_id, body.topic)
+            if body.producer_id not in self.compiled:
+                self._seal_compiled(body.producer_id, body.topic)
         elif frame.type == T.SUBSCRIBE:
             self._names[-1 - body.consumer_id] = body.subscription
+
+    def closed(self, producer_id: int) -> None:
+        """A producer closed (by the client or the broker): nothing of it
+        is kept, so that its id given to a producer on another topic gets
+        that topic's filters, not its old topic's sealing on the compiled
+        path (which would skip the new topic's other filters)."""
+        self.compiled.pop(producer_id, None)
+        if self.sealing is not None:
+            self.sealing.discard(producer_id)
+        self._names.pop(producer_id, None)
+        # Its sends' order (and errors held for it: a closing client has
+        # failed its pending sends itself) begins again with a new producer.
+        self._producers.pop(producer_id, None)
+        self._holding.discard(producer_id)
 
     def _seal_compiled(self, producer_id: int, topic: str) -> None:
         """A producer whose topic's chain only seals: its SENDs sealed on the
