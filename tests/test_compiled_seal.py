@@ -259,3 +259,19 @@ def test_a_closed_producers_id_on_another_topic_is_not_sealed_by_the_step(
     assert b"sealed by the step" not in sent and b"plain from now on" in sent
     by_core, _ = relay(filters, reads, quick=False)
     assert by_step == by_core
+
+
+def test_a_producer_sluice_encrypts_for_is_marked_encrypted_to_the_broker(
+    filters: Filters,
+) -> None:
+    """Apache Pulsar refuses every message of a producer marked encrypted
+    that comes without encryption keys: a backstop behind Sluice's gate,
+    and what a namespace that requires encryption asks of producers."""
+    from sluice.protocols.core import Peer
+    from tests.test_pulsar_core import sent
+
+    c = core(filters, Taps([]))
+    for pid, topic, marked in ((3, SEALED_TOPIC, True), (4, PLAIN_TOPIC, False)):
+        body = pb.CommandProducer(topic=topic, producer_id=pid, request_id=pid)
+        (frame,) = sent(c.receive_client(encode(command(T.PRODUCER, body)), 1.0), Peer.BROKER)
+        assert frame.body.encrypted is marked and frame.body.topic == topic

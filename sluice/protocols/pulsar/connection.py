@@ -1143,13 +1143,19 @@ class PulsarConnection:
                                 out.append(to_client)
                             topics = add_traffic(topics, topic, ids[2], len(frame.raw))
                             continue
+                    raw = frame.raw
                     if from_client and t in _NAMED:
                         elsewhere = self.correlator.open_elsewhere(frame)
                         if elsewhere is not None:
                             whole = False
                             actions += self._open_elsewhere(frame, elsewhere)
                             continue
-                    out.append(frame.raw)
+                        if self._gate is not None and t == T.PRODUCER:
+                            marked = self._gate.marked_encrypted(frame)
+                            if marked is not None:  # goes on changed; seen as it came
+                                whole = False
+                                raw = marked
+                    out.append(raw)
                     if t == payload_type:
                         # Tallied by topic, for one TopicTraffic event per read.
                         # ids: (producer, sequence, messages) of a SEND,

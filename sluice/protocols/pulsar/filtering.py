@@ -241,6 +241,24 @@ class FilterGate:
         elif frame.type == T.SUBSCRIBE:
             self._names[-1 - body.consumer_id] = body.subscription
 
+    def marked_encrypted(self, frame: Frame) -> bytes | None:
+        """A client's PRODUCER for a topic whose SENDs Sluice encrypts,
+        with ``encrypted`` set (None: it goes on as it came). The broker
+        then refuses any message of the producer that reaches it without
+        encryption keys ("Messages must be encrypted"): a backstop behind
+        the gate, and what a namespace that requires encryption asks of a
+        producer."""
+        body: Any = frame.body
+        if body is None or body.encrypted:
+            return None
+        chain = self.filtering.chain(body.topic, PRODUCE, self.role)
+        if chain is None or chain.sealer is None:
+            return None
+        marked = pb.CommandProducer()
+        marked.CopyFrom(body)
+        marked.encrypted = True
+        return encode(command(T.PRODUCER, marked))
+
     def closed(self, producer_id: int) -> None:
         """A producer closed (by the client or the broker): nothing of it
         is kept, so that its id given to a producer on another topic gets
