@@ -49,6 +49,7 @@ LOG_EVERY = 10.0  # seconds between two logged failures of one filter
 # numbers stand for other schemas). Bounded: past the limit, the cache
 # starts over.
 LATEST_FOR = 30.0
+FORGET_AFTER = 1.0  # a schema learned this recently is kept when a producer opens
 MAX_SCHEMAS = 10_000
 
 # Messages each filter's hook ran on (passed, changed or refused), by filter
@@ -261,10 +262,15 @@ class Filters:
         if version is None and schema is not None and schema.version is not None:
             self._schemas[(topic_of(topic), schema.version)] = (schema, now)
 
-    def forget_schemas(self, topic: str) -> None:
+    def forget_schemas(self, topic: str, now: float) -> None:
         base = topic_of(topic)
-        for key in [key for key in self._schemas if key[0] == base]:
-            del self._schemas[key]
+        schemas = self._schemas
+        for key in [key for key in schemas if key[0] == base]:
+            # Not one just learned: a client opening producers over and
+            # over would have every producer of the topic, on every
+            # connection, wait for the broker's schema at each SEND.
+            if now - schemas[key][1] >= FORGET_AFTER:
+                del schemas[key]
 
 
 def _hooks(loaded: Loaded, direction: Direction) -> bool:

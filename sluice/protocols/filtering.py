@@ -223,10 +223,11 @@ class Filtering(Protocol):
         self, topic: str, version: bytes | None, schema: Schema | None, now: float
     ) -> None: ...
 
-    def forget_schemas(self, topic: str) -> None:
-        """A producer opens on ``topic``: it may register a new version, or
-        the topic may have been deleted and made again, its version numbers
-        now standing for other schemas. Every schema of it is asked again."""
+    def forget_schemas(self, topic: str, now: float) -> None:
+        """A producer opens on ``topic`` at ``now``: it may register a new
+        version, or the topic may have been deleted and made again, its
+        version numbers now standing for other schemas. Every schema of it
+        learned over a second ago is asked again."""
         ...
 
 

@@ -1197,7 +1197,7 @@ class PulsarConnection:
                     if t in observed:
                         if self._gate is not None:
                             if from_client and t in _NAMED:
-                                self._gate.named(frame)
+                                self._gate.named(frame, now)
                             elif t == T.CLOSE_PRODUCER and frame.body is not None:
                                 self._gate.closed(frame.body.producer_id)
                             elif gate is not None and t == T.SEND_ERROR:

@@ -225,7 +225,7 @@ class FilterGate:
             return False
         return any(chain(topic, DELIVER, role) is not None for topic in consumers.values())
 
-    def named(self, frame: Frame) -> None:
+    def named(self, frame: Frame, now: float) -> None:
         """A PRODUCER or SUBSCRIBE the client sent: the name its messages
         carry, and (a producer may register a schema version) the topic's
         latest schema asked for again."""
@@ -235,7 +235,7 @@ class FilterGate:
         if frame.type == T.PRODUCER:
             if body.HasField("producer_name"):
                 self._names[body.producer_id] = body.producer_name
-            self.filtering.forget_schemas(body.topic)
+            self.filtering.forget_schemas(body.topic, now)
             if body.producer_id not in self.compiled:
                 self._seal_compiled(body.producer_id, body.topic)
         elif frame.type == T.SUBSCRIBE:
