@@ -9,7 +9,9 @@ the data inside.
 
 from __future__ import annotations
 
+import base64
 import errno
+import hashlib
 import ipaddress
 import json
 import logging
@@ -73,12 +75,28 @@ def _is_own_host(host: str, port: int, listen: str) -> bool:
     return True
 
 
+# What the page may load and run: its own script and style, nothing inline
+# but style attributes (a recorded name that got past escaping into the
+# page could run nothing: no inline handler, no script from elsewhere), and
+# no network but this server (an exported file: none at all). ('unsafe-eval':
+# the page evaluates nothing, but Playwright's wait_for_function evaluates
+# its expression in the page, and the tests that drive the page use it;
+# markup got into the page cannot reach eval without running script first.)
+_POLICY = (
+    "default-src 'none'; script-src {script}; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src {connect}; base-uri 'none'; form-action 'none'"
+)
+
 # Sent with every answer: no other site's page may frame this one (and have
 # the user click "save" under its own content), and no answer is read as
 # another type than it says.
 _HARDENING = (
     ("X-Frame-Options", "DENY"),
-    ("Content-Security-Policy", "frame-ancestors 'none'"),
+    (
+        "Content-Security-Policy",
+        _POLICY.format(script="'self' 'unsafe-eval'", connect="'self'")
+        + "; frame-ancestors 'none'",
+    ),
     ("X-Content-Type-Options", "nosniff"),
 )
 
@@ -251,11 +269,17 @@ def export(index: Index, f: Filter, limit: int, details: int) -> str:
     }
     text = script_safe(json.dumps(data))
     html = static("index.html").decode()
+    code = f"\n{static('app.js').decode()}\n"
+    digest = base64.b64encode(hashlib.sha256(code.encode()).digest()).decode()
+    policy = _POLICY.format(script=f"'sha256-{digest}' 'unsafe-eval'", connect="'none'")
+    html = html.replace('<meta charset="utf-8">',
+                        f'<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" '
+                        f'content="{policy}">')  # fmt: skip
     html = html.replace('<link rel="stylesheet" href="app.css">',
                         f"<style>\n{static('app.css').decode()}\n</style>")  # fmt: skip
     html = html.replace(
         '<script src="app.js"></script>',
         f'<script id="sluice-data" type="application/json">{text}</script>\n'
-        f"<script>\n{static('app.js').decode()}\n</script>",
+        f"<script>{code}</script>",
     )
     return html
