@@ -26,6 +26,7 @@ from sluice.proxy.shared import (
     SharedBrokerPorts,
     create_state,
     learned_from_ports_file,
+    mark_time,
 )
 from sluice.proxy.workers import share_forgetting
 from tests.test_forgetting_brokers import BROKER, _connect, _core, _dialled, _lookup
@@ -335,3 +336,42 @@ def test_brokers_only_an_earlier_runs_ports_file_names_are_forgotten_too(
             routing.close()
             assert ports.journal is not None
             ports.journal.close()
+
+
+def test_a_restarted_worker_dates_what_it_reads_by_the_supervisors_marks(
+    tmp_path: Path,
+) -> None:
+    """A worker started in a dead one's place takes a broker it reads from
+    the routes journal as named when the supervisor's clock marks date its
+    last line, not at its own start: it forgets one nobody named for an
+    hour at its first sweep, as the other workers do, and another an hour
+    after its last naming (each stayed allowed for an hour after every
+    restart)."""
+    create_state(tmp_path, 2)
+    other = Address("10.1.2.4", 6650)
+    mark_time(tmp_path, 1000.0)  # the supervisor's clock (time.monotonic's)
+    one, _ = _routing_worker(tmp_path, 0)
+    started: list[SharedRouting] = []
+
+    async def test() -> None:
+        for named in (GONE, other):
+            _lookup(one, f"pulsar://{named}", 0.0)  # (worker one's clock)
+        mark_time(tmp_path, 1060.0)
+        _lookup(one, f"pulsar://{other}", FORGET_AFTER * 0.75)  # named again: learned afresh
+        mark_time(tmp_path, 1060.0 + FORGET_AFTER * 0.75)
+        # Worker two starts, its own clock at 5, the supervisor's past the hour.
+        again = SharedRouting(parse_broker_url(BROKER), tmp_path / ROUTES_FILE)
+        started.append(again)
+        ports = BrokerPorts("127.0.0.1", None, None, None, None, lambda lis, kind: lis)
+        ports.map = Listeners()
+        share_forgetting(ports, again, tmp_path, 1, 2, (5.0, 1000.0 + FORGET_AFTER + 100))
+        assert again.allowlist.allows(GONE) and again.allowlist.allows(other)
+        assert await _sweep(again, ports, 5.0) == [GONE]
+        assert await _sweep(again, ports, 5.0 + FORGET_AFTER * 0.5) == []
+        assert await _sweep(again, ports, 5.0 + FORGET_AFTER * 0.75) == [other]
+
+    try:
+        trio.run(test)
+    finally:
+        for routing in (one, *started):
+            routing.close()

@@ -40,11 +40,13 @@ creates (in a private temporary directory) carry that:
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import logging
 import mmap
 import os
 import re
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -419,6 +421,24 @@ _PORT = re.compile(r"[0-9]{1,5}")
 
 # A worker's forgetting in the routes journal: HOST PORT forgotten by W.
 _FORGOTTEN_BY = ["forgotten", "by"]
+# The supervisor's clock in the routes journal, every MARK_EVERY seconds:
+# "@ SECONDS", on time.monotonic's clock (CLOCK_MONOTONIC: the same in every
+# process of the machine, whatever the wall clock does).
+_MARK = "@"
+MARK_EVERY = 60.0
+
+
+def mark_time(directory: Path, now: float | None = None) -> None:
+    """The supervisor's, at start and every ``MARK_EVERY``: the time
+    (``now``; None: ``time.monotonic()``) written in the routes journal of
+    ``directory``, which dates the lines around it for a worker started
+    later (``ForgottenRoutes.read``)."""
+    when = time.monotonic() if now is None else now
+    fd = os.open(directory / ROUTES_FILE, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, f"{_MARK} {when:.3f}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def _route_key(host: str, port: str) -> Address:
@@ -435,8 +455,9 @@ class ForgottenRoutes:
     again, anywhere, which every worker takes in) takes back the
     forgetting written before it. A worker started in a dead one's place
     reads the journal from its start: a broker every other worker has
-    forgotten since it was last learned (``everywhere``) is not trusted
-    again (``sluice/proxy/workers.py``, ``share_forgetting``)."""
+    forgotten since it was last learned is not trusted again, and the
+    others are dated by the supervisor's clock marks (``read``;
+    ``sluice/proxy/workers.py``, ``share_forgetting``)."""
 
     def __init__(self, journal: Path, worker: int, workers: int) -> None:
         self.path = journal
@@ -450,22 +471,35 @@ class ForgottenRoutes:
         if host and host.split() == [host]:  # (what a line can hold)
             self._journal.append(f"{host} {broker.port} {' '.join(_FORGOTTEN_BY)} {self.worker}")
 
-    def everywhere(self) -> list[Address]:
-        """The brokers every other worker has forgotten since a line last
-        learned them (read from the journal's start)."""
+    def read(self) -> tuple[list[Address], dict[Address, float]]:
+        """From the journal's start: the brokers every other worker has
+        forgotten since a line last learned them; and when each broker was
+        last learned, as the supervisor's clock marks (``mark_time``) date
+        it: by the first mark after the line, on ``time.monotonic``'s
+        clock (none for one learned since the last mark: just now)."""
         votes: dict[Address, set[int]] = {}
+        learned: dict[Address, float] = {}
+        unmarked: set[Address] = set()
         with open(self.path, "rb") as handle:
             for raw in handle:
                 words = raw.decode(errors="replace").split()
+                if len(words) == 2 and words[0] == _MARK:
+                    with contextlib.suppress(ValueError):
+                        mark = float(words[1])
+                        learned.update(dict.fromkeys(unmarked, mark))
+                        unmarked.clear()
+                    continue
                 if len(words) < 4 or not _PORT.fullmatch(words[1]):
                     continue
                 key = _route_key(words[0], words[1])
                 if len(words) == 4:  # learned (again): trusted by every worker
                     votes.pop(key, None)
+                    learned.pop(key, None)
+                    unmarked.add(key)
                 elif words[2:4] == _FORGOTTEN_BY and len(words) == 5 and words[4].isdigit():
                     votes.setdefault(key, set()).add(int(words[4]))
         others = set(range(self.workers)) - {self.worker}
-        return [broker for broker, who in votes.items() if who and others <= who]
+        return [broker for broker, who in votes.items() if who and others <= who], learned
 
     def close(self) -> None:
         self._journal.close()

@@ -128,6 +128,7 @@ from sluice.proxy.shared import (
     BROKER_PORTS_VOTES,
     HTTP_LIMITS_FILE,
     LIMITS_FILE,
+    MARK_EVERY,
     ROUTES_FILE,
     ForgottenRoutes,
     Journal,
@@ -135,6 +136,7 @@ from sluice.proxy.shared import (
     create_state,
     hold_ports_file,
     learned_from_ports_file,
+    mark_time,
     stop_giving_ports,
 )
 from sluice.recording.writer import snapshot_name
@@ -360,7 +362,9 @@ class Supervisor:
                 # no lookup of this run named them).
                 learned_from_ports_file(self._state, config.broker_ports_file,
                                         config.listener_ports, config.broker.tls)  # fmt: skip
+            mark_time(self._state)
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._mark_time)
                 for worker in self.workers:
                     nursery.start_soon(self._keep_running, worker)
                 if admin is not None:
@@ -389,6 +393,14 @@ class Supervisor:
             for _, sock in self._sockets:
                 sock.close()
             shutil.rmtree(self._state, ignore_errors=True)
+
+    async def _mark_time(self) -> None:
+        """The routes journal dated every ``MARK_EVERY``, for workers
+        started later (``share_forgetting``)."""
+        while True:
+            await trio.sleep(MARK_EVERY)
+            with contextlib.suppress(OSError):  # (the state let go: stopping)
+                mark_time(self._state)
 
     async def open(self) -> None:
         """Bind the admin endpoint and the listeners (OSError: e.g. a port in
@@ -1345,7 +1357,12 @@ async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
 
 
 def share_forgetting(
-    ports: BrokerPorts | None, routing: Any, state: Path, index: int, count: int
+    ports: BrokerPorts | None,
+    routing: Any,
+    state: Path,
+    index: int,
+    count: int,
+    clocks: tuple[float, float] | None = None,
 ) -> None:
     """Worker ``index`` of ``count``, before it serves: what it forgets is
     shared. A broker's port relays no more once every worker forgot the
@@ -1356,7 +1373,10 @@ def share_forgetting(
     place, whose routing reads every broker ever learned from the
     journal, forgets at once those every other worker has forgotten since
     (queued for the backend like any it forgets: their ports' forgetting
-    voted for too)."""
+    voted for too), and takes the others as named when the supervisor's
+    clock marks say they were last learned, not now (another hour in this
+    worker, at every restart). ``clocks``: now, on the cores' clock and on
+    ``time.monotonic``'s (None: read now)."""
     if ports is None:
         return
     if ports.journal is not None:
@@ -1372,12 +1392,19 @@ def share_forgetting(
 
     ports.forgetting = forgot
     routing.refresh()  # (first: what it learns from the journal, then forgotten)
-    for broker in forgotten.everywhere():
+    everywhere, learned = forgotten.read()
+    for broker in everywhere:
         if routing.allowlist.knows(broker):
             forget(broker)
             routing.forgotten.append(broker)
             log.info("broker %s forgotten: every other worker had forgotten it before this "
                      "one started (a lookup that names it learns it again)", broker)  # fmt: skip
+    if not learned:  # (a journal without the supervisor's marks)
+        return
+    now, monotonic = clocks if clocks is not None else (trio.current_time(), time.monotonic())
+    for broker, when in learned.items():
+        if broker not in everywhere and routing.allowlist.knows(broker):
+            routing.allowlist.learn(broker, now - max(0.0, monotonic - when))
 
 
 @dataclass
