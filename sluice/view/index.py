@@ -542,7 +542,9 @@ class Index:
             if key in summary and not (
                 key == "seq" and cmd not in ("SEND", "SEND_RECEIPT", "SEND_ERROR")
             ):
-                slot = (connection.index, key, pid, int(summary[key]))
+                # (a request id is the connection's own; a sequence id the
+                # producer's: a PRODUCER's answer names no producer)
+                slot = (connection.index, key, pid if key == "seq" else -1, int(summary[key]))
                 if direction == 1:
                     pair = waiting.get(slot, -1)
                     if pair >= 0:
