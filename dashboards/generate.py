@@ -244,9 +244,10 @@ def recorder() -> dict[str, Any]:
         Panel("Bytes written per second", [
             (f"sum(rate(sluice_recorder_bytes_total{{{SEL}}}[{RATE}]))", "written"),
         ], "Bps"),
-        Panel("Frames dropped", [
-            (f"sum(increase(sluice_recorder_dropped_frames_total{{{SEL}}}[{RATE}]))", "dropped"),
-        ], description="Recording never stalls traffic: a slow or full disk drops frames here."),
+        Panel("Frames dropped per second", [
+            (f"sum(rate(sluice_recorder_dropped_frames_total{{{SEL}}}[{RATE}]))", "dropped"),
+        ], "ops", description="Recording never stalls traffic: a slow or full disk drops "
+           "frames here. The alert SluiceRecorderDroppingFrames fires on any."),
         Panel("Writer queue", [
             (f"max(sluice_recorder_queue_frames{{{SEL}}})", "frames waiting"),
         ]),

@@ -62,3 +62,18 @@ def test_rates_and_gauges_are_not_shown_in_seconds() -> None:
                 if "histogram_quantile" not in target["expr"]:
                     unit = unit_of(panel, target["refId"])
                     assert unit != "s", (path.name, panel["title"], target["expr"])
+
+
+def test_no_count_over_a_window_that_moves_with_the_zoom() -> None:
+    """increase() over $__rate_interval is a count over a window Grafana
+    picks from the time range shown (and the scrape interval): the same
+    drops read 4 at one zoom and 40 at another, in a unit ("short") that
+    says neither. A rate per second reads the same at every zoom."""
+    for path in sorted(GRAFANA.glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel["targets"]:
+                assert not re.search(r"increase\([^\]]*\[\$__rate_interval\]", target["expr"]), (
+                    path.name,
+                    panel["title"],
+                    target["expr"],
+                )
