@@ -681,6 +681,9 @@ class Index:
                 if flags & bit
             ],
             "pair": self.base + self.pair[i] if self.pair[i] >= 0 else None,
+            # (an exported file's page filters its rows by them)
+            "pid": self.pid[i] if self.pid[i] >= 0 else None,
+            "cid": self.cid[i] if self.cid[i] >= 0 else None,
             "latency": round(self.latency[i], 6)
             if self.pair[i] >= 0 and self.direction[i]
             else None,

@@ -48,7 +48,8 @@ function matches(row, f) {
   if (f.from && row.t < Number(f.from)) return false;
   if (f.to && row.t > Number(f.to)) return false;
   if (f.problems && !row.flags.some((x) => x !== "redacted" && x !== "filtered")) return false;
-  if (f.producer || f.consumer) return false; // not in exported rows
+  if (f.producer && String(row.pid) !== String(Math.trunc(Number(f.producer)))) return false;
+  if (f.consumer && String(row.cid) !== String(Math.trunc(Number(f.consumer)))) return false;
   return true;
 }
 
