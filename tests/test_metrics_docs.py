@@ -126,6 +126,27 @@ def test_rejection_reasons_listed_are_the_ones_counted() -> None:
     assert listed_values(labels, "reason") == counted
 
 
+def test_each_protocols_own_rejections_are_there_at_zero_from_the_start() -> None:
+    """increase() needs a sample before the first refusal; Cursus's
+    ``no_listener`` had none until one happened."""
+    for spec in protocols().values():
+        own = literal_arguments(r'\bRejected\("(\w+)"\)') & set(
+            re.findall(r'Rejected\("(\w+)"\)', _protocol_source(spec.name))
+        )
+        metrics = Metrics(protocol=spec)
+        present = {
+            sample.labels["reason"]
+            for family in metrics.exposed.collect()
+            if family.name == "sluice_connections_rejected"
+            for sample in family.samples
+        }
+        assert own <= present, (spec.name, own - present)
+
+
+def _protocol_source(name: str) -> str:
+    return "".join(p.read_text() for p in (SOURCE / "protocols" / name).rglob("*.py"))
+
+
 def test_session_kinds_listed_are_the_ones_counted() -> None:
     """sluice_sessions_total counts a connection by ``conn.kind`` when its
     core says it opened: Cursus's are ``relay``, which the row did not list."""

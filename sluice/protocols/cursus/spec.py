@@ -155,6 +155,9 @@ PROTOCOL = ProtocolSpec(
     options=OPTIONS,
     check=check,
     port_per_broker=True,
+    # A client dialling the main listener for a broker that has no
+    # listener of its own yet (connection.py).
+    rejections=("no_listener",),
     pcap_note="Sluice recording of Cursus traffic: each frame is [u32 big-endian length][body]; "
     "Wireshark has no Cursus dissector, so read the TCP payloads (Follow TCP Stream) "
     "or use sluice inspect",

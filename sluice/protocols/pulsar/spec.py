@@ -299,8 +299,9 @@ PROTOCOL = ProtocolSpec(
     main_is_broker_listener=False,
     filters=True,
     anonymize="sluice.protocols.pulsar.anonymize:ANONYMIZER",
-    # A client certificate login in passthrough mode (connection.py).
-    rejections=("tls_passthrough",),
+    # A client certificate login in passthrough mode, and a client proxy-mode
+    # authentication refuses (connection.py).
+    rejections=("tls_passthrough", "auth"),
     standalone=standalone,
     pcap_note="Sluice recording of Pulsar traffic (TCP, the broker's port 6650). Wireshark has "
     "no Pulsar dissector of its own: add a Pulsar Lua dissector, or read the decoded frames "
