@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sluice.recording import format as fmt
+from sluice.view import live as live_module
 from sluice.view.index import Filter, Index, Reading
 from sluice.view.live import LiveIndex, live_url, watch
 from sluice.view.server import serve
@@ -218,6 +219,58 @@ def test_an_answer_that_is_no_admin_endpoints_is_said_and_the_watch_goes_on() ->
             time.sleep(0.01)
         assert "not what a Sluice admin endpoint answers" in index.live_error
         assert watcher.is_alive()
+    finally:
+        stop.set()
+        watcher.join(5)
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_service_answering_without_end_is_read_no_further_than_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another service on the port, answering ``/live`` with a body that
+    never ends: the view read it all (its memory growing without bound, and
+    the page never told); it reads up to its bound, says so, and asks again."""
+    monkeypatch.setattr(live_module, "MAX_ANSWER", 1024 * 1024, raising=False)
+    chunk = b"x" * 65536
+
+    class Endless(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def __init__(self) -> None:
+            class Handler(BaseHTTPRequestHandler):
+                def log_message(self, format: str, *args: Any) -> None:
+                    pass
+
+                def do_POST(self) -> None:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    try:
+                        while True:  # (no length: until the view hangs up)
+                            self.wfile.write(chunk)
+                    except OSError:
+                        pass
+
+            super().__init__(("127.0.0.1", 0), Handler)
+            threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    server = Endless()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    stop = threading.Event()
+    index = LiveIndex(address)
+    watcher = threading.Thread(
+        target=watch, args=(index, live_url(address), "t", stop), daemon=True
+    )
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 4
+        while not index.live_error:
+            assert time.monotonic() < deadline, "nothing said"
+            time.sleep(0.01)
+        assert index.live_error.endswith(f"(an answer of more than {1024 * 1024} bytes)")
+        assert watcher.is_alive() and index.frames == 0
     finally:
         stop.set()
         watcher.join(5)

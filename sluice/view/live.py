@@ -53,6 +53,10 @@ MAX_BYTES = 512 * 1024 * 1024
 # proxy (which then stops watching, as it does 15 s after its last ask);
 # a page that asks again starts it again.
 PAGE_GONE_SECONDS = 60.0
+# An answer of the proxy's is at most 2 MiB of records (and a record larger
+# than that alone), base64: what is read of one at most (another service on
+# the port could answer without end).
+MAX_ANSWER = 256 * 1024 * 1024
 # The file number of records held in memory (``Index.file``).
 LIVE = 0xFFFF
 # The bits of a record number below its process's (``sluice/proxy/live.py``).
@@ -482,9 +486,17 @@ def watch(
         )  # fmt: skip
         try:
             with _OPENER.open(request, timeout=15) as answer:
-                data = json.loads(answer.read())
+                body = answer.read(MAX_ANSWER + 1)
+            if len(body) > MAX_ANSWER:
+                index.live_error = (
+                    f"{url}: not what a Sluice admin endpoint answers "
+                    f"(an answer of more than {MAX_ANSWER} bytes)"
+                )
+                stop.wait(2)
+                continue
+            data = json.loads(body)
         except urllib.error.HTTPError as exc:
-            said = exc.read().decode(errors="replace").strip()
+            said = exc.read(1000).decode(errors="replace").strip()
             index.live_error = f"{url}: {exc.code} {said}"
             if exc.code in (401, 403, 404, 405):
                 return  # nothing will change by asking again
