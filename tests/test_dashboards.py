@@ -449,9 +449,9 @@ def test_health_and_readiness(admin_proxy: tuple[ProxyProcess, int], tmp_path: P
 
 
 def test_a_refused_reload_is_a_series_from_the_start() -> None:
-    """SluiceConfigReloadRefused is increase(...{outcome="refused"}) > 0:
-    increase() needs a sample before the first refusal, so the series is
-    there at zero from start, or a pod's first refused reload never alerts."""
+    """A rule or panel over increase(...{outcome="refused"}) needs a sample
+    before the first refusal, so the series is there at zero from start, or
+    a pod's first refused reload never shows."""
     from prometheus_client import generate_latest
 
     text = generate_latest(Metrics().exposed).decode()

@@ -6,6 +6,7 @@ a mistake, naming what was kept), never raised out of the proxy."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,16 @@ async def test_a_tls_listener_kept_with_its_certificate_dropped_is_refused(
     assert proxy.config.tls is not None and proxy.limits.total == 100
     registry = proxy.metrics.registry
     assert registry.get_sample_value("sluice_config_reloads_total", {"outcome": "refused"}) == 1
+    # The refusal stands (SluiceConfigReloadRefused fires on it) until a
+    # configuration is put in force.
+    refused_at = registry.get_sample_value("sluice_config_refused_timestamp_seconds")
+    assert refused_at is not None and abs(refused_at - time.time()) < 60
     # Put back, the next change is put in force.
     write(cfg, listen_tls="127.0.0.1:0", tls_cert=str(proxy.config.tls.cert),
           tls_key=str(proxy.config.tls.key), max_connections=5)  # fmt: skip
     applied = await proxy.reload_from_source("SIGHUP")
     assert applied.outcome == "applied" and proxy.limits.total == 5, applied
+    assert registry.get_sample_value("sluice_config_refused_timestamp_seconds") == 0
 
 
 async def test_with_workers_the_supervisor_refuses_it_too(tmp_path: Path) -> None:
@@ -66,6 +72,10 @@ async def test_with_workers_the_supervisor_refuses_it_too(tmp_path: Path) -> Non
         "sluice_config_reloads_total", {"outcome": "refused", "protocol": "pulsar"}
     )
     assert value == 1
+    refused_at = supervisor.registry.get_sample_value(
+        "sluice_config_refused_timestamp_seconds", {"protocol": "pulsar"}
+    )
+    assert refused_at is not None and abs(refused_at - time.time()) < 60
 
 
 async def test_snapshot_rules_need_the_flight_recorder_in_force(tmp_path: Path) -> None:

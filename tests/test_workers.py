@@ -1002,8 +1002,8 @@ def test_with_admin_the_workers_admin_ports_are_private(
 
 def test_the_supervisors_reload_outcomes_are_series_at_zero_from_the_start() -> None:
     """With --workers the supervisor counts reloads; its refused series must
-    be there before the first refusal, or SluiceConfigReloadRefused's
-    increase() misses a pod's first refused reload."""
+    be there before the first refusal, or an increase() over it misses a
+    pod's first refused reload."""
     from prometheus_client import generate_latest
 
     supervisor = Supervisor(ProxyConfig(broker=parse_broker_url("pulsar://127.0.0.1:6650")), 2)

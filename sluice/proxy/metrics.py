@@ -362,6 +362,14 @@ class WithProtocol(Collector):
         return []
 
 
+# sluice_config_refused_timestamp_seconds: while above 0, what Sluice was
+# last asked to load (the mounted file, SIGHUP, POST /config/reload) is not
+# in force. (SluiceConfigReloadRefused fires on it: a count of refusals
+# over a window ended the alert while the refused change still stood.)
+REFUSED_HELP = (
+    "When the reload that stands refused was refused (Unix time); 0 when none stands: "
+    "since start, or since a reload applied a configuration or found it in force"
+)
 # What a configuration reload came to (sluice_config_reloads_total{outcome}).
 RELOAD_OUTCOMES = ("applied", "unchanged", "refused")
 
@@ -490,6 +498,9 @@ class Metrics:
             "sluice_config_loaded_timestamp_seconds",
             "When the configuration in force was loaded (Unix time)", registry=registry,
         )  # fmt: skip
+        self.config_refused = Gauge(
+            "sluice_config_refused_timestamp_seconds", REFUSED_HELP, registry=registry
+        )
         self.upstream_up = Gauge(
             "sluice_upstream_up", "1 when the configured broker answered the last probe",
             registry=registry,

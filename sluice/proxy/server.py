@@ -461,6 +461,7 @@ class Proxy:
                     self.metrics.generation(self.generation)
                 outcome = Outcome.unchanged(self.generation, source, kept_flags)
                 self.metrics.reloads.labels("unchanged").inc()
+                self.metrics.config_refused.set(0)
                 log.info("%s", outcome.summary())
                 return outcome
 
@@ -514,6 +515,7 @@ class Proxy:
             )
             self.metrics.generation(self.generation)
             self.metrics.reloads.labels("applied").inc()
+            self.metrics.config_refused.set(0)
             outcome = Outcome("applied", self.generation, flags(live), kept_flags)
             log.warning("%s", outcome.summary())
             return outcome
@@ -529,6 +531,7 @@ class Proxy:
         """A reload refused for ``errors`` (one line each): counted, logged,
         the generation in force kept."""
         self.metrics.reloads.labels("refused").inc()
+        self.metrics.config_refused.set(time.time())
         outcome = Outcome.refused(self.generation, source, errors)
         log.error("%s", outcome.summary())
         return outcome

@@ -104,7 +104,7 @@ from sluice.proxy.config import ProxyConfig, listening_for, proxy_protocol_in
 from sluice.proxy.dial import bind_all
 from sluice.proxy.http import HTTP, HTTPS
 from sluice.proxy.live import parse_after
-from sluice.proxy.metrics import RELOAD_OUTCOMES
+from sluice.proxy.metrics import REFUSED_HELP, RELOAD_OUTCOMES
 from sluice.proxy.ports import BROKER, BrokerPorts, bind_range
 from sluice.proxy.reload import (
     Generation,
@@ -168,6 +168,7 @@ _SUPERVISORS = {
     "sluice_config_reloads",
     "sluice_config_generation",
     "sluice_config_loaded_timestamp_seconds",
+    "sluice_config_refused_timestamp_seconds",
 }
 # A reload, in two steps: the configuration every worker is to take (the
 # attempt's number, its generation, where it came from, the ProxyConfig);
@@ -343,6 +344,10 @@ class Supervisor:
         self._loaded = Gauge(
             "sluice_config_loaded_timestamp_seconds", "When the configuration in force was "
             "loaded (Unix time)", ["protocol"], registry=self.registry,
+        ).labels(protocol)  # fmt: skip
+        self._refused = Gauge(
+            "sluice_config_refused_timestamp_seconds", REFUSED_HELP, ["protocol"],
+            registry=self.registry,
         ).labels(protocol)  # fmt: skip
         self._generation.set(1)
         self._loaded.set(self.generation.loaded_at)
@@ -679,6 +684,7 @@ class Supervisor:
             kept_flags = flags(kept)
             if not live:
                 self._reloads.labels(self.config.protocol, "unchanged").inc()
+                self._refused.set(0)
                 outcome = Outcome.unchanged(self.generation, source, kept_flags)
                 log.info("%s", outcome.summary())
                 return outcome
@@ -762,6 +768,7 @@ class Supervisor:
             self._generation.set(number)
             self._loaded.set(self.generation.loaded_at)
             self._reloads.labels(self.config.protocol, "applied").inc()
+            self._refused.set(0)
             outcome = Outcome("applied", self.generation, flags(live), kept_flags)
             outcome.errors += [
                 f"worker {r['index']}: could not put it in force: {e}; restarted, and "
@@ -825,6 +832,7 @@ class Supervisor:
 
     def _reload_refused(self, source: str, errors: list[str]) -> Outcome:
         self._reloads.labels(self.config.protocol, "refused").inc()
+        self._refused.set(time.time())
         outcome = Outcome.refused(self.generation, source, errors)
         log.error("%s", outcome.summary())
         return outcome
