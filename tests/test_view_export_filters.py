@@ -4,12 +4,13 @@ server's do, in a real headless Chromium (the file opened from disk)."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
 
-from sluice.view.index import Filter, Index
+from sluice.view.index import Filter, HttpFilter, Index
 from sluice.view.server import export
 from tests.test_view_index import capture, frame
 
@@ -52,5 +53,48 @@ def test_an_exported_page_filters_by_producer_and_consumer(tmp_path: Path) -> No
                 )
                 shown = page.locator("#frames tbody tr td:first-child").all_inner_texts()
                 assert shown == [str(r["i"]) for r in server], query
+        finally:
+            browser.close()
+
+
+def test_an_exported_page_filters_http_exchanges_as_the_server_does(tmp_path: Path) -> None:
+    """A status class typed in capitals (``4XX``), or a path with a space
+    around it: the server's filter takes them (trimmed, in either case), the
+    exported page's matched nothing."""
+    t0, w0 = time.monotonic_ns(), time.time_ns()
+    records = [
+        {"k": "http", "h": n, "x": 1, "t": t0 + n * 1000, "w": w0, "te": t0 + n * 1000 + 10,
+         "status": status, "client": "10.0.0.1:1", "method": "GET", "path": path,
+         "kind": "admin"}
+        for n, (status, path) in enumerate(
+            [(200, "/admin/v2/clusters"), (404, "/admin/v2/nope"), (403, "/lookup/v2/x")]
+        )
+    ]  # fmt: skip
+    index = Index(capture(tmp_path / "c", records))
+    index.build()
+    assert not index.error, index.error
+    exported = tmp_path / "export.html"
+    exported.write_text(export(index, Filter(), 100, 10))
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium is not None, "chromium is not installed"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(exported.as_uri())
+            page.wait_for_function("() => !document.getElementById('http').hidden")
+            for path, status in (("", "4XX"), (" /admin/ ", ""), ("/admin/", " 4xx ")):
+                query = {"path": path, "status": status}
+                want = index.http_page(HttpFilter.from_query(query), 0, 100)["rows"]
+                page.fill("#http-filters input[name=path]", path)
+                page.fill("#http-filters input[name=status]", status)
+                page.click("#http-filters button[type=submit]")
+                page.wait_for_function(
+                    "(n) => document.getElementById('http-count').textContent === `(${n} match)`",
+                    arg=len(want),
+                    timeout=5000,
+                )
+                shown = page.locator("#exchanges tbody tr td:first-child").all_inner_texts()
+                assert shown == [str(e["i"]) for e in want] and want, query
         finally:
             browser.close()

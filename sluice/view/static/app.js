@@ -139,10 +139,12 @@ function showFrames(page) {
 // their own, filtered by path (a part of it) and status (404, or 4xx).
 async function getHttp(filter) {
   if (!DATA) return api("http", filter);
+  // (as the server reads them: trimmed, a class in either case)
+  const path = (filter.path || "").trim(), status = (filter.status || "").trim().toLowerCase();
   const rows = (DATA.http || []).filter((e) =>
-    (!filter.path || e.path.includes(filter.path)) &&
-    (!filter.status || (filter.status.endsWith("xx") ? String(e.status)[0] === filter.status[0]
-                                                     : String(e.status) === filter.status)));
+    (!path || e.path.includes(path)) &&
+    (!status || (status.endsWith("xx") ? String(e.status)[0] === status[0]
+                                       : String(e.status) === status)));
   return { total: rows.length, offset: 0, rows };
 }
 
