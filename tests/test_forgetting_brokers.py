@@ -296,3 +296,56 @@ def test_a_broker_named_again_before_the_sweep_keeps_its_listener() -> None:
             await listener.aclose()
 
     trio.run(test, clock=clock)
+
+
+def test_a_lone_proxy_forgets_the_brokers_of_an_earlier_runs_ports_file(tmp_path: Path) -> None:
+    """--broker-ports-file without workers: the brokers an earlier run gave
+    ports are listened for again and count as learned at start, so an hour
+    on, no answer naming them, they are forgotten: their listener closed,
+    the file marking them forgotten for the next run. (They stayed allowed,
+    their listeners open, for ever.)"""
+    from trio.testing import MockClock, wait_all_tasks_blocked
+
+    from sluice.brokers.embedded import free_port
+    from sluice.proxy.dial import TlsClientConfig
+    from sluice.proxy.pulsar import PulsarBackend
+    from sluice.proxy.server import closed_listener
+
+    port = free_port()
+    kept = tmp_path / "broker-ports"
+    kept.write_text(f"{port} 10.1.2.3 6650 plain\n")
+    served: list[trio.abc.Listener[Any]] = []
+    clock = MockClock()
+
+    async def advance(seconds: float) -> None:
+        for _ in range(int(seconds // 30)):
+            clock.jump(30)
+            await wait_all_tasks_blocked()
+
+    async def test() -> None:
+        journal = SharedBrokerPorts(kept, held=True)
+        ports = BrokerPorts("127.0.0.1", None, None, journal, None, lambda lis, kind: lis)
+        ports.serve = lambda listener, upstream, kind: served.append(listener)
+        ports.map = Listeners()
+        routing = Routing(parse_broker_url(BROKER))
+        backend = PulsarBackend(
+            parse_broker_url(BROKER),
+            PulsarSettings(OnInvalid.REJECT, 5 << 20, 5),
+            routing,
+            broker_tls=TlsClientConfig(),
+            connect_timeout=5,
+            ports=ports,
+        )
+        async with trio.open_nursery() as nursery:
+            await backend.listening(None)
+            nursery.start_soon(backend._forget_brokers)
+            assert routing.allowlist.allows(GONE) and len(served) == 1
+            await advance(FORGET_AFTER * 0.75)
+            assert routing.allowlist.allows(GONE) and not closed_listener(served[0])
+            await advance(FORGET_AFTER * 0.5)
+            assert not routing.allowlist.allows(GONE)
+            assert closed_listener(served[0])
+            nursery.cancel_scope.cancel()
+
+    trio.run(test, clock=clock)
+    assert kept.read_text().splitlines()[-1] == f"{port} 10.1.2.3 6650 plain forgotten"

@@ -561,9 +561,13 @@ class PulsarBackend:
     async def listening(self, main: int | None) -> None:
         """The main listener serves lookups, so it stands for no broker; the
         ports an earlier run gave brokers (--broker-ports-file) are listened
-        on again."""
+        on again, and their brokers count as learned now: forgotten like
+        any other an hour on unless an answer names them (else they stayed
+        allowed, their listeners open, for ever)."""
         if self.ports is not None:
-            await self.ports.reopen_known()
+            for broker in await self.ports.reopen_known():
+                if broker not in self.routing.routes:
+                    self.routing.learn(BrokerUrl(broker.host, broker.port, self.broker.tls))
 
     async def web_credentials(
         self, authorization: str | None, peer_role: str | None
