@@ -24,6 +24,7 @@ import http.client
 import io
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -39,6 +40,7 @@ import msgpack
 
 from sluice.protocols import registry
 from sluice.recording.format import Record, pack, record_at
+from sluice.recording.writer import DIRECTORY_MODE, FILE_MODE
 from sluice.view.index import COLUMNS, Index, Note, Reading
 
 log = logging.getLogger("sluice.view")
@@ -414,7 +416,8 @@ class LiveIndex(Index):
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         capture = secrets.token_hex(6)
         out = directory / f"snapshot-{stamp}-live-{capture}"
-        out.mkdir(parents=True)
+        # (as the recorder's: payloads, topics, clients' addresses are not every user's)
+        out.mkdir(parents=True, mode=DIRECTORY_MODE)
         for n, process in enumerate(processes, 1):
             key = process.reading.capture
             own = [data for owner, data in records if owner == key]
@@ -425,7 +428,7 @@ class LiveIndex(Index):
             header = {**process.header, "capture": name, "segment": 1, "started": time.time_ns()}
             path = out / f"sluice-{stamp}-{name}-0001.sluice"
             partial = path.with_name(path.name + ".part")
-            with open(partial, "wb") as handle:
+            with open(partial, "wb", opener=_private) as handle:
                 handle.write(pack(header))
                 # The connections whose opening is no longer held, before their frames.
                 for c in opened:
@@ -442,6 +445,11 @@ class LiveIndex(Index):
                     handle.write(data)
             partial.rename(path)
         return out
+
+
+def _private(path: str, flags: int) -> int:
+    """``open``'s opener for a saved file: the recorder's mode, a new file."""
+    return os.open(path, flags | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
