@@ -349,3 +349,27 @@ def test_a_lone_proxy_forgets_the_brokers_of_an_earlier_runs_ports_file(tmp_path
 
     trio.run(test, clock=clock)
     assert kept.read_text().splitlines()[-1] == f"{port} 10.1.2.3 6650 plain forgotten"
+
+
+def test_a_broker_another_worker_learned_is_kept_by_the_one_that_sees_it_named(
+    tmp_path: Path,
+) -> None:
+    """Worker one learned a broker; from 45 minutes on only worker two sees
+    it named. Two's first sighting wrote nothing (it was to tell the others
+    half an hour later), so one forgot it at the hour: a lookup answered by
+    two and the CONNECT on one was refused."""
+    journal = tmp_path / "routes"
+    journal.touch()
+    one = SharedRouting(parse_broker_url(BROKER), journal)
+    two = SharedRouting(parse_broker_url(BROKER), journal)
+    try:
+        _lookup(one, f"pulsar://{GONE}", 0.0)
+        assert two.expire(1.0) == []  # two takes it in
+        now = 45 * 60.0
+        while now <= 80 * 60.0:
+            _lookup(two, f"pulsar://{GONE}", now)
+            assert one.expire(now) == [] and one.allowlist.knows(GONE), now
+            now += 300.0
+    finally:
+        one.close()
+        two.close()

@@ -764,6 +764,7 @@ class SharedRouting(Routing):
             address = Address(host, int(port))
             self.allowlist.learn(address)
             self.routes[address] = Route(tls == "1", via == "1")
+            self.heard(address)
 
     def close(self) -> None:
         self._journal.close()

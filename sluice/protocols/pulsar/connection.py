@@ -214,6 +214,9 @@ class Routing:
         # When each learned broker was last learned afresh (``seen``): with
         # workers, what tells the others it is still named.
         self._told: dict[Address, float] = {}
+        # Brokers taken in from other workers (``heard``) and not yet seen
+        # named here: the first answer naming one here tells the others.
+        self._heard: set[Address] = set()
 
     def refresh(self) -> None:
         """Take in brokers learned elsewhere (``SharedRouting``: by other
@@ -269,9 +272,12 @@ class Routing:
         if not self.allowlist.knows(key):
             return
         told = self._told.get(key)
-        if told is None:
+        if told is None and key not in self._heard:  # learned here: told already
             self._told[key] = now
-        elif now - told >= self.forget_after / 2:
+        elif told is None or now - told >= self.forget_after / 2:
+            # Another worker learned it (and forgets it an hour after that,
+            # whatever this one sees, unless told): told now.
+            self._heard.discard(key)
             self._told[key] = now
             for spelled, route in list(self.routes.items()):
                 if _key(spelled) == key:
@@ -282,6 +288,12 @@ class Routing:
         # named when it is read later.
         self.refresh()
         self.allowlist.learn(key, now)
+
+    def heard(self, address: Address) -> None:
+        """``address`` was learned by another worker (``SharedRouting``)."""
+        key = _key(address)
+        if key not in self._told:
+            self._heard.add(key)
 
     def hold(self, address: Address) -> None:
         """A connection to ``address`` is open: it is not forgotten."""
@@ -326,6 +338,7 @@ class Routing:
         key = _key(address)
         self.allowlist.forget(key)
         self._told.pop(key, None)
+        self._heard.discard(key)
         for spelled in [a for a in self.routes if _key(a) == key]:
             del self.routes[spelled]
 
