@@ -455,11 +455,13 @@ class ProxyAuth:
             if text.startswith("token:"):  # the client's own prefix, as Pulsar allows
                 text = text[len("token:") :]
             role, expires = self._verify_token(text, now, fetched)
+            _check_role(role)
             # The token as verified, whatever its spelling: what is forwarded.
             return Identity(role, method, text.strip().encode(), expires)
         if method == "tls" and self.tls_roles:
             if not peer_role:
                 raise AuthError("no verified client certificate with a CN")
+            _check_role(peer_role)
             return Identity(peer_role, method, data)
         if not method:
             raise AuthError("no credentials")
@@ -503,6 +505,17 @@ class ProxyAuth:
         forwarded = client.data.decode(errors="replace") if self.forward_auth_data else None
         own = self.own
         return UpstreamAuth(own.method, own.data, client.role, client.method, forwarded)
+
+
+def _check_role(role: str) -> None:
+    """AuthError for a role that is not text: a JSON string may hold a lone
+    UTF-16 surrogate (``"\\ud800"``), which no UTF-8 field can carry; such a
+    role, signed into a token, would otherwise be accepted and then break
+    the CONNECT or lookup that names it as ``original_principal``."""
+    try:
+        role.encode()
+    except UnicodeEncodeError:
+        raise AuthError(f"the role {clipped(role)} is not text (a lone UTF-16 surrogate)") from None
 
 
 def proxy_auth(config: Any) -> ProxyAuth | None:
