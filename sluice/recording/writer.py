@@ -270,6 +270,7 @@ class Recorder:
         # Frames handed to the file since it was last flushed: lost, and
         # counted as dropped, if the flush or close fails (a full disk).
         self._unflushed = 0
+        self._last_flush = 0.0  # (trio's clock) when the writer last flushed
         # Drops that gap records handed to the file since then say: said
         # again by the next gap record if the flush or close fails.
         self._unflushed_gaps = 0
@@ -526,7 +527,7 @@ class Recorder:
         self.config.directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
         self._token = trio.lowlevel.current_trio_token()
         task_status.started()
-        last_flush = trio.current_time()
+        self._last_flush = trio.current_time()
         try:
             while True:
                 if not self._wakeup.is_set():
@@ -544,11 +545,11 @@ class Recorder:
                             if self._pending:
                                 await self._save_due()
                             self._say_storms(force=False)
-                        elif now - last_flush >= self.config.flush_interval:
+                        elif now - self._last_flush >= self.config.flush_interval:
                             await self._write_packed()
                             if self._file is not None:
                                 await self._flush()
-                            last_flush = now
+                            self._last_flush = now
                         elif self._packed_bytes >= WRITE_BYTES or self._file is None:
                             await self._write_packed()
                         if self.config.retain_age is not None and now - self._retained_at >= min(
@@ -576,9 +577,13 @@ class Recorder:
                 await self._close_file()
 
     def _next_wake(self) -> float:
-        """Seconds until the writer has work by the clock: the flush interval,
-        or sooner a snapshot a trigger asked for."""
+        """Seconds until the writer has work by the clock: the next flush
+        (a flush interval after the last one, however often records woke
+        the writer meanwhile: what ``kill -9`` can lose is at most that
+        interval), or sooner a snapshot a trigger asked for."""
         wait = self.config.flush_interval
+        if self._ring is None:
+            wait = max(0.0, self._last_flush + wait - trio.current_time())
         if self._pending:
             due = min(p[0] for p in self._pending) - time.monotonic()
             wait = max(0.0, min(wait, due))
