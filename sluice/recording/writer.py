@@ -258,6 +258,7 @@ class Recorder:
         self._conns: dict[int, Conn] = {}  # their connections, for what the core learned
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
+        self._file_frames = 0  # frame records handed to the open file
         self._file_header = 0  # the header and restated connections of the open file
         self._file_started = 0.0
         self._segment = 0
@@ -856,6 +857,7 @@ class Recorder:
             self._dropped -= dropped
             self._unflushed_gaps += dropped
             self._unflushed += count
+            self._file_frames += count
             self._file_bytes += len(data)
             self.frames_written += count
             self.bytes_written += len(data)
@@ -891,6 +893,9 @@ class Recorder:
             return None
         self._segment = segment
         try:
+            # (made again if it was removed, as at the start)
+            await self._io(functools.partial(self.config.directory.mkdir, parents=True,
+                                             exist_ok=True, mode=DIRECTORY_MODE))  # fmt: skip
             handle = await self._io(functools.partial(open, path, "wb", opener=_create))
             await self._io(hold, handle.fileno())  # being written: retention leaves it alone
             await self._io(handle.write, first)
@@ -899,6 +904,7 @@ class Recorder:
             return None
         self._file = handle
         self._file_bytes = self._file_header = len(first)
+        self._file_frames = 0
         self._file_started = now
         self.files.append(path)
         for piece in more:
@@ -1055,12 +1061,26 @@ class Recorder:
     async def _flush(self) -> None:
         assert self._file is not None
         try:
-            await self._io(self._file.flush)
+            linked = await self._io(_flush_linked, self._file)
         except OSError as exc:
             self._failed(exc)
             await self._close_file()
             return
         self._unflushed = self._unflushed_gaps = 0
+        if not linked:
+            # Removed while written (the file, or the directory with it: an
+            # operator freeing space; retention never removes a file being
+            # written): what it holds is gone, and writing on would lose
+            # every frame until the file rotates, unsaid. Counted as
+            # dropped (the next file's gap record says so), said, and a
+            # new file started (its directory made again if need be).
+            lost = self._file_frames
+            self._drop(lost)
+            log.error("recording file %s was removed while being written: %d frames it "
+                      "held are lost; recording goes on in a new file", self._file.name,
+                      lost)  # fmt: skip
+            await self._close_file()
+            return
         if self._failing:
             self._failing = False
             log.warning(
@@ -1086,6 +1106,12 @@ class Recorder:
     @staticmethod
     async def _io(fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def _flush_linked(handle: IO[bytes]) -> bool:
+    """Flush ``handle``; whether its file still has a name (not removed)."""
+    handle.flush()
+    return os.fstat(handle.fileno()).st_nlink > 0
 
 
 def _create(path: str, flags: int) -> int:
