@@ -8,7 +8,8 @@ provider signed; Sluice checks it as Apache Pulsar's OpenID Connect provider
 - the token's ``iss`` must be one of the allowed issuers, exactly;
 - the issuer's discovery document (``ISSUER/.well-known/openid-configuration``)
   must name that same issuer, and its ``jwks_uri`` the key set;
-- the token's ``kid`` picks the key; its ``alg`` must be RS256/384/512 or
+- the token's ``kid`` picks the key (a token naming none is refused, and a
+  key without one is not used); its ``alg`` must be RS256/384/512 or
   ES256/384/512 and fit the key;
 - ``exp``, ``nbf``, ``iat`` and ``sub`` are required (and the role claim),
   the times checked with the accepted leeway; the ``aud`` must name one of
@@ -209,6 +210,12 @@ class OidcVerifier:
         for entry in entries if isinstance(entries, list) else ():
             if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
                 continue
+            kid = entry.get("kid")
+            if not isinstance(kid, str) or kid in found:
+                # A token names its key by kid (the broker's key set finds
+                # none for a key without one); of two under one kid, the
+                # first is the broker's.
+                continue
             alg = entry.get("alg")
             if entry.get("kty") not in ("RSA", "EC") or (alg is not None and alg not in ALGORITHMS):
                 continue
@@ -221,7 +228,7 @@ class OidcVerifier:
                 continue
             fits = (alg,) if alg is not None else _fitting(entry)
             if fits:
-                found[str(entry.get("kid", ""))] = (key.key, fits)
+                found[kid] = (key.key, fits)
         if not found:
             short = f" ({weak} RSA under {MIN_RSA_BITS} bits, not used)" if weak else ""
             raise TokenRefused(f"the key set of {issuer} holds no RSA or EC signing key{short}")
@@ -310,9 +317,9 @@ class OidcVerifier:
                 raise TokenRefused(f"the keys of issuer {issuer} could not be fetched: {why}")
             raise KeysNeeded(issuer)
         if kid is None:
-            if len(state.keys) == 1:
-                return next(iter(state.keys.values()))
-            raise TokenRefused("the token names no key (kid) and the issuer has several")
+            # As the broker: its key set is searched by the token's kid, and
+            # none matches a token without one, even where the set holds one key.
+            raise TokenRefused("the token names no key (kid)")
         if not isinstance(kid, str):
             raise TokenRefused("the token's kid is not a string")
         key = state.keys.get(kid)
