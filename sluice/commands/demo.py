@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import shlex
 import signal
 import statistics
 import sys
@@ -70,10 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--embedded",
         choices=sorted(BROKERS),
+        nargs="?",
+        const="pulsar-lite",
         default="pulsar-lite",
         help="the broker the demo starts: pulsar-lite (quick, no Java) or Apache Pulsar "
-        "itself (Java 17 and Maven; about 240 MB fetched once into ~/.cache/sluice) "
-        "(default: %(default)s)",
+        "itself (Java 17 and Maven; about 240 MB fetched once into ~/.cache/sluice); "
+        "--embedded alone is pulsar-lite (default: %(default)s)",
     )
 
 
@@ -250,7 +253,7 @@ async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
                 await trio.sleep(0.5)  # let the recorder flush
                 report(work, proxy, record, url, admin, args.keep_running)
                 if args.keep_running:
-                    say("broker and proxy are up; press Ctrl-C to stop")
+                    say(f"broker and proxy are up (clients: {url}); press Ctrl-C to stop")
                     await stopped.wait()
             else:
                 name = signal.Signals(received[0]).name
@@ -294,13 +297,36 @@ def report(work: Workload, proxy: Proxy, record: Path, url: str, admin: int, liv
     metrics_note = "" if live else "  (while running: add --keep-running)"
     out.write(f"  metrics        http://127.0.0.1:{admin}/metrics{metrics_note}\n")
     out.write("\nTry next:\n")
-    out.write(f"  sluice inspect {record}\n")
-    out.write(f"  sluice inspect {record} --summary\n")
-    out.write(f"  sluice inspect {record} --pcap demo.pcapng   # then open it in Wireshark\n")
-    out.write(f"  sluice replay {record} --broker pulsar://HOST:PORT   # against another broker\n")
-    out.write(f"  sluice serve {record}                           # a stand-in broker\n")
-    out.write(f"  sluice demo --keep-running                     # and point a client at {url}\n")
+    for command, note in next_steps(record, url, live):
+        out.write(f"  {command:<{STEP_WIDTH}}  # {note}\n" if note else f"  {command}\n")
     out.flush()
+
+
+# Where the notes of the report's "Try next" lines start (a longer command pushes its note on).
+STEP_WIDTH = 48
+
+
+def next_steps(record: Path, url: str, live: bool) -> list[tuple[str, str]]:
+    """The report's "Try next" commands, each with a note, for a recording
+    in ``record`` and the proxy at ``url``; ``live``: broker and proxy stay
+    up (``--keep-running``), so the commands that need a broker use them."""
+    where = shlex.quote(str(record))
+    port = url.rsplit(":", 1)[1]
+    steps = [
+        (f"sluice inspect {where}", ""),
+        (f"sluice inspect {where} --summary", ""),
+        (f"sluice inspect {where} --pcap demo.pcapng", "then open it in Wireshark"),
+        (f"sluice view {where}", "in the browser, http://127.0.0.1:8088/"),
+    ]
+    if live:
+        steps.append((f"sluice replay {where} --broker {url}", "again, through this proxy"))
+    else:
+        steps.append((f"sluice replay {where} --broker pulsar://HOST:PORT", "against a broker"))
+    steps.append((f"sluice serve {where}", "a stand-in broker on pulsar://127.0.0.1:6650"))
+    if not live:
+        # The same port again, so that the URL said here is the one to use.
+        steps.append((f"sluice demo --keep-running --port {port}", f"then point a client at {url}"))
+    return steps
 
 
 def _say(text: str) -> None:
