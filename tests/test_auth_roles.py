@@ -59,5 +59,34 @@ def test_roles_a_header_carries_go_on_as_they_are(role: str, tmp_path: Path) -> 
     token = hs256_token(SECRET, role, time.time() + 60)
     client, headers = auth.web_credentials(f"Bearer {token}", None)
     assert client.role == role
-    assert (b"x-original-principal", role.encode()) in headers
+    assert (b"x-original-principal", role.encode("latin-1")) in headers
     request(headers)  # h11 writes it
+
+
+def broker_reads(headers: list[tuple[bytes, bytes]]) -> str:
+    """``X-Original-Principal`` as the broker's web server (Jetty) reads a
+    header value: each byte one character (ISO-8859-1)."""
+    (value,) = [v for n, v in headers if n == b"x-original-principal"]
+    return value.decode("latin-1")
+
+
+def test_a_role_beyond_ascii_reaches_the_broker_as_the_same_role(tmp_path: Path) -> None:
+    """Before, the role went as UTF-8: "r\u00f4le" reached the broker as
+    "r\u00c3\u00b4le", another role, the one a client named so holds on the
+    binary port (where original_principal is UTF-8, read as such)."""
+    auth = proxy_auth(tmp_path)
+    for role in ("r\u00f4le", "r\u00c3\u00b4le"):
+        token = hs256_token(SECRET, role, time.time() + 60)
+        assert broker_reads(auth.web_credentials(f"Bearer {token}", None)[1]) == role
+
+
+@pytest.mark.parametrize("role", ["\u5f79\u5272", "app\u2028", "r\u00f4le\u20ac"])
+def test_a_role_beyond_iso_8859_1_is_refused_on_the_web_port(role: str, tmp_path: Path) -> None:
+    """No header value the broker reads is that role: refused (401), as a
+    role with control characters is, not sent as bytes the broker reads as
+    another."""
+    auth = proxy_auth(tmp_path)
+    token = hs256_token(SECRET, role, time.time() + 60)
+    assert auth.authenticate("token", token.encode(), None).role == role  # the binary port's
+    with pytest.raises(AuthError, match="beyond ISO-8859-1"):
+        auth.web_credentials(f"Bearer {token}", None)

@@ -491,7 +491,16 @@ class ProxyAuth:
             client = self.authenticate("tls", b"", peer_role, now)
         else:
             raise AuthError(f"no credentials (accepted: {', '.join(self.methods) or 'none'})")
-        role = client.role.encode()
+        try:
+            # As the broker's web server (Jetty) reads a header: each byte one
+            # character (ISO-8859-1). Written as UTF-8, "r\u00f4le" would reach it
+            # as "r\u00c3\u00b4le", another role: the one a client named so holds on
+            # the binary port.
+            role = client.role.encode("latin-1")
+        except UnicodeEncodeError:
+            raise AuthError(f"the role {clipped(client.role)} cannot be sent as a header "
+                            "(characters beyond ISO-8859-1, which the broker reads it "
+                            "as)") from None  # fmt: skip
         if not _HEADER_VALUE.fullmatch(role):
             # A header of its own (CR LF), or one HTTP cannot write.
             raise AuthError(f"the role {clipped(client.role)} cannot be sent as a header "
