@@ -128,6 +128,9 @@ class RecorderConfig:
         return self.ring_bytes is not None or self.ring_seconds is not None
 
 
+# After disk trouble, a new file is tried this often.
+RETRY_SECONDS = 2.0
+
 # A snapshot a rule asked for, due while another is being written, is
 # tried again this much later.
 BUSY_RETRY = 0.1
@@ -259,6 +262,7 @@ class Recorder:
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
         self._file_frames = 0  # frame records handed to the open file
+        self._file_first = 0  # the size of its header record
         self._file_header = 0  # the header and restated connections of the open file
         self._file_started = 0.0
         self._segment = 0
@@ -883,6 +887,7 @@ class Recorder:
         stamp = self._stamp()
         path = self.config.directory / f"sluice-{stamp}-{self.capture}-{segment:04d}{SUFFIX}"
         head = [pack(self._header(segment, self._began_ns if segment == 1 else None))]
+        self._file_first = len(head[0])
         head += [pack(self._restated(record)) for record in self._open.values()]
         head += [pack(record) for record in self._closing.values()]
         # Many connections to restate can make the head larger than this
@@ -918,7 +923,9 @@ class Recorder:
                 await self._close_file()
                 return None
             self._file_bytes = self._file_header = self._file_bytes + len(piece)
-        log.info("recording to %s", path)
+        # Each try during disk trouble is not a line of its own: the trouble
+        # was said once, and its end will say where recording resumed.
+        (log.debug if self._failing else log.info)("recording to %s", path)
         return set(self._open) | set(self._closing)
 
     def _stamp(self) -> str:
@@ -1050,13 +1057,13 @@ class Recorder:
 
     def _failed(self, exc: OSError) -> None:
         # Logged once per episode, which ends at the next successful flush;
-        # meanwhile a new file is tried every 2 s.
+        # meanwhile a new file is tried every RETRY_SECONDS.
         if not self._failing:
             log.error("recording failed, dropping frames until it works again: %s", exc)
             self._failing = True
             self.failures_total += 1
             self._dropped_at_failure = self.dropped_total
-        self._retry_at = trio.current_time() + 2.0
+        self._retry_at = trio.current_time() + RETRY_SECONDS
 
     async def _flush(self) -> None:
         assert self._file is not None
@@ -1084,7 +1091,8 @@ class Recorder:
         if self._failing:
             self._failing = False
             log.warning(
-                "recording resumed: %d frames were not recorded",
+                "recording resumed in %s: %d frames were not recorded",
+                self._file.name,
                 self.dropped_total - self._dropped_at_failure,
             )
 
@@ -1098,8 +1106,12 @@ class Recorder:
             self._failed(exc)
             self._drop(self._unflushed)  # what was still buffered is gone
             self._dropped += self._unflushed_gaps  # (counted when dropped)
-            with contextlib.suppress(OSError):  # a file the failing disk left empty
-                if os.stat(handle.name).st_size == 0:
+            # A file the failing disk left without a whole record (empty, or
+            # cut inside its header: a full disk takes part of a write): it
+            # holds nothing, and a try every RETRY_SECONDS would leave one
+            # such file each time.
+            with contextlib.suppress(OSError):
+                if os.stat(handle.name).st_size < self._file_first:
                     os.unlink(handle.name)
         self._unflushed = self._unflushed_gaps = 0
 
