@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -53,6 +54,7 @@ from sluice.protocols.http import (
     is_topic_lookup,
     lookup_broker_urls,
     origin_form,
+    replayable,
     request_kind,
     rewrite_lookup,
     status_class,
@@ -106,6 +108,22 @@ Routes = Callable[[Sequence[str]], Awaitable[dict[str, str]]]
 # The backend's ``web_credentials``: (Authorization, client certificate's
 # role) -> the headers that replace the client's credentials (None: kept).
 Credentials = Callable[[str | None, str | None], Awaitable[Headers | None]]
+
+
+def _hung_up(upstream: Upstream) -> bool:
+    """Whether a kept connection, idle, has something to read: the broker's
+    hang-up (or bytes no request asked for). Either way it is not to carry
+    a request that must not be sent twice."""
+    stream = upstream.stream
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    if not isinstance(stream, trio.SocketStream):
+        return False
+    try:
+        readable, _, _ = select.select([stream.socket.fileno()], [], [], 0)
+    except (OSError, ValueError):  # closed already
+        return True
+    return bool(readable)
 
 
 class Refusal(Exception):
@@ -783,7 +801,11 @@ class HttpRelay:
         """Send the request to ``hop``'s web service and read the answer's
         head, on a kept connection when there is one. A kept connection the
         broker has closed meanwhile (idle brokers close theirs) fails
-        without an answer: the request goes again, once, on a new one."""
+        without an answer: the request goes again, once, on a new one, if
+        its method is idempotent or it failed while being sent. Any other
+        (a POST) may have been carried out already, and is not repeated: a
+        kept connection with something to read while idle (the broker's
+        hang-up) is not used for it."""
         rewritten = is_topic_lookup(request.method, request.target)
         passed: Headers = (
             upgrade_headers(request.headers, hop.url.authority)
@@ -800,9 +822,13 @@ class HttpRelay:
                 # refusal): its state is unknown, it is not reused.
                 await close_stream(upstream.stream)
                 upstream = None
+            if upstream is not None and not replayable(request.method) and _hung_up(upstream):
+                await close_stream(upstream.stream)
+                upstream = None
             reused = upstream is not None
             if upstream is None:
                 upstream = await self._dial(hop.url)
+            sent = False
             try:
                 await upstream.send(
                     h11.Request(method=request.method, target=hop.target, headers=headers)
@@ -810,10 +836,11 @@ class HttpRelay:
                 if body:
                     await upstream.send(h11.Data(data=body))
                 await upstream.send(h11.EndOfMessage())
+                sent = True
                 response = await upstream.response()
             except _BROKEN as exc:
                 await close_stream(upstream.stream)
-                if reused:
+                if reused and (not sent or replayable(request.method)):
                     continue  # upstreams holds none for hop.url now: a new one
                 raise Refusal(
                     502,

@@ -11,6 +11,7 @@ on trio streams); what is decided here takes values and returns values:
   request's own before Sluice adds any; ``with_credentials``:
   the client's credentials replaced (proxy-mode authentication).
 - ``parse_http_url``: ``--broker-http`` and the URLs brokers name.
+- ``replayable``: a request Sluice may send again on a new connection.
 - ``Redirects``: which 307/308 answers Sluice follows itself, and when a
   chain of them is an error (a loop, too many hops).
 - ``lookup_broker_urls`` / ``rewrite_lookup``: the brokers an HTTP lookup
@@ -51,6 +52,9 @@ HTTP_FAULTS = ProtocolFaults(
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 # Redirects Sluice follows itself: the two that keep the method and body.
 FOLLOWED = frozenset({307, 308})
+# The methods whose request, made twice, does what it does once (RFC 9110
+# 9.2.2): those Sluice may send again when a kept connection fails unanswered.
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
 # Headers about one hop only (RFC 9110 7.6.1), never passed on; h11 writes
 # the framing (Content-Length or chunked) for each hop itself. Expect: Sluice
@@ -150,6 +154,15 @@ def request_kind(target: bytes) -> str:
     if path.startswith(b"/ws/"):
         return "websocket"
     return "other"
+
+
+def replayable(method: bytes) -> bool:
+    """Whether a request that a broker's connection failed without
+    answering may be sent again: an idempotent method's. Any other (POST:
+    a cursor reset, ``skip/{n}``, a compaction) may have been carried out
+    before the connection failed, and a proxy must not repeat it (RFC 9112
+    9.3.1): its client gets the failure."""
+    return method.upper() in _IDEMPOTENT
 
 
 def status_class(status: int) -> str:
