@@ -49,3 +49,11 @@ def test_the_next_steps_name_the_view_and_a_url_that_will_be_there() -> None:
     live = dict(next_steps(Path("rec"), url, live=True))
     assert not [command for command in live if command.startswith("sluice demo")]
     assert f"sluice replay rec --broker {url}" in live
+
+
+def test_the_demo_to_run_again_is_in_front_of_the_same_broker() -> None:
+    url = "pulsar://127.0.0.1:41234"
+    for embedded in ("pulsar-lite", "apache-pulsar"):
+        steps = next_steps(Path("rec"), url, live=False, embedded=embedded)
+        (again,) = [command for command, _ in steps if command.startswith("sluice demo")]
+        assert build_parser().parse_args(shlex.split(again)[1:]).embedded == embedded

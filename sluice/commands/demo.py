@@ -251,7 +251,7 @@ async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
             interrupted = bool(received)  # before the report: the workload was cut short
             if not interrupted:
                 await trio.sleep(0.5)  # let the recorder flush
-                report(work, proxy, record, url, admin, args.keep_running)
+                report(work, proxy, record, url, admin, args.keep_running, args.embedded)
                 if args.keep_running:
                     say(f"broker and proxy are up (clients: {url}); press Ctrl-C to stop")
                     await stopped.wait()
@@ -266,7 +266,9 @@ async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
     return 0 if not work.error and work.received == work.sent == args.messages else 1
 
 
-def report(work: Workload, proxy: Proxy, record: Path, url: str, admin: int, live: bool) -> None:
+def report(
+    work: Workload, proxy: Proxy, record: Path, url: str, admin: int, live: bool, embedded: str
+) -> None:
     registry = proxy.metrics.registry
     proxy.metrics.absorb()
     frames = sum(sum(counts) for counts in proxy.metrics.traffic.frames)
@@ -297,7 +299,7 @@ def report(work: Workload, proxy: Proxy, record: Path, url: str, admin: int, liv
     metrics_note = "" if live else "  (while running: add --keep-running)"
     out.write(f"  metrics        http://127.0.0.1:{admin}/metrics{metrics_note}\n")
     out.write("\nTry next:\n")
-    for command, note in next_steps(record, url, live):
+    for command, note in next_steps(record, url, live, embedded):
         out.write(f"  {command:<{STEP_WIDTH}}  # {note}\n" if note else f"  {command}\n")
     out.flush()
 
@@ -306,10 +308,13 @@ def report(work: Workload, proxy: Proxy, record: Path, url: str, admin: int, liv
 STEP_WIDTH = 48
 
 
-def next_steps(record: Path, url: str, live: bool) -> list[tuple[str, str]]:
+def next_steps(
+    record: Path, url: str, live: bool, embedded: str = "pulsar-lite"
+) -> list[tuple[str, str]]:
     """The report's "Try next" commands, each with a note, for a recording
-    in ``record`` and the proxy at ``url``; ``live``: broker and proxy stay
-    up (``--keep-running``), so the commands that need a broker use them."""
+    in ``record`` and the proxy at ``url`` in front of the ``embedded``
+    broker; ``live``: broker and proxy stay up (``--keep-running``), so the
+    commands that need a broker use them."""
     where = shlex.quote(str(record))
     port = url.rsplit(":", 1)[1]
     steps = [
@@ -324,8 +329,10 @@ def next_steps(record: Path, url: str, live: bool) -> list[tuple[str, str]]:
         steps.append((f"sluice replay {where} --broker pulsar://HOST:PORT", "against a broker"))
     steps.append((f"sluice serve {where}", "a stand-in broker on pulsar://127.0.0.1:6650"))
     if not live:
-        # The same port again, so that the URL said here is the one to use.
-        steps.append((f"sluice demo --keep-running --port {port}", f"then point a client at {url}"))
+        # The same broker and port again, so that the URL said here is the one to use.
+        broker = "" if embedded == "pulsar-lite" else f" --embedded {embedded}"
+        again = f"sluice demo{broker} --keep-running --port {port}"
+        steps.append((again, f"then point a client at {url}"))
     return steps
 
 
