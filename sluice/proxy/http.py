@@ -483,10 +483,16 @@ class HttpRelay:
                         evicted = idle in self._evicted  # (its head may have come meanwhile)
                         self._evicted.discard(idle)
             except h11.RemoteProtocolError as exc:
+                # 501: a transfer coding Sluice does not know, which it
+                # cannot frame (RFC 9112 6.1); else 400.
                 refusal = (
                     self._header_too_large()
                     if exc.error_status_hint == 431
-                    else Refusal(400, "malformed", f"malformed HTTP request: {h11_reason(exc)}")
+                    else Refusal(
+                        501 if exc.error_status_hint == 501 else 400,
+                        "malformed",
+                        f"malformed HTTP request: {h11_reason(exc)}",
+                    )
                 )
                 await self._refuse(conn, stream, refusal)
                 return
