@@ -182,9 +182,15 @@ _LOOKUPS = tuple(
 def is_topic_lookup(method: bytes, target: bytes) -> bool:
     """``GET /lookup/v2/topic/{persistent|non-persistent}/…`` (and the v1
     names' ``/lookup/v2/destination/…``): answered with the owner's URLs,
-    which Sluice rewrites."""
+    which Sluice rewrites. Not a topic's ``…/bundle`` (v2 names: tenant,
+    namespace, topic, ``bundle``; v1: property, cluster, namespace, topic,
+    ``bundle``), answered with the name of the bundle that holds it."""
     path = target.split(b"?", 1)[0]
-    return method == b"GET" and path.startswith(_LOOKUPS)
+    if method != b"GET" or not path.startswith(_LOOKUPS):
+        return False
+    segments = path.split(b"/")[5:]
+    bundle = 5 if path.startswith(b"/lookup/v2/destination/") else 4
+    return not (len(segments) == bundle and segments[-1] == b"bundle")
 
 
 def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
