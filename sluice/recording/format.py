@@ -279,11 +279,15 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
             break
         except (msgpack.UnpackException, ValueError, TypeError) as exc:
             # (TypeError: a map key that is a map, which msgpack cannot hash.)
+            if _zeros_to_end(handle, result.offset, size):
+                break  # what a crash can leave: read as a file cut short
             if first:
                 raise RecordingError(f"{path}: not a Sluice recording") from None
             raise RecordingError(
                 f"{path}: damaged after {result.records} records ({exc})"
             ) from None
+        if first and record == 0 and _zeros_to_end(handle, 0, size):
+            break  # (said below)
         header = first or (isinstance(record, dict) and record.get("k") == "header")
         if header:
             # A header further on (files joined with cat) starts a file of
@@ -297,6 +301,8 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
             summaries = None if spec.summaries is None else spec.load(spec.summaries)()
             first = False
         elif not isinstance(record, dict):
+            if _zeros_to_end(handle, result.offset, size):
+                break  # what a crash can leave: read as a file cut short
             raise RecordingError(f"{path}: damaged after {result.records} records")
         for step in upgrade:
             record = step(record)
@@ -323,11 +329,32 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
         result.records += 1
         yield record
     if first:
+        if size and _zeros_to_end(handle, 0, size):
+            raise Unfinished(f"{path}: holds only zero bytes ({size}), not a readable "
+                             "recording (its data never reached the disk)", size)  # fmt: skip
         if size:
             raise Unfinished(f"{path}: ends inside its header ({size} bytes), "
                              "not a readable recording", size)  # fmt: skip
         raise Unfinished(f"{path}: empty file, not a Sluice recording", 0)
     result.truncated_bytes = size - result.offset  # where the unfinished record starts
+
+
+def _zeros_to_end(handle: BinaryIO, offset: int, size: int) -> bool:
+    """Whether the file holds only zero bytes from ``offset`` (where a
+    record starts: no record does with one) to its end. A power loss or a
+    kernel crash can leave a file so, its size written back before its
+    last data (Sluice does not fsync): its records before that are whole,
+    and the rest is a tail cut short, not damage."""
+    if offset >= size:
+        return False
+    handle.seek(offset)
+    left = size - offset
+    while left > 0:
+        chunk = handle.read(min(left, 1 << 20))
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        left -= len(chunk)
+    return True
 
 
 def _spec_of(path: Path, header: Record) -> registry.ProtocolSpec:
