@@ -223,6 +223,22 @@ def test_a_link_with_a_filter_opens_that_view(viewer: Viewer, browser: Browser) 
     assert errors == []
 
 
+def test_the_timeline_joins_each_request_to_its_answer(viewer: Viewer, browser: Browser) -> None:
+    viewer.built()
+    timeline = viewer.api("timeline")
+    ids = {m[0] for m in timeline["marks"]}
+    lanes = {lane[0] for lane in timeline["lanes"]}
+    joined = [m for m in timeline["marks"]
+              if m[3] == 0 and m[5] >= 0 and m[5] in ids and m[1] in lanes]  # fmt: skip
+    assert joined
+    page = browser.new_page()
+    errors = console_errors(page)
+    page.goto(viewer.url)
+    page.wait_for_selector("#timeline svg rect")
+    assert page.locator("#timeline svg line.pair").count() == len(joined)
+    assert errors == []
+
+
 # The sequence diagram's arrows, in order: [frame, command (from the
 # title), from lane, to lane, whether Sluice relays it (a dot on its lane)].
 ARROWS = """() => [...document.querySelectorAll('#sequence .arrow')].map((g) => [
