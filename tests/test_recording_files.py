@@ -119,3 +119,25 @@ async def test_a_snapshot_is_not_written_through_a_planted_directory_link(
     with pytest.raises(SnapshotError, match="symbolic link"):
         await ring.snapshot(name="snap")
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize(("mode", "said"), [(0o755, "list its"), (0o777, "list and remove"),
+                                            (0o750, "")])  # fmt: skip
+async def test_a_directory_open_to_other_users_is_said(
+    mode: int, said: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A recording directory made before (by hand, a package, a volume)
+    that other users may enter: Sluice keeps its own files from them, but
+    not their names, nor (writable) their removal. Said at the start."""
+    directory = tmp_path / "rec"
+    directory.mkdir()
+    directory.chmod(mode)
+    recorder = Recorder(RecorderConfig(directory))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        nursery.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records if "open to other users" in r.getMessage()]
+    if said:
+        assert len(lines) == 1 and said in lines[0] and f"{mode:04o}" in lines[0], lines
+    else:
+        assert lines == []

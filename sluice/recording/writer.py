@@ -530,6 +530,7 @@ class Recorder:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.config.directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
+        _warn_if_open(self.config.directory)
         self._token = trio.lowlevel.current_trio_token()
         task_status.started()
         self._last_flush = trio.current_time()
@@ -1118,6 +1119,20 @@ class Recorder:
     @staticmethod
     async def _io(fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args)
+
+
+def _warn_if_open(directory: Path) -> None:
+    """Say so when other users may enter the recording directory (one made
+    before, or by someone else: Sluice makes its own ``DIRECTORY_MODE``):
+    its files are not theirs to read, but they can list them, and, where
+    they may write, remove them or fill the disk under the proxy."""
+    with contextlib.suppress(OSError):
+        mode = directory.stat().st_mode
+        if mode & 0o007:
+            writable = " and remove" if mode & 0o002 and not mode & 0o1000 else ""
+            log.warning("recording directory %s is open to other users (mode %04o): they can "
+                        "list%s its files, which hold payloads, topics and addresses; "
+                        "'chmod o-rwx' it", directory, mode & 0o7777, writable)  # fmt: skip
 
 
 def _flush_linked(handle: IO[bytes]) -> bool:
