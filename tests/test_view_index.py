@@ -276,3 +276,19 @@ def test_a_service_answering_without_end_is_read_no_further_than_the_bound(
         watcher.join(5)
         server.shutdown()
         server.server_close()
+
+
+def test_the_view_serves_on_ipv6_loopback(tmp_path: Path) -> None:
+    """--listen [::1]:PORT: the server was made for IPv4 only, and could not
+    bind an IPv6 address."""
+    import urllib.request
+
+    index = Index(capture(tmp_path, [frame(0, "PING")]))
+    server = serve(index, "::1", 0, build=False)
+    try:
+        port = server.server_address[1]
+        with urllib.request.urlopen(f"http://[::1]:{port}/", timeout=10) as answer:
+            assert answer.status == 200 and b"<html" in answer.read().lower()
+    finally:
+        server.shutdown()
+        server.server_close()

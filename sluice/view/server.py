@@ -15,6 +15,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import socket
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +42,8 @@ class ViewServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], index: Index, save_dir: Path = Path()) -> None:
+        if ":" in address[0]:  # an IPv6 address (--listen [::1]:PORT): not the class's IPv4
+            self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
         self.index = index
         self.save_dir = save_dir  # where "save" writes (a live view's)
