@@ -564,16 +564,18 @@ def test_a_request_framed_both_ways_is_answered_then_the_connection_closed(
         connection.close()
 
 
-def test_an_upgrade_to_other_than_websocket_is_501(web: WebProxy) -> None:
-    """WebSocket is relayed (tests/test_websocket.py); other protocols are not."""
+def test_an_upgrade_to_other_than_websocket_is_declined_and_served(web: WebProxy) -> None:
+    """WebSocket is relayed (tests/test_websocket.py); an upgrade to another
+    protocol (h2c) is declined by answering over HTTP/1.1, as the broker
+    does (tests/test_http_upgrade.py)."""
     status, text = raw_exchange(
         web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n"
         b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__"
         b"\r\n\r\n",
     )  # fmt: skip
-    assert status == 501 and "Upgrade: h2c is not relayed" in text, text
-    assert web.metric("sluice_http_requests_total", kind="admin", status="5xx") == 1
-    assert web.metric("sluice_http_refused_total", reason="upgrade") == 1
+    assert status == 200 and text == '["standalone"]', text
+    assert web.metric("sluice_http_requests_total", kind="admin", status="2xx") == 1
+    assert web.metric("sluice_http_refused_total", reason="upgrade") == 0
 
 
 def test_oversized_header_is_431(web: WebProxy) -> None:

@@ -662,14 +662,10 @@ class HttpRelay:
             # A tunnel (h11 would switch both connections to it on a 2xx):
             # Sluice relays a web service, it opens no tunnels.
             raise Refusal(501, "upgrade", "CONNECT is not relayed (Sluice opens no tunnels)")
-        asked = header(request.headers, b"upgrade")
-        if asked is not None and not is_websocket_upgrade(request.headers):
-            raise Refusal(
-                501,
-                "upgrade",
-                f"Upgrade: {asked.decode(errors='replace')} is not relayed "
-                "(WebSocket is the one protocol Sluice switches to)",
-            )
+        # An Upgrade to another protocol (h2c, which curl --http2 and Java's
+        # HttpClient offer on http:// URLs) is declined by answering over
+        # HTTP/1.1, as RFC 9110 7.8 lets a server (and as the broker's Jetty
+        # does): Upgrade is hop-by-hop, it does not go on.
         request = await self._authenticated(request, stream, authorization)
         body = await self._read_body(conn, stream, request)
         if self.faults.active:
