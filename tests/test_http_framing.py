@@ -29,3 +29,25 @@ async def test_a_malformed_request_is_still_400() -> None:
         got = await exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 400 "), got
     assert upstream.heads == []
+
+
+async def test_an_answer_framed_both_ways_reaches_the_client_by_its_chunks() -> None:
+    """A broker's answer with Transfer-Encoding and Content-Length is read
+    by its chunks (RFC 9112 6.3), and its Content-Length, which does not
+    say what was read, does not go on: the client gets the chunks' bytes,
+    framed as they are, and the connection serves on."""
+    upstream = Upstream(
+        lambda head: (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n"
+        )
+    )
+    async with relay(upstream) as (_, port):
+        got = await exchange(
+            port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+    assert b"content-length" not in got.lower(), got
+    assert (
+        got.count(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        == 2
+    ), got

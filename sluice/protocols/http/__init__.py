@@ -315,9 +315,14 @@ def forwarded_client(headers: Iterable[tuple[bytes, bytes]]) -> str:
 
 def answer_headers(headers: Iterable[tuple[bytes, bytes]], length: int | None = None) -> Headers:
     """A broker's response headers as they go to the client; ``length``: a
-    rewritten body's size (its Content-Length replaced)."""
+    rewritten body's size (its Content-Length replaced). An answer framed
+    both ways was read by its Transfer-Encoding, so its Content-Length,
+    which does not say what was read, goes (RFC 9112 6.3)."""
+    headers = list(headers)
     kept = _end_to_end(headers)
     if length is None:
+        if any(n.lower() == b"transfer-encoding" for n, _ in headers):
+            return [(n, v) for n, v in kept if n.lower() != b"content-length"]
         return kept
     return [*((n, v) for n, v in kept if n.lower() != b"content-length"),
             (b"content-length", str(length).encode())]  # fmt: skip
