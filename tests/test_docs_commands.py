@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from sluice.commands import build_parser
+from sluice.commands.proxy import config_from
+from sluice.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -111,6 +113,56 @@ def test_a_command_the_docs_show_parses(
         build_parser().parse_args(args)
     except SystemExit:
         pytest.fail(f"{doc}: {command!r}: {capsys.readouterr().err.strip()}")
+
+
+def transcripts() -> list[tuple[str, str, str]]:
+    """`$ sluice proxy ...` lines with the line a doc shows it answer."""
+    found = []
+    for path in DOCS:
+        for block in code_lines(path.read_text()):
+            for number, line in enumerate(block[:-1]):
+                if line.startswith("$ sluice proxy "):
+                    found.append((path.name, line.removeprefix("$ "), block[number + 1]))
+    return found
+
+
+def _proxy_config(command: str) -> str:
+    """What `sluice proxy` says of the command's settings before it starts
+    anything: "" when they make a configuration."""
+    args = arguments(command)
+    assert args is not None and args[0] == "proxy"
+    try:
+        config_from(build_parser().parse_args(args))
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+# The files a doc's command names are the reader's (keys, certificates, a token).
+MISSING_FILE = re.compile(r"no such file|cannot read it", re.IGNORECASE)
+
+
+@pytest.mark.parametrize(
+    "command", [c for _, c in all_commands() if c.startswith("sluice proxy ") and "…" not in c]
+)
+def test_a_proxy_the_docs_show_would_start(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refused only for a file of the reader's that is not here: not, say, a
+    # --broker that is the proxy's own listener.
+    monkeypatch.chdir(tmp_path)
+    if any(command == shown for _, shown, _ in transcripts()):
+        return  # shown failing on purpose, below
+    said = _proxy_config(command)
+    assert not said or MISSING_FILE.search(said), said
+
+
+def test_the_docs_show_what_a_proxy_says() -> None:
+    found = transcripts()
+    assert found
+    for doc, command, answer in found:
+        said = _proxy_config(command)
+        assert f"sluice proxy: {said}" == answer, f"{doc}: {command}"
 
 
 def test_a_comment_after_a_continuation_ends_the_command() -> None:
