@@ -90,3 +90,28 @@ def test_a_role_beyond_iso_8859_1_is_refused_on_the_web_port(role: str, tmp_path
     assert auth.authenticate("token", token.encode(), None).role == role  # the binary port's
     with pytest.raises(AuthError, match="beyond ISO-8859-1"):
         auth.web_credentials(f"Bearer {token}", None)
+
+
+def test_the_client_does_not_choose_the_provider_that_checks_sluices_credential(
+    tmp_path: Path,
+) -> None:
+    """The broker's web port checks a request with the provider its
+    X-Pulsar-Auth-Method-Name names. The client's went on beside Sluice's
+    own credential: ``tls`` made the broker take Sluice's certificate on
+    that hop for the request, whatever token the client sent."""
+    from sluice.protocols.http import with_credentials
+
+    auth = proxy_auth(tmp_path)
+    token = hs256_token(SECRET, "app", time.time() + 60)
+    sent = [(b"Authorization", f"Bearer {token}".encode()),
+            (b"X-Pulsar-Auth-Method-Name", b"tls"), (b"accept", b"*/*")]  # fmt: skip
+    _, own = auth.web_credentials(f"Bearer {token}", None)
+    relayed = with_credentials(sent, own)
+    methods = [v for n, v in relayed if n.lower() == b"x-pulsar-auth-method-name"]
+    assert methods == [b"token"]  # Sluice's own: a token
+    assert (b"authorization", b"Bearer OWN") in relayed
+    # A WebSocket upgrade keeps the client's checked token: named as one.
+    upgraded = with_credentials(sent, own, upgrade=True)
+    methods = [v for n, v in upgraded if n.lower() == b"x-pulsar-auth-method-name"]
+    assert methods == [b"token"]
+    request(relayed)

@@ -898,7 +898,8 @@ def test_a_websocket_upgrade_keeps_the_clients_credentials_but_no_principal() ->
             (b"upgrade", b"websocket")]  # fmt: skip
     assert with_credentials(sent, own) == [(b"upgrade", b"websocket"), *own]
     assert with_credentials(sent, own, upgrade=True) == [
-        (b"Authorization", b"Bearer theirs"), (b"upgrade", b"websocket")
+        (b"Authorization", b"Bearer theirs"), (b"upgrade", b"websocket"),
+        (b"x-pulsar-auth-method-name", b"token"),
     ]  # fmt: skip
     assert with_credentials(sent, None, upgrade=True) == sent  # passthrough: as sent
 

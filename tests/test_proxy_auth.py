@@ -690,7 +690,8 @@ def test_web_credentials_stand_in_for_the_clients(tmp_path: Path) -> None:
                           tls_roles=True, forward_auth_data=False)  # fmt: skip
     client, headers = auth.web_credentials(f"Bearer {hs256_token(b's' * 32, 'app')}", None)
     assert client.role == "app"
-    assert headers == [(b"authorization", b"Bearer OWN"), (b"x-original-principal", b"app")]
+    assert headers == [(b"authorization", b"Bearer OWN"), (b"x-pulsar-auth-method-name", b"token"),
+                       (b"x-original-principal", b"app")]  # fmt: skip
     assert auth.web_credentials(None, "cert-cn")[0].role == "cert-cn"
     with pytest.raises(AuthError, match="no credentials"):
         auth.web_credentials(None, None)

@@ -256,7 +256,11 @@ def forward_headers(
 # A client's own credentials, which proxy-mode authentication replaces
 # (a client naming a principal itself must not reach the broker).
 PRINCIPAL = b"x-original-principal"
-CREDENTIALS = frozenset({b"authorization", PRINCIPAL})
+# Which of the broker's authentication providers checks the request (the
+# broker tries only that one): a client's must never choose how Sluice's
+# own credential is taken (its TLS certificate for the token it sent).
+METHOD = b"x-pulsar-auth-method-name"
+CREDENTIALS = frozenset({b"authorization", PRINCIPAL, METHOD})
 
 
 def with_credentials(
@@ -271,7 +275,10 @@ def with_credentials(
     if own is None:
         return list(headers)
     if upgrade:
-        return [(n, v) for n, v in headers if n.lower() != PRINCIPAL]
+        kept = [(n, v) for n, v in headers if n.lower() not in (PRINCIPAL, METHOD)]
+        if any(n.lower() == b"authorization" for n, _ in kept):  # the client's token
+            kept.append((METHOD, b"token"))
+        return kept
     return [*((n, v) for n, v in headers if n.lower() not in CREDENTIALS), *own]
 
 

@@ -507,6 +507,9 @@ class ProxyAuth:
                             "(control characters, or whitespace at an end)")  # fmt: skip
         own = self.own
         headers = [(b"authorization", b"Bearer " + own.data)] if own.method == "token" else []
+        # The provider that checks Sluice's own credential (the broker tries
+        # only the one this names, when named).
+        headers.append((b"x-pulsar-auth-method-name", own.method.encode()))
         return client, [*headers, (b"x-original-principal", role)]
 
     def upstream(self, client: Identity) -> UpstreamAuth:
