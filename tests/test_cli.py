@@ -604,3 +604,11 @@ def test_a_path_that_is_not_utf8_is_written_as_its_bytes(
     assert main(["inspect", str(directory), "--summary"]) == 0
     out.flush()
     assert bytes(tmp_path) + b"/caf\xe9/a.sluice: ends with " in raw.getvalue()
+
+
+def test_analyze_help_names_every_table_it_writes() -> None:
+    from sluice.analyze.job import TABLES
+
+    description = _subparsers(build_parser())["analyze"].description or ""
+    named = set(re.findall(r"[a-z_]+", description.split("tables", 1)[1].split(";")[0]))
+    assert set(TABLES) <= named, set(TABLES) - named

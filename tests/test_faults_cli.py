@@ -116,3 +116,16 @@ def test_options_beside_a_whole_rule_are_refused(capsys: pytest.CaptureFixture[s
     assert err.count("\n") == 1 and "--topic, --times" in err and "in its JSON" in err
     alone = _args("add", "--admin", "127.0.0.1:1", "--rule", '{"action": "drop"}')
     assert faults.rule_from(alone) == {"action": "drop"}
+
+
+def test_a_rules_bounds_are_said_where_it_is_added_and_listed() -> None:
+    """`faults add --probability 0.5 --after 99 --times 1` printed
+    `disconnect on command=SEND`, as did `faults list`: only --json showed
+    that the rule fires at most once, half the time, after 99 frames."""
+    from sluice.commands.faults import describe
+
+    rule = {"action": "disconnect", "match": {"command": "SEND"}, "probability": 0.5,
+            "after": 99, "times": 1}  # fmt: skip
+    assert describe(rule) == "disconnect on command=SEND p=0.5 after 99 times 1"
+    assert describe({"action": "drop", "match": {}, "probability": 1.0, "after": 0,
+                     "times": None}) == "drop on every frame"  # fmt: skip

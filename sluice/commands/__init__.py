@@ -94,14 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="sluice_command", metavar="COMMAND", parser_class=Parser)
     # name, module (add_arguments + run), one-line help, description, settings from env/TOML
     table: list[tuple[str, Any, str, str, bool]] = [
-        ("proxy", proxy, "run the proxy in front of a Pulsar broker",
+        ("proxy", proxy, "run the proxy in front of a Pulsar (or Cursus) broker",
          "Relay Pulsar clients to brokers, keeping them routed through Sluice.", True),
         ("faults", faults, "add, list and remove a running proxy's fault rules",
          "Make the broker misbehave on purpose: protocol-level fault rules on a running "
          "proxy's admin endpoint (see docs/faults.md).", False),
-        ("record", record, "flight recorder: snapshot a running proxy's recent traffic",
-         "Act on a running proxy's recording: `record snapshot` writes its in-memory ring "
-         "(--record-ring) to a new capture.", False),
+        ("record", record,
+         "snapshot a running proxy's recent traffic; anonymize a capture on disk",
+         "Act on recordings: `record snapshot` writes a running proxy's in-memory ring "
+         "(--record-ring) to a new capture; `record anonymize` writes a copy of a capture "
+         "on disk with its names and credentials replaced.", False),
         ("inspect", inspect,
          "show a recording: timeline, JSON lines, summary, or pcapng for Wireshark",
          "Read Sluice recordings (a file or a directory of them).", False),
@@ -122,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("analyze", analyze,
          "turn many recordings into Parquet tables and a report (PySpark)",
          "Analyse recordings with Spark (local by default): tables frames, connections, "
-         "topic_minute, latency, errors, files; and report.html.", False),
+         "topic_minute, latency, errors, files, bad_segments, http and filtered; and "
+         "report.html.", False),
     ]  # fmt: skip
     for name, module, summary, description, settings in table:
         sub = commands.add_parser(name, help=summary, description=description)

@@ -275,7 +275,14 @@ def describe(rule: dict[str, Any]) -> str:
         action = f"throttle {rule.get('rate')} B/s"
     elif action == "error":
         action = f"error {rule.get('error') or '(the protocol default)'}"
-    return f"{action} on {match}"
+    bounds = []
+    if rule.get("probability", 1) != 1:
+        bounds.append(f"p={rule['probability']:g}")
+    if rule.get("after"):
+        bounds.append(f"after {rule['after']}")
+    if rule.get("times") is not None:
+        bounds.append(f"times {rule['times']}")
+    return " ".join([f"{action} on {match}", *bounds])
 
 
 def _header_safe(token: str) -> bool:
