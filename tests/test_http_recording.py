@@ -305,12 +305,14 @@ def test_view_page_shows_and_filters_the_exchanges(
         assert "credentials redacted" in rows.nth(0).inner_text()
         assert f"{2 * (N + 1)} WebSocket frames (closed)" in rows.nth(5).inner_text()
         page.wait_for_function(
-            "document.querySelectorAll('#timeline rect[data-exchange]').length === 7"
+            "() => document.querySelectorAll('#timeline rect[data-exchange]').length === 7"
         )
         assert "http" in page.locator("#timeline svg text.lane").all_text_contents()
         page.fill("#http-filters input[name=status]", "4xx")
         page.click("#http-filters button")
-        page.wait_for_function("document.querySelectorAll('#exchanges tbody tr').length === 1")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#exchanges tbody tr').length === 1"
+        )
         assert "/missing/messageTTL" in rows.nth(0).inner_text()
         assert page.locator("#http-count").inner_text() == "(1 match)"
         assert errors == []

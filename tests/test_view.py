@@ -131,7 +131,7 @@ def console_errors(page: Page) -> list[str]:
 def wait_built(page: Page) -> None:
     """Until the page shows the whole capture's count (no longer indexing)."""
     page.wait_for_function(
-        "/^\\(\\d+ match\\)$/.test(document.getElementById('count').textContent)"
+        "() => /^\\(\\d+ match\\)$/.test(document.getElementById('count').textContent)"
     )
 
 
@@ -199,7 +199,7 @@ def test_a_frames_detail_names_the_connection_its_row_shows(
         assert names[viewer.api(f"frame/{i}")["conn"]] == conn
         page.click(f'#frames tbody tr[data-frame="{i}"]')
         page.wait_for_function(
-            f"document.querySelector('#detail dd')?.textContent.startsWith('#{i} ')"
+            f"() => document.querySelector('#detail dd')?.textContent.startsWith('#{i} ')"
         )
         assert page.evaluate(DETAIL_CONNECTION) == conn, f"frame #{i}"
     assert errors == []
@@ -265,6 +265,7 @@ def test_the_sequence_diagram_tells_each_connection_as_its_frames_do(
         frames = viewer.api(f"frames?conn={conn['id']}&limit=400")["rows"]
         page.goto(f"{viewer.url}#conn={conn['id']}")
         page.wait_for_function(
+            "() => "
             f"document.querySelectorAll('#sequence .arrow').length === {len(frames)} && "
             f"document.querySelector('#sequence .arrow')?.dataset.frame === '{frames[0]['i']}'"
         )
@@ -288,7 +289,7 @@ def test_the_sequence_diagram_tells_each_connection_as_its_frames_do(
     frame = arrow.get_attribute("data-frame")
     arrow.click()
     page.wait_for_function(
-        f"document.querySelector('#detail dd')?.textContent.startsWith('#{frame} ')"
+        f"() => document.querySelector('#detail dd')?.textContent.startsWith('#{frame} ')"
     )
     assert page.locator(f'#frames tbody tr.selected[data-frame="{frame}"]').count() == 1
     assert page.locator(f'#sequence .arrow.selected[data-frame="{frame}"]').count() == 1
@@ -476,7 +477,7 @@ def test_an_exported_file_shows_a_topic_that_looks_like_markup(
     errors = console_errors(page)
     page.goto(out.as_uri())
     page.wait_for_function(
-        "document.querySelectorAll('#frames tbody tr').length === 6", timeout=10_000
+        "() => document.querySelectorAll('#frames tbody tr').length === 6", timeout=10_000
     )
     assert set(page.locator("#frames tbody td.topic").all_inner_texts()) == {topic, ""}
     assert "exported:" in page.inner_text("#status")
@@ -500,9 +501,9 @@ def test_a_crafted_capture_runs_no_script_in_the_page(browser: Browser, tmp_path
         errors = console_errors(page)
         page.goto(f"{v.url}#frame=6")
         page.wait_for_function(
-            "document.querySelector('#detail dd')?.textContent.startsWith('#6 ')"
+            "() => document.querySelector('#detail dd')?.textContent.startsWith('#6 ')"
         )
-        page.wait_for_function("document.querySelectorAll('#frames tbody tr').length === 7")
+        page.wait_for_function("() => document.querySelectorAll('#frames tbody tr').length === 7")
         assert page.locator("img.injected").count() == 0
         assert evil in page.inner_text("#frames")  # shown as text
         assert "XSS" not in page.title()

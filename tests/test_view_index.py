@@ -160,6 +160,7 @@ def test_the_page_is_not_framed_by_another_site_nor_its_answers_sniffed(tmp_path
             policy = answer.getheader("Content-Security-Policy") or ""
             directives = [d.strip() for d in policy.split(";")]
             assert "frame-ancestors 'none'" in directives, (path, policy)
+            assert "script-src 'self'" in directives, (path, policy)  # nothing evaluated
     finally:
         server.shutdown()
         server.server_close()

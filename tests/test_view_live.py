@@ -143,13 +143,16 @@ def test_the_live_page_shows_frames_as_they_come_pauses_and_saves(
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = console_errors(page)
     page.goto(w.url)
-    page.wait_for_function("document.querySelector('header h1').textContent === 'Sluice live'")
+    page.wait_for_function(
+        "() => document.querySelector('header h1').textContent === 'Sluice live'"
+    )
     page.evaluate("window.sameDocument = true")  # gone if the page reloads
     topic = f"persistent://public/default/live-{time.monotonic_ns()}"
     producing = Producing(f"pulsar://127.0.0.1:{w.proxy.port}", topic)
     try:
         # SENDs arrive in the table without a reload, the newest page shown.
         page.wait_for_function(
+            "() => "
             "[...document.querySelectorAll('#frames tbody td:nth-child(5)')]"
             ".filter((c) => c.textContent === 'SEND').length >= 10",
             timeout=30_000,
@@ -164,10 +167,10 @@ def test_the_live_page_shows_frames_as_they_come_pauses_and_saves(
         time.sleep(1.5)  # more than the page's one-second round
         assert page.inner_text("#count") == shown
         page.click("#pause")  # resume
-        page.wait_for_function(f"document.getElementById('count').textContent !== {shown!r}")
+        page.wait_for_function(f"() => document.getElementById('count').textContent !== {shown!r}")
         # Save: a capture directory every reader takes, holding the sends.
         page.click("#save")
-        page.wait_for_function("document.getElementById('live-note').textContent"
+        page.wait_for_function("() => " "document.getElementById('live-note').textContent"
                                ".startsWith('saved: ')")  # fmt: skip
         saved = Path(page.inner_text("#live-note").removeprefix("saved: "))
         assert saved.parent == tmp_path and saved.name.startswith("snapshot-")

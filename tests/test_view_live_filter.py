@@ -42,15 +42,16 @@ def test_a_new_filter_shows_its_own_sequence_in_a_live_view(
     try:
         page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
         page.wait_for_function(  # (following the newest: the last page, the last 400)
+            "() => "
             "document.getElementById('where').textContent === '401\\u2013505 of 505' && document"
             ".querySelector('#sequence .hint')?.textContent.startsWith('frames 106\\u2013505')",
             timeout=4000,
         )
         page.fill("input[name=topic]", "rare")
         page.click("#filters button[type=submit]")
-        page.wait_for_function("document.getElementById('count').textContent === '(5 match)'")
+        page.wait_for_function("() => document.getElementById('count').textContent === '(5 match)'")
         page.wait_for_function(
-            "document.getElementById('sequence-count').textContent === '(5 of 5 frames)'",
+            "() => document.getElementById('sequence-count').textContent === '(5 of 5 frames)'",
             timeout=2000,
         )
         assert page.locator("#sequence .arrow").count() == 5

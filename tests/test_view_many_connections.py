@@ -60,7 +60,9 @@ def test_a_capture_of_many_connections_shows_a_bounded_page(many: str) -> None:
         try:
             page = browser.new_page()
             page.goto(many)
-            page.wait_for_function("document.querySelector('#summary').textContent.length > 0")
+            page.wait_for_function(
+                "() => document.querySelector('#summary').textContent.length > 0"
+            )
             assert page.locator("#connections tbody tr").count() == 500
             assert page.locator("#connections-count").text_content() == f"(500 of {CONNECTIONS})"
             assert page.locator("select[name=conn] option").count() == 1 + 500
@@ -73,6 +75,7 @@ def test_a_capture_of_many_connections_shows_a_bounded_page(many: str) -> None:
             page.goto(f"{many}#conn={last}")
             page.reload()
             page.wait_for_function(
+                "() => "
                 "document.querySelector('#frames tbody tr td:nth-child(3)')?.textContent"
                 f" === 'c{last}'"
             )

@@ -81,10 +81,9 @@ def _is_own_host(host: str, port: int, listen: str) -> bool:
 # What the page may load and run: its own script and style, nothing inline
 # but style attributes (a recorded name that got past escaping into the
 # page could run nothing: no inline handler, no script from elsewhere), and
-# no network but this server (an exported file: none at all). ('unsafe-eval':
-# the page evaluates nothing, but Playwright's wait_for_function evaluates
-# its expression in the page, and the tests that drive the page use it;
-# markup got into the page cannot reach eval without running script first.)
+# no network but this server (an exported file: none at all). No eval: the
+# page evaluates nothing (tests that drive it give Playwright functions,
+# which it calls without eval, never bare expressions).
 _POLICY = (
     "default-src 'none'; script-src {script}; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src {connect}; base-uri 'none'; form-action 'none'"
@@ -97,7 +96,7 @@ _HARDENING = (
     ("X-Frame-Options", "DENY"),
     (
         "Content-Security-Policy",
-        _POLICY.format(script="'self' 'unsafe-eval'", connect="'self'")
+        _POLICY.format(script="'self'", connect="'self'")
         + "; frame-ancestors 'none'",
     ),
     ("X-Content-Type-Options", "nosniff"),
@@ -274,7 +273,7 @@ def export(index: Index, f: Filter, limit: int, details: int) -> str:
     html = static("index.html").decode()
     code = f"\n{static('app.js').decode()}\n"
     digest = base64.b64encode(hashlib.sha256(code.encode()).digest()).decode()
-    policy = _POLICY.format(script=f"'sha256-{digest}' 'unsafe-eval'", connect="'none'")
+    policy = _POLICY.format(script=f"'sha256-{digest}'", connect="'none'")
     html = html.replace('<meta charset="utf-8">',
                         f'<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" '
                         f'content="{policy}">')  # fmt: skip
