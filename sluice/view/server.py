@@ -96,8 +96,7 @@ _HARDENING = (
     ("X-Frame-Options", "DENY"),
     (
         "Content-Security-Policy",
-        _POLICY.format(script="'self'", connect="'self'")
-        + "; frame-ancestors 'none'",
+        _POLICY.format(script="'self'", connect="'self'") + "; frame-ancestors 'none'",
     ),
     ("X-Content-Type-Options", "nosniff"),
 )
