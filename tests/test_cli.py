@@ -259,6 +259,34 @@ def test_no_output_overwrites_the_recording_being_read(
 
 
 @pytest.mark.parametrize(
+    ("argv", "outputs"),
+    [
+        (["inspect", "{capture}", "--pcap", "{tmp}/out.pcapng"], ["out.pcapng"]),
+        (["view", "{capture}", "--export", "{tmp}/out.html"], ["out.html"]),
+        (["record", "anonymize", "{capture}", "{tmp}/anon", "--report", "{tmp}/report.json"],
+         ["anon/" + CAPTURE.name, "report.json"]),
+    ],
+    ids=["pcap", "export", "anonymize"],
+)  # fmt: skip
+def test_outputs_holding_recorded_traffic_are_not_readable_by_every_user(
+    argv: list[str], outputs: list[str], tmp_path: Path
+) -> None:
+    """A pcapng, an exported page, an anonymized copy and its report (which
+    names what each pseudonym stands for) hold what the recording holds,
+    created 0640 as recordings are. They were written 0644 (the umask's)."""
+    capture = tmp_path / CAPTURE.name
+    shutil.copy(CAPTURE, capture)
+    old = os.umask(0o022)
+    try:
+        assert main([a.format(capture=capture, tmp=tmp_path) for a in argv]) == 0
+    finally:
+        os.umask(old)
+    for name in outputs:
+        found = next((tmp_path / name).parent.glob("*" + Path(name).suffix))
+        assert found.stat().st_mode & 0o777 == 0o640, (found, oct(found.stat().st_mode))
+
+
+@pytest.mark.parametrize(
     ("argv", "said"),
     [
         (["inspect", "{capture}", "--pcap", "{tmp}/none/x.pcapng"], "no directory"),

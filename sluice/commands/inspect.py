@@ -30,6 +30,7 @@ from sluice.recording.format import (
 )
 from sluice.recording.pcapng import PcapngWriter
 from sluice.recording.reader import holds_nothing, listed
+from sluice.recording.writer import private
 
 log = logging.getLogger("sluice.inspect")
 ARROWS = {0: "C→B", 1: "B→C"}
@@ -517,7 +518,7 @@ def run(args: argparse.Namespace) -> int:
     partial = args.pcap.with_name(f".{args.pcap.name}.partial") if args.pcap else None
     if in_place:
         partial = args.pcap
-    pcap_file = open(partial, "wb") if partial is not None else None  # noqa: SIM115
+    pcap_file = open(partial, "wb", opener=private) if partial is not None else None  # noqa: SIM115
     pcap: _Pcap | None = None
     spec = registry.get(registry.DEFAULT_PROTOCOL)  # the protocol of the file being read
     start_ns: int | None = None

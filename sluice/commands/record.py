@@ -29,6 +29,7 @@ from sluice.errors import ConfigError
 from sluice.proxy.admin import MAX_SNAPSHOT_SECONDS
 from sluice.recording.anonymize import FILLER, PAYLOAD_CHOICES, Options, anonymize
 from sluice.recording.format import RecordingError
+from sluice.recording.writer import private
 
 KEY_BYTES = 32
 
@@ -194,7 +195,8 @@ def run_anonymize(args: argparse.Namespace) -> int:
     replaced = names.report(args.reveal)
     if args.report is not None:
         try:
-            args.report.write_text(json.dumps({**summary, **replaced}, indent=2) + "\n")
+            with open(args.report, "w", opener=private) as handle:
+                handle.write(json.dumps({**summary, **replaced}, indent=2) + "\n")
         except OSError as exc:
             return fail(f"{args.report}: {exc.strerror or exc}", 1)
     counts = ", ".join(f"{n} {kind}" for kind, n in replaced["replaced"].items())  # type: ignore[attr-defined]

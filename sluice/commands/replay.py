@@ -19,6 +19,7 @@ from sluice.config import seconds
 from sluice.errors import ConfigError, leaves
 from sluice.protocols import registry
 from sluice.recording.format import RecordingError, protocol_of
+from sluice.recording.writer import private
 from sluice.replay.common import ReplayError, parse_speed
 from sluice.replay.outcome import report
 
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     report(outcome, sys.stdout)
     if args.transcript is not None:
         try:
-            args.transcript.write_text("\n".join(transcript) + "\n")
+            with open(args.transcript, "w", opener=private) as handle:
+                handle.write("\n".join(transcript) + "\n")
         except OSError as exc:
             sys.stdout.flush()  # the report above this line
             print(f"sluice replay: --transcript {args.transcript}: {exc.strerror or exc} "

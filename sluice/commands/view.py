@@ -28,6 +28,7 @@ from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.recording.format import Gone, RecordingError, Unfinished, read_records
 from sluice.recording.reader import holds_nothing, listed
+from sluice.recording.writer import private
 from sluice.view.index import Filter, Index
 from sluice.view.live import LiveIndex, live_url, watch
 from sluice.view.server import ViewServer, export, serve
@@ -248,7 +249,8 @@ def _export(index: Index, args: argparse.Namespace) -> int:
         return 2
     html = export(index, chosen, args.max_frames, args.details)
     try:
-        args.export.write_text(html)
+        with open(args.export, "w", opener=private) as handle:
+            handle.write(html)
     except OSError as exc:
         print(f"sluice view: {args.export}: {exc.strerror or exc}", file=sys.stderr)
         return 1

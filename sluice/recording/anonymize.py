@@ -40,6 +40,7 @@ from sluice.recording.format import (
     read_records,
     recording_files,
 )
+from sluice.recording.writer import private
 
 # Why a frame's bytes are not kept.
 UNPARSED = "anonymized: its bytes did not parse, so none of them could be kept"
@@ -444,7 +445,7 @@ def anonymize(
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
         result = ReadResult(path)
-        with open(partial, "wb") as handle:
+        with open(partial, "wb", opener=private) as handle:
             for record in read_records(path, result):
                 handle.write(pack(anonymizer.record(record)))
         os.replace(partial, target)

@@ -738,7 +738,7 @@ class Recorder:
                 directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
                 if directory.is_symlink():  # planted: what it points at is not ours
                     raise SnapshotError(f"{directory} is a symbolic link: not written through")
-                with open(path, "wb", opener=_create) as handle:
+                with open(path, "wb", opener=create_new) as handle:
                     hold(handle.fileno())
                     for data in (head, *(p.data for p in chosen)):
                         handle.write(data)
@@ -902,7 +902,7 @@ class Recorder:
             # (made again if it was removed, as at the start)
             await self._io(functools.partial(self.config.directory.mkdir, parents=True,
                                              exist_ok=True, mode=DIRECTORY_MODE))  # fmt: skip
-            handle = await self._io(functools.partial(open, path, "wb", opener=_create))
+            handle = await self._io(functools.partial(open, path, "wb", opener=create_new))
             await self._io(hold, handle.fileno())  # being written: retention leaves it alone
             await self._io(handle.write, first)
         except OSError as exc:
@@ -1141,12 +1141,21 @@ def _flush_linked(handle: IO[bytes]) -> bool:
     return os.fstat(handle.fileno()).st_nlink > 0
 
 
-def _create(path: str, flags: int) -> int:
+def create_new(path: str, flags: int) -> int:
     """Open a new recording file (``open``'s opener) with ``FILE_MODE``:
     never one already there (FileExistsError), nor through a symlink
     planted at its name, which would write the recording where it points
     and truncate what is there."""
     return os.open(path, flags | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+
+
+def private(path: str, flags: int) -> int:
+    """``open``'s opener for a file a user names that holds recorded
+    traffic (an export, a pcapng, a transcript, an anonymized copy or its
+    report): created with ``FILE_MODE``, as recordings are, not readable by
+    every user as the umask alone leaves it; a file already there keeps its
+    own mode."""
+    return os.open(path, flags, FILE_MODE)
 
 
 def one_record_each(

@@ -24,7 +24,6 @@ import http.client
 import io
 import json
 import logging
-import os
 import secrets
 import threading
 import time
@@ -40,7 +39,7 @@ import msgpack
 
 from sluice.protocols import registry
 from sluice.recording.format import Record, pack, record_at
-from sluice.recording.writer import DIRECTORY_MODE, FILE_MODE
+from sluice.recording.writer import DIRECTORY_MODE, create_new
 from sluice.view.index import COLUMNS, Index, Note, Reading
 
 log = logging.getLogger("sluice.view")
@@ -428,7 +427,7 @@ class LiveIndex(Index):
             header = {**process.header, "capture": name, "segment": 1, "started": time.time_ns()}
             path = out / f"sluice-{stamp}-{name}-0001.sluice"
             partial = path.with_name(path.name + ".part")
-            with open(partial, "wb", opener=_private) as handle:
+            with open(partial, "wb", opener=create_new) as handle:
                 handle.write(pack(header))
                 # The connections whose opening is no longer held, before their frames.
                 for c in opened:
@@ -445,11 +444,6 @@ class LiveIndex(Index):
                     handle.write(data)
             partial.rename(path)
         return out
-
-
-def _private(path: str, flags: int) -> int:
-    """``open``'s opener for a saved file: the recorder's mode, a new file."""
-    return os.open(path, flags | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
