@@ -296,15 +296,27 @@ def load_rules(path: Path, protocols: Mapping[str, ProtocolFaults]) -> list[Rule
         raise FaultError(f'{path}: expected a list of rules or {{"rules": [...]}}')
     if len(data) > MAX_RULES:
         raise FaultError(f"{path}: {len(data)} rules, at most {MAX_RULES}")
-    rules = []
+    rules: list[Rule] = []
     for number, item in enumerate(data, 1):
         if isinstance(item, dict):
             # Saved from GET /faults: counters start again from zero.
             item = {k: v for k, v in item.items() if k not in ("hits", "seen")}
         try:
-            rules.append(parse_rule(item, protocols))
+            rule = parse_rule(item, protocols)
         except FaultError as exc:
             raise FaultError(f"{path}: rule {number}: {exc}") from None
+        rules.append(rule)
+    # A rule without an id is named by its place in the file, here, once:
+    # the supervisor of --workers and each worker (and a reload of the same
+    # file) then know it by the same name, which no rule added on /faults
+    # (f1, f2, ...) takes.
+    named: dict[str, int] = {}
+    for number, rule in enumerate(rules, 1):
+        if not rule.id:
+            rule.id = f"file-{number}"
+        if rule.id in named:
+            raise FaultError(f"{path}: rule {number}: id {rule.id!r} is rule {named[rule.id]}'s")
+        named[rule.id] = number
     return rules
 
 
