@@ -85,6 +85,11 @@ def core_with(*rules: Any, seed: int = 7) -> tuple[Any, Any, Faults]:
         ({"action": "error", "match": {"direction": "to_client"}}, "direction is to_broker"),
         ({"action": "drop", "delay": 3}, "unknown rule field(s): delay"),
         ({"action": "drop", "jitter_ms": 5}, "jitter_ms goes with a delay rule"),
+        # A field of another action was dropped without a word.
+        ({"action": "drop", "delay_ms": 300}, "delay_ms goes with a delay rule, not drop"),
+        ({"action": "delay", "delay_ms": 5, "rate": 10}, "rate goes with a throttle rule"),
+        ({"action": "disconnect", "error": "ServiceNotReady"}, "error goes with an error rule"),
+        ({"action": "drop", "message": "gone"}, "message goes with an error rule, not drop"),
         ({"action": "drop", "probability": float("nan")}, "probability is a number"),
         ({"action": "delay", "delay_ms": float("inf")}, "delay_ms is a number"),
         ({"action": "delay", "delay_ms": 1e308}, "delay_ms must be at most 3600000"),

@@ -152,6 +152,14 @@ class Rule:
 _RULE_KEYS = {"id", "match", "action", "delay_ms", "jitter_ms", "rate", "error", "message",
               "probability", "after", "times"}  # fmt: skip
 _MATCH_KEYS = frozenset({"protocol", "command", "topic", "direction", "client"})
+# Fields only one action takes.
+_ACTION_FIELDS = {
+    "delay_ms": FaultAction.DELAY,
+    "jitter_ms": FaultAction.DELAY,
+    "rate": FaultAction.THROTTLE,
+    "error": FaultAction.ERROR,
+    "message": FaultAction.ERROR,
+}
 
 
 def parse_match(
@@ -223,8 +231,12 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
         rule.times = int(_number(data, "times", 0, minimum=1, integer=True))
     if action is FaultAction.DELAY and rule.delay_ms <= 0:
         raise FaultError("a delay rule needs delay_ms > 0")
-    if action is not FaultAction.DELAY and rule.jitter_ms:
-        raise FaultError("jitter_ms goes with a delay rule")
+    # A field of another action would be dropped without a word: a "drop"
+    # with a delay_ms, a "delay" with the message meant for an error.
+    for key, owner in _ACTION_FIELDS.items():
+        if action is not owner and data.get(key) is not None:
+            raise FaultError(f"{key} goes with a{'n' if owner is FaultAction.ERROR else ''} "
+                             f"{owner} rule, not {action}")  # fmt: skip
     if action is FaultAction.THROTTLE:
         rule.rate = int(_number(data, "rate", 0, minimum=1, integer=True))
     if action is FaultAction.ERROR:
