@@ -7,6 +7,7 @@ and through the chart: tests/test_reload_e2e.py."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,60 @@ async def test_a_reload_that_leaves_the_fault_rules_as_they_are_leaves_them_alon
     write(cfg, max_connections=8, faults=str(rules))
     assert (await proxy.reload_from_source("file")).changed == ["--max-connections"]
     assert [r.hits for r in proxy.faults.rules] == [3] and proxy.faults.epoch == epoch
+
+
+async def test_a_rules_file_changed_in_one_rule_leaves_the_others_alone(tmp_path: Path) -> None:
+    """A rule added to the --faults file: the rules it holds unchanged keep
+    their counts (a `times 1` rule that fired does not fire again) and
+    their holds; only the new one is added. (Every rule of the file was
+    removed and added again.)"""
+    proxy, _, rules = with_a_delay_rule(tmp_path)
+    (slow,) = proxy.faults.rules
+    slow.hits = 3
+    rules.write_text(json.dumps([
+        {"id": "slow", "match": {"command": "SEND"}, "action": "delay", "delay_ms": 5},
+        {"id": "drop", "match": {"command": "PING"}, "action": "drop"},
+    ]))  # fmt: skip
+    done = await proxy.reload_from_source("file")
+    assert done.outcome == "applied", done
+    assert [(r.id, r.hits) for r in proxy.faults.rules] == [("slow", 3), ("drop", 0)]
+    assert proxy.faults.rules[0] is slow
+    # Changed, a rule is the new one, counting from zero.
+    rules.write_text(json.dumps([
+        {"id": "slow", "match": {"command": "SEND"}, "action": "delay", "delay_ms": 50},
+    ]))  # fmt: skip
+    assert (await proxy.reload_from_source("file")).outcome == "applied"
+    assert [(r.id, r.hits, r.delay_ms) for r in proxy.faults.rules] == [("slow", 0, 50)]
+
+
+async def test_with_workers_a_rules_file_changed_in_one_rule_leaves_the_others_alone(
+    tmp_path: Path,
+) -> None:
+    """The supervisor's side: only the rules gone or changed are taken from
+    the workers (a DELETE each, which drops a rule's counts there), only
+    new or changed ones given (it deleted and posted every rule)."""
+    from sluice.proxy.workers import Supervisor
+
+    _, cfg, rules = with_a_delay_rule(tmp_path)
+    line = argv(cfg)
+    supervisor = Supervisor(settings_again(line), 2)
+    told: list[tuple[str, str]] = []
+
+    async def to_workers(method: str, path: str, body: object = None) -> None:
+        told.append((method, path))
+
+    supervisor._to_workers = to_workers  # type: ignore[method-assign]
+    old = supervisor.config
+    rules.write_text(json.dumps([
+        {"id": "slow", "match": {"command": "SEND"}, "action": "delay", "delay_ms": 5},
+        {"id": "drop", "match": {"command": "PING"}, "action": "drop"},
+    ]))  # fmt: skip
+    try:
+        await supervisor._replace_config_rules(old, settings_again(line))
+    finally:
+        shutil.rmtree(supervisor._state)
+    assert told == [("POST", "/faults")]
+    assert [r["id"] for r in supervisor.rules] == ["slow", "drop"]
 
 
 async def test_a_key_file_rewritten_under_its_name_is_read_again(tmp_path: Path) -> None:

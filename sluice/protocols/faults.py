@@ -117,6 +117,11 @@ class Rule:
     hits: int = 0
     seen: int = 0  # frames that matched, hit or not
 
+    def definition(self) -> dict[str, Any]:
+        """``to_json`` less what it has done (hits, seen): two rules alike
+        here are the same rule, whatever each has counted."""
+        return {k: v for k, v in self.to_json().items() if k not in ("hits", "seen")}
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "match": self.match.to_json(),
                                "action": str(self.action)}  # fmt: skip

@@ -497,11 +497,16 @@ class Proxy:
                 if self.certificates is not None:  # its certificate and key, re-read there
                     self.certificates.config, self.certificates.context = config.tls, context
             if "faults" in live:  # (rules kept as they were keep their counts and holds)
-                for rule_id in self._config_rules:
-                    self.faults.remove(rule_id)
+                wanted = {rule.id: rule.definition() for rule in faults}
+                kept = []
+                for rule in [r for r in self.faults.rules if r.id in self._config_rules]:
+                    if wanted.get(rule.id) == rule.definition():
+                        kept.append(rule.id)  # unchanged: its hits, times and holds stay
+                    else:
+                        self.faults.remove(rule.id)
                 added = [r for r in faults if not any(r.id == o.id for o in self.faults.rules)]
                 self.faults.extend(added)
-                self._config_rules = [rule.id for rule in added]
+                self._config_rules = kept + [rule.id for rule in added]
             self.limits.total = config.max_connections
             self.limits.per_ip = config.max_connections_per_ip
             http()

@@ -298,10 +298,7 @@ class Supervisor:
         # made up for this run when the user gave none.
         self.token = self.config.admin_token or secrets.token_hex(16)
         # The rule set, as given to every worker (ids assigned here).
-        self.rules: list[dict[str, Any]] = [
-            {k: v for k, v in r.to_json().items() if k not in ("hits", "seen")}
-            for r in self.config.faults
-        ]
+        self.rules: list[dict[str, Any]] = [r.definition() for r in self.config.faults]
         self._rule_ids = 0
         self._totals = _Totals()
         self._rule_totals = _Totals()  # the fault rules' hits and seen, alike
@@ -812,14 +809,15 @@ class Supervisor:
 
     async def _replace_config_rules(self, old: ProxyConfig, new: ProxyConfig) -> None:
         """The fault rules that came with the configuration replaced by the
-        new one's (rules added on /faults stay), on every worker."""
-        before = [{k: v for k, v in r.to_json().items() if k not in ("hits", "seen")}
-                  for r in old.faults]  # fmt: skip
-        after = [{k: v for k, v in r.to_json().items() if k not in ("hits", "seen")}
-                 for r in new.faults]  # fmt: skip
-        for rule in [r for r in self.rules if r in before]:
+        new one's (rules added on /faults stay), on every worker: a rule
+        the new file holds unchanged stays as it is, its counts (``times``
+        spent) and holds with it."""
+        before = [r.definition() for r in old.faults]
+        after = [r.definition() for r in new.faults]
+        for rule in [r for r in self.rules if r in before and r not in after]:
             self.rules.remove(rule)
             await self._to_workers("DELETE", rule_path(rule["id"]))
+            self._rule_totals.forget(("id", rule["id"]))
         for rule in after:
             if not any(r["id"] == rule["id"] for r in self.rules):
                 self.rules.append(rule)
