@@ -298,10 +298,15 @@ impl<'a> Reader<'a> {
     }
 
     /// (field number, wire type). Field 0 and numbers past 2^29 - 1 are
-    /// invalid protobuf.
+    /// invalid protobuf, and so is a key of more than 5 bytes (protobuf's
+    /// parser refuses one, however small its value: a padded key).
     #[inline(always)]
     fn key(&mut self) -> Option<(u32, u8)> {
+        let start = self.pos;
         let key = self.varint()?;
+        if self.pos - start > 5 {
+            return None;
+        }
         let field = key >> 3;
         if field == 0 || field > (1 << 29) - 1 {
             return None;
@@ -309,8 +314,16 @@ impl<'a> Reader<'a> {
         Some((field as u32, (key & 7) as u8))
     }
 
+    /// A length-delimited field's bytes. Its length is read as protobuf's
+    /// parser reads one: a varint of at most 5 bytes (a longer one, however
+    /// small its value, is a corrupt message to it).
     fn bytes(&mut self) -> Option<&'a [u8]> {
-        let len = usize::try_from(self.varint()?).ok()?;
+        let start = self.pos;
+        let len = self.varint()?;
+        if self.pos - start > 5 {
+            return None;
+        }
+        let len = usize::try_from(len).ok()?;
         let end = self.pos.checked_add(len)?;
         let out = self.buf.get(self.pos..end)?;
         self.pos = end;

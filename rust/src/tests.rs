@@ -126,6 +126,79 @@ fn missing_required_fields_are_left_to_python() {
 }
 
 #[test]
+fn a_key_padded_past_five_bytes_is_left_to_python() {
+    // protobuf reads a key of at most 5 bytes, whatever its value: a key
+    // padded to 5 bytes is read; to 6 or more, the message is corrupt.
+    for pad in 0..=6usize {
+        let valid = pad < 5;
+        let padded = |key: u8| {
+            let mut out = vec![key | if pad > 0 { 0x80 } else { 0 }];
+            if pad > 0 {
+                out.extend(std::iter::repeat_n(0x80, pad - 1));
+                out.push(0x00);
+            }
+            out
+        };
+        // In the SEND: producer_id's key.
+        let mut body = padded(0x08);
+        varint(3, &mut body);
+        field_varint(2, 41, &mut body);
+        let bytes = frame(&command(SEND, &body), Some((&metadata(), b"x", true)));
+        assert_eq!(check_frame(&bytes).is_some(), valid, "body, pad {pad}");
+        // In the metadata: event_time's key (field 12).
+        let mut meta = metadata();
+        meta.extend(padded(12 << 3));
+        varint(1, &mut meta);
+        let mut body = Vec::new();
+        field_varint(1, 3, &mut body);
+        field_varint(2, 41, &mut body);
+        let bytes = frame(&command(SEND, &body), Some((&meta, b"x", false)));
+        assert_eq!(check_frame(&bytes).is_some(), valid, "metadata, pad {pad}");
+    }
+}
+
+#[test]
+fn a_length_padded_past_five_bytes_is_left_to_python() {
+    // protobuf reads a length of at most 5 bytes, whatever its value: a
+    // length padded to 5 bytes is read; to 6 or more, the message is corrupt.
+    for size in 1..=10usize {
+        let valid = size <= 5;
+        let padded = |len: u8| {
+            let mut out = vec![len];
+            if size > 1 {
+                out[0] |= 0x80;
+                out.extend(std::iter::repeat_n(0x80, size - 2));
+                out.push(0x00);
+            }
+            out
+        };
+        // The SEND body's length, in the BaseCommand.
+        let mut body = Vec::new();
+        field_varint(1, 3, &mut body);
+        field_varint(2, 41, &mut body);
+        let mut cmd = Vec::new();
+        field_varint(1, u64::from(SEND), &mut cmd);
+        varint(u64::from(SEND) << 3 | 2, &mut cmd);
+        cmd.extend(padded(body.len() as u8));
+        cmd.extend_from_slice(&body);
+        let bytes = frame(&cmd, Some((&metadata(), b"x", true)));
+        assert_eq!(check_frame(&bytes).is_some(), valid, "body, {size} bytes");
+        // The producer name's length, in the metadata.
+        let mut meta = vec![0x0a];
+        meta.extend(padded(1));
+        meta.push(b'p');
+        field_varint(2, 7, &mut meta);
+        field_varint(3, 1, &mut meta);
+        let bytes = frame(&command(SEND, &body), Some((&meta, b"x", false)));
+        assert_eq!(
+            check_frame(&bytes).is_some(),
+            valid,
+            "metadata, {size} bytes"
+        );
+    }
+}
+
+#[test]
 fn receipts_flow_and_ack() {
     let mut id = Vec::new();
     field_varint(1, 10, &mut id);
