@@ -350,6 +350,35 @@ def test_a_fault_errors_reason_is_quoted_as_the_broker_quotes_it() -> None:
     assert reply.message.fields["reason"] == 'say "hi" \\ there'
 
 
+def test_a_faults_error_answer_waits_for_the_answers_before_it() -> None:
+    """Cursus answers carry no request id: a client pairs them in order. An
+    error rule on the second of two BATCHes in one read answered at once,
+    while the first waited for the broker: the producer took the ERROR for
+    the first batch's answer, and the first batch's ack for the second's."""
+    from sluice.protocols import registry
+    from sluice.protocols.faults import Faults, parse_rule
+
+    core, tap = relaying()
+    faults = Faults()
+    faults.add(parse_rule({"match": {"protocol": "cursus", "command": "BATCH", "topic": "b"},
+                           "action": "error", "error": "NOT_LEADER"},
+                          registry.all_faults()))  # fmt: skip
+    core.faults = faults
+    first = encode_request(Batch("a", 0, messages=(Message(payload=b"x"),)))
+    second = encode_request(Batch("b", 0, messages=(Message(payload=b"y"),)))
+    out = core.receive_client(first + second, 1.0)
+    assert sent(out, Peer.BROKER) == first and sent(out, Peer.CLIENT) == b""
+    ack = encode_reply(BatchAck("OK", 1, 1, "p", 1, 1))
+    answers = decode_stream(sent(core.receive_broker(ack, 1.1), Peer.CLIENT), from_client=False)
+    assert [type(a.message) for a in answers] == [BatchAck, ErrorReply]
+    # Recorded in the order the client got them.
+    assert [type(f.message) for _, f in tap.seen[-2:]] == [BatchAck, ErrorReply]
+    # Nothing before it: at once.
+    third = encode_request(Batch("b", 0, messages=(Message(payload=b"z"),)))
+    (now,) = decode_stream(sent(core.receive_client(third, 1.2), Peer.CLIENT), from_client=False)
+    assert isinstance(now.message, ErrorReply)
+
+
 def test_taps_see_a_rewritten_reply_as_the_client_got_it() -> None:
     """Recordings and live views hold the frame as the client saw it: the
     proxy's listener, not the upstream address the client never got."""

@@ -173,6 +173,10 @@ class _Request:
     topic: str | None
     batch: bool
     stream: bool
+    # Sluice's own answer (a fault rule's error, a refusal) to a request the
+    # broker never got: sent once the requests before it are answered, as
+    # Cursus answers carry no request id and clients pair them in order.
+    reply: Frame | None = None
 
 
 # The commits, whose answer the compiled step may carry (``quick``): a
@@ -439,7 +443,7 @@ class CursusConnection:
                         if out:
                             actions.append(Send(Peer.BROKER, b"".join(out)))
                             out = []
-                        actions += self._refuse(error)
+                        actions += self._refuse(error, now)
                         if self.state is State.CLOSED:
                             return actions
                         continue
@@ -461,11 +465,12 @@ class CursusConnection:
             actions.append(self._close("closed", "client closed the connection", logging.DEBUG))
         return actions
 
-    def _refuse(self, error: RemoteProtocolError) -> list[Action]:
+    def _refuse(self, error: RemoteProtocolError, now: float) -> list[Action]:
         reply, close = refusal_reply(error)
         actions: list[Action] = []
         if reply is not None:
-            actions += self._own(own_frame(reply))
+            frame = own_frame(reply)
+            actions += self._own(frame) if close else self._in_turn(frame, "INVALID", now)
         if close:
             actions.append(self._close("invalid", f"closing: {error.message}", logging.WARNING))
         return actions
@@ -522,6 +527,8 @@ class CursusConnection:
                     done = self._apply(rule, fault, False, now, actions)
                     if done is not None:
                         self._answer(frame, now)
+                        for reply in self._replies_due():
+                            actions += self._own(reply)
                         if done:
                             return actions
                         continue
@@ -531,6 +538,12 @@ class CursusConnection:
                 log.warning("%s: invalid %s from broker: %s", self.conn.name, frame.name, error)
             self._answer(frame, now)
             out.append(data)
+            due = self._replies_due()
+            if due:
+                actions.append(Send(Peer.CLIENT, b"".join(out)))
+                out = []
+                for reply in due:
+                    actions += self._own(reply)
         if out:
             actions.append(Send(Peer.CLIENT, b"".join(out)))
         for token, upstream in self._asks.items():
@@ -671,7 +684,7 @@ class CursusConnection:
             if here is not None:
                 words = (f"host={here.host}", f"port={here.port}")
         words += (f"reason={quote(rule.message)}",) if rule.message else ()
-        actions += self._own(own_frame(ErrorReply(code, words)))
+        actions += self._in_turn(own_frame(ErrorReply(code, words)), original.name, now)
         return False
 
     # --- helpers -------------------------------------------------------------------
@@ -690,6 +703,26 @@ class CursusConnection:
         """A frame Sluice writes to the client itself: counted and recorded too."""
         self.tap.frames(self.conn, False, (frame,))
         return [Send(Peer.CLIENT, frame.raw)]
+
+    def _in_turn(self, reply: Frame, name: str, now: float) -> list[Action]:
+        """Sluice's own answer to a client's request: now, when nothing
+        before it waits for the broker's answer; else queued behind those
+        (``_replies_due``), as the client takes answers in order."""
+        if self._streaming is not None or not self._requests:
+            return self._own(reply)
+        self._requests.append(_Request(name, now, None, False, False, reply))
+        return []
+
+    def _replies_due(self) -> list[Frame]:
+        """Sluice's own answers whose turn has come (every request before
+        them answered), taken from the queue: to go right after the
+        broker's answer that made it so."""
+        due: list[Frame] = []
+        while self._requests and self._requests[0].reply is not None:
+            reply = self._requests.popleft().reply
+            assert reply is not None
+            due.append(reply)
+        return due
 
     def _close(self, reason: str, message: str = "", level: int = logging.INFO) -> Close:
         self.state = State.CLOSED
