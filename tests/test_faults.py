@@ -96,6 +96,12 @@ def core_with(*rules: Any, seed: int = 7) -> tuple[Any, Any, Faults]:
         ({"action": "delay", "delay_ms": 3_600_001}, "delay_ms must be at most 3600000"),
         ({"action": "delay", "delay_ms": 5, "jitter_ms": 4e6}, "jitter_ms must be at most"),
         ([1, 2], "a rule is a JSON object"),
+        # Nothing answers a PING's or FLOW's error: accepted, it never fired.
+        ({"action": "error", "match": {"command": "FLOW"}}, "FLOW is none (nothing answers"),
+        (
+            {"action": "error", "match": {"protocol": "pulsar", "command": "PING"}},
+            "an error rule answers requests: PING is none",
+        ),
     ],
 )
 def test_bad_rules_say_what_is_wrong(data: Any, message: str) -> None:

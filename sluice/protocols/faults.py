@@ -87,6 +87,9 @@ class ProtocolFaults:
     named_only: bool = False
     # The directions its rules may match (None: both).
     directions: frozenset[Direction] | None = None
+    # The commands an ``error`` rule can answer in the broker's place (None:
+    # any it names): one naming another would be accepted and never fire.
+    requests: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,12 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
         rule.match = Match(protocol, command, rule.match.topic, Direction.TO_BROKER,
                            rule.match.client)  # fmt: skip
         rule.error = _error_code(_text(data, "error", ""), command, candidates)
+        if command is not None and not any(
+            command in p.commands and (p.requests is None or command in p.requests)
+            for p in candidates
+        ):
+            raise FaultError(f"an error rule answers requests: {command} is none (nothing "
+                             "answers it, so the rule would never fire)")  # fmt: skip
     return rule
 
 

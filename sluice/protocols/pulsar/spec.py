@@ -24,6 +24,15 @@ PULSAR_FAULTS = ProtocolFaults(
     "pulsar",
     frozenset(pb.BaseCommand.Type.keys()),
     ("ServiceNotReady", *(n for n, _ in pb.ServerError.items() if n != "ServiceNotReady")),
+    # What an error rule can answer (the core's ``_fault``): a SEND, and a
+    # command that carries a request id.
+    requests=frozenset(
+        name
+        for name, number in pb.BaseCommand.Type.items()
+        if name == "SEND"
+        or "request_id"
+        in pb.BaseCommand.DESCRIPTOR.fields_by_number[number].message_type.fields_by_name
+    ),
 )
 
 # Request types whose latency is tracked (the answer is matched by the Correlator).
