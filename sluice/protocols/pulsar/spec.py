@@ -18,6 +18,13 @@ from sluice.protocols.pulsar.redact import loggable
 from sluice.protocols.pulsar.urls import DEFAULT_PORTS, SCHEMES, parse_broker_url
 from sluice.protocols.registry import Option, ProtocolSpec
 
+
+def _has_request_id(number: int) -> bool:
+    """Whether the body of the command type ``number`` carries a request id."""
+    body = pb.BaseCommand.DESCRIPTOR.fields_by_number[number].message_type
+    return body is not None and "request_id" in body.fields_by_name
+
+
 # What fault rules may name for Pulsar: its commands, and the ServerError an
 # ``error`` rule answers with (ServiceNotReady, the one clients retry, first).
 PULSAR_FAULTS = ProtocolFaults(
@@ -29,9 +36,7 @@ PULSAR_FAULTS = ProtocolFaults(
     requests=frozenset(
         name
         for name, number in pb.BaseCommand.Type.items()
-        if name == "SEND"
-        or "request_id"
-        in pb.BaseCommand.DESCRIPTOR.fields_by_number[number].message_type.fields_by_name
+        if name == "SEND" or _has_request_id(number)
     ),
 )
 
