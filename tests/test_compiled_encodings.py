@@ -13,6 +13,8 @@ of SENDs and answers.
 from __future__ import annotations
 
 import struct
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import crc32c
@@ -26,10 +28,11 @@ from sluice.protocols.pulsar.decoder import COMPILED_SCAN, decode_stream
 from sluice.protocols.pulsar.frame import BODY_FIELD, ScannedFrame
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.pulsar import FrameRecorder
+from sluice.recording.writer import Recorder, RecorderConfig
 from tests.helpers.strategies import commands, message_of
 from tests.test_compiled_frames import assert_equivalent, recorder_prefix, run_core, split
 from tests.test_compiled_summaries import assert_summarized_alike, frame_record
-from tests.test_quick_step import relay
+from tests.test_quick_step import records, relay
 
 T = Type.Value
 HOT: list[int] = [T("SEND"), T("SEND_RECEIPT"), T("MESSAGE"), T("ACK"), T("FLOW")]
@@ -380,6 +383,20 @@ def test_rewritten_reads_are_carried_by_the_step_as_the_core_relays_them(
     by_core, none = relay(reads, False)
     assert none == 0
     assert by_step == by_core
+
+
+@settings(SETTINGS, max_examples=40)
+@given(connection_reads(), st.sampled_from(list(PayloadPolicy)))
+def test_rewritten_reads_carried_while_recording_are_recorded_as_the_recorder_records_them(
+    reads: list[tuple[bool, bytes]], payloads: PayloadPolicy
+) -> None:
+    by = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for quick in (True, False):
+            recorder = Recorder(RecorderConfig(Path(tmp) / str(quick), payloads))
+            result, _ = relay(reads, quick, recorder)
+            by[quick] = (result, records(recorder), recorder.dropped_total)
+    assert by[True] == by[False]
 
 
 # --- the send table -------------------------------------------------------------------
