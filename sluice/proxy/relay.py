@@ -62,6 +62,13 @@ READ_SIZE = 256 * 1024
 LEAVE_AFTER = 4
 LEAVE_SIZE = 16 * 1024
 
+# How many answers to a core's ``Ask`` (a Pulsar lookup's) may wait to be
+# written at once before the relay reads no more from the client. They
+# are written by tasks of their own, apart from the reading, so a client
+# that pipelines lookups and never reads their answers would otherwise
+# have Sluice keep a task and an answer per lookup, without bound.
+ANSWERS_WAITING = 64
+
 
 def _descriptor(stream: trio.abc.Stream) -> int | None:
     """The socket under ``stream`` where it is plain TCP, for the relay's
@@ -244,6 +251,10 @@ class Relay:
         self._ended_here = False  # (by _end_parked: once)
         # A write the relay thread waits to finish, by socket.
         self._thread_writes: dict[Peer, _ThreadWrite] = {}
+        # Answers to Asks waiting to be written (``_answer``), and what the
+        # reading waits on while there are ANSWERS_WAITING of them.
+        self._answers_waiting = 0
+        self._answer_room: trio.Event | None = None
         self.bytes_in = 0
         self.reason = "closed"
         self._closing = False
@@ -505,6 +516,14 @@ class Relay:
             if not await self._back(thread, fd, from_client, back):
                 return
         while True:
+            if from_client and self._answers_waiting >= ANSWERS_WAITING:
+                # Answers the client's requests led to pile up (the client,
+                # or the broker, reads slowly or not at all): the client is
+                # read no more until some are written (backpressure).
+                if self._answer_room is None:
+                    self._answer_room = trio.Event()
+                await self._answer_room.wait()
+                continue
             if (
                 thread is not None
                 and fd is not None
@@ -1146,7 +1165,22 @@ class Relay:
 
     async def _answer(self, action: Ask) -> None:
         answer = await self._ask(action.address, action.request)
-        await self._do(self.core.answered(action.token, answer, trio.current_time()))
+        actions = self.core.answered(action.token, answer, trio.current_time())
+        done, rest = self._do_now(actions)
+        if done == len(actions) or self._closing:
+            self._established()
+            return
+        # A write that must wait (the peer reads slowly, or not at all):
+        # counted, so that the reading stops while too many wait.
+        self._answers_waiting += 1
+        try:
+            await self._finish(actions, done, rest, False)
+        finally:
+            self._answers_waiting -= 1
+            room = self._answer_room
+            if room is not None and self._answers_waiting < ANSWERS_WAITING:
+                self._answer_room = None
+                room.set()
 
     # --- clocks --------------------------------------------------------------------
 
