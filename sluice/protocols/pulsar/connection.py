@@ -818,6 +818,14 @@ class PulsarConnection:
             # size chunks by it. The broker's own CONNECTED, relayed unchanged
             # on the client's proxied connection, tells it (or leaves the
             # client's default, which is what a broker that names none expects).
+            # PARTITIONED_METADATA goes upstream with the client's
+            # metadata_auto_creation_enabled, so Java clients may ask without
+            # creating the topic (PIP-344): without this flag they refuse such
+            # a call, or fall back to one that creates it. Topic watchers are
+            # not served here (WATCH_TOPIC_LIST is refused): not offered.
+            feature_flags=pb.FeatureFlags(
+                supports_get_partitioned_metadata_without_auto_creation=True
+            ),
         )
         return [*self._own(own_frame(T.CONNECTED, connected)), *self._lookups(now)]
 
@@ -1653,6 +1661,16 @@ class PulsarConnection:
             if reply is None:
                 return [self._close("invalid", f"closing: {error}", logging.WARNING)]
             return self._own(reply)
+        if t == T.CONNECT:
+            # One CONNECT per connection: a broker (and Apache Pulsar's proxy)
+            # hangs up on another. Ignored, the client would wait for a
+            # CONNECTED that never comes.
+            why = "CONNECT on a connection already connected"
+            level = self.routing.warned.level(("handshake", why), now)
+            return [
+                *self._own(connect_error(pb.NotAllowedError, why)),
+                self._close("handshake", f"closing: {why}", level),
+            ]
         if t not in _FORWARDED:
             reply = error_reply(
                 frame, pb.NotAllowedError, f"{frame.name} is not served on a lookup connection"
@@ -1720,14 +1738,23 @@ class PulsarConnection:
             return [Ask(token, url.address, (T.LOOKUP, pending.body, credentials))]
         # An upstream that is itself a proxy asks to be kept in the path.
         via = result.proxy_through_service_url
-        for named in (result.brokerServiceUrl, result.brokerServiceUrlTls):
-            if named:
-                self._learn(_url(named), now, via)
+        if self.routing.broker.tls:
+            # Sluice speaks TLS to its brokers: the client is sent to the TLS
+            # URL whichever it picks (a client on plain TCP picks
+            # brokerServiceUrl), as Apache Pulsar's proxy names the URL it
+            # connects with both ways; the plain one is not learned, so that
+            # no client has it dialled in the clear.
+            plain = tls_url = url_text
+        else:
+            plain = result.brokerServiceUrl or url_text
+            tls_url = result.brokerServiceUrlTls or url_text
+        for named in dict.fromkeys((plain, tls_url)):
+            self._learn(_url(named), now, via)
         rewritten = LookupResponse(
             request_id=pending.client_rid,
             response=LookupResponse.Connect,
-            brokerServiceUrl=result.brokerServiceUrl or url_text,
-            brokerServiceUrlTls=result.brokerServiceUrlTls or url_text,
+            brokerServiceUrl=plain,
+            brokerServiceUrlTls=tls_url,
             authoritative=True,
             proxy_through_service_url=True,
         )

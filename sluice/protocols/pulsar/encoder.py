@@ -145,7 +145,8 @@ def error_reply(frame: Frame, code: int, message: str) -> Frame | None:
     """The frame a broker would answer ``frame`` with to report ``code``.
 
     SEND gets SEND_ERROR for its sequence id; lookups and partition metadata
-    get their own failed responses; other requests get ERROR for their
+    get their own failed responses, GET_SCHEMA and GET_OR_CREATE_SCHEMA their
+    own responses with error_code; other requests get ERROR for their
     request id. Frames that no answer can be addressed to give None (the
     caller closes the connection instead).
     """
@@ -172,6 +173,11 @@ def error_reply(frame: Frame, code: int, message: str) -> Frame | None:
         answer = answer_class(request_id=rid, error=code, message=message)
         answer.response = answer_class.Failed
         return own_frame(answer_type, answer)
+    schema_answer = _SCHEMA_ANSWER.get(t)
+    if schema_answer is not None:
+        answer_type, answer_class = schema_answer
+        schema = answer_class(request_id=rid, error_code=code, error_message=message)
+        return own_frame(answer_type, schema)
     return own_frame(
         pb.BaseCommand.ERROR,
         pb.CommandError(request_id=rid, error=code, message=message),  # type: ignore[arg-type]
@@ -185,6 +191,17 @@ _FAILED_ANSWER: dict[int, tuple[int, Any]] = {
     pb.BaseCommand.PARTITIONED_METADATA: (
         pb.BaseCommand.PARTITIONED_METADATA_RESPONSE,
         pb.CommandPartitionedTopicMetadataResponse,
+    ),
+}
+
+
+# Schema requests: a broker fails them with their own answer type carrying
+# error_code (the C++ and Python clients wait for that answer, not an ERROR).
+_SCHEMA_ANSWER: dict[int, tuple[int, Any]] = {
+    pb.BaseCommand.GET_SCHEMA: (pb.BaseCommand.GET_SCHEMA_RESPONSE, pb.CommandGetSchemaResponse),
+    pb.BaseCommand.GET_OR_CREATE_SCHEMA: (
+        pb.BaseCommand.GET_OR_CREATE_SCHEMA_RESPONSE,
+        pb.CommandGetOrCreateSchemaResponse,
     ),
 }
 
