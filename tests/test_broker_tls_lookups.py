@@ -78,3 +78,29 @@ def test_an_http_lookup_naming_a_plain_url_only_gets_no_listener_of_a_tls_sluice
         assert opened == [] and Address("10.1.2.3", 6650) not in routing.routes
 
     trio.run(main)
+
+
+def test_a_tls_sluice_learns_no_plain_url_a_relayed_broker_names() -> None:
+    """With a TLS --broker, a broker's CLOSE_PRODUCER naming where the
+    topic went (assignedBrokerServiceUrl and its TLS twin) taught Sluice the
+    plain URL as a plain route: a client then sent there was relayed in the
+    clear (with Sluice's own credential, in proxy mode)."""
+    from sluice.protocols.core import OpenUpstream
+    from tests.test_pulsar_core import connect_body, make
+
+    routing = Routing(parse_broker_url("pulsar+ssl://broker.pulsar.svc:6651"))
+    core, _ = make(routing=routing)
+    hello = connect_body(proxy_to_broker_url="broker.pulsar.svc:6651")
+    assert [type(a) for a in core.receive_client(frame_bytes("CONNECT", hello), 0.0)] == [
+        OpenUpstream
+    ]
+    connected = pb.CommandConnected(server_version="b", protocol_version=21)
+    core.receive_broker(frame_bytes("CONNECTED", connected), 0.1)
+    moved = pb.CommandCloseProducer(
+        producer_id=1, request_id=2, assignedBrokerServiceUrl="pulsar://10.1.2.3:6650",
+        assignedBrokerServiceUrlTls="pulsar+ssl://10.1.2.3:6651",
+    )  # fmt: skip
+    core.receive_broker(frame_bytes("CLOSE_PRODUCER", moved), 0.2)
+    assert routing.allowlist.allows(Address("10.1.2.3", 6651))
+    assert routing.routes[Address("10.1.2.3", 6651)].tls
+    assert not routing.allowlist.allows(Address("10.1.2.3", 6650))

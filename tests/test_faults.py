@@ -586,3 +586,20 @@ def test_faults_cli_usage_errors(tmp_path: Path) -> None:
     empty.write_text("")
     done = sluice("clear", "--admin", f"127.0.0.1:{port}", "--admin-token-file", str(empty))
     assert done.returncode == 2 and "the file is empty" in done.stderr
+
+
+def test_an_error_rule_on_acks_answers_only_an_ack_that_asks_for_an_answer() -> None:
+    """An ACK asks for a receipt only with a request id. The rule matched
+    any ACK: `times 1` spent its only hit on one with none (relayed, as
+    nothing could answer it), and a fault record told replay to withhold an
+    ACK the broker got."""
+    core, _, faults = core_with(rule(match={"command": "ACK"}, action="error", times=1))
+    ids = pb.MessageIdData(ledgerId=1, entryId=2)
+    plain = pb.CommandAck(consumer_id=1, ack_type=pb.CommandAck.Individual, message_id=[ids])
+    assert names(core.receive_client(frame_bytes("ACK", plain), 1.0), Peer.BROKER) == ["ACK"]
+    assert faults.rules[0].hits == 0
+    asking = pb.CommandAck(consumer_id=1, ack_type=pb.CommandAck.Individual, message_id=[ids],
+                           request_id=5)  # fmt: skip
+    out = core.receive_client(frame_bytes("ACK", asking), 1.1)
+    assert names(out, Peer.BROKER) == [] and names(out, Peer.CLIENT)
+    assert faults.rules[0].hits == 1

@@ -1607,9 +1607,15 @@ class PulsarConnection:
                 try:
                     if not isinstance(url, str):  # not UTF-8: protobuf gives bytes
                         raise ConfigError("not UTF-8")
-                    self._learn(parse_broker_url(url), now)
+                    named = parse_broker_url(url)
                 except ConfigError:
                     log.warning("%s: broker named an unusable URL %s", self.conn.name, clipped(url))
+                    continue
+                # With a TLS --broker, a plain URL is never a route: a client
+                # sent there would be relayed (with Sluice's own credential,
+                # in proxy mode) in the clear, as a Connect answer's is not.
+                if named.tls or not self.routing.broker.tls:
+                    self._learn(named, now)
 
     def _unframeable(self, from_client: bool, exc: RemoteProtocolError) -> list[Action]:
         side = "client" if from_client else "broker"
@@ -1802,10 +1808,16 @@ class PulsarConnection:
 
     def _fault(self, frame: Frame, from_client: bool) -> Rule | None:
         body: Any = frame.body
+        # One that carries a request id (an ACK asks for a receipt only
+        # with one): else no answer reaches the client, and a rule that
+        # matched it would spend a hit and be recorded for nothing.
         answerable = (
             from_client
             and body is not None
-            and (frame.type == T.SEND or "request_id" in body.DESCRIPTOR.fields_by_name)
+            and (
+                frame.type == T.SEND
+                or ("request_id" in body.DESCRIPTOR.fields_by_name and body.HasField("request_id"))
+            )
         )
         return self.faults.check(
             "pulsar",
