@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from sluice.addresses import Address
-from sluice.protocols.core import Conn, OnInvalid
+from sluice.protocols.core import Closed, Conn, OnInvalid
 from sluice.protocols.pulsar import Type, command, encode, pb
 from sluice.protocols.pulsar.connection import (
     PulsarConnection,
@@ -149,3 +149,56 @@ async def test_lookups_whose_answers_are_not_read_stop_the_clients_reading() -> 
     assert answers.most <= relay_module.ANSWERS_WAITING + MAX_LOOKUPS, (answers.most, sent)
     assert waiting <= relay_module.ANSWERS_WAITING + MAX_LOOKUPS
     assert relay.reason == "lost"
+
+
+async def test_a_lookup_client_that_takes_nothing_in_is_closed_by_the_keepalive() -> None:
+    """The keepalive pings a silent lookup client and closes it after two
+    intervals of silence. A client that no longer read (a hung process: its
+    window full, its host still acknowledging) held the ping's write for
+    ever, and with it the clock: the connection was never closed."""
+    interval = 0.4
+    client_end, ours = stalled_pair()
+    tap = Recording()
+    core = PulsarConnection(
+        Conn(1, "127.0.0.1:5000", "plain", "pulsar"),
+        PulsarSettings(OnInvalid.REJECT, 5 * 1024 * 1024, 5),
+        Routing(parse_broker_url(BROKER_URL), max_lookups=MAX_LOOKUPS),
+        tap,
+    )
+    timing = Timing(handshake_timeout=10.0, connect_timeout=5.0, keepalive_interval=interval)
+    relay = Relay(core, ours, timing=timing, dial=_dial, ask=_ask, tap=tap)
+    reason: list[str] = []
+    async with trio.open_nursery() as nursery:
+
+        async def run() -> None:
+            reason.append(await relay.run())
+
+        nursery.start_soon(run)
+        client = Wire(client_end)
+        with trio.fail_after(10):
+            await client.send(connect())
+            connected = await client.receive()
+            assert connected is not None and connected.name == "CONNECTED"
+            # Lookups until Sluice's writes to the client wait, then silence.
+            sending = trio.CancelScope()
+
+            async def pipeline() -> None:
+                with sending:
+                    for first in range(0, LOOKUPS, 100):
+                        batch = b"".join(lookup(i) for i in range(first, first + 100))
+                        await client_end.send_all(batch)
+
+            nursery.start_soon(pipeline)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            sending.cancel()
+            stalled = trio.current_time()
+            # (The relay's own clock: polled, within fail_after's bound. The
+            # core is told at once; the sockets close after the hang-up.)
+            while not any(isinstance(event, Closed) for event in tap.events):
+                await trio.sleep(0.02)
+            took = trio.current_time() - stalled
+            await client_end.aclose()
+            while not reason:
+                await trio.sleep(0.02)
+    assert reason == ["idle"]
+    assert took < 3 * interval, took

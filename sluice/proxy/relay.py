@@ -1218,7 +1218,17 @@ class Relay:
             await trio.sleep(interval / 2)
             actions = self.core.keepalive(trio.current_time(), interval)
             if actions:
-                await self._do(actions)
+                # A peer that takes nothing in (a hung client: its window
+                # full, its host still acknowledging) would hold this write,
+                # and with it the clock that closes silent connections, for
+                # ever: it may wait until the next tick, no longer.
+                with trio.move_on_after(interval / 2) as waited:
+                    await self._do(actions)
+                if waited.cancelled_caught and not self._closing:
+                    log.info("%s: the peer took nothing in for %gs, closing", self.conn.name,
+                             interval / 2)  # fmt: skip
+                    self._stop("idle")
+                    return
 
     def _failed(self, exc: BaseException) -> str:
         """Say, in one line, why a connection ended badly; the reason, for the recording."""
