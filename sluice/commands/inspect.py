@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pcap",
         type=Path,
         metavar="OUT.pcapng",
-        help="write the traffic as synthetic TCP/IPv4 packets for Wireshark (default: off)",
+        help="write the traffic as synthetic TCP packets (IPv4, IPv6) for Wireshark (default: off)",
     )
     parser.add_argument(
         "--with-bytes",
