@@ -621,7 +621,7 @@ class FilterGate:
             ciphertext = bytes(frame.payload)
             return [_message(meta, ciphertext, direction, topic, role, client, name, 0, 1,
                              version, schema, True)]  # fmt: skip
-        data = payload_bytes(frame, self.max_message_size)
+        data = payload_bytes(frame)
         if not is_batch(meta):
             return [_message(meta, data, direction, topic, role, client, name, 0, 1, version,
                              schema)]  # fmt: skip

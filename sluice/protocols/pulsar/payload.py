@@ -23,8 +23,7 @@ from sluice.protocols.pulsar.frame import Frame, missing_fields
 _U32 = struct.Struct(">I")
 
 # uncompressed_size comes from the peer and sizes an allocation; refuse absurd
-# values instead of trusting them. (Offline tools read up to this; the
-# proxy's filters only up to the broker's max message size.)
+# values instead of trusting them.
 MAX_UNCOMPRESSED_SIZE = 256 * 1024 * 1024
 # Messages in one batch, at most, when the proxy takes a batch apart for
 # filters. Each costs Python objects and a filter's run, and a batch of
@@ -63,24 +62,16 @@ def compress(codec: int, data: bytes) -> bytes:
     raise ValueError(f"unknown compression type {codec}")
 
 
-def decompress(
-    codec: int,
-    data: bytes | memoryview,
-    uncompressed_size: int,
-    limit: int = MAX_UNCOMPRESSED_SIZE,
-) -> bytes:
-    """Undo ``codec``; the result must be ``uncompressed_size`` bytes long,
-    at most ``limit``."""
+def decompress(codec: int, data: bytes | memoryview, uncompressed_size: int) -> bytes:
+    """Undo ``codec``; the result must be ``uncompressed_size`` bytes long."""
     if codec == pb.NONE:
         return bytes(data)
     name = CODEC_NAMES.get(codec)
     if name is None:
         raise RemoteProtocolError(Problem.PARSE, f"unknown compression type {codec}")
-    if not 0 <= uncompressed_size <= min(limit, MAX_UNCOMPRESSED_SIZE):
-        over = f", over the {limit} bytes allowed" if uncompressed_size > limit else ""
+    if not 0 <= uncompressed_size <= MAX_UNCOMPRESSED_SIZE:
         raise RemoteProtocolError(
-            Problem.TOO_LARGE,
-            f"{name} payload claims {uncompressed_size} uncompressed bytes{over}",
+            Problem.TOO_LARGE, f"{name} payload claims {uncompressed_size} uncompressed bytes"
         )
     # Never more than one byte past the promise: overlong content shows as
     # an error, and a payload that expands to gigabytes (a few kilobytes of
@@ -128,10 +119,8 @@ def _lz4(data: bytes | memoryview, size: int) -> bytes:
     return bytes(cramjam.lz4.decompress_block(data, output_len=size))
 
 
-def payload_bytes(frame: Frame, limit: int = MAX_UNCOMPRESSED_SIZE) -> bytes:
-    """The frame's payload, decompressed (at most ``limit`` bytes of it: the
-    proxy's filters give the broker's max message size, beyond which the
-    official clients' consumers discard a message as corrupt)."""
+def payload_bytes(frame: Frame) -> bytes:
+    """The frame's payload, decompressed."""
     meta = frame.metadata
     if meta is None:
         raise RemoteProtocolError(
@@ -139,7 +128,7 @@ def payload_bytes(frame: Frame, limit: int = MAX_UNCOMPRESSED_SIZE) -> bytes:
         )
     if is_batch(meta):  # before any decompressing: the count is said up front
         _check_batch_count(meta.num_messages_in_batch)
-    return decompress(meta.compression, frame.payload, meta.uncompressed_size, limit)
+    return decompress(meta.compression, frame.payload, meta.uncompressed_size)
 
 
 def is_batch(meta: pb.MessageMetadata) -> bool:
