@@ -99,3 +99,31 @@ def test_a_pcap_target_that_is_no_regular_file_is_written_in_place(tmp_path: Pat
     assert stat.S_ISFIFO(fifo.stat().st_mode)
     assert got and got[0][:4] == b"\x0a\x0d\x0d\x0a"  # a pcapng section header block
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.pcapng", "r.sluice"]
+
+
+def test_a_topic_is_named_as_fault_rules_and_clients_name_it(tmp_path: Path) -> None:
+    """``--topic`` took only a whole name: a glob (``orders-*``), a local
+    name (``orders``, as ``sluice faults --topic`` takes it) or a client's
+    short form (``public/default/orders``) kept nothing, with no word said."""
+    capture = _producing(tmp_path / "r.sluice", f"{TOPIC}-partition-1")
+    named = ("orders", "ord*", "orders-partition-1", "public/default/orders", "public/default/ord*",
+             "persistent://public/*/orders", f"{TOPIC}-partition-?")  # fmt: skip
+    for topic in named:
+        assert len(_inspect_json(capture, "--topic", topic)) == 4, topic
+    for topic in ("order", "other-*", "public/other/orders", "persistent://public/default/o"):
+        assert _inspect_json(capture, "--topic", topic) == [], topic
+
+
+def test_since_after_until_is_refused(tmp_path: Path) -> None:
+    """``--since 20 --until 10`` showed nothing and exited 0, as if the
+    capture held nothing then: now one line and exit 2."""
+    capture = _producing(tmp_path / "r.sluice", TOPIC)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["inspect", str(capture), "--since", "20", "--until", "10"]) == 2
+    assert (
+        err.getvalue() == "sluice inspect: --since 20 is after --until 10: no time is in between\n"
+    )
+    assert out.getvalue() == ""
+    assert [r["cmd"] for r in _inspect_json(capture, "--since", "2", "--until", "2")] == [
+        "SEND", "SEND_RECEIPT"]  # fmt: skip

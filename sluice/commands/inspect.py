@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from sluice.commands import output_problem
 from sluice.config import seconds_or_zero
 from sluice.protocols import registry
+from sluice.protocols.faults import topic_matches
 from sluice.protocols.filtering import topic_of
 from sluice.recording.format import (
     Gone,
@@ -75,7 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(WebSocket frames) (repeatable; default: all)",
     )
     sel.add_argument(
-        "--topic", help="only frames of this topic, or of its partitions (default: all)"
+        "--topic",
+        help="only frames of this topic, or of its partitions; a glob "
+        "(persistent://t/ns/orders-*), and without :// the topic's local name (orders, "
+        "orders-*), as fault rules take it "
+        "(default: all)",
     )
     sel.add_argument(
         "--since",
@@ -128,11 +133,19 @@ class Filters:
 
 
 def _of_topic(name: object, topic: str) -> bool:
-    """Whether a frame's topic ``name`` is ``topic`` or one of its partitions
+    """Whether a frame's topic ``name`` is ``topic`` (a name, ``tenant/ns/topic``, a glob,
+    or a local name without ``://``) or one of its partitions
     (a partitioned topic's frames name its partitions only)."""
     if not isinstance(name, str):
         return False
-    return name == topic or topic_of(name) == topic
+    if "://" not in topic and topic.count("/") == 2:  # tenant/ns/topic, as clients take it
+        topic = f"persistent://{topic}"
+    if name == topic or topic_of(name) == topic:
+        return True
+    if "://" in topic and not any(c in topic for c in "*?["):
+        return False  # a whole name, no glob: only itself (no topic name has these)
+    # A glob, or a local name: as fault rules match topics.
+    return topic_matches(topic, name) or topic_matches(topic, topic_of(name))
 
 
 @dataclass
@@ -495,6 +508,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not paths:
         print(f"sluice inspect: no recordings (*.sluice) in {args.recording}", file=sys.stderr)
+        return 2
+    if args.since is not None and args.until is not None and args.since > args.until:
+        print(f"sluice inspect: --since {args.since:g} is after --until {args.until:g}: "
+              "no time is in between", file=sys.stderr)  # fmt: skip
         return 2
     filters = Filters(
         connections=set(args.connection) if args.connection else None,
