@@ -115,3 +115,16 @@ def test_a_consumer_whose_answer_went_unpaired_gets_filtered_deliveries() -> Non
     (message,) = messages(frame)
     assert message.metadata is not None
     assert {p.key: p.value for p in message.metadata.properties} == {"seen-by": "sluice"}
+
+
+def test_a_busy_refusal_does_not_forget_a_producer_made_unseen() -> None:
+    """PRODUCER 50 and again 51 for one id, then a LOOKUP reusing 50: the
+    broker refuses 51 (busy) and makes 50, whose answer pairs with the
+    LOOKUP. The refusal made the id forgotten, its SENDs unfiltered."""
+    core, _ = _core(FilterSpec(WORDS))
+    core.receive_client(_producer(3, 50) + _producer(3, 51) + _lookup(50), 1.0)
+    busy = pb.CommandError(request_id=51, error=pb.ServiceNotReady,
+                           message="Producer is already present on the connection")  # fmt: skip
+    core.receive_broker(frame_bytes("ERROR", busy), 1.1)
+    core.receive_broker(_success(50), 1.2)  # made: paired with the LOOKUP
+    assert _filtered(core.receive_client(_send(3, LOUD), 1.3), 3)

@@ -465,12 +465,22 @@ class Correlator:
         replaced = requests.pop(rid, None)
         if replaced is not None:
             self.request_bytes -= _size(replaced)
+            self._unpaired(replaced)
         requests[rid] = pending
         self.request_bytes += _size(pending)
         while len(requests) > 1 and (
             len(requests) > MAX_PENDING_REQUESTS or self.request_bytes > MAX_PENDING_REQUEST_BYTES
         ):
-            self.request_bytes -= _size(requests.pop(next(iter(requests))))
+            old = requests.pop(next(iter(requests)))
+            self.request_bytes -= _size(old)
+            self._unpaired(old)
+
+    def _unpaired(self, pending: Pending) -> None:
+        """A PRODUCER or SUBSCRIBE whose answer now pairs with nothing: the
+        broker may make it unseen, so a refusal of another request for its
+        id does not make it forgotten."""
+        if pending.type in _CREATES and pending.resource_id is not None:
+            self.made.add((pending.type, pending.resource_id))
 
     # --- broker to client ---------------------------------------------------
 
