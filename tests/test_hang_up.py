@@ -15,6 +15,7 @@ import contextlib
 import socket
 
 import trio
+import trio.testing
 
 from sluice.addresses import Address
 from sluice.protocols.pulsar import CLOSED, Frame, FrameDecoder, pb
@@ -178,3 +179,46 @@ async def test_a_peer_that_never_stops_sending_is_cut_at_the_bound() -> None:
     assert dial_module.stream_descriptor(ours) is None  # closed
     assert took < 1.0  # cut at the bound (0.3 s), or at LINGER_BYTES before it
     assert got == b"bye"
+
+
+async def test_what_the_second_peer_sends_while_the_first_is_waited_for_costs_it_nothing() -> None:
+    """Both sides are hung up on together, the second waited for after the
+    first: what the second peer sent meanwhile was left unread when the
+    bound came, so its socket closed with unread bytes, a reset, and its
+    kernel dropped what Sluice had written it last."""
+    first_peer, first = tcp_pair()
+    second_peer, second = tcp_pair()
+    last = b"last frames" * 10_000  # (more than the second peer's window: some wait in Sluice)
+    # (trio's streams wait for all but 16 KiB to be sent: here it stays queued.)
+    assert isinstance(second, trio.SocketStream)
+    second.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, 1 << 22)
+    stop = trio.Event()
+
+    async def keep_talking() -> None:  # the first peer: never quiet, never done
+        with contextlib.suppress(trio.BrokenResourceError):
+            while not stop.is_set():
+                await first_peer.send_all(b"x")
+                await trio.sleep(0.005)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keep_talking)
+        await second.send_all(last)
+        started = trio.current_time()
+
+        async def answer_late() -> None:  # the second peer, once the hang-up waits
+            await trio.testing.wait_all_tasks_blocked()
+            await second_peer.send_all(b"a late answer")
+
+        nursery.start_soon(answer_late)
+        await dial_module.hang_up([first, second], started + 0.3)
+        stop.set()
+        got = b""
+        error = None
+        try:
+            while data := await second_peer.receive_some(65536):
+                got += data
+        except trio.BrokenResourceError as exc:
+            error = exc.__cause__
+        await first_peer.aclose()
+        await second_peer.aclose()
+    assert (len(got), error) == (len(last), None)

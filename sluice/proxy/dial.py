@@ -583,6 +583,13 @@ async def hang_up(streams: list[trio.abc.Stream], until: float) -> None:
                         break
     finally:
         for stream in streams:
+            # What a peer sent while another was waited for (or since its
+            # own wait ended) is dropped too: closed with unread bytes, its
+            # socket would reset, and the peer would lose what it had not
+            # taken in yet of Sluice's last frames.
+            fd = stream_descriptor(stream)
+            if fd is not None:
+                discard(fd)
             await close_stream(stream)
 
 
