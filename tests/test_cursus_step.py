@@ -309,3 +309,37 @@ def test_the_step_waits_for_a_commits_answer_alone() -> None:
     assert waiting(BATCH_COMMIT).quick(False) is not None
     assert waiting(encode_request(List())).quick(False) is None
     assert waiting(COMMIT, COMMIT).quick(False) is None
+
+
+def test_a_refusal_after_a_commits_ok_the_step_carried_goes_at_once() -> None:
+    """The step carried the broker's OK to a commit; the request it
+    answered was still queued until the next broker read. A refusal of the
+    client's next request (an invalid batch) was queued behind it, and
+    with nothing more from the broker, never sent: the client waited for
+    ever."""
+    from sluice.addresses import Address
+    from sluice.protocols.core import Conn, Send, Taps
+    from sluice.protocols.cursus import decode_stream
+    from sluice.protocols.cursus.connection import (
+        CursusConnection,
+        CursusRouting,
+        CursusSettings,
+    )
+    from sluice.protocols.cursus.replies import ErrorReply
+    from sluice.protocols.registry import get
+    from sluice.proxy.metrics import Metrics
+    from tests.test_cursus_core import _corrupt_batch
+    from tests.test_quick_step import one_read, wires
+
+    core = CursusConnection(Conn(1, "127.0.0.1:5000", "plain", "cursus"), CursusSettings(),
+                            CursusRouting(Address("127.0.0.1", 9000)),
+                            Taps([Metrics(protocol=get("cursus"))]))  # fmt: skip
+    core.receive_client(COMMIT, 0.0)
+    core.upstream_ready(0.5)
+    with wires() as (ends, readers):
+        whole, got = one_read(core, True, False, ends, readers, OK)
+    assert whole and got == OK
+    out = core.receive_client(_corrupt_batch(), 1.0)
+    data = b"".join(a.data for a in out if isinstance(a, Send))
+    (reply,) = decode_stream(data, from_client=False)
+    assert isinstance(reply.message, ErrorReply) and reply.message.code == "decode_failed"

@@ -708,6 +708,8 @@ class CursusConnection:
         """Sluice's own answer to a client's request: now, when nothing
         before it waits for the broker's answer; else queued behind those
         (``_replies_due``), as the client takes answers in order."""
+        if self._step is not None:  # answers the compiled step carried: done
+            self._taken_back(self._step)
         if self._streaming is not None or not self._requests:
             return self._own(reply)
         self._requests.append(_Request(name, now, None, False, False, reply))
