@@ -61,3 +61,24 @@ async def test_a_recording_removed_while_written_is_said_and_recording_goes_on(
     assert records[1]["restated"] and records[2]["dropped"] >= 50
     assert sum(r["k"] == "frame" for r in records) > 0
     assert recording_files(directory) == [second]
+
+
+async def test_a_connection_opened_in_the_first_file_is_not_marked_as_joined(
+    tmp_path: Path,
+) -> None:
+    """The first file's head re-stated every open connection, one whose
+    opening was in the records it was made for included: the only record
+    of a connection's real opening said `restated` (joined mid-stream),
+    which replay and readers take for a connection begun elsewhere. A
+    later file still re-states it."""
+    recorder = Recorder(RecorderConfig(tmp_path / "rec", flush_interval=0.05))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+        deadline = time.monotonic() + 3
+        await _feed_until(recorder, lambda: recorder.frames_written >= 10, deadline)
+        nursery.cancel_scope.cancel()
+    records = list(read_records(recorder.files[0]))
+    conns = [r for r in records if r["k"] == "conn"]
+    assert len(conns) == 1 and "restated" not in conns[0], conns
+    assert [r["k"] for r in records[:2]] == ["header", "conn"]

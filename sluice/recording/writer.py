@@ -814,7 +814,10 @@ class Recorder:
                 )
                 start = 0
                 sums = list(itertools.accumulate(counts, initial=0))
-            restated = await self._ensure_file(len(gap) + len(packed[start]))
+            # (Connections whose opening is in what is left to write: a new
+            # file's head leaves them to it, not re-stated.)
+            opening = frozenset(conn for at, conn in open_at.items() if at >= start)
+            restated = await self._ensure_file(len(gap) + len(packed[start]), opening)
             if restated is None:
                 self._drop(frames(start, len(packed)))
                 done(len(packed))
@@ -867,11 +870,15 @@ class Recorder:
             self.frames_written += count
             self.bytes_written += len(data)
 
-    async def _ensure_file(self, upcoming: int = 0) -> set[int] | None:
+    async def _ensure_file(
+        self, upcoming: int = 0, opening: frozenset[int] = frozenset()
+    ) -> set[int] | None:
         """An open file to write to, with room for ``upcoming`` bytes under
         the file cap when it holds any: None if there is none (disk trouble,
         or no room in the directory); otherwise the connections a freshly
-        started file re-stated."""
+        started file re-stated. ``opening``: connections whose opening
+        record is among those about to be written: not re-stated (marked as
+        joined mid-stream), as they open in what follows."""
         now = trio.current_time()
         cap = self._cap()
         if self._file is not None and (
@@ -889,8 +896,8 @@ class Recorder:
         path = self.config.directory / f"sluice-{stamp}-{self.capture}-{segment:04d}{SUFFIX}"
         head = [pack(self._header(segment, self._began_ns if segment == 1 else None))]
         self._file_first = len(head[0])
-        head += [pack(self._restated(record)) for record in self._open.values()]
-        head += [pack(record) for record in self._closing.values()]
+        head += [pack(self._restated(r)) for c, r in self._open.items() if c not in opening]
+        head += [pack(record) for c, record in self._closing.items() if c not in opening]
         # Many connections to restate can make the head larger than this
         # writer may write between two retention passes: it is written in
         # pieces of whole records, each reserved as records are.
@@ -927,7 +934,7 @@ class Recorder:
         # Each try during disk trouble is not a line of its own: the trouble
         # was said once, and its end will say where recording resumed.
         (log.debug if self._failing else log.info)("recording to %s", path)
-        return set(self._open) | set(self._closing)
+        return (set(self._open) | set(self._closing)) - opening
 
     def _stamp(self) -> str:
         """The UTC time for a new file's name, never earlier than the last
