@@ -640,3 +640,16 @@ def test_analyze_help_names_every_table_it_writes() -> None:
     description = _subparsers(build_parser())["analyze"].description or ""
     named = set(re.findall(r"[a-z_]+", description.split("tables", 1)[1].split(";")[0]))
     assert set(TABLES) <= named, set(TABLES) - named
+
+
+def test_record_max_bytes_takes_a_size_as_record_retain_bytes_does() -> None:
+    """The docs (and the chart's schema, a string) give it as 64K; it took
+    only a number of bytes (`invalid int value: '64K'`)."""
+    args = build_parser().parse_args(
+        ["proxy", "--broker", "pulsar://127.0.0.1:1", "--record-max-bytes", "64K"]
+    )
+    assert args.record_max_bytes == 64 * 1024
+    args = build_parser().parse_args(
+        ["proxy", "--broker", "pulsar://127.0.0.1:1", "--record-max-bytes", "1048576"]
+    )
+    assert args.record_max_bytes == 1048576

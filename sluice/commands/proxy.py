@@ -366,10 +366,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rec.add_argument(
         "--record-max-bytes",
-        type=int,
+        type=byte_size,
         default=default(RecorderConfig, "max_file_bytes"),
-        metavar="BYTES",
-        help="start a new file after this many bytes (default: %(default)s; with "
+        metavar="SIZE",
+        help="start a new file after this many bytes, e.g. 64M (default: %(default)s; with "
         "--record-retain-bytes at most a quarter of it, shared among the workers)",
     )
     rec.add_argument(
