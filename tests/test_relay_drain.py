@@ -156,3 +156,32 @@ async def test_a_drain_never_writes_into_a_frame_the_thread_handed_back_half_wri
         assert isinstance(message, Frame) and message.error is None
         assert message.payload == b"m" * BIG
         assert h.reason == "drained"
+
+
+async def test_a_stopping_proxy_ends_a_drain_stuck_in_a_shielded_write() -> None:
+    """A drain shields the write under way, so as not to cut a frame in
+    half; a second SIGTERM (``Proxy.stop``) only cancelled the handlers'
+    scope, and such a relay went on until --drain-timeout. ``abort``,
+    which ``Proxy.stop`` calls on every relay, lifts the shield."""
+    needs_the_compiled_step()
+    got: list[Frame] = []
+    reading = trio.Event()  # never set: the broker reads nothing more
+    async with relay_thread(True) as carrier, trio.open_nursery() as nursery:
+        assert carrier is not None
+        h = QuickDial(nursery, pausing_broker(got, reading), real_socket_pair, real_socket_pair,
+                      carrier, Taps([Metrics()]))  # fmt: skip
+        h.start()
+        with trio.fail_after(30):
+            await open_producer(h)
+            await sends_one_at_a_time(h, WARM)
+            nursery.start_soon(h.client.send, send_frame(WARM, b"y" * 200_000))
+            while carrier.write_waits == 0:
+                await trio.sleep(0.01)
+            nursery.start_soon(h.relay.drain, trio.current_time() + 60)
+            while h.relay._reading is not None:
+                await trio.sleep(0.01)
+        with trio.fail_after(5):  # not the drain's 60 s
+            h.relay.abort()
+            await h.done.wait()
+        assert h.reason == "drained"
+        nursery.cancel_scope.cancel()

@@ -356,6 +356,11 @@ class Relay:
                 await self._do(self.core.drain())
         self._stop("drained")
 
+    def abort(self) -> None:
+        """End now: the proxy stops (a second SIGTERM), and a write a drain
+        must not cut in half is cut all the same (its shield lifted)."""
+        self._stop("drained")  # (a drain cut short)
+
     def _stop(self, reason: str) -> None:
         if not self._closing:
             self.reason = reason

@@ -902,8 +902,11 @@ class Proxy:
         self.stop()
 
     def stop(self) -> None:
-        """Stop at once, closing every connection."""
+        """Stop at once, closing every connection (a relay stuck in a write
+        its drain shields too)."""
         self._stopping = True
+        for relay in list(self.relays):
+            relay.abort()
         if self._handlers is not None:
             self._handlers.cancel_scope.cancel()
         self._stop.set()
