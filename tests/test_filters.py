@@ -397,6 +397,17 @@ def test_a_filtered_connection_leaves_the_compiled_path_and_others_keep_it() -> 
     assert not other._filtered(True) and not other._filtered(False)
 
 
+def _avro_record_answer() -> pb.CommandGetSchemaResponse:
+    """The broker's answer to GET_SCHEMA: version 0, an Avro record of an
+    int ``id`` and a string ``s``."""
+    definition = (b'{"type": "record", "name": "R", "fields": [{"name": "id", "type": "int"}, '
+                  b'{"name": "s", "type": "string"}]}')  # fmt: skip
+    return pb.CommandGetSchemaResponse(
+        request_id=1, schema_version=b"\0" * 8,
+        schema=pb.Schema(name="R", schema_data=definition, type=pb.Schema.Avro),
+    )  # fmt: skip
+
+
 def test_a_send_waits_for_its_schema_and_what_follows_waits_behind_it() -> None:
     core, rec = _core(FilterSpec("schema"))
     first = core.receive_client(_send(0, [b"\x02\x06abc"]), 1.0)
@@ -405,12 +416,7 @@ def test_a_send_waits_for_its_schema_and_what_follows_waits_behind_it() -> None:
     assert ask.request[1].topic == TOPIC and not ask.request[1].HasField("schema_version")
     # The client's next frames wait behind the held SEND, in order.
     assert core.receive_client(_send(1, [b"garbage"]) + frame_bytes("PING"), 1.1) == []
-    definition = (b'{"type": "record", "name": "R", "fields": [{"name": "id", "type": "int"}, '
-                  b'{"name": "s", "type": "string"}]}')  # fmt: skip
-    answer = pb.CommandGetSchemaResponse(
-        request_id=1, schema_version=b"\0" * 8,
-        schema=pb.Schema(name="R", schema_data=definition, type=pb.Schema.Avro),
-    )  # fmt: skip
+    answer = _avro_record_answer()
     out = core.answered(ask.token, decode_frame(frame_bytes("GET_SCHEMA_RESPONSE", answer)), 1.2)
     assert names(out, Peer.BROKER) == ["SEND", "PING"]
     assert not sent(out, Peer.CLIENT)  # the refusal of 1 waits for 0's receipt
@@ -604,12 +610,7 @@ def test_an_empty_schema_version_is_none_the_latest_schema_checks_it() -> None:
     body = pb.CommandSend(producer_id=1, sequence_id=0, num_messages=1)
     (ask,) = core.receive_client(encode_payload(command(T.SEND, body), meta, data), 1.0)
     assert isinstance(ask, Ask) and not ask.request[1].HasField("schema_version")
-    definition = (b'{"type": "record", "name": "R", "fields": [{"name": "id", "type": "int"}, '
-                  b'{"name": "s", "type": "string"}]}')  # fmt: skip
-    answer = pb.CommandGetSchemaResponse(
-        request_id=1, schema_version=b"\0" * 8,
-        schema=pb.Schema(name="R", schema_data=definition, type=pb.Schema.Avro),
-    )  # fmt: skip
+    answer = _avro_record_answer()
     out = core.answered(ask.token, decode_frame(frame_bytes("GET_SCHEMA_RESPONSE", answer)), 1.1)
     assert names(out, Peer.BROKER) == ["SEND"]
     # Known now, and checked: garbage with the empty version is refused.

@@ -11,6 +11,8 @@ goes after the rest of that frame, never into it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 
@@ -49,6 +51,23 @@ def pausing_broker(got: list[Frame], reading: trio.Event) -> BrokerScript:
     return broker
 
 
+async def draining_in_a_write(
+    h: QuickDial, carrier: Any, nursery: trio.Nursery, seconds: float
+) -> None:
+    """A producer WARM sends in, then one SEND far over the broker's 4 KiB
+    socket buffers, which it does not read now (the relay thread waits to
+    write the rest itself), and a drain of ``seconds`` begun meanwhile:
+    once it has stopped reading the client."""
+    await open_producer(h)
+    await sends_one_at_a_time(h, WARM)
+    nursery.start_soon(h.client.send, send_frame(WARM, b"y" * 200_000))
+    while carrier.write_waits == 0:
+        await trio.sleep(0.01)
+    nursery.start_soon(h.relay.drain, trio.current_time() + seconds)
+    while h.relay._reading is not None:  # the drain stops reading the client
+        await trio.sleep(0.01)
+
+
 @pytest.mark.parametrize("loop", ["compiled", "python"])
 async def test_a_drain_during_a_write_the_thread_waits_on_leaves_nothing_carried(
     loop: str, monkeypatch: pytest.MonkeyPatch
@@ -65,16 +84,7 @@ async def test_a_drain_during_a_write_the_thread_waits_on_leaves_nothing_carried
                       carrier, Taps([Metrics()]))  # fmt: skip
         h.start()
         with trio.fail_after(30):
-            await open_producer(h)
-            await sends_one_at_a_time(h, WARM)
-            # Far over the broker's 4 KiB socket buffers, which it does not
-            # read now: the relay thread waits to write the rest itself.
-            nursery.start_soon(h.client.send, send_frame(WARM, b"y" * 200_000))
-            while carrier.write_waits == 0:
-                await trio.sleep(0.01)
-            nursery.start_soon(h.relay.drain, trio.current_time() + 20)
-            while h.relay._reading is not None:  # the drain stops reading the client
-                await trio.sleep(0.01)
+            await draining_in_a_write(h, carrier, nursery, 20)
             reading.set()  # the write ends: its receipt, then the drain's CLOSE_PRODUCER
             names = []
             while (frame := await h.client.receive()) is not None:
@@ -172,14 +182,7 @@ async def test_a_stopping_proxy_ends_a_drain_stuck_in_a_shielded_write() -> None
                       carrier, Taps([Metrics()]))  # fmt: skip
         h.start()
         with trio.fail_after(30):
-            await open_producer(h)
-            await sends_one_at_a_time(h, WARM)
-            nursery.start_soon(h.client.send, send_frame(WARM, b"y" * 200_000))
-            while carrier.write_waits == 0:
-                await trio.sleep(0.01)
-            nursery.start_soon(h.relay.drain, trio.current_time() + 60)
-            while h.relay._reading is not None:
-                await trio.sleep(0.01)
+            await draining_in_a_write(h, carrier, nursery, 60)
         with trio.fail_after(5):  # not the drain's 60 s
             h.relay.abort()
             await h.done.wait()
