@@ -15,7 +15,10 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 import venv
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 NEEDS_EXTRA = {"demo": "demo", "analyze": "pipeline"}
 # Building and installing fetch from PyPI: slow on a loaded machine, bounded.
 INSTALL_TIMEOUT = 900
+# A capture recorded with --record-payloads hash (33 frames on 2 connections,
+# topics analyzed-a and analyzed-b): the commands that read captures run on a
+# copy of it.
+GOLDEN = ROOT / "tests/golden/analyze/inputs/sluice-20261128T172607-bf2cfe0d70e7-0001.sluice"
 
 
 @dataclass
@@ -69,6 +76,15 @@ class Installed:
     def execute(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               check=False, cwd=self.work, env=self.env())  # fmt: skip
+
+
+def one_line(result: subprocess.CompletedProcess[str], status: int) -> str:
+    """The one line a command that refuses says on stderr (no traceback)."""
+    assert result.returncode == status, (result.args, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, (result.args, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, (result.args, result.stderr)
+    return lines[0]
 
 
 def _checked(command: list[str], what: str, cwd: Path) -> None:
@@ -257,3 +273,133 @@ def test_proxy_records_and_the_recording_reads_back(
     assert f"wrote {page}" in viewed.stderr and "Traceback" not in viewed.stderr, viewed.stderr
     html = page.read_text()
     assert html.lstrip().lower().startswith("<!doctype html") and topic in html
+
+    # The recording kept its payloads: serve answers as the broker did, and
+    # replaying the clients against it finds the same exchange.
+    serve_port = free_port()
+    serve_log = tmp_path / "serve.log"
+    with open(serve_log, "wb") as log:
+        process = subprocess.Popen(
+            [installed.sluice_command, "serve", str(record), "--listen", f"127.0.0.1:{serve_port}"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=installed.work, env=installed.env(),
+        )  # fmt: skip
+    served = ProxyProcess(process, serve_port, serve_log)
+    try:
+        wait_for_port("127.0.0.1", serve_port, 30, process)
+        replayed = installed.run("replay", str(record), "--broker", served.url, "--quiet")
+        assert replayed.returncode == 0, (replayed.stdout, replayed.stderr, served.log())
+        assert "equivalent" in replayed.stdout, replayed.stdout
+        assert served.terminate() == 0, served.log()
+    finally:
+        served.kill()
+    assert "Traceback" not in served.log(), served.log()
+
+
+def test_the_installed_package_holds_every_file_of_the_source(installed: Installed) -> None:
+    """What the commands read at run time (the view's page, the pinned Apache
+    Pulsar's files, the schema module) is in the installed package, and the
+    frame path is the compiled extension: every file git tracks under
+    sluice/ is installed, data files included."""
+    where = installed.python_code(
+        "import importlib.util, json, sluice; "
+        "print(json.dumps([sluice.__path__[0], importlib.util.find_spec('sluice._frames').origin]))"
+    )
+    assert where.returncode == 0, where.stderr
+    package, frames = (Path(p) for p in json.loads(where.stdout))
+    assert package.is_relative_to(installed.root), package
+    assert frames.parent == package and frames.suffix == ".so", frames
+    git = shutil.which("git")
+    assert git, "git is needed to list the source files"
+    tracked = subprocess.run([git, "ls-files", "-z", "sluice"], cwd=ROOT, capture_output=True,
+                             check=True, timeout=60).stdout.decode().split("\0")  # fmt: skip
+    names = [name for name in tracked if name and (ROOT / name).is_file()]
+    assert "sluice/view/static/app.js" in names and "sluice/brokers/apache-pulsar/pom.xml" in names
+    missing = [name for name in names if not (package.parent / name).is_file()]
+    assert not missing, f"in the source but not in the installed package: {missing}"
+    checked = installed.execute([installed.python, "-m", "pip", "check"], 120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    module = installed.execute([installed.python, "-m", "sluice", "--version"], 60)
+    assert module.returncode == 0 and module.stdout.startswith("sluice "), module.stderr
+
+
+def golden_capture(into: Path) -> Path:
+    capture = into / "capture"
+    capture.mkdir()
+    shutil.copy2(GOLDEN, capture)
+    return capture
+
+
+def test_inspect_and_anonymize_a_capture(installed: Installed, tmp_path: Path) -> None:
+    capture = golden_capture(tmp_path)
+    lines = installed.run("inspect", str(capture), "--json")
+    assert lines.returncode == 0, lines.stderr
+    records = [json.loads(line) for line in lines.stdout.splitlines()]
+    assert sum(r["kind"] == "frame" for r in records) == 33, records[:3]
+    pcap = tmp_path / "capture.pcapng"
+    wrote = installed.run("inspect", str(capture), "--pcap", str(pcap))
+    assert wrote.returncode == 0, wrote.stderr
+    assert pcap.read_bytes()[:4] == b"\x0a\x0d\x0d\x0a"  # a pcapng section header
+
+    anonymized = tmp_path / "anonymized"
+    done = installed.run("record", "anonymize", str(capture), str(anonymized),
+                         "--key-file", str(tmp_path / "key"))  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    original = installed.run("inspect", str(capture)).stdout
+    copy = installed.run("inspect", str(anonymized))
+    assert copy.returncode == 0, copy.stderr
+    assert "analyzed-a" in original and "analyzed-a" not in copy.stdout, copy.stdout[-2000:]
+    assert copy.stdout.count("CONNECT ") == original.count("CONNECT ") > 0
+
+
+def test_commands_with_nothing_to_talk_to(installed: Installed, tmp_path: Path) -> None:
+    """replay, serve, proxy --print-config and the admin commands with no
+    broker or proxy: output, or one line, never a traceback."""
+    capture = golden_capture(tmp_path)
+    # Replaying and serving need payloads: this capture has none.
+    nowhere = f"127.0.0.1:{free_port()}"
+    for command in (["replay", str(capture), "--broker", f"pulsar://{nowhere}"],
+                    ["serve", str(capture), "--listen", nowhere]):  # fmt: skip
+        line = one_line(installed.run(*command), 2)
+        assert line.startswith(f"sluice {command[0]}: ") and "--record-payloads full" in line
+
+    config = installed.run("proxy", "--broker", f"pulsar://{nowhere}", "--print-config")
+    assert config.returncode == 0, config.stderr
+    assert f'broker = "pulsar://{nowhere}"  # flag' in config.stdout, config.stdout
+
+    for command in (["faults", "list"], ["faults", "add", "--drop"], ["record", "snapshot"]):
+        line = one_line(installed.run(*command, "--admin", nowhere), 1)
+        assert line.startswith(f"sluice {' '.join(command[:2])}: cannot reach the admin"), line
+
+
+def test_proxy_runs_without_its_broker_and_stops(installed: Installed, tmp_path: Path) -> None:
+    """--no-check-broker in front of a port nothing listens on: the proxy
+    listens, says it is not ready, and SIGTERM stops it cleanly."""
+    port, admin = free_port(), free_port()
+    log_path = tmp_path / "proxy.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [installed.sluice_command, "proxy", "--broker", f"pulsar://127.0.0.1:{free_port()}",
+             "--no-check-broker", "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=installed.work, env=installed.env(),
+        )  # fmt: skip
+    proxy = ProxyProcess(process, port, log_path)
+    try:
+        wait_for_port("127.0.0.1", admin, 30, process)
+        wait_for_port("127.0.0.1", port, 30, process)
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=10) as answer:
+            assert answer.status == 200
+        # Not ready: first while the broker is not yet checked, then because
+        # the check found nothing there.
+        deadline = time.monotonic() + 30
+        reason = ""
+        while "unreachable" not in reason and time.monotonic() < deadline:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=10)
+            assert refused.value.code == 503
+            reason = refused.value.read().decode()
+            time.sleep(0.05)
+        assert "unreachable" in reason, reason
+        assert proxy.terminate() == 0, proxy.log()
+    finally:
+        proxy.kill()
+    assert "upstream broker unreachable" in proxy.log() and "Traceback" not in proxy.log()
