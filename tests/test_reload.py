@@ -208,6 +208,57 @@ async def test_with_workers_a_rules_file_changed_in_one_rule_leaves_the_others_a
     assert [r["id"] for r in supervisor.rules] == ["slow", "drop"]
 
 
+DROP_SEND = {"id": "a", "match": {"command": "SEND"}, "action": "drop"}
+DELAY_SEND = {"id": "b", "match": {"command": "SEND"}, "action": "delay", "delay_ms": 5}
+
+
+async def test_a_rules_file_keeps_its_order_through_reloads(tmp_path: Path) -> None:
+    """The first rule that fires acts: a file reordered is tried in its new
+    order, and a rule changed keeps its place before the rules after it.
+    (Kept rules stayed where they were: reordered, SENDs were still
+    dropped; `a` changed went behind `b` and never fired.)"""
+    proxy, _, rules = with_a_delay_rule(tmp_path)
+    rules.write_text(json.dumps([DROP_SEND, DELAY_SEND]))
+    assert (await proxy.reload_from_source("file")).outcome == "applied"
+    assert [r.id for r in proxy.faults.rules] == ["a", "b"]
+    rules.write_text(json.dumps([DELAY_SEND, DROP_SEND]))
+    assert (await proxy.reload_from_source("file")).outcome == "applied"
+    assert [r.id for r in proxy.faults.rules] == ["b", "a"]
+    rules.write_text(json.dumps([{**DROP_SEND, "times": 3}, DELAY_SEND]))
+    assert (await proxy.reload_from_source("file")).outcome == "applied"
+    assert [r.id for r in proxy.faults.rules] == ["a", "b"]
+
+
+async def test_with_workers_a_rules_file_keeps_its_order_through_reloads(tmp_path: Path) -> None:
+    from sluice.proxy.workers import Supervisor
+
+    _, cfg, rules = with_a_delay_rule(tmp_path)
+    rules.write_text(json.dumps([DROP_SEND, DELAY_SEND]))
+    line = argv(cfg)
+    supervisor = Supervisor(settings_again(line), 2)
+    told: list[tuple[str, str]] = []
+
+    async def to_workers(method: str, path: str, body: object = None) -> None:
+        told.append((method, path))
+
+    supervisor._to_workers = to_workers  # type: ignore[method-assign]
+    try:
+        old = supervisor.config
+        rules.write_text(json.dumps([DELAY_SEND, DROP_SEND]))
+        new = settings_again(line)
+        await supervisor._replace_config_rules(old, new)
+        assert [r["id"] for r in supervisor.rules] == ["b", "a"]
+        # A rule kept in place stays; from the first that moved, all go again.
+        assert told == [("DELETE", "/faults/a"), ("DELETE", "/faults/b"),
+                        ("POST", "/faults"), ("POST", "/faults")]  # fmt: skip
+        told.clear()
+        rules.write_text(json.dumps([DELAY_SEND, {**DROP_SEND, "times": 3}]))
+        await supervisor._replace_config_rules(new, settings_again(line))
+        assert told == [("DELETE", "/faults/a"), ("POST", "/faults")]
+    finally:
+        shutil.rmtree(supervisor._state)
+
+
 async def test_a_key_file_rewritten_under_its_name_is_read_again(tmp_path: Path) -> None:
     """A key rotated in place (a Kubernetes Secret's file is replaced under
     its name) is a change: the reload puts the new key in force, and a

@@ -507,6 +507,13 @@ class Proxy:
                 added = [r for r in faults if not any(r.id == o.id for o in self.faults.rules)]
                 self.faults.extend(added)
                 self._config_rules = kept + [rule.id for rule in added]
+                # In the file's order (the first rule that fires acts),
+                # behind the rules added on /faults, as every reload put them.
+                place = {rule.id: n for n, rule in enumerate(faults)}
+                config_rules = set(self._config_rules)
+                self.faults.rules.sort(
+                    key=lambda r: place.get(r.id, -1) if r.id in config_rules else -1
+                )
             self.limits.total = config.max_connections
             self.limits.per_ip = config.max_connections_per_ip
             http()

@@ -814,11 +814,19 @@ class Supervisor:
         spent) and holds with it."""
         before = [r.definition() for r in old.faults]
         after = [r.definition() for r in new.faults]
-        for rule in [r for r in self.rules if r in before and r not in after]:
+        # The first rule that fires acts, so the file's order counts, and a
+        # worker's rules cannot be reordered: the rules in force as the new
+        # file begins stay; from the first that differs on, they go and the
+        # new file's rest is given in its order.
+        in_force = [r for r in self.rules if r in before]
+        same = 0
+        while same < min(len(in_force), len(after)) and in_force[same] == after[same]:
+            same += 1
+        for rule in in_force[same:]:
             self.rules.remove(rule)
             await self._to_workers("DELETE", rule_path(rule["id"]))
             self._rule_totals.forget(("id", rule["id"]))
-        for rule in after:
+        for rule in after[same:]:
             if not any(r["id"] == rule["id"] for r in self.rules):
                 self.rules.append(rule)
                 await self._to_workers("POST", "/faults", rule)
