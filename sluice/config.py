@@ -152,13 +152,26 @@ def load_file(path: Path, command: str, commands: Collection[str] = ()) -> dict[
     section = data.get(command, {})
     if not isinstance(section, dict):
         raise SettingsError(f"--config {path}: [{command}] must be a table")
-    flat = {
+    top = {
         k: v
         for k, v in data.items()
         if k != command and not (isinstance(v, dict) and k in commands)
     }
-    flat.update(section)
-    return {key.replace("-", "_"): value for key, value in flat.items()}
+    # The command's own table over the top level; within one table, both
+    # spellings of a setting (max-connections, max_connections) are refused,
+    # as one of them would be dropped without a word.
+    flat: dict[str, Any] = {}
+    for where, table in (("", top), (f" [{command}]", section)):
+        seen: dict[str, str] = {}
+        for key, value in table.items():
+            dest = key.replace("-", "_")
+            if dest in seen:
+                raise SettingsError(
+                    f"--config {path}{where}: {seen[dest]!r} and {key!r} are one setting: give one"
+                )
+            seen[dest] = key
+            flat[dest] = value
+    return flat
 
 
 def apply(
