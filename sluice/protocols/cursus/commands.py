@@ -22,7 +22,7 @@ from sluice.protocols.cursus.errors import (
     Problem,
     RemoteProtocolError,
 )
-from sluice.protocols.cursus.text import REST_OF_LINE, is_word, tokens
+from sluice.protocols.cursus.text import REST_OF_LINE, is_word, to_int, tokens
 
 Pairs = tuple[tuple[str, str], ...]
 
@@ -205,7 +205,6 @@ OTHER = frozenset(
 )
 KNOWN = frozenset(TYPED) | OTHER
 
-_INT = re.compile(r"-?[0-9]+")
 _COMMAND_WORD = re.compile(r"[A-Z][A-Z0-9_]*")
 _OFFSET = re.compile(r"P(-?[0-9]+):(-?[0-9]+)")
 _TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
@@ -312,9 +311,10 @@ _REST_OF_LINE_KEYS = tuple(f"{key}=" for key in REST_OF_LINE)
 
 def _convert(command: str, key: str, value: str, type_: str) -> object:
     if type_.startswith("int"):
-        if not _INT.fullmatch(value):
-            raise _invalid(Problem.PARSE, f"{command} {key}={value[:40]!r} is not an integer")
-        return int(value)
+        number = to_int(value)
+        if number is None:
+            raise _invalid(Problem.PARSE, f"{command} {key}={value[:40]!r} is not a 64-bit integer")
+        return number
     if type_.startswith("bool"):
         if value in _TRUE:
             return True
@@ -333,7 +333,11 @@ def _offsets(args: list[str]) -> tuple[tuple[tuple[int, int], ...], list[str]]:
             parts = arg.split(",")
             matches = [_OFFSET.fullmatch(p) for p in parts]
             if all(matches):
-                found = tuple((int(m[1]), int(m[2])) for m in matches if m)
+                pairs = [(to_int(m[1]), to_int(m[2])) for m in matches if m]
+                good = [(p, o) for p, o in pairs if p is not None and o is not None]
+                if len(good) != len(pairs):
+                    raise _invalid(Problem.PARSE, f"BATCH_COMMIT offsets {arg[:40]!r} out of range")
+                found = tuple(good)
                 continue
         rest.append(arg)
     if found is None:

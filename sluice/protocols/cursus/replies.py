@@ -16,12 +16,11 @@ their words as written, so a decoded reply encodes back to the same bytes.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.protocols.cursus.errors import LocalProtocolError, Problem, RemoteProtocolError
-from sluice.protocols.cursus.text import is_word, tokens, unquote
+from sluice.protocols.cursus.text import is_word, to_int, tokens, unquote
 
 OK = "OK"
 ERROR = "ERROR:"
@@ -71,7 +70,8 @@ class OkReply:
         if value is None:
             return None
         inner = value.strip("[]").replace(",", " ").split()
-        return [int(p) for p in inner if p.lstrip("-").isdigit()]
+        numbers = (to_int(p) for p in inner)
+        return [n for n in numbers if n is not None]
 
     @property
     def text(self) -> str:
@@ -183,8 +183,6 @@ class BatchAck:
 
 Reply = OkReply | ErrorReply | StreamControl | BatchAck
 
-_INT = re.compile(r"-?[0-9]+")
-
 
 def parse_reply_text(text: str) -> Reply:
     """A text (or JSON) reply as a typed value. Raises ``RemoteProtocolError``."""
@@ -227,11 +225,12 @@ def _parse_stream_control(words: list[Any], text: str) -> StreamControl:
         if key in ("type", "reason") and key not in values:
             values[key] = value
         elif key in ("offset", "requested", "earliest", "latest") and key not in values:
-            if not _INT.fullmatch(value):
+            number = to_int(value)
+            if number is None:
                 raise RemoteProtocolError(
                     Problem.PARSE, f"STREAM_CONTROL {key}={value[:40]!r} is not an integer"
                 )
-            values[key] = int(value)
+            values[key] = number
         elif key is not None:
             extra.append((key, value))
         else:

@@ -24,6 +24,22 @@ ERRORS = "surrogateescape"
 REST_OF_LINE = frozenset({"message"})
 
 
+# What the broker's integers hold: int64, or uint64 for offsets and sequences.
+INT_MIN = -(2**63)
+INT_MAX = 2**64 - 1
+_INT = re.compile(r"-?[0-9]{1,20}")
+
+
+def to_int(value: str) -> int | None:
+    """``value`` as an integer, or ``None`` when it is no decimal integer a
+    64-bit field holds (more digits than that would make ``int()`` raise,
+    past Python's limit on digits, rather than refuse)."""
+    if not _INT.fullmatch(value):
+        return None
+    number = int(value)
+    return number if INT_MIN <= number <= INT_MAX else None
+
+
 def decode_text(body: bytes) -> str:
     return body.decode(ENCODING, ERRORS)
 
