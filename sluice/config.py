@@ -40,6 +40,9 @@ class Settings:
     """Where each effective value came from, for --print-config."""
 
     sources: dict[str, str] = field(default_factory=dict)
+    # The text (or TOML value) each setting given was read from: printed
+    # again for a value whose parsed form no flag reads (--record-ring's).
+    given: dict[str, Any] = field(default_factory=dict)
 
 
 def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -234,12 +237,14 @@ def apply(
                 mistakes.append(str(exc))
                 continue
             settings.sources[dest] = origin
+            settings.given[dest] = raw
             action.required = False
     if mistakes:
         raise SettingsError("\n".join(mistakes))
     parser.set_defaults(**defaults)
     for dest in given:
         settings.sources[dest] = "flag"
+        settings.given[dest] = _flag_value(actions[dest], argv)
     return settings
 
 
@@ -250,6 +255,18 @@ def config_path(argv: Sequence[str]) -> str | None:
         if arg.startswith("--config="):
             return arg.split("=", 1)[1]
     return None
+
+
+def _flag_value(action: argparse.Action, argv: Sequence[str]) -> str | None:
+    """The text the last of ``action``'s flags in ``argv`` gave (None: a switch)."""
+    text = None
+    for i, arg in enumerate(argv):
+        for option in action.option_strings:
+            if arg == option and action.nargs != 0 and i + 1 < len(argv):
+                text = argv[i + 1]
+            elif arg.startswith(option + "="):
+                text = arg.split("=", 1)[1]
+    return text
 
 
 def _given(action: argparse.Action, argv: Sequence[str]) -> bool:
@@ -273,8 +290,13 @@ def render(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: 
             shown = '"***"'
         elif isinstance(value, bool | int | float):
             shown = str(value).lower() if isinstance(value, bool) else str(value)
-        elif isinstance(value, tuple):  # a comma list's value (URL,...): its text again
-            shown = _quote(",".join(str(v) for v in value))
+        elif isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+            shown = _quote(",".join(value))  # a comma list's value (URL,...): its text again
+        elif isinstance(value, tuple) and isinstance(given := settings.given.get(action.dest),
+                                                     str | int | float):  # fmt: skip
+            # A value parsed into parts (--record-ring's size or time): what
+            # was given, which reads back as the same value.
+            shown = _quote(given) if isinstance(given, str) else str(given)
         elif isinstance(value, list):
             shown = "[" + ", ".join(_quote(str(v)) for v in value) + "]"
         else:
