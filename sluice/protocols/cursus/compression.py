@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import zlib
+from collections.abc import Callable
 
 import cramjam
 
@@ -71,11 +72,15 @@ def decompress(data: bytes, compression: Compression, limit: int) -> bytes:
         if compression is Compression.GZIP:
             out = _gunzip(data, limit)
         elif compression is Compression.SNAPPY:
+            # A snappy block states its length first: checked before
+            # anything that size is allocated.
+            if cramjam.snappy.decompress_raw_len(data) > limit:
+                raise _too_large(limit)
             out = bytes(cramjam.snappy.decompress_raw(data))
         elif compression is Compression.LZ4:
-            out = bytes(cramjam.lz4.decompress(data))
+            out = _into(cramjam.lz4.decompress_into, data, limit)
         else:
-            out = bytes(cramjam.zstd.decompress(data))
+            out = _into(cramjam.zstd.decompress_into, data, limit)
     except RemoteProtocolError:
         raise
     except Exception as exc:
@@ -87,6 +92,36 @@ def decompress(data: bytes, compression: Compression, limit: int) -> bytes:
     if len(out) > limit:
         raise _too_large(limit)
     return out
+
+
+# The first output buffer for lz4 and zstd: this many times the input, at
+# least _FIRST_BUFFER; then four times larger each time, up to the limit.
+_FIRST_RATIO = 8
+_FIRST_BUFFER = 64 * 1024
+# What cramjam says when the output does not fit the buffer it was given.
+_BUFFER_FULL = "failed to write whole buffer"
+
+
+def _into(decompress_into: Callable[[bytes, bytearray], int], data: bytes, limit: int) -> bytes:
+    """``data`` decompressed into buffers no larger than ``limit + 1``: a
+    frame of a few kilobytes may inflate to gigabytes (zstd, lz4), and
+    ``decompress`` would hold all of it before its length could be checked."""
+    size = min(limit + 1, max(_FIRST_BUFFER, _FIRST_RATIO * len(data)))
+    while True:
+        buffer = bytearray(size)
+        try:
+            n = decompress_into(data, buffer)
+        except Exception as exc:
+            if _BUFFER_FULL not in str(exc):
+                raise
+            if size > limit:
+                raise _too_large(limit) from None
+            size = min(limit + 1, size * 4)
+            continue
+        if n > limit:
+            raise _too_large(limit)
+        del buffer[n:]
+        return bytes(buffer)
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:
