@@ -488,7 +488,14 @@ class CursusConnection:
                 self._requests.append(_Request("BATCH", now, head.topic, True, False))
             return
         message = frame.message
-        if isinstance(message, Keepalive) or message is None or not pairing:
+        if isinstance(message, Keepalive) or not pairing:
+            return
+        if message is None:
+            # Passed on though invalid (--on-invalid forward): the broker
+            # answers it with an ERROR:, which must not be taken for the
+            # answer to the request after it.
+            if frame.error is not None:
+                self._requests.append(_Request("INVALID", now, None, False, False))
             return
         topic = getattr(message, "topic", None) if isinstance(message, Command) else None
         stream = isinstance(message, Stream)
