@@ -192,17 +192,17 @@ class Anonymizer:
         names = self.names
         r["client"] = names.address(r.get("client", ""))
         if "via" in r:
-            r["via"] = names.address(r["via"])
+            r["via"] = self._typed(r["via"], names.address)
         r["broker"] = names.url(r.get("broker", ""))
         for key in ("producers", "consumers"):
             if isinstance(r.get(key), dict):
-                r[key] = {k: names.topic(v) for k, v in r[key].items()}
+                r[key] = {k: self._typed(v, names.topic) for k, v in r[key].items()}
         return self._scrubbed(r, skip=("client", "via", "broker", "producers", "consumers"))
 
     def _annotation(self, r: Record) -> Record:
         """fault, filter, trigger, snapshot: a topic, free text."""
         if r.get("topic"):
-            r["topic"] = self.names.topic(r["topic"])
+            r["topic"] = self._typed(r["topic"], self.names.topic)
         sent = r.get("sent")
         if isinstance(sent, dict):  # a filter's changed frame, as it went on
             r["sent"] = self._sent(dict(sent))
@@ -227,13 +227,17 @@ class Anonymizer:
         names = self.names
         r["client"] = names.address(r.get("client", ""))
         r["path"] = self._path(r.get("path", ""))
-        r["hops"] = [[self._url(u), self._path(t)] for u, t in r.get("hops", []) or []]
+        if "hops" in r:
+            r["hops"] = self._pairs(r["hops"], lambda u, t: [self._url(u), self._path(t)])
         for side in ("req", "res"):
             part = r.get(side)
             if not isinstance(part, dict):
+                if part is not None:  # damaged: whatever it holds, as an unknown field's
+                    r[side] = self._scrub_value(part, drop_bytes=True)
                 continue
             part = dict(part)
-            part["h"] = [[n, self._header_value(n, v)] for n, v in part.get("h", []) or []]
+            if "h" in part:
+                part["h"] = self._pairs(part["h"], lambda n, v: [n, self._header_value(n, v)])
             self._body(part)
             r[side] = part
         if isinstance(r.get("refused"), str):
@@ -250,6 +254,28 @@ class Anonymizer:
         return self._scrubbed(r, skip=(), drop_bytes=True)
 
     # --- parts -----------------------------------------------------------------------
+
+    def _typed(self, value: Any, rewrite: Callable[[str], str]) -> Any:
+        """A string field rewritten by ``rewrite``; one of another type (a
+        damaged record: no reader checks these fields) as an unknown field's."""
+        if isinstance(value, str):
+            return rewrite(value)
+        return self._scrub_value(value, drop_bytes=True)
+
+    def _pairs(self, value: Any, rewrite: Callable[[str, str], list[str]]) -> Any:
+        """A list of string pairs (headers, redirect hops), each rewritten by
+        ``rewrite``; anything of another shape (a damaged record) as an
+        unknown field's, so that the copy is still written without it."""
+        if not isinstance(value, list):
+            return self._scrub_value(value, drop_bytes=True)
+        return [
+            rewrite(*item)
+            if isinstance(item, list | tuple)
+            and len(item) == 2
+            and all(isinstance(x, str) for x in item)
+            else self._scrub_value(item, drop_bytes=True)
+            for item in value
+        ]
 
     def _payload_summary(self, payload: bytes) -> dict[str, Any]:
         self.report.payloads += 1

@@ -1,0 +1,64 @@
+"""``sluice record anonymize`` on records a flipped byte left of the wrong
+shape: ``inspect`` reads such a capture, and the copy must be written too,
+without a traceback and without the names the damaged record holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.recording import format as fmt
+from sluice.recording.anonymize import Options, anonymize
+from sluice.recording.format import PayloadPolicy, read_records, recording_files
+
+KEY = b"k" * 32
+TOPIC = "persistent://initech/payroll/salaries"
+HOST = "broker-3.initech.corp"
+CONN: fmt.Record = {
+    "k": "conn", "c": 1, "t": 1, "w": 1, "client": "192.0.2.7:4000", "kind": "proxied",
+    "broker": f"pulsar://{HOST}:6650", "listener": "plain", "producers": {"1": TOPIC},
+}  # fmt: skip
+HTTP: fmt.Record = {
+    "k": "http", "h": 1, "x": 1, "client": "192.0.2.7:5000", "t": 0, "w": 0, "te": 0,
+    "method": "GET", "path": "/admin/v2/persistent/initech/payroll/salaries/stats",
+    "kind": "admin", "status": 307,
+    "req": {"h": [["Host", f"{HOST}:8080"], ["X-Note", "initech"]], "n": 0},
+    "res": {"h": [], "n": 0},
+    "hops": [[f"http://{HOST}:8080", "/admin/v2/persistent/initech/payroll/salaries/stats"]],
+}  # fmt: skip
+FAULT: fmt.Record = {"k": "fault", "c": 1, "d": 0, "t": 1, "w": 1, "rule": "r",
+                     "action": "drop", "cmd": "SEND", "topic": TOPIC}  # fmt: skip
+# Each damage: the record, and the field of it given a value of another type.
+DAMAGE: dict[str, tuple[fmt.Record, dict[str, Any]]] = {
+    "conn via": (CONN, {"via": 7}),
+    "conn producer": (CONN, {"producers": {"1": 5, "2": TOPIC}}),
+    "fault topic": (FAULT, {"topic": 9}),
+    "http hop of one part": (HTTP, {"hops": [[f"http://{HOST}:8080"]]}),
+    "http hops not a list": (HTTP, {"hops": f"http://{HOST}:8080"}),
+    "http header of one part": (HTTP, {"req": {"h": [["Host"], ["Host", HOST]], "n": 0}}),
+    "http header name a number": (HTTP, {"req": {"h": [[1, 2], ["Host", HOST]], "n": 0}}),
+    "http request not a map": (HTTP, {"req": [["Host", HOST]]}),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_record_is_copied_without_a_traceback_or_its_names(
+    damage: str, tmp_path: Path
+) -> None:
+    """A field of another type than the recorder writes (no reader checks
+    these: ``inspect`` prints the record) stopped ``anonymize`` with a
+    traceback (AttributeError, ValueError), and no copy was written. The
+    copy now holds the record, its names replaced wherever a string is."""
+    record, change = DAMAGE[damage]
+    head = fmt.header(capture="0123456789ab", segment=1, started_ns=1,
+                      payloads=PayloadPolicy.HASH, sluice_version="0")  # fmt: skip
+    source = tmp_path / "in.sluice"
+    source.write_bytes(fmt.dumps([head, CONN, {**record, **change}]))
+    assert HOST.encode() in source.read_bytes()
+    anonymize(source, tmp_path / "out", Options(KEY))
+    (copy,) = recording_files(tmp_path / "out")
+    for original in (HOST, "initech", "payroll", "salaries", "192.0.2.7"):
+        assert original.encode() not in copy.read_bytes(), original
+    assert [r["k"] for r in read_records(copy)] == ["header", "conn", record["k"]]
