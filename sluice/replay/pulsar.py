@@ -432,6 +432,9 @@ class Live:
         # nothing has been sent that could make the broker speak (``stir``).
         self.quiet = False
         self._waiting: trio.CancelScope | None = None
+        # Sending on it failed (the broker closed it, or took nothing for
+        # --timeout): nothing more is sent on it.
+        self.broken = False
         self.expected: dict[Key, RecordedFrame] = {}
         self.withheld = withheld
         keyer = Keyer()
@@ -474,6 +477,32 @@ class Live:
             self.ended = True
             if self._waiting is not None:
                 self._waiting.cancel()
+
+    async def send(self, data: bytes, timeout: float) -> str | None:
+        """Send ``data`` within ``timeout``: None when it went out, else why
+        not, said once (then ``""``: nothing more is sent on it). A broker that
+        takes nothing (hung, its process stopped) must not hold replay
+        forever once the socket's buffers are full: the connection is given
+        up, and what it was to be answered is missing."""
+        if self.broken:
+            return ""
+        with trio.move_on_after(timeout):
+            try:
+                await self.stream.send(data)
+                return None
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.broken = True
+                return "the broker closed the connection"
+        self.broken = True
+        await self.close(timeout)
+        return (f"the broker took nothing for {timeout:g}s (it stopped reading): "
+                "connection given up")  # fmt: skip
+
+    async def close(self, timeout: float) -> None:
+        """Close it, in ``timeout`` at most (a TLS close_notify to a broker
+        that reads nothing would wait forever; cancelled, it closes at once)."""
+        with trio.move_on_after(timeout):
+            await self.stream.aclose()
 
     async def wait(self, key: Key, timeout: float) -> bool:
         """Wait up to ``timeout`` for the broker frame ``key``, less if the
@@ -561,14 +590,13 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
             if rf.index in live.withheld.held:
                 outcome.withheld += 1  # a fault rule kept it from the broker when recorded
                 continue
-            try:
-                await live.stream.send(
-                    remap.client_frame(live.withheld.sent.get(rf.index, rf.frame))
-                )
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                say(f"{conn.name}: the broker closed the connection")
+            data = remap.client_frame(live.withheld.sent.get(rf.index, rf.frame))
+            failed = await live.send(data, args.timeout)
+            if failed:
+                say(f"{conn.name}: {failed}")
             stir(lives.values(), rf.frame)
-            outcome.sent += 1
+            if failed is None:
+                outcome.sent += 1
             if done % 500 == 0:
                 say(
                     f"{done}/{len(client_frames)} client frames sent "
@@ -577,7 +605,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         await _the_rest(list(lives.values()), args.timeout)
         await trio.sleep(0.2)  # a moment for anything unexpected
         for live in lives.values():
-            await live.stream.aclose()
+            await live.close(args.timeout)
         nursery.cancel_scope.cancel()
     return outcome, compare(recording, lives, outcome, withheld)
 
@@ -589,7 +617,7 @@ async def _close_as_recorded(live: Live, timeout: float) -> None:
     for key in live.expected:
         if live.ended or not await live.wait(key, timeout):
             break
-    await live.stream.aclose()
+    await live.close(timeout)
 
 
 async def _the_rest(lives: list[Live], timeout: float) -> None:
