@@ -293,12 +293,19 @@ class SharedBrokerPorts:
         """Under the lock: ``broker``, named again, keeps ``port`` and is
         relayed to on it again (this worker's vote taken back; the port's
         forgetting undone, unless draining: the file may be another
-        proxy's). Whether anything was written."""
+        proxy's). A port every worker had forgotten takes back every
+        worker's vote: each learns the broker again (the routes journal's
+        line, ``ForgottenRoutes``), and their votes from before, counted
+        with this worker's next one, marked it forgotten while they still
+        had it. Whether anything was written."""
         wrote = False
-        if self._votes is not None and self._worker in self.voted.get(port, ()):
-            self._votes.append(f"{port} -{self._worker}")
+        undo = port in self.forgotten and not self._draining()
+        voters = self.voted.get(port, set())
+        for worker in sorted(voters if undo else voters & {self._worker}):
+            assert self._votes is not None  # (only a worker's journal has votes)
+            self._votes.append(f"{port} -{worker}")
             wrote = True
-        if port in self.forgotten and not self._draining():
+        if undo:
             self._journal.append(f"{port} {broker.host.lower()} {broker.port} {kind}")
             wrote = True
         return wrote
