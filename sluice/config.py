@@ -70,6 +70,10 @@ def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
             raise SettingsError(f"{source}: expected true or false, not {raw!r}")
         return value if isinstance(action, argparse._StoreTrueAction) else not value
     if isinstance(action, argparse._AppendAction):
+        if isinstance(raw, dict):  # [proxy.filters] for [[proxy.filters]], {...} for [...]
+            name = source.rsplit(": ", 1)[-1]
+            tables = f" (or [[{name}]] tables, one each)" if _takes_tables(action) else ""
+            raise SettingsError(f"{source}: expected a list{tables}, not a table")
         items = raw if isinstance(raw, list) else [x for x in _items(str(raw)) if x.strip()]
         values, problems = [], []
         for item in items:  # every item's mistakes, not only the first's
@@ -81,6 +85,11 @@ def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
             raise SettingsError("\n".join(problems))
         return values
     return _one(action, raw, source)
+
+
+def _takes_tables(action: argparse.Action) -> bool:
+    """Whether the setting's items may be TOML tables ([[filters]])."""
+    return getattr(action.type, "from_table", None) is not None
 
 
 def _items(text: str) -> list[str]:
