@@ -12,10 +12,14 @@ included) in ``raw``, and a summary ``s``:
 - ``error``: an ``ERROR:`` reply's code, or an ack's status when not OK;
 - ``invalid`` and ``why`` for a frame that failed validation.
 
-Payloads: batches carry the application's messages. With ``--record-payloads
-hash`` or ``none`` a batch's ``raw`` is left out (empty) and the summary
-keeps ``payload: {size, sha256}`` of its body; everything else (commands,
-replies) is kept whole, as it carries no application data.
+Payloads: with ``--record-payloads hash`` or ``none`` the ``raw`` of a frame
+that carries the application's data is left out (empty) and the summary
+keeps ``payload: {size, sha256}`` of its body (``{size}`` with ``none``):
+batches, a plain envelope message, a command with ``message=`` (PUBLISH,
+APPEND_STREAM, SAVE_SNAPSHOT), a command only the broker knows, a READ_SNAPSHOT
+answer (``OK snapshot=``), a JSON reply with fields beyond an ack's (READ_STREAM
+answers), and a frame that did not decode (what it holds cannot be told).
+Everything else (commands, replies) is kept whole.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.protocols.cursus.frame import Frame
-from sluice.protocols.cursus.replies import BatchAck, ErrorReply
+from sluice.protocols.cursus.commands import Command, OtherCommand
+from sluice.protocols.cursus.frame import EnvelopeMessage, Frame
+from sluice.protocols.cursus.replies import BatchAck, ErrorReply, OkReply
 from sluice.recording.format import PayloadPolicy, Record, packer
 
 PROTOCOL = "cursus"
@@ -53,6 +58,28 @@ def summarize(frame: Frame) -> dict[str, Any]:
     return out
 
 
+def carries_data(frame: Frame) -> bool:
+    """Whether ``frame`` may hold the application's data (see above)."""
+    if frame.head is not None:
+        return True
+    message = frame.message
+    if message is None:
+        return bool(frame.body)
+    if isinstance(message, EnvelopeMessage):
+        return True
+    if isinstance(message, Command):
+        if isinstance(message, OtherCommand) and not message.known:
+            return True
+        if getattr(message, "message", None) is not None:
+            return True
+        return any(key == "message" for key, _ in message.extra)
+    if isinstance(message, OkReply):
+        return any(word.startswith("snapshot=") for word in message.words)
+    if isinstance(message, BatchAck):
+        return bool(message.extra)
+    return False
+
+
 class CursusSummarizer:
     """Builds Cursus ``frame`` records (the Pulsar ``FrameSummarizer``'s twin)."""
 
@@ -66,7 +93,7 @@ class CursusSummarizer:
     def record(self, conn: int, direction: int, mono_ns: int, wall_ns: int, frame: Frame) -> Record:
         summary = summarize(frame)
         raw = frame.raw
-        if frame.head is not None and self.payloads is not PayloadPolicy.FULL:
+        if self.payloads is not PayloadPolicy.FULL and carries_data(frame):
             info: dict[str, Any] = {"size": len(frame.body)}
             if self.payloads is PayloadPolicy.HASH:
                 info["sha256"] = hashlib.sha256(frame.body).hexdigest()
