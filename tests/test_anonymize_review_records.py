@@ -1,6 +1,7 @@
-"""``sluice record anonymize`` on records a flipped byte left of the wrong
-shape: ``inspect`` reads such a capture, and the copy must be written too,
-without a traceback and without the names the damaged record holds."""
+"""``sluice record anonymize`` on records of the recorder's format: records a
+flipped byte left of the wrong shape (``inspect`` reads such a capture, and
+the copy must be written too, without a traceback and without the names the
+damaged record holds), and web API paths the copy kept names of."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from sluice.protocols.pseudonyms import Pseudonyms
 from sluice.recording import format as fmt
-from sluice.recording.anonymize import Options, anonymize
+from sluice.recording.anonymize import Anonymizer, Options, anonymize
 from sluice.recording.format import PayloadPolicy, read_records, recording_files
 
 KEY = b"k" * 32
@@ -62,3 +64,50 @@ def test_a_damaged_record_is_copied_without_a_traceback_or_its_names(
     for original in (HOST, "initech", "payroll", "salaries", "192.0.2.7"):
         assert original.encode() not in copy.read_bytes(), original
     assert [r["k"] for r in read_records(copy)] == ["header", "conn", record["k"]]
+
+
+def web_path(path: str) -> str:
+    """An HTTP exchange's path as the copy has it, in a capture that names
+    nothing else (so that nothing but the path's own reading replaces)."""
+    anonymizer = Anonymizer(Options(KEY), "pulsar")
+    record = {key: value for key, value in HTTP.items() if key != "hops"}
+    return str(anonymizer.record({**record, "path": path, "req": {"h": [], "n": 0}})["path"])
+
+
+def test_transaction_and_rest_api_paths_lose_their_names_and_keep_the_topics_pseudonym() -> None:
+    """The transactions admin API names a topic without its domain
+    (``/admin/v3/transactions/pendingAckStats/{tenant}/{namespace}/{topic}/{sub}``):
+    its tenant, namespace, topic and subscription were kept. The REST
+    produce API (``/topics/persistent/{tenant}/{namespace}/{topic}``) has no
+    ``v2`` in its path and was read as the v1 API's: its topic took a
+    namespace's pseudonym and its namespace a cluster's, so that it matched
+    the topic nowhere else in the copy. A namespace anti-affinity group
+    (``/admin/v2/namespaces/{cluster}/antiAffinity/{group}``) was kept, and
+    the API's word replaced."""
+    names = Pseudonyms(KEY)
+    topic = names.topic("persistent://initech/payroll/salaries").split("://")[1]
+    sub = names.name("subscription", "audit-trail")
+    paths = {
+        "/admin/v3/transactions/pendingAckStats/initech/payroll/salaries/audit-trail":
+            f"/admin/v3/transactions/pendingAckStats/{topic}/{sub}",
+        "/admin/v3/transactions/pendingAckInternalStats/initech/payroll/salaries/audit-trail"
+        "?metadata=true":
+            f"/admin/v3/transactions/pendingAckInternalStats/{topic}/{sub}?metadata=true",
+        "/admin/v3/transactions/transactionInPendingAckStats/initech/payroll/salaries/"
+        "audit-trail/1/2":
+            f"/admin/v3/transactions/transactionInPendingAckStats/{topic}/{sub}/1/2",
+        "/admin/v3/transactions/transactionBufferStats/initech/payroll/salaries":
+            f"/admin/v3/transactions/transactionBufferStats/{topic}",
+        "/admin/v3/transactions/transactionInBufferStats/initech/payroll/salaries/1/2":
+            f"/admin/v3/transactions/transactionInBufferStats/{topic}/1/2",
+        "/admin/v3/transactions/transactionBufferInternalStats/initech/payroll/salaries":
+            f"/admin/v3/transactions/transactionBufferInternalStats/{topic}",
+        "/topics/persistent/initech/payroll/salaries": f"/topics/persistent/{topic}",
+        "/topics/persistent/initech/payroll/salaries/partitions/2":
+            f"/topics/persistent/{topic}/partitions/2",
+        "/admin/v2/namespaces/uswest-prod/antiAffinity/payroll-group":
+            f"/admin/v2/namespaces/{names.name('cluster', 'uswest-prod')}/antiAffinity/"
+            f"{names.name('name', 'payroll-group')}",
+    }  # fmt: skip
+    for path, expected in paths.items():
+        assert web_path(path) == expected, path

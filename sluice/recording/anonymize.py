@@ -50,6 +50,14 @@ _WS_SUBSCRIBERS = ("consumer", "reader")
 # Segments a namespace follows (a function's, source's, sink's: its name after).
 _FUNCTIONS = ("functions", "sources", "sinks")
 _NAMESPACED = (*_DOMAINS, "namespaces", "namespace", "schemas", "resource-quotas", *_FUNCTIONS)
+# The transactions API's segments a topic follows without its domain
+# (persistent), and those of them whose topic a subscription follows.
+_TRANSACTION_TOPICS = frozenset({
+    "transactionInBufferStats", "transactionBufferStats", "transactionBufferInternalStats",
+    "transactionInPendingAckStats", "pendingAckStats", "pendingAckInternalStats",
+})  # fmt: skip
+_PENDING_ACKS = frozenset({"transactionInPendingAckStats", "pendingAckStats",
+                           "pendingAckInternalStats"})  # fmt: skip
 # Segments the next one of which is a name, and its kind: a role granted
 # permissions, a cluster (a broker's address after it under brokers), a
 # subscription, a failure domain or isolation policy, a bookie.
@@ -337,19 +345,23 @@ class Anonymizer:
         target, sep, query = path.partition("?")
         parts = target.split("/")
         names = self.names
-        # The v1 API names a topic property/cluster/namespace/topic.
-        v1 = "destination" in parts or not ({"v2", "v3"} & set(parts))
+        # The v1 API names a topic property/cluster/namespace/topic (the
+        # REST produce API, /topics/..., has no version in its path).
+        v1 = "destination" in parts or not ({"v2", "v3"} & set(parts) or parts[1:2] == ["topics"])
         topic_size = 4 if v1 else 3
         i = 0
         while i < len(parts):
             segment = parts[i]
             named = _named(parts, i + 1, topic_size)  # the segments after this one
             after = named[0] if named and named[0] not in _API_WORDS else ""
-            if (segment in _DOMAINS or segment == "schemas") and len(named) == topic_size:
+            in_domain = segment in _DOMAINS or segment in ("schemas", *_TRANSACTION_TOPICS)
+            if in_domain and len(named) == topic_size:
                 domain = segment if segment in _DOMAINS else _DOMAINS[0]
                 topic = names.topic(f"{domain}://{'/'.join(named)}")
                 parts[i + 1 : i + 1 + topic_size] = topic.split("://", 1)[1].split("/")
-                subscriber = i >= 1 and parts[i - 1] in _WS_SUBSCRIBERS
+                subscriber = segment in _PENDING_ACKS or (
+                    i >= 1 and parts[i - 1] in _WS_SUBSCRIBERS
+                )
                 at = i + 1 + topic_size
                 if subscriber and at < len(parts) and parts[at]:
                     parts[at] = names.name("subscription", unquote(parts[at]))
@@ -357,6 +369,13 @@ class Anonymizer:
                 continue
             if i >= 1 and parts[i - 1] == "packages":  # packages/{type}/{namespace}/{name}
                 segment = "functions"  # the type: read on as a function's
+            if segment == "namespaces" and named[1:2] == ["antiAffinity"]:
+                # namespaces/{cluster}/antiAffinity/{group}: a cluster's group
+                parts[i + 1] = names.name("cluster", named[0])
+                if len(named) > 2:
+                    parts[i + 3] = names.name("name", named[2])
+                i += 4
+                continue
             if segment in _NAMESPACED and len(named) >= topic_size - 1:
                 namespace = names.namespace("/".join(named[: topic_size - 1]))
                 parts[i + 1 : i + topic_size] = namespace.split("/")
