@@ -5,17 +5,23 @@ damaged record holds), and web API paths the copy kept names of."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sluice.protocols.core import Conn
 from sluice.protocols.pseudonyms import Pseudonyms
+from sluice.protocols.pulsar import Type, command, decode_frame, encode
 from sluice.recording import format as fmt
 from sluice.recording.anonymize import Anonymizer, Options, anonymize
 from sluice.recording.format import PayloadPolicy, read_records, recording_files
+from sluice.recording.writer import Recorder, RecorderConfig
 
 KEY = b"k" * 32
+LINK = Conn(1, "127.0.0.1:1", "plain", "pulsar")
+PING = decode_frame(encode(command(Type.Value("PING"))))
 TOPIC = "persistent://initech/payroll/salaries"
 HOST = "broker-3.initech.corp"
 CONN: fmt.Record = {
@@ -111,3 +117,31 @@ def test_transaction_and_rest_api_paths_lose_their_names_and_keep_the_topics_pse
     }  # fmt: skip
     for path, expected in paths.items():
         assert web_path(path) == expected, path
+
+
+async def test_files_named_by_their_owner_keep_their_order_in_the_copy(tmp_path: Path) -> None:
+    """Readers take a capture's files in name order (a connection's frames
+    across segments, replay's order). Files an owner named (segments copied
+    as ``incident-part1.sluice`` … into a directory of their own) took
+    pseudonyms in the copy, ordered by hash: its segments came out of order
+    (replay would send a later segment's frames before an earlier one's).
+    The copy's names keep the originals' order, and none of their words."""
+    recorder = Recorder(RecorderConfig(tmp_path / "rec", max_file_bytes=4096))
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    for _ in range(4):
+        recorder.frames(LINK, True, [PING] * 100)
+        recorder._take_queued()
+        await recorder._write_packed()
+    await recorder._close_file()
+    segments = recording_files(tmp_path / "rec")
+    assert len(segments) > 3
+    owned = tmp_path / "globex" / "night-shift"
+    owned.mkdir(parents=True)
+    for n, segment in enumerate(segments, 1):
+        shutil.copy(segment, owned / f"incident-part{n:02d}.sluice")
+    anonymize(tmp_path / "globex", tmp_path / "out", Options(KEY))
+    copies = recording_files(tmp_path / "out")
+    order = [next(iter(read_records(p)))["segment"] for p in copies]
+    assert order == list(range(1, len(segments) + 1)), [p.name for p in copies]
+    for word in ("night", "shift", "incident", "part"):
+        assert not any(word in str(p.relative_to(tmp_path / "out")) for p in copies), word

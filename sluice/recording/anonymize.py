@@ -476,11 +476,12 @@ def anonymize(
         raise RecordingError(f"{source}: captures of several protocols ({', '.join(protocols)})")
     anonymizer = Anonymizer(options, protocols.pop())
     targets = []
+    relatives = [path.relative_to(source) if source.is_dir() else Path(path.name) for path in files]
+    ranks = _ranks(relatives)
     anonymizer.names.learning = True  # nothing written yet: free text left as it is
-    for n, path in enumerate(files, 1):  # learn every original first
-        progress(f"reading {n}/{len(files)}: {path.name}")
-        relative = path.relative_to(source) if source.is_dir() else Path(path.name)
-        targets.append(out / _renamed(relative, anonymizer.names))
+    for n, (path, relative) in enumerate(zip(files, relatives, strict=True), 1):
+        progress(f"reading {n}/{len(files)}: {path.name}")  # learn every original first
+        targets.append(out / _renamed(relative, anonymizer.names, ranks))
         for record in read_records(path):
             anonymizer.record(record)
     anonymizer.names.learning = False
@@ -508,11 +509,29 @@ _SNAPSHOT_DIR = re.compile(r"^snapshot-(\d{8}T\d{6})(?:-.*)?-([0-9a-f]{6}|[0-9a-
 _SEGMENT_FILE = re.compile(r"^sluice-\d{8}T\d{6}-[0-9a-f]{12}(?:-\d+)+" + re.escape(SUFFIX) + "$")
 
 
-def _renamed(relative: Path, names: Pseudonyms) -> Path:
+def _ranks(relatives: list[Path]) -> dict[tuple[str, ...], str]:
+    """Each path's (and each directory's above it) place among the names
+    beside it, as a number of one width per directory: readers take a
+    capture's files in name order, which the pseudonyms of names an owner
+    chose (``incident-1.sluice``, ``incident-2.sluice``) would not keep."""
+    siblings: dict[tuple[str, ...], set[str]] = {}
+    for relative in relatives:
+        for n, part in enumerate(relative.parts):
+            siblings.setdefault(relative.parts[:n], set()).add(part)
+    ranks: dict[tuple[str, ...], str] = {}
+    for parent, names in siblings.items():
+        width = len(str(len(names)))
+        for n, name in enumerate(sorted(names), 1):
+            ranks[(*parent, name)] = f"{n:0{width}d}"
+    return ranks
+
+
+def _renamed(relative: Path, names: Pseudonyms, ranks: dict[tuple[str, ...], str]) -> Path:
     """A recording's path below the capture, as the copy has it: a
     snapshot's directory without its reason, Sluice's file names as they
     are, any other name (its owner's choice: a customer, an incident) a
-    pseudonym."""
+    pseudonym after its place among the names beside it (``ranks``), so
+    that the copy's files are read in the order the capture's are."""
     parts = []
     for n, part in enumerate(relative.parts):
         last = n == len(relative.parts) - 1
@@ -523,7 +542,8 @@ def _renamed(relative: Path, names: Pseudonyms) -> Path:
             parts.append(part)
         else:
             stem = part[: -len(SUFFIX)] if last and part.endswith(SUFFIX) else part
-            parts.append(names.name("name", stem) + (SUFFIX if last else ""))
+            rank = ranks[relative.parts[: n + 1]]
+            parts.append(f"{rank}-{names.name('name', stem)}" + (SUFFIX if last else ""))
     return Path(*parts)
 
 
