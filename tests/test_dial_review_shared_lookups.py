@@ -5,13 +5,10 @@ SIGSTOP: its kernel still accepts, nothing reads).
 Lookups that need the same shared connection (one broker, one set of
 credentials) while none is open wait for one attempt to open it: they
 should all be answered once that attempt fails, within about one
-``--connect-timeout``. They queue instead on the pool's lock, each making
-an attempt of its own after the one before it failed: the k-th lookup is
-answered after k timeouts (ten clients reconnecting together against a
-stalled broker, with the default 10 s, wait up to 100 s; the official
-clients give up after 30 s and look up again, queueing more). The fix
-belongs in ``UpstreamPool.get`` (a failed open answers those that waited
-for it); until then this test is an expected failure.
+``--connect-timeout``, not each after an attempt of its own in turn (the
+k-th after k timeouts: ten clients reconnecting together against a
+stalled broker, with the default 10 s, waited up to 100 s, while the
+official clients give up after 30 s and look up again, queueing more).
 """
 
 from __future__ import annotations
@@ -23,9 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 
 from sluice.brokers.embedded import EmbeddedBroker
 from sluice.protocols.pulsar import Type, command, encode, pb
+from sluice.protocols.pulsar.connection import UpstreamFailure
+from sluice.protocols.pulsar.urls import parse_broker_url
+from sluice.proxy.pulsar import UpstreamPool
 from tests.helpers.support import RawClient, start_proxy
 
 CONNECT_TIMEOUT = 1.0
@@ -33,10 +34,6 @@ CLIENTS = 5
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="UpstreamPool.get makes one open attempt per queued lookup (sluice/proxy/pulsar.py)",
-)
 def test_lookups_waiting_for_one_shared_connection_fail_with_its_attempt(tmp_path: Path) -> None:
     with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
         proxy = start_proxy(broker.url, tmp_path, "--connect-timeout", str(CONNECT_TIMEOUT))
@@ -80,3 +77,39 @@ def test_lookups_waiting_for_one_shared_connection_fail_with_its_attempt(tmp_pat
             for client in clients:
                 client.close()
             proxy.kill()
+
+
+@pytest.mark.e2e
+def test_a_shared_connection_whose_request_timed_out_is_not_used_again(tmp_path: Path) -> None:
+    """A broker that stops answering on an open shared connection (its host
+    gone without a word, here stopped) costs one request's timeout: the
+    connection is closed then, and the next lookup opens another instead of
+    waiting out the timeout again on the dead one."""
+    with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
+        assert broker.pid is not None
+        address = parse_broker_url(broker.url).address
+        lookup = Type.Value("LOOKUP")
+
+        def topic() -> pb.CommandLookupTopic:
+            return pb.CommandLookupTopic(topic="persistent://public/default/timed-out")
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                pool = UpstreamPool(nursery, timeout=10.0, tls_for=lambda _: None)
+                first = await pool.get(address)
+                assert broker.pid is not None
+                os.kill(broker.pid, signal.SIGSTOP)
+                try:
+                    with pytest.raises(UpstreamFailure, match="did not answer within"):
+                        await first.request(lookup, topic(), 0.5)
+                finally:
+                    os.kill(broker.pid, signal.SIGCONT)
+                assert first.closed
+                second = await pool.get(address)
+                assert second is not first
+                answer = await second.request(lookup, topic(), 10.0)
+                assert answer.name == "LOOKUP_RESPONSE"
+                await pool.aclose()
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)

@@ -242,7 +242,7 @@ async def test_the_pool_keeps_at_most_its_limit_closing_the_least_recently_used(
         # made for it stays free).
         with pytest.raises(UpstreamFailure, match="cannot reach"):
             await pool.get(Address("127.0.0.1", free_port()), roles[0])
-        assert len(pool) == len(pool._locks) == 1
+        assert len(pool) == 1 and not pool._attempts
         await pool.aclose()
         nursery.cancel_scope.cancel()
 

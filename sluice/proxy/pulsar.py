@@ -123,6 +123,7 @@ async def connect_broker(
 
     Raises ``UpstreamFailure`` with a one-line reason otherwise.
     """
+    deadline = trio.current_time() + timeout  # dial and handshake together
     try:
         raw = await dial(address, timeout=timeout, tls=tls)
     except OSError as exc:
@@ -130,7 +131,7 @@ async def connect_broker(
     stream = FrameStream(raw, max_message_size)
     try:
         await stream.send(encode(command(Type.Value("CONNECT"), connect or own_connect())))
-        with trio.move_on_after(timeout):
+        with trio.move_on_at(deadline):
             frame = await stream.receive_frame()
             if frame is None:
                 raise UpstreamFailure("broker closed the connection during handshake")
@@ -203,6 +204,12 @@ class BrokerConnection:
             if not slot[1]:
                 if self.closed:
                     raise UpstreamFailure(f"broker {self.address} closed the connection")
+                # Not used again: a broker whose host died without a word
+                # would otherwise cost every lookup this timeout until the
+                # kernel gives the connection up (about 15 minutes).
+                log.info("upstream connection to %s: no answer within %gs, closing it",
+                         self.address, timeout)  # fmt: skip
+                await self.aclose()
                 raise UpstreamFailure(f"broker {self.address} did not answer within {timeout:g}s")
             return slot[1][0]
         finally:
@@ -251,6 +258,15 @@ IDLE_UPSTREAM = 300.0
 _Key = tuple[Address, Credentials]
 
 
+@dataclasses.dataclass
+class _Attempt:
+    """A pooled connection being opened, awaited by those who asked for it
+    meanwhile: ``failure`` once it failed."""
+
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    failure: UpstreamFailure | None = None
+
+
 class UpstreamPool:
     """At most one open BrokerConnection per broker address and set of client
     credentials (lookups carry the credentials of the client they are for),
@@ -273,24 +289,37 @@ class UpstreamPool:
         self._dialed = dialed
         self.limit = limit
         self._connections: dict[_Key, BrokerConnection] = {}
-        self._locks: dict[_Key, trio.Lock] = {}
+        self._attempts: dict[_Key, _Attempt] = {}  # connections being opened
         self._opening = 0
 
     async def get(self, address: Address, credentials: Credentials = None) -> BrokerConnection:
+        """The open connection for ``address`` and ``credentials``, opened
+        if need be. Those who ask while it is being opened share that one
+        attempt and its failure: ten lookups queued behind a broker that
+        does not answer wait one --connect-timeout, not ten in turn."""
         key = (address, credentials)
-        lock = self._locks.setdefault(key, trio.Lock())
-        try:
-            async with lock:
-                conn = self._connections.get(key)
-                if conn is None or conn.closed:
-                    conn = await self._open(key)
+        while True:
+            conn = self._connections.get(key)
+            if conn is not None and not conn.closed:
                 conn.last_used = trio.current_time()
                 return conn
-        finally:
-            # A key that got no connection (a refused login) keeps no lock.
-            idle = not lock.locked() and lock.statistics().tasks_waiting == 0
-            if key not in self._connections and idle:
-                self._locks.pop(key, None)
+            attempt = self._attempts.get(key)
+            if attempt is not None:
+                await attempt.done.wait()
+                if attempt.failure is not None:
+                    raise UpstreamFailure(attempt.failure.message, attempt.failure.error)
+                continue  # opened (or its opener was cancelled: try again)
+            attempt = self._attempts[key] = _Attempt()
+            try:
+                conn = await self._open(key)
+            except UpstreamFailure as exc:
+                attempt.failure = exc
+                raise
+            finally:
+                del self._attempts[key]
+                attempt.done.set()
+            conn.last_used = trio.current_time()
+            return conn
 
     async def _open(self, key: _Key) -> BrokerConnection:
         address, credentials = key
@@ -332,9 +361,6 @@ class UpstreamPool:
                 )
             _, oldest = min(idle, key=lambda pair: pair[0])
             conn = self._connections.pop(oldest)
-            lock = self._locks.get(oldest)
-            if lock is not None and not lock.locked():
-                del self._locks[oldest]
             await conn.aclose()
 
     async def aclose(self) -> None:
@@ -352,7 +378,6 @@ class UpstreamPool:
         for key, conn in list(self._connections.items()):
             if conn.closed or (now - conn.last_used >= idle and not conn.busy):
                 del self._connections[key]
-                self._locks.pop(key, None)
                 if not conn.closed:
                     await conn.aclose()
                     closed += 1
