@@ -10,7 +10,10 @@ included) in ``raw``, and a summary ``s``:
 - ``topic`` when the frame names one, ``msgs`` for a batch (its messages),
   ``part`` its partition;
 - ``error``: an ``ERROR:`` reply's code, or an ack's status when not OK;
-- ``invalid`` and ``why`` for a frame that failed validation.
+- ``invalid`` and ``why`` for a frame that failed validation;
+- ``own``: ``true`` on a frame Sluice wrote to the client itself (a refusal
+  of an invalid frame, a fault rule's answer, a drain's ``STREAM_CONTROL``),
+  which no broker sent.
 
 Payloads: with ``--record-payloads hash`` or ``none`` the ``raw`` of a frame
 that carries the application's data is left out (empty) and the summary
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.protocols.cursus.commands import Command, OtherCommand
-from sluice.protocols.cursus.frame import EnvelopeMessage, Frame
+from sluice.protocols.cursus.frame import EnvelopeMessage, Frame, OwnFrame
 from sluice.protocols.cursus.replies import BatchAck, ErrorReply, OkReply
 from sluice.recording.format import PayloadPolicy, Record, packer
 
@@ -55,6 +58,8 @@ def summarize(frame: Frame) -> dict[str, Any]:
     if frame.error is not None:
         out["invalid"] = frame.error.problem.value
         out["why"] = frame.error.message
+    if isinstance(frame, OwnFrame):
+        out["own"] = True
     return out
 
 

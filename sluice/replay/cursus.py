@@ -49,6 +49,7 @@ from sluice.protocols.cursus.commands import Command, format_command
 from sluice.protocols.cursus.decoder import FrameDecoder
 from sluice.protocols.cursus.encoder import frame as framed
 from sluice.protocols.cursus.encoder import own_frame
+from sluice.protocols.cursus.errors import DECODE_FAILED, INVALID_COMMAND, MALFORMED_INPUT
 from sluice.protocols.cursus.frame import Frame
 from sluice.protocols.cursus.replies import (
     BatchAck,
@@ -120,7 +121,26 @@ def withheld_of(conn: RecordedConnection) -> Withheld:
     """The requests fault rules kept from the broker on ``conn``, and the
     answers they wrote (Cursus replies carry no ids: a rule's answer is
     the reply recorded right after it)."""
-    return Withholding(conn, lambda request, reply: _is_reply(reply), _is_reply).faults().done()
+    found = Withholding(conn, lambda request, reply: _is_reply(reply), _is_reply).faults()
+    # What Sluice wrote itself (recorded ``own``) no broker sent. A refusal
+    # among them answered an invalid frame Sluice kept from the broker
+    # (--on-invalid reject): the earliest one before it not yet paired.
+    refusable = [rf for rf in conn.frames if rf.from_client and rf.index not in found.held
+                 and rf.summary.get("invalid") not in (None, "unknown_type")]  # fmt: skip
+    for rf in conn.frames:
+        if rf.from_client or not rf.summary.get("own") or rf.index in found.injected:
+            continue
+        found.injected.add(rf.index)
+        if rf.summary.get("error") in _REFUSALS:
+            refused = next((c for c in refusable if c.index < rf.index), None)
+            if refused is not None:
+                refusable.remove(refused)
+                found.held.add(refused.index)
+    return found.done()
+
+
+# The codes of the ERROR: lines Sluice refuses invalid frames with.
+_REFUSALS = frozenset({DECODE_FAILED, MALFORMED_INPUT, INVALID_COMMAND})
 
 
 # --- replay ---------------------------------------------------------------------------

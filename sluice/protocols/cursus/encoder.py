@@ -21,7 +21,7 @@ from sluice.protocols.cursus.errors import (
     Refusal,
     refusal,
 )
-from sluice.protocols.cursus.frame import SPEC_MAX_FRAME_SIZE, EnvelopeMessage, Frame
+from sluice.protocols.cursus.frame import SPEC_MAX_FRAME_SIZE, EnvelopeMessage, Frame, OwnFrame
 from sluice.protocols.cursus.replies import ErrorReply, Keepalive, Reply, format_reply
 from sluice.protocols.cursus.text import encode_text
 
@@ -118,4 +118,4 @@ def refusal_reply(error: ProtocolError) -> tuple[ErrorReply | None, bool]:
 def own_frame(reply: Reply | Batch | Keepalive) -> Frame:
     """A broker-side frame Sluice writes itself, as a ``Frame`` for taps."""
     body = reply_body(reply)
-    return Frame(frame(body), body, reply)
+    return OwnFrame(frame(body), body, reply)

@@ -108,6 +108,14 @@ class Frame:
         return f"<Frame {self.name} {len(self.raw)}B {state}>"
 
 
+class OwnFrame(Frame):
+    """A frame Sluice wrote to the client itself (a refusal, a fault rule's
+    answer, a drain's STREAM_CONTROL): no broker sent it, which recordings
+    say (``own``) so that replay does not expect it from one."""
+
+    __slots__ = ()
+
+
 # The slots, under BatchFrame's properties.
 _MESSAGE = Frame.__dict__["message"]
 _BODY = Frame.__dict__["body"]
