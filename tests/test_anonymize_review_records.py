@@ -145,3 +145,37 @@ async def test_files_named_by_their_owner_keep_their_order_in_the_copy(tmp_path:
     assert order == list(range(1, len(segments) + 1)), [p.name for p in copies]
     for word in ("night", "shift", "incident", "part"):
         assert not any(word in str(p.relative_to(tmp_path / "out")) for p in copies), word
+
+
+async def test_a_segment_with_nothing_yet_or_removed_is_left_out_not_the_whole_copy(
+    tmp_path: Path,
+) -> None:
+    """The recording directory of a running proxy holds the segment it has
+    just opened, empty until its first write, and retention removes the
+    oldest segment while a capture is read: ``inspect`` and ``replay`` read
+    such a directory (saying what they skipped), but ``anonymize`` refused
+    all of it (an empty file, or one removed between its two reads, stopped
+    it with one line). Those files are now left out and said to be."""
+    recorder = Recorder(RecorderConfig(tmp_path / "rec", max_file_bytes=4096))
+    recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
+    for _ in range(3):
+        recorder.frames(LINK, True, [PING] * 100)
+        recorder._take_queued()
+        await recorder._write_packed()
+    await recorder._close_file()
+    segments = recording_files(tmp_path / "rec")
+    assert len(segments) >= 3
+    opened = tmp_path / "rec" / "sluice-20991231T235959-0123456789ab-0001.sluice"
+    opened.write_bytes(b"")  # as a recorder that has not yet written its head
+    oldest = segments[0]
+
+    def progress(line: str) -> None:
+        if line.startswith("writing 1/"):  # retention, between the two reads
+            oldest.unlink()
+
+    report, _ = anonymize(tmp_path / "rec", tmp_path / "out", Options(KEY), progress)
+    copies = recording_files(tmp_path / "out")
+    assert [p.name for p in copies] == [p.name for p in segments[1:]]
+    assert report.files == len(segments) - 1
+    said = " ".join(report.skipped)
+    assert opened.name in said and oldest.name in said, report.skipped

@@ -204,7 +204,7 @@ def run_anonymize(args: argparse.Namespace) -> int:
           f"replaced {counts or 'nothing'}; {summary['payloads_left_out']} payloads left out"
           + (f"; {summary['frames_withheld']} frames that did not parse kept without bytes"
              if summary["frames_withheld"] else ""), file=sys.stderr)  # fmt: skip
-    for line in report.truncated:
+    for line in [*report.truncated, *report.skipped]:
         print(f"sluice record anonymize: {line}", file=sys.stderr)
     return 0
 

@@ -20,6 +20,7 @@ result is an ordinary recording: ``inspect``, ``view``, ``replay`` and
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 from collections.abc import Callable
@@ -32,10 +33,12 @@ from sluice.protocols import registry
 from sluice.protocols.pseudonyms import Pseudonyms
 from sluice.recording.format import (
     SUFFIX,
+    Gone,
     PayloadPolicy,
     ReadResult,
     Record,
     RecordingError,
+    Unfinished,
     pack,
     read_records,
     recording_files,
@@ -118,6 +121,7 @@ class Report:
     withheld: int = 0  # frames whose bytes did not parse: none kept
     payloads: int = 0  # payloads (frames, bodies, WebSocket frames) left out
     truncated: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # files left out: no whole record, removed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +131,7 @@ class Report:
             "frames_withheld": self.withheld,
             "payloads_left_out": self.payloads,
             "truncated": self.truncated,
+            "skipped": self.skipped,
         }
 
 
@@ -471,28 +476,49 @@ def anonymize(
         raise RecordingError(f"{out}: exists and is not an empty directory")
     if out.resolve().is_relative_to(source.resolve()) and source.is_dir():
         raise RecordingError(f"{out}: inside {source}, which would then hold both")
-    protocols = {_protocol(path) for path in files}
+    found = (_protocol(path, len(files)) for path in files)
+    protocols = {protocol for protocol in found if protocol is not None}
     if len(protocols) > 1:
         raise RecordingError(f"{source}: captures of several protocols ({', '.join(protocols)})")
+    if not protocols:
+        raise RecordingError(f"{source}: no file here holds a whole record")
     anonymizer = Anonymizer(options, protocols.pop())
     targets = []
     relatives = [path.relative_to(source) if source.is_dir() else Path(path.name) for path in files]
     ranks = _ranks(relatives)
+    skipped: dict[Path, str] = {}  # files of no whole record, or removed: why
     anonymizer.names.learning = True  # nothing written yet: free text left as it is
     for n, (path, relative) in enumerate(zip(files, relatives, strict=True), 1):
         progress(f"reading {n}/{len(files)}: {path.name}")  # learn every original first
         targets.append(out / _renamed(relative, anonymizer.names, ranks))
-        for record in read_records(path):
-            anonymizer.record(record)
+        try:
+            for record in read_records(path):
+                anonymizer.record(record)
+        except (Unfinished, Gone) as exc:  # (raised before any record of the file)
+            if len(files) == 1:
+                raise
+            skipped[path] = _why_skipped(exc)
     anonymizer.names.learning = False
-    anonymizer.report = report = Report(files=len(files))
+    anonymizer.report = report = Report(files=len(files) - len(skipped))
     for n, (path, target) in enumerate(zip(files, targets, strict=True), 1):
         progress(f"writing {n}/{len(files)}: {target}")
+        result = ReadResult(path)
+        records = read_records(path, result)
+        try:
+            first = next(records, None) if path not in skipped else None
+        except (Unfinished, Gone) as exc:  # removed (or cut) since its first read
+            if len(files) == 1:
+                raise
+            skipped[path] = _why_skipped(exc)
+            report.files -= 1
+        if path in skipped:
+            # Named by its copy's name: the report holds no original.
+            report.skipped.append(f"{target.relative_to(out)}: {skipped[path]}, left out")
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
-        result = ReadResult(path)
         with open(partial, "wb", opener=private) as handle:
-            for record in read_records(path, result):
+            for record in itertools.chain([first] if first is not None else [], records):
                 handle.write(pack(anonymizer.record(record)))
         os.replace(partial, target)
         if result.truncated_bytes:
@@ -547,10 +573,25 @@ def _renamed(relative: Path, names: Pseudonyms, ranks: dict[tuple[str, ...], str
     return Path(*parts)
 
 
-def _protocol(path: Path) -> str:
-    for record in read_records(path):
-        return str(record.get("protocol", registry.DEFAULT_PROTOCOL))
+def _protocol(path: Path, files: int) -> str | None:
+    """The protocol a file's header names; None for a file of no whole
+    record (or one removed) among others, which is left out."""
+    try:
+        for record in read_records(path):
+            return str(record.get("protocol", registry.DEFAULT_PROTOCOL))
+    except (Unfinished, Gone):
+        if files == 1:
+            raise
+        return None
     return registry.DEFAULT_PROTOCOL
+
+
+def _why_skipped(exc: Unfinished | Gone) -> str:
+    """Why a file is left out, without its name (the report's lines name
+    the copy's)."""
+    if isinstance(exc, Gone):
+        return "removed while the capture was read"
+    return "no whole record yet (a segment just opened, or one cut inside its header)"
 
 
 def originals_in(data: bytes, originals: list[str]) -> list[str]:
