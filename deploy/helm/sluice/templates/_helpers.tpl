@@ -308,10 +308,16 @@ verified role in passthrough, so it would run for nobody. */ -}}
 {{- if include "sluice.recording" . -}}
 {{- $retain := include "sluice.sizeBytes" .Values.recording.retainBytes | int64 -}}
 {{- $_ := include "sluice.recordingSize" . -}}
-{{- if and (eq .Values.recording.mode "ring") (not (regexMatch "(?i)s$" (toString .Values.recording.ring))) -}}
-{{- $ring := include "sluice.sizeBytes" .Values.recording.ring | int64 -}}
+{{- if eq .Values.recording.mode "ring" -}}
+{{- /* A ring given as a time (300s) is bounded in memory too: Sluice holds
+it to 256 MiB a worker (RING_BYTES_WITH_SECONDS in
+sluice/recording/writer.py) and checks that bound against the retention,
+so the chart checks the same. */ -}}
+{{- $timed := regexMatch "(?i)s$" (toString .Values.recording.ring) -}}
+{{- $ring := 268435456 | int64 -}}
+{{- if not $timed }}{{ $ring = include "sluice.sizeBytes" .Values.recording.ring | int64 }}{{ end -}}
 {{- if gt (mul $ring $workers 4) (mul $retain 3) -}}
-{{- fail (printf "recording.ring %v per worker (%d workers%s) is more than three quarters of recording.retainBytes %v: the snapshots would not fit" .Values.recording.ring $workers (eq (toString .Values.workers) "auto" | ternary ", auto: ceil of the CPU limit" "") .Values.recording.retainBytes) -}}
+{{- fail (printf "recording.ring %v%s per worker (%d workers%s) is more than three quarters of recording.retainBytes %v: the snapshots would not fit" .Values.recording.ring ($timed | ternary " (a time: up to 256Mi)" "") $workers (eq (toString .Values.workers) "auto" | ternary ", auto: ceil of the CPU limit" "") .Values.recording.retainBytes) -}}
 {{- end -}}
 {{- $resources := include "sluice.resources" . | fromJson -}}
 {{- $limit := dig "limits" "memory" "" $resources -}}
