@@ -91,7 +91,11 @@ def normalise(frame: Frame) -> str:
         digests = ",".join(hashlib.sha256(m.payload).hexdigest()[:12] for m in message.messages)
         return f"BATCH {message.topic}[{message.partition}] acks={message.acks} [{digests}]"
     if isinstance(message, BatchAck):
-        return f"ACK {message.status}" + (f" {message.error}" if message.error else "")
+        error = message.error
+        if error:  # a NOT_LEADER LEADER_IS in it names the broker: masked
+            masked = rewrite_addresses(error.encode(), _masked)
+            error = masked.decode(errors="replace") if masked is not None else error
+        return f"ACK {message.status}" + (f" {error}" if error else "")
     if isinstance(message, Keepalive):
         return "KEEPALIVE"
     if isinstance(message, OkReply | ErrorReply | StreamControl):

@@ -564,8 +564,11 @@ class CursusConnection:
         ``None`` when a listener has to be asked for first."""
         if frame.head is not None:
             return frame.raw  # a batch: the client routes by none of these
-        if isinstance(frame.message, Keepalive | BatchAck | StreamControl):
+        message = frame.message
+        if isinstance(message, Keepalive | StreamControl):
             return frame.raw
+        if isinstance(message, BatchAck) and "LEADER_IS" not in (message.error or ""):
+            return frame.raw  # (an ack's "leader" is a Raft address: nobody dials it)
         named = addresses_in(frame.body)
         if not named:
             return frame.raw

@@ -7,7 +7,9 @@ them must rewrite every address a client would dial:
 - ``host=`` and ``port=`` in an ``OK`` reply (FIND_COORDINATOR) and in
   ``ERROR: NOT_COORDINATOR host=… port=…``;
 - the word after ``LEADER_IS`` in any text reply that holds
-  ``NOT_LEADER LEADER_IS`` (CONSUME, batches, and the middle of a STREAM).
+  ``NOT_LEADER LEADER_IS`` (CONSUME, batches, and the middle of a STREAM),
+  and the address after that marker inside a JSON answer's strings (the
+  event store's client takes it from the ``error`` of a JSON answer).
 
 Words are found the way the client finds them (split on whitespace, last
 ``host=``/``port=`` wins), and only the address bytes change: everything
@@ -61,8 +63,26 @@ class _Edit:
     kind: str  # "address" (host:port), "host", "port"
 
 
+# In a JSON answer: the address after the marker, up to what ends it in
+# JSON text (no address holds a quote, a backslash, a comma or a brace).
+_JSON_LEADER = re.compile(r"NOT_LEADER LEADER_IS\s+([^\s\"\\,}\]]+)")
+
+
+def _json_edits(text: str) -> list[_Edit]:
+    """Where ``NOT_LEADER LEADER_IS <addr>`` names a broker inside a JSON
+    answer's strings (the event store's client dials what follows the
+    marker in its ``error``); nothing else in JSON is routed by."""
+    out: list[_Edit] = []
+    for found in _JSON_LEADER.finditer(text):
+        if parse_address(found.group(1)) is not None:
+            out.append(_Edit(found.start(1), found.end(1), "address"))
+    return out
+
+
 def _edits(text: str) -> list[_Edit]:
-    """Where the addresses of a text reply are."""
+    """Where the addresses of a text (or JSON) reply are."""
+    if text.startswith("{"):
+        return _json_edits(text) if _NOT_LEADER in text else []
     if "leaders=" not in text and "host=" not in text and _NOT_LEADER not in text:
         return []  # (most replies: what every rule below looks for first is absent)
     words = [(m.start(), m.end(), m.group()) for m in _WORD.finditer(text)]
@@ -110,7 +130,7 @@ def _edits(text: str) -> list[_Edit]:
 
 
 def _text_reply(body: bytes) -> str | None:
-    if not body or is_batch(body) or body[:1] == b"{":
+    if not body or is_batch(body):
         return None
     return decode_text(body)
 
