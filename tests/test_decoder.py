@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 
@@ -265,6 +266,66 @@ def test_other_requests_get_error_with_their_request_id() -> None:
     assert reply is not None
     answer = decode_frame(reply.raw)
     assert answer.name == "ERROR" and answer.body.request_id == 9
+
+
+# Requests a broker fails with their own answer type: (request, its body,
+# the answer's name, its error field, the fields it repeats from the request).
+_TXN = {"txnid_least_bits": 7, "txnid_most_bits": 3}
+
+
+def _in_txn(body: Any) -> Any:
+    for name, value in _TXN.items():
+        setattr(body, name, value)
+    return body
+
+
+OWN_ANSWERS = [
+    ("ACK", _in_txn(pb.CommandAck(consumer_id=4, ack_type=pb.CommandAck.Individual,
+                                  request_id=9)),
+     "ACK_RESPONSE", "error", {"consumer_id": 4, **_TXN}),
+    ("CONSUMER_STATS", pb.CommandConsumerStats(request_id=9, consumer_id=4),
+     "CONSUMER_STATS_RESPONSE", "error_code", {}),
+    ("GET_SCHEMA", pb.CommandGetSchema(request_id=9, topic="t"), "GET_SCHEMA_RESPONSE",
+     "error_code", {}),
+    ("TC_CLIENT_CONNECT_REQUEST", pb.CommandTcClientConnectRequest(request_id=9, tc_id=0),
+     "TC_CLIENT_CONNECT_RESPONSE", "error", {}),
+    ("NEW_TXN", pb.CommandNewTxn(request_id=9), "NEW_TXN_RESPONSE", "error", {}),
+    ("ADD_PARTITION_TO_TXN", _in_txn(pb.CommandAddPartitionToTxn(request_id=9)),
+     "ADD_PARTITION_TO_TXN_RESPONSE", "error", _TXN),
+    ("ADD_SUBSCRIPTION_TO_TXN", _in_txn(pb.CommandAddSubscriptionToTxn(request_id=9)),
+     "ADD_SUBSCRIPTION_TO_TXN_RESPONSE", "error", _TXN),
+    ("END_TXN", _in_txn(pb.CommandEndTxn(request_id=9)), "END_TXN_RESPONSE", "error", _TXN),
+    ("END_TXN_ON_PARTITION", _in_txn(pb.CommandEndTxnOnPartition(request_id=9, topic="t")),
+     "END_TXN_ON_PARTITION_RESPONSE", "error", _TXN),
+    ("END_TXN_ON_SUBSCRIPTION", _in_txn(pb.CommandEndTxnOnSubscription(request_id=9)),
+     "END_TXN_ON_SUBSCRIPTION_RESPONSE", "error", _TXN),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("request_name", "body", "answer_name", "error_field", "repeated"),
+                         OWN_ANSWERS, ids=[case[0] for case in OWN_ANSWERS])  # fmt: skip
+def test_requests_with_an_answer_of_their_own_get_it_failed(
+    request_name: str, body: Any, answer_name: str, error_field: str, repeated: dict[str, int]
+) -> None:
+    """As a broker answers them: clients wait for that answer type (a Java
+    client's acknowledgements and transaction calls never see an ERROR and
+    wait out their timeout)."""
+    reply = error_reply(decode_frame(encode(command(T(request_name), body))),
+                        pb.NotAllowedError, "refused")  # fmt: skip
+    assert reply is not None
+    answer = decode_frame(reply.raw)  # (decodes: every required field is set)
+    assert answer.name == answer_name
+    assert answer.body.request_id == 9
+    assert getattr(answer.body, error_field) == pb.NotAllowedError
+    assert "refused" in (answer.body.message if error_field == "error" else
+                         answer.body.error_message)  # fmt: skip
+    for name, value in repeated.items():
+        assert getattr(answer.body, name) == value, name
+
+
+def test_an_ack_without_a_request_id_gets_nothing() -> None:
+    ack = pb.CommandAck(consumer_id=4, ack_type=pb.CommandAck.Individual)
+    assert error_reply(decode_frame(encode(command(T("ACK"), ack))), pb.UnknownError, "x") is None
 
 
 def test_frames_nothing_can_answer() -> None:

@@ -145,9 +145,10 @@ def error_reply(frame: Frame, code: int, message: str) -> Frame | None:
     """The frame a broker would answer ``frame`` with to report ``code``.
 
     SEND gets SEND_ERROR for its sequence id; lookups and partition metadata
-    get their own failed responses, GET_SCHEMA and GET_OR_CREATE_SCHEMA their
-    own responses with error_code; other requests get ERROR for their
-    request id. Frames that no answer can be addressed to give None (the
+    get their own failed responses; schema, consumer-stats, transaction and
+    acknowledgement (with a request id) requests their own responses with
+    the error (``_OWN_ANSWER``); other requests get ERROR for their request
+    id. Frames that no answer can be addressed to give None (the
     caller closes the connection instead).
     """
     body = frame.body
@@ -173,11 +174,14 @@ def error_reply(frame: Frame, code: int, message: str) -> Frame | None:
         answer = answer_class(request_id=rid, error=code, message=message)
         answer.response = answer_class.Failed
         return own_frame(answer_type, answer)
-    schema_answer = _SCHEMA_ANSWER.get(t)
-    if schema_answer is not None:
-        answer_type, answer_class = schema_answer
-        schema = answer_class(request_id=rid, error_code=code, error_message=message)
-        return own_frame(answer_type, schema)
+    own = _OWN_ANSWER.get(t)
+    if own is not None:
+        answer_type, answer_class, code_field, message_field, repeated = own
+        answer = answer_class(request_id=rid, **{code_field: code, message_field: message})
+        for name in repeated:
+            if _has(body, name):
+                setattr(answer, name, getattr(body, name))
+        return own_frame(answer_type, answer)
     return own_frame(
         pb.BaseCommand.ERROR,
         pb.CommandError(request_id=rid, error=code, message=message),  # type: ignore[arg-type]
@@ -195,15 +199,54 @@ _FAILED_ANSWER: dict[int, tuple[int, Any]] = {
 }
 
 
-# Schema requests: a broker fails them with their own answer type carrying
-# error_code (the C++ and Python clients wait for that answer, not an ERROR).
-_SCHEMA_ANSWER: dict[int, tuple[int, Any]] = {
-    pb.BaseCommand.GET_SCHEMA: (pb.BaseCommand.GET_SCHEMA_RESPONSE, pb.CommandGetSchemaResponse),
+# Requests a broker fails with their own answer type, not ERROR: the
+# clients wait for that type (a Java client's ERROR handler knows only its
+# connection's own pending requests, not its acknowledgements or the
+# transaction coordinator's, which then wait out their timeout). Each: the
+# answer's type and class, its error code and message fields, and the
+# request's fields the answer repeats.
+_OWN_ANSWER: dict[int, tuple[int, Any, str, str, tuple[str, ...]]] = {
+    pb.BaseCommand.GET_SCHEMA: (
+        pb.BaseCommand.GET_SCHEMA_RESPONSE,
+        pb.CommandGetSchemaResponse, "error_code", "error_message", (),
+    ),
     pb.BaseCommand.GET_OR_CREATE_SCHEMA: (
         pb.BaseCommand.GET_OR_CREATE_SCHEMA_RESPONSE,
-        pb.CommandGetOrCreateSchemaResponse,
+        pb.CommandGetOrCreateSchemaResponse, "error_code", "error_message", (),
     ),
-}
+    pb.BaseCommand.ACK: (
+        pb.BaseCommand.ACK_RESPONSE,
+        pb.CommandAckResponse, "error", "message",
+        ("consumer_id", "txnid_least_bits", "txnid_most_bits"),
+    ),
+    pb.BaseCommand.CONSUMER_STATS: (
+        pb.BaseCommand.CONSUMER_STATS_RESPONSE,
+        pb.CommandConsumerStatsResponse, "error_code", "error_message", (),
+    ),
+    pb.BaseCommand.TC_CLIENT_CONNECT_REQUEST: (
+        pb.BaseCommand.TC_CLIENT_CONNECT_RESPONSE,
+        pb.CommandTcClientConnectResponse, "error", "message", (),
+    ),
+    pb.BaseCommand.NEW_TXN: (
+        pb.BaseCommand.NEW_TXN_RESPONSE, pb.CommandNewTxnResponse, "error", "message", (),
+    ),
+    **{
+        request: (answer, answer_class, "error", "message", ("txnid_least_bits", "txnid_most_bits"))
+        for request, answer, answer_class in (
+            (pb.BaseCommand.ADD_PARTITION_TO_TXN, pb.BaseCommand.ADD_PARTITION_TO_TXN_RESPONSE,
+             pb.CommandAddPartitionToTxnResponse),
+            (pb.BaseCommand.ADD_SUBSCRIPTION_TO_TXN,
+             pb.BaseCommand.ADD_SUBSCRIPTION_TO_TXN_RESPONSE,
+             pb.CommandAddSubscriptionToTxnResponse),
+            (pb.BaseCommand.END_TXN, pb.BaseCommand.END_TXN_RESPONSE, pb.CommandEndTxnResponse),
+            (pb.BaseCommand.END_TXN_ON_PARTITION, pb.BaseCommand.END_TXN_ON_PARTITION_RESPONSE,
+             pb.CommandEndTxnOnPartitionResponse),
+            (pb.BaseCommand.END_TXN_ON_SUBSCRIPTION,
+             pb.BaseCommand.END_TXN_ON_SUBSCRIPTION_RESPONSE,
+             pb.CommandEndTxnOnSubscriptionResponse),
+        )
+    },
+}  # fmt: skip
 
 
 def _has(body: Message, field: str) -> bool:
