@@ -307,6 +307,17 @@ verified role in passthrough, so it would run for nobody. */ -}}
 {{- end -}}
 {{- if include "sluice.recording" . -}}
 {{- $retain := include "sluice.sizeBytes" .Values.recording.retainBytes | int64 -}}
+{{- /* What Sluice refuses at start (sluice/commands/proxy.py): a size of
+no byte, and a retention whose quarter share per worker cannot hold what a
+writer may write between two passes (MIN_QUANTUM, 64Ki, in
+sluice/recording/retention.py). */ -}}
+{{- if lt $retain 1 -}}
+{{- fail (printf "recording.retainBytes %v: a size must be positive" .Values.recording.retainBytes) -}}
+{{- end -}}
+{{- $least := mul 65536 4 $workers -}}
+{{- if lt $retain $least -}}
+{{- fail (printf "recording.retainBytes %v is too small for %d worker(s): each writes up to a quarter of its share between two retention passes and needs 64Ki; give at least %d" .Values.recording.retainBytes $workers $least) -}}
+{{- end -}}
 {{- $_ := include "sluice.recordingSize" . -}}
 {{- if eq .Values.recording.mode "ring" -}}
 {{- /* A ring given as a time (300s) is bounded in memory too: Sluice holds
@@ -315,7 +326,20 @@ sluice/recording/writer.py) and checks that bound against the retention,
 so the chart checks the same. */ -}}
 {{- $timed := regexMatch "(?i)s$" (toString .Values.recording.ring) -}}
 {{- $ring := 268435456 | int64 -}}
-{{- if not $timed }}{{ $ring = include "sluice.sizeBytes" .Values.recording.ring | int64 }}{{ end -}}
+{{- if $timed -}}
+{{- $seconds := regexReplaceAll "(?i)s$" (trim (toString .Values.recording.ring)) "" -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $seconds) -}}
+{{- fail (printf "recording.ring %v is not a time (e.g. 300s) or a size (e.g. 64M)" .Values.recording.ring) -}}
+{{- end -}}
+{{- if le (float64 $seconds) 0.0 -}}
+{{- fail (printf "recording.ring %v: a time must be positive" .Values.recording.ring) -}}
+{{- end -}}
+{{- else -}}
+{{- $ring = include "sluice.sizeBytes" .Values.recording.ring | int64 -}}
+{{- if lt $ring 1 -}}
+{{- fail (printf "recording.ring %v: a size must be positive" .Values.recording.ring) -}}
+{{- end -}}
+{{- end -}}
 {{- if gt (mul $ring $workers 4) (mul $retain 3) -}}
 {{- fail (printf "recording.ring %v%s per worker (%d workers%s) is more than three quarters of recording.retainBytes %v: the snapshots would not fit" .Values.recording.ring ($timed | ternary " (a time: up to 256Mi)" "") $workers (eq (toString .Values.workers) "auto" | ternary ", auto: ceil of the CPU limit" "") .Values.recording.retainBytes) -}}
 {{- end -}}
