@@ -401,8 +401,12 @@ class Remap:
         return encode(cmd, max_message_size=2**31 - 1) if changed else frame.raw
 
 
-def _address(url: str) -> Address:
-    """A broker URL's or a bare ``host:port``'s address (host lowercased)."""
+def _address(url: str | bytes) -> Address:
+    """A broker URL's or a bare ``host:port``'s address (host lowercased).
+    Protobuf hands a string field that is not UTF-8 (a damaged recording, a
+    broker's bytes) over as bytes: no address either."""
+    if not isinstance(url, str):
+        return Address(repr(url), 0)  # never equal to a real one
     try:
         parsed = parse_broker_url(url)
     except ConfigError:
