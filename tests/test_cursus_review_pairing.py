@@ -86,3 +86,37 @@ def test_a_stream_after_a_forwarded_invalid_frame_is_still_a_stream() -> None:
     drained = b"".join(a.data for a in core.drain() if isinstance(a, Send))
     (control,) = decode_stream(drained, from_client=False)
     assert control.message == StreamControl("CLOSE", "stopped", 8)
+
+
+def test_a_closing_refusal_waits_for_the_answers_before_it() -> None:
+    """A malformed frame behind a batch still waiting for its ack: the broker
+    would answer the batch, then refuse the frame and hang up. The client
+    pairs answers in order, so Sluice's refusal must not come first (the
+    client would take it for the batch's answer, and the ack be lost)."""
+    from sluice.protocols.core import Close, Peer
+    from tests.test_cursus_core import relaying, sent
+
+    core, tap = relaying()
+    batch = encode_request(Batch("orders", 0, messages=(Message(payload=b"a"),)))
+    malformed = frame(b"\x00\x01t")  # a topic and no payload: refused, then closed
+    later = encode_request(List())
+    actions = core.receive_client(batch + malformed + later, 1.0)
+    assert actions == [Send(Peer.BROKER, batch)]  # nothing after the refused frame
+    ack = encode_reply(BatchAck("OK", 1, 1, "p", 1, 1))
+    actions = core.receive_broker(ack, 1.1)
+    to_client = sent(actions, Peer.CLIENT)
+    assert to_client.startswith(ack)
+    (refusal,) = decode_stream(to_client[len(ack) :], from_client=False)
+    assert refusal.message == ErrorReply("malformed_input", ("reason=missing_topic_or_payload",))
+    assert isinstance(actions[-1], Close) and actions[-1].reason == "invalid"
+    assert ("BATCH", None) in [(e.request, e.error) for e in tap.of(Answered)]
+
+
+def test_a_closing_refusal_with_nothing_before_it_goes_at_once() -> None:
+    from sluice.protocols.core import Close, Peer
+    from tests.test_cursus_core import relaying, sent
+
+    core, _ = relaying()
+    actions = core.receive_client(frame(b"\x00\x01t"), 1.0)
+    assert sent(actions, Peer.CLIENT)[4:].startswith(b"ERROR: malformed_input")
+    assert isinstance(actions[-1], Close) and actions[-1].reason == "invalid"

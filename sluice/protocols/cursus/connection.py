@@ -228,6 +228,11 @@ class CursusConnection:
         self._dial_started = 0.0
         self._client_closed = False
         self._broker_closed = False
+        # A refusal after which the connection closes, waiting for the
+        # answers to the requests before it (``_in_turn``); nothing the
+        # client sends after the refused frame goes on.
+        self._closing: Frame | None = None
+        self._closing_why = ""
         # The compiled step that carries a stream's deliveries (quick()), and
         # the taps' generation it was built for.
         self._step: Any = None
@@ -423,6 +428,8 @@ class CursusConnection:
         topics: dict[str, list[int]] = {}
         try:
             for frame in self._client.frames():
+                if self._closing is not None:
+                    continue  # behind a refusal that ends the connection: never sent
                 self.tap.frames(self.conn, True, (frame,))
                 if self.faults.rules:
                     rule = self._fault(frame, True)
@@ -470,7 +477,13 @@ class CursusConnection:
         actions: list[Action] = []
         if reply is not None:
             frame = own_frame(reply)
-            actions += self._own(frame) if close else self._in_turn(frame, "INVALID", now)
+            actions += self._in_turn(frame, "INVALID", now)
+            if close and not actions:
+                # Answers to earlier requests come first (the broker would
+                # send them before refusing): the close waits for them.
+                self._closing = frame
+                self._closing_why = f"closing: {error.message}"
+                return actions
         if close:
             actions.append(self._close("invalid", f"closing: {error.message}", logging.WARNING))
         return actions
@@ -536,6 +549,8 @@ class CursusConnection:
                         self._answer(frame, now)
                         for reply in self._replies_due():
                             actions += self._own(reply)
+                            if reply is self._closing:
+                                return [*actions, self._refused_close()]
                         if done:
                             return actions
                         continue
@@ -551,6 +566,8 @@ class CursusConnection:
                 out = []
                 for reply in due:
                     actions += self._own(reply)
+                    if reply is self._closing:
+                        return [*actions, self._refused_close()]
         if out:
             actions.append(Send(Peer.CLIENT, b"".join(out)))
         for token, upstream in self._asks.items():
@@ -735,6 +752,10 @@ class CursusConnection:
             assert reply is not None
             due.append(reply)
         return due
+
+    def _refused_close(self) -> Close:
+        """The close a refusal sent in turn (``_closing``) was waiting for."""
+        return self._close("invalid", self._closing_why, logging.WARNING)
 
     def _close(self, reason: str, message: str = "", level: int = logging.INFO) -> Close:
         self.state = State.CLOSED
