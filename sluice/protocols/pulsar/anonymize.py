@@ -88,6 +88,8 @@ _STRING = FieldDescriptor.TYPE_STRING
 _BYTES = FieldDescriptor.TYPE_BYTES
 _MESSAGE = FieldDescriptor.TYPE_MESSAGE
 Meta = TypeVar("Meta", pb.MessageMetadata, pb.SingleMessageMetadata)
+# A KEY_VALUE schema's properties that name its parts' types.
+_KV_PART_TYPES = frozenset({"key.schema.type", "value.schema.type"})
 # A number above any frame a broker allows: re-encoding is not limited.
 _NO_LIMIT = 2**31 - 1
 
@@ -231,8 +233,22 @@ def _schema_data(schema: pb.Schema, data: bytes, names: Pseudonyms) -> bytes:
     """A schema's definition scrubbed as text; a KEY_VALUE schema's two
     definitions each, behind their 4-byte lengths made again (as one text
     the lengths would no longer fit, and one that is not UTF-8 would not be
-    scrubbed at all). Data of another shape: scrubbed as one text."""
+    scrubbed at all). Data of another shape: scrubbed as one text.
+
+    A PROTOBUF_NATIVE definition (a KEY_VALUE part whose type the schema's
+    properties name so too) is kept as it is: its JSON names a message of
+    the descriptor set beside it, which is kept, so a name scrubbed in one
+    and not the other made a schema that no broker takes. ``schema``'s
+    properties are read as they came (``_replace`` reaches them after the
+    data, field 5 after field 3)."""
+    if schema.type == pb.Schema.ProtobufNative:
+        return data
     if schema.type == pb.Schema.KeyValue:
+        native = {
+            kv.key.partition(".")[0]
+            for kv in schema.properties
+            if kv.key in _KV_PART_TYPES and text(kv.value) == "PROTOBUF_NATIVE"
+        }
         parts: list[bytes] = []
         at = 0
         while at + 4 <= len(data) and len(parts) < 2:
@@ -242,9 +258,9 @@ def _schema_data(schema: pb.Schema, data: bytes, names: Pseudonyms) -> bytes:
             parts.append(data[at + 4 : at + 4 + size])
             at += 4 + size
         if len(parts) == 2 and at == len(data):
-            return b"".join(
-                len(p).to_bytes(4, "big") + p for p in (names.scrub_bytes(p) for p in parts)
-            )
+            kept = [p if part in native else names.scrub_bytes(p)
+                    for part, p in zip(("key", "value"), parts, strict=True)]  # fmt: skip
+            return b"".join(len(p).to_bytes(4, "big") + p for p in kept)
     return names.scrub_bytes(data)
 
 
