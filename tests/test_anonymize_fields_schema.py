@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
+import fastavro
 from google.protobuf import descriptor_pb2, descriptor_pool
 
 from sluice.protocols.pseudonyms import Pseudonyms
 from sluice.protocols.pulsar import encode, pb
-from sluice.protocols.pulsar.anonymize import anonymized_frame
+from sluice.protocols.pulsar.anonymize import anonymized_frame, schema_name
 from sluice.protocols.pulsar.decoder import decode_frame
 
 KEY = b"k" * 32
@@ -103,3 +105,99 @@ def test_a_key_value_schemas_protobuf_native_part_is_kept_as_it_is() -> None:
     assert int.from_bytes(rest[:4], "big") == len(rest) - 4
     assert b"acme" not in key_part
     assert rest[4:] == native
+
+
+# An Avro name, and a namespace: names joined by dots (Avro 1.11, "Names").
+AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+AVRO_NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def avro_names(schema: object) -> list[tuple[str, str]]:
+    """Every (what, value) of an Avro schema that its name grammar rules:
+    full names, namespaces, field names, enum symbols, aliases."""
+    found: list[tuple[str, str]] = []
+    if isinstance(schema, list):
+        for item in schema:
+            found += avro_names(item)
+    elif isinstance(schema, dict):
+        if "namespace" in schema:
+            found.append(("namespace", schema["namespace"]))
+        if schema.get("type") in ("record", "error", "enum", "fixed"):
+            found.append(("fullname", schema["name"]))
+        found += [("fullname", alias) for alias in schema.get("aliases", [])]
+        found += [("name", symbol) for symbol in schema.get("symbols", [])]
+        for field in schema.get("fields", []):
+            found.append(("name", field["name"]))
+            found += [("name", alias) for alias in field.get("aliases", [])]
+            found += avro_names(field["type"])
+        for key in ("items", "values"):
+            if key in schema:
+                found += avro_names(schema[key])
+    return found
+
+
+def assert_avro_names_valid(schema: object) -> None:
+    for what, value in avro_names(schema):
+        grammar = AVRO_NAME if what == "name" else AVRO_NAMESPACE
+        assert grammar.fullmatch(value), (what, value)
+
+
+def invoice_schema() -> dict[str, object]:
+    """An Avro schema whose names hold the tenant (``acme``) and the
+    namespace (``billing``) of ``TOPIC``."""
+    return {
+        "type": "record", "name": "Invoice", "namespace": "com.acme.billing",
+        "aliases": ["com.acme.billing.Bill"],
+        "fields": [
+            {"name": "customer", "type": {
+                "type": "record", "name": "acmeCustomer", "namespace": "com.acme",
+                "fields": [{"name": "billing_id", "type": "string"}]}},
+            {"name": "status", "type": {"type": "enum", "name": "com.acme.Status",
+                                        "symbols": ["acme", "billing", "other"]}},
+            {"name": "acme", "aliases": ["billing"], "type": {
+                "type": "array", "items": {"type": "fixed", "name": "billing", "size": 4}}},
+        ],
+    }  # fmt: skip
+
+
+def test_avro_and_json_schemas_names_stay_avro_names() -> None:
+    """A pseudonym holds ``-``, which no Avro name may: ``com.acme.billing``
+    (``acme`` the tenant) became ``com.tenant-….ns-…``, which a broker's
+    Avro parser refuses on replay. In a schema's definition a pseudonym is
+    written with ``_`` for ``-`` (``schema_name``), the same one everywhere."""
+    original = invoice_schema()
+    assert_avro_names_valid(original)
+    fastavro.parse_schema(original)
+    for kind in (pb.Schema.Avro, pb.Schema.Json):
+        names = Pseudonyms(KEY)
+        data = json.dumps(original).encode()
+        schema = pb.Schema(name="invoices", type=kind, schema_data=data)
+        copied = json.loads(copied_schema(producer(schema), names).schema_data)
+        assert "acme" not in json.dumps(copied) and "billing" not in json.dumps(copied)
+        assert_avro_names_valid(copied)
+        fastavro.parse_schema(copied)
+        tenant = schema_name(names.name("tenant", "acme"))
+        namespace = schema_name(names.name("namespace", "billing"))
+        assert copied["namespace"] == f"com.{tenant}.{namespace}"
+        assert copied["fields"][0]["type"]["name"] == f"{tenant}Customer"
+        assert copied["fields"][1]["type"]["symbols"] == [tenant, namespace, "other"]
+
+
+def test_a_key_value_schemas_avro_parts_names_stay_avro_names() -> None:
+    """The same in each part of a KEY_VALUE schema."""
+    part = json.dumps(invoice_schema()).encode()
+    data = b"".join(len(p).to_bytes(4, "big") + p for p in (part, part))
+    schema = pb.Schema(name="kv", type=pb.Schema.KeyValue, schema_data=data)
+    copied = copied_schema(producer(schema), Pseudonyms(KEY)).schema_data
+    key_size = int.from_bytes(copied[:4], "big")
+    key_part, value_part = copied[4 : 4 + key_size], copied[8 + key_size :]
+    assert key_part == value_part
+    assert_avro_names_valid(json.loads(key_part))
+
+
+def test_schema_name_is_the_pseudonym_with_underscores() -> None:
+    """The form a schema's definition holds: stable, the same pseudonym."""
+    names = Pseudonyms(KEY)
+    pseudonym = names.name("tenant", "acme")
+    assert schema_name(pseudonym) == pseudonym.replace("-", "_")
+    assert AVRO_NAME.fullmatch(schema_name(names.name("namespace", "billing")))

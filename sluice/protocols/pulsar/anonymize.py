@@ -27,13 +27,14 @@ pseudonym table, so no report holds it.
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from sluice.protocols.credentials import names_a_credential
-from sluice.protocols.pseudonyms import Pseudonyms
+from sluice.protocols.pseudonyms import PREFIXES, Pseudonyms
 from sluice.protocols.pulsar import encode, encode_payload, pb
 from sluice.protocols.pulsar.decoder import decode_frame
 from sluice.protocols.pulsar.errors import RemoteProtocolError
@@ -90,6 +91,11 @@ _MESSAGE = FieldDescriptor.TYPE_MESSAGE
 Meta = TypeVar("Meta", pb.MessageMetadata, pb.SingleMessageMetadata)
 # A KEY_VALUE schema's properties that name its parts' types.
 _KV_PART_TYPES = frozenset({"key.schema.type", "value.schema.type"})
+# A pseudonym ``Pseudonyms.name`` makes (``prefix-<8 hex digits>``), in text.
+_PSEUDONYM = re.compile(
+    "(?:" + "|".join(sorted(map(re.escape, set(PREFIXES.values())), key=len, reverse=True))
+    + r")-[0-9a-f]{8}"
+)  # fmt: skip
 # A number above any frame a broker allows: re-encoding is not limited.
 _NO_LIMIT = 2**31 - 1
 
@@ -258,10 +264,38 @@ def _schema_data(schema: pb.Schema, data: bytes, names: Pseudonyms) -> bytes:
             parts.append(data[at + 4 : at + 4 + size])
             at += 4 + size
         if len(parts) == 2 and at == len(data):
-            kept = [p if part in native else names.scrub_bytes(p)
+            kept = [p if part in native else _scrub_schema(p, names)
                     for part, p in zip(("key", "value"), parts, strict=True)]  # fmt: skip
             return b"".join(len(p).to_bytes(4, "big") + p for p in kept)
-    return names.scrub_bytes(data)
+    return _scrub_schema(data, names)
+
+
+def schema_name(pseudonym: str) -> str:
+    """How a pseudonym is written in a schema's definition: ``-`` as ``_``
+    (``tenant_3f2a…``), so that a name or namespace that held an original
+    stays an Avro name (letters, digits, ``_``), as a broker's Avro parser
+    requires of an AVRO or JSON schema on replay."""
+    return pseudonym.replace("-", "_")
+
+
+def _scrub_schema(data: bytes, names: Pseudonyms) -> bytes:
+    """One schema definition scrubbed as text, each pseudonym put in it
+    written as ``schema_name`` writes it (any the table holds: one
+    already in the definition too, so that one original has one form in
+    every schema of the copy). Not UTF-8: kept as it is."""
+    scrubbed = names.scrub_bytes(data)
+    if names.learning:
+        return scrubbed
+    try:
+        found = scrubbed.decode()
+    except UnicodeDecodeError:
+        return scrubbed
+    known = {p for entries in names.table.values() for p in entries.values()}
+
+    def safe(match: re.Match[str]) -> str:
+        return schema_name(match[0]) if match[0] in known else match[0]
+
+    return _PSEUDONYM.sub(safe, found).encode()
 
 
 def _repeated(field: FieldDescriptor) -> bool:
