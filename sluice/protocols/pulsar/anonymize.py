@@ -63,6 +63,7 @@ FIELDS: dict[str, str] = {
         "url",
     ),
     "address": "address",
+    "topics_pattern": "pattern",
     "producer_name": "producer",
     "producerName": "producer",
     "subscription": "subscription",
@@ -314,9 +315,30 @@ def _string(field: str, value: str, names: Pseudonyms) -> str:
         return names.url(value)
     if kind == "address":
         return names.address(value)
+    if kind == "pattern":
+        return _topics_pattern(value, names)
     if kind is not None:
         return names.name(kind, value)
     return names.scrub(value)
+
+
+def _topics_pattern(pattern: str, names: Pseudonyms) -> str:
+    """A pattern consumer's ``domain://tenant/namespace/REGEX``: its
+    namespace as a namespace (the pseudonyms of the command's own
+    ``namespace``), its regex a topic's pseudonym (a regex too, that takes
+    nothing of the original), except one that holds no letter or digit
+    (``.*``: every topic), which names nothing and is kept."""
+    if not pattern:
+        return pattern
+    domain, sep, rest = pattern.partition("://")
+    if not sep:
+        domain, rest = "", pattern
+    namespace, slash, regex = rest.rpartition("/")
+    named = any(c.isalnum() for c in regex)
+    new = names.name("topic", regex) if named else regex
+    if slash:
+        new = f"{names.namespace(namespace)}/{new}"
+    return f"{domain}://{new}" if domain else new
 
 
 def anonymized_summary(summary: dict[str, Any], names: Pseudonyms) -> dict[str, Any]:
