@@ -66,6 +66,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The master URLs Spark takes (SparkContext's own forms, and spark-submit's
+# ``yarn`` and ``k8s://``): any other is refused by Spark only once its JVM
+# has started, with a Java stack trace and a line that does not name it.
+_HOST_PORT = r"(\[[0-9A-Fa-f:.]+\]|[^,/:@?#\s\[\]]+):\d+"
+_MASTER = re.compile(
+    r"local(\[(\d+|\*)(\s*,\s*\d+)?\])?"
+    r"|local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"
+    rf"|spark://{_HOST_PORT}(,{_HOST_PORT})*|yarn|k8s://\S+"
+)
+
+
+def master_problem(master: str | None) -> str | None:
+    """Why ``--master`` is not a master URL Spark takes, in one line; None
+    when it is one (or not given)."""
+    if master is None or _MASTER.fullmatch(master):
+        return None
+    return (
+        f"--master {master!r}: not a Spark master URL (local, local[N], local[*], "
+        "spark://HOST:PORT, yarn, k8s://URL)"
+    )
+
+
 def _spark_path(path: str) -> str:
     """Local paths (``run-12:30`` too) as plain absolute paths, URLs
     (``file:/x``, ``s3a://b/k``) unchanged.
@@ -203,6 +225,10 @@ def run(args: argparse.Namespace) -> int:
     if args.remote is not None and not args.remote.startswith("sc://"):
         print(f"sluice analyze: --remote wants an sc://HOST:PORT URL, not {args.remote!r}",
               file=sys.stderr)  # fmt: skip
+        return 2
+    problem = master_problem(args.master)
+    if problem is not None:
+        print(f"sluice analyze: {problem}", file=sys.stderr)
         return 2
     progress = Progress() if sys.stderr.isatty() and not args.quiet else None
 
