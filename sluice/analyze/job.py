@@ -109,10 +109,43 @@ def check_reachable(remote: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         ) from None
 
 
+def check_master_reachable(master: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise :class:`Unreachable` (one line) unless a standalone master of
+    ``--master spark://HOST:PORT[,HOST:PORT…]`` (one of them, with high
+    availability) accepts a TCP connection within ``timeout``; other
+    masters are not checked here.
+
+    Spark's client tries a master that is not there for over a minute,
+    prints its Java traces all the while, and then fails the job with only
+    ``Cannot call methods on a stopped SparkContext``."""
+    import socket
+
+    if master is None or not master.startswith("spark://"):
+        return
+    failures = []
+    for address in master[len("spark://") :].split(","):
+        parsed = urllib.parse.urlsplit(f"spark://{address}")
+        try:
+            host, port = parsed.hostname, parsed.port
+        except ValueError:
+            host, port = None, None
+        if not host or port is None:
+            raise Unreachable(f"--master {master}: {address!r} is not HOST:PORT")
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return
+        except TimeoutError:
+            failures.append(f"no Spark master answered at {host}:{port} within {timeout:g} s")
+        except OSError as exc:
+            failures.append(f"cannot connect to {host}:{port} ({exc.strerror or exc})")
+    raise Unreachable(f"--master {master}: {'; '.join(failures)}")
+
+
 def spark_session(master: str | None, remote: str | None = None) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if remote:
         check_reachable(remote)
+    check_master_reachable(master)
     from pyspark.sql import SparkSession
 
     if remote:
