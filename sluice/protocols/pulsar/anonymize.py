@@ -27,6 +27,8 @@ pseudonym table, so no report holds it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Any, TypeVar
 
@@ -183,11 +185,26 @@ def _filled(meta: pb.MessageMetadata, payload: bytes, names: Pseudonyms) -> byte
 
 def _metadata(meta: Meta, names: Pseudonyms) -> Meta:
     """A copy of a message's metadata (or a batch entry's) with its names
-    replaced, its ordering key too."""
+    replaced, its ordering key too (bytes: the pseudonym of their hex).
+
+    A partition key flagged ``partition_key_b64_encoded`` holds bytes in
+    base64, which clients decode and a Key_Shared subscription hashes: its
+    pseudonym is the one the same bytes take as an ordering key, in base64
+    (one that is no base64: the pseudonym of its text, in base64)."""
     clean = type(meta)()
     clean.CopyFrom(meta)
     clean.DiscardUnknownFields()
+    b64_key = clean.partition_key if clean.partition_key_b64_encoded else ""
+    if b64_key:
+        clean.ClearField("partition_key")  # not learned as text
     _replace(clean, names)
+    if b64_key:
+        try:
+            original = base64.b64decode(b64_key, validate=True).hex()
+        except binascii.Error:
+            original = b64_key
+        pseudonym = names.name("key", original).encode()
+        clean.partition_key = base64.b64encode(pseudonym).decode()
     if clean.HasField("ordering_key"):
         clean.ordering_key = names.name("key", clean.ordering_key.hex()).encode()
     return clean
