@@ -56,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="CA for the broker's certificate (default: system trust store)",
     )
-    parser.add_argument("--quiet", action="store_true", help="only the summary")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines on stderr (the report is printed)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
