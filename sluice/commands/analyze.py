@@ -189,6 +189,20 @@ def _out_problem(out: str, local: str | None) -> str | None:
     return None
 
 
+def report_problem(report: str, paths: list[str]) -> str | None:
+    """Why ``--report`` cannot take the report, in one line (``output_problem``),
+    checked against every local PATH: written over after the analysis,
+    a recording of any of them would be lost."""
+    from sluice.analyze.decode import local_path
+
+    reading = [Path(local) for local in map(local_path, paths) if local is not None]
+    for source in reading or [Path(paths[0])]:
+        problem = output_problem(Path(report), "--report", source)
+        if problem is not None:
+            return problem
+    return None
+
+
 def failure(exc: BaseException) -> str:
     """A failed job's error in one line.
 
@@ -259,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         for link in _links_to_nothing(local_path(path)):
             print(f"sluice analyze: {link}: a link to nothing, skipped", file=sys.stderr)
     if args.report:  # said now, not after the Spark run
-        problem = output_problem(Path(args.report), "--report", Path(args.paths[0]))
+        problem = report_problem(args.report, args.paths)
         if problem is not None:
             print(f"sluice analyze: {problem}", file=sys.stderr)
             return 2
