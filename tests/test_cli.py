@@ -653,3 +653,15 @@ def test_record_max_bytes_takes_a_size_as_record_retain_bytes_does() -> None:
         ["proxy", "--broker", "pulsar://127.0.0.1:1", "--record-max-bytes", "1048576"]
     )
     assert args.record_max_bytes == 1048576
+
+
+@pytest.mark.parametrize("flag", ["--http-max-body", "--record-ring"])
+def test_a_size_that_rounds_to_no_byte_is_refused(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0.5 was taken as 0 bytes: --http-max-body 0 bytes, and --record-ring
+    0 then became the default 256 MiB ring without a word."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["proxy", "--broker", "pulsar://127.0.0.1:1", flag, "0.5"])
+    assert exit_.value.code == 2
+    assert "at least one byte" in capsys.readouterr().err

@@ -713,8 +713,8 @@ def byte_size(text: str) -> int:
         size = math.nan
     if not math.isfinite(size):
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 800M, 2G)")
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    if int(size) < 1:  # (0.5 is no byte: not a size that rounds to nothing)
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least one byte")
     return int(size)
 
 
