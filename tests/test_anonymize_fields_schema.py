@@ -201,3 +201,33 @@ def test_schema_name_is_the_pseudonym_with_underscores() -> None:
     pseudonym = names.name("tenant", "acme")
     assert schema_name(pseudonym) == pseudonym.replace("-", "_")
     assert AVRO_NAME.fullmatch(schema_name(names.name("namespace", "billing")))
+
+
+def test_a_schemas_properties_are_scrubbed_not_replaced() -> None:
+    """A schema's properties say how a broker reads its definition (a
+    KEY_VALUE schema's parts' types and encoding, an Avro schema's
+    ``__alwaysAllowNull``): their values became ``value-…``, which a
+    broker cannot read (``SchemaType.valueOf``), so the copy's KEY_VALUE
+    schema was refused on replay; and ``key.schema.type`` (it holds
+    ``key``) became the credential marker. The properties Pulsar defines
+    are scrubbed as free text, as the definition is; any other as a
+    property still, a credential's value by the marker."""
+    avro = json.dumps({"type": "record", "name": "Key", "fields": []}).encode()
+    data = b"".join(len(p).to_bytes(4, "big") + p for p in (avro, avro))
+    schema = pb.Schema(name="kv", type=pb.Schema.KeyValue, schema_data=data)
+    props = {
+        "key.schema.type": "AVRO", "value.schema.type": "JSON", "kv.encoding.type": "SEPARATED",
+        "key.schema.name": "acme-keys", "__alwaysAllowNull": "true", "api-token": "SECRET99",
+        "key.schema.properties": json.dumps({"__alwaysAllowNull": "true", "owner": "alice"}),
+        "value.schema.properties": "{}", "owner": "alice",
+    }  # fmt: skip
+    schema.properties.extend([pb.KeyValue(key=k, value=v) for k, v in props.items()])
+    names = Pseudonyms(KEY)
+    copied = {kv.key: kv.value for kv in copied_schema(producer(schema), names).properties}
+    tenant, alice = names.name("tenant", "acme"), names.name("value", "alice")
+    assert copied == {
+        **props, "key.schema.name": f"{tenant}-keys", "api-token": "<redacted>", "owner": alice,
+        "key.schema.properties": json.dumps({"__alwaysAllowNull": "true", "owner": alice},
+                                            separators=(",", ":")),
+    }  # fmt: skip
+    assert "SECRET99" not in names.originals()

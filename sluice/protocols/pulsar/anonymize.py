@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from typing import Any, TypeVar
 
@@ -94,6 +95,14 @@ _MESSAGE = FieldDescriptor.TYPE_MESSAGE
 Meta = TypeVar("Meta", pb.MessageMetadata, pb.SingleMessageMetadata)
 # A KEY_VALUE schema's properties that name its parts' types.
 _KV_PART_TYPES = frozenset({"key.schema.type", "value.schema.type"})
+# A schema's properties that Pulsar defines (a KEY_VALUE schema's parts'
+# names, types and encoding; a struct schema's options): a broker reads them.
+SCHEMA_PROPERTIES = frozenset({
+    *_KV_PART_TYPES, "key.schema.name", "value.schema.name", "kv.encoding.type",
+    "__alwaysAllowNull", "__jsr310ConversionEnabled",
+})  # fmt: skip
+# A KEY_VALUE schema's parts' own properties, each a JSON object.
+_SCHEMA_PART_PROPERTIES = frozenset({"key.schema.properties", "value.schema.properties"})
 # A pseudonym ``Pseudonyms.name`` makes (``prefix-<8 hex digits>``), in text.
 _PSEUDONYM = re.compile(
     "(?:" + "|".join(sorted(map(re.escape, set(PREFIXES.values())), key=len, reverse=True))
@@ -219,8 +228,9 @@ def _replace(message: Message, names: Pseudonyms) -> None:
         if field.type == _MESSAGE:
             kind = field.message_type.name if field.message_type is not None else ""
             if kind == "KeyValue":
+                rewrite = _schema_property if isinstance(message, pb.Schema) else _property
                 for kv in value if _repeated(field) else [value]:
-                    kv.key, kv.value = _property(text(kv.key), text(kv.value), names)
+                    kv.key, kv.value = rewrite(text(kv.key), text(kv.value), names)
                 continue
             if kind == "EncryptionKeys":  # the names of the keys a message is encrypted for
                 for keys in value:
@@ -251,6 +261,29 @@ def _property(key: str, value: str, names: Pseudonyms) -> tuple[str, str]:
         return names.prop(key, value)
     new_key, _ = names.prop(key, "")  # its key replaced if asked, nothing of its value
     return new_key, MARKER if value else value
+
+
+def _schema_property(key: str, value: str, names: Pseudonyms) -> tuple[str, str]:
+    """A schema's property: one Pulsar defines, which says how a broker
+    reads the definition (``SCHEMA_PROPERTIES``), scrubbed as free text as
+    the definition is, never taken for a credential (``key.schema.type``
+    holds ``key``) nor replaced by ``value-…`` (a broker reads these
+    values: ``AVRO``, ``SEPARATED``, ``true``); a KEY_VALUE part's own
+    properties (``key.schema.properties``, a JSON object) each so; any
+    other as a property (``_property``). A part's properties that are not
+    such an object: the marker, as nothing of them can be vouched for."""
+    if key in SCHEMA_PROPERTIES:
+        return key, names.scrub(value)
+    if key in _SCHEMA_PART_PROPERTIES:
+        try:
+            inner = json.loads(value)
+        except ValueError:
+            inner = None
+        if not isinstance(inner, dict) or not all(isinstance(v, str) for v in inner.values()):
+            return key, MARKER if value else value
+        pairs = dict(_schema_property(k, v, names) for k, v in inner.items())
+        return key, json.dumps(pairs, separators=(",", ":"))
+    return _property(key, value, names)
 
 
 def _schema_data(schema: pb.Schema, data: bytes, names: Pseudonyms) -> bytes:
