@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -244,6 +245,7 @@ def _analyze(
         FRAME_COLUMNS,
         HTTP_COLUMNS,
         HTTP_SCHEMA,
+        is_url,
         local_path,
     )
     from sluice.analyze.partials import SPARK_SCHEMA, reduce_batches, write_empty_frames
@@ -268,14 +270,18 @@ def _analyze(
     # server's, and this process cannot ask what they are: all are searched.)
     named, searched = ([], paths) if connected else split_paths(paths, _is_file_in(spark))
     listings = []
+    # A local path is the name it says (Spark would take ``run[1]`` for a
+    # pattern); a URL is Spark's to take as written.
+    as_named = [p if is_url(p) else literal(p) for p in named]
+    as_searched = [p if is_url(p) else literal(p) for p in searched]
     if named:
-        listings.append(spark.read.format("binaryFile").load(named))
+        listings.append(spark.read.format("binaryFile").load(as_named))
     if searched:
         listings.append(
             spark.read.format("binaryFile")
             .option("recursiveFileLookup", "true")
             .option("pathGlobFilter", "*.sluice")
-            .load(searched)
+            .load(as_searched)
         )
     listing = listings[0] if len(listings) == 1 else listings[0].unionByName(listings[1])
     found = listing.inputFiles()  # the listing Spark made: no job, no content read
@@ -381,7 +387,7 @@ def _analyze(
         # Read back with the schema it was written with (as Spark writes
         # files: every column nullable): inferring it is a job of its own.
         schema = T.StructType([T.StructField(f.name, f.dataType) for f in df.schema.fields])
-        return spark.read.schema(schema).parquet(path)
+        return spark.read.schema(schema).parquet(literal(path))  # as written, not a pattern
 
     if frames_dir is None:
         write(parts.filter(record == "frame").select(*FRAME_COLUMNS), "frames")
@@ -808,6 +814,17 @@ def _is_file_in(spark: Any) -> Callable[[str], bool]:
             return False
 
     return is_file
+
+
+# Hadoop's glob characters (and its escape): Spark globs every path it reads.
+_GLOB = re.compile(r"([\\\[\]{}*?])")
+
+
+def literal(path: str) -> str:
+    """``path`` as Spark reads it literally, not as a pattern: its glob
+    characters escaped (Hadoop's ``GlobPattern`` takes ``\\x`` for ``x``),
+    so that a folder ``run[1]`` is that folder."""
+    return _GLOB.sub(r"\\\1", path)
 
 
 def _as_listed(uri: str) -> str:
