@@ -16,7 +16,9 @@ import functools
 import logging
 import math
 import os
+import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -41,7 +43,14 @@ from sluice.protocols.core import (
     Tap,
 )
 from sluice.protocols.faults import Faults
-from sluice.proxy.dial import LINGER, discard, finish_dial, hang_up, socket_stream
+from sluice.proxy.dial import (
+    LINGER,
+    discard,
+    finish_dial,
+    hang_up,
+    socket_stream,
+    stream_descriptor,
+)
 from sluice.proxy.relay_thread import RelayThread
 
 log = logging.getLogger("sluice.relay")
@@ -68,6 +77,10 @@ LEAVE_SIZE = 16 * 1024
 # that pipelines lookups and never reads their answers would otherwise
 # have Sluice keep a task and an answer per lookup, without bound.
 ANSWERS_WAITING = 64
+
+# How much a write to a peer that is not plain TCP (TLS) is given at a time:
+# each piece must be taken in within the stall bound (``Relay._stall``).
+STALL_PIECE = 64 * 1024
 
 
 def _descriptor(stream: trio.abc.Stream) -> int | None:
@@ -118,7 +131,9 @@ class Core(Protocol):
         """Called at every tick once established. A core whose keepalive
         never does anything says so by a ``keeps_alive = False`` attribute
         (optional; without it, True): its relay then keeps no clock after
-        the handshake (a sleeping task per connection that is not free)."""
+        the handshake (a sleeping task per connection that is not free),
+        but the one a relay thread's write that must wait starts
+        (``_watch_stalls``)."""
         ...
 
     def drain(self) -> list[Action]: ...
@@ -152,11 +167,15 @@ class _ThreadWrite:
     With no descriptor, a write the thread began and handed back to trio
     (``Relay._hold_place``): over when trio takes it up."""
 
-    __slots__ = ("over", "watch")
+    __slots__ = ("over", "since", "watch")
 
-    def __init__(self, watch: int | None) -> None:
+    def __init__(self, watch: int | None, since: float = math.inf) -> None:
         self.watch = watch
         self.over: trio.Event | None = None
+        # When the write last made progress (the relay thread's clock, which
+        # is trio's): one that makes none for the stall bound ends the
+        # connection (``Relay._watch_stalls``).
+        self.since = since
 
 
 Dialer = Callable[[Address, bool, float], Awaitable[trio.abc.Stream]]
@@ -255,6 +274,10 @@ class Relay:
         # reading waits on while there are ANSWERS_WAITING of them.
         self._answers_waiting = 0
         self._answer_room: trio.Event | None = None
+        # Whether the clock of the relay thread's waiting writes runs (or is
+        # asked for: ``_watch_stalls``).
+        self._stall_clock = False
+        self._stalled_peer: Peer | None = None  # (``_stalled``)
         self.bytes_in = 0
         self.reason = "closed"
         self._closing = False
@@ -304,6 +327,9 @@ class Relay:
                 # costs about 12 us to start and end, and a Cursus client
                 # makes a connection per commit: see ``park``.)
                 nursery.start_soon(self._clocks)
+                if self._thread_writes:  # a write the thread began while parked
+                    self._stall_clock = False
+                    self._start_stall_clock()
                 if False in self._backs:  # parked: its broker is read on the relay thread
                     nursery.start_soon(self._pump_broker)
                 await self._pump_client()
@@ -333,6 +359,16 @@ class Relay:
             until = trio.current_time() + LINGER
             if self._drain_deadline is not None:  # never past the drain's end
                 until = min(until, self._drain_deadline)
+            stalled = self._stalled_peer
+            if stalled is not None:
+                # A peer that took nothing in will take no goodbye either:
+                # reset, so that its end and the kernel's buffers for it
+                # are freed now (a FIN would wait behind what it never took).
+                end = self.client if stalled is Peer.CLIENT else self.broker
+                if end is not None:
+                    ends.remove(end)
+                    _reset(end)
+                    await trio.aclose_forcefully(end)
             await hang_up(ends, until)  # (closes them, cancelled or not)
         return self.reason
 
@@ -878,7 +914,10 @@ class Relay:
         thread.drop(fd)  # its reads wait
         thread.write_waits += 1
         self._waiting[to] += 1
-        self._thread_writes[to] = _ThreadWrite(watch)
+        pending = self._thread_writes[to] = _ThreadWrite(watch, thread.now())
+        if not self._stall_clock:  # (once per connection: it runs on)
+            self._stall_clock = True
+            thread.soon(self._start_stall_clock)
         view = memoryview(rest)
 
         def write() -> None:
@@ -887,7 +926,7 @@ class Relay:
                 thread.drop(watch)
                 return
             try:
-                view = view[os.write(sink, view) :]
+                written = os.write(sink, view)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -896,7 +935,10 @@ class Relay:
                 lost = functools.partial(self._lost_later, to, exc)
                 self._hand_back(thread, fd, from_client, back, lost)
                 return
+            view = view[written:]
             if view:
+                if written:
+                    pending.since = thread.now()
                 return
             done()
             self._disarm()
@@ -1115,20 +1157,68 @@ class Relay:
             except trio.WouldBlock:
                 await lock.acquire()
             try:
-                if fd is None:
-                    await stream.send_all(data)
-                else:
-                    view = memoryview(data)
-                    while view:
-                        await trio.lowlevel.wait_writable(fd)
-                        with contextlib.suppress(BlockingIOError):
-                            view = view[os.write(fd, view) :]
+                # A peer that takes nothing in for the stall bound is dead:
+                # each wait for room (each piece of a write through TLS) is
+                # given that long.
+                limit = self._stall
+                view = memoryview(data)
+                while view:
+                    with trio.move_on_after(limit) as waited:
+                        if fd is None:
+                            await stream.send_all(view[:STALL_PIECE])
+                            view = view[STALL_PIECE:]
+                        else:
+                            await trio.lowlevel.wait_writable(fd)
+                            with contextlib.suppress(BlockingIOError):
+                                view = view[os.write(fd, view) :]
+                    if waited.cancelled_caught:
+                        self._stalled(to, limit)
+                        return
             finally:
                 lock.release()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._lost(to, exc)
         finally:
             self._waiting[to] -= 1
+
+    @property
+    def _stall(self) -> float:
+        """How long a write may make no progress before its peer counts as
+        dead: two keepalive intervals, as long as a silent lookup client is
+        kept (and a Pulsar broker keeps a client that answers no ping)."""
+        return 2 * self.timing.keepalive_interval
+
+    def _stalled(self, to: Peer, seconds: float) -> None:
+        """A peer took nothing in for ``seconds`` (a hung consumer, its
+        window full and its host still acknowledging; a broker that stopped
+        reading): the connection ends, freeing its other side."""
+        if not self._closing:
+            side = "client" if to is Peer.CLIENT else "broker"
+            log.info("%s: the %s took nothing in for %gs, closing", self.conn.name, side, seconds)
+            self._stalled_peer = to
+            self._stop("idle")
+
+    def _start_stall_clock(self) -> None:
+        """In the trio thread: the clock of the relay thread's waiting
+        writes, from the first one on (it then ticks until the end)."""
+        nursery = self._nursery
+        if nursery is None or self._closing:
+            self._stall_clock = False  # parked: ``run`` starts it
+            return
+        nursery.start_soon(self._watch_stalls)
+
+    async def _watch_stalls(self) -> None:
+        """End the connection when a write the relay thread waits to
+        finish has made no progress for the stall bound (trio's own waits
+        bound themselves: ``_send``). Looked at every quarter of it."""
+        limit = self._stall
+        while not self._closing:
+            await trio.sleep(limit / 4)
+            now = trio.current_time()
+            for to, pending in list(self._thread_writes.items()):
+                if pending.watch is not None and now - pending.since >= limit:
+                    self._stalled(to, now - pending.since)
+                    return
 
     def _lost(self, to: Peer, exc: BaseException) -> None:
         side = "client" if to is Peer.CLIENT else "broker"
@@ -1252,6 +1342,20 @@ def _reraise(exc: BaseException) -> Awaitable[bool]:
 async def _ends() -> bool:
     """A direction that ended, its end done: nothing more to read."""
     return False
+
+
+def _reset(stream: trio.abc.Stream) -> None:
+    """Have closing ``stream`` reset its TCP connection (SO_LINGER 0)."""
+    fd = stream_descriptor(stream)
+    if fd is None:
+        return
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass  # closed already: nothing to reset
+    finally:
+        sock.detach()
 
 
 def _tls_failure(exc: BaseException) -> bool:
