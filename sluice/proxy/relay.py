@@ -686,7 +686,7 @@ class Relay:
             assert sink is not None
             try:
                 got = step.carry(fd, sink, from_client, thread.now())
-            except Exception as exc:
+            except BaseException as exc:  # a panic too (PyO3's PanicException)
                 got = exc
             if type(got) is int:
                 if from_client:
@@ -762,6 +762,13 @@ class Relay:
             self._hand_back(thread, fd, from_client, back, failed)
             return
         if isinstance(got, BaseException):  # the step's bug: raised in trio, which ends it
+            if not isinstance(got, Exception):
+                # A panic is no Exception: raised as it is, it would go past
+                # ``run``'s handling of a connection's errors (and, left to
+                # the thread's loop, the connection hung, never handed back).
+                error = RuntimeError(f"the compiled step panicked: {got}")
+                error.__cause__ = got
+                got = error
             self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, got))
             return
         if type(got) is bytes:  # not whole frames the scanner took: the usual way
