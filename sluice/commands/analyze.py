@@ -13,7 +13,9 @@ import argparse
 import errno
 import os
 import re
+import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from sluice.analyze.job import NoRecordings, Unreachable, analyze
@@ -85,6 +87,26 @@ def master_problem(master: str | None) -> str | None:
     return (
         f"--master {master!r}: not a Spark master URL (local, local[N], local[*], "
         "spark://HOST:PORT, yarn, k8s://URL)"
+    )
+
+
+def java_problem(env: Mapping[str, str]) -> str | None:
+    """Why a local Spark cannot start its JVM, in one line: no ``java``
+    where PySpark's launcher looks (``$JAVA_HOME/bin/java``, else ``java``
+    on PATH); None when there is one, or under ``spark-submit`` (its JVM
+    runs already)."""
+    if "PYSPARK_GATEWAY_PORT" in env:
+        return None
+    home = env.get("JAVA_HOME")
+    if home:
+        if os.access(os.path.join(home, "bin", "java"), os.X_OK):
+            return None
+        return f"a local Spark needs Java 17 or later: JAVA_HOME is {home}, which has no bin/java"
+    if shutil.which("java", path=env.get("PATH", "")) is not None:
+        return None
+    return (
+        "a local Spark needs Java 17 or later: no java on PATH and JAVA_HOME is not set "
+        "(or give --remote sc://HOST:PORT: the server runs Spark)"
     )
 
 
@@ -284,6 +306,10 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     problem = _out_problem(out, local_out)
+    if problem is not None:
+        print(f"sluice analyze: {problem}", file=sys.stderr)
+        return 2
+    problem = java_problem(os.environ) if args.remote is None else None
     if problem is not None:
         print(f"sluice analyze: {problem}", file=sys.stderr)
         return 2
