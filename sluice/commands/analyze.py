@@ -198,7 +198,10 @@ def _out_problem(out: str, local: str | None) -> str | None:
     before Spark starts (which would fail on it only after the work): the
     nearest folder of it that is there must be a folder this user may
     write in. Nothing is made here (a run with nothing to read leaves no
-    ``--out`` behind)."""
+    ``--out`` behind). An empty one (an unset variable, quoted) is not the
+    folder the command runs in."""
+    if not out.strip():
+        return f"--out {out!r}: an empty path (give the folder for the tables)"
     if local is None:
         return None
     there = os.path.abspath(local)
@@ -301,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     out = args.out
     local_out = local_path(out) if local else None
-    if local_out is not None and os.path.exists(local_out) and not os.path.isdir(local_out):
+    if local_out and os.path.exists(local_out) and not os.path.isdir(local_out):
         print(f"sluice analyze: --out {out}: not a directory (the tables are a folder)",
               file=sys.stderr)  # fmt: skip
         return 2
