@@ -5,6 +5,9 @@
 serve`` listens, plain and TLS),
 ``announce`` and ``until_signalled`` (how serve starts and stops),
 ``close_due`` (how replay closes what the recording shows closed),
+``Outbound`` (sending to and closing a live connection, each bounded by
+``--timeout``), ``nothing_to_replay`` (the refusal of a recording with no
+client frame),
 ``Withheld`` and ``Withholding`` (which recorded frames the recording proxy
 kept from the broker: not sent, their injected answers not expected). The
 commands themselves are ``sluice/commands/replay.py`` and ``serve.py``.
@@ -172,6 +175,47 @@ async def close_due(
         for live in ending:
             closing.start_soon(close, live)
     return done
+
+
+class Outbound:
+    """The sending side of one live replay connection: ``send`` and
+    ``close`` (the stream's own, e.g. ``send_all`` and ``aclose``), each
+    bounded by ``--timeout``. A broker that takes nothing (hung, its
+    process stopped) must not hold replay forever once the socket's buffers
+    are full: the connection is given up, and what it was to be answered
+    is missing."""
+
+    def __init__(
+        self, send: Callable[[bytes], Awaitable[None]], close: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._send = send
+        self._close = close
+        # Sending on it failed (the broker closed it, or took nothing for
+        # --timeout): nothing more is sent on it.
+        self.broken = False
+
+    async def send(self, data: bytes, timeout: float) -> str | None:
+        """Send ``data`` within ``timeout``: None when it went out, else why
+        not, said once (then ``""``: nothing more is sent on it)."""
+        if self.broken:
+            return ""
+        with trio.move_on_after(timeout):
+            try:
+                await self._send(data)
+                return None
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.broken = True
+                return "the broker closed the connection"
+        self.broken = True
+        await self.close(timeout)
+        return (f"the broker took nothing for {timeout:g}s (it stopped reading): "
+                "connection given up")  # fmt: skip
+
+    async def close(self, timeout: float) -> None:
+        """Close it, in ``timeout`` at most (a TLS close_notify to a broker
+        that reads nothing would wait forever; cancelled, it closes at once)."""
+        with trio.move_on_after(timeout):
+            await self._close()
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
 from sluice.replay.common import (
     Listening,
+    Outbound,
     Pace,
     Withheld,
     Withholding,
@@ -173,6 +174,8 @@ class _Live:
         self.withheld = withheld
         self.expected = len(_answers(recorded.frames, withheld))
         self.stream = stream
+        # Sending on it and closing it, bounded by --timeout.
+        self.out = Outbound(stream.send_all, stream.aclose)
         self.got: list[Frame] = []
         self.changed = trio.Event()
         self.ended = False  # the broker closed it (or it broke): nothing more will come
@@ -204,7 +207,7 @@ class _Live:
         """Close it where the recording shows it closed, once what it was
         answered has come (or a wait for it ran out)."""
         await self.wait_for(self.expected, timeout)
-        await self.stream.aclose()
+        await self.out.close(timeout)
 
     async def wait_for(self, count: int, timeout: float) -> bool:
         """Wait up to ``timeout`` until ``count`` answers have come, less if
@@ -267,11 +270,11 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
             if rf.index in live.withheld.held:
                 outcome.withheld += 1  # a fault rule kept it from the broker when recorded
                 continue
-            try:
-                await live.stream.send_all(rf.frame.raw)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                say(f"{conn.name}: the broker closed the connection")
-            outcome.sent += 1
+            failed = await live.out.send(rf.frame.raw, timeout)
+            if failed:
+                say(f"{conn.name}: {failed}")
+            if failed is None:
+                outcome.sent += 1
         # What is still to come on each connection, waited for side by side:
         # answers that never come cost one timeout in all, not one each.
         async with trio.open_nursery() as waits:
@@ -279,7 +282,7 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
                 waits.start_soon(live.wait_for, live.expected, timeout)
         await trio.sleep(0.2)
         for live in lives.values():
-            await live.stream.aclose()
+            await live.out.close(timeout)
         nursery.cancel_scope.cancel()
     return outcome, compare(recording, lives, outcome, withheld)
 

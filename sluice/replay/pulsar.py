@@ -73,6 +73,7 @@ from sluice.proxy.pulsar import FrameStream
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
 from sluice.replay.common import (
     Listening,
+    Outbound,
     Pace,
     ReplayError,
     Withheld,
@@ -436,9 +437,8 @@ class Live:
         # nothing has been sent that could make the broker speak (``stir``).
         self.quiet = False
         self._waiting: trio.CancelScope | None = None
-        # Sending on it failed (the broker closed it, or took nothing for
-        # --timeout): nothing more is sent on it.
-        self.broken = False
+        # Sending on it and closing it, bounded by --timeout.
+        self.out = Outbound(stream.send, stream.aclose)
         self.expected: dict[Key, RecordedFrame] = {}
         self.withheld = withheld
         keyer = Keyer()
@@ -481,32 +481,6 @@ class Live:
             self.ended = True
             if self._waiting is not None:
                 self._waiting.cancel()
-
-    async def send(self, data: bytes, timeout: float) -> str | None:
-        """Send ``data`` within ``timeout``: None when it went out, else why
-        not, said once (then ``""``: nothing more is sent on it). A broker that
-        takes nothing (hung, its process stopped) must not hold replay
-        forever once the socket's buffers are full: the connection is given
-        up, and what it was to be answered is missing."""
-        if self.broken:
-            return ""
-        with trio.move_on_after(timeout):
-            try:
-                await self.stream.send(data)
-                return None
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.broken = True
-                return "the broker closed the connection"
-        self.broken = True
-        await self.close(timeout)
-        return (f"the broker took nothing for {timeout:g}s (it stopped reading): "
-                "connection given up")  # fmt: skip
-
-    async def close(self, timeout: float) -> None:
-        """Close it, in ``timeout`` at most (a TLS close_notify to a broker
-        that reads nothing would wait forever; cancelled, it closes at once)."""
-        with trio.move_on_after(timeout):
-            await self.stream.aclose()
 
     async def wait(self, key: Key, timeout: float) -> bool:
         """Wait up to ``timeout`` for the broker frame ``key``, less if the
@@ -607,7 +581,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                 outcome.withheld += 1  # a fault rule kept it from the broker when recorded
                 continue
             data = remap.client_frame(live.withheld.sent.get(rf.index, rf.frame))
-            failed = await live.send(data, args.timeout)
+            failed = await live.out.send(data, args.timeout)
             if failed:
                 say(f"{conn.name}: {failed}")
             stir(lives.values(), rf.frame)
@@ -621,7 +595,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         await _the_rest(list(lives.values()), args.timeout)
         await trio.sleep(0.2)  # a moment for anything unexpected
         for live in lives.values():
-            await live.close(args.timeout)
+            await live.out.close(args.timeout)
         nursery.cancel_scope.cancel()
     return outcome, compare(recording, lives, outcome, withheld)
 
@@ -633,7 +607,7 @@ async def _close_as_recorded(live: Live, timeout: float) -> None:
     for key in live.expected:
         if live.ended or not await live.wait(key, timeout):
             break
-    await live.close(timeout)
+    await live.out.close(timeout)
 
 
 async def _the_rest(lives: list[Live], timeout: float) -> None:
