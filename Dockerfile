@@ -58,23 +58,30 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir -c /wheels/image-constraints.txt /wheels/*.whl \
  && rm -rf /wheels \
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin sluice \
- && mkdir -p /recordings \
- && chown sluice /recordings
+ && mkdir -p /recordings /etc/sluice \
+ && chown sluice /recordings \
+ && printf '[proxy]\nlisten = "0.0.0.0:6650"\nadmin = "127.0.0.1:9090"\n' > /etc/sluice/defaults.toml
 USER 10001
 # In a container, listen on all interfaces. The admin endpoint serves the
-# HEALTHCHECK on loopback; to publish it (Prometheus, Kubernetes probes), set
-# SLUICE_ADMIN=0.0.0.0:9090, and SLUICE_ADMIN_TOKEN_FILE for changes
+# HEALTHCHECK on loopback. Both are the image's defaults file
+# (SLUICE_DEFAULTS, /etc/sluice/defaults.toml), which sits below everything
+# the user gives: a --config file (or SLUICE_CONFIG), SLUICE_* variables and
+# flags all set `listen` and `admin` over it. To publish the admin endpoint
+# (Prometheus, Kubernetes probes), give admin = "0.0.0.0:9090" (or
+# SLUICE_ADMIN=0.0.0.0:9090, --admin), and admin-token-file for changes
 # (docs/reliability.md lists what is readable without the token). Pulsar's
 # web port is relayed on 8080 when set: SLUICE_HTTP_LISTEN=0.0.0.0:8080 and
 # SLUICE_BROKER_HTTP=http://BROKER:8080 (off by default).
-ENV SLUICE_LISTEN=0.0.0.0:6650 \
-    SLUICE_ADMIN=127.0.0.1:9090 \
+ENV SLUICE_DEFAULTS=/etc/sluice/defaults.toml \
     PYTHONUNBUFFERED=1
 EXPOSE 6650 6651 8080 9090
 VOLUME ["/recordings"]
-# (asked where SLUICE_ADMIN listens: a wildcard by its loopback address)
+# The HEALTHCHECK reads the settings of the running `sluice proxy` again as
+# it read them (its command line, environment, working directory and files),
+# and asks its admin endpoint's /healthz there (a wildcard by loopback);
+# with the admin endpoint off, it connects to the proxy's listeners.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["python", "-c", "import os,sys,urllib.request as u; h,_,p=os.environ.get('SLUICE_ADMIN','127.0.0.1:9090').rpartition(':'); h=h.strip('[]'); h={'':'127.0.0.1','0.0.0.0':'127.0.0.1','::':'::1'}.get(h,h); h='['+h+']' if ':' in h else h; sys.exit(u.urlopen('http://'+h+':'+p+'/healthz',timeout=2).status!=200)"]
+  CMD ["python", "-c", "import os, socket, sys, urllib.request as u\nfrom sluice.commands import parse_again\ndef proxy(pid):\n  try: words = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='surrogateescape').split('\\0')[:-1]\n  except OSError: return None\n  at = next((i for i, w in enumerate(words) if i and os.path.basename(w) == 'sluice'), None)\n  argv = words[at + 1:] if at else []\n  return argv if next((a for a in argv if not a.startswith('-')), '') == 'proxy' else None\npids = sys.argv[1:] or ['1', *sorted((p for p in os.listdir('/proc') if p.isdigit()), key=int)]\npid, argv = next(((p, a) for p in pids if (a := proxy(p))), (0, None))\nif argv is None: sys.exit(bool(sys.argv[1:]))  # no `sluice proxy` here: nothing to ask\nos.environ.clear(); os.environ.update(e.split('=', 1) for e in open(f'/proc/{pid}/environ', 'rb').read().decode(errors='surrogateescape').split('\\0') if '=' in e)\nos.chdir(f'/proc/{pid}/cwd'); args = parse_again(argv)\ndef near(text):\n  host, _, port = text.strip().rpartition(':'); host = host.strip('[]')\n  return {'': '127.0.0.1', '0.0.0.0': '127.0.0.1', '::': '::1'}.get(host, host), int(port)\nif args.admin: host, port = near(args.admin); sys.exit(u.urlopen(f\"http://{f'[{host}]' if ':' in host else host}:{port}/healthz\", timeout=2).status != 200)\nlisteners = [t for t in (args.listen if args.listen is not None else None if args.listen_tls else '127.0.0.1:6650', args.listen_tls) if t and t != 'none']\nfor text in listeners: socket.create_connection(near(text), timeout=2).close()\n"]
 ENTRYPOINT ["sluice"]
 CMD ["proxy"]
 

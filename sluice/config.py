@@ -2,7 +2,12 @@
 the value types options share (the end of this module).
 
 Precedence: command-line flag > ``SLUICE_<FLAG>`` environment variable >
-``--config FILE`` (TOML) > built-in default. ``--max-connections`` is
+``--config FILE`` (TOML) > ``SLUICE_DEFAULTS`` file (TOML) > built-in default.
+The ``SLUICE_DEFAULTS`` file is a deployment's own defaults, read as a
+``--config`` file is but below it: the container image names one that
+listens on all interfaces, and a user's ``--config`` file or flags still
+set those settings (the environment would override the user's file).
+``--max-connections`` is
 ``SLUICE_MAX_CONNECTIONS`` in the environment and ``max-connections`` (or
 ``max_connections``) in the file, at the top level or in a table named after
 the command (``[proxy]``). Repeatable flags take a TOML list, or a
@@ -24,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "SLUICE_"
+# Names a TOML file of defaults, read below the --config file (the image's).
+DEFAULTS_ENV = f"{ENV_PREFIX}DEFAULTS"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _SECRET = re.compile(r"password|token|secret|credential", re.I)
@@ -144,7 +151,9 @@ def _one(action: argparse.Action, raw: Any, source: str) -> Any:
     return value
 
 
-def load_file(path: Path, command: str, commands: Collection[str] = ()) -> dict[str, Any]:
+def load_file(
+    path: Path, command: str, commands: Collection[str] = (), name: str = "--config"
+) -> dict[str, Any]:
     """The settings of ``command`` in the TOML file: those at the top level,
     then its own table's. The tables of other ``commands`` are theirs; any
     other table is read as a setting (a misspelt ``[proxi]`` is an unknown
@@ -154,16 +163,16 @@ def load_file(path: Path, command: str, commands: Collection[str] = ()) -> dict[
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
     except OSError as exc:
-        raise SettingsError(f"--config {path}: {exc.strerror or exc}") from None
+        raise SettingsError(f"{name} {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"--config {path}: not valid TOML: {exc}") from None
+        raise SettingsError(f"{name} {path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise SettingsError(f"--config {path}: not valid TOML: not UTF-8 ({exc.reason})") from None
+        raise SettingsError(f"{name} {path}: not valid TOML: not UTF-8 ({exc.reason})") from None
     except RecursionError:
-        raise SettingsError(f"--config {path}: not valid TOML: nested too deep") from None
+        raise SettingsError(f"{name} {path}: not valid TOML: nested too deep") from None
     section = data.get(command, {})
     if not isinstance(section, dict):
-        raise SettingsError(f"--config {path}: [{command}] must be a table")
+        raise SettingsError(f"{name} {path}: [{command}] must be a table")
     top = {
         k: v
         for k, v in data.items()
@@ -179,7 +188,7 @@ def load_file(path: Path, command: str, commands: Collection[str] = ()) -> dict[
             dest = key.replace("-", "_")
             if dest in seen:
                 raise SettingsError(
-                    f"--config {path}{where}: {seen[dest]!r} and {key!r} are one setting: give one"
+                    f"{name} {path}{where}: {seen[dest]!r} and {key!r} are one setting: give one"
                 )
             seen[dest] = key
             flat[dest] = value
@@ -210,14 +219,14 @@ def apply(
     if file is None:
         file = environ.get(f"{ENV_PREFIX}CONFIG")
     layers: list[tuple[str, dict[str, Any]]] = []
+    defaults_file = environ.get(DEFAULTS_ENV)
+    if defaults_file:  # below the --config file: the deployment's defaults
+        path = Path(defaults_file)
+        values = load_file(path, command, commands, DEFAULTS_ENV)
+        values = _known(values, actions, f"{DEFAULTS_ENV} {path}")
+        layers.append((f"defaults {defaults_file}", values))
     if file:
-        file_values = load_file(Path(file), command, commands)
-        unknown = sorted(set(file_values) - set(actions))
-        if unknown:  # one line each, the known ones said once
-            known = ", ".join(sorted(k.replace("_", "-") for k in actions))
-            lines = [f"--config {file}: unknown setting {u.replace('_', '-')!r}" for u in unknown]
-            lines[-1] += f" (known: {known})"
-            raise SettingsError("\n".join(lines))
+        file_values = _known(load_file(Path(file), command, commands), actions, f"--config {file}")
         layers.append((f"file {file}", file_values))
     env_values = {
         dest: environ[f"{ENV_PREFIX}{dest.upper()}"]
@@ -255,6 +264,20 @@ def apply(
         settings.sources[dest] = "flag"
         settings.given[dest] = _flag_value(actions[dest], argv)
     return settings
+
+
+def _known(
+    values: dict[str, Any], actions: Mapping[str, argparse.Action], where: str
+) -> dict[str, Any]:
+    """A file's ``values``, each a setting of ``actions``; SettingsError,
+    one line each, for the names that are none."""
+    unknown = sorted(set(values) - set(actions))
+    if unknown:  # one line each, the known ones said once
+        known = ", ".join(sorted(k.replace("_", "-") for k in actions))
+        lines = [f"{where}: unknown setting {u.replace('_', '-')!r}" for u in unknown]
+        lines[-1] += f" (known: {known})"
+        raise SettingsError("\n".join(lines))
+    return values
 
 
 def config_path(argv: Sequence[str]) -> str | None:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -391,13 +392,22 @@ def test_example_configs_are_accepted_by_sluice(tmp_path: Path) -> None:
         assert grace > sluice_settings(docs)["drain-timeout"], name
 
 
+@pytest.mark.e2e  # reads the image's settings with `sluice proxy --print-config`
 def test_the_admin_endpoint_is_loopback_in_the_image_and_token_guarded_in_the_examples() -> None:
-    """The image binds the admin endpoint to loopback (its HEALTHCHECK asks
-    there); an example that binds it on the pod's IP (for the kubelet and
-    Prometheus) keeps changes behind an admin token mounted from a Secret."""
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^\s*SLUICE_ADMIN=127\.0\.0\.1:9090\b", dockerfile, re.M), "SLUICE_ADMIN"
-    assert "'SLUICE_ADMIN','127.0.0.1:9090'" in dockerfile  # the HEALTHCHECK's default
+    """The image binds the admin endpoint to loopback by default (its
+    defaults file, below the user's file, environment and flags; the
+    HEALTHCHECK asks where the proxy serves it); an example that binds it on
+    the pod's IP (for the kubelet and Prometheus) keeps changes behind an
+    admin token mounted from a Secret."""
+    from tests.test_image_config import image_defaults, image_env  # (it imports this module)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = image_env(Path(tmp))
+        # Not in the environment, where it would override the user's --config file.
+        assert not {"SLUICE_ADMIN", "SLUICE_LISTEN"} & set(env), env
+        value, source = image_defaults(Path(tmp))["admin"]
+    assert source.startswith("defaults "), source
+    assert ipaddress.ip_address(json.loads(value).rpartition(":")[0]).is_loopback, value
     for name in ("sidecar.yaml", "gateway.yaml"):
         docs = documents(name)
         pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
