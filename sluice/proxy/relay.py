@@ -277,6 +277,7 @@ class Relay:
         # Whether the clock of the relay thread's waiting writes runs (or is
         # asked for: ``_watch_stalls``).
         self._stall_clock = False
+        self._stall_watching = False  # (its task started)
         self._stalled_peer: Peer | None = None  # (``_stalled``)
         self.bytes_in = 0
         self.reason = "closed"
@@ -328,7 +329,6 @@ class Relay:
                 # makes a connection per commit: see ``park``.)
                 nursery.start_soon(self._clocks)
                 if self._thread_writes:  # a write the thread began while parked
-                    self._stall_clock = False
                     self._start_stall_clock()
                 if False in self._backs:  # parked: its broker is read on the relay thread
                     nursery.start_soon(self._pump_broker)
@@ -1208,10 +1208,13 @@ class Relay:
     def _start_stall_clock(self) -> None:
         """In the trio thread: the clock of the relay thread's waiting
         writes, from the first one on (it then ticks until the end)."""
+        if self._stall_watching:
+            return
         nursery = self._nursery
         if nursery is None or self._closing:
             self._stall_clock = False  # parked: ``run`` starts it
             return
+        self._stall_watching = True
         nursery.start_soon(self._watch_stalls)
 
     async def _watch_stalls(self) -> None:
