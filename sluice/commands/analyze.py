@@ -228,6 +228,46 @@ def report_problem(report: str, paths: list[str]) -> str | None:
     return None
 
 
+# What a table's folder holds after a run, whole or cut short: Spark's
+# writer's parts, their checksums and markers, or the executors' parts
+# (``partials.frames_file``) and their temporary names.
+_TABLE_FILE = re.compile(
+    r"(\.?part-[\w.-]+(\.crc)?|\.?_SUCCESS(\.crc)?|_temporary|_committed_\w+|_started_\w+)"
+)
+
+
+def _not_tables(local: str | None) -> str | None:
+    """Why a local ``--out`` must not take the tables, in one line: a
+    folder (or file) in it named like a table that holds something else,
+    which replacing the table would remove with all it holds (``--out .``).
+    An earlier run's tables are replaced; None for them, or a URL."""
+    from sluice.analyze.job import TABLES
+
+    if not local:
+        return None
+    for name in TABLES:
+        where = os.path.join(local, name)
+        if not os.path.lexists(where):
+            continue
+        if not os.path.isdir(where) or os.path.islink(where):
+            what = "a link" if os.path.islink(where) else "a file"
+            return (
+                f"--out {local}: {where} is {what}, not a table of an earlier run: "
+                "give another --out"
+            )
+        try:
+            others = sorted(n for n in os.listdir(where) if not _TABLE_FILE.fullmatch(n))
+        except OSError as exc:
+            return f"--out {local}: {where}: {exc.strerror or exc}"
+        if others:
+            shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+            return (
+                f"--out {local}: {where} holds files that are no table of an earlier run "
+                f"({shown}): give another --out"
+            )
+    return None
+
+
 def failure(exc: BaseException) -> str:
     """A failed job's error in one line.
 
@@ -308,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice analyze: --out {out}: not a directory (the tables are a folder)",
               file=sys.stderr)  # fmt: skip
         return 2
-    problem = _out_problem(out, local_out)
+    problem = _out_problem(out, local_out) or _not_tables(local_out)
     if problem is not None:
         print(f"sluice analyze: {problem}", file=sys.stderr)
         return 2
