@@ -31,6 +31,7 @@ from sluice.addresses import Address, advertised, parse_address, parse_host
 from sluice.errors import ConfigError
 from sluice.proxy.dial import TlsServerConfig, open_listeners, server_ssl_context
 from sluice.recording.reader import RecordedConnection, RecordedFrame
+from sluice.replay.outcome import web_left_out
 
 DEFAULT_LISTEN = "127.0.0.1:6650"
 
@@ -40,6 +41,25 @@ L = TypeVar("L")
 
 class ReplayError(Exception):
     pass
+
+
+def nothing_to_replay(
+    recording: object, refused: Sequence[str] = (), http: int = 0, ws: int = 0
+) -> ReplayError:
+    """The refusal of a recording with no client frame of the binary
+    protocol (at ``recording``), saying what the capture held instead: the
+    connections the recording proxy ``refused`` at the handshake, ``http``
+    exchanges and ``ws`` frames of the HTTP listener. Nothing would be sent
+    nor compared: "equivalent" (exit 0) would be vacuous, and a check that
+    relies on it would pass whatever the broker does."""
+    why = ["no client frames of the binary protocol"]
+    if refused:
+        why.append(f"{', '.join(refused)} refused by the recording proxy at the handshake "
+                   "(never reached a broker)")  # fmt: skip
+    if http or ws:
+        why.append(f"{web_left_out(http, ws)} in the capture (replay covers the binary "
+                   "protocol, not the HTTP listener's traffic)")  # fmt: skip
+    return ReplayError(f"{recording}: nothing to replay: {'; '.join(why)}")
 
 
 def parse_speed(text: str) -> float:

@@ -77,6 +77,7 @@ from sluice.replay.common import (
     Withholding,
     announce,
     close_due,
+    nothing_to_replay,
     parse_speed,
     until_signalled,
 )
@@ -292,6 +293,8 @@ async def replay_run(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[
     url = parse_cursus_url(args.broker, what="--broker")
     tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if url.tls else None
     recording = load(args.recording)
+    if not any(rf.from_client for conn in recording.connections for rf in conn.frames):
+        raise nothing_to_replay(args.recording, (), recording.http, recording.ws)
     return await replay(recording, url.address, timeout=args.timeout, say=say, tls=tls,
                         speed=parse_speed(args.speed))  # fmt: skip
 

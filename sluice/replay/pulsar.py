@@ -80,10 +80,11 @@ from sluice.replay.common import (
     Withholding,
     announce,
     close_due,
+    nothing_to_replay,
     parse_speed,
     until_signalled,
 )
-from sluice.replay.outcome import Outcome, Report, incomplete_notes, web_left_out
+from sluice.replay.outcome import Outcome, Report, incomplete_notes
 
 T = Type.Value
 Key = tuple[Any, ...]
@@ -527,17 +528,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         key=lambda item: item[1].index,
     )
     if not client_frames:
-        # Nothing would be sent nor compared: "equivalent" (exit 0) would be
-        # vacuous, and a check that relies on it would pass whatever the
-        # broker does.
-        why = ["no client frames of the binary protocol"]
-        if outcome.refused:
-            why.append(f"{', '.join(outcome.refused)} refused by the recording proxy at the "
-                       "handshake (never reached a broker)")  # fmt: skip
-        if recording.http or recording.ws:
-            why.append(f"{web_left_out(recording.http, recording.ws)} in the capture (replay "
-                       "covers the binary protocol, not the HTTP listener's traffic)")  # fmt: skip
-        raise ReplayError(f"{args.recording}: nothing to replay: {'; '.join(why)}")
+        raise nothing_to_replay(args.recording, outcome.refused, recording.http, recording.ws)
     say(f"replaying {len(replayed)} connections, {len(client_frames)} client frames "
         f"against {broker}")  # fmt: skip
     # Connections the recording shows closed, in the order they were: each
