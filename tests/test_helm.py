@@ -32,8 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.addresses import parse_address
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port, wait_for_port
-from sluice.commands.proxy import add_arguments, byte_size
+from sluice.commands.proxy import add_arguments, byte_size, ring_size
 from sluice.config import _options as setting_actions
+from sluice.config import count, port, seconds, seconds_or_zero
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
 from tests.helpers.support import SLUICE, client, http_get, start_proxy, wait_ready
@@ -506,23 +507,72 @@ def test_values_that_cannot_work_are_refused(
     assert expected in result.stderr, result.stderr
 
 
+# Each kind of value a `sluice proxy` option's type reads, as values.schema.json
+# admits it under config: what Sluice refuses at start is refused by helm.
+# A size: bytes, or a number with a binary unit (byte_size: 800M, 2G, 512KiB);
+# a number of no unit must be at least one byte, and so must a number.
+SIZE_TEXT = r"([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTkmgt][Ii]?)?[Bb]?"
+TIME_TEXT = r"([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]*\.[0-9]*[1-9][0-9]*)"
+SIZE = {"type": ["integer", "string"], "minimum": 1, "pattern": f"^\\s*{SIZE_TEXT}\\s*$"}
+KINDS: dict[Any, Doc] = {
+    # Counts and limits (ProxyConfig refuses below 1; max-redirects, below 0).
+    int: {"type": "integer", "minimum": 1},
+    count: {"type": "integer", "minimum": 0},
+    port: {"type": "integer", "minimum": 0, "maximum": 65535},
+    seconds: {"type": "number", "exclusiveMinimum": 0},
+    seconds_or_zero: {"type": "number", "minimum": 0},
+    byte_size: SIZE,
+    # --record-ring: a size (64M) or a time in seconds (300s).
+    ring_size: {
+        "type": ["integer", "string"],
+        "minimum": 1,
+        "pattern": f"^\\s*({SIZE_TEXT}|{TIME_TEXT}[Ss])\\s*$",
+    },
+    Path: {"type": "string", "minLength": 1},
+    None: {"type": "string"},  # text: addresses, URLs, names, rules
+}
+# Settings whose type says less than Sluice checks.
+SETTING_KINDS: dict[str, Doc] = {
+    "max_redirects": {"type": "integer", "minimum": 0},
+    # A count of workers, or auto (parse_workers).
+    "workers": {
+        "type": ["integer", "string"],
+        "minimum": 1,
+        "pattern": r"^\s*((?i:auto)|\+?0*[1-9][0-9]*)\s*$",
+    },
+}
+
+
+def setting_schema(action: argparse.Action) -> Doc:
+    """The values of option ``action`` that a --config file may give and
+    Sluice takes, as a JSON schema; AssertionError for a type this table
+    does not know yet (a new option's type must be described, not admitted
+    as anything)."""
+    if action.nargs == 0:  # a flag: true or false
+        return {"type": "boolean"}
+    if isinstance(action, argparse._AppendAction):  # a list, or one comma-separated text
+        return {"type": ["array", "string"]}
+    if action.choices is not None:
+        return {"enum": list(action.choices)}
+    if action.dest in SETTING_KINDS:
+        return SETTING_KINDS[action.dest]
+    kind = action.type
+    if getattr(kind, "__name__", "") == "_words":  # a comma-separated list, as one text
+        return {"type": "string"}
+    assert kind in KINDS, f"--{action.dest}: no schema for its type {kind!r}"
+    return KINDS[kind]
+
+
 def config_schema() -> Doc:
     """values.schema.json's `config`: the settings `sluice proxy` knows (its
-    parser's, as a --config file names them), each with the TOML kinds it
-    takes: a misspelt one is refused by helm, not by Sluice at start."""
+    parser's, as a --config file names them), each with the TOML values its
+    type takes: a misspelt or mistyped one is refused by helm, not by
+    Sluice at start."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     settings: Doc = {}
     for action in setting_actions(parser):
-        schema: Doc
-        if action.nargs == 0:  # a flag: true or false
-            schema = {"type": "boolean"}
-        elif isinstance(action, argparse._AppendAction):  # a list, or one comma-separated text
-            schema = {"type": ["array", "string"]}
-        elif action.choices is not None:
-            schema = {"enum": list(action.choices)}
-        else:
-            schema = {"type": ["string", "number"]}
+        schema = setting_schema(action)
         # A --config file takes either spelling (sluice/config.py load_file);
         # the chart writes the one --help shows.
         for name in (action.dest.replace("_", "-"), action.dest):
@@ -556,6 +606,27 @@ def test_the_schema_knows_the_settings_sluice_knows() -> None:
         ({"log-level": "verbose"}, "at '/config/log-level': value must be one of"),
         ({"proxy-protocol-in": "yes please"}, "at '/config/proxy-protocol-in': got string"),
         ({"max-connections": [10]}, "at '/config/max-connections': got array"),
+        # Values of the wrong kind, which Sluice refuses at start: the pods
+        # would exit, crash-looping, after an install that went through.
+        ({"connect-timeout": "10s"}, "at '/config/connect-timeout': got string, want number"),
+        ({"max-connections": 1.5}, "at '/config/max-connections': got number, want integer"),
+        (
+            {"keepalive-interval": -1},
+            "at '/config/keepalive-interval': exclusiveMinimum: got -1, want 0",
+        ),
+        ({"keepalive_interval": 0}, "at '/config/keepalive_interval': exclusiveMinimum: got 0"),
+        (
+            {"max-connections-per-ip": 0},
+            "at '/config/max-connections-per-ip': minimum: got 0, want 1",
+        ),
+        ({"max-redirects": -1}, "at '/config/max-redirects': minimum: got -1, want 0"),
+        ({"auth-oidc-leeway": -5}, "at '/config/auth-oidc-leeway': minimum: got -5, want 0"),
+        ({"record-max-bytes": "800 megs"}, "at '/config/record-max-bytes'"),
+        ({"record-max-bytes": 0}, "at '/config/record-max-bytes'"),
+        ({"http-max-body": "lots"}, "at '/config/http-max-body'"),
+        ({"record-max-age": "1h"}, "at '/config/record-max-age': got string, want number"),
+        ({"broker-ports-file": 5}, "at '/config/broker-ports-file': got number, want string"),
+        ({"advertise-host": 10}, "at '/config/advertise-host': got number, want string"),
     ],
 )
 def test_a_setting_sluice_does_not_know_is_refused_by_helm(config: Doc, expected: str) -> None:
@@ -563,6 +634,41 @@ def test_a_setting_sluice_does_not_know_is_refused_by_helm(config: Doc, expected
                   "--set-json", f"config={json.dumps(config)}", check=False)  # fmt: skip
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr
+
+
+VALID_CONFIG: list[Doc] = [
+    # One value of each kind the schema tells apart, as Sluice takes them.
+    {"connect-timeout": 2.5, "handshake-timeout": 10, "keepalive_interval": 0.5},
+    {"max-connections": 1, "max-connections-per-ip": 500, "max-redirects": 0},
+    {"max-message-size": 10485760, "http-max-body": "512KiB", "http-max-header": 65536},
+    {"http-max-body": "1.5M", "http-idle-timeout": 60, "topic-metrics-limit": 1},
+    {"log-format": "json", "listener-ports": "7000-7099", "broker-ports-file": "/tmp/ports"},
+]
+
+
+@pytest.mark.parametrize("config", VALID_CONFIG)
+def test_values_of_every_kind_are_admitted_by_helm_and_taken_by_sluice(
+    config: Doc, tmp_path: Path
+) -> None:
+    """The schema refuses no value Sluice takes: each renders, and Sluice
+    reads the rendered sluice.toml (--print-config) and checks it as a
+    start would (ProxyConfig's checks) without a word."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"broker": BROKER, "config": config}))
+    docs = documents(helm("template", "sluice", str(CHART), "-f", str(values)).stdout)
+    toml = tmp_path / "sluice.toml"
+    toml.write_text(config_map(docs)["data"]["sluice.toml"])
+    check = (
+        "import sys\n"
+        "from sluice.commands import parse_again\n"
+        "from sluice.commands.proxy import checked_config\n"
+        "checked_config(parse_again(sys.argv[1:]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check, "proxy", "--config", str(toml)],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, (config, result.stderr)
 
 
 def test_a_setting_spelt_with_underscores_is_the_one_with_dashes() -> None:
