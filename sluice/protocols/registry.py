@@ -135,6 +135,14 @@ class ProtocolSpec:
     anonymize: str | None = None
     # A recorded frame's bytes decoded for sluice view's frame detail.
     detail: Callable[[bytes, dict[str, Any]], Any] | None = None
+    # What the protocol's frames decode with besides their bytes, taken from
+    # a proxy's settings, (ProxyConfig) -> {name: value} (JSON types), kept
+    # in a recording's header (``decoding``) so that its readers decode as
+    # the proxy did: Cursus's broker-wide compression. None, or {}: nothing.
+    recorded: Callable[[Any], dict[str, Any]] | None = None
+    # ``decode`` with those settings, (the header's ``decoding``) -> (raw,
+    # from_client) -> frame; None: ``decode`` whatever they say.
+    decoder: Callable[[Mapping[str, Any]], Callable[[bytes, bool], Any]] | None = None
     # sluice replay: (args, say) -> (Outcome, transcript lines), async;
     # sluice serve: (recording path, Listening) -> Report, async (the
     # types are sluice.replay's: outcome.py, serve.py).
@@ -144,6 +152,13 @@ class ProtocolSpec:
     def load(self, ref: str) -> Any:
         """The object a ``"module:attr"`` reference names."""
         return load(ref)
+
+    def decode_with(self, settings: Mapping[str, Any] | None) -> Callable[[bytes, bool], Any]:
+        """``decode`` for the frames of a recording whose header says
+        ``settings`` (its ``decoding``; missing in older recordings: None)."""
+        if self.decoder is None or not settings:
+            return self.decode
+        return self.decoder(settings)
 
     def url(self, text: str, *, what: str) -> BrokerUrl:
         return self.parse_url(text, what=what)

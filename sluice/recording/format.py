@@ -15,7 +15,7 @@ import enum
 import hashlib
 import io
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -86,8 +86,13 @@ def header(
     host: str = "",
     listen: list[str] | None = None,
     broker: str = "",
+    decoding: Mapping[str, Any] | None = None,
 ) -> Record:
-    return {
+    """A file's first record. ``decoding``: what the protocol's frames
+    decode with besides their bytes (``ProtocolSpec.recorded``; Cursus: the
+    broker's compression), kept only when there is something: a header
+    without it (older files too) means nothing."""
+    record: Record = {
         "k": "header",
         "format": MAGIC,
         "version": VERSION,
@@ -102,6 +107,9 @@ def header(
         "payloads": PayloadPolicy(payloads).value,
         "redaction": {"credentials": "always", "marker": "<redacted>"},
     }
+    if decoding:
+        record["decoding"] = dict(decoding)
+    return record
 
 
 class NamedFrames:

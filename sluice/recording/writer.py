@@ -29,8 +29,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -122,6 +122,10 @@ class RecorderConfig:
     ring_seconds: float | None = None
     # Rules that take a snapshot by themselves (needs the ring).
     triggers: tuple[Trigger, ...] = ()
+    # What the protocol's frames decode with besides their bytes
+    # (``ProtocolSpec.recorded``: Cursus's broker compression), written in
+    # every file's header (``decoding``) for its readers.
+    decoding: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def ring(self) -> bool:
@@ -201,7 +205,7 @@ class Recorder:
         self._pending: list[tuple[float, Trigger, float, Record]] = []
         spec = protocol if protocol is not None else registry.get(registry.DEFAULT_PROTOCOL)
         self.protocol = spec.name
-        self._decode = spec.decode
+        self._decode = spec.decode_with(config.decoding)
         self.capture = uuid.uuid4().hex[:12]
         self._listen = listen or []
         self._broker = broker
@@ -1042,6 +1046,7 @@ class Recorder:
             host=socket.gethostname(),
             listen=self._listen,
             broker=self._broker,
+            decoding=self.config.decoding,
         )
 
     def _restated(self, record: Record) -> Record:

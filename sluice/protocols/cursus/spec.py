@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluice.errors import ConfigError
@@ -87,6 +88,29 @@ def decode(raw: bytes, from_client: bool) -> Frame:
     return decode_frame(raw, from_client=from_client)
 
 
+def recorded(config: Any) -> dict[str, Any]:
+    """What a recording's header keeps for its frames to decode as the proxy
+    decoded them: the broker-wide compression, when there is one."""
+    compression = Compression.parse(getattr(config, "broker_compression", None) or "none")
+    return {} if compression is Compression.NONE else {"compression": compression.value}
+
+
+def decoder(settings: Mapping[str, Any]) -> Callable[[bytes, bool], Frame]:
+    """``decode`` for a recording whose header says ``settings`` (its
+    ``decoding``): client frames decompressed with its ``compression``
+    (missing: none). A value this Sluice does not know decodes as none (its
+    client frames then carry their errors)."""
+    try:
+        compression = Compression.parse(str(settings.get("compression") or "none"))
+    except ValueError:
+        compression = Compression.NONE
+
+    def decode_compressed(raw: bytes, from_client: bool) -> Frame:
+        return decode_frame(raw, from_client=from_client, compression=compression)
+
+    return decode_compressed
+
+
 def detail(raw: bytes, out: dict[str, Any]) -> Any:
     """A recorded frame for sluice view: its text (a command without its
     envelope's topic bytes), and what it decodes to: a command's or a
@@ -149,6 +173,8 @@ PROTOCOL = ProtocolSpec(
     messages=frozenset({"BATCH"}),
     command_name=None,
     decode=decode,
+    recorded=recorded,
+    decoder=decoder,
     backend="sluice.proxy.cursus:CursusBackend",
     check_broker="sluice.proxy.backend:check_reachable",
     summarizer="sluice.recording.cursus:CursusSummarizer",
