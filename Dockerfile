@@ -76,12 +76,12 @@ ENV SLUICE_DEFAULTS=/etc/sluice/defaults.toml \
     PYTHONUNBUFFERED=1
 EXPOSE 6650 6651 8080 9090
 VOLUME ["/recordings"]
-# The HEALTHCHECK reads the settings of the running `sluice proxy` again as
-# it read them (its command line, environment, working directory and files),
-# and asks its admin endpoint's /healthz there (a wildcard by loopback);
-# with the admin endpoint off, it connects to the proxy's listeners.
+# The HEALTHCHECK (sluice/health.py) asks the admin endpoint's /healthz
+# where the image's defaults put it; when nothing listens there (moved or
+# switched off), where the running `sluice proxy`'s own settings say (a
+# wildcard by loopback), or, with the admin endpoint off, its listeners.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["python", "-c", "import os, socket, sys, urllib.request as u\nfrom sluice.commands import parse_again\ndef proxy(pid):\n  try: words = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='surrogateescape').split('\\0')[:-1]\n  except OSError: return None\n  at = next((i for i, w in enumerate(words) if i and os.path.basename(w) == 'sluice'), None)\n  argv = words[at + 1:] if at else []\n  return argv if next((a for a in argv if not a.startswith('-')), '') == 'proxy' else None\npids = sys.argv[1:] or ['1', *sorted((p for p in os.listdir('/proc') if p.isdigit()), key=int)]\npid, argv = next(((p, a) for p in pids if (a := proxy(p))), (0, None))\nif argv is None: sys.exit(bool(sys.argv[1:]))  # no `sluice proxy` here: nothing to ask\nos.environ.clear(); os.environ.update(e.split('=', 1) for e in open(f'/proc/{pid}/environ', 'rb').read().decode(errors='surrogateescape').split('\\0') if '=' in e)\nos.chdir(f'/proc/{pid}/cwd'); args = parse_again(argv)\ndef near(text):\n  host, _, port = text.strip().rpartition(':'); host = host.strip('[]')\n  return {'': '127.0.0.1', '0.0.0.0': '127.0.0.1', '::': '::1'}.get(host, host), int(port)\nif args.admin: host, port = near(args.admin); sys.exit(u.urlopen(f\"http://{f'[{host}]' if ':' in host else host}:{port}/healthz\", timeout=2).status != 200)\nlisteners = [t for t in (args.listen if args.listen is not None else None if args.listen_tls else '127.0.0.1:6650', args.listen_tls) if t and t != 'none']\nfor text in listeners: socket.create_connection(near(text), timeout=2).close()\n"]
+  CMD ["python", "-m", "sluice.health"]
 ENTRYPOINT ["sluice"]
 CMD ["proxy"]
 

@@ -72,14 +72,10 @@ def run_sluice(
     )
 
 
-def healthcheck_code() -> str:
-    """The python code of the Dockerfile's HEALTHCHECK."""
+def test_the_healthcheck_is_sluice_health() -> None:
     command = re.search(r"^HEALTHCHECK .*? CMD (\[.*\])$", runtime_stage(), re.M)
     assert command, "no HEALTHCHECK CMD in exec form"
-    words = json.loads(command.group(1))
-    assert words[:2] == ["python", "-c"], words
-    code: str = words[2]
-    return code
+    assert json.loads(command.group(1)) == ["python", "-m", "sluice.health"]
 
 
 @pytest.mark.e2e
@@ -145,7 +141,7 @@ def healthcheck(pid: int) -> subprocess.CompletedProcess[str]:
     """The image's HEALTHCHECK, asked about the proxy of ``pid`` (in the
     image it finds the proxy itself), in an environment of its own."""
     return subprocess.run(
-        [sys.executable, "-c", healthcheck_code(), str(pid)],
+        [sys.executable, "-m", "sluice.health", str(pid)],
         capture_output=True,
         text=True,
         timeout=10,
@@ -188,3 +184,40 @@ def test_the_healthcheck_asks_where_the_admin_endpoint_listens(tmp_path: Path, w
         process.wait(30)
     result = healthcheck(process.pid)
     assert result.returncode != 0, result.stdout + result.stderr
+
+
+@pytest.mark.e2e
+def test_the_healthcheck_asks_the_images_default_first_without_the_command_line(
+    tmp_path: Path,
+) -> None:
+    """Every 15 s: where the image's defaults put the admin endpoint, it is
+    asked with the standard library alone, the command line's parser (0.3 s
+    of CPU to import) left unloaded; when nothing listens there, the
+    proxy's own settings are read again."""
+    port, admin = free_port(), free_port()
+    defaults = tmp_path / "defaults.toml"
+    defaults.write_text(f'[proxy]\nlisten = "127.0.0.1:{port}"\nadmin = "127.0.0.1:{admin}"\n')
+    process = proxy_in_the_image(tmp_path, [], {"SLUICE_DEFAULTS": str(defaults)})
+    probe = ("import sys, sluice.health as h; code = h.main([]); "
+             "print(code, 'sluice.commands' in sys.modules)")  # fmt: skip
+
+    def ask(defaults_file: Path) -> str:
+        result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                timeout=30, check=False, cwd="/",
+                                env={"PATH": os.environ.get("PATH", ""),
+                                     "SLUICE_DEFAULTS": str(defaults_file)})  # fmt: skip
+        return result.stdout.strip()
+
+    try:
+        wait_for_port("127.0.0.1", port, 30, process)
+        until(lambda: http_get(f"http://127.0.0.1:{admin}/healthz")[0] == 200,
+              "the admin endpoint never answered")  # fmt: skip
+        assert ask(defaults) == "0 False"
+        # Defaults that name a port nobody listens at: the running proxies'
+        # own settings are read (this one's among them, or another test's).
+        elsewhere = tmp_path / "elsewhere.toml"
+        elsewhere.write_text(f'[proxy]\nadmin = "127.0.0.1:{free_port()}"\n')
+        assert ask(elsewhere).endswith(" True")
+    finally:
+        process.terminate()
+        process.wait(30)
