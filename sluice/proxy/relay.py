@@ -12,6 +12,7 @@ drain deadline. It knows nothing of frames, metrics or recordings.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import logging
 import math
@@ -19,6 +20,7 @@ import os
 import socket
 import ssl
 import struct
+import termios
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -167,7 +169,7 @@ class _ThreadWrite:
     With no descriptor, a write the thread began and handed back to trio
     (``Relay._hold_place``): over when trio takes it up."""
 
-    __slots__ = ("over", "since", "watch")
+    __slots__ = ("over", "queued", "since", "watch")
 
     def __init__(self, watch: int | None, since: float = math.inf) -> None:
         self.watch = watch
@@ -176,6 +178,10 @@ class _ThreadWrite:
         # is trio's): one that makes none for the stall bound ends the
         # connection (``Relay._watch_stalls``).
         self.since = since
+        # What the socket held that its peer had not taken in (``_unsent``),
+        # plus what was written since: a peer that took some in meanwhile
+        # is slow, not dead (None: not known).
+        self.queued = None if watch is None else _unsent(watch)
 
 
 Dialer = Callable[[Address, bool, float], Awaitable[trio.abc.Stream]]
@@ -946,6 +952,8 @@ class Relay:
             if view:
                 if written:
                     pending.since = thread.now()
+                    if pending.queued is not None:
+                        pending.queued += written
                 return
             done()
             self._disarm()
@@ -1167,8 +1175,12 @@ class Relay:
                 # A peer that takes nothing in for the stall bound is dead:
                 # each wait for room (each piece of a write through TLS) is
                 # given that long.
+                # Progress is what the peer took in (``_unsent``), not
+                # the socket's room: a big send buffer drained at a slow
+                # link's pace says it has room only once a third of it went.
                 limit = self._stall
                 view = memoryview(data)
+                queued = None if fd is None else _unsent(fd)
                 while view:
                     with trio.move_on_after(limit) as waited:
                         if fd is None:
@@ -1177,8 +1189,15 @@ class Relay:
                         else:
                             await trio.lowlevel.wait_writable(fd)
                             with contextlib.suppress(BlockingIOError):
-                                view = view[os.write(fd, view) :]
+                                written = os.write(fd, view)
+                                view = view[written:]
+                                if queued is not None:
+                                    queued += written
                     if waited.cancelled_caught:
+                        left = None if fd is None else _unsent(fd)
+                        if left is not None and queued is not None and left < queued:
+                            queued = left  # slow, not dead
+                            continue
                         self._stalled(to, limit)
                         return
             finally:
@@ -1226,9 +1245,15 @@ class Relay:
             await trio.sleep(limit / 4)
             now = trio.current_time()
             for to, pending in list(self._thread_writes.items()):
-                if pending.watch is not None and now - pending.since >= limit:
-                    self._stalled(to, now - pending.since)
-                    return
+                if pending.watch is None or now - pending.since < limit:
+                    continue
+                left = _unsent(pending.watch)
+                if left is not None and pending.queued is not None and left < pending.queued:
+                    pending.queued = left  # the peer took some in: slow, not dead
+                    pending.since = now
+                    continue
+                self._stalled(to, now - pending.since)
+                return
 
     def _lost(self, to: Peer, exc: BaseException) -> None:
         side = "client" if to is Peer.CLIENT else "broker"
@@ -1352,6 +1377,17 @@ def _reraise(exc: BaseException) -> Awaitable[bool]:
 async def _ends() -> bool:
     """A direction that ended, its end done: nothing more to read."""
     return False
+
+
+def _unsent(fd: int) -> int | None:
+    """Bytes written to socket ``fd`` that its peer has not acknowledged
+    (SIOCOUTQ; a peer whose window is shut acknowledges nothing more);
+    None where the system does not say."""
+    try:
+        got = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, AttributeError):
+        return None
+    return int(struct.unpack("i", got)[0])
 
 
 def _reset(stream: trio.abc.Stream) -> None:
