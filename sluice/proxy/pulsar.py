@@ -163,6 +163,9 @@ class BrokerConnection:
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[Frame]]] = {}
         self.closed = False
+        # No new requests (a request got no answer in time): closed once
+        # those already sent have theirs (``request``).
+        self.retired = False
         self.credentials: Credentials = None
         self.last_used = trio.current_time()
 
@@ -187,7 +190,7 @@ class BrokerConnection:
 
     async def request(self, type_: int, body: Any, timeout: float) -> Frame:
         """Send a request (its request_id is set here) and wait for its answer."""
-        if self.closed:
+        if self.closed or self.retired:
             raise UpstreamFailure(f"connection to broker {self.address} is closed")
         rid = next(self._ids)
         body.request_id = rid
@@ -206,14 +209,20 @@ class BrokerConnection:
                     raise UpstreamFailure(f"broker {self.address} closed the connection")
                 # Not used again: a broker whose host died without a word
                 # would otherwise cost every lookup this timeout until the
-                # kernel gives the connection up (about 15 minutes).
-                log.info("upstream connection to %s: no answer within %gs, closing it",
-                         self.address, timeout)  # fmt: skip
-                await self.aclose()
+                # kernel gives the connection up (about 15 minutes). The
+                # requests already sent on it may still get their answers
+                # (a slow broker): it is closed once none waits.
+                if not self.retired:
+                    log.info("upstream connection to %s: no answer within %gs, not used again",
+                             self.address, timeout)  # fmt: skip
+                self.retired = True
                 raise UpstreamFailure(f"broker {self.address} did not answer within {timeout:g}s")
             return slot[1][0]
         finally:
             self._waiting.pop(rid, None)
+            if self.retired and not self._waiting and not self.closed:
+                with trio.CancelScope(shield=True):
+                    await self.aclose()
 
     async def _read_loop(self) -> None:
         try:
@@ -244,6 +253,11 @@ class BrokerConnection:
     @property
     def busy(self) -> bool:
         return bool(self._waiting)
+
+    @property
+    def usable(self) -> bool:
+        """Open, and taking new requests."""
+        return not (self.closed or self.retired)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -312,7 +326,7 @@ class UpstreamPool:
         key = (address, credentials)
         while True:
             conn = self._connections.get(key)
-            if conn is not None and not conn.closed:
+            if conn is not None and conn.usable:
                 conn.last_used = trio.current_time()
                 return conn
             attempt = self._attempts.get(key)
