@@ -22,7 +22,9 @@ from sluice.protocols.cursus.compression import Compression
 from sluice.protocols.cursus.decoder import decode_frame
 from sluice.protocols.cursus.encoder import encode_request
 from sluice.recording.format import read_records, recording_files
-from sluice.replay.cursus import CursusStub, load_recording, normalise
+from sluice.recording.reader import load
+from sluice.replay.cursus import CursusStub, normalise
+from sluice.view.index import Index
 from tests.helpers.support import start_proxy
 from tests.test_cursus_broker import Wire
 
@@ -101,13 +103,22 @@ def test_a_capture_of_a_compressing_broker_is_read_with_its_compression(
     assert all(decode_frame(raw, from_client=True).name == "INVALID" for raw in took)
     # Replay and serve read it so: frames as the proxy read them, requests
     # told apart.
-    recording = load_recording(rec)
+    recording = load(rec)
     sent = [rf for c in recording.connections for rf in c.frames if rf.from_client]
     assert [rf.frame.name for rf in sent] == [rf.summary["cmd"] for rf in sent]
     stub = CursusStub(recording, Address("127.0.0.1", 9))
     keys = {normalise(rf.frame) for rf in sent if rf.summary["cmd"] != "INVALID"}
     assert keys and not any(key.startswith("INVALID") for key in keys), keys
     assert keys <= set(stub.answers)
+    # sluice view's frame detail decodes them as the proxy did, too.
+    index = Index(rec)
+    index.build()
+    rows = [index.row(i) for i in range(index.frames)]
+    took = [row for row in rows if row["dir"] == "C→B" and row["cmd"] != "INVALID"]
+    assert {row["cmd"] for row in took} >= {"CREATE", "BATCH"}, rows
+    for row in took:
+        shown = index.detail(row["i"])["command"]
+        assert "invalid" not in shown, shown
 
 
 def test_a_capture_without_the_field_decodes_as_none() -> None:

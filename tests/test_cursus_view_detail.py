@@ -10,7 +10,7 @@ def test_a_command_shows_its_fields_without_its_envelope() -> None:
     detail = get("cursus").detail
     assert detail is not None
     raw = encode_request(Consume(topic="orders", partition=2, offset=5, member="m", group="g"))
-    shown = detail(raw, {"dir": "C→B"})
+    shown = detail(raw, {"dir": "C→B"}, get("cursus").decode)
     assert shown["text"] == "CONSUME topic=orders partition=2 offset=5 member=m group=g"
     assert shown["envelope"] == ""
     fields = shown["fields"]
@@ -24,7 +24,7 @@ def test_a_batch_recorded_whole_shows_its_header_and_messages() -> None:
     assert detail is not None
     batch = Batch("orders", 1, messages=(Message(offset=7, key="k", payload=b"hello"),
                                          Message(offset=8, payload=b"\xff" * 3000)))  # fmt: skip
-    shown = detail(frame(encode_batch(batch)), {"dir": "B→C"})
+    shown = detail(frame(encode_batch(batch)), {"dir": "B→C"}, get("cursus").decode)
     head = shown["batch"]
     assert (head["topic"], head["partition"]) == ("orders", 1)
     first, second = head["messages"]
@@ -35,6 +35,8 @@ def test_a_batch_recorded_whole_shows_its_header_and_messages() -> None:
 def test_a_reply_shows_its_code_and_words() -> None:
     detail = get("cursus").detail
     assert detail is not None
-    shown = detail(frame(b"ERROR: NOT_LEADER LEADER_IS 127.0.0.1:19001"), {"dir": "B→C"})
+    shown = detail(
+        frame(b"ERROR: NOT_LEADER LEADER_IS 127.0.0.1:19001"), {"dir": "B→C"}, get("cursus").decode
+    )
     assert shown["fields"]["code"] == "NOT_LEADER"
     assert shown["fields"]["words"] == ["LEADER_IS", "127.0.0.1:19001"]

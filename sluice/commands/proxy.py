@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import logging
 import math
@@ -589,11 +588,6 @@ def config_from(args: argparse.Namespace) -> ProxyConfig:
         log_format=getattr(args, "log_format", "text"),
         filters=tuple(args.filters or ()),
     )
-    if config.record is not None and spec.recorded is not None:
-        # What its frames decode with (Cursus: the broker's compression),
-        # kept in every file's header for the recording's readers.
-        record = dataclasses.replace(config.record, decoding=spec.recorded(config))
-        config = dataclasses.replace(config, record=record)
     config.check_not_itself()
     if config.filters:  # every mistake said now, not in each worker
         make_filters(config.filters, spec)

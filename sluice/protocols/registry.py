@@ -133,8 +133,9 @@ class ProtocolSpec:
     # | None when it does not parse); a summary with its names replaced. None:
     # its captures cannot be anonymized.
     anonymize: str | None = None
-    # A recorded frame's bytes decoded for sluice view's frame detail.
-    detail: Callable[[bytes, dict[str, Any]], Any] | None = None
+    # A recorded frame's bytes decoded for sluice view's frame detail, (raw,
+    # the row shown, its file's ``decode_with``) -> what to show.
+    detail: Callable[[bytes, dict[str, Any], Callable[[bytes, bool], Any]], Any] | None = None
     # What the protocol's frames decode with besides their bytes, taken from
     # a proxy's settings, (ProxyConfig) -> {name: value} (JSON types), kept
     # in a recording's header (``decoding``) so that its readers decode as

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import dataclasses
 import functools
 import gc
 import itertools
@@ -250,8 +251,13 @@ class Proxy:
         self.recorder: Recorder | None = None
         if config.record is not None:
             listen = [str(a) for a in (config.listen, config.listen_tls) if a is not None]
+            record = config.record
+            if self.protocol.recorded is not None and not record.decoding:
+                # What its frames decode with (Cursus: the broker's
+                # compression), kept in every file's header for its readers.
+                record = dataclasses.replace(record, decoding=self.protocol.recorded(config))
             self.recorder = Recorder(
-                config.record,
+                record,
                 listen=listen,
                 broker=str(config.broker),
                 protocol=self.protocol,

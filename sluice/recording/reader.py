@@ -209,7 +209,10 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
             if kind == "header":
                 capture = record["capture"]
                 policies.add(record["payloads"])
-                decode = registry.get(record.get("protocol", registry.DEFAULT_PROTOCOL)).decode
+                # With the settings the proxy decoded with (a Cursus
+                # broker's compression), which the header keeps.
+                spec = registry.get(record.get("protocol", registry.DEFAULT_PROTOCOL))
+                decode = spec.decode_with(record.get("decoding"))
                 segment = record.get("segment", 1)
                 joined = segment > 1 and segments.get(capture) != segment - 1
                 segments[capture] = segment

@@ -44,7 +44,6 @@ import trio
 
 from sluice.addresses import Address
 from sluice.errors import ConfigError
-from sluice.protocols import registry
 from sluice.protocols.cursus.batch import Batch
 from sluice.protocols.cursus.commands import Command, format_command
 from sluice.protocols.cursus.decoder import FrameDecoder
@@ -69,12 +68,10 @@ from sluice.protocols.cursus.rewrite import rewrite_addresses
 from sluice.protocols.cursus.text import encode_text
 from sluice.protocols.cursus.urls import parse_cursus_url
 from sluice.proxy.dial import TlsClientConfig, client_ssl_context, dial
-from sluice.recording.format import RecordingError, read_records
 from sluice.recording.reader import (
     RecordedConnection,
     RecordedFrame,
     Recording,
-    listed,
     load,
 )
 from sluice.replay.common import (
@@ -171,32 +168,6 @@ def withheld_of(conn: RecordedConnection) -> Withheld:
 
 # The codes of the ERROR: lines Sluice refuses invalid frames with.
 _REFUSALS = frozenset({DECODE_FAILED, MALFORMED_INPUT, INVALID_COMMAND})
-
-
-def load_recording(target: Path) -> Recording:
-    """The recording at ``target`` (``load``), its frames decoded as the
-    proxy decoded them: with the settings its files' headers keep
-    (``decoding``: the broker's compression), capture by capture. (``load``
-    decodes with the protocol's plain ``decode``; a capture of a broker that
-    compresses would read as INVALID client frames.)"""
-    recording = load(target)
-    spec = registry.get(PROTOCOL)
-    decoders: dict[str, Any] = {}
-    for path in listed(target):
-        try:
-            head = next(read_records(path), None)
-        except RecordingError:
-            continue  # (said by load, or a segment with nothing yet)
-        if head is not None and head.get("k") == "header" and head.get("decoding"):
-            decoders[head["capture"]] = spec.decode_with(head["decoding"])
-    for conn in recording.connections:
-        decode = decoders.get(conn.key[0])
-        if decode is None:
-            continue
-        for rf in conn.frames:
-            if rf.from_client:  # (replies are never compressed)
-                rf.frame = decode(rf.frame.raw, True)
-    return recording
 
 
 # --- replay ---------------------------------------------------------------------------
@@ -327,7 +298,7 @@ async def replay_run(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[
     """``sluice replay`` of a Cursus recording (the registry's ``replay``)."""
     url = parse_cursus_url(args.broker, what="--broker")
     tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if url.tls else None
-    recording = load_recording(args.recording)
+    recording = load(args.recording)
     if not any(rf.from_client for conn in recording.connections for rf in conn.frames):
         raise nothing_to_replay(args.recording, (), recording.http, recording.ws)
     return await replay(recording, url.address, timeout=args.timeout, say=say, tls=tls,
@@ -472,7 +443,7 @@ async def serve(target: Path, listening: Listening) -> Report:
     SIGTERM (the registry's ``serve``)."""
     if listening.plain and listening.tls:
         raise ConfigError("a Cursus recording is served on one listener: --listen or --listen-tls")
-    recording = load_recording(target)
+    recording = load(target)
     listeners, plain, tls = await listening.open()
     here = plain or tls
     assert here is not None

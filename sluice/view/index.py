@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,6 +275,9 @@ class Index:
     target: Path
     files: list[Path] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    # Each file's header ``decoding`` (what its frames decode with: a Cursus
+    # broker's compression), for the frame detail.
+    decodings: list[Mapping[str, Any] | None] = field(default_factory=list)
     protocol: str = registry.DEFAULT_PROTOCOL
     payloads: str = ""
     origin_ns: int = 0  # the first record's monotonic time
@@ -397,6 +400,7 @@ class Index:
         result = ReadResult(path)
         reading = Reading(number)
         self.versions.append(0)
+        self.decodings.append(None)
         records = read_records(path, result)
         try:
             first = next(records, None)  # what makes a file unreadable as a whole is met here
@@ -434,6 +438,8 @@ class Index:
             reading.capture = capture = record.get("capture", "")
             self.protocol = record.get("protocol", registry.DEFAULT_PROTOCOL)
             self.payloads = record.get("payloads", "")
+            if reading.number < len(self.decodings):  # (a live stream has no file number)
+                self.decodings[reading.number] = record.get("decoding")
             reading.by_key = {c.conn: c for c in self.connections if c.capture == capture}
             return
         if not self.origin_ns and "t" in record:
@@ -729,9 +735,10 @@ class Index:
                 )
             if not 0 <= i < self.frames:
                 raise KeyError(frame)
-            record = self._record(self.file[i], self.offset[i])
+            file = self.file[i]
+            record = self._record(file, self.offset[i])
             out = self.row(i)
-            out["file"] = self._file_name(self.file[i])
+            out["file"] = self._file_name(file)
         raw: bytes = record.get("raw", b"")
         out["raw_hex"] = raw[:4096].hex(" ")
         out["raw_size"] = len(raw)
@@ -742,7 +749,9 @@ class Index:
             out["payload"] = {"size": p[0], **({"sha256": digest.hex()} if digest else {})}
         out["time"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.get("w", 0) / 1e9))
         withheld = (record.get("s") or {}).get("withheld")  # credentials could not be ruled out
-        out["command"] = {"bytes not recorded": withheld} if withheld else self._decoded(raw, out)
+        out["command"] = (
+            {"bytes not recorded": withheld} if withheld else self._decoded(raw, out, file)
+        )
         return out
 
     def _record(self, file: int, offset: int) -> dict[str, Any]:
@@ -752,10 +761,11 @@ class Index:
     def _file_name(self, file: int) -> str:
         return self.files[file].name
 
-    def _decoded(self, raw: bytes, out: dict[str, Any]) -> Any:
-        detail = registry.get(self.protocol).detail
-        if detail is not None:
-            return detail(raw, out)
+    def _decoded(self, raw: bytes, out: dict[str, Any], file: int) -> Any:
+        spec = registry.get(self.protocol)
+        if spec.detail is not None:
+            decoding = self.decodings[file] if 0 <= file < len(self.decodings) else None
+            return spec.detail(raw, out, spec.decode_with(decoding))
         text = raw.decode("utf-8", errors="replace")
         return {"text": "".join(c if c.isprintable() else "·" for c in text[:2000])}
 

@@ -111,14 +111,15 @@ def decoder(settings: Mapping[str, Any]) -> Callable[[bytes, bool], Frame]:
     return decode_compressed
 
 
-def detail(raw: bytes, out: dict[str, Any]) -> Any:
+def detail(raw: bytes, out: dict[str, Any], decode: Callable[[bytes, bool], Frame]) -> Any:
     """A recorded frame for sluice view: its text (a command without its
     envelope's topic bytes), and what it decodes to: a command's or a
     reply's fields, a batch's header and messages (payloads cut at 2000
-    bytes, shown as text). ``out["dir"]`` says who sent it."""
+    bytes, shown as text). ``out["dir"]`` says who sent it; ``decode``
+    decodes as the proxy did (its recording's broker compression)."""
     if not raw:
         return {"text": ""}
-    frame = decode_frame(raw, from_client=out.get("dir") != "B→C")
+    frame = decode(raw, out.get("dir") != "B→C")
     shown: dict[str, Any] = {}
     message: Any = frame.message if frame.error is None or frame.head is None else None
     if isinstance(message, Batch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -257,9 +258,10 @@ def decode(raw: bytes, from_client: bool) -> Frame:
     return decode_frame(standalone(raw))
 
 
-def detail(raw: bytes, out: dict[str, Any]) -> Any:
+def detail(raw: bytes, out: dict[str, Any], decode: Callable[[bytes, bool], Any]) -> Any:
     """A recorded frame decoded for sluice view: its command (credentials
-    out), and its message metadata and payload in ``out``."""
+    out), and its message metadata and payload in ``out``. (Pulsar frames
+    decode alike in every recording: ``decode`` is not needed.)"""
     try:
         frame = decode_frame(standalone(raw))
     except Exception as exc:  # a recorded invalid frame: its bytes say the rest
