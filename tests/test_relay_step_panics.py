@@ -89,3 +89,60 @@ async def test_a_step_that_panics_on_the_relay_thread_ends_its_connection(
     assert died is None  # the proxy goes on
     assert reason == "RuntimeError"
     assert closed == [True]
+
+
+async def test_a_panic_in_the_core_on_the_relay_thread_ends_its_connection() -> None:
+    """The relay thread's Python read step (no compiled step: a tap that
+    is not the metrics, a filter) runs the core, whose frame scanning is
+    compiled: a panic there is no Exception either, and must end the
+    connection as an error, not hang it."""
+    import threading
+
+    c = OverSockets(Taps([]))
+    c.core.quick = lambda from_client: None  # type: ignore[method-assign]
+    receive = c.core.receive_client
+    trio_thread = threading.current_thread()
+
+    def panics_on_the_relay_thread(data: bytes, now: float) -> object:
+        if threading.current_thread() is not trio_thread:
+            raise PanicException("a bug in the compiled frame scanner")
+        return receive(data, now)
+
+    c.core.receive_client = panics_on_the_relay_thread  # type: ignore[method-assign,assignment]
+    reason = "still open after 20 s"
+    closed: list[bool] = []
+
+    def client() -> None:
+        wire = ThreadWire(c.client_sock)
+        with c.client_sock:
+            wire_producer(wire)
+            for sequence in range(20):
+                try:
+                    wire.send(send_frame(sequence, b"x" * 20_000))
+                except OSError:
+                    break
+                wire.receive(0.1)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                try:
+                    if not c.client_sock.recv(65536):
+                        closed.append(True)
+                        return
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed.append(True)
+                    return
+
+    async with relay_thread() as carrier, trio.open_nursery() as nursery:
+        assert carrier is not None
+        relay = c.relay(carrier)
+        nursery.start_soon(functools.partial(trio.to_thread.run_sync, client,
+                                             abandon_on_cancel=True))  # fmt: skip
+        with trio.move_on_after(20):
+            reason = await relay.run()
+        died = carrier.died
+        nursery.cancel_scope.cancel()
+    assert died is None
+    assert reason == "RuntimeError"
+    assert closed == [True]

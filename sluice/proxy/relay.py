@@ -768,13 +768,7 @@ class Relay:
             self._hand_back(thread, fd, from_client, back, failed)
             return
         if isinstance(got, BaseException):  # the step's bug: raised in trio, which ends it
-            if not isinstance(got, Exception):
-                # A panic is no Exception: raised as it is, it would go past
-                # ``run``'s handling of a connection's errors (and, left to
-                # the thread's loop, the connection hung, never handed back).
-                error = RuntimeError(f"the compiled step panicked: {got}")
-                error.__cause__ = got
-                got = error
+            got = _as_error(got, "the compiled step")
             self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, got))
             return
         if type(got) is bytes:  # not whole frames the scanner took: the usual way
@@ -833,8 +827,10 @@ class Relay:
                 elif relayed and self.core.established:
                     self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
                 return
-        except Exception as exc:  # raised in trio, where it ends the connection as usual
-            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, exc))
+        except BaseException as exc:  # raised in trio, where it ends the connection as usual
+            # (A panic of the compiled code the core runs too: see ``_as_error``.)
+            error = _as_error(exc, "the connection's read")
+            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, error))
             return
         held = self._hold_place(actions[done], rest)
         finish = functools.partial(self._finish_read, actions, done, rest, from_client, started,
@@ -1377,6 +1373,19 @@ def _reraise(exc: BaseException) -> Awaitable[bool]:
 async def _ends() -> bool:
     """A direction that ended, its end done: nothing more to read."""
     return False
+
+
+def _as_error(exc: BaseException, what: str) -> Exception:
+    """``exc``, raised on the relay thread, as an Exception for trio. A
+    panic of compiled code (PyO3's PanicException) is no Exception: raised
+    as it is, it would go past ``run``'s handling of a connection's errors
+    (and, left to the thread's loop, the connection hung, never handed
+    back)."""
+    if isinstance(exc, Exception):
+        return exc
+    error = RuntimeError(f"{what} panicked: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 def _unsent(fd: int) -> int | None:
