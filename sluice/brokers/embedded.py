@@ -128,7 +128,10 @@ _DRAWS = 3
 
 
 def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within ``timeout``; reaped."""
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout``; reaped.
+    Interrupted while it waits (a second Ctrl-C or SIGTERM while a JVM takes
+    its seconds to stop), it kills the process before it lets the interrupt
+    on: whoever stops it has already let go of it, so nobody else would."""
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
@@ -137,6 +140,10 @@ def terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
 
 
 def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Popen[bytes]) -> None:
