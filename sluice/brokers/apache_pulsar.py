@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from sluice.brokers.embedded import BrokerError, free_port, terminate, wait_for_port
+from sluice.brokers.embedded import BrokerError, die_with, free_port, terminate, wait_for_port
 from sluice.protocols.pulsar import (
     CLOSED,
     Frame,
@@ -300,6 +300,10 @@ class JavaServer:
 
     data_dir: Path
     _own_dir: bool
+    # The process is sent SIGTERM by the kernel when the thread that started
+    # it ends (Linux), should this process die without stopping it (SIGKILL):
+    # for a command's broker (``sluice demo``), as EmbeddedBroker's.
+    die_with_parent: bool = False
 
     def __init__(self, log_path: Path, say: Say, what: str) -> None:
         self.log_path = log_path
@@ -323,7 +327,12 @@ class JavaServer:
     def _launch(self, command: list[str], cwd: Path) -> subprocess.Popen[bytes]:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd,
+                preexec_fn=die_with(os.getpid()) if self.die_with_parent else None,
             )
         return self.process
 
@@ -382,7 +391,9 @@ class ApachePulsar(JavaServer):
 
     ``settings`` are broker settings (``standalone.conf`` keys) on top of ours;
     ``tls`` opens the TLS ports too; ``admin_token`` is the superuser token the
-    readiness checks and :meth:`admin` use when authentication is on.
+    readiness checks and :meth:`admin` use when authentication is on;
+    ``die_with_parent``: the JVM goes when this process is killed outright
+    (SIGKILL), for a command's broker (``sluice demo``).
     """
 
     def __init__(
@@ -398,8 +409,10 @@ class ApachePulsar(JavaServer):
         start_timeout: float = 180.0,
         log_path: str | Path | None = None,
         say: Say = say_on_stderr,
+        die_with_parent: bool = False,
     ) -> None:
         self.host = host
+        self.die_with_parent = die_with_parent
         self.port = free_port(host)
         self.web_port = free_port(host)
         self.tls = tls

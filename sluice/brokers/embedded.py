@@ -284,7 +284,7 @@ class EmbeddedBroker:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.data_dir,
-                preexec_fn=_die_with(os.getpid()) if self.die_with_parent else None,
+                preexec_fn=die_with(os.getpid()) if self.die_with_parent else None,
                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
             )
         finally:
@@ -326,7 +326,7 @@ class EmbeddedBroker:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with(parent: int) -> Callable[[], None] | None:
+def die_with(parent: int) -> Callable[[], None] | None:
     """A ``preexec_fn``: the child is sent SIGTERM when ``parent`` (the
     thread that forked it) ends; None where there is no prctl (not Linux)."""
     try:

@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 BROKERS: dict[str, Callable[[], EmbeddedBroker | ApachePulsar]] = {
     "pulsar-lite": lambda: EmbeddedBroker(port=None, die_with_parent=True),
-    "apache-pulsar": lambda: ApachePulsar(say=_say),
+    "apache-pulsar": lambda: ApachePulsar(say=_say, die_with_parent=True),
 }
 
 
