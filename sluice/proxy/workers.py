@@ -311,6 +311,7 @@ class Supervisor:
         self._ports_file: int | None = None  # --broker-ports-file, locked (hold_ports_file)
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
         self._stopped = trio.Event()
+        self._killed: set[int] = set()  # workers' pids killed by ``stop`` (said once)
         self._snapshotting = False
         # Configuration reloads: the generation every worker runs.
         self.generation = Generation(1, time.time(), "start")
@@ -489,12 +490,19 @@ class Supervisor:
         with trio.move_on_at(deadline):
             while any(w.running for w in self.workers):
                 await trio.sleep(0.05)
-        self.stop()
+        waited = self.config.drain_timeout + 5
+        self.stop(f"did not finish draining within {waited:g}s")
 
-    def stop(self) -> None:
+    def stop(self, why: str = "a second signal, stopping now") -> None:
+        """Kill every worker still running (each named in the log, with
+        ``why``: its connections are cut, not handed back), and stop."""
         for worker in self.workers:
             if worker.running:
                 assert worker.process is not None
+                if worker.process.pid not in self._killed:
+                    self._killed.add(worker.process.pid)
+                    log.error("worker %d (pid %d) killed: %s", worker.index,
+                              worker.process.pid, why)  # fmt: skip
                 worker.process.kill()
         self._stopped.set()
 
