@@ -4,6 +4,7 @@ header names (``ProtocolSpec.decode``)."""
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import functools
@@ -130,6 +131,62 @@ class Recording:
         return first
 
 
+class Repeats:
+    """Records that a flight-recorder snapshot read now holds and one read
+    before it already held: two snapshots of one recorder (one capture)
+    covering the same seconds (``--last 60``, then the whole ring) hold the
+    same records, byte for byte. Each holds, after its ``snapshot``
+    record, a run of the ring's records numbered from the ``ring`` that
+    record names (one more each, in file order; the ring numbers every
+    record once); records whose numbers a file of the same capture read
+    earlier held are repeats. (Not told by their times: the frames of one
+    read share ``t`` and ``w``.) Snapshots written before the numbers were
+    (no ``ring``) are read whole, as they were.
+
+    ``repeated`` is given every record of every file, in reading order."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, list[tuple[int, int]]] = {}  # capture -> runs read, merged
+        self._capture = ""
+        self._first: int | None = None  # the ring number of the file's first numbered record
+        self._next = 0  # that of the next one
+
+    def repeated(self, record: dict[str, Any]) -> bool:
+        kind = record.get("k")
+        if kind == "header":
+            self._done()
+            self._capture = str(record.get("capture", ""))
+            return False
+        if self._first is not None:
+            number = self._next
+            self._next += 1
+            return self._holds(number)
+        ring = record.get("ring")
+        if kind == "snapshot" and isinstance(ring, int) and not isinstance(ring, bool):
+            self._first = self._next = ring
+        return False
+
+    def _holds(self, number: int) -> bool:
+        runs = self._held.get(self._capture, [])
+        at = bisect.bisect_right(runs, (number, float("inf"))) - 1
+        return at >= 0 and runs[at][0] <= number < runs[at][1]
+
+    def _done(self) -> None:
+        """The file read so far (its numbered run) is held from now on."""
+        if self._first is None:
+            return
+        if self._next > self._first:
+            merged: list[tuple[int, int]] = []
+            for low, high in sorted([*self._held.get(self._capture, []),
+                                     (self._first, self._next)]):  # fmt: skip
+                if merged and low <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+                else:
+                    merged.append((low, high))
+            self._held[self._capture] = merged
+        self._first = None
+
+
 def listed(target: Path) -> list[Path]:
     """The recording files at ``target`` (``recording_files``), with a file
     or directory this user may not read said so (a RecordingError naming
@@ -189,6 +246,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     joined = False  # the file read now is a segment read without the one before it
     skipped: list[Unfinished | Gone] = []  # files of no whole record, or removed
     web: collections.Counter[str] = collections.Counter()  # http and ws records
+    repeats = Repeats()  # what overlapping snapshots both hold, read once
     for path in paths:
         result = ReadResult(path)
         records = read_records(path, result)
@@ -201,6 +259,8 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
             skipped.append(exc)
             continue
         for record in itertools.chain([first] if first is not None else [], records):
+            if repeats.repeated(record):
+                continue
             kind = record["k"]
             if kind not in ("conn", "header") and heading is not None:
                 for restated, marked in heading:

@@ -27,6 +27,12 @@ from sluice.recording.format import Record
 class Part:
     mono_ns: int  # when the batch was taken (its records are from up to then)
     data: bytes
+    # The ring number of its first record (the ring numbers every record it
+    # takes, from 0, never again), and how many records it holds: a
+    # snapshot's ``ring``, by which readers know the records that
+    # overlapping snapshots both hold.
+    first: int = 0
+    records: int = 0
 
 
 class Ring:
@@ -36,15 +42,19 @@ class Ring:
         self.parts: collections.deque[Part] = collections.deque()
         self.bytes = 0
         self.evicted_parts = 0
+        self.records = 0  # records taken so far: the next one's ring number
         # When the newest evicted part was taken: records from before then
         # may be gone (None: nothing evicted yet).
         self.evicted_until_ns: int | None = None
 
-    def add(self, mono_ns: int, packed: list[bytes]) -> None:
+    def add(self, mono_ns: int, packed: list[bytes], records: int | None = None) -> None:
+        """Keep ``packed``, ``records`` records (default: one each)."""
         if not packed:
             return
         data = b"".join(packed)
-        self.parts.append(Part(mono_ns, data))
+        count = len(packed) if records is None else records
+        self.parts.append(Part(mono_ns, data, self.records, count))
+        self.records += count
         self.bytes += len(data)
         self.evict(mono_ns)
 

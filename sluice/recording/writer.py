@@ -655,17 +655,21 @@ class Recorder:
         """What the disk would have got goes to the ring."""
         assert self._ring is not None
         packed = self._packed
+        # An entry holds its frames' records (a compiled step's, several),
+        # or one record that is not a frame's (counted 0).
+        records = sum(max(count, 1) for count in self._packed_counts)
         if self._dropped:
             gap = {"k": "gap", "t": time.monotonic_ns(), "w": time.time_ns(),
                    "dropped": self._dropped}  # fmt: skip
             packed = [pack(gap), *packed]
+            records += 1
             self._dropped = 0
         self.frames_written += self._packed_frames
         self._packed, self._packed_opens, self._packed_counts = [], [], []
         self._packed_closes = []
         self._packed_bytes = self._packed_frames = 0
         now = time.monotonic_ns()
-        self._ring.add(now, packed)
+        self._ring.add(now, packed, records)
         self._ring.evict(now)
         # A connection's conn record is needed while any of its records may
         # be in the ring: until a part taken after it closed is evicted.
@@ -711,6 +715,9 @@ class Recorder:
                               "reason": reason or "on demand", "seconds": seconds}  # fmt: skip
             if note:
                 marker.update(note)
+            # The ring number of the first record after it (the largest it
+            # can be, while the head is measured against the share).
+            marker["ring"] = ring.records
 
             def write() -> tuple[int, int, Removed]:
                 chosen = parts
@@ -721,6 +728,14 @@ class Recorder:
                     longest = len(pack_all([*first, *restate(most, open_records, closed), marker]))
                     chosen = newest_within(parts, share - longest)
                 need = needed(chosen)
+                if chosen:
+                    marker["ring"] = chosen[0].first
+                if need.records != sum(p.records for p in chosen):
+                    # Counted wrong somewhere: no numbers rather than wrong
+                    # ones (a reader would skip records no other file holds).
+                    log.error("snapshot: the ring's parts hold %d records, not %d as counted",
+                              need.records, sum(p.records for p in chosen))  # fmt: skip
+                    del marker["ring"]
                 # It starts where its earliest record does, so offsets from
                 # the header's start (sluice inspect --since) read from 0: in
                 # any part (an HTTP exchange is written when it ends, with the
