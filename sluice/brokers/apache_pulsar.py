@@ -201,15 +201,24 @@ def provision(say: Say = say_on_stderr) -> Runtime:
     listing = home / "classpath.txt"
     stamp = home / "pom.sha256"
     want = hashlib.sha256(POM.read_bytes()).hexdigest()
-    if listing.is_file() and stamp.is_file() and stamp.read_text().strip() == want:
-        jars = tuple(p for p in listing.read_text().strip().split(os.pathsep) if p)
-        if jars and all(Path(j).is_file() for j in jars):
-            return Runtime(version, home, jars)
+    try:
+        if listing.is_file() and stamp.is_file() and stamp.read_text().strip() == want:
+            jars = tuple(p for p in listing.read_text().strip().split(os.pathsep) if p)
+            if jars and all(Path(j).is_file() for j in jars):
+                return Runtime(version, home, jars)
+    except (OSError, UnicodeDecodeError):
+        pass  # a listing or stamp that cannot be read (damaged): fetched again
     java_binary()
     mvn = shutil.which("mvn")
     if mvn is None:
         raise ProvisionError("fetching Apache Pulsar needs Maven (mvn): ./dev setup installs it")
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProvisionError(
+            f"cannot keep Apache Pulsar in {home}: {exc.strerror or exc} "
+            "(SLUICE_CACHE_DIR or XDG_CACHE_HOME moves the cache)"
+        ) from None
     say(f"fetching Apache Pulsar {version} with Maven into {home} (about 240 MB, once)")
     started = time.monotonic()
     partial = home / "classpath.txt.partial"
