@@ -270,6 +270,14 @@ class Worker:
         return self.running and self.admin is not None
 
 
+class _NotStarted(Exception):
+    """A worker's process could not be made (``cause``)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 @dataclass
 class Supervisor:
     config: ProxyConfig
@@ -510,7 +518,20 @@ class Supervisor:
         backoff = 0.5
         while not self.draining:
             started = trio.current_time()
-            code = await self._run_worker(worker)
+            try:
+                code = await self._run_worker(worker)
+            except _NotStarted as exc:
+                # No process now (fork or its pipes refused: a pids limit,
+                # no memory, no descriptors left): not a reason to end the
+                # proxy and the workers that serve. Tried again, pausing
+                # as for a worker that keeps dying.
+                if self.draining:
+                    return
+                log.error("worker %d could not be started: %s; trying again in %gs",
+                          worker.index, exc.cause, backoff)  # fmt: skip
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                continue
             for table in (LIMITS_FILE, HTTP_LIMITS_FILE):  # its connections are gone
                 clear_row(self._state / table, worker.index)
             if self.draining:
@@ -547,6 +568,8 @@ class Supervisor:
                 stdout=subprocess.PIPE,
                 pass_fds=fds,
             )
+        except OSError as exc:
+            raise _NotStarted(exc) from exc
         finally:
             self._spawning -= 1
         worker.process, worker.admin, worker.problem = process, None, None
