@@ -272,18 +272,6 @@ IDLE_UPSTREAM = 300.0
 _Key = tuple[Address, Credentials]
 
 
-def _serves(connected: Frame, type_: int, body: Any) -> bool:
-    """Whether a broker that answered CONNECT with ``connected`` can serve
-    this request as asked. Sluice's lookup connections tell clients they
-    may ask for partitioned-topic metadata without creating the topic
-    (PIP-344); a broker that does not say so would ignore the request's
-    ``metadata_auto_creation_enabled: false`` and create it."""
-    if type_ != Type.Value("PARTITIONED_METADATA") or body.metadata_auto_creation_enabled:
-        return True
-    flags = connected.body.feature_flags
-    return bool(flags.supports_get_partitioned_metadata_without_auto_creation)
-
-
 @dataclasses.dataclass
 class _Attempt:
     """A pooled connection being opened, awaited by those who asked for it
@@ -732,12 +720,6 @@ class PulsarBackend:
         type_, body, credentials = request
         try:
             upstream = await self._pool.get(address, credentials)
-            if not _serves(upstream.connected, type_, body):
-                return UpstreamFailure(
-                    f"broker {address} cannot give partitioned-topic metadata without "
-                    "creating the topic (it does not announce PIP-344)",
-                    pb.NotAllowedError,
-                )
             return await upstream.request(type_, body, REQUEST_TIMEOUT)
         except UpstreamFailure as failure:
             return failure
