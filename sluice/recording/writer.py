@@ -757,10 +757,21 @@ class Recorder:
                 directory.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
                 if directory.is_symlink():  # planted: what it points at is not ours
                     raise SnapshotError(f"{directory} is a symbolic link: not written through")
-                with open(path, "wb", opener=create_new) as handle:
-                    hold(handle.fileno())
-                    for data in (head, *(p.data for p in chosen)):
-                        handle.write(data)
+                handle = open(path, "wb", opener=create_new)  # noqa: SIM115 (closed below)
+                try:
+                    with handle:
+                        hold(handle.fileno())
+                        for data in (head, *(p.data for p in chosen)):
+                            handle.write(data)
+                except BaseException:
+                    # Cut (the disk full, a file size limit): no file rather
+                    # than one that reads as a damaged capture of the moment.
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    if self._writers == 1:  # (other workers may be writing theirs there)
+                        with contextlib.suppress(OSError):
+                            directory.rmdir()  # only if empty
+                    raise
                 return need.records, size, removed
 
             records, size, removed = await self._io(write)
