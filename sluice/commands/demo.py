@@ -13,6 +13,7 @@ import contextlib
 import logging
 import shlex
 import signal
+import socket
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from sluice.errors import leaves
 from sluice.extras import need_extra
 from sluice.logs import setup_logging
 from sluice.protocols.pulsar.urls import parse_broker_url
-from sluice.proxy.config import ProxyConfig
+from sluice.proxy.config import ListenError, ProxyConfig
 from sluice.proxy.server import Proxy
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.writer import RecorderConfig
@@ -360,6 +361,13 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"sluice demo: --record {args.record}: {exc.strerror or exc}", file=sys.stderr)
             return 2
+    for flag, asked in (("--port", args.port), ("--admin-port", args.admin_port)):
+        # Before the broker starts (Apache Pulsar: seconds to a minute): a
+        # port asked for that is taken is said now, as the proxy would say it.
+        problem = _cannot_listen(flag, asked)
+        if problem:
+            print(f"sluice demo: {problem}", file=sys.stderr)
+            return 1
     _say(f"starting the embedded broker ({args.embedded}) ...")
     with contextlib.ExitStack() as stack:
         stack.callback(logging.shutdown)
@@ -394,6 +402,21 @@ def run(args: argparse.Namespace) -> int:
                 raise found[0] from None  # the report's reader left (`| head`): main's to say
             print(f"sluice demo: {found[0]}", file=sys.stderr)
             return 1
+
+
+def _cannot_listen(flag: str, asked: int) -> str:
+    """Why the proxy could not listen on 127.0.0.1:``asked`` (``flag``'s
+    port; 0: one drawn free later), or "" where it can now. Bound as the
+    proxy binds (SO_REUSEADDR: a port in TIME_WAIT is no problem)."""
+    if not asked:
+        return ""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", asked))
+        except OSError as exc:
+            return str(ListenError(flag, Address("127.0.0.1", asked), exc))
+    return ""
 
 
 def _interrupt(signum: int, frame: Any) -> None:
