@@ -57,6 +57,10 @@ TIMEOUT = 10.0
 # What a reload may take, answered (an issuer's keys or Sluice's own token
 # fetched, every worker waited for): past TIMEOUT, the caller got no answer.
 RELOAD_TIME = 90.0
+# What writing a snapshot may take, answered (a ring of up to 256 MiB read
+# and written, on a slow volume): past TIMEOUT, the caller got no answer,
+# though the capture was written (and asked again: a second one).
+SNAPSHOT_TIME = 120.0
 # Admin connections held at once (each for at most TIMEOUT), per endpoint.
 MAX_CONNECTIONS = 64
 # How long a connection answered 503 at the cap is given to send its request
@@ -519,6 +523,7 @@ class SnapshotEndpoint:
 
     recorder: Recorder | None
     token: str | None = None
+    time_limit: float = SNAPSHOT_TIME  # (longer than a request's: see _respond)
 
     async def __call__(self, request: AdminRequest) -> tuple[int, Any]:
         if request.target != "/recording/snapshot":
