@@ -80,3 +80,32 @@ def test_a_recent_and_a_whole_snapshot_read_together_hold_each_message_once(
     assert sent_payloads(Path(json.loads(answer)["path"])) == expected
     assert sent_payloads(Path(whole.stdout.strip())) == expected
     assert sent_payloads(record) == expected
+
+
+async def test_snapshots_of_one_ring_are_read_in_the_order_they_were_taken(
+    tmp_path: Path,
+) -> None:
+    """Snapshot directories are named by the time to the second, then the
+    reason: two taken within one second can be listed later one first (a
+    rule's snapshot and one on demand). Read as one recording, the frames
+    still come in the order recorded, not the later snapshot's first."""
+    conn = Conn(1, "127.0.0.1:5555", "plain", "pulsar")
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    pong = decode_frame(encode(command(Type.Value("PONG"))))
+    config = RecorderConfig(tmp_path, PayloadPolicy.FULL, ring_bytes=MiB, flush_interval=0.02)
+    recorder = Recorder(config)
+    recorder.open_connection(1, client="127.0.0.1:5555", kind="proxied", listener="plain",
+                             broker="127.0.0.1:6650")  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        recorder.frames(conn, True, [ping, ping])
+        await trio.sleep(0.3)
+        recorder.frames(conn, False, [pong])
+        # The earlier one (the whole ring) named to list after the later one
+        # (its last 0.2 s: the PONG alone), as reasons within a second can be.
+        await recorder.snapshot(name="snapshot-20260101T000000-zz-rule-1a2b3c")
+        await recorder.snapshot(name="snapshot-20260101T000000-aa-demand-4d5e6f", last=0.2)
+        nursery.cancel_scope.cancel()
+    (only,) = load(tmp_path).connections
+    assert [f.frame.name for f in only.frames] == ["PING", "PING", "PONG"]
+    assert [f.index for f in only.frames] == [0, 1, 2]

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import heapq
 import itertools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,31 @@ class Repeats:
         self._first = None
 
 
+# A file name as the recorder writes it: the UTC time it started (never
+# earlier than the capture's file before it), the capture, the file's number.
+_OWN_NAME = re.compile(r"sluice-(\d{8}T\d{6})-([0-9a-f]{12})-(\d{4,})\.sluice")
+
+
+def in_capture_order(paths: list[Path]) -> list[Path]:
+    """``paths`` (in name order), with each capture's own files, wherever
+    they lie, read in the order the recorder wrote them: by the time and
+    number in their names. Snapshot directories are named by the second,
+    then the reason; two snapshots of one second could be listed the later
+    one first, and its records (older ones after newer, in each
+    connection) read before the earlier one's. Other files, and the places
+    between captures, stay as they are."""
+    slots: dict[str, list[int]] = {}
+    for at, path in enumerate(paths):
+        if (own := _OWN_NAME.fullmatch(path.name)) is not None:
+            slots.setdefault(own[2], []).append(at)
+    ordered = list(paths)
+    for ats in slots.values():
+        mine = sorted((paths[at] for at in ats), key=lambda p: (p.name, str(p)))
+        for at, path in zip(ats, mine, strict=True):
+            ordered[at] = path
+    return ordered
+
+
 def listed(target: Path) -> list[Path]:
     """The recording files at ``target`` (``recording_files``), with a file
     or directory this user may not read said so (a RecordingError naming
@@ -222,7 +248,7 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
     Raises RecordingError (with a message for users) when the files cannot be
     used, e.g. recorded without payloads when ``need_payloads``.
     """
-    paths = listed(target)
+    paths = in_capture_order(listed(target))
     if not paths:
         raise RecordingError(f"{target}: no recordings (*.sluice) here")
     connections: dict[tuple[str, int], RecordedConnection] = {}
