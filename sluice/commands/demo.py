@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import shlex
 import signal
 import socket
@@ -209,8 +210,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DEMO_FLAGS = {"--listen": "--port", "--admin": "--admin-port"}
 
 
-async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
+async def demo(
+    args: argparse.Namespace, broker: Broker, record: Path, idle: threading.Event | None = None
+) -> int:
+    """``idle``, where given, is cleared while the workload's thread runs
+    and set once it has ended (it may outlive this, left behind)."""
     say = _say
+    idle = idle or threading.Event()
     port = args.port or free_port()
     admin = args.admin_port or free_port()
     config = ProxyConfig(
@@ -245,10 +251,16 @@ async def demo(args: argparse.Namespace, broker: Broker, record: Path) -> int:
             say(f"broker  {broker.url}  (embedded {args.embedded}, pid {broker.pid})")
             say(f"proxy   {url}  (clients connect here)")
             work = Workload(error="stopped")
+
+            def working() -> Workload:
+                try:
+                    return run_workload(url, args.messages, say, stop)
+                finally:
+                    idle.set()
+
+            idle.clear()
             with workload:
-                work = await trio.to_thread.run_sync(
-                    run_workload, url, args.messages, say, stop, abandon_on_cancel=True
-                )
+                work = await trio.to_thread.run_sync(working, abandon_on_cancel=True)
             interrupted = bool(received)  # before the report: the workload was cut short
             if not interrupted:
                 await trio.sleep(0.5)  # let the recorder flush
@@ -342,6 +354,22 @@ def _say(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    idle = threading.Event()  # the workload's thread has ended (or never ran)
+    idle.set()
+    code = _run(args, idle)
+    if not idle.is_set():
+        # The client's thread was left behind, stuck in the official client
+        # (a broker that answers nothing): the interpreter's exit would tear
+        # the C++ client down under it ("terminate called without an active
+        # exception", SIGABRT). Broker and proxy are stopped by now: leave.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    return code
+
+
+def _run(args: argparse.Namespace, idle: threading.Event) -> int:
     setup_logging("warning")
     if not need_extra("demo", "demo"):
         return 2
@@ -391,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
             record = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
             stack.callback(_remove_if_empty, record)
         try:
-            return trio.run(demo, args, broker, record)
+            return trio.run(demo, args, broker, record, idle)
         except KeyboardInterrupt:
             return 130
         except Exception as exc:  # trio wraps what its tasks raise in groups
