@@ -467,11 +467,21 @@ def authorize(request: AdminRequest, token: str | None, what: str) -> None:
         )
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        value.strip().encode(), token.encode()
-    ):
+    if scheme.lower() != "bearer" or not _same_token(value.strip(), token):
         raise Refused(401, "a valid admin token is needed (Authorization: Bearer TOKEN)",
                        [("WWW-Authenticate", 'Bearer realm="sluice"')])  # fmt: skip
+
+
+def _same_token(sent: str, token: str) -> bool:
+    """Whether ``sent`` (read from the head as Latin-1) is ``token``, in
+    constant time: its bytes as sent are the token's UTF-8 (curl, the
+    supervisor's calls to its workers) or Latin-1 (Python's http.client,
+    ``sluice faults``) bytes."""
+    raw = sent.encode("latin-1", "replace")
+    same = hmac.compare_digest(raw, token.encode())
+    with contextlib.suppress(UnicodeEncodeError):
+        same |= hmac.compare_digest(raw, token.encode("latin-1"))
+    return same
 
 
 @dataclass(frozen=True)
