@@ -151,6 +151,10 @@ START_TIMEOUT = 60.0
 # pause that doubles each time (up to MAX_BACKOFF); one that ran longer at once.
 STABLE_AFTER = 10.0
 MAX_BACKOFF = 30.0
+# Until a worker has said it is ready once, this many failed starts of each
+# worker (all of them, together) end the proxy: one that cannot start is to
+# say so and exit, as a lone proxy does, not hold the port with none to serve.
+START_TRIES = 3
 # How often a worker checks that its parent is still the supervisor (the
 # fallback; the end-of-file on its stdin is seen at once).
 SUPERVISOR_CHECK = 1.0
@@ -252,6 +256,8 @@ class Worker:
     process: trio.Process | None = None
     admin: Address | None = None
     restarts: int = 0
+    # Its starts that failed, before any worker had said it is ready.
+    failed_starts: int = 0
     # The worker's own /readyz at the supervisor's last look: None before
     # the first look since it (re)started, "" ready, else why not.
     problem: str | None = None
@@ -320,6 +326,11 @@ class Supervisor:
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
         self._stopped = trio.Event()
         self._killed: set[int] = set()  # workers' pids killed by ``stop`` (said once)
+        # A worker has said it is ready (no failed start counts from then on).
+        self._ever_ready = False
+        # Why the supervisor stopped of itself (no worker could start).
+        self.gave_up: str | None = None
+        self._given_up = trio.Event()
         self._snapshotting = False
         # Configuration reloads: the generation every worker runs.
         self.generation = Generation(1, time.time(), "start")
@@ -527,8 +538,10 @@ class Supervisor:
                 # as for a worker that keeps dying.
                 if self.draining:
                     return
-                log.error("worker %d could not be started: %s; trying again in %gs",
-                          worker.index, exc.cause, backoff)  # fmt: skip
+                what = f"worker {worker.index} could not be started: {exc.cause}"
+                if self._failed_start(worker, what):
+                    return
+                log.error("%s; trying again in %gs", what, backoff)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 continue
@@ -541,9 +554,27 @@ class Supervisor:
             self.restarts.inc()
             pause = 0.0 if ran >= STABLE_AFTER else backoff
             backoff = 0.5 if ran >= STABLE_AFTER else min(backoff * 2, MAX_BACKOFF)
-            log.error("worker %d exited (%s) after %.1fs; restarting%s", worker.index,
-                      _exit_text(code), ran, f" in {pause:g}s" if pause else "")  # fmt: skip
+            what = f"worker {worker.index} exited ({_exit_text(code)}) after {ran:.1f}s"
+            if self._failed_start(worker, what):
+                return
+            log.error("%s; restarting%s", what, f" in {pause:g}s" if pause else "")
             await trio.sleep(pause)
+
+    def _failed_start(self, worker: Worker, what: str) -> bool:
+        """``worker`` ended, or could not be started (``what``): whether the
+        supervisor gives up, as no worker has ever said it is ready and each
+        failed ``START_TRIES`` times (then it stops: ``gave_up`` says why)."""
+        if self._ever_ready:
+            return False
+        worker.failed_starts += 1
+        if any(w.failed_starts < START_TRIES for w in self.workers):
+            return False
+        self.gave_up = f"no worker could start ({START_TRIES} tries each; the last: {what})"
+        log.error("%s: stopping", self.gave_up)
+        self.draining = True
+        self.stop("no worker could start")
+        self._given_up.set()
+        return True
 
     def _worker_config(self, config: ProxyConfig) -> ProxyConfig:
         """What a worker runs of ``config``. A private admin port (loopback,
@@ -600,6 +631,7 @@ class Supervisor:
                 if words[:1] == ["ready"]:
                     # It takes SIGHUP now: a reload sent none while it started.
                     worker.said_ready = True
+                    self._ever_ready = True
                     if self._hup_pending:
                         with contextlib.suppress(ProcessLookupError):
                             process.send_signal(signal.SIGHUP)
@@ -1261,8 +1293,18 @@ async def serve_workers(
                      config.broker)  # fmt: skip
         if load is not None:
             nursery.start_soon(reload_when_asked, supervisor, config_file)
-        await serve_until_signalled(supervisor)
+        async with trio.open_nursery() as serving:  # until signalled, or given up
+
+            async def until_given_up() -> None:
+                await supervisor._given_up.wait()
+                serving.cancel_scope.cancel()
+
+            serving.start_soon(until_given_up)
+            await serve_until_signalled(supervisor)
+            serving.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
+    if supervisor.gave_up is not None:  # (exit code 1, the reason logged)
+        raise ConfigError(supervisor.gave_up)
     log.info("stopped")
 
 
