@@ -39,7 +39,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from sluice.brokers.embedded import BrokerError, die_with, free_port, terminate, wait_for_port
+from sluice.brokers.embedded import (
+    _DRAWS,
+    BrokerError,
+    _in_use,
+    die_with,
+    free_port,
+    terminate,
+    wait_for_port,
+)
 from sluice.protocols.pulsar import (
     CLOSED,
     Frame,
@@ -487,6 +495,36 @@ class ApachePulsar(JavaServer):
         if self.process is not None:
             raise BrokerError("broker already started")
         self.runtime = provision(self.say)
+        for draws in range(_DRAWS, 0, -1):
+            try:
+                return self._start()
+            except BrokerError:
+                # A port drawn free at construction was bound by another
+                # process before the JVM (seconds later) could: those drawn
+                # again, on a first start only (a start after kill() is on
+                # the same ports, by design).
+                taken = [p for p in self._ports() if _in_use(self.host, p)]
+                if self.start_seconds is not None or draws == 1 or not taken:
+                    raise
+                self.say(f"port(s) {', '.join(map(str, taken))} taken meanwhile: new ones")
+                self._redraw(taken)
+        raise AssertionError("unreachable")
+
+    def _ports(self) -> list[int]:
+        return [p for p in (self.port, self.web_port, self.tls_port, self.web_tls_port) if p]
+
+    def _redraw(self, taken: list[int]) -> None:
+        if self.port in taken:
+            self.port = free_port(self.host)
+        if self.web_port in taken:
+            self.web_port = free_port(self.host)
+        if self.tls_port in taken:
+            self.tls_port = free_port(self.host)
+        if self.web_tls_port in taken:
+            self.web_tls_port = free_port(self.host)
+
+    def _start(self) -> ApachePulsar:
+        assert self.runtime is not None
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self._config()
         command = self.runtime.java(
