@@ -42,7 +42,6 @@ from typing import Self
 from sluice.brokers.embedded import (
     _DRAWS,
     BrokerError,
-    _in_use,
     die_with,
     free_port,
     terminate,
@@ -503,7 +502,7 @@ class ApachePulsar(JavaServer):
                 # process before the JVM (seconds later) could: those drawn
                 # again, on a first start only (a start after kill() is on
                 # the same ports, by design).
-                taken = [p for p in self._ports() if _in_use(self.host, p)]
+                taken = [p for p in self._ports() if _held(self.host, p)]
                 if self.start_seconds is not None or draws == 1 or not taken:
                     raise
                 self.say(f"port(s) {', '.join(map(str, taken))} taken meanwhile: new ones")
@@ -724,6 +723,20 @@ class ApachePulsarProxy(JavaServer):
             f"in {self.start_seconds:.1f} s, pid {self.pid}"
         )
         return self
+
+
+def _held(host: str, port: int) -> bool:
+    """Whether another socket is bound to ``port`` on ``host`` now. Bound as
+    a server binds (SO_REUSEADDR), so that the broker's own connections left
+    in TIME_WAIT (its health checks, after a start that timed out) are not
+    taken for another process's port and the start tried again for them."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def answered_connect(
