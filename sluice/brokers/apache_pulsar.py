@@ -788,9 +788,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "provision":
             say_on_stderr(f"Apache Pulsar {runtime.version} is ready in {runtime.home}")
             return 0
-        with ApachePulsar() as broker:
+        # SIGTERM as Ctrl-C from here on, while the JVM comes up too: the
+        # broker stopped and its data removed. die_with_parent: a SIGKILL
+        # of this process takes the JVM with it.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        with ApachePulsar(die_with_parent=True) as broker:
             say_on_stderr(f"{broker.url} until Ctrl-C (log: {broker.log_path})")
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
             while True:
                 time.sleep(3600)
     except BrokerError as exc:
