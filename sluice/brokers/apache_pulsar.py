@@ -11,7 +11,7 @@ RocksDB, one bookie, no functions worker) with our own ``standalone.conf`` and
 log configuration, waits until the broker's health check passes and a producer
 round trip (through our own codec) works, and stops it by PID.
 
-Used by the test suite, the benchmarks and ``sluice demo --broker apache-pulsar``.
+Used by the test suite, the benchmarks and ``sluice demo --embedded apache-pulsar``.
 Needs Java 17 and Maven (``./dev setup`` installs both when missing).
 """
 
