@@ -30,7 +30,7 @@ from sluice.recording.format import (
     read_records,
 )
 from sluice.recording.pcapng import PcapngWriter
-from sluice.recording.reader import holds_nothing, listed
+from sluice.recording.reader import Repeats, holds_nothing, in_capture_order, listed
 from sluice.recording.writer import private
 
 log = logging.getLogger("sluice.inspect")
@@ -266,10 +266,13 @@ def records(
 ) -> Iterator[tuple[str, Record]]:
     """(capture id, record) for every record in the files, in file order. A
     connection's ``conn`` record comes once: the copies that later segments
-    of its capture open with (so that each reads on its own) are left out.
+    of its capture open with (so that each reads on its own) are left out;
+    so do the records that an earlier flight-recorder snapshot of the same
+    capture held (``Repeats``: overlapping snapshots hold the same ones).
     Several files none of which holds a whole record are a RecordingError
     naming ``target`` (default: their first's directory), once all are read."""
     opened: set[tuple[str, int]] = set()
+    repeats = Repeats()
     skipped: list[Unfinished | Gone] = []  # files of no whole record, or removed
     for path in paths:
         result = ReadResult(path)
@@ -285,6 +288,8 @@ def records(
             continue
         try:
             for record in read_records(path, result):
+                if repeats.repeated(record):
+                    continue
                 kind = record["k"]
                 if kind == "header":
                     capture = record["capture"]
@@ -502,7 +507,9 @@ def run(args: argparse.Namespace) -> int:
         print("sluice inspect: --with-bytes goes with --json", file=sys.stderr)
         return 2
     try:
-        paths = listed(args.recording)
+        # Each capture's files in the order written: what a snapshot repeats
+        # of an earlier one's is left out (``records``), not the earlier's.
+        paths = in_capture_order(listed(args.recording))
     except RecordingError as exc:
         print(f"sluice inspect: {exc}", file=sys.stderr)
         return 2
