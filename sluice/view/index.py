@@ -33,7 +33,7 @@ from sluice.recording.format import (
     read_records,
     record_at,
 )
-from sluice.recording.reader import holds_nothing, listed
+from sluice.recording.reader import Repeats, holds_nothing, in_capture_order, listed
 
 log = logging.getLogger("sluice.view")
 
@@ -342,14 +342,17 @@ class Index:
     def build(self) -> None:
         """Read every file (in a thread: the server answers meanwhile)."""
         try:
-            self.files = listed(self.target)
+            # Each capture's files in the order written, and what a
+            # flight-recorder snapshot repeats of an earlier one's left out.
+            self.files = in_capture_order(listed(self.target))
             if not self.files:
                 raise RecordingError(f"{self.target}: no recordings (*.sluice) here")
             sizes = [_size(p) for p in self.files]
             self.total_bytes = sum(sizes)
             skipped: list[Unfinished | Gone] = []
+            repeats = Repeats()
             for number, path in enumerate(self.files):
-                problem = self._read(number, path, sum(sizes[:number]))
+                problem = self._read(number, path, sum(sizes[:number]), repeats)
                 if problem is not None:
                     skipped.append(problem)
             if len(skipped) == len(self.files):  # (a lone one is refused as it is read)
@@ -393,8 +396,12 @@ class Index:
             self._selections.clear()
             self._timelines.clear()
 
-    def _read(self, number: int, path: Path, before: int) -> Unfinished | Gone | None:
-        """One file's records; ``before``: the bytes of the files read before it.
+    def _read(
+        self, number: int, path: Path, before: int, repeats: Repeats
+    ) -> Unfinished | Gone | None:
+        """One file's records; ``before``: the bytes of the files read before it;
+        ``repeats``: what the files read before held (records an earlier
+        snapshot of the same capture held are passed over).
         Returns why it was skipped, if it was (among others: no whole record
         in it, or removed since listed)."""
         result = ReadResult(path)
@@ -412,6 +419,9 @@ class Index:
             self.truncated.append(_skipped(path, exc))
             return exc
         for record in itertools.chain([first] if first is not None else [], records):
+            if repeats.repeated(record):
+                self.read_bytes = before + result.offset
+                continue
             if record.get("k") == "header":
                 self.versions[number] = result.version
             try:
