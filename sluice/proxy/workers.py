@@ -23,8 +23,11 @@ What must look like one proxy does:
   opens an admin port, and workers get the ``--faults`` rules with their
   configuration.
 - A worker that dies is restarted (``sluice_worker_restarts_total``), with a
-  growing pause if it keeps dying at once. SIGTERM drains every worker
-  within ``--drain-timeout``.
+  growing pause if it keeps dying at once; when no worker has ever started,
+  the supervisor gives up after ``START_TRIES`` each, with exit code 1.
+  SIGTERM drains every worker within ``--drain-timeout``; a second signal
+  tells each to stop at once (closing its connections and recording), and
+  kills one that has not within ``STOP_GRACE``.
 - A worker never outlives the supervisor. The supervisor keeps the write end
   of the worker's stdin open for the worker's whole life and never writes to
   it after the start; when the supervisor dies, by SIGKILL too, the kernel
@@ -155,6 +158,9 @@ MAX_BACKOFF = 30.0
 # worker (all of them, together) end the proxy: one that cannot start is to
 # say so and exit, as a lone proxy does, not hold the port with none to serve.
 START_TRIES = 3
+# Stopping at once (a second signal): how long a worker told to stop may
+# take to close its connections and recording before it is killed.
+STOP_GRACE = 3.0
 # How often a worker checks that its parent is still the supervisor (the
 # fallback; the end-of-file on its stdin is seen at once).
 SUPERVISOR_CHECK = 1.0
@@ -326,6 +332,8 @@ class Supervisor:
         self._state = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
         self._stopped = trio.Event()
         self._killed: set[int] = set()  # workers' pids killed by ``stop`` (said once)
+        # Stopping at once (``stop``): when the workers told must have exited.
+        self._stop_by: float | None = None
         # A worker has said it is ready (no failed start counts from then on).
         self._ever_ready = False
         # Why the supervisor stopped of itself (no worker could start).
@@ -510,20 +518,36 @@ class Supervisor:
             while any(w.running for w in self.workers):
                 await trio.sleep(0.05)
         waited = self.config.drain_timeout + 5
-        self.stop(f"did not finish draining within {waited:g}s")
-
-    def stop(self, why: str = "a second signal, stopping now") -> None:
-        """Kill every worker still running (each named in the log, with
-        ``why``: its connections are cut, not handed back), and stop."""
-        for worker in self.workers:
-            if worker.running:
-                assert worker.process is not None
-                if worker.process.pid not in self._killed:
-                    self._killed.add(worker.process.pid)
-                    log.error("worker %d (pid %d) killed: %s", worker.index,
-                              worker.process.pid, why)  # fmt: skip
-                worker.process.kill()
+        self._kill(f"did not finish draining within {waited:g}s")
         self._stopped.set()
+
+    def stop(self) -> None:
+        """Stop at once (a second signal): every worker is told to stop
+        at once, as a lone proxy's second signal does (its connections
+        closed, its recording closed, not lost), and killed if it has not
+        within ``STOP_GRACE`` (``_run_worker``); one that cannot be told now
+        is killed at once."""
+        if self._stop_by is None:
+            self._stop_by = trio.current_time() + STOP_GRACE
+        for worker in self.workers:
+            if worker.running and not _tell_stop(worker):
+                self._kill_one(worker, "a second signal, stopping now")
+        self._stopped.set()
+
+    def _kill(self, why: str) -> None:
+        """Kill every worker still running, each named in the log with
+        ``why``: its connections are cut, not handed back."""
+        for worker in self.workers:
+            self._kill_one(worker, why)
+
+    def _kill_one(self, worker: Worker, why: str) -> None:
+        process = worker.process
+        if process is None or process.returncode is not None:
+            return
+        if process.pid not in self._killed:
+            self._killed.add(process.pid)
+            log.error("worker %d (pid %d) killed: %s", worker.index, process.pid, why)
+        process.kill()
 
     async def _keep_running(self, worker: Worker) -> None:
         backoff = 0.5
@@ -572,7 +596,8 @@ class Supervisor:
         self.gave_up = f"no worker could start ({START_TRIES} tries each; the last: {what})"
         log.error("%s: stopping", self.gave_up)
         self.draining = True
-        self.stop("no worker could start")
+        self._kill("no worker could start")
+        self._stopped.set()
         self._given_up.set()
         return True
 
@@ -647,6 +672,12 @@ class Supervisor:
         finally:
             worker.admin, worker.problem, worker.said_ready = None, None, False
             with trio.CancelScope(shield=True):
+                if process.returncode is None and self._stop_by is not None:
+                    with trio.move_on_at(self._stop_by):  # told to stop at once
+                        await process.wait()
+                    if process.returncode is None:
+                        self._kill_one(worker, f"did not stop within {STOP_GRACE:g}s of the "
+                                       "second signal")  # fmt: skip
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
@@ -1256,6 +1287,21 @@ async def _tell_drain(worker: Worker, process: trio.Process) -> None:
             await process.stdin.send_all(_DRAIN)
 
 
+def _tell_stop(worker: Worker) -> bool:
+    """Tell ``worker`` to stop at once (``_STOP`` on its stdin, after its
+    drain word): whether it was told (not while its settings are being
+    written, nor once its stdin is gone)."""
+    process = worker.process
+    if process is None or process.stdin is None or worker.writing.locked():
+        return False
+    stdin = process.stdin
+    assert isinstance(stdin, trio.lowlevel.FdStream)
+    try:
+        return os.write(stdin.fileno(), _STOP) == 1
+    except (OSError, ValueError):  # full (never: a byte or two), gone, closed
+        return False
+
+
 async def _read_line(stream: trio.abc.ReceiveStream) -> str:
     data = b""
     while b"\n" not in data:
@@ -1500,6 +1546,8 @@ class _Told:
 
     why: str = ""
     event: trio.Event = field(default_factory=trio.Event)
+    # The supervisor's word to stop at once (its second signal).
+    now: trio.Event = field(default_factory=trio.Event)
 
     def set(self, why: str) -> None:
         if not self.event.is_set():
@@ -1530,9 +1578,16 @@ async def _serve(proxy: Proxy, told: _Told) -> None:
             await told.event.wait()
             first.set(told.why)
 
+        async def stopped_now() -> None:
+            await told.now.wait()
+            first.set(told.why)
+            log.warning("the supervisor stops at once: stopping now")
+            proxy.stop()
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(signalled)
             nursery.start_soon(worded)
+            nursery.start_soon(stopped_now)
             await first.event.wait()
             log.info("%s: draining", first.why)
             await proxy.drain()
@@ -1556,6 +1611,9 @@ async def _watch_supervisor(
                 break
             if word == _DRAIN:
                 told.set("the supervisor drains")
+            elif word == _STOP:
+                told.set("the supervisor stops")
+                told.now.set()
         if os.getppid() != supervisor:
             seen = "a new parent"
             break
@@ -1566,10 +1624,11 @@ async def _watch_supervisor(
     told.set("the supervisor is gone")
 
 
-# The worker's stdin: the spec, then the supervisor's word to drain, then
-# nothing until the supervisor is gone.
+# The worker's stdin: the spec, then the supervisor's word to drain (and,
+# on its second signal, to stop at once), then nothing until it is gone.
 _LIFELINE = 0
 _DRAIN = b"d"
+_STOP = b"s"  # after _DRAIN: the supervisor's second signal
 
 
 def _read_spec() -> WorkerSpec:
