@@ -110,13 +110,15 @@ def test_retention_by_age_and_files_being_written_are_kept(tmp_path: Path) -> No
 TOKEN = "flight-recorder-token"
 
 
-def ring_proxy(broker_url: str, tmp_path: Path, *extra: str) -> tuple[ProxyProcess, int, Path]:
+def ring_proxy(
+    broker_url: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[ProxyProcess, int, Path]:
     record, admin = tmp_path / "rec", free_port()
     token = tmp_path / "admin-token"
     token.write_text(TOKEN)
     proxy = start_proxy(broker_url, tmp_path, "--record", str(record), "--record-payloads",
                         "full", "--admin", f"127.0.0.1:{admin}", "--admin-token-file",
-                        str(token), *extra)  # fmt: skip
+                        str(token), *extra, env=env)  # fmt: skip
     return proxy, admin, record
 
 

@@ -527,6 +527,18 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass
+class Limited:
+    """``handler``, given ``time_limit`` seconds to answer instead of a
+    request's TIMEOUT (see _respond)."""
+
+    handler: Handler
+    time_limit: float
+
+    async def __call__(self, request: AdminRequest) -> tuple[int, Any]:
+        return await self.handler(request)
+
+
+@dataclass
 class SnapshotEndpoint:
     """``POST /recording/snapshot`` of one proxy process: its flight
     recorder's ring written out as a capture (needs the admin token)."""

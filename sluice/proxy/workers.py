@@ -89,9 +89,11 @@ from sluice.protocols.haproxy import HeaderError
 from sluice.proxy import hangup
 from sluice.proxy.admin import (
     RELOAD_TIME,
+    SNAPSHOT_TIME,
     AdminRequest,
     ConfigEndpoint,
     Handler,
+    Limited,
     Refused,
     SnapshotRequest,
     authorize,
@@ -401,7 +403,8 @@ class Supervisor:
                     nursery.start_soon(self._watch_readiness)
                     routes: dict[str, Handler] = {
                         "/faults": self.faults,
-                        "/recording": self.snapshot,
+                        # (each worker has SNAPSHOT_TIME to write its part)
+                        "/recording": Limited(self.snapshot, SNAPSHOT_TIME + DONE_TIMEOUT),
                         "/live": self.live,
                         "/config": ConfigEndpoint(
                             lambda: self.generation.to_json(), self._reload_json,
@@ -1038,7 +1041,7 @@ class Supervisor:
             async def ask(worker: Worker, admin: Address) -> None:
                 try:
                     status, text = await http(admin, "POST", "/recording/snapshot",
-                                              self.token, body)  # fmt: skip
+                                              self.token, body, timeout=SNAPSHOT_TIME)  # fmt: skip
                 except (OSError, trio.TooSlowError) as exc:
                     answers.append((502, f"worker {worker.index}: {exc}"))
                     return
@@ -1250,14 +1253,21 @@ class _Merged(Collector):
 
 
 async def http(
-    address: Address, method: str, path: str, token: str | None = None, body: object = None
+    address: Address,
+    method: str,
+    path: str,
+    token: str | None = None,
+    body: object = None,
+    *,
+    timeout: float = 10.0,
 ) -> tuple[int, bytes]:
-    """One HTTP/1.1 call to a worker's private admin endpoint."""
+    """One HTTP/1.1 call to a worker's private admin endpoint, answered
+    within ``timeout`` (trio.TooSlowError otherwise)."""
     data = b"" if body is None else json.dumps(body).encode()
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
     head = (f"{method} {path} HTTP/1.1\r\nHost: {address}\r\n{auth}"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n")  # fmt: skip
-    with trio.fail_after(10):
+    with trio.fail_after(timeout):
         stream = await trio.open_tcp_stream(address.host, address.port)
         try:
             await stream.send_all(head.encode() + data)
