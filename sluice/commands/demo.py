@@ -110,26 +110,36 @@ class Receipts:
     def __init__(self) -> None:
         self.done = threading.Semaphore(0)  # released once per answer
         self.failed: list[str] = []
+        self.ok = 0  # sends the broker confirmed so far
 
     def answered(self, result: Any, message_id: Any) -> None:
         import pulsar
 
         if result != pulsar.Result.Ok:
             self.failed.append(str(result))
+        else:
+            self.ok += 1
         self.done.release()
 
     def problem(self) -> str:
         return f"{len(self.failed)} batched sends failed ({self.failed[0]})"
 
 
-def run_workload(url: str, count: int, say: Any, stop: threading.Event | None = None) -> Workload:
+def run_workload(
+    url: str,
+    count: int,
+    say: Any,
+    stop: threading.Event | None = None,
+    result: Workload | None = None,
+) -> Workload:
     """Produce and consume through the proxy with the official client;
     ``stop``, once set, ends it between two sends or receives (the client
-    closed)."""
+    closed). ``result``, where given, is filled in as it goes (what was
+    sent and received so far, for a caller that stops waiting for it)."""
     import pulsar
 
     stop = stop or threading.Event()
-    result = Workload()
+    result = result if result is not None else Workload()
     topic = f"persistent://public/default/sluice-demo-{int(time.time())}"
     client = pulsar.Client(
         url, operation_timeout_seconds=15, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
@@ -154,17 +164,19 @@ def run_workload(url: str, count: int, say: Any, stop: threading.Event | None = 
         receipts = Receipts()
         for i in range(single, count):
             if stop.is_set():
+                result.sent = single + receipts.ok  # those confirmed by now
                 return result
             batched.send_async(f"demo message {i}".encode(), receipts.answered)
         batched.flush()
         for _ in range(single, count):
             deadline = time.monotonic() + 30
             while not receipts.done.acquire(timeout=POLL):
+                result.sent = single + receipts.ok
                 if stop.is_set():
                     return result
                 if time.monotonic() >= deadline:
                     raise TimeoutError("a batched send was not confirmed within 30 s")
-        result.sent += count - single - len(receipts.failed)
+        result.sent = single + receipts.ok
         if receipts.failed:
             # Only what was sent can be received: say so, rather than wait for the rest.
             result.error = receipts.problem()
@@ -250,11 +262,12 @@ async def demo(
             url = f"pulsar://127.0.0.1:{port}"
             say(f"broker  {broker.url}  (embedded {args.embedded}, pid {broker.pid})")
             say(f"proxy   {url}  (clients connect here)")
-            work = Workload(error="stopped")
+            # Filled in as it goes: what it did so far, should it be left behind.
+            work = Workload()
 
             def working() -> Workload:
                 try:
-                    return run_workload(url, args.messages, say, stop)
+                    return run_workload(url, args.messages, say, stop, work)
                 finally:
                     idle.set()
 
