@@ -38,3 +38,14 @@ async def test_other_bytes_are_still_refused(sent: bytes) -> None:
     with pytest.raises(Refused) as info:
         await _authorize(sent)
     assert info.value.status == 401
+
+
+@pytest.mark.parametrize("token", ["déjà", "ÅÅ", "ā-Ġ"])
+async def test_a_token_whose_utf_8_ends_in_a_byte_latin_1_reads_as_space_is_taken(
+    token: str,
+) -> None:
+    # 'à' is C3 A0 in UTF-8, 'Å' C3 85, 'Ġ' C4 A0: read as Latin-1 the last
+    # byte is NBSP or NEL, which str.strip() takes for whitespace; HTTP's
+    # is only spaces and tabs, and the token's bytes must stay whole.
+    await _authorize(token.encode(), token)
+    await _authorize(b"  " + token.encode() + b" \t", token)

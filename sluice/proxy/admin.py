@@ -260,6 +260,10 @@ async def serve_admin(
     await trio.serve_listeners(handle, listeners)
 
 
+# The whitespace around a header's value (RFC 9110: spaces and tabs).
+_OWS = " \t"
+
+
 async def _read_request(stream: trio.SocketStream) -> AdminRequest | None:
     data = b""
     while b"\r\n\r\n" not in data:
@@ -278,7 +282,10 @@ async def _read_request(stream: trio.SocketStream) -> AdminRequest | None:
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if sep:
-            headers[name.strip().lower()] = value.strip()
+            # HTTP's whitespace alone (RFC 9110 OWS): the head is read as
+            # Latin-1, where str.strip() would also take NBSP and NEL, the
+            # last bytes of UTF-8 characters such as 'à' (C3 A0).
+            headers[name.strip().lower()] = value.strip(_OWS)
     if headers.get("transfer-encoding", "identity").lower() != "identity":
         # Not read here: taken for no body, its fields would be ignored.
         raise Refused(400, "send the body with Content-Length (a chunked body is not read)")
@@ -467,7 +474,7 @@ def authorize(request: AdminRequest, token: str | None, what: str) -> None:
         )
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
-    if scheme.lower() != "bearer" or not _same_token(value.strip(), token):
+    if scheme.lower() != "bearer" or not _same_token(value.strip(_OWS), token):
         raise Refused(401, "a valid admin token is needed (Authorization: Bearer TOKEN)",
                        [("WWW-Authenticate", 'Bearer realm="sluice"')])  # fmt: skip
 
