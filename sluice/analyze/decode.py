@@ -34,7 +34,14 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from sluice.protocols import registry
-from sluice.recording.format import CLIENT_TO_BROKER, ReadResult, RecordingError, read_records_from
+from sluice.recording.format import (
+    CLIENT_TO_BROKER,
+    ReadResult,
+    RecordingError,
+    read_records,
+    read_records_from,
+)
+from sluice.recording.reader import Repeats, in_capture_order
 
 DIRECTIONS = ("client_to_broker", "broker_to_client")  # by the format's `d`
 # Frames whose `msgs` counts messages, whatever their protocol.
@@ -164,6 +171,53 @@ class Unreadable(bytes):
         return unread
 
 
+# Every file the job reads, as listed, where the executors read them
+# themselves (local paths; set by the job on each executor, ``read_among``):
+# a flight-recorder snapshot passes over the records that an earlier file of
+# its capture among them held (overlapping snapshots hold the same ones).
+# Empty where Spark hands the executors the contents: each read whole.
+_LISTED: tuple[str, ...] = ()
+
+
+def read_among(listed: Iterable[str]) -> None:
+    """The files the job reads (their listed paths, all local)."""
+    global _LISTED
+    _LISTED = tuple(listed)
+
+
+def _held_before(path: str, header: dict[str, Any]) -> Repeats | None:
+    """A ``Repeats`` that has read the files of the capture ``header``
+    names written before ``path`` (``in_capture_order``) among those the
+    job reads, and then ``header``; None where there are none. Each is read
+    up to its first record that is no restated connection, unless it is a
+    snapshot (no other file repeats records)."""
+    capture = str(header.get("capture", ""))
+    if not capture or path not in _LISTED:
+        return None
+    named = {Path(p): p for p in _LISTED if f"-{capture}-" in Path(p).name}
+    ordered = [named[p] for p in in_capture_order(sorted(named))]
+    earlier = ordered[: ordered.index(path)] if path in ordered else []
+    if not earlier:
+        return None
+    repeats = Repeats()
+    for listed in earlier:
+        local = local_path(listed)
+        if local is None:
+            return None
+        snapshot = False
+        try:
+            for record in read_records(Path(local)):
+                kind = record.get("k")
+                if not snapshot and kind not in ("header", "conn", "snapshot"):
+                    break  # no snapshot: none of its records is repeated
+                snapshot = snapshot or kind == "snapshot"
+                repeats.repeated(record)
+        except (RecordingError, OSError):
+            pass  # what it held up to there (as its own decoding reads it)
+    repeats.repeated(header)
+    return repeats
+
+
 def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: batches of (path, length, content) to decoded batches."""
     for path, content in segments(batches):
@@ -180,6 +234,10 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
     capture = protocol = ""
     websocket: dict[int, list[int]] = {}  # HTTP connection -> [frames, bytes, first wall_ns]
     dropped = 0  # frames the recorder could not write (gap records)
+    header: dict[str, Any] = {}
+    repeats: Repeats | None = None  # a snapshot's: what earlier files of its capture held
+    repeated = 0  # records passed over: an earlier file held them
+    numbered_from: int | None = None  # records read up to a snapshot's numbered ones
 
     def other(name: str, record: dict[str, Any], **extra: Any) -> None:
         side({"record": name, "capture": capture, "file": path, "conn": record["c"],
@@ -201,6 +259,9 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
         segment["why"] = content.why
     try:
         for record in () if unread else read_records_from(content, path, result):
+            if repeats is not None and repeats.repeated(record):
+                repeated += 1
+                continue
             kind = record["k"]
             if kind == "frame":
                 s = record["s"]
@@ -230,6 +291,16 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
                 capture = record["capture"]
                 protocol = record.get("protocol", "")
                 segment.update(protocol=protocol, segment=record.get("segment"))
+                header = record
+            elif kind == "snapshot":
+                ring = record.get("ring")
+                if isinstance(ring, int) and not isinstance(ring, bool):
+                    # Numbered from here: what it holds of the ring is known.
+                    segment["ring"] = ring
+                    numbered_from = result.records
+                    repeats = _held_before(path, header) if repeats is None else repeats
+                    if repeats is not None:
+                        repeats.repeated(record)
             elif kind == "conn":
                 other("conn", record, protocol=protocol, client=record["client"],
                       broker=record["broker"], kind=record["kind"],
@@ -280,6 +351,8 @@ def decode_segment(path: str, content: Any) -> Iterator[pa.RecordBatch]:
         extra = json.dumps({"frames": n, "bytes": size})
         others.append({"record": "ws", "capture": capture, "file": path, "conn": conn,
                        "wall_ns": first, "extra": extra})  # fmt: skip
+    if numbered_from is not None:  # a snapshot: how many of the ring's records it holds
+        segment.update(ring_records=result.records - numbered_from, repeated=repeated)
     segment.update(
         version=result.version,
         records=result.records,

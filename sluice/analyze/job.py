@@ -307,7 +307,17 @@ def _analyze(
     # Bytes read by the executors themselves, for the progress line.
     read = progress.accumulator(spark) if progress is not None and local_io else None
 
-    def reduce(batches: Any) -> Any:
+    # Where the executors read the files themselves, a flight-recorder
+    # snapshot passes over what an earlier one of its capture held (they
+    # read those too); where Spark hands them the contents, each is read
+    # whole, and what overlapping snapshots both hold is said below. (A
+    # default, not a name the decoder closes over: fixed once made.)
+    read_here = tuple(map(_as_listed, found)) if local_io else ()
+
+    def reduce(batches: Any, among: tuple[str, ...] = read_here) -> Any:
+        from sluice.analyze.decode import read_among
+
+        read_among(among)
         return reduce_batches(batches, frames_dir, read)
 
     # Every segment decoded and reduced to partial aggregates, once; the
@@ -376,6 +386,20 @@ def _analyze(
         "decode and reduce every segment",
         "writing the tables",
     )
+    if not local_io:
+        ring = F.get_json_object("extra", "$.ring").cast("long")
+        held = F.get_json_object("extra", "$.ring_records").cast("long")
+        twice = repeated_in_snapshots([
+            (r["file"], r["capture"], r["ring"], r["held"])
+            for r in parts.filter((record == "segment") & ring.isNotNull())
+            .select("file", "capture", ring.alias("ring"), held.alias("held"))
+            .collect()
+        ])  # fmt: skip
+        if twice:
+            print(f"sluice analyze: warning: {twice:,} records are in more than one "
+                  "flight-recorder snapshot of one capture and counted once for each (read "
+                  "from the contents Spark hands over, not passed over): analyze one "
+                  "snapshot directory at a time, or local files", file=sys.stderr)  # fmt: skip
     written: dict[str, int] = {}
 
     def write(df: Any, name: str) -> Any:
@@ -825,6 +849,25 @@ def literal(path: str) -> str:
     characters escaped (Hadoop's ``GlobPattern`` takes ``\\x`` for ``x``),
     so that a folder ``run[1]`` is that folder."""
     return _GLOB.sub(r"\\\1", path)
+
+
+def repeated_in_snapshots(snapshots: list[tuple[str, str, int, int]]) -> int:
+    """Of flight-recorder snapshots each read whole (file, capture, the
+    ``ring`` number of its first numbered record, how many it holds): the
+    records that an earlier one of the same capture among them held too
+    (``Repeats``, their files ``in_capture_order``)."""
+    from sluice.recording.reader import Repeats, in_capture_order
+
+    by_path = {Path(file): (capture, ring, held) for file, capture, ring, held in snapshots}
+    repeats = Repeats()
+    numbered = {"k": "numbered"}  # (any record: only its place counts)
+    found = 0
+    for path in in_capture_order(sorted(by_path)):
+        capture, ring, held = by_path[path]
+        repeats.repeated({"k": "header", "capture": capture})
+        repeats.repeated({"k": "snapshot", "ring": ring})
+        found += sum(repeats.repeated(numbered) for _ in range(held))
+    return found
 
 
 def _as_listed(uri: str) -> str:
