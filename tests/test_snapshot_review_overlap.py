@@ -109,3 +109,30 @@ async def test_snapshots_of_one_ring_are_read_in_the_order_they_were_taken(
     (only,) = load(tmp_path).connections
     assert [f.frame.name for f in only.frames] == ["PING", "PING", "PONG"]
     assert [f.index for f in only.frames] == [0, 1, 2]
+
+
+async def test_a_recent_snapshot_taken_before_a_whole_one_reads_in_recorded_order(
+    tmp_path: Path,
+) -> None:
+    """`--last N`, then the whole ring: the recent one (taken first, so
+    listed first) holds newer records than the whole one's first; read in
+    file order, the older records only the whole one holds came after
+    them (PONG, PING, PING), and the connection's close before its first
+    frames. Files are read by the first ring number they hold."""
+    conn = Conn(1, "127.0.0.1:5555", "plain", "pulsar")
+    ping = decode_frame(encode(command(Type.Value("PING"))))
+    pong = decode_frame(encode(command(Type.Value("PONG"))))
+    config = RecorderConfig(tmp_path, PayloadPolicy.FULL, ring_bytes=MiB, flush_interval=0.02)
+    recorder = Recorder(config)
+    recorder.open_connection(1, client="127.0.0.1:5555", kind="proxied", listener="plain",
+                             broker="127.0.0.1:6650")  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        recorder.frames(conn, True, [ping, ping])
+        await trio.sleep(0.3)
+        recorder.frames(conn, False, [pong])
+        await recorder.snapshot(name="a-recent", last=0.2)
+        await recorder.snapshot(name="b-whole")
+        nursery.cancel_scope.cancel()
+    (only,) = load(tmp_path).connections
+    assert [f.frame.name for f in only.frames] == ["PING", "PING", "PONG"]

@@ -195,22 +195,43 @@ _OWN_NAME = re.compile(r"sluice-(\d{8}T\d{6})-([0-9a-f]{12})-(\d{4,})\.sluice")
 
 def in_capture_order(paths: list[Path]) -> list[Path]:
     """``paths`` (in name order), with each capture's own files, wherever
-    they lie, read in the order the recorder wrote them: by the time and
+    they lie, read in the order of the records they hold: a flight
+    recorder's snapshots by the first ring number they hold (``ring``),
+    other files (and snapshots written before the numbers) by the time and
     number in their names. Snapshot directories are named by the second,
-    then the reason; two snapshots of one second could be listed the later
-    one first, and its records (older ones after newer, in each
-    connection) read before the earlier one's. Other files, and the places
-    between captures, stay as they are."""
+    then the reason, so two snapshots of one second could be listed the
+    later one first; and a short snapshot (``--last 10``) taken before a
+    whole-ring one holds newer records than the whole one's first: read
+    first, the older records only the whole one holds would come after
+    them, in each connection. Other files, and the places between
+    captures, stay as they are."""
     slots: dict[str, list[int]] = {}
     for at, path in enumerate(paths):
         if (own := _OWN_NAME.fullmatch(path.name)) is not None:
             slots.setdefault(own[2], []).append(at)
     ordered = list(paths)
     for ats in slots.values():
-        mine = sorted((paths[at] for at in ats), key=lambda p: (p.name, str(p)))
+        mine = sorted((paths[at] for at in ats), key=lambda p: (_ring_start(p), p.name, str(p)))
         for at, path in zip(ats, mine, strict=True):
             ordered[at] = path
     return ordered
+
+
+def _ring_start(path: Path) -> int:
+    """The ring number of the first record a snapshot file holds after its
+    ``snapshot`` record; -1 for a segment, a snapshot without numbers, or
+    a file that does not read (its reader says why)."""
+    try:
+        for record in read_records(path):
+            kind = record.get("k")
+            if kind == "snapshot":
+                ring = record.get("ring")
+                return ring if isinstance(ring, int) and not isinstance(ring, bool) else -1
+            if kind not in ("header", "conn", "close"):
+                return -1  # past a file's head: no snapshot record
+    except (RecordingError, OSError, ValueError):
+        pass
+    return -1
 
 
 def listed(target: Path) -> list[Path]:
