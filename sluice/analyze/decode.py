@@ -194,19 +194,19 @@ def _held_before(path: str, header: dict[str, Any]) -> Repeats | None:
     capture = str(header.get("capture", ""))
     if not capture or path not in _LISTED:
         return None
-    named = {Path(p): p for p in _LISTED if f"-{capture}-" in Path(p).name}
-    ordered = [named[p] for p in in_capture_order(sorted(named))]
-    earlier = ordered[: ordered.index(path)] if path in ordered else []
-    if not earlier:
+    # (by name first: a file of another capture is not read)
+    named = {Path(local): listed for listed in _LISTED
+             if (local := local_path(listed)) is not None
+             and f"-{capture}-" in Path(local).name}  # fmt: skip
+    ordered = in_capture_order(sorted(named))
+    at = next((i for i, file in enumerate(ordered) if named[file] == path), 0)
+    if not at:
         return None
     repeats = Repeats()
-    for listed in earlier:
-        local = local_path(listed)
-        if local is None:
-            return None
+    for file in ordered[:at]:
         snapshot = False
         try:
-            for record in read_records(Path(local)):
+            for record in read_records(file):
                 kind = record.get("k")
                 if not snapshot and kind not in ("header", "conn", "snapshot"):
                     break  # no snapshot: none of its records is repeated

@@ -854,19 +854,18 @@ def literal(path: str) -> str:
 def repeated_in_snapshots(snapshots: list[tuple[str, str, int, int]]) -> int:
     """Of flight-recorder snapshots each read whole (file, capture, the
     ``ring`` number of its first numbered record, how many it holds): the
-    records that an earlier one of the same capture among them held too
-    (``Repeats``, their files ``in_capture_order``)."""
-    from sluice.recording.reader import Repeats, in_capture_order
+    records that another one of the same capture among them held too
+    (``Repeats``; in any order, the same count: those held, less the
+    different ones among them)."""
+    from sluice.recording.reader import Repeats
 
-    by_path = {Path(file): (capture, ring, held) for file, capture, ring, held in snapshots}
     repeats = Repeats()
     numbered = {"k": "numbered"}  # (any record: only its place counts)
     found = 0
-    for path in in_capture_order(sorted(by_path)):
-        capture, ring, held = by_path[path]
+    for _, capture, ring, held in sorted(snapshots, key=lambda snapshot: snapshot[0]):
         repeats.repeated({"k": "header", "capture": capture})
         repeats.repeated({"k": "snapshot", "ring": ring})
-        found += sum(repeats.repeated(numbered) for _ in range(held))
+        found += sum(repeats.repeated(numbered) for _ in range(held or 0))
     return found
 
 
