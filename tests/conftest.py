@@ -70,7 +70,7 @@ def broker() -> Iterator[EmbeddedBroker]:
 
 
 # What the broker's log says when a port chosen for it was taken before it bound it.
-PORT_TAKEN = "java.net.BindException: Address already in use"
+PORT_TAKEN = "Address already in use"  # (Jetty's BindException, Netty's bind(..) failed)
 
 
 def start_apache_pulsar(

@@ -873,15 +873,20 @@ def test_a_port_taken_before_the_broker_binds_it_gives_a_broker_on_new_ports(
 ) -> None:
     """Ports are chosen free, then bound by the JVM seconds later: one taken
     meanwhile (a full run beside other suites lost pp_broker that way) costs
-    a new broker on new ports, not the tests that need it."""
+    a new broker on new ports, not the tests that need it. A broker whose
+    settings name its ports (pp_broker's advertisedListeners) is made anew
+    (``start_apache_pulsar``); any other draws the taken port again itself
+    (``ApachePulsar.start``: tests/test_brokers_review_ports.py)."""
     taken: list[socket.socket] = []
     made: list[ApachePulsar] = []
 
     def make(log_path: Path) -> ApachePulsar:
         b = ApachePulsar(log_path=log_path)
-        if not made:  # the first one's HTTP port is taken before it starts
+        b.settings["advertisedListeners"] = f"internal:pulsar://127.0.0.1:{b.port}"
+        b.settings["internalListenerName"] = "internal"
+        if not made:  # the first one's binary port is taken before it starts
             holder = socket.socket()
-            holder.bind((b.host, b.web_port))
+            holder.bind((b.host, b.port))
             holder.listen()
             taken.append(holder)
         made.append(b)
@@ -890,7 +895,7 @@ def test_a_port_taken_before_the_broker_binds_it_gives_a_broker_on_new_ports(
     try:
         b = start_apache_pulsar(tmp_path, make)
         try:
-            assert len(made) == 2 and b is made[1] and b.web_port != made[0].web_port
+            assert len(made) == 2 and b is made[1] and b.port != made[0].port
             assert PORT_TAKEN in (tmp_path / "apache-pulsar.log").read_text(errors="replace")
             assert b.admin("GET", "/admin/v2/brokers/health")[0] == 200
         finally:
