@@ -30,14 +30,16 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-# Wildcard addresses a listener binds, asked by loopback.
-_NEAR = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+from sluice.addresses import is_wildcard
 
 
 def near(host: str) -> str:
-    """Where to reach a listener bound to ``host`` from inside its container."""
+    """Where to reach a listener bound to ``host`` from inside its container:
+    a wildcard (every interface) by loopback."""
     host = host.strip("[]")
-    return _NEAR.get(host, host)
+    if not is_wildcard(host):
+        return host
+    return "::1" if ":" in host else "127.0.0.1"
 
 
 class NothingThere(Exception):
