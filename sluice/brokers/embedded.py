@@ -27,6 +27,18 @@ class BrokerError(RuntimeError):
     """The embedded broker could not be found or started."""
 
 
+def os_error(what: str, path: str | Path, exc: OSError) -> BrokerError:
+    """One line for a broker's start that the file system refused: what was
+    being done, the path it failed on (the error's own where it names one:
+    a directory above ``path``, the ``cwd`` of a process), and why."""
+    where = exc.filename if exc.filename is not None else path
+    if isinstance(exc, FileExistsError):
+        cause = "exists and is not a directory"
+    else:
+        cause = exc.strerror or str(exc)
+    return BrokerError(f"cannot {what} {os.fsdecode(where)}: {cause}")
+
+
 def broker_binary() -> Path:
     """Path of the ``pulsar-lite`` executable inside its wheel."""
     try:
@@ -197,9 +209,12 @@ class EmbeddedBroker:
         self._own_port = not port  # drawn here: drawn again if taken meanwhile
         self.port = port or free_port(host)
         self._own_dir = data_dir is None
-        self.data_dir = (
-            Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sluice-broker-"))
-        )
+        try:
+            self.data_dir = (
+                Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sluice-broker-"))
+            )
+        except OSError as exc:  # (no usable temporary directory: the error names none)
+            raise os_error("create the broker's data directory", "in $TMPDIR", exc) from None
         self.default_partitions = default_partitions
         self.max_message_size = max_message_size
         self.log_path = Path(log_path) if log_path else self.data_dir / "broker.log"
@@ -266,9 +281,18 @@ class EmbeddedBroker:
 
     def _start(self) -> EmbeddedBroker:
         binary = broker_binary()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        config = self._config()
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error("create the broker's data directory", self.data_dir, exc) from None
+        try:
+            config = self._config()
+        except OSError as exc:
+            raise os_error("write the broker's settings", self.data_dir, exc) from None
+        try:
+            log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        except OSError as exc:
+            raise os_error("open the broker's log", self.log_path, exc) from None
         try:
             self.process = subprocess.Popen(
                 [
@@ -287,6 +311,8 @@ class EmbeddedBroker:
                 preexec_fn=die_with(os.getpid()) if self.die_with_parent else None,
                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
             )
+        except OSError as exc:  # not executable, not a program, a data dir it cannot enter
+            raise os_error("run the broker", binary, exc) from None
         finally:
             log.close()
         try:
