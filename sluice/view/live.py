@@ -13,7 +13,10 @@ most ``MAX_FRAMES`` frames and ``MAX_BYTES`` of records: past that the
 oldest are let go, and the page says how many (``let go here``). "Save" writes what this side holds
 as a capture directory, the flight recorder's way (a file per proxy
 process: a header, the connections, a ``snapshot`` record, then the
-records), which every reader takes.
+records), which every reader takes. Each process's records are numbered as
+the recorder's ring numbers its own (a ``Ring`` each), and its saves are
+one capture, so that readers take two saves of one view that hold the same
+records as overlapping snapshots: each record once.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import urllib.error
 import urllib.request
 from array import array
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ import msgpack
 
 from sluice.protocols import registry
 from sluice.recording.format import Record, pack, record_at
+from sluice.recording.ring import Ring
 from sluice.recording.writer import DIRECTORY_MODE, create_new
 from sluice.view.index import COLUMNS, Index, Note, Reading
 
@@ -78,6 +82,13 @@ class Process:
     header: Record
     reading: Reading
     summaries: Any = None
+    # Its records numbered as the flight recorder's ring numbers its own
+    # (``Ring.records``: the next one's number; it keeps only the newest
+    # part: the records are held by the index), and the capture its saves
+    # are (one for all of them: readers pass over the records an earlier
+    # save held, ``Repeats``).
+    ring: Ring = field(default_factory=lambda: Ring(0))
+    saved_as: str = field(default_factory=lambda: secrets.token_hex(6))
 
 
 def identity_of(header: Record) -> Any:
@@ -135,6 +146,7 @@ class LiveIndex(Index):
         self._slots: dict[int, int] = {}
         self._replacing: set[Any] = set()  # (processes that replaced another)
         self.restarts = 0
+        self._saves = 0  # saves written (each file's number)
         # Connections, notes or records past this many (frames or not):
         # those no frame held needs go (``_tidy``).
         self._tidy_at = max_frames
@@ -197,6 +209,7 @@ class LiveIndex(Index):
         if "t" in record and record["t"] >= self._newest[0]:
             self._newest = (int(record["t"]), int(record.get("w", 0)))
         data = pack(record)
+        process.ring.add(int(record.get("t", 0)), [data], 1)
         self._records.append(data)
         self.held_bytes += len(data)
         self._owners.append(reading.capture)
@@ -403,18 +416,25 @@ class LiveIndex(Index):
     def save(self, directory: Path) -> Path:
         """What this side holds, written as a snapshot capture directory in
         ``directory``: a file per proxy process (its own header, its own
-        connection ids); the capture's directory."""
+        connection ids, its own capture: the same in every save of this
+        view), numbered as a ring snapshot is (its ``snapshot`` record's
+        ``ring``: the number of the first record after it); the capture's
+        directory."""
         with self.lock:
             if self._header is None:
                 raise NothingReceived("nothing received from the proxy yet")
             processes = list(self._processes.values())
             records = list(zip(self._owners, self._records, strict=True))
+            # (the number of the record after each process's last: what is
+            # held of a process is its newest records, ``_forget_records``)
+            taken = {p.reading.capture: p.ring.records for p in processes}
             held = {key for key, number in self._opened.items() if number >= self._first}
             connections = [c for c in self.connections if (c.capture, c.conn) not in held]
             seconds = (self.t[-1] - self.t[0]) / 1e9 if self.frames else 0.0
+            self._saves += 1
+            number = self._saves
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        capture = secrets.token_hex(6)
-        out = directory / f"snapshot-{stamp}-live-{capture}"
+        out = directory / f"snapshot-{stamp}-live-{secrets.token_hex(6)}"
         # (as the recorder's: payloads, topics, clients' addresses are not every user's)
         out.mkdir(parents=True, mode=DIRECTORY_MODE)
         for n, process in enumerate(processes, 1):
@@ -423,9 +443,10 @@ class LiveIndex(Index):
             opened = [c for c in connections if c.capture == key]
             if n > 1 and not own and not opened:
                 continue  # (a process nothing held is of)
-            name = capture if len(processes) == 1 else f"{capture}-{n}"
-            header = {**process.header, "capture": name, "segment": 1, "started": time.time_ns()}
-            path = out / f"sluice-{stamp}-{name}-0001.sluice"
+            name = process.saved_as
+            header = {**process.header, "capture": name, "segment": number,
+                      "started": time.time_ns()}  # fmt: skip
+            path = out / f"sluice-{stamp}-{name}-{number:04d}.sluice"
             partial = path.with_name(path.name + ".part")
             with open(partial, "wb", opener=create_new) as handle:
                 handle.write(pack(header))
@@ -439,7 +460,7 @@ class LiveIndex(Index):
                     handle.write(pack(record))
                 handle.write(pack({"k": "snapshot", "t": self.origin_ns, "w": self.origin_wall_ns,
                                    "reason": f"sluice view --live {self.source}",
-                                   "seconds": seconds}))  # fmt: skip
+                                   "seconds": seconds, "ring": taken[key] - len(own)}))  # fmt: skip
                 for data in own:
                     handle.write(data)
             partial.rename(path)
