@@ -219,12 +219,11 @@ def apply(
     if file is None:
         file = environ.get(f"{ENV_PREFIX}CONFIG")
     layers: list[tuple[str, dict[str, Any]]] = []
-    defaults_file = environ.get(DEFAULTS_ENV)
-    if defaults_file:  # below the --config file: the deployment's defaults
-        path = Path(defaults_file)
+    path = defaults_path(environ)
+    if path is not None:  # below the --config file: the deployment's defaults
         values = load_file(path, command, commands, DEFAULTS_ENV)
         values = _known(values, actions, f"{DEFAULTS_ENV} {path}")
-        layers.append((f"defaults {defaults_file}", values))
+        layers.append((f"defaults {environ[DEFAULTS_ENV]}", values))
     if file:
         file_values = _known(load_file(Path(file), command, commands), actions, f"--config {file}")
         layers.append((f"file {file}", file_values))
@@ -278,6 +277,13 @@ def _known(
         lines[-1] += f" (known: {known})"
         raise SettingsError("\n".join(lines))
     return values
+
+
+def defaults_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The ``SLUICE_DEFAULTS`` file of ``environ`` (None: this process's
+    environment), read below the ``--config`` file; None when none is named."""
+    text = (os.environ if environ is None else environ).get(DEFAULTS_ENV)
+    return Path(text) if text else None
 
 
 def config_path(argv: Sequence[str]) -> str | None:

@@ -2,8 +2,9 @@
 the record of each reload.
 
 A reload reads the settings again as at start (the same flags and
-environment, the ``--config`` file as it is now), on ``SIGHUP``, when the
-``--config`` file or a file of FILES changes (``server.reload_when_asked``),
+environment, the ``--config`` and ``SLUICE_DEFAULTS`` files as they are
+now), on ``SIGHUP``, when the ``--config`` file, the ``SLUICE_DEFAULTS``
+file or a file of FILES changes (``server.reload_when_asked``),
 or on ``POST /config/reload`` at the admin endpoint. What it may change
 while connections stay open (``LIVE``) is put in force; a changed setting
 outside it (listeners, the broker, the worker count, …) is named
@@ -27,6 +28,7 @@ from typing import Any
 
 import trio
 
+from sluice.config import defaults_path
 from sluice.errors import ConfigError
 
 # ProxyConfig fields a reload puts in force; the rest need a restart.
@@ -110,8 +112,12 @@ def files(config: Any, names: tuple[str, ...] = FILES) -> dict[str, Path | None]
 
 
 def watched(config: Any) -> list[Path]:
-    """The files of FILES that ``config`` names, each once."""
-    return list(dict.fromkeys(path for path in files(config).values() if path is not None))
+    """The files whose change is a reload, besides the ``--config`` file:
+    the ``SLUICE_DEFAULTS`` file (a layer of the settings below it, read
+    again by a reload as the ``--config`` file is) and the files of FILES
+    that ``config`` names; each once."""
+    named = [defaults_path(), *files(config).values()]
+    return list(dict.fromkeys(path for path in named if path is not None))
 
 
 def held(config: Any, names: tuple[str, ...] = FILES) -> dict[str, str | None]:
