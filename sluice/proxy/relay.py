@@ -1344,17 +1344,17 @@ class Relay:
             await trio.sleep(interval / 2)
             actions = self.core.keepalive(trio.current_time(), interval)
             if actions:
-                # A peer that takes nothing in (a hung client: its window
-                # full, its host still acknowledging) would hold this write,
-                # and with it the clock that closes silent connections, for
-                # ever: it may wait until the next tick, no longer.
-                with trio.move_on_after(interval / 2) as waited:
-                    await self._do(actions)
-                if waited.cancelled_caught and not self._closing:
-                    log.info("%s: the peer took nothing in for %gs, closing", self.conn.name,
-                             interval / 2)  # fmt: skip
-                    self._stop("idle")
-                    return
+                # What the keepalive writes (a PING, a refresh's
+                # AUTH_CHALLENGE) waits behind what is being written to the
+                # peer, as long as that write goes on: a peer taking a large
+                # MESSAGE in at a slow link's pace is alive. A peer that
+                # takes nothing in (a hung client: its window full, its host
+                # still acknowledging) holds it no longer than the stall
+                # bound: the write ahead, or this one, then ends the
+                # connection as ``idle`` (``_send``, ``_watch_stalls``). The
+                # next tick comes after the write, so the peer that was
+                # slow to get it has time to answer.
+                await self._do(actions)
 
     def _failed(self, exc: BaseException) -> str:
         """Say, in one line, why a connection ended badly; the reason, for the recording."""
