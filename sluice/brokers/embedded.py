@@ -64,7 +64,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     connections their local ports from: a port in that range could be taken
     meanwhile by any connection (another test worker's clients, a busy
     host's), and the later bind would fail. The kernel picks one when that
-    range cannot be read or leaves no room below it."""
+    range cannot be read or leaves no room below it.
+
+    Drawn strictly (no SO_REUSEADDR): a port in TIME_WAIT is passed over,
+    which costs one more draw, so that a port drawn is bindable by any
+    process it is meant for, one that binds without SO_REUSEADDR too.
+    Whether a port is *taken* (``_in_use``) is asked as the broker binds."""
     low = _ephemeral_low()
     if low is not None and low - _LOWEST >= 1000:
         for _ in range(64):
@@ -125,8 +130,12 @@ def _listens(pid: int, port: int) -> bool | None:
 
 
 def _in_use(host: str, port: int) -> bool:
-    """Whether another socket holds ``port`` on ``host`` (bound now)."""
+    """Whether another socket holds ``port`` on ``host`` (bound now). Bound
+    as pulsar-lite binds its port (SO_REUSEADDR): a port whose connections
+    wait in TIME_WAIT (a previous run's, the broker's own after a start that
+    failed) is one the broker can listen on, not another process's."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
