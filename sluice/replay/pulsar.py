@@ -39,6 +39,7 @@ import argparse
 import collections
 import collections.abc
 import hashlib
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -51,8 +52,10 @@ from google.protobuf import text_format
 from sluice.addresses import Address
 from sluice.errors import ConfigError
 from sluice.protocols.pulsar import (
+    DEFAULT_MAX_MESSAGE_SIZE,
     Frame,
     ProtocolError,
+    RemoteProtocolError,
     Type,
     command,
     decode_frame,
@@ -711,6 +714,10 @@ class Answers:
     readers: dict[str, collections.deque[list[Frame]]] = field(
         default_factory=lambda: collections.defaultdict(collections.deque)
     )
+    # The largest message the recorded broker took (its CONNECTED says), at
+    # least a broker's default: the frames a live client may send are
+    # bounded by it, as a broker's and the proxy's are.
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
 
     @classmethod
     def of(cls, recording: Recording) -> Answers:
@@ -725,6 +732,8 @@ class Answers:
                 body: Any = frame.body
                 if body is None:
                     continue
+                if frame.type == T("CONNECTED") and body.HasField("max_message_size"):
+                    index.max_message_size = max(index.max_message_size, body.max_message_size)
                 if rf.from_client and frame.type == T("SUBSCRIBE"):
                     subscriptions[body.consumer_id] = []
                 done = correlator.observe(frame, rf.from_client, 0.0)
@@ -836,7 +845,10 @@ class StubBroker:
         self.report = Report()
 
     async def handle(self, stream: trio.abc.Stream) -> None:
-        conn = FrameStream(stream, 2**31 - 1)
+        # Bounded as a broker bounds them (and the proxy): a length prefix
+        # past the limit ends the connection, rather than buffering what
+        # the client says is coming (up to 2 GiB).
+        conn = FrameStream(stream, self.answers.max_message_size)
         producers: dict[int, str] = {}
         consumers: dict[int, Consumer] = {}
         try:
@@ -846,8 +858,13 @@ class StubBroker:
                     await conn.send(reply)
                 if frame.type in (T("FLOW"), T("SUBSCRIBE")):
                     await self._push(conn, consumers)
+        except RemoteProtocolError as exc:
+            print(f"[serve] closing the connection from {_peer(stream)}: client sent an "
+                  f"unframeable stream: {exc}", file=sys.stderr, flush=True)  # fmt: skip
         except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
             pass
+        finally:
+            await trio.aclose_forcefully(stream)
 
     def _answer(
         self, frame: Frame, producers: dict[int, str], consumers: dict[int, Consumer]
@@ -858,7 +875,9 @@ class StubBroker:
             return b""
         if t == T("CONNECT"):
             connected = pb.CommandConnected(
-                server_version="sluice-serve", protocol_version=min(body.protocol_version, 21)
+                server_version="sluice-serve",
+                protocol_version=min(body.protocol_version, 21),
+                max_message_size=self.answers.max_message_size,
             )
             return encode(command(T("CONNECTED"), connected))
         if t == T("PING"):
@@ -933,6 +952,16 @@ class StubBroker:
             if out:
                 self.report.pushed += len(out)
                 await conn.send(b"".join(out))
+
+
+def _peer(stream: trio.abc.Stream) -> str:
+    """The client's address, for a log line (``a client`` when unknown)."""
+    inner: Any = getattr(stream, "transport_stream", stream)  # under TLS
+    try:
+        host, port, *_ = inner.socket.getpeername()
+    except (AttributeError, OSError, ValueError):
+        return "a client"
+    return str(Address(host, port))
 
 
 async def serve(recording: Path, listening: Listening) -> Report:
