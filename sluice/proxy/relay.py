@@ -649,8 +649,29 @@ class Relay:
         """Let the relay thread carry a direction: the event its hand-back sets."""
         back = trio.Event()
         self._lanes[from_client] = None  # made again, for this stay
-        thread.carry(fd, functools.partial(self._carry, thread, fd, from_client, back))
+        failed = functools.partial(self._step_failed, thread, fd, from_client, back, None)
+        thread.carry(fd, functools.partial(self._carry, thread, fd, from_client, back), failed)
         return back
+
+    def _step_failed(
+        self,
+        thread: RelayThread,
+        fd: int,
+        from_client: bool,
+        back: trio.Event,
+        to: Peer | None,
+        exc: BaseException,
+        what: str = "a relay thread step",
+    ) -> None:
+        """A bug in one of this direction's steps on the relay thread (its
+        read, or a write it waits to finish on ``to``), a compiled panic
+        too: handed back to trio, which raises it and ends the connection
+        as an internal error, both sides closed (``run``)."""
+        if to is not None:
+            self._end_thread_write(thread, to)
+        self._disarm()
+        error = _as_error(exc, what)
+        self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, error))
 
     async def _back(
         self, thread: RelayThread, fd: int, from_client: bool, back: trio.Event
@@ -768,8 +789,7 @@ class Relay:
             self._hand_back(thread, fd, from_client, back, failed)
             return
         if isinstance(got, BaseException):  # the step's bug: raised in trio, which ends it
-            got = _as_error(got, "the compiled step")
-            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, got))
+            self._step_failed(thread, fd, from_client, back, None, got, "the compiled step")
             return
         if type(got) is bytes:  # not whole frames the scanner took: the usual way
             self._carry_read(thread, fd, from_client, back, got)
@@ -829,8 +849,7 @@ class Relay:
                 return
         except BaseException as exc:  # raised in trio, where it ends the connection as usual
             # (A panic of the compiled code the core runs too: see ``_as_error``.)
-            error = _as_error(exc, "the connection's read")
-            self._hand_back(thread, fd, from_client, back, functools.partial(_reraise, error))
+            self._step_failed(thread, fd, from_client, back, None, exc, "the connection's read")
             return
         held = self._hold_place(actions[done], rest)
         finish = functools.partial(self._finish_read, actions, done, rest, from_client, started,
@@ -961,12 +980,14 @@ class Relay:
             carry = lane if lane is not None else functools.partial(
                 self._carry, thread, fd, from_client, back
             )  # fmt: skip
-            thread.carry(fd, carry)  # read on
+            failed = functools.partial(self._step_failed, thread, fd, from_client, back, None)
+            thread.carry(fd, carry, failed)  # read on
 
         def done() -> None:
             self._end_thread_write(thread, to)
 
-        thread.watch_writable(watch, write)
+        failed = functools.partial(self._step_failed, thread, fd, from_client, back, to)
+        thread.watch_writable(watch, write, failed)
 
     def _end_thread_write(self, thread: RelayThread, to: Peer) -> None:
         """A write the relay thread waited for is over (or the connection

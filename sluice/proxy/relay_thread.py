@@ -79,6 +79,9 @@ class RelayThread(trio.abc.Instrument):
         self._offset = _monotonic_offset(clock)
         self._epoll = select.epoll()
         self._steps: dict[int, Callable[[], None]] = {}
+        # What ends a step's connection when the step fails (a bug, a
+        # compiled panic), by descriptor (``carry``, ``watch_writable``).
+        self._on_failure: dict[int, Callable[[BaseException], None]] = {}
         # The compiled loop, where built; this class's own otherwise.
         self._carrier = Carrier() if Carrier is not None else None
         self._steps_run = 0  # by the Python loop
@@ -106,9 +109,18 @@ class RelayThread(trio.abc.Instrument):
 
     # --- what the relay asks of it (from the trio thread, or a read step) -----------
 
-    def carry(self, fd: int, step: Callable[[], None]) -> None:
-        """Run ``step`` on this thread whenever ``fd`` is readable, until ``drop``."""
+    def carry(
+        self,
+        fd: int,
+        step: Callable[[], None],
+        failed: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """Run ``step`` on this thread whenever ``fd`` is readable, until
+        ``drop``; should it raise, ``fd`` is dropped and ``failed`` given
+        what it raised (``_failed``)."""
         self._steps[fd] = step
+        if failed is not None:
+            self._on_failure[fd] = failed
         self._epoll.register(fd, select.EPOLLIN)
 
     def listen(self, fd: int, step: Callable[[], None]) -> None:
@@ -116,10 +128,17 @@ class RelayThread(trio.abc.Instrument):
         self.carry(fd, self._no_read(step))
         self._others.add(fd)
 
-    def watch_writable(self, fd: int, step: Callable[[], None]) -> None:
+    def watch_writable(
+        self,
+        fd: int,
+        step: Callable[[], None],
+        failed: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """Run ``step`` on this thread whenever ``fd`` has room to write
-        (or has failed), until ``drop``."""
+        (or has failed), until ``drop``; ``failed`` as for ``carry``."""
         self._steps[fd] = self._no_read(step)
+        if failed is not None:
+            self._on_failure[fd] = failed
         self._others.add(fd)
         self._epoll.register(fd, select.EPOLLOUT)
 
@@ -136,6 +155,7 @@ class RelayThread(trio.abc.Instrument):
     def drop(self, fd: int) -> None:
         """Stop carrying ``fd`` (nothing if it is not carried)."""
         self._others.discard(fd)
+        self._on_failure.pop(fd, None)
         if self._steps.pop(fd, None) is not None:
             with contextlib.suppress(OSError):  # closed meanwhile: epoll forgot it
                 self._epoll.unregister(fd)
@@ -144,6 +164,7 @@ class RelayThread(trio.abc.Instrument):
         """``drop`` for a descriptor closed next, with no other copy of it
         open: closing it takes it out of epoll (a system call saved)."""
         self._others.discard(fd)
+        self._on_failure.pop(fd, None)
         self._steps.pop(fd, None)
 
     def swap(self, fd: int, step: Callable[[], None]) -> None:
@@ -265,8 +286,20 @@ class RelayThread(trio.abc.Instrument):
                 turn.give()
 
     def _failed(self, fd: int, exc: BaseException) -> None:
-        log.error("relay thread: a read step failed", exc_info=exc)
+        """A step raised (a bug, or a compiled panic: no Exception): its
+        descriptor is dropped, and its connection, told by the step's
+        ``failed``, ends as an error; the thread goes on. Without one
+        (a listener's accept), the step is dropped and logged."""
+        failed = self._on_failure.get(fd)
         self.drop(fd)
+        if failed is None:
+            log.error("relay thread: a step failed", exc_info=exc)
+            return
+        try:
+            failed(exc)
+        except BaseException as again:  # the thread goes on whatever happens
+            log.error("relay thread: a failed step's connection could not be ended",
+                      exc_info=again)  # fmt: skip
 
     def start(self) -> None:
         # The trio thread is running now, so it takes the turn first.
