@@ -152,6 +152,11 @@ log = logging.getLogger("sluice.workers")
 SCRAPE_TIMEOUT = 2.0
 # How long a worker may take to start listening before it counts as failed.
 START_TIMEOUT = 60.0
+# A worker that has answered none of its readiness checks for this long is
+# hung (stuck in a loop, stopped, deadlocked): it is killed and restarted,
+# as one that did not finish draining in time is killed. As long as a
+# worker may take to start: a pause of a loaded machine is not a hang.
+HUNG_AFTER = START_TIMEOUT
 # A worker that dies sooner than this after starting is restarted after a
 # pause that doubles each time (up to MAX_BACKOFF); one that ran longer at once.
 STABLE_AFTER = 10.0
@@ -269,6 +274,9 @@ class Worker:
     # The worker's own /readyz at the supervisor's last look: None before
     # the first look since it (re)started, "" ready, else why not.
     problem: str | None = None
+    # Since when (trio's clock) its readiness checks have gone unanswered
+    # (None: it answered the last, or none was asked of it yet).
+    silent_since: float | None = None
     # The process said it is ready: it takes SIGHUP from then on (before,
     # while Python starts, SIGHUP's default action would end it).
     said_ready: bool = False
@@ -632,7 +640,7 @@ class Supervisor:
         finally:
             self._spawning -= 1
         worker.process, worker.admin, worker.problem = process, None, None
-        worker.said_ready = False
+        worker.said_ready, worker.silent_since = False, None
         # The configuration in force as the process is known (no checkpoint
         # between): a reload decided before this starts with what it
         # decided; one decided after sees a new process, and is aborted.
@@ -674,6 +682,7 @@ class Supervisor:
             return await process.wait()
         finally:
             worker.admin, worker.problem, worker.said_ready = None, None, False
+            worker.silent_since = None
             with trio.CancelScope(shield=True):
                 if process.returncode is None and self._stop_by is not None:
                     with trio.move_on_at(self._stop_by):  # told to stop at once
@@ -738,10 +747,13 @@ class Supervisor:
             if not self.started and all(w.ready and w.problem == "" for w in self.workers):
                 self.started = True
                 log.info("all %d workers ready", self.count)
+            self._kill_hung()
             await trio.sleep(READINESS_INTERVAL if self.started else STARTING_READINESS_INTERVAL)
 
     async def _look(self, worker: Worker, admin: Address) -> None:
         """Ask ``worker`` (at ``admin``) whether it is ready."""
+        asked = trio.current_time()
+        answered = False
         problem = f"did not answer its readiness check within {SCRAPE_TIMEOUT:g}s"
         with trio.move_on_after(SCRAPE_TIMEOUT):
             try:
@@ -749,9 +761,26 @@ class Supervisor:
             except (OSError, trio.TooSlowError) as exc:
                 problem = f"its readiness check failed: {exc}"
             else:
+                answered = True  # (not ready, its broker down, say, is an answer)
                 problem = "" if status == 200 else why.decode().strip()
         if worker.admin == admin:  # still the process asked (a dead one's is reset)
             worker.problem = problem
+            if answered:
+                worker.silent_since = None
+            elif worker.silent_since is None:
+                worker.silent_since = asked
+
+    def _kill_hung(self) -> None:
+        """Kill every worker that has answered no readiness check for
+        ``HUNG_AFTER`` (``_keep_running`` restarts it): hung, it serves
+        nobody, and would hold its clients and take new ones for good."""
+        now = trio.current_time()
+        for worker in self.workers:
+            since = worker.silent_since
+            if since is None or now - since < HUNG_AFTER or self.draining:
+                continue
+            self._kill_one(worker, f"answered no readiness check for {now - since:.0f}s "
+                           f"({worker.problem}): hung, restarting it")  # fmt: skip
 
     # --- configuration reload ------------------------------------------------------
 
