@@ -31,7 +31,7 @@ from sluice.addresses import Address, advertised, parse_address, parse_host
 from sluice.errors import ConfigError
 from sluice.proxy.dial import TlsServerConfig, open_listeners, server_ssl_context
 from sluice.recording.reader import RecordedConnection, RecordedFrame
-from sluice.replay.outcome import web_left_out
+from sluice.replay.outcome import broker_only_said, web_left_out
 
 DEFAULT_LISTEN = "127.0.0.1:6650"
 
@@ -44,7 +44,11 @@ class ReplayError(Exception):
 
 
 def nothing_to_replay(
-    recording: object, refused: Sequence[str] = (), http: int = 0, ws: int = 0
+    recording: object,
+    refused: Sequence[str] = (),
+    http: int = 0,
+    ws: int = 0,
+    broker_only: Sequence[tuple[str, str, int]] = (),
 ) -> ReplayError:
     """The refusal of a recording with no client frame of the binary
     protocol (at ``recording``), saying what the capture held instead: the
@@ -56,6 +60,7 @@ def nothing_to_replay(
     if refused:
         why.append(f"{', '.join(refused)} refused by the recording proxy at the handshake "
                    "(never reached a broker)")  # fmt: skip
+    why += [said for said, _, _ in broker_only_said(list(broker_only))]
     if http or ws:
         why.append(f"{web_left_out(http, ws)} in the capture (replay covers the binary "
                    "protocol, not the HTTP listener's traffic)")  # fmt: skip

@@ -86,7 +86,14 @@ from sluice.replay.common import (
     parse_speed,
     until_signalled,
 )
-from sluice.replay.outcome import Outcome, Report, incomplete_notes
+from sluice.replay.outcome import (
+    Outcome,
+    Report,
+    broker_only,
+    incomplete_notes,
+    is_broker_only,
+    not_replayable_transcript,
+)
 
 READ_SIZE = 256 * 1024
 PROTOCOL = "cursus"
@@ -300,7 +307,8 @@ async def replay_run(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[
     tls = client_ssl_context(TlsClientConfig(ca=args.broker_tls_ca)) if url.tls else None
     recording = load(args.recording)
     if not any(rf.from_client for conn in recording.connections for rf in conn.frames):
-        raise nothing_to_replay(args.recording, (), recording.http, recording.ws)
+        raise nothing_to_replay(args.recording, (), recording.http, recording.ws,
+                                broker_only(recording))  # fmt: skip
     return await replay(recording, url.address, timeout=args.timeout, say=say, tls=tls,
                         speed=parse_speed(args.speed))  # fmt: skip
 
@@ -309,10 +317,14 @@ def compare(recording: Recording, lives: dict[tuple[str, int], _Live], outcome: 
             withheld: dict[tuple[str, int], Withheld] | None = None) -> list[str]:  # fmt: skip
     transcript: list[str] = []
     for conn in recording.connections:
+        outcome.faults += len(conn.faults)
+        if is_broker_only(conn):
+            # Nothing was sent on it, so nothing came: not compared, and said.
+            transcript += not_replayable_transcript(recording, conn, normalise)
+            continue
         live = lives.get(conn.key)
         got = live.got if live is not None else []
         kept = (withheld or {}).get(conn.key) or Withheld()
-        outcome.faults += len(conn.faults)
         faults = list(conn.faults)
         answers = iter(got)
         notes = incomplete_notes(recording, conn)

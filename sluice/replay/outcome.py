@@ -41,6 +41,11 @@ class Outcome:
     # frames): replay covers the binary protocol only.
     http: int = 0
     ws: int = 0
+    # Connections the recording holds broker frames of only (recorded from
+    # mid-stream, say: their client's frames came before the recording
+    # starts): nothing is sent on them, so nothing of theirs is compared.
+    # (connection, why, its broker frames)
+    not_replayable: list[tuple[str, str, int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, recording: Recording) -> Outcome:
@@ -48,7 +53,8 @@ class Outcome:
         return cls(truncated=recording.truncated,
                    dropped=sum(gap.dropped for gap in recording.gaps),
                    late=[conn.name for conn in recording.connections if conn.late],
-                   http=recording.http, ws=recording.ws)  # fmt: skip
+                   http=recording.http, ws=recording.ws,
+                   not_replayable=broker_only(recording))  # fmt: skip
 
     @property
     def equivalent(self) -> bool:
@@ -72,6 +78,47 @@ class Outcome:
             self.missing.append((conn, recorded))
         elif live is not None:
             self.unexpected.append((conn, live))
+
+
+def broker_only(recording: Recording) -> list[tuple[str, str, int]]:
+    """The connections of ``recording`` with broker frames and no client
+    frame: (connection, why, how many broker frames)."""
+    return [
+        (conn.name, recording.incomplete(conn) or "no client frame recorded", len(conn.frames))
+        for conn in recording.connections
+        if conn.frames and not any(rf.from_client for rf in conn.frames)
+    ]
+
+
+def is_broker_only(conn: RecordedConnection) -> bool:
+    """Whether ``conn`` is one of ``broker_only``'s."""
+    return bool(conn.frames) and not any(rf.from_client for rf in conn.frames)
+
+
+def broker_only_said(items: list[tuple[str, str, int]]) -> list[tuple[str, int, int]]:
+    """``c2, c5 hold only broker frames (why)``, one per reason, in order
+    first met, with how many connections and broker frames each covers."""
+    by_why: dict[str, list[tuple[str, int]]] = {}
+    for name, why, frames in items:
+        by_why.setdefault(why, []).append((name, frames))
+    said = []
+    for why, conns in by_why.items():
+        verb = "holds" if len(conns) == 1 else "hold"
+        names = ", ".join(name for name, _ in conns)
+        said.append((f"{names} {verb} only broker frames ({why})", len(conns),
+                     sum(frames for _, frames in conns)))  # fmt: skip
+    return said
+
+
+def not_replayable_transcript(recording: Recording, conn: RecordedConnection,
+                              normalise: Any) -> list[str]:  # fmt: skip
+    """The transcript of a connection of broker frames only: a note, then
+    its frames, each ``NOT REPLAYED``."""
+    why = recording.incomplete(conn) or "no client frame recorded"
+    return [f"{conn.name} ~~~ NOT REPLAYABLE: only broker frames recorded ({why}): nothing "
+            "to send on it, nothing of it compared"] + [
+        f"{conn.name} B→C NOT REPLAYED {normalise(rf.frame)}" for rf in conn.frames
+    ]  # fmt: skip
 
 
 def incomplete_notes(recording: Recording, conn: RecordedConnection) -> list[tuple[int, str]]:
@@ -125,6 +172,12 @@ def report(outcome: Outcome, out: Any) -> None:
             "handshake (their first frame was no valid CONNECT): they never reached a broker, "
             "so they are not replayed\n"
         )
+    for said, conns, frames in broker_only_said(outcome.not_replayable):
+        them = "it" if conns == 1 else "them"
+        were = "was" if frames == 1 else "were"
+        plural = "s" if frames != 1 else ""
+        out.write(f"note: {said}: nothing could be sent on {them}, so {frames} broker "
+                  f"frame{plural} {were} not replayed nor compared\n")  # fmt: skip
     if outcome.http or outcome.ws:
         verb = "was" if outcome.http + outcome.ws == 1 else "were"
         out.write(f"note: {web_left_out(outcome.http, outcome.ws)} in the capture {verb} not "
@@ -168,8 +221,16 @@ def report(outcome: Outcome, out: Any) -> None:
         f"matched, {len(outcome.diverged)} diverged, {len(outcome.missing)} missing, "
         f"{len(outcome.unexpected)} unexpected"
         + (f", {len(outcome.expected)} expected (recording incomplete)" if outcome.expected else "")
+        + _not_replayable_count(len(outcome.not_replayable))
         + "\n"
     )
+
+
+def _not_replayable_count(count: int) -> str:
+    """The verdict line's ``; 2 connections not replayable (…)``, if any."""
+    if not count:
+        return ""
+    return f"; {count} connection{'s' if count != 1 else ''} not replayable (broker frames only)"
 
 
 @dataclass

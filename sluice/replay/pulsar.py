@@ -87,7 +87,13 @@ from sluice.replay.common import (
     parse_speed,
     until_signalled,
 )
-from sluice.replay.outcome import Outcome, Report, incomplete_notes
+from sluice.replay.outcome import (
+    Outcome,
+    Report,
+    incomplete_notes,
+    is_broker_only,
+    not_replayable_transcript,
+)
 
 T = Type.Value
 Key = tuple[Any, ...]
@@ -531,7 +537,8 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
         key=lambda item: item[1].index,
     )
     if not client_frames:
-        raise nothing_to_replay(args.recording, outcome.refused, recording.http, recording.ws)
+        raise nothing_to_replay(args.recording, outcome.refused, recording.http, recording.ws,
+                                outcome.not_replayable)  # fmt: skip
     say(f"replaying {len(replayed)} connections, {len(client_frames)} client frames "
         f"against {broker}")  # fmt: skip
     # Connections the recording shows closed, in the order they were: each
@@ -631,6 +638,11 @@ def compare(
                               "(never reached a broker): not replayed")  # fmt: skip
             transcript += [f"{conn.name} {'C→B' if rf.from_client else 'B→C'} NOT REPLAYED "
                            f"{normalise(rf.frame)}" for rf in conn.frames]  # fmt: skip
+            continue
+        if is_broker_only(conn):
+            # Nothing was sent on it, so nothing came: not compared, and said.
+            transcript += not_replayable_transcript(recording, conn, normalise)
+            outcome.faults += len(conn.faults)
             continue
         live = lives.get(conn.key)
         faults = list(conn.faults)
