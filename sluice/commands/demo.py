@@ -125,25 +125,64 @@ class Receipts:
         return f"{len(self.failed)} batched sends failed ({self.failed[0]})"
 
 
+class ClientLog:
+    """Where the official client logs its errors: a file, said on stderr
+    (the demo's diagnostics), each line as ``[client] ...``, by
+    :meth:`forward`. Its ConsoleLogger writes to stdout, which is the
+    demo's report's (piped, saved); and a client left behind, stuck, goes
+    on logging while the demo stops, so its lines are said when asked."""
+
+    SHOWN = 20  # lines said per forward(); the rest counted
+
+    def __init__(self) -> None:
+        fd, name = tempfile.mkstemp(prefix="sluice-demo-client-", suffix=".log")
+        os.close(fd)
+        self.path = Path(name)
+        self._read = 0  # bytes of it said so far
+
+    def forward(self, say: Callable[[str], None] = lambda text: None) -> None:
+        """Say the complete lines logged since the last call."""
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self._read)
+                new = log.read()
+        except OSError:
+            return
+        new = new[: new.rfind(b"\n") + 1]  # a line being written: next time
+        self._read += len(new)
+        lines = new.decode(errors="replace").splitlines()
+        for line in lines[: self.SHOWN]:
+            print(f"[client] {line}", file=sys.stderr, flush=True)
+        if len(lines) > self.SHOWN:
+            say(f"the client logged {len(lines) - self.SHOWN} more line(s), not shown")
+
+    def close(self, say: Callable[[str], None] = lambda text: None) -> None:
+        """Say what is left, and remove the file."""
+        self.forward(say)
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
 def run_workload(
     url: str,
     count: int,
     say: Any,
     stop: threading.Event | None = None,
     result: Workload | None = None,
+    log: Path | None = None,
 ) -> Workload:
     """Produce and consume through the proxy with the official client;
     ``stop``, once set, ends it between two sends or receives (the client
     closed). ``result``, where given, is filled in as it goes (what was
-    sent and received so far, for a caller that stops waiting for it)."""
+    sent and received so far, for a caller that stops waiting for it).
+    The client logs its errors to the file ``log`` (None: nowhere)."""
     import pulsar
 
     stop = stop or threading.Event()
     result = result if result is not None else Workload()
     topic = f"persistent://public/default/sluice-demo-{int(time.time())}"
-    client = pulsar.Client(
-        url, operation_timeout_seconds=15, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
-    )
+    logger = pulsar.FileLogger(pulsar.LoggerLevel.Error, str(log or os.devnull))
+    client = pulsar.Client(url, operation_timeout_seconds=15, logger=logger)
     try:
         single = count // 2
         producer = client.create_producer(topic, batching_enabled=False)
@@ -223,10 +262,15 @@ DEMO_FLAGS = {"--listen": "--port", "--admin": "--admin-port"}
 
 
 async def demo(
-    args: argparse.Namespace, broker: Broker, record: Path, idle: threading.Event | None = None
+    args: argparse.Namespace,
+    broker: Broker,
+    record: Path,
+    idle: threading.Event | None = None,
+    client_log: ClientLog | None = None,
 ) -> int:
     """``idle``, where given, is cleared while the workload's thread runs
-    and set once it has ended (it may outlive this, left behind)."""
+    and set once it has ended (it may outlive this, left behind).
+    ``client_log``: where the client logs, said once the workload ends."""
     say = _say
     idle = idle or threading.Event()
     port = args.port or free_port()
@@ -267,7 +311,8 @@ async def demo(
 
             def working() -> Workload:
                 try:
-                    return run_workload(url, args.messages, say, stop, work)
+                    log = client_log.path if client_log else None
+                    return run_workload(url, args.messages, say, stop, work, log)
                 finally:
                     idle.set()
 
@@ -275,6 +320,8 @@ async def demo(
             with workload:
                 work = await trio.to_thread.run_sync(working, abandon_on_cancel=True)
             interrupted = bool(received)  # before the report: the workload was cut short
+            if client_log:  # what it logged, before the report (or the rest of it, later)
+                client_log.forward(say)
             if not interrupted:
                 await trio.sleep(0.5)  # let the recorder flush
                 report(work, proxy, record, url, admin, args.keep_running, args.embedded)
@@ -369,7 +416,13 @@ def _say(text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     idle = threading.Event()  # the workload's thread has ended (or never ran)
     idle.set()
-    code = _run(args, idle)
+    client_log = ClientLog()
+    try:
+        code = _run(args, idle, client_log)
+    finally:
+        # The rest of what the client logged (one left behind goes on
+        # while the broker and the proxy stop), on stderr.
+        client_log.close(_say)
     if not idle.is_set():
         # The client's thread was left behind, stuck in the official client
         # (a broker that answers nothing): the interpreter's exit would tear
@@ -382,7 +435,7 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _run(args: argparse.Namespace, idle: threading.Event) -> int:
+def _run(args: argparse.Namespace, idle: threading.Event, client_log: ClientLog) -> int:
     setup_logging("warning")
     if not need_extra("demo", "demo"):
         return 2
@@ -432,7 +485,7 @@ def _run(args: argparse.Namespace, idle: threading.Event) -> int:
             record = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
             stack.callback(_remove_if_empty, record)
         try:
-            return trio.run(demo, args, broker, record, idle)
+            return trio.run(demo, args, broker, record, idle, client_log)
         except KeyboardInterrupt:
             return 130
         except Exception as exc:  # trio wraps what its tasks raise in groups
