@@ -25,6 +25,7 @@ Arrow into the JVM several times faster.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -177,12 +178,35 @@ class Unreadable(bytes):
 # its capture among them held (overlapping snapshots hold the same ones).
 # Empty where Spark hands the executors the contents: each read whole.
 _LISTED: tuple[str, ...] = ()
+# What this process learnt of those files, so that each is read once for
+# it, not once for every later snapshot of its capture (N snapshots were
+# N²/2 reads): each capture's files in capture order (``in_capture_order``
+# reads each one's head), and the ``Repeats`` having read the first j of
+# them, for each j found so far (forgotten with another listing).
+_ORDERS: dict[str, tuple[list[Path], dict[Path, str]]] = {}
+_HELD: dict[str, dict[int, Repeats]] = {}
 
 
 def read_among(listed: Iterable[str]) -> None:
     """The files the job reads (their listed paths, all local)."""
     global _LISTED
-    _LISTED = tuple(listed)
+    listed = tuple(listed)
+    if listed != _LISTED:
+        _LISTED = listed
+        _ORDERS.clear()
+        _HELD.clear()
+
+
+def _in_order(capture: str) -> tuple[list[Path], dict[Path, str]]:
+    """The local files of ``capture`` among those the job reads, in capture
+    order, and each one's listed path (worked out once)."""
+    if capture not in _ORDERS:
+        # (by name first: a file of another capture is not read)
+        named = {Path(local): listed for listed in _LISTED
+                 if (local := local_path(listed)) is not None
+                 and f"-{capture}-" in Path(local).name}  # fmt: skip
+        _ORDERS[capture] = (in_capture_order(sorted(named)), named)
+    return _ORDERS[capture]
 
 
 def _held_before(path: str, header: dict[str, Any]) -> Repeats | None:
@@ -190,32 +214,38 @@ def _held_before(path: str, header: dict[str, Any]) -> Repeats | None:
     names written before ``path`` (``in_capture_order``) among those the
     job reads, and then ``header``; None where there are none. Each is read
     up to its first record that is no restated connection, unless it is a
-    snapshot (no other file repeats records)."""
+    snapshot (no other file repeats records); once in this process, however
+    many later snapshots need it."""
     capture = str(header.get("capture", ""))
     if not capture or path not in _LISTED:
         return None
-    # (by name first: a file of another capture is not read)
-    named = {Path(local): listed for listed in _LISTED
-             if (local := local_path(listed)) is not None
-             and f"-{capture}-" in Path(local).name}  # fmt: skip
-    ordered = in_capture_order(sorted(named))
+    ordered, named = _in_order(capture)
     at = next((i for i, file in enumerate(ordered) if named[file] == path), 0)
     if not at:
         return None
-    repeats = Repeats()
-    for file in ordered[:at]:
-        snapshot = False
-        try:
-            for record in read_records(file):
-                kind = record.get("k")
-                if not snapshot and kind not in ("header", "conn", "snapshot"):
-                    break  # no snapshot: none of its records is repeated
-                snapshot = snapshot or kind == "snapshot"
-                repeats.repeated(record)
-        except (RecordingError, OSError):
-            pass  # what it held up to there (as its own decoding reads it)
+    known = _HELD.setdefault(capture, {0: Repeats()})
+    read = max(j for j in known if j <= at)  # the most of the files before it read so far
+    repeats = copy.deepcopy(known[read])
+    for j in range(read, at):
+        _read_held(ordered[j], repeats)
+        known[j + 1] = copy.deepcopy(repeats)
     repeats.repeated(header)
     return repeats
+
+
+def _read_held(file: Path, repeats: Repeats) -> None:
+    """``file``'s records given to ``repeats``: up to its first record that
+    is no restated connection, unless it is a snapshot."""
+    snapshot = False
+    try:
+        for record in read_records(file):
+            kind = record.get("k")
+            if not snapshot and kind not in ("header", "conn", "snapshot"):
+                break  # no snapshot: none of its records is repeated
+            snapshot = snapshot or kind == "snapshot"
+            repeats.repeated(record)
+    except (RecordingError, OSError):
+        pass  # what it held up to there (as its own decoding reads it)
 
 
 def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
