@@ -267,6 +267,35 @@ async def test_a_failed_accept_hands_the_listener_to_trio() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_a_bug_in_the_accept_step_hands_the_listener_to_trio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with open_cluster(1, keepalive=0.3) as cluster, trio.open_nursery() as nursery:
+        proxy = await start_proxy(nursery, cluster)
+        park = proxy.proxy._park
+        failures: list[int] = []
+
+        def buggy(client: Any, *rest: Any) -> None:
+            if not failures:  # the first accepted connection meets a bug
+                failures.append(client if isinstance(client, int) else -1)
+                raise RuntimeError("a bug")
+            park(client, *rest)
+
+        monkeypatch.setattr(proxy.proxy, "_park", buggy)
+        host, port = proxy.address.rsplit(":", 1)
+        first = socket.create_connection((host, int(port)))
+        try:
+            await until(lambda: not proxy.proxy._accepting, "the thread gave the listener up")
+            for _ in range(3):  # trio's accept loop serves it: not a listener fallen silent
+                assert (await in_thread(one_command, proxy.address)).startswith(b"OK")
+        finally:
+            first.close()
+            for fd in failures:
+                if fd >= 0:
+                    os.close(fd)
+        nursery.cancel_scope.cancel()
+
+
 def test_a_compiled_accept_is_pythons_accept() -> None:
     """``accept_now``: the peer's address as ``socket.accept()`` gives it
     (IPv4 and IPv6), a descriptor that is non-blocking and not inherited,

@@ -123,9 +123,14 @@ class RelayThread(trio.abc.Instrument):
             self._on_failure[fd] = failed
         self._epoll.register(fd, select.EPOLLIN)
 
-    def listen(self, fd: int, step: Callable[[], None]) -> None:
+    def listen(
+        self,
+        fd: int,
+        step: Callable[[], None],
+        failed: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """``carry`` for a listening socket (``step`` accepts)."""
-        self.carry(fd, self._no_read(step))
+        self.carry(fd, self._no_read(step), failed)
         self._others.add(fd)
 
     def watch_writable(
@@ -288,8 +293,8 @@ class RelayThread(trio.abc.Instrument):
     def _failed(self, fd: int, exc: BaseException) -> None:
         """A step raised (a bug, or a compiled panic: no Exception): its
         descriptor is dropped, and its connection, told by the step's
-        ``failed``, ends as an error; the thread goes on. Without one
-        (a listener's accept), the step is dropped and logged."""
+        ``failed``, ends as an error (a listener's, handed to trio); the
+        thread goes on. Without one, the step is dropped and logged."""
         failed = self._on_failure.get(fd)
         self.drop(fd)
         if failed is None:

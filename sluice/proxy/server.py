@@ -744,7 +744,8 @@ class Proxy:
                 raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, 2**14)
         self._accepting[listener] = raw
         accept = functools.partial(self._accept_parked, thread, listener, raw, kind, upstream)
-        thread.listen(raw.fileno(), accept)
+        failed = functools.partial(self._accept_failed, thread, listener, kind, upstream)
+        thread.listen(raw.fileno(), accept, failed)
 
     def _accept_parked(
         self,
@@ -767,15 +768,41 @@ class Proxy:
         except ConnectionError:  # (gone before its accept)
             return
         except OSError:
-            self._stop_accepting(listener)
-            assert self._handlers is not None
-            loop = functools.partial(self._handlers.start_soon, self._accept_loop, listener,
-                                     kind, upstream)  # fmt: skip
-            thread.soon(loop)
+            self._hand_to_trio(thread, listener, kind, upstream)
             return
         if accepted is not None:
             fd, host, port = accepted
             self._park(fd, kind, upstream, Address(host, port))
+
+    def _accept_failed(
+        self,
+        thread: RelayThread,
+        listener: trio.SocketListener,
+        kind: str,
+        upstream: Address | None,
+        exc: BaseException,
+    ) -> None:
+        """On the relay thread: its accept step raised (a bug). The
+        listener goes on accepting in trio's loop rather than fall silent."""
+        log.error("%s listener: accepting on the relay thread failed; trio accepts from now on",
+                  kind, exc_info=exc)  # fmt: skip
+        if not self._stopping:
+            self._hand_to_trio(thread, listener, kind, upstream)
+
+    def _hand_to_trio(
+        self,
+        thread: RelayThread,
+        listener: trio.SocketListener,
+        kind: str,
+        upstream: Address | None,
+    ) -> None:
+        """Accept on ``listener`` in trio's accept loop from now on (which
+        logs and retries a failed accept) instead of on the relay thread."""
+        self._stop_accepting(listener)
+        assert self._handlers is not None
+        loop = functools.partial(self._handlers.start_soon, self._accept_loop, listener, kind,
+                                 upstream)  # fmt: skip
+        thread.soon(loop)
 
     def _stop_accepting(self, listener: trio.SocketListener | None = None) -> None:
         """Close the relay thread's duplicates of listeners' sockets (of
