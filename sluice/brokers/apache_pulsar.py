@@ -44,6 +44,7 @@ from sluice.brokers.embedded import (
     BrokerError,
     die_with,
     free_port,
+    os_error,
     terminate,
     wait_for_port,
 )
@@ -341,15 +342,22 @@ class JavaServer:
         raise NotImplementedError
 
     def _launch(self, command: list[str], cwd: Path) -> subprocess.Popen[bytes]:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=cwd,
-                preexec_fn=die_with(os.getpid()) if self.die_with_parent else None,
-            )
+        try:
+            log = open(self.log_path, "ab")  # noqa: SIM115 - closed below, the child's copy kept
+        except OSError as exc:
+            raise os_error(f"open the {self.what}'s log", self.log_path, exc) from None
+        with log:
+            try:
+                self.process = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=cwd,
+                    preexec_fn=die_with(os.getpid()) if self.die_with_parent else None,
+                )
+            except OSError as exc:  # java not executable, a data dir it cannot enter
+                raise os_error(f"run the {self.what}", command[0], exc) from None
         return self.process
 
     def _check_alive(self) -> None:
@@ -435,9 +443,14 @@ class ApachePulsar(JavaServer):
         self.tls_port = free_port(host) if tls else None
         self.web_tls_port = free_port(host) if tls else None
         self._own_dir = data_dir is None
-        self.data_dir = (
-            Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sluice-apache-pulsar-"))
-        )
+        try:
+            self.data_dir = (
+                Path(data_dir)
+                if data_dir
+                else Path(tempfile.mkdtemp(prefix="sluice-apache-pulsar-"))
+            )
+        except OSError as exc:  # (no usable temporary directory: the error names none)
+            raise os_error("create the broker's data directory", "in $TMPDIR", exc) from None
         self.settings = dict(settings or {})
         self.admin_token = admin_token
         self.heap_mb = heap_mb
@@ -528,8 +541,14 @@ class ApachePulsar(JavaServer):
 
     def _start(self) -> ApachePulsar:
         assert self.runtime is not None
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        config = self._config()
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error("create the broker's data directory", self.data_dir, exc) from None
+        try:
+            config = self._config()
+        except OSError as exc:
+            raise os_error("write the broker's settings", self.data_dir, exc) from None
         command = self.runtime.java(
             STANDALONE_MAIN,
             "--config", str(config),
@@ -675,7 +694,10 @@ class ApachePulsarProxy(JavaServer):
         self.port = free_port(self.host)
         self.web_port = free_port(self.host)
         self._own_dir = True
-        self.data_dir = Path(tempfile.mkdtemp(prefix="sluice-apache-pulsar-proxy-"))
+        try:
+            self.data_dir = Path(tempfile.mkdtemp(prefix="sluice-apache-pulsar-proxy-"))
+        except OSError as exc:
+            raise os_error("create the proxy's data directory", "in $TMPDIR", exc) from None
         self.settings = dict(settings or {})
         self.heap_mb = heap_mb
         self.direct_mb = direct_mb
