@@ -736,6 +736,10 @@ class Answers:
         """Pair every recorded answer with its request (the one Correlator does
         the pairing) and file it under what a live client will ask."""
         index = cls()
+        # A topic's receipts in the order they were recorded, whatever their
+        # connection: a broker numbers a topic's entries as sends arrive, so
+        # live sends given them in turn get ids that grow as a broker's do.
+        receipts: dict[str, list[tuple[int, Frame]]] = collections.defaultdict(list)
         for conn in recording.connections:
             correlator = Correlator()
             subscriptions: dict[int, list[Frame]] = {}
@@ -768,13 +772,15 @@ class Answers:
                 if done is None:
                     continue
                 if done.request_type == T("SEND"):
-                    index.receipts[done.topic or ""].append(frame)
+                    receipts[done.topic or ""].append((rf.index, frame))
                     continue
                 if done.request is None:
                     continue
                 what = (done.request_type, done.topic or _namespace(done.request))
                 index.by_request[what].append(frame)
                 index.last[what] = frame
+        for topic, answered in receipts.items():
+            index.receipts[topic].extend(answer for _, answer in sorted(answered, key=_first))
         return index
 
     def delivered(self, subscribe: Any) -> list[Frame]:
@@ -798,6 +804,10 @@ class Answers:
         if queue:
             return queue.popleft()
         return self.last.get(asked)
+
+
+def _first(item: tuple[int, Frame]) -> int:
+    return item[0]
 
 
 def _topic_of(
