@@ -866,18 +866,23 @@ class Supervisor:
                         errors.append(f"worker {worker.index}: did not report it made ready "
                                       f"within {wait:g}s")  # fmt: skip
                 if errors:
-                    self._decide(attempt, ABORT)
+                    unwritten = self._decide(attempt, ABORT)
                     decided = True
+                    if unwritten:  # (each drops it all the same, for want of a word)
+                        errors.append(unwritten)
                     return self._reload_refused(source, errors)
-                self._decide(attempt, COMMIT)
+                unwritten = self._decide(attempt, COMMIT)
                 decided = True
+                if unwritten:  # no worker is told: each drops it, for want of a word
+                    return self._reload_refused(source, [unwritten])
                 # From here, a worker (re)started starts with it, and the
                 # next reload is weighed against it.
                 self._in_force = (config, number)
                 self.config, self._held = config, files
             finally:
-                if not decided:  # cancelled: no worker waits for a decision in vain
-                    self._decide(attempt, ABORT)
+                if not decided and (unwritten := self._decide(attempt, ABORT)):
+                    # Cancelled: no worker is to wait for a decision in vain.
+                    log.error("configuration reload: %s", unwritten)
             done = await self._reports(attempt, running, "done", DONE_TIMEOUT)
             if config.admin is not None and self._ruled.faults != config.faults:
                 # Workers behind an admin port are given their rules (their
@@ -928,10 +933,20 @@ class Supervisor:
                 await trio.sleep(0.05)
         return list(reports.values())
 
-    def _decide(self, attempt: int, decision: str) -> None:
-        """Reload ``attempt`` put in force by every worker, or by none."""
-        with open(self._state / RELOAD_DECISIONS, "a") as decisions:
-            decisions.write(f"{attempt} {decision}\n")
+    def _decide(self, attempt: int, decision: str) -> str:
+        """Reload ``attempt`` put in force by every worker, or by none: ""
+        once the workers are told, else one line saying why they cannot be
+        (a full disk). Then none is, and each drops the reload when no word
+        comes (``decision_timeout``), keeping the configuration in force:
+        the supervisor and its workers serve on."""
+        path = self._state / RELOAD_DECISIONS
+        try:
+            with open(path, "a") as decisions:
+                decisions.write(f"{attempt} {decision}\n")
+        except OSError as exc:
+            return (f"cannot tell the workers the decision ({decision}) in {path}: "
+                    f"{exc.strerror or exc}; each keeps the configuration in force")  # fmt: skip
+        return ""
 
     async def _replace_config_rules(self, old: ProxyConfig, new: ProxyConfig) -> None:
         """The fault rules that came with the configuration replaced by the
@@ -1482,11 +1497,14 @@ class _Reloads:
 
     def _decision(self, attempt: int) -> str | None:
         """The supervisor's decision on reload ``attempt``, if made."""
-        if self._decisions is None:
-            self._decisions = Journal(self.state / RELOAD_DECISIONS)
-        for words in self._decisions.new_lines():
-            if len(words) == 2 and words[0].isdigit():
-                self._decided[int(words[0])] = words[1]
+        try:
+            if self._decisions is None:
+                self._decisions = Journal(self.state / RELOAD_DECISIONS)
+            for words in self._decisions.new_lines():
+                if len(words) == 2 and words[0].isdigit():
+                    self._decided[int(words[0])] = words[1]
+        except OSError:  # (the supervisor could not write it): no word, as yet
+            pass
         return self._decided.get(attempt)
 
     async def _decided_on(self, attempt: int) -> str | None:
