@@ -71,6 +71,7 @@ def test_the_client_log_is_said_once_complete_lines_at_most_a_screenful(
 
     log = ClientLog()
     said: list[str] = []
+    assert log.path is not None
     try:
         log.path.write_text("".join(f"line {i}\n" for i in range(ClientLog.SHOWN + 3)) + "part")
         log.forward(said.append)
@@ -85,3 +86,21 @@ def test_the_client_log_is_said_once_complete_lines_at_most_a_screenful(
     finally:
         log.close()
     assert not log.path.exists()
+
+
+def test_no_temporary_file_to_be_had_is_no_log_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tempfile
+
+    from sluice.commands.demo import ClientLog
+
+    def refused(*args: object, **kwargs: object) -> tuple[int, str]:
+        raise FileNotFoundError("No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    log = ClientLog()
+    assert log.path is None
+    log.forward()
+    log.close()
+    assert capsys.readouterr().err == ""

@@ -135,13 +135,17 @@ class ClientLog:
     SHOWN = 20  # lines said per forward(); the rest counted
 
     def __init__(self) -> None:
-        fd, name = tempfile.mkstemp(prefix="sluice-demo-client-", suffix=".log")
-        os.close(fd)
-        self.path = Path(name)
+        self.path: Path | None = None  # (no temporary file to be had: not logged)
+        with contextlib.suppress(OSError):
+            fd, name = tempfile.mkstemp(prefix="sluice-demo-client-", suffix=".log")
+            os.close(fd)
+            self.path = Path(name)
         self._read = 0  # bytes of it said so far
 
     def forward(self, say: Callable[[str], None] = lambda text: None) -> None:
         """Say the complete lines logged since the last call."""
+        if self.path is None:
+            return
         try:
             with open(self.path, "rb") as log:
                 log.seek(self._read)
@@ -159,8 +163,9 @@ class ClientLog:
     def close(self, say: Callable[[str], None] = lambda text: None) -> None:
         """Say what is left, and remove the file."""
         self.forward(say)
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
 
 
 def run_workload(
