@@ -386,6 +386,7 @@ def _analyze(
         "decode and reduce every segment",
         "writing the tables",
     )
+    twice = 0  # records counted once for each overlapping snapshot holding them
     if not local_io:
         ring = F.get_json_object("extra", "$.ring").cast("long")
         held = F.get_json_object("extra", "$.ring_records").cast("long")
@@ -642,6 +643,7 @@ def _analyze(
     summary = {
         "frames": frames_total,
         "dropped_frames": dropped,
+        "repeated_records": twice,
         "http": {
             "exchanges": written["http"],
             "by_kind": [

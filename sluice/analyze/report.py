@@ -328,6 +328,18 @@ def _dropped(frames: int) -> str:
             "<code>files</code> table's <code>dropped_frames</code> says where.</p>")  # fmt: skip
 
 
+def _repeated(records: int) -> str:
+    """Records counted once for each of the overlapping flight-recorder
+    snapshots holding them (where Spark handed the executors the files):
+    what the warning on the terminal says."""
+    if not records:
+        return ""
+    return (f'<p class="bad">{records:,} records are in more than one flight-recorder snapshot '
+            "of one capture and counted once for each (read from the contents Spark hands "
+            "over, not passed over): the tables and this report count them more than once; "
+            "analyze one snapshot directory at a time, or local files.</p>")  # fmt: skip
+
+
 def write_report(summary: dict[str, Any], path: Path) -> None:
     damaged = summary["damaged"]
     protocols = ", ".join(f"{r['protocol']} {r['count']}" for r in summary["protocols"])
@@ -335,7 +347,9 @@ def write_report(summary: dict[str, Any], path: Path) -> None:
         f"<h1>Sluice traffic report</h1><p>{summary['frames']:,} frames on "
         f"{summary['connections']:,} connections ({html.escape(protocols or 'none')}), from "
         f"{summary['files']} recording segments ({summary['bytes'] / 1e6:,.1f} MB), analysed "
-        f"in {summary['seconds']:.1f} s.</p>" + _dropped(summary.get("dropped_frames", 0)),
+        f"in {summary['seconds']:.1f} s.</p>"
+        + _dropped(summary.get("dropped_frames", 0))
+        + _repeated(summary.get("repeated_records", 0)),
         "<h2>Throughput over time per topic</h2>" + throughput_picture(summary),
         "<h2>Latency (request to answer, at the proxy)</h2>"
         + latency_picture(summary)
