@@ -541,8 +541,9 @@ class Proxy:
         return applied, made.drop
 
     def watched(self) -> list[Path]:
-        """The key and certificate files of the configuration in force,
-        whose change is a reload (``reload_when_asked``)."""
+        """The key and certificate files of the configuration in force, and
+        the ``SLUICE_DEFAULTS`` file, whose change is a reload
+        (``reload_when_asked``)."""
         return watched(self.config)
 
     def refuse_reload(self, source: str, errors: list[str]) -> Outcome:
@@ -1124,7 +1125,8 @@ class Reloadable(Protocol):
 
     def watched(self) -> list[Path]:
         """The files of the configuration in force whose change is a reload
-        (its key and certificate files, ``reload.FILES``)."""
+        (its key and certificate files, ``reload.FILES``, and the
+        ``SLUICE_DEFAULTS`` file)."""
         ...
 
 

@@ -610,16 +610,22 @@ def clear_row(table: Path, worker: int) -> None:
     """A dead worker's row of ``table`` set to zero, by its supervisor: its
     connections are gone with it, and until a worker starting in its place
     resets the row (``SharedLimits.reset_row``; after a pause when workers
-    keep dying) they would count against the limits of the others."""
+    keep dying) they would count against the limits of the others. A
+    failed write (an I/O error) is logged: the supervisor, and the workers
+    with it, must not end for it."""
     stride = (BUCKETS + 1) * _SLOT
     try:
         fd = os.open(table, os.O_WRONLY)
+        try:
+            os.pwrite(fd, bytes(stride), worker * stride)
+        finally:
+            os.close(fd)
     except FileNotFoundError:  # not made yet, or the state let go
         return
-    try:
-        os.pwrite(fd, bytes(stride), worker * stride)
-    finally:
-        os.close(fd)
+    except OSError as exc:
+        log.warning("worker %d's row of %s not cleared (%s): its connections count against "
+                    "the limits until a worker starts in its place", worker, table,
+                    exc.strerror or exc)  # fmt: skip
 
 
 def table_size(workers: int) -> int:
