@@ -14,7 +14,7 @@ oldest are let go, and the page says how many (``let go here``). "Save" writes w
 as a capture directory, the flight recorder's way (a file per proxy
 process: a header, the connections, a ``snapshot`` record, then the
 records), which every reader takes. Each process's records are numbered as
-the recorder's ring numbers its own (a ``Ring`` each), and its saves are
+the recorder's ring numbers its own (from 0, as taken), and its saves are
 one capture, so that readers take two saves of one view that hold the same
 records as overlapping snapshots: each record once.
 """
@@ -42,7 +42,6 @@ import msgpack
 
 from sluice.protocols import registry
 from sluice.recording.format import Record, pack, record_at
-from sluice.recording.ring import Ring
 from sluice.recording.writer import DIRECTORY_MODE, create_new
 from sluice.view.index import COLUMNS, Index, Note, Reading
 
@@ -83,11 +82,10 @@ class Process:
     reading: Reading
     summaries: Any = None
     # Its records numbered as the flight recorder's ring numbers its own
-    # (``Ring.records``: the next one's number; it keeps only the newest
-    # part: the records are held by the index), and the capture its saves
-    # are (one for all of them: readers pass over the records an earlier
-    # save held, ``Repeats``).
-    ring: Ring = field(default_factory=lambda: Ring(0))
+    # (``Ring.records``), from 0 in the order taken: ``taken`` is the next
+    # one's number. Its saves are one capture, so readers pass over the
+    # records an earlier save held (``Repeats``).
+    taken: int = 0
     saved_as: str = field(default_factory=lambda: secrets.token_hex(6))
 
 
@@ -209,7 +207,7 @@ class LiveIndex(Index):
         if "t" in record and record["t"] >= self._newest[0]:
             self._newest = (int(record["t"]), int(record.get("w", 0)))
         data = pack(record)
-        process.ring.add(int(record.get("t", 0)), [data], 1)
+        process.taken += 1
         self._records.append(data)
         self.held_bytes += len(data)
         self._owners.append(reading.capture)
@@ -427,7 +425,7 @@ class LiveIndex(Index):
             records = list(zip(self._owners, self._records, strict=True))
             # (the number of the record after each process's last: what is
             # held of a process is its newest records, ``_forget_records``)
-            taken = {p.reading.capture: p.ring.records for p in processes}
+            taken = {p.reading.capture: p.taken for p in processes}
             held = {key for key, number in self._opened.items() if number >= self._first}
             connections = [c for c in self.connections if (c.capture, c.conn) not in held]
             seconds = (self.t[-1] - self.t[0]) / 1e9 if self.frames else 0.0
