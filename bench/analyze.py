@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgpack
 import pulsar
 
+import bench
 from sluice.analyze.standalone import StandaloneCluster, loopback_env
 from sluice.brokers.embedded import EmbeddedBroker
 from sluice.recording.format import SUFFIX, pack, read_records
@@ -608,4 +609,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench.run(main)

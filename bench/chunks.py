@@ -42,6 +42,7 @@ import pulsar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench
 from sluice.brokers.embedded import EmbeddedBroker, free_port
 from tests.helpers.support import client, start_proxy
 
@@ -366,4 +367,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench.run(main)

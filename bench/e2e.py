@@ -43,6 +43,7 @@ import pulsar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench
 from sluice.brokers.embedded import EmbeddedBroker
 from tests.helpers import support
 from tests.helpers.support import client, describe_source, source_error, start_proxy
@@ -329,4 +330,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench.run(main)

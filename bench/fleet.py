@@ -69,6 +69,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench
 from sluice.brokers.embedded import EmbeddedBroker, free_port
 from tests.helpers.support import source_error
 
@@ -986,4 +987,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench.run(main)

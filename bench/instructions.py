@@ -66,6 +66,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench
 from bench import e2e
 from bench.peers import strace_counts
 from sluice.brokers.embedded import EmbeddedBroker, free_port, wait_for_port
@@ -422,4 +423,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench.run(main)

@@ -48,6 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench
 from sluice.brokers.embedded import EmbeddedBroker
 from tests.helpers.reliability import peak_rss_bytes, read_all, rss_bytes
 from tests.helpers.support import start_proxy
@@ -298,4 +299,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench.run(main)

@@ -100,3 +100,18 @@ def test_the_readme_names_every_option_of_peers() -> None:
     readme = (BENCH / "README.md").read_text()
     line = next(ln for ln in readme.splitlines() if "bench/peers.py [" in ln)
     assert options and options <= set(re.findall(r"(--[a-z][a-z-]+)", line)), (options, line)
+
+
+def test_a_broker_that_cannot_start_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import bench
+    from sluice.brokers.embedded import BrokerError
+
+    def main() -> int:
+        raise BrokerError("cannot run the broker /x/pulsar-lite: Permission denied")
+
+    with pytest.raises(SystemExit) as exited:
+        bench.run(main)
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert err.endswith(": cannot run the broker /x/pulsar-lite: Permission denied\n")
+    assert err.count("\n") == 1 and "Traceback" not in err
