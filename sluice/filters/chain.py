@@ -36,6 +36,7 @@ from sluice.protocols.filtering import (
     Schema,
     Sealer,
     Unknown,
+    canonical,
     topic_of,
 )
 from sluice.protocols.registry import ProtocolSpec
@@ -289,7 +290,9 @@ def _applies(loaded: Loaded, topic: str, role: str | None) -> bool:
     spec = loaded.spec
     if spec.roles and (role is None or not any(fnmatch.fnmatchcase(role, p) for p in spec.roles)):
         return False
-    names = {topic, topic_of(topic)}
+    # The topic as the broker names it, whatever the client's spelling
+    # (``orders`` is persistent://public/default/orders), and its partition's.
+    names = {canonical(topic), topic_of(topic)}
     names |= {name.partition("://")[2] for name in list(names) if "://" in name}
     return any(fnmatch.fnmatchcase(name, p) for name in names for p in spec.topics)
 

@@ -241,11 +241,61 @@ class Unknown:
 UNKNOWN = Unknown()
 
 
-_PARTITION = re.compile(r"-partition-\d+$")
+# A partition's number, as Java's Integer.parseInt reads it (a sign allowed).
+_PARTITION = re.compile(r"-partition-\+?\d+")
+_DOMAINS = ("persistent", "non-persistent")
 
 
 def topic_of(name: str) -> str:
     """The topic a partition's name belongs to (``orders-partition-2``:
-    ``orders``); any other name as it is. A partition's schema, filters and
-    frames are its topic's."""
-    return _PARTITION.sub("", name)
+    ``orders``), in the spelling the broker gives it (``canonical``). A
+    partition's schema, filters and frames are its topic's."""
+    name = canonical(name)
+    cut = name.rfind("-partition-")
+    if cut >= 0 and _PARTITION.fullmatch(name, cut):
+        return name[:cut]
+    return name
+
+
+def canonical(name: str) -> str:
+    """A topic's name as Apache Pulsar's ``TopicName`` makes it complete, so
+    that every spelling a broker takes for one topic is that topic to the
+    filters: a short name (``orders``: ``persistent://public/default/orders``;
+    ``acme/shop/orders``: ``persistent://acme/shop/orders``; empty parts of
+    a short name are dropped, as Java's ``StringUtils.split`` drops them),
+    and the domain in any case (``Persistent://``). A name the broker
+    refuses is returned as it came (no producer or consumer is made on it)."""
+    if "://" not in name:
+        parts = [part for part in name.split("/") if part]
+        if len(parts) == 3:
+            name = "persistent://" + name
+        elif len(parts) == 1:
+            name = "persistent://public/default/" + parts[0]
+        else:
+            return name
+    domain, _, rest = name.partition("://")
+    for known in _DOMAINS:
+        if _same_ignoring_case(domain, known):
+            domain = known
+            break
+    else:
+        return name
+    if len(rest.split("/", 3)) < 3:  # new: tenant/namespace/topic; legacy: one more part
+        return name
+    return f"{domain}://{rest}"
+
+
+def _same_ignoring_case(a: str, b: str) -> bool:
+    """Java's ``String.equalsIgnoreCase``: character by character, each
+    compared upper-cased and lower-cased (so the long s, U+017F, is ``s``,
+    and the dotless i, U+0131, is ``i``)."""
+    return len(a) == len(b) and all(
+        x == y or _upper(x) == _upper(y) or _upper(x).lower() == _upper(y).lower()
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _upper(c: str) -> str:
+    """Java's ``Character.toUpperCase``: one character for one."""
+    upper = c.upper()
+    return upper if len(upper) == 1 else c
