@@ -1,12 +1,14 @@
 """Text commands a client sends, as typed values.
 
 A command is its name and ``key=value`` words, in the form the real client
-writes (``CONSUME topic=t partition=0 offset=5 member=m group=g generation=1``);
-the written spec's positional forms are not what the broker is sent. Each
-known command is a frozen dataclass whose fields are its keys, in the
-client's order; keys a class does not know are kept in ``extra`` and bare
-words in ``args``, so nothing in a command is lost. ``message=`` takes the
-rest of the line.
+writes (``CONSUME topic=t partition=0 offset=5 member=m group=g generation=1``),
+or a positional form the written spec describes (``CREATE t 4``, ``CONSUME t
+0 5``: ``POSITIONAL``), which decodes to the same command. Each known command
+is a frozen dataclass whose fields are its keys, in the client's order; keys
+a class does not know are kept in ``extra`` and bare words in ``args``, so
+nothing in a command is lost. ``message=`` takes the rest of the line.
+``format_command`` always writes the ``key=value`` form (a proxy relays the
+bytes a client sent, never a command written again).
 """
 
 from __future__ import annotations
@@ -205,6 +207,23 @@ OTHER = frozenset(
 )
 KNOWN = frozenset(TYPED) | OTHER
 
+# The written spec's positional forms (``CREATE <topic> <partitions>``): the
+# field each bare word is, in order, when a command has no key=value word.
+# None: a word the spec has and these classes do not (HEARTBEAT's consumer
+# id before its member id), kept as a bare word. BATCH_COMMIT's offsets
+# (``P0:5,P1:7``) follow its words, as in its key=value form.
+POSITIONAL: dict[type[Command], tuple[str | None, ...]] = {
+    Create: ("topic", "partitions"),
+    Delete: ("topic",),
+    Consume: ("topic", "partition", "offset"),
+    Stream: ("topic", "partition", "offset"),
+    JoinGroup: ("topic", "group", "member"),
+    LeaveGroup: ("topic", "group", "member"),
+    SyncGroup: ("topic", "group", "member", "generation"),
+    Heartbeat: ("topic", "group", None, "member", "generation"),
+    BatchCommit: ("topic", "group", "member", "generation"),
+}
+
 _COMMAND_WORD = re.compile(r"[A-Z][A-Z0-9_]*")
 _OFFSET = re.compile(r"P(-?[0-9]+):(-?[0-9]+)")
 _TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
@@ -259,6 +278,19 @@ def parse_command(text: str) -> Command:
     types = _TYPES[cls]
     values: dict[str, object] = {}
     extra: list[tuple[str, str]] = []
+    form = POSITIONAL.get(cls)
+    if form is not None and not pairs and args:
+        # The spec's positional form: every word of it, or it is no command.
+        if len(args) < len(form):
+            words = " ".join(f"<{key or 'id'}>" for key in form)
+            raise _invalid(Problem.MISSING_FIELD, f"{name} needs {words} (or key=value words)")
+        kept: list[str] = []
+        for key, value in zip(form, args, strict=False):
+            if key is None:
+                kept.append(value)
+            else:
+                values[key] = _convert(name, key, value, types[key])
+        args = kept + args[len(form) :]
     for key, value in pairs:
         type_ = types.get(key)
         if type_ is not None and key not in values:
