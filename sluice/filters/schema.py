@@ -78,8 +78,10 @@ class SchemaValidation(Filter[SchemaSettings]):
                           f"schema of {message.topic}", error)  # fmt: skip
         schema = message.schema
         # A tombstone has no value to check; a SEPARATED key/value's still
-        # has its key, which consumers read.
-        tombstone = message.null
+        # has its key, which consumers read. One flagged null that carries
+        # bytes is no tombstone: the broker stores them and the C++-based
+        # clients hand them to the application; they are checked.
+        tombstone = message.null and not message.payload
         if tombstone and (schema is None or not reads_key(schema) or message.key is None):
             return PASS
         if schema is None:
