@@ -252,4 +252,5 @@ def test_free_text_and_web_paths_lose_their_names() -> None:
     )
     slow = "Topic persistent://acme/billing/invoices is slow"
     note = anonymizer.record({"k": "snapshot", "t": 0, "w": 0, "reason": slow})
-    assert "acme" not in note["reason"] and "tenant-" in note["reason"]
+    # Replaced whole: it may name what no field does (test_anonymize_gaps_reason.py).
+    assert "acme" not in note["reason"] and note["reason"] == names.name("name", slow)

@@ -88,6 +88,11 @@ _ADDRESS_HEADERS = frozenset({
 })  # fmt: skip
 # Record fields that are codes, never names.
 _CODES = frozenset({"k", "cmd", "kind", "action", "on", "op", "error", "method"})
+# Records whose labels (a user's words) are replaced whole, the labels, and
+# the reasons Sluice gives a snapshot itself (one asked for without any).
+_LABELLED = frozenset({"trigger", "snapshot"})
+_LABELS = ("reason", "rule")
+_OWN_REASONS = frozenset({"on demand"})
 
 
 # What is kept of payloads: their shape with zeros for contents (a capture
@@ -213,13 +218,32 @@ class Anonymizer:
         return self._scrubbed(r, skip=("client", "via", "broker", "producers", "consumers"))
 
     def _annotation(self, r: Record) -> Record:
-        """fault, filter, trigger, snapshot: a topic, free text."""
+        """fault, filter, trigger, snapshot: a topic, free text; a
+        snapshot's reason and its rule's id: pseudonyms (``_labelled``)."""
         if r.get("topic"):
             r["topic"] = self._typed(r["topic"], self.names.topic)
         sent = r.get("sent")
         if isinstance(sent, dict):  # a filter's changed frame, as it went on
             r["sent"] = self._sent(dict(sent))
-        return self._scrubbed(r, skip=("topic", "sent"))
+        labelled = self._labelled(r) if r.get("k") in _LABELLED else ()
+        return self._scrubbed(r, skip=("topic", "sent", *labelled))
+
+    def _labelled(self, r: Record) -> tuple[str, ...]:
+        """A trigger's rule id, and a snapshot's reason and rule id: text a
+        user chose (an admin request's reason, a ``--snapshot-on`` rule's
+        id), which may name what no field of the capture names, so that
+        scrubbing it of the names learned would leave those. Each is
+        replaced whole by a ``name-…`` pseudonym (one rule's id and the
+        reason it gave its snapshot take the same one), but for the words
+        Sluice writes itself. Returns the keys replaced."""
+        done = []
+        for key in _LABELS:
+            value = r.get(key)
+            if isinstance(value, str):
+                if value not in _OWN_REASONS:
+                    r[key] = self.names.name("name", value)
+                done.append(key)
+        return tuple(done)
 
     def _sent(self, sent: Record) -> Record:
         raw = sent.get("raw", b"")
