@@ -293,9 +293,15 @@ def test_a_later_segment_names_the_topics_of_producers_made_before_it(tmp_path: 
             for direction, frame in ((0, producer), (1, success)):
                 correlator.observe(frame, direction == 0, 0.0)
                 recorder.frames(conn, direction == 0, [frame])
-            await trio.sleep(0.1)  # one segment, then a new one for each write
-            recorder.frames(conn, False, [receipt])
-            await trio.sleep(0.1)
+            # One segment, then a new one for each write: the first frames
+            # written before the receipt is queued (a fixed 0.1 s was not
+            # always enough on a busy host: one write, one segment).
+            with trio.fail_after(10):
+                while recorder.frames_written < 2:
+                    await trio.sleep(0.005)
+                recorder.frames(conn, False, [receipt])
+                while recorder.frames_written < 3:
+                    await trio.sleep(0.005)
             nursery.cancel_scope.cancel()
 
     trio.run(main)

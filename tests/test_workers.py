@@ -64,6 +64,7 @@ from sluice.proxy.workers import (
 )
 from sluice.recording.reader import load
 from tests.helpers.cursus_broker import open_cluster
+from tests.helpers.reliability import wait_until
 from tests.helpers.scripted_broker import ScriptedBroker, redirect_to
 from tests.helpers.support import (
     QUIET,
@@ -604,12 +605,16 @@ def test_a_draining_proxy_with_workers_refuses_new_clients_at_once(
     that nobody would accept until the drain ended.)"""
     proxy, admin = workers_proxy
     port = int(proxy.url.rsplit(":", 1)[1])
+    where = f"127.0.0.1:{admin}"
     rule = {"match": {"command": "SEND_RECEIPT"}, "action": "delay", "delay_ms": 4000}
-    call(f"127.0.0.1:{admin}", "POST", "/faults", TOKEN, rule)
+    call(where, "POST", "/faults", TOKEN, rule)
     with client(proxy.url) as c:
         producer = c.create_producer(topic, batching_enabled=False)
         producer.send_async(b"waits", lambda result, message_id: None)
-        time.sleep(0.5)  # (the send is on its way: the drain waits for its receipt)
+        # Its receipt held by the rule: the drain waits for it. (A fixed
+        # half second was not always enough for the send to get there.)
+        wait_until(lambda: call(where, "GET", "/faults")["rules"][0]["hits"] >= 1, 30,
+                   "the send's receipt held by the delay rule")  # fmt: skip
         os.kill(proxy.pid, signal.SIGTERM)
         deadline = time.monotonic() + 3
         while True:
