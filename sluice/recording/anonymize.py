@@ -12,7 +12,8 @@ never kept: a frame's (and an HTTP body's, a WebSocket frame's) is left out
 and only its size kept, with its SHA-256 under ``hash``.
 
 The capture is read twice: once to learn every original (free text can only
-be scrubbed of originals the table already holds), once to write. The
+be scrubbed of originals the table already holds), once to write, no
+further than the records the first read found (a live capture grows). The
 result is an ordinary recording: ``inspect``, ``view``, ``replay`` and
 ``serve`` read it.
 """
@@ -23,10 +24,10 @@ import hashlib
 import itertools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from sluice.protocols import registry
@@ -511,12 +512,17 @@ def anonymize(
     relatives = [path.relative_to(source) if source.is_dir() else Path(path.name) for path in files]
     ranks = _ranks(relatives)
     skipped: dict[Path, str] = {}  # files of no whole record, or removed: why
+    # What the first read of each file saw: its records are all the second
+    # one writes, so that a file still growing (a live capture) never puts a
+    # record into the copy whose names were not learned.
+    seen: dict[Path, ReadResult] = {}
     anonymizer.names.learning = True  # nothing written yet: free text left as it is
     for n, (path, relative) in enumerate(zip(files, relatives, strict=True), 1):
         progress(f"reading {n}/{len(files)}: {path.name}")  # learn every original first
         targets.append(out / _renamed(relative, anonymizer.names, ranks))
+        seen[path] = ReadResult(path)
         try:
-            for record in read_records(path):
+            for record in read_records(path, seen[path]):
                 anonymizer.record(record)
         except (Unfinished, Gone) as exc:  # (raised before any record of the file)
             if len(files) == 1:
@@ -527,7 +533,8 @@ def anonymize(
     for n, (path, target) in enumerate(zip(files, targets, strict=True), 1):
         progress(f"writing {n}/{len(files)}: {target}")
         result = ReadResult(path)
-        records = read_records(path, result)
+        # (A generator: closed below, whether or not it was read to its end.)
+        records = cast("Generator[Record, None, None]", read_records(path, result))
         try:
             first = next(records, None) if path not in skipped else None
         except (Unfinished, Gone) as exc:  # removed (or cut) since its first read
@@ -539,18 +546,36 @@ def anonymize(
             # Named by its copy's name: the report holds no original.
             report.skipped.append(f"{target.relative_to(out)}: {skipped[path]}, left out")
             continue
+        learned = seen[path]
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
-        with open(partial, "wb", opener=private) as handle:
-            for record in itertools.chain([first] if first is not None else [], records):
-                handle.write(pack(anonymizer.record(record)))
+        try:
+            with open(partial, "wb", opener=private) as handle:
+                every = itertools.chain([first] if first is not None else [], records)
+                for record in itertools.islice(every, learned.records):
+                    handle.write(pack(anonymizer.record(record)))
+        finally:
+            records.close()
         os.replace(partial, target)
-        if result.truncated_bytes:
+        left = _left_out(path, learned)
+        if left:
+            grew = "written since it was first read (a live capture)"
+            what = grew if left > learned.truncated_bytes else "an incomplete record"
             report.truncated.append(
-                f"{target.relative_to(out)}: its last {result.truncated_bytes} bytes, an "
-                "incomplete record, left out"
+                f"{target.relative_to(out)}: its last {left} bytes, {what}, left out"
             )
     return report, anonymizer.names
+
+
+def _left_out(path: Path, learned: ReadResult) -> int:
+    """How many bytes of ``path`` follow the records its first read found
+    (``learned``): an unfinished record then, and whatever was appended
+    since."""
+    try:
+        size = path.stat().st_size
+    except OSError:  # removed since: what the first read saw is all that is known
+        return max(learned.truncated_bytes, 0)
+    return max(size - learned.offset, 0)
 
 
 # The names Sluice gives what it writes: a snapshot's directory (its reason
