@@ -2,25 +2,15 @@
 until the broker answers the close: what comes for it meanwhile must go
 through its topic's filters.
 
-Sluice forgets the topic of a producer (consumer) as soon as the client's
-CLOSE_PRODUCER (CLOSE_CONSUMER) goes by, before the broker has closed it.
-A consumer that gives permits and closes at once is sent the messages
-the broker dispatched before it read the close: they came after Sluice
-forgot the consumer, and went to the client unfiltered (a deliver
-filter's refusal skipped). A SEND right behind the client's
-CLOSE_PRODUCER went to the broker unfiltered too; the broker removes the
-producer only once its close completes, after the SENDs it holds.
-
-The fix is in the core's bookkeeping (``sluice/protocols/pulsar/
-correlation.py``, ``Correlator._client_frame``), not in the filters: keep
-the topic of a closing producer (consumer) for filtering until the
-broker's answer to the close (SUCCESS or ERROR for its request id), or
-its own CLOSE_*; ``open_elsewhere`` may go on treating the id as free.
+A consumer that gives permits and closes at once is sent the messages the
+broker dispatched before it read the close, and a SEND right behind the
+client's CLOSE_PRODUCER reaches the broker before its close completes:
+both go through the topic's filters, since the core keeps the topic of a
+closing producer (consumer) until the broker agrees to the close
+(``Correlator._client_frame``, ``_closed``).
 """
 
 from __future__ import annotations
-
-import pytest
 
 from sluice.filters.config import FilterSpec
 from sluice.protocols.core import Peer
@@ -31,7 +21,6 @@ from tests.test_filters_producers_known import LOUD, _filtered, _send
 from tests.test_pulsar_core import frame_bytes, sent
 
 T = pb.BaseCommand
-FIX = "the core forgets a closing producer's (consumer's) topic before the broker closed it"
 
 
 def _skip_me(consumer_id: int = 2) -> bytes:
@@ -49,7 +38,6 @@ def test_a_delivery_to_an_open_consumer_is_skipped() -> None:
     assert sent(out, Peer.CLIENT) == []
 
 
-@pytest.mark.xfail(strict=True, reason=FIX)
 def test_a_delivery_dispatched_before_the_close_is_still_filtered() -> None:
     core, _ = _core(FilterSpec(WORDS))
     close = pb.CommandCloseConsumer(consumer_id=2, request_id=90)
@@ -64,10 +52,37 @@ def test_a_send_of_an_open_producer_is_filtered() -> None:
     assert _filtered(core.receive_client(_send(1, LOUD), 1.0), 1)
 
 
-@pytest.mark.xfail(strict=True, reason=FIX)
 def test_a_send_behind_the_close_of_its_producer_is_still_filtered() -> None:
     core, _ = _core(FilterSpec(WORDS))
     close = pb.CommandCloseProducer(producer_id=1, request_id=91)
     out = core.receive_client(frame_bytes("CLOSE_PRODUCER", close) + _send(1, LOUD), 1.0)
     sends = [a for a in out if a.to is Peer.BROKER]  # type: ignore[union-attr]
     assert _filtered(sends, 1)
+
+
+def test_a_close_the_broker_agreed_to_frees_the_id() -> None:
+    core, _ = _core(FilterSpec(WORDS))
+    close = pb.CommandCloseProducer(producer_id=1, request_id=91)
+    core.receive_client(frame_bytes("CLOSE_PRODUCER", close), 1.0)
+    assert core.correlator.producers.get(1) is not None  # closing: still the broker's
+    core.receive_broker(frame_bytes("SUCCESS", pb.CommandSuccess(request_id=91)), 1.1)
+    assert 1 not in core.correlator.producers
+    # Free again: a producer of another topic may have it (not refused as open elsewhere).
+    producer = pb.CommandProducer(topic="persistent://public/default/other", producer_id=1,
+                                  request_id=92)  # fmt: skip
+    out = core.receive_client(frame_bytes("PRODUCER", producer), 1.2)
+    assert [a for a in out if a.to is Peer.BROKER]  # type: ignore[union-attr]
+    assert sent(out, Peer.CLIENT) == []
+
+
+def test_a_close_the_broker_refused_keeps_the_consumer_filtered() -> None:
+    core, _ = _core(FilterSpec(WORDS))
+    close = pb.CommandCloseConsumer(consumer_id=2, request_id=93)
+    core.receive_client(frame_bytes("CLOSE_CONSUMER", close), 1.0)
+    error = pb.CommandError(request_id=93, error=pb.UnknownError, message="no")
+    core.receive_broker(frame_bytes("ERROR", error), 1.1)
+    out = core.receive_broker(_skip_me(), 1.2)  # still open at the broker
+    assert sent(out, Peer.CLIENT) == []
+    core.receive_client(frame_bytes("CLOSE_CONSUMER", close), 1.3)
+    core.receive_broker(frame_bytes("SUCCESS", pb.CommandSuccess(request_id=93)), 1.4)
+    assert 2 not in core.correlator.consumers

@@ -443,14 +443,18 @@ class Correlator:
             self.consumers.setdefault(body.consumer_id, pending.topic)
         elif t in (T.LOOKUP, T.PARTITIONED_METADATA, T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA):
             pending.topic = text(body.topic)
+        # A closing producer (consumer) keeps its topic until the broker
+        # answers the close: until then the broker still takes its SENDs
+        # (still delivers to it), and they go through its topic's filters.
+        # Its SENDs in flight are forgotten once the close is answered.
         elif t == T.CLOSE_PRODUCER:
-            pending.topic = self.producers.pop(body.producer_id, None)
+            pending.topic = self.producers.get(body.producer_id)
             self.made.discard((T.PRODUCER, body.producer_id))
-            # Its SENDs in flight are forgotten once the close is answered.
             pending.resource_id = body.producer_id
         elif t == T.CLOSE_CONSUMER:
-            pending.topic = self.consumers.pop(body.consumer_id, None)
+            pending.topic = self.consumers.get(body.consumer_id)
             self.made.discard((T.SUBSCRIBE, body.consumer_id))
+            pending.resource_id = body.consumer_id
         elif t in (T.SEEK, T.UNSUBSCRIBE, T.GET_LAST_MESSAGE_ID, T.ACK, T.CONSUMER_STATS):
             pending.topic = self.consumers.get(body.consumer_id)
             if t == T.UNSUBSCRIBE:  # gone once the broker agrees
@@ -506,6 +510,10 @@ class Correlator:
             # A broker answers the close once the producer's SENDs in flight
             # are answered; any left now (failed meanwhile) never will be.
             self.forget_sends(pending.resource_id)
+            if error is None:
+                self._closed(self.producers, pending)
+        elif error is None and pending.type == T.CLOSE_CONSUMER:
+            self._closed(self.consumers, pending)
         elif error is None and pending.type == T.UNSUBSCRIBE and pending.resource_id is not None:
             # The consumer is closed with its subscription; its client sends
             # no CLOSE_CONSUMER for it.
@@ -526,6 +534,13 @@ class Correlator:
         return Completion(
             pending.type, t, pending.started, now, pending.topic, error, pending.request
         )
+
+    @staticmethod
+    def _closed(table: dict[int, str], pending: Pending) -> None:
+        """A close the broker agreed to: the id forgotten, unless a newer
+        PRODUCER (SUBSCRIBE) made it another topic's meanwhile."""
+        if pending.resource_id is not None and table.get(pending.resource_id) == pending.topic:
+            del table[pending.resource_id]
 
     def _asked(self, made: tuple[int, int]) -> bool:
         """Whether another PRODUCER (SUBSCRIBE) for this id waits for its
