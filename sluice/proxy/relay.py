@@ -12,7 +12,6 @@ drain deadline. It knows nothing of frames, metrics or recordings.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import math
@@ -20,7 +19,6 @@ import os
 import socket
 import ssl
 import struct
-import termios
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -80,7 +78,9 @@ LEAVE_SIZE = 16 * 1024
 # have Sluice keep a task and an answer per lookup, without bound.
 ANSWERS_WAITING = 64
 
-# How much a write to a peer that is not plain TCP (TLS) is given at a time:
+# How much a write to a peer that is not plain TCP (TLS) is given at a time
+# (what trio's SSLStream encrypts and holds at once). Where the TCP
+# connection under it does not say what its peer took in (``_acked``),
 # each piece must be taken in within the stall bound (``Relay._stall``).
 STALL_PIECE = 64 * 1024
 
@@ -162,26 +162,51 @@ class Parking:
     connect: Callable[[Address], tuple[int, bool] | None]
 
 
-class _ThreadWrite:
+class _Progress:
+    """How far a write that waits on its peer got: the descriptor of the
+    TCP connection it goes out on (under TLS, the one under it), when the
+    write last made progress, and how many bytes the peer had taken in
+    then (``_acked``; None: not known). A write that makes none for the
+    stall bound ends the connection (``Relay._send``,
+    ``Relay._watch_stalls``). A write through TLS is given its time by
+    ``scope``, whose deadline the stall clock pushes on while the peer
+    takes bytes in."""
+
+    __slots__ = ("acked", "scope", "since", "watch")
+
+    def __init__(self, watch: int | None, since: float = math.inf) -> None:
+        self.watch = watch
+        self.since = since
+        self.acked = None if watch is None else _acked(watch)
+        self.scope: trio.CancelScope | None = None
+
+    def moved(self, now: float) -> bool:
+        """Whether the peer took anything in since last looked (then
+        progress, at ``now``): a peer that does is slow, not dead."""
+        if self.watch is None or self.acked is None:
+            return False
+        acked = _acked(self.watch)
+        if acked is None or acked <= self.acked:
+            return False
+        self.acked = acked
+        self.since = now
+        return True
+
+
+class _ThreadWrite(_Progress):
     """A write the relay thread waits to finish (``Relay._write_later``):
     the duplicate descriptor it watches for room, and the event it sets
     when it is over, made by the first trio write that must wait for it.
     With no descriptor, a write the thread began and handed back to trio
-    (``Relay._hold_place``): over when trio takes it up."""
+    (``Relay._hold_place``): over when trio takes it up. Its progress is
+    also the room the thread found (``since``: the relay thread's clock,
+    which is trio's)."""
 
-    __slots__ = ("over", "queued", "since", "watch")
+    __slots__ = ("over",)
 
     def __init__(self, watch: int | None, since: float = math.inf) -> None:
-        self.watch = watch
+        super().__init__(watch, since)
         self.over: trio.Event | None = None
-        # When the write last made progress (the relay thread's clock, which
-        # is trio's): one that makes none for the stall bound ends the
-        # connection (``Relay._watch_stalls``).
-        self.since = since
-        # What the socket held that its peer had not taken in (``_unsent``),
-        # plus what was written since: a peer that took some in meanwhile
-        # is slow, not dead (None: not known).
-        self.queued = None if watch is None else _unsent(watch)
 
 
 Dialer = Callable[[Address, bool, float], Awaitable[trio.abc.Stream]]
@@ -276,6 +301,9 @@ class Relay:
         self._ended_here = False  # (by _end_parked: once)
         # A write the relay thread waits to finish, by socket.
         self._thread_writes: dict[Peer, _ThreadWrite] = {}
+        # trio's writes through TLS, by socket, for the stall clock to end
+        # one whose peer takes nothing in (``_send``).
+        self._tls_writes: dict[Peer, _Progress] = {}
         # Answers to Asks waiting to be written (``_answer``), and what the
         # reading waits on while there are ANSWERS_WAITING of them.
         self._answers_waiting = 0
@@ -967,8 +995,6 @@ class Relay:
             if view:
                 if written:
                     pending.since = thread.now()
-                    if pending.queued is not None:
-                        pending.queued += written
                 return
             done()
             self._disarm()
@@ -1188,16 +1214,36 @@ class Relay:
                 lock.acquire_nowait()
             except trio.WouldBlock:
                 await lock.acquire()
+            # A peer that takes nothing in for the stall bound is dead.
+            # Progress is what the peer took in (``_acked``), not the
+            # socket's room: a big send buffer drained at a slow link's
+            # pace says it has room only once a third of it went. On plain
+            # TCP each wait for room is given the stall bound, and looks
+            # again while the peer took some in. A write through TLS cannot
+            # be cut and go on (its stream would be broken): it is given
+            # the stall bound and a tick of the stall clock, which pushes
+            # that on whenever it sees the peer take bytes in on the TCP
+            # connection under it (``_watch_stalls``); the bound holds
+            # without the clock (cancelled with the connection's tasks).
+            # Where that is not known, each piece is given the stall bound.
+            clocked = False
             try:
-                # A peer that takes nothing in for the stall bound is dead:
-                # each wait for room (each piece of a write through TLS) is
-                # given that long.
-                # Progress is what the peer took in (``_unsent``), not
-                # the socket's room: a big send buffer drained at a slow
-                # link's pace says it has room only once a third of it went.
                 limit = self._stall
                 view = memoryview(data)
-                queued = None if fd is None else _unsent(fd)
+                raw = fd if fd is not None else stream_descriptor(stream)
+                progress = None if raw is None else _Progress(raw, trio.current_time())
+                if fd is None and progress is not None and progress.acked is not None:
+                    self._tls_writes[to] = progress
+                    clocked = True
+                    self._start_stall_clock()
+                    with trio.move_on_after(limit + limit / 4) as waited:
+                        progress.scope = waited
+                        while view:
+                            await stream.send_all(view[:STALL_PIECE])
+                            view = view[STALL_PIECE:]
+                    if waited.cancelled_caught:
+                        self._stalled(to, limit)
+                        return
                 while view:
                     with trio.move_on_after(limit) as waited:
                         if fd is None:
@@ -1208,16 +1254,14 @@ class Relay:
                             with contextlib.suppress(BlockingIOError):
                                 written = os.write(fd, view)
                                 view = view[written:]
-                                if queued is not None:
-                                    queued += written
                     if waited.cancelled_caught:
-                        left = None if fd is None else _unsent(fd)
-                        if left is not None and queued is not None and left < queued:
-                            queued = left  # slow, not dead
-                            continue
+                        if progress is not None and progress.moved(trio.current_time()):
+                            continue  # slow, not dead
                         self._stalled(to, limit)
                         return
             finally:
+                if clocked:
+                    del self._tls_writes[to]
                 lock.release()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._lost(to, exc)
@@ -1255,22 +1299,34 @@ class Relay:
 
     async def _watch_stalls(self) -> None:
         """End the connection when a write the relay thread waits to
-        finish has made no progress for the stall bound (trio's own waits
-        bound themselves: ``_send``). Looked at every quarter of it."""
+        finish, or one of trio's through TLS, has made no progress for the
+        stall bound (trio's plain waits bound themselves: ``_send``; a
+        TLS write ends by its own deadline, which this pushes on while the
+        peer takes bytes in). Looked at every quarter of it. Started by
+        the relay thread's first waiting write, it ticks until the end; by
+        a TLS write, until a tick finds none in progress (the next TLS
+        write starts it again: an idle TLS connection keeps no clock)."""
         limit = self._stall
-        while not self._closing:
-            await trio.sleep(limit / 4)
-            now = trio.current_time()
-            for to, pending in list(self._thread_writes.items()):
-                if pending.watch is None or now - pending.since < limit:
-                    continue
-                left = _unsent(pending.watch)
-                if left is not None and pending.queued is not None and left < pending.queued:
-                    pending.queued = left  # the peer took some in: slow, not dead
-                    pending.since = now
-                    continue
-                self._stalled(to, now - pending.since)
-                return
+        try:
+            while not self._closing:
+                await trio.sleep(limit / 4)
+                now = trio.current_time()
+                writes: list[tuple[Peer, _Progress]] = [
+                    *self._thread_writes.items(), *self._tls_writes.items()
+                ]  # fmt: skip
+                for to, pending in writes:
+                    scope = pending.scope
+                    if pending.moved(now):  # the peer took some in: slow, not dead
+                        if scope is not None:  # (a TLS write: ``_send``)
+                            scope.deadline = now + limit + limit / 4
+                        continue
+                    if scope is None and now - pending.since >= limit:
+                        self._stalled(to, now - pending.since)
+                        return
+                if not (self._stall_clock or self._thread_writes or self._tls_writes):
+                    return
+        finally:
+            self._stall_watching = False
 
     def _lost(self, to: Peer, exc: BaseException) -> None:
         side = "client" if to is Peer.CLIENT else "broker"
@@ -1409,15 +1465,32 @@ def _as_error(exc: BaseException, what: str) -> Exception:
     return error
 
 
-def _unsent(fd: int) -> int | None:
-    """Bytes written to socket ``fd`` that its peer has not acknowledged
-    (SIOCOUTQ; a peer whose window is shut acknowledges nothing more);
-    None where the system does not say."""
+def _acked(fd: int) -> int | None:
+    """How many bytes socket ``fd``'s peer has acknowledged so far
+    (TCP_INFO's ``tcpi_bytes_acked``, Linux 4.1 and later; a peer whose
+    window is shut acknowledges nothing more); None where the system does
+    not say. The same whatever is written over the socket (TLS records
+    included), so it tells progress under TLS too."""
     try:
-        got = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
-    except (OSError, AttributeError):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+    except OSError:  # (closed already)
         return None
-    return int(struct.unpack("i", got)[0])
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_SIZE)
+    except OSError:
+        return None
+    finally:
+        sock.detach()
+    if len(info) < _BYTES_ACKED + 8:
+        return None
+    return int(struct.unpack_from("=Q", info, _BYTES_ACKED)[0])
+
+
+# struct tcp_info (linux/tcp.h): ``tcpi_bytes_acked``, a __u64 after 8
+# bytes of __u8 fields, 24 __u32 and 2 __u64.
+_TCP_INFO: int = getattr(socket, "TCP_INFO", -1)
+_BYTES_ACKED = 120
+_TCP_INFO_SIZE = _BYTES_ACKED + 8
 
 
 def _reset(stream: trio.abc.Stream) -> None:
