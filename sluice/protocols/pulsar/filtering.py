@@ -71,7 +71,7 @@ from sluice.protocols.pulsar.encoder import (
     with_payload,
 )
 from sluice.protocols.pulsar.errors import LocalProtocolError, RemoteProtocolError
-from sluice.protocols.pulsar.frame import Frame
+from sluice.protocols.pulsar.frame import Frame, text
 from sluice.protocols.pulsar.payload import (
     MAX_BATCH_MESSAGES,
     build_batch,
@@ -235,9 +235,12 @@ class FilterGate:
         if frame.type == T.PRODUCER:
             if body.HasField("producer_name"):
                 self._names[body.producer_id] = body.producer_name
-            self.filtering.forget_schemas(body.topic, now)
+            # The topic as the correlator keeps it: a name that is not
+            # UTF-8 (protobuf's bytes) read as the broker reads it.
+            topic = text(body.topic)
+            self.filtering.forget_schemas(topic, now)
             if body.producer_id not in self.compiled:
-                self._seal_compiled(body.producer_id, body.topic)
+                self._seal_compiled(body.producer_id, topic)
         elif frame.type == T.SUBSCRIBE:
             self._names[-1 - body.consumer_id] = body.subscription
 
@@ -251,7 +254,7 @@ class FilterGate:
         body: Any = frame.body
         if body is None or body.encrypted:
             return None
-        chain = self.filtering.chain(body.topic, PRODUCE, self.role)
+        chain = self.filtering.chain(text(body.topic), PRODUCE, self.role)
         if chain is None or chain.sealer is None:
             return None
         marked = pb.CommandProducer()
