@@ -37,6 +37,7 @@ from sluice.protocols.filtering import (
     Sealer,
     Unknown,
     canonical,
+    schema_topic,
     topic_of,
 )
 from sluice.protocols.registry import ProtocolSpec
@@ -246,7 +247,7 @@ class Filters:
         return chain
 
     def schema(self, topic: str, version: bytes | None, now: float) -> Schema | Unknown | None:
-        known = self._schemas.get((topic_of(topic), version))
+        known = self._schemas.get((schema_topic(topic), version))
         if known is None:
             return UNKNOWN
         schema, since = known
@@ -259,14 +260,24 @@ class Filters:
     ) -> None:
         if len(self._schemas) >= MAX_SCHEMAS:
             self._schemas.clear()
-        self._schemas[(topic_of(topic), version)] = (schema, now)
+        # By the topic the broker reads the schema of: a name that only
+        # looks like a partition has its own (``schema_topic``).
+        key = schema_topic(topic)
+        self._schemas[(key, version)] = (schema, now)
         if version is None and schema is not None and schema.version is not None:
-            self._schemas[(topic_of(topic), schema.version)] = (schema, now)
+            self._schemas[(key, schema.version)] = (schema, now)
 
     def forget_schemas(self, topic: str, now: float) -> None:
+        # Every name that may share the schema (``topic_of``: a broker of
+        # any version may take a look-alike for a partition): more asked
+        # again than needed, never less.
         base = topic_of(topic)
         schemas = self._schemas
-        for key in [key for key in schemas if key[0] == base]:
+        for key in [
+            key
+            for key in schemas
+            if key[0] == base or (key[0].startswith(base) and topic_of(key[0]) == base)
+        ]:
             # Not one just learned: a client opening producers over and
             # over would have every producer of the topic, on every
             # connection, wait for the broker's schema at each SEND.

@@ -257,6 +257,35 @@ def topic_of(name: str) -> str:
     return name
 
 
+# Apache Pulsar's largest partition index (a Java int).
+_MAX_PARTITION = 2**31 - 1
+
+
+def schema_topic(name: str) -> str:
+    """The topic whose schema ``name``'s messages are read with: its
+    partitioned topic where the broker takes ``name`` for a partition, else
+    ``name`` itself (``canonical``). Narrower than ``topic_of``, which
+    filters match by: Apache Pulsar's ``TopicName.getPartitionIndex`` takes
+    a partition's index only as Java writes the number (no sign, no leading
+    zero, an int), and reads ``orders-partition-01`` as a topic of its own,
+    with a schema of its own, which any client may make where topics are
+    made on first use. Were it kept as ``orders``'s, a client could have
+    Sluice check ``orders``'s messages against it. (Older brokers, which
+    took such names for partitions, answer Sluice's question about one with
+    its topic's schema: kept under its own name, that is right too.)"""
+    name = canonical(name)
+    cut = name.rfind("-partition-")
+    if cut < 0:
+        return name
+    index = name[cut + len("-partition-") :]
+    # Java's Integer.parseInt reads any Unicode decimal digit, as Python's int does.
+    if not index.isdecimal() or not 0 <= (number := int(index)) <= _MAX_PARTITION:
+        return name
+    if len(str(number)) != len(index):  # a leading zero: Java's check of its length
+        return name
+    return name[:cut]
+
+
 def canonical(name: str) -> str:
     """A topic's name as Apache Pulsar's ``TopicName`` makes it complete, so
     that every spelling a broker takes for one topic is that topic to the
