@@ -470,6 +470,9 @@ class Correlator:
         if replaced is not None:
             self.request_bytes -= _size(replaced)
             self._unpaired(replaced)
+            # Nor can an answer for the id be told to be the new one's (the
+            # broker may answer the old request after this one was sent).
+            self._unpaired(pending)
         requests[rid] = pending
         self.request_bytes += _size(pending)
         while len(requests) > 1 and (
@@ -480,11 +483,19 @@ class Correlator:
             self._unpaired(old)
 
     def _unpaired(self, pending: Pending) -> None:
-        """A PRODUCER or SUBSCRIBE whose answer now pairs with nothing: the
-        broker may make it unseen, so a refusal of another request for its
-        id does not make it forgotten."""
-        if pending.type in _CREATES and pending.resource_id is not None:
+        """A request whose answer cannot be told for sure (pairs with
+        nothing, or with what may be another request's). A PRODUCER or
+        SUBSCRIBE the broker may make unseen: a refusal of another request
+        for its id does not make it forgotten. A close or an UNSUBSCRIBE the
+        broker may refuse: no answer makes its producer (consumer)
+        forgotten; it stays filtered until the broker closes it itself or
+        the connection ends."""
+        if pending.resource_id is None:
+            return
+        if pending.type in _CREATES:
             self.made.add((pending.type, pending.resource_id))
+        elif pending.type in _RELEASES:
+            pending.resource_id = None
 
     # --- broker to client ---------------------------------------------------
 
@@ -566,6 +577,8 @@ class Correlator:
 
 
 _CREATES = frozenset({T.PRODUCER, T.SUBSCRIBE})
+# Requests whose success makes a producer (consumer) forgotten.
+_RELEASES = frozenset({T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.UNSUBSCRIBE})
 
 
 def _size(pending: Pending) -> int:
