@@ -203,6 +203,8 @@ def test_spark_connect_gives_the_golden_tables(analyzed: dict[str, Any]) -> None
 def run_on_a_terminal(args: list[str]) -> tuple[int, str]:
     """``args`` with stderr on a pseudo-terminal (as a person runs it): exit code, stderr."""
     import pty
+    import select
+    import time
 
     leader, follower = pty.openpty()
     process = subprocess.Popen(
@@ -210,16 +212,28 @@ def run_on_a_terminal(args: list[str]) -> tuple[int, str]:
     )  # fmt: skip
     os.close(follower)
     seen = bytearray()
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the terminal's other end closed: the process is done with it
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(leader)
-    return process.wait(timeout=600), seen.decode(errors="replace")
+    deadline = time.monotonic() + 600
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"still running after 600 s; on its terminal: {seen[-3000:]!r}"
+            if not select.select([leader], [], [], min(left, 1.0))[0]:
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal's other end closed: the process is done with it
+                break
+            if not chunk:
+                break
+            seen += chunk
+        return process.wait(timeout=max(1.0, deadline - time.monotonic())), seen.decode(
+            errors="replace"
+        )
+    finally:
+        os.close(leader)
+        if process.poll() is None:  # a failed test: nothing left running
+            process.kill()
+            process.wait()
 
 
 def test_progress_line_on_a_terminal_and_not_with_quiet(analyzed: dict[str, Any]) -> None:

@@ -240,5 +240,10 @@ def test_chunked_session_records_inspects_replays_and_serves(tmp_path: Path) -> 
         assert send_and_receive(f"pulsar://127.0.0.1:{port}", topic, len(data), data) == data
     finally:
         serve.send_signal(signal.SIGINT)
-        out, err = serve.communicate(timeout=20)
+        try:
+            out, err = serve.communicate(timeout=20)
+        except subprocess.TimeoutExpired:  # nothing left running
+            serve.kill()
+            serve.communicate()
+            raise
     assert "0 without a recorded answer" in out, out + err

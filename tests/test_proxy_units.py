@@ -267,23 +267,29 @@ def test_a_port_another_process_took_meanwhile_is_not_taken_for_readiness() -> N
     port = free_port()
     listen = ("import socket, sys, time; s = socket.socket(); "
               "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(60)")  # fmt: skip
-    other = subprocess.Popen([sys.executable, "-c", listen, str(port)])
-    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     second = free_port()
     parent = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', *sys.argv[1:]]);"
               " print(p.pid, flush=True); p.wait()")  # fmt: skip
-    below = subprocess.Popen([sys.executable, "-c", parent, listen, str(second)],
-                             stdout=subprocess.PIPE)  # fmt: skip
-    assert below.stdout is not None
-    child = int(below.stdout.readline())
+    started: list[subprocess.Popen[bytes]] = []
+    child = None
     try:
+        other = subprocess.Popen([sys.executable, "-c", listen, str(port)])
+        started.append(other)
+        ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        started.append(ours)
+        below = subprocess.Popen([sys.executable, "-c", parent, listen, str(second)],
+                                 stdout=subprocess.PIPE)  # fmt: skip
+        started.append(below)
+        assert below.stdout is not None
+        child = int(below.stdout.readline())
         wait_for_port("127.0.0.1", port, 20, other)  # the other one is ready
         with pytest.raises(BrokerError, match="did not listen"):
             wait_for_port("127.0.0.1", port, 1, ours)
         wait_for_port("127.0.0.1", second, 20, below)  # a child's listener counts
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
-        for process in (other, ours, below):
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        for process in started:
             process.kill()
             process.wait()

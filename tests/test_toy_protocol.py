@@ -197,5 +197,10 @@ async def test_a_toy_protocol_gets_everything_through_the_registry(
         await stream.aclose()
     finally:
         server.send_signal(signal.SIGINT)
-        out, _ = server.communicate(timeout=DEADLINE)
+        try:
+            out, _ = server.communicate(timeout=DEADLINE)
+        except subprocess.TimeoutExpired:  # nothing left running
+            server.kill()
+            server.communicate()
+            raise
     assert "served 2 requests" in out.decode(), out

@@ -75,12 +75,21 @@ def watched(broker_url: str, tmp_path: Path, *extra: str) -> Watched:
     admin, port = free_port(), free_port()
     proxy = start_proxy(broker_url, tmp_path, "--admin", f"127.0.0.1:{admin}",
                         "--admin-token-file", str(tmp_path / "token"), *extra)  # fmt: skip
-    view = subprocess.Popen(
-        [*SLUICE, "view", "--live", f"127.0.0.1:{admin}", "--admin-token-file",
-         str(tmp_path / "token"), "--listen", f"127.0.0.1:{port}", "--save-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    wait_for_port("127.0.0.1", port, 20, view)  # type: ignore[arg-type]
+    try:
+        view = subprocess.Popen(
+            [*SLUICE, "view", "--live", f"127.0.0.1:{admin}", "--admin-token-file",
+             str(tmp_path / "token"), "--listen", f"127.0.0.1:{port}", "--save-dir", str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            wait_for_port("127.0.0.1", port, 20, view)  # type: ignore[arg-type]
+        except BaseException:  # no test holds them yet to stop them
+            view.kill()
+            view.wait(10)
+            raise
+    except BaseException:
+        proxy.kill()
+        raise
     return Watched(proxy, admin, view, f"http://127.0.0.1:{port}/")
 
 

@@ -435,9 +435,11 @@ def workers_proxy(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[Prox
     token.write_text(TOKEN)
     proxy = start_proxy(broker.url, tmp_path, "--workers", "2", "--admin", f"127.0.0.1:{admin}",
                         "--drain-timeout", "5", "--admin-token-file", str(token))  # fmt: skip
-    wait_ready(admin)  # both workers up: before that, one may serve all the traffic
-    yield proxy, admin
-    stop_workers(proxy)
+    try:
+        wait_ready(admin)  # both workers up: before that, one may serve all the traffic
+        yield proxy, admin
+    finally:
+        stop_workers(proxy)
 
 
 def stop_workers(proxy: ProxyProcess) -> None:
