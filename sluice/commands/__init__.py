@@ -7,8 +7,39 @@ package that does the work (``proxy/``, ``recording/``, ``replay/``,
 applies settings from the environment and TOML (``sluice/config.py``).
 """
 
-# ruff: noqa: E402 (SIGHUP is held before the imports, which take most of the start)
+# ruff: noqa: E402 (SIGHUP and SIGINT are held before the imports, which take most of the start)
 from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+# The exit status of a command stopped by Ctrl-C (a shell's for SIGINT),
+# and of one whose standard output was closed when it started (`>&-`).
+INTERRUPTED = 128 + 2
+NO_STDOUT = 2
+
+
+def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C while the ``sluice`` script loads its modules: one line and a
+    shell's status for SIGINT, not the traceback of the import it cut (no
+    work has begun: nothing to finish or clean up)."""
+    command = next((word for word in sys.argv[1:] if not word.startswith("-")), None)
+    name = f"sluice {command}" if command else "sluice"
+    os.write(2, f"{name}: interrupted\n".encode(errors="surrogateescape"))
+    os._exit(INTERRUPTED)
+
+
+# Until `main` runs the command, which takes Ctrl-C as KeyboardInterrupt.
+# Only in the `sluice` script (a program importing Sluice keeps its own
+# handlers) and where SIGINT is not ignored (a shell's background job).
+if (
+    sys.argv
+    and os.path.basename(sys.argv[0]) == "sluice"
+    and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+):
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 from sluice.proxy import hangup
 
@@ -19,9 +50,7 @@ hangup.hold_for_script()
 import argparse
 import contextlib
 import io
-import os
 import select
-import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -136,12 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The exit status of a command stopped by Ctrl-C (a shell's for SIGINT),
-# and of one whose standard output was closed when it started (`>&-`).
-INTERRUPTED = 128 + 2
-NO_STDOUT = 2
-
-
 class ClosedOutput(OSError):
     """What writing to a standard output that was closed at start raises."""
 
@@ -194,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         assert subparser is not None and settings is not None
         sys.stdout.write(config.render(subparser, args, settings))
         return 0
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the command's now
     try:
         result: int = args.run(args)
         sys.stdout.flush()  # here, not at exit, where a closed reader is a traceback
