@@ -72,8 +72,10 @@ def test_an_empty_segment_among_others_is_still_one_counted_item(
 @pytest.mark.e2e
 def test_view_refuses_a_lone_empty_file_before_serving(empty: Path) -> None:
     """Without --export the page would be served over nothing: refused at once."""
+    # A view that served would never end; a busy host may take seconds to
+    # start Python and import Sluice.
     result = subprocess.run([*SLUICE, "view", str(empty), "--listen", "127.0.0.1:0"],
-                            capture_output=True, text=True, timeout=5)  # fmt: skip
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == f"sluice view: {empty}: empty file, not a Sluice recording"
     assert "http://" not in result.stdout
