@@ -604,14 +604,22 @@ def port_range(text: str) -> tuple[int, int]:
         ) from None
 
 
+# The most --workers: each is a process; a count past this is a typo, which
+# the supervisor would take as a table of that many workers to start.
+MAX_WORKERS = 1024
+
+
 def parse_workers(text: str) -> int:
     """``--workers``: a count, or ``auto`` for the CPUs this process may use."""
     if text.strip().lower() == "auto":
-        return available_cpus()
+        return min(available_cpus(), MAX_WORKERS)
     try:
-        return int(text)
+        count = int(text)
     except ValueError:
         raise ConfigError(f"--workers must be a number or auto, not {text!r}") from None
+    if count > MAX_WORKERS:
+        raise ConfigError(f"--workers must be at most {MAX_WORKERS}, not {text}")
+    return count
 
 
 def read_token(path: Path | None) -> str | None:
