@@ -319,7 +319,10 @@ def run(args: argparse.Namespace) -> int:
         elif command == "remove":
             if not args.id:
                 raise ConfigError("remove needs a rule id (clear removes every rule)")
-            call(args.admin, "DELETE", "/faults/" + urllib.parse.quote(args.id, safe=""), token)
+            # An id that is not UTF-8 (typed in a Latin-1 terminal) is sent as
+            # its bytes: the endpoint says whether it has such a rule.
+            rule_id = urllib.parse.quote(args.id, safe="", errors="surrogateescape")
+            call(args.admin, "DELETE", "/faults/" + rule_id, token)
             print(f"removed {args.id}")
         else:
             answer = call(args.admin, "DELETE", "/faults", token)
