@@ -92,6 +92,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def path_arg(text: str) -> Path:
+    """The argument type of a file or directory option: a Path, but never
+    from an empty string, which Path takes as the working directory (an
+    unset ``$REC`` in a script, an empty SLUICE_RECORD: recording into the
+    working directory, or reading every capture in it)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no file")
+    return Path(text)
+
+
 def output_problem(path: Path, flag: str, reading: Path) -> str | None:
     """Why ``path`` (the file of option ``flag``) cannot take a command's
     output, in one line; None if it can. Checked before any work: the
@@ -326,7 +336,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """--config and --print-config, for commands whose flags are settings."""
     parser.add_argument(
         "--config",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="read settings from this TOML file; flags and SLUICE_* variables win (default: none)",
     )

@@ -15,10 +15,10 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from sluice.addresses import parse_address
+from sluice.commands import path_arg
 from sluice.commands.proxy import read_token
 from sluice.errors import ConfigError
 from sluice.protocols import registry
@@ -153,7 +153,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--admin-token-file",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="file holding the proxy's admin token (default: none; changing rules needs it)",
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from sluice.commands import output_problem
+from sluice.commands import output_problem, path_arg
 from sluice.config import seconds_or_zero
 from sluice.protocols import registry
 from sluice.protocols.faults import topic_matches
@@ -44,13 +44,13 @@ FLOW_KINDS = ("conn", "close")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recording", type=Path, help="a recording file or a directory of them")
+    parser.add_argument("recording", type=path_arg, help="a recording file or a directory of them")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one JSON object per record")
     out.add_argument("--summary", action="store_true", help="only the summary")
     out.add_argument(
         "--pcap",
-        type=Path,
+        type=path_arg,
         metavar="OUT.pcapng",
         help="write the traffic as synthetic TCP packets (IPv4, IPv6) for Wireshark (default: off)",
     )

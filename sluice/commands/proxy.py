@@ -13,6 +13,7 @@ from pathlib import Path
 import trio
 
 from sluice.addresses import parse_address, parse_host
+from sluice.commands import path_arg
 from sluice.config import ENV_PREFIX, config_path, default, seconds
 from sluice.errors import ConfigError
 from sluice.filters.chain import make_filters
@@ -51,16 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--listen-tls", metavar="HOST:PORT", help="TLS listener (default: none)")
     net.add_argument(
         "--tls-cert",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="certificate chain (PEM) for --listen-tls (default: none)",
     )
     net.add_argument(
-        "--tls-key", type=Path, metavar="FILE", help="private key (PEM) (default: none)"
+        "--tls-key", type=path_arg, metavar="FILE", help="private key (PEM) (default: none)"
     )
     net.add_argument(
         "--tls-client-ca",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="require client certificates signed by this CA (default: not required)",
     )
@@ -114,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--broker-tls-ca",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="CA for brokers' certificates (default: system trust store)",
     )
@@ -126,12 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--broker-tls-cert",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="client certificate for brokers that ask for one (default: none)",
     )
     up.add_argument(
-        "--broker-tls-key", type=Path, metavar="FILE", help="client key (default: none)"
+        "--broker-tls-key", type=path_arg, metavar="FILE", help="client key (default: none)"
     )
     up.add_argument(
         "--allow-broker",
@@ -248,7 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cur.add_argument(
         "--broker-ports-file",
         metavar="FILE",
-        type=Path,
+        type=path_arg,
         help="keep which of --listener-ports stands for which broker in FILE (created if "
         "missing), so that a restarted proxy gives each broker the port its clients know "
         "(default: each start gives them anew)",
@@ -348,7 +349,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec = parser.add_argument_group("recording")
     rec.add_argument(
         "--record",
-        type=Path,
+        type=path_arg,
         metavar="DIR",
         help="record every frame into DIR (default: not recording)",
     )
@@ -423,7 +424,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     obs.add_argument(
         "--admin-token-file",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="bearer token (the file's first line) that admin calls changing state need, "
         "such as adding fault rules; a file, so the token never shows in ps "
@@ -431,7 +432,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     obs.add_argument(
         "--faults",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="fault rules (JSON list) in force from the start; see docs/faults.md (default: none)",
     )

@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from sluice.commands import output_problem
+from sluice.commands import output_problem, path_arg
 from sluice.commands.faults import AdminError, call
 from sluice.commands.proxy import read_token
 from sluice.config import seconds
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     snap.add_argument(
         "--admin-token-file",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="file holding the proxy's admin token (snapshots need it; default: none)",
     )
@@ -79,11 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "payloads' contents are dropped (see --payloads). "
         "inspect, view, replay and serve read the copy. See docs/recording-format.md.",
     )
-    anon.add_argument("input", metavar="IN", type=Path, help="a recording file or directory")
-    anon.add_argument("output", metavar="OUT", type=Path, help="a new (or empty) directory")
+    anon.add_argument("input", metavar="IN", type=path_arg, help="a recording file or directory")
+    anon.add_argument("output", metavar="OUT", type=path_arg, help="a new (or empty) directory")
     anon.add_argument(
         "--key-file",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="the secret key pseudonyms are made with: the same key gives the same pseudonyms, "
         "so captures anonymized with it can be compared (created with a new random key if "
@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     anon.add_argument(
         "--report",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="write what was replaced (counts, and the pseudonyms) as JSON to FILE (default: "
         "none; a summary line goes to stderr either way)",

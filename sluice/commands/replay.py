@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import trio
 
-from sluice.commands import output_problem
+from sluice.commands import output_problem, path_arg
 from sluice.config import seconds
 from sluice.errors import ConfigError, leaves
 from sluice.protocols import registry
@@ -25,7 +24,7 @@ from sluice.replay.outcome import report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recording", type=Path, help="a recording file or directory")
+    parser.add_argument("recording", type=path_arg, help="a recording file or directory")
     parser.add_argument(
         "--broker",
         required=True,
@@ -46,13 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--transcript",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="write the normalised exchange here (default: not written)",
     )
     parser.add_argument(
         "--broker-tls-ca",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="CA for the broker's certificate (default: system trust store)",
     )

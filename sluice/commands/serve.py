@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import trio
 
+from sluice.commands import path_arg
 from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.recording.format import RecordingError, protocol_of
@@ -21,7 +21,7 @@ from sluice.replay.outcome import Report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recording", type=Path, help="a recording file or directory")
+    parser.add_argument("recording", type=path_arg, help="a recording file or directory")
     parser.add_argument(
         "--listen",
         metavar="HOST:PORT",
@@ -36,12 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tls-cert",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="certificate chain (PEM) for --listen-tls (default: none)",
     )
     parser.add_argument(
-        "--tls-key", type=Path, metavar="FILE", help="private key (PEM) (default: none)"
+        "--tls-key", type=path_arg, metavar="FILE", help="private key (PEM) (default: none)"
     )
     parser.add_argument(
         "--advertise-host",
