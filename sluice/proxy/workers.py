@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import functools
 import itertools
 import json
@@ -940,9 +941,20 @@ class Supervisor:
         comes (``decision_timeout``), keeping the configuration in force:
         the supervisor and its workers serve on."""
         path = self._state / RELOAD_DECISIONS
+        line = f"{attempt} {decision}\n".encode()
         try:
-            with open(path, "a") as decisions:
-                decisions.write(f"{attempt} {decision}\n")
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                # A line an earlier write left without its end (a full disk
+                # mid-line, a crash) is ended first: this one, joined to it,
+                # would be read as one line of three words, no decision.
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
+                if os.write(fd, line) != len(line):  # (torn: ended by the next)
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            finally:
+                os.close(fd)
         except OSError as exc:
             return (f"cannot tell the workers the decision ({decision}) in {path}: "
                     f"{exc.strerror or exc}; each keeps the configuration in force")  # fmt: skip
