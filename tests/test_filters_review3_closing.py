@@ -86,3 +86,17 @@ def test_a_close_the_broker_refused_keeps_the_consumer_filtered() -> None:
     core.receive_client(frame_bytes("CLOSE_CONSUMER", close), 1.3)
     core.receive_broker(frame_bytes("SUCCESS", pb.CommandSuccess(request_id=93)), 1.4)
     assert 2 not in core.correlator.consumers
+
+
+def test_a_close_of_a_producer_or_consumer_sluice_does_not_know_is_answered() -> None:
+    """A close for an id Sluice never knew (refused, or opened before the
+    recording began), agreed to by the broker, is passed on like any."""
+    core, _ = _core(FilterSpec(WORDS))
+    for name, body in (
+        ("CLOSE_PRODUCER", pb.CommandCloseProducer(producer_id=7, request_id=95)),
+        ("CLOSE_CONSUMER", pb.CommandCloseConsumer(consumer_id=8, request_id=96)),
+    ):
+        core.receive_client(frame_bytes(name, body), 1.0)
+        ok = pb.CommandSuccess(request_id=body.request_id)
+        out = core.receive_broker(frame_bytes("SUCCESS", ok), 1.1)
+        assert [f.type for f in sent(out, Peer.CLIENT)] == [T.SUCCESS]

@@ -550,8 +550,9 @@ class Correlator:
     def _closed(table: dict[int, str], pending: Pending) -> None:
         """A close the broker agreed to: the id forgotten, unless a newer
         PRODUCER (SUBSCRIBE) made it another topic's meanwhile."""
-        if pending.resource_id is not None and table.get(pending.resource_id) == pending.topic:
-            del table[pending.resource_id]
+        rid = pending.resource_id
+        if rid is not None and rid in table and table[rid] == pending.topic:
+            del table[rid]
 
     def _asked(self, made: tuple[int, int]) -> bool:
         """Whether another PRODUCER (SUBSCRIBE) for this id waits for its
