@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sluice.commands import output_problem, path_arg
-from sluice.config import seconds_or_zero
+from sluice.config import count, seconds_or_zero
 from sluice.protocols import registry
 from sluice.protocols.faults import topic_matches
 from sluice.protocols.filtering import topic_of
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sel = parser.add_argument_group("filters")
     sel.add_argument(
         "--connection",
-        type=int,
+        type=count,  # an id: a negative one would match nothing, without a word
         action="append",
         metavar="N",
         help="only connection N (repeatable; default: all)",
