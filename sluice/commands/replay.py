@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
         spec = registry.get(protocol_of(args.recording))
         if spec.replay is None:
             raise ConfigError(f"{spec.title} recordings cannot be replayed")
+        if args.broker_tls_ca is not None and not spec.parse_url(args.broker, what="--broker").tls:
+            # (the scheme's "+ssl" forgotten: the CA would go unused, unsaid)
+            raise ConfigError(f"--broker-tls-ca is for a broker reached over TLS; "
+                              f"--broker {args.broker} is not one")  # fmt: skip
         outcome, transcript = trio.run(spec.load(spec.replay), args, say)
     except Exception as exc:
         known = [
