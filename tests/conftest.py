@@ -24,6 +24,7 @@ from tests.helpers.support import ProxyProcess, start_proxy
 from tests.helpers.tiers import E2E_FIXTURES, GUARD
 
 BROKERS = ["pulsar-lite", "apache-pulsar"]
+pytest_plugins = ["tests.helpers.no_skips"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
