@@ -317,9 +317,9 @@ def canonical(name: str) -> str:
 def _same_ignoring_case(a: str, b: str) -> bool:
     """Java's ``String.equalsIgnoreCase``: character by character, each
     compared upper-cased and lower-cased (so the long s, U+017F, is ``s``,
-    and the dotless i, U+0131, is ``i``)."""
+    the dotless i, U+0131, is ``i``, and so is the dotted capital I, U+0130)."""
     return len(a) == len(b) and all(
-        x == y or _upper(x) == _upper(y) or _upper(x).lower() == _upper(y).lower()
+        x == y or _upper(x) == _upper(y) or _lower(_upper(x)) == _lower(_upper(y))
         for x, y in zip(a, b, strict=True)
     )
 
@@ -328,3 +328,14 @@ def _upper(c: str) -> str:
     """Java's ``Character.toUpperCase``: one character for one."""
     upper = c.upper()
     return upper if len(upper) == 1 else c
+
+
+def _lower(c: str) -> str:
+    """Java's ``Character.toLowerCase``: one character for one. Python's
+    ``str.lower`` writes the dotted capital I (U+0130) as two characters
+    (``i`` and a combining dot: the one such character in Unicode); Java's
+    one-for-one mapping makes it ``i``."""
+    if c == "\u0130":
+        return "i"
+    lower = c.lower()
+    return lower if len(lower) == 1 else c
