@@ -14,6 +14,7 @@ these types); this module is what the cores below it may import.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -244,8 +245,13 @@ UNKNOWN = Unknown()
 # A partition's number, as Java's Integer.parseInt reads it (a sign allowed).
 _PARTITION = re.compile(r"-partition-\+?\d+")
 _DOMAINS = ("persistent", "non-persistent")
+# Names made complete, remembered: the schema filter looks a SEND's schema up
+# by its topic's complete name, once per message (a few microseconds each,
+# worked out afresh). Bounded: a client may name any number of topics.
+_NAMES_KEPT = 4096
 
 
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def topic_of(name: str) -> str:
     """The topic a partition's name belongs to (``orders-partition-2``:
     ``orders``), in the spelling the broker gives it (``canonical``). A
@@ -261,6 +267,7 @@ def topic_of(name: str) -> str:
 _MAX_PARTITION = 2**31 - 1
 
 
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def schema_topic(name: str) -> str:
     """The topic whose schema ``name``'s messages are read with: its
     partitioned topic where the broker takes ``name`` for a partition, else
@@ -286,6 +293,7 @@ def schema_topic(name: str) -> str:
     return name[:cut]
 
 
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def canonical(name: str) -> str:
     """A topic's name as Apache Pulsar's ``TopicName`` makes it complete, so
     that every spelling a broker takes for one topic is that topic to the
