@@ -52,7 +52,7 @@ import contextlib
 import io
 import select
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO, cast
 
 from sluice import __version__, config
 from sluice.errors import ConfigError, leaves
@@ -195,6 +195,39 @@ class _Closed(io.TextIOBase):
         pass
 
 
+class OutputFailed(OSError):
+    """What writing to standard output raised (``> file`` on a full disk),
+    told apart from the errors of the files a command opens itself."""
+
+
+class _Guarded:
+    """Standard output while a command runs: its write errors, but a closed
+    reader's (BrokenPipeError, said apart), raise OutputFailed; the rest is
+    the stream's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFailed(exc.errno, exc.strerror or str(exc)) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFailed(exc.errno, exc.strerror or str(exc)) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if sys.stdout is None:  # started with descriptor 1 closed
@@ -229,9 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the command's now
+    stdout = sys.stdout
+    if not isinstance(stdout, _Closed):
+        sys.stdout = cast(TextIO, _Guarded(stdout))
     try:
         result: int = args.run(args)
         sys.stdout.flush()  # here, not at exit, where a closed reader is a traceback
+    except OutputFailed as exc:
+        _to_nowhere(stdout)  # what it holds yet would fail the interpreter's last flush
+        print(f"{_name(args)}: standard output: {exc.strerror} (what it shows is incomplete)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     except ClosedOutput:
         print(f"{_name(args)}: standard output is closed: what it would show is lost",
               file=sys.stderr)  # fmt: skip
@@ -241,9 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # Whoever read our output stopped (`sluice inspect DIR | head`): stop
         # quietly with the status a shell gives a command SIGPIPE ended.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush goes nowhere
-        os.close(devnull)
+        _to_nowhere(stdout)
         return 128 + 13
     except BaseException as exc:
         # Ctrl-C in the middle of long work (reading a capture, a replay,
@@ -253,7 +292,22 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{_name(args)}: interrupted", file=sys.stderr)
         return INTERRUPTED
+    finally:
+        if sys.stdout is not stdout and isinstance(sys.stdout, _Guarded):
+            sys.stdout = stdout
     return result
+
+
+def _to_nowhere(stream: TextIO | io.TextIOBase) -> None:
+    """Point ``stream``'s descriptor at /dev/null: what it still holds goes
+    nowhere at the interpreter's last flush, instead of failing again."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # not a file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _hold_descriptor(fd: int) -> None:
