@@ -997,17 +997,23 @@ class Relay:
                     pending.since = thread.now()
                 return
             done()
-            self._disarm()
-            if self.core.established:
-                self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
-            if not self._reads_on(from_client):  # a drain began: trio read no more either
-                return
-            lane = self._lanes.get(from_client)
-            carry = lane if lane is not None else functools.partial(
-                self._carry, thread, fd, from_client, back
-            )  # fmt: skip
+            # The write's watch is dropped, and with it what the thread calls
+            # should this step raise: a bug from here on ends the
+            # connection here, or the direction would never be read again.
             failed = functools.partial(self._step_failed, thread, fd, from_client, back, None)
-            thread.carry(fd, carry, failed)  # read on
+            try:
+                self._disarm()
+                if self.core.established:
+                    self._tap.event(self.conn, Relayed(from_client, perf_counter() - started))
+                if not self._reads_on(from_client):  # a drain began: trio read no more either
+                    return
+                lane = self._lanes.get(from_client)
+                carry = lane if lane is not None else functools.partial(
+                    self._carry, thread, fd, from_client, back
+                )  # fmt: skip
+                thread.carry(fd, carry, failed)  # read on
+            except BaseException as exc:  # a compiled panic too
+                failed(exc)
 
         def done() -> None:
             self._end_thread_write(thread, to)
