@@ -205,6 +205,8 @@ def rule_from(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError as exc:
             raise ConfigError(f"--rule is not JSON: {exc}") from None
         return rule
+    if args.id == "":  # the proxy would pick one, which the caller cannot name
+        raise ConfigError("--id is empty: give the rule an id, or no --id")
     match = {key: getattr(args, key) for key in _MATCH if getattr(args, key)}
     rule = {"match": match}
     if args.delay is not None:
