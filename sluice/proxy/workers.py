@@ -158,6 +158,10 @@ START_TIMEOUT = 60.0
 # as one that did not finish draining in time is killed. As long as a
 # worker may take to start: a pause of a loaded machine is not a hang.
 HUNG_AFTER = START_TIMEOUT
+# ... and has missed this many checks in a row besides: one check that
+# spanned a pause of the whole machine (trio's clock runs on through it)
+# is no hang, the next is answered.
+HUNG_MISSES = 5
 # A worker that dies sooner than this after starting is restarted after a
 # pause that doubles each time (up to MAX_BACKOFF); one that ran longer at once.
 STABLE_AFTER = 10.0
@@ -278,6 +282,10 @@ class Worker:
     # Since when (trio's clock) its readiness checks have gone unanswered
     # (None: it answered the last, or none was asked of it yet).
     silent_since: float | None = None
+    # Its checks in a row that got no answer in time, and the admin address
+    # of a check still waiting for its answer (a late one is an answer too).
+    misses: int = 0
+    asking: Address | None = None
     # The process said it is ready: it takes SIGHUP from then on (before,
     # while Python starts, SIGHUP's default action would end it).
     said_ready: bool = False
@@ -641,7 +649,7 @@ class Supervisor:
         finally:
             self._spawning -= 1
         worker.process, worker.admin, worker.problem = process, None, None
-        worker.said_ready, worker.silent_since = False, None
+        worker.said_ready, worker.silent_since, worker.misses = False, None, 0
         # The configuration in force as the process is known (no checkpoint
         # between): a reload decided before this starts with what it
         # decided; one decided after sees a new process, and is aborted.
@@ -683,7 +691,7 @@ class Supervisor:
             return await process.wait()
         finally:
             worker.admin, worker.problem, worker.said_ready = None, None, False
-            worker.silent_since = None
+            worker.silent_since, worker.misses, worker.asking = None, 0, None
             with trio.CancelScope(shield=True):
                 if process.returncode is None and self._stop_by is not None:
                     with trio.move_on_at(self._stop_by):  # told to stop at once
@@ -737,39 +745,80 @@ class Supervisor:
         return failing or ["no worker running"]
 
     async def _watch_readiness(self) -> None:
-        while True:
-            # Every worker at once, each for at most SCRAPE_TIMEOUT: one that
-            # is stuck neither holds the others' answers back nor stays
-            # ready on the answer it gave before.
-            async with trio.open_nursery() as nursery:
-                for worker in self.workers:
-                    if worker.admin is not None:
-                        nursery.start_soon(self._look, worker, worker.admin)
-            if not self.started and all(w.ready and w.problem == "" for w in self.workers):
-                self.started = True
-                log.info("all %d workers ready", self.count)
-            self._kill_hung()
-            await trio.sleep(READINESS_INTERVAL if self.started else STARTING_READINESS_INTERVAL)
+        # The checks themselves, each waiting for its answer up to
+        # HUNG_AFTER: one that comes late (a worker busy under a heavy
+        # load) says the worker is alive, if not ready in time.
+        async with trio.open_nursery() as asking:
+            while True:
+                # Every worker at once, each for at most SCRAPE_TIMEOUT: one
+                # that is stuck neither holds the others' answers back nor
+                # stays ready on the answer it gave before.
+                async with trio.open_nursery() as nursery:
+                    for worker in self.workers:
+                        if worker.admin is not None:
+                            nursery.start_soon(self._look, worker, worker.admin, asking)
+                if not self.started and all(w.ready and w.problem == "" for w in self.workers):
+                    self.started = True
+                    log.info("all %d workers ready", self.count)
+                self._kill_hung()
+                await trio.sleep(
+                    READINESS_INTERVAL if self.started else STARTING_READINESS_INTERVAL
+                )
 
-    async def _look(self, worker: Worker, admin: Address) -> None:
-        """Ask ``worker`` (at ``admin``) whether it is ready."""
+    async def _look(self, worker: Worker, admin: Address, asking: trio.Nursery) -> None:
+        """Ask ``worker`` (at ``admin``) whether it is ready: its answer
+        within SCRAPE_TIMEOUT, else not ready (a check still waiting for
+        its answer from an earlier look is not asked again)."""
         asked = trio.current_time()
-        answered = False
+        answer: list[tuple[int, bytes] | Exception] = []
+        if worker.asking != admin:
+            worker.asking = admin
+            over = trio.Event()
+            asking.start_soon(self._check, worker, admin, answer, over)
+            with trio.move_on_after(SCRAPE_TIMEOUT):
+                await over.wait()
         problem = f"did not answer its readiness check within {SCRAPE_TIMEOUT:g}s"
-        with trio.move_on_after(SCRAPE_TIMEOUT):
-            try:
-                status, why = await http(admin, "GET", "/readyz")
-            except (OSError, trio.TooSlowError) as exc:
-                problem = f"its readiness check failed: {exc}"
+        answered = False
+        if answer:
+            got = answer[0]
+            if isinstance(got, Exception):
+                problem = f"its readiness check failed: {got}"
             else:
                 answered = True  # (not ready, its broker down, say, is an answer)
-                problem = "" if status == 200 else why.decode().strip()
+                problem = "" if got[0] == 200 else got[1].decode().strip()
         if worker.admin == admin:  # still the process asked (a dead one's is reset)
             worker.problem = problem
             if answered:
-                worker.silent_since = None
-            elif worker.silent_since is None:
-                worker.silent_since = asked
+                worker.silent_since, worker.misses = None, 0
+            else:
+                worker.misses += 1
+                if worker.silent_since is None:
+                    worker.silent_since = asked
+
+    async def _check(
+        self,
+        worker: Worker,
+        admin: Address,
+        answer: list[tuple[int, bytes] | Exception],
+        over: trio.Event,
+    ) -> None:
+        """One readiness check of ``worker`` (at ``admin``), its answer
+        waited for up to HUNG_AFTER: put in ``answer``, then ``over`` set.
+        One that comes after its look gave up waiting still says the
+        worker is alive (not hung: ``_kill_hung``)."""
+        try:
+            try:
+                got = await http(admin, "GET", "/readyz", timeout=HUNG_AFTER)
+            except (OSError, trio.TooSlowError) as exc:
+                answer.append(exc)
+            else:
+                answer.append(got)
+                if worker.admin == admin:  # (late too: alive, if busy)
+                    worker.silent_since, worker.misses = None, 0
+        finally:
+            if worker.asking == admin:
+                worker.asking = None
+            over.set()
 
     def _kill_hung(self) -> None:
         """Kill every worker that has answered no readiness check for
@@ -779,6 +828,8 @@ class Supervisor:
         for worker in self.workers:
             since = worker.silent_since
             if since is None or now - since < HUNG_AFTER or self.draining:
+                continue
+            if worker.misses < HUNG_MISSES:  # (a check across a pause of the machine)
                 continue
             self._kill_one(worker, f"answered no readiness check for {now - since:.0f}s "
                            f"({worker.problem}): hung, restarting it")  # fmt: skip
