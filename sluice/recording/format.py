@@ -272,6 +272,18 @@ def _damage(record: Any) -> str | None:
     return None
 
 
+def _undecodable(exc: Exception) -> str:
+    """Why bytes decode to no record, in the recording's terms rather than
+    the decoder's exception text."""
+    if isinstance(exc, TypeError):
+        return "a map keyed by a map"
+    if isinstance(exc, UnicodeDecodeError):
+        return "text that is not UTF-8"
+    if isinstance(exc, msgpack.StackError):
+        return "nested too deep"
+    return "bytes that are no record"
+
+
 def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Iterator[Record]:
     unpacker = msgpack.Unpacker(
         handle, raw=False, strict_map_key=False, max_buffer_size=256 * 1024 * 1024
@@ -292,7 +304,7 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
             if first:
                 raise RecordingError(f"{path}: not a Sluice recording") from None
             raise RecordingError(
-                f"{path}: damaged after {result.records} records ({exc})"
+                f"{path}: damaged after {result.records} records ({_undecodable(exc)})"
             ) from None
         if first and record == 0 and _zeros_to_end(handle, 0, size):
             break  # (said below)
