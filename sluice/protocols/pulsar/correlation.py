@@ -280,6 +280,9 @@ class Pending:
     # For PRODUCER / SUBSCRIBE: the id the request creates.
     resource_id: int | None = None
     request: Frame | None = None
+    # For a close (UNSUBSCRIBE): the client asked for the id again before
+    # the answer, so the answer must not make it forgotten.
+    again: bool = False
 
 
 @dataclass(slots=True)
@@ -321,6 +324,10 @@ class Correlator:
     # another request for one of them (a client's repeated PRODUCER) does
     # not make it forgotten.
     made: set[tuple[int, int]] = field(default_factory=set)
+    # Closes (UNSUBSCRIBEs) waiting for their answer, by the id they release
+    # ((PRODUCER or SUBSCRIBE, id)): a PRODUCER (SUBSCRIBE) asking for the
+    # id meanwhile marks them ``again``.
+    closing: dict[tuple[int, int], Pending] = field(default_factory=dict)
 
     def observe(self, frame: Frame, from_client: bool, now: float) -> Completion | None:
         t = frame.type
@@ -438,9 +445,11 @@ class Correlator:
         if t == T.PRODUCER:
             pending.topic, pending.resource_id = text(body.topic), body.producer_id
             self.producers.setdefault(body.producer_id, pending.topic)
+            self._again((T.PRODUCER, body.producer_id))
         elif t == T.SUBSCRIBE:
             pending.topic, pending.resource_id = text(body.topic), body.consumer_id
             self.consumers.setdefault(body.consumer_id, pending.topic)
+            self._again((T.SUBSCRIBE, body.consumer_id))
         elif t in (T.LOOKUP, T.PARTITIONED_METADATA, T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA):
             pending.topic = text(body.topic)
         # A closing producer (consumer) keeps its topic until the broker
@@ -451,15 +460,38 @@ class Correlator:
             pending.topic = self.producers.get(body.producer_id)
             self.made.discard((T.PRODUCER, body.producer_id))
             pending.resource_id = body.producer_id
+            self.closing[(T.PRODUCER, body.producer_id)] = pending
         elif t == T.CLOSE_CONSUMER:
             pending.topic = self.consumers.get(body.consumer_id)
             self.made.discard((T.SUBSCRIBE, body.consumer_id))
             pending.resource_id = body.consumer_id
+            self.closing[(T.SUBSCRIBE, body.consumer_id)] = pending
         elif t in (T.SEEK, T.UNSUBSCRIBE, T.GET_LAST_MESSAGE_ID, T.ACK, T.CONSUMER_STATS):
             pending.topic = self.consumers.get(body.consumer_id)
             if t == T.UNSUBSCRIBE:  # gone once the broker agrees
                 pending.resource_id = body.consumer_id
+                self.closing[(T.SUBSCRIBE, body.consumer_id)] = pending
         self._remember(rid, pending)
+
+    def _again(self, made: tuple[int, int]) -> None:
+        """A PRODUCER (SUBSCRIBE) for an id: a close of it waiting for its
+        answer no longer makes it forgotten. The Java client, when creating
+        a producer (consumer) times out, closes its id "in case it was
+        created" and asks again after its backoff, on the same connection,
+        without waiting for the close's answer: a slow broker answers the
+        close after the new request went by."""
+        close = self.closing.pop(made, None)
+        if close is not None:
+            close.again = True
+
+    def _released(self, pending: Pending) -> None:
+        """A close (UNSUBSCRIBE) answered or given up on: no longer waiting."""
+        if pending.resource_id is None:
+            return
+        kind = T.PRODUCER if pending.type == T.CLOSE_PRODUCER else T.SUBSCRIBE
+        made = (kind, pending.resource_id)
+        if self.closing.get(made) is pending:
+            del self.closing[made]
 
     def _remember(self, rid: int, pending: Pending) -> None:
         """Keep a request until its answer, within the bounds (oldest out)."""
@@ -495,6 +527,7 @@ class Correlator:
         if pending.type in _CREATES:
             self.made.add((pending.type, pending.resource_id))
         elif pending.type in _RELEASES:
+            self._released(pending)
             pending.resource_id = None
 
     # --- broker to client ---------------------------------------------------
@@ -517,15 +550,24 @@ class Correlator:
             return None
         self.request_bytes -= _size(pending)
         error = answer_error(t, body)
+        if pending.type in _RELEASES:
+            self._released(pending)
         if pending.type == T.CLOSE_PRODUCER and pending.resource_id is not None:
             # A broker answers the close once the producer's SENDs in flight
             # are answered; any left now (failed meanwhile) never will be.
-            self.forget_sends(pending.resource_id)
+            # (Unless the id was asked for again: those may be the new one's.)
+            if not pending.again:
+                self.forget_sends(pending.resource_id)
             if error is None:
                 self._closed(self.producers, pending)
         elif error is None and pending.type == T.CLOSE_CONSUMER:
             self._closed(self.consumers, pending)
-        elif error is None and pending.type == T.UNSUBSCRIBE and pending.resource_id is not None:
+        elif (
+            error is None
+            and pending.type == T.UNSUBSCRIBE
+            and pending.resource_id is not None
+            and not pending.again
+        ):
             # The consumer is closed with its subscription; its client sends
             # no CLOSE_CONSUMER for it.
             self.consumers.pop(pending.resource_id, None)
@@ -549,8 +591,11 @@ class Correlator:
     @staticmethod
     def _closed(table: dict[int, str], pending: Pending) -> None:
         """A close the broker agreed to: the id forgotten, unless a newer
-        PRODUCER (SUBSCRIBE) made it another topic's meanwhile."""
+        PRODUCER (SUBSCRIBE) asked for it meanwhile (``_again``), or made
+        it another topic's."""
         rid = pending.resource_id
+        if pending.again:
+            return
         if rid is not None and rid in table and table[rid] == pending.topic:
             del table[rid]
 
