@@ -16,12 +16,6 @@ SLUICE = str(Path(sys.executable).with_name("sluice"))
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/pseudonyms.py Pseudonyms._hash encodes the original with "
-    "str.encode() (strict): a file name's surrogate-escaped bytes raise UnicodeEncodeError "
-    "(not this helper's file; see its report)",
-)
 def test_a_capture_named_in_latin1_is_anonymized(tmp_path: Path) -> None:
     made = connect_only(tmp_path)
     named = tmp_path / os.fsdecode(b"caf\xe9.sluice")

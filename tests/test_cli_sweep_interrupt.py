@@ -16,12 +16,14 @@ import pytest
 SLUICE = str(Path(sys.executable).with_name("sluice"))
 
 
-def _interrupted_while_importing(argv: list[str], marker: str) -> tuple[int, list[str]]:
+def _interrupted_while_importing(
+    argv: list[str], marker: str, command: tuple[str, ...] = (SLUICE,)
+) -> tuple[int, list[str]]:
     """``sluice ARGV`` sent SIGINT once Python reports (PYTHONPROFILEIMPORTTIME)
     that it imported a module whose line holds ``marker``: its status and
     stderr lines other than the import report's."""
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
-    process = subprocess.Popen([SLUICE, *argv], stdout=subprocess.DEVNULL,
+    process = subprocess.Popen([*command, *argv], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, env=env)  # fmt: skip
     assert process.stderr is not None
     said: list[str] = []
@@ -50,3 +52,12 @@ def test_ctrl_c_while_starting_is_one_line_and_status_130(tmp_path: Path, marker
     assert not any("Traceback" in line for line in lines), "\n".join(lines)
     assert code == 130, (code, lines)
     assert lines == ["sluice inspect: interrupted"]
+
+
+@pytest.mark.e2e
+def test_ctrl_c_while_python_m_sluice_starts_is_one_line_too(tmp_path: Path) -> None:
+    code, lines = _interrupted_while_importing(["inspect", str(tmp_path)],
+                                               "sluice.commands.analyze",
+                                               (sys.executable, "-m", "sluice"))  # fmt: skip
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
+    assert (code, lines) == (130, ["sluice inspect: interrupted"])

@@ -32,11 +32,15 @@ def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
 
 
 # Until `main` runs the command, which takes Ctrl-C as KeyboardInterrupt.
-# Only in the `sluice` script (a program importing Sluice keeps its own
-# handlers) and where SIGINT is not ignored (a shell's background job).
+# Only in the `sluice` script or `python -m sluice` (a program importing
+# Sluice keeps its own handlers) and where SIGINT is not ignored (a shell's
+# background job).
 if (
     sys.argv
-    and os.path.basename(sys.argv[0]) == "sluice"
+    and (
+        os.path.basename(sys.argv[0]) == "sluice"
+        or sys.argv[0].endswith(os.path.join("sluice", "__main__.py"))
+    )
     and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 ):
     signal.signal(signal.SIGINT, _interrupted_while_starting)

@@ -86,7 +86,9 @@ class Pseudonyms:
     # --- one original ------------------------------------------------------------
 
     def _hash(self, kind: str, original: str, size: int = 8) -> str:
-        digest = hmac.new(self._key, f"{kind}\0{original}".encode(), hashlib.sha256)
+        # (surrogateescape: a name read from bytes that are not UTF-8, a file's)
+        text = f"{kind}\0{original}".encode(errors="surrogateescape")
+        digest = hmac.new(self._key, text, hashlib.sha256)
         return digest.hexdigest()[:size]
 
     def _keep(self, kind: str, original: str, pseudonym: str) -> str:
