@@ -399,7 +399,8 @@ def _time(text: str, *, zero: bool) -> float:
 
 def count(text: str) -> int:
     """How many of something: a whole number, not negative."""
-    return _whole(text, "a whole number", range(0, 2**63), "a count must not be negative")
+    rule = "a count must not be negative" if text.strip().startswith("-") else "too large a count"
+    return _whole(text, "a whole number", range(0, 2**63), rule)
 
 
 def port(text: str) -> int:

@@ -26,3 +26,16 @@ def test_a_connection_number_no_connection_has_is_a_usage_error(
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.startswith(f"sluice inspect: argument --connection: '{number}'"), done.stderr
     assert done.stderr.count("\n") == 1 and done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("-1", "a count must not be negative"), ("99999999999999999999999", "too large a count")],
+)
+def test_a_count_out_of_range_says_which_way(text: str, said: str) -> None:
+    import argparse
+
+    from sluice.config import count
+
+    with pytest.raises(argparse.ArgumentTypeError, match=said):
+        count(text)
