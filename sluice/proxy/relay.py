@@ -174,19 +174,29 @@ class _Progress:
 
     __slots__ = ("acked", "scope", "since", "watch")
 
-    def __init__(self, watch: int | None, since: float = math.inf) -> None:
+    def __init__(self, watch: int | None, since: float = math.inf, *, later: bool = False) -> None:
         self.watch = watch
         self.since = since
-        self.acked = None if watch is None else _acked(watch)
+        # ``later``: read at the first look (``moved``), not now: a TLS
+        # write nearly always goes at once, and the call costs about 5 us.
+        self.acked = None if watch is None or later else _acked(watch)
         self.scope: trio.CancelScope | None = None
 
     def moved(self, now: float) -> bool:
         """Whether the peer took anything in since last looked (then
-        progress, at ``now``): a peer that does is slow, not dead."""
-        if self.watch is None or self.acked is None:
+        progress, at ``now``): a peer that does is slow, not dead. The
+        first look at a write whose start was not read counts as progress
+        (what went before it is not known): its clock starts then."""
+        if self.watch is None:
             return False
         acked = _acked(self.watch)
-        if acked is None or acked <= self.acked:
+        if acked is None:
+            return False
+        if self.acked is None:
+            self.acked = acked
+            self.since = now
+            return True
+        if acked <= self.acked:
             return False
         self.acked = acked
         self.since = now
@@ -1229,18 +1239,24 @@ class Relay:
             # be cut and go on (its stream would be broken): it is given
             # the stall bound and a tick of the stall clock, which pushes
             # that on whenever it sees the peer take bytes in on the TCP
-            # connection under it (``_watch_stalls``); the bound holds
-            # without the clock (cancelled with the connection's tasks).
+            # connection under it (``_watch_stalls``: its first look at
+            # the write reads where the peer stood, and counts as progress,
+            # so that a write that goes at once reads nothing); the bound
+            # holds without the clock (cancelled with the connection's tasks).
             # Where that is not known, each piece is given the stall bound.
             clocked = False
             try:
                 limit = self._stall
                 view = memoryview(data)
                 raw = fd if fd is not None else stream_descriptor(stream)
-                progress = None if raw is None else _Progress(raw, trio.current_time())
-                if fd is None and progress is not None and progress.acked is not None:
+                progress = None
+                if raw is not None:
+                    # (Through TLS, the start is read by the clock's first look.)
+                    clocked = fd is None and _acked_known(raw)
+                    progress = _Progress(raw, trio.current_time(), later=clocked)
+                if clocked:
+                    assert progress is not None
                     self._tls_writes[to] = progress
-                    clocked = True
                     self._start_stall_clock()
                     with trio.move_on_after(limit + limit / 4) as waited:
                         progress.scope = waited
@@ -1491,6 +1507,17 @@ def _acked(fd: int) -> int | None:
         return None
     return int(struct.unpack_from("=Q", info, _BYTES_ACKED)[0])
 
+
+def _acked_known(fd: int) -> bool:
+    """Whether ``_acked`` says what the peer took in on this system (asked
+    of socket ``fd`` until it does once: then known for the process)."""
+    global _ACKED_KNOWN
+    if not _ACKED_KNOWN:
+        _ACKED_KNOWN = _acked(fd) is not None
+    return _ACKED_KNOWN
+
+
+_ACKED_KNOWN = False
 
 # struct tcp_info (linux/tcp.h): ``tcpi_bytes_acked``, a __u64 after 8
 # bytes of __u8 fields, 24 __u32 and 2 __u64.
