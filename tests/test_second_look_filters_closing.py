@@ -12,10 +12,19 @@ answered, though the new request had made it again: the producer's SENDs
 
 from __future__ import annotations
 
+import json
+import uuid
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.filters.config import FilterSpec
 from sluice.protocols.core import Peer
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.encoder import command, encode_payload
+from tests.helpers.support import client, start_proxy
 from tests.test_filters import TOPIC, WORDS, _batch, _core
 from tests.test_filters_producers_known import LOUD, _filtered, _producer, _send, _success
 from tests.test_pulsar_core import frame_bytes, sent
@@ -99,3 +108,40 @@ def test_a_closed_producer_is_still_forgotten() -> None:
     core.receive_client(_close_producer(3, 51), 2.0)
     core.receive_broker(_ok(51), 2.1)
     assert 3 not in core.correlator.producers
+
+
+def _stored(producer: pulsar.Producer, payload: bytes) -> bool:
+    try:
+        producer.send(payload)
+    except pulsar.PulsarException:
+        return False
+    return True
+
+
+@pytest.mark.e2e
+def test_the_python_client_closing_and_opening_producers_and_consumers_stays_filtered(
+    apache_pulsar: ApachePulsar, tmp_path: Path
+) -> None:
+    """The official client's closes, answered by Apache Pulsar: a producer
+    (consumer) opened after another's close is filtered; a closed one's id
+    is free (its close answered with success)."""
+    topic = f"persistent://public/default/second-look-closing-{uuid.uuid4().hex[:8]}"
+    spec = json.dumps({"topics": [topic]})
+    proxy = start_proxy(
+        apache_pulsar.url, tmp_path, "--filter", f"tests.helpers.filters:Words:{spec}"
+    )
+    try:
+        with client(proxy.url) as c:
+            for _ in range(3):
+                consumer = c.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+                producer = c.create_producer(topic, batching_enabled=False)
+                assert not _stored(producer, b"a bad one")  # refused by the filter
+                assert _stored(producer, b"please skip me")
+                assert _stored(producer, b"kept")
+                got = consumer.receive(timeout_millis=15_000)
+                assert got.data() == b"kept"  # the skipped one never reached it
+                consumer.acknowledge(got)
+                producer.close()
+                consumer.close()
+    finally:
+        proxy.kill()
