@@ -858,8 +858,16 @@ class Proxy:
             stream = socket_stream(client) if isinstance(client, int) else client
             thread.soon(functools.partial(handlers.start_soon, self._reject, stream, conn, refused))
             return
-        self.taps.event(conn, Accepted())
-        relay = self._relay(client, conn, upstream, self._dial)
+        try:
+            self.taps.event(conn, Accepted())
+            relay = self._relay(client, conn, upstream, self._dial)
+        except BaseException:
+            # A bug (raised on, to the accept step's ``_accept_failed``):
+            # the connection is not served, so nothing is left of it, not
+            # a socket its client waits on for ever, nor a place held.
+            self.limits.release(peer.host)
+            os.close(client if isinstance(client, int) else client.socket.detach())
+            raise
         self.relays.add(relay)
         self._parked[relay] = (thread.now(), peer.host)
         relay.park(thread, self._parking)
