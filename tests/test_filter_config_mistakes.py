@@ -131,3 +131,12 @@ def test_a_setting_no_value_can_fill_blames_the_filter_not_the_value(module: Non
         "pathlib.Path | None, "
         "which is no type a setting has"
     )
+
+
+@pytest.mark.parametrize("pattern", ["orders", "persistent://orders"])
+def test_a_topic_pattern_that_can_match_no_completed_name_is_refused(pattern: str) -> None:
+    with pytest.raises(FilterConfigError) as caught:
+        parse_flag(f'schema:{{"topics": ["{pattern}", "acme/*", "*orders"]}}')
+    (problem,) = caught.value.problems
+    assert f"topics: '{pattern}' matches no topic" in problem
+    assert "'persistent://public/default/orders'" in problem

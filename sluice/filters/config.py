@@ -105,6 +105,16 @@ def parse_table(table: Mapping[str, Any], where: str) -> FilterSpec:
         # (In TOML, a key written below a [[filters]] header is that table's.)
         problems.append(f"{where}: unknown key {key!r} (known: {', '.join(_KEYS)})")
     topics = _strings(table.get("topics", ["*"]), f"{where}: topics", problems)
+    for pattern in topics:
+        # Names are matched as the broker completes them (tenant/namespace/
+        # topic): a pattern with neither '/' nor '*' can match none.
+        local = pattern.partition("://")[2] if "://" in pattern else pattern
+        if "/" not in local and "*" not in local:
+            problems.append(
+                f"{where}: topics: {pattern!r} matches no topic: names are matched as the "
+                f"broker completes them; write 'persistent://public/default/{local}' or a "
+                "pattern with its tenant and namespace"
+            )
     roles = _strings(table.get("roles", []), f"{where}: roles", problems)
     direction = table.get("direction", "both")
     if direction not in DIRECTIONS:
