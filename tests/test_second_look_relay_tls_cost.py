@@ -5,7 +5,8 @@ it began, about 5 us, even the nearly every one that the socket takes at
 once and that never waits: for a sidecar relaying small messages over
 TLS, a tenth of what the crossing cost. The baseline of what the peer
 took in is now read by the stall clock's first look at a write still
-going on; a write that goes at once reads none."""
+going on; a write that goes at once reads none. The same for plain TCP,
+whose write reads it only once the socket would not take it all."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import trio
 
 from sluice.protocols.core import Action, Close, Peer, Send
 from sluice.proxy import relay as relay_module
+from tests.test_relay_backpressure import stalled_pair
 from tests.test_relay_slow_peers_keepalive import Core
 from tests.test_relay_tls_slow_reader import _relay, _tls_pair
 
@@ -33,7 +35,10 @@ class Echo(Core):
         return [Send(Peer.CLIENT, data)]
 
 
-async def test_tls_writes_that_go_at_once_read_no_tcp_info(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kind", ["tls", "plain"])
+async def test_writes_that_go_at_once_read_no_tcp_info(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
     calls = 0
     acked = relay_module._acked
 
@@ -43,7 +48,7 @@ async def test_tls_writes_that_go_at_once_read_no_tcp_info(monkeypatch: pytest.M
         return acked(fd)
 
     monkeypatch.setattr(relay_module, "_acked", counted)
-    client_end, ours = _tls_pair()
+    client_end, ours = _tls_pair() if kind == "tls" else stalled_pair()
     core = Echo()
     relay = _relay(core, ours)
     async with trio.open_nursery() as nursery:
@@ -55,7 +60,8 @@ async def test_tls_writes_that_go_at_once_read_no_tcp_info(monkeypatch: pytest.M
                 while len(got) < 100:
                     got += await client_end.receive_some(100 - len(got))
         assert core.reason is None, core.reason
-        await client_end.transport_stream.aclose()
+        raw = client_end.transport_stream if isinstance(client_end, trio.SSLStream) else client_end
+        await raw.aclose()
         nursery.cancel_scope.cancel()
     # (The stall clock may look at a write or two under way: a few calls.)
     assert calls < ROUNDS / 10, calls

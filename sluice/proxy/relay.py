@@ -19,6 +19,7 @@ import os
 import socket
 import ssl
 import struct
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -1521,7 +1522,9 @@ _ACKED_KNOWN = False
 
 # struct tcp_info (linux/tcp.h): ``tcpi_bytes_acked``, a __u64 after 8
 # bytes of __u8 fields, 24 __u32 and 2 __u64.
-_TCP_INFO: int = getattr(socket, "TCP_INFO", -1)
+# Linux's layout: elsewhere (FreeBSD's tcp_info) the offset holds another
+# field, so TCP_INFO is asked only on Linux (-1: an option no system has).
+_TCP_INFO: int = getattr(socket, "TCP_INFO", -1) if sys.platform == "linux" else -1
 _BYTES_ACKED = 120
 _TCP_INFO_SIZE = _BYTES_ACKED + 8
 
