@@ -19,6 +19,7 @@ import pulsar
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.brokers.embedded import EmbeddedBroker, free_port
+from tests.helpers.poll import wait_until as wait_until  # its importers here keep it
 from tests.helpers.support import QUIET, SLUICE, ProxyProcess, http_get, start_proxy
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -40,14 +41,6 @@ def peak_rss_bytes(pid: int) -> int:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(step)
 
 
 @dataclass
