@@ -64,6 +64,7 @@ from sluice.protocols.cursus import (
 )
 from sluice.protocols.cursus.commands import Command
 from tests.helpers.cursus_broker import BrokerThread, Cluster, open_cluster
+from tests.helpers.poll import wait_until_in_trio
 
 T = TypeVar("T")
 LIMIT = 60  # seconds any one client scenario may take
@@ -88,11 +89,9 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 async def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    with trio.move_on_after(timeout):
-        while not check():
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
+    """Kept only for tests/test_second_look_relay_accept_bug.py, which imports
+    it and is not this change's to edit; new code calls wait_until_in_trio."""
+    await wait_until_in_trio(check, timeout, what, step=0.02)
 
 
 async def collect_all(
@@ -101,7 +100,9 @@ async def collect_all(
     """Read ``payloads`` back with a consumer group, all of them (closed after)."""
     collector = Collector(address, topic, group, mode).start()
     try:
-        await until(lambda: len(collector.got) >= len(payloads), waiting_for)
+        await wait_until_in_trio(
+            lambda: len(collector.got) >= len(payloads), 20, waiting_for, step=0.02
+        )
     finally:
         await in_thread(collector.close)
     assert collector.payloads == sorted(payloads)
@@ -213,17 +214,30 @@ async def test_two_consumers_split_a_topic_through_a_rebalance(standalone: Clust
     first = Collector(standalone.address, "split-topic", "g6", ConsumerMode.STREAMING).start()
     second: Collector | None = None
     try:
-        await until(lambda: standalone.groups.get("g6") is not None, "the first join")
+        await wait_until_in_trio(
+            lambda: standalone.groups.get("g6") is not None, 20, "the first join", step=0.02
+        )
         second = Collector(
             standalone.address, "split-topic", "g6", ConsumerMode.STREAMING, name="m2"
         ).start()
-        await until(lambda: len(standalone.groups["g6"].members) == 2, "the second join")
+        await wait_until_in_trio(
+            lambda: len(standalone.groups["g6"].members) == 2, 20, "the second join", step=0.02
+        )
         # The first member's next heartbeat is a generation behind: it rejoins.
-        await until(lambda: standalone.sent["GEN_MISMATCH"] >= 1, "a GEN_MISMATCH")
-        await until(lambda: standalone.sent["STREAM_CONTROL:removed"] >= 1, "a stream removed")
+        await wait_until_in_trio(
+            lambda: standalone.sent["GEN_MISMATCH"] >= 1, 20, "a GEN_MISMATCH", step=0.02
+        )
+        await wait_until_in_trio(
+            lambda: standalone.sent["STREAM_CONTROL:removed"] >= 1,
+            20,
+            "a stream removed",
+            step=0.02,
+        )
         payloads = [f"r{i}" for i in range(16)]
         assert await in_thread(produce, standalone.address, "split-topic", payloads, 4) == 16
-        await until(lambda: len(first.got) + len(second.got) >= 16, "16 messages")
+        await wait_until_in_trio(
+            lambda: len(first.got) + len(second.got) >= 16, 20, "16 messages", step=0.02
+        )
     finally:
         await in_thread(first.close)
         if second is not None:
@@ -293,20 +307,26 @@ async def test_a_leader_change_while_producing_and_streaming(cluster3: Cluster) 
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(producing)
-        await until(ready.is_set, "the first half produced")
+        await wait_until_in_trio(ready.is_set, 20, "the first half produced", step=0.02)
         collector = Collector(cluster3.address, "moving", "g4", ConsumerMode.STREAMING).start()
         try:
-            await until(lambda: len(collector.got) >= 6, "the first half streamed")
+            await wait_until_in_trio(
+                lambda: len(collector.got) >= 6, 20, "the first half streamed", step=0.02
+            )
             old = cluster3.leader_of("moving", 0).address
             new = cluster3.move_leader("moving", 0)
             assert new != old
             moved.set()
-            await until(lambda: len(collector.got) >= 12, "the second half streamed")
+            await wait_until_in_trio(
+                lambda: len(collector.got) >= 12, 20, "the second half streamed", step=0.02
+            )
             # A client that starts after the move asks METADATA and goes straight there.
             before = cluster3.sent["NOT_LEADER"]
             assert await in_thread(produce, cluster3.address, "moving", ["late"] * 3, 3) == 3
             assert cluster3.sent["NOT_LEADER"] == before
-            await until(lambda: len(collector.got) >= 15, "the late messages streamed")
+            await wait_until_in_trio(
+                lambda: len(collector.got) >= 15, 20, "the late messages streamed", step=0.02
+            )
         finally:
             await in_thread(collector.close)
     assert acked == [12]
@@ -324,13 +344,20 @@ async def test_a_coordinator_move_gives_not_coordinator_and_the_client_follows(
     assert await in_thread(produce, cluster3.address, "coord", ["a", "b", "c"], 3) == 3
     collector = Collector(cluster3.address, "coord", "g5", ConsumerMode.STREAMING).start()
     try:
-        await until(lambda: len(collector.got) >= 3, "3 messages")
+        await wait_until_in_trio(lambda: len(collector.got) >= 3, 20, "3 messages", step=0.02)
         cluster3.move_coordinator("g5")
-        await until(lambda: cluster3.sent["NOT_COORDINATOR"] >= 1, "a NOT_COORDINATOR")
+        await wait_until_in_trio(
+            lambda: cluster3.sent["NOT_COORDINATOR"] >= 1, 20, "a NOT_COORDINATOR", step=0.02
+        )
         heartbeats = cluster3.sent["OK"]
-        await until(lambda: cluster3.sent["OK"] > heartbeats + 2, "heartbeats at the new node")
+        await wait_until_in_trio(
+            lambda: cluster3.sent["OK"] > heartbeats + 2,
+            20,
+            "heartbeats at the new node",
+            step=0.02,
+        )
         assert await in_thread(produce, cluster3.address, "coord", ["d", "e", "f"], 3) == 3
-        await until(lambda: len(collector.got) >= 6, "3 more messages")
+        await wait_until_in_trio(lambda: len(collector.got) >= 6, 20, "3 more messages", step=0.02)
     finally:
         await in_thread(collector.close)
     assert collector.payloads == ["a", "b", "c", "d", "e", "f"]
@@ -554,7 +581,9 @@ async def test_a_broker_stopping_ends_streams_with_stopped() -> None:
         await w.text(Create(topic="x", partitions=1))
         s = await Wire.open(cluster.address)
         await s.send(encode_request(Stream(topic="x", partition=0, group="g", member="m")))
-        await until(lambda: len(cluster._streams) == 1, "the stream to open")
+        await wait_until_in_trio(
+            lambda: len(cluster._streams) == 1, 20, "the stream to open", step=0.02
+        )
     assert (await s.receive()).message == StreamControl("CLOSE", "stopped", 0)
     await w.aclose()
     await s.aclose()

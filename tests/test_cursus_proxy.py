@@ -48,6 +48,7 @@ from sluice.proxy.config import PROTOCOL_FAULTS, ProxyConfig
 from sluice.proxy.dial import TlsClientConfig, TlsServerConfig
 from sluice.proxy.server import Proxy
 from tests.helpers.cursus_broker import Cluster, open_cluster
+from tests.helpers.poll import wait_until_in_trio
 from tests.helpers.support import kill_with_workers, worker_pids
 from tests.helpers.support import start_proxy as start_process
 from tests.test_cursus_broker import (
@@ -58,7 +59,6 @@ from tests.test_cursus_broker import (
     in_thread,
     produce,
     produce_across_a_move,
-    until,
 )
 
 
@@ -143,17 +143,28 @@ async def test_the_client_never_reaches_a_broker_directly(cluster3: Cluster) -> 
         collector = None
         async with trio.open_nursery() as inner:
             inner.start_soon(producing)
-            await until(ready.is_set, "the first half produced")
+            await wait_until_in_trio(ready.is_set, 20, "the first half produced", step=0.02)
             collector = Collector(proxy.address, "moving", "g1", ConsumerMode.STREAMING).start()
             try:
-                await until(lambda: len(collector.got) >= 6, "the first half streamed")
+                await wait_until_in_trio(
+                    lambda: len(collector.got) >= 6, 20, "the first half streamed", step=0.02
+                )
                 cluster3.move_leader("moving", 0)
                 moved.set()
-                await until(lambda: len(collector.got) >= 12, "the second half streamed")
+                await wait_until_in_trio(
+                    lambda: len(collector.got) >= 12, 20, "the second half streamed", step=0.02
+                )
                 cluster3.move_coordinator("g1")
-                await until(lambda: cluster3.sent["NOT_COORDINATOR"] >= 1, "a NOT_COORDINATOR")
+                await wait_until_in_trio(
+                    lambda: cluster3.sent["NOT_COORDINATOR"] >= 1,
+                    20,
+                    "a NOT_COORDINATOR",
+                    step=0.02,
+                )
                 assert await in_thread(produce, proxy.address, "moving", ["late"] * 3, 3) == 3
-                await until(lambda: len(collector.got) >= 15, "the late messages streamed")
+                await wait_until_in_trio(
+                    lambda: len(collector.got) >= 15, 20, "the late messages streamed", step=0.02
+                )
             finally:
                 await in_thread(collector.close)
         assert acked == [12]

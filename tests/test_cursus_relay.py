@@ -37,7 +37,8 @@ from sluice.protocols.cursus.connection import (
     ListenerRequest,
 )
 from tests.helpers.cursus_broker import Cluster, open_cluster
-from tests.test_cursus_broker import Collector, in_thread, produce, until
+from tests.helpers.poll import wait_until_in_trio
+from tests.test_cursus_broker import Collector, in_thread, produce
 
 
 class _Quiet:
@@ -145,12 +146,18 @@ async def test_every_client_connection_stays_on_the_proxy(cluster3: Cluster) -> 
         assert await in_thread(produce, via, "routed", payloads, 3) == 9
         collector = Collector(via, "routed", "g-routed", ConsumerMode.STREAMING).start()
         try:
-            await until(lambda: len(collector.got) >= 9, "9 messages through the proxy")
+            await wait_until_in_trio(
+                lambda: len(collector.got) >= 9, 20, "9 messages through the proxy", step=0.02
+            )
             cluster3.move_leader("routed", 1)
             cluster3.move_coordinator("g-routed")
-            await until(lambda: cluster3.sent["NOT_COORDINATOR"] >= 1, "a NOT_COORDINATOR")
+            await wait_until_in_trio(
+                lambda: cluster3.sent["NOT_COORDINATOR"] >= 1, 20, "a NOT_COORDINATOR", step=0.02
+            )
             assert await in_thread(produce, via, "routed", ["late-1", "late-2", "late-3"], 3) == 3
-            await until(lambda: len(collector.got) >= 12, "the late messages")
+            await wait_until_in_trio(
+                lambda: len(collector.got) >= 12, 20, "the late messages", step=0.02
+            )
         finally:
             await in_thread(collector.close)
         nursery.cancel_scope.cancel()

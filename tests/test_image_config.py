@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from sluice.brokers.embedded import free_port, wait_for_port
+from tests.helpers.poll import wait_until
 from tests.helpers.support import SLUICE, http_get
-from tests.test_ship import effective, until
+from tests.test_ship import effective
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -175,8 +176,12 @@ def test_the_healthcheck_asks_where_the_admin_endpoint_listens(tmp_path: Path, w
     try:
         wait_for_port("127.0.0.1", port, 30, process)
         if where != "off":
-            until(lambda: http_get(f"http://127.0.0.1:{admin}/healthz")[0] == 200,
-                  "the admin endpoint never answered")  # fmt: skip
+            wait_until(
+                lambda: http_get(f"http://127.0.0.1:{admin}/healthz")[0] == 200,
+                30,
+                "the admin endpoint to answer",
+                step=0.05,
+            )
         result = healthcheck(process.pid)
         assert result.returncode == 0, (where, result.stdout + result.stderr)
     finally:
@@ -210,8 +215,12 @@ def test_the_healthcheck_asks_the_images_default_first_without_the_command_line(
 
     try:
         wait_for_port("127.0.0.1", port, 30, process)
-        until(lambda: http_get(f"http://127.0.0.1:{admin}/healthz")[0] == 200,
-              "the admin endpoint never answered")  # fmt: skip
+        wait_until(
+            lambda: http_get(f"http://127.0.0.1:{admin}/healthz")[0] == 200,
+            30,
+            "the admin endpoint to answer",
+            step=0.05,
+        )
         assert ask(defaults) == "0 False"
         # Defaults that name a port nobody listens at: the running proxies'
         # own settings are read (this one's among them, or another test's).

@@ -11,6 +11,7 @@ import trio
 
 from sluice.commands.proxy import settings_again
 from sluice.proxy.server import Proxy
+from tests.helpers.poll import wait_until_in_trio
 
 
 def _proxy() -> Proxy:
@@ -23,12 +24,6 @@ def _proxy() -> Proxy:
     ]))  # fmt: skip
 
 
-async def _until(condition: object) -> None:
-    with trio.fail_after(5):
-        while not condition():  # type: ignore[operator]
-            await trio.sleep(0.01)
-
-
 async def test_a_silent_unlisted_client_holds_its_place_from_the_start() -> None:
     proxy = _proxy()
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -37,13 +32,13 @@ async def test_a_silent_unlisted_client_holds_its_place_from_the_start() -> None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, handle, listeners)
         silent = await trio.open_tcp_stream("127.0.0.1", port)  # sends nothing
-        await _until(lambda: proxy.limits.active == 1)
+        await wait_until_in_trio(lambda: proxy.limits.active == 1, 5, "the silent client counted")
         second = await trio.open_tcp_stream("127.0.0.1", port)
         with trio.fail_after(5):  # closed at once, not after the 30 s header timeout
             assert await second.receive_some(100) == b""
         assert proxy.limits.active == 1
         await silent.aclose()
-        await _until(lambda: proxy.limits.active == 0)
+        await wait_until_in_trio(lambda: proxy.limits.active == 0, 5, "its place freed")
         nursery.cancel_scope.cancel()
 
 
@@ -56,7 +51,7 @@ async def test_the_http_listener_counts_a_silent_client_from_the_start() -> None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, http.handle, listeners)
         silent = await trio.open_tcp_stream("127.0.0.1", port)
-        await _until(lambda: http.limits.active == 1)
+        await wait_until_in_trio(lambda: http.limits.active == 1, 5, "the silent client counted")
         second = await trio.open_tcp_stream("127.0.0.1", port)
         answer = b""
         with trio.fail_after(5):
@@ -64,5 +59,5 @@ async def test_the_http_listener_counts_a_silent_client_from_the_start() -> None
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 503 "), answer[:100]
         await silent.aclose()
-        await _until(lambda: http.limits.active == 0)
+        await wait_until_in_trio(lambda: http.limits.active == 0, 5, "its place freed")
         nursery.cancel_scope.cancel()

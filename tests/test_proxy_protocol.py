@@ -19,7 +19,6 @@ import ssl
 import struct
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dial import TlsServerConfig
 from tests.conftest import start_apache_pulsar
+from tests.helpers.poll import wait_until
 from tests.helpers.support import ProxyProcess, client, start_proxy, tls_files
 from tests.test_apache_pulsar import (
     broker_certificate,
@@ -61,16 +61,6 @@ T = pb.BaseCommand
 SECOND = "127.0.0.23"  # where "the client" connects from
 BALANCER = "127.0.0.2"  # where the balancer does: the test itself (scraping) stays unlisted
 SNI_NAME = "broker.sluice.test"  # the brokers' DNS name (never resolved)
-
-
-def wait_for(what: str, check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
 
 
 def rejected(proxy: ProxyProcess, admin: int, reason: str) -> float:
@@ -253,7 +243,12 @@ def test_a_broker_that_reads_no_headers_refuses_and_the_error_says_why(
     try:
         with client(proxy.url, operation_timeout_seconds=4) as c, pytest.raises(pulsar.Timeout):
             c.create_producer(unique("pp-refused"))
-        wait_for("the reason in Sluice's log", lambda: "haProxyProtocolEnabled=true" in proxy.log())
+        wait_until(
+            lambda: "haProxyProtocolEnabled=true" in proxy.log(),
+            20,
+            "the reason in Sluice's log",
+            step=0.05,
+        )
         assert "broker closed the connection during the handshake" in proxy.log()
         assert proxy.terminate() == 0
     finally:
@@ -330,7 +325,9 @@ def test_per_ip_limits_count_the_address_the_header_names(
         # address is the balancer's, which carries many clients.
         second = dial(proxy.port, header("198.51.100.1") + connect_frame())
         assert first_answer(second) == "closed"
-        wait_for("the refusal counted", lambda: rejected(proxy, admin, "limit") == 1)
+        wait_until(
+            lambda: rejected(proxy, admin, "limit") == 1, 20, "the refusal counted", step=0.05
+        )
         other = dial(proxy.port, header("198.51.100.2") + connect_frame())
         assert first_answer(other) == "CONNECTED"
         # A source not listed may not send a header, and is served as it is.
@@ -338,12 +335,22 @@ def test_per_ip_limits_count_the_address_the_header_names(
         # looked at: the header first, while SECOND has its place free.)
         forged = dial(proxy.port, header("198.51.100.3") + connect_frame(), source=SECOND)
         assert first_answer(forged) == "closed"
-        wait_for("unlisted counted", lambda: rejected(proxy, admin, "proxy_header_unlisted") == 1)
+        wait_until(
+            lambda: rejected(proxy, admin, "proxy_header_unlisted") == 1,
+            20,
+            "unlisted counted",
+            step=0.05,
+        )
         direct = dial(proxy.port, connect_frame(), source=SECOND)
         assert first_answer(direct) == "CONNECTED"
         again = dial(proxy.port, connect_frame(), source=SECOND)  # its one place is taken
         assert first_answer(again) == "closed"
-        wait_for("the second refusal counted", lambda: rejected(proxy, admin, "limit") == 2)
+        wait_until(
+            lambda: rejected(proxy, admin, "limit") == 2,
+            20,
+            "the second refusal counted",
+            step=0.05,
+        )
         again.close()
         for sock in (first, second, other, direct, forged):
             sock.close()
@@ -402,12 +409,21 @@ def test_bad_headers_are_refused_counted_and_logged_in_a_line(
                 sock.shutdown(socket.SHUT_WR)  # the balancer gave up part-way
             assert first_answer(sock) == "closed", name
             sock.close()
-            wait_for(f"{name} counted", lambda r=reason, b=before: rejected(proxy, admin, r) > b)
+
+            def counted(r: str = reason, b: float = before) -> bool:
+                return rejected(proxy, admin, r) > b
+
+            wait_until(counted, 20, f"{name} counted", step=0.05)
         # A header stopped part-way and left open: refused at the timeout.
         sock = dial(proxy.port, b"PROXY TCP4 203.0.113.9")
         assert first_answer(sock) == "closed"
         sock.close()
-        wait_for("timeout counted", lambda: rejected(proxy, admin, "proxy_header_timeout") == 1)
+        wait_until(
+            lambda: rejected(proxy, admin, "proxy_header_timeout") == 1,
+            20,
+            "timeout counted",
+            step=0.05,
+        )
         # v2 with a TLV Sluice does not know (AWS's VPC endpoint id): skipped, served.
         tlv = b"\xea\x00\x0b\x01vpce-12345"
         sock = dial(proxy.port, v2_with(INET + tlv) + connect_frame())
@@ -590,10 +606,10 @@ def test_server_names_that_route_nowhere_get_a_tls_alert(
         assert tls_hello(tls_port, ca, "sluice.test") == "CONNECTED"
         assert tls_hello(tls_port, ca, SNI_NAME) == "CONNECTED"  # the broker's own
         assert tls_hello(tls_port, ca, "elsewhere.example") == "TLS: TLSV1_UNRECOGNIZED_NAME"
-        wait_for("sni_unknown", lambda: rejected(proxy, admin, "sni_unknown") == 1)
+        wait_until(lambda: rejected(proxy, admin, "sni_unknown") == 1, 20, "sni_unknown", step=0.05)
         for odd in ("odd_name!.example", "-leading.example", "odd name.example"):
             assert tls_hello(tls_port, ca, odd) == "TLS: TLSV1_UNRECOGNIZED_NAME", odd
-        wait_for("sni_invalid", lambda: rejected(proxy, admin, "sni_invalid") == 3)
+        wait_until(lambda: rejected(proxy, admin, "sni_invalid") == 3, 20, "sni_invalid", step=0.05)
         # A name that is not ASCII (Python's ssl cannot decode it, so it
         # never reaches Sluice's callback): refused alike, no traceback.
         hello = subprocess.run(
@@ -602,7 +618,7 @@ def test_server_names_that_route_nowhere_get_a_tls_alert(
             input=b"", capture_output=True, timeout=30, check=False,
         )  # fmt: skip
         assert b"unrecognized name" in hello.stdout + hello.stderr, hello.stderr
-        wait_for("sni_invalid", lambda: rejected(proxy, admin, "sni_invalid") == 4)
+        wait_until(lambda: rejected(proxy, admin, "sni_invalid") == 4, 20, "sni_invalid", step=0.05)
         assert proxy.terminate() == 0
     finally:
         proxy.kill()
@@ -635,8 +651,9 @@ def test_the_http_listener_reads_proxy_headers(
         sock = dial(web.http_port, b"PROXY TCP4 203.0.113.999 127.0.0.1 1 2\r\n" + request)
         assert first_answer(sock) == "closed"
         sock.close()
-        wait_for("the bad header counted", lambda: web.metric(
-            "sluice_connections_rejected_total", reason="proxy_header_malformed") == 1)  # fmt: skip
+        wait_until(lambda: web.metric(
+            "sluice_connections_rejected_total", reason="proxy_header_malformed") == 1,
+            20, "the bad header counted", step=0.05)  # fmt: skip
         status, _ = apache_pulsar.admin("GET", "/admin/v2/clusters", base=web.url)
         assert status == 200  # from 127.0.0.1, no balancer: no header, served
         assert redirector.forwarded == ["203.0.113.9", "127.0.0.1"]

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from sluice.protocols.pulsar.frame import command_name
 from sluice.recording import format as fmt
 from sluice.recording.format import RecordingError, read_records, recording_files
 from sluice.recording.writer import Recorder, RecorderConfig
+from tests.helpers.poll import wait_until_in_trio
 from tests.helpers.support import SLUICE, client, start_proxy
 from tests.test_dashboards import scrape, value
 
@@ -522,25 +522,28 @@ async def test_a_failing_flush_is_counted_not_fatal(tmp_path: Path) -> None:
     metrics.watch(recorder)
     recorder.open_connection(1, client="127.0.0.1:1", kind="proxied", listener="plain")
 
-    async def until(check: Callable[[], bool]) -> None:
-        with trio.fail_after(10):
-            while not check():
-                await trio.sleep(0.01)
-
     async with trio.open_nursery() as nursery:
         await nursery.start(recorder.run)
         recorder.frames(CONN_1, True, [ping])
         # Written for real, flushed.
-        await until(lambda: recorder.frames_written == 1 and recorder._unflushed == 0)
+        await wait_until_in_trio(
+            lambda: recorder.frames_written == 1 and recorder._unflushed == 0,
+            10,
+            "1 frame written, all flushed",
+        )
         assert recorder._file is not None
         recorder._file = FullDisk(recorder._file)  # type: ignore[assignment]
         for _ in range(5):
             recorder.frames(CONN_1, True, [ping])
         # The flush fails: those 5 are lost, and counted.
-        await until(lambda: recorder.dropped_total == 5)
+        await wait_until_in_trio(lambda: recorder.dropped_total == 5, 10, "5 frames dropped")
         recorder._retry_at = 0.0  # the disk is back
         recorder.frames(CONN_1, True, [ping])
-        await until(lambda: recorder.frames_written == 7 and recorder._unflushed == 0)
+        await wait_until_in_trio(
+            lambda: recorder.frames_written == 7 and recorder._unflushed == 0,
+            10,
+            "7 frames written, all flushed",
+        )
         nursery.cancel_scope.cancel()
     records = [r for p in recording_files(tmp_path) for r in read_records(p)]
     assert sum(1 for r in records if r["k"] == "frame") == 2

@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 import trio
@@ -25,6 +24,7 @@ from sluice.proxy import relay_thread as relay_thread_module
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.relay import Relay
 from sluice.proxy.relay_thread import RelayThread, relay_thread
+from tests.helpers.poll import wait_until
 from tests.test_relay_clock import (
     BROKER_URL,
     TIMING,
@@ -459,12 +459,6 @@ async def test_lanes_carry_with_the_step_the_core_renewed_when_the_taps_changed(
     c = OverSockets(taps)
     core, got = c.core, c.got
 
-    def until(done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + 10
-        while not done():
-            assert time.monotonic() < deadline, "not within 10 s"
-            time.sleep(0.005)
-
     def client(relay: Relay) -> tuple[list[str], list[bool], bool]:
         wire = ThreadWire(c.client_sock)
         with c.client_sock:
@@ -478,7 +472,8 @@ async def test_lanes_carry_with_the_step_the_core_renewed_when_the_taps_changed(
             lanes = [lane.step is core._step for lane in relay._lanes.values() if lane is not None]
             split = send_frame(15, b"z" * 100)
             wire.send(send_frame(14, b"y" * 100) + split[:10])
-            until(lambda: len(got) == 15)  # that read taken: the start of SEND 15 held
+            # That read taken: the start of SEND 15 held.
+            wait_until(lambda: len(got) == 15, 10, "15 frames at the broker", step=0.005)
             wire.send(split[10:] + frame_bytes("PRODUCER", pb.CommandProducer(
                 topic=TOPIC, producer_id=2, request_id=2)))  # fmt: skip
             answers: list[str] = []

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port
 from sluice.commands.proxy import byte_size
 from sluice.proxy.config import PROTOCOL_FAULTS
 from sluice.recording.triggers import load_triggers
+from tests.helpers.poll import wait_until
 from tests.helpers.support import SLUICE, client, http_get
 from tests.test_helm import kubernetes_validate
 
@@ -82,14 +82,6 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def until(check: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-    return found
-
-
 class RunningDemo:
     """``sluice demo`` with a long workload, its scratch directories in
     ``tmp``; ``broker``: its broker's pid once it is sending."""
@@ -107,8 +99,12 @@ class RunningDemo:
             )
         self.broker = 0
         try:
-            found = until(lambda: re.search(r"pid (\d+)\).*\n.*\n.*sending", self.output()),
-                          "the demo never started sending\n" + self.output())  # fmt: skip
+            found = wait_until(
+                lambda: re.search(r"pid (\d+)\).*\n.*\n.*sending", self.output()),
+                30,
+                "the demo to start sending\n" + self.output(),
+                step=0.05,
+            )
         except BaseException:
             self.kill()
             raise
@@ -136,7 +132,7 @@ def test_a_signalled_demo_stops_at_once_with_its_broker(tmp_path: Path, signum: 
         demo.process.send_signal(signum)
         code = demo.process.wait(15)  # the whole workload takes minutes
         assert code == 128 + signum, demo.output()
-        until(lambda: not alive(demo.broker), "the broker was left running")
+        wait_until(lambda: not alive(demo.broker), 30, "the broker to stop", step=0.05)
         assert not list(demo.tmp.glob("sluice-broker-*")), list(demo.tmp.iterdir())
         assert f"{signal.Signals(signum).name}: stopped after sending" in demo.output()
         assert "Traceback" not in demo.output()
@@ -152,7 +148,7 @@ def test_the_demos_broker_ends_when_the_demo_is_killed(tmp_path: Path) -> None:
     try:
         demo.process.kill()
         demo.process.wait(10)
-        until(lambda: not alive(demo.broker), "the broker outlived the demo", timeout=15)
+        wait_until(lambda: not alive(demo.broker), 15, "the broker to end with the demo", step=0.05)
     finally:
         demo.kill()
 

@@ -30,7 +30,8 @@ from sluice.protocols.cursus import List, OkReply, encode_reply, encode_request
 from sluice.proxy import dial, server
 from sluice.proxy.relay_thread import RelayThread
 from tests.helpers.cursus_broker import open_cluster
-from tests.test_cursus_broker import in_thread, until
+from tests.helpers.poll import wait_until_in_trio
+from tests.test_cursus_broker import in_thread
 from tests.test_cursus_proxy import Watched, start_proxy
 
 LIST = encode_message("", "LIST")
@@ -79,7 +80,9 @@ async def parked_with_half_a_frame(proxy: Watched, thread: RelayThread) -> trio.
     at the first bytes)."""
     client = await connect(proxy)
     await client.send_all(encode_request(List())[:3])
-    await until(lambda: thread.carried() == 2, "both sides read on the relay thread")
+    await wait_until_in_trio(
+        lambda: thread.carried() == 2, 20, "both sides read on the relay thread", step=0.02
+    )
     return client
 
 
@@ -98,7 +101,9 @@ async def test_commits_are_served_by_the_relay_thread_alone() -> None:
         thread = relay_thread(proxy)
         for _ in range(20):
             assert (await in_thread(one_command, proxy.address)).startswith(b"OK")
-        await until(lambda: proxy.proxy.active == 0, "every connection ended")
+        await wait_until_in_trio(
+            lambda: proxy.proxy.active == 0, 20, "every connection ended", step=0.02
+        )
         # (One could outlive the second after which trio takes it over, on a
         # machine busy enough: the count of both is exact.)
         assert thread.parked_ended + thread.parked_adopted == 20
@@ -122,7 +127,9 @@ async def test_a_client_that_sends_nothing_is_timed_out_by_trio() -> None:
         assert 0.5 < trio.current_time() - started < 5
         assert thread.parked_adopted == 1 and thread.parked_ended == 0
         assert metric(proxy, "sluice_connections_rejected_total", reason="handshake_timeout") == 1
-        await until(lambda: proxy.proxy.active == 0, "the connection ended")
+        await wait_until_in_trio(
+            lambda: proxy.proxy.active == 0, 20, "the connection ended", step=0.02
+        )
         await client.aclose()
         nursery.cancel_scope.cancel()
 
@@ -138,7 +145,9 @@ async def test_a_drain_hangs_up_a_parked_connection_at_once() -> None:
         with trio.fail_after(10):
             assert await client.receive_some() == b""
         assert trio.current_time() - started < 5  # not the drain's 30 s
-        await until(lambda: proxy.proxy.active == 0, "the connection ended")
+        await wait_until_in_trio(
+            lambda: proxy.proxy.active == 0, 20, "the connection ended", step=0.02
+        )
         assert thread.parked_adopted == 1 and thread.carried() == 0
         await client.aclose()
 
@@ -153,7 +162,9 @@ async def test_a_client_that_resets_a_parked_connection_is_lost() -> None:
         client = await parked_with_half_a_frame(proxy, thread)
         client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         await client.aclose()  # a reset, with linger 0
-        await until(lambda: proxy.proxy.active == 0, "the connection ended")
+        await wait_until_in_trio(
+            lambda: proxy.proxy.active == 0, 20, "the connection ended", step=0.02
+        )
         assert metric(proxy, "sluice_connections_closed_total", reason="lost") == 1
         assert thread.parked_adopted == 1 and thread.carried() == 0
         nursery.cancel_scope.cancel()
@@ -183,7 +194,9 @@ async def test_a_parked_connection_has_the_socket_options_of_a_trio_stream() -> 
                 reply += await client.receive_some()
         assert reply[4:6] == b"OK"
         await client.aclose()
-        await until(lambda: proxy.proxy.active == 0, "the connection ended")
+        await wait_until_in_trio(
+            lambda: proxy.proxy.active == 0, 20, "the connection ended", step=0.02
+        )
         assert thread.parked_ended + thread.parked_adopted == 1
         nursery.cancel_scope.cancel()
 
@@ -223,10 +236,12 @@ async def test_a_dial_not_made_at_once_is_finished_by_trio() -> None:
                 answers.append(await in_thread(one_command, proxy.address, LIST))
 
             nursery.start_soon(client)
-            await until(lambda: thread.parked_adopted == 1, "the dial handed to trio")
+            await wait_until_in_trio(
+                lambda: thread.parked_adopted == 1, 20, "the dial handed to trio", step=0.02
+            )
             assert proxy.proxy.relays and not proxy.proxy._parked
             got = await in_thread(serve)
-            await until(lambda: bool(answers), "the reply")
+            await wait_until_in_trio(lambda: bool(answers), 20, "the reply", step=0.02)
             assert got == len(LIST).to_bytes(4, "big") + LIST  # the command, whole
             assert len(answers) == 1 and answers[0].startswith(b"OK")
             assert thread.parked_ended == 0
@@ -262,7 +277,9 @@ async def test_a_failed_accept_hands_the_listener_to_trio() -> None:
         assert not proxy.proxy._accepting  # the thread no longer accepts on it
         for _ in range(3):  # trio's accept loop does, and connections still start parked
             assert (await in_thread(one_command, proxy.address)).startswith(b"OK")
-        await until(lambda: proxy.proxy.active == 0, "every connection ended")
+        await wait_until_in_trio(
+            lambda: proxy.proxy.active == 0, 20, "every connection ended", step=0.02
+        )
         assert thread.parked_ended + thread.parked_adopted == 3
         nursery.cancel_scope.cancel()
 
@@ -285,7 +302,9 @@ async def test_a_bug_in_the_accept_step_hands_the_listener_to_trio(
         host, port = proxy.address.rsplit(":", 1)
         first = socket.create_connection((host, int(port)))
         try:
-            await until(lambda: not proxy.proxy._accepting, "the thread gave the listener up")
+            await wait_until_in_trio(
+                lambda: not proxy.proxy._accepting, 20, "the thread gave the listener up", step=0.02
+            )
             for _ in range(3):  # trio's accept loop serves it: not a listener fallen silent
                 assert (await in_thread(one_command, proxy.address)).startswith(b"OK")
         finally:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from sluice.filters.config import FilterConfigError, FilterSpec, load, parse_fla
 # package: its author would import sluice_example_filter); the end-to-end
 # tests install it and run it by its entry point's name.
 from tests.example_filter.sluice_example_filter import MaskJsonFields
+from tests.helpers.poll import wait_until
 from tests.helpers.support import SLUICE, ProxyProcess, client, start_proxy, wait_ready
 from tests.test_dashboards import scrape, value
 
@@ -240,13 +241,6 @@ def masking_proxy(
     assert "Traceback" not in proxy.log(), proxy.log()
 
 
-def _until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def _read_until(consumer: pulsar.Consumer, last: bytes) -> list[pulsar.Message]:
     """Every message up to and including the one whose payload is ``last``."""
     got: list[pulsar.Message] = []
@@ -306,7 +300,12 @@ def test_the_broker_stores_what_the_installed_filter_masked(
         for i, (payload, _, _) in enumerate(batch):
             batched.send_async(payload, lambda r, _id, i=i: results.__setitem__(i, str(r)))
         batched.flush()
-        _until(lambda: len(results) == len(batch), f"batch sends unanswered: {results}")
+        wait_until(
+            lambda: len(results) == len(batch),
+            20,
+            f"answers to the batch sends (at the start: {results})",
+            step=0.05,
+        )
         assert results == dict.fromkeys(range(len(batch)), "Result.Ok")
         single.send(end)
 

@@ -37,6 +37,7 @@ from sluice.recording.format import PayloadPolicy, header, read_records, recordi
 from sluice.view.index import Filter, Index, LetGo
 from sluice.view.live import LiveIndex
 from sluice.view.server import serve
+from tests.helpers.poll import wait_until
 from tests.helpers.support import (
     QUIET,
     SLUICE,
@@ -46,7 +47,6 @@ from tests.helpers.support import (
     start_proxy,
     worker_pids,
 )
-from tests.test_proxy_protocol import wait_for
 from tests.test_view import browser, console_errors  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.e2e  # every test here starts a process
@@ -98,10 +98,6 @@ def stop(w: Watched) -> None:
     w.view.wait(10)
     w.proxy.kill()
     assert "Traceback" not in w.proxy.log(), w.proxy.log()
-
-
-def until(check: Any, timeout: float = 20, what: str = "") -> Any:
-    return wait_for(what or str(check), check, timeout)
 
 
 class Producing:
@@ -172,7 +168,7 @@ def test_the_live_page_shows_frames_as_they_come_pauses_and_saves(
         page.click("#pause")
         shown = page.inner_text("#count")
         held = w.frames()
-        until(lambda: w.frames() >= held + 20, what="frames while paused")
+        wait_until(lambda: w.frames() >= held + 20, 20, "frames while paused", step=0.05)
         time.sleep(1.5)  # more than the page's one-second round
         assert page.inner_text("#count") == shown
         page.click("#pause")  # resume
@@ -231,7 +227,9 @@ def test_watching_starts_and_stops_mid_stream_and_no_message_is_lost(
                 for _ in range(3):
                     first = ask(admin, None)
                     assert first["unpacked"][0]["k"] == "header"
-                    seen = until(partial(frames_after, admin, first["next"]), what="frames")
+                    seen = wait_until(
+                        partial(frames_after, admin, first["next"]), 20, "frames", step=0.05
+                    )
                     assert seen
                     time.sleep(idle_after + 0.5)  # nobody asks: idle again at the next read
             finally:
@@ -299,7 +297,7 @@ def test_one_live_view_over_workers(broker: EmbeddedBroker, tmp_path: Path) -> N
             # Worker i numbers its connections i+1, i+1+2, …: odd on worker 0.
             return {int(names[r["conn"]][1:]) % 2 for r in sends} == {0, 1}
 
-        until(both_workers_seen, what="SENDs through both workers")
+        wait_until(both_workers_seen, 20, "SENDs through both workers", step=0.05)
     finally:
         for c in clients:
             c.close()

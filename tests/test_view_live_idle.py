@@ -13,8 +13,8 @@ import pytest
 from sluice.brokers.embedded import EmbeddedBroker, free_port
 from sluice.view.live import LiveIndex, live_url, watch
 from sluice.view.server import serve
+from tests.helpers.poll import wait_until
 from tests.helpers.support import start_proxy
-from tests.test_proxy_protocol import wait_for
 from tests.test_view_live import TOKEN, ask
 
 pytestmark = pytest.mark.e2e  # starts a proxy
@@ -38,8 +38,8 @@ def test_the_live_view_stops_asking_the_proxy_while_no_page_asks(
     thread = threading.Thread(target=watch, args=args, daemon=True)
     try:
         thread.start()
-        wait_for("the view asks the proxy", lambda: index.asks >= 1, 5)
-        wait_for("the view rests, no page asking", lambda: index.resting, 5)
+        wait_until(lambda: index.asks >= 1, 5, "the view asks the proxy", step=0.05)
+        wait_until(lambda: index.resting, 5, "the view rests, no page asking", step=0.05)
         asks = index.asks
         # The proxy answers another watcher meanwhile; the view still rests.
         assert [r["k"] for r in ask(admin, None)["unpacked"]] == ["header"]
@@ -47,7 +47,7 @@ def test_the_live_view_stops_asking_the_proxy_while_no_page_asks(
         page = f"http://127.0.0.1:{server.server_address[1]}/api/status"
         with urllib.request.urlopen(page, timeout=10) as answer:
             assert answer.status == 200
-        wait_for("the view asks again", lambda: not index.resting, 5)
+        wait_until(lambda: not index.resting, 5, "the view asks again", step=0.05)
     finally:
         stop.set()
         thread.join(5)

@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +41,7 @@ from sluice.protocols.http.websocket import (
 )
 from sluice.proxy.metrics import HttpMetrics
 from sluice.proxy.websocket import Session
+from tests.helpers.poll import wait_until, wait_until_in_trio
 from tests.test_http import MAX_BODY, Redirector, WebProxy, raw_exchange, start_web_proxy
 
 N = 100
@@ -57,13 +58,6 @@ def ws_web(ws_broker: ApachePulsar, tmp_path: Path) -> Iterator[WebProxy]:
 
 def ws_url(web: WebProxy, path: str) -> str:
     return f"ws://127.0.0.1:{web.http_port}{path}"
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def to_send(context: str, body: bytes) -> str:
@@ -131,10 +125,14 @@ def test_produce_consume_and_read_over_websocket_through_sluice(
         assert isinstance(stats, dict)
         return stats["subscriptions"]["sub"]["msgBacklog"]
 
-    eventually(lambda: backlog() == 0, "the consumer's acks did not reach the broker")
-    eventually(
+    wait_until(
+        lambda: backlog() == 0, TIMEOUT, "the consumer's acks to reach the broker", step=0.05
+    )
+    wait_until(
         lambda: ws_web.metric("sluice_http_websocket_sessions_active") == 0,
-        "the sessions stayed open after both sides closed",
+        TIMEOUT,
+        "the sessions to close after both sides closed",
+        step=0.05,
     )
 
     def frames(direction: str, opcode: str) -> float:
@@ -179,12 +177,14 @@ def test_a_malformed_frame_closes_the_session_with_1002(ws_web: WebProxy) -> Non
         assert received_close(ws) == PROTOCOL_ERROR
     finally:
         ws.close()
-    eventually(
+    wait_until(
         lambda: (
             ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="protocol_error")
             == 1
         ),
-        "the malformed frame was not counted",
+        TIMEOUT,
+        "the malformed frame to be counted",
+        step=0.05,
     )
     assert ws_web.metric("sluice_http_websocket_sessions_active") == 0
     # No bad frame reached the broker: nothing counted client_to_broker.
@@ -198,12 +198,14 @@ def test_a_malformed_frame_closes_the_session_with_1002(ws_web: WebProxy) -> Non
         assert received_close(ws) == MESSAGE_TOO_BIG
     finally:
         ws.close()
-    eventually(
+    wait_until(
         lambda: (
             ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="message_too_large")
             == 1
         ),
-        "the oversized message was not counted",
+        TIMEOUT,
+        "the oversized message to be counted",
+        step=0.05,
     )
 
     # Sluice stays up: a session after them works; its client hangs up
@@ -215,9 +217,11 @@ def test_a_malformed_frame_closes_the_session_with_1002(ws_web: WebProxy) -> Non
     finally:
         assert ws.sock is not None
         ws.sock.close()  # no CLOSE frame
-    eventually(
+    wait_until(
         lambda: ws_web.metric("sluice_http_websocket_sessions_ended_total", reason="hangup") == 1,
-        "the hang-up was not counted",
+        TIMEOUT,
+        "the hang-up to be counted",
+        step=0.05,
     )
     assert ws_web.metric("sluice_http_websocket_sessions_ended_total") == 3
     assert "internal error" not in ws_web.proxy.log()
@@ -259,11 +263,13 @@ def test_idle_session_and_shutdown_close_with_1001(ws_broker: ApachePulsar, tmp_
             assert 0.5 < time.monotonic() - started < 10
         finally:
             ws.close()
-        eventually(
+        wait_until(
             lambda: (
                 web.metric("sluice_http_websocket_sessions_ended_total", reason="idle_timeout") == 1
             ),
-            "the idle session was not counted",
+            TIMEOUT,
+            "the idle session to be counted",
+            step=0.05,
         )
         # Shutdown: an open session is told 1001 (going away), and Sluice exits.
         ws = websocket.create_connection(web.url.replace("http", "ws") +
@@ -320,9 +326,11 @@ def test_a_session_holds_a_connection_under_the_cap(
     web = start_web_proxy(ws_broker, tmp_path, ws_broker.http_url,
                           "--http-max-connections", "1")  # fmt: skip
     try:
-        eventually(
+        wait_until(
             lambda: web.metric("sluice_http_connections_active") == 0,
-            "the start-up probe's connection stayed open",
+            TIMEOUT,
+            "the start-up probe's connection to close",
+            step=0.05,
         )
         topic = f"persistent/public/default/ws-cap-{uuid.uuid4().hex[:8]}"
         ws = websocket.create_connection(ws_url(web, f"/ws/v2/producer/{topic}"), timeout=TIMEOUT)
@@ -332,9 +340,11 @@ def test_a_session_holds_a_connection_under_the_cap(
         finally:
             ws.close()
         # The session gone, its connection is free again.
-        eventually(
+        wait_until(
             lambda: web.metric("sluice_http_connections_active") == 0,
-            "the session's connection stayed open",
+            TIMEOUT,
+            "the session's connection to close",
+            step=0.05,
         )
         status, _ = raw_exchange(web.http_port, b"GET /admin/v2/clusters HTTP/1.1\r\n"
                                  b"Host: x\r\nConnection: close\r\n\r\n")  # fmt: skip
@@ -550,12 +560,6 @@ def broker_frame(opcode: int, payload: bytes) -> bytes:
     return bytes([0x80 | opcode]) + length + payload
 
 
-async def eventually_in_trio(check: Callable[[], bool], what: str) -> None:
-    with trio.fail_after(TIMEOUT):
-        while not check():
-            await trio.sleep(0.01)
-
-
 def test_a_brokers_last_frames_reach_a_slow_client_after_it_hung_up() -> None:
     """The broker sends its last frames and a CLOSE, then hangs up; the
     client, not reading yet, sends a ping, which cannot reach the broker:
@@ -570,9 +574,10 @@ def test_a_brokers_last_frames_reach_a_slow_client_after_it_hung_up() -> None:
             await between.broker.send_all(sent)
             await between.broker.aclose()
             await between.client.send_all(masked(b"\x89\x04ping"))
-            await eventually_in_trio(
+            await wait_until_in_trio(
                 lambda: between.metric("frames_total", direction="client_to_broker",
                                        opcode="ping") == 1,
+                TIMEOUT,
                 "the ping read",
             )  # fmt: skip
             got = await read_to_eof(between.client)

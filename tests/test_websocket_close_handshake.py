@@ -13,7 +13,8 @@ import trio
 
 import sluice.proxy.websocket as session_module
 from sluice.logs import LogLimit
-from tests.test_websocket import Between, broker_frame, eventually_in_trio, masked, read_to_eof
+from tests.helpers.poll import wait_until_in_trio
+from tests.test_websocket import TIMEOUT, Between, broker_frame, masked, read_to_eof
 
 CLIENT_CLOSE = masked(b"\x88\x02\x03\xe8")  # 1000
 BROKER_CLOSE = broker_frame(8, struct.pack("!H", 1000))
@@ -103,8 +104,8 @@ def test_a_shutdown_after_the_closing_handshake_is_no_ending_of_sluices(
             assert await read_exactly(between.broker, len(CLIENT_CLOSE)) == CLIENT_CLOSE
             await between.broker.send_all(BROKER_CLOSE)
             assert await read_exactly(between.client, len(BROKER_CLOSE)) == BROKER_CLOSE
-            await eventually_in_trio(
-                lambda: between.session.handshake_done, "the broker's CLOSE relayed"
+            await wait_until_in_trio(
+                lambda: between.session.handshake_done, TIMEOUT, "the broker's CLOSE relayed"
             )
             between.session.shut_down()
             after = await read_to_eof(between.client), await read_to_eof(between.broker)
