@@ -45,6 +45,7 @@ from sluice.brokers.embedded import (
     die_with,
     free_port,
     os_error,
+    settings_written,
     terminate,
     wait_for_port,
 )
@@ -541,14 +542,7 @@ class ApachePulsar(JavaServer):
 
     def _start(self) -> ApachePulsar:
         assert self.runtime is not None
-        try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise os_error("create the broker's data directory", self.data_dir, exc) from None
-        try:
-            config = self._config()
-        except OSError as exc:
-            raise os_error("write the broker's settings", self.data_dir, exc) from None
+        config = settings_written(self.data_dir, self._config)
         command = self.runtime.java(
             STANDALONE_MAIN,
             "--config", str(config),

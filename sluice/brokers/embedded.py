@@ -39,6 +39,19 @@ def os_error(what: str, path: str | Path, exc: OSError) -> BrokerError:
     return BrokerError(f"cannot {what} {os.fsdecode(where)}: {cause}")
 
 
+def settings_written(data_dir: Path, write: Callable[[], Path]) -> Path:
+    """``data_dir`` made and a broker's settings written there (``write``:
+    the file's path); what the file system refused, one line."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error("create the broker's data directory", data_dir, exc) from None
+    try:
+        return write()
+    except OSError as exc:
+        raise os_error("write the broker's settings", data_dir, exc) from None
+
+
 def broker_binary() -> Path:
     """Path of the ``pulsar-lite`` executable inside its wheel."""
     try:
@@ -290,14 +303,7 @@ class EmbeddedBroker:
 
     def _start(self) -> EmbeddedBroker:
         binary = broker_binary()
-        try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise os_error("create the broker's data directory", self.data_dir, exc) from None
-        try:
-            config = self._config()
-        except OSError as exc:
-            raise os_error("write the broker's settings", self.data_dir, exc) from None
+        config = settings_written(self.data_dir, self._config)
         try:
             log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         except OSError as exc:
