@@ -88,12 +88,6 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(partial(fn, *args), abandon_on_cancel=True)
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    """Kept only for tests/test_second_look_relay_accept_bug.py, which imports
-    it and is not this change's to edit; new code calls wait_until_in_trio."""
-    await wait_until_in_trio(check, timeout, what, step=0.02)
-
-
 async def collect_all(
     address: str, topic: str, group: str, mode: ConsumerMode, payloads: list[str], waiting_for: str
 ) -> Collector:

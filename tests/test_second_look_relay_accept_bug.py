@@ -16,7 +16,8 @@ import trio
 
 from sluice.protocols.core import Accepted
 from tests.helpers.cursus_broker import open_cluster
-from tests.test_cursus_broker import in_thread, until
+from tests.helpers.poll import wait_until_in_trio
+from tests.test_cursus_broker import in_thread
 from tests.test_cursus_proxy import start_proxy
 from tests.test_short_connections import one_command
 
@@ -51,10 +52,14 @@ async def test_a_bug_after_the_threads_accept_closes_that_connection() -> None:
         host, port = proxy.address.rsplit(":", 1)
         first = socket.create_connection((host, int(port)))
         with first:
-            await until(lambda: not proxy.proxy._accepting, "the thread gave the listener up")
+            await wait_until_in_trio(
+                lambda: not proxy.proxy._accepting, 20, "the thread gave the listener up", step=0.02
+            )
             assert failures
             assert await in_thread(_closed, first), "the connection met by the bug is left open"
         for _ in range(2):  # trio's accept loop serves the listener
             assert (await in_thread(one_command, proxy.address)).startswith(b"OK")
-        await until(lambda: proxy.proxy.limits.active == 0, "every place freed")
+        await wait_until_in_trio(
+            lambda: proxy.proxy.limits.active == 0, 20, "every place freed", step=0.02
+        )
         nursery.cancel_scope.cancel()
