@@ -18,6 +18,7 @@ import dataclasses
 import fnmatch
 import logging
 import time
+from collections.abc import Iterable
 
 from sluice.errors import ConfigError
 from sluice.filters.api import Filter
@@ -297,10 +298,48 @@ def _acts(loaded: Loaded, direction: Direction) -> bool:
     return _hooks(loaded, direction) or loaded.filter.sealer(direction) is not None
 
 
+def covering(
+    filters: Iterable[Loaded | FilterSpec],
+    topic: str | None,
+    direction: Direction,
+    role: str | None,
+) -> list[str]:
+    """The ids of the filters that would act on ``topic``'s messages in
+    ``direction`` for ``role``, for a request that carries messages past
+    the binary protocol (the HTTP listener's WebSocket and REST paths):
+    the filters ``Filters.chain`` picks, and, failing closed, more where
+    less is known. ``role`` None is a role Sluice does not know (the
+    binary side's None is "no role", in passthrough, where a filter that
+    names roles is refused at start): a filter that names roles counts.
+    ``topic`` None: any topic (a pattern). A ``FilterSpec`` (not made, so
+    its hooks are unknown) counts for every direction it runs in."""
+    found = []
+    for f in filters:
+        spec = f if isinstance(f, FilterSpec) else f.spec
+        if not spec.runs(direction):
+            continue
+        if isinstance(f, Loaded) and not _acts(f, direction):
+            continue
+        if spec.roles and role is not None and not _role_matches(spec, role):
+            continue
+        if topic is not None and not _topic_matches(spec, topic):
+            continue
+        found.append(spec.id)
+    return found
+
+
+def _role_matches(spec: FilterSpec, role: str) -> bool:
+    return any(fnmatch.fnmatchcase(role, p) for p in spec.roles)
+
+
 def _applies(loaded: Loaded, topic: str, role: str | None) -> bool:
     spec = loaded.spec
-    if spec.roles and (role is None or not any(fnmatch.fnmatchcase(role, p) for p in spec.roles)):
+    if spec.roles and (role is None or not _role_matches(spec, role)):
         return False
+    return _topic_matches(spec, topic)
+
+
+def _topic_matches(spec: FilterSpec, topic: str) -> bool:
     # The topic as the broker names it, whatever the client's spelling
     # (``orders`` is persistent://public/default/orders), and its partition's.
     names = {canonical(topic), topic_of(topic)}
