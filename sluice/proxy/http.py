@@ -27,14 +27,17 @@ import contextlib
 import logging
 import select
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import h11
 import trio
 
 from sluice.addresses import Address, AllowList, advertised
+from sluice.filters.chain import Filters, covering
+from sluice.filters.config import FilterSpec, Loaded
 from sluice.logs import LogLimit
 from sluice.protocols.faults import FaultAction, Faults
+from sluice.protocols.filtering import PRODUCE
 from sluice.protocols.haproxy import HeaderError
 from sluice.protocols.http import (
     HTTP_FAULTS,
@@ -61,6 +64,7 @@ from sluice.protocols.http import (
     unlisted,
     with_credentials,
 )
+from sluice.protocols.http.filtered import message_traffic
 from sluice.protocols.http.recorded import redact_target
 from sluice.protocols.http.websocket import (
     is_websocket_upgrade,
@@ -218,6 +222,7 @@ class HttpRelay:
         limits: LocalLimits | None = None,
         inbound: ProxyProtocolIn | None = None,
         header_refused: Callable[[Address, HeaderError], None] = lambda peer, error: None,
+        filters: Callable[[], Filters | None] | None = None,
     ) -> None:
         assert config.http_on and config.broker_http is not None
         self.config = config
@@ -243,6 +248,12 @@ class HttpRelay:
         # bad one is counted.
         self.inbound = inbound
         self.header_refused = header_refused
+        # The proxy's filters in force (the binary side's ``Filters``, which
+        # a reload replaces): a request that would carry messages past them
+        # is refused (``_check_filters``). Without it, the configured specs
+        # (``config.filters``) stand in, each counting for every direction
+        # it runs in (fail closed: which hooks a filter has is not known).
+        self.filters = filters
         # --http-listen-tls: the context each accepted connection is wrapped
         # with (a reload may replace it), and its certificate, re-read when
         # the files change.
@@ -666,7 +677,8 @@ class HttpRelay:
         # HttpClient offer on http:// URLs) is declined by answering over
         # HTTP/1.1, as RFC 9110 7.8 lets a server (and as the broker's Jetty
         # does): Upgrade is hop-by-hop, it does not go on.
-        request = await self._authenticated(request, stream, authorization)
+        request, role = await self._authenticated(request, stream, authorization)
+        self._check_filters(request, role)
         body = await self._read_body(conn, stream, request)
         if self.faults.active:
             await self._fault(stream, request)
@@ -764,10 +776,47 @@ class HttpRelay:
         else:  # drop, disconnect: no answer
             raise trio.BrokenResourceError(f"closed by fault rule {rule.id}")
 
+    def _check_filters(self, request: h11.Request, role: str | None) -> None:
+        """Refuse (403) a request that would produce to or consume from a
+        topic a configured filter covers in that direction: the WebSocket
+        API, REST produce and the admin calls that hand out messages carry
+        them in shapes the filters never see, so they would go by
+        unfiltered (garbage into a schema'd topic, plaintext past
+        ``encrypt``). ``role``: the client's, where Sluice verified it
+        (proxy mode), else None, for which a filter that names roles
+        counts. A topic pattern (the v3 consumer's) counts as any topic."""
+        traffic = message_traffic(request.method, request.target)
+        if traffic is None:
+            return
+        candidates: Iterable[Loaded | FilterSpec]
+        if self.filters is not None:
+            made = self.filters()
+            candidates = made.loaded if made is not None else ()
+        else:
+            candidates = self.config.filters
+        candidates = list(candidates)
+        if not candidates:
+            return
+        topics: list[str | None] = [None] if traffic.any_topic else [*sorted(traffic.topics)]
+        for topic in topics:
+            names = covering(candidates, topic, traffic.direction, role)
+            if names:
+                acting = ", ".join(repr(n) for n in names)
+                where = topic if topic is not None else "a topic pattern (topicsPattern)"
+                verb = "produces to" if traffic.direction == PRODUCE else "consumes from"
+                raise Refusal(
+                    403,
+                    "filtered",
+                    f"{traffic.what} {verb} {where}, which filter {acting} covers; "
+                    "filters run on the binary protocol only, so this request is refused "
+                    "(use a Pulsar client through Sluice's binary listener)",
+                )
+
     async def _authenticated(
         self, request: h11.Request, stream: trio.abc.Stream, authorization: bytes | None
-    ) -> h11.Request:
-        """The request as it goes on: in proxy mode, its client checked by
+    ) -> tuple[h11.Request, str | None]:
+        """The request as it goes on, and the client's role where Sluice
+        verified it (None: unknown): in proxy mode, its client checked by
         ``authorization`` (the client's, as it came) or its certificate (401
         otherwise) and its credentials replaced by Sluice's own and the
         client's role. A WebSocket upgrade keeps the client's own credentials
@@ -775,7 +824,7 @@ class HttpRelay:
         session no more than the client's role."""
         role = certificate_cn(stream) if isinstance(stream, trio.SSLStream) else None
         if self.credentials is None:
-            return request
+            return request, None
         try:
             own = await self.credentials(
                 None if authorization is None else authorization.decode("latin-1"), role
@@ -783,14 +832,15 @@ class HttpRelay:
         except Unauthorized as exc:
             raise Refusal(401, "unauthorized", f"authentication failed: {exc}") from None
         if own is None:
-            return request
+            return request, None
         upgrade = is_websocket_upgrade(request.headers)
+        verified = header(own, b"x-original-principal")
         return h11.Request(
             method=request.method,
             target=request.target,
             headers=with_credentials(request.headers, own, upgrade=upgrade),
             http_version=request.http_version,
-        )
+        ), None if verified is None else verified.decode("latin-1")
 
     async def _ask(
         self,
