@@ -54,3 +54,33 @@ def test_a_websocket_producer_to_a_filtered_topic_is_refused(filtered_web: WebPr
         producer.close()
     assert ack["result"] == "ok", ack
     assert "403" in filtered_web.proxy.log()
+
+
+@pytest.fixture
+def schema_web(ws_broker: ApachePulsar, tmp_path: Path) -> Iterator[WebProxy]:
+    """The schema filter as users write it: no direction (it runs on produce)."""
+    spec = "schema:" + json.dumps({"topics": [FILTERED]})
+    w = start_web_proxy(ws_broker, tmp_path, ws_broker.http_url, "--filter", spec)
+    yield w
+    w.proxy.kill()
+    assert "Traceback" not in w.proxy.log(), w.proxy.log()
+
+
+@pytest.mark.e2e  # ws_broker starts Apache Pulsar
+def test_a_websocket_consumer_of_a_topic_only_checked_on_produce_is_served(
+    schema_web: WebProxy,
+) -> None:
+    """The filters in force decide, not their settings alone: ``schema``
+    acts on what producers send, so its topics' consumers go on (the proxy
+    hands the HTTP relay its made filters)."""
+    tag = uuid.uuid4().hex[:8]
+    topic = f"persistent/public/default/ws-filtered-{tag}"
+    consumer = websocket.create_connection(
+        ws_url(schema_web, f"/ws/v2/consumer/{topic}/sub-{tag}"), timeout=TIMEOUT
+    )
+    consumer.close()
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        websocket.create_connection(ws_url(schema_web, f"/ws/v2/producer/{topic}"),
+                                    timeout=TIMEOUT)  # fmt: skip
+    assert refused.value.status_code == 403
+    assert schema_web.metric("sluice_http_refused_total", reason="filtered") == 1

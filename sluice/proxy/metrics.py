@@ -861,7 +861,7 @@ _HTTP_BUCKETS = (
 HTTP_REFUSALS = (
     "malformed", "header_too_large", "body_too_large", "connection_limit", "timeout",
     "upstream_unreachable", "upstream_error", "redirects", "upgrade", "unauthorized",
-    "fault",
+    "fault", "filtered",
 )  # fmt: skip
 
 

@@ -247,6 +247,7 @@ class Proxy:
                 ),
                 proxy_protocol_in(config),
                 self._header_refused("HTTP"),
+                filters=lambda: self.filters,
             )
         self.recorder: Recorder | None = None
         if config.record is not None:
