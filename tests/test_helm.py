@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.addresses import parse_address
 from sluice.brokers.apache_pulsar import ApachePulsar
 from sluice.brokers.embedded import BrokerError, EmbeddedBroker, free_port, wait_for_port
+from sluice.commands import path_arg
 from sluice.commands.proxy import add_arguments, byte_size, ring_size
 from sluice.config import _options as setting_actions
 from sluice.config import count, port, seconds, seconds_or_zero
@@ -529,6 +530,7 @@ KINDS: dict[Any, Doc] = {
         "pattern": f"^\\s*({SIZE_TEXT}|{TIME_TEXT}[Ss])\\s*$",
     },
     Path: {"type": "string", "minLength": 1},
+    path_arg: {"type": "string", "minLength": 1},  # (a Path, never from "")
     None: {"type": "string"},  # text: addresses, URLs, names, rules
 }
 # Settings whose type says less than Sluice checks.
