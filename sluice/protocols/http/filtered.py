@@ -160,8 +160,34 @@ def _rest_produce(parts: list[str]) -> tuple[set[str], str] | None:
         return None
     if len(parts) == 8 and plain[6] != "partitions":
         return None
-    topic = parts[5] if len(parts) == 6 else f"{parts[5]}-partition-{parts[7]}"
-    return _topics(plain[2], parts[3:5], topic), "the REST produce API"
+    topics = _topics(plain[2], parts[3:5], parts[5])
+    if len(parts) == 6:
+        return topics, "the REST produce API"
+    return {p for t in topics for p in _partitions(t, parts[7])}, "the REST produce API"
+
+
+_JAVA_INT = range(-(2**31), 2**31)
+
+
+def _partitions(topic: str, index: str) -> set[str]:
+    """What the broker writes ``…/TOPIC/partitions/INDEX`` to: the index
+    read as Jersey reads an int (``02`` and ``+2`` are 2), and
+    ``TopicName.getPartition``'s rule, under which -1, or a name that has
+    ``-partition-`` in it already, is the topic itself; the index as it
+    came is named too."""
+    found = {f"{topic}-partition-{index}"}
+    for text in {_plain(index), urllib.parse.unquote(_plain(index))}:
+        try:
+            number = int(text)
+        except ValueError:
+            continue
+        if number not in _JAVA_INT:
+            continue
+        if number == -1 or "-partition-" in topic:
+            found.add(topic)
+        else:
+            found.add(f"{topic}-partition-{number}")
+    return found
 
 
 # Admin calls that answer with a stored message, by what follows the topic.
