@@ -15,7 +15,8 @@ web port").
 
 Where the broker might read a path two ways (a percent-decoded ``+``,
 a segment's ``;parameters``, an empty segment), every reading is named:
-the listener refuses when any is filtered. Nothing here imports trio.
+the listener refuses when any is filtered; a ``#`` ends the path, as
+Jetty reads it. Nothing here imports trio.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ class Traffic:
 def message_traffic(method: bytes, target: bytes) -> Traffic | None:
     """What ``target`` (origin form) sends or takes, or None when it is
     no request that carries messages."""
-    raw_path, _, query = target.partition(b"?")
+    # What follows a "#" is a fragment to the broker's web server (Jetty),
+    # which routes by what comes before it.
+    raw_path, _, query = target.partition(b"#")[0].partition(b"?")
     path = raw_path.decode("latin-1")
     readings = _readings(path)
     for parts in readings:
