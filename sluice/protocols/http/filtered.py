@@ -52,19 +52,15 @@ def message_traffic(method: bytes, target: bytes) -> Traffic | None:
     raw_path, _, query = target.partition(b"#")[0].partition(b"?")
     path = raw_path.decode("latin-1")
     readings = _readings(path)
-    for parts in readings:
-        if len(parts) > 2 and parts[1] == "ws":
-            break
-    else:
-        parts = readings[0]
-    head = [_plain(p) for p in parts[:4]]
-    if len(head) > 2 and head[1] == "ws":
+    # The API by any reading's first segment (a leading "//" is one).
+    apis = {_plain(parts[1]) for parts in readings if len(parts) > 2}
+    if "ws" in apis:
         return _websocket(readings, query.decode("latin-1"))
-    if len(head) > 2 and head[1] == "topics" and method.upper() == b"POST":
+    if "topics" in apis and method.upper() == b"POST":
         return _merged(
             [_rest_produce(parts) for parts in readings], PRODUCE, "the REST produce API"
         )
-    if len(head) > 2 and head[1] == "admin":
+    if "admin" in apis:
         return _merged(
             [_admin_read(parts) for parts in readings], DELIVER, "an admin call that reads messages"
         )
@@ -159,7 +155,7 @@ def _v3_topics(query: str) -> tuple[set[str], bool]:
 def _rest_produce(parts: list[str]) -> tuple[set[str], str] | None:
     """``/topics/DOMAIN/TENANT/NS/TOPIC`` and ``…/TOPIC/partitions/N``."""
     plain = [_plain(p) for p in parts]
-    if len(parts) not in (6, 8) or plain[2] not in _DOMAINS:
+    if len(parts) not in (6, 8) or plain[1] != "topics" or plain[2] not in _DOMAINS:
         return None
     if len(parts) == 8 and plain[6] != "partitions":
         return None
@@ -208,6 +204,8 @@ def _admin_read(parts: list[str]) -> tuple[set[str], str] | None:
     """``/admin/v2/DOMAIN/TENANT/NS/TOPIC/…`` and ``/admin/DOMAIN/PROPERTY/
     CLUSTER/NS/TOPIC/…`` (v1), for the calls that hand out messages."""
     plain = [_plain(p) for p in parts]
+    if len(plain) < 3 or plain[1] != "admin":
+        return None
     if len(plain) > 3 and plain[2] == "v2" and plain[3] in _DOMAINS:
         domain, namespace, at = plain[3], parts[4:6], 6
     elif len(plain) > 2 and plain[2] in _DOMAINS:
