@@ -902,6 +902,10 @@ def test_a_target_is_read_as_the_broker_serves_it() -> None:
     # Reserved characters stay encoded (%2F is not a path separator), as does a stray %.
     assert origin_form(b"/admin/v2/a%2Fb/%zz/%4") == b"/admin/v2/a%2Fb/%zz/%4"
     assert origin_form(b"*") == b"*"
+    # A fragment: the broker's web server routes by what comes before it.
+    assert origin_form(lookup + b"#x") == lookup
+    assert origin_form(lookup + b"?a=1#x?b=2") == lookup + b"?a=1"
+    assert is_topic_lookup(b"GET", origin_form(lookup + b"#x/../../admin"))
 
 
 def test_a_websocket_upgrade_keeps_the_clients_credentials_but_no_principal() -> None:

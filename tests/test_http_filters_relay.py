@@ -189,3 +189,19 @@ async def test_filters_a_reload_brings_apply_to_the_next_request() -> None:
         made[0] = make_filters([SCHEMA], registry.get("pulsar"))
         after = await exchange(port, get(path))
     assert (status(before), status(after)) == (200, 403)
+
+
+async def test_without_filters_no_request_is_read_for_its_topics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy with no message filter pays nothing per request for them."""
+    from sluice.proxy import http as http_module
+
+    def never(method: bytes, target: bytes) -> None:
+        raise AssertionError(f"read for its topics: {target!r}")
+
+    monkeypatch.setattr(http_module, "message_traffic", never)
+    upstream = Upstream(ok())
+    async with relay(upstream, ()) as (_, port, _m):
+        answer = await exchange(port, get(b"/ws/v2/producer/persistent/public/default/orders"))
+    assert status(answer) == 200, answer

@@ -785,9 +785,6 @@ class HttpRelay:
         ``encrypt``). ``role``: the client's, where Sluice verified it
         (proxy mode), else None, for which a filter that names roles
         counts. A topic pattern (the v3 consumer's) counts as any topic."""
-        traffic = message_traffic(request.method, request.target)
-        if traffic is None:
-            return
         candidates: Iterable[Loaded | FilterSpec]
         if self.filters is not None:
             made = self.filters()
@@ -795,7 +792,10 @@ class HttpRelay:
         else:
             candidates = self.config.filters
         candidates = list(candidates)
-        if not candidates:
+        if not candidates:  # (first: no filter, no request read for its topics)
+            return
+        traffic = message_traffic(request.method, request.target)
+        if traffic is None:
             return
         topics: list[str | None] = [None] if traffic.any_topic else [*sorted(traffic.topics)]
         for topic in topics:

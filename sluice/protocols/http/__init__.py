@@ -99,8 +99,11 @@ def origin_form(target: bytes) -> bytes:
     unreserved characters of the path decoded (``%70ersistent`` is
     ``persistent``) and its ``.`` and ``..`` segments resolved, so that
     what Sluice recognizes (a topic lookup whose answer it rewrites, the
-    kind, a fault rule's path) is what the broker serves. Anything else is
+    kind, a fault rule's path) is what the broker serves. A ``#fragment``
+    (which no request target may hold, but h11 passes) is dropped: the
+    broker's web server routes by what comes before it. Anything else is
     left as it is."""
+    target = target.partition(b"#")[0]
     if target[:7].lower() == b"http://" or target[:8].lower() == b"https://":
         rest = target.split(b"//", 1)[1]
         cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
