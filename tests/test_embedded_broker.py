@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -16,6 +16,7 @@ from types import FrameType
 import pytest
 
 from sluice.brokers.embedded import EmbeddedBroker
+from tests.helpers.poll import wait_until
 from tests.helpers.support import gone
 
 pytestmark = pytest.mark.e2e  # each starts a broker
@@ -94,15 +95,47 @@ def _listening_ports(pid: int) -> set[tuple[str, int]]:
     return found
 
 
+# What pulsar-lite says it listens on: "Metrics endpoint listening on
+# http://0.0.0.0:8080/metrics", "Server listening on 127.0.0.1:6650" (the
+# last line of its start-up, once every listener is set up).
+ANNOUNCED = re.compile(r"listening on (?:\w+://)?\[?([^\s/\]]+?)\]?:(\d+)\b")
+
+
+def _announced(broker: EmbeddedBroker) -> set[tuple[str, int]] | None:
+    """Every address the broker's log says it listens on, once its start-up
+    has ended (None until then)."""
+    log = broker.log_path.read_text(errors="replace")
+    if f"Server listening on {broker.host}:{broker.port}" not in log:
+        return None
+    return {(host, int(port)) for host, port in ANNOUNCED.findall(log)}
+
+
+def _hex_address(host: str) -> str:
+    """``host`` (IPv4) as /proc/net/tcp writes it: 127.0.0.1 is 0100007F."""
+    return socket.inet_aton(host)[::-1].hex().upper()
+
+
 def test_the_broker_listens_on_its_loopback_port_only() -> None:
     """pulsar-lite's own metrics endpoint listened on 0.0.0.0:8080 for
     every demo's and test's broker: a port on every interface, which
-    nobody here reads, and one the user's own services may want."""
+    nobody here reads, and one the user's own services may want.
+
+    The broker is taken as started once its start-up has ended, and every
+    listener it announced is seen bound: one that binds after the broker's
+    port (the metrics endpoint may) is seen, not raced."""
     with EmbeddedBroker() as broker:
-        assert broker.pid is not None
-        deadline = time.monotonic() + 5
-        while not (ports := _listening_ports(broker.pid)):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert {port for _, port in ports} == {broker.port}, ports
-        assert all(address == "0100007F" for address, _ in ports), ports  # 127.0.0.1
+        pid = broker.pid
+        assert pid is not None
+        announced = wait_until(
+            lambda: _announced(broker), 10, "the broker's start-up to end", step=0.02
+        )
+        assert (broker.host, broker.port) in announced, announced
+        wanted = {(_hex_address(host), port) for host, port in announced}
+        ports = wait_until(
+            lambda: (found := _listening_ports(pid)) >= wanted and found,
+            10,
+            f"the broker to bind what it announced, {sorted(announced)}",
+            step=0.02,
+        )
+        assert announced == {(broker.host, broker.port)}, announced
+        assert ports == {(_hex_address(broker.host), broker.port)}, ports
