@@ -89,11 +89,33 @@ _ADDRESS_HEADERS = frozenset({
 })  # fmt: skip
 # Record fields that are codes, never names.
 _CODES = frozenset({"k", "cmd", "kind", "action", "on", "op", "error", "method"})
-# Records whose labels (a user's words) are replaced whole, the labels, and
-# the reasons Sluice gives a snapshot itself (one asked for without any).
-_LABELLED = frozenset({"trigger", "snapshot"})
-_LABELS = ("reason", "rule")
+# Labels: the fields of annotations that hold a user's words (a rule's id,
+# a filter's name or label, a reason), by record kind; replaced whole.
+_LABELS = {
+    "trigger": ("rule", "fault"),  # fault: the id of the fault rule that fired it
+    "snapshot": ("reason", "rule", "fault"),
+    "fault": ("rule",),
+    "filter": ("filter", "reason"),
+}
+# What Sluice writes in them itself, which no user chose and which holds
+# no topic, schema or message, kept: a snapshot's reason when asked for
+# without one; the ids it gives rules without one (fault rules f1 on
+# /faults, file-1 by their place in a --faults file; snapshot rules t1);
+# the filters it ships (pyproject.toml's sluice.filters entry points) and
+# the name of none ("?"); and a filter record's reasons it gives (a
+# refusal's code, as its metrics' reason label; whether a filter that
+# raised failed open or closed). A filter's message, which names topics
+# and schemas, is never recorded.
 _OWN_REASONS = frozenset({"on demand"})
+_OWN_IDS = re.compile(r"(?:f|file-|t)[0-9]+")
+_OWN_FILTERS = frozenset({"schema", "encrypt", "?"})
+_OWN_FILTER_REASONS = frozenset({
+    "open", "closed", "filter_error", "too_large", "chunked", "unreadable", "encrypted",
+    "undecryptable", "no_schema", "schema_unsupported", "schema_unavailable",
+    # sluice.filters.schemas: a payload that does not match its schema
+    "not_avro", "trailing_bytes", "not_json", "missing_field", "wrong_type", "not_protobuf",
+    "unknown_field", "wrong_size", "not_utf8", "not_key_value",
+})  # fmt: skip
 
 
 # What is kept of payloads: their shape with zeros for contents (a capture
@@ -219,29 +241,33 @@ class Anonymizer:
         return self._scrubbed(r, skip=("client", "via", "broker", "producers", "consumers"))
 
     def _annotation(self, r: Record) -> Record:
-        """fault, filter, trigger, snapshot: a topic, free text; a
-        snapshot's reason and its rule's id: pseudonyms (``_labelled``)."""
+        """fault, filter, trigger, snapshot: a topic, free text; rule ids,
+        filter names and reasons: pseudonyms (``_labelled``)."""
         if r.get("topic"):
             r["topic"] = self._typed(r["topic"], self.names.topic)
         sent = r.get("sent")
         if isinstance(sent, dict):  # a filter's changed frame, as it went on
             r["sent"] = self._sent(dict(sent))
-        labelled = self._labelled(r) if r.get("k") in _LABELLED else ()
+        labelled = self._labelled(r)
         return self._scrubbed(r, skip=("topic", "sent", *labelled))
 
     def _labelled(self, r: Record) -> tuple[str, ...]:
-        """A trigger's rule id, and a snapshot's reason and rule id: text a
-        user chose (an admin request's reason, a ``--snapshot-on`` rule's
-        id), which may name what no field of the capture names, so that
-        scrubbing it of the names learned would leave those. Each is
-        replaced whole by a ``name-…`` pseudonym (one rule's id and the
-        reason it gave its snapshot take the same one), but for the words
-        Sluice writes itself. Returns the keys replaced."""
+        """The labels of an annotation (``_LABELS``): a rule's id (a fault
+        rule's, a ``--snapshot-on`` rule's), a snapshot's reason (an admin
+        request's, or its rule's id), a filter's name or label and the
+        reason it gave: text a user chose, which may name what no field of
+        the capture names, so that scrubbing it of the names learned would
+        leave those. Each is replaced whole by a ``name-…`` pseudonym, one
+        per original wherever it is (a fault rule's id in its fault records
+        and in the trigger and snapshot it fired; a rule's id and the reason
+        it gave its snapshot), but for what Sluice writes itself
+        (``_sluices``). Returns the keys replaced."""
+        kind = str(r.get("k"))
         done = []
-        for key in _LABELS:
+        for key in _LABELS.get(kind, ()):
             value = r.get(key)
             if isinstance(value, str):
-                if value not in _OWN_REASONS:
+                if not _sluices(kind, key, value):
                     r[key] = self.names.name("name", value)
                 done.append(key)
         return tuple(done)
@@ -461,6 +487,14 @@ class Anonymizer:
         if isinstance(value, dict):
             return {k: self._scrub_value(v, drop_bytes) for k, v in value.items()}
         return value
+
+
+def _sluices(kind: str, key: str, value: str) -> bool:
+    """Whether an annotation's label (``_LABELS``) is what Sluice writes
+    itself, no user's words, kept as it is."""
+    if kind == "filter":
+        return value in (_OWN_FILTERS if key == "filter" else _OWN_FILTER_REASONS)
+    return value in _OWN_REASONS or _OWN_IDS.fullmatch(value) is not None
 
 
 def _named(parts: list[str], start: int, count: int) -> list[str]:
