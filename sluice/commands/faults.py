@@ -22,7 +22,7 @@ from sluice.commands import path_arg
 from sluice.commands.proxy import read_token
 from sluice.errors import ConfigError
 from sluice.protocols import registry
-from sluice.protocols.faults import Direction
+from sluice.protocols.faults import Direction, check_jitter
 
 TIMEOUT = 10.0
 # The most of a refusal's text shown (the admin endpoint's are one short line).
@@ -207,6 +207,10 @@ def rule_from(args: argparse.Namespace) -> dict[str, Any]:
         return rule
     if args.id == "":  # the proxy would pick one, which the caller cannot name
         raise ConfigError("--id is empty: give the rule an id, or no --id")
+    if args.jitter is not None:
+        if args.delay is None:  # (the proxy would refuse it: exit 1, for a usage error)
+            raise ConfigError("--jitter goes with --delay")
+        check_jitter(args.delay, args.jitter, names=("--delay", "--jitter"), unit="ms")
     match = {key: getattr(args, key) for key in _MATCH if getattr(args, key)}
     rule = {"match": match}
     if args.delay is not None:

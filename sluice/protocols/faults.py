@@ -239,6 +239,8 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
         rule.times = int(_number(data, "times", 0, minimum=1, integer=True))
     if action is FaultAction.DELAY and rule.delay_ms <= 0:
         raise FaultError("a delay rule needs delay_ms > 0")
+    if action is FaultAction.DELAY:
+        check_jitter(rule.delay_ms, rule.jitter_ms)
     # A field of another action would be dropped without a word: a "drop"
     # with a delay_ms, a "delay" with the message meant for an error.
     for key, owner in _ACTION_FIELDS.items():
@@ -260,6 +262,23 @@ def parse_rule(data: object, protocols: Mapping[str, ProtocolFaults]) -> Rule:
             raise FaultError(f"an error rule answers requests: {command} is none (nothing "
                              "answers it, so the rule would never fire)")  # fmt: skip
     return rule
+
+
+def check_jitter(
+    delay_ms: float,
+    jitter_ms: float,
+    names: tuple[str, str] = ("delay_ms", "jitter_ms"),
+    unit: str = "",
+) -> None:
+    """Refuse a jitter larger than its delay (``names``: how the user gave
+    the two, ``unit`` after their values): the frames it drew below zero
+    would all go at once, held 0ms, not spread as asked."""
+    if jitter_ms > delay_ms:
+        delay, jitter = names
+        raise FaultError(
+            f"{jitter} {jitter_ms:g}{unit} is more than {delay} {delay_ms:g}{unit}: "
+            "a delay cannot go below 0 (give a jitter of at most the delay)"
+        )
 
 
 def _error_code(given: str, command: str | None, candidates: list[ProtocolFaults]) -> str:
