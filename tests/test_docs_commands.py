@@ -2,11 +2,15 @@
 reads them (a backslash before the end of a line continues it, a quote
 runs on across lines, `#` starts a comment), parse with sluice's own
 parser: every option a doc names exists, takes the values the doc gives it,
-and a copied command is one command. Their relative links lead to a file
-that exists, and their `#anchors` to a heading in it."""
+and a copied command is one command. A line that shows some options after
+a placeholder (`sluice faults add ... --drop`) shows options of that
+command, and what a comment says a command does (`# listens on ...`) is
+what its settings make. Their relative links lead to a file that exists,
+and their `#anchors` to a heading in it."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from collections.abc import Iterator
@@ -70,23 +74,80 @@ def sluice_commands(path: Path) -> Iterator[str]:
                 yield text
 
 
-def arguments(command: str) -> list[str] | None:
-    """The arguments after `sluice`, optional parts of a synopsis
-    (`[--open]`) taken as given; None for a line with a placeholder."""
+def words(command: str) -> list[str] | None:
+    """The command's words as the shell passes them, `sluice` first, optional
+    parts of a synopsis (`[--open]`) taken as given; None for one that runs
+    a command of its own (`$(...)`)."""
     # `[--save-dir DIR]` -> `--save-dir DIR`, innermost first.
     while True:
         bare = re.sub(r"(?<=\s)\[(--[^\[\]]*)\]", r"\1", command)
         if bare == command:
             break
         command = bare
-    if any(mark in command for mark in PLACEHOLDERS) or "$(" in command:
+    if "$(" in command:
         return None
     tokens = shlex.split(command, comments=True)
     for number, token in enumerate(tokens):
         if token in ENDS:
-            tokens = tokens[:number]
-            break
-    return tokens[1:]
+            return tokens[:number]
+    return tokens
+
+
+def arguments(command: str) -> list[str] | None:
+    """The arguments after `sluice`; None for a line with a placeholder
+    for some of them (`sluice faults add ... --drop`). One inside a word
+    (`./capture/snapshot-…`, `GLOB…`) is the reader's part of that word, and
+    one in a comment (`# prints: ...`) no part of the command."""
+    tokens = words(command)
+    if tokens is None or any(token in PLACEHOLDERS for token in tokens):
+        return None
+    marks = "|".join(map(re.escape, PLACEHOLDERS))
+    return [re.sub(marks, "x", token) for token in tokens[1:]]
+
+
+def variants(args: list[str]) -> list[list[str]]:
+    """A synopsis's `--payloads filler|hash|none` as one command per value."""
+    for number, arg in enumerate(args):
+        if re.fullmatch(r"[\w-]+(\|[\w-]+)+", arg):
+            return [
+                variant
+                for value in arg.split("|")
+                for variant in variants([*args[:number], value, *args[number + 1 :]])
+            ]
+    return [args]
+
+
+def subcommand(parser: argparse.ArgumentParser, names: list[str]) -> argparse.ArgumentParser:
+    """The parser of `sluice NAMES...` (`faults add`)."""
+    for name in names:
+        (choices,) = [
+            action.choices
+            for action in parser._actions
+            if isinstance(action, argparse._SubParsersAction)
+        ]
+        parser = choices[name]
+    return parser
+
+
+def options_after_placeholder(command: str) -> None:
+    """`sluice faults add ... --command PONG --drop`: the options shown after
+    the placeholder are options of `sluice faults add`, with values it takes
+    (what the placeholder stands for, the required ones, left out)."""
+    tokens = words(command)
+    assert tokens is not None
+    (at,) = [number for number, token in enumerate(tokens) if token in PLACEHOLDERS]
+    shown = tokens[at + 1 :]
+    assert shown and shown[0].startswith("--"), f"no option shown after the placeholder: {command}"
+    parser = subcommand(build_parser(), tokens[1:at])
+    for action in parser._actions:
+        action.required = False
+    for group in parser._mutually_exclusive_groups:
+        group.required = False
+    parsed = parser.parse_args(shown)
+    for token in shown:
+        if token.startswith("--"):
+            action = parser._option_string_actions[token.partition("=")[0]]
+            assert getattr(parsed, action.dest) != action.default, f"{token} took no value"
 
 
 def all_commands() -> list[tuple[str, str]]:
@@ -107,12 +168,15 @@ def test_a_command_the_docs_show_parses(
     doc: str, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = arguments(command)
-    if args is None:
-        return  # "sluice faults add ... --drop": some options, not a command
     try:
-        build_parser().parse_args(args)
-    except SystemExit:
-        pytest.fail(f"{doc}: {command!r}: {capsys.readouterr().err.strip()}")
+        if args is None:  # "sluice faults add ... --drop": some options, not a command
+            options_after_placeholder(command)
+        else:
+            for variant in variants(args):
+                parsed = build_parser().parse_args(variant)
+                assert parsed.sluice_command == args[0]
+    except SystemExit as exc:
+        pytest.fail(f"{doc}: {command!r}: exit {exc.code}: {capsys.readouterr().err.strip()}")
 
 
 def transcripts() -> list[tuple[str, str, str]]:
@@ -138,23 +202,72 @@ def _proxy_config(command: str) -> str:
     return ""
 
 
-# The files a doc's command names are the reader's (keys, certificates, a token).
-MISSING_FILE = re.compile(r"no such file|cannot read it", re.IGNORECASE)
+# The files a doc's command names are the reader's (keys, certificates, a
+# token): "no such file: ca.pem", "--admin-token-file admin-token: No such
+# file or directory", "key 'payments' (payments.pub.pem): cannot read it: ...".
+MISSING_FILE = re.compile(
+    r"no such file: (\S+)$|([^\s()]+)\)?: (?:cannot read it: )?No such file or directory$"
+)
+
+
+def shown_failing(command: str) -> bool:
+    return any(command == shown for _, shown, _ in transcripts())
 
 
 @pytest.mark.parametrize(
-    "command", [c for _, c in all_commands() if c.startswith("sluice proxy ") and "…" not in c]
+    "command",
+    [
+        c
+        for _, c in all_commands()
+        if c.startswith("sluice proxy ") and arguments(c) is not None and not shown_failing(c)
+    ],
 )
 def test_a_proxy_the_docs_show_would_start(
     command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Refused only for a file of the reader's that is not here: not, say, a
-    # --broker that is the proxy's own listener.
+    # Refused only for a file of the reader's that is not here, one the
+    # command names: not, say, a --broker that is the proxy's own listener,
+    # or a file of sluice's own it looks for.
     monkeypatch.chdir(tmp_path)
-    if any(command == shown for _, shown, _ in transcripts()):
-        return  # shown failing on purpose, below
     said = _proxy_config(command)
-    assert not said or MISSING_FILE.search(said), said
+    if said:
+        missing = MISSING_FILE.search(said)
+        assert missing, said
+        name = next(group for group in missing.groups() if group)
+        args = arguments(command)
+        assert args is not None and any(name in arg for arg in args), said
+        assert not Path(name).exists(), said
+
+
+def test_a_proxy_the_docs_show_listens_where_they_say() -> None:
+    # proxy.md: `sluice proxy --broker ...   # listens on 127.0.0.1:6650`
+    said = [
+        (c, re.search(r"# listens on (\S+)", c))
+        for _, c in all_commands()
+        if c.startswith("sluice proxy ")
+    ]
+    promised = [(c, m.group(1)) for c, m in said if m]
+    assert promised
+    for command, address in promised:
+        args = arguments(command)
+        assert args is not None
+        listen = config_from(build_parser().parse_args(args)).listen
+        assert listen is not None and f"{listen.host}:{listen.port}" == address, command
+
+
+def test_a_view_the_docs_show_serves_where_they_say() -> None:
+    # view.md: `sluice view ./capture   # http://127.0.0.1:8088/ (--listen HOST:PORT ...)`
+    said = [
+        (c, re.search(r"# http://([^/\s]+)/", c))
+        for _, c in all_commands()
+        if c.startswith("sluice view ")
+    ]
+    promised = [(c, m.group(1)) for c, m in said if m]
+    assert promised
+    for command, address in promised:
+        args = arguments(command)
+        assert args is not None and "--listen" not in args
+        assert build_parser().parse_args(args).listen == address, command
 
 
 def test_the_docs_show_what_a_proxy_says() -> None:
