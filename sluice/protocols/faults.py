@@ -326,21 +326,26 @@ def check_room(held: int) -> None:
         raise FaultError(f"at most {MAX_RULES} fault rules: remove some first")
 
 
-def load_rules(path: Path, protocols: Mapping[str, ProtocolFaults]) -> list[Rule]:
+def load_rules(
+    path: Path, protocols: Mapping[str, ProtocolFaults], what: str = "--faults"
+) -> list[Rule]:
     """The rules in a JSON file: a list of rules, or ``{"rules": [...]}``
-    (what ``GET /faults`` answers, so a rule set can be saved and loaded)."""
+    (what ``GET /faults`` answers, so a rule set can be saved and loaded).
+    A FaultError names the file as ``what`` (the flag that gave it) and its
+    path: the user knows which of their inputs is wrong."""
+    where = f"{what} {path}"
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
-        raise FaultError(f"{path}: {exc.strerror or exc}") from None
+        raise FaultError(f"{where}: {exc.strerror or exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise FaultError(f"{path}: not JSON: {exc}") from None
+        raise FaultError(f"{where}: not JSON: {exc}") from None
     if isinstance(data, dict) and "rules" in data:
         data = data["rules"]
     if not isinstance(data, list):
-        raise FaultError(f'{path}: expected a list of rules or {{"rules": [...]}}')
+        raise FaultError(f'{where}: expected a list of rules or {{"rules": [...]}}')
     if len(data) > MAX_RULES:
-        raise FaultError(f"{path}: {len(data)} rules, at most {MAX_RULES}")
+        raise FaultError(f"{where}: {len(data)} rules, at most {MAX_RULES}")
     rules: list[Rule] = []
     for number, item in enumerate(data, 1):
         if isinstance(item, dict):
@@ -349,7 +354,7 @@ def load_rules(path: Path, protocols: Mapping[str, ProtocolFaults]) -> list[Rule
         try:
             rule = parse_rule(item, protocols)
         except FaultError as exc:
-            raise FaultError(f"{path}: rule {number}: {exc}") from None
+            raise FaultError(f"{where}: rule {number}: {exc}") from None
         rules.append(rule)
     # A rule without an id is named by its place in the file, here, once:
     # the supervisor of --workers and each worker (and a reload of the same
@@ -360,7 +365,7 @@ def load_rules(path: Path, protocols: Mapping[str, ProtocolFaults]) -> list[Rule
         if not rule.id:
             rule.id = f"file-{number}"
         if rule.id in named:
-            raise FaultError(f"{path}: rule {number}: id {rule.id!r} is rule {named[rule.id]}'s")
+            raise FaultError(f"{where}: rule {number}: id {rule.id!r} is rule {named[rule.id]}'s")
         named[rule.id] = number
     return rules
 
