@@ -5,8 +5,6 @@ SEND at once (one TCP segment) had its SEND go on unfiltered."""
 
 from __future__ import annotations
 
-import pytest
-
 from sluice.filters.config import FilterSpec
 from sluice.protocols.core import Peer
 from tests.test_filters import WORDS, _core
@@ -16,13 +14,7 @@ from tests.test_pulsar_core import names
 # The connection's other producer (on TOPIC) is not filtered: only OTHER is.
 ONLY_OTHER = FilterSpec(WORDS, topics=("*elsewhere",))
 
-SAME_READ = (
-    "connection.py _relay: whether a client read is filtered is decided before its "
-    "frames; a SEND after its PRODUCER in the same read goes on unfiltered"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=SAME_READ)
 def test_a_send_in_the_read_of_its_producer_is_filtered() -> None:
     core, _ = _core(ONLY_OTHER)
     out = core.receive_client(_producer(5, 9, OTHER) + _send(5, LOUD), 1.0)
@@ -30,7 +22,6 @@ def test_a_send_in_the_read_of_its_producer_is_filtered() -> None:
     assert _filtered(out, 5)
 
 
-@pytest.mark.xfail(strict=True, reason=SAME_READ)
 def test_a_send_in_the_read_that_ends_its_producer_frame_is_filtered() -> None:
     """The PRODUCER's frame begun in one read and ended in the next, with
     the SEND: that read is decided before the PRODUCER is seen too."""

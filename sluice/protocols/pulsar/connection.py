@@ -694,6 +694,11 @@ class PulsarConnection:
         correlator = self.correlator
         return self._gate.wants(from_client, correlator.producers, correlator.consumers)
 
+    def _opens_filtered(self, from_client: bool) -> bool:
+        """After a client's PRODUCER in a read that was not filtered: whether
+        the rest of the read now is."""
+        return from_client and self._gate is not None and self._filtered(True)
+
     def _renewed_step(self, old: QuickStep | None) -> QuickStep | None:
         """The taps changed (a live view began or ended): a step built for
         them, the start of a frame the old one held taken into the decoders."""
@@ -1228,6 +1233,11 @@ class PulsarConnection:
                                     seen += released
                                     out += [f.raw for f in released]
                         done = observe(frame, from_client, now)
+                        # A PRODUCER this read opened may want filters: the
+                        # SENDs behind it in the read go through them, as
+                        # they would in a read of their own.
+                        if gate is None and t == T.PRODUCER and self._opens_filtered(from_client):
+                            gate = self._gate
                         if done is not None:  # a request answered: rare, not per message
                             tap.frames(conn, from_client, seen)
                             seen = []
