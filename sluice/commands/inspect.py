@@ -7,6 +7,7 @@ import base64
 import collections
 import contextlib
 import datetime as dt
+import difflib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import Any, TextIO
 
 from sluice.commands import output_problem, path_arg
 from sluice.config import count, seconds_or_zero
+from sluice.errors import ConfigError
 from sluice.protocols import registry
 from sluice.protocols.faults import topic_matches
 from sluice.protocols.filtering import topic_of
@@ -520,6 +522,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice inspect: --since {args.since:g} is after --until {args.until:g}: "
               "no time is in between", file=sys.stderr)  # fmt: skip
         return 2
+    if args.commands:
+        problem = _unknown_command(args.commands, paths, args.recording)
+        if problem is not None:
+            print(f"sluice inspect: argument --command: {problem}", file=sys.stderr)
+            return 2
     filters = Filters(
         connections=set(args.connection) if args.connection else None,
         commands={c.upper() for c in args.commands} if args.commands else None,
@@ -638,6 +645,66 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary.write(out)
     return 0
+
+
+# The most names a --command refusal lists; past it, the closest ones.
+MAX_LISTED = 20
+
+
+def _unknown_command(given: list[str], paths: list[Path], target: Path) -> str | None:
+    """Why a ``--command`` name can match no frame of the capture (a name no
+    command of its protocols has, nor HTTP or WS), as argparse says a bad
+    choice; None when each can. Names match in any case; a name the
+    protocol does not list that a recorded frame carries (a type its schema
+    lacks, a word only the broker judges) is looked for in the capture."""
+    specs = _protocols(paths)
+    web = list(dict.fromkeys(WEB_KINDS.values()))
+    known: set[str] = set(web)
+    for spec in specs:
+        known |= spec.faults.commands | (spec.counted or frozenset())
+    unlisted = {name.upper() for name in given} - known
+    if not unlisted:
+        return None
+    unlisted -= _recorded(paths, unlisted, target)
+    bad = next((name for name in given if name.upper() in unlisted), None)
+    if bad is None:
+        return None
+    names = sorted(known - set(web))
+    if len(names) + len(web) <= MAX_LISTED:
+        return f"invalid choice: {bad!r} (choose from {', '.join([*names, *web])})"
+    close = difflib.get_close_matches(bad.upper(), [*names, *web], n=3)
+    hint = f"did you mean {' or '.join(close)}?" if close else "--summary lists those it holds"
+    titles = " or ".join(spec.title for spec in specs)
+    return f"invalid choice: {bad!r} (not a command of {titles}, nor {' or '.join(web)}; {hint})"
+
+
+def _protocols(paths: list[Path]) -> list[registry.ProtocolSpec]:
+    """The protocols the files' headers name (none read: every protocol)."""
+    found: dict[str, registry.ProtocolSpec] = {}
+    for path in paths:
+        try:
+            for record in read_records(path, ReadResult(path)):
+                if record["k"] == "header":
+                    name = str(record.get("protocol", registry.DEFAULT_PROTOCOL))
+                    found.setdefault(name, registry.get(name))
+                break
+        except (RecordingError, ConfigError, OSError):
+            continue  # (the reading that follows says why)
+    return list(found.values()) or list(registry.protocols().values())
+
+
+def _recorded(paths: list[Path], names: set[str], target: Path) -> set[str]:
+    """Those of ``names`` that a frame of the capture carries."""
+    found: set[str] = set()
+    try:
+        for _, record in records(paths, Summary(), target):
+            if record["k"] == "frame" and record["s"].get("cmd") in names:
+                found.add(record["s"]["cmd"])
+                if found == names:
+                    break
+    except (RecordingError, OSError):
+        pass  # (the reading that follows says why)
+    return found
 
 
 # The client address given a connection whose ``conn`` record is nowhere
