@@ -9,8 +9,6 @@ another the consumer never did (lost to it: a redelivery skips it)."""
 
 from __future__ import annotations
 
-import pytest
-
 from sluice.filters.config import FilterSpec
 from sluice.protocols.core import Peer
 from sluice.protocols.pulsar import pb
@@ -24,11 +22,6 @@ def _bits(words: list[int], size: int) -> set[int]:
     return {i for i in range(size) if i // 64 < len(words) and (words[i // 64] >> (i % 64)) & 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="filtering.py deliver renumbers a batch it leaves entries out of, and connection.py "
-    "forwards the consumer's ack set as it came: the broker reads it in the batch's numbering",
-)
 def test_an_ack_set_in_the_consumers_numbering_acknowledges_only_what_it_acknowledged() -> None:
     core, _ = _core(FilterSpec(WORDS))
     # Entry 7: index 0 is left out (Words skips "skip"), 1 and 2 delivered.

@@ -1181,6 +1181,11 @@ class PulsarConnection:
                             if marked is not None:  # goes on changed; seen as it came
                                 whole = False
                                 raw = marked
+                    elif gate is not None and t == T.ACK and from_client:
+                        renumbered = gate.acked(frame)
+                        if renumbered is not None:  # goes on changed; seen as it came
+                            whole = False
+                            raw = renumbered
                     out.append(raw)
                     if t == payload_type:
                         # Tallied by topic, for one TopicTraffic event per read.

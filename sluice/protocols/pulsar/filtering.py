@@ -138,6 +138,9 @@ def default_error(client_version: str) -> int:
 # filter's code, which would otherwise go unseen), at most this many.
 _UNKNOWN_ERRORS: set[str] = set()
 _SAY_UNKNOWN = 100
+# The most thinned batches a connection keeps for renumbering ACKs; the
+# broker bounds a consumer's unacknowledged messages (50,000 by default).
+_THINNED_MAX = 65_536
 
 
 def _error_code(reject: Reject, client_version: str, by: str | None = None) -> int:
@@ -197,6 +200,13 @@ class FilterGate:
         self.sealing = COMPILED.sealing() if COMPILED is not None else None
         self.compiled: dict[int, tuple[Sealer, Any]] = {}
         self.waiting: Wait | None = None
+        # Batches a deliver filter thinned, by (consumer, ledger, entry,
+        # partition): the batch's size as the broker sent it and the indices
+        # kept. The consumer numbers what it got 0, 1, ...; its ACKs are
+        # renumbered for the broker (``acked``) until it acknowledges the
+        # whole entry. While there are any, the client's reads come the
+        # Python way.
+        self._thinned: dict[tuple[int, int, int, int], tuple[int, tuple[int, ...]]] = {}
 
     def chain(self, topic: str | None, direction: Direction) -> Chain | None:
         if topic is None:
@@ -222,8 +232,60 @@ class FilterGate:
                 # Its receipts are read too: a refusal waits for them.
                 return True
         if from_client:
-            return False
+            return bool(self._thinned)
         return any(chain(topic, DELIVER, role) is not None for topic in consumers.values())
+
+    def _thin(self, body: Any, size: int, kept: list[int]) -> None:
+        """A batch delivered with only the entries ``kept`` of ``size``."""
+        thinned = self._thinned
+        if len(thinned) >= _THINNED_MAX:  # the oldest is forgotten (logged)
+            forgotten = next(iter(thinned))
+            del thinned[forgotten]
+            log.warning(
+                "%s: consumer %d: more than %d thinned batches unacknowledged; an "
+                "acknowledgement of entry %d:%d by batch index now goes on as it came",
+                self.conn.name, forgotten[0], _THINNED_MAX, forgotten[1], forgotten[2],
+            )  # fmt: skip
+        mid = body.message_id
+        thinned[(body.consumer_id, mid.ledgerId, mid.entryId, mid.partition)] = (size, tuple(kept))
+
+    def acked(self, frame: Frame) -> bytes | None:
+        """A client's ACK of messages in batches a deliver filter thinned,
+        renumbered as the broker numbers them (an entry left out counts as
+        acknowledged, as a whole entry left out is); None: as it came."""
+        body: Any = frame.body
+        thinned = self._thinned
+        if body is None or not thinned:
+            return None
+        consumer = body.consumer_id
+        if body.ack_type == pb.CommandAck.Cumulative:
+            for mid in body.message_id:
+                here = (mid.ledgerId, mid.entryId)
+                for key in [k for k in thinned if k[0] == consumer and k[3] == mid.partition
+                            and (k[1], k[2]) < here]:  # fmt: skip
+                    del thinned[key]
+        changed = False
+        for mid in body.message_id:
+            key = (consumer, mid.ledgerId, mid.entryId, mid.partition)
+            entry = thinned.get(key)
+            if entry is None:
+                continue
+            size, kept = entry
+            if mid.ack_set:
+                words = _renumbered(list(mid.ack_set), size, kept)
+                del mid.ack_set[:]
+                mid.ack_set.extend(words)
+                changed = True
+                if not any(words):
+                    del thinned[key]
+            elif mid.HasField("batch_index") and 0 <= mid.batch_index < len(kept):
+                mid.batch_index = kept[mid.batch_index]
+                if mid.HasField("batch_size"):
+                    mid.batch_size = size
+                changed = True
+            else:  # the whole entry
+                del thinned[key]
+        return encode(command(T.ACK, body)) if changed else None
 
     def named(self, frame: Frame, now: float) -> None:
         """A PRODUCER or SUBSCRIBE the client sent: the name its messages
@@ -531,6 +593,8 @@ class FilterGate:
             return b"", to_broker
         if rebuilt is None:
             return frame.raw, to_broker
+        if len(kept) < len(results) and is_batch(meta) and not meta.encryption_keys:
+            self._thin(body, len(results), kept)
         if replaced:
             self._changes(replaced, False, topic, rebuilt)
         return rebuilt, to_broker
@@ -829,6 +893,17 @@ def _refused(outcome: Outcome) -> bool:
 def _last_changed(results: list[Outcome]) -> str | None:
     changed = [r.filter for r in results if isinstance(r.verdict, Replace)]
     return changed[-1] if changed else None
+
+
+def _renumbered(words: list[int], size: int, kept: tuple[int, ...]) -> list[int]:
+    """A consumer's ack set (bit j: its entry j still unacknowledged) of a
+    thinned batch, in the batch's own numbering: entry ``kept[j]`` keeps bit
+    j, an entry left out is acknowledged."""
+    packed = [0] * ((size + 63) // 64)
+    for j, i in enumerate(kept):
+        if j // 64 < len(words) and (words[j // 64] >> (j % 64)) & 1:
+            packed[i // 64] |= 1 << (i % 64)
+    return [w - (1 << 64) if w >= 1 << 63 else w for w in packed]
 
 
 def _keep_ack_set(message: Any, kept: list[int]) -> None:
