@@ -18,7 +18,12 @@ what Pulsar's own clients write and read, per schema type:
   record branch; inside an array or a map the array or map field is named.
   A schema whose named type holds itself is read by fastavro's Python
   reader (the compiled one would follow a payload's nesting until the C
-  stack overflows): past some hundred levels a payload is refused.
+  stack overflows): past some hundred levels a payload is refused. So is a
+  schema with a union or an enum, through a decoder that refuses a
+  negative branch or symbol index: fastavro counts one from the end, as
+  Python indexes a list, where Java's Avro decoder fails on it (the
+  Python reader is slower on large payloads: some 6 times on an array of
+  10,000 strings).
 * JSON: the schema is an Avro record definition, the payload one UTF-8 JSON
   document, walked against it. Missing fields are allowed when nullable or
   defaulted (Pulsar's JSON writer leaves nulls out); fields the schema does
@@ -99,7 +104,8 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn, TypeAlias
 
 import fastavro
-from fastavro._read_py import schemaless_reader as _python_reader
+from fastavro import _read_py
+from fastavro.io.binary_decoder import BinaryDecoder
 from fastavro.types import NamedSchemas
 from fastavro.types import Schema as AvroSchema
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -423,9 +429,14 @@ class _AvroValidator:
         # A schema that holds itself lets a payload nest a level per two
         # bytes: fastavro's compiled reader would follow it until the C
         # stack overflows and the process dies. Such schemas are read by its
-        # Python reader, whose depth Python bounds (RecursionError).
+        # Python reader, whose depth Python bounds (RecursionError). So are
+        # schemas with a union or an enum: the compiled reader takes a
+        # negative index as a position from the end, where Java's Avro
+        # decoder (Pulsar's clients) fails (``_StrictDecoder``).
         self._read: Callable[..., Any] = (
-            _python_reader if _recursive(self._named) else fastavro.schemaless_reader
+            _strict_reader(self._named)
+            if _recursive(self._named) or _indexed(self._schema, self._named, set())
+            else fastavro.schemaless_reader
         )
 
     def check(self, payload: bytes, key: bytes | None) -> Mismatch | None:
@@ -507,6 +518,73 @@ class _AvroValidator:
                 return path, f"cannot read {_describe(node)}: {_why(e, node)}"
         # Every part read alone although the whole did not: say so plainly.
         return path, f"cannot read {_describe(node)}"
+
+
+class _StrictDecoder(BinaryDecoder):
+    """fastavro's binary decoder, refusing a negative union branch or enum
+    index: fastavro indexes the branches (symbols) as Python indexes a list,
+    -1 the last, where Java's Avro decoder fails on it."""
+
+    # (fastavro's Python reader is untyped.)
+    def __init__(self, stream: io.BytesIO) -> None:
+        super().__init__(stream)  # type: ignore[no-untyped-call]
+
+    def read_index(self) -> int:
+        return _not_negative(self.read_long(), "union branch")  # type: ignore[no-untyped-call]
+
+    def read_enum(self) -> int:
+        return _not_negative(self.read_long(), "enum symbol")  # type: ignore[no-untyped-call]
+
+
+def _not_negative(index: int, what: str) -> int:
+    if index < 0:
+        raise IndexError(f"{what} {index} does not exist")
+    return index
+
+
+# fastavro's reading options, as its schemaless_reader sets them by default.
+_READ_OPTIONS: Final[dict[str, Any]] = {
+    "return_record_name": False,
+    "return_record_name_override": False,
+    "handle_unicode_errors": "strict",
+    "return_named_type": False,
+    "return_named_type_override": False,
+}
+
+
+def _strict_reader(named: NamedSchemas) -> Callable[..., Any]:
+    """fastavro's Python reader over ``_StrictDecoder``, for schemas parsed
+    with ``named`` (called as ``schemaless_reader``: stream, schema, None)."""
+    names = {"writer": named, "reader": {}}
+    read_data: Callable[..., Any] = _read_py.read_data
+
+    def read(stream: io.BytesIO, schema: AvroSchema, reader: None = None) -> Any:
+        return read_data(_StrictDecoder(stream), schema, names, None, _READ_OPTIONS)
+
+    return read
+
+
+def _indexed(node: AvroSchema, named: NamedSchemas, seen: set[str]) -> bool:
+    """Whether ``node`` holds a union or an enum (at any depth)."""
+    if isinstance(node, list):
+        return True
+    if isinstance(node, str):
+        if node in named and node not in seen:
+            seen.add(node)
+            return _indexed(named[node], named, seen)
+        return False
+    kind = node.get("type")
+    if kind == "enum":
+        return True
+    if kind in ("record", "error"):
+        return any(_indexed(f["type"], named, seen) for f in node.get("fields", ()))
+    if kind == "array":
+        return _indexed(node["items"], named, seen)
+    if kind == "map":
+        return _indexed(node["values"], named, seen)
+    if isinstance(kind, list | dict) or (isinstance(kind, str) and kind in named):
+        return _indexed(kind, named, seen)  # {"type": <a type>}
+    return False
 
 
 def _why(e: Exception, node: AvroSchema = "long") -> str:
