@@ -3,7 +3,8 @@
 How is the protocol's (``ProtocolSpec.replay``, picked by the recording's
 header): Pulsar's in ``replay/pulsar.py``, Cursus's in ``replay/cursus.py``.
 Exit status: 0 equivalent (differences an incomplete recording explains,
-``EXPECTED`` in the report, aside), 1 diverged, 2 usage or connection errors.
+``EXPECTED`` in the report, aside), 1 diverged or the broker cannot be
+reached, 2 usage errors.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sluice.errors import ConfigError, leaves
 from sluice.protocols import registry
 from sluice.recording.format import RecordingError, protocol_of
 from sluice.recording.writer import private
-from sluice.replay.common import ReplayError, parse_speed
+from sluice.replay.common import BrokerUnreachable, ReplayError, parse_speed
 from sluice.replay.outcome import report
 
 
@@ -86,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
         if not known:
             raise
         print(f"sluice replay: {known[0]}", file=sys.stderr)
-        return 2
+        # A broker down is a failure (1), as for every command; the rest
+        # are mistakes in what was asked (2).
+        return 1 if isinstance(known[0], BrokerUnreachable) else 2
     # The report first: a transcript that cannot be written must not take
     # the replay's outcome with it.
     report(outcome, sys.stdout)

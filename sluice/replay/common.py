@@ -43,6 +43,11 @@ class ReplayError(Exception):
     pass
 
 
+class BrokerUnreachable(ReplayError):
+    """The broker to replay against cannot be reached: a failure (exit 1),
+    not a mistake in the command."""
+
+
 def nothing_to_replay(
     recording: object,
     refused: Sequence[str] = (),

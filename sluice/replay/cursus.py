@@ -75,6 +75,7 @@ from sluice.recording.reader import (
     load,
 )
 from sluice.replay.common import (
+    BrokerUnreachable,
     Listening,
     Outbound,
     Pace,
@@ -273,7 +274,7 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
                 try:
                     stream = await dial(broker, timeout=timeout, tls=tls)
                 except OSError as exc:
-                    raise ConfigError(f"cannot reach broker {broker}: {exc}") from None
+                    raise BrokerUnreachable(f"cannot reach broker {broker}: {exc}") from None
                 live = lives[conn.key] = _Live(conn, stream, withheld[conn.key])
                 nursery.start_soon(live.read)
             was_quiet = live.quiet
