@@ -22,6 +22,12 @@ What must look like one proxy does:
   set and gives it to workers it restarts). Without ``--admin`` no process
   opens an admin port, and workers get the ``--faults`` rules with their
   configuration.
+- A worker that hangs while serving (answers no readiness check for
+  ``HUNG_AFTER`` and ``HUNG_MISSES`` in a row) is killed and restarted.
+  Behind ``--admin`` a check is a GET of the worker's /readyz; without,
+  the supervisor asks over the pipes it holds anyway: a byte on the
+  worker's stdin (``_PING``), which the worker's trio loop answers on its
+  stdout (``_PONG``). Either way a worker whose loop is stuck answers none.
 - A worker that dies is restarted (``sluice_worker_restarts_total``), with a
   growing pause if it keeps dying at once; when no worker has ever started,
   the supervisor gives up after ``START_TRIES`` each, with exit code 1.
@@ -282,10 +288,15 @@ class Worker:
     # Since when (trio's clock) its readiness checks have gone unanswered
     # (None: it answered the last, or none was asked of it yet).
     silent_since: float | None = None
-    # Its checks in a row that got no answer in time, and the admin address
-    # of a check still waiting for its answer (a late one is an answer too).
+    # Its checks in a row that got no answer in time, and what a check still
+    # waiting for its answer asked (a late one is an answer too).
     misses: int = 0
-    asking: Address | None = None
+    asking: Address | trio.Process | None = None
+    # Without an admin port (no --admin): it has said it is ready, and its
+    # stdout is read for the answers to the checks sent on its stdin.
+    piped: bool = False
+    # Set when the worker answers the check sent on its stdin (``_PING``).
+    pong: trio.Event = field(default_factory=trio.Event)
     # The process said it is ready: it takes SIGHUP from then on (before,
     # while Python starts, SIGHUP's default action would end it).
     said_ready: bool = False
@@ -299,6 +310,14 @@ class Worker:
     @property
     def ready(self) -> bool:
         return self.running and self.admin is not None
+
+    @property
+    def checked(self) -> Address | trio.Process | None:
+        """What its readiness checks ask: its private admin endpoint, or,
+        without one, its process over its pipes (None: not yet asked)."""
+        if self.admin is not None:
+            return self.admin
+        return self.process if self.piped else None
 
 
 class _NotStarted(Exception):
@@ -416,8 +435,9 @@ class Supervisor:
                 nursery.start_soon(self._mark_time)
                 for worker in self.workers:
                     nursery.start_soon(self._keep_running, worker)
+                # With --admin or without: a hung worker is killed either way.
+                nursery.start_soon(self._watch_readiness)
                 if admin is not None:
-                    nursery.start_soon(self._watch_readiness)
                     routes: dict[str, Handler] = {
                         "/faults": self.faults,
                         # (each worker has SNAPSHOT_TIME to write its part)
@@ -650,6 +670,7 @@ class Supervisor:
             self._spawning -= 1
         worker.process, worker.admin, worker.problem = process, None, None
         worker.said_ready, worker.silent_since, worker.misses = False, None, 0
+        worker.piped, worker.pong = False, trio.Event()
         # The configuration in force as the process is known (no checkpoint
         # between): a reload decided before this starts with what it
         # decided; one decided after sees a new process, and is aborted.
@@ -688,9 +709,19 @@ class Supervisor:
             if starting.cancelled_caught:
                 log.error("worker %d did not start within %gs", worker.index, START_TIMEOUT)
                 process.kill()
+            elif worker.said_ready and worker.admin is None:
+                # No admin port: its checks go over its pipes, the answers
+                # read from its stdout for as long as it runs.
+                async with trio.open_nursery() as reading:
+                    reading.start_soon(_read_pongs, worker, process.stdout)
+                    worker.piped = True
+                    code = await process.wait()
+                    reading.cancel_scope.cancel()
+                return code
             return await process.wait()
         finally:
             worker.admin, worker.problem, worker.said_ready = None, None, False
+            worker.piped = False
             worker.silent_since, worker.misses, worker.asking = None, 0, None
             with trio.CancelScope(shield=True):
                 if process.returncode is None and self._stop_by is not None:
@@ -755,9 +786,11 @@ class Supervisor:
                 # stays ready on the answer it gave before.
                 async with trio.open_nursery() as nursery:
                     for worker in self.workers:
-                        if worker.admin is not None:
-                            nursery.start_soon(self._look, worker, worker.admin, asking)
-                if not self.started and all(w.ready and w.problem == "" for w in self.workers):
+                        if (checked := worker.checked) is not None:
+                            nursery.start_soon(self._look, worker, checked, asking)
+                if not self.started and all(
+                    w.running and w.checked is not None and w.problem == "" for w in self.workers
+                ):
                     self.started = True
                     log.info("all %d workers ready", self.count)
                 self._kill_hung()
@@ -765,10 +798,13 @@ class Supervisor:
                     READINESS_INTERVAL if self.started else STARTING_READINESS_INTERVAL
                 )
 
-    async def _look(self, worker: Worker, admin: Address, asking: trio.Nursery) -> None:
-        """Ask ``worker`` (at ``admin``) whether it is ready: its answer
-        within SCRAPE_TIMEOUT, else not ready (a check still waiting for
-        its answer from an earlier look is not asked again)."""
+    async def _look(
+        self, worker: Worker, admin: Address | trio.Process, asking: trio.Nursery
+    ) -> None:
+        """Ask ``worker`` (at ``admin``, or its process over its pipes:
+        ``Worker.checked``) whether it is ready: its answer within
+        SCRAPE_TIMEOUT, else not ready (a check still waiting for its answer
+        from an earlier look is not asked again)."""
         asked = trio.current_time()
         answer: list[tuple[int, bytes] | Exception] = []
         if worker.asking != admin:
@@ -786,7 +822,7 @@ class Supervisor:
             else:
                 answered = True  # (not ready, its broker down, say, is an answer)
                 problem = "" if got[0] == 200 else got[1].decode().strip()
-        if worker.admin == admin:  # still the process asked (a dead one's is reset)
+        if worker.checked == admin:  # still the process asked (a dead one's is reset)
             worker.problem = problem
             if answered:
                 worker.silent_since, worker.misses = None, 0
@@ -798,22 +834,25 @@ class Supervisor:
     async def _check(
         self,
         worker: Worker,
-        admin: Address,
+        admin: Address | trio.Process,
         answer: list[tuple[int, bytes] | Exception],
         over: trio.Event,
     ) -> None:
-        """One readiness check of ``worker`` (at ``admin``), its answer
-        waited for up to HUNG_AFTER: put in ``answer``, then ``over`` set.
-        One that comes after its look gave up waiting still says the
-        worker is alive (not hung: ``_kill_hung``)."""
+        """One readiness check of ``worker`` (at ``admin``, or its process
+        over its pipes), its answer waited for up to HUNG_AFTER: put in
+        ``answer``, then ``over`` set. One that comes after its look gave
+        up waiting still says the worker is alive (not hung: ``_kill_hung``)."""
         try:
             try:
-                got = await http(admin, "GET", "/readyz", timeout=HUNG_AFTER)
+                if isinstance(admin, Address):
+                    got = await http(admin, "GET", "/readyz", timeout=HUNG_AFTER)
+                else:
+                    got = await _ping(worker, admin, HUNG_AFTER)
             except (OSError, trio.TooSlowError) as exc:
                 answer.append(exc)
             else:
                 answer.append(got)
-                if worker.admin == admin:  # (late too: alive, if busy)
+                if worker.checked == admin:  # (late too: alive, if busy)
                     worker.silent_since, worker.misses = None, 0
         finally:
             if worker.asking == admin:
@@ -1419,6 +1458,37 @@ def _tell_stop(worker: Worker) -> bool:
         return False
 
 
+async def _ping(worker: Worker, process: trio.Process, timeout: float) -> tuple[int, bytes]:
+    """A readiness check of ``worker`` without an admin port: ``_PING`` on
+    its stdin, answered (``_PONG`` on its stdout, ``_read_pongs``) by its
+    trio loop within ``timeout`` (trio.TooSlowError otherwise), as a 200
+    from its /readyz. A worker whose loop is stuck answers none."""
+    with trio.fail_after(timeout):
+        answered = worker.pong = trio.Event()
+        # Written at once, as _tell_stop writes: the lock on its stdin is
+        # not held (a second signal finding it held kills the worker), and
+        # while it is held its drain word is being written (no kills then).
+        stdin = process.stdin
+        if stdin is None or process.returncode is not None or worker.writing.locked():
+            raise OSError(f"worker {worker.index}: its stdin is closed or being written")
+        assert isinstance(stdin, trio.lowlevel.FdStream)
+        try:
+            os.write(stdin.fileno(), _PING)
+        except ValueError as exc:  # (closed meanwhile)
+            raise OSError(f"worker {worker.index}: its stdin: {exc}") from exc
+        await answered.wait()
+    return 200, b""
+
+
+async def _read_pongs(worker: Worker, stdout: trio.abc.ReceiveStream) -> None:
+    """The worker's answers to its checks (``_ping``), read from its stdout
+    until it closes."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while chunk := await stdout.receive_some(1024):
+            if _PONG in chunk:
+                worker.pong.set()
+
+
 async def _read_line(stream: trio.abc.ReceiveStream) -> str:
     data = b""
     while b"\n" not in data:
@@ -1734,6 +1804,9 @@ async def _watch_supervisor(
             elif word == _STOP:
                 told.set("the supervisor stops")
                 told.now.set()
+            elif word == _PING:  # a readiness check (no admin port): this loop runs
+                with contextlib.suppress(OSError):  # (the supervisor gone: seen on stdin)
+                    os.write(_ANSWERS, _PONG)
         if os.getppid() != supervisor:
             seen = "a new parent"
             break
@@ -1745,10 +1818,15 @@ async def _watch_supervisor(
 
 
 # The worker's stdin: the spec, then the supervisor's word to drain (and,
-# on its second signal, to stop at once), then nothing until it is gone.
+# on its second signal, to stop at once), then nothing until it is gone
+# but, without an admin port, its readiness checks (_PING), each answered
+# on the worker's stdout (_PONG) after its "ready" line.
 _LIFELINE = 0
 _DRAIN = b"d"
 _STOP = b"s"  # after _DRAIN: the supervisor's second signal
+_PING = b"\x05"  # (ASCII ENQ)
+_ANSWERS = 1  # the worker's stdout
+_PONG = b"\x06"  # (ASCII ACK: no text the process may print holds it)
 
 
 def _read_spec() -> WorkerSpec:
