@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.poll import wait_for_text
 from tests.helpers.support import gone
 
 # A line of the C++ client's log:
@@ -35,10 +36,7 @@ def test_the_clients_errors_stay_out_of_the_demos_stdout(tmp_path: Path) -> None
         )  # fmt: skip
     broker = 0
     try:
-        deadline = time.monotonic() + 60
-        while "one by one" not in err.read_text() and time.monotonic() < deadline:
-            assert demo.poll() is None, err.read_text()
-            time.sleep(0.05)
+        wait_for_text(demo, err, "one by one", 60, "the one-by-one sends")
         line = next(x for x in err.read_text().splitlines() if "(embedded pulsar-lite, pid" in x)
         broker = int(line.rsplit("pid ", 1)[1].rstrip(")"))
         os.kill(broker, signal.SIGSTOP)  # a broker that answers nothing any more

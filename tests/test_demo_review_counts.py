@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.poll import wait_for_text
+
 pytestmark = pytest.mark.e2e  # runs the demo and its broker
 
 SINGLE = 20000  # the demo sends half of --messages one by one
@@ -36,10 +38,7 @@ def test_the_stopped_line_counts_confirmed_batched_sends(tmp_path: Path) -> None
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while "in batches" not in err.read_text() and time.monotonic() < deadline:
-            assert demo.poll() is None, err.read_text()
-            time.sleep(0.05)
+        wait_for_text(demo, err, "in batches", 120, "the batched sends")
         time.sleep(0.5)  # a moment into the batched sends (the check below is exact)
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(timeout=60) == 128 + signal.SIGTERM

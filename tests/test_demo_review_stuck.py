@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.poll import wait_for_text
 from tests.helpers.support import gone
 
 pytestmark = pytest.mark.e2e  # runs the demo and its broker
@@ -30,10 +31,7 @@ def test_a_demo_stopped_while_its_client_is_stuck_exits_as_stopped(tmp_path: Pat
         )  # fmt: skip
     broker = 0
     try:
-        deadline = time.monotonic() + 60
-        while "one by one" not in err.read_text() and time.monotonic() < deadline:
-            assert demo.poll() is None, err.read_text()
-            time.sleep(0.05)
+        wait_for_text(demo, err, "one by one", 60, "the one-by-one sends")
         line = next(x for x in err.read_text().splitlines() if "(embedded pulsar-lite, pid" in x)
         broker = int(line.rsplit("pid ", 1)[1].rstrip(")"))
         os.kill(broker, signal.SIGSTOP)  # a broker that answers nothing any more

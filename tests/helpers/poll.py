@@ -6,8 +6,10 @@ and the trio form has no place among the reliability tests' processes."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import trio
@@ -40,3 +42,20 @@ async def wait_until_in_trio(
             await trio.sleep(step)
         return found
     raise _timed_out(timeout, what)
+
+
+def wait_for_text(
+    process: subprocess.Popen[bytes], log: Path, text: str, timeout: float, what: str
+) -> str:
+    """Wait until the file ``log`` (a running process's output) holds
+    ``text``, and return what it holds; fail at once, with the log's end,
+    if the process ends first."""
+
+    def said() -> str | None:
+        held = log.read_text(errors="replace")
+        if text in held:
+            return held
+        assert process.poll() is None, f"ended before {what}: {held[-2000:]}"
+        return None
+
+    return wait_until(said, timeout, what, step=0.05)
