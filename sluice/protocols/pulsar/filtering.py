@@ -545,6 +545,8 @@ class FilterGate:
             refusal = Outcome(
                 Reject("chunked", "chunked messages are not filtered"), chain.names[0]
             )
+        elif (too_large := self._unpacks_too_large(meta)) is not None:
+            refusal = Outcome(too_large, chain.names[0])
         else:
             try:
                 messages = self._messages(frame, topic, DELIVER, name, None)
@@ -644,6 +646,9 @@ class FilterGate:
         if _chunked(meta):
             why = "chunked messages are not filtered: send them unchunked to this topic"
             return Outcome(Reject("chunked", why), chain.names[0]), None, []
+        too_large = self._unpacks_too_large(meta)
+        if too_large is not None:
+            return Outcome(too_large, chain.names[0]), None, []
         try:
             messages = self._messages(frame, topic, direction, name, schema)
         except RemoteProtocolError as exc:
@@ -671,6 +676,20 @@ class FilterGate:
         if unchangeable is not None:
             return unchangeable, None, results
         return replaced[-1], _rebuild(frame, list(enumerate(results)), frame.body), results
+
+    def _unpacks_too_large(self, meta: Any) -> Reject | None:
+        """A compressed message (or batch) that says it unpacks past the
+        broker's message size: refused unread. The broker bounds a frame, not
+        what it unpacks to; a few KB of zstd can unpack to 256 MiB, which the
+        filters would take minutes of the proxy's one thread to read. (A size
+        that lies is refused when unpacked.)"""
+        if meta.compression == pb.NONE or meta.uncompressed_size <= self.max_message_size:
+            return None
+        return Reject(
+            "too_large",
+            f"the message unpacks to {meta.uncompressed_size} bytes: filters read at most "
+            f"the broker's message size, {self.max_message_size}",
+        )
 
     def _messages(
         self,
