@@ -5,8 +5,6 @@ of the whole batch are renumbered as if it were still thinned."""
 
 from __future__ import annotations
 
-import pytest
-
 from sluice.filters.config import FilterSpec
 from sluice.protocols.core import Peer
 from sluice.protocols.pulsar import pb
@@ -16,12 +14,6 @@ from tests.test_pulsar_core import frame_bytes, sent
 T = pb.BaseCommand
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="filtering.py FilterGate.deliver (line 598) records a thinned batch but never "
-    "forgets it when the same entry is delivered again whole: the consumer's ACKs of the "
-    "whole batch are renumbered by the stale entry and acknowledge other messages",
-)
 def test_an_entry_redelivered_whole_is_acknowledged_in_its_own_numbering() -> None:
     core, _ = _core(FilterSpec(WORDS))
     core.receive_broker(_message_frame([b"skip me", b"first", b"second"]), 1.0)

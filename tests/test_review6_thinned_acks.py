@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from sluice.filters.config import FilterSpec
 from sluice.protocols.core import Peer
 from sluice.protocols.pulsar import pb
@@ -42,12 +40,6 @@ def _acks(core: PulsarConnection, *ids: pb.MessageIdData, now: float = 1.1) -> l
     return [m for f in out if f.type == T.ACK for m in f.body.message_id]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="filtering.py FilterGate._thin (line 250) keys a thinned entry by the MESSAGE's "
-    "partition, and acked (line 269) looks it up by the ACK's, which clients leave at -1: "
-    "on a partitioned topic no ACK is renumbered",
-)
 def test_an_ack_on_a_partitioned_topic_is_renumbered() -> None:
     core, _ = _core(FilterSpec(WORDS))
     _delivered(core, partition=3)
@@ -58,12 +50,6 @@ def test_an_ack_on_a_partitioned_topic_is_renumbered() -> None:
     assert list(told.ack_set) == [0b010]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="filtering.py FilterGate.acked (lines 281-287): a batch_index past what the consumer "
-    "got falls to 'the whole entry', goes on in the broker's numbering (acknowledging a "
-    "message delivered and not acknowledged) and forgets the entry",
-)
 def test_an_ack_of_an_index_never_delivered_acknowledges_no_delivered_message() -> None:
     core, _ = _core(FilterSpec(WORDS))
     _delivered(core)
@@ -78,12 +64,6 @@ def test_an_ack_of_an_index_never_delivered_acknowledges_no_delivered_message() 
     assert again.batch_index == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="filtering.py FilterGate._thinned keeps a closed consumer's entries until the "
-    "connection ends, and FilterGate.wants (line 235) holds every client read on the "
-    "Python path while any is kept",
-)
 def test_a_closed_consumer_leaves_the_clients_reads_unfiltered() -> None:
     core, _ = _core(FilterSpec(WORDS, direction="deliver"))
     _delivered(core)

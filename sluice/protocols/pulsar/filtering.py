@@ -138,7 +138,7 @@ def default_error(client_version: str) -> int:
 # filter's code, which would otherwise go unseen), at most this many.
 _UNKNOWN_ERRORS: set[str] = set()
 _SAY_UNKNOWN = 100
-# The most thinned batches a connection keeps for renumbering ACKs; the
+# The most thinned batches a consumer keeps for renumbering ACKs; the
 # broker bounds a consumer's unacknowledged messages (50,000 by default).
 _THINNED_MAX = 65_536
 
@@ -200,13 +200,13 @@ class FilterGate:
         self.sealing = COMPILED.sealing() if COMPILED is not None else None
         self.compiled: dict[int, tuple[Sealer, Any]] = {}
         self.waiting: Wait | None = None
-        # Batches a deliver filter thinned, by (consumer, ledger, entry,
-        # partition): the batch's size as the broker sent it and the indices
+        # Batches a deliver filter thinned, by consumer, then (ledger,
+        # entry): the batch's size as the broker sent it and the indices
         # kept. The consumer numbers what it got 0, 1, ...; its ACKs are
         # renumbered for the broker (``acked``) until it acknowledges the
         # whole entry. While there are any, the client's reads come the
         # Python way.
-        self._thinned: dict[tuple[int, int, int, int], tuple[int, tuple[int, ...]]] = {}
+        self._thinned: dict[int, dict[tuple[int, int], tuple[int, tuple[int, ...]]]] = {}
 
     def chain(self, topic: str | None, direction: Direction) -> Chain | None:
         if topic is None:
@@ -232,43 +232,68 @@ class FilterGate:
                 # Its receipts are read too: a refusal waits for them.
                 return True
         if from_client:
-            return bool(self._thinned)
+            thinned = self._thinned
+            if thinned:  # a consumer closed (as the broker agreed): its ACKs are over
+                for gone in [c for c in thinned if c not in consumers]:
+                    del thinned[gone]
+            return bool(thinned)
         return any(chain(topic, DELIVER, role) is not None for topic in consumers.values())
 
-    def _thin(self, body: Any, size: int, kept: list[int]) -> None:
-        """A batch delivered with only the entries ``kept`` of ``size``."""
-        thinned = self._thinned
-        if len(thinned) >= _THINNED_MAX:  # the oldest is forgotten (logged)
-            forgotten = next(iter(thinned))
-            del thinned[forgotten]
+    def _thin(self, body: Any, size: int, kept: list[int] | None) -> None:
+        """A batch delivered with only the entries ``kept`` of ``size``
+        (None: delivered whole, or not at all: nothing to renumber)."""
+        mid = body.message_id
+        consumer = body.consumer_id
+        entries = self._thinned.get(consumer)
+        if kept is None:
+            key = (mid.ledgerId, mid.entryId)
+            if entries is not None and key in entries:
+                del entries[key]
+                self._forget_if_empty(consumer)
+            return
+        if entries is None:
+            entries = self._thinned[consumer] = {}
+        elif len(entries) >= _THINNED_MAX:  # the oldest is forgotten (logged)
+            ledger, entry = next(iter(entries))
+            del entries[ledger, entry]
             log.warning(
                 "%s: consumer %d: more than %d thinned batches unacknowledged; an "
                 "acknowledgement of entry %d:%d by batch index now goes on as it came",
-                self.conn.name, forgotten[0], _THINNED_MAX, forgotten[1], forgotten[2],
+                self.conn.name, consumer, _THINNED_MAX, ledger, entry,
             )  # fmt: skip
-        mid = body.message_id
-        thinned[(body.consumer_id, mid.ledgerId, mid.entryId, mid.partition)] = (size, tuple(kept))
+        entries[mid.ledgerId, mid.entryId] = (size, tuple(kept))
+
+    def _forget_if_empty(self, consumer: int) -> None:
+        if consumer in self._thinned and not self._thinned[consumer]:
+            del self._thinned[consumer]
 
     def acked(self, frame: Frame) -> bytes | None:
         """A client's ACK of messages in batches a deliver filter thinned,
         renumbered as the broker numbers them (an entry left out counts as
-        acknowledged, as a whole entry left out is); None: as it came."""
+        acknowledged, as a whole entry left out is; an index the consumer
+        never got is left out of the ACK); None: as it came. Keyed by
+        consumer, ledger and entry: a consumer reads one topic (partition),
+        and clients leave the partition out of their ACKs."""
         body: Any = frame.body
-        thinned = self._thinned
-        if body is None or not thinned:
+        if body is None:
             return None
         consumer = body.consumer_id
+        entries = self._thinned.get(consumer)
+        if not entries:
+            return None
         if body.ack_type == pb.CommandAck.Cumulative:
             for mid in body.message_id:
                 here = (mid.ledgerId, mid.entryId)
-                for key in [k for k in thinned if k[0] == consumer and k[3] == mid.partition
-                            and (k[1], k[2]) < here]:  # fmt: skip
-                    del thinned[key]
+                for key in [k for k in entries if k < here]:
+                    del entries[key]
         changed = False
-        for mid in body.message_id:
-            key = (consumer, mid.ledgerId, mid.entryId, mid.partition)
-            entry = thinned.get(key)
+        ids = list(body.message_id)
+        kept_ids = []
+        for mid in ids:
+            key = (mid.ledgerId, mid.entryId)
+            entry = entries.get(key)
             if entry is None:
+                kept_ids.append(mid)
                 continue
             size, kept = entry
             if mid.ack_set:
@@ -277,15 +302,26 @@ class FilterGate:
                 mid.ack_set.extend(words)
                 changed = True
                 if not any(words):
-                    del thinned[key]
-            elif mid.HasField("batch_index") and 0 <= mid.batch_index < len(kept):
+                    del entries[key]
+            elif mid.HasField("batch_index") and mid.batch_index >= 0:
+                changed = True
+                if mid.batch_index >= len(kept):  # not one it got: acknowledges nothing
+                    continue
                 mid.batch_index = kept[mid.batch_index]
                 if mid.HasField("batch_size"):
                     mid.batch_size = size
-                changed = True
             else:  # the whole entry
-                del thinned[key]
-        return encode(command(T.ACK, body)) if changed else None
+                del entries[key]
+            kept_ids.append(mid)
+        self._forget_if_empty(consumer)
+        if not changed:
+            return None
+        if not kept_ids:
+            return b""
+        if len(kept_ids) < len(ids):
+            del body.message_id[:]
+            body.message_id.extend(kept_ids)
+        return encode(command(T.ACK, body))
 
     def named(self, frame: Frame, now: float) -> None:
         """A PRODUCER or SUBSCRIBE the client sent: the name its messages
@@ -524,6 +560,8 @@ class FilterGate:
         name = self._names.get(-1 - body.consumer_id)
         count = message_count(meta)
         results: list[Outcome] = []
+        if self._thinned:  # delivered again: numbered as it is this time
+            self._thin(body, count, None)
         refusal: Outcome | None = None
         sealer = chain.sealer
         if sealer is not None and meta.encryption_keys:
@@ -682,8 +720,11 @@ class FilterGate:
         broker's message size: refused unread. The broker bounds a frame, not
         what it unpacks to; a few KB of zstd can unpack to 256 MiB, which the
         filters would take minutes of the proxy's one thread to read. (A size
-        that lies is refused when unpacked.)"""
+        that lies is refused when unpacked. Encrypted: never unpacked, the
+        ciphertext goes to filters whole.)"""
         if meta.compression == pb.NONE or meta.uncompressed_size <= self.max_message_size:
+            return None
+        if meta.encryption_keys:
             return None
         return Reject(
             "too_large",
