@@ -18,12 +18,12 @@ what Pulsar's own clients write and read, per schema type:
   record branch; inside an array or a map the array or map field is named.
   A schema whose named type holds itself is read by fastavro's Python
   reader (the compiled one would follow a payload's nesting until the C
-  stack overflows): past some hundred levels a payload is refused. So is a
-  schema with a union or an enum, through a decoder that refuses a
-  negative branch or symbol index: fastavro counts one from the end, as
-  Python indexes a list, where Java's Avro decoder fails on it (the
-  Python reader is slower on large payloads: some 6 times on an array of
-  10,000 strings).
+  stack overflows): past some hundred levels a payload is refused, and a
+  negative union branch or symbol index too. Other schemas' payloads are
+  read by the compiled reader, then, where the schema has a union or an
+  enum, walked for a negative index (``avro_indexes``): fastavro counts
+  one from the end, as Python indexes a list, where Java's Avro decoder
+  fails on it.
 * JSON: the schema is an Avro record definition, the payload one UTF-8 JSON
   document, walked against it. Missing fields are allowed when nullable or
   defaulted (Pulsar's JSON writer leaves nulls out); fields the schema does
@@ -114,6 +114,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from sluice.filters.avro_indexes import walker
 from sluice.protocols.credentials import names_a_credential
 from sluice.protocols.filtering import Schema
 
@@ -433,16 +434,26 @@ class _AvroValidator:
         # schemas with a union or an enum: the compiled reader takes a
         # negative index as a position from the end, where Java's Avro
         # decoder (Pulsar's clients) fails (``_StrictDecoder``).
-        self._read: Callable[..., Any] = (
-            _strict_reader(self._named)
-            if _recursive(self._named) or _indexed(self._schema, self._named, set())
-            else fastavro.schemaless_reader
-        )
+        # fastavro's Python reader is some 6 times slower than its compiled
+        # one on large payloads, so other schemas are read by the compiled
+        # reader and then walked for a negative index (``avro_indexes``);
+        # only a payload that has one is read again, by the Python reader,
+        # to say where.
+        self._strict: Callable[..., Any] = _strict_reader(self._named)
+        self._negative: Callable[[bytes], bool | None] | None = None
+        if _recursive(self._named):
+            self._read: Callable[..., Any] = self._strict
+        else:
+            self._read = fastavro.schemaless_reader
+            self._negative = walker(self._schema, self._named)
 
     def check(self, payload: bytes, key: bytes | None) -> Mismatch | None:
         stream = io.BytesIO(payload)
         try:
             self._read(stream, self._schema, None)
+            if self._negative is not None and self._negative(payload) is not False:
+                # One found (or the walk could not tell): the Python reader decides.
+                self._strict(io.BytesIO(payload), self._schema, None)
         except RecursionError:
             return Mismatch(NOT_AVRO, f"value: nested deeper than can be checked ({_DEPTH})")
         except Exception:  # any decoding failure; _locate says where and why
@@ -488,7 +499,7 @@ class _AvroValidator:
             for f in node["fields"]:
                 start = stream.tell()
                 try:
-                    self._read(stream, self._probe(f["type"]), None)
+                    self._strict(stream, self._probe(f["type"]), None)
                 except RecursionError:
                     raise
                 except Exception:
@@ -511,7 +522,7 @@ class _AvroValidator:
             return path, f"symbol {index!r} does not exist in {_describe(node)}"
         else:
             try:
-                self._read(stream, self._probe(node), None)
+                self._strict(stream, self._probe(node), None)
             except RecursionError:
                 raise
             except Exception as e:
@@ -562,29 +573,6 @@ def _strict_reader(named: NamedSchemas) -> Callable[..., Any]:
         return read_data(_StrictDecoder(stream), schema, names, None, _READ_OPTIONS)
 
     return read
-
-
-def _indexed(node: AvroSchema, named: NamedSchemas, seen: set[str]) -> bool:
-    """Whether ``node`` holds a union or an enum (at any depth)."""
-    if isinstance(node, list):
-        return True
-    if isinstance(node, str):
-        if node in named and node not in seen:
-            seen.add(node)
-            return _indexed(named[node], named, seen)
-        return False
-    kind = node.get("type")
-    if kind == "enum":
-        return True
-    if kind in ("record", "error"):
-        return any(_indexed(f["type"], named, seen) for f in node.get("fields", ()))
-    if kind == "array":
-        return _indexed(node["items"], named, seen)
-    if kind == "map":
-        return _indexed(node["values"], named, seen)
-    if isinstance(kind, list | dict) or (isinstance(kind, str) and kind in named):
-        return _indexed(kind, named, seen)  # {"type": <a type>}
-    return False
 
 
 def _why(e: Exception, node: AvroSchema = "long") -> str:
