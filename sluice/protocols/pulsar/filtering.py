@@ -107,12 +107,17 @@ def schema_of(answer: Frame) -> Schema | None:
     body: Any = answer.body
     if body is None or body.HasField("error_code") or not body.HasField("schema"):
         return None
-    schema = body.schema
+    return _schema(
+        body.schema, bytes(body.schema_version) if body.HasField("schema_version") else None
+    )
+
+
+def _schema(schema: Any, version: bytes | None) -> Schema:
     return Schema(
         SCHEMA_TYPES.get(schema.type, str(schema.type)),
         bytes(schema.schema_data),
         {kv.key: kv.value for kv in schema.properties},
-        bytes(body.schema_version) if body.HasField("schema_version") else None,
+        version,
     )
 
 
@@ -141,6 +146,9 @@ _SAY_UNKNOWN = 100
 # The most thinned batches a consumer keeps for renumbering ACKs; the
 # broker bounds a consumer's unacknowledged messages (50,000 by default).
 _THINNED_MAX = 65_536
+# Schemas a client's PRODUCER or GET_OR_CREATE_SCHEMA asks to register,
+# waiting for the broker's answer (ERRORs leave theirs: bounded).
+_REGISTERING_MAX = 1024
 
 
 def _error_code(reject: Reject, client_version: str, by: str | None = None) -> int:
@@ -207,6 +215,9 @@ class FilterGate:
         # whole entry. While there are any, the client's reads come the
         # Python way.
         self._thinned: dict[int, dict[tuple[int, int], tuple[int, tuple[int, ...]]]] = {}
+        # By request id: the topic and schema a PRODUCER or GET_OR_CREATE_SCHEMA
+        # would register (``registered``).
+        self._registering: dict[int, tuple[str, Schema]] = {}
 
     def chain(self, topic: str | None, direction: Direction) -> Chain | None:
         if topic is None:
@@ -337,10 +348,49 @@ class FilterGate:
             # UTF-8 (protobuf's bytes) read as the broker reads it.
             topic = text(body.topic)
             self.filtering.forget_schemas(topic, now)
+            if body.HasField("schema"):
+                self._registers(body.request_id, topic, body.schema)
             if body.producer_id not in self.compiled:
                 self._seal_compiled(body.producer_id, topic)
         elif frame.type == T.SUBSCRIBE:
             self._names[-1 - body.consumer_id] = body.subscription
+        elif frame.type == T.GET_OR_CREATE_SCHEMA:
+            self._registers(body.request_id, text(body.topic), body.schema)
+
+    def _registers(self, request_id: int, topic: str, schema: Any) -> None:
+        registering = self._registering
+        if len(registering) >= _REGISTERING_MAX:
+            del registering[next(iter(registering))]
+        registering[request_id] = (topic, _schema(schema, None))
+
+    def registered(self, frame: Frame, now: float) -> None:
+        """The broker's PRODUCER_SUCCESS or GET_OR_CREATE_SCHEMA_RESPONSE:
+        a schema version newer than the topic's cached latest was made from
+        the schema asked for, which is now the latest (messages that name
+        no version were checked against the one before for up to
+        LATEST_FOR). An older version is an existing schema the broker
+        found again: the latest stays. Not cached: asked for when needed."""
+        body: Any = frame.body
+        if body is None:
+            return
+        asked = self._registering.pop(body.request_id, None)
+        if asked is None or (
+            frame.type == T.GET_OR_CREATE_SCHEMA_RESPONSE and body.HasField("error_code")
+        ):
+            return
+        version = bytes(body.schema_version) if body.HasField("schema_version") else b""
+        if not version:  # a producer without a schema
+            return
+        topic, schema = asked
+        latest = self.filtering.schema(topic, None, now)
+        if latest is UNKNOWN:
+            return
+        # Pulsar's versions: 8-byte big-endian numbers. Others: not known newer.
+        known = latest.version if isinstance(latest, Schema) else None
+        if known is not None and (len(known) != len(version) or version <= known):
+            return
+        registered = Schema(schema.type, schema.data, schema.properties, version)
+        self.filtering.learn_schema(topic, None, registered, now)
 
     def marked_encrypted(self, frame: Frame) -> bytes | None:
         """A client's PRODUCER for a topic whose SENDs Sluice encrypts,
