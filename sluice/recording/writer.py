@@ -51,7 +51,7 @@ from sluice.recording.format import (
     packer,
 )
 from sluice.recording.retention import Removed, Retention, enforce, hold
-from sluice.recording.ring import Ring, needed, newest_within, restate
+from sluice.recording.ring import Hold, Ring, needed, newest_within, restate
 from sluice.recording.triggers import Trigger
 
 try:  # the compiled steps' record buffer (rust/src/record.rs)
@@ -548,10 +548,17 @@ class Recorder:
                 # (shutdown) must not lose it between the queue and the file.
                 with trio.CancelScope(shield=True):
                     try:
-                        self._take_queued()
+                        ring = self._ring
+                        if ring is None:
+                            self._take_queued()
                         now = trio.current_time()
-                        if self._ring is not None:
-                            self._to_ring()
+                        if ring is not None:
+                            # Not while a snapshot being written holds the
+                            # ring's bound: the records wait in the queue,
+                            # bounded on its own (ring.Hold).
+                            if ring.has_room():
+                                self._take_queued()
+                                self._to_ring()
                             if self._pending:
                                 await self._save_due()
                             self._say_storms(force=False)
@@ -696,13 +703,16 @@ class Recorder:
         if self._snapshotting:
             raise SnapshotBusy("a snapshot is being written; try again when it is done")
         self._snapshotting = True
+        # Its parts stay in the ring's bound until each is written, and only
+        # ``held`` holds them, so that each may go once written (ring.Hold).
+        held: Hold | None = None
         try:
             self._take_queued()
             self._to_ring()
             now_ns = time.monotonic_ns()
             start = None if last is None else now_ns - int(last * 1e9)
-            parts = ring.since(start)
-            oldest = parts[0].mono_ns if parts else now_ns
+            held = ring.hold(ring.since(start))
+            oldest = held.parts[0].mono_ns if held.parts else now_ns
             seconds = (now_ns - oldest) / 1e9 if last is None else last
             stamp = self._stamp()
             directory = self.config.directory / (name or snapshot_name(stamp, reason))
@@ -719,22 +729,23 @@ class Recorder:
             # can be, while the head is measured against the share).
             marker["ring"] = ring.records
 
-            def write() -> tuple[int, int, Removed]:
-                chosen = parts
+            def write(held: Hold) -> tuple[int, int, Removed]:
+                chosen = held.parts
                 share = self._snapshot_share()
                 if share is not None:  # the newest parts that fit, with any restatement
-                    every = needed(parts)
+                    every = needed(chosen)
                     most = every.connections | every.opened
                     longest = len(pack_all([*first, *restate(most, open_records, closed), marker]))
-                    chosen = newest_within(parts, share - longest)
+                    held.keep_newest(len(newest_within(list(chosen), share - longest)))
                 need = needed(chosen)
+                counted = sum(p.records for p in chosen)
                 if chosen:
                     marker["ring"] = chosen[0].first
-                if need.records != sum(p.records for p in chosen):
+                if need.records != counted:
                     # Counted wrong somewhere: no numbers rather than wrong
                     # ones (a reader would skip records no other file holds).
                     log.error("snapshot: the ring's parts hold %d records, not %d as counted",
-                              need.records, sum(p.records for p in chosen))  # fmt: skip
+                              need.records, counted)  # fmt: skip
                     del marker["ring"]
                 # It starts where its earliest record does, so offsets from
                 # the header's start (sluice inspect --since) read from 0: in
@@ -745,7 +756,7 @@ class Recorder:
                 if began is not None:
                     first[0] = self._header(self._snapshot_seq, min(began, first[0]["started"]))
                 head = pack_all([*first, *restate(need.connections, open_records, closed), marker])
-                size = len(head) + sum(len(p.data) for p in chosen)
+                size = len(head) + held.bytes
                 removed = Removed()
                 if share is not None:
                     if size > share:
@@ -761,8 +772,10 @@ class Recorder:
                 try:
                     with handle:
                         hold(handle.fileno())
-                        for data in (head, *(p.data for p in chosen)):
-                            handle.write(data)
+                        handle.write(head)
+                        while (part := held.next()) is not None:
+                            handle.write(part.data)
+                            held.written(part)  # the ring may let it go now
                 except BaseException:
                     # Cut (the disk full, a file size limit): no file rather
                     # than one that reads as a damaged capture of the moment.
@@ -774,7 +787,7 @@ class Recorder:
                     raise
                 return need.records, size, removed
 
-            records, size, removed = await self._io(write)
+            records, size, removed = await self._io(write, held)
             self._removed(removed)
             label = (note or {}).get("rule") or "on_demand"
             self.snapshots_total[label] = self.snapshots_total.get(label, 0) + 1
@@ -782,6 +795,9 @@ class Recorder:
                         reason or "on demand", seconds, directory, records, size)  # fmt: skip
             return Snapshot(directory, path, records, size, seconds)
         finally:
+            if held is not None:
+                held.close()  # written, or given up
+                self._wake()  # the ring has room again: the queue waits
             self._snapshotting = False
 
     def _take_queued(self) -> None:
