@@ -30,10 +30,15 @@ what Pulsar's own clients write and read, per schema type:
   not name are allowed (Pulsar's JSON reader ignores them). Types are
   checked strictly: int and long take JSON integers in range, float and
   double any number (or ``"NaN"``, ``"Infinity"``, ``"-Infinity"``: Jackson
-  writes them as text), bytes and fixed a (base64) string, enums a symbol or
-  an integer (Pulsar's Python client writes an enum member's value, a
-  number for most Python enums, and reads it back; Jackson reads a number
-  as the symbol's position). Where Avro's ReflectData (which makes a Java
+  writes them as text), bytes and fixed base64 text as Jackson reads it
+  (standard alphabet, padded, white space between groups of four; Pulsar's
+  Python client reads no bytes field from JSON, so text Jackson cannot
+  decode fails every reader), enums a symbol or any integer (Pulsar's
+  Python client writes an enum member's value, a number for most Python
+  enums, and reads an integer back as the member of that value, which the
+  schema does not tell; Jackson reads it as the symbol's position, and
+  fails past the last: an integer passes, as one client may read it).
+  Where Avro's ReflectData (which makes a Java
   client's definition) and Jackson (which writes its payloads) part, what
   Jackson writes passes: a BigDecimal or BigInteger (text with a
   ``java-class``) as a number, a map with keys that are not text (an array
@@ -605,6 +610,13 @@ _LONG_RANGE: Final = (-(2**63), 2**63 - 1)
 # that Jackson writes as one character of text.
 _JAVA_NUMBERS: Final = frozenset({"java.math.BigDecimal", "java.math.BigInteger"})
 _JAVA_CHAR: Final = "java.lang.Character"
+# Base64 as Jackson reads a byte array (Pulsar's Java JSON reader; Pulsar's
+# Python client reads no bytes field from JSON at all): the standard
+# alphabet in groups of four, the last padded with "=", white space (any
+# character up to a space) before a group or at the end.
+_JACKSON_BASE64: Final = re.compile(
+    r"(?:[\x00-\x20]*+(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==))*+[\x00-\x20]*+"
+)
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -744,13 +756,14 @@ class _JsonValidator:
                 and isinstance(value, int | float)
                 and not isinstance(value, bool)
             )
-        elif kind in ("bytes", "fixed"):
-            # Jackson writes byte arrays as base64 text, and big decimals as numbers.
+        elif kind in ("bytes", "fixed") and logical == "decimal":
+            # Jackson writes big decimals as numbers.
             ok = isinstance(value, str) or (
-                logical == "decimal"
-                and isinstance(value, int | float)
-                and not isinstance(value, bool)
+                isinstance(value, int | float) and not isinstance(value, bool)
             )
+        elif kind in ("bytes", "fixed"):
+            # Jackson writes byte arrays as base64 text and reads nothing else.
+            ok = isinstance(value, str) and _JACKSON_BASE64.fullmatch(value) is not None
         elif kind == "enum" and isinstance(node, dict):
             ok = (isinstance(value, str) and value in node["symbols"]) or (
                 isinstance(value, int) and not isinstance(value, bool)
