@@ -103,11 +103,6 @@ def test_a_refused_registration_leaves_the_latest_unknown_stays_unknown() -> Non
 # Through the connection: needs sluice/protocols/pulsar/connection.py to hand
 # the client's GET_OR_CREATE_SCHEMA to ``FilterGate.named`` and the broker's
 # PRODUCER_SUCCESS / GET_OR_CREATE_SCHEMA_RESPONSE to ``FilterGate.registered``.
-WIRED = pytest.mark.xfail(
-    strict=True, reason="connection.py does not hand these frames to the gate yet"
-)
-
-
 def _learn_v0(core: object) -> None:
     (ask,) = core.receive_client(_send(0, [b"\x02\x06abc"]), 1.0)  # type: ignore[attr-defined]
     assert isinstance(ask, Ask)
@@ -117,7 +112,6 @@ def _learn_v0(core: object) -> None:
     core.receive_broker(_receipt(0), 1.15)  # type: ignore[attr-defined]
 
 
-@WIRED
 def test_a_send_after_get_or_create_schema_is_checked_against_the_new_version() -> None:
     core, _ = _core(FilterSpec("schema"))
     _learn_v0(core)
@@ -130,7 +124,6 @@ def test_a_send_after_get_or_create_schema_is_checked_against_the_new_version() 
     assert names(out, Peer.BROKER) == ["SEND"]
 
 
-@WIRED
 def test_a_send_after_a_producer_registered_a_version_is_checked_against_it() -> None:
     core, _ = _core(FilterSpec("schema"))
     _learn_v0(core)

@@ -124,6 +124,10 @@ _MAX_HELD = 64 * 1024 * 1024
 # (the broker's CONNECTED, an issuer's keys): clients wait for CONNECTED.
 _MAX_EARLY = 64 * 1024 * 1024
 _NAMED = frozenset({T.PRODUCER, T.SUBSCRIBE})
+# What the filters' gate reads of a topic's schema being registered: the
+# client's ask (a PRODUCER or SUBSCRIBE names its topic too), the broker's answer.
+_REGISTERS = _NAMED | {T.GET_OR_CREATE_SCHEMA}
+_REGISTERED = frozenset({T.PRODUCER_SUCCESS, T.GET_OR_CREATE_SCHEMA_RESPONSE})
 _FORWARDED = frozenset({T.LOOKUP, T.PARTITIONED_METADATA, T.GET_TOPICS_OF_NAMESPACE, T.GET_SCHEMA})
 _NAMES_BROKERS = frozenset(
     {T.CLOSE_PRODUCER, T.CLOSE_CONSUMER, T.TOPIC_MIGRATED, T.LOOKUP_RESPONSE}
@@ -1227,8 +1231,10 @@ class PulsarConnection:
                         continue
                     if t in observed:
                         if self._gate is not None:
-                            if from_client and t in _NAMED:
+                            if from_client and t in _REGISTERS:
                                 self._gate.named(frame, now)
+                            elif not from_client and t in _REGISTERED:
+                                self._gate.registered(frame, now)
                             elif t == T.CLOSE_PRODUCER and frame.body is not None:
                                 self._gate.closed(frame.body.producer_id)
                             elif gate is not None and t == T.SEND_ERROR:
