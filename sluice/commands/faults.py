@@ -22,7 +22,7 @@ from sluice.commands import path_arg
 from sluice.commands.proxy import read_token
 from sluice.errors import ConfigError
 from sluice.protocols import registry
-from sluice.protocols.faults import Direction, check_jitter
+from sluice.protocols.faults import Direction, FaultError, check_jitter, parse_rule
 
 TIMEOUT = 10.0
 # The most of a refusal's text shown (the admin endpoint's are one short line).
@@ -204,6 +204,13 @@ def rule_from(args: argparse.Namespace) -> dict[str, Any]:
             rule: dict[str, Any] = json.loads(args.rule)
         except ValueError as exc:
             raise ConfigError(f"--rule is not JSON: {exc}") from None
+        # Read as the proxy reads it: a rule it would refuse is a mistake in
+        # the command line (exit 2), said even with the proxy down, not its
+        # refusal (exit 1, as if it were down).
+        try:
+            parse_rule(rule, registry.all_faults())
+        except FaultError as exc:
+            raise ConfigError(f"--rule: {exc}") from None
         return rule
     if args.id == "":  # the proxy would pick one, which the caller cannot name
         raise ConfigError("--id is empty: give the rule an id, or no --id")
