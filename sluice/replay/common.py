@@ -48,6 +48,19 @@ class BrokerUnreachable(ReplayError):
     not a mistake in the command."""
 
 
+def cannot_reach(broker: object, exc: OSError) -> ReplayError:
+    """Why a dial to the broker failed, as replay says it: a broker down is
+    ``BrokerUnreachable``; a certificate not trusted is a mistake in the
+    command's TLS settings (``--broker-tls-ca``), a ``ReplayError``."""
+    text = f"cannot reach broker {broker}: {exc}"
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return ReplayError(text)
+        cause = cause.__cause__
+    return BrokerUnreachable(text)
+
+
 def nothing_to_replay(
     recording: object,
     refused: Sequence[str] = (),

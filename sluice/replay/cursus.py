@@ -75,13 +75,13 @@ from sluice.recording.reader import (
     load,
 )
 from sluice.replay.common import (
-    BrokerUnreachable,
     Listening,
     Outbound,
     Pace,
     Withheld,
     Withholding,
     announce,
+    cannot_reach,
     close_due,
     nothing_to_replay,
     parse_speed,
@@ -274,7 +274,7 @@ async def replay(recording: Recording, broker: Address, *, timeout: float, say: 
                 try:
                     stream = await dial(broker, timeout=timeout, tls=tls)
                 except OSError as exc:
-                    raise BrokerUnreachable(f"cannot reach broker {broker}: {exc}") from None
+                    raise cannot_reach(broker, exc) from None
                 live = lives[conn.key] = _Live(conn, stream, withheld[conn.key])
                 nursery.start_soon(live.read)
             was_quiet = live.quiet

@@ -75,7 +75,6 @@ from sluice.proxy.dial import (
 from sluice.proxy.pulsar import FrameStream
 from sluice.recording.reader import RecordedConnection, RecordedFrame, Recording, load
 from sluice.replay.common import (
-    BrokerUnreachable,
     Listening,
     Outbound,
     Pace,
@@ -83,6 +82,7 @@ from sluice.replay.common import (
     Withheld,
     Withholding,
     announce,
+    cannot_reach,
     close_due,
     nothing_to_replay,
     parse_speed,
@@ -559,9 +559,7 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                 try:
                     raw = await dial(broker.address, timeout=args.timeout, tls=tls)
                 except OSError as exc:
-                    raise BrokerUnreachable(
-                        f"cannot reach broker {broker.address}: {exc}"
-                    ) from None
+                    raise cannot_reach(broker.address, exc) from None
                 live = Live(conn, FrameStream(raw, 2**31 - 1), withheld[conn.key])
                 lives[conn.key] = live
                 nursery.start_soon(live.read, remap)
