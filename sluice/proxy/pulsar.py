@@ -4,7 +4,8 @@ opens to brokers on its own account.
 Proxied connections are relayed by the protocol-neutral ``Relay`` around a
 ``PulsarConnection`` core; what is Pulsar-specific and needs I/O lives here:
 ``connect_broker`` (dial plus CONNECT/CONNECTED, the one place Sluice
-handshakes with a broker for itself), the shared upstream connections that
+handshakes with a broker for itself, and so where it learns the feature
+flags each broker announces), the shared upstream connections that
 carry lookups with Sluice's own request ids, and ``PulsarBackend``, which
 gives the proxy cores and answers their ``Ask`` actions.
 """
@@ -49,6 +50,7 @@ from sluice.protocols.pulsar.connection import (
     Routing,
     UpstreamFailure,
 )
+from sluice.protocols.pulsar.features import BROKERS
 from sluice.protocols.pulsar.urls import SCHEMES, BrokerUrl, parse_broker_url
 from sluice.proxy.backend import Prepared, Services, Unauthorized
 from sluice.proxy.config import ProxyConfig
@@ -136,6 +138,10 @@ async def connect_broker(
             if frame is None:
                 raise UpstreamFailure("broker closed the connection during handshake")
             if frame.type == Type.Value("CONNECTED"):
+                # What the broker promises (PIP-344), for the CONNECTED
+                # Sluice writes itself to lookup clients.
+                if isinstance(frame.body, pb.CommandConnected):
+                    BROKERS.learn(address, frame.body)
                 return stream, frame
             if frame.type == Type.Value("ERROR"):
                 raise UpstreamFailure(

@@ -104,6 +104,7 @@ from sluice.protocols.pulsar.correlation import (
 from sluice.protocols.pulsar.decoder import CLOSED, COMPILED, FrameDecoder, ScannedBatch
 from sluice.protocols.pulsar.encoder import command, corrupted, encode, error_reply, own_frame
 from sluice.protocols.pulsar.errors import Problem, RemoteProtocolError
+from sluice.protocols.pulsar.features import lookup_flags
 from sluice.protocols.pulsar.filtering import FilterGate, Wait, schema_of
 from sluice.protocols.pulsar.frame import Frame, command_name, text
 from sluice.protocols.pulsar.redact import loggable
@@ -828,13 +829,11 @@ class PulsarConnection:
             # on the client's proxied connection, tells it (or leaves the
             # client's default, which is what a broker that names none expects).
             # PARTITIONED_METADATA goes upstream with the client's
-            # metadata_auto_creation_enabled, so Java clients may ask without
-            # creating the topic (PIP-344): without this flag they refuse such
-            # a call, or fall back to one that creates it. Topic watchers are
-            # not served here (WATCH_TOPIC_LIST is refused): not offered.
-            feature_flags=pb.FeatureFlags(
-                supports_get_partitioned_metadata_without_auto_creation=True
-            ),
+            # metadata_auto_creation_enabled: Java clients may ask without
+            # creating the topic (PIP-344) where the broker said it honours
+            # that (a broker older than PIP-344 creates it all the same).
+            # No topic watchers (WATCH_TOPIC_LIST is refused here).
+            feature_flags=lookup_flags(self.routing.broker.address),
         )
         return [*self._own(own_frame(T.CONNECTED, connected)), *self._lookups(now)]
 
