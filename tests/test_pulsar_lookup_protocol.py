@@ -11,8 +11,10 @@ from sluice.protocols.core import Ask, Close, OpenUpstream, Peer
 from sluice.protocols.pulsar import decode_frame, pb
 from sluice.protocols.pulsar.connection import Routing, UpstreamFailure
 from sluice.protocols.pulsar.encoder import error_reply, own_frame
+from sluice.protocols.pulsar.features import BROKERS
 from sluice.protocols.pulsar.urls import parse_broker_url
 from tests.test_pulsar_core import (
+    BROKER,
     T,
     closes,
     connect_body,
@@ -32,10 +34,15 @@ def test_lookup_connected_says_partitions_can_be_asked_without_creating_the_topi
     (PIP-344); without the flag they fail such a call as not supported, or
     fall back to asking with auto-creation, which creates the topic. Sluice
     forwards the field as the client wrote it, as Apache Pulsar's proxy does
-    (whose CONNECTED sets the flag)."""
-    core, _ = make()
-    (connected,) = sent(core.receive_client(frame_bytes("CONNECT", connect_body()), 0.0),
-                        Peer.CLIENT)  # fmt: skip
+    (whose CONNECTED sets the flag), where the broker announces it."""
+    announced = pb.FeatureFlags(supports_get_partitioned_metadata_without_auto_creation=True)
+    BROKERS.learn(BROKER, pb.CommandConnected(server_version="x", feature_flags=announced))
+    try:
+        core, _ = make()
+        (connected,) = sent(core.receive_client(frame_bytes("CONNECT", connect_body()), 0.0),
+                            Peer.CLIENT)  # fmt: skip
+    finally:
+        BROKERS.forget()
     assert connected.name == "CONNECTED"
     flags = connected.body.feature_flags
     assert flags.supports_get_partitioned_metadata_without_auto_creation
