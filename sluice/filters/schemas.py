@@ -33,7 +33,8 @@ what Pulsar's own clients write and read, per schema type:
   writes them as text), bytes and fixed any text (Jackson writes and reads
   base64; Pulsar's Python client, since 3.4.0, writes the bytes' own UTF-8
   text and reads any text back as its bytes: text that is not base64 is
-  one client's value, as an out-of-range enum integer is), enums a symbol
+  one client's value, as an out-of-range enum integer is) or an array of
+  integers from -128 to 255 (Jackson reads it as those bytes), enums a symbol
   or any integer (Pulsar's Python client writes an enum member's value, a
   number for most Python enums, and reads an integer back as the member of
   that value, which the schema does not tell; Jackson reads it as the
@@ -605,6 +606,9 @@ _INT_RANGE: Final = (-(2**31), 2**31 - 1)
 # the text back as that number.
 _NON_FINITE: Final = frozenset({"NaN", "Infinity", "-Infinity"})
 _LONG_RANGE: Final = (-(2**63), 2**63 - 1)
+# The integers Jackson reads as one byte of a byte array given as a JSON
+# array: a signed or an unsigned byte.
+_BYTE_RANGE: Final = (-128, 255)
 # Java classes Avro's ReflectData makes text of (``java-class`` on a string)
 # that Jackson writes as JSON numbers; and the class of a char, an int there
 # that Jackson writes as one character of text.
@@ -700,7 +704,7 @@ class _JsonValidator:
         if kind in ("bytes", "fixed"):
             if isinstance(node, dict) and node.get("logicalType") == "decimal":
                 return "number or string"
-            return "string"
+            return "string or array of byte values"
         if kind == "enum" and isinstance(node, dict):
             return "one of " + ", ".join(repr(s) for s in node["symbols"]) + " (or a number)"
         return kind
@@ -758,6 +762,10 @@ class _JsonValidator:
             # Jackson writes and reads byte arrays as base64 text; Pulsar's
             # Python client (3.4.0 on) writes the bytes' own text and reads
             # any text back: a value passes when one client reads it.
+            # Jackson also reads an array of integers that fit a byte
+            # (-128 to 255) as those bytes.
+            if isinstance(value, list):
+                return self._byte_values(value, path)
             ok = isinstance(value, str)
         elif kind == "enum" and isinstance(node, dict):
             ok = (isinstance(value, str) and value in node["symbols"]) or (
@@ -791,6 +799,21 @@ class _JsonValidator:
         else:
             ok = True  # a type fastavro accepted that JSON cannot be held to
         return None if ok else self._wrong(node, value, path)
+
+    @staticmethod
+    def _byte_values(value: list[Any], path: str) -> Mismatch | None:
+        """A bytes or fixed field given as an array: each item an integer
+        Jackson reads as a byte."""
+        low, high = _BYTE_RANGE
+        for i, item in enumerate(value):
+            if not (isinstance(item, int) and not isinstance(item, bool) and low <= item <= high):
+                where = f"{path}[{i}]"
+                return Mismatch(
+                    WRONG_TYPE,
+                    f"{_where(where)}: expected a byte value ({low} to {high}),"
+                    f" got {_shown(item, where)}",
+                )
+        return None
 
     def _map_pair(self, node: Mapping[str, Any]) -> AvroSchema | None:
         """For an array that stands for a Java map (``java-class``) of key/value
