@@ -8,12 +8,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-import pytest
-
 from sluice.analyze.report import write_report
-from tests.test_analyze import analyze
 from tests.test_analyze_report import _summary
-from tests.test_snapshot_repeats_inspect import overlapping_snapshots
 
 SAID = "records are in more than one flight-recorder snapshot of one capture"
 
@@ -35,11 +31,4 @@ def test_the_report_says_nothing_of_repeats_where_there_are_none(tmp_path: Path)
     assert SAID not in _page(tmp_path)  # (a summary from before it was counted)
 
 
-@pytest.mark.e2e  # (a Spark job, as a user runs it)
-async def test_snapshots_read_by_spark_say_their_repeats_in_the_report(tmp_path: Path) -> None:
-    await overlapping_snapshots(tmp_path / "rec")
-    result = analyze(str(tmp_path / "rec"), tmp_path / "out", "local[2]",
-                     env={"SLUICE_ANALYZE_IO": "spark"})  # fmt: skip
-    assert f" 26 {SAID}" in result.stderr
-    report = html.unescape((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
-    assert f"26 {SAID}" in report
+# Read by Spark, end to end: tests/test_snapshot_repeats_analyze.py.

@@ -44,5 +44,7 @@ def test_a_file_naming_one_id_twice_is_refused_with_the_rules_number(
 ) -> None:
     path = tmp_path / "faults.json"
     path.write_text(json.dumps(rules))
-    with pytest.raises(FaultError, match=f"^--faults {re.escape(str(path))}: {re.escape(message)}$"):
+    with pytest.raises(
+        FaultError, match=f"^--faults {re.escape(str(path))}: {re.escape(message)}$"
+    ):
         load_rules(path, PROTOCOL_FAULTS)
