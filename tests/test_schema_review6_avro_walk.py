@@ -1,12 +1,15 @@
 """The Avro check reads a payload with fastavro's compiled reader, then walks
-it for a negative union branch or enum index (``avro_indexes``), instead of
-reading every payload of a schema with a union or an enum with fastavro's
-Python reader (some 6 times slower on large payloads).
+it for a negative union branch or enum index and for a varint longer than
+Java's Avro decoder reads (``avro_indexes``), instead of reading every
+payload with fastavro's Python reader (some 6 times slower on large
+payloads).
 
 What it refuses must be what the Python reader over a decoder that refuses
-a negative index refuses (the reference: tests/test_filters_review5_avro.py
-has the cases by hand): these tests hold the two to each other on payloads
-written from random data, then with one byte changed."""
+a negative index, an int or index past 5 bytes and a long, length or count
+past 10 refuses (the reference: tests/test_filters_review5_avro.py and
+tests/test_review7_avro_varint_length.py have cases by hand): these tests
+hold the two to each other on payloads written from random data, then with
+one byte changed or one varint padded."""
 
 from __future__ import annotations
 
@@ -75,9 +78,23 @@ SCHEMAS: dict[str, Any] = {
 class _Strict(BinaryDecoder):
     def __init__(self, stream: io.BytesIO) -> None:
         super().__init__(stream)  # type: ignore[no-untyped-call]
+        self.stream = stream
+
+    def _at_most(self, length: int) -> int:
+        start = self.stream.tell()
+        value: int = super().read_long()  # type: ignore[no-untyped-call]
+        if self.stream.tell() - start > length:
+            raise ValueError("too long for Java")
+        return value
+
+    def read_long(self) -> int:
+        return self._at_most(10)
+
+    def read_int(self) -> int:
+        return self._at_most(5)
 
     def read_index(self) -> int:
-        index: int = self.read_long()  # type: ignore[no-untyped-call]
+        index = self.read_int()
         if index < 0:
             raise IndexError(index)
         return index
@@ -154,15 +171,27 @@ def _payloads(schema: Any) -> st.SearchStrategy[bytes]:
 _BYTES = st.one_of(st.sampled_from([0x01, 0x03, 0x05, 0x00, 0x02, 0x04, 0x80]), st.integers(0, 255))
 
 
+def _padded(payload: bytes, at: int, extra: int) -> bytes:
+    """``payload`` with the varint that ends at ``at`` (when one does) made
+    ``extra`` bytes longer, its value kept: what fastavro reads alike and
+    Java's decoder fails on past 5 bytes (ints, indexes) or 10 (longs)."""
+    pad = bytes([payload[at] | 0x80]) + b"\x80" * (extra - 1) + b"\x00"
+    return payload[:at] + pad + payload[at + 1 :]
+
+
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 @SETTINGS
 @given(data=st.data())
 def test_the_check_refuses_what_the_python_reader_refuses(name: str, data: st.DataObject) -> None:
     schema = SCHEMAS[name]
     payload = data.draw(_payloads(schema))
-    if data.draw(st.booleans()) and payload:
+    change = data.draw(st.sampled_from(["none", "byte", "pad"]))
+    if change != "none" and payload:
         at = data.draw(st.integers(0, len(payload) - 1))
-        payload = payload[:at] + bytes([data.draw(_BYTES)]) + payload[at + 1 :]
+        if change == "byte":
+            payload = payload[:at] + bytes([data.draw(_BYTES)]) + payload[at + 1 :]
+        elif payload[at] < 0x80:
+            payload = _padded(payload, at, data.draw(st.integers(1, 10)))
     named: dict[str, Any] = {}
     parsed = fastavro.parse_schema(schema, named_schemas=named)
     check = validator(Schema("AVRO", json.dumps(schema).encode(), {}, None))
@@ -179,7 +208,10 @@ def test_the_walk_finds_the_negative_index_the_python_reader_refuses(
     payload = data.draw(_payloads(schema))
     if payload:
         at = data.draw(st.integers(0, len(payload) - 1))
-        payload = payload[:at] + bytes([data.draw(_BYTES)]) + payload[at + 1 :]
+        if data.draw(st.booleans()) or payload[at] >= 0x80:
+            payload = payload[:at] + bytes([data.draw(_BYTES)]) + payload[at + 1 :]
+        else:
+            payload = _padded(payload, at, data.draw(st.integers(1, 10)))
     named: dict[str, Any] = {}
     parsed = fastavro.parse_schema(schema, named_schemas=named)
     stream = io.BytesIO(payload)
@@ -216,6 +248,32 @@ def test_a_negative_index_in_a_large_array_is_found() -> None:
     payload[last] = 0x03  # branch -2: "string" counted from the end
     check = validator(Schema("AVRO", json.dumps(schema).encode(), {}, None))
     found = check(bytes(payload), None)
+    assert found is not None
+    assert found.reason == "not_avro"
+    assert "tags" in found.message
+
+
+def test_a_padded_index_in_a_large_array_is_found() -> None:
+    """An index in 6 bytes (value 1, "string"): fastavro reads it, Java's
+    readIndex fails past 5."""
+    schema = SCHEMAS["collections"]
+    value: dict[str, Any] = {
+        "tags": ["x"] * 5000,
+        "colors": {},
+        "plain": [],
+        "more": [],
+        "maybe": None,
+    }
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), value)
+    payload = out.getvalue()
+    last = payload.rindex(b"\x02\x02x")
+    padded = payload[:last] + b"\x82\x80\x80\x80\x80\x00" + payload[last + 1 :]
+    named: dict[str, Any] = {}
+    parsed = fastavro.parse_schema(schema, named_schemas=named)
+    assert fastavro.schemaless_reader(io.BytesIO(padded), parsed, None) == value
+    check = validator(Schema("AVRO", json.dumps(schema).encode(), {}, None))
+    found = check(padded, None)
     assert found is not None
     assert found.reason == "not_avro"
     assert "tags" in found.message

@@ -1,19 +1,27 @@
-"""Find a negative union branch or enum index in an Avro datum, fast.
+"""Find what Java's Avro decoder fails on in an Avro datum, fast.
 
 fastavro's compiled reader takes a negative union branch or enum index as a
-position from the end, as Python indexes a list (-1: the last), where
-Java's Avro decoder (Pulsar's clients) fails on it. Its Python reader can
-be made to refuse one, but is some 6 times slower on large payloads. So the
-schema filter reads a payload with the compiled reader first, and, when the
-datum decodes, runs ``negative_index`` over the same bytes: a walk driven by
-the parsed schema that reads only union and enum indexes (and the lengths
-and counts it needs to get past everything else) and stops at the first
-negative one.
+position from the end, as Python indexes a list (-1: the last), and reads a
+varint of any length, where Java's Avro decoder (Pulsar's clients) fails on
+a negative index, on an int, union or enum index longer than 5 bytes
+(``readInt``) and on a long, length or count longer than 10 (``readLong``).
+Its Python reader can be made to refuse them, but is some 6 times slower on
+large payloads. So the schema filter reads a payload with the compiled
+reader first, and, when the datum decodes, runs ``walker``'s check over the
+same bytes: a walk driven by the parsed schema that reads union and enum
+indexes, steps over ints, longs, lengths and counts checking how long they
+are, and stops at the first one Java fails on.
 
-The walk trusts the encoding up to that index: the compiled reader read the
-same bytes the same way until then. A schema whose named type holds itself
-is not walked (its payloads are read by the Python reader, which refuses
-negative indexes itself).
+Only a schema with a union or an enum is walked (Pulsar's clients make
+every field of an object type nullable, a union, so most are). Walking the
+others for long varints alone would cost a third or more of the read (a
+millisecond timestamp or non-ASCII text makes a run of high-bit bytes that
+such a varint needs), so an int or long past Java's length passes there.
+
+The walk trusts the encoding up to what it stops at: the compiled reader
+read the same bytes the same way until then. A schema whose named type
+holds itself is not walked (its payloads are read by the Python reader,
+which refuses all of it itself).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Final
 from fastavro.types import NamedSchemas
 from fastavro.types import Schema as AvroSchema
 
-__all__ = ["NegativeIndex", "walker"]
+__all__ = ["INT_BYTES", "LONG_BYTES", "Unreadable", "walker"]
 
 # A step over one value: the payload and where the value starts; where it ends.
 _Step = Callable[[bytes, int], int]
@@ -32,20 +40,40 @@ _Step = Callable[[bytes, int], int]
 _FIXED_WIDTH: Final = {"null": 0, "boolean": 1, "float": 4, "double": 8}
 
 
-class NegativeIndex(Exception):
-    """A union branch or enum symbol named by a negative index."""
+# The most bytes Java's Avro decoder reads in an int (readInt: ints, union
+# and enum indexes) and in a long (readLong: longs, lengths, counts).
+INT_BYTES: Final = 5
+LONG_BYTES: Final = 10
 
 
-def _skip_varint(data: bytes, at: int) -> int:
-    while data[at] & 0x80:
-        at += 1
-    return at + 1
+class Unreadable(Exception):
+    """What Java's Avro decoder fails on: a union branch or enum symbol
+    named by a negative index, or a varint longer than it reads."""
 
 
-def _read_long(data: bytes, at: int) -> tuple[int, int]:
+def _skip_int(data: bytes, at: int) -> int:
+    end = at
+    while data[end] & 0x80:
+        end += 1
+    if end - at >= INT_BYTES:
+        raise Unreadable("int")
+    return end + 1
+
+
+def _skip_long(data: bytes, at: int) -> int:
+    end = at
+    while data[end] & 0x80:
+        end += 1
+    if end - at >= LONG_BYTES:
+        raise Unreadable("long")
+    return end + 1
+
+
+def _read_long(data: bytes, at: int, most: int = LONG_BYTES) -> tuple[int, int]:
     b = data[at]
     if b < 0x80:  # one byte: most indexes, lengths and counts
         return (b >> 1) ^ -(b & 1), at + 1
+    start = at
     n, shift = b & 0x7F, 7
     at += 1
     while True:
@@ -54,7 +82,17 @@ def _read_long(data: bytes, at: int) -> tuple[int, int]:
         at += 1
         if b < 0x80:
             return (n >> 1) ^ -(n & 1), at
+        if at - start >= most:
+            raise Unreadable("varint")
         shift += 7
+
+
+def _read_index(data: bytes, at: int) -> tuple[int, int]:
+    """A union branch or enum symbol index, as Java reads one (readInt)."""
+    index, at = _read_long(data, at, INT_BYTES)
+    if index < 0:
+        raise Unreadable(index)
+    return index, at
 
 
 def _skip_sized(data: bytes, at: int) -> int:
@@ -73,8 +111,10 @@ class _Compiler:
             if node in _FIXED_WIDTH:
                 width = _FIXED_WIDTH[node]
                 return (lambda data, at: at + width), False
-            if node in ("int", "long"):
-                return _skip_varint, False
+            if node == "int":
+                return _skip_int, False
+            if node == "long":
+                return _skip_long, False
             if node in ("string", "bytes"):
                 return _skip_sized, False
             if node in self._named:
@@ -113,12 +153,14 @@ class _Compiler:
 
     def _leaf(self, node: AvroSchema) -> int | None:
         """For a type read without a step of its own: its width in bytes,
-        ``_VARINT`` or ``_SIZED``; None for others."""
+        ``_INT``, ``_VARINT`` or ``_SIZED``; None for others."""
         node = self._named.get(node, node) if isinstance(node, str) else node
         if isinstance(node, str):
             if node in _FIXED_WIDTH:
                 return _FIXED_WIDTH[node]
-            if node in ("int", "long"):
+            if node == "int":
+                return _INT
+            if node == "long":
                 return _VARINT
             if node in ("string", "bytes"):
                 return _SIZED
@@ -134,9 +176,7 @@ class _Compiler:
     @staticmethod
     def _union(branches: list[_Step]) -> _Step:
         def union(data: bytes, at: int) -> int:
-            index, at = _read_long(data, at)
-            if index < 0:
-                raise NegativeIndex(index)
+            index, at = _read_index(data, at)
             return branches[index](data, at)
 
         return union
@@ -179,8 +219,9 @@ class _Compiler:
         return blocks
 
 
-_VARINT: Final = -1
+_VARINT: Final = -1  # a long
 _SIZED: Final = -2
+_INT: Final = -3
 
 
 def _leaf_union(codes: tuple[int, ...]) -> _Step:
@@ -193,14 +234,14 @@ def _leaf_union(codes: tuple[int, ...]) -> _Step:
             code = codes[b >> 1]
             at += 1
         else:
-            index, at = _read_long(data, at)
-            if index < 0:
-                raise NegativeIndex(index)
+            index, at = _read_index(data, at)
             code = codes[index]
         if code >= 0:
             return at + code
         if code == _VARINT:
-            return _skip_varint(data, at)
+            return _skip_long(data, at)
+        if code == _INT:
+            return _skip_int(data, at)
         return _skip_sized(data, at)
 
     return union
@@ -229,9 +270,9 @@ def _leaf_union_blocks(codes: tuple[int, ...]) -> _Step:
                 if code >= 0:
                     at += code
                 elif code == _VARINT:
-                    while data[at] & 0x80:
-                        at += 1
-                    at += 1
+                    at = _skip_long(data, at)
+                elif code == _INT:
+                    at = _skip_int(data, at)
                 else:
                     b = data[at]
                     if b < 0x80:
@@ -243,30 +284,28 @@ def _leaf_union_blocks(codes: tuple[int, ...]) -> _Step:
 
 
 def _enum(data: bytes, at: int) -> int:
-    index, at = _read_long(data, at)
-    if index < 0:
-        raise NegativeIndex(index)
-    return at
+    return _read_index(data, at)[1]
 
 
 def walker(schema: AvroSchema, named: NamedSchemas) -> Callable[[bytes], bool | None] | None:
     """For a parsed schema (not one that holds itself), a check of a payload
-    the compiled reader decoded: whether it names a union branch or enum
-    symbol by a negative index. None when the schema has no union or enum."""
+    the compiled reader decoded: whether it holds what Java's Avro decoder
+    fails on (a negative union branch or enum index, a varint longer than
+    Java reads). None when the schema has no union or enum."""
     step, indexed = _Compiler(named).step(schema)
     if not indexed:
         return None
 
-    def negative(payload: bytes) -> bool | None:
-        """True: a negative index; False: none; None: the walk could not
-        tell (bytes it did not expect: it trusts what the compiled reader
-        read, so the caller reads them again, slowly)."""
+    def unreadable(payload: bytes) -> bool | None:
+        """True: something Java fails on; False: nothing; None: the walk
+        could not tell (bytes it did not expect: it trusts what the compiled
+        reader read, so the caller reads them again, slowly)."""
         try:
             step(payload, 0)
-        except NegativeIndex:
+        except Unreadable:
             return True
         except (IndexError, ValueError):
             return None
         return False
 
-    return negative
+    return unreadable

@@ -18,12 +18,17 @@ what Pulsar's own clients write and read, per schema type:
   record branch; inside an array or a map the array or map field is named.
   A schema whose named type holds itself is read by fastavro's Python
   reader (the compiled one would follow a payload's nesting until the C
-  stack overflows): past some hundred levels a payload is refused, and a
-  negative union branch or symbol index too. Other schemas' payloads are
-  read by the compiled reader, then, where the schema has a union or an
-  enum, walked for a negative index (``avro_indexes``): fastavro counts
-  one from the end, as Python indexes a list, where Java's Avro decoder
-  fails on it.
+  stack overflows): past some hundred levels a payload is refused, and so
+  are a negative union branch or symbol index and a varint longer than Java
+  reads. Other schemas' payloads are
+  read by the compiled reader, then walked (``avro_indexes``) for a
+  negative union or enum index (fastavro counts one from the end, as
+  Python indexes a list) and for a varint longer than Java reads (an int
+  or an index past 5 bytes, a long, length or count past 10; fastavro reads
+  any length): Java's Avro decoder fails on both. Only a schema with a
+  union or an enum is walked (most are: Pulsar's clients make fields of
+  object types nullable); in others an int or long past Java's length
+  passes, as walking them would cost a third or more of the read.
 * JSON: the schema is an Avro record definition, the payload one UTF-8 JSON
   document, walked against it. Missing fields are allowed when nullable or
   defaulted (Pulsar's JSON writer leaves nulls out); fields the schema does
@@ -120,7 +125,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from sluice.filters.avro_indexes import walker
+from sluice.filters.avro_indexes import INT_BYTES, LONG_BYTES, walker
 from sluice.protocols.credentials import names_a_credential
 from sluice.protocols.filtering import Schema
 
@@ -439,25 +444,27 @@ class _AvroValidator:
         # Python reader, whose depth Python bounds (RecursionError). So are
         # schemas with a union or an enum: the compiled reader takes a
         # negative index as a position from the end, where Java's Avro
-        # decoder (Pulsar's clients) fails (``_StrictDecoder``).
+        # decoder (Pulsar's clients) fails (``_StrictDecoder``), and reads a
+        # varint of any length, where Java fails on an int or an index past
+        # 5 bytes and a long, length or count past 10.
         # fastavro's Python reader is some 6 times slower than its compiled
         # one on large payloads, so other schemas are read by the compiled
-        # reader and then walked for a negative index (``avro_indexes``);
-        # only a payload that has one is read again, by the Python reader,
-        # to say where.
+        # reader and then, when they have a union or an enum, walked for
+        # those (``avro_indexes``); only a payload that has one is read
+        # again, by the Python reader, to say where.
         self._strict: Callable[..., Any] = _strict_reader(self._named)
-        self._negative: Callable[[bytes], bool | None] | None = None
+        self._unreadable: Callable[[bytes], bool | None] | None = None
         if _recursive(self._named):
             self._read: Callable[..., Any] = self._strict
         else:
             self._read = fastavro.schemaless_reader
-            self._negative = walker(self._schema, self._named)
+            self._unreadable = walker(self._schema, self._named)
 
     def check(self, payload: bytes, key: bytes | None) -> Mismatch | None:
         stream = io.BytesIO(payload)
         try:
             self._read(stream, self._schema, None)
-            if self._negative is not None and self._negative(payload) is not False:
+            if self._unreadable is not None and self._unreadable(payload) is not False:
                 # One found (or the walk could not tell): the Python reader decides.
                 self._strict(io.BytesIO(payload), self._schema, None)
         except RecursionError:
@@ -514,7 +521,7 @@ class _AvroValidator:
                     return self._locate(f["type"], stream, inner)
         elif isinstance(node, list):
             try:
-                branch = fastavro.schemaless_reader(stream, "long", None)
+                branch = _StrictDecoder(stream).read_int()
             except Exception as e:
                 return path, f"cannot read the union branch of {_describe(node)}: {_why(e)}"
             if not isinstance(branch, int) or not 0 <= branch < len(node):
@@ -522,7 +529,7 @@ class _AvroValidator:
             return self._locate(node[branch], stream, path)
         elif isinstance(node, dict) and node.get("type") == "enum":
             try:
-                index = fastavro.schemaless_reader(stream, "long", None)
+                index = _StrictDecoder(stream).read_int()
             except Exception as e:
                 return path, f"cannot read {_describe(node)}: {_why(e)}"
             return path, f"symbol {index!r} does not exist in {_describe(node)}"
@@ -537,20 +544,43 @@ class _AvroValidator:
         return path, f"cannot read {_describe(node)}"
 
 
+class _VarintTooLong(ValueError):
+    """A varint longer than Java's Avro decoder reads (its message says so)."""
+
+
 class _StrictDecoder(BinaryDecoder):
-    """fastavro's binary decoder, refusing a negative union branch or enum
-    index: fastavro indexes the branches (symbols) as Python indexes a list,
-    -1 the last, where Java's Avro decoder fails on it."""
+    """fastavro's binary decoder, refusing what Java's Avro decoder fails on:
+    a negative union branch or enum index (fastavro indexes the branches, or
+    symbols, as Python indexes a list, -1 the last), and a varint longer
+    than Java reads: an int, union or enum index past 5 bytes (readInt), a
+    long, length or count past 10 (readLong). fastavro reads any length."""
 
     # (fastavro's Python reader is untyped.)
     def __init__(self, stream: io.BytesIO) -> None:
         super().__init__(stream)  # type: ignore[no-untyped-call]
+        self._stream = stream
+
+    def _varint(self, most: int) -> int:
+        start = self._stream.tell()
+        value: int = super().read_long()  # type: ignore[no-untyped-call]
+        length = self._stream.tell() - start
+        if length > most:
+            raise _VarintTooLong(
+                f"a varint of {length} bytes, where Java's Avro decoder reads {most} at most"
+            )
+        return value
+
+    def read_long(self) -> int:
+        return self._varint(LONG_BYTES)
+
+    def read_int(self) -> int:
+        return self._varint(INT_BYTES)
 
     def read_index(self) -> int:
-        return _not_negative(self.read_long(), "union branch")  # type: ignore[no-untyped-call]
+        return _not_negative(self._varint(INT_BYTES), "union branch")
 
     def read_enum(self) -> int:
-        return _not_negative(self.read_long(), "enum symbol")  # type: ignore[no-untyped-call]
+        return _not_negative(self._varint(INT_BYTES), "enum symbol")
 
 
 def _not_negative(index: int, what: str) -> int:
@@ -586,6 +616,8 @@ def _why(e: Exception, node: AvroSchema = "long") -> str:
         return "the payload ends early"
     if isinstance(e, UnicodeDecodeError):
         return "text that is not valid UTF-8"
+    if isinstance(e, _VarintTooLong):
+        return str(e)
     # fastavro's compiled reader runs off the end of the bytes this way
     # inside a number (a varint whose last byte is missing).
     if isinstance(e, IndexError) and node in ("int", "long", "string", "bytes"):
