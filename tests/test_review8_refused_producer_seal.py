@@ -14,8 +14,6 @@ skipped. The Python path, the reference, sends them as they came."""
 
 from __future__ import annotations
 
-import pytest
-
 from sluice.filters.chain import Filters
 from sluice.protocols.pulsar import command, encode, pb
 from tests.test_compiled_seal import (  # noqa: F401 (fixtures)
@@ -31,10 +29,6 @@ from tests.test_compiled_seal import (  # noqa: F401 (fixtures)
 T = pb.BaseCommand
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FilterGate keeps a refused PRODUCER's id in the compiled step's sealing set",
-)
 def test_a_refused_producers_id_on_another_topic_is_not_sealed_by_the_step(
     filters: Filters,  # noqa: F811
 ) -> None:

@@ -350,8 +350,15 @@ class FilterGate:
             self.filtering.forget_schemas(topic, now)
             if body.HasField("schema"):
                 self._registers(body.request_id, topic, body.schema)
-            if body.producer_id not in self.compiled:
-                self._seal_compiled(body.producer_id, topic)
+            # An id the compiled step seals for (asked before and refused,
+            # or asked again behind a create timeout) is sealed for this
+            # topic, if its chain only seals, or not at all: never kept for
+            # the topic it was first asked for (open on another topic, the
+            # correlator refuses it before it comes here).
+            if self.compiled.pop(body.producer_id, None) is not None:
+                assert self.sealing is not None
+                self.sealing.discard(body.producer_id)
+            self._seal_compiled(body.producer_id, topic)
         elif frame.type == T.SUBSCRIBE:
             self._names[-1 - body.consumer_id] = body.subscription
         elif frame.type == T.GET_OR_CREATE_SCHEMA:
@@ -394,11 +401,10 @@ class FilterGate:
 
     def marked_encrypted(self, frame: Frame) -> bytes | None:
         """A client's PRODUCER for a topic whose SENDs Sluice encrypts,
-        with ``encrypted`` set (None: it goes on as it came). The broker
-        then refuses any message of the producer that reaches it without
-        encryption keys ("Messages must be encrypted"): a backstop behind
-        the gate, and what a namespace that requires encryption asks of a
-        producer."""
+        with ``encrypted`` set (None: it goes on as it came): what a
+        namespace with ``set-encryption-required`` asks of a producer. Only
+        there does the broker refuse a message without encryption keys
+        ("Messages must be encrypted"), the backstop behind the gate."""
         body: Any = frame.body
         if body is None or body.encrypted:
             return None
