@@ -14,9 +14,7 @@ since #1002 (2018) took a lookup's own ``original_principal`` over the
 connection's for the lookup's authorization; newer ones read the
 connection's, but what a broker reads is not Sluice's to assume.
 
-sluice/protocols/pulsar/connection.py:1219 (``_relay_frames``: only the
-AUTH exchange is Sluice's; LOOKUP and PARTITIONED_METADATA go on as raw
-bytes).
+Now rewritten as on lookup connections (``_naming_client``).
 """
 
 from __future__ import annotations
@@ -34,13 +32,6 @@ from tests.test_proxy_credentials import BROKER, SECRET, core_for, proxy_auth, t
 from tests.test_pulsar_core import frame_bytes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/pulsar/connection.py:1219 _relay_frames relays a client's "
-    "LOOKUP / PARTITIONED_METADATA on a proxied connection as written: its own "
-    "original_principal/original_auth_data/original_auth_method reach the broker on "
-    "Sluice's proxy-role connection (lookup connections rewrite them: _name_client)",
-)
 @pytest.mark.parametrize("forward", [False, True], ids=["own-data", "forward-auth-data"])
 @pytest.mark.parametrize("request_type", ["LOOKUP", "PARTITIONED_METADATA"])
 def test_a_relayed_lookup_never_names_a_principal_the_client_wrote(

@@ -1184,6 +1184,11 @@ class PulsarConnection:
                             if marked is not None:  # goes on changed; seen as it came
                                 whole = False
                                 raw = marked
+                    elif own_auth and from_client and t in _DISCOVERY:
+                        # Proxy mode: Sluice's login names the client it
+                        # verified, never the principal the client wrote.
+                        whole = False
+                        raw = self._naming_client(frame)
                     elif gate is not None and t == T.ACK and from_client:
                         renumbered = gate.acked(frame)
                         if renumbered is not None:  # goes on changed; seen as it came
@@ -1511,6 +1516,14 @@ class PulsarConnection:
             protocol_version=PROTOCOL_VERSION,
         )
         return self._own(own_frame(T.AUTH_CHALLENGE, challenge))
+
+    def _naming_client(self, frame: Frame) -> bytes:
+        """A client's discovery request on a proxied connection in proxy
+        mode, as it goes upstream: naming the client Sluice verified."""
+        body: Any = type(frame.body)()
+        body.CopyFrom(frame.body)
+        _name_client(body, self._lookup_credentials())
+        return encode(command(frame.type, body))
 
     def _answers_auth(self) -> bool:
         """Proxy mode for this connection: in force, and the connection
@@ -1959,6 +1972,10 @@ _AuthField = Literal[
 _AUTH_FIELDS: tuple[_AuthField, ...] = get_args(_AuthField)
 # What LOOKUP and PARTITIONED_METADATA carry of them.
 _ORIGINAL_FIELDS: tuple[_AuthField, ...] = _AUTH_FIELDS[3:]
+
+
+# Requests with original_* fields a client may send on a proxied connection.
+_DISCOVERY = frozenset({T.LOOKUP, T.PARTITIONED_METADATA})
 
 
 def _name_client(body: Any, credentials: UpstreamAuth | None) -> None:
