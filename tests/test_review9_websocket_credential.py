@@ -112,13 +112,6 @@ def test_a_token_is_what_goes_on(tmp_path: Path) -> None:
     assert names_the_client(outcome, token)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/http/__init__.py:277 with_credentials(upgrade=True) keeps a "
-    "client Authorization the Connection header already took away: a valid token named "
-    "in 'Connection: Upgrade, Authorization' is checked, then the upgrade goes on with no "
-    "credential and no principal (the broker authenticates Sluice's TLS certificate)",
-)
 def test_a_token_named_hop_by_hop_is_not_dropped_after_it_was_checked(tmp_path: Path) -> None:
     relay = relay_for(sluice_on_its_certificate(tmp_path))
     token = hs256_token(SECRET, "app", time.time() + 60).encode()
@@ -127,13 +120,6 @@ def test_a_token_named_hop_by_hop_is_not_dropped_after_it_was_checked(tmp_path: 
     assert names_the_client(outcome, token), outcome
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/http.py:836 _authenticated: a WebSocket upgrade from a client "
-    "that proved its role by TLS certificate only goes on with no credential and no "
-    "X-Original-Principal (with_credentials(upgrade=True) drops the principal and there "
-    "is no client Authorization to keep): the broker takes Sluice's certificate",
-)
 def test_a_certificate_client_upgrade_is_not_sent_as_sluice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

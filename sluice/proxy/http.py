@@ -834,6 +834,14 @@ class HttpRelay:
         if own is None:
             return request, None
         upgrade = is_websocket_upgrade(request.headers)
+        if upgrade and (authorization is None or header(request.headers, b"authorization")
+                        != authorization):  # fmt: skip
+            # The session goes on with the client's own token, checked: with
+            # none (a certificate cannot be passed on; a token its Connection
+            # header named is gone), the broker would take Sluice's own.
+            raise Refusal(401, "unauthorized", "a WebSocket session through Sluice in proxy "
+                          "mode needs the client's token in its Authorization header (a "
+                          "client certificate alone cannot be passed on)")  # fmt: skip
         verified = header(own, b"x-original-principal")
         return h11.Request(
             method=request.method,
