@@ -102,6 +102,15 @@ _HARDENING = (
 )
 
 
+# What a browser says (``Sec-Fetch-Site``) of a request from another
+# origin's page. Such a page cannot read the answers, but each request to
+# /api/ was served all the same, and in a live view kept it watching (the
+# proxy's frames through its slow path) while that page stayed open. The
+# page's own requests say ``same-origin``, a link followed or an address
+# typed leads to the page itself (not /api/), and tools send no such header.
+_OTHER_SITES = ("cross-site", "same-site")
+
+
 class Handler(BaseHTTPRequestHandler):
     server: ViewServer
     protocol_version = "HTTP/1.1"
@@ -111,12 +120,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def _refused(self) -> bool:
         """Refuse (403) a request that is not the page's own: for a name
-        other than this server's (another site's page, by DNS rebinding) or,
-        a POST, from another origin or without ``SAVE_HEADER``."""
+        other than this server's (another site's page, by DNS rebinding), to
+        /api/ from another site's page (``_OTHER_SITES``) or, a POST, from
+        another origin or without ``SAVE_HEADER``."""
         host = self.headers.get("Host", "")
         port = int(self.server.server_address[1])
         if not _is_own_host(host, port, self.server.listen_host):
             self._json({"error": f"not served to Host {host!r}: open the page by its address"}, 403)
+            return True
+        site = self.headers.get("Sec-Fetch-Site", "").strip().lower()
+        if site in _OTHER_SITES and urllib.parse.urlsplit(self.path).path.startswith("/api/"):
+            self._json({"error": "not served to another site's page: open the page itself"}, 403)
             return True
         if self.command == "POST":
             origin = self.headers.get("Origin")
