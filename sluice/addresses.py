@@ -295,3 +295,25 @@ class AllowList:
         if self.knows(address):
             return True
         return any(rule.matches(address) for rule in self.rules)
+
+
+def names_this_server(host: str, port: int, listen: str) -> bool:
+    """Whether an HTTP request's ``Host`` names a server on loopback: an IP
+    address (no name another site's DNS can point here: DNS rebinding),
+    ``localhost``, or the host it was told to listen on, with its port."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, sep, rest = host[1:].partition("]")
+        if not sep or rest != f":{port}":
+            return False
+    else:
+        name, sep, given = host.rpartition(":")
+        if not sep or given != str(port) or ":" in name:
+            return False
+    if name in ("localhost", listen.lower()):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True

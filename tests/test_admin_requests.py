@@ -65,7 +65,7 @@ async def test_connections_awaited_for_a_proxy_header_hold_places() -> None:
         ))  # fmt: skip
         silent = [await trio.open_tcp_stream(address.host, address.port) for _ in range(2)]
         probe = await trio.open_tcp_stream(address.host, address.port)
-        await probe.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await probe.send_all(f"GET /healthz HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
         with trio.fail_after(5):  # not after the 30 s header timeout
             assert await _status(silent[0]) == "HTTP/1.1 503 Service Unavailable"
             assert await _status(probe) == "HTTP/1.1 200 OK"

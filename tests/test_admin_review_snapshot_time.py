@@ -47,7 +47,8 @@ async def test_a_snapshot_slower_than_a_request_is_answered(
         ))  # fmt: skip
         stream = await trio.open_tcp_stream(address.host, address.port)
         await stream.send_all(
-            b"POST /recording/snapshot HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            f"POST /recording/snapshot HTTP/1.1\r\nHost: {address}\r\n".encode()
+            + b"Authorization: Bearer "
             + TOKEN.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
             + body
         )  # fmt: skip

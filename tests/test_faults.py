@@ -458,7 +458,9 @@ async def http(
 ) -> tuple[int, str]:
     stream = await trio.open_tcp_stream(address.host, address.port)
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len(body)}\r\n\r\n"
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: {address}\r\n{auth}Content-Length: {len(body)}\r\n\r\n"
+    )
     await stream.send_all(head.encode() + body)
     data = b""
     while chunk := await stream.receive_some(65536):

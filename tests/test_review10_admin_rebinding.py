@@ -39,11 +39,6 @@ async def _get(address: Address, target: str, host: str) -> tuple[str, bytes]:
 
 
 @pytest.mark.e2e  # a socket on loopback
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/admin.py:307 (_respond): no Host check; a loopback admin endpoint "
-    "answers /metrics and /faults to a page on another name rebound to 127.0.0.1",
-)
 async def test_a_loopback_admin_endpoint_answers_no_other_sites_name() -> None:
     metrics = CollectorRegistry()
     Counter("sluice_review_frames", "frames", ["topic"], registry=metrics).labels(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -42,7 +43,7 @@ import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from sluice.addresses import Address
+from sluice.addresses import Address, names_this_server
 from sluice.protocols.faults import FaultError, Faults, ProtocolFaults, check_room, parse_rule
 from sluice.protocols.haproxy import HeaderError
 from sluice.proxy.dial import open_listeners
@@ -304,6 +305,28 @@ async def _read_request(stream: trio.SocketStream) -> AdminRequest | None:
     return AdminRequest(parts[0], path, headers, body[:length], query)
 
 
+def _check_host(stream: trio.SocketStream, request: AdminRequest) -> None:
+    """On loopback, a request must name this server in its ``Host`` (an
+    address, or ``localhost``): a page the operator opens elsewhere could
+    point its own name here (DNS rebinding) and read every answer that
+    needs no token (metrics name topics). Elsewhere any name goes:
+    Prometheus and Kubernetes reach the endpoint by a service's name."""
+    try:
+        local = stream.socket.getsockname()
+        loopback = ipaddress.ip_address(local[0]).is_loopback
+    except (OSError, ValueError, TypeError, IndexError):  # not an IP socket
+        return
+    if not loopback:
+        return
+    host = request.headers.get("host")
+    if host is None or not names_this_server(host, local[1], "localhost"):
+        raise Refused(
+            403,
+            "the Host header names another server: on loopback the admin "
+            "endpoint answers requests that name it by address or localhost only",
+        )
+
+
 async def _respond(
     stream: trio.SocketStream,
     registry: CollectorRegistry,
@@ -319,6 +342,7 @@ async def _respond(
             return
         if received is not None:
             received()
+        _check_host(stream, request)
         for prefix in (*routes, *_UNSERVED):
             if request.target == prefix or request.target.startswith(prefix + "/"):
                 handler = routes.get(prefix)

@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sluice.addresses import names_this_server
 from sluice.view.index import CONNECTIONS_SHOWN, Filter, HttpFilter, Index, LetGo
 from sluice.view.live import LiveIndex, NothingReceived
 
@@ -54,28 +55,6 @@ class ViewServer(ThreadingHTTPServer):
 # page can send without asking first (a CORS preflight, which this server
 # never allows).
 SAVE_HEADER = "X-Sluice"
-
-
-def _is_own_host(host: str, port: int, listen: str) -> bool:
-    """Whether a request's ``Host`` names this server: an IP address (no
-    name another site's DNS can point here: DNS rebinding), ``localhost``,
-    or the host it was told to listen on, with its port."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        name, sep, rest = host[1:].partition("]")
-        if not sep or rest != f":{port}":
-            return False
-    else:
-        name, sep, given = host.rpartition(":")
-        if not sep or given != str(port) or ":" in name:
-            return False
-    if name in ("localhost", listen.lower()):
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
 
 
 # What the page may load and run: its own script and style, nothing inline
@@ -125,7 +104,7 @@ class Handler(BaseHTTPRequestHandler):
         another origin or without ``SAVE_HEADER``."""
         host = self.headers.get("Host", "")
         port = int(self.server.server_address[1])
-        if not _is_own_host(host, port, self.server.listen_host):
+        if not names_this_server(host, port, self.server.listen_host):
             self._json({"error": f"not served to Host {host!r}: open the page by its address"}, 403)
             return True
         site = self.headers.get("Sec-Fetch-Site", "").strip().lower()
