@@ -59,3 +59,22 @@ async def test_a_loopback_admin_endpoint_answers_no_other_sites_name() -> None:
             assert status.split()[1] == "403", (target, status, body[:200])
             assert b"card-numbers" not in body
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.e2e  # a socket on loopback
+async def test_every_answer_says_its_type_is_not_to_be_sniffed() -> None:
+    """An answer that repeats what was asked (``no fault rule '<script>'``)
+    is never read as HTML by a browser that sniffs."""
+    listeners = await open_admin(Address("127.0.0.1", 0))
+    address = bound(listeners)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_admin, listeners, CollectorRegistry(), lambda excluded: [])
+        stream = await trio.open_tcp_stream(address.host, address.port)
+        await stream.send_all(f"GET /nowhere HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
+        answer = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some(65536):
+                answer += chunk
+        nursery.cancel_scope.cancel()
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert b"\r\nx-content-type-options: nosniff" in head, head

@@ -613,6 +613,9 @@ async def _send(
         ("Content-Type", content_type),
         ("Content-Length", str(len(body))),
         ("Connection", "close"),
+        # Answers repeat what was asked (a rule id, a path): never taken
+        # for another type than the one said, by a browser that sniffs.
+        ("X-Content-Type-Options", "nosniff"),
         *(extra or []),
     ]
     head = f"HTTP/1.1 {status} {_REASONS[status]}\r\n" + "".join(
