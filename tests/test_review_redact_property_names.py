@@ -17,12 +17,6 @@ SECRET = "eyJhbGciOiJIUzI1NiJ9.property.secret-0451"
 NAMES = ("jwt", "db_pwd", "passphrase", "bearer", "signature")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/pulsar/redact.py:63: _SENSITIVE_KEY misses names "
-    "credentials.py calls credentials (jwt, pwd, passphrase, bearer, signature): "
-    "such message properties are recorded in the clear",
-)
 @pytest.mark.parametrize("name", NAMES)
 def test_a_property_named_like_a_credential_is_not_recorded(name: str) -> None:
     assert names_a_credential(name)

@@ -24,6 +24,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from sluice.protocols.credentials import names_a_credential
 from sluice.protocols.pulsar import Frame, Type, encode, encode_payload, pb
 from sluice.protocols.pulsar.errors import Problem
 from sluice.protocols.pulsar.frame import BODY_FIELD, PAYLOAD_TYPES
@@ -38,8 +39,9 @@ _SENSITIVE_KEY = re.compile(r"token|passw|secret|auth|credential|key|cookie|sess
 
 def sensitive_key(key: str) -> bool:
     """Whether a property (command metadata, a message's) called ``key``
-    holds a credential, as the recorder reads it."""
-    return _SENSITIVE_KEY.search(key) is not None
+    holds a credential, as the recorder reads it: broader than
+    ``names_a_credential`` (any ``key`` or ``auth``), never narrower."""
+    return _SENSITIVE_KEY.search(key) is not None or names_a_credential(key)
 
 
 _CONNECT = Type.Value("CONNECT")
