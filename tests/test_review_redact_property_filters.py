@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import pytest
 from google.protobuf import text_format
 
 from sluice.protocols.pulsar import Type, command, decode_frame, encode, pb
@@ -15,12 +14,6 @@ from sluice.recording.pulsar import FrameRecorder
 SECRET = "property-filter-secret-0452"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/pulsar/redact.py:81: _PROPERTY_FIELDS lacks "
-    "WATCH_SCALABLE_TOPICS property_filters: a credential-like filter value is "
-    "recorded and logged",
-)
 def test_a_watch_property_filter_named_like_a_credential_is_redacted() -> None:
     body = pb.CommandWatchScalableTopics(watch_id=1, namespace="public/default")
     body.property_filters.add(key="auth-token", value=SECRET)

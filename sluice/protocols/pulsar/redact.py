@@ -58,6 +58,7 @@ _PROPERTY_FIELDS: dict[int, tuple[str, ...]] = {
     Type.Value("SUBSCRIBE"): ("metadata", "subscription_properties"),
     Type.Value("LOOKUP"): ("properties",),
     Type.Value("GET_TOPICS_OF_NAMESPACE"): ("properties",),
+    Type.Value("WATCH_SCALABLE_TOPICS"): ("property_filters",),
 }
 
 
