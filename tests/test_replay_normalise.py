@@ -69,3 +69,22 @@ def test_a_migrated_topic_compares_who_moved_not_the_brokers_url() -> None:
 
     assert migrated("pulsar://green-1:6650") == migrated("pulsar://127.0.0.1:40001")
     assert migrated("pulsar://green-1:6650") != migrated("pulsar://green-1:6650", resource=2)
+
+
+def test_a_live_messages_credential_property_is_compared_and_shown_as_recorded() -> None:
+    """A recording keeps no property that names a credential (its value is
+    the redaction marker); a live broker's MESSAGE carries the value. Both
+    read the same, and a transcript shows none."""
+    from sluice.protocols.pulsar import encode_payload
+    from sluice.protocols.pulsar.redact import MARKER
+
+    def message(secret: str) -> Frame:
+        body = pb.CommandMessage(consumer_id=1, message_id=pb.MessageIdData(ledgerId=1, entryId=2))
+        meta = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                                  properties=[pb.KeyValue(key="jwt", value=secret),
+                                              pb.KeyValue(key="colour", value="red")])  # fmt: skip
+        return decode_frame(encode_payload(command(T("MESSAGE"), body), meta, b"x"))
+
+    live = normalise(message("eyJhbGciOi.secret.sig"))
+    assert "eyJhbGciOi" not in live and "red" in live
+    assert live == normalise(message(MARKER))

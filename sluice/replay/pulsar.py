@@ -65,7 +65,7 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.protocols.pulsar.correlation import Correlator, answer_key
-from sluice.protocols.pulsar.redact import loggable
+from sluice.protocols.pulsar.redact import loggable, scrub
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.dial import (
     TlsClientConfig,
@@ -300,6 +300,9 @@ def normalise(frame: Frame) -> str:
         m.CopyFrom(meta)
         m.producer_name = "<producer>"
         m.ClearField("schema_version")
+        # As recorded: a live broker's messages carry the credentials the
+        # recording left out (and a transcript keeps none).
+        scrub(m.properties)
         _clear_txn(m)
         text += " | " + text_format.MessageToString(m, as_one_line=True)
         text += f" | payload sha256:{hashlib.sha256(frame.payload).hexdigest()[:16]}"

@@ -111,7 +111,8 @@ def _has_unknown(cmd: pb.BaseCommand) -> bool:
     return len(known.SerializePartialToString()) != len(cmd.SerializePartialToString())
 
 
-def _scrub(properties: Any) -> None:
+def scrub(properties: Any) -> None:
+    """Each value of a KeyValue list whose key names a credential, replaced."""
     for kv in properties:
         if sensitive_key(kv.key):
             kv.value = MARKER
@@ -135,7 +136,7 @@ def redacted_command(frame: Frame) -> pb.BaseCommand:
         if data.HasField("auth_data"):
             data.auth_data = MARKER_BYTES
     for field in _PROPERTY_FIELDS.get(t, ()):
-        _scrub(getattr(body, field))
+        scrub(getattr(body, field))
     return cmd
 
 
@@ -149,7 +150,7 @@ def redacted(frame: Frame) -> bytes:
         return encode(cmd, max_message_size=_NO_LIMIT)
     clean = pb.MessageMetadata()
     clean.CopyFrom(meta)
-    _scrub(clean.properties)
+    scrub(clean.properties)
     return encode_payload(
         cmd,
         clean,
