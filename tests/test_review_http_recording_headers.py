@@ -20,12 +20,6 @@ SECRET = "review-header-secret-0071"
 NAMES = ["X-Pwd", "X-Broker-Passphrase", "X-Bearer", "Sec-WebSocket-Token"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/http/recorded.py:69 sensitive_header: a header named like a "
-    "credential by names_a_credential (pwd, passphrase, bearer, a Sec-WebSocket-* token) "
-    "is recorded in the clear",
-)
 @pytest.mark.parametrize("name", NAMES)
 def test_a_header_named_like_a_credential_is_redacted(name: str) -> None:
     assert names_a_credential(name)

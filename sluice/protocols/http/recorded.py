@@ -62,9 +62,10 @@ def sensitive_header(name: str) -> bool:
     """A header whose value is not recorded (a WebSocket handshake's key
     and accept values are nonces, not credentials; its subprotocols may
     be one, as browsers, which cannot set ``Authorization`` on a WebSocket,
-    send a token there)."""
+    send a token there). Any name ``names_a_credential`` knows is one too,
+    whatever its prefix."""
     lower = name.lower()
-    if lower == "sec-websocket-protocol":
+    if lower == "sec-websocket-protocol" or names_a_credential(lower):
         return True
     return not lower.startswith("sec-websocket-") and bool(_SENSITIVE_HEADER.search(lower))
 
