@@ -20,7 +20,8 @@ target, headers and bodies is decided here, on values:
   says, found by its boundary; a package's binary part kept unparsed);
   any other body as it came; None for one that cannot be checked
   (one that starts like JSON but does not parse whole, JSON nested too
-  deep, a multipart body that does not parse): a recording keeps its
+  deep, a credential's key given twice in an object, a multipart body that
+  does not parse): a recording keeps its
   digest instead.
 - ``decoded``: a body with a ``Content-Encoding`` (gzip, deflate: Pulsar's
   web service gzips its answers for clients that accept it) as it is to be
@@ -129,6 +130,10 @@ class _TooDeep(Exception):
     pass
 
 
+class _Duplicate(Exception):
+    """A JSON object gives a key twice where which one a reader takes matters."""
+
+
 def _scrub(value: Any, depth: int = 0) -> tuple[Any, bool]:
     """A JSON value with credential-like keys' values replaced; whether any
     were. ``_TooDeep`` past ``MAX_DEPTH`` levels."""
@@ -150,6 +155,19 @@ def _scrub(value: Any, depth: int = 0) -> tuple[Any, bool]:
     return value, False
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object from its members, ``_Duplicate`` where a key given twice
+    names a credential or the value dropped for a later one holds one: a
+    reader that takes the first of duplicate keys (or all of them) takes
+    what ``json.loads``, which keeps the last, would not redact."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out and (names_a_credential(key) or _scrub(out[key])[1]):
+            raise _Duplicate
+        out[key] = value
+    return out
+
+
 def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool]:
     """A body to keep whole, and whether credentials were replaced in it: a
     JSON document's credential-like keys, a form's credential-like fields,
@@ -158,15 +176,15 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
     not looked into). Another body is
     kept as it came. None: a body that cannot be checked for credentials
     (one that starts like JSON but does not parse whole, JSON nested too
-    deep, a multipart body that does not parse), not to be kept (its digest
-    is)."""
+    deep, a JSON object with a credential's key twice, a multipart body that
+    does not parse), not to be kept (its digest is)."""
     if content_type.lower().lstrip().startswith("multipart/"):
         return _redact_multipart(body, content_type)
     if _like_json(body, 0, len(body)):
         try:
-            document = json.loads(body)
+            document = json.loads(body, object_pairs_hook=_object)
             scrubbed, changed = _scrub(document)
-        except (RecursionError, _TooDeep, ValueError, UnicodeDecodeError):
+        except (RecursionError, _TooDeep, _Duplicate, ValueError, UnicodeDecodeError):
             # Starts like JSON but is no JSON document: a lenient reader
             # (the broker's Jackson reads the first value and ignores what
             # follows, and may allow comments) takes credentials from it
