@@ -23,16 +23,18 @@ TARGETS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/http/recorded.py:102 redact_target: a dynamic config path "
-    "spelled with percent-escapes or dot segments keeps the credential's value in the clear",
-)
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_credential_set_by_an_odd_spelling_of_the_path_is_redacted(target: str) -> None:
     shown = redact_target(target.encode())
     assert SECRET not in shown
     assert MARKER in shown
+
+
+def test_an_absolute_url_keeps_its_authority() -> None:
+    shown = redact_target(
+        f"http://u:p@broker:8080/admin/v2/brokers/./configuration/{NAME}/{SECRET}"
+    )
+    assert shown == f"http://{MARKER}@broker:8080/admin/v2/brokers/configuration/{NAME}/{MARKER}"
 
 
 def test_another_config_value_is_kept() -> None:

@@ -81,6 +81,19 @@ def _redact_query(query: str) -> str:
     return "&".join(parts)
 
 
+def _canonical(path: str) -> str:
+    """A path as a web server routes it: percent-escapes decoded, dot
+    segments (``.``, ``..``) removed."""
+    out: list[str] = []
+    for segment in urllib.parse.unquote(path).split("/"):
+        if segment == "..":
+            if len(out) > 1:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    return "/".join(out)
+
+
 def redact_target(target: bytes | str) -> str:
     """A request target or URL as text, credential-like query values
     replaced (the rest of it as it came); user information in an absolute
@@ -102,6 +115,16 @@ def redact_target(target: bytes | str) -> str:
     config = _DYNAMIC_CONFIG.search(base)
     if config is not None and names_a_credential(urllib.parse.unquote(config.group(2))):
         base = f"{base[: config.start(3)]}{MARKER}"
+    else:
+        # The broker routes the path decoded, its dot segments removed: a
+        # path spelled otherwise (``configur%61tion``, ``/./``) sets the
+        # same config. Such a path is recorded as the broker reads it.
+        whole_path = slash + path if opening else base
+        head = base[: len(base) - len(whole_path)]
+        canonical = _canonical(whole_path)
+        config = _DYNAMIC_CONFIG.search(canonical)
+        if config is not None and names_a_credential(config.group(2)):
+            base = f"{head}{canonical[: config.start(3)]}{MARKER}"
     if q:
         base += "?" + _redact_query(query)
     return base + (hash_ + _redact_query(fragment) if hash_ else "")
