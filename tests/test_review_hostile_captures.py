@@ -1,0 +1,73 @@
+"""Review: captures made by someone else, shaped to break the readers. A
+record whose fields readers rely on are of the wrong shape must be said as
+damage (one line, exit 2), not met as a traceback in whichever command
+reads it (``sluice inspect``, ``replay`` and ``serve`` through ``load``)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.commands import main
+from sluice.recording.format import PayloadPolicy, RecordingError, dumps, header, read_records
+from sluice.recording.reader import load
+
+HEADER = header(capture="c0ffee", segment=1, started_ns=1, payloads=PayloadPolicy.FULL,
+                sluice_version="test")  # fmt: skip
+CONN = {"k": "conn", "c": 1, "t": 1, "w": 1, "client": "127.0.0.1:1",
+        "broker": "127.0.0.1:2", "kind": "proxied", "listener": "l"}  # fmt: skip
+
+
+def _filter(**extra: Any) -> dict[str, Any]:
+    return {"k": "filter", "c": 1, "d": 0, "t": 2, "w": 2, "filter": "f",
+            "action": "replaced", "n": 1, **extra}  # fmt: skip
+
+
+def _capture(tmp_path: Path, record: dict[str, Any]) -> Path:
+    path = tmp_path / "hostile.sluice"
+    path.write_bytes(dumps([HEADER, CONN, record]))
+    return path
+
+
+def _inspect(path: Path) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main(["inspect", str(path)])
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, err.getvalue()
+
+
+HOSTILE_FILTERS = {
+    "sent an int": _filter(sent=5),
+    "sent a string": _filter(sent="x"),
+    "sent without n": _filter(sent={"raw": b"x"}),
+    "sent raw a number": _filter(sent={"n": 1, "raw": 50_000_000}),
+    "sent raw text": _filter(sent={"n": 1, "raw": "abc"}),
+    "reason a map": _filter(reason={"a": 1}),
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/recording/format.py:232 (_damage) checks no field of a filter record "
+    "past its required ones: a `sent` that is not a map of `n` and `raw` bytes, or a "
+    "`reason` that is not text, reads as a record and breaks inspect "
+    "(sluice/commands/inspect.py:362, a KeyError/TypeError traceback) and load "
+    "(sluice/recording/reader.py:373, AttributeError; bytes(n) of a hostile number "
+    "allocates n bytes)",
+)
+@pytest.mark.parametrize("name", HOSTILE_FILTERS)
+def test_a_filter_record_of_the_wrong_shape_is_damage(tmp_path: Path, name: str) -> None:
+    path = _capture(tmp_path, HOSTILE_FILTERS[name])
+    with pytest.raises(RecordingError, match="damaged after 2 records"):
+        list(read_records(path))
+    with pytest.raises(RecordingError, match="damaged"):
+        load(path)
+    code, err = _inspect(path)
+    assert (code, "Traceback" in err) == (2, False), err
