@@ -53,15 +53,6 @@ HOSTILE_FILTERS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/recording/format.py:232 (_damage) checks no field of a filter record "
-    "past its required ones: a `sent` that is not a map of `n` and `raw` bytes, or a "
-    "`reason` that is not text, reads as a record and breaks inspect "
-    "(sluice/commands/inspect.py:362, a KeyError/TypeError traceback) and load "
-    "(sluice/recording/reader.py:373, AttributeError; bytes(n) of a hostile number "
-    "allocates n bytes)",
-)
 @pytest.mark.parametrize("name", HOSTILE_FILTERS)
 def test_a_filter_record_of_the_wrong_shape_is_damage(tmp_path: Path, name: str) -> None:
     path = _capture(tmp_path, HOSTILE_FILTERS[name])

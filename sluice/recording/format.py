@@ -258,6 +258,8 @@ def _damage(record: Any) -> str | None:
             return f"a {kind} record with {key!r} of the wrong type"
     if "d" in record and kind != "gap" and record["d"] not in (0, 1):
         return f"a {kind} record of no direction"
+    if kind == "filter" and (problem := _filter_damage(record)) is not None:
+        return problem
     summary = record.get("s")
     if summary is not None:
         if type(summary.get("cmd")) is not str:
@@ -269,6 +271,25 @@ def _damage(record: Any) -> str | None:
         chunk = summary.get("chunk")
         if chunk is not None and (len(chunk) != 4 or not all(type(x) is int for x in chunk[1:3])):
             return f"a {kind} record whose summary has 'chunk' of the wrong shape"
+    return None
+
+
+def _filter_damage(record: Record) -> str | None:
+    """What is wrong with a filter record's optional fields that readers
+    take as they are: ``reason`` (text) and ``sent`` (a map: ``n``, the
+    frame's size, and ``raw`` bytes and ``p`` list where present)."""
+    if "reason" in record and type(record["reason"]) is not str:
+        return "a filter record with 'reason' of the wrong type"
+    sent = record.get("sent")
+    if sent is None:
+        return None
+    if (
+        type(sent) is not dict
+        or type(sent.get("n")) is not int
+        or type(sent.get("raw", b"")) is not bytes
+        or type(sent.get("p", [])) is not list
+    ):
+        return "a filter record with 'sent' of the wrong shape"
     return None
 
 
