@@ -62,3 +62,23 @@ def test_a_filter_record_of_the_wrong_shape_is_damage(tmp_path: Path, name: str)
         load(path)
     code, err = _inspect(path)
     assert (code, "Traceback" in err) == (2, False), err
+
+
+def _frame(**extra: Any) -> dict[str, Any]:
+    return {"k": "frame", "c": 1, "d": 0, "t": 2, "w": 2, "n": 0, "raw": b"",
+            "s": {"cmd": "SEND"}, **extra}  # fmt: skip
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/recording/format.py:219 (_SUMMARY) checks a summary's 'payload' is a map "
+    "but not that it has the 'size' readers take: inspect fails with KeyError "
+    "(sluice/commands/inspect.py, summary['payload']['size'])",
+)
+@pytest.mark.parametrize("payload", [{}, {"size": "x"}], ids=["no size", "size text"])
+def test_a_summary_payload_without_its_size_is_damage(tmp_path: Path, payload: Any) -> None:
+    path = _capture(tmp_path, _frame(s={"cmd": "SEND", "payload": payload}))
+    with pytest.raises(RecordingError, match="damaged after 2 records"):
+        list(read_records(path))
+    code, err = _inspect(path)
+    assert (code, "Traceback" in err) == (2, False), err
