@@ -69,12 +69,6 @@ def _frame(**extra: Any) -> dict[str, Any]:
             "s": {"cmd": "SEND"}, **extra}  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/recording/format.py:219 (_SUMMARY) checks a summary's 'payload' is a map "
-    "but not that it has the 'size' readers take: inspect fails with KeyError "
-    "(sluice/commands/inspect.py, summary['payload']['size'])",
-)
 @pytest.mark.parametrize("payload", [{}, {"size": "x"}], ids=["no size", "size text"])
 def test_a_summary_payload_without_its_size_is_damage(tmp_path: Path, payload: Any) -> None:
     path = _capture(tmp_path, _frame(s={"cmd": "SEND", "payload": payload}))

@@ -268,6 +268,9 @@ def _damage(record: Any) -> str | None:
             expected = _SUMMARY.get(key)
             if expected is not None and not isinstance(value, expected):
                 return f"a {kind} record whose summary has {key!r} of the wrong type"
+        payload = summary.get("payload")
+        if payload is not None and type(payload.get("size")) is not int:
+            return f"a {kind} record whose summary has 'payload' of the wrong shape"
         chunk = summary.get("chunk")
         if chunk is not None and (len(chunk) != 4 or not all(type(x) is int for x in chunk[1:3])):
             return f"a {kind} record whose summary has 'chunk' of the wrong shape"
