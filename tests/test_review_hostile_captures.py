@@ -78,12 +78,6 @@ def test_a_summary_payload_without_its_size_is_damage(tmp_path: Path, payload: A
     assert (code, "Traceback" in err) == (2, False), err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/recording/reader.py:348 (load) takes record['raw'] of every frame; "
-    "a frame record with a summary but no 'raw' (which _damage lets by) is a KeyError "
-    "traceback in replay and serve",
-)
 def test_a_frame_without_its_bytes_is_damage_to_replay(tmp_path: Path) -> None:
     record = _frame()
     del record["raw"]

@@ -340,6 +340,11 @@ def load(target: Path, *, need_payloads: bool = True) -> Recording:
                 conn = connections.get((capture, record["c"]))
                 if conn is None:
                     continue  # its conn record was lost with a dropped segment
+                if "raw" not in record:
+                    raise RecordingError(
+                        f"{path}: damaged after {result.records - 1} records "
+                        "(a frame without its bytes)"
+                    )
                 conn.frames.append(
                     RecordedFrame(
                         record["d"] == 0,
