@@ -477,16 +477,24 @@ class Anonymizer:
             r[key] = self._scrub_value(value, drop_bytes)
         return r
 
-    def _scrub_value(self, value: Any, drop_bytes: bool) -> Any:
+    def _scrub_value(self, value: Any, drop_bytes: bool, depth: int = 0) -> Any:
         if isinstance(value, str):
             return self.names.scrub(value)
         if isinstance(value, bytes):
             return b"" if drop_bytes else value
+        if isinstance(value, list | dict) and depth >= _MAX_DEPTH:
+            # msgpack nests up to 1,024 levels, past Python's recursion
+            # limit: no record Sluice writes comes near.
+            raise RecordingError(f"a record holds a value nested more than {_MAX_DEPTH} deep")
         if isinstance(value, list):
-            return [self._scrub_value(v, drop_bytes) for v in value]
+            return [self._scrub_value(v, drop_bytes, depth + 1) for v in value]
         if isinstance(value, dict):
-            return {k: self._scrub_value(v, drop_bytes) for k, v in value.items()}
+            return {k: self._scrub_value(v, drop_bytes, depth + 1) for k, v in value.items()}
         return value
+
+
+# How deep a value in a record may nest for anonymize to read it.
+_MAX_DEPTH = 100
 
 
 def _sluices(kind: str, key: str, value: str) -> bool:
