@@ -45,8 +45,12 @@ def test_a_listed_source_may_send_a_header_to_the_admin_endpoint_or_not(
         assert status(sock).startswith("HTTP/1.1 40"), proxy.log()  # no token: refused by HTTP
         # A bad header from a listed source is still refused.
         assert status(dial(admin, b"PROXY TCP4 nonsense\r\n" + GET)) == "closed"
-        # An unlisted source: served without a header, refused with one.
-        assert status(dial(admin, GET, source="127.0.0.1")) == ok
+        # An unlisted source: served without a header, refused with one;
+        # on loopback its Host must name the endpoint (DNS rebinding), where
+        # a listed balancer's names what its own clients asked it.
+        named = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{admin}\r\n\r\n".encode()
+        assert status(dial(admin, named, source="127.0.0.1")) == ok
+        assert status(dial(admin, GET, source="127.0.0.1")) == "HTTP/1.1 403 Forbidden"
         assert status(dial(admin, b"PROXY TCP4 203.0.113.9 127.0.0.1 1 2\r\n" + GET,
                            source="127.0.0.1")) == "closed"  # fmt: skip
         assert proxy.terminate() == 0

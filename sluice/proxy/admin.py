@@ -231,8 +231,10 @@ async def serve_admin(
                         if refused is not None:
                             refused(peer_address(stream), exc)
                         return
+                # A listed balancer's requests name what its clients asked it.
+                named = inbound is None or not inbound.trusts(peer_address(stream).host)
                 await _respond(stream, registry, readiness, routes, metrics,
-                               lambda: gate.working(held), limit)  # fmt: skip
+                               lambda: gate.working(held), limit, named)  # fmt: skip
             if held.evicted:
                 with trio.CancelScope(shield=True) as shielded:
                     shielded.deadline = trio.current_time() + REFUSE_WAIT
@@ -335,14 +337,18 @@ async def _respond(
     metrics: MetricsSource | None = None,
     received: Callable[[], None] | None = None,
     limit: trio.CancelScope | None = None,
+    named: bool = True,
 ) -> None:
+    """Answer one request; ``named``: its ``Host`` must name this server
+    when it listens on loopback (not for a listed PROXY-protocol source)."""
     try:
         request = await _read_request(stream)
         if request is None:
             return
         if received is not None:
             received()
-        _check_host(stream, request)
+        if named:
+            _check_host(stream, request)
         for prefix in (*routes, *_UNSERVED):
             if request.target == prefix or request.target.startswith(prefix + "/"):
                 handler = routes.get(prefix)
