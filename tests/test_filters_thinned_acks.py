@@ -10,8 +10,9 @@ from sluice.filters.config import FilterSpec
 from sluice.protocols.core import Peer
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.connection import PulsarConnection
+from sluice.protocols.pulsar.encoder import command, encode_payload
 from sluice.protocols.pulsar.filtering import _renumbered
-from tests.test_filters import WORDS, _core, _message_frame
+from tests.test_filters import WORDS, _batch, _core, _message_frame
 from tests.test_pulsar_core import frame_bytes, sent
 
 T = pb.BaseCommand
@@ -97,3 +98,17 @@ def test_an_entry_delivered_whole_is_not_renumbered() -> None:
     raw = _ack(pb.MessageIdData(ledgerId=1, entryId=7, ack_set=[0b01]))
     out = core.receive_client(raw, 1.1)
     assert b"".join(a.data for a in out if a.to is Peer.BROKER) == raw  # type: ignore[union-attr]
+
+
+def test_a_redelivered_batchs_ack_set_is_renumbered_for_the_entries_kept() -> None:
+    """A redelivered batch carries the broker's ack set (bit i: entry i still
+    unacknowledged); thinned, the consumer reads it in its own numbering."""
+    core, _ = _core(FilterSpec(WORDS))
+    meta, data = _batch([b"zero", b"skip me", b"two", b"three"], pb.ZSTD)
+    body = pb.CommandMessage(
+        consumer_id=2, message_id=pb.MessageIdData(ledgerId=1, entryId=7), ack_set=[0b1010]
+    )  # entries 1 and 3 still unacknowledged
+    out = core.receive_broker(encode_payload(command(T.MESSAGE, body), meta, data), 1.0)
+    (delivered,) = sent(out, Peer.CLIENT)
+    # Kept: entries 0, 2 and 3, numbered 0, 1 and 2: only entry 3 (now 2) unacknowledged.
+    assert list(delivered.body.ack_set) == [0b100]
