@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -1011,25 +1012,32 @@ def _last_changed(results: list[Outcome]) -> str | None:
     return changed[-1] if changed else None
 
 
+def _unacked(words: list[int], i: int) -> bool:
+    """Bit ``i`` of an ack set (set: entry ``i`` still unacknowledged); an
+    ack set too short to hold it says acknowledged."""
+    return i // 64 < len(words) and bool((words[i // 64] >> (i % 64)) & 1)
+
+
+def _ack_words(unacked: Iterable[int], size: int) -> list[int]:
+    """An ack set of ``size`` entries with the bits ``unacked`` set, in
+    protobuf's signed 64-bit words."""
+    packed = [0] * ((size + 63) // 64)
+    for i in unacked:
+        packed[i // 64] |= 1 << (i % 64)
+    return [w - (1 << 64) if w >= 1 << 63 else w for w in packed]
+
+
 def _renumbered(words: list[int], size: int, kept: tuple[int, ...]) -> list[int]:
     """A consumer's ack set (bit j: its entry j still unacknowledged) of a
     thinned batch, in the batch's own numbering: entry ``kept[j]`` keeps bit
     j, an entry left out is acknowledged."""
-    packed = [0] * ((size + 63) // 64)
-    for j, i in enumerate(kept):
-        if j // 64 < len(words) and (words[j // 64] >> (j % 64)) & 1:
-            packed[i // 64] |= 1 << (i % 64)
-    return [w - (1 << 64) if w >= 1 << 63 else w for w in packed]
+    return _ack_words((i for j, i in enumerate(kept) if _unacked(words, j)), size)
 
 
 def _keep_ack_set(message: Any, kept: list[int]) -> None:
     """A redelivered batch's ack set (bit i: entry i still unacknowledged),
     for the entries kept, renumbered as the batch now is."""
     words = list(message.ack_set)
-    bits = [(words[i // 64] >> (i % 64)) & 1 if i // 64 < len(words) else 0 for i in kept]
-    packed = [0] * ((len(bits) + 63) // 64)
-    for i, bit in enumerate(bits):
-        if bit:
-            packed[i // 64] |= 1 << (i % 64)
+    packed = _ack_words((j for j, i in enumerate(kept) if _unacked(words, i)), len(kept))
     del message.ack_set[:]
-    message.ack_set.extend(w - (1 << 64) if w >= 1 << 63 else w for w in packed)
+    message.ack_set.extend(packed)
