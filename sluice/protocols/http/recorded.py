@@ -7,8 +7,9 @@ target, headers and bodies is decided here, on values:
 
 - ``redact_target``: a request target (or a URL) with the values of
   credential-like query parameters (``token=``, ``jwt=``, ``api_key=`` …)
-  replaced by ``<redacted>``, and a credential set as a broker's dynamic
-  config in the path.
+  and path parameters (a servlet session's ``;jsessionid=``) replaced by
+  ``<redacted>``, and a credential set as a broker's dynamic config in the
+  path.
 - ``redact_headers``: headers as text pairs, the values of those that
   carry credentials (``Authorization``, ``Proxy-Authorization``,
   ``Cookie``, ``Set-Cookie``, ``X-Original-Principal``, anything named like
@@ -94,9 +95,27 @@ def _canonical(path: str) -> str:
     return "/".join(out)
 
 
+def _redact_params(path: str) -> str:
+    """A path with the values of credential-like path parameters (a
+    servlet container's ``;jsessionid=…``, matrix parameters of any
+    segment) replaced, the rest of it as it came."""
+    if ";" not in path:
+        return path
+    segments = []
+    for segment in path.split("/"):
+        head, *params = segment.split(";")
+        for i, param in enumerate(params):
+            name, eq, _ = param.partition("=")
+            if eq and names_a_credential(urllib.parse.unquote(name)):
+                params[i] = f"{name}={MARKER}"
+        segments.append(";".join([head, *params]))
+    return "/".join(segments)
+
+
 def redact_target(target: bytes | str) -> str:
-    """A request target or URL as text, credential-like query values
-    replaced (the rest of it as it came); user information in an absolute
+    """A request target or URL as text, credential-like query values and
+    path parameters (``;jsessionid=…``) replaced (the rest of it as it
+    came); user information in an absolute
     or scheme-relative URL is replaced too, and the value a broker's
     dynamic config is set to in the path
     (``/admin/v2/brokers/configuration/{name}/{value}``) where the name is
@@ -111,7 +130,10 @@ def redact_target(target: bytes | str) -> str:
         authority, slash, path = rest.partition("/")
         if "@" in authority:
             authority = f"{MARKER}@{authority.rpartition('@')[2]}"
+        path = _redact_params(path)
         base = f"{scheme}{opening}{authority}{slash}{path}"
+    else:
+        base = _redact_params(base)
     config = _DYNAMIC_CONFIG.search(base)
     if config is not None and names_a_credential(urllib.parse.unquote(config.group(2))):
         base = f"{base[: config.start(3)]}{MARKER}"
