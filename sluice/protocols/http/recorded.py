@@ -15,7 +15,8 @@ target, headers and bodies is decided here, on values:
   ``Cookie``, ``Set-Cookie``, ``X-Original-Principal``, anything named like
   a token, key, secret or password) replaced, and URLs in ``Location``
   and ``Referer`` redacted as targets.
-- ``redact_body``: a JSON, form or ``multipart/form-data`` body (kept
+- ``redact_body``: a JSON, form (whatever its declared type: an OAuth2
+  token request's form sent as ``text/plain``) or ``multipart/form-data`` body (kept
   whole with ``--record-payloads full``) with the values of credential-like
   keys replaced (each part of a multipart body as its own content type
   says, found by its boundary; a package's binary part kept unparsed);
@@ -215,8 +216,9 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool]:
     """A body to keep whole, and whether credentials were replaced in it: a
-    JSON document's credential-like keys, a form's credential-like fields,
-    each part of a ``multipart/form-data`` body as its own type says (and
+    JSON document's credential-like keys, a form's credential-like fields
+    (a body that is a form whatever its declared type: ``text/plain``, no
+    type), each part of a ``multipart/form-data`` body as its own type says (and
     the whole value of a part named like a credential; a binary part is
     not looked into). Another body is
     kept as it came. None: a body that cannot be checked for credentials
@@ -244,7 +246,38 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
         text = body.decode("latin-1")
         redacted = _redact_query(text)
         return redacted.encode("latin-1"), redacted != text
+    form = _as_form(body)
+    if form is not None:
+        # A form sent as text/plain, with no type or any other: what a
+        # reader of forms takes from it is as secret. Its line break kept.
+        text, line_break = form
+        redacted = _redact_query(text)
+        return redacted.encode("ascii") + line_break, redacted != text
     return body, False
+
+
+# A body that is a form whatever its type says (``text/plain``, none):
+# fields joined by ``&``, each a name as a form's writer spells it
+# (letters, digits, ``_.~*-[]``, percent-escapes), ``=`` and a value of
+# visible ASCII (or no ``=``, or an empty field, as lenient readers take
+# them), at most a line break at its end. Text (spaces, lines), JSON and
+# bytes are none: they are kept as they came.
+_VISIBLE = bytes(range(0x21, 0x7F))
+# A field that is none (found where one begins): an empty name before its
+# ``=``, or a name spelled otherwise.
+_NOT_A_FIELD = re.compile(rb"(?:\A|&)(?:=|(?![A-Za-z0-9_.~*%\[\]-]*+(?:[=&]|\Z)))")
+
+
+def _as_form(body: bytes) -> tuple[str, bytes] | None:
+    """A body that is a form with a value (see above): its fields as text,
+    and the line break after them; None for any other."""
+    if b"=" not in body:
+        return None  # no value: nothing to redact
+    cut = len(body) - (2 if body.endswith(b"\r\n") else 1 if body.endswith(b"\n") else 0)
+    fields = body[:cut]
+    if fields.translate(None, _VISIBLE) or _NOT_A_FIELD.search(fields):
+        return None  # a blank, a control, a byte past ASCII; a field that is none
+    return fields.decode("ascii"), body[cut:]
 
 
 # A multipart part whose bytes are not looked into for credentials, by its
