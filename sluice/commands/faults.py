@@ -15,6 +15,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from sluice.addresses import parse_address
@@ -204,14 +205,7 @@ def rule_from(args: argparse.Namespace) -> dict[str, Any]:
             rule: dict[str, Any] = json.loads(args.rule)
         except ValueError as exc:
             raise ConfigError(f"--rule is not JSON: {exc}") from None
-        # Read as the proxy reads it: a rule it would refuse is a mistake in
-        # the command line (exit 2), said even with the proxy down, not its
-        # refusal (exit 1, as if it were down).
-        try:
-            parse_rule(rule, registry.all_faults())
-        except FaultError as exc:
-            raise ConfigError(f"--rule: {exc}") from None
-        return rule
+        return _checked(rule, lambda _: "--rule")
     if args.id == "":  # the proxy would pick one, which the caller cannot name
         raise ConfigError("--id is empty: give the rule an id, or no --id")
     if args.jitter is not None:
@@ -244,7 +238,56 @@ def rule_from(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if value is not None:
             rule[key] = value
+    return _checked(rule, lambda exc: _option_at_fault(str(exc), args))
+
+
+def _checked(rule: dict[str, Any], named: Callable[[FaultError], str]) -> dict[str, Any]:
+    """``rule`` as the proxy reads it (``parse_rule``): one it would refuse
+    is a mistake in the command line (exit 2, the option ``named`` names
+    first), said even with the proxy down, not its refusal (exit 1, as if
+    it were down)."""
+    try:
+        parse_rule(rule, registry.all_faults())
+    except FaultError as exc:
+        raise ConfigError(f"{named(exc)}: {exc}") from None
     return rule
+
+
+# The option that gave the rule field a refusal names (``parse_rule`` says
+# what is wrong in the JSON's words), by how the refusal begins (what
+# follows may quote the user's values), first match wins.
+_AT_FAULT = (
+    (re.compile(r"unknown protocol |match\.protocol "), "--protocol"),
+    (re.compile(r"unknown command |match\.command |an error rule answers requests: (?!its )"),
+     "--command"),
+    (re.compile(r"\w+ rules match |match\.direction|an error rule answers requests: its "),
+     "--direction"),
+    (re.compile(r"match\.topic "), "--topic"),
+    (re.compile(r"match\.client "), "--client"),
+    (re.compile(r"unknown error code |error "), "--error"),
+    (re.compile(r"rate "), "--throttle"),
+    (re.compile(r"jitter_ms "), "--jitter"),
+    (re.compile(r"delay_ms |a delay rule "), "--delay"),
+    (re.compile(r"probability "), "--probability"),
+    (re.compile(r"after "), "--after"),
+    (re.compile(r"times "), "--times"),
+    (re.compile(r"message "), "--message"),
+    (re.compile(r"id "), "--id"),
+)  # fmt: skip
+_ACTIONS = ("delay", "drop", "corrupt", "disconnect", "error", "throttle")
+
+
+def _option_at_fault(refusal: str, args: argparse.Namespace) -> str:
+    """The option of ``sluice faults add`` that a refusal of the rule its
+    options built is about; the action's (``--drop`` …) where it is about
+    the action (``http rules may delay, …, not corrupt``) or none is named."""
+    for pattern, option in _AT_FAULT:
+        if pattern.match(refusal):
+            return option
+    given = [
+        f"--{a}" for a in _ACTIONS if getattr(args, a) is not None and getattr(args, a) is not False
+    ]
+    return given[0] if given else "the options"
 
 
 class AdminError(Exception):

@@ -7,14 +7,16 @@ target, headers and bodies is decided here, on values:
 
 - ``redact_target``: a request target (or a URL) with the values of
   credential-like query parameters (``token=``, ``jwt=``, ``api_key=`` …)
-  replaced by ``<redacted>``, and a credential set as a broker's dynamic
-  config in the path.
+  and path parameters (a servlet session's ``;jsessionid=``) replaced by
+  ``<redacted>``, and a credential set as a broker's dynamic config in the
+  path.
 - ``redact_headers``: headers as text pairs, the values of those that
   carry credentials (``Authorization``, ``Proxy-Authorization``,
   ``Cookie``, ``Set-Cookie``, ``X-Original-Principal``, anything named like
   a token, key, secret or password) replaced, and URLs in ``Location``
   and ``Referer`` redacted as targets.
-- ``redact_body``: a JSON, form or ``multipart/form-data`` body (kept
+- ``redact_body``: a JSON, form (whatever its declared type: an OAuth2
+  token request's form sent as ``text/plain``) or ``multipart/form-data`` body (kept
   whole with ``--record-payloads full``) with the values of credential-like
   keys replaced (each part of a multipart body as its own content type
   says, found by its boundary; a package's binary part kept unparsed);
@@ -94,9 +96,27 @@ def _canonical(path: str) -> str:
     return "/".join(out)
 
 
+def _redact_params(path: str) -> str:
+    """A path with the values of credential-like path parameters (a
+    servlet container's ``;jsessionid=…``, matrix parameters of any
+    segment) replaced, the rest of it as it came."""
+    if ";" not in path:
+        return path
+    segments = []
+    for segment in path.split("/"):
+        head, *params = segment.split(";")
+        for i, param in enumerate(params):
+            name, eq, _ = param.partition("=")
+            if eq and names_a_credential(urllib.parse.unquote(name)):
+                params[i] = f"{name}={MARKER}"
+        segments.append(";".join([head, *params]))
+    return "/".join(segments)
+
+
 def redact_target(target: bytes | str) -> str:
-    """A request target or URL as text, credential-like query values
-    replaced (the rest of it as it came); user information in an absolute
+    """A request target or URL as text, credential-like query values and
+    path parameters (``;jsessionid=…``) replaced (the rest of it as it
+    came); user information in an absolute
     or scheme-relative URL is replaced too, and the value a broker's
     dynamic config is set to in the path
     (``/admin/v2/brokers/configuration/{name}/{value}``) where the name is
@@ -111,7 +131,10 @@ def redact_target(target: bytes | str) -> str:
         authority, slash, path = rest.partition("/")
         if "@" in authority:
             authority = f"{MARKER}@{authority.rpartition('@')[2]}"
+        path = _redact_params(path)
         base = f"{scheme}{opening}{authority}{slash}{path}"
+    else:
+        base = _redact_params(base)
     config = _DYNAMIC_CONFIG.search(base)
     if config is not None and names_a_credential(urllib.parse.unquote(config.group(2))):
         base = f"{base[: config.start(3)]}{MARKER}"
@@ -193,8 +216,9 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool]:
     """A body to keep whole, and whether credentials were replaced in it: a
-    JSON document's credential-like keys, a form's credential-like fields,
-    each part of a ``multipart/form-data`` body as its own type says (and
+    JSON document's credential-like keys, a form's credential-like fields
+    (a body that is a form whatever its declared type: ``text/plain``, no
+    type), each part of a ``multipart/form-data`` body as its own type says (and
     the whole value of a part named like a credential; a binary part is
     not looked into). Another body is
     kept as it came. None: a body that cannot be checked for credentials
@@ -222,7 +246,38 @@ def redact_body(body: bytes, content_type: str = "") -> tuple[bytes | None, bool
         text = body.decode("latin-1")
         redacted = _redact_query(text)
         return redacted.encode("latin-1"), redacted != text
+    form = _as_form(body)
+    if form is not None:
+        # A form sent as text/plain, with no type or any other: what a
+        # reader of forms takes from it is as secret. Its line break kept.
+        text, line_break = form
+        redacted = _redact_query(text)
+        return redacted.encode("ascii") + line_break, redacted != text
     return body, False
+
+
+# A body that is a form whatever its type says (``text/plain``, none):
+# fields joined by ``&``, each a name as a form's writer spells it
+# (letters, digits, ``_.~*-[]``, percent-escapes), ``=`` and a value of
+# visible ASCII (or no ``=``, or an empty field, as lenient readers take
+# them), at most a line break at its end. Text (spaces, lines), JSON and
+# bytes are none: they are kept as they came.
+_VISIBLE = bytes(range(0x21, 0x7F))
+# A field that is none (found where one begins): an empty name before its
+# ``=``, or a name spelled otherwise.
+_NOT_A_FIELD = re.compile(rb"(?:\A|&)(?:=|(?![A-Za-z0-9_.~*%\[\]-]*+(?:[=&]|\Z)))")
+
+
+def _as_form(body: bytes) -> tuple[str, bytes] | None:
+    """A body that is a form with a value (see above): its fields as text,
+    and the line break after them; None for any other."""
+    if b"=" not in body:
+        return None  # no value: nothing to redact
+    cut = len(body) - (2 if body.endswith(b"\r\n") else 1 if body.endswith(b"\n") else 0)
+    fields = body[:cut]
+    if fields.translate(None, _VISIBLE) or _NOT_A_FIELD.search(fields):
+        return None  # a blank, a control, a byte past ASCII; a field that is none
+    return fields.decode("ascii"), body[cut:]
 
 
 # A multipart part whose bytes are not looked into for credentials, by its
