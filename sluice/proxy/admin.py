@@ -46,6 +46,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from sluice.addresses import Address, names_this_server
 from sluice.protocols.faults import FaultError, Faults, ProtocolFaults, check_room, parse_rule
 from sluice.protocols.haproxy import HeaderError
+from sluice.protocols.http.recorded import redact_target
 from sluice.proxy.dial import open_listeners
 from sluice.proxy.inbound import ProxyProtocolIn, peer_address
 from sluice.recording.writer import Recorder, SnapshotError
@@ -362,8 +363,8 @@ async def _respond(
                 except Refused:
                     raise
                 except Exception as exc:  # a bug answers 500; it never stops the endpoint
-                    log.error("admin %s %s failed: %r", request.method, request.target, exc,
-                              exc_info=exc)  # fmt: skip
+                    target = redact_target(request.target)
+                    log.error("admin %s %s failed: %r", request.method, target, exc, exc_info=exc)
                     raise Refused(500, f"internal error: {exc!r}") from None
                 await _send(stream, status, json.dumps(answer).encode() + b"\n", _JSON)
                 return

@@ -1023,7 +1023,7 @@ class HttpRelay:
             self.metrics,
             max_message=self.config.http_max_body,
             idle_timeout=self.config.http_request_timeout,
-            what=request.target.split(b"?", 1)[0].decode("latin-1"),  # no query: tokens
+            what=redact_target(request.target.split(b"?", 1)[0]),  # no query; no ;jsessionid=
             tap=self.watch.session(conn),
         )
         self._sessions.add(session)
