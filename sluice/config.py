@@ -416,3 +416,13 @@ def _whole(text: str, what: str, allowed: range, rule: str) -> int:
     if value not in allowed:
         raise argparse.ArgumentTypeError(f"{text!r}: {rule}")
     return value
+
+
+def cache_dir() -> Path:
+    """Where Sluice keeps what it fetches or makes once (Apache Pulsar's
+    jars, the analysis JVM's class cache): ``$SLUICE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/sluice``, else ``~/.cache/sluice``."""
+    if os.environ.get("SLUICE_CACHE_DIR"):
+        return Path(os.environ["SLUICE_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "sluice"

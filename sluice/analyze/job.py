@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sluice.analyze.jvm import ClassCache, class_cache
 from sluice.protocols import registry
 
 TABLES = ("frames", "connections", "topic_minute", "latency", "errors", "files", "bad_segments",
@@ -142,7 +143,9 @@ def check_master_reachable(master: str | None, timeout: float = CONNECT_TIMEOUT_
     raise Unreachable(f"--master {master}: {'; '.join(failures)}")
 
 
-def spark_session(master: str | None, remote: str | None = None) -> Any:
+def spark_session(
+    master: str | None, remote: str | None = None, cache: ClassCache | None = None
+) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if remote:
         check_reachable(remote)
@@ -159,6 +162,8 @@ def spark_session(master: str | None, remote: str | None = None) -> Any:
     # CPU than they win back over it (see docs/analyze.md). Takes effect
     # where this process starts the JVM (not under spark-submit).
     java_options = os.environ.get("SLUICE_SPARK_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS)
+    if cache is not None:  # jvm.py: the classes it loads, kept for the next run
+        java_options = f"{cache.java_options()} {java_options}".strip()  # the user's last
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     if master:
@@ -218,15 +223,27 @@ def analyze(
     Connect at ``remote``; ``progress``: a :class:`progress.Progress` to feed."""
     if remote is None and nothing_to_read(paths):  # said before Spark starts
         raise NoRecordings(paths)
-    spark = spark_session(master, remote)
+    cache = class_cache(os.environ) if remote is None else None
+    spark = spark_session(master, remote, cache)
+    done = False
     try:
         if progress is not None:
             progress.watch(spark)
-        return _analyze(spark, paths, out, say, remote is not None, progress)
+        result = _analyze(spark, paths, out, say, remote is not None, progress)
+        done = True
+        return result
     finally:
         if progress is not None:
             progress.stop()
+        gateway = getattr(spark.sparkContext, "_gateway", None) if cache else None
+        jvm = getattr(gateway, "proc", None)
         spark.stop()
+        if cache is not None and cache.making is not None and jvm is not None:
+            if done:
+                say(f"keeping the JVM's classes for faster starts (once): {cache.archive}")
+                cache.keep(jvm)
+            else:  # a failed run does not wait for its JVM to write an archive
+                jvm.kill()
 
 
 def _analyze(

@@ -49,6 +49,7 @@ from sluice.brokers.embedded import (
     terminate,
     wait_for_port,
 )
+from sluice.config import cache_dir
 from sluice.protocols.pulsar import (
     CLOSED,
     Frame,
@@ -105,14 +106,6 @@ def pulsar_version() -> str:
     if match is None:
         raise ProvisionError(f"{POM} names no <pulsar.version>")
     return match.group(1).strip()
-
-
-def cache_dir() -> Path:
-    """``$SLUICE_CACHE_DIR``, else ``$XDG_CACHE_HOME/sluice``, else ``~/.cache/sluice``."""
-    if os.environ.get("SLUICE_CACHE_DIR"):
-        return Path(os.environ["SLUICE_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "sluice"
 
 
 def java_binary() -> str:

@@ -13,12 +13,12 @@ import argparse
 import errno
 import os
 import re
-import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from sluice.analyze.job import NoRecordings, Unreachable, analyze
+from sluice.analyze.jvm import spark_java
 from sluice.commands import output_problem
 
 
@@ -95,15 +95,11 @@ def java_problem(env: Mapping[str, str]) -> str | None:
     where PySpark's launcher looks (``$JAVA_HOME/bin/java``, else ``java``
     on PATH); None when there is one, or under ``spark-submit`` (its JVM
     runs already)."""
-    if "PYSPARK_GATEWAY_PORT" in env:
+    if "PYSPARK_GATEWAY_PORT" in env or spark_java(env) is not None:
         return None
     home = env.get("JAVA_HOME")
     if home:
-        if os.access(os.path.join(home, "bin", "java"), os.X_OK):
-            return None
         return f"a local Spark needs Java 17 or later: JAVA_HOME is {home}, which has no bin/java"
-    if shutil.which("java", path=env.get("PATH", "")) is not None:
-        return None
     return (
         "a local Spark needs Java 17 or later: no java on PATH and JAVA_HOME is not set "
         "(or give --remote sc://HOST:PORT: the server runs Spark)"
