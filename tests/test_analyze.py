@@ -284,16 +284,30 @@ def run_on_a_terminal(args: list[str], env: dict[str, str] | None = None) -> tup
             process.wait()
 
 
-def test_progress_line_on_a_terminal_and_not_with_quiet(
-    analyzed: dict[str, Any], quiet_spark_writer: dict[str, Any]
-) -> None:
-    inputs = analyzed["inputs"]
-    total = sum(p.stat().st_size for p in inputs.iterdir())
-    out = analyzed["tmp"] / "progress-out"
-    code, shown = run_on_a_terminal(
-        [*SLUICE, "analyze", str(inputs), "--out", str(out), "--master", "local[2]"]
-    )
+@pytest.fixture(scope="module")
+def on_a_cluster(analyzed: dict[str, Any]) -> dict[str, Any]:
+    """One run over the fixed recordings on a Spark standalone cluster (a
+    master and a worker from PySpark's distribution on 127.0.0.1, stopped by
+    PID), with stderr on a pseudo-terminal as a person runs it: the
+    standalone cluster's tables and the progress line, from one Spark run.
+    (This process is the driver there as on ``local[N]``: the progress line
+    reads the same status store and accumulator, progress.py.)"""
+    out = analyzed["tmp"] / "cluster-out"
+    with StandaloneCluster(analyzed["tmp"] / "cluster", workers=1, cores=2) as cluster:
+        processes = list(cluster.processes)
+        code, shown = run_on_a_terminal(
+            [*SLUICE, "analyze", analyzed["inputs"].as_uri(), "--out", str(out),
+             "--master", cluster.url]
+        )  # fmt: skip
     assert code == 0, shown[-3000:]
+    return {"out": out, "shown": shown, "processes": processes}
+
+
+def test_progress_line_on_a_terminal_and_not_with_quiet(
+    analyzed: dict[str, Any], quiet_spark_writer: dict[str, Any], on_a_cluster: dict[str, Any]
+) -> None:
+    total = sum(p.stat().st_size for p in analyzed["inputs"].iterdir())
+    shown, out = on_a_cluster["shown"], on_a_cluster["out"]
     drawn = [part for line in shown.split("\n") for part in line.split("\r")]
     tasks = [
         p
@@ -527,16 +541,15 @@ def test_report_renders_in_headless_chromium(analyzed: dict[str, Any]) -> None:
     assert shot.stat().st_size > 50_000  # pictures, not a blank page
 
 
-def test_standalone_cluster_gives_the_local_tables(analyzed: dict[str, Any]) -> None:
+def test_standalone_cluster_gives_the_local_tables(
+    analyzed: dict[str, Any], on_a_cluster: dict[str, Any]
+) -> None:
     """A master and a worker from PySpark's distribution on 127.0.0.1,
     stopped by PID: the decoding runs in an executor of its own, not in
     the driver's JVM."""
-    out = analyzed["tmp"] / "cluster-out"
-    with StandaloneCluster(analyzed["tmp"] / "cluster", workers=1, cores=2) as cluster:
-        processes = list(cluster.processes)
-        result = analyze(analyzed["inputs"].as_uri(), out, cluster.url)
-    assert all(p.poll() is not None for p in processes)
-    assert "decoded:" in result.stderr
+    out = on_a_cluster["out"]
+    assert all(p.poll() is not None for p in on_a_cluster["processes"])
+    assert "decoded:" in on_a_cluster["shown"]
     assert differences(analyzed["out"], out) == []
     assert (out / "report.html").exists()
 

@@ -87,17 +87,18 @@ def one_line(result: subprocess.CompletedProcess[str], status: int) -> str:
     return lines[0]
 
 
-def _checked(command: list[str], what: str, cwd: Path) -> None:
+def _checked(command: list[str], what: str, cwd: Path, env: dict[str, str] | None = None) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
-                          check=False, cwd=cwd)  # fmt: skip
+                          check=False, cwd=cwd, env=env)  # fmt: skip
     assert done.returncode == 0, f"{what} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
 def source_copy(into: Path) -> Path:
     """The files of the checkout that git tracks or would track (not what
     .gitignore names: no .venv, no build outputs), copied to ``into``: the
-    build never writes into the checkout, and nothing stale from an earlier
-    build gets into the wheel."""
+    wheel is built from these alone, and nothing stale from an earlier build
+    (a ``sluice/_frames*.so``, ``build/``) gets into it. (Cargo's cache is
+    the one thing shared with the checkout: see ``installed``.)"""
     git = shutil.which("git")
     assert git, "git is needed to list the source files"
     listed = subprocess.run(
@@ -115,14 +116,29 @@ def source_copy(into: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    """Built and installed once per test session."""
+    """Built and installed once per test session.
+
+    The wheel is built from a copy of the source (``source_copy``), but cargo
+    builds the Rust crate in the checkout's ``rust/target`` (or in the
+    ``CARGO_TARGET_DIR`` already set), where ``./dev setup``'s editable
+    install built it with the same profile and features: the crate's
+    dependencies (pyo3 and the rest) are reused, not compiled again, about a
+    minute of every session. That is safe: cargo keys what it keeps there on
+    each unit's sources (and their files' times), profile, features and
+    compiler, and rebuilds what differs, as for a build in the checkout
+    itself (the copy keeps the checkout's file times: a source changed since
+    that build is newer than it, and compiled again); it locks the directory
+    while it builds. (Absent, cargo makes it.) The directory is one git
+    ignores; nothing else of the build is written into the checkout."""
     base = tmp_path_factory.mktemp("install")
     source = source_copy(base / "source")
     dist = base / "dist"
+    env = {**os.environ}
+    env.setdefault("CARGO_TARGET_DIR", str(ROOT / "rust" / "target"))
     # `build` from the project's environment; the build backend (whatever
     # pyproject.toml names) is fetched into an isolated environment.
     _checked([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)],
-             "python -m build --wheel", cwd=base)  # fmt: skip
+             "python -m build --wheel", cwd=base, env=env)  # fmt: skip
     wheels = list(dist.glob("sluice-*.whl"))
     assert len(wheels) == 1, f"expected one wheel in {dist}: {wheels}"
     root = base / "venv"
