@@ -18,6 +18,7 @@ RUNS = {
     "cursus_codec": 4000,
     "pulsar_proxy": 4000,
     "proxy_header": 20000,
+    "recording": 200,
 }
 
 
