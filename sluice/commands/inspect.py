@@ -496,7 +496,20 @@ def json_line(capture: str, record: Record, with_bytes: bool) -> str:
         out["kind"], out["request_kind"] = "http", record["kind"]
     elif record["k"] == "conn":  # the connection's kind beside the record's
         out["kind"], out["connection_kind"] = "conn", record["kind"]
-    return json.dumps(out, default=str)
+    try:
+        return json.dumps(out, default=str)
+    except TypeError:  # a map keyed by bytes (a damaged record, or a kind newer than this reader)
+        return json.dumps(_text_keys(out), default=str)
+
+
+def _text_keys(value: Any) -> Any:
+    """``value`` with the keys of its maps that JSON has no place for
+    (bytes) written as their values are (``str``)."""
+    if isinstance(value, list):
+        return [_text_keys(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k) if isinstance(k, bytes) else k: _text_keys(v) for k, v in value.items()}
+    return value
 
 
 _LONG_KEYS = {"k": "kind", "c": "conn", "d": "dir", "t": "mono_ns", "w": "wall_ns", "n": "size",
