@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sluice.commands import main
 from sluice.recording import format as fmt
 
@@ -42,3 +44,29 @@ def test_inspect_json_shows_a_record_keyed_by_bytes(tmp_path: Path) -> None:
     shown = json.loads(line)
     assert shown["kind"] == "later" and shown["b'\\x01'"] == 1
     assert shown["m"] == {"b'k'": {"2": "b'v'"}}
+
+
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("mode", [[], ["--json"]])
+def test_inspect_says_a_record_nested_too_deep_is_damage(tmp_path: Path, mode: list[str]) -> None:
+    # msgpack nests up to 1,024 levels, past Python's recursion limit: a
+    # close record's reason nested 1,000 deep raised RecursionError out of
+    # the timeline's f-string and out of json.dumps.
+    path = capture(tmp_path, {"k": "close", "c": 1, "t": 0, "w": T0, "reason": nested(1000)})
+    code, _, err = sluice("inspect", str(path), *mode)
+    assert code == 2
+    assert (
+        err
+        == f"sluice inspect: {path}: damaged after 1 records (a value nested more than 100 deep)\n"
+    )
+
+
+def test_a_record_nested_as_deep_as_anonymize_takes_still_reads(tmp_path: Path) -> None:
+    path = capture(tmp_path, {"k": "later", "w": T0, "x": nested(100)})
+    assert [r["k"] for r in fmt.read_records(path)] == ["header", "later"]

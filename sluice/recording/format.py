@@ -277,6 +277,21 @@ def _damage(record: Any) -> str | None:
     return None
 
 
+# How deep a value in a record may nest: msgpack nests up to 1,024 levels,
+# past Python's recursion limit (where printing or walking one ends in a
+# RecursionError); no record Sluice writes comes near.
+MAX_DEPTH = 100
+
+
+def _too_deep(value: Any, depth: int = 0) -> bool:
+    """Whether a map or list holds one nested more than ``MAX_DEPTH`` below it."""
+    for item in value.values() if type(value) is dict else value:
+        kind = type(item)
+        if (kind is dict or kind is list) and (depth >= MAX_DEPTH or _too_deep(item, depth + 1)):
+            return True
+    return False
+
+
 def _filter_damage(record: Record) -> str | None:
     """What is wrong with a filter record's optional fields that readers
     take as they are: ``reason`` (text) and ``sent`` (a map: ``n``, the
@@ -348,6 +363,9 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
             if _zeros_to_end(handle, result.offset, size):
                 break  # what a crash can leave: read as a file cut short
             raise RecordingError(f"{path}: damaged after {result.records} records")
+        if _too_deep(record):
+            raise RecordingError(f"{path}: damaged after {result.records} records "
+                                 f"(a value nested more than {MAX_DEPTH} deep)")  # fmt: skip
         for step in upgrade:
             record = step(record)
         if not header and (problem := _damage(record)) is not None:
