@@ -70,3 +70,19 @@ def test_inspect_says_a_record_nested_too_deep_is_damage(tmp_path: Path, mode: l
 def test_a_record_nested_as_deep_as_anonymize_takes_still_reads(tmp_path: Path) -> None:
     path = capture(tmp_path, {"k": "later", "w": T0, "x": nested(100)})
     assert [r["k"] for r in fmt.read_records(path)] == ["header", "later"]
+
+
+FRAME = {"k": "frame", "c": 1, "d": 1, "t": 0, "w": T0, "n": 3, "raw": b"abc"}
+
+
+def test_inspect_says_a_message_id_that_is_no_list_is_damage(tmp_path: Path) -> None:
+    # A frame summary's message id (``mid``: ledger, entry, partition,
+    # batch) that is a number: the timeline's ids raised TypeError ("'int'
+    # object is not subscriptable").
+    path = capture(tmp_path, {**FRAME, "s": {"cmd": "MESSAGE", "cid": 0, "mid": 116}})
+    code, _, err = sluice("inspect", str(path))
+    assert code == 2
+    assert err == (
+        f"sluice inspect: {path}: damaged after 1 records "
+        "(a frame record whose summary has 'mid' of the wrong type)\n"
+    )

@@ -216,7 +216,7 @@ _TYPES: dict[str, type] = {
 _SUMMARY: dict[str, type] = {
     "cmd": str, "topic": str, "invalid": str, "why": str, "error": str, "withheld": str,
     **dict.fromkeys(("rid", "pid", "seq", "cid", "msgs"), int),
-    "chunk": list, "payload": dict,
+    "chunk": list, "mid": list, "payload": dict,
 }  # fmt: skip
 # Each kind's required keys with their types, and the optional keys readers
 # take as they are, with theirs (checked where present).
