@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from sluice.commands import main
@@ -44,6 +45,16 @@ def test_inspect_json_shows_a_record_keyed_by_bytes(tmp_path: Path) -> None:
     shown = json.loads(line)
     assert shown["kind"] == "later" and shown["b'\\x01'"] == 1
     assert shown["m"] == {"b'k'": {"2": "b'v'"}}
+
+
+def test_inspect_json_shows_a_record_keyed_by_a_msgpack_extension(tmp_path: Path) -> None:
+    # msgpack's extension types (ExtType, Timestamp) unpack as hashable
+    # values: keys json.dumps refused as it did bytes.
+    key = msgpack.ExtType(5, b"x")
+    path = capture(tmp_path, {"k": "later", "w": T0, "m": {key: 1, msgpack.Timestamp(1): 2}})
+    code, out, err = sluice("inspect", str(path), "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["m"] == {str(key): 1, str(msgpack.Timestamp(1)): 2}
 
 
 def nested(levels: int) -> Any:

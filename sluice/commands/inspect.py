@@ -502,13 +502,17 @@ def json_line(capture: str, record: Record, with_bytes: bool) -> str:
         return json.dumps(_text_keys(out), default=str)
 
 
+# The keys JSON takes as they are.
+_JSON_KEYS = (str, int, float, bool, type(None))
+
+
 def _text_keys(value: Any) -> Any:
     """``value`` with the keys of its maps that JSON has no place for
-    (bytes) written as their values are (``str``)."""
+    (bytes, msgpack's extension types) written as their values are (``str``)."""
     if isinstance(value, list):
         return [_text_keys(v) for v in value]
     if isinstance(value, dict):
-        return {str(k) if isinstance(k, bytes) else k: _text_keys(v) for k, v in value.items()}
+        return {k if isinstance(k, _JSON_KEYS) else str(k): _text_keys(v) for k, v in value.items()}
     return value
 
 
