@@ -97,3 +97,17 @@ def test_inspect_says_a_message_id_that_is_no_list_is_damage(tmp_path: Path) -> 
         f"sluice inspect: {path}: damaged after 1 records "
         "(a frame record whose summary has 'mid' of the wrong type)\n"
     )
+
+
+def test_a_header_of_no_kind_is_damage(tmp_path: Path) -> None:
+    # A first record that says it is a recording (``format``) but not that
+    # it is a header (``k``): it was read as the header, and every reader
+    # then met a KeyError on record["k"] (inspect's first).
+    head = fmt.header(capture="abc", segment=1, started_ns=T0, payloads=fmt.PayloadPolicy.FULL,
+                      sluice_version="t")  # fmt: skip
+    del head["k"]
+    path = tmp_path / "r.sluice"
+    path.write_bytes(fmt.dumps([head]))
+    for command in (["inspect"], ["inspect", "--json"]):
+        code, _, err = sluice(*command, str(path))
+        assert (code, err) == (2, f"sluice inspect: {path}: damaged header ('k')\n")

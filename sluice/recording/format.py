@@ -451,6 +451,8 @@ def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[
     version = record.get("version")
     if not isinstance(version, int):
         raise RecordingError(f"{path}: recording header has no version")
+    if record.get("k") != "header":  # (as every header Sluice has written says)
+        raise RecordingError(f"{path}: damaged header ('k')")
     for key, want in _HEADER_TYPES:
         missing = key in _HEADER and key not in record
         if missing or (key in record and type(record[key]) is not want):
