@@ -317,6 +317,32 @@ def recording(directories: list[Path]) -> Iterator[bytes]:
         if frames:
             bare = {k: v for k, v in frames[0].items() if k != "s"}
             yield dumps([*records[:4], bare])
+            yield dumps([*records[:12], *besides_frames(frames[-1])])
+
+
+def besides_frames(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record of each kind besides frames that a recording holds
+    (docs/recording-format.md), on ``frame``'s connection, after it: what
+    fault rules, message filters, the flight recorder and the HTTP listener
+    write, which the sessions recorded here do not make."""
+    c, t, w = frame["c"], frame["t"] + 1000, frame["w"] + 1000
+    on = {"c": c, "d": 0, "t": t, "w": w}
+    web = {"t": t, "w": w}
+    body = {"h": [["content-type", "application/json"]], "n": 2, "raw": b"{}"}
+    return [
+        {"k": "fault", **on, "rule": "r1", "action": "drop", "cmd": "SEND", "topic": "t"},
+        {"k": "filter", **on, "filter": "mask", "action": "replaced", "n": 1, "reason": "pii",
+         "sent": {"n": len(frame["raw"]), "raw": frame["raw"]}},
+        {"k": "gap", **web, "dropped": 3},
+        {"k": "trigger", "c": c, **web, "rule": "errors", "on": "error"},
+        {"k": "snapshot", **web, "ring": 0, "seconds": 60.0, "reason": "errors"},
+        {"k": "http", "h": 1, "x": 1, **web, "te": t + 5000, "status": 200,
+         "client": "127.0.0.1:5", "method": "GET", "path": "/admin/v2/persistent/t/n/topic",
+         "kind": "admin", "req": {"h": [], "n": 0}, "res": body},
+        {"k": "ws", "h": 2, "d": 1, **web, "n": 2, "op": "text", "raw": b"{}"},
+        {"k": "ws_end", "h": 2, **web, "reason": "closed"},
+        {"k": "close", "c": c, **web, "reason": "client"},
+    ]  # fmt: skip
 
 
 def write(out: Path, name: str, seeds: Iterator[bytes]) -> tuple[int, int]:
