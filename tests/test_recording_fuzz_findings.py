@@ -142,3 +142,28 @@ def test_inspect_pcap_of_a_client_port_past_65535(tmp_path: Path) -> None:
     path = capture(tmp_path, {**CONN, "client": "127.0.0.1:86228"})
     code, _, err = sluice("inspect", str(path), "--pcap", str(tmp_path / "out.pcapng"))
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        # A kind this Sluice does not know, whose ``s`` is no map: --json
+        # merged it into the line as a frame's summary (TypeError: 'int'
+        # object is not iterable).
+        {**FRAME, "k": "frAme", "s": -1},
+        # A ``p`` (payload size and digest) that is empty: IndexError.
+        {**FRAME, "raw": b"", "p": [], "s": {"cmd": "SEND"}},
+        {"k": "ws", "h": 1, "d": 1, "t": 0, "w": T0, "n": 2, "op": "text", "p": []},
+        # A filter's changed frame without its bytes, or with an empty
+        # ``p``: KeyError, IndexError.
+        {"k": "filter", "c": 1, "d": 0, "t": 0, "w": T0, "filter": "f", "action": "replaced",
+         "n": 1, "sent": {"n": 3, "p": []}},
+    ],
+)  # fmt: skip
+def test_inspect_json_shows_a_record_whose_parts_are_of_another_shape(
+    tmp_path: Path, record: dict[str, Any]
+) -> None:
+    path = capture(tmp_path, record)
+    code, out, err = sluice("inspect", str(path), "--json", "--with-bytes")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["kind"] == record["k"]
