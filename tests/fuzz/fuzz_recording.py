@@ -25,6 +25,7 @@ that line. Anything else raised is a finding.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import shutil
@@ -49,6 +50,7 @@ from sluice.replay.outcome import Outcome
 from tests.fuzz.common import Violation, check
 
 SCRATCH = Path(tempfile.mkdtemp(prefix="sluice-fuzz-recording-"))
+atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)
 NAME = "sluice-20261128T172607-bf2cfe0d70e7-0001.sluice"
 KEY = b"k" * 32
 
