@@ -443,8 +443,11 @@ def status_class(status: int) -> str:
 
 
 def _payload(p: list[Any]) -> dict[str, Any]:
-    """A ``p`` (size, digest) as JSON."""
-    return {"size": p[0], **({"sha256": p[1].hex()} if len(p) > 1 else {})}
+    """A ``p`` (size, digest) as JSON; a damaged one (empty, a digest that
+    is no bytes) as far as it goes."""
+    digest = p[1] if len(p) > 1 else None
+    return {"size": p[0] if p else None,
+            **({"sha256": digest.hex()} if isinstance(digest, bytes) else {})}  # fmt: skip
 
 
 def _message(part: Record, with_bytes: bool) -> dict[str, Any]:
@@ -478,15 +481,15 @@ def json_line(capture: str, record: Record, with_bytes: bool) -> str:
                 sent = {"size": value["n"]}
                 if "p" in value:
                     sent["payload"] = _payload(value["p"])
-                if with_bytes:
+                if with_bytes and "raw" in value:
                     sent["raw"] = base64.b64encode(value["raw"]).decode()
                 out["sent"] = sent
             continue
-        if key == "raw":
+        if key == "raw" and isinstance(value, bytes):
             if with_bytes:
                 out["raw"] = base64.b64encode(value).decode()
             continue
-        if key == "s":
+        if key == "s" and isinstance(value, dict):  # (a kind newer than this reader's: as it is)
             out.update(value)
             continue
         out[_LONG_KEYS.get(key, key)] = value
@@ -496,7 +499,24 @@ def json_line(capture: str, record: Record, with_bytes: bool) -> str:
         out["kind"], out["request_kind"] = "http", record["kind"]
     elif record["k"] == "conn":  # the connection's kind beside the record's
         out["kind"], out["connection_kind"] = "conn", record["kind"]
-    return json.dumps(out, default=str)
+    try:
+        return json.dumps(out, default=str)
+    except TypeError:  # a map keyed by bytes (a damaged record, or a kind newer than this reader)
+        return json.dumps(_text_keys(out), default=str)
+
+
+# The keys JSON takes as they are.
+_JSON_KEYS = (str, int, float, bool, type(None))
+
+
+def _text_keys(value: Any) -> Any:
+    """``value`` with the keys of its maps that JSON has no place for
+    (bytes, msgpack's extension types) written as their values are (``str``)."""
+    if isinstance(value, list):
+        return [_text_keys(v) for v in value]
+    if isinstance(value, dict):
+        return {k if isinstance(k, _JSON_KEYS) else str(k): _text_keys(v) for k, v in value.items()}
+    return value
 
 
 _LONG_KEYS = {"k": "kind", "c": "conn", "d": "dir", "t": "mono_ns", "w": "wall_ns", "n": "size",

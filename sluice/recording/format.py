@@ -216,7 +216,7 @@ _TYPES: dict[str, type] = {
 _SUMMARY: dict[str, type] = {
     "cmd": str, "topic": str, "invalid": str, "why": str, "error": str, "withheld": str,
     **dict.fromkeys(("rid", "pid", "seq", "cid", "msgs"), int),
-    "chunk": list, "payload": dict,
+    "chunk": list, "mid": list, "payload": dict,
 }  # fmt: skip
 # Each kind's required keys with their types, and the optional keys readers
 # take as they are, with theirs (checked where present).
@@ -275,6 +275,21 @@ def _damage(record: Any) -> str | None:
         if chunk is not None and (len(chunk) != 4 or not all(type(x) is int for x in chunk[1:3])):
             return f"a {kind} record whose summary has 'chunk' of the wrong shape"
     return None
+
+
+# How deep a value in a record may nest: msgpack nests up to 1,024 levels,
+# past Python's recursion limit (where printing or walking one ends in a
+# RecursionError); no record Sluice writes comes near.
+MAX_DEPTH = 100
+
+
+def _too_deep(value: Any, depth: int = 0) -> bool:
+    """Whether a map or list holds one nested more than ``MAX_DEPTH`` below it."""
+    for item in value.values() if type(value) is dict else value:
+        kind = type(item)
+        if (kind is dict or kind is list) and (depth >= MAX_DEPTH or _too_deep(item, depth + 1)):
+            return True
+    return False
 
 
 def _filter_damage(record: Record) -> str | None:
@@ -348,6 +363,9 @@ def _records(handle: BinaryIO, size: int, path: Path, result: ReadResult) -> Ite
             if _zeros_to_end(handle, result.offset, size):
                 break  # what a crash can leave: read as a file cut short
             raise RecordingError(f"{path}: damaged after {result.records} records")
+        if _too_deep(record):
+            raise RecordingError(f"{path}: damaged after {result.records} records "
+                                 f"(a value nested more than {MAX_DEPTH} deep)")  # fmt: skip
         for step in upgrade:
             record = step(record)
         if not header and (problem := _damage(record)) is not None:
@@ -433,6 +451,8 @@ def _check_header(path: Path, record: Any, result: ReadResult) -> list[Callable[
     version = record.get("version")
     if not isinstance(version, int):
         raise RecordingError(f"{path}: recording header has no version")
+    if record.get("k") != "header":  # (as every header Sluice has written says)
+        raise RecordingError(f"{path}: damaged header ('k')")
     for key, want in _HEADER_TYPES:
         missing = key in _HEADER and key not in record
         if missing or (key in record and type(record[key]) is not want):

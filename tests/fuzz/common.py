@@ -12,7 +12,14 @@ from sluice.protocols.errors import RemoteProtocolError
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
 # Every harness, by name: tests/fuzz/fuzz_<name>.py, seeds in corpus/<name>/.
-HARNESSES = ("pulsar_codec", "pulsar_payload", "cursus_codec", "pulsar_proxy", "proxy_header")
+HARNESSES = (
+    "pulsar_codec",
+    "pulsar_payload",
+    "cursus_codec",
+    "pulsar_proxy",
+    "proxy_header",
+    "recording",
+)
 
 
 class Violation(AssertionError):

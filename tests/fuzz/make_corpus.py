@@ -1,6 +1,6 @@
 """Write the fuzz harnesses' seed corpus from real traffic.
 
-    python -m tests.fuzz.make_corpus [--out tests/fuzz/corpus]
+    python -m tests.fuzz.make_corpus [--out tests/fuzz/corpus] [--only NAME ...]
 
 Sources, all real bytes:
 
@@ -12,7 +12,10 @@ Sources, all real bytes:
   and unbatched, consuming and acknowledging, on a partitioned topic;
 - a Cursus session recorded here through ``sluice proxy --protocol cursus``:
   the real cursus-client producing to and streaming from the test broker
-  (``tests/helpers/cursus_broker.py``).
+  (``tests/helpers/cursus_broker.py``);
+- the recordings of ``sluice analyze``'s golden run
+  (``tests/golden/analyze/inputs``), and those the two sessions above
+  leave, as files (the recording harness).
 
 Each harness gets its input form: a stream with its chunking byte (codecs),
 a payload with its metadata's codec, size and entry count (payloads), a
@@ -48,7 +51,13 @@ from sluice.protocols.pulsar import Frame, command, decode_stream, encode, pb
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.server import Proxy
-from sluice.recording.format import PayloadPolicy, read_records, recording_files
+from sluice.recording.format import (
+    PayloadPolicy,
+    RecordingError,
+    dumps,
+    read_records,
+    recording_files,
+)
 from sluice.recording.writer import RecorderConfig
 from tests.fuzz import fuzz_pulsar_proxy as proxy_harness
 from tests.fuzz.common import CORPUS, HARNESSES
@@ -58,6 +67,7 @@ from tests.test_cursus_broker import collect_all, in_thread, produce
 from tests.test_cursus_recording import recording_proxy
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "data"
+ANALYZE_INPUTS = GOLDEN.parent / "analyze" / "inputs"
 T = pb.BaseCommand
 # Chunkings each codec stream is seeded with: whole reads with a 4 KiB
 # limit, reads of up to 4 KiB, single bytes read step by step.
@@ -278,6 +288,63 @@ def proxy_header() -> Iterator[bytes]:
             yield bytes([plan]) + header + b"\x00\x00\x00\x10 a Pulsar frame"
 
 
+# Recording segments larger than this are left out of the seeds (libFuzzer
+# mutates small inputs better; the recorded sessions' first segments are).
+MAX_SEGMENT = 16 * 1024
+
+
+def recording(directories: list[Path]) -> Iterator[bytes]:
+    """Recording segments as they are on disk: the golden captures of
+    ``sluice analyze`` (payloads hashed), the sessions recorded here
+    (Pulsar and Cursus, payloads kept), and each of those cut to its first
+    records (a segment another one follows), so that replay and serve load
+    them; one frame of each kept with its summary left out (older files:
+    the reader works it out)."""
+    files = sorted(ANALYZE_INPUTS.glob("*.sluice"))
+    for directory in directories:
+        files += recording_files(directory)
+    for path in files:
+        data = path.read_bytes()
+        if len(data) <= MAX_SEGMENT:
+            yield data
+        try:
+            records = list(read_records(path))
+        except RecordingError:
+            continue  # (garbage.sluice: kept whole above)
+        for count in (4, 12):
+            yield dumps(records[:count])
+        frames = [r for r in records if r["k"] == "frame" and r.get("raw")]
+        if frames:
+            bare = {k: v for k, v in frames[0].items() if k != "s"}
+            yield dumps([*records[:4], bare])
+            yield dumps([*records[:12], *besides_frames(frames[-1])])
+
+
+def besides_frames(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record of each kind besides frames that a recording holds
+    (docs/recording-format.md), on ``frame``'s connection, after it: what
+    fault rules, message filters, the flight recorder and the HTTP listener
+    write, which the sessions recorded here do not make."""
+    c, t, w = frame["c"], frame["t"] + 1000, frame["w"] + 1000
+    on = {"c": c, "d": 0, "t": t, "w": w}
+    web = {"t": t, "w": w}
+    body = {"h": [["content-type", "application/json"]], "n": 2, "raw": b"{}"}
+    return [
+        {"k": "fault", **on, "rule": "r1", "action": "drop", "cmd": "SEND", "topic": "t"},
+        {"k": "filter", **on, "filter": "mask", "action": "replaced", "n": 1, "reason": "pii",
+         "sent": {"n": len(frame["raw"]), "raw": frame["raw"]}},
+        {"k": "gap", **web, "dropped": 3},
+        {"k": "trigger", "c": c, **web, "rule": "errors", "on": "error"},
+        {"k": "snapshot", **web, "ring": 0, "seconds": 60.0, "reason": "errors"},
+        {"k": "http", "h": 1, "x": 1, **web, "te": t + 5000, "status": 200,
+         "client": "127.0.0.1:5", "method": "GET", "path": "/admin/v2/persistent/t/n/topic",
+         "kind": "admin", "req": {"h": [], "n": 0}, "res": body},
+        {"k": "ws", "h": 2, "d": 1, **web, "n": 2, "op": "text", "raw": b"{}"},
+        {"k": "ws_end", "h": 2, **web, "reason": "closed"},
+        {"k": "close", "c": c, **web, "reason": "client"},
+    ]  # fmt: skip
+
+
 def write(out: Path, name: str, seeds: Iterator[bytes]) -> tuple[int, int]:
     directory = out / name
     shutil.rmtree(directory, ignore_errors=True)
@@ -295,10 +362,14 @@ def write(out: Path, name: str, seeds: Iterator[bytes]) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=CORPUS, help=f"(default: {CORPUS})")
+    parser.add_argument("--only", choices=HARNESSES, action="append",
+                        help="write these harnesses' seeds only (default: all)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sluice-corpus-") as scratch:
-        pulsar_sessions = record_pulsar(Path(scratch) / "pulsar")
-        cursus_sessions = record_cursus(Path(scratch) / "cursus")
+        recorded_in = [Path(scratch) / "pulsar", Path(scratch) / "cursus"]
+        pulsar_sessions = record_pulsar(recorded_in[0])
+        cursus_sessions = record_cursus(recorded_in[1])
+        segments = list(recording(recorded_in))
     kinds = sorted({s.kind for s in pulsar_sessions})
     assert {"lookup", "proxied"} <= set(kinds), f"the Pulsar session recorded {kinds}"
     streams = list(golden_streams())
@@ -309,10 +380,13 @@ def main() -> None:
         "cursus_codec": cursus_codec(cursus_sessions),
         "pulsar_proxy": pulsar_proxy([*pulsar_sessions, *golden_sessions()]),
         "proxy_header": proxy_header(),
+        "recording": iter(segments),
     }
     assert set(seeds) == set(HARNESSES)
     total = 0
     for name, made in seeds.items():
+        if args.only and name not in args.only:
+            continue
         files, size = write(args.out, name, made)
         total += size
         print(f"{name}: {files} seeds, {size:,} bytes")

@@ -11,13 +11,14 @@ import pytest
 from tests.fuzz.common import CORPUS, HARNESSES
 from tests.fuzz.runner import fuzz
 
-# Executions per harness: 3 to 15 s each on a shared 2-core machine, about 45 s in all.
+# Executions per harness: 3 to 15 s each on a shared 2-core machine, about 55 s in all.
 RUNS = {
     "pulsar_codec": 4000,
     "pulsar_payload": 10000,
     "cursus_codec": 4000,
     "pulsar_proxy": 4000,
     "proxy_header": 20000,
+    "recording": 150,
 }
 
 
