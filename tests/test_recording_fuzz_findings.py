@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +113,6 @@ def test_a_header_of_no_kind_is_damage(tmp_path: Path) -> None:
         assert (code, err) == (2, f"sluice inspect: {path}: damaged header ('k')\n")
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="sluice/protocols/pulsar/anonymize.py (not this change's): "
-                   "anonymized_frame() on fewer than 4 bytes")  # fmt: skip
 def test_anonymize_withholds_a_frame_of_fewer_bytes_than_its_length(tmp_path: Path) -> None:
     # A frame record whose bytes are fewer than a Pulsar frame's length
     # prefix: anonymized_frame() took it for one the recorder cut and
@@ -133,9 +129,6 @@ CONN = {"k": "conn", "c": 1, "t": 0, "w": T0, "broker": "pulsar://127.0.0.1:6650
         "kind": "proxied", "listener": "plain"}  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, raises=struct.error,
-                   reason="sluice/recording/pcapng.py (not this change's): split_host_port() "
-                   "passes a port past 65535 on")  # fmt: skip
 def test_inspect_pcap_of_a_client_port_past_65535(tmp_path: Path) -> None:
     # A conn record whose client's port is out of range (127.0.0.1:86228):
     # --pcap packed it into the TCP header and raised struct.error.

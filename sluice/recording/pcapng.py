@@ -66,7 +66,7 @@ def _as_ipv6(address: bytes) -> bytes:
 def split_host_port(text: str, default_port: int) -> tuple[str, int]:
     value = text.split("://", 1)[-1].rstrip("/")
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or int(port) > 65535:
         return value.strip("[]"), default_port
     return host.strip("[]"), int(port)
 

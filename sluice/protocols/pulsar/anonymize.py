@@ -125,7 +125,9 @@ def anonymized_frame(
     so that replay and serve can send it and clients take it; the payload
     handed back is then None. None: the frame does not parse, so nothing of
     it can be kept."""
-    total = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else -1
+    if len(raw) < 4:
+        return None  # not even a length: no frame
+    total = int.from_bytes(raw[:4], "big")
     cut = total != len(raw) - 4  # the recorder left the payload out
     whole = (len(raw) - 4).to_bytes(4, "big") + raw[4:] if cut else raw
     frame = decode_frame(whole)
