@@ -160,3 +160,23 @@ def test_inspect_json_shows_a_record_whose_parts_are_of_another_shape(
     code, out, err = sluice("inspect", str(path), "--json", "--with-bytes")
     assert (code, err) == (0, "")
     assert json.loads(out)["kind"] == record["k"]
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        # A frame record's own keys are not walked (the reader's hot path):
+        # a container there is the wrong type, said as such.
+        ("c", "a frame record with 'c' of the wrong type"),
+        ("raw", "a frame record with 'raw' of the wrong type"),
+        ("why", "a frame record with 'why' of the wrong type"),
+        # ``p`` holding a container, or a key a frame record has not, is walked.
+        ("p", "a value nested more than 100 deep"),
+        ("later", "a value nested more than 100 deep"),
+    ],
+)
+def test_a_frame_record_nested_too_deep_is_one_line(tmp_path: Path, key: str, said: str) -> None:
+    path = capture(tmp_path, {**FRAME, key: nested(1000)})
+    for mode in ([], ["--json"]):
+        code, _, err = sluice("inspect", str(path), *mode)
+        assert (code, err) == (2, f"sluice inspect: {path}: damaged after 1 records ({said})\n")

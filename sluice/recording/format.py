@@ -283,11 +283,29 @@ def _damage(record: Any) -> str | None:
 MAX_DEPTH = 100
 
 
-def _too_deep(value: Any, depth: int = 0) -> bool:
+# A frame record's keys whose values ``_damage`` then checks are scalars, and
+# ``p`` (``[size]`` or ``[size, digest]``): such a record, nearly every one
+# read, nests one level at most and is not walked (a walk costs about as
+# much again as the rest of the check).
+_FLAT_FRAME = frozenset(("k", "c", "d", "t", "w", "n", "raw", "p", "invalid", "why"))
+_P_ITEMS = (int, bytes)
+
+
+def _too_deep(record: Any) -> bool:
+    """Whether a record holds a value nested more than ``MAX_DEPTH`` deep."""
+    if type(record) is dict and record.keys() <= _FLAT_FRAME:
+        p = record.get("p")
+        if type(p) is not list or (0 < len(p) <= 2 and type(p[0]) is int
+                                   and type(p[-1]) in _P_ITEMS):  # fmt: skip
+            return False
+    return _nested(record, 0)
+
+
+def _nested(value: Any, depth: int) -> bool:
     """Whether a map or list holds one nested more than ``MAX_DEPTH`` below it."""
     for item in value.values() if type(value) is dict else value:
         kind = type(item)
-        if (kind is dict or kind is list) and (depth >= MAX_DEPTH or _too_deep(item, depth + 1)):
+        if (kind is dict or kind is list) and (depth >= MAX_DEPTH or _nested(item, depth + 1)):
             return True
     return False
 
