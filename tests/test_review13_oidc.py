@@ -1,0 +1,208 @@
+"""Review 13: OpenID Connect in proxy mode, adversarially. Each test holds
+one defect found (strict xfail, its reason naming where it lies): the
+verifier and the issuers' fetcher (``sluice/protocols/oidc.py``,
+``sluice/proxy/oidc.py``) against a tiny HTTPS issuer of the test's own on
+loopback, as tests/test_auth_issuer_fetch.py does."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from sluice.protocols.oidc import KeysNeeded, OidcSettings, OidcVerifier, TokenRefused
+from sluice.proxy.oidc import Issuers, client_context
+from tests.helpers.support import https_answers, https_server
+from tests.test_oidc import Issuer
+
+
+def _token(idp: Issuer, issuer: str, kid: str = "rsa-1") -> str:
+    """A token of ``issuer`` signed with ``kid``, valid now (wall clock: the
+    fetcher notes its fetches on it)."""
+    now = time.time()
+    return idp.token(kid, iss=issuer, exp=now + 300, iat=now, nbf=now)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/protocols/oidc.py:234 and sluice/proxy/oidc.py:199: a key set the issuer "
+    "serves without the key (withdrawn) is taken as a failed fetch, and the withdrawn key "
+    "stays in force: tokens signed with it are accepted until a restart",
+)
+async def test_a_key_the_issuer_withdrew_is_not_accepted_after_its_keys_are_fetched(
+    tmp_path: Path,
+) -> None:
+    """The issuer answers, with a well-formed key set that no longer holds
+    the key a (leaked) token is signed with: that is the issuer saying the
+    key is gone, not an issuer that is away. Sluice refuses such a set
+    ("holds no RSA or EC signing key") and keeps the keys it held, so a
+    token signed with the withdrawn key goes on being accepted."""
+    idp = Issuer()
+    published = {"jwks": idp.jwks()}
+
+    def answer(base: str, path: str) -> bytes | None:
+        return {
+            "/realm/.well-known/openid-configuration": json.dumps(
+                {"issuer": f"{base}/realm", "jwks_uri": f"{base}/realm/jwks.json"}
+            ).encode(),
+            "/realm/jwks.json": published["jwks"],
+        }.get(path)
+
+    with https_answers(tmp_path, answer) as (base, ca):
+        issuer = f"{base}/realm"
+        verifier = OidcVerifier(OidcSettings(issuers=(issuer,), audiences=("pulsar",)))
+        issuers = Issuers(verifier, client_context(ca), 5.0)
+        with trio.fail_after(10):
+            await issuers.fetch(issuer)
+        leaked = _token(idp, issuer)
+        assert verifier.verify(leaked, time.time())[0] == "app"
+        # The issuer withdraws its only key (compromised): its key set is empty.
+        published["jwks"] = json.dumps({"keys": []}).encode()
+        with trio.fail_after(10):
+            await issuers.fetch(issuer)
+        with pytest.raises(TokenRefused):
+            verifier.verify(leaked, time.time())
+
+
+class _HeldKeys(http.server.BaseHTTPRequestHandler):
+    """An issuer whose key set is answered once ``release`` is set (a
+    slow issuer): ``asked`` is set when the key set is asked for."""
+
+    idp: Issuer
+    asked = threading.Event()
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        base = f"https://{self.headers['Host']}"
+        if self.path == "/realm/.well-known/openid-configuration":
+            body = json.dumps({"issuer": f"{base}/realm", "jwks_uri": f"{base}/realm/jwks"})
+            data = body.encode()
+        elif self.path == "/realm/jwks":
+            type(self).asked.set()
+            type(self).release.wait(10)
+            data = type(self).idp.jwks()
+        else:
+            data = b""
+        self.send_response(200 if data else 404)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/protocols/oidc.py:329-332: a token naming a kid the held set lacks while "
+    "a fetch of the keys is under way is refused at once (the fetch counts as tried), "
+    "not made to wait for that fetch, which brings its key",
+)
+async def test_a_token_of_a_rotated_key_waits_for_the_fetch_under_way(tmp_path: Path) -> None:
+    """The issuer rotates in rsa-2. The first client with a token of it
+    makes Sluice fetch the keys (KeysNeeded); a second client whose token
+    names rsa-2 arrives while that fetch is under way. docs/proxy.md ("A
+    CONNECT ... waits for the fetch ... and is then checked once more")
+    says it waits; it is refused at once ("has no key 'rsa-2'"), although
+    the fetch under way brings the key a moment later."""
+    idp = Issuer()
+
+    class handler(_HeldKeys):  # this test's own events
+        pass
+
+    handler.idp, handler.asked, handler.release = idp, threading.Event(), threading.Event()
+    handler.release.set()
+    with https_server(tmp_path, handler) as (server, ca):
+        issuer = f"https://localhost:{server.server_address[1]}/realm"
+        verifier = OidcVerifier(
+            OidcSettings(issuers=(issuer,), audiences=("pulsar",), miss_refresh=0.5)
+        )
+        issuers = Issuers(verifier, client_context(ca), 10.0)
+        with trio.fail_after(10):
+            await issuers.fetch(issuer)
+        assert verifier.verify(_token(idp, issuer), time.time())[0] == "app"
+        idp.add("rsa-2", rsa.generate_private_key(public_exponent=65537, key_size=2048))
+        first, second = _token(idp, issuer, "rsa-2"), _token(idp, issuer, "rsa-2")
+        await trio.sleep(0.6)  # past --auth-oidc-miss-refresh
+        handler.asked.clear()
+        handler.release.clear()
+        with pytest.raises(KeysNeeded):  # the first: its keys are fetched
+            verifier.verify(first, time.time())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(issuers.fetch, issuer)
+            with trio.fail_after(10):
+                await trio.to_thread.run_sync(handler.asked.wait)
+            try:
+                # The second, meanwhile: to wait for the fetch, as the first does.
+                with pytest.raises(KeysNeeded):
+                    verifier.verify(second, time.time())
+            finally:
+                handler.release.set()
+        assert verifier.verify(first, time.time(), fetched=True)[0] == "app"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/proxy/oidc.py:114: http.client.InvalidURL (a URL with a space or a control "
+    "character) is not among the errors caught (it is no ValueError): it escapes _fetch and "
+    "Issuers._fetch (:199), a traceback instead of a failed fetch",
+)
+async def test_a_key_set_url_urllib_refuses_is_a_failed_fetch(tmp_path: Path) -> None:
+    """An issuer whose discovery document names its key set at a URL with a
+    space in it (a misconfigured issuer; or a line break, from one that is
+    not to be trusted) is an issuer whose keys cannot be fetched: its tokens
+    refused, saying why, the fetch tried again later. http.client refuses
+    such a URL with InvalidURL, which Sluice's fetch does not catch: the
+    exception ends Issuers.fetch, and with it the task that runs it (the
+    issuers' schedule at start, a reload's preparation)."""
+
+    def answer(base: str, path: str) -> bytes | None:
+        if path == "/realm/.well-known/openid-configuration":
+            uri = f"{base}/realm/signing keys.json"
+            return json.dumps({"issuer": f"{base}/realm", "jwks_uri": uri}).encode()
+        return None
+
+    with https_answers(tmp_path, answer) as (base, ca):
+        issuer = f"{base}/realm"
+        verifier = OidcVerifier(OidcSettings(issuers=(issuer,), audiences=("pulsar",)))
+        issuers = Issuers(verifier, client_context(ca), 5.0)
+        with trio.fail_after(10):
+            await issuers.fetch(issuer)  # raised http.client.InvalidURL
+    failure = verifier.failure(issuer)
+    assert failure is not None and "\n" not in failure, failure
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/proxy/oidc.py:114 (via Issuers.run, sluice/proxy/pulsar.py:554): the "
+    "InvalidURL of an issuer's key set URL with a space escapes the scheduled fetch and "
+    "ends the running proxy, every connection with it, in a traceback",
+)
+async def test_a_proxy_whose_issuer_names_an_unfetchable_key_set_url_serves_on(
+    tmp_path: Path,
+) -> None:
+    """The issuer's keys are fetched at start (and on schedule): one whose
+    discovery document names its key set at a URL with a space in it (a
+    misconfigured issuer, or one that changes its document later) is an
+    issuer whose tokens are refused, saying why. The proxy ends instead,
+    with http.client.InvalidURL out of its nursery."""
+    from tests.test_review13_reload import _issuer_answers, _proxy
+
+    with https_answers(tmp_path, _issuer_answers(Issuer())) as (base, ca):
+        proxy, _ = _proxy(tmp_path, base, ca, issuer="spaced")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run)
+            backend: Any = proxy.backend
+            issuer = f"{base}/spaced"
+            with trio.fail_after(15):
+                while backend.issuers.verifier.failure(issuer) is None:
+                    await trio.sleep(0.05)
+            assert "signing keys.json" in backend.issuers.verifier.failure(issuer)
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,143 @@
+"""Review 13: configuration reloads, adversarially, where they meet the
+OpenID Connect settings. Each test holds one defect found (strict xfail,
+its reason naming where it lies). A real ``Proxy`` reloaded from its
+settings (as tests/test_reload.py does), its issuer a tiny HTTPS server of
+the test's own on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from sluice.brokers.apache_pulsar import hs256_token
+from sluice.commands.proxy import settings_again
+from sluice.proxy.server import Proxy
+from tests.helpers.support import https_answers, tls_files
+from tests.test_oidc import Issuer
+from tests.test_reload import argv, write
+
+
+def _issuer_answers(idp: Issuer) -> Callable[[str, str], bytes | None]:
+    """An issuer at BASE/good (its keys at a plain URL) and one at BASE/spaced
+    whose discovery document names its key set at a URL with a space."""
+
+    def answer(base: str, path: str) -> bytes | None:
+        return {
+            "/good/.well-known/openid-configuration": json.dumps(
+                {"issuer": f"{base}/good", "jwks_uri": f"{base}/good/jwks.json"}
+            ).encode(),
+            "/spaced/.well-known/openid-configuration": json.dumps(
+                {"issuer": f"{base}/spaced", "jwks_uri": f"{base}/spaced/signing keys.json"}
+            ).encode(),
+            "/good/jwks.json": idp.jwks(),
+        }.get(path)
+
+    return answer
+
+
+def _proxy(
+    tmp_path: Path, base: str, ca: Path, issuer: str = "good", **settings: Any
+) -> tuple[Proxy, Path]:
+    """A proxy in proxy mode trusting the issuer BASE/``issuer`` (CA file
+    ``ca``), reloaded from its config file (``settings`` in it): it, that file."""
+    own = tmp_path / "own.token"
+    own.write_text(hs256_token(b"k" * 32, "sluice"))
+    cfg = write(tmp_path / "sluice.toml", auth_oidc_issuers=f"{base}/{issuer}", **settings)
+    line = argv(cfg, "--auth-mode", "proxy", "--auth-oidc-ca", str(ca),
+                "--auth-oidc-audiences", "pulsar", "--broker-auth-token-file", str(own),
+                "--no-check-broker")  # fmt: skip
+    proxy = Proxy(settings_again(line))
+    proxy.load = lambda: settings_again(line)
+    return proxy, cfg
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/proxy/oidc.py:114 (via sluice/proxy/pulsar.py:546 and server.py:496): a "
+    "changed issuer whose key set URL http.client refuses (InvalidURL, no ValueError) makes "
+    "the reload raise a traceback instead of being refused in one line",
+)
+async def test_a_reload_to_an_issuer_whose_key_set_url_cannot_be_fetched_is_refused(
+    tmp_path: Path,
+) -> None:
+    """docs/proxy.md: "an issuer whose keys cannot be fetched ... refuses the
+    reload: what is in force is kept", each mistake one line. An issuer
+    whose discovery document names its key set at a URL with a space in it
+    cannot be fetched; the reload raises http.client.InvalidURL out of
+    reload_from_source instead (the file watcher's or SIGHUP's task, and so
+    the running proxy, ended by it; the admin endpoint's answer lost)."""
+    with https_answers(tmp_path, _issuer_answers(Issuer())) as (base, ca):
+        proxy, cfg = _proxy(tmp_path, base, ca)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run)
+            write(cfg, auth_oidc_issuers=f"{base}/spaced")
+            with trio.fail_after(20):
+                refused = await proxy.reload_from_source("file")  # raised InvalidURL
+            assert refused.outcome == "refused", refused.to_json()
+            assert len(refused.errors) == 1, refused.errors
+            assert proxy.config.auth_oidc_issuers == (f"{base}/good",)
+            assert proxy.generation.number == 1
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/proxy/pulsar.py:597: apply() fingerprints the OIDC/OAuth2 files "
+    "(_oidc_fields) when the reload is put in force, not when its issuers were made (:584, "
+    "from the files as prepare read them): a CA rewritten meanwhile counts as in force, and "
+    "the next reload, 'applied --auth-oidc-ca', keeps trusting the old CA",
+)
+async def test_an_oidc_ca_rewritten_while_a_reload_is_made_ready_is_put_in_force_later(
+    tmp_path: Path,
+) -> None:
+    """A reload changes an OpenID Connect setting (the leeway): its issuers
+    are made anew, their TLS trust from --auth-oidc-ca as the file is then.
+    While it is made ready (its issuer's keys fetched: seconds; with
+    --workers, until every worker has reported), the CA file is rewritten
+    under its name (a Kubernetes Secret updated with the ConfigMap: here a
+    bundle of the old CA and a new one). The file watcher's reload that
+    follows says "applied: --auth-oidc-ca", but the issuers in force still
+    trust only the CA read before: the new CA is never put in force, and
+    when the issuer moves to a certificate of it, every token is refused."""
+    with https_answers(tmp_path, _issuer_answers(Issuer())) as (base, served_ca):
+        ca = tmp_path / "oidc-ca.pem"
+        shutil.copyfile(served_ca, ca)
+        other = tmp_path / "other"
+        other.mkdir()
+        other_ca, _, _ = tls_files(other, "localhost")
+        proxy, cfg = _proxy(tmp_path, base, ca)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run)
+            backend: Any = proxy.backend
+            assert len(backend.issuers.context.get_ca_certs()) == 1
+            write(cfg, auth_oidc_issuers=f"{base}/good", auth_oidc_leeway=5)
+            new = settings_again_of(proxy)
+            with trio.fail_after(20):
+                async with proxy.preparing(new, "file") as prepared:
+                    assert callable(prepared), prepared
+                    # Rewritten while the reload is made ready: a bundle.
+                    ca.write_bytes(ca.read_bytes() + other_ca.read_bytes())
+                    applied = prepared()
+            assert applied.outcome == "applied" and applied.changed == ["--auth-oidc-leeway"]
+            # The file watcher sees the rewritten CA: a reload of it.
+            with trio.fail_after(20):
+                again = await proxy.reload_from_source("file")
+            assert again.outcome == "applied" and again.changed == ["--auth-oidc-ca"], (
+                again.to_json()
+            )
+            # What the file holds is what the issuers trust now.
+            assert len(backend.issuers.context.get_ca_certs()) == 2
+            nursery.cancel_scope.cancel()
+
+
+def settings_again_of(proxy: Proxy) -> Any:
+    """The proxy's settings read again, as a reload reads them."""
+    load = proxy.load
+    assert load is not None
+    return load()
