@@ -122,7 +122,7 @@ async def test_a_token_of_a_rotated_key_waits_for_the_fetch_under_way(tmp_path: 
     with https_server(tmp_path, handler) as (server, ca):
         issuer = f"https://localhost:{server.server_address[1]}/realm"
         verifier = OidcVerifier(
-            OidcSettings(issuers=(issuer,), audiences=("pulsar",), miss_refresh=0.5)
+            OidcSettings(issuers=(issuer,), audiences=("pulsar",), miss_refresh=3.0)
         )
         issuers = Issuers(verifier, client_context(ca), 10.0)
         with trio.fail_after(10):
@@ -130,7 +130,9 @@ async def test_a_token_of_a_rotated_key_waits_for_the_fetch_under_way(tmp_path: 
         assert verifier.verify(_token(idp, issuer), time.time())[0] == "app"
         idp.add("rsa-2", rsa.generate_private_key(public_exponent=65537, key_size=2048))
         first, second = _token(idp, issuer, "rsa-2"), _token(idp, issuer, "rsa-2")
-        await trio.sleep(0.6)  # past --auth-oidc-miss-refresh
+        # Past --auth-oidc-miss-refresh since the last fetch (3 s: the fetch
+        # below, a few TLS handshakes on loopback, takes far less).
+        await trio.sleep(3.1)
         handler.asked.clear()
         handler.release.clear()
         with pytest.raises(KeysNeeded):  # the first: its keys are fetched
