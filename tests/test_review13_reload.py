@@ -141,3 +141,53 @@ def settings_again_of(proxy: Proxy) -> Any:
     load = proxy.load
     assert load is not None
     return load()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/proxy/pulsar.py:721-723 and sluice/proxy/oidc.py:193 (verifier.fetching, "
+    "sluice/protocols/oidc.py:182): a core's keys request (KeysNeeded) for an issuer that a "
+    "reload took out meanwhile is run on the new issuers: KeyError in their background "
+    "nursery, which ends the running proxy",
+)
+async def test_a_keys_request_for_an_issuer_a_reload_took_out_does_not_end_the_proxy(
+    tmp_path: Path,
+) -> None:
+    """A CONNECT (or a client's refreshed token) whose issuer's keys must
+    be fetched hands the proxy an Ask (``KeysNeeded``), run in a task of
+    its own (relay.py start_soon) on whatever issuers are in force when it
+    runs. A reload that replaces the issuers (here BASE/good by BASE/also)
+    can be put in force before it does. That keys request then reaches
+    Issuers.fetch for an issuer the new verifier does not hold: KeyError,
+    raised in the issuers' background nursery, ends the whole proxy.
+    Expected: nothing fetched, the client's token refused as of an
+    issuer no longer allowed, the proxy serving on."""
+    from sluice.protocols.oidc import KeysNeeded
+
+    idp = Issuer()
+
+    def answer(base: str, path: str) -> bytes | None:
+        documents = {
+            f"/{name}/.well-known/openid-configuration": json.dumps(
+                {"issuer": f"{base}/{name}", "jwks_uri": f"{base}/good/jwks.json"}
+            ).encode()
+            for name in ("good", "also")
+        }
+        return (documents | {"/good/jwks.json": idp.jwks()}).get(path)
+
+    with https_answers(tmp_path, answer) as (base, ca):
+        proxy, cfg = _proxy(tmp_path, base, ca)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run)
+            write(cfg, auth_oidc_issuers=f"{base}/also")
+            with trio.fail_after(20):
+                applied = await proxy.reload_from_source("file")
+            assert applied.outcome == "applied", applied.to_json()
+            # The Ask a connection made before the reload, run after it.
+            with trio.fail_after(20):
+                await proxy.backend.ask(proxy.config.broker.address, KeysNeeded(f"{base}/good"))
+                # Still serving: the issuers in force answer a reload (and
+                # their schedule) as before.
+                again = await proxy.reload_from_source("SIGHUP")
+            assert again.outcome == "unchanged", again.to_json()
+            nursery.cancel_scope.cancel()
