@@ -7,6 +7,7 @@ the test's own on loopback."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -191,3 +192,52 @@ async def test_a_keys_request_for_an_issuer_a_reload_took_out_does_not_end_the_p
                 again = await proxy.reload_from_source("SIGHUP")
             assert again.outcome == "unchanged", again.to_json()
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.e2e
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/proxy/workers.py:1891 (a worker restarted) via sluice/proxy/pulsar.py:528: "
+    "a worker restarted after a refused reload reads the key files as they are now, not as "
+    "in force: a CA file the refused reload could not load keeps it from starting at all",
+)
+def test_a_worker_restarted_after_a_refused_reload_serves_the_configuration_in_force(
+    broker: Any, tmp_path: Path
+) -> None:
+    """docs/proxy.md: a refused reload "changes nothing ... the
+    configuration in force stays", and "a worker (re)started ... starts
+    with" the configuration in force. --auth-oidc-ca is rewritten with
+    something that is no certificate (a half-written Secret): the file
+    watch's reload is refused, both workers serve on. Then worker 1 ends
+    (a crash, the OOM killer): the supervisor starts it again, and the new
+    process loads the CA file as it is now, which fails; it never becomes
+    ready, and the proxy serves on one worker fewer until the file is put
+    right."""
+    import os
+    import signal
+    import time
+
+    from tests.helpers.support import worker_pids
+    from tests.test_reload_workers import Issuers, oidc_workers
+
+    issuers = Issuers()
+    with https_answers(tmp_path, issuers.answer) as (base, served_ca):
+        ca = tmp_path / "oidc-ca.pem"
+        shutil.copyfile(served_ca, ca)
+        with oidc_workers(broker, tmp_path, ca, [f"{base}/good"]) as (proxy, _, pids):
+            ca.write_text("not a certificate\n")
+            deadline = time.monotonic() + 30
+            while "configuration reload (file): refused" not in proxy.log():
+                assert time.monotonic() < deadline, proxy.log()
+                time.sleep(0.1)
+            os.kill(pids[1], signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while True:
+                ready = [int(p) for i, p in re.findall(r"worker (\d+) \(pid (\d+)\) ready",
+                                                       proxy.log()) if i == "1"]  # fmt: skip
+                if any(pid != pids[1] for pid in ready):
+                    break
+                assert time.monotonic() < deadline, proxy.log()[-3000:]
+                time.sleep(0.2)
+            pids.update(worker_pids(proxy, 2, timeout=0))  # the new worker 1, killed on exit
+            assert proxy.terminate() == 0
