@@ -150,12 +150,6 @@ async def test_a_token_of_a_rotated_key_waits_for_the_fetch_under_way(tmp_path: 
         assert verifier.verify(first, time.time(), fetched=True)[0] == "app"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:114: http.client.InvalidURL (a URL with a space or a control "
-    "character) is not among the errors caught (it is no ValueError): it escapes _fetch and "
-    "Issuers._fetch (:199), a traceback instead of a failed fetch",
-)
 async def test_a_key_set_url_urllib_refuses_is_a_failed_fetch(tmp_path: Path) -> None:
     """An issuer whose discovery document names its key set at a URL with a
     space in it (a misconfigured issuer; or a line break, from one that is
@@ -181,12 +175,6 @@ async def test_a_key_set_url_urllib_refuses_is_a_failed_fetch(tmp_path: Path) ->
     assert failure is not None and "\n" not in failure, failure
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:114 (via Issuers.run, sluice/proxy/pulsar.py:554): the "
-    "InvalidURL of an issuer's key set URL with a space escapes the scheduled fetch and "
-    "ends the running proxy, every connection with it, in a traceback",
-)
 async def test_a_proxy_whose_issuer_names_an_unfetchable_key_set_url_serves_on(
     tmp_path: Path,
 ) -> None:
@@ -274,3 +262,16 @@ async def test_a_trickled_answer_head_does_not_hold_the_fetch_threads(tmp_path: 
             )
     finally:
         handler.stop.set()
+
+
+def test_a_url_with_a_line_break_fails_in_one_line() -> None:
+    """A key set URL an issuer names with a line break in it (to forge a
+    log line) is a failed fetch whose reason is one line."""
+    import ssl
+
+    from sluice.proxy.oidc import FetchError, _fetch
+
+    with pytest.raises(FetchError) as failed:
+        url = "https://127.0.0.1:9/keys\nlevel=error forged"
+        _fetch(url, None, ssl.create_default_context(), 1)
+    assert "\n" not in str(failed.value) and "forged" in str(failed.value)

@@ -60,12 +60,6 @@ def _proxy(
     return proxy, cfg
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:114 (via sluice/proxy/pulsar.py:546 and server.py:496): a "
-    "changed issuer whose key set URL http.client refuses (InvalidURL, no ValueError) makes "
-    "the reload raise a traceback instead of being refused in one line",
-)
 async def test_a_reload_to_an_issuer_whose_key_set_url_cannot_be_fetched_is_refused(
     tmp_path: Path,
 ) -> None:

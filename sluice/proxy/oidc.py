@@ -52,6 +52,8 @@ MAX_BACKOFF = 30.0
 # Sluice's own token is fetched again at most this often, however short
 # its life (an issuer saying 0.01 s is not asked a hundred times a second).
 MIN_REFRESH = 1.0
+# URLs in a fetch's failure are shown up to this many characters.
+MAX_URL = 200
 
 
 class FetchError(Exception):
@@ -95,13 +97,15 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
     # The socket's timeout bounds each read; this, the whole (a document
     # trickling in a byte at a time is cut off too).
     deadline = time.monotonic() + timeout
+    # The URL may be the issuer's (a jwks_uri, a token endpoint): one line.
+    shown = clipped(url, MAX_URL)
     try:
         with opener.open(request, timeout=timeout) as answer:
             chunks: list[bytes] = []
             size = 0
             while size <= MAX_DOCUMENT:
                 if time.monotonic() > deadline:
-                    raise FetchError(f"{url}: no answer within {timeout:g}s")
+                    raise FetchError(f"{shown}: no answer within {timeout:g}s")
                 chunk: bytes = answer.read1(64 * 1024)
                 if not chunk:
                     break
@@ -110,12 +114,16 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
             data = b"".join(chunks)
     except urllib.error.HTTPError as exc:
         detail = exc.read(MAX_DOCUMENT) if body is not None else b""  # an OAuth2 error says why
-        raise FetchError(f"{url}: HTTP {exc.code}{_oauth2_error(detail)}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise FetchError(f"{url}: {reason}") from None
+        raise FetchError(f"{shown}: HTTP {exc.code}{_oauth2_error(detail)}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        # HTTPException: InvalidURL (a space or control character in the
+        # URL), an answer http.client cannot read (BadStatusLine, ...).
+        reason = str(getattr(exc, "reason", exc))
+        if not reason.isprintable():
+            reason = clipped(reason, MAX_URL)
+        raise FetchError(f"{shown}: {reason}") from None
     if len(data) > MAX_DOCUMENT:
-        raise FetchError(f"{url}: over {MAX_DOCUMENT} bytes")
+        raise FetchError(f"{shown}: over {MAX_DOCUMENT} bytes")
     return data
 
 
@@ -144,7 +152,7 @@ async def fetch(
         return await trio.to_thread.run_sync(
             _fetch, url, body, context, timeout, abandon_on_cancel=True
         )
-    raise FetchError(f"{url}: no answer within {timeout:g}s")
+    raise FetchError(f"{clipped(url, MAX_URL)}: no answer within {timeout:g}s")
 
 
 class Issuers:
