@@ -275,3 +275,14 @@ def test_a_url_with_a_line_break_fails_in_one_line() -> None:
         url = "https://127.0.0.1:9/keys\nlevel=error forged"
         _fetch(url, None, ssl.create_default_context(), 1)
     assert "\n" not in str(failed.value) and "forged" in str(failed.value)
+
+
+async def test_a_keys_request_for_an_issuer_not_held_fetches_nothing() -> None:
+    """Issuers.fetch of an issuer its verifier does not hold (one a reload
+    took out after a token of it asked for its keys) fetches nothing and
+    raises nothing (it raised KeyError)."""
+    verifier = OidcVerifier(OidcSettings(issuers=("https://127.0.0.1:9/a",), audiences=("p",)))
+    issuers = Issuers(verifier, client_context(None), 1.0)
+    with trio.fail_after(5):
+        await issuers.fetch("https://127.0.0.1:9/gone")
+    assert verifier.failure("https://127.0.0.1:9/a") is None

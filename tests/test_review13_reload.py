@@ -140,13 +140,6 @@ def settings_again_of(proxy: Proxy) -> Any:
     return load()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/pulsar.py:721-723 and sluice/proxy/oidc.py:193 (verifier.fetching, "
-    "sluice/protocols/oidc.py:182): a core's keys request (KeysNeeded) for an issuer that a "
-    "reload took out meanwhile is run on the new issuers: KeyError in their background "
-    "nursery, which ends the running proxy",
-)
 async def test_a_keys_request_for_an_issuer_a_reload_took_out_does_not_end_the_proxy(
     tmp_path: Path,
 ) -> None:

@@ -174,7 +174,11 @@ class Issuers:
         that began after this call is waited for, one that began before it
         (it may miss a key the issuer made since) is waited out and then
         followed by another. Failures are logged and told to the verifier
-        (which then refuses the tokens it cannot check, saying why)."""
+        (which then refuses the tokens it cannot check, saying why). An
+        issuer the verifier does not hold (a keys request made before a
+        reload took it out) is not fetched: its tokens are refused."""
+        if issuer not in self.verifier.issuers:
+            return
         wanted = trio.current_time()
         while (running := self._running.get(issuer)) is not None:
             began, done = running

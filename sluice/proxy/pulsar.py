@@ -717,10 +717,13 @@ class PulsarBackend:
 
     async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure | None:
         """Run a core's request on the shared connection to ``address``; or
-        fetch the keys of the issuer a client's token names."""
+        fetch the keys of the issuer a client's token names (none when the
+        issuers in force no longer hold it: a reload took it out since the
+        core asked, and the token is refused when checked again)."""
         if isinstance(request, KeysNeeded):
-            if self.issuers is not None:
-                await self.issuers.fetch(request.issuer)
+            issuers = self.issuers
+            if issuers is not None and request.issuer in issuers.verifier.issuers:
+                await issuers.fetch(request.issuer)
             return None
         assert self._pool is not None
         type_, body, credentials = request
