@@ -30,14 +30,8 @@ def _token(idp: Issuer, issuer: str, kid: str = "rsa-1") -> str:
     return idp.token(kid, iss=issuer, exp=now + 300, iat=now, nbf=now)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/oidc.py:234 and sluice/proxy/oidc.py:199: a key set the issuer "
-    "serves without the key (withdrawn) is taken as a failed fetch, and the withdrawn key "
-    "stays in force: tokens signed with it are accepted until a restart",
-)
 async def test_a_key_the_issuer_withdrew_is_not_accepted_after_its_keys_are_fetched(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The issuer answers, with a well-formed key set that no longer holds
     the key a (leaked) token is signed with: that is the issuer saying the
@@ -65,10 +59,13 @@ async def test_a_key_the_issuer_withdrew_is_not_accepted_after_its_keys_are_fetc
         assert verifier.verify(leaked, time.time())[0] == "app"
         # The issuer withdraws its only key (compromised): its key set is empty.
         published["jwks"] = json.dumps({"keys": []}).encode()
-        with trio.fail_after(10):
+        with caplog.at_level("INFO", logger="sluice.oidc"), trio.fail_after(10):
             await issuers.fetch(issuer)
-        with pytest.raises(TokenRefused):
+            await issuers.fetch(issuer)  # still none: not warned of again
+        with pytest.raises(TokenRefused, match="holds no RSA or EC signing key"):
             verifier.verify(leaked, time.time())
+        warned = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "no usable signing key" in warned[0].getMessage(), warned
 
 
 class _HeldKeys(http.server.BaseHTTPRequestHandler):

@@ -72,6 +72,11 @@ class TokenRefused(Exception):
         super().__init__(why if len(why) <= _MAX_REASON else f"{why[:_MAX_REASON]}...")
 
 
+class NoUsableKey(TokenRefused):
+    """An issuer's key set, fetched and read, holds no key Sluice can use:
+    the keys held before were dropped with it (the issuer withdrew them)."""
+
+
 class KeysNeeded(Exception):
     """The token's issuer's keys must be fetched (again) before it can be
     checked; the caller fetches them and asks again."""
@@ -202,7 +207,10 @@ class OidcVerifier:
 
     def keys(self, issuer: str, document: bytes, now: float) -> int:
         """Take in the issuer's key set (JWKS); the number of signing keys
-        usable. TokenRefused when it holds none."""
+        usable. TokenRefused when it is no key set (not JSON, not an
+        object): the keys held are kept. A key set that holds no usable key
+        is the issuer's word that its keys are gone (withdrawn): it replaces
+        the keys held, and NoUsableKey says so (``failure`` too)."""
         data = _json_object(document, "key set")
         found: dict[str, tuple[Any, tuple[str, ...]]] = {}
         weak = 0
@@ -229,11 +237,14 @@ class OidcVerifier:
             fits = (alg,) if alg is not None else _fitting(entry)
             if fits:
                 found[kid] = (key.key, fits)
+        why = None
         if not found:
             short = f" ({weak} RSA under {MIN_RSA_BITS} bits, not used)" if weak else ""
-            raise TokenRefused(f"the key set of {issuer} holds no RSA or EC signing key{short}")
+            why = f"the key set of {issuer} holds no RSA or EC signing key{short}"
         state = self._issuers[issuer]
-        state.keys, state.fetched, state.tried, state.failure = found, now, now, None
+        state.keys, state.fetched, state.tried, state.failure = found, now, now, why
+        if why is not None:
+            raise NoUsableKey(why)
         return len(found)
 
     def failed(self, issuer: str, why: str, now: float) -> None:
@@ -329,7 +340,8 @@ class OidcVerifier:
         tried = state.tried if state.tried is not None else -math.inf
         if not fetched and now - tried >= self.settings.miss_refresh:
             raise KeysNeeded(issuer)
-        raise TokenRefused(f"issuer {issuer} has no key {clipped(kid)}")
+        empty = f": {state.failure}" if not state.keys and state.failure else ""
+        raise TokenRefused(f"issuer {issuer} has no key {clipped(kid)}{empty}")
 
 
 # The algorithm an EC key is used with, by its curve (RFC 7518, 3.4).

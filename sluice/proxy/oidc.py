@@ -37,6 +37,7 @@ from sluice.protocols.oidc import (
     DISCOVERY_PATH,
     MAX_DOCUMENT,
     ClientCredentials,
+    NoUsableKey,
     OidcVerifier,
     TokenRefused,
 )
@@ -168,6 +169,8 @@ class Issuers:
         # for goes on when that client hangs up (it would have counted as
         # tried, its keys not taken in, for --auth-oidc-miss-refresh).
         self._nursery: trio.Nursery | None = None
+        # Issuers whose key set held no usable key at the last fetch (warned of).
+        self._empty: set[str] = set()
 
     async def fetch(self, issuer: str) -> None:
         """Fetch ``issuer``'s keys, as they are from now on: a fetch under way
@@ -208,10 +211,19 @@ class Issuers:
             jwks_uri = verifier.discovered(issuer, document)
             keys = await fetch(jwks_uri, self.context, self.timeout)
             count = verifier.keys(issuer, keys, time.time())
+        except NoUsableKey as exc:
+            # The issuer withdrew its keys (the held ones are dropped): said
+            # once as a warning, until it has usable keys again.
+            level = logging.INFO if issuer in self._empty else logging.WARNING
+            self._empty.add(issuer)
+            log.log(level, "OpenID Connect issuer %s: no usable signing key, its tokens are "
+                    "refused: %s", issuer, exc)  # fmt: skip
+            return
         except (FetchError, TokenRefused) as exc:
             verifier.failed(issuer, str(exc), time.time())
             log.warning("OpenID Connect issuer %s: keys not fetched: %s", issuer, exc)
             return
+        self._empty.discard(issuer)
         log.info("OpenID Connect issuer %s: %d signing key(s)", issuer, count)
 
     async def run(self) -> None:
