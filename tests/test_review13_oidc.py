@@ -217,13 +217,6 @@ class _TrickledHead(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:96-99: the fetch's deadline is checked only between body "
-    "reads; an answer whose head trickles in keeps the abandoned thread (and its token of "
-    "trio's shared thread limiter) for as long as the issuer likes, not 'within a read's "
-    "timeout' as fetch() says (:140-142): enough such fetches and every to_thread call waits",
-)
 async def test_a_trickled_answer_head_does_not_hold_the_fetch_threads(tmp_path: Path) -> None:
     """``fetch`` promises that a fetch cut off at --connect-timeout leaves
     its thread to end "at its own deadline, within a read's timeout". An
@@ -283,3 +276,23 @@ async def test_a_keys_request_for_an_issuer_not_held_fetches_nothing() -> None:
     with trio.fail_after(5):
         await issuers.fetch("https://127.0.0.1:9/gone")
     assert verifier.failure("https://127.0.0.1:9/a") is None
+
+
+def test_a_trickled_answer_head_is_cut_off_at_the_fetch_deadline(tmp_path: Path) -> None:
+    """The fetch itself (its thread) ends at its deadline, whatever the
+    issuer trickles: the head a byte every 0.05 s, for up to 60 s."""
+    from sluice.proxy.oidc import FetchError, _fetch
+
+    class handler(_TrickledHead):  # this test's own stop
+        pass
+
+    handler.stop = threading.Event()
+    try:
+        with https_server(tmp_path, handler) as (server, ca):
+            url = f"https://localhost:{server.server_address[1]}/realm/jwks"
+            began = time.monotonic()
+            with pytest.raises(FetchError, match=r"no answer within 0\.5s"):
+                _fetch(url, None, client_context(ca), 0.5)
+            assert time.monotonic() - began < 2.0
+    finally:
+        handler.stop.set()

@@ -18,15 +18,18 @@ thread, bounded in time and size.
 from __future__ import annotations
 
 import http.client
+import io
 import logging
 import math
+import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import jwt
 import trio
@@ -53,6 +56,9 @@ MAX_BACKOFF = 30.0
 # Sluice's own token is fetched again at most this often, however short
 # its life (an issuer saying 0.01 s is not asked a hundred times a second).
 MIN_REFRESH = 1.0
+# Fetches run in threads, at most this many at once (their own limiter:
+# one an issuer holds up to its deadline never holds up trio's shared one).
+FETCH_THREADS = 16
 # URLs in a fetch's failure are shown up to this many characters.
 MAX_URL = 200
 
@@ -87,17 +93,114 @@ class _NoDowngrade(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+# The deadline of the fetch the current thread runs (``_fetch`` sets it):
+# each blocking step of its HTTP exchange waits at most what is left of it.
+_fetching = threading.local()
+
+
+def _left() -> float:
+    """Seconds left of this thread's fetch; TimeoutError when none."""
+    left: float = _fetching.deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+class _BoundedReader(io.RawIOBase):
+    """An answer read from ``sock``, each read waiting at most what is left
+    of the fetch's deadline: an answer whose head (or body) trickles in a
+    byte at a time is cut off at the deadline, not one read's timeout
+    after each byte."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        # The socket's own reader: it keeps the socket open while the
+        # answer is read (urllib closes the connection's hold on it).
+        self._raw = sock.makefile("rb", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        self._sock.settimeout(_left())
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _BoundedResponse(http.client.HTTPResponse):
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()
+        self.fp = io.BufferedReader(_BoundedReader(sock))
+
+
+def _bounded_connect(
+    address: tuple[str, int], timeout: object, source: tuple[str, int] | None = None
+) -> socket.socket:
+    """Connect within what is left of the fetch, and leave the TLS handshake
+    that follows no more than what is left then."""
+    sock = socket.create_connection(address, _left(), source)
+    try:
+        sock.settimeout(_left())
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _BoundedHTTP(http.client.HTTPConnection):
+    response_class = _BoundedResponse
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _bounded_connect
+
+    def send(self, data: Any) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(_left())
+        super().send(data)
+
+
+class _BoundedHTTPS(http.client.HTTPSConnection):
+    response_class = _BoundedResponse
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _bounded_connect
+
+    def send(self, data: Any) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(_left())
+        super().send(data)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_BoundedHTTP, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__(context=context)
+        self._bounded_context = context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_BoundedHTTPS, req, context=self._bounded_context)
+
+
 def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float) -> bytes:
-    """GET ``url`` (POST ``body`` as a form, when given); its body."""
+    """GET ``url`` (POST ``body`` as a form, when given); its body. The
+    whole exchange (connecting, TLS, the answer's head and body, an error
+    answer's body) ends within ``timeout``: its thread does not outlive it."""
     request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
     if body is not None:
         request.add_header("Content-Type", "application/x-www-form-urlencoded")
-    opener = urllib.request.build_opener(
-        urllib.request.HTTPSHandler(context=context), _NoDowngrade()
-    )
-    # The socket's timeout bounds each read; this, the whole (a document
-    # trickling in a byte at a time is cut off too).
-    deadline = time.monotonic() + timeout
+    opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context), _NoDowngrade())
+    deadline = _fetching.deadline = time.monotonic() + timeout
     # The URL may be the issuer's (a jwks_uri, a token endpoint): one line.
     shown = clipped(url, MAX_URL)
     try:
@@ -119,6 +222,8 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         # HTTPException: InvalidURL (a space or control character in the
         # URL), an answer http.client cannot read (BadStatusLine, ...).
+        if time.monotonic() >= deadline:
+            raise FetchError(f"{shown}: no answer within {timeout:g}s") from None
         reason = str(getattr(exc, "reason", exc))
         if not reason.isprintable():
             reason = clipped(reason, MAX_URL)
@@ -147,13 +252,28 @@ async def fetch(
 ) -> bytes:
     """``_fetch`` in a worker thread, FetchError when it takes longer than
     ``timeout`` in all (connecting, TLS, the answer); the thread is then
-    abandoned (not waited for: it ends at its own deadline, within a read's
-    timeout), as it is when cancelled."""
+    abandoned (not waited for: it ends at its own deadline, the same), as it
+    is when cancelled. The threads are fetches' own
+    (FETCH_THREADS at once), not of trio's limiter that the whole process
+    shares."""
     with trio.move_on_after(timeout):
         return await trio.to_thread.run_sync(
-            _fetch, url, body, context, timeout, abandon_on_cancel=True
+            _fetch, url, body, context, timeout, abandon_on_cancel=True, limiter=_threads()
         )
     raise FetchError(f"{clipped(url, MAX_URL)}: no answer within {timeout:g}s")
+
+
+_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("oidc_fetch_threads")
+
+
+def _threads() -> trio.CapacityLimiter:
+    """The fetches' thread limiter (one per trio run)."""
+    try:
+        return _LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(FETCH_THREADS)
+        _LIMITER.set(limiter)
+        return limiter
 
 
 class Issuers:
