@@ -269,13 +269,6 @@ class _IssuerWithTokens(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/pulsar.py:578-584 and :870: one fingerprint (_oidc_fields) covers "
-    "the issuers and Sluice's OAuth2 token alike: a reload changing only an issuer "
-    "setting fetches the unchanged own token again, and is refused when its token endpoint "
-    "is away",
-)
 async def test_a_reload_of_an_issuer_setting_keeps_the_own_token_it_fetched(
     tmp_path: Path,
 ) -> None:
