@@ -83,13 +83,6 @@ async def test_a_reload_to_an_issuer_whose_key_set_url_cannot_be_fetched_is_refu
             nursery.cancel_scope.cancel()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/pulsar.py:597: apply() fingerprints the OIDC/OAuth2 files "
-    "(_oidc_fields) when the reload is put in force, not when its issuers were made (:584, "
-    "from the files as prepare read them): a CA rewritten meanwhile counts as in force, and "
-    "the next reload, 'applied --auth-oidc-ca', keeps trusting the old CA",
-)
 async def test_an_oidc_ca_rewritten_while_a_reload_is_made_ready_is_put_in_force_later(
     tmp_path: Path,
 ) -> None:

@@ -593,6 +593,9 @@ class PulsarBackend:
         weighed apart: a changed leeway does not fetch the token again);
         ``drop`` stops what a changed one started (its keys or token
         fetched on schedule), for a reload not put in force after all."""
+        # What the files hold before they are loaded (here, and the CA by
+        # the issuers and the token made below): one rewritten meanwhile
+        # counts as changed at the next reload.
         fields = _oidc_fields(config)
         auth = proxy_auth(config)
         trusted = AllowList(config.trust_broker, "--trust-broker")
@@ -634,7 +637,7 @@ class PulsarBackend:
                 self._pool.limit = config.max_upstream_connections
             drop_old()
             self.issuers, self._issuer_tasks, self._own_tasks = issuers, issuer_tasks, own_tasks
-            self._oidc = _oidc_fields(config)
+            self._oidc = fields  # as the files were before they were loaded
             self._tls, self._broker_tls = tls, config.broker_tls
 
         def drop_old() -> None:
@@ -870,6 +873,7 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
     """The registry's factory (``sluice.protocols.pulsar.spec``)."""
     # --trust-broker rules allow as well as trust.
     relay_rules = config.allow_broker + config.trust_broker
+    oidc_fields = _oidc_fields(config)  # (before proxy_auth loads the files)
     routing: Routing
     if services.state is None:
         routing = Routing(config.broker, relay_rules, config.max_concurrent_lookups)
@@ -897,7 +901,7 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
         faults=services.faults,
         max_upstream_connections=config.max_upstream_connections,
         oidc_ca=config.auth_oidc_ca,
-        oidc_fields=_oidc_fields(config),
+        oidc_fields=oidc_fields,
         ports=services.ports,
     )
 
