@@ -96,12 +96,6 @@ class _HeldKeys(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/oidc.py:329-332: a token naming a kid the held set lacks while "
-    "a fetch of the keys is under way is refused at once (the fetch counts as tried), "
-    "not made to wait for that fetch, which brings its key",
-)
 async def test_a_token_of_a_rotated_key_waits_for_the_fetch_under_way(tmp_path: Path) -> None:
     """The issuer rotates in rsa-2. The first client with a token of it
     makes Sluice fetch the keys (KeysNeeded); a second client whose token

@@ -79,11 +79,14 @@ class NoUsableKey(TokenRefused):
 
 class KeysNeeded(Exception):
     """The token's issuer's keys must be fetched (again) before it can be
-    checked; the caller fetches them and asks again."""
+    checked; the caller fetches them and asks again. ``join``: a fetch is
+    under way, which the caller waits for (it may bring the key), rather
+    than starting another."""
 
-    def __init__(self, issuer: str) -> None:
+    def __init__(self, issuer: str, join: bool = False) -> None:
         super().__init__(f"keys of {issuer} wanted")
         self.issuer = issuer
+        self.join = join
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ class _Issuer:
     fetched: float | None = None  # when the keys were last taken in
     tried: float | None = None  # when a fetch last began
     failure: str | None = None  # why the last fetch failed (None: it did not)
+    busy: bool = False  # a fetch is under way
 
 
 class OidcVerifier:
@@ -184,7 +188,14 @@ class OidcVerifier:
         return state.fetched is None or now - state.fetched >= self.settings.refresh_after
 
     def fetching(self, issuer: str, now: float) -> None:
-        self._issuers[issuer].tried = now
+        """A fetch of the issuer's keys begins (``done`` when it ends)."""
+        state = self._issuers[issuer]
+        state.tried, state.busy = now, True
+
+    def done(self, issuer: str) -> None:
+        """The fetch ``fetching`` began ended, whichever way (``keys`` and
+        ``failed`` say so too; this, for one cut off)."""
+        self._issuers[issuer].busy = False
 
     def discovered(self, issuer: str, document: bytes) -> str:
         """The ``jwks_uri`` of the issuer's discovery document; TokenRefused
@@ -243,6 +254,7 @@ class OidcVerifier:
             why = f"the key set of {issuer} holds no RSA or EC signing key{short}"
         state = self._issuers[issuer]
         state.keys, state.fetched, state.tried, state.failure = found, now, now, why
+        state.busy = False
         if why is not None:
             raise NoUsableKey(why)
         return len(found)
@@ -250,7 +262,7 @@ class OidcVerifier:
     def failed(self, issuer: str, why: str, now: float) -> None:
         """The fetch failed; known keys are kept."""
         state = self._issuers[issuer]
-        state.failure, state.tried = why, now
+        state.failure, state.tried, state.busy = why, now, False
 
     def failure(self, issuer: str) -> str | None:
         """Why the issuer's last fetch failed (None: it did not)."""
@@ -326,7 +338,7 @@ class OidcVerifier:
             if fetched or (state.failure is not None and failed_lately):
                 why = state.failure or "not fetched yet"
                 raise TokenRefused(f"the keys of issuer {issuer} could not be fetched: {why}")
-            raise KeysNeeded(issuer)
+            raise KeysNeeded(issuer, join=state.busy)
         if kid is None:
             # As the broker: its key set is searched by the token's kid, and
             # none matches a token without one, even where the set holds one key.
@@ -337,7 +349,11 @@ class OidcVerifier:
         if key is not None:
             return key
         # A key the set lacks: the issuer may have rotated its keys since.
+        # The fetch under way (one a token of the new key asked for) may
+        # bring it: waited for, not counted as tried already.
         tried = state.tried if state.tried is not None else -math.inf
+        if not fetched and state.busy:
+            raise KeysNeeded(issuer, join=True)
         if not fetched and now - tried >= self.settings.miss_refresh:
             raise KeysNeeded(issuer)
         empty = f": {state.failure}" if not state.keys and state.failure else ""

@@ -292,15 +292,21 @@ class Issuers:
         # Issuers whose key set held no usable key at the last fetch (warned of).
         self._empty: set[str] = set()
 
-    async def fetch(self, issuer: str) -> None:
+    async def fetch(self, issuer: str, join: bool = False) -> None:
         """Fetch ``issuer``'s keys, as they are from now on: a fetch under way
         that began after this call is waited for, one that began before it
         (it may miss a key the issuer made since) is waited out and then
         followed by another. Failures are logged and told to the verifier
         (which then refuses the tokens it cannot check, saying why). An
         issuer the verifier does not hold (a keys request made before a
-        reload took it out) is not fetched: its tokens are refused."""
+        reload took it out) is not fetched: its tokens are refused.
+        ``join``: the fetch under way, if any, is waited for and no other
+        begun (``KeysNeeded.join``: a token whose kid the held set lacks,
+        while a fetch that may bring it runs)."""
         if issuer not in self.verifier.issuers:
+            return
+        if join and (running := self._running.get(issuer)) is not None:
+            await running[1].wait()
             return
         wanted = trio.current_time()
         while (running := self._running.get(issuer)) is not None:
@@ -326,6 +332,13 @@ class Issuers:
     async def _fetch(self, issuer: str) -> None:
         verifier = self.verifier
         verifier.fetching(issuer, time.time())
+        try:
+            await self._fetch_keys(issuer)
+        finally:
+            verifier.done(issuer)
+
+    async def _fetch_keys(self, issuer: str) -> None:
+        verifier = self.verifier
         try:
             document = await fetch(issuer.rstrip("/") + DISCOVERY_PATH, self.context, self.timeout)
             jwks_uri = verifier.discovered(issuer, document)

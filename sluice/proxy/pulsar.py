@@ -679,7 +679,7 @@ class PulsarBackend:
                 _, headers = auth.web_credentials(authorization, peer_role)
             except KeysNeeded as needed:  # fetched, then checked once more
                 if self.issuers is not None:
-                    await self.issuers.fetch(needed.issuer)
+                    await self.issuers.fetch(needed.issuer, join=needed.join)
                 _, headers = auth.web_credentials(authorization, peer_role, fetched=True)
         except AuthError as exc:
             raise Unauthorized(str(exc)) from None
@@ -774,7 +774,7 @@ class PulsarBackend:
         if isinstance(request, KeysNeeded):
             issuers = self.issuers
             if issuers is not None and request.issuer in issuers.verifier.issuers:
-                await issuers.fetch(request.issuer)
+                await issuers.fetch(request.issuer, join=request.join)
             return None
         assert self._pool is not None
         type_, body, credentials = request
