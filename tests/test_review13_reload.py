@@ -177,12 +177,6 @@ async def test_a_keys_request_for_an_issuer_a_reload_took_out_does_not_end_the_p
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/workers.py:1891 (a worker restarted) via sluice/proxy/pulsar.py:528: "
-    "a worker restarted after a refused reload reads the key files as they are now, not as "
-    "in force: a CA file the refused reload could not load keeps it from starting at all",
-)
 def test_a_worker_restarted_after_a_refused_reload_serves_the_configuration_in_force(
     broker: Any, tmp_path: Path
 ) -> None:
