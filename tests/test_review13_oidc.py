@@ -1,5 +1,5 @@
 """Review 13: OpenID Connect in proxy mode, adversarially. Each test holds
-one defect found (strict xfail, its reason naming where it lies): the
+one defect found (each fixed since, its docstring saying what it was): the
 verifier and the issuers' fetcher (``sluice/protocols/oidc.py``,
 ``sluice/proxy/oidc.py``) against a tiny HTTPS issuer of the test's own on
 loopback, as tests/test_auth_issuer_fetch.py does."""

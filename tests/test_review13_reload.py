@@ -1,6 +1,6 @@
 """Review 13: configuration reloads, adversarially, where they meet the
-OpenID Connect settings. Each test holds one defect found (strict xfail,
-its reason naming where it lies). A real ``Proxy`` reloaded from its
+OpenID Connect settings. Each test holds one defect found (each fixed
+since, its docstring saying what it was). A real ``Proxy`` reloaded from its
 settings (as tests/test_reload.py does), its issuer a tiny HTTPS server of
 the test's own on loopback."""
 
