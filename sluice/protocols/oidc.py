@@ -72,13 +72,21 @@ class TokenRefused(Exception):
         super().__init__(why if len(why) <= _MAX_REASON else f"{why[:_MAX_REASON]}...")
 
 
+class NoUsableKey(TokenRefused):
+    """An issuer's key set, fetched and read, holds no key Sluice can use:
+    the keys held before were dropped with it (the issuer withdrew them)."""
+
+
 class KeysNeeded(Exception):
     """The token's issuer's keys must be fetched (again) before it can be
-    checked; the caller fetches them and asks again."""
+    checked; the caller fetches them and asks again. ``join``: a fetch is
+    under way, which the caller waits for (it may bring the key), rather
+    than starting another."""
 
-    def __init__(self, issuer: str) -> None:
+    def __init__(self, issuer: str, join: bool = False) -> None:
         super().__init__(f"keys of {issuer} wanted")
         self.issuer = issuer
+        self.join = join
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,7 @@ class _Issuer:
     fetched: float | None = None  # when the keys were last taken in
     tried: float | None = None  # when a fetch last began
     failure: str | None = None  # why the last fetch failed (None: it did not)
+    busy: bool = False  # a fetch is under way
 
 
 class OidcVerifier:
@@ -179,7 +188,14 @@ class OidcVerifier:
         return state.fetched is None or now - state.fetched >= self.settings.refresh_after
 
     def fetching(self, issuer: str, now: float) -> None:
-        self._issuers[issuer].tried = now
+        """A fetch of the issuer's keys begins (``done`` when it ends)."""
+        state = self._issuers[issuer]
+        state.tried, state.busy = now, True
+
+    def done(self, issuer: str) -> None:
+        """The fetch ``fetching`` began ended, whichever way (``keys`` and
+        ``failed`` say so too; this, for one cut off)."""
+        self._issuers[issuer].busy = False
 
     def discovered(self, issuer: str, document: bytes) -> str:
         """The ``jwks_uri`` of the issuer's discovery document; TokenRefused
@@ -202,7 +218,10 @@ class OidcVerifier:
 
     def keys(self, issuer: str, document: bytes, now: float) -> int:
         """Take in the issuer's key set (JWKS); the number of signing keys
-        usable. TokenRefused when it holds none."""
+        usable. TokenRefused when it is no key set (not JSON, not an
+        object): the keys held are kept. A key set that holds no usable key
+        is the issuer's word that its keys are gone (withdrawn): it replaces
+        the keys held, and NoUsableKey says so (``failure`` too)."""
         data = _json_object(document, "key set")
         found: dict[str, tuple[Any, tuple[str, ...]]] = {}
         weak = 0
@@ -229,17 +248,21 @@ class OidcVerifier:
             fits = (alg,) if alg is not None else _fitting(entry)
             if fits:
                 found[kid] = (key.key, fits)
+        why = None
         if not found:
             short = f" ({weak} RSA under {MIN_RSA_BITS} bits, not used)" if weak else ""
-            raise TokenRefused(f"the key set of {issuer} holds no RSA or EC signing key{short}")
+            why = f"the key set of {issuer} holds no RSA or EC signing key{short}"
         state = self._issuers[issuer]
-        state.keys, state.fetched, state.tried, state.failure = found, now, now, None
+        state.keys, state.fetched, state.tried, state.failure = found, now, now, why
+        state.busy = False
+        if why is not None:
+            raise NoUsableKey(why)
         return len(found)
 
     def failed(self, issuer: str, why: str, now: float) -> None:
         """The fetch failed; known keys are kept."""
         state = self._issuers[issuer]
-        state.failure, state.tried = why, now
+        state.failure, state.tried, state.busy = why, now, False
 
     def failure(self, issuer: str) -> str | None:
         """Why the issuer's last fetch failed (None: it did not)."""
@@ -315,7 +338,7 @@ class OidcVerifier:
             if fetched or (state.failure is not None and failed_lately):
                 why = state.failure or "not fetched yet"
                 raise TokenRefused(f"the keys of issuer {issuer} could not be fetched: {why}")
-            raise KeysNeeded(issuer)
+            raise KeysNeeded(issuer, join=state.busy)
         if kid is None:
             # As the broker: its key set is searched by the token's kid, and
             # none matches a token without one, even where the set holds one key.
@@ -326,10 +349,15 @@ class OidcVerifier:
         if key is not None:
             return key
         # A key the set lacks: the issuer may have rotated its keys since.
+        # The fetch under way (one a token of the new key asked for) may
+        # bring it: waited for, not counted as tried already.
         tried = state.tried if state.tried is not None else -math.inf
+        if not fetched and state.busy:
+            raise KeysNeeded(issuer, join=True)
         if not fetched and now - tried >= self.settings.miss_refresh:
             raise KeysNeeded(issuer)
-        raise TokenRefused(f"issuer {issuer} has no key {clipped(kid)}")
+        empty = f": {state.failure}" if not state.keys and state.failure else ""
+        raise TokenRefused(f"issuer {issuer} has no key {clipped(kid)}{empty}")
 
 
 # The algorithm an EC key is used with, by its curve (RFC 7518, 3.4).

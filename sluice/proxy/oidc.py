@@ -18,15 +18,18 @@ thread, bounded in time and size.
 from __future__ import annotations
 
 import http.client
+import io
 import logging
 import math
+import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import jwt
 import trio
@@ -37,6 +40,7 @@ from sluice.protocols.oidc import (
     DISCOVERY_PATH,
     MAX_DOCUMENT,
     ClientCredentials,
+    NoUsableKey,
     OidcVerifier,
     TokenRefused,
 )
@@ -52,6 +56,11 @@ MAX_BACKOFF = 30.0
 # Sluice's own token is fetched again at most this often, however short
 # its life (an issuer saying 0.01 s is not asked a hundred times a second).
 MIN_REFRESH = 1.0
+# Fetches run in threads, at most this many at once (their own limiter:
+# one an issuer holds up to its deadline never holds up trio's shared one).
+FETCH_THREADS = 16
+# URLs in a fetch's failure are shown up to this many characters.
+MAX_URL = 200
 
 
 class FetchError(Exception):
@@ -84,24 +93,123 @@ class _NoDowngrade(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+# The deadline of the fetch the current thread runs (``_fetch`` sets it):
+# each blocking step of its HTTP exchange waits at most what is left of it.
+_fetching = threading.local()
+
+
+def _left() -> float:
+    """Seconds left of this thread's fetch; TimeoutError when none."""
+    left: float = _fetching.deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+class _BoundedReader(io.RawIOBase):
+    """An answer read from ``sock``, each read waiting at most what is left
+    of the fetch's deadline: an answer whose head (or body) trickles in a
+    byte at a time is cut off at the deadline, not one read's timeout
+    after each byte."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        # The socket's own reader: it keeps the socket open while the
+        # answer is read (urllib closes the connection's hold on it).
+        self._raw = sock.makefile("rb", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        self._sock.settimeout(_left())
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _BoundedResponse(http.client.HTTPResponse):
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()
+        self.fp = io.BufferedReader(_BoundedReader(sock))
+
+
+def _bounded_connect(
+    address: tuple[str, int], timeout: object, source: tuple[str, int] | None = None
+) -> socket.socket:
+    """Connect within what is left of the fetch, and leave the TLS handshake
+    that follows no more than what is left then."""
+    sock = socket.create_connection(address, _left(), source)
+    try:
+        sock.settimeout(_left())
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _BoundedHTTP(http.client.HTTPConnection):
+    response_class = _BoundedResponse
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _bounded_connect
+
+    def send(self, data: Any) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(_left())
+        super().send(data)
+
+
+class _BoundedHTTPS(http.client.HTTPSConnection):
+    response_class = _BoundedResponse
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _bounded_connect
+
+    def send(self, data: Any) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(_left())
+        super().send(data)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_BoundedHTTP, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__(context=context)
+        self._bounded_context = context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_BoundedHTTPS, req, context=self._bounded_context)
+
+
 def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float) -> bytes:
-    """GET ``url`` (POST ``body`` as a form, when given); its body."""
+    """GET ``url`` (POST ``body`` as a form, when given); its body. The
+    whole exchange (connecting, TLS, the answer's head and body, an error
+    answer's body) ends within ``timeout``: its thread does not outlive it."""
     request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
     if body is not None:
         request.add_header("Content-Type", "application/x-www-form-urlencoded")
-    opener = urllib.request.build_opener(
-        urllib.request.HTTPSHandler(context=context), _NoDowngrade()
-    )
-    # The socket's timeout bounds each read; this, the whole (a document
-    # trickling in a byte at a time is cut off too).
-    deadline = time.monotonic() + timeout
+    opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context), _NoDowngrade())
+    deadline = _fetching.deadline = time.monotonic() + timeout
+    # The URL may be the issuer's (a jwks_uri, a token endpoint): one line.
+    shown = clipped(url, MAX_URL)
     try:
         with opener.open(request, timeout=timeout) as answer:
             chunks: list[bytes] = []
             size = 0
             while size <= MAX_DOCUMENT:
                 if time.monotonic() > deadline:
-                    raise FetchError(f"{url}: no answer within {timeout:g}s")
+                    raise FetchError(f"{shown}: no answer within {timeout:g}s")
                 chunk: bytes = answer.read1(64 * 1024)
                 if not chunk:
                     break
@@ -110,12 +218,18 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
             data = b"".join(chunks)
     except urllib.error.HTTPError as exc:
         detail = exc.read(MAX_DOCUMENT) if body is not None else b""  # an OAuth2 error says why
-        raise FetchError(f"{url}: HTTP {exc.code}{_oauth2_error(detail)}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise FetchError(f"{url}: {reason}") from None
+        raise FetchError(f"{shown}: HTTP {exc.code}{_oauth2_error(detail)}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        # HTTPException: InvalidURL (a space or control character in the
+        # URL), an answer http.client cannot read (BadStatusLine, ...).
+        if time.monotonic() >= deadline:
+            raise FetchError(f"{shown}: no answer within {timeout:g}s") from None
+        reason = str(getattr(exc, "reason", exc))
+        if not reason.isprintable():
+            reason = clipped(reason, MAX_URL)
+        raise FetchError(f"{shown}: {reason}") from None
     if len(data) > MAX_DOCUMENT:
-        raise FetchError(f"{url}: over {MAX_DOCUMENT} bytes")
+        raise FetchError(f"{shown}: over {MAX_DOCUMENT} bytes")
     return data
 
 
@@ -138,13 +252,28 @@ async def fetch(
 ) -> bytes:
     """``_fetch`` in a worker thread, FetchError when it takes longer than
     ``timeout`` in all (connecting, TLS, the answer); the thread is then
-    abandoned (not waited for: it ends at its own deadline, within a read's
-    timeout), as it is when cancelled."""
+    abandoned (not waited for: it ends at its own deadline, the same), as it
+    is when cancelled. The threads are fetches' own
+    (FETCH_THREADS at once), not of trio's limiter that the whole process
+    shares."""
     with trio.move_on_after(timeout):
         return await trio.to_thread.run_sync(
-            _fetch, url, body, context, timeout, abandon_on_cancel=True
+            _fetch, url, body, context, timeout, abandon_on_cancel=True, limiter=_threads()
         )
-    raise FetchError(f"{url}: no answer within {timeout:g}s")
+    raise FetchError(f"{clipped(url, MAX_URL)}: no answer within {timeout:g}s")
+
+
+_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("oidc_fetch_threads")
+
+
+def _threads() -> trio.CapacityLimiter:
+    """The fetches' thread limiter (one per trio run)."""
+    try:
+        return _LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(FETCH_THREADS)
+        _LIMITER.set(limiter)
+        return limiter
 
 
 class Issuers:
@@ -160,13 +289,25 @@ class Issuers:
         # for goes on when that client hangs up (it would have counted as
         # tried, its keys not taken in, for --auth-oidc-miss-refresh).
         self._nursery: trio.Nursery | None = None
+        # Issuers whose key set held no usable key at the last fetch (warned of).
+        self._empty: set[str] = set()
 
-    async def fetch(self, issuer: str) -> None:
+    async def fetch(self, issuer: str, join: bool = False) -> None:
         """Fetch ``issuer``'s keys, as they are from now on: a fetch under way
         that began after this call is waited for, one that began before it
         (it may miss a key the issuer made since) is waited out and then
         followed by another. Failures are logged and told to the verifier
-        (which then refuses the tokens it cannot check, saying why)."""
+        (which then refuses the tokens it cannot check, saying why). An
+        issuer the verifier does not hold (a keys request made before a
+        reload took it out) is not fetched: its tokens are refused.
+        ``join``: the fetch under way, if any, is waited for and no other
+        begun (``KeysNeeded.join``: a token whose kid the held set lacks,
+        while a fetch that may bring it runs)."""
+        if issuer not in self.verifier.issuers:
+            return
+        if join and (running := self._running.get(issuer)) is not None:
+            await running[1].wait()
+            return
         wanted = trio.current_time()
         while (running := self._running.get(issuer)) is not None:
             began, done = running
@@ -192,14 +333,30 @@ class Issuers:
         verifier = self.verifier
         verifier.fetching(issuer, time.time())
         try:
+            await self._fetch_keys(issuer)
+        finally:
+            verifier.done(issuer)
+
+    async def _fetch_keys(self, issuer: str) -> None:
+        verifier = self.verifier
+        try:
             document = await fetch(issuer.rstrip("/") + DISCOVERY_PATH, self.context, self.timeout)
             jwks_uri = verifier.discovered(issuer, document)
             keys = await fetch(jwks_uri, self.context, self.timeout)
             count = verifier.keys(issuer, keys, time.time())
+        except NoUsableKey as exc:
+            # The issuer withdrew its keys (the held ones are dropped): said
+            # once as a warning, until it has usable keys again.
+            level = logging.INFO if issuer in self._empty else logging.WARNING
+            self._empty.add(issuer)
+            log.log(level, "OpenID Connect issuer %s: no usable signing key, its tokens are "
+                    "refused: %s", issuer, exc)  # fmt: skip
+            return
         except (FetchError, TokenRefused) as exc:
             verifier.failed(issuer, str(exc), time.time())
             log.warning("OpenID Connect issuer %s: keys not fetched: %s", issuer, exc)
             return
+        self._empty.discard(issuer)
         log.info("OpenID Connect issuer %s: %d signing key(s)", issuer, count)
 
     async def run(self) -> None:

@@ -436,7 +436,7 @@ class PulsarBackend:
         max_upstream_connections: int = 1_000,
         ports: BrokerPorts | None = None,
         oidc_ca: Path | None = None,
-        oidc_fields: tuple[Any, ...] = (),
+        oidc_fields: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ()),
     ) -> None:
         self.broker = broker
         # Port-per-broker: Sluice's listeners (plain, TLS) for each broker
@@ -458,12 +458,14 @@ class PulsarBackend:
         self._broker_tls = broker_tls
         self._pool: UpstreamPool | None = None
         # --auth-oidc-issuers: their keys, fetched; --broker-auth-oauth2-*:
-        # Sluice's own token, fetched and kept fresh. Both run in a scope of
-        # their own, replaced when a reload changes them.
+        # Sluice's own token, fetched and kept fresh. Each runs in a scope of
+        # its own, replaced when a reload changes its settings.
         self._oidc_ca = oidc_ca
-        self._oidc = oidc_fields  # the settings they were made from
+        # The settings they were made from: the issuers', Sluice's token's.
+        self._oidc = oidc_fields
         self.issuers: Issuers | None = None
-        self._auth_tasks = trio.CancelScope()
+        self._issuer_tasks = trio.CancelScope()
+        self._own_tasks = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
 
     def tls_context(self, tls: bool) -> ssl.SSLContext | None:
@@ -495,7 +497,10 @@ class PulsarBackend:
         nursery.start_soon(self._pool.keep_tidy)
         nursery.start_soon(self._forget_brokers)
         self._nursery = nursery
-        self.issuers, self._auth_tasks = await self._start_auth(self.settings.auth, self._oidc_ca)
+        auth = self.settings.auth
+        self._own_tasks = await self._start_own(_oauth2(auth), self._oidc_ca)
+        oidc = auth.oidc if auth is not None else None
+        self.issuers, self._issuer_tasks = await self._start_issuers(oidc, self._oidc_ca)
 
     async def _forget_brokers(self) -> None:
         """Learned brokers no answer named lately are forgotten
@@ -510,34 +515,52 @@ class PulsarBackend:
                 for address in forgotten:
                     await self.ports.forget(address)
 
-    async def _start_auth(
-        self, auth: ProxyAuth | None, ca: Path | None, reloading: bool = False
-    ) -> tuple[Issuers | None, trio.CancelScope]:
-        """Proxy mode's background work for ``auth``: its issuers' keys
-        fetched on schedule, Sluice's own OAuth2 token fetched (the first
-        one waited for) and fetched again before it expires. ``reloading``:
-        a first token that did not come, or an issuer whose keys cannot be
-        fetched, is a ConfigError (the reload is refused, what is in force
-        kept), not a start without them."""
+    async def _start_own(
+        self, own: ClientCredentials | None, ca: Path | None, reloading: bool = False
+    ) -> trio.CancelScope:
+        """Sluice's own OAuth2 token fetched (the first one waited for) and
+        fetched again before it expires, in the scope returned. ``reloading``:
+        a first token that did not come is a ConfigError (the reload is
+        refused, what is in force kept), not a start without it."""
         scope = trio.CancelScope()
-        failed: list[str] = []
-        oidc = auth.oidc if auth is not None else None
-        own = _oauth2(auth)
-        if oidc is None and own is None:
-            return None, scope
+        if own is None:
+            return scope
         context = client_context(ca)
-        issuers = Issuers(oidc, context, self.connect_timeout) if oidc is not None else None
+        failed: list[str] = []
+
+        async def keep(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                async with trio.open_nursery() as tasks:
+                    why = await tasks.start(keep_own_token, own, context, self.connect_timeout)
+                    if why is not None and reloading:
+                        failed.append(f"Sluice's own token from OAuth2 issuer {own.issuer} "
+                                      f"could not be fetched: {why}")  # fmt: skip
+                        scope.cancel()
+                    task_status.started()
+
+        assert self._nursery is not None
+        await self._nursery.start(keep)
+        if failed:
+            raise ConfigError(failed[0])
+        return scope
+
+    async def _start_issuers(
+        self, oidc: Any, ca: Path | None, reloading: bool = False
+    ) -> tuple[Issuers | None, trio.CancelScope]:
+        """Proxy mode's issuers (``oidc``, a verifier): their keys fetched on
+        schedule, in the scope returned. ``reloading``: their keys are
+        fetched first, and an issuer whose keys cannot be fetched is a
+        ConfigError (the reload is refused, what is in force kept)."""
+        scope = trio.CancelScope()
+        if oidc is None:
+            return None, scope
+        issuers = Issuers(oidc, client_context(ca), self.connect_timeout)
+        failed: list[str] = []
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             with scope:
                 async with trio.open_nursery() as tasks:
-                    if own is not None:
-                        why = await tasks.start(keep_own_token, own, context, self.connect_timeout)
-                        if why is not None and reloading:
-                            failed.append(f"Sluice's own token from OAuth2 issuer {own.issuer} "
-                                          f"could not be fetched: {why}")  # fmt: skip
-                            scope.cancel()  # (what it started too)
-                    if issuers is not None and not failed and reloading:
+                    if reloading:
                         # A changed issuer's keys come before it is put in
                         # force: one that cannot be fetched refuses the reload.
                         verifier = issuers.verifier
@@ -550,7 +573,7 @@ class PulsarBackend:
                                               f"not be fetched: {why}")  # fmt: skip
                                 scope.cancel()
                                 break
-                    if issuers is not None and not failed:
+                    if not failed:
                         tasks.start_soon(issuers.run)
                     task_status.started()
 
@@ -565,9 +588,15 @@ class PulsarBackend:
         credentials (key files read again, a changed issuer's keys or own
         token fetched before it is put in force) and filters, checked and
         made now (ConfigError), put in force by ``apply``. An unchanged
-        OpenID Connect or OAuth2 setting keeps what it fetched; ``drop``
-        stops what a changed one started (its keys or token fetched on
-        schedule), for a reload not put in force after all."""
+        OpenID Connect issuer setting keeps its issuers and what they
+        fetched, an unchanged OAuth2 setting Sluice's own token (each
+        weighed apart: a changed leeway does not fetch the token again);
+        ``drop`` stops what a changed one started (its keys or token
+        fetched on schedule), for a reload not put in force after all."""
+        # What the files hold before they are loaded (here, and the CA by
+        # the issuers and the token made below): one rewritten meanwhile
+        # counts as changed at the next reload.
+        fields = _oidc_fields(config)
         auth = proxy_auth(config)
         trusted = AllowList(config.trust_broker, "--trust-broker")
         rules = AllowList(config.allow_broker + config.trust_broker, "--allow-broker").rules
@@ -575,13 +604,28 @@ class PulsarBackend:
         # client certificate): the connections opened from then on use it.
         tls = client_ssl_context(config.broker_tls) if self._tls is not None else None
         old = self.settings.auth
-        same_oidc = old is not None and auth is not None and _oidc_fields(config) == self._oidc
-        if same_oidc and old is not None and auth is not None:
-            own = old.own_token if isinstance(old.own_token, ClientCredentials) else auth.own_token
-            auth = dataclasses.replace(auth, oidc=old.oidc, own_token=own)
-            issuers, tasks = self.issuers, self._auth_tasks
-        else:
-            issuers, tasks = await self._start_auth(auth, config.auth_oidc_ca, reloading=True)
+        issuers, issuer_tasks = self.issuers, self._issuer_tasks
+        own_tasks = self._own_tasks
+        if auth is not None and old is not None:
+            if fields[0] == self._oidc[0]:
+                auth = dataclasses.replace(auth, oidc=old.oidc)
+            if fields[1] == self._oidc[1] and isinstance(old.own_token, ClientCredentials):
+                auth = dataclasses.replace(auth, own_token=old.own_token)
+        same_issuers = old is not None and auth is not None and fields[0] == self._oidc[0]
+        same_own = old is not None and auth is not None and fields[1] == self._oidc[1]
+        same_own = same_own and _oauth2(auth) is _oauth2(old)
+        if not same_own:
+            own_tasks = await self._start_own(_oauth2(auth), config.auth_oidc_ca, reloading=True)
+        if not same_issuers:
+            oidc = auth.oidc if auth is not None else None
+            try:
+                issuers, issuer_tasks = await self._start_issuers(
+                    oidc, config.auth_oidc_ca, reloading=True
+                )
+            except BaseException:
+                if own_tasks is not self._own_tasks:
+                    own_tasks.cancel()
+                raise
 
         def apply() -> None:
             settings = self.settings
@@ -591,15 +635,22 @@ class PulsarBackend:
             self.routing.max_lookups = config.max_concurrent_lookups
             if self._pool is not None:
                 self._pool.limit = config.max_upstream_connections
-            if tasks is not self._auth_tasks:
-                self._auth_tasks.cancel()
-            self.issuers, self._auth_tasks = issuers, tasks
-            self._oidc = _oidc_fields(config)
+            drop_old()
+            self.issuers, self._issuer_tasks, self._own_tasks = issuers, issuer_tasks, own_tasks
+            self._oidc = fields  # as the files were before they were loaded
             self._tls, self._broker_tls = tls, config.broker_tls
 
+        def drop_old() -> None:
+            if issuer_tasks is not self._issuer_tasks:
+                self._issuer_tasks.cancel()
+            if own_tasks is not self._own_tasks:
+                self._own_tasks.cancel()
+
         def drop() -> None:
-            if tasks is not self._auth_tasks:
-                tasks.cancel()
+            if issuer_tasks is not self._issuer_tasks:
+                issuer_tasks.cancel()
+            if own_tasks is not self._own_tasks:
+                own_tasks.cancel()
 
         return Prepared(apply, drop)
 
@@ -628,7 +679,7 @@ class PulsarBackend:
                 _, headers = auth.web_credentials(authorization, peer_role)
             except KeysNeeded as needed:  # fetched, then checked once more
                 if self.issuers is not None:
-                    await self.issuers.fetch(needed.issuer)
+                    await self.issuers.fetch(needed.issuer, join=needed.join)
                 _, headers = auth.web_credentials(authorization, peer_role, fetched=True)
         except AuthError as exc:
             raise Unauthorized(str(exc)) from None
@@ -717,10 +768,13 @@ class PulsarBackend:
 
     async def ask(self, address: Address, request: Any) -> Frame | UpstreamFailure | None:
         """Run a core's request on the shared connection to ``address``; or
-        fetch the keys of the issuer a client's token names."""
+        fetch the keys of the issuer a client's token names (none when the
+        issuers in force no longer hold it: a reload took it out since the
+        core asked, and the token is refused when checked again)."""
         if isinstance(request, KeysNeeded):
-            if self.issuers is not None:
-                await self.issuers.fetch(request.issuer)
+            issuers = self.issuers
+            if issuers is not None and request.issuer in issuers.verifier.issuers:
+                await issuers.fetch(request.issuer, join=request.join)
             return None
         assert self._pool is not None
         type_, body, credentials = request
@@ -819,6 +873,7 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
     """The registry's factory (``sluice.protocols.pulsar.spec``)."""
     # --trust-broker rules allow as well as trust.
     relay_rules = config.allow_broker + config.trust_broker
+    oidc_fields = _oidc_fields(config)  # (before proxy_auth loads the files)
     routing: Routing
     if services.state is None:
         routing = Routing(config.broker, relay_rules, config.max_concurrent_lookups)
@@ -846,7 +901,7 @@ def make_backend(config: ProxyConfig, services: Services) -> PulsarBackend:
         faults=services.faults,
         max_upstream_connections=config.max_upstream_connections,
         oidc_ca=config.auth_oidc_ca,
-        oidc_fields=_oidc_fields(config),
+        oidc_fields=oidc_fields,
         ports=services.ports,
     )
 
@@ -867,15 +922,21 @@ async def check_broker(config: ProxyConfig) -> str | None:
     return None
 
 
-def _oidc_fields(config: ProxyConfig) -> tuple[Any, ...]:
-    """The settings of the OpenID Connect issuers and of Sluice's OAuth2
-    token, with what their files hold (a client secret or CA rotated in
-    place is a change: the token is fetched with it)."""
-    names = tuple(
-        f.name
-        for f in dataclasses.fields(config)
-        if f.name.startswith(("auth_oidc_", "broker_auth_oauth2_"))
-    )
+def _oidc_fields(config: ProxyConfig) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The settings of the OpenID Connect issuers, and apart those of
+    Sluice's OAuth2 token (a change to one does not make the other anew),
+    each with what its files hold (a client secret or CA rotated in place is
+    a change: the keys or token are fetched with it)."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    issuers = tuple(sorted(name for name in fields if name.startswith("auth_oidc_")))
+    # The token is fetched trusting --auth-oidc-ca, its issuer allowed over
+    # http by --auth-oidc-allow-http.
+    own = tuple(sorted(name for name in fields if name.startswith("broker_auth_oauth2_")))
+    own += ("auth_oidc_ca", "auth_oidc_allow_http")
+    return _fingerprint(config, issuers), _fingerprint(config, own)
+
+
+def _fingerprint(config: ProxyConfig, names: tuple[str, ...]) -> tuple[Any, ...]:
     files = held(config, tuple(name for name in names if name in FILES))
     return tuple(getattr(config, name) for name in names) + tuple(sorted(files.items()))
 

@@ -58,8 +58,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import errno
 import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -119,11 +121,12 @@ from sluice.proxy.live import parse_after
 from sluice.proxy.metrics import REFUSED_HELP, RELOAD_OUTCOMES
 from sluice.proxy.ports import BROKER, BrokerPorts, bind_range
 from sluice.proxy.reload import (
+    FILES,
     Generation,
     Outcome,
     effective,
+    files,
     flags,
-    held,
     read_again,
     split,
     watched,
@@ -343,7 +346,9 @@ class Supervisor:
     load: Callable[[], ProxyConfig] | None = None
 
     def __post_init__(self) -> None:
-        self._held = held(self.config)  # what the key files held at start (reload.FILES)
+        # What the key files held at start (reload.FILES): their contents,
+        # kept for a worker restarted later, and their digests.
+        contents, self._held = _read_files(self.config)
         self.workers = [Worker(i) for i in range(self.count)]
         self.registry = CollectorRegistry()
         self.restarts = Counter("sluice_worker_restarts", "Worker processes restarted after dying",
@@ -382,7 +387,7 @@ class Supervisor:
         self.generation = Generation(1, time.time(), "start")
         # What a worker started now starts with: the configuration and its
         # generation's number, set as a reload is committed.
-        self._in_force = (self.config, 1)
+        self._in_force = (self.config, 1, contents)
         # The configuration whose fault rules the workers were given last
         # (with --admin: theirs carries none).
         self._ruled = self.config
@@ -652,6 +657,42 @@ class Supervisor:
                                   faults=())  # fmt: skip
         return config
 
+    def _pinned(
+        self, config: ProxyConfig, number: int, contents: dict[str, bytes], index: int
+    ) -> ProxyConfig:
+        """``config`` for a worker (re)started now: each key or CA file that
+        no longer holds what it held when ``config`` was put in force (a
+        refused reload's half-written Secret, say) is given to it as it was
+        then, from a private copy in the state folder: a worker starts with
+        the configuration in force, not one no reload put in force."""
+        for name, path in files(config).items():
+            kept = contents.get(name)
+            if path is None or kept is None:
+                continue
+            try:
+                same = path.read_bytes() == kept
+            except OSError:
+                same = False
+            if same:
+                continue
+            copy = self._state / "in-force" / f"{number}.{name}"
+            try:
+                if not copy.exists():
+                    copy.parent.mkdir(mode=0o700, exist_ok=True)
+                    part = copy.with_suffix(".part")
+                    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "wb") as out:
+                        out.write(kept)
+                    part.replace(copy)
+            except OSError as exc:  # (a full disk): it reads the file as it is
+                log.warning("worker %d: cannot keep %s as in force (%s): %s", index, path,
+                            copy, exc.strerror or exc)  # fmt: skip
+                continue
+            log.info("worker %d: %s changed since the configuration in force was, started "
+                     "with what it held then", index, path)  # fmt: skip
+            config = _with_path(config, name, copy)
+        return config
+
     async def _run_worker(self, worker: Worker) -> int:
         fds = [sock.fileno() for _, sock in self._sockets]
         # The process is made in a thread: the drain closes the listeners
@@ -674,7 +715,8 @@ class Supervisor:
         # The configuration in force as the process is known (no checkpoint
         # between): a reload decided before this starts with what it
         # decided; one decided after sees a new process, and is aborted.
-        config, number = self._in_force
+        config, number, contents = self._in_force
+        config = self._pinned(config, number, contents, worker.index)
         spec = WorkerSpec(self._worker_config(config), worker.index, self.count, self._state,
                           [kind for kind, _ in self._sockets], fds, self.log_level,
                           self.log_format, number)  # fmt: skip
@@ -893,8 +935,8 @@ class Supervisor:
             new, errors = await read_again(self.load)
             if errors:
                 return self._reload_refused(source, errors)
-            files = await trio.to_thread.run_sync(held, new)
-            live, kept = split(self.config, new, self._held, files)
+            contents, digests = await trio.to_thread.run_sync(_read_files, new)
+            live, kept = split(self.config, new, self._held, digests)
             kept_flags = flags(kept)
             if not live:
                 self._reloads.labels(self.config.protocol, "unchanged").inc()
@@ -968,8 +1010,8 @@ class Supervisor:
                     return self._reload_refused(source, [unwritten])
                 # From here, a worker (re)started starts with it, and the
                 # next reload is weighed against it.
-                self._in_force = (config, number)
-                self.config, self._held = config, files
+                self._in_force = (config, number, contents)
+                self.config, self._held = config, digests
             finally:
                 if not decided and (unwritten := self._decide(attempt, ABORT)):
                     # Cancelled: no worker is to wait for a decision in vain.
@@ -1843,6 +1885,34 @@ def _read_exactly(fd: int, size: int) -> bytes:
             raise EOFError("the supervisor went away before the worker started")
         data += chunk
     return data
+
+
+def _read_files(config: ProxyConfig) -> tuple[dict[str, bytes], dict[str, str | None]]:
+    """What the files of ``config``'s settings of FILES hold now, by setting
+    (those that could be read), and that as ``reload.held`` says it: a
+    SHA-256 of each; None where unset, "unreadable" where it cannot be read."""
+    contents: dict[str, bytes] = {}
+    digests: dict[str, str | None] = {}
+    for name, path in files(config, FILES).items():
+        if path is None:
+            digests[name] = None
+            continue
+        try:
+            contents[name] = path.read_bytes()
+        except OSError:
+            digests[name] = "unreadable"
+            continue
+        digests[name] = hashlib.sha256(contents[name]).hexdigest()
+    return contents, digests
+
+
+def _with_path(config: Any, name: str, path: Path) -> Any:
+    """``config`` with the setting ``name`` (of FILES; ``a.b``: field ``b``
+    of field ``a``) naming ``path``."""
+    head, _, rest = name.partition(".")
+    if not rest:
+        return dataclasses.replace(config, **{head: path})
+    return dataclasses.replace(config, **{head: _with_path(getattr(config, head), rest, path)})
 
 
 def _config_errors(exc: BaseException) -> list[ConfigError] | None:
