@@ -418,11 +418,13 @@ def _whole(text: str, what: str, allowed: range, rule: str) -> int:
     return value
 
 
-def cache_dir() -> Path:
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where Sluice keeps what it fetches or makes once (Apache Pulsar's
     jars, the analysis JVM's class cache): ``$SLUICE_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/sluice``, else ``~/.cache/sluice``."""
-    if os.environ.get("SLUICE_CACHE_DIR"):
-        return Path(os.environ["SLUICE_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    ``$XDG_CACHE_HOME/sluice``, else ``~/.cache/sluice`` (of ``env``, by
+    default this process's environment)."""
+    env = os.environ if env is None else env
+    if env.get("SLUICE_CACHE_DIR"):
+        return Path(env["SLUICE_CACHE_DIR"])
+    xdg = env.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "sluice"

@@ -49,6 +49,9 @@ def test_an_archive_there_is_mapped_and_none_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path))
+    assert class_cache(os.environ) is None  # a first run: only its mark
+    (mark,) = (tmp_path / "spark").iterdir()
+    assert mark.suffix == ".seen"
     first = class_cache(os.environ)
     assert first is not None and first.making is not None
     assert f"-XX:ArchiveClassesAtExit={first.making}" in first.java_options()
@@ -62,6 +65,7 @@ def test_no_cache_when_turned_off_under_spark_submit_or_on_a_path_spark_splits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path / "cache"))
+    assert class_cache(os.environ) is None  # the first run's mark
     assert class_cache(os.environ) is not None
     assert class_cache({**os.environ, "SLUICE_SPARK_CLASS_CACHE": "off"}) is None
     assert class_cache({**os.environ, "PYSPARK_GATEWAY_PORT": "4040"}) is None
@@ -82,11 +86,14 @@ def test_making_an_archive_keeps_the_ones_used_last_and_young_parts(
     (folder / "driver-a.9.part").write_bytes(b"a dead run's")
     os.utime(folder / "driver-a.9.part", (1e9, 1e9))
     (folder / "driver-b.10.part").write_bytes(b"a run still writing")
+    assert class_cache(os.environ) is None  # the first run's mark
+    (mark,) = folder.glob("*.seen")
     made = class_cache(os.environ)
     assert made is not None and made.making is not None
     kept = ["driver-a.jsa", "driver-b.jsa"]  # the KEPT - 1 used last, and the one made
     assert len(kept) + 1 == jvm.KEPT
-    assert sorted(p.name for p in folder.iterdir()) == sorted([*kept, "driver-b.10.part"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*kept, "driver-b.10.part",
+                                                              mark.name])  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +102,8 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     maps it; each logs where the JVM loaded Spark's classes from."""
     tmp = tmp_path_factory.mktemp("class-cache")
     runs: dict[str, Any] = {"cache": tmp / "cache"}
+    # A run before these (the mark a first run leaves: it makes no archive).
+    assert class_cache({**os.environ, "SLUICE_CACHE_DIR": str(runs["cache"])}) is None
     for name in ("first", "second"):
         loaded = tmp / f"{name}-classes.log"
         env = {**os.environ, "SLUICE_CACHE_DIR": str(runs["cache"]),
@@ -117,8 +126,10 @@ def test_the_first_run_makes_the_archive_and_says_so(two_runs: dict[str, Any]) -
     first = two_runs["first"]
     said = first["result"].stderr
     assert "keeping the JVM's classes for faster starts (once)" in said
-    (archive,) = (two_runs["cache"] / "spark").iterdir()  # no part left
-    assert archive.suffix == ".jsa" and archive.stat().st_size > 10_000_000
+    folder = two_runs["cache"] / "spark"
+    (archive,) = folder.glob("driver-*.jsa")
+    assert sorted(p.suffix for p in folder.iterdir()) == [".jsa", ".seen"]  # no part left
+    assert archive.stat().st_size > 10_000_000
     assert f"{CONTEXT} shared objects file (top)" not in first["loaded"]
     assert CONTEXT in first["loaded"]
     # The JVM's own lines about the archive stay out of the user's terminal.

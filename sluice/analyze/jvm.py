@@ -5,9 +5,11 @@ A local Spark's driver loads some 15,000 classes before its first job,
 and does so again on every run: on two cores that is 6 to 10 s of a
 small job's 15 to 25. Java's class-data sharing keeps those classes,
 parsed and verified, in an archive the next JVM maps instead
-(``-XX:SharedArchiveFile``). The first run with no archive has its JVM
-write one as it exits (``-XX:ArchiveClassesAtExit``, about 150 MB, a few
-seconds more at the end of that run); every later run maps it.
+(``-XX:SharedArchiveFile``). The second run with no archive has its JVM
+write one as it exits (``-XX:ArchiveClassesAtExit``, 150-200 MB, several
+seconds more at the end of that run); every later run maps it. The first
+run only leaves a mark: a run whose cache folder does not outlive it (a
+fresh container, a CI job) never pays for an archive no run would map.
 
 The archive is made under a name of this run's own and put in place only
 after its JVM exited cleanly: a JVM that maps a partly written archive
@@ -115,7 +117,7 @@ def class_cache(env: Mapping[str, str]) -> ClassCache | None:
             "\n".join([str(real), str(seen.st_mtime_ns), str(seen.st_size),
                        pyspark.__version__, str(home.resolve()), *jars]).encode()
         ).hexdigest()[:16]  # fmt: skip
-        folder = cache_dir() / "spark"
+        folder = cache_dir(env) / "spark"
         folder.mkdir(parents=True, exist_ok=True)
     except (ImportError, OSError) as exc:
         log.debug("no class cache: %r", exc)
@@ -127,6 +129,14 @@ def class_cache(env: Mapping[str, str]) -> ClassCache | None:
         with contextlib.suppress(OSError):
             os.utime(archive)  # used: the last to go (see _tidy)
         return ClassCache(archive, None)
+    mark = folder / f"driver-{key}.seen"
+    if not mark.exists():
+        # A first run only says it ran: where the cache folder does not
+        # outlive the run (a fresh container, a CI job), writing an archive
+        # no run will map would only cost that run its seconds.
+        with contextlib.suppress(OSError):
+            mark.touch()
+        return None
     _tidy(folder)
     return ClassCache(archive, folder / f"driver-{key}.{os.getpid()}.part")
 
