@@ -165,17 +165,9 @@ class _BoundedHTTP(http.client.HTTPConnection):
         super().send(data)
 
 
-class _BoundedHTTPS(http.client.HTTPSConnection):
-    response_class = _BoundedResponse
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._create_connection = _bounded_connect
-
-    def send(self, data: Any) -> None:
-        if self.sock is not None:
-            self.sock.settimeout(_left())
-        super().send(data)
+class _BoundedHTTPS(_BoundedHTTP, http.client.HTTPSConnection):
+    """The same bounds over TLS (HTTPSConnection's own connect wraps the
+    bounded socket; the handshake has what is left)."""
 
 
 class _HTTPHandler(urllib.request.HTTPHandler):
