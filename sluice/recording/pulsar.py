@@ -121,6 +121,9 @@ class FrameRecorder:
                 for i, record in zip(left, rest, strict=True):
                     done[i] = record
             return done  # type: ignore[return-value]  # no None is left
+        # The compiled packer leaves to ``_laid_out`` every frame whose
+        # properties were not counted (-1): a frame Sluice wrote itself
+        # (``own``) among them, so its record keeps the mark.
         done = compiled(prefix, frames if type(frames) is list else list(frames), self._code)
         left = [i for i, record in enumerate(done) if record is None]
         if left:
@@ -148,7 +151,7 @@ class FrameRecorder:
         head_of: tuple[int, int] = (-1, -1)  # (n, offset) that head and tail are for
         head = tail = b""
         for frame in frames:
-            if frame.error is not None or sensitive(frame):
+            if frame.error is not None or frame.own or sensitive(frame):
                 out.append(self._pack(self.record(conn, direction, mono_ns, wall_ns, frame)))
                 continue
             wire = frame.raw
@@ -185,11 +188,15 @@ class FrameRecorder:
         wire = frame.raw
         record: Record = {"k": "frame", "c": conn, "d": direction, "t": mono_ns, "w": wall_ns,
                           "n": len(wire), "raw": wire}  # fmt: skip
+        if frame.own:  # Sluice wrote it to the client: no broker sent it
+            record["own"] = True
         error = frame.error
         if error is not None and (why_not := withheld(frame)) is not None:
             # None of its bytes, so its summary now: what parsed of it, and why.
             summary = summarize(frame)
             summary.update(invalid=error.problem.value, why=error.message, withheld=why_not)
+            if record.pop("own", False):
+                summary["own"] = True
             record["raw"] = b""
             record["s"] = summary
             return record
@@ -296,6 +303,8 @@ class FrameSummaries:
             summary["why"] = record.pop("why", "")
         if record.pop("redacted", False):
             summary["redacted"] = True
+        if record.pop("own", False):  # optional: absent from broker frames and older recordings
+            summary["own"] = True
         payload = record.pop("p", None)
         if isinstance(payload, list) and payload:
             summary["payload"] = (

@@ -208,7 +208,57 @@ def withheld_of(conn: RecordedConnection) -> Withheld:
                     claims.held.add(rf.index)
                     claims.injected.add(answer.index)
                     break
+    _own_frames(conn, claims)
     return claims.done(sent)
+
+
+# Frames Sluice writes on its own initiative, answering no request of the
+# client's: a drain's closes (a broker unloading the topic sends such, but
+# then its own, recorded as the broker's) and a credentials refresh's
+# challenge (a broker asks on its own clock, not at the recording's moment).
+_UNPROMPTED = frozenset({T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("AUTH_CHALLENGE")})
+_NO_REQUEST = 2**64 - 1
+
+
+def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
+    """Claim the frames Sluice wrote to the client itself (recorded ``own``)
+    that no live broker would send to what replay sends it, once fault
+    rules and filters claimed theirs.
+
+    - CLOSE_PRODUCER, CLOSE_CONSUMER (a drain) and AUTH_CHALLENGE (a
+      refresh of credentials): not expected.
+    - An ERROR answering no request: Sluice's refusal at the handshake or on
+      expired credentials (the broker would have answered CONNECT with
+      CONNECTED): not expected.
+    - On a proxied connection, an answer to a client request: Sluice
+      answered it instead of sending it on (an invalid frame rejected, an id
+      already open, a filter that could not learn the schema): the request
+      is not sent, its answer not expected.
+    - On a lookup connection Sluice answers CONNECT, lookups and what it
+      refuses there itself; replay connects straight to the broker, which
+      answers them in kind: still expected (and compared).
+    - PING and PONG: never compared, whoever sent them.
+    """
+    proxied = conn.kind != "lookup"
+    kept = [rf for rf in conn.frames if rf.from_client and rf.index not in claims.held]
+    for rf in conn.frames:
+        if rf.from_client or not rf.summary.get("own") or rf.index in claims.injected:
+            continue
+        frame = rf.frame
+        if frame.type in _UNPROMPTED:
+            claims.injected.add(rf.index)
+            continue
+        key = answer_key(frame) if frame.body is not None else None
+        if frame.type == T("ERROR") and key == ("rid", _NO_REQUEST):
+            claims.injected.add(rf.index)
+        elif proxied and key is not None and key[0] in ("rid", "send"):
+            claims.injected.add(rf.index)
+            # The latest request before it that it answers, not yet claimed.
+            request = next((c for c in reversed(kept)
+                            if c.index < rf.index and _answers(c.frame, frame)), None)  # fmt: skip
+            if request is not None:
+                kept.remove(request)
+                claims.held.add(request.index)
 
 
 # --- normalisation -------------------------------------------------------------

@@ -24,6 +24,7 @@ from sluice.protocols.pulsar.frame import (
     MAGIC_CHECKSUM,
     PAYLOAD_TYPES,
     Frame,
+    OwnFrame,
     command_name,
     missing_fields,
 )
@@ -48,10 +49,11 @@ def command(type_: int, body: Message | None = None) -> pb.BaseCommand:
     return cmd
 
 
-def own_frame(type_: int, body: Message | None = None) -> Frame:
-    """A frame Sluice writes itself, as a ``Frame`` (for taps) without decoding it again."""
+def own_frame(type_: int, body: Message | None = None) -> OwnFrame:
+    """A frame Sluice writes itself, as a ``Frame`` (for taps) without
+    decoding it again: an ``OwnFrame``, recorded as Sluice's own."""
     cmd = command(type_, body)
-    return Frame(encode(cmd), type_, cmd)
+    return OwnFrame(encode(cmd), type_, cmd)
 
 
 def _checked(cmd: pb.BaseCommand) -> bytes:

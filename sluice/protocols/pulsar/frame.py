@@ -193,6 +193,10 @@ class Frame:
         # (look at ``metadata``). The compiled scanner counts them.
         self.properties = -1
 
+    # Whether Sluice wrote the frame itself (``OwnFrame``): a class
+    # attribute, never set per frame.
+    own = False
+
     @property
     def ok(self) -> bool:
         return self.error is None
@@ -219,6 +223,17 @@ class Frame:
     def __repr__(self) -> str:
         state = "ok" if self.error is None else repr(self.error)
         return f"<Frame {self.name} {len(self.raw)}B {state}>"
+
+
+class OwnFrame(Frame):
+    """A frame Sluice writes to the client itself (``encoder.own_frame``), no
+    broker's: a refusal, a keepalive, a lookup's answer, a drain's
+    CLOSE_PRODUCER. Recorded with ``own`` (docs/recording-format.md), so
+    that replay knows which frames no broker sent."""
+
+    __slots__ = ()
+
+    own = True
 
 
 _parse_command = pb.BaseCommand.FromString
