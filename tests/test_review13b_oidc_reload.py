@@ -368,3 +368,51 @@ def test_a_restarted_worker_with_a_pinned_file_takes_an_unrelated_reload(
             part.replace(config)
             wait_for(lambda log: len(outcomes(log)) > said, "the reload")
             assert outcomes(proxy.log())[-1] == "applied", proxy.log()[-4000:]
+
+
+class _RefusingTokens(http.server.BaseHTTPRequestHandler):
+    """An OAuth2 issuer whose token endpoint refuses, its OAuth2 error
+    saying ``error`` (with a line break in it)."""
+
+    error = "invalid_client\n2026-01-01 00:00:00,000 ERROR   sluice.proxy: forged line"
+
+    def do_GET(self) -> None:
+        base = f"https://{self.headers['Host']}"
+        body = json.dumps({"issuer": f"{base}/realm", "token_endpoint": f"{base}/realm/token"})
+        self._send(200 if self.path.endswith("/openid-configuration") else 404, body.encode())
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self._send(400, json.dumps({"error": type(self).error}).encode())
+
+    def _send(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sluice/proxy/oidc.py:247: an OAuth2 error answer's 'error' goes into the "
+    "FetchError (and the log) as it is, line breaks included: a forged log line",
+)
+async def test_an_oauth2_error_with_a_line_break_fails_in_one_line(tmp_path: Path) -> None:
+    """review 13 made a fetch's failure one line (a URL's line break is
+    escaped). The token endpoint's refusal, an OAuth2 error, is said as its
+    ``error`` (100 characters) and ``error_description`` (200) are, line
+    breaks included: keep_own_token logs it, an issuer (or anyone answering
+    at an http token endpoint) writing a line of its own into Sluice's log."""
+    from sluice.protocols.oidc import ClientCredentials
+    from sluice.proxy.oidc import own_token_once
+
+    with https_server(tmp_path, _RefusingTokens) as (server, ca):
+        own = ClientCredentials(f"https://localhost:{server.server_address[1]}/realm", "s", "x")
+        with pytest.raises(FetchError) as failed, trio.fail_after(10):
+            await own_token_once(own, client_context(ca), 5.0)
+    assert "HTTP 400" in str(failed.value) and "invalid_client" in str(failed.value)
+    assert "\n" not in str(failed.value), str(failed.value)
