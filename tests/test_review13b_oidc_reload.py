@@ -243,11 +243,6 @@ async def test_slow_name_resolution_does_not_starve_other_issuers(
         answered.set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/oidc.py:210: urlsplit of a jwks_uri raises ValueError "
-    "(Invalid IPv6 URL), which Issuers._fetch_keys does not catch: Issuers.fetch raises",
-)
 async def test_a_key_set_url_urlsplit_refuses_is_a_failed_fetch(tmp_path: Path) -> None:
     """As review 13's InvalidURL: an issuer whose discovery document names
     its key set at ``https://[::1/keys`` (unbalanced bracket) is an issuer
@@ -272,11 +267,6 @@ async def test_a_key_set_url_urlsplit_refuses_is_a_failed_fetch(tmp_path: Path) 
     assert verifier.failure(issuer) is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/oidc.py:529: urlsplit of a token_endpoint raises ValueError, "
-    "which keep_own_token does not catch: Sluice's own token task ends",
-)
 async def test_a_token_endpoint_urlsplit_refuses_is_a_failed_fetch(tmp_path: Path) -> None:
     """The same for Sluice's own OAuth2 token: an issuer naming its
     ``token_endpoint`` ``https://[::1/token`` is a token not fetched (said,
@@ -466,3 +456,23 @@ def test_a_trickled_error_answer_is_a_failed_fetch(tmp_path: Path) -> None:
                 _fetch(url, b"grant_type=client_credentials", client_context(ca), 0.5)
     finally:
         handler.stop.set()
+
+
+def test_an_issuer_urlsplit_refuses_is_a_config_error() -> None:
+    """--auth-oidc-issuers (or --broker-auth-oauth2-issuer) with an
+    unbalanced ``[`` is refused in one line (ConfigError), not a ValueError
+    traceback out of urlsplit."""
+    from types import SimpleNamespace
+
+    from sluice.errors import ConfigError
+    from sluice.protocols.oidc import client_credentials
+
+    with pytest.raises(ConfigError, match="not an http"):
+        OidcSettings(issuers=("https://[::1/realm",), audiences=("pulsar",)).check()
+    config = SimpleNamespace(
+        broker_auth_oauth2_issuer="https://[::1/realm",
+        broker_auth_oauth2_credentials=Path("unused.json"),
+        auth_oidc_allow_http=False,
+    )
+    with pytest.raises(ConfigError, match="not an http"):
+        client_credentials(config)

@@ -188,14 +188,15 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
     """GET ``url`` (POST ``body`` as a form, when given); its body. The
     whole exchange (connecting, TLS, the answer's head and body, an error
     answer's body) ends within ``timeout``: its thread does not outlive it."""
-    request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
-    if body is not None:
-        request.add_header("Content-Type", "application/x-www-form-urlencoded")
     opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context), _NoDowngrade())
     deadline = _fetching.deadline = time.monotonic() + timeout
     # The URL may be the issuer's (a jwks_uri, a token endpoint): one line.
     shown = clipped(url, MAX_URL)
     try:
+        # In the try: a URL urllib cannot take (ValueError) is a failed fetch.
+        request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
+        if body is not None:
+            request.add_header("Content-Type", "application/x-www-form-urlencoded")
         with opener.open(request, timeout=timeout) as answer:
             chunks: list[bytes] = []
             size = 0
