@@ -291,11 +291,6 @@ async def test_a_token_endpoint_urlsplit_refuses_is_a_failed_fetch(tmp_path: Pat
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/workers.py:693: a pinned worker's config names the private copy, "
-    "so each later reload differs from its own by that path: it re-makes issuers/token",
-)
 def test_a_restarted_worker_with_a_pinned_file_takes_an_unrelated_reload(
     broker: Any, tmp_path: Path
 ) -> None:
