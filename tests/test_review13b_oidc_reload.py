@@ -63,11 +63,6 @@ async def test_an_unfetchable_key_set_url_is_clipped_in_the_log(
     assert all(len(line) < 2000 for line in said), [len(line) for line in said]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/oidc.py:228: a JSON object without a 'keys' list (an "
-    "error answer served with 200) is taken as an empty key set: held keys dropped",
-)
 async def test_an_answer_that_is_no_key_set_keeps_the_keys_held(tmp_path: Path) -> None:
     """RFC 7517 5: a JWK Set's ``keys`` member is REQUIRED. An issuer (or a
     CDN, a gateway in front of it) answering the key set URL with 200 and

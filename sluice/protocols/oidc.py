@@ -219,14 +219,17 @@ class OidcVerifier:
     def keys(self, issuer: str, document: bytes, now: float) -> int:
         """Take in the issuer's key set (JWKS); the number of signing keys
         usable. TokenRefused when it is no key set (not JSON, not an
-        object): the keys held are kept. A key set that holds no usable key
+        object, no ``keys`` list, as an error answered with 200): the keys
+        held are kept. A key set that holds no usable key
         is the issuer's word that its keys are gone (withdrawn): it replaces
         the keys held, and NoUsableKey says so (``failure`` too)."""
         data = _json_object(document, "key set")
         found: dict[str, tuple[Any, tuple[str, ...]]] = {}
         weak = 0
         entries = data.get("keys")
-        for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entries, list):  # RFC 7517 5: REQUIRED
+            raise TokenRefused(f"the key set of {issuer} is no JWK Set (no keys list)")
+        for entry in entries:
             if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
                 continue
             kid = entry.get("kid")
