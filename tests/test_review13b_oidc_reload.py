@@ -130,11 +130,6 @@ class _CountedKeys(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:308: fetch(join=True) with no fetch under way any "
-    "more starts a new one, past --auth-oidc-miss-refresh: made-up kids chain fetches",
-)
 async def test_a_join_after_the_fetch_ended_fetches_nothing(tmp_path: Path) -> None:
     """A token with a made-up kid arriving while a fetch is under way gets
     KeysNeeded(join=True); by the time its keys request reaches

@@ -294,12 +294,14 @@ class Issuers:
         issuer the verifier does not hold (a keys request made before a
         reload took it out) is not fetched: its tokens are refused.
         ``join``: the fetch under way, if any, is waited for and no other
-        begun (``KeysNeeded.join``: a token whose kid the held set lacks,
-        while a fetch that may bring it runs)."""
+        begun, none either when it has ended meanwhile (``KeysNeeded.join``:
+        a token whose kid the held set lacks, while a fetch that may bring
+        it runs; a new fetch is --auth-oidc-miss-refresh's to allow)."""
         if issuer not in self.verifier.issuers:
             return
-        if join and (running := self._running.get(issuer)) is not None:
-            await running[1].wait()
+        if join:
+            if (running := self._running.get(issuer)) is not None:
+                await running[1].wait()
             return
         wanted = trio.current_time()
         while (running := self._running.get(issuer)) is not None:
