@@ -29,11 +29,6 @@ def _token(idp: Issuer, issuer: str, kid: str = "rsa-1") -> str:
     return idp.token(kid, iss=issuer, exp=now + 300, iat=now, nbf=now)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:228: a printable reason (InvalidURL repr's the whole "
-    "URL) is not clipped: an issuer's long jwks_uri goes whole into the log",
-)
 async def test_an_unfetchable_key_set_url_is_clipped_in_the_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -371,11 +366,6 @@ class _RefusingTokens(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:247: an OAuth2 error answer's 'error' goes into the "
-    "FetchError (and the log) as it is, line breaks included: a forged log line",
-)
 async def test_an_oauth2_error_with_a_line_break_fails_in_one_line(tmp_path: Path) -> None:
     """review 13 made a fetch's failure one line (a URL's line break is
     escaped). The token endpoint's refusal, an OAuth2 error, is said as its

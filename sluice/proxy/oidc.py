@@ -59,8 +59,10 @@ MIN_REFRESH = 1.0
 # Fetches run in threads, at most this many at once (their own limiter:
 # one an issuer holds up to its deadline never holds up trio's shared one).
 FETCH_THREADS = 16
-# URLs in a fetch's failure are shown up to this many characters.
+# URLs in a fetch's failure are shown up to this many characters, its
+# reason (which may repeat the URL: InvalidURL) up to MAX_REASON.
 MAX_URL = 200
+MAX_REASON = 400
 
 
 class FetchError(Exception):
@@ -218,8 +220,8 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
         if time.monotonic() >= deadline:
             raise FetchError(f"{shown}: no answer within {timeout:g}s") from None
         reason = str(getattr(exc, "reason", exc))
-        if not reason.isprintable():
-            reason = clipped(reason, MAX_URL)
+        if not reason.isprintable() or len(reason) > MAX_REASON:
+            reason = clipped(reason, MAX_REASON)
         raise FetchError(f"{shown}: {reason}") from None
     if len(data) > MAX_DOCUMENT:
         raise FetchError(f"{shown}: over {MAX_DOCUMENT} bytes")
@@ -236,8 +238,10 @@ def _oauth2_error(detail: bytes) -> str:
         return ""
     if not isinstance(data, dict) or not isinstance(data.get("error"), str):
         return ""
+    # The issuer's words, one line each (a line break would forge a log line).
     said = data.get("error_description")
-    return f" ({data['error'][:100]}{': ' + said[:200] if isinstance(said, str) else ''})"
+    described = f": {clipped(said, 200)}" if isinstance(said, str) else ""
+    return f" ({clipped(data['error'], 100)}{described})"
 
 
 async def fetch(
