@@ -405,11 +405,6 @@ class _TrickledRefusal(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:220: an error answer's body read past the deadline "
-    "raises TimeoutError out of the HTTPError handler: _fetch raises no FetchError",
-)
 def test_a_trickled_error_answer_is_a_failed_fetch(tmp_path: Path) -> None:
     """``_fetch`` ends within its deadline with FetchError, "an error
     answer's body" included. A token endpoint's refusal whose body trickles

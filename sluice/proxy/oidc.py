@@ -17,6 +17,7 @@ thread, bounded in time and size.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import logging
@@ -212,7 +213,11 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
                 size += len(chunk)
             data = b"".join(chunks)
     except urllib.error.HTTPError as exc:
-        detail = exc.read(MAX_DOCUMENT) if body is not None else b""  # an OAuth2 error says why
+        detail = b""
+        # An OAuth2 error says why; one not read (in time: TimeoutError is an
+        # OSError) says nothing.
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+            detail = exc.read(MAX_DOCUMENT) if body is not None else b""
         raise FetchError(f"{shown}: HTTP {exc.code}{_oauth2_error(detail)}") from None
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         # HTTPException: InvalidURL (a space or control character in the
