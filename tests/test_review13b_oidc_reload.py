@@ -171,11 +171,6 @@ async def test_a_join_after_the_fetch_ended_fetches_nothing(tmp_path: Path) -> N
         assert len(handler.fetches) == 2, "fetched again within --auth-oidc-miss-refresh"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/proxy/oidc.py:146: name resolution in _bounded_connect has no "
-    "deadline: abandoned threads hold the 16 fetch threads, every issuer's fetch fails",
-)
 async def test_slow_name_resolution_does_not_starve_other_issuers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

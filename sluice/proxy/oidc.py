@@ -141,18 +141,76 @@ class _BoundedResponse(http.client.HTTPResponse):
         self.fp = io.BufferedReader(_BoundedReader(sock))
 
 
+class _Lookup:
+    """One name resolution, in a thread of its own, that any fetch asking
+    for the same name meanwhile waits for too."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.done = threading.Event()
+        self.found: list[Any] = []
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            self.found = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)
+        except OSError as exc:
+            self.error = exc
+        finally:
+            with _LOOKUPS_LOCK:
+                if _LOOKUPS.get((self.host, self.port)) is self:
+                    del _LOOKUPS[(self.host, self.port)]
+            self.done.set()
+
+
+# The resolutions under way, by name: a fetch waits for its name at most
+# what is left of its deadline, and the resolution (the system resolver's,
+# which may take 5 s a try per name server) goes on in its own thread, not
+# in the fetch's (the fetches' threads are FETCH_THREADS in all, for every
+# issuer). One thread per name at a time: fetches of an issuer whose name
+# server is away do not pile up threads.
+_LOOKUPS: dict[tuple[str, int], _Lookup] = {}
+_LOOKUPS_LOCK = threading.Lock()
+
+
+def _resolve(host: str, port: int) -> list[Any]:
+    """``getaddrinfo`` of ``host`` within what is left of the fetch."""
+    with _LOOKUPS_LOCK:
+        lookup = _LOOKUPS.get((host, port))
+        if lookup is None:
+            lookup = _LOOKUPS[(host, port)] = _Lookup(host, port)
+            threading.Thread(target=lookup.run, name="sluice-oidc-resolve", daemon=True).start()
+    if not lookup.done.wait(_left()):
+        raise TimeoutError(f"resolving {host}: deadline passed")
+    if lookup.error is not None:  # (shared: each waiter raises its own)
+        raise type(lookup.error)(*lookup.error.args)
+    return lookup.found
+
+
 def _bounded_connect(
     address: tuple[str, int], timeout: object, source: tuple[str, int] | None = None
 ) -> socket.socket:
-    """Connect within what is left of the fetch, and leave the TLS handshake
-    that follows no more than what is left then."""
-    sock = socket.create_connection(address, _left(), source)
-    try:
-        sock.settimeout(_left())
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    """Resolve and connect within what is left of the fetch (each address
+    the name has, in turn), and leave the TLS handshake that follows no
+    more than what is left then."""
+    error: OSError = OSError(f"{address[0]}: no address")
+    for family, kind, proto, _, sockaddr in _resolve(*address):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(_left())
+            if source is not None:
+                sock.bind(source)
+            sock.connect(sockaddr)
+            sock.settimeout(_left())
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise error
 
 
 class _BoundedHTTP(http.client.HTTPConnection):
