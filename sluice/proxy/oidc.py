@@ -178,8 +178,12 @@ def _resolve(host: str, port: int) -> list[Any]:
     with _LOOKUPS_LOCK:
         lookup = _LOOKUPS.get((host, port))
         if lookup is None:
-            lookup = _LOOKUPS[(host, port)] = _Lookup(host, port)
-            threading.Thread(target=lookup.run, name="sluice-oidc-resolve", daemon=True).start()
+            lookup = _Lookup(host, port)
+            try:
+                threading.Thread(target=lookup.run, name="sluice-oidc-resolve", daemon=True).start()
+            except RuntimeError as exc:  # (no thread to be had: none left waited for)
+                raise OSError(f"resolving {host}: {exc}") from None
+            _LOOKUPS[(host, port)] = lookup
     if not lookup.done.wait(_left()):
         raise TimeoutError(f"resolving {host}: deadline passed")
     if lookup.error is not None:  # (shared: each waiter raises its own)
