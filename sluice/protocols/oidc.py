@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import SplitResult, urlencode, urlsplit
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -111,7 +111,7 @@ class OidcSettings:
                 "name Pulsar as its audience, as the broker's openIDAllowedAudiences requires"
             )
         for issuer in self.issuers:
-            parts = urlsplit(issuer)
+            parts = _split(issuer)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ConfigError(f"--auth-oidc-issuers {issuer!r}: not an http(s) URL")
             if parts.scheme != "https" and self.require_https:
@@ -207,9 +207,9 @@ class OidcVerifier:
                 f"the discovery document of {issuer} names issuer {clipped(str(named))}"
             )
         uri = data.get("jwks_uri")
-        if not isinstance(uri, str) or urlsplit(uri).scheme not in ("http", "https"):
+        if not isinstance(uri, str) or _scheme(uri) not in ("http", "https"):
             raise TokenRefused(f"the discovery document of {issuer} has no jwks_uri")
-        if urlsplit(uri).scheme != "https" and self.settings.require_https:
+        if _scheme(uri) != "https" and self.settings.require_https:
             # Keys fetched in the clear could be anybody's: tokens forged.
             raise TokenRefused(f"the discovery document of {issuer} names a jwks_uri over "
                                f"http ({clipped(uri)}); https is required")  # fmt: skip
@@ -219,14 +219,17 @@ class OidcVerifier:
     def keys(self, issuer: str, document: bytes, now: float) -> int:
         """Take in the issuer's key set (JWKS); the number of signing keys
         usable. TokenRefused when it is no key set (not JSON, not an
-        object): the keys held are kept. A key set that holds no usable key
+        object, no ``keys`` list, as an error answered with 200): the keys
+        held are kept. A key set that holds no usable key
         is the issuer's word that its keys are gone (withdrawn): it replaces
         the keys held, and NoUsableKey says so (``failure`` too)."""
         data = _json_object(document, "key set")
         found: dict[str, tuple[Any, tuple[str, ...]]] = {}
         weak = 0
         entries = data.get("keys")
-        for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entries, list):  # RFC 7517 5: REQUIRED
+            raise TokenRefused(f"the key set of {issuer} is no JWK Set (no keys list)")
+        for entry in entries:
             if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
                 continue
             kid = entry.get("kid")
@@ -526,7 +529,7 @@ class ClientCredentials:
         """The issuer's token endpoint, from its discovery document."""
         data = _json_object(document, "discovery document")
         endpoint = data.get("token_endpoint")
-        if not isinstance(endpoint, str) or urlsplit(endpoint).scheme not in ("http", "https"):
+        if not isinstance(endpoint, str) or _scheme(endpoint) not in ("http", "https"):
             raise TokenRefused(f"the discovery document of {self.issuer} has no token_endpoint")
         self.token_endpoint = endpoint
         return endpoint
@@ -584,6 +587,21 @@ def oidc_verifier(config: Any) -> OidcVerifier | None:
     )
 
 
+def _split(url: str) -> SplitResult:
+    """``url`` split; no scheme or host when urlsplit cannot split it (an
+    unbalanced ``[``): no http(s) URL, as any other the caller refuses."""
+    try:
+        return urlsplit(url)
+    except ValueError:
+        return SplitResult("", "", "", "", "")
+
+
+def _scheme(url: str) -> str:
+    """The scheme of ``url`` (an issuer's jwks_uri, token endpoint); "" for one
+    urlsplit cannot split."""
+    return _split(url).scheme
+
+
 def client_credentials(config: Any) -> ClientCredentials | None:
     """``--broker-auth-oauth2-*`` from a ``ProxyConfig`` (None: not given)."""
     issuer, path = config.broker_auth_oauth2_issuer, config.broker_auth_oauth2_credentials
@@ -593,7 +611,7 @@ def client_credentials(config: Any) -> ClientCredentials | None:
         raise ConfigError(
             "--broker-auth-oauth2-issuer and --broker-auth-oauth2-credentials go together"
         )
-    parts = urlsplit(issuer)
+    parts = _split(issuer)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"--broker-auth-oauth2-issuer {issuer!r}: not an http(s) URL")
     if parts.scheme != "https" and not config.auth_oidc_allow_http:

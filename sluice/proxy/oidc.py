@@ -17,6 +17,7 @@ thread, bounded in time and size.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import logging
@@ -59,8 +60,10 @@ MIN_REFRESH = 1.0
 # Fetches run in threads, at most this many at once (their own limiter:
 # one an issuer holds up to its deadline never holds up trio's shared one).
 FETCH_THREADS = 16
-# URLs in a fetch's failure are shown up to this many characters.
+# URLs in a fetch's failure are shown up to this many characters, its
+# reason (which may repeat the URL: InvalidURL) up to MAX_REASON.
 MAX_URL = 200
+MAX_REASON = 400
 
 
 class FetchError(Exception):
@@ -138,18 +141,80 @@ class _BoundedResponse(http.client.HTTPResponse):
         self.fp = io.BufferedReader(_BoundedReader(sock))
 
 
+class _Lookup:
+    """One name resolution, in a thread of its own, that any fetch asking
+    for the same name meanwhile waits for too."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.done = threading.Event()
+        self.found: list[Any] = []
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            self.found = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)
+        except OSError as exc:
+            self.error = exc
+        finally:
+            with _LOOKUPS_LOCK:
+                if _LOOKUPS.get((self.host, self.port)) is self:
+                    del _LOOKUPS[(self.host, self.port)]
+            self.done.set()
+
+
+# The resolutions under way, by name: a fetch waits for its name at most
+# what is left of its deadline, and the resolution (the system resolver's,
+# which may take 5 s a try per name server) goes on in its own thread, not
+# in the fetch's (the fetches' threads are FETCH_THREADS in all, for every
+# issuer). One thread per name at a time: fetches of an issuer whose name
+# server is away do not pile up threads.
+_LOOKUPS: dict[tuple[str, int], _Lookup] = {}
+_LOOKUPS_LOCK = threading.Lock()
+
+
+def _resolve(host: str, port: int) -> list[Any]:
+    """``getaddrinfo`` of ``host`` within what is left of the fetch."""
+    with _LOOKUPS_LOCK:
+        lookup = _LOOKUPS.get((host, port))
+        if lookup is None:
+            lookup = _Lookup(host, port)
+            try:
+                threading.Thread(target=lookup.run, name="sluice-oidc-resolve", daemon=True).start()
+            except RuntimeError as exc:  # (no thread to be had: none left waited for)
+                raise OSError(f"resolving {host}: {exc}") from None
+            _LOOKUPS[(host, port)] = lookup
+    if not lookup.done.wait(_left()):
+        raise TimeoutError(f"resolving {host}: deadline passed")
+    if lookup.error is not None:  # (shared: each waiter raises its own)
+        raise type(lookup.error)(*lookup.error.args)
+    return lookup.found
+
+
 def _bounded_connect(
     address: tuple[str, int], timeout: object, source: tuple[str, int] | None = None
 ) -> socket.socket:
-    """Connect within what is left of the fetch, and leave the TLS handshake
-    that follows no more than what is left then."""
-    sock = socket.create_connection(address, _left(), source)
-    try:
-        sock.settimeout(_left())
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    """Resolve and connect within what is left of the fetch (each address
+    the name has, in turn), and leave the TLS handshake that follows no
+    more than what is left then."""
+    error: OSError = OSError(f"{address[0]}: no address")
+    for family, kind, proto, _, sockaddr in _resolve(*address):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(_left())
+            if source is not None:
+                sock.bind(source)
+            sock.connect(sockaddr)
+            sock.settimeout(_left())
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise error
 
 
 class _BoundedHTTP(http.client.HTTPConnection):
@@ -188,14 +253,15 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
     """GET ``url`` (POST ``body`` as a form, when given); its body. The
     whole exchange (connecting, TLS, the answer's head and body, an error
     answer's body) ends within ``timeout``: its thread does not outlive it."""
-    request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
-    if body is not None:
-        request.add_header("Content-Type", "application/x-www-form-urlencoded")
     opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context), _NoDowngrade())
     deadline = _fetching.deadline = time.monotonic() + timeout
     # The URL may be the issuer's (a jwks_uri, a token endpoint): one line.
     shown = clipped(url, MAX_URL)
     try:
+        # In the try: a URL urllib cannot take (ValueError) is a failed fetch.
+        request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
+        if body is not None:
+            request.add_header("Content-Type", "application/x-www-form-urlencoded")
         with opener.open(request, timeout=timeout) as answer:
             chunks: list[bytes] = []
             size = 0
@@ -209,7 +275,11 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
                 size += len(chunk)
             data = b"".join(chunks)
     except urllib.error.HTTPError as exc:
-        detail = exc.read(MAX_DOCUMENT) if body is not None else b""  # an OAuth2 error says why
+        detail = b""
+        # An OAuth2 error says why; one not read (in time: TimeoutError is an
+        # OSError) says nothing.
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+            detail = exc.read(MAX_DOCUMENT) if body is not None else b""
         raise FetchError(f"{shown}: HTTP {exc.code}{_oauth2_error(detail)}") from None
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         # HTTPException: InvalidURL (a space or control character in the
@@ -217,8 +287,8 @@ def _fetch(url: str, body: bytes | None, context: ssl.SSLContext, timeout: float
         if time.monotonic() >= deadline:
             raise FetchError(f"{shown}: no answer within {timeout:g}s") from None
         reason = str(getattr(exc, "reason", exc))
-        if not reason.isprintable():
-            reason = clipped(reason, MAX_URL)
+        if not reason.isprintable() or len(reason) > MAX_REASON:
+            reason = clipped(reason, MAX_REASON)
         raise FetchError(f"{shown}: {reason}") from None
     if len(data) > MAX_DOCUMENT:
         raise FetchError(f"{shown}: over {MAX_DOCUMENT} bytes")
@@ -235,8 +305,10 @@ def _oauth2_error(detail: bytes) -> str:
         return ""
     if not isinstance(data, dict) or not isinstance(data.get("error"), str):
         return ""
+    # The issuer's words, one line each (a line break would forge a log line).
     said = data.get("error_description")
-    return f" ({data['error'][:100]}{': ' + said[:200] if isinstance(said, str) else ''})"
+    described = f": {clipped(said, 200)}" if isinstance(said, str) else ""
+    return f" ({clipped(data['error'], 100)}{described})"
 
 
 async def fetch(
@@ -293,12 +365,14 @@ class Issuers:
         issuer the verifier does not hold (a keys request made before a
         reload took it out) is not fetched: its tokens are refused.
         ``join``: the fetch under way, if any, is waited for and no other
-        begun (``KeysNeeded.join``: a token whose kid the held set lacks,
-        while a fetch that may bring it runs)."""
+        begun, none either when it has ended meanwhile (``KeysNeeded.join``:
+        a token whose kid the held set lacks, while a fetch that may bring
+        it runs; a new fetch is --auth-oidc-miss-refresh's to allow)."""
         if issuer not in self.verifier.issuers:
             return
-        if join and (running := self._running.get(issuer)) is not None:
-            await running[1].wait()
+        if join:
+            if (running := self._running.get(issuer)) is not None:
+                await running[1].wait()
             return
         wanted = trio.current_time()
         while (running := self._running.get(issuer)) is not None:

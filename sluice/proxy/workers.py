@@ -273,6 +273,9 @@ class WorkerSpec:
     log_level: str
     log_format: str
     generation: int = 1  # the configuration generation ``config`` is
+    # Files given as a private copy (``Supervisor._pinned``): by setting,
+    # the file the configuration names and the copy ``config`` names.
+    pinned: dict[str, tuple[Path, Path]] = field(default_factory=dict)
 
 
 @dataclass
@@ -659,12 +662,14 @@ class Supervisor:
 
     def _pinned(
         self, config: ProxyConfig, number: int, contents: dict[str, bytes], index: int
-    ) -> ProxyConfig:
+    ) -> tuple[ProxyConfig, dict[str, tuple[Path, Path]]]:
         """``config`` for a worker (re)started now: each key or CA file that
         no longer holds what it held when ``config`` was put in force (a
         refused reload's half-written Secret, say) is given to it as it was
         then, from a private copy in the state folder: a worker starts with
-        the configuration in force, not one no reload put in force."""
+        the configuration in force, not one no reload put in force. Also
+        the files so given: by setting, the file and its copy."""
+        pinned: dict[str, tuple[Path, Path]] = {}
         for name, path in files(config).items():
             kept = contents.get(name)
             if path is None or kept is None:
@@ -691,7 +696,8 @@ class Supervisor:
             log.info("worker %d: %s changed since the configuration in force was, started "
                      "with what it held then", index, path)  # fmt: skip
             config = _with_path(config, name, copy)
-        return config
+            pinned[name] = (path, copy)
+        return config, pinned
 
     async def _run_worker(self, worker: Worker) -> int:
         fds = [sock.fileno() for _, sock in self._sockets]
@@ -716,10 +722,10 @@ class Supervisor:
         # between): a reload decided before this starts with what it
         # decided; one decided after sees a new process, and is aborted.
         config, number, contents = self._in_force
-        config = self._pinned(config, number, contents, worker.index)
+        config, pinned = self._pinned(config, number, contents, worker.index)
         spec = WorkerSpec(self._worker_config(config), worker.index, self.count, self._state,
                           [kind for kind, _ in self._sockets], fds, self.log_level,
-                          self.log_format, number)  # fmt: skip
+                          self.log_format, number, pinned)  # fmt: skip
         try:
             assert process.stdin is not None and process.stdout is not None
             if self.draining:  # SIGTERM came while it was being made: it serves nothing
@@ -1597,6 +1603,8 @@ class _Reloads:
     proxy: Proxy
     state: Path
     index: int
+    # The files this worker was given as a private copy (WorkerSpec.pinned).
+    pinned: dict[str, tuple[Path, Path]] = field(default_factory=dict)
     # The supervisor's decisions so far, by attempt, and where they are read.
     _decided: dict[int, str] = field(default_factory=dict)
     _decisions: Journal | None = None
@@ -1633,6 +1641,7 @@ class _Reloads:
             outcome = Outcome("unchanged", self.proxy.generation)
             self._write(attempt, "done", outcome.outcome)
             return outcome
+        config = await trio.to_thread.run_sync(_as_pinned, config, self.proxy.config, self.pinned)
         async with self.proxy.preparing(config, said, number) as prepared:
             if isinstance(prepared, Outcome):  # refused here
                 self._write(attempt, "ready", "refused", prepared.errors)
@@ -1710,7 +1719,7 @@ async def _work(spec: WorkerSpec, role: WorkerRole, supervisor: int) -> bool:
     told = _Told()
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)
-        reloads = _Reloads(proxy, spec.state, spec.index)
+        reloads = _Reloads(proxy, spec.state, spec.index, spec.pinned)
         await nursery.start(reload_when_asked, reloads, None)
         nursery.start_soon(reloads.catch_up)
         nursery.start_soon(_watch_supervisor, proxy, supervisor, orphaned, told)
@@ -1904,6 +1913,25 @@ def _read_files(config: ProxyConfig) -> tuple[dict[str, bytes], dict[str, str | 
             continue
         digests[name] = hashlib.sha256(contents[name]).hexdigest()
     return contents, digests
+
+
+def _as_pinned(new: Any, old: Any, pinned: dict[str, tuple[Path, Path]]) -> Any:
+    """``new`` (a reload's configuration) naming the private copy ``old``
+    (the worker's, in force) names where ``new`` names the file it is a copy
+    of, and the file holds what the copy does: the same setting, not a
+    change (which would make anew what it is for: the issuers' keys fetched
+    again, a reload refused while the issuer is away)."""
+    named, running = files(new), files(old)
+    for name, (path, copy) in pinned.items():
+        if named.get(name) != path or running.get(name) != copy:
+            continue
+        try:
+            same = path.read_bytes() == copy.read_bytes()
+        except OSError:
+            same = False
+        if same:
+            new = _with_path(new, name, copy)
+    return new
 
 
 def _with_path(config: Any, name: str, path: Path) -> Any:
