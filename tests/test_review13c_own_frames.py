@@ -18,7 +18,8 @@ from sluice.protocols.core import Conn, OnInvalid, Peer
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.auth import ProxyAuth
 from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
-from sluice.protocols.pulsar.encoder import command, encode_payload
+from sluice.protocols.pulsar.decoder import decode_frame
+from sluice.protocols.pulsar.encoder import command, encode_payload, error_reply
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.reader import RecordedConnection, load
@@ -76,12 +77,6 @@ def _proxied(core: PulsarConnection, client_version: str = "Pulsar-CPP-v3.7.0") 
 # --- (1) an id already open: the answer is recorded before the request ----------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/pulsar/connection.py:1180 (_open_elsewhere's _own records "
-    "its ERROR before the PRODUCER still in `seen`) + sluice/replay/pulsar.py:258 (only "
-    "a request recorded BEFORE the answer is held): the refused PRODUCER is sent on replay",
-)
 async def test_a_producer_refused_for_an_id_open_elsewhere_is_not_sent_on_replay(
     tmp_path: Path,
 ) -> None:
@@ -99,6 +94,34 @@ async def test_a_producer_refused_for_an_id_open_elsewhere_is_not_sent_on_replay
     assert answer in withheld.injected  # its answer is not expected ...
     # ... and the PRODUCER the broker never got is not sent either (docs/replay.md: NOT SENT).
     assert refused in withheld.held
+    assert refused < answer  # recorded as it came: the request, then Sluice's answer
+
+
+async def test_a_request_recorded_after_sluices_answer_in_its_read_is_not_sent(
+    tmp_path: Path,
+) -> None:
+    """Recordings made before the fix hold the refused PRODUCER right after
+    Sluice's ERROR answering it (the rest of its read): still held."""
+
+    def drive(core: PulsarConnection) -> None:
+        _proxied(core)
+        with_producer(core)
+        again = pb.CommandProducer(topic="persistent://t/n/other", producer_id=1, request_id=2)
+        request = decode_frame(frame_bytes("PRODUCER", again))
+        reply = error_reply(request, pb.NotAllowedError, "producer id 1 is open")
+        assert reply is not None
+        core.tap.frames(core.conn, False, (reply,))  # as the older proxy recorded them
+        core.tap.frames(core.conn, True, (request,))
+        later = pb.CommandProducer(topic="persistent://t/n/q", producer_id=2, request_id=3)
+        core.receive_client(frame_bytes("PRODUCER", later), 3.0)
+
+    conn = await _recorded(tmp_path, PulsarSettings(OnInvalid.REJECT, 5 * MiB, 5), drive)
+    refused, answer = _index(conn, "PRODUCER", True, 1), _index(conn, "ERROR", False)
+    assert answer < refused
+    withheld = withheld_of(conn)
+    assert answer in withheld.injected
+    assert refused in withheld.held
+    assert _index(conn, "PRODUCER", True, 2) not in withheld.held  # sent on: the broker got it
 
 
 # --- (1) a filter's SEND_ERROR to a Java batch: answered by the highest sequence id ----

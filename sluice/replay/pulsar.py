@@ -253,12 +253,36 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
             claims.injected.add(rf.index)
         elif proxied and key is not None and key[0] in ("rid", "send"):
             claims.injected.add(rf.index)
-            # The latest request before it that it answers, not yet claimed.
-            request = next((c for c in reversed(kept)
-                            if c.index < rf.index and _answers(c.frame, frame)), None)  # fmt: skip
+            request = _answered_request(conn, kept, rf)
             if request is not None:
                 kept.remove(request)
                 claims.held.add(request.index)
+
+
+def _answered_request(
+    conn: RecordedConnection, kept: list[RecordedFrame], answer: RecordedFrame
+) -> RecordedFrame | None:
+    """The client request Sluice's own ``answer`` answers, not yet claimed:
+    the latest before it; else one recorded right after it, in the rest of
+    the read it came in (recordings made before the request was recorded
+    ahead of Sluice's answer to an id open elsewhere), up to the broker's
+    next frame."""
+    frame = answer.frame
+    before = next((c for c in reversed(kept)
+                   if c.index < answer.index and _answers(c.frame, frame)), None)  # fmt: skip
+    if before is not None:
+        return before
+    unclaimed = {c.index for c in kept}
+    for rf in conn.frames:
+        if rf.index <= answer.index:
+            continue
+        if not rf.from_client:
+            if rf.summary.get("own"):
+                continue  # Sluice's answers to the read's other frames
+            return None
+        if rf.index in unclaimed and _answers(rf.frame, frame):
+            return rf
+    return None
 
 
 # --- normalisation -------------------------------------------------------------
