@@ -127,12 +127,6 @@ async def test_a_request_recorded_after_sluices_answer_in_its_read_is_not_sent(
 # --- (1) a filter's SEND_ERROR to a Java batch: answered by the highest sequence id ----
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/replay/pulsar.py:258 (and the filter claim at :206) pair by "
-    "_request_key's sequence_id, but filtering.py:555 answers a Java batch with its "
-    "highest_sequence_id: the refused SEND is sent on replay while its SEND_ERROR is injected",
-)
 async def test_a_java_batch_a_filter_refused_is_not_sent_on_replay(tmp_path: Path) -> None:
     def drive(core: PulsarConnection) -> None:
         _proxied(core, "Pulsar-Java-v4.0.0")

@@ -65,6 +65,7 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.protocols.pulsar.correlation import Correlator, answer_key
+from sluice.protocols.pulsar.filtering import _last_sequence
 from sluice.protocols.pulsar.redact import loggable, scrub
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.dial import (
@@ -171,9 +172,20 @@ def _request_key(frame: Frame) -> tuple[Any, ...] | None:
 
 
 def _answers(request: Frame, reply: Frame) -> bool:
-    """Whether ``reply`` answers ``request`` (the correlator's matching rule)."""
+    """Whether ``reply`` answers ``request`` (the correlator's matching
+    rule). A SEND_RECEIPT or SEND_ERROR answers the SEND whose sequence ids
+    (its own up to a batch's highest) hold its sequence id: Sluice answers a
+    Java batch it refused by the highest, as the broker does."""
     want = _request_key(request)
-    return want is not None and answer_key(reply) == want
+    if want is None:
+        return False
+    got = answer_key(reply)
+    if got is None or got[0] != "send" or want[0] != "send":
+        return got == want
+    send: Any = request.body
+    answer: Any = reply.body
+    return bool(answer.producer_id == send.producer_id
+                and send.sequence_id <= answer.sequence_id <= _last_sequence(send))  # fmt: skip
 
 
 def _answerable(request: Frame) -> bool:
