@@ -19,7 +19,7 @@ from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.auth import ProxyAuth
 from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
 from sluice.protocols.pulsar.decoder import decode_frame
-from sluice.protocols.pulsar.encoder import command, encode_payload, error_reply
+from sluice.protocols.pulsar.encoder import command, encode_payload, error_reply, own_frame
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.reader import RecordedConnection, load
@@ -152,12 +152,6 @@ async def test_a_java_batch_a_filter_refused_is_not_sent_on_replay(tmp_path: Pat
 # --- (1) an auth refresh: Sluice's challenge is injected, the client's answer still sent --
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/replay/pulsar.py:248 (_UNPROMPTED): Sluice's refresh AUTH_CHALLENGE is "
-    "injected but the client's AUTH_RESPONSE to it (kept by Sluice, connection.py:1225) "
-    "is not held: replay sends the broker credentials it never got, unasked",
-)
 async def test_the_clients_answer_to_sluices_refresh_is_not_sent_on_replay(
     tmp_path: Path,
 ) -> None:
@@ -187,6 +181,32 @@ async def test_the_clients_answer_to_sluices_refresh_is_not_sent_on_replay(
     withheld = withheld_of(conn)
     assert challenge in withheld.injected
     assert response in withheld.held
+
+
+async def test_the_clients_answer_to_a_brokers_challenge_after_sluices_is_sent(
+    tmp_path: Path,
+) -> None:
+    """After Sluice's own challenge, a broker's: the next AUTH_RESPONSE
+    answers the broker's, which got it: replay sends it."""
+
+    def drive(core: PulsarConnection) -> None:
+        _proxied(core)
+        ask = pb.CommandAuthChallenge(
+            challenge=pb.AuthData(auth_method_name="token", auth_data=b"refresh")
+        )
+        core.tap.frames(core.conn, False, (own_frame(T("AUTH_CHALLENGE"), ask),))
+        core.tap.frames(core.conn, False, (decode_frame(frame_bytes("AUTH_CHALLENGE", ask)),))
+        answer: Any = pb.CommandAuthResponse(
+            response=pb.AuthData(auth_method_name="token", auth_data=b"fresh")
+        )
+        core.tap.frames(core.conn, True, (decode_frame(frame_bytes("AUTH_RESPONSE", answer)),))
+
+    conn = await _recorded(tmp_path, PulsarSettings(OnInvalid.REJECT, 5 * MiB, 5), drive)
+    own, broker = _index(conn, "AUTH_CHALLENGE", False), _index(conn, "AUTH_CHALLENGE", False, 1)
+    assert conn.frames[own].summary.get("own") and not conn.frames[broker].summary.get("own")
+    withheld = withheld_of(conn)
+    assert own in withheld.injected and broker not in withheld.injected
+    assert _index(conn, "AUTH_RESPONSE", True) not in withheld.held
 
 
 # --- the transcript says why a request was not sent ---------------------------------

@@ -238,7 +238,8 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
     rules and filters claimed theirs.
 
     - CLOSE_PRODUCER, CLOSE_CONSUMER (a drain) and AUTH_CHALLENGE (a
-      refresh of credentials): not expected.
+      refresh of credentials): not expected; the client's AUTH_RESPONSE to
+      such a challenge (Sluice's to verify, never passed on) is not sent.
     - An ERROR answering no request: Sluice's refusal at the handshake or on
       expired credentials (the broker would have answered CONNECT with
       CONNECTED): not expected.
@@ -259,6 +260,11 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
         frame = rf.frame
         if frame.type in _UNPROMPTED:
             claims.injected.add(rf.index)
+            if frame.type == T("AUTH_CHALLENGE"):
+                response = _auth_response_to(conn, kept, rf)
+                if response is not None:
+                    kept.remove(response)
+                    claims.held.add(response.index)
             continue
         key = answer_key(frame) if frame.body is not None else None
         if frame.type == T("ERROR") and key == ("rid", _NO_REQUEST):
@@ -269,6 +275,26 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
             if request is not None:
                 kept.remove(request)
                 claims.held.add(request.index)
+
+
+def _auth_response_to(
+    conn: RecordedConnection, kept: list[RecordedFrame], challenge: RecordedFrame
+) -> RecordedFrame | None:
+    """The client's AUTH_RESPONSE to Sluice's own ``challenge``, not yet
+    claimed: its next one, unless a broker's AUTH_CHALLENGE came first (that
+    one it answers). Sluice verifies it and never passes it on."""
+    unclaimed = {c.index for c in kept}
+    for rf in conn.frames:
+        if rf.index <= challenge.index or rf.frame.type not in _AUTH_FRAMES:
+            continue
+        if rf.from_client:
+            return rf if rf.index in unclaimed else None
+        if not rf.summary.get("own"):
+            return None  # the broker asked: the next answer is the broker's
+    return None
+
+
+_AUTH_FRAMES = frozenset({T("AUTH_CHALLENGE"), T("AUTH_RESPONSE")})
 
 
 def _answered_request(
