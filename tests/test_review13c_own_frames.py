@@ -5,12 +5,11 @@ they answer): what the proxy really records, read back and given to
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sluice.brokers.apache_pulsar import hs256_token
 from sluice.filters.config import FilterSpec
@@ -24,7 +23,7 @@ from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.reader import RecordedConnection, load
 from sluice.recording.writer import Recorder, RecorderConfig
-from sluice.replay.outcome import Outcome
+from sluice.replay.outcome import Outcome, report
 from sluice.replay.pulsar import compare, withheld_of
 from tests.test_filters import TOPIC, WORDS, _batch, _filters
 from tests.test_pulsar_core import (
@@ -212,12 +211,6 @@ async def test_the_clients_answer_to_a_brokers_challenge_after_sluices_is_sent(
 # --- the transcript says why a request was not sent ---------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/replay/pulsar.py:715 (and outcome.py:194's note): a request held because "
-    "Sluice answered it itself (own, e50de2f) is said to be kept by 'a fault rule or filter' "
-    "on a recording that had neither",
-)
 async def test_a_request_sluice_refused_itself_is_not_blamed_on_a_fault_rule_or_filter(
     tmp_path: Path,
 ) -> None:
@@ -237,3 +230,16 @@ async def test_a_request_sluice_refused_itself_is_not_blamed_on_a_fault_rule_or_
     transcript = compare(recording, {}, Outcome.of(recording), {conn.key: withheld})
     (line,) = [line for line in transcript if "NOT SENT" in line]
     assert "fault rule or filter" not in line, line
+    assert "the recording proxy answered it itself" in line, line
+
+
+def test_the_report_says_which_frames_the_recording_proxy_answered_itself() -> None:
+    out = io.StringIO()
+    report(Outcome(withheld=3, answered_itself=2), out)
+    (note,) = [line for line in out.getvalue().splitlines() if "were not sent" in line]
+    assert "1 a fault rule dropped" in note, note
+    assert "2 the recording proxy answered itself" in note, note
+    out = io.StringIO()
+    report(Outcome(withheld=2, answered_itself=2), out)
+    (note,) = [line for line in out.getvalue().splitlines() if "were not sent" in line]
+    assert "fault rule" not in note, note

@@ -192,6 +192,21 @@ def _answerable(request: Frame) -> bool:
     return _request_key(request) is not None
 
 
+@dataclass(frozen=True)
+class Answered(Withheld):
+    """A Pulsar connection's ``Withheld``, knowing of the held client
+    frames those the recording proxy answered itself (``answered``: an
+    invalid frame refused, an id already open, a schema it could not learn,
+    its own credentials refresh), not a fault rule or filter."""
+
+    answered: frozenset[int] = frozenset()
+
+
+def answered_itself(withheld: Withheld) -> frozenset[int]:
+    """The held client frames the recording proxy answered itself."""
+    return withheld.answered if isinstance(withheld, Answered) else frozenset()
+
+
 def withheld_of(conn: RecordedConnection) -> Withheld:
     """What the recording proxy kept from the broker on ``conn``
     (``Withheld``): what fault rules dropped or answered, what message
@@ -220,8 +235,9 @@ def withheld_of(conn: RecordedConnection) -> Withheld:
                     claims.held.add(rf.index)
                     claims.injected.add(answer.index)
                     break
-    _own_frames(conn, claims)
-    return claims.done(sent)
+    answered = _own_frames(conn, claims)
+    done = claims.done(sent)
+    return Answered(done.held, done.injected, done.sent, frozenset(answered))
 
 
 # Frames Sluice writes on its own initiative, answering no request of the
@@ -232,10 +248,10 @@ _UNPROMPTED = frozenset({T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("AUTH_CHALL
 _NO_REQUEST = 2**64 - 1
 
 
-def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
+def _own_frames(conn: RecordedConnection, claims: Withholding) -> set[int]:
     """Claim the frames Sluice wrote to the client itself (recorded ``own``)
     that no live broker would send to what replay sends it, once fault
-    rules and filters claimed theirs.
+    rules and filters claimed theirs; the client frames held for them.
 
     - CLOSE_PRODUCER, CLOSE_CONSUMER (a drain) and AUTH_CHALLENGE (a
       refresh of credentials): not expected; the client's AUTH_RESPONSE to
@@ -254,6 +270,7 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
     """
     proxied = conn.kind != "lookup"
     kept = [rf for rf in conn.frames if rf.from_client and rf.index not in claims.held]
+    held: set[int] = set()
     for rf in conn.frames:
         if rf.from_client or not rf.summary.get("own") or rf.index in claims.injected:
             continue
@@ -264,7 +281,7 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
                 response = _auth_response_to(conn, kept, rf)
                 if response is not None:
                     kept.remove(response)
-                    claims.held.add(response.index)
+                    held.add(response.index)
             continue
         key = answer_key(frame) if frame.body is not None else None
         if frame.type == T("ERROR") and key == ("rid", _NO_REQUEST):
@@ -274,7 +291,9 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
             request = _answered_request(conn, kept, rf)
             if request is not None:
                 kept.remove(request)
-                claims.held.add(request.index)
+                held.add(request.index)
+    claims.held |= held
+    return held
 
 
 def _auth_response_to(
@@ -695,7 +714,11 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                     dep_live.quiet = True
             await pace.next(rf.wall_ns)
             if rf.index in live.withheld.held:
-                outcome.withheld += 1  # a fault rule kept it from the broker when recorded
+                # Kept from the broker when recorded: by a fault rule or
+                # filter, or answered by the recording proxy itself.
+                outcome.withheld += 1
+                if rf.index in answered_itself(live.withheld):
+                    outcome.answered_itself += 1
                 continue
             data = remap.client_frame(live.withheld.sent.get(rf.index, rf.frame))
             failed = await live.out.send(data, args.timeout)
@@ -774,7 +797,11 @@ def compare(
             arrow = "C→B" if rf.from_client else "B→C"
             kept = (withheld or {}).get(conn.key) or Withheld()
             if rf.index in kept.held:
-                held = "a fault rule or filter kept it from the broker when recorded"
+                held = (
+                    "the recording proxy answered it itself: the broker never got it"
+                    if rf.index in answered_itself(kept)
+                    else "a fault rule or filter kept it from the broker when recorded"
+                )
                 transcript.append(f"{conn.name} {arrow} NOT SENT ({held}) {normalise(rf.frame)}")
                 continue
             if rf.index in kept.sent:
