@@ -5,12 +5,11 @@ they answer): what the proxy really records, read back and given to
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sluice.brokers.apache_pulsar import hs256_token
 from sluice.filters.config import FilterSpec
@@ -18,12 +17,13 @@ from sluice.protocols.core import Conn, OnInvalid, Peer
 from sluice.protocols.pulsar import pb
 from sluice.protocols.pulsar.auth import ProxyAuth
 from sluice.protocols.pulsar.connection import PulsarConnection, PulsarSettings, Routing
-from sluice.protocols.pulsar.encoder import command, encode_payload
+from sluice.protocols.pulsar.decoder import decode_frame
+from sluice.protocols.pulsar.encoder import command, encode_payload, error_reply, own_frame
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.recording.format import PayloadPolicy
 from sluice.recording.reader import RecordedConnection, load
 from sluice.recording.writer import Recorder, RecorderConfig
-from sluice.replay.outcome import Outcome
+from sluice.replay.outcome import Outcome, report
 from sluice.replay.pulsar import compare, withheld_of
 from tests.test_filters import TOPIC, WORDS, _batch, _filters
 from tests.test_pulsar_core import (
@@ -76,12 +76,6 @@ def _proxied(core: PulsarConnection, client_version: str = "Pulsar-CPP-v3.7.0") 
 # --- (1) an id already open: the answer is recorded before the request ----------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/protocols/pulsar/connection.py:1180 (_open_elsewhere's _own records "
-    "its ERROR before the PRODUCER still in `seen`) + sluice/replay/pulsar.py:258 (only "
-    "a request recorded BEFORE the answer is held): the refused PRODUCER is sent on replay",
-)
 async def test_a_producer_refused_for_an_id_open_elsewhere_is_not_sent_on_replay(
     tmp_path: Path,
 ) -> None:
@@ -99,17 +93,39 @@ async def test_a_producer_refused_for_an_id_open_elsewhere_is_not_sent_on_replay
     assert answer in withheld.injected  # its answer is not expected ...
     # ... and the PRODUCER the broker never got is not sent either (docs/replay.md: NOT SENT).
     assert refused in withheld.held
+    assert refused < answer  # recorded as it came: the request, then Sluice's answer
+
+
+async def test_a_request_recorded_after_sluices_answer_in_its_read_is_not_sent(
+    tmp_path: Path,
+) -> None:
+    """Recordings made before the fix hold the refused PRODUCER right after
+    Sluice's ERROR answering it (the rest of its read): still held."""
+
+    def drive(core: PulsarConnection) -> None:
+        _proxied(core)
+        with_producer(core)
+        again = pb.CommandProducer(topic="persistent://t/n/other", producer_id=1, request_id=2)
+        request = decode_frame(frame_bytes("PRODUCER", again))
+        reply = error_reply(request, pb.NotAllowedError, "producer id 1 is open")
+        assert reply is not None
+        core.tap.frames(core.conn, False, (reply,))  # as the older proxy recorded them
+        core.tap.frames(core.conn, True, (request,))
+        later = pb.CommandProducer(topic="persistent://t/n/q", producer_id=2, request_id=3)
+        core.receive_client(frame_bytes("PRODUCER", later), 3.0)
+
+    conn = await _recorded(tmp_path, PulsarSettings(OnInvalid.REJECT, 5 * MiB, 5), drive)
+    refused, answer = _index(conn, "PRODUCER", True, 1), _index(conn, "ERROR", False)
+    assert answer < refused
+    withheld = withheld_of(conn)
+    assert answer in withheld.injected
+    assert refused in withheld.held
+    assert _index(conn, "PRODUCER", True, 2) not in withheld.held  # sent on: the broker got it
 
 
 # --- (1) a filter's SEND_ERROR to a Java batch: answered by the highest sequence id ----
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/replay/pulsar.py:258 (and the filter claim at :206) pair by "
-    "_request_key's sequence_id, but filtering.py:555 answers a Java batch with its "
-    "highest_sequence_id: the refused SEND is sent on replay while its SEND_ERROR is injected",
-)
 async def test_a_java_batch_a_filter_refused_is_not_sent_on_replay(tmp_path: Path) -> None:
     def drive(core: PulsarConnection) -> None:
         _proxied(core, "Pulsar-Java-v4.0.0")
@@ -135,12 +151,6 @@ async def test_a_java_batch_a_filter_refused_is_not_sent_on_replay(tmp_path: Pat
 # --- (1) an auth refresh: Sluice's challenge is injected, the client's answer still sent --
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/replay/pulsar.py:248 (_UNPROMPTED): Sluice's refresh AUTH_CHALLENGE is "
-    "injected but the client's AUTH_RESPONSE to it (kept by Sluice, connection.py:1225) "
-    "is not held: replay sends the broker credentials it never got, unasked",
-)
 async def test_the_clients_answer_to_sluices_refresh_is_not_sent_on_replay(
     tmp_path: Path,
 ) -> None:
@@ -172,15 +182,35 @@ async def test_the_clients_answer_to_sluices_refresh_is_not_sent_on_replay(
     assert response in withheld.held
 
 
+async def test_the_clients_answer_to_a_brokers_challenge_after_sluices_is_sent(
+    tmp_path: Path,
+) -> None:
+    """After Sluice's own challenge, a broker's: the next AUTH_RESPONSE
+    answers the broker's, which got it: replay sends it."""
+
+    def drive(core: PulsarConnection) -> None:
+        _proxied(core)
+        ask = pb.CommandAuthChallenge(
+            challenge=pb.AuthData(auth_method_name="token", auth_data=b"refresh")
+        )
+        core.tap.frames(core.conn, False, (own_frame(T("AUTH_CHALLENGE"), ask),))
+        core.tap.frames(core.conn, False, (decode_frame(frame_bytes("AUTH_CHALLENGE", ask)),))
+        answer: Any = pb.CommandAuthResponse(
+            response=pb.AuthData(auth_method_name="token", auth_data=b"fresh")
+        )
+        core.tap.frames(core.conn, True, (decode_frame(frame_bytes("AUTH_RESPONSE", answer)),))
+
+    conn = await _recorded(tmp_path, PulsarSettings(OnInvalid.REJECT, 5 * MiB, 5), drive)
+    own, broker = _index(conn, "AUTH_CHALLENGE", False), _index(conn, "AUTH_CHALLENGE", False, 1)
+    assert conn.frames[own].summary.get("own") and not conn.frames[broker].summary.get("own")
+    withheld = withheld_of(conn)
+    assert own in withheld.injected and broker not in withheld.injected
+    assert _index(conn, "AUTH_RESPONSE", True) not in withheld.held
+
+
 # --- the transcript says why a request was not sent ---------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sluice/replay/pulsar.py:715 (and outcome.py:194's note): a request held because "
-    "Sluice answered it itself (own, e50de2f) is said to be kept by 'a fault rule or filter' "
-    "on a recording that had neither",
-)
 async def test_a_request_sluice_refused_itself_is_not_blamed_on_a_fault_rule_or_filter(
     tmp_path: Path,
 ) -> None:
@@ -200,3 +230,16 @@ async def test_a_request_sluice_refused_itself_is_not_blamed_on_a_fault_rule_or_
     transcript = compare(recording, {}, Outcome.of(recording), {conn.key: withheld})
     (line,) = [line for line in transcript if "NOT SENT" in line]
     assert "fault rule or filter" not in line, line
+    assert "the recording proxy answered it itself" in line, line
+
+
+def test_the_report_says_which_frames_the_recording_proxy_answered_itself() -> None:
+    out = io.StringIO()
+    report(Outcome(withheld=3, answered_itself=2), out)
+    (note,) = [line for line in out.getvalue().splitlines() if "were not sent" in line]
+    assert "1 a fault rule dropped" in note, note
+    assert "2 the recording proxy answered itself" in note, note
+    out = io.StringIO()
+    report(Outcome(withheld=2, answered_itself=2), out)
+    (note,) = [line for line in out.getvalue().splitlines() if "were not sent" in line]
+    assert "fault rule" not in note, note

@@ -23,10 +23,11 @@ class Outcome:
     redelivered_recorded: int = 0  # MESSAGEs the consumer had been sent before
     redelivered_live: int = 0
     faults: int = 0  # fault annotations in the recording
-    # Client frames not sent: a fault rule dropped them, or a fault rule or a
-    # filter answered them in the broker's place when recorded: the broker
-    # never got them.
+    # Client frames not sent: a fault rule dropped them, a fault rule or a
+    # filter answered them in the broker's place, or the recording proxy
+    # answered them itself when recorded: the broker never got them.
     withheld: int = 0
+    answered_itself: int = 0  # of those, the recording proxy answered itself
     truncated: list[Path] = field(default_factory=list)  # files cut mid-record (writer killed)
     # Where the recording is incomplete: frames the recorder dropped (gap
     # records), connections recorded from mid-stream; and the differences
@@ -190,11 +191,17 @@ def report(outcome: Outcome, out: Any) -> None:
             "purpose, not by the broker\n"
         )
     if outcome.withheld:
+        by_rules = outcome.withheld - outcome.answered_itself
+        reasons: list[str] = []
+        if by_rules:
+            reasons.append(f"{by_rules} a fault rule dropped, or a fault rule or filter "
+                           "answered in the broker's place")  # fmt: skip
+        if outcome.answered_itself:
+            reasons.append(f"{outcome.answered_itself} the recording proxy answered itself")
         out.write(
-            f"note: {outcome.withheld} client frames were not sent: a fault rule dropped them, "
-            "or a fault rule or filter answered them in the broker's place when recorded, so "
-            "the broker never got them (their injected answers are not expected: the "
-            "transcript's NOT SENT and INJECTED WHEN RECORDED lines)\n"
+            f"note: {outcome.withheld} client frames were not sent: {' and '.join(reasons)} when "
+            "recorded, so the broker never got them (their injected answers are not expected: "
+            "the transcript's NOT SENT and INJECTED WHEN RECORDED lines)\n"
         )
     if outcome.redelivered_recorded or outcome.redelivered_live:
         out.write(

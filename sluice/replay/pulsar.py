@@ -65,6 +65,7 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.protocols.pulsar.correlation import Correlator, answer_key
+from sluice.protocols.pulsar.filtering import _last_sequence
 from sluice.protocols.pulsar.redact import loggable, scrub
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.dial import (
@@ -171,13 +172,39 @@ def _request_key(frame: Frame) -> tuple[Any, ...] | None:
 
 
 def _answers(request: Frame, reply: Frame) -> bool:
-    """Whether ``reply`` answers ``request`` (the correlator's matching rule)."""
+    """Whether ``reply`` answers ``request`` (the correlator's matching
+    rule). A SEND_RECEIPT or SEND_ERROR answers the SEND whose sequence ids
+    (its own up to a batch's highest) hold its sequence id: Sluice answers a
+    Java batch it refused by the highest, as the broker does."""
     want = _request_key(request)
-    return want is not None and answer_key(reply) == want
+    if want is None:
+        return False
+    got = answer_key(reply)
+    if got is None or got[0] != "send" or want[0] != "send":
+        return got == want
+    send: Any = request.body
+    answer: Any = reply.body
+    return bool(answer.producer_id == send.producer_id
+                and send.sequence_id <= answer.sequence_id <= _last_sequence(send))  # fmt: skip
 
 
 def _answerable(request: Frame) -> bool:
     return _request_key(request) is not None
+
+
+@dataclass(frozen=True)
+class Answered(Withheld):
+    """A Pulsar connection's ``Withheld``, knowing of the held client
+    frames those the recording proxy answered itself (``answered``: an
+    invalid frame refused, an id already open, a schema it could not learn,
+    its own credentials refresh), not a fault rule or filter."""
+
+    answered: frozenset[int] = frozenset()
+
+
+def answered_itself(withheld: Withheld) -> frozenset[int]:
+    """The held client frames the recording proxy answered itself."""
+    return withheld.answered if isinstance(withheld, Answered) else frozenset()
 
 
 def withheld_of(conn: RecordedConnection) -> Withheld:
@@ -208,8 +235,9 @@ def withheld_of(conn: RecordedConnection) -> Withheld:
                     claims.held.add(rf.index)
                     claims.injected.add(answer.index)
                     break
-    _own_frames(conn, claims)
-    return claims.done(sent)
+    answered = _own_frames(conn, claims)
+    done = claims.done(sent)
+    return Answered(done.held, done.injected, done.sent, frozenset(answered))
 
 
 # Frames Sluice writes on its own initiative, answering no request of the
@@ -220,13 +248,14 @@ _UNPROMPTED = frozenset({T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("AUTH_CHALL
 _NO_REQUEST = 2**64 - 1
 
 
-def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
+def _own_frames(conn: RecordedConnection, claims: Withholding) -> set[int]:
     """Claim the frames Sluice wrote to the client itself (recorded ``own``)
     that no live broker would send to what replay sends it, once fault
-    rules and filters claimed theirs.
+    rules and filters claimed theirs; the client frames held for them.
 
     - CLOSE_PRODUCER, CLOSE_CONSUMER (a drain) and AUTH_CHALLENGE (a
-      refresh of credentials): not expected.
+      refresh of credentials): not expected; the client's AUTH_RESPONSE to
+      such a challenge (Sluice's to verify, never passed on) is not sent.
     - An ERROR answering no request: Sluice's refusal at the handshake or on
       expired credentials (the broker would have answered CONNECT with
       CONNECTED): not expected.
@@ -241,24 +270,76 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> None:
     """
     proxied = conn.kind != "lookup"
     kept = [rf for rf in conn.frames if rf.from_client and rf.index not in claims.held]
+    held: set[int] = set()
     for rf in conn.frames:
         if rf.from_client or not rf.summary.get("own") or rf.index in claims.injected:
             continue
         frame = rf.frame
         if frame.type in _UNPROMPTED:
             claims.injected.add(rf.index)
+            if frame.type == T("AUTH_CHALLENGE"):
+                response = _auth_response_to(conn, kept, rf)
+                if response is not None:
+                    kept.remove(response)
+                    held.add(response.index)
             continue
         key = answer_key(frame) if frame.body is not None else None
         if frame.type == T("ERROR") and key == ("rid", _NO_REQUEST):
             claims.injected.add(rf.index)
         elif proxied and key is not None and key[0] in ("rid", "send"):
             claims.injected.add(rf.index)
-            # The latest request before it that it answers, not yet claimed.
-            request = next((c for c in reversed(kept)
-                            if c.index < rf.index and _answers(c.frame, frame)), None)  # fmt: skip
+            request = _answered_request(conn, kept, rf)
             if request is not None:
                 kept.remove(request)
-                claims.held.add(request.index)
+                held.add(request.index)
+    claims.held |= held
+    return held
+
+
+def _auth_response_to(
+    conn: RecordedConnection, kept: list[RecordedFrame], challenge: RecordedFrame
+) -> RecordedFrame | None:
+    """The client's AUTH_RESPONSE to Sluice's own ``challenge``, not yet
+    claimed: its next one, unless a broker's AUTH_CHALLENGE came first (that
+    one it answers). Sluice verifies it and never passes it on."""
+    unclaimed = {c.index for c in kept}
+    for rf in conn.frames:
+        if rf.index <= challenge.index or rf.frame.type not in _AUTH_FRAMES:
+            continue
+        if rf.from_client:
+            return rf if rf.index in unclaimed else None
+        if not rf.summary.get("own"):
+            return None  # the broker asked: the next answer is the broker's
+    return None
+
+
+_AUTH_FRAMES = frozenset({T("AUTH_CHALLENGE"), T("AUTH_RESPONSE")})
+
+
+def _answered_request(
+    conn: RecordedConnection, kept: list[RecordedFrame], answer: RecordedFrame
+) -> RecordedFrame | None:
+    """The client request Sluice's own ``answer`` answers, not yet claimed:
+    the latest before it; else one recorded right after it, in the rest of
+    the read it came in (recordings made before the request was recorded
+    ahead of Sluice's answer to an id open elsewhere), up to the broker's
+    next frame."""
+    frame = answer.frame
+    before = next((c for c in reversed(kept)
+                   if c.index < answer.index and _answers(c.frame, frame)), None)  # fmt: skip
+    if before is not None:
+        return before
+    unclaimed = {c.index for c in kept}
+    for rf in conn.frames:
+        if rf.index <= answer.index:
+            continue
+        if not rf.from_client:
+            if rf.summary.get("own"):
+                continue  # Sluice's answers to the read's other frames
+            return None
+        if rf.index in unclaimed and _answers(rf.frame, frame):
+            return rf
+    return None
 
 
 # --- normalisation -------------------------------------------------------------
@@ -633,7 +714,11 @@ async def replay(args: argparse.Namespace, say: Any) -> tuple[Outcome, list[str]
                     dep_live.quiet = True
             await pace.next(rf.wall_ns)
             if rf.index in live.withheld.held:
-                outcome.withheld += 1  # a fault rule kept it from the broker when recorded
+                # Kept from the broker when recorded: by a fault rule or
+                # filter, or answered by the recording proxy itself.
+                outcome.withheld += 1
+                if rf.index in answered_itself(live.withheld):
+                    outcome.answered_itself += 1
                 continue
             data = remap.client_frame(live.withheld.sent.get(rf.index, rf.frame))
             failed = await live.out.send(data, args.timeout)
@@ -712,7 +797,11 @@ def compare(
             arrow = "C→B" if rf.from_client else "B→C"
             kept = (withheld or {}).get(conn.key) or Withheld()
             if rf.index in kept.held:
-                held = "a fault rule or filter kept it from the broker when recorded"
+                held = (
+                    "the recording proxy answered it itself: the broker never got it"
+                    if rf.index in answered_itself(kept)
+                    else "a fault rule or filter kept it from the broker when recorded"
+                )
                 transcript.append(f"{conn.name} {arrow} NOT SENT ({held}) {normalise(rf.frame)}")
                 continue
             if rf.index in kept.sent:

@@ -1177,6 +1177,9 @@ class PulsarConnection:
                         elsewhere = self.correlator.open_elsewhere(frame)
                         if elsewhere is not None:
                             whole = False
+                            if seen:  # the request's record goes before Sluice's answer
+                                tap.frames(conn, from_client, seen)
+                                seen = []
                             actions += self._open_elsewhere(frame, elsewhere)
                             continue
                         if self._gate is not None and t == T.PRODUCER:
