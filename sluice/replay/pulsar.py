@@ -65,7 +65,7 @@ from sluice.protocols.pulsar import (
     pb,
 )
 from sluice.protocols.pulsar.correlation import Correlator, answer_key
-from sluice.protocols.pulsar.filtering import _last_sequence
+from sluice.protocols.pulsar.filtering import last_sequence
 from sluice.protocols.pulsar.redact import loggable, scrub
 from sluice.protocols.pulsar.urls import parse_broker_url
 from sluice.proxy.dial import (
@@ -185,7 +185,7 @@ def _answers(request: Frame, reply: Frame) -> bool:
     send: Any = request.body
     answer: Any = reply.body
     return bool(answer.producer_id == send.producer_id
-                and send.sequence_id <= answer.sequence_id <= _last_sequence(send))  # fmt: skip
+                and send.sequence_id <= answer.sequence_id <= last_sequence(send))  # fmt: skip
 
 
 def _answerable(request: Frame) -> bool:

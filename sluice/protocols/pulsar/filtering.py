@@ -480,7 +480,7 @@ class FilterGate:
         else:
             outcome, parts, results = Outcome(PASS), None, []
         state = self._producers.setdefault(body.producer_id, _Producer())
-        last = _last_sequence(body)
+        last = last_sequence(body)
         count = message_count(meta)
         sealer = chain.sealer
         sealed: Sealed | None = None
@@ -582,7 +582,7 @@ class FilterGate:
         which clients reconnect and send it again (ServiceNotReady)."""
         body: Any = frame.body
         state = self._producers.setdefault(body.producer_id, _Producer())
-        last = _last_sequence(body)
+        last = last_sequence(body)
         reject = Reject("schema_unavailable", f"Sluice cannot learn the schema of {topic}: {why}",
                         "ServiceNotReady")  # fmt: skip
         return self._refuse(frame, topic, Outcome(reject, "schema"), state, last)
@@ -596,7 +596,7 @@ class FilterGate:
         state = self._producers.get(body.producer_id)
         if state is None:
             return []
-        seq = _last_sequence(body) if frame.type == T.SEND_RECEIPT else body.sequence_id
+        seq = last_sequence(body) if frame.type == T.SEND_RECEIPT else body.sequence_id
         state.answered = max(state.answered, seq)
         errors = state.errors
         out: list[Frame] = []
@@ -860,7 +860,7 @@ def message_count(meta: pb.MessageMetadata) -> int:
     return max(meta.num_messages_in_batch, 0) if is_batch(meta) else 1
 
 
-def _last_sequence(body: Any) -> int:
+def last_sequence(body: Any) -> int:
     """The last sequence id a SEND or SEND_RECEIPT covers: a batch's
     highest, else its own. Apache Pulsar answers a SEND that is no batch
     with a highest_sequence_id of -1 (2**64 - 1 as the field's unsigned
