@@ -7,7 +7,6 @@ came. No process is started."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from sluice.protocols.http.recorded import MARKER, redact_headers, redact_target
 from tests.test_http_recording import captured, posted
 
-SESSION = "sess-" + uuid.uuid4().hex
+SESSION = "sess-5ec7e7c0ffee4b1d"  # fixed: parametrize ids must match across xdist workers
 
 
 @pytest.mark.parametrize(
