@@ -64,6 +64,7 @@ from sluice.protocols.pulsar import (
     error_reply,
     pb,
 )
+from sluice.protocols.pulsar.connection import NO_REQUEST
 from sluice.protocols.pulsar.correlation import Correlator, answer_key
 from sluice.protocols.pulsar.filtering import last_sequence
 from sluice.protocols.pulsar.redact import loggable, scrub
@@ -245,7 +246,6 @@ def withheld_of(conn: RecordedConnection) -> Withheld:
 # then its own, recorded as the broker's) and a credentials refresh's
 # challenge (a broker asks on its own clock, not at the recording's moment).
 _UNPROMPTED = frozenset({T("CLOSE_PRODUCER"), T("CLOSE_CONSUMER"), T("AUTH_CHALLENGE")})
-_NO_REQUEST = 2**64 - 1
 
 
 def _own_frames(conn: RecordedConnection, claims: Withholding) -> set[int]:
@@ -284,7 +284,7 @@ def _own_frames(conn: RecordedConnection, claims: Withholding) -> set[int]:
                     held.add(response.index)
             continue
         key = answer_key(frame) if frame.body is not None else None
-        if frame.type == T("ERROR") and key == ("rid", _NO_REQUEST):
+        if frame.type == T("ERROR") and key == ("rid", NO_REQUEST):
             claims.injected.add(rf.index)
         elif proxied and key is not None and key[0] in ("rid", "send"):
             claims.injected.add(rf.index)
